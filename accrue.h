@@ -1,0 +1,20 @@
+// accrue: tensors, reverse-mode autograd and gradient accumulation on CPU and CUDA.
+//
+// The umbrella header. A training step reads:
+//
+//   accrue::nn::MLP model({64, 256, 10}, device);
+//   accrue::optim::SGD opt(model.parameters(), /*lr=*/0.1);
+//   auto [loss_sum, count] = accrue::cross_entropy(model.forward(x), y);
+//   accrue::backward(loss_sum / count.item());
+//   opt.step();
+#pragma once
+
+#include "core/allocator.h"
+#include "core/cuda_runtime.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/grad_mode.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "kernels/ops.h"

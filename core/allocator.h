@@ -1,0 +1,61 @@
+// Memory for tensors: aligned host memory, and device memory from CUDA's
+// stream-ordered pool (cudaMallocAsync) or, for compute-sanitizer runs, plain
+// cudaMalloc. Every byte is counted: current and peak per device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/device.h"
+
+namespace accrue {
+
+enum class CudaAllocatorMode {
+  // cudaMallocAsync/cudaFreeAsync on the current stream, pool kept warm.
+  StreamOrderedPool,
+  // cudaMalloc/cudaFree: every allocation is a separate driver allocation, so
+  // compute-sanitizer sees exact bounds.
+  Plain,
+};
+
+// Applies to allocations made after the call; each block is freed the way it
+// was allocated, so switching with live tensors is safe.
+void set_cuda_allocator_mode(CudaAllocatorMode mode);
+CudaAllocatorMode cuda_allocator_mode();
+
+struct MemoryStats {
+  int64_t current_bytes = 0;
+  int64_t peak_bytes = 0;
+  int64_t allocations = 0;  // number of allocations made so far
+};
+
+MemoryStats memory_stats(Device device);
+// Peak := current, for measuring the peak of one phase.
+void reset_peak_memory(Device device);
+
+// Owns one allocation. Tensors share it through shared_ptr; views are
+// (storage, offset, shape, strides).
+class Storage {
+ public:
+  Storage(size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+  bool pooled_ = false;
+};
+
+// Alignment of every allocation: enough for 16-byte vector loads and for the
+// 256-byte slots of the gradient arena.
+inline constexpr size_t kAllocationAlignment = 256;
+
+}  // namespace accrue

@@ -1,0 +1,122 @@
+// Device-side element types and conversions, shared by every .cu file.
+//
+// bf16 and f16 are stored as __nv_bfloat16 / __half (bit-compatible with the
+// host accrue::bf16 / accrue::f16) and computed in float.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/cuda_runtime.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/status_check.h"
+
+namespace accrue::cuda {
+
+// The type used for arithmetic on an element type: float for the 16-bit
+// floats, the type itself otherwise.
+template <class T>
+struct math_type {
+  using type = T;
+};
+template <>
+struct math_type<__nv_bfloat16> {
+  using type = float;
+};
+template <>
+struct math_type<__half> {
+  using type = float;
+};
+template <class T>
+using math_t = typename math_type<T>::type;
+
+template <class To, class From>
+__host__ __device__ __forceinline__ To convert(From v) {
+  if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else if constexpr (std::is_same_v<From, __nv_bfloat16> || std::is_same_v<From, __half>) {
+    return convert<To>(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<To, __nv_bfloat16>) {
+    return __float2bfloat16_rn(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<To, __half>) {
+    return __float2half_rn(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<To, bool>) {
+    return v != From(0);
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+// Calls f(T{}) with T the device element type of dtype t.
+template <class F>
+void visit_device_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::f32:
+      return f(float{});
+    case DType::f64:
+      return f(double{});
+    case DType::bf16:
+      return f(__nv_bfloat16{});
+    case DType::f16:
+      return f(__half{});
+    case DType::i32:
+      return f(int32_t{});
+    case DType::i64:
+      return f(int64_t{});
+    case DType::boolean:
+      return f(bool{});
+  }
+}
+
+// Float dtypes only (the ops of kernels/ compute on these).
+template <class F>
+void visit_float_dtype(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32:
+      return f(float{});
+    case DType::f64:
+      return f(double{});
+    case DType::bf16:
+      return f(__nv_bfloat16{});
+    case DType::f16:
+      return f(__half{});
+    default:
+      ACCRUE_FAIL(op, ": dtype ", dtype_name(t), " is not a floating dtype");
+  }
+}
+
+// Selects the tensor's device for the scope of a launch and restores the previous one.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    ACCRUE_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) ACCRUE_CUDA_CHECK(cudaSetDevice(device));
+    device_ = device;
+  }
+  ~DeviceScope() {
+    if (previous_ != device_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  int device_ = 0;
+};
+
+inline cudaStream_t stream_for(int device) {
+  return current_stream(device);
+}
+
+inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 32) {
+  int64_t blocks = (n + threads - 1) / threads;
+  if (blocks > max_blocks) blocks = max_blocks;
+  if (blocks < 1) blocks = 1;
+  return static_cast<unsigned>(blocks);
+}
+
+}  // namespace accrue::cuda

@@ -1,0 +1,34 @@
+// Maps a linear row-major index over a shape to an element offset under
+// strides. Shared by the CPU loops and, through ACCRUE_HD, the CUDA kernels.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define ACCRUE_HD __host__ __device__ __forceinline__
+#else
+#define ACCRUE_HD inline
+#endif
+
+namespace accrue {
+
+inline constexpr int kMaxDims = 8;
+
+// Fixed-size geometry passed by value to kernels.
+struct StridedGeometry {
+  int32_t rank = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};
+
+  ACCRUE_HD int64_t offset_of(int64_t linear) const {
+    int64_t off = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      const int64_t i = linear % sizes[d];
+      linear /= sizes[d];
+      off += i * strides[d];
+    }
+    return off;
+  }
+};
+
+}  // namespace accrue

@@ -1,0 +1,431 @@
+#include "core/tensor.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/copy.h"
+#include "core/cuda_runtime.h"
+#include "core/grad_mode.h"
+
+namespace accrue {
+
+namespace {
+
+RequiresGradQuery g_requires_grad_query = nullptr;
+
+Tensor make_tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset,
+                   DType dtype) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+void check_shape(const Shape& shape, const char* op) {
+  ACCRUE_CHECK(static_cast<int>(shape.size()) <= 8, op, ": rank ", shape.size(), " of shape ",
+               shape_str(shape), " exceeds the supported 8 dims");
+  for (int64_t s : shape)
+    ACCRUE_CHECK(s >= 0, op, ": negative size in shape ", shape_str(shape));
+}
+
+// Resolves one -1 in a requested shape against numel.
+Shape infer_shape(const Shape& requested, int64_t numel, const char* op) {
+  Shape shape = requested;
+  int64_t known = 1;
+  int infer = -1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      ACCRUE_CHECK(infer < 0, op, ": more than one -1 in shape ", shape_str(requested));
+      infer = static_cast<int>(i);
+    } else {
+      ACCRUE_CHECK(shape[i] >= 0, op, ": invalid size in shape ", shape_str(requested));
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    ACCRUE_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape_str(requested),
+                 " is invalid for ", numel, " elements");
+    shape[infer] = numel / known;
+  } else {
+    ACCRUE_CHECK(known == numel, op, ": shape ", shape_str(requested), " is invalid for ", numel,
+                 " elements");
+  }
+  return shape;
+}
+
+// Strides for viewing (shape, strides) as new_shape without copying, if possible
+// (the same algorithm as numpy/PyTorch: group dims that are contiguous among themselves).
+bool view_strides(const Shape& shape, const Shape& strides, const Shape& new_shape, Shape& out) {
+  out.assign(new_shape.size(), 0);
+  if (shape_numel(shape) == 0) {
+    out = contiguous_strides(new_shape);
+    return true;
+  }
+  int64_t view_d = static_cast<int64_t>(new_shape.size()) - 1;
+  int64_t chunk_base_stride = strides.empty() ? 1 : strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    tensor_numel *= shape[d];
+    if (d == 0 || (shape[d - 1] != 1 && strides[d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d] == 1)) {
+        out[view_d] = view_numel * chunk_base_stride;
+        view_numel *= new_shape[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return false;
+      if (d > 0) {
+        chunk_base_stride = strides[d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  return view_d == -1;
+}
+
+}  // namespace
+
+void install_requires_grad_query(RequiresGradQuery query) {
+  g_requires_grad_query = query;
+}
+
+bool Tensor::requires_grad() const {
+  const auto& meta = checked().autograd;
+  return meta && g_requires_grad_query && g_requires_grad_query(meta.get());
+}
+
+void Tensor::check_raw_view(const char* op) const {
+  ACCRUE_CHECK(!(GradMode::is_enabled() && requires_grad()), "Tensor::", op,
+               " on a tensor that requires grad would drop its gradient: use accrue::", op,
+               " (autograd/ops.h), or detach() first");
+}
+
+int64_t wrap_dim(int64_t dim, int64_t rank, const char* op) {
+  const int64_t r = std::max<int64_t>(rank, 1);
+  ACCRUE_CHECK(dim >= -r && dim < r, op, ": dim ", dim, " is out of range for a ", rank,
+               "-d tensor");
+  return dim < 0 ? dim + r : dim;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    strides[d] = s;
+    s *= std::max<int64_t>(shape[d], 1);
+  }
+  return strides;
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape)
+    n *= s;
+  return n;
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  const size_t rank = std::max(a.size(), b.size());
+  Shape out(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    const int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+    const int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+    ACCRUE_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", shape_str(a), " and ",
+                 shape_str(b), " cannot be broadcast together");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+int64_t Tensor::size(int64_t d) const {
+  return shape()[wrap_dim(d, dim(), "size")];
+}
+int64_t Tensor::stride(int64_t d) const {
+  return strides()[wrap_dim(d, dim(), "stride")];
+}
+int64_t Tensor::numel() const {
+  return shape_numel(shape());
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int64_t d = dim() - 1; d >= 0; --d) {
+    if (shape()[d] == 1) continue;
+    if (strides()[d] != expected) return false;
+    expected *= shape()[d];
+  }
+  return true;
+}
+
+void* Tensor::data_ptr() const {
+  return static_cast<char*>(storage()->data()) +
+         offset() * static_cast<int64_t>(element_size(dtype()));
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  check_raw_view("view");
+  Shape target = infer_shape(shape, numel(), "view");
+  check_shape(target, "view");
+  Shape strides;
+  ACCRUE_CHECK(view_strides(this->shape(), this->strides(), target, strides),
+               "view: cannot view a tensor of shape ", shape_str(this->shape()), " and strides ",
+               shape_str(this->strides()), " as ", shape_str(target),
+               " without a copy; use reshape");
+  return make_tensor(storage(), target, strides, offset(), dtype());
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  check_raw_view("reshape");
+  Shape target = infer_shape(shape, numel(), "reshape");
+  Shape strides;
+  if (view_strides(this->shape(), this->strides(), target, strides))
+    return make_tensor(storage(), target, strides, offset(), dtype());
+  return contiguous().view(target);
+}
+
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  check_raw_view("transpose");
+  std::vector<int64_t> perm(dim());
+  for (int64_t i = 0; i < dim(); ++i)
+    perm[i] = i;
+  if (dim() == 0) return *this;
+  std::swap(perm[wrap_dim(d0, dim(), "transpose")], perm[wrap_dim(d1, dim(), "transpose")]);
+  return permute(perm);
+}
+
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
+  check_raw_view("permute");
+  ACCRUE_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: ", dims.size(),
+               " dims given for a tensor of shape ", shape_str(shape()));
+  Shape new_shape(dim()), new_strides(dim());
+  std::vector<bool> seen(dim(), false);
+  for (int64_t i = 0; i < dim(); ++i) {
+    const int64_t d = wrap_dim(dims[i], dim(), "permute");
+    ACCRUE_CHECK(!seen[d], "permute: dim ", d, " repeated in ", shape_str(dims));
+    seen[d] = true;
+    new_shape[i] = shape()[d];
+    new_strides[i] = strides()[d];
+  }
+  return make_tensor(storage(), new_shape, new_strides, offset(), dtype());
+}
+
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  check_raw_view("narrow");
+  ACCRUE_CHECK(dim() > 0, "narrow: cannot narrow a 0-d tensor");
+  d = wrap_dim(d, dim(), "narrow");
+  if (start < 0) start += shape()[d];
+  ACCRUE_CHECK(start >= 0 && length >= 0 && start + length <= shape()[d], "narrow: range [", start,
+               ", ", start + length, ") is out of bounds for dim ", d, " of shape ",
+               shape_str(shape()));
+  Shape new_shape = shape();
+  new_shape[d] = length;
+  return make_tensor(storage(), new_shape, strides(), offset() + start * strides()[d], dtype());
+}
+
+Tensor Tensor::select(int64_t d, int64_t index) const {
+  check_raw_view("select");
+  ACCRUE_CHECK(dim() > 0, "select: cannot select from a 0-d tensor");
+  d = wrap_dim(d, dim(), "select");
+  if (index < 0) index += shape()[d];
+  ACCRUE_CHECK(index >= 0 && index < shape()[d], "select: index ", index,
+               " is out of bounds for dim ", d, " of shape ", shape_str(shape()));
+  Shape new_shape = shape(), new_strides = strides();
+  const int64_t off = offset() + index * strides()[d];
+  new_shape.erase(new_shape.begin() + d);
+  new_strides.erase(new_strides.begin() + d);
+  return make_tensor(storage(), new_shape, new_strides, off, dtype());
+}
+
+Tensor Tensor::unsqueeze(int64_t d) const {
+  check_raw_view("unsqueeze");
+  d = wrap_dim(d, dim() + 1, "unsqueeze");
+  Shape new_shape = shape(), new_strides = strides();
+  const int64_t st = d < dim() ? strides()[d] * shape()[d] : 1;
+  new_shape.insert(new_shape.begin() + d, 1);
+  new_strides.insert(new_strides.begin() + d, st);
+  check_shape(new_shape, "unsqueeze");
+  return make_tensor(storage(), new_shape, new_strides, offset(), dtype());
+}
+
+Tensor Tensor::squeeze(int64_t d) const {
+  check_raw_view("squeeze");
+  if (dim() == 0) return *this;
+  d = wrap_dim(d, dim(), "squeeze");
+  ACCRUE_CHECK(shape()[d] == 1, "squeeze: dim ", d, " of shape ", shape_str(shape()), " has size ",
+               shape()[d], ", not 1");
+  Shape new_shape = shape(), new_strides = strides();
+  new_shape.erase(new_shape.begin() + d);
+  new_strides.erase(new_strides.begin() + d);
+  return make_tensor(storage(), new_shape, new_strides, offset(), dtype());
+}
+
+Tensor Tensor::expand(const Shape& target) const {
+  check_raw_view("expand");
+  check_shape(target, "expand");
+  ACCRUE_CHECK(target.size() >= shape().size(), "expand: cannot expand shape ", shape_str(shape()),
+               " to fewer dims ", shape_str(target));
+  const size_t lead = target.size() - shape().size();
+  Shape new_strides(target.size(), 0);
+  for (size_t i = 0; i < target.size(); ++i) {
+    if (i < lead) continue;
+    const int64_t s = shape()[i - lead];
+    ACCRUE_CHECK(s == target[i] || s == 1, "expand: shape ", shape_str(shape()),
+                 " cannot be expanded to ", shape_str(target));
+    new_strides[i] = s == target[i] ? strides()[i - lead] : 0;
+  }
+  return make_tensor(storage(), target, new_strides, offset(), dtype());
+}
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = empty(shape(), dtype(), device());
+  detail::copy_same_device(out, *this);
+  return out;
+}
+
+Tensor Tensor::to(Device target) const {
+  if (target == device()) return *this;
+  Tensor out = empty(shape(), dtype(), target);
+  out.copy_(*this);
+  return out;
+}
+
+Tensor Tensor::to(DType target) const {
+  if (target == dtype()) return *this;
+  Tensor out = empty(shape(), target, device());
+  detail::copy_same_device(out, *this);
+  return out;
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  ACCRUE_CHECK(src.defined(), "copy_: source tensor is undefined");
+  // Broadcast the source to this shape (raw expand: copying data records no graph).
+  Shape target = broadcast_shapes(shape(), src.shape(), "copy_");
+  ACCRUE_CHECK(target == shape(), "copy_: source of shape ", shape_str(src.shape()),
+               " does not broadcast to destination shape ", shape_str(shape()));
+  NoGradGuard no_grad;
+  Tensor s = src.expand(shape());
+  if (s.device() == device()) {
+    detail::copy_same_device(*this, s);
+    return *this;
+  }
+  // Across devices: convert and compact on the source side, move the bytes,
+  // then scatter into this (possibly strided) view on the destination side.
+  Tensor staged = empty(shape(), dtype(), s.device());
+  detail::copy_same_device(staged, s);
+  Tensor landed = is_contiguous() ? *this : empty(shape(), dtype(), device());
+  detail::memcpy_between(landed.data_ptr(), device(), staged.data_ptr(), staged.device(),
+                         staged.nbytes());
+  if (!landed.is_same(*this)) detail::copy_same_device(*this, landed);
+  return *this;
+}
+
+Tensor& Tensor::fill_(double value) {
+  detail::fill_same_device(*this, value);
+  return *this;
+}
+
+double Tensor::item() const {
+  ACCRUE_CHECK(numel() == 1, "item: tensor of shape ", shape_str(shape()), " has ", numel(),
+               " elements, not 1");
+  return to_vector<double>()[0];
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  NoGradGuard no_grad;
+  Tensor host = to(Device::cpu()).to(dtype_of<T>::value).contiguous();
+  const T* p = host.data<T>();
+  return std::vector<T>(p, p + host.numel());
+}
+
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<bf16> Tensor::to_vector<bf16>() const;
+template std::vector<f16> Tensor::to_vector<f16>() const;
+template <>
+std::vector<bool> Tensor::to_vector<bool>() const {
+  std::vector<int32_t> v = to_vector<int32_t>();
+  return std::vector<bool>(v.begin(), v.end());
+}
+
+Tensor empty(const Shape& shape, DType dtype, Device device) {
+  check_shape(shape, "empty");
+  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * element_size(dtype);
+  return make_tensor(std::make_shared<Storage>(nbytes, device), shape, contiguous_strides(shape), 0,
+                     dtype);
+}
+
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 0.0, dtype, device);
+}
+Tensor ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1.0, dtype, device);
+}
+
+Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  detail::fill_same_device(t, value);
+  return t;
+}
+
+Tensor arange(double start, double end, double step, DType dtype, Device device) {
+  ACCRUE_CHECK(step != 0 && std::isfinite(start) && std::isfinite(end) && std::isfinite(step),
+               "arange: invalid range start=", start, " end=", end, " step=", step);
+  const double span = (end - start) / step;
+  const int64_t n = span > 0 ? static_cast<int64_t>(std::ceil(span)) : 0;
+  Tensor t = empty({n}, dtype, device);
+  detail::arange_same_device(t, start, step);
+  return t;
+}
+
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, DType dtype, Device device) {
+  check_shape(shape, "from_vector");
+  ACCRUE_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
+               "from_vector: ", values.size(), " values do not fill shape ", shape_str(shape));
+  Tensor host = empty(shape, dtype_of<T>::value, Device::cpu());
+  std::copy(values.begin(), values.end(), host.data<T>());
+  return host.to(dtype).to(device);
+}
+
+template Tensor from_vector<float>(const std::vector<float>&, const Shape&, DType, Device);
+template Tensor from_vector<double>(const std::vector<double>&, const Shape&, DType, Device);
+template Tensor from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, DType, Device);
+template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, DType, Device);
+template Tensor from_vector<bf16>(const std::vector<bf16>&, const Shape&, DType, Device);
+template Tensor from_vector<f16>(const std::vector<f16>&, const Shape&, DType, Device);
+
+Tensor scalar_tensor(double value, DType dtype, Device device) {
+  return full({}, value, dtype, device);
+}
+
+Tensor make_view(const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset) {
+  check_shape(shape, "make_view");
+  ACCRUE_CHECK(shape.size() == strides.size(), "make_view: shape ", shape_str(shape),
+               " and strides ", shape_str(strides), " differ in rank");
+  int64_t last = offset;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0) last = offset - 1;
+    ACCRUE_CHECK(strides[i] >= 0, "make_view: negative stride in ", shape_str(strides));
+  }
+  if (last >= offset)
+    for (size_t i = 0; i < shape.size(); ++i)
+      last += (shape[i] - 1) * strides[i];
+  const int64_t capacity =
+      static_cast<int64_t>(base.storage()->nbytes() / element_size(base.dtype()));
+  ACCRUE_CHECK(offset >= 0 && last < capacity, "make_view: view of shape ", shape_str(shape),
+               " at offset ", offset, " exceeds the ", capacity, " elements of its storage");
+  return make_tensor(base.storage(), shape, strides, offset, base.dtype());
+}
+
+}  // namespace accrue

@@ -1,0 +1,115 @@
+// Every numeric operation of accrue, without autograd: the one dispatch point.
+//
+// Each function validates its inputs (shapes, dtypes, devices: a failure
+// throws accrue::Error naming the op and the values), allocates the result,
+// and hands plain, pre-shaped tensors to the CPU reference (kernels/cpu/) or
+// the CUDA path (kernels/cuda/), chosen by the inputs' device. The backends
+// share one interface, kernels/backend.h.
+//
+// Floating ops accept f32, f64, bf16 and f16; bf16/f16 compute in fp32.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace accrue::kernels {
+
+enum class UnaryOp { Neg, Exp, Log, Sqrt, Tanh, Relu, Gelu, Sigmoid, Pow };
+enum class BinaryOp { Add, Sub, Mul, Div };
+enum class CompareOp { Eq, Ne, Lt, Le, Gt, Ge };
+enum class ReduceOp { Sum, Mean, Max, ArgMax };
+
+const char* op_name(UnaryOp op);
+const char* op_name(BinaryOp op);
+
+// ---- elementwise, with numpy broadcasting -----------------------------------
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
+// a op s, or s op a when scalar_first.
+Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first = false);
+// param is the exponent for Pow and unused otherwise.
+Tensor unary(UnaryOp op, const Tensor& a, double param = 0.0);
+// The gradient of a unary op: grad * f'(input). `output` is f(input) (used by
+// Tanh, Sigmoid, Exp, Sqrt); pass it when you have it, else it is recomputed.
+Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& input, const Tensor& output,
+                      double param = 0.0);
+// Returns a bool tensor.
+Tensor compare(CompareOp op, const Tensor& a, const Tensor& b);
+// cond ? a : b, all three broadcast together; cond is bool.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// dst += alpha * src in place (src broadcast to dst's shape). dst may be a strided view.
+void axpy_(const Tensor& dst, double alpha, const Tensor& src);
+
+// ---- reductions ---------------------------------------------------------------
+// dims empty means all dims. Results keep the input dtype (accumulation in
+// fp32, f64 for f64 inputs), except argmax which is i64.
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor max(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Index of the first maximum along dim; without a dim, over the flattened tensor.
+Tensor argmax(const Tensor& a, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+// Sums `a` down to `shape` (the reverse of broadcasting `shape` to a.shape()).
+Tensor sum_to(const Tensor& a, const Shape& shape);
+// out (= or +=) the sum over the rows of a 2-D [n, d] tensor; out is [d].
+// The bias gradient of Linear (see Note [Overwrite first] in the arena).
+void sum_rows_into(const Tensor& a, const Tensor& out, bool accumulate);
+
+Tensor softmax(const Tensor& a, int64_t dim);
+Tensor log_softmax(const Tensor& a, int64_t dim);
+// Given the forward output y: dx = y * (dy - sum(dy * y)) for softmax,
+// dx = dy - exp(y) * sum(dy) for log_softmax.
+Tensor softmax_backward(const Tensor& grad, const Tensor& output, int64_t dim);
+Tensor log_softmax_backward(const Tensor& grad, const Tensor& output, int64_t dim);
+
+// ---- matrix products ------------------------------------------------------------
+// 1-D, 2-D and batched: a [..., M, K] @ b [..., K, N] with broadcast batch dims.
+// f32 runs in true fp32 unless TF32 is allowed; bf16/f16 accumulate in fp32.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// out = alpha * op(a) @ op(b) + beta * out for 2-D tensors, op = transpose when
+// the flag is set. out may be f32 while a and b are bf16/f16: the fused
+// weight-gradient GEMM that writes (beta 0) or adds (beta 1) into an fp32 slot.
+void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, const Tensor& out,
+          double alpha, double beta);
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+// ---- neural-network kernels ------------------------------------------------------
+// weight [V, D], indices i32/i64 of any shape -> [..., D]. Out-of-range indices throw.
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// grad_weight (= or +=) the scatter-add of grad [..., D] into rows `indices`,
+// deterministic (fixed summation order per row). Rows no index hits are 0
+// when !accumulate and untouched when accumulate.
+void embedding_backward(const Tensor& grad, const Tensor& indices, const Tensor& grad_weight,
+                        bool accumulate);
+
+// Note [Losses return (sum, count)]: see DESIGN.md Note [Normalization].
+struct LossSum {
+  Tensor sum;    // 0-d, the logits' dtype widened to f32 (f64 for f64)
+  Tensor count;  // 0-d i64, the number of targets != ignore_index
+};
+// logits [N, C], targets [N] (i32/i64). Targets out of [0, C) other than ignore_index throw.
+LossSum cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// d(grad_sum * loss_sum)/d(logits): grad_sum is a 0-d tensor (the seed).
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                              const Tensor& grad_sum);
+
+struct LayerNormOutput {
+  Tensor out;
+  Tensor mean;  // f32 (f64 for f64 input), one per row
+  Tensor rstd;
+};
+// Normalizes over the last dim. weight and bias [D] may be undefined.
+LayerNormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+// Returns dx. dweight and dbias (either may be undefined) are written, or added
+// to when accumulate, with fixed-order (deterministic) sums.
+Tensor layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                           const Tensor& mean, const Tensor& rstd, const Tensor& dweight,
+                           const Tensor& dbias, bool accumulate);
+
+// Whether CUDA kernels with data-dependent bounds (embedding indices, targets)
+// verify them, which costs one host synchronization per call. On by default.
+void set_check_indices(bool check);
+bool check_indices();
+
+}  // namespace accrue::kernels

@@ -1,0 +1,53 @@
+// Helpers shared by the tests: GPU skipping, random inputs, comparisons with
+// tolerances set by dtype.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/cuda_runtime.h"
+#include "core/random.h"
+#include "core/tensor.h"
+
+namespace accrue::test {
+
+// Skips the current test, with the reason, when no CUDA device can be used.
+#define ACCRUE_REQUIRE_CUDA()                                                      \
+  do {                                                                             \
+    if (!::accrue::cuda_available())                                               \
+      GTEST_SKIP() << "needs a CUDA GPU: " << ::accrue::cuda_unavailable_reason(); \
+  } while (0)
+
+// Fresh random inputs: normal(0, 1) scaled, never zeros. Each call draws new numbers.
+Tensor random_normal(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu(),
+                     double scale = 1.0);
+// Uniform on [lo, hi).
+Tensor random_uniform(const Shape& shape, double lo, double hi, DType dtype = DType::f32,
+                      Device device = Device::cpu());
+// Small integers in [lo, hi] stored in a float dtype: sums and products of a few
+// of them are exact, so results compare with equality.
+Tensor random_integers(const Shape& shape, int lo, int hi, DType dtype = DType::f32,
+                       Device device = Device::cpu());
+
+// Relative tolerance for results computed in `dtype` (fp32 math for 16-bit types).
+double default_rtol(DType dtype);
+double default_atol(DType dtype);
+
+// Elementwise |actual - expected| <= atol + rtol * |expected|, NaN never passes
+// (unless both are NaN at the same place). Compares values as f64 on the host;
+// on failure reports the worst element, its index and both values.
+::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, double rtol,
+                                     double atol);
+::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected);
+// Bitwise-equal values (after conversion to f64) and equal shapes.
+::testing::AssertionResult all_equal(const Tensor& actual, const Tensor& expected);
+
+// ||a - b|| / ||b|| over all elements, in f64.
+double relative_error(const Tensor& a, const Tensor& b);
+
+// Poisons a tensor's memory with NaN (floats) or a sentinel (ints), so that an
+// element a kernel forgot to write shows up in the comparison.
+void poison(const Tensor& t);
+
+}  // namespace accrue::test
