@@ -2,13 +2,17 @@
 //
 // The umbrella header. A training step reads:
 //
-//   accrue::nn::MLP model({64, 256, 10}, device);
-//   accrue::optim::SGD opt(model.parameters(), /*lr=*/0.1);
-//   auto [loss_sum, count] = accrue::cross_entropy(model.forward(x), y);
-//   accrue::backward(loss_sum / count.item());
+//   accrue::nn::MLP model({64, 256, 10}, {device});
+//   accrue::optim::PlainSGD opt(model.parameters(), /*lr=*/0.1);
+//   accrue::Loss loss = accrue::cross_entropy(model.forward(x), y);
+//   accrue::backward(loss.sum / batch_size);
 //   opt.step();
 #pragma once
 
+#include "autograd/engine.h"
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "autograd/variable.h"
 #include "core/allocator.h"
 #include "core/cuda_runtime.h"
 #include "core/device.h"
@@ -18,3 +22,5 @@
 #include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
+#include "nn/module.h"
+#include "optim/sgd.h"

@@ -1,0 +1,123 @@
+#include "autograd/engine.h"
+
+#include <queue>
+#include <unordered_map>
+
+#include "autograd/variable.h"
+#include "core/grad_mode.h"
+#include "kernels/ops.h"
+
+namespace accrue {
+
+namespace autograd {
+
+// Note [Leaf gradient]
+// ~~~~~~~~~~~~~~~~~~~~
+// Every gradient a backward produces for a leaf lands here, exactly once per
+// leaf per backward (the engine sums fan-out contributions first). With a
+// GradSink (the gradient arena) the sink decides between writing and adding;
+// otherwise the first backward stores the gradient and later ones add to it,
+// until clear_grad(). The leaf's grad-ready hooks fire right after, when the
+// gradient of this backward is final.
+void accumulate_leaf_grad(const Tensor& leaf, const Tensor& grad) {
+  AutogradMeta& meta = meta_of(leaf);
+  ACCRUE_CHECK(grad.shape() == leaf.shape(), "backward: gradient of shape ",
+               shape_str(grad.shape()), " for a leaf of shape ", shape_str(leaf.shape()));
+  if (meta.sink) {
+    meta.sink->accumulate(leaf, grad);
+  } else if (!meta.grad.defined()) {
+    // Own the gradient: the incoming tensor may alias a graph buffer or the seed.
+    meta.grad = grad.dtype() == leaf.dtype() ? grad.clone() : grad.to(leaf.dtype());
+  } else {
+    kernels::axpy_(meta.grad, 1.0, grad.to(meta.grad.dtype()));
+  }
+  for (const GradReadyHook& hook : meta.grad_ready_hooks)
+    hook(leaf);
+}
+
+}  // namespace autograd
+
+namespace {
+
+using autograd::Node;
+
+struct ByNewestFirst {
+  bool operator()(const Node* a, const Node* b) const {
+    return a->sequence_nr() < b->sequence_nr();
+  }
+};
+
+}  // namespace
+
+void backward(const Tensor& root, const Tensor& seed, bool retain_graph) {
+  ACCRUE_CHECK(root.defined(), "backward: the root tensor is undefined");
+  ACCRUE_CHECK(root.requires_grad(), "backward: the root of shape ", shape_str(root.shape()),
+               " does not require grad (no leaf it depends on has requires_grad)");
+  Tensor g = seed;
+  if (!g.defined()) {
+    ACCRUE_CHECK(root.numel() == 1, "backward: a seed is required for a root of shape ",
+                 shape_str(root.shape()), " (only single-element roots default to 1)");
+    g = ones(root.shape(), root.dtype(), root.device());
+  }
+  ACCRUE_CHECK(g.shape() == root.shape(), "backward: seed of shape ", shape_str(g.shape()),
+               " for a root of shape ", shape_str(root.shape()));
+  ACCRUE_CHECK(g.device() == root.device(), "backward: seed on ", g.device().str(),
+               " for a root on ", root.device().str());
+  NoGradGuard no_grad;
+
+  const autograd::Edge start = autograd::gradient_edge(root);
+  // Count, for every node reachable from the root, how many edges lead into it.
+  std::unordered_map<Node*, int> dependencies;
+  std::unordered_map<Node*, std::shared_ptr<Node>> alive;
+  {
+    std::vector<Node*> stack{start.fn.get()};
+    alive[start.fn.get()] = start.fn;
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (const autograd::Edge& e : n->next_edges()) {
+        if (!e.valid()) continue;
+        if (dependencies[e.fn.get()]++ == 0) {
+          alive[e.fn.get()] = e.fn;
+          stack.push_back(e.fn.get());
+        }
+      }
+    }
+  }
+
+  // Gradient buffers: the sum of everything that flowed into a node so far.
+  std::unordered_map<Node*, Tensor> buffers;
+  buffers[start.fn.get()] = g;
+  std::priority_queue<Node*, std::vector<Node*>, ByNewestFirst> ready;
+  ready.push(start.fn.get());
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    Tensor grad_in = std::move(buffers[n]);
+    buffers.erase(n);
+    // A node that received no gradient still releases its inputs' dependencies.
+    std::vector<Tensor> grads;
+    if (grad_in.defined()) grads = n->apply(grad_in);
+    if (!retain_graph) n->release_saved();
+    const auto& edges = n->next_edges();
+    ACCRUE_CHECK(grads.empty() || grads.size() == edges.size(), "backward: ", n->name(),
+                 " returned ", grads.size(), " gradients for ", edges.size(), " inputs");
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const autograd::Edge& e = edges[i];
+      if (!e.valid()) continue;
+      Node* next = e.fn.get();
+      if (i < grads.size() && grads[i].defined()) {
+        Tensor& buf = buffers[next];
+        if (!buf.defined()) {
+          buf = grads[i];
+        } else {
+          // Fan-out: a tensor used by several ops receives the sum of their gradients.
+          buf = kernels::binary(kernels::BinaryOp::Add, buf, grads[i]);
+        }
+      }
+      if (--dependencies[next] == 0) ready.push(next);
+    }
+  }
+}
+
+}  // namespace accrue

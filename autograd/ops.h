@@ -1,0 +1,89 @@
+// The differentiable operations: what models are written with.
+//
+// Each function computes through kernels/ops.h and, when grad mode is on and
+// an input requires grad, records a node whose backward formula is next to
+// the forward in the .cpp files. Every op here passes the float64
+// finite-difference gradcheck (tests/autograd).
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace accrue {
+
+// ---- elementwise (numpy broadcasting) -----------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double s);
+Tensor mul(const Tensor& a, double s);
+Tensor sub(double s, const Tensor& a);
+Tensor div(double s, const Tensor& a);
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor relu(const Tensor& a);
+// GELU, tanh approximation (GPT-2's).
+Tensor gelu(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor pow(const Tensor& a, double exponent);
+// cond ? a : b; cond is a bool tensor and receives no gradient.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+Tensor operator+(const Tensor& a, double s);
+Tensor operator-(const Tensor& a, double s);
+Tensor operator*(const Tensor& a, double s);
+Tensor operator/(const Tensor& a, double s);
+Tensor operator+(double s, const Tensor& a);
+Tensor operator-(double s, const Tensor& a);
+Tensor operator*(double s, const Tensor& a);
+Tensor operator/(double s, const Tensor& a);
+
+// ---- reductions -----------------------------------------------------------------
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// The gradient is split evenly among tied maxima.
+Tensor max(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor softmax(const Tensor& a, int64_t dim);
+Tensor log_softmax(const Tensor& a, int64_t dim);
+
+// ---- shapes (differentiable versions of Tensor's raw views) ---------------------
+Tensor view(const Tensor& a, const Shape& shape);
+Tensor reshape(const Tensor& a, const Shape& shape);
+Tensor transpose(const Tensor& a, int64_t d0, int64_t d1);
+Tensor permute(const Tensor& a, const std::vector<int64_t>& dims);
+Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length);
+Tensor select(const Tensor& a, int64_t dim, int64_t index);
+Tensor unsqueeze(const Tensor& a, int64_t dim);
+Tensor squeeze(const Tensor& a, int64_t dim);
+Tensor expand(const Tensor& a, const Shape& shape);
+Tensor contiguous(const Tensor& a);
+// A cast between float dtypes; the gradient is cast back.
+Tensor to_dtype(const Tensor& a, DType dtype);
+
+// ---- matrix products and neural-network ops --------------------------------------
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x [..., in] @ weight[out, in]^T + bias[out] (bias may be undefined).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// Returns the summed loss (differentiable, 0-d) and the number of counted
+// targets (0-d i64): see Note [Losses return (sum, count)] in kernels/ops.h.
+struct Loss {
+  Tensor sum;
+  Tensor count;
+};
+Loss cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// Normalized over the last dim; weight and bias may be undefined.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+
+}  // namespace accrue

@@ -1,0 +1,186 @@
+// Differentiable elementwise ops.
+#include "autograd/node.h"
+#include "autograd/ops.h"
+#include "autograd/saved.h"
+#include "kernels/ops.h"
+
+namespace accrue {
+
+using autograd::record;
+using autograd::saved;
+using kernels::BinaryOp;
+using kernels::UnaryOp;
+
+namespace {
+
+Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
+  Tensor out = kernels::binary(op, a, b);
+  const bool ga = autograd::wants_grad(a), gb = autograd::wants_grad(b);
+  Tensor sa = saved(a), sb = saved(b), so = saved(out);
+  const Shape shape_a = a.shape(), shape_b = b.shape();
+  return record(name, out, {a, b}, [=](const Tensor& g) -> std::vector<Tensor> {
+    Tensor da, db;
+    switch (op) {
+      case BinaryOp::Add:
+        if (ga) da = kernels::sum_to(g, shape_a);
+        if (gb) db = kernels::sum_to(g, shape_b);
+        break;
+      case BinaryOp::Sub:
+        if (ga) da = kernels::sum_to(g, shape_a);
+        if (gb) db = kernels::sum_to(kernels::unary(UnaryOp::Neg, g), shape_b);
+        break;
+      case BinaryOp::Mul:
+        if (ga) da = kernels::sum_to(kernels::binary(BinaryOp::Mul, g, sb), shape_a);
+        if (gb) db = kernels::sum_to(kernels::binary(BinaryOp::Mul, g, sa), shape_b);
+        break;
+      case BinaryOp::Div:
+        // d(a/b)/da = 1/b, d(a/b)/db = -(a/b)/b.
+        if (ga) da = kernels::sum_to(kernels::binary(BinaryOp::Div, g, sb), shape_a);
+        if (gb) {
+          Tensor t = kernels::binary(BinaryOp::Div, kernels::binary(BinaryOp::Mul, g, so), sb);
+          db = kernels::sum_to(kernels::unary(UnaryOp::Neg, t), shape_b);
+        }
+        break;
+    }
+    return {da, db};
+  });
+}
+
+Tensor unary_op(UnaryOp op, const char* name, const Tensor& a, double param = 0.0) {
+  Tensor out = kernels::unary(op, a, param);
+  Tensor sa = saved(a), so = saved(out);
+  return record(name, out, {a}, [=](const Tensor& g) -> std::vector<Tensor> {
+    return {kernels::unary_backward(op, g, sa, so, param)};
+  });
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Add, "AddBackward", a, b);
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Sub, "SubBackward", a, b);
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Mul, "MulBackward", a, b);
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Div, "DivBackward", a, b);
+}
+
+Tensor add(const Tensor& a, double s) {
+  return record("AddScalarBackward", kernels::binary_scalar(BinaryOp::Add, a, s), {a},
+                [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
+}
+
+Tensor mul(const Tensor& a, double s) {
+  return record("MulScalarBackward", kernels::binary_scalar(BinaryOp::Mul, a, s), {a},
+                [s](const Tensor& g) -> std::vector<Tensor> {
+                  return {kernels::binary_scalar(BinaryOp::Mul, g, s)};
+                });
+}
+
+Tensor sub(double s, const Tensor& a) {
+  return record(
+      "RsubScalarBackward", kernels::binary_scalar(BinaryOp::Sub, a, s, true), {a},
+      [](const Tensor& g) -> std::vector<Tensor> { return {kernels::unary(UnaryOp::Neg, g)}; });
+}
+
+Tensor div(double s, const Tensor& a) {
+  // d(s/a)/da = -s/a^2 = -out/a.
+  Tensor out = kernels::binary_scalar(BinaryOp::Div, a, s, true);
+  Tensor sa = saved(a), so = saved(out);
+  return record("RdivScalarBackward", out, {a}, [=](const Tensor& g) -> std::vector<Tensor> {
+    Tensor t = kernels::binary(BinaryOp::Div, kernels::binary(BinaryOp::Mul, g, so), sa);
+    return {kernels::unary(UnaryOp::Neg, t)};
+  });
+}
+
+Tensor neg(const Tensor& a) {
+  return unary_op(UnaryOp::Neg, "NegBackward", a);
+}
+Tensor exp(const Tensor& a) {
+  return unary_op(UnaryOp::Exp, "ExpBackward", a);
+}
+Tensor log(const Tensor& a) {
+  return unary_op(UnaryOp::Log, "LogBackward", a);
+}
+Tensor sqrt(const Tensor& a) {
+  return unary_op(UnaryOp::Sqrt, "SqrtBackward", a);
+}
+Tensor tanh(const Tensor& a) {
+  return unary_op(UnaryOp::Tanh, "TanhBackward", a);
+}
+Tensor relu(const Tensor& a) {
+  return unary_op(UnaryOp::Relu, "ReluBackward", a);
+}
+Tensor gelu(const Tensor& a) {
+  return unary_op(UnaryOp::Gelu, "GeluBackward", a);
+}
+Tensor sigmoid(const Tensor& a) {
+  return unary_op(UnaryOp::Sigmoid, "SigmoidBackward", a);
+}
+Tensor pow(const Tensor& a, double exponent) {
+  return unary_op(UnaryOp::Pow, "PowBackward", a, exponent);
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  Tensor out = kernels::where(cond, a, b);
+  Tensor sc = saved(cond);
+  const Shape shape_a = a.shape(), shape_b = b.shape();
+  const bool ga = autograd::wants_grad(a), gb = autograd::wants_grad(b);
+  return record("WhereBackward", out, {a, b}, [=](const Tensor& g) -> std::vector<Tensor> {
+    Tensor zero = zeros({}, g.dtype(), g.device());
+    Tensor da, db;
+    if (ga) da = kernels::sum_to(kernels::where(sc, g, zero), shape_a);
+    if (gb) db = kernels::sum_to(kernels::where(sc, zero, g), shape_b);
+    return {da, db};
+  });
+}
+
+Tensor operator+(const Tensor& a, const Tensor& b) {
+  return add(a, b);
+}
+Tensor operator-(const Tensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+Tensor operator*(const Tensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+Tensor operator/(const Tensor& a, const Tensor& b) {
+  return div(a, b);
+}
+Tensor operator-(const Tensor& a) {
+  return neg(a);
+}
+Tensor operator+(const Tensor& a, double s) {
+  return add(a, s);
+}
+Tensor operator-(const Tensor& a, double s) {
+  return add(a, -s);
+}
+Tensor operator*(const Tensor& a, double s) {
+  return mul(a, s);
+}
+Tensor operator/(const Tensor& a, double s) {
+  // A true division (not a * (1/s)), so that a/n matches the reference bit for bit.
+  return record("DivScalarBackward", kernels::binary_scalar(BinaryOp::Div, a, s), {a},
+                [s](const Tensor& g) -> std::vector<Tensor> {
+                  return {kernels::binary_scalar(BinaryOp::Div, g, s)};
+                });
+}
+Tensor operator+(double s, const Tensor& a) {
+  return add(a, s);
+}
+Tensor operator-(double s, const Tensor& a) {
+  return sub(s, a);
+}
+Tensor operator*(double s, const Tensor& a) {
+  return mul(a, s);
+}
+Tensor operator/(double s, const Tensor& a) {
+  return div(s, a);
+}
+
+}  // namespace accrue

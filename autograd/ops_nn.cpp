@@ -1,0 +1,113 @@
+// Differentiable matrix products and neural-network ops.
+#include "autograd/node.h"
+#include "autograd/ops.h"
+#include "autograd/saved.h"
+#include "kernels/ops.h"
+
+namespace accrue {
+
+using autograd::record;
+using autograd::saved;
+using autograd::wants_grad;
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  Tensor out = kernels::matmul(a, b);
+  Tensor sa = saved(a), sb = saved(b);
+  const bool ga = wants_grad(a), gb = wants_grad(b);
+  return record("MatmulBackward", out, {a, b}, [=](const Tensor& g) -> std::vector<Tensor> {
+    // Work in the promoted (>= 2-D) shapes: a 1-D a is [1, K], a 1-D b is [K, 1].
+    const Tensor a2 = sa.dim() == 1 ? sa.unsqueeze(0) : sa;
+    const Tensor b2 = sb.dim() == 1 ? sb.unsqueeze(-1) : sb;
+    Shape g_shape = g.shape();
+    if (sa.dim() == 1) g_shape.insert(g_shape.end() - (sb.dim() == 1 ? 0 : 1), 1);
+    if (sb.dim() == 1) g_shape.push_back(1);
+    const Tensor g2 = g.reshape(g_shape);
+    Tensor da, db;
+    if (ga) {
+      da = kernels::sum_to(kernels::matmul(g2, b2.transpose(-1, -2)), a2.shape())
+               .reshape(sa.shape());
+    }
+    if (gb) {
+      db = kernels::sum_to(kernels::matmul(a2.transpose(-1, -2), g2), b2.shape())
+               .reshape(sb.shape());
+    }
+    return {da, db};
+  });
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "linear: weight must be 2-D [out, in]");
+  ACCRUE_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == weight.size(1),
+               "linear: input of shape ", shape_str(x.shape()), " does not match weight of shape ",
+               shape_str(weight.shape()));
+  ACCRUE_CHECK(!bias.defined() || bias.shape() == Shape{weight.size(0)}, "linear: bias of shape ",
+               bias.defined() ? shape_str(bias.shape()) : "", " for weight of shape ",
+               shape_str(weight.shape()));
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  Tensor x2 = detach(x).reshape({-1, in});
+  Tensor y2 = kernels::matmul(x2, detach(weight).transpose(0, 1));
+  if (bias.defined()) y2 = kernels::binary(kernels::BinaryOp::Add, y2, bias);
+  Tensor out = y2.reshape(out_shape);
+  Tensor sx = saved(x2), sw = saved(weight);
+  const bool gx = wants_grad(x), gw = wants_grad(weight), gb = wants_grad(bias);
+  const Shape x_shape = x.shape();
+  return record("LinearBackward", out, {x, weight, bias},
+                [=](const Tensor& g) -> std::vector<Tensor> {
+                  const Tensor g2 = g.reshape({-1, out_features});
+                  Tensor dx, dw, db;
+                  if (gx) dx = kernels::matmul(g2, sw).reshape(x_shape);
+                  if (gw) {
+                    // dW = g^T @ x as one GEMM straight into the gradient.
+                    dw = empty(sw.shape(), sw.dtype(), sw.device());
+                    kernels::gemm(g2, /*transpose_a=*/true, sx, false, dw, 1.0, 0.0);
+                  }
+                  if (gb) {
+                    db = empty({out_features}, g.dtype(), g.device());
+                    kernels::sum_rows_into(g2, db, /*accumulate=*/false);
+                  }
+                  return {dx, dw, db};
+                });
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  Tensor out = kernels::embedding(weight, indices);
+  Tensor si = saved(indices);
+  const Shape w_shape = weight.shape();
+  const DType w_dtype = weight.dtype();
+  return record("EmbeddingBackward", out, {weight}, [=](const Tensor& g) -> std::vector<Tensor> {
+    Tensor dw = empty(w_shape, w_dtype, g.device());
+    kernels::embedding_backward(g, si, dw, /*accumulate=*/false);
+    return {dw};
+  });
+}
+
+Loss cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  kernels::LossSum r = kernels::cross_entropy(logits, targets, ignore_index);
+  Tensor sl = saved(logits), st = saved(targets);
+  const DType dtype = logits.dtype();
+  Tensor sum =
+      record("CrossEntropyBackward", r.sum, {logits}, [=](const Tensor& g) -> std::vector<Tensor> {
+        return {kernels::cross_entropy_backward(sl, st, ignore_index, g).to(dtype)};
+      });
+  return {sum, r.count};
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  kernels::LayerNormOutput r = kernels::layer_norm(x, weight, bias, eps);
+  Tensor sx = saved(x), sw = saved(weight), mean = r.mean, rstd = r.rstd;
+  const bool gw = wants_grad(weight), gb = wants_grad(bias);
+  const Shape d_shape{x.size(-1)};
+  const DType w_dtype = weight.defined() ? weight.dtype() : x.dtype();
+  const DType b_dtype = bias.defined() ? bias.dtype() : x.dtype();
+  return record("LayerNormBackward", r.out, {x, weight, bias},
+                [=](const Tensor& g) -> std::vector<Tensor> {
+                  Tensor dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
+                  Tensor db = gb ? empty(d_shape, b_dtype, g.device()) : Tensor();
+                  Tensor dx = kernels::layer_norm_backward(g, sx, sw, mean, rstd, dw, db, false);
+                  return {dx, dw, db};
+                });
+}
+
+}  // namespace accrue

@@ -1,0 +1,59 @@
+// Autograd's view of a tensor: requires_grad, its gradient, its grad_fn, and
+// the hook that fires when a leaf's gradient for a backward is final.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "autograd/node.h"
+#include "core/tensor.h"
+
+namespace accrue {
+
+// Receives a leaf's gradient instead of the default `.grad` storage. The
+// gradient arena implements it (Note [Overwrite first]); set per parameter.
+class GradSink {
+ public:
+  virtual ~GradSink() = default;
+  // Called once per backward with the leaf's summed gradient of that backward.
+  virtual void accumulate(const Tensor& leaf, const Tensor& grad) = 0;
+};
+
+using GradReadyHook = std::function<void(const Tensor& leaf)>;
+
+struct AutogradMeta {
+  bool requires_grad = false;  // set on leaves by the user; implied for op results
+  Tensor grad;
+  std::shared_ptr<autograd::Node> grad_fn;  // null for leaves
+  uint32_t output_nr = 0;
+  std::weak_ptr<autograd::AccumulateGrad> accumulator;  // leaves only
+  std::vector<GradReadyHook> grad_ready_hooks;
+  GradSink* sink = nullptr;
+};
+
+// Marks a leaf as needing a gradient. Returns t for chaining.
+Tensor requires_grad_(const Tensor& t, bool enable = true);
+// The accumulated gradient of a leaf (undefined until a backward reaches it).
+Tensor grad(const Tensor& t);
+void set_grad(const Tensor& t, const Tensor& grad);
+// Forgets the gradient: the next backward writes instead of adding.
+void clear_grad(const Tensor& t);
+bool is_leaf(const Tensor& t);
+std::shared_ptr<autograd::Node> grad_fn(const Tensor& t);
+// The same data, cut from the graph.
+Tensor detach(const Tensor& t);
+// Fires after the gradient of leaf `t` for the current backward has landed
+// (in .grad or in its sink): nothing later in that backward touches it.
+void register_grad_ready_hook(const Tensor& t, GradReadyHook hook);
+// Routes the leaf's gradients into `sink` (nullptr restores .grad storage).
+void set_grad_sink(const Tensor& t, GradSink* sink);
+
+namespace autograd {
+// The meta of t, created if absent.
+AutogradMeta& meta_of(const Tensor& t);
+// The meta of t or nullptr.
+AutogradMeta* find_meta(const Tensor& t);
+}  // namespace autograd
+
+}  // namespace accrue

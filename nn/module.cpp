@@ -1,0 +1,120 @@
+#include "nn/module.h"
+
+#include <cmath>
+
+#include "autograd/ops.h"
+#include "autograd/variable.h"
+#include "core/grad_mode.h"
+
+namespace accrue::nn {
+
+namespace {
+
+Tensor uniform_init(const Shape& shape, double bound, const ParamOptions& o) {
+  // Drawn in f64 on the CPU so that every device and dtype starts from the same values.
+  Tensor u = rand(shape, DType::f64, Device::cpu(), o.generator);
+  std::vector<double> v = u.to_vector<double>();
+  for (double& x : v)
+    x = (2 * x - 1) * bound;
+  return from_vector(v, shape, o.dtype, o.device);
+}
+
+Tensor normal_init(const Shape& shape, double std, const ParamOptions& o) {
+  Tensor n = randn(shape, DType::f64, Device::cpu(), o.generator);
+  std::vector<double> v = n.to_vector<double>();
+  for (double& x : v)
+    x *= std;
+  return from_vector(v, shape, o.dtype, o.device);
+}
+
+}  // namespace
+
+std::vector<NamedParameter> Module::named_parameters() const {
+  std::vector<NamedParameter> out;
+  for (const Slot& s : order_) {
+    if (s.is_param) {
+      out.push_back(params_[s.index]);
+    } else {
+      const auto& [name, child] = children_[s.index];
+      for (NamedParameter& p : child->named_parameters())
+        out.push_back({name + "." + p.name, p.tensor});
+    }
+  }
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (NamedParameter& p : named_parameters())
+    out.push_back(p.tensor);
+  return out;
+}
+
+int64_t Module::parameter_count() const {
+  int64_t n = 0;
+  for (const Tensor& t : parameters())
+    n += t.numel();
+  return n;
+}
+
+Tensor Module::register_parameter(std::string name, Tensor t) {
+  requires_grad_(t);
+  params_.push_back({std::move(name), t});
+  order_.push_back({true, params_.size() - 1});
+  return t;
+}
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias, const ParamOptions& options) {
+  ACCRUE_CHECK(in_features > 0 && out_features > 0, "Linear: invalid sizes in=", in_features,
+               " out=", out_features);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+  weight_ = register_parameter("weight", uniform_init({out_features, in_features}, bound, options));
+  if (bias) bias_ = register_parameter("bias", uniform_init({out_features}, bound, options));
+}
+
+Tensor Linear::forward(const Tensor& x) const {
+  return linear(x, weight_, bias_);
+}
+
+Embedding::Embedding(int64_t num, int64_t dim, const ParamOptions& options, double std) {
+  ACCRUE_CHECK(num > 0 && dim > 0, "Embedding: invalid sizes num=", num, " dim=", dim);
+  weight_ = register_parameter("weight", normal_init({num, dim}, std, options));
+}
+
+Tensor Embedding::forward(const Tensor& indices) const {
+  return embedding(weight_, indices);
+}
+
+LayerNorm::LayerNorm(int64_t dim, const ParamOptions& options, double eps) : eps_(eps) {
+  ACCRUE_CHECK(dim > 0, "LayerNorm: invalid dim ", dim);
+  weight_ = register_parameter("weight", ones({dim}, options.dtype, options.device));
+  bias_ = register_parameter("bias", zeros({dim}, options.dtype, options.device));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const {
+  return layer_norm(x, weight_, bias_, eps_);
+}
+
+Tensor GELU::forward(const Tensor& x) const {
+  return gelu(x);
+}
+
+MLP::MLP(const std::vector<int64_t>& widths, const ParamOptions& options) {
+  ACCRUE_CHECK(widths.size() >= 2, "MLP: needs at least two widths, got ", widths.size());
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    layers_.push_back(
+        &register_module("fc" + std::to_string(i),
+                         std::make_unique<Linear>(widths[i], widths[i + 1], true, options)));
+  }
+}
+
+Tensor MLP::forward(const Tensor& x) const {
+  Tensor h = x;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    h = layers_[i]->forward(h);
+    if (i + 1 < layers_.size()) h = act_.forward(h);
+  }
+  return h;
+}
+
+}  // namespace accrue::nn

@@ -1,0 +1,111 @@
+// Modules: layers that own parameters, listed in registration order.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/random.h"
+#include "core/tensor.h"
+
+namespace accrue::nn {
+
+struct NamedParameter {
+  std::string name;
+  Tensor tensor;
+};
+
+// Where parameters are created: their device and dtype, and the generator for
+// their initial values (a fixed seed makes a model reproducible on any device).
+struct ParamOptions {
+  Device device = Device::cpu();
+  DType dtype = DType::f32;
+  Generator* generator = nullptr;
+};
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Every parameter of this module and its children, in registration order
+  // (the order the gradient arena will lay them out in).
+  std::vector<NamedParameter> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  int64_t parameter_count() const;
+
+ protected:
+  // Registers a leaf that requires grad and returns it.
+  Tensor register_parameter(std::string name, Tensor t);
+  // Registers a child; its parameters follow, prefixed with "name.".
+  template <class M>
+  M& register_module(std::string name, std::unique_ptr<M> child) {
+    M& ref = *child;
+    children_.emplace_back(std::move(name), std::move(child));
+    order_.push_back({false, children_.size() - 1});
+    return ref;
+  }
+
+ private:
+  struct Slot {
+    bool is_param;
+    size_t index;
+  };
+  std::vector<NamedParameter> params_;
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+  std::vector<Slot> order_;
+};
+
+// y = x W^T + b with W [out, in] initialized uniform(-1/sqrt(in), 1/sqrt(in)) as in PyTorch.
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias, const ParamOptions& options);
+  Tensor forward(const Tensor& x) const;
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+
+ private:
+  Tensor weight_, bias_;
+};
+
+// Rows of a [num, dim] table, initialized normal(0, std).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num, int64_t dim, const ParamOptions& options, double std = 0.02);
+  Tensor forward(const Tensor& indices) const;
+  const Tensor& weight() const { return weight_; }
+
+ private:
+  Tensor weight_;
+};
+
+class LayerNorm : public Module {
+ public:
+  LayerNorm(int64_t dim, const ParamOptions& options, double eps = 1e-5);
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  Tensor weight_, bias_;
+  double eps_;
+};
+
+class GELU : public Module {
+ public:
+  Tensor forward(const Tensor& x) const;
+};
+
+// Linear -> GELU -> ... -> Linear over the given widths (at least two).
+class MLP : public Module {
+ public:
+  MLP(const std::vector<int64_t>& widths, const ParamOptions& options);
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  std::vector<Linear*> layers_;
+  GELU act_;
+};
+
+}  // namespace accrue::nn
