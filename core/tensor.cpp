@@ -60,7 +60,7 @@ Shape infer_shape(const Shape& requested, int64_t numel, const char* op) {
 // (the same algorithm as numpy/PyTorch: group dims that are contiguous among themselves).
 bool view_strides(const Shape& shape, const Shape& strides, const Shape& new_shape, Shape& out) {
   out.assign(new_shape.size(), 0);
-  if (shape_numel(shape) == 0) {
+  if (shape_numel(shape) == 0 || shape.empty()) {
     out = contiguous_strides(new_shape);
     return true;
   }
@@ -304,7 +304,7 @@ Tensor Tensor::to(DType target) const {
   return out;
 }
 
-Tensor& Tensor::copy_(const Tensor& src) {
+const Tensor& Tensor::copy_(const Tensor& src) const {
   ACCRUE_CHECK(src.defined(), "copy_: source tensor is undefined");
   // Broadcast the source to this shape (raw expand: copying data records no graph).
   Shape target = broadcast_shapes(shape(), src.shape(), "copy_");
@@ -327,7 +327,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
-Tensor& Tensor::fill_(double value) {
+const Tensor& Tensor::fill_(double value) const {
   detail::fill_same_device(*this, value);
   return *this;
 }

@@ -90,9 +90,9 @@ class Tensor {
   Tensor to(Device device) const;
   Tensor to(DType dtype) const;
   // Copies src into this tensor's memory (src broadcast to this shape, any dtype/device).
-  Tensor& copy_(const Tensor& src);
+  const Tensor& copy_(const Tensor& src) const;
   // Fills every element with value (cast to this dtype).
-  Tensor& fill_(double value);
+  const Tensor& fill_(double value) const;
 
   // Host read-back of a single-element tensor.
   double item() const;

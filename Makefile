@@ -1,0 +1,28 @@
+# A thin layer over CMakePresets.json: the README's two commands.
+#   make demo   build and run the demo trainer (GPU if present, else CPU)
+#   make test   build and run the test suite (GPU tests skip without a GPU)
+PRESET ?= ci
+JOBS ?= $(shell nproc)
+
+.PHONY: demo test build configure gpu-check clean
+
+configure:
+	cmake --preset $(PRESET)
+
+build: configure
+	cmake --build --preset $(PRESET) -j $(JOBS)
+
+demo: configure
+	cmake --build --preset $(PRESET) -j $(JOBS) --target accrue_demo
+	./build/$(PRESET)/examples/accrue_demo
+
+test: build
+	ctest --preset $(PRESET) -j $(JOBS)
+
+# The whole GPU check in one call (on an H100/H200): build, GPU tests,
+# compute-sanitizer, benchmarks beside PyTorch.
+gpu-check:
+	tools/gpu_check.sh
+
+clean:
+	rm -rf build

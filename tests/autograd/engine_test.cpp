@@ -1,0 +1,170 @@
+// The backward engine's contract: order, fan-out, graph release, hooks, grad mode.
+#include <gmock/gmock.h>
+
+#include "autograd/engine.h"
+#include "autograd/ops.h"
+#include "autograd/variable.h"
+#include "core/grad_mode.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+using ::testing::HasSubstr;
+
+Tensor vec(std::vector<double> v) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  return from_vector(v, {n});
+}
+
+TEST(Engine, gradient_of_a_product) {
+  Tensor x = requires_grad_(vec({1, 2, 3}));
+  Tensor y = requires_grad_(vec({4, 5, 6}));
+  backward(sum(x * y));
+  EXPECT_EQ(grad(x).to_vector<double>(), (std::vector<double>{4, 5, 6}));
+  EXPECT_EQ(grad(y).to_vector<double>(), (std::vector<double>{1, 2, 3}));
+}
+
+TEST(Engine, fan_out_sums_the_contributions_of_every_use) {
+  // f = sum(x*x + 3x): df/dx = 2x + 3; x feeds three uses.
+  Tensor x = requires_grad_(vec({1, -2, 0.5}));
+  backward(sum(x * x + x * 3.0));
+  EXPECT_EQ(grad(x).to_vector<double>(), (std::vector<double>{5, -1, 4}));
+}
+
+TEST(Engine, diamond_graph_runs_each_node_once_after_all_its_inputs) {
+  // a = 2x; b = a*a; c = exp(a)... f = sum(b + c). The node of `a` must run
+  // once, with both contributions summed.
+  Tensor x = requires_grad_(vec({0.1, 0.2}));
+  Tensor a = x * 2.0;
+  backward(sum(a * a + exp(a)));
+  const std::vector<double> xs = {0.1, 0.2};
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double av = 2 * xs[i];
+    EXPECT_NEAR(grad(x).to_vector<double>()[i], 2 * (2 * av + std::exp(av)), 1e-12);
+  }
+}
+
+TEST(Engine, leaf_gradients_add_across_backwards_until_cleared) {
+  Tensor x = requires_grad_(vec({1, 2}));
+  backward(sum(x * 3.0));
+  backward(sum(x * 3.0));
+  EXPECT_EQ(grad(x).to_vector<double>(), (std::vector<double>{6, 6}));
+  clear_grad(x);
+  backward(sum(x * 3.0));
+  EXPECT_EQ(grad(x).to_vector<double>(), (std::vector<double>{3, 3}));
+}
+
+TEST(Engine, second_backward_through_a_freed_graph_throws) {
+  Tensor x = requires_grad_(vec({1, 2}));
+  Tensor loss = sum(exp(x));
+  backward(loss);
+  try {
+    backward(loss);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("retain_graph"));
+  }
+}
+
+TEST(Engine, retain_graph_allows_a_second_backward) {
+  Tensor x = requires_grad_(vec({1, 2}));
+  Tensor loss = sum(exp(x));
+  backward(loss, Tensor(), /*retain_graph=*/true);
+  backward(loss);
+  EXPECT_NEAR(grad(x).to_vector<double>()[0], 2 * std::exp(1.0), 1e-12);
+}
+
+TEST(Engine, saved_tensors_are_freed_after_backward) {
+  Tensor x = requires_grad_(test::random_normal({1000}, DType::f64));
+  const int64_t before = memory_stats(Device::cpu()).current_bytes;
+  Tensor loss;
+  {
+    Tensor h = exp(x);  // saves x and its output
+    loss = sum(h * h);
+  }
+  const int64_t with_graph = memory_stats(Device::cpu()).current_bytes;
+  EXPECT_GT(with_graph, before);
+  backward(loss);
+  // What remains: the loss (8 bytes) and x's gradient (8000 bytes).
+  EXPECT_LE(memory_stats(Device::cpu()).current_bytes, before + 8000 + 8);
+}
+
+TEST(Engine, no_grad_records_nothing) {
+  Tensor x = requires_grad_(vec({1, 2}));
+  NoGradGuard guard;
+  Tensor y = x * 2.0;
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_EQ(grad_fn(y), nullptr);
+}
+
+TEST(Engine, detach_cuts_the_graph) {
+  Tensor x = requires_grad_(vec({1, 2}));
+  Tensor y = detach(x * 2.0);
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_TRUE(is_leaf(y));
+  Tensor z = requires_grad_(vec({1, 1}));
+  backward(sum(y * z));
+  EXPECT_FALSE(grad(x).defined());
+  EXPECT_EQ(grad(z).to_vector<double>(), (std::vector<double>{2, 4}));
+}
+
+TEST(Engine, grad_ready_hook_fires_once_with_the_final_gradient) {
+  Tensor x = requires_grad_(vec({1, 2}));
+  Tensor w = requires_grad_(vec({3, 4}));
+  std::vector<std::vector<double>> seen;
+  register_grad_ready_hook(
+      x, [&](const Tensor& leaf) { seen.push_back(grad(leaf).to_vector<double>()); });
+  // x is used three times: the hook must see the sum, once.
+  backward(sum(x * w + x * x + x));
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0], (std::vector<double>{3 + 2 + 1, 4 + 4 + 1}));
+}
+
+TEST(Engine, grad_sink_receives_the_gradient_instead_of_grad) {
+  struct RecordingSink : GradSink {
+    int calls = 0;
+    std::vector<double> last;
+    void accumulate(const Tensor&, const Tensor& g) override {
+      ++calls;
+      last = g.to_vector<double>();
+    }
+  } sink;
+  Tensor x = requires_grad_(vec({1, 2}));
+  set_grad_sink(x, &sink);
+  backward(sum(x * x + x));
+  EXPECT_EQ(sink.calls, 1);
+  EXPECT_EQ(sink.last, (std::vector<double>{3, 5}));
+  EXPECT_FALSE(grad(x).defined());
+}
+
+TEST(Engine, non_scalar_root_needs_a_seed) {
+  Tensor x = requires_grad_(vec({1, 2}));
+  Tensor y = x * 2.0;
+  EXPECT_THROW(backward(y), Error);
+  backward(y, vec({1, 10}));
+  EXPECT_EQ(grad(x).to_vector<double>(), (std::vector<double>{2, 20}));
+  EXPECT_THROW(backward(x * 2.0, vec({1, 2, 3})), Error);
+}
+
+TEST(Engine, root_without_grad_is_an_error) {
+  EXPECT_THROW(backward(sum(vec({1, 2}))), Error);
+}
+
+TEST(Engine, requires_grad_only_on_float_leaves) {
+  EXPECT_THROW(requires_grad_(from_vector<int64_t>({1}, {1})), Error);
+  Tensor x = requires_grad_(vec({1}));
+  EXPECT_THROW(requires_grad_(x * 2.0), Error);
+}
+
+TEST(Engine, unused_branch_gets_no_gradient) {
+  Tensor x = requires_grad_(vec({1, 2}));
+  Tensor unused = requires_grad_(vec({5, 5}));
+  Tensor branch = unused * 2.0;  // recorded but not part of the loss
+  (void)branch;
+  backward(sum(x));
+  EXPECT_FALSE(grad(unused).defined());
+}
+
+}  // namespace
+}  // namespace accrue
