@@ -18,8 +18,9 @@
 
 #define ACCRUE_CUDA_CHECK(expr) \
   ACCRUE_STATUS_CHECK_GEN(expr, cudaSuccess, cudaGetErrorString, "CUDA")
+// cuBLASLt status strings: accrue links libcublasLt only (not libcublas).
 #define ACCRUE_CUBLAS_CHECK(expr) \
-  ACCRUE_STATUS_CHECK_GEN(expr, CUBLAS_STATUS_SUCCESS, cublasGetStatusString, "cuBLAS")
+  ACCRUE_STATUS_CHECK_GEN(expr, CUBLAS_STATUS_SUCCESS, cublasLtGetStatusString, "cuBLAS")
 #define ACCRUE_CUDNN_CHECK(expr) \
   ACCRUE_STATUS_CHECK_GEN(expr, CUDNN_STATUS_SUCCESS, cudnnGetErrorString, "cuDNN")
 #define ACCRUE_NCCL_CHECK(expr) \

@@ -1,1 +1,385 @@
+// CUDA matrix products: batched GEMM through cuBLASLt.
+//
+// Note [Row-major GEMM through column-major cuBLASLt]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// accrue's matrices are row-major, cuBLASLt's are column-major. A row-major
+// [R, C] matrix with row stride ld, read column-major, is its transpose: a
+// [C, R] matrix with leading dimension ld. So out = a @ b is computed as
+// out^T = b^T a^T: cuBLASLt's "A" is our b, its "B" is our a, and its
+// column-major [N, M] result with leading dimension N is exactly our row-major
+// out [M, N]. A transposed view (stride(-2) == 1) is already column-major: it
+// goes in as is with CUBLAS_OP_T, never copied.
+//
+// Note [cuBLASLt state]
+// ~~~~~~~~~~~~~~~~~~~~~
+// One cublasLtHandle per device (created on first use), one 32 MiB workspace
+// per (device, stream) so that concurrent streams never share scratch memory
+// (and results stay bitwise reproducible, Note [Determinism]), and one plan
+// (descriptors plus the heuristic's algorithm) per problem key: dtypes,
+// compute type, transposes, sizes, leading dimensions, batch strides and
+// pointer alignments. The heuristic runs once per key; every later call with
+// that key runs the same algorithm, hence the same bits. The state lives for
+// the whole process and is never destroyed: destroying handles and freeing
+// device memory from static destructors races the CUDA driver's own teardown.
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "core/cuda_types.cuh"
 #include "kernels/backend.h"
+
+namespace accrue::kernels::cuda {
+
+namespace cu = ::accrue::cuda;
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr int kMaxDevices = 64;
+
+// One operand as cuBLASLt sees it: a column-major matrix of rows x cols with
+// leading dimension ld, used as op(matrix).
+struct LtOperand {
+  cublasOperation_t op = CUBLAS_OP_N;
+  int64_t rows = 0, cols = 0, ld = 0;
+  int64_t batch_stride = 0;
+};
+
+// One of our row-major logical [rows, cols] input matrices per batch entry.
+struct RowMajorArg {
+  const void* ptr = nullptr;
+  int64_t rows = 0, cols = 0;
+  int64_t row_stride = 0, col_stride = 0, batch_stride = 0;
+};
+
+RowMajorArg arg_of(const Tensor& x) {
+  return {x.data_ptr(), x.size(1),   x.size(2),
+          x.stride(1),  x.stride(2), x.size(0) == 1 ? 0 : x.stride(0)};
+}
+
+// Describes x^T ([cols, rows]) as op(X) with X column-major, which is what
+// Note [Row-major GEMM through column-major cuBLASLt] needs. Returns false
+// when x's strides fit neither form (e.g. an expanded row with row stride 0);
+// the caller then copies x to contiguous memory.
+bool describe_transposed(const RowMajorArg& x, LtOperand& o) {
+  o.batch_stride = x.batch_stride;
+  if (x.col_stride == 1 && (x.rows == 1 || x.row_stride >= x.cols)) {
+    // Row-major: read column-major it is already x^T.
+    o.op = CUBLAS_OP_N;
+    o.rows = x.cols;
+    o.cols = x.rows;
+    o.ld = x.rows == 1 ? x.cols : x.row_stride;  // one row: its stride is never used
+    return true;
+  }
+  if (x.row_stride == 1 && (x.cols == 1 || x.col_stride >= x.rows)) {
+    // Transposed view: column-major x, so op = T gives x^T.
+    o.op = CUBLAS_OP_T;
+    o.rows = x.rows;
+    o.cols = x.cols;
+    o.ld = x.cols == 1 ? x.rows : x.col_stride;
+    return true;
+  }
+  return false;
+}
+
+cudaDataType_t cuda_data_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::f64:
+      return CUDA_R_64F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    default:
+      ACCRUE_FAIL("gemm: dtype ", dtype_name(t), " is not a floating dtype");
+  }
+}
+
+// Largest power of two (up to 256) that divides the address: the alignment the
+// heuristic may assume for a buffer (narrowed views are not 256-byte aligned).
+uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 1;
+  while (align < 256 && address % (2 * align) == 0)
+    align *= 2;
+  return align;
+}
+
+// Everything that decides the algorithm, see Note [cuBLASLt state].
+using PlanKey = std::array<int64_t, 24>;
+
+struct GemmPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr;  // cuBLASLt's A: our b
+  cublasLtMatrixLayout_t b = nullptr;  // cuBLASLt's B: our a
+  cublasLtMatrixLayout_t c = nullptr;  // C and D: out
+  cublasLtMatmulAlgo_t algo{};
+
+  GemmPlan() = default;
+  GemmPlan(const GemmPlan&) = delete;
+  GemmPlan& operator=(const GemmPlan&) = delete;
+  ~GemmPlan() {  // only reached when building a plan failed
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// The numbers of one cuBLASLt call (after Note [Row-major GEMM through column-major cuBLASLt]).
+struct LtProblem {
+  int device = 0;
+  cudaDataType_t input_type{}, output_type{}, scale_type{};
+  cublasComputeType_t compute{};
+  int64_t m = 0, n = 0, k = 0, batch = 1;  // cuBLASLt's m = our N, n = our M
+  LtOperand a, b;                          // cuBLASLt's A (our b) and B (our a)
+  int64_t ldc = 0, c_batch_stride = 0;
+  uint32_t align_a = 0, align_b = 0, align_c = 0;
+
+  PlanKey key() const {
+    return {device,  input_type, output_type, scale_type, compute,        m,    n,
+            k,       batch,      a.op,        a.rows,     a.cols,         a.ld, a.batch_stride,
+            b.op,    b.rows,     b.cols,      b.ld,       b.batch_stride, ldc,  c_batch_stride,
+            align_a, align_b,    align_c};
+  }
+};
+
+template <class T>
+void set_layout_attr(cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attr, T v) {
+  ACCRUE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, attr, &v, sizeof(v)));
+}
+
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
+                                   int64_t batch, int64_t batch_stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  ACCRUE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
+                                                 static_cast<uint64_t>(cols), ld));
+  if (batch > 1) {
+    set_layout_attr(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, static_cast<int32_t>(batch));
+    set_layout_attr(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, batch_stride);
+  }
+  return layout;
+}
+
+std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, const LtProblem& p) {
+  auto plan = std::make_unique<GemmPlan>();
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, p.compute, p.scale_type));
+  const int32_t transa = p.a.op, transb = p.b.op;
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &transa,
+                                                     sizeof(transa)));
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &transb,
+                                                     sizeof(transb)));
+  plan->a = make_layout(p.input_type, p.a.rows, p.a.cols, p.a.ld, p.batch, p.a.batch_stride);
+  plan->b = make_layout(p.input_type, p.b.rows, p.b.cols, p.b.ld, p.batch, p.b.batch_stride);
+  plan->c = make_layout(p.output_type, p.m, p.n, p.ldc, p.batch, p.c_batch_stride);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
+    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v));
+    if (s != CUBLAS_STATUS_SUCCESS) cublasLtMatmulPreferenceDestroy(pref);
+    ACCRUE_CUBLAS_CHECK(s);
+  };
+  set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kWorkspaceBytes));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, p.align_a);
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, p.align_b);
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.align_c);
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.align_c);
+
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, plan->op, plan->a, plan->b, plan->c,
+                                                    plan->c, pref, 1, &result, &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  ACCRUE_CHECK(s == CUBLAS_STATUS_SUCCESS && returned > 0,
+               "gemm: cuBLASLt found no algorithm for m=", p.n, " n=", p.m, " k=", p.k,
+               " batch=", p.batch, " (input type ", static_cast<int>(p.input_type),
+               ", output type ", static_cast<int>(p.output_type), ", compute type ",
+               static_cast<int>(p.compute), "; cuBLAS status ", static_cast<int>(s), ": ",
+               cublasLtGetStatusString(s), ")");
+  plan->algo = result.algo;
+  return plan;
+}
+
+// See Note [cuBLASLt state].
+class LtState {
+ public:
+  static LtState& instance() {
+    static LtState* state = new LtState();  // never destroyed, on purpose
+    return *state;
+  }
+
+  struct Resources {
+    cublasLtHandle_t handle;
+    void* workspace;
+    const GemmPlan* plan;
+  };
+
+  Resources acquire(const LtProblem& p, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cublasLtHandle_t& handle = handles_.at(static_cast<size_t>(p.device));
+    if (handle == nullptr) ACCRUE_CUBLAS_CHECK(cublasLtCreate(&handle));
+
+    auto ws = workspaces_.find({p.device, stream});
+    if (ws == workspaces_.end()) {
+      // A first GEMM inside stream capture would allocate the workspace from
+      // the graph's memory, which dies with the graph: warm up before capturing.
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      ACCRUE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+      ACCRUE_CHECK(capture == cudaStreamCaptureStatusNone,
+                   "gemm: the first GEMM on a stream ran during CUDA graph capture; run one "
+                   "uncaptured step first so that its cuBLASLt workspace exists");
+      Tensor buffer = empty({static_cast<int64_t>(kWorkspaceBytes / sizeof(float))}, DType::f32,
+                            Device::cuda(p.device));
+      ws = workspaces_.emplace(std::make_pair(p.device, stream), std::move(buffer)).first;
+    }
+
+    const PlanKey key = p.key();
+    auto it = plans_.find(key);
+    if (it == plans_.end()) it = plans_.emplace(key, build_plan(handle, p)).first;
+    return {handle, ws->second.data_ptr(), it->second.get()};
+  }
+
+ private:
+  std::mutex mutex_;
+  std::array<cublasLtHandle_t, kMaxDevices> handles_{};
+  std::map<std::pair<int, cudaStream_t>, Tensor> workspaces_;
+  std::map<PlanKey, std::unique_ptr<GemmPlan>> plans_;
+};
+
+// out = beta * out, for K = 0 (cuBLASLt does not take empty inner dimensions).
+template <class T>
+__global__ void scale_kernel(T* out, int64_t n, cu::math_t<T> beta) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = cu::convert<T>(beta * cu::convert<cu::math_t<T>>(out[i]));
+}
+
+void scale_output(const Tensor& out, double beta, cudaStream_t stream) {
+  if (beta == 1.0) return;
+  if (beta == 0.0) {  // must not read out: it may hold NaN (Note [Overwrite first])
+    ACCRUE_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), stream));
+    return;
+  }
+  cu::visit_float_dtype(out.dtype(), "gemm", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kThreads = 256;
+    const int64_t n = out.numel();
+    scale_kernel<T><<<cu::grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<T*>(out.data_ptr()), n, static_cast<cu::math_t<T>>(beta));
+    ACCRUE_LAUNCH_CHECK();
+  });
+}
+
+// out = tmp + beta * out, for f64 products stored in an f32 out (cuBLASLt's
+// 64F compute has no f32 output). beta == 0 does not read out.
+__global__ void add_scaled_kernel(float* out, const double* tmp, int64_t n, double beta) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = static_cast<float>(beta == 0.0 ? tmp[i] : tmp[i] + beta * out[i]);
+}
+
+void check_fits_int32(int64_t v, const char* what, const Tensor& a, const Tensor& b) {
+  ACCRUE_CHECK(v <= std::numeric_limits<int32_t>::max(), "gemm: ", what, " = ", v,
+               " exceeds cuBLASLt's 32-bit limit (a ", shape_str(a.shape()), ", b ",
+               shape_str(b.shape()), ")");
+}
+
+}  // namespace
+
+void gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& out, double alpha, double beta) {
+  const int dev = out.device().index;
+  cu::DeviceScope scope(dev);
+  cudaStream_t stream = cu::stream_for(dev);
+  int64_t batch = out.size(0), M = out.size(1);
+  const int64_t N = out.size(2), K = a_in.size(2);
+  if (batch == 0 || M == 0 || N == 0) return;
+  if (K == 0) return scale_output(out, beta, stream);
+  if (a_in.dtype() == DType::f64 && out.dtype() == DType::f32) {
+    const Tensor tmp = empty(out.shape(), DType::f64, out.device());
+    gemm(a_in, b_in, tmp, alpha, 0.0);
+    constexpr int kThreads = 256;
+    const int64_t n = out.numel();
+    add_scaled_kernel<<<cu::grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<float*>(out.data_ptr()), static_cast<const double*>(tmp.data_ptr()), n, beta);
+    ACCRUE_LAUNCH_CHECK();
+    return;
+  }
+
+  // Inputs whose strides cuBLASLt cannot express are copied (rare: expanded rows).
+  LtOperand lt_a, lt_b;
+  Tensor a = a_in, b = b_in;
+  if (!describe_transposed(arg_of(a), lt_b)) a = a.contiguous();
+  if (!describe_transposed(arg_of(b), lt_a)) b = b.contiguous();
+  RowMajorArg ra = arg_of(a), rb = arg_of(b);
+
+  // A batch of row-major a against one shared b (a Linear on [B, T, C]) is one
+  // plain GEMM with B*M rows: fewer, larger tiles than a strided batch.
+  if (batch > 1 && rb.batch_stride == 0 && ra.col_stride == 1) {
+    const int64_t rows_stride = ra.rows == 1 ? ra.batch_stride : ra.row_stride;
+    const bool evenly_spaced = ra.rows == 1 || ra.batch_stride == ra.rows * ra.row_stride;
+    if (evenly_spaced && rows_stride >= ra.cols) {
+      ra.rows *= batch;
+      ra.row_stride = rows_stride;
+      ra.batch_stride = 0;
+      M *= batch;
+      batch = 1;
+    }
+  }
+  const bool ok_a = describe_transposed(ra, lt_b);
+  const bool ok_b = describe_transposed(rb, lt_a);
+  ACCRUE_CHECK(ok_a && ok_b, "gemm: internal error describing a ", shape_str(a.shape()),
+               " strides ", shape_str(a.strides()), " and b ", shape_str(b.shape()), " strides ",
+               shape_str(b.strides()));
+  check_fits_int32(M, "M", a, b);
+  check_fits_int32(N, "N", a, b);
+  check_fits_int32(K, "K", a, b);
+  check_fits_int32(batch, "batch", a, b);
+
+  LtProblem p;
+  p.device = dev;
+  p.input_type = cuda_data_type(a.dtype());
+  p.output_type = cuda_data_type(out.dtype());
+  const bool f64 = a.dtype() == DType::f64;
+  p.scale_type = f64 ? CUDA_R_64F : CUDA_R_32F;
+  if (f64) {
+    p.compute = CUBLAS_COMPUTE_64F;
+  } else if (a.dtype() == DType::f32 && allow_tf32()) {
+    p.compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+  } else {
+    p.compute = CUBLAS_COMPUTE_32F;  // true fp32, and fp32 accumulation for bf16/f16
+  }
+  p.m = N;
+  p.n = M;
+  p.k = K;
+  p.batch = batch;
+  p.a = lt_a;
+  p.b = lt_b;
+  p.ldc = N;
+  p.c_batch_stride = batch > 1 ? M * N : 0;
+  p.align_a = alignment_of(rb.ptr);
+  p.align_b = alignment_of(ra.ptr);
+  p.align_c = alignment_of(out.data_ptr());
+
+  const LtState::Resources r = LtState::instance().acquire(p, stream);
+  const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+  const void* alpha_ptr = f64 ? static_cast<const void*>(&alpha) : &alpha_f;
+  const void* beta_ptr = f64 ? static_cast<const void*>(&beta) : &beta_f;
+  // C and D are both out: beta 0 writes it without reading it, beta 1 adds into
+  // it (the fused weight-gradient GEMM, Note [Fused weight-gradient accumulation]).
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmul(r.handle, r.plan->op, alpha_ptr, rb.ptr, r.plan->a, ra.ptr,
+                                     r.plan->b, beta_ptr, out.data_ptr(), r.plan->c, out.data_ptr(),
+                                     r.plan->c, &r.plan->algo, r.workspace, kWorkspaceBytes,
+                                     stream));
+}
+
+}  // namespace accrue::kernels::cuda

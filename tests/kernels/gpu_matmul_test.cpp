@@ -1,0 +1,328 @@
+// The CUDA matrix products (cuBLASLt) against the CPU reference: the same
+// public API (kernels::matmul, kernels::gemm) on CPU tensors and on copies of
+// them on the GPU, with fresh random inputs. Integer-valued inputs with short
+// sums are exact in fp32, so those cases compare bit for bit.
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "kernels/ops.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+const Device kCpu = Device::cpu();
+const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
+
+// Normalized error ||gpu - cpu|| / ||cpu|| allowed for a product stored in `dtype`:
+// fp32 accumulation everywhere but f64, and one rounding to the output dtype.
+double product_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::f64:
+      return 1e-12;
+    case DType::f32:
+      return 1e-5;
+    case DType::f16:
+      return 2e-3;
+    default:
+      return 1e-2;  // bf16
+  }
+}
+
+// Restores the TF32 setting at scope exit, so a failing test leaves it as found.
+class Tf32Scope {
+ public:
+  explicit Tf32Scope(bool allow) : previous_(kernels::allow_tf32()) {
+    kernels::set_allow_tf32(allow);
+  }
+  ~Tf32Scope() { kernels::set_allow_tf32(previous_); }
+
+ private:
+  bool previous_;
+};
+
+Tensor on_cpu(const Tensor& t) {
+  return t.to(kCpu);
+}
+
+// Builds the operand a test multiplies from the stored tensor, on each side
+// after the transfer: Tensor::to copies into contiguous memory, so a transposed
+// or narrowed view must be made on the GPU copy to reach the kernel as a view.
+using View = std::function<Tensor(const Tensor&)>;
+Tensor as_stored(const Tensor& t) {
+  return t;
+}
+Tensor transposed(const Tensor& t) {
+  return t.transpose(-2, -1);
+}
+
+// matmul(view_a(a), view_b(b)) on the CPU against the same on GPU copies.
+::testing::AssertionResult matmul_matches_cpu(const Tensor& a, const Tensor& b, double tolerance,
+                                              bool exact, const View& view_a = as_stored,
+                                              const View& view_b = as_stored) {
+  const Tensor expected = kernels::matmul(view_a(a), view_b(b));
+  const Tensor actual = on_cpu(kernels::matmul(view_a(a.to(kGpu)), view_b(b.to(kGpu))));
+  if (exact) return test::all_equal(actual, expected);
+  const double err = test::relative_error(actual, expected);
+  if (err <= tolerance) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "relative error " << err << " > " << tolerance;
+}
+
+// The largest integer up to which every integer is exact in dtype: a product of
+// small integers whose sums stay below it is exact however cuBLASLt splits K
+// (split-K may round partial sums to the output dtype).
+double exact_integer_limit(DType dtype) {
+  switch (dtype) {
+    case DType::f64:
+      return 9007199254740992.0;
+    case DType::f32:
+      return 16777216.0;
+    case DType::f16:
+      return 2048.0;
+    default:
+      return 256.0;  // bf16
+  }
+}
+
+TEST(GpuMatmul, gpt2_shapes_match_cpu_in_every_dtype) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_normal({256, 768}, dt);
+    const Tensor w = test::random_normal({768, 3072}, dt, kCpu, 0.05);
+    EXPECT_TRUE(matmul_matches_cpu(x, w, product_tolerance(dt), false));
+    // The backward shapes: dx = dy @ w^T and dw = x^T @ dy, as transposed views.
+    const Tensor dy = test::random_normal({256, 3072}, dt);
+    EXPECT_TRUE(matmul_matches_cpu(dy, w, product_tolerance(dt), false, as_stored, transposed));
+    EXPECT_TRUE(matmul_matches_cpu(x, dy, product_tolerance(dt), false, transposed, as_stored));
+  }
+}
+
+TEST(GpuMatmul, odd_sizes_are_exact_on_small_integers) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  const int64_t sizes[][3] = {{1, 1, 1},   {1, 7, 5},     {3, 1, 9},   {13, 17, 1},
+                              {33, 65, 7}, {127, 1, 129}, {5, 3, 301}, {97, 131, 67}};
+  for (const auto& s : sizes) {
+    const int64_t m = s[0], n = s[1], k = s[2];
+    SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
+    for (DType dt : kFloatTypes) {
+      // Entries in [-r, r] with k * r^2 below the dtype's exact-integer limit.
+      int r = 4;
+      while (r > 1 && static_cast<double>(k) * r * r > exact_integer_limit(dt))
+        --r;
+      if (static_cast<double>(k) * r * r > exact_integer_limit(dt)) continue;
+      const Tensor a = test::random_integers({m, k}, -r, r, dt);
+      const Tensor b = test::random_integers({k, n}, -r, r, dt);
+      EXPECT_TRUE(matmul_matches_cpu(a, b, 0.0, true)) << dtype_name(dt);
+    }
+    // And random normals for the rounding paths.
+    EXPECT_TRUE(matmul_matches_cpu(test::random_normal({m, k}), test::random_normal({k, n}),
+                                   product_tolerance(DType::f32), false));
+  }
+}
+
+TEST(GpuMatmul, transposed_views_match_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  const int64_t m = 45, n = 29, k = 71;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(std::string("a ") + (ta ? "T" : "N") + ", b " + (tb ? "T" : "N"));
+      // Stored transposed and used as a view: stride(-2) == 1, CUBLAS_OP_T.
+      const Tensor sa = test::random_integers(ta ? Shape{k, m} : Shape{m, k}, -5, 5);
+      const Tensor sb = test::random_integers(tb ? Shape{n, k} : Shape{k, n}, -5, 5);
+      EXPECT_TRUE(matmul_matches_cpu(sa, sb, 0.0, true, ta ? transposed : as_stored,
+                                     tb ? transposed : as_stored));
+      // The same through gemm's transpose flags.
+      Tensor expected = empty({m, n});
+      kernels::gemm(sa, ta, sb, tb, expected, 1.0, 0.0);
+      Tensor actual = empty({m, n}, DType::f32, kGpu);
+      test::poison(actual);
+      kernels::gemm(sa.to(kGpu), ta, sb.to(kGpu), tb, actual, 1.0, 0.0);
+      EXPECT_TRUE(test::all_equal(on_cpu(actual), expected));
+    }
+  }
+}
+
+TEST(GpuMatmul, batched_and_broadcast_batches_match_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  struct Case {
+    Shape a, b;
+    bool transpose_b;
+  };
+  const Case cases[] = {
+      {{4, 33, 17}, {4, 17, 9}, false},       // plain strided batch
+      {{4, 33, 17}, {17, 9}, false},          // shared b: folded into one GEMM
+      {{33, 17}, {4, 17, 9}, false},          // shared a: batch stride 0
+      {{2, 3, 8, 17}, {3, 17, 5}, false},     // broadcast over a leading dim
+      {{2, 1, 8, 17}, {1, 3, 17, 5}, false},  // both broadcast
+      {{4, 33, 17}, {4, 9, 17}, true},        // transposed batched b (stored [4, 9, 17])
+      {{6, 1, 40}, {40, 7}, false},           // M = 1 per batch
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(shape_str(c.a) + " @ " + shape_str(c.b) + (c.transpose_b ? "^T" : ""));
+    const View view_b = c.transpose_b ? transposed : as_stored;
+    const Tensor a = test::random_integers(c.a, -6, 6);
+    const Tensor b = test::random_integers(c.b, -6, 6);
+    EXPECT_TRUE(matmul_matches_cpu(a, b, 0.0, true, as_stored, view_b));
+    // K <= 40 and entries in [-2, 2]: sums within bf16's exact integers.
+    const Tensor a16 = test::random_integers(c.a, -2, 2, DType::bf16);
+    const Tensor b16 = test::random_integers(c.b, -2, 2, DType::bf16);
+    EXPECT_TRUE(matmul_matches_cpu(a16, b16, 0.0, true, as_stored, view_b));
+    EXPECT_TRUE(matmul_matches_cpu(test::random_normal(c.a), test::random_normal(c.b),
+                                   product_tolerance(DType::f32), false, as_stored, view_b));
+  }
+}
+
+TEST(GpuMatmul, misaligned_narrowed_views_match_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  // Narrowing by one column moves the base pointer off every alignment above
+  // the element size; cuBLASLt must be told, not assume 256 bytes.
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    // K = 63 and entries in [-2, 2]: sums within bf16's exact integers.
+    const Tensor a = test::random_integers({37, 70}, -2, 2, dt);
+    const Tensor b = test::random_integers({65, 51}, -2, 2, dt);
+    EXPECT_TRUE(matmul_matches_cpu(
+        a, b, 0.0, true, [](const Tensor& t) { return t.narrow(1, 1, 63); },
+        [](const Tensor& t) { return t.narrow(0, 1, 63).narrow(1, 3, 41); }));
+    // Misaligned and transposed: a stored [70, 37], used as a narrowed transposed view.
+    const Tensor at = test::random_integers({70, 37}, -2, 2, dt);
+    EXPECT_TRUE(matmul_matches_cpu(
+        at, b, 0.0, true, [](const Tensor& t) { return t.narrow(0, 1, 63).transpose(0, 1); },
+        [](const Tensor& t) { return t.narrow(0, 1, 63).narrow(1, 3, 41); }));
+  }
+}
+
+TEST(GpuMatmul, gemm_writes_with_beta_zero_without_reading_nan) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor a = test::random_normal({64, 80}, dt);
+    const Tensor b = test::random_normal({80, 48}, dt);
+    Tensor expected = empty({64, 48}, dt);
+    test::poison(expected);
+    kernels::gemm(a, false, b, false, expected, 0.75, 0.0);
+    Tensor actual = empty({64, 48}, dt, kGpu);
+    test::poison(actual);
+    kernels::gemm(a.to(kGpu), false, b.to(kGpu), false, actual, 0.75, 0.0);
+    const Tensor got = on_cpu(actual);
+    for (double v : got.to_vector<double>())
+      ASSERT_TRUE(std::isfinite(v)) << "beta = 0 read the NaN-poisoned output";
+    EXPECT_LE(test::relative_error(got, expected), product_tolerance(dt));
+  }
+}
+
+// Note [Fused weight-gradient accumulation]: bf16/f16 inputs, fp32 compute,
+// an fp32 output that is overwritten (beta 0) then accumulated into (beta 1).
+TEST(GpuMatmul, gemm_16bit_inputs_accumulate_into_f32) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    // dW [in, out] = x^T @ dy with x [tokens, in], dy [tokens, out].
+    const int64_t tokens = 200, in = 96, out = 72;
+    const Tensor x = test::random_normal({tokens, in}, dt);
+    const Tensor dy = test::random_normal({tokens, out}, dt);
+    const Tensor x_gpu = x.to(kGpu), dy_gpu = dy.to(kGpu);
+    const Tensor start = test::random_normal({in, out}, DType::f32);
+    Tensor expected = start.clone();
+    Tensor actual = start.to(kGpu);
+    // Overwrite, accumulate, accumulate with a scale: the pattern of a window.
+    const double coefficients[][2] = {{1.0, 0.0}, {1.0, 1.0}, {0.5, 1.0}, {2.0, 0.25}};
+    for (const auto& c : coefficients) {
+      kernels::gemm(x, true, dy, false, expected, c[0], c[1]);
+      kernels::gemm(x_gpu, true, dy_gpu, false, actual, c[0], c[1]);
+      EXPECT_LE(test::relative_error(on_cpu(actual), expected), 1e-5)
+          << "alpha " << c[0] << " beta " << c[1];
+    }
+    // Small integers: exact, including the accumulation onto existing values.
+    const Tensor xi = test::random_integers({tokens, in}, -3, 3, dt);
+    const Tensor dyi = test::random_integers({tokens, out}, -3, 3, dt);
+    const Tensor base = test::random_integers({in, out}, -100, 100, DType::f32);
+    Tensor e = base.clone();
+    Tensor g = base.to(kGpu);
+    kernels::gemm(xi, true, dyi, false, e, 1.0, 1.0);
+    kernels::gemm(xi.to(kGpu), true, dyi.to(kGpu), false, g, 1.0, 1.0);
+    EXPECT_TRUE(test::all_equal(on_cpu(g), e));
+  }
+}
+
+TEST(GpuMatmul, gemm_alpha_beta_match_cpu_in_every_dtype) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor a = test::random_normal({31, 47}, dt);
+    const Tensor b = test::random_normal({23, 47}, dt);  // used transposed
+    const Tensor start = test::random_normal({31, 23}, dt);
+    Tensor expected = start.clone();
+    Tensor actual = start.to(kGpu);
+    kernels::gemm(a, false, b, true, expected, -1.5, 0.5);
+    kernels::gemm(a.to(kGpu), false, b.to(kGpu), true, actual, -1.5, 0.5);
+    EXPECT_LE(test::relative_error(on_cpu(actual), expected), product_tolerance(dt));
+  }
+}
+
+TEST(GpuMatmul, empty_inner_dimension_scales_the_output) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor a = empty({5, 0}, DType::f32, kGpu);
+  const Tensor b = empty({0, 6}, DType::f32, kGpu);
+  const Tensor start = test::random_normal({5, 6});
+  const Tensor expected = kernels::binary_scalar(kernels::BinaryOp::Mul, start, 0.5);
+  Tensor out = start.clone().to(kGpu);
+  kernels::gemm(a, false, b, false, out, 1.0, 0.5);
+  EXPECT_TRUE(test::all_equal(on_cpu(out), expected));
+  test::poison(out);
+  kernels::gemm(a, false, b, false, out, 1.0, 0.0);
+  EXPECT_TRUE(test::all_equal(on_cpu(out), zeros({5, 6})));
+  EXPECT_TRUE(test::all_equal(on_cpu(kernels::matmul(a, b)), zeros({5, 6})));
+}
+
+TEST(GpuMatmul, tf32_off_is_fp32_accurate_and_on_is_close) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor a = test::random_normal({256, 768});
+  const Tensor b = test::random_normal({768, 1024});
+  const Tensor expected = kernels::matmul(a, b);
+  const Tensor a_gpu = a.to(kGpu), b_gpu = b.to(kGpu);
+  double err_off = 0.0, err_on = 0.0;
+  {
+    Tf32Scope tf32(false);
+    err_off = test::relative_error(on_cpu(kernels::matmul(a_gpu, b_gpu)), expected);
+  }
+  {
+    Tf32Scope tf32(true);
+    err_on = test::relative_error(on_cpu(kernels::matmul(a_gpu, b_gpu)), expected);
+  }
+  EXPECT_LE(err_off, 1e-5);
+  // TF32 keeps 10 mantissa bits: about 1e-3 per product, less after the sum.
+  EXPECT_LE(err_on, 5e-3);
+  // Values that need more than TF32's 10 mantissa bits: exact only in true fp32.
+  Tf32Scope tf32(false);
+  const Tensor fine =
+      kernels::binary_scalar(kernels::BinaryOp::Add, test::random_integers({16, 8}, -8, 8), 4096.0);
+  const Tensor ones_k = ones({8, 4});
+  EXPECT_TRUE(matmul_matches_cpu(fine, ones_k, 0.0, true));
+}
+
+TEST(GpuMatmul, repeated_products_are_bitwise_identical) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor a = test::random_normal({512, 768}, dt, kGpu);
+    const Tensor b = test::random_normal({768, 768}, dt, kGpu);
+    const Tensor first = on_cpu(kernels::matmul(a, b));
+    for (int i = 0; i < 3; ++i)
+      EXPECT_TRUE(test::all_equal(on_cpu(kernels::matmul(a, b)), first));
+  }
+}
+
+}  // namespace
+}  // namespace accrue

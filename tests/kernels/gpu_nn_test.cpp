@@ -1,0 +1,362 @@
+// The CUDA neural-network kernels (embedding, cross-entropy, layer norm, and
+// their backwards) against the CPU reference: the same public API on CPU
+// tensors and on GPU copies of them, with fresh random inputs. Gathers and
+// sums of small integers are exact, so those compare bit for bit; the
+// reductions are also run twice to show that the GPU gives the same bits.
+#include <gmock/gmock.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+const Device kCpu = Device::cpu();
+const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
+
+Tensor on_cpu(const Tensor& t) {
+  return t.to(kCpu);
+}
+
+// Normalized error allowed for a result stored in `dtype`, computed in fp32
+// (f64 for f64) on the GPU and in f64 on the CPU.
+double tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::f64:
+      return 1e-12;
+    case DType::f32:
+      return 1e-5;
+    case DType::f16:
+      return 2e-3;
+    default:
+      return 1e-2;  // bf16
+  }
+}
+
+::testing::AssertionResult close(const Tensor& actual, const Tensor& expected, double tol) {
+  const double err = test::relative_error(actual, expected);
+  if (err <= tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "relative error " << err << " > " << tol;
+}
+
+// Indices in [0, vocab) as `dtype`, with a few hot rows repeated many times
+// (like padding or frequent tokens): the worst case for a scatter-add.
+Tensor repeated_indices(int64_t n, int64_t vocab, DType dtype) {
+  std::vector<int64_t> v =
+      test::random_integers({n}, 0, static_cast<int>(vocab - 1), DType::i64).to_vector<int64_t>();
+  for (size_t i = 0; i < v.size(); i += 3)
+    v[i] = 7;  // one row gets a third of all positions
+  for (size_t i = 1; i < v.size(); i += 11)
+    v[i] = vocab - 1;
+  return from_vector(v, {n}, dtype);
+}
+
+// ---- embedding -------------------------------------------------------------------
+
+TEST(GpuEmbedding, forward_gathers_exactly_for_every_dtype_and_row_size) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    for (int64_t d : {768, 5, 1, 129}) {
+      for (DType it : {DType::i64, DType::i32}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d) + " " +
+                     dtype_name(it));
+        const Tensor weight = test::random_normal({1000, d}, dt);
+        const Tensor idx = test::random_integers({4, 64}, 0, 999, it);
+        const Tensor expected = kernels::embedding(weight, idx);
+        EXPECT_TRUE(
+            test::all_equal(on_cpu(kernels::embedding(weight.to(kGpu), idx.to(kGpu))), expected));
+        // A weight starting one row in: the base address loses its 16-byte
+        // alignment for odd row sizes, so the copy must use narrower chunks.
+        const Tensor shifted = weight.narrow(0, 1, 999);
+        const Tensor small_idx = test::random_integers({33}, 0, 998, it);
+        EXPECT_TRUE(test::all_equal(
+            on_cpu(kernels::embedding(weight.to(kGpu).narrow(0, 1, 999), small_idx.to(kGpu))),
+            kernels::embedding(shifted, small_idx)));
+      }
+    }
+  }
+}
+
+TEST(GpuEmbedding, out_of_range_index_throws) {
+  ACCRUE_REQUIRE_CUDA();
+  ASSERT_TRUE(kernels::check_indices());
+  const Tensor weight = test::random_normal({10, 4}, DType::f32, kGpu);
+  const Tensor idx = from_vector<int64_t>({1, 2, 10, 3}, {4}, DType::i64, kGpu);
+  EXPECT_THROW(kernels::embedding(weight, idx), Error);
+  const Tensor negative = from_vector<int64_t>({-1}, {1}, DType::i32, kGpu);
+  EXPECT_THROW(kernels::embedding(weight, negative), Error);
+}
+
+TEST(GpuEmbedding, backward_sums_small_integers_exactly) {
+  ACCRUE_REQUIRE_CUDA();
+  const int64_t n = 4096, vocab = 1000;
+  struct Case {
+    DType grad, weight;
+  };
+  // bf16 grads summed into an fp32 arena slot is the training case.
+  const Case cases[] = {{DType::f32, DType::f32},
+                        {DType::bf16, DType::f32},
+                        {DType::f16, DType::f32},
+                        {DType::f64, DType::f64},
+                        {DType::bf16, DType::bf16}};
+  for (const Case& c : cases) {
+    for (int64_t d : {768, 33}) {
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(c.grad)) + " -> " + dtype_name(c.weight) +
+                     " d=" + std::to_string(d) + (accumulate ? " accumulate" : " overwrite"));
+        const Tensor grad = test::random_integers({n, d}, -3, 3, c.grad);
+        const Tensor idx = repeated_indices(n, vocab, DType::i64);
+        // Existing values to add to; NaN when overwriting (rows no index hits must become 0).
+        Tensor expected = test::random_integers({vocab, d}, -50, 50, c.weight);
+        if (!accumulate) test::poison(expected);
+        Tensor actual = expected.to(kGpu);
+        kernels::embedding_backward(grad, idx, expected, accumulate);
+        kernels::embedding_backward(grad.to(kGpu), idx.to(kGpu), actual, accumulate);
+        EXPECT_TRUE(test::all_equal(on_cpu(actual), expected));
+      }
+    }
+  }
+}
+
+TEST(GpuEmbedding, backward_is_deterministic_and_matches_cpu_on_random_grads) {
+  ACCRUE_REQUIRE_CUDA();
+  const int64_t vocab = 512, d = 768;
+  const Tensor grad = test::random_normal({8, 512, d});
+  const Tensor idx = repeated_indices(8 * 512, vocab, DType::i32).view({8, 512});
+  const Tensor grad_gpu = grad.to(kGpu), idx_gpu = idx.to(kGpu);
+  Tensor expected = empty({vocab, d});
+  kernels::embedding_backward(grad, idx, expected, false);
+  Tensor first = empty({vocab, d}, DType::f32, kGpu);
+  Tensor second = empty({vocab, d}, DType::f32, kGpu);
+  test::poison(first);
+  test::poison(second);
+  kernels::embedding_backward(grad_gpu, idx_gpu, first, false);
+  kernels::embedding_backward(grad_gpu, idx_gpu, second, false);
+  EXPECT_TRUE(test::all_equal(on_cpu(second), on_cpu(first)));
+  EXPECT_TRUE(close(on_cpu(first), expected, 1e-5));
+  // Accumulating a second micro-batch onto the first.
+  kernels::embedding_backward(grad, idx, expected, true);
+  kernels::embedding_backward(grad_gpu, idx_gpu, first, true);
+  EXPECT_TRUE(close(on_cpu(first), expected, 1e-5));
+}
+
+// ---- cross-entropy ------------------------------------------------------------------
+
+// Targets in [0, classes) with about a quarter set to ignore_index.
+Tensor targets_with_ignored(int64_t rows, int64_t classes, int64_t ignore_index, DType dtype) {
+  std::vector<int64_t> t =
+      test::random_integers({rows}, 0, static_cast<int>(classes - 1), DType::i64)
+          .to_vector<int64_t>();
+  const std::vector<int64_t> coin =
+      test::random_integers({rows}, 0, 3, DType::i64).to_vector<int64_t>();
+  for (size_t i = 0; i < t.size(); ++i)
+    if (coin[i] == 0) t[i] = ignore_index;
+  return from_vector(t, {rows}, dtype);
+}
+
+TEST(GpuCrossEntropy, forward_matches_cpu_with_ignored_targets) {
+  ACCRUE_REQUIRE_CUDA();
+  struct Case {
+    int64_t rows, classes;
+  };
+  // GPT-2's padded vocabulary (one block per row), and a small one.
+  const Case cases[] = {{64, 50304}, {1000, 10}, {37, 1}, {5, 1027}};
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      for (DType it : {DType::i64, DType::i32}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(c.rows) + "x" +
+                     std::to_string(c.classes) + " " + dtype_name(it));
+        const Tensor logits = test::random_normal({c.rows, c.classes}, dt, kCpu, 3.0);
+        const Tensor targets = targets_with_ignored(c.rows, c.classes, -100, it);
+        const kernels::LossSum expected = kernels::cross_entropy(logits, targets, -100);
+        const kernels::LossSum actual =
+            kernels::cross_entropy(logits.to(kGpu), targets.to(kGpu), -100);
+        EXPECT_EQ(actual.count.item(), expected.count.item());
+        // The loss is f32 (f64 for f64) whatever the logits' dtype.
+        const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
+        EXPECT_NEAR(actual.sum.item(), expected.sum.item(), tol * std::fabs(expected.sum.item()));
+      }
+    }
+  }
+}
+
+TEST(GpuCrossEntropy, forward_is_deterministic) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor logits = test::random_normal({128, 50304}, DType::bf16, kGpu, 2.0);
+  const Tensor targets = targets_with_ignored(128, 50304, -1, DType::i64).to(kGpu);
+  const kernels::LossSum first = kernels::cross_entropy(logits, targets, -1);
+  for (int i = 0; i < 3; ++i) {
+    const kernels::LossSum again = kernels::cross_entropy(logits, targets, -1);
+    EXPECT_TRUE(test::all_equal(on_cpu(again.sum), on_cpu(first.sum)));
+  }
+}
+
+TEST(GpuCrossEntropy, out_of_range_target_throws) {
+  ACCRUE_REQUIRE_CUDA();
+  ASSERT_TRUE(kernels::check_indices());
+  const Tensor logits = test::random_normal({3, 5}, DType::f32, kGpu);
+  EXPECT_THROW(
+      kernels::cross_entropy(logits, from_vector<int64_t>({0, 5, 1}, {3}, DType::i64, kGpu), -100),
+      Error);
+  // ignore_index itself is fine even though it lies outside [0, C).
+  const kernels::LossSum ok =
+      kernels::cross_entropy(logits, from_vector<int64_t>({0, -100, 1}, {3}, DType::i64, kGpu));
+  EXPECT_EQ(ok.count.item(), 2.0);
+}
+
+TEST(GpuCrossEntropy, backward_matches_cpu_and_zeroes_ignored_rows) {
+  ACCRUE_REQUIRE_CUDA();
+  struct Case {
+    int64_t rows, classes;
+  };
+  const Case cases[] = {{64, 50304}, {300, 10}, {7, 3001}};
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(c.rows) + "x" +
+                   std::to_string(c.classes));
+      const Tensor logits = test::random_normal({c.rows, c.classes}, dt, kCpu, 3.0);
+      const Tensor targets = targets_with_ignored(c.rows, c.classes, -100, DType::i64);
+      // The seed is a 0-d tensor on the device (the loss scale): read in the kernel.
+      const DType seed_dtype = dt == DType::f64 ? DType::f64 : DType::f32;
+      const Tensor seed = scalar_tensor(0.37, seed_dtype);
+      const Tensor expected = kernels::cross_entropy_backward(logits, targets, -100, seed);
+      const Tensor actual = on_cpu(
+          kernels::cross_entropy_backward(logits.to(kGpu), targets.to(kGpu), -100, seed.to(kGpu)));
+      EXPECT_TRUE(close(actual, expected, tolerance(dt)));
+      // Ignored rows are exactly zero.
+      const std::vector<int64_t> t = targets.to_vector<int64_t>();
+      const std::vector<double> g = actual.to_vector<double>();
+      for (int64_t r = 0; r < c.rows; ++r) {
+        if (t[r] != -100) continue;
+        for (int64_t k = 0; k < c.classes; ++k)
+          ASSERT_EQ(g[r * c.classes + k], 0.0) << "row " << r << " class " << k;
+      }
+    }
+  }
+}
+
+// ---- layer norm -----------------------------------------------------------------------
+
+struct NormCase {
+  int64_t rows, d;
+  bool weight, bias;
+};
+const NormCase kNormCases[] = {
+    {512, 768, true, true}, {37, 77, true, true},    {64, 1, true, true},
+    {3, 4099, true, false}, {100, 768, false, true}, {19, 33, false, false},
+};
+
+std::string norm_name(DType dt, const NormCase& c) {
+  return std::string(dtype_name(dt)) + " rows=" + std::to_string(c.rows) +
+         " d=" + std::to_string(c.d) + (c.weight ? " w" : "") + (c.bias ? " b" : "");
+}
+
+TEST(GpuLayerNorm, forward_matches_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    for (const NormCase& c : kNormCases) {
+      SCOPED_TRACE(norm_name(dt, c));
+      // An offset mean and a non-unit scale, so the statistics matter.
+      const Tensor x = kernels::binary_scalar(
+          kernels::BinaryOp::Add, test::random_normal({c.rows, c.d}, dt, kCpu, 2.0), 1.5);
+      const Tensor w = c.weight ? test::random_normal({c.d}, dt) : Tensor();
+      const Tensor b = c.bias ? test::random_normal({c.d}, dt) : Tensor();
+      const kernels::LayerNormOutput e = kernels::layer_norm(x, w, b, 1e-5);
+      const kernels::LayerNormOutput a =
+          kernels::layer_norm(x.to(kGpu), c.weight ? w.to(kGpu) : w, c.bias ? b.to(kGpu) : b, 1e-5);
+      EXPECT_TRUE(close(on_cpu(a.out), e.out, tolerance(dt)));
+      const double stats_tol = dt == DType::f64 ? 1e-12 : 1e-5;
+      EXPECT_TRUE(close(on_cpu(a.mean), e.mean, stats_tol));
+      EXPECT_TRUE(close(on_cpu(a.rstd), e.rstd, stats_tol));
+    }
+  }
+}
+
+TEST(GpuLayerNorm, backward_matches_cpu_overwriting_and_accumulating) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    for (const NormCase& c : kNormCases) {
+      // Parameter gradients in x's dtype and in fp32 (the arena).
+      std::vector<DType> grad_dtypes = {dt};
+      if (dt != DType::f32) grad_dtypes.push_back(DType::f32);
+      for (DType gd : grad_dtypes) {
+        SCOPED_TRACE(norm_name(dt, c) + " grads " + dtype_name(gd));
+        const Tensor x = test::random_normal({c.rows, c.d}, dt, kCpu, 2.0);
+        const Tensor w = c.weight ? test::random_normal({c.d}, dt) : Tensor();
+        const Tensor dy = test::random_normal({c.rows, c.d}, dt);
+        // The same statistics on both sides, from the CPU forward.
+        const kernels::LayerNormOutput fwd = kernels::layer_norm(x, w, Tensor(), 1e-5);
+        const Tensor x_g = x.to(kGpu), dy_g = dy.to(kGpu), w_g = c.weight ? w.to(kGpu) : w;
+        const Tensor mean_g = fwd.mean.to(kGpu), rstd_g = fwd.rstd.to(kGpu);
+        // Parameter-gradient tolerance: fp32 sums over rows, stored in gd.
+        const double param_tol = gd == DType::f64 ? 1e-12 : gd == DType::f32 ? 1e-5 : tolerance(gd);
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
+          Tensor dw = test::random_normal({c.d}, gd), db = test::random_normal({c.d}, gd);
+          if (!accumulate) {
+            test::poison(dw);
+            test::poison(db);
+          }
+          Tensor dw_g = dw.to(kGpu), db_g = db.to(kGpu);
+          const Tensor dx =
+              kernels::layer_norm_backward(dy, x, w, fwd.mean, fwd.rstd, dw, db, accumulate);
+          const Tensor dx_g =
+              kernels::layer_norm_backward(dy_g, x_g, w_g, mean_g, rstd_g, dw_g, db_g, accumulate);
+          EXPECT_TRUE(close(on_cpu(dx_g), dx, tolerance(dt)));
+          EXPECT_TRUE(close(on_cpu(dw_g), dw, param_tol));
+          EXPECT_TRUE(close(on_cpu(db_g), db, param_tol));
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuLayerNorm, backward_without_parameter_grads_and_with_one) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor x = test::random_normal({50, 96});
+  const Tensor w = test::random_normal({96});
+  const Tensor dy = test::random_normal({50, 96});
+  const kernels::LayerNormOutput fwd = kernels::layer_norm(x, w, Tensor(), 1e-5);
+  const Tensor dx =
+      kernels::layer_norm_backward(dy, x, w, fwd.mean, fwd.rstd, Tensor(), Tensor(), false);
+  const Tensor x_g = x.to(kGpu), dy_g = dy.to(kGpu), w_g = w.to(kGpu);
+  const Tensor mean_g = fwd.mean.to(kGpu), rstd_g = fwd.rstd.to(kGpu);
+  EXPECT_TRUE(close(on_cpu(kernels::layer_norm_backward(dy_g, x_g, w_g, mean_g, rstd_g, Tensor(),
+                                                        Tensor(), false)),
+                    dx, 1e-5));
+  // Only dbias.
+  Tensor db = empty({96});
+  kernels::layer_norm_backward(dy, x, w, fwd.mean, fwd.rstd, Tensor(), db, false);
+  Tensor db_g = empty({96}, DType::f32, kGpu);
+  test::poison(db_g);
+  kernels::layer_norm_backward(dy_g, x_g, w_g, mean_g, rstd_g, Tensor(), db_g, false);
+  EXPECT_TRUE(close(on_cpu(db_g), db, 1e-5));
+}
+
+TEST(GpuLayerNorm, backward_is_deterministic) {
+  ACCRUE_REQUIRE_CUDA();
+  const int64_t rows = 8192, d = 768;
+  const Tensor x = test::random_normal({rows, d}, DType::bf16, kGpu);
+  const Tensor w = test::random_normal({d}, DType::bf16, kGpu);
+  const Tensor dy = test::random_normal({rows, d}, DType::bf16, kGpu);
+  const kernels::LayerNormOutput fwd = kernels::layer_norm(x, w, Tensor(), 1e-5);
+  auto run = [&](Tensor& dw, Tensor& db) {
+    dw = empty({d}, DType::f32, kGpu);
+    db = empty({d}, DType::f32, kGpu);
+    return on_cpu(kernels::layer_norm_backward(dy, x, w, fwd.mean, fwd.rstd, dw, db, false));
+  };
+  Tensor dw1, db1, dw2, db2;
+  const Tensor dx1 = run(dw1, db1);
+  const Tensor dx2 = run(dw2, db2);
+  EXPECT_TRUE(test::all_equal(dx2, dx1));
+  EXPECT_TRUE(test::all_equal(on_cpu(dw2), on_cpu(dw1)));
+  EXPECT_TRUE(test::all_equal(on_cpu(db2), on_cpu(db1)));
+}
+
+}  // namespace
+}  // namespace accrue
