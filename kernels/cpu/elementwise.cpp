@@ -1,1 +1,218 @@
+// CPU reference: elementwise ops (binary, scalar, unary and their gradients,
+// comparisons, where, axpy). Inputs have any strides (0 strides included: the
+// dispatch point broadcasts with a raw expand); outputs are contiguous.
+#include <cmath>
+
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_util.h"
+
+namespace accrue::kernels::cpu {
+
+namespace {
+
+// sqrt(2 / pi), the constant of GELU's tanh form.
+constexpr double kGeluC = 0.7978845608028654;
+constexpr double kGeluA = 0.044715;
+
+// out[i] = f(a[i]) over a strided a and a contiguous out, in T's math type.
+template <class T, class F>
+void map1(const Tensor& a, const Tensor& out, F f) {
+  const Indexer ia(a);
+  const T* pa = ptr<T>(a);
+  T* po = ptr<T>(out);
+  for (int64_t i = 0, n = out.numel(); i < n; ++i)
+    po[i] = store<T>(f(load(pa[ia(i)])));
+}
+
+template <class T, class F>
+void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+  const Indexer ia(a), ib(b);
+  const T* pa = ptr<T>(a);
+  const T* pb = ptr<T>(b);
+  T* po = ptr<T>(out);
+  for (int64_t i = 0, n = out.numel(); i < n; ++i)
+    po[i] = store<T>(f(load(pa[ia(i)]), load(pb[ib(i)])));
+}
+
+// The binary ops, once, for binary() and binary_scalar().
+template <class M, class F>
+void with_binary_op(BinaryOp op, F&& f) {
+  switch (op) {
+    case BinaryOp::Add:
+      return f([](M x, M y) { return x + y; });
+    case BinaryOp::Sub:
+      return f([](M x, M y) { return x - y; });
+    case BinaryOp::Mul:
+      return f([](M x, M y) { return x * y; });
+    case BinaryOp::Div:
+      return f([](M x, M y) { return x / y; });
+  }
+}
+
+template <class M>
+M gelu(M x) {
+  const M u = static_cast<M>(kGeluC) * (x + static_cast<M>(kGeluA) * x * x * x);
+  return static_cast<M>(0.5) * x * (static_cast<M>(1) + std::tanh(u));
+}
+
+// d/dx of the tanh-form GELU above.
+template <class M>
+M gelu_derivative(M x) {
+  const M c = static_cast<M>(kGeluC), a = static_cast<M>(kGeluA);
+  const M t = std::tanh(c * (x + a * x * x * x));
+  const M du = c * (static_cast<M>(1) + static_cast<M>(3) * a * x * x);
+  return static_cast<M>(0.5) * (static_cast<M>(1) + t) +
+         static_cast<M>(0.5) * x * (static_cast<M>(1) - t * t) * du;
+}
+
+// Compares in the natural type: 16-bit floats widen to float, integers stay exact.
+template <class T>
+auto compare_value(T v) {
+  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
+    return static_cast<float>(v);
+  } else {
+    return v;
+  }
+}
+
+}  // namespace
+
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  visit_float(out.dtype(), op_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    with_binary_op<math_t<T>>(op, [&](auto f) { map2<T>(a, b, out, f); });
+  });
+}
+
+void binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first, const Tensor& out) {
+  visit_float(out.dtype(), op_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    using M = math_t<T>;
+    const M sv = static_cast<M>(s);
+    with_binary_op<M>(op, [&](auto f) {
+      if (scalar_first) {
+        map1<T>(a, out, [&](M x) { return f(sv, x); });
+      } else {
+        map1<T>(a, out, [&](M x) { return f(x, sv); });
+      }
+    });
+  });
+}
+
+void unary(UnaryOp op, const Tensor& a, double param, const Tensor& out) {
+  visit_float(out.dtype(), op_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    using M = math_t<T>;
+    const M p = static_cast<M>(param);
+    switch (op) {
+      case UnaryOp::Neg:
+        return map1<T>(a, out, [](M x) { return -x; });
+      case UnaryOp::Exp:
+        return map1<T>(a, out, [](M x) { return std::exp(x); });
+      case UnaryOp::Log:
+        return map1<T>(a, out, [](M x) { return std::log(x); });
+      case UnaryOp::Sqrt:
+        return map1<T>(a, out, [](M x) { return std::sqrt(x); });
+      case UnaryOp::Tanh:
+        return map1<T>(a, out, [](M x) { return std::tanh(x); });
+      case UnaryOp::Relu:
+        // NaN stays NaN (x > 0 is false for NaN, so test it first).
+        return map1<T>(a, out, [](M x) { return std::isnan(x) || x > 0 ? x : M(0); });
+      case UnaryOp::Gelu:
+        return map1<T>(a, out, [](M x) { return gelu(x); });
+      case UnaryOp::Sigmoid:
+        return map1<T>(a, out, [](M x) { return M(1) / (M(1) + std::exp(-x)); });
+      case UnaryOp::Pow:
+        return map1<T>(a, out, [p](M x) { return std::pow(x, p); });
+    }
+  });
+}
+
+void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& input, const Tensor& output,
+                    double param, const Tensor& out) {
+  visit_float(out.dtype(), op_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    using M = math_t<T>;
+    const M p = static_cast<M>(param);
+    switch (op) {
+      case UnaryOp::Neg:
+        return map1<T>(grad, out, [](M g) { return -g; });
+      case UnaryOp::Exp:  // d exp(x) = exp(x) = y
+        return map2<T>(grad, output, out, [](M g, M y) { return g * y; });
+      case UnaryOp::Log:
+        return map2<T>(grad, input, out, [](M g, M x) { return g / x; });
+      case UnaryOp::Sqrt:  // d sqrt(x) = 1 / (2 sqrt(x))
+        return map2<T>(grad, output, out, [](M g, M y) { return g / (M(2) * y); });
+      case UnaryOp::Tanh:
+        return map2<T>(grad, output, out, [](M g, M y) { return g * (M(1) - y * y); });
+      case UnaryOp::Relu:
+        return map2<T>(grad, input, out, [](M g, M x) { return x > 0 ? g : M(0); });
+      case UnaryOp::Gelu:
+        return map2<T>(grad, input, out, [](M g, M x) { return g * gelu_derivative(x); });
+      case UnaryOp::Sigmoid:
+        return map2<T>(grad, output, out, [](M g, M y) { return g * y * (M(1) - y); });
+      case UnaryOp::Pow:
+        // x^0 is constant: its gradient is 0 even at x = 0 (where p * x^-1 would be NaN).
+        if (p == M(0)) return map1<T>(grad, out, [](M) { return M(0); });
+        return map2<T>(grad, input, out, [p](M g, M x) { return g * p * std::pow(x, p - M(1)); });
+    }
+  });
+}
+
+void compare(CompareOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  visit_dtype(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const Indexer ia(a), ib(b);
+    const T* pa = ptr<T>(a);
+    const T* pb = ptr<T>(b);
+    bool* po = ptr<bool>(out);
+    auto run = [&](auto cmp) {
+      for (int64_t i = 0, n = out.numel(); i < n; ++i)
+        po[i] = cmp(compare_value(pa[ia(i)]), compare_value(pb[ib(i)]));
+    };
+    switch (op) {
+      case CompareOp::Eq:
+        return run([](auto x, auto y) { return x == y; });
+      case CompareOp::Ne:
+        return run([](auto x, auto y) { return x != y; });
+      case CompareOp::Lt:
+        return run([](auto x, auto y) { return x < y; });
+      case CompareOp::Le:
+        return run([](auto x, auto y) { return x <= y; });
+      case CompareOp::Gt:
+        return run([](auto x, auto y) { return x > y; });
+      case CompareOp::Ge:
+        return run([](auto x, auto y) { return x >= y; });
+    }
+  });
+}
+
+void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  visit_dtype(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const Indexer ic(cond), ia(a), ib(b);
+    const bool* pc = ptr<bool>(cond);
+    const T* pa = ptr<T>(a);
+    const T* pb = ptr<T>(b);
+    T* po = ptr<T>(out);
+    for (int64_t i = 0, n = out.numel(); i < n; ++i)
+      po[i] = pc[ic(i)] ? pa[ia(i)] : pb[ib(i)];
+  });
+}
+
+void axpy(const Tensor& dst, double alpha, const Tensor& src) {
+  visit_float(dst.dtype(), "axpy_", [&](auto tag) {
+    using T = decltype(tag);
+    using M = math_t<T>;
+    const M al = static_cast<M>(alpha);
+    const Indexer id(dst), is(src);
+    T* pd = ptr<T>(dst);
+    const T* ps = ptr<T>(src);
+    for (int64_t i = 0, n = dst.numel(); i < n; ++i) {
+      T& d = pd[id(i)];
+      d = store<T>(load(d) + al * load(ps[is(i)]));
+    }
+  });
+}
+
+}  // namespace accrue::kernels::cpu

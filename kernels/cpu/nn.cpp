@@ -1,1 +1,251 @@
+// CPU reference: embedding, cross-entropy and layer norm, forward and backward.
+// Every sum accumulates in double in a fixed order and is rounded once.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_util.h"
+
+namespace accrue::kernels::cpu {
+
+namespace {
+
+// Host copy of an index tensor (any strides) as i64.
+std::vector<int64_t> read_indices(const Tensor& indices, const char* op) {
+  std::vector<int64_t> v(static_cast<size_t>(indices.numel()));
+  visit_index(indices.dtype(), op, [&](auto tag) {
+    using I = decltype(tag);
+    const Indexer ii(indices);
+    const I* p = ptr<I>(indices);
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<int64_t>(p[ii(static_cast<int64_t>(i))]);
+  });
+  return v;
+}
+
+// Reads the double value of element i of a float tensor of dtype unknown at compile time
+// (the per-row statistics and the loss seed: not in any inner loop).
+double read_scalar(const Tensor& t, int64_t i) {
+  return visit_float(t.dtype(), "read", [&](auto tag) {
+    using T = decltype(tag);
+    return load_double(ptr<T>(t)[i]);
+  });
+}
+
+// A [D] parameter (any float dtype, any strides) as doubles; empty when undefined.
+std::vector<double> read_param(const Tensor& p) {
+  std::vector<double> v;
+  if (!p.defined()) return v;
+  v.resize(static_cast<size_t>(p.numel()));
+  visit_float(p.dtype(), "layer_norm", [&](auto tag) {
+    using P = decltype(tag);
+    const Indexer ip(p);
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = load_double(ptr<P>(p)[ip(static_cast<int64_t>(i))]);
+  });
+  return v;
+}
+
+// log(sum(exp(x))) of one row, computed stably around the row max.
+template <class T>
+double log_sum_exp(const T* x, int64_t cols) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t c = 0; c < cols; ++c)
+    m = std::fmax(m, load_double(x[c]));
+  double s = 0.0;
+  for (int64_t c = 0; c < cols; ++c)
+    s += std::exp(load_double(x[c]) - m);
+  return m + std::log(s);
+}
+
+}  // namespace
+
+void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
+  const int64_t d = weight.size(1);
+  const std::vector<int64_t> idx = read_indices(indices, "embedding");
+  visit_float(weight.dtype(), "embedding", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pw = ptr<T>(weight);
+    T* po = ptr<T>(out);
+    for (size_t i = 0; i < idx.size(); ++i)
+      std::copy(pw + idx[i] * d, pw + (idx[i] + 1) * d, po + static_cast<int64_t>(i) * d);
+  });
+}
+
+int64_t count_out_of_range(const Tensor& indices, int64_t bound, int64_t ignore_index,
+                           bool use_ignore) {
+  int64_t bad = 0;
+  for (int64_t v : read_indices(indices, "count_out_of_range"))
+    if (!(use_ignore && v == ignore_index) && (v < 0 || v >= bound)) ++bad;
+  return bad;
+}
+
+void embedding_backward(const Tensor& grad, const Tensor& indices, const Tensor& grad_weight,
+                        bool accumulate) {
+  const int64_t n = grad.size(0), d = grad.size(1), v = grad_weight.size(0);
+  const std::vector<int64_t> idx = read_indices(indices, "embedding_backward");
+  // Positions grouped by index, increasing position within a group: each row's
+  // sum then runs in a fixed order that does not depend on anything but the data.
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return idx[x] < idx[y]; });
+  std::vector<double> acc(static_cast<size_t>(d));
+  visit_float(grad.dtype(), "embedding_backward", [&](auto g_tag) {
+    using G = decltype(g_tag);
+    visit_float(grad_weight.dtype(), "embedding_backward", [&](auto w_tag) {
+      using W = decltype(w_tag);
+      const G* pg = ptr<G>(grad);
+      W* pw = ptr<W>(grad_weight);
+      if (!accumulate) std::fill(pw, pw + v * d, store_double<W>(0.0));
+      for (size_t start = 0; start < order.size();) {
+        const int64_t row = idx[order[start]];
+        std::fill(acc.begin(), acc.end(), 0.0);
+        size_t end = start;
+        for (; end < order.size() && idx[order[end]] == row; ++end)
+          for (int64_t j = 0; j < d; ++j)
+            acc[j] += load_double(pg[order[end] * d + j]);
+        W* out = pw + row * d;
+        for (int64_t j = 0; j < d; ++j)
+          out[j] = store_double<W>(accumulate ? load_double(out[j]) + acc[j] : acc[j]);
+        start = end;
+      }
+    });
+  });
+}
+
+void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                   const Tensor& loss_sum, const Tensor& count) {
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  const std::vector<int64_t> t = read_indices(targets, "cross_entropy");
+  double loss = 0.0;
+  int64_t counted = 0;
+  visit_float(logits.dtype(), "cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (t[r] == ignore_index) continue;
+      const T* x = ptr<T>(logits) + r * cols;
+      loss += log_sum_exp(x, cols) - load_double(x[t[r]]);
+      ++counted;
+    }
+  });
+  visit_float(loss_sum.dtype(), "cross_entropy", [&](auto tag) {
+    using L = decltype(tag);
+    *ptr<L>(loss_sum) = store_double<L>(loss);
+  });
+  *ptr<int64_t>(count) = counted;
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                            const Tensor& grad_sum, const Tensor& grad_logits) {
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  const std::vector<int64_t> t = read_indices(targets, "cross_entropy_backward");
+  const double g = read_scalar(grad_sum, 0);
+  visit_float(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* x = ptr<T>(logits) + r * cols;
+      T* dx = ptr<T>(grad_logits) + r * cols;
+      if (t[r] == ignore_index) {
+        std::fill(dx, dx + cols, store_double<T>(0.0));
+        continue;
+      }
+      // d(lse(x) - x[t]) / dx = softmax(x) - onehot(t)
+      const double lse = log_sum_exp(x, cols);
+      for (int64_t c = 0; c < cols; ++c) {
+        const double p = std::exp(load_double(x[c]) - lse);
+        dx[c] = store_double<T>(g * (p - (c == t[r] ? 1.0 : 0.0)));
+      }
+    }
+  });
+}
+
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                const Tensor& out, const Tensor& mean, const Tensor& rstd) {
+  const int64_t rows = x.size(0), d = x.size(1);
+  // weight and bias may be x's dtype or f32 master weights: read once as doubles.
+  const std::vector<double> w = read_param(weight), b = read_param(bias);
+  visit_float(x.dtype(), "layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    visit_float(mean.dtype(), "layer_norm", [&](auto s_tag) {
+      using S = decltype(s_tag);
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* xr = ptr<T>(x) + r * d;
+        T* yr = ptr<T>(out) + r * d;
+        // Two passes: the mean, then the biased variance around it.
+        double mu = 0.0;
+        for (int64_t c = 0; c < d; ++c)
+          mu += load_double(xr[c]);
+        mu /= static_cast<double>(d);
+        double var = 0.0;
+        for (int64_t c = 0; c < d; ++c) {
+          const double z = load_double(xr[c]) - mu;
+          var += z * z;
+        }
+        var /= static_cast<double>(d);
+        const double rs = 1.0 / std::sqrt(var + eps);
+        for (int64_t c = 0; c < d; ++c) {
+          double y = (load_double(xr[c]) - mu) * rs;
+          if (!w.empty()) y *= w[c];
+          if (!b.empty()) y += b[c];
+          yr[c] = store_double<T>(y);
+        }
+        ptr<S>(mean)[r] = store_double<S>(mu);
+        ptr<S>(rstd)[r] = store_double<S>(rs);
+      }
+    });
+  });
+}
+
+void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                         const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                         const Tensor& dweight, const Tensor& dbias, bool accumulate) {
+  const int64_t rows = x.size(0), d = x.size(1);
+  std::vector<double> dw(static_cast<size_t>(d), 0.0), db(static_cast<size_t>(d), 0.0);
+  std::vector<double> xhat(static_cast<size_t>(d)), gw(static_cast<size_t>(d));
+  const std::vector<double> w = read_param(weight);
+  visit_float(x.dtype(), "layer_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = ptr<T>(x) + r * d;
+      const T* gr = ptr<T>(grad) + r * d;
+      T* dxr = ptr<T>(dx) + r * d;
+      const double mu = read_scalar(mean, r), rs = read_scalar(rstd, r);
+      // With xhat = (x - mean) * rstd and gw = dy * w:
+      //   dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)).
+      double sum_gw = 0.0, sum_gw_xhat = 0.0;
+      for (int64_t c = 0; c < d; ++c) {
+        const double g = load_double(gr[c]);
+        xhat[c] = (load_double(xr[c]) - mu) * rs;
+        gw[c] = w.empty() ? g : g * w[c];
+        sum_gw += gw[c];
+        sum_gw_xhat += gw[c] * xhat[c];
+        dw[c] += g * xhat[c];
+        db[c] += g;
+      }
+      const double inv_d = 1.0 / static_cast<double>(d);
+      for (int64_t c = 0; c < d; ++c)
+        dxr[c] = store_double<T>(rs * (gw[c] - sum_gw * inv_d - xhat[c] * sum_gw_xhat * inv_d));
+    }
+  });
+  // dweight and dbias: written, or added to (Note [Overwrite first]).
+  auto write = [&](const Tensor& t, const std::vector<double>& v) {
+    if (!t.defined()) return;
+    visit_float(t.dtype(), "layer_norm_backward", [&](auto tag) {
+      using O = decltype(tag);
+      const Indexer io(t);
+      O* p = ptr<O>(t);
+      for (int64_t c = 0; c < d; ++c) {
+        O& o = p[io(c)];
+        o = store_double<O>(accumulate ? load_double(o) + v[c] : v[c]);
+      }
+    });
+  };
+  write(dweight, dw);
+  write(dbias, db);
+}
+
+}  // namespace accrue::kernels::cpu

@@ -1,0 +1,98 @@
+// Small helpers shared by the CPU reference kernels (kernels/cpu/*.cpp): strided
+// element addressing and the widen/compute/round-back rule for floating types.
+// Private to kernels/cpu/.
+#pragma once
+
+#include <type_traits>
+
+#include "core/error.h"
+#include "core/strided_index.h"
+#include "core/tensor.h"
+
+namespace accrue::kernels::cpu {
+
+// Element offset of the i-th element (row-major order) of a tensor with any
+// strides. Contiguous tensors skip the index arithmetic: the branch is the same
+// on every iteration, so it costs nothing next to offset_of's divisions.
+class Indexer {
+ public:
+  explicit Indexer(const Tensor& t) : contiguous_(t.is_contiguous()) {
+    ACCRUE_CHECK(t.dim() <= kMaxDims, "cpu kernel: rank ", t.dim(), " exceeds ", kMaxDims);
+    geometry_.rank = static_cast<int32_t>(t.dim());
+    for (int d = 0; d < geometry_.rank; ++d) {
+      geometry_.sizes[d] = t.shape()[d];
+      geometry_.strides[d] = t.strides()[d];
+    }
+  }
+  int64_t operator()(int64_t i) const { return contiguous_ ? i : geometry_.offset_of(i); }
+
+ private:
+  bool contiguous_;
+  StridedGeometry geometry_;
+};
+
+// The type elementwise math runs in: double for f64, float for everything else
+// (bf16/f16 widen to float and round back once, exactly like the CUDA kernels).
+template <class T>
+using math_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class T>
+inline math_t<T> load(T v) {
+  return static_cast<math_t<T>>(v);
+}
+template <class T>
+inline T store(math_t<T> v) {
+  return T(v);
+}
+// Accumulations of the reference run in double whatever the storage type.
+template <class T>
+inline double load_double(T v) {
+  return static_cast<double>(static_cast<math_t<T>>(v));
+}
+template <class T>
+inline T store_double(double v) {
+  if constexpr (std::is_same_v<T, double>) {
+    return v;
+  } else {
+    return T(static_cast<float>(v));
+  }
+}
+
+template <class T>
+inline T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+// Calls f(T{}) for the floating dtypes only; anything else is a dispatch bug.
+template <class F>
+decltype(auto) visit_float(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32:
+      return f(float{});
+    case DType::f64:
+      return f(double{});
+    case DType::bf16:
+      return f(bf16{});
+    case DType::f16:
+      return f(f16{});
+    default:
+      break;
+  }
+  ACCRUE_FAIL(op, ": dtype ", dtype_name(t), " is not a floating dtype");
+}
+
+// Calls f(T{}) for the index dtypes i32 and i64.
+template <class F>
+decltype(auto) visit_index(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::i32:
+      return f(int32_t{});
+    case DType::i64:
+      return f(int64_t{});
+    default:
+      break;
+  }
+  ACCRUE_FAIL(op, ": dtype ", dtype_name(t), " is not an index dtype (i32 or i64)");
+}
+
+}  // namespace accrue::kernels::cpu
