@@ -1,0 +1,29 @@
+// A large elementwise op: c = a + b over 2^28 elements (1 GiB per f32
+// tensor). Bytes moved = 2 reads + 1 write; the floor is that traffic at the
+// copy bandwidth.
+#include "bench/bench_util.h"
+#include "core/dtype.h"
+#include "kernels/ops.h"
+
+namespace accrue::bench {
+namespace {
+
+constexpr int64_t kElements = int64_t{1} << 28;
+
+void add(benchmark::State& state, DType dtype) {
+  Tensor a = random_input({kElements}, dtype);
+  Tensor b = random_input({kElements}, dtype);
+  GpuTime t = time_gpu(state, [&] { kernels::binary(kernels::BinaryOp::Add, a, b); });
+  report_bandwidth(state, 3.0 * kElements * element_size(dtype), t);
+}
+
+}  // namespace
+
+void register_elementwise_benchmarks() {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    register_gpu_benchmark(std::string("add/") + dtype_name(dtype) + "/n=268435456",
+                           [dtype](benchmark::State& state) { add(state, dtype); });
+  }
+}
+
+}  // namespace accrue::bench

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""PyTorch counterparts of accrue_bench, timed the same way on the same GPU.
+
+Each benchmark has the name of its accrue_bench twin (bench/bench_*.cpp), so
+bench/compare.py can put the two side by side. Timing follows Note [GPU
+timing] in bench/bench_util.h: fresh torch.randn inputs, a warm-up, then for
+each sample a GPU spin (torch.cuda._sleep) so that the host's launch overhead
+is hidden, CUDA events around one call, and the median of the samples.
+
+f32 matrix products run in true fp32 (allow_tf32 off), and bf16 products
+accumulate in fp32 without reduced-precision split-K reductions, as accrue's
+do.
+
+    python3 bench/torch_bench.py --json torch_bench.json [--filter REGEX]
+"""
+import argparse
+import json
+import re
+import statistics
+import sys
+
+import torch
+
+N = 1 << 28  # elements of the large bandwidth benchmarks (1 GiB of f32)
+TOKENS = 8192  # GPT-2 124M, B=8 x T=1024
+MATMUL_SHAPES = [  # (layer, M, K, N): a [M, K] @ b [K, N]
+    ("qkv", TOKENS, 768, 2304),
+    ("proj", TOKENS, 768, 768),
+    ("fc", TOKENS, 768, 3072),
+    ("fc2", TOKENS, 3072, 768),
+    ("logits", TOKENS, 768, 50304),
+]
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+# About 0.5 ms at Hopper clocks: longer than any op here takes to launch.
+SLEEP_CYCLES = 1_000_000
+
+
+def benchmarks():
+    """Yields (name, op, shape, dtype, make_inputs, fn, bytes, flop)."""
+
+    def copy_inputs():
+        return torch.randn(N, device="cuda"), torch.empty(N, device="cuda")
+
+    yield ("copy/d2d/1GiB", "copy", [N], "f32", copy_inputs,
+           lambda src, dst: dst.copy_(src), 2 * N * 4, 0)
+    for name, dtype in DTYPES.items():
+        size = torch.tensor([], dtype=dtype).element_size()
+        yield (f"add/{name}/n={N}", "add", [N], name,
+               lambda dtype=dtype: (torch.randn(N, device="cuda", dtype=dtype),
+                                    torch.randn(N, device="cuda", dtype=dtype)),
+               torch.add, 3 * N * size, 0)
+    yield (f"sum_all/f32/n={N}", "sum_all", [N], "f32",
+           lambda: (torch.randn(N, device="cuda"),), torch.sum, (N + 1) * 4, 0)
+    yield ("sum_rows/f32/16384x16384", "sum_rows", [16384, 16384], "f32",
+           lambda: (torch.randn(16384, 16384, device="cuda"),),
+           lambda x: x.sum(dim=1), (N + 16384) * 4, 0)
+    yield ("sum_cols/f32/262144x1024", "sum_cols", [262144, 1024], "f32",
+           lambda: (torch.randn(262144, 1024, device="cuda"),),
+           lambda x: x.sum(dim=0), (N + 1024) * 4, 0)
+    for name, dtype in DTYPES.items():
+        for layer, m, k, n in MATMUL_SHAPES:
+            yield (f"matmul/{name}/{layer}_{m}x{k}x{n}", "matmul", [m, k, n], name,
+                   lambda m=m, k=k, n=n, dtype=dtype: (
+                       torch.randn(m, k, device="cuda", dtype=dtype),
+                       torch.randn(k, n, device="cuda", dtype=dtype)),
+                   torch.matmul, 0, 2 * m * n * k)
+
+
+def time_ms(fn, inputs, warmup, repeats):
+    """Median GPU milliseconds of one call of fn(*inputs)."""
+    for _ in range(warmup):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(repeats):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        start.record()
+        fn(*inputs)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples), min(samples)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--filter", default="", help="regex on benchmark names")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+
+    if not torch.cuda.is_available():
+        print("torch_bench: no CUDA device", file=sys.stderr)
+        return 1
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+
+    gpu = torch.cuda.get_device_name()
+    results = []
+    copy_bytes_per_s = None
+    print(f"torch_bench: {gpu}, torch {torch.__version__}")
+    print(f"{'benchmark':<40} {'ms':>9} {'rate':>16} {'copy frac':>9}")
+    for name, op, shape, dtype, make_inputs, fn, nbytes, flop in benchmarks():
+        if args.filter and not re.search(args.filter, name):
+            continue
+        inputs = make_inputs()
+        ms, ms_min = time_ms(fn, inputs, args.warmup, args.repeats)
+        del inputs
+        torch.cuda.empty_cache()
+        row = {"name": name, "op": op, "shape": shape, "dtype": dtype, "ms": ms,
+               "ms_min": ms_min, "repeats": args.repeats}
+        if nbytes:
+            bytes_per_s = nbytes / (ms * 1e-3)
+            if op == "copy":
+                copy_bytes_per_s = bytes_per_s
+            row.update({"bytes": nbytes, "GB/s": bytes_per_s * 1e-9})
+            if copy_bytes_per_s:
+                row["copy_frac"] = bytes_per_s / copy_bytes_per_s
+            rate = f"{row['GB/s']:.0f} GB/s"
+        else:
+            row.update({"flop": flop, "TFLOP/s": flop / (ms * 1e-3) * 1e-12})
+            rate = f"{row['TFLOP/s']:.1f} TFLOP/s"
+        frac = f"{row['copy_frac']:.2f}" if "copy_frac" in row else ""
+        print(f"{name:<40} {ms:>9.3f} {rate:>16} {frac:>9}", flush=True)
+        results.append(row)
+
+    report = {
+        "context": {
+            "gpu": gpu,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "copy_bandwidth_GBps": copy_bytes_per_s * 1e-9 if copy_bytes_per_s else None,
+            "statistic": f"median of {args.repeats} after {args.warmup} warm-up calls",
+        },
+        "benchmarks": results,
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

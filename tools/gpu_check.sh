@@ -1,0 +1,342 @@
+#!/usr/bin/env bash
+# The one-call GPU check: run it from the repo root on a GPU machine.
+#
+#   tools/gpu_check.sh [options]
+#
+# Steps: configure (Release, CUDA, tests and benchmarks on) and build with all
+# cores; ctest for the labels gpu and cpu; compute-sanitizer memcheck and
+# racecheck on every gpu test binary (ACCRUE_TEST_ALLOCATOR=plain, so each
+# allocation is its own cudaMalloc and out-of-bounds accesses are seen);
+# accrue_bench, bench/torch_bench.py and bench/compare.py. A short summary is
+# printed LAST and written to <log dir>/summary.txt.
+#
+# Output, six files (few enough for a remote run to return them all), in the
+# log dir: $OUT when set, else <build dir>/gpu_check_results:
+#   <log dir>/summary.txt       the summary printed at the end
+#   <log dir>/comparison.md     accrue vs PyTorch, markdown (bench/compare.py)
+#   <log dir>/results_rows.md   the same rows in bench/RESULTS.md's format
+#   <log dir>/bench.json        Google Benchmark JSON (medians of repetitions)
+#   <log dir>/torch_bench.json  bench/torch_bench.py JSON
+#   <log dir>/logs.tar.gz       every log: configure, build, ctest, sanitizers, benches
+# The unpacked logs stay in <build dir>/gpu_check/.
+#
+# A GPU machine without GoogleTest or Google Benchmark: on a machine with apt,
+#   mkdir .deps && (cd .deps && apt-get download libgtest-dev libbenchmark-dev libbenchmark1debian)
+# (keep .deps out of git: echo /.deps/ >> .git/info/exclude), bring .deps
+# along, and run tools/gpu_check.sh --deps .deps.
+#
+# Exit status: 0 when the build, every test and every sanitizer run passed
+# (a sanitizer run cut by its time limit is reported, not failed), else 1.
+set -u -o pipefail
+
+usage() {
+  cat <<'EOF'
+usage: tools/gpu_check.sh [options]
+  --build-dir DIR          build directory (default: build-gpu)
+  --log-dir DIR            where the results go (default: $OUT when set, else
+                           <build dir>/gpu_check_results)
+  --arch ARCH              CMAKE_CUDA_ARCHITECTURES (default: 90)
+  --werror                 configure with -DACCRUE_WERROR=ON
+  --jobs N                 build and cpu-test parallelism (default: nproc)
+  --filter GTEST_FILTER    gtest filter for both sanitizer tools (default: *)
+  --racecheck-filter F     gtest filter for racecheck only (default: the --filter value)
+  --sanitizer-budget S     seconds for all sanitizer runs together (default: 180)
+  --bench-filter REGEX     --benchmark_filter for accrue_bench and --filter for torch_bench.py
+  --bench-repetitions N    repetitions per benchmark, medians reported (default: 5)
+  --skip-tests             no ctest
+  --skip-sanitizer         no compute-sanitizer runs
+  --skip-bench             no benchmarks (also configures with ACCRUE_BUILD_BENCHMARKS=OFF)
+  --skip-torch             benchmarks without the PyTorch side
+  --deps DIR               unpack the .deb files in DIR (e.g. libgtest-dev, libbenchmark-dev,
+                           libbenchmark1debian, from `apt-get download` on a machine that has
+                           apt) into the build dir and add them to CMAKE_PREFIX_PATH, for a
+                           GPU machine without those packages
+  -h, --help               this text
+EOF
+}
+
+build_dir=build-gpu
+log_dir=""
+arch=90
+werror=OFF
+jobs=$(nproc)
+filter='*'
+racecheck_filter=''
+sanitizer_budget=180
+bench_filter=''
+bench_repetitions=5
+skip_tests=0
+skip_sanitizer=0
+skip_bench=0
+skip_torch=0
+deps_dir=''
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build-dir) build_dir="$2"; shift 2 ;;
+    --log-dir) log_dir="$2"; shift 2 ;;
+    --arch) arch="$2"; shift 2 ;;
+    --werror) werror=ON; shift ;;
+    --jobs) jobs="$2"; shift 2 ;;
+    --filter) filter="$2"; shift 2 ;;
+    --racecheck-filter) racecheck_filter="$2"; shift 2 ;;
+    --sanitizer-budget) sanitizer_budget="$2"; shift 2 ;;
+    --bench-filter) bench_filter="$2"; shift 2 ;;
+    --bench-repetitions) bench_repetitions="$2"; shift 2 ;;
+    --skip-tests) skip_tests=1; shift ;;
+    --skip-sanitizer) skip_sanitizer=1; shift ;;
+    --skip-bench) skip_bench=1; shift ;;
+    --skip-torch) skip_torch=1; shift ;;
+    --deps) deps_dir="$2"; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "gpu_check: unknown option '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+racecheck_filter="${racecheck_filter:-$filter}"
+log_dir="${log_dir:-${OUT:-$build_dir/gpu_check_results}}"
+
+if [[ ! -f CMakeLists.txt || ! -f accrue.h ]]; then
+  echo "gpu_check: run me from the accrue repository root" >&2
+  exit 2
+fi
+
+# NVLink multicast stays off on shared machines: a program that uses it can
+# take the host's GPUs out of service.
+export NCCL_NVLS_ENABLE=0
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+
+mkdir -p "$build_dir" "$log_dir"
+build_dir=$(cd "$build_dir" && pwd)
+log_dir=$(cd "$log_dir" && pwd)
+details="$build_dir/gpu_check"
+rm -rf "$details"
+mkdir -p "$details"
+start_time=$SECONDS
+failed=0
+summary=()  # lines of the final summary
+
+say() { echo "[gpu_check $((SECONDS - start_time))s] $*"; }
+# A line of the final summary, echoed as it happens too.
+note() {
+  summary+=("$*")
+  say "$*"
+}
+
+# ---- the machine -------------------------------------------------------------
+gpu_model="no nvidia-smi"
+if command -v nvidia-smi > /dev/null; then
+  gpu_model=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 |
+    head -n 4 | paste -sd ';' -)
+  nvidia-smi > "$details/nvidia-smi.txt" 2>&1
+fi
+say "GPU: $gpu_model"
+
+cuda_bin=""
+for d in "${CUDA_HOME:-}" /usr/local/cuda; do
+  if [[ -n "$d" && -x "$d/bin/nvcc" ]]; then cuda_bin="$d/bin"; break; fi
+done
+sanitizer=$(command -v compute-sanitizer || true)
+if [[ -z "$sanitizer" && -n "$cuda_bin" ]]; then
+  for s in "$cuda_bin/compute-sanitizer" "$cuda_bin/../compute-sanitizer/compute-sanitizer"; do
+    if [[ -x "$s" ]]; then sanitizer="$s"; break; fi
+  done
+fi
+
+# ---- configure ------------------------------------------------------------------
+cmake_args=(-S . -B "$build_dir" -G Ninja
+  -DCMAKE_BUILD_TYPE=Release
+  -DCMAKE_CUDA_ARCHITECTURES="$arch"
+  -DACCRUE_CUDA=ON
+  -DACCRUE_BUILD_TESTS=ON
+  -DACCRUE_WERROR="$werror")
+if [[ -n "$cuda_bin" ]]; then cmake_args+=(-DCMAKE_CUDA_COMPILER="$cuda_bin/nvcc"); fi
+if [[ $skip_bench -eq 1 ]]; then
+  cmake_args+=(-DACCRUE_BUILD_BENCHMARKS=OFF)
+else
+  cmake_args+=(-DACCRUE_BUILD_BENCHMARKS=ON)
+fi
+if [[ -n "$deps_dir" ]]; then
+  deps_root="$build_dir/deps"
+  rm -rf "$deps_root"
+  mkdir -p "$deps_root"
+  unpacked=0
+  for deb in "$deps_dir"/*.deb; do
+    [[ -e "$deb" ]] || { echo "gpu_check: no .deb files in $deps_dir" >&2; exit 2; }
+    dpkg -x "$deb" "$deps_root"
+    unpacked=$((unpacked + 1))
+  done
+  cmake_args+=(-DCMAKE_PREFIX_PATH="$deps_root/usr")
+  say "unpacked $unpacked packages from $deps_dir into $deps_root"
+fi
+# NCCL from the PyTorch environment's wheel when the system has none.
+if [[ ! -e /usr/include/nccl.h && ! -e "${cuda_bin:-/nonexistent}/../include/nccl.h" ]]; then
+  nccl_root=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2> /dev/null || true)
+  if [[ -n "$nccl_root" ]]; then cmake_args+=(-DNCCL_ROOT="$nccl_root"); fi
+fi
+
+say "configure: cmake ${cmake_args[*]}"
+if ! cmake "${cmake_args[@]}" > "$details/configure.log" 2>&1; then
+  failed=1
+  note "configure: FAILED (last lines of configure.log:)"
+  while IFS= read -r line; do note "  $line"; done < <(tail -n 15 "$details/configure.log")
+  built=0
+else
+  found=$(grep -E '^(NCCL|CUDNN)_LIBRARY:' "$build_dir/CMakeCache.txt" | sed 's/:FILEPATH=/ /' |
+    paste -sd ';' -)
+  note "configure: ok (${found:-no NCCL/CUDNN entries in the cache})"
+  # ---- build --------------------------------------------------------------------
+  say "build: ninja -j$jobs"
+  build_start=$SECONDS
+  if ninja -C "$build_dir" -j"$jobs" > "$details/build.log" 2>&1; then
+    built=1
+    warnings=$(grep -c 'warning:' "$details/build.log" || true)
+    note "build: ok in $((SECONDS - build_start)) s, $warnings compiler warning lines"
+  else
+    built=0
+    failed=1
+    note "build: FAILED (first errors of build.log:)"
+    while IFS= read -r line; do note "  $line"; done < <(grep -m 10 -E 'error|FAILED' "$details/build.log")
+  fi
+fi
+
+# ---- tests ------------------------------------------------------------------------
+# Prints "passed/total" for one label and leaves the log in ctest_<label>.log.
+run_ctest() {
+  local label="$1" parallel="$2"
+  ctest --test-dir "$build_dir" -L "^${label}\$" -j "$parallel" --timeout 600 \
+    --output-on-failure --output-junit "$details/ctest_${label}.xml" \
+    > "$details/ctest_${label}.log" 2>&1
+  local rc=$?
+  local line
+  line=$(grep -E 'tests passed, [0-9]+ tests? failed out of' "$details/ctest_${label}.log" | tail -n 1)
+  if [[ -z "$line" ]]; then
+    if grep -q 'No tests were found' "$details/ctest_${label}.log"; then
+      note "ctest -L $label: no tests"
+      return 0
+    fi
+    note "ctest -L $label: FAILED to run (see ctest_${label}.log)"
+    return 1
+  fi
+  note "ctest -L $label: $line"
+  # The names under "The following tests FAILED:".
+  while IFS= read -r t; do note "    ${t#"${t%%[![:space:]]*}"}"; done < <(
+    grep -E '^[[:space:]]+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Exception|Child aborted|Not Run)' \
+      "$details/ctest_${label}.log")
+  return $rc
+}
+
+if [[ $built -eq 1 && $skip_tests -eq 0 ]]; then
+  # GPU tests one at a time: they share one device and its memory.
+  say "ctest -L gpu"
+  run_ctest gpu 1 || failed=1
+  say "ctest -L cpu"
+  run_ctest cpu "$jobs" || failed=1
+fi
+
+# ---- compute-sanitizer -----------------------------------------------------------
+# Note [Sanitizer runs]: each gpu test binary runs under memcheck, then
+# racecheck (shared-memory hazards), with the plain cudaMalloc allocator.
+# All runs share one time budget so that the whole check stays well under
+# ten minutes; a run cut short says TIMEOUT in the summary.
+if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
+  if [[ -z "$sanitizer" ]]; then
+    note "compute-sanitizer: not found, skipped"
+  else
+    mapfile -t gpu_bins < <(ctest --test-dir "$build_dir" -N -L '^gpu$' --show-only=json-v1 2> /dev/null |
+      python3 -c 'import json,sys; [print(t["command"][0]) for t in json.load(sys.stdin).get("tests",[]) if t.get("command")]')
+    if [[ ${#gpu_bins[@]} -eq 0 ]]; then note "compute-sanitizer: no gpu test binaries"; fi
+    sanitizer_end=$((SECONDS + sanitizer_budget))
+    runs_left=$((2 * ${#gpu_bins[@]}))
+    for tool in memcheck racecheck; do
+      tool_filter="$filter"
+      if [[ $tool == racecheck ]]; then tool_filter="$racecheck_filter"; fi
+      for bin in "${gpu_bins[@]}"; do
+        name=$(basename "$bin")
+        log="$details/sanitizer_${tool}_${name}.log"
+        # Each run may take up to twice its share of the budget that is left.
+        left=$((sanitizer_end - SECONDS))
+        share=$((2 * left / runs_left))
+        runs_left=$((runs_left - 1))
+        if [[ $share -lt $left ]]; then left=$share; fi
+        if [[ $left -le 5 ]]; then
+          note "$tool $name: SKIPPED (sanitizer budget of ${sanitizer_budget}s spent)"
+          continue
+        fi
+        say "$tool $name --gtest_filter=$tool_filter (limit ${left}s)"
+        ACCRUE_TEST_ALLOCATOR=plain timeout "$left" "$sanitizer" --tool "$tool" \
+          --error-exitcode 86 "$bin" --gtest_filter="$tool_filter" > "$log" 2>&1
+        rc=$?
+        result=$(grep -E 'ERROR SUMMARY' "$log" | tail -n 1 | sed 's/^=* *//')
+        if [[ $rc -eq 124 ]]; then
+          note "$tool $name: TIMEOUT after ${left}s${result:+ ($result)}"
+        elif [[ $rc -eq 0 ]]; then
+          note "$tool $name: ${result:-no ERROR SUMMARY line} (tests passed)"
+        else
+          failed=1
+          note "$tool $name: FAILED exit $rc: ${result:-no ERROR SUMMARY line}"
+          while IFS= read -r line; do note "    $line"; done < <(grep -m 3 -E '^========= (Invalid|Race|Error|Program hit)' "$log")
+        fi
+      done
+    done
+  fi
+fi
+
+# ---- benchmarks -------------------------------------------------------------------
+comparison=""
+if [[ $built -eq 1 && $skip_bench -eq 0 ]]; then
+  bench_bin="$build_dir/bench/accrue_bench"
+  bench_args=(--benchmark_repetitions="$bench_repetitions" --benchmark_report_aggregates_only=true
+    --benchmark_min_time=0.1 --benchmark_out="$log_dir/bench.json" --benchmark_out_format=json)
+  if [[ -n "$bench_filter" ]]; then bench_args+=(--benchmark_filter="$bench_filter"); fi
+  say "accrue_bench ${bench_args[*]}"
+  if "$bench_bin" "${bench_args[@]}" > "$details/bench.log" 2>&1; then
+    note "accrue_bench: ok ($(grep -c '"error_occurred": true' "$log_dir/bench.json" || true) benchmarks skipped with an error)"
+  else
+    failed=1
+    note "accrue_bench: FAILED (see bench.log)"
+    while IFS= read -r line; do note "  $line"; done < <(tail -n 5 "$details/bench.log")
+  fi
+
+  compare_args=(--accrue "$log_dir/bench.json" --markdown "$log_dir/comparison.md"
+    --results-rows "$log_dir/results_rows.md" --command "tools/gpu_check.sh")
+  if [[ $skip_torch -eq 0 ]]; then
+    torch_args=(--json "$log_dir/torch_bench.json")
+    if [[ -n "$bench_filter" ]]; then torch_args+=(--filter "$bench_filter"); fi
+    say "torch_bench.py ${torch_args[*]}"
+    if python3 bench/torch_bench.py "${torch_args[@]}" > "$details/torch_bench.log" 2>&1; then
+      note "torch_bench.py: ok"
+      compare_args+=(--torch "$log_dir/torch_bench.json")
+    else
+      note "torch_bench.py: FAILED (see torch_bench.log): $(tail -n 1 "$details/torch_bench.log")"
+    fi
+  fi
+  if [[ -s "$log_dir/bench.json" ]]; then
+    if python3 bench/compare.py "${compare_args[@]}" > "$details/compare.log" 2>&1; then
+      comparison=$(cat "$details/compare.log")
+    else
+      note "compare.py: FAILED: $(tail -n 1 "$details/compare.log")"
+    fi
+  fi
+fi
+
+# ---- summary (LAST) ------------------------------------------------------------------
+tar -C "$details" -czf "$log_dir/logs.tar.gz" . 2> /dev/null
+{
+  echo "===================== accrue gpu_check summary ====================="
+  echo "GPU: $gpu_model"
+  if git rev-parse --git-dir > /dev/null 2>&1; then
+    echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' + uncommitted changes')"
+  fi
+  echo "time: $((SECONDS - start_time)) s; logs: $log_dir/logs.tar.gz (unpacked: $details)"
+  for line in "${summary[@]}"; do echo "$line"; done
+  if [[ -n "$comparison" ]]; then
+    echo
+    echo "$comparison"
+  fi
+  echo
+  if [[ $failed -eq 0 ]]; then echo "gpu_check: PASSED"; else echo "gpu_check: FAILED"; fi
+} > "$log_dir/summary.txt"
+cat "$log_dir/summary.txt"
+exit $failed
