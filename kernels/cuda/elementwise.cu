@@ -1,1 +1,281 @@
+// CUDA elementwise ops: binary, binary_scalar, unary, unary_backward, compare,
+// where, axpy (see kernels/backend_functions.inc for the contracts).
+//
+// Every op is a functor (kernels/cuda/elementwise_ops.cuh) mapped over the
+// output by one of two kernels:
+//  - map_contiguous_kernel: every operand contiguous with the output's shape
+//    (the common case). Each thread moves 16 bytes per operand per iteration
+//    (float4, 8 x bf16, ...), then a scalar loop does the tail;
+//  - map_strided_kernel: broadcast (0 strides) or strided views. The shape is
+//    first collapsed (adjacent dims merge where every operand allows), then
+//    each linear index is decomposed once and dotted with each operand's strides.
+// Indices are 64-bit; loops are grid-stride so any size runs on a capped grid.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <utility>
+
+#include "core/cuda_types.cuh"
+#include "core/strided_index.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/elementwise_ops.cuh"
+
+namespace accrue::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// ---- the strided geometry of several operands ---------------------------------------
+
+// Note [Collapsed geometry]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// All operands of an elementwise op share the output's shape and differ only in
+// strides (a broadcast operand has stride 0). Size-1 dims are dropped and
+// adjacent dims merged wherever every operand is contiguous across them, so a
+// bias add [N, D] + [D] becomes rank 2 and a transposed view stays rank 2. The
+// kernel then divides each linear index once per (collapsed) dim and reuses the
+// quotient for every operand, instead of every operand doing its own
+// StridedGeometry::offset_of. Dims are stored innermost first.
+template <int N>
+struct OffsetCalculator {
+  int32_t rank = 0;
+  bool narrow = false;  // every linear index fits in 32 bits: cheaper division
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[N][kMaxDims] = {};
+
+  __device__ __forceinline__ void offsets(int64_t linear, int64_t (&off)[N]) const {
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      off[k] = 0;
+#pragma unroll
+    for (int d = 0; d < kMaxDims; ++d) {
+      if (d == rank) break;
+      int64_t q, i;
+      if (narrow) {
+        const uint32_t l32 = static_cast<uint32_t>(linear);
+        const uint32_t s32 = static_cast<uint32_t>(sizes[d]);
+        const uint32_t q32 = l32 / s32;
+        q = q32;
+        i = l32 - q32 * s32;
+      } else {
+        q = linear / sizes[d];
+        i = linear - q * sizes[d];
+      }
+      linear = q;
+#pragma unroll
+      for (int k = 0; k < N; ++k)
+        off[k] += i * strides[k][d];
+    }
+  }
+};
+
+// Builds the collapsed geometry of `shape` under each operand's strides (operand 0
+// is the output). See Note [Collapsed geometry].
+template <int N>
+OffsetCalculator<N> make_offset_calculator(const Shape& shape,
+                                           const std::array<const Shape*, N>& strides) {
+  OffsetCalculator<N> calc;
+  int64_t numel = 1;
+  // Walk from the innermost dim outwards, merging into the current collapsed dim.
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    const int64_t size = shape[d];
+    numel *= size;
+    if (size == 1) continue;
+    const int r = calc.rank;
+    bool merge = r > 0;
+    for (int k = 0; k < N && merge; ++k)
+      merge = (*strides[k])[d] == calc.strides[k][r - 1] * calc.sizes[r - 1];
+    if (merge) {
+      calc.sizes[r - 1] *= size;
+    } else {
+      ACCRUE_CHECK(r < kMaxDims, "elementwise: tensors of more than ", kMaxDims,
+                   " non-mergeable dims are not supported (shape ", shape_str(shape), ")");
+      calc.sizes[r] = size;
+      for (int k = 0; k < N; ++k)
+        calc.strides[k][r] = (*strides[k])[d];
+      calc.rank = r + 1;
+    }
+  }
+  calc.narrow = numel <= static_cast<int64_t>(UINT32_MAX);
+  return calc;
+}
+
+// ---- the two kernels ---------------------------------------------------------------------
+
+// out[i] = f(in[i]...) over contiguous operands. `vectorized` is false when some
+// pointer is not aligned for V-wide access; then the scalar loop does everything.
+// No __restrict__: axpy's output is also an input (each element is read before it
+// is written, by the same thread).
+template <int V, class F, class Out, class... In>
+__global__ void __launch_bounds__(kThreads)
+    map_contiguous_kernel(F f, int64_t n, bool vectorized, Out* out, const In*... in) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t packs = vectorized ? n / V : 0;
+  for (int64_t p = tid; p < packs; p += stride) {
+    store_pack<V>(out, p, apply_pack<V, F, Out>(f, load_pack<V>(in, p)...));
+  }
+  for (int64_t i = packs * V + tid; i < n; i += stride)
+    out[i] = f(in[i]...);
+}
+
+template <class F, class Out, class... In, size_t... K>
+__device__ __forceinline__ void apply_strided(const F& f, const int64_t (&off)[sizeof...(In) + 1],
+                                              Out* out, std::index_sequence<K...>,
+                                              const In*... in) {
+  out[off[0]] = f(in[off[K + 1]]...);
+}
+
+template <class F, class Out, class... In>
+__global__ void __launch_bounds__(kThreads)
+    map_strided_kernel(F f, int64_t n, OffsetCalculator<sizeof...(In) + 1> calc, Out* out,
+                       const In*... in) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    int64_t off[sizeof...(In) + 1];
+    calc.offsets(i, off);
+    apply_strided(f, off, out, std::index_sequence_for<In...>{}, in...);
+  }
+}
+
+// ---- launching -------------------------------------------------------------------------------
+
+// An input operand: its typed pointer and its tensor (for strides and contiguity).
+template <class T>
+struct Input {
+  const T* ptr;
+  const Tensor* tensor;
+};
+template <class T>
+Input<T> input(const Tensor& t) {
+  return {static_cast<const T*>(t.data_ptr()), &t};
+}
+
+template <class T>
+constexpr int max_size_of() {
+  return sizeof(T);
+}
+template <class T, class U, class... Rest>
+constexpr int max_size_of() {
+  return std::max<int>(sizeof(T), max_size_of<U, Rest...>());
+}
+
+// out[i] = fast(in[i]...) when every operand is contiguous, else slow(in[i]...)
+// through the strided kernel (fast and slow compute the same thing; fast may be
+// specialised on the op). `out_t` may itself be strided (axpy's destination).
+template <class Fast, class Slow, class Out, class... In>
+void launch_map(const Fast& fast, const Slow& slow, Out* out, const Tensor& out_t,
+                Input<In>... in) {
+  const int64_t n = out_t.numel();
+  if (n == 0) return;
+  const int device = out_t.device().index;
+  dev::DeviceScope scope(device);
+  cudaStream_t stream = dev::stream_for(device);
+
+  const bool contiguous = out_t.is_contiguous() && (in.tensor->is_contiguous() && ...);
+  if (contiguous) {
+    // 16 bytes of the widest operand per thread and iteration.
+    constexpr int V = std::max(1, 16 / max_size_of<Out, In...>());
+    const bool vectorized = pack_aligned<V>(out) && (pack_aligned<V>(in.ptr) && ...);
+    map_contiguous_kernel<V, Fast, Out, In...>
+        <<<dev::grid_for((n + V - 1) / V, kThreads), kThreads, 0, stream>>>(fast, n, vectorized,
+                                                                            out, in.ptr...);
+    ACCRUE_LAUNCH_CHECK();
+    return;
+  }
+  constexpr int N = sizeof...(In) + 1;
+  const std::array<const Shape*, N> strides = {&out_t.strides(), &in.tensor->strides()...};
+  for (const Shape* s : strides)
+    ACCRUE_CHECK(s->size() == out_t.shape().size(), "elementwise: operand rank ", s->size(),
+                 " differs from the output's shape ", shape_str(out_t.shape()));
+  const OffsetCalculator<N> calc = make_offset_calculator<N>(out_t.shape(), strides);
+  map_strided_kernel<Slow, Out, In...>
+      <<<dev::grid_for(n, kThreads), kThreads, 0, stream>>>(slow, n, calc, out, in.ptr...);
+  ACCRUE_LAUNCH_CHECK();
+}
+
+template <class T>
+T* out_ptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+}  // namespace
+
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  dev::visit_float_dtype(out.dtype(), "binary", [&](auto tag) {
+    using T = decltype(tag);
+    with_binary_op(op, [&](auto o) {
+      launch_map(BinaryFn<T, decltype(o)::value>{}, BinaryAnyFn<T>{op}, out_ptr<T>(out), out,
+                 input<T>(a), input<T>(b));
+    });
+  });
+}
+
+void binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first, const Tensor& out) {
+  dev::visit_float_dtype(out.dtype(), "binary_scalar", [&](auto tag) {
+    using T = decltype(tag);
+    using M = dev::math_t<T>;
+    const M sm = static_cast<M>(s);
+    with_binary_op(op, [&](auto o) {
+      launch_map(BinaryScalarFn<T, decltype(o)::value>{sm, scalar_first},
+                 BinaryScalarAnyFn<T>{op, sm, scalar_first}, out_ptr<T>(out), out, input<T>(a));
+    });
+  });
+}
+
+void unary(UnaryOp op, const Tensor& a, double param, const Tensor& out) {
+  dev::visit_float_dtype(out.dtype(), op_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    using M = dev::math_t<T>;
+    const M p = static_cast<M>(param);
+    with_unary_op(op, [&](auto o) {
+      launch_map(UnaryFn<T, decltype(o)::value>{p}, UnaryAnyFn<T>{op, p}, out_ptr<T>(out), out,
+                 input<T>(a));
+    });
+  });
+}
+
+void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& input_t, const Tensor& output,
+                    double param, const Tensor& out) {
+  // Each derivative needs either the input or the output, never both: read only
+  // that one (one stream of memory fewer).
+  const Tensor& v = grad_uses_output(op) ? output : input_t;
+  ACCRUE_CHECK(v.defined(), op_name(op), " backward: the ",
+               grad_uses_output(op) ? "forward output" : "input", " is undefined");
+  dev::visit_float_dtype(out.dtype(), op_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    using M = dev::math_t<T>;
+    const M p = static_cast<M>(param);
+    with_unary_op(op, [&](auto o) {
+      launch_map(UnaryGradFn<T, decltype(o)::value>{p}, UnaryGradAnyFn<T>{op, p}, out_ptr<T>(out),
+                 out, input<T>(grad), input<T>(v));
+    });
+  });
+}
+
+void compare(CompareOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  dev::visit_device_dtype(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const CompareFn<T> f{op};
+    launch_map(f, f, out_ptr<bool>(out), out, input<T>(a), input<T>(b));
+  });
+}
+
+void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  dev::visit_device_dtype(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const WhereFn<T> f{};
+    launch_map(f, f, out_ptr<T>(out), out, input<bool>(cond), input<T>(a), input<T>(b));
+  });
+}
+
+void axpy(const Tensor& dst, double alpha, const Tensor& src) {
+  dev::visit_float_dtype(dst.dtype(), "axpy", [&](auto tag) {
+    using T = decltype(tag);
+    const AxpyFn<T> f{static_cast<dev::math_t<T>>(alpha)};
+    launch_map(f, f, out_ptr<T>(dst), dst, input<T>(dst), input<T>(src));
+  });
+}
+
+}  // namespace accrue::kernels::cuda

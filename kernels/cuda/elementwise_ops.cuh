@@ -1,0 +1,403 @@
+// Device building blocks of the CUDA elementwise kernels (kernels/cuda/elementwise.cu),
+// also used by the row kernels of kernels/cuda/reduce.cu: 16-byte packs and the
+// per-element math.
+//
+// Each op exists once as a device function over the math type M (float for
+// f32/bf16/f16, double for f64); the functors below wrap it with the loads'
+// conversions. Two flavours of functor:
+//  - `...Fn<T, op>`: the op is a template argument, for the contiguous fast
+//    path (one kernel per dtype and op, no branch in the loop);
+//  - `...AnyFn<T>`: the op is a runtime value switched on per element, for the
+//    strided path, whose index arithmetic costs far more than a uniform branch;
+//    this keeps the number of kernels (and the compile time) down.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "core/cuda_types.cuh"
+#include "kernels/ops.h"
+
+namespace accrue::kernels::cuda {
+namespace {
+
+namespace dev = ::accrue::cuda;
+
+// ---- 16-byte packs -------------------------------------------------------------------
+
+// N values of T moved as one aligned vector load/store.
+template <class T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// The unsigned type of exactly `bytes` bytes: nvcc splits a struct copy into
+// per-member loads, so packs travel through these to get one LDG.128/STG.128.
+template <int bytes>
+struct RawOf;
+template <>
+struct RawOf<16> {
+  using type = uint4;
+};
+template <>
+struct RawOf<8> {
+  using type = uint2;
+};
+template <>
+struct RawOf<4> {
+  using type = uint32_t;
+};
+template <>
+struct RawOf<2> {
+  using type = uint16_t;
+};
+template <>
+struct RawOf<1> {
+  using type = uint8_t;
+};
+
+// Pack i of p (p aligned to the pack's size).
+template <int V, class T>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p, int64_t i) {
+  using Raw = typename RawOf<sizeof(Pack<T, V>)>::type;
+  const Raw raw = reinterpret_cast<const Raw*>(p)[i];
+  Pack<T, V> pack;
+  memcpy(&pack, &raw, sizeof(raw));
+  return pack;
+}
+
+template <int V, class T>
+__device__ __forceinline__ void store_pack(T* p, int64_t i, const Pack<T, V>& pack) {
+  using Raw = typename RawOf<sizeof(Pack<T, V>)>::type;
+  Raw raw;
+  memcpy(&raw, &pack, sizeof(raw));
+  reinterpret_cast<Raw*>(p)[i] = raw;
+}
+
+template <int V, class T>
+__host__ __device__ __forceinline__ bool pack_aligned(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % sizeof(Pack<T, V>) == 0;
+}
+
+// f applied to the elements of packs: out.v[j] = f(in.v[j]...).
+template <int V, class F, class Out, class... In>
+__device__ __forceinline__ Pack<Out, V> apply_pack(const F& f, const Pack<In, V>&... in) {
+  Pack<Out, V> out;
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+    out.v[j] = f(in.v[j]...);
+  return out;
+}
+
+// ---- per-element math ------------------------------------------------------------------
+
+template <class M>
+__device__ __forceinline__ M exp_of(M x) {
+  if constexpr (std::is_same_v<M, float>) {
+    return expf(x);
+  } else {
+    return exp(x);
+  }
+}
+template <class M>
+__device__ __forceinline__ M log_of(M x) {
+  if constexpr (std::is_same_v<M, float>) {
+    return logf(x);
+  } else {
+    return log(x);
+  }
+}
+template <class M>
+__device__ __forceinline__ M sqrt_of(M x) {
+  if constexpr (std::is_same_v<M, float>) {
+    return sqrtf(x);
+  } else {
+    return sqrt(x);
+  }
+}
+template <class M>
+__device__ __forceinline__ M tanh_of(M x) {
+  if constexpr (std::is_same_v<M, float>) {
+    return tanhf(x);
+  } else {
+    return tanh(x);
+  }
+}
+template <class M>
+__device__ __forceinline__ M pow_of(M x, M p) {
+  if constexpr (std::is_same_v<M, float>) {
+    return powf(x, p);
+  } else {
+    return pow(x, p);
+  }
+}
+
+// ---- binary ---------------------------------------------------------------------
+
+template <BinaryOp op, class M>
+__device__ __forceinline__ M binary_math(M a, M b) {
+  if constexpr (op == BinaryOp::Add) {
+    return a + b;
+  } else if constexpr (op == BinaryOp::Sub) {
+    return a - b;
+  } else if constexpr (op == BinaryOp::Mul) {
+    return a * b;
+  } else {
+    return a / b;
+  }
+}
+
+template <class M>
+__device__ __forceinline__ M binary_math_any(BinaryOp op, M a, M b) {
+  switch (op) {
+    case BinaryOp::Add:
+      return binary_math<BinaryOp::Add>(a, b);
+    case BinaryOp::Sub:
+      return binary_math<BinaryOp::Sub>(a, b);
+    case BinaryOp::Mul:
+      return binary_math<BinaryOp::Mul>(a, b);
+    case BinaryOp::Div:
+      break;
+  }
+  return binary_math<BinaryOp::Div>(a, b);
+}
+
+template <class T, BinaryOp op>
+struct BinaryFn {
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    using M = dev::math_t<T>;
+    return dev::convert<T>(binary_math<op>(dev::convert<M>(a), dev::convert<M>(b)));
+  }
+};
+
+template <class T>
+struct BinaryAnyFn {
+  BinaryOp op;
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    using M = dev::math_t<T>;
+    return dev::convert<T>(binary_math_any(op, dev::convert<M>(a), dev::convert<M>(b)));
+  }
+};
+
+// a op s, or s op a when scalar_first (a uniform branch: only Sub and Div care).
+template <class T, BinaryOp op>
+struct BinaryScalarFn {
+  dev::math_t<T> s;
+  bool scalar_first;
+  __device__ __forceinline__ T operator()(T a) const {
+    const dev::math_t<T> x = dev::convert<dev::math_t<T>>(a);
+    return dev::convert<T>(scalar_first ? binary_math<op>(s, x) : binary_math<op>(x, s));
+  }
+};
+
+template <class T>
+struct BinaryScalarAnyFn {
+  BinaryOp op;
+  dev::math_t<T> s;
+  bool scalar_first;
+  __device__ __forceinline__ T operator()(T a) const {
+    const dev::math_t<T> x = dev::convert<dev::math_t<T>>(a);
+    return dev::convert<T>(scalar_first ? binary_math_any(op, s, x) : binary_math_any(op, x, s));
+  }
+};
+
+// ---- unary ----------------------------------------------------------------------
+
+// GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <class M>
+struct GeluConstants {
+  static constexpr M kSqrt2OverPi = M(0.7978845608028654);
+  static constexpr M kCubic = M(0.044715);
+};
+
+template <UnaryOp op, class M>
+__device__ __forceinline__ M unary_math(M x, M p) {
+  if constexpr (op == UnaryOp::Neg) {
+    return -x;
+  } else if constexpr (op == UnaryOp::Exp) {
+    return exp_of(x);
+  } else if constexpr (op == UnaryOp::Log) {
+    return log_of(x);
+  } else if constexpr (op == UnaryOp::Sqrt) {
+    return sqrt_of(x);
+  } else if constexpr (op == UnaryOp::Tanh) {
+    return tanh_of(x);
+  } else if constexpr (op == UnaryOp::Relu) {
+    return x < M(0) ? M(0) : x;  // NaN passes through
+  } else if constexpr (op == UnaryOp::Gelu) {
+    using C = GeluConstants<M>;
+    const M u = C::kSqrt2OverPi * (x + C::kCubic * x * x * x);
+    return M(0.5) * x * (M(1) + tanh_of(u));
+  } else if constexpr (op == UnaryOp::Sigmoid) {
+    return M(1) / (M(1) + exp_of(-x));
+  } else {
+    return pow_of(x, p);
+  }
+}
+
+// True for the ops whose derivative is cheapest from the forward output y =
+// f(x) (the backward then reads y instead of x); see unary_grad_math.
+__host__ __device__ constexpr bool grad_uses_output(UnaryOp op) {
+  return op == UnaryOp::Exp || op == UnaryOp::Sqrt || op == UnaryOp::Tanh || op == UnaryOp::Sigmoid;
+}
+
+// g * f'(x). `v` is the forward output y when grad_uses_output(op), else the input x.
+template <UnaryOp op, class M>
+__device__ __forceinline__ M unary_grad_math(M g, M v, M p) {
+  if constexpr (op == UnaryOp::Neg) {
+    return -g;
+  } else if constexpr (op == UnaryOp::Exp) {
+    return g * v;
+  } else if constexpr (op == UnaryOp::Log) {
+    return g / v;
+  } else if constexpr (op == UnaryOp::Sqrt) {
+    return g / (M(2) * v);
+  } else if constexpr (op == UnaryOp::Tanh) {
+    return g * (M(1) - v * v);
+  } else if constexpr (op == UnaryOp::Relu) {
+    return v > M(0) ? g : M(0);
+  } else if constexpr (op == UnaryOp::Gelu) {
+    using C = GeluConstants<M>;
+    const M x2 = v * v;
+    const M t = tanh_of(C::kSqrt2OverPi * (v + C::kCubic * x2 * v));
+    const M du = C::kSqrt2OverPi * (M(1) + M(3) * C::kCubic * x2);
+    return g * (M(0.5) * (M(1) + t) + M(0.5) * v * (M(1) - t * t) * du);
+  } else if constexpr (op == UnaryOp::Sigmoid) {
+    return g * v * (M(1) - v);
+  } else {
+    // d/dx x^0 is 0 everywhere (also at x = 0, where p x^(p-1) would be 0 * inf).
+    return p == M(0) ? M(0) : g * p * pow_of(v, p - M(1));
+  }
+}
+
+// Calls f(std::integral_constant<UnaryOp, op>{}) for the runtime op.
+template <class F>
+__host__ __device__ __forceinline__ auto with_unary_op(UnaryOp op, F&& f) {
+  switch (op) {
+    case UnaryOp::Neg:
+      return f(std::integral_constant<UnaryOp, UnaryOp::Neg>{});
+    case UnaryOp::Exp:
+      return f(std::integral_constant<UnaryOp, UnaryOp::Exp>{});
+    case UnaryOp::Log:
+      return f(std::integral_constant<UnaryOp, UnaryOp::Log>{});
+    case UnaryOp::Sqrt:
+      return f(std::integral_constant<UnaryOp, UnaryOp::Sqrt>{});
+    case UnaryOp::Tanh:
+      return f(std::integral_constant<UnaryOp, UnaryOp::Tanh>{});
+    case UnaryOp::Relu:
+      return f(std::integral_constant<UnaryOp, UnaryOp::Relu>{});
+    case UnaryOp::Gelu:
+      return f(std::integral_constant<UnaryOp, UnaryOp::Gelu>{});
+    case UnaryOp::Sigmoid:
+      return f(std::integral_constant<UnaryOp, UnaryOp::Sigmoid>{});
+    case UnaryOp::Pow:
+      break;
+  }
+  return f(std::integral_constant<UnaryOp, UnaryOp::Pow>{});
+}
+
+template <class F>
+__host__ __device__ __forceinline__ auto with_binary_op(BinaryOp op, F&& f) {
+  switch (op) {
+    case BinaryOp::Add:
+      return f(std::integral_constant<BinaryOp, BinaryOp::Add>{});
+    case BinaryOp::Sub:
+      return f(std::integral_constant<BinaryOp, BinaryOp::Sub>{});
+    case BinaryOp::Mul:
+      return f(std::integral_constant<BinaryOp, BinaryOp::Mul>{});
+    case BinaryOp::Div:
+      break;
+  }
+  return f(std::integral_constant<BinaryOp, BinaryOp::Div>{});
+}
+
+template <class T, UnaryOp op>
+struct UnaryFn {
+  dev::math_t<T> param;
+  __device__ __forceinline__ T operator()(T a) const {
+    return dev::convert<T>(unary_math<op>(dev::convert<dev::math_t<T>>(a), param));
+  }
+};
+
+template <class T>
+struct UnaryAnyFn {
+  UnaryOp op;
+  dev::math_t<T> param;
+  __device__ __forceinline__ T operator()(T a) const {
+    using M = dev::math_t<T>;
+    const M x = dev::convert<M>(a);
+    const M p = param;
+    return dev::convert<T>(
+        with_unary_op(op, [x, p](auto o) { return unary_math<decltype(o)::value>(x, p); }));
+  }
+};
+
+// (grad, v) -> grad * f'(x); v as in unary_grad_math.
+template <class T, UnaryOp op>
+struct UnaryGradFn {
+  dev::math_t<T> param;
+  __device__ __forceinline__ T operator()(T g, T v) const {
+    using M = dev::math_t<T>;
+    return dev::convert<T>(unary_grad_math<op>(dev::convert<M>(g), dev::convert<M>(v), param));
+  }
+};
+
+template <class T>
+struct UnaryGradAnyFn {
+  UnaryOp op;
+  dev::math_t<T> param;
+  __device__ __forceinline__ T operator()(T g, T v) const {
+    using M = dev::math_t<T>;
+    const M mg = dev::convert<M>(g), mv = dev::convert<M>(v);
+    const M p = param;
+    return dev::convert<T>(with_unary_op(
+        op, [mg, mv, p](auto o) { return unary_grad_math<decltype(o)::value>(mg, mv, p); }));
+  }
+};
+
+// ---- compare, where, axpy ----------------------------------------------------------
+
+// Any dtype (integers and bool compare as themselves, 16-bit floats in float).
+// The op is always a runtime switch: comparisons are too cheap to deserve a kernel each.
+template <class T>
+struct CompareFn {
+  CompareOp op;
+  __device__ __forceinline__ bool operator()(T a, T b) const {
+    using M = dev::math_t<T>;
+    const M x = dev::convert<M>(a), y = dev::convert<M>(b);
+    switch (op) {
+      case CompareOp::Eq:
+        return x == y;
+      case CompareOp::Ne:
+        return x != y;
+      case CompareOp::Lt:
+        return x < y;
+      case CompareOp::Le:
+        return x <= y;
+      case CompareOp::Gt:
+        return x > y;
+      case CompareOp::Ge:
+        break;
+    }
+    return x >= y;
+  }
+};
+
+template <class T>
+struct WhereFn {
+  __device__ __forceinline__ T operator()(bool c, T a, T b) const { return c ? a : b; }
+};
+
+// (dst, src) -> dst + alpha * src.
+template <class T>
+struct AxpyFn {
+  dev::math_t<T> alpha;
+  __device__ __forceinline__ T operator()(T d, T s) const {
+    using M = dev::math_t<T>;
+    return dev::convert<T>(dev::convert<M>(d) + alpha * dev::convert<M>(s));
+  }
+};
+
+}  // namespace
+}  // namespace accrue::kernels::cuda

@@ -1,0 +1,335 @@
+// The CUDA elementwise kernels (binary, scalar, unary and their gradients,
+// compare, where, axpy_) against the CPU reference: the same public API on CPU
+// tensors and on GPU copies of them, with fresh random inputs. Integer-valued
+// inputs make add/sub/mul exact, so those compare bit for bit. Shapes cover
+// the vectorized contiguous path (with tails and misaligned views), the
+// strided path (broadcasts, transposes) and a few-million-element case.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+using kernels::BinaryOp;
+using kernels::CompareOp;
+using kernels::UnaryOp;
+
+const Device kGpu = Device::cuda(0);
+const Device kCpu = Device::cpu();
+const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
+const BinaryOp kBinaryOps[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div};
+const UnaryOp kUnaryOps[] = {UnaryOp::Neg,  UnaryOp::Exp,     UnaryOp::Log,
+                             UnaryOp::Sqrt, UnaryOp::Tanh,    UnaryOp::Relu,
+                             UnaryOp::Gelu, UnaryOp::Sigmoid, UnaryOp::Pow};
+
+Tensor gpu(const Tensor& t) {
+  return t.to(kGpu);
+}
+Tensor cpu(const Tensor& t) {
+  return t.to(kCpu);
+}
+
+// Best effort at poisoning outputs that the API allocates itself: the device
+// pool hands freed blocks back out, so the next allocation of this size (made
+// right after, with the inputs already on the GPU) is likely to land on
+// NaN-filled memory, and an element a kernel forgets to write then fails the
+// comparison.
+void poison_pool(int64_t numel, DType dtype) {
+  Tensor t = empty({numel}, dtype, kGpu);
+  test::poison(t);
+}
+
+std::string trace(DType dt, const std::string& what) {
+  return std::string(dtype_name(dt)) + " " + what;
+}
+
+// Inputs where every op is defined and well conditioned: positive for Log,
+// Sqrt and the fractional Pow, normal elsewhere.
+Tensor unary_input(UnaryOp op, const Shape& shape, DType dt) {
+  if (op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Pow)
+    return test::random_uniform(shape, 0.25, 3.0, dt);
+  return test::random_normal(shape, dt);
+}
+
+// Transcendentals differ by an ulp or two of fp32 between the CUDA math library
+// and the host's; in 16-bit that can flip one rounding step of the result.
+double unary_rtol(UnaryOp op, DType dt) {
+  const bool exact_math = op == UnaryOp::Neg || op == UnaryOp::Relu;
+  const bool half = dt == DType::bf16 || dt == DType::f16;
+  return test::default_rtol(dt) * (exact_math || !half ? 1.0 : 2.0);
+}
+
+// ---- binary ------------------------------------------------------------------------
+
+TEST(GpuBinary, small_integers_are_exact_and_div_is_close_for_every_dtype_and_size) {
+  ACCRUE_REQUIRE_CUDA();
+  // 1 and 7: tail only; 4099: packs plus a tail; 3M + 3: a few thousand blocks.
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{4099}, int64_t{3000003}}) {
+    for (DType dt : kFloatTypes) {
+      const Tensor a = test::random_integers({n}, -8, 8, dt);
+      const Tensor b = test::random_integers({n}, 1, 8, dt);
+      for (BinaryOp op : kBinaryOps) {
+        SCOPED_TRACE(trace(dt, std::string(kernels::op_name(op)) + " n=" + std::to_string(n)));
+        const Tensor expected = kernels::binary(op, a, b);
+        const Tensor ga = gpu(a), gb = gpu(b);
+        poison_pool(n, dt);
+        const Tensor actual = cpu(kernels::binary(op, ga, gb));
+        if (op == BinaryOp::Div) {
+          EXPECT_TRUE(test::all_close(actual, expected));
+        } else {
+          EXPECT_TRUE(test::all_equal(actual, expected));
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuBinary, random_normals_match_the_reference) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    const Tensor a = test::random_normal({513, 77}, dt);
+    const Tensor b = test::random_normal({513, 77}, dt);
+    for (BinaryOp op : kBinaryOps) {
+      SCOPED_TRACE(trace(dt, kernels::op_name(op)));
+      EXPECT_TRUE(
+          test::all_close(cpu(kernels::binary(op, gpu(a), gpu(b))), kernels::binary(op, a, b)));
+    }
+  }
+}
+
+TEST(GpuBinary, broadcast_and_strided_inputs_take_the_strided_path) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    // [64, 1, 33] with [17, 33]: broadcast on both sides.
+    const Tensor a = test::random_integers({64, 1, 33}, -8, 8, dt);
+    const Tensor b = test::random_integers({17, 33}, -8, 8, dt);
+    // A transposed (non-contiguous) view against a contiguous tensor.
+    const Tensor c = test::random_integers({33, 40}, -8, 8, dt);
+    const Tensor d = test::random_integers({40, 33}, -8, 8, dt);
+    // A bias add: [N, D] + [D].
+    const Tensor x = test::random_normal({300, 129}, dt);
+    const Tensor bias = test::random_normal({129}, dt);
+    for (BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul}) {
+      SCOPED_TRACE(trace(dt, kernels::op_name(op)));
+      EXPECT_TRUE(
+          test::all_equal(cpu(kernels::binary(op, gpu(a), gpu(b))), kernels::binary(op, a, b)));
+      EXPECT_TRUE(test::all_equal(cpu(kernels::binary(op, gpu(c).transpose(0, 1), gpu(d))),
+                                  kernels::binary(op, c.transpose(0, 1), d)));
+      EXPECT_TRUE(test::all_close(cpu(kernels::binary(op, gpu(x), gpu(bias))),
+                                  kernels::binary(op, x, bias)));
+    }
+    const Tensor q = test::random_normal({40, 33}, dt);
+    EXPECT_TRUE(test::all_close(cpu(kernels::binary(BinaryOp::Div, gpu(q), gpu(c).transpose(0, 1))),
+                                kernels::binary(BinaryOp::Div, q, c.transpose(0, 1))));
+  }
+}
+
+TEST(GpuBinary, misaligned_contiguous_views_are_correct) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    // Views one element into their storage: contiguous, but no longer 16-byte
+    // aligned, so the kernel must fall back from vector loads.
+    const Tensor a = test::random_integers({10001}, -8, 8, dt);
+    const Tensor b = test::random_integers({10001}, -8, 8, dt);
+    const Tensor ga = gpu(a), gb = gpu(b);
+    EXPECT_TRUE(test::all_equal(
+        cpu(kernels::binary(BinaryOp::Mul, ga.narrow(0, 1, 10000), gb.narrow(0, 0, 10000))),
+        kernels::binary(BinaryOp::Mul, a.narrow(0, 1, 10000), b.narrow(0, 0, 10000))));
+    EXPECT_TRUE(test::all_equal(
+        cpu(kernels::binary(BinaryOp::Add, ga.narrow(0, 3, 9998), gb.narrow(0, 3, 9998))),
+        kernels::binary(BinaryOp::Add, a.narrow(0, 3, 9998), b.narrow(0, 3, 9998))));
+  }
+}
+
+// ---- binary_scalar -----------------------------------------------------------------------
+
+TEST(GpuBinaryScalar, every_op_both_operand_orders_contiguous_and_strided) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    const Tensor ints = test::random_integers({1001, 9}, 1, 8, dt);
+    const Tensor normals = test::random_normal({1001, 9}, dt);
+    for (BinaryOp op : kBinaryOps) {
+      for (bool scalar_first : {false, true}) {
+        SCOPED_TRACE(trace(dt, std::string(kernels::op_name(op)) +
+                                   (scalar_first ? " scalar first" : " scalar second")));
+        const Tensor g = gpu(ints);
+        if (op == BinaryOp::Div) {
+          EXPECT_TRUE(test::all_close(cpu(kernels::binary_scalar(op, g, 3.0, scalar_first)),
+                                      kernels::binary_scalar(op, ints, 3.0, scalar_first)));
+        } else {
+          EXPECT_TRUE(test::all_equal(cpu(kernels::binary_scalar(op, g, 3.0, scalar_first)),
+                                      kernels::binary_scalar(op, ints, 3.0, scalar_first)));
+        }
+        // Strided: a transposed view; a scalar that is not a small integer.
+        EXPECT_TRUE(test::all_close(
+            cpu(kernels::binary_scalar(op, gpu(normals).transpose(0, 1), -0.37, scalar_first)),
+            kernels::binary_scalar(op, normals.transpose(0, 1), -0.37, scalar_first)));
+      }
+    }
+  }
+}
+
+// ---- unary and unary_backward ---------------------------------------------------------------
+
+TEST(GpuUnary, every_op_matches_the_reference_in_every_dtype) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    for (UnaryOp op : kUnaryOps) {
+      // 4099: vector packs and a tail; [37, 29] transposed: the strided path.
+      const Tensor x = unary_input(op, {4099}, dt);
+      const Tensor s = unary_input(op, {37, 29}, dt);
+      for (double p : {2.5, 3.0}) {
+        if (op != UnaryOp::Pow && p != 2.5) continue;
+        SCOPED_TRACE(trace(dt, std::string(kernels::op_name(op)) + " p=" + std::to_string(p)));
+        const double rtol = unary_rtol(op, dt), atol = test::default_atol(dt);
+        const Tensor gx = gpu(x);
+        poison_pool(x.numel(), dt);
+        EXPECT_TRUE(
+            test::all_close(cpu(kernels::unary(op, gx, p)), kernels::unary(op, x, p), rtol, atol));
+        EXPECT_TRUE(test::all_close(cpu(kernels::unary(op, gpu(s).transpose(0, 1), p)),
+                                    kernels::unary(op, s.transpose(0, 1), p), rtol, atol));
+      }
+    }
+  }
+}
+
+TEST(GpuUnary, large_input_exercises_the_bulk_path) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    for (UnaryOp op : {UnaryOp::Gelu, UnaryOp::Exp}) {
+      SCOPED_TRACE(trace(dt, kernels::op_name(op)));
+      const Tensor x = test::random_normal({3000005}, dt);
+      const Tensor gx = gpu(x);
+      poison_pool(x.numel(), dt);
+      EXPECT_TRUE(test::all_close(cpu(kernels::unary(op, gx)), kernels::unary(op, x),
+                                  unary_rtol(op, dt), test::default_atol(dt)));
+    }
+  }
+}
+
+TEST(GpuUnary, backward_of_every_op_matches_the_reference) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    for (UnaryOp op : kUnaryOps) {
+      for (double p : {2.5, 0.0}) {
+        if (op != UnaryOp::Pow && p != 2.5) continue;
+        SCOPED_TRACE(trace(dt, std::string(kernels::op_name(op)) + " p=" + std::to_string(p)));
+        const double rtol = unary_rtol(op, dt), atol = test::default_atol(dt);
+        // Contiguous, with a tail.
+        const Tensor x = unary_input(op, {2053}, dt);
+        const Tensor g = test::random_normal({2053}, dt);
+        const Tensor y = kernels::unary(op, x, p);
+        const Tensor gg = gpu(g), gx = gpu(x), gy = gpu(y);
+        poison_pool(x.numel(), dt);
+        EXPECT_TRUE(test::all_close(cpu(kernels::unary_backward(op, gg, gx, gy, p)),
+                                    kernels::unary_backward(op, g, x, y, p), rtol, atol));
+        // Strided: a transposed gradient and input, a contiguous output.
+        const Tensor xt = unary_input(op, {31, 45}, dt);
+        const Tensor gt = test::random_normal({31, 45}, dt);
+        const Tensor ys = kernels::unary(op, xt.transpose(0, 1), p);
+        EXPECT_TRUE(test::all_close(
+            cpu(kernels::unary_backward(op, gpu(gt).transpose(0, 1), gpu(xt).transpose(0, 1),
+                                        gpu(ys), p)),
+            kernels::unary_backward(op, gt.transpose(0, 1), xt.transpose(0, 1), ys, p), rtol,
+            atol));
+      }
+    }
+  }
+}
+
+// ---- compare and where -------------------------------------------------------------------------
+
+TEST(GpuCompare, every_op_and_dtype_is_exact_including_broadcast) {
+  ACCRUE_REQUIRE_CUDA();
+  const DType dtypes[] = {DType::f32, DType::f64, DType::bf16,   DType::f16,
+                          DType::i32, DType::i64, DType::boolean};
+  const CompareOp ops[] = {CompareOp::Eq, CompareOp::Ne, CompareOp::Lt,
+                           CompareOp::Le, CompareOp::Gt, CompareOp::Ge};
+  for (DType dt : dtypes) {
+    // Few distinct values, so that every op is true and false somewhere.
+    const int hi = dt == DType::boolean ? 1 : 3;
+    const Tensor a = test::random_integers({129, 33}, 0, hi, DType::i64).to(dt);
+    const Tensor b = test::random_integers({129, 33}, 0, hi, DType::i64).to(dt);
+    const Tensor row = test::random_integers({1, 33}, 0, hi, DType::i64).to(dt);
+    for (CompareOp op : ops) {
+      SCOPED_TRACE(trace(dt, "op " + std::to_string(static_cast<int>(op))));
+      EXPECT_TRUE(
+          test::all_equal(cpu(kernels::compare(op, gpu(a), gpu(b))), kernels::compare(op, a, b)));
+      EXPECT_TRUE(test::all_equal(cpu(kernels::compare(op, gpu(a), gpu(row))),
+                                  kernels::compare(op, a, row)));
+      EXPECT_TRUE(
+          test::all_equal(cpu(kernels::compare(op, gpu(a).transpose(0, 1), gpu(b).transpose(0, 1))),
+                          kernels::compare(op, a.transpose(0, 1), b.transpose(0, 1))));
+    }
+  }
+}
+
+TEST(GpuWhere, selects_exactly_for_every_dtype_contiguous_and_broadcast) {
+  ACCRUE_REQUIRE_CUDA();
+  const DType dtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64};
+  for (DType dt : dtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor cond = test::random_integers({257, 65}, 0, 1, DType::i64).to(DType::boolean);
+    const Tensor a = test::random_integers({257, 65}, -100, 100, DType::i64).to(dt);
+    const Tensor b = test::random_integers({257, 65}, -100, 100, DType::i64).to(dt);
+    EXPECT_TRUE(test::all_equal(cpu(kernels::where(gpu(cond), gpu(a), gpu(b))),
+                                kernels::where(cond, a, b)));
+    // cond per row, b a single value: the strided path.
+    const Tensor row_cond = test::random_integers({257, 1}, 0, 1, DType::i64).to(DType::boolean);
+    const Tensor one = test::random_integers({1}, 1, 9, DType::i64).to(dt);
+    EXPECT_TRUE(test::all_equal(cpu(kernels::where(gpu(row_cond), gpu(a), gpu(one))),
+                                kernels::where(row_cond, a, one)));
+  }
+}
+
+// ---- axpy_ -----------------------------------------------------------------------------------
+
+TEST(GpuAxpy, contiguous_broadcast_and_strided_destinations) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    // Exact: integers and alpha = 2.
+    {
+      const Tensor src = test::random_integers({1003, 7}, -8, 8, dt);
+      Tensor expected = test::random_integers({1003, 7}, -50, 50, dt);
+      Tensor actual = gpu(expected);
+      kernels::axpy_(expected, 2.0, src);
+      kernels::axpy_(actual, 2.0, gpu(src));
+      EXPECT_TRUE(test::all_equal(cpu(actual), expected));
+    }
+    // Broadcast src [7] into dst [1003, 7], a non-integer alpha.
+    {
+      const Tensor src = test::random_normal({7}, dt);
+      Tensor expected = test::random_normal({1003, 7}, dt);
+      Tensor actual = gpu(expected);
+      kernels::axpy_(expected, -0.37, src);
+      kernels::axpy_(actual, -0.37, gpu(src));
+      EXPECT_TRUE(test::all_close(cpu(actual), expected));
+    }
+    // A strided destination: the odd columns of a wider matrix. Every other
+    // element of the storage must stay bitwise untouched.
+    {
+      const Tensor src = test::random_integers({300, 20}, -8, 8, dt);
+      Tensor base_expected = test::random_integers({300, 41}, -50, 50, dt);
+      Tensor base_actual = gpu(base_expected);
+      kernels::axpy_(base_expected.narrow(1, 1, 20), 3.0, src);
+      kernels::axpy_(base_actual.narrow(1, 1, 20), 3.0, gpu(src));
+      EXPECT_TRUE(test::all_equal(cpu(base_actual), base_expected));
+      // And a transposed one.
+      const Tensor src_t = test::random_integers({41, 300}, -8, 8, dt);
+      kernels::axpy_(base_expected.transpose(0, 1), -1.0, src_t);
+      kernels::axpy_(base_actual.transpose(0, 1), -1.0, gpu(src_t));
+      EXPECT_TRUE(test::all_equal(cpu(base_actual), base_expected));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace accrue
