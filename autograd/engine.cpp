@@ -2,6 +2,7 @@
 
 #include <queue>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "autograd/variable.h"
 #include "core/grad_mode.h"
@@ -21,15 +22,18 @@ namespace autograd {
 // gradient of this backward is final.
 void accumulate_leaf_grad(const Tensor& leaf, const Tensor& grad) {
   AutogradMeta& meta = meta_of(leaf);
-  ACCRUE_CHECK(grad.shape() == leaf.shape(), "backward: gradient of shape ",
-               shape_str(grad.shape()), " for a leaf of shape ", shape_str(leaf.shape()));
-  if (meta.sink) {
-    meta.sink->accumulate(leaf, grad);
-  } else if (!meta.grad.defined()) {
-    // Own the gradient: the incoming tensor may alias a graph buffer or the seed.
-    meta.grad = grad.dtype() == leaf.dtype() ? grad.clone() : grad.to(leaf.dtype());
-  } else {
-    kernels::axpy_(meta.grad, 1.0, grad.to(meta.grad.dtype()));
+  // An undefined grad: everything was delivered straight into the sink's slot.
+  if (grad.defined()) {
+    ACCRUE_CHECK(grad.shape() == leaf.shape(), "backward: gradient of shape ",
+                 shape_str(grad.shape()), " for a leaf of shape ", shape_str(leaf.shape()));
+    if (meta.sink) {
+      meta.sink->accumulate(leaf, grad);
+    } else if (!meta.grad.defined()) {
+      // Own the gradient: the incoming tensor may alias a graph buffer or the seed.
+      meta.grad = grad.dtype() == leaf.dtype() ? grad.clone() : grad.to(leaf.dtype());
+    } else {
+      kernels::axpy_(meta.grad, 1.0, grad.to(meta.grad.dtype()));
+    }
   }
   for (const GradReadyHook& hook : meta.grad_ready_hooks)
     hook(leaf);
@@ -87,6 +91,7 @@ void backward(const Tensor& root, const Tensor& seed, bool retain_graph) {
 
   // Gradient buffers: the sum of everything that flowed into a node so far.
   std::unordered_map<Node*, Tensor> buffers;
+  std::unordered_set<Node*> delivered;  // leaves that got gradient through a sink's claim
   buffers[start.fn.get()] = g;
   std::priority_queue<Node*, std::vector<Node*>, ByNewestFirst> ready;
   ready.push(start.fn.get());
@@ -95,9 +100,15 @@ void backward(const Tensor& root, const Tensor& seed, bool retain_graph) {
     ready.pop();
     Tensor grad_in = std::move(buffers[n]);
     buffers.erase(n);
-    // A node that received no gradient still releases its inputs' dependencies.
+    // A node that received no gradient still releases its inputs' dependencies;
+    // a leaf whose gradient was only delivered directly still lands (hooks).
     std::vector<Tensor> grads;
-    if (grad_in.defined()) grads = n->apply(grad_in);
+    if (auto* acc = dynamic_cast<autograd::AccumulateGrad*>(n)) {
+      if (grad_in.defined() || delivered.count(n))
+        autograd::accumulate_leaf_grad(acc->leaf(), grad_in);
+    } else if (grad_in.defined()) {
+      grads = n->apply(grad_in);
+    }
     if (!retain_graph) n->release_saved();
     const auto& edges = n->next_edges();
     ACCRUE_CHECK(grads.empty() || grads.size() == edges.size(), "backward: ", n->name(),
@@ -106,7 +117,9 @@ void backward(const Tensor& root, const Tensor& seed, bool retain_graph) {
       const autograd::Edge& e = edges[i];
       if (!e.valid()) continue;
       Node* next = e.fn.get();
-      if (i < grads.size() && grads[i].defined()) {
+      if (i < grads.size() && autograd::is_delivered(grads[i])) {
+        delivered.insert(next);
+      } else if (i < grads.size() && grads[i].defined()) {
         Tensor& buf = buffers[next];
         if (!buf.defined()) {
           buf = grads[i];

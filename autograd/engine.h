@@ -14,6 +14,8 @@ void backward(const Tensor& root, const Tensor& seed = Tensor(), bool retain_gra
 
 namespace autograd {
 // Note [Leaf gradient]: the one place where a backward's gradient for a leaf lands.
+// `grad` may be undefined when every contribution was delivered directly
+// (Note [Delivered gradients]); then only the hooks run.
 void accumulate_leaf_grad(const Tensor& leaf, const Tensor& grad);
 }  // namespace autograd
 

@@ -10,6 +10,30 @@ using autograd::record;
 using autograd::saved;
 using autograd::wants_grad;
 
+namespace {
+
+// A parameter's direct gradient destination (Note [Delivered gradients]),
+// captured at forward time: the leaf and its sink, when it has one.
+struct SinkTarget {
+  Tensor leaf;
+  GradSink* sink = nullptr;
+  // The slot to write into (and its beta), marking it written; undefined when none.
+  Tensor claim(double* beta) const { return sink ? sink->claim(leaf, beta) : Tensor(); }
+  // Whether a slot exists and the beta a claim would give, without claiming.
+  bool peek(double* beta) const {
+    if (!sink) return false;
+    *beta = sink->next_beta(leaf);
+    return *beta >= 0.0;
+  }
+};
+
+SinkTarget sink_target(const Tensor& t) {
+  GradSink* sink = t.defined() ? autograd::sink_of(t) : nullptr;
+  return sink ? SinkTarget{t, sink} : SinkTarget{};
+}
+
+}  // namespace
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor out = kernels::matmul(a, b);
   Tensor sa = saved(a), sb = saved(b);
@@ -53,19 +77,28 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor sx = saved(x2), sw = saved(weight);
   const bool gx = wants_grad(x), gw = wants_grad(weight), gb = wants_grad(bias);
   const Shape x_shape = x.shape();
+  const SinkTarget w_target = sink_target(weight), b_target = sink_target(bias);
   return record("LinearBackward", out, {x, weight, bias},
                 [=](const Tensor& g) -> std::vector<Tensor> {
                   const Tensor g2 = g.reshape({-1, out_features});
                   Tensor dx, dw, db;
                   if (gx) dx = kernels::matmul(g2, sw).reshape(x_shape);
                   if (gw) {
-                    // dW = g^T @ x as one GEMM straight into the gradient.
-                    dw = empty(sw.shape(), sw.dtype(), sw.device());
-                    kernels::gemm(g2, /*transpose_a=*/true, sx, false, dw, 1.0, 0.0);
+                    // Note [Fused weight-gradient accumulation]: dW = g^T x is one
+                    // GEMM whose output is the arena's fp32 slot, beta 0 on the
+                    // window's first contribution and 1 after.
+                    double beta = 0.0;
+                    Tensor slot = w_target.claim(&beta);
+                    dw = slot.defined() ? slot : empty(sw.shape(), sw.dtype(), sw.device());
+                    kernels::gemm(g2, /*transpose_a=*/true, sx, false, dw, 1.0, beta);
+                    if (slot.defined()) dw = autograd::delivered();
                   }
                   if (gb) {
-                    db = empty({out_features}, g.dtype(), g.device());
-                    kernels::sum_rows_into(g2, db, /*accumulate=*/false);
+                    double beta = 0.0;
+                    Tensor slot = b_target.claim(&beta);
+                    db = slot.defined() ? slot : empty({out_features}, g.dtype(), g.device());
+                    kernels::sum_rows_into(g2, db, /*accumulate=*/beta != 0.0);
+                    if (slot.defined()) db = autograd::delivered();
                   }
                   return {dx, dw, db};
                 });
@@ -76,10 +109,13 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Tensor si = saved(indices);
   const Shape w_shape = weight.shape();
   const DType w_dtype = weight.dtype();
+  const SinkTarget target = sink_target(weight);
   return record("EmbeddingBackward", out, {weight}, [=](const Tensor& g) -> std::vector<Tensor> {
-    Tensor dw = empty(w_shape, w_dtype, g.device());
-    kernels::embedding_backward(g, si, dw, /*accumulate=*/false);
-    return {dw};
+    double beta = 0.0;
+    Tensor slot = target.claim(&beta);
+    Tensor dw = slot.defined() ? slot : empty(w_shape, w_dtype, g.device());
+    kernels::embedding_backward(g, si, dw, /*accumulate=*/beta != 0.0);
+    return {slot.defined() ? autograd::delivered() : dw};
   });
 }
 
@@ -101,13 +137,28 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   const Shape d_shape{x.size(-1)};
   const DType w_dtype = weight.defined() ? weight.dtype() : x.dtype();
   const DType b_dtype = bias.defined() ? bias.dtype() : x.dtype();
-  return record("LayerNormBackward", r.out, {x, weight, bias},
-                [=](const Tensor& g) -> std::vector<Tensor> {
-                  Tensor dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
-                  Tensor db = gb ? empty(d_shape, b_dtype, g.device()) : Tensor();
-                  Tensor dx = kernels::layer_norm_backward(g, sx, sw, mean, rstd, dw, db, false);
-                  return {dx, dw, db};
-                });
+  const SinkTarget w_target = sink_target(weight), b_target = sink_target(bias);
+  return record(
+      "LayerNormBackward", r.out, {x, weight, bias}, [=](const Tensor& g) -> std::vector<Tensor> {
+        // Both affine gradients go straight into their arena slots when
+        // both have one with the same beta (the usual case); otherwise
+        // into fresh tensors that the engine lands.
+        double beta_w = 0.0, beta_b = 0.0;
+        const bool direct =
+            gw && gb && w_target.peek(&beta_w) && b_target.peek(&beta_b) && beta_w == beta_b;
+        Tensor dw, db;
+        if (direct) {
+          dw = w_target.claim(&beta_w);
+          db = b_target.claim(&beta_b);
+        } else {
+          dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
+          db = gb ? empty(d_shape, b_dtype, g.device()) : Tensor();
+        }
+        Tensor dx = kernels::layer_norm_backward(g, sx, sw, mean, rstd, dw, db,
+                                                 /*accumulate=*/direct && beta_w != 0.0);
+        if (direct) dw = db = autograd::delivered();
+        return {dx, dw, db};
+      });
 }
 
 }  // namespace accrue

@@ -28,6 +28,20 @@ AutogradMeta* find_meta(const Tensor& t) {
   return t.defined() ? t.autograd_meta().get() : nullptr;
 }
 
+const Tensor& delivered() {
+  static const Tensor sentinel = empty({0});
+  return sentinel;
+}
+
+bool is_delivered(const Tensor& t) {
+  return t.is_same(delivered());
+}
+
+GradSink* sink_of(const Tensor& t) {
+  AutogradMeta* m = find_meta(t);
+  return m ? m->sink : nullptr;
+}
+
 }  // namespace autograd
 
 Tensor requires_grad_(const Tensor& t, bool enable) {

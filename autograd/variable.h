@@ -16,8 +16,23 @@ namespace accrue {
 class GradSink {
  public:
   virtual ~GradSink() = default;
-  // Called once per backward with the leaf's summed gradient of that backward.
+  // Called once per backward with the leaf's summed gradient of that backward
+  // (the part that was not written directly through claim()).
   virtual void accumulate(const Tensor& leaf, const Tensor& grad) = 0;
+  // For fused kernels that write a gradient straight into its destination: returns
+  // the destination (shaped like the leaf) and sets *beta to 0 (write) or 1 (add).
+  // The kernel then returns autograd::delivered() for that input (see Note
+  // [Delivered gradients]). Undefined means: no direct destination, return a tensor.
+  virtual Tensor claim(const Tensor& leaf, double* beta) {
+    (void)leaf;
+    (void)beta;
+    return Tensor();
+  }
+  // The beta claim() would give now, without claiming; negative when claim has no slot.
+  virtual double next_beta(const Tensor& leaf) const {
+    (void)leaf;
+    return -1.0;
+  }
 };
 
 using GradReadyHook = std::function<void(const Tensor& leaf)>;
@@ -50,6 +65,16 @@ void register_grad_ready_hook(const Tensor& t, GradReadyHook hook);
 void set_grad_sink(const Tensor& t, GradSink* sink);
 
 namespace autograd {
+// Note [Delivered gradients]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A backward formula that wrote an input's gradient directly into the sink's
+// claimed slot returns this sentinel for that input. The engine then sums
+// nothing for it, but still runs the leaf's accumulator so that the rest of
+// the gradient (if other uses produced tensors) lands and the grad-ready hooks fire.
+const Tensor& delivered();
+bool is_delivered(const Tensor& t);
+// The sink of a leaf, or nullptr.
+GradSink* sink_of(const Tensor& t);
 // The meta of t, created if absent.
 AutogradMeta& meta_of(const Tensor& t);
 // The meta of t or nullptr.

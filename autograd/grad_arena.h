@@ -1,0 +1,108 @@
+// GradArena: every trainable parameter in flat, 256-byte-aligned arenas.
+//
+// Note [Grad arena]
+// ~~~~~~~~~~~~~~~~~
+// Parameters are registered in a fixed order. Each role — master weights,
+// gradients, optimizer moments — is one flat allocation in the master dtype
+// (fp32; f64 for the CPU reference), every parameter a slot at a 256-byte
+// aligned offset, padding kept at zero. After registration each parameter's
+// data IS its master slot (or, with a bf16/f16 compute dtype, a slot of the
+// compute-copy arena that the GEMMs read and the optimizer writes), and its
+// gradient is its gradient slot. Flat arenas make every window-close
+// operation one launch over one range, make buckets zero-copy slices, and
+// make checkpoints one write per role.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "autograd/variable.h"
+#include "core/tensor.h"
+
+namespace accrue {
+
+struct ArenaOptions {
+  Device device = Device::cpu();
+  // The dtype of master weights, gradients and moments: f32, or f64 for the CPU reference.
+  DType master_dtype = DType::f32;
+  // The dtype parameters compute in: master_dtype, or bf16/f16 for a compute copy.
+  DType compute_dtype = DType::f32;
+  // How many moment arenas to allocate (0 to 3: SGD momentum, Adam m and v, amsgrad's max).
+  int moments = 2;
+};
+
+class GradArena final : public GradSink {
+ public:
+  struct Slot {
+    std::string name;
+    Shape shape;
+    int64_t offset = 0;  // in elements, a multiple of 256 bytes
+    int64_t numel = 0;
+  };
+
+  // Moves `params` (leaves that require grad, any float dtype and device) into
+  // the arenas: their values are copied into the master arena, each tensor is
+  // re-pointed at its slot (and converted to the compute dtype), and its
+  // gradients are routed here. names may be empty.
+  GradArena(const std::vector<Tensor>& params, const std::vector<std::string>& names,
+            const ArenaOptions& options);
+  ~GradArena() override;
+  GradArena(const GradArena&) = delete;
+  GradArena& operator=(const GradArena&) = delete;
+
+  const ArenaOptions& options() const { return options_; }
+  const std::vector<Slot>& slots() const { return slots_; }
+  size_t size() const { return slots_.size(); }
+  // Real elements and elements including alignment padding.
+  int64_t numel() const { return numel_; }
+  int64_t padded_numel() const { return padded_numel_; }
+
+  // The flat arenas, each [padded_numel].
+  const Tensor& master() const { return master_; }
+  const Tensor& grads() const { return grads_; }
+  const Tensor& moment(int i) const;
+  // The compute copy, or undefined when the compute dtype is the master dtype.
+  const Tensor& compute() const { return compute_; }
+  // The parameters as registered (re-pointed into the arenas).
+  const std::vector<Tensor>& params() const { return params_; }
+
+  // Views of one slot, shaped like the parameter.
+  Tensor master_view(size_t i) const;
+  Tensor grad_view(size_t i) const;
+  // Slot index of a registered parameter, or -1.
+  int index_of(const Tensor& param) const;
+
+  // Note [Overwrite first]
+  // ~~~~~~~~~~~~~~~~~~~~~~
+  // Gradients are never zeroed. Within a window the first contribution to a
+  // slot writes it (GEMM beta 0, a plain store) and every later one adds
+  // (beta 1); which slots have been written this window is host-side
+  // bookkeeping. A parameter used twice in a graph (tied embeddings) simply
+  // receives a write then an add. At close, slots that got nothing this
+  // window are zeroed, so an unused parameter reads 0, never an old gradient.
+  void begin_window();
+  bool written(size_t i) const { return written_[i]; }
+  // Zeroes the slots no gradient reached this window; returns how many.
+  int zero_unwritten();
+
+  // GradSink: writes or adds one backward's gradient into the slot.
+  void accumulate(const Tensor& leaf, const Tensor& grad) override;
+  // GradSink: the slot a fused kernel writes into directly, and its beta.
+  Tensor claim(const Tensor& leaf, double* beta) override;
+  double next_beta(const Tensor& leaf) const override;
+
+ private:
+  size_t slot_of(const Tensor& leaf, const char* op) const;
+
+  ArenaOptions options_;
+  std::vector<Slot> slots_;
+  std::vector<Tensor> params_;
+  std::unordered_map<const TensorImpl*, size_t> index_;
+  std::vector<bool> written_;
+  int64_t numel_ = 0, padded_numel_ = 0;
+  Tensor master_, grads_, compute_;
+  std::vector<Tensor> moments_;
+};
+
+}  // namespace accrue
