@@ -409,6 +409,16 @@ void axpy_(const Tensor& dst, double alpha, const Tensor& src) {
 
 namespace {
 
+// True when `dims` are exactly the first k < rank dims of a contiguous tensor.
+bool reduces_leading_dims(const Tensor& a, const std::vector<int64_t>& dims) {
+  if (!a.is_contiguous() || dims.empty() || static_cast<int64_t>(dims.size()) >= a.dim()) return false;
+  std::vector<bool> reduced(a.dim(), false);
+  for (int64_t d : dims) reduced[wrap_dim(d, a.dim(), "sum")] = true;
+  for (size_t i = 0; i < dims.size(); ++i)
+    if (!reduced[i]) return false;
+  return true;
+}
+
 Tensor reduce(ReduceOp op, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim,
               const char* name) {
   NoGradGuard no_grad;
@@ -424,6 +434,18 @@ Tensor reduce(ReduceOp op, const Tensor& a, const std::vector<int64_t>& dims, bo
   if (p.cols == 0) {
     // Sum of nothing is 0; mean of nothing is 0/0.
     out.fill_(op == ReduceOp::Sum ? 0.0 : std::numeric_limits<double>::quiet_NaN());
+    return out;
+  }
+  if ((op == ReduceOp::Sum || op == ReduceOp::Mean) && reduces_leading_dims(a, dims)) {
+    // Summing the leading dims of a contiguous tensor (bias gradients, sum_to):
+    // column sums read the input once, in place, instead of a transposed copy.
+    const int64_t inner = out.numel(), outer = a.numel() / inner;
+    ACCRUE_BACKEND_CALL(a.device(), sum_rows, dense_view(a, {outer, inner}),
+                        dense_view(out, {inner}), /*accumulate=*/false);
+    if (op == ReduceOp::Mean) {
+      ACCRUE_BACKEND_CALL(a.device(), binary_scalar, BinaryOp::Div, out,
+                          static_cast<double>(outer), false, out);
+    }
     return out;
   }
   ACCRUE_BACKEND_CALL(a.device(), reduce_last, op, p.rows_view, dense_view(out, {p.rows}));

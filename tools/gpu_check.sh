@@ -210,7 +210,8 @@ run_ctest() {
     > "$details/ctest_${label}.log" 2>&1
   local rc=$?
   local line
-  line=$(grep -E 'tests passed, [0-9]+ tests? failed out of' "$details/ctest_${label}.log" | tail -n 1)
+  # CMake 3 prints "100% tests passed, 0 tests failed out of 3"; CMake 4 may drop the middle part.
+  line=$(grep -E 'tests passed(, [0-9]+ tests? failed)? out of' "$details/ctest_${label}.log" | tail -n 1)
   if [[ -z "$line" ]]; then
     if grep -q 'No tests were found' "$details/ctest_${label}.log"; then
       note "ctest -L $label: no tests"
@@ -326,8 +327,10 @@ tar -C "$details" -czf "$log_dir/logs.tar.gz" . 2> /dev/null
 {
   echo "===================== accrue gpu_check summary ====================="
   echo "GPU: $gpu_model"
-  if git rev-parse --git-dir > /dev/null 2>&1; then
+  if git rev-parse --verify -q HEAD > /dev/null 2>&1; then
     echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' + uncommitted changes')"
+  elif [[ -n "${ACCRUE_COMMIT:-}" ]]; then
+    echo "commit: $ACCRUE_COMMIT (copied tree)"
   fi
   echo "time: $((SECONDS - start_time)) s; logs: $log_dir/logs.tar.gz (unpacked: $details)"
   for line in "${summary[@]}"; do echo "$line"; done
