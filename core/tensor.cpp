@@ -151,6 +151,7 @@ int64_t Tensor::numel() const {
 }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no element to misplace
   int64_t expected = 1;
   for (int64_t d = dim() - 1; d >= 0; --d) {
     if (shape()[d] == 1) continue;
