@@ -1,11 +1,17 @@
-// The demo trainer: an MLP learns a synthetic classification task (labels
-// from a fixed random "teacher" projection). It runs on the GPU when one is
-// present, else on the CPU, and prints the loss falling.
+// The accumulation demo: an MLP learns a synthetic classification task
+// (labels from a fixed random "teacher" projection), with K micro-batches per
+// optimizer step. Runs on the GPU when one is present, else on the CPU.
 //
-//   accrue_demo [--steps N] [--batch B] [--lr LR] [--cpu]
+//   accrue_demo [--micro-batch B] [--accum K] [--windows W] [--optimizer sgd|adam|adamw]
+//               [--lr LR] [--clip MAX_NORM] [--scaler none|static|dynamic]
+//               [--dtype f32|bf16|f16] [--cpu]
+//
+// The training loop below is the whole accumulation story: backward per
+// micro-batch into the gradient arena, one close per window.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <string>
 
 #include "accrue.h"
@@ -15,9 +21,14 @@ using namespace accrue;
 namespace {
 
 struct Options {
-  int steps = 200;
-  int64_t batch = 256;
-  double lr = 0.1;
+  int64_t micro_batch = 64;
+  int64_t accum = 4;
+  int64_t windows = 60;
+  std::string optimizer = "adamw";
+  double lr = 3e-3;
+  double clip = 1.0;
+  std::string scaler = "none";
+  std::string dtype = "f32";
   bool force_cpu = false;
 };
 
@@ -25,38 +36,58 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&]() -> const char* {
+    auto value = [&]() -> std::string {
       ACCRUE_CHECK(i + 1 < argc, "accrue_demo: ", a, " needs a value");
       return argv[++i];
     };
-    if (a == "--steps") {
-      o.steps = std::stoi(value());
-    } else if (a == "--batch") {
-      o.batch = std::stoll(value());
-    } else if (a == "--lr") {
+    if (a == "--micro-batch")
+      o.micro_batch = std::stoll(value());
+    else if (a == "--accum")
+      o.accum = std::stoll(value());
+    else if (a == "--windows")
+      o.windows = std::stoll(value());
+    else if (a == "--optimizer")
+      o.optimizer = value();
+    else if (a == "--lr")
       o.lr = std::stod(value());
-    } else if (a == "--cpu") {
+    else if (a == "--clip")
+      o.clip = std::stod(value());
+    else if (a == "--scaler")
+      o.scaler = value();
+    else if (a == "--dtype")
+      o.dtype = value();
+    else if (a == "--cpu")
       o.force_cpu = true;
-    } else {
-      ACCRUE_FAIL("accrue_demo: unknown option ", a,
-                  " (options: --steps N --batch B --lr LR --cpu)");
-    }
+    else
+      ACCRUE_FAIL("accrue_demo: unknown option ", a);
   }
+  ACCRUE_CHECK(o.micro_batch > 0 && o.accum > 0 && o.windows > 0,
+               "accrue_demo: --micro-batch, --accum and --windows must be positive");
   return o;
 }
 
-constexpr int64_t kFeatures = 32, kHidden = 128, kClasses = 10;
-
-// A batch of the synthetic task: x ~ N(0, 1), label = argmax(x @ teacher).
-struct Batch {
-  Tensor x, y;
-};
-
-Batch make_batch(const Tensor& teacher, int64_t n, Device device, Generator& gen) {
-  Tensor x = randn({n, kFeatures}, DType::f32, device, &gen);
-  Tensor y = kernels::argmax(kernels::matmul(x, teacher), 1);
-  return {x, y};
+optim::Optimizer make_optimizer(const Options& o) {
+  if (o.optimizer == "sgd") return optim::Optimizer(optim::SGDOptions(o.lr).momentum(0.9));
+  if (o.optimizer == "adam") return optim::Optimizer(optim::AdamOptions(o.lr));
+  if (o.optimizer == "adamw") return optim::Optimizer(optim::AdamWOptions(o.lr).weight_decay(0.01));
+  ACCRUE_FAIL("accrue_demo: unknown optimizer '", o.optimizer, "' (sgd, adam, adamw)");
 }
+
+optim::LossScalerOptions make_scaler(const Options& o) {
+  if (o.scaler == "none") return optim::LossScalerOptions::none();
+  if (o.scaler == "static") return optim::LossScalerOptions::fixed(1024.0);
+  if (o.scaler == "dynamic") return optim::LossScalerOptions::dynamic();
+  ACCRUE_FAIL("accrue_demo: unknown scaler '", o.scaler, "' (none, static, dynamic)");
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32") return DType::f32;
+  if (s == "bf16") return DType::bf16;
+  if (s == "f16") return DType::f16;
+  ACCRUE_FAIL("accrue_demo: unknown dtype '", s, "' (f32, bf16, f16)");
+}
+
+constexpr int64_t kFeatures = 32, kHidden = 256, kClasses = 10;
 
 }  // namespace
 
@@ -64,41 +95,66 @@ int main(int argc, char** argv) try {
   const Options opt = parse(argc, argv);
   const bool gpu = cuda_available() && !opt.force_cpu;
   const Device device = gpu ? Device::cuda(0) : Device::cpu();
-  std::printf("accrue demo: MLP %lld-%lld-%lld-%lld on %s%s\n", (long long)kFeatures,
-              (long long)kHidden, (long long)kHidden, (long long)kClasses, device.str().c_str(),
-              gpu ? "" : (std::string(" (") + cuda_unavailable_reason() + ")").c_str());
+  const DType compute = parse_dtype(opt.dtype);
+  std::printf(
+      "accrue demo on %s%s: MLP %lld-%lld-%lld-%lld, micro-batch %lld x K=%lld = batch %lld,"
+      " %s, clip %.2g, scaler %s, compute %s\n",
+      device.str().c_str(),
+      gpu ? "" : (std::string(" (") + cuda_unavailable_reason() + ")").c_str(),
+      (long long)kFeatures, (long long)kHidden, (long long)kHidden, (long long)kClasses,
+      (long long)opt.micro_batch, (long long)opt.accum, (long long)(opt.micro_batch * opt.accum),
+      opt.optimizer.c_str(), opt.clip, opt.scaler.c_str(), dtype_name(compute));
 
   Generator gen(1234);
   nn::MLP model({kFeatures, kHidden, kHidden, kClasses}, {device, DType::f32, &gen});
-  optim::PlainSGD sgd(model.parameters(), opt.lr);
+  optim::Optimizer optimizer = make_optimizer(opt);
+  GradArena arena(model.parameters(), {},
+                  {device, DType::f32, compute, optimizer.moments_needed()});
+  optim::Window window(arena, optimizer,
+                       optim::WindowOptions().micro_steps(opt.accum).max_grad_norm(opt.clip).scaler(
+                           make_scaler(opt)));
   const Tensor teacher = randn({kFeatures, kClasses}, DType::f32, device, &gen);
-  const Batch eval = make_batch(teacher, 4096, device, gen);
+  auto batch = [&](int64_t n) {
+    Tensor x = randn({n, kFeatures}, DType::f32, device, &gen);
+    Tensor y = kernels::argmax(kernels::matmul(x, teacher), 1);
+    return std::make_pair(x.to(compute), y);
+  };
 
-  const auto start = std::chrono::steady_clock::now();
+  reset_peak_memory(device);
+  const bool tty = isatty(fileno(stdout));
   double first_loss = 0, last_loss = 0;
-  for (int step = 1; step <= opt.steps; ++step) {
-    const Batch b = make_batch(teacher, opt.batch, device, gen);
-    Loss loss = cross_entropy(model.forward(b.x), b.y);
-    // Normalize by the number of counted targets (see Note [Normalization]).
-    Tensor mean_loss = loss.sum / static_cast<double>(opt.batch);
-    backward(mean_loss);
-    sgd.step();
-    last_loss = mean_loss.item();
-    if (step == 1) first_loss = last_loss;
-    if (step == 1 || step % 20 == 0 || step == opt.steps) {
-      NoGradGuard no_grad;
-      Tensor pred = kernels::argmax(model.forward(eval.x), 1);
-      const double acc =
-          kernels::mean(kernels::compare(kernels::CompareOp::Eq, pred, eval.y).to(DType::f32))
-              .item();
-      std::printf("step %4d  loss %.4f  eval accuracy %.3f\n", step, last_loss, acc);
+  auto last_time = std::chrono::steady_clock::now();
+  for (int64_t w = 1; w <= opt.windows; ++w) {
+    // One window: K micro-batches accumulate into the arena, then one close.
+    for (int64_t k = 0; k < opt.accum; ++k) {
+      auto [x, y] = batch(opt.micro_batch);
+      window.backward(cross_entropy(model.forward(x), y));
+    }
+    window.close();
+    if (w == 1 || w % 10 == 0 || w == opt.windows) {
+      const optim::WindowReport r = window.report();  // the only host synchronization
+      const auto now = std::chrono::steady_clock::now();
+      const double seconds = std::chrono::duration<double>(now - last_time).count();
+      last_time = now;
+      const double items_per_s = (w == 1 ? 1 : 10) * opt.micro_batch * opt.accum / seconds;
+      if (w == 1) first_loss = r.loss;
+      last_loss = r.loss;
+      if (tty) std::printf("\r\033[K");
+      std::printf(
+          "window %4lld  loss %.4f  grad-norm %.4f  scale %g  skipped %lld  %.0f items/s  "
+          "peak %.1f MB\n",
+          (long long)w, r.loss, r.grad_norm, r.loss_scale, (long long)r.skipped_windows,
+          items_per_s, memory_stats(device).peak_bytes / 1e6);
+    } else if (tty) {
+      const int filled = static_cast<int>(30 * w / opt.windows);
+      std::printf("\r[%.*s%*s] window %lld/%lld", filled,
+                  "==============================", 30 - filled, "", (long long)w,
+                  (long long)opt.windows);
+      std::fflush(stdout);
     }
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("loss %.4f -> %.4f in %d steps, %.2f s, peak memory %.1f MB on %s\n", first_loss,
-              last_loss, opt.steps, seconds, memory_stats(device).peak_bytes / 1e6,
-              device.str().c_str());
+  std::printf("loss %.4f -> %.4f over %lld windows of %lld micro-batches\n", first_loss, last_loss,
+              (long long)opt.windows, (long long)opt.accum);
   if (!(last_loss < first_loss)) {
     std::fprintf(stderr, "accrue demo: the loss did not fall\n");
     return 1;

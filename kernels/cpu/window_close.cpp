@@ -1,0 +1,115 @@
+// The CPU reference of the window close (kernels/window_close.h): plain loops
+// over the formulas of kernels/window_close_backend.h, in f32 math for f32
+// buffers and f64 for f64. It is the oracle of the CUDA kernels' tests and the
+// CPU backend of the optimizer.
+#include <cmath>
+#include <type_traits>
+
+#include "kernels/window_close_backend.h"
+
+namespace accrue::kernels::cpu {
+
+namespace {
+
+// One row: the whole arena in index order, squared and summed in f64 (the CUDA
+// rows are slices; see Note [Norm partials] in kernels/cuda/window_close.cu).
+template <class T>
+void norm_partials_typed(const Tensor& grads, const Tensor& partials) {
+  const T* g = grads.data<T>();
+  const int64_t n = grads.numel();
+  double sumsq = 0.0, nonfinite = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = static_cast<double>(g[i]);
+    sumsq += x * x;
+    if (!std::isfinite(x)) nonfinite += 1.0;
+  }
+  double* out = partials.data<double>();
+  out[0] = sumsq;
+  out[1] = nonfinite;
+}
+
+// The compute copy: the new master weight rounded to bf16/f16 (through float,
+// as the CUDA kernel converts).
+template <class C, class M>
+void write_copy(void* copy, int64_t i, M p) {
+  static_cast<C*>(copy)[i] = C(static_cast<float>(p));
+}
+
+template <class T>
+void optimizer_typed(const OptimizerConfig& config, const OptimizerBuffers& b,
+                     const Tensor& state) {
+  const double* st = state.data<double>();
+  if (st[kFoundInf] != 0.0) return;  // Note [Skipped window]: nothing is touched.
+  using M = T;                       // f32 math for f32 buffers, f64 for f64
+  const OptimizerParams<M> o = make_optimizer_params<M>(config);
+  StepScalars<M> s{};
+  make_step_scalars(o, st, s);
+
+  T* p = b.params.data<T>();
+  const T* g = b.grads.data<T>();
+  T* m = uses_exp_avg(config) ? b.exp_avg.data<T>() : nullptr;
+  T* v = uses_exp_avg_sq(config) ? b.exp_avg_sq.data<T>() : nullptr;
+  T* vmax = uses_max_exp_avg_sq(config) ? b.max_exp_avg_sq.data<T>() : nullptr;
+  const int32_t* groups = b.chunk_groups.data<int32_t>();
+  void* copy = b.compute.defined() ? b.compute.data_ptr() : nullptr;
+  const bool copy_bf16 = b.compute.defined() && b.compute.dtype() == DType::bf16;
+  const int64_t n = b.params.numel();
+  // Checked before anything is written (the CUDA kernel clamps instead: reading
+  // the groups back would cost a host synchronization).
+  for (int64_t c = 0; c < b.chunk_groups.numel(); ++c)
+    ACCRUE_CHECK(groups[c] >= 0 && groups[c] < o.groups, "fused_optimizer_step: chunk_groups[", c,
+                 "] = ", groups[c], " is outside [0, ", o.groups, ")");
+
+  for (int64_t i = 0; i < n; ++i) {
+    const int group = groups[i / kChunk];
+    M pi = p[i];
+    if (config.kind == OptimizerKind::SGD) {
+      M buf = m ? m[i] : M(0);
+      sgd_update(o, s, group, g[i], pi, buf);
+      if (m) m[i] = buf;
+    } else {
+      M mi = m[i], vi = v[i], vmaxi = vmax ? vmax[i] : M(0);
+      adam_update(o, s, group, g[i], pi, mi, vi, vmaxi);
+      m[i] = mi;
+      v[i] = vi;
+      if (vmax) vmax[i] = vmaxi;
+    }
+    p[i] = pi;
+    if (copy) {
+      if (copy_bf16) {
+        write_copy<bf16>(copy, i, pi);
+      } else {
+        write_copy<f16>(copy, i, pi);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int64_t norm_partials_rows(int64_t, DType) {
+  return 1;
+}
+
+void grad_norm_partials(const Tensor& grads, const Tensor& partials) {
+  if (grads.dtype() == DType::f64) {
+    norm_partials_typed<double>(grads, partials);
+  } else {
+    norm_partials_typed<float>(grads, partials);
+  }
+}
+
+void window_scalar_step(const Tensor& partials, const Tensor& state, const CloseConfig& config) {
+  window_scalar_update(partials.data<double>(), partials.size(0), state.data<double>(), config);
+}
+
+void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
+                          const Tensor& state) {
+  if (buffers.params.dtype() == DType::f64) {
+    optimizer_typed<double>(config, buffers, state);
+  } else {
+    optimizer_typed<float>(config, buffers, state);
+  }
+}
+
+}  // namespace accrue::kernels::cpu

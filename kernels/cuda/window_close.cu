@@ -1,0 +1,350 @@
+// The CUDA window close (kernels/window_close.h, DESIGN.md Note [Window close]):
+//   grad_norm_partials_kernel  one read of the gradient arena at memory speed;
+//   window_scalar_step_kernel  one thread over the partials and the state;
+//   fused_optimizer_kernel     one read-modify-write pass over p, g, m, v.
+// Nothing here reads anything back to the host: the three launches can be
+// captured in a CUDA graph, and the host reads the state when it wants.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/cuda_types.cuh"
+#include "kernels/cuda/elementwise_ops.cuh"  // Pack, load_pack, store_pack, pack_aligned
+#include "kernels/window_close_backend.h"
+
+namespace accrue::kernels::cuda {
+namespace {
+
+namespace dev = ::accrue::cuda;
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// ---- (a) the norm partials ------------------------------------------------------------------
+
+// Note [Norm partials]
+// ~~~~~~~~~~~~~~~~~~~~
+// One read of the gradient arena gives the sum of squares and the count of
+// non-finite elements, bit for bit the same on every run (Note [Determinism]):
+// the order of every addition is fixed by the arena's size and the GPU's SM
+// count alone.
+//  - The arena is cut in packs of 16 bytes (4 floats or 2 doubles). A fixed
+//    grid of `rows` blocks (norm_plan: at most kNormBlocksPerSm per SM, so one
+//    wave, all resident) gives block b the contiguous packs
+//    [b * packs_per_row, (b + 1) * packs_per_row), cut at the end.
+//  - In a block, thread t takes packs t, t + T, t + 2T, ... (T threads), loading
+//    kNormUnroll of them before using any: 64 bytes in flight per thread, enough
+//    to cover the memory latency at full bandwidth. Each element is widened to
+//    f64, squared and added in index order; non-finite ones are counted.
+//  - The threads combine through a fixed warp butterfly, then warp by warp in
+//    order; the block writes row b = (sum of squares, non-finite count).
+//  - The few elements after the last whole pack go to block 0's thread 0.
+// A misaligned arena is read with scalar loads in the same pattern: slower,
+// same result. The scalar step folds the rows in order.
+constexpr int kNormThreads = 512;
+constexpr int kNormBlocksPerSm = 2;
+constexpr int kNormUnroll = 4;
+constexpr int kNormWarps = kNormThreads / 32;
+
+struct NormPlan {
+  int64_t rows;
+  int64_t packs_per_row;
+};
+
+NormPlan norm_plan(int64_t numel, DType dtype, int sms) {
+  const int64_t packs = numel / static_cast<int64_t>(16 / element_size(dtype));
+  if (packs == 0) return {1, 0};
+  const int64_t tile = int64_t{kNormThreads} * kNormUnroll;
+  const int64_t max_rows = std::max<int64_t>(1, int64_t{sms} * kNormBlocksPerSm);
+  const int64_t rows = std::clamp<int64_t>((packs + tile - 1) / tile, 1, max_rows);
+  // A whole number of block widths per row keeps every block's start aligned.
+  int64_t per_row = (packs + rows - 1) / rows;
+  per_row = (per_row + kNormThreads - 1) / kNormThreads * kNormThreads;
+  return {(packs + per_row - 1) / per_row, per_row};
+}
+
+int sm_count(int device) {
+  int sms = 0;
+  ACCRUE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+// Pack k of p, with one 16-byte load when the arena is aligned.
+template <int V, class T>
+__device__ __forceinline__ Pack<T, V> load_any(const T* p, int64_t k, bool vectorized) {
+  if (vectorized) return load_pack<V>(p, k);
+  Pack<T, V> x;
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+    x.v[j] = p[k * V + j];
+  return x;
+}
+
+template <class T>
+__device__ __forceinline__ void add_square(T x, double& sumsq, unsigned& nonfinite) {
+  const double d = static_cast<double>(x);
+  sumsq += d * d;
+  nonfinite += std::isfinite(x) ? 0u : 1u;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kNormThreads, kNormBlocksPerSm)
+    grad_norm_partials_kernel(const T* __restrict__ grads, int64_t n, int64_t packs_per_row,
+                              bool vectorized, double* __restrict__ partials) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t packs = n / V;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * packs_per_row;
+  const int64_t end = begin + packs_per_row < packs ? begin + packs_per_row : packs;
+  double sumsq = 0.0;
+  unsigned nonfinite = 0;
+  for (int64_t base = begin + threadIdx.x; base < end; base += kNormThreads * kNormUnroll) {
+    Pack<T, V> x[kNormUnroll];
+#pragma unroll
+    for (int u = 0; u < kNormUnroll; ++u) {
+      const int64_t k = base + static_cast<int64_t>(u) * kNormThreads;
+      x[u] = k < end ? load_any<V>(grads, k, vectorized) : Pack<T, V>{};  // zeros add nothing
+    }
+#pragma unroll
+    for (int u = 0; u < kNormUnroll; ++u) {
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        add_square(x[u].v[j], sumsq, nonfinite);
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    for (int64_t i = packs * V; i < n; ++i)
+      add_square(grads[i], sumsq, nonfinite);
+  }
+
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) {
+    sumsq += __shfl_xor_sync(kFullMask, sumsq, m);
+    nonfinite += __shfl_xor_sync(kFullMask, nonfinite, m);
+  }
+  __shared__ double warp_sumsq[kNormWarps];
+  __shared__ unsigned warp_nonfinite[kNormWarps];
+  if (threadIdx.x % 32 == 0) {
+    warp_sumsq[threadIdx.x / 32] = sumsq;
+    warp_nonfinite[threadIdx.x / 32] = nonfinite;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0, bad = 0.0;
+    for (int w = 0; w < kNormWarps; ++w) {
+      total += warp_sumsq[w];
+      bad += static_cast<double>(warp_nonfinite[w]);
+    }
+    partials[2 * blockIdx.x] = total;
+    partials[2 * blockIdx.x + 1] = bad;
+  }
+}
+
+template <class T>
+void norm_partials_typed(const Tensor& grads, const Tensor& partials) {
+  constexpr int V = 16 / sizeof(T);
+  const int device = grads.device().index;
+  dev::DeviceScope scope(device);
+  const NormPlan plan = norm_plan(grads.numel(), grads.dtype(), sm_count(device));
+  const T* g = static_cast<const T*>(grads.data_ptr());
+  grad_norm_partials_kernel<T>
+      <<<static_cast<unsigned>(plan.rows), kNormThreads, 0, dev::stream_for(device)>>>(
+          g, grads.numel(), plan.packs_per_row, pack_aligned<V>(g), partials.data<double>());
+  ACCRUE_LAUNCH_CHECK();
+}
+
+// ---- (b) the scalar step --------------------------------------------------------------------
+
+// One thread: see Note [Window scalar step].
+__global__ void window_scalar_step_kernel(const double* partials, int64_t rows, double* state,
+                                          CloseConfig config) {
+  window_scalar_update(partials, rows, state, config);
+}
+
+// ---- (c) the fused optimizer step -----------------------------------------------------------
+
+constexpr int kStepThreads = 256;
+
+// The compute-copy type of a step that writes none.
+struct NoCopy {};
+
+template <class T, class C>
+struct StepPointers {
+  T* params;
+  const T* grads;
+  T* exp_avg;         // null when unused
+  T* exp_avg_sq;      // null when unused
+  T* max_exp_avg_sq;  // null when unused
+  C* compute;         // null for NoCopy
+  const int32_t* chunk_groups;
+};
+
+// The group of element i. Out-of-range values are clamped rather than checked:
+// a check would need a host synchronization (the CPU reference throws).
+__device__ __forceinline__ int group_of(const int32_t* chunk_groups, int64_t i, int groups) {
+  const int g = chunk_groups[i / kChunk];
+  return g < 0 ? 0 : (g >= groups ? groups - 1 : g);
+}
+
+template <bool kAdam, class T>
+__device__ __forceinline__ void update(const OptimizerParams<T>& o, const StepScalars<T>& s,
+                                       int group, T grad, T& p, T& m, T& v, T& vmax) {
+  if constexpr (kAdam) {
+    adam_update(o, s, group, grad, p, m, v, vmax);
+  } else {
+    sgd_update(o, s, group, grad, p, m);
+  }
+}
+
+// Math in T (f32 or f64): the params' own type. Packs of 16 bytes when every
+// buffer is aligned, then a grid-stride scalar loop over the rest (or over
+// everything when not aligned). Reads p, g (+ m, v, vmax as the optimizer
+// needs) and the chunk groups; writes p (+ m, v, vmax) and the compute copy.
+template <class T, class C, bool kAdam>
+__global__ void __launch_bounds__(kStepThreads)
+    fused_optimizer_kernel(const __grid_constant__ OptimizerParams<T> o,
+                           const StepPointers<T, C> ptr, int64_t n, bool vectorized,
+                           const double* __restrict__ state) {
+  // Note [Skipped window]: a non-finite window returns before any write.
+  if (state[kFoundInf] != 0.0) return;
+  __shared__ StepScalars<T> s;
+  if (threadIdx.x == 0) make_step_scalars(o, state, s);
+  __syncthreads();
+
+  constexpr bool kCopy = !std::is_same_v<C, NoCopy>;
+  constexpr int V = 16 / sizeof(T);
+  const bool has_m = kAdam || o.momentum != T(0);
+  const bool has_vmax = kAdam && o.amsgrad;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+
+  // A pack never straddles two chunks: kChunk is a multiple of V.
+  const int64_t packs = vectorized ? n / V : 0;
+  for (int64_t k = first; k < packs; k += stride) {
+    const int group = group_of(ptr.chunk_groups, k * V, o.groups);
+    Pack<T, V> p = load_pack<V>(ptr.params, k);
+    const Pack<T, V> g = load_pack<V>(ptr.grads, k);
+    Pack<T, V> m{}, v{}, vmax{};
+    if (has_m) m = load_pack<V>(ptr.exp_avg, k);
+    if (kAdam) v = load_pack<V>(ptr.exp_avg_sq, k);
+    if (has_vmax) vmax = load_pack<V>(ptr.max_exp_avg_sq, k);
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      update<kAdam>(o, s, group, g.v[j], p.v[j], m.v[j], v.v[j], vmax.v[j]);
+    store_pack<V>(ptr.params, k, p);
+    if (has_m) store_pack<V>(ptr.exp_avg, k, m);
+    if (kAdam) store_pack<V>(ptr.exp_avg_sq, k, v);
+    if (has_vmax) store_pack<V>(ptr.max_exp_avg_sq, k, vmax);
+    if constexpr (kCopy) {
+      Pack<C, V> c;
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        c.v[j] = dev::convert<C>(p.v[j]);
+      store_pack<V>(ptr.compute, k, c);
+    }
+  }
+
+  for (int64_t i = packs * V + first; i < n; i += stride) {
+    const int group = group_of(ptr.chunk_groups, i, o.groups);
+    T p = ptr.params[i];
+    T m = has_m ? ptr.exp_avg[i] : T(0);
+    T v = kAdam ? ptr.exp_avg_sq[i] : T(0);
+    T vmax = has_vmax ? ptr.max_exp_avg_sq[i] : T(0);
+    update<kAdam>(o, s, group, ptr.grads[i], p, m, v, vmax);
+    ptr.params[i] = p;
+    if (has_m) ptr.exp_avg[i] = m;
+    if (kAdam) ptr.exp_avg_sq[i] = v;
+    if (has_vmax) ptr.max_exp_avg_sq[i] = vmax;
+    if constexpr (kCopy) ptr.compute[i] = dev::convert<C>(p);
+  }
+}
+
+template <class T>
+T* optional_ptr(const Tensor& t, bool used) {
+  return used ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
+template <class T, class C, bool kAdam>
+void launch_step(const OptimizerConfig& config, const OptimizerBuffers& b, const Tensor& state) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t n = b.params.numel();
+  const int device = b.params.device().index;
+  dev::DeviceScope scope(device);
+
+  StepPointers<T, C> ptr{};
+  ptr.params = static_cast<T*>(b.params.data_ptr());
+  ptr.grads = static_cast<const T*>(b.grads.data_ptr());
+  ptr.exp_avg = optional_ptr<T>(b.exp_avg, uses_exp_avg(config));
+  ptr.exp_avg_sq = optional_ptr<T>(b.exp_avg_sq, uses_exp_avg_sq(config));
+  ptr.max_exp_avg_sq = optional_ptr<T>(b.max_exp_avg_sq, uses_max_exp_avg_sq(config));
+  if constexpr (!std::is_same_v<C, NoCopy>) ptr.compute = static_cast<C*>(b.compute.data_ptr());
+  ptr.chunk_groups = b.chunk_groups.data<int32_t>();
+  // Null pointers count as aligned.
+  bool vectorized = pack_aligned<V>(ptr.params) && pack_aligned<V>(ptr.grads) &&
+                    pack_aligned<V>(ptr.exp_avg) && pack_aligned<V>(ptr.exp_avg_sq) &&
+                    pack_aligned<V>(ptr.max_exp_avg_sq);
+  if constexpr (!std::is_same_v<C, NoCopy>) vectorized = vectorized && pack_aligned<V>(ptr.compute);
+
+  // A grid-stride loop over one wave of resident blocks.
+  auto* kernel = fused_optimizer_kernel<T, C, kAdam>;
+  int per_sm = 0;
+  ACCRUE_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kStepThreads, 0));
+  const int64_t wave = std::max<int64_t>(1, int64_t{sm_count(device)} * per_sm);
+  const int64_t work = vectorized ? n / V + n % V : n;
+  const int64_t blocks = std::clamp<int64_t>((work + kStepThreads - 1) / kStepThreads, 1, wave);
+  kernel<<<static_cast<unsigned>(blocks), kStepThreads, 0, dev::stream_for(device)>>>(
+      make_optimizer_params<T>(config), ptr, n, vectorized, state.data<double>());
+  ACCRUE_LAUNCH_CHECK();
+}
+
+template <class T, class C>
+void step_with_copy(const OptimizerConfig& config, const OptimizerBuffers& b, const Tensor& state) {
+  if (config.kind == OptimizerKind::SGD) {
+    launch_step<T, C, false>(config, b, state);
+  } else {
+    launch_step<T, C, true>(config, b, state);
+  }
+}
+
+template <class T>
+void step_typed(const OptimizerConfig& config, const OptimizerBuffers& b, const Tensor& state) {
+  if (!b.compute.defined()) {
+    step_with_copy<T, NoCopy>(config, b, state);
+  } else if (b.compute.dtype() == DType::bf16) {
+    step_with_copy<T, __nv_bfloat16>(config, b, state);
+  } else {
+    step_with_copy<T, __half>(config, b, state);
+  }
+}
+
+}  // namespace
+
+int64_t norm_partials_rows(int64_t numel, DType dtype, int device) {
+  return norm_plan(numel, dtype, sm_count(device)).rows;
+}
+
+void grad_norm_partials(const Tensor& grads, const Tensor& partials) {
+  if (grads.dtype() == DType::f64) {
+    norm_partials_typed<double>(grads, partials);
+  } else {
+    norm_partials_typed<float>(grads, partials);
+  }
+}
+
+void window_scalar_step(const Tensor& partials, const Tensor& state, const CloseConfig& config) {
+  const int device = state.device().index;
+  dev::DeviceScope scope(device);
+  window_scalar_step_kernel<<<1, 1, 0, dev::stream_for(device)>>>(
+      partials.data<double>(), partials.size(0), state.data<double>(), config);
+  ACCRUE_LAUNCH_CHECK();
+}
+
+void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
+                          const Tensor& state) {
+  if (buffers.params.dtype() == DType::f64) {
+    step_typed<double>(config, buffers, state);
+  } else {
+    step_typed<float>(config, buffers, state);
+  }
+}
+
+}  // namespace accrue::kernels::cuda

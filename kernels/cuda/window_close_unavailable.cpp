@@ -1,0 +1,21 @@
+// The CUDA window close of a build without CUDA: the functions exist, so the
+// dispatch links, and throw. No CUDA tensor can exist in such a build (see
+// kernels/cuda/unavailable.cpp), so reaching one means a bug, reported.
+#include "kernels/window_close_backend.h"
+
+namespace accrue::kernels::cuda {
+
+int64_t norm_partials_rows(int64_t, DType, int) {
+  ACCRUE_FAIL("norm_partials_rows: accrue was built without CUDA");
+}
+void grad_norm_partials(const Tensor&, const Tensor&) {
+  ACCRUE_FAIL("grad_norm_partials: accrue was built without CUDA");
+}
+void window_scalar_step(const Tensor&, const Tensor&, const CloseConfig&) {
+  ACCRUE_FAIL("window_scalar_step: accrue was built without CUDA");
+}
+void fused_optimizer_step(const OptimizerConfig&, const OptimizerBuffers&, const Tensor&) {
+  ACCRUE_FAIL("fused_optimizer_step: accrue was built without CUDA");
+}
+
+}  // namespace accrue::kernels::cuda

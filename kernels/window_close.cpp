@@ -1,0 +1,249 @@
+// The dispatch point of the window-close kernels (kernels/window_close.h):
+// validate, then call the CPU reference or the CUDA backend by device. Every
+// bad input throws accrue::Error naming the op and the offending values; the
+// backends only compute.
+#include <cmath>
+#include <string>
+
+#include "core/grad_mode.h"
+#include "kernels/window_close.h"
+#include "kernels/window_close_backend.h"
+
+namespace accrue::kernels {
+
+namespace {
+
+// ---- validation -------------------------------------------------------------
+
+void check_defined(const Tensor& t, const char* op, const char* what) {
+  ACCRUE_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
+}
+
+void check_contiguous(const Tensor& t, const char* op, const char* what) {
+  ACCRUE_CHECK(t.is_contiguous(), op, ": ", what, " of shape ", shape_str(t.shape()),
+               " and strides ", shape_str(t.strides()), " must be contiguous");
+}
+
+void check_dtype(const Tensor& t, DType expected, const char* op, const char* what) {
+  ACCRUE_CHECK(t.dtype() == expected, op, ": ", what, " of shape ", shape_str(t.shape()),
+               " has dtype ", dtype_name(t.dtype()), "; expected ", dtype_name(expected));
+}
+
+void check_device(const Tensor& t, Device expected, const char* op, const char* what) {
+  ACCRUE_CHECK(t.device() == expected, op, ": ", what, " is on ", t.device().str(), "; expected ",
+               expected.str(), " (the device of the gradient arena)");
+}
+
+// The master-weight / gradient dtypes: f32 (the arena) or f64 (the CPU reference).
+void check_master_dtype(const Tensor& t, const char* op, const char* what) {
+  ACCRUE_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, op, ": ", what, " of shape ",
+               shape_str(t.shape()), " has dtype ", dtype_name(t.dtype()), "; expected f32 or f64");
+}
+
+// state: f64 [kWindowStateSize], contiguous, on `device`.
+void check_state(const Tensor& state, Device device, const char* op) {
+  check_defined(state, op, "state");
+  check_dtype(state, DType::f64, op, "state");
+  ACCRUE_CHECK(state.shape() == Shape{kWindowStateSize}, op, ": state has shape ",
+               shape_str(state.shape()), "; expected [", int64_t{kWindowStateSize},
+               "] (make it with make_window_state)");
+  check_contiguous(state, op, "state");
+  check_device(state, device, op, "state");
+}
+
+void check_finite(double value, const char* op, const char* what) {
+  ACCRUE_CHECK(std::isfinite(value), op, ": ", what, " = ", value, " is not finite");
+}
+
+void check_close_config(const CloseConfig& c, const char* op) {
+  const ScalerConfig& s = c.scaler;
+  ACCRUE_CHECK(
+      s.mode == ScalerMode::None || s.mode == ScalerMode::Static || s.mode == ScalerMode::Dynamic,
+      op, ": unknown scaler mode ", static_cast<int>(s.mode));
+  if (s.mode == ScalerMode::Dynamic) {
+    // The same limits as torch.amp.GradScaler's constructor.
+    ACCRUE_CHECK(s.growth_factor > 1.0 && std::isfinite(s.growth_factor), op,
+                 ": growth_factor = ", s.growth_factor, " must be a finite number > 1");
+    ACCRUE_CHECK(s.backoff_factor > 0.0 && s.backoff_factor < 1.0, op,
+                 ": backoff_factor = ", s.backoff_factor, " must lie in (0, 1)");
+    ACCRUE_CHECK(s.growth_interval >= 1, op, ": growth_interval = ", s.growth_interval,
+                 " must be >= 1");
+    ACCRUE_CHECK(s.min_scale > 0.0 && std::isfinite(s.min_scale), op, ": min_scale = ", s.min_scale,
+                 " must be a finite number > 0");
+    ACCRUE_CHECK(s.max_scale >= s.min_scale, op, ": max_scale = ", s.max_scale,
+                 " is below min_scale = ", s.min_scale);
+  }
+  ACCRUE_CHECK(c.normalization == Normalization::ItemCount ||
+                   c.normalization == Normalization::MeanOfMicroBatchMeans,
+               op, ": unknown normalization ", static_cast<int>(c.normalization));
+  ACCRUE_CHECK(c.micro_steps >= 1, op, ": micro_steps = ", c.micro_steps, " must be >= 1");
+  ACCRUE_CHECK(!std::isnan(c.max_norm), op, ": max_norm is NaN (<= 0 turns clipping off)");
+  ACCRUE_CHECK(c.clip_eps >= 0.0 && std::isfinite(c.clip_eps), op, ": clip_eps = ", c.clip_eps,
+               " must be a finite number >= 0");
+}
+
+// The limits of torch.optim's constructors.
+void check_optimizer_config(const OptimizerConfig& c, const char* op) {
+  ACCRUE_CHECK(c.kind == OptimizerKind::SGD || c.kind == OptimizerKind::Adam ||
+                   c.kind == OptimizerKind::AdamW,
+               op, ": unknown optimizer kind ", static_cast<int>(c.kind));
+  const int64_t groups = static_cast<int64_t>(c.groups.size());
+  ACCRUE_CHECK(groups >= 1 && groups <= kMaxGroups, op, ": ", groups,
+               " parameter groups; expected 1 to ", kMaxGroups);
+  for (int64_t k = 0; k < groups; ++k) {
+    const GroupHyper& g = c.groups[k];
+    ACCRUE_CHECK(g.lr >= 0.0 && std::isfinite(g.lr), op, ": group ", k, " has lr = ", g.lr,
+                 "; expected a finite number >= 0");
+    ACCRUE_CHECK(g.weight_decay >= 0.0 && std::isfinite(g.weight_decay), op, ": group ", k,
+                 " has weight_decay = ", g.weight_decay, "; expected a finite number >= 0");
+  }
+  if (c.kind == OptimizerKind::SGD) {
+    ACCRUE_CHECK(c.momentum >= 0.0 && std::isfinite(c.momentum), op,
+                 ": SGD momentum = ", c.momentum, " must be a finite number >= 0");
+    check_finite(c.dampening, op, "SGD dampening");
+    ACCRUE_CHECK(!c.nesterov || (c.momentum > 0.0 && c.dampening == 0.0), op,
+                 ": SGD nesterov needs momentum > 0 and dampening == 0 (momentum = ", c.momentum,
+                 ", dampening = ", c.dampening, ")");
+    return;
+  }
+  ACCRUE_CHECK(c.beta1 >= 0.0 && c.beta1 < 1.0, op, ": beta1 = ", c.beta1, " must lie in [0, 1)");
+  ACCRUE_CHECK(c.beta2 >= 0.0 && c.beta2 < 1.0, op, ": beta2 = ", c.beta2, " must lie in [0, 1)");
+  ACCRUE_CHECK(c.eps >= 0.0 && std::isfinite(c.eps), op, ": eps = ", c.eps,
+               " must be a finite number >= 0");
+}
+
+// An arena buffer of the optimizer: defined, contiguous, `numel` elements,
+// the params' device and (where `dtype` is given) dtype.
+void check_buffer(const Tensor& t, const Tensor& params, const char* op, const char* what,
+                  const char* needed_by) {
+  ACCRUE_CHECK(t.defined(), op, ": ", what, " is undefined but ", needed_by, " needs it");
+  check_device(t, params.device(), op, what);
+  ACCRUE_CHECK(t.numel() == params.numel(), op, ": ", what, " of shape ", shape_str(t.shape()),
+               " has ", t.numel(), " elements; params of shape ", shape_str(params.shape()),
+               " has ", params.numel());
+  check_contiguous(t, op, what);
+}
+
+const char* kind_name(const OptimizerConfig& c) {
+  switch (c.kind) {
+    case OptimizerKind::SGD:
+      return c.momentum != 0.0 ? "SGD with momentum" : "SGD";
+    case OptimizerKind::Adam:
+      return c.amsgrad ? "Adam with amsgrad" : "Adam";
+    case OptimizerKind::AdamW:
+      return c.amsgrad ? "AdamW with amsgrad" : "AdamW";
+  }
+  return "the optimizer";
+}
+
+void check_optimizer_buffers(const OptimizerConfig& c, const OptimizerBuffers& b, const char* op) {
+  check_defined(b.params, op, "params");
+  check_master_dtype(b.params, op, "params");
+  check_contiguous(b.params, op, "params");
+  const char* kind = kind_name(c);
+  check_buffer(b.grads, b.params, op, "grads", kind);
+  check_dtype(b.grads, b.params.dtype(), op, "grads");
+  if (uses_exp_avg(c)) {
+    check_buffer(b.exp_avg, b.params, op, "exp_avg", kind);
+    check_dtype(b.exp_avg, b.params.dtype(), op, "exp_avg");
+  }
+  if (uses_exp_avg_sq(c)) {
+    check_buffer(b.exp_avg_sq, b.params, op, "exp_avg_sq", kind);
+    check_dtype(b.exp_avg_sq, b.params.dtype(), op, "exp_avg_sq");
+  }
+  if (uses_max_exp_avg_sq(c)) {
+    check_buffer(b.max_exp_avg_sq, b.params, op, "max_exp_avg_sq", kind);
+    check_dtype(b.max_exp_avg_sq, b.params.dtype(), op, "max_exp_avg_sq");
+  }
+  if (b.compute.defined()) {
+    check_buffer(b.compute, b.params, op, "compute", "the compute copy");
+    ACCRUE_CHECK(b.compute.dtype() == DType::bf16 || b.compute.dtype() == DType::f16, op,
+                 ": compute of shape ", shape_str(b.compute.shape()), " has dtype ",
+                 dtype_name(b.compute.dtype()), "; expected bf16 or f16 (or leave it undefined)");
+  }
+  check_defined(b.chunk_groups, op, "chunk_groups");
+  check_dtype(b.chunk_groups, DType::i32, op, "chunk_groups");
+  check_contiguous(b.chunk_groups, op, "chunk_groups");
+  check_device(b.chunk_groups, b.params.device(), op, "chunk_groups");
+  const int64_t chunks = (b.params.numel() + kChunk - 1) / kChunk;
+  ACCRUE_CHECK(b.chunk_groups.numel() == chunks, op, ": chunk_groups of shape ",
+               shape_str(b.chunk_groups.shape()), " has ", b.chunk_groups.numel(), " elements; ",
+               b.params.numel(), " params need ceil(", b.params.numel(), " / ", kChunk,
+               ") = ", chunks);
+}
+
+}  // namespace
+
+Tensor make_window_state(double initial_scale, Device device) {
+  ACCRUE_CHECK(initial_scale > 0.0 && std::isfinite(initial_scale),
+               "make_window_state: initial_scale = ", initial_scale,
+               " must be a finite number > 0");
+  Tensor state = zeros({kWindowStateSize}, DType::f64, Device::cpu());
+  state.data<double>()[kScale] = initial_scale;
+  return device.is_cpu() ? state : state.to(device);
+}
+
+int64_t norm_partials_rows(const Tensor& grads) {
+  const char* op = "norm_partials_rows";
+  check_defined(grads, op, "grads");
+  check_master_dtype(grads, op, "grads");
+  const Device device = grads.device();
+  return device.is_cpu() ? cpu::norm_partials_rows(grads.numel(), grads.dtype())
+                         : cuda::norm_partials_rows(grads.numel(), grads.dtype(), device.index);
+}
+
+void grad_norm_partials(const Tensor& grads, const Tensor& partials) {
+  const char* op = "grad_norm_partials";
+  NoGradGuard no_grad;
+  check_defined(grads, op, "grads");
+  check_master_dtype(grads, op, "grads");
+  check_contiguous(grads, op, "grads");
+  check_defined(partials, op, "partials");
+  check_dtype(partials, DType::f64, op, "partials");
+  check_device(partials, grads.device(), op, "partials");
+  check_contiguous(partials, op, "partials");
+  const int64_t rows = norm_partials_rows(grads);
+  ACCRUE_CHECK(partials.shape() == (Shape{rows, 2}), op, ": partials has shape ",
+               shape_str(partials.shape()), "; expected [", rows, ", 2] (norm_partials_rows of ",
+               grads.numel(), " gradient elements on ", grads.device().str(), ")");
+  if (grads.device().is_cpu()) {
+    cpu::grad_norm_partials(grads, partials);
+  } else {
+    cuda::grad_norm_partials(grads, partials);
+  }
+}
+
+void window_scalar_step(const Tensor& partials, const Tensor& state, const CloseConfig& config) {
+  const char* op = "window_scalar_step";
+  NoGradGuard no_grad;
+  check_close_config(config, op);
+  check_defined(partials, op, "partials");
+  check_dtype(partials, DType::f64, op, "partials");
+  ACCRUE_CHECK(partials.dim() == 2 && partials.size(0) >= 1 && partials.size(1) == 2, op,
+               ": partials has shape ", shape_str(partials.shape()),
+               "; expected [rows, 2] with rows >= 1");
+  check_contiguous(partials, op, "partials");
+  check_state(state, partials.device(), op);
+  if (state.device().is_cpu()) {
+    cpu::window_scalar_step(partials, state, config);
+  } else {
+    cuda::window_scalar_step(partials, state, config);
+  }
+}
+
+void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
+                          const Tensor& state) {
+  const char* op = "fused_optimizer_step";
+  NoGradGuard no_grad;
+  check_optimizer_config(config, op);
+  check_optimizer_buffers(config, buffers, op);
+  check_state(state, buffers.params.device(), op);
+  if (buffers.params.numel() == 0) return;
+  if (state.device().is_cpu()) {
+    cpu::fused_optimizer_step(config, buffers, state);
+  } else {
+    cuda::fused_optimizer_step(config, buffers, state);
+  }
+}
+
+}  // namespace accrue::kernels

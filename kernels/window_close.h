@@ -1,0 +1,116 @@
+// The kernels of a window close (DESIGN.md Note [Window close]), each one pass:
+//   (a) grad_norm_partials: one read of the flat gradient arena giving
+//       fixed-order partial sums of squares and a non-finite flag;
+//   (b) window_scalar_step: one thread turns the partials into found_inf, the
+//       unscaled normalized norm, the combined coefficient
+//       inv_scale * inv_N * clip, the loss-scale update and the step count;
+//   (c) fused_optimizer_step: returns at once when found_inf, else reads
+//       p, g, m, v and writes p, m, v (and the low-precision compute copy).
+// State lives in a small f64 device tensor, so nothing here syncs the host.
+// Each has a CPU reference (kernels/cpu/window_close.cpp) and a CUDA path
+// (kernels/cuda/window_close.cu); this header is the dispatch point.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace accrue::kernels {
+
+// Fields of the window state: an f64 tensor of kWindowStateSize elements on
+// the arena's device (f64 holds every count exactly up to 2^53).
+enum WindowField : int {
+  kFoundInf = 0,        // 1 when the last closed window had a non-finite gradient
+  kGradNorm = 1,        // L2 norm of the last window's unscaled, normalized gradient
+  kCoef = 2,            // inv_scale * inv_N * clip applied to the last window
+  kScale = 3,           // the loss scale for the next window's backward seeds
+  kGrowthTracker = 4,   // clean windows since the last scale change
+  kStep = 5,            // optimizer steps taken (skipped windows do not count)
+  kSkippedWindows = 6,  // windows skipped for non-finite gradients
+  kItems = 7,           // N of the current window: items summed over micro-steps (and ranks)
+  kClipCoef = 8,        // min(1, max_norm / (norm + eps)) of the last window
+  kWindowStateSize = 16
+};
+
+// A fresh state: scale = initial_scale, everything else 0.
+Tensor make_window_state(double initial_scale, Device device);
+
+// (a) partials: f64 [rows, 2] with rows = norm_partials_rows(grads): column 0
+// the sum of squares of a fixed slice, column 1 its count of non-finite values.
+int64_t norm_partials_rows(const Tensor& grads);
+void grad_norm_partials(const Tensor& grads, const Tensor& partials);
+
+enum class ScalerMode { None, Static, Dynamic };
+struct ScalerConfig {
+  ScalerMode mode = ScalerMode::None;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  double min_scale = 1.0;
+  double max_scale = 16777216.0;  // 2^24
+};
+
+enum class Normalization {
+  // Note [Normalization]: divide the window's summed gradient by N, the items of the window.
+  ItemCount,
+  // Legacy: each micro-batch seeds backward with 1/count (its mean) and the
+  // close divides by K. Inexact for padded or variable-length micro-batches.
+  MeanOfMicroBatchMeans,
+};
+
+struct CloseConfig {
+  ScalerConfig scaler;
+  Normalization normalization = Normalization::ItemCount;
+  int64_t micro_steps = 1;  // K
+  double max_norm = 0.0;    // <= 0: no clipping
+  double clip_eps = 1e-6;   // as torch.nn.utils.clip_grad_norm_
+};
+
+// (b) Reads partials and state[kScale], state[kItems]; writes kFoundInf,
+// kGradNorm, kCoef, kClipCoef, kScale, kGrowthTracker, kStep, kSkippedWindows.
+// kItems is left for the caller to reset. Single thread, fixed order.
+void window_scalar_step(const Tensor& partials, const Tensor& state, const CloseConfig& config);
+
+enum class OptimizerKind { SGD, Adam, AdamW };
+struct GroupHyper {
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+};
+inline constexpr int kMaxGroups = 8;
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::AdamW;
+  std::vector<GroupHyper> groups;  // 1..kMaxGroups, indexed by chunk_groups
+  // Adam / AdamW
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  bool amsgrad = false;
+  // SGD
+  double momentum = 0.0, dampening = 0.0;
+  bool nesterov = false;
+};
+
+// The flat arenas the fused pass reads and writes; all contiguous, same numel
+// (the arena's padded size), same device.
+struct OptimizerBuffers {
+  Tensor params;          // master weights (f32, f64 for the CPU reference)
+  Tensor grads;           // same dtype as params
+  Tensor exp_avg;         // Adam m / SGD momentum buffer (undefined when unused)
+  Tensor exp_avg_sq;      // Adam v
+  Tensor max_exp_avg_sq;  // amsgrad's running max of v
+  Tensor compute;         // bf16/f16 compute copy written from the new params, or undefined
+  Tensor chunk_groups;    // i32 [ceil(numel / kChunk)]: the group of each 32-element chunk
+};
+inline constexpr int64_t kChunk = 32;
+
+// (c) With g = grads * state[kCoef] and t = state[kStep] (already incremented
+// by the scalar step), per element, exactly as PyTorch's optimizers:
+//   SGD:   d = g + wd p; if momentum: buf = (t == 1) ? d : momentum buf + (1 - dampening) d,
+//          d = nesterov ? d + momentum buf : buf;  p -= lr d
+//   Adam:  g += wd p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+//          vhat = amsgrad ? (vmax = max(vmax, v)) : v;
+//          p -= lr / (1 - b1^t) * m / (sqrt(vhat) / sqrt(1 - b2^t) + eps)
+//   AdamW: p *= 1 - lr wd, then Adam without the g += wd p.
+// Nothing is read or written when state[kFoundInf] != 0.
+void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
+                          const Tensor& state);
+
+}  // namespace accrue::kernels

@@ -1,0 +1,72 @@
+#include "optim/loss_scaler.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace accrue::optim {
+
+LossScalerOptions LossScalerOptions::none() {
+  return LossScalerOptions();
+}
+
+LossScalerOptions LossScalerOptions::fixed(double scale) {
+  LossScalerOptions o;
+  o.config_.mode = kernels::ScalerMode::Static;
+  o.init_scale_ = scale;
+  o.validate();
+  return o;
+}
+
+LossScalerOptions LossScalerOptions::dynamic() {
+  LossScalerOptions o;
+  o.config_.mode = kernels::ScalerMode::Dynamic;
+  o.init_scale_ = 65536.0;
+  return o;
+}
+
+LossScalerOptions& LossScalerOptions::init_scale(double v) {
+  init_scale_ = v;
+  return *this;
+}
+LossScalerOptions& LossScalerOptions::growth_factor(double v) {
+  config_.growth_factor = v;
+  return *this;
+}
+LossScalerOptions& LossScalerOptions::backoff_factor(double v) {
+  config_.backoff_factor = v;
+  return *this;
+}
+LossScalerOptions& LossScalerOptions::growth_interval(int64_t v) {
+  config_.growth_interval = v;
+  return *this;
+}
+LossScalerOptions& LossScalerOptions::min_scale(double v) {
+  config_.min_scale = v;
+  return *this;
+}
+LossScalerOptions& LossScalerOptions::max_scale(double v) {
+  config_.max_scale = v;
+  return *this;
+}
+
+void LossScalerOptions::validate() const {
+  ACCRUE_CHECK(std::isfinite(init_scale_) && init_scale_ > 0, "LossScaler: invalid init_scale ",
+               init_scale_);
+  if (config_.mode != kernels::ScalerMode::Dynamic) return;
+  ACCRUE_CHECK(std::isfinite(config_.growth_factor) && config_.growth_factor > 1.0,
+               "LossScaler: growth_factor must be > 1, got ", config_.growth_factor);
+  ACCRUE_CHECK(config_.backoff_factor > 0.0 && config_.backoff_factor < 1.0,
+               "LossScaler: backoff_factor must be in (0, 1), got ", config_.backoff_factor);
+  ACCRUE_CHECK(config_.growth_interval >= 1, "LossScaler: growth_interval must be >= 1, got ",
+               config_.growth_interval);
+  ACCRUE_CHECK(config_.min_scale > 0 && config_.min_scale <= config_.max_scale &&
+                   std::isfinite(config_.max_scale),
+               "LossScaler: invalid bounds min_scale=", config_.min_scale,
+               " max_scale=", config_.max_scale);
+  ACCRUE_CHECK(init_scale_ >= config_.min_scale && init_scale_ <= config_.max_scale,
+               "LossScaler: init_scale ", init_scale_, " outside [", config_.min_scale, ", ",
+               config_.max_scale, "]");
+}
+
+}  // namespace accrue::optim

@@ -1,0 +1,39 @@
+// Loss scaling options: none, static or dynamic (as torch.amp.GradScaler).
+//
+// The scaler's state — the scale and its growth tracker — lives on the device
+// inside the Window's state tensor and is updated by the window close, so no
+// window ever synchronizes the host for it.
+#pragma once
+
+#include "kernels/window_close.h"
+
+namespace accrue::optim {
+
+class LossScalerOptions {
+ public:
+  // No scaling: backward seeds are 1.
+  static LossScalerOptions none();
+  // A fixed scale.
+  static LossScalerOptions fixed(double scale);
+  // Dynamic: starts at 65536, x2 after 2000 clean windows, x0.5 on overflow.
+  static LossScalerOptions dynamic();
+
+  LossScalerOptions& init_scale(double v);
+  LossScalerOptions& growth_factor(double v);
+  LossScalerOptions& backoff_factor(double v);
+  LossScalerOptions& growth_interval(int64_t v);
+  LossScalerOptions& min_scale(double v);
+  LossScalerOptions& max_scale(double v);
+
+  kernels::ScalerMode mode() const { return config_.mode; }
+  double init_scale() const { return init_scale_; }
+  const kernels::ScalerConfig& config() const { return config_; }
+  // Throws accrue::Error naming the first invalid value.
+  void validate() const;
+
+ private:
+  kernels::ScalerConfig config_;
+  double init_scale_ = 1.0;
+};
+
+}  // namespace accrue::optim

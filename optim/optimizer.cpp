@@ -1,0 +1,164 @@
+#include "optim/optimizer.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace accrue::optim {
+
+namespace {
+
+void check_lr(double lr, const char* who) {
+  ACCRUE_CHECK(std::isfinite(lr) && lr >= 0.0, who, ": invalid learning rate ", lr);
+}
+void check_weight_decay(double wd, const char* who) {
+  ACCRUE_CHECK(std::isfinite(wd) && wd >= 0.0, who, ": invalid weight_decay ", wd);
+}
+
+template <class O>
+kernels::OptimizerConfig adam_config(const O& o, kernels::OptimizerKind kind, const char* who) {
+  check_lr(o.lr(), who);
+  check_weight_decay(o.weight_decay(), who);
+  ACCRUE_CHECK(o.beta1() >= 0.0 && o.beta1() < 1.0, who, ": invalid beta1 ", o.beta1(),
+               " (must be in [0, 1))");
+  ACCRUE_CHECK(o.beta2() >= 0.0 && o.beta2() < 1.0, who, ": invalid beta2 ", o.beta2(),
+               " (must be in [0, 1))");
+  ACCRUE_CHECK(std::isfinite(o.eps()) && o.eps() >= 0.0, who, ": invalid eps ", o.eps());
+  kernels::OptimizerConfig c;
+  c.kind = kind;
+  c.groups = {{o.lr(), o.weight_decay()}};
+  c.beta1 = o.beta1();
+  c.beta2 = o.beta2();
+  c.eps = o.eps();
+  c.amsgrad = o.amsgrad();
+  return c;
+}
+
+}  // namespace
+
+LinearWarmup::LinearWarmup(int64_t warmup) : warmup_(warmup) {
+  ACCRUE_CHECK(warmup >= 0, "LinearWarmup: invalid warmup ", warmup);
+}
+double LinearWarmup::factor(int64_t step) const {
+  return step < warmup_ ? static_cast<double>(step + 1) / static_cast<double>(warmup_) : 1.0;
+}
+
+WarmupCosine::WarmupCosine(int64_t warmup, int64_t total, double min_factor)
+    : warmup_(warmup), total_(total), min_factor_(min_factor) {
+  ACCRUE_CHECK(warmup >= 0 && total > warmup,
+               "WarmupCosine: need 0 <= warmup < total, got warmup=", warmup, " total=", total);
+  ACCRUE_CHECK(min_factor >= 0.0 && min_factor <= 1.0, "WarmupCosine: invalid min_factor ",
+               min_factor);
+}
+double WarmupCosine::factor(int64_t step) const {
+  if (step < warmup_) return static_cast<double>(step + 1) / static_cast<double>(warmup_);
+  if (step >= total_) return min_factor_;
+  const double progress =
+      static_cast<double>(step - warmup_) / static_cast<double>(total_ - warmup_);
+  return min_factor_ + (1.0 - min_factor_) * 0.5 * (1.0 + std::cos(M_PI * progress));
+}
+
+double linear_scaling_rule(double base_lr, int64_t base_batch, int64_t batch) {
+  ACCRUE_CHECK(base_batch > 0 && batch > 0,
+               "linear_scaling_rule: invalid batch sizes base=", base_batch, " batch=", batch);
+  return base_lr * static_cast<double>(batch) / static_cast<double>(base_batch);
+}
+
+Optimizer::Optimizer(const SGDOptions& o) {
+  check_lr(o.lr(), "SGD");
+  check_weight_decay(o.weight_decay(), "SGD");
+  ACCRUE_CHECK(std::isfinite(o.momentum()) && o.momentum() >= 0.0, "SGD: invalid momentum ",
+               o.momentum());
+  ACCRUE_CHECK(std::isfinite(o.dampening()), "SGD: invalid dampening ", o.dampening());
+  ACCRUE_CHECK(!o.nesterov() || (o.momentum() > 0.0 && o.dampening() == 0.0),
+               "SGD: nesterov needs momentum > 0 and dampening 0 (got momentum=", o.momentum(),
+               " dampening=", o.dampening(), ")");
+  config_.kind = kernels::OptimizerKind::SGD;
+  config_.groups = {{o.lr(), o.weight_decay()}};
+  config_.momentum = o.momentum();
+  config_.dampening = o.dampening();
+  config_.nesterov = o.nesterov();
+}
+
+Optimizer::Optimizer(const AdamOptions& o)
+    : config_(adam_config(o, kernels::OptimizerKind::Adam, "Adam")) {}
+Optimizer::Optimizer(const AdamWOptions& o)
+    : config_(adam_config(o, kernels::OptimizerKind::AdamW, "AdamW")) {}
+
+Optimizer& Optimizer::add_param_group(const std::vector<Tensor>& params,
+                                      const GroupOptions& options) {
+  ACCRUE_CHECK(static_cast<int>(groups_.size()) + 2 <= kernels::kMaxGroups, "Optimizer: at most ",
+               kernels::kMaxGroups, " parameter groups");
+  if (options.lr()) check_lr(*options.lr(), "Optimizer group");
+  if (options.weight_decay()) check_weight_decay(*options.weight_decay(), "Optimizer group");
+  ACCRUE_CHECK(bound_ == nullptr, "Optimizer: add parameter groups before the first step");
+  groups_.push_back({params, options});
+  return *this;
+}
+
+Optimizer& Optimizer::set_schedule(std::shared_ptr<const LRSchedule> schedule) {
+  ACCRUE_CHECK(schedule != nullptr, "Optimizer::set_schedule: null schedule");
+  schedule_ = std::move(schedule);
+  return *this;
+}
+
+int Optimizer::moments_needed() const {
+  switch (config_.kind) {
+    case kernels::OptimizerKind::SGD:
+      return config_.momentum > 0.0 ? 1 : 0;
+    case kernels::OptimizerKind::Adam:
+    case kernels::OptimizerKind::AdamW:
+      return config_.amsgrad ? 3 : 2;
+  }
+  return 0;
+}
+
+kernels::OptimizerConfig Optimizer::config_at(int64_t step) const {
+  kernels::OptimizerConfig c = config_;
+  const kernels::GroupHyper base = config_.groups[0];
+  const double factor = schedule_->factor(step);
+  c.groups.clear();
+  c.groups.push_back({base.lr * factor, base.weight_decay});
+  for (const Group& g : groups_) {
+    c.groups.push_back({g.options.lr().value_or(base.lr) * factor,
+                        g.options.weight_decay().value_or(base.weight_decay)});
+  }
+  return c;
+}
+
+void Optimizer::bind(const GradArena& arena) {
+  ACCRUE_CHECK(arena.options().moments >= moments_needed(), "Optimizer: needs ", moments_needed(),
+               " moment arenas, the arena has ", arena.options().moments);
+  const int64_t chunks = (arena.padded_numel() + kernels::kChunk - 1) / kernels::kChunk;
+  std::vector<int32_t> table(static_cast<size_t>(chunks), 0);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (const Tensor& p : groups_[g].params) {
+      const int i = arena.index_of(p);
+      ACCRUE_CHECK(i >= 0, "Optimizer: a parameter of group ", g + 1,
+                   " is not registered in the arena");
+      const GradArena::Slot& s = arena.slots()[i];
+      // Slots start on 256-byte boundaries, so each chunk belongs to one parameter.
+      for (int64_t c = s.offset / kernels::kChunk;
+           c < (s.offset + s.numel + kernels::kChunk - 1) / kernels::kChunk; ++c)
+        table[c] = static_cast<int32_t>(g + 1);
+    }
+  }
+  chunk_groups_ = from_vector(table, {chunks}, DType::i32, arena.options().device);
+  bound_ = &arena;
+}
+
+void Optimizer::step(const GradArena& arena, const Tensor& window_state, int64_t step) const {
+  ACCRUE_CHECK(bound_ == &arena, "Optimizer::step: bind(arena) first");
+  kernels::OptimizerBuffers b;
+  b.params = arena.master();
+  b.grads = arena.grads();
+  const int m = moments_needed();
+  if (m >= 1) b.exp_avg = arena.moment(0);
+  if (m >= 2) b.exp_avg_sq = arena.moment(1);
+  if (m >= 3) b.max_exp_avg_sq = arena.moment(2);
+  b.compute = arena.compute();
+  b.chunk_groups = chunk_groups_;
+  kernels::fused_optimizer_step(config_at(step), b, window_state);
+}
+
+}  // namespace accrue::optim

@@ -1,0 +1,177 @@
+// Optimizers as configurations of the one fused window-close pass, with
+// libtorch-like options, parameter groups and learning-rate schedules.
+//
+//   optim::Optimizer opt(optim::AdamWOptions(3e-4).betas(0.9, 0.95).weight_decay(0.1));
+//   opt.add_param_group(no_decay_params, optim::GroupOptions().weight_decay(0.0));
+//   opt.set_schedule(std::make_shared<optim::WarmupCosine>(100, 5000, 0.1));
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "autograd/grad_arena.h"
+#include "kernels/window_close.h"
+
+namespace accrue::optim {
+
+class SGDOptions {
+ public:
+  explicit SGDOptions(double lr) : lr_(lr) {}
+  SGDOptions& momentum(double v) {
+    momentum_ = v;
+    return *this;
+  }
+  SGDOptions& dampening(double v) {
+    dampening_ = v;
+    return *this;
+  }
+  SGDOptions& nesterov(bool v) {
+    nesterov_ = v;
+    return *this;
+  }
+  SGDOptions& weight_decay(double v) {
+    weight_decay_ = v;
+    return *this;
+  }
+  double lr() const { return lr_; }
+  double momentum() const { return momentum_; }
+  double dampening() const { return dampening_; }
+  bool nesterov() const { return nesterov_; }
+  double weight_decay() const { return weight_decay_; }
+
+ private:
+  double lr_, momentum_ = 0.0, dampening_ = 0.0, weight_decay_ = 0.0;
+  bool nesterov_ = false;
+};
+
+// Adam's and AdamW's options (AdamW's default weight decay is 0.01, Adam's 0).
+template <class Derived>
+class AdamOptionsBase {
+ public:
+  explicit AdamOptionsBase(double lr, double weight_decay) : lr_(lr), weight_decay_(weight_decay) {}
+  Derived& betas(double b1, double b2) {
+    beta1_ = b1;
+    beta2_ = b2;
+    return self();
+  }
+  Derived& eps(double v) {
+    eps_ = v;
+    return self();
+  }
+  Derived& weight_decay(double v) {
+    weight_decay_ = v;
+    return self();
+  }
+  Derived& amsgrad(bool v) {
+    amsgrad_ = v;
+    return self();
+  }
+  double lr() const { return lr_; }
+  double beta1() const { return beta1_; }
+  double beta2() const { return beta2_; }
+  double eps() const { return eps_; }
+  double weight_decay() const { return weight_decay_; }
+  bool amsgrad() const { return amsgrad_; }
+
+ private:
+  Derived& self() { return static_cast<Derived&>(*this); }
+  double lr_, beta1_ = 0.9, beta2_ = 0.999, eps_ = 1e-8, weight_decay_;
+  bool amsgrad_ = false;
+};
+
+class AdamOptions : public AdamOptionsBase<AdamOptions> {
+ public:
+  explicit AdamOptions(double lr) : AdamOptionsBase(lr, 0.0) {}
+};
+class AdamWOptions : public AdamOptionsBase<AdamWOptions> {
+ public:
+  explicit AdamWOptions(double lr) : AdamOptionsBase(lr, 0.01) {}
+};
+
+// Per-group overrides of the optimizer's lr and weight decay.
+class GroupOptions {
+ public:
+  GroupOptions& lr(double v) {
+    lr_ = v;
+    return *this;
+  }
+  GroupOptions& weight_decay(double v) {
+    weight_decay_ = v;
+    return *this;
+  }
+  std::optional<double> lr() const { return lr_; }
+  std::optional<double> weight_decay() const { return weight_decay_; }
+
+ private:
+  std::optional<double> lr_, weight_decay_;
+};
+
+// The learning-rate factor for the optimizer step about to be taken (0-based).
+class LRSchedule {
+ public:
+  virtual ~LRSchedule() = default;
+  virtual double factor(int64_t step) const = 0;
+};
+class ConstantLR : public LRSchedule {
+ public:
+  double factor(int64_t) const override { return 1.0; }
+};
+// Linear from 1/warmup up to 1 over `warmup` steps, then 1.
+class LinearWarmup : public LRSchedule {
+ public:
+  explicit LinearWarmup(int64_t warmup);
+  double factor(int64_t step) const override;
+
+ private:
+  int64_t warmup_;
+};
+// Linear warmup, then cosine decay to min_factor at `total` steps (and min_factor after).
+class WarmupCosine : public LRSchedule {
+ public:
+  WarmupCosine(int64_t warmup, int64_t total, double min_factor = 0.0);
+  double factor(int64_t step) const override;
+
+ private:
+  int64_t warmup_, total_;
+  double min_factor_;
+};
+
+// The linear-scaling rule (Goyal et al.): lr grows with the global batch.
+double linear_scaling_rule(double base_lr, int64_t base_batch, int64_t batch);
+
+class Optimizer {
+ public:
+  explicit Optimizer(const SGDOptions& o);
+  explicit Optimizer(const AdamOptions& o);
+  explicit Optimizer(const AdamWOptions& o);
+
+  // Parameters of a group take its overrides; every other parameter is in the
+  // default group. At most kernels::kMaxGroups groups in all.
+  Optimizer& add_param_group(const std::vector<Tensor>& params, const GroupOptions& options);
+  Optimizer& set_schedule(std::shared_ptr<const LRSchedule> schedule);
+
+  kernels::OptimizerKind kind() const { return config_.kind; }
+  // Moment arenas this optimizer needs (for ArenaOptions::moments).
+  int moments_needed() const;
+  // The config of one step: group lrs scaled by the schedule at `step`.
+  kernels::OptimizerConfig config_at(int64_t step) const;
+
+  // Builds the chunk-to-group table of `arena` (once, before the first step).
+  void bind(const GradArena& arena);
+  // The fused pass of Note [Window close] (c) for optimizer step `step`.
+  void step(const GradArena& arena, const Tensor& window_state, int64_t step) const;
+
+ private:
+  struct Group {
+    std::vector<Tensor> params;
+    GroupOptions options;
+  };
+  kernels::OptimizerConfig config_;
+  std::vector<Group> groups_;
+  std::shared_ptr<const LRSchedule> schedule_ = std::make_shared<ConstantLR>();
+  Tensor chunk_groups_;
+  const GradArena* bound_ = nullptr;
+};
+
+}  // namespace accrue::optim

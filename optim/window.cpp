@@ -1,0 +1,130 @@
+#include "optim/window.h"
+
+#include <cmath>
+
+#include "autograd/engine.h"
+#include "core/grad_mode.h"
+#include "kernels/ops.h"
+
+namespace accrue::optim {
+
+namespace {
+constexpr int kLastLoss = kernels::kWindowStateSize, kLastItems = kernels::kWindowStateSize + 1;
+}
+
+Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& options,
+               GradientSync* sync)
+    : arena_(arena), optimizer_(optimizer), options_(options), sync_(sync) {
+  ACCRUE_CHECK(options.micro_steps() >= 1, "Window: micro_steps must be >= 1, got ",
+               options.micro_steps());
+  ACCRUE_CHECK(std::isfinite(options.max_grad_norm()), "Window: invalid max_grad_norm ",
+               options.max_grad_norm());
+  options.scaler().validate();
+  close_config_.scaler = options.scaler().config();
+  close_config_.normalization = options.normalization();
+  close_config_.micro_steps = options.micro_steps();
+  close_config_.max_norm = options.max_grad_norm();
+  const Device device = arena.options().device;
+  const double initial =
+      options.scaler().mode() == kernels::ScalerMode::None ? 1.0 : options.scaler().init_scale();
+  state_ = kernels::make_window_state(initial, device);
+  partials_ = empty({kernels::norm_partials_rows(arena.grads()), 2}, DType::f64, device);
+  loss_sum_ = zeros({}, DType::f64, device);
+  last_ = zeros({kernels::kWindowStateSize + 2}, DType::f64, device);
+  optimizer_.bind(arena);
+}
+
+Tensor Window::field(int f) const {
+  return state_.narrow(0, f, 1).reshape({});
+}
+
+void Window::backward(const Loss& loss) {
+  ACCRUE_CHECK(micro_step_ < options_.micro_steps(),
+               "Window::backward: the window already has its ", options_.micro_steps(),
+               " micro-steps; call close() first");
+  ACCRUE_CHECK(loss.sum.defined() && loss.count.defined() && loss.sum.numel() == 1,
+               "Window::backward: expects a (sum, count) loss with a single-element sum");
+  ACCRUE_CHECK(loss.sum.device() == state_.device(), "Window::backward: loss on ",
+               loss.sum.device().str(), ", arena on ", state_.device().str());
+  if (micro_step_ == 0) arena_.begin_window();
+  if (sync_) sync_->before_backward(micro_step_, options_.micro_steps());
+  Tensor seed;
+  {
+    NoGradGuard no_grad;
+    const Tensor count = loss.count.to(DType::f64).reshape({});
+    // Note [Normalization]: N counts items over the whole window; 1/N comes at close.
+    kernels::axpy_(field(kernels::kItems), 1.0, count);
+    kernels::axpy_(loss_sum_, 1.0, detach(loss.sum).to(DType::f64).reshape({}));
+    Tensor s = field(kernels::kScale);
+    if (options_.normalization() == kernels::Normalization::MeanOfMicroBatchMeans)
+      s = kernels::binary(kernels::BinaryOp::Div, s, count);
+    seed = s.to(loss.sum.dtype()).reshape(loss.sum.shape());
+  }
+  accrue::backward(loss.sum, seed);
+  ++micro_step_;
+}
+
+void Window::close() {
+  ACCRUE_CHECK(ready(), "Window::close: ", micro_step_, " of ", options_.micro_steps(),
+               " micro-steps done");
+  NoGradGuard no_grad;
+  if (sync_) sync_->finish(field(kernels::kItems));
+  arena_.zero_unwritten();  // Note [Overwrite first]: unused parameters read 0
+  kernels::grad_norm_partials(arena_.grads(), partials_);
+  kernels::window_scalar_step(partials_, state_, close_config_);
+  optimizer_.step(arena_, state_, windows_);
+  // Keep what report() shows, then start the next window's counters.
+  last_.narrow(0, 0, kernels::kWindowStateSize).copy_(state_);
+  last_.narrow(0, kLastLoss, 1).copy_(loss_sum_.reshape({1}));
+  last_.narrow(0, kLastItems, 1).copy_(field(kernels::kItems).reshape({1}));
+  field(kernels::kItems).fill_(0.0);
+  loss_sum_.fill_(0.0);
+  ++windows_;
+  micro_step_ = 0;
+}
+
+WindowReport Window::report() const {
+  const std::vector<double> v = last_.to_vector<double>();
+  WindowReport r;
+  r.window = windows_;
+  r.items = v[kLastItems];
+  r.loss = r.items > 0 ? v[kLastLoss] / r.items : 0.0;
+  r.grad_norm = v[kernels::kGradNorm];
+  r.clip_coef = v[kernels::kClipCoef];
+  r.loss_scale = v[kernels::kScale];
+  r.skipped = v[kernels::kFoundInf] != 0.0;
+  r.skipped_windows = static_cast<int64_t>(v[kernels::kSkippedWindows]);
+  r.optimizer_steps = static_cast<int64_t>(v[kernels::kStep]);
+  return r;
+}
+
+std::map<std::string, Tensor> Window::state_dict() const {
+  std::map<std::string, Tensor> d;
+  d["master"] = arena_.master();
+  for (int i = 0; i < arena_.options().moments; ++i)
+    d["moment" + std::to_string(i)] = arena_.moment(i);
+  d["window_state"] = state_;
+  d["windows_closed"] = full({}, static_cast<double>(windows_), DType::i64);
+  return d;
+}
+
+void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
+  ACCRUE_CHECK(micro_step_ == 0, "Window::load_state_dict: in the middle of a window");
+  auto get = [&](const std::string& key, const Tensor& like) -> const Tensor& {
+    auto it = state.find(key);
+    ACCRUE_CHECK(it != state.end(), "Window::load_state_dict: missing '", key, "'");
+    ACCRUE_CHECK(it->second.shape() == like.shape(), "Window::load_state_dict: '", key,
+                 "' has shape ", shape_str(it->second.shape()), ", expected ",
+                 shape_str(like.shape()));
+    return it->second;
+  };
+  NoGradGuard no_grad;
+  arena_.master().copy_(get("master", arena_.master()));
+  for (int i = 0; i < arena_.options().moments; ++i)
+    arena_.moment(i).copy_(get("moment" + std::to_string(i), arena_.moment(i)));
+  state_.copy_(get("window_state", state_));
+  if (arena_.compute().defined()) arena_.compute().copy_(arena_.master());
+  windows_ = static_cast<int64_t>(get("windows_closed", full({}, 0.0, DType::i64)).item());
+}
+
+}  // namespace accrue::optim

@@ -1,0 +1,369 @@
+// The CUDA window close against the CPU reference (kernels/window_close.h):
+// the same public calls on CPU tensors and on GPU copies of them, with fresh
+// random inputs. The norm partials must match an f64 sum to 1e-6 relative and
+// count non-finite elements exactly; the scalar step must write the same state;
+// the fused optimizer must match the reference to about an ulp per step (the
+// GPU may fuse a multiply-add) over several windows, on sizes with an odd tail
+// and several groups, aligned or not. Determinism: two runs give the same bits.
+// A skipped window leaves every buffer bitwise unchanged on the GPU too.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/window_close.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+using namespace kernels;  // NOLINT: the window-close names read better unqualified here
+
+const Device kGpu = Device::cuda(0);
+const Device kCpu = Device::cpu();
+const double kInf = std::numeric_limits<double>::infinity();
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+Tensor gpu(const Tensor& t) {
+  return t.defined() ? t.to(kGpu) : Tensor();
+}
+Tensor cpu(const Tensor& t) {
+  return t.defined() ? t.to(kCpu) : Tensor();
+}
+
+double field(const Tensor& state, WindowField f) {
+  return state.to_vector<double>()[f];
+}
+void set_field(const Tensor& state, WindowField f, double value) {
+  state.narrow(0, f, 1).fill_(value);
+}
+
+::testing::AssertionResult bitwise_equal(const Tensor& a, const Tensor& b) {
+  const Tensor x = cpu(a).contiguous(), y = cpu(b).contiguous();
+  if (x.dtype() != y.dtype() || x.shape() != y.shape())
+    return ::testing::AssertionFailure() << "dtype or shape differs";
+  if (std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) != 0)
+    return ::testing::AssertionFailure() << "bytes differ";
+  return ::testing::AssertionSuccess();
+}
+
+// Within rtol of each element or rtol of the largest element: a rounding
+// difference in a sum like b1 m + (1 - b1) g is an ulp of its largest term,
+// which can be far more than an ulp of a result that cancelled.
+::testing::AssertionResult close_at_scale(const Tensor& actual, const Tensor& expected,
+                                          double rtol) {
+  double scale = 0;
+  for (double x : expected.to_vector<double>())
+    scale = std::max(scale, std::fabs(x));
+  return test::all_close(actual, expected, rtol, rtol * scale);
+}
+
+// (sum of squares, non-finite count) folded over the rows in order.
+std::pair<double, double> fold(const Tensor& partials) {
+  const std::vector<double> p = partials.to_vector<double>();
+  double sumsq = 0, nonfinite = 0;
+  for (size_t r = 0; r < p.size() / 2; ++r) {
+    sumsq += p[2 * r];
+    nonfinite += p[2 * r + 1];
+  }
+  return {sumsq, nonfinite};
+}
+
+Tensor norm_partials(const Tensor& grads) {
+  const Tensor partials = empty({norm_partials_rows(grads), 2}, DType::f64, grads.device());
+  test::poison(partials);
+  grad_norm_partials(grads, partials);
+  return partials;
+}
+
+// ---- norm partials -------------------------------------------------------------------------
+
+const int64_t kSizes[] = {1, 3, 4, 4097, 1 << 20, 3000007};
+
+TEST(GpuWindowClose, norm_partials_match_the_f64_reference_and_are_deterministic) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (int64_t n : kSizes) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " n=" + std::to_string(n));
+      const Tensor g = test::random_normal({n}, dt, kCpu, 5.0);
+      const Tensor g_gpu = gpu(g);
+      const Tensor p1 = norm_partials(g_gpu), p2 = norm_partials(g_gpu);
+      EXPECT_TRUE(bitwise_equal(p1, p2));
+      const auto [expected, expected_bad] = fold(norm_partials(g));
+      const auto [actual, bad] = fold(p1);
+      EXPECT_NEAR(actual, expected, 1e-6 * expected);
+      EXPECT_EQ(bad, 0.0);
+      EXPECT_EQ(expected_bad, 0.0);
+    }
+  }
+}
+
+TEST(GpuWindowClose, norm_partials_count_non_finite_elements_exactly) {
+  ACCRUE_REQUIRE_CUDA();
+  const int64_t n = 3000007;
+  std::vector<double> v = test::random_normal({n}, DType::f64).to_vector<double>();
+  v[0] = kInf;
+  v[12345] = -kInf;
+  v[2000000] = kNaN;
+  v[n - 1] = kNaN;  // in the tail after the last whole pack
+  for (DType dt : {DType::f32, DType::f64}) {
+    const Tensor g = gpu(from_vector(v, {n}, dt));
+    EXPECT_EQ(fold(norm_partials(g)).second, 4.0) << dtype_name(dt);
+  }
+}
+
+TEST(GpuWindowClose, misaligned_arena_gives_the_same_partials_bitwise) {
+  ACCRUE_REQUIRE_CUDA();
+  const int64_t n = 1000003;
+  const Tensor base = gpu(test::random_normal({n + 1}));
+  const Tensor misaligned = base.narrow(0, 1, n);  // 4 bytes past a 16-byte boundary
+  const Tensor aligned = misaligned.clone();
+  EXPECT_TRUE(bitwise_equal(norm_partials(misaligned), norm_partials(aligned)));
+}
+
+// ---- the scalar step -----------------------------------------------------------------------
+
+TEST(GpuWindowClose, scalar_step_writes_the_state_the_cpu_writes) {
+  ACCRUE_REQUIRE_CUDA();
+  CloseConfig dynamic;
+  dynamic.scaler.mode = ScalerMode::Dynamic;
+  dynamic.scaler.growth_interval = 2;
+  dynamic.max_norm = 3.0;
+  CloseConfig legacy = dynamic;
+  legacy.normalization = Normalization::MeanOfMicroBatchMeans;
+  legacy.micro_steps = 3;
+  legacy.scaler.mode = ScalerMode::Static;
+  const std::vector<std::vector<double>> windows = {
+      {1e8, 0, 2e8, 0}, {4e6, 0, 1e6, 0}, {1e9, 0, 5.0, 1.0}, {kInf, 0, 1, 0}, {3e7, 0, 1e5, 0}};
+  for (const CloseConfig& config : {dynamic, legacy}) {
+    const Tensor state = make_window_state(4096, kCpu);
+    const Tensor state_gpu = make_window_state(4096, kGpu);
+    for (const std::vector<double>& rows : windows) {
+      const Tensor partials = from_vector(rows, {static_cast<int64_t>(rows.size() / 2), 2});
+      set_field(state, kItems, 123);
+      set_field(state_gpu, kItems, 123);
+      window_scalar_step(partials, state, config);
+      window_scalar_step(gpu(partials), state_gpu, config);
+      EXPECT_TRUE(test::all_close(state_gpu, state, 1e-15, 0.0));
+    }
+    EXPECT_EQ(field(state_gpu, kSkippedWindows), 2.0);
+    EXPECT_EQ(field(state_gpu, kStep), 3.0);
+  }
+}
+
+// ---- the fused optimizer step --------------------------------------------------------------
+
+struct Buffers {
+  OptimizerBuffers cpu, gpu;
+};
+
+// Every buffer random; chunk groups in an uneven pattern over `groups` groups.
+// The GPU buffers are copies of the CPU ones; `offset` > 0 makes every GPU
+// buffer a view that starts `offset` elements into its allocation (misaligned).
+Buffers make_buffers(int64_t n, DType dt, int groups, DType copy, int64_t offset = 0) {
+  Buffers b;
+  OptimizerBuffers& c = b.cpu;
+  c.params = test::random_normal({n}, dt);
+  c.grads = test::random_normal({n}, dt);
+  c.exp_avg = test::random_normal({n}, dt, kCpu, 0.1);
+  c.exp_avg_sq = test::random_uniform({n}, 0.001, 0.1, dt);
+  c.max_exp_avg_sq = test::random_uniform({n}, 0.001, 0.1, dt);
+  c.compute = empty({n}, copy);
+  test::poison(c.compute);
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<int32_t> g(chunks);
+  for (int64_t i = 0; i < chunks; ++i)
+    g[i] = static_cast<int32_t>((i * 5 / 3 + i / 7) % groups);
+  c.chunk_groups = from_vector(g, {chunks}, DType::i32);
+
+  auto to_gpu = [&](const Tensor& t) {
+    if (offset == 0) return gpu(t);
+    const Tensor room = empty({t.numel() + offset}, t.dtype(), kGpu);
+    const Tensor view = room.narrow(0, offset, t.numel());
+    view.copy_(t);
+    return view;
+  };
+  OptimizerBuffers& d = b.gpu;
+  d.params = to_gpu(c.params);
+  d.grads = to_gpu(c.grads);
+  d.exp_avg = to_gpu(c.exp_avg);
+  d.exp_avg_sq = to_gpu(c.exp_avg_sq);
+  d.max_exp_avg_sq = to_gpu(c.max_exp_avg_sq);
+  d.compute = to_gpu(c.compute);
+  d.chunk_groups = gpu(c.chunk_groups);
+  return b;
+}
+
+OptimizerConfig config_of(OptimizerKind kind, int groups) {
+  OptimizerConfig c;
+  c.kind = kind;
+  c.beta1 = 0.85;
+  c.beta2 = 0.98;
+  c.eps = 1e-7;
+  for (int k = 0; k < groups; ++k)
+    c.groups.push_back({1e-2 / (k + 1), k % 2 == 0 ? 0.05 : 0.0});
+  return c;
+}
+
+struct Variant {
+  std::string name;
+  OptimizerConfig config;
+};
+
+std::vector<Variant> variants(int groups) {
+  OptimizerConfig sgd = config_of(OptimizerKind::SGD, groups);
+  OptimizerConfig momentum = sgd, nesterov = sgd;
+  momentum.momentum = 0.9;
+  momentum.dampening = 0.2;
+  nesterov.momentum = 0.8;
+  nesterov.nesterov = true;
+  OptimizerConfig adam = config_of(OptimizerKind::Adam, groups), adam_ams = adam;
+  adam_ams.amsgrad = true;
+  OptimizerConfig adamw = config_of(OptimizerKind::AdamW, groups), adamw_ams = adamw;
+  adamw_ams.amsgrad = true;
+  return {{"sgd", sgd},
+          {"sgd_momentum", momentum},
+          {"sgd_nesterov", nesterov},
+          {"adam", adam},
+          {"adam_amsgrad", adam_ams},
+          {"adamw", adamw},
+          {"adamw_amsgrad", adamw_ams}};
+}
+
+// Closes `windows` windows on both devices with the same raw gradients (scale
+// 512, N = 64, clipping on), comparing the state and every buffer after each.
+void expect_gpu_matches_cpu(const OptimizerConfig& opt, Buffers& b, int windows, double rtol,
+                            double atol) {
+  const int64_t n = b.cpu.params.numel();
+  const DType dt = b.cpu.params.dtype();
+  CloseConfig close;
+  close.scaler.mode = ScalerMode::Dynamic;
+  close.max_norm = 0.5 * std::sqrt(static_cast<double>(n));  // clips the larger windows
+  const Tensor state = make_window_state(512, kCpu), state_gpu = make_window_state(512, kGpu);
+  for (int w = 0; w < windows; ++w) {
+    SCOPED_TRACE("window " + std::to_string(w));
+    const Tensor raw = test::random_normal({n}, dt, kCpu, 512.0 * 64 * (w % 2 ? 0.3 : 1.0));
+    b.cpu.grads.copy_(raw);
+    b.gpu.grads.copy_(raw);
+    for (const Tensor& s : {state, state_gpu})
+      set_field(s, kItems, 64);
+    window_scalar_step(norm_partials(b.cpu.grads), state, close);
+    window_scalar_step(norm_partials(b.gpu.grads), state_gpu, close);
+    ASSERT_TRUE(test::all_close(state_gpu, state, 1e-12, 0.0));
+    fused_optimizer_step(opt, b.cpu, state);
+    fused_optimizer_step(opt, b.gpu, state_gpu);
+    EXPECT_TRUE(test::all_close(b.gpu.params, b.cpu.params, rtol, atol)) << "params";
+    if (opt.kind != OptimizerKind::SGD || opt.momentum != 0) {
+      EXPECT_TRUE(close_at_scale(b.gpu.exp_avg, b.cpu.exp_avg, rtol)) << "exp_avg";
+    }
+    if (opt.kind != OptimizerKind::SGD) {
+      EXPECT_TRUE(test::all_close(b.gpu.exp_avg_sq, b.cpu.exp_avg_sq, rtol, atol * atol))
+          << "exp_avg_sq";
+      EXPECT_TRUE(test::all_close(b.gpu.max_exp_avg_sq, b.cpu.max_exp_avg_sq, rtol, atol * atol))
+          << "max_exp_avg_sq";
+    }
+    EXPECT_TRUE(test::all_equal(b.gpu.compute, b.gpu.params.to(b.gpu.compute.dtype())))
+        << "compute copy";
+  }
+}
+
+TEST(GpuWindowClose, fused_step_matches_the_cpu_over_windows_large_f32_bf16_copy) {
+  ACCRUE_REQUIRE_CUDA();
+  for (const Variant& v : variants(3)) {
+    SCOPED_TRACE(v.name);
+    Buffers b = make_buffers(3000007, DType::f32, 3, DType::bf16);
+    expect_gpu_matches_cpu(v.config, b, 4, 1e-6, 1e-7);
+  }
+}
+
+TEST(GpuWindowClose, fused_step_matches_the_cpu_f64_and_f16_copy) {
+  ACCRUE_REQUIRE_CUDA();
+  for (const Variant& v : variants(8)) {
+    SCOPED_TRACE(v.name);
+    Buffers b = make_buffers(100003, DType::f64, 8, DType::f16);
+    expect_gpu_matches_cpu(v.config, b, 3, 1e-13, 1e-15);
+  }
+}
+
+TEST(GpuWindowClose, fused_step_on_misaligned_buffers_matches_the_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  for (const Variant& v : variants(2)) {
+    SCOPED_TRACE(v.name);
+    Buffers b = make_buffers(70001, DType::f32, 2, DType::bf16, /*offset=*/1);
+    expect_gpu_matches_cpu(v.config, b, 3, 1e-6, 1e-7);
+  }
+}
+
+TEST(GpuWindowClose, fused_step_is_deterministic) {
+  ACCRUE_REQUIRE_CUDA();
+  const OptimizerConfig opt = variants(3)[6].config;  // AdamW with amsgrad
+  Buffers b = make_buffers(1 << 20, DType::f32, 3, DType::bf16);
+  const OptimizerBuffers& d = b.gpu;
+  OptimizerBuffers twin = d;
+  twin.params = d.params.clone();
+  twin.exp_avg = d.exp_avg.clone();
+  twin.exp_avg_sq = d.exp_avg_sq.clone();
+  twin.max_exp_avg_sq = d.max_exp_avg_sq.clone();
+  twin.compute = d.compute.clone();
+  const Tensor state = make_window_state(1, kGpu);
+  set_field(state, kItems, 10);
+  window_scalar_step(norm_partials(d.grads), state, CloseConfig{});
+  fused_optimizer_step(opt, d, state);
+  fused_optimizer_step(opt, twin, state);
+  EXPECT_TRUE(bitwise_equal(d.params, twin.params));
+  EXPECT_TRUE(bitwise_equal(d.exp_avg, twin.exp_avg));
+  EXPECT_TRUE(bitwise_equal(d.exp_avg_sq, twin.exp_avg_sq));
+  EXPECT_TRUE(bitwise_equal(d.max_exp_avg_sq, twin.max_exp_avg_sq));
+  EXPECT_TRUE(bitwise_equal(d.compute, twin.compute));
+}
+
+TEST(GpuWindowClose, skipped_window_leaves_every_buffer_bitwise_unchanged) {
+  ACCRUE_REQUIRE_CUDA();
+  for (const Variant& v : variants(2)) {
+    SCOPED_TRACE(v.name);
+    const int64_t n = 300001;
+    Buffers b = make_buffers(n, DType::f32, 2, DType::bf16);
+    const OptimizerBuffers& d = b.gpu;
+    const Tensor state = make_window_state(2048, kGpu);
+    set_field(state, kItems, 7);
+    set_field(state, kStep, 3);
+    std::vector<double> raw = test::random_normal({n}).to_vector<double>();
+    raw[n / 3] = kNaN;
+    d.grads.copy_(from_vector(raw, {n}, DType::f32));
+    const Tensor p = d.params.clone(), m = d.exp_avg.clone(), s = d.exp_avg_sq.clone(),
+                 vmax = d.max_exp_avg_sq.clone(), copy = d.compute.clone();
+    CloseConfig close;
+    close.scaler.mode = ScalerMode::Dynamic;
+    window_scalar_step(norm_partials(d.grads), state, close);
+    fused_optimizer_step(v.config, d, state);
+    EXPECT_EQ(field(state, kFoundInf), 1.0);
+    EXPECT_EQ(field(state, kStep), 3.0);
+    EXPECT_EQ(field(state, kScale), 1024.0);
+    EXPECT_TRUE(bitwise_equal(d.params, p));
+    EXPECT_TRUE(bitwise_equal(d.exp_avg, m));
+    EXPECT_TRUE(bitwise_equal(d.exp_avg_sq, s));
+    EXPECT_TRUE(bitwise_equal(d.max_exp_avg_sq, vmax));
+    EXPECT_TRUE(bitwise_equal(d.compute, copy)) << "the compute copy is not written either";
+  }
+}
+
+TEST(GpuWindowClose, buffers_on_different_devices_are_rejected) {
+  ACCRUE_REQUIRE_CUDA();
+  Buffers b = make_buffers(100, DType::f32, 1, DType::bf16);
+  OptimizerBuffers mixed = b.gpu;
+  mixed.exp_avg = b.cpu.exp_avg;
+  EXPECT_THROW(
+      fused_optimizer_step(config_of(OptimizerKind::Adam, 1), mixed, make_window_state(1, kGpu)),
+      Error);
+  EXPECT_THROW(
+      fused_optimizer_step(config_of(OptimizerKind::Adam, 1), b.gpu, make_window_state(1, kCpu)),
+      Error);
+  EXPECT_THROW(grad_norm_partials(b.gpu.grads, empty({1, 2}, DType::f64)), Error);
+}
+
+}  // namespace
+}  // namespace accrue
