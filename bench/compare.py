@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
-"""Side-by-side table of accrue_bench and torch_bench.py results.
+"""Side-by-side table of accrue_bench and torch_bench.py / torch_accumulation.py results.
 
-    python3 bench/compare.py --accrue bench.json --torch torch_bench.json \
+    python3 bench/compare.py --accrue bench.json \
+        --torch torch_bench.json torch_accumulation.json \
         --markdown comparison.md [--results-rows rows.md --command "tools/gpu_check.sh"]
 
 --accrue takes Google Benchmark JSON (--benchmark_out=FILE
 --benchmark_out_format=json, or --benchmark_format=json on stdout); with
 --benchmark_repetitions the median aggregate is used, else the mean of the
-runs. --torch takes the JSON that torch_bench.py writes. Rows are matched by
-benchmark name. ratio = accrue ms / PyTorch ms (below 1: accrue is faster).
-copy frac = accrue's bytes/s over accrue's measured device-to-device copy
-bandwidth; floor = the op's bytes at that bandwidth.
+runs. --torch takes the JSON files that the PyTorch scripts write. Rows are
+matched by benchmark name. ratio = accrue ms / PyTorch ms (below 1: accrue
+is faster). copy frac = accrue's bytes/s over accrue's measured
+device-to-device copy bandwidth. floor = the op's bytes (accrue's) at that
+bandwidth, except for wgrad/ rows, whose floor is accrue's beta-0 GEMM of the
+same shape (the `write` row): accumulating into the slot should cost nothing
+more. x floor = accrue ms / floor ms.
+
+After the table: the accumulation targets (window close, its norm pass, the
+fused weight-gradient GEMM) with met/MISSED, and the wgrad variants side by side.
 """
 import argparse
 import json
@@ -73,10 +80,21 @@ def load_accrue(paths):
     return context, rows
 
 
-def load_torch(path):
-    with open(path) as f:
-        data = json.load(f)
-    return data.get("context", {}), {b["name"]: b for b in data.get("benchmarks", [])}
+def load_torch(paths):
+    """Returns (context, {name: row}) from the PyTorch scripts' JSON files."""
+    context, rows = {}, {}
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        ctx = data.get("context", {})
+        if context.get("gpu") and ctx.get("gpu") and ctx["gpu"] != context["gpu"]:
+            print(f"compare: warning: PyTorch files from {context['gpu']} and {ctx['gpu']}",
+                  file=sys.stderr)
+        for key, value in ctx.items():
+            context.setdefault(key, value)  # the first file's copy bandwidth, say
+        for b in data.get("benchmarks", []):
+            rows[b["name"]] = b
+    return context, rows
 
 
 def fmt(value, spec, missing="—"):
@@ -93,45 +111,132 @@ def rate(row):
     return None
 
 
-def build_table(accrue, torch, copy_bytes_per_s):
-    """Returns the rows as lists of strings, in accrue_bench's order, then torch-only rows."""
+# wgrad/<dtype>/<layer>_<out>x<in>/T=<tokens>/<variant>: group and variant.
+WGRAD_NAME = re.compile(r"^(wgrad/.+/T=[0-9]+)/([a-z0-9_]+)$")
+
+
+def floor_ms(name, a, t, accrue, copy_bytes_per_s):
+    """The op's floor in ms, or None (see the module docstring)."""
+    m = WGRAD_NAME.match(name)
+    if m:
+        write = accrue.get(m.group(1) + "/write")
+        return write.get("ms") if write else None
+    # accrue's bytes; a PyTorch-only row gives accrue's bytes as floor_bytes.
+    nbytes = (a or {}).get("bytes") or (t or {}).get("floor_bytes") or (t or {}).get("bytes")
+    return nbytes / copy_bytes_per_s * 1e3 if nbytes and copy_bytes_per_s else None
+
+
+def build_rows(accrue, torch, copy_bytes_per_s):
+    """One dict of numbers per name, in accrue_bench's order, then the PyTorch-only names."""
     names = list(accrue) + [n for n in torch if n not in accrue]
-    table = []
+    rows = []
     for name in names:
         a, t = accrue.get(name), torch.get(name)
         a_ms = a.get("ms") if a else None
         t_ms = t.get("ms") if t else None
-        ratio = a_ms / t_ms if a_ms and t_ms else None
-        nbytes = (a or {}).get("bytes") or (t or {}).get("bytes")
-        floor_ms = nbytes / copy_bytes_per_s * 1e3 if nbytes and copy_bytes_per_s else None
-        table.append([
-            name,
-            a["error"][:40] if a and "error" in a else fmt(a_ms, ".3f"),
-            fmt(t_ms, ".3f"),
-            fmt(ratio, ".2f"),
-            rate(a) or "—",
-            rate(t) or "—",
-            fmt(a.get("copy_frac") if a else None, ".2f"),
-            fmt(floor_ms, ".3f"),
-        ])
-    return table
+        floor = floor_ms(name, a, t, accrue, copy_bytes_per_s)
+        rows.append({"name": name, "a": a, "t": t, "a_ms": a_ms, "t_ms": t_ms,
+                     "ratio": a_ms / t_ms if a_ms and t_ms else None,
+                     "floor_ms": floor,
+                     "x_floor": a_ms / floor if a_ms and floor else None,
+                     "copy_frac": a.get("copy_frac") if a else None})
+    return rows
+
+
+def error_or_ms(row, ms):
+    return row["error"][:40] if row and "error" in row else fmt(ms, ".3f")
+
+
+def build_table(rows):
+    """The side-by-side table as lists of strings."""
+    return [[r["name"], error_or_ms(r["a"], r["a_ms"]), error_or_ms(r["t"], r["t_ms"]),
+             fmt(r["ratio"], ".2f"), rate(r["a"]) or "—", rate(r["t"]) or "—",
+             fmt(r["copy_frac"], ".2f"), fmt(r["floor_ms"], ".3f"), fmt(r["x_floor"], ".2f")]
+            for r in rows]
 
 
 HEADER = ["op", "accrue ms", "PyTorch ms", "ratio", "accrue rate", "PyTorch rate",
-          "copy frac", "floor ms"]
+          "copy frac", "floor ms", "x floor"]
 
 
-def render_text(table):
-    widths = [max(len(r[i]) for r in [HEADER] + table) for i in range(len(HEADER))]
+def divide(a, b):
+    return a / b if a and b else None
+
+
+def target_rows(rows):
+    """[check, target, measured, verdict] for each accumulation target among the rows."""
+    out = []
+
+    def check(what, target, value, ok):
+        verdict = "—" if value is None else ("met" if ok(value) else "MISSED")
+        out.append([what, target, fmt(value, ".2f"), verdict])
+
+    for r in rows:
+        name = r["name"]
+        if r["a"] is None:  # a PyTorch-only row: no accrue figure to check
+            continue
+        if re.match(r"^window_close/.+/close(_bf16copy)?$", name):
+            check(f"{name}: accrue / floor", "<= 1.15", r["x_floor"], lambda v: v <= 1.15)
+            check(f"{name}: PyTorch / accrue", ">= 2", divide(r["t_ms"], r["a_ms"]),
+                  lambda v: v >= 2)
+        elif name == "window_close/gpt2_124M/norm":
+            check(f"{name}: copy frac", ">= 0.85", r["copy_frac"], lambda v: v >= 0.85)
+        elif name.startswith("wgrad/") and name.endswith("/accumulate"):
+            check(f"{name}: beta 1 / beta 0", "<= 1.05", r["x_floor"], lambda v: v <= 1.05)
+    return out
+
+
+TARGET_HEADER = ["check", "target", "measured", "verdict"]
+
+# (header, side, variant) of the wgrad table's time columns; side a = accrue, t = PyTorch.
+WGRAD_COLUMNS = [
+    ("write", "a", "write"),
+    ("accumulate", "a", "accumulate"),
+    ("f32 tmp+axpy", "a", "unfused_f32_tmp"),
+    ("bf16 tmp+cast+axpy", "a", "unfused_bf16_tmp"),
+    ("PT acc+=g.t()@x", "t", "accumulate"),
+    ("PT acc+=(g.t()@x).float()", "t", "unfused_bf16_tmp"),
+    ("PT acc+=mm(out_dtype)", "t", "unfused_f32_tmp"),
+    ("PT addmm(out_dtype)", "t", "accumulate_addmm"),
+]
+WGRAD_HEADER = (["wgrad (ms)"] + [c[0] for c in WGRAD_COLUMNS] +
+                ["accumulate/write", "PT acc+=g.t()@x / accumulate", "best PT / accumulate"])
+
+
+def wgrad_rows(rows):
+    """One row per shape and token count: every variant's ms, then the ratios."""
+    groups = {}
+    for r in rows:
+        m = WGRAD_NAME.match(r["name"])
+        if m:
+            groups.setdefault(m.group(1), {})[m.group(2)] = r
+    table = []
+    for group, variants in groups.items():
+        def ms(side, variant):
+            r = variants.get(variant)
+            return r[side + "_ms"] if r else None
+
+        times = [ms(side, variant) for _, side, variant in WGRAD_COLUMNS]
+        torch_times = [x for (_, side, _), x in zip(WGRAD_COLUMNS, times) if side == "t" and x]
+        accumulate = ms("a", "accumulate")
+        table.append([group[len("wgrad/"):]] + [fmt(x, ".3f") for x in times] + [
+            fmt(divide(accumulate, ms("a", "write")), ".3f"),
+            fmt(divide(ms("t", "accumulate"), accumulate), ".2f"),
+            fmt(divide(min(torch_times) if torch_times else None, accumulate), ".2f")])
+    return table
+
+
+def render_text(table, header=HEADER):
+    widths = [max(len(r[i]) for r in [header] + table) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(r, widths))) for r in [HEADER] + table]
+                       for i, (c, w) in enumerate(zip(r, widths))) for r in [header] + table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def render_markdown(table):
-    lines = ["| " + " | ".join(HEADER) + " |",
-             "|" + "|".join(["---"] + ["---:"] * (len(HEADER) - 1)) + "|"]
+def render_markdown(table, header=HEADER):
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in table]
     return "\n".join(lines)
 
@@ -139,7 +244,7 @@ def render_markdown(table):
 def results_rows(table, gpu, command):
     """Rows in bench/RESULTS.md's format: GPU model | op | accrue | PyTorch | floor | ratio | command."""
     lines = []
-    for name, a_ms, t_ms, ratio, a_rate, t_rate, _, floor_ms in table:
+    for name, a_ms, t_ms, ratio, a_rate, t_rate, _, floor_ms, _ in table:
         accrue = f"{a_ms} ms ({a_rate})" if a_rate != "—" else a_ms
         torch = f"{t_ms} ms ({t_rate})" if t_rate != "—" else t_ms
         floor = f"{floor_ms} ms" if floor_ms != "—" else "—"
@@ -150,7 +255,8 @@ def results_rows(table, gpu, command):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--accrue", nargs="+", required=True, help="Google Benchmark JSON file(s)")
-    parser.add_argument("--torch", help="torch_bench.py JSON file")
+    parser.add_argument("--torch", nargs="+",
+                        help="JSON file(s) of torch_bench.py and torch_accumulation.py")
     parser.add_argument("--markdown", help="write the table here as a markdown fragment")
     parser.add_argument("--results-rows", help="write rows in bench/RESULTS.md's format here")
     parser.add_argument("--command", default="tools/gpu_check.sh",
@@ -166,15 +272,26 @@ def main():
         print(f"compare: warning: accrue ran on {a_context['gpu']}, PyTorch on {t_context['gpu']}",
               file=sys.stderr)
 
-    table = build_table(accrue, torch, copy_bytes_per_s)
+    rows = build_rows(accrue, torch, copy_bytes_per_s)
+    table = build_table(rows)
     caption = (f"{gpu}; device-to-device copy {fmt(copy_bytes_per_s and copy_bytes_per_s * 1e-9, '.0f')}"
                f" GB/s (read + write); PyTorch {t_context.get('torch', '—')}; "
                f"ratio = accrue ms / PyTorch ms")
+    # (title, header, rows) of the sections after the main table, when they have rows.
+    sections = [(title, header, body) for title, header, body in [
+        ("Accumulation targets", TARGET_HEADER, target_rows(rows)),
+        ("Weight-gradient accumulation (PT = PyTorch; floor of accumulate = write)",
+         WGRAD_HEADER, wgrad_rows(rows)),
+    ] if body]
     print(caption)
     print(render_text(table))
+    for title, header, body in sections:
+        print(f"\n{title}\n{render_text(body, header)}")
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(f"{caption}\n\n{render_markdown(table)}\n")
+            for title, header, body in sections:
+                f.write(f"\n**{title}**\n\n{render_markdown(body, header)}\n")
     if args.results_rows:
         with open(args.results_rows, "w") as f:
             f.write(results_rows(table, gpu, args.command) + "\n")
