@@ -153,8 +153,11 @@ Tensor dense_view(const Tensor& t, const Shape& shape) {
 // The reduced dims of `a` permuted to the end and viewed as [rows, cols] (see
 // Note [Dispatch shapes]). dims empty means all dims.
 struct RowPlan {
-  Tensor rows_view;  // [rows, cols], contiguous
-  Shape out_shape;   // the result's shape (keepdim applied)
+  Tensor permuted;  // the input with the reduced dims moved last
+  // [rows, cols], contiguous: a copy unless the reduced dims were already last.
+  // Made on demand, so that paths that read the input in place never pay for it.
+  Tensor rows_view() const { return dense_view(permuted, {rows, cols}); }
+  Shape out_shape;  // the result's shape (keepdim applied)
   Shape permuted_shape;
   std::vector<int64_t> perm;
   int64_t rows = 1, cols = 1;
@@ -187,9 +190,8 @@ RowPlan plan_rows(const Tensor& a, const std::vector<int64_t>& dims, bool keepdi
       p.out_shape.push_back(a.shape()[d]);
     }
   }
-  const Tensor permuted = a.permute(p.perm);
-  p.permuted_shape = permuted.shape();
-  p.rows_view = dense_view(permuted, {p.rows, p.cols});
+  p.permuted = a.permute(p.perm);
+  p.permuted_shape = p.permuted.shape();
   return p;
 }
 
@@ -411,9 +413,11 @@ namespace {
 
 // True when `dims` are exactly the first k < rank dims of a contiguous tensor.
 bool reduces_leading_dims(const Tensor& a, const std::vector<int64_t>& dims) {
-  if (!a.is_contiguous() || dims.empty() || static_cast<int64_t>(dims.size()) >= a.dim()) return false;
+  if (!a.is_contiguous() || dims.empty() || static_cast<int64_t>(dims.size()) >= a.dim())
+    return false;
   std::vector<bool> reduced(a.dim(), false);
-  for (int64_t d : dims) reduced[wrap_dim(d, a.dim(), "sum")] = true;
+  for (int64_t d : dims)
+    reduced[wrap_dim(d, a.dim(), "sum")] = true;
   for (size_t i = 0; i < dims.size(); ++i)
     if (!reduced[i]) return false;
   return true;
@@ -443,12 +447,12 @@ Tensor reduce(ReduceOp op, const Tensor& a, const std::vector<int64_t>& dims, bo
     ACCRUE_BACKEND_CALL(a.device(), sum_rows, dense_view(a, {outer, inner}),
                         dense_view(out, {inner}), /*accumulate=*/false);
     if (op == ReduceOp::Mean) {
-      ACCRUE_BACKEND_CALL(a.device(), binary_scalar, BinaryOp::Div, out,
-                          static_cast<double>(outer), false, out);
+      ACCRUE_BACKEND_CALL(a.device(), binary_scalar, BinaryOp::Div, out, static_cast<double>(outer),
+                          false, out);
     }
     return out;
   }
-  ACCRUE_BACKEND_CALL(a.device(), reduce_last, op, p.rows_view, dense_view(out, {p.rows}));
+  ACCRUE_BACKEND_CALL(a.device(), reduce_last, op, p.rows_view(), dense_view(out, {p.rows}));
   return out;
 }
 
@@ -519,7 +523,7 @@ Tensor softmax_impl(const Tensor& a, int64_t dim, bool log) {
   const RowPlan p = plan_rows(a, {dim}, true, name);
   if (a.numel() == 0) return empty(a.shape(), a.dtype(), a.device());
   Tensor out = empty({p.rows, p.cols}, a.dtype(), a.device());
-  ACCRUE_BACKEND_CALL(a.device(), softmax, p.rows_view, out, log);
+  ACCRUE_BACKEND_CALL(a.device(), softmax, p.rows_view(), out, log);
   return unplan_rows(out, p);
 }
 
@@ -532,7 +536,7 @@ Tensor softmax_backward_impl(const Tensor& grad, const Tensor& output, int64_t d
   if (grad.numel() == 0) return empty(grad.shape(), grad.dtype(), grad.device());
   const RowPlan py = plan_rows(output, {dim}, true, name);
   Tensor dx = empty({pg.rows, pg.cols}, grad.dtype(), grad.device());
-  ACCRUE_BACKEND_CALL(grad.device(), softmax_backward, pg.rows_view, py.rows_view, dx, log);
+  ACCRUE_BACKEND_CALL(grad.device(), softmax_backward, pg.rows_view(), py.rows_view(), dx, log);
   return unplan_rows(dx, pg);
 }
 
