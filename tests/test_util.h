@@ -2,6 +2,7 @@
 // tolerances set by dtype.
 #pragma once
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -17,6 +18,19 @@ namespace accrue::test {
   do {                                                                             \
     if (!::accrue::cuda_available())                                               \
       GTEST_SKIP() << "needs a CUDA GPU: " << ::accrue::cuda_unavailable_reason(); \
+  } while (0)
+
+// Expects `statement` to throw accrue::Error whose message contains every fragment
+// (the op's name and the offending values, as every error must).
+#define EXPECT_ERROR(statement, ...)                              \
+  do {                                                            \
+    try {                                                         \
+      statement;                                                  \
+      ADD_FAILURE() << "expected accrue::Error from " #statement; \
+    } catch (const ::accrue::Error& e) {                          \
+      for (const char* part : {__VA_ARGS__})                      \
+        EXPECT_THAT(e.what(), ::testing::HasSubstr(part));        \
+    }                                                             \
   } while (0)
 
 // Fresh random inputs: normal(0, 1) scaled, never zeros. Each call draws new numbers.

@@ -10,18 +10,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Expects statement to throw accrue::Error whose message contains every fragment.
-#define EXPECT_ERROR(statement, ...)                              \
-  do {                                                            \
-    try {                                                         \
-      statement;                                                  \
-      ADD_FAILURE() << "expected accrue::Error from " #statement; \
-    } catch (const Error& e) {                                    \
-      for (const char* part : {__VA_ARGS__})                      \
-        EXPECT_THAT(e.what(), HasSubstr(part));                   \
-    }                                                             \
-  } while (0)
-
 TEST(Tensor, factories_have_contiguous_geometry) {
   Tensor t = empty({2, 3, 4});
   EXPECT_EQ(t.shape(), (Shape{2, 3, 4}));

@@ -20,18 +20,6 @@ using test::all_close;
 using test::all_equal;
 using ::testing::HasSubstr;
 
-// Expects statement to throw accrue::Error whose message contains every fragment.
-#define EXPECT_ERROR(statement, ...)                              \
-  do {                                                            \
-    try {                                                         \
-      statement;                                                  \
-      ADD_FAILURE() << "expected accrue::Error from " #statement; \
-    } catch (const Error& e) {                                    \
-      for (const char* part : {__VA_ARGS__})                      \
-        EXPECT_THAT(e.what(), HasSubstr(part));                   \
-    }                                                             \
-  } while (0)
-
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
 
 std::vector<double> values(const Tensor& t) {

@@ -22,18 +22,6 @@ namespace {
 using namespace kernels;  // NOLINT: the window-close names read better unqualified here
 using ::testing::HasSubstr;
 
-// Expects statement to throw accrue::Error whose message contains every fragment.
-#define EXPECT_ERROR(statement, ...)                              \
-  do {                                                            \
-    try {                                                         \
-      statement;                                                  \
-      ADD_FAILURE() << "expected accrue::Error from " #statement; \
-    } catch (const Error& e) {                                    \
-      for (const char* part : {__VA_ARGS__})                      \
-        EXPECT_THAT(e.what(), HasSubstr(part));                   \
-    }                                                             \
-  } while (0)
-
 const double kInf = std::numeric_limits<double>::infinity();
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 

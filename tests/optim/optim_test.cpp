@@ -16,17 +16,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-#define EXPECT_ERROR(statement, ...)                              \
-  do {                                                            \
-    try {                                                         \
-      statement;                                                  \
-      ADD_FAILURE() << "expected accrue::Error from " #statement; \
-    } catch (const Error& e) {                                    \
-      for (const char* part : {__VA_ARGS__})                      \
-        EXPECT_THAT(e.what(), HasSubstr(part));                   \
-    }                                                             \
-  } while (0)
-
 TEST(OptimizerOptions, invalid_arguments_are_errors_naming_the_value) {
   EXPECT_ERROR(optim::Optimizer(optim::AdamWOptions(-1e-3)), "AdamW", "learning rate", "-0.001");
   EXPECT_ERROR(optim::Optimizer(optim::AdamWOptions(1e-3).betas(1.0, 0.999)), "AdamW", "beta1",
