@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "core/error.h"
+
 namespace accrue {
 
 enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, boolean };
@@ -115,6 +117,20 @@ decltype(auto) visit_dtype(DType t, F&& f) {
       return f(bool{});
   }
   return f(float{});
+}
+
+// Calls f(T{}) for the index dtypes i32 and i64; any other dtype throws, naming op.
+template <class F>
+decltype(auto) visit_index_dtype(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::i32:
+      return f(int32_t{});
+    case DType::i64:
+      return f(int64_t{});
+    default:
+      break;
+  }
+  ACCRUE_FAIL(op, ": indices must be i32 or i64, got ", dtype_name(t));
 }
 
 // Widening to the math type: double stays double, everything else computes in

@@ -81,18 +81,4 @@ decltype(auto) visit_float(DType t, const char* op, F&& f) {
   ACCRUE_FAIL(op, ": dtype ", dtype_name(t), " is not a floating dtype");
 }
 
-// Calls f(T{}) for the index dtypes i32 and i64.
-template <class F>
-decltype(auto) visit_index(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::i32:
-      return f(int32_t{});
-    case DType::i64:
-      return f(int64_t{});
-    default:
-      break;
-  }
-  ACCRUE_FAIL(op, ": dtype ", dtype_name(t), " is not an index dtype (i32 or i64)");
-}
-
 }  // namespace accrue::kernels::cpu

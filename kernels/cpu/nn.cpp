@@ -16,7 +16,7 @@ namespace {
 // Host copy of an index tensor (any strides) as i64.
 std::vector<int64_t> read_indices(const Tensor& indices, const char* op) {
   std::vector<int64_t> v(static_cast<size_t>(indices.numel()));
-  visit_index(indices.dtype(), op, [&](auto tag) {
+  visit_index_dtype(indices.dtype(), op, [&](auto tag) {
     using I = decltype(tag);
     const Indexer ii(indices);
     const I* p = ptr<I>(indices);

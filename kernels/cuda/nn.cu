@@ -84,19 +84,6 @@ void check_grid_x(int64_t blocks, const char* op) {
                " rows exceed the CUDA grid limit");
 }
 
-// Calls f(IndexType{}) for an i32/i64 index tensor.
-template <class F>
-void visit_index_dtype(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::i32:
-      return f(int32_t{});
-    case DType::i64:
-      return f(int64_t{});
-    default:
-      ACCRUE_FAIL(op, ": indices must be i32 or i64, got ", dtype_name(t));
-  }
-}
-
 // Calls f(Out{}) for a gradient output that is f32 or the input's dtype
 // (Note [Fused weight-gradient accumulation]: fp32 arena slots).
 template <class In, class F>
