@@ -68,8 +68,9 @@ void Window::close() {
   ACCRUE_CHECK(ready(), "Window::close: ", micro_step_, " of ", options_.micro_steps(),
                " micro-steps done");
   NoGradGuard no_grad;
+  arena_
+      .zero_unwritten();  // Note [Overwrite first]: unused parameters read 0 (before any reduction)
   if (sync_) sync_->finish(field(kernels::kItems));
-  arena_.zero_unwritten();  // Note [Overwrite first]: unused parameters read 0
   kernels::grad_norm_partials(arena_.grads(), partials_);
   kernels::window_scalar_step(partials_, state_, close_config_);
   optimizer_.step(arena_, state_, windows_);

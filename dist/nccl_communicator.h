@@ -1,0 +1,151 @@
+// NcclCommunicator: the Communicator of a multi-GPU world, one process per GPU.
+//
+//   RankInfo info = discover_rank();                      // dist/launch_env.h
+//   auto comm = connect_nccl(info, layout_fingerprint(arena));
+//   comm->all_reduce(arena.grads());                       // enqueued, not waited for
+//   comm->synchronize();                                   // or order by events
+//
+// The communicator is non-blocking (ncclConfig_t::blocking = 0) and runs its
+// collectives on its own high-priority stream, so that a bucket's all-reduce
+// overlaps the backward kernels on the compute stream (Note [Collective
+// ordering] in dist/process_group.h). Every collective is additionally
+// ordered after the calling thread's current stream (an event recorded there
+// and waited for on the communicator's stream), so "produce on the current
+// stream, then call the collective" is always safe.
+//
+// Defined only in builds with NCCL (ACCRUE_WITH_NCCL is then defined for the
+// library and its consumers); elsewhere use StubCommunicator.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dist/launch_env.h"
+#include "dist/process_group.h"
+#include "dist/tcp_exchange.h"
+
+struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t
+
+namespace accrue::dist {
+
+struct NcclOptions {
+  // Note [No silent hang]: how long a collective (counted from when it was
+  // enqueued) or the communicator's creation may take before the watchdog
+  // aborts the communicator and the next call on it throws accrue::Error.
+  double timeout_s = 60.0;
+  // The bootstrap's limit: the TCP exchange of the unique id (waiting for
+  // every rank to start) and the communicator's creation.
+  double bootstrap_timeout_s = 120.0;
+  // How often the watchdog thread looks at the collectives in flight.
+  double watchdog_interval_s = 0.1;
+  // Run collectives on a stream of the device's highest priority, so that
+  // their kernels are scheduled ahead of the backward's when both are ready.
+  bool high_priority_stream = true;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // A fresh NCCL unique id (rank 0 makes it, every rank needs it).
+  static Blob make_unique_id();
+
+  // Joins the world `id` names as `rank` of `world_size`, driving CUDA device
+  // `device`. Collective over the world: every rank must call it. Throws
+  // accrue::Error naming this rank when the world does not assemble within
+  // options.bootstrap_timeout_s.
+  NcclCommunicator(const Blob& id, int rank, int world_size, int device,
+                   const NcclOptions& options = {});
+  // Waits (bounded by the timeout) for the collectives in flight, then
+  // releases the communicator; aborts it instead if they do not finish.
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  Device device() const override { return Device::cuda(device_); }
+  StreamHandle stream() const override;
+
+  void all_reduce(const Tensor& data, ReduceOp op = ReduceOp::sum) override;
+  void reduce_scatter(const Tensor& input, const Tensor& output,
+                      ReduceOp op = ReduceOp::sum) override;
+  void all_gather(const Tensor& input, const Tensor& output) override;
+  void broadcast(const Tensor& data, int root = 0) override;
+  void synchronize() override;
+  void check() override;
+
+  const NcclOptions& options() const { return options_; }
+  // Collectives enqueued so far, of every kind.
+  int64_t collectives_issued() const { return issued_.load(); }
+  // True once the watchdog (or a failed call) has aborted the communicator:
+  // every later call throws the error that caused it.
+  bool aborted() const;
+
+ private:
+  // One enqueued collective the watchdog follows until its event completes.
+  struct Work {
+    std::string what;  // "all_reduce (sum) of 1048576 f32"
+    EventHandle done = nullptr;
+    std::chrono::steady_clock::time_point enqueued;
+  };
+  using Clock = std::chrono::steady_clock;
+
+  // Enqueues one NCCL call (`call` receives the comm and the stream) after
+  // the current stream's work and follows it until it completes.
+  template <class Call>
+  void enqueue(const std::string& what, Call&& call);
+  // With mu_ held: retires completed work, turns an NCCL error or an expired
+  // deadline into abort_locked(). Returns false once aborted.
+  bool poll_locked(Clock::time_point now);
+  // With mu_ held: aborts the communicator and keeps `message` as the error
+  // every later call throws.
+  void abort_locked(const std::string& message);
+  // With mu_ held: throws the kept error when aborted.
+  void throw_if_aborted_locked() const;
+  // With mu_ held: waits, at most timeout_s, until NCCL's state leaves
+  // ncclInProgress after a non-blocking call; aborts and throws on failure.
+  void wait_for_progress_locked(const std::string& what, double timeout_s);
+  // "rank 1 of 2 (cuda:1)"
+  std::string who() const;
+  EventHandle take_event_locked();
+  void watchdog_loop();
+  // The destructor's work: drain (bounded), finalize and destroy, or abort.
+  void shutdown();
+  void release_events() noexcept;
+
+  int rank_, world_size_, device_;
+  NcclOptions options_;
+  std::unique_ptr<Stream> stream_;
+  EventHandle ready_ = nullptr;  // recorded on the current stream before each collective
+
+  mutable std::mutex mu_;  // guards everything below and every NCCL call
+  ncclComm* comm_ = nullptr;
+  std::deque<Work> in_flight_;
+  std::vector<EventHandle> spare_events_;
+  bool aborted_ = false;
+  std::string error_;
+  std::string last_collective_ = "no collective yet";
+
+  std::atomic<int64_t> issued_{0};
+  std::condition_variable stop_cv_;
+  bool stop_ = false;
+  std::thread watchdog_;
+};
+
+// The NCCL bootstrap of Note [Exchange protocol]: rank 0 makes the unique id
+// and serves it over the TCP exchange (dist/tcp_exchange.h) on
+// `exchange_port` (0: MASTER_PORT + 1); every rank then joins the
+// communicator on cuda:info.local_rank. `fingerprint` is this rank's
+// layout_fingerprint (dist/bucket_plan.h): ranks whose layouts differ get
+// accrue::Error instead of a communicator.
+std::unique_ptr<NcclCommunicator> connect_nccl(const RankInfo& info, uint64_t fingerprint,
+                                               const NcclOptions& options = {},
+                                               int exchange_port = 0);
+
+}  // namespace accrue::dist

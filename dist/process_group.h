@@ -1,0 +1,113 @@
+// Communicator: the collectives data parallelism needs, and the world-size-1
+// stub that keeps every build (incl. ones without NCCL or CUDA) working.
+//
+// Implementations:
+//   StubCommunicator  (this file)                 world size 1, any device, every build
+//   NcclCommunicator  (dist/nccl_communicator.h)  one process per GPU, built with NCCL
+//
+// A communicator is owned by one rank (one process, one device). All ranks of
+// a world must call the same collectives in the same order with the same
+// element counts and dtypes; that is the caller's contract (the reducer keeps
+// it by walking the same BucketPlan on every rank, see Note [Buckets]).
+//
+// Note [Collective ordering]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A collective is *enqueued* on the communicator's own stream (stream()) and
+// returns without blocking the host. It is ordered only against earlier work
+// on stream(): the caller orders it after its producers (Event::record on the
+// compute stream, then Event::block(stream())) and its consumers after it (an
+// event recorded on stream(), blocked on the compute stream). That is what
+// lets a bucket's all-reduce overlap the rest of the backward. Tensors handed
+// to a collective must stay alive and untouched until it has completed in
+// stream order. An implementation may order more strictly (NcclCommunicator
+// also waits for the caller's current stream); callers must not rely on it.
+// For a CPU communicator (the stub on the CPU) stream() is nullptr and
+// collectives complete before returning.
+//
+// Note [No silent hang]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A dead or hung peer must become accrue::Error naming the rank and the
+// collective, within the communicator's timeout: synchronize() and check()
+// throw it; an implementation may also throw it from the next collective.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/cuda_runtime.h"
+#include "core/tensor.h"
+
+namespace accrue::dist {
+
+enum class ReduceOp : uint8_t {
+  sum,  // gradients, item counts, squared norms
+  max,  // agreement on flags (found_inf: any rank non-finite => every rank skips)
+};
+const char* reduce_op_name(ReduceOp op);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // Where the tensors of every collective live (CUDA:local_rank for NCCL).
+  virtual Device device() const = 0;
+  // The stream collectives are enqueued on; nullptr on the CPU. See Note [Collective ordering].
+  virtual StreamHandle stream() const = 0;
+
+  // Every tensor below must be contiguous, on device(), of a float or integer
+  // dtype; otherwise accrue::Error naming the collective and the tensor.
+
+  // In place: `data` becomes op over all ranks of every rank's `data`.
+  virtual void all_reduce(const Tensor& data, ReduceOp op = ReduceOp::sum) = 0;
+  // `input` has world_size() * n elements, `output` n: rank r receives op over
+  // ranks of chunk r of `input` (chunk r = elements [r*n, (r+1)*n)). `output`
+  // may be chunk rank() of `input` itself (in place, the ZeRO-1 case).
+  virtual void reduce_scatter(const Tensor& input, const Tensor& output,
+                              ReduceOp op = ReduceOp::sum) = 0;
+  // `input` has n elements, `output` world_size() * n: chunk r of `output`
+  // becomes rank r's `input`. `input` may be chunk rank() of `output` (in place).
+  virtual void all_gather(const Tensor& input, const Tensor& output) = 0;
+  // In place: every rank's `data` becomes rank `root`'s.
+  virtual void broadcast(const Tensor& data, int root = 0) = 0;
+
+  // Blocks the host until every collective enqueued so far has completed.
+  // Throws accrue::Error by Note [No silent hang].
+  virtual void synchronize() = 0;
+  // Does not block: throws accrue::Error if a collective has already failed
+  // or outlived the timeout. Cheap enough to call once per micro-step.
+  virtual void check() = 0;
+};
+
+// World size 1: every collective is the identity (reduce_scatter and
+// all_gather copy when output is not input). Works on the CPU and, when built
+// with CUDA, on a GPU (copies go to the current stream, which is also what
+// stream() returns, so the ordering contract holds trivially).
+class StubCommunicator final : public Communicator {
+ public:
+  explicit StubCommunicator(Device device = Device::cpu()) : device_(device) {}
+
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  Device device() const override { return device_; }
+  StreamHandle stream() const override;
+
+  void all_reduce(const Tensor& data, ReduceOp op = ReduceOp::sum) override;
+  void reduce_scatter(const Tensor& input, const Tensor& output,
+                      ReduceOp op = ReduceOp::sum) override;
+  void all_gather(const Tensor& input, const Tensor& output) override;
+  void broadcast(const Tensor& data, int root = 0) override;
+  void synchronize() override;
+  void check() override {}
+
+ private:
+  Device device_;
+};
+
+// Throws accrue::Error("<collective>: <what> ...") unless `t` is contiguous, on
+// `device` and of a dtype collectives support. Shared by every implementation.
+void check_collective_tensor(const Tensor& t, Device device, const char* collective,
+                             const char* what);
+
+}  // namespace accrue::dist

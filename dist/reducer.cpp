@@ -1,0 +1,216 @@
+#include "dist/reducer.h"
+
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+
+#include "autograd/variable.h"
+#include "core/error.h"
+#include "core/grad_mode.h"
+
+namespace accrue::dist {
+
+Reducer::Reducer(GradArena& arena, Communicator& comm, const ReducerOptions& options)
+    : arena_(arena),
+      comm_(comm),
+      options_(options),
+      plan_(arena, options.buckets),
+      hook_target_(std::make_shared<HookTarget>(HookTarget{this})) {
+  ACCRUE_CHECK(arena.options().device == comm.device(), "Reducer: the gradient arena is on ",
+               arena.options().device.str(), " but rank ", comm.rank(), "'s communicator is on ",
+               comm.device().str());
+  if (comm.device().is_cuda()) {
+    device_ = comm.device().index;
+    // Events belong to the device current at their creation: make it the
+    // communicator's (connect_nccl has already, in a process per GPU).
+    set_cuda_device(device_);
+  }
+  if (on_gpu()) {
+    ready_ = std::make_unique<Event>();
+    done_ = std::make_unique<Event>();
+    if (options.timing) {
+      for (size_t b = 0; b < plan_.size(); ++b) {
+        bucket_start_.push_back(std::make_unique<Event>(true));
+        bucket_end_.push_back(std::make_unique<Event>(true));
+      }
+      step_start_ = std::make_unique<Event>(true);
+      backward_end_ = std::make_unique<Event>(true);
+      items_end_ = std::make_unique<Event>(true);
+    }
+  }
+  remaining_.assign(plan_.size(), 0);
+  seen_.assign(arena.size(), false);
+  if (options.check_layout) check_layout();
+  // Hooks cannot be unregistered: they reach the reducer through a weak
+  // pointer that dies with it.
+  const std::weak_ptr<HookTarget> target = hook_target_;
+  for (size_t i = 0; i < arena.size(); ++i) {
+    register_grad_ready_hook(arena.params()[i], [target, i](const Tensor&) {
+      if (auto t = target.lock()) t->reducer->on_grad_ready(i);
+    });
+  }
+}
+
+Reducer::~Reducer() = default;
+
+void Reducer::order_comm_after_compute() {
+  if (!on_gpu()) return;
+  ready_->record(current_stream(device_));
+  ready_->block(comm_.stream());
+}
+
+// Note [Layout fingerprint], checked where it matters: the buckets this rank
+// will all-reduce must be the buckets every other rank will. One collective
+// of four integers (max over ranks of x and of -x: all equal iff both come
+// back unchanged), once, with a host read.
+void Reducer::check_layout() {
+  uint64_t h = layout_fingerprint(arena_);
+  auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  mix(plan_.size());
+  for (const Bucket& b : plan_.buckets()) {
+    mix(static_cast<uint64_t>(b.offset));
+    mix(static_cast<uint64_t>(b.numel));
+  }
+  const int64_t hi = static_cast<int64_t>(h >> 32), lo = static_cast<int64_t>(h & 0xffffffffu);
+  const std::vector<int64_t> mine{hi, lo, -hi, -lo};
+  Tensor t = from_vector(mine, {4}, DType::i64, comm_.device());
+  order_comm_after_compute();
+  comm_.all_reduce(t, ReduceOp::max);
+  ++issued_;
+  if (on_gpu()) {
+    done_->record(comm_.stream());
+    done_->block(current_stream(device_));
+  }
+  const std::vector<int64_t> all = t.to_vector<int64_t>();
+  if (all != mine) {
+    std::ostringstream os;
+    os << "Reducer: rank " << comm_.rank() << " of " << comm_.world_size()
+       << " has a parameter layout or bucket plan that differs from another rank's (this rank: "
+       << arena_.size() << " parameters, " << arena_.padded_numel() << " elements, " << plan_.size()
+       << " buckets, fingerprint 0x" << std::hex << h
+       << "): every rank must register the same parameters, in the same order, with the same "
+          "shapes and dtype, and use the same bucket sizes";
+    throw Error(os.str());
+  }
+}
+
+void Reducer::before_backward(int64_t index, int64_t micro_steps) {
+  ACCRUE_CHECK(micro_steps >= 1 && index >= 0 && index < micro_steps,
+               "Reducer::before_backward: micro-step ", index, " of a window of ", micro_steps);
+  // Note [No silent hang]: a failed or timed-out collective surfaces here,
+  // at the latest one micro-step later.
+  comm_.check();
+  if (index == 0) armed_ = false;  // a new window: nothing from an unfinished one carries over
+  if (index != micro_steps - 1) return;  // Note [Buckets]: earlier micro-steps never communicate
+  for (size_t b = 0; b < plan_.size(); ++b)
+    remaining_[b] = plan_[b].num_params();
+  seen_.assign(seen_.size(), false);
+  next_ = 0;
+  sent_in_backward_ = 0;
+  armed_ = true;
+  if (step_start_) step_start_->record(current_stream(device_));
+}
+
+void Reducer::on_grad_ready(size_t slot) {
+  if (!armed_) return;
+  const size_t b = plan_.bucket_of(slot);
+  if (seen_[slot]) {
+    // A second backward in the last micro-step: fine until the bucket has gone.
+    ACCRUE_CHECK(b >= next_, "Reducer: parameter '", arena_.slots()[slot].name,
+                 "' received another gradient in the last micro-step after its bucket ", b,
+                 " was all-reduced; run one backward per micro-step");
+    return;
+  }
+  seen_[slot] = true;
+  if (--remaining_[b] == 0) send_ready_buckets();
+}
+
+void Reducer::send_ready_buckets() {
+  // Plan order: bucket b goes only after 0..b-1, so every rank issues the
+  // same sequence of collectives whatever order its buckets complete in.
+  while (next_ < plan_.size() && remaining_[next_] == 0) {
+    send_bucket(next_);
+    ++next_;
+    ++sent_in_backward_;
+  }
+}
+
+void Reducer::send_bucket(size_t b) {
+  order_comm_after_compute();
+  if (!bucket_start_.empty()) bucket_start_[b]->record(comm_.stream());
+  comm_.all_reduce(plan_.view(arena_.grads(), b), ReduceOp::sum);
+  if (!bucket_end_.empty()) bucket_end_[b]->record(comm_.stream());
+  ++issued_;
+}
+
+void Reducer::finish(const Tensor& items) {
+  ACCRUE_CHECK(items.defined() && items.numel() == 1 && items.dtype() == DType::f64,
+               "Reducer::finish: items must be a single-element f64 tensor, got ",
+               items.defined() ? shape_str(items.shape()) + " " + dtype_name(items.dtype())
+                               : std::string("an undefined tensor"));
+  NoGradGuard no_grad;
+  if (backward_end_) backward_end_->record(current_stream(device_));
+  // Note [Overwrite first]: a slot no gradient reached this window holds an
+  // old gradient and must enter the sum as 0. Such a slot never fired its
+  // hook, so its bucket (and every later one) has not gone yet. The Window
+  // zeroes them again after finish(): by then there are none left.
+  arena_.zero_unwritten();
+  if (!armed_) next_ = 0;  // finish() without an armed last micro-step: everything goes now
+  for (; next_ < plan_.size(); ++next_)
+    send_bucket(next_);
+  // Note [Normalization]: N over every rank.
+  order_comm_after_compute();
+  comm_.all_reduce(items, ReduceOp::sum);
+  ++issued_;
+  if (items_end_) items_end_->record(comm_.stream());
+  if (on_gpu()) {
+    // The close's norm pass and optimizer read the reduced arena: the compute
+    // stream waits for the communicator's, on the device only.
+    done_->record(comm_.stream());
+    done_->block(current_stream(device_));
+  }
+  timing_valid_ = armed_ && items_end_ != nullptr;
+  sent_in_backward_last_ = armed_ ? sent_in_backward_ : 0;
+  armed_ = false;
+  next_ = 0;
+}
+
+void Reducer::broadcast_parameters(int root) {
+  NoGradGuard no_grad;
+  order_comm_after_compute();
+  comm_.broadcast(arena_.master(), root);
+  ++issued_;
+  for (int i = 0; i < arena_.options().moments; ++i) {
+    comm_.broadcast(arena_.moment(i), root);
+    ++issued_;
+  }
+  if (on_gpu()) {
+    done_->record(comm_.stream());
+    done_->block(current_stream(device_));
+  }
+  // The GEMMs read the compute copy: it follows the broadcast master weights.
+  if (arena_.compute().defined()) arena_.compute().copy_(arena_.master());
+}
+
+ReducerTiming Reducer::last_timing() const {
+  ACCRUE_CHECK(options_.timing, "Reducer::last_timing: construct the reducer with timing = true");
+  ACCRUE_CHECK(timing_valid_,
+               "Reducer::last_timing: no window has closed on the GPU with an armed last "
+               "micro-step yet");
+  items_end_->synchronize();
+  backward_end_->synchronize();
+  // Everything is measured from the last micro-step's start (the earliest
+  // event), then shifted to the backward's end.
+  const double end = step_start_->elapsed_ms(*backward_end_);
+  ReducerTiming t;
+  t.last_backward_ms = end;
+  for (size_t b = 0; b < plan_.size(); ++b) {
+    t.bucket_start_ms.push_back(step_start_->elapsed_ms(*bucket_start_[b]) - end);
+    t.bucket_end_ms.push_back(step_start_->elapsed_ms(*bucket_end_[b]) - end);
+  }
+  t.items_end_ms = step_start_->elapsed_ms(*items_end_) - end;
+  t.exposed_ms = std::max(0.0, t.items_end_ms);
+  return t;
+}
+
+}  // namespace accrue::dist

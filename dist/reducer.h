@@ -1,0 +1,137 @@
+// Reducer: data-parallel gradient reduction for the accumulation Window.
+//
+//   auto comm = dist::connect_nccl(dist::discover_rank(), dist::layout_fingerprint(arena));
+//   dist::Reducer reducer(arena, *comm);
+//   reducer.broadcast_parameters();                      // every rank starts from rank 0's
+//   optim::Window window(arena, optimizer, options, &reducer);
+//   ... the usual loop: window.backward(loss); if (window.ready()) window.close();
+//
+// Note [Reducer]
+// ~~~~~~~~~~~~~~
+// Note [Buckets] made concrete:
+//   - micro-steps 1..K-1 never communicate: before_backward() only arms the
+//     reducer for the last one;
+//   - in the last micro-step, each parameter's grad-ready hook (autograd fires
+//     it once that backward's gradient for the leaf has been enqueued into its
+//     arena slot) counts down its bucket. A bucket whose count reaches zero is
+//     final: an event recorded on the compute stream orders its in-place
+//     all-reduce, on the communicator's stream, after those gradients, and the
+//     rest of the backward runs on while it travels. No copy: a bucket is a
+//     slice of the arena (dist/bucket_plan.h);
+//   - buckets go strictly in plan order (bucket b waits for 0..b-1 to go), so
+//     every rank issues the same collectives in the same order even when the
+//     graph makes buckets complete in a different order on different ranks;
+//   - finish(), at the window's close: slots no gradient reached this window
+//     are zeroed first (Note [Overwrite first]; they must enter the sum as 0),
+//     the buckets not yet sent go, then the item count N is summed over ranks
+//     (Note [Normalization]: 1/N is global). The compute stream then waits
+//     for the communicator's stream by an event: no host synchronization.
+// The reduced gradient is the SUM over ranks; the window's close divides by
+// the global N, so 2 ranks x K micro-batches equal 1 rank x 2K exactly in math.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "autograd/grad_arena.h"
+#include "core/cuda_runtime.h"
+#include "dist/bucket_plan.h"
+#include "dist/process_group.h"
+#include "optim/gradient_sync.h"
+
+namespace accrue::dist {
+
+struct ReducerOptions {
+  BucketPlanOptions buckets;
+  // Record timing events around every bucket's all-reduce (for the overlap
+  // test and benchmarks; costs a few event records per window).
+  bool timing = false;
+  // Check at construction, with one small collective, that every rank has the
+  // same parameter layout and bucket plan (Note [Layout fingerprint]).
+  bool check_layout = true;
+};
+
+// What the last closed window's communication looked like (timing only).
+// Times are milliseconds relative to the end of the last micro-step's
+// backward on the compute stream (when finish() was reached; negative:
+// before it ended).
+struct ReducerTiming {
+  double last_backward_ms = 0.0;  // the last micro-step, from before_backward to finish
+  // Per bucket, plan order: when the communicator's stream reached its
+  // all-reduce (its gradients final, earlier collectives done) and when it ended.
+  std::vector<double> bucket_start_ms, bucket_end_ms;
+  double items_end_ms = 0.0;  // the item count's all-reduce: the last collective
+  // Communication the close had to wait for: max(0, items_end_ms).
+  double exposed_ms = 0.0;
+};
+
+class Reducer final : public optim::GradientSync {
+ public:
+  // Registers a grad-ready hook on every parameter of `arena` (one reducer per
+  // arena). `arena` and `comm` must outlive the reducer; the arena must be on
+  // comm.device(). With check_layout, collective: every rank constructs its
+  // reducer at the same point.
+  Reducer(GradArena& arena, Communicator& comm, const ReducerOptions& options = {});
+  ~Reducer() override;
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // optim::GradientSync, see Note [Reducer].
+  void before_backward(int64_t index, int64_t micro_steps) override;
+  void finish(const Tensor& items) override;
+
+  // Every rank's master weights and moments become rank `root`'s, and the
+  // compute copy follows. Collective; call once before training.
+  void broadcast_parameters(int root = 0);
+
+  const BucketPlan& plan() const { return plan_; }
+  Communicator& communicator() const { return comm_; }
+  // Collectives this reducer has enqueued (buckets, item counts, broadcasts, the layout check).
+  int64_t collectives_issued() const { return issued_; }
+  // Of the last closed window: buckets that went during the backward (the
+  // rest went at the close).
+  int64_t buckets_sent_in_backward() const { return sent_in_backward_last_; }
+  // The last closed window's timing (needs options.timing; synchronizes the host).
+  ReducerTiming last_timing() const;
+
+ private:
+  // Called by the grad-ready hook of slot `slot`.
+  void on_grad_ready(size_t slot);
+  // Sends every bucket from next_ on that is ready, in plan order.
+  void send_ready_buckets();
+  void send_bucket(size_t b);
+  // Orders the communicator's stream after the current stream's work so far.
+  void order_comm_after_compute();
+  void check_layout();
+  bool on_gpu() const { return comm_.stream() != nullptr; }
+
+  GradArena& arena_;
+  Communicator& comm_;
+  ReducerOptions options_;
+  BucketPlan plan_;
+  int device_ = -1;  // CUDA device index, -1 on the CPU
+
+  // The hooks reach the reducer through this; it dies with the reducer, so a
+  // hook firing later (hooks cannot be removed) does nothing.
+  struct HookTarget {
+    Reducer* reducer;
+  };
+  std::shared_ptr<HookTarget> hook_target_;
+
+  // The window in progress (last micro-step only).
+  bool armed_ = false;
+  std::vector<int64_t> remaining_;  // per bucket: slots whose gradient is not final yet
+  std::vector<bool> seen_;          // per slot: its hook fired in the last micro-step
+  size_t next_ = 0;                 // the next bucket to send, in plan order
+  int64_t sent_in_backward_ = 0, sent_in_backward_last_ = 0;
+  int64_t issued_ = 0;
+
+  std::unique_ptr<Event> ready_, done_;  // GPU only
+  // options.timing: per bucket start/end on the comm stream, the backward's
+  // end on the compute stream, the item count's end.
+  std::vector<std::unique_ptr<Event>> bucket_start_, bucket_end_;
+  std::unique_ptr<Event> step_start_, backward_end_, items_end_;
+  bool timing_valid_ = false;
+};
+
+}  // namespace accrue::dist

@@ -1,0 +1,343 @@
+// Data parallelism on real GPUs, two ranks (started by multi_gpu_launch.sh):
+// the NCCL collectives are exact, the reducer communicates only in the last
+// micro-step and overlaps the backward, and 2 ranks x K equal 1 GPU x 2K at
+// the same global batch. Every rank checks the properties on its own data.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <memory>
+
+#include "autograd/engine.h"
+#include "dist/reducer.h"
+#include "kernels/ops.h"
+#include "tests/dist/multi_gpu_world.h"
+#include "tests/equivalence/equivalence_util.h"
+#include "tests/test_util.h"
+
+namespace accrue::dist {
+namespace {
+
+using equivalence::Batch;
+using equivalence::ModelKind;
+using multi_gpu::device;
+using multi_gpu::info;
+using multi_gpu::world;
+
+// ---- collectives --------------------------------------------------------------------------
+
+// Rank r's small integers for test `seed`: every rank can rebuild every
+// other rank's input, so the expected results are computed exactly on the host.
+std::vector<double> integers(int64_t n, int r, uint64_t seed) {
+  Generator gen(seed * 1000 + static_cast<uint64_t>(r));
+  return randint(-8, 9, {n}, DType::i64, Device::cpu(), &gen).to_vector<double>();
+}
+
+Tensor on_device(const std::vector<double>& v, DType dtype) {
+  return from_vector(v, {static_cast<int64_t>(v.size())}, dtype, device());
+}
+
+const std::vector<DType> kDtypes{DType::f32, DType::f64, DType::bf16, DType::i32, DType::i64};
+const std::vector<int64_t> kSizes{1, 1000, (int64_t{1} << 20) + 3};
+
+TEST(MultiGpu, all_reduce_of_small_integers_is_exact) {
+  const int W = info().world_size;
+  uint64_t seed = 1;
+  for (DType dtype : kDtypes) {
+    for (int64_t n : kSizes) {
+      ++seed;
+      std::vector<double> sum(n, 0.0), max(n, -1e9);
+      for (int r = 0; r < W; ++r) {
+        const std::vector<double> v = integers(n, r, seed);
+        for (int64_t i = 0; i < n; ++i) {
+          sum[i] += v[i];
+          max[i] = std::max(max[i], v[i]);
+        }
+      }
+      Tensor a = on_device(integers(n, info().rank, seed), dtype);
+      Tensor b = a.clone();
+      world().all_reduce(a, ReduceOp::sum);
+      world().all_reduce(b, ReduceOp::max);
+      world().synchronize();
+      EXPECT_TRUE(test::all_equal(a, on_device(sum, dtype))) << dtype_name(dtype) << " n=" << n;
+      EXPECT_TRUE(test::all_equal(b, on_device(max, dtype))) << dtype_name(dtype) << " n=" << n;
+    }
+  }
+}
+
+TEST(MultiGpu, reduce_scatter_all_gather_and_broadcast_are_exact) {
+  const int W = info().world_size, rank = info().rank;
+  uint64_t seed = 100;
+  for (DType dtype : kDtypes) {
+    for (int64_t n : kSizes) {
+      ++seed;
+      // reduce_scatter: chunk `rank` of the sum of every rank's [W * n].
+      std::vector<double> sum(W * n, 0.0);
+      for (int r = 0; r < W; ++r) {
+        const std::vector<double> v = integers(W * n, r, seed);
+        for (int64_t i = 0; i < W * n; ++i)
+          sum[i] += v[i];
+      }
+      const std::vector<double> chunk(sum.begin() + rank * n, sum.begin() + (rank + 1) * n);
+      Tensor input = on_device(integers(W * n, rank, seed), dtype);
+      Tensor output = empty({n}, dtype, device());
+      test::poison(output);
+      world().reduce_scatter(input, output);
+      Tensor in_place = on_device(integers(W * n, rank, seed), dtype);
+      world().reduce_scatter(in_place, in_place.narrow(0, rank * n, n));
+      // all_gather: every rank's [n], in rank order.
+      std::vector<double> gathered;
+      for (int r = 0; r < W; ++r) {
+        const std::vector<double> v = integers(n, r, seed + 7);
+        gathered.insert(gathered.end(), v.begin(), v.end());
+      }
+      Tensor gather_out = empty({W * n}, dtype, device());
+      test::poison(gather_out);
+      // Named: a collective's tensors must live until it completes (Note [Collective ordering]).
+      Tensor gather_in = on_device(integers(n, rank, seed + 7), dtype);
+      world().all_gather(gather_in, gather_out);
+      Tensor gather_in_place = empty({W * n}, dtype, device());
+      test::poison(gather_in_place);
+      gather_in_place.narrow(0, rank * n, n).copy_(on_device(integers(n, rank, seed + 7), dtype));
+      world().all_gather(gather_in_place.narrow(0, rank * n, n), gather_in_place);
+      // broadcast from the last rank.
+      Tensor bcast = on_device(integers(n, rank, seed + 13), dtype);
+      world().broadcast(bcast, W - 1);
+      world().synchronize();
+      const std::string what = std::string(dtype_name(dtype)) + " n=" + std::to_string(n);
+      EXPECT_TRUE(test::all_equal(output, on_device(chunk, dtype))) << "reduce_scatter " << what;
+      EXPECT_TRUE(test::all_equal(in_place.narrow(0, rank * n, n), on_device(chunk, dtype)))
+          << "in-place reduce_scatter " << what;
+      EXPECT_TRUE(test::all_equal(gather_out, on_device(gathered, dtype))) << "all_gather " << what;
+      EXPECT_TRUE(test::all_equal(gather_in_place, on_device(gathered, dtype)))
+          << "in-place all_gather " << what;
+      EXPECT_TRUE(test::all_equal(bcast, on_device(integers(n, W - 1, seed + 13), dtype)))
+          << "broadcast " << what;
+    }
+  }
+}
+
+TEST(MultiGpu, bad_collective_arguments_are_errors_before_anything_is_enqueued) {
+  const int64_t before = world().collectives_issued();
+  EXPECT_ERROR(world().all_reduce(zeros({4}, DType::f32, Device::cpu())), "all_reduce", "cpu");
+  EXPECT_ERROR(world().all_reduce(zeros({4, 4}, DType::f32, device()).transpose(0, 1)),
+               "all_reduce", "contiguous");
+  EXPECT_ERROR(
+      world().reduce_scatter(zeros({6}, DType::f32, device()), zeros({4}, DType::f32, device())),
+      "reduce_scatter", "6", "4");
+  EXPECT_ERROR(world().broadcast(zeros({4}, DType::f32, device()), 5), "broadcast", "root 5");
+  EXPECT_EQ(world().collectives_issued(), before);
+  EXPECT_FALSE(world().aborted());
+}
+
+// ---- the reducer ----------------------------------------------------------------------------
+
+equivalence::Precision gpu_f32() {
+  equivalence::Precision p = equivalence::cuda_f32();
+  p.device = device();
+  return p;
+}
+
+// A model in its arena, optionally a reducer over the world, an optimizer
+// and a window (members in reverse order of destruction).
+struct Trainer {
+  std::unique_ptr<equivalence::Model> model;
+  std::unique_ptr<GradArena> arena;
+  std::unique_ptr<Reducer> reducer;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<optim::Window> window;
+
+  Trainer(std::unique_ptr<equivalence::Model> m, int64_t K, bool data_parallel,
+          const ReducerOptions& options = {})
+      : model(std::move(m)) {
+    ArenaOptions ao;
+    ao.device = device();
+    ao.moments = 2;
+    std::vector<Tensor> params;
+    std::vector<std::string> names;
+    for (const nn::NamedParameter& np : model->named_parameters()) {
+      params.push_back(np.tensor);
+      names.push_back(np.name);
+    }
+    arena = std::make_unique<GradArena>(params, names, ao);
+    if (data_parallel) {
+      reducer = std::make_unique<Reducer>(*arena, world(), options);
+      reducer->broadcast_parameters(0);
+    }
+    optimizer = std::make_unique<optim::Optimizer>(equivalence::adamw());
+    window = std::make_unique<optim::Window>(*arena, *optimizer, equivalence::clipped_window(K),
+                                             reducer.get());
+  }
+  void backward(const Batch& micro) { window->backward(model->loss(micro)); }
+  std::vector<double> grads() const { return arena->grads().to_vector<double>(); }
+  std::vector<double> master() const { return arena->master().to_vector<double>(); }
+};
+
+Trainer make_trainer(ModelKind kind, int64_t K, bool data_parallel) {
+  return Trainer(equivalence::make_model(kind, gpu_f32(), 21), K, data_parallel);
+}
+
+// One window of the global batch: the reference takes all W*K micro-batches,
+// rank r the K micro-batches r*K .. r*K + K-1 of them.
+void window_step(Trainer& dp, Trainer& reference, const Batch& global, int64_t K) {
+  const int64_t W = info().world_size, rank = info().rank;
+  for (int64_t k = 0; k < W * K; ++k)
+    reference.backward(global.micro(k, W * K));
+  for (int64_t k = 0; k < K; ++k)
+    dp.backward(global.micro(rank * K + k, W * K));
+  reference.window->close();
+  dp.window->close();
+}
+
+TEST(MultiGpu, no_collective_in_non_final_micro_steps) {
+  constexpr int64_t K = 4;
+  Trainer dp = make_trainer(ModelKind::LM, K, true);
+  const int64_t buckets = static_cast<int64_t>(dp.reducer->plan().size());
+  const auto data = equivalence::make_batches(ModelKind::LM, 3, 8, gpu_f32(), 5);
+  for (const Batch& micro_batches : data) {
+    const int64_t window_start = world().collectives_issued();
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t before = world().collectives_issued();
+      dp.backward(micro_batches.micro(k, K));
+      if (k < K - 1) {
+        EXPECT_EQ(world().collectives_issued(), before) << "micro-step " << k;
+      } else {
+        EXPECT_GT(world().collectives_issued(), before) << "the last micro-step's backward";
+      }
+    }
+    dp.window->close();
+    EXPECT_EQ(world().collectives_issued() - window_start, buckets + 1);
+  }
+  world().synchronize();
+}
+
+TEST(MultiGpu, two_ranks_k4_equal_one_gpu_k8_at_the_same_global_batch) {
+  equivalence::TF32Off tf32_off;
+  constexpr int64_t K = 4, kWindows = 10;
+  const int64_t W = info().world_size;
+  for (ModelKind kind : {ModelKind::Classifier, ModelKind::LM}) {
+    SCOPED_TRACE(equivalence::model_name(kind));
+    Trainer dp = make_trainer(kind, K, true);
+    Trainer reference = make_trainer(kind, W * K, false);
+    const auto data = equivalence::make_batches(kind, kWindows, 4 * W * K, gpu_f32(), 33);
+    for (int64_t w = 0; w < kWindows; ++w) {
+      window_step(dp, reference, data[w], K);
+      if (w == 0) {
+        // The reduced gradient (a sum over ranks) against the 1-GPU sum.
+        const double err = equivalence::l2_relative(dp.grads(), reference.grads());
+        EXPECT_LE(err, 1e-6) << "gradients after one window";
+        std::printf("[rank %d] %s: gradient ||dp - 1gpu|| / ||1gpu|| = %.3g\n", info().rank,
+                    equivalence::model_name(kind), err);
+      }
+      EXPECT_EQ(dp.window->report().items, reference.window->report().items) << "window " << w;
+    }
+    const double err = equivalence::l2_relative(dp.master(), reference.master());
+    EXPECT_LE(err, 1e-5) << "parameters after " << kWindows << " windows";
+    std::printf("[rank %d] %s: parameters after %lld windows: rel err %.3g\n", info().rank,
+                equivalence::model_name(kind), static_cast<long long>(kWindows), err);
+  }
+}
+
+TEST(MultiGpu, item_count_normalization_is_exact_with_different_counts_per_rank) {
+  equivalence::TF32Off tf32_off;
+  constexpr int64_t K = 2, kWindows = 3;
+  const int64_t W = info().world_size;
+  Trainer dp = make_trainer(ModelKind::LM, K, true);
+  Trainer reference = make_trainer(ModelKind::LM, W * K, false);
+  // Sequences grow with their index: the last rank's half holds far more tokens.
+  const auto data = equivalence::make_batches(ModelKind::LM, kWindows, 4 * W * K, gpu_f32(), 44,
+                                              /*variable_length=*/true);
+  for (int64_t w = 0; w < kWindows; ++w) {
+    const Batch& global = data[w];
+    std::vector<double> tokens(W, 0.0);
+    const std::vector<int64_t> targets = global.targets.to_vector<int64_t>();
+    const int64_t per_rank = static_cast<int64_t>(targets.size()) / W;
+    for (int64_t i = 0; i < static_cast<int64_t>(targets.size()); ++i)
+      if (targets[i] != equivalence::kIgnoreIndex) tokens[i / per_rank] += 1;
+    ASSERT_NE(tokens.front(), tokens.back()) << "the ranks must see different item counts";
+    window_step(dp, reference, global, K);
+    const optim::WindowReport mine = dp.window->report(), ref = reference.window->report();
+    double total = 0;
+    for (double t : tokens)
+      total += t;
+    // N is the global count, exactly, on every rank.
+    EXPECT_EQ(mine.items, total) << "window " << w;
+    EXPECT_EQ(ref.items, total) << "window " << w;
+    EXPECT_NEAR(mine.grad_norm, ref.grad_norm, 1e-6 * ref.grad_norm) << "window " << w;
+    // (report().loss is this rank's loss sum over the global N: the Window
+    // does not hand its loss sum to the reducer, so it is not summed over ranks.)
+  }
+  EXPECT_LE(equivalence::l2_relative(dp.master(), reference.master()), 1e-5);
+}
+
+// Wide enough that the backward takes milliseconds and the arena (~42M
+// parameters, 168 MB) makes several buckets.
+class WideMlp : public equivalence::Model {
+ public:
+  explicit WideMlp(const nn::ParamOptions& o) {
+    mlp_ = &register_module(
+        "mlp", std::make_unique<nn::MLP>(std::vector<int64_t>{1024, 4096, 4096, 4096, 1024}, o));
+  }
+  Loss loss(const Batch& b) const override {
+    return cross_entropy(mlp_->forward(b.inputs), b.targets);
+  }
+
+ private:
+  nn::MLP* mlp_;
+};
+
+TEST(MultiGpu, first_bucket_all_reduce_starts_before_the_backward_ends) {
+  constexpr int64_t K = 2, kWindows = 4, kBatch = 1024;
+  Generator gen(77 + static_cast<uint64_t>(info().rank));
+  ReducerOptions options;
+  options.timing = true;
+  Trainer dp(std::make_unique<WideMlp>(nn::ParamOptions{device(), DType::f32, &gen}), K, true,
+             options);
+  const BucketPlan& plan = dp.reducer->plan();
+  ASSERT_GE(plan.size(), 3u) << plan.describe();
+  ReducerTiming t;
+  for (int64_t w = 0; w < kWindows; ++w) {
+    for (int64_t k = 0; k < K; ++k) {
+      Batch micro{randn({kBatch, 1024}, DType::f32, device(), &gen),
+                  randint(0, 1024, {kBatch}, DType::i64, device(), &gen)};
+      dp.backward(micro);
+    }
+    dp.window->close();
+    t = dp.reducer->last_timing();  // the first windows warm up (connections, allocator)
+  }
+  EXPECT_GT(dp.reducer->buckets_sent_in_backward(), 0);
+  EXPECT_LT(t.bucket_start_ms[0], 0.0) << "bucket 0's all-reduce started " << t.bucket_start_ms[0]
+                                       << " ms after the last micro-step's backward ended";
+  double busy = 0;
+  for (size_t b = 0; b < plan.size(); ++b)
+    busy += t.bucket_end_ms[b] - t.bucket_start_ms[b];
+  std::printf("[rank %d] %zu buckets, %.1f MB; last micro-step's backward %.3f ms\n", info().rank,
+              plan.size(), plan.padded_numel() * 4.0 / 1e6, t.last_backward_ms);
+  for (size_t b = 0; b < plan.size(); ++b)
+    std::printf(
+        "[rank %d]   bucket %zu (%.2f MB): start %+.3f ms, end %+.3f ms (relative to the "
+        "backward's end)\n",
+        info().rank, b, plan[b].numel * 4.0 / 1e6, t.bucket_start_ms[b], t.bucket_end_ms[b]);
+  std::printf(
+      "[rank %d] communication exposed at the close: %.3f ms (of %.3f ms on the "
+      "communication stream)\n",
+      info().rank, t.exposed_ms, busy);
+  ::testing::Test::RecordProperty("exposed_ms", std::to_string(t.exposed_ms));
+}
+
+TEST(MultiGpu, different_parameter_layouts_are_an_error_on_every_rank) {
+  // Rank 0 registers the classifier, the others the language model.
+  const ModelKind kind = info().rank == 0 ? ModelKind::Classifier : ModelKind::LM;
+  auto model = equivalence::make_model(kind, gpu_f32(), 3);
+  ArenaOptions ao;
+  ao.device = device();
+  GradArena arena(model->parameters(), {}, ao);
+  EXPECT_ERROR(Reducer reducer(arena, world()), "Reducer: rank", "differs from another rank");
+  // The check is an ordinary collective: the world is still healthy.
+  world().check();
+  EXPECT_FALSE(world().aborted());
+}
+
+}  // namespace
+}  // namespace accrue::dist
