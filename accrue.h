@@ -10,6 +10,7 @@
 #pragma once
 
 #include "autograd/engine.h"
+#include "autograd/grad_arena.h"
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 #include "autograd/variable.h"
@@ -24,8 +25,7 @@
 #include "core/tensor_io.h"
 #include "kernels/ops.h"
 #include "nn/module.h"
-#include "optim/sgd.h"
-#include "autograd/grad_arena.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
+#include "optim/sgd.h"
 #include "optim/window.h"
