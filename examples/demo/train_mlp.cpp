@@ -8,6 +8,12 @@
 //
 // The training loop below is the whole accumulation story: backward per
 // micro-batch into the gradient arena, one close per window.
+//
+// Data parallel: start one process per GPU with a standard launcher, e.g.
+//   torchrun --nproc-per-node=2 --no-python build/ci/examples/accrue_demo
+//   mpirun -np 2 build/ci/examples/accrue_demo
+// Each rank draws its own micro-batches; the last micro-step's buckets are
+// all-reduced while its backward runs (Note [Buckets]).
 #include <unistd.h>
 
 #include <chrono>
@@ -16,6 +22,12 @@
 #include <string>
 
 #include "accrue.h"
+#include "dist/bucket_plan.h"
+#include "dist/launch_env.h"
+#include "dist/reducer.h"
+#ifdef ACCRUE_WITH_NCCL
+#include "dist/nccl_communicator.h"
+#endif
 
 using namespace accrue;
 
@@ -94,8 +106,16 @@ constexpr int64_t kFeatures = 32, kHidden = 256, kClasses = 10;
 
 int main(int argc, char** argv) try {
   const Options opt = parse(argc, argv);
+  const dist::RankInfo rank = dist::discover_rank();
   const bool gpu = cuda_available() && !opt.force_cpu;
-  const Device device = gpu ? Device::cuda(0) : Device::cpu();
+  ACCRUE_CHECK(!rank.distributed() || gpu, "accrue_demo: data parallelism (", dist::describe(rank),
+               ") needs a GPU per rank");
+  const Device device = gpu ? Device::cuda(rank.local_rank) : Device::cpu();
+  if (gpu) set_cuda_device(device.index);
+  const bool main_rank = rank.rank == 0;
+  // One rank reports; the others train silently.
+  if (!main_rank && !std::freopen("/dev/null", "w", stdout))
+    ACCRUE_FAIL("accrue_demo: cannot silence rank ", rank.rank);
   const DType compute = parse_dtype(opt.dtype);
   std::printf(
       "accrue demo on %s%s: MLP %lld-%lld-%lld-%lld, micro-batch %lld x K=%lld = batch %lld,"
@@ -111,12 +131,29 @@ int main(int argc, char** argv) try {
   optim::Optimizer optimizer = make_optimizer(opt);
   GradArena arena(model.parameters(), {},
                   {device, DType::f32, compute, optimizer.moments_needed()});
+  // Data parallelism: a communicator and a reducer that the Window drives.
+  std::unique_ptr<dist::Communicator> comm;
+  std::unique_ptr<dist::Reducer> reducer;
+  if (rank.distributed()) {
+#ifdef ACCRUE_WITH_NCCL
+    comm = dist::connect_nccl(rank, dist::layout_fingerprint(arena));
+    reducer = std::make_unique<dist::Reducer>(arena, *comm);
+    reducer->broadcast_parameters();  // every rank starts from rank 0's weights
+    std::printf("data parallel: %s, %zu buckets\n", dist::describe(rank).c_str(),
+                reducer->plan().buckets().size());
+#else
+    ACCRUE_FAIL("accrue_demo: launched as ", dist::describe(rank),
+                " but accrue was built without NCCL");
+#endif
+  }
   optim::Window window(arena, optimizer,
                        optim::WindowOptions().micro_steps(opt.accum).max_grad_norm(opt.clip).scaler(
-                           make_scaler(opt)));
+                           make_scaler(opt)),
+                       reducer.get());
+  Generator data_gen(1000 + static_cast<uint64_t>(rank.rank));  // each rank its own data
   const Tensor teacher = randn({kFeatures, kClasses}, DType::f32, device, &gen);
   auto batch = [&](int64_t n) {
-    Tensor x = randn({n, kFeatures}, DType::f32, device, &gen);
+    Tensor x = randn({n, kFeatures}, DType::f32, device, &data_gen);
     Tensor y = kernels::argmax(kernels::matmul(x, teacher), 1);
     return std::make_pair(x.to(compute), y);
   };
@@ -140,7 +177,8 @@ int main(int argc, char** argv) try {
       const auto now = std::chrono::steady_clock::now();
       const double seconds = std::chrono::duration<double>(now - last_time).count();
       last_time = now;
-      const double items_per_s = (w == 1 ? 1 : 10) * opt.micro_batch * opt.accum / seconds;
+      const double items_per_s =
+          (w == 1 ? 1 : 10) * opt.micro_batch * opt.accum * rank.world_size / seconds;
       if (w == 1) first_loss = r.loss;
       last_loss = r.loss;
       if (tty) std::printf("\r\033[K");
