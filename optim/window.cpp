@@ -9,8 +9,10 @@
 namespace accrue::optim {
 
 namespace {
-constexpr int kLastLoss = kernels::kWindowStateSize, kLastItems = kernels::kWindowStateSize + 1;
-}
+// last_ holds the state, then this rank's loss sum and item count, then N over all ranks.
+constexpr int kLastLoss = kernels::kWindowStateSize, kLastLocalItems = kLastLoss + 1,
+              kLastItems = kLastLoss + 2, kLastSize = kLastLoss + 3;
+}  // namespace
 
 Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& options,
                GradientSync* sync)
@@ -30,7 +32,7 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
   state_ = kernels::make_window_state(initial, device);
   partials_ = empty({kernels::norm_partials_rows(arena.grads()), 2}, DType::f64, device);
   loss_sum_ = zeros({}, DType::f64, device);
-  last_ = zeros({kernels::kWindowStateSize + 2}, DType::f64, device);
+  last_ = zeros({kLastSize}, DType::f64, device);
   optimizer_.bind(arena);
 }
 
@@ -68,9 +70,11 @@ void Window::close() {
   ACCRUE_CHECK(ready(), "Window::close: ", micro_step_, " of ", options_.micro_steps(),
                " micro-steps done");
   NoGradGuard no_grad;
-  arena_
-      .zero_unwritten();  // Note [Overwrite first]: unused parameters read 0 (before any reduction)
-  if (sync_) sync_->finish(field(kernels::kItems));
+  // Note [Overwrite first]: unused parameters read 0, before any reduction sums them.
+  arena_.zero_unwritten();
+  // The loss report is this rank's own mean: its loss sum over its own items.
+  last_.narrow(0, kLastLocalItems, 1).copy_(field(kernels::kItems).reshape({1}));
+  if (sync_) sync_->finish(field(kernels::kItems));  // N becomes the sum over ranks
   kernels::grad_norm_partials(arena_.grads(), partials_);
   kernels::window_scalar_step(partials_, state_, close_config_);
   optimizer_.step(arena_, state_, windows_);
@@ -89,7 +93,7 @@ WindowReport Window::report() const {
   WindowReport r;
   r.window = windows_;
   r.items = v[kLastItems];
-  r.loss = r.items > 0 ? v[kLastLoss] / r.items : 0.0;
+  r.loss = v[kLastLocalItems] > 0 ? v[kLastLoss] / v[kLastLocalItems] : 0.0;
   r.grad_norm = v[kernels::kGradNorm];
   r.clip_coef = v[kernels::kClipCoef];
   r.loss_scale = v[kernels::kScale];

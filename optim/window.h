@@ -103,7 +103,7 @@ class Window {
   Tensor state_;     // f64 [kWindowStateSize]
   Tensor partials_;  // the norm pass's output
   Tensor loss_sum_;  // f64 0-d, summed over the window's micro-steps
-  Tensor last_;      // f64 [kWindowStateSize + 2]: state, loss sum and N of the last window
+  Tensor last_;      // f64: the last window's state, this rank's loss sum and items, and N
   int64_t micro_step_ = 0;
   int64_t windows_ = 0;
 };
