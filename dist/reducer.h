@@ -79,6 +79,7 @@ class Reducer final : public optim::GradientSync {
   // optim::GradientSync, see Note [Reducer].
   void before_backward(int64_t index, int64_t micro_steps) override;
   void finish(const Tensor& items) override;
+  int64_t world_size() const override { return comm_.world_size(); }
 
   // Every rank's master weights and moments become rank `root`'s, and the
   // compute copy follows. Collective; call once before training.

@@ -16,6 +16,8 @@ class GradientSync {
   // `items` (a 0-d f64 device tensor, this rank's N) summed over ranks, both
   // ordered before the current stream's next work. No host synchronization.
   virtual void finish(const Tensor& items) = 0;
+  // Ranks whose gradients the reduction sums (the legacy mean-of-means mode divides by K x this).
+  virtual int64_t world_size() const { return 1; }
 };
 
 }  // namespace accrue::optim

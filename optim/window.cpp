@@ -24,7 +24,9 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
   options.scaler().validate();
   close_config_.scaler = options.scaler().config();
   close_config_.normalization = options.normalization();
-  close_config_.micro_steps = options.micro_steps();
+  // Legacy mean-of-means divides the summed per-micro-batch means by every
+  // micro-batch of the window, on every rank.
+  close_config_.micro_steps = options.micro_steps() * (sync ? sync->world_size() : 1);
   close_config_.max_norm = options.max_grad_norm();
   const Device device = arena.options().device;
   const double initial =
