@@ -66,6 +66,19 @@ double default_atol(DType dtype) {
   }
 }
 
+double normalized_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::f64:
+      return 1e-12;
+    case DType::f32:
+      return 1e-5;
+    case DType::f16:
+      return 2e-3;
+    default:
+      return 1e-2;  // bf16
+  }
+}
+
 ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, double rtol,
                                      double atol) {
   if (actual.shape() != expected.shape())

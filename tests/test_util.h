@@ -47,6 +47,9 @@ Tensor random_integers(const Shape& shape, int lo, int hi, DType dtype = DType::
 // Relative tolerance for results computed in `dtype` (fp32 math for 16-bit types).
 double default_rtol(DType dtype);
 double default_atol(DType dtype);
+// The normalized error ||gpu - cpu|| / ||cpu|| allowed for a result stored in
+// `dtype` and accumulated in fp32 (f64 for f64): one rounding to the dtype.
+double normalized_tolerance(DType dtype);
 
 // Elementwise |actual - expected| <= atol + rtol * |expected|, NaN never passes
 // (unless both are NaN at the same place). Compares values as f64 on the host;

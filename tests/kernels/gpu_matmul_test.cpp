@@ -16,21 +16,6 @@ const Device kGpu = Device::cuda(0);
 const Device kCpu = Device::cpu();
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
 
-// Normalized error ||gpu - cpu|| / ||cpu|| allowed for a product stored in `dtype`:
-// fp32 accumulation everywhere but f64, and one rounding to the output dtype.
-double product_tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::f64:
-      return 1e-12;
-    case DType::f32:
-      return 1e-5;
-    case DType::f16:
-      return 2e-3;
-    default:
-      return 1e-2;  // bf16
-  }
-}
-
 // Restores the TF32 setting at scope exit, so a failing test leaves it as found.
 class Tf32Scope {
  public:
@@ -93,11 +78,13 @@ TEST(GpuMatmul, gpt2_shapes_match_cpu_in_every_dtype) {
     SCOPED_TRACE(dtype_name(dt));
     const Tensor x = test::random_normal({256, 768}, dt);
     const Tensor w = test::random_normal({768, 3072}, dt, kCpu, 0.05);
-    EXPECT_TRUE(matmul_matches_cpu(x, w, product_tolerance(dt), false));
+    EXPECT_TRUE(matmul_matches_cpu(x, w, test::normalized_tolerance(dt), false));
     // The backward shapes: dx = dy @ w^T and dw = x^T @ dy, as transposed views.
     const Tensor dy = test::random_normal({256, 3072}, dt);
-    EXPECT_TRUE(matmul_matches_cpu(dy, w, product_tolerance(dt), false, as_stored, transposed));
-    EXPECT_TRUE(matmul_matches_cpu(x, dy, product_tolerance(dt), false, transposed, as_stored));
+    EXPECT_TRUE(
+        matmul_matches_cpu(dy, w, test::normalized_tolerance(dt), false, as_stored, transposed));
+    EXPECT_TRUE(
+        matmul_matches_cpu(x, dy, test::normalized_tolerance(dt), false, transposed, as_stored));
   }
 }
 
@@ -121,7 +108,7 @@ TEST(GpuMatmul, odd_sizes_are_exact_on_small_integers) {
     }
     // And random normals for the rounding paths.
     EXPECT_TRUE(matmul_matches_cpu(test::random_normal({m, k}), test::random_normal({k, n}),
-                                   product_tolerance(DType::f32), false));
+                                   test::normalized_tolerance(DType::f32), false));
   }
 }
 
@@ -175,7 +162,8 @@ TEST(GpuMatmul, batched_and_broadcast_batches_match_cpu) {
     const Tensor b16 = test::random_integers(c.b, -2, 2, DType::bf16);
     EXPECT_TRUE(matmul_matches_cpu(a16, b16, 0.0, true, as_stored, view_b));
     EXPECT_TRUE(matmul_matches_cpu(test::random_normal(c.a), test::random_normal(c.b),
-                                   product_tolerance(DType::f32), false, as_stored, view_b));
+                                   test::normalized_tolerance(DType::f32), false, as_stored,
+                                   view_b));
   }
 }
 
@@ -216,7 +204,7 @@ TEST(GpuMatmul, gemm_writes_with_beta_zero_without_reading_nan) {
     const Tensor got = on_cpu(actual);
     for (double v : got.to_vector<double>())
       ASSERT_TRUE(std::isfinite(v)) << "beta = 0 read the NaN-poisoned output";
-    EXPECT_LE(test::relative_error(got, expected), product_tolerance(dt));
+    EXPECT_LE(test::relative_error(got, expected), test::normalized_tolerance(dt));
   }
 }
 
@@ -266,7 +254,7 @@ TEST(GpuMatmul, gemm_alpha_beta_match_cpu_in_every_dtype) {
     Tensor actual = start.to(kGpu);
     kernels::gemm(a, false, b, true, expected, -1.5, 0.5);
     kernels::gemm(a.to(kGpu), false, b.to(kGpu), true, actual, -1.5, 0.5);
-    EXPECT_LE(test::relative_error(on_cpu(actual), expected), product_tolerance(dt));
+    EXPECT_LE(test::relative_error(on_cpu(actual), expected), test::normalized_tolerance(dt));
   }
 }
 

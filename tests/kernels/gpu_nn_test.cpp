@@ -23,21 +23,6 @@ Tensor on_cpu(const Tensor& t) {
   return t.to(kCpu);
 }
 
-// Normalized error allowed for a result stored in `dtype`, computed in fp32
-// (f64 for f64) on the GPU and in f64 on the CPU.
-double tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::f64:
-      return 1e-12;
-    case DType::f32:
-      return 1e-5;
-    case DType::f16:
-      return 2e-3;
-    default:
-      return 1e-2;  // bf16
-  }
-}
-
 ::testing::AssertionResult close(const Tensor& actual, const Tensor& expected, double tol) {
   const double err = test::relative_error(actual, expected);
   if (err <= tol) return ::testing::AssertionSuccess();
@@ -227,7 +212,7 @@ TEST(GpuCrossEntropy, backward_matches_cpu_and_zeroes_ignored_rows) {
       const Tensor expected = kernels::cross_entropy_backward(logits, targets, -100, seed);
       const Tensor actual = on_cpu(
           kernels::cross_entropy_backward(logits.to(kGpu), targets.to(kGpu), -100, seed.to(kGpu)));
-      EXPECT_TRUE(close(actual, expected, tolerance(dt)));
+      EXPECT_TRUE(close(actual, expected, test::normalized_tolerance(dt)));
       // Ignored rows are exactly zero.
       const std::vector<int64_t> t = targets.to_vector<int64_t>();
       const std::vector<double> g = actual.to_vector<double>();
@@ -269,7 +254,7 @@ TEST(GpuLayerNorm, forward_matches_cpu) {
       const kernels::LayerNormOutput e = kernels::layer_norm(x, w, b, 1e-5);
       const kernels::LayerNormOutput a =
           kernels::layer_norm(x.to(kGpu), c.weight ? w.to(kGpu) : w, c.bias ? b.to(kGpu) : b, 1e-5);
-      EXPECT_TRUE(close(on_cpu(a.out), e.out, tolerance(dt)));
+      EXPECT_TRUE(close(on_cpu(a.out), e.out, test::normalized_tolerance(dt)));
       const double stats_tol = dt == DType::f64 ? 1e-12 : 1e-5;
       EXPECT_TRUE(close(on_cpu(a.mean), e.mean, stats_tol));
       EXPECT_TRUE(close(on_cpu(a.rstd), e.rstd, stats_tol));
@@ -294,7 +279,9 @@ TEST(GpuLayerNorm, backward_matches_cpu_overwriting_and_accumulating) {
         const Tensor x_g = x.to(kGpu), dy_g = dy.to(kGpu), w_g = c.weight ? w.to(kGpu) : w;
         const Tensor mean_g = fwd.mean.to(kGpu), rstd_g = fwd.rstd.to(kGpu);
         // Parameter-gradient tolerance: fp32 sums over rows, stored in gd.
-        const double param_tol = gd == DType::f64 ? 1e-12 : gd == DType::f32 ? 1e-5 : tolerance(gd);
+        const double param_tol = gd == DType::f64   ? 1e-12
+                                 : gd == DType::f32 ? 1e-5
+                                                    : test::normalized_tolerance(gd);
         for (bool accumulate : {false, true}) {
           SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
           Tensor dw = test::random_normal({c.d}, gd), db = test::random_normal({c.d}, gd);
@@ -307,7 +294,7 @@ TEST(GpuLayerNorm, backward_matches_cpu_overwriting_and_accumulating) {
               kernels::layer_norm_backward(dy, x, w, fwd.mean, fwd.rstd, dw, db, accumulate);
           const Tensor dx_g =
               kernels::layer_norm_backward(dy_g, x_g, w_g, mean_g, rstd_g, dw_g, db_g, accumulate);
-          EXPECT_TRUE(close(on_cpu(dx_g), dx, tolerance(dt)));
+          EXPECT_TRUE(close(on_cpu(dx_g), dx, test::normalized_tolerance(dt)));
           EXPECT_TRUE(close(on_cpu(dw_g), dw, param_tol));
           EXPECT_TRUE(close(on_cpu(db_g), db, param_tol));
         }
