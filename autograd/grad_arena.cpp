@@ -1,5 +1,8 @@
 #include "autograd/grad_arena.h"
 
+#include <iomanip>
+#include <sstream>
+
 #include "core/allocator.h"
 #include "core/grad_mode.h"
 #include "kernels/ops.h"
@@ -49,6 +52,7 @@ GradArena::GradArena(const std::vector<Tensor>& params, const std::vector<std::s
   // Padding must read as zero forever: the norm pass and the optimizer sweep it.
   master_ = zeros({padded_numel_}, options.master_dtype, options.device);
   grads_ = zeros({padded_numel_}, options.master_dtype, options.device);
+  moment_numel_ = padded_numel_;
   for (int i = 0; i < options.moments; ++i)
     moments_.push_back(zeros({padded_numel_}, options.master_dtype, options.device));
   NoGradGuard no_grad;
@@ -80,6 +84,50 @@ const Tensor& GradArena::moment(int i) const {
   ACCRUE_CHECK(i >= 0 && i < static_cast<int>(moments_.size()), "GradArena::moment: index ", i,
                " but the arena has ", moments_.size(), " moment arenas");
   return moments_[i];
+}
+
+namespace {
+std::string bytes_str(int64_t bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1);
+  if (bytes >= (int64_t{1} << 30)) {
+    os << static_cast<double>(bytes) / double(int64_t{1} << 30) << " GiB";
+  } else if (bytes >= (int64_t{1} << 20)) {
+    os << static_cast<double>(bytes) / double(int64_t{1} << 20) << " MiB";
+  } else {
+    os << bytes << " B";
+  }
+  return os.str();
+}
+}  // namespace
+
+std::string ArenaMemory::describe(bool moments_sharded) const {
+  return "master " + bytes_str(master) + ", grads " + bytes_str(grads) + ", compute " +
+         bytes_str(compute) + ", moments " + bytes_str(moments) +
+         (moments_sharded ? " (sharded)" : "") + ", total " + bytes_str(total());
+}
+
+ArenaMemory GradArena::memory() const {
+  auto bytes = [](const Tensor& t) {
+    return t.defined() ? t.numel() * static_cast<int64_t>(element_size(t.dtype())) : int64_t{0};
+  };
+  ArenaMemory m;
+  m.master = bytes(master_);
+  m.grads = bytes(grads_);
+  m.compute = bytes(compute_);
+  for (const Tensor& t : moments_)
+    m.moments += bytes(t);
+  return m;
+}
+
+void GradArena::shard_moments(int64_t numel) {
+  ACCRUE_CHECK(numel >= 0 && numel <= padded_numel_, "GradArena::shard_moments: ", numel,
+               " elements; the arena has ", padded_numel_);
+  moment_numel_ = numel;
+  for (Tensor& m : moments_) {
+    m = Tensor();  // freed before the shard is allocated: the peak never holds both
+    m = zeros({numel}, options_.master_dtype, options_.device);
+  }
 }
 
 Tensor GradArena::master_view(size_t i) const {

@@ -22,6 +22,12 @@
 
 namespace accrue {
 
+// Elements [offset, offset + numel) of a flat arena.
+struct ArenaRange {
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
 struct ArenaOptions {
   Device device = Device::cpu();
   // The dtype of master weights, gradients and moments: f32, or f64 for the CPU reference.
@@ -30,6 +36,14 @@ struct ArenaOptions {
   DType compute_dtype = DType::f32;
   // How many moment arenas to allocate (0 to 3: SGD momentum, Adam m and v, amsgrad's max).
   int moments = 2;
+};
+
+// Bytes an arena holds on its device, by role (the report of Note [ZeRO-1]).
+struct ArenaMemory {
+  int64_t master = 0, grads = 0, compute = 0, moments = 0;
+  int64_t total() const { return master + grads + compute + moments; }
+  // "master 475.0 MiB, grads 475.0 MiB, compute 0 B, moments 475.0 MiB (sharded), total 1.39 GiB"
+  std::string describe(bool moments_sharded = false) const;
 };
 
 class GradArena final : public GradSink {
@@ -58,10 +72,17 @@ class GradArena final : public GradSink {
   int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return padded_numel_; }
 
-  // The flat arenas, each [padded_numel].
+  // The flat arenas, each [padded_numel] (the moments [moment_numel()]).
   const Tensor& master() const { return master_; }
   const Tensor& grads() const { return grads_; }
   const Tensor& moment(int i) const;
+  int64_t moment_numel() const { return moment_numel_; }
+  // Note [ZeRO-1] (dist/reducer.h): this rank keeps optimizer moments only for
+  // its shard, `numel` elements (its owned ranges packed in order). Replaces
+  // every moment arena with a zeroed one of that size; before the first step.
+  void shard_moments(int64_t numel);
+  bool moments_sharded() const { return moment_numel_ != padded_numel_; }
+  ArenaMemory memory() const;
   // The compute copy, or undefined when the compute dtype is the master dtype.
   const Tensor& compute() const { return compute_; }
   // The parameters as registered (re-pointed into the arenas).
@@ -100,7 +121,7 @@ class GradArena final : public GradSink {
   std::vector<Tensor> params_;
   std::unordered_map<const TensorImpl*, size_t> index_;
   std::vector<bool> written_;
-  int64_t numel_ = 0, padded_numel_ = 0;
+  int64_t numel_ = 0, padded_numel_ = 0, moment_numel_ = 0;
   Tensor master_, grads_, compute_;
   std::vector<Tensor> moments_;
 };

@@ -41,6 +41,20 @@ Reducer::Reducer(GradArena& arena, Communicator& comm, const ReducerOptions& opt
   remaining_.assign(plan_.size(), 0);
   seen_.assign(arena.size(), false);
   if (options.check_layout) check_layout();
+  if (options.zero1) {
+    const int64_t world = comm.world_size();
+    int64_t packed = 0;
+    for (size_t b = 0; b < plan_.size(); ++b) {
+      const Bucket& bucket = plan_[b];
+      ACCRUE_CHECK(bucket.numel % world == 0, "Reducer (zero1): bucket ", b, " has ", bucket.numel,
+                   " elements, not divisible by the world size ", world,
+                   " (Note [Buckets] guarantees it only for powers of two up to 64)");
+      const int64_t chunk = bucket.numel / world;
+      owned_.push_back({bucket.offset + comm.rank() * chunk, chunk});
+      packed += chunk;
+    }
+    arena.shard_moments(packed);
+  }
   // Hooks cannot be unregistered: they reach the reducer through a weak
   // pointer that dies with it.
   const std::weak_ptr<HookTarget> target = hook_target_;
@@ -57,6 +71,16 @@ void Reducer::order_comm_after_compute() {
   if (!on_gpu()) return;
   ready_->record(current_stream(device_));
   ready_->block(comm_.stream());
+}
+
+void Reducer::order_compute_after_comm() {
+  if (!on_gpu()) return;
+  done_->record(comm_.stream());
+  done_->block(current_stream(device_));
+}
+
+Tensor Reducer::owned_chunk(const Tensor& flat, size_t b) const {
+  return flat.narrow(0, owned_[b].offset, owned_[b].numel);
 }
 
 // Note [Layout fingerprint], checked where it matters: the buckets this rank
@@ -77,10 +101,7 @@ void Reducer::check_layout() {
   order_comm_after_compute();
   comm_.all_reduce(t, ReduceOp::max);
   ++issued_;
-  if (on_gpu()) {
-    done_->record(comm_.stream());
-    done_->block(current_stream(device_));
-  }
+  order_compute_after_comm();
   const std::vector<int64_t> all = t.to_vector<int64_t>();
   if (all != mine) {
     std::ostringstream os;
@@ -138,7 +159,13 @@ void Reducer::send_ready_buckets() {
 void Reducer::send_bucket(size_t b) {
   order_comm_after_compute();
   if (!bucket_start_.empty()) bucket_start_[b]->record(comm_.stream());
-  comm_.all_reduce(plan_.view(arena_.grads(), b), ReduceOp::sum);
+  if (options_.zero1) {
+    // Note [ZeRO-1]: in place, this rank's chunk receives the sum.
+    comm_.reduce_scatter(plan_.view(arena_.grads(), b), owned_chunk(arena_.grads(), b),
+                         ReduceOp::sum);
+  } else {
+    comm_.all_reduce(plan_.view(arena_.grads(), b), ReduceOp::sum);
+  }
   if (!bucket_end_.empty()) bucket_end_[b]->record(comm_.stream());
   ++issued_;
 }
@@ -163,12 +190,9 @@ void Reducer::finish(const Tensor& items) {
   comm_.all_reduce(items, ReduceOp::sum);
   ++issued_;
   if (items_end_) items_end_->record(comm_.stream());
-  if (on_gpu()) {
-    // The close's norm pass and optimizer read the reduced arena: the compute
-    // stream waits for the communicator's, on the device only.
-    done_->record(comm_.stream());
-    done_->block(current_stream(device_));
-  }
+  // The close's norm pass and optimizer read the reduced arena: the compute
+  // stream waits for the communicator's, on the device only.
+  order_compute_after_comm();
   timing_valid_ = armed_ && items_end_ != nullptr;
   sent_in_backward_last_ = armed_ ? sent_in_backward_ : 0;
   armed_ = false;
@@ -180,16 +204,35 @@ void Reducer::broadcast_parameters(int root) {
   order_comm_after_compute();
   comm_.broadcast(arena_.master(), root);
   ++issued_;
-  for (int i = 0; i < arena_.options().moments; ++i) {
+  for (int i = 0; i < arena_.options().moments && !options_.zero1; ++i) {
     comm_.broadcast(arena_.moment(i), root);
     ++issued_;
   }
-  if (on_gpu()) {
-    done_->record(comm_.stream());
-    done_->block(current_stream(device_));
-  }
+  order_compute_after_comm();
   // The GEMMs read the compute copy: it follows the broadcast master weights.
   if (arena_.compute().defined()) arena_.compute().copy_(arena_.master());
+}
+
+void Reducer::gather_partials(const Tensor& local, const Tensor& all) {
+  ACCRUE_CHECK(options_.zero1, "Reducer::gather_partials: only under zero1");
+  order_comm_after_compute();
+  comm_.all_gather(local, all);
+  ++issued_;
+  order_compute_after_comm();
+}
+
+void Reducer::gather_parameters(const Tensor& params) {
+  ACCRUE_CHECK(options_.zero1, "Reducer::gather_parameters: only under zero1");
+  ACCRUE_CHECK(params.defined() && params.dim() == 1 && params.numel() == plan_.padded_numel(),
+               "Reducer::gather_parameters: expects a flat arena of ", plan_.padded_numel(),
+               " elements, got ", params.defined() ? shape_str(params.shape()) : "undefined");
+  NoGradGuard no_grad;
+  order_comm_after_compute();
+  for (size_t b = 0; b < plan_.size(); ++b) {
+    comm_.all_gather(owned_chunk(params, b), plan_.view(params, b));
+    ++issued_;
+  }
+  order_compute_after_comm();
 }
 
 ReducerTiming Reducer::last_timing() const {

@@ -28,6 +28,29 @@
 //     for the communicator's stream by an event: no host synchronization.
 // The reduced gradient is the SUM over ranks; the window's close divides by
 // the global N, so 2 ranks x K micro-batches equal 1 rank x 2K exactly in math.
+//
+// Note [ZeRO-1]
+// ~~~~~~~~~~~~~
+// With ReducerOptions::zero1 the same buckets, at the same moments, are
+// reduce-scattered instead of all-reduced: rank r receives the sum of chunk r
+// of every bucket (chunk r = elements [r n/W, (r+1) n/W) of a bucket of n;
+// Note [Buckets] makes n divisible by W). Those chunks, in plan order, are
+// the rank's owned ranges (owned_ranges()), and at the close:
+//   - the optimizer moments exist only for them: the arena's moment arenas
+//     are replaced by packed shards at construction (GradArena::shard_moments),
+//     1/W of plain data parallelism's;
+//   - the norm pass reads only them; every rank's partials are all-gathered
+//     and summed in one fixed order on every rank, so all ranks compute the
+//     same global norm, clip coefficient, loss-scale update and found_inf
+//     (any rank non-finite => every rank skips the step);
+//   - the fused optimizer steps only them (one launch per range), writing the
+//     master and the compute copy there;
+//   - the parameters the forward reads (the compute copy, else the master) are
+//     all-gathered bucket by bucket, in place, before the next forward.
+// Traffic equals plain data parallelism's (reduce-scatter + all-gather of the
+// forward dtype = one all-reduce when that dtype is f32, less with bf16).
+// The fp32 master stays allocated whole; with a bf16/f16 compute copy only
+// its owned ranges are kept current (and checkpointed): the rest is unused.
 #pragma once
 
 #include <memory>
@@ -49,6 +72,8 @@ struct ReducerOptions {
   // Check at construction, with one small collective, that every rank has the
   // same parameter layout and bucket plan (Note [Layout fingerprint]).
   bool check_layout = true;
+  // Note [ZeRO-1]: shard the optimizer state; reduce-scatter instead of all-reduce.
+  bool zero1 = false;
 };
 
 // What the last closed window's communication looked like (timing only).
@@ -80,9 +105,14 @@ class Reducer final : public optim::GradientSync {
   void before_backward(int64_t index, int64_t micro_steps) override;
   void finish(const Tensor& items) override;
   int64_t world_size() const override { return comm_.world_size(); }
+  // Note [ZeRO-1] (empty unless options.zero1).
+  const std::vector<ArenaRange>& owned_ranges() const override { return owned_; }
+  void gather_partials(const Tensor& local, const Tensor& all) override;
+  void gather_parameters(const Tensor& params) override;
 
   // Every rank's master weights and moments become rank `root`'s, and the
-  // compute copy follows. Collective; call once before training.
+  // compute copy follows. Collective; call once before training. Under ZeRO-1
+  // the moments are each rank's own shard and are left alone.
   void broadcast_parameters(int root = 0);
 
   const BucketPlan& plan() const { return plan_; }
@@ -103,6 +133,10 @@ class Reducer final : public optim::GradientSync {
   void send_bucket(size_t b);
   // Orders the communicator's stream after the current stream's work so far.
   void order_comm_after_compute();
+  // Orders the current stream's next work after the communicator's so far.
+  void order_compute_after_comm();
+  // Bucket b's chunk this rank owns under ZeRO-1, as a view of `flat`.
+  Tensor owned_chunk(const Tensor& flat, size_t b) const;
   void check_layout();
   bool on_gpu() const { return comm_.stream() != nullptr; }
 
@@ -110,7 +144,8 @@ class Reducer final : public optim::GradientSync {
   Communicator& comm_;
   ReducerOptions options_;
   BucketPlan plan_;
-  int device_ = -1;  // CUDA device index, -1 on the CPU
+  std::vector<ArenaRange> owned_;  // ZeRO-1: chunk rank() of every bucket, plan order
+  int device_ = -1;                // CUDA device index, -1 on the CPU
 
   // The hooks reach the reducer through this; it dies with the reducer, so a
   // hook firing later (hooks cannot be removed) does nothing.

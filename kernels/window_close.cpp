@@ -165,11 +165,12 @@ void check_optimizer_buffers(const OptimizerConfig& c, const OptimizerBuffers& b
   check_dtype(b.chunk_groups, DType::i32, op, "chunk_groups");
   check_contiguous(b.chunk_groups, op, "chunk_groups");
   check_device(b.chunk_groups, b.params.device(), op, "chunk_groups");
-  const int64_t chunks = (b.params.numel() + kChunk - 1) / kChunk;
-  ACCRUE_CHECK(b.chunk_groups.numel() == chunks, op, ": chunk_groups of shape ",
+  ACCRUE_CHECK(b.first_element >= 0, op, ": first_element = ", b.first_element, " must be >= 0");
+  const int64_t chunks = (b.first_element + b.params.numel() + kChunk - 1) / kChunk;
+  ACCRUE_CHECK(b.chunk_groups.numel() >= chunks, op, ": chunk_groups of shape ",
                shape_str(b.chunk_groups.shape()), " has ", b.chunk_groups.numel(), " elements; ",
-               b.params.numel(), " params need ceil(", b.params.numel(), " / ", kChunk,
-               ") = ", chunks);
+               b.params.numel(), " params from element ", b.first_element, " need ceil((",
+               b.first_element, " + ", b.params.numel(), ") / ", kChunk, ") = ", chunks);
 }
 
 }  // namespace

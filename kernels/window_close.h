@@ -97,7 +97,12 @@ struct OptimizerBuffers {
   Tensor exp_avg_sq;      // Adam v
   Tensor max_exp_avg_sq;  // amsgrad's running max of v
   Tensor compute;         // bf16/f16 compute copy written from the new params, or undefined
-  Tensor chunk_groups;    // i32 [ceil(numel / kChunk)]: the group of each 32-element chunk
+  // i32 [>= ceil((first_element + numel) / kChunk)]: the group of each 32-element chunk.
+  Tensor chunk_groups;
+  // Where params[0] sits in the frame chunk_groups describes: element i's group is
+  // chunk_groups[(first_element + i) / kChunk]. Non-zero when stepping a range of
+  // the arena (Note [ZeRO-1]: a rank's shard) against the whole arena's table.
+  int64_t first_element = 0;
 };
 inline constexpr int64_t kChunk = 32;
 

@@ -2,6 +2,9 @@
 // defines it and dist implements it (optim never includes dist).
 #pragma once
 
+#include <vector>
+
+#include "autograd/grad_arena.h"
 #include "core/tensor.h"
 
 namespace accrue::optim {
@@ -12,12 +15,31 @@ class GradientSync {
   // Before the backward of micro-step `index` (0-based) of a window of
   // `micro_steps`. Note [Buckets]: only the last one communicates.
   virtual void before_backward(int64_t index, int64_t micro_steps) = 0;
-  // At close, before the norm pass: the gradient arena must be reduced and
-  // `items` (a 0-d f64 device tensor, this rank's N) summed over ranks, both
-  // ordered before the current stream's next work. No host synchronization.
+  // At close, before the norm pass: the gradient arena must be reduced (under
+  // ZeRO-1, in the owned ranges only) and `items` (a 0-d f64 device tensor,
+  // this rank's N) summed over ranks, both ordered before the current
+  // stream's next work. No host synchronization.
   virtual void finish(const Tensor& items) = 0;
   // Ranks whose gradients the reduction sums (the legacy mean-of-means mode divides by K x this).
   virtual int64_t world_size() const { return 1; }
+
+  // Note [ZeRO-1] (dist/reducer.h). The ranges of the arena whose reduced
+  // gradient this rank holds after finish() and whose parameters it steps,
+  // in order; its optimizer moments hold exactly these ranges, packed in this
+  // order (GradArena::shard_moments). Empty: plain data parallelism, every
+  // rank holds and steps the whole arena, and the two calls below are unused.
+  virtual const std::vector<ArenaRange>& owned_ranges() const {
+    static const std::vector<ArenaRange> whole_arena;
+    return whole_arena;
+  }
+  // `local`, this rank's norm partials (f64 [rows, 2], the same rows on every
+  // rank), into `all` ([world_size() * rows, 2], rank order), identical on
+  // every rank so that all agree on the norm and on found_inf. Stream-ordered.
+  virtual void gather_partials(const Tensor& local, const Tensor& all);
+  // After the optimizer step: every owned range of `params` (the flat arena
+  // the forward reads: the compute copy, else the master) from its owner.
+  // Stream-ordered.
+  virtual void gather_parameters(const Tensor& params);
 };
 
 }  // namespace accrue::optim

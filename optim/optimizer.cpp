@@ -147,18 +147,45 @@ void Optimizer::bind(const GradArena& arena) {
   bound_ = &arena;
 }
 
-void Optimizer::step(const GradArena& arena, const Tensor& window_state, int64_t step) const {
+void Optimizer::step(const GradArena& arena, const Tensor& window_state, int64_t step,
+                     const std::vector<ArenaRange>& ranges) const {
   ACCRUE_CHECK(bound_ == &arena, "Optimizer::step: bind(arena) first");
-  kernels::OptimizerBuffers b;
-  b.params = arena.master();
-  b.grads = arena.grads();
   const int m = moments_needed();
-  if (m >= 1) b.exp_avg = arena.moment(0);
-  if (m >= 2) b.exp_avg_sq = arena.moment(1);
-  if (m >= 3) b.max_exp_avg_sq = arena.moment(2);
-  b.compute = arena.compute();
-  b.chunk_groups = chunk_groups_;
-  kernels::fused_optimizer_step(config_at(step), b, window_state);
+  auto buffers = [&](int64_t offset, int64_t numel, int64_t moment_offset) {
+    kernels::OptimizerBuffers b;
+    b.params = arena.master().narrow(0, offset, numel);
+    b.grads = arena.grads().narrow(0, offset, numel);
+    if (m >= 1) b.exp_avg = arena.moment(0).narrow(0, moment_offset, numel);
+    if (m >= 2) b.exp_avg_sq = arena.moment(1).narrow(0, moment_offset, numel);
+    if (m >= 3) b.max_exp_avg_sq = arena.moment(2).narrow(0, moment_offset, numel);
+    if (arena.compute().defined()) b.compute = arena.compute().narrow(0, offset, numel);
+    b.chunk_groups = chunk_groups_;
+    b.first_element = offset;
+    return b;
+  };
+  const kernels::OptimizerConfig config = config_at(step);
+  if (ranges.empty()) {
+    ACCRUE_CHECK(!arena.moments_sharded(), "Optimizer::step: the arena's moments hold a shard of ",
+                 arena.moment_numel(), " elements; step the owned ranges");
+    kernels::fused_optimizer_step(config, buffers(0, arena.padded_numel(), 0), window_state);
+    return;
+  }
+  int64_t packed = 0;
+  for (const ArenaRange& r : ranges) {
+    ACCRUE_CHECK(r.offset >= 0 && r.numel >= 0 && r.offset + r.numel <= arena.padded_numel(),
+                 "Optimizer::step: range [", r.offset, ", ", r.offset + r.numel,
+                 ") is outside the arena's ", arena.padded_numel(), " elements");
+    packed += r.numel;
+  }
+  ACCRUE_CHECK(m == 0 || packed == arena.moment_numel(), "Optimizer::step: the ranges hold ",
+               packed, " elements but the arena's moments ", arena.moment_numel());
+  int64_t moment_offset = 0;
+  for (const ArenaRange& r : ranges) {
+    if (r.numel > 0)
+      kernels::fused_optimizer_step(config, buffers(r.offset, r.numel, moment_offset),
+                                    window_state);
+    moment_offset += r.numel;
+  }
 }
 
 }  // namespace accrue::optim

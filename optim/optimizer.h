@@ -159,8 +159,11 @@ class Optimizer {
 
   // Builds the chunk-to-group table of `arena` (once, before the first step).
   void bind(const GradArena& arena);
-  // The fused pass of Note [Window close] (c) for optimizer step `step`.
-  void step(const GradArena& arena, const Tensor& window_state, int64_t step) const;
+  // The fused pass of Note [Window close] (c) for optimizer step `step`, over
+  // the whole arena, or under ZeRO-1 over `ranges` only (one launch each),
+  // whose moments the arena keeps packed (GradArena::shard_moments).
+  void step(const GradArena& arena, const Tensor& window_state, int64_t step,
+            const std::vector<ArenaRange>& ranges = {}) const;
 
  private:
   struct Group {

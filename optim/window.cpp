@@ -32,7 +32,24 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
   const double initial =
       options.scaler().mode() == kernels::ScalerMode::None ? 1.0 : options.scaler().init_scale();
   state_ = kernels::make_window_state(initial, device);
-  partials_ = empty({kernels::norm_partials_rows(arena.grads()), 2}, DType::f64, device);
+  if (sync) ranges_ = sync->owned_ranges();
+  if (sharded()) {
+    int64_t packed = 0;
+    for (const ArenaRange& r : ranges_)
+      packed += r.numel;
+    ACCRUE_CHECK(arena.options().moments == 0 || arena.moment_numel() == packed,
+                 "Window: the sync owns ", packed, " elements of the arena but its moments hold ",
+                 arena.moment_numel(), " (construct the sync on this arena before the Window)");
+    // Note [ZeRO-1]: partial rows per owned range; the ranges have the same
+    // sizes on every rank, so every rank's block has the same rows.
+    int64_t rows = 0;
+    for (const ArenaRange& r : ranges_)
+      rows += kernels::norm_partials_rows(arena.grads().narrow(0, r.offset, r.numel));
+    local_partials_ = empty({rows, 2}, DType::f64, device);
+    partials_ = empty({sync->world_size() * rows, 2}, DType::f64, device);
+  } else {
+    partials_ = empty({kernels::norm_partials_rows(arena.grads()), 2}, DType::f64, device);
+  }
   loss_sum_ = zeros({}, DType::f64, device);
   last_ = zeros({kLastSize}, DType::f64, device);
   optimizer_.bind(arena);
@@ -77,9 +94,11 @@ void Window::close() {
   // The loss report is this rank's own mean: its loss sum over its own items.
   last_.narrow(0, kLastLocalItems, 1).copy_(field(kernels::kItems).reshape({1}));
   if (sync_) sync_->finish(field(kernels::kItems));  // N becomes the sum over ranks
-  kernels::grad_norm_partials(arena_.grads(), partials_);
+  norm_partials();
   kernels::window_scalar_step(partials_, state_, close_config_);
-  optimizer_.step(arena_, state_, windows_);
+  optimizer_.step(arena_, state_, windows_, ranges_);
+  // Note [ZeRO-1]: each rank stepped its shard; the forward needs them all.
+  if (sharded()) sync_->gather_parameters(forward_params());
   // Keep what report() shows, then start the next window's counters.
   last_.narrow(0, 0, kernels::kWindowStateSize).copy_(state_);
   last_.narrow(0, kLastLoss, 1).copy_(loss_sum_.reshape({1}));
@@ -88,6 +107,48 @@ void Window::close() {
   loss_sum_.fill_(0.0);
   ++windows_;
   micro_step_ = 0;
+}
+
+void Window::norm_partials() {
+  if (!sharded()) {
+    kernels::grad_norm_partials(arena_.grads(), partials_);
+    return;
+  }
+  int64_t row = 0;
+  for (const ArenaRange& r : ranges_) {
+    const Tensor grads = arena_.grads().narrow(0, r.offset, r.numel);
+    const int64_t rows = kernels::norm_partials_rows(grads);
+    kernels::grad_norm_partials(grads, local_partials_.narrow(0, row, rows));
+    row += rows;
+  }
+  // The global norm is the sum over every rank's partials, summed in the same
+  // fixed order on every rank: all agree on it, on the clip and on found_inf.
+  sync_->gather_partials(local_partials_, partials_);
+}
+
+const Tensor& Window::forward_params() const {
+  return arena_.compute().defined() ? arena_.compute() : arena_.master();
+}
+
+Tensor Window::pack_owned(const Tensor& flat) const {
+  int64_t total = 0;
+  for (const ArenaRange& r : ranges_)
+    total += r.numel;
+  Tensor packed = empty({total}, flat.dtype(), flat.device());
+  int64_t at = 0;
+  for (const ArenaRange& r : ranges_) {
+    packed.narrow(0, at, r.numel).copy_(flat.narrow(0, r.offset, r.numel));
+    at += r.numel;
+  }
+  return packed;
+}
+
+void Window::unpack_owned(const Tensor& packed, const Tensor& flat) const {
+  int64_t at = 0;
+  for (const ArenaRange& r : ranges_) {
+    flat.narrow(0, r.offset, r.numel).copy_(packed.narrow(0, at, r.numel));
+    at += r.numel;
+  }
 }
 
 WindowReport Window::report() const {
@@ -107,7 +168,7 @@ WindowReport Window::report() const {
 
 std::map<std::string, Tensor> Window::state_dict() const {
   std::map<std::string, Tensor> d;
-  d["master"] = arena_.master();
+  d["master"] = sharded() ? pack_owned(arena_.master()) : arena_.master();
   for (int i = 0; i < arena_.options().moments; ++i)
     d["moment" + std::to_string(i)] = arena_.moment(i);
   d["window_state"] = state_;
@@ -126,11 +187,17 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
     return it->second;
   };
   NoGradGuard no_grad;
-  arena_.master().copy_(get("master", arena_.master()));
+  if (sharded()) {
+    unpack_owned(get("master", pack_owned(arena_.master())), arena_.master());
+  } else {
+    arena_.master().copy_(get("master", arena_.master()));
+  }
   for (int i = 0; i < arena_.options().moments; ++i)
     arena_.moment(i).copy_(get("moment" + std::to_string(i), arena_.moment(i)));
   state_.copy_(get("window_state", state_));
   if (arena_.compute().defined()) arena_.compute().copy_(arena_.master());
+  // Note [ZeRO-1]: this rank loaded its shard; the others' come by gathering.
+  if (sharded()) sync_->gather_parameters(forward_params());
   windows_ = static_cast<int64_t>(get("windows_closed", full({}, 0.0, DType::i64)).item());
 }
 

@@ -89,21 +89,35 @@ class Window {
 
   // Everything a checkpoint needs to resume bit-exactly: master weights,
   // moments, the window state (scale, tracker, step) and the window count.
+  // Under ZeRO-1 each rank's dict holds its own shard ("master" and the
+  // moments packed over the owned ranges) and loading is collective: every
+  // rank loads its own, then the parameters are gathered.
   std::map<std::string, Tensor> state_dict() const;
   void load_state_dict(const std::map<std::string, Tensor>& state);
+  // Under ZeRO-1 (Note [ZeRO-1]): this rank steps only the sync's owned ranges.
+  bool sharded() const { return !ranges_.empty(); }
 
  private:
   Tensor field(int f) const;
+  // The norm partials of the gradients this rank holds, into partials_.
+  void norm_partials();
+  // The owned ranges of a flat arena, packed in order, and back.
+  Tensor pack_owned(const Tensor& flat) const;
+  void unpack_owned(const Tensor& packed, const Tensor& flat) const;
+  // The flat arena the forward reads: the compute copy, else the master.
+  const Tensor& forward_params() const;
 
   GradArena& arena_;
   Optimizer& optimizer_;
   WindowOptions options_;
   GradientSync* sync_;
   kernels::CloseConfig close_config_;
-  Tensor state_;     // f64 [kWindowStateSize]
-  Tensor partials_;  // the norm pass's output
-  Tensor loss_sum_;  // f64 0-d, summed over the window's micro-steps
-  Tensor last_;      // f64: the last window's state, this rank's loss sum and items, and N
+  Tensor state_;                    // f64 [kWindowStateSize]
+  std::vector<ArenaRange> ranges_;  // ZeRO-1: the sync's owned ranges; empty otherwise
+  Tensor partials_;                 // the norm pass's output (ZeRO-1: every rank's, gathered)
+  Tensor local_partials_;           // ZeRO-1: this rank's rows, one block per owned range
+  Tensor loss_sum_;                 // f64 0-d, summed over the window's micro-steps
+  Tensor last_;  // f64: the last window's state, this rank's loss sum and items, and N
   int64_t micro_step_ = 0;
   int64_t windows_ = 0;
 };

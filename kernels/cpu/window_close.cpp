@@ -56,12 +56,13 @@ void optimizer_typed(const OptimizerConfig& config, const OptimizerBuffers& b,
   const int64_t n = b.params.numel();
   // Checked before anything is written (the CUDA kernel clamps instead: reading
   // the groups back would cost a host synchronization).
-  for (int64_t c = 0; c < b.chunk_groups.numel(); ++c)
+  const int64_t first = b.first_element;
+  for (int64_t c = first / kChunk; c < (first + n + kChunk - 1) / kChunk; ++c)
     ACCRUE_CHECK(groups[c] >= 0 && groups[c] < o.groups, "fused_optimizer_step: chunk_groups[", c,
                  "] = ", groups[c], " is outside [0, ", o.groups, ")");
 
   for (int64_t i = 0; i < n; ++i) {
-    const int group = groups[i / kChunk];
+    const int group = groups[(first + i) / kChunk];
     M pi = p[i];
     if (config.kind == OptimizerKind::SGD) {
       M buf = m ? m[i] : M(0);

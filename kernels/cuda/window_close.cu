@@ -175,12 +175,14 @@ struct StepPointers {
   T* max_exp_avg_sq;  // null when unused
   C* compute;         // null for NoCopy
   const int32_t* chunk_groups;
+  int64_t first_element;  // OptimizerBuffers::first_element
 };
 
 // The group of element i. Out-of-range values are clamped rather than checked:
 // a check would need a host synchronization (the CPU reference throws).
-__device__ __forceinline__ int group_of(const int32_t* chunk_groups, int64_t i, int groups) {
-  const int g = chunk_groups[i / kChunk];
+template <class P>
+__device__ __forceinline__ int group_of(const P& ptr, int64_t i, int groups) {
+  const int g = ptr.chunk_groups[(ptr.first_element + i) / kChunk];
   return g < 0 ? 0 : (g >= groups ? groups - 1 : g);
 }
 
@@ -216,10 +218,11 @@ __global__ void __launch_bounds__(kStepThreads)
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 
-  // A pack never straddles two chunks: kChunk is a multiple of V.
+  // A pack never straddles two chunks: kChunk is a multiple of V, and the
+  // launch vectorizes only when first_element is too.
   const int64_t packs = vectorized ? n / V : 0;
   for (int64_t k = first; k < packs; k += stride) {
-    const int group = group_of(ptr.chunk_groups, k * V, o.groups);
+    const int group = group_of(ptr, k * V, o.groups);
     Pack<T, V> p = load_pack<V>(ptr.params, k);
     const Pack<T, V> g = load_pack<V>(ptr.grads, k);
     Pack<T, V> m{}, v{}, vmax{};
@@ -243,7 +246,7 @@ __global__ void __launch_bounds__(kStepThreads)
   }
 
   for (int64_t i = packs * V + first; i < n; i += stride) {
-    const int group = group_of(ptr.chunk_groups, i, o.groups);
+    const int group = group_of(ptr, i, o.groups);
     T p = ptr.params[i];
     T m = has_m ? ptr.exp_avg[i] : T(0);
     T v = kAdam ? ptr.exp_avg_sq[i] : T(0);
@@ -277,10 +280,11 @@ void launch_step(const OptimizerConfig& config, const OptimizerBuffers& b, const
   ptr.max_exp_avg_sq = optional_ptr<T>(b.max_exp_avg_sq, uses_max_exp_avg_sq(config));
   if constexpr (!std::is_same_v<C, NoCopy>) ptr.compute = static_cast<C*>(b.compute.data_ptr());
   ptr.chunk_groups = b.chunk_groups.data<int32_t>();
+  ptr.first_element = b.first_element;
   // Null pointers count as aligned.
-  bool vectorized = pack_aligned<V>(ptr.params) && pack_aligned<V>(ptr.grads) &&
-                    pack_aligned<V>(ptr.exp_avg) && pack_aligned<V>(ptr.exp_avg_sq) &&
-                    pack_aligned<V>(ptr.max_exp_avg_sq);
+  bool vectorized = b.first_element % V == 0 && pack_aligned<V>(ptr.params) &&
+                    pack_aligned<V>(ptr.grads) && pack_aligned<V>(ptr.exp_avg) &&
+                    pack_aligned<V>(ptr.exp_avg_sq) && pack_aligned<V>(ptr.max_exp_avg_sq);
   if constexpr (!std::is_same_v<C, NoCopy>) vectorized = vectorized && pack_aligned<V>(ptr.compute);
 
   // A grid-stride loop over one wave of resident blocks.

@@ -149,10 +149,11 @@ struct Trainer {
   std::unique_ptr<optim::Window> window;
 
   Trainer(std::unique_ptr<equivalence::Model> m, int64_t K, bool data_parallel,
-          const ReducerOptions& options = {})
+          const ReducerOptions& options = {}, DType compute = DType::f32)
       : model(std::move(m)) {
     ArenaOptions ao;
     ao.device = device();
+    ao.compute_dtype = compute;
     ao.moments = 2;
     std::vector<Tensor> params;
     std::vector<std::string> names;
@@ -237,6 +238,105 @@ TEST(MultiGpu, two_ranks_k4_equal_one_gpu_k8_at_the_same_global_batch) {
     std::printf("[rank %d] %s: parameters after %lld windows: rel err %.3g\n", info().rank,
                 equivalence::model_name(kind), static_cast<long long>(kWindows), err);
   }
+}
+
+// The elements of `flat` in `ranges`, in order.
+std::vector<double> owned_part(const std::vector<double>& flat,
+                               const std::vector<ArenaRange>& ranges) {
+  std::vector<double> out;
+  for (const ArenaRange& r : ranges)
+    out.insert(out.end(), flat.begin() + r.offset, flat.begin() + r.offset + r.numel);
+  return out;
+}
+
+// True when every rank holds the same bytes in `t` (max and min over ranks equal it).
+bool same_on_every_rank(const Tensor& t) {
+  const Tensor f = t.to(DType::f64);
+  Tensor hi = f.clone(), neg_lo = kernels::unary(kernels::UnaryOp::Neg, f);
+  world().all_reduce(hi, ReduceOp::max);
+  world().all_reduce(neg_lo, ReduceOp::max);
+  return test::all_equal(hi, f) &&
+         test::all_equal(kernels::unary(kernels::UnaryOp::Neg, neg_lo), f);
+}
+
+TEST(MultiGpu, zero1_equals_plain_data_parallelism_and_one_gpu) {
+  equivalence::TF32Off tf32_off;
+  constexpr int64_t K = 4, kWindows = 10;
+  const int64_t W = info().world_size;
+  ReducerOptions zero1;
+  zero1.zero1 = true;
+  for (ModelKind kind : {ModelKind::Classifier, ModelKind::LM}) {
+    SCOPED_TRACE(equivalence::model_name(kind));
+    Trainer sharded(equivalence::make_model(kind, gpu_f32(), 21), K, true, zero1);
+    Trainer plain = make_trainer(kind, K, true);
+    Trainer reference = make_trainer(kind, W * K, false);
+    const auto data = equivalence::make_batches(kind, kWindows, 4 * W * K, gpu_f32(), 33);
+    const std::vector<ArenaRange>& owned = sharded.reducer->owned_ranges();
+    for (int64_t w = 0; w < kWindows; ++w) {
+      for (int64_t k = 0; k < K; ++k)
+        sharded.backward(data[w].micro(info().rank * K + k, W * K));
+      sharded.window->close();
+      window_step(plain, reference, data[w], K);
+      if (w == 0) {
+        const double vs_plain = equivalence::l2_relative(owned_part(sharded.grads(), owned),
+                                                         owned_part(plain.grads(), owned));
+        const double vs_one = equivalence::l2_relative(owned_part(sharded.grads(), owned),
+                                                       owned_part(reference.grads(), owned));
+        EXPECT_LE(vs_plain, 1e-6);
+        EXPECT_LE(vs_one, 1e-6);
+        std::printf("[rank %d] %s zero1: owned gradient vs plain DP %.3g, vs 1 GPU %.3g\n",
+                    info().rank, equivalence::model_name(kind), vs_plain, vs_one);
+      }
+      EXPECT_EQ(sharded.window->report().items, reference.window->report().items);
+      EXPECT_NEAR(sharded.window->report().grad_norm, plain.window->report().grad_norm,
+                  1e-6 * plain.window->report().grad_norm);
+    }
+    const double vs_plain = equivalence::l2_relative(sharded.master(), plain.master());
+    const double vs_one = equivalence::l2_relative(sharded.master(), reference.master());
+    EXPECT_LE(vs_plain, 1e-5);
+    EXPECT_LE(vs_one, 1e-5);
+    std::printf(
+        "[rank %d] %s zero1: parameters after %lld windows vs plain DP %.3g, vs 1 GPU %.3g\n",
+        info().rank, equivalence::model_name(kind), static_cast<long long>(kWindows), vs_plain,
+        vs_one);
+    EXPECT_TRUE(same_on_every_rank(sharded.arena->master())) << "gathered parameters differ";
+    EXPECT_EQ(sharded.arena->memory().moments * W, plain.arena->memory().moments);
+    std::printf("[rank %d] memory per rank: plain DP %s; zero1 %s\n", info().rank,
+                plain.arena->memory().describe().c_str(),
+                sharded.arena->memory().describe(true).c_str());
+  }
+}
+
+TEST(MultiGpu, zero1_with_a_bf16_compute_copy_gathers_the_copy) {
+  constexpr int64_t K = 2, kWindows = 4;
+  const int64_t W = info().world_size;
+  ReducerOptions zero1;
+  zero1.zero1 = true;
+  Trainer sharded(equivalence::make_model(ModelKind::Classifier, gpu_f32(), 21), K, true, zero1,
+                  DType::bf16);
+  Trainer plain(equivalence::make_model(ModelKind::Classifier, gpu_f32(), 21), K, true, {},
+                DType::bf16);
+  const auto data =
+      equivalence::make_batches(ModelKind::Classifier, kWindows, 4 * W * K, gpu_f32(), 35);
+  for (const Batch& global : data) {
+    for (int64_t k = 0; k < K; ++k) {
+      sharded.backward(global.micro(info().rank * K + k, W * K));
+      plain.backward(global.micro(info().rank * K + k, W * K));
+    }
+    sharded.window->close();
+    plain.window->close();
+  }
+  // Every rank forwards with the same bf16 parameters: its own shard's, stepped
+  // here, and the others', gathered.
+  EXPECT_TRUE(same_on_every_rank(sharded.arena->compute()));
+  const std::vector<double> a = sharded.arena->compute().to_vector<double>(),
+                            b = plain.arena->compute().to_vector<double>();
+  EXPECT_LE(equivalence::l2_relative(a, b), 1e-3);
+  // The master is current where this rank owns it.
+  const std::vector<ArenaRange>& owned = sharded.reducer->owned_ranges();
+  EXPECT_LE(equivalence::l2_relative(owned_part(sharded.master(), owned),
+                                     owned_part(plain.master(), owned)),
+            1e-5);
 }
 
 TEST(MultiGpu, item_count_normalization_is_exact_with_different_counts_per_rank) {

@@ -451,6 +451,47 @@ TEST(CpuWindowClose, skipped_window_leaves_params_and_moments_bitwise_unchanged)
   }
 }
 
+// Note [ZeRO-1]: a rank steps ranges of the arena, each a view of params and
+// grads at its offset, its moments packed elsewhere, and the whole arena's
+// chunk table with first_element = the offset. Stepping every range so must
+// be the one whole pass, bit for bit (ranges starting off a chunk and a pack).
+OptimizerBuffers range_of(const OptimizerBuffers& whole, int64_t offset, int64_t numel) {
+  OptimizerBuffers r = whole;
+  for (Tensor* t : {&r.params, &r.grads, &r.exp_avg, &r.exp_avg_sq, &r.max_exp_avg_sq, &r.compute})
+    *t = t->narrow(0, offset, numel).clone();
+  r.first_element = offset;
+  return r;
+}
+
+TEST(CpuWindowClose, stepping_ranges_with_first_element_equals_one_whole_pass) {
+  for (const Variant& variant : all_variants()) {
+    SCOPED_TRACE(variant.name);
+    const int64_t n = 517;
+    const Arena a = make_arena(n, DType::f64, 2);
+    const Tensor raw = test::random_normal({n}, DType::f64);
+    a.b.grads.copy_(raw);
+    const Tensor state = make_window_state(1.0, Device::cpu());
+    set_field(state, kItems, 3);
+    const Tensor partials = empty({norm_partials_rows(a.b.grads), 2}, DType::f64);
+    grad_norm_partials(a.b.grads, partials);
+    window_scalar_step(partials, state, dynamic_close(0.5));
+    const std::vector<std::pair<int64_t, int64_t>> ranges{
+        {0, 64}, {64, 37}, {101, 300}, {401, 116}};
+    std::vector<OptimizerBuffers> parts;
+    for (auto [offset, numel] : ranges)
+      parts.push_back(range_of(a.b, offset, numel));
+    fused_optimizer_step(variant.config, a.b, state);
+    for (size_t k = 0; k < ranges.size(); ++k) {
+      fused_optimizer_step(variant.config, parts[k], state);
+      const auto [offset, numel] = ranges[k];
+      EXPECT_TRUE(bitwise_equal(parts[k].params, a.b.params.narrow(0, offset, numel))) << k;
+      EXPECT_TRUE(bitwise_equal(parts[k].exp_avg, a.b.exp_avg.narrow(0, offset, numel))) << k;
+      EXPECT_TRUE(bitwise_equal(parts[k].exp_avg_sq, a.b.exp_avg_sq.narrow(0, offset, numel))) << k;
+      EXPECT_TRUE(bitwise_equal(parts[k].compute, a.b.compute.narrow(0, offset, numel))) << k;
+    }
+  }
+}
+
 TEST(CpuWindowClose, sgd_without_momentum_never_touches_exp_avg) {
   const Arena a = make_arena(100, DType::f32, 1);
   const Tensor before = a.b.exp_avg.clone();
@@ -552,6 +593,12 @@ TEST(CpuWindowClose, bad_inputs_throw_naming_the_op_and_the_values) {
     b = a.b;
     b.chunk_groups = zeros({3}, DType::i32);
     EXPECT_ERROR(fused_optimizer_step(opt, b, state), op, "chunk_groups", "[3]", "= 4");
+    b = a.b;
+    b.first_element = -3;
+    EXPECT_ERROR(fused_optimizer_step(opt, b, state), op, "first_element = -3");
+    b = a.b;
+    b.first_element = 40;  // 40 + 100 elements need 5 chunks, the table has 4
+    EXPECT_ERROR(fused_optimizer_step(opt, b, state), op, "chunk_groups", "from element 40", "= 5");
     b = a.b;
     b.chunk_groups = zeros({4}, DType::i64);
     EXPECT_ERROR(fused_optimizer_step(opt, b, state), op, "chunk_groups", "i64");

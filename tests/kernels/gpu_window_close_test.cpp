@@ -298,6 +298,31 @@ TEST(GpuWindowClose, fused_step_on_misaligned_buffers_matches_the_cpu) {
   }
 }
 
+// Note [ZeRO-1]: ranges of one arena stepped on the GPU against the whole
+// arena's chunk table (first_element = the range's offset; offsets that are
+// not a multiple of a pack take the scalar path) match the CPU's ranges.
+TEST(GpuWindowClose, fused_step_of_ranges_with_first_element_matches_the_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  for (const Variant& v : variants(3)) {
+    SCOPED_TRACE(v.name);
+    const Buffers whole = make_buffers(200003, DType::f32, 3, DType::bf16);
+    for (auto [offset, numel] :
+         std::vector<std::pair<int64_t, int64_t>>{{0, 65536}, {65536, 70001}, {135537, 64466}}) {
+      SCOPED_TRACE("range at " + std::to_string(offset));
+      Buffers b;
+      b.cpu = whole.cpu;
+      b.gpu = whole.gpu;
+      for (OptimizerBuffers* side : {&b.cpu, &b.gpu}) {
+        for (Tensor* t : {&side->params, &side->grads, &side->exp_avg, &side->exp_avg_sq,
+                          &side->max_exp_avg_sq, &side->compute})
+          *t = t->narrow(0, offset, numel);
+        side->first_element = offset;
+      }
+      expect_gpu_matches_cpu(v.config, b, 2, 1e-6, 1e-7);
+    }
+  }
+}
+
 TEST(GpuWindowClose, fused_step_is_deterministic) {
   ACCRUE_REQUIRE_CUDA();
   const OptimizerConfig opt = variants(3)[6].config;  // AdamW with amsgrad

@@ -1,0 +1,388 @@
+// Data parallelism with more than one rank, without a GPU: a world of W ranks
+// as W threads of this process, whose communicator does every collective on
+// the host (exact f64 arithmetic, sums in rank order). On the f64 CPU
+// reference backend this proves, tightly, what tests/dist/multi_gpu_test.cpp
+// proves on GPUs with NCCL in f32:
+//   - W ranks x K micro-batches equal 1 rank x W K at the same global batch;
+//   - Note [ZeRO-1] equals plain data parallelism: same gradients where owned,
+//     same parameters on every rank, the moments 1/W as large;
+//   - every rank agrees on found_inf when only one rank sees a non-finite
+//     gradient;
+//   - a ZeRO-1 checkpoint (each rank its shard) resumes bit-exactly.
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "dist/process_group.h"
+#include "dist/reducer.h"
+#include "tests/equivalence/equivalence_util.h"
+#include "tests/test_util.h"
+
+namespace accrue::dist {
+namespace {
+
+using equivalence::Batch;
+using equivalence::ModelKind;
+
+// The rendezvous of W threads: each deposits its data, all wait for all,
+// each reads every rank's, all wait again so the slots can be reused.
+class HostWorld {
+ public:
+  explicit HostWorld(int world) : world_(world), slots_(world) {}
+  int size() const { return world_; }
+
+  std::vector<std::vector<double>> exchange(int rank, std::vector<double> mine) {
+    std::unique_lock<std::mutex> lock(mu_);
+    slots_[rank] = std::move(mine);
+    arrive(lock);
+    std::vector<std::vector<double>> all = slots_;
+    arrive(lock);
+    return all;
+  }
+
+ private:
+  // A reusable barrier; a rank that never comes is an error, not a hang.
+  void arrive(std::unique_lock<std::mutex>& lock) {
+    const int64_t gen = generation_;
+    if (++arrived_ == world_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    ACCRUE_CHECK(cv_.wait_for(lock, std::chrono::seconds(20), [&] { return generation_ != gen; }),
+                 "HostWorld: a rank did not reach the collective within 20 s");
+  }
+
+  int world_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  int64_t generation_ = 0;
+  std::vector<std::vector<double>> slots_;
+};
+
+class HostCommunicator final : public Communicator {
+ public:
+  HostCommunicator(HostWorld& world, int rank) : world_(world), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_.size(); }
+  Device device() const override { return Device::cpu(); }
+  StreamHandle stream() const override { return nullptr; }
+
+  void all_reduce(const Tensor& data, ReduceOp op) override {
+    ++counts["all_reduce"];
+    const auto all = world_.exchange(rank_, data.to_vector<double>());
+    std::vector<double> out = all[0];
+    for (size_t r = 1; r < all.size(); ++r)
+      for (size_t i = 0; i < out.size(); ++i)
+        out[i] = op == ReduceOp::sum ? out[i] + all[r][i] : std::max(out[i], all[r][i]);
+    write(data, out);
+  }
+  void reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op) override {
+    ++counts["reduce_scatter"];
+    ACCRUE_CHECK(input.numel() == output.numel() * world_size(), "HostCommunicator: sizes");
+    const auto all = world_.exchange(rank_, input.to_vector<double>());
+    const size_t n = static_cast<size_t>(output.numel()), at = n * rank_;
+    std::vector<double> out(all[0].begin() + at, all[0].begin() + at + n);
+    for (size_t r = 1; r < all.size(); ++r)
+      for (size_t i = 0; i < n; ++i)
+        out[i] = op == ReduceOp::sum ? out[i] + all[r][at + i] : std::max(out[i], all[r][at + i]);
+    write(output, out);
+  }
+  void all_gather(const Tensor& input, const Tensor& output) override {
+    ++counts["all_gather"];
+    ACCRUE_CHECK(output.numel() == input.numel() * world_size(), "HostCommunicator: sizes");
+    const auto all = world_.exchange(rank_, input.to_vector<double>());
+    std::vector<double> out;
+    for (const auto& part : all)
+      out.insert(out.end(), part.begin(), part.end());
+    write(output, out);
+  }
+  void broadcast(const Tensor& data, int root) override {
+    ++counts["broadcast"];
+    write(data, world_.exchange(rank_, data.to_vector<double>())[root]);
+  }
+  void synchronize() override {}
+  void check() override {}
+
+  std::map<std::string, int64_t> counts;
+
+ private:
+  static void write(const Tensor& t, const std::vector<double>& v) {
+    t.copy_(from_vector(v, t.shape(), DType::f64).to(t.dtype()));
+  }
+
+  HostWorld& world_;
+  int rank_;
+};
+
+// Small buckets (the tiny LM's parameters spread over several), any world size
+// that is a power of two divides them (Note [Buckets]).
+ReducerOptions small_buckets(bool zero1) {
+  ReducerOptions o;
+  o.buckets.first_bucket_bytes = 512;
+  o.buckets.bucket_bytes = 2048;
+  o.zero1 = zero1;
+  return o;
+}
+
+// One rank's model, arena, optional reducer, optimizer and window.
+struct RankRun {
+  std::unique_ptr<equivalence::Model> model;
+  std::unique_ptr<GradArena> arena;
+  std::unique_ptr<Reducer> reducer;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<optim::Window> window;
+
+  RankRun(int64_t K, Communicator* comm, bool zero1, uint64_t seed) {
+    const equivalence::Precision p = equivalence::cpu_f64();
+    model = equivalence::make_model(ModelKind::LM, p, seed);
+    ArenaOptions ao;
+    ao.master_dtype = ao.compute_dtype = DType::f64;
+    ao.moments = 2;
+    std::vector<Tensor> params;
+    std::vector<std::string> names;
+    for (const nn::NamedParameter& np : model->named_parameters()) {
+      params.push_back(np.tensor);
+      names.push_back(np.name);
+    }
+    arena = std::make_unique<GradArena>(params, names, ao);
+    if (comm) {
+      reducer = std::make_unique<Reducer>(*arena, *comm, small_buckets(zero1));
+      reducer->broadcast_parameters(0);
+    }
+    optimizer = std::make_unique<optim::Optimizer>(equivalence::adamw());
+    window = std::make_unique<optim::Window>(*arena, *optimizer, equivalence::clipped_window(K),
+                                             reducer.get());
+  }
+};
+
+// Runs fn(rank) on `world` threads and rethrows the first failure.
+void on_ranks(int world, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (std::thread& t : threads)
+    t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// What a rank ends a run with.
+struct RankResult {
+  std::vector<std::vector<double>> grads;  // after each window (owned ranges only under ZeRO-1)
+  std::vector<double> params;              // after the last window
+  std::vector<optim::WindowReport> reports;
+  ArenaMemory memory;
+  std::vector<ArenaRange> owned;
+  std::map<std::string, int64_t> counts;
+};
+
+constexpr int64_t kWindows = 6, kBatch = 16;
+
+std::vector<Batch> lm_batches() {
+  // Variable-length sequences: the ranks see different token counts, and only
+  // a global 1/N makes the sum exact (Note [Normalization]).
+  return equivalence::make_batches(ModelKind::LM, kWindows, kBatch, equivalence::cpu_f64(), 21,
+                                   /*variable_length=*/true);
+}
+
+// `world` ranks x K micro-batches per window; rank r takes micro-batches
+// r K .. r K + K - 1 of the global batch cut into world K.
+std::vector<RankResult> train(int world, int64_t K, bool zero1,
+                              const std::vector<Batch>& global_batches) {
+  HostWorld host(world);
+  std::vector<RankResult> results(world);
+  on_ranks(world, [&](int rank) {
+    HostCommunicator comm(host, rank);
+    // Different initial values per rank: broadcast_parameters must make them rank 0's.
+    RankRun run(K, world > 1 ? &comm : nullptr, zero1, 7 + rank);
+    RankResult& out = results[rank];
+    for (const Batch& global : global_batches) {
+      for (int64_t k = 0; k < K; ++k)
+        run.window->backward(run.model->loss(global.micro(rank * K + k, world * K)));
+      run.window->close();
+      out.reports.push_back(run.window->report());
+      out.grads.push_back(equivalence::host(run.arena->grads()));
+    }
+    out.params = equivalence::host(run.arena->master());
+    out.memory = run.arena->memory();
+    if (run.reducer) out.owned = run.reducer->owned_ranges();
+    out.counts = comm.counts;
+  });
+  return results;
+}
+
+std::vector<double> owned_part(const std::vector<double>& flat, const std::vector<ArenaRange>& r) {
+  std::vector<double> out;
+  for (const ArenaRange& range : r)
+    out.insert(out.begin() + static_cast<int64_t>(out.size()), flat.begin() + range.offset,
+               flat.begin() + range.offset + range.numel);
+  return out;
+}
+
+TEST(HostWorld, two_ranks_k2_equal_one_rank_k4_plain_and_zero1) {
+  const std::vector<Batch> data = lm_batches();
+  const std::vector<RankResult> single = train(1, 4, false, data);
+  const std::vector<RankResult> plain = train(2, 2, false, data);
+  const std::vector<RankResult> zero1 = train(2, 2, true, data);
+  const RankResult& ref = single[0];
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    for (int64_t w = 0; w < kWindows; ++w) {
+      // The reduced sum (plain: the whole arena; ZeRO-1: the owned ranges).
+      EXPECT_LE(equivalence::max_relative(plain[rank].grads[w], ref.grads[w]), 1e-12) << w;
+      const std::vector<ArenaRange>& owned = zero1[rank].owned;
+      EXPECT_LE(equivalence::max_relative(owned_part(zero1[rank].grads[w], owned),
+                                          owned_part(ref.grads[w], owned)),
+                1e-12)
+          << w;
+      // N is global: every rank reports the whole window's items and norm.
+      EXPECT_EQ(plain[rank].reports[w].items, ref.reports[w].items);
+      EXPECT_EQ(zero1[rank].reports[w].items, ref.reports[w].items);
+      EXPECT_NEAR(zero1[rank].reports[w].grad_norm, ref.reports[w].grad_norm,
+                  1e-12 * ref.reports[w].grad_norm);
+      EXPECT_NEAR(plain[rank].reports[w].grad_norm, ref.reports[w].grad_norm,
+                  1e-12 * ref.reports[w].grad_norm);
+    }
+    EXPECT_LE(equivalence::max_relative(plain[rank].params, ref.params), 1e-10);
+    EXPECT_LE(equivalence::max_relative(zero1[rank].params, ref.params), 1e-10);
+    EXPECT_LE(equivalence::max_relative(zero1[rank].params, plain[rank].params), 1e-10);
+  }
+  // Every rank ends with the same parameters (ZeRO-1: gathered from their owners).
+  EXPECT_EQ(zero1[0].params, zero1[1].params);
+  EXPECT_EQ(plain[0].params, plain[1].params);
+}
+
+TEST(HostWorld, zero1_owns_half_of_every_bucket_and_keeps_half_the_moments) {
+  const std::vector<Batch> data = lm_batches();
+  const std::vector<RankResult> plain = train(2, 2, false, data);
+  const std::vector<RankResult> zero1 = train(2, 2, true, data);
+  // The same plan on a rank of its own, to read the buckets.
+  StubCommunicator stub;
+  RankRun probe(1, &stub, false, 7);
+  const BucketPlan& plan = probe.reducer->plan();
+  ASSERT_GE(plan.size(), 3u) << plan.describe();
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::vector<ArenaRange>& owned = zero1[rank].owned;
+    ASSERT_EQ(owned.size(), plan.size());
+    for (size_t b = 0; b < plan.size(); ++b) {
+      EXPECT_EQ(owned[b].numel, plan[b].numel / 2) << "bucket " << b;
+      EXPECT_EQ(owned[b].offset, plan[b].offset + rank * plan[b].numel / 2) << "bucket " << b;
+    }
+    EXPECT_EQ(zero1[rank].memory.moments * 2, plain[rank].memory.moments);
+    EXPECT_EQ(zero1[rank].memory.grads, plain[rank].memory.grads);
+    EXPECT_EQ(zero1[rank].memory.master, plain[rank].memory.master);
+    // Per window: every bucket reduce-scattered, N all-reduced, the norm
+    // partials gathered, every bucket's parameters gathered. Plus the layout
+    // check (an all-reduce) and one broadcast of the master at the start.
+    const int64_t buckets = static_cast<int64_t>(plan.size());
+    EXPECT_EQ(zero1[rank].counts.at("reduce_scatter"), kWindows * buckets);
+    EXPECT_EQ(zero1[rank].counts.at("all_reduce"), kWindows + 1);
+    EXPECT_EQ(zero1[rank].counts.at("all_gather"), kWindows * (1 + buckets));
+    EXPECT_EQ(zero1[rank].counts.at("broadcast"), 1);
+    EXPECT_EQ(plain[rank].counts.at("all_reduce"), kWindows * (buckets + 1) + 1);
+    EXPECT_EQ(plain[rank].counts.count("all_gather"), 0u);
+    EXPECT_EQ(plain[rank].counts.at("broadcast"), 3);  // master and both moments
+  }
+}
+
+TEST(HostWorld, zero1_every_rank_skips_when_one_rank_sees_a_non_finite_gradient) {
+  std::vector<Batch> data = lm_batches();
+  data.resize(3);
+  HostWorld host(2);
+  std::vector<std::vector<double>> before(2), after(2);
+  std::vector<optim::WindowReport> reports(2);
+  on_ranks(2, [&](int rank) {
+    HostCommunicator comm(host, rank);
+    RankRun run(1, &comm, true, 7);
+    for (size_t w = 0; w < data.size(); ++w) {
+      const Batch micro = data[w].micro(rank, 2);
+      if (w == 2) before[rank] = equivalence::host(run.arena->master());
+      Loss loss = run.model->loss(micro);
+      // Window 2: rank 1's loss is NaN, so are all its gradients.
+      if (w == 2 && rank == 1)
+        loss.sum = loss.sum * full({}, std::numeric_limits<double>::quiet_NaN(), DType::f64);
+      run.window->backward(loss);
+      run.window->close();
+    }
+    after[rank] = equivalence::host(run.arena->master());
+    reports[rank] = run.window->report();
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(reports[rank].skipped) << "rank " << rank;
+    EXPECT_EQ(reports[rank].optimizer_steps, 2) << "rank " << rank;
+    EXPECT_EQ(after[rank], before[rank]) << "rank " << rank << " stepped a skipped window";
+  }
+}
+
+TEST(HostWorld, zero1_checkpoint_of_each_shard_resumes_bit_exactly) {
+  const std::vector<Batch> data = lm_batches();
+  HostWorld host(2);
+  std::vector<std::vector<double>> straight(2), resumed(2);
+  on_ranks(2, [&](int rank) {
+    HostCommunicator comm(host, rank);
+    RankRun run(2, &comm, true, 7);
+    auto window = [&](const Batch& global) {
+      for (int64_t k = 0; k < 2; ++k)
+        run.window->backward(run.model->loss(global.micro(rank * 2 + k, 4)));
+      run.window->close();
+    };
+    for (int w = 0; w < 3; ++w)
+      window(data[w]);
+    std::map<std::string, Tensor> saved;
+    for (const auto& [key, value] : run.window->state_dict())
+      saved[key] = value.clone();
+    // The shard: the master and the moments over the owned ranges only.
+    int64_t owned = 0;
+    for (const ArenaRange& r : run.reducer->owned_ranges())
+      owned += r.numel;
+    EXPECT_EQ(saved.at("master").numel(), owned);
+    EXPECT_EQ(saved.at("moment0").numel(), owned);
+    for (int w = 3; w < 6; ++w)
+      window(data[w]);
+    straight[rank] = equivalence::host(run.arena->master());
+    // Scribble over the parameters, then resume from the checkpoint (collective).
+    run.arena->master().fill_(0.5);
+    run.window->load_state_dict(saved);
+    for (int w = 3; w < 6; ++w)
+      window(data[w]);
+    resumed[rank] = equivalence::host(run.arena->master());
+  });
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_EQ(resumed[rank], straight[rank]) << "rank " << rank;
+}
+
+TEST(HostWorld, zero1_errors) {
+  // A sync without owned ranges is never asked to gather.
+  StubCommunicator stub;
+  RankRun plain(1, &stub, false, 7);
+  EXPECT_ERROR(plain.reducer->gather_parameters(plain.arena->master()), "gather_parameters",
+               "zero1");
+  RankRun sharded(1, &stub, true, 7);
+  EXPECT_ERROR(sharded.reducer->gather_parameters(sharded.arena->master().narrow(0, 0, 8)),
+               "gather_parameters", "flat arena");
+  // A Window whose arena's moments do not match the sync's shard.
+  optim::Optimizer adamw = equivalence::adamw();
+  sharded.arena->shard_moments(8);
+  EXPECT_ERROR(optim::Window(*sharded.arena, adamw, optim::WindowOptions(), sharded.reducer.get()),
+               "Window", "moments hold 8");
+  EXPECT_ERROR(sharded.arena->shard_moments(-1), "shard_moments", "-1");
+}
+
+}  // namespace
+}  // namespace accrue::dist
