@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/status_check.h"
+#include "dist/mpi_bootstrap.h"
 
 namespace accrue::dist {
 
@@ -476,10 +477,16 @@ std::unique_ptr<NcclCommunicator> connect_nccl(const RankInfo& info, uint64_t fi
                cuda_unavailable_reason());
   // One process per GPU: from here on the local rank's GPU is this process's device.
   set_cuda_device(info.local_rank);
-  const ExchangeOptions exchange =
-      exchange_options(info, fingerprint, exchange_port, options.bootstrap_timeout_s);
-  const Blob id = info.rank == 0 ? serve_blob(exchange, NcclCommunicator::make_unique_id())
-                                 : fetch_blob(exchange);
+  const Blob own_id = info.rank == 0 ? NcclCommunicator::make_unique_id() : Blob{};
+  Blob id;
+  if (bootstrap_method(info) == Bootstrap::mpi) {
+    // mpirun connected the ranks already: no MASTER_ADDR/MASTER_PORT, no port.
+    id = mpi_exchange_blob(info, fingerprint, own_id);
+  } else {
+    const ExchangeOptions exchange =
+        exchange_options(info, fingerprint, exchange_port, options.bootstrap_timeout_s);
+    id = info.rank == 0 ? serve_blob(exchange, own_id) : fetch_blob(exchange);
+  }
   return std::make_unique<NcclCommunicator>(id, info.rank, info.world_size, info.local_rank,
                                             options);
 }

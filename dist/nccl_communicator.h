@@ -138,12 +138,17 @@ class NcclCommunicator final : public Communicator {
   std::thread watchdog_;
 };
 
-// The NCCL bootstrap of Note [Exchange protocol]: rank 0 makes the unique id
-// and serves it over the TCP exchange (dist/tcp_exchange.h) on
-// `exchange_port` (0: MASTER_PORT + 1); every rank then joins the
-// communicator on cuda:info.local_rank. `fingerprint` is this rank's
-// layout_fingerprint (dist/bucket_plan.h): ranks whose layouts differ get
-// accrue::Error instead of a communicator.
+// The NCCL bootstrap: rank 0 makes the unique id and hands it to every rank,
+// then every rank joins the communicator on cuda:info.local_rank.
+// bootstrap_method(info) (dist/mpi_bootstrap.h) says how the id travels:
+//   - Bootstrap::mpi (accrue built with MPI, started by mpirun): over MPI
+//     (Note [MPI bootstrap]); MASTER_ADDR/MASTER_PORT are not needed and
+//     `exchange_port` is unused;
+//   - Bootstrap::tcp (torchrun, srun, or no MPI in the build): over the TCP
+//     exchange (Note [Exchange protocol]) on `exchange_port` (0: MASTER_PORT + 1).
+// `fingerprint` is this rank's layout_fingerprint (dist/bucket_plan.h): ranks
+// whose layouts (or world sizes) differ get accrue::Error instead of a
+// communicator, on every rank.
 std::unique_ptr<NcclCommunicator> connect_nccl(const RankInfo& info, uint64_t fingerprint,
                                                const NcclOptions& options = {},
                                                int exchange_port = 0);

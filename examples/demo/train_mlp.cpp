@@ -12,6 +12,8 @@
 // Data parallel: start one process per GPU with a standard launcher, e.g.
 //   torchrun --nproc-per-node=2 --no-python build/ci/examples/accrue_demo
 //   mpirun -np 2 build/ci/examples/accrue_demo
+// (under mpirun the NCCL id goes over MPI when accrue was built with MPI;
+// without MPI it goes over TCP and needs MASTER_ADDR/MASTER_PORT exported).
 // Each rank draws its own micro-batches; the last micro-step's buckets are
 // all-reduced while its backward runs (Note [Buckets]).
 #include <unistd.h>
@@ -24,6 +26,7 @@
 #include "accrue.h"
 #include "dist/bucket_plan.h"
 #include "dist/launch_env.h"
+#include "dist/mpi_bootstrap.h"
 #include "dist/reducer.h"
 #ifdef ACCRUE_WITH_NCCL
 #include "dist/nccl_communicator.h"
@@ -141,6 +144,7 @@ int main(int argc, char** argv) try {
     reducer->broadcast_parameters();  // every rank starts from rank 0's weights
     std::printf("data parallel: %s, %zu buckets\n", dist::describe(rank).c_str(),
                 reducer->plan().buckets().size());
+    std::printf("NCCL id bootstrap: %s\n", dist::bootstrap_name(dist::bootstrap_method(rank)));
 #else
     ACCRUE_FAIL("accrue_demo: launched as ", dist::describe(rank),
                 " but accrue was built without NCCL");

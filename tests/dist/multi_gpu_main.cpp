@@ -1,5 +1,6 @@
 // main() of the multi-GPU test binaries: discover the rank, skip without
-// enough GPUs, join the NCCL world, run the tests.
+// enough GPUs, join the NCCL world (saying which bootstrap carried the id),
+// run the tests.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -9,6 +10,7 @@
 
 #include "core/allocator.h"
 #include "core/cuda_runtime.h"
+#include "dist/mpi_bootstrap.h"
 #include "tests/dist/multi_gpu_world.h"
 
 namespace accrue::dist::multi_gpu {
@@ -60,6 +62,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: %s\n", describe(info).c_str(), e.what());
     return 1;
   }
+  // multi_gpu_mpirun.sh checks this line: under mpirun the id went over MPI.
+  std::printf("%s: bootstrap: %s\n", describe(info).c_str(),
+              bootstrap_name(bootstrap_method(info)));
+  std::fflush(stdout);
   const int result = RUN_ALL_TESTS();
   multi_gpu::g_world.reset();
   return result;

@@ -1,7 +1,8 @@
 // The world a multi-GPU test binary runs in. multi_gpu_launch.sh starts one
-// process per GPU with torchrun's variables; main() (multi_gpu_main.cpp)
-// joins them into one NCCL communicator before any test runs, and every test
-// uses it. All ranks run the same tests in the same order, so their
+// process per GPU with torchrun's variables (the TCP bootstrap), or
+// multi_gpu_mpirun.sh with mpirun (the MPI bootstrap in builds with MPI);
+// main() (multi_gpu_main.cpp) joins them into one NCCL communicator before any
+// test runs, and every test uses it. All ranks run the same tests in the same order, so their
 // collectives match; a failure on one rank can only make the others' next
 // collective time out (Note [No silent hang]), never hang them.
 #pragma once
