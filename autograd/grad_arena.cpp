@@ -88,15 +88,13 @@ const Tensor& GradArena::moment(int i) const {
 
 namespace {
 std::string bytes_str(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  for (; u < 3 && v >= 1024.0; ++u)
+    v /= 1024.0;
   std::ostringstream os;
-  os << std::fixed << std::setprecision(1);
-  if (bytes >= (int64_t{1} << 30)) {
-    os << static_cast<double>(bytes) / double(int64_t{1} << 30) << " GiB";
-  } else if (bytes >= (int64_t{1} << 20)) {
-    os << static_cast<double>(bytes) / double(int64_t{1} << 20) << " MiB";
-  } else {
-    os << bytes << " B";
-  }
+  os << std::fixed << std::setprecision(u == 0 ? 0 : 1) << v << " " << units[u];
   return os.str();
 }
 }  // namespace

@@ -4,7 +4,7 @@
 //
 //   accrue_demo [--micro-batch B] [--accum K] [--windows W] [--optimizer sgd|adam|adamw]
 //               [--lr LR] [--clip MAX_NORM] [--scaler none|static|dynamic]
-//               [--dtype f32|bf16|f16] [--cpu]
+//               [--dtype f32|bf16|f16] [--zero1] [--cpu]
 //
 // The training loop below is the whole accumulation story: backward per
 // micro-batch into the gradient arena, one close per window.
@@ -15,7 +15,8 @@
 // (under mpirun the NCCL id goes over MPI when accrue was built with MPI;
 // without MPI it goes over TCP and needs MASTER_ADDR/MASTER_PORT exported).
 // Each rank draws its own micro-batches; the last micro-step's buckets are
-// all-reduced while its backward runs (Note [Buckets]).
+// all-reduced while its backward runs (Note [Buckets]); with --zero1 they are
+// reduce-scattered and each rank keeps and steps its shard (Note [ZeRO-1]).
 #include <unistd.h>
 
 #include <chrono>
@@ -45,6 +46,7 @@ struct Options {
   double clip = 1.0;
   std::string scaler = "none";
   std::string dtype = "f32";
+  bool zero1 = false;
   bool force_cpu = false;
 };
 
@@ -72,6 +74,8 @@ Options parse(int argc, char** argv) {
       o.scaler = value();
     else if (a == "--dtype")
       o.dtype = value();
+    else if (a == "--zero1")
+      o.zero1 = true;
     else if (a == "--cpu")
       o.force_cpu = true;
     else
@@ -140,16 +144,19 @@ int main(int argc, char** argv) try {
   if (rank.distributed()) {
 #ifdef ACCRUE_WITH_NCCL
     comm = dist::connect_nccl(rank, dist::layout_fingerprint(arena));
-    reducer = std::make_unique<dist::Reducer>(arena, *comm);
+    dist::ReducerOptions reducer_options;
+    reducer_options.zero1 = opt.zero1;
+    reducer = std::make_unique<dist::Reducer>(arena, *comm, reducer_options);
     reducer->broadcast_parameters();  // every rank starts from rank 0's weights
-    std::printf("data parallel: %s, %zu buckets\n", dist::describe(rank).c_str(),
-                reducer->plan().buckets().size());
+    std::printf("data parallel: %s, %zu buckets%s\n", dist::describe(rank).c_str(),
+                reducer->plan().buckets().size(), opt.zero1 ? ", ZeRO-1" : "");
     std::printf("NCCL id bootstrap: %s\n", dist::bootstrap_name(dist::bootstrap_method(rank)));
 #else
     ACCRUE_FAIL("accrue_demo: launched as ", dist::describe(rank),
                 " but accrue was built without NCCL");
 #endif
   }
+  std::printf("memory per rank: %s\n", arena.memory().describe(arena.moments_sharded()).c_str());
   optim::Window window(arena, optimizer,
                        optim::WindowOptions().micro_steps(opt.accum).max_grad_norm(opt.clip).scaler(
                            make_scaler(opt)),
