@@ -228,8 +228,10 @@ void Reducer::gather_parameters(const Tensor& params) {
                " elements, got ", params.defined() ? shape_str(params.shape()) : "undefined");
   NoGradGuard no_grad;
   order_comm_after_compute();
+  // Ranges are in elements: they cut a bf16/f16 compute copy as they cut the
+  // master (plan_.view is for arenas of the master's dtype only).
   for (size_t b = 0; b < plan_.size(); ++b) {
-    comm_.all_gather(owned_chunk(params, b), plan_.view(params, b));
+    comm_.all_gather(owned_chunk(params, b), params.narrow(0, plan_[b].offset, plan_[b].numel));
     ++issued_;
   }
   order_compute_after_comm();

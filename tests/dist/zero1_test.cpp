@@ -141,11 +141,14 @@ struct RankRun {
   std::unique_ptr<optim::Optimizer> optimizer;
   std::unique_ptr<optim::Window> window;
 
-  RankRun(int64_t K, Communicator* comm, bool zero1, uint64_t seed) {
-    const equivalence::Precision p = equivalence::cpu_f64();
+  RankRun(int64_t K, Communicator* comm, bool zero1, uint64_t seed, DType master = DType::f64,
+          DType compute = DType::f64) {
+    equivalence::Precision p = equivalence::cpu_f64();
+    p.dtype = master;
     model = equivalence::make_model(ModelKind::LM, p, seed);
     ArenaOptions ao;
-    ao.master_dtype = ao.compute_dtype = DType::f64;
+    ao.master_dtype = master;
+    ao.compute_dtype = compute;
     ao.moments = 2;
     std::vector<Tensor> params;
     std::vector<std::string> names;
@@ -365,6 +368,33 @@ TEST(HostWorld, zero1_checkpoint_of_each_shard_resumes_bit_exactly) {
   });
   for (int rank = 0; rank < 2; ++rank)
     EXPECT_EQ(resumed[rank], straight[rank]) << "rank " << rank;
+}
+
+// With a bf16 compute copy the forward reads the copy: ZeRO-1 gathers the
+// copy (in bf16), and every rank forwards with the same parameters as plain
+// data parallelism does.
+TEST(HostWorld, zero1_with_a_bf16_compute_copy_gathers_the_copy) {
+  const std::vector<Batch> data = lm_batches();
+  std::map<bool, std::vector<std::vector<double>>> copies;
+  for (bool zero1 : {false, true}) {
+    HostWorld host(2);
+    copies[zero1].resize(2);
+    on_ranks(2, [&](int rank) {
+      HostCommunicator comm(host, rank);
+      RankRun run(2, &comm, zero1, 7 + rank, DType::f32, DType::bf16);
+      for (int w = 0; w < 3; ++w) {
+        const Batch global = data[w].to(Device::cpu());
+        for (int64_t k = 0; k < 2; ++k) {
+          Batch micro = global.micro(rank * 2 + k, 4);
+          run.window->backward(run.model->loss(micro));
+        }
+        run.window->close();
+      }
+      copies[zero1][rank] = equivalence::host(run.arena->compute());
+    });
+  }
+  EXPECT_EQ(copies[true][0], copies[true][1]) << "the ranks forward with different parameters";
+  EXPECT_LE(equivalence::l2_relative(copies[true][0], copies[false][0]), 1e-2);
 }
 
 TEST(HostWorld, zero1_errors) {
