@@ -312,12 +312,10 @@ TEST(MultiGpu, zero1_with_a_bf16_compute_copy_gathers_the_copy) {
   const int64_t W = info().world_size;
   ReducerOptions zero1;
   zero1.zero1 = true;
-  Trainer sharded(equivalence::make_model(ModelKind::Classifier, gpu_f32(), 21), K, true, zero1,
+  Trainer sharded(equivalence::make_model(ModelKind::LM, gpu_f32(), 21), K, true, zero1,
                   DType::bf16);
-  Trainer plain(equivalence::make_model(ModelKind::Classifier, gpu_f32(), 21), K, true, {},
-                DType::bf16);
-  const auto data =
-      equivalence::make_batches(ModelKind::Classifier, kWindows, 4 * W * K, gpu_f32(), 35);
+  Trainer plain(equivalence::make_model(ModelKind::LM, gpu_f32(), 21), K, true, {}, DType::bf16);
+  const auto data = equivalence::make_batches(ModelKind::LM, kWindows, 4 * W * K, gpu_f32(), 35);
   for (const Batch& global : data) {
     for (int64_t k = 0; k < K; ++k) {
       sharded.backward(global.micro(info().rank * K + k, W * K));
