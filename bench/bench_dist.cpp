@@ -43,6 +43,7 @@
 
 #include "accrue.h"
 #include "bench/bench_util.h"
+#include "bench/gpt2_layout.h"
 #include "core/status_check.h"
 #include "dist/bucket_plan.h"
 #include "dist/launch_env.h"
@@ -300,36 +301,6 @@ void barrier(dist::Communicator& comm) {
 }
 
 // ---- allreduce mode -----------------------------------------------------------------------------
-
-struct ParamSpec {
-  std::string name;
-  Shape shape;
-};
-
-// GPT-2 124M in nanoGPT's registration order, vocabulary padded to 50304: the layout of
-// bench_window_close.cpp's gpt2_124m() (124,475,904 elements).
-std::vector<ParamSpec> gpt2_124m() {
-  constexpr int64_t kVocab = 50304, kContext = 1024, kWidth = 768, kLayers = 12;
-  std::vector<ParamSpec> p = {{"wte", {kVocab, kWidth}}, {"wpe", {kContext, kWidth}}};
-  for (int64_t l = 0; l < kLayers; ++l) {
-    const std::string h = "h." + std::to_string(l) + ".";
-    p.push_back({h + "ln_1.weight", {kWidth}});
-    p.push_back({h + "ln_1.bias", {kWidth}});
-    p.push_back({h + "attn.c_attn.weight", {3 * kWidth, kWidth}});
-    p.push_back({h + "attn.c_attn.bias", {3 * kWidth}});
-    p.push_back({h + "attn.c_proj.weight", {kWidth, kWidth}});
-    p.push_back({h + "attn.c_proj.bias", {kWidth}});
-    p.push_back({h + "ln_2.weight", {kWidth}});
-    p.push_back({h + "ln_2.bias", {kWidth}});
-    p.push_back({h + "mlp.c_fc.weight", {4 * kWidth, kWidth}});
-    p.push_back({h + "mlp.c_fc.bias", {4 * kWidth}});
-    p.push_back({h + "mlp.c_proj.weight", {kWidth, 4 * kWidth}});
-    p.push_back({h + "mlp.c_proj.bias", {kWidth}});
-  }
-  p.push_back({"ln_f.weight", {kWidth}});
-  p.push_back({"ln_f.bias", {kWidth}});
-  return p;
-}
 
 // A plain NCCL communicator beside accrue's, for the raw baseline: rank 0's unique id
 // travels by a broadcast over `comm`. Blocking config, default everything, as

@@ -25,41 +25,13 @@
 #include "autograd/grad_arena.h"
 #include "autograd/variable.h"
 #include "bench/bench_util.h"
+#include "bench/gpt2_layout.h"
 #include "core/random.h"
 #include "kernels/window_close.h"
 #include "optim/optimizer.h"
 
 namespace accrue::bench {
 namespace {
-
-struct ParamSpec {
-  std::string name;
-  Shape shape;
-};
-
-// GPT-2 124M in nanoGPT's registration order, vocabulary padded to 50304.
-std::vector<ParamSpec> gpt2_124m() {
-  constexpr int64_t kVocab = 50304, kContext = 1024, kWidth = 768, kLayers = 12;
-  std::vector<ParamSpec> p = {{"wte", {kVocab, kWidth}}, {"wpe", {kContext, kWidth}}};
-  for (int64_t l = 0; l < kLayers; ++l) {
-    const std::string h = "h." + std::to_string(l) + ".";
-    p.push_back({h + "ln_1.weight", {kWidth}});
-    p.push_back({h + "ln_1.bias", {kWidth}});
-    p.push_back({h + "attn.c_attn.weight", {3 * kWidth, kWidth}});
-    p.push_back({h + "attn.c_attn.bias", {3 * kWidth}});
-    p.push_back({h + "attn.c_proj.weight", {kWidth, kWidth}});
-    p.push_back({h + "attn.c_proj.bias", {kWidth}});
-    p.push_back({h + "ln_2.weight", {kWidth}});
-    p.push_back({h + "ln_2.bias", {kWidth}});
-    p.push_back({h + "mlp.c_fc.weight", {4 * kWidth, kWidth}});
-    p.push_back({h + "mlp.c_fc.bias", {4 * kWidth}});
-    p.push_back({h + "mlp.c_proj.weight", {kWidth, 4 * kWidth}});
-    p.push_back({h + "mlp.c_proj.bias", {kWidth}});
-  }
-  p.push_back({"ln_f.weight", {kWidth}});
-  p.push_back({"ln_f.bias", {kWidth}});
-  return p;
-}
 
 // The optimizer and close settings both sides use (torch_accumulation.py too).
 constexpr double kLr = 6e-4, kBeta1 = 0.9, kBeta2 = 0.95, kEps = 1e-8, kWeightDecay = 0.1;

@@ -99,13 +99,7 @@ struct DpRun {
     ao.master_dtype = DType::f64;
     ao.compute_dtype = DType::f64;
     ao.moments = 2;
-    std::vector<Tensor> params;
-    std::vector<std::string> names;
-    for (const nn::NamedParameter& np : model->named_parameters()) {
-      params.push_back(np.tensor);
-      names.push_back(np.name);
-    }
-    arena = std::make_unique<GradArena>(params, names, ao);
+    arena = equivalence::make_arena(*model, ao);
     if (comm) reducer = std::make_unique<Reducer>(*arena, *comm, options);
     optimizer = std::make_unique<optim::Optimizer>(equivalence::adamw());
     window = std::make_unique<optim::Window>(*arena, *optimizer, equivalence::clipped_window(K),

@@ -150,13 +150,7 @@ struct RankRun {
     ao.master_dtype = master;
     ao.compute_dtype = compute;
     ao.moments = 2;
-    std::vector<Tensor> params;
-    std::vector<std::string> names;
-    for (const nn::NamedParameter& np : model->named_parameters()) {
-      params.push_back(np.tensor);
-      names.push_back(np.name);
-    }
-    arena = std::make_unique<GradArena>(params, names, ao);
+    arena = equivalence::make_arena(*model, ao);
     if (comm) {
       reducer = std::make_unique<Reducer>(*arena, *comm, small_buckets(zero1));
       reducer->broadcast_parameters(0);

@@ -115,6 +115,16 @@ std::vector<Batch> make_batches(ModelKind kind, int64_t count, int64_t n, const 
 
 // ---- a training run -----------------------------------------------------------------------
 
+std::unique_ptr<GradArena> make_arena(const nn::Module& model, const ArenaOptions& options) {
+  std::vector<Tensor> params;
+  std::vector<std::string> names;
+  for (const nn::NamedParameter& np : model.named_parameters()) {
+    params.push_back(np.tensor);
+    names.push_back(np.name);
+  }
+  return std::make_unique<GradArena>(params, names, options);
+}
+
 Run::Run(std::unique_ptr<Model> model, const Precision& p, const optim::Optimizer& optimizer,
          const optim::WindowOptions& window, std::optional<DType> compute_dtype)
     : model_(std::move(model)), micro_steps_(window.micro_steps()) {
@@ -123,13 +133,7 @@ Run::Run(std::unique_ptr<Model> model, const Precision& p, const optim::Optimize
   ao.master_dtype = p.dtype;
   ao.compute_dtype = compute_dtype.value_or(p.dtype);
   ao.moments = optimizer.moments_needed();
-  std::vector<Tensor> params;
-  std::vector<std::string> names;
-  for (const nn::NamedParameter& np : model_->named_parameters()) {
-    params.push_back(np.tensor);
-    names.push_back(np.name);
-  }
-  arena_ = std::make_unique<GradArena>(params, names, ao);
+  arena_ = make_arena(*model_, ao);
   optimizer_ = std::make_unique<optim::Optimizer>(optimizer);
   window_ = std::make_unique<optim::Window>(*arena_, *optimizer_, window);
 }
