@@ -7,6 +7,7 @@ JOBS ?= $(shell nproc)
 .PHONY: demo test build configure gpu-check clean
 
 configure:
+	tools/fetch_cudnn_frontend.sh
 	cmake --preset $(PRESET)
 
 build: configure

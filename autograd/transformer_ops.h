@@ -1,0 +1,59 @@
+// The differentiable ops transformers are built from (beyond autograd/ops.h).
+// Each has a CPU reference, passes the float64 gradcheck, and is checked on
+// the GPU against the CPU (tests/kernels, tests/autograd).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "autograd/ops.h"
+#include "core/random.h"
+#include "core/tensor.h"
+
+namespace accrue {
+
+struct AttentionOptions {
+  bool causal = false;
+  double dropout_p = 0.0;
+  std::optional<double> scale;     // default 1 / sqrt(head dim)
+  Generator* generator = nullptr;  // dropout's stream; nullptr: default_generator()
+};
+// q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv] -> [B, H, Tq, dv]; any
+// strides with the last one 1. The result is physically [B, Tq, H, dv], so
+// transpose(result, 1, 2) is contiguous. Saves q, k, v, the output and the
+// softmax statistics, never the attention matrix.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& options = {});
+// GPT-2's packed form: qkv [B, T, 3 * H * d] (q, k, v concatenated in that
+// order, heads contiguous within each) -> [B, T, H * d], causal. Backward
+// writes one dqkv buffer (no slicing or concatenation copies).
+Tensor packed_causal_attention(const Tensor& qkv, int64_t n_head, const AttentionOptions& options = {});
+
+// Note [Dropout mask from the counter] (kernels/dropout.h). p in [0, 1);
+// with training false or p == 0 it returns x itself.
+Tensor dropout(const Tensor& x, double p, bool training = true, Generator* generator = nullptr);
+
+// gelu(x @ weight^T + bias): x [..., in], weight [out, in], bias [out]. The
+// weight and bias gradients go straight into their arena slots (Note [Fused
+// weight-gradient accumulation]).
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+// Pre-LayerNorm transformers' residual stream: sum = x + residual and
+// normed = layer_norm(sum, weight, bias, eps), computed in one pass and
+// recorded as two nodes (an add and a LayerNorm), so each result has its own
+// gradient path.
+struct ResidualNorm {
+  Tensor sum;
+  Tensor normed;
+};
+ResidualNorm residual_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                 const Tensor& bias, double eps = 1e-5);
+
+// Note [Fused classifier] (kernels/classifier.h): the loss of logits =
+// hidden @ weight^T over the first valid_classes columns, as (sum, count),
+// without materializing fp32 logits. hidden [..., D], weight [V_padded, D],
+// targets [...] matching hidden's leading dims.
+Loss classifier_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                              int64_t valid_classes, int64_t ignore_index = -100);
+
+}  // namespace accrue
