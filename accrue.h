@@ -9,10 +9,12 @@
 //   opt.step();
 #pragma once
 
+#include "autograd/checkpoint.h"
 #include "autograd/engine.h"
 #include "autograd/grad_arena.h"
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
+#include "autograd/transformer_ops.h"
 #include "autograd/variable.h"
 #include "core/allocator.h"
 #include "core/cuda_runtime.h"
@@ -23,8 +25,12 @@
 #include "core/random.h"
 #include "core/tensor.h"
 #include "core/tensor_io.h"
+#include "data/token_shards.h"
 #include "kernels/ops.h"
+#include "nn/gpt2.h"
+#include "nn/gpt2_hf.h"
 #include "nn/module.h"
+#include "nn/transformer.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/sgd.h"

@@ -11,6 +11,13 @@
 // inside fn receive their gradients in that nested backward through their
 // sinks (the arena), exactly as without checkpointing; the recomputed forward
 // is the same kernels on the same inputs, so the gradients are bitwise equal.
+//
+// Whatever fn reads that a differentiable computation produced must be one of
+// the inputs: fn may capture leaves (parameters), but a captured non-leaf
+// would lead the nested backward into the outer graph. With grad mode on the
+// outputs always carry the checkpoint's node, because which captured leaves
+// require grad is only known when fn runs with grad; a recompute that reaches
+// none returns no gradients. With grad mode off checkpoint is just fn(inputs).
 #pragma once
 
 #include <functional>
@@ -22,8 +29,17 @@
 namespace accrue {
 
 using CheckpointFn = std::function<Tensor(const std::vector<Tensor>& inputs)>;
-// generator: the stream fn's dropout draws from (nullptr: default_generator()).
+// generator: the stream fn's dropout draws from (nullptr: default_generator());
+// backward rewinds it to recompute, so it must outlive the graph.
 Tensor checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs,
                   Generator* generator = nullptr);
+
+// The same for a function of several outputs (a pre-LN transformer block
+// hands on both the residual stream and its normalized copy): one recompute
+// serves the gradients of all of them (Note [Checkpoint outputs] in
+// autograd/checkpoint.cpp). Outputs of integer dtypes carry no gradient.
+using CheckpointMultiFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& inputs)>;
+std::vector<Tensor> checkpoint_multi(const CheckpointMultiFn& fn, const std::vector<Tensor>& inputs,
+                                     Generator* generator = nullptr);
 
 }  // namespace accrue

@@ -2,37 +2,16 @@
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "autograd/saved.h"
+#include "autograd/sink_target.h"
 #include "kernels/ops.h"
 
 namespace accrue {
 
 using autograd::record;
 using autograd::saved;
+using autograd::sink_target;
+using autograd::SinkTarget;
 using autograd::wants_grad;
-
-namespace {
-
-// A parameter's direct gradient destination (Note [Delivered gradients]),
-// captured at forward time: the leaf and its sink, when it has one.
-struct SinkTarget {
-  Tensor leaf;
-  GradSink* sink = nullptr;
-  // The slot to write into (and its beta), marking it written; undefined when none.
-  Tensor claim(double* beta) const { return sink ? sink->claim(leaf, beta) : Tensor(); }
-  // Whether a slot exists and the beta a claim would give, without claiming.
-  bool peek(double* beta) const {
-    if (!sink) return false;
-    *beta = sink->next_beta(leaf);
-    return *beta >= 0.0;
-  }
-};
-
-SinkTarget sink_target(const Tensor& t) {
-  GradSink* sink = t.defined() ? autograd::sink_of(t) : nullptr;
-  return sink ? SinkTarget{t, sink} : SinkTarget{};
-}
-
-}  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor out = kernels::matmul(a, b);
@@ -83,23 +62,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                   const Tensor g2 = g.reshape({-1, out_features});
                   Tensor dx, dw, db;
                   if (gx) dx = kernels::matmul(g2, sw).reshape(x_shape);
-                  if (gw) {
-                    // Note [Fused weight-gradient accumulation]: dW = g^T x is one
-                    // GEMM whose output is the arena's fp32 slot, beta 0 on the
-                    // window's first contribution and 1 after.
-                    double beta = 0.0;
-                    Tensor slot = w_target.claim(&beta);
-                    dw = slot.defined() ? slot : empty(sw.shape(), sw.dtype(), sw.device());
-                    kernels::gemm(g2, /*transpose_a=*/true, sx, false, dw, 1.0, beta);
-                    if (slot.defined()) dw = autograd::delivered();
-                  }
-                  if (gb) {
-                    double beta = 0.0;
-                    Tensor slot = b_target.claim(&beta);
-                    db = slot.defined() ? slot : empty({out_features}, g.dtype(), g.device());
-                    kernels::sum_rows_into(g2, db, /*accumulate=*/beta != 0.0);
-                    if (slot.defined()) db = autograd::delivered();
-                  }
+                  if (gw) dw = autograd::linear_weight_grad(g2, sx, sw, w_target);
+                  if (gb) db = autograd::linear_bias_grad(g2, b_target);
                   return {dx, dw, db};
                 });
 }
@@ -132,33 +96,63 @@ Loss cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_i
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   kernels::LayerNormOutput r = kernels::layer_norm(x, weight, bias, eps);
-  Tensor sx = saved(x), sw = saved(weight), mean = r.mean, rstd = r.rstd;
+  return record("LayerNormBackward", r.out, {x, weight, bias},
+                autograd::layer_norm_backward_fn(x, weight, bias, r.mean, r.rstd));
+}
+
+namespace autograd {
+
+Tensor linear_weight_grad(const Tensor& g2, const Tensor& x2, const Tensor& weight_like,
+                          const SinkTarget& target) {
+  // Note [Fused weight-gradient accumulation]: dW = g^T x is one GEMM whose
+  // output is the arena's fp32 slot, beta 0 on the window's first
+  // contribution and 1 after.
+  double beta = 0.0;
+  Tensor slot = target.claim(&beta);
+  Tensor dw =
+      slot.defined() ? slot : empty(weight_like.shape(), weight_like.dtype(), weight_like.device());
+  kernels::gemm(g2, /*transpose_a=*/true, x2, false, dw, 1.0, beta);
+  return slot.defined() ? delivered() : dw;
+}
+
+Tensor linear_bias_grad(const Tensor& g2, const SinkTarget& target) {
+  double beta = 0.0;
+  Tensor slot = target.claim(&beta);
+  Tensor db = slot.defined() ? slot : empty({g2.size(1)}, g2.dtype(), g2.device());
+  kernels::sum_rows_into(g2, db, /*accumulate=*/beta != 0.0);
+  return slot.defined() ? delivered() : db;
+}
+
+BackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                  const Tensor& mean, const Tensor& rstd) {
+  Tensor sx = saved(x), sw = saved(weight);
   const bool gw = wants_grad(weight), gb = wants_grad(bias);
   const Shape d_shape{x.size(-1)};
   const DType w_dtype = weight.defined() ? weight.dtype() : x.dtype();
   const DType b_dtype = bias.defined() ? bias.dtype() : x.dtype();
   const SinkTarget w_target = sink_target(weight), b_target = sink_target(bias);
-  return record(
-      "LayerNormBackward", r.out, {x, weight, bias}, [=](const Tensor& g) -> std::vector<Tensor> {
-        // Both affine gradients go straight into their arena slots when
-        // both have one with the same beta (the usual case); otherwise
-        // into fresh tensors that the engine lands.
-        double beta_w = 0.0, beta_b = 0.0;
-        const bool direct =
-            gw && gb && w_target.peek(&beta_w) && b_target.peek(&beta_b) && beta_w == beta_b;
-        Tensor dw, db;
-        if (direct) {
-          dw = w_target.claim(&beta_w);
-          db = b_target.claim(&beta_b);
-        } else {
-          dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
-          db = gb ? empty(d_shape, b_dtype, g.device()) : Tensor();
-        }
-        Tensor dx = kernels::layer_norm_backward(g, sx, sw, mean, rstd, dw, db,
-                                                 /*accumulate=*/direct && beta_w != 0.0);
-        if (direct) dw = db = autograd::delivered();
-        return {dx, dw, db};
-      });
+  return [=](const Tensor& g) -> std::vector<Tensor> {
+    // Both affine gradients go straight into their arena slots when both have
+    // one with the same beta (the usual case); otherwise into fresh tensors
+    // that the engine lands.
+    double beta_w = 0.0, beta_b = 0.0;
+    const bool direct =
+        gw && gb && w_target.peek(&beta_w) && b_target.peek(&beta_b) && beta_w == beta_b;
+    Tensor dw, db;
+    if (direct) {
+      dw = w_target.claim(&beta_w);
+      db = b_target.claim(&beta_b);
+    } else {
+      dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
+      db = gb ? empty(d_shape, b_dtype, g.device()) : Tensor();
+    }
+    Tensor dx = kernels::layer_norm_backward(g, sx, sw, mean, rstd, dw, db,
+                                             /*accumulate=*/direct && beta_w != 0.0);
+    if (direct) dw = db = delivered();
+    return {dx, dw, db};
+  };
 }
+
+}  // namespace autograd
 
 }  // namespace accrue

@@ -1,4 +1,4 @@
-// Weight-gradient accumulation at GPT-2 124M shapes (DESIGN.md Note [Fused
+// Weight-gradient accumulation at GPT-2 124M shapes (Note [Fused
 // weight-gradient accumulation]): dW [out, in] = g^T x from the bf16 output
 // gradient g [T, out] and input x [T, in], for qkv (2304x768), fc (3072x768)
 // and fc2 (768x3072), T = 8192, 16384, 32768 tokens. Variants:

@@ -1,5 +1,5 @@
-// The window close of DESIGN.md Note [Window close], timed as the Window runs
-// it: (a) grad_norm_partials, one read of the fp32 gradient arena; (b)
+// The window close of Note [Window close] (optim/window.h), timed as the
+// Window runs it: (a) grad_norm_partials, one read of the fp32 gradient arena; (b)
 // window_scalar_step, one thread (dynamic loss scale, clipping on); (c)
 // Optimizer::step, the fused AdamW pass over p, g, m, v. Everything on the
 // device, nothing synchronizes the host.

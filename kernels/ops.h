@@ -83,7 +83,15 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 void embedding_backward(const Tensor& grad, const Tensor& indices, const Tensor& grad_weight,
                         bool accumulate);
 
-// Note [Losses return (sum, count)]: see DESIGN.md Note [Normalization].
+// Note [Losses return (sum, count)]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A loss returns the sum of its per-item losses and the number of items it
+// counted (targets != ignore_index), never their mean. A mean per micro-batch
+// would fix the divisor too early: the optimizer must divide the window's
+// summed gradient by the items of the whole window (and of every rank), which
+// only the count makes exact with padding or variable lengths (Note
+// [Normalization] in optim/window.h). The count stays a device tensor, so
+// nothing waits for the host.
 struct LossSum {
   Tensor sum;    // 0-d, the logits' dtype widened to f32 (f64 for f64)
   Tensor count;  // 0-d i64, the number of targets != ignore_index

@@ -1,4 +1,5 @@
-// The kernels of a window close (DESIGN.md Note [Window close]), each one pass:
+// The kernels of a window close (Note [Window close] in optim/window.h), each
+// one pass:
 //   (a) grad_norm_partials: one read of the flat gradient arena giving
 //       fixed-order partial sums of squares and a non-finite flag;
 //   (b) window_scalar_step: one thread turns the partials into found_inf, the

@@ -207,8 +207,8 @@ ACCRUE_HD void sgd_update(const OptimizerParams<M>& o, const StepScalars<M>& s, 
   p = p - gs.lr * d;
 }
 
-// torch.optim.Adam / AdamW on one element, in the order of torch's fused kernel
-// (ATen fused_adam_utils.cuh); vmax is read and written only with amsgrad.
+// torch.optim.Adam / AdamW on one element, in the operation order of PyTorch's
+// fused Adam CUDA kernel (fused=True); vmax is read and written only with amsgrad.
 template <class M>
 ACCRUE_HD void adam_update(const OptimizerParams<M>& o, const StepScalars<M>& s, int group, M grad,
                            M& p, M& m, M& v, M& vmax) {

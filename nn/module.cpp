@@ -57,6 +57,12 @@ int64_t Module::parameter_count() const {
   return n;
 }
 
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& entry : children_)
+    entry.second->train(on);
+}
+
 Tensor Module::register_parameter(std::string name, Tensor t) {
   requires_grad_(t);
   params_.push_back({std::move(name), t});
@@ -72,6 +78,15 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, const Param
   if (bias) bias_ = register_parameter("bias", uniform_init({out_features}, bound, options));
 }
 
+Linear::Linear(Tensor weight, Tensor bias) {
+  ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "Linear: weight must be 2-D [out, in]");
+  ACCRUE_CHECK(!bias.defined() || bias.shape() == Shape{weight.size(0)}, "Linear: bias of shape ",
+               bias.defined() ? shape_str(bias.shape()) : "", " for weight of shape ",
+               shape_str(weight.shape()));
+  weight_ = register_parameter("weight", std::move(weight));
+  if (bias.defined()) bias_ = register_parameter("bias", std::move(bias));
+}
+
 Tensor Linear::forward(const Tensor& x) const {
   return linear(x, weight_, bias_);
 }
@@ -85,10 +100,10 @@ Tensor Embedding::forward(const Tensor& indices) const {
   return embedding(weight_, indices);
 }
 
-LayerNorm::LayerNorm(int64_t dim, const ParamOptions& options, double eps) : eps_(eps) {
+LayerNorm::LayerNorm(int64_t dim, const ParamOptions& options, double eps, bool bias) : eps_(eps) {
   ACCRUE_CHECK(dim > 0, "LayerNorm: invalid dim ", dim);
   weight_ = register_parameter("weight", ones({dim}, options.dtype, options.device));
-  bias_ = register_parameter("bias", zeros({dim}, options.dtype, options.device));
+  if (bias) bias_ = register_parameter("bias", zeros({dim}, options.dtype, options.device));
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {

@@ -37,6 +37,12 @@ class Module {
   std::vector<Tensor> parameters() const;
   int64_t parameter_count() const;
 
+  // Training mode (the default) turns dropout on; train(false) / eval() set
+  // this module and all its children.
+  bool training() const { return training_; }
+  void train(bool on = true);
+  void eval() { train(false); }
+
  protected:
   // Registers a leaf that requires grad and returns it.
   Tensor register_parameter(std::string name, Tensor t);
@@ -57,12 +63,15 @@ class Module {
   std::vector<NamedParameter> params_;
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
   std::vector<Slot> order_;
+  bool training_ = true;
 };
 
 // y = x W^T + b with W [out, in] initialized uniform(-1/sqrt(in), 1/sqrt(in)) as in PyTorch.
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias, const ParamOptions& options);
+  // Registers tensors initialized by the caller: weight [out, in], bias [out] or undefined.
+  Linear(Tensor weight, Tensor bias);
   Tensor forward(const Tensor& x) const;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
@@ -84,8 +93,12 @@ class Embedding : public Module {
 
 class LayerNorm : public Module {
  public:
-  LayerNorm(int64_t dim, const ParamOptions& options, double eps = 1e-5);
+  // Weight ones, bias zeros (no bias parameter when bias is false).
+  LayerNorm(int64_t dim, const ParamOptions& options, double eps = 1e-5, bool bias = true);
   Tensor forward(const Tensor& x) const;
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+  double eps() const { return eps_; }
 
  private:
   Tensor weight_, bias_;

@@ -1,5 +1,6 @@
 // Plain stochastic gradient descent: p -= lr * grad. The accumulation Window
-// and the fused optimizers build on the gradient arena (see DESIGN.md).
+// and the fused optimizers build on the gradient arena (Note [Window close]
+// in optim/window.h).
 #pragma once
 
 #include <vector>

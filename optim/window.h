@@ -10,8 +10,66 @@
 //
 // backward() seeds each micro-batch's backward with the loss scale only and
 // counts its items on the device; gradients land in the arena by Note
-// [Overwrite first]. close() runs Note [Window close]. Nothing inside a window
-// synchronizes the host: report() does, when asked.
+// [Overwrite first]. close() runs Note [Window close]. The Window itself never
+// synchronizes the host: report() does, when asked. (The model's own ops may:
+// on CUDA, embedding and cross-entropy index checks read back a flag unless
+// kernels::set_check_indices(false).)
+//
+// Note [Normalization]
+// ~~~~~~~~~~~~~~~~~~~~
+// Losses return (sum, count) (Note [Losses return (sum, count)]), and the
+// window divides by its item count once, at close. backward() seeds each
+// micro-batch's backward of loss.sum with the loss scale alone and adds
+// loss.count to state[kItems] on the device (f64: exact). Under data
+// parallelism the reducer sums that count over ranks at close, before the
+// scalar step, so N is global. The scalar step takes inv_N = 1 / N into the one coefficient the
+// optimizer applies (Note [Window scalar step]). The stepped gradient is then
+// the sum over every item of the window divided by N: the large batch's mean,
+// exactly, however the items were split over micro-batches and ranks (padding,
+// ignore_index, variable lengths). A mean of per-micro-batch means is not:
+// it weighs the items of a short micro-batch more. That legacy mode
+// (Normalization::MeanOfMicroBatchMeans) seeds scale / count and divides by
+// K x world size instead. N stays on the device: no host synchronization.
+//
+// Note [Window close]
+// ~~~~~~~~~~~~~~~~~~~
+// close() (after K backward() calls) is a fixed sequence on the current
+// stream, with nothing read back by the host:
+//   1. the slots no gradient reached are zeroed (Note [Overwrite first]);
+//   2. the GradientSync, if any, sends the buckets still pending and sums N
+//      over ranks (Note [Reducer] in dist/reducer.h);
+//   3. one read of the gradient arena gives fixed-order partial sums of
+//      squares and a non-finite count (kernels::grad_norm_partials; under
+//      ZeRO-1 over the owned ranges, then gathered so every rank sums the
+//      same rows in the same order);
+//   4. one thread turns them into found_inf, the norm, the clip and the one
+//      coefficient inv_scale * inv_N * clip, and updates the loss scale and
+//      the step count (Note [Window scalar step]);
+//   5. one fused optimizer pass reads p, g, m, v, applies g * coef and writes
+//      p, m, v and the compute copy; it returns at once when found_inf (Note
+//      [Skipped window]). Its LR schedule is evaluated at the number of windows
+//      closed before this one;
+//   6. under ZeRO-1 the forward's parameters are gathered (Note [ZeRO-1]);
+//   7. what report() shows is copied aside, N and the loss sum are reset.
+// Every decision (skip, clip, scale) is made on the device from the state
+// tensor, so a window never waits for the host and the arena is read once for
+// the norm and once for the step.
+//
+// Note [Skipped window]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A window whose gradient holds a non-finite value (or whose sum of squares
+// overflows) is skipped, in every scaler mode, none included: applying it
+// would ruin the weights. The scalar step writes found_inf = 1 and coef = 0,
+// counts a skipped window, keeps the optimizer step count (Adam's bias
+// corrections do not advance) and, with the dynamic scaler, backs the scale
+// off. The fused optimizer pass reads found_inf on the device and returns
+// before touching anything: master weights, moments and the compute copy stay
+// bitwise unchanged. The window still counts as closed: windows_closed()
+// advances, and with it the LR schedule (as scheduler.step() does in a PyTorch
+// loop with GradScaler); N and the loss sum reset, and the next window's
+// first contributions overwrite the bad gradients (Note [Overwrite first]).
+// The host learns of it only through report().skipped. Under ZeRO-1 every
+// rank sums every rank's partials, so all ranks skip together.
 #pragma once
 
 #include <map>

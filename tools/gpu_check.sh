@@ -234,7 +234,10 @@ run_ctest() {
     note "ctest -L $label: FAILED to run (see ctest_${label}.log)"
     return 1
   fi
-  note "ctest -L $label: $line"
+  # ctest counts a skipped test (exit 77 or a skip message) among the passed ones: say so.
+  local skipped
+  skipped=$(grep -c '\*\*\*Skipped' "$details/ctest_${label}.log" || true)
+  note "ctest -L $label: $line$([[ ${skipped:-0} -gt 0 ]] && echo " ($skipped SKIPPED)")"
   # The names under "The following tests FAILED:".
   while IFS= read -r t; do note "    ${t#"${t%%[![:space:]]*}"}"; done < <(
     grep -E '^[[:space:]]+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Exception|Child aborted|Not Run)' \
@@ -251,10 +254,12 @@ if [[ $built -eq 1 && $skip_tests -eq 0 ]]; then
 fi
 
 # ---- compute-sanitizer -----------------------------------------------------------
-# Note [Sanitizer runs]: each gpu test binary runs under memcheck, then
-# racecheck (shared-memory hazards), with the plain cudaMalloc allocator.
-# All runs share one time budget so that the whole check stays well under
-# ten minutes; a run cut short says TIMEOUT in the summary.
+# Note [Sanitizer runs]
+# ~~~~~~~~~~~~~~~~~~~~~
+# Each gpu test binary runs under memcheck, then racecheck (shared-memory
+# hazards), with the plain cudaMalloc allocator. All runs share one time
+# budget so that the whole check stays well under ten minutes; a run cut short
+# says TIMEOUT in the summary.
 if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
   if [[ -z "$sanitizer" ]]; then
     note "compute-sanitizer: not found, skipped"

@@ -4,7 +4,7 @@
 //
 //   accrue_demo [--micro-batch B] [--accum K] [--windows W] [--optimizer sgd|adam|adamw]
 //               [--lr LR] [--clip MAX_NORM] [--scaler none|static|dynamic]
-//               [--dtype f32|bf16|f16] [--zero1] [--cpu]
+//               [--dtype f32|bf16|f16] [--zero1] [--cpu] [--help]
 //
 // The training loop below is the whole accumulation story: backward per
 // micro-batch into the gradient arena, one close per window.
@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 
 #include "accrue.h"
@@ -48,7 +49,56 @@ struct Options {
   std::string dtype = "f32";
   bool zero1 = false;
   bool force_cpu = false;
+  bool help = false;
 };
+
+void print_usage() {
+  const Options d;
+  std::printf(
+      "usage: accrue_demo [options]\n"
+      "Trains an MLP with K micro-batches per optimizer step (on the GPU when there is one).\n"
+      "  --micro-batch B        items per micro-batch (default %lld)\n"
+      "  --accum K              micro-batches per window, one optimizer step each (default %lld)\n"
+      "  --windows W            windows to train (default %lld)\n"
+      "  --optimizer NAME       sgd, adam or adamw (default %s)\n"
+      "  --lr LR                learning rate (default %g)\n"
+      "  --clip MAX_NORM        global gradient-norm clipping, <= 0 turns it off (default %g)\n"
+      "  --scaler MODE          loss scaling: none, static or dynamic (default %s)\n"
+      "  --dtype DTYPE          compute dtype: f32, bf16 or f16 (default %s)\n"
+      "  --zero1                under a data-parallel launcher, shard the optimizer state\n"
+      "  --cpu                  run on the CPU even when a GPU is present\n"
+      "  --help                 print this and exit\n"
+      "Data parallel: torchrun --nproc-per-node=N --no-python accrue_demo, or mpirun -np N.\n",
+      (long long)d.micro_batch, (long long)d.accum, (long long)d.windows, d.optimizer.c_str(), d.lr,
+      d.clip, d.scaler.c_str(), d.dtype.c_str());
+}
+
+// std::stoll / std::stod, but a malformed value is an accrue::Error naming the option.
+int64_t parse_int(const std::string& option, const std::string& v) {
+  size_t used = 0;
+  int64_t r = 0;
+  try {
+    r = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  ACCRUE_CHECK(!v.empty() && used == v.size(), "accrue_demo: ", option,
+               " expects an integer, got '", v, "'");
+  return r;
+}
+
+double parse_double(const std::string& option, const std::string& v) {
+  size_t used = 0;
+  double r = 0;
+  try {
+    r = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  ACCRUE_CHECK(!v.empty() && used == v.size(), "accrue_demo: ", option, " expects a number, got '",
+               v, "'");
+  return r;
+}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -58,18 +108,20 @@ Options parse(int argc, char** argv) {
       ACCRUE_CHECK(i + 1 < argc, "accrue_demo: ", a, " needs a value");
       return argv[++i];
     };
-    if (a == "--micro-batch")
-      o.micro_batch = std::stoll(value());
+    if (a == "--help" || a == "-h")
+      o.help = true;
+    else if (a == "--micro-batch")
+      o.micro_batch = parse_int(a, value());
     else if (a == "--accum")
-      o.accum = std::stoll(value());
+      o.accum = parse_int(a, value());
     else if (a == "--windows")
-      o.windows = std::stoll(value());
+      o.windows = parse_int(a, value());
     else if (a == "--optimizer")
       o.optimizer = value();
     else if (a == "--lr")
-      o.lr = std::stod(value());
+      o.lr = parse_double(a, value());
     else if (a == "--clip")
-      o.clip = std::stod(value());
+      o.clip = parse_double(a, value());
     else if (a == "--scaler")
       o.scaler = value();
     else if (a == "--dtype")
@@ -79,7 +131,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--cpu")
       o.force_cpu = true;
     else
-      ACCRUE_FAIL("accrue_demo: unknown option ", a);
+      ACCRUE_FAIL("accrue_demo: unknown option ", a, " (--help lists the options)");
   }
   ACCRUE_CHECK(o.micro_batch > 0 && o.accum > 0 && o.windows > 0,
                "accrue_demo: --micro-batch, --accum and --windows must be positive");
@@ -113,6 +165,10 @@ constexpr int64_t kFeatures = 32, kHidden = 256, kClasses = 10;
 
 int main(int argc, char** argv) try {
   const Options opt = parse(argc, argv);
+  if (opt.help) {
+    print_usage();
+    return 0;
+  }
   const dist::RankInfo rank = dist::discover_rank();
   const bool gpu = cuda_available() && !opt.force_cpu;
   ACCRUE_CHECK(!rank.distributed() || gpu, "accrue_demo: data parallelism (", dist::describe(rank),

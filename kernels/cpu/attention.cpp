@@ -1,1 +1,177 @@
-// (being written)
+// CPU reference of scaled dot-product attention, forward and backward.
+//
+// Plain loops over (b, h, query row), every sum in double in a fixed order,
+// each result rounded once to its dtype (bf16/f16 inputs widen exactly, so
+// they compute like the others). The attention matrix is never stored: a
+// row of scores at a time, recomputed in backward from q, k and the saved
+// lse, like the fused kernels do. Masks and dropout follow Note [Attention
+// masks] (kernels/attention_backend.h).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/attention_backend.h"
+#include "kernels/cpu/cpu_util.h"
+
+namespace accrue::kernels::cpu {
+
+namespace {
+
+// A 4-D tensor [B, H, rows, cols] whose last stride is 1 (checked by dispatch).
+template <class T>
+struct Rows {
+  T* data;
+  int64_t s0, s1, s2;
+  T* row(int64_t b, int64_t h, int64_t i) const { return data + b * s0 + h * s1 + i * s2; }
+};
+
+template <class T>
+Rows<T> rows_of(const Tensor& t) {
+  return {ptr<T>(t), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+// lse's dtype for inputs of type T: f64 for f64, f32 otherwise.
+template <class T>
+using stats_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class T>
+void load_row(const T* src, int64_t n, std::vector<double>& dst) {
+  for (int64_t c = 0; c < n; ++c)
+    dst[c] = load_double(src[c]);
+}
+
+template <class T>
+double dot(const std::vector<double>& x, const T* y, int64_t n) {
+  double s = 0.0;
+  for (int64_t c = 0; c < n; ++c)
+    s += x[c] * load_double(y[c]);
+  return s;
+}
+
+// Number of keys query i sees: keys [0, visible_keys) (Note [Attention masks]).
+int64_t visible_keys(int64_t i, const AttentionParams& p) {
+  return p.causal ? i + (p.Tk - p.Tq) + 1 : p.Tk;
+}
+
+// The dropout factor of probability (b, h, i, j): 1 / (1 - p) when kept, 0 when dropped.
+double dropout_factor(const AttentionParams& p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (p.dropout_p == 0.0) return 1.0;
+  const int64_t element = ((b * p.H + h) * p.Tq + i) * p.Tk + j;
+  return attention_keep(p.seed, p.offset, element, p.dropout_p) ? 1.0 / (1.0 - p.dropout_p) : 0.0;
+}
+
+template <class T>
+void forward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const AttentionParams& p,
+             const Tensor& out_t, const Tensor& lse_t) {
+  using S = stats_t<T>;
+  const Rows<T> q = rows_of<T>(q_t), k = rows_of<T>(k_t), v = rows_of<T>(v_t),
+                out = rows_of<T>(out_t);
+  S* lse = ptr<S>(lse_t);
+  std::vector<double> qi(p.d), s(p.Tk), acc(p.dv);
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t h = 0; h < p.H; ++h) {
+      for (int64_t i = 0; i < p.Tq; ++i) {
+        const int64_t n = visible_keys(i, p);
+        load_row(q.row(b, h, i), p.d, qi);
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < n; ++j) {
+          s[j] = p.scale * dot(qi, k.row(b, h, j), p.d);
+          m = std::fmax(m, s[j]);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < n; ++j)
+          sum += std::exp(s[j] - m);
+        const double l = m + std::log(sum);
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j < n; ++j) {
+          const double pj = std::exp(s[j] - l) * dropout_factor(p, b, h, i, j);
+          if (pj == 0.0) continue;
+          const T* vj = v.row(b, h, j);
+          for (int64_t c = 0; c < p.dv; ++c)
+            acc[c] += pj * load_double(vj[c]);
+        }
+        T* o = out.row(b, h, i);
+        for (int64_t c = 0; c < p.dv; ++c)
+          o[c] = store_double<T>(acc[c]);
+        lse[(b * p.H + h) * p.Tq + i] = static_cast<S>(l);
+      }
+    }
+  }
+}
+
+// With P = softmax(S) (undropped), Z the dropout factors and O = (P * Z) V:
+//   dV = (P * Z)^T dO,  dP = (dO V^T) * Z,  dS = P * (dP - D),
+//   D_i = sum_j P_ij dP_ij = sum_j (P * Z)_ij (dO_i . v_j) = dO_i . O_i,
+//   dQ = scale dS K,  dK = scale dS^T Q.
+template <class T>
+void backward(const Tensor& g_t, const Tensor& q_t, const Tensor& k_t, const Tensor& v_t,
+              const Tensor& out_t, const Tensor& lse_t, const AttentionParams& p,
+              const Tensor& dq_t, const Tensor& dk_t, const Tensor& dv_t) {
+  using S = stats_t<T>;
+  const Rows<T> g = rows_of<T>(g_t), q = rows_of<T>(q_t), k = rows_of<T>(k_t), v = rows_of<T>(v_t),
+                out = rows_of<T>(out_t), dq = rows_of<T>(dq_t), dk = rows_of<T>(dk_t),
+                dv = rows_of<T>(dv_t);
+  const S* lse = ptr<S>(lse_t);
+  std::vector<double> qi(p.d), gi(p.dv), dqi(p.d);
+  std::vector<double> dk_acc(p.Tk * p.d), dv_acc(p.Tk * p.dv);
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t h = 0; h < p.H; ++h) {
+      std::fill(dk_acc.begin(), dk_acc.end(), 0.0);
+      std::fill(dv_acc.begin(), dv_acc.end(), 0.0);
+      for (int64_t i = 0; i < p.Tq; ++i) {
+        const int64_t n = visible_keys(i, p);
+        load_row(q.row(b, h, i), p.d, qi);
+        load_row(g.row(b, h, i), p.dv, gi);
+        const double D = dot(gi, out.row(b, h, i), p.dv);
+        const double l = static_cast<double>(lse[(b * p.H + h) * p.Tq + i]);
+        std::fill(dqi.begin(), dqi.end(), 0.0);
+        for (int64_t j = 0; j < n; ++j) {
+          const T* kj = k.row(b, h, j);
+          const double pj = std::exp(p.scale * dot(qi, kj, p.d) - l);
+          const double z = dropout_factor(p, b, h, i, j);
+          const double dpj = dot(gi, v.row(b, h, j), p.dv) * z;
+          double* dvj = dv_acc.data() + j * p.dv;
+          for (int64_t c = 0; c < p.dv; ++c)
+            dvj[c] += pj * z * gi[c];
+          const double ds = p.scale * pj * (dpj - D);
+          double* dkj = dk_acc.data() + j * p.d;
+          for (int64_t c = 0; c < p.d; ++c) {
+            dqi[c] += ds * load_double(kj[c]);
+            dkj[c] += ds * qi[c];
+          }
+        }
+        T* dq_row = dq.row(b, h, i);
+        for (int64_t c = 0; c < p.d; ++c)
+          dq_row[c] = store_double<T>(dqi[c]);
+      }
+      for (int64_t j = 0; j < p.Tk; ++j) {
+        T* dk_row = dk.row(b, h, j);
+        for (int64_t c = 0; c < p.d; ++c)
+          dk_row[c] = store_double<T>(dk_acc[j * p.d + c]);
+        T* dv_row = dv.row(b, h, j);
+        for (int64_t c = 0; c < p.dv; ++c)
+          dv_row[c] = store_double<T>(dv_acc[j * p.dv + c]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
+                       const Tensor& out, const Tensor& lse) {
+  visit_float(q.dtype(), "scaled_dot_product_attention",
+              [&](auto tag) { forward<decltype(tag)>(q, k, v, p, out, lse); });
+}
+
+void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const AttentionParams& p,
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  visit_float(q.dtype(), "scaled_dot_product_attention_backward", [&](auto tag) {
+    backward<decltype(tag)>(grad_out, q, k, v, out, lse, p, dq, dk, dv);
+  });
+}
+
+}  // namespace accrue::kernels::cpu

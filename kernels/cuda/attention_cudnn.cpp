@@ -1,1 +1,329 @@
-// (being written)
+// Scaled dot-product attention on cuDNN's fused flash attention, through the
+// cuDNN frontend's graph API. Compiled only with ACCRUE_WITH_CUDNN_FRONTEND;
+// kernels/attention.cpp sends here what Note [Attention paths] admits:
+// bf16/f16, no dropout, d and dv multiples of 8 up to 128, every operand
+// 16-byte aligned in its base and strides.
+//
+// Note [cuDNN attention graphs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// One cudnnHandle per (device, stream), created on first use and bound to
+// that stream, so that work on concurrent streams never shares a handle. One
+// graph per key: direction, device, dtype, B, H, Tq, Tk, d, dv, causal, the
+// scale's bits and the strides of every operand, which are the tensors' real
+// strides (the heads of a packed [B, T, 3, H, d] qkv buffer and the [B, Tq, H,
+// dv] output go in as views, never copied). A graph is built once (validate,
+// operation graph, heuristic A plans, support check, plan build) and cached
+// for the process; later calls bind pointers and execute. The workspace comes
+// from accrue's allocator on the current stream and is freed, stream-ordered,
+// after the launch. Nothing synchronizes the host. The state is never
+// destroyed: freeing handles from static destructors races the driver's
+// teardown (as Note [cuBLASLt state] says for cuBLASLt).
+//
+// The forward writes Stats = max + ln(sum(exp(s - max))) per query row, f32
+// [B, H, Tq, 1] packed: accrue's lse, see Note [Attention paths]. The mask is
+// cuDNN's diagonal band with right bound 0: top-left aligned when Tq == Tk
+// (the common, best-supported case), bottom-right aligned when Tq < Tk, which
+// is Note [Attention masks]'s rule either way.
+//
+// Backward asks for cuDNN's deterministic algorithm (accrue's results are
+// bitwise reproducible, no float atomics); where this cuDNN cannot build it
+// for a shape, the default (atomic dQ accumulation) graph is built instead.
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include <bit>
+#include <cstdint>
+#include <exception>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/cuda_runtime.h"
+#include "core/status_check.h"
+#include "kernels/attention_backend.h"
+
+namespace accrue::kernels::cudnn {
+
+namespace fe = ::cudnn_frontend;
+
+namespace {
+
+using Graph = fe::graph::Graph;
+using TensorAttr = std::shared_ptr<fe::graph::Tensor_attributes>;
+using VariantPack = std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*>;
+
+constexpr const char* kForward = "scaled_dot_product_attention";
+constexpr const char* kBackward = "scaled_dot_product_attention_backward";
+
+// Tensor uids of the variant packs.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+std::string describe(const AttentionParams& p, DType dtype) {
+  return detail::str_cat("B=", p.B, " H=", p.H, " Tq=", p.Tq, " Tk=", p.Tk, " d=", p.d,
+                         " dv=", p.dv, " ", dtype_name(dtype), p.causal ? " causal" : "");
+}
+
+void check_fe(fe::error_t status, const char* op, const char* step, const AttentionParams& p,
+              DType dtype) {
+  if (status.is_good()) return;
+  ACCRUE_FAIL(op, ": cuDNN frontend ", step, " failed for ", describe(p, dtype), ": ",
+              status.get_message());
+}
+
+// Selects the device for a scope and restores the previous one.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    ACCRUE_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) ACCRUE_CUDA_CHECK(cudaSetDevice(device));
+    device_ = device;
+  }
+  ~DeviceScope() {
+    if (previous_ != device_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  int device_ = 0;
+};
+
+// See Note [cuDNN attention graphs].
+class CudnnState {
+ public:
+  static CudnnState& instance() {
+    static CudnnState* state = new CudnnState();  // never destroyed, on purpose
+    return *state;
+  }
+
+  std::mutex& mutex() { return mutex_; }
+
+  // The caller holds mutex().
+  cudnnHandle_t handle(int device, cudaStream_t stream) {
+    auto it = handles_.find({device, stream});
+    if (it != handles_.end()) return it->second;
+    cudnnHandle_t h = nullptr;
+    ACCRUE_CUDNN_CHECK(cudnnCreate(&h));
+    ACCRUE_CUDNN_CHECK(cudnnSetStream(h, stream));
+    handles_.emplace(std::make_pair(device, stream), h);
+    return h;
+  }
+
+  // The caller holds mutex(). Returns null when the key was never built.
+  std::shared_ptr<Graph> find(const std::vector<int64_t>& key) const {
+    auto it = graphs_.find(key);
+    return it == graphs_.end() ? nullptr : it->second;
+  }
+  void insert(std::vector<int64_t> key, std::shared_ptr<Graph> graph) {
+    graphs_.emplace(std::move(key), std::move(graph));
+  }
+
+  bool device_supported(int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = supported_.find(device);
+    if (it != supported_.end()) return it->second;
+    int major = 0;
+    ACCRUE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    // cuDNN 9 (the frontend's graph API), except 9.10.0/9.10.1, whose fp16/bf16
+    // SDPA the frontend refuses for known bugs; Ampere or newer.
+    const size_t version = cudnnGetVersion();
+    const bool ok = major >= 8 && version >= 90000 && version != 91000 && version != 91001;
+    supported_.emplace(device, ok);
+    return ok;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::pair<int, cudaStream_t>, cudnnHandle_t> handles_;
+  std::map<std::vector<int64_t>, std::shared_ptr<Graph>> graphs_;
+  std::map<int, bool> supported_;
+};
+
+fe::DataType_t io_type(DType t) {
+  return t == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+}
+
+std::shared_ptr<Graph> new_graph(DType dtype) {
+  auto g = std::make_shared<Graph>();
+  g->set_io_data_type(io_type(dtype))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+// A graph tensor with t's real shape and strides.
+TensorAttr input(Graph& g, const char* name, int64_t uid, const Tensor& t) {
+  return g.tensor(
+      fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(t.shape()).set_stride(
+          t.strides()));
+}
+
+void describe_output(const TensorAttr& attr, int64_t uid, const Tensor& t) {
+  attr->set_output(true).set_uid(uid).set_dim(t.shape()).set_stride(t.strides());
+}
+
+// lse as cuDNN's Stats: f32 [B, H, Tq, 1], packed.
+std::vector<int64_t> stats_dim(const AttentionParams& p) {
+  return {p.B, p.H, p.Tq, 1};
+}
+std::vector<int64_t> stats_stride(const AttentionParams& p) {
+  return {p.H * p.Tq, p.Tq, 1, 1};
+}
+
+template <class Attributes>
+void set_mask(Attributes& a, const AttentionParams& p) {
+  if (!p.causal) return;
+  a.set_diagonal_alignment(p.Tq == p.Tk ? fe::DiagonalAlignment_t::TOP_LEFT
+                                        : fe::DiagonalAlignment_t::BOTTOM_RIGHT)
+      .set_diagonal_band_right_bound(0);
+}
+
+// Validates, lowers and plans a graph; errors name the failing step.
+void build(Graph& g, cudnnHandle_t handle, const char* op, const AttentionParams& p, DType dtype) {
+  try {
+    check_fe(g.validate(), op, "graph validation", p, dtype);
+    check_fe(g.build_operation_graph(handle), op, "operation graph", p, dtype);
+    check_fe(g.create_execution_plans({fe::HeurMode_t::A}), op, "execution plans", p, dtype);
+    check_fe(g.check_support(handle), op, "support check", p, dtype);
+    check_fe(g.build_plans(handle), op, "plan build", p, dtype);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // the frontend's own exceptions
+    ACCRUE_FAIL(op, ": cuDNN frontend failed for ", describe(p, dtype), ": ", e.what());
+  }
+}
+
+// The key of Note [cuDNN attention graphs]: everything a graph depends on.
+std::vector<int64_t> graph_key(int64_t direction, int device, DType dtype, const AttentionParams& p,
+                               std::initializer_list<const Tensor*> operands) {
+  std::vector<int64_t> key{
+      direction, device,           static_cast<int64_t>(dtype),    p.B, p.H, p.Tq, p.Tk, p.d,
+      p.dv,      p.causal ? 1 : 0, std::bit_cast<int64_t>(p.scale)};
+  for (const Tensor* t : operands)
+    key.insert(key.end(), t->strides().begin(), t->strides().end());
+  return key;
+}
+
+std::shared_ptr<Graph> forward_graph(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, const AttentionParams& p,
+                                     cudnnHandle_t handle) {
+  auto g = new_graph(q.dtype());
+  auto options = fe::graph::SDPA_attributes()
+                     .set_name("accrue_sdpa")
+                     .set_generate_stats(true)
+                     .set_attn_scale(static_cast<float>(p.scale));
+  set_mask(options, p);
+  auto [o, stats] =
+      g->sdpa(input(*g, "Q", kQ, q), input(*g, "K", kK, k), input(*g, "V", kV, v), options);
+  describe_output(o, kO, out);
+  stats->set_output(true)
+      .set_uid(kStats)
+      .set_data_type(fe::DataType_t::FLOAT)
+      .set_dim(stats_dim(p))
+      .set_stride(stats_stride(p));
+  build(*g, handle, kForward, p, q.dtype());
+  return g;
+}
+
+std::shared_ptr<Graph> backward_graph(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                      const Tensor& v, const Tensor& out, const Tensor& dq,
+                                      const Tensor& dk, const Tensor& dv, const AttentionParams& p,
+                                      bool deterministic, cudnnHandle_t handle) {
+  auto g = new_graph(q.dtype());
+  auto stats = g->tensor(fe::graph::Tensor_attributes()
+                             .set_name("Stats")
+                             .set_uid(kStats)
+                             .set_data_type(fe::DataType_t::FLOAT)
+                             .set_dim(stats_dim(p))
+                             .set_stride(stats_stride(p)));
+  auto options = fe::graph::SDPA_backward_attributes()
+                     .set_name("accrue_sdpa_backward")
+                     .set_attn_scale(static_cast<float>(p.scale))
+                     .set_deterministic_algorithm(deterministic);
+  set_mask(options, p);
+  auto [gq, gk, gv] =
+      g->sdpa_backward(input(*g, "Q", kQ, q), input(*g, "K", kK, k), input(*g, "V", kV, v),
+                       input(*g, "O", kO, out), input(*g, "dO", kDO, grad_out), stats, options);
+  describe_output(gq, kDQ, dq);
+  describe_output(gk, kDK, dk);
+  describe_output(gv, kDV, dv);
+  build(*g, handle, kBackward, p, q.dtype());
+  return g;
+}
+
+// Runs a built graph on the current stream with a workspace from accrue's allocator.
+void execute(const Graph& g, cudnnHandle_t handle, VariantPack& pack, Device device, const char* op,
+             const AttentionParams& p, DType dtype) {
+  int64_t bytes = 0;
+  check_fe(g.get_workspace_size(bytes), op, "workspace query", p, dtype);
+  Tensor workspace;
+  void* ptr = nullptr;
+  if (bytes > 0) {
+    workspace = empty({(bytes + 7) / 8}, DType::i64, device);
+    ptr = workspace.data_ptr();
+  }
+  check_fe(g.execute(handle, pack, ptr), op, "execute", p, dtype);
+  // workspace is released here, after the launch, on the same stream.
+}
+
+}  // namespace
+
+bool device_supported(int device) {
+  return CudnnState::instance().device_supported(device);
+}
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
+                       const Tensor& out, const Tensor& lse) {
+  const int dev = q.device().index;
+  DeviceScope scope(dev);
+  CudnnState& state = CudnnState::instance();
+  std::lock_guard<std::mutex> lock(state.mutex());
+  cudnnHandle_t handle = state.handle(dev, current_stream(dev));
+  std::vector<int64_t> key = graph_key(0, dev, q.dtype(), p, {&q, &k, &v, &out});
+  std::shared_ptr<Graph> g = state.find(key);
+  if (!g) {
+    g = forward_graph(q, k, v, out, p, handle);
+    state.insert(std::move(key), g);
+  }
+  VariantPack pack{{kQ, q.data_ptr()},
+                   {kK, k.data_ptr()},
+                   {kV, v.data_ptr()},
+                   {kO, out.data_ptr()},
+                   {kStats, lse.data_ptr()}};
+  execute(*g, handle, pack, q.device(), kForward, p, q.dtype());
+}
+
+void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const AttentionParams& p,
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const int dev = q.device().index;
+  DeviceScope scope(dev);
+  CudnnState& state = CudnnState::instance();
+  std::lock_guard<std::mutex> lock(state.mutex());
+  cudnnHandle_t handle = state.handle(dev, current_stream(dev));
+  std::vector<int64_t> key =
+      graph_key(1, dev, q.dtype(), p, {&q, &k, &v, &out, &grad_out, &dq, &dk, &dv});
+  std::shared_ptr<Graph> g = state.find(key);
+  if (!g) {
+    try {
+      g = backward_graph(grad_out, q, k, v, out, dq, dk, dv, p, /*deterministic=*/true, handle);
+    } catch (const Error&) {
+      // Not every cuDNN has a deterministic engine for every shape: Note [cuDNN attention graphs].
+      g = backward_graph(grad_out, q, k, v, out, dq, dk, dv, p, /*deterministic=*/false, handle);
+    }
+    state.insert(std::move(key), g);
+  }
+  VariantPack pack{{kQ, q.data_ptr()},   {kK, k.data_ptr()},         {kV, v.data_ptr()},
+                   {kO, out.data_ptr()}, {kDO, grad_out.data_ptr()}, {kStats, lse.data_ptr()},
+                   {kDQ, dq.data_ptr()}, {kDK, dk.data_ptr()},       {kDV, dv.data_ptr()}};
+  execute(*g, handle, pack, q.device(), kBackward, p, q.dtype());
+}
+
+}  // namespace accrue::kernels::cudnn

@@ -1,1 +1,220 @@
-// (being written)
+// CUDA transformer fusions: the bias + GELU fallback epilogue (the cuBLASLt
+// one is in kernels/cuda/matmul.cu, Note [GELU epilogue]) and the residual add
+// fused with LayerNorm.
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "core/cuda_types.cuh"
+#include "kernels/cuda/elementwise_ops.cuh"
+#include "kernels/fused_backend.h"
+
+namespace accrue::kernels::cuda {
+
+namespace cu = ::accrue::cuda;
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// ---- bias + GELU ----------------------------------------------------------------------
+
+// pre = acc + bias and out = gelu(acc + bias) over [rows, cols], in the math
+// type M, GELU taken before rounding. acc may be pre itself (f32, f64): each
+// element is read before the same thread writes it, hence no __restrict__.
+template <class A, class T>
+__global__ void bias_gelu_kernel(const A* acc, const T* __restrict__ bias, int64_t total,
+                                 int64_t cols, T* pre, T* __restrict__ out) {
+  using M = cu::math_t<T>;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const M v = cu::convert<M>(acc[i]) + cu::convert<M>(bias[i % cols]);
+    pre[i] = cu::convert<T>(v);
+    out[i] = cu::convert<T>(unary_math<UnaryOp::Gelu>(v, M(0)));
+  }
+}
+
+// ---- residual + layer norm -------------------------------------------------------------
+
+// Butterfly sum over a warp: every lane ends with the same bits.
+template <class M>
+__device__ __forceinline__ M warp_sum(M v) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over a block whose size is a multiple of 32, returned to every thread,
+// in a fixed order. `scratch` is shared memory of at least 32 elements.
+template <class M>
+__device__ M block_sum(M v, M* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : M(0);
+  return warp_sum(v);
+}
+
+// Note [Residual LayerNorm kernel]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// One block per row, packs of V elements (16 bytes when the row size and every
+// row pointer allow it, else V = 1). Pass 1 writes sum = x + residual rounded
+// to T and adds up the rounded values; passes 2 (the biased variance around
+// the mean) and 3 (normalize, scale, shift) re-read the sums this same thread
+// wrote, so no barrier is needed and the statistics are those of the stored
+// sum, as layer_norm(binary(Add)) computes them. The re-reads of a row just
+// written hit the cache; any row size works, with no shared-memory limit.
+template <class T, class P, int V>
+__global__ void residual_layer_norm_kernel(const T* __restrict__ x, const T* __restrict__ residual,
+                                           const P* __restrict__ weight, const P* __restrict__ bias,
+                                           int64_t d, cu::math_t<T> eps, T* sum,
+                                           T* __restrict__ out, cu::math_t<T>* __restrict__ mean,
+                                           cu::math_t<T>* __restrict__ rstd) {
+  using M = cu::math_t<T>;
+  __shared__ M scratch[32];
+  const int64_t row = blockIdx.x;
+  const int64_t packs = d / V;
+  const T* xr = x + row * d;
+  const T* rr = residual + row * d;
+  T* sr = sum + row * d;
+  T* yr = out + row * d;
+
+  M s = 0;
+  for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
+    const Pack<T, V> a = load_pack<V>(xr, k), b = load_pack<V>(rr, k);
+    Pack<T, V> c;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      c.v[j] = cu::convert<T>(cu::convert<M>(a.v[j]) + cu::convert<M>(b.v[j]));
+      s += cu::convert<M>(c.v[j]);
+    }
+    store_pack<V>(sr, k, c);
+  }
+  const M mu = block_sum(s, scratch) / static_cast<M>(d);
+
+  M v = 0;
+  for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
+    const Pack<T, V> c = load_pack<V>(sr, k);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const M z = cu::convert<M>(c.v[j]) - mu;
+      v += z * z;
+    }
+  }
+  const M var = block_sum(v, scratch) / static_cast<M>(d);
+  const M rs = M(1) / sqrt_of(var + eps);
+
+  for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
+    const Pack<T, V> c = load_pack<V>(sr, k);
+    Pack<T, V> y;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int64_t col = k * V + j;
+      M value = (cu::convert<M>(c.v[j]) - mu) * rs;
+      if (weight) value *= cu::convert<M>(weight[col]);
+      if (bias) value += cu::convert<M>(bias[col]);
+      y.v[j] = cu::convert<T>(value);
+    }
+    store_pack<V>(yr, k, y);
+  }
+  if (threadIdx.x == 0) {
+    mean[row] = mu;
+    rstd[row] = rs;
+  }
+}
+
+// Threads for one row of `packs` packs: about two packs per thread, a whole
+// number of warps, between one warp and 512 threads.
+int row_threads(int64_t packs) {
+  int threads = 32;
+  while (threads < 512 && threads * int64_t{2} < packs)
+    threads *= 2;
+  return threads;
+}
+
+bool aligned_16(const Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// t itself when undefined or already of dtype d, else a converted copy (on
+// the device: no host synchronization).
+Tensor as_dtype(const Tensor& t, DType d) {
+  if (!t.defined() || t.dtype() == d) return t;
+  return t.to(d);
+}
+
+template <class P>
+const P* optional_ptr(const Tensor& t) {
+  return t.defined() ? static_cast<const P*>(t.data_ptr()) : nullptr;
+}
+
+}  // namespace
+
+void bias_gelu(const Tensor& acc, const Tensor& bias, const Tensor& pre, const Tensor& out) {
+  const int dev = out.device().index;
+  cu::DeviceScope scope(dev);
+  const int64_t total = out.numel(), cols = out.size(1);
+  if (total == 0) return;
+  cu::visit_float_dtype(out.dtype(), "linear_gelu", [&](auto tag) {
+    using T = decltype(tag);
+    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    ACCRUE_CHECK(acc.dtype() == (std::is_same_v<A, double> ? DType::f64 : DType::f32),
+                 "linear_gelu: accumulator of dtype ", dtype_name(acc.dtype()), " for output ",
+                 dtype_name(out.dtype()));
+    bias_gelu_kernel<A, T><<<cu::grid_for(total, kThreads), kThreads, 0, cu::stream_for(dev)>>>(
+        static_cast<const A*>(acc.data_ptr()), static_cast<const T*>(bias.data_ptr()), total, cols,
+        static_cast<T*>(pre.data_ptr()), static_cast<T*>(out.data_ptr()));
+    ACCRUE_LAUNCH_CHECK();
+  });
+}
+
+void residual_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight_in,
+                         const Tensor& bias_in, double eps, const Tensor& sum, const Tensor& out,
+                         const Tensor& mean, const Tensor& rstd) {
+  const int dev = x.device().index;
+  cu::DeviceScope scope(dev);
+  const int64_t rows = x.size(0), d = x.size(1);
+  if (rows == 0) return;
+  ACCRUE_CHECK(rows <= std::numeric_limits<int32_t>::max(), "residual_layer_norm: ", rows,
+               " rows exceed the CUDA grid limit");
+  // Parameters in one dtype: f32 when either is an fp32 master weight, else x's.
+  const bool f32_params = (weight_in.defined() && weight_in.dtype() == DType::f32) ||
+                          (bias_in.defined() && bias_in.dtype() == DType::f32);
+  const DType param_dtype = f32_params ? DType::f32 : x.dtype();
+  const Tensor weight = as_dtype(weight_in, param_dtype);
+  const Tensor bias = as_dtype(bias_in, param_dtype);
+  cudaStream_t stream = cu::stream_for(dev);
+  cu::visit_float_dtype(x.dtype(), "residual_layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    using M = cu::math_t<T>;
+    constexpr int kVec = 16 / sizeof(T);
+    const bool vectorized = d % kVec == 0 && aligned_16(x) && aligned_16(residual) &&
+                            aligned_16(sum) && aligned_16(out);
+    auto launch = [&](auto param_tag, auto vec) {
+      using P = decltype(param_tag);
+      constexpr int V = decltype(vec)::value;
+      residual_layer_norm_kernel<T, P, V>
+          <<<static_cast<unsigned>(rows), row_threads(d / V), 0, stream>>>(
+              static_cast<const T*>(x.data_ptr()), static_cast<const T*>(residual.data_ptr()),
+              optional_ptr<P>(weight), optional_ptr<P>(bias), d, static_cast<M>(eps),
+              static_cast<T*>(sum.data_ptr()), static_cast<T*>(out.data_ptr()),
+              static_cast<M*>(mean.data_ptr()), static_cast<M*>(rstd.data_ptr()));
+      ACCRUE_LAUNCH_CHECK();
+    };
+    auto with_params = [&](auto vec) {
+      if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
+        if (f32_params) return launch(float{}, vec);
+      }
+      return launch(T{}, vec);
+    };
+    if (vectorized) {
+      with_params(std::integral_constant<int, kVec>{});
+    } else {
+      with_params(std::integral_constant<int, 1>{});
+    }
+  });
+}
+
+}  // namespace accrue::kernels::cuda

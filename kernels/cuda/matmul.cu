@@ -34,6 +34,7 @@
 
 #include "core/cuda_types.cuh"
 #include "kernels/backend.h"
+#include "kernels/fused_backend.h"
 
 namespace accrue::kernels::cuda {
 
@@ -210,6 +211,31 @@ std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, const LtProblem& p
   return plan;
 }
 
+// A GELU-epilogue problem's plan (Note [GELU epilogue]). Its descriptor carries
+// the bias and aux pointers, which change from call to call: `launch` guards
+// them from being set until the matmul that reads them is enqueued.
+using EpilogueKey = std::array<int64_t, 11>;
+
+struct EpiloguePlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr;  // weight
+  cublasLtMatrixLayout_t b = nullptr;  // x
+  cublasLtMatrixLayout_t c = nullptr;  // out
+  cublasLtMatmulAlgo_t algo{};
+  bool usable = false;  // cuBLASLt offered an algorithm (and has not refused it since)
+  std::mutex launch;
+
+  EpiloguePlan() = default;
+  EpiloguePlan(const EpiloguePlan&) = delete;
+  EpiloguePlan& operator=(const EpiloguePlan&) = delete;
+  ~EpiloguePlan() {  // never reached: plans live as long as the process (Note [cuBLASLt state])
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
 // See Note [cuBLASLt state].
 class LtState {
  public:
@@ -226,10 +252,37 @@ class LtState {
 
   Resources acquire(const LtProblem& p, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mutex_);
-    cublasLtHandle_t& handle = handles_.at(static_cast<size_t>(p.device));
+    const Base base = handle_and_workspace(p.device, stream);
+    const PlanKey key = p.key();
+    auto it = plans_.find(key);
+    if (it == plans_.end()) it = plans_.emplace(key, build_plan(base.handle, p)).first;
+    return {base.handle, base.workspace, it->second.get()};
+  }
+
+  // The same for a GELU-epilogue problem (Note [GELU epilogue]): `build(handle)`
+  // makes the plan of `key` on first use.
+  template <class Build>
+  std::pair<Resources, EpiloguePlan*> acquire_epilogue(int device, cudaStream_t stream,
+                                                       const EpilogueKey& key, Build&& build) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Base base = handle_and_workspace(device, stream);
+    auto it = epilogue_plans_.find(key);
+    if (it == epilogue_plans_.end()) it = epilogue_plans_.emplace(key, build(base.handle)).first;
+    return {{base.handle, base.workspace, nullptr}, it->second.get()};
+  }
+
+ private:
+  struct Base {
+    cublasLtHandle_t handle;
+    void* workspace;
+  };
+
+  // Called with mutex_ held.
+  Base handle_and_workspace(int device, cudaStream_t stream) {
+    cublasLtHandle_t& handle = handles_.at(static_cast<size_t>(device));
     if (handle == nullptr) ACCRUE_CUBLAS_CHECK(cublasLtCreate(&handle));
 
-    auto ws = workspaces_.find({p.device, stream});
+    auto ws = workspaces_.find({device, stream});
     if (ws == workspaces_.end()) {
       // A first GEMM inside stream capture would allocate the workspace from
       // the graph's memory, which dies with the graph: warm up before capturing.
@@ -239,21 +292,17 @@ class LtState {
                    "gemm: the first GEMM on a stream ran during CUDA graph capture; run one "
                    "uncaptured step first so that its cuBLASLt workspace exists");
       Tensor buffer = empty({static_cast<int64_t>(kWorkspaceBytes / sizeof(float))}, DType::f32,
-                            Device::cuda(p.device));
-      ws = workspaces_.emplace(std::make_pair(p.device, stream), std::move(buffer)).first;
+                            Device::cuda(device));
+      ws = workspaces_.emplace(std::make_pair(device, stream), std::move(buffer)).first;
     }
-
-    const PlanKey key = p.key();
-    auto it = plans_.find(key);
-    if (it == plans_.end()) it = plans_.emplace(key, build_plan(handle, p)).first;
-    return {handle, ws->second.data_ptr(), it->second.get()};
+    return {handle, ws->second.data_ptr()};
   }
 
- private:
   std::mutex mutex_;
   std::array<cublasLtHandle_t, kMaxDevices> handles_{};
   std::map<std::pair<int, cudaStream_t>, Tensor> workspaces_;
   std::map<PlanKey, std::unique_ptr<GemmPlan>> plans_;
+  std::map<EpilogueKey, std::unique_ptr<EpiloguePlan>> epilogue_plans_;
 };
 
 // out = beta * out, for K = 0 (cuBLASLt does not take empty inner dimensions).
@@ -380,6 +429,158 @@ void gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& out, double alph
                                      r.plan->b, beta_ptr, out.data_ptr(), r.plan->c, out.data_ptr(),
                                      r.plan->c, &r.plan->algo, r.workspace, kWorkspaceBytes,
                                      stream));
+}
+
+// ---- GEMM with the bias + GELU epilogue (kernels/fused.h) ------------------------------------
+//
+// Note [GELU epilogue]
+// ~~~~~~~~~~~~~~~~~~~~
+// linear_gelu on CUDA is one cuBLASLt matmul with CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+// the fp32 accumulator gets the bias, is stored to the aux buffer (the
+// pre-activation, in the output's dtype) and goes through GELU's tanh form
+// into D. After Note [Row-major GEMM through column-major cuBLASLt], D is
+// W x^T as a column-major [out, N] matrix, which is our row-major out [N, out]:
+// cuBLASLt's A is the weight (op T, ld in), its B is x (op N, ld in). The bias
+// then has D's row count, out, as cuBLASLt requires, and aux is pre with
+// leading dimension out, which cuBLASLt requires to be a multiple of 8. The
+// heuristic reads the bias and aux pointers for their alignment, so those
+// alignments are part of the plan key; each call sets its own pointers on the
+// cached descriptor under the plan's lock. f32 stays true fp32 unless
+// allow_tf32(). Where the epilogue cannot run (f64, out % 8 != 0, K = 0, no
+// algorithm) gemm_bias_gelu returns false and linear_gelu runs the plain GEMM
+// (into fp32 for 16-bit inputs, the epilogue's accumulator) and bias_gelu
+// (kernels/cuda/fused.cu), which applies GELU before rounding, like the epilogue.
+
+namespace {
+
+struct EpilogueProblem {
+  int device = 0;
+  cudaDataType_t type{};
+  cublasComputeType_t compute{};
+  int64_t n = 0, in = 0, out = 0;  // x [n, in], weight [out, in]
+  const void* x = nullptr;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  void* pre = nullptr;
+  void* y = nullptr;
+
+  EpilogueKey key() const {
+    return {device,
+            type,
+            compute,
+            n,
+            in,
+            out,
+            alignment_of(x),
+            alignment_of(weight),
+            alignment_of(bias),
+            alignment_of(pre),
+            alignment_of(y)};
+  }
+};
+
+// Sets a descriptor attribute, reporting whether cuBLASLt accepted it.
+template <class T>
+bool set_desc_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& v) {
+  return cublasLtMatmulDescSetAttribute(desc, attr, &v, sizeof(v)) == CUBLAS_STATUS_SUCCESS;
+}
+
+bool set_epilogue_pointers(const EpiloguePlan& plan, const EpilogueProblem& p) {
+  return set_desc_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias) &&
+         set_desc_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.pre);
+}
+
+// The plan of one epilogue problem. Anything cuBLASLt refuses leaves it
+// unusable (the caller falls back) rather than failing the op.
+std::unique_ptr<EpiloguePlan> build_epilogue_plan(cublasLtHandle_t handle,
+                                                  const EpilogueProblem& p) {
+  auto plan = std::make_unique<EpiloguePlan>();
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, p.compute, CUDA_R_32F));
+  plan->a = make_layout(p.type, p.in, p.out, p.in, 1, 0);
+  plan->b = make_layout(p.type, p.in, p.n, p.in, 1, 0);
+  plan->c = make_layout(p.type, p.out, p.n, p.out, 1, 0);
+  const int32_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
+  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const int64_t aux_ld = p.out;
+  bool ok = set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, transa) &&
+            set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, transb) &&
+            set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue) &&
+            set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld) &&
+            set_epilogue_pointers(*plan, p);
+  if (!ok) return plan;
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
+    ok = ok && cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v)) ==
+                   CUBLAS_STATUS_SUCCESS;
+  };
+  set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kWorkspaceBytes));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(p.weight));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(p.x));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(p.y));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(p.y));
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  if (ok) {
+    ok = cublasLtMatmulAlgoGetHeuristic(handle, plan->op, plan->a, plan->b, plan->c, plan->c, pref,
+                                        1, &result, &returned) == CUBLAS_STATUS_SUCCESS &&
+         returned > 0;
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (ok) {
+    plan->algo = result.algo;
+    plan->usable = true;
+  }
+  return plan;
+}
+
+}  // namespace
+
+bool gemm_bias_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
+                    const Tensor& out) {
+  const DType dtype = x.dtype();
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) return false;
+  const int64_t n = x.size(0), in = x.size(1), out_features = weight.size(0);
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  if (in == 0 || out_features % 8 != 0 || n > kInt32Max || in > kInt32Max ||
+      out_features > kInt32Max)
+    return false;
+
+  const int dev = out.device().index;
+  cu::DeviceScope scope(dev);
+  cudaStream_t stream = cu::stream_for(dev);
+  EpilogueProblem p;
+  p.device = dev;
+  p.type = cuda_data_type(dtype);
+  p.compute = dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  p.n = n;
+  p.in = in;
+  p.out = out_features;
+  p.x = x.data_ptr();
+  p.weight = weight.data_ptr();
+  p.bias = bias.data_ptr();
+  p.pre = pre.data_ptr();
+  p.y = out.data_ptr();
+  auto [r, plan] = LtState::instance().acquire_epilogue(
+      dev, stream, p.key(), [&](cublasLtHandle_t handle) { return build_epilogue_plan(handle, p); });
+
+  std::lock_guard<std::mutex> lock(plan->launch);
+  if (!plan->usable) return false;
+  ACCRUE_CHECK(set_epilogue_pointers(*plan, p),
+               "linear_gelu: cuBLASLt refused the bias/aux pointers of a GELU epilogue");
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t s = cublasLtMatmul(r.handle, plan->op, &alpha, p.weight, plan->a, p.x,
+                                          plan->b, &beta, p.y, plan->c, p.y, plan->c, &plan->algo,
+                                          r.workspace, kWorkspaceBytes, stream);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
+    // cuBLASLt validates before it launches anything: nothing ran, fall back
+    // now and for every later call with this key.
+    plan->usable = false;
+    return false;
+  }
+  ACCRUE_CUBLAS_CHECK(s);
+  return true;
 }
 
 }  // namespace accrue::kernels::cuda

@@ -15,8 +15,9 @@ namespace {
 
 // Note [Fixed reduction order]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Determinism (DESIGN.md Note [Determinism]) means the order in which values
-// are combined depends only on the shape and the launch configuration:
+// Determinism (Note [Determinism] in kernels/backend.h) means the order in
+// which values are combined depends only on the shape and the launch
+// configuration:
 //  - a row segment is dealt to the threads of a group (a warp or a block) in
 //    packs of V consecutive elements; pack c goes to thread c % nthreads, which
 //    folds its packs in increasing c and a pack's elements in order. An

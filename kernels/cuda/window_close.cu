@@ -1,4 +1,5 @@
-// The CUDA window close (kernels/window_close.h, DESIGN.md Note [Window close]):
+// The CUDA window close (kernels/window_close.h; Note [Window close] in
+// optim/window.h):
 //   grad_norm_partials_kernel  one read of the gradient arena at memory speed;
 //   window_scalar_step_kernel  one thread over the partials and the state;
 //   fused_optimizer_kernel     one read-modify-write pass over p, g, m, v.

@@ -1,1 +1,183 @@
-// (being written)
+// scaled_dot_product_attention and packed_causal_attention
+// (autograd/transformer_ops.h): float64 gradchecks of q, k, v (causal,
+// non-causal, Tq != Tk, dropout with a fixed generator) and of the packed
+// form; the generator's counters; bad inputs.
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/gradcheck.h"
+#include "autograd/transformer_ops.h"
+#include "autograd/variable.h"
+#include "core/philox.h"
+#include "kernels/attention.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+Tensor leaf(const Shape& shape) {
+  return requires_grad_(test::random_normal(shape, DType::f64));
+}
+
+#define EXPECT_GRADCHECK(fn, ...)                     \
+  do {                                                \
+    GradcheckResult r = gradcheck(fn, {__VA_ARGS__}); \
+    EXPECT_TRUE(r.ok) << r.message;                   \
+  } while (0)
+
+Fn sdpa(bool causal, std::optional<double> scale = std::nullopt) {
+  return [=](const std::vector<Tensor>& x) {
+    AttentionOptions o;
+    o.causal = causal;
+    o.scale = scale;
+    return scaled_dot_product_attention(x[0], x[1], x[2], o);
+  };
+}
+
+TEST(AttentionGradcheck, full_attention_with_tq_different_from_tk) {
+  EXPECT_GRADCHECK(sdpa(false), leaf({2, 2, 3, 4}), leaf({2, 2, 5, 4}), leaf({2, 2, 5, 3}));
+  EXPECT_GRADCHECK(sdpa(false), leaf({1, 2, 5, 3}), leaf({1, 2, 2, 3}), leaf({1, 2, 2, 4}));
+}
+
+TEST(AttentionGradcheck, causal_square_and_bottom_right) {
+  EXPECT_GRADCHECK(sdpa(true), leaf({2, 2, 4, 3}), leaf({2, 2, 4, 3}), leaf({2, 2, 4, 3}));
+  EXPECT_GRADCHECK(sdpa(true), leaf({1, 2, 3, 4}), leaf({1, 2, 5, 4}), leaf({1, 2, 5, 2}));
+}
+
+TEST(AttentionGradcheck, explicit_scale) {
+  EXPECT_GRADCHECK(sdpa(true, 0.8), leaf({1, 3, 4, 2}), leaf({1, 3, 4, 2}), leaf({1, 3, 4, 2}));
+}
+
+TEST(AttentionGradcheck, only_some_inputs_require_grad) {
+  Tensor k = test::random_normal({1, 2, 4, 3}, DType::f64);
+  EXPECT_GRADCHECK(sdpa(true), leaf({1, 2, 4, 3}), k, leaf({1, 2, 4, 3}));
+}
+
+// Each call makes a generator at the same state, so every evaluation of the
+// gradcheck (the analytic one and each finite difference) draws the same mask.
+TEST(AttentionGradcheck, dropout_with_a_fixed_generator) {
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    Fn f = [causal](const std::vector<Tensor>& x) {
+      Generator gen(42);
+      AttentionOptions o;
+      o.causal = causal;
+      o.dropout_p = 0.3;
+      o.generator = &gen;
+      return scaled_dot_product_attention(x[0], x[1], x[2], o);
+    };
+    EXPECT_GRADCHECK(f, leaf({2, 2, 4, 3}), leaf({2, 2, 5, 3}), leaf({2, 2, 5, 2}));
+  }
+}
+
+TEST(AttentionGradcheck, packed_causal_attention) {
+  const int64_t n_head = 2;
+  Fn f = [](const std::vector<Tensor>& x) { return packed_causal_attention(x[0], n_head); };
+  EXPECT_GRADCHECK(f, leaf({2, 4, 3 * n_head * 3}));
+  // A strided qkv (every other row of a larger buffer) goes in as views too.
+  Fn strided = [](const std::vector<Tensor>& x) {
+    return packed_causal_attention(narrow(x[0], 2, 0, 3 * n_head * 2), n_head);
+  };
+  EXPECT_GRADCHECK(strided, leaf({1, 3, 3 * n_head * 2 + 5}));
+  Fn with_dropout = [](const std::vector<Tensor>& x) {
+    Generator gen(7);
+    AttentionOptions o;
+    o.dropout_p = 0.25;
+    o.generator = &gen;
+    return packed_causal_attention(x[0], n_head, o);
+  };
+  EXPECT_GRADCHECK(with_dropout, leaf({1, 5, 3 * n_head * 2}));
+}
+
+// The packed form is sdpa on the head views of qkv, with [B, T, H * d] out.
+TEST(AttentionGradcheck, packed_equals_sdpa_on_the_head_views) {
+  const int64_t B = 2, T = 5, H = 3, d = 2, C = H * d;
+  Tensor qkv = leaf({B, T, 3 * C});
+  Tensor packed = packed_causal_attention(qkv, H);
+  ASSERT_EQ(packed.shape(), (Shape{B, T, C}));
+  auto head_view = [&](const Tensor& x, int64_t part) {
+    return transpose(reshape(narrow(x, 2, part * C, C), {B, T, H, d}), 1, 2);
+  };
+  Tensor qkv2 = requires_grad_(detach(qkv).clone());
+  AttentionOptions causal;
+  causal.causal = true;
+  Tensor split =
+      reshape(transpose(scaled_dot_product_attention(head_view(qkv2, 0), head_view(qkv2, 1),
+                                                     head_view(qkv2, 2), causal),
+                        1, 2),
+              {B, T, C});
+  EXPECT_TRUE(test::all_close(packed, split, 1e-14, 1e-14));
+  Tensor w = test::random_normal({B, T, C}, DType::f64);
+  backward(sum(mul(packed, w)));
+  backward(sum(mul(split, w)));
+  EXPECT_TRUE(test::all_close(grad(qkv), grad(qkv2), 1e-13, 1e-13));
+}
+
+TEST(AttentionGradcheck, the_result_is_physically_b_t_h_d) {
+  Tensor q = leaf({2, 3, 4, 5});
+  Tensor out = scaled_dot_product_attention(q, q, q);
+  EXPECT_EQ(out.shape(), (Shape{2, 3, 4, 5}));
+  EXPECT_TRUE(detach(out).transpose(1, 2).is_contiguous());
+}
+
+TEST(AttentionGradcheck, dropout_reserves_exactly_its_counters) {
+  Generator gen(3);
+  AttentionOptions o;
+  o.dropout_p = 0.1;
+  o.generator = &gen;
+  Tensor q = test::random_normal({2, 3, 4, 5}, DType::f64);
+  Tensor k = test::random_normal({2, 3, 6, 5}, DType::f64);
+  scaled_dot_product_attention(q, k, k, o);
+  EXPECT_EQ(gen.offset(), philox::blocks_for(2 * 3 * 4 * 6));
+  // A rejected input reserves nothing; no dropout reserves nothing.
+  EXPECT_ERROR(scaled_dot_product_attention(q, q.select(0, 0), k, o),
+               "scaled_dot_product_attention", "k must be 4-D");
+  EXPECT_EQ(gen.offset(), philox::blocks_for(2 * 3 * 4 * 6));
+  o.dropout_p = 0.0;
+  scaled_dot_product_attention(q, k, k, o);
+  EXPECT_EQ(gen.offset(), philox::blocks_for(2 * 3 * 4 * 6));
+  // packed: B * H * T * T.
+  o.dropout_p = 0.5;
+  packed_causal_attention(test::random_normal({2, 7, 3 * 4 * 2}, DType::f64), 4, o);
+  EXPECT_EQ(gen.offset(), philox::blocks_for(2 * 3 * 4 * 6) + philox::blocks_for(2 * 4 * 7 * 7));
+}
+
+// Two forwards at the same generator state drop the same elements; successive
+// forwards draw fresh masks.
+TEST(AttentionGradcheck, dropout_masks_follow_the_generator) {
+  Tensor q = test::random_normal({1, 2, 6, 4}, DType::f64);
+  auto run = [&](Generator& gen) {
+    AttentionOptions o;
+    o.dropout_p = 0.4;
+    o.generator = &gen;
+    return scaled_dot_product_attention(q, q, q, o);
+  };
+  Generator a(11), b(11);
+  Tensor first = run(a);
+  EXPECT_TRUE(test::all_close(first, run(b), 0, 0));
+  EXPECT_GT(test::relative_error(run(a), first), 1e-3);
+}
+
+TEST(AttentionGradcheck, bad_packed_inputs) {
+  const char* op = "packed_causal_attention";
+  EXPECT_ERROR(packed_causal_attention(Tensor(), 2), op, "undefined");
+  EXPECT_ERROR(packed_causal_attention(test::random_normal({2, 4, 3, 4}), 2), op, "3-D",
+               "[2, 4, 3, 4]");
+  EXPECT_ERROR(packed_causal_attention(test::random_normal({2, 4, 12}), 0), op, "n_head = 0");
+  EXPECT_ERROR(packed_causal_attention(test::random_normal({2, 4, 14}), 2), op, "width 14",
+               "3 * n_head = 6");
+  EXPECT_ERROR(packed_causal_attention(test::random_normal({2, 4, 12}).to(DType::i64), 2), op,
+               "i64");
+  EXPECT_ERROR(packed_causal_attention(test::random_normal({2, 12, 4}).transpose(1, 2), 2), op,
+               "stride 1 in its last dim");
+  AttentionOptions bad;
+  bad.dropout_p = 1.5;
+  EXPECT_ERROR(packed_causal_attention(test::random_normal({2, 4, 12}), 2, bad), "dropout_p = 1.5");
+}
+
+}  // namespace
+}  // namespace accrue

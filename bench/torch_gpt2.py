@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""PyTorch GPT-2 training throughput, the counterpart of `accrue_train_gpt2 --bench`.
+
+    python3 bench/torch_gpt2.py --micro-batch 16 --k 2            # eager
+    python3 bench/torch_gpt2.py --micro-batch 16 --k 2 --compile  # torch.compile
+
+GPT-2 as llm.c's PyTorch reference trains it: GPT-2 124M (d12; --model d24,
+d36, d48 for the larger ones), the vocabulary padded to 50304 (wte [50304, C],
+tied with the output layer; the logits and the softmax span all 50304
+columns, as there), fp32 parameters under torch.autocast(bfloat16),
+F.scaled_dot_product_attention(is_causal=True) (flash attention), GELU tanh,
+AdamW(fused=True, lr 6e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on
+the 2-D weights, 0 on the rest), clip_grad_norm_(1.0). One window of K
+micro-batches of B sequences of T = 1024 tokens (B x K = 32 by default: 32,768
+tokens per optimizer step):
+
+    for k in range(K):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x_k, y_k)                    # summed cross-entropy
+        (loss / (K * B * T)).backward()               # the window's token mean
+    clip_grad_norm_(model.parameters(), 1.0)
+    opt.step(); opt.zero_grad(set_to_none=True)
+
+Tokens are random (uniform over the 50257 real ids, drawn once on the GPU:
+the data pipeline is not timed). Timing: `--warmup` windows (torch.compile
+compiles there), then `--windows` windows marked by CUDA events on the current
+stream with nothing synchronizing the host between them; the window time is
+the median gap, tokens/s = tokens per window / that median. Peak memory is
+torch.cuda.max_memory_allocated over the warm-up and timed windows (weights,
+gradients, optimizer state and activations). MFU counts model FLOPs per
+token as 6 N + 12 L C T (N: parameters minus wpe and wte's padded rows; the
+second term the attention score and value products; PaLM's appendix B), as
+accrue_train_gpt2 counts them, against the GPU's
+dense bf16 peak (`peak_tflops` below, or --peak-tflops).
+
+Prints ONE JSON line (bench/gpt2_bench.py reads it): mode, model,
+micro_batch, K, seq_len, tokens_per_window, tokens_per_s, window_ms,
+window_ms_min, peak_mem_gib, mfu, gpu, torch, params; on out-of-memory the
+same line with "error": "out of memory" (exit status 3).
+
+--cpu runs a tiny model on the CPU with host timing, to check this script
+without a GPU (the numbers mean nothing).
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+# (n_layer, n_head, n_embd) of the GPT-2 sizes; "tiny" is for --cpu checks.
+MODELS = {
+    "d12": (12, 12, 768),
+    "d24": (24, 16, 1024),
+    "d36": (36, 20, 1280),
+    "d48": (48, 25, 1600),
+    "tiny": (2, 4, 64),
+}
+VOCAB = 50257
+PADDED_VOCAB = 50304
+TINY_VOCAB = 512  # --model tiny: vocabulary (unpadded) for --cpu checks
+
+# Dense bf16 tensor-core peaks (no sparsity), TFLOP/s, by a substring of the
+# GPU's name; the first match wins.
+# H100/H200 as accrue_train_gpt2 takes them.
+PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200 NVL", 835.0), ("H200", 989.0),
+               ("H100", 989.0), ("H800", 989.0), ("B200", 2250.0), ("A100", 312.0)]
+
+
+def peak_tflops(gpu_name):
+    """The dense bf16 peak of the named GPU, or None when unknown."""
+    for key, value in PEAK_TFLOPS:
+        if key in gpu_name:
+            return value
+    return None
+
+
+def vocab_sizes(model):
+    return (TINY_VOCAB, TINY_VOCAB) if model == "tiny" else (VOCAB, PADDED_VOCAB)
+
+
+def parameter_count(model, block_size):
+    """GPT-2's parameters: wte (padded), wpe, per layer 12 C^2 + 13 C, ln_f."""
+    L, _, C = MODELS[model]
+    _, padded = vocab_sizes(model)
+    return padded * C + block_size * C + L * (12 * C * C + 13 * C) + 2 * C
+
+
+def flops_per_token(model, seq_len, block_size):
+    """Training FLOPs per token, as accrue_train_gpt2 counts them: 6 N + 12 L C T, N
+    without wpe (a lookup, no matmul) and without wte's padded rows."""
+    L, _, C = MODELS[model]
+    vocab, padded = vocab_sizes(model)
+    n = parameter_count(model, block_size) - block_size * C - (padded - vocab) * C
+    return 6 * n + 12 * L * C * seq_len
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="d12", choices=sorted(MODELS))
+    p.add_argument("--micro-batch", type=int, default=16, help="B: sequences per micro-batch")
+    p.add_argument("--k", type=int, default=None,
+                   help="K: micro-batches per window (default: --global-batch / B)")
+    p.add_argument("--global-batch", type=int, default=32, help="sequences per window")
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--warmup", type=int, default=3, help="untimed windows first")
+    p.add_argument("--windows", type=int, default=10, help="timed windows")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="the GPU's dense bf16 peak for MFU (default: from its name)")
+    p.add_argument("--json", help="also write the JSON line to this file")
+    p.add_argument("--cpu", action="store_true",
+                   help="run on the CPU (use --model tiny): checks this script without a GPU")
+    args = p.parse_args()
+    if args.k is None:
+        if args.global_batch % args.micro_batch != 0:
+            p.error(f"--global-batch {args.global_batch} is not a multiple of --micro-batch "
+                    f"{args.micro_batch}")
+        args.k = args.global_batch // args.micro_batch
+    if args.micro_batch < 1 or args.k < 1 or args.windows < 1 or args.warmup < 0:
+        p.error("--micro-batch, --k and --windows must be >= 1, --warmup >= 0")
+    if args.seq_len < 1 or args.seq_len > 1024:
+        p.error(f"--seq-len {args.seq_len}: GPT-2's context is 1 to 1024")
+    return args
+
+
+def build_model(torch, args):
+    import torch.nn.functional as F
+    from torch import nn
+
+    L, H, C = MODELS[args.model]
+    vocab, padded = vocab_sizes(args.model)
+    block_size = 1024
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(C)
+            self.c_attn = nn.Linear(C, 3 * C)
+            self.attn_proj = nn.Linear(C, C)
+            self.ln_2 = nn.LayerNorm(C)
+            self.c_fc = nn.Linear(C, 4 * C)
+            self.mlp_proj = nn.Linear(4 * C, C)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+            q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.attn_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(padded, C)
+            self.wpe = nn.Embedding(block_size, C)
+            self.h = nn.ModuleList([Block() for _ in range(L)])
+            self.ln_f = nn.LayerNorm(C)
+            self.lm_head = nn.Linear(C, padded, bias=False)
+            self.lm_head.weight = self.wte.weight  # tied
+            for name, p in self.named_parameters():
+                if name.endswith("proj.weight"):  # residual projections, as GPT-2
+                    nn.init.normal_(p, std=0.02 / math.sqrt(2 * L))
+                elif p.dim() == 2:
+                    nn.init.normal_(p, std=0.02)
+                elif name.endswith(".bias"):
+                    nn.init.zeros_(p)
+
+        def forward(self, idx, targets):
+            T = idx.shape[1]
+            x = self.wte(idx) + self.wpe.weight[:T]
+            for block in self.h:
+                x = block(x)
+            logits = self.lm_head(self.ln_f(x))
+            return F.cross_entropy(logits.view(-1, padded), targets.reshape(-1), reduction="sum")
+
+    model = GPT()
+    assert sum(p.numel() for p in model.parameters()) == parameter_count(args.model, block_size)
+    return model, vocab
+
+
+class HostEvent:
+    """torch.cuda.Event's timing interface on the host clock, for --cpu."""
+
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+def run(torch, args):
+    device = torch.device("cpu" if args.cpu else "cuda")
+    torch.manual_seed(1234)
+    model, vocab = build_model(torch, args)
+    model = model.to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=not args.cpu)
+    step_model = torch.compile(model) if args.compile else model
+
+    B, K, T = args.micro_batch, args.k, args.seq_len
+    tokens_per_window = B * K * T
+    gen = torch.Generator(device=device)
+    gen.manual_seed(2024)
+    # A few random micro-batches, reused: fresh data each micro-step would time the draw.
+    batches = []
+    for _ in range(min(K, 4)):
+        seq = torch.randint(0, vocab, (B, T + 1), device=device, generator=gen)
+        batches.append((seq[:, :-1].contiguous(), seq[:, 1:].contiguous()))
+    inv_tokens = 1.0 / tokens_per_window
+
+    def autocast():
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+
+    losses = []
+
+    def window():
+        total = None
+        for k in range(K):
+            x, y = batches[k % len(batches)]
+            with autocast():
+                loss = step_model(x, y)
+            (loss * inv_tokens).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(total)
+
+    stream = None if args.cpu else torch.cuda.current_stream()
+    if not args.cpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    for _ in range(args.warmup):
+        window()
+    marks = [HostEvent() if args.cpu else torch.cuda.Event(enable_timing=True)
+             for _ in range(args.windows + 1)]
+    marks[0].record(stream)
+    for w in range(args.windows):
+        window()
+        marks[w + 1].record(stream)
+    marks[-1].synchronize()
+    window_ms = [marks[w].elapsed_time(marks[w + 1]) for w in range(args.windows)]
+    loss = float(losses[-1]) * inv_tokens
+    if not math.isfinite(loss):
+        raise RuntimeError(f"the last window's loss is {loss}")
+
+    median_ms = statistics.median(window_ms)
+    tokens_per_s = tokens_per_window / (median_ms / 1e3)
+    gpu = "cpu" if args.cpu else torch.cuda.get_device_name()
+    peak = args.peak_tflops or (None if args.cpu else peak_tflops(gpu))
+    mfu = None
+    if peak:
+        mfu = tokens_per_s * flops_per_token(args.model, T, 1024) / (peak * 1e12)
+    return {
+        "impl": "pytorch",
+        "mode": "compile" if args.compile else "eager",
+        "model": args.model,
+        "micro_batch": B,
+        "K": K,
+        "seq_len": T,
+        "tokens_per_window": tokens_per_window,
+        "tokens_per_s": tokens_per_s,
+        "window_ms": median_ms,
+        "window_ms_min": min(window_ms),
+        "peak_mem_gib": 0.0 if args.cpu else torch.cuda.max_memory_allocated() / 2**30,
+        "mfu": mfu,
+        "loss": loss,
+        "warmup": args.warmup,
+        "windows": args.windows,
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "params": n_params,
+    }
+
+
+def main():
+    args = parse_args()
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        sys.exit("torch_gpt2.py: no CUDA device (use --cpu --model tiny to check the script)")
+    row = {"impl": "pytorch", "mode": "compile" if args.compile else "eager", "model": args.model,
+           "micro_batch": args.micro_batch, "K": args.k, "seq_len": args.seq_len}
+    status = 0
+    try:
+        row = run(torch, args)
+    except torch.cuda.OutOfMemoryError:
+        row.update(error="out of memory",
+                   gpu="cpu" if args.cpu else torch.cuda.get_device_name())
+        status = 3
+    line = json.dumps(row)
+    print(line, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(line + "\n")
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+// Hugging Face GPT-2 checkpoints (transformers' GPT2LMHeadModel as
+// model.safetensors) to and from nn::GPT2.
+//
+// HF keeps GPT-2's original Conv1D layout for the four projection weights,
+// [in, out], where accrue (like nn.Linear) has [out, in]: c_attn [C, 3C],
+// attn.c_proj [C, C], mlp.c_fc [C, 4C], mlp.c_proj [4C, C] are transposed
+// both ways. wte has vocab_size rows in the file and padded_vocab rows in the
+// model (zeros on load, dropped on save). Names are prefixed "transformer."
+// (a file whose names all lack the prefix, as GPT2Model saves them, loads
+// too); lm_head.weight is tied to wte, so a file may hold it only as a copy
+// of wte, and save leaves it out. The causal-mask buffers that older files
+// carry, transformer.h.{i}.attn.bias and transformer.h.{i}.attn.masked_bias,
+// are not parameters and are ignored.
+//
+// Note [Loading into an arena]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Load before building a GradArena when you can: it is a plain copy into each
+// parameter. In an arena a parameter's data may be its bf16/f16 compute slot
+// rather than its master slot, so load writes the master slot and then
+// refreshes the compute slot from it (the same cast the arena makes at
+// construction); both stay consistent. Optimizer moments are not touched.
+// save writes the parameters' data as they are: in an arena with a compute
+// copy that is the 16-bit copy, not the master (save the master through the
+// arena's views, or save before building the arena).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nn/gpt2.h"
+
+namespace accrue::nn {
+
+// One tensor of an HF GPT-2 file and the accrue parameter it holds.
+struct HFTensor {
+  std::string hf_name;      // "transformer.h.0.attn.c_attn.weight"
+  std::string param_name;   // "h.0.attn.c_attn.weight"
+  Shape hf_shape;           // as stored in the file ([C, 3C])
+  Shape param_shape;        // as in the model ([3C, C])
+  bool transposed = false;  // Conv1D: the file holds the parameter's transpose
+};
+
+// Every tensor an HF file for `config` holds, in accrue's parameter order.
+std::vector<HFTensor> hf_gpt2_tensors(const GPT2Config& config);
+
+// Whether `name` is one of the ignored buffers: transformer.h.{i}.attn.bias or
+// transformer.h.{i}.attn.masked_bias (with or without "transformer.").
+bool is_hf_gpt2_buffer(const std::string& name);
+
+// A file's tensors as accrue parameters, by parameter name, in the file's
+// dtype on the CPU: Conv1D weights transposed, wte padded with zero rows.
+// Throws accrue::Error naming the tensor for a missing, unexpected or
+// misshapen tensor (expected vs found shape), a layer count that differs from
+// config.n_layer, or an lm_head.weight that is not wte.
+std::map<std::string, Tensor> params_from_hf_gpt2(const GPT2Config& config,
+                                                  const std::map<std::string, Tensor>& hf);
+
+// The reverse: named parameters (as GPT2::named_parameters gives them) to HF
+// names and layouts, contiguous on the CPU in the parameters' dtype; padded
+// rows dropped, no lm_head.weight.
+std::map<std::string, Tensor> params_to_hf_gpt2(const GPT2Config& config,
+                                                const std::vector<NamedParameter>& params);
+
+// Copies the file's weights into the model's parameters in place (Note
+// [Loading into an arena]).
+void load_hf_gpt2(GPT2& model, const std::string& safetensors_path);
+// Writes the model's parameters as an HF GPT-2 safetensors file.
+void save_hf_gpt2(const GPT2& model, const std::string& path);
+
+}  // namespace accrue::nn

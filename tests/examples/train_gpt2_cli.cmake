@@ -1,0 +1,290 @@
+# One scenario of the GPT-2 trainer's command line (tests/examples/CMakeLists.txt):
+#   cmake -DTRAINER=... -DSCENARIO=... -DPYTHON=... -DSOURCE_DIR=... -DWORK_DIR=... -P this
+#
+#   help            --help exits 0 and lists the options
+#   bad_option      an unknown option exits 2 with a one-line error naming it
+#   bad_value       each malformed or out-of-range value exits 2 with a one-line error
+#   k_not_dividing  a total batch that B * T does not divide exits 2 and says so
+#   bench           --synthetic --bench on the CPU prints one JSON line
+#   make_shards     tools/make_shards.py: --help, the shards it writes, a missing input
+#   train           the tiny preset on shards of README.md: finite losses that fall,
+#                   validation lines
+#   resume          a run stopped at window 2 by --stop-after and resumed from its
+#                   checkpoint prints exactly the final loss of the uninterrupted run
+#   gpu_bench       --bench on the GPU (bf16): the JSON line names the device
+#   gpu_resume      train and resume on the GPU in bf16 with dropout: falling finite
+#                   losses, and the resumed run's final loss equal to the uninterrupted one
+# The gpu scenarios print "SKIP: needs a CUDA GPU" and pass when the trainer
+# falls back to the CPU; ctest reports them as skipped.
+
+cmake_minimum_required(VERSION 3.25)
+
+# Runs the trainer (or any COMMAND); sets rc, out, err in the caller.
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err
+                  WORKING_DIRECTORY ${WORK_DIR})
+  set(rc "${_rc}" PARENT_SCOPE)
+  set(out "${_out}" PARENT_SCOPE)
+  set(err "${_err}" PARENT_SCOPE)
+endfunction()
+
+function(fail)
+  string(JOIN "" _msg ${ARGN})
+  message(FATAL_ERROR "${_msg}\n--- exit code: ${rc}\n--- stdout:\n${out}\n--- stderr:\n${err}")
+endfunction()
+
+function(expect_rc expected)
+  if(NOT "${rc}" STREQUAL "${expected}")
+    fail("expected exit code ${expected}")
+  endif()
+endfunction()
+
+function(expect_contains text fragment)
+  string(FIND "${text}" "${fragment}" _at)
+  if(_at EQUAL -1)
+    fail("expected the output to contain '${fragment}'")
+  endif()
+endfunction()
+
+# Exit code 2 and exactly one line on stderr that contains every fragment.
+function(expect_usage_error)
+  expect_rc(2)
+  string(REGEX MATCHALL "\n" _newlines "${err}")
+  list(LENGTH _newlines _lines)
+  if(NOT _lines EQUAL 1)
+    fail("expected a one-line error on stderr, got ${_lines} lines")
+  endif()
+  foreach(_fragment IN LISTS ARGN)
+    expect_contains("${err}" "${_fragment}")
+  endforeach()
+endfunction()
+
+# The loss of every progress line "window N/W | loss X |", in order, into `var`;
+# each must be a plain finite number (nan and inf never match).
+function(window_losses text var)
+  string(REGEX MATCHALL "window [0-9]+/[0-9]+ \\| loss [^ ]+" _lines "${text}")
+  set(_losses)
+  foreach(_line IN LISTS _lines)
+    string(REGEX REPLACE ".* loss " "" _loss "${_line}")
+    if(NOT _loss MATCHES "^[0-9]+\\.[0-9]+$")
+      fail("loss '${_loss}' is not a finite number in '${_line}'")
+    endif()
+    list(APPEND _losses ${_loss})
+  endforeach()
+  set(${var} ${_losses} PARENT_SCOPE)
+endfunction()
+
+# The one line of `text` that starts with `prefix`, into `var`.
+function(line_starting text prefix var)
+  string(REGEX MATCH "(^|\n)${prefix}[^\n]*" _line "${text}")
+  if(_line STREQUAL "")
+    fail("no line starts with '${prefix}'")
+  endif()
+  string(STRIP "${_line}" _line)
+  set(${var} "${_line}" PARENT_SCOPE)
+endfunction()
+
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+
+set(TINY --model tiny --cpu --micro-batch 4 --seq-len 32)
+
+# Byte-level shards of the repository's README and architecture notes.
+function(make_readme_shards)
+  run(${PYTHON} ${SOURCE_DIR}/tools/make_shards.py ${SOURCE_DIR}/README.md
+      ${SOURCE_DIR}/docs/ARCHITECTURE.md --output-prefix ${WORK_DIR}/readme --val-fraction 0.1)
+  expect_rc(0)
+endfunction()
+set(SHARDS --train-data ${WORK_DIR}/readme_train_*.bin --val-data ${WORK_DIR}/readme_val_*.bin)
+
+if(SCENARIO STREQUAL "help")
+  run(${TRAINER} --help)
+  expect_rc(0)
+  foreach(_option --model --n-layer --micro-batch --seq-len --total-batch-tokens --train-data
+                  --val-data --synthetic --lr --warmup-windows --windows --min-lr-factor
+                  --weight-decay --beta1 --beta2 --eps --max-grad-norm --dtype --val-every
+                  --val-batches --checkpoint --checkpoint-every --resume --init-from
+                  --activation-checkpointing --seed --cpu --dropout --bench --bench-warmup
+                  --bench-windows --peak-tflops --stop-after)
+    expect_contains("${out}" "${_option}")
+  endforeach()
+
+elseif(SCENARIO STREQUAL "bad_option")
+  run(${TRAINER} --synthetic --no-such-option)
+  expect_usage_error("unknown option '--no-such-option'" "--help")
+
+elseif(SCENARIO STREQUAL "bad_value")
+  run(${TRAINER} --synthetic --micro-batch abc)
+  expect_usage_error("--micro-batch expects an integer, got 'abc'")
+  run(${TRAINER} --synthetic --micro-batch 0)
+  expect_usage_error("--micro-batch must be >= 1, got 0")
+  run(${TRAINER} --synthetic --lr 1e-3x)
+  expect_usage_error("--lr expects a number, got '1e-3x'")
+  run(${TRAINER} --synthetic --dropout 1)
+  expect_usage_error("--dropout must be in [0, 1)")
+  run(${TRAINER} --synthetic --dtype f64)
+  expect_usage_error("--dtype must be f32, bf16 or f16, got 'f64'")
+  run(${TRAINER} --synthetic --model d13)
+  expect_usage_error("--model must be" "'d13'")
+  run(${TRAINER} --synthetic --windows)
+  expect_usage_error("--windows needs a value")
+  run(${TRAINER} ${TINY})
+  expect_usage_error("needs --train-data GLOB or --synthetic")
+  run(${TRAINER} ${TINY} --synthetic --n-head 5)
+  expect_usage_error("n_embd 64" "n_head 5")
+  run(${TRAINER} ${TINY} --synthetic --seq-len 65)
+  expect_usage_error("--seq-len 65 exceeds the block size 64")
+
+elseif(SCENARIO STREQUAL "k_not_dividing")
+  run(${TRAINER} ${TINY} --synthetic --total-batch-tokens 200)
+  expect_usage_error("--total-batch-tokens 200 is not a multiple of" "= 128")
+
+elseif(SCENARIO STREQUAL "bench")
+  run(${TRAINER} ${TINY} --synthetic --bench --bench-warmup 1 --bench-windows 2)
+  expect_rc(0)
+  line_starting("${out}" "{\"bench\": \"accrue_train_gpt2\"" _json)
+  foreach(_field "\"tokens_per_s_median\": " "\"window_ms_median\": " "\"peak_memory_bytes\": "
+                 "\"mfu\": null" "\"n_layer\": 2" "\"seq_len\": 32")
+    expect_contains("${_json}" "${_field}")
+  endforeach()
+  if(NOT _json MATCHES "\"tokens_per_s_median\": [0-9]")
+    fail("tokens/s is not a number")
+  endif()
+
+elseif(SCENARIO STREQUAL "make_shards")
+  run(${PYTHON} ${SOURCE_DIR}/tools/make_shards.py --help)
+  expect_rc(0)
+  expect_contains("${out}" "--val-fraction")
+  expect_contains("${out}" "--shard-tokens")
+  run(${PYTHON} ${SOURCE_DIR}/tools/make_shards.py ${SOURCE_DIR}/README.md
+      --output-prefix ${WORK_DIR}/small --val-fraction 0.25 --shard-tokens 1000)
+  expect_rc(0)
+  # Every shard it says it wrote is 1024 + 2n bytes, and together they hold the file.
+  file(SIZE ${SOURCE_DIR}/README.md _readme_bytes)
+  string(REGEX MATCHALL "wrote [^:]+: [0-9]+ tokens" _wrote "${out}")
+  set(_sum 0)
+  foreach(_line IN LISTS _wrote)
+    string(REGEX REPLACE "wrote ([^:]+): ([0-9]+) tokens" "\\1" _path "${_line}")
+    string(REGEX REPLACE "wrote ([^:]+): ([0-9]+) tokens" "\\2" _n "${_line}")
+    file(SIZE ${_path} _size)
+    math(EXPR _expected "1024 + 2 * ${_n}")
+    if(NOT _size EQUAL _expected)
+      fail("${_path} has ${_size} bytes, expected ${_expected}")
+    endif()
+    math(EXPR _sum "${_sum} + ${_n}")
+  endforeach()
+  if(NOT _sum EQUAL _readme_bytes)
+    fail("the shards hold ${_sum} tokens, README.md has ${_readme_bytes} bytes")
+  endif()
+  if(NOT EXISTS ${WORK_DIR}/small_val_000000.bin OR NOT EXISTS ${WORK_DIR}/small_train_000001.bin)
+    fail("expected small_val_000000.bin and small_train_000001.bin")
+  endif()
+  run(${PYTHON} ${SOURCE_DIR}/tools/make_shards.py ${WORK_DIR}/missing.txt
+      --output-prefix ${WORK_DIR}/x)
+  expect_rc(2)
+  expect_contains("${err}" "missing.txt")
+
+elseif(SCENARIO STREQUAL "train")
+  make_readme_shards()
+  run(${TRAINER} ${TINY} ${SHARDS} --total-batch-tokens 256 --windows 6 --lr 3e-3
+      --warmup-windows 1 --val-every 3 --val-batches 2)
+  expect_rc(0)
+  window_losses("${out}" _losses)
+  list(LENGTH _losses _n)
+  if(NOT _n EQUAL 6)
+    fail("expected 6 progress lines, got ${_n}")
+  endif()
+  list(GET _losses 0 _first)
+  list(GET _losses -1 _last)
+  if(NOT _last LESS _first)
+    fail("the loss did not fall: ${_first} -> ${_last}")
+  endif()
+  expect_contains("${out}" "K=2")
+  expect_contains("${out}" "MFU n/a")
+  string(REGEX MATCHALL "val loss [0-9]+\\.[0-9]+" _val "${out}")
+  list(LENGTH _val _n_val)
+  if(NOT _n_val EQUAL 2)
+    fail("expected validation at windows 3 and 6, got ${_n_val} lines")
+  endif()
+
+elseif(SCENARIO STREQUAL "resume")
+  make_readme_shards()
+  set(_run ${TRAINER} ${TINY} ${SHARDS} --total-batch-tokens 256 --windows 4 --lr 3e-3
+      --warmup-windows 1 --dropout 0.1 --val-batches 2 --seed 11)
+  run(${_run})
+  expect_rc(0)
+  line_starting("${out}" "final: " _uninterrupted)
+  line_starting("${out}" "window 4/4 \\| val loss" _uninterrupted_val)
+
+  run(${_run} --checkpoint ${WORK_DIR}/ckpt.safetensors --checkpoint-every 2 --stop-after 2)
+  expect_rc(0)
+  expect_contains("${out}" "checkpoint: ${WORK_DIR}/ckpt.safetensors (window 2)")
+  if(NOT EXISTS ${WORK_DIR}/ckpt.safetensors)
+    fail("no checkpoint was written")
+  endif()
+
+  run(${_run} --resume ${WORK_DIR}/ckpt.safetensors)
+  expect_rc(0)
+  expect_contains("${out}" "at window 2")
+  window_losses("${out}" _resumed_losses)
+  list(LENGTH _resumed_losses _n)
+  if(NOT _n EQUAL 2)
+    fail("the resumed run should train windows 3 and 4, got ${_n} progress lines")
+  endif()
+  line_starting("${out}" "final: " _resumed)
+  line_starting("${out}" "window 4/4 \\| val loss" _resumed_val)
+  if(NOT _resumed STREQUAL _uninterrupted)
+    fail("resumed '${_resumed}' differs from uninterrupted '${_uninterrupted}'")
+  endif()
+  if(NOT _resumed_val STREQUAL _uninterrupted_val)
+    fail("resumed '${_resumed_val}' differs from uninterrupted '${_uninterrupted_val}'")
+  endif()
+
+  # A checkpoint of another model size is refused, naming the field.
+  run(${_run} --n-layer 3 --resume ${WORK_DIR}/ckpt.safetensors)
+  expect_rc(1)
+  expect_contains("${err}" "config.n_layer = 2 but this model has 3")
+
+elseif(SCENARIO STREQUAL "gpu_bench" OR SCENARIO STREQUAL "gpu_resume")
+  set(TINY_GPU --model tiny --micro-batch 4 --seq-len 32 --dtype bf16)
+  run(${TRAINER} ${TINY_GPU} --synthetic --bench --bench-warmup 1 --bench-windows 3)
+  expect_rc(0)
+  if(out MATCHES "trainer on cpu")
+    message("SKIP: needs a CUDA GPU")
+    return()
+  endif()
+  line_starting("${out}" "{\"bench\": \"accrue_train_gpt2\"" _json)
+  if(NOT _json MATCHES "\"device\": \"[^\"]+\"" OR _json MATCHES "\"device\": \"CPU\"")
+    fail("the JSON line names no GPU")
+  endif()
+  if(NOT _json MATCHES "\"tokens_per_s_median\": [0-9]" OR
+     NOT _json MATCHES "\"device_memory_in_use_bytes\": [0-9]" OR
+     NOT _json MATCHES "\"dtype\": \"bf16\"")
+    fail("the JSON line lacks tokens/s, device memory or the dtype")
+  endif()
+  if(SCENARIO STREQUAL "gpu_resume")
+    make_readme_shards()
+    set(_run ${TRAINER} ${TINY_GPU} ${SHARDS} --total-batch-tokens 256 --windows 6 --lr 3e-3
+        --warmup-windows 1 --dropout 0.1 --val-batches 2 --seed 5)
+    run(${_run})
+    expect_rc(0)
+    window_losses("${out}" _losses)
+    list(GET _losses 0 _first)
+    list(GET _losses -1 _last)
+    if(NOT _last LESS _first)
+      fail("the loss did not fall: ${_first} -> ${_last}")
+    endif()
+    line_starting("${out}" "final: " _uninterrupted)
+    run(${_run} --checkpoint ${WORK_DIR}/ckpt.safetensors --stop-after 3)
+    expect_rc(0)
+    run(${_run} --resume ${WORK_DIR}/ckpt.safetensors)
+    expect_rc(0)
+    line_starting("${out}" "final: " _resumed)
+    if(NOT _resumed STREQUAL _uninterrupted)
+      fail("resumed '${_resumed}' differs from uninterrupted '${_uninterrupted}'")
+    endif()
+  endif()
+
+else()
+  message(FATAL_ERROR "unknown SCENARIO '${SCENARIO}'")
+endif()

@@ -1,0 +1,327 @@
+// Attention on CUDA (kernels/attention.h) against the CPU reference computed in
+// f64 from the very same (rounded) inputs: forward out and lse, backward dq, dk
+// and dv, through every path of Note [Attention paths]: the composed one (f32,
+// f64, dropout, unaligned or odd-sized heads) and cuDNN's fused one (bf16/f16
+// when cudnn_attention_available(); otherwise the composed path runs the same
+// tests). Packed qkv views go through without copies, the cuDNN graph cache is
+// hit and missed, and dropout on the GPU draws the CPU's mask.
+#include <gmock/gmock.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/transformer_ops.h"
+#include "autograd/variable.h"
+#include "core/allocator.h"
+#include "kernels/attention.h"
+#include "kernels/ops.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+const Device kCpu = Device::cpu();
+
+struct Config {
+  int64_t B, H, Tq, Tk, d;
+  bool causal;
+};
+
+std::string name(const Config& c, DType dt) {
+  return std::string(dtype_name(dt)) + " B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) +
+         " Tq=" + std::to_string(c.Tq) + " Tk=" + std::to_string(c.Tk) +
+         " d=" + std::to_string(c.d) + (c.causal ? " causal" : "");
+}
+
+// d = 64 and 128, T from 64 to 1024, Tq != Tk (full, and bottom-right causal).
+const Config kConfigs[] = {{2, 3, 64, 64, 64, false},   {2, 3, 64, 64, 64, true},
+                           {1, 4, 256, 256, 128, true}, {2, 2, 128, 320, 64, false},
+                           {1, 2, 96, 160, 128, true},  {1, 2, 1024, 1024, 64, true}};
+
+Tensor reference_copy(const Tensor& t) {
+  return t.to(kCpu).to(DType::f64);
+}
+
+kernels::AttentionOptions causal_options(bool causal) {
+  kernels::AttentionOptions o;
+  o.causal = causal;
+  return o;
+}
+
+struct Results {
+  Tensor out, lse, dq, dk, dv;
+};
+
+// Forward, then backward of grad_out, on whatever device the inputs are on.
+Results run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_out,
+            const kernels::AttentionOptions& o) {
+  kernels::AttentionResult r = kernels::attention(q, k, v, o);
+  Results res{r.out, r.lse, empty(q.shape(), q.dtype(), q.device()),
+              empty(k.shape(), k.dtype(), k.device()), empty(v.shape(), v.dtype(), v.device())};
+  test::poison(res.dq);
+  test::poison(res.dk);
+  test::poison(res.dv);
+  kernels::attention_backward_into(grad_out, q, k, v, r.out, r.lse, o, res.dq, res.dk, res.dv);
+  return res;
+}
+
+// The CPU reference in f64 of the same inputs.
+Results reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_out,
+                  const kernels::AttentionOptions& o) {
+  return run(reference_copy(q), reference_copy(k), reference_copy(v), reference_copy(grad_out), o);
+}
+
+::testing::AssertionResult close(const Tensor& actual, const Tensor& expected, double tol) {
+  const double err = test::relative_error(reference_copy(actual), expected);
+  if (err <= tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "relative error " << err << " > " << tol;
+}
+
+// out and the gradients within `tol` (normalized), lse elementwise within lse_tol.
+void expect_matches(const Results& gpu, const Results& ref, double tol, double lse_tol) {
+  EXPECT_EQ(gpu.out.device(), kGpu);
+  EXPECT_TRUE(close(gpu.out, ref.out, tol)) << "out";
+  EXPECT_TRUE(test::all_close(reference_copy(gpu.lse), ref.lse, lse_tol, lse_tol)) << "lse";
+  EXPECT_TRUE(close(gpu.dq, ref.dq, tol)) << "dq";
+  EXPECT_TRUE(close(gpu.dk, ref.dk, tol)) << "dk";
+  EXPECT_TRUE(close(gpu.dv, ref.dv, tol)) << "dv";
+}
+
+void expect_equal(const Results& a, const Results& b) {
+  EXPECT_TRUE(test::all_equal(a.out.to(kCpu), b.out.to(kCpu))) << "out";
+  EXPECT_TRUE(test::all_equal(a.lse.to(kCpu), b.lse.to(kCpu))) << "lse";
+  EXPECT_TRUE(test::all_equal(a.dq.to(kCpu), b.dq.to(kCpu))) << "dq";
+  EXPECT_TRUE(test::all_equal(a.dk.to(kCpu), b.dk.to(kCpu))) << "dk";
+  EXPECT_TRUE(test::all_equal(a.dv.to(kCpu), b.dv.to(kCpu))) << "dv";
+}
+
+// Products in true fp32 for the f32 comparisons, whatever another test left set.
+class GpuAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tf32_ = kernels::allow_tf32();
+    kernels::set_allow_tf32(false);
+  }
+  void TearDown() override { kernels::set_allow_tf32(tf32_); }
+
+ private:
+  bool tf32_ = false;
+};
+
+// f32 runs the composed path: cuBLASLt in fp32 and fp32 softmax, against f64.
+TEST_F(GpuAttention, f32_composed_path_matches_the_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  for (const Config& c : kConfigs) {
+    SCOPED_TRACE(name(c, DType::f32));
+    Tensor q = test::random_normal({c.B, c.H, c.Tq, c.d}, DType::f32, kGpu);
+    Tensor k = test::random_normal({c.B, c.H, c.Tk, c.d}, DType::f32, kGpu);
+    Tensor v = test::random_normal({c.B, c.H, c.Tk, c.d}, DType::f32, kGpu);
+    Tensor g = test::random_normal({c.B, c.H, c.Tq, c.d}, DType::f32, kGpu);
+    const auto o = causal_options(c.causal);
+    expect_matches(run(q, k, v, g, o), reference(q, k, v, g, o), 3e-5, 1e-5);
+  }
+}
+
+TEST_F(GpuAttention, f64_composed_path_matches_the_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  for (const Config& c : {kConfigs[1], kConfigs[3]}) {
+    SCOPED_TRACE(name(c, DType::f64));
+    Tensor q = test::random_normal({c.B, c.H, c.Tq, c.d}, DType::f64, kGpu);
+    Tensor k = test::random_normal({c.B, c.H, c.Tk, c.d}, DType::f64, kGpu);
+    Tensor v = test::random_normal({c.B, c.H, c.Tk, 24}, DType::f64, kGpu);
+    Tensor g = test::random_normal({c.B, c.H, c.Tq, 24}, DType::f64, kGpu);
+    const auto o = causal_options(c.causal);
+    expect_matches(run(q, k, v, g, o), reference(q, k, v, g, o), 1e-11, 1e-11);
+  }
+}
+
+// bf16/f16: cuDNN's fused attention where available, against the f64 reference
+// of the same rounded inputs. The output and gradients are stored in 16 bits and
+// the probabilities are rounded to 16 bits before P v (as flash attention does).
+TEST_F(GpuAttention, sixteen_bit_matches_the_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    for (const Config& c : kConfigs) {
+      SCOPED_TRACE(name(c, dt) + (kernels::cudnn_attention_available() ? " (cuDNN)" : ""));
+      Tensor q = test::random_normal({c.B, c.H, c.Tq, c.d}, dt, kGpu);
+      Tensor k = test::random_normal({c.B, c.H, c.Tk, c.d}, dt, kGpu);
+      Tensor v = test::random_normal({c.B, c.H, c.Tk, c.d}, dt, kGpu);
+      Tensor g = test::random_normal({c.B, c.H, c.Tq, c.d}, dt, kGpu);
+      const auto o = causal_options(c.causal);
+      const Results gpu = run(q, k, v, g, o);
+      EXPECT_EQ(gpu.lse.dtype(), DType::f32);
+      expect_matches(gpu, reference(q, k, v, g, o), 2 * test::normalized_tolerance(dt), 1e-4);
+    }
+  }
+}
+
+// Heads cuDNN does not take (d not a multiple of 8), d = 40 (which it takes),
+// and unaligned views (a buffer shifted by one element) all still match.
+TEST_F(GpuAttention, sixteen_bit_odd_heads_and_unaligned_views) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    for (int64_t d : {20, 40}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d));
+      Tensor q = test::random_normal({2, 2, 48, d}, dt, kGpu);
+      Tensor k = test::random_normal({2, 2, 48, d}, dt, kGpu);
+      Tensor v = test::random_normal({2, 2, 48, d}, dt, kGpu);
+      Tensor g = test::random_normal({2, 2, 48, d}, dt, kGpu);
+      const auto o = causal_options(true);
+      expect_matches(run(q, k, v, g, o), reference(q, k, v, g, o),
+                     2 * test::normalized_tolerance(dt), 1e-4);
+    }
+    SCOPED_TRACE(std::string(dtype_name(dt)) + " unaligned");
+    auto shifted = [&](const Shape& s) {
+      Tensor buffer = test::random_normal({shape_numel(s) + 1}, dt, kGpu);
+      return make_view(buffer, s, contiguous_strides(s), 1);
+    };
+    Tensor q = shifted({1, 2, 64, 64}), k = shifted({1, 2, 64, 64}), v = shifted({1, 2, 64, 64});
+    Tensor g = shifted({1, 2, 64, 64});
+    const auto o = causal_options(false);
+    expect_matches(run(q, k, v, g, o), reference(q, k, v, g, o), 2 * test::normalized_tolerance(dt),
+                   1e-4);
+  }
+}
+
+// GPT-2's layout: q, k, v are head views of one [B, T, 3, H, d] buffer and the
+// gradients land in the three parts of one dqkv buffer, through cuDNN for
+// bf16/f16 (16-byte aligned for d % 8 == 0) without copies.
+TEST_F(GpuAttention, packed_qkv_views) {
+  ACCRUE_REQUIRE_CUDA();
+  const int64_t B = 2, T = 128, H = 4;
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    for (int64_t d : {64, 128}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " d=" + std::to_string(d));
+      Tensor qkv = test::random_normal({B, T, 3, H, d}, dt, kGpu);
+      auto part = [](const Tensor& x, int64_t i) { return x.select(2, i).transpose(1, 2); };
+      Tensor q = part(qkv, 0), k = part(qkv, 1), v = part(qkv, 2);
+      Tensor g = test::random_normal({B, T, H, d}, dt, kGpu).transpose(1, 2);
+      const auto o = causal_options(true);
+      kernels::AttentionResult r = kernels::attention(q, k, v, o);
+      Tensor dqkv = empty({B, T, 3, H, d}, dt, kGpu);
+      test::poison(dqkv);
+      kernels::attention_backward_into(g, q, k, v, r.out, r.lse, o, part(dqkv, 0), part(dqkv, 1),
+                                       part(dqkv, 2));
+      const Results gpu{r.out, r.lse, part(dqkv, 0), part(dqkv, 1), part(dqkv, 2)};
+      const double tol = dt == DType::f32 ? 3e-5 : 2 * test::normalized_tolerance(dt);
+      expect_matches(gpu, reference(q, k, v, g, o), tol, dt == DType::f32 ? 1e-5 : 1e-4);
+    }
+  }
+}
+
+// The differentiable packed op on the GPU (bf16, the training configuration)
+// against the same op on the CPU in f64.
+TEST_F(GpuAttention, packed_causal_attention_autograd) {
+  ACCRUE_REQUIRE_CUDA();
+  const int64_t B = 2, T = 96, H = 3, d = 64;
+  Tensor x = test::random_normal({B, T, 3 * H * d}, DType::bf16, kGpu);
+  Tensor w = test::random_normal({B, T, H * d}, DType::bf16, kGpu);
+  Tensor qkv = requires_grad_(x.clone());
+  Tensor out = packed_causal_attention(qkv, H);
+  backward(sum(mul(out, w)));
+  Tensor qkv_ref = requires_grad_(reference_copy(x));
+  Tensor out_ref = packed_causal_attention(qkv_ref, H);
+  backward(sum(mul(out_ref, reference_copy(w))));
+  const double tol = 2 * test::normalized_tolerance(DType::bf16);
+  EXPECT_TRUE(close(detach(out), detach(out_ref), tol));
+  EXPECT_TRUE(close(grad(qkv), grad(qkv_ref), tol));
+}
+
+// A cuDNN graph is built on the first call of a shape and reused after; a new
+// shape builds another, and the first one still serves its shape.
+TEST_F(GpuAttention, graph_cache_hit_and_new_shape) {
+  ACCRUE_REQUIRE_CUDA();
+  const DType dt = DType::bf16;
+  const double tol = 2 * test::normalized_tolerance(dt);
+  auto inputs = [&](int64_t T) {
+    std::vector<Tensor> x;
+    for (int i = 0; i < 4; ++i)
+      x.push_back(test::random_normal({2, 4, T, 64}, dt, kGpu));
+    return x;
+  };
+  const auto o = causal_options(true);
+  const std::vector<Tensor> a = inputs(128), b = inputs(192);
+  const Results ref_a = reference(a[0], a[1], a[2], a[3], o);
+  const Results first = run(a[0], a[1], a[2], a[3], o);
+  const Results second = run(a[0], a[1], a[2], a[3], o);
+  expect_matches(first, ref_a, tol, 1e-4);
+  expect_matches(second, ref_a, tol, 1e-4);
+  EXPECT_TRUE(test::all_equal(first.out.to(kCpu), second.out.to(kCpu)));
+  EXPECT_TRUE(test::all_equal(first.lse.to(kCpu), second.lse.to(kCpu)));
+  expect_matches(run(b[0], b[1], b[2], b[3], o), reference(b[0], b[1], b[2], b[3], o), tol, 1e-4);
+  expect_matches(run(a[0], a[1], a[2], a[3], o), ref_a, tol, 1e-4);
+}
+
+// The fused path never materializes the T x T scores: the forward's peak memory
+// stays below one bf16 score matrix, where the composed path needs an fp32 one.
+TEST_F(GpuAttention, cudnn_forward_does_not_materialize_scores) {
+  ACCRUE_REQUIRE_CUDA();
+  if (!kernels::cudnn_attention_available()) GTEST_SKIP() << "built without the cuDNN frontend";
+  const int64_t B = 2, H = 4, T = 1024, d = 64;
+  Tensor q = test::random_normal({B, H, T, d}, DType::bf16, kGpu);
+  const auto o = causal_options(true);
+  kernels::attention(q, q, q, o);  // builds the graph
+  reset_peak_memory(kGpu);
+  const int64_t before = memory_stats(kGpu).current_bytes;
+  kernels::AttentionResult r = kernels::attention(q, q, q, o);
+  const int64_t used = memory_stats(kGpu).peak_bytes - before;
+  EXPECT_LT(used, B * H * T * T * 2) << "bytes allocated by one forward";
+  EXPECT_GE(used, B * T * H * d * 2);  // at least out itself
+}
+
+// The composed path draws the mask of Note [Attention masks] on the device:
+// the same elements as the CPU reference drops.
+TEST_F(GpuAttention, dropout_matches_the_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (const Config& c : {kConfigs[0], kConfigs[4]}) {
+      SCOPED_TRACE(name(c, dt) + " dropout");
+      Tensor q = test::random_normal({c.B, c.H, c.Tq, c.d}, dt, kGpu);
+      Tensor k = test::random_normal({c.B, c.H, c.Tk, c.d}, dt, kGpu);
+      Tensor v = test::random_normal({c.B, c.H, c.Tk, c.d}, dt, kGpu);
+      Tensor g = test::random_normal({c.B, c.H, c.Tq, c.d}, dt, kGpu);
+      kernels::AttentionOptions o = causal_options(c.causal);
+      o.dropout_p = 0.2;
+      o.seed = 987654321;
+      o.offset = 12345;
+      const Results gpu = run(q, k, v, g, o), ref = reference(q, k, v, g, o);
+      const double tol = dt == DType::f32 ? 3e-5 : 2 * test::normalized_tolerance(dt);
+      expect_matches(gpu, ref, tol, dt == DType::f32 ? 1e-5 : 1e-4);
+      // Not the undropped result: the mask really applies.
+      const Results plain = reference(q, k, v, g, causal_options(c.causal));
+      EXPECT_GT(test::relative_error(ref.out, plain.out), 0.05);
+    }
+  }
+}
+
+// No atomics, fixed-order reductions: the same inputs give the same bits.
+TEST_F(GpuAttention, composed_path_is_deterministic) {
+  ACCRUE_REQUIRE_CUDA();
+  const Config c = kConfigs[3];
+  Tensor q = test::random_normal({c.B, c.H, c.Tq, c.d}, DType::f32, kGpu);
+  Tensor k = test::random_normal({c.B, c.H, c.Tk, c.d}, DType::f32, kGpu);
+  Tensor v = test::random_normal({c.B, c.H, c.Tk, c.d}, DType::f32, kGpu);
+  Tensor g = test::random_normal({c.B, c.H, c.Tq, c.d}, DType::f32, kGpu);
+  kernels::AttentionOptions o;
+  o.dropout_p = 0.1;
+  expect_equal(run(q, k, v, g, o), run(q, k, v, g, o));
+}
+
+TEST_F(GpuAttention, mixed_devices_throw) {
+  ACCRUE_REQUIRE_CUDA();
+  Tensor q = test::random_normal({1, 2, 8, 16}, DType::f32, kGpu);
+  Tensor k = test::random_normal({1, 2, 8, 16}, DType::f32, kCpu);
+  EXPECT_ERROR(kernels::attention(q, k, q, {}), "scaled_dot_product_attention",
+               "devices of q (cuda:0) and k (cpu) differ");
+  kernels::AttentionResult r = kernels::attention(q, q, q, {});
+  EXPECT_ERROR(kernels::attention_backward_into(
+                   r.out, q, q, q, r.out, r.lse.to(kCpu), {}, empty(q.shape(), DType::f32, kGpu),
+                   empty(q.shape(), DType::f32, kGpu), empty(q.shape(), DType::f32, kGpu)),
+               "scaled_dot_product_attention_backward", "lse is on cpu");
+}
+
+}  // namespace
+}  // namespace accrue

@@ -1,0 +1,306 @@
+#!/usr/bin/env bash
+# The one-call GPT-2 check: run it from the repo root on an H100/H200.
+#
+#   tools/gpt2_check.sh [options]
+#
+# Steps: configure (preset gpu: Release, sm_90, tests and benchmarks) and build
+# the GPT-2 targets with -j16 (--build-all: everything); make the GPT-2 golden
+# fixtures with PyTorch when tests/golden/fixtures/gpt2/ lacks them
+# (tests/golden/make_gpt2_golden.py); ctest for the GPT-2 related binaries
+# (label gpu: kernels, autograd, nn; label cpu: the same folders and data); the
+# GPT-2 golden tests, run directly so that their comparisons (the per-window
+# tables, the bf16 loss curves side by side) land in the summary;
+# bench/gpt2_bench.py (accrue_train_gpt2 --bench beside PyTorch eager and
+# torch.compile, the llm.c figures, the ncu time breakdown). A short summary is
+# printed LAST and written to <log dir>/summary.txt.
+#
+# Output, in the log dir ($OUT when set, else <build dir>/gpt2_check_results):
+#   summary.txt        the summary printed at the end (golden results and the tables)
+#   gpt2_bench.md      bench/gpt2_bench.py's tables
+#   gpt2_bench.json    every benchmark run, parsed (a list)
+#   gpt2_fixtures/     the GPT-2 golden fixtures used (to commit under tests/golden/fixtures/gpt2)
+#   logs.tar.gz        every log: configure, build, ctest, fixtures, golden tests, benchmark runs
+# The unpacked logs stay in <build dir>/gpt2_check/.
+#
+# One call may be cut at ten minutes on a lent machine: split it, e.g.
+#   tools/gpt2_check.sh --skip-bench
+#   tools/gpt2_check.sh --skip-build --skip-tests --skip-golden
+#
+# Exit status: 0 when the build, every test and every accrue benchmark run
+# succeeded (a benchmark target MISSed is reported, not failed), else 1.
+set -u -o pipefail
+
+usage() {
+  cat <<'EOF'
+usage: tools/gpt2_check.sh [options]
+  --build-dir DIR     build directory (default: build/gpu, the gpu preset's)
+  --log-dir DIR       where the results go (default: $OUT when set, else
+                      <build dir>/gpt2_check_results)
+  --jobs N            build and cpu-test parallelism (default: 16)
+  --werror            configure with -DACCRUE_WERROR=ON
+  --build-all         build every target (Google Benchmark binaries included), not only
+                      the GPT-2 ones (which need no Google Benchmark)
+  --skip-build        use the build directory as it is
+  --skip-tests        no ctest
+  --skip-golden       no fixtures, no golden tests
+  --regen-fixtures    remake the GPT-2 golden fixtures even when present
+  --skip-bench        no benchmarks
+  --bench-args "..."  extra options for bench/gpt2_bench.py (e.g. "--skip-ncu",
+                      "--points 32x1,1x32 --compile-points ''", "--d48 4")
+  --deps DIR          unpack the .deb files in DIR (libgtest-dev, ...) into the build dir
+                      and add them to CMAKE_PREFIX_PATH, as tools/gpu_check.sh does
+  -h, --help          this text
+EOF
+}
+
+build_dir=build/gpu
+log_dir=""
+jobs=16
+werror=OFF
+build_all=0
+skip_build=0
+skip_tests=0
+skip_golden=0
+regen_fixtures=0
+skip_bench=0
+bench_args=""
+deps_dir=""
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build-dir) build_dir="$2"; shift 2 ;;
+    --log-dir) log_dir="$2"; shift 2 ;;
+    --jobs) jobs="$2"; shift 2 ;;
+    --werror) werror=ON; shift ;;
+    --build-all) build_all=1; shift ;;
+    --skip-build) skip_build=1; shift ;;
+    --skip-tests) skip_tests=1; shift ;;
+    --skip-golden) skip_golden=1; shift ;;
+    --regen-fixtures) regen_fixtures=1; shift ;;
+    --skip-bench) skip_bench=1; shift ;;
+    --bench-args) bench_args="$2"; shift 2 ;;
+    --deps) deps_dir="$2"; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "gpt2_check: unknown option '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+log_dir="${log_dir:-${OUT:-$build_dir/gpt2_check_results}}"
+
+if [[ ! -f CMakeLists.txt || ! -f accrue.h ]]; then
+  echo "gpt2_check: run me from the accrue repository root" >&2
+  exit 2
+fi
+
+export PYTHONUNBUFFERED=1
+
+mkdir -p "$build_dir" "$log_dir"
+build_dir=$(cd "$build_dir" && pwd)
+log_dir=$(cd "$log_dir" && pwd)
+details="$build_dir/gpt2_check"
+rm -rf "$details"
+mkdir -p "$details"
+start_time=$SECONDS
+failed=0
+summary=()  # lines of the final summary
+
+say() { echo "[gpt2_check $((SECONDS - start_time))s] $*"; }
+# A line of the final summary, echoed as it happens too.
+note() {
+  summary+=("$*")
+  say "$*"
+}
+
+# The GPT-2 related test binaries (ctest names) and the targets to build.
+gpu_tests=(test_kernels_gpu test_autograd_gpu test_nn_gpu)
+cpu_tests=(test_kernels_cpu test_autograd_cpu test_nn_cpu test_data_cpu)
+golden_bins=(test_golden_cpu test_golden_gpu)
+targets=("${gpu_tests[@]}" "${cpu_tests[@]}" "${golden_bins[@]}" accrue_train_gpt2)
+
+# ---- the machine -------------------------------------------------------------
+gpu_model="no nvidia-smi"
+if command -v nvidia-smi > /dev/null; then
+  gpu_model=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 |
+    head -n 4 | paste -sd ';' -)
+  nvidia-smi > "$details/nvidia-smi.txt" 2>&1
+fi
+say "GPU: $gpu_model"
+torch_version=$(python3 -c 'import torch; print(torch.__version__)' 2> /dev/null || echo "not importable")
+say "PyTorch: $torch_version"
+
+# ---- configure and build ------------------------------------------------------------
+built=1
+if [[ $skip_build -eq 0 ]]; then
+  # The cuDNN frontend headers, when they can be fetched (else attention takes the composed path).
+  tools/fetch_cudnn_frontend.sh > "$details/fetch_cudnn_frontend.log" 2>&1
+  cmake_args=(--preset gpu -B "$build_dir" -DACCRUE_WERROR="$werror")
+  if [[ $build_all -eq 0 ]]; then cmake_args+=(-DACCRUE_BUILD_BENCHMARKS=OFF); fi
+  for d in "${CUDA_HOME:-}" /usr/local/cuda; do
+    if [[ -n "$d" && -x "$d/bin/nvcc" ]]; then
+      cmake_args+=(-DCMAKE_CUDA_COMPILER="$d/bin/nvcc")
+      break
+    fi
+  done
+  if [[ -n "$deps_dir" ]]; then
+    deps_root="$build_dir/deps"
+    rm -rf "$deps_root"
+    mkdir -p "$deps_root"
+    for deb in "$deps_dir"/*.deb; do
+      [[ -e "$deb" ]] || { echo "gpt2_check: no .deb files in $deps_dir" >&2; exit 2; }
+      dpkg -x "$deb" "$deps_root"
+    done
+    cmake_args+=(-DCMAKE_PREFIX_PATH="$deps_root/usr")
+  fi
+  say "configure: cmake ${cmake_args[*]}"
+  if ! cmake "${cmake_args[@]}" > "$details/configure.log" 2>&1; then
+    failed=1
+    built=0
+    note "configure: FAILED (last lines of configure.log:)"
+    while IFS= read -r line; do note "  $line"; done < <(tail -n 15 "$details/configure.log")
+  else
+    attention=$(grep -m 1 -E 'accrue: attention' "$details/configure.log" | sed 's/^-- //')
+    note "configure: ok${attention:+ ($attention)}"
+    build_cmd=(cmake --build "$build_dir" -j "$jobs")
+    if [[ $build_all -eq 0 ]]; then build_cmd+=(--target "${targets[@]}"); fi
+    say "build: ${build_cmd[*]}"
+    build_start=$SECONDS
+    if "${build_cmd[@]}" > "$details/build.log" 2>&1; then
+      warnings=$(grep -c 'warning:' "$details/build.log" || true)
+      note "build: ok in $((SECONDS - build_start)) s, $warnings compiler warning lines"
+    else
+      built=0
+      failed=1
+      note "build: FAILED (first errors of build.log:)"
+      while IFS= read -r line; do note "  $line"; done < <(grep -m 10 -E 'error|FAILED' "$details/build.log")
+    fi
+  fi
+fi
+
+# ---- golden fixtures ------------------------------------------------------------------
+fixtures=tests/golden/fixtures/gpt2
+if [[ $skip_golden -eq 0 ]]; then
+  if [[ $regen_fixtures -eq 1 || ! -f $fixtures/cuda_bf16.safetensors ]]; then
+    say "fixtures: python3 tests/golden/make_gpt2_golden.py --out $fixtures"
+    if python3 tests/golden/make_gpt2_golden.py --out "$fixtures" > "$details/fixtures.log" 2>&1; then
+      note "fixtures: made in $fixtures ($(du -sh "$fixtures" | cut -f1))"
+      while IFS= read -r line; do note "  $line"; done < <(sed -n '/^summary:/,$p' "$details/fixtures.log" | tail -n +2)
+    else
+      failed=1
+      note "fixtures: FAILED (last lines of fixtures.log:)"
+      while IFS= read -r line; do note "  $line"; done < <(tail -n 8 "$details/fixtures.log")
+    fi
+  else
+    note "fixtures: present in $fixtures"
+  fi
+  if [[ -d $fixtures ]]; then
+    rm -rf "$log_dir/gpt2_fixtures"
+    cp -r "$fixtures" "$log_dir/gpt2_fixtures"
+  fi
+fi
+
+# ---- tests ----------------------------------------------------------------------------
+# Prints "passed/total" for one label and set of tests; leaves the log in ctest_<label>.log.
+run_ctest() {
+  local label="$1" parallel="$2" regex="$3"
+  ctest --test-dir "$build_dir" -L "^${label}\$" -R "$regex" -j "$parallel" --timeout 600 \
+    --output-on-failure > "$details/ctest_${label}.log" 2>&1
+  local rc=$?
+  local line
+  line=$(grep -E 'tests passed(, [0-9]+ tests? failed)? out of' "$details/ctest_${label}.log" | tail -n 1)
+  if [[ -z "$line" ]]; then
+    note "ctest -L $label: FAILED to run (see ctest_${label}.log)"
+    return 1
+  fi
+  note "ctest -L $label ($regex): $line"
+  while IFS= read -r t; do note "    ${t#"${t%%[![:space:]]*}"}"; done < <(
+    grep -E '^[[:space:]]+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Exception|Child aborted|Not Run)' \
+      "$details/ctest_${label}.log")
+  return $rc
+}
+regex_of() { local IFS='|'; echo "^($*)\$"; }
+
+if [[ $built -eq 1 && $skip_tests -eq 0 ]]; then
+  # GPU tests one at a time: they share one device and its memory.
+  say "ctest -L gpu"
+  run_ctest gpu 1 "$(regex_of "${gpu_tests[@]}")" || failed=1
+  say "ctest -L cpu"
+  run_ctest cpu "$jobs" "$(regex_of "${cpu_tests[@]}")" || failed=1
+fi
+
+# ---- golden tests -----------------------------------------------------------------------
+# Run directly: their [gpt2 golden] lines are the comparison with PyTorch.
+golden_lines=()
+run_golden() {
+  local name="$1" bin="$2" filter="$3"
+  local log="$details/golden_${name}.log"
+  if [[ ! -x $bin ]]; then
+    failed=1
+    note "golden $name: FAILED ($bin not built)"
+    return
+  fi
+  say "golden $name: $bin --gtest_filter=$filter"
+  "$bin" --gtest_filter="$filter" > "$log" 2>&1
+  local rc=$?
+  local result
+  result=$(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ tests?|^\[  SKIPPED \] [0-9]+ tests?' "$log" |
+    sed -E 's/^\[ *([A-Z]+) *\] ([0-9]+) tests?.*/\2 \1/' | paste -sd ',' -)
+  if [[ $rc -eq 0 ]]; then
+    note "golden $name: ok (${result:-no gtest summary})"
+  else
+    failed=1
+    note "golden $name: FAILED exit $rc (${result:-no gtest summary})"
+    while IFS= read -r line; do note "    $line"; done < <(grep -m 6 -E 'Failure|error|Expected|Which is' "$log")
+  fi
+  while IFS= read -r line; do golden_lines+=("$line"); done < <(grep -E '^\[gpt2 golden\]' "$log")
+  # Why a test skipped (no GPU, no fixtures): the line after gtest's "Skipped".
+  while IFS= read -r line; do note "    skipped: $line"; done < <(grep -A1 -E ': Skipped$' "$log" |
+    grep -vE ': Skipped$|^--$' | sort -u)
+}
+if [[ $built -eq 1 && $skip_golden -eq 0 ]]; then
+  run_golden cpu "$build_dir/tests/golden/test_golden_cpu" 'Gpt2GoldenCpu.*:Gpt2FixtureCpu.*'
+  run_golden gpu "$build_dir/tests/golden/test_golden_gpu" '*'
+fi
+
+# ---- benchmarks -------------------------------------------------------------------------
+bench_table=""
+if [[ $built -eq 1 && $skip_bench -eq 0 ]]; then
+  # shellcheck disable=SC2206  # --bench-args is a list of options, split on purpose
+  extra=($bench_args)
+  bench_cmd=(python3 bench/gpt2_bench.py --accrue-bin "$build_dir/examples/accrue_train_gpt2"
+    --out "$log_dir/gpt2_bench.md" --json "$log_dir/gpt2_bench.json" --log-dir "$details/bench"
+    "${extra[@]}")
+  say "bench: ${bench_cmd[*]}"
+  bench_start=$SECONDS
+  if "${bench_cmd[@]}" > "$details/gpt2_bench.log" 2>&1; then
+    note "gpt2_bench: ok in $((SECONDS - bench_start)) s"
+  else
+    failed=1
+    note "gpt2_bench: FAILED (an accrue run failed or the script did; see gpt2_bench.log): $(tail -n 1 "$details/gpt2_bench.log")"
+  fi
+  if [[ -s "$log_dir/gpt2_bench.md" ]]; then bench_table=$(cat "$log_dir/gpt2_bench.md"); fi
+fi
+
+# ---- summary (LAST) ----------------------------------------------------------------------
+tar -C "$details" -czf "$log_dir/logs.tar.gz" . 2> /dev/null
+{
+  echo "===================== accrue gpt2_check summary ====================="
+  echo "GPU: $gpu_model; PyTorch $torch_version"
+  if git rev-parse --verify -q HEAD > /dev/null 2>&1; then
+    echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' + uncommitted changes')"
+  elif [[ -n "${ACCRUE_COMMIT:-}" ]]; then
+    echo "commit: $ACCRUE_COMMIT (copied tree)"
+  fi
+  echo "time: $((SECONDS - start_time)) s; logs: $log_dir/logs.tar.gz (unpacked: $details)"
+  for line in "${summary[@]}"; do echo "$line"; done
+  if [[ ${#golden_lines[@]} -gt 0 ]]; then
+    echo
+    for line in "${golden_lines[@]}"; do echo "$line"; done
+  fi
+  if [[ -n "$bench_table" ]]; then
+    echo
+    echo "$bench_table"
+  fi
+  echo
+  if [[ $failed -eq 0 ]]; then echo "gpt2_check: PASSED"; else echo "gpt2_check: FAILED"; fi
+} > "$log_dir/summary.txt"
+cat "$log_dir/summary.txt"
+exit $failed
