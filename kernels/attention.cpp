@@ -7,12 +7,14 @@
 //  - CPU: the reference (kernels/cpu/attention.cpp), every dtype, sums in double.
 //  - cuDNN (kernels/cuda/attention_cudnn.cpp): fused flash attention for
 //    bf16/f16 on CUDA, taken when accrue was built with the cuDNN frontend,
-//    dropout_p == 0, the device has compute capability 8.0+, d and dv are
-//    multiples of 8 and at most 128 (what cuDNN 9 supports forward and
-//    backward on every architecture), not Tq == Tk == 1 (no backward engine),
+//    dropout_p == 0, the device has compute capability 8.0+ and cuDNN is
+//    9.5.1 or newer (cudnn::device_supported says why), dv == d, a multiple
+//    of 8 up to 128 (what cuDNN 9 serves forward and backward on every
+//    architecture), not Tq == Tk == 1 (no backward engine),
 //    and every operand (q, k, v, out; in backward also grad_out, dq, dk, dv)
-//    starts on a 16-byte boundary with its non-unit strides multiples of 16
-//    bytes (the frontend's operand alignment: its kernels move 16-byte
+//    starts on a 16-byte boundary with the strides of its non-unit dims
+//    nonzero multiples of 16 bytes (no broadcast heads), and lse starts on
+//    one (the frontend's tensor alignment: its kernels move 16-byte
 //    vectors). GPT-2's packed qkv views meet this whenever d % 8 == 0.
 //  - composed (kernels/cuda/attention.cu): everything else on CUDA: f32
 //    (true fp32 unless TF32 is allowed), f64, bf16/f16 without cuDNN, any
@@ -159,19 +161,22 @@ bool cudnn_aligned(const Tensor& t) {
   const int64_t bytes = static_cast<int64_t>(element_size(t.dtype()));
   if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
   for (int64_t i = 0; i < 3; ++i)
-    if (t.size(i) > 1 && (t.stride(i) * bytes) % 16 != 0) return false;
+    if (t.size(i) > 1 && (t.stride(i) == 0 || (t.stride(i) * bytes) % 16 != 0)) return false;
   return true;
 }
 
-bool use_cudnn(const std::vector<const Tensor*>& operands, const AttentionParams& p) {
+// operands: q first, then every other [B, H, T, d] tensor of the call.
+bool use_cudnn(const std::vector<const Tensor*>& operands, const Tensor& lse,
+               const AttentionParams& p) {
   const Tensor& q = *operands.front();
   if (!q.device().is_cuda()) return false;
   if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return false;
   if (p.dropout_p > 0.0) return false;
-  if (p.d % 8 != 0 || p.dv % 8 != 0 || p.d > 128 || p.dv > 128) return false;
+  if (p.d % 8 != 0 || p.d > 128 || p.dv != p.d) return false;
   if (p.Tq == 1 && p.Tk == 1) return false;
   for (const Tensor* t : operands)
     if (!cudnn_aligned(*t)) return false;
+  if (reinterpret_cast<uintptr_t>(lse.data_ptr()) % 16 != 0) return false;
   return cudnn::device_supported(q.device().index);
 }
 #endif
@@ -187,7 +192,7 @@ void run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
                  const Tensor& out, const Tensor& lse) {
   if (q.device().is_cpu()) return cpu::attention_forward(q, k, v, p, out, lse);
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
-  if (use_cudnn({&q, &k, &v, &out}, p)) return cudnn::attention_forward(q, k, v, p, out, lse);
+  if (use_cudnn({&q, &k, &v, &out}, lse, p)) return cudnn::attention_forward(q, k, v, p, out, lse);
 #endif
 #ifdef ACCRUE_WITH_CUDA
   cuda::attention_forward(q, k, v, p, out, lse);
@@ -201,7 +206,7 @@ void run_backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tenso
                   const Tensor& dk, const Tensor& dv) {
   if (q.device().is_cpu()) return cpu::attention_backward(g, q, k, v, out, lse, p, dq, dk, dv);
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
-  if (use_cudnn({&q, &k, &v, &out, &g, &dq, &dk, &dv}, p))
+  if (use_cudnn({&q, &k, &v, &out, &g, &dq, &dk, &dv}, lse, p))
     return cudnn::attention_backward(g, q, k, v, out, lse, p, dq, dk, dv);
 #endif
 #ifdef ACCRUE_WITH_CUDA

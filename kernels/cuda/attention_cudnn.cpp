@@ -1,7 +1,7 @@
 // Scaled dot-product attention on cuDNN's fused flash attention, through the
 // cuDNN frontend's graph API. Compiled only with ACCRUE_WITH_CUDNN_FRONTEND;
 // kernels/attention.cpp sends here what Note [Attention paths] admits:
-// bf16/f16, no dropout, d and dv multiples of 8 up to 128, every operand
+// bf16/f16, no dropout, dv == d a multiple of 8 up to 128, every operand
 // 16-byte aligned in its base and strides.
 //
 // Note [cuDNN attention graphs]
@@ -131,10 +131,11 @@ class CudnnState {
     if (it != supported_.end()) return it->second;
     int major = 0;
     ACCRUE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    // cuDNN 9 (the frontend's graph API), except 9.10.0/9.10.1, whose fp16/bf16
-    // SDPA the frontend refuses for known bugs; Ampere or newer.
+    // Ampere or newer, and cuDNN 9.5.1 or newer: older ones assume that dO has
+    // the strides of O (accrue passes any), and the frontend refuses fp16/bf16
+    // SDPA on 9.10.0/9.10.1 for known bugs.
     const size_t version = cudnnGetVersion();
-    const bool ok = major >= 8 && version >= 90000 && version != 91000 && version != 91001;
+    const bool ok = major >= 8 && version >= 90501 && version != 91000 && version != 91001;
     supported_.emplace(device, ok);
     return ok;
   }
@@ -158,15 +159,28 @@ std::shared_ptr<Graph> new_graph(DType dtype) {
   return g;
 }
 
+// t's real strides, except that a zero stride of a size-1 dim (its stride is
+// never used) becomes the extent of the dims inside it, which cuDNN accepts.
+std::vector<int64_t> strides_of(const Tensor& t) {
+  std::vector<int64_t> s = t.strides();
+  for (size_t d = 0; d < s.size(); ++d) {
+    if (t.size(static_cast<int64_t>(d)) != 1 || s[d] != 0) continue;
+    s[d] = 1;
+    for (size_t inner = d + 1; inner < s.size(); ++inner)
+      s[d] *= t.size(static_cast<int64_t>(inner));
+  }
+  return s;
+}
+
 // A graph tensor with t's real shape and strides.
 TensorAttr input(Graph& g, const char* name, int64_t uid, const Tensor& t) {
   return g.tensor(
       fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(t.shape()).set_stride(
-          t.strides()));
+          strides_of(t)));
 }
 
 void describe_output(const TensorAttr& attr, int64_t uid, const Tensor& t) {
-  attr->set_output(true).set_uid(uid).set_dim(t.shape()).set_stride(t.strides());
+  attr->set_output(true).set_uid(uid).set_dim(t.shape()).set_stride(strides_of(t));
 }
 
 // lse as cuDNN's Stats: f32 [B, H, Tq, 1], packed.

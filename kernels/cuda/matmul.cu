@@ -512,8 +512,8 @@ std::unique_ptr<EpiloguePlan> build_epilogue_plan(cublasLtHandle_t handle,
   cublasLtMatmulPreference_t pref = nullptr;
   ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
-    ok = ok && cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v)) ==
-                   CUBLAS_STATUS_SUCCESS;
+    ok = ok &&
+         cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v)) == CUBLAS_STATUS_SUCCESS;
   };
   set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kWorkspaceBytes));
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(p.weight));
@@ -553,7 +553,8 @@ bool gemm_bias_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   EpilogueProblem p;
   p.device = dev;
   p.type = cuda_data_type(dtype);
-  p.compute = dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  p.compute =
+      dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   p.n = n;
   p.in = in;
   p.out = out_features;
@@ -563,16 +564,17 @@ bool gemm_bias_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   p.pre = pre.data_ptr();
   p.y = out.data_ptr();
   auto [r, plan] = LtState::instance().acquire_epilogue(
-      dev, stream, p.key(), [&](cublasLtHandle_t handle) { return build_epilogue_plan(handle, p); });
+      dev, stream, p.key(),
+      [&](cublasLtHandle_t handle) { return build_epilogue_plan(handle, p); });
 
   std::lock_guard<std::mutex> lock(plan->launch);
   if (!plan->usable) return false;
   ACCRUE_CHECK(set_epilogue_pointers(*plan, p),
                "linear_gelu: cuBLASLt refused the bias/aux pointers of a GELU epilogue");
   const float alpha = 1.0f, beta = 0.0f;
-  const cublasStatus_t s = cublasLtMatmul(r.handle, plan->op, &alpha, p.weight, plan->a, p.x,
-                                          plan->b, &beta, p.y, plan->c, p.y, plan->c, &plan->algo,
-                                          r.workspace, kWorkspaceBytes, stream);
+  const cublasStatus_t s =
+      cublasLtMatmul(r.handle, plan->op, &alpha, p.weight, plan->a, p.x, plan->b, &beta, p.y,
+                     plan->c, p.y, plan->c, &plan->algo, r.workspace, kWorkspaceBytes, stream);
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
     // cuBLASLt validates before it launches anything: nothing ran, fall back
     // now and for every later call with this key.
