@@ -294,7 +294,18 @@ TEST(GpuLayerNorm, backward_matches_cpu_overwriting_and_accumulating) {
               kernels::layer_norm_backward(dy, x, w, fwd.mean, fwd.rstd, dw, db, accumulate);
           const Tensor dx_g =
               kernels::layer_norm_backward(dy_g, x_g, w_g, mean_g, rstd_g, dw_g, db_g, accumulate);
-          EXPECT_TRUE(close(on_cpu(dx_g), dx, test::normalized_tolerance(dt)));
+          if (c.d == 1) {
+            // One feature normalizes to 0 whatever x is, so dx is 0 in exact
+            // arithmetic and both sides hold only rounding noise: a relative
+            // comparison of two noises is meaningless; bound them instead.
+            for (const Tensor& t : {on_cpu(dx_g), dx}) {
+              for (double v : t.to(DType::f64).to_vector<double>()) {
+                EXPECT_LE(std::abs(v), 1e-3) << "d=1 dx should be ~0";
+              }
+            }
+          } else {
+            EXPECT_TRUE(close(on_cpu(dx_g), dx, test::normalized_tolerance(dt)));
+          }
           EXPECT_TRUE(close(on_cpu(dw_g), dw, param_tol));
           EXPECT_TRUE(close(on_cpu(db_g), db, param_tol));
         }
