@@ -3,6 +3,7 @@
 #include "autograd/ops.h"
 #include "autograd/saved.h"
 #include "autograd/sink_target.h"
+#include "kernels/fused.h"
 #include "kernels/ops.h"
 
 namespace accrue {
@@ -50,8 +51,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
   Tensor x2 = detach(x).reshape({-1, in});
-  Tensor y2 = kernels::matmul(x2, detach(weight).transpose(0, 1));
-  if (bias.defined()) y2 = kernels::binary(kernels::BinaryOp::Add, y2, bias);
+  // With a bias, one GEMM with the bias in its epilogue on CUDA (Note [Bias
+  // epilogue] in kernels/cuda/matmul.cu); matmul then add on the CPU.
+  const Tensor y2 = bias.defined() ? kernels::linear(x2, detach(weight), detach(bias))
+                                   : kernels::matmul(x2, detach(weight).transpose(0, 1));
   Tensor out = y2.reshape(out_shape);
   Tensor sx = saved(x2), sw = saved(weight);
   const bool gx = wants_grad(x), gw = wants_grad(weight), gb = wants_grad(bias);

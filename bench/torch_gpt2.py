@@ -3,6 +3,7 @@
 
     python3 bench/torch_gpt2.py --micro-batch 16 --k 2            # eager
     python3 bench/torch_gpt2.py --micro-batch 16 --k 2 --compile  # torch.compile
+    torchrun --standalone --nproc-per-node=2 bench/torch_gpt2.py --micro-batch 8 --k 4  # DDP
 
 GPT-2 as llm.c's PyTorch reference trains it: GPT-2 124M (d12; --model d24,
 d36, d48 for the larger ones), the vocabulary padded to 50304 (wte [50304, C],
@@ -33,17 +34,35 @@ second term the attention score and value products; PaLM's appendix B), as
 accrue_train_gpt2 counts them, against the GPU's
 dense bf16 peak (`peak_tflops` below, or --peak-tflops).
 
-Prints ONE JSON line (bench/gpt2_bench.py reads it): mode, model,
-micro_batch, K, seq_len, tokens_per_window, tokens_per_s, window_ms,
-window_ms_min, peak_mem_gib, mfu, gpu, torch, params; on out-of-memory the
-same line with "error": "out of memory" (exit status 3).
+Data parallelism: launched by torchrun with WORLD_SIZE > 1, each rank drives
+GPU LOCAL_RANK in an NCCL process group and trains the model wrapped in
+DistributedDataParallel (bucket_cap_mb 25, --bucket-cap-mb; first bucket 1
+MiB, DDP's default; gradient_as_bucket_view=True), each rank on its own
+random tokens. Every rank runs the window above on its own B x K x T tokens
+(the per-GPU batch; the global batch is world size times that), with the
+first K - 1 micro-steps under model.no_sync() so that only the last backward
+all-reduces the buckets (DDP averages over ranks: the loss stays the global
+token mean), and zero_grad(set_to_none=False), which keeps the gradients
+views of the buckets (as bench/torch_ddp.py does). The window time is the
+median over the timed windows, the largest over ranks; tokens/s counts the
+tokens of ALL ranks; peak memory is the largest over ranks; MFU is per GPU.
+Only rank 0 prints the JSON line (with "world_size"); a rank that runs out
+of memory prints its own error line.
 
---cpu runs a tiny model on the CPU with host timing, to check this script
-without a GPU (the numbers mean nothing).
+Prints ONE JSON line (bench/gpt2_bench.py and bench/gpt2_dp_bench.py read
+it): mode, model, world_size, micro_batch, K, seq_len, tokens_per_window (all
+ranks), tokens_per_s (all ranks), window_ms, window_ms_min, peak_mem_gib,
+mfu, gpu, torch, params; on out-of-memory the same line with "error": "out of
+memory" (exit status 3).
+
+--cpu runs a tiny model on the CPU with host timing (gloo under torchrun), to
+check this script without a GPU (the numbers mean nothing).
 """
 import argparse
+import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -107,6 +126,8 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=3, help="untimed windows first")
     p.add_argument("--windows", type=int, default=10, help="timed windows")
     p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                   help="DDP's bucket size under torchrun with WORLD_SIZE > 1")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the GPU's dense bf16 peak for MFU (default: from its name)")
     p.add_argument("--json", help="also write the JSON line to this file")
@@ -122,7 +143,26 @@ def parse_args():
         p.error("--micro-batch, --k and --windows must be >= 1, --warmup >= 0")
     if args.seq_len < 1 or args.seq_len > 1024:
         p.error(f"--seq-len {args.seq_len}: GPT-2's context is 1 to 1024")
+    if args.bucket_cap_mb <= 0:
+        p.error(f"--bucket-cap-mb {args.bucket_cap_mb} must be positive")
     return args
+
+
+def launch_env():
+    """(world size, rank, local rank) from torchrun's variables; (1, 0, 0) without them."""
+    return (int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0")),
+            int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def max_over_ranks(torch, values, device):
+    """Each value's largest over the ranks (the values themselves on one process)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
 
 
 def build_model(torch, args):
@@ -194,9 +234,8 @@ class HostEvent:
         return (end.t - self.t) * 1e3
 
 
-def run(torch, args):
-    device = torch.device("cpu" if args.cpu else "cuda")
-    torch.manual_seed(1234)
+def run(torch, args, world, rank, device):
+    torch.manual_seed(1234)  # every rank the same weights (DDP broadcasts rank 0's anyway)
     model, vocab = build_model(torch, args)
     model = model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
@@ -205,17 +244,26 @@ def run(torch, args):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=not args.cpu)
-    step_model = torch.compile(model) if args.compile else model
+    ddp = None
+    if world > 1:
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=None if args.cpu else [device.index],
+            bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)
+    net = ddp if ddp is not None else model
+    step_model = torch.compile(net) if args.compile else net
+    # Under DDP the gradients stay views of the buckets (set_to_none would drop them).
+    set_to_none = ddp is None
 
     B, K, T = args.micro_batch, args.k, args.seq_len
-    tokens_per_window = B * K * T
+    tokens_per_window = B * K * T  # this rank's
     gen = torch.Generator(device=device)
-    gen.manual_seed(2024)
+    gen.manual_seed(2024 + rank)  # each rank its own tokens
     # A few random micro-batches, reused: fresh data each micro-step would time the draw.
     batches = []
     for _ in range(min(K, 4)):
         seq = torch.randint(0, vocab, (B, T + 1), device=device, generator=gen)
         batches.append((seq[:, :-1].contiguous(), seq[:, 1:].contiguous()))
+    # This rank's token mean; DDP averages the ranks' gradients: the global mean.
     inv_tokens = 1.0 / tokens_per_window
 
     def autocast():
@@ -227,19 +275,22 @@ def run(torch, args):
         total = None
         for k in range(K):
             x, y = batches[k % len(batches)]
-            with autocast():
-                loss = step_model(x, y)
-            (loss * inv_tokens).backward()
+            # Only the window's last backward all-reduces (DDP's no_sync before it).
+            sync = ddp is None or k == K - 1
+            with contextlib.nullcontext() if sync else ddp.no_sync():
+                with autocast():
+                    loss = step_model(x, y)
+                (loss * inv_tokens).backward()
             total = loss.detach() if total is None else total + loss.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=set_to_none)
         losses.append(total)
 
-    stream = None if args.cpu else torch.cuda.current_stream()
+    stream = None if args.cpu else torch.cuda.current_stream(device)
     if not args.cpu:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
     for _ in range(args.warmup):
         window()
     marks = [HostEvent() if args.cpu else torch.cuda.Event(enable_timing=True)
@@ -254,25 +305,32 @@ def run(torch, args):
     if not math.isfinite(loss):
         raise RuntimeError(f"the last window's loss is {loss}")
 
-    median_ms = statistics.median(window_ms)
-    tokens_per_s = tokens_per_window / (median_ms / 1e3)
-    gpu = "cpu" if args.cpu else torch.cuda.get_device_name()
+    # The slowest rank's figures (the ranks wait for each other at every all-reduce).
+    peak_bytes = 0.0 if args.cpu else float(torch.cuda.max_memory_allocated(device))
+    median_ms, min_ms, peak_bytes = max_over_ranks(
+        torch, [statistics.median(window_ms), min(window_ms), peak_bytes], device)
+    all_tokens = tokens_per_window * world
+    tokens_per_s = all_tokens / (median_ms / 1e3)
+    gpu = "cpu" if args.cpu else torch.cuda.get_device_name(device)
     peak = args.peak_tflops or (None if args.cpu else peak_tflops(gpu))
     mfu = None
-    if peak:
-        mfu = tokens_per_s * flops_per_token(args.model, T, 1024) / (peak * 1e12)
+    if peak:  # per GPU
+        mfu = tokens_per_s * flops_per_token(args.model, T, 1024) / (peak * 1e12 * world)
     return {
         "impl": "pytorch",
         "mode": "compile" if args.compile else "eager",
         "model": args.model,
+        "world_size": world,
+        "parallel": "ddp no_sync" if ddp is not None else "none",
         "micro_batch": B,
         "K": K,
         "seq_len": T,
-        "tokens_per_window": tokens_per_window,
+        "tokens_per_window": all_tokens,
+        "tokens_per_window_per_gpu": tokens_per_window,
         "tokens_per_s": tokens_per_s,
         "window_ms": median_ms,
-        "window_ms_min": min(window_ms),
-        "peak_mem_gib": 0.0 if args.cpu else torch.cuda.max_memory_allocated() / 2**30,
+        "window_ms_min": min_ms,
+        "peak_mem_gib": peak_bytes / 2**30,
         "mfu": mfu,
         "loss": loss,
         "warmup": args.warmup,
@@ -280,29 +338,52 @@ def run(torch, args):
         "gpu": gpu,
         "torch": torch.__version__,
         "params": n_params,
+        "bucket_cap_mb": args.bucket_cap_mb if ddp is not None else None,
     }
 
 
 def main():
     args = parse_args()
     import torch
+    import torch.distributed as dist
 
     if not args.cpu and not torch.cuda.is_available():
         sys.exit("torch_gpt2.py: no CUDA device (use --cpu --model tiny to check the script)")
+    world, rank, local_rank = launch_env()
+    if args.cpu:
+        device = torch.device("cpu")
+    else:
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    if world > 1:
+        if args.cpu:
+            dist.init_process_group("gloo")
+        else:
+            dist.init_process_group("nccl", device_id=device)
     row = {"impl": "pytorch", "mode": "compile" if args.compile else "eager", "model": args.model,
-           "micro_batch": args.micro_batch, "K": args.k, "seq_len": args.seq_len}
+           "world_size": world, "micro_batch": args.micro_batch, "K": args.k,
+           "seq_len": args.seq_len}
     status = 0
     try:
-        row = run(torch, args)
+        row = run(torch, args, world, rank, device)
     except torch.cuda.OutOfMemoryError:
-        row.update(error="out of memory",
-                   gpu="cpu" if args.cpu else torch.cuda.get_device_name())
+        # Printed by the rank that ran out (torchrun then stops the others).
+        row.update(error="out of memory", rank=rank,
+                   gpu="cpu" if args.cpu else torch.cuda.get_device_name(device))
         status = 3
-    line = json.dumps(row)
-    print(line, flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(line + "\n")
+    if rank == 0 or status != 0:
+        line = json.dumps(row)
+        print(line, flush=True)
+        if args.json and rank == 0:
+            with open(args.json, "w") as f:
+                f.write(line + "\n")
+    if status != 0 and dist.is_initialized():
+        # The other ranks may be waiting in a collective that never comes: leave
+        # without a clean shutdown (torchrun stops the rest of the group).
+        sys.stdout.flush()
+        os._exit(status)
+    if dist.is_initialized():
+        dist.destroy_process_group()
     sys.exit(status)
 
 

@@ -5,6 +5,7 @@
 #include "core/grad_mode.h"
 #include "kernels/backend.h"
 #include "kernels/fused_backend.h"
+#include "kernels/ops.h"
 
 namespace accrue::kernels {
 
@@ -56,7 +57,37 @@ Tensor as_vector(const Tensor& t, int64_t n) {
   return make_view(c, {n}, {1}, c.offset());
 }
 
+// x @ weight^T + bias as two kernels (the reference, and the fallback).
+Tensor unfused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return kernels::binary(BinaryOp::Add, kernels::matmul(x, weight.transpose(0, 1)), bias);
+}
+
 }  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  NoGradGuard no_grad;
+  const char* name = "linear";
+  check_float_pair(x, weight, name, "input", "weight");
+  check_float_pair(x, bias, name, "input", "bias");
+  ACCRUE_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), name,
+               ": input of shape ", shape_str(x.shape()), " does not match weight of shape ",
+               shape_str(weight.shape()), " (expected [N, in] and [out, in])");
+  const int64_t out_features = weight.size(0);
+  ACCRUE_CHECK(bias.shape() == Shape{out_features}, name, ": bias of shape ",
+               shape_str(bias.shape()), " does not match weight of shape ",
+               shape_str(weight.shape()), " (expected [", out_features, "])");
+  if (x.device().is_cpu()) return unfused_linear(x, weight, bias);
+#ifdef ACCRUE_WITH_CUDA
+  Tensor out = empty({x.size(0), out_features}, x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  // See Note [Bias epilogue] (kernels/cuda/matmul.cu).
+  const Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
+  if (cuda::gemm_bias(xc, wc, bc, out)) return out;
+  return unfused_linear(xc, wc, bc);
+#else
+  ACCRUE_FAIL(name, ": a CUDA tensor, but accrue was built without CUDA");
+#endif
+}
 
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                    Tensor* pre_activation) {

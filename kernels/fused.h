@@ -1,10 +1,17 @@
-// Fusions for transformer blocks, without autograd: bias + GELU in the GEMM's
-// epilogue, and the residual add fused with the LayerNorm that follows it.
+// Fusions for transformer blocks, without autograd: the bias (+ GELU) in the
+// GEMM's epilogue, and the residual add fused with the LayerNorm that follows it.
 #pragma once
 
 #include "core/tensor.h"
 
 namespace accrue::kernels {
+
+// y = x @ weight^T + bias for x [N, in], weight [out, in], bias [out], one
+// dtype. On the CPU it is kernels::matmul then kernels::binary(Add), bit for
+// bit. On CUDA bf16/f16/f32 it is one cuBLASLt GEMM with the BIAS epilogue,
+// which rounds once instead of twice (Note [Bias epilogue] in
+// kernels/cuda/matmul.cu); elsewhere matmul then add.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // y = gelu(x @ weight^T + bias) for x [N, in], weight [out, in], bias [out]
 // (GELU's tanh approximation). On CUDA bf16/f16/f32 it is one cuBLASLt GEMM

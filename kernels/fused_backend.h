@@ -29,6 +29,12 @@ namespace cuda {
 // bias_gelu.
 bool gemm_bias_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
                     const Tensor& out);
+// out = x @ weight^T + bias as one GEMM with the bias epilogue of Note [Bias
+// epilogue] (kernels/cuda/matmul.cu); x [N, in], weight [out, in], bias [out],
+// out [N, out], one dtype. Returns false, having launched nothing, when
+// cuBLASLt cannot run it (f64, in = 0, no algorithm); the caller then runs
+// matmul and add.
+bool gemm_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
 // The fallback epilogue: acc [N, out] is x @ weight^T (f32 for 16-bit pre, else
 // pre's dtype; it may be pre itself); pre = acc + bias and out = gelu(acc + bias),
 // GELU applied before rounding to pre's dtype, as the cuBLASLt epilogue does.

@@ -211,10 +211,11 @@ std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, const LtProblem& p
   return plan;
 }
 
-// A GELU-epilogue problem's plan (Note [GELU epilogue]). Its descriptor carries
-// the bias and aux pointers, which change from call to call: `launch` guards
-// them from being set until the matmul that reads them is enqueued.
-using EpilogueKey = std::array<int64_t, 11>;
+// The plan of a GEMM with a bias epilogue (Note [GELU epilogue], Note [Bias
+// epilogue]). Its descriptor carries the bias (and aux) pointers, which change
+// from call to call: `launch` guards them from being set until the matmul that
+// reads them is enqueued.
+using EpilogueKey = std::array<int64_t, 12>;
 
 struct EpiloguePlan {
   cublasLtMatmulDesc_t op = nullptr;
@@ -259,8 +260,8 @@ class LtState {
     return {base.handle, base.workspace, it->second.get()};
   }
 
-  // The same for a GELU-epilogue problem (Note [GELU epilogue]): `build(handle)`
-  // makes the plan of `key` on first use.
+  // The same for an epilogue problem (Note [GELU epilogue], Note [Bias
+  // epilogue]): `build(handle)` makes the plan of `key` on first use.
   template <class Build>
   std::pair<Resources, EpiloguePlan*> acquire_epilogue(int device, cudaStream_t stream,
                                                        const EpilogueKey& key, Build&& build) {
@@ -450,22 +451,43 @@ void gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& out, double alph
 // algorithm) gemm_bias_gelu returns false and linear_gelu runs the plain GEMM
 // (into fp32 for 16-bit inputs, the epilogue's accumulator) and bias_gelu
 // (kernels/cuda/fused.cu), which applies GELU before rounding, like the epilogue.
+//
+// Note [Bias epilogue]
+// ~~~~~~~~~~~~~~~~~~~~
+// kernels::linear on CUDA is one cuBLASLt matmul with CUBLASLT_EPILOGUE_BIAS,
+// laid out as in Note [GELU epilogue]: D is our out [N, out], the bias has D's
+// row count (out) and is packed (contiguous), and its elements have D's dtype
+// (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE's default), as cublasLt.h requires.
+// There is no aux buffer, so no rule on out's size: an out that no algorithm
+// takes is declined by the heuristic. The bias is added to the fp32
+// accumulator and the sum is rounded once to the output dtype, where
+// matmul-then-add rounds twice (the product to the dtype, then the sum): for
+// bf16/f16 the fused result is slightly more accurate and may differ from the
+// unfused one in the last bit, so the tests compare with dtype tolerances.
+// (For f32 both round once; they may still differ by the algorithm the
+// heuristic picks.) f32 stays true fp32 unless allow_tf32(). Where the
+// epilogue cannot run (f64, K = 0, no algorithm) gemm_bias returns false and
+// kernels::linear runs matmul then add.
 
 namespace {
 
 struct EpilogueProblem {
   int device = 0;
+  cublasLtEpilogue_t epilogue{};
   cudaDataType_t type{};
   cublasComputeType_t compute{};
   int64_t n = 0, in = 0, out = 0;  // x [n, in], weight [out, in]
   const void* x = nullptr;
   const void* weight = nullptr;
   const void* bias = nullptr;
-  void* pre = nullptr;
+  void* pre = nullptr;  // the aux buffer, GELU_AUX_BIAS only
   void* y = nullptr;
+
+  bool has_aux() const { return epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
 
   EpilogueKey key() const {
     return {device,
+            epilogue,
             type,
             compute,
             n,
@@ -487,7 +509,7 @@ bool set_desc_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t att
 
 bool set_epilogue_pointers(const EpiloguePlan& plan, const EpilogueProblem& p) {
   return set_desc_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias) &&
-         set_desc_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.pre);
+         (!p.has_aux() || set_desc_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.pre));
 }
 
 // The plan of one epilogue problem. Anything cuBLASLt refuses leaves it
@@ -500,13 +522,13 @@ std::unique_ptr<EpiloguePlan> build_epilogue_plan(cublasLtHandle_t handle,
   plan->b = make_layout(p.type, p.in, p.n, p.in, 1, 0);
   plan->c = make_layout(p.type, p.out, p.n, p.out, 1, 0);
   const int32_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
-  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   const int64_t aux_ld = p.out;
-  bool ok = set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, transa) &&
-            set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, transb) &&
-            set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue) &&
-            set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld) &&
-            set_epilogue_pointers(*plan, p);
+  bool ok =
+      set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, transa) &&
+      set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, transb) &&
+      set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, p.epilogue) &&
+      (!p.has_aux() || set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld)) &&
+      set_epilogue_pointers(*plan, p);
   if (!ok) return plan;
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -535,42 +557,44 @@ std::unique_ptr<EpiloguePlan> build_epilogue_plan(cublasLtHandle_t handle,
   return plan;
 }
 
-}  // namespace
-
-bool gemm_bias_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
-                    const Tensor& out) {
+// The problem of y = epilogue(x @ weight^T + bias) on y's device, or false
+// when no epilogue can take it (a dtype cuBLASLt has no epilogue for here, K
+// = 0, sizes beyond 32 bits).
+bool describe_epilogue(cublasLtEpilogue_t epilogue, const Tensor& x, const Tensor& weight,
+                       const Tensor& bias, const Tensor& y, EpilogueProblem* p) {
   const DType dtype = x.dtype();
   if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) return false;
   const int64_t n = x.size(0), in = x.size(1), out_features = weight.size(0);
   constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-  if (in == 0 || out_features % 8 != 0 || n > kInt32Max || in > kInt32Max ||
-      out_features > kInt32Max)
-    return false;
-
-  const int dev = out.device().index;
-  cu::DeviceScope scope(dev);
-  cudaStream_t stream = cu::stream_for(dev);
-  EpilogueProblem p;
-  p.device = dev;
-  p.type = cuda_data_type(dtype);
-  p.compute =
+  if (in == 0 || n > kInt32Max || in > kInt32Max || out_features > kInt32Max) return false;
+  p->device = y.device().index;
+  p->epilogue = epilogue;
+  p->type = cuda_data_type(dtype);
+  p->compute =
       dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  p.n = n;
-  p.in = in;
-  p.out = out_features;
-  p.x = x.data_ptr();
-  p.weight = weight.data_ptr();
-  p.bias = bias.data_ptr();
-  p.pre = pre.data_ptr();
-  p.y = out.data_ptr();
+  p->n = n;
+  p->in = in;
+  p->out = out_features;
+  p->x = x.data_ptr();
+  p->weight = weight.data_ptr();
+  p->bias = bias.data_ptr();
+  p->y = y.data_ptr();
+  return true;
+}
+
+// Runs p's matmul on the current stream of p's device; false, having launched
+// nothing, when cuBLASLt offers or accepts no algorithm for it.
+bool run_epilogue(const EpilogueProblem& p, const char* name) {
+  cu::DeviceScope scope(p.device);
+  cudaStream_t stream = cu::stream_for(p.device);
   auto [r, plan] = LtState::instance().acquire_epilogue(
-      dev, stream, p.key(),
+      p.device, stream, p.key(),
       [&](cublasLtHandle_t handle) { return build_epilogue_plan(handle, p); });
 
   std::lock_guard<std::mutex> lock(plan->launch);
   if (!plan->usable) return false;
-  ACCRUE_CHECK(set_epilogue_pointers(*plan, p),
-               "linear_gelu: cuBLASLt refused the bias/aux pointers of a GELU epilogue");
+  ACCRUE_CHECK(set_epilogue_pointers(*plan, p), name,
+               ": cuBLASLt refused the epilogue pointers of a cached plan");
   const float alpha = 1.0f, beta = 0.0f;
   const cublasStatus_t s =
       cublasLtMatmul(r.handle, plan->op, &alpha, p.weight, plan->a, p.x, plan->b, &beta, p.y,
@@ -583,6 +607,24 @@ bool gemm_bias_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   }
   ACCRUE_CUBLAS_CHECK(s);
   return true;
+}
+
+}  // namespace
+
+bool gemm_bias_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
+                    const Tensor& out) {
+  // The aux buffer's leading dimension must be a multiple of 8.
+  if (weight.size(0) % 8 != 0) return false;
+  EpilogueProblem p;
+  if (!describe_epilogue(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, x, weight, bias, out, &p)) return false;
+  p.pre = pre.data_ptr();
+  return run_epilogue(p, "linear_gelu");
+}
+
+bool gemm_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
+  EpilogueProblem p;
+  if (!describe_epilogue(CUBLASLT_EPILOGUE_BIAS, x, weight, bias, out, &p)) return false;
+  return run_epilogue(p, "linear");
 }
 
 }  // namespace accrue::kernels::cuda

@@ -1,5 +1,5 @@
 // The CPU reference of the transformer kernels: dropout (kernels/dropout.h),
-// linear + bias + GELU and the residual add fused with LayerNorm
+// linear + bias (+ GELU) and the residual add fused with LayerNorm
 // (kernels/fused.h), against plain computations written here and the unfused
 // kernels they replace.
 #include <gmock/gmock.h>
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/ops.h"
 #include "core/random.h"
 #include "kernels/dropout.h"
 #include "kernels/fused.h"
@@ -245,6 +246,80 @@ TEST(CpuLinearGelu, bad_inputs_throw_naming_op_and_shapes) {
   EXPECT_ERROR(
       kernels::gelu_backward(test::random_normal({3}), test::random_normal({3}, DType::f64)),
       "gelu_backward", "f32", "f64");
+}
+
+// ---- linear (the bias epilogue's CPU side)
+// -------------------------------------------------------
+
+Tensor matmul_then_add(const Tensor& x, const Tensor& w, const Tensor& b) {
+  return kernels::binary(kernels::BinaryOp::Add, kernels::matmul(x, w.transpose(0, 1)), b);
+}
+
+TEST(CpuLinear, equals_matmul_then_add_bit_for_bit_in_every_dtype) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_normal({9, 24}, dt);
+    const Tensor w = test::random_normal({40, 24}, dt, Device::cpu(), 0.2);
+    const Tensor b = test::random_normal({40}, dt);
+    const Tensor y = kernels::linear(x, w, b);
+    EXPECT_EQ(y.shape(), (Shape{9, 40}));
+    EXPECT_EQ(y.dtype(), dt);
+    EXPECT_TRUE(all_equal(y, matmul_then_add(x, w, b)));
+  }
+}
+
+TEST(CpuLinear, f64_matches_a_plain_computation) {
+  const Tensor x = test::random_normal({7, 6}, DType::f64);
+  const Tensor w = test::random_normal({5, 6}, DType::f64);
+  const Tensor b = test::random_normal({5}, DType::f64);
+  EXPECT_TRUE(all_close(kernels::linear(x, w, b),
+                        from_vector(plain_linear(x, w, b), {7, 5}, DType::f64), 1e-13, 1e-13));
+}
+
+TEST(CpuLinear, strided_inputs_empty_batch_and_empty_inner_dim) {
+  const Tensor x = test::random_normal({8, 5});
+  const Tensor w = test::random_normal({8, 3});
+  const Tensor b = test::random_normal({3});
+  const Tensor xt = x.transpose(0, 1), wt = w.transpose(0, 1);
+  EXPECT_TRUE(
+      all_equal(kernels::linear(xt, wt, b), kernels::linear(xt.contiguous(), wt.contiguous(), b)));
+  EXPECT_EQ(kernels::linear(empty({0, 8}), wt.contiguous(), b).shape(), (Shape{0, 3}));
+  // in == 0: the product is empty, every row is the bias.
+  EXPECT_TRUE(all_equal(kernels::linear(empty({2, 0}), empty({3, 0}), b),
+                        b.unsqueeze(0).expand({2, 3}).contiguous()));
+}
+
+TEST(CpuLinear, autograd_linear_forward_is_still_matmul_then_add) {
+  // Linear with a bias now runs kernels::linear: on the CPU, the same bits as before.
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_normal({2, 3, 16}, dt);
+    const Tensor w = test::random_normal({8, 16}, dt, Device::cpu(), 0.25);
+    const Tensor b = test::random_normal({8}, dt);
+    const Tensor y = linear(x, w, b);
+    EXPECT_EQ(y.shape(), (Shape{2, 3, 8}));
+    EXPECT_TRUE(all_equal(y, matmul_then_add(x.reshape({6, 16}), w, b).reshape({2, 3, 8})));
+    EXPECT_TRUE(
+        all_equal(linear(x, w, Tensor()),
+                  kernels::matmul(x.reshape({6, 16}), w.transpose(0, 1)).reshape({2, 3, 8})));
+  }
+}
+
+TEST(CpuLinear, bad_inputs_throw_naming_op_and_shapes) {
+  const Tensor x = test::random_normal({4, 6});
+  const Tensor w = test::random_normal({5, 6});
+  const Tensor b = test::random_normal({5});
+  EXPECT_ERROR(kernels::linear(x, test::random_normal({5, 7}), b), "linear", "[4, 6]", "[5, 7]");
+  EXPECT_ERROR(kernels::linear(x.unsqueeze(0), w, b), "linear", "[1, 4, 6]");
+  EXPECT_ERROR(kernels::linear(x, w, test::random_normal({6})), "linear", "bias", "[6]", "[5]");
+  EXPECT_ERROR(kernels::linear(x, w, Tensor()), "linear", "bias", "undefined");
+  EXPECT_ERROR(kernels::linear(Tensor(), w, b), "linear", "input", "undefined");
+  EXPECT_ERROR(kernels::linear(x, w.to(DType::bf16), b), "linear", "weight", "f32", "bf16");
+  EXPECT_ERROR(kernels::linear(x, w, b.to(DType::f16)), "linear", "bias", "f32", "f16");
+  EXPECT_ERROR(kernels::linear(x.to(DType::i64), w.to(DType::i64), b.to(DType::i64)), "linear",
+               "i64");
+  // Through autograd, a bias of another dtype is reported by linear too.
+  EXPECT_ERROR(linear(x, w, b.to(DType::f64)), "linear", "bias", "f32", "f64");
 }
 
 // ---- residual + layer norm ---------------------------------------------------------------------

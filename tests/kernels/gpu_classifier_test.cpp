@@ -1,12 +1,16 @@
 // The fused classifier's CUDA path (Note [Fused classifier]) against the CPU
 // reference on the same inputs: f32 with TF32 off tightly, bf16/f16 from the
 // same rounded inputs with tolerances by dtype; sum, count (exact), dlogits,
-// and dh / dW through autograd with and without a gradient-arena slot. Last,
-// a GPT-2 sized vocabulary (50257 classes padded to 50304) in bf16.
+// and dh / dW through autograd with and without a gradient-arena slot; the
+// row kernel's layouts (Note [Classifier row kernel]): widths that are not a
+// multiple of its 16-byte packs, rows starting off a 16-byte boundary, rows
+// wider than its register cache. Last, a GPT-2 sized vocabulary (50257
+// classes padded to 50304) in bf16.
 #include <gmock/gmock.h>
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -16,6 +20,9 @@
 #include "autograd/variable.h"
 #include "core/allocator.h"
 #include "kernels/classifier.h"
+#ifdef ACCRUE_WITH_CUDA
+#include "kernels/classifier_backend.h"
+#endif
 #include "kernels/ops.h"
 #include "tests/test_util.h"
 
@@ -187,6 +194,103 @@ TEST(GpuClassifier, out_of_range_target_throws_or_shows_as_nan_without_checks) {
   EXPECT_TRUE(std::isnan(out.sum.item()));
   EXPECT_EQ(out.count.item(), 3.0);
 }
+
+// ---- the row kernel's layouts ---------------------------------------------------------
+
+// The forward on the GPU against the CPU on the same inputs: count exactly,
+// the sum and dlogits within the dtype's tolerance, the zeros exactly, and a
+// second run bit for bit.
+void expect_forward_matches_cpu(DType dt, int64_t n, int64_t d, int64_t padded, int64_t valid) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + " padded " + std::to_string(padded) + " valid " +
+               std::to_string(valid));
+  const int64_t ignore = -100;
+  const Tensor h = test::random_normal({n, d}, dt);
+  const Tensor w = test::random_normal({padded, d}, dt, kCpu, 0.5);
+  const Tensor t = some_ignored_targets(n, valid, ignore, DType::i64);
+  const kernels::ClassifierOutput cpu = kernels::classifier_forward(h, w, t, valid, ignore);
+  const Tensor h_gpu = h.to(kGpu), w_gpu = w.to(kGpu), t_gpu = t.to(kGpu);
+  const kernels::ClassifierOutput gpu =
+      kernels::classifier_forward(h_gpu, w_gpu, t_gpu, valid, ignore);
+  EXPECT_EQ(gpu.count.item(), cpu.count.item());
+  // 16-bit logits round to the same values except at rare ties (see above).
+  const double sum_rtol = dt == DType::f64 ? 1e-10 : dt == DType::f32 ? 1e-5 : 1e-4;
+  EXPECT_TRUE(near_scalar(gpu.sum, cpu.sum, sum_rtol));
+  EXPECT_TRUE(close(on_cpu(gpu.dlogits), cpu.dlogits, test::normalized_tolerance(dt)));
+  EXPECT_TRUE(zero_where_required(gpu.dlogits, t, valid, ignore));
+  const kernels::ClassifierOutput again =
+      kernels::classifier_forward(h_gpu, w_gpu, t_gpu, valid, ignore);
+  EXPECT_EQ(again.sum.item(), gpu.sum.item());
+  EXPECT_TRUE(test::all_equal(on_cpu(again.dlogits), on_cpu(gpu.dlogits)));
+}
+
+// Widths that are not a multiple of a 16-byte pack (8 bf16/f16, 4 f32, 2
+// f64): most rows start misaligned and have a scalar head and tail, some rows
+// are narrower than one pack, and the padding starts anywhere in a row.
+TEST(GpuClassifier, widths_not_a_multiple_of_the_pack_match_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  const std::vector<std::pair<int64_t, int64_t>> widths = {{3, 2},   {7, 7},   {9, 5},
+                                                           {13, 11}, {33, 30}, {1003, 997}};
+  for (DType dt : {DType::bf16, DType::f16, DType::f32, DType::f64})
+    for (const auto& [padded, valid] : widths)
+      expect_forward_matches_cpu(dt, 37, 16, padded, valid);
+}
+
+// Rows wider than the packs each thread keeps in registers (1024 x 7 packs:
+// 57344 bf16/f16 or 28672 f32 columns; 512 x 4 packs: 4096 f64 columns): the
+// packs past them are read twice. Odd widths, so misaligned rows too.
+TEST(GpuClassifier, rows_wider_than_the_register_cache_match_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  expect_forward_matches_cpu(DType::bf16, 5, 16, 60007, 60001);
+  expect_forward_matches_cpu(DType::f16, 5, 16, 58000, 57990);
+  expect_forward_matches_cpu(DType::f32, 5, 16, 30001, 29999);
+  expect_forward_matches_cpu(DType::f64, 5, 16, 5001, 4999);
+}
+
+#ifdef ACCRUE_WITH_CUDA
+// Rows of a width that is a multiple of every pack, viewed one element into
+// their buffer: every row starts off a 16-byte boundary, so it has a scalar
+// head and tail around its packs. Only the backend can be given such a view
+// (the forward's dlogits buffer is aligned). The CUDA rows match the CPU's,
+// an ignored row is 0, a row with an out-of-range target (unchecked here) is
+// NaN over the valid columns, and nothing outside the view is written.
+TEST(GpuClassifier, rows_starting_off_a_16_byte_boundary_match_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  const int64_t rows = 6, cols = 1024, valid = 1000, ignore = -100;
+  // Row 0's target lies in the head of a 2-byte row, row 3's in its first
+  // column, row 2's in the last valid one; row 4's is out of range.
+  const Tensor targets = from_vector<int64_t>({5, ignore, 999, 0, 1000, 512}, {rows}, DType::i64);
+  for (DType dt : {DType::bf16, DType::f16, DType::f32, DType::f64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const DType loss_dtype = dt == DType::f64 ? DType::f64 : DType::f32;
+    const Tensor buffer = test::random_normal({rows * cols + 2}, dt, kCpu, 3.0);
+    const Tensor cpu = buffer.clone(), gpu = buffer.to(kGpu);
+    const Tensor cpu_loss = empty({rows}, loss_dtype), gpu_loss = empty({rows}, loss_dtype, kGpu);
+    kernels::cpu::classifier_rows(cpu.narrow(0, 1, rows * cols).view({rows, cols}), targets, valid,
+                                  ignore, cpu_loss);
+    kernels::cuda::classifier_rows(gpu.narrow(0, 1, rows * cols).view({rows, cols}),
+                                   targets.to(kGpu), valid, ignore, gpu_loss);
+    const Tensor got = on_cpu(gpu), got_loss = on_cpu(gpu_loss);
+    EXPECT_TRUE(test::all_equal(got.narrow(0, 0, 1), buffer.narrow(0, 0, 1)));
+    EXPECT_TRUE(
+        test::all_equal(got.narrow(0, rows * cols + 1, 1), buffer.narrow(0, rows * cols + 1, 1)));
+    auto row = [&](const Tensor& t, int64_t r) { return t.narrow(0, 1 + r * cols, cols); };
+    for (int64_t r : {0, 2, 3, 5}) {
+      SCOPED_TRACE("row " + std::to_string(r));
+      EXPECT_TRUE(close(row(got, r), row(cpu, r), test::normalized_tolerance(dt)));
+      EXPECT_TRUE(near_scalar(got_loss.narrow(0, r, 1), cpu_loss.narrow(0, r, 1),
+                              dt == DType::f64 ? 1e-12 : 1e-5));
+    }
+    EXPECT_TRUE(test::all_equal(row(got, 1), zeros({cols}, dt)));
+    EXPECT_EQ(got_loss.narrow(0, 1, 1).item(), 0.0);
+    const std::vector<double> bad = row(got, 4).to_vector<double>();
+    for (int64_t c = 0; c < cols; ++c)
+      ASSERT_TRUE(c < valid ? std::isnan(bad[c]) : bad[c] == 0.0) << "column " << c;
+    EXPECT_TRUE(std::isnan(got_loss.narrow(0, 4, 1).item()));
+  }
+}
+#endif
 
 // ---- backward -----------------------------------------------------------------------
 

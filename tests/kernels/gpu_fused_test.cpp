@@ -1,7 +1,8 @@
 // The CUDA transformer kernels against the CPU reference, on fresh random
 // inputs: dropout bit for bit (one Philox mask for both devices), linear +
-// bias + GELU through the cuBLASLt epilogue and its fallback (Note [GELU
-// epilogue]), and the residual add fused with LayerNorm.
+// bias + GELU and linear + bias through the cuBLASLt epilogues and their
+// fallbacks (Note [GELU epilogue], Note [Bias epilogue]), and the residual add
+// fused with LayerNorm.
 #include <gmock/gmock.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "autograd/engine.h"
+#include "autograd/ops.h"
 #include "autograd/transformer_ops.h"
 #include "autograd/variable.h"
 #include "kernels/dropout.h"
@@ -217,6 +219,184 @@ TEST(GpuLinearGelu, cublaslt_epilogue_runs_where_supported) {
 }
 #endif
 
+// ---- linear: the bias in the GEMM epilogue ---------------------------------------------------
+
+// The forward of kernels::linear, and the autograd Linear's forward and
+// backward (dx, dW, db), on the GPU against the CPU. The CUDA result rounds
+// x W^T + b once, the CPU's twice (Note [Bias epilogue]): dtype tolerances.
+void expect_linear_matches_cpu(const LinearGeluInputs& in, double tol) {
+  const Tensor y_cpu = kernels::linear(in.x, in.w, in.b);
+  const Tensor y_gpu = kernels::linear(in.x.to(kGpu), in.w.to(kGpu), in.b.to(kGpu));
+  EXPECT_EQ(y_gpu.shape(), y_cpu.shape());
+  EXPECT_EQ(y_gpu.dtype(), y_cpu.dtype());
+  EXPECT_TRUE(close(y_gpu, y_cpu, tol)) << "kernels::linear";
+
+  const Tensor g = test::random_normal(y_cpu.shape(), y_cpu.dtype());
+  auto run = [&](Device device) {
+    const Tensor x = fresh_leaf(in.x, device), w = fresh_leaf(in.w, device),
+                 b = fresh_leaf(in.b, device);
+    const Tensor y = linear(x, w, b);
+    backward(y, g.to(device));
+    return std::vector<Tensor>{y, grad(x), grad(w), grad(b)};
+  };
+  const std::vector<Tensor> expected = run(kCpu), actual = run(kGpu);
+  const char* names[] = {"autograd output", "dx", "dweight", "dbias"};
+  for (int i = 0; i < 4; ++i)
+    EXPECT_TRUE(close(actual[i], expected[i], tol)) << names[i];
+}
+
+TEST(GpuLinear, gpt2_qkv_shape_f32_true_fp32_bf16_and_f16_match_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    // GPT-2 small's attention input projection: 768 -> 2304, 512 tokens.
+    // TF32 would miss the f32 tolerance by orders of magnitude.
+    expect_linear_matches_cpu(make_inputs(512, 768, 2304, dt), test::normalized_tolerance(dt));
+  }
+}
+
+TEST(GpuLinear, odd_shapes_f64_and_the_fallback_match_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  struct Case {
+    int64_t n, in, out;
+  };
+  // Odd out-features and leading dimensions (the heuristic may decline them:
+  // then matmul + add runs), in = 1, and f64 (always the fallback).
+  const Case cases[] = {{37, 24, 40}, {37, 24, 36}, {1, 7, 3},
+                        {5, 1, 16},   {300, 64, 8}, {33, 17, 5}};
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " N=" + std::to_string(c.n) +
+                   " in=" + std::to_string(c.in) + " out=" + std::to_string(c.out));
+      expect_linear_matches_cpu(make_inputs(c.n, c.in, c.out, dt), test::normalized_tolerance(dt));
+    }
+  }
+  // in = 0: every row is the bias. N = 0: an empty [0, out].
+  const Tensor b = test::random_normal({3}, DType::bf16);
+  const Tensor y = kernels::linear(empty({2, 0}, DType::bf16, kGpu),
+                                   empty({3, 0}, DType::bf16, kGpu), b.to(kGpu));
+  EXPECT_TRUE(test::all_equal(on_cpu(y), b.unsqueeze(0).expand({2, 3}).contiguous()));
+  const Tensor none = kernels::linear(empty({0, 8}, DType::bf16, kGpu),
+                                      test::random_normal({3, 8}, DType::bf16, kGpu), b.to(kGpu));
+  EXPECT_EQ(none.shape(), (Shape{0, 3}));
+}
+
+TEST(GpuLinear, three_d_input_through_autograd_matches_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  const LinearGeluInputs in = make_inputs(4 * 64, 768, 768, DType::bf16);
+  const Tensor x3 = in.x.reshape({4, 64, 768});
+  const Tensor g = test::random_normal({4, 64, 768}, DType::bf16);
+  auto run = [&](Device device) {
+    const Tensor x = fresh_leaf(x3, device), w = fresh_leaf(in.w, device),
+                 b = fresh_leaf(in.b, device);
+    const Tensor y = linear(x, w, b);
+    EXPECT_EQ(y.shape(), (Shape{4, 64, 768}));
+    backward(y, g.to(device));
+    return std::vector<Tensor>{y, grad(x), grad(w), grad(b)};
+  };
+  const std::vector<Tensor> expected = run(kCpu), actual = run(kGpu);
+  for (size_t i = 0; i < expected.size(); ++i)
+    EXPECT_TRUE(close(actual[i], expected[i], test::normalized_tolerance(DType::bf16)))
+        << "result " << i;
+}
+
+TEST(GpuLinear, misaligned_bias_strided_operands_and_tf32_still_match) {
+  ACCRUE_REQUIRE_CUDA();
+  const double tol = test::normalized_tolerance(DType::bf16);
+  const LinearGeluInputs in = make_inputs(64, 96, 128, DType::bf16);
+  const Tensor y_cpu = kernels::linear(in.x, in.w, in.b);
+  // A bias one element into its buffer: 2-byte aligned, which the heuristic
+  // is told through the bias pointer (the plan key has that alignment).
+  const Tensor buffer = empty({129}, DType::bf16, kGpu);
+  const Tensor bias = make_view(buffer, {128}, {1}, buffer.offset() + 1);
+  bias.copy_(in.b.to(kGpu));
+  EXPECT_TRUE(close(kernels::linear(in.x.to(kGpu), in.w.to(kGpu), bias), y_cpu, tol));
+  // Transposed views of the input and the weight (copied for the epilogue GEMM).
+  const Tensor xt = in.x.to(kGpu).transpose(0, 1).contiguous().transpose(0, 1);
+  const Tensor wt = in.w.to(kGpu).transpose(0, 1).contiguous().transpose(0, 1);
+  EXPECT_TRUE(close(kernels::linear(xt, wt, in.b.to(kGpu)), y_cpu, tol));
+  // f32 follows allow_tf32(): with TF32 the result changes and stays within
+  // TF32's precision; without it, it is true fp32.
+  const LinearGeluInputs f = make_inputs(256, 768, 256, DType::f32);
+  const Tensor f_cpu = kernels::linear(f.x, f.w, f.b);
+  Tensor fp32, tf32;
+  {
+    Tf32Scope scope(false);
+    fp32 = kernels::linear(f.x.to(kGpu), f.w.to(kGpu), f.b.to(kGpu));
+  }
+  {
+    Tf32Scope scope(true);
+    tf32 = kernels::linear(f.x.to(kGpu), f.w.to(kGpu), f.b.to(kGpu));
+  }
+  EXPECT_TRUE(close(fp32, f_cpu, test::normalized_tolerance(DType::f32)));
+  EXPECT_TRUE(close(tf32, f_cpu, 5e-3));
+  EXPECT_FALSE(test::all_equal(on_cpu(tf32), on_cpu(fp32)));
+}
+
+#ifdef ACCRUE_WITH_CUDA
+// The epilogue itself runs for GPT-2's biased Linears (so the tests above
+// cover it, not only the fallback), kernels::linear takes it, and it declines
+// what it cannot run.
+TEST(GpuLinear, cublaslt_bias_epilogue_runs_where_supported) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  auto run = [](const LinearGeluInputs& in, Tensor* out) {
+    *out = empty({in.x.size(0), in.w.size(0)}, in.x.dtype(), kGpu);
+    return kernels::cuda::gemm_bias(in.x.to(kGpu), in.w.to(kGpu), in.b.to(kGpu), *out);
+  };
+  struct Case {
+    int64_t n, in, out;
+  };
+  // Attention input and output projections, the MLP's output projection.
+  const Case cases[] = {{512, 768, 2304}, {128, 768, 768}, {128, 3072, 768}};
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " N=" + std::to_string(c.n) +
+                   " in=" + std::to_string(c.in) + " out=" + std::to_string(c.out));
+      const LinearGeluInputs in = make_inputs(c.n, c.in, c.out, dt);
+      Tensor out;
+      ASSERT_TRUE(run(in, &out));
+      EXPECT_TRUE(close(out, kernels::linear(in.x, in.w, in.b), test::normalized_tolerance(dt)));
+      // Twice: the cached plan with new pointers gives the same bits.
+      Tensor again;
+      ASSERT_TRUE(run(in, &again));
+      EXPECT_TRUE(test::all_equal(on_cpu(again), on_cpu(out)));
+      // kernels::linear runs the same plan: the same bits.
+      EXPECT_TRUE(test::all_equal(
+          on_cpu(kernels::linear(in.x.to(kGpu), in.w.to(kGpu), in.b.to(kGpu))), on_cpu(out)));
+    }
+  }
+  Tensor out;
+  EXPECT_FALSE(run(make_inputs(8, 16, 32, DType::f64), &out));  // no f64 epilogue
+  const LinearGeluInputs empty_inner{empty({4, 0}, DType::bf16), empty({8, 0}, DType::bf16),
+                                     test::random_normal({8}, DType::bf16)};
+  EXPECT_FALSE(run(empty_inner, &out));  // K = 0
+}
+
+// Rounding once (the epilogue) is more accurate than rounding the product and
+// then the sum (matmul then add) against the f64 result, see Note [Bias epilogue].
+TEST(GpuLinear, the_epilogue_rounds_once_and_is_closer_to_f64_than_matmul_then_add) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const LinearGeluInputs in = make_inputs(128, 768, 2304, dt);
+    const Tensor exact =
+        kernels::linear(in.x.to(DType::f64), in.w.to(DType::f64), in.b.to(DType::f64));
+    const Tensor x = in.x.to(kGpu), w = in.w.to(kGpu), b = in.b.to(kGpu);
+    Tensor fused = empty({128, 2304}, dt, kGpu);
+    ASSERT_TRUE(kernels::cuda::gemm_bias(x, w, b, fused));
+    const Tensor unfused =
+        kernels::binary(kernels::BinaryOp::Add, kernels::matmul(x, w.transpose(0, 1)), b);
+    const double err_fused = test::relative_error(on_cpu(fused).to(DType::f64), exact);
+    const double err_unfused = test::relative_error(on_cpu(unfused).to(DType::f64), exact);
+    EXPECT_LT(err_fused, err_unfused);
+    EXPECT_LT(err_fused, test::normalized_tolerance(dt));
+  }
+}
+#endif
+
 // ---- residual + layer norm -------------------------------------------------------------------
 
 TEST(GpuResidualLayerNorm, matches_cpu_for_gpt2_widths_and_odd_rows) {
@@ -309,6 +489,11 @@ TEST(GpuFused, inputs_on_two_devices_are_errors) {
   EXPECT_ERROR(
       kernels::linear_gelu(x, test::random_normal({3, 8}), test::random_normal({3}), nullptr),
       "linear_gelu", "cuda", "cpu");
+  EXPECT_ERROR(kernels::linear(x, test::random_normal({3, 8}), test::random_normal({3})), "linear",
+               "cuda", "cpu");
+  EXPECT_ERROR(
+      kernels::linear(x, test::random_normal({3, 8}, DType::f32, kGpu), test::random_normal({3})),
+      "linear", "bias", "cuda", "cpu");
 }
 
 }  // namespace
