@@ -27,6 +27,7 @@
 #include "core/cuda_types.cuh"
 #include "kernels/attention_backend.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/block_reduce.cuh"
 
 namespace accrue::kernels::cuda {
 
@@ -36,61 +37,7 @@ namespace {
 
 // ---- device helpers ---------------------------------------------------------------
 
-__device__ __forceinline__ float exp_(float x) {
-  return expf(x);
-}
-__device__ __forceinline__ double exp_(double x) {
-  return exp(x);
-}
-__device__ __forceinline__ float log_(float x) {
-  return logf(x);
-}
-__device__ __forceinline__ double log_(double x) {
-  return log(x);
-}
-
-template <class A>
-__device__ __forceinline__ A max_(A a, A b) {
-  return a > b ? a : b;
-}
-
-// Butterfly reductions over a warp: every lane ends with the same bits.
-template <class A>
-__device__ __forceinline__ A warp_sum(A v) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-template <class A>
-__device__ __forceinline__ A warp_max(A v) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = max_(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
-// Sum / max over a block whose size is a multiple of 32, returned to every
-// thread, in a fixed order. `scratch` is shared memory of 32 elements; the
-// leading barrier lets a caller reuse it right after a previous reduction.
-template <class A>
-__device__ A block_sum(A v, A* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : A(0);
-  return warp_sum(v);
-}
-template <class A>
-__device__ A block_max(A v, A* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : static_cast<A>(-INFINITY);
-  return warp_max(v);
-}
+using namespace reduce;  // exp_, log_, max_, warp/block sum and max
 
 // What every kernel needs of the masks and the dropout (Note [Attention masks]).
 struct MaskSpec {

@@ -17,6 +17,7 @@
 
 #include "core/cuda_types.cuh"
 #include "kernels/classifier_backend.h"
+#include "kernels/cuda/block_reduce.cuh"
 
 namespace accrue::kernels::cuda {
 
@@ -24,32 +25,7 @@ namespace cu = ::accrue::cuda;
 
 namespace {
 
-template <class A, class T>
-__device__ __forceinline__ A load(T v) {
-  return cu::convert<A>(v);
-}
-
-// Butterfly sum over a warp; every lane ends with the same bits (each step
-// adds the same two partials, only in swapped operand order, which is exact).
-template <class T>
-__device__ __forceinline__ T warp_sum(T v) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// Sum over a block whose size is a multiple of 32, in a fixed order, returned
-// to every thread. `scratch` is shared memory of at least 32 elements.
-template <class T>
-__device__ T block_sum(T v, T* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : T(0);
-  return warp_sum(v);
-}
+using namespace reduce;  // load, warp_sum, block_sum
 
 // ---- the row kernel -------------------------------------------------------------------
 

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "core/cuda_types.cuh"
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/elementwise_ops.cuh"
 #include "kernels/fused_backend.h"
 
@@ -36,26 +37,7 @@ __global__ void bias_gelu_kernel(const A* acc, const T* __restrict__ bias, int64
 
 // ---- residual + layer norm -------------------------------------------------------------
 
-// Butterfly sum over a warp: every lane ends with the same bits.
-template <class M>
-__device__ __forceinline__ M warp_sum(M v) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// Sum over a block whose size is a multiple of 32, returned to every thread,
-// in a fixed order. `scratch` is shared memory of at least 32 elements.
-template <class M>
-__device__ M block_sum(M v, M* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : M(0);
-  return warp_sum(v);
-}
+using namespace reduce;  // warp_sum, block_sum
 
 // Note [Residual LayerNorm kernel]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

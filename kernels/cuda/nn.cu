@@ -15,6 +15,7 @@
 
 #include "core/cuda_types.cuh"
 #include "kernels/backend.h"
+#include "kernels/cuda/block_reduce.cuh"
 
 namespace accrue::kernels::cuda {
 
@@ -24,51 +25,7 @@ namespace {
 
 // ---- shared device helpers ----------------------------------------------------
 
-__device__ __forceinline__ float exp_(float x) {
-  return expf(x);
-}
-__device__ __forceinline__ double exp_(double x) {
-  return exp(x);
-}
-__device__ __forceinline__ float log_(float x) {
-  return logf(x);
-}
-__device__ __forceinline__ double log_(double x) {
-  return log(x);
-}
-__device__ __forceinline__ float sqrt_(float x) {
-  return sqrtf(x);
-}
-__device__ __forceinline__ double sqrt_(double x) {
-  return sqrt(x);
-}
-
-template <class A, class T>
-__device__ __forceinline__ A load(T v) {
-  return cu::convert<A>(v);
-}
-
-// Butterfly sum over a warp. Every lane ends with the same bits: each step adds
-// the same two partial sums, only in swapped operand order, which is exact.
-template <class T>
-__device__ __forceinline__ T warp_sum(T v) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// Sum over a block whose size is a multiple of 32, returned to every thread,
-// in a fixed order. `scratch` is shared memory of at least 32 elements.
-template <class T>
-__device__ T block_sum(T v, T* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : T(0);
-  return warp_sum(v);
-}
+using namespace reduce;  // exp_, log_, sqrt_, load, warp_sum, block_sum
 
 // Threads for a kernel with one block per row of `cols` elements: about eight
 // elements per thread, between one warp and 512 threads.
