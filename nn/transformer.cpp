@@ -3,6 +3,9 @@
 #include <cmath>
 #include <utility>
 
+#include "core/grad_mode.h"
+#include "kernels/ops.h"
+
 namespace accrue::nn {
 
 namespace {
@@ -25,11 +28,13 @@ Tensor linear_then_gelu(const Linear& fc, const Tensor& x) {
 }  // namespace
 
 Tensor normal_parameter(const Shape& shape, double std, const ParamOptions& options) {
-  Tensor n = randn(shape, DType::f64, Device::cpu(), options.generator);
-  double* v = n.data<double>();
-  for (int64_t i = 0; i < n.numel(); ++i)
-    v[i] *= std;
-  return n.to(options.dtype).to(options.device);
+  // Drawn and scaled on the parameter's own device: Philox gives the same
+  // normals on the CPU and every GPU (Note [Philox element mapping]), and one
+  // host thread needs minutes to draw the 1.5B values of GPT-2 d48 (most of
+  // the 168 s a d48 benchmark run took with host draws, for 5 s of training).
+  NoGradGuard no_grad;
+  const Tensor n = randn(shape, DType::f64, options.device, options.generator);
+  return kernels::binary_scalar(kernels::BinaryOp::Mul, n, std).to(options.dtype);
 }
 
 std::unique_ptr<Linear> normal_linear(int64_t in_features, int64_t out_features, bool bias,
