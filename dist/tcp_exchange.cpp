@@ -13,6 +13,7 @@
 #include <chrono>
 #include <iomanip>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <system_error>
 #include <thread>
@@ -26,21 +27,8 @@ namespace accrue::dist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Note [Exchange protocol]: the wire format, little-endian, fixed size.
-constexpr uint32_t kMagic = 0x58524341;  // "ACRX"
-constexpr uint32_t kVersion = 1;
-constexpr size_t kHelloBytes = 24;  // magic, version, rank, world size, fingerprint
-constexpr size_t kReplyBytes = 24;  // magic, version, status, world size, fingerprint
-// ...then, only with status ok, the kBlobBytes blob.
-
-enum Status : uint32_t {
-  kOk = 0,
-  kWorldSizeMismatch = 1,    // this client's world size differs from rank 0's
-  kFingerprintMismatch = 2,  // this client's layout differs from rank 0's
-  kBadRank = 3,              // out of range, or two clients claim the same rank
-  kOtherRankFailed = 4,      // this client is fine; another one is not
-};
+// Note [Exchange protocol]: the wire format is in tcp_exchange.h (namespace wire).
+using namespace wire;
 
 // How long a connected peer may take to send its hello: a stray connection
 // (a port scanner, a previous job) must not block the exchange.
@@ -173,9 +161,7 @@ Clock::time_point deadline_after(double seconds) {
 struct Client {
   Fd fd;
   std::string peer;  // "ip:port"
-  uint32_t rank = 0, world_size = 0;
-  uint64_t fingerprint = 0;
-  Status status = kOk;
+  Hello hello;
 };
 
 // Dual-stack IPv6 when the host has it (a MASTER_ADDR may resolve to either
@@ -231,14 +217,101 @@ bool read_hello(Client& c, Clock::time_point deadline) {
   } catch (const Error&) {
     return false;  // a stray or dying connection: the real rank retries or times out
   }
-  if (get_u32(buf) != kMagic || get_u32(buf + 4) != kVersion) return false;
-  c.rank = get_u32(buf + 8);
-  c.world_size = get_u32(buf + 12);
-  c.fingerprint = get_u64(buf + 16);
+  const std::optional<Hello> hello = parse_hello(buf, sizeof buf);
+  if (!hello) return false;
+  c.hello = *hello;
   return true;
 }
 
 }  // namespace
+
+namespace wire {
+
+std::array<uint8_t, kHelloBytes> encode_hello(const Hello& hello) {
+  std::array<uint8_t, kHelloBytes> b{};
+  put_u32(b.data(), kMagic);
+  put_u32(b.data() + 4, kVersion);
+  put_u32(b.data() + 8, hello.rank);
+  put_u32(b.data() + 12, hello.world_size);
+  put_u64(b.data() + 16, hello.fingerprint);
+  return b;
+}
+
+std::optional<Hello> parse_hello(const uint8_t* data, size_t size) {
+  if (size != kHelloBytes || get_u32(data) != kMagic || get_u32(data + 4) != kVersion)
+    return std::nullopt;
+  return Hello{get_u32(data + 8), get_u32(data + 12), get_u64(data + 16)};
+}
+
+Verdict check_hellos(const std::vector<Hello>& hellos, const std::vector<std::string>& peers,
+                     const ExchangeOptions& rank0) {
+  check_options(rank0, "tcp exchange: check_hellos");
+  ACCRUE_CHECK(peers.size() == hellos.size(), "tcp exchange: check_hellos: ", hellos.size(),
+               " hellos but ", peers.size(), " peer names");
+  Verdict v;
+  v.status.assign(hellos.size(), kOk);
+  std::vector<int> owner(rank0.world_size, -1);
+  for (size_t i = 0; i < hellos.size(); ++i) {
+    const Hello& c = hellos[i];
+    const std::string& peer = peers[i];
+    if (c.world_size != static_cast<uint32_t>(rank0.world_size)) {
+      v.status[i] = kWorldSizeMismatch;
+      v.problems += detail::str_cat("; rank ", c.rank, " at ", peer, " has world size ",
+                                    c.world_size, " but rank 0 has ", rank0.world_size);
+    } else if (c.rank == 0 || c.rank >= c.world_size || owner[c.rank] >= 0) {
+      v.status[i] = kBadRank;
+      v.problems += detail::str_cat("; ", peer, " claims rank ", c.rank,
+                                    c.rank == 0 || c.rank >= c.world_size
+                                        ? " which is out of range"
+                                        : " which another process also claims");
+    } else if (c.fingerprint != rank0.fingerprint) {
+      v.status[i] = kFingerprintMismatch;
+      v.problems += detail::str_cat(
+          "; rank ", c.rank, " at ", peer, " registered a different parameter layout (fingerprint ",
+          hex(c.fingerprint), ", rank 0 has ", hex(rank0.fingerprint), ")");
+    }
+    if (v.status[i] != kBadRank && c.rank < owner.size()) owner[c.rank] = static_cast<int>(i);
+  }
+  return v;
+}
+
+Status reply_status(const Verdict& verdict, size_t i) {
+  return verdict.ok() ? kOk : verdict.status.at(i) != kOk ? verdict.status[i] : kOtherRankFailed;
+}
+
+std::array<uint8_t, kReplyBytes> encode_reply(Status status, const ExchangeOptions& rank0) {
+  std::array<uint8_t, kReplyBytes> b{};
+  put_u32(b.data(), kMagic);
+  put_u32(b.data() + 4, kVersion);
+  put_u32(b.data() + 8, status);
+  put_u32(b.data() + 12, static_cast<uint32_t>(rank0.world_size));
+  put_u64(b.data() + 16, rank0.fingerprint);
+  return b;
+}
+
+void check_reply(const uint8_t* data, size_t size, const ExchangeOptions& o,
+                 const std::string& peer) {
+  ACCRUE_CHECK(size == kReplyBytes, "fetch_blob: the reply of rank 0 at ", peer, " is ", size,
+               " bytes, not ", kReplyBytes);
+  ACCRUE_CHECK(get_u32(data) == kMagic && get_u32(data + 4) == kVersion, "fetch_blob: ", peer,
+               " is not an accrue exchange of version ", kVersion,
+               " (wrong port? torchrun's store is on MASTER_PORT itself)");
+  const uint32_t status = get_u32(data + 8);
+  const uint32_t world = get_u32(data + 12);
+  const uint64_t fingerprint = get_u64(data + 16);
+  ACCRUE_CHECK(status != kWorldSizeMismatch, "fetch_blob: world size mismatch: rank 0 at ", peer,
+               " has world size ", world, " but rank ", o.rank, " has ", o.world_size);
+  ACCRUE_CHECK(status != kFingerprintMismatch, "fetch_blob: parameter layout mismatch: rank 0 at ",
+               peer, " has fingerprint ", hex(fingerprint), " but rank ", o.rank, " has ",
+               hex(o.fingerprint), " (the ranks registered different parameters, shapes or order)");
+  ACCRUE_CHECK(status != kBadRank, "fetch_blob: rank 0 at ", peer, " rejected rank ", o.rank,
+               " of world size ", o.world_size, " (out of range or claimed twice)");
+  ACCRUE_CHECK(status != kOtherRankFailed, "fetch_blob: rank 0 at ", peer,
+               " aborted the exchange because another rank does not match (see rank 0's error)");
+  ACCRUE_CHECK(status == kOk, "fetch_blob: rank 0 at ", peer, " answered unknown status ", status);
+}
+
+}  // namespace wire
 
 ExchangeOptions exchange_options(const RankInfo& info, uint64_t fingerprint, int port,
                                  double timeout_s) {
@@ -288,7 +361,7 @@ void BlobServer::serve(const Blob& blob) {
                     "accepting")) {
       std::string seen;
       for (const Client& c : clients)
-        seen += detail::str_cat(" ", c.rank);
+        seen += detail::str_cat(" ", c.hello.rank);
       ACCRUE_FAIL("tcp exchange: rank 0 waited ", options_.timeout_s, " s on port ", port_, " for ",
                   expected, " ranks but only ", clients.size(),
                   " connected (ranks:", seen.empty() ? " none" : seen,
@@ -310,48 +383,28 @@ void BlobServer::serve(const Blob& blob) {
   }
 
   // 2. Check every hello before answering anyone (Note [Exchange protocol]).
-  std::vector<int> owner(options_.world_size, -1);
-  std::string problems;
-  for (size_t i = 0; i < clients.size(); ++i) {
-    Client& c = clients[i];
-    if (c.world_size != static_cast<uint32_t>(options_.world_size)) {
-      c.status = kWorldSizeMismatch;
-      problems += detail::str_cat("; rank ", c.rank, " at ", c.peer, " has world size ",
-                                  c.world_size, " but rank 0 has ", options_.world_size);
-    } else if (c.rank == 0 || c.rank >= c.world_size || owner[c.rank] >= 0) {
-      c.status = kBadRank;
-      problems += detail::str_cat("; ", c.peer, " claims rank ", c.rank,
-                                  c.rank == 0 || c.rank >= c.world_size
-                                      ? " which is out of range"
-                                      : " which another process also claims");
-    } else if (c.fingerprint != options_.fingerprint) {
-      c.status = kFingerprintMismatch;
-      problems +=
-          detail::str_cat("; rank ", c.rank, " at ", c.peer,
-                          " registered a different parameter layout (fingerprint ",
-                          hex(c.fingerprint), ", rank 0 has ", hex(options_.fingerprint), ")");
-    }
-    if (c.status != kBadRank && c.rank < owner.size()) owner[c.rank] = static_cast<int>(i);
+  std::vector<Hello> hellos;
+  std::vector<std::string> peers;
+  for (const Client& c : clients) {
+    hellos.push_back(c.hello);
+    peers.push_back(c.peer);
   }
-  const bool ok = problems.empty();
+  const Verdict verdict = check_hellos(hellos, peers, options_);
 
   // 3. Answer everyone: the blob, or why the job cannot start.
-  for (Client& c : clients) {
-    std::vector<uint8_t> reply(kReplyBytes);
-    const Status status = ok ? kOk : c.status != kOk ? c.status : kOtherRankFailed;
-    put_u32(reply.data(), kMagic);
-    put_u32(reply.data() + 4, kVersion);
-    put_u32(reply.data() + 8, status);
-    put_u32(reply.data() + 12, static_cast<uint32_t>(options_.world_size));
-    put_u64(reply.data() + 16, options_.fingerprint);
-    if (ok) reply.insert(reply.end(), blob.begin(), blob.end());
+  for (size_t i = 0; i < clients.size(); ++i) {
+    const auto header = encode_reply(reply_status(verdict, i), options_);
+    std::vector<uint8_t> reply(header.begin(), header.end());
+    if (verdict.ok()) reply.insert(reply.end(), blob.begin(), blob.end());
     try {
-      send_all(c.fd.get(), reply.data(), reply.size(), deadline, c.peer, "sending the reply");
+      send_all(clients[i].fd.get(), reply.data(), reply.size(), deadline, clients[i].peer,
+               "sending the reply");
     } catch (const Error&) {
-      if (ok) throw;  // a rank died after its hello: NCCL would wait for it forever
+      if (verdict.ok()) throw;  // a rank died after its hello: NCCL would wait for it forever
     }
   }
-  ACCRUE_CHECK(ok, "tcp exchange on port ", port_, ": the ranks do not form one job", problems);
+  ACCRUE_CHECK(verdict.ok(), "tcp exchange on port ", port_, ": the ranks do not form one job",
+               verdict.problems);
 }
 
 Blob serve_blob(const ExchangeOptions& options, const Blob& blob) {
@@ -413,33 +466,16 @@ Blob fetch_blob(const ExchangeOptions& o) {
   }
 
   // 2. Hello, then rank 0's verdict.
-  uint8_t hello[kHelloBytes];
-  put_u32(hello, kMagic);
-  put_u32(hello + 4, kVersion);
-  put_u32(hello + 8, static_cast<uint32_t>(o.rank));
-  put_u32(hello + 12, static_cast<uint32_t>(o.world_size));
-  put_u64(hello + 16, o.fingerprint);
-  send_all(fd.get(), hello, sizeof hello, deadline, "rank 0 at " + peer, "sending the hello");
+  const auto hello = encode_hello(
+      Hello{static_cast<uint32_t>(o.rank), static_cast<uint32_t>(o.world_size), o.fingerprint});
+  send_all(fd.get(), hello.data(), hello.size(), deadline, "rank 0 at " + peer,
+           "sending the hello");
 
   uint8_t reply[kReplyBytes];
-  recv_all(fd.get(), reply, sizeof reply, deadline, "rank 0 at " + peer,
-           "waiting for the reply (rank 0 waits for every rank first)");
-  ACCRUE_CHECK(get_u32(reply) == kMagic && get_u32(reply + 4) == kVersion, "fetch_blob: ", peer,
-               " is not an accrue exchange of version ", kVersion,
-               " (wrong port? torchrun's store is on MASTER_PORT itself)");
-  const uint32_t status = get_u32(reply + 8);
-  const uint32_t world = get_u32(reply + 12);
-  const uint64_t fingerprint = get_u64(reply + 16);
-  ACCRUE_CHECK(status != kWorldSizeMismatch, "fetch_blob: world size mismatch: rank 0 at ", peer,
-               " has world size ", world, " but rank ", o.rank, " has ", o.world_size);
-  ACCRUE_CHECK(status != kFingerprintMismatch, "fetch_blob: parameter layout mismatch: rank 0 at ",
-               peer, " has fingerprint ", hex(fingerprint), " but rank ", o.rank, " has ",
-               hex(o.fingerprint), " (the ranks registered different parameters, shapes or order)");
-  ACCRUE_CHECK(status != kBadRank, "fetch_blob: rank 0 at ", peer, " rejected rank ", o.rank,
-               " of world size ", o.world_size, " (out of range or claimed twice)");
-  ACCRUE_CHECK(status != kOtherRankFailed, "fetch_blob: rank 0 at ", peer,
-               " aborted the exchange because another rank does not match (see rank 0's error)");
-  ACCRUE_CHECK(status == kOk, "fetch_blob: rank 0 at ", peer, " answered unknown status ", status);
+  const std::string waiting = detail::str_cat("waiting for the reply (timeout ", o.timeout_s,
+                                              " s; rank 0 waits for every rank first)");
+  recv_all(fd.get(), reply, sizeof reply, deadline, "rank 0 at " + peer, waiting.c_str());
+  check_reply(reply, sizeof reply, o, peer);
   Blob blob;
   recv_all(fd.get(), blob.data(), blob.size(), deadline, "rank 0 at " + peer, "receiving the blob");
   return blob;

@@ -25,7 +25,9 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "dist/launch_env.h"
 
@@ -78,5 +80,58 @@ Blob serve_blob(const ExchangeOptions& options, const Blob& blob);
 // Ranks > 0: connects to options.host:options.port (retrying until the
 // deadline), checks rank 0's answer and returns its blob.
 Blob fetch_blob(const ExchangeOptions& options);
+
+// ---- the wire messages (Note [Exchange protocol]) ---------------------------
+// What serve() and fetch_blob() send and check, as functions of bytes: the
+// tests and the fuzzer (fuzz/fuzz_exchange_message.cpp) drive them without
+// sockets. Little-endian, fixed size; there is no length field to trust.
+namespace wire {
+
+inline constexpr uint32_t kMagic = 0x58524341;  // "ACRX"
+inline constexpr uint32_t kVersion = 1;
+inline constexpr size_t kHelloBytes = 24;  // magic, version, rank, world size, fingerprint
+inline constexpr size_t kReplyBytes = 24;  // magic, version, status, world size, fingerprint
+// ...then, only with status ok, the kBlobBytes blob.
+
+enum Status : uint32_t {
+  kOk = 0,
+  kWorldSizeMismatch = 1,    // this client's world size differs from rank 0's
+  kFingerprintMismatch = 2,  // this client's layout differs from rank 0's
+  kBadRank = 3,              // out of range, or two clients claim the same rank
+  kOtherRankFailed = 4,      // this client is fine; another one is not
+};
+
+struct Hello {
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
+  uint64_t fingerprint = 0;
+};
+
+std::array<uint8_t, kHelloBytes> encode_hello(const Hello& hello);
+// The hello in `size` received bytes; nullopt when they are not one of ours
+// (not kHelloBytes long, wrong magic or version): rank 0 drops that connection.
+std::optional<Hello> parse_hello(const uint8_t* data, size_t size);
+
+// Rank 0's check of every hello before it answers anyone: one status per hello
+// (kOtherRankFailed never: see reply_status) and, when any is not kOk, the
+// problems, each naming the peer and both values. `peers[i]` names hello i.
+struct Verdict {
+  std::vector<Status> status;
+  std::string problems;  // "; rank 2 at host:port has world size 3 but ..."
+  bool ok() const { return problems.empty(); }
+};
+Verdict check_hellos(const std::vector<Hello>& hellos, const std::vector<std::string>& peers,
+                     const ExchangeOptions& rank0);
+// The status rank 0 sends client i.
+Status reply_status(const Verdict& verdict, size_t i);
+
+std::array<uint8_t, kReplyBytes> encode_reply(Status status, const ExchangeOptions& rank0);
+// Checks rank 0's reply (the kReplyBytes before the blob) as rank `self.rank`
+// sees it: returns when the status is kOk, else throws accrue::Error naming
+// `peer` (rank 0's host:port) and, for a mismatch, both values.
+void check_reply(const uint8_t* data, size_t size, const ExchangeOptions& self,
+                 const std::string& peer);
+
+}  // namespace wire
 
 }  // namespace accrue::dist

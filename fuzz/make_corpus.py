@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus fuzz/corpus/<target>/ (small: valid files of every
+supported kind plus a few edge cases the parsers must reject). Standard
+library only; deterministic, so rerunning it changes nothing.
+
+    python3 fuzz/make_corpus.py
+"""
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# ---- safetensors: u64 header length, JSON header, data ------------------------
+ST_SIZE = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "BOOL": 1}
+
+
+def safetensors(tensors, metadata=None, pad=True):
+    """tensors: [(name, dtype, shape, bytes)] laid out in order."""
+    header, data = {}, b""
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header, separators=(",", ":")).encode()
+    if pad:
+        text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def raw(fmt, values):
+    return struct.pack("<" + fmt * len(values), *values)
+
+
+write("safetensors", "two_tensors", safetensors(
+    [("w", "F32", [2, 3], raw("f", [1, -2, 3.5, 0.25, 1e-3, 7])),
+     ("ids", "I64", [2], raw("q", [-1, 1 << 40]))], {"step": "1000", "note": "héllo"}))
+write("safetensors", "every_dtype", safetensors(
+    [("a", "F64", [1], raw("d", [3.25])), ("b", "I32", [2], raw("i", [7, -9])),
+     ("c", "BF16", [2], raw("H", [0x3f80, 0xc000])), ("d", "F16", [1, 2], raw("H", [0x3c00, 0x7bff])),
+     ("e", "BOOL", [3], bytes([0, 1, 1]))]))
+write("safetensors", "scalar_and_empty", safetensors(
+    [("s", "F32", [], raw("f", [2.5])), ("z", "F32", [0, 4], b"")]))
+write("safetensors", "no_tensors", safetensors([], {}))
+write("safetensors", "escaped_name", safetensors(
+    [("\u00e9\\\"\ud83d\ude00\n", "I32", [1], raw("i", [5]))]))
+# Rejected: overlapping tensors, a bad BOOL byte, a header longer than the file.
+overlap = safetensors([("a", "I32", [1], raw("i", [1])), ("b", "I32", [1], raw("i", [2]))])
+write("safetensors", "bad_overlap", overlap.replace(b"[4,8]", b"[0,4]"))
+write("safetensors", "bad_bool", safetensors([("e", "BOOL", [2], bytes([0, 2]))]))
+write("safetensors", "bad_header_length", struct.pack("<Q", 1 << 62) + b"{}")
+
+
+# ---- npy: magic, version, header length, dict header, data ---------------------
+def npy(descr, shape, payload, fortran=False, version=(1, 0)):
+    shape_text = "(" + "".join(f"{s}, " for s in shape).rstrip(" ")
+    if len(shape) != 1:
+        shape_text = shape_text.rstrip(",")
+    shape_text += ")"
+    header = f"{{'descr': '{descr}', 'fortran_order': {fortran}, 'shape': {shape_text}, }}"
+    length_bytes = 2 if version[0] == 1 else 4
+    prefix = 6 + 2 + length_bytes
+    total = prefix + len(header) + 1
+    header = (header + " " * (-total % 64) + "\n").encode("latin1" if version[0] < 3 else "utf8")
+    length = struct.pack("<H" if length_bytes == 2 else "<I", len(header))
+    return b"\x93NUMPY" + bytes(version) + length + header + payload
+
+
+write("npy", "f32_2x3", npy("<f4", [2, 3], raw("f", [1, 2, 3, 4, 5, 6.5])))
+write("npy", "f64_v2", npy("<f8", [2], raw("d", [1e300, -0.0]), version=(2, 0)))
+write("npy", "i64_v3", npy("<i8", [1, 2], raw("q", [-5, 1 << 50]), version=(3, 0)))
+write("npy", "i32_fortran", npy("<i4", [2, 3], raw("i", [1, 4, 2, 5, 3, 6]), fortran=True))
+write("npy", "f16_scalar", npy("<f2", [], raw("H", [0x3c00])))
+write("npy", "bool_empty", npy("|b1", [0], b""))
+write("npy", "bool_1d", npy("|b1", [3], bytes([1, 0, 1])))
+# Rejected: big-endian, short data.
+write("npy", "bad_big_endian", npy(">f4", [1], b"\x3f\x80\x00\x00"))
+write("npy", "bad_short_data", npy("<f8", [4], raw("d", [1, 2])))
+
+
+# ---- llm.c token shards: 256 int32 header, uint16 tokens -------------------------
+def shard(tokens, magic=20240520, version=1, count=None):
+    header = [magic, version, len(tokens) if count is None else count] + [0] * 253
+    return raw("i", header) + raw("H", tokens)
+
+
+write("token_shards", "seven_tokens", shard([1, 2, 3, 65535, 0, 50256, 9]))
+write("token_shards", "two_tokens", shard([10, 20]))
+write("token_shards", "empty", shard([]))
+write("token_shards", "bad_magic", shard([1, 2], magic=20240519))
+write("token_shards", "bad_count", shard([1, 2, 3], count=-3))
+
+# ---- exchange messages: byte 0 picks the world size, then 24-byte hellos -------
+# (the whole input is also read as one 24-byte reply). Little-endian "ACRX", version 1.
+MAGIC, VERSION = 0x58524341, 1
+FP = 0x0123456789ABCDEF
+
+
+def hello(rank, world, fp=FP, magic=MAGIC):
+    return struct.pack("<IIIIQ", magic, VERSION, rank, world, fp)
+
+
+def reply(status, world, fp=FP):
+    return struct.pack("<IIIIQ", MAGIC, VERSION, status, world, fp)
+
+
+write("exchange_message", "world4_ok", bytes([3]) + hello(1, 4) + hello(2, 4) + hello(3, 4))
+write("exchange_message", "world3_mismatches",
+      bytes([2]) + hello(1, 3, fp=7) + hello(1, 3) + hello(9, 3) + hello(2, 5))
+write("exchange_message", "bad_magic_and_truncated",
+      bytes([1]) + hello(1, 2, magic=0x12345678) + hello(1, 2)[:10])
+for status in range(5):
+    write("exchange_message", f"reply_status{status}", reply(status, 2))
