@@ -2,8 +2,8 @@
 
 #include <cstring>
 
+#include "core/copy_geometry.h"
 #include "core/cuda_runtime.h"
-#include "core/strided_index.h"
 
 #ifdef ACCRUE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -12,20 +12,6 @@
 #endif
 
 namespace accrue::detail {
-
-namespace {
-
-StridedGeometry geometry_of(const Tensor& t) {
-  StridedGeometry g;
-  g.rank = static_cast<int32_t>(t.dim());
-  for (int d = 0; d < g.rank; ++d) {
-    g.sizes[d] = t.shape()[d];
-    g.strides[d] = t.strides()[d];
-  }
-  return g;
-}
-
-}  // namespace
 
 void copy_same_device(const Tensor& dst, const Tensor& src) {
   ACCRUE_CHECK(dst.shape() == src.shape(), "copy: shapes ", shape_str(dst.shape()), " and ",

@@ -1,21 +1,12 @@
 // CUDA halves of core's copies: strided copy with cast, fill, arange.
 #include "core/copy.h"
+#include "core/copy_geometry.h"
 #include "core/cuda_types.cuh"
 #include "core/strided_index.h"
 
 namespace accrue::detail {
 
 namespace {
-
-StridedGeometry geometry_of(const Tensor& t) {
-  StridedGeometry g;
-  g.rank = static_cast<int32_t>(t.dim());
-  for (int d = 0; d < g.rank; ++d) {
-    g.sizes[d] = t.shape()[d];
-    g.strides[d] = t.strides()[d];
-  }
-  return g;
-}
 
 template <class D, class S>
 __global__ void copy_contiguous_kernel(D* __restrict__ out, const S* __restrict__ in, int64_t n) {

@@ -1,7 +1,7 @@
 // The interface that both backends implement: kernels/cpu/ (namespace
 // accrue::kernels::cpu, the reference) and kernels/cuda/ (accrue::kernels::cuda).
 //
-// Dispatch (kernels/dispatch.cpp) has already validated everything and
+// Dispatch (kernels/dispatch_*.cpp) has already validated everything and
 // allocated every output, so a backend function only computes. Conventions:
 //  - "any strides": the tensor may be a strided view, including 0 strides from
 //    broadcasting (expand); its shape equals the output's shape.

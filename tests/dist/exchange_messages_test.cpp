@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dist/tcp_exchange.h"
+#include "tests/dist/dist_test_util.h"
 #include "tests/test_util.h"
 
 namespace accrue::dist {
@@ -21,17 +22,8 @@ namespace {
 
 using namespace wire;
 
-ExchangeOptions loopback(int rank, int world, int port, uint64_t fingerprint,
-                         double timeout_s = 5.0) {
-  ExchangeOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
-  o.rank = rank;
-  o.world_size = world;
-  o.fingerprint = fingerprint;
-  o.timeout_s = timeout_s;
-  return o;
-}
+// A scripted peer answers at once: a client that waits longer has hung.
+constexpr double kTimeout = 5.0;
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -159,7 +151,7 @@ TEST(ExchangeMessages, client_rejects_bad_magic) {
     send_bytes(fd, http, sizeof http - 1);
   });
   const std::string peer = "127.0.0.1:" + std::to_string(server.port());
-  EXPECT_ERROR(fetch_blob(loopback(1, 2, server.port(), 5)), peer.c_str(),
+  EXPECT_ERROR(fetch_blob(loopback(1, 2, server.port(), 5, kTimeout)), peer.c_str(),
                "is not an accrue exchange", "wrong port?");
 }
 
@@ -178,7 +170,8 @@ TEST(ExchangeMessages, client_rejects_bad_reply) {
     send_bytes(fd, reply.data(), reply.size());
   });
   const std::string peer = "127.0.0.1:" + std::to_string(server.port());
-  EXPECT_ERROR(fetch_blob(loopback(1, 2, server.port(), 5)), peer.c_str(), "unknown status 1234");
+  EXPECT_ERROR(fetch_blob(loopback(1, 2, server.port(), 5, kTimeout)), peer.c_str(),
+               "unknown status 1234");
 }
 
 TEST(ExchangeMessages, client_reports_truncated_reply_and_blob) {
@@ -188,7 +181,7 @@ TEST(ExchangeMessages, client_reports_truncated_reply_and_blob) {
       send_bytes(fd, reply.data(), 10);  // then closes
     });
     const std::string peer = "rank 0 at 127.0.0.1:" + std::to_string(server.port());
-    EXPECT_ERROR(fetch_blob(loopback(1, 2, server.port(), 5)), peer.c_str(),
+    EXPECT_ERROR(fetch_blob(loopback(1, 2, server.port(), 5, kTimeout)), peer.c_str(),
                  "closed the connection while waiting for the reply");
   }
   {
@@ -199,7 +192,7 @@ TEST(ExchangeMessages, client_reports_truncated_reply_and_blob) {
       send_bytes(fd, half.data(), half.size() / 2);
     });
     const std::string peer = "rank 0 at 127.0.0.1:" + std::to_string(server.port());
-    EXPECT_ERROR(fetch_blob(loopback(1, 2, server.port(), 5)), peer.c_str(),
+    EXPECT_ERROR(fetch_blob(loopback(1, 2, server.port(), 5, kTimeout)), peer.c_str(),
                  "closed the connection while receiving the blob");
   }
 }
@@ -215,7 +208,7 @@ TEST(ExchangeMessages, client_takes_only_its_bytes_from_an_oversized_reply) {
     const std::vector<uint8_t> extra(4096, 0xff);  // no length field: trailing bytes stay unread
     send_bytes(fd, extra.data(), extra.size());
   });
-  EXPECT_EQ(fetch_blob(loopback(1, 2, server.port(), 5)), blob);
+  EXPECT_EQ(fetch_blob(loopback(1, 2, server.port(), 5, kTimeout)), blob);
 }
 
 TEST(ExchangeMessages, client_reports_fingerprint_mismatch) {
@@ -224,8 +217,8 @@ TEST(ExchangeMessages, client_reports_fingerprint_mismatch) {
     send_bytes(fd, reply.data(), reply.size());
   });
   const std::string peer = "127.0.0.1:" + std::to_string(server.port());
-  EXPECT_ERROR(fetch_blob(loopback(1, 2, server.port(), 0x66)), peer.c_str(), "layout mismatch",
-               "0x0000000000000077", "0x0000000000000066");
+  EXPECT_ERROR(fetch_blob(loopback(1, 2, server.port(), 0x66, kTimeout)), peer.c_str(),
+               "layout mismatch", "0x0000000000000077", "0x0000000000000066");
 }
 
 // ---- a scripted client against a real BlobServer ------------------------------

@@ -1,6 +1,6 @@
 // The TCP exchange between real processes, as a launcher starts them: two
 // copies of exchange_rank_main.cpp with torchrun's variables. The in-process
-// TcpExchange tests (dist_cpu_test.cpp) cover the protocol with threads; this
+// TcpExchange tests (tcp_exchange_test.cpp) cover the protocol with threads; this
 // proves that two processes whose launcher variables disagree on the world
 // size both stop with an accrue::Error naming both sizes, instead of one of
 // them hanging.

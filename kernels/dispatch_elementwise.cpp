@@ -1,0 +1,152 @@
+// Dispatch of the elementwise ops of kernels/ops.h: every input raw-expanded
+// to the output shape (see Note [Dispatch shapes]).
+#include <string>
+
+#include "kernels/dispatch_util.h"
+
+namespace accrue::kernels {
+
+// The shared checks and shaping of kernels/dispatch_util.h.
+using namespace dispatch_util;
+
+const char* op_name(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::Neg:
+      return "neg";
+    case UnaryOp::Exp:
+      return "exp";
+    case UnaryOp::Log:
+      return "log";
+    case UnaryOp::Sqrt:
+      return "sqrt";
+    case UnaryOp::Tanh:
+      return "tanh";
+    case UnaryOp::Relu:
+      return "relu";
+    case UnaryOp::Gelu:
+      return "gelu";
+    case UnaryOp::Sigmoid:
+      return "sigmoid";
+    case UnaryOp::Pow:
+      return "pow";
+  }
+  return "unary";
+}
+
+const char* op_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::Add:
+      return "add";
+    case BinaryOp::Sub:
+      return "sub";
+    case BinaryOp::Mul:
+      return "mul";
+    case BinaryOp::Div:
+      return "div";
+  }
+  return "binary";
+}
+
+// ---- elementwise --------------------------------------------------------------------
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  NoGradGuard no_grad;
+  const char* name = op_name(op);
+  check_float_pair(a, b, name, "a", "b");
+  const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
+  Tensor out = empty(shape, a.dtype(), a.device());
+  if (out.numel() == 0) return out;
+  ACCRUE_BACKEND_CALL(a.device(), binary, op, a.expand(shape), b.expand(shape), out);
+  return out;
+}
+
+Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first) {
+  NoGradGuard no_grad;
+  const char* name = op_name(op);
+  check_defined(a, name, "a");
+  check_floating(a, name, "a");
+  Tensor out = empty(a.shape(), a.dtype(), a.device());
+  if (out.numel() == 0) return out;
+  ACCRUE_BACKEND_CALL(a.device(), binary_scalar, op, a, s, scalar_first, out);
+  return out;
+}
+
+Tensor unary(UnaryOp op, const Tensor& a, double param) {
+  NoGradGuard no_grad;
+  const char* name = op_name(op);
+  check_defined(a, name, "input");
+  check_floating(a, name, "input");
+  Tensor out = empty(a.shape(), a.dtype(), a.device());
+  if (out.numel() == 0) return out;
+  ACCRUE_BACKEND_CALL(a.device(), unary, op, a, param, out);
+  return out;
+}
+
+Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& input, const Tensor& output,
+                      double param) {
+  NoGradGuard no_grad;
+  const std::string name_s = std::string(op_name(op)) + "_backward";
+  const char* name = name_s.c_str();
+  check_float_pair(grad, input, name, "grad", "input");
+  check_same_shape(grad, input, name, "grad", "input");
+  Tensor y = output;
+  if (y.defined()) {
+    check_same_device(y, input, name);
+    check_same_dtype(y, input, name);
+    check_same_shape(y, input, name, "output", "input");
+  } else {
+    y = unary(op, input, param);
+  }
+  Tensor out = empty(input.shape(), input.dtype(), input.device());
+  if (out.numel() == 0) return out;
+  ACCRUE_BACKEND_CALL(input.device(), unary_backward, op, grad, input, y, param, out);
+  return out;
+}
+
+Tensor compare(CompareOp op, const Tensor& a, const Tensor& b) {
+  NoGradGuard no_grad;
+  check_defined(a, "compare", "a");
+  check_defined(b, "compare", "b");
+  check_same_device(a, b, "compare");
+  check_same_dtype(a, b, "compare");
+  const Shape shape = broadcast_shapes(a.shape(), b.shape(), "compare");
+  Tensor out = empty(shape, DType::boolean, a.device());
+  if (out.numel() == 0) return out;
+  ACCRUE_BACKEND_CALL(a.device(), compare, op, a.expand(shape), b.expand(shape), out);
+  return out;
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  NoGradGuard no_grad;
+  check_defined(cond, "where", "cond");
+  check_defined(a, "where", "a");
+  check_defined(b, "where", "b");
+  ACCRUE_CHECK(cond.dtype() == DType::boolean, "where: cond of shape ", shape_str(cond.shape()),
+               " has dtype ", dtype_name(cond.dtype()), "; expected bool");
+  check_same_device(cond, a, "where");
+  check_same_device(a, b, "where");
+  check_same_dtype(a, b, "where");
+  const Shape shape =
+      broadcast_shapes(cond.shape(), broadcast_shapes(a.shape(), b.shape(), "where"), "where");
+  Tensor out = empty(shape, a.dtype(), a.device());
+  if (out.numel() == 0) return out;
+  ACCRUE_BACKEND_CALL(a.device(), where, cond.expand(shape), a.expand(shape), b.expand(shape), out);
+  return out;
+}
+
+void axpy_(const Tensor& dst, double alpha, const Tensor& src) {
+  NoGradGuard no_grad;
+  check_float_pair(dst, src, "axpy_", "dst", "src");
+  const Shape shape = broadcast_shapes(dst.shape(), src.shape(), "axpy_");
+  ACCRUE_CHECK(shape == dst.shape(), "axpy_: src of shape ", shape_str(src.shape()),
+               " does not broadcast to dst of shape ", shape_str(dst.shape()));
+  // An expanded destination would add into one element several times.
+  for (int64_t d = 0; d < dst.dim(); ++d)
+    ACCRUE_CHECK(dst.shape()[d] <= 1 || dst.strides()[d] != 0, "axpy_: dst of shape ",
+                 shape_str(dst.shape()), " and strides ", shape_str(dst.strides()),
+                 " overlaps itself (an expanded view)");
+  if (dst.numel() == 0) return;
+  ACCRUE_BACKEND_CALL(dst.device(), axpy, dst, alpha, src.expand(shape));
+}
+
+}  // namespace accrue::kernels

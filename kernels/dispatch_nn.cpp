@@ -1,0 +1,267 @@
+// Dispatch of the neural-network kernels of kernels/ops.h: embedding,
+// cross-entropy and layer norm, with their index checks.
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "kernels/dispatch_util.h"
+
+namespace accrue::kernels {
+
+// The shared checks and shaping of kernels/dispatch_util.h.
+using namespace dispatch_util;
+
+namespace {
+
+std::atomic<bool> g_check_indices{true};
+
+void check_index_dtype(const Tensor& t, const char* op, const char* what) {
+  ACCRUE_CHECK(t.dtype() == DType::i32 || t.dtype() == DType::i64, op, ": ", what, " of shape ",
+               shape_str(t.shape()), " has dtype ", dtype_name(t.dtype()), "; expected i32 or i64");
+}
+
+// The loss and layer-norm statistics dtype: f32, or f64 for f64 inputs.
+DType widened(DType t) {
+  return t == DType::f64 ? DType::f64 : DType::f32;
+}
+
+// Verifies that every index lies in [0, bound) (ignore_index excepted). Always
+// on the CPU; on CUDA only when check_indices(), since reading the count back
+// synchronizes the host.
+void check_index_range(const Tensor& indices, int64_t bound, int64_t ignore_index, bool use_ignore,
+                       const char* op, const char* what) {
+  if (indices.numel() == 0) return;
+  if (indices.device().is_cuda() && !check_indices()) return;
+  const int64_t bad = ACCRUE_BACKEND_CALL(indices.device(), count_out_of_range, indices, bound,
+                                          ignore_index, use_ignore);
+  if (bad == 0) return;
+  // The error path only: find the first offender on the host to name it.
+  const std::vector<int64_t> v = indices.to_vector<int64_t>();
+  size_t first = 0;
+  while (first < v.size() &&
+         ((use_ignore && v[first] == ignore_index) || (v[first] >= 0 && v[first] < bound)))
+    ++first;
+  const int64_t value = first < v.size() ? v[first] : -1;
+  ACCRUE_FAIL(op, ": ", what, " ", value, " (at flat position ", first, " of ", what, "s of shape ",
+              shape_str(indices.shape()), ") out of range [0, ", bound, ")",
+              use_ignore ? " and not ignore_index " + std::to_string(ignore_index) : std::string(),
+              "; ", bad, " of ", v.size(), " are out of range");
+}
+
+}  // namespace
+
+void set_check_indices(bool check) {
+  g_check_indices.store(check);
+}
+bool check_indices() {
+  return g_check_indices.load();
+}
+
+// ---- neural-network kernels ---------------------------------------------------------------
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  NoGradGuard no_grad;
+  const char* name = "embedding";
+  check_defined(weight, name, "weight");
+  check_defined(indices, name, "indices");
+  check_same_device(weight, indices, name);
+  check_floating(weight, name, "weight");
+  check_index_dtype(indices, name, "indices");
+  ACCRUE_CHECK(weight.dim() == 2, "embedding: weight must be 2-D [V, D], got shape ",
+               shape_str(weight.shape()));
+  const int64_t v = weight.size(0), d = weight.size(1), n = indices.numel();
+  Shape shape = indices.shape();
+  shape.push_back(d);
+  Tensor out = empty(shape, weight.dtype(), weight.device());
+  const Tensor idx = dense_view(indices, {n});
+  check_index_range(dense_view(idx, indices.shape()), v, 0, false, name, "index");
+  if (out.numel() == 0) return out;
+  ACCRUE_BACKEND_CALL(weight.device(), embedding, weight.contiguous(), idx,
+                      dense_view(out, {n, d}));
+  return out;
+}
+
+void embedding_backward(const Tensor& grad, const Tensor& indices, const Tensor& grad_weight,
+                        bool accumulate) {
+  NoGradGuard no_grad;
+  const char* name = "embedding_backward";
+  check_defined(grad, name, "grad");
+  check_defined(indices, name, "indices");
+  check_defined(grad_weight, name, "grad_weight");
+  check_same_device(grad, indices, name);
+  check_same_device(grad, grad_weight, name);
+  check_floating(grad, name, "grad");
+  check_index_dtype(indices, name, "indices");
+  check_dtype_or_f32(grad_weight, grad.dtype(), true, name, "grad_weight");
+  ACCRUE_CHECK(grad_weight.dim() == 2, "embedding_backward: grad_weight must be 2-D [V, D], got ",
+               shape_str(grad_weight.shape()));
+  check_contiguous(grad_weight, name, "grad_weight");
+  const int64_t v = grad_weight.size(0), d = grad_weight.size(1), n = indices.numel();
+  Shape expected = indices.shape();
+  expected.push_back(d);
+  ACCRUE_CHECK(grad.shape() == expected, "embedding_backward: grad of shape ",
+               shape_str(grad.shape()), " does not match indices of shape ",
+               shape_str(indices.shape()), " and grad_weight of shape ",
+               shape_str(grad_weight.shape()), " (expected ", shape_str(expected), ")");
+  const Tensor idx = dense_view(indices, {n});
+  check_index_range(dense_view(idx, indices.shape()), v, 0, false, name, "index");
+  if (grad_weight.numel() == 0) return;
+  if (n == 0) {
+    if (!accumulate) fill(grad_weight, 0.0);
+    return;
+  }
+  ACCRUE_BACKEND_CALL(grad.device(), embedding_backward, dense_view(grad, {n, d}), idx, grad_weight,
+                      accumulate);
+}
+
+namespace {
+
+// logits [N, C] floating, targets [N] i32/i64, on one device.
+void check_cross_entropy_inputs(const Tensor& logits, const Tensor& targets, const char* name) {
+  check_defined(logits, name, "logits");
+  check_defined(targets, name, "targets");
+  check_same_device(logits, targets, name);
+  check_floating(logits, name, "logits");
+  check_index_dtype(targets, name, "targets");
+  ACCRUE_CHECK(logits.dim() == 2, name, ": logits must be 2-D [N, C], got shape ",
+               shape_str(logits.shape()));
+  ACCRUE_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0), name, ": targets of shape ",
+               shape_str(targets.shape()), " do not match logits of shape ",
+               shape_str(logits.shape()), " (expected [", logits.size(0), "])");
+}
+
+}  // namespace
+
+LossSum cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  NoGradGuard no_grad;
+  const char* name = "cross_entropy";
+  check_cross_entropy_inputs(logits, targets, name);
+  const Tensor t = targets.contiguous();
+  check_index_range(t, logits.size(1), ignore_index, true, name, "target");
+  LossSum loss{empty({}, widened(logits.dtype()), logits.device()),
+               empty({}, DType::i64, logits.device())};
+  if (logits.numel() == 0) {
+    // No rows, or no classes (then every target is ignore_index, as checked above).
+    loss.sum.fill_(0.0);
+    loss.count.fill_(0.0);
+    return loss;
+  }
+  ACCRUE_BACKEND_CALL(logits.device(), cross_entropy, logits.contiguous(), t, ignore_index,
+                      loss.sum, loss.count);
+  return loss;
+}
+
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                              const Tensor& grad_sum) {
+  NoGradGuard no_grad;
+  const char* name = "cross_entropy_backward";
+  check_cross_entropy_inputs(logits, targets, name);
+  check_defined(grad_sum, name, "grad_sum");
+  check_same_device(logits, grad_sum, name);
+  check_floating(grad_sum, name, "grad_sum");
+  ACCRUE_CHECK(grad_sum.numel() == 1, name, ": grad_sum must be a 0-d tensor, got shape ",
+               shape_str(grad_sum.shape()));
+  const Tensor t = targets.contiguous();
+  check_index_range(t, logits.size(1), ignore_index, true, name, "target");
+  Tensor dx = empty(logits.shape(), logits.dtype(), logits.device());
+  if (dx.numel() == 0) return dx;
+  const Tensor seed = dense_view(grad_sum, {}).to(widened(logits.dtype()));
+  ACCRUE_BACKEND_CALL(logits.device(), cross_entropy_backward, logits.contiguous(), t, ignore_index,
+                      seed, dx);
+  return dx;
+}
+
+namespace {
+
+// weight or bias: undefined, or [D] on x's device, of x's dtype or f32 (fp32
+// master weights next to 16-bit activations).
+void check_norm_param(const Tensor& p, const Tensor& x, const char* name, const char* what) {
+  if (!p.defined()) return;
+  check_same_device(p, x, name);
+  check_floating(p, name, what);
+  check_dtype_or_f32(p, x.dtype(), is_16_bit(x.dtype()), name, what);
+  ACCRUE_CHECK(p.dim() == 1 && p.size(0) == x.size(-1), name, ": ", what, " of shape ",
+               shape_str(p.shape()), " does not match the normalized dim of input ",
+               shape_str(x.shape()), " (expected [", x.size(-1), "])");
+}
+
+void check_norm_input(const Tensor& x, const char* name) {
+  check_defined(x, name, "input");
+  check_floating(x, name, "input");
+  ACCRUE_CHECK(x.dim() >= 1 && x.size(-1) > 0, name,
+               ": input must have a non-empty last dim to normalize, got shape ",
+               shape_str(x.shape()));
+}
+
+Tensor contiguous_or_undefined(const Tensor& t) {
+  return t.defined() ? t.contiguous() : t;
+}
+
+}  // namespace
+
+LayerNormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  NoGradGuard no_grad;
+  const char* name = "layer_norm";
+  check_norm_input(x, name);
+  check_norm_param(weight, x, name, "weight");
+  check_norm_param(bias, x, name, "bias");
+  ACCRUE_CHECK(eps >= 0.0, "layer_norm: eps must be >= 0, got ", eps);
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  const Shape stats_shape(x.shape().begin(), x.shape().end() - 1);
+  LayerNormOutput r{empty(x.shape(), x.dtype(), x.device()),
+                    empty(stats_shape, widened(x.dtype()), x.device()),
+                    empty(stats_shape, widened(x.dtype()), x.device())};
+  if (rows == 0) return r;
+  ACCRUE_BACKEND_CALL(x.device(), layer_norm, dense_view(x, {rows, d}),
+                      contiguous_or_undefined(weight), contiguous_or_undefined(bias), eps,
+                      dense_view(r.out, {rows, d}), dense_view(r.mean, {rows}),
+                      dense_view(r.rstd, {rows}));
+  return r;
+}
+
+Tensor layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                           const Tensor& mean, const Tensor& rstd, const Tensor& dweight,
+                           const Tensor& dbias, bool accumulate) {
+  NoGradGuard no_grad;
+  const char* name = "layer_norm_backward";
+  check_norm_input(x, name);
+  check_float_pair(grad, x, name, "grad", "input");
+  check_same_shape(grad, x, name, "grad", "input");
+  check_norm_param(weight, x, name, "weight");
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  const DType stats = widened(x.dtype());
+  for (const Tensor* s : {&mean, &rstd}) {
+    const char* what = s == &mean ? "mean" : "rstd";
+    check_defined(*s, name, what);
+    check_same_device(*s, x, name);
+    ACCRUE_CHECK(s->dtype() == stats && s->numel() == rows, name, ": ", what, " of shape ",
+                 shape_str(s->shape()), " and dtype ", dtype_name(s->dtype()),
+                 " does not match input ", shape_str(x.shape()), " (expected ", rows, " values of ",
+                 dtype_name(stats), ")");
+  }
+  for (const Tensor* g : {&dweight, &dbias}) {
+    if (!g->defined()) continue;
+    const char* what = g == &dweight ? "dweight" : "dbias";
+    check_same_device(*g, x, name);
+    check_dtype_or_f32(*g, x.dtype(), true, name, what);
+    ACCRUE_CHECK(g->dim() == 1 && g->size(0) == d, name, ": ", what, " of shape ",
+                 shape_str(g->shape()), " does not match the normalized dim of input ",
+                 shape_str(x.shape()), " (expected [", d, "])");
+    check_contiguous(*g, name, what);
+  }
+  Tensor dx = empty(x.shape(), x.dtype(), x.device());
+  if (rows == 0) {
+    if (!accumulate) {
+      if (dweight.defined()) fill(dweight, 0.0);
+      if (dbias.defined()) fill(dbias, 0.0);
+    }
+    return dx;
+  }
+  ACCRUE_BACKEND_CALL(x.device(), layer_norm_backward, dense_view(grad, {rows, d}),
+                      dense_view(x, {rows, d}), contiguous_or_undefined(weight),
+                      dense_view(mean, {rows}), dense_view(rstd, {rows}), dense_view(dx, {rows, d}),
+                      dweight, dbias, accumulate);
+  return dx;
+}
+
+}  // namespace accrue::kernels

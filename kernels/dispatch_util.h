@@ -1,0 +1,117 @@
+// Internal to the dispatch of kernels/ops.h, which validates, allocates,
+// shapes the inputs as kernels/backend.h promises, and calls the CPU or CUDA
+// backend by the inputs' device. This header holds what its parts share: the
+// backend call, the checks and the dense views. The parts:
+//  - dispatch_elementwise.cpp: unary, binary, compare, where, axpy_;
+//  - dispatch_reduce.cpp: reductions, sum_to, sum_rows_into, softmax;
+//  - dispatch_matmul.cpp: matmul, gemm and the TF32 switch;
+//  - dispatch_nn.cpp: embedding, cross-entropy, layer norm, index checks.
+//
+// Note [Dispatch shapes]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// The backends see only a few shapes, so each kernel is written once:
+//  - elementwise: every input raw-expanded to the output shape (0 strides);
+//    the output is a fresh contiguous tensor;
+//  - reductions and softmax along any dims: the reduced dims permuted to the
+//    end, made contiguous and viewed as [rows, cols];
+//  - matmul: 3-D [B, M, K] @ [B, K, N] views whose last two dims are row- or
+//    column-major (anything else is copied) and whose batch dims merge into
+//    one stride (0 for a broadcast batch).
+// Empty outputs never reach a backend (a CUDA launch of zero blocks is an
+// error), and neither do reductions over nothing: sum of nothing is 0, mean
+// NaN, and max throws.
+//
+// Every function runs under a NoGradGuard: the raw view methods of Tensor
+// refuse tensors that require grad while grad mode is on (Note [Raw views]),
+// and here they only shape data for a kernel; autograd records the op itself.
+#pragma once
+
+#include "core/grad_mode.h"
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+
+// Calls the backend function `fn` of the device's backend.
+#define ACCRUE_BACKEND_CALL(device, fn, ...) \
+  ((device).is_cpu() ? cpu::fn(__VA_ARGS__) : cuda::fn(__VA_ARGS__))
+
+namespace accrue::kernels::dispatch_util {
+
+// ---- validation -------------------------------------------------------------
+
+inline void check_defined(const Tensor& t, const char* op, const char* what) {
+  ACCRUE_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
+}
+
+inline void check_floating(const Tensor& t, const char* op, const char* what) {
+  ACCRUE_CHECK(is_floating(t.dtype()), op, ": ", what, " of shape ", shape_str(t.shape()),
+               " has dtype ", dtype_name(t.dtype()),
+               "; expected a floating dtype (f32, f64, bf16 or f16)");
+}
+
+inline void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
+  ACCRUE_CHECK(a.device() == b.device(), op, ": devices ", a.device().str(), " and ",
+               b.device().str(), " differ (shapes ", shape_str(a.shape()), " and ",
+               shape_str(b.shape()), ")");
+}
+
+inline void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
+  ACCRUE_CHECK(a.dtype() == b.dtype(), op, ": dtypes ", dtype_name(a.dtype()), " and ",
+               dtype_name(b.dtype()), " differ (shapes ", shape_str(a.shape()), " and ",
+               shape_str(b.shape()), ")");
+}
+
+inline void check_same_shape(const Tensor& a, const Tensor& b, const char* op, const char* what_a,
+                             const char* what_b) {
+  ACCRUE_CHECK(a.shape() == b.shape(), op, ": ", what_a, " of shape ", shape_str(a.shape()),
+               " and ", what_b, " of shape ", shape_str(b.shape()), " differ");
+}
+
+// Two floating operands of one op: defined, on one device, of one dtype.
+inline void check_float_pair(const Tensor& a, const Tensor& b, const char* op, const char* what_a,
+                             const char* what_b) {
+  check_defined(a, op, what_a);
+  check_defined(b, op, what_b);
+  check_same_device(a, b, op);
+  check_same_dtype(a, b, op);
+  check_floating(a, op, what_a);
+}
+
+// A tensor of the compute dtype, or f32 where `f32_ok`. The parameter
+// gradients (sum_rows_into, embedding and layer-norm backward) may always be
+// f32: the gradient arena's slots (Note [Fused weight-gradient accumulation]).
+// The GEMM output and layer-norm parameters may be f32 next to 16-bit compute
+// only (fp32 accumulators and fp32 master weights).
+inline void check_dtype_or_f32(const Tensor& t, DType compute, bool f32_ok, const char* op,
+                               const char* what) {
+  ACCRUE_CHECK(t.dtype() == compute || (f32_ok && t.dtype() == DType::f32), op, ": ", what,
+               " of shape ", shape_str(t.shape()), " has dtype ", dtype_name(t.dtype()),
+               "; expected ", dtype_name(compute),
+               f32_ok && compute != DType::f32 ? " or f32" : "");
+}
+
+inline bool is_16_bit(DType t) {
+  return t == DType::bf16 || t == DType::f16;
+}
+
+inline void check_contiguous(const Tensor& t, const char* op, const char* what) {
+  ACCRUE_CHECK(t.is_contiguous(), op, ": ", what, " of shape ", shape_str(t.shape()),
+               " and strides ", shape_str(t.strides()), " must be contiguous");
+}
+
+// Fills a caller's output tensor (the handle is const; its memory is not).
+inline void fill(const Tensor& t, double value) {
+  Tensor(t).fill_(value);
+}
+
+// ---- shaping -------------------------------------------------------------------
+
+// `t`, made contiguous, viewed as `shape` (same numel). Unlike Tensor::view
+// this also takes 0-d tensors to [1] and back.
+inline Tensor dense_view(const Tensor& t, const Shape& shape) {
+  const Tensor c = t.contiguous();
+  ACCRUE_CHECK(c.numel() == shape_numel(shape), "dense_view: ", shape_str(c.shape()), " has ",
+               c.numel(), " elements, not the ", shape_numel(shape), " of ", shape_str(shape));
+  return make_view(c, shape, contiguous_strides(shape), c.offset());
+}
+
+}  // namespace accrue::kernels::dispatch_util
