@@ -18,14 +18,18 @@
 //
 // Note [Trainer synchronization]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Inside a window nothing waits for the GPU: tokens are read and validated
-// against the vocabulary on the host (so kernels::set_check_indices(false)
-// drops the device-side index checks, each a host synchronization), copied
-// to the device on the current stream, and the Window keeps the loss, the
-// item count, the norm and the loss scale on the device. The host reads them
-// once per window, through window.report() after close(); --bench does not
-// even do that until its last window (CUDA events time each window).
-// Validation and checkpoints happen between windows and may synchronize.
+// Tokens are read and validated against the vocabulary on the host (so
+// kernels::set_check_indices(false) drops the device-side index checks, each
+// a host synchronization), and the Window keeps the loss, the item count, the
+// norm and the loss scale on the device. The host reads them once per
+// window, through window.report() after close(); --bench does not even do
+// that until its last window (CUDA events time each window). One wait is
+// left: with --train-data each micro-batch's tokens are copied from pageable
+// host memory, and that copy waits for the stream to drain (core/copy.cpp)
+// before the host may reuse the buffer, so the host cannot run ahead of the
+// GPU by more than one micro-step. --synthetic draws its tokens on the device
+// and its windows never wait. Validation and checkpoints happen between
+// windows and may synchronize.
 #include <unistd.h>
 
 #include <algorithm>
