@@ -3,7 +3,7 @@
 // [Classifier row kernel]), the fixed-order loss total, and the seed scaling
 // of backward.
 //
-// Like the cross-entropy kernels of kernels/cuda/nn.cu, every reduction runs
+// Like the cross-entropy kernels of kernels/cuda/cross_entropy.cu, every reduction runs
 // in a fixed order (warp shuffles in a fixed lane order, then the warps in
 // order; the row losses added by one block in row order): no float atomics,
 // so the same inputs give the same bits on every run. 16-bit inputs compute

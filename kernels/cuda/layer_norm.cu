@@ -1,0 +1,232 @@
+// CUDA layer-norm kernels, forward and backward.
+//
+// Every reduction runs in a fixed order (warp shuffles and shared memory in a
+// fixed tree, per-chunk partial sums added in chunk order; Note [Deterministic
+// column sums]): no float atomics, so the same inputs give the same bits on
+// every run (Note [Determinism]). 16-bit inputs compute in fp32, f64 in f64.
+#include <algorithm>
+
+#include "core/cuda_types.cuh"
+#include "kernels/backend.h"
+#include "kernels/cuda/block_reduce.cuh"
+#include "kernels/cuda/nn_util.cuh"
+
+namespace accrue::kernels::cuda {
+
+namespace {
+
+using namespace reduce;  // sqrt_, load, block_sum
+
+// ---- layer norm ---------------------------------------------------------------------
+
+// One block per row, two passes for the statistics (mean, then the biased
+// variance around it), like the CPU reference.
+template <class T, class A>
+__global__ void layer_norm_kernel(const T* __restrict__ x, const T* __restrict__ weight,
+                                  const T* __restrict__ bias, int64_t d, A eps, T* __restrict__ out,
+                                  A* __restrict__ mean, A* __restrict__ rstd) {
+  __shared__ A scratch[32];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * d;
+  T* yr = out + r * d;
+  A s = 0;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x)
+    s += load<A>(xr[c]);
+  const A mu = block_sum(s, scratch) / static_cast<A>(d);
+  A v = 0;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    const A z = load<A>(xr[c]) - mu;
+    v += z * z;
+  }
+  const A var = block_sum(v, scratch) / static_cast<A>(d);
+  const A rs = A(1) / sqrt_(var + eps);
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    A y = (load<A>(xr[c]) - mu) * rs;
+    if (weight) y *= load<A>(weight[c]);
+    if (bias) y += load<A>(bias[c]);
+    yr[c] = cu::convert<T>(y);
+  }
+  if (threadIdx.x == 0) {
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+}
+
+// One block per row. With xhat = (x - mean) * rstd and gw = dy * w:
+//   dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)).
+template <class T, class A>
+__global__ void layer_norm_dx_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                     const T* __restrict__ weight, const A* __restrict__ mean,
+                                     const A* __restrict__ rstd, int64_t d, T* __restrict__ dx) {
+  __shared__ A scratch[32];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * d;
+  const T* gr = dy + r * d;
+  const A mu = mean[r], rs = rstd[r];
+  A sum_gw = 0, sum_gw_xhat = 0;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    const A xhat = (load<A>(xr[c]) - mu) * rs;
+    const A gw = weight ? load<A>(gr[c]) * load<A>(weight[c]) : load<A>(gr[c]);
+    sum_gw += gw;
+    sum_gw_xhat += gw * xhat;
+  }
+  const A inv_d = A(1) / static_cast<A>(d);
+  const A mean_gw = block_sum(sum_gw, scratch) * inv_d;
+  const A mean_gw_xhat = block_sum(sum_gw_xhat, scratch) * inv_d;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    const A xhat = (load<A>(xr[c]) - mu) * rs;
+    const A gw = weight ? load<A>(gr[c]) * load<A>(weight[c]) : load<A>(gr[c]);
+    dx[r * d + c] = cu::convert<T>(rs * (gw - mean_gw - xhat * mean_gw_xhat));
+  }
+}
+
+// Note [Deterministic column sums]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// dweight = sum over rows of dy * xhat and dbias = sum over rows of dy are
+// column sums over many rows. Pass 1: block (x, y) sums 32 columns over one
+// chunk of rows, each thread a fixed stride of the chunk, then the 8 thread
+// rows in order, writing partial[chunk][column]. Pass 2: one thread per column
+// adds the chunks in order and writes (=) or adds (+=) the result. The order
+// depends only on the shape, never on scheduling.
+constexpr int kColumnTile = 32;
+constexpr int kRowLanes = 8;
+
+template <class T, class A>
+__global__ void layer_norm_param_partials_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                                 const A* __restrict__ mean,
+                                                 const A* __restrict__ rstd, int64_t rows,
+                                                 int64_t d, int64_t rows_per_chunk,
+                                                 A* __restrict__ partial_dw,
+                                                 A* __restrict__ partial_db) {
+  __shared__ A tile_w[kRowLanes][kColumnTile + 1];
+  __shared__ A tile_b[kRowLanes][kColumnTile + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t end = std::min(rows, begin + rows_per_chunk);
+  A acc_w = 0, acc_b = 0;
+  if (c < d) {
+    for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes) {
+      const A g = load<A>(dy[r * d + c]);
+      acc_b += g;
+      acc_w += g * ((load<A>(x[r * d + c]) - mean[r]) * rstd[r]);
+    }
+  }
+  tile_w[threadIdx.y][threadIdx.x] = acc_w;
+  tile_b[threadIdx.y][threadIdx.x] = acc_b;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < d) {
+    for (int i = 1; i < kRowLanes; ++i) {
+      acc_w += tile_w[i][threadIdx.x];
+      acc_b += tile_b[i][threadIdx.x];
+    }
+    if (partial_dw) partial_dw[blockIdx.y * d + c] = acc_w;
+    if (partial_db) partial_db[blockIdx.y * d + c] = acc_b;
+  }
+}
+
+template <class A, class O>
+__global__ void column_total_kernel(const A* __restrict__ partial, int64_t chunks, int64_t d,
+                                    O* out, int64_t out_stride, bool accumulate) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= d) return;
+  A s = 0;
+  for (int64_t k = 0; k < chunks; ++k)
+    s += partial[k * d + c];
+  O& o = out[c * out_stride];
+  o = cu::convert<O>(accumulate ? load<A>(o) + s : s);
+}
+
+template <class P>
+const P* optional_ptr(const Tensor& t) {
+  return t.defined() ? static_cast<const P*>(t.data_ptr()) : nullptr;
+}
+
+}  // namespace
+
+// ---- the backend functions -------------------------------------------------------------
+
+void layer_norm(const Tensor& x, const Tensor& weight_in, const Tensor& bias_in, double eps,
+                const Tensor& out, const Tensor& mean, const Tensor& rstd) {
+  const int dev = x.device().index;
+  cu::DeviceScope scope(dev);
+  const int64_t rows = x.size(0), d = x.size(1);
+  if (rows == 0) return;
+  check_grid_x(rows, "layer_norm");
+  const DType acc = accumulate_dtype(x.dtype());
+  ACCRUE_CHECK(mean.dtype() == acc && rstd.dtype() == acc, "layer_norm: mean/rstd dtype ",
+               dtype_name(mean.dtype()), " should be ", dtype_name(acc));
+  // Parameters in x's dtype (dispatch guarantees it; the conversion is a no-op then).
+  const Tensor weight = as_dtype(weight_in, x.dtype());
+  const Tensor bias = as_dtype(bias_in, x.dtype());
+  cu::visit_float_dtype(x.dtype(), "layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    using A = cu::math_t<T>;
+    layer_norm_kernel<T, A>
+        <<<static_cast<unsigned>(rows), row_threads(d), 0, cu::stream_for(dev)>>>(
+            static_cast<const T*>(x.data_ptr()), optional_ptr<T>(weight), optional_ptr<T>(bias), d,
+            static_cast<A>(eps), static_cast<T*>(out.data_ptr()), static_cast<A*>(mean.data_ptr()),
+            static_cast<A*>(rstd.data_ptr()));
+    ACCRUE_LAUNCH_CHECK();
+  });
+}
+
+void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& weight_in,
+                         const Tensor& mean_in, const Tensor& rstd_in, const Tensor& dx,
+                         const Tensor& dweight, const Tensor& dbias, bool accumulate) {
+  const int dev = x.device().index;
+  cu::DeviceScope scope(dev);
+  cudaStream_t stream = cu::stream_for(dev);
+  const int64_t rows = x.size(0), d = x.size(1);
+  check_grid_x(rows, "layer_norm_backward");
+  const DType acc = accumulate_dtype(x.dtype());
+  const Tensor grad = as_dtype(grad_in, x.dtype());
+  const Tensor mean = as_dtype(mean_in, acc);
+  const Tensor rstd = as_dtype(rstd_in, acc);
+  const Tensor weight = as_dtype(weight_in, x.dtype());
+
+  cu::visit_float_dtype(x.dtype(), "layer_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using A = cu::math_t<T>;
+    if (rows > 0 && d > 0) {
+      layer_norm_dx_kernel<T, A><<<static_cast<unsigned>(rows), row_threads(d), 0, stream>>>(
+          static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
+          optional_ptr<T>(weight), static_cast<const A*>(mean.data_ptr()),
+          static_cast<const A*>(rstd.data_ptr()), d, static_cast<T*>(dx.data_ptr()));
+      ACCRUE_LAUNCH_CHECK();
+    }
+    if ((!dweight.defined() && !dbias.defined()) || d == 0) return;
+
+    // See Note [Deterministic column sums]. About 64 rows per chunk, at most 1024 chunks.
+    const int64_t chunks = std::min<int64_t>((rows + 63) / 64, 1024);
+    const int64_t rows_per_chunk = chunks == 0 ? 0 : (rows + chunks - 1) / chunks;
+    const Device device = Device::cuda(dev);
+    Tensor partial_dw = dweight.defined() ? empty({chunks, d}, acc, device) : Tensor();
+    Tensor partial_db = dbias.defined() ? empty({chunks, d}, acc, device) : Tensor();
+    auto partial_ptr = [](const Tensor& t) {
+      return t.defined() ? static_cast<A*>(t.data_ptr()) : nullptr;
+    };
+    if (chunks > 0) {
+      const dim3 grid(static_cast<unsigned>((d + kColumnTile - 1) / kColumnTile),
+                      static_cast<unsigned>(chunks));
+      layer_norm_param_partials_kernel<T, A><<<grid, dim3(kColumnTile, kRowLanes), 0, stream>>>(
+          static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
+          static_cast<const A*>(mean.data_ptr()), static_cast<const A*>(rstd.data_ptr()), rows, d,
+          rows_per_chunk, partial_ptr(partial_dw), partial_ptr(partial_db));
+      ACCRUE_LAUNCH_CHECK();
+    }
+    auto finish = [&](const Tensor& partial, const Tensor& target) {
+      if (!target.defined()) return;
+      visit_grad_dtype<T>(target.dtype(), "layer_norm_backward", [&](auto o_tag) {
+        using O = decltype(o_tag);
+        column_total_kernel<A, O><<<cu::grid_for(d, kThreads), kThreads, 0, stream>>>(
+            static_cast<const A*>(partial.data_ptr()), chunks, d,
+            static_cast<O*>(target.data_ptr()), target.stride(0), accumulate);
+        ACCRUE_LAUNCH_CHECK();
+      });
+    };
+    finish(partial_dw, dweight);
+    finish(partial_db, dbias);
+  });
+}
+
+}  // namespace accrue::kernels::cuda
