@@ -51,39 +51,40 @@ __host__ __device__ __forceinline__ To convert(From v) {
   }
 }
 
+// The device element type of each dtype: the host type except where the device
+// has its own (bit-compatible) type. See Note [DType list].
+template <DType D>
+struct device_type {
+  using type = host_t<D>;
+};
+template <>
+struct device_type<DType::bf16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct device_type<DType::f16> {
+  using type = __half;
+};
+template <DType D>
+using device_t = typename device_type<D>::type;
+
+// One case of a visitor's switch over a list of Note [DType list]: calls f with
+// the device element type of the dtype.
+#define ACCRUE_DEVICE_DTYPE_CASE(name, T, str) \
+  case DType::name:                            \
+    return f(device_t<DType::name>{});
+
 // Calls f(T{}) with T the device element type of dtype t.
 template <class F>
 void visit_device_dtype(DType t, F&& f) {
-  switch (t) {
-    case DType::f32:
-      return f(float{});
-    case DType::f64:
-      return f(double{});
-    case DType::bf16:
-      return f(__nv_bfloat16{});
-    case DType::f16:
-      return f(__half{});
-    case DType::i32:
-      return f(int32_t{});
-    case DType::i64:
-      return f(int64_t{});
-    case DType::boolean:
-      return f(bool{});
-  }
+  switch (t) { ACCRUE_FOR_EACH_DTYPE(ACCRUE_DEVICE_DTYPE_CASE) }
 }
 
 // Float dtypes only (the ops of kernels/ compute on these).
 template <class F>
 void visit_float_dtype(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32:
-      return f(float{});
-    case DType::f64:
-      return f(double{});
-    case DType::bf16:
-      return f(__nv_bfloat16{});
-    case DType::f16:
-      return f(__half{});
+    ACCRUE_FOR_EACH_FLOAT_DTYPE(ACCRUE_DEVICE_DTYPE_CASE)
     default:
       ACCRUE_FAIL(op, ": dtype ", dtype_name(t), " is not a floating dtype");
   }

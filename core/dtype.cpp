@@ -4,20 +4,11 @@ namespace accrue {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32:
-      return "f32";
-    case DType::f64:
-      return "f64";
-    case DType::bf16:
-      return "bf16";
-    case DType::f16:
-      return "f16";
-    case DType::i32:
-      return "i32";
-    case DType::i64:
-      return "i64";
-    case DType::boolean:
-      return "bool";
+#define ACCRUE_DTYPE_NAME(name, type, str) \
+  case DType::name:                        \
+    return str;
+    ACCRUE_FOR_EACH_DTYPE(ACCRUE_DTYPE_NAME)
+#undef ACCRUE_DTYPE_NAME
   }
   return "?";
 }

@@ -9,27 +9,41 @@
 
 namespace accrue {
 
-enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, boolean };
+// Note [DType list]
+// ~~~~~~~~~~~~~~~~~
+// The dtypes are listed once, here: X(enumerator, host element type, name).
+// Everything that switches over dtypes expands these lists -- the enum, its
+// names, element sizes, dtype_of, visit_dtype / visit_index_dtype below, the
+// CUDA visitors of core/cuda_types.cuh (through the device type map there) and
+// the CPU kernels' visit_float (kernels/cpu/cpu_util.h) -- so adding a dtype
+// means adding one line to one list (and a device_type entry if the device
+// stores it differently). The list order is the enum order: keep it, it fixes
+// the DType values.
+// clang-format off
+#define ACCRUE_FOR_EACH_FLOAT_DTYPE(X) \
+  X(f32, float, "f32")                 \
+  X(f64, double, "f64")                \
+  X(bf16, ::accrue::bf16, "bf16")      \
+  X(f16, ::accrue::f16, "f16")
+#define ACCRUE_FOR_EACH_INDEX_DTYPE(X) \
+  X(i32, int32_t, "i32")               \
+  X(i64, int64_t, "i64")
+#define ACCRUE_FOR_EACH_DTYPE(X)  \
+  ACCRUE_FOR_EACH_FLOAT_DTYPE(X)  \
+  ACCRUE_FOR_EACH_INDEX_DTYPE(X)  \
+  X(boolean, bool, "bool")
+// clang-format on
 
-constexpr size_t element_size(DType t) {
-  switch (t) {
-    case DType::f64:
-    case DType::i64:
-      return 8;
-    case DType::f32:
-    case DType::i32:
-      return 4;
-    case DType::bf16:
-    case DType::f16:
-      return 2;
-    case DType::boolean:
-      return 1;
-  }
-  return 0;
-}
+enum class DType : uint8_t {
+#define ACCRUE_DTYPE_ENUMERATOR(name, type, str) name,
+  ACCRUE_FOR_EACH_DTYPE(ACCRUE_DTYPE_ENUMERATOR)
+#undef ACCRUE_DTYPE_ENUMERATOR
+};
 
 constexpr bool is_floating(DType t) {
-  return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16;
+#define ACCRUE_DTYPE_IS(name, type, str) || t == DType::name
+  return false ACCRUE_FOR_EACH_FLOAT_DTYPE(ACCRUE_DTYPE_IS);
+#undef ACCRUE_DTYPE_IS
 }
 
 const char* dtype_name(DType t);
@@ -65,57 +79,48 @@ struct f16 {
   static float to_float(uint16_t h);
 };
 
-// Maps a C++ element type to its DType.
+// The host element type of each dtype, and its inverse dtype_of. See Note [DType list].
+template <DType D>
+struct host_type;
 template <class T>
 struct dtype_of;
-template <>
-struct dtype_of<float> {
-  static constexpr DType value = DType::f32;
-};
-template <>
-struct dtype_of<double> {
-  static constexpr DType value = DType::f64;
-};
-template <>
-struct dtype_of<bf16> {
-  static constexpr DType value = DType::bf16;
-};
-template <>
-struct dtype_of<f16> {
-  static constexpr DType value = DType::f16;
-};
-template <>
-struct dtype_of<int32_t> {
-  static constexpr DType value = DType::i32;
-};
-template <>
-struct dtype_of<int64_t> {
-  static constexpr DType value = DType::i64;
-};
-template <>
-struct dtype_of<bool> {
-  static constexpr DType value = DType::boolean;
-};
+#define ACCRUE_DTYPE_HOST_TYPE(name, T, str)    \
+  template <>                                   \
+  struct host_type<DType::name> {               \
+    using type = T;                             \
+  };                                            \
+  template <>                                   \
+  struct dtype_of<T> {                          \
+    static constexpr DType value = DType::name; \
+  };
+ACCRUE_FOR_EACH_DTYPE(ACCRUE_DTYPE_HOST_TYPE)
+#undef ACCRUE_DTYPE_HOST_TYPE
+template <DType D>
+using host_t = typename host_type<D>::type;
+
+constexpr size_t element_size(DType t) {
+  switch (t) {
+#define ACCRUE_DTYPE_SIZE(name, T, str) \
+  case DType::name:                     \
+    return sizeof(T);
+    ACCRUE_FOR_EACH_DTYPE(ACCRUE_DTYPE_SIZE)
+#undef ACCRUE_DTYPE_SIZE
+  }
+  return 0;
+}
+static_assert(element_size(DType::boolean) == 1 && element_size(DType::bf16) == 2 &&
+              element_size(DType::f16) == 2);
+
+// One case of a visitor's switch over a list of Note [DType list]: calls f with
+// the host element type of the dtype.
+#define ACCRUE_HOST_DTYPE_CASE(name, T, str) \
+  case DType::name:                          \
+    return f(host_t<DType::name>{});
 
 // Calls f(T{}) with T the C++ type of dtype t: one switch shared by every op.
 template <class F>
 decltype(auto) visit_dtype(DType t, F&& f) {
-  switch (t) {
-    case DType::f32:
-      return f(float{});
-    case DType::f64:
-      return f(double{});
-    case DType::bf16:
-      return f(bf16{});
-    case DType::f16:
-      return f(f16{});
-    case DType::i32:
-      return f(int32_t{});
-    case DType::i64:
-      return f(int64_t{});
-    case DType::boolean:
-      return f(bool{});
-  }
+  switch (t) { ACCRUE_FOR_EACH_DTYPE(ACCRUE_HOST_DTYPE_CASE) }
   return f(float{});
 }
 
@@ -123,10 +128,7 @@ decltype(auto) visit_dtype(DType t, F&& f) {
 template <class F>
 decltype(auto) visit_index_dtype(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::i32:
-      return f(int32_t{});
-    case DType::i64:
-      return f(int64_t{});
+    ACCRUE_FOR_EACH_INDEX_DTYPE(ACCRUE_HOST_DTYPE_CASE)
     default:
       break;
   }

@@ -66,15 +66,8 @@ inline T* ptr(const Tensor& t) {
 // Calls f(T{}) for the floating dtypes only; anything else is a dispatch bug.
 template <class F>
 decltype(auto) visit_float(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32:
-      return f(float{});
-    case DType::f64:
-      return f(double{});
-    case DType::bf16:
-      return f(bf16{});
-    case DType::f16:
-      return f(f16{});
+  switch (t) {  // See Note [DType list].
+    ACCRUE_FOR_EACH_FLOAT_DTYPE(ACCRUE_HOST_DTYPE_CASE)
     default:
       break;
   }
