@@ -77,7 +77,7 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Returns the summed loss (differentiable, 0-d) and the number of counted
-// targets (0-d i64): see Note [Losses return (sum, count)] in kernels/ops.h.
+// targets (0-d i64): see Note [Losses return sum and count] in kernels/ops.h.
 struct Loss {
   Tensor sum;
   Tensor count;

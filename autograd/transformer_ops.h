@@ -27,7 +27,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // GPT-2's packed form: qkv [B, T, 3 * H * d] (q, k, v concatenated in that
 // order, heads contiguous within each) -> [B, T, H * d], causal. Backward
 // writes one dqkv buffer (no slicing or concatenation copies).
-Tensor packed_causal_attention(const Tensor& qkv, int64_t n_head, const AttentionOptions& options = {});
+Tensor packed_causal_attention(const Tensor& qkv, int64_t n_head,
+                               const AttentionOptions& options = {});
 
 // Note [Dropout mask from the counter] (kernels/dropout.h). p in [0, 1);
 // with training false or p == 0 it returns x itself.

@@ -83,8 +83,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 void embedding_backward(const Tensor& grad, const Tensor& indices, const Tensor& grad_weight,
                         bool accumulate);
 
-// Note [Losses return (sum, count)]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Note [Losses return sum and count]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A loss returns the sum of its per-item losses and the number of items it
 // counted (targets != ignore_index), never their mean. A mean per micro-batch
 // would fix the divisor too early: the optimizer must divide the window's

@@ -17,7 +17,7 @@
 //
 // Note [Normalization]
 // ~~~~~~~~~~~~~~~~~~~~
-// Losses return (sum, count) (Note [Losses return (sum, count)]), and the
+// Losses return sum and count (Note [Losses return sum and count]), and the
 // window divides by its item count once, at close. backward() seeds each
 // micro-batch's backward of loss.sum with the loss scale alone and adds
 // loss.count to state[kItems] on the device (f64: exact). Under data
