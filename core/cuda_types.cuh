@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/cuda_runtime.h"
+#include "core/device_scope.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/status_check.h"
@@ -90,24 +91,7 @@ void visit_float_dtype(DType t, const char* op, F&& f) {
   }
 }
 
-// Selects the tensor's device for the scope of a launch and restores the previous one.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    ACCRUE_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) ACCRUE_CUDA_CHECK(cudaSetDevice(device));
-    device_ = device;
-  }
-  ~DeviceScope() {
-    if (previous_ != device_) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-  int device_ = 0;
-};
+// DeviceScope (core/device_scope.h) selects the tensor's device for the scope of a launch.
 
 inline cudaStream_t stream_for(int device) {
   return current_stream(device);

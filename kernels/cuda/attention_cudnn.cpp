@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "core/cuda_runtime.h"
+#include "core/device_scope.h"
 #include "core/status_check.h"
 #include "kernels/attention_backend.h"
 
@@ -76,24 +77,7 @@ void check_fe(fe::error_t status, const char* op, const char* step, const Attent
               status.get_message());
 }
 
-// Selects the device for a scope and restores the previous one.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    ACCRUE_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) ACCRUE_CUDA_CHECK(cudaSetDevice(device));
-    device_ = device;
-  }
-  ~DeviceScope() {
-    if (previous_ != device_) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-  int device_ = 0;
-};
+using ::accrue::cuda::DeviceScope;
 
 // See Note [cuDNN attention graphs].
 class CudnnState {
