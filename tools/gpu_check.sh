@@ -29,7 +29,7 @@
 # along, and run tools/gpu_check.sh --deps .deps.
 #
 # Exit status: 0 when the build, every test and every sanitizer run passed
-# (a sanitizer run that prints no ERROR SUMMARY line fails), else 1.
+# (a sanitizer run that prints no summary line fails), else 1.
 #
 # A lent machine may cut one call at ten minutes: split the sanitizer runs
 # over calls with --sanitizer-binaries and --sanitizer-tools, e.g.
@@ -47,7 +47,7 @@ usage: tools/gpu_check.sh [options]
   --werror                 configure with -DACCRUE_WERROR=ON
   --jobs N                 build and cpu-test parallelism (default: nproc)
   --filter GTEST_FILTER    gtest filter for both sanitizer tools (default: *:-*out_of_memory*)
-  --racecheck-filter F     gtest filter for racecheck only (default: --filter plus -GpuMatmul.*)
+  --racecheck-filter F     gtest filter for racecheck only (default: --filter)
   --sanitizer-tools LIST   comma-separated compute-sanitizer tools
                            (default: memcheck,racecheck,initcheck,synccheck)
   --sanitizer-binaries RE  only the gpu test binaries whose name matches this
@@ -76,10 +76,15 @@ jobs=$(nproc)
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # *out_of_memory* asks the driver for 256 TiB on purpose to test the error
 # message; compute-sanitizer reports that failed cudaMalloc as an API error.
-# Under racecheck, GpuMatmul.* is excluded too: every GEMM there runs inside
-# cuBLAS (nvjet_sm90_* kernels, closed source), where racecheck reports
-# shared-memory hazards that accrue's code cannot cause or fix; each of
-# accrue's own kernels (every other test) stays under racecheck.
+# racecheck reports shared-memory hazards inside the closed-source library
+# kernels (cuDNN's generated flash attention, cudnn_generated_*_sdpa_*; cuBLAS's
+# nvjet_* and cutlass/xmma GEMMs) that accrue's code cannot cause or fix. They
+# are not excluded by name (--kernel-name-exclude makes compute-sanitizer 2025
+# fail the next cuBLAS launch with "failed to handle a hardware exception", as
+# measured on an H200); instead every kernel runs under racecheck and each
+# reported hazard is classified: one whose two accesses are both in a library
+# kernel is counted and listed in the summary, any other fails the check.
+# Every one of accrue's own kernels, in every test, stays under all four tools.
 filter='*:-*out_of_memory*'
 racecheck_filter=''
 sanitizer_tools=memcheck,racecheck,initcheck,synccheck
@@ -114,10 +119,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "gpu_check: unknown option '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
-if [[ -z "$racecheck_filter" ]]; then
-  # Append GpuMatmul.* to the negative patterns (after the '-'), starting them if needed.
-  if [[ "$filter" == *-* ]]; then racecheck_filter="$filter:GpuMatmul.*"; else racecheck_filter="$filter:-GpuMatmul.*"; fi
-fi
+racecheck_filter="${racecheck_filter:-$filter}"
 log_dir="${log_dir:-${OUT:-$build_dir/gpu_check_results}}"
 
 if [[ ! -f CMakeLists.txt || ! -f accrue.h ]]; then
@@ -272,8 +274,10 @@ fi
 # hazards; initcheck: reads of device memory never written; synccheck: invalid
 # barrier use), with the plain cudaMalloc allocator so that every tensor is its
 # own allocation. No run has a time limit: a run cut short would pass code it
-# never reached. A run passes only when it exits 0 AND prints its ERROR SUMMARY
-# line; anything else (a crash, a kill, a missing summary) fails the check.
+# never reached. A run passes only when it exits 0 AND prints its summary line
+# (ERROR SUMMARY; racecheck's is RACECHECK SUMMARY); anything else (a crash, a
+# kill, a missing summary) fails the check. Note [Sanitizer exclusions] says
+# what racecheck leaves out.
 if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
   if [[ -z "$sanitizer" ]]; then
     failed=1
@@ -303,15 +307,44 @@ if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
         ACCRUE_TEST_ALLOCATOR=plain "$sanitizer" --tool "$tool" --error-exitcode 86 \
           "$bin" --gtest_filter="$tool_filter" > "$log" 2>&1
         rc=$?
-        result=$(grep -E 'ERROR SUMMARY' "$log" | tail -n 1 | sed 's/^=* *//')
+        result=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -n 1 | sed 's/^=* *//')
         tests=$(grep -E '^\[  PASSED  \]' "$log" | tail -n 1 | sed 's/^\[  PASSED  \] *//')
         took="$((SECONDS - run_start)) s"
+        # racecheck: hazards whose both accesses lie in library kernels do not
+        # fail the run (Note [Sanitizer exclusions]); count them apart.
+        library_hazards=0
+        own_hazards=0
+        if [[ $tool == racecheck && $rc -eq 86 && -n "$result" ]]; then
+          read -r library_hazards own_hazards < <(python3 - "$log" <<'PY'
+import re, sys
+library = re.compile(r"(nvjet|cutlass|xmma|cublas|cudnn|sdpa)")
+lines = open(sys.argv[1], errors="replace").read().splitlines()
+lib = own = 0
+for i, line in enumerate(lines):
+    m = re.match(r"=+ (Error|Warning): Race reported between \w+ access at (\S+)", line)
+    if not m:
+        continue
+    other = re.match(r"=+\s+and \w+ access at (\S+)", lines[i + 1] if i + 1 < len(lines) else "")
+    if library.search(m.group(2)) and other and library.search(other.group(1)):
+        lib += 1
+    else:
+        own += 1
+print(lib, own)
+PY
+          )
+          # The tests themselves must still have passed.
+          if [[ $own_hazards -eq 0 && $library_hazards -gt 0 && -n "$tests" ]] &&
+            ! grep -q '^\[  FAILED  \]' "$log"; then
+            rc=0
+            result="$result; all $library_hazards in library kernels (Note [Sanitizer exclusions])"
+          fi
+        fi
         if [[ $rc -eq 0 && -n "$result" ]]; then
           note "$tool $name: $result ($took; ${tests:-no PASSED line})"
         else
           failed=1
-          note "$tool $name: FAILED exit $rc ($took): ${result:-no ERROR SUMMARY line}"
-          while IFS= read -r line; do note "    $line"; done < <(grep -m 3 -E '^========= (Invalid|Race|Error|Program hit|Uninitialized|Barrier)' "$log")
+          note "$tool $name: FAILED exit $rc ($took): ${result:-no summary line}"
+          while IFS= read -r line; do note "    $line"; done < <(grep -m 3 -E '^========= (Invalid|Race|Error|Program hit|Uninitialized|Barrier|Internal)' "$log")
         fi
       done
     done
