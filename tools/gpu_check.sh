@@ -84,6 +84,7 @@ jobs=$(nproc)
 # measured on an H200); instead every kernel runs under racecheck and each
 # reported hazard is classified: one whose two accesses are both in a library
 # kernel is counted and listed in the summary, any other fails the check.
+# --print-limit 0 makes every hazard printed, so every one is classified.
 # Every one of accrue's own kernels, in every test, stays under all four tools.
 filter='*:-*out_of_memory*'
 racecheck_filter=''
@@ -304,7 +305,7 @@ if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
         log="$details/sanitizer_${tool}_${name}.log"
         say "$tool $name --gtest_filter=$tool_filter"
         run_start=$SECONDS
-        ACCRUE_TEST_ALLOCATOR=plain "$sanitizer" --tool "$tool" --error-exitcode 86 \
+        ACCRUE_TEST_ALLOCATOR=plain "$sanitizer" --tool "$tool" --print-limit 0 --error-exitcode 86 \
           "$bin" --gtest_filter="$tool_filter" > "$log" 2>&1
         rc=$?
         result=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -n 1 | sed 's/^=* *//')
