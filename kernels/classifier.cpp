@@ -9,6 +9,7 @@
 #include "kernels/backend.h"
 #include "kernels/classifier.h"
 #include "kernels/classifier_backend.h"
+#include "kernels/index_checks.h"
 #include "kernels/ops.h"
 
 namespace accrue::kernels {
@@ -77,29 +78,6 @@ void check_hidden_weight(const Tensor& hidden, const Tensor& weight, const char*
                shape_str(hidden.shape()), " (expected [V_padded, ", hidden.size(1), "])");
 }
 
-// Targets in [0, valid_classes) or ignore_index: the policy of
-// kernels::cross_entropy. Always checked on the CPU; on CUDA only when
-// check_indices(), since reading the count back synchronizes the host.
-void check_targets(const Tensor& targets, int64_t valid_classes, int64_t ignore_index,
-                   const char* op) {
-  if (targets.numel() == 0) return;
-  if (targets.device().is_cuda() && !check_indices()) return;
-  const int64_t bad = targets.device().is_cpu()
-                          ? cpu::count_out_of_range(targets, valid_classes, ignore_index, true)
-                          : cuda::count_out_of_range(targets, valid_classes, ignore_index, true);
-  if (bad == 0) return;
-  // The error path only: find the first offender on the host to name it.
-  const std::vector<int64_t> v = targets.to_vector<int64_t>();
-  size_t first = 0;
-  while (first < v.size() &&
-         (v[first] == ignore_index || (v[first] >= 0 && v[first] < valid_classes)))
-    ++first;
-  const int64_t value = first < v.size() ? v[first] : -1;
-  ACCRUE_FAIL(op, ": target ", value, " (at row ", first, " of ", v.size(), ") out of range [0, ",
-              valid_classes, ") of the valid classes and not ignore_index ", ignore_index, "; ",
-              bad, " of ", v.size(), " targets are out of range");
-}
-
 }  // namespace
 
 ClassifierOutput classifier_forward(const Tensor& hidden, const Tensor& weight,
@@ -121,7 +99,7 @@ ClassifierOutput classifier_forward(const Tensor& hidden, const Tensor& weight,
                valid_classes, " must lie in [1, ", padded, "] (the rows of weight of shape ",
                shape_str(weight.shape()), ")");
   const Tensor t = targets.contiguous();
-  check_targets(t, valid_classes, ignore_index, name);
+  check_index_range(t, valid_classes, ignore_index, true, name, "target");
 
   const Device device = hidden.device();
   const DType loss_dtype = widened(hidden.dtype());

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/dispatch_util.h"
+#include "kernels/index_checks.h"
 
 namespace accrue::kernels {
 
@@ -23,29 +24,6 @@ void check_index_dtype(const Tensor& t, const char* op, const char* what) {
 // The loss and layer-norm statistics dtype: f32, or f64 for f64 inputs.
 DType widened(DType t) {
   return t == DType::f64 ? DType::f64 : DType::f32;
-}
-
-// Verifies that every index lies in [0, bound) (ignore_index excepted). Always
-// on the CPU; on CUDA only when check_indices(), since reading the count back
-// synchronizes the host.
-void check_index_range(const Tensor& indices, int64_t bound, int64_t ignore_index, bool use_ignore,
-                       const char* op, const char* what) {
-  if (indices.numel() == 0) return;
-  if (indices.device().is_cuda() && !check_indices()) return;
-  const int64_t bad = ACCRUE_BACKEND_CALL(indices.device(), count_out_of_range, indices, bound,
-                                          ignore_index, use_ignore);
-  if (bad == 0) return;
-  // The error path only: find the first offender on the host to name it.
-  const std::vector<int64_t> v = indices.to_vector<int64_t>();
-  size_t first = 0;
-  while (first < v.size() &&
-         ((use_ignore && v[first] == ignore_index) || (v[first] >= 0 && v[first] < bound)))
-    ++first;
-  const int64_t value = first < v.size() ? v[first] : -1;
-  ACCRUE_FAIL(op, ": ", what, " ", value, " (at flat position ", first, " of ", what, "s of shape ",
-              shape_str(indices.shape()), ") out of range [0, ", bound, ")",
-              use_ignore ? " and not ignore_index " + std::to_string(ignore_index) : std::string(),
-              "; ", bad, " of ", v.size(), " are out of range");
 }
 
 }  // namespace

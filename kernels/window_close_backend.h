@@ -54,7 +54,9 @@ ACCRUE_HD void window_scalar_update(const double* partials, int64_t rows, double
     sumsq += partials[2 * r];
     nonfinite += partials[2 * r + 1];
   }
-  const bool found_inf = nonfinite > 0.0 || !std::isfinite(sumsq);
+  // A non-finite N is a skip too: Note [Deferred index checks] marks a window
+  // that saw a bad index with N = NaN (summed over ranks, so all ranks agree).
+  const bool found_inf = nonfinite > 0.0 || !std::isfinite(sumsq) || !std::isfinite(state[kItems]);
 
   const double scale = state[kScale];
   const double scale_used = config.scaler.mode == ScalerMode::None ? 1.0 : scale;

@@ -52,6 +52,7 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
   }
   loss_sum_ = zeros({}, DType::f64, device);
   last_ = zeros({kLastSize}, DType::f64, device);
+  index_checks_ = std::make_unique<kernels::DeferredIndexChecks>(device, field(kernels::kItems));
   optimizer_.bind(arena);
 }
 
@@ -83,6 +84,7 @@ void Window::backward(const Loss& loss) {
   }
   accrue::backward(loss.sum, seed);
   ++micro_step_;
+  index_checks_->set_position(windows_, micro_step_);
 }
 
 void Window::close() {
@@ -107,6 +109,7 @@ void Window::close() {
   loss_sum_.fill_(0.0);
   ++windows_;
   micro_step_ = 0;
+  index_checks_->set_position(windows_, micro_step_);
 }
 
 void Window::norm_partials() {
@@ -151,7 +154,12 @@ void Window::unpack_owned(const Tensor& packed, const Tensor& flat) const {
   }
 }
 
+void Window::check() const {
+  index_checks_->raise_pending();
+}
+
 WindowReport Window::report() const {
+  check();
   const std::vector<double> v = last_.to_vector<double>();
   WindowReport r;
   r.window = windows_;

@@ -11,9 +11,10 @@
 // backward() seeds each micro-batch's backward with the loss scale only and
 // counts its items on the device; gradients land in the arena by Note
 // [Overwrite first]. close() runs Note [Window close]. The Window itself never
-// synchronizes the host: report() does, when asked. (The model's own ops may:
-// on CUDA, embedding and cross-entropy index checks read back a flag unless
-// kernels::set_check_indices(false).)
+// synchronizes the host: report() does, when asked. While it lives, the index
+// checks of embedding, cross-entropy and the fused classifier on its device
+// are deferred to it (Note [Deferred index checks]): a bad index skips the
+// window on the device, and report() or check() throws the error.
 //
 // Note [Normalization]
 // ~~~~~~~~~~~~~~~~~~~~
@@ -68,15 +69,19 @@
 // advances, and with it the LR schedule (as scheduler.step() does in a PyTorch
 // loop with GradScaler); N and the loss sum reset, and the next window's
 // first contributions overwrite the bad gradients (Note [Overwrite first]).
-// The host learns of it only through report().skipped. Under ZeRO-1 every
+// The host learns of it only through report().skipped. A window whose N is
+// not finite is skipped the same way (Note [Deferred index checks]: a bad
+// index sets N to NaN), and report() then throws that index's error. Under ZeRO-1 every
 // rank sums every rank's partials, so all ranks skip together.
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 
 #include "autograd/grad_arena.h"
 #include "autograd/ops.h"
+#include "kernels/index_checks.h"
 #include "optim/gradient_sync.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
@@ -141,6 +146,12 @@ class Window {
 
   int64_t micro_step() const { return micro_step_; }
   int64_t windows_closed() const { return windows_; }
+  // One host synchronization. Throws the first bad index seen on the device
+  // since the host last looked (Note [Deferred index checks]), naming the op,
+  // the value, the valid range, the window and the micro-step; that window's
+  // update was skipped. The record is then clear: a second call returns.
+  void check() const;
+  // check(), then what the last closed window did.
   WindowReport report() const;
   // The device state (kernels::WindowField layout).
   const Tensor& state() const { return state_; }
@@ -176,6 +187,9 @@ class Window {
   Tensor local_partials_;           // ZeRO-1: this rank's rows, one block per owned range
   Tensor loss_sum_;                 // f64 0-d, summed over the window's micro-steps
   Tensor last_;  // f64: the last window's state, this rank's loss sum and items, and N
+  // Note [Deferred index checks]: on the heap, so that it stays put (it is
+  // registered with the thread) when the Window moves.
+  std::unique_ptr<kernels::DeferredIndexChecks> index_checks_;
   int64_t micro_step_ = 0;
   int64_t windows_ = 0;
 };

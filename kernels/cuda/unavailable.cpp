@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "kernels/index_checks_backend.h"
 
 namespace accrue::kernels::cuda {
 
@@ -58,6 +59,9 @@ void embedding(const Tensor&, const Tensor&, const Tensor&) {
 }
 int64_t count_out_of_range(const Tensor&, int64_t, int64_t, bool) {
   unavailable("count_out_of_range");
+}
+void record_index_fault(const Tensor&, const IndexCheckCall&, const Tensor&, const Tensor&) {
+  unavailable("record_index_fault");
 }
 void embedding_backward(const Tensor&, const Tensor&, const Tensor&, bool) {
   unavailable("embedding_backward");

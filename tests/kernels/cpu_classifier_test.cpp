@@ -287,7 +287,7 @@ TEST(CpuClassifier, bad_inputs_throw_naming_op_and_values) {
   EXPECT_ERROR(kernels::classifier_forward(h, w, t, -2), op, "valid_classes -2");
   // A padded class is not a valid target; neither is a negative one other than ignore_index.
   EXPECT_ERROR(kernels::classifier_forward(h, w, from_vector<int64_t>({0, 6, 1, 2}, {4}), 6), op,
-               "target 6", "[0, 6)", "row 1");
+               "target 6", "[0, 6)", "flat position 1");
   EXPECT_ERROR(
       kernels::classifier_forward(h, w, from_vector<int32_t>({0, 1, -1, 2}, {4}, DType::i32), 6),
       op, "target -1", "[0, 6)", "-100");
