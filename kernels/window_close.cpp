@@ -51,28 +51,12 @@ void check_state(const Tensor& state, Device device, const char* op) {
   check_device(state, device, op, "state");
 }
 
-void check_finite(double value, const char* op, const char* what) {
-  ACCRUE_CHECK(std::isfinite(value), op, ": ", what, " = ", value, " is not finite");
-}
-
 void check_close_config(const CloseConfig& c, const char* op) {
   const ScalerConfig& s = c.scaler;
   ACCRUE_CHECK(
       s.mode == ScalerMode::None || s.mode == ScalerMode::Static || s.mode == ScalerMode::Dynamic,
       op, ": unknown scaler mode ", static_cast<int>(s.mode));
-  if (s.mode == ScalerMode::Dynamic) {
-    // The same limits as torch.amp.GradScaler's constructor.
-    ACCRUE_CHECK(s.growth_factor > 1.0 && std::isfinite(s.growth_factor), op,
-                 ": growth_factor = ", s.growth_factor, " must be a finite number > 1");
-    ACCRUE_CHECK(s.backoff_factor > 0.0 && s.backoff_factor < 1.0, op,
-                 ": backoff_factor = ", s.backoff_factor, " must lie in (0, 1)");
-    ACCRUE_CHECK(s.growth_interval >= 1, op, ": growth_interval = ", s.growth_interval,
-                 " must be >= 1");
-    ACCRUE_CHECK(s.min_scale > 0.0 && std::isfinite(s.min_scale), op, ": min_scale = ", s.min_scale,
-                 " must be a finite number > 0");
-    ACCRUE_CHECK(s.max_scale >= s.min_scale, op, ": max_scale = ", s.max_scale,
-                 " is below min_scale = ", s.min_scale);
-  }
+  check_scaler_config(s, op);
   ACCRUE_CHECK(c.normalization == Normalization::ItemCount ||
                    c.normalization == Normalization::MeanOfMicroBatchMeans,
                op, ": unknown normalization ", static_cast<int>(c.normalization));
@@ -82,35 +66,59 @@ void check_close_config(const CloseConfig& c, const char* op) {
                " must be a finite number >= 0");
 }
 
+}  // namespace
+
+// ---- Note [Option checks] -------------------------------------------------------------
+
+void check_scaler_config(const ScalerConfig& s, const char* who) {
+  if (s.mode != ScalerMode::Dynamic) return;
+  // The same limits as torch.amp.GradScaler's constructor.
+  ACCRUE_CHECK(s.growth_factor > 1.0 && std::isfinite(s.growth_factor), who,
+               ": growth_factor = ", s.growth_factor, " must be a finite number > 1");
+  ACCRUE_CHECK(s.backoff_factor > 0.0 && s.backoff_factor < 1.0, who,
+               ": backoff_factor = ", s.backoff_factor, " must lie in (0, 1)");
+  ACCRUE_CHECK(s.growth_interval >= 1, who, ": growth_interval = ", s.growth_interval,
+               " must be >= 1");
+  ACCRUE_CHECK(s.min_scale > 0.0 && std::isfinite(s.min_scale), who, ": min_scale = ", s.min_scale,
+               " must be a finite number > 0");
+  ACCRUE_CHECK(s.max_scale >= s.min_scale, who, ": max_scale = ", s.max_scale,
+               " is below min_scale = ", s.min_scale);
+}
+
+void check_group_hyper(const GroupHyper& g, int64_t group, const char* who) {
+  ACCRUE_CHECK(g.lr >= 0.0 && std::isfinite(g.lr), who, ": group ", group,
+               " has learning rate lr = ", g.lr, "; expected a finite number >= 0");
+  ACCRUE_CHECK(g.weight_decay >= 0.0 && std::isfinite(g.weight_decay), who, ": group ", group,
+               " has weight_decay = ", g.weight_decay, "; expected a finite number >= 0");
+}
+
 // The limits of torch.optim's constructors.
-void check_optimizer_config(const OptimizerConfig& c, const char* op) {
+void check_optimizer_config(const OptimizerConfig& c, const char* who) {
   ACCRUE_CHECK(c.kind == OptimizerKind::SGD || c.kind == OptimizerKind::Adam ||
                    c.kind == OptimizerKind::AdamW,
-               op, ": unknown optimizer kind ", static_cast<int>(c.kind));
+               who, ": unknown optimizer kind ", static_cast<int>(c.kind));
   const int64_t groups = static_cast<int64_t>(c.groups.size());
-  ACCRUE_CHECK(groups >= 1 && groups <= kMaxGroups, op, ": ", groups,
+  ACCRUE_CHECK(groups >= 1 && groups <= kMaxGroups, who, ": ", groups,
                " parameter groups; expected 1 to ", kMaxGroups);
-  for (int64_t k = 0; k < groups; ++k) {
-    const GroupHyper& g = c.groups[k];
-    ACCRUE_CHECK(g.lr >= 0.0 && std::isfinite(g.lr), op, ": group ", k, " has lr = ", g.lr,
-                 "; expected a finite number >= 0");
-    ACCRUE_CHECK(g.weight_decay >= 0.0 && std::isfinite(g.weight_decay), op, ": group ", k,
-                 " has weight_decay = ", g.weight_decay, "; expected a finite number >= 0");
-  }
+  for (int64_t k = 0; k < groups; ++k)
+    check_group_hyper(c.groups[k], k, who);
   if (c.kind == OptimizerKind::SGD) {
-    ACCRUE_CHECK(c.momentum >= 0.0 && std::isfinite(c.momentum), op,
+    ACCRUE_CHECK(c.momentum >= 0.0 && std::isfinite(c.momentum), who,
                  ": SGD momentum = ", c.momentum, " must be a finite number >= 0");
-    check_finite(c.dampening, op, "SGD dampening");
-    ACCRUE_CHECK(!c.nesterov || (c.momentum > 0.0 && c.dampening == 0.0), op,
+    ACCRUE_CHECK(std::isfinite(c.dampening), who, ": SGD dampening = ", c.dampening,
+                 " is not finite");
+    ACCRUE_CHECK(!c.nesterov || (c.momentum > 0.0 && c.dampening == 0.0), who,
                  ": SGD nesterov needs momentum > 0 and dampening == 0 (momentum = ", c.momentum,
                  ", dampening = ", c.dampening, ")");
     return;
   }
-  ACCRUE_CHECK(c.beta1 >= 0.0 && c.beta1 < 1.0, op, ": beta1 = ", c.beta1, " must lie in [0, 1)");
-  ACCRUE_CHECK(c.beta2 >= 0.0 && c.beta2 < 1.0, op, ": beta2 = ", c.beta2, " must lie in [0, 1)");
-  ACCRUE_CHECK(c.eps >= 0.0 && std::isfinite(c.eps), op, ": eps = ", c.eps,
+  ACCRUE_CHECK(c.beta1 >= 0.0 && c.beta1 < 1.0, who, ": beta1 = ", c.beta1, " must lie in [0, 1)");
+  ACCRUE_CHECK(c.beta2 >= 0.0 && c.beta2 < 1.0, who, ": beta2 = ", c.beta2, " must lie in [0, 1)");
+  ACCRUE_CHECK(c.eps >= 0.0 && std::isfinite(c.eps), who, ": eps = ", c.eps,
                " must be a finite number >= 0");
 }
+
+namespace {
 
 // An arena buffer of the optimizer: defined, contiguous, `numel` elements,
 // the params' device and (where `dtype` is given) dtype.

@@ -107,6 +107,20 @@ struct OptimizerBuffers {
 };
 inline constexpr int64_t kChunk = 32;
 
+// Note [Option checks]
+// ~~~~~~~~~~~~~~~~~~~~
+// The one validation of optimizer and loss-scaler options, with the limits of
+// torch.optim's and torch.amp.GradScaler's constructors. optim's constructors
+// call it as soon as options are given (who = "AdamW", "LossScaler", ...) and
+// the kernels call it again at every step (who = the kernel's name), so a bad
+// value gets the same message wherever it is caught. Each throws
+// accrue::Error naming who, the option and its value.
+void check_optimizer_config(const OptimizerConfig& config, const char* who);
+// Only a Dynamic scaler has options to check.
+void check_scaler_config(const ScalerConfig& config, const char* who);
+// One group's learning rate and weight decay (group: its index, for the message).
+void check_group_hyper(const GroupHyper& hyper, int64_t group, const char* who);
+
 // (c) With g = grads * state[kCoef] and t = state[kStep] (already incremented
 // by the scalar step), per element, exactly as PyTorch's optimizers:
 //   SGD:   d = g + wd p; if momentum: buf = (t == 1) ? d : momentum buf + (1 - dampening) d,

@@ -51,22 +51,13 @@ LossScalerOptions& LossScalerOptions::max_scale(double v) {
 }
 
 void LossScalerOptions::validate() const {
-  ACCRUE_CHECK(std::isfinite(init_scale_) && init_scale_ > 0, "LossScaler: invalid init_scale ",
-               init_scale_);
+  ACCRUE_CHECK(std::isfinite(init_scale_) && init_scale_ > 0,
+               "LossScaler: init_scale = ", init_scale_, " must be a finite number > 0");
+  kernels::check_scaler_config(config_, "LossScaler");  // Note [Option checks]
   if (config_.mode != kernels::ScalerMode::Dynamic) return;
-  ACCRUE_CHECK(std::isfinite(config_.growth_factor) && config_.growth_factor > 1.0,
-               "LossScaler: growth_factor must be > 1, got ", config_.growth_factor);
-  ACCRUE_CHECK(config_.backoff_factor > 0.0 && config_.backoff_factor < 1.0,
-               "LossScaler: backoff_factor must be in (0, 1), got ", config_.backoff_factor);
-  ACCRUE_CHECK(config_.growth_interval >= 1, "LossScaler: growth_interval must be >= 1, got ",
-               config_.growth_interval);
-  ACCRUE_CHECK(config_.min_scale > 0 && config_.min_scale <= config_.max_scale &&
-                   std::isfinite(config_.max_scale),
-               "LossScaler: invalid bounds min_scale=", config_.min_scale,
-               " max_scale=", config_.max_scale);
   ACCRUE_CHECK(init_scale_ >= config_.min_scale && init_scale_ <= config_.max_scale,
-               "LossScaler: init_scale ", init_scale_, " outside [", config_.min_scale, ", ",
-               config_.max_scale, "]");
+               "LossScaler: init_scale = ", init_scale_, " lies outside [min_scale, max_scale] = [",
+               config_.min_scale, ", ", config_.max_scale, "]");
 }
 
 }  // namespace accrue::optim

@@ -8,22 +8,8 @@ namespace accrue::optim {
 
 namespace {
 
-void check_lr(double lr, const char* who) {
-  ACCRUE_CHECK(std::isfinite(lr) && lr >= 0.0, who, ": invalid learning rate ", lr);
-}
-void check_weight_decay(double wd, const char* who) {
-  ACCRUE_CHECK(std::isfinite(wd) && wd >= 0.0, who, ": invalid weight_decay ", wd);
-}
-
 template <class O>
 kernels::OptimizerConfig adam_config(const O& o, kernels::OptimizerKind kind, const char* who) {
-  check_lr(o.lr(), who);
-  check_weight_decay(o.weight_decay(), who);
-  ACCRUE_CHECK(o.beta1() >= 0.0 && o.beta1() < 1.0, who, ": invalid beta1 ", o.beta1(),
-               " (must be in [0, 1))");
-  ACCRUE_CHECK(o.beta2() >= 0.0 && o.beta2() < 1.0, who, ": invalid beta2 ", o.beta2(),
-               " (must be in [0, 1))");
-  ACCRUE_CHECK(std::isfinite(o.eps()) && o.eps() >= 0.0, who, ": invalid eps ", o.eps());
   kernels::OptimizerConfig c;
   c.kind = kind;
   c.groups = {{o.lr(), o.weight_decay()}};
@@ -31,6 +17,7 @@ kernels::OptimizerConfig adam_config(const O& o, kernels::OptimizerKind kind, co
   c.beta2 = o.beta2();
   c.eps = o.eps();
   c.amsgrad = o.amsgrad();
+  kernels::check_optimizer_config(c, who);  // Note [Option checks]
   return c;
 }
 
@@ -65,19 +52,12 @@ double linear_scaling_rule(double base_lr, int64_t base_batch, int64_t batch) {
 }
 
 Optimizer::Optimizer(const SGDOptions& o) {
-  check_lr(o.lr(), "SGD");
-  check_weight_decay(o.weight_decay(), "SGD");
-  ACCRUE_CHECK(std::isfinite(o.momentum()) && o.momentum() >= 0.0, "SGD: invalid momentum ",
-               o.momentum());
-  ACCRUE_CHECK(std::isfinite(o.dampening()), "SGD: invalid dampening ", o.dampening());
-  ACCRUE_CHECK(!o.nesterov() || (o.momentum() > 0.0 && o.dampening() == 0.0),
-               "SGD: nesterov needs momentum > 0 and dampening 0 (got momentum=", o.momentum(),
-               " dampening=", o.dampening(), ")");
   config_.kind = kernels::OptimizerKind::SGD;
   config_.groups = {{o.lr(), o.weight_decay()}};
   config_.momentum = o.momentum();
   config_.dampening = o.dampening();
   config_.nesterov = o.nesterov();
+  kernels::check_optimizer_config(config_, "SGD");  // Note [Option checks]
 }
 
 Optimizer::Optimizer(const AdamOptions& o)
@@ -89,8 +69,10 @@ Optimizer& Optimizer::add_param_group(const std::vector<Tensor>& params,
                                       const GroupOptions& options) {
   ACCRUE_CHECK(static_cast<int>(groups_.size()) + 2 <= kernels::kMaxGroups, "Optimizer: at most ",
                kernels::kMaxGroups, " parameter groups");
-  if (options.lr()) check_lr(*options.lr(), "Optimizer group");
-  if (options.weight_decay()) check_weight_decay(*options.weight_decay(), "Optimizer group");
+  // Note [Option checks]: the overrides, with the group's index among all groups.
+  kernels::check_group_hyper({options.lr().value_or(0.0), options.weight_decay().value_or(0.0)},
+                             static_cast<int64_t>(groups_.size()) + 1,
+                             "Optimizer::add_param_group");
   ACCRUE_CHECK(bound_ == nullptr, "Optimizer: add parameter groups before the first step");
   groups_.push_back({params, options});
   return *this;

@@ -70,8 +70,15 @@ void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
     using T = decltype(tag);
     const T* pw = ptr<T>(weight);
     T* po = ptr<T>(out);
-    for (size_t i = 0; i < idx.size(); ++i)
-      std::copy(pw + idx[i] * d, pw + (idx[i] + 1) * d, po + static_cast<int64_t>(i) * d);
+    const int64_t v = weight.size(0);
+    for (size_t i = 0; i < idx.size(); ++i) {
+      T* row = po + static_cast<int64_t>(i) * d;
+      if (idx[i] >= 0 && idx[i] < v) {
+        std::copy(pw + idx[i] * d, pw + (idx[i] + 1) * d, row);
+      } else {  // a deferred check's bad index (Note [Deferred index checks]): a NaN row
+        std::fill(row, row + d, store_double<T>(std::numeric_limits<double>::quiet_NaN()));
+      }
+    }
   });
 }
 
@@ -108,6 +115,10 @@ void embedding_backward(const Tensor& grad, const Tensor& indices, const Tensor&
         for (; end < order.size() && idx[order[end]] == row; ++end)
           for (int64_t j = 0; j < d; ++j)
             acc[j] += load_double(pg[order[end] * d + j]);
+        if (row < 0 || row >= v) {  // a deferred check's bad index: no row to add to
+          start = end;
+          continue;
+        }
         W* out = pw + row * d;
         for (int64_t j = 0; j < d; ++j)
           out[j] = store_double<W>(accumulate ? load_double(out[j]) + acc[j] : acc[j]);
@@ -128,7 +139,9 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_i
     for (int64_t r = 0; r < rows; ++r) {
       if (t[r] == ignore_index) continue;
       const T* x = ptr<T>(logits) + r * cols;
-      loss += log_sum_exp(x, cols) - load_double(x[t[r]]);
+      // A deferred check's bad target (Note [Deferred index checks]) makes the loss NaN.
+      loss += t[r] >= 0 && t[r] < cols ? log_sum_exp(x, cols) - load_double(x[t[r]])
+                                       : std::numeric_limits<double>::quiet_NaN();
       ++counted;
     }
   });
@@ -151,6 +164,10 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t
       T* dx = ptr<T>(grad_logits) + r * cols;
       if (t[r] == ignore_index) {
         std::fill(dx, dx + cols, store_double<T>(0.0));
+        continue;
+      }
+      if (t[r] < 0 || t[r] >= cols) {  // a deferred check's bad target: a NaN row
+        std::fill(dx, dx + cols, store_double<T>(std::numeric_limits<double>::quiet_NaN()));
         continue;
       }
       // d(lse(x) - x[t]) / dx = softmax(x) - onehot(t)
