@@ -83,7 +83,8 @@ class CloseFixture {
     fill_slots(*arena_, arena_->moment(0), false);
     fill_slots(*arena_, arena_->moment(1), true);
 
-    config_.scaler.mode = kernels::ScalerMode::Dynamic;
+    config_.scaler.scaled = true;
+    config_.scaler.dynamic = true;
     config_.normalization = kernels::Normalization::ItemCount;
     config_.micro_steps = kMicroSteps;
     config_.max_norm = kMaxNorm;

@@ -52,11 +52,7 @@ void check_state(const Tensor& state, Device device, const char* op) {
 }
 
 void check_close_config(const CloseConfig& c, const char* op) {
-  const ScalerConfig& s = c.scaler;
-  ACCRUE_CHECK(
-      s.mode == ScalerMode::None || s.mode == ScalerMode::Static || s.mode == ScalerMode::Dynamic,
-      op, ": unknown scaler mode ", static_cast<int>(s.mode));
-  check_scaler_config(s, op);
+  check_scaler_config(c.scaler, op);
   ACCRUE_CHECK(c.normalization == Normalization::ItemCount ||
                    c.normalization == Normalization::MeanOfMicroBatchMeans,
                op, ": unknown normalization ", static_cast<int>(c.normalization));
@@ -71,7 +67,8 @@ void check_close_config(const CloseConfig& c, const char* op) {
 // ---- Note [Option checks] -------------------------------------------------------------
 
 void check_scaler_config(const ScalerConfig& s, const char* who) {
-  if (s.mode != ScalerMode::Dynamic) return;
+  ACCRUE_CHECK(s.scaled || !s.dynamic, who, ": a dynamic scale must also be scaled");
+  if (!s.dynamic) return;
   // The same limits as torch.amp.GradScaler's constructor.
   ACCRUE_CHECK(s.growth_factor > 1.0 && std::isfinite(s.growth_factor), who,
                ": growth_factor = ", s.growth_factor, " must be a finite number > 1");
@@ -94,15 +91,14 @@ void check_group_hyper(const GroupHyper& g, int64_t group, const char* who) {
 
 // The limits of torch.optim's constructors.
 void check_optimizer_config(const OptimizerConfig& c, const char* who) {
-  ACCRUE_CHECK(c.kind == OptimizerKind::SGD || c.kind == OptimizerKind::Adam ||
-                   c.kind == OptimizerKind::AdamW,
-               who, ": unknown optimizer kind ", static_cast<int>(c.kind));
+  ACCRUE_CHECK(c.adam || !c.decoupled_weight_decay, who,
+               ": decoupled weight decay (AdamW) needs the Adam update");
   const int64_t groups = static_cast<int64_t>(c.groups.size());
   ACCRUE_CHECK(groups >= 1 && groups <= kMaxGroups, who, ": ", groups,
                " parameter groups; expected 1 to ", kMaxGroups);
   for (int64_t k = 0; k < groups; ++k)
     check_group_hyper(c.groups[k], k, who);
-  if (c.kind == OptimizerKind::SGD) {
+  if (!c.adam) {
     ACCRUE_CHECK(c.momentum >= 0.0 && std::isfinite(c.momentum), who,
                  ": SGD momentum = ", c.momentum, " must be a finite number >= 0");
     ACCRUE_CHECK(std::isfinite(c.dampening), who, ": SGD dampening = ", c.dampening,
@@ -133,15 +129,9 @@ void check_buffer(const Tensor& t, const Tensor& params, const char* op, const c
 }
 
 const char* kind_name(const OptimizerConfig& c) {
-  switch (c.kind) {
-    case OptimizerKind::SGD:
-      return c.momentum != 0.0 ? "SGD with momentum" : "SGD";
-    case OptimizerKind::Adam:
-      return c.amsgrad ? "Adam with amsgrad" : "Adam";
-    case OptimizerKind::AdamW:
-      return c.amsgrad ? "AdamW with amsgrad" : "AdamW";
-  }
-  return "the optimizer";
+  if (!c.adam) return c.momentum != 0.0 ? "SGD with momentum" : "SGD";
+  if (c.decoupled_weight_decay) return c.amsgrad ? "AdamW with amsgrad" : "AdamW";
+  return c.amsgrad ? "Adam with amsgrad" : "Adam";
 }
 
 void check_optimizer_buffers(const OptimizerConfig& c, const OptimizerBuffers& b, const char* op) {

@@ -41,9 +41,13 @@ Tensor make_window_state(double initial_scale, Device device);
 int64_t norm_partials_rows(const Tensor& grads);
 void grad_norm_partials(const Tensor& grads, const Tensor& partials);
 
-enum class ScalerMode { None, Static, Dynamic };
+// Plain parameters: the policy (optim::ScalerMode) lives in optim.
 struct ScalerConfig {
-  ScalerMode mode = ScalerMode::None;
+  // The backward seeds carry state[kScale] and the close divides by it (a
+  // static or dynamic scaler); otherwise the scale is 1 and never read.
+  bool scaled = false;
+  // The scale moves as torch.amp.GradScaler's update (needs scaled).
+  bool dynamic = false;
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
   int64_t growth_interval = 2000;
@@ -72,14 +76,19 @@ struct CloseConfig {
 // kItems is left for the caller to reset. Single thread, fixed order.
 void window_scalar_step(const Tensor& partials, const Tensor& state, const CloseConfig& config);
 
-enum class OptimizerKind { SGD, Adam, AdamW };
 struct GroupHyper {
   double lr = 1e-3;
   double weight_decay = 0.0;
 };
 inline constexpr int kMaxGroups = 8;
+// Plain parameters: the policy (optim::OptimizerKind) lives in optim.
 struct OptimizerConfig {
-  OptimizerKind kind = OptimizerKind::AdamW;
+  // Adam's moments (exp_avg, exp_avg_sq); otherwise SGD, with a momentum
+  // buffer when momentum > 0.
+  bool adam = true;
+  // AdamW: p *= 1 - lr * weight_decay before the update; otherwise weight
+  // decay is added to the gradient (Adam, SGD). Only with adam.
+  bool decoupled_weight_decay = true;
   std::vector<GroupHyper> groups;  // 1..kMaxGroups, indexed by chunk_groups
   // Adam / AdamW
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;

@@ -59,7 +59,7 @@ ACCRUE_HD void window_scalar_update(const double* partials, int64_t rows, double
   const bool found_inf = nonfinite > 0.0 || !std::isfinite(sumsq) || !std::isfinite(state[kItems]);
 
   const double scale = state[kScale];
-  const double scale_used = config.scaler.mode == ScalerMode::None ? 1.0 : scale;
+  const double scale_used = config.scaler.scaled ? scale : 1.0;
   double inv_n = 1.0 / static_cast<double>(config.micro_steps);
   if (config.normalization == Normalization::ItemCount) {
     const double items = state[kItems];
@@ -74,7 +74,7 @@ ACCRUE_HD void window_scalar_update(const double* partials, int64_t rows, double
   state[kGradNorm] = norm;
   state[kClipCoef] = clip;
 
-  const bool dynamic = config.scaler.mode == ScalerMode::Dynamic;
+  const bool dynamic = config.scaler.dynamic;
   if (found_inf) {
     state[kFoundInf] = 1.0;
     state[kCoef] = 0.0;
@@ -109,7 +109,7 @@ ACCRUE_HD void window_scalar_update(const double* partials, int64_t rows, double
 // CUDA kernel takes it by value (__grid_constant__).
 template <class M>
 struct OptimizerParams {
-  OptimizerKind kind;
+  bool decoupled_weight_decay;
   int groups;
   // Per group, in double: Adam's step size lr / (1 - beta1^t) and AdamW's
   // decay 1 - lr * weight_decay are formed in double, as torch does.
@@ -125,7 +125,7 @@ struct OptimizerParams {
 template <class M>
 OptimizerParams<M> make_optimizer_params(const OptimizerConfig& c) {
   OptimizerParams<M> o{};
-  o.kind = c.kind;
+  o.decoupled_weight_decay = c.decoupled_weight_decay;
   o.groups = static_cast<int>(c.groups.size());
   for (int k = 0; k < o.groups; ++k) {
     o.lr[k] = c.groups[k].lr;
@@ -147,13 +147,13 @@ OptimizerParams<M> make_optimizer_params(const OptimizerConfig& c) {
 
 // Which optional buffers an optimizer reads and writes.
 inline bool uses_exp_avg(const OptimizerConfig& c) {
-  return c.kind != OptimizerKind::SGD || c.momentum != 0.0;
+  return c.adam || c.momentum != 0.0;
 }
 inline bool uses_exp_avg_sq(const OptimizerConfig& c) {
-  return c.kind != OptimizerKind::SGD;
+  return c.adam;
 }
 inline bool uses_max_exp_avg_sq(const OptimizerConfig& c) {
-  return c.kind != OptimizerKind::SGD && c.amsgrad;
+  return c.adam && c.amsgrad;
 }
 
 // A group's per-step scalars.
@@ -217,7 +217,7 @@ ACCRUE_HD void adam_update(const OptimizerParams<M>& o, const StepScalars<M>& s,
   const GroupScalars<M>& gs = s.group[group];
   M g = grad * s.coef;
   if (gs.weight_decay != M(0)) {
-    if (o.kind == OptimizerKind::AdamW) {
+    if (o.decoupled_weight_decay) {
       p = p * gs.decay;
     } else {
       g = g + gs.weight_decay * p;

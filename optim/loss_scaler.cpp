@@ -12,7 +12,8 @@ LossScalerOptions LossScalerOptions::none() {
 
 LossScalerOptions LossScalerOptions::fixed(double scale) {
   LossScalerOptions o;
-  o.config_.mode = kernels::ScalerMode::Static;
+  o.mode_ = ScalerMode::Static;
+  o.config_.scaled = true;
   o.init_scale_ = scale;
   o.validate();
   return o;
@@ -20,7 +21,9 @@ LossScalerOptions LossScalerOptions::fixed(double scale) {
 
 LossScalerOptions LossScalerOptions::dynamic() {
   LossScalerOptions o;
-  o.config_.mode = kernels::ScalerMode::Dynamic;
+  o.mode_ = ScalerMode::Dynamic;
+  o.config_.scaled = true;
+  o.config_.dynamic = true;
   o.init_scale_ = 65536.0;
   return o;
 }
@@ -54,7 +57,7 @@ void LossScalerOptions::validate() const {
   ACCRUE_CHECK(std::isfinite(init_scale_) && init_scale_ > 0,
                "LossScaler: init_scale = ", init_scale_, " must be a finite number > 0");
   kernels::check_scaler_config(config_, "LossScaler");  // Note [Option checks]
-  if (config_.mode != kernels::ScalerMode::Dynamic) return;
+  if (mode_ != ScalerMode::Dynamic) return;
   ACCRUE_CHECK(init_scale_ >= config_.min_scale && init_scale_ <= config_.max_scale,
                "LossScaler: init_scale = ", init_scale_, " lies outside [min_scale, max_scale] = [",
                config_.min_scale, ", ", config_.max_scale, "]");

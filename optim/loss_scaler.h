@@ -9,6 +9,9 @@
 
 namespace accrue::optim {
 
+// The policy; the kernels see only ScalerConfig's plain flags.
+enum class ScalerMode { None, Static, Dynamic };
+
 class LossScalerOptions {
  public:
   // No scaling: backward seeds are 1.
@@ -25,14 +28,15 @@ class LossScalerOptions {
   LossScalerOptions& min_scale(double v);
   LossScalerOptions& max_scale(double v);
 
-  kernels::ScalerMode mode() const { return config_.mode; }
+  ScalerMode mode() const { return mode_; }
   double init_scale() const { return init_scale_; }
   const kernels::ScalerConfig& config() const { return config_; }
   // Throws accrue::Error naming the first invalid value.
   void validate() const;
 
  private:
-  kernels::ScalerConfig config_;
+  ScalerMode mode_ = ScalerMode::None;
+  kernels::ScalerConfig config_;  // scaled and dynamic follow mode_
   double init_scale_ = 1.0;
 };
 

@@ -9,9 +9,10 @@ namespace accrue::optim {
 namespace {
 
 template <class O>
-kernels::OptimizerConfig adam_config(const O& o, kernels::OptimizerKind kind, const char* who) {
+kernels::OptimizerConfig adam_config(const O& o, bool decoupled, const char* who) {
   kernels::OptimizerConfig c;
-  c.kind = kind;
+  c.adam = true;
+  c.decoupled_weight_decay = decoupled;
   c.groups = {{o.lr(), o.weight_decay()}};
   c.beta1 = o.beta1();
   c.beta2 = o.beta2();
@@ -52,7 +53,8 @@ double linear_scaling_rule(double base_lr, int64_t base_batch, int64_t batch) {
 }
 
 Optimizer::Optimizer(const SGDOptions& o) {
-  config_.kind = kernels::OptimizerKind::SGD;
+  config_.adam = false;
+  config_.decoupled_weight_decay = false;
   config_.groups = {{o.lr(), o.weight_decay()}};
   config_.momentum = o.momentum();
   config_.dampening = o.dampening();
@@ -60,10 +62,8 @@ Optimizer::Optimizer(const SGDOptions& o) {
   kernels::check_optimizer_config(config_, "SGD");  // Note [Option checks]
 }
 
-Optimizer::Optimizer(const AdamOptions& o)
-    : config_(adam_config(o, kernels::OptimizerKind::Adam, "Adam")) {}
-Optimizer::Optimizer(const AdamWOptions& o)
-    : config_(adam_config(o, kernels::OptimizerKind::AdamW, "AdamW")) {}
+Optimizer::Optimizer(const AdamOptions& o) : config_(adam_config(o, false, "Adam")) {}
+Optimizer::Optimizer(const AdamWOptions& o) : config_(adam_config(o, true, "AdamW")) {}
 
 Optimizer& Optimizer::add_param_group(const std::vector<Tensor>& params,
                                       const GroupOptions& options) {
@@ -85,14 +85,8 @@ Optimizer& Optimizer::set_schedule(std::shared_ptr<const LRSchedule> schedule) {
 }
 
 int Optimizer::moments_needed() const {
-  switch (config_.kind) {
-    case kernels::OptimizerKind::SGD:
-      return config_.momentum > 0.0 ? 1 : 0;
-    case kernels::OptimizerKind::Adam:
-    case kernels::OptimizerKind::AdamW:
-      return config_.amsgrad ? 3 : 2;
-  }
-  return 0;
+  if (!config_.adam) return config_.momentum > 0.0 ? 1 : 0;
+  return config_.amsgrad ? 3 : 2;
 }
 
 kernels::OptimizerConfig Optimizer::config_at(int64_t step) const {

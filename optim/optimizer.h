@@ -140,6 +140,9 @@ class WarmupCosine : public LRSchedule {
 // The linear-scaling rule (Goyal et al.): lr grows with the global batch.
 double linear_scaling_rule(double base_lr, int64_t base_batch, int64_t batch);
 
+// The policy; the kernels see only OptimizerConfig's plain flags.
+enum class OptimizerKind { SGD, Adam, AdamW };
+
 class Optimizer {
  public:
   explicit Optimizer(const SGDOptions& o);
@@ -151,7 +154,10 @@ class Optimizer {
   Optimizer& add_param_group(const std::vector<Tensor>& params, const GroupOptions& options);
   Optimizer& set_schedule(std::shared_ptr<const LRSchedule> schedule);
 
-  kernels::OptimizerKind kind() const { return config_.kind; }
+  OptimizerKind kind() const {
+    if (!config_.adam) return OptimizerKind::SGD;
+    return config_.decoupled_weight_decay ? OptimizerKind::AdamW : OptimizerKind::Adam;
+  }
   // Moment arenas this optimizer needs (for ArenaOptions::moments).
   int moments_needed() const;
   // The config of one step: group lrs scaled by the schedule at `step`.

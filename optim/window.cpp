@@ -30,7 +30,7 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
   close_config_.max_norm = options.max_grad_norm();
   const Device device = arena.options().device;
   const double initial =
-      options.scaler().mode() == kernels::ScalerMode::None ? 1.0 : options.scaler().init_scale();
+      options.scaler().mode() == ScalerMode::None ? 1.0 : options.scaler().init_scale();
   state_ = kernels::make_window_state(initial, device);
   if (sync) ranges_ = sync->owned_ranges();
   if (sharded()) {

@@ -64,7 +64,7 @@ void optimizer_typed(const OptimizerConfig& config, const OptimizerBuffers& b,
   for (int64_t i = 0; i < n; ++i) {
     const int group = groups[(first + i) / kChunk];
     M pi = p[i];
-    if (config.kind == OptimizerKind::SGD) {
+    if (!config.adam) {
       M buf = m ? m[i] : M(0);
       sgd_update(o, s, group, g[i], pi, buf);
       if (m) m[i] = buf;

@@ -303,7 +303,7 @@ void launch_step(const OptimizerConfig& config, const OptimizerBuffers& b, const
 
 template <class T, class C>
 void step_with_copy(const OptimizerConfig& config, const OptimizerBuffers& b, const Tensor& state) {
-  if (config.kind == OptimizerKind::SGD) {
+  if (!config.adam) {
     launch_step<T, C, false>(config, b, state);
   } else {
     launch_step<T, C, true>(config, b, state);

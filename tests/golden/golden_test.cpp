@@ -276,7 +276,7 @@ std::vector<Tensor> fixture_grads(const Fixture& f, int64_t t) {
 
 // torch's state names for accrue's moment arenas (optim/optimizer.cpp's order).
 std::vector<std::string> moment_names(const optim::Optimizer& opt) {
-  if (opt.kind() == kernels::OptimizerKind::SGD) return {"momentum_buffer"};
+  if (opt.kind() == optim::OptimizerKind::SGD) return {"momentum_buffer"};
   return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/window_close.h"
+#include "tests/kernels/optimizer_kinds.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -74,7 +75,7 @@ void reference_step(const OptimizerConfig& c, const std::vector<int32_t>& chunk_
     const GroupHyper& h = c.groups[chunk_groups[i / kChunk]];
     double g = grad[i];
     double& theta = r.p[i];
-    if (c.kind == OptimizerKind::SGD) {
+    if (!c.adam) {
       if (h.weight_decay != 0) g += h.weight_decay * theta;
       if (c.momentum != 0) {
         r.m[i] = r.t > 1 ? c.momentum * r.m[i] + (1 - c.dampening) * g : g;
@@ -83,7 +84,7 @@ void reference_step(const OptimizerConfig& c, const std::vector<int32_t>& chunk_
       theta -= h.lr * g;
       continue;
     }
-    if (c.kind == OptimizerKind::AdamW) {
+    if (c.decoupled_weight_decay) {
       theta -= h.lr * h.weight_decay * theta;
     } else if (h.weight_decay != 0) {
       g += h.weight_decay * theta;
@@ -160,7 +161,7 @@ void close_window(const Arena& a, const Tensor& raw, const Tensor& state, double
 
 OptimizerConfig sgd(double momentum, double dampening, bool nesterov) {
   OptimizerConfig c;
-  c.kind = OptimizerKind::SGD;
+  test::set_kind(c, test::Kind::SGD);
   c.momentum = momentum;
   c.dampening = dampening;
   c.nesterov = nesterov;
@@ -168,9 +169,9 @@ OptimizerConfig sgd(double momentum, double dampening, bool nesterov) {
   return c;
 }
 
-OptimizerConfig adam(OptimizerKind kind, bool amsgrad) {
+OptimizerConfig adam(test::Kind kind, bool amsgrad) {
   OptimizerConfig c;
-  c.kind = kind;
+  test::set_kind(c, kind);
   c.amsgrad = amsgrad;
   c.beta1 = 0.8;
   c.beta2 = 0.95;
@@ -189,10 +190,10 @@ std::vector<Variant> all_variants() {
           {"sgd_momentum", sgd(0.9, 0, false)},
           {"sgd_momentum_dampening", sgd(0.9, 0.3, false)},
           {"sgd_nesterov", sgd(0.9, 0, true)},
-          {"adam", adam(OptimizerKind::Adam, false)},
-          {"adam_amsgrad", adam(OptimizerKind::Adam, true)},
-          {"adamw", adam(OptimizerKind::AdamW, false)},
-          {"adamw_amsgrad", adam(OptimizerKind::AdamW, true)}};
+          {"adam", adam(test::Kind::Adam, false)},
+          {"adam_amsgrad", adam(test::Kind::Adam, true)},
+          {"adamw", adam(test::Kind::AdamW, false)},
+          {"adamw_amsgrad", adam(test::Kind::AdamW, true)}};
 }
 
 // ---- make_window_state and the norm partials ------------------------------------------------
@@ -252,7 +253,7 @@ TEST(CpuWindowClose, norm_partials_count_every_non_finite_element) {
 
 CloseConfig dynamic_close(double max_norm, int64_t growth_interval = 2000) {
   CloseConfig c;
-  c.scaler.mode = ScalerMode::Dynamic;
+  test::set_dynamic_scaler(c.scaler);
   c.scaler.growth_interval = growth_interval;
   c.max_norm = max_norm;
   return c;
@@ -340,14 +341,14 @@ TEST(CpuWindowClose, scale_grows_after_growth_interval_clean_windows_within_boun
 }
 
 TEST(CpuWindowClose, static_and_no_scaler_keep_the_scale) {
-  for (ScalerMode mode : {ScalerMode::Static, ScalerMode::None}) {
+  for (bool scaled : {true, false}) {  // a static scaler, then none
     CloseConfig c;
-    c.scaler.mode = mode;
+    c.scaler.scaled = scaled;
     c.scaler.growth_interval = 1;
     const Tensor state = make_window_state(128.0, Device::cpu());
     set_field(state, kItems, 2);
     window_scalar_step(partials_of({16.0, 0}), state, c);
-    const double used = mode == ScalerMode::None ? 1.0 : 128.0;
+    const double used = scaled ? 128.0 : 1.0;
     EXPECT_EQ(field(state, kScale), 128.0);
     EXPECT_EQ(field(state, kGrowthTracker), 0.0);
     EXPECT_DOUBLE_EQ(field(state, kGradNorm), 4.0 / used / 2.0);
@@ -370,7 +371,7 @@ void expect_matches_reference(const Variant& variant, DType dt) {
   const int64_t n = 1000;  // 31.25 chunks
   const double scale = 1024, items = 37, max_norm = 40;
   Arena a = make_arena(n, dt, 2);
-  if (opt.kind == OptimizerKind::SGD && opt.momentum == 0) a.b.exp_avg = Tensor();  // unused
+  if (!opt.adam && opt.momentum == 0) a.b.exp_avg = Tensor();  // unused
   Reference r;
   r.p = a.b.params.to_vector<double>();
   if (a.b.exp_avg.defined()) r.m = a.b.exp_avg.to_vector<double>();
@@ -554,7 +555,7 @@ TEST(CpuWindowClose, bad_inputs_throw_naming_the_op_and_the_values) {
   EXPECT_ERROR(window_scalar_step(partials, state, c), "max_norm");
 
   const Arena a = make_arena(100, DType::f32, 2);
-  OptimizerConfig opt = adam(OptimizerKind::AdamW, true);
+  OptimizerConfig opt = adam(test::Kind::AdamW, true);
   const char* op = "fused_optimizer_step";
   {
     OptimizerConfig o = opt;
