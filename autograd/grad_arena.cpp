@@ -11,9 +11,11 @@ namespace accrue {
 
 namespace {
 
-// Slot offsets are multiples of 256 bytes (Note [Grad arena]).
-int64_t align_elements(int64_t n, DType dtype) {
-  const int64_t per = static_cast<int64_t>(kAllocationAlignment / element_size(dtype));
+// Slot offsets are multiples of 256 bytes (Note [Grad arena]), times
+// shard_ranks (Note [ZeRO-1]).
+int64_t align_elements(int64_t n, DType dtype, int shard_ranks) {
+  const int64_t per =
+      static_cast<int64_t>(kAllocationAlignment / element_size(dtype)) * shard_ranks;
   return (n + per - 1) / per * per;
 }
 
@@ -31,6 +33,8 @@ GradArena::GradArena(const std::vector<Tensor>& params, const std::vector<std::s
                " must be the master dtype ", dtype_name(options.master_dtype), ", bf16 or f16");
   ACCRUE_CHECK(options.moments >= 0 && options.moments <= 3,
                "GradArena: moments must be 0..3, got ", options.moments);
+  ACCRUE_CHECK(options.shard_ranks >= 1 && options.shard_ranks <= 4096,
+               "GradArena: shard_ranks must be 1..4096, got ", options.shard_ranks);
   ACCRUE_CHECK(names.empty() || names.size() == params.size(), "GradArena: ", names.size(),
                " names for ", params.size(), " parameters");
   ACCRUE_CHECK(!params.empty(), "GradArena: no parameters");
@@ -45,7 +49,7 @@ GradArena::GradArena(const std::vector<Tensor>& params, const std::vector<std::s
     s.shape = p.shape();
     s.numel = p.numel();
     s.offset = padded_numel_;
-    padded_numel_ += align_elements(s.numel, options.master_dtype);
+    padded_numel_ += align_elements(s.numel, options.master_dtype, options.shard_ranks);
     numel_ += s.numel;
     slots_.push_back(std::move(s));
   }

@@ -36,6 +36,11 @@ struct ArenaOptions {
   DType compute_dtype = DType::f32;
   // How many moment arenas to allocate (0 to 3: SGD momentum, Adam m and v, amsgrad's max).
   int moments = 2;
+  // Slots are padded to a multiple of shard_ranks x 256 bytes, so that ZeRO-1
+  // over this many ranks cuts every bucket into equal chunks (Note [ZeRO-1]).
+  // 1 suffices for a world size that divides 256 bytes' worth of elements (a
+  // power of two up to 64 for f32, 32 for f64); other world sizes set it to W.
+  int shard_ranks = 1;
 };
 
 // Bytes an arena holds on its device, by role (the report of Note [ZeRO-1]).

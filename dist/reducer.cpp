@@ -48,7 +48,8 @@ Reducer::Reducer(GradArena& arena, Communicator& comm, const ReducerOptions& opt
       const Bucket& bucket = plan_[b];
       ACCRUE_CHECK(bucket.numel % world == 0, "Reducer (zero1): bucket ", b, " has ", bucket.numel,
                    " elements, not divisible by the world size ", world,
-                   " (Note [Buckets] guarantees it only for powers of two up to 64)");
+                   "; construct the arena with ArenaOptions::shard_ranks = ", world,
+                   " (arena shard_ranks = ", arena.options().shard_ranks, "; Note [ZeRO-1])");
       const int64_t chunk = bucket.numel / world;
       owned_.push_back({bucket.offset + comm.rank() * chunk, chunk});
       packed += chunk;

@@ -192,8 +192,10 @@ int main(int argc, char** argv) try {
   Generator gen(1234);
   nn::MLP model({kFeatures, kHidden, kHidden, kClasses}, {device, DType::f32, &gen});
   optim::Optimizer optimizer = make_optimizer(opt);
-  GradArena arena(model.parameters(), {},
-                  {device, DType::f32, compute, optimizer.moments_needed()});
+  ArenaOptions arena_options{device, DType::f32, compute, optimizer.moments_needed()};
+  // Note [ZeRO-1]: slots padded so that every bucket splits evenly over any world size.
+  if (opt.zero1) arena_options.shard_ranks = rank.world_size;
+  GradArena arena(model.parameters(), {}, arena_options);
   // Data parallelism: a communicator and a reducer that the Window drives.
   std::unique_ptr<dist::Communicator> comm;
   std::unique_ptr<dist::Reducer> reducer;

@@ -142,7 +142,7 @@ struct RankRun {
   std::unique_ptr<optim::Window> window;
 
   RankRun(int64_t K, Communicator* comm, bool zero1, uint64_t seed, DType master = DType::f64,
-          DType compute = DType::f64) {
+          DType compute = DType::f64, int shard_ranks = 1) {
     equivalence::Precision p = equivalence::cpu_f64();
     p.dtype = master;
     model = equivalence::make_model(ModelKind::LM, p, seed);
@@ -150,6 +150,7 @@ struct RankRun {
     ao.master_dtype = master;
     ao.compute_dtype = compute;
     ao.moments = 2;
+    ao.shard_ranks = shard_ranks;
     arena = equivalence::make_arena(*model, ao);
     if (comm) {
       reducer = std::make_unique<Reducer>(*arena, *comm, small_buckets(zero1));
@@ -201,13 +202,14 @@ std::vector<Batch> lm_batches() {
 // `world` ranks x K micro-batches per window; rank r takes micro-batches
 // r K .. r K + K - 1 of the global batch cut into world K.
 std::vector<RankResult> train(int world, int64_t K, bool zero1,
-                              const std::vector<Batch>& global_batches) {
+                              const std::vector<Batch>& global_batches, int shard_ranks = 1) {
   HostWorld host(world);
   std::vector<RankResult> results(world);
   on_ranks(world, [&](int rank) {
     HostCommunicator comm(host, rank);
     // Different initial values per rank: broadcast_parameters must make them rank 0's.
-    RankRun run(K, world > 1 ? &comm : nullptr, zero1, 7 + rank);
+    RankRun run(K, world > 1 ? &comm : nullptr, zero1, 7 + rank, DType::f64, DType::f64,
+                shard_ranks);
     RankResult& out = results[rank];
     for (const Batch& global : global_batches) {
       for (int64_t k = 0; k < K; ++k)
@@ -263,6 +265,41 @@ TEST(HostWorld, two_ranks_k2_equal_one_rank_k4_plain_and_zero1) {
   // Every rank ends with the same parameters (ZeRO-1: gathered from their owners).
   EXPECT_EQ(zero1[0].params, zero1[1].params);
   EXPECT_EQ(plain[0].params, plain[1].params);
+}
+
+// Three ranks (not a power of two): buckets of 32-element-aligned f64 slots do
+// not split in three, and the Reducer says how to fix it; with the slots
+// padded for three (ArenaOptions::shard_ranks), ZeRO-1 owns a third of every
+// bucket and 3 ranks x K 2 equal 1 rank x K 6 on the same layout.
+TEST(HostWorld, zero1_on_three_ranks_pads_the_slots) {
+  const std::vector<Batch> data = equivalence::make_batches(
+      ModelKind::LM, 3, 12, equivalence::cpu_f64(), 23, /*variable_length=*/true);
+  EXPECT_ERROR(train(3, 2, true, data), "not divisible by the world size 3",
+               "ArenaOptions::shard_ranks = 3");
+  const std::vector<RankResult> single = train(1, 6, false, data, /*shard_ranks=*/3);
+  const std::vector<RankResult> zero1 = train(3, 2, true, data, /*shard_ranks=*/3);
+  const RankResult& ref = single[0];
+  int64_t owned_total = 0;
+  for (int rank = 0; rank < 3; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const std::vector<ArenaRange>& owned = zero1[rank].owned;
+    for (const ArenaRange& r : owned)
+      owned_total += r.numel;
+    for (size_t w = 0; w < ref.reports.size(); ++w) {
+      EXPECT_LE(equivalence::max_relative(owned_part(zero1[rank].grads[w], owned),
+                                          owned_part(ref.grads[w], owned)),
+                1e-12)
+          << w;
+      EXPECT_EQ(zero1[rank].reports[w].items, ref.reports[w].items);
+      EXPECT_NEAR(zero1[rank].reports[w].grad_norm, ref.reports[w].grad_norm,
+                  1e-12 * ref.reports[w].grad_norm);
+    }
+    EXPECT_LE(equivalence::max_relative(zero1[rank].params, ref.params), 1e-10);
+    EXPECT_EQ(zero1[rank].memory.moments * 3, ref.memory.moments);
+  }
+  EXPECT_EQ(owned_total, static_cast<int64_t>(ref.params.size()));  // the thirds tile the arena
+  EXPECT_EQ(zero1[0].params, zero1[1].params);
+  EXPECT_EQ(zero1[0].params, zero1[2].params);
 }
 
 TEST(HostWorld, zero1_owns_half_of_every_bucket_and_keeps_half_the_moments) {
