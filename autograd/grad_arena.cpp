@@ -103,9 +103,9 @@ std::string bytes_str(int64_t bytes) {
 }
 }  // namespace
 
-std::string ArenaMemory::describe(bool moments_sharded) const {
-  return "master " + bytes_str(master) + ", grads " + bytes_str(grads) + ", compute " +
-         bytes_str(compute) + ", moments " + bytes_str(moments) +
+std::string ArenaMemory::describe() const {
+  return "master " + bytes_str(master) + (master_sharded ? " (sharded)" : "") + ", grads " +
+         bytes_str(grads) + ", compute " + bytes_str(compute) + ", moments " + bytes_str(moments) +
          (moments_sharded ? " (sharded)" : "") + ", total " + bytes_str(total());
 }
 
@@ -119,6 +119,8 @@ ArenaMemory GradArena::memory() const {
   m.compute = bytes(compute_);
   for (const Tensor& t : moments_)
     m.moments += bytes(t);
+  m.master_sharded = master_sharded_;
+  m.moments_sharded = moments_sharded();
   return m;
 }
 
@@ -132,7 +134,32 @@ void GradArena::shard_moments(int64_t numel) {
   }
 }
 
+void GradArena::shard_master(const std::vector<ArenaRange>& owned) {
+  ACCRUE_CHECK(compute_.defined(), "GradArena::shard_master: the arena has no compute copy, so ",
+               "the forward reads the master weights and every rank needs them whole");
+  ACCRUE_CHECK(!master_sharded_, "GradArena::shard_master: already sharded");
+  int64_t packed = 0;
+  for (const ArenaRange& r : owned) {
+    ACCRUE_CHECK(r.offset >= 0 && r.numel >= 0 && r.offset + r.numel <= padded_numel_,
+                 "GradArena::shard_master: range [", r.offset, ", ", r.offset + r.numel,
+                 ") is outside the arena's ", padded_numel_, " elements");
+    packed += r.numel;
+  }
+  NoGradGuard no_grad;
+  Tensor shard = empty({packed}, options_.master_dtype, options_.device);
+  int64_t at = 0;
+  for (const ArenaRange& r : owned) {
+    shard.narrow(0, at, r.numel).copy_(master_.narrow(0, r.offset, r.numel));
+    at += r.numel;
+  }
+  master_ = shard;  // the whole master is freed here
+  master_sharded_ = true;
+}
+
 Tensor GradArena::master_view(size_t i) const {
+  ACCRUE_CHECK(
+      !master_sharded_, "GradArena::master_view: the master weights are sharded ",
+      "(Note [ZeRO-1]); read the compute copy, or Window::state_dict for this rank's shard");
   return make_view(master_, slots_[i].shape, contiguous_strides(slots_[i].shape), slots_[i].offset);
 }
 

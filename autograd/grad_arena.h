@@ -46,9 +46,11 @@ struct ArenaOptions {
 // Bytes an arena holds on its device, by role (the report of Note [ZeRO-1]).
 struct ArenaMemory {
   int64_t master = 0, grads = 0, compute = 0, moments = 0;
+  bool master_sharded = false, moments_sharded = false;
   int64_t total() const { return master + grads + compute + moments; }
-  // "master 475.0 MiB, grads 475.0 MiB, compute 0 B, moments 475.0 MiB (sharded), total 1.39 GiB"
-  std::string describe(bool moments_sharded = false) const;
+  // "master 237.5 MiB (sharded), grads 475.0 MiB, compute 237.5 MiB, moments 475.0 MiB
+  // (sharded), total 1.39 GiB"
+  std::string describe() const;
 };
 
 class GradArena final : public GradSink {
@@ -87,6 +89,12 @@ class GradArena final : public GradSink {
   // every moment arena with a zeroed one of that size; before the first step.
   void shard_moments(int64_t numel);
   bool moments_sharded() const { return moment_numel_ != padded_numel_; }
+  // Note [ZeRO-1]: with a compute copy (which the forward reads, so the
+  // master is only the optimizer's), this rank keeps master weights only for
+  // its owned ranges, packed in order as the moments are. Needs the compute
+  // copy; afterwards master() is that packed shard and master_view() throws.
+  void shard_master(const std::vector<ArenaRange>& owned);
+  bool master_sharded() const { return master_sharded_; }
   ArenaMemory memory() const;
   // The compute copy, or undefined when the compute dtype is the master dtype.
   const Tensor& compute() const { return compute_; }
@@ -127,6 +135,7 @@ class GradArena final : public GradSink {
   std::unordered_map<const TensorImpl*, size_t> index_;
   std::vector<bool> written_;
   int64_t numel_ = 0, padded_numel_ = 0, moment_numel_ = 0;
+  bool master_sharded_ = false;
   Tensor master_, grads_, compute_;
   std::vector<Tensor> moments_;
 };

@@ -55,6 +55,13 @@ Reducer::Reducer(GradArena& arena, Communicator& comm, const ReducerOptions& opt
       packed += chunk;
     }
     arena.shard_moments(packed);
+    if (arena.compute().defined()) {
+      // Note [ZeRO-1]: the forward reads the compute copy, so the master is
+      // the optimizer's alone and is cut to the owned ranges, from rank 0's
+      // values: once sharded it can no longer be broadcast whole.
+      broadcast_parameters(0);
+      arena.shard_master(owned_);
+    }
   }
   // Hooks cannot be unregistered: they reach the reducer through a weak
   // pointer that dies with it.
@@ -201,6 +208,8 @@ void Reducer::finish(const Tensor& items) {
 }
 
 void Reducer::broadcast_parameters(int root) {
+  // A sharded master was cut from rank 0's, broadcast by the constructor.
+  if (arena_.master_sharded()) return;
   NoGradGuard no_grad;
   order_comm_after_compute();
   comm_.broadcast(arena_.master(), root);

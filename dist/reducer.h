@@ -52,8 +52,13 @@
 //     all-gathered bucket by bucket, in place, before the next forward.
 // Traffic equals plain data parallelism's (reduce-scatter + all-gather of the
 // forward dtype = one all-reduce when that dtype is f32, less with bf16).
-// The fp32 master stays allocated whole; with a bf16/f16 compute copy only
-// its owned ranges are kept current (and checkpointed): the rest is unused.
+// With a bf16/f16 compute copy the forward never reads the fp32 master, so
+// the master is sharded too (GradArena::shard_master): the constructor
+// broadcasts rank 0's master and keeps only the owned ranges, packed as the
+// moments are, and the compute copy is what all-gathers. Without a compute
+// copy the master is the forward's weights and stays whole on every rank.
+// Per parameter and rank, with W ranks: master 4/W + moments 8/W + grads 4 +
+// compute 2 bytes (bf16), against 4 + 8 + 4 + 2 for plain data parallelism.
 #pragma once
 
 #include <memory>
@@ -115,7 +120,9 @@ class Reducer final : public optim::GradientSync {
 
   // Every rank's master weights and moments become rank `root`'s, and the
   // compute copy follows. Collective; call once before training. Under ZeRO-1
-  // the moments are each rank's own shard and are left alone.
+  // the moments are each rank's own shard and are left alone, and with a
+  // compute copy the constructor has already broadcast rank 0's master before
+  // sharding it: then this does nothing.
   void broadcast_parameters(int root = 0);
 
   const BucketPlan& plan() const { return plan_; }

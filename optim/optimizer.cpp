@@ -129,7 +129,8 @@ void Optimizer::step(const GradArena& arena, const Tensor& window_state, int64_t
   const int m = moments_needed();
   auto buffers = [&](int64_t offset, int64_t numel, int64_t moment_offset) {
     kernels::OptimizerBuffers b;
-    b.params = arena.master().narrow(0, offset, numel);
+    // Note [ZeRO-1]: a sharded master is packed as the moments are.
+    b.params = arena.master().narrow(0, arena.master_sharded() ? moment_offset : offset, numel);
     b.grads = arena.grads().narrow(0, offset, numel);
     if (m >= 1) b.exp_avg = arena.moment(0).narrow(0, moment_offset, numel);
     if (m >= 2) b.exp_avg_sq = arena.moment(1).narrow(0, moment_offset, numel);
@@ -155,6 +156,9 @@ void Optimizer::step(const GradArena& arena, const Tensor& window_state, int64_t
   }
   ACCRUE_CHECK(m == 0 || packed == arena.moment_numel(), "Optimizer::step: the ranges hold ",
                packed, " elements but the arena's moments ", arena.moment_numel());
+  ACCRUE_CHECK(!arena.master_sharded() || packed == arena.master().numel(),
+               "Optimizer::step: the ranges hold ", packed,
+               " elements but the arena's sharded master ", arena.master().numel());
   int64_t moment_offset = 0;
   for (const ArenaRange& r : ranges) {
     if (r.numel > 0)

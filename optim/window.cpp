@@ -176,7 +176,8 @@ WindowReport Window::report() const {
 
 std::map<std::string, Tensor> Window::state_dict() const {
   std::map<std::string, Tensor> d;
-  d["master"] = sharded() ? pack_owned(arena_.master()) : arena_.master();
+  d["master"] =
+      sharded() && !arena_.master_sharded() ? pack_owned(arena_.master()) : arena_.master();
   for (int i = 0; i < arena_.options().moments; ++i)
     d["moment" + std::to_string(i)] = arena_.moment(i);
   d["window_state"] = state_;
@@ -195,7 +196,7 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
     return it->second;
   };
   NoGradGuard no_grad;
-  if (sharded()) {
+  if (sharded() && !arena_.master_sharded()) {
     unpack_owned(get("master", pack_owned(arena_.master())), arena_.master());
   } else {
     arena_.master().copy_(get("master", arena_.master()));
@@ -203,7 +204,11 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
   for (int i = 0; i < arena_.options().moments; ++i)
     arena_.moment(i).copy_(get("moment" + std::to_string(i), arena_.moment(i)));
   state_.copy_(get("window_state", state_));
-  if (arena_.compute().defined()) arena_.compute().copy_(arena_.master());
+  if (arena_.master_sharded()) {
+    unpack_owned(arena_.master(), arena_.compute());  // the owned ranges; the gather does the rest
+  } else if (arena_.compute().defined()) {
+    arena_.compute().copy_(arena_.master());
+  }
   // Note [ZeRO-1]: this rank loaded its shard; the others' come by gathering.
   if (sharded()) sync_->gather_parameters(forward_params());
   windows_ = static_cast<int64_t>(get("windows_closed", full({}, 0.0, DType::i64)).item());

@@ -214,7 +214,7 @@ int main(int argc, char** argv) try {
                 " but accrue was built without NCCL");
 #endif
   }
-  std::printf("memory per rank: %s\n", arena.memory().describe(arena.moments_sharded()).c_str());
+  std::printf("memory per rank: %s\n", arena.memory().describe().c_str());
   optim::Window window(arena, optimizer,
                        optim::WindowOptions().micro_steps(opt.accum).max_grad_norm(opt.clip).scaler(
                            make_scaler(opt)),

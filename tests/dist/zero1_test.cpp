@@ -364,13 +364,17 @@ TEST(HostWorld, zero1_every_rank_skips_when_one_rank_sees_a_non_finite_gradient)
   }
 }
 
-TEST(HostWorld, zero1_checkpoint_of_each_shard_resumes_bit_exactly) {
+// Without a compute copy (f64 here) and with one (f32 master, bf16 copy: the
+// master itself sharded).
+void checkpoint_of_each_shard_resumes_bit_exactly(DType master, DType compute) {
   const std::vector<Batch> data = lm_batches();
   HostWorld host(2);
   std::vector<std::vector<double>> straight(2), resumed(2);
   on_ranks(2, [&](int rank) {
     HostCommunicator comm(host, rank);
-    RankRun run(2, &comm, true, 7);
+    RankRun run(2, &comm, true, 7, master, compute);
+    // What the forward reads: the compute copy when there is one.
+    const Tensor& forward = compute == master ? run.arena->master() : run.arena->compute();
     auto window = [&](const Batch& global) {
       for (int64_t k = 0; k < 2; ++k)
         run.window->backward(run.model->loss(global.micro(rank * 2 + k, 4)));
@@ -389,21 +393,31 @@ TEST(HostWorld, zero1_checkpoint_of_each_shard_resumes_bit_exactly) {
     EXPECT_EQ(saved.at("moment0").numel(), owned);
     for (int w = 3; w < 6; ++w)
       window(data[w]);
-    straight[rank] = equivalence::host(run.arena->master());
+    straight[rank] = equivalence::host(forward);
     // Scribble over the parameters, then resume from the checkpoint (collective).
     run.arena->master().fill_(0.5);
+    forward.fill_(0.5);
     run.window->load_state_dict(saved);
     for (int w = 3; w < 6; ++w)
       window(data[w]);
-    resumed[rank] = equivalence::host(run.arena->master());
+    resumed[rank] = equivalence::host(forward);
   });
   for (int rank = 0; rank < 2; ++rank)
     EXPECT_EQ(resumed[rank], straight[rank]) << "rank " << rank;
+  EXPECT_EQ(straight[0], straight[1]);
+}
+
+TEST(HostWorld, zero1_checkpoint_of_each_shard_resumes_bit_exactly) {
+  checkpoint_of_each_shard_resumes_bit_exactly(DType::f64, DType::f64);
+}
+
+TEST(HostWorld, zero1_checkpoint_with_a_sharded_master_resumes_bit_exactly) {
+  checkpoint_of_each_shard_resumes_bit_exactly(DType::f32, DType::bf16);
 }
 
 // With a bf16 compute copy the forward reads the copy: ZeRO-1 gathers the
 // copy (in bf16), and every rank forwards with the same parameters as plain
-// data parallelism does.
+// data parallelism does, while keeping half of the master and of the moments.
 TEST(HostWorld, zero1_with_a_bf16_compute_copy_gathers_the_copy) {
   const std::vector<Batch> data = lm_batches();
   std::map<bool, std::vector<std::vector<double>>> copies;
@@ -422,6 +436,17 @@ TEST(HostWorld, zero1_with_a_bf16_compute_copy_gathers_the_copy) {
         run.window->close();
       }
       copies[zero1][rank] = equivalence::host(run.arena->compute());
+      const ArenaMemory m = run.arena->memory();
+      EXPECT_EQ(m.master_sharded, zero1);
+      EXPECT_EQ(m.moments_sharded, zero1);
+      const int64_t whole = run.arena->padded_numel() * 4;  // f32
+      EXPECT_EQ(m.master, zero1 ? whole / 2 : whole);
+      EXPECT_EQ(m.moments, zero1 ? whole : 2 * whole);  // two moments
+      EXPECT_EQ(m.grads, whole);
+      if (zero1) {
+        EXPECT_ERROR(run.arena->master_view(0), "master_view", "sharded");
+        EXPECT_ERROR(run.arena->shard_master({}), "shard_master", "already sharded");
+      }
     });
   }
   EXPECT_EQ(copies[true][0], copies[true][1]) << "the ranks forward with different parameters";
