@@ -191,7 +191,21 @@ int64_t norm_partials_rows(const Tensor& grads) {
                          : cuda::norm_partials_rows(grads.numel(), grads.dtype(), device.index);
 }
 
+int64_t norm_row_elements(const Tensor& grads) {
+  const char* op = "norm_row_elements";
+  check_defined(grads, op, "grads");
+  check_master_dtype(grads, op, "grads");
+  const Device device = grads.device();
+  return device.is_cpu() ? cpu::norm_row_elements(grads.numel(), grads.dtype())
+                         : cuda::norm_row_elements(grads.numel(), grads.dtype(), device.index);
+}
+
 void grad_norm_partials(const Tensor& grads, const Tensor& partials) {
+  grad_norm_partials(grads, partials, 0, norm_partials_rows(grads));
+}
+
+void grad_norm_partials(const Tensor& grads, const Tensor& partials, int64_t first_row,
+                        int64_t rows) {
   const char* op = "grad_norm_partials";
   NoGradGuard no_grad;
   check_defined(grads, op, "grads");
@@ -201,14 +215,17 @@ void grad_norm_partials(const Tensor& grads, const Tensor& partials) {
   check_dtype(partials, DType::f64, op, "partials");
   check_device(partials, grads.device(), op, "partials");
   check_contiguous(partials, op, "partials");
-  const int64_t rows = norm_partials_rows(grads);
-  ACCRUE_CHECK(partials.shape() == (Shape{rows, 2}), op, ": partials has shape ",
-               shape_str(partials.shape()), "; expected [", rows, ", 2] (norm_partials_rows of ",
+  const int64_t all = norm_partials_rows(grads);
+  ACCRUE_CHECK(partials.shape() == (Shape{all, 2}), op, ": partials has shape ",
+               shape_str(partials.shape()), "; expected [", all, ", 2] (norm_partials_rows of ",
                grads.numel(), " gradient elements on ", grads.device().str(), ")");
+  ACCRUE_CHECK(first_row >= 0 && rows >= 0 && first_row + rows <= all, op, ": rows [", first_row,
+               ", ", first_row + rows, ") are outside the ", all, " rows");
+  if (rows == 0) return;
   if (grads.device().is_cpu()) {
-    cpu::grad_norm_partials(grads, partials);
+    cpu::grad_norm_partials(grads, partials, first_row, rows);
   } else {
-    cuda::grad_norm_partials(grads, partials);
+    cuda::grad_norm_partials(grads, partials, first_row, rows);
   }
 }
 

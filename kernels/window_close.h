@@ -40,6 +40,21 @@ Tensor make_window_state(double initial_scale, Device device);
 // the sum of squares of a fixed slice, column 1 its count of non-finite values.
 int64_t norm_partials_rows(const Tensor& grads);
 void grad_norm_partials(const Tensor& grads, const Tensor& partials);
+// Note [Norm rows]
+// ~~~~~~~~~~~~~~~~
+// Row r of the partials covers the elements [r E, min((r + 1) E, n)) of
+// grads, E = norm_row_elements(grads); on CUDA row 0 also sums the n % 4
+// (f32) or n % 2 (f64) elements after the last whole 16-byte pack (none in a
+// gradient arena, whose size is a multiple of 256 bytes). A row depends on
+// those elements alone and is computed by the same code whichever launch
+// computes it, so rows computed early, one range at a time (the Window does
+// as the last micro-step's gradients land: Note [Norm under the backward] in
+// optim/window.h), are bitwise the rows of one grad_norm_partials call.
+int64_t norm_row_elements(const Tensor& grads);
+// Rows [first_row, first_row + rows) of grad_norm_partials(grads, partials);
+// partials is the whole [norm_partials_rows(grads), 2] table.
+void grad_norm_partials(const Tensor& grads, const Tensor& partials, int64_t first_row,
+                        int64_t rows);
 
 // Plain parameters: the policy (optim::ScalerMode) lives in optim.
 struct ScalerConfig {

@@ -242,7 +242,9 @@ ACCRUE_HD void adam_update(const OptimizerParams<M>& o, const StepScalars<M>& s,
 
 namespace cpu {
 int64_t norm_partials_rows(int64_t numel, DType dtype);
-void grad_norm_partials(const Tensor& grads, const Tensor& partials);
+int64_t norm_row_elements(int64_t numel, DType dtype);
+void grad_norm_partials(const Tensor& grads, const Tensor& partials, int64_t first_row,
+                        int64_t rows);
 void window_scalar_step(const Tensor& partials, const Tensor& state, const CloseConfig& config);
 void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
                           const Tensor& state);
@@ -250,7 +252,9 @@ void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers&
 
 namespace cuda {
 int64_t norm_partials_rows(int64_t numel, DType dtype, int device);
-void grad_norm_partials(const Tensor& grads, const Tensor& partials);
+int64_t norm_row_elements(int64_t numel, DType dtype, int device);
+void grad_norm_partials(const Tensor& grads, const Tensor& partials, int64_t first_row,
+                        int64_t rows);
 void window_scalar_step(const Tensor& partials, const Tensor& state, const CloseConfig& config);
 void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
                           const Tensor& state);

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "autograd/engine.h"
+#include "autograd/variable.h"
 #include "core/grad_mode.h"
 #include "kernels/ops.h"
 
@@ -49,6 +50,14 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
     partials_ = empty({sync->world_size() * rows, 2}, DType::f64, device);
   } else {
     partials_ = empty({kernels::norm_partials_rows(arena.grads()), 2}, DType::f64, device);
+    if (sync == nullptr && options.norm_under_backward()) {
+      norm_rows_ = std::make_shared<NormRowTracker>(arena, partials_);
+      const std::weak_ptr<NormRowTracker> tracker = norm_rows_;
+      for (size_t i = 0; i < arena.size(); ++i)
+        register_grad_ready_hook(arena.params()[i], [tracker, i](const Tensor&) {
+          if (auto t = tracker.lock()) t->on_final(i);
+        });
+    }
   }
   loss_sum_ = zeros({}, DType::f64, device);
   last_ = zeros({kLastSize}, DType::f64, device);
@@ -82,7 +91,16 @@ void Window::backward(const Loss& loss) {
       s = kernels::binary(kernels::BinaryOp::Div, s, count);
     seed = s.to(loss.sum.dtype()).reshape(loss.sum.shape());
   }
-  accrue::backward(loss.sum, seed);
+  // Note [Norm under the backward]: the last micro-step's hooks count.
+  const bool last = micro_step_ + 1 == options_.micro_steps();
+  if (norm_rows_ && last) norm_rows_->begin_last_backward();
+  try {
+    accrue::backward(loss.sum, seed);
+  } catch (...) {
+    if (norm_rows_) norm_rows_->end_last_backward();
+    throw;
+  }
+  if (norm_rows_ && last) norm_rows_->end_last_backward();
   ++micro_step_;
   index_checks_->set_position(windows_, micro_step_);
 }
@@ -112,7 +130,15 @@ void Window::close() {
   index_checks_->set_position(windows_, micro_step_);
 }
 
+int64_t Window::norm_rows_at_last_close() const {
+  return norm_rows_ ? norm_rows_->rows_at_last_close() : partials_.size(0);
+}
+
 void Window::norm_partials() {
+  if (norm_rows_) {
+    norm_rows_->finish();  // the rows the backward left (Note [Norm under the backward])
+    return;
+  }
   if (!sharded()) {
     kernels::grad_norm_partials(arena_.grads(), partials_);
     return;

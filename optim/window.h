@@ -42,7 +42,9 @@
 //   3. one read of the gradient arena gives fixed-order partial sums of
 //      squares and a non-finite count (kernels::grad_norm_partials; under
 //      ZeRO-1 over the owned ranges, then gathered so every rank sums the
-//      same rows in the same order);
+//      same rows in the same order). Without a GradientSync most rows have
+//      already run under the last micro-step's backward (Note [Norm under the
+//      backward] in optim/norm_rows.h): the close computes the rest;
 //   4. one thread turns them into found_inf, the norm, the clip and the one
 //      coefficient inv_scale * inv_N * clip, and updates the loss scale and
 //      the step count (Note [Window scalar step]);
@@ -84,6 +86,7 @@
 #include "kernels/index_checks.h"
 #include "optim/gradient_sync.h"
 #include "optim/loss_scaler.h"
+#include "optim/norm_rows.h"
 #include "optim/optimizer.h"
 
 namespace accrue::optim {
@@ -107,16 +110,24 @@ class WindowOptions {
     scaler_ = s;
     return *this;
   }
+  // Note [Norm under the backward]: the norm rows run as the last
+  // micro-step's gradients land (on by default; without a GradientSync only).
+  WindowOptions& norm_under_backward(bool on) {
+    norm_under_backward_ = on;
+    return *this;
+  }
   int64_t micro_steps() const { return micro_steps_; }
   kernels::Normalization normalization() const { return normalization_; }
   double max_grad_norm() const { return max_grad_norm_; }
   const LossScalerOptions& scaler() const { return scaler_; }
+  bool norm_under_backward() const { return norm_under_backward_; }
 
  private:
   int64_t micro_steps_ = 1;
   kernels::Normalization normalization_ = kernels::Normalization::ItemCount;
   double max_grad_norm_ = 0.0;
   LossScalerOptions scaler_ = LossScalerOptions::none();
+  bool norm_under_backward_ = true;
 };
 
 // What the host learns about the last closed window (read with one synchronization).
@@ -155,6 +166,9 @@ class Window {
   WindowReport report() const;
   // The device state (kernels::WindowField layout).
   const Tensor& state() const { return state_; }
+  // Note [Norm under the backward]: the norm rows the last close still had to
+  // compute (all of them when the pass runs at close).
+  int64_t norm_rows_at_last_close() const;
 
   // Everything a checkpoint needs to resume bit-exactly: master weights,
   // moments, the window state (scale, tracker, step) and the window count.
@@ -190,6 +204,10 @@ class Window {
   // Note [Deferred index checks]: on the heap, so that it stays put (it is
   // registered with the thread) when the Window moves.
   std::unique_ptr<kernels::DeferredIndexChecks> index_checks_;
+  // Note [Norm under the backward]: shared with the grad-ready hooks, which
+  // hold it weakly (hooks cannot be unregistered); null when the pass runs at
+  // close.
+  std::shared_ptr<NormRowTracker> norm_rows_;
   int64_t micro_step_ = 0;
   int64_t windows_ = 0;
 };

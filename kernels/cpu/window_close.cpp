@@ -11,21 +11,26 @@ namespace accrue::kernels::cpu {
 
 namespace {
 
-// One row: the whole arena in index order, squared and summed in f64 (the CUDA
-// rows are slices; see Note [Norm partials] in kernels/cuda/window_close.cu).
+// Rows of kRowElements elements (Note [Norm rows]), each squared and summed
+// in f64 in index order; the scalar step folds the rows in order.
+constexpr int64_t kRowElements = 8192;
+
 template <class T>
-void norm_partials_typed(const Tensor& grads, const Tensor& partials) {
+void norm_partials_typed(const Tensor& grads, const Tensor& partials, int64_t first_row,
+                         int64_t rows) {
   const T* g = grads.data<T>();
   const int64_t n = grads.numel();
-  double sumsq = 0.0, nonfinite = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double x = static_cast<double>(g[i]);
-    sumsq += x * x;
-    if (!std::isfinite(x)) nonfinite += 1.0;
-  }
   double* out = partials.data<double>();
-  out[0] = sumsq;
-  out[1] = nonfinite;
+  for (int64_t r = first_row; r < first_row + rows; ++r) {
+    double sumsq = 0.0, nonfinite = 0.0;
+    for (int64_t i = r * kRowElements; i < std::min(n, (r + 1) * kRowElements); ++i) {
+      const double x = static_cast<double>(g[i]);
+      sumsq += x * x;
+      if (!std::isfinite(x)) nonfinite += 1.0;
+    }
+    out[2 * r] = sumsq;
+    out[2 * r + 1] = nonfinite;
+  }
 }
 
 // The compute copy: the new master weight rounded to bf16/f16 (through float,
@@ -88,15 +93,20 @@ void optimizer_typed(const OptimizerConfig& config, const OptimizerBuffers& b,
 
 }  // namespace
 
-int64_t norm_partials_rows(int64_t, DType) {
-  return 1;
+int64_t norm_partials_rows(int64_t numel, DType) {
+  return std::max<int64_t>(1, (numel + kRowElements - 1) / kRowElements);
 }
 
-void grad_norm_partials(const Tensor& grads, const Tensor& partials) {
+int64_t norm_row_elements(int64_t, DType) {
+  return kRowElements;
+}
+
+void grad_norm_partials(const Tensor& grads, const Tensor& partials, int64_t first_row,
+                        int64_t rows) {
   if (grads.dtype() == DType::f64) {
-    norm_partials_typed<double>(grads, partials);
+    norm_partials_typed<double>(grads, partials, first_row, rows);
   } else {
-    norm_partials_typed<float>(grads, partials);
+    norm_partials_typed<float>(grads, partials, first_row, rows);
   }
 }
 

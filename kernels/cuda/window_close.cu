@@ -38,7 +38,10 @@ constexpr unsigned kFullMask = 0xffffffffu;
 //    f64, squared and added in index order; non-finite ones are counted.
 //  - The threads combine through a fixed warp butterfly, then warp by warp in
 //    order; the block writes row b = (sum of squares, non-finite count).
-//  - The few elements after the last whole pack go to block 0's thread 0.
+//  - The few elements after the last whole pack go to row 0's thread 0.
+//  - A launch may compute any range of rows (block b computes row
+//    first_row + b): the same code on the same elements, so the same bits
+//    (Note [Norm rows]).
 // A misaligned arena is read with scalar loads in the same pattern: slower,
 // same result. The scalar step folds the rows in order.
 constexpr int kNormThreads = 512;
@@ -90,10 +93,11 @@ __device__ __forceinline__ void add_square(T x, double& sumsq, unsigned& nonfini
 template <class T>
 __global__ void __launch_bounds__(kNormThreads, kNormBlocksPerSm)
     grad_norm_partials_kernel(const T* __restrict__ grads, int64_t n, int64_t packs_per_row,
-                              bool vectorized, double* __restrict__ partials) {
+                              int64_t first_row, bool vectorized, double* __restrict__ partials) {
   constexpr int V = 16 / sizeof(T);
   const int64_t packs = n / V;
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * packs_per_row;
+  const int64_t row = first_row + blockIdx.x;  // Note [Norm rows]: launched by ranges
+  const int64_t begin = row * packs_per_row;
   const int64_t end = begin + packs_per_row < packs ? begin + packs_per_row : packs;
   double sumsq = 0.0;
   unsigned nonfinite = 0;
@@ -111,7 +115,7 @@ __global__ void __launch_bounds__(kNormThreads, kNormBlocksPerSm)
         add_square(x[u].v[j], sumsq, nonfinite);
     }
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
+  if (row == 0 && threadIdx.x == 0) {
     for (int64_t i = packs * V; i < n; ++i)
       add_square(grads[i], sumsq, nonfinite);
   }
@@ -134,21 +138,23 @@ __global__ void __launch_bounds__(kNormThreads, kNormBlocksPerSm)
       total += warp_sumsq[w];
       bad += static_cast<double>(warp_nonfinite[w]);
     }
-    partials[2 * blockIdx.x] = total;
-    partials[2 * blockIdx.x + 1] = bad;
+    partials[2 * row] = total;
+    partials[2 * row + 1] = bad;
   }
 }
 
 template <class T>
-void norm_partials_typed(const Tensor& grads, const Tensor& partials) {
+void norm_partials_typed(const Tensor& grads, const Tensor& partials, int64_t first_row,
+                         int64_t rows) {
   constexpr int V = 16 / sizeof(T);
   const int device = grads.device().index;
   dev::DeviceScope scope(device);
   const NormPlan plan = norm_plan(grads.numel(), grads.dtype(), sm_count(device));
   const T* g = static_cast<const T*>(grads.data_ptr());
   grad_norm_partials_kernel<T>
-      <<<static_cast<unsigned>(plan.rows), kNormThreads, 0, dev::stream_for(device)>>>(
-          g, grads.numel(), plan.packs_per_row, pack_aligned<V>(g), partials.data<double>());
+      <<<static_cast<unsigned>(rows), kNormThreads, 0, dev::stream_for(device)>>>(
+          g, grads.numel(), plan.packs_per_row, first_row, pack_aligned<V>(g),
+          partials.data<double>());
   ACCRUE_LAUNCH_CHECK();
 }
 
@@ -327,11 +333,20 @@ int64_t norm_partials_rows(int64_t numel, DType dtype, int device) {
   return norm_plan(numel, dtype, sm_count(device)).rows;
 }
 
-void grad_norm_partials(const Tensor& grads, const Tensor& partials) {
+int64_t norm_row_elements(int64_t numel, DType dtype, int device) {
+  const NormPlan plan = norm_plan(numel, dtype, sm_count(device));
+  // An arena too small for one pack is one row of its few elements.
+  return plan.packs_per_row > 0
+             ? plan.packs_per_row * static_cast<int64_t>(16 / element_size(dtype))
+             : std::max<int64_t>(numel, 1);
+}
+
+void grad_norm_partials(const Tensor& grads, const Tensor& partials, int64_t first_row,
+                        int64_t rows) {
   if (grads.dtype() == DType::f64) {
-    norm_partials_typed<double>(grads, partials);
+    norm_partials_typed<double>(grads, partials, first_row, rows);
   } else {
-    norm_partials_typed<float>(grads, partials);
+    norm_partials_typed<float>(grads, partials, first_row, rows);
   }
 }
 

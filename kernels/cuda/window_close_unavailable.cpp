@@ -8,7 +8,10 @@ namespace accrue::kernels::cuda {
 int64_t norm_partials_rows(int64_t, DType, int) {
   ACCRUE_FAIL("norm_partials_rows: accrue was built without CUDA");
 }
-void grad_norm_partials(const Tensor&, const Tensor&) {
+int64_t norm_row_elements(int64_t, DType, int) {
+  ACCRUE_FAIL("norm_row_elements: accrue was built without CUDA");
+}
+void grad_norm_partials(const Tensor&, const Tensor&, int64_t, int64_t) {
   ACCRUE_FAIL("grad_norm_partials: accrue was built without CUDA");
 }
 void window_scalar_step(const Tensor&, const Tensor&, const CloseConfig&) {
