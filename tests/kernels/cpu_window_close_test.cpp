@@ -316,6 +316,20 @@ TEST(CpuWindowClose, non_finite_window_is_skipped_and_the_scale_backs_off) {
   }
 }
 
+// max_scale = inf is no cap (torch.amp.GradScaler has none); the default caps
+// at 2^24.
+TEST(CpuWindowClose, an_infinite_max_scale_lets_the_scale_grow_past_the_default_cap) {
+  for (double cap : {16777216.0, std::numeric_limits<double>::infinity()}) {
+    CloseConfig c = dynamic_close(0.0, 1);
+    c.scaler.max_scale = cap;
+    const Tensor state = make_window_state(16777216.0, Device::cpu());
+    set_field(state, kItems, 1);
+    window_scalar_step(partials_of({1.0, 0}), state, c);
+    EXPECT_EQ(field(state, kScale), std::isinf(cap) ? 33554432.0 : 16777216.0) << cap;
+  }
+  EXPECT_EQ(ScalerConfig{}.max_scale, 16777216.0);
+}
+
 TEST(CpuWindowClose, scale_grows_after_growth_interval_clean_windows_within_bounds) {
   CloseConfig c = dynamic_close(0.0, 3);
   c.scaler.max_scale = 4096;

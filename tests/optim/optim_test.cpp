@@ -73,6 +73,10 @@ TEST(LossScaler, options_are_validated) {
   EXPECT_ERROR(optim::LossScalerOptions::dynamic().init_scale(1e9).validate(), "init_scale");
   EXPECT_ERROR(optim::LossScalerOptions::fixed(-2.0), "init_scale");
   EXPECT_EQ(optim::LossScalerOptions::dynamic().init_scale(), 65536.0);
+  // No cap is a valid choice (Note [Option checks]); a cap below the floor is not.
+  EXPECT_NO_THROW(optim::LossScalerOptions::dynamic().max_scale(INFINITY).validate());
+  EXPECT_ERROR(optim::LossScalerOptions::dynamic().min_scale(8.0).max_scale(4.0).validate(),
+               "LossScaler", "max_scale = 4", "min_scale = 8");
   EXPECT_EQ(optim::LossScalerOptions::dynamic().config().growth_interval, 2000);
 }
 
