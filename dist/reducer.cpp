@@ -40,6 +40,14 @@ Reducer::Reducer(GradArena& arena, Communicator& comm, const ReducerOptions& opt
   }
   remaining_.assign(plan_.size(), 0);
   seen_.assign(arena.size(), false);
+  if (options.transport && *options.transport != arena.options().master_dtype) {
+    const DType t = *options.transport;
+    ACCRUE_CHECK(t == DType::bf16 || t == DType::f16, "Reducer: transport dtype ", dtype_name(t),
+                 " must be the arena's (", dtype_name(arena.options().master_dtype),
+                 ") or a 16-bit float (bf16, f16)");
+    for (size_t b = 0; b < plan_.size(); ++b)
+      stage_.push_back(zeros({plan_[b].numel}, t, arena.options().device));
+  }
   if (options.check_layout) check_layout();
   if (options.zero1) {
     const int64_t world = comm.world_size();
@@ -164,15 +172,26 @@ void Reducer::send_ready_buckets() {
   }
 }
 
+Tensor Reducer::staged_chunk(size_t b) const {
+  return stage_[b].narrow(0, owned_[b].offset - plan_[b].offset, owned_[b].numel);
+}
+
 void Reducer::send_bucket(size_t b) {
+  // Note [Gradient transport]: rounded on the compute stream, before the
+  // communicator's stream is told to wait for it.
+  if (!stage_.empty()) stage_[b].copy_(plan_.view(arena_.grads(), b));
   order_comm_after_compute();
   if (!bucket_start_.empty()) bucket_start_[b]->record(comm_.stream());
   if (options_.zero1) {
     // Note [ZeRO-1]: in place, this rank's chunk receives the sum.
-    comm_.reduce_scatter(plan_.view(arena_.grads(), b), owned_chunk(arena_.grads(), b),
-                         ReduceOp::sum);
+    if (stage_.empty()) {
+      comm_.reduce_scatter(plan_.view(arena_.grads(), b), owned_chunk(arena_.grads(), b),
+                           ReduceOp::sum);
+    } else {
+      comm_.reduce_scatter(stage_[b], staged_chunk(b), ReduceOp::sum);
+    }
   } else {
-    comm_.all_reduce(plan_.view(arena_.grads(), b), ReduceOp::sum);
+    comm_.all_reduce(stage_.empty() ? plan_.view(arena_.grads(), b) : stage_[b], ReduceOp::sum);
   }
   if (!bucket_end_.empty()) bucket_end_[b]->record(comm_.stream());
   ++issued_;
@@ -201,6 +220,14 @@ void Reducer::finish(const Tensor& items) {
   // The close's norm pass and optimizer read the reduced arena: the compute
   // stream waits for the communicator's, on the device only.
   order_compute_after_comm();
+  // Note [Gradient transport]: the 16-bit sums, widened into the arena.
+  for (size_t b = 0; b < stage_.size(); ++b) {
+    if (options_.zero1) {
+      owned_chunk(arena_.grads(), b).copy_(staged_chunk(b));
+    } else {
+      plan_.view(arena_.grads(), b).copy_(stage_[b]);
+    }
+  }
   timing_valid_ = armed_ && items_end_ != nullptr;
   sent_in_backward_last_ = armed_ ? sent_in_backward_ : 0;
   armed_ = false;

@@ -62,6 +62,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "autograd/grad_arena.h"
@@ -82,7 +83,23 @@ struct ReducerOptions {
   bool check_layout = true;
   // Note [ZeRO-1]: shard the optimizer state; reduce-scatter instead of all-reduce.
   bool zero1 = false;
+  // Note [Gradient transport]: the dtype buckets travel in. Unset: the arena's
+  // own (exact); bf16 or f16: half the bytes, at a rounding cost.
+  std::optional<DType> transport;
 };
+
+// Note [Gradient transport]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With ReducerOptions::transport = bf16 or f16 (as DDP's bf16_compress_hook),
+// each bucket is rounded into a 16-bit staging copy on the compute stream when
+// it is ready, the collective sums the copies (half the bytes on the wire),
+// and finish(), once the compute stream has waited for the communicator,
+// widens the sums back into the fp32 arena (under ZeRO-1 only the owned
+// chunk). The rounding is the price: each rank's bucket loses its low bits
+// before the sum, and the sum is rounded again, so the stepped gradient is
+// no longer the large batch's exactly (tests/dist/zero1_test.cpp prints the
+// error against the exact transport). The staging copies take 2 bytes per
+// parameter (one per bucket, since buckets are in flight together).
 
 // What the last closed window's communication looked like (timing only).
 // Times are milliseconds relative to the end of the last micro-step's
@@ -147,6 +164,8 @@ class Reducer final : public optim::GradientSync {
   void order_compute_after_comm();
   // Bucket b's chunk this rank owns under ZeRO-1, as a view of `flat`.
   Tensor owned_chunk(const Tensor& flat, size_t b) const;
+  // Note [Gradient transport]: this rank's chunk of bucket b's staging copy.
+  Tensor staged_chunk(size_t b) const;
   void check_layout();
   bool on_gpu() const { return comm_.stream() != nullptr; }
 
@@ -155,6 +174,7 @@ class Reducer final : public optim::GradientSync {
   ReducerOptions options_;
   BucketPlan plan_;
   std::vector<ArenaRange> owned_;  // ZeRO-1: chunk rank() of every bucket, plan order
+  std::vector<Tensor> stage_;      // Note [Gradient transport]: one per bucket, or none
   int device_ = -1;                // CUDA device index, -1 on the CPU
 
   // The hooks reach the reducer through this; it dies with the reducer, so a

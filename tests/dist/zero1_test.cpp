@@ -142,7 +142,8 @@ struct RankRun {
   std::unique_ptr<optim::Window> window;
 
   RankRun(int64_t K, Communicator* comm, bool zero1, uint64_t seed, DType master = DType::f64,
-          DType compute = DType::f64, int shard_ranks = 1) {
+          DType compute = DType::f64, int shard_ranks = 1,
+          std::optional<DType> transport = std::nullopt) {
     equivalence::Precision p = equivalence::cpu_f64();
     p.dtype = master;
     model = equivalence::make_model(ModelKind::LM, p, seed);
@@ -153,7 +154,9 @@ struct RankRun {
     ao.shard_ranks = shard_ranks;
     arena = equivalence::make_arena(*model, ao);
     if (comm) {
-      reducer = std::make_unique<Reducer>(*arena, *comm, small_buckets(zero1));
+      ReducerOptions options = small_buckets(zero1);
+      options.transport = transport;
+      reducer = std::make_unique<Reducer>(*arena, *comm, options);
       reducer->broadcast_parameters(0);
     }
     optimizer = std::make_unique<optim::Optimizer>(equivalence::adamw());
@@ -202,14 +205,15 @@ std::vector<Batch> lm_batches() {
 // `world` ranks x K micro-batches per window; rank r takes micro-batches
 // r K .. r K + K - 1 of the global batch cut into world K.
 std::vector<RankResult> train(int world, int64_t K, bool zero1,
-                              const std::vector<Batch>& global_batches, int shard_ranks = 1) {
+                              const std::vector<Batch>& global_batches, int shard_ranks = 1,
+                              std::optional<DType> transport = std::nullopt) {
   HostWorld host(world);
   std::vector<RankResult> results(world);
   on_ranks(world, [&](int rank) {
     HostCommunicator comm(host, rank);
     // Different initial values per rank: broadcast_parameters must make them rank 0's.
     RankRun run(K, world > 1 ? &comm : nullptr, zero1, 7 + rank, DType::f64, DType::f64,
-                shard_ranks);
+                shard_ranks, transport);
     RankResult& out = results[rank];
     for (const Batch& global : global_batches) {
       for (int64_t k = 0; k < K; ++k)
@@ -300,6 +304,47 @@ TEST(HostWorld, zero1_on_three_ranks_pads_the_slots) {
   EXPECT_EQ(owned_total, static_cast<int64_t>(ref.params.size()));  // the thirds tile the arena
   EXPECT_EQ(zero1[0].params, zero1[1].params);
   EXPECT_EQ(zero1[0].params, zero1[2].params);
+}
+
+// Note [Gradient transport]: bf16 buckets (plain and ZeRO-1) cost a rounding
+// error against the exact transport, measured and printed here; f16 too; a
+// transport that is neither the arena's dtype nor 16-bit is refused.
+TEST(HostWorld, a_16_bit_gradient_transport_costs_a_measured_rounding_error) {
+  const std::vector<Batch> data = lm_batches();
+  const RankResult ref = train(1, 4, false, data)[0];
+  for (bool zero1 : {false, true}) {
+    // Max relative error of the reduced gradients (this rank's part) and of the parameters.
+    auto errors = [&](const std::vector<RankResult>& run) {
+      double grads = 0.0;
+      for (int rank = 0; rank < 2; ++rank) {
+        const std::vector<ArenaRange> all{{0, static_cast<int64_t>(ref.params.size())}};
+        const std::vector<ArenaRange>& owned = zero1 ? run[rank].owned : all;
+        for (size_t w = 0; w < ref.grads.size(); ++w)
+          grads = std::max(grads, equivalence::max_relative(owned_part(run[rank].grads[w], owned),
+                                                            owned_part(ref.grads[w], owned)));
+      }
+      return std::make_pair(grads, equivalence::max_relative(run[0].params, ref.params));
+    };
+    const auto exact = errors(train(2, 2, zero1, data));
+    for (DType t : {DType::bf16, DType::f16}) {
+      const std::vector<RankResult> run = train(2, 2, zero1, data, 1, t);
+      const auto [grads, params] = errors(run);
+      std::printf(
+          "[transport] %s%s: reduced gradients %.3g, parameters after %lld windows %.3g "
+          "(max relative, against one rank; the arena's own dtype: %.3g, %.3g)\n",
+          dtype_name(t), zero1 ? " zero1" : "", grads, static_cast<long long>(kWindows), params,
+          exact.first, exact.second);
+      EXPECT_LT(exact.first, 1e-12);
+      EXPECT_GT(grads, 1e-6) << "a 16-bit transport cannot be exact";
+      EXPECT_LT(grads, 2e-2);
+      EXPECT_LT(params, 2e-2);
+      EXPECT_EQ(run[0].params, run[1].params) << "the ranks disagree";
+    }
+  }
+  HostWorld host(1);
+  HostCommunicator comm(host, 0);
+  EXPECT_ERROR(RankRun(1, &comm, false, 7, DType::f64, DType::f64, 1, DType::f32), "Reducer",
+               "transport dtype f32", "bf16, f16");
 }
 
 TEST(HostWorld, zero1_owns_half_of_every_bucket_and_keeps_half_the_moments) {
