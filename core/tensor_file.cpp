@@ -1,6 +1,11 @@
 #include "core/tensor_file.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 namespace accrue::detail {
@@ -54,16 +59,48 @@ void InputFile::read_at(uint64_t offset, void* dst, uint64_t n, const char* what
                "); was the file changed while reading?");
 }
 
-OutputFile::OutputFile(const FileRef& file)
-    : file_(file), out_(file.path, std::ios::binary | std::ios::trunc) {
-  ACCRUE_CHECK(out_.is_open(), file, ": cannot open the file for writing");
+OutputFile::OutputFile(const FileRef& file) : file_(file), temporary_(file.path + ".tmp") {
+  fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ACCRUE_CHECK(fd_ >= 0, file, ": cannot open the file for writing (as '", temporary_,
+               "' first, Note [Crash-safe saves]): ", std::strerror(errno));
+}
+
+OutputFile::~OutputFile() {
+  if (fd_ < 0) return;  // closed: the file has its name
+  ::close(fd_);
+  ::unlink(temporary_.c_str());
+}
+
+void OutputFile::write(const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    ACCRUE_CHECK(w > 0, file_, ": writing failed (disk full?): ", std::strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
 }
 
 void OutputFile::close() {
-  out_.flush();
-  ACCRUE_CHECK(out_.good(), file_, ": writing the file failed (disk full?)");
-  out_.close();
-  ACCRUE_CHECK(!out_.fail(), file_, ": closing the file failed");
+  ACCRUE_CHECK(::fsync(fd_) == 0, file_, ": flushing to disk failed: ", std::strerror(errno));
+  const int fd = fd_;
+  fd_ = -1;
+  ACCRUE_CHECK(::close(fd) == 0, file_, ": closing failed: ", std::strerror(errno));
+  if (::rename(temporary_.c_str(), file_.path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temporary_.c_str());
+    ACCRUE_FAIL(file_, ": renaming '", temporary_, "' over it failed: ", std::strerror(error));
+  }
+  // The rename itself is durable once the directory is synced (best effort:
+  // some filesystems refuse to open a directory for that).
+  std::filesystem::path dir = std::filesystem::path(file_.path).parent_path();
+  if (dir.empty()) dir = std::filesystem::path(".");
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
 }
 
 Tensor host_contiguous(const Tensor& t) {

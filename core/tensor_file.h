@@ -72,19 +72,31 @@ class InputFile {
   uint64_t size_ = 0;
 };
 
-// Writes a file and checks, at the end, that every byte made it to disk.
+// Note [Crash-safe saves]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A save never leaves a half-written file under the target name, whatever
+// kills the process and whenever: the bytes go to "<path>.tmp", which close()
+// flushes to disk (fsync), then renames over the target in one atomic step,
+// and the directory is synced so the new name survives a power loss too.
+// Until that rename the previous file at <path> stays whole; after it, the
+// new one is. A writer destroyed before close() (an exception) removes its
+// temporary file; a killed one leaves it, and the next save truncates it.
+// tests/core/crash_safe_save_test.cpp kills a process mid-save many times.
 class OutputFile {
  public:
   explicit OutputFile(const FileRef& file);
-  void write(const void* data, size_t n) {
-    if (n > 0) out_.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
-  }
+  ~OutputFile();
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+  void write(const void* data, size_t n);
   void write(const std::string& s) { write(s.data(), s.size()); }
+  // Syncs the temporary file and renames it over the target.
   void close();
 
  private:
   FileRef file_;
-  std::ofstream out_;
+  std::string temporary_;
+  int fd_ = -1;
 };
 
 // Host, contiguous: what both writers copy bytes from.
