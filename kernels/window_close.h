@@ -30,6 +30,12 @@ enum WindowField : int {
   kSkippedWindows = 6,  // windows skipped for non-finite gradients
   kItems = 7,           // N of the current window: items summed over micro-steps (and ranks)
   kClipCoef = 8,        // min(1, max_norm / (norm + eps)) of the last window
+  // Note [Gradient noise scale] (optim/noise_scale.h), when measured:
+  kNoiseSmall = 9,        // |sum of micro-step 0's gradient|^2 / scale^2, this window
+  kNoiseSmallItems = 10,  // micro-step 0's items (B_small)
+  kNoiseGradSq = 11,      // EMA of the estimate of |G|^2
+  kNoiseTrace = 12,       // EMA of the estimate of tr(Sigma)
+  kNoiseWindows = 13,     // windows measured (for the EMAs' bias correction)
   kWindowStateSize = 16
 };
 

@@ -62,6 +62,15 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
   loss_sum_ = zeros({}, DType::f64, device);
   last_ = zeros({kLastSize}, DType::f64, device);
   index_checks_ = std::make_unique<kernels::DeferredIndexChecks>(device, field(kernels::kItems));
+  if (options.noise_scale_every() > 0) {
+    ACCRUE_CHECK(
+        options.micro_steps() >= 2 && options.normalization() == kernels::Normalization::ItemCount,
+        "Window: the gradient noise scale needs K >= 2 micro-steps and item-count "
+        "normalization (K = ",
+        options.micro_steps(), ")");
+    noise_ =
+        std::make_unique<NoiseScale>(arena, options.noise_scale_every(), options.noise_scale_ema());
+  }
   optimizer_.bind(arena);
 }
 
@@ -101,6 +110,8 @@ void Window::backward(const Loss& loss) {
     throw;
   }
   if (norm_rows_ && last) norm_rows_->end_last_backward();
+  if (noise_ && micro_step_ == 0 && noise_->measures(windows_))
+    noise_->after_first_micro_step(arena_, state_);
   ++micro_step_;
   index_checks_->set_position(windows_, micro_step_);
 }
@@ -116,6 +127,7 @@ void Window::close() {
   if (sync_) sync_->finish(field(kernels::kItems));  // N becomes the sum over ranks
   norm_partials();
   kernels::window_scalar_step(partials_, state_, close_config_);
+  if (noise_ && noise_->measures(windows_)) noise_->after_close(state_);
   optimizer_.step(arena_, state_, windows_, ranges_);
   // Note [ZeRO-1]: each rank stepped its shard; the forward needs them all.
   if (sharded()) sync_->gather_parameters(forward_params());
@@ -197,6 +209,13 @@ WindowReport Window::report() const {
   r.skipped = v[kernels::kFoundInf] != 0.0;
   r.skipped_windows = static_cast<int64_t>(v[kernels::kSkippedWindows]);
   r.optimizer_steps = static_cast<int64_t>(v[kernels::kStep]);
+  r.noise_windows = static_cast<int64_t>(v[kernels::kNoiseWindows]);
+  if (noise_ && r.noise_windows > 0) {
+    const double correction = 1.0 - std::pow(noise_->ema(), static_cast<double>(r.noise_windows));
+    r.grad_sq = v[kernels::kNoiseGradSq] / correction;
+    r.trace_sigma = v[kernels::kNoiseTrace] / correction;
+    r.noise_scale = r.trace_sigma / r.grad_sq;
+  }
   return r;
 }
 

@@ -86,6 +86,7 @@
 #include "kernels/index_checks.h"
 #include "optim/gradient_sync.h"
 #include "optim/loss_scaler.h"
+#include "optim/noise_scale.h"
 #include "optim/norm_rows.h"
 #include "optim/optimizer.h"
 
@@ -116,11 +117,20 @@ class WindowOptions {
     norm_under_backward_ = on;
     return *this;
   }
+  // Note [Gradient noise scale]: measured on one window in `every` (0: off),
+  // its estimates smoothed with an EMA of decay `ema`. Needs K >= 2.
+  WindowOptions& noise_scale(int64_t every, double ema = 0.95) {
+    noise_scale_every_ = every;
+    noise_scale_ema_ = ema;
+    return *this;
+  }
   int64_t micro_steps() const { return micro_steps_; }
   kernels::Normalization normalization() const { return normalization_; }
   double max_grad_norm() const { return max_grad_norm_; }
   const LossScalerOptions& scaler() const { return scaler_; }
   bool norm_under_backward() const { return norm_under_backward_; }
+  int64_t noise_scale_every() const { return noise_scale_every_; }
+  double noise_scale_ema() const { return noise_scale_ema_; }
 
  private:
   int64_t micro_steps_ = 1;
@@ -128,6 +138,8 @@ class WindowOptions {
   double max_grad_norm_ = 0.0;
   LossScalerOptions scaler_ = LossScalerOptions::none();
   bool norm_under_backward_ = true;
+  int64_t noise_scale_every_ = 0;
+  double noise_scale_ema_ = 0.95;
 };
 
 // What the host learns about the last closed window (read with one synchronization).
@@ -141,6 +153,13 @@ struct WindowReport {
   bool skipped = false;
   int64_t skipped_windows = 0;
   int64_t optimizer_steps = 0;
+  // Note [Gradient noise scale], when measured (noise_windows > 0): the
+  // bias-corrected EMAs of |G|^2 and tr(Sigma) of the unscaled per-item
+  // gradient, and B_simple = tr(Sigma) / |G|^2, the critical batch estimate.
+  int64_t noise_windows = 0;
+  double grad_sq = 0.0;
+  double trace_sigma = 0.0;
+  double noise_scale = 0.0;
 };
 
 class Window {
@@ -208,6 +227,7 @@ class Window {
   // hold it weakly (hooks cannot be unregistered); null when the pass runs at
   // close.
   std::shared_ptr<NormRowTracker> norm_rows_;
+  std::unique_ptr<NoiseScale> noise_;  // Note [Gradient noise scale], when asked for
   int64_t micro_step_ = 0;
   int64_t windows_ = 0;
 };
