@@ -9,6 +9,7 @@
 #ifdef ACCRUE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include "core/device_scope.h"
 #include "core/status_check.h"
 #endif
 
@@ -69,6 +70,12 @@ void check_device(int device) {
 
 bool cuda_available() {
   return probe().count > 0;
+}
+int64_t cuda_free_bytes(int index) {
+  cuda::DeviceScope scope(index);
+  size_t free_bytes = 0, total_bytes = 0;
+  ACCRUE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<int64_t>(free_bytes);
 }
 int cuda_device_count() {
   return probe().count;
@@ -180,6 +187,9 @@ const char* cuda_unavailable_reason() {
 }
 void set_cuda_device(int) {
   no_cuda("set_cuda_device");
+}
+int64_t cuda_free_bytes(int) {
+  no_cuda("cuda_free_bytes");
 }
 StreamHandle current_stream(int) {
   no_cuda("current_stream");

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/device.h"
 
@@ -26,6 +27,8 @@ const char* cuda_unavailable_reason();
 
 // Makes `index` the calling thread's device (cudaSetDevice) after checking it exists.
 void set_cuda_device(int index);
+// Bytes the driver reports free on device `index` (cudaMemGetInfo).
+int64_t cuda_free_bytes(int index);
 
 // Note [Current stream]
 // ~~~~~~~~~~~~~~~~~~~~~
