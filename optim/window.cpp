@@ -257,6 +257,7 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
   // Note [ZeRO-1]: this rank loaded its shard; the others' come by gathering.
   if (sharded()) sync_->gather_parameters(forward_params());
   windows_ = static_cast<int64_t>(get("windows_closed", full({}, 0.0, DType::i64)).item());
+  index_checks_->set_position(windows_, micro_step_);
 }
 
 }  // namespace accrue::optim
