@@ -50,6 +50,8 @@ enum IndexFaultField : int {
   kIndexFaultFields = 8
 };
 
+// Registered with the thread that constructs it (the thread whose calls it
+// receives): construct and destroy it on the same thread.
 class DeferredIndexChecks {
  public:
   // items: the single f64 element a fault sets to NaN (a window's N), on device.
