@@ -4,6 +4,8 @@
 #include <limits>
 #include <sstream>
 
+#include "kernels/ops.h"
+
 namespace accrue::test {
 
 namespace {
@@ -128,6 +130,26 @@ double relative_error(const Tensor& a, const Tensor& b) {
     den += y[i] * y[i];
   }
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+::testing::AssertionResult close(const Tensor& actual, const Tensor& expected, double tol) {
+  const double err = relative_error(actual, expected);
+  if (err <= tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "relative error " << err << " > " << tol;
+}
+
+Tf32Scope::Tf32Scope(bool allow) : previous_(kernels::allow_tf32()) {
+  kernels::set_allow_tf32(allow);
+}
+Tf32Scope::~Tf32Scope() {
+  kernels::set_allow_tf32(previous_);
+}
+
+CheckIndicesScope::CheckIndicesScope(bool check) : previous_(kernels::check_indices()) {
+  kernels::set_check_indices(check);
+}
+CheckIndicesScope::~CheckIndicesScope() {
+  kernels::set_check_indices(previous_);
 }
 
 void poison(const Tensor& t) {

@@ -62,6 +62,33 @@ double normalized_tolerance(DType dtype);
 
 // ||a - b|| / ||b|| over all elements, in f64.
 double relative_error(const Tensor& a, const Tensor& b);
+// relative_error(actual, expected) <= tol, saying both when not (any devices and dtypes).
+::testing::AssertionResult close(const Tensor& actual, const Tensor& expected, double tol);
+
+// Sets whether f32 GEMMs may use TF32 for a scope and restores it at exit, so
+// a failing test leaves the setting as it found it.
+class Tf32Scope {
+ public:
+  explicit Tf32Scope(bool allow);
+  ~Tf32Scope();
+  Tf32Scope(const Tf32Scope&) = delete;
+  Tf32Scope& operator=(const Tf32Scope&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// The same for kernels::set_check_indices.
+class CheckIndicesScope {
+ public:
+  explicit CheckIndicesScope(bool check);
+  ~CheckIndicesScope();
+  CheckIndicesScope(const CheckIndicesScope&) = delete;
+  CheckIndicesScope& operator=(const CheckIndicesScope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // Poisons a tensor's memory with NaN (floats) or a sentinel (ints), so that an
 // element a kernel forgot to write shows up in the comparison.

@@ -22,6 +22,8 @@
 namespace accrue {
 namespace {
 
+using test::close;
+
 const Device kGpu = Device::cuda(0);
 const Device kCpu = Device::cpu();
 
@@ -72,12 +74,6 @@ Results run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& gra
 Results reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_out,
                   const kernels::AttentionOptions& o) {
   return run(reference_copy(q), reference_copy(k), reference_copy(v), reference_copy(grad_out), o);
-}
-
-::testing::AssertionResult close(const Tensor& actual, const Tensor& expected, double tol) {
-  const double err = test::relative_error(reference_copy(actual), expected);
-  if (err <= tol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "relative error " << err << " > " << tol;
 }
 
 // out and the gradients within `tol` (normalized), lse elementwise within lse_tol.

@@ -29,40 +29,15 @@
 namespace accrue {
 namespace {
 
+using test::CheckIndicesScope;
+using test::close;
+using test::Tf32Scope;
+
 const Device kGpu = Device::cuda(0);
 const Device kCpu = Device::cpu();
 
-class Tf32Scope {
- public:
-  explicit Tf32Scope(bool allow) : previous_(kernels::allow_tf32()) {
-    kernels::set_allow_tf32(allow);
-  }
-  ~Tf32Scope() { kernels::set_allow_tf32(previous_); }
-
- private:
-  bool previous_;
-};
-
-// Restores the index checks even when an expectation fails.
-class CheckIndicesScope {
- public:
-  explicit CheckIndicesScope(bool check) : previous_(kernels::check_indices()) {
-    kernels::set_check_indices(check);
-  }
-  ~CheckIndicesScope() { kernels::set_check_indices(previous_); }
-
- private:
-  bool previous_;
-};
-
 Tensor on_cpu(const Tensor& t) {
   return t.to(kCpu);
-}
-
-::testing::AssertionResult close(const Tensor& actual, const Tensor& expected, double tol) {
-  const double err = test::relative_error(actual, expected);
-  if (err <= tol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "relative error " << err << " > " << tol;
 }
 
 ::testing::AssertionResult near_scalar(const Tensor& actual, const Tensor& expected, double rtol) {

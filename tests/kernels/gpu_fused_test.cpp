@@ -24,6 +24,9 @@
 namespace accrue {
 namespace {
 
+using test::close;
+using test::Tf32Scope;
+
 const Device kGpu = Device::cuda(0);
 const Device kCpu = Device::cpu();
 
@@ -36,26 +39,6 @@ Tensor on_cpu(const Tensor& t) {
 Tensor fresh_leaf(const Tensor& t, Device device) {
   return requires_grad_(device == t.device() ? t.clone() : t.to(device));
 }
-
-::testing::AssertionResult close(const Tensor& actual, const Tensor& expected, double tol) {
-  const double err = test::relative_error(on_cpu(actual), expected);
-  if (err <= tol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "relative error " << err << " > " << tol;
-}
-
-// Sets whether f32 GEMMs may use TF32 for the scope of a test.
-class Tf32Scope {
- public:
-  explicit Tf32Scope(bool allow) : previous_(kernels::allow_tf32()) {
-    kernels::set_allow_tf32(allow);
-  }
-  ~Tf32Scope() { kernels::set_allow_tf32(previous_); }
-  Tf32Scope(const Tf32Scope&) = delete;
-  Tf32Scope& operator=(const Tf32Scope&) = delete;
-
- private:
-  bool previous_;
-};
 
 // ---- dropout ----------------------------------------------------------------------------
 

@@ -12,21 +12,11 @@
 namespace accrue {
 namespace {
 
+using test::Tf32Scope;
+
 const Device kGpu = Device::cuda(0);
 const Device kCpu = Device::cpu();
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
-
-// Restores the TF32 setting at scope exit, so a failing test leaves it as found.
-class Tf32Scope {
- public:
-  explicit Tf32Scope(bool allow) : previous_(kernels::allow_tf32()) {
-    kernels::set_allow_tf32(allow);
-  }
-  ~Tf32Scope() { kernels::set_allow_tf32(previous_); }
-
- private:
-  bool previous_;
-};
 
 Tensor on_cpu(const Tensor& t) {
   return t.to(kCpu);

@@ -15,18 +15,14 @@
 namespace accrue {
 namespace {
 
+using test::close;
+
 const Device kGpu = Device::cuda(0);
 const Device kCpu = Device::cpu();
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
 
 Tensor on_cpu(const Tensor& t) {
   return t.to(kCpu);
-}
-
-::testing::AssertionResult close(const Tensor& actual, const Tensor& expected, double tol) {
-  const double err = test::relative_error(actual, expected);
-  if (err <= tol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "relative error " << err << " > " << tol;
 }
 
 // Indices in [0, vocab) as `dtype`, with a few hot rows repeated many times
