@@ -1,5 +1,6 @@
 // Device helpers shared by the CUDA kernels that reduce along a row: math
-// overloads for the accumulation type, and warp / block reductions.
+// overloads for the accumulation type, warp / block reductions, and the
+// one-block totals of a loss.
 //
 // Every reduction here is in a fixed order (Note [Determinism] in
 // kernels/backend.h): a butterfly over the warp, then the warps' partials in
@@ -81,5 +82,32 @@ __device__ A block_max(A v, A* scratch) {
   v = lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : static_cast<A>(-INFINITY);
   return warp_max(v);
 }
+
+// A loss's two totals, in one block: *sum = the row losses, *count =
+// #(targets != ignore_index), both in a fixed order (each thread a fixed
+// stride of rows, then the block tree). Shared by cross_entropy and the fused
+// classifier. Internal to each including file, as a kernel defined there
+// would be (one registration per translation unit).
+namespace {
+template <class I, class A>
+__global__ void loss_total_kernel(const A* __restrict__ row_loss, const I* __restrict__ targets,
+                                  int64_t rows, int64_t ignore_index, A* __restrict__ sum,
+                                  int64_t* __restrict__ count) {
+  __shared__ A scratch_loss[32];
+  __shared__ long long scratch_count[32];
+  A loss = 0;
+  long long counted = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    loss += row_loss[r];
+    counted += static_cast<int64_t>(targets[r]) != ignore_index;
+  }
+  loss = block_sum(loss, scratch_loss);
+  counted = block_sum(counted, scratch_count);
+  if (threadIdx.x == 0) {
+    *sum = loss;
+    *count = counted;
+  }
+}
+}  // namespace
 
 }  // namespace accrue::kernels::cuda::reduce

@@ -25,7 +25,7 @@ namespace cu = ::accrue::cuda;
 
 namespace {
 
-using namespace reduce;  // load, warp_sum, block_sum
+using namespace reduce;  // load, warp_sum, block_sum, loss_total_kernel
 
 // ---- the row kernel -------------------------------------------------------------------
 
@@ -428,29 +428,6 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>, 1)
   if (tid == 0) row_loss[blockIdx.x] = Exp<A>::unscaled(lse) - target_logit;
 }
 
-// One block: sum = the row losses, count = #(targets != ignore_index), both in
-// a fixed order (each thread a fixed stride of rows, then the block tree).
-template <class I, class A>
-__global__ void classifier_total_kernel(const A* __restrict__ row_loss,
-                                        const I* __restrict__ targets, int64_t rows,
-                                        int64_t ignore_index, A* __restrict__ sum,
-                                        int64_t* __restrict__ count) {
-  __shared__ A scratch_loss[32];
-  __shared__ long long scratch_count[32];
-  A loss = 0;
-  long long counted = 0;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
-    loss += row_loss[r];
-    counted += static_cast<int64_t>(targets[r]) != ignore_index;
-  }
-  loss = block_sum(loss, scratch_loss);
-  counted = block_sum(counted, scratch_count);
-  if (threadIdx.x == 0) {
-    *sum = loss;
-    *count = counted;
-  }
-}
-
 // out = x * seed in A, rounded once; seed is read on the device. x may be out
 // itself (each element is read, then written, by one thread): no __restrict__.
 template <class X, class T, class A>
@@ -522,7 +499,7 @@ void classifier_total(const Tensor& row_loss, const Tensor& targets, int64_t ign
     using A = decltype(loss_tag);
     visit_index_dtype(targets.dtype(), "classifier_total", [&](auto index_tag) {
       using I = decltype(index_tag);
-      classifier_total_kernel<I, A><<<1, 1024, 0, cu::stream_for(dev)>>>(
+      loss_total_kernel<I, A><<<1, 1024, 0, cu::stream_for(dev)>>>(
           static_cast<const A*>(row_loss.data_ptr()), static_cast<const I*>(targets.data_ptr()),
           rows, ignore_index, static_cast<A*>(sum.data_ptr()),
           static_cast<int64_t*>(count.data_ptr()));

@@ -15,7 +15,7 @@ namespace accrue::kernels::cuda {
 
 namespace {
 
-using namespace reduce;  // exp_, log_, load, block_sum
+using namespace reduce;  // exp_, log_, load, block_sum, loss_total_kernel
 
 // ---- cross-entropy ---------------------------------------------------------------
 
@@ -94,28 +94,6 @@ __global__ void cross_entropy_rows_kernel(const T* __restrict__ logits,
   }
 }
 
-// One block: loss_sum = sum(row_loss), count = #(targets != ignore_index), both
-// in a fixed order (each thread a fixed stride of rows, then the block tree).
-template <class I, class A>
-__global__ void cross_entropy_total_kernel(const A* __restrict__ row_loss,
-                                           const I* __restrict__ targets, int64_t rows,
-                                           int64_t ignore_index, A* loss_sum, int64_t* count) {
-  __shared__ A scratch_loss[32];
-  __shared__ long long scratch_count[32];
-  A loss = 0;
-  long long counted = 0;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
-    loss += row_loss[r];
-    counted += static_cast<int64_t>(targets[r]) != ignore_index;
-  }
-  loss = block_sum(loss, scratch_loss);
-  counted = block_sum(counted, scratch_count);
-  if (threadIdx.x == 0) {
-    *loss_sum = loss;
-    *count = counted;
-  }
-}
-
 // One block per row: grad = g * (softmax(x) - onehot(t)), 0 for an ignored row.
 // g is read on the device: no host synchronization.
 template <class T, class I, class A>
@@ -175,7 +153,7 @@ void cross_entropy(const Tensor& logits, const Tensor& targets_in, int64_t ignor
                 static_cast<A*>(row_loss.data_ptr()));
         ACCRUE_LAUNCH_CHECK();
       }
-      cross_entropy_total_kernel<I, A><<<1, 1024, 0, stream>>>(
+      loss_total_kernel<I, A><<<1, 1024, 0, stream>>>(
           static_cast<const A*>(row_loss.data_ptr()), t, rows, ignore_index,
           static_cast<A*>(loss_sum.data_ptr()), static_cast<int64_t*>(count.data_ptr()));
       ACCRUE_LAUNCH_CHECK();
