@@ -116,7 +116,8 @@ Tensor layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& we
                            const Tensor& dbias, bool accumulate);
 
 // Whether CUDA kernels with data-dependent bounds (embedding indices, targets)
-// verify them, which costs one host synchronization per call. On by default.
+// verify them: one host synchronization per call outside a Window, none inside
+// one (Note [Deferred index checks] in kernels/index_checks.h). On by default.
 void set_check_indices(bool check);
 bool check_indices();
 

@@ -19,8 +19,9 @@
 // Note [Trainer synchronization]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Tokens are read and validated against the vocabulary on the host (so
-// kernels::set_check_indices(false) drops the device-side index checks, each
-// a host synchronization), and the Window keeps the loss, the item count, the
+// kernels::set_check_indices(false) drops the device-side index checks, which
+// inside the Window would be deferred, Note [Deferred index checks], but still
+// cost two launches per call), and the Window keeps the loss, the item count, the
 // norm and the loss scale on the device. The host reads them once per
 // window, through window.report() after close(); --bench does not even do
 // that until its last window (CUDA events time each window). One wait is
