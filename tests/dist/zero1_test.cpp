@@ -409,6 +409,53 @@ TEST(HostWorld, zero1_every_rank_skips_when_one_rank_sees_a_non_finite_gradient)
   }
 }
 
+// Note [Deferred index checks] under data parallelism: a bad token on one rank
+// poisons that rank's N, N is summed over ranks at close, so every rank skips
+// the window (plain and ZeRO-1); only the rank that saw it raises the error.
+TEST(HostWorld, a_bad_index_on_one_rank_skips_the_window_on_every_rank) {
+  std::vector<Batch> data = lm_batches();
+  data.resize(3);
+  for (bool zero1 : {false, true}) {
+    HostWorld host(2);
+    std::vector<std::vector<double>> before(2), after(2);
+    std::vector<optim::WindowReport> reports(2);
+    std::vector<std::string> errors(2);
+    on_ranks(2, [&](int rank) {
+      HostCommunicator comm(host, rank);
+      RankRun run(1, &comm, zero1, 7);
+      for (size_t w = 0; w < data.size(); ++w) {
+        Batch micro = data[w].micro(rank, 2);
+        if (w == 2) {
+          before[rank] = equivalence::host(run.arena->master());
+          if (rank == 1) {  // one token past the vocabulary
+            std::vector<int64_t> tokens = micro.inputs.to_vector<int64_t>();
+            tokens[5] = equivalence::kVocab + 3;
+            micro.inputs = from_vector<int64_t>(tokens, micro.inputs.shape());
+          }
+        }
+        run.window->backward(run.model->loss(micro));
+        run.window->close();
+      }
+      after[rank] = equivalence::host(run.arena->master());
+      try {
+        run.window->check();
+      } catch (const Error& e) {
+        errors[rank] = e.what();
+      }
+      reports[rank] = run.window->report();
+    });
+    SCOPED_TRACE(zero1 ? "zero1" : "plain");
+    EXPECT_EQ(errors[0], "");
+    EXPECT_THAT(errors[1], ::testing::HasSubstr("embedding: index 19 (at flat position 5"));
+    EXPECT_THAT(errors[1], ::testing::HasSubstr("window 2"));
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_TRUE(reports[rank].skipped) << "rank " << rank;
+      EXPECT_EQ(reports[rank].optimizer_steps, 2) << "rank " << rank;
+      EXPECT_EQ(after[rank], before[rank]) << "rank " << rank << " stepped a skipped window";
+    }
+  }
+}
+
 // Without a compute copy (f64 here) and with one (f32 master, bf16 copy: the
 // master itself sharded).
 void checkpoint_of_each_shard_resumes_bit_exactly(DType master, DType compute) {
