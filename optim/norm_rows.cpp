@@ -1,6 +1,7 @@
 #include "optim/norm_rows.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/error.h"
 #include "kernels/window_close.h"
@@ -32,6 +33,10 @@ NormRowTracker::NormRowTracker(const GradArena& arena, Tensor partials)
   waiting_ = slots_in_row_;
   done_.assign(static_cast<size_t>(rows), 0);
   final_.assign(slots.size(), 0);
+  if (grads.device().is_cuda()) {
+    side_ = std::make_unique<Stream>(grads.device().index);
+    ordered_ = std::make_unique<Event>();
+  }
 }
 
 void NormRowTracker::begin_last_backward() {
@@ -60,6 +65,10 @@ void NormRowTracker::on_final(size_t slot) {
 void NormRowTracker::finish() {
   armed_ = false;
   rows_at_last_close_ = launch(0, static_cast<int64_t>(done_.size()) - 1, /*all_pending=*/true);
+  if (side_) {  // the scalar step, on the current stream, reads every row
+    ordered_->record(side_->handle());
+    ordered_->block(current_stream(side_->device()));
+  }
 }
 
 int64_t NormRowTracker::launch(int64_t first, int64_t last, bool all_pending) {
@@ -76,6 +85,14 @@ int64_t NormRowTracker::launch(int64_t first, int64_t last, bool all_pending) {
     int64_t end = r;
     while (end + 1 <= last && computable(end + 1))
       ++end;
+    std::optional<StreamGuard> on_side;
+    if (side_) {
+      // The side stream waits for every gradient written so far, then reads.
+      const int device = side_->device();
+      ordered_->record(current_stream(device));
+      ordered_->block(side_->handle());
+      on_side.emplace(device, side_->handle());
+    }
     kernels::grad_norm_partials(arena_.grads(), partials_, r, end - r + 1);
     for (int64_t i = r; i <= end; ++i)
       done_[static_cast<size_t>(i)] = 1;

@@ -42,9 +42,10 @@
 //   3. one read of the gradient arena gives fixed-order partial sums of
 //      squares and a non-finite count (kernels::grad_norm_partials; under
 //      ZeRO-1 over the owned ranges, then gathered so every rank sums the
-//      same rows in the same order). Without a GradientSync most rows have
-//      already run under the last micro-step's backward (Note [Norm under the
-//      backward] in optim/norm_rows.h): the close computes the rest;
+//      same rows in the same order). With norm_under_backward and no
+//      GradientSync most rows have already run under the last micro-step's
+//      backward (Note [Norm under the backward] in optim/norm_rows.h): the
+//      close computes the rest;
 //   4. one thread turns them into found_inf, the norm, the clip and the one
 //      coefficient inv_scale * inv_N * clip, and updates the loss scale and
 //      the step count (Note [Window scalar step]);
@@ -112,7 +113,8 @@ class WindowOptions {
     return *this;
   }
   // Note [Norm under the backward]: the norm rows run as the last
-  // micro-step's gradients land (on by default; without a GradientSync only).
+  // micro-step's gradients land (off by default: it measured slower on GPT-2;
+  // without a GradientSync only).
   WindowOptions& norm_under_backward(bool on) {
     norm_under_backward_ = on;
     return *this;
@@ -137,7 +139,7 @@ class WindowOptions {
   kernels::Normalization normalization_ = kernels::Normalization::ItemCount;
   double max_grad_norm_ = 0.0;
   LossScalerOptions scaler_ = LossScalerOptions::none();
-  bool norm_under_backward_ = true;
+  bool norm_under_backward_ = false;
   int64_t noise_scale_every_ = 0;
   double noise_scale_ema_ = 0.95;
 };

@@ -7,7 +7,8 @@
 # cores; ctest for the labels gpu and cpu; compute-sanitizer memcheck,
 # racecheck, initcheck and synccheck on every gpu test binary
 # (ACCRUE_TEST_ALLOCATOR=plain, so each allocation is its own cudaMalloc and
-# out-of-bounds accesses are seen), with no time limit;
+# out-of-bounds accesses are seen; ACCRUE_UNDER_SANITIZER=1, so tests that
+# provoke a CUDA API error on purpose skip), with no time limit;
 # accrue_bench, bench/torch_bench.py, bench/torch_accumulation.py and
 # bench/compare.py. A short summary is printed LAST and written to
 # <log dir>/summary.txt.
@@ -305,7 +306,7 @@ if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
         log="$details/sanitizer_${tool}_${name}.log"
         say "$tool $name --gtest_filter=$tool_filter"
         run_start=$SECONDS
-        ACCRUE_TEST_ALLOCATOR=plain "$sanitizer" --tool "$tool" --print-limit 0 --error-exitcode 86 \
+        ACCRUE_TEST_ALLOCATOR=plain ACCRUE_UNDER_SANITIZER=1 "$sanitizer" --tool "$tool" --print-limit 0 --error-exitcode 86 \
           "$bin" --gtest_filter="$tool_filter" > "$log" 2>&1
         rc=$?
         result=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -n 1 | sed 's/^=* *//')

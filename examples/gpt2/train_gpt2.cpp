@@ -113,6 +113,8 @@ optimization
   --beta1 B1, --beta2 B2       AdamW betas (default 0.9, 0.95)
   --eps E                      AdamW epsilon (default 1e-8)
   --max-grad-norm N            global gradient-norm clipping; 0 turns it off (default 1.0)
+  --norm-under-backward        compute the norm rows under the last backward instead of
+                               in one pass at the close (measured slower; same bits)
   --dtype f32|bf16|f16         compute dtype over fp32 master weights; f16 adds dynamic
                                loss scaling (default bf16 on a GPU, f32 on the CPU)
   --seed S                     initialization, dropout and synthetic data (default 1337)
@@ -152,6 +154,7 @@ struct Options {
   double weight_decay = 0.1;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double max_grad_norm = 1.0;
+  bool norm_under_backward = false;
   std::string dtype;  // empty: bf16 on a GPU, f32 on the CPU
   uint64_t seed = 1337;
   int64_t val_every = 0, val_batches = 20;
@@ -254,6 +257,8 @@ Options parse(int argc, char** argv) {
       if (o.eps == 0.0) usage_error("--eps must be > 0, got 0");
     } else if (a == "--max-grad-norm") {
       o.max_grad_norm = parse_double(a, value(), 0.0, kInf);
+    } else if (a == "--norm-under-backward") {
+      o.norm_under_backward = true;
     } else if (a == "--dtype") {
       o.dtype = value();
       if (o.dtype != "f32" && o.dtype != "bf16" && o.dtype != "f16")
@@ -702,10 +707,13 @@ int main(int argc, char** argv) try {
   const optim::LossScalerOptions scaler =
       compute == DType::f16 ? optim::LossScalerOptions::dynamic().init_scale(init_scale)
                             : optim::LossScalerOptions::none();
-  optim::Window window(
-      arena, optimizer,
-      optim::WindowOptions().micro_steps(K).max_grad_norm(opt.max_grad_norm).scaler(scaler),
-      reducer.get());
+  optim::Window window(arena, optimizer,
+                       optim::WindowOptions()
+                           .micro_steps(K)
+                           .max_grad_norm(opt.max_grad_norm)
+                           .scaler(scaler)
+                           .norm_under_backward(opt.norm_under_backward),
+                       reducer.get());
   std::printf(
       "optimizer: AdamW lr %g (warmup %lld, cosine to %g x over %lld windows), betas "
       "(%g, %g), eps %g, weight decay %g, clip %g, compute %s%s\n",
