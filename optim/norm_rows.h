@@ -12,8 +12,7 @@
 // for the backward's work so far: on the backward's own stream a launch of a
 // few rows would hold up the backward kernels queued behind it. The close
 // joins the side stream back before the scalar step, and computes only the
-// rows left:
-// those of parameters the last micro-step did not reach (after
+// rows left: those of parameters the last micro-step did not reach (after
 // zero_unwritten, so they read as the close-time pass would) and any row a
 // later gradient into an already final slot made stale. A row is the same
 // code over the same bits whichever launch computes it, so the partials, and
@@ -28,11 +27,12 @@
 // at close, d12 32x1 64.4 ms against 63.5 ms (accrue_train_gpt2
 // --norm-under-backward). On the backward's own stream the row launches
 // stall the kernels queued behind them (d48: 780 ms on an H200 against
-// 727 ms); on the side stream they still cost 4%: a launch of a few rows
-// keeps a few blocks resident for the whole of its latency-bound read (a
-// CUDA row is up to 12 MB at d48, Note [Norm partials]), taking SMs from the
-// backward's GEMMs, while the whole pass at close reads the arena at full
-// bandwidth in about 0.1 ms (d12) to 1.3 ms (d48).
+// 727 ms, two calls); on the side stream they still cost 4%. Not profiled;
+// the likely cause is that a launch of a few rows keeps a few blocks resident
+// for the whole of a latency-bound read (a CUDA row is up to 12 MB at d48,
+// Note [Norm partials]), taking SMs from the backward's GEMMs, while the
+// whole pass at close reads the arena at full bandwidth in about 0.1 ms (d12)
+// to 1.3 ms (d48).
 #pragma once
 
 #include <cstdint>
