@@ -49,6 +49,32 @@ def benchmarks():
                lambda dtype=dtype: (torch.randn(N, device="cuda", dtype=dtype),
                                     torch.randn(N, device="cuda", dtype=dtype)),
                torch.add, 3 * N * size, 0)
+    # contiguous() of a transformer's strided views (bench/bench_copy.cpp).
+    layouts = [
+        ("copy_layout/head_split/bf16/8x1024x12x64", [8, 1024, 12, 64], torch.bfloat16,
+         lambda x: x.permute(0, 2, 1, 3)),
+        ("copy_layout/qkv_split/bf16/8x1024x3x12x64", [8, 1024, 3, 12, 64], torch.bfloat16,
+         lambda x: x.permute(2, 0, 3, 1, 4)),
+        ("copy_layout/narrow_q/bf16/8x1024x2304", [8, 1024, 2304], torch.bfloat16,
+         lambda x: x.narrow(2, 768, 768)),
+        ("copy_layout/k_transpose/bf16/8x12x1024x64", [8, 12, 1024, 64], torch.bfloat16,
+         lambda x: x.transpose(2, 3)),
+        ("copy_layout/transpose/f32/8192x8192", [8192, 8192], torch.float32,
+         lambda x: x.transpose(0, 1)),
+    ]
+    for name, shape, dtype, view in layouts:
+        size = torch.tensor([], dtype=dtype).element_size()
+        numel = view(torch.empty(shape, device="meta")).numel()
+        yield (name, "copy_layout", shape, name.split("/")[2],
+               lambda shape=shape, dtype=dtype, view=view: (
+                   view(torch.randn(shape, device="cuda", dtype=dtype)),),
+               lambda x: x.contiguous(), 2 * numel * size, 0)
+    for name, dtype in DTYPES.items():
+        size = torch.tensor([], dtype=dtype).element_size()
+        yield (f"mask_add/{name}/8x12x1024x1024", "mask_add", [8, 12, 1024, 1024], name,
+               lambda dtype=dtype: (torch.randn(8, 12, 1024, 1024, device="cuda", dtype=dtype),
+                                    torch.randn(1024, 1024, device="cuda", dtype=dtype)),
+               torch.add, (2 * 8 * 12 * 1024 * 1024 + 1024 * 1024) * size, 0)
     yield (f"sum_all/f32/n={N}", "sum_all", [N], "f32",
            lambda: (torch.randn(N, device="cuda"),), torch.sum, (N + 1) * 4, 0)
     yield ("sum_rows/f32/16384x16384", "sum_rows", [16384, 16384], "f32",

@@ -1,6 +1,17 @@
 // CUDA halves of core's copies: strided copy with cast, fill, arange.
+//
+// A copy takes the first of four kernels that fits its layout (after Note
+// [Collapsed geometry]): both contiguous, in 16-byte packs; the innermost dim
+// contiguous in both (a permute that keeps the last dim, a narrow), in packs
+// by rows (Note [Rows of packs]); a different dim contiguous in each (a
+// transpose), through shared-memory tiles (Note [Tiled transpose]); anything
+// else, one element per thread.
+#include <algorithm>
+
+#include "core/collapsed_geometry.h"
 #include "core/copy.h"
 #include "core/copy_geometry.h"
+#include "core/cuda_pack.cuh"
 #include "core/cuda_types.cuh"
 #include "core/strided_index.h"
 
@@ -8,19 +19,157 @@ namespace accrue::detail {
 
 namespace {
 
+using cuda::load_pack;
+using cuda::Pack;
+using cuda::pack_aligned;
+using cuda::store_pack;
+
+constexpr int kThreads = 256;
+
+// The widest pack that moves 16 bytes of the wider of D and S.
 template <class D, class S>
-__global__ void copy_contiguous_kernel(D* __restrict__ out, const S* __restrict__ in, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+constexpr int pack_width() {
+  return 16 / static_cast<int>(sizeof(D) > sizeof(S) ? sizeof(D) : sizeof(S));
+}
+
+template <int V, class D, class S>
+__device__ __forceinline__ void copy_pack(D* out, const S* in, int64_t i) {
+  const Pack<S, V> x = load_pack<V>(in, i);
+  Pack<D, V> y;
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+    y.v[j] = cuda::convert<D>(x.v[j]);
+  store_pack<V>(out, i, y);
+}
+
+// out[i] = in[i] (with a cast) over contiguous tensors, in packs when both
+// pointers allow, the tail one by one.
+template <int V, class D, class S>
+__global__ void __launch_bounds__(kThreads)
+    copy_contiguous_kernel(D* __restrict__ out, const S* __restrict__ in, int64_t n,
+                           bool vectorized) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t packs = vectorized ? n / V : 0;
+  for (int64_t p = tid; p < packs; p += stride)
+    copy_pack<V>(out, in, p);
+  for (int64_t i = packs * V + tid; i < n; i += stride)
     out[i] = cuda::convert<D>(in[i]);
 }
 
+// Note [Rows of packs] (core/collapsed_geometry.h) for a copy: dim 0
+// contiguous in both, moved in packs; `rows` places each row.
+template <int V, class D, class S>
+__global__ void __launch_bounds__(kThreads)
+    copy_rows_kernel(D* __restrict__ out, const S* __restrict__ in, int64_t packs,
+                     int64_t packs_per_row, CollapsedGeometry<2> rows) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const bool narrow = packs <= static_cast<int64_t>(UINT32_MAX);
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
+       p += stride) {
+    int64_t row, col;
+    split_row(p, packs_per_row, narrow, row, col);
+    int64_t off[2];
+    rows.offsets(row, off);
+    copy_pack<V>(out + off[0], in + off[1], col);
+  }
+}
+
+// Note [Tiled transpose]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// When the dim that is contiguous in the source (a) is not the one contiguous
+// in the destination (b) (a transpose, K^T of attention, a permute that moves
+// the last dim), any one-pass order reads or writes with a stride. Each block
+// takes a kTile x kTile tile of (a, b) in one batch index (the other dims):
+// it reads the tile along a, 32 consecutive source elements per warp, into
+// shared memory, and writes it along b, 32 consecutive destination elements
+// per warp. The tile's row is padded by one element so that the column reads
+// hit 32 different banks. Tiles are numbered over (a, b, batch) and walked
+// grid-stride, so any size runs on a capped grid.
+constexpr int kTile = 32;
+constexpr int kTileRows = 8;  // threads per block: kTile x kTileRows
+
 template <class D, class S>
-__global__ void copy_strided_kernel(D* out, StridedGeometry gd, const S* in, StridedGeometry gs,
-                                    int64_t n) {
+__global__ void __launch_bounds__(kTile* kTileRows)
+    copy_transpose_kernel(D* __restrict__ out, const S* __restrict__ in, int64_t size_a,
+                          int64_t size_b, int64_t out_stride_a, int64_t in_stride_b,
+                          int64_t tiles_a, int64_t tiles_b, int64_t tiles,
+                          CollapsedGeometry<2> batch) {
+  __shared__ S tile[kTile][kTile + 1];
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t ta = t % tiles_a;
+    const int64_t tb = (t / tiles_a) % tiles_b;
+    int64_t base[2];
+    batch.offsets(t / (tiles_a * tiles_b), base);
+    const int64_t a0 = ta * kTile, b0 = tb * kTile;
+    // Read along a (stride 1 in the source).
+    const int64_t a = a0 + threadIdx.x;
+    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+      const int64_t b = b0 + j;
+      if (a < size_a && b < size_b) tile[j][threadIdx.x] = in[base[1] + a + b * in_stride_b];
+    }
+    __syncthreads();
+    // Write along b (stride 1 in the destination).
+    const int64_t bw = b0 + threadIdx.x;
+    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+      const int64_t aw = a0 + j;
+      if (aw < size_a && bw < size_b)
+        out[base[0] + bw + aw * out_stride_a] = cuda::convert<D>(tile[threadIdx.x][j]);
+    }
+    __syncthreads();
+  }
+}
+
+// Any other layout: each element decomposes its own index.
+template <class D, class S>
+__global__ void __launch_bounds__(kThreads)
+    copy_strided_kernel(D* out, const S* in, int64_t n, CollapsedGeometry<2> g) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[gd.offset_of(i)] = cuda::convert<D>(in[gs.offset_of(i)]);
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t off[2];
+    g.offsets(i, off);
+    out[off[0]] = cuda::convert<D>(in[off[1]]);
+  }
+}
+
+// The collapsed dim of `g` in which operand k has stride 1, or -1.
+int unit_stride_dim(const CollapsedGeometry<2>& g, int k) {
+  for (int d = 0; d < g.rank; ++d)
+    if (g.strides[k][d] == 1) return d;
+  return -1;
+}
+
+template <class D, class S>
+void launch_copy(D* out, const Tensor& dst, const S* in, const Tensor& src, cudaStream_t stream) {
+  const int64_t n = dst.numel();
+  constexpr int V = pack_width<D, S>();
+  const bool aligned = pack_aligned<V>(out) && pack_aligned<V>(in);
+  if (dst.is_contiguous() && src.is_contiguous()) {
+    copy_contiguous_kernel<V, D, S>
+        <<<cuda::grid_for((n + V - 1) / V, kThreads), kThreads, 0, stream>>>(out, in, n, aligned);
+    return;
+  }
+  const CollapsedGeometry<2> g =
+      collapse_geometry<2>(dst.shape(), {&dst.strides(), &src.strides()}, "copy");
+  if (aligned && rows_of_packs(g, V)) {
+    const int64_t packs = n / V;
+    copy_rows_kernel<V, D, S><<<cuda::grid_for(packs, kThreads), kThreads, 0, stream>>>(
+        out, in, packs, g.sizes[0] / V, g.without(0));
+    return;
+  }
+  const int a = unit_stride_dim(g, 1), b = unit_stride_dim(g, 0);
+  if (a >= 0 && b >= 0 && a != b) {
+    const int64_t tiles_a = (g.sizes[a] + kTile - 1) / kTile;
+    const int64_t tiles_b = (g.sizes[b] + kTile - 1) / kTile;
+    const CollapsedGeometry<2> batch = g.without(a, b);
+    const int64_t tiles = tiles_a * tiles_b * batch.numel();
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{1} << 20));
+    copy_transpose_kernel<D, S><<<blocks, dim3(kTile, kTileRows), 0, stream>>>(
+        out, in, g.sizes[a], g.sizes[b], g.strides[0][a], g.strides[1][b], tiles_a, tiles_b, tiles,
+        batch);
+    return;
+  }
+  copy_strided_kernel<D, S><<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(out, in, n, g);
 }
 
 template <class D>
@@ -37,8 +186,6 @@ __global__ void arange_kernel(D* out, double start, double step, int64_t n) {
     out[i] = cuda::convert<D>(start + static_cast<double>(i) * step);
 }
 
-constexpr int kThreads = 256;
-
 }  // namespace
 
 void copy_cuda(const Tensor& dst, const Tensor& src) {
@@ -52,19 +199,13 @@ void copy_cuda(const Tensor& dst, const Tensor& src) {
                                       cudaMemcpyDeviceToDevice, stream));
     return;
   }
+  if (n == 0) return;
   cuda::visit_device_dtype(dst.dtype(), [&](auto d) {
     using D = decltype(d);
     cuda::visit_device_dtype(src.dtype(), [&](auto s) {
       using S = decltype(s);
-      D* out = static_cast<D*>(dst.data_ptr());
-      const S* in = static_cast<const S*>(src.data_ptr());
-      if (contiguous) {
-        copy_contiguous_kernel<D, S>
-            <<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(out, in, n);
-      } else {
-        copy_strided_kernel<D, S><<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
-            out, geometry_of(dst), in, geometry_of(src), n);
-      }
+      launch_copy(static_cast<D*>(dst.data_ptr()), dst, static_cast<const S*>(src.data_ptr()), src,
+                  stream);
       ACCRUE_LAUNCH_CHECK();
     });
   });

@@ -2,19 +2,23 @@
 // where, axpy (see kernels/backend_functions.inc for the contracts).
 //
 // Every op is a functor (kernels/cuda/elementwise_ops.cuh) mapped over the
-// output by one of two kernels:
+// output by one of three kernels:
 //  - map_contiguous_kernel: every operand contiguous with the output's shape
 //    (the common case). Each thread moves 16 bytes per operand per iteration
 //    (float4, 8 x bf16, ...), then a scalar loop does the tail;
-//  - map_strided_kernel: broadcast (0 strides) or strided views. The shape is
-//    first collapsed (adjacent dims merge where every operand allows), then
-//    each linear index is decomposed once and dotted with each operand's strides.
+//  - map_rows_kernel: broadcast or strided views whose innermost collapsed dim
+//    is contiguous in every operand, in 16-byte packs (Note [Rows of packs]);
+//  - map_strided_kernel: any other broadcast (0 strides) or strided views. The
+//    shape is first collapsed (Note [Collapsed geometry] in
+//    core/collapsed_geometry.h), then each linear index is decomposed once and
+//    dotted with each operand's strides.
 // Indices are 64-bit; loops are grid-stride so any size runs on a capped grid.
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <utility>
 
+#include "core/collapsed_geometry.h"
 #include "core/cuda_types.cuh"
 #include "core/strided_index.h"
 #include "kernels/backend.h"
@@ -25,82 +29,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// ---- the strided geometry of several operands ---------------------------------------
-
-// Note [Collapsed geometry]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~
-// All operands of an elementwise op share the output's shape and differ only in
-// strides (a broadcast operand has stride 0). Size-1 dims are dropped and
-// adjacent dims merged wherever every operand is contiguous across them, so a
-// bias add [N, D] + [D] becomes rank 2 and a transposed view stays rank 2. The
-// kernel then divides each linear index once per (collapsed) dim and reuses the
-// quotient for every operand, instead of every operand doing its own
-// StridedGeometry::offset_of. Dims are stored innermost first.
-template <int N>
-struct OffsetCalculator {
-  int32_t rank = 0;
-  bool narrow = false;  // every linear index fits in 32 bits: cheaper division
-  int64_t sizes[kMaxDims] = {};
-  int64_t strides[N][kMaxDims] = {};
-
-  __device__ __forceinline__ void offsets(int64_t linear, int64_t (&off)[N]) const {
-#pragma unroll
-    for (int k = 0; k < N; ++k)
-      off[k] = 0;
-#pragma unroll
-    for (int d = 0; d < kMaxDims; ++d) {
-      if (d == rank) break;
-      int64_t q, i;
-      if (narrow) {
-        const uint32_t l32 = static_cast<uint32_t>(linear);
-        const uint32_t s32 = static_cast<uint32_t>(sizes[d]);
-        const uint32_t q32 = l32 / s32;
-        q = q32;
-        i = l32 - q32 * s32;
-      } else {
-        q = linear / sizes[d];
-        i = linear - q * sizes[d];
-      }
-      linear = q;
-#pragma unroll
-      for (int k = 0; k < N; ++k)
-        off[k] += i * strides[k][d];
-    }
-  }
-};
-
-// Builds the collapsed geometry of `shape` under each operand's strides (operand 0
-// is the output). See Note [Collapsed geometry].
-template <int N>
-OffsetCalculator<N> make_offset_calculator(const Shape& shape,
-                                           const std::array<const Shape*, N>& strides) {
-  OffsetCalculator<N> calc;
-  int64_t numel = 1;
-  // Walk from the innermost dim outwards, merging into the current collapsed dim.
-  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
-    const int64_t size = shape[d];
-    numel *= size;
-    if (size == 1) continue;
-    const int r = calc.rank;
-    bool merge = r > 0;
-    for (int k = 0; k < N && merge; ++k)
-      merge = (*strides[k])[d] == calc.strides[k][r - 1] * calc.sizes[r - 1];
-    if (merge) {
-      calc.sizes[r - 1] *= size;
-    } else {
-      ACCRUE_CHECK(r < kMaxDims, "elementwise: tensors of more than ", kMaxDims,
-                   " non-mergeable dims are not supported (shape ", shape_str(shape), ")");
-      calc.sizes[r] = size;
-      for (int k = 0; k < N; ++k)
-        calc.strides[k][r] = (*strides[k])[d];
-      calc.rank = r + 1;
-    }
-  }
-  calc.narrow = numel <= static_cast<int64_t>(UINT32_MAX);
-  return calc;
-}
-
-// ---- the two kernels ---------------------------------------------------------------------
+// ---- the kernels ---------------------------------------------------------------------
 
 // out[i] = f(in[i]...) over contiguous operands. `vectorized` is false when some
 // pointer is not aligned for V-wide access; then the scalar loop does everything.
@@ -128,7 +57,7 @@ __device__ __forceinline__ void apply_strided(const F& f, const int64_t (&off)[s
 
 template <class F, class Out, class... In>
 __global__ void __launch_bounds__(kThreads)
-    map_strided_kernel(F f, int64_t n, OffsetCalculator<sizeof...(In) + 1> calc, Out* out,
+    map_strided_kernel(F f, int64_t n, CollapsedGeometry<sizeof...(In) + 1> calc, Out* out,
                        const In*... in) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -136,6 +65,31 @@ __global__ void __launch_bounds__(kThreads)
     int64_t off[sizeof...(In) + 1];
     calc.offsets(i, off);
     apply_strided(f, off, out, std::index_sequence_for<In...>{}, in...);
+  }
+}
+
+// out = f(in...) over operands whose collapsed dim 0 is contiguous in every
+// one and a whole number of V-packs (Note [Rows of packs]).
+template <int V, class F, class Out, class... In, size_t... K>
+__device__ __forceinline__ void apply_rows(const F& f, const int64_t (&off)[sizeof...(In) + 1],
+                                           int64_t col, Out* out, std::index_sequence<K...>,
+                                           const In*... in) {
+  store_pack<V>(out + off[0], col, apply_pack<V, F, Out>(f, load_pack<V>(in + off[K + 1], col)...));
+}
+
+template <int V, class F, class Out, class... In>
+__global__ void __launch_bounds__(kThreads)
+    map_rows_kernel(F f, int64_t packs, int64_t packs_per_row,
+                    CollapsedGeometry<sizeof...(In) + 1> rows, Out* out, const In*... in) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const bool narrow = packs <= static_cast<int64_t>(UINT32_MAX);
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
+       p += stride) {
+    int64_t row, col;
+    split_row(p, packs_per_row, narrow, row, col);
+    int64_t off[sizeof...(In) + 1];
+    rows.offsets(row, off);
+    apply_rows<V>(f, off, col, out, std::index_sequence_for<In...>{}, in...);
   }
 }
 
@@ -189,7 +143,16 @@ void launch_map(const Fast& fast, const Slow& slow, Out* out, const Tensor& out_
   for (const Shape* s : strides)
     ACCRUE_CHECK(s->size() == out_t.shape().size(), "elementwise: operand rank ", s->size(),
                  " differs from the output's shape ", shape_str(out_t.shape()));
-  const OffsetCalculator<N> calc = make_offset_calculator<N>(out_t.shape(), strides);
+  const CollapsedGeometry<N> calc = collapse_geometry<N>(out_t.shape(), strides, "elementwise");
+  // Note [Rows of packs] (core/collapsed_geometry.h).
+  constexpr int V = std::max(1, 16 / max_size_of<Out, In...>());
+  if (V > 1 && rows_of_packs(calc, V) && pack_aligned<V>(out) && (pack_aligned<V>(in.ptr) && ...)) {
+    const int64_t packs = n / V;
+    map_rows_kernel<V, Slow, Out, In...><<<dev::grid_for(packs, kThreads), kThreads, 0, stream>>>(
+        slow, packs, calc.sizes[0] / V, calc.without(0), out, in.ptr...);
+    ACCRUE_LAUNCH_CHECK();
+    return;
+  }
   map_strided_kernel<Slow, Out, In...>
       <<<dev::grid_for(n, kThreads), kThreads, 0, stream>>>(slow, n, calc, out, in.ptr...);
   ACCRUE_LAUNCH_CHECK();

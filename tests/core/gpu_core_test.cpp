@@ -1,4 +1,9 @@
 // Core on the GPU: copies, casts, fills, views and random draws against the CPU.
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "core/allocator.h"
 #include "tests/test_util.h"
 
@@ -22,6 +27,78 @@ TEST(GpuCore, casts_match_the_cpu_bit_for_bit) {
     Tensor cpu = x.to(d);
     Tensor gpu = x.to(kGpu).to(d).to(Device::cpu());
     EXPECT_TRUE(test::all_equal(gpu, cpu)) << dtype_name(d);
+  }
+}
+
+// Each copy kernel of core/copy.cu on the layouts that select it, in every
+// dtype, bit for bit against the CPU: a permute that keeps the last dim and a
+// narrow (Note [Rows of packs]), transposes with and without batch dims in 2-D
+// to 5-D (Note [Tiled transpose], odd sizes so tiles are partial), and the
+// per-element fallback (a misaligned start, a ragged row, a broadcast inner
+// dim). Then the same views cast to bf16 and to f32, and written into a
+// transposed destination.
+TEST(GpuCore, every_copy_layout_matches_the_cpu_bit_for_bit) {
+  ACCRUE_REQUIRE_CUDA();
+  struct Layout {
+    const char* name;
+    Shape shape;
+    std::function<Tensor(const Tensor&)> view;
+  };
+  const std::vector<Layout> layouts = {
+      {"head split",
+       {2, 64, 3, 16},
+       [](const Tensor& t) {
+         return t.permute({0, 2, 1, 3});
+       }},
+      {"narrowed q", {4, 8, 96}, [](const Tensor& t) { return t.narrow(2, 32, 32); }},
+      {"broadcast rows",
+       {1, 16},
+       [](const Tensor& t) {
+         return t.expand({8, 16});
+       }},
+      {"2-D transpose", {67, 133}, [](const Tensor& t) { return t.transpose(0, 1); }},
+      {"k transposed", {2, 3, 40, 24}, [](const Tensor& t) { return t.transpose(2, 3); }},
+      {"3-D permute",
+       {5, 37, 70},
+       [](const Tensor& t) {
+         return t.permute({2, 0, 1});
+       }},
+      {"5-D permute",
+       {2, 3, 4, 5, 8},
+       [](const Tensor& t) {
+         return t.permute({4, 0, 3, 1, 2});
+       }},
+      {"misaligned narrow", {8, 97}, [](const Tensor& t) { return t.narrow(1, 1, 64); }},
+      {"ragged rows", {8, 64}, [](const Tensor& t) { return t.narrow(1, 0, 30); }},
+      {"broadcast inner",
+       {8, 1},
+       [](const Tensor& t) {
+         return t.expand({8, 40});
+       }},
+  };
+  for (DType d : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64}) {
+    for (const Layout& l : layouts) {
+      SCOPED_TRACE(std::string(dtype_name(d)) + " " + l.name);
+      const Tensor x = is_floating(d) ? test::random_normal(l.shape, DType::f32).to(d)
+                                      : test::random_integers(l.shape, -1000, 1000, d);
+      const Tensor g = x.to(kGpu);
+      EXPECT_TRUE(
+          test::all_equal(l.view(g).contiguous().to(Device::cpu()), l.view(x).contiguous()));
+      for (DType to : {DType::bf16, DType::f32})
+        EXPECT_TRUE(test::all_equal(l.view(g).to(to).to(Device::cpu()), l.view(x).to(to)))
+            << "cast to " << dtype_name(to);
+      // A transposed destination: the source's contiguous dim lands strided.
+      const Tensor v = l.view(x).contiguous();
+      if (v.dim() >= 2) {
+        Shape t_shape = v.shape();
+        std::swap(t_shape[0], t_shape[1]);
+        const Tensor dst = empty(t_shape, d, kGpu);
+        test::poison(dst);
+        dst.transpose(0, 1).copy_(l.view(g));
+        EXPECT_TRUE(test::all_equal(dst.to(Device::cpu()), v.transpose(0, 1).contiguous()))
+            << "into a transposed destination";
+      }
+    }
   }
 }
 

@@ -130,6 +130,45 @@ TEST(GpuBinary, broadcast_and_strided_inputs_take_the_strided_path) {
   }
 }
 
+// Note [Rows of packs]: views whose innermost collapsed dim is contiguous in
+// every operand and a whole number of 16-byte packs run by rows of packs; a
+// misaligned start or a ragged row falls back to the per-element path. Both
+// sides of each boundary, exact on integer-valued inputs.
+TEST(GpuBinary, rows_of_packs_match_the_reference_and_fall_back_cleanly) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    const Tensor scores = test::random_integers({2, 3, 64, 64}, -8, 8, dt);
+    const Tensor mask = test::random_integers({64, 64}, -8, 8, dt);  // [B, H, T, T] + [T, T]
+    const Tensor wide = test::random_integers({16, 97}, -8, 8, dt);
+    const Tensor block = test::random_integers({16, 32}, -8, 8, dt);
+    const Tensor heads = test::random_integers({2, 16, 3, 8}, -8, 8, dt);
+    const Tensor split = test::random_integers({2, 3, 16, 8}, -8, 8, dt);
+    const Tensor ragged = test::random_integers({16, 30}, -8, 8, dt);
+    for (BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul}) {
+      SCOPED_TRACE(trace(dt, kernels::op_name(op)));
+      auto check = [&](const Tensor& a, const Tensor& b, auto view_a, const char* what) {
+        SCOPED_TRACE(what);
+        EXPECT_TRUE(test::all_equal(cpu(kernels::binary(op, view_a(gpu(a)), gpu(b))),
+                                    kernels::binary(op, view_a(a), b)));
+      };
+      auto same = [](const Tensor& t) { return t; };
+      check(scores, mask, same, "mask broadcast");
+      check(
+          wide, block, [](const Tensor& t) { return t.narrow(1, 32, 32); }, "column block");
+      check(
+          wide, block, [](const Tensor& t) { return t.narrow(1, 1, 32); }, "misaligned block");
+      check(
+          wide, ragged, [](const Tensor& t) { return t.narrow(1, 64, 30); }, "ragged rows");
+      check(
+          heads, split,
+          [](const Tensor& t) {
+            return t.permute({0, 2, 1, 3});
+          },
+          "head split");
+    }
+  }
+}
+
 TEST(GpuBinary, misaligned_contiguous_views_are_correct) {
   ACCRUE_REQUIRE_CUDA();
   for (DType dt : kFloatTypes) {
