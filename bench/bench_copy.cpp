@@ -5,7 +5,8 @@
 // Then contiguous() of the strided views a transformer makes, at GPT-2 124M's
 // sizes (B=8, T=1024, H=12, D=64): the head split of q (rows of packs), the
 // qkv split of c_attn's output into [3, B, H, T, D], a narrowed q, K^T (a
-// batched tiled transpose), and a large 2-D f32 transpose. Each moves its
+// batched tiled transpose), and a large 2-D f32 transpose; the head split and
+// K^T again at B=64 (100 MB), where launch latency no longer counts. Each moves its
 // bytes once each way, so the floor is 2 x bytes at the copy bandwidth.
 #include <cuda_runtime_api.h>
 
@@ -55,6 +56,16 @@ void register_copy_benchmarks() {
        [](const Tensor& x) { return x.narrow(2, 768, 768); }},
       {"copy_layout/k_transpose/bf16/8x12x1024x64",
        {8, 12, 1024, 64},
+       DType::bf16,
+       [](const Tensor& x) { return x.transpose(2, 3); }},
+      {"copy_layout/head_split/bf16/64x1024x12x64",
+       {64, 1024, 12, 64},
+       DType::bf16,
+       [](const Tensor& x) {
+         return x.permute({0, 2, 1, 3});
+       }},
+      {"copy_layout/k_transpose/bf16/64x12x1024x64",
+       {64, 12, 1024, 64},
        DType::bf16,
        [](const Tensor& x) { return x.transpose(2, 3); }},
       {"copy_layout/transpose/f32/8192x8192",

@@ -59,6 +59,10 @@ def benchmarks():
          lambda x: x.narrow(2, 768, 768)),
         ("copy_layout/k_transpose/bf16/8x12x1024x64", [8, 12, 1024, 64], torch.bfloat16,
          lambda x: x.transpose(2, 3)),
+        ("copy_layout/head_split/bf16/64x1024x12x64", [64, 1024, 12, 64], torch.bfloat16,
+         lambda x: x.permute(0, 2, 1, 3)),
+        ("copy_layout/k_transpose/bf16/64x12x1024x64", [64, 12, 1024, 64], torch.bfloat16,
+         lambda x: x.transpose(2, 3)),
         ("copy_layout/transpose/f32/8192x8192", [8192, 8192], torch.float32,
          lambda x: x.transpose(0, 1)),
     ]

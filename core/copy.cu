@@ -80,17 +80,22 @@ __global__ void __launch_bounds__(kThreads)
 // When the dim that is contiguous in the source (a) is not the one contiguous
 // in the destination (b) (a transpose, K^T of attention, a permute that moves
 // the last dim), any one-pass order reads or writes with a stride. Each block
-// takes a kTile x kTile tile of (a, b) in one batch index (the other dims):
-// it reads the tile along a, 32 consecutive source elements per warp, into
-// shared memory, and writes it along b, 32 consecutive destination elements
-// per warp. The tile's row is padded by one element so that the column reads
-// hit 32 different banks. Tiles are numbered over (a, b, batch) and walked
-// grid-stride, so any size runs on a capped grid.
-constexpr int kTile = 32;
-constexpr int kTileRows = 8;  // threads per block: kTile x kTileRows
+// of 32 x 8 threads takes a kTile x kTile tile of (a, b) in one batch index
+// (the other dims): it reads the tile along a, each warp 2 x 32 consecutive
+// source elements per row, into shared memory, and writes it along b, each
+// warp 2 x 32 consecutive destination elements per row. A thread loads all
+// kTile * kTile / 256 = 16 of its elements before storing any, so each has
+// 16 loads in flight; the tile's row is padded by one element so that the
+// column reads hit 32 different banks. Tiles are numbered over (a, b, batch)
+// and walked grid-stride, so any size runs on a capped grid.
+constexpr int kTile = 64;
+constexpr int kTileCols = 32;                      // threads along the tile's rows
+constexpr int kTileRows = 8;                       // threads along its columns
+constexpr int kPerThread = kTile / kTileCols;      // 2 elements along a row
+constexpr int kRowsPerThread = kTile / kTileRows;  // 8 rows
 
 template <class D, class S>
-__global__ void __launch_bounds__(kTile* kTileRows)
+__global__ void __launch_bounds__(kTileCols* kTileRows)
     copy_transpose_kernel(D* __restrict__ out, const S* __restrict__ in, int64_t size_a,
                           int64_t size_b, int64_t out_stride_a, int64_t in_stride_b,
                           int64_t tiles_a, int64_t tiles_b, int64_t tiles,
@@ -102,19 +107,34 @@ __global__ void __launch_bounds__(kTile* kTileRows)
     int64_t base[2];
     batch.offsets(t / (tiles_a * tiles_b), base);
     const int64_t a0 = ta * kTile, b0 = tb * kTile;
-    // Read along a (stride 1 in the source).
-    const int64_t a = a0 + threadIdx.x;
-    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
-      const int64_t b = b0 + j;
-      if (a < size_a && b < size_b) tile[j][threadIdx.x] = in[base[1] + a + b * in_stride_b];
+    // Read along a (stride 1 in the source): row j of the tile is b = b0 + j.
+    S x[kRowsPerThread][kPerThread] = {};
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+      const int64_t b = b0 + threadIdx.y + r * kTileRows;
+#pragma unroll
+      for (int c = 0; c < kPerThread; ++c) {
+        const int64_t a = a0 + threadIdx.x + c * kTileCols;
+        if (a < size_a && b < size_b) x[r][c] = in[base[1] + a + b * in_stride_b];
+      }
     }
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r)
+#pragma unroll
+      for (int c = 0; c < kPerThread; ++c)
+        tile[threadIdx.y + r * kTileRows][threadIdx.x + c * kTileCols] = x[r][c];
     __syncthreads();
-    // Write along b (stride 1 in the destination).
-    const int64_t bw = b0 + threadIdx.x;
-    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
-      const int64_t aw = a0 + j;
-      if (aw < size_a && bw < size_b)
-        out[base[0] + bw + aw * out_stride_a] = cuda::convert<D>(tile[threadIdx.x][j]);
+    // Write along b (stride 1 in the destination): row j is a = a0 + j.
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+      const int64_t a = a0 + threadIdx.y + r * kTileRows;
+#pragma unroll
+      for (int c = 0; c < kPerThread; ++c) {
+        const int64_t b = b0 + threadIdx.x + c * kTileCols;
+        if (a < size_a && b < size_b)
+          out[base[0] + b + a * out_stride_a] =
+              cuda::convert<D>(tile[threadIdx.x + c * kTileCols][threadIdx.y + r * kTileRows]);
+      }
     }
     __syncthreads();
   }
@@ -164,7 +184,7 @@ void launch_copy(D* out, const Tensor& dst, const S* in, const Tensor& src, cuda
     const CollapsedGeometry<2> batch = g.without(a, b);
     const int64_t tiles = tiles_a * tiles_b * batch.numel();
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{1} << 20));
-    copy_transpose_kernel<D, S><<<blocks, dim3(kTile, kTileRows), 0, stream>>>(
+    copy_transpose_kernel<D, S><<<blocks, dim3(kTileCols, kTileRows), 0, stream>>>(
         out, in, g.sizes[a], g.sizes[b], g.strides[0][a], g.strides[1][b], tiles_a, tiles_b, tiles,
         batch);
     return;
