@@ -13,6 +13,38 @@
 
 namespace accrue {
 
+// Note [Fast division]
+// ~~~~~~~~~~~~~~~~~~~~
+// Decomposing an index divides by each dim's size, and a 32-bit division by
+// a runtime value costs a few dozen instructions, per element or pack: enough
+// to keep a strided kernel below the memory bandwidth. For a divisor d in
+// [1, 2^31) and n < 2^31, n / d = (umulhi(n, m) + n) >> s with s the smallest
+// shift such that 2^s >= d and m = floor(2^32 (2^s - d) / d) + 1 (Granlund
+// and Montgomery's round-up method), two instructions and an add. Indices of
+// 2^31 and more take the plain 64-bit division.
+struct FastDivider {
+  uint32_t divisor = 1, magic = 1, shift = 0;
+
+  FastDivider() = default;
+  explicit FastDivider(int64_t d) : divisor(static_cast<uint32_t>(d)) {
+    ACCRUE_CHECK(d >= 1 && d < (int64_t{1} << 31), "FastDivider: divisor ", d,
+                 " is outside [1, 2^31)");
+    while ((uint64_t{1} << shift) < divisor)
+      ++shift;
+    const uint64_t one = 1;
+    magic = static_cast<uint32_t>(((one << 32) * ((one << shift) - divisor)) / divisor + 1);
+  }
+  // n / divisor for n < 2^31; the same arithmetic on the host (for tests).
+  ACCRUE_HD uint32_t div(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    const uint32_t hi = __umulhi(n, magic);
+#else
+    const uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(n) * magic) >> 32);
+#endif
+    return (hi + n) >> shift;
+  }
+};
+
 // Note [Collapsed geometry]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // All operands of an elementwise op or a copy share the output's shape and
@@ -26,9 +58,17 @@ namespace accrue {
 template <int N>
 struct CollapsedGeometry {
   int32_t rank = 0;
-  bool narrow = false;  // every linear index fits in 32 bits: cheaper division
+  bool narrow = false;  // every linear index is below 2^31: Note [Fast division]
   int64_t sizes[kMaxDims] = {};
   int64_t strides[N][kMaxDims] = {};
+  FastDivider dividers[kMaxDims];  // of sizes[d] when narrow
+
+  // Sets `narrow` and the dividers once the sizes are final.
+  void finish() {
+    narrow = numel() < (int64_t{1} << 31);
+    for (int d = 0; d < rank; ++d)
+      dividers[d] = narrow ? FastDivider(sizes[d]) : FastDivider();
+  }
 
   int64_t numel() const {
     int64_t n = 1;
@@ -49,10 +89,9 @@ struct CollapsedGeometry {
       int64_t q, i;
       if (narrow) {
         const uint32_t l32 = static_cast<uint32_t>(linear);
-        const uint32_t s32 = static_cast<uint32_t>(sizes[d]);
-        const uint32_t q32 = l32 / s32;
+        const uint32_t q32 = dividers[d].div(l32);
         q = q32;
-        i = l32 - q32 * s32;
+        i = l32 - q32 * dividers[d].divisor;
       } else {
         q = linear / sizes[d];
         i = linear - q * sizes[d];
@@ -69,35 +108,42 @@ struct CollapsedGeometry {
   // none): what is left once a kernel walks those dims itself.
   CollapsedGeometry without(int a, int b = -1) const {
     CollapsedGeometry g;
-    int64_t n = 1;
     for (int d = 0; d < rank; ++d) {
       if (d == a || d == b) continue;
       g.sizes[g.rank] = sizes[d];
       for (int k = 0; k < N; ++k)
         g.strides[k][g.rank] = strides[k][d];
-      n *= sizes[d];
       ++g.rank;
     }
-    g.narrow = n <= static_cast<int64_t>(UINT32_MAX);
+    g.finish();
     return g;
   }
 };
 
-// Splits index p of a row-major [rows, per_row] walk into (row, col); 32-bit
-// division when `narrow` (p < 2^32).
-#if defined(__CUDACC__)
-__device__ __forceinline__ void split_row(int64_t p, int64_t per_row, bool narrow, int64_t& row,
-                                          int64_t& col) {
-  if (narrow) {
-    const uint32_t q = static_cast<uint32_t>(p) / static_cast<uint32_t>(per_row);
-    row = q;
-    col = static_cast<uint32_t>(p) - q * static_cast<uint32_t>(per_row);
-  } else {
-    row = p / per_row;
-    col = p - row * per_row;
+// A row-major [rows, per_row] walk over `count` items: splits an item's
+// index into (row, col), with Note [Fast division] when count < 2^31.
+struct RowSplitter {
+  int64_t per_row = 1;
+  bool narrow = false;
+  FastDivider fast;
+
+  RowSplitter(int64_t count, int64_t per_row_)
+      : per_row(per_row_), narrow(count < (int64_t{1} << 31)) {
+    if (narrow) fast = FastDivider(per_row);
   }
-}
+#if defined(__CUDACC__)
+  __device__ __forceinline__ void split(int64_t p, int64_t& row, int64_t& col) const {
+    if (narrow) {
+      const uint32_t q = fast.div(static_cast<uint32_t>(p));
+      row = q;
+      col = static_cast<uint32_t>(p) - q * fast.divisor;
+    } else {
+      row = p / per_row;
+      col = p - row * per_row;
+    }
+  }
 #endif
+};
 
 // Note [Rows of packs]
 // ~~~~~~~~~~~~~~~~~~~~
@@ -128,11 +174,9 @@ CollapsedGeometry<N> collapse_geometry(const std::vector<int64_t>& shape,
                                        const std::array<const std::vector<int64_t>*, N>& strides,
                                        const char* op) {
   CollapsedGeometry<N> g;
-  int64_t numel = 1;
   // Walk from the innermost dim outwards, merging into the current collapsed dim.
   for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
     const int64_t size = shape[d];
-    numel *= size;
     if (size == 1) continue;
     const int r = g.rank;
     bool merge = r > 0;
@@ -149,7 +193,7 @@ CollapsedGeometry<N> collapse_geometry(const std::vector<int64_t>& shape,
       g.rank = r + 1;
     }
   }
-  g.narrow = numel <= static_cast<int64_t>(UINT32_MAX);
+  g.finish();
   return g;
 }
 

@@ -62,13 +62,12 @@ __global__ void __launch_bounds__(kThreads)
 template <int V, class D, class S>
 __global__ void __launch_bounds__(kThreads)
     copy_rows_kernel(D* __restrict__ out, const S* __restrict__ in, int64_t packs,
-                     int64_t packs_per_row, CollapsedGeometry<2> rows) {
+                     RowSplitter split, CollapsedGeometry<2> rows) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const bool narrow = packs <= static_cast<int64_t>(UINT32_MAX);
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
        p += stride) {
     int64_t row, col;
-    split_row(p, packs_per_row, narrow, row, col);
+    split.split(p, row, col);
     int64_t off[2];
     rows.offsets(row, off);
     copy_pack<V>(out + off[0], in + off[1], col);
@@ -85,8 +84,9 @@ __global__ void __launch_bounds__(kThreads)
 // source elements per row, into shared memory, and writes it along b, each
 // warp 2 x 32 consecutive destination elements per row. A thread loads all
 // kTile * kTile / 256 = 16 of its elements before storing any, so each has
-// 16 loads in flight; the tile's row is padded by one element so that the
-// column reads hit 32 different banks. Tiles are numbered over (a, b, batch)
+// 16 loads in flight; the tile's rows are padded so that the column reads
+// hit 32 different banks (2-way for 8-byte types, which take two wavefronts
+// anyway). Tiles are numbered over (a, b, batch)
 // and walked grid-stride, so any size runs on a capped grid.
 constexpr int kTile = 64;
 constexpr int kTileCols = 32;                      // threads along the tile's rows
@@ -100,7 +100,10 @@ __global__ void __launch_bounds__(kTileCols* kTileRows)
                           int64_t size_b, int64_t out_stride_a, int64_t in_stride_b,
                           int64_t tiles_a, int64_t tiles_b, int64_t tiles,
                           CollapsedGeometry<2> batch) {
-  __shared__ S tile[kTile][kTile + 1];
+  // One 4-byte word of padding per row (for 8-byte types one element), so a
+  // row's length is an odd number of words and a column read meets no bank twice.
+  constexpr int kPad = sizeof(S) >= 4 ? 1 : 4 / static_cast<int>(sizeof(S));
+  __shared__ S tile[kTile][kTile + kPad];
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t ta = t % tiles_a;
     const int64_t tb = (t / tiles_a) % tiles_b;
@@ -174,7 +177,7 @@ void launch_copy(D* out, const Tensor& dst, const S* in, const Tensor& src, cuda
   if (aligned && rows_of_packs(g, V)) {
     const int64_t packs = n / V;
     copy_rows_kernel<V, D, S><<<cuda::grid_for(packs, kThreads), kThreads, 0, stream>>>(
-        out, in, packs, g.sizes[0] / V, g.without(0));
+        out, in, packs, RowSplitter(packs, g.sizes[0] / V), g.without(0));
     return;
   }
   const int a = unit_stride_dim(g, 1), b = unit_stride_dim(g, 0);

@@ -79,14 +79,13 @@ __device__ __forceinline__ void apply_rows(const F& f, const int64_t (&off)[size
 
 template <int V, class F, class Out, class... In>
 __global__ void __launch_bounds__(kThreads)
-    map_rows_kernel(F f, int64_t packs, int64_t packs_per_row,
+    map_rows_kernel(F f, int64_t packs, RowSplitter split,
                     CollapsedGeometry<sizeof...(In) + 1> rows, Out* out, const In*... in) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const bool narrow = packs <= static_cast<int64_t>(UINT32_MAX);
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
        p += stride) {
     int64_t row, col;
-    split_row(p, packs_per_row, narrow, row, col);
+    split.split(p, row, col);
     int64_t off[sizeof...(In) + 1];
     rows.offsets(row, off);
     apply_rows<V>(f, off, col, out, std::index_sequence_for<In...>{}, in...);
@@ -149,7 +148,7 @@ void launch_map(const Fast& fast, const Slow& slow, Out* out, const Tensor& out_
   if (V > 1 && rows_of_packs(calc, V) && pack_aligned<V>(out) && (pack_aligned<V>(in.ptr) && ...)) {
     const int64_t packs = n / V;
     map_rows_kernel<V, Slow, Out, In...><<<dev::grid_for(packs, kThreads), kThreads, 0, stream>>>(
-        slow, packs, calc.sizes[0] / V, calc.without(0), out, in.ptr...);
+        slow, packs, RowSplitter(packs, calc.sizes[0] / V), calc.without(0), out, in.ptr...);
     ACCRUE_LAUNCH_CHECK();
     return;
   }
