@@ -80,10 +80,9 @@ __global__ void __launch_bounds__(kThreads)
 // in the destination (b) (a transpose, K^T of attention, a permute that moves
 // the last dim), any one-pass order reads or writes with a stride. Each block
 // of 32 x 8 threads takes a kTile x kTile tile of (a, b) in one batch index
-// (the other dims): it reads the tile along a, each warp the 64 consecutive
-// source elements of a row, into shared memory, and writes it along b, each
-// warp the 64 consecutive destination elements of a row (16-bit types whose
-// pairs stay 4-byte aligned move them in pairs). A thread loads all
+// (the other dims): it reads the tile along a, each warp 2 x 32 consecutive
+// source elements per row, into shared memory, and writes it along b, each
+// warp 2 x 32 consecutive destination elements per row. A thread loads all
 // kTile * kTile / 256 = 16 of its elements before storing any, so each has
 // 16 loads in flight; the tile's rows are padded so that the column reads
 // hit 32 different banks (2-way for 8-byte types, which take two wavefronts
@@ -95,25 +94,16 @@ constexpr int kTileRows = 8;                       // threads along its columns
 constexpr int kPerThread = kTile / kTileCols;      // 2 elements along a row
 constexpr int kRowsPerThread = kTile / kTileRows;  // 8 rows
 
-// kPairs (16-bit types whose pairs stay 4-byte aligned): a thread's two
-// elements along a row are adjacent and move as one 4-byte load or store, so
-// a warp moves 128 bytes per instruction instead of 64.
-template <class D, class S, bool kPairs>
+template <class D, class S>
 __global__ void __launch_bounds__(kTileCols* kTileRows)
     copy_transpose_kernel(D* __restrict__ out, const S* __restrict__ in, int64_t size_a,
                           int64_t size_b, int64_t out_stride_a, int64_t in_stride_b,
                           int64_t tiles_a, int64_t tiles_b, int64_t tiles,
                           CollapsedGeometry<2> batch) {
-  static_assert(!kPairs || (sizeof(S) == 2 && sizeof(D) == 2), "pairs are of 16-bit types");
   // One 4-byte word of padding per row (for 8-byte types one element), so a
   // row's length is an odd number of words and a column read meets no bank twice.
   constexpr int kPad = sizeof(S) >= 4 ? 1 : 4 / static_cast<int>(sizeof(S));
   __shared__ S tile[kTile][kTile + kPad];
-  // The tile column of a thread's element c along a row.
-  const auto col = [](int c) -> int {
-    return kPairs ? 2 * static_cast<int>(threadIdx.x) + c
-                  : static_cast<int>(threadIdx.x) + c * kTileCols;
-  };
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t ta = t % tiles_a;
     const int64_t tb = (t / tiles_a) % tiles_b;
@@ -121,43 +111,33 @@ __global__ void __launch_bounds__(kTileCols* kTileRows)
     batch.offsets(t / (tiles_a * tiles_b), base);
     const int64_t a0 = ta * kTile, b0 = tb * kTile;
     // Read along a (stride 1 in the source): row j of the tile is b = b0 + j.
-    Pack<S, kPerThread> x[kRowsPerThread] = {};
+    S x[kRowsPerThread][kPerThread] = {};
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
       const int64_t b = b0 + threadIdx.y + r * kTileRows;
-      if (b >= size_b) continue;
-      const S* row = in + base[1] + b * in_stride_b + a0;
-      if (kPairs && a0 + col(1) < size_a) {
-        x[r] = load_pack<kPerThread>(row + col(0), 0);
-        continue;
-      }
 #pragma unroll
-      for (int c = 0; c < kPerThread; ++c)
-        if (a0 + col(c) < size_a) x[r].v[c] = row[col(c)];
+      for (int c = 0; c < kPerThread; ++c) {
+        const int64_t a = a0 + threadIdx.x + c * kTileCols;
+        if (a < size_a && b < size_b) x[r][c] = in[base[1] + a + b * in_stride_b];
+      }
     }
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r)
 #pragma unroll
       for (int c = 0; c < kPerThread; ++c)
-        tile[threadIdx.y + r * kTileRows][col(c)] = x[r].v[c];
+        tile[threadIdx.y + r * kTileRows][threadIdx.x + c * kTileCols] = x[r][c];
     __syncthreads();
     // Write along b (stride 1 in the destination): row j is a = a0 + j.
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
-      const int j = threadIdx.y + r * kTileRows;
-      if (a0 + j >= size_a) continue;
-      D* row = out + base[0] + (a0 + j) * out_stride_a + b0;
-      Pack<D, kPerThread> y;
+      const int64_t a = a0 + threadIdx.y + r * kTileRows;
 #pragma unroll
-      for (int c = 0; c < kPerThread; ++c)
-        y.v[c] = cuda::convert<D>(tile[col(c)][j]);
-      if (kPairs && b0 + col(1) < size_b) {
-        store_pack<kPerThread>(row + col(0), 0, y);
-        continue;
+      for (int c = 0; c < kPerThread; ++c) {
+        const int64_t b = b0 + threadIdx.x + c * kTileCols;
+        if (a < size_a && b < size_b)
+          out[base[0] + b + a * out_stride_a] =
+              cuda::convert<D>(tile[threadIdx.x + c * kTileCols][threadIdx.y + r * kTileRows]);
       }
-#pragma unroll
-      for (int c = 0; c < kPerThread; ++c)
-        if (b0 + col(c) < size_b) row[col(c)] = y.v[c];
     }
     __syncthreads();
   }
@@ -207,22 +187,9 @@ void launch_copy(D* out, const Tensor& dst, const S* in, const Tensor& src, cuda
     const CollapsedGeometry<2> batch = g.without(a, b);
     const int64_t tiles = tiles_a * tiles_b * batch.numel();
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{1} << 20));
-    const int64_t out_stride_a = g.strides[0][a], in_stride_b = g.strides[1][b];
-    bool pairs = sizeof(D) == 2 && sizeof(S) == 2 && pack_aligned<2>(out) && pack_aligned<2>(in) &&
-                 out_stride_a % 2 == 0 && in_stride_b % 2 == 0;
-    for (int d = 0; d < batch.rank; ++d)
-      pairs = pairs && batch.strides[0][d] % 2 == 0 && batch.strides[1][d] % 2 == 0;
-    const dim3 threads(kTileCols, kTileRows);
-    if (pairs) {
-      if constexpr (sizeof(D) == 2 && sizeof(S) == 2)
-        copy_transpose_kernel<D, S, true>
-            <<<blocks, threads, 0, stream>>>(out, in, g.sizes[a], g.sizes[b], out_stride_a,
-                                             in_stride_b, tiles_a, tiles_b, tiles, batch);
-    } else {
-      copy_transpose_kernel<D, S, false>
-          <<<blocks, threads, 0, stream>>>(out, in, g.sizes[a], g.sizes[b], out_stride_a,
-                                           in_stride_b, tiles_a, tiles_b, tiles, batch);
-    }
+    copy_transpose_kernel<D, S><<<blocks, dim3(kTileCols, kTileRows), 0, stream>>>(
+        out, in, g.sizes[a], g.sizes[b], g.strides[0][a], g.strides[1][b], tiles_a, tiles_b, tiles,
+        batch);
     return;
   }
   copy_strided_kernel<D, S><<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(out, in, n, g);
