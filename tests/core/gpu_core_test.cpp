@@ -33,10 +33,10 @@ TEST(GpuCore, casts_match_the_cpu_bit_for_bit) {
 // Each copy kernel of core/copy.cu on the layouts that select it, in every
 // dtype, bit for bit against the CPU: a permute that keeps the last dim and a
 // narrow (Note [Rows of packs]), transposes with and without batch dims in 2-D
-// to 5-D (Note [Tiled transpose], odd sizes so tiles and 16-bit pairs are
-// partial), and the per-element fallback (a misaligned start, a ragged row, a
-// broadcast inner dim). Then the same views cast to bf16 and to f32, and
-// written into a transposed destination.
+// to 5-D (Note [Tiled transpose], odd sizes so tiles are partial), and the
+// per-element fallback (a misaligned start, a ragged row, a broadcast inner
+// dim). Then the same views cast to bf16 and to f32, and written into a
+// transposed destination.
 TEST(GpuCore, every_copy_layout_matches_the_cpu_bit_for_bit) {
   ACCRUE_REQUIRE_CUDA();
   struct Layout {
