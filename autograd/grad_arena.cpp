@@ -183,6 +183,12 @@ void GradArena::begin_window() {
   written_.assign(written_.size(), false);
 }
 
+void GradArena::set_written_flags(const std::vector<bool>& flags) {
+  ACCRUE_CHECK(flags.size() == written_.size(), "GradArena::set_written_flags: ", flags.size(),
+               " flags for ", written_.size(), " slots");
+  written_ = flags;
+}
+
 int GradArena::zero_unwritten() {
   int zeroed = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {

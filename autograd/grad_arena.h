@@ -117,6 +117,11 @@ class GradArena final : public GradSink {
   // window are zeroed, so an unused parameter reads 0, never an old gradient.
   void begin_window();
   bool written(size_t i) const { return written_[i]; }
+  // All the flags, and setting them back: a checkpoint taken inside a window
+  // must resume with the same slots written (Note [Mid-window checkpoints] in
+  // optim/window.h).
+  const std::vector<bool>& written_flags() const { return written_; }
+  void set_written_flags(const std::vector<bool>& flags);
   // Zeroes the slots no gradient reached this window; returns how many.
   int zero_unwritten();
 

@@ -227,11 +227,20 @@ std::map<std::string, Tensor> Window::state_dict() const {
     d["moment" + std::to_string(i)] = arena_.moment(i);
   d["window_state"] = state_;
   d["windows_closed"] = full({}, static_cast<double>(windows_), DType::i64);
+  if (micro_step_ > 0) {  // Note [Mid-window checkpoints]
+    d["micro_step"] = full({}, static_cast<double>(micro_step_), DType::i64);
+    d["grads"] = arena_.grads();
+    const std::vector<bool>& flags = arena_.written_flags();
+    std::vector<int64_t> written(flags.begin(), flags.end());
+    d["grads_written"] = from_vector<int64_t>(written, {static_cast<int64_t>(written.size())});
+    d["loss_sum"] = loss_sum_;
+  }
   return d;
 }
 
 void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
-  ACCRUE_CHECK(micro_step_ == 0, "Window::load_state_dict: in the middle of a window");
+  ACCRUE_CHECK(micro_step_ == 0, "Window::load_state_dict: this window is at micro-step ",
+               micro_step_, "; load between windows");
   auto get = [&](const std::string& key, const Tensor& like) -> const Tensor& {
     auto it = state.find(key);
     ACCRUE_CHECK(it != state.end(), "Window::load_state_dict: missing '", key, "'");
@@ -257,6 +266,23 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
   // Note [ZeRO-1]: this rank loaded its shard; the others' come by gathering.
   if (sharded()) sync_->gather_parameters(forward_params());
   windows_ = static_cast<int64_t>(get("windows_closed", full({}, 0.0, DType::i64)).item());
+  // Note [Mid-window checkpoints]: a checkpoint without "micro_step" was taken between windows.
+  if (state.count("micro_step") != 0) {
+    const int64_t m = static_cast<int64_t>(get("micro_step", full({}, 0.0, DType::i64)).item());
+    ACCRUE_CHECK(m > 0 && m < options_.micro_steps(),
+                 "Window::load_state_dict: the checkpoint is at micro-step ", m,
+                 ", this window has ", options_.micro_steps(), " micro-steps");
+    const int64_t slots = static_cast<int64_t>(arena_.written_flags().size());
+    const std::vector<int64_t> written = get("grads_written", zeros({slots}, DType::i64))
+                                             .to(Device::cpu())
+                                             .to(DType::i64)
+                                             .to_vector<int64_t>();
+    std::vector<bool> flags(written.begin(), written.end());
+    arena_.grads().copy_(get("grads", arena_.grads()));
+    arena_.set_written_flags(flags);
+    loss_sum_.copy_(get("loss_sum", loss_sum_));
+    micro_step_ = m;
+  }
   index_checks_->set_position(windows_, micro_step_);
 }
 

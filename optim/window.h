@@ -192,10 +192,27 @@ class Window {
   int64_t norm_rows_at_last_close() const;
 
   // Everything a checkpoint needs to resume bit-exactly: master weights,
-  // moments, the window state (scale, tracker, step) and the window count.
-  // Under ZeRO-1 each rank's dict holds its own shard ("master" and the
-  // moments packed over the owned ranges) and loading is collective: every
-  // rank loads its own, then the parameters are gathered.
+  // moments, the window state (scale, tracker, step, N) and the window count;
+  // inside a window also the gradients so far (Note [Mid-window
+  // checkpoints]). Under ZeRO-1 each rank's dict holds its own shard
+  // ("master" and the moments packed over the owned ranges) and loading is
+  // collective: every rank loads its own, then the parameters are gathered.
+  //
+  // Note [Mid-window checkpoints]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A checkpoint may be taken after any micro-step. With m of K micro-steps
+  // done (0 < m < K) the dict adds "micro_step" (m), "grads" (this rank's
+  // whole arena: no reduction has started before the last micro-step),
+  // "grads_written" (Note [Overwrite first]'s flags, one per slot) and
+  // "loss_sum"; N, a pending noise-scale measurement and the scale are in
+  // "window_state" already. A Window that loads it, fresh or between two
+  // windows, resumes at micro-step m: the next backward adds to those
+  // gradients exactly as the uninterrupted run would have, so the rest of the
+  // run is bitwise the same (tests/optim/optim_test.cpp). A bad index seen
+  // before the save (Note [Deferred index checks]) is carried as N = NaN,
+  // so the resumed window is skipped too, but its message is not: call
+  // check() before saving to see it. The data position and any dropout
+  // generator are the caller's to save beside.
   std::map<std::string, Tensor> state_dict() const;
   void load_state_dict(const std::map<std::string, Tensor>& state);
   // Under ZeRO-1 (Note [ZeRO-1]): this rank steps only the sync's owned ranges.

@@ -4,11 +4,15 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
 
 #include "autograd/ops.h"
 #include "core/tensor_io.h"
 #include "nn/module.h"
 #include "optim/window.h"
+#include "tests/optim/checkpoint_cases.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -80,17 +84,6 @@ TEST(LossScaler, options_are_validated) {
   EXPECT_EQ(optim::LossScalerOptions::dynamic().config().growth_interval, 2000);
 }
 
-// One window of k micro-batches drawn from `seed`.
-void train_window(optim::Window& window, const nn::MLP& model, int64_t k, uint64_t seed) {
-  Generator data(seed);
-  for (int64_t i = 0; i < k; ++i) {
-    Tensor x = randn({5, 6}, DType::f32, Device::cpu(), &data);
-    Tensor y = randint(0, 3, {5}, DType::i64, Device::cpu(), &data);
-    window.backward(cross_entropy(model.forward(x), y));
-  }
-  window.close();
-}
-
 TEST(Window, misuse_is_an_error) {
   Generator gen(1);
   nn::MLP model({4, 3}, {Device::cpu(), DType::f32, &gen});
@@ -111,48 +104,10 @@ TEST(Window, misuse_is_an_error) {
   EXPECT_ERROR(optim::Window(arena, adam, optim::WindowOptions()), "moment arenas");
 }
 
-TEST(Window, checkpoint_resumes_bit_exactly) {
-  // Run A: 6 windows straight. Run B: 3 windows, save to a safetensors file,
-  // load into a fresh model/arena/window, 3 more windows. Same bits at the end.
-  auto make = [](Generator& gen, std::unique_ptr<nn::MLP>& model, std::unique_ptr<GradArena>& arena,
-                 std::unique_ptr<optim::Optimizer>& opt, std::unique_ptr<optim::Window>& window) {
-    model = std::make_unique<nn::MLP>(std::vector<int64_t>{6, 12, 3},
-                                      nn::ParamOptions{Device::cpu(), DType::f32, &gen});
-    opt = std::make_unique<optim::Optimizer>(optim::AdamWOptions(1e-2).weight_decay(0.1));
-    arena = std::make_unique<GradArena>(model->parameters(), std::vector<std::string>{},
-                                        ArenaOptions{Device::cpu(), DType::f32, DType::f32, 2});
-    window = std::make_unique<optim::Window>(
-        *arena, *opt,
-        optim::WindowOptions().micro_steps(3).max_grad_norm(0.5).scaler(
-            optim::LossScalerOptions::dynamic().growth_interval(2)));
-  };
-  Generator ga(5), gb(5), gc(99);
-  std::unique_ptr<nn::MLP> ma, mb, mc;
-  std::unique_ptr<GradArena> aa, ab, ac;
-  std::unique_ptr<optim::Optimizer> oa, ob, oc;
-  std::unique_ptr<optim::Window> wa, wb, wc;
-  make(ga, ma, aa, oa, wa);
-  make(gb, mb, ab, ob, wb);
-  for (uint64_t w = 0; w < 6; ++w)
-    train_window(*wa, *ma, 3, 100 + w);
-  for (uint64_t w = 0; w < 3; ++w)
-    train_window(*wb, *mb, 3, 100 + w);
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "accrue_window_checkpoint.safetensors").string();
-  save_safetensors(path, wb->state_dict());
-  make(gc, mc, ac, oc, wc);  // different initial weights: the load must replace them
-  wc->load_state_dict(load_safetensors(path));
-  std::filesystem::remove(path);
-  EXPECT_EQ(wc->windows_closed(), 3);
-  for (uint64_t w = 3; w < 6; ++w)
-    train_window(*wc, *mc, 3, 100 + w);
-  EXPECT_TRUE(test::all_equal(ac->master(), aa->master()));
-  EXPECT_TRUE(test::all_equal(ac->moment(0), aa->moment(0)));
-  EXPECT_TRUE(test::all_equal(ac->moment(1), aa->moment(1)));
-  EXPECT_TRUE(test::all_equal(wc->state(), wa->state()));
-  // The scale grew (growth_interval 2): the scaler state was part of the checkpoint.
-  EXPECT_GT(wa->report().loss_scale, 65536.0);
-  EXPECT_EQ(wa->report().loss_scale, wc->report().loss_scale);
+// Note [Mid-window checkpoints], at a window boundary, in the middle and at
+// K-1 (tests/optim/checkpoint_cases.h).
+TEST(Window, checkpoint_resumes_bit_exactly_at_any_micro_step) {
+  test::checkpoint_resumes_bit_exactly_at_any_micro_step(Device::cpu());
 }
 
 TEST(Window, load_rejects_a_mismatched_checkpoint) {
@@ -166,6 +121,34 @@ TEST(Window, load_rejects_a_mismatched_checkpoint) {
   EXPECT_ERROR(window.load_state_dict(state), "load_state_dict", "master", "[7]");
   state.erase("master");
   EXPECT_ERROR(window.load_state_dict(state), "missing", "master");
+}
+
+// Note [Mid-window checkpoints]: a checkpoint inside a window names its
+// micro-step; a Window with fewer micro-steps, a Window already inside a
+// window, or flags for another arena are refused.
+TEST(Window, a_mid_window_checkpoint_is_refused_where_it_cannot_resume) {
+  Generator gen(1);
+  nn::MLP model({4, 3}, {Device::cpu(), DType::f32, &gen});
+  optim::Optimizer opt(optim::SGDOptions(0.1));
+  GradArena arena(model.parameters(), {}, {Device::cpu(), DType::f32, DType::f32, 0});
+  optim::Window window(arena, opt, optim::WindowOptions().micro_steps(4));
+  const Tensor x = test::random_normal({3, 4});
+  const Tensor y = from_vector<int64_t>({0, 1, 2}, {3});
+  for (int i = 0; i < 3; ++i)
+    window.backward(cross_entropy(model.forward(x), y));
+  std::map<std::string, Tensor> state = window.state_dict();
+  EXPECT_EQ(state.at("micro_step").item(), 3.0);
+  EXPECT_ERROR(window.load_state_dict(state), "load_state_dict", "micro-step 3",
+               "load between windows");
+  optim::Optimizer opt2(optim::SGDOptions(0.1));
+  GradArena arena2(model.parameters(), {}, {Device::cpu(), DType::f32, DType::f32, 0});
+  optim::Window short_window(arena2, opt2, optim::WindowOptions().micro_steps(2));
+  EXPECT_ERROR(short_window.load_state_dict(state), "micro-step 3", "has 2 micro-steps");
+  optim::Optimizer opt3(optim::SGDOptions(0.1));
+  GradArena arena3(model.parameters(), {}, {Device::cpu(), DType::f32, DType::f32, 0});
+  optim::Window fresh(arena3, opt3, optim::WindowOptions().micro_steps(4));
+  state["grads_written"] = zeros({7}, DType::i64);
+  EXPECT_ERROR(fresh.load_state_dict(state), "grads_written", "[7]");
 }
 
 }  // namespace
