@@ -105,6 +105,9 @@ optimization
   --windows N                  optimizer steps (windows) in all (default 50)
   --stop-after N               end after window N, as if preempted (the schedule still
                                spans --windows; resume with --resume)
+  --stop-micro-steps M         with --stop-after N and --checkpoint: run M more micro-steps
+                               (0 < M < K) into window N+1, save there and end; the resumed
+                               run finishes that window bit-exactly (one process only)
   --lr LR                      peak learning rate (default 6e-4)
   --warmup-windows N           linear warmup windows (default 0)
   --min-lr-factor F            cosine decay ends at F * lr (default 0.1)
@@ -148,6 +151,7 @@ struct Options {
   std::optional<int64_t> seq_len, total_batch_tokens;
   int64_t windows = 50;
   std::optional<int64_t> stop_after;
+  int64_t stop_micro_steps = 0;
   double lr = 6e-4;
   int64_t warmup_windows = 0;
   double min_lr_factor = 0.1;
@@ -239,6 +243,8 @@ Options parse(int argc, char** argv) {
       o.windows = positive();
     } else if (a == "--stop-after") {
       o.stop_after = positive();
+    } else if (a == "--stop-micro-steps") {
+      o.stop_micro_steps = positive();
     } else if (a == "--lr") {
       o.lr = parse_double(a, value(), 0.0, kInf);
       if (o.lr == 0.0) usage_error("--lr must be > 0, got 0");
@@ -301,6 +307,11 @@ Options parse(int argc, char** argv) {
   if (o.bench) o.windows = o.bench_warmup + o.bench_windows;
   if (o.stop_after && *o.stop_after > o.windows)
     usage_error("--stop-after ", *o.stop_after, " is beyond --windows ", o.windows);
+  if (o.stop_micro_steps > 0 && (!o.stop_after || o.checkpoint.empty()))
+    usage_error("--stop-micro-steps needs --stop-after N and --checkpoint PATH");
+  if (o.stop_micro_steps > 0 && *o.stop_after >= o.windows)
+    usage_error("--stop-micro-steps stops inside window ", *o.stop_after + 1, ", beyond --windows ",
+                o.windows);
   if (o.warmup_windows >= o.windows)
     usage_error("--warmup-windows (", o.warmup_windows, ") must be below --windows (", o.windows,
                 ")");
@@ -435,15 +446,20 @@ class BatchSource {
 //   optim.<key>             Window::state_dict() but its flat master: the
 //                           moment arenas, the window state (loss scale, its
 //                           tracker, the optimizer step) and the window count;
-// and in the metadata the model's sizes (checked on resume), the windows
-// closed, the loader position (Note [Loader positions]) and the dropout and
-// synthetic-data generators' offsets. The compute copy is not stored: it is
+// and in the metadata the model's sizes, the compute dtype and the world
+// size (all checked on resume: a difference is refused, naming it), the
+// windows closed, the loader position (Note [Loader positions]) and the
+// dropout and synthetic-data generators' offsets. Saved inside a window
+// (--stop-micro-steps), optim.* also holds the micro-step and the gradients
+// so far (Note [Mid-window checkpoints] in optim/window.h); those are this
+// rank's own, so only a one-process run saves there. The compute copy is not stored: it is
 // the master cast to the compute dtype, which the Window re-derives on load.
 // The LR schedule follows the window count, so it needs nothing of its own.
 // Rank 0 writes it (every rank's master and moments are equal under plain data
 // parallelism, and the loader position is the same step on every rank), to
 // PATH.tmp first and then renamed, so a crash mid-write leaves the old file.
-constexpr const char* kCheckpointFormat = "accrue_train_gpt2 checkpoint v1";
+// v2 added the checked dtype and world size and mid-window checkpoints.
+constexpr const char* kCheckpointFormat = "accrue_train_gpt2 checkpoint v2";
 
 std::map<std::string, std::string> config_metadata(const nn::GPT2Config& c) {
   return {{"config.n_layer", std::to_string(c.n_layer)},
@@ -460,10 +476,14 @@ struct TrainState {
   optim::Window& window;
   nn::GPT2& model;
   BatchSource& source;
+  std::string dtype;  // the compute dtype's name
+  int world_size = 1;
 };
 
-void save_checkpoint(const std::string& path, const TrainState& s, const Options& o,
-                     const std::string& dtype) {
+void save_checkpoint(const std::string& path, const TrainState& s, const Options& o) {
+  ACCRUE_CHECK(s.window.micro_step() == 0 || s.world_size == 1,
+               "a checkpoint inside a window holds this rank's own gradients; with ", s.world_size,
+               " ranks save between windows");
   std::map<std::string, Tensor> tensors;
   for (size_t i = 0; i < s.arena.size(); ++i)
     tensors["model." + s.arena.slots()[i].name] = s.arena.master_view(i);
@@ -471,7 +491,10 @@ void save_checkpoint(const std::string& path, const TrainState& s, const Options
     if (key != "master") tensors["optim." + key] = t;
   std::map<std::string, std::string> meta = config_metadata(s.model.config());
   meta["format"] = kCheckpointFormat;
+  meta["dtype"] = s.dtype;
+  meta["world_size"] = std::to_string(s.world_size);
   meta["windows_closed"] = std::to_string(s.window.windows_closed());
+  meta["micro_step"] = std::to_string(s.window.micro_step());
   meta["dropout.offset"] = std::to_string(s.model.dropout_generator().offset());
   meta["synthetic.offset"] = std::to_string(s.source.generator().offset());
   if (const data::DataLoader* l = s.source.loader()) {
@@ -481,7 +504,6 @@ void save_checkpoint(const std::string& path, const TrainState& s, const Options
   }
   // For the reader: how the run was set up (not needed to resume).
   meta["micro_batch"] = std::to_string(o.micro_batch);
-  meta["dtype"] = dtype;
   const std::string tmp = path + ".tmp";
   save_safetensors(tmp, tensors, meta);
   std::error_code ec;
@@ -508,9 +530,12 @@ int64_t load_checkpoint(const std::string& path, const TrainState& s) {
   const std::map<std::string, Tensor> tensors = load_safetensors(path, &meta);
   ACCRUE_CHECK(meta["format"] == kCheckpointFormat, path, " is not a trainer checkpoint (format '",
                meta["format"], "', expected '", kCheckpointFormat, "')");
-  for (const auto& [key, value] : config_metadata(s.model.config()))
+  std::map<std::string, std::string> expected = config_metadata(s.model.config());
+  expected["dtype"] = s.dtype;
+  expected["world_size"] = std::to_string(s.world_size);
+  for (const auto& [key, value] : expected)
     ACCRUE_CHECK(meta[key] == value, "checkpoint ", path, " has ", key, " = ", meta[key],
-                 " but this model has ", value);
+                 " but this run has ", value);
   // The flat master, rebuilt slot by slot (alignment padding stays 0, Note [Grad arena]).
   Tensor master = zeros({s.arena.padded_numel()}, s.arena.master().dtype());
   for (const GradArena::Slot& slot : s.arena.slots()) {
@@ -615,6 +640,12 @@ int main(int argc, char** argv) try {
     usage_error("--total-batch-tokens ", total_tokens, " is not a multiple of micro-batch ", B,
                 " x seq-len ", T, " x ", rank.world_size, " ranks = ", step_tokens);
   const int64_t K = total_tokens / step_tokens;
+  ACCRUE_CHECK(opt.stop_micro_steps == 0 || rank.world_size == 1,
+               "--stop-micro-steps saves this rank's own gradients (Note [Mid-window "
+               "checkpoints]): run it on one process, not ",
+               rank.world_size);
+  ACCRUE_CHECK(opt.stop_micro_steps < K, "--stop-micro-steps ", opt.stop_micro_steps,
+               " is not inside a window of K = ", K, " micro-steps");
   const std::string dtype_text = !opt.dtype.empty() ? opt.dtype : gpu ? "bf16" : "f32";
   const DType compute = dtype_text == "bf16"  ? DType::bf16
                         : dtype_text == "f16" ? DType::f16
@@ -722,11 +753,15 @@ int main(int argc, char** argv) try {
       compute == DType::f16 ? " with dynamic loss scaling" : "");
   std::printf("memory per rank: %s\n", arena.memory().describe().c_str());
 
-  const TrainState state{arena, window, model, *source};
+  const TrainState state{arena, window, model, *source, dtype_name(compute), rank.world_size};
   int64_t start = 0;
   if (!opt.resume.empty()) {
     start = load_checkpoint(opt.resume, state);
-    std::printf("resumed %s at window %lld\n", opt.resume.c_str(), (long long)start);
+    std::printf("resumed %s at window %lld", opt.resume.c_str(), (long long)start);
+    if (window.micro_step() > 0)
+      std::printf(", micro-step %lld of window %lld", (long long)window.micro_step(),
+                  (long long)start + 1);
+    std::printf("\n");
   }
 
   // Note [Trainer synchronization]: the loader checked every token against the vocabulary.
@@ -739,7 +774,7 @@ int main(int argc, char** argv) try {
     return peak > 0 ? tokens_per_s * flops_token / (peak * rank.world_size) : NAN;
   };
   auto run_window = [&]() {
-    for (int64_t k = 0; k < K; ++k) {
+    for (int64_t k = window.micro_step(); k < K; ++k) {  // a resumed window continues
       auto [x, y] = source->next();
       window.backward(model.loss(x, y));
     }
@@ -838,10 +873,19 @@ int main(int argc, char** argv) try {
     }
     if (!opt.checkpoint.empty() &&
         ((opt.checkpoint_every > 0 && w % opt.checkpoint_every == 0) || w == end) && main_rank) {
-      save_checkpoint(opt.checkpoint, state, opt, dtype_name(compute));
+      save_checkpoint(opt.checkpoint, state, opt);
       std::printf("checkpoint: %s (window %lld)\n", opt.checkpoint.c_str(), (long long)w);
     }
     std::fflush(stdout);
+  }
+  if (opt.stop_micro_steps > 0) {  // preempted inside the next window
+    for (int64_t k = window.micro_step(); k < opt.stop_micro_steps; ++k) {
+      auto [x, y] = source->next();
+      window.backward(model.loss(x, y));
+    }
+    if (main_rank) save_checkpoint(opt.checkpoint, state, opt);
+    std::printf("checkpoint: %s (window %lld, micro-step %lld)\n", opt.checkpoint.c_str(),
+                (long long)end + 1, (long long)window.micro_step());
   }
   if (std::isnan(last_loss)) {
     std::printf("nothing to do: the run is already at window %lld (--stop-after/--windows %lld)\n",

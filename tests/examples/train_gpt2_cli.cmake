@@ -10,7 +10,9 @@
 #   train           the tiny preset on shards of README.md: finite losses that fall,
 #                   validation lines
 #   resume          a run stopped at window 2 by --stop-after and resumed from its
-#                   checkpoint prints exactly the final loss of the uninterrupted run
+#                   checkpoint prints exactly the final loss of the uninterrupted run;
+#                   so do runs stopped inside a window (--stop-micro-steps); a
+#                   checkpoint of another model or dtype is refused
 #   gpu_bench       --bench on the GPU (bf16): the JSON line names the device
 #   gpu_resume      train and resume on the GPU in bf16 with dropout: falling finite
 #                   losses, and the resumed run's final loss equal to the uninterrupted one
@@ -105,7 +107,7 @@ if(SCENARIO STREQUAL "help")
                   --weight-decay --beta1 --beta2 --eps --max-grad-norm --dtype --val-every
                   --val-batches --checkpoint --checkpoint-every --resume --init-from
                   --activation-checkpointing --seed --cpu --dropout --bench --bench-warmup
-                  --bench-windows --peak-tflops --stop-after)
+                  --bench-windows --peak-tflops --stop-after --stop-micro-steps)
     expect_contains("${out}" "${_option}")
   endforeach()
 
@@ -240,10 +242,39 @@ elseif(SCENARIO STREQUAL "resume")
     fail("resumed '${_resumed_val}' differs from uninterrupted '${_uninterrupted_val}'")
   endif()
 
-  # A checkpoint of another model size is refused, naming the field.
+  # A checkpoint of another model size or compute dtype is refused, naming the field.
   run(${_run} --n-layer 3 --resume ${WORK_DIR}/ckpt.safetensors)
   expect_rc(1)
-  expect_contains("${err}" "config.n_layer = 2 but this model has 3")
+  expect_contains("${err}" "config.n_layer = 2 but this run has 3")
+  run(${_run} --dtype bf16 --resume ${WORK_DIR}/ckpt.safetensors)
+  expect_rc(1)
+  expect_contains("${err}" "dtype = f32 but this run has bf16")
+
+  # Note [Mid-window checkpoints]: K = 4; preempted after micro-step 1 and 3
+  # (K-1) of window 2, the resumed run finishes that window and ends with the
+  # uninterrupted run's loss, to the last digit (dropout on).
+  set(_run4 ${TRAINER} ${TINY} ${SHARDS} --total-batch-tokens 512 --windows 3 --lr 3e-3
+      --dropout 0.1 --seed 11 --val-batches 2)
+  run(${_run4})
+  expect_rc(0)
+  line_starting("${out}" "final: " _uninterrupted4)
+  foreach(_m 1 3)
+    run(${_run4} --checkpoint ${WORK_DIR}/mid.safetensors --stop-after 1 --stop-micro-steps ${_m})
+    expect_rc(0)
+    expect_contains("${out}" "checkpoint: ${WORK_DIR}/mid.safetensors (window 2, micro-step ${_m})")
+    run(${_run4} --resume ${WORK_DIR}/mid.safetensors)
+    expect_rc(0)
+    expect_contains("${out}" "micro-step ${_m} of window 2")
+    line_starting("${out}" "final: " _resumed4)
+    if(NOT _resumed4 STREQUAL _uninterrupted4)
+      fail("resumed from micro-step ${_m}: '${_resumed4}' differs from '${_uninterrupted4}'")
+    endif()
+  endforeach()
+  run(${_run4} --checkpoint ${WORK_DIR}/mid.safetensors --stop-after 1 --stop-micro-steps 4)
+  expect_rc(1)
+  expect_contains("${err}" "--stop-micro-steps 4 is not inside a window of K = 4")
+  run(${_run4} --stop-micro-steps 2)
+  expect_usage_error("--stop-micro-steps needs --stop-after N and --checkpoint PATH")
 
 elseif(SCENARIO STREQUAL "gpu_bench" OR SCENARIO STREQUAL "gpu_resume")
   set(TINY_GPU --model tiny --micro-batch 4 --seq-len 32 --dtype bf16)
