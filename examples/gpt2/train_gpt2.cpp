@@ -640,9 +640,9 @@ int main(int argc, char** argv) try {
     usage_error("--total-batch-tokens ", total_tokens, " is not a multiple of micro-batch ", B,
                 " x seq-len ", T, " x ", rank.world_size, " ranks = ", step_tokens);
   const int64_t K = total_tokens / step_tokens;
+  // Note [Mid-window checkpoints]: a checkpoint inside a window holds this rank's own gradients.
   ACCRUE_CHECK(opt.stop_micro_steps == 0 || rank.world_size == 1,
-               "--stop-micro-steps saves this rank's own gradients (Note [Mid-window "
-               "checkpoints]): run it on one process, not ",
+               "--stop-micro-steps saves this rank's own gradients: run it on one process, not ",
                rank.world_size);
   ACCRUE_CHECK(opt.stop_micro_steps < K, "--stop-micro-steps ", opt.stop_micro_steps,
                " is not inside a window of K = ", K, " micro-steps");
