@@ -2,6 +2,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 
@@ -73,14 +74,24 @@ void keep_pool_warm(int device) {
   size_t free_b = 0, total_b = 0;
   cudaMemGetInfo(&free_b, &total_b);
   MemoryStats s = memory_stats(d);
-  ACCRUE_FAIL("out of memory on ", d.str(), ": asked for ", nbytes, " bytes, ", free_b, " of ",
-              total_b, " bytes free on the device, ", s.current_bytes, " held by accrue (",
-              cudaGetErrorString(e),
-              "). Use a smaller micro-batch and more accumulation steps K to keep the same batch.");
+  throw OutOfMemoryError(
+      detail::str_cat("out of memory on ", d.str(), ": asked for ", nbytes, " bytes, ", free_b,
+                      " of ", total_b, " bytes free on the device, ", s.current_bytes,
+                      " held by accrue (", cudaGetErrorString(e),
+                      "). Use a smaller micro-batch and more accumulation steps K to keep the "
+                      "same batch. (",
+                      __FILE__, ":", __LINE__, ")"),
+      static_cast<int64_t>(nbytes));
 }
 #endif
 
 }  // namespace
+
+std::string mib(int64_t bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return s;
+}
 
 void set_cuda_allocator_mode(CudaAllocatorMode mode) {
   g_mode = mode;
@@ -105,7 +116,10 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
   const size_t n = round_up(nbytes == 0 ? 1 : nbytes);
   if (device.is_cpu()) {
     data_ = std::aligned_alloc(kAllocationAlignment, n);
-    ACCRUE_CHECK(data_ != nullptr, "out of host memory: asked for ", n, " bytes");
+    if (data_ == nullptr)
+      throw OutOfMemoryError(detail::str_cat("out of memory on cpu: asked for ", n, " bytes (",
+                                             __FILE__, ":", __LINE__, ")"),
+                             static_cast<int64_t>(n));
   } else {
 #ifdef ACCRUE_WITH_CUDA
     set_cuda_device(device.index);

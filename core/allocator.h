@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/device.h"
 
@@ -31,6 +32,8 @@ struct MemoryStats {
 };
 
 MemoryStats memory_stats(Device device);
+// "123.4 MiB": how every report of accrue prints a byte count.
+std::string mib(int64_t bytes);
 // Peak := current, for measuring the peak of one phase.
 void reset_peak_memory(Device device);
 

@@ -17,6 +17,18 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The allocator could not get `requested_bytes` (core/allocator.cpp); what()
+// says how much was free and held. optim::run_window catches it to retry.
+class OutOfMemoryError : public Error {
+ public:
+  OutOfMemoryError(const std::string& message, int64_t requested_bytes)
+      : Error(message), requested_bytes_(requested_bytes) {}
+  int64_t requested_bytes() const { return requested_bytes_; }
+
+ private:
+  int64_t requested_bytes_;
+};
+
 namespace detail {
 
 template <class... Args>

@@ -10,16 +10,6 @@
 
 namespace accrue::optim {
 
-namespace {
-
-std::string mib(int64_t bytes) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return s;
-}
-
-}  // namespace
-
 MicroBatchPlan plan_micro_batch(Device device, const std::function<void(int64_t)>& step,
                                 const PlanOptions& options) {
   const char* op = "plan_micro_batch";

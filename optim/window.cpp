@@ -142,6 +142,32 @@ void Window::close() {
   index_checks_->set_position(windows_, micro_step_);
 }
 
+void Window::restart() {
+  ACCRUE_CHECK(sync_ == nullptr,
+               "Window::restart: under data parallelism every rank would have to restart");
+  NoGradGuard no_grad;
+  field(kernels::kItems).fill_(0.0);
+  loss_sum_.fill_(0.0);
+  arena_.begin_window();
+  micro_step_ = 0;
+  index_checks_->set_position(windows_, micro_step_);
+}
+
+void Window::set_micro_steps(int64_t k) {
+  ACCRUE_CHECK(micro_step_ == 0, "Window::set_micro_steps: the window is at micro-step ",
+               micro_step_);
+  ACCRUE_CHECK(k >= 1, "Window::set_micro_steps: micro_steps must be >= 1, got ", k);
+  ACCRUE_CHECK(
+      k == options_.micro_steps() || options_.normalization() == kernels::Normalization::ItemCount,
+      "Window::set_micro_steps: with mean-of-micro-batch-means normalization the split "
+      "changes the update (",
+      options_.micro_steps(), " -> ", k, " micro-steps)");
+  ACCRUE_CHECK(noise_ == nullptr || k >= 2,
+               "Window::set_micro_steps: the gradient noise scale needs K >= 2, got ", k);
+  options_.micro_steps(k);
+  close_config_.micro_steps = k * (sync_ ? sync_->world_size() : 1);
+}
+
 int64_t Window::norm_rows_at_last_close() const {
   return norm_rows_ ? norm_rows_->rows_at_last_close() : partials_.size(0);
 }

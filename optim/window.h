@@ -177,6 +177,15 @@ class Window {
   void close();
 
   int64_t micro_step() const { return micro_step_; }
+  int64_t micro_steps() const { return options_.micro_steps(); }
+  // Note [Out-of-memory retry] (optim/run_window.h), one process only:
+  // restart() drops the micro-steps of the current window (N, the loss sum
+  // and the written flags go back to the window's start; the next backward
+  // overwrites the slots), and between micro-steps 0 and 1 the number of
+  // micro-steps may change (item-count normalization only: N counts items,
+  // so the split does not enter the update).
+  void restart();
+  void set_micro_steps(int64_t k);
   int64_t windows_closed() const { return windows_; }
   // One host synchronization. Throws the first bad index seen on the device
   // since the host last looked (Note [Deferred index checks]), naming the op,

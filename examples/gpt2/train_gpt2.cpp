@@ -404,12 +404,6 @@ int64_t device_bytes_in_use(Device device) {
   return -1;
 }
 
-std::string mib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return buf;
-}
-
 // Where micro-batches come from: this rank's shard windows, or synthetic tokens.
 class BatchSource {
  public:
