@@ -124,6 +124,10 @@ optimization
 evaluation and checkpoints
   --val-every N                validation loss every N windows (default 0: at the end only)
   --val-batches N              micro-batches per validation (default 20)
+  --metrics FILE               one JSON line per window (loss, grad norm before and after
+                               clipping, lr, loss scale, skips, tokens/s, MFU, peak memory,
+                               validation loss); appended to on --resume;
+                               tools/plot_metrics.py plots it
   --checkpoint PATH            write a checkpoint (safetensors) at the end
   --checkpoint-every N         ... and every N windows
   --resume PATH                continue a checkpoint's run (bit-exactly)
@@ -162,6 +166,7 @@ struct Options {
   std::string dtype;  // empty: bf16 on a GPU, f32 on the CPU
   uint64_t seed = 1337;
   int64_t val_every = 0, val_batches = 20;
+  std::string metrics;
   std::string checkpoint, resume;
   int64_t checkpoint_every = 0;
   bool bench = false;
@@ -273,6 +278,8 @@ Options parse(int argc, char** argv) {
       o.seed = static_cast<uint64_t>(non_negative());
     } else if (a == "--val-every") {
       o.val_every = non_negative();
+    } else if (a == "--metrics") {
+      o.metrics = value();
     } else if (a == "--val-batches") {
       o.val_batches = positive();
     } else if (a == "--checkpoint") {
@@ -835,6 +842,12 @@ int main(int argc, char** argv) try {
   }
 
   const int64_t end = opt.stop_after.value_or(opt.windows);
+  // --metrics: rank 0 writes, appending when the run resumes.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics(nullptr, &std::fclose);
+  if (!opt.metrics.empty() && main_rank) {
+    metrics.reset(std::fopen(opt.metrics.c_str(), opt.resume.empty() ? "w" : "a"));
+    ACCRUE_CHECK(metrics != nullptr, "cannot open --metrics file ", opt.metrics);
+  }
   double first_loss = NAN, last_loss = NAN;
   auto last_time = std::chrono::steady_clock::now();
   for (int64_t w = start + 1; w <= end; ++w) {
@@ -861,9 +874,25 @@ int main(int argc, char** argv) try {
         mib(memory_stats(device).peak_bytes).c_str(),
         in_use >= 0 ? (" (device " + mib(in_use) + " in use)").c_str() : "",
         (long long)r.skipped_windows, scale_text);
+    double val = NAN;
     if (val_loader && ((opt.val_every > 0 && w % opt.val_every == 0) || w == end)) {
-      const double val = validation_loss(model, *val_loader, opt.val_batches, comm.get(), device);
+      val = validation_loss(model, *val_loader, opt.val_batches, comm.get(), device);
       std::printf("window %lld/%lld | val loss %.4f\n", (long long)w, (long long)opt.windows, val);
+    }
+    if (metrics) {
+      std::fprintf(metrics.get(),
+                   "{\"window\": %lld, \"loss\": %s, \"grad_norm\": %s, \"grad_norm_clipped\": %s, "
+                   "\"clip_coef\": %s, \"lr\": %s, \"loss_scale\": %s, \"skipped\": %s, "
+                   "\"skipped_windows\": %lld, \"items\": %s, \"tokens_per_s\": %s, \"mfu\": %s, "
+                   "\"peak_bytes\": %lld, \"val_loss\": %s}\n",
+                   (long long)w, json_number(r.loss).c_str(), json_number(r.grad_norm).c_str(),
+                   json_number(r.grad_norm * r.clip_coef).c_str(), json_number(r.clip_coef).c_str(),
+                   json_number(optimizer.config_at(r.window - 1).groups[0].lr).c_str(),
+                   json_number(r.loss_scale).c_str(), r.skipped ? "true" : "false",
+                   (long long)r.skipped_windows, json_number(r.items).c_str(),
+                   json_number(tokens_per_s).c_str(), json_number(m).c_str(),
+                   (long long)memory_stats(device).peak_bytes, json_number(val).c_str());
+      std::fflush(metrics.get());
     }
     if (!opt.checkpoint.empty() &&
         ((opt.checkpoint_every > 0 && w % opt.checkpoint_every == 0) || w == end) && main_rank) {

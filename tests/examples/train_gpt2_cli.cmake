@@ -8,7 +8,7 @@
 #   bench           --synthetic --bench on the CPU prints one JSON line
 #   make_shards     tools/make_shards.py: --help, the shards it writes, a missing input
 #   train           the tiny preset on shards of README.md: finite losses that fall,
-#                   validation lines
+#                   validation lines, the --metrics file and its plot
 #   resume          a run stopped at window 2 by --stop-after and resumed from its
 #                   checkpoint prints exactly the final loss of the uninterrupted run;
 #                   so do runs stopped inside a window (--stop-micro-steps); a
@@ -105,7 +105,7 @@ if(SCENARIO STREQUAL "help")
   foreach(_option --model --n-layer --micro-batch --seq-len --total-batch-tokens --train-data
                   --val-data --synthetic --lr --warmup-windows --windows --min-lr-factor
                   --weight-decay --beta1 --beta2 --eps --max-grad-norm --dtype --val-every
-                  --val-batches --checkpoint --checkpoint-every --resume --init-from
+                  --val-batches --metrics --checkpoint --checkpoint-every --resume --init-from
                   --activation-checkpointing --seed --cpu --dropout --bench --bench-warmup
                   --bench-windows --peak-tflops --stop-after --stop-micro-steps)
     expect_contains("${out}" "${_option}")
@@ -189,8 +189,38 @@ elseif(SCENARIO STREQUAL "make_shards")
 elseif(SCENARIO STREQUAL "train")
   make_readme_shards()
   run(${TRAINER} ${TINY} ${SHARDS} --total-batch-tokens 256 --windows 6 --lr 3e-3
-      --warmup-windows 1 --val-every 3 --val-batches 2)
+      --warmup-windows 1 --val-every 3 --val-batches 2 --metrics ${WORK_DIR}/metrics.jsonl)
   expect_rc(0)
+  set(_progress "${out}")
+  # --metrics: one JSON object per window with the progress line's numbers,
+  # validation where it ran; tools/plot_metrics.py reads it (when matplotlib is there).
+  run(${PYTHON} -c "
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r['window'] for r in rows] == [1, 2, 3, 4, 5, 6], rows
+for r in rows:
+    for k in ('loss', 'grad_norm', 'grad_norm_clipped', 'clip_coef', 'lr', 'loss_scale',
+              'skipped', 'items', 'tokens_per_s', 'peak_bytes'):
+        assert k in r, (k, r)
+    assert r['grad_norm_clipped'] <= r['grad_norm'] * (1 + 1e-6), r
+    assert r['items'] == 256 and r['skipped'] is False, r
+assert [r['window'] for r in rows if r['val_loss'] is not None] == [3, 6], rows
+print('metrics ok')
+" ${WORK_DIR}/metrics.jsonl)
+  expect_rc(0)
+  expect_contains("${out}" "metrics ok")
+  run(${PYTHON} ${SOURCE_DIR}/tools/plot_metrics.py ${WORK_DIR}/metrics.jsonl
+      --out ${WORK_DIR}/metrics.png)
+  if(rc EQUAL 0)
+    expect_contains("${out}" "6 windows -> ${WORK_DIR}/metrics.png")
+    if(NOT EXISTS ${WORK_DIR}/metrics.png)
+      fail("plot_metrics.py wrote no PNG")
+    endif()
+  else()
+    expect_rc(2)
+    expect_contains("${err}" "needs matplotlib")
+  endif()
+  set(out "${_progress}")
   window_losses("${out}" _losses)
   list(LENGTH _losses _n)
   if(NOT _n EQUAL 6)
