@@ -276,25 +276,23 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
     return it->second;
   };
   NoGradGuard no_grad;
-  if (sharded() && !arena_.master_sharded()) {
-    unpack_owned(get("master", pack_owned(arena_.master())), arena_.master());
-  } else {
-    arena_.master().copy_(get("master", arena_.master()));
-  }
+  // Every entry is found and checked before anything changes: a bad
+  // checkpoint leaves the window as it was.
+  const bool packed = sharded() && !arena_.master_sharded();
+  const Tensor& master = get("master", packed ? pack_owned(arena_.master()) : arena_.master());
+  std::vector<const Tensor*> moments;
   for (int i = 0; i < arena_.options().moments; ++i)
-    arena_.moment(i).copy_(get("moment" + std::to_string(i), arena_.moment(i)));
-  state_.copy_(get("window_state", state_));
-  if (arena_.master_sharded()) {
-    unpack_owned(arena_.master(), arena_.compute());  // the owned ranges; the gather does the rest
-  } else if (arena_.compute().defined()) {
-    arena_.compute().copy_(arena_.master());
-  }
-  // Note [ZeRO-1]: this rank loaded its shard; the others' come by gathering.
-  if (sharded()) sync_->gather_parameters(forward_params());
-  windows_ = static_cast<int64_t>(get("windows_closed", full({}, 0.0, DType::i64)).item());
+    moments.push_back(&get("moment" + std::to_string(i), arena_.moment(i)));
+  const Tensor& window_state = get("window_state", state_);
+  const auto windows =
+      static_cast<int64_t>(get("windows_closed", full({}, 0.0, DType::i64)).item());
   // Note [Mid-window checkpoints]: a checkpoint without "micro_step" was taken between windows.
+  int64_t m = 0;
+  std::vector<bool> flags;
+  const Tensor* grads = nullptr;
+  const Tensor* loss_sum = nullptr;
   if (state.count("micro_step") != 0) {
-    const int64_t m = static_cast<int64_t>(get("micro_step", full({}, 0.0, DType::i64)).item());
+    m = static_cast<int64_t>(get("micro_step", full({}, 0.0, DType::i64)).item());
     ACCRUE_CHECK(m > 0 && m < options_.micro_steps(),
                  "Window::load_state_dict: the checkpoint is at micro-step ", m,
                  ", this window has ", options_.micro_steps(), " micro-steps");
@@ -303,10 +301,31 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
                                              .to(Device::cpu())
                                              .to(DType::i64)
                                              .to_vector<int64_t>();
-    std::vector<bool> flags(written.begin(), written.end());
-    arena_.grads().copy_(get("grads", arena_.grads()));
+    flags.assign(written.begin(), written.end());
+    grads = &get("grads", arena_.grads());
+    loss_sum = &get("loss_sum", loss_sum_);
+  }
+
+  if (packed) {
+    unpack_owned(master, arena_.master());
+  } else {
+    arena_.master().copy_(master);
+  }
+  for (int i = 0; i < arena_.options().moments; ++i)
+    arena_.moment(i).copy_(*moments[static_cast<size_t>(i)]);
+  state_.copy_(window_state);
+  if (arena_.master_sharded()) {
+    unpack_owned(arena_.master(), arena_.compute());  // the owned ranges; the gather does the rest
+  } else if (arena_.compute().defined()) {
+    arena_.compute().copy_(arena_.master());
+  }
+  // Note [ZeRO-1]: this rank loaded its shard; the others' come by gathering.
+  if (sharded()) sync_->gather_parameters(forward_params());
+  windows_ = windows;
+  if (m > 0) {
+    arena_.grads().copy_(*grads);
     arena_.set_written_flags(flags);
-    loss_sum_.copy_(get("loss_sum", loss_sum_));
+    loss_sum_.copy_(*loss_sum);
     micro_step_ = m;
   }
   index_checks_->set_position(windows_, micro_step_);

@@ -143,7 +143,9 @@ TEST(Window, a_mid_window_checkpoint_is_refused_where_it_cannot_resume) {
   optim::Optimizer opt2(optim::SGDOptions(0.1));
   GradArena arena2(model.parameters(), {}, {Device::cpu(), DType::f32, DType::f32, 0});
   optim::Window short_window(arena2, opt2, optim::WindowOptions().micro_steps(2));
+  const Tensor before = arena2.master().clone();
   EXPECT_ERROR(short_window.load_state_dict(state), "micro-step 3", "has 2 micro-steps");
+  EXPECT_TRUE(test::all_equal(arena2.master(), before));  // refused before anything changed
   optim::Optimizer opt3(optim::SGDOptions(0.1));
   GradArena arena3(model.parameters(), {}, {Device::cpu(), DType::f32, DType::f32, 0});
   optim::Window fresh(arena3, opt3, optim::WindowOptions().micro_steps(4));
