@@ -50,6 +50,7 @@ struct Options {
   bool zero1 = false;
   bool force_cpu = false;
   bool help = false;
+  std::string metrics;
 };
 
 void print_usage() {
@@ -67,6 +68,7 @@ void print_usage() {
       "  --dtype DTYPE          compute dtype: f32, bf16 or f16 (default %s)\n"
       "  --zero1                under a data-parallel launcher, shard the optimizer state\n"
       "  --cpu                  run on the CPU even when a GPU is present\n"
+      "  --metrics FILE         one JSON line per window (tools/plot_metrics.py draws it)\n"
       "  --help                 print this and exit\n"
       "Data parallel: torchrun --nproc-per-node=N --no-python accrue_demo, or mpirun -np N.\n",
       (long long)d.micro_batch, (long long)d.accum, (long long)d.windows, d.optimizer.c_str(), d.lr,
@@ -130,6 +132,8 @@ Options parse(int argc, char** argv) {
       o.zero1 = true;
     else if (a == "--cpu")
       o.force_cpu = true;
+    else if (a == "--metrics")
+      o.metrics = value();
     else
       ACCRUE_FAIL("accrue_demo: unknown option ", a, " (--help lists the options)");
   }
@@ -235,6 +239,9 @@ int main(int argc, char** argv) try {
   const bool tty = isatty(fileno(stdout));
   double first_loss = 0, last_loss = 0;
   auto last_time = std::chrono::steady_clock::now();
+  // --metrics (Note [Metrics log]): a report, and so a host synchronization, every window.
+  optim::MetricsLog metrics;
+  if (!opt.metrics.empty() && rank.rank == 0) metrics = optim::MetricsLog(opt.metrics, false);
   for (int64_t w = 1; w <= opt.windows; ++w) {
     // One window: K micro-batches accumulate into the arena, then one close.
     for (int64_t k = 0; k < opt.accum; ++k) {
@@ -242,6 +249,9 @@ int main(int argc, char** argv) try {
       window.backward(cross_entropy(model.forward(x), y));
     }
     window.close();
+    if (metrics.is_open())
+      metrics.write(window.report(),
+                    {{"peak_bytes", static_cast<double>(memory_stats(device).peak_bytes)}});
     if (w == 1 || w % 10 == 0 || w == opt.windows) {
       const optim::WindowReport r = window.report();  // the only host synchronization
       const auto now = std::chrono::steady_clock::now();

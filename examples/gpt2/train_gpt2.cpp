@@ -842,12 +842,10 @@ int main(int argc, char** argv) try {
   }
 
   const int64_t end = opt.stop_after.value_or(opt.windows);
-  // --metrics: rank 0 writes, appending when the run resumes.
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics(nullptr, &std::fclose);
-  if (!opt.metrics.empty() && main_rank) {
-    metrics.reset(std::fopen(opt.metrics.c_str(), opt.resume.empty() ? "w" : "a"));
-    ACCRUE_CHECK(metrics != nullptr, "cannot open --metrics file ", opt.metrics);
-  }
+  // --metrics (Note [Metrics log]): rank 0 writes, appending when the run resumes.
+  optim::MetricsLog metrics;
+  if (!opt.metrics.empty() && main_rank)
+    metrics = optim::MetricsLog(opt.metrics, !opt.resume.empty());
   double first_loss = NAN, last_loss = NAN;
   auto last_time = std::chrono::steady_clock::now();
   for (int64_t w = start + 1; w <= end; ++w) {
@@ -879,21 +877,11 @@ int main(int argc, char** argv) try {
       val = validation_loss(model, *val_loader, opt.val_batches, comm.get(), device);
       std::printf("window %lld/%lld | val loss %.4f\n", (long long)w, (long long)opt.windows, val);
     }
-    if (metrics) {
-      std::fprintf(metrics.get(),
-                   "{\"window\": %lld, \"loss\": %s, \"grad_norm\": %s, \"grad_norm_clipped\": %s, "
-                   "\"clip_coef\": %s, \"lr\": %s, \"loss_scale\": %s, \"skipped\": %s, "
-                   "\"skipped_windows\": %lld, \"items\": %s, \"tokens_per_s\": %s, \"mfu\": %s, "
-                   "\"peak_bytes\": %lld, \"val_loss\": %s}\n",
-                   (long long)w, json_number(r.loss).c_str(), json_number(r.grad_norm).c_str(),
-                   json_number(r.grad_norm * r.clip_coef).c_str(), json_number(r.clip_coef).c_str(),
-                   json_number(optimizer.config_at(r.window - 1).groups[0].lr).c_str(),
-                   json_number(r.loss_scale).c_str(), r.skipped ? "true" : "false",
-                   (long long)r.skipped_windows, json_number(r.items).c_str(),
-                   json_number(tokens_per_s).c_str(), json_number(m).c_str(),
-                   (long long)memory_stats(device).peak_bytes, json_number(val).c_str());
-      std::fflush(metrics.get());
-    }
+    metrics.write(r, {{"lr", optimizer.config_at(r.window - 1).groups[0].lr},
+                      {"tokens_per_s", tokens_per_s},
+                      {"mfu", m},
+                      {"peak_bytes", static_cast<double>(memory_stats(device).peak_bytes)},
+                      {"val_loss", val}});
     if (!opt.checkpoint.empty() &&
         ((opt.checkpoint_every > 0 && w % opt.checkpoint_every == 0) || w == end) && main_rank) {
       save_checkpoint(opt.checkpoint, state, opt);

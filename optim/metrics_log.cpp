@@ -1,0 +1,58 @@
+#include "optim/metrics_log.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace accrue::optim {
+namespace {
+
+// A JSON number, or null when v is not finite (Note [Metrics log]).
+std::string number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char s[32];
+  std::snprintf(s, sizeof s, "%.9g", v);
+  return s;
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& path, bool append)
+    : file_(std::fopen(path.c_str(), append ? "a" : "w"), &std::fclose) {
+  ACCRUE_CHECK(file_ != nullptr, "MetricsLog: cannot open ", path, ": ", std::strerror(errno));
+}
+
+void MetricsLog::write(const WindowReport& r,
+                       const std::vector<std::pair<std::string, double>>& extras) {
+  if (!file_) return;
+  std::string line = "{\"window\": " + std::to_string(r.window);
+  auto field = [&](const char* key, const std::string& value) {
+    line += ", \"";
+    line += key;
+    line += "\": ";
+    line += value;
+  };
+  field("loss", number(r.loss));
+  field("items", number(r.items));
+  field("grad_norm", number(r.grad_norm));
+  field("grad_norm_clipped", number(r.grad_norm * r.clip_coef));
+  field("clip_coef", number(r.clip_coef));
+  field("loss_scale", number(r.loss_scale));
+  field("skipped", r.skipped ? "true" : "false");
+  field("skipped_windows", std::to_string(r.skipped_windows));
+  field("optimizer_steps", std::to_string(r.optimizer_steps));
+  if (r.noise_windows > 0) {
+    field("noise_grad_sq", number(r.grad_sq));
+    field("noise_trace_sigma", number(r.trace_sigma));
+    field("noise_scale", number(r.noise_scale));
+  }
+  for (const auto& [key, value] : extras)
+    field(key.c_str(), number(value));
+  line += "}\n";
+  ACCRUE_CHECK(std::fputs(line.c_str(), file_.get()) >= 0 && std::fflush(file_.get()) == 0,
+               "MetricsLog: cannot write window ", r.window, ": ", std::strerror(errno));
+}
+
+}  // namespace accrue::optim
