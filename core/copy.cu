@@ -80,14 +80,15 @@ __global__ void __launch_bounds__(kThreads)
 // in the destination (b) (a transpose, K^T of attention, a permute that moves
 // the last dim), any one-pass order reads or writes with a stride. Each block
 // of 32 x 8 threads takes a kTile x kTile tile of (a, b) in one batch index
-// (the other dims): it reads the tile along a, each warp 2 x 32 consecutive
-// source elements per row, into shared memory, and writes it along b, each
-// warp 2 x 32 consecutive destination elements per row. A thread loads all
+// (the other dims): it reads the tile along a, a warp taking the 64
+// consecutive source elements of a row in two loads of 32, into shared
+// memory, and writes it along b the same way. A thread loads all
 // kTile * kTile / 256 = 16 of its elements before storing any, so each has
 // 16 loads in flight; the tile's rows are padded so that the column reads
 // hit 32 different banks (2-way for 8-byte types, which take two wavefronts
-// anyway). Tiles are numbered over (a, b, batch)
-// and walked grid-stride, so any size runs on a capped grid.
+// anyway). Tiles are numbered over (a, b, batch) and walked grid-stride, so
+// any size runs on a capped grid. Measured on an H200 (bench/RESULTS.md):
+// 0.92 of the copy rate on an 8192^2 f32 transpose, 0.64 on bf16 K^T.
 constexpr int kTile = 64;
 constexpr int kTileCols = 32;                      // threads along the tile's rows
 constexpr int kTileRows = 8;                       // threads along its columns

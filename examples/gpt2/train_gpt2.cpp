@@ -453,8 +453,9 @@ class BatchSource {
 // dropout and synthetic-data generators' offsets. Saved inside a window
 // (--stop-micro-steps), optim.* also holds the micro-step and the gradients
 // so far (Note [Mid-window checkpoints] in optim/window.h); those are this
-// rank's own, so only a one-process run saves there. The compute copy is not stored: it is
-// the master cast to the compute dtype, which the Window re-derives on load.
+// rank's own, so only a one-process run saves there. The compute copy is not
+// stored: it is the master cast to the compute dtype, which the Window
+// re-derives on load.
 // The LR schedule follows the window count, so it needs nothing of its own.
 // Rank 0 writes it (every rank's master and moments are equal under plain data
 // parallelism, and the loader position is the same step on every rank), to
