@@ -84,6 +84,26 @@ TEST(LossScaler, options_are_validated) {
   EXPECT_EQ(optim::LossScalerOptions::dynamic().config().growth_interval, 2000);
 }
 
+// README "Differences from PyTorch": a parameter no gradient reached in a
+// window is stepped with a zero gradient (Note [Overwrite first]), where
+// PyTorch's zero_grad(set_to_none=True) would leave it alone: AdamW's
+// decoupled decay still shrinks it, and the one step count advances.
+TEST(Window, an_unused_parameter_is_stepped_with_a_zero_gradient) {
+  const Tensor used = requires_grad_(full({3}, 1.0, DType::f64));
+  const Tensor unused = requires_grad_(full({3}, 1.0, DType::f64));
+  optim::Optimizer opt(optim::AdamWOptions(0.1).weight_decay(0.5));
+  GradArena arena({used, unused}, {"used", "unused"}, {Device::cpu(), DType::f64, DType::f64, 2});
+  optim::Window window(arena, opt, optim::WindowOptions());
+  window.backward({sum(used), full({}, 1.0, DType::i64)});
+  window.close();
+  // p <- p - lr * wd * p, then Adam's update of a zero gradient, which is 0.
+  for (double v : arena.master_view(1).to_vector<double>())
+    EXPECT_EQ(v, 1.0 - 0.1 * 0.5);
+  EXPECT_EQ(window.report().optimizer_steps, 1);
+  // The scaler's cap (the other departure the README lists) defaults to 2^24.
+  EXPECT_EQ(optim::LossScalerOptions::dynamic().config().max_scale, 16777216.0);
+}
+
 TEST(Window, misuse_is_an_error) {
   Generator gen(1);
   nn::MLP model({4, 3}, {Device::cpu(), DType::f32, &gen});
