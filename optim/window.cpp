@@ -1,6 +1,7 @@
 #include "optim/window.h"
 
 #include <cmath>
+#include <sstream>
 
 #include "autograd/engine.h"
 #include "autograd/variable.h"
@@ -142,6 +143,22 @@ void Window::close() {
   index_checks_->set_position(windows_, micro_step_);
 }
 
+Tensor Window::owned_ranges_table() const {
+  std::vector<int64_t> flat;
+  for (const ArenaRange& r : ranges_) {
+    flat.push_back(r.offset);
+    flat.push_back(r.numel);
+  }
+  return from_vector<int64_t>(flat, {static_cast<int64_t>(ranges_.size()), 2});
+}
+
+std::string Window::ranges_str(const std::vector<int64_t>& table) {
+  std::ostringstream s;
+  for (size_t i = 0; i + 1 < table.size(); i += 2)
+    s << (i == 0 ? "" : ", ") << "[" << table[i] << ", " << table[i] + table[i + 1] << ")";
+  return table.empty() ? "nothing" : s.str();
+}
+
 void Window::restart() {
   ACCRUE_CHECK(sync_ == nullptr,
                "Window::restart: under data parallelism every rank would have to restart");
@@ -253,6 +270,7 @@ std::map<std::string, Tensor> Window::state_dict() const {
     d["moment" + std::to_string(i)] = arena_.moment(i);
   d["window_state"] = state_;
   d["windows_closed"] = full({}, static_cast<double>(windows_), DType::i64);
+  if (sharded()) d["zero1_ranges"] = owned_ranges_table();
   if (micro_step_ > 0) {  // Note [Mid-window checkpoints]
     d["micro_step"] = full({}, static_cast<double>(micro_step_), DType::i64);
     d["grads"] = arena_.grads();
@@ -278,6 +296,21 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
   NoGradGuard no_grad;
   // Every entry is found and checked before anything changes: a bad
   // checkpoint leaves the window as it was.
+  // Note [ZeRO-1]: a shard holds the owned ranges of one rank of one world
+  // size; elsewhere its numbers would land in the wrong places.
+  const bool saved_sharded = state.count("zero1_ranges") != 0;
+  ACCRUE_CHECK(saved_sharded == sharded(), "Window::load_state_dict: the checkpoint ",
+               saved_sharded ? "is one rank's ZeRO-1 shard" : "holds the whole arena",
+               ", this window ", sharded() ? "steps a ZeRO-1 shard" : "steps the whole arena");
+  if (sharded()) {
+    const std::vector<int64_t> saved =
+        state.at("zero1_ranges").to(Device::cpu()).to(DType::i64).to_vector<int64_t>();
+    const std::vector<int64_t> mine = owned_ranges_table().to_vector<int64_t>();
+    ACCRUE_CHECK(saved == mine, "Window::load_state_dict: the ZeRO-1 shard covers ",
+                 ranges_str(saved), " of the arena, this rank owns ", ranges_str(mine),
+                 ": load each rank's own shard, on the world size that saved it (re-sharding is "
+                 "not supported)");
+  }
   const bool packed = sharded() && !arena_.master_sharded();
   const Tensor& master = get("master", packed ? pack_owned(arena_.master()) : arena_.master());
   std::vector<const Tensor*> moments;

@@ -236,6 +236,10 @@ class Window {
   void unpack_owned(const Tensor& packed, const Tensor& flat) const;
   // The flat arena the forward reads: the compute copy, else the master.
   const Tensor& forward_params() const;
+  // Note [ZeRO-1]: the owned ranges as an i64 [ranges, 2] table of (offset,
+  // numel), saved with a shard so that it loads only where it belongs.
+  Tensor owned_ranges_table() const;
+  static std::string ranges_str(const std::vector<int64_t>& table);
 
   GradArena& arena_;
   Optimizer& optimizer_;

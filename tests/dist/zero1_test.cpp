@@ -499,6 +499,30 @@ void checkpoint_of_each_shard_resumes_bit_exactly(DType master, DType compute) {
   EXPECT_EQ(straight[0], straight[1]);
 }
 
+// A shard loads only on the rank and world size that saved it, and only
+// under ZeRO-1: anything else is refused before anything changes (same
+// sizes would otherwise put one rank's numbers in another's ranges).
+TEST(HostWorld, zero1_shard_of_another_rank_or_world_is_refused) {
+  HostWorld host(2);
+  std::vector<std::map<std::string, Tensor>> saved(2);
+  on_ranks(2, [&](int rank) {
+    HostCommunicator comm(host, rank);
+    RankRun run(2, &comm, true, 7, DType::f64, DType::f64);
+    saved[static_cast<size_t>(rank)] = run.window->state_dict();
+  });
+  on_ranks(2, [&](int rank) {
+    HostCommunicator comm(host, rank);
+    RankRun run(2, &comm, true, 7, DType::f64, DType::f64);
+    const Tensor before = run.arena->master().clone();
+    EXPECT_ERROR(run.window->load_state_dict(saved[static_cast<size_t>(1 - rank)]),
+                 "ZeRO-1 shard covers", "this rank owns", "re-sharding is not supported");
+    EXPECT_TRUE(test::all_equal(run.arena->master(), before));
+  });
+  RankRun plain(1, nullptr, false, 7, DType::f64, DType::f64);
+  EXPECT_ERROR(plain.window->load_state_dict(saved[0]), "is one rank's ZeRO-1 shard",
+               "steps the whole arena");
+}
+
 TEST(HostWorld, zero1_checkpoint_of_each_shard_resumes_bit_exactly) {
   checkpoint_of_each_shard_resumes_bit_exactly(DType::f64, DType::f64);
 }
