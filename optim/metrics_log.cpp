@@ -1,5 +1,6 @@
 #include "optim/metrics_log.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -18,6 +19,33 @@ std::string number(double v) {
 }
 
 }  // namespace
+
+ZScore::ZScore(int window) : window_(window) {
+  ACCRUE_CHECK(window >= 2, "ZScore: window must be >= 2, got ", window);
+}
+
+double ZScore::add(double value) {
+  if (!std::isfinite(value)) return NAN;
+  double z = NAN;
+  if (values_.size() >= static_cast<size_t>(std::max(2, window_ / 4))) {
+    double mean = 0.0;
+    for (double v : values_)
+      mean += v;
+    mean /= static_cast<double>(values_.size());
+    double var = 0.0;
+    for (double v : values_)
+      var += (v - mean) * (v - mean);
+    var /= static_cast<double>(values_.size());
+    if (var > 0.0) z = (value - mean) / std::sqrt(var);
+  }
+  if (values_.size() < static_cast<size_t>(window_)) {
+    values_.push_back(value);
+  } else {
+    values_[next_] = value;
+    next_ = (next_ + 1) % values_.size();
+  }
+  return z;
+}
 
 MetricsLog::MetricsLog(const std::string& path, bool append)
     : file_(std::fopen(path.c_str(), append ? "a" : "w"), &std::fclose) {

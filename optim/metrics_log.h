@@ -24,6 +24,22 @@
 
 namespace accrue::optim {
 
+// The z-score of each new value against the `window` values before it (as
+// llm.c's outlier detector): NaN until a quarter of the window (at least
+// two values) is in, so the first windows of a run raise no alert; NaN when
+// they are all equal, or when the new value is not finite (a skipped window
+// says so itself). Non-finite values are not added.
+class ZScore {
+ public:
+  explicit ZScore(int window = 128);
+  double add(double value);
+
+ private:
+  int window_;
+  std::vector<double> values_;  // a ring of the last `window_` finite values
+  size_t next_ = 0;
+};
+
 class MetricsLog {
  public:
   MetricsLog() = default;  // closed: write() does nothing

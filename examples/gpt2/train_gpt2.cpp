@@ -126,8 +126,10 @@ evaluation and checkpoints
   --val-batches N              micro-batches per validation (default 20)
   --metrics FILE               one JSON line per window (loss, grad norm before and after
                                clipping, lr, loss scale, skips, tokens/s, MFU, peak memory,
-                               validation loss); appended to on --resume;
-                               tools/plot_metrics.py plots it
+                               validation loss, z-scores); appended to on --resume;
+                               tools/plot_metrics.py plots it. The progress line shows
+                               an ALERT when the loss or grad norm is 3 standard
+                               deviations off the last 128 windows
   --checkpoint PATH            write a checkpoint (safetensors) at the end
   --checkpoint-every N         ... and every N windows
   --resume PATH                continue a checkpoint's run (bit-exactly)
@@ -847,6 +849,7 @@ int main(int argc, char** argv) try {
   optim::MetricsLog metrics;
   if (!opt.metrics.empty() && main_rank)
     metrics = optim::MetricsLog(opt.metrics, !opt.resume.empty());
+  optim::ZScore loss_z_score, norm_z_score;  // the progress line's alerts
   double first_loss = NAN, last_loss = NAN;
   auto last_time = std::chrono::steady_clock::now();
   for (int64_t w = start + 1; w <= end; ++w) {
@@ -865,14 +868,20 @@ int main(int argc, char** argv) try {
     char scale_text[32] = "";
     if (compute == DType::f16)
       std::snprintf(scale_text, sizeof(scale_text), " | scale %g", r.loss_scale);
+    // Alerts: a loss or gradient norm 3 standard deviations off the last 128 windows.
+    const double loss_z = loss_z_score.add(r.loss), norm_z = norm_z_score.add(r.grad_norm);
+    char alert_text[64] = "";
+    if (std::fabs(loss_z) >= 3.0 || std::fabs(norm_z) >= 3.0)
+      std::snprintf(alert_text, sizeof(alert_text), " | ALERT z: loss %.1f, grad-norm %.1f", loss_z,
+                    norm_z);
     std::printf(
         "window %lld/%lld | loss %.4f | grad-norm %.4f | lr %.3e | %.0f tok/s | MFU %s | "
-        "peak %s%s | skipped %lld%s\n",
+        "peak %s%s | skipped %lld%s%s\n",
         (long long)w, (long long)opt.windows, r.loss, r.grad_norm,
         optimizer.config_at(r.window - 1).groups[0].lr, tokens_per_s, mfu_text,
         mib(memory_stats(device).peak_bytes).c_str(),
         in_use >= 0 ? (" (device " + mib(in_use) + " in use)").c_str() : "",
-        (long long)r.skipped_windows, scale_text);
+        (long long)r.skipped_windows, scale_text, alert_text);
     double val = NAN;
     if (val_loader && ((opt.val_every > 0 && w % opt.val_every == 0) || w == end)) {
       val = validation_loss(model, *val_loader, opt.val_batches, comm.get(), device);
@@ -882,7 +891,9 @@ int main(int argc, char** argv) try {
                       {"tokens_per_s", tokens_per_s},
                       {"mfu", m},
                       {"peak_bytes", static_cast<double>(memory_stats(device).peak_bytes)},
-                      {"val_loss", val}});
+                      {"val_loss", val},
+                      {"loss_z", loss_z},
+                      {"grad_norm_z", norm_z}});
     if (!opt.checkpoint.empty() &&
         ((opt.checkpoint_every > 0 && w % opt.checkpoint_every == 0) || w == end) && main_rank) {
       save_checkpoint(opt.checkpoint, state, opt);

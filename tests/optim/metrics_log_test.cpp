@@ -71,5 +71,22 @@ TEST(MetricsLog, one_line_per_window_with_null_for_non_finite_numbers) {
                "/nonexistent-dir/m.jsonl");
 }
 
+// The alerts' z-score: against the values before, NaN until there is a
+// spread, non-finite values neither scored nor kept, a ring of `window`.
+TEST(ZScore, scores_a_value_against_the_window_before_it) {
+  optim::ZScore z(4);
+  EXPECT_TRUE(std::isnan(z.add(1.0)));
+  EXPECT_TRUE(std::isnan(z.add(1.0)));  // one value: no spread yet
+  EXPECT_TRUE(std::isnan(z.add(3.0)));  // {1, 1}: no spread
+  // {1, 1, 3}: mean 5/3, variance 8/9.
+  EXPECT_NEAR(z.add(5.0), (5.0 - 5.0 / 3.0) / std::sqrt(8.0 / 9.0), 1e-12);
+  EXPECT_TRUE(std::isnan(z.add(INFINITY)));  // not kept
+  // The ring holds {1, 1, 3, 5}; 9 replaces the oldest after scoring.
+  const double mean = 2.5, var = (2.25 + 2.25 + 0.25 + 6.25) / 4;
+  EXPECT_NEAR(z.add(9.0), (9.0 - mean) / std::sqrt(var), 1e-12);
+  EXPECT_NEAR(z.add(1.0), (1.0 - 4.5) / std::sqrt((12.25 + 2.25 + 0.25 + 20.25) / 4), 1e-12);
+  EXPECT_ERROR(optim::ZScore(1), "ZScore", "window", "1");
+}
+
 }  // namespace
 }  // namespace accrue
