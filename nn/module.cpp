@@ -29,18 +29,54 @@ Tensor normal_init(const Shape& shape, double std, const ParamOptions& o) {
 
 }  // namespace
 
-std::vector<NamedParameter> Module::named_parameters() const {
+std::vector<NamedParameter> Module::named(Kind kind) const {
   std::vector<NamedParameter> out;
   for (const Slot& s : order_) {
-    if (s.is_param) {
-      out.push_back(params_[s.index]);
-    } else {
+    if (s.kind == Kind::Child) {
       const auto& [name, child] = children_[s.index];
-      for (NamedParameter& p : child->named_parameters())
+      for (NamedParameter& p : child->named(kind))
         out.push_back({name + "." + p.name, p.tensor});
+    } else if (s.kind == kind) {
+      out.push_back(kind == Kind::Parameter ? params_[s.index] : buffers_[s.index]);
     }
   }
   return out;
+}
+
+std::vector<NamedParameter> Module::named_parameters() const {
+  return named(Kind::Parameter);
+}
+
+std::vector<NamedParameter> Module::named_buffers() const {
+  return named(Kind::Buffer);
+}
+
+std::map<std::string, Tensor> Module::state_dict() const {
+  std::map<std::string, Tensor> out;
+  for (const NamedParameter& p : named_parameters())
+    out[p.name] = p.tensor;
+  for (const NamedParameter& b : named_buffers())
+    out[b.name] = b.tensor;
+  return out;
+}
+
+void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
+  const std::map<std::string, Tensor> mine = state_dict();
+  // Note [Module state dict]: everything is checked before anything is copied.
+  for (const auto& [name, tensor] : mine) {
+    auto it = state.find(name);
+    ACCRUE_CHECK(it != state.end(), "Module::load_state_dict: missing '", name, "'");
+    ACCRUE_CHECK(it->second.shape() == tensor.shape(), "Module::load_state_dict: '", name,
+                 "' has shape ", shape_str(it->second.shape()), ", the module's has ",
+                 shape_str(tensor.shape()));
+  }
+  if (strict)
+    for (const auto& [name, tensor] : state)
+      ACCRUE_CHECK(mine.count(name) != 0, "Module::load_state_dict: unexpected '", name,
+                   "' (strict; the module has ", mine.size(), " entries)");
+  NoGradGuard no_grad;
+  for (const auto& [name, tensor] : mine)
+    tensor.copy_(state.at(name));
 }
 
 std::vector<Tensor> Module::parameters() const {
@@ -66,7 +102,14 @@ void Module::train(bool on) {
 Tensor Module::register_parameter(std::string name, Tensor t) {
   requires_grad_(t);
   params_.push_back({std::move(name), t});
-  order_.push_back({true, params_.size() - 1});
+  order_.push_back({Kind::Parameter, params_.size() - 1});
+  return t;
+}
+
+Tensor Module::register_buffer(std::string name, Tensor t) {
+  ACCRUE_CHECK(t.defined(), "Module::register_buffer: '", name, "' is undefined");
+  buffers_.push_back({std::move(name), t});
+  order_.push_back({Kind::Buffer, buffers_.size() - 1});
   return t;
 }
 

@@ -1,6 +1,7 @@
-// Modules: layers that own parameters, listed in registration order.
+// Modules: layers that own parameters and buffers, listed in registration order.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -36,6 +37,23 @@ class Module {
   std::vector<NamedParameter> named_parameters() const;
   std::vector<Tensor> parameters() const;
   int64_t parameter_count() const;
+  // Buffers: state that is not trained (running statistics, counters), in
+  // registration order with the same "child." prefixes. No gradient reaches
+  // them and the gradient arena never holds them.
+  std::vector<NamedParameter> named_buffers() const;
+
+  // Note [Module state dict]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~
+  // Every parameter and buffer by its dotted name (save it with
+  // save_safetensors). load_state_dict copies each entry into the module's
+  // own tensor, casting the dtype, after checking all of them first: a
+  // missing or (when strict) unexpected name, or a shape that differs, is an
+  // error naming it, and nothing is changed. Once a GradArena holds the
+  // parameters they read the arena's master weights; a training checkpoint
+  // is the Window's state_dict (optim/window.h) plus these buffers, and
+  // weights loaded here before the arena is built become its master.
+  std::map<std::string, Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
 
   // Training mode (the default) turns dropout on; train(false) / eval() set
   // this module and all its children.
@@ -46,21 +64,27 @@ class Module {
  protected:
   // Registers a leaf that requires grad and returns it.
   Tensor register_parameter(std::string name, Tensor t);
+  // Registers a tensor that is state but not a parameter, and returns it.
+  Tensor register_buffer(std::string name, Tensor t);
   // Registers a child; its parameters follow, prefixed with "name.".
   template <class M>
   M& register_module(std::string name, std::unique_ptr<M> child) {
     M& ref = *child;
     children_.emplace_back(std::move(name), std::move(child));
-    order_.push_back({false, children_.size() - 1});
+    order_.push_back({Kind::Child, children_.size() - 1});
     return ref;
   }
 
  private:
+  enum class Kind { Parameter, Buffer, Child };
   struct Slot {
-    bool is_param;
+    Kind kind;
     size_t index;
   };
+  // The named tensors of one kind, this module's and its children's, in order.
+  std::vector<NamedParameter> named(Kind kind) const;
   std::vector<NamedParameter> params_;
+  std::vector<NamedParameter> buffers_;
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
   std::vector<Slot> order_;
   bool training_ = true;

@@ -1,10 +1,16 @@
-// Modules: parameter registration, shapes, initialization, and learning.
+// Modules: parameter and buffer registration, the state dict, shapes,
+// initialization, and learning.
 #include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
 
 #include "autograd/engine.h"
 #include "autograd/ops.h"
 #include "autograd/variable.h"
 #include "core/grad_mode.h"
+#include "core/tensor_io.h"
 #include "kernels/ops.h"
 #include "nn/module.h"
 #include "optim/sgd.h"
@@ -26,6 +32,79 @@ TEST(Modules, mlp_lists_parameters_in_registration_order) {
   EXPECT_EQ(mlp.parameter_count(), 8 * 4 + 8 + 3 * 8 + 3);
   for (const auto& p : params)
     EXPECT_TRUE(p.tensor.requires_grad()) << p.name;
+}
+
+// A layer with state that is not trained, as a BatchNorm's running statistics.
+class Counting : public nn::Module {
+ public:
+  explicit Counting(Generator* g) {
+    fc_ = &register_module("fc", std::make_unique<nn::Linear>(
+                                     3, 2, true, nn::ParamOptions{Device::cpu(), DType::f64, g}));
+    running_ = register_buffer("running", zeros({2}, DType::f64));
+    steps_ = register_buffer("steps", zeros({}, DType::i64));
+  }
+  nn::Linear* fc_;
+  Tensor running_, steps_;
+};
+
+class Outer : public nn::Module {
+ public:
+  explicit Outer(Generator* g) {
+    inner_ = &register_module("inner", std::make_unique<Counting>(g));
+    scale_ = register_parameter("scale", full({1}, 2.0, DType::f64));
+  }
+  Counting* inner_;
+  Tensor scale_;
+};
+
+// Note [Module state dict].
+TEST(Modules, buffers_are_state_but_not_parameters_and_the_state_dict_round_trips) {
+  Generator g(3);
+  Outer model(&g);
+  const auto buffers = model.named_buffers();
+  ASSERT_EQ(buffers.size(), 2u);
+  EXPECT_EQ(buffers[0].name, "inner.running");
+  EXPECT_EQ(buffers[1].name, "inner.steps");
+  EXPECT_FALSE(buffers[0].tensor.requires_grad());
+  EXPECT_EQ(model.named_parameters().size(), 3u);  // inner.fc.weight, inner.fc.bias, scale
+  model.inner_->running_.copy_(from_vector<double>({0.25, -1.5}, {2}));
+  model.inner_->steps_.fill_(7);
+  const std::map<std::string, Tensor> state = model.state_dict();
+  EXPECT_EQ(state.size(), 5u);
+
+  // Through a safetensors file into a model with other weights and zero buffers.
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "accrue_module_state.safetensors").string();
+  save_safetensors(path, state);
+  Generator other(99);
+  Outer loaded(&other);
+  loaded.load_state_dict(load_safetensors(path));
+  std::filesystem::remove(path);
+  for (const auto& [name, tensor] : loaded.state_dict())
+    EXPECT_TRUE(test::all_equal(tensor, state.at(name))) << name;
+
+  // Refusals name the entry and change nothing.
+  Outer fresh(&other);
+  const std::map<std::string, Tensor> before = [&] {
+    std::map<std::string, Tensor> copy;
+    for (const auto& [name, tensor] : fresh.state_dict())
+      copy[name] = tensor.clone();
+    return copy;
+  }();
+  std::map<std::string, Tensor> bad = state;
+  bad["inner.running"] = zeros({3}, DType::f64);
+  EXPECT_ERROR(fresh.load_state_dict(bad), "load_state_dict", "inner.running", "[3]", "[2]");
+  bad = state;
+  bad.erase("inner.steps");
+  EXPECT_ERROR(fresh.load_state_dict(bad), "missing", "inner.steps");
+  bad = state;
+  bad["extra"] = zeros({1});
+  EXPECT_ERROR(fresh.load_state_dict(bad), "unexpected", "extra");
+  for (const auto& [name, tensor] : fresh.state_dict())
+    EXPECT_TRUE(test::all_equal(tensor, before.at(name))) << name << " changed";
+  fresh.load_state_dict(bad, /*strict=*/false);  // the extra entry is ignored
+  EXPECT_TRUE(test::all_equal(fresh.inner_->running_, state.at("inner.running")));
+  EXPECT_ERROR(Counting(&g).load_state_dict({}), "missing");
 }
 
 TEST(Modules, linear_init_is_bounded_and_reproducible) {
