@@ -1,5 +1,6 @@
 #include "optim/window.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -141,6 +142,17 @@ void Window::close() {
   ++windows_;
   micro_step_ = 0;
   index_checks_->set_position(windows_, micro_step_);
+  for (WindowListener* l : listeners_)
+    l->on_window_close();
+}
+
+void Window::add_listener(WindowListener* listener) {
+  ACCRUE_CHECK(listener != nullptr, "Window::add_listener: a null listener");
+  listeners_.push_back(listener);
+}
+
+void Window::remove_listener(WindowListener* listener) {
+  listeners_.erase(std::remove(listeners_.begin(), listeners_.end(), listener), listeners_.end());
 }
 
 Tensor Window::owned_ranges_table() const {
@@ -168,6 +180,8 @@ void Window::restart() {
   arena_.begin_window();
   micro_step_ = 0;
   index_checks_->set_position(windows_, micro_step_);
+  for (WindowListener* l : listeners_)
+    l->on_window_restart();
 }
 
 void Window::set_micro_steps(int64_t k) {

@@ -84,6 +84,7 @@
 
 #include "autograd/grad_arena.h"
 #include "autograd/ops.h"
+#include "autograd/window_listener.h"
 #include "kernels/index_checks.h"
 #include "optim/gradient_sync.h"
 #include "optim/loss_scaler.h"
@@ -186,6 +187,11 @@ class Window {
   // so the split does not enter the update).
   void restart();
   void set_micro_steps(int64_t k);
+  // State outside the arena that follows the window (nn::BatchNorm's running
+  // statistics, Note [Window statistics]): told at the end of every close()
+  // and on restart(). The listener must outlive the Window or be removed.
+  void add_listener(WindowListener* listener);
+  void remove_listener(WindowListener* listener);
   int64_t windows_closed() const { return windows_; }
   // One host synchronization. Throws the first bad index seen on the device
   // since the host last looked (Note [Deferred index checks]), naming the op,
@@ -260,6 +266,7 @@ class Window {
   // close.
   std::shared_ptr<NormRowTracker> norm_rows_;
   std::unique_ptr<NoiseScale> noise_;  // Note [Gradient noise scale], when asked for
+  std::vector<WindowListener*> listeners_;
   int64_t micro_step_ = 0;
   int64_t windows_ = 0;
 };

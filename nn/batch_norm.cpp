@@ -1,0 +1,104 @@
+#include "nn/batch_norm.h"
+
+#include "autograd/ops.h"
+#include "autograd/variable.h"
+#include "core/error.h"
+#include "core/grad_mode.h"
+#include "kernels/ops.h"
+
+namespace accrue::nn {
+
+BatchNorm::BatchNorm(int64_t channels, const ParamOptions& params, const BatchNormOptions& options)
+    : channels_(channels), options_(options) {
+  ACCRUE_CHECK(channels > 0, "BatchNorm: channels must be > 0, got ", channels);
+  ACCRUE_CHECK(options.eps > 0.0, "BatchNorm: eps must be > 0, got ", options.eps);
+  ACCRUE_CHECK(options.momentum > 0.0 && options.momentum <= 1.0,
+               "BatchNorm: momentum must lie in (0, 1], got ", options.momentum);
+  weight_ = register_parameter("weight", full({channels}, 1.0, params.dtype, params.device));
+  bias_ = register_parameter("bias", zeros({channels}, params.dtype, params.device));
+  running_mean_ = register_buffer("running_mean", zeros({channels}, DType::f64, params.device));
+  running_var_ = register_buffer("running_var", full({channels}, 1.0, DType::f64, params.device));
+  pending_count_ = register_buffer("pending_count", zeros({1}, DType::f64, params.device));
+  pending_mean_ = register_buffer("pending_mean", zeros({channels}, DType::f64, params.device));
+  pending_m2_ = register_buffer("pending_m2", zeros({channels}, DType::f64, params.device));
+}
+
+std::vector<int64_t> BatchNorm::reduce_dims(const Tensor& x) const {
+  std::vector<int64_t> dims = {0};
+  for (int64_t d = 2; d < x.dim(); ++d)
+    dims.push_back(d);
+  return dims;
+}
+
+void BatchNorm::move_running(const Tensor& mean, const Tensor& unbiased_var) {
+  const double m = options_.momentum;
+  running_mean_.copy_(running_mean_ * (1.0 - m) + mean * m);
+  running_var_.copy_(running_var_ * (1.0 - m) + unbiased_var * m);
+}
+
+Tensor BatchNorm::forward(const Tensor& x) {
+  ACCRUE_CHECK(x.defined() && x.dim() >= 2 && x.size(1) == channels_, "BatchNorm: input of shape ",
+               x.defined() ? shape_str(x.shape()) : "(undefined)", " for ", channels_,
+               " channels (expected [N, ", channels_, ", ...])");
+  ACCRUE_CHECK(x.device() == weight_.device(), "BatchNorm: input on ", x.device().str(),
+               ", parameters on ", weight_.device().str());
+  Shape per_channel(static_cast<size_t>(x.dim()), 1);
+  per_channel[1] = channels_;
+  const Tensor w = reshape(weight_, per_channel), b = reshape(bias_, per_channel);
+  const double eps = options_.eps;
+  if (!training()) {
+    const Tensor mean = running_mean_.to(x.dtype()).reshape(per_channel);
+    const Tensor var = running_var_.to(x.dtype()).reshape(per_channel);
+    return (x - mean) / sqrt(var + eps) * w + b;
+  }
+  const int64_t n = x.numel() / channels_;
+  ACCRUE_CHECK(n > 1, "BatchNorm: training needs more than one value per channel, got ", n,
+               " in an input of shape ", shape_str(x.shape()));
+  const std::vector<int64_t> dims = reduce_dims(x);
+  const Tensor mean = accrue::mean(x, dims, /*keepdim=*/true);
+  const Tensor centered = x - mean;
+  const Tensor var = accrue::mean(centered * centered, dims, /*keepdim=*/true);
+  const Tensor y = centered / sqrt(var + eps) * w + b;
+
+  // Note [Window statistics]: record this micro-batch's statistics, on the device.
+  NoGradGuard no_grad;
+  const Tensor batch_mean = detach(mean).reshape({channels_}).to(DType::f64);
+  const Tensor batch_var = detach(var).reshape({channels_}).to(DType::f64);  // biased
+  const double nb = static_cast<double>(n);
+  if (options_.statistics == BatchNormStatistics::PerMicroBatch) {
+    move_running(batch_mean, batch_var * (nb / (nb - 1.0)));
+    return y;
+  }
+  const Tensor na = pending_count_.expand({channels_});
+  const Tensor total = na + nb;
+  const Tensor delta = batch_mean - pending_mean_;
+  const Tensor merged_mean = pending_mean_ + delta * nb / total;
+  const Tensor merged_m2 = pending_m2_ + batch_var * nb + delta * delta * na * nb / total;
+  pending_mean_.copy_(merged_mean);
+  pending_m2_.copy_(merged_m2);
+  pending_count_.copy_(pending_count_ + nb);
+  return y;
+}
+
+void BatchNorm::on_window_close() {
+  if (options_.statistics != BatchNormStatistics::Window) return;
+  NoGradGuard no_grad;
+  // A window with no forward (count 0) leaves the running statistics alone;
+  // the test is on the device, the host never looks.
+  const Tensor count = pending_count_.expand({channels_});
+  const Tensor any = kernels::compare(kernels::CompareOp::Gt, count,
+                                      zeros({channels_}, DType::f64, count.device()));
+  const Tensor unbiased = pending_m2_ / (count - 1.0);
+  const double m = options_.momentum;
+  running_mean_.copy_(where(any, running_mean_ * (1.0 - m) + pending_mean_ * m, running_mean_));
+  running_var_.copy_(where(any, running_var_ * (1.0 - m) + unbiased * m, running_var_));
+  on_window_restart();
+}
+
+void BatchNorm::on_window_restart() {
+  pending_count_.fill_(0.0);
+  pending_mean_.fill_(0.0);
+  pending_m2_.fill_(0.0);
+}
+
+}  // namespace accrue::nn

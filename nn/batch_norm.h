@@ -1,0 +1,70 @@
+// BatchNorm over the channel dim (dim 1) of [N, C] or [N, C, ...] inputs,
+// with running statistics that can follow the accumulation window.
+//
+// Note [Window statistics]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// In training a BatchNorm normalizes each micro-batch with that micro-batch's
+// own mean and (biased) variance, in every mode; the modes differ in how the
+// running statistics used at inference are updated:
+//  - PerMicroBatch (PyTorch's): after every forward, running = (1 - m) *
+//    running + m * batch statistic (the variance unbiased), so a window of K
+//    micro-batches moves them K times, each by a small sample's estimate;
+//  - Window (the default): each forward merges its micro-batch's count, mean
+//    and sum of squared deviations into pending statistics, exactly (Chan et
+//    al.'s parallel formula: delta = mean_b - mean_a, n = n_a + n_b,
+//    mean = mean_a + delta n_b / n, M2 = M2_a + M2_b + delta^2 n_a n_b / n),
+//    and when the Window closes (WindowListener) the running statistics move
+//    once, by the merged mean and M2 / (n - 1): what one forward of the whole
+//    K x b batch would have done (tests/nn/batch_norm_test.cpp: within 1e-12
+//    in f64).
+// All of it is device arithmetic on tensors: no host synchronization. The
+// pending statistics are buffers, so a mid-window checkpoint of the module's
+// state dict carries them. A skipped window (Note [Skipped window]) still
+// moves the running statistics: they describe the data under the weights the
+// forward used, and a skipped window leaves those weights as they were (as
+// PyTorch's forward updates them whatever the step does). A restarted window
+// (Note [Out-of-memory retry]) drops the pending statistics with the
+// micro-steps. Register the layer with Window::add_listener; without a Window
+// (or one that never closes) Window mode never moves the running statistics.
+#pragma once
+
+#include "autograd/window_listener.h"
+#include "nn/module.h"
+
+namespace accrue::nn {
+
+enum class BatchNormStatistics { PerMicroBatch, Window };
+
+struct BatchNormOptions {
+  double eps = 1e-5;
+  double momentum = 0.1;
+  BatchNormStatistics statistics = BatchNormStatistics::Window;
+};
+
+class BatchNorm : public Module, public WindowListener {
+ public:
+  BatchNorm(int64_t channels, const ParamOptions& params, const BatchNormOptions& options = {});
+  // Training: normalize with the batch's statistics (and record them, Note
+  // [Window statistics]); eval: with the running statistics.
+  Tensor forward(const Tensor& x);
+
+  void on_window_close() override;
+  void on_window_restart() override;
+
+  const Tensor& running_mean() const { return running_mean_; }
+  const Tensor& running_var() const { return running_var_; }
+
+ private:
+  // The statistics' dims of x: all but dim 1.
+  std::vector<int64_t> reduce_dims(const Tensor& x) const;
+  // running = (1 - m) running + m mean, and the same for var (already unbiased).
+  void move_running(const Tensor& mean, const Tensor& unbiased_var);
+
+  int64_t channels_;
+  BatchNormOptions options_;
+  Tensor weight_, bias_;
+  Tensor running_mean_, running_var_;                 // f64 buffers [C]
+  Tensor pending_count_, pending_mean_, pending_m2_;  // Window mode: f64 [1], [C], [C]
+};
+
+}  // namespace accrue::nn

@@ -1,0 +1,176 @@
+// nn::BatchNorm and Note [Window statistics], on the CPU in f64: gradients by
+// finite differences, PyTorch's per-micro-batch running statistics, and the
+// window mode's once-per-window update equal to one forward of the whole batch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "core/grad_mode.h"
+#include "nn/batch_norm.h"
+#include "optim/window.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+const nn::ParamOptions kF64{Device::cpu(), DType::f64, nullptr};
+
+nn::BatchNormOptions mode(nn::BatchNormStatistics s) {
+  nn::BatchNormOptions o;
+  o.statistics = s;
+  return o;
+}
+
+// The tensors stacked along dim 0.
+Tensor cat_rows(const std::vector<Tensor>& parts) {
+  Shape shape = parts.front().shape();
+  shape[0] = 0;
+  for (const Tensor& p : parts)
+    shape[0] += p.size(0);
+  Tensor out = empty(shape, parts.front().dtype());
+  int64_t row = 0;
+  for (const Tensor& p : parts) {
+    out.narrow(0, row, p.size(0)).copy_(p);
+    row += p.size(0);
+  }
+  return out;
+}
+
+// Per-channel mean and unbiased variance of x [N, C, ...] (host doubles).
+void channel_stats(const Tensor& x, std::vector<double>& mean, std::vector<double>& var) {
+  const int64_t c = x.size(1), inner = x.numel() / (x.size(0) * c);
+  const std::vector<double> v = x.contiguous().to_vector<double>();
+  mean.assign(static_cast<size_t>(c), 0.0);
+  var.assign(static_cast<size_t>(c), 0.0);
+  const double n = static_cast<double>(x.numel() / c);
+  for (int64_t i = 0; i < static_cast<int64_t>(v.size()); ++i)
+    mean[static_cast<size_t>((i / inner) % c)] += v[static_cast<size_t>(i)] / n;
+  for (int64_t i = 0; i < static_cast<int64_t>(v.size()); ++i) {
+    const double d = v[static_cast<size_t>(i)] - mean[static_cast<size_t>((i / inner) % c)];
+    var[static_cast<size_t>((i / inner) % c)] += d * d / (n - 1.0);
+  }
+}
+
+TEST(BatchNorm, passes_gradcheck_in_training_and_in_eval) {
+  for (const Shape& shape : {Shape{5, 3}, Shape{3, 2, 2, 3}}) {
+    nn::BatchNorm bn(shape[1], kF64);
+    const std::vector<nn::NamedParameter> p = bn.named_parameters();
+    const Tensor x = requires_grad_(test::random_normal(shape, DType::f64));
+    p[0].tensor.copy_(test::random_uniform({shape[1]}, 0.5, 2.0, DType::f64));
+    p[1].tensor.copy_(test::random_normal({shape[1]}, DType::f64));
+    auto f = [&](const std::vector<Tensor>& v) { return bn.forward(v[0]); };
+    GradcheckResult r = gradcheck(f, {x, p[0].tensor, p[1].tensor});
+    EXPECT_TRUE(r.ok) << shape_str(shape) << " training: " << r.message;
+    bn.eval();
+    r = gradcheck(f, {x, p[0].tensor, p[1].tensor});
+    EXPECT_TRUE(r.ok) << shape_str(shape) << " eval: " << r.message;
+  }
+}
+
+TEST(BatchNorm, per_micro_batch_moves_the_running_statistics_every_forward) {
+  nn::BatchNorm bn(3, kF64, mode(nn::BatchNormStatistics::PerMicroBatch));
+  std::vector<double> rm(3, 0.0), rv(3, 1.0), m, v;
+  for (int k = 0; k < 4; ++k) {
+    const Tensor x = test::random_normal({4, 3, 5}, DType::f64, Device::cpu(), 1.0 + k);
+    bn.forward(x);
+    channel_stats(x, m, v);
+    for (size_t c = 0; c < 3; ++c) {
+      rm[c] = 0.9 * rm[c] + 0.1 * m[c];
+      rv[c] = 0.9 * rv[c] + 0.1 * v[c];
+    }
+  }
+  const std::vector<double> got_m = bn.running_mean().to_vector<double>();
+  const std::vector<double> got_v = bn.running_var().to_vector<double>();
+  for (size_t c = 0; c < 3; ++c) {
+    EXPECT_NEAR(got_m[c], rm[c], 1e-14) << c;
+    EXPECT_NEAR(got_v[c], rv[c], 1e-14) << c;
+  }
+}
+
+// Note [Window statistics]: K micro-batches, one close: the running
+// statistics of one forward over the concatenated batch, which PyTorch's
+// per-forward update of the whole batch also gives.
+TEST(BatchNorm, window_mode_updates_once_as_the_whole_batch_would) {
+  std::vector<Tensor> micro;
+  for (int k = 0; k < 4; ++k)  // different scales and offsets per micro-batch
+    micro.push_back(test::random_normal({3, 2, 4}, DType::f64, Device::cpu(), 0.5 + k) + 0.3 * k);
+  nn::BatchNorm windowed(2, kF64);
+  for (const Tensor& x : micro)
+    windowed.forward(x);
+  EXPECT_TRUE(test::all_equal(windowed.running_mean(), zeros({2}, DType::f64)))
+      << "moved before the close";
+  windowed.on_window_close();
+
+  nn::BatchNorm whole(2, kF64, mode(nn::BatchNormStatistics::PerMicroBatch));
+  whole.forward(cat_rows(micro));
+  const double dm = test::relative_error(windowed.running_mean(), whole.running_mean());
+  const double dv = test::relative_error(windowed.running_var(), whole.running_var());
+  std::printf("[batch norm] window of 4 vs one batch of 12: running mean %.1e, var %.1e\n", dm, dv);
+  EXPECT_LT(dm, 1e-12);
+  EXPECT_LT(dv, 1e-12);
+
+  // K updates of small samples land elsewhere: the mode matters.
+  nn::BatchNorm per(2, kF64, mode(nn::BatchNormStatistics::PerMicroBatch));
+  for (const Tensor& x : micro)
+    per.forward(x);
+  EXPECT_GT(test::relative_error(per.running_var(), whole.running_var()), 1e-3);
+
+  // A close with no forward, and a restart, leave the running statistics alone.
+  const Tensor mean = windowed.running_mean().clone(), var = windowed.running_var().clone();
+  windowed.on_window_close();
+  windowed.forward(micro[0]);
+  windowed.on_window_restart();
+  windowed.on_window_close();
+  EXPECT_TRUE(test::all_equal(windowed.running_mean(), mean));
+  EXPECT_TRUE(test::all_equal(windowed.running_var(), var));
+}
+
+// Through an optim::Window: the listener moves the statistics at close, and
+// the pending statistics are buffers (a mid-window state dict carries them).
+TEST(BatchNorm, a_window_tells_its_batch_norms_when_it_closes) {
+  Generator g(4);
+  nn::Linear fc(3, 2, true, {Device::cpu(), DType::f64, &g});
+  nn::BatchNorm bn(2, kF64);
+  std::vector<Tensor> params = fc.parameters();
+  for (const Tensor& t : bn.parameters())
+    params.push_back(t);
+  GradArena arena(params, {"fc.w", "fc.b", "bn.w", "bn.b"},
+                  {Device::cpu(), DType::f64, DType::f64, 0});
+  optim::Optimizer opt(optim::SGDOptions(0.0));  // lr 0: the same weights every micro-step
+  optim::Window window(arena, opt, optim::WindowOptions().micro_steps(3));
+  window.add_listener(&bn);
+  std::vector<Tensor> inputs;
+  for (int k = 0; k < 3; ++k) {
+    inputs.push_back(test::random_normal({4, 3}, DType::f64));
+    const Tensor y = bn.forward(fc.forward(inputs.back()));
+    window.backward({sum(y * y), full({}, 4.0, DType::i64)});
+  }
+  EXPECT_EQ(bn.state_dict().count("pending_m2"), 1u);
+  EXPECT_EQ(bn.state_dict().at("pending_count").item(), 12.0);
+  window.close();
+  EXPECT_EQ(bn.state_dict().at("pending_count").item(), 0.0);
+  nn::BatchNorm whole(2, kF64, mode(nn::BatchNormStatistics::PerMicroBatch));
+  {
+    NoGradGuard no_grad;
+    whole.forward(fc.forward(cat_rows(inputs)));
+  }
+  EXPECT_LT(test::relative_error(bn.running_var(), whole.running_var()), 1e-12);
+  window.remove_listener(&bn);
+}
+
+TEST(BatchNorm, bad_inputs_and_options_are_errors) {
+  nn::BatchNorm bn(3, kF64);
+  EXPECT_ERROR(bn.forward(zeros({4, 2, 5}, DType::f64)), "BatchNorm", "[4, 2, 5]", "3 channels");
+  EXPECT_ERROR(bn.forward(zeros({4}, DType::f64)), "BatchNorm", "[4]");
+  EXPECT_ERROR(bn.forward(zeros({1, 3}, DType::f64)), "BatchNorm", "more than one value", "[1, 3]");
+  nn::BatchNormOptions o;
+  o.momentum = 0.0;
+  EXPECT_ERROR(nn::BatchNorm(3, kF64, o), "BatchNorm", "momentum", "0");
+  EXPECT_ERROR(nn::BatchNorm(0, kF64), "BatchNorm", "channels", "0");
+}
+
+}  // namespace
+}  // namespace accrue
