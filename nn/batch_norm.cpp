@@ -95,6 +95,58 @@ void BatchNorm::on_window_close() {
   on_window_restart();
 }
 
+void BatchNorm::begin_recompute() {
+  saved_statistics_ = options_.statistics;
+  options_.statistics = BatchNormStatistics::Window;
+  on_window_restart();
+}
+
+void BatchNorm::end_recompute(bool adopt) {
+  NoGradGuard no_grad;
+  options_.statistics = saved_statistics_;
+  if (!adopt) {
+    on_window_restart();
+    return;
+  }
+  const Tensor count = pending_count_.expand({channels_});
+  const Tensor any = kernels::compare(kernels::CompareOp::Gt, count,
+                                      zeros({channels_}, DType::f64, count.device()));
+  running_mean_.copy_(where(any, pending_mean_, running_mean_));
+  running_var_.copy_(where(any, pending_m2_ / (count - 1.0), running_var_));
+  on_window_restart();
+}
+
+void recompute_batch_norm_statistics(Module& model, const std::function<void()>& run_batches) {
+  std::vector<BatchNorm*> layers;
+  for (Module* m : model.modules())
+    if (auto* bn = dynamic_cast<BatchNorm*>(m)) layers.push_back(bn);
+  ACCRUE_CHECK(!layers.empty(), "recompute_batch_norm_statistics: the model has no BatchNorm");
+  const bool was_training = model.training();
+  // Restores the modes however run_batches() ends; the statistics move only if it returns.
+  struct Restore {
+    Module& model;
+    bool training;
+    std::vector<BatchNorm*>& layers;
+    bool done = false;
+    ~Restore() {
+      if (!done)
+        for (BatchNorm* bn : layers)
+          bn->end_recompute(/*adopt=*/false);
+      model.train(training);
+    }
+  } restore{model, was_training, layers};
+  for (BatchNorm* bn : layers)
+    bn->begin_recompute();
+  model.train(true);
+  {
+    NoGradGuard no_grad;
+    run_batches();
+  }
+  for (BatchNorm* bn : layers)
+    bn->end_recompute(/*adopt=*/true);
+  restore.done = true;
+}
+
 void BatchNorm::on_window_restart() {
   pending_count_.fill_(0.0);
   pending_mean_.fill_(0.0);

@@ -28,6 +28,8 @@
 // (or one that never closes) Window mode never moves the running statistics.
 #pragma once
 
+#include <functional>
+
 #include "autograd/window_listener.h"
 #include "nn/module.h"
 
@@ -51,6 +53,13 @@ class BatchNorm : public Module, public WindowListener {
   void on_window_close() override;
   void on_window_restart() override;
 
+  // recompute_batch_norm_statistics' two halves: forwards in between merge
+  // into the pending statistics whatever the mode; the end makes them the
+  // running statistics (momentum 1) when `adopt`, drops them otherwise, and
+  // restores the mode.
+  void begin_recompute();
+  void end_recompute(bool adopt);
+
   const Tensor& running_mean() const { return running_mean_; }
   const Tensor& running_var() const { return running_var_; }
 
@@ -65,6 +74,16 @@ class BatchNorm : public Module, public WindowListener {
   Tensor weight_, bias_;
   Tensor running_mean_, running_var_;                 // f64 buffers [C]
   Tensor pending_count_, pending_mean_, pending_m2_;  // Window mode: f64 [1], [C], [C]
+  BatchNormStatistics saved_statistics_ = BatchNormStatistics::Window;  // during a recompute
 };
+
+// Precise BatchNorm statistics: re-estimates the running statistics of every
+// BatchNorm in `model` from the forwards that run_batches() makes (the caller
+// runs its batches through the model), with the parameters frozen and no
+// graph: the statistics of all those batches merged exactly (Note [Window
+// statistics]), replacing the running ones (momentum ignored). The model's
+// train/eval mode and each layer's statistics mode are restored, also when a
+// forward throws. A model without a BatchNorm is an error.
+void recompute_batch_norm_statistics(Module& model, const std::function<void()>& run_batches);
 
 }  // namespace accrue::nn

@@ -51,6 +51,14 @@ std::vector<NamedParameter> Module::named_buffers() const {
   return named(Kind::Buffer);
 }
 
+std::vector<Module*> Module::modules() {
+  std::vector<Module*> out = {this};
+  for (auto& entry : children_)
+    for (Module* m : entry.second->modules())
+      out.push_back(m);
+  return out;
+}
+
 std::map<std::string, Tensor> Module::state_dict() const {
   std::map<std::string, Tensor> out;
   for (const NamedParameter& p : named_parameters())

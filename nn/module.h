@@ -53,6 +53,8 @@ class Module {
   // is the Window's state_dict (optim/window.h) plus these buffers, and
   // weights loaded here before the arena is built become its master.
   std::map<std::string, Tensor> state_dict() const;
+  // This module and every descendant, parents before children.
+  std::vector<Module*> modules();
   void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
 
   // Training mode (the default) turns dropout on; train(false) / eval() set

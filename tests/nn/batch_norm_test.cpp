@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "autograd/gradcheck.h"
@@ -159,6 +160,64 @@ TEST(BatchNorm, a_window_tells_its_batch_norms_when_it_closes) {
   }
   EXPECT_LT(test::relative_error(bn.running_var(), whole.running_var()), 1e-12);
   window.remove_listener(&bn);
+}
+
+// A model whose BatchNorm sits inside a child, as in a real network.
+class Net : public nn::Module {
+ public:
+  explicit Net(Generator* g) {
+    fc = &register_module("fc", std::make_unique<nn::Linear>(
+                                    3, 2, true, nn::ParamOptions{Device::cpu(), DType::f64, g}));
+    bn = &register_module("bn", std::make_unique<nn::BatchNorm>(
+                                    2, kF64, mode(nn::BatchNormStatistics::PerMicroBatch)));
+  }
+  Tensor forward(const Tensor& x) { return bn->forward(fc->forward(x)); }
+  nn::Linear* fc;
+  nn::BatchNorm* bn;
+};
+
+// Precise BN: the running statistics become those of all the batches merged,
+// whatever they were, and the modes come back; a throwing pass changes nothing.
+TEST(BatchNorm, recompute_statistics_over_many_batches) {
+  Generator g(8);
+  Net net(&g);
+  std::vector<Tensor> batches;
+  for (int k = 0; k < 5; ++k)
+    batches.push_back(test::random_normal({6, 3}, DType::f64, Device::cpu(), 1.0 + k));
+  for (const Tensor& x : batches)  // per-micro-batch updates: somewhere in between
+    net.forward(x);
+  net.eval();
+  nn::recompute_batch_norm_statistics(net, [&] {
+    for (const Tensor& x : batches)
+      net.forward(x);
+  });
+  EXPECT_FALSE(net.training());
+  Tensor features;
+  {
+    NoGradGuard no_grad;
+    features = net.fc->forward(cat_rows(batches));
+  }
+  std::vector<double> mean, var;
+  channel_stats(features, mean, var);
+  EXPECT_LT(test::relative_error(net.bn->running_mean(), from_vector<double>(mean, {2})), 1e-12);
+  EXPECT_LT(test::relative_error(net.bn->running_var(), from_vector<double>(var, {2})), 1e-12);
+  // The layer is back in per-micro-batch mode: one training forward moves it.
+  net.train();
+  const Tensor before = net.bn->running_mean().clone();
+  net.forward(batches[0]);
+  EXPECT_FALSE(test::all_equal(net.bn->running_mean(), before));
+  // A pass that throws leaves the statistics and the mode as they were.
+  const Tensor kept = net.bn->running_var().clone();
+  EXPECT_ERROR(nn::recompute_batch_norm_statistics(net,
+                                                   [&] {
+                                                     net.forward(batches[0]);
+                                                     ACCRUE_FAIL("data ran out");
+                                                   }),
+               "data ran out");
+  EXPECT_TRUE(test::all_equal(net.bn->running_var(), kept));
+  EXPECT_TRUE(net.training());
+  nn::Linear plain(3, 2, true, kF64);
+  EXPECT_ERROR(nn::recompute_batch_norm_statistics(plain, [] {}), "no BatchNorm");
 }
 
 TEST(BatchNorm, bad_inputs_and_options_are_errors) {
