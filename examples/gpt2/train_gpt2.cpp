@@ -484,6 +484,18 @@ struct TrainState {
   int world_size = 1;
 };
 
+// "1424.6 MiB in 2.61 s": a checkpoint file's size and the seconds its save or load took.
+std::string file_report(const std::string& path, std::chrono::steady_clock::time_point since) {
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(path, ec);
+  char s[64];
+  std::snprintf(s, sizeof s, "%s in %.2f s", ec ? "?" : mib(static_cast<int64_t>(bytes)).c_str(),
+                seconds);
+  return s;
+}
+
 void save_checkpoint(const std::string& path, const TrainState& s, const Options& o) {
   ACCRUE_CHECK(s.window.micro_step() == 0 || s.world_size == 1,
                "a checkpoint inside a window holds this rank's own gradients; with ", s.world_size,
@@ -760,12 +772,13 @@ int main(int argc, char** argv) try {
   const TrainState state{arena, window, model, *source, dtype_name(compute), rank.world_size};
   int64_t start = 0;
   if (!opt.resume.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
     start = load_checkpoint(opt.resume, state);
     std::printf("resumed %s at window %lld", opt.resume.c_str(), (long long)start);
     if (window.micro_step() > 0)
       std::printf(", micro-step %lld of window %lld", (long long)window.micro_step(),
                   (long long)start + 1);
-    std::printf("\n");
+    std::printf(" (%s)\n", file_report(opt.resume, t0).c_str());
   }
 
   // Note [Trainer synchronization]: the loader checked every token against the vocabulary.
@@ -896,8 +909,10 @@ int main(int argc, char** argv) try {
                       {"grad_norm_z", norm_z}});
     if (!opt.checkpoint.empty() &&
         ((opt.checkpoint_every > 0 && w % opt.checkpoint_every == 0) || w == end) && main_rank) {
+      const auto t0 = std::chrono::steady_clock::now();
       save_checkpoint(opt.checkpoint, state, opt);
-      std::printf("checkpoint: %s (window %lld)\n", opt.checkpoint.c_str(), (long long)w);
+      std::printf("checkpoint: %s (window %lld; %s)\n", opt.checkpoint.c_str(), (long long)w,
+                  file_report(opt.checkpoint, t0).c_str());
     }
     std::fflush(stdout);
   }
@@ -906,9 +921,11 @@ int main(int argc, char** argv) try {
       auto [x, y] = source->next();
       window.backward(model.loss(x, y));
     }
+    const auto t0 = std::chrono::steady_clock::now();
     if (main_rank) save_checkpoint(opt.checkpoint, state, opt);
-    std::printf("checkpoint: %s (window %lld, micro-step %lld)\n", opt.checkpoint.c_str(),
-                (long long)end + 1, (long long)window.micro_step());
+    std::printf("checkpoint: %s (window %lld, micro-step %lld; %s)\n", opt.checkpoint.c_str(),
+                (long long)end + 1, (long long)window.micro_step(),
+                file_report(opt.checkpoint, t0).c_str());
   }
   if (std::isnan(last_loss)) {
     std::printf("nothing to do: the run is already at window %lld (--stop-after/--windows %lld)\n",
