@@ -7,6 +7,7 @@
 #include "autograd/variable.h"
 #include "core/error.h"
 #include "core/grad_mode.h"
+#include "core/nvtx.h"
 
 namespace accrue::dist {
 
@@ -177,6 +178,7 @@ Tensor Reducer::staged_chunk(size_t b) const {
 }
 
 void Reducer::send_bucket(size_t b) {
+  const NvtxRange range("accrue bucket collective");  // Note [NVTX ranges]
   // Note [Gradient transport]: rounded on the compute stream, before the
   // communicator's stream is told to wait for it.
   if (!stage_.empty()) stage_[b].copy_(plan_.view(arena_.grads(), b));

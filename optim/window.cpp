@@ -7,6 +7,7 @@
 #include "autograd/engine.h"
 #include "autograd/variable.h"
 #include "core/grad_mode.h"
+#include "core/nvtx.h"
 #include "kernels/ops.h"
 
 namespace accrue::optim {
@@ -81,6 +82,7 @@ Tensor Window::field(int f) const {
 }
 
 void Window::backward(const Loss& loss) {
+  const NvtxRange range("accrue micro-step backward");  // Note [NVTX ranges]
   ACCRUE_CHECK(micro_step_ < options_.micro_steps(),
                "Window::backward: the window already has its ", options_.micro_steps(),
                " micro-steps; call close() first");
@@ -119,6 +121,7 @@ void Window::backward(const Loss& loss) {
 }
 
 void Window::close() {
+  const NvtxRange range("accrue window close");  // Note [NVTX ranges]
   ACCRUE_CHECK(ready(), "Window::close: ", micro_step_, " of ", options_.micro_steps(),
                " micro-steps done");
   NoGradGuard no_grad;

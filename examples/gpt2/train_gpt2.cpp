@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "accrue.h"
+#include "core/nvtx.h"
 #include "data/token_shards.h"
 #include "dist/bucket_plan.h"
 #include "dist/launch_env.h"
@@ -124,6 +125,8 @@ optimization
 evaluation and checkpoints
   --val-every N                validation loss every N windows (default 0: at the end only)
   --val-batches N              micro-batches per validation (default 20)
+  --nvtx                       NVTX ranges for Nsight Systems: each window, micro-step
+                               backward, close and bucket collective (ACCRUE_NVTX=1 too)
   --metrics FILE               one JSON line per window (loss, grad norm before and after
                                clipping, lr, loss scale, skips, tokens/s, MFU, peak memory,
                                validation loss, z-scores); appended to on --resume;
@@ -169,6 +172,7 @@ struct Options {
   uint64_t seed = 1337;
   int64_t val_every = 0, val_batches = 20;
   std::string metrics;
+  bool nvtx = false;
   std::string checkpoint, resume;
   int64_t checkpoint_every = 0;
   bool bench = false;
@@ -282,6 +286,8 @@ Options parse(int argc, char** argv) {
       o.val_every = non_negative();
     } else if (a == "--metrics") {
       o.metrics = value();
+    } else if (a == "--nvtx") {
+      o.nvtx = true;
     } else if (a == "--val-batches") {
       o.val_batches = positive();
     } else if (a == "--checkpoint") {
@@ -790,7 +796,9 @@ int main(int argc, char** argv) try {
   auto mfu = [&](double tokens_per_s) {
     return peak > 0 ? tokens_per_s * flops_token / (peak * rank.world_size) : NAN;
   };
+  if (opt.nvtx) set_nvtx(true);  // Note [NVTX ranges]
   auto run_window = [&]() {
+    const NvtxRange range("accrue window");
     for (int64_t k = window.micro_step(); k < K; ++k) {  // a resumed window continues
       auto [x, y] = source->next();
       window.backward(model.loss(x, y));

@@ -105,7 +105,7 @@ if(SCENARIO STREQUAL "help")
   foreach(_option --model --n-layer --micro-batch --seq-len --total-batch-tokens --train-data
                   --val-data --synthetic --lr --warmup-windows --windows --min-lr-factor
                   --weight-decay --beta1 --beta2 --eps --max-grad-norm --dtype --val-every
-                  --val-batches --metrics --checkpoint --checkpoint-every --resume --init-from
+                  --val-batches --metrics --nvtx --checkpoint --checkpoint-every --resume --init-from
                   --activation-checkpointing --seed --cpu --dropout --bench --bench-warmup
                   --bench-windows --peak-tflops --stop-after --stop-micro-steps)
     expect_contains("${out}" "${_option}")
