@@ -32,13 +32,13 @@ WindowRun run_window(Window& window, int64_t items, int64_t micro_batch,
     window.set_micro_steps(run.micro_steps);
     const int64_t baseline = memory_stats(device).current_bytes;
     int64_t step = 0;
+    // Only the micro-steps are retried: a close that ran out of memory may
+    // have stepped part of the arena, and stepping again would be wrong.
     try {
       for (; step < run.micro_steps; ++step) {
         reset_peak_memory(device);
         window.backward(forward(step * run.micro_batch, run.micro_batch));
       }
-      window.close();
-      return run;
     } catch (const OutOfMemoryError& e) {
       // What the failed micro-step held at its peak, and what it asked for on top.
       const int64_t reached = std::max<int64_t>(memory_stats(device).peak_bytes - baseline, 0);
@@ -67,6 +67,8 @@ WindowRun run_window(Window& window, int64_t items, int64_t micro_batch,
                   "retries by itself). ",
                   e.what());
     }
+    window.close();
+    return run;
   }
 }
 

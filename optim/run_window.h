@@ -6,7 +6,8 @@
 // A window's update depends on the items it sums, not on how they are split
 // (Note [Normalization]: N counts items, 1/N comes at close). So when a
 // micro-step runs out of memory (an OutOfMemoryError from the allocator, in
-// the forward or the backward), the window can start again at half the
+// the forward or the backward; not in the close, which may have stepped part
+// of the arena already and is never run twice), the window can start again at half the
 // micro-batch and twice the micro-steps and still make the same update: the
 // micro-steps done so far are dropped (Window::restart: N, the loss sum and
 // the written flags go back, and the next backward overwrites the slots, so
