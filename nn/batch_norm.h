@@ -26,6 +26,9 @@
 // (Note [Out-of-memory retry]) drops the pending statistics with the
 // micro-steps. Register the layer with Window::add_listener; without a Window
 // (or one that never closes) Window mode never moves the running statistics.
+// A forward that activation checkpointing recomputes in backward records its
+// statistics a second time (as PyTorch's does): keep BatchNorm layers out of
+// checkpointed blocks.
 #pragma once
 
 #include <functional>
