@@ -80,19 +80,25 @@ Tensor BatchNorm::forward(const Tensor& x) {
   return y;
 }
 
-void BatchNorm::on_window_close() {
-  if (options_.statistics != BatchNormStatistics::Window) return;
+void BatchNorm::adopt_pending(double momentum) {
   NoGradGuard no_grad;
-  // A window with no forward (count 0) leaves the running statistics alone;
-  // the test is on the device, the host never looks.
+  // No forward since the last adoption (count 0) leaves the running
+  // statistics alone; the test is on the device, the host never looks.
   const Tensor count = pending_count_.expand({channels_});
   const Tensor any = kernels::compare(kernels::CompareOp::Gt, count,
                                       zeros({channels_}, DType::f64, count.device()));
   const Tensor unbiased = pending_m2_ / (count - 1.0);
-  const double m = options_.momentum;
-  running_mean_.copy_(where(any, running_mean_ * (1.0 - m) + pending_mean_ * m, running_mean_));
-  running_var_.copy_(where(any, running_var_ * (1.0 - m) + unbiased * m, running_var_));
+  auto moved = [&](const Tensor& running, const Tensor& pending) {
+    // Momentum 1 replaces outright, so even non-finite running statistics are mended.
+    return momentum == 1.0 ? pending : running * (1.0 - momentum) + pending * momentum;
+  };
+  running_mean_.copy_(where(any, moved(running_mean_, pending_mean_), running_mean_));
+  running_var_.copy_(where(any, moved(running_var_, unbiased), running_var_));
   on_window_restart();
+}
+
+void BatchNorm::on_window_close() {
+  if (options_.statistics == BatchNormStatistics::Window) adopt_pending(options_.momentum);
 }
 
 void BatchNorm::begin_recompute() {
@@ -102,18 +108,12 @@ void BatchNorm::begin_recompute() {
 }
 
 void BatchNorm::end_recompute(bool adopt) {
-  NoGradGuard no_grad;
   options_.statistics = saved_statistics_;
-  if (!adopt) {
+  if (adopt) {
+    adopt_pending(1.0);
+  } else {
     on_window_restart();
-    return;
   }
-  const Tensor count = pending_count_.expand({channels_});
-  const Tensor any = kernels::compare(kernels::CompareOp::Gt, count,
-                                      zeros({channels_}, DType::f64, count.device()));
-  running_mean_.copy_(where(any, pending_mean_, running_mean_));
-  running_var_.copy_(where(any, pending_m2_ / (count - 1.0), running_var_));
-  on_window_restart();
 }
 
 void recompute_batch_norm_statistics(Module& model, const std::function<void()>& run_batches) {

@@ -71,6 +71,10 @@ class BatchNorm : public Module, public WindowListener {
   std::vector<int64_t> reduce_dims(const Tensor& x) const;
   // running = (1 - m) running + m mean, and the same for var (already unbiased).
   void move_running(const Tensor& mean, const Tensor& unbiased_var);
+  // The same move from the pending (merged) statistics, where any were
+  // merged, then clears them: at a window's close (m = momentum) and at the
+  // end of a recompute (m = 1).
+  void adopt_pending(double momentum);
 
   int64_t channels_;
   BatchNormOptions options_;

@@ -159,6 +159,17 @@ TEST(BatchNorm, a_window_tells_its_batch_norms_when_it_closes) {
     whole.forward(fc.forward(cat_rows(inputs)));
   }
   EXPECT_LT(test::relative_error(bn.running_var(), whole.running_var()), 1e-12);
+
+  // Note [Window statistics]: a skipped window still moves them (its
+  // gradient is not finite; the forwards' statistics are).
+  const Tensor before = bn.running_mean().clone();
+  for (int k = 0; k < 3; ++k) {
+    const Tensor y = bn.forward(fc.forward(inputs[static_cast<size_t>(k)] * 2.0));
+    window.backward({sum(y * y) * INFINITY, full({}, 4.0, DType::i64)});
+  }
+  window.close();
+  EXPECT_TRUE(window.report().skipped);
+  EXPECT_FALSE(test::all_equal(bn.running_mean(), before));
   window.remove_listener(&bn);
 }
 
