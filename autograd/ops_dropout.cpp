@@ -2,6 +2,7 @@
 // backward, never saved (Note [Dropout mask from the counter], kernels/dropout.h).
 #include "autograd/node.h"
 #include "autograd/transformer_ops.h"
+#include "core/cuda_graph.h"
 #include "kernels/dropout.h"
 
 namespace accrue {
@@ -11,6 +12,10 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* generator) {
   ACCRUE_CHECK(p >= 0.0 && p < 1.0, "dropout: p = ", p, " is outside [0, 1)");
   ACCRUE_CHECK(x.defined(), "dropout: input is an undefined tensor");
   if (!training || p == 0.0) return x;
+  // Note [Capturable code]: a replay would repeat this offset, and so the mask.
+  refuse_in_graph(
+      "dropout advances its Philox offset on the host, so a replay would repeat "
+      "the mask");
   Generator& gen = generator ? *generator : default_generator();
   const uint64_t seed = gen.seed();
   // The counters this mask uses are reserved even if the kernel then throws on

@@ -134,6 +134,15 @@ const char* kind_name(const OptimizerConfig& c) {
   return c.amsgrad ? "Adam with amsgrad" : "Adam";
 }
 
+// Note [Hyperparameters on the device]: f64 [kHyperSize], contiguous, beside the params.
+void check_hyper(const Tensor& hyper, Device device, const char* op) {
+  check_dtype(hyper, DType::f64, op, "hyper");
+  check_contiguous(hyper, op, "hyper");
+  check_device(hyper, device, op, "hyper");
+  ACCRUE_CHECK(hyper.numel() == kHyperSize, op, ": hyper has shape ", shape_str(hyper.shape()),
+               "; expected [", kHyperSize, "]");
+}
+
 void check_optimizer_buffers(const OptimizerConfig& c, const OptimizerBuffers& b, const char* op) {
   check_defined(b.params, op, "params");
   check_master_dtype(b.params, op, "params");
@@ -159,6 +168,7 @@ void check_optimizer_buffers(const OptimizerConfig& c, const OptimizerBuffers& b
                  ": compute of shape ", shape_str(b.compute.shape()), " has dtype ",
                  dtype_name(b.compute.dtype()), "; expected bf16 or f16 (or leave it undefined)");
   }
+  if (b.hyper.defined()) check_hyper(b.hyper, b.params.device(), op);
   check_defined(b.chunk_groups, op, "chunk_groups");
   check_dtype(b.chunk_groups, DType::i32, op, "chunk_groups");
   check_contiguous(b.chunk_groups, op, "chunk_groups");
@@ -259,6 +269,18 @@ void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers&
     cpu::fused_optimizer_step(config, buffers, state);
   } else {
     cuda::fused_optimizer_step(config, buffers, state);
+  }
+}
+
+void store_hyperparameters(const OptimizerConfig& config, const Tensor& hyper) {
+  const char* op = "store_hyperparameters";
+  check_optimizer_config(config, op);
+  check_defined(hyper, op, "hyper");
+  check_hyper(hyper, hyper.device(), op);
+  if (hyper.device().is_cpu()) {
+    cpu::store_hyperparameters(hyper_values(config), hyper);
+  } else {
+    cuda::store_hyperparameters(hyper_values(config), hyper);
   }
 }
 

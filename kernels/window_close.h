@@ -134,8 +134,14 @@ struct OptimizerBuffers {
   // chunk_groups[(first_element + i) / kChunk]. Non-zero when stepping a range of
   // the arena (Note [ZeRO-1]: a rank's shard) against the whole arena's table.
   int64_t first_element = 0;
+  // f64 [kHyperSize] on the params' device, or undefined: each group's
+  // learning rate and weight decay as store_hyperparameters wrote them, read
+  // in place of config's (Note [Hyperparameters on the device]).
+  Tensor hyper;
 };
 inline constexpr int64_t kChunk = 32;
+// The hyper buffer: group k's lr at 2k, its weight decay at 2k + 1.
+inline constexpr int64_t kHyperSize = 2 * kMaxGroups;
 
 // Note [Option checks]
 // ~~~~~~~~~~~~~~~~~~~~
@@ -162,5 +168,18 @@ void check_group_hyper(const GroupHyper& hyper, int64_t group, const char* who);
 // Nothing is read or written when state[kFoundInf] != 0.
 void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
                           const Tensor& state);
+
+// Note [Hyperparameters on the device]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A captured close (optim/graphed_window.h) replays the kernel arguments of
+// its capture, but the LR schedule moves every window. So the fused pass can
+// take each group's learning rate and weight decay from a small buffer on its
+// device (OptimizerBuffers::hyper) instead of from its arguments, and this
+// writes that buffer: one launch of one block on CUDA (its values travel as
+// kernel arguments, so no host memory must outlive the call and nothing
+// synchronizes), a plain store on the CPU. optim::Optimizer stores before
+// every eager pass, and before every replay of a captured one.
+// hyper: f64 [kHyperSize], contiguous; config's groups are validated first.
+void store_hyperparameters(const OptimizerConfig& config, const Tensor& hyper);
 
 }  // namespace accrue::kernels

@@ -120,6 +120,8 @@ struct OptimizerParams {
   bool amsgrad;
   M momentum, one_minus_dampening;
   bool nesterov;
+  // Note [Hyperparameters on the device]: when set, lr and weight_decay come from here.
+  const double* hyper;
 };
 
 template <class M>
@@ -142,6 +144,7 @@ OptimizerParams<M> make_optimizer_params(const OptimizerConfig& c) {
   o.momentum = static_cast<M>(c.momentum);
   o.one_minus_dampening = static_cast<M>(1.0 - c.dampening);
   o.nesterov = c.nesterov;
+  o.hyper = nullptr;
   return o;
 }
 
@@ -187,7 +190,8 @@ ACCRUE_HD void make_step_scalars(const OptimizerParams<M>& o, const double* stat
   const double bias_correction2 = 1.0 - std::pow(o.beta2, t);
   s.bias_correction2_sqrt = static_cast<M>(std::sqrt(bias_correction2));
   for (int k = 0; k < o.groups; ++k) {
-    const double lr = o.lr[k], wd = o.weight_decay[k];
+    const double lr = o.hyper ? o.hyper[2 * k] : o.lr[k];
+    const double wd = o.hyper ? o.hyper[2 * k + 1] : o.weight_decay[k];
     s.group[k].lr = static_cast<M>(lr);
     s.group[k].weight_decay = static_cast<M>(wd);
     s.group[k].decay = static_cast<M>(1.0 - lr * wd);
@@ -240,6 +244,19 @@ ACCRUE_HD void adam_update(const OptimizerParams<M>& o, const StepScalars<M>& s,
 // grads and params are f32 or f64; partials f64 [rows, 2]; state f64
 // [kWindowStateSize]; numel > 0 for the optimizer step.
 
+// The hyper buffer's values for a config: group k's (lr, weight decay) at 2k, 2k + 1.
+struct HyperValues {
+  double v[kHyperSize];
+};
+inline HyperValues hyper_values(const OptimizerConfig& c) {
+  HyperValues h{};
+  for (size_t k = 0; k < c.groups.size(); ++k) {
+    h.v[2 * k] = c.groups[k].lr;
+    h.v[2 * k + 1] = c.groups[k].weight_decay;
+  }
+  return h;
+}
+
 namespace cpu {
 int64_t norm_partials_rows(int64_t numel, DType dtype);
 int64_t norm_row_elements(int64_t numel, DType dtype);
@@ -248,6 +265,7 @@ void grad_norm_partials(const Tensor& grads, const Tensor& partials, int64_t fir
 void window_scalar_step(const Tensor& partials, const Tensor& state, const CloseConfig& config);
 void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
                           const Tensor& state);
+void store_hyperparameters(const HyperValues& values, const Tensor& hyper);
 }  // namespace cpu
 
 namespace cuda {
@@ -258,6 +276,7 @@ void grad_norm_partials(const Tensor& grads, const Tensor& partials, int64_t fir
 void window_scalar_step(const Tensor& partials, const Tensor& state, const CloseConfig& config);
 void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
                           const Tensor& state);
+void store_hyperparameters(const HyperValues& values, const Tensor& hyper);
 }  // namespace cuda
 
 }  // namespace accrue::kernels

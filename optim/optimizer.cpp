@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/cuda_graph.h"
 #include "core/error.h"
 
 namespace accrue::optim {
@@ -120,7 +121,13 @@ void Optimizer::bind(const GradArena& arena) {
     }
   }
   chunk_groups_ = from_vector(table, {chunks}, DType::i32, arena.options().device);
+  hyper_ = zeros({kernels::kHyperSize}, DType::f64, arena.options().device);
   bound_ = &arena;
+}
+
+void Optimizer::store_hyperparameters(int64_t step) const {
+  ACCRUE_CHECK(bound_ != nullptr, "Optimizer::store_hyperparameters: bind(arena) first");
+  kernels::store_hyperparameters(config_at(step), hyper_);
 }
 
 void Optimizer::step(const GradArena& arena, const Tensor& window_state, int64_t step,
@@ -137,10 +144,13 @@ void Optimizer::step(const GradArena& arena, const Tensor& window_state, int64_t
     if (m >= 3) b.max_exp_avg_sq = arena.moment(2).narrow(0, moment_offset, numel);
     if (arena.compute().defined()) b.compute = arena.compute().narrow(0, offset, numel);
     b.chunk_groups = chunk_groups_;
+    b.hyper = hyper_;
     b.first_element = offset;
     return b;
   };
   const kernels::OptimizerConfig config = config_at(step);
+  // Note [Capturable code]: a captured close stores them before each replay.
+  if (!graph_capturing()) kernels::store_hyperparameters(config, hyper_);
   if (ranges.empty()) {
     ACCRUE_CHECK(!arena.moments_sharded(), "Optimizer::step: the arena's moments hold a shard of ",
                  arena.moment_numel(), " elements; step the owned ranges");

@@ -168,8 +168,14 @@ class Optimizer {
   // The fused pass of Note [Window close] (c) for optimizer step `step`, over
   // the whole arena, or under ZeRO-1 over `ranges` only (one launch each),
   // whose moments the arena keeps packed (GradArena::shard_moments).
+  // The pass reads each group's lr and weight decay from a device buffer
+  // (Note [Hyperparameters on the device] in kernels/window_close.h), which
+  // step() fills first, except inside a CUDA graph capture: the replay of a
+  // captured close calls store_hyperparameters(step) itself, eagerly, before
+  // the launch.
   void step(const GradArena& arena, const Tensor& window_state, int64_t step,
             const std::vector<ArenaRange>& ranges = {}) const;
+  void store_hyperparameters(int64_t step) const;
 
  private:
   struct Group {
@@ -180,6 +186,7 @@ class Optimizer {
   std::vector<Group> groups_;
   std::shared_ptr<const LRSchedule> schedule_ = std::make_shared<ConstantLR>();
   Tensor chunk_groups_;
+  Tensor hyper_;  // f64 [kernels::kHyperSize] on the bound arena's device
   const GradArena* bound_ = nullptr;
 };
 

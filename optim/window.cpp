@@ -124,6 +124,11 @@ void Window::close() {
   const NvtxRange range("accrue window close");  // Note [NVTX ranges]
   ACCRUE_CHECK(ready(), "Window::close: ", micro_step_, " of ", options_.micro_steps(),
                " micro-steps done");
+  close_device();
+  close_host();
+}
+
+void Window::close_device() {
   NoGradGuard no_grad;
   // Note [Overwrite first]: unused parameters read 0, before any reduction sums them.
   arena_.zero_unwritten();
@@ -142,11 +147,25 @@ void Window::close() {
   last_.narrow(0, kLastItems, 1).copy_(field(kernels::kItems).reshape({1}));
   field(kernels::kItems).fill_(0.0);
   loss_sum_.fill_(0.0);
+}
+
+void Window::close_host() {
   ++windows_;
   micro_step_ = 0;
   index_checks_->set_position(windows_, micro_step_);
   for (WindowListener* l : listeners_)
     l->on_window_close();
+}
+
+void Window::replay_micro_step(const std::vector<bool>& written_after) {
+  ACCRUE_CHECK(micro_step_ < options_.micro_steps(),
+               "Window::backward: the window already has its ", options_.micro_steps(),
+               " micro-steps; call close() first");
+  if (micro_step_ == 0) arena_.begin_window();
+  if (sync_) sync_->before_backward(micro_step_, options_.micro_steps());
+  arena_.set_written_flags(written_after);
+  ++micro_step_;
+  index_checks_->set_position(windows_, micro_step_);
 }
 
 void Window::add_listener(WindowListener* listener) {

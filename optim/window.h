@@ -165,6 +165,8 @@ struct WindowReport {
   double noise_scale = 0.0;
 };
 
+class GraphedWindow;
+
 class Window {
  public:
   Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& options,
@@ -234,6 +236,17 @@ class Window {
   bool sharded() const { return !ranges_.empty(); }
 
  private:
+  // Note [Graphed window] (optim/graphed_window.h): a GraphedWindow captures
+  // the device work of backward() and of close_device(), and repeats their
+  // host bookkeeping on replay.
+  friend class GraphedWindow;
+  // close() is close_device(), the device work of Note [Window close] that a
+  // captured close records, then close_host(): the counters and listeners.
+  void close_device();
+  void close_host();
+  // What backward() does on the host, for a micro-step replayed from a graph
+  // that left the arena's written flags at `written_after`.
+  void replay_micro_step(const std::vector<bool>& written_after);
   Tensor field(int f) const;
   // The norm partials of the gradients this rank holds, into partials_.
   void norm_partials();

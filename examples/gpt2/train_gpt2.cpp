@@ -119,6 +119,9 @@ optimization
   --max-grad-norm N            global gradient-norm clipping; 0 turns it off (default 1.0)
   --norm-under-backward        compute the norm rows under the last backward instead of
                                in one pass at the close (measured slower; same bits)
+  --cuda-graphs                replay the micro-steps and the close from CUDA graphs
+                               (same bits; dropout and, under data parallelism, the last
+                               micro-step and the close stay eager, with a warning)
   --dtype f32|bf16|f16         compute dtype over fp32 master weights; f16 adds dynamic
                                loss scaling (default bf16 on a GPU, f32 on the CPU)
   --seed S                     initialization, dropout and synthetic data (default 1337)
@@ -168,6 +171,7 @@ struct Options {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double max_grad_norm = 1.0;
   bool norm_under_backward = false;
+  bool cuda_graphs = false;
   std::string dtype;  // empty: bf16 on a GPU, f32 on the CPU
   uint64_t seed = 1337;
   int64_t val_every = 0, val_batches = 20;
@@ -276,6 +280,8 @@ Options parse(int argc, char** argv) {
       o.max_grad_norm = parse_double(a, value(), 0.0, kInf);
     } else if (a == "--norm-under-backward") {
       o.norm_under_backward = true;
+    } else if (a == "--cuda-graphs") {
+      o.cuda_graphs = true;
     } else if (a == "--dtype") {
       o.dtype = value();
       if (o.dtype != "f32" && o.dtype != "bf16" && o.dtype != "f16")
@@ -797,13 +803,28 @@ int main(int argc, char** argv) try {
     return peak > 0 ? tokens_per_s * flops_token / (peak * rank.world_size) : NAN;
   };
   if (opt.nvtx) set_nvtx(true);  // Note [NVTX ranges]
+  // Note [Graphed window]: on a GPU with --cuda-graphs; the CPU would run it eagerly anyway.
+  std::unique_ptr<optim::GraphedWindow> graphed;
+  if (opt.cuda_graphs && gpu) {
+    graphed = std::make_unique<optim::GraphedWindow>(
+        window, [&model](const std::vector<Tensor>& in) { return model.loss(in[0], in[1]); });
+    std::printf("cuda graphs: micro-steps and close captured after one eager warm-up each\n");
+  }
   auto run_window = [&]() {
     const NvtxRange range("accrue window");
     for (int64_t k = window.micro_step(); k < K; ++k) {  // a resumed window continues
       auto [x, y] = source->next();
-      window.backward(model.loss(x, y));
+      if (graphed) {
+        graphed->backward({x, y});
+      } else {
+        window.backward(model.loss(x, y));
+      }
     }
-    window.close();
+    if (graphed) {
+      graphed->close();
+    } else {
+      window.close();
+    }
   };
 
   if (opt.bench) {
@@ -848,7 +869,7 @@ int main(int argc, char** argv) try {
         "\"vocab_size\": %lld, \"block_size\": %lld, \"parameters\": %lld, \"micro_batch\": %lld, "
         "\"seq_len\": %lld, \"micro_steps\": %lld, \"tokens_per_window\": %lld, \"dtype\": \"%s\", "
         "\"activation_checkpointing\": %s, \"dropout\": %g, \"warmup_windows\": %lld, "
-        "\"timed_windows\": %lld}}\n",
+        "\"timed_windows\": %lld, \"cuda_graphs\": %s, \"graph_memory_bytes\": %s}}\n",
         gpu_name.c_str(), rank.world_size, json_number(tokens_per_s).c_str(),
         json_number(ms).c_str(),
         json_number(*std::min_element(window_ms.begin(), window_ms.end())).c_str(),
@@ -861,7 +882,8 @@ int main(int argc, char** argv) try {
         (long long)config.parameter_count(), (long long)B, (long long)T, (long long)K,
         (long long)tokens_per_window, dtype_name(compute),
         config.activation_checkpointing ? "true" : "false", config.dropout,
-        (long long)opt.bench_warmup, (long long)opt.bench_windows);
+        (long long)opt.bench_warmup, (long long)opt.bench_windows, graphed ? "true" : "false",
+        graphed ? std::to_string(graph_memory(device.index).reserved_high_bytes).c_str() : "null");
     return std::isfinite(r.loss) ? 0 : 1;
   }
 

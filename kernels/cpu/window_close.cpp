@@ -46,7 +46,8 @@ void optimizer_typed(const OptimizerConfig& config, const OptimizerBuffers& b,
   const double* st = state.data<double>();
   if (st[kFoundInf] != 0.0) return;  // Note [Skipped window]: nothing is touched.
   using M = T;                       // f32 math for f32 buffers, f64 for f64
-  const OptimizerParams<M> o = make_optimizer_params<M>(config);
+  OptimizerParams<M> o = make_optimizer_params<M>(config);
+  if (b.hyper.defined()) o.hyper = b.hyper.data<double>();
   StepScalars<M> s{};
   make_step_scalars(o, st, s);
 
@@ -121,6 +122,12 @@ void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers&
   } else {
     optimizer_typed<float>(config, buffers, state);
   }
+}
+
+void store_hyperparameters(const HyperValues& values, const Tensor& hyper) {
+  double* out = hyper.data<double>();
+  for (int64_t i = 0; i < kHyperSize; ++i)
+    out[i] = values.v[i];
 }
 
 }  // namespace accrue::kernels::cpu

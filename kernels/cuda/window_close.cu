@@ -168,6 +168,11 @@ __global__ void window_scalar_step_kernel(const double* partials, int64_t rows, 
 
 // ---- (c) the fused optimizer step -----------------------------------------------------------
 
+// Note [Hyperparameters on the device]: the values arrive as the kernel's argument.
+__global__ void store_hyper_kernel(const HyperValues values, double* out) {
+  if (threadIdx.x < kHyperSize) out[threadIdx.x] = values.v[threadIdx.x];
+}
+
 constexpr int kStepThreads = 256;
 
 // The compute-copy type of a step that writes none.
@@ -302,8 +307,10 @@ void launch_step(const OptimizerConfig& config, const OptimizerBuffers& b, const
   const int64_t wave = std::max<int64_t>(1, int64_t{sm_count(device)} * per_sm);
   const int64_t work = vectorized ? n / V + n % V : n;
   const int64_t blocks = std::clamp<int64_t>((work + kStepThreads - 1) / kStepThreads, 1, wave);
+  OptimizerParams<T> o = make_optimizer_params<T>(config);
+  if (b.hyper.defined()) o.hyper = b.hyper.data<double>();
   kernel<<<static_cast<unsigned>(blocks), kStepThreads, 0, dev::stream_for(device)>>>(
-      make_optimizer_params<T>(config), ptr, n, vectorized, state.data<double>());
+      o, ptr, n, vectorized, state.data<double>());
   ACCRUE_LAUNCH_CHECK();
 }
 
@@ -355,6 +362,13 @@ void window_scalar_step(const Tensor& partials, const Tensor& state, const Close
   dev::DeviceScope scope(device);
   window_scalar_step_kernel<<<1, 1, 0, dev::stream_for(device)>>>(
       partials.data<double>(), partials.size(0), state.data<double>(), config);
+  ACCRUE_LAUNCH_CHECK();
+}
+
+void store_hyperparameters(const HyperValues& values, const Tensor& hyper) {
+  const int device = hyper.device().index;
+  dev::DeviceScope scope(device);
+  store_hyper_kernel<<<1, kHyperSize, 0, dev::stream_for(device)>>>(values, hyper.data<double>());
   ACCRUE_LAUNCH_CHECK();
 }
 

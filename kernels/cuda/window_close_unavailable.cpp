@@ -20,5 +20,8 @@ void window_scalar_step(const Tensor&, const Tensor&, const CloseConfig&) {
 void fused_optimizer_step(const OptimizerConfig&, const OptimizerBuffers&, const Tensor&) {
   ACCRUE_FAIL("fused_optimizer_step: accrue was built without CUDA");
 }
+void store_hyperparameters(const HyperValues&, const Tensor&) {
+  ACCRUE_FAIL("store_hyperparameters: accrue was built without CUDA");
+}
 
 }  // namespace accrue::kernels::cuda

@@ -104,7 +104,7 @@ if(SCENARIO STREQUAL "help")
   expect_rc(0)
   foreach(_option --model --n-layer --micro-batch --seq-len --total-batch-tokens --train-data
                   --val-data --synthetic --lr --warmup-windows --windows --min-lr-factor
-                  --weight-decay --beta1 --beta2 --eps --max-grad-norm --norm-under-backward --dtype --val-every
+                  --weight-decay --beta1 --beta2 --eps --max-grad-norm --norm-under-backward --cuda-graphs --dtype --val-every
                   --val-batches --metrics --nvtx --checkpoint --checkpoint-every --resume --init-from
                   --activation-checkpointing --seed --cpu --dropout --bench --bench-warmup
                   --bench-windows --peak-tflops --stop-after --stop-micro-steps)

@@ -10,9 +10,11 @@
 
 #include "autograd/ops.h"
 #include "core/tensor_io.h"
+#include "kernels/window_close.h"
 #include "nn/module.h"
 #include "optim/window.h"
 #include "tests/optim/checkpoint_cases.h"
+#include "tests/optim/graphed_window_cases.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -88,6 +90,69 @@ TEST(LossScaler, options_are_validated) {
 // window is stepped with a zero gradient (Note [Overwrite first]), where
 // PyTorch's zero_grad(set_to_none=True) would leave it alone: AdamW's
 // decoupled decay still shrinks it, and the one step count advances.
+// Note [Graphed window]: graphs are CUDA's, so on the CPU every call is the
+// plain Window's, silently.
+TEST(GraphedWindow, on_the_cpu_every_call_is_eager_and_equals_a_plain_window) {
+  test::Schedule s;
+  s.windows = 3;
+  s.K = 2;
+  const test::GraphedOutcome out = test::graphed_matches_eager(Device::cpu(), DType::f32, s);
+  EXPECT_EQ(out.counts.eager_micro_steps, 6);
+  EXPECT_EQ(out.counts.eager_closes, 3);
+  EXPECT_EQ(out.counts.graphs, 0);
+  EXPECT_EQ(out.warnings, "");
+}
+
+TEST(GraphedWindow, bad_use_is_an_error) {
+  test::graphed_window_refuses_bad_use(Device::cpu());
+}
+
+// Note [Hyperparameters on the device]: the buffer the fused pass reads in
+// place of its arguments, and its checks.
+TEST(FusedOptimizer, reads_the_stored_hyperparameters_in_place_of_its_arguments) {
+  const int64_t n = 64;
+  auto run = [&](double lr_in_config, bool with_hyper) {
+    Tensor p = test::random_normal({n}, DType::f64), g = test::random_normal({n}, DType::f64);
+    p.copy_(full({n}, 0.5, DType::f64));
+    g.copy_(full({n}, 0.25, DType::f64));
+    Tensor m = zeros({n}, DType::f64), v = zeros({n}, DType::f64);
+    Tensor state = kernels::make_window_state(1.0, Device::cpu());
+    state.narrow(0, kernels::kCoef, 1).fill_(1.0);
+    state.narrow(0, kernels::kStep, 1).fill_(1.0);
+    kernels::OptimizerConfig c;
+    c.groups = {{lr_in_config, 0.1}};
+    kernels::OptimizerBuffers b;
+    b.params = p;
+    b.grads = g;
+    b.exp_avg = m;
+    b.exp_avg_sq = v;
+    b.chunk_groups = zeros({2}, DType::i32);
+    if (with_hyper) {
+      b.hyper = zeros({kernels::kHyperSize}, DType::f64);
+      kernels::OptimizerConfig stored = c;
+      stored.groups = {{1e-2, 0.1}};
+      kernels::store_hyperparameters(stored, b.hyper);
+      EXPECT_EQ(b.hyper.to_vector<double>()[0], 1e-2);
+      EXPECT_EQ(b.hyper.to_vector<double>()[1], 0.1);
+    }
+    kernels::fused_optimizer_step(c, b, state);
+    return p;
+  };
+  // The stored 1e-2 wins over the argument's 5.0, and equals a pass given 1e-2.
+  EXPECT_TRUE(test::all_equal(run(5.0, true), run(1e-2, false)));
+  EXPECT_FALSE(test::all_equal(run(5.0, false), run(1e-2, false)));
+
+  kernels::OptimizerConfig c;
+  c.groups = {{1e-3, 0.0}};
+  EXPECT_ERROR(kernels::store_hyperparameters(c, zeros({3}, DType::f64)), "store_hyperparameters",
+               "hyper has shape [3]", "expected [16]");
+  EXPECT_ERROR(kernels::store_hyperparameters(c, zeros({16}, DType::f32)), "store_hyperparameters",
+               "hyper");
+  c.groups = {{-1.0, 0.0}};
+  EXPECT_ERROR(kernels::store_hyperparameters(c, zeros({16}, DType::f64)), "store_hyperparameters",
+               "-1");
+}
+
 TEST(Window, an_unused_parameter_is_stepped_with_a_zero_gradient) {
   const Tensor used = requires_grad_(full({3}, 1.0, DType::f64));
   const Tensor unused = requires_grad_(full({3}, 1.0, DType::f64));

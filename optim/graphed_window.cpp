@@ -1,0 +1,151 @@
+#include "optim/graphed_window.h"
+
+#include <cstdio>
+#include <sstream>
+#include <utility>
+
+#include "core/allocator.h"
+#include "core/nvtx.h"
+
+namespace accrue::optim {
+
+GraphedWindow::GraphedWindow(Window& window, StepFn step)
+    : window_(window), step_(std::move(step)) {
+  ACCRUE_CHECK(static_cast<bool>(step_), "GraphedWindow: the step function is empty");
+  // Note [Graphed window]: what keeps everything, or the close, eager.
+  if (window.norm_rows_) {
+    why_eager_ = "norm_under_backward launches its norm rows from host hooks";
+  } else if (window.noise_) {
+    why_eager_ = "the noise scale decides on the host which windows it measures";
+  } else if (window.state_.device().is_cuda() &&
+             cuda_allocator_mode() != CudaAllocatorMode::StreamOrderedPool) {
+    why_eager_ = "the CUDA allocator is in plain mode, whose cudaMalloc a graph does not record";
+  }
+  if (window.sync_) {
+    why_close_eager_ = "with a GradientSync the close all-reduces and gathers eagerly";
+  } else if (!window.listeners_.empty()) {
+    why_close_eager_ = "the Window has listeners, which act on the host at close";
+  }
+  if (!why_eager_.empty()) warn("every micro-step and close", why_eager_);
+}
+
+void GraphedWindow::warn(const std::string& what, const std::string& why) const {
+  std::fprintf(stderr, "accrue: GraphedWindow: %s runs eagerly: %s\n", what.c_str(), why.c_str());
+}
+
+std::string GraphedWindow::signature(const std::vector<Tensor>& inputs) const {
+  std::ostringstream s;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    ACCRUE_CHECK(t.defined(), "GraphedWindow::backward: input ", i, " is an undefined tensor");
+    s << (i ? ", " : "") << shape_str(t.shape()) << " " << dtype_name(t.dtype()) << " on "
+      << t.device().str();
+  }
+  return s.str();
+}
+
+void GraphedWindow::eager_micro_step(const std::vector<Tensor>& inputs) {
+  window_.backward(step_(inputs));
+  ++counts_.eager_micro_steps;
+}
+
+bool GraphedWindow::capture(Captured& c, const std::string& what,
+                            const std::function<void()>& body) {
+  // Note [Capturable code]: a failed capture ran nothing, so the host state
+  // goes back to where it was and the caller runs the same work eagerly.
+  const int64_t micro_step = window_.micro_step_;
+  const std::vector<bool> written = window_.arena_.written_flags();
+  std::string why;
+  c.graph = CudaGraph::capture(window_.state_.device().index, body, &why);
+  if (!c.graph) {
+    window_.micro_step_ = micro_step;
+    window_.arena_.set_written_flags(written);
+    window_.index_checks_->set_position(window_.windows_, micro_step);
+    c.eager = true;
+    warn(what, why);
+    return false;
+  }
+  ++counts_.graphs;
+  return true;
+}
+
+void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
+  const std::string sig = signature(inputs);
+  if (!why_eager_.empty() || window_.state_.device().is_cpu()) {
+    eager_micro_step(inputs);
+    return;
+  }
+  if (signature_.empty()) signature_ = sig;
+  if (sig != signature_) {
+    if (!warned_signature_)
+      warn("a micro-step on inputs " + sig,
+           "the graphs were captured for " + signature_ + " (warned once)");
+    warned_signature_ = true;
+    eager_micro_step(inputs);
+    return;
+  }
+  const int64_t k = window_.micro_step_, K = window_.options_.micro_steps();
+  if (window_.sync_ && k == K - 1) {  // the reducer's all-reduces go from host hooks
+    eager_micro_step(inputs);
+    return;
+  }
+  Captured& c = k == 0 ? first_ : rest_;
+  if (c.graph) {
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].data_ptr() != buffers_[i].data_ptr()) buffers_[i].copy_(inputs[i]);
+    c.graph->launch();
+    window_.replay_micro_step(c.written_after);
+    ++counts_.replayed_micro_steps;
+    return;
+  }
+  if (c.eager || c.seen++ == 0) {  // the first run of each phase is the warm-up
+    eager_micro_step(inputs);
+    return;
+  }
+  if (buffers_.empty()) {
+    for (const Tensor& t : inputs)
+      buffers_.push_back(empty(t.shape(), t.dtype(), t.device()));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i)
+    buffers_[i].copy_(inputs[i]);
+  const std::string what = k == 0 ? "micro-step 0" : "micro-steps 1..K-1";
+  if (!capture(c, what, [&] { window_.backward(step_(buffers_)); })) {
+    eager_micro_step(inputs);
+    return;
+  }
+  c.written_after = window_.arena_.written_flags();
+  c.graph->launch();  // the capture recorded this micro-step; now it runs
+  ++counts_.replayed_micro_steps;
+}
+
+void GraphedWindow::close() {
+  ACCRUE_CHECK(window_.ready(), "GraphedWindow::close: ", window_.micro_step_, " of ",
+               window_.options_.micro_steps(), " micro-steps done");
+  if (!why_eager_.empty() || !why_close_eager_.empty() || window_.state_.device().is_cpu()) {
+    window_.close();
+    ++counts_.eager_closes;
+    return;
+  }
+  std::string key = std::to_string(window_.options_.micro_steps()) + ":";
+  for (bool w : window_.arena_.written_flags())
+    key += w ? '1' : '0';
+  Captured& c = closes_[key];
+  if (c.eager || (!c.graph && c.seen++ == 0)) {
+    window_.close();
+    ++counts_.eager_closes;
+    return;
+  }
+  const NvtxRange range("accrue window close");  // Note [NVTX ranges]
+  // Note [Hyperparameters on the device]: this window's learning rates, eagerly, before the graph.
+  window_.optimizer_.store_hyperparameters(window_.windows_);
+  if (!c.graph && !capture(c, "the close", [&] { window_.close_device(); })) {
+    window_.close();
+    ++counts_.eager_closes;
+    return;
+  }
+  c.graph->launch();
+  window_.close_host();
+  ++counts_.replayed_closes;
+}
+
+}  // namespace accrue::optim

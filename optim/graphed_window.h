@@ -1,0 +1,118 @@
+// GraphedWindow: an optim::Window whose micro-steps and close replay as CUDA
+// graphs, for the small micro-batches where launching ~500 kernels a
+// micro-step costs as much as running them.
+//
+//   optim::GraphedWindow graphed(window, [&](const std::vector<Tensor>& in) {
+//     return model.loss(in[0], in[1]);  // forward only: the Window runs backward
+//   });
+//   for (each micro-batch) {
+//     graphed.backward({x, y});
+//     if (graphed.ready()) graphed.close();
+//   }
+//
+// Note [Graphed window]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A micro-step is the step function's forward plus Window::backward; it is
+// captured once per phase and replayed after that:
+//  - phase "first" (micro-step 0) writes every gradient slot with beta 0, and
+//    phase "rest" (micro-steps 1..K-1) adds with beta 1 (Note [Overwrite
+//    first]): two graphs, because the GEMMs' beta is a kernel argument;
+//  - the inputs are copied into buffers the graphs read (a device copy each);
+//  - each (phase) is run eagerly the first time it is seen, which creates
+//    the cuBLASLt workspace, the cuDNN plans and anything else made on first
+//    use, and is captured the second time (Note [Capturable code] in
+//    core/cuda_graph.h); the capture records and then launches, so that
+//    micro-step runs exactly once either way;
+//  - a replay repeats the host bookkeeping backward() would have done: the
+//    micro-step count, the arena's written flags as the capture left them,
+//    the reducer's per-micro-step checks (Window::replay_micro_step).
+// The close is captured the same way (Window::close_device), keyed on the
+// written flags and K, and replayed after the optimizer stores this window's
+// learning rates on the device (Note [Hyperparameters on the device]); the
+// window count and listeners then advance on the host (Window::close_host).
+//
+// Replays run the same kernels with the same arguments in the same order as
+// the eager code, so they give bitwise the same weights
+// (tests/optim/gpu_graphed_window_test.cpp).
+//
+// What stays eager, each with a one-line warning on stderr, once:
+//  - inputs whose shapes, dtypes or devices differ from the first micro-step's;
+//  - a micro-step whose capture was refused (dropout, Note [Capturable code])
+//    or failed (a synchronizing call, the plain allocator): it runs eagerly
+//    from then on, after the host state is put back as it was;
+//  - with a GradientSync, the last micro-step and the close: the reducer's
+//    all-reduces are launched from the backward's hooks on its own stream,
+//    and run eagerly around the graphs of the earlier micro-steps;
+//  - with norm_under_backward or the noise scale, everything (their host
+//    decisions change from window to window); with listeners, the close.
+// On the CPU every call is eager, silently: graphs are CUDA's.
+//
+// The step function must not keep tensors it made past its return (the
+// captured graph owns that memory), and a grad-ready hook registered by the
+// user runs during the capture only, not on replays.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/cuda_graph.h"
+#include "optim/window.h"
+
+namespace accrue::optim {
+
+class GraphedWindow {
+ public:
+  // The forward of one micro-step on these inputs; returns its (sum, count) loss.
+  using StepFn = std::function<Loss(const std::vector<Tensor>& inputs)>;
+
+  GraphedWindow(Window& window, StepFn step);
+
+  // One micro-step: step(inputs), then the Window's backward; replayed from a
+  // graph when one is captured for these inputs and this phase.
+  void backward(const std::vector<Tensor>& inputs);
+  bool ready() const { return window_.ready(); }
+  // Window::close, replayed from a graph once one is captured.
+  void close();
+  Window& window() { return window_; }
+
+  struct Counts {
+    int64_t replayed_micro_steps = 0;  // launched from a graph (the capturing one included)
+    int64_t eager_micro_steps = 0;
+    int64_t replayed_closes = 0;
+    int64_t eager_closes = 0;
+    int64_t graphs = 0;  // captured so far
+  };
+  const Counts& counts() const { return counts_; }
+  // Why nothing is captured at all, or empty.
+  const std::string& why_eager() const { return why_eager_; }
+
+ private:
+  struct Captured {
+    int seen = 0;        // eager runs so far (the first is the warm-up)
+    bool eager = false;  // its capture failed: eager from now on
+    std::unique_ptr<CudaGraph> graph;
+    std::vector<bool> written_after;  // the arena's flags after the captured micro-step
+  };
+  void eager_micro_step(const std::vector<Tensor>& inputs);
+  // Captures body into `c`, restoring the Window's host state when it fails.
+  bool capture(Captured& c, const std::string& what, const std::function<void()>& body);
+  void warn(const std::string& what, const std::string& why) const;
+  std::string signature(const std::vector<Tensor>& inputs) const;
+
+  Window& window_;
+  StepFn step_;
+  std::string why_eager_;        // set when nothing is captured at all
+  std::string why_close_eager_;  // set when closes are never captured
+  std::string signature_;        // the first micro-step's inputs
+  std::vector<Tensor> buffers_;  // what the graphs read, shaped as signature_
+  bool warned_signature_ = false;
+  Captured first_, rest_;
+  std::map<std::string, Captured> closes_;  // by written flags and K
+  Counts counts_;
+};
+
+}  // namespace accrue::optim

@@ -1,0 +1,106 @@
+// Note [Graphed window] on CUDA: micro-steps and closes replayed from graphs
+// give bitwise the eager run's weights, and what cannot be captured runs
+// eagerly with its warning.
+#include "core/allocator.h"
+#include "core/cuda_graph.h"
+#include "tests/optim/graphed_window_cases.h"
+
+namespace accrue {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+// Graphs need the stream-ordered pool (Note [Capturable code]); the
+// compute-sanitizer runs set the plain allocator for every other test.
+struct PoolScope {
+  CudaAllocatorMode before = cuda_allocator_mode();
+  PoolScope() { set_cuda_allocator_mode(CudaAllocatorMode::StreamOrderedPool); }
+  ~PoolScope() { set_cuda_allocator_mode(before); }
+};
+
+// 4 windows of K = 3: window 0 runs micro-steps 0 and 1 and its close
+// eagerly (the warm-ups) and captures micro-step 2 ("rest"); window 1
+// captures micro-step 0 ("first") and the close; everything after replays.
+void expect_captured_counts(const optim::GraphedWindow::Counts& c) {
+  EXPECT_EQ(c.graphs, 3);
+  EXPECT_EQ(c.eager_micro_steps, 2);
+  EXPECT_EQ(c.replayed_micro_steps, 10);
+  EXPECT_EQ(c.eager_closes, 1);
+  EXPECT_EQ(c.replayed_closes, 3);
+}
+
+TEST(GpuGraphedWindow, bf16_replays_are_bitwise_the_eager_run) {
+  ACCRUE_REQUIRE_CUDA();
+  const PoolScope pool;
+  const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, DType::bf16, {});
+  expect_captured_counts(out.counts);
+  EXPECT_EQ(out.warnings, "");
+  EXPECT_GT(graph_memory(0).reserved_bytes, 0);
+}
+
+TEST(GpuGraphedWindow, f32_replays_are_bitwise_the_eager_run) {
+  ACCRUE_REQUIRE_CUDA();
+  const PoolScope pool;
+  const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, DType::f32, {});
+  expect_captured_counts(out.counts);
+  EXPECT_EQ(out.warnings, "");
+}
+
+TEST(GpuGraphedWindow, one_micro_step_per_window_uses_the_first_graph_only) {
+  ACCRUE_REQUIRE_CUDA();
+  const PoolScope pool;
+  test::Schedule s;
+  s.K = 1;
+  const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, DType::bf16, s);
+  EXPECT_EQ(out.counts.graphs, 2);
+  EXPECT_EQ(out.counts.eager_micro_steps, 1);
+  EXPECT_EQ(out.counts.replayed_micro_steps, 3);
+  EXPECT_EQ(out.counts.replayed_closes, 3);
+}
+
+TEST(GpuGraphedWindow, other_shapes_run_eagerly_with_one_warning) {
+  ACCRUE_REQUIRE_CUDA();
+  const PoolScope pool;
+  test::Schedule s;
+  s.odd_w = 2;
+  s.odd_k = 1;
+  s.odd_b = 2;
+  const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, DType::bf16, s);
+  EXPECT_EQ(out.counts.eager_micro_steps, 3);
+  EXPECT_EQ(out.counts.replayed_micro_steps, 9);
+  EXPECT_NE(out.warnings.find("a micro-step on inputs [2, 32] i64"), std::string::npos)
+      << out.warnings;
+  EXPECT_NE(out.warnings.find("runs eagerly"), std::string::npos) << out.warnings;
+}
+
+TEST(GpuGraphedWindow, dropout_refuses_the_capture_and_runs_eagerly) {
+  ACCRUE_REQUIRE_CUDA();
+  const PoolScope pool;
+  const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, DType::bf16, {}, 0.1);
+  EXPECT_EQ(out.counts.replayed_micro_steps, 0);
+  EXPECT_EQ(out.counts.eager_micro_steps, 12);
+  EXPECT_EQ(out.counts.graphs, 1);  // the close has no dropout
+  EXPECT_NE(out.warnings.find("dropout"), std::string::npos) << out.warnings;
+}
+
+TEST(GpuGraphedWindow, the_plain_allocator_keeps_everything_eager) {
+  ACCRUE_REQUIRE_CUDA();
+  const CudaAllocatorMode before = cuda_allocator_mode();
+  set_cuda_allocator_mode(CudaAllocatorMode::Plain);
+  test::Schedule s;
+  s.windows = 2;
+  const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, DType::bf16, s);
+  set_cuda_allocator_mode(before);
+  EXPECT_EQ(out.counts.graphs, 0);
+  EXPECT_EQ(out.counts.eager_micro_steps, 6);
+  EXPECT_NE(out.warnings.find("plain mode"), std::string::npos) << out.warnings;
+}
+
+TEST(GpuGraphedWindow, bad_use_is_an_error) {
+  ACCRUE_REQUIRE_CUDA();
+  const PoolScope pool;
+  test::graphed_window_refuses_bad_use(kGpu);
+}
+
+}  // namespace
+}  // namespace accrue

@@ -1,0 +1,160 @@
+// Note [Graphed window] as cases run on the CPU (tests/optim/optim_test.cpp:
+// every call eager, bitwise a plain Window) and on CUDA
+// (tests/optim/gpu_graphed_window_test.cpp: micro-steps and closes replayed
+// from graphs, bitwise the eager run on the same GPU).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/grad_arena.h"
+#include "nn/gpt2.h"
+#include "optim/graphed_window.h"
+#include "tests/test_util.h"
+
+namespace accrue::test {
+
+// A two-layer GPT-2 trained with AdamW in two groups, a warmup-cosine LR
+// (so that every window's learning rate differs: Note [Hyperparameters on
+// the device]) and clipping, on `device` with a `compute` copy.
+struct GraphedGPT2 {
+  static constexpr int64_t kVocab = 128, kT = 32;
+  std::unique_ptr<nn::GPT2> model;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<GradArena> arena;
+  std::unique_ptr<optim::Window> window;
+  Device device;
+
+  GraphedGPT2(Device d, DType compute, int64_t K, double dropout = 0.0) : device(d) {
+    nn::GPT2Config c;
+    c.n_layer = 2;
+    c.n_head = 4;
+    c.n_embd = 64;
+    c.block_size = kT;
+    c.vocab_size = kVocab;
+    c.dropout = dropout;
+    Generator gen(7);
+    model = std::make_unique<nn::GPT2>(c, nn::ParamOptions{device, DType::f32, &gen});
+    optimizer = std::make_unique<optim::Optimizer>(optim::AdamWOptions(3e-3).weight_decay(0.1));
+    std::vector<Tensor> params, no_decay;
+    std::vector<std::string> names;
+    for (const nn::NamedParameter& p : model->named_parameters()) {
+      params.push_back(p.tensor);
+      names.push_back(p.name);
+      if (p.tensor.dim() < 2) no_decay.push_back(p.tensor);
+    }
+    optimizer->add_param_group(no_decay, optim::GroupOptions().weight_decay(0.0));
+    optimizer->set_schedule(std::make_shared<optim::WarmupCosine>(1, 6, 0.1));
+    arena = std::make_unique<GradArena>(
+        params, names, ArenaOptions{device, DType::f32, compute, optimizer->moments_needed()});
+    window = std::make_unique<optim::Window>(
+        *arena, *optimizer, optim::WindowOptions().micro_steps(K).max_grad_norm(0.5));
+  }
+
+  // The micro-batch of (window w, micro-step k): B sequences of tokens.
+  std::vector<Tensor> batch(int64_t w, int64_t k, int64_t B) const {
+    Generator data(1000 + 31 * static_cast<uint64_t>(w) + static_cast<uint64_t>(k));
+    Tensor x = randint(0, kVocab, {B, kT}, DType::i64, Device::cpu(), &data);
+    Tensor y = randint(0, kVocab, {B, kT}, DType::i64, Device::cpu(), &data);
+    return {x.to(device), y.to(device)};
+  }
+  optim::GraphedWindow::StepFn step() const {
+    return [m = model.get()](const std::vector<Tensor>& in) { return m->loss(in[0], in[1]); };
+  }
+};
+
+// Micro-batch sizes: B everywhere, except `odd_b` at (odd_w, odd_k) when odd_b > 0.
+struct Schedule {
+  int64_t windows = 4, K = 3, B = 4;
+  int64_t odd_w = -1, odd_k = -1, odd_b = 0;
+  int64_t b(int64_t w, int64_t k) const { return w == odd_w && k == odd_k ? odd_b : B; }
+};
+
+inline std::vector<optim::WindowReport> train_eager(GraphedGPT2& run, const Schedule& s) {
+  std::vector<optim::WindowReport> reports;
+  for (int64_t w = 0; w < s.windows; ++w) {
+    for (int64_t k = 0; k < s.K; ++k) {
+      const std::vector<Tensor> in = run.batch(w, k, s.b(w, k));
+      run.window->backward(run.model->loss(in[0], in[1]));
+    }
+    run.window->close();
+    reports.push_back(run.window->report());
+  }
+  return reports;
+}
+
+inline std::vector<optim::WindowReport> train_graphed(GraphedGPT2& run, optim::GraphedWindow& g,
+                                                      const Schedule& s) {
+  std::vector<optim::WindowReport> reports;
+  for (int64_t w = 0; w < s.windows; ++w) {
+    for (int64_t k = 0; k < s.K; ++k)
+      g.backward(run.batch(w, k, s.b(w, k)));
+    EXPECT_TRUE(g.ready());
+    g.close();
+    reports.push_back(run.window->report());
+  }
+  return reports;
+}
+
+// Same bits: weights, moments, compute copy, and every window's report.
+inline void expect_same_run(const GraphedGPT2& a, const std::vector<optim::WindowReport>& ra,
+                            const GraphedGPT2& b, const std::vector<optim::WindowReport>& rb) {
+  EXPECT_TRUE(all_equal(b.arena->master(), a.arena->master()));
+  EXPECT_TRUE(all_equal(b.arena->moment(0), a.arena->moment(0)));
+  EXPECT_TRUE(all_equal(b.arena->moment(1), a.arena->moment(1)));
+  if (a.arena->compute().defined()) {
+    EXPECT_TRUE(all_equal(b.arena->compute(), a.arena->compute()));
+  }
+  ASSERT_EQ(ra.size(), rb.size());
+  for (size_t w = 0; w < ra.size(); ++w) {
+    SCOPED_TRACE("window " + std::to_string(w));
+    EXPECT_EQ(rb[w].loss, ra[w].loss);
+    EXPECT_EQ(rb[w].grad_norm, ra[w].grad_norm);
+    EXPECT_EQ(rb[w].clip_coef, ra[w].clip_coef);
+    EXPECT_EQ(rb[w].optimizer_steps, ra[w].optimizer_steps);
+    EXPECT_FALSE(rb[w].skipped);
+  }
+  // The run learned something, so the comparison is not of two idle runs.
+  EXPECT_LT(ra.back().loss, ra.front().loss);
+}
+
+// Runs the eager and the graphed training of `s` and compares them; returns
+// the graphed window's counts and what it printed on stderr.
+struct GraphedOutcome {
+  optim::GraphedWindow::Counts counts;
+  std::string warnings;
+};
+inline GraphedOutcome graphed_matches_eager(Device device, DType compute, const Schedule& s,
+                                            double dropout = 0.0) {
+  GraphedGPT2 eager(device, compute, s.K, dropout), graphed(device, compute, s.K, dropout);
+  const std::vector<optim::WindowReport> ra = train_eager(eager, s);
+  ::testing::internal::CaptureStderr();
+  optim::GraphedWindow g(*graphed.window, graphed.step());
+  const std::vector<optim::WindowReport> rb = train_graphed(graphed, g, s);
+  GraphedOutcome out{g.counts(), ::testing::internal::GetCapturedStderr()};
+  expect_same_run(eager, ra, graphed, rb);
+  EXPECT_EQ(out.counts.replayed_micro_steps + out.counts.eager_micro_steps, s.windows * s.K);
+  EXPECT_EQ(out.counts.replayed_closes + out.counts.eager_closes, s.windows);
+  return out;
+}
+
+// Bad use is an accrue::Error naming what is wrong.
+inline void graphed_window_refuses_bad_use(Device device) {
+  GraphedGPT2 run(device, DType::f32, 2);
+  EXPECT_ERROR(optim::GraphedWindow(*run.window, nullptr), "GraphedWindow",
+               "step function is empty");
+  optim::GraphedWindow g(*run.window, run.step());
+  EXPECT_ERROR(g.backward({run.batch(0, 0, 2)[0], Tensor()}), "GraphedWindow::backward",
+               "input 1 is an undefined tensor");
+  EXPECT_ERROR(g.close(), "GraphedWindow::close", "0 of 2 micro-steps done");
+  g.backward(run.batch(0, 0, 2));
+  g.backward(run.batch(0, 1, 2));
+  EXPECT_ERROR(g.backward(run.batch(0, 2, 2)), "Window::backward", "already has its 2");
+  g.close();
+  EXPECT_EQ(run.window->windows_closed(), 1);
+}
+
+}  // namespace accrue::test
