@@ -112,6 +112,19 @@ void reset_peak_memory(Device device) {
   c.peak = c.current.load();
 }
 
+void release_unused_cuda_memory(Device device) {
+  if (device.is_cpu()) return;
+#ifdef ACCRUE_WITH_CUDA
+  set_cuda_device(device.index);
+  ACCRUE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(current_stream(device.index))));
+  cudaMemPool_t pool;
+  ACCRUE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device.index));
+  ACCRUE_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+#else
+  ACCRUE_FAIL("release_unused_cuda_memory(", device.str(), "): accrue was built without CUDA");
+#endif
+}
+
 Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
   const size_t n = round_up(nbytes == 0 ? 1 : nbytes);
   if (device.is_cpu()) {

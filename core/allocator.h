@@ -36,6 +36,13 @@ MemoryStats memory_stats(Device device);
 std::string mib(int64_t bytes);
 // Peak := current, for measuring the peak of one phase.
 void reset_peak_memory(Device device);
+// Returns the memory the stream-ordered pool of cuda:`device` holds but no
+// tensor uses to the driver, after synchronizing the device's current stream
+// (so that every free queued on it has happened). The pool otherwise keeps
+// it for reuse; a CUDA graph's memory nodes come from a pool of their own,
+// so once micro-steps replay from graphs the eager warm-up's activations
+// would stay held for nothing (Note [Graphed window]). Nothing on the CPU.
+void release_unused_cuda_memory(Device device);
 
 // Owns one allocation. Tensors share it through shared_ptr; views are
 // (storage, offset, shape, strides).

@@ -116,6 +116,7 @@ void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
   c.written_after = window_.arena_.written_flags();
   c.graph->launch();  // the capture recorded this micro-step; now it runs
   ++counts_.replayed_micro_steps;
+  release_unused_cuda_memory(window_.state_.device());
 }
 
 void GraphedWindow::close() {
@@ -138,7 +139,8 @@ void GraphedWindow::close() {
   const NvtxRange range("accrue window close");  // Note [NVTX ranges]
   // Note [Hyperparameters on the device]: this window's learning rates, eagerly, before the graph.
   window_.optimizer_.store_hyperparameters(window_.windows_);
-  if (!c.graph && !capture(c, "the close", [&] { window_.close_device(); })) {
+  const bool capturing = !c.graph;
+  if (capturing && !capture(c, "the close", [&] { window_.close_device(); })) {
     window_.close();
     ++counts_.eager_closes;
     return;
@@ -146,6 +148,7 @@ void GraphedWindow::close() {
   c.graph->launch();
   window_.close_host();
   ++counts_.replayed_closes;
+  if (capturing) release_unused_cuda_memory(window_.state_.device());
 }
 
 }  // namespace accrue::optim

@@ -31,6 +31,11 @@
 // learning rates on the device (Note [Hyperparameters on the device]); the
 // window count and listeners then advance on the host (Window::close_host).
 //
+// Each successful capture ends with release_unused_cuda_memory (one host
+// synchronization, once per graph): graph memory nodes draw on a pool of
+// their own, so the eager warm-up's activations, left in the stream-ordered
+// pool, would otherwise stay held beside the graph's copy of them.
+//
 // Replays run the same kernels with the same arguments in the same order as
 // the eager code, so they give bitwise the same weights
 // (tests/optim/gpu_graphed_window_test.cpp).

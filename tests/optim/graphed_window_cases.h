@@ -58,7 +58,12 @@ struct GraphedGPT2 {
   std::vector<Tensor> batch(int64_t w, int64_t k, int64_t B) const {
     Generator data(1000 + 31 * static_cast<uint64_t>(w) + static_cast<uint64_t>(k));
     Tensor x = randint(0, kVocab, {B, kT}, DType::i64, Device::cpu(), &data);
-    Tensor y = randint(0, kVocab, {B, kT}, DType::i64, Device::cpu(), &data);
+    // A target the model can learn (a fixed map of the input token), so
+    // that the loss falls over the run.
+    std::vector<int64_t> targets = x.to_vector<int64_t>();
+    for (int64_t& t : targets)
+      t = (3 * t + 1) % kVocab;
+    Tensor y = from_vector<int64_t>(targets, {B, kT});
     return {x.to(device), y.to(device)};
   }
   optim::GraphedWindow::StepFn step() const {
