@@ -2,6 +2,10 @@
 // operands (see Note [Dispatch shapes]).
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <string>
 
 #include "kernels/dispatch_util.h"
 
@@ -62,6 +66,25 @@ Tensor as_gemm_operand(Tensor t) {
 }
 
 }  // namespace
+
+namespace {
+std::mutex g_tuning_mutex;
+std::optional<std::string> g_tuning_file;  // unset: ACCRUE_GEMM_TUNING decides
+}  // namespace
+
+void set_gemm_tuning_file(const std::string& path) {
+  const std::lock_guard<std::mutex> lock(g_tuning_mutex);
+  g_tuning_file = path;
+}
+
+std::string gemm_tuning_file() {
+  const std::lock_guard<std::mutex> lock(g_tuning_mutex);
+  if (!g_tuning_file) {
+    const char* env = std::getenv("ACCRUE_GEMM_TUNING");
+    g_tuning_file = env != nullptr ? env : "";
+  }
+  return *g_tuning_file;
+}
 
 void set_allow_tf32(bool allow) {
   g_allow_tf32.store(allow);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -73,6 +74,13 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
           double alpha, double beta);
 void set_allow_tf32(bool allow);
 bool allow_tf32();
+// Note [GEMM autotuning] (kernels/cuda/matmul.cu): a file path turns on timed
+// choices among cuBLASLt's candidates for plain CUDA GEMMs, read from and
+// recorded in that file; "" (the default, unless ACCRUE_GEMM_TUNING names a
+// file) keeps cuBLASLt's first heuristic choice. Affects GEMM problems first
+// seen after the call.
+void set_gemm_tuning_file(const std::string& path);
+std::string gemm_tuning_file();
 
 // ---- neural-network kernels ------------------------------------------------------
 // weight [V, D], indices i32/i64 of any shape -> [..., D]. Out-of-range indices throw.

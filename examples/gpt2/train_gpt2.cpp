@@ -119,6 +119,9 @@ optimization
   --max-grad-norm N            global gradient-norm clipping; 0 turns it off (default 1.0)
   --norm-under-backward        compute the norm rows under the last backward instead of
                                in one pass at the close (measured slower; same bits)
+  --gemm-tuning FILE           time cuBLASLt's candidates for each GEMM shape on first use
+                               and keep the fastest, recorded in FILE; a run with the same
+                               FILE reads the choices back and computes the same bits
   --cuda-graphs                replay the micro-steps and the close from CUDA graphs
                                (same bits; dropout and, under data parallelism, the last
                                micro-step and the close stay eager, with a warning)
@@ -172,6 +175,7 @@ struct Options {
   double max_grad_norm = 1.0;
   bool norm_under_backward = false;
   bool cuda_graphs = false;
+  std::string gemm_tuning;
   std::string dtype;  // empty: bf16 on a GPU, f32 on the CPU
   uint64_t seed = 1337;
   int64_t val_every = 0, val_batches = 20;
@@ -282,6 +286,9 @@ Options parse(int argc, char** argv) {
       o.norm_under_backward = true;
     } else if (a == "--cuda-graphs") {
       o.cuda_graphs = true;
+    } else if (a == "--gemm-tuning") {
+      o.gemm_tuning = value();
+      if (o.gemm_tuning.empty()) usage_error("--gemm-tuning needs a file name");
     } else if (a == "--dtype") {
       o.dtype = value();
       if (o.dtype != "f32" && o.dtype != "bf16" && o.dtype != "f16")
@@ -793,6 +800,8 @@ int main(int argc, char** argv) try {
     std::printf(" (%s)\n", file_report(opt.resume, t0).c_str());
   }
 
+  if (!opt.gemm_tuning.empty())
+    kernels::set_gemm_tuning_file(opt.gemm_tuning);  // Note [GEMM autotuning]
   // Note [Trainer synchronization]: the loader checked every token against the vocabulary.
   kernels::set_check_indices(false);
   reset_peak_memory(device);

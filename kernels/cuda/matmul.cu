@@ -21,6 +21,9 @@
 // that key runs the same algorithm, hence the same bits. The state lives for
 // the whole process and is never destroyed: destroying handles and freeing
 // device memory from static destructors races the CUDA driver's own teardown.
+//
+// The choice among cuBLASLt's candidates when a tuning file is set:
+// Note [GEMM autotuning] in kernels/cuda/gemm_tuning.cpp.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -30,11 +33,15 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "core/cuda_types.cuh"
 #include "kernels/backend.h"
+#include "kernels/cuda/gemm_tuning.h"
 #include "kernels/fused_backend.h"
+#include "kernels/ops.h"
 
 namespace accrue::kernels::cuda {
 
@@ -124,6 +131,10 @@ struct GemmPlan {
   cublasLtMatrixLayout_t b = nullptr;  // cuBLASLt's B: our a
   cublasLtMatrixLayout_t c = nullptr;  // C and D: out
   cublasLtMatmulAlgo_t algo{};
+  // cuBLASLt's candidates, best guess first: only the first unless tuning
+  // (Note [GEMM autotuning]).
+  std::array<cublasLtMatmulAlgo_t, kTuneCandidates> candidates{};
+  int candidate_count = 0;
 
   GemmPlan() = default;
   GemmPlan(const GemmPlan&) = delete;
@@ -171,7 +182,7 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return layout;
 }
 
-std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, const LtProblem& p) {
+std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, const LtProblem& p, int candidates) {
   auto plan = std::make_unique<GemmPlan>();
   ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, p.compute, p.scale_type));
   const int32_t transa = p.a.op, transb = p.b.op;
@@ -196,10 +207,12 @@ std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, const LtProblem& p
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.align_c);
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.align_c);
 
-  cublasLtMatmulHeuristicResult_t result{};
+  std::array<cublasLtMatmulHeuristicResult_t, kTuneCandidates> results{};
+  candidates = std::clamp(candidates, 1, kTuneCandidates);
   int returned = 0;
-  cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, plan->op, plan->a, plan->b, plan->c,
-                                                    plan->c, pref, 1, &result, &returned);
+  cublasStatus_t s =
+      cublasLtMatmulAlgoGetHeuristic(handle, plan->op, plan->a, plan->b, plan->c, plan->c, pref,
+                                     candidates, results.data(), &returned);
   cublasLtMatmulPreferenceDestroy(pref);
   ACCRUE_CHECK(s == CUBLAS_STATUS_SUCCESS && returned > 0,
                "gemm: cuBLASLt found no algorithm for m=", p.n, " n=", p.m, " k=", p.k,
@@ -207,7 +220,10 @@ std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, const LtProblem& p
                ", output type ", static_cast<int>(p.output_type), ", compute type ",
                static_cast<int>(p.compute), "; cuBLAS status ", static_cast<int>(s), ": ",
                cublasLtGetStatusString(s), ")");
-  plan->algo = result.algo;
+  for (int i = 0; i < returned; ++i)
+    plan->candidates[static_cast<size_t>(i)] = results[static_cast<size_t>(i)].algo;
+  plan->candidate_count = returned;
+  plan->algo = plan->candidates[0];
   return plan;
 }
 
@@ -251,12 +267,38 @@ class LtState {
     const GemmPlan* plan;
   };
 
-  Resources acquire(const LtProblem& p, cudaStream_t stream) {
+  Resources acquire(const LtProblem& p, cudaStream_t stream, const void* a, const void* b) {
     std::lock_guard<std::mutex> lock(mutex_);
     const Base base = handle_and_workspace(p.device, stream);
     const PlanKey key = p.key();
     auto it = plans_.find(key);
-    if (it == plans_.end()) it = plans_.emplace(key, build_plan(base.handle, p)).first;
+    if (it == plans_.end()) {
+      const std::string file = gemm_tuning_file();
+      auto plan = build_plan(base.handle, p, file.empty() ? 1 : kTuneCandidates);
+      if (!file.empty()) {
+        GemmTuneProblem t;
+        t.file = file;
+        t.key.assign(key.begin(), key.end());
+        t.device = p.device;
+        t.handle = base.handle;
+        t.op = plan->op;
+        t.a_layout = plan->a;
+        t.b_layout = plan->b;
+        t.c_layout = plan->c;
+        t.candidates = plan->candidates.data();
+        t.candidate_count = plan->candidate_count;
+        t.a = a;
+        t.b = b;
+        t.output_dtype = p.output_type;
+        t.output_elements = p.ldc * p.n + (p.batch - 1) * p.c_batch_stride;
+        t.f64_scale = p.scale_type == CUDA_R_64F;
+        t.workspace = base.workspace;
+        t.workspace_bytes = kWorkspaceBytes;
+        t.stream = stream;
+        plan->algo = plan->candidates[static_cast<size_t>(choose_gemm_algorithm(t))];
+      }
+      it = plans_.emplace(key, std::move(plan)).first;
+    }
     return {base.handle, base.workspace, it->second.get()};
   }
 
@@ -420,7 +462,7 @@ void gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& out, double alph
   p.align_b = alignment_of(ra.ptr);
   p.align_c = alignment_of(out.data_ptr());
 
-  const LtState::Resources r = LtState::instance().acquire(p, stream);
+  const LtState::Resources r = LtState::instance().acquire(p, stream, rb.ptr, ra.ptr);
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
   const void* alpha_ptr = f64 ? static_cast<const void*>(&alpha) : &alpha_f;
   const void* beta_ptr = f64 ? static_cast<const void*>(&beta) : &beta_f;

@@ -104,7 +104,7 @@ if(SCENARIO STREQUAL "help")
   expect_rc(0)
   foreach(_option --model --n-layer --micro-batch --seq-len --total-batch-tokens --train-data
                   --val-data --synthetic --lr --warmup-windows --windows --min-lr-factor
-                  --weight-decay --beta1 --beta2 --eps --max-grad-norm --norm-under-backward --cuda-graphs --dtype --val-every
+                  --weight-decay --beta1 --beta2 --eps --max-grad-norm --norm-under-backward --cuda-graphs --gemm-tuning --dtype --val-every
                   --val-batches --metrics --nvtx --checkpoint --checkpoint-every --resume --init-from
                   --activation-checkpointing --seed --cpu --dropout --bench --bench-warmup
                   --bench-windows --peak-tflops --stop-after --stop-micro-steps)
@@ -343,6 +343,39 @@ elseif(SCENARIO STREQUAL "gpu_bench" OR SCENARIO STREQUAL "gpu_resume")
     line_starting("${out}" "final: " _resumed)
     if(NOT _resumed STREQUAL _uninterrupted)
       fail("resumed '${_resumed}' differs from uninterrupted '${_uninterrupted}'")
+    endif()
+    # Note [GEMM autotuning]: the second run reads the first run's choices, so
+    # it computes the same bits and records nothing new.
+    file(REMOVE ${WORK_DIR}/gemm_tuning.txt)
+    run(${_run} --gemm-tuning ${WORK_DIR}/gemm_tuning.txt)
+    expect_rc(0)
+    line_starting("${out}" "final: " _tuned)
+    file(STRINGS ${WORK_DIR}/gemm_tuning.txt _choices)
+    list(LENGTH _choices _recorded)
+    if(_recorded LESS 1)
+      fail("the tuning file holds no choice")
+    endif()
+    run(${_run} --gemm-tuning ${WORK_DIR}/gemm_tuning.txt)
+    expect_rc(0)
+    line_starting("${out}" "final: " _retuned)
+    file(STRINGS ${WORK_DIR}/gemm_tuning.txt _choices_after)
+    list(LENGTH _choices_after _recorded_after)
+    if(NOT _retuned STREQUAL _tuned OR NOT _recorded_after EQUAL _recorded)
+      fail("with the same tuning file: '${_retuned}' vs '${_tuned}', ${_recorded_after} vs "
+           "${_recorded} recorded choices")
+    endif()
+    # Note [Graphed window]: without dropout, replayed micro-steps and closes
+    # give the eager run's final loss to every digit.
+    set(_plain ${TRAINER} ${TINY_GPU} ${SHARDS} --total-batch-tokens 256 --windows 6 --lr 3e-3
+        --warmup-windows 1 --val-batches 2 --seed 5)
+    run(${_plain})
+    expect_rc(0)
+    line_starting("${out}" "final: " _eager)
+    run(${_plain} --cuda-graphs)
+    expect_rc(0)
+    line_starting("${out}" "final: " _graphed)
+    if(NOT _graphed STREQUAL _eager)
+      fail("with --cuda-graphs '${_graphed}', eager '${_eager}'")
     endif()
   endif()
 

@@ -3,6 +3,9 @@
 // them on the GPU, with fresh random inputs. Integer-valued inputs with short
 // sums are exact in fp32, so those cases compare bit for bit.
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 
@@ -230,6 +233,41 @@ TEST(GpuMatmul, gemm_16bit_inputs_accumulate_into_f32) {
     kernels::gemm(xi.to(kGpu), true, dyi.to(kGpu), false, g, 1.0, 1.0);
     EXPECT_TRUE(test::all_equal(on_cpu(g), e));
   }
+}
+
+// Note [GEMM autotuning]: the first call of a problem times cuBLASLt's
+// candidates on a scratch output, so a beta-1 accumulation still adds onto
+// the values it had, exactly; the choice is one line of the tuning file, and
+// the next call of the problem reads it instead of timing again.
+TEST(GpuMatmul, tuned_gemm_accumulates_exactly_and_records_its_choice) {
+  ACCRUE_REQUIRE_CUDA();
+  const std::string file =
+      (std::filesystem::temp_directory_path() / "accrue_gemm_tuning_test.txt").string();
+  std::remove(file.c_str());
+  kernels::set_gemm_tuning_file(file);
+  // Sizes no other test uses, so this problem's plan is made here.
+  const int64_t tokens = 328, in = 136, out = 88;
+  const Tensor xi = test::random_integers({tokens, in}, -3, 3, DType::bf16);
+  const Tensor dyi = test::random_integers({tokens, out}, -3, 3, DType::bf16);
+  const Tensor base = test::random_integers({in, out}, -100, 100, DType::f32);
+  Tensor e = base.clone();
+  Tensor g = base.to(kGpu);
+  for (int call = 0; call < 2; ++call) {
+    kernels::gemm(xi, true, dyi, false, e, 1.0, 1.0);
+    kernels::gemm(xi.to(kGpu), true, dyi.to(kGpu), false, g, 1.0, 1.0);
+    EXPECT_TRUE(test::all_equal(on_cpu(g), e)) << "call " << call;
+  }
+  kernels::set_gemm_tuning_file("");
+  std::ifstream in_file(file);
+  std::string line;
+  int lines = 0;
+  while (std::getline(in_file, line)) {
+    ++lines;
+    EXPECT_NE(line.find(",cublasLt"), std::string::npos) << line;
+    EXPECT_TRUE(!line.empty() && line.back() >= '0' && line.back() <= '7') << line;
+  }
+  EXPECT_EQ(lines, 1) << "one problem, one recorded choice";
+  std::remove(file.c_str());
 }
 
 TEST(GpuMatmul, gemm_alpha_beta_match_cpu_in_every_dtype) {

@@ -1,0 +1,152 @@
+// Note [GEMM autotuning]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// cuBLASLt's first heuristic choice is not always its fastest kernel (the
+// bf16 logits GEMM [8192,768]x[768,50304] ran 1.11-1.14x PyTorch's). With a
+// tuning file set (kernels::set_gemm_tuning_file, ACCRUE_GEMM_TUNING), the
+// first call of each plain GEMM problem (kernels/cuda/matmul.cu) asks for up
+// to kTuneCandidates algorithms and times each on the call's own inputs: one
+// untimed run, then kTuneRepeats runs between two CUDA events, all writing a
+// scratch output, never the call's (a beta-1 accumulation must not see
+// them). The fastest is kept. Timing waits for the GPU once per problem, so
+// it happens on first use only, and never inside a CUDA graph capture: there
+// the heuristic's first choice runs, unrecorded.
+//
+// The choice is a position in cuBLASLt's candidate list, appended to the file
+// as one line: the plan key, cuBLASLt's version, the GPU's name, then the
+// position. A later process with the same file reads the line instead of
+// timing, so it runs the same algorithm and computes the same bits; a line
+// written under another cuBLASLt version or GPU does not match and is ignored.
+// GEMMs with an epilogue (Note [Bias epilogue], Note [GELU epilogue]) keep the
+// heuristic's first choice.
+#include "kernels/cuda/gemm_tuning.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "core/status_check.h"
+#include "core/tensor.h"
+
+namespace accrue::kernels::cuda {
+
+namespace {
+
+constexpr int kTuneRepeats = 5;
+
+// The tuning file's lines, read once per file: everything but the choice -> the choice.
+struct TuningFile {
+  std::mutex mutex;
+  std::string path;
+  bool loaded = false;
+  std::map<std::string, int> choices;
+
+  void load(const std::string& file) {
+    if (loaded && path == file) return;
+    path = file;
+    loaded = true;
+    choices.clear();
+    std::ifstream in(file);
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t cut = line.rfind(',');
+      if (cut == std::string::npos) continue;
+      choices[line.substr(0, cut + 1)] = std::atoi(line.c_str() + cut + 1);
+    }
+  }
+};
+
+TuningFile& tuning_file() {
+  static TuningFile* file = new TuningFile();  // never destroyed, as the plans
+  return *file;
+}
+
+std::string line_prefix(const GemmTuneProblem& p) {
+  cudaDeviceProp prop{};
+  ACCRUE_CUDA_CHECK(cudaGetDeviceProperties(&prop, p.device));
+  std::ostringstream s;
+  for (int64_t v : p.key)
+    s << v << ",";
+  s << "cublasLt" << cublasLtGetVersion() << "," << prop.name << ",";
+  std::string line = s.str();
+  std::replace(line.begin(), line.end(), ' ', '_');
+  return line;
+}
+
+DType dtype_of(cudaDataType_t t) {
+  switch (t) {
+    case CUDA_R_64F:
+      return DType::f64;
+    case CUDA_R_16BF:
+      return DType::bf16;
+    case CUDA_R_16F:
+      return DType::f16;
+    default:
+      return DType::f32;
+  }
+}
+
+// The fastest candidate on the call's inputs, by CUDA events (one host wait).
+int fastest(const GemmTuneProblem& p) {
+  const Tensor scratch =
+      empty({p.output_elements}, dtype_of(p.output_dtype), Device::cuda(p.device));
+  const double one = 1.0, zero = 0.0;
+  const float one_f = 1.0f, zero_f = 0.0f;
+  const void* alpha = p.f64_scale ? static_cast<const void*>(&one) : &one_f;
+  const void* beta = p.f64_scale ? static_cast<const void*>(&zero) : &zero_f;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ACCRUE_CUDA_CHECK(cudaEventCreate(&start));
+  ACCRUE_CUDA_CHECK(cudaEventCreate(&stop));
+  int best = 0;
+  float best_ms = std::numeric_limits<float>::infinity();
+  for (int i = 0; i < p.candidate_count; ++i) {
+    bool ok = true;
+    for (int r = 0; r <= kTuneRepeats && ok; ++r) {
+      if (r == 1) ACCRUE_CUDA_CHECK(cudaEventRecord(start, p.stream));
+      // A candidate may decline these operands: it is skipped.
+      ok = cublasLtMatmul(p.handle, p.op, alpha, p.a, p.a_layout, p.b, p.b_layout, beta,
+                          scratch.data_ptr(), p.c_layout, scratch.data_ptr(), p.c_layout,
+                          &p.candidates[i], p.workspace, p.workspace_bytes,
+                          p.stream) == CUBLAS_STATUS_SUCCESS;
+    }
+    if (!ok) continue;
+    ACCRUE_CUDA_CHECK(cudaEventRecord(stop, p.stream));
+    ACCRUE_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    ACCRUE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (ms < best_ms) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
+
+}  // namespace
+
+int choose_gemm_algorithm(const GemmTuneProblem& p) {
+  const int count = p.candidate_count;
+  TuningFile& file = tuning_file();
+  const std::lock_guard<std::mutex> lock(file.mutex);
+  file.load(p.file);
+  const std::string prefix = line_prefix(p);
+  auto known = file.choices.find(prefix);
+  if (known != file.choices.end())
+    return known->second >= 0 && known->second < count ? known->second : 0;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  ACCRUE_CUDA_CHECK(cudaStreamIsCapturing(p.stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return 0;
+  const int best = count < 2 ? 0 : fastest(p);
+  file.choices[prefix] = best;
+  std::ofstream out(p.file, std::ios::app);
+  out << prefix << best << "\n";
+  ACCRUE_CHECK(out.good(), "gemm: cannot append to the GEMM tuning file '", p.file, "'");
+  return best;
+}
+
+}  // namespace accrue::kernels::cuda
