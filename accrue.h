@@ -10,6 +10,7 @@
 #pragma once
 
 #include "autograd/checkpoint.h"
+#include "autograd/conv_ops.h"
 #include "autograd/engine.h"
 #include "autograd/grad_arena.h"
 #include "autograd/gradcheck.h"

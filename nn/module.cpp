@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "autograd/conv_ops.h"
 #include "autograd/ops.h"
 #include "autograd/variable.h"
 #include "core/grad_mode.h"
@@ -140,6 +141,25 @@ Linear::Linear(Tensor weight, Tensor bias) {
 
 Tensor Linear::forward(const Tensor& x) const {
   return linear(x, weight_, bias_);
+}
+
+Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, bool bias,
+               const ParamOptions& options, const Conv2dOptions& conv)
+    : conv_(conv) {
+  ACCRUE_CHECK(in_channels > 0 && out_channels > 0 && kernel > 0 && conv.groups >= 1 &&
+                   in_channels % conv.groups == 0 && out_channels % conv.groups == 0,
+               "Conv2d: invalid sizes in=", in_channels, " out=", out_channels, " kernel=", kernel,
+               " groups=", conv.groups);
+  const int64_t fan_in = in_channels / conv.groups * kernel * kernel;
+  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  weight_ = register_parameter(
+      "weight",
+      uniform_init({out_channels, in_channels / conv.groups, kernel, kernel}, bound, options));
+  if (bias) bias_ = register_parameter("bias", uniform_init({out_channels}, bound, options));
+}
+
+Tensor Conv2d::forward(const Tensor& x) const {
+  return conv2d(x, weight_, bias_, conv_);
 }
 
 Embedding::Embedding(int64_t num, int64_t dim, const ParamOptions& options, double std) {

@@ -9,6 +9,7 @@
 
 #include "core/random.h"
 #include "core/tensor.h"
+#include "kernels/conv.h"
 
 namespace accrue::nn {
 
@@ -104,6 +105,22 @@ class Linear : public Module {
 
  private:
   Tensor weight_, bias_;
+};
+
+// A 2-D convolution over NCHW inputs (autograd/conv_ops.h; the CPU reference
+// so far): weight [out, in / groups, k, k] and bias [out], initialized
+// uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) as torch.nn.Conv2d's bias is.
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, bool bias,
+         const ParamOptions& options, const Conv2dOptions& conv = {});
+  Tensor forward(const Tensor& x) const;
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+
+ private:
+  Tensor weight_, bias_;
+  Conv2dOptions conv_;
 };
 
 // Rows of a [num, dim] table, initialized normal(0, std).

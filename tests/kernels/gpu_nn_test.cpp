@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/conv.h"
 #include "kernels/ops.h"
 #include "tests/test_util.h"
 
@@ -350,6 +351,19 @@ TEST(GpuLayerNorm, backward_is_deterministic) {
   EXPECT_TRUE(test::all_equal(dx2, dx1));
   EXPECT_TRUE(test::all_equal(on_cpu(dw2), on_cpu(dw1)));
   EXPECT_TRUE(test::all_equal(on_cpu(db2), on_cpu(db1)));
+}
+
+// kernels/conv.h has only its CPU reference so far: a CUDA tensor is an
+// error that says so, never a silent copy to the host.
+TEST(GpuConv, cuda_tensors_are_refused_until_the_cudnn_path_exists) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor x = test::random_normal({1, 2, 5, 5}, DType::f32, kGpu);
+  const Tensor w = test::random_normal({3, 2, 3, 3}, DType::f32, kGpu);
+  EXPECT_ERROR(kernels::conv2d(x, w, {}), "conv2d", "cuda:0", "cuDNN path is not built");
+  Pool2dOptions p;
+  p.kernel_h = p.kernel_w = 2;
+  p.stride_h = p.stride_w = 2;
+  EXPECT_ERROR(kernels::max_pool2d(x, p), "max_pool2d", "cuda:0");
 }
 
 }  // namespace

@@ -1,0 +1,20 @@
+// Differentiable convolution and pooling over NCHW tensors (kernels/conv.h:
+// the CPU reference so far). Weight gradients land in the arena slot
+// directly when the weight has one (Note [Fused weight-gradient accumulation]).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "kernels/conv.h"
+
+namespace accrue {
+
+// x [N, C, H, W], weight [O, C / groups, KH, KW], bias [O] or undefined.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              const Conv2dOptions& options = {});
+Tensor max_pool2d(const Tensor& x, const Pool2dOptions& options);
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options);
+Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
+
+}  // namespace accrue

@@ -1,0 +1,255 @@
+// The dispatch point of kernels/conv.h: validate (every error names the op
+// and the shapes), compute the geometry, and run the CPU reference in double.
+#include <string>
+
+#include "core/grad_mode.h"
+#include "kernels/conv.h"
+#include "kernels/conv_backend.h"
+#include "kernels/ops.h"
+
+namespace accrue::kernels {
+
+namespace {
+
+void check_cpu_float(const Tensor& t, const char* op, const char* what) {
+  ACCRUE_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
+  ACCRUE_CHECK(is_floating(t.dtype()), op, ": ", what, " of shape ", shape_str(t.shape()),
+               " has dtype ", dtype_name(t.dtype()),
+               "; expected a floating dtype (f32, f64, bf16 or f16)");
+  // Issue 9's cuDNN path is not written: say so rather than copy to the host.
+  ACCRUE_CHECK(t.device().is_cpu(), op, ": ", what, " of shape ", shape_str(t.shape()), " is on ",
+               t.device().str(), "; only the CPU reference of ", op,
+               " exists so far (the cuDNN path is not built)");
+}
+
+void check_4d(const Tensor& t, const char* op, const char* what) {
+  ACCRUE_CHECK(t.dim() == 4, op, ": ", what, " has shape ", shape_str(t.shape()),
+               "; expected 4 dims [N, C, H, W] (NCHW)");
+}
+
+// floor((in + 2 pad - dilation (k - 1) - 1) / stride) + 1, checked positive.
+int64_t out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dilation,
+                 const char* op, const char* axis, const Shape& x_shape) {
+  const int64_t span = dilation * (k - 1) + 1;
+  ACCRUE_CHECK(in + 2 * pad >= span, op, ": the ", axis, " window spans ", span, " (kernel ", k,
+               ", dilation ", dilation, ") but the padded input has ", in + 2 * pad, " (input ",
+               shape_str(x_shape), ", padding ", pad, ")");
+  return (in + 2 * pad - span) / stride + 1;
+}
+
+void check_conv_options(const Conv2dOptions& o, const char* op) {
+  ACCRUE_CHECK(o.stride_h >= 1 && o.stride_w >= 1, op, ": stride (", o.stride_h, ", ", o.stride_w,
+               ") must be >= 1");
+  ACCRUE_CHECK(o.pad_h >= 0 && o.pad_w >= 0, op, ": padding (", o.pad_h, ", ", o.pad_w,
+               ") must be >= 0");
+  ACCRUE_CHECK(o.dilation_h >= 1 && o.dilation_w >= 1, op, ": dilation (", o.dilation_h, ", ",
+               o.dilation_w, ") must be >= 1");
+  ACCRUE_CHECK(o.groups >= 1, op, ": groups = ", o.groups, " must be >= 1");
+}
+
+Conv2dGeometry conv_geometry(const Shape& x, const Shape& weight, const Conv2dOptions& o,
+                             const char* op) {
+  check_conv_options(o, op);
+  ACCRUE_CHECK(weight.size() == 4, op, ": weight has shape ", shape_str(weight),
+               "; expected 4 dims [O, C / groups, KH, KW]");
+  ACCRUE_CHECK(x.size() == 4, op, ": input has shape ", shape_str(x),
+               "; expected 4 dims [N, C, H, W] (NCHW)");
+  ACCRUE_CHECK(x[1] % o.groups == 0 && weight[0] % o.groups == 0, op, ": groups = ", o.groups,
+               " must divide the input's ", x[1], " channels and the weight's ", weight[0],
+               " output channels");
+  ACCRUE_CHECK(weight[1] * o.groups == x[1], op, ": weight ", shape_str(weight), " with groups ",
+               o.groups, " takes ", weight[1] * o.groups, " input channels, the input ",
+               shape_str(x), " has ", x[1]);
+  ACCRUE_CHECK(weight[2] >= 1 && weight[3] >= 1, op, ": weight ", shape_str(weight),
+               " has an empty kernel");
+  Conv2dGeometry g;
+  g.n = x[0];
+  g.c = x[1];
+  g.h = x[2];
+  g.w = x[3];
+  g.o = weight[0];
+  g.kh = weight[2];
+  g.kw = weight[3];
+  g.oh = out_size(g.h, g.kh, o.stride_h, o.pad_h, o.dilation_h, op, "height", x);
+  g.ow = out_size(g.w, g.kw, o.stride_w, o.pad_w, o.dilation_w, op, "width", x);
+  g.options = o;
+  return g;
+}
+
+Conv2dGeometry pool_geometry(const Shape& x, const Pool2dOptions& p, const char* op) {
+  ACCRUE_CHECK(x.size() == 4, op, ": input has shape ", shape_str(x),
+               "; expected 4 dims [N, C, H, W] (NCHW)");
+  ACCRUE_CHECK(p.kernel_h >= 1 && p.kernel_w >= 1, op, ": kernel (", p.kernel_h, ", ", p.kernel_w,
+               ") must be >= 1");
+  ACCRUE_CHECK(p.stride_h >= 1 && p.stride_w >= 1, op, ": stride (", p.stride_h, ", ", p.stride_w,
+               ") must be >= 1");
+  ACCRUE_CHECK(
+      p.pad_h >= 0 && p.pad_w >= 0 && 2 * p.pad_h <= p.kernel_h && 2 * p.pad_w <= p.kernel_w, op,
+      ": padding (", p.pad_h, ", ", p.pad_w, ") must be between 0 and half the kernel (",
+      p.kernel_h, ", ", p.kernel_w, ")");
+  Conv2dGeometry g;
+  g.n = x[0];
+  g.c = g.o = x[1];
+  g.h = x[2];
+  g.w = x[3];
+  g.kh = p.kernel_h;
+  g.kw = p.kernel_w;
+  g.options.stride_h = p.stride_h;
+  g.options.stride_w = p.stride_w;
+  g.options.pad_h = p.pad_h;
+  g.options.pad_w = p.pad_w;
+  g.options.groups = g.c;
+  g.oh = out_size(g.h, g.kh, p.stride_h, p.pad_h, 1, op, "height", x);
+  g.ow = out_size(g.w, g.kw, p.stride_w, p.pad_w, 1, op, "width", x);
+  return g;
+}
+
+void check_grad(const Tensor& grad, const Shape& expected, const char* op) {
+  check_cpu_float(grad, op, "grad");
+  ACCRUE_CHECK(grad.shape() == expected, op, ": grad has shape ", shape_str(grad.shape()),
+               "; the forward's output has ", shape_str(expected));
+}
+
+// The geometry of a pooling backward: input x_shape [N, C, H, W] (checked
+// against grad [N, C, OH, OW]), planes of one channel each.
+Conv2dGeometry backward_planes(const Tensor& grad, const Shape& x_shape, const char* op) {
+  check_cpu_float(grad, op, "grad");
+  check_4d(grad, op, "grad");
+  ACCRUE_CHECK(x_shape.size() == 4 && x_shape[0] == grad.size(0) && x_shape[1] == grad.size(1) &&
+                   x_shape[2] >= 1 && x_shape[3] >= 1,
+               op, ": input shape ", shape_str(x_shape), " does not match grad ",
+               shape_str(grad.shape()));
+  Conv2dGeometry g;
+  g.n = x_shape[0];
+  g.c = g.o = x_shape[1];
+  g.h = x_shape[2];
+  g.w = x_shape[3];
+  g.oh = grad.size(2);
+  g.ow = grad.size(3);
+  return g;
+}
+
+Tensor f64(const Tensor& t) {
+  return t.to(DType::f64).contiguous();
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& options) {
+  const char* op = "conv2d";
+  NoGradGuard no_grad;
+  check_cpu_float(x, op, "input");
+  check_cpu_float(weight, op, "weight");
+  ACCRUE_CHECK(x.dtype() == weight.dtype(), op, ": input is ", dtype_name(x.dtype()),
+               ", weight is ", dtype_name(weight.dtype()), "; expected one dtype");
+  const Conv2dGeometry g = conv_geometry(x.shape(), weight.shape(), options, op);
+  Tensor out = empty({g.n, g.o, g.oh, g.ow}, DType::f64);
+  cpu::conv2d(f64(x), f64(weight), out, g);
+  return out.to(x.dtype());
+}
+
+Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Shape& x_shape,
+                             const Conv2dOptions& options) {
+  const char* op = "conv2d_backward_input";
+  NoGradGuard no_grad;
+  check_cpu_float(weight, op, "weight");
+  const Conv2dGeometry g = conv_geometry(x_shape, weight.shape(), options, op);
+  check_grad(grad, {g.n, g.o, g.oh, g.ow}, op);
+  Tensor dx = empty(x_shape, DType::f64);
+  cpu::conv2d_backward_input(f64(grad), f64(weight), dx, g);
+  return dx.to(grad.dtype());
+}
+
+void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
+                            const Conv2dOptions& options, double beta) {
+  const char* op = "conv2d_backward_weight";
+  NoGradGuard no_grad;
+  check_cpu_float(x, op, "input");
+  check_cpu_float(grad_weight, op, "grad_weight");
+  ACCRUE_CHECK(beta == 0.0 || beta == 1.0, op, ": beta = ", beta, "; expected 0 or 1");
+  const Conv2dGeometry g = conv_geometry(x.shape(), grad_weight.shape(), options, op);
+  check_grad(grad, {g.n, g.o, g.oh, g.ow}, op);
+  Tensor dw = empty(grad_weight.shape(), DType::f64);
+  cpu::conv2d_backward_weight(f64(grad), f64(x), dw, g);
+  // Note [Overwrite first]: beta 0 never reads the slot (it may hold NaN).
+  if (beta != 0.0) axpy_(dw, 1.0, f64(grad_weight));
+  grad_weight.copy_(dw);
+}
+
+MaxPoolOutput max_pool2d(const Tensor& x, const Pool2dOptions& options) {
+  const char* op = "max_pool2d";
+  NoGradGuard no_grad;
+  check_cpu_float(x, op, "input");
+  const Conv2dGeometry g = pool_geometry(x.shape(), options, op);
+  Tensor out = empty({g.n, g.c, g.oh, g.ow}, DType::f64);
+  Tensor indices = empty({g.n, g.c, g.oh, g.ow}, DType::i64);
+  cpu::max_pool2d(f64(x), out, indices, g);
+  return {out.to(x.dtype()), indices};
+}
+
+Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Shape& x_shape) {
+  const char* op = "max_pool2d_backward";
+  NoGradGuard no_grad;
+  const Conv2dGeometry g = backward_planes(grad, x_shape, op);
+  ACCRUE_CHECK(indices.defined() && indices.dtype() == DType::i64 &&
+                   indices.shape() == grad.shape() && indices.device().is_cpu(),
+               op, ": indices must be i64 on the CPU with grad's shape ", shape_str(grad.shape()));
+  const Tensor idx = indices.contiguous();
+  for (int64_t v : idx.to_vector<int64_t>())
+    ACCRUE_CHECK(v >= 0 && v < g.h * g.w, op, ": index ", v, " is outside the ", g.h, " x ", g.w,
+                 " plane");
+  Tensor dx = empty(x_shape, DType::f64);
+  cpu::max_pool2d_backward(f64(grad), idx, dx, g);
+  return dx.to(grad.dtype());
+}
+
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
+  const char* op = "avg_pool2d";
+  NoGradGuard no_grad;
+  check_cpu_float(x, op, "input");
+  const Conv2dGeometry g = pool_geometry(x.shape(), options, op);
+  Tensor out = empty({g.n, g.c, g.oh, g.ow}, DType::f64);
+  cpu::avg_pool2d(f64(x), out, g, options.count_include_pad);
+  return out.to(x.dtype());
+}
+
+Tensor avg_pool2d_backward(const Tensor& grad, const Shape& x_shape, const Pool2dOptions& options) {
+  const char* op = "avg_pool2d_backward";
+  NoGradGuard no_grad;
+  const Conv2dGeometry g = pool_geometry(x_shape, options, op);
+  check_grad(grad, {g.n, g.c, g.oh, g.ow}, op);
+  Tensor dx = empty(x_shape, DType::f64);
+  cpu::avg_pool2d_backward(f64(grad), dx, g, options.count_include_pad);
+  return dx.to(grad.dtype());
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
+  const char* op = "adaptive_avg_pool2d";
+  NoGradGuard no_grad;
+  check_cpu_float(x, op, "input");
+  check_4d(x, op, "input");
+  ACCRUE_CHECK(out_h >= 1 && out_w >= 1, op, ": output size (", out_h, ", ", out_w,
+               ") must be >= 1");
+  Conv2dGeometry g;
+  g.n = x.size(0);
+  g.c = g.o = x.size(1);
+  g.h = x.size(2);
+  g.w = x.size(3);
+  ACCRUE_CHECK(g.h >= 1 && g.w >= 1, op, ": input ", shape_str(x.shape()), " has an empty plane");
+  g.oh = out_h;
+  g.ow = out_w;
+  Tensor out = empty({g.n, g.c, g.oh, g.ow}, DType::f64);
+  cpu::adaptive_avg_pool2d(f64(x), out, g);
+  return out.to(x.dtype());
+}
+
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad, const Shape& x_shape) {
+  const char* op = "adaptive_avg_pool2d_backward";
+  NoGradGuard no_grad;
+  const Conv2dGeometry g = backward_planes(grad, x_shape, op);
+  Tensor dx = empty(x_shape, DType::f64);
+  cpu::adaptive_avg_pool2d_backward(f64(grad), dx, g);
+  return dx.to(grad.dtype());
+}
+
+}  // namespace accrue::kernels

@@ -1,0 +1,69 @@
+// 2-D convolution and pooling over NCHW tensors (issue 9, point 2).
+//
+// The CPU reference is here (kernels/cpu/conv.cpp: loops accumulating in
+// double); the CUDA path, on cuDNN, is not written yet: a CUDA tensor is an
+// accrue::Error naming the op, never a silent fallback.
+//
+// Shapes: x [N, C, H, W]; weight [O, C / groups, KH, KW]; the output
+// [N, O, OH, OW] with OH = (H + 2 pad_h - dilation_h (KH - 1) - 1) / stride_h + 1
+// (floor), and OW likewise: PyTorch's conv2d and pooling without ceil_mode.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace accrue {
+
+// The options live in namespace accrue, beside the differentiable functions
+// (autograd/conv_ops.h) that take them: an unqualified call then finds those
+// by argument-dependent lookup, not these kernels of the same name.
+struct Conv2dOptions {
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t groups = 1;
+};
+
+struct Pool2dOptions {
+  int64_t kernel_h = 1, kernel_w = 1;
+  int64_t stride_h = 1, stride_w = 1;  // PyTorch's default stride is the kernel: set it
+  int64_t pad_h = 0, pad_w = 0;        // at most half the kernel, as PyTorch requires
+  bool count_include_pad = true;       // avg_pool2d: divide by the whole window
+};
+
+}  // namespace accrue
+
+namespace accrue::kernels {
+
+using ::accrue::Conv2dOptions;
+using ::accrue::Pool2dOptions;
+
+// [N, O, OH, OW]; x and weight of one floating dtype, the result too.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& options);
+// dx [x_shape] for the output gradient grad [N, O, OH, OW].
+Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Shape& x_shape,
+                             const Conv2dOptions& options);
+// grad_weight = dW + beta * grad_weight, dW = the weight gradient of grad and
+// the forward input x: beta 0 writes the slot without reading it, beta 1 adds
+// (Note [Fused weight-gradient accumulation]). grad_weight may be f32 while x
+// is bf16/f16 (the arena's fp32 slot).
+void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
+                            const Conv2dOptions& options, double beta);
+
+struct MaxPoolOutput {
+  Tensor out;  // [N, C, OH, OW]
+  Tensor
+      indices;  // i64 [N, C, OH, OW]: the argmax's h * W + w in its plane (first maximum; NaN wins)
+};
+MaxPoolOutput max_pool2d(const Tensor& x, const Pool2dOptions& options);
+// Routes each output gradient to its argmax: dx [x_shape].
+Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Shape& x_shape);
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options);
+Tensor avg_pool2d_backward(const Tensor& grad, const Shape& x_shape, const Pool2dOptions& options);
+// Output cell (i, j) averages rows [floor(i H / OH), ceil((i + 1) H / OH)) and
+// the same columns over W / OW, as torch.nn.functional.adaptive_avg_pool2d.
+Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad, const Shape& x_shape);
+
+}  // namespace accrue::kernels

@@ -1,0 +1,97 @@
+// conv2d and pooling (autograd/conv_ops.h): float64 gradchecks over the
+// options, the weight gradient landing in a gradient-arena slot (Note [Fused
+// weight-gradient accumulation]), and nn::Conv2d.
+#include "autograd/conv_ops.h"
+#include "autograd/engine.h"
+#include "autograd/grad_arena.h"
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "autograd/variable.h"
+#include "nn/module.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+using kernels::Conv2dOptions;
+using kernels::Pool2dOptions;
+
+Tensor leaf(const Shape& shape) {
+  return requires_grad_(test::random_normal(shape, DType::f64));
+}
+
+#define EXPECT_GRADCHECK(fn, ...)                     \
+  do {                                                \
+    GradcheckResult r = gradcheck(fn, {__VA_ARGS__}); \
+    EXPECT_TRUE(r.ok) << r.message;                   \
+  } while (0)
+
+TEST(ConvGradcheck, conv2d_over_stride_padding_dilation_and_groups) {
+  Conv2dOptions plain, strided, dilated, grouped;
+  strided.stride_h = 2;
+  strided.stride_w = 1;
+  strided.pad_h = 1;
+  strided.pad_w = 2;
+  dilated.dilation_h = 2;
+  dilated.dilation_w = 2;
+  dilated.pad_h = dilated.pad_w = 1;
+  grouped.groups = 2;
+  for (const Conv2dOptions& o : {plain, strided, dilated, grouped}) {
+    SCOPED_TRACE("stride " + std::to_string(o.stride_h) + " dilation " +
+                 std::to_string(o.dilation_h) + " groups " + std::to_string(o.groups));
+    EXPECT_GRADCHECK([o](auto& v) { return conv2d(v[0], v[1], v[2], o); }, leaf({2, 4, 6, 5}),
+                     leaf({3 * o.groups, 4 / o.groups, 3, 2}), leaf({3 * o.groups}));
+  }
+  EXPECT_GRADCHECK([](auto& v) { return conv2d(v[0], v[1], Tensor()); }, leaf({1, 2, 4, 4}),
+                   leaf({2, 2, 1, 1}));
+}
+
+TEST(ConvGradcheck, pooling) {
+  Pool2dOptions p;
+  p.kernel_h = 3;
+  p.kernel_w = 2;
+  p.stride_h = 2;
+  p.stride_w = 1;
+  p.pad_h = 1;
+  // Random normal values have no ties, so max pooling is differentiable there.
+  EXPECT_GRADCHECK([p](auto& v) { return max_pool2d(v[0], p); }, leaf({2, 3, 7, 5}));
+  EXPECT_GRADCHECK([p](auto& v) { return avg_pool2d(v[0], p); }, leaf({2, 3, 7, 5}));
+  Pool2dOptions q = p;
+  q.count_include_pad = false;
+  EXPECT_GRADCHECK([q](auto& v) { return avg_pool2d(v[0], q); }, leaf({1, 2, 6, 4}));
+  EXPECT_GRADCHECK([](auto& v) { return adaptive_avg_pool2d(v[0], 3, 2); }, leaf({2, 2, 7, 5}));
+}
+
+// The weight gradient is written into its slot with beta 0, then added with
+// beta 1: two backwards give the sum of two separate gradients.
+TEST(ConvGradcheck, the_weight_gradient_lands_in_its_arena_slot) {
+  Generator gen(3);
+  nn::Conv2d conv(2, 3, 3, true, {Device::cpu(), DType::f64, &gen});
+  GradArena arena(conv.parameters(), {}, {Device::cpu(), DType::f64, DType::f64, 0});
+  const Tensor x1 = test::random_normal({2, 2, 5, 5}, DType::f64);
+  const Tensor x2 = test::random_normal({2, 2, 5, 5}, DType::f64);
+  // The reference: the same weights outside any arena.
+  const Tensor w = requires_grad_(detach(conv.weight()).clone());
+  const Tensor b = requires_grad_(detach(conv.bias()).clone());
+  backward(sum(conv2d(x1, w, b)));
+  backward(sum(conv2d(x2, w, b)));
+  arena.grads().fill_(std::numeric_limits<double>::quiet_NaN());  // a write must not read these
+  arena.begin_window();
+  backward(sum(conv.forward(x1)));
+  backward(sum(conv.forward(x2)));
+  EXPECT_LE(test::relative_error(arena.grad_view(0).reshape(w.shape()), grad(w)), 1e-14);
+  EXPECT_LE(test::relative_error(arena.grad_view(1), grad(b)), 1e-14);
+}
+
+TEST(ConvGradcheck, bad_module_and_bias_shapes_are_errors) {
+  Generator gen(1);
+  EXPECT_ERROR(nn::Conv2d(3, 4, 3, true, {Device::cpu(), DType::f64, &gen}, {1, 1, 0, 0, 1, 1, 2}),
+               "Conv2d", "in=3", "groups=2");
+  EXPECT_ERROR(
+      conv2d(test::random_normal({1, 2, 4, 4}, DType::f64),
+             test::random_normal({3, 2, 3, 3}, DType::f64), test::random_normal({2}, DType::f64)),
+      "conv2d", "bias has shape [2]", "expected [3]");
+}
+
+}  // namespace
+}  // namespace accrue
