@@ -16,5 +16,13 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& options);
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options);
 Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
+// x [N, C, ...]: each sample's C channels in `groups` groups of C / groups,
+// each normalized over its channels and every position (biased variance, eps
+// inside the root), then scaled by weight and shifted by bias ([C] each, or
+// undefined), as torch.nn.functional.group_norm. Composed from the
+// differentiable ops, so it runs on every device; 16-bit inputs keep their
+// statistics in f32.
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
+                  double eps = 1e-5);
 
 }  // namespace accrue

@@ -65,4 +65,32 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
                 });
 }
 
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  ACCRUE_CHECK(x.defined() && x.dim() >= 2, "group_norm: input has shape ",
+               x.defined() ? shape_str(x.shape()) : "(undefined)",
+               "; expected [N, C, ...] with at least 2 dims");
+  const int64_t n = x.size(0), c = x.size(1);
+  ACCRUE_CHECK(groups >= 1 && c % groups == 0, "group_norm: ", groups, " groups do not divide the ",
+               c, " channels of input ", shape_str(x.shape()));
+  ACCRUE_CHECK(eps > 0.0, "group_norm: eps = ", eps, " must be > 0");
+  for (const Tensor* p : {&weight, &bias})
+    ACCRUE_CHECK(!p->defined() || p->shape() == Shape{c},
+                 "group_norm: ", p == &weight ? "weight" : "bias", " has shape ",
+                 shape_str(p->shape()), "; expected [", c, "] (one per channel of input ",
+                 shape_str(x.shape()), ")");
+  const bool narrow_float = x.dtype() == DType::bf16 || x.dtype() == DType::f16;
+  const Tensor xs = narrow_float ? to_dtype(x, DType::f32) : x;
+  const Tensor grouped = reshape(xs, {n, groups, -1});
+  const Tensor centered = grouped - mean(grouped, {2}, /*keepdim=*/true);
+  const Tensor var = mean(centered * centered, {2}, /*keepdim=*/true);
+  Tensor y = reshape(centered / sqrt(var + eps), x.shape());
+  if (narrow_float) y = to_dtype(y, x.dtype());
+  Shape per_channel(static_cast<size_t>(x.dim()), 1);
+  per_channel[1] = c;
+  if (weight.defined()) y = y * reshape(weight, per_channel);
+  if (bias.defined()) y = y + reshape(bias, per_channel);
+  return y;
+}
+
 }  // namespace accrue

@@ -162,6 +162,18 @@ Tensor Conv2d::forward(const Tensor& x) const {
   return conv2d(x, weight_, bias_, conv_);
 }
 
+GroupNorm::GroupNorm(int64_t groups, int64_t channels, const ParamOptions& options, double eps)
+    : groups_(groups), eps_(eps) {
+  ACCRUE_CHECK(groups >= 1 && channels >= 1 && channels % groups == 0, "GroupNorm: ", groups,
+               " groups do not divide ", channels, " channels");
+  weight_ = register_parameter("weight", full({channels}, 1.0, options.dtype, options.device));
+  bias_ = register_parameter("bias", zeros({channels}, options.dtype, options.device));
+}
+
+Tensor GroupNorm::forward(const Tensor& x) const {
+  return group_norm(x, groups_, weight_, bias_, eps_);
+}
+
 Embedding::Embedding(int64_t num, int64_t dim, const ParamOptions& options, double std) {
   ACCRUE_CHECK(num > 0 && dim > 0, "Embedding: invalid sizes num=", num, " dim=", dim);
   weight_ = register_parameter("weight", normal_init({num, dim}, std, options));

@@ -123,6 +123,18 @@ class Conv2d : public Module {
   Conv2dOptions conv_;
 };
 
+// torch.nn.GroupNorm: weight ones and bias zeros, [channels] each.
+class GroupNorm : public Module {
+ public:
+  GroupNorm(int64_t groups, int64_t channels, const ParamOptions& options, double eps = 1e-5);
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  int64_t groups_;
+  double eps_;
+  Tensor weight_, bias_;
+};
+
 // Rows of a [num, dim] table, initialized normal(0, std).
 class Embedding : public Module {
  public:

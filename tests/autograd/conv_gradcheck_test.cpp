@@ -83,7 +83,45 @@ TEST(ConvGradcheck, the_weight_gradient_lands_in_its_arena_slot) {
   EXPECT_LE(test::relative_error(arena.grad_view(1), grad(b)), 1e-14);
 }
 
+TEST(ConvGradcheck, group_norm) {
+  EXPECT_GRADCHECK([](auto& v) { return group_norm(v[0], 2, v[1], v[2]); }, leaf({2, 4, 3, 3}),
+                   leaf({4}), leaf({4}));
+  EXPECT_GRADCHECK([](auto& v) { return group_norm(v[0], 3, Tensor(), Tensor()); },
+                   leaf({2, 6, 5}));
+}
+
+// One group is LayerNorm over each whole sample (accrue's fused kernel, an
+// independent path); C groups normalize each channel on its own.
+TEST(ConvGradcheck, group_norm_matches_layer_norm_and_per_channel_statistics) {
+  const Tensor x = test::random_normal({3, 4, 5, 2}, DType::f64);
+  const Tensor ln = layer_norm(x.reshape({3, 40}), Tensor(), Tensor(), 1e-5).reshape(x.shape());
+  EXPECT_LE(test::relative_error(group_norm(x, 1, Tensor(), Tensor()), ln), 1e-13);
+  const Tensor per_channel = group_norm(x, 4, Tensor(), Tensor());
+  const std::vector<double> v =
+      per_channel.narrow(0, 1, 1).narrow(1, 2, 1).contiguous().to_vector<double>();
+  double m = 0.0, s = 0.0;
+  for (double e : v)
+    m += e / 10.0;
+  for (double e : v)
+    s += (e - m) * (e - m) / 10.0;
+  EXPECT_NEAR(m, 0.0, 1e-14);
+  EXPECT_NEAR(s, 1.0, 1e-4);  // eps = 1e-5 inside the root
+  // bf16 keeps f32 statistics and returns bf16.
+  const Tensor b = group_norm(x.to(DType::bf16), 2, Tensor(), Tensor());
+  EXPECT_EQ(b.dtype(), DType::bf16);
+  EXPECT_LE(test::relative_error(b.to(DType::f64), group_norm(x, 2, Tensor(), Tensor())), 1e-2);
+  Generator gen(2);
+  nn::GroupNorm module(2, 4, {Device::cpu(), DType::f64, &gen});
+  EXPECT_LE(test::relative_error(module.forward(x), group_norm(x, 2, Tensor(), Tensor())), 1e-15);
+}
+
 TEST(ConvGradcheck, bad_module_and_bias_shapes_are_errors) {
+  const Tensor x = test::random_normal({2, 6, 3}, DType::f64);
+  EXPECT_ERROR(group_norm(x, 4, Tensor(), Tensor()), "group_norm", "4 groups", "6 channels");
+  EXPECT_ERROR(group_norm(x, 2, zeros({5}, DType::f64), Tensor()), "group_norm",
+               "weight has shape [5]", "expected [6]");
+  EXPECT_ERROR(group_norm(x.reshape({36}), 1, Tensor(), Tensor()), "group_norm", "[36]");
+  EXPECT_ERROR(nn::GroupNorm(4, 6, {Device::cpu(), DType::f64, nullptr}), "GroupNorm", "4 groups");
   Generator gen(1);
   EXPECT_ERROR(nn::Conv2d(3, 4, 3, true, {Device::cpu(), DType::f64, &gen}, {1, 1, 0, 0, 1, 1, 2}),
                "Conv2d", "in=3", "groups=2");
