@@ -54,7 +54,12 @@
 //
 // The step function must not keep tensors it made past its return (the
 // captured graph owns that memory), and a grad-ready hook registered by the
-// user runs during the capture only, not on replays.
+// user runs during the capture only, not on replays. A bad index in a
+// replayed micro-step skips its window as it does eagerly (Note [Deferred
+// index checks]), but the error names the window and micro-step of the
+// capture: those numbers are kernel arguments the replay repeats. The
+// allocator's counters see one micro-step's allocations, at the capture;
+// graph_memory() reports what the graphs hold.
 #pragma once
 
 #include <cstdint>
