@@ -1,5 +1,7 @@
 #include "nn/batch_norm.h"
 
+#include <cmath>
+
 #include "autograd/ops.h"
 #include "autograd/variable.h"
 #include "core/error.h"
@@ -77,6 +79,7 @@ Tensor BatchNorm::forward(const Tensor& x) {
   pending_mean_.copy_(merged_mean);
   pending_m2_.copy_(merged_m2);
   pending_count_.copy_(pending_count_ + nb);
+  ++pending_forwards_;
   return y;
 }
 
@@ -98,7 +101,11 @@ void BatchNorm::adopt_pending(double momentum) {
 }
 
 void BatchNorm::on_window_close() {
-  if (options_.statistics == BatchNormStatistics::Window) adopt_pending(options_.momentum);
+  if (options_.statistics != BatchNormStatistics::Window) return;
+  const double m = options_.momentum;
+  adopt_pending(options_.compound_momentum && pending_forwards_ > 0
+                    ? 1.0 - std::pow(1.0 - m, static_cast<double>(pending_forwards_))
+                    : m);
 }
 
 void BatchNorm::begin_recompute() {
@@ -148,6 +155,7 @@ void recompute_batch_norm_statistics(Module& model, const std::function<void()>&
 }
 
 void BatchNorm::on_window_restart() {
+  pending_forwards_ = 0;
   pending_count_.fill_(0.0);
   pending_mean_.fill_(0.0);
   pending_m2_.fill_(0.0);

@@ -24,7 +24,15 @@
 // forward used, and a skipped window leaves those weights as they were (as
 // PyTorch's forward updates them whatever the step does). A restarted window
 // (Note [Out-of-memory retry]) drops the pending statistics with the
-// micro-steps. Register the layer with Window::add_listener; without a Window
+// micro-steps.
+// Window mode lags: with one move by m per window, the running statistics
+// average over about 1/m windows, K times as many weight updates' worth of
+// micro-batches as PyTorch's 1/m forwards. Measured on a small ResNet
+// (examples/resnet, bench/RESULTS.md), that lag costs more than the small
+// samples' noise does; compound_momentum moves by 1 - (1 - m)^F instead, F
+// the forwards merged, which keeps PyTorch's pace with exact statistics.
+// (F is counted on the host, so a CUDA graph replay of the forwards would not
+// count them.) Register the layer with Window::add_listener; without a Window
 // (or one that never closes) Window mode never moves the running statistics.
 // A forward that activation checkpointing recomputes in backward records its
 // statistics a second time (as PyTorch's does): keep BatchNorm layers out of
@@ -44,6 +52,11 @@ struct BatchNormOptions {
   double eps = 1e-5;
   double momentum = 0.1;
   BatchNormStatistics statistics = BatchNormStatistics::Window;
+  // Window mode only: move by 1 - (1 - momentum)^F at a close that merged F
+  // forwards, so that the running statistics forget at PyTorch's per-forward
+  // pace while each move uses the exact merged statistics (Note [Window
+  // statistics]). Off: one move by `momentum` per window.
+  bool compound_momentum = false;
 };
 
 class BatchNorm : public Module, public WindowListener {
@@ -82,6 +95,7 @@ class BatchNorm : public Module, public WindowListener {
   Tensor running_mean_, running_var_;                 // f64 buffers [C]
   Tensor pending_count_, pending_mean_, pending_m2_;  // Window mode: f64 [1], [C], [C]
   BatchNormStatistics saved_statistics_ = BatchNormStatistics::Window;  // during a recompute
+  int64_t pending_forwards_ = 0;  // forwards merged since the last adoption (compound_momentum)
 };
 
 // Precise BatchNorm statistics: re-estimates the running statistics of every

@@ -129,6 +129,39 @@ TEST(BatchNorm, window_mode_updates_once_as_the_whole_batch_would) {
   EXPECT_TRUE(test::all_equal(windowed.running_var(), var));
 }
 
+// compound_momentum: a window that merged F forwards moves the running
+// statistics by 1 - (1 - m)^F toward the merged ones, PyTorch's pace.
+TEST(BatchNorm, compound_momentum_moves_by_the_forwards_merged) {
+  std::vector<Tensor> micro;
+  for (int k = 0; k < 4; ++k)
+    micro.push_back(test::random_normal({3, 2, 4}, DType::f64, Device::cpu(), 0.5 + k) + 0.3 * k);
+  nn::BatchNormOptions o;
+  o.compound_momentum = true;
+  nn::BatchNorm compound(2, kF64, o);
+  for (const Tensor& x : micro)
+    compound.forward(x);
+  compound.on_window_close();
+  // The whole batch once, with momentum 1 - 0.9^4, from the same start (mean 0, var 1).
+  nn::BatchNormOptions once = mode(nn::BatchNormStatistics::PerMicroBatch);
+  once.momentum = 1.0 - std::pow(0.9, 4);
+  nn::BatchNorm whole(2, kF64, once);
+  whole.forward(cat_rows(micro));
+  EXPECT_LT(test::relative_error(compound.running_mean(), whole.running_mean()), 1e-12);
+  EXPECT_LT(test::relative_error(compound.running_var(), whole.running_var()), 1e-12);
+  // The next window counts its own forwards: one forward moves by m again.
+  nn::BatchNormOptions m1 = mode(nn::BatchNormStatistics::PerMicroBatch);
+  nn::BatchNorm single(2, kF64, m1);
+  {
+    NoGradGuard no_grad;
+    single.running_mean().copy_(compound.running_mean());
+    single.running_var().copy_(compound.running_var());
+  }
+  compound.forward(micro[1]);
+  compound.on_window_close();
+  single.forward(micro[1]);
+  EXPECT_LT(test::relative_error(compound.running_var(), single.running_var()), 1e-12);
+}
+
 // Through an optim::Window: the listener moves the statistics at close, and
 // the pending statistics are buffers (a mid-window state dict carries them).
 TEST(BatchNorm, a_window_tells_its_batch_norms_when_it_closes) {
