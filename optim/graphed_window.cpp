@@ -22,11 +22,15 @@ GraphedWindow::GraphedWindow(Window& window, StepFn step)
     why_eager_ = "the CUDA allocator is in plain mode, whose cudaMalloc a graph does not record";
   }
   if (window.sync_) {
-    why_close_eager_ = "with a GradientSync the close all-reduces and gathers eagerly";
+    why_close_eager_ = "the reducer launches its all-reduces from host hooks";
   } else if (!window.listeners_.empty()) {
     why_close_eager_ = "the Window has listeners, which act on the host at close";
   }
-  if (!why_eager_.empty()) warn("every micro-step and close", why_eager_);
+  if (!why_eager_.empty()) {
+    warn("every micro-step and close", why_eager_);
+  } else if (!why_close_eager_.empty()) {
+    warn(window.sync_ ? "the last micro-step and the close" : "the close", why_close_eager_);
+  }
 }
 
 void GraphedWindow::warn(const std::string& what, const std::string& why) const {
