@@ -57,16 +57,31 @@ Tensor BatchNorm::forward(const Tensor& x) {
   ACCRUE_CHECK(n > 1, "BatchNorm: training needs more than one value per channel, got ", n,
                " in an input of shape ", shape_str(x.shape()));
   const std::vector<int64_t> dims = reduce_dims(x);
-  const Tensor mean = accrue::mean(x, dims, /*keepdim=*/true);
-  const Tensor centered = x - mean;
-  const Tensor var = accrue::mean(centered * centered, dims, /*keepdim=*/true);
+  // The values per channel behind the statistics: this rank's, or (sync) all ranks'.
+  Tensor count = full({1}, static_cast<double>(n), DType::f64, x.device());
+  Tensor mean, var, centered;
+  if (options_.sync == nullptr) {
+    mean = accrue::mean(x, dims, /*keepdim=*/true);
+    centered = x - mean;
+    var = accrue::mean(centered * centered, dims, /*keepdim=*/true);
+  } else {
+    StatisticsSync& sync = *options_.sync;
+    {
+      NoGradGuard no_grad;
+      sync.all_reduce_sum(count);
+    }
+    const Tensor total = count.to(x.dtype()).reshape({});
+    mean = all_reduce_sum(sum(x, dims, /*keepdim=*/true), sync) / total;
+    centered = x - mean;
+    var = all_reduce_sum(sum(centered * centered, dims, /*keepdim=*/true), sync) / total;
+  }
   const Tensor y = centered / sqrt(var + eps) * w + b;
 
   // Note [Window statistics]: record this micro-batch's statistics, on the device.
   NoGradGuard no_grad;
   const Tensor batch_mean = detach(mean).reshape({channels_}).to(DType::f64);
   const Tensor batch_var = detach(var).reshape({channels_}).to(DType::f64);  // biased
-  const double nb = static_cast<double>(n);
+  const Tensor nb = count.expand({channels_});
   if (options_.statistics == BatchNormStatistics::PerMicroBatch) {
     move_running(batch_mean, batch_var * (nb / (nb - 1.0)));
     return y;
@@ -78,7 +93,7 @@ Tensor BatchNorm::forward(const Tensor& x) {
   const Tensor merged_m2 = pending_m2_ + batch_var * nb + delta * delta * na * nb / total;
   pending_mean_.copy_(merged_mean);
   pending_m2_.copy_(merged_m2);
-  pending_count_.copy_(pending_count_ + nb);
+  pending_count_.copy_(pending_count_ + count);
   ++pending_forwards_;
   return y;
 }

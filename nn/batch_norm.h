@@ -41,6 +41,7 @@
 
 #include <functional>
 
+#include "autograd/statistics_sync.h"
 #include "autograd/window_listener.h"
 #include "nn/module.h"
 
@@ -57,6 +58,12 @@ struct BatchNormOptions {
   // pace while each move uses the exact merged statistics (Note [Window
   // statistics]). Off: one move by `momentum` per window.
   bool compound_momentum = false;
+  // SyncBatchNorm: the normalization statistics of each training forward are
+  // summed over the data-parallel ranks (autograd/statistics_sync.h), so
+  // every rank normalizes with those of the whole global micro-batch, and
+  // moves the same running statistics (with either mode above). Null: this
+  // rank's micro-batch alone. Must outlive the layer's forwards and backwards.
+  StatisticsSync* sync = nullptr;
 };
 
 class BatchNorm : public Module, public WindowListener {

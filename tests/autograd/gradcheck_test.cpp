@@ -3,6 +3,7 @@
 #include "autograd/engine.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "autograd/statistics_sync.h"
 #include "autograd/variable.h"
 #include "kernels/ops.h"
 #include "tests/test_util.h"
@@ -145,6 +146,16 @@ TEST(Gradcheck, detects_a_wrong_gradient) {
                             [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
   };
   EXPECT_FALSE(gradcheck(wrong, {leaf({3})}).ok);
+}
+
+// all_reduce_sum over a world of two identical ranks (this rank's value,
+// twice): forward 2x, and the backward sums the gradient the same way.
+TEST(Gradcheck, all_reduce_sum_over_identical_ranks) {
+  struct Twice : StatisticsSync {
+    void all_reduce_sum(const Tensor& t) override { t.copy_(t.clone() * 2.0); }
+    int world_size() const override { return 2; }
+  } twice;
+  EXPECT_GRADCHECK([&twice](auto& v) { return all_reduce_sum(v[0] * v[0], twice); }, leaf({2, 3}));
 }
 
 }  // namespace
