@@ -82,6 +82,23 @@ TEST(CpuConv, groups_are_separate_convolutions_and_1x1_is_a_matmul) {
   EXPECT_LE(test::relative_error(conv.narrow(0, 1, 1).reshape({3, 25}).contiguous(), mm), 1e-15);
 }
 
+// Channels-last (NHWC) memory is an NCHW-shaped view with permuted strides:
+// the same values give the same bits, whatever the layout.
+TEST(CpuConv, channels_last_inputs_give_the_same_result) {
+  const Tensor nhwc = test::random_normal({2, 5, 4, 3}, DType::f64);  // [N, H, W, C] in memory
+  const Tensor x = nhwc.permute({0, 3, 1, 2});                        // logical [N, C, H, W]
+  ASSERT_FALSE(x.is_contiguous());
+  const Tensor w = test::random_normal({4, 3, 3, 3}, DType::f64);
+  Conv2dOptions o;
+  o.pad_h = o.pad_w = 1;
+  EXPECT_TRUE(test::all_equal(kernels::conv2d(x, w, o), kernels::conv2d(x.contiguous(), w, o)));
+  Pool2dOptions p;
+  p.kernel_h = p.kernel_w = 2;
+  p.stride_h = p.stride_w = 2;
+  EXPECT_TRUE(
+      test::all_equal(kernels::max_pool2d(x, p).out, kernels::max_pool2d(x.contiguous(), p).out));
+}
+
 TEST(CpuConv, the_weight_gradient_writes_with_beta_0_and_adds_with_beta_1) {
   const Tensor x = test::random_normal({2, 3, 6, 6}, DType::f64);
   const Tensor g = test::random_normal({2, 4, 4, 4}, DType::f64);
