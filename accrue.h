@@ -35,6 +35,7 @@
 #include "nn/transformer.h"
 #include "optim/graphed_window.h"
 #include "optim/loss_scaler.h"
+#include "optim/layer_monitor.h"
 #include "optim/metrics_log.h"
 #include "optim/optimizer.h"
 #include "optim/planner.h"

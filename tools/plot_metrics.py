@@ -5,7 +5,10 @@
 
 Four panels against the window: the training loss (and the validation loss
 where measured), the gradient norm before and after clipping, the learning
-rate, and the loss scale with the skipped windows marked. Needs matplotlib.
+rate, and the loss scale with the skipped windows marked. A fifth and sixth
+when the file has per-layer figures (--layer-metrics-every): the
+update-to-weight ratio, all parameters together and each layer, and the
+layers' gradient norms. Needs matplotlib.
 """
 import argparse
 import json
@@ -52,7 +55,9 @@ def main():
         print("plot_metrics: needs matplotlib (pip install matplotlib)", file=sys.stderr)
         return 2
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    layer_keys = sorted({k for r in rows for k in r if k.startswith("update_ratio/")})
+    panel_rows = 3 if layer_keys else 2
+    fig, axes = plt.subplots(panel_rows, 2, figsize=(11, 3.5 * panel_rows), sharex=True)
     ax = axes[0][0]
     ax.plot(*series(rows, "loss"), label="train")
     w, v = series(rows, "val_loss")
@@ -77,6 +82,21 @@ def main():
     ax.set_yscale("log", base=2)
     ax.set_ylabel(f"loss scale ({len(skipped)} skipped windows in red)")
     ax.set_xlabel("window")
+    if layer_keys:
+        ax = axes[2][0]
+        for key in layer_keys:
+            ax.plot(*series(rows, key), color="grey", alpha=0.3, linewidth=0.8)
+        ax.plot(*series(rows, "update_ratio"), color="black", label="all parameters")
+        ax.set_yscale("log")
+        ax.set_ylabel("update / weight (grey: layers)")
+        ax.legend()
+        ax.set_xlabel("window")
+        ax = axes[2][1]
+        for key in sorted(k.replace("update_ratio/", "grad_norm/") for k in layer_keys):
+            ax.plot(*series(rows, key), alpha=0.5, linewidth=0.8)
+        ax.set_yscale("log")
+        ax.set_ylabel("gradient norm per layer")
+        ax.set_xlabel("window")
     fig.suptitle(args.title or args.metrics)
     fig.tight_layout()
     fig.savefig(args.out, dpi=100)

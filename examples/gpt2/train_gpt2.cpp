@@ -139,6 +139,9 @@ evaluation and checkpoints
                                tools/plot_metrics.py plots it. The progress line shows
                                an ALERT when the loss or grad norm is 3 standard
                                deviations off the last 128 windows
+  --layer-metrics-every N      every N windows, add each layer's gradient norm and
+                               update-to-weight ratio to the --metrics line (Note [Layer
+                               monitor]; a copy of the weights in those windows)
   --checkpoint PATH            write a checkpoint (safetensors) at the end
   --checkpoint-every N         ... and every N windows
   --resume PATH                continue a checkpoint's run (bit-exactly)
@@ -180,6 +183,7 @@ struct Options {
   uint64_t seed = 1337;
   int64_t val_every = 0, val_batches = 20;
   std::string metrics;
+  int64_t layer_metrics_every = 0;
   bool nvtx = false;
   std::string checkpoint, resume;
   int64_t checkpoint_every = 0;
@@ -299,6 +303,8 @@ Options parse(int argc, char** argv) {
       o.val_every = non_negative();
     } else if (a == "--metrics") {
       o.metrics = value();
+    } else if (a == "--layer-metrics-every") {
+      o.layer_metrics_every = positive();
     } else if (a == "--nvtx") {
       o.nvtx = true;
     } else if (a == "--val-batches") {
@@ -330,6 +336,8 @@ Options parse(int argc, char** argv) {
                             : "needs --train-data GLOB or --synthetic");
   if (o.checkpoint_every > 0 && o.checkpoint.empty())
     usage_error("--checkpoint-every needs --checkpoint PATH");
+  if (o.layer_metrics_every > 0 && o.metrics.empty())
+    usage_error("--layer-metrics-every needs --metrics FILE");
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
     usage_error("--bench takes no --checkpoint or --resume");
   if (o.bench) o.windows = o.bench_warmup + o.bench_windows;
@@ -819,8 +827,15 @@ int main(int argc, char** argv) try {
         window, [&model](const std::vector<Tensor>& in) { return model.loss(in[0], in[1]); });
     std::printf("cuda graphs: micro-steps and close captured after one eager warm-up each\n");
   }
+  // Note [Layer monitor]: measured in every --layer-metrics-every-th window.
+  std::unique_ptr<optim::LayerMonitor> layers;
+  if (opt.layer_metrics_every > 0) layers = std::make_unique<optim::LayerMonitor>(arena);
+  auto measures_layers = [&](int64_t window_number) {
+    return layers && window_number % opt.layer_metrics_every == 0;
+  };
   auto run_window = [&]() {
     const NvtxRange range("accrue window");
+    const bool measure = measures_layers(window.windows_closed() + 1);
     for (int64_t k = window.micro_step(); k < K; ++k) {  // a resumed window continues
       auto [x, y] = source->next();
       if (graphed) {
@@ -829,11 +844,13 @@ int main(int argc, char** argv) try {
         window.backward(model.loss(x, y));
       }
     }
+    if (measure) layers->before_close();
     if (graphed) {
       graphed->close();
     } else {
       window.close();
     }
+    if (measure) layers->after_close();
   };
 
   if (opt.bench) {
@@ -939,13 +956,22 @@ int main(int argc, char** argv) try {
       val = validation_loss(model, *val_loader, opt.val_batches, comm.get(), device);
       std::printf("window %lld/%lld | val loss %.4f\n", (long long)w, (long long)opt.windows, val);
     }
-    metrics.write(r, {{"lr", optimizer.config_at(r.window - 1).groups[0].lr},
-                      {"tokens_per_s", tokens_per_s},
-                      {"mfu", m},
-                      {"peak_bytes", static_cast<double>(memory_stats(device).peak_bytes)},
-                      {"val_loss", val},
-                      {"loss_z", loss_z},
-                      {"grad_norm_z", norm_z}});
+    std::vector<std::pair<std::string, double>> extras = {
+        {"lr", optimizer.config_at(r.window - 1).groups[0].lr},
+        {"tokens_per_s", tokens_per_s},
+        {"mfu", m},
+        {"peak_bytes", static_cast<double>(memory_stats(device).peak_bytes)},
+        {"val_loss", val},
+        {"loss_z", loss_z},
+        {"grad_norm_z", norm_z}};
+    if (measures_layers(r.window)) {
+      for (const optim::LayerReport& l : layers->read(r)) {
+        extras.emplace_back("grad_norm/" + l.name, l.grad_norm);
+        extras.emplace_back("update_ratio/" + l.name, l.update_ratio);
+      }
+      extras.emplace_back("update_ratio", layers->total_update_ratio());
+    }
+    metrics.write(r, extras);
     if (!opt.checkpoint.empty() &&
         ((opt.checkpoint_every > 0 && w % opt.checkpoint_every == 0) || w == end) && main_rank) {
       const auto t0 = std::chrono::steady_clock::now();

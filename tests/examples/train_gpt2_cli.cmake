@@ -105,7 +105,7 @@ if(SCENARIO STREQUAL "help")
   foreach(_option --model --n-layer --micro-batch --seq-len --total-batch-tokens --train-data
                   --val-data --synthetic --lr --warmup-windows --windows --min-lr-factor
                   --weight-decay --beta1 --beta2 --eps --max-grad-norm --norm-under-backward --cuda-graphs --gemm-tuning --dtype --val-every
-                  --val-batches --metrics --nvtx --checkpoint --checkpoint-every --resume --init-from
+                  --val-batches --metrics --layer-metrics-every --nvtx --checkpoint --checkpoint-every --resume --init-from
                   --activation-checkpointing --seed --cpu --dropout --bench --bench-warmup
                   --bench-windows --peak-tflops --stop-after --stop-micro-steps)
     expect_contains("${out}" "${_option}")
@@ -126,6 +126,8 @@ elseif(SCENARIO STREQUAL "bad_value")
   expect_usage_error("--dropout must be in [0, 1)")
   run(${TRAINER} --synthetic --dtype f64)
   expect_usage_error("--dtype must be f32, bf16 or f16, got 'f64'")
+  run(${TRAINER} --synthetic --layer-metrics-every 2)
+  expect_usage_error("--layer-metrics-every needs --metrics FILE")
   run(${TRAINER} --synthetic --model d13)
   expect_usage_error("--model must be" "'d13'")
   run(${TRAINER} --synthetic --windows)
@@ -189,7 +191,8 @@ elseif(SCENARIO STREQUAL "make_shards")
 elseif(SCENARIO STREQUAL "train")
   make_readme_shards()
   run(${TRAINER} ${TINY} ${SHARDS} --total-batch-tokens 256 --windows 6 --lr 3e-3
-      --warmup-windows 1 --val-every 3 --val-batches 2 --metrics ${WORK_DIR}/metrics.jsonl)
+      --warmup-windows 1 --val-every 3 --val-batches 2 --metrics ${WORK_DIR}/metrics.jsonl
+      --layer-metrics-every 2)
   expect_rc(0)
   set(_progress "${out}")
   # --metrics: one JSON object per window with the progress line's numbers,
@@ -205,6 +208,17 @@ for r in rows:
     assert r['grad_norm_clipped'] <= r['grad_norm'] * (1 + 1e-6), r
     assert r['items'] == 256 and r['skipped'] is False, r
 assert [r['window'] for r in rows if r['val_loss'] is not None] == [3, 6], rows
+# --layer-metrics-every 2 (Note [Layer monitor]): windows 2, 4, 6 carry each
+# layer's gradient norm (their root-sum-square is the window's) and update ratio.
+assert [r['window'] for r in rows if 'update_ratio' in r] == [2, 4, 6], rows
+for r in rows:
+    if 'update_ratio' not in r:
+        continue
+    norms = [v for k, v in r.items() if k.startswith('grad_norm/')]
+    ratios = [v for k, v in r.items() if k.startswith('update_ratio/')]
+    assert 'grad_norm/wte' in r and len(norms) == len(ratios) > 4, r
+    assert abs(sum(v * v for v in norms) ** 0.5 - r['grad_norm']) <= 1e-5 * r['grad_norm'], r
+    assert 0 < r['update_ratio'] < 1 and all(v >= 0 for v in ratios), r
 print('metrics ok')
 " ${WORK_DIR}/metrics.jsonl)
   expect_rc(0)

@@ -1,0 +1,122 @@
+// Note [Layer monitor] on the CPU in f64: per-layer gradient norms against the
+// gradient of the whole window computed apart, update ratios against the
+// weights before and after, an unused layer, a skipped window, misuse.
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "autograd/engine.h"
+#include "autograd/ops.h"
+#include "autograd/variable.h"
+#include "nn/module.h"
+#include "optim/layer_monitor.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+const nn::ParamOptions kF64{Device::cpu(), DType::f64, nullptr};
+
+struct Batch {
+  Tensor x, y;
+};
+
+std::vector<Batch> batches(int k) {
+  std::vector<Batch> b;
+  Generator data(11);
+  for (int i = 0; i < k; ++i)
+    b.push_back({randn({5, 4}, DType::f64, Device::cpu(), &data),
+                 randint(0, 3, {5}, DType::i64, Device::cpu(), &data)});
+  return b;
+}
+
+TEST(LayerMonitor, layer_norms_and_update_ratios_match_a_separate_computation) {
+  Generator g1(3), g2(3);
+  nn::MLP model({4, 6, 3}, {Device::cpu(), DType::f64, &g1});
+  nn::MLP reference({4, 6, 3}, {Device::cpu(), DType::f64, &g2});  // same initial weights
+  optim::Optimizer opt(optim::AdamWOptions(1e-2).weight_decay(0.1));
+  GradArena arena(model.parameters(), {"fc0.w", "fc0.b", "fc1.w", "fc1.b"},
+                  {Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
+  optim::Window window(arena, opt, optim::WindowOptions().micro_steps(2).max_grad_norm(0.1));
+  optim::LayerMonitor monitor(arena);
+  const std::vector<Batch> b = batches(2);
+  for (const Batch& mb : b)
+    window.backward(cross_entropy(model.forward(mb.x), mb.y));
+  std::vector<Tensor> before;
+  for (const Tensor& p : model.parameters())
+    before.push_back(detach(p).clone());
+  monitor.before_close();
+  window.close();
+  monitor.after_close();
+  const optim::WindowReport r = window.report();
+  const std::vector<optim::LayerReport> layers = monitor.read(r);
+  ASSERT_EQ(layers.size(), 4u);
+
+  // The window's gradient apart: the summed loss of both micro-batches over N = 10.
+  Tensor total = full({}, 0.0, DType::f64);
+  for (const Batch& mb : b)
+    total = total + cross_entropy(reference.forward(mb.x), mb.y).sum;
+  backward(total / 10.0);
+  double squares = 0.0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Tensor g = grad(reference.parameters()[i]);
+    const double expected = std::sqrt(accrue::sum(g * g).item());
+    EXPECT_NEAR(layers[i].grad_norm, expected, 1e-12 * expected) << layers[i].name;
+    squares += layers[i].grad_norm * layers[i].grad_norm;
+    const Tensor now = detach(model.parameters()[i]);
+    const Tensor delta = now - before[i];
+    const double ratio =
+        std::sqrt(accrue::sum(delta * delta).item() / accrue::sum(before[i] * before[i]).item());
+    EXPECT_NEAR(layers[i].update_ratio, ratio, 1e-12 * ratio) << layers[i].name;
+    EXPECT_GT(layers[i].update_ratio, 0.0);
+  }
+  EXPECT_NEAR(std::sqrt(squares), r.grad_norm, 1e-12 * r.grad_norm);
+  EXPECT_EQ(layers[0].name, "fc0.w");
+  EXPECT_GT(monitor.total_update_ratio(), 0.0);
+}
+
+TEST(LayerMonitor, an_unused_layer_and_a_skipped_window) {
+  Generator g(5);
+  nn::MLP model({4, 6, 3}, {Device::cpu(), DType::f64, &g});
+  Tensor unused = requires_grad_(zeros({7}, DType::f64) + 1.0);
+  std::vector<Tensor> params = model.parameters();
+  params.push_back(unused);
+  optim::Optimizer opt(optim::SGDOptions(0.1));
+  GradArena arena(params, {"a", "b", "c", "d", "unused"},
+                  {Device::cpu(), DType::f64, DType::f64, 0});
+  optim::Window window(arena, opt, optim::WindowOptions().micro_steps(1));
+  optim::LayerMonitor monitor(arena);
+  arena.grad_view(4).fill_(std::numeric_limits<double>::quiet_NaN());  // stale, nobody writes it
+  const Batch mb = batches(1)[0];
+  window.backward(cross_entropy(model.forward(mb.x), mb.y));
+  monitor.before_close();
+  window.close();
+  monitor.after_close();
+  std::vector<optim::LayerReport> layers = monitor.read(window.report());
+  EXPECT_EQ(layers[4].grad_norm, 0.0);     // the close zeroed its slot
+  EXPECT_EQ(layers[4].update_ratio, 0.0);  // plain SGD, zero gradient: unchanged
+  EXPECT_TRUE(std::isfinite(layers[0].grad_norm));
+
+  // A non-finite gradient skips the window: nothing moves.
+  window.backward(
+      {cross_entropy(model.forward(mb.x), mb.y).sum * INFINITY, full({}, 5.0, DType::i64)});
+  monitor.before_close();
+  window.close();
+  monitor.after_close();
+  ASSERT_TRUE(window.report().skipped);
+  layers = monitor.read(window.report());
+  for (const optim::LayerReport& l : layers)
+    EXPECT_EQ(l.update_ratio, 0.0) << l.name;
+}
+
+TEST(LayerMonitor, misuse_is_an_error) {
+  Generator g(6);
+  nn::MLP model({2, 2}, {Device::cpu(), DType::f64, &g});
+  GradArena arena(model.parameters(), {}, {Device::cpu(), DType::f64, DType::f64, 0});
+  optim::LayerMonitor monitor(arena);
+  EXPECT_ERROR(monitor.read(optim::WindowReport{}), "LayerMonitor::read", "no window measured");
+  EXPECT_ERROR(monitor.after_close(), "LayerMonitor::after_close", "before_close");
+}
+
+}  // namespace
+}  // namespace accrue
