@@ -6,6 +6,7 @@
 
 #include "autograd/variable.h"
 #include "core/grad_mode.h"
+#include "core/nvtx.h"
 #include "kernels/ops.h"
 
 namespace accrue {
@@ -107,6 +108,7 @@ void backward(const Tensor& root, const Tensor& seed, bool retain_graph) {
       if (grad_in.defined() || delivered.count(n))
         autograd::accumulate_leaf_grad(acc->leaf(), grad_in);
     } else if (grad_in.defined()) {
+      const NvtxRange range(n->name());  // Note [NVTX ranges]: one range per op's backward
       grads = n->apply(grad_in);
     }
     if (!retain_graph) n->release_saved();

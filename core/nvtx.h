@@ -1,5 +1,7 @@
 // NVTX ranges, so that an Nsight Systems timeline shows accrue's structure:
-// the window, each micro-step, the close, each bucket's collective.
+// the window, each micro-step, the close, each bucket's collective, the
+// forward of each GPT-2 block and ResNet, and the backward of every op
+// (named after its autograd node, e.g. "LinearBackward").
 //
 // Note [NVTX ranges]
 // ~~~~~~~~~~~~~~~~~~

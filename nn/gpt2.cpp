@@ -6,6 +6,7 @@
 #include "autograd/checkpoint.h"
 #include "autograd/transformer_ops.h"
 #include "core/grad_mode.h"
+#include "core/nvtx.h"
 
 namespace accrue::nn {
 
@@ -111,6 +112,7 @@ const Block& GPT2::block(int64_t i) const {
 }
 
 Tensor GPT2::forward(const Tensor& idx) const {
+  const NvtxRange range("accrue GPT-2 forward");  // Note [NVTX ranges]
   ACCRUE_CHECK(idx.defined() && idx.dim() == 2, "GPT2::forward: idx must be [B, T], got ",
                idx.defined() ? shape_str(idx.shape()) : "an undefined tensor");
   ACCRUE_CHECK(idx.dtype() == DType::i32 || idx.dtype() == DType::i64,

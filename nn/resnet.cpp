@@ -7,6 +7,7 @@
 #include "autograd/conv_ops.h"
 #include "autograd/ops.h"
 #include "core/grad_mode.h"
+#include "core/nvtx.h"
 
 namespace accrue::nn {
 
@@ -104,6 +105,7 @@ ResNet::ResNet(const ResNetConfig& config, const ParamOptions& options) : config
 }
 
 Tensor ResNet::forward(const Tensor& x) {
+  const NvtxRange range("accrue ResNet forward");  // Note [NVTX ranges]
   ACCRUE_CHECK(x.dim() == 4 && x.size(1) == config_.in_channels, "ResNet: input has shape ",
                shape_str(x.shape()), "; expected [N, ", config_.in_channels, ", H, W]");
   Tensor h = relu(bn1_->forward(conv1_->forward(x)));

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/grad_mode.h"
+#include "core/nvtx.h"
 #include "kernels/ops.h"
 
 namespace accrue::nn {
@@ -90,6 +91,7 @@ Block::Block(const BlockOptions& c, const ParamOptions& options) {
 
 ResidualNorm Block::forward(const Tensor& x, const Tensor& normed, const LayerNorm& next_norm,
                             Generator* generator) const {
+  const NvtxRange range("accrue GPT-2 block forward");  // Note [NVTX ranges]
   // See Note [Fused residual stream].
   const ResidualNorm h = residual_layer_norm(attn_->forward(normed, generator), x, ln_2_->weight(),
                                              ln_2_->bias(), ln_2_->eps());

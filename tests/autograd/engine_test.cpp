@@ -5,6 +5,7 @@
 #include "autograd/ops.h"
 #include "autograd/variable.h"
 #include "core/grad_mode.h"
+#include "core/nvtx.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -164,6 +165,26 @@ TEST(Engine, unused_branch_gets_no_gradient) {
   (void)branch;
   backward(sum(x));
   EXPECT_FALSE(grad(unused).defined());
+}
+
+// Note [NVTX ranges]: with the ranges on, each op's backward is one range
+// named after its node (AccumulateGrad, the leaves, gets none).
+TEST(Engine, each_backward_node_is_one_nvtx_range_when_on) {
+#ifdef ACCRUE_WITH_CUDA
+  constexpr int64_t kPushedWhenOn = 1;
+#else
+  constexpr int64_t kPushedWhenOn = 0;  // without CUDA nothing is ever pushed
+#endif
+  const Tensor a = requires_grad_(test::random_normal({3}, DType::f64));
+  const Tensor b = requires_grad_(test::random_normal({3}, DType::f64));
+  set_nvtx(true);
+  const int64_t before = nvtx_ranges_pushed();
+  backward(sum(a * b));  // SumBackward, MulBackward
+  EXPECT_EQ(nvtx_ranges_pushed(), before + 2 * kPushedWhenOn);
+  set_nvtx(false);
+  const int64_t off = nvtx_ranges_pushed();
+  backward(sum(a * b));
+  EXPECT_EQ(nvtx_ranges_pushed(), off);
 }
 
 }  // namespace
