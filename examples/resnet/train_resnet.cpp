@@ -2,7 +2,15 @@
 // what happens to BatchNorm's running statistics (Note [Window statistics]).
 //
 //   accrue_resnet [--data DIR | --synthetic] [--micro-batch B] [--k K] [--epochs E]
-//                 [--bn window|per-micro-batch] [--recompute-bn] [--lr LR] [--seed S]
+//                 [--bn window|window-compound|per-micro-batch] [--recompute-bn] [--lr LR]
+//                 [--seed S] [--checkpoint PATH] [--resume PATH]
+//
+// A checkpoint, written after the last epoch, is the Window's state_dict
+// (master weights, momentum, window state) plus the model's buffers (every
+// BatchNorm's running and pending statistics) and the epochs done, as Note
+// [Module state dict] describes; --resume continues from it, with the data
+// order of the epochs it skipped replayed, so the run ends as an
+// uninterrupted one does.
 //
 // --data DIR reads DIR/digits_images.npy (f32 [N, 1, 8, 8]) and
 // DIR/digits_labels.npy (i64 [N]), which tools/make_digits.py writes from
@@ -21,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -42,6 +51,7 @@ struct Options {
   int64_t epochs = 15;
   std::string bn = "window";
   bool recompute_bn = false;
+  std::string checkpoint, resume;
   double lr = 0.05;
   uint64_t seed = 0;
 };
@@ -64,6 +74,9 @@ void print_usage() {
       "                      training set (precise BN) before the validation\n"
       "  --lr LR             SGD learning rate, momentum 0.9 (default %g)\n"
       "  --seed S            initialization, data order and synthetic images (default %llu)\n"
+      "  --checkpoint PATH   after the last epoch, save weights, optimizer, window and\n"
+      "                      BatchNorm statistics (safetensors)\n"
+      "  --resume PATH       continue from such a checkpoint up to --epochs\n"
       "  -h, --help          this text\n",
       (long long)d.micro_batch, (long long)d.k, (long long)d.epochs, d.bn.c_str(), d.lr,
       (unsigned long long)d.seed);
@@ -108,6 +121,10 @@ Options parse(int argc, char** argv, bool* help) {
       if (o.bn != "window" && o.bn != "window-compound" && o.bn != "per-micro-batch")
         throw UsageError("--bn must be window, window-compound or per-micro-batch, got '" + o.bn +
                          "'");
+    } else if (a == "--checkpoint") {
+      o.checkpoint = value();
+    } else if (a == "--resume") {
+      o.resume = value();
     } else if (a == "--recompute-bn") {
       o.recompute_bn = true;
     } else if (a == "--lr") {
@@ -248,7 +265,31 @@ int main(int argc, char** argv) try {
   std::vector<int64_t> perm(static_cast<size_t>(train_n));
   for (int64_t i = 0; i < train_n; ++i)
     perm[static_cast<size_t>(i)] = i;
-  for (int64_t epoch = 1; epoch <= opt.epochs; ++epoch) {
+  int64_t first_epoch = 1;
+  if (!opt.resume.empty()) {
+    std::map<std::string, Tensor> state = load_safetensors(opt.resume);
+    std::map<std::string, Tensor> window_state, buffers;
+    for (auto& [key, t] : state) {
+      if (key.rfind("buffers.", 0) == 0) {
+        buffers[key.substr(8)] = t;
+      } else if (key != "epochs_done") {
+        window_state[key] = t;
+      }
+    }
+    ACCRUE_CHECK(state.count("epochs_done") != 0, "accrue_resnet: ", opt.resume,
+                 " has no 'epochs_done': not a checkpoint of this example");
+    window.load_state_dict(window_state);
+    // The parameters came with the window's master weights: keep them, take the buffers.
+    std::map<std::string, Tensor> module_state = model.state_dict();
+    for (const auto& [name, t] : buffers)
+      module_state[name] = t;
+    model.load_state_dict(module_state);
+    first_epoch = static_cast<int64_t>(state.at("epochs_done").item()) + 1;
+    for (int64_t e = 1; e < first_epoch; ++e)  // the data order of the epochs done
+      std::shuffle(perm.begin(), perm.end(), order);
+    std::printf("resumed %s after epoch %lld\n", opt.resume.c_str(), (long long)first_epoch - 1);
+  }
+  for (int64_t epoch = first_epoch; epoch <= opt.epochs; ++epoch) {
     std::shuffle(perm.begin(), perm.end(), order);
     double loss = 0.0;
     int64_t windows = 0;
@@ -263,6 +304,16 @@ int main(int argc, char** argv) try {
     }
     std::printf("epoch %lld | loss %.4f | val accuracy %.4f\n", (long long)epoch,
                 loss / static_cast<double>(windows), accuracy(model, val_x, val_y));
+  }
+
+  if (!opt.checkpoint.empty()) {
+    std::map<std::string, Tensor> state = window.state_dict();
+    for (const nn::NamedParameter& b : model.named_buffers())
+      state["buffers." + b.name] = b.tensor;
+    state["epochs_done"] = full({}, static_cast<double>(opt.epochs), DType::i64);
+    save_safetensors(opt.checkpoint, state);
+    std::printf("checkpoint: %s (after epoch %lld)\n", opt.checkpoint.c_str(),
+                (long long)opt.epochs);
   }
 
   // The reference: each BatchNorm input's variance over the whole training set.
@@ -291,7 +342,7 @@ int main(int argc, char** argv) try {
   std::printf("running variance vs the training set's: %.4f mean relative L2 error\n", error);
   std::printf("val accuracy: %.4f with the trained running statistics, %.4f recomputed\n",
               trained_accuracy, recomputed_accuracy);
-  std::printf("final: val accuracy %.4f running-var error %.4f\n",
+  std::printf("final: val accuracy %.4f running-var error %.12f\n",
               opt.recompute_bn ? recomputed_accuracy : trained_accuracy,
               opt.recompute_bn ? 0.0 : error);
   return 0;
