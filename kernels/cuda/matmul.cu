@@ -35,7 +35,6 @@
 #include <mutex>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "core/cuda_types.cuh"
 #include "kernels/backend.h"

@@ -12,6 +12,7 @@
 #include "autograd/variable.h"
 #include "core/philox.h"
 #include "kernels/attention.h"
+#include "tests/autograd/gradcheck_util.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -19,15 +20,7 @@ namespace {
 
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
-Tensor leaf(const Shape& shape) {
-  return requires_grad_(test::random_normal(shape, DType::f64));
-}
-
-#define EXPECT_GRADCHECK(fn, ...)                     \
-  do {                                                \
-    GradcheckResult r = gradcheck(fn, {__VA_ARGS__}); \
-    EXPECT_TRUE(r.ok) << r.message;                   \
-  } while (0)
+using test::leaf;
 
 Fn sdpa(bool causal, std::optional<double> scale = std::nullopt) {
   return [=](const std::vector<Tensor>& x) {

@@ -12,14 +12,13 @@
 #include "autograd/variable.h"
 #include "core/grad_mode.h"
 #include "kernels/ops.h"
+#include "tests/autograd/gradcheck_util.h"
 #include "tests/test_util.h"
 
 namespace accrue {
 namespace {
 
-Tensor leaf(const Shape& shape, double scale = 1.0) {
-  return requires_grad_(test::random_normal(shape, DType::f64, Device::cpu(), scale));
-}
+using test::leaf;
 
 // Targets in [0, valid) with every third one ignore_index.
 Tensor some_ignored_targets(const Shape& shape, int64_t valid, int64_t ignore) {

@@ -8,6 +8,7 @@
 #include "autograd/ops.h"
 #include "autograd/variable.h"
 #include "nn/module.h"
+#include "tests/autograd/gradcheck_util.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -16,15 +17,7 @@ namespace {
 using kernels::Conv2dOptions;
 using kernels::Pool2dOptions;
 
-Tensor leaf(const Shape& shape) {
-  return requires_grad_(test::random_normal(shape, DType::f64));
-}
-
-#define EXPECT_GRADCHECK(fn, ...)                     \
-  do {                                                \
-    GradcheckResult r = gradcheck(fn, {__VA_ARGS__}); \
-    EXPECT_TRUE(r.ok) << r.message;                   \
-  } while (0)
+using test::leaf;
 
 TEST(ConvGradcheck, conv2d_over_stride_padding_dilation_and_groups) {
   Conv2dOptions plain, strided, dilated, grouped;

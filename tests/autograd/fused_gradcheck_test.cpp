@@ -13,6 +13,7 @@
 #include "autograd/variable.h"
 #include "kernels/dropout.h"
 #include "kernels/ops.h"
+#include "tests/autograd/gradcheck_util.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -21,15 +22,7 @@ namespace {
 using test::all_close;
 using test::all_equal;
 
-Tensor leaf(const Shape& shape, double scale = 1.0) {
-  return requires_grad_(test::random_normal(shape, DType::f64, Device::cpu(), scale));
-}
-
-#define EXPECT_GRADCHECK(fn, ...)                     \
-  do {                                                \
-    GradcheckResult r = gradcheck(fn, {__VA_ARGS__}); \
-    EXPECT_TRUE(r.ok) << r.message;                   \
-  } while (0)
+using test::leaf;
 
 // ---- dropout -------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@
 #include "autograd/statistics_sync.h"
 #include "autograd/variable.h"
 #include "kernels/ops.h"
+#include "tests/autograd/gradcheck_util.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -13,19 +14,11 @@ namespace {
 
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
-Tensor leaf(const Shape& shape, double scale = 1.0) {
-  return requires_grad_(test::random_normal(shape, DType::f64, Device::cpu(), scale));
-}
+using test::leaf;
 
 Tensor positive_leaf(const Shape& shape) {
   return requires_grad_(test::random_uniform(shape, 0.5, 2.0, DType::f64));
 }
-
-#define EXPECT_GRADCHECK(fn, ...)                     \
-  do {                                                \
-    GradcheckResult r = gradcheck(fn, {__VA_ARGS__}); \
-    EXPECT_TRUE(r.ok) << r.message;                   \
-  } while (0)
 
 TEST(Gradcheck, binary_ops_with_broadcasting) {
   for (auto op : std::vector<Fn>{
