@@ -279,14 +279,16 @@ fi
 # never reached. A run passes only when it exits 0 AND prints its summary line
 # (ERROR SUMMARY; racecheck's is RACECHECK SUMMARY); anything else (a crash, a
 # kill, a missing summary) fails the check. Note [Sanitizer exclusions] says
-# what racecheck leaves out.
+# what racecheck leaves out. The gpu label also holds the trainer's scenario
+# tests, which ctest runs through `cmake -P`; only the test_* binaries are
+# sanitized (each once).
 if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
   if [[ -z "$sanitizer" ]]; then
     failed=1
     note "compute-sanitizer: NOT FOUND (failed)"
   else
     mapfile -t gpu_bins < <(ctest --test-dir "$build_dir" -N -L '^gpu$' --show-only=json-v1 2> /dev/null |
-      python3 -c 'import json,sys; [print(t["command"][0]) for t in json.load(sys.stdin).get("tests",[]) if t.get("command")]')
+      python3 -c 'import json,sys,os; cmds=[t["command"][0] for t in json.load(sys.stdin).get("tests",[]) if t.get("command")]; [print(c) for c in dict.fromkeys(cmds) if os.path.basename(c).startswith("test_")]')
     selected=()
     for bin in "${gpu_bins[@]}"; do
       if [[ -z "$sanitizer_binaries" ]] || [[ $(basename "$bin") =~ $sanitizer_binaries ]]; then
