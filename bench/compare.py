@@ -188,6 +188,31 @@ def target_rows(rows):
 
 TARGET_HEADER = ["check", "target", "measured", "verdict"]
 
+# Issue 10, point 4: every GPT-2 training GEMM within 3% of PyTorch's time.
+GEMM_PARITY = 1.03
+GEMM_HEADER = ["GPT-2 GEMM", "accrue ms", "PyTorch ms", "accrue / PyTorch", "<= 1.03",
+               "PyTorch autograd pattern ms", "accrue TFLOP/s"]
+
+
+def gemm_parity_rows(rows):
+    """One row per gpt2_gemm/ benchmark: the two times, their ratio, the verdict and,
+    for wgrad, PyTorch's autocast pattern (a bf16 product added to the fp32 grad)."""
+    by_name = {r["name"]: r for r in rows}
+    table = []
+    for r in rows:
+        if not r["name"].startswith("gpt2_gemm/"):
+            continue
+        ratio = divide(r["a_ms"], r["t_ms"])
+        verdict = "—" if ratio is None else ("met" if ratio <= GEMM_PARITY else "MISSED")
+        pattern = by_name.get(r["name"].replace("gpt2_gemm/", "gpt2_gemm_torch_pattern/", 1))
+        table.append([r["name"][len("gpt2_gemm/"):], fmt(r["a_ms"], ".4f"), fmt(r["t_ms"], ".4f"),
+                      fmt(ratio, ".3f"), verdict, fmt(pattern and pattern["t_ms"], ".4f"),
+                      rate(r["a"]) or "—"])
+    met = sum(1 for row in table if row[4] == "met")
+    if table:
+        table.append([f"within 3%: {met} of {len(table)}", "", "", "", "", "", ""])
+    return table
+
 # (header, side, variant) of the wgrad table's time columns; side a = accrue, t = PyTorch.
 WGRAD_COLUMNS = [
     ("write", "a", "write"),
@@ -282,6 +307,8 @@ def main():
         ("Accumulation targets", TARGET_HEADER, target_rows(rows)),
         ("Weight-gradient accumulation (PT = PyTorch; floor of accumulate = write)",
          WGRAD_HEADER, wgrad_rows(rows)),
+        ("GEMM parity (issue 10, point 4): every GEMM of a GPT-2 124M training step",
+         GEMM_HEADER, gemm_parity_rows(rows)),
     ] if body]
     print(caption)
     print(render_text(table))

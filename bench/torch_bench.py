@@ -30,6 +30,10 @@ MATMUL_SHAPES = [  # (layer, M, K, N): a [M, K] @ b [K, N]
     ("fc2", TOKENS, 3072, 768),
     ("logits", TOKENS, 768, 50304),
 ]
+# bench/bench_gpt2_gemm.cpp: every Linear of GPT-2 124M (out, in), at M tokens.
+GPT2_LINEARS = [("qkv", 2304, 768), ("proj", 768, 768), ("fc", 3072, 768), ("fc2", 768, 3072),
+                ("logits", 50304, 768)]
+GPT2_TOKENS = [1024, 8192, 32768]
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 # About 0.5 ms at Hopper clocks: longer than any op here takes to launch.
 SLEEP_CYCLES = 1_000_000
@@ -94,6 +98,41 @@ def benchmarks():
                        torch.randn(m, k, device="cuda", dtype=dtype),
                        torch.randn(k, n, device="cuda", dtype=dtype)),
                    torch.matmul, 0, 2 * m * n * k)
+
+    yield from gpt2_gemms()
+
+
+def gpt2_gemms():
+    """The GEMMs of a GPT-2 training step (bench/bench_gpt2_gemm.cpp has the same
+    names): fwd x @ W^T and dgrad g @ W in bf16; wgrad g^T x added to an fp32
+    slot by one addmm with out_dtype=float32 (the same arithmetic as accrue's
+    beta-1 GEMM), and, under gpt2_gemm_torch_pattern/, what autograd does under
+    autocast: a bf16 product, then added to the fp32 .grad."""
+    bf16 = torch.bfloat16
+
+    def randn(*shape, dtype=bf16):
+        return torch.randn(*shape, device="cuda", dtype=dtype)
+
+    for layer, out, inp in GPT2_LINEARS:
+        for m in GPT2_TOKENS:
+            base = f"gpt2_gemm/{layer}_{out}x{inp}/M={m}"
+            flop = 2 * m * out * inp
+            yield (f"{base}/fwd", "gpt2_gemm", [m, out, inp], "bf16",
+                   lambda m=m, out=out, inp=inp: (randn(m, inp), randn(out, inp)),
+                   lambda x, w: torch.matmul(x, w.t()), 0, flop)
+            yield (f"{base}/dgrad", "gpt2_gemm", [m, out, inp], "bf16",
+                   lambda m=m, out=out, inp=inp: (randn(m, out), randn(out, inp)),
+                   torch.matmul, 0, flop)
+            yield (f"{base}/wgrad", "gpt2_gemm", [m, out, inp], "bf16",
+                   lambda m=m, out=out, inp=inp: (randn(out, inp, dtype=torch.float32),
+                                                  randn(m, out), randn(m, inp)),
+                   lambda slot, g, x: torch.addmm(slot, g.t(), x, out_dtype=torch.float32),
+                   0, flop)
+            yield (f"gpt2_gemm_torch_pattern/{layer}_{out}x{inp}/M={m}/wgrad", "gpt2_gemm",
+                   [m, out, inp], "bf16",
+                   lambda m=m, out=out, inp=inp: (randn(out, inp, dtype=torch.float32),
+                                                  randn(m, out), randn(m, inp)),
+                   lambda slot, g, x: slot.add_(g.t() @ x), 0, flop)
 
 
 def time_ms(fn, inputs, warmup, repeats):

@@ -55,6 +55,13 @@ ranks), tokens_per_s (all ranks), window_ms, window_ms_min, peak_mem_gib,
 mfu, gpu, torch, params; on out-of-memory the same line with "error": "out of
 memory" (exit status 3).
 
+--composed runs the same model written without fused ops, the counterpart of
+`accrue_train_gpt2 --composed` (examples/composed_gpt2): q, k and v split into
+heads by view + permute + contiguous, attention as (q @ k^T) * scale + a
+causal mask buffer, softmax, @ v, the heads merged by permute + contiguous,
+and the logits of the 50257 real columns only (wte narrowed, as accrue's
+composed model does) before F.cross_entropy.
+
 --cpu runs a tiny model on the CPU with host timing (gloo under torchrun), to
 check this script without a GPU (the numbers mean nothing).
 """
@@ -123,6 +130,8 @@ def parse_args():
     p.add_argument("--global-batch", type=int, default=32, help="sequences per window")
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--composed", action="store_true",
+                   help="attention and heads from plain ops, no SDPA (see above)")
     p.add_argument("--warmup", type=int, default=3, help="untimed windows first")
     p.add_argument("--windows", type=int, default=10, help="timed windows")
     p.add_argument("--lr", type=float, default=6e-4)
@@ -183,12 +192,20 @@ def build_model(torch, args):
             self.c_fc = nn.Linear(C, 4 * C)
             self.mlp_proj = nn.Linear(4 * C, C)
 
-        def forward(self, x):
+        def forward(self, x, mask):
             B, T, _ = x.shape
             q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
-            q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.attn_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+            if args.composed:
+                q, k, v = (t.view(B, T, H, C // H).permute(0, 2, 1, 3).contiguous()
+                           for t in (q, k, v))
+                scores = (q @ k.transpose(2, 3)) * (1.0 / math.sqrt(C // H))
+                y = torch.softmax(scores + mask[:T, :T], dim=3) @ v
+                y = y.permute(0, 2, 1, 3).contiguous().view(B, T, C)
+            else:
+                q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                y = y.transpose(1, 2).contiguous().view(B, T, C)
+            x = x + self.attn_proj(y)
             return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
     class GPT(nn.Module):
@@ -200,6 +217,11 @@ def build_model(torch, args):
             self.ln_f = nn.LayerNorm(C)
             self.lm_head = nn.Linear(C, padded, bias=False)
             self.lm_head.weight = self.wte.weight  # tied
+            if args.composed:  # the causal mask, added to the scores
+                self.register_buffer("mask", torch.full((block_size, block_size), -math.inf)
+                                     .triu(1), persistent=False)
+            else:
+                self.mask = None
             for name, p in self.named_parameters():
                 if name.endswith("proj.weight"):  # residual projections, as GPT-2
                     nn.init.normal_(p, std=0.02 / math.sqrt(2 * L))
@@ -212,7 +234,11 @@ def build_model(torch, args):
             T = idx.shape[1]
             x = self.wte(idx) + self.wpe.weight[:T]
             for block in self.h:
-                x = block(x)
+                x = block(x, self.mask)
+            if args.composed:  # the real columns only, as examples/composed_gpt2
+                logits = self.ln_f(x) @ self.wte.weight[:vocab].t()
+                return F.cross_entropy(logits.view(-1, vocab), targets.reshape(-1),
+                                       reduction="sum")
             logits = self.lm_head(self.ln_f(x))
             return F.cross_entropy(logits.view(-1, padded), targets.reshape(-1), reduction="sum")
 
@@ -319,6 +345,7 @@ def run(torch, args, world, rank, device):
     return {
         "impl": "pytorch",
         "mode": "compile" if args.compile else "eager",
+        "composed": args.composed,
         "model": args.model,
         "world_size": world,
         "parallel": "ddp no_sync" if ddp is not None else "none",

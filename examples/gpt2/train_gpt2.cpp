@@ -54,6 +54,7 @@
 #include "dist/launch_env.h"
 #include "dist/mpi_bootstrap.h"
 #include "dist/reducer.h"
+#include "examples/composed_gpt2/composed_gpt2.h"
 #include "nn/gpt2.h"
 #include "nn/gpt2_hf.h"
 #ifdef ACCRUE_WITH_NCCL
@@ -94,6 +95,9 @@ model
                                override the preset's sizes
   --dropout P                  dropout probability in [0, 1) (default 0)
   --activation-checkpointing   recompute each block's forward in backward
+  --composed                   run the model written from the public primitives only
+                               (examples/composed_gpt2: attention as matmul, mask and
+                               softmax, materialized logits; no fused op), same weights
   --init-from FILE             start from Hugging Face GPT-2 safetensors weights
 data
   --train-data GLOB            training shards (quote the pattern)
@@ -162,6 +166,7 @@ struct Options {
   std::optional<int64_t> n_layer, n_head, n_embd, vocab_size, block_size;
   double dropout = 0.0;
   bool activation_checkpointing = false;
+  bool composed = false;
   std::string init_from;
   std::string train_data, val_data;
   bool synthetic = false;
@@ -290,6 +295,8 @@ Options parse(int argc, char** argv) {
       o.norm_under_backward = true;
     } else if (a == "--cuda-graphs") {
       o.cuda_graphs = true;
+    } else if (a == "--composed") {
+      o.composed = true;
     } else if (a == "--gemm-tuning") {
       o.gemm_tuning = value();
       if (o.gemm_tuning.empty()) usage_error("--gemm-tuning needs a file name");
@@ -338,6 +345,8 @@ Options parse(int argc, char** argv) {
     usage_error("--checkpoint-every needs --checkpoint PATH");
   if (o.layer_metrics_every > 0 && o.metrics.empty())
     usage_error("--layer-metrics-every needs --metrics FILE");
+  if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing))
+    usage_error("--composed has no dropout and no activation checkpointing");
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
     usage_error("--bench takes no --checkpoint or --resume");
   if (o.bench) o.windows = o.bench_warmup + o.bench_windows;
@@ -808,6 +817,13 @@ int main(int argc, char** argv) try {
     std::printf(" (%s)\n", file_report(opt.resume, t0).c_str());
   }
 
+  // --composed: the same weights through the public primitives only (no fused op).
+  std::unique_ptr<examples::ComposedGPT2> composed;
+  if (opt.composed) composed = std::make_unique<examples::ComposedGPT2>(model);
+  auto loss_of = [&model, &composed](const Tensor& x, const Tensor& y) {
+    return composed ? composed->loss(x, y) : model.loss(x, y);
+  };
+
   if (!opt.gemm_tuning.empty())
     kernels::set_gemm_tuning_file(opt.gemm_tuning);  // Note [GEMM autotuning]
   // Note [Trainer synchronization]: the loader checked every token against the vocabulary.
@@ -824,7 +840,7 @@ int main(int argc, char** argv) try {
   std::unique_ptr<optim::GraphedWindow> graphed;
   if (opt.cuda_graphs && gpu) {
     graphed = std::make_unique<optim::GraphedWindow>(
-        window, [&model](const std::vector<Tensor>& in) { return model.loss(in[0], in[1]); });
+        window, [&loss_of](const std::vector<Tensor>& in) { return loss_of(in[0], in[1]); });
     std::printf("cuda graphs: micro-steps and close captured after one eager warm-up each\n");
   }
   // Note [Layer monitor]: measured in every --layer-metrics-every-th window.
@@ -841,7 +857,7 @@ int main(int argc, char** argv) try {
       if (graphed) {
         graphed->backward({x, y});
       } else {
-        window.backward(model.loss(x, y));
+        window.backward(loss_of(x, y));
       }
     }
     if (measure) layers->before_close();
@@ -895,7 +911,8 @@ int main(int argc, char** argv) try {
         "\"vocab_size\": %lld, \"block_size\": %lld, \"parameters\": %lld, \"micro_batch\": %lld, "
         "\"seq_len\": %lld, \"micro_steps\": %lld, \"tokens_per_window\": %lld, \"dtype\": \"%s\", "
         "\"activation_checkpointing\": %s, \"dropout\": %g, \"warmup_windows\": %lld, "
-        "\"timed_windows\": %lld, \"cuda_graphs\": %s, \"graph_memory_bytes\": %s}}\n",
+        "\"timed_windows\": %lld, \"cuda_graphs\": %s, \"graph_memory_bytes\": %s, \"composed\": "
+        "%s}}\n",
         gpu_name.c_str(), rank.world_size, json_number(tokens_per_s).c_str(),
         json_number(ms).c_str(),
         json_number(*std::min_element(window_ms.begin(), window_ms.end())).c_str(),
@@ -909,7 +926,8 @@ int main(int argc, char** argv) try {
         (long long)tokens_per_window, dtype_name(compute),
         config.activation_checkpointing ? "true" : "false", config.dropout,
         (long long)opt.bench_warmup, (long long)opt.bench_windows, graphed ? "true" : "false",
-        graphed ? std::to_string(graph_memory(device.index).reserved_high_bytes).c_str() : "null");
+        graphed ? std::to_string(graph_memory(device.index).reserved_high_bytes).c_str() : "null",
+        composed ? "true" : "false");
     return std::isfinite(r.loss) ? 0 : 1;
   }
 
@@ -984,7 +1002,7 @@ int main(int argc, char** argv) try {
   if (opt.stop_micro_steps > 0) {  // preempted inside the next window
     for (int64_t k = window.micro_step(); k < opt.stop_micro_steps; ++k) {
       auto [x, y] = source->next();
-      window.backward(model.loss(x, y));
+      window.backward(loss_of(x, y));
     }
     const auto t0 = std::chrono::steady_clock::now();
     if (main_rank) save_checkpoint(opt.checkpoint, state, opt);

@@ -5,7 +5,8 @@
 #   bad_option      an unknown option exits 2 with a one-line error naming it
 #   bad_value       each malformed or out-of-range value exits 2 with a one-line error
 #   k_not_dividing  a total batch that B * T does not divide exits 2 and says so
-#   bench           --synthetic --bench on the CPU prints one JSON line
+#   bench           --synthetic --bench on the CPU prints one JSON line; --composed (the
+#                   model from the public primitives) gives the fused model's loss
 #   make_shards     tools/make_shards.py: --help, the shards it writes, a missing input
 #   train           the tiny preset on shards of README.md: finite losses that fall,
 #                   validation lines, the --metrics file and its plot
@@ -104,7 +105,7 @@ if(SCENARIO STREQUAL "help")
   expect_rc(0)
   foreach(_option --model --n-layer --micro-batch --seq-len --total-batch-tokens --train-data
                   --val-data --synthetic --lr --warmup-windows --windows --min-lr-factor
-                  --weight-decay --beta1 --beta2 --eps --max-grad-norm --norm-under-backward --cuda-graphs --gemm-tuning --dtype --val-every
+                  --weight-decay --beta1 --beta2 --eps --max-grad-norm --norm-under-backward --cuda-graphs --composed --gemm-tuning --dtype --val-every
                   --val-batches --metrics --layer-metrics-every --nvtx --checkpoint --checkpoint-every --resume --init-from
                   --activation-checkpointing --seed --cpu --dropout --bench --bench-warmup
                   --bench-windows --peak-tflops --stop-after --stop-micro-steps)
@@ -126,6 +127,8 @@ elseif(SCENARIO STREQUAL "bad_value")
   expect_usage_error("--dropout must be in [0, 1)")
   run(${TRAINER} --synthetic --dtype f64)
   expect_usage_error("--dtype must be f32, bf16 or f16, got 'f64'")
+  run(${TRAINER} --synthetic --composed --dropout 0.1)
+  expect_usage_error("--composed has no dropout and no activation checkpointing")
   run(${TRAINER} --synthetic --layer-metrics-every 2)
   expect_usage_error("--layer-metrics-every needs --metrics FILE")
   run(${TRAINER} --synthetic --model d13)
@@ -153,6 +156,23 @@ elseif(SCENARIO STREQUAL "bench")
   endforeach()
   if(NOT _json MATCHES "\"tokens_per_s_median\": [0-9]")
     fail("tokens/s is not a number")
+  endif()
+  # The same windows through examples/composed_gpt2: the fused model's loss, up
+  # to f32 rounding (the unit test holds them to 1e-12 in f64).
+  string(REGEX REPLACE ".*\"final_loss\": ([0-9.e+-]+).*" "\\1" _fused_loss "${_json}")
+  run(${TRAINER} ${TINY} --synthetic --bench --bench-warmup 1 --bench-windows 2 --composed)
+  expect_rc(0)
+  line_starting("${out}" "{\"bench\": \"accrue_train_gpt2\"" _json)
+  expect_contains("${_json}" "\"composed\": true")
+  string(REGEX REPLACE ".*\"final_loss\": ([0-9.e+-]+).*" "\\1" _composed_loss "${_json}")
+  if(PYTHON)
+    run(${PYTHON} -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(a - b) > 1e-4 * abs(b))"
+        ${_composed_loss} ${_fused_loss})
+    if(NOT rc EQUAL 0)
+      fail("--composed final loss ${_composed_loss}, fused ${_fused_loss}")
+    endif()
+  elseif(NOT _composed_loss MATCHES "^[0-9]")
+    fail("--composed final loss '${_composed_loss}' is not a number")
   endif()
 
 elseif(SCENARIO STREQUAL "make_shards")

@@ -1,0 +1,97 @@
+// Every GEMM of a GPT-2 124M training step, as the engine issues it (issue 10,
+// point 4: 16-bit GEMM parity), at M = 1024, 8192 and 32768 tokens per
+// micro-batch (B = 1, 8, 32 at T = 1024). For each Linear of the model, with
+// its weight W [out, in] (bf16 compute copy):
+//   fwd    y [M, out] = x [M, in] W^T               bf16 out
+//   dgrad  dx [M, in] = g [M, out] W                bf16 out
+//   wgrad  dW [out, in] += g^T x                    fp32 out, beta 1: the gradient
+//                                                   lands in its arena slot (Note
+//                                                   [Fused weight-gradient accumulation])
+// The logits layer is the tied wte [50304, 768]; the model's classifier runs
+// it in token chunks, this times the whole product. FLOP = 2 M out in.
+// bench/torch_bench.py times PyTorch under the same names: fwd and dgrad as
+// torch.matmul, wgrad as torch.addmm(slot, g^T, x, out_dtype=float32), the
+// same arithmetic (and, as gpt2_gemm_torch_pattern/..., what autograd does
+// under autocast: a bf16 product added to the fp32 gradient).
+// With ACCRUE_GEMM_TUNING=FILE set, the first call of each shape picks among
+// cuBLASLt's candidates by timing (Note [GEMM autotuning]); the warm-up of
+// time_gpu absorbs that first call.
+#include <string>
+
+#include "bench/bench_util.h"
+#include "kernels/ops.h"
+
+namespace accrue::bench {
+namespace {
+
+struct LinearShape {
+  const char* layer;
+  int64_t out, in;
+};
+constexpr LinearShape kLayers[] = {
+    {"qkv", 2304, 768}, {"proj", 768, 768},     {"fc", 3072, 768},
+    {"fc2", 768, 3072}, {"logits", 50304, 768},
+};
+constexpr int64_t kTokens[] = {1024, 8192, 32768};
+
+enum class Pass { Fwd, Dgrad, Wgrad };
+constexpr Pass kPasses[] = {Pass::Fwd, Pass::Dgrad, Pass::Wgrad};
+
+const char* pass_name(Pass p) {
+  switch (p) {
+    case Pass::Fwd:
+      return "fwd";
+    case Pass::Dgrad:
+      return "dgrad";
+    case Pass::Wgrad:
+      return "wgrad";
+  }
+  return "?";
+}
+
+void gpt2_gemm(benchmark::State& state, LinearShape s, int64_t m, Pass pass) {
+  const Tensor w = random_input({s.out, s.in}, DType::bf16);
+  GpuTime t;
+  switch (pass) {
+    case Pass::Fwd: {
+      const Tensor x = random_input({m, s.in}, DType::bf16);
+      const Tensor y = empty({m, s.out}, DType::bf16, gpu());
+      t = time_gpu(state, [&] { kernels::gemm(x, false, w, /*transpose_b=*/true, y, 1.0, 0.0); });
+      break;
+    }
+    case Pass::Dgrad: {
+      const Tensor g = random_input({m, s.out}, DType::bf16);
+      const Tensor dx = empty({m, s.in}, DType::bf16, gpu());
+      t = time_gpu(state, [&] { kernels::gemm(g, false, w, false, dx, 1.0, 0.0); });
+      break;
+    }
+    case Pass::Wgrad: {
+      const Tensor g = random_input({m, s.out}, DType::bf16);
+      const Tensor x = random_input({m, s.in}, DType::bf16);
+      const Tensor slot = random_input({s.out, s.in}, DType::f32);  // holds a gradient already
+      t = time_gpu(state,
+                   [&] { kernels::gemm(g, /*transpose_a=*/true, x, false, slot, 1.0, 1.0); });
+      break;
+    }
+  }
+  report_flops(state, 2.0 * static_cast<double>(m) * s.out * s.in, t);
+}
+
+// Names read gpt2_gemm/<layer>_<out>x<in>/M=<tokens>/<pass>.
+[[maybe_unused]] const bool registered = [] {
+  for (const LinearShape& s : kLayers) {
+    for (int64_t m : kTokens) {
+      for (Pass p : kPasses) {
+        const std::string name = std::string("gpt2_gemm/") + s.layer + "_" + std::to_string(s.out) +
+                                 "x" + std::to_string(s.in) + "/M=" + std::to_string(m) + "/" +
+                                 pass_name(p);
+        register_gpu_benchmark(name,
+                               [s, m, p](benchmark::State& state) { gpt2_gemm(state, s, m, p); });
+      }
+    }
+  }
+  return true;
+}();
+
+}  // namespace
+}  // namespace accrue::bench
