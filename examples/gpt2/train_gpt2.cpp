@@ -146,6 +146,10 @@ evaluation and checkpoints
   --layer-metrics-every N      every N windows, add each layer's gradient norm and
                                update-to-weight ratio to the --metrics line (Note [Layer
                                monitor]; a copy of the weights in those windows)
+  --noise-scale-every N        every N windows, estimate the gradient noise scale
+                               B_simple from the first micro-batch's gradient and the
+                               window's (McCandlish et al. 2018; needs K >= 2), shown in
+                               the progress line and the --metrics file
   --checkpoint PATH            write a checkpoint (safetensors) at the end
   --checkpoint-every N         ... and every N windows
   --resume PATH                continue a checkpoint's run (bit-exactly)
@@ -189,6 +193,7 @@ struct Options {
   int64_t val_every = 0, val_batches = 20;
   std::string metrics;
   int64_t layer_metrics_every = 0;
+  int64_t noise_scale_every = 0;
   bool nvtx = false;
   std::string checkpoint, resume;
   int64_t checkpoint_every = 0;
@@ -312,6 +317,8 @@ Options parse(int argc, char** argv) {
       o.metrics = value();
     } else if (a == "--layer-metrics-every") {
       o.layer_metrics_every = positive();
+    } else if (a == "--noise-scale-every") {
+      o.noise_scale_every = positive();
     } else if (a == "--nvtx") {
       o.nvtx = true;
     } else if (a == "--val-batches") {
@@ -692,6 +699,8 @@ int main(int argc, char** argv) try {
     usage_error("--total-batch-tokens ", total_tokens, " is not a multiple of micro-batch ", B,
                 " x seq-len ", T, " x ", rank.world_size, " ranks = ", step_tokens);
   const int64_t K = total_tokens / step_tokens;
+  if (opt.noise_scale_every > 0 && K < 2)
+    usage_error("--noise-scale-every needs K >= 2 micro-batches per window, got K = ", K);
   // Note [Mid-window checkpoints]: a checkpoint inside a window holds this rank's own gradients.
   ACCRUE_CHECK(opt.stop_micro_steps == 0 || rank.world_size == 1,
                "--stop-micro-steps saves this rank's own gradients: run it on one process, not ",
@@ -795,7 +804,8 @@ int main(int argc, char** argv) try {
                            .micro_steps(K)
                            .max_grad_norm(opt.max_grad_norm)
                            .scaler(scaler)
-                           .norm_under_backward(opt.norm_under_backward),
+                           .norm_under_backward(opt.norm_under_backward)
+                           .noise_scale(opt.noise_scale_every),
                        reducer.get());
   std::printf(
       "optimizer: AdamW lr %g (warmup %lld, cosine to %g x over %lld windows), betas "
@@ -957,18 +967,21 @@ int main(int argc, char** argv) try {
       std::snprintf(scale_text, sizeof(scale_text), " | scale %g", r.loss_scale);
     // Alerts: a loss or gradient norm 3 standard deviations off the last 128 windows.
     const double loss_z = loss_z_score.add(r.loss), norm_z = norm_z_score.add(r.grad_norm);
+    char noise_text[48] = "";
+    if (r.noise_windows > 0)
+      std::snprintf(noise_text, sizeof(noise_text), " | noise scale %.4g", r.noise_scale);
     char alert_text[64] = "";
     if (std::fabs(loss_z) >= 3.0 || std::fabs(norm_z) >= 3.0)
       std::snprintf(alert_text, sizeof(alert_text), " | ALERT z: loss %.1f, grad-norm %.1f", loss_z,
                     norm_z);
     std::printf(
         "window %lld/%lld | loss %.4f | grad-norm %.4f | lr %.3e | %.0f tok/s | MFU %s | "
-        "peak %s%s | skipped %lld%s%s\n",
+        "peak %s%s | skipped %lld%s%s%s\n",
         (long long)w, (long long)opt.windows, r.loss, r.grad_norm,
         optimizer.config_at(r.window - 1).groups[0].lr, tokens_per_s, mfu_text,
         mib(memory_stats(device).peak_bytes).c_str(),
         in_use >= 0 ? (" (device " + mib(in_use) + " in use)").c_str() : "",
-        (long long)r.skipped_windows, scale_text, alert_text);
+        (long long)r.skipped_windows, scale_text, noise_text, alert_text);
     double val = NAN;
     if (val_loader && ((opt.val_every > 0 && w % opt.val_every == 0) || w == end)) {
       val = validation_loss(model, *val_loader, opt.val_batches, comm.get(), device);

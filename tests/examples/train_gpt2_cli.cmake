@@ -106,7 +106,7 @@ if(SCENARIO STREQUAL "help")
   foreach(_option --model --n-layer --micro-batch --seq-len --total-batch-tokens --train-data
                   --val-data --synthetic --lr --warmup-windows --windows --min-lr-factor
                   --weight-decay --beta1 --beta2 --eps --max-grad-norm --norm-under-backward --cuda-graphs --composed --gemm-tuning --dtype --val-every
-                  --val-batches --metrics --layer-metrics-every --nvtx --checkpoint --checkpoint-every --resume --init-from
+                  --val-batches --metrics --layer-metrics-every --noise-scale-every --nvtx --checkpoint --checkpoint-every --resume --init-from
                   --activation-checkpointing --seed --cpu --dropout --bench --bench-warmup
                   --bench-windows --peak-tflops --stop-after --stop-micro-steps)
     expect_contains("${out}" "${_option}")
@@ -129,6 +129,8 @@ elseif(SCENARIO STREQUAL "bad_value")
   expect_usage_error("--dtype must be f32, bf16 or f16, got 'f64'")
   run(${TRAINER} --synthetic --composed --dropout 0.1)
   expect_usage_error("--composed has no dropout and no activation checkpointing")
+  run(${TRAINER} ${TINY} --synthetic --noise-scale-every 2)
+  expect_usage_error("--noise-scale-every needs K >= 2 micro-batches per window, got K = 1")
   run(${TRAINER} --synthetic --layer-metrics-every 2)
   expect_usage_error("--layer-metrics-every needs --metrics FILE")
   run(${TRAINER} --synthetic --model d13)
@@ -212,9 +214,10 @@ elseif(SCENARIO STREQUAL "train")
   make_readme_shards()
   run(${TRAINER} ${TINY} ${SHARDS} --total-batch-tokens 256 --windows 6 --lr 3e-3
       --warmup-windows 1 --val-every 3 --val-batches 2 --metrics ${WORK_DIR}/metrics.jsonl
-      --layer-metrics-every 2)
+      --layer-metrics-every 2 --noise-scale-every 3)
   expect_rc(0)
   set(_progress "${out}")
+  expect_contains("${out}" "| noise scale ")
   # --metrics: one JSON object per window with the progress line's numbers,
   # validation where it ran; tools/plot_metrics.py reads it (when matplotlib is there).
   run(${PYTHON} -c "
@@ -239,6 +242,11 @@ for r in rows:
     assert 'grad_norm/wte' in r and len(norms) == len(ratios) > 4, r
     assert abs(sum(v * v for v in norms) ** 0.5 - r['grad_norm']) <= 1e-5 * r['grad_norm'], r
     assert 0 < r['update_ratio'] < 1 and all(v >= 0 for v in ratios), r
+# --noise-scale-every 3: measured in windows 1 and 4, the EMA reported in
+# every window and moves only where a measurement came in.
+assert all('noise_scale' in r and 'noise_trace_sigma' in r for r in rows), rows
+moved = [r['window'] for p, r in zip(rows, rows[1:]) if r['noise_scale'] != p['noise_scale']]
+assert moved == [4], [r['noise_scale'] for r in rows]
 print('metrics ok')
 " ${WORK_DIR}/metrics.jsonl)
   expect_rc(0)
