@@ -131,6 +131,8 @@ optimization
                                micro-step and the close stay eager, with a warning)
   --dtype f32|bf16|f16         compute dtype over fp32 master weights; f16 adds dynamic
                                loss scaling (default bf16 on a GPU, f32 on the CPU)
+  --init-scale S               f16: the dynamic loss scale's start (default 65536 / (B * T)
+                               rounded down to a power of two, see Note [Normalization])
   --seed S                     initialization, dropout and synthetic data (default 1337)
 evaluation and checkpoints
   --val-every N                validation loss every N windows (default 0: at the end only)
@@ -189,6 +191,7 @@ struct Options {
   bool cuda_graphs = false;
   std::string gemm_tuning;
   std::string dtype;  // empty: bf16 on a GPU, f32 on the CPU
+  std::optional<double> init_scale;
   uint64_t seed = 1337;
   int64_t val_every = 0, val_batches = 20;
   std::string metrics;
@@ -309,6 +312,9 @@ Options parse(int argc, char** argv) {
       o.dtype = value();
       if (o.dtype != "f32" && o.dtype != "bf16" && o.dtype != "f16")
         usage_error("--dtype must be f32, bf16 or f16, got '", o.dtype, "'");
+    } else if (a == "--init-scale") {
+      o.init_scale = parse_double(a, value(), 0.0, kInf);
+      if (*o.init_scale < 1.0) usage_error("--init-scale must be >= 1, got ", *o.init_scale);
     } else if (a == "--seed") {
       o.seed = static_cast<uint64_t>(non_negative());
     } else if (a == "--val-every") {
@@ -711,6 +717,8 @@ int main(int argc, char** argv) try {
   const DType compute = dtype_text == "bf16"  ? DType::bf16
                         : dtype_text == "f16" ? DType::f16
                                               : DType::f32;
+  if (opt.init_scale && compute != DType::f16)
+    usage_error("--init-scale applies to --dtype f16 only, the compute dtype is ", dtype_text);
 
   // Data first: a bad shard fails before a large model is built.
   std::unique_ptr<data::TokenShards> train_shards, val_shards;
@@ -796,6 +804,7 @@ int main(int argc, char** argv) try {
   double init_scale = 65536.0;
   while (init_scale > 1.0 && init_scale * static_cast<double>(B * T) > 65536.0)
     init_scale /= 2;
+  if (opt.init_scale) init_scale = *opt.init_scale;
   const optim::LossScalerOptions scaler =
       compute == DType::f16 ? optim::LossScalerOptions::dynamic().init_scale(init_scale)
                             : optim::LossScalerOptions::none();

@@ -105,7 +105,7 @@ if(SCENARIO STREQUAL "help")
   expect_rc(0)
   foreach(_option --model --n-layer --micro-batch --seq-len --total-batch-tokens --train-data
                   --val-data --synthetic --lr --warmup-windows --windows --min-lr-factor
-                  --weight-decay --beta1 --beta2 --eps --max-grad-norm --norm-under-backward --cuda-graphs --composed --gemm-tuning --dtype --val-every
+                  --weight-decay --beta1 --beta2 --eps --max-grad-norm --norm-under-backward --cuda-graphs --composed --gemm-tuning --dtype --init-scale --val-every
                   --val-batches --metrics --layer-metrics-every --noise-scale-every --nvtx --checkpoint --checkpoint-every --resume --init-from
                   --activation-checkpointing --seed --cpu --dropout --bench --bench-warmup
                   --bench-windows --peak-tflops --stop-after --stop-micro-steps)
@@ -131,6 +131,10 @@ elseif(SCENARIO STREQUAL "bad_value")
   expect_usage_error("--composed has no dropout and no activation checkpointing")
   run(${TRAINER} ${TINY} --synthetic --noise-scale-every 2)
   expect_usage_error("--noise-scale-every needs K >= 2 micro-batches per window, got K = 1")
+  run(${TRAINER} ${TINY} --synthetic --init-scale 1024)
+  expect_usage_error("--init-scale applies to --dtype f16 only, the compute dtype is f32")
+  run(${TRAINER} --synthetic --init-scale 0.5)
+  expect_usage_error("--init-scale must be >= 1, got 0.5")
   run(${TRAINER} --synthetic --layer-metrics-every 2)
   expect_usage_error("--layer-metrics-every needs --metrics FILE")
   run(${TRAINER} --synthetic --model d13)
