@@ -261,7 +261,8 @@ void Reducer::gather_partials(const Tensor& local, const Tensor& all) {
 }
 
 void Reducer::reduce_flags(const Tensor& flags) {
-  ACCRUE_CHECK(flags.defined() && flags.dim() == 1 && flags.numel() == static_cast<int64_t>(arena_.size()) &&
+  ACCRUE_CHECK(flags.defined() && flags.dim() == 1 &&
+                   flags.numel() == static_cast<int64_t>(arena_.size()) &&
                    flags.dtype() == DType::f64,
                "Reducer::reduce_flags: expects f64 [", arena_.size(), "] written flags, got ",
                flags.defined() ? shape_str(flags.shape()) + " " + dtype_name(flags.dtype())

@@ -164,8 +164,8 @@ void check_slot_steps(const Tensor& steps, const Tensor& used, const char* op) {
 
 // The three tables of Note [Unused parameters]: all defined or none.
 void check_slot_tables(const OptimizerBuffers& b, int64_t chunks, const char* op) {
-  const int defined = int{b.chunk_slots.defined()} + int{b.slot_used.defined()} +
-                      int{b.slot_steps.defined()};
+  const int defined =
+      int{b.chunk_slots.defined()} + int{b.slot_used.defined()} + int{b.slot_steps.defined()};
   ACCRUE_CHECK(defined == 0 || defined == 3, op,
                ": chunk_slots, slot_used and slot_steps go together (Note [Unused parameters]); ",
                defined, " of the 3 are defined");
@@ -326,8 +326,8 @@ void store_slot_flags(const std::vector<bool>& written, const Tensor& slot_used)
   const char* op = "store_slot_flags";
   check_defined(slot_used, op, "slot_used");
   check_slot_used(slot_used, slot_used.device(), op);
-  ACCRUE_CHECK(static_cast<int64_t>(written.size()) == slot_used.numel(), op, ": ",
-               written.size(), " written flags for a slot_used of ", slot_used.numel(), " slots");
+  ACCRUE_CHECK(static_cast<int64_t>(written.size()) == slot_used.numel(), op, ": ", written.size(),
+               " written flags for a slot_used of ", slot_used.numel(), " slots");
   if (written.empty()) return;
   if (slot_used.device().is_cpu()) {
     cpu::store_slot_flags(written, slot_used);

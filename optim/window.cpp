@@ -438,7 +438,8 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
                      "Window::load_state_dict: param_steps[", i, "] = ", param_steps[i],
                      " is not a step count");
     } else {
-      const double window_steps = window_state.to(Device::cpu()).to_vector<double>()[kernels::kStep];
+      const double window_steps =
+          window_state.to(Device::cpu()).to_vector<double>()[kernels::kStep];
       param_steps.assign(static_cast<size_t>(slots), window_steps);
     }
   }

@@ -454,9 +454,9 @@ void advance_slot_steps(double beta1, double beta2, const Tensor& slot_used,
   const int64_t slots = slot_used.numel();
   const int threads = 256;
   advance_slot_steps_kernel<<<static_cast<unsigned>((slots + threads - 1) / threads), threads, 0,
-                              dev::stream_for(device)>>>(
-      beta1, beta2, slot_used.data<double>(), slot_steps.data<double>(), slots,
-      state.data<double>());
+                              dev::stream_for(device)>>>(beta1, beta2, slot_used.data<double>(),
+                                                         slot_steps.data<double>(), slots,
+                                                         state.data<double>());
   ACCRUE_LAUNCH_CHECK();
 }
 
