@@ -260,6 +260,20 @@ void Reducer::gather_partials(const Tensor& local, const Tensor& all) {
   order_compute_after_comm();
 }
 
+void Reducer::reduce_flags(const Tensor& flags) {
+  ACCRUE_CHECK(flags.defined() && flags.dim() == 1 &&
+                   flags.numel() == static_cast<int64_t>(arena_.size()) &&
+                   flags.dtype() == DType::f64,
+               "Reducer::reduce_flags: expects f64 [", arena_.size(), "] written flags, got ",
+               flags.defined() ? shape_str(flags.shape()) + " " + dtype_name(flags.dtype())
+                               : std::string("an undefined tensor"));
+  NoGradGuard no_grad;
+  order_comm_after_compute();
+  comm_.all_reduce(flags, ReduceOp::max);
+  ++issued_;
+  order_compute_after_comm();
+}
+
 void Reducer::gather_parameters(const Tensor& params) {
   ACCRUE_CHECK(options_.zero1, "Reducer::gather_parameters: only under zero1");
   ACCRUE_CHECK(params.defined() && params.dim() == 1 && params.numel() == plan_.padded_numel(),

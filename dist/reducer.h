@@ -134,6 +134,8 @@ class Reducer final : public optim::GradientSync {
   const std::vector<ArenaRange>& owned_ranges() const override { return owned_; }
   void gather_partials(const Tensor& local, const Tensor& all) override;
   void gather_parameters(const Tensor& params) override;
+  // Note [Unused parameters]: one all-reduce (max) of the written flags.
+  void reduce_flags(const Tensor& flags) override;
 
   // Every rank's master weights and moments become rank `root`'s, and the
   // compute copy follows. Collective; call once before training. Under ZeRO-1

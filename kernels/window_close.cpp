@@ -143,6 +143,43 @@ void check_hyper(const Tensor& hyper, Device device, const char* op) {
                "; expected [", kHyperSize, "]");
 }
 
+// Note [Unused parameters]: slot_used f64 [slots] on `device`.
+void check_slot_used(const Tensor& used, Device device, const char* op) {
+  check_dtype(used, DType::f64, op, "slot_used");
+  check_contiguous(used, op, "slot_used");
+  check_device(used, device, op, "slot_used");
+  ACCRUE_CHECK(used.dim() == 1, op, ": slot_used has shape ", shape_str(used.shape()),
+               "; expected [slots]");
+}
+
+// slot_steps f64 [slots, 3] beside slot_used.
+void check_slot_steps(const Tensor& steps, const Tensor& used, const char* op) {
+  check_dtype(steps, DType::f64, op, "slot_steps");
+  check_contiguous(steps, op, "slot_steps");
+  check_device(steps, used.device(), op, "slot_steps");
+  ACCRUE_CHECK(steps.shape() == (Shape{used.numel(), 3}), op, ": slot_steps has shape ",
+               shape_str(steps.shape()), "; expected [", used.numel(),
+               ", 3] (one row per slot of slot_used)");
+}
+
+// The three tables of Note [Unused parameters]: all defined or none.
+void check_slot_tables(const OptimizerBuffers& b, int64_t chunks, const char* op) {
+  const int defined =
+      int{b.chunk_slots.defined()} + int{b.slot_used.defined()} + int{b.slot_steps.defined()};
+  ACCRUE_CHECK(defined == 0 || defined == 3, op,
+               ": chunk_slots, slot_used and slot_steps go together (Note [Unused parameters]); ",
+               defined, " of the 3 are defined");
+  if (defined == 0) return;
+  check_dtype(b.chunk_slots, DType::i32, op, "chunk_slots");
+  check_contiguous(b.chunk_slots, op, "chunk_slots");
+  check_device(b.chunk_slots, b.params.device(), op, "chunk_slots");
+  ACCRUE_CHECK(b.chunk_slots.numel() >= chunks, op, ": chunk_slots of shape ",
+               shape_str(b.chunk_slots.shape()), " has ", b.chunk_slots.numel(), " elements; ",
+               chunks, " chunks needed");
+  check_slot_used(b.slot_used, b.params.device(), op);
+  check_slot_steps(b.slot_steps, b.slot_used, op);
+}
+
 void check_optimizer_buffers(const OptimizerConfig& c, const OptimizerBuffers& b, const char* op) {
   check_defined(b.params, op, "params");
   check_master_dtype(b.params, op, "params");
@@ -179,6 +216,7 @@ void check_optimizer_buffers(const OptimizerConfig& c, const OptimizerBuffers& b
                shape_str(b.chunk_groups.shape()), " has ", b.chunk_groups.numel(), " elements; ",
                b.params.numel(), " params from element ", b.first_element, " need ceil((",
                b.first_element, " + ", b.params.numel(), ") / ", kChunk, ") = ", chunks);
+  check_slot_tables(b, chunks, op);
 }
 
 }  // namespace
@@ -281,6 +319,38 @@ void store_hyperparameters(const OptimizerConfig& config, const Tensor& hyper) {
     cpu::store_hyperparameters(hyper_values(config), hyper);
   } else {
     cuda::store_hyperparameters(hyper_values(config), hyper);
+  }
+}
+
+void store_slot_flags(const std::vector<bool>& written, const Tensor& slot_used) {
+  const char* op = "store_slot_flags";
+  check_defined(slot_used, op, "slot_used");
+  check_slot_used(slot_used, slot_used.device(), op);
+  ACCRUE_CHECK(static_cast<int64_t>(written.size()) == slot_used.numel(), op, ": ", written.size(),
+               " written flags for a slot_used of ", slot_used.numel(), " slots");
+  if (written.empty()) return;
+  if (slot_used.device().is_cpu()) {
+    cpu::store_slot_flags(written, slot_used);
+  } else {
+    cuda::store_slot_flags(written, slot_used);
+  }
+}
+
+void advance_slot_steps(const OptimizerConfig& config, const Tensor& slot_used,
+                        const Tensor& slot_steps, const Tensor& state) {
+  const char* op = "advance_slot_steps";
+  NoGradGuard no_grad;
+  check_optimizer_config(config, op);
+  check_defined(slot_used, op, "slot_used");
+  check_slot_used(slot_used, slot_used.device(), op);
+  check_defined(slot_steps, op, "slot_steps");
+  check_slot_steps(slot_steps, slot_used, op);
+  check_state(state, slot_used.device(), op);
+  if (slot_used.numel() == 0) return;
+  if (state.device().is_cpu()) {
+    cpu::advance_slot_steps(config.beta1, config.beta2, slot_used, slot_steps, state);
+  } else {
+    cuda::advance_slot_steps(config.beta1, config.beta2, slot_used, slot_steps, state);
   }
 }
 

@@ -138,6 +138,14 @@ struct OptimizerBuffers {
   // learning rate and weight decay as store_hyperparameters wrote them, read
   // in place of config's (Note [Hyperparameters on the device]).
   Tensor hyper;
+  // Note [Unused parameters]: all three defined (optim's UnusedParameters::skip)
+  // or all undefined (step_with_zero: every element steps with the window's count).
+  //   chunk_slots  i32 [>= ceil((first_element + numel) / kChunk)]: the arena
+  //                slot of each chunk, in the frame of chunk_groups;
+  //   slot_used    f64 [slots]: > 0 where the slot was written this window;
+  //   slot_steps   f64 [slots, 3]: each slot's own step count t, 1 - beta1^t and
+  //                sqrt(1 - beta2^t), as advance_slot_steps left them.
+  Tensor chunk_slots, slot_used, slot_steps;
 };
 inline constexpr int64_t kChunk = 32;
 // The hyper buffer: group k's lr at 2k, its weight decay at 2k + 1.
@@ -165,9 +173,40 @@ void check_group_hyper(const GroupHyper& hyper, int64_t group, const char* who);
 //          vhat = amsgrad ? (vmax = max(vmax, v)) : v;
 //          p -= lr / (1 - b1^t) * m / (sqrt(vhat) / sqrt(1 - b2^t) + eps)
 //   AdamW: p *= 1 - lr wd, then Adam without the g += wd p.
-// Nothing is read or written when state[kFoundInf] != 0.
+// Nothing is read or written when state[kFoundInf] != 0. With the slot
+// tables, t is each slot's own and unused slots are not touched (Note [Unused parameters]).
 void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
                           const Tensor& state);
+
+// Note [Unused parameters]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A parameter no gradient reached in a window (an expert nobody routed to, a
+// branch switched off) is, by optim::UnusedParameters:
+//   step_with_zero (the default; Megatron's zeroed buffers): its slot reads 0
+//     (Note [Overwrite first]) and it steps with that zero gradient: AdamW
+//     decays it, the moments age, and one window-wide step count state[kStep]
+//     gives every parameter the same bias correction;
+//   skip (PyTorch's zero_grad(set_to_none=True)): weights, compute copy,
+//     moments (amsgrad's max included) and its own step count stay bitwise
+//     unchanged, and each slot's bias correction uses its own count.
+// The skip is data, not host branching: the host writes the arena's written
+// flags into slot_used (store_slot_flags: the values travel as kernel
+// arguments, so nothing synchronizes and a captured close replays them), the
+// data-parallel sync takes their max over ranks (a parameter is used if any
+// rank wrote it), advance_slot_steps adds 1 to the count of every used slot
+// and forms its bias corrections once per window, and the fused pass reads
+// each chunk's slot and returns for unused ones before loading anything. The
+// global norm needs nothing: an unwritten slot is zeroed either way, so it
+// adds 0. Under a skipped window (Note [Skipped window]) both kernels return
+// at once and no count moves. step_with_zero passes none of the tables and
+// runs the window-wide path, bit for bit as before the switch existed.
+// slot_used: f64 [slots] on its device; written[i] -> 1 or 0.
+void store_slot_flags(const std::vector<bool>& written, const Tensor& slot_used);
+// Once per window, after the scalar step and before the fused pass(es):
+// unless state[kFoundInf], each slot with slot_used > 0 gets t += 1 and its
+// bias corrections from config's betas. slot_steps: f64 [slots, 3].
+void advance_slot_steps(const OptimizerConfig& config, const Tensor& slot_used,
+                        const Tensor& slot_steps, const Tensor& state);
 
 // Note [Hyperparameters on the device]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "core/strided_index.h"  // ACCRUE_HD
 #include "kernels/window_close.h"
@@ -175,7 +176,43 @@ struct StepScalars {
   bool first_step;          // t == 1: SGD's momentum buffer starts as d (torch: buf is None)
   M bias_correction2_sqrt;  // sqrt(1 - beta2^t)
   GroupScalars<M> group[kMaxGroups];
+  double lr[kMaxGroups];  // each group's lr in double, for a slot's own step size
 };
+
+// What one element's update reads: the window's scalars and its group's.
+template <class M>
+struct UpdateScalars {
+  M coef;
+  bool first_step;
+  M bias_correction2_sqrt;
+  GroupScalars<M> group;
+};
+
+template <class M>
+ACCRUE_HD UpdateScalars<M> window_scalars(const StepScalars<M>& s, int group) {
+  return {s.coef, s.first_step, s.bias_correction2_sqrt, s.group[group]};
+}
+
+// Note [Unused parameters]: a slot's own step count (row = its slot_steps row:
+// t, 1 - beta1^t, sqrt(1 - beta2^t)) in place of the window's, rounded as
+// make_step_scalars rounds the window's.
+template <class M>
+ACCRUE_HD UpdateScalars<M> slot_scalars(const StepScalars<M>& s, int group, const double* row) {
+  UpdateScalars<M> u = window_scalars(s, group);
+  u.first_step = row[0] == 1.0;
+  u.bias_correction2_sqrt = static_cast<M>(row[2]);
+  u.group.step_size = static_cast<M>(s.lr[group] / row[1]);
+  return u;
+}
+
+// A slot's step: t += 1 and its bias corrections, formed in double as
+// make_step_scalars forms the window's.
+ACCRUE_HD void advance_slot_row(double beta1, double beta2, double* row) {
+  const double t = row[0] + 1.0;
+  row[0] = t;
+  row[1] = 1.0 - std::pow(beta1, t);
+  row[2] = std::sqrt(1.0 - std::pow(beta2, t));
+}
 
 // The bias corrections in double from t = state[kStep], as torch's Adam and
 // fused Adam form them, then rounded to M. Written in place: the CUDA kernel
@@ -196,14 +233,15 @@ ACCRUE_HD void make_step_scalars(const OptimizerParams<M>& o, const double* stat
     s.group[k].weight_decay = static_cast<M>(wd);
     s.group[k].decay = static_cast<M>(1.0 - lr * wd);
     s.group[k].step_size = static_cast<M>(lr / bias_correction1);
+    s.lr[k] = lr;
   }
 }
 
 // torch.optim.SGD on one element; buf is the momentum buffer (untouched without momentum).
 template <class M>
-ACCRUE_HD void sgd_update(const OptimizerParams<M>& o, const StepScalars<M>& s, int group, M grad,
-                          M& p, M& buf) {
-  const GroupScalars<M>& gs = s.group[group];
+ACCRUE_HD void sgd_update(const OptimizerParams<M>& o, const UpdateScalars<M>& s, M grad, M& p,
+                          M& buf) {
+  const GroupScalars<M>& gs = s.group;
   M d = grad * s.coef;
   if (gs.weight_decay != M(0)) d = d + gs.weight_decay * p;
   if (o.momentum != M(0)) {
@@ -216,9 +254,9 @@ ACCRUE_HD void sgd_update(const OptimizerParams<M>& o, const StepScalars<M>& s, 
 // torch.optim.Adam / AdamW on one element, in the operation order of PyTorch's
 // fused Adam CUDA kernel (fused=True); vmax is read and written only with amsgrad.
 template <class M>
-ACCRUE_HD void adam_update(const OptimizerParams<M>& o, const StepScalars<M>& s, int group, M grad,
-                           M& p, M& m, M& v, M& vmax) {
-  const GroupScalars<M>& gs = s.group[group];
+ACCRUE_HD void adam_update(const OptimizerParams<M>& o, const UpdateScalars<M>& s, M grad, M& p,
+                           M& m, M& v, M& vmax) {
+  const GroupScalars<M>& gs = s.group;
   M g = grad * s.coef;
   if (gs.weight_decay != M(0)) {
     if (o.decoupled_weight_decay) {
@@ -266,6 +304,9 @@ void window_scalar_step(const Tensor& partials, const Tensor& state, const Close
 void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
                           const Tensor& state);
 void store_hyperparameters(const HyperValues& values, const Tensor& hyper);
+void store_slot_flags(const std::vector<bool>& written, const Tensor& slot_used);
+void advance_slot_steps(double beta1, double beta2, const Tensor& slot_used,
+                        const Tensor& slot_steps, const Tensor& state);
 }  // namespace cpu
 
 namespace cuda {
@@ -277,6 +318,9 @@ void window_scalar_step(const Tensor& partials, const Tensor& state, const Close
 void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
                           const Tensor& state);
 void store_hyperparameters(const HyperValues& values, const Tensor& hyper);
+void store_slot_flags(const std::vector<bool>& written, const Tensor& slot_used);
+void advance_slot_steps(double beta1, double beta2, const Tensor& slot_used,
+                        const Tensor& slot_steps, const Tensor& state);
 }  // namespace cuda
 
 }  // namespace accrue::kernels

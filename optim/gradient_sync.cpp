@@ -4,6 +4,12 @@
 
 namespace accrue::optim {
 
+void GradientSync::reduce_flags(const Tensor& flags) {
+  ACCRUE_CHECK(world_size() == 1, "GradientSync::reduce_flags: a sync over ", world_size(),
+               " ranks must take the max of the ", flags.numel(),
+               " written flags over them (override reduce_flags)");
+}
+
 // Only a sharded sync (non-empty owned_ranges()) is ever asked to gather.
 void GradientSync::gather_partials(const Tensor&, const Tensor&) {
   ACCRUE_CHECK(false, "GradientSync::gather_partials: this sync does not shard (no owned ranges)");

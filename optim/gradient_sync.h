@@ -20,6 +20,11 @@ class GradientSync {
   // this rank's N) summed over ranks, both ordered before the current
   // stream's next work. No host synchronization.
   virtual void finish(const Tensor& items) = 0;
+  // Note [Unused parameters] (kernels/window_close.h): `flags` (f64 [slots]
+  // on the device, 1 where this rank wrote the slot) becomes their max over
+  // ranks, stream-ordered, without a host synchronization. The default serves
+  // a world of one rank, where the flags are already the world's.
+  virtual void reduce_flags(const Tensor& flags);
   // Ranks whose gradients the reduction sums (the legacy mean-of-means mode divides by K x this).
   virtual int64_t world_size() const { return 1; }
 

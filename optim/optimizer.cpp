@@ -131,7 +131,7 @@ void Optimizer::store_hyperparameters(int64_t step) const {
 }
 
 void Optimizer::step(const GradArena& arena, const Tensor& window_state, int64_t step,
-                     const std::vector<ArenaRange>& ranges) const {
+                     const std::vector<ArenaRange>& ranges, const SlotTables& slots) const {
   ACCRUE_CHECK(bound_ == &arena, "Optimizer::step: bind(arena) first");
   const int m = moments_needed();
   auto buffers = [&](int64_t offset, int64_t numel, int64_t moment_offset) {
@@ -146,6 +146,9 @@ void Optimizer::step(const GradArena& arena, const Tensor& window_state, int64_t
     b.chunk_groups = chunk_groups_;
     b.hyper = hyper_;
     b.first_element = offset;
+    b.chunk_slots = slots.chunk_slots;
+    b.slot_used = slots.used;
+    b.slot_steps = slots.steps;
     return b;
   };
   const kernels::OptimizerConfig config = config_at(step);

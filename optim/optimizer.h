@@ -143,6 +143,15 @@ double linear_scaling_rule(double base_lr, int64_t base_batch, int64_t batch);
 // The policy; the kernels see only OptimizerConfig's plain flags.
 enum class OptimizerKind { SGD, Adam, AdamW };
 
+// Note [Unused parameters] (kernels/window_close.h): the tables of
+// UnusedParameters::skip that the fused pass reads (see OptimizerBuffers);
+// all undefined for step_with_zero.
+struct SlotTables {
+  Tensor chunk_slots;  // i32 [chunks]: each chunk's arena slot
+  Tensor used;         // f64 [slots]: > 0 where written this window (on any rank)
+  Tensor steps;        // f64 [slots, 3]: each slot's own step count and bias corrections
+};
+
 class Optimizer {
  public:
   explicit Optimizer(const SGDOptions& o);
@@ -173,8 +182,10 @@ class Optimizer {
   // step() fills first, except inside a CUDA graph capture: the replay of a
   // captured close calls store_hyperparameters(step) itself, eagerly, before
   // the launch.
+  // With `slots` defined, each slot steps by its own count and unused ones not
+  // at all (Note [Unused parameters]).
   void step(const GradArena& arena, const Tensor& window_state, int64_t step,
-            const std::vector<ArenaRange>& ranges = {}) const;
+            const std::vector<ArenaRange>& ranges = {}, const SlotTables& slots = {}) const;
   void store_hyperparameters(int64_t step) const;
 
  private:

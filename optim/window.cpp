@@ -16,7 +16,47 @@ namespace {
 // last_ holds the state, then this rank's loss sum and item count, then N over all ranks.
 constexpr int kLastLoss = kernels::kWindowStateSize, kLastLocalItems = kLastLoss + 1,
               kLastItems = kLastLoss + 2, kLastSize = kLastLoss + 3;
+
+// Note [Unused parameters]: the arena slot of every kernels::kChunk-element
+// chunk. Slots start on 256-byte boundaries, so a chunk holds one slot's
+// elements or padding; padding goes with the slot before it (zeros stay zero
+// whether stepped or not).
+Tensor chunk_slot_table(const GradArena& arena) {
+  const int64_t chunks = (arena.padded_numel() + kernels::kChunk - 1) / kernels::kChunk;
+  std::vector<int32_t> table(static_cast<size_t>(chunks), -1);
+  for (size_t i = 0; i < arena.size(); ++i) {
+    const GradArena::Slot& s = arena.slots()[i];
+    for (int64_t c = s.offset / kernels::kChunk;
+         c < (s.offset + s.numel + kernels::kChunk - 1) / kernels::kChunk; ++c)
+      table[static_cast<size_t>(c)] = static_cast<int32_t>(i);
+  }
+  int32_t previous = 0;
+  for (int32_t& slot : table) {
+    if (slot < 0) slot = previous;
+    previous = slot;
+  }
+  return from_vector(table, {chunks}, DType::i32, arena.options().device);
+}
+
+// slot_steps rows (t, 1 - beta1^t, sqrt(1 - beta2^t)) with the given counts;
+// the bias columns are rewritten by advance_slot_steps before any pass reads them.
+std::vector<double> slot_rows(const std::vector<double>& counts) {
+  std::vector<double> rows(3 * counts.size(), 0.0);
+  for (size_t i = 0; i < counts.size(); ++i)
+    rows[3 * i] = counts[i];
+  return rows;
+}
 }  // namespace
+
+const char* unused_parameters_name(UnusedParameters policy) {
+  switch (policy) {
+    case UnusedParameters::step_with_zero:
+      return "step_with_zero";
+    case UnusedParameters::skip:
+      return "skip";
+  }
+  return "unknown";
+}
 
 Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& options,
                GradientSync* sync)
@@ -26,6 +66,11 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
   ACCRUE_CHECK(std::isfinite(options.max_grad_norm()), "Window: invalid max_grad_norm ",
                options.max_grad_norm());
   options.scaler().validate();
+  const auto policy = static_cast<int>(options.unused_parameters());
+  ACCRUE_CHECK(options.unused_parameters() == UnusedParameters::step_with_zero ||
+                   options.unused_parameters() == UnusedParameters::skip,
+               "Window: unknown unused_parameters policy ", policy,
+               "; expected UnusedParameters::step_with_zero (0) or UnusedParameters::skip (1)");
   close_config_.scaler = options.scaler().config();
   close_config_.normalization = options.normalization();
   // Legacy mean-of-means divides the summed per-micro-batch means by every
@@ -64,6 +109,12 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
   }
   loss_sum_ = zeros({}, DType::f64, device);
   last_ = zeros({kLastSize}, DType::f64, device);
+  if (skips_unused()) {  // Note [Unused parameters]
+    const auto slots = static_cast<int64_t>(arena.size());
+    slots_.chunk_slots = chunk_slot_table(arena);
+    slots_.used = zeros({slots}, DType::f64, device);
+    slots_.steps = zeros({slots, 3}, DType::f64, device);
+  }
   index_checks_ = std::make_unique<kernels::DeferredIndexChecks>(device, field(kernels::kItems));
   if (options.noise_scale_every() > 0) {
     ACCRUE_CHECK(
@@ -130,6 +181,12 @@ void Window::close() {
 
 void Window::close_device() {
   NoGradGuard no_grad;
+  // Note [Unused parameters]: the written flags, before anything marks the
+  // zeroed slots written, and the world's (a parameter any rank wrote is used).
+  if (skips_unused()) {
+    kernels::store_slot_flags(arena_.written_flags(), slots_.used);
+    if (sync_) sync_->reduce_flags(slots_.used);
+  }
   // Note [Overwrite first]: unused parameters read 0, before any reduction sums them.
   arena_.zero_unwritten();
   // The loss report is this rank's own mean: its loss sum over its own items.
@@ -138,7 +195,9 @@ void Window::close_device() {
   norm_partials();
   kernels::window_scalar_step(partials_, state_, close_config_);
   if (noise_ && noise_->measures(windows_)) noise_->after_close(state_);
-  optimizer_.step(arena_, state_, windows_, ranges_);
+  if (skips_unused())
+    kernels::advance_slot_steps(optimizer_.config_at(windows_), slots_.used, slots_.steps, state_);
+  optimizer_.step(arena_, state_, windows_, ranges_, slots_);
   // Note [ZeRO-1]: each rank stepped its shard; the forward needs them all.
   if (sharded()) sync_->gather_parameters(forward_params());
   // Keep what report() shows, then start the next window's counters.
@@ -306,6 +365,7 @@ std::map<std::string, Tensor> Window::state_dict() const {
     d["moment" + std::to_string(i)] = arena_.moment(i);
   d["window_state"] = state_;
   d["windows_closed"] = full({}, static_cast<double>(windows_), DType::i64);
+  if (skips_unused()) d["param_steps"] = slots_.steps.select(1, 0).contiguous();
   if (sharded()) d["zero1_ranges"] = owned_ranges_table();
   if (micro_step_ > 0) {  // Note [Mid-window checkpoints]
     d["micro_step"] = full({}, static_cast<double>(micro_step_), DType::i64);
@@ -355,6 +415,34 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
   const Tensor& window_state = get("window_state", state_);
   const auto windows =
       static_cast<int64_t>(get("windows_closed", full({}, 0.0, DType::i64)).item());
+  // Note [Unused parameters]: per-parameter step counts exist under skip only.
+  // A checkpoint of step_with_zero loads into skip with every parameter at the
+  // window's count, which is what step_with_zero gave each one; the other way
+  // the counts would be lost, so it is refused.
+  const bool saved_counts = state.count("param_steps") != 0;
+  ACCRUE_CHECK(!saved_counts || skips_unused(),
+               "Window::load_state_dict: the checkpoint holds per-parameter step counts "
+               "('param_steps', saved under UnusedParameters::skip) but this window's policy is ",
+               unused_parameters_name(options_.unused_parameters()),
+               "; construct it with WindowOptions().unused_parameters(UnusedParameters::skip)");
+  std::vector<double> param_steps;
+  if (skips_unused()) {
+    const auto slots = static_cast<int64_t>(arena_.size());
+    if (saved_counts) {
+      param_steps = get("param_steps", zeros({slots}, DType::f64))
+                        .to(Device::cpu())
+                        .to(DType::f64)
+                        .to_vector<double>();
+      for (size_t i = 0; i < param_steps.size(); ++i)
+        ACCRUE_CHECK(param_steps[i] >= 0 && param_steps[i] == std::floor(param_steps[i]),
+                     "Window::load_state_dict: param_steps[", i, "] = ", param_steps[i],
+                     " is not a step count");
+    } else {
+      const double window_steps =
+          window_state.to(Device::cpu()).to_vector<double>()[kernels::kStep];
+      param_steps.assign(static_cast<size_t>(slots), window_steps);
+    }
+  }
   // Note [Mid-window checkpoints]: a checkpoint without "micro_step" was taken between windows.
   int64_t m = 0;
   std::vector<bool> flags;
@@ -383,6 +471,9 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
   for (int i = 0; i < arena_.options().moments; ++i)
     arena_.moment(i).copy_(*moments[static_cast<size_t>(i)]);
   state_.copy_(window_state);
+  if (skips_unused())
+    slots_.steps.copy_(from_vector(slot_rows(param_steps),
+                                   {static_cast<int64_t>(param_steps.size()), 3}, DType::f64));
   if (arena_.master_sharded()) {
     unpack_owned(arena_.master(), arena_.compute());  // the owned ranges; the gather does the rest
   } else if (arena_.compute().defined()) {
@@ -398,6 +489,18 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
     micro_step_ = m;
   }
   index_checks_->set_position(windows_, micro_step_);
+}
+
+std::vector<int64_t> Window::parameter_steps() const {
+  ACCRUE_CHECK(skips_unused(),
+               "Window::parameter_steps: per-parameter step counts exist under "
+               "UnusedParameters::skip; this window's policy is ",
+               unused_parameters_name(options_.unused_parameters()),
+               " (every parameter has report().optimizer_steps)");
+  std::vector<int64_t> out;
+  for (double t : slots_.steps.select(1, 0).contiguous().to(Device::cpu()).to_vector<double>())
+    out.push_back(static_cast<int64_t>(t));
+  return out;
 }
 
 }  // namespace accrue::optim

@@ -48,7 +48,9 @@
 //      close computes the rest;
 //   4. one thread turns them into found_inf, the norm, the clip and the one
 //      coefficient inv_scale * inv_N * clip, and updates the loss scale and
-//      the step count (Note [Window scalar step]);
+//      the step count (Note [Window scalar step]); under
+//      UnusedParameters::skip the per-parameter counts of the slots written
+//      this window (on any rank) advance too (Note [Unused parameters]);
 //   5. one fused optimizer pass reads p, g, m, v, applies g * coef and writes
 //      p, m, v and the compute copy; it returns at once when found_inf (Note
 //      [Skipped window]). Its LR schedule is evaluated at the number of windows
@@ -94,6 +96,19 @@
 
 namespace accrue::optim {
 
+// Note [Unused parameters] (kernels/window_close.h): what the close does to a
+// parameter no gradient reached in the window (on any rank).
+enum class UnusedParameters {
+  // Its slot reads 0 and it steps with that zero gradient (AdamW decays it,
+  // its moments age); one step count per window. The default, and
+  // PyTorch's zero_grad(set_to_none=False) once every parameter has had a gradient.
+  step_with_zero,
+  // Left bitwise unchanged, with a step count per parameter for the bias
+  // corrections: PyTorch's zero_grad(set_to_none=True), its default.
+  skip,
+};
+const char* unused_parameters_name(UnusedParameters policy);
+
 class WindowOptions {
  public:
   WindowOptions& micro_steps(int64_t k) {
@@ -127,7 +142,13 @@ class WindowOptions {
     noise_scale_ema_ = ema;
     return *this;
   }
+  // Note [Unused parameters]: step_with_zero (the default) or skip.
+  WindowOptions& unused_parameters(UnusedParameters policy) {
+    unused_parameters_ = policy;
+    return *this;
+  }
   int64_t micro_steps() const { return micro_steps_; }
+  UnusedParameters unused_parameters() const { return unused_parameters_; }
   kernels::Normalization normalization() const { return normalization_; }
   double max_grad_norm() const { return max_grad_norm_; }
   const LossScalerOptions& scaler() const { return scaler_; }
@@ -143,6 +164,7 @@ class WindowOptions {
   bool norm_under_backward_ = false;
   int64_t noise_scale_every_ = 0;
   double noise_scale_ema_ = 0.95;
+  UnusedParameters unused_parameters_ = UnusedParameters::step_with_zero;
 };
 
 // What the host learns about the last closed window (read with one synchronization).
@@ -209,7 +231,9 @@ class Window {
   int64_t norm_rows_at_last_close() const;
 
   // Everything a checkpoint needs to resume bit-exactly: master weights,
-  // moments, the window state (scale, tracker, step, N) and the window count;
+  // moments, the window state (scale, tracker, step, N) and the window count
+  // (under UnusedParameters::skip also "param_steps", each parameter's own
+  // step count: Note [Unused parameters]);
   // inside a window also the gradients so far (Note [Mid-window
   // checkpoints]). Under ZeRO-1 each rank's dict holds its own shard
   // ("master" and the moments packed over the owned ranges) and loading is
@@ -234,6 +258,12 @@ class Window {
   void load_state_dict(const std::map<std::string, Tensor>& state);
   // Under ZeRO-1 (Note [ZeRO-1]): this rank steps only the sync's owned ranges.
   bool sharded() const { return !ranges_.empty(); }
+  // Note [Unused parameters]: under skip, each parameter's own optimizer step
+  // count (one per arena slot, in slot order; one host synchronization).
+  // Under step_with_zero every parameter has the window's count,
+  // report().optimizer_steps, and this throws.
+  std::vector<int64_t> parameter_steps() const;
+  bool skips_unused() const { return options_.unused_parameters() == UnusedParameters::skip; }
 
  private:
   // Note [Graphed window] (optim/graphed_window.h): a GraphedWindow captures
@@ -280,6 +310,7 @@ class Window {
   std::shared_ptr<NormRowTracker> norm_rows_;
   std::unique_ptr<NoiseScale> noise_;  // Note [Gradient noise scale], when asked for
   std::vector<WindowListener*> listeners_;
+  SlotTables slots_;  // Note [Unused parameters]: defined under skip only
   int64_t micro_step_ = 0;
   int64_t windows_ = 0;
 };

@@ -67,16 +67,37 @@ void optimizer_typed(const OptimizerConfig& config, const OptimizerBuffers& b,
     ACCRUE_CHECK(groups[c] >= 0 && groups[c] < o.groups, "fused_optimizer_step: chunk_groups[", c,
                  "] = ", groups[c], " is outside [0, ", o.groups, ")");
 
+  // Note [Unused parameters]: with the slot tables, each chunk's slot says
+  // whether it steps and with which step count.
+  const bool per_slot = b.slot_used.defined();
+  const int32_t* slots = per_slot ? b.chunk_slots.data<int32_t>() : nullptr;
+  const double* used = per_slot ? b.slot_used.data<double>() : nullptr;
+  const double* steps = per_slot ? b.slot_steps.data<double>() : nullptr;
+  if (per_slot) {
+    const int64_t count = b.slot_used.numel();
+    for (int64_t c = first / kChunk; c < (first + n + kChunk - 1) / kChunk; ++c)
+      ACCRUE_CHECK(slots[c] >= 0 && slots[c] < count, "fused_optimizer_step: chunk_slots[", c,
+                   "] = ", slots[c], " is outside [0, ", count, ")");
+  }
+
   for (int64_t i = 0; i < n; ++i) {
     const int group = groups[(first + i) / kChunk];
+    UpdateScalars<M> u;
+    if (per_slot) {
+      const int32_t slot = slots[(first + i) / kChunk];
+      if (!(used[slot] > 0.0)) continue;  // unused: nothing is read or written
+      u = slot_scalars(s, group, steps + 3 * static_cast<int64_t>(slot));
+    } else {
+      u = window_scalars(s, group);
+    }
     M pi = p[i];
     if (!config.adam) {
       M buf = m ? m[i] : M(0);
-      sgd_update(o, s, group, g[i], pi, buf);
+      sgd_update(o, u, g[i], pi, buf);
       if (m) m[i] = buf;
     } else {
       M mi = m[i], vi = v[i], vmaxi = vmax ? vmax[i] : M(0);
-      adam_update(o, s, group, g[i], pi, mi, vi, vmaxi);
+      adam_update(o, u, g[i], pi, mi, vi, vmaxi);
       m[i] = mi;
       v[i] = vi;
       if (vmax) vmax[i] = vmaxi;
@@ -128,6 +149,21 @@ void store_hyperparameters(const HyperValues& values, const Tensor& hyper) {
   double* out = hyper.data<double>();
   for (int64_t i = 0; i < kHyperSize; ++i)
     out[i] = values.v[i];
+}
+
+void store_slot_flags(const std::vector<bool>& written, const Tensor& slot_used) {
+  double* out = slot_used.data<double>();
+  for (size_t i = 0; i < written.size(); ++i)
+    out[i] = written[i] ? 1.0 : 0.0;
+}
+
+void advance_slot_steps(double beta1, double beta2, const Tensor& slot_used,
+                        const Tensor& slot_steps, const Tensor& state) {
+  if (state.data<double>()[kFoundInf] != 0.0) return;  // Note [Skipped window]
+  const double* used = slot_used.data<double>();
+  double* rows = slot_steps.data<double>();
+  for (int64_t i = 0; i < slot_used.numel(); ++i)
+    if (used[i] > 0.0) advance_slot_row(beta1, beta2, rows + 3 * i);
 }
 
 }  // namespace accrue::kernels::cpu

@@ -173,6 +173,29 @@ __global__ void store_hyper_kernel(const HyperValues values, double* out) {
   if (threadIdx.x < kHyperSize) out[threadIdx.x] = values.v[threadIdx.x];
 }
 
+// Note [Unused parameters]: written flags as the kernel's argument, as the
+// hyperparameters travel: no host memory must outlive the call, nothing
+// synchronizes, and a captured close replays them.
+constexpr int kFlagsPerLaunch = 1024;
+struct SlotFlags {
+  unsigned char v[kFlagsPerLaunch];
+};
+__global__ void store_flags_kernel(const __grid_constant__ SlotFlags flags, int count,
+                                   double* out) {
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += static_cast<int>(blockDim.x))
+    out[i] = flags.v[i] != 0 ? 1.0 : 0.0;
+}
+
+// One thread per slot; see advance_slot_row.
+__global__ void advance_slot_steps_kernel(double beta1, double beta2,
+                                          const double* __restrict__ used,
+                                          double* __restrict__ rows, int64_t slots,
+                                          const double* __restrict__ state) {
+  if (state[kFoundInf] != 0.0) return;  // Note [Skipped window]
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < slots && used[i] > 0.0) advance_slot_row(beta1, beta2, rows + 3 * i);
+}
+
 constexpr int kStepThreads = 256;
 
 // The compute-copy type of a step that writes none.
@@ -188,6 +211,11 @@ struct StepPointers {
   C* compute;         // null for NoCopy
   const int32_t* chunk_groups;
   int64_t first_element;  // OptimizerBuffers::first_element
+  // Note [Unused parameters]: null chunk_slots for the window-wide step count.
+  const int32_t* chunk_slots;
+  const double* slot_used;
+  const double* slot_steps;  // [slots, 3]
+  int64_t slots;
 };
 
 // The group of element i. Out-of-range values are clamped rather than checked:
@@ -198,13 +226,35 @@ __device__ __forceinline__ int group_of(const P& ptr, int64_t i, int groups) {
   return g < 0 ? 0 : (g >= groups ? groups - 1 : g);
 }
 
+// The slot of element i (Note [Unused parameters]), clamped as group_of is.
+template <class P>
+__device__ __forceinline__ int64_t slot_of(const P& ptr, int64_t i) {
+  const int64_t k = ptr.chunk_slots[(ptr.first_element + i) / kChunk];
+  return k < 0 ? 0 : (k >= ptr.slots ? ptr.slots - 1 : k);
+}
+
+// The scalars of element i's update, or false when its slot is unused this
+// window (Note [Unused parameters]): then nothing of it is loaded or stored.
+template <class T, class P>
+__device__ __forceinline__ bool scalars_of(const P& ptr, const StepScalars<T>& s, int group,
+                                           int64_t i, UpdateScalars<T>& u) {
+  if (ptr.chunk_slots == nullptr) {
+    u = window_scalars(s, group);
+    return true;
+  }
+  const int64_t slot = slot_of(ptr, i);
+  if (!(ptr.slot_used[slot] > 0.0)) return false;
+  u = slot_scalars(s, group, ptr.slot_steps + 3 * slot);
+  return true;
+}
+
 template <bool kAdam, class T>
-__device__ __forceinline__ void update(const OptimizerParams<T>& o, const StepScalars<T>& s,
-                                       int group, T grad, T& p, T& m, T& v, T& vmax) {
+__device__ __forceinline__ void update(const OptimizerParams<T>& o, const UpdateScalars<T>& u,
+                                       T grad, T& p, T& m, T& v, T& vmax) {
   if constexpr (kAdam) {
-    adam_update(o, s, group, grad, p, m, v, vmax);
+    adam_update(o, u, grad, p, m, v, vmax);
   } else {
-    sgd_update(o, s, group, grad, p, m);
+    sgd_update(o, u, grad, p, m);
   }
 }
 
@@ -235,6 +285,8 @@ __global__ void __launch_bounds__(kStepThreads)
   const int64_t packs = vectorized ? n / V : 0;
   for (int64_t k = first; k < packs; k += stride) {
     const int group = group_of(ptr, k * V, o.groups);
+    UpdateScalars<T> u;
+    if (!scalars_of(ptr, s, group, k * V, u)) continue;  // a pack lies in one chunk, one slot
     Pack<T, V> p = load_pack<V>(ptr.params, k);
     const Pack<T, V> g = load_pack<V>(ptr.grads, k);
     Pack<T, V> m{}, v{}, vmax{};
@@ -243,7 +295,7 @@ __global__ void __launch_bounds__(kStepThreads)
     if (has_vmax) vmax = load_pack<V>(ptr.max_exp_avg_sq, k);
 #pragma unroll
     for (int j = 0; j < V; ++j)
-      update<kAdam>(o, s, group, g.v[j], p.v[j], m.v[j], v.v[j], vmax.v[j]);
+      update<kAdam>(o, u, g.v[j], p.v[j], m.v[j], v.v[j], vmax.v[j]);
     store_pack<V>(ptr.params, k, p);
     if (has_m) store_pack<V>(ptr.exp_avg, k, m);
     if (kAdam) store_pack<V>(ptr.exp_avg_sq, k, v);
@@ -259,11 +311,13 @@ __global__ void __launch_bounds__(kStepThreads)
 
   for (int64_t i = packs * V + first; i < n; i += stride) {
     const int group = group_of(ptr, i, o.groups);
+    UpdateScalars<T> u;
+    if (!scalars_of(ptr, s, group, i, u)) continue;
     T p = ptr.params[i];
     T m = has_m ? ptr.exp_avg[i] : T(0);
     T v = kAdam ? ptr.exp_avg_sq[i] : T(0);
     T vmax = has_vmax ? ptr.max_exp_avg_sq[i] : T(0);
-    update<kAdam>(o, s, group, ptr.grads[i], p, m, v, vmax);
+    update<kAdam>(o, u, ptr.grads[i], p, m, v, vmax);
     ptr.params[i] = p;
     if (has_m) ptr.exp_avg[i] = m;
     if (kAdam) ptr.exp_avg_sq[i] = v;
@@ -293,6 +347,12 @@ void launch_step(const OptimizerConfig& config, const OptimizerBuffers& b, const
   if constexpr (!std::is_same_v<C, NoCopy>) ptr.compute = static_cast<C*>(b.compute.data_ptr());
   ptr.chunk_groups = b.chunk_groups.data<int32_t>();
   ptr.first_element = b.first_element;
+  if (b.chunk_slots.defined()) {
+    ptr.chunk_slots = b.chunk_slots.data<int32_t>();
+    ptr.slot_used = b.slot_used.data<double>();
+    ptr.slot_steps = b.slot_steps.data<double>();
+    ptr.slots = b.slot_used.numel();
+  }
   // Null pointers count as aligned.
   bool vectorized = b.first_element % V == 0 && pack_aligned<V>(ptr.params) &&
                     pack_aligned<V>(ptr.grads) && pack_aligned<V>(ptr.exp_avg) &&
@@ -369,6 +429,34 @@ void store_hyperparameters(const HyperValues& values, const Tensor& hyper) {
   const int device = hyper.device().index;
   dev::DeviceScope scope(device);
   store_hyper_kernel<<<1, kHyperSize, 0, dev::stream_for(device)>>>(values, hyper.data<double>());
+  ACCRUE_LAUNCH_CHECK();
+}
+
+void store_slot_flags(const std::vector<bool>& written, const Tensor& slot_used) {
+  const int device = slot_used.device().index;
+  dev::DeviceScope scope(device);
+  const int64_t n = static_cast<int64_t>(written.size());
+  for (int64_t at = 0; at < n; at += kFlagsPerLaunch) {
+    const int count = static_cast<int>(std::min<int64_t>(kFlagsPerLaunch, n - at));
+    SlotFlags flags{};
+    for (int i = 0; i < count; ++i)
+      flags.v[i] = written[static_cast<size_t>(at + i)] ? 1 : 0;
+    store_flags_kernel<<<1, 256, 0, dev::stream_for(device)>>>(flags, count,
+                                                               slot_used.data<double>() + at);
+    ACCRUE_LAUNCH_CHECK();
+  }
+}
+
+void advance_slot_steps(double beta1, double beta2, const Tensor& slot_used,
+                        const Tensor& slot_steps, const Tensor& state) {
+  const int device = slot_used.device().index;
+  dev::DeviceScope scope(device);
+  const int64_t slots = slot_used.numel();
+  const int threads = 256;
+  advance_slot_steps_kernel<<<static_cast<unsigned>((slots + threads - 1) / threads), threads, 0,
+                              dev::stream_for(device)>>>(beta1, beta2, slot_used.data<double>(),
+                                                         slot_steps.data<double>(), slots,
+                                                         state.data<double>());
   ACCRUE_LAUNCH_CHECK();
 }
 

@@ -24,4 +24,11 @@ void store_hyperparameters(const HyperValues&, const Tensor&) {
   ACCRUE_FAIL("store_hyperparameters: accrue was built without CUDA");
 }
 
+void store_slot_flags(const std::vector<bool>&, const Tensor&) {
+  ACCRUE_FAIL("store_slot_flags: accrue was built without CUDA");
+}
+void advance_slot_steps(double, double, const Tensor&, const Tensor&, const Tensor&) {
+  ACCRUE_FAIL("advance_slot_steps: accrue was built without CUDA");
+}
+
 }  // namespace accrue::kernels::cuda

@@ -626,5 +626,74 @@ TEST(CpuWindowClose, bad_inputs_throw_naming_the_op_and_the_values) {
   EXPECT_ERROR(fused_optimizer_step(opt, a.b, zeros({16}, DType::f32)), op, "state", "f32");
 }
 
+// Note [Unused parameters]: the slot tables go together, fit the arena, and
+// hold slots that exist; the kernels that fill them check their shapes.
+TEST(CpuWindowClose, bad_slot_tables_throw_naming_the_op_and_the_values) {
+  const Tensor state = make_window_state(1.0, Device::cpu());
+  const Arena a = make_arena(100, DType::f32, 2);
+  const OptimizerConfig opt = adam(test::Kind::AdamW, true);
+  const char* op = "fused_optimizer_step";
+  OptimizerBuffers b = a.b;
+  b.slot_used = zeros({2}, DType::f64);
+  EXPECT_ERROR(fused_optimizer_step(opt, b, state), op, "go together", "1 of the 3");
+  b.chunk_slots = zeros({4}, DType::i32);
+  b.slot_steps = zeros({3, 3}, DType::f64);
+  EXPECT_ERROR(fused_optimizer_step(opt, b, state), op, "slot_steps", "[3, 3]", "[2, 3]");
+  b.slot_steps = zeros({2, 3}, DType::f64);
+  b.chunk_slots = zeros({2}, DType::i32);
+  EXPECT_ERROR(fused_optimizer_step(opt, b, state), op, "chunk_slots", "[2]", "4 chunks");
+  b.chunk_slots = from_vector<int32_t>({0, 1, 5, 0}, {4}, DType::i32);
+  const Tensor p = a.b.params.clone();
+  EXPECT_ERROR(fused_optimizer_step(opt, b, state), op, "chunk_slots[2] = 5", "[0, 2)");
+  EXPECT_TRUE(bitwise_equal(a.b.params, p)) << "nothing is written before the check";
+  EXPECT_ERROR(store_slot_flags({true, false, true}, zeros({2}, DType::f64)), "store_slot_flags",
+               "3 written flags", "2 slots");
+  EXPECT_ERROR(store_slot_flags({true}, zeros({1}, DType::f32)), "store_slot_flags", "slot_used",
+               "f32");
+  EXPECT_ERROR(advance_slot_steps(opt, zeros({2}, DType::f64), zeros({2}, DType::f64), state),
+               "advance_slot_steps", "slot_steps", "[2]", "[2, 3]");
+}
+
+// Note [Unused parameters]: with every slot used, the per-slot path is the
+// window-wide path bit for bit (same counts, same roundings); an unused slot
+// is untouched, and a used one with its own count differs from the window's.
+TEST(CpuWindowClose, per_slot_steps_equal_the_window_count_when_every_slot_is_used) {
+  for (test::Kind kind : {test::Kind::SGD, test::Kind::Adam, test::Kind::AdamW}) {
+    OptimizerConfig opt = kind == test::Kind::SGD ? sgd(0.9, 0.0, false) : adam(kind, true);
+    const Arena plain = make_arena(128, DType::f64, 2), slots = make_arena(128, DType::f64, 2);
+    slots.b.params.copy_(plain.b.params);
+    slots.b.grads.copy_(plain.b.grads);
+    for (const Tensor* t : {&slots.b.exp_avg, &slots.b.exp_avg_sq, &slots.b.max_exp_avg_sq})
+      if (t->defined()) t->fill_(0.0);
+    for (const Tensor* t : {&plain.b.exp_avg, &plain.b.exp_avg_sq, &plain.b.max_exp_avg_sq})
+      if (t->defined()) t->fill_(0.0);
+    OptimizerBuffers b = slots.b;
+    b.chunk_slots = from_vector<int32_t>({0, 0, 1, 1}, {4}, DType::i32);
+    b.slot_used = zeros({2}, DType::f64);
+    b.slot_steps = zeros({2, 3}, DType::f64);
+    const Tensor state = make_window_state(1.0, Device::cpu());
+    for (int w = 0; w < 3; ++w) {
+      state.narrow(0, kItems, 1).fill_(1.0);
+      window_scalar_step(zeros({1, 2}, DType::f64), state, CloseConfig{});
+      store_slot_flags({true, true}, b.slot_used);
+      advance_slot_steps(opt, b.slot_used, b.slot_steps, state);
+      fused_optimizer_step(opt, plain.b, state);
+      fused_optimizer_step(opt, b, state);
+      EXPECT_TRUE(bitwise_equal(b.params, plain.b.params)) << "window " << w;
+      EXPECT_TRUE(bitwise_equal(b.exp_avg, plain.b.exp_avg)) << "window " << w;
+    }
+    // Slot 1 unused for a window: untouched, and its count stays at 3.
+    const Tensor before = b.params.clone();
+    store_slot_flags({true, false}, b.slot_used);
+    window_scalar_step(zeros({1, 2}, DType::f64), state, CloseConfig{});
+    advance_slot_steps(opt, b.slot_used, b.slot_steps, state);
+    fused_optimizer_step(opt, b, state);
+    EXPECT_TRUE(bitwise_equal(b.params.narrow(0, 64, 64), before.narrow(0, 64, 64)));
+    EXPECT_FALSE(bitwise_equal(b.params.narrow(0, 0, 64), before.narrow(0, 0, 64)));
+    EXPECT_EQ(b.slot_steps.to_vector<double>()[0], 4.0);
+    EXPECT_EQ(b.slot_steps.to_vector<double>()[3], 3.0);
+  }
+}
+
 }  // namespace
 }  // namespace accrue

@@ -391,5 +391,114 @@ TEST(GpuWindowClose, buffers_on_different_devices_are_rejected) {
   EXPECT_THROW(grad_norm_partials(b.gpu.grads, empty({1, 2}, DType::f64)), Error);
 }
 
+// ---- Note [Unused parameters] ------------------------------------------------------------
+
+// The tables of UnusedParameters::skip over `chunks` chunks: slot s holds
+// chunks [37 s, 37 s + 37); per-slot step counts start at s % 5.
+struct SlotTablesOf {
+  Tensor chunk_slots, used, steps;
+  int64_t slots = 0;
+};
+SlotTablesOf make_slot_tables(int64_t n, Device device) {
+  SlotTablesOf t;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<int32_t> table(chunks);
+  for (int64_t c = 0; c < chunks; ++c)
+    table[c] = static_cast<int32_t>(c / 37);
+  t.slots = table.back() + 1;
+  std::vector<double> rows(3 * t.slots, 0.0);
+  for (int64_t s = 0; s < t.slots; ++s)
+    rows[3 * s] = static_cast<double>(s % 5);
+  t.chunk_slots = from_vector(table, {chunks}, DType::i32, device);
+  t.used = zeros({t.slots}, DType::f64, device);
+  t.steps = from_vector(rows, {t.slots, 3}, DType::f64, device);
+  return t;
+}
+
+void attach(OptimizerBuffers& b, const SlotTablesOf& t) {
+  b.chunk_slots = t.chunk_slots;
+  b.slot_used = t.used;
+  b.slot_steps = t.steps;
+}
+
+// Under skip the CUDA pass equals the CPU reference on fresh random inputs
+// (f32 within 1e-6), over several windows with a changing used pattern (more
+// than 1024 slots: several flag launches), and leaves every unused slot's
+// weights, compute copy, moments and step count bitwise unchanged.
+TEST(GpuWindowClose, skip_unused_slots_matches_the_cpu_and_leaves_them_bitwise_unchanged) {
+  ACCRUE_REQUIRE_CUDA();
+  for (const Variant& v : variants(3)) {
+    SCOPED_TRACE(v.name);
+    const int64_t n = 3000007;
+    Buffers b = make_buffers(n, DType::f32, 3, DType::bf16);
+    const SlotTablesOf cpu_tables = make_slot_tables(n, kCpu),
+                       gpu_tables = make_slot_tables(n, kGpu);
+    ASSERT_GT(cpu_tables.slots, 1024);
+    attach(b.cpu, cpu_tables);
+    attach(b.gpu, gpu_tables);
+    const Tensor state = make_window_state(1, kCpu), state_gpu = make_window_state(1, kGpu);
+    for (int w = 0; w < 3; ++w) {
+      SCOPED_TRACE("window " + std::to_string(w));
+      std::vector<bool> written(static_cast<size_t>(cpu_tables.slots));
+      for (int64_t s = 0; s < cpu_tables.slots; ++s)
+        written[s] = s != 0 && (s * 7 + w) % 3 != 0;
+      const Tensor raw = test::random_normal({n}, DType::f32, kCpu, 64.0);
+      b.cpu.grads.copy_(raw);
+      b.gpu.grads.copy_(raw);
+      const Tensor p0 = cpu(b.gpu.params), m0 = cpu(b.gpu.exp_avg), v0 = cpu(b.gpu.exp_avg_sq),
+                   x0 = cpu(b.gpu.max_exp_avg_sq), c0 = cpu(b.gpu.compute),
+                   t0 = cpu(gpu_tables.steps);
+      for (const Tensor& s : {state, state_gpu})
+        set_field(s, kItems, 64);
+      store_slot_flags(written, cpu_tables.used);
+      store_slot_flags(written, gpu_tables.used);
+      ASSERT_TRUE(test::all_equal(cpu(gpu_tables.used), cpu_tables.used));
+      window_scalar_step(norm_partials(b.cpu.grads), state, CloseConfig{});
+      window_scalar_step(norm_partials(b.gpu.grads), state_gpu, CloseConfig{});
+      advance_slot_steps(v.config, cpu_tables.used, cpu_tables.steps, state);
+      advance_slot_steps(v.config, gpu_tables.used, gpu_tables.steps, state_gpu);
+      EXPECT_TRUE(test::all_close(gpu_tables.steps, cpu_tables.steps, 1e-15, 0.0));
+      fused_optimizer_step(v.config, b.cpu, state);
+      fused_optimizer_step(v.config, b.gpu, state_gpu);
+      EXPECT_TRUE(test::all_close(b.gpu.params, b.cpu.params, 1e-6, 1e-7)) << "params";
+      if (v.config.adam || v.config.momentum != 0)
+        EXPECT_TRUE(close_at_scale(b.gpu.exp_avg, b.cpu.exp_avg, 1e-6)) << "exp_avg";
+      if (v.config.adam) {
+        EXPECT_TRUE(test::all_close(b.gpu.exp_avg_sq, b.cpu.exp_avg_sq, 1e-6, 1e-14));
+        EXPECT_TRUE(test::all_close(b.gpu.max_exp_avg_sq, b.cpu.max_exp_avg_sq, 1e-6, 1e-14));
+      }
+      // Bitwise: every element of an unused slot, in every buffer, and its count.
+      const std::vector<float> p = cpu(b.gpu.params).to_vector<float>(), pb = p0.to_vector<float>(),
+                               m = cpu(b.gpu.exp_avg).to_vector<float>(),
+                               mb = m0.to_vector<float>(),
+                               vv = cpu(b.gpu.exp_avg_sq).to_vector<float>(),
+                               vb = v0.to_vector<float>(),
+                               x = cpu(b.gpu.max_exp_avg_sq).to_vector<float>(),
+                               xb = x0.to_vector<float>();
+      const std::vector<double> c = cpu(b.gpu.compute).to_vector<double>(),
+                                cb = c0.to_vector<double>(),
+                                t = cpu(gpu_tables.steps).to_vector<double>(),
+                                tb = t0.to_vector<double>();
+      int64_t unused_elements = 0, changed = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t s = (i / kChunk) / 37;
+        if (written[s]) continue;
+        ++unused_elements;
+        changed += std::memcmp(&p[i], &pb[i], sizeof(float)) != 0;
+        changed += std::memcmp(&m[i], &mb[i], sizeof(float)) != 0;
+        changed += std::memcmp(&vv[i], &vb[i], sizeof(float)) != 0;
+        changed += std::memcmp(&x[i], &xb[i], sizeof(float)) != 0;
+        changed += std::memcmp(&c[i], &cb[i], sizeof(double)) != 0;
+      }
+      EXPECT_GT(unused_elements, 0);
+      EXPECT_EQ(changed, 0) << "values of unused slots changed";
+      for (int64_t s = 0; s < gpu_tables.slots; ++s) {
+        const double expected = written[s] ? tb[3 * s] + 1 : tb[3 * s];
+        ASSERT_EQ(t[3 * s], expected) << "slot " << s << "'s step count";
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace accrue

@@ -1,0 +1,139 @@
+// Note [Unused parameters] under data parallelism, on the host world
+// (tests/dist/host_world.h): a parameter counts as used when ANY rank wrote
+// it. Three parameters: "shared" (every rank uses it), "rank1_only" (only
+// rank 1's loss reaches it) and "never". Under UnusedParameters::skip, with
+// plain data parallelism and with ZeRO-1 on two ranks, rank1_only steps on
+// both ranks identically, as one rank with both micro-batches steps it,
+// "never" stays bitwise unchanged, and every rank keeps the same
+// per-parameter step counts.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "dist/reducer.h"
+#include "optim/window.h"
+#include "tests/dist/host_world.h"
+#include "tests/test_util.h"
+
+namespace accrue::dist {
+namespace {
+
+using host::HostCommunicator;
+using host::HostWorld;
+
+constexpr int64_t kWindows = 4, kNumel = 8;
+
+// Rank r's inputs of window w: deterministic, different per rank and window.
+Tensor input(int64_t w, int rank, double shift) {
+  std::vector<double> v(kNumel);
+  for (int64_t i = 0; i < kNumel; ++i)
+    v[i] = std::sin(0.7 * static_cast<double>(i + 1) + 1.3 * static_cast<double>(w) + 0.5 * rank +
+                    shift);
+  return from_vector(v, {kNumel}, DType::f64);
+}
+
+struct Result {
+  std::vector<std::vector<double>> params;  // per parameter, after the last window
+  std::vector<int64_t> steps;
+};
+
+// `world` ranks (world 1: one rank with both micro-batches, K = 2).
+Result train(int world, bool zero1, int rank, Communicator* comm) {
+  std::vector<Tensor> params;
+  for (int i = 0; i < 3; ++i) {
+    Tensor p = input(100, 0, i);
+    requires_grad_(p);
+    params.push_back(p);
+  }
+  ArenaOptions ao{Device::cpu(), DType::f64, DType::f64, 2};
+  GradArena arena(params, {"shared", "rank1_only", "never"}, ao);
+  std::unique_ptr<Reducer> reducer;
+  if (comm) {
+    ReducerOptions ro;
+    ro.zero1 = zero1;
+    reducer = std::make_unique<Reducer>(arena, *comm, ro);
+  }
+  optim::Optimizer opt(optim::AdamWOptions(0.05).weight_decay(0.1));
+  const int64_t K = world == 1 ? 2 : 1;
+  optim::Window window(
+      arena, opt,
+      optim::WindowOptions().micro_steps(K).unused_parameters(optim::UnusedParameters::skip),
+      reducer.get());
+  const Tensor never_before = arena.master_view(2).clone();
+  for (int64_t w = 0; w < kWindows; ++w) {
+    for (int64_t k = 0; k < K; ++k) {
+      const int who = world == 1 ? static_cast<int>(k) : rank;  // the rank whose data this is
+      Loss loss{sum(mul(params[0], input(w, who, 0.0))), full({}, 1.0, DType::i64)};
+      if (who == 1) loss.sum = add(loss.sum, sum(mul(mul(params[1], params[1]), input(w, who, 1))));
+      window.backward(loss);
+    }
+    window.close();
+  }
+  EXPECT_EQ(
+      std::memcmp(arena.master_view(2).data_ptr(), never_before.data_ptr(), never_before.nbytes()),
+      0)
+      << "'never' must stay bitwise unchanged";
+  Result r;
+  for (size_t i = 0; i < 3; ++i)
+    r.params.push_back(arena.master_view(i).contiguous().to_vector<double>());
+  r.steps = window.parameter_steps();
+  return r;
+}
+
+std::vector<Result> on_two_ranks(bool zero1) {
+  HostWorld world(2);
+  std::vector<Result> out(2);
+  std::vector<std::exception_ptr> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        HostCommunicator comm(world, r);
+        out[r] = train(2, zero1, r, &comm);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (std::thread& t : threads)
+    t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  return out;
+}
+
+double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(a[i] - b[i]));
+    scale = std::max(scale, std::fabs(b[i]));
+  }
+  return diff / scale;
+}
+
+TEST(HostWorld, a_parameter_used_on_one_rank_only_is_stepped_under_skip_on_every_rank) {
+  const Result single = train(1, false, 0, nullptr);
+  EXPECT_EQ(single.steps, (std::vector<int64_t>{kWindows, kWindows, 0}));
+  for (bool zero1 : {false, true}) {
+    SCOPED_TRACE(zero1 ? "zero1" : "plain");
+    const std::vector<Result> ranks = on_two_ranks(zero1);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(ranks[r].steps, (std::vector<int64_t>{kWindows, kWindows, 0})) << "rank " << r;
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(ranks[r].params[i], ranks[0].params[i]) << "rank " << r << " param " << i;
+        EXPECT_LE(max_rel(ranks[r].params[i], single.params[i]), 1e-12)
+            << "rank " << r << " param " << i;
+      }
+    }
+    // rank1_only moved on rank 0 too, though rank 0 never wrote its slot.
+    EXPECT_NE(ranks[0].params[1], input(100, 0, 1).to_vector<double>());
+  }
+}
+
+}  // namespace
+}  // namespace accrue::dist
