@@ -7,6 +7,9 @@
 // Bytes counted per parameter (padded arena elements):
 //   close           32 = norm read g (4) + AdamW read p, g, m, v (16) + write p, m, v (12)
 //   close_bf16copy  34 = the same + the bf16 compute copy written (2)
+//   close_skip      32 under UnusedParameters::skip (Note [Unused parameters]):
+//                   every slot written, so the same bytes, plus the flag copy,
+//                   the per-slot step counts and the chunk-to-slot table reads
 //   norm             4
 //   adamw           28,  adamw_bf16copy 30
 // The floor is those bytes at the device-to-device copy bandwidth measured in
@@ -56,7 +59,8 @@ void fill_slots(const GradArena& arena, const Tensor& flat, bool non_negative) {
 // and the norm partials.
 class CloseFixture {
  public:
-  CloseFixture(const std::vector<ParamSpec>& specs, bool split_groups, DType compute_dtype)
+  CloseFixture(const std::vector<ParamSpec>& specs, bool split_groups, DType compute_dtype,
+               bool skip_unused = false)
       : optimizer_(
             optim::AdamWOptions(kLr).betas(kBeta1, kBeta2).eps(kEps).weight_decay(kWeightDecay)) {
     std::vector<Tensor> params;
@@ -93,11 +97,18 @@ class CloseFixture {
     // timed close sees the same N.
     state_.narrow(0, kernels::kItems, 1).fill_(kWindowItems);
     partials_ = empty({kernels::norm_partials_rows(arena_->grads()), 2}, DType::f64, gpu());
+    if (skip_unused) slots_ = optim::make_slot_tables(*arena_);
   }
 
   void norm() { kernels::grad_norm_partials(arena_->grads(), partials_); }
   void scalar_step() { kernels::window_scalar_step(partials_, state_, config_); }
-  void optimizer_step() { optimizer_.step(*arena_, state_, step_++); }
+  void optimizer_step() {
+    if (slots_.used.defined()) {  // what Window::close adds under skip, every slot written
+      kernels::store_slot_flags(std::vector<bool>(arena_->size(), true), slots_.used);
+      kernels::advance_slot_steps(optimizer_.config_at(step_), slots_.used, slots_.steps, state_);
+    }
+    optimizer_.step(*arena_, state_, step_++, {}, slots_);
+  }
   void close() {
     norm();
     scalar_step();
@@ -111,6 +122,7 @@ class CloseFixture {
   std::unique_ptr<GradArena> arena_;
   kernels::CloseConfig config_;
   Tensor state_, partials_;
+  optim::SlotTables slots_;  // defined under skip only
   int64_t step_ = 0;
 };
 
@@ -130,8 +142,8 @@ double bytes_per_param(Pass pass, DType compute_dtype) {
 }
 
 void window_close(benchmark::State& state, const std::vector<ParamSpec>& specs, bool split_groups,
-                  Pass pass, DType compute_dtype) {
-  CloseFixture f(specs, split_groups, compute_dtype);
+                  Pass pass, DType compute_dtype, bool skip_unused = false) {
+  CloseFixture f(specs, split_groups, compute_dtype, skip_unused);
   // The optimizer pass alone needs a state a close has written (found_inf,
   // coef, step), as it has in a real close.
   f.norm();
@@ -164,6 +176,7 @@ void register_window_close_benchmarks() {
     const char* name;
     Pass pass;
     DType compute;
+    bool skip_unused = false;
   };
   const Case cases[] = {
       {"close", Pass::Close, DType::f32},
@@ -171,11 +184,12 @@ void register_window_close_benchmarks() {
       {"norm", Pass::Norm, DType::f32},
       {"adamw", Pass::AdamW, DType::f32},
       {"adamw_bf16copy", Pass::AdamW, DType::bf16},
+      {"close_skip", Pass::Close, DType::f32, /*skip_unused=*/true},
   };
   for (const Case& c : cases) {
     register_gpu_benchmark(
         std::string("window_close/gpt2_124M/") + c.name, [c](benchmark::State& state) {
-          window_close(state, gpt2_124m(), /*split_groups=*/true, c.pass, c.compute);
+          window_close(state, gpt2_124m(), /*split_groups=*/true, c.pass, c.compute, c.skip_unused);
         });
   }
   // 124,475,904 is GPT-2 124M's size as one flat parameter, beside its

@@ -23,7 +23,34 @@ kernels::OptimizerConfig adam_config(const O& o, bool decoupled, const char* who
   return c;
 }
 
+// Note [Unused parameters]: the arena slot of every kernels::kChunk-element
+// chunk. Slots start on 256-byte boundaries, so a chunk holds one slot's
+// elements or padding; padding goes with the slot before it (zeros stay zero
+// whether stepped or not).
+Tensor chunk_slot_table(const GradArena& arena) {
+  const int64_t chunks = (arena.padded_numel() + kernels::kChunk - 1) / kernels::kChunk;
+  std::vector<int32_t> table(static_cast<size_t>(chunks), -1);
+  for (size_t i = 0; i < arena.size(); ++i) {
+    const GradArena::Slot& s = arena.slots()[i];
+    for (int64_t c = s.offset / kernels::kChunk;
+         c < (s.offset + s.numel + kernels::kChunk - 1) / kernels::kChunk; ++c)
+      table[static_cast<size_t>(c)] = static_cast<int32_t>(i);
+  }
+  int32_t previous = 0;
+  for (int32_t& slot : table) {
+    if (slot < 0) slot = previous;
+    previous = slot;
+  }
+  return from_vector(table, {chunks}, DType::i32, arena.options().device);
+}
 }  // namespace
+
+SlotTables make_slot_tables(const GradArena& arena) {
+  const auto slots = static_cast<int64_t>(arena.size());
+  const Device device = arena.options().device;
+  return {chunk_slot_table(arena), zeros({slots}, DType::f64, device),
+          zeros({slots, 3}, DType::f64, device)};
+}
 
 LinearWarmup::LinearWarmup(int64_t warmup) : warmup_(warmup) {
   ACCRUE_CHECK(warmup >= 0, "LinearWarmup: invalid warmup ", warmup);

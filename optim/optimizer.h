@@ -151,6 +151,8 @@ struct SlotTables {
   Tensor used;         // f64 [slots]: > 0 where written this window (on any rank)
   Tensor steps;        // f64 [slots, 3]: each slot's own step count and bias corrections
 };
+// The tables for `arena`: each chunk's slot, no slot used, every count 0.
+SlotTables make_slot_tables(const GradArena& arena);
 
 class Optimizer {
  public:

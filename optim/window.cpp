@@ -17,27 +17,6 @@ namespace {
 constexpr int kLastLoss = kernels::kWindowStateSize, kLastLocalItems = kLastLoss + 1,
               kLastItems = kLastLoss + 2, kLastSize = kLastLoss + 3;
 
-// Note [Unused parameters]: the arena slot of every kernels::kChunk-element
-// chunk. Slots start on 256-byte boundaries, so a chunk holds one slot's
-// elements or padding; padding goes with the slot before it (zeros stay zero
-// whether stepped or not).
-Tensor chunk_slot_table(const GradArena& arena) {
-  const int64_t chunks = (arena.padded_numel() + kernels::kChunk - 1) / kernels::kChunk;
-  std::vector<int32_t> table(static_cast<size_t>(chunks), -1);
-  for (size_t i = 0; i < arena.size(); ++i) {
-    const GradArena::Slot& s = arena.slots()[i];
-    for (int64_t c = s.offset / kernels::kChunk;
-         c < (s.offset + s.numel + kernels::kChunk - 1) / kernels::kChunk; ++c)
-      table[static_cast<size_t>(c)] = static_cast<int32_t>(i);
-  }
-  int32_t previous = 0;
-  for (int32_t& slot : table) {
-    if (slot < 0) slot = previous;
-    previous = slot;
-  }
-  return from_vector(table, {chunks}, DType::i32, arena.options().device);
-}
-
 // slot_steps rows (t, 1 - beta1^t, sqrt(1 - beta2^t)) with the given counts;
 // the bias columns are rewritten by advance_slot_steps before any pass reads them.
 std::vector<double> slot_rows(const std::vector<double>& counts) {
@@ -110,10 +89,7 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
   loss_sum_ = zeros({}, DType::f64, device);
   last_ = zeros({kLastSize}, DType::f64, device);
   if (skips_unused()) {  // Note [Unused parameters]
-    const auto slots = static_cast<int64_t>(arena.size());
-    slots_.chunk_slots = chunk_slot_table(arena);
-    slots_.used = zeros({slots}, DType::f64, device);
-    slots_.steps = zeros({slots, 3}, DType::f64, device);
+    slots_ = make_slot_tables(arena);
   }
   index_checks_ = std::make_unique<kernels::DeferredIndexChecks>(device, field(kernels::kItems));
   if (options.noise_scale_every() > 0) {
