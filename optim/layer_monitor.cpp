@@ -4,34 +4,39 @@
 
 #include "core/grad_mode.h"
 #include "kernels/ops.h"
+#include "kernels/window_close.h"
 
 namespace accrue::optim {
-
-namespace {
-
-// sum(t * t) into the f64 element `into` (a 1-element view), on t's device.
-void sum_of_squares(const Tensor& t, const Tensor& into) {
-  const Tensor t64 = t.to(DType::f64);
-  into.copy_(kernels::sum(kernels::binary(kernels::BinaryOp::Mul, t64, t64)).reshape({1}));
-}
-
-}  // namespace
 
 LayerMonitor::LayerMonitor(const GradArena& arena) : arena_(arena) {
   ACCRUE_CHECK(!arena.master_sharded(), "LayerMonitor: the arena's master weights are a ZeRO-1 ",
                "shard; per-layer ratios need every layer's weights");
-  squares_ = zeros({static_cast<int64_t>(arena.size()), 3}, DType::f64, arena.options().device);
+  for (size_t i = 0; i < arena.size(); ++i) {
+    first_row_.push_back(table_rows_);
+    rows_.push_back(kernels::norm_partials_rows(arena.grad_view(i)));
+    table_rows_ += rows_.back();
+  }
+  table_ = zeros({3 * table_rows_, 2}, DType::f64, arena.options().device);
+}
+
+Tensor LayerMonitor::rows_of(int what, size_t i) const {
+  return table_.narrow(0, what * table_rows_ + first_row_[i], rows_[i]);
+}
+
+void LayerMonitor::partials(const Tensor& source, int what, size_t i) const {
+  const GradArena::Slot& s = arena_.slots()[i];
+  kernels::grad_norm_partials(source.narrow(0, s.offset, s.numel), rows_of(what, i));
 }
 
 void LayerMonitor::before_close() {
   NoGradGuard no_grad;
   for (size_t i = 0; i < arena_.size(); ++i) {
-    const Tensor cell = squares_.narrow(0, static_cast<int64_t>(i), 1).narrow(1, 0, 1).reshape({1});
     if (arena_.written(i)) {
-      sum_of_squares(arena_.grad_view(i), cell);
+      partials(arena_.grads(), 0, i);
     } else {
-      cell.fill_(0.0);  // the close zeroes it (Note [Overwrite first])
+      rows_of(0, i).fill_(0.0);  // the close zeroes it (Note [Overwrite first])
     }
+    partials(arena_.master(), 2, i);
   }
   before_ = arena_.master().clone();
   measured_ = false;
@@ -40,15 +45,9 @@ void LayerMonitor::before_close() {
 void LayerMonitor::after_close() {
   ACCRUE_CHECK(before_.defined(), "LayerMonitor::after_close: call before_close() first");
   NoGradGuard no_grad;
-  for (size_t i = 0; i < arena_.size(); ++i) {
-    const GradArena::Slot& s = arena_.slots()[i];
-    const Tensor now = arena_.master().narrow(0, s.offset, s.numel);
-    const Tensor was = before_.narrow(0, s.offset, s.numel);
-    const Tensor row = squares_.narrow(0, static_cast<int64_t>(i), 1);
-    sum_of_squares(kernels::binary(kernels::BinaryOp::Sub, now, was),
-                   row.narrow(1, 1, 1).reshape({1}));
-    sum_of_squares(was, row.narrow(1, 2, 1).reshape({1}));
-  }
+  kernels::axpy_(before_, -1.0, arena_.master());  // before - after: the update's negative
+  for (size_t i = 0; i < arena_.size(); ++i)
+    partials(before_, 1, i);
   before_ = Tensor();
   measured_ = true;
 }
@@ -57,9 +56,24 @@ std::vector<LayerReport> LayerMonitor::read(const WindowReport& report) const {
   ACCRUE_CHECK(measured_,
                "LayerMonitor::read: no window measured (before_close, close, "
                "after_close)");
-  const std::vector<double> v = squares_.to_vector<double>();
+  // Each slot's three sums of squares from its rows; a row's non-finite count
+  // (column 1) turns its sum into infinity, as the close's norm does.
+  const std::vector<double> t = table_.to(Device::cpu()).to_vector<double>();
+  const size_t n = arena_.size();
+  std::vector<double> v(3 * n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    for (int what = 0; what < 3; ++what) {
+      double sum = 0.0;
+      for (int64_t r = 0; r < rows_[i]; ++r) {
+        const size_t row = static_cast<size_t>(what * table_rows_ + first_row_[i] + r);
+        sum += t[2 * row + 1] > 0.0 ? INFINITY : t[2 * row];
+      }
+      v[3 * i + static_cast<size_t>(what)] = sum;
+    }
+  }
+  // v holds, per slot, |g|^2, |p_after - p_before|^2 and |p_before|^2.
   double grad_total = 0.0, update_total = 0.0, weight_total = 0.0;
-  for (size_t i = 0; i < arena_.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     grad_total += v[3 * i];
     update_total += v[3 * i + 1];
     weight_total += v[3 * i + 2];

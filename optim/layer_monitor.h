@@ -19,9 +19,16 @@
 //  - update_ratio: ||p_after - p_before|| / ||p_before|| of the step, the
 //    signal of Adam's variance problem (updates that stay large relative to
 //    the weights); 0 for a skipped window, which changes nothing.
-// It costs a copy of the master weights and a few small reductions per slot
-// on the device, in the windows it measures, and nothing in the others; the
-// host reads the numbers only in read(). A sharded master (ZeRO-1 with a
+// In the windows it measures it costs, on the device, a copy of the master
+// weights, one in-place subtraction (before -= after) and three passes of the
+// close's norm kernel (kernels::grad_norm_partials, Note [Norm rows]) over
+// each slot: its gradient, its weights before the step and its update, each
+// slot's rows in its own range of one f64 table. That is 4 + 8 + 12 + 3 x 4
+// = 36 bytes per parameter and 3 launches per slot, and nothing in the other
+// windows. The host sums each slot's rows only in read(), which copies the
+// table once. (The first version took sum(t.to(f64) * t) per slot and
+// tensor, about 150 bytes per parameter: +15% of a GPT-2 124M window on an
+// H100 at every window, bench/RESULTS.md.) A sharded master (ZeRO-1 with a
 // compute copy) holds only this rank's ranges, and is refused.
 #pragma once
 
@@ -54,9 +61,18 @@ class LayerMonitor {
   double total_update_ratio() const { return total_update_ratio_; }
 
  private:
+  // Partials of `what` (0: gradient, 1: update, 2: weights before) for slot i.
+  Tensor rows_of(int what, size_t i) const;
+  // Slot i's norm rows of `source` (a tensor laid out like the arena) into rows_of(what, i).
+  void partials(const Tensor& source, int what, size_t i) const;
+
   const GradArena& arena_;
-  Tensor squares_;  // f64 [slots, 3]: |g|^2, |p_after - p_before|^2, |p_before|^2
-  Tensor before_;   // the master weights before the step
+  std::vector<int64_t> first_row_, rows_;  // each slot's range of partial rows
+  int64_t table_rows_ = 0;                 // the sum of rows_
+  // f64 [3 * table_rows_, 2]: the gradient's, the update's and the weights'
+  // partials (Note [Norm rows]), one block of table_rows_ rows each.
+  Tensor table_;
+  Tensor before_;  // the master weights before the step; after_close: before - after
   bool measured_ = false;
   mutable double total_update_ratio_ = 0.0;
 };

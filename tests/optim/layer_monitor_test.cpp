@@ -32,8 +32,10 @@ std::vector<Batch> batches(int k) {
 
 TEST(LayerMonitor, layer_norms_and_update_ratios_match_a_separate_computation) {
   Generator g1(3), g2(3);
-  nn::MLP model({4, 6, 3}, {Device::cpu(), DType::f64, &g1});
-  nn::MLP reference({4, 6, 3}, {Device::cpu(), DType::f64, &g2});  // same initial weights
+  // fc0.w has 10,000 elements: more than one norm row (8,192 on the CPU, Note
+  // [Norm rows]), so a layer's figures are the sum of its rows.
+  nn::MLP model({4, 2500, 3}, {Device::cpu(), DType::f64, &g1});
+  nn::MLP reference({4, 2500, 3}, {Device::cpu(), DType::f64, &g2});  // same initial weights
   optim::Optimizer opt(optim::AdamWOptions(1e-2).weight_decay(0.1));
   GradArena arena(model.parameters(), {"fc0.w", "fc0.b", "fc1.w", "fc1.b"},
                   {Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
