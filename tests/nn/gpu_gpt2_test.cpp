@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -134,6 +135,11 @@ TEST(GpuGPT2, bf16_compute_copy_runs_close_to_f32) {
 
 TEST(GpuGPT2, d12_builds_with_the_gpt2_parameter_count_and_trains) {
   ACCRUE_REQUIRE_CUDA();
+  // Under compute-sanitizer's initcheck this one test ran past 300 s on an
+  // H100 (bench/RESULTS.md); the smaller GPT-2 tests here run the same kernels.
+  if (std::getenv("ACCRUE_UNDER_SANITIZER") != nullptr)
+    GTEST_SKIP() << "the 124M model is too slow under compute-sanitizer (ACCRUE_UNDER_SANITIZER "
+                    "is set); the smaller GPT-2 tests cover its kernels";
   // The real 124M model (its initial values are drawn on the CPU: seconds).
   const auto start = std::chrono::steady_clock::now();
   const nn::GPT2Config c = nn::GPT2Config::d12();
