@@ -13,6 +13,7 @@
 #include "dist/reducer.h"
 #include "kernels/ops.h"
 #include "tests/dist/multi_gpu_world.h"
+#include "tests/dist/unused_parameters_util.h"
 #include "tests/equivalence/equivalence_util.h"
 #include "tests/test_util.h"
 
@@ -417,6 +418,34 @@ TEST(MultiGpu, first_bucket_all_reduce_starts_before_the_backward_ends) {
       "communication stream)\n",
       info().rank, t.exposed_ms, busy);
   ::testing::Test::RecordProperty("exposed_ms", std::to_string(t.exposed_ms));
+}
+
+// Note [Unused parameters] over NCCL: under UnusedParameters::skip a
+// parameter counts as used when any rank wrote it (Reducer::reduce_flags, one
+// max all-reduce of the flags). rank1_only is written on rank 1 only, yet it
+// steps identically on every rank, as one GPU with both ranks' micro-batches
+// steps it; "never" stays bitwise unchanged; the step counts agree.
+TEST(MultiGpu, a_parameter_used_on_one_rank_only_is_stepped_under_skip_on_every_rank) {
+  ASSERT_EQ(info().world_size, 2) << "the test's data assume two ranks";
+  const unused::Result single = unused::train(1, false, 0, nullptr, device(), DType::f32);
+  const std::vector<int64_t> counts{unused::kWindows, unused::kWindows, 0};
+  EXPECT_EQ(single.steps, counts);
+  for (bool zero1 : {false, true}) {
+    SCOPED_TRACE(zero1 ? "zero1" : "plain");
+    const unused::Result dp = unused::train(2, zero1, info().rank, &world(), device(), DType::f32);
+    EXPECT_EQ(dp.steps, counts);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_LE(equivalence::l2_relative(dp.params[i], single.params[i]), 1e-6) << "param " << i;
+      const std::vector<double>& v = dp.params[i];
+      EXPECT_TRUE(same_on_every_rank(
+          from_vector(v, {static_cast<int64_t>(v.size())}, DType::f64, device())))
+          << "param " << i;
+    }
+    // rank1_only moved on rank 0 too, though rank 0 never wrote its slot.
+    EXPECT_NE(dp.params[1],
+              unused::host_values(unused::input(100, 0, 1, Device::cpu(), DType::f32)));
+  }
+  world().synchronize();
 }
 
 TEST(MultiGpu, different_parameter_layouts_are_an_error_on_every_rank) {

@@ -19,6 +19,7 @@
 #include "dist/reducer.h"
 #include "optim/window.h"
 #include "tests/dist/host_world.h"
+#include "tests/dist/unused_parameters_util.h"
 #include "tests/test_util.h"
 
 namespace accrue::dist {
@@ -27,63 +28,12 @@ namespace {
 using host::HostCommunicator;
 using host::HostWorld;
 
-constexpr int64_t kWindows = 4, kNumel = 8;
+using unused::input;
+using unused::kWindows;
+using unused::Result;
 
-// Rank r's inputs of window w: deterministic, different per rank and window.
-Tensor input(int64_t w, int rank, double shift) {
-  std::vector<double> v(kNumel);
-  for (int64_t i = 0; i < kNumel; ++i)
-    v[i] = std::sin(0.7 * static_cast<double>(i + 1) + 1.3 * static_cast<double>(w) + 0.5 * rank +
-                    shift);
-  return from_vector(v, {kNumel}, DType::f64);
-}
-
-struct Result {
-  std::vector<std::vector<double>> params;  // per parameter, after the last window
-  std::vector<int64_t> steps;
-};
-
-// `world` ranks (world 1: one rank with both micro-batches, K = 2).
 Result train(int world, bool zero1, int rank, Communicator* comm) {
-  std::vector<Tensor> params;
-  for (int i = 0; i < 3; ++i) {
-    Tensor p = input(100, 0, i);
-    requires_grad_(p);
-    params.push_back(p);
-  }
-  ArenaOptions ao{Device::cpu(), DType::f64, DType::f64, 2};
-  GradArena arena(params, {"shared", "rank1_only", "never"}, ao);
-  std::unique_ptr<Reducer> reducer;
-  if (comm) {
-    ReducerOptions ro;
-    ro.zero1 = zero1;
-    reducer = std::make_unique<Reducer>(arena, *comm, ro);
-  }
-  optim::Optimizer opt(optim::AdamWOptions(0.05).weight_decay(0.1));
-  const int64_t K = world == 1 ? 2 : 1;
-  optim::Window window(
-      arena, opt,
-      optim::WindowOptions().micro_steps(K).unused_parameters(optim::UnusedParameters::skip),
-      reducer.get());
-  const Tensor never_before = arena.master_view(2).clone();
-  for (int64_t w = 0; w < kWindows; ++w) {
-    for (int64_t k = 0; k < K; ++k) {
-      const int who = world == 1 ? static_cast<int>(k) : rank;  // the rank whose data this is
-      Loss loss{sum(mul(params[0], input(w, who, 0.0))), full({}, 1.0, DType::i64)};
-      if (who == 1) loss.sum = add(loss.sum, sum(mul(mul(params[1], params[1]), input(w, who, 1))));
-      window.backward(loss);
-    }
-    window.close();
-  }
-  EXPECT_EQ(
-      std::memcmp(arena.master_view(2).data_ptr(), never_before.data_ptr(), never_before.nbytes()),
-      0)
-      << "'never' must stay bitwise unchanged";
-  Result r;
-  for (size_t i = 0; i < 3; ++i)
-    r.params.push_back(arena.master_view(i).contiguous().to_vector<double>());
-  r.steps = window.parameter_steps();
-  return r;
+  return unused::train(world, zero1, rank, comm, Device::cpu(), DType::f64);
 }
 
 std::vector<Result> on_two_ranks(bool zero1) {
