@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/gradient_observer.h"
 #include "autograd/variable.h"
 #include "core/grad_mode.h"
 #include "core/nvtx.h"
@@ -109,6 +110,8 @@ void backward(const Tensor& root, const Tensor& seed, bool retain_graph) {
         autograd::accumulate_leaf_grad(acc->leaf(), grad_in);
     } else if (grad_in.defined()) {
       const NvtxRange range(n->name());  // Note [NVTX ranges]: one range per op's backward
+      if (autograd::GradientObserver* o = autograd::current_gradient_observer())
+        o->observe(grad_in);  // Note [Gradient observer]
       grads = n->apply(grad_in);
     }
     if (!retain_graph) n->release_saved();

@@ -267,9 +267,20 @@ void Reducer::reduce_flags(const Tensor& flags) {
                "Reducer::reduce_flags: expects f64 [", arena_.size(), "] written flags, got ",
                flags.defined() ? shape_str(flags.shape()) + " " + dtype_name(flags.dtype())
                                : std::string("an undefined tensor"));
+  reduce_max(flags);
+}
+
+void Reducer::reduce_max(const Tensor& values) {
+  ACCRUE_CHECK(values.defined() && values.dim() == 1 && values.dtype() == DType::f64 &&
+                   values.device() == arena_.options().device,
+               "Reducer::reduce_max: expects a 1-D f64 tensor on ", arena_.options().device.str(),
+               ", got ",
+               values.defined() ? shape_str(values.shape()) + " " + dtype_name(values.dtype()) +
+                                      " on " + values.device().str()
+                                : std::string("an undefined tensor"));
   NoGradGuard no_grad;
   order_comm_after_compute();
-  comm_.all_reduce(flags, ReduceOp::max);
+  comm_.all_reduce(values, ReduceOp::max);
   ++issued_;
   order_compute_after_comm();
 }

@@ -136,6 +136,7 @@ class Reducer final : public optim::GradientSync {
   void gather_parameters(const Tensor& params) override;
   // Note [Unused parameters]: one all-reduce (max) of the written flags.
   void reduce_flags(const Tensor& flags) override;
+  void reduce_max(const Tensor& values) override;
 
   // Every rank's master weights and moments become rank `root`'s, and the
   // compute copy follows. Collective; call once before training. Under ZeRO-1

@@ -354,4 +354,28 @@ void advance_slot_steps(const OptimizerConfig& config, const Tensor& slot_used,
   }
 }
 
+void calibrate_loss_scale(const Tensor& amax, const Tensor& state, const ScalerConfig& scaler,
+                          double scale_used, double margin) {
+  const char* op = "calibrate_loss_scale";
+  NoGradGuard no_grad;
+  check_defined(state, op, "state");
+  check_state(state, state.device(), op);
+  check_defined(amax, op, "amax");
+  check_dtype(amax, DType::f64, op, "amax");
+  check_device(amax, state.device(), op, "amax");
+  ACCRUE_CHECK(amax.numel() == 1, op, ": amax has ", amax.numel(), " elements; expected 1");
+  ACCRUE_CHECK(scaler.scaled && scaler.dynamic, op,
+               ": needs a dynamic loss scaler (scaled and dynamic), got scaled ", scaler.scaled,
+               ", dynamic ", scaler.dynamic);
+  ACCRUE_CHECK(std::isfinite(scale_used) && scale_used > 0.0, op, ": scale_used ", scale_used,
+               " must be a positive finite number");
+  ACCRUE_CHECK(std::isfinite(margin) && margin >= 1.0, op, ": margin ", margin,
+               " must be a finite number >= 1");
+  if (state.device().is_cpu()) {
+    cpu::calibrate_loss_scale(amax.contiguous(), state, scaler, scale_used, margin);
+  } else {
+    cuda::calibrate_loss_scale(amax.contiguous(), state, scaler, scale_used, margin);
+  }
+}
+
 }  // namespace accrue::kernels

@@ -295,6 +295,20 @@ inline HyperValues hyper_values(const OptimizerConfig& c) {
   return h;
 }
 
+// Note [Scale calibration]: the new state[kScale] and state[kGrowthTracker].
+inline constexpr double kF16Max = 65504.0;
+ACCRUE_HD void calibrate_scale_update(double amax, double* state, ScalerConfig scaler,
+                                      double scale_used, double margin) {
+  if (state[kFoundInf] != 0.0) return;
+  if (!(amax > 0.0) || !std::isfinite(amax)) return;
+  const double target = kF16Max / (amax / scale_used * margin);
+  double scale = std::exp2(std::floor(std::log2(target)));
+  if (scale > scaler.max_scale) scale = scaler.max_scale;
+  if (scale < scaler.min_scale) scale = scaler.min_scale;
+  state[kScale] = scale;
+  state[kGrowthTracker] = 0.0;
+}
+
 namespace cpu {
 int64_t norm_partials_rows(int64_t numel, DType dtype);
 int64_t norm_row_elements(int64_t numel, DType dtype);
@@ -307,6 +321,8 @@ void store_hyperparameters(const HyperValues& values, const Tensor& hyper);
 void store_slot_flags(const std::vector<bool>& written, const Tensor& slot_used);
 void advance_slot_steps(double beta1, double beta2, const Tensor& slot_used,
                         const Tensor& slot_steps, const Tensor& state);
+void calibrate_loss_scale(const Tensor& amax, const Tensor& state, const ScalerConfig& scaler,
+                          double scale_used, double margin);
 }  // namespace cpu
 
 namespace cuda {
@@ -321,6 +337,8 @@ void store_hyperparameters(const HyperValues& values, const Tensor& hyper);
 void store_slot_flags(const std::vector<bool>& written, const Tensor& slot_used);
 void advance_slot_steps(double beta1, double beta2, const Tensor& slot_used,
                         const Tensor& slot_steps, const Tensor& state);
+void calibrate_loss_scale(const Tensor& amax, const Tensor& state, const ScalerConfig& scaler,
+                          double scale_used, double margin);
 }  // namespace cuda
 
 }  // namespace accrue::kernels

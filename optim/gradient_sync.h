@@ -25,6 +25,9 @@ class GradientSync {
   // ranks, stream-ordered, without a host synchronization. The default serves
   // a world of one rank, where the flags are already the world's.
   virtual void reduce_flags(const Tensor& flags);
+  // Note [Scale calibration]: `values` (f64 on the device) becomes its
+  // elementwise max over ranks, stream-ordered, without a host synchronization.
+  virtual void reduce_max(const Tensor& values);
   // Ranks whose gradients the reduction sums (the legacy mean-of-means mode divides by K x this).
   virtual int64_t world_size() const { return 1; }
 

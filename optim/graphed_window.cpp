@@ -75,7 +75,8 @@ bool GraphedWindow::capture(Captured& c, const std::string& what,
 
 void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
   const std::string sig = signature(inputs);
-  if (!why_eager_.empty() || window_.state_.device().is_cpu()) {
+  // Note [Scale calibration]: the calibrating window's observer launches from the host.
+  if (!why_eager_.empty() || window_.state_.device().is_cpu() || window_.calibrating()) {
     eager_micro_step(inputs);
     return;
   }
@@ -126,7 +127,8 @@ void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
 void GraphedWindow::close() {
   ACCRUE_CHECK(window_.ready(), "GraphedWindow::close: ", window_.micro_step_, " of ",
                window_.options_.micro_steps(), " micro-steps done");
-  if (!why_eager_.empty() || !why_close_eager_.empty() || window_.state_.device().is_cpu()) {
+  if (!why_eager_.empty() || !why_close_eager_.empty() || window_.state_.device().is_cpu() ||
+      window_.calibrating()) {
     window_.close();
     ++counts_.eager_closes;
     return;

@@ -52,11 +52,23 @@ LossScalerOptions& LossScalerOptions::max_scale(double v) {
   config_.max_scale = v;
   return *this;
 }
+LossScalerOptions& LossScalerOptions::calibrate(bool on, double margin) {
+  calibrate_ = on;
+  calibration_margin_ = margin;
+  return *this;
+}
 
 void LossScalerOptions::validate() const {
   ACCRUE_CHECK(std::isfinite(init_scale_) && init_scale_ > 0,
                "LossScaler: init_scale = ", init_scale_, " must be a finite number > 0");
   kernels::check_scaler_config(config_, "LossScaler");  // Note [Option checks]
+  ACCRUE_CHECK(!calibrate_ || mode_ == ScalerMode::Dynamic,
+               "LossScaler: calibrate() needs the dynamic scaler (LossScalerOptions::dynamic()); "
+               "this scaler is ",
+               mode_ == ScalerMode::Static ? "static" : "none");
+  ACCRUE_CHECK(std::isfinite(calibration_margin_) && calibration_margin_ >= 1.0,
+               "LossScaler: calibration margin = ", calibration_margin_,
+               " must be a finite number >= 1");
   if (mode_ != ScalerMode::Dynamic) return;
   ACCRUE_CHECK(init_scale_ >= config_.min_scale && init_scale_ <= config_.max_scale,
                "LossScaler: init_scale = ", init_scale_, " lies outside [min_scale, max_scale] = [",

@@ -27,9 +27,17 @@ class LossScalerOptions {
   LossScalerOptions& growth_interval(int64_t v);
   LossScalerOptions& min_scale(double v);
   LossScalerOptions& max_scale(double v);
+  // Dynamic only, opt-in (Note [Scale calibration] in kernels/window_close.h):
+  // the first window runs at scale 1 and records the largest f16 gradient
+  // its backwards pass between ops; its close sets the scale to the largest
+  // power of two that keeps that gradient `margin` times below f16's largest
+  // value. init_scale is then not used.
+  LossScalerOptions& calibrate(bool on = true, double margin = 8.0);
 
   ScalerMode mode() const { return mode_; }
   double init_scale() const { return init_scale_; }
+  bool calibrates() const { return calibrate_; }
+  double calibration_margin() const { return calibration_margin_; }
   const kernels::ScalerConfig& config() const { return config_; }
   // Throws accrue::Error naming the first invalid value.
   void validate() const;
@@ -38,6 +46,8 @@ class LossScalerOptions {
   ScalerMode mode_ = ScalerMode::None;
   kernels::ScalerConfig config_;  // scaled and dynamic follow mode_
   double init_scale_ = 1.0;
+  bool calibrate_ = false;
+  double calibration_margin_ = 8.0;
 };
 
 }  // namespace accrue::optim

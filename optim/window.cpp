@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <sstream>
 
 #include "autograd/engine.h"
@@ -13,6 +14,8 @@
 namespace accrue::optim {
 
 namespace {
+// Note [Scale calibration]: the scale the calibrated first window runs at.
+constexpr double kCalibrationScale = 1.0;
 // last_ holds the state, then this rank's loss sum and item count, then N over all ranks.
 constexpr int kLastLoss = kernels::kWindowStateSize, kLastLocalItems = kLastLoss + 1,
               kLastItems = kLastLoss + 2, kLastSize = kLastLoss + 3;
@@ -57,9 +60,13 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
   close_config_.micro_steps = options.micro_steps() * (sync ? sync->world_size() : 1);
   close_config_.max_norm = options.max_grad_norm();
   const Device device = arena.options().device;
-  const double initial =
-      options.scaler().mode() == ScalerMode::None ? 1.0 : options.scaler().init_scale();
+  // Note [Scale calibration]: a calibrated scaler runs its first window at kCalibrationScale.
+  const bool calibrate = options.scaler().calibrates();
+  const double initial = options.scaler().mode() == ScalerMode::None ? 1.0
+                         : calibrate                                 ? kCalibrationScale
+                                     : options.scaler().init_scale();
   state_ = kernels::make_window_state(initial, device);
+  if (calibrate) calibration_ = std::make_unique<ScaleCalibration>(device);
   if (sync) ranges_ = sync->owned_ranges();
   if (sharded()) {
     int64_t packed = 0;
@@ -135,6 +142,8 @@ void Window::backward(const Loss& loss) {
   const bool last = micro_step_ + 1 == options_.micro_steps();
   if (norm_rows_ && last) norm_rows_->begin_last_backward();
   try {
+    std::optional<autograd::GradientObserverScope> observe;  // Note [Scale calibration]
+    if (calibration_) observe.emplace(calibration_.get());
     accrue::backward(loss.sum, seed);
   } catch (...) {
     if (norm_rows_) norm_rows_->end_last_backward();
@@ -174,6 +183,13 @@ void Window::close_device() {
   if (skips_unused())
     kernels::advance_slot_steps(optimizer_.config_at(windows_), slots_.used, slots_.steps, state_);
   optimizer_.step(arena_, state_, windows_, ranges_, slots_);
+  if (calibration_) {  // Note [Scale calibration]: the next window's scale, the world's
+    const Tensor amax = calibration_->amax();
+    if (sync_) sync_->reduce_max(amax);
+    kernels::calibrate_loss_scale(amax, state_, close_config_.scaler, kCalibrationScale,
+                                  options_.scaler().calibration_margin());
+    calibration_.reset();
+  }
   // Note [ZeRO-1]: each rank stepped its shard; the forward needs them all.
   if (sharded()) sync_->gather_parameters(forward_params());
   // Keep what report() shows, then start the next window's counters.
@@ -458,6 +474,7 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
   // Note [ZeRO-1]: this rank loaded its shard; the others' come by gathering.
   if (sharded()) sync_->gather_parameters(forward_params());
   windows_ = windows;
+  if (windows > 0) calibration_.reset();  // Note [Scale calibration]: the checkpoint has the scale
   if (m > 0) {
     arena_.grads().copy_(*grads);
     arena_.set_written_flags(flags);

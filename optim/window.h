@@ -93,6 +93,7 @@
 #include "optim/noise_scale.h"
 #include "optim/norm_rows.h"
 #include "optim/optimizer.h"
+#include "optim/scale_calibration.h"
 
 namespace accrue::optim {
 
@@ -264,6 +265,9 @@ class Window {
   // report().optimizer_steps, and this throws.
   std::vector<int64_t> parameter_steps() const;
   bool skips_unused() const { return options_.unused_parameters() == UnusedParameters::skip; }
+  // Note [Scale calibration]: true until the close of the first window of a
+  // scaler with calibrate(); its backwards then run under the observer.
+  bool calibrating() const { return calibration_ != nullptr; }
 
  private:
   // Note [Graphed window] (optim/graphed_window.h): a GraphedWindow captures
@@ -308,7 +312,8 @@ class Window {
   // hold it weakly (hooks cannot be unregistered); null when the pass runs at
   // close.
   std::shared_ptr<NormRowTracker> norm_rows_;
-  std::unique_ptr<NoiseScale> noise_;  // Note [Gradient noise scale], when asked for
+  std::unique_ptr<NoiseScale> noise_;              // Note [Gradient noise scale], when asked for
+  std::unique_ptr<ScaleCalibration> calibration_;  // Note [Scale calibration], window 1 only
   std::vector<WindowListener*> listeners_;
   SlotTables slots_;  // Note [Unused parameters]: defined under skip only
   int64_t micro_step_ = 0;

@@ -133,6 +133,9 @@ optimization
                                loss scaling (default bf16 on a GPU, f32 on the CPU)
   --init-scale S               f16: the dynamic loss scale's start (default 65536 / (B * T)
                                rounded down to a power of two, see Note [Normalization])
+  --calibrate-scale            f16: run the first window at scale 1 and start the dynamic
+                               scale from its largest gradient (Note [Scale calibration];
+                               --init-scale is then not used)
   --seed S                     initialization, dropout and synthetic data (default 1337)
 evaluation and checkpoints
   --val-every N                validation loss every N windows (default 0: at the end only)
@@ -192,6 +195,7 @@ struct Options {
   std::string gemm_tuning;
   std::string dtype;  // empty: bf16 on a GPU, f32 on the CPU
   std::optional<double> init_scale;
+  bool calibrate_scale = false;
   uint64_t seed = 1337;
   int64_t val_every = 0, val_batches = 20;
   std::string metrics;
@@ -312,6 +316,8 @@ Options parse(int argc, char** argv) {
       o.dtype = value();
       if (o.dtype != "f32" && o.dtype != "bf16" && o.dtype != "f16")
         usage_error("--dtype must be f32, bf16 or f16, got '", o.dtype, "'");
+    } else if (a == "--calibrate-scale") {
+      o.calibrate_scale = true;
     } else if (a == "--init-scale") {
       o.init_scale = parse_double(a, value(), 0.0, kInf);
       if (*o.init_scale < 1.0) usage_error("--init-scale must be >= 1, got ", *o.init_scale);
@@ -719,6 +725,8 @@ int main(int argc, char** argv) try {
                                               : DType::f32;
   if (opt.init_scale && compute != DType::f16)
     usage_error("--init-scale applies to --dtype f16 only, the compute dtype is ", dtype_text);
+  if (opt.calibrate_scale && compute != DType::f16)
+    usage_error("--calibrate-scale applies to --dtype f16 only, the compute dtype is ", dtype_text);
 
   // Data first: a bad shard fails before a large model is built.
   std::unique_ptr<data::TokenShards> train_shards, val_shards;
@@ -805,9 +813,11 @@ int main(int argc, char** argv) try {
   while (init_scale > 1.0 && init_scale * static_cast<double>(B * T) > 65536.0)
     init_scale /= 2;
   if (opt.init_scale) init_scale = *opt.init_scale;
-  const optim::LossScalerOptions scaler =
-      compute == DType::f16 ? optim::LossScalerOptions::dynamic().init_scale(init_scale)
-                            : optim::LossScalerOptions::none();
+  const optim::LossScalerOptions scaler = compute == DType::f16
+                                              ? optim::LossScalerOptions::dynamic()
+                                                    .init_scale(init_scale)
+                                                    .calibrate(opt.calibrate_scale)
+                                              : optim::LossScalerOptions::none();
   optim::Window window(arena, optimizer,
                        optim::WindowOptions()
                            .micro_steps(K)

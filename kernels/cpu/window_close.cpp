@@ -166,4 +166,9 @@ void advance_slot_steps(double beta1, double beta2, const Tensor& slot_used,
     if (used[i] > 0.0) advance_slot_row(beta1, beta2, rows + 3 * i);
 }
 
+void calibrate_loss_scale(const Tensor& amax, const Tensor& state, const ScalerConfig& scaler,
+                          double scale_used, double margin) {
+  calibrate_scale_update(amax.data<double>()[0], state.data<double>(), scaler, scale_used, margin);
+}
+
 }  // namespace accrue::kernels::cpu

@@ -166,6 +166,12 @@ __global__ void window_scalar_step_kernel(const double* partials, int64_t rows, 
   window_scalar_update(partials, rows, state, config);
 }
 
+// One thread: see Note [Scale calibration].
+__global__ void calibrate_scale_kernel(const double* amax, double* state, ScalerConfig scaler,
+                                       double scale_used, double margin) {
+  calibrate_scale_update(*amax, state, scaler, scale_used, margin);
+}
+
 // ---- (c) the fused optimizer step -----------------------------------------------------------
 
 // Note [Hyperparameters on the device]: the values arrive as the kernel's argument.
@@ -422,6 +428,15 @@ void window_scalar_step(const Tensor& partials, const Tensor& state, const Close
   dev::DeviceScope scope(device);
   window_scalar_step_kernel<<<1, 1, 0, dev::stream_for(device)>>>(
       partials.data<double>(), partials.size(0), state.data<double>(), config);
+  ACCRUE_LAUNCH_CHECK();
+}
+
+void calibrate_loss_scale(const Tensor& amax, const Tensor& state, const ScalerConfig& scaler,
+                          double scale_used, double margin) {
+  const int device = state.device().index;
+  dev::DeviceScope scope(device);
+  calibrate_scale_kernel<<<1, 1, 0, dev::stream_for(device)>>>(
+      amax.data<double>(), state.data<double>(), scaler, scale_used, margin);
   ACCRUE_LAUNCH_CHECK();
 }
 

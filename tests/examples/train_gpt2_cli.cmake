@@ -105,7 +105,7 @@ if(SCENARIO STREQUAL "help")
   expect_rc(0)
   foreach(_option --model --n-layer --micro-batch --seq-len --total-batch-tokens --train-data
                   --val-data --synthetic --lr --warmup-windows --windows --min-lr-factor
-                  --weight-decay --beta1 --beta2 --eps --max-grad-norm --norm-under-backward --cuda-graphs --composed --gemm-tuning --dtype --init-scale --val-every
+                  --weight-decay --beta1 --beta2 --eps --max-grad-norm --norm-under-backward --cuda-graphs --composed --gemm-tuning --dtype --init-scale --calibrate-scale --val-every
                   --val-batches --metrics --layer-metrics-every --noise-scale-every --nvtx --checkpoint --checkpoint-every --resume --init-from
                   --activation-checkpointing --seed --cpu --dropout --bench --bench-warmup
                   --bench-windows --peak-tflops --stop-after --stop-micro-steps)
@@ -133,6 +133,8 @@ elseif(SCENARIO STREQUAL "bad_value")
   expect_usage_error("--noise-scale-every needs K >= 2 micro-batches per window, got K = 1")
   run(${TRAINER} ${TINY} --synthetic --init-scale 1024)
   expect_usage_error("--init-scale applies to --dtype f16 only, the compute dtype is f32")
+  run(${TRAINER} ${TINY} --synthetic --calibrate-scale)
+  expect_usage_error("--calibrate-scale applies to --dtype f16 only, the compute dtype is f32")
   run(${TRAINER} --synthetic --init-scale 0.5)
   expect_usage_error("--init-scale must be >= 1, got 0.5")
   run(${TRAINER} --synthetic --layer-metrics-every 2)
@@ -279,6 +281,19 @@ print('metrics ok')
   endif()
   expect_contains("${out}" "K=2")
   expect_contains("${out}" "MFU n/a")
+  # Note [Scale calibration]: f16 from a scale of 2^24 skips every window; with
+  # --calibrate-scale the first window sets the scale and none is skipped.
+  run(${TRAINER} ${TINY} --synthetic --total-batch-tokens 256 --windows 4 --dtype f16
+      --init-scale 16777216)
+  expect_rc(0)
+  line_starting("${out}" "window 4/4" _guessed)
+  expect_contains("${_guessed}" "skipped 4")
+  run(${TRAINER} ${TINY} --synthetic --total-batch-tokens 256 --windows 4 --dtype f16
+      --init-scale 16777216 --calibrate-scale)
+  expect_rc(0)
+  line_starting("${out}" "window 4/4" _calibrated)
+  expect_contains("${_calibrated}" "skipped 0")
+  set(out "${_progress}")
   string(REGEX MATCHALL "val loss [0-9]+\\.[0-9]+" _val "${out}")
   list(LENGTH _val _n_val)
   if(NOT _n_val EQUAL 2)

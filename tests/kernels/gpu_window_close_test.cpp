@@ -377,6 +377,35 @@ TEST(GpuWindowClose, skipped_window_leaves_every_buffer_bitwise_unchanged) {
   }
 }
 
+// Note [Scale calibration]: the CUDA kernel writes the CPU's scale and
+// tracker, exactly (powers of two), for amax values from tiny to non-finite,
+// with and without a skipped window.
+TEST(GpuWindowClose, calibrated_scale_matches_the_cpu_exactly) {
+  ACCRUE_REQUIRE_CUDA();
+  kernels::ScalerConfig scaler;
+  scaler.scaled = scaler.dynamic = true;
+  scaler.max_scale = 1 << 20;
+  Generator gen(17);
+  std::vector<double> amaxes = {0.0, 1e-30, 1e-3, 0.83, 1.0, 65504.0, 1e9, INFINITY, NAN};
+  for (double v : rand({20}, DType::f64, Device::cpu(), &gen).to_vector<double>())
+    amaxes.push_back(std::exp(30.0 * v - 15.0));  // fresh values over 13 decades
+  for (double found_inf : {0.0, 1.0}) {
+    for (double amax : amaxes) {
+      for (double margin : {1.0, 8.0, 100.0}) {
+        Tensor cpu_state = kernels::make_window_state(2.0, Device::cpu());
+        cpu_state.narrow(0, kernels::kFoundInf, 1).fill_(found_inf);
+        cpu_state.narrow(0, kernels::kGrowthTracker, 1).fill_(7.0);
+        Tensor gpu_state = cpu_state.to(kGpu);
+        const Tensor a = from_vector<double>({amax}, {1});
+        kernels::calibrate_loss_scale(a, cpu_state, scaler, 2.0, margin);
+        kernels::calibrate_loss_scale(a.to(kGpu), gpu_state, scaler, 2.0, margin);
+        EXPECT_EQ(gpu_state.to(Device::cpu()).to_vector<double>(), cpu_state.to_vector<double>())
+            << "amax " << amax << " margin " << margin << " found_inf " << found_inf;
+      }
+    }
+  }
+}
+
 TEST(GpuWindowClose, buffers_on_different_devices_are_rejected) {
   ACCRUE_REQUIRE_CUDA();
   Buffers b = make_buffers(100, DType::f32, 1, DType::bf16);
