@@ -8,7 +8,8 @@
 //                                                   lands in its arena slot (Note
 //                                                   [Fused weight-gradient accumulation])
 // The logits layer is the tied wte [50304, 768]; the model's classifier runs
-// it in token chunks, this times the whole product. FLOP = 2 M out in.
+// its forward in 4096-row chunks and its dgrad into fp32, timed too (M=4096
+// fwd, dgrad_f32). FLOP = 2 M out in.
 // bench/torch_bench.py times PyTorch under the same names: fwd and dgrad as
 // torch.matmul, wgrad as torch.addmm(slot, g^T, x, out_dtype=float32), the
 // same arithmetic (and, as gpt2_gemm_torch_pattern/..., what autograd does
@@ -34,7 +35,8 @@ constexpr LinearShape kLayers[] = {
 };
 constexpr int64_t kTokens[] = {1024, 8192, 32768};
 
-enum class Pass { Fwd, Dgrad, Wgrad };
+// DgradF32: the classifier's dgrad, whose product stays fp32 (kernels/classifier.cpp).
+enum class Pass { Fwd, Dgrad, Wgrad, DgradF32 };
 constexpr Pass kPasses[] = {Pass::Fwd, Pass::Dgrad, Pass::Wgrad};
 
 const char* pass_name(Pass p) {
@@ -45,6 +47,8 @@ const char* pass_name(Pass p) {
       return "dgrad";
     case Pass::Wgrad:
       return "wgrad";
+    case Pass::DgradF32:
+      return "dgrad_f32";
   }
   return "?";
 }
@@ -59,9 +63,10 @@ void gpt2_gemm(benchmark::State& state, LinearShape s, int64_t m, Pass pass) {
       t = time_gpu(state, [&] { kernels::gemm(x, false, w, /*transpose_b=*/true, y, 1.0, 0.0); });
       break;
     }
-    case Pass::Dgrad: {
+    case Pass::Dgrad:
+    case Pass::DgradF32: {
       const Tensor g = random_input({m, s.out}, DType::bf16);
-      const Tensor dx = empty({m, s.in}, DType::bf16, gpu());
+      const Tensor dx = empty({m, s.in}, pass == Pass::Dgrad ? DType::bf16 : DType::f32, gpu());
       t = time_gpu(state, [&] { kernels::gemm(g, false, w, false, dx, 1.0, 0.0); });
       break;
     }
@@ -78,18 +83,23 @@ void gpt2_gemm(benchmark::State& state, LinearShape s, int64_t m, Pass pass) {
 }
 
 // Names read gpt2_gemm/<layer>_<out>x<in>/M=<tokens>/<pass>.
+void register_gpt2_gemm(const LinearShape& s, int64_t m, Pass p) {
+  const std::string name = std::string("gpt2_gemm/") + s.layer + "_" + std::to_string(s.out) + "x" +
+                           std::to_string(s.in) + "/M=" + std::to_string(m) + "/" + pass_name(p);
+  register_gpu_benchmark(name, [s, m, p](benchmark::State& state) { gpt2_gemm(state, s, m, p); });
+}
+
 [[maybe_unused]] const bool registered = [] {
-  for (const LinearShape& s : kLayers) {
-    for (int64_t m : kTokens) {
-      for (Pass p : kPasses) {
-        const std::string name = std::string("gpt2_gemm/") + s.layer + "_" + std::to_string(s.out) +
-                                 "x" + std::to_string(s.in) + "/M=" + std::to_string(m) + "/" +
-                                 pass_name(p);
-        register_gpu_benchmark(name,
-                               [s, m, p](benchmark::State& state) { gpt2_gemm(state, s, m, p); });
-      }
-    }
-  }
+  for (const LinearShape& s : kLayers)
+    for (int64_t m : kTokens)
+      for (Pass p : kPasses)
+        register_gpt2_gemm(s, m, p);
+  // What the fused classifier issues (Note [Classifier chunk rows]): the
+  // forward in 4096-row chunks, the dgrad into fp32.
+  const LinearShape& logits = kLayers[4];
+  register_gpt2_gemm(logits, 4096, Pass::Fwd);
+  for (int64_t m : {int64_t{8192}, int64_t{32768}})
+    register_gpt2_gemm(logits, m, Pass::DgradF32);
   return true;
 }();
 

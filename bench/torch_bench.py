@@ -113,6 +113,10 @@ def gpt2_gemms():
     def randn(*shape, dtype=bf16):
         return torch.randn(*shape, device="cuda", dtype=dtype)
 
+    # The classifier's forward chunk (Note [Classifier chunk rows]).
+    yield ("gpt2_gemm/logits_50304x768/M=4096/fwd", "gpt2_gemm", [4096, 50304, 768], "bf16",
+           lambda: (randn(4096, 768), randn(50304, 768)), lambda x, w: torch.matmul(x, w.t()), 0,
+           2 * 4096 * 50304 * 768)
     for layer, out, inp in GPT2_LINEARS:
         for m in GPT2_TOKENS:
             base = f"gpt2_gemm/{layer}_{out}x{inp}/M={m}"
@@ -128,6 +132,10 @@ def gpt2_gemms():
                                                   randn(m, out), randn(m, inp)),
                    lambda slot, g, x: torch.addmm(slot, g.t(), x, out_dtype=torch.float32),
                    0, flop)
+            if layer == "logits" and m > 4096:  # the classifier's dgrad, fp32 out
+                yield (f"{base}/dgrad_f32", "gpt2_gemm", [m, out, inp], "bf16",
+                       lambda m=m, out=out, inp=inp: (randn(m, out), randn(out, inp)),
+                       lambda g, w: torch.mm(g, w, out_dtype=torch.float32), 0, flop)
             yield (f"gpt2_gemm_torch_pattern/{layer}_{out}x{inp}/M={m}/wgrad", "gpt2_gemm",
                    [m, out, inp], "bf16",
                    lambda m=m, out=out, inp=inp: (randn(out, inp, dtype=torch.float32),
