@@ -30,5 +30,8 @@ void store_slot_flags(const std::vector<bool>&, const Tensor&) {
 void advance_slot_steps(double, double, const Tensor&, const Tensor&, const Tensor&) {
   ACCRUE_FAIL("advance_slot_steps: accrue was built without CUDA");
 }
+void calibrate_loss_scale(const Tensor&, const Tensor&, const ScalerConfig&, double, double) {
+  ACCRUE_FAIL("calibrate_loss_scale: accrue was built without CUDA");
+}
 
 }  // namespace accrue::kernels::cuda
