@@ -1,7 +1,8 @@
 // NVTX ranges, so that an Nsight Systems timeline shows accrue's structure:
 // the window, each micro-step, the close, each bucket's collective, the
-// forward of each GPT-2 block and ResNet, and the backward of every op
-// (named after its autograd node, e.g. "LinearBackward").
+// forward of every nn module (GPT-2 and its blocks, attention and MLP,
+// ResNet, Linear, Conv2d, the norms, Embedding, MLP) and the backward of
+// every op (named after its autograd node, e.g. "LinearBackward").
 //
 // Note [NVTX ranges]
 // ~~~~~~~~~~~~~~~~~~

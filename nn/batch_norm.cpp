@@ -6,6 +6,7 @@
 #include "autograd/variable.h"
 #include "core/error.h"
 #include "core/grad_mode.h"
+#include "core/nvtx.h"
 #include "kernels/ops.h"
 
 namespace accrue::nn {
@@ -39,6 +40,7 @@ void BatchNorm::move_running(const Tensor& mean, const Tensor& unbiased_var) {
 }
 
 Tensor BatchNorm::forward(const Tensor& x) {
+  const NvtxRange range("accrue BatchNorm forward");  // Note [NVTX ranges]
   ACCRUE_CHECK(x.defined() && x.dim() >= 2 && x.size(1) == channels_, "BatchNorm: input of shape ",
                x.defined() ? shape_str(x.shape()) : "(undefined)", " for ", channels_,
                " channels (expected [N, ", channels_, ", ...])");

@@ -6,6 +6,7 @@
 #include "autograd/ops.h"
 #include "autograd/variable.h"
 #include "core/grad_mode.h"
+#include "core/nvtx.h"
 
 namespace accrue::nn {
 
@@ -140,6 +141,7 @@ Linear::Linear(Tensor weight, Tensor bias) {
 }
 
 Tensor Linear::forward(const Tensor& x) const {
+  const NvtxRange range("accrue Linear forward");  // Note [NVTX ranges]
   return linear(x, weight_, bias_);
 }
 
@@ -159,6 +161,7 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, bool b
 }
 
 Tensor Conv2d::forward(const Tensor& x) const {
+  const NvtxRange range("accrue Conv2d forward");  // Note [NVTX ranges]
   return conv2d(x, weight_, bias_, conv_);
 }
 
@@ -171,6 +174,7 @@ GroupNorm::GroupNorm(int64_t groups, int64_t channels, const ParamOptions& optio
 }
 
 Tensor GroupNorm::forward(const Tensor& x) const {
+  const NvtxRange range("accrue GroupNorm forward");  // Note [NVTX ranges]
   return group_norm(x, groups_, weight_, bias_, eps_);
 }
 
@@ -180,6 +184,7 @@ Embedding::Embedding(int64_t num, int64_t dim, const ParamOptions& options, doub
 }
 
 Tensor Embedding::forward(const Tensor& indices) const {
+  const NvtxRange range("accrue Embedding forward");  // Note [NVTX ranges]
   return embedding(weight_, indices);
 }
 
@@ -190,6 +195,7 @@ LayerNorm::LayerNorm(int64_t dim, const ParamOptions& options, double eps, bool 
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
+  const NvtxRange range("accrue LayerNorm forward");  // Note [NVTX ranges]
   return layer_norm(x, weight_, bias_, eps_);
 }
 
@@ -207,6 +213,7 @@ MLP::MLP(const std::vector<int64_t>& widths, const ParamOptions& options) {
 }
 
 Tensor MLP::forward(const Tensor& x) const {
+  const NvtxRange range("accrue MLP forward");  // Note [NVTX ranges]
   Tensor h = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
     h = layers_[i]->forward(h);

@@ -57,6 +57,7 @@ CausalSelfAttention::CausalSelfAttention(const BlockOptions& c, const ParamOptio
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x, Generator* generator) const {
+  const NvtxRange range("accrue attention forward");  // Note [NVTX ranges]
   AttentionOptions options;
   options.causal = true;
   options.dropout_p = training() ? dropout_ : 0.0;
@@ -75,6 +76,7 @@ TransformerMLP::TransformerMLP(const BlockOptions& c, const ParamOptions& option
 }
 
 Tensor TransformerMLP::forward(const Tensor& x, Generator* generator) const {
+  const NvtxRange range("accrue MLP forward");  // Note [NVTX ranges]
   Tensor h = linear_then_gelu(*c_fc_, x);
   return dropout(c_proj_->forward(h), dropout_, training(), generator);
 }

@@ -10,6 +10,7 @@
 #include "autograd/ops.h"
 #include "autograd/variable.h"
 #include "core/grad_mode.h"
+#include "core/nvtx.h"
 #include "core/tensor_io.h"
 #include "kernels/ops.h"
 #include "nn/module.h"
@@ -153,6 +154,27 @@ TEST(Modules, sgd_training_reduces_the_loss) {
   }
   EXPECT_LT(last, 0.5 * first);
   EXPECT_THROW(optim::PlainSGD(mlp.parameters(), -1.0), Error);
+}
+
+// Note [NVTX ranges]: each module's forward is one range when they are on
+// (the MLP's own, then each Linear's; GELU has none), and none when off.
+TEST(Modules, each_module_forward_is_one_nvtx_range_when_on) {
+#ifdef ACCRUE_WITH_CUDA
+  constexpr int64_t kPushedWhenOn = 1;
+#else
+  constexpr int64_t kPushedWhenOn = 0;  // without CUDA nothing is ever pushed
+#endif
+  Generator gen(1);
+  nn::MLP mlp({4, 6, 3}, {Device::cpu(), DType::f64, &gen});
+  const Tensor x = randn({2, 4}, DType::f64);
+  set_nvtx(true);
+  const int64_t before = nvtx_ranges_pushed();
+  mlp.forward(x);
+  EXPECT_EQ(nvtx_ranges_pushed(), before + 3 * kPushedWhenOn);
+  set_nvtx(false);
+  const int64_t off = nvtx_ranges_pushed();
+  mlp.forward(x);
+  EXPECT_EQ(nvtx_ranges_pushed(), off);
 }
 
 }  // namespace
