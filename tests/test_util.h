@@ -13,6 +13,14 @@
 
 namespace accrue::test {
 
+// Note [NVTX ranges]: what one range adds to nvtx_ranges_pushed() while the
+// ranges are on; without CUDA nothing is ever pushed.
+#ifdef ACCRUE_WITH_CUDA
+inline constexpr int64_t kNvtxPushedWhenOn = 1;
+#else
+inline constexpr int64_t kNvtxPushedWhenOn = 0;
+#endif
+
 // Skips the current test, with the reason, when no CUDA device can be used.
 #define ACCRUE_REQUIRE_CUDA()                                                      \
   do {                                                                             \

@@ -170,11 +170,7 @@ TEST(Engine, unused_branch_gets_no_gradient) {
 // Note [NVTX ranges]: with the ranges on, each op's backward is one range
 // named after its node (AccumulateGrad, the leaves, gets none).
 TEST(Engine, each_backward_node_is_one_nvtx_range_when_on) {
-#ifdef ACCRUE_WITH_CUDA
-  constexpr int64_t kPushedWhenOn = 1;
-#else
-  constexpr int64_t kPushedWhenOn = 0;  // without CUDA nothing is ever pushed
-#endif
+  constexpr int64_t kPushedWhenOn = test::kNvtxPushedWhenOn;
   const Tensor a = requires_grad_(test::random_normal({3}, DType::f64));
   const Tensor b = requires_grad_(test::random_normal({3}, DType::f64));
   set_nvtx(true);

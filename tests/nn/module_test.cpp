@@ -159,11 +159,7 @@ TEST(Modules, sgd_training_reduces_the_loss) {
 // Note [NVTX ranges]: each module's forward is one range when they are on
 // (the MLP's own, then each Linear's; GELU has none), and none when off.
 TEST(Modules, each_module_forward_is_one_nvtx_range_when_on) {
-#ifdef ACCRUE_WITH_CUDA
-  constexpr int64_t kPushedWhenOn = 1;
-#else
-  constexpr int64_t kPushedWhenOn = 0;  // without CUDA nothing is ever pushed
-#endif
+  constexpr int64_t kPushedWhenOn = test::kNvtxPushedWhenOn;
   Generator gen(1);
   nn::MLP mlp({4, 6, 3}, {Device::cpu(), DType::f64, &gen});
   const Tensor x = randn({2, 4}, DType::f64);
