@@ -3,6 +3,22 @@
 // The scaler's state — the scale and its growth tracker — lives on the device
 // inside the Window's state tensor and is updated by the window close, so no
 // window ever synchronizes the host for it.
+//
+// Note [Loss scale departures]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Where the dynamic scaler differs from GradScaler on purpose (README,
+// "Differences from PyTorch"):
+//  - the cap: the scale never grows past max_scale, 2^24 by default
+//    (ScalerConfig::max_scale, applied by the close: Note [Window scalar
+//    step]); GradScaler has none. max_scale(INFINITY) removes it;
+//  - the meaning: each item's loss is seeded with S and 1/N comes at the close
+//    (Note [Normalization]), where GradScaler's recipe seeds each item with
+//    S / N. The same S therefore gives backward values N times larger here,
+//    and GradScaler's 65536 start overflows f16 on models whose per-item
+//    gradients are large (GPT-2 124M skipped 6 of its first 20 windows,
+//    bench/RESULTS.md). calibrate() picks the start from the first window's
+//    gradients instead (Note [Scale calibration]); dynamic() keeps 65536,
+//    which suits small models (the MLP demo skips none).
 #pragma once
 
 #include "kernels/window_close.h"
