@@ -1,0 +1,71 @@
+// Note [Scale calibration] under data parallelism, on the host world
+// (tests/dist/host_world.h): each rank's first window sees its own largest
+// f16 gradient, and the scale every rank takes is the one the world's largest
+// gives (GradientSync::reduce_max), so the ranks' seeds agree. Rank r's loss
+// is k_r * sum(p * x): the gradient into p * x is k_r times the seed, so the
+// ranks' amax are k_0 = 2 and k_1 = 40 at the calibration scale 1.
+#include <cmath>
+#include <exception>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "dist/reducer.h"
+#include "optim/window.h"
+#include "tests/dist/host_world.h"
+#include "tests/test_util.h"
+
+namespace accrue::dist {
+namespace {
+
+using host::HostCommunicator;
+using host::HostWorld;
+
+constexpr double kFactor[] = {2.0, 40.0};
+
+// The calibrated scale after one window of rank `rank` (comm null: rank 0 alone).
+double calibrated_scale(int rank, Communicator* comm) {
+  Tensor p = requires_grad_(from_vector<double>({0.5, -1.0, 0.25, 2.0}, {4}, DType::f32));
+  GradArena arena({p}, {"p"}, ArenaOptions{Device::cpu(), DType::f32, DType::f16, 2});
+  std::unique_ptr<Reducer> reducer;
+  if (comm) reducer = std::make_unique<Reducer>(arena, *comm);
+  optim::Optimizer opt(optim::AdamWOptions(1e-3));
+  optim::Window window(
+      arena, opt,
+      optim::WindowOptions().micro_steps(1).scaler(optim::LossScalerOptions::dynamic().calibrate()),
+      reducer.get());
+  const Tensor x = from_vector<double>({1.0, 2.0, 3.0, 4.0}, {4}, DType::f16);
+  // p now reads as its f16 compute copy (Note [Grad arena]).
+  window.backward({sum(mul(p, x)) * kFactor[rank], full({}, 1.0, DType::i64)});
+  window.close();
+  EXPECT_FALSE(window.report().skipped);
+  return window.report().loss_scale;
+}
+
+TEST(HostWorld, the_calibrated_scale_is_the_worlds_and_every_rank_takes_it) {
+  // 2^floor(log2(65504 / (amax * 8))): rank 0 alone (amax 2) 2048; the world (amax 40) 128.
+  EXPECT_EQ(calibrated_scale(0, nullptr), 2048.0);
+  HostWorld world(2);
+  std::vector<double> scales(2);
+  std::vector<std::exception_ptr> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        HostCommunicator comm(world, r);
+        scales[r] = calibrated_scale(r, &comm);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (std::thread& t : threads)
+    t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  EXPECT_EQ(scales[0], 128.0);
+  EXPECT_EQ(scales[1], 128.0);
+}
+
+}  // namespace
+}  // namespace accrue::dist
