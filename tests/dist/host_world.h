@@ -6,9 +6,12 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dist/process_group.h"
@@ -108,5 +111,24 @@ class HostCommunicator final : public Communicator {
   HostWorld& world_;
   int rank_;
 };
+
+// Runs fn(rank) for every rank of a world on its own thread and joins them;
+// the first rank's exception (in rank order) is rethrown after all joined.
+inline void on_ranks(int world, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  for (std::thread& t : threads)
+    t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
 
 }  // namespace accrue::dist::host

@@ -5,9 +5,7 @@
 // is k_r * sum(p * x): the gradient into p * x is k_r times the seed, so the
 // ranks' amax are k_0 = 2 and k_1 = 40 at the calibration scale 1.
 #include <cmath>
-#include <exception>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "autograd/ops.h"
@@ -48,21 +46,10 @@ TEST(HostWorld, the_calibrated_scale_is_the_worlds_and_every_rank_takes_it) {
   EXPECT_EQ(calibrated_scale(0, nullptr), 2048.0);
   HostWorld world(2);
   std::vector<double> scales(2);
-  std::vector<std::exception_ptr> errors(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        HostCommunicator comm(world, r);
-        scales[r] = calibrated_scale(r, &comm);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (std::thread& t : threads)
-    t.join();
-  for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
+  host::on_ranks(2, [&](int r) {
+    HostCommunicator comm(world, r);
+    scales[static_cast<size_t>(r)] = calibrated_scale(r, &comm);
+  });
   EXPECT_EQ(scales[0], 128.0);
   EXPECT_EQ(scales[1], 128.0);
 }

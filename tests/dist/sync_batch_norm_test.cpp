@@ -77,16 +77,12 @@ void two_ranks_equal_one_with_the_concatenated_batch(nn::BatchNormStatistics mod
 
   host::HostWorld host(world);
   std::vector<RankResult> ranks(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      host::HostCommunicator comm(host, r);
-      CommunicatorStatisticsSync sync(comm);
-      ranks[static_cast<size_t>(r)] =
-          run(xs[static_cast<size_t>(r)], gs[static_cast<size_t>(r)], mode, &sync);
-    });
-  for (std::thread& t : threads)
-    t.join();
+  host::on_ranks(world, [&](int r) {
+    host::HostCommunicator comm(host, r);
+    CommunicatorStatisticsSync sync(comm);
+    ranks[static_cast<size_t>(r)] =
+        run(xs[static_cast<size_t>(r)], gs[static_cast<size_t>(r)], mode, &sync);
+  });
 
   int64_t at = 0;
   Tensor dweight = zeros({kChannels}, DType::f64), dbias = zeros({kChannels}, DType::f64);

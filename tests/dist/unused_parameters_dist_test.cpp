@@ -9,10 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <exception>
 #include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "autograd/ops.h"
@@ -39,21 +37,10 @@ Result train(int world, bool zero1, int rank, Communicator* comm) {
 std::vector<Result> on_two_ranks(bool zero1) {
   HostWorld world(2);
   std::vector<Result> out(2);
-  std::vector<std::exception_ptr> errors(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        HostCommunicator comm(world, r);
-        out[r] = train(2, zero1, r, &comm);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (std::thread& t : threads)
-    t.join();
-  for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
+  host::on_ranks(2, [&](int r) {
+    HostCommunicator comm(world, r);
+    out[static_cast<size_t>(r)] = train(2, zero1, r, &comm);
+  });
   return out;
 }
 

@@ -75,22 +75,7 @@ struct RankRun {
 };
 
 // Runs fn(rank) on `world` threads and rethrows the first failure.
-void on_ranks(int world, const std::function<void(int)>& fn) {
-  std::vector<std::exception_ptr> errors(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (std::thread& t : threads)
-    t.join();
-  for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
-}
+using host::on_ranks;
 
 // What a rank ends a run with.
 struct RankResult {
