@@ -1,6 +1,8 @@
 #include "optim/layer_monitor.h"
 
+#include <array>
 #include <cmath>
+#include <map>
 
 #include "core/grad_mode.h"
 #include "kernels/ops.h"
@@ -81,6 +83,8 @@ std::vector<LayerReport> LayerMonitor::read(const WindowReport& report) const {
   // The arena holds the gradient scaled by the loss scale and not yet
   // divided by N: its norm, brought to the report's footing.
   const double scale = grad_total > 0.0 ? report.grad_norm / std::sqrt(grad_total) : 0.0;
+  squares_ = v;
+  grad_scale_ = scale;
   std::vector<LayerReport> layers;
   for (size_t i = 0; i < arena_.size(); ++i) {
     LayerReport l;
@@ -91,6 +95,30 @@ std::vector<LayerReport> LayerMonitor::read(const WindowReport& report) const {
   }
   total_update_ratio_ = weight_total > 0.0 ? std::sqrt(update_total / weight_total) : 0.0;
   return layers;
+}
+
+std::vector<GroupReport> LayerMonitor::groups(const std::vector<int>& slot_group) const {
+  ACCRUE_CHECK(!squares_.empty() || arena_.size() == 0,
+               "LayerMonitor::groups: call read() on a measured window first");
+  ACCRUE_CHECK(slot_group.size() == arena_.size(), "LayerMonitor::groups: ", slot_group.size(),
+               " group indices for ", arena_.size(), " slots");
+  std::map<int, std::array<double, 3>> sums;  // group -> the three sums of squares
+  for (size_t i = 0; i < slot_group.size(); ++i) {
+    ACCRUE_CHECK(slot_group[i] >= 0, "LayerMonitor::groups: slot ", i, " has group ",
+                 slot_group[i]);
+    std::array<double, 3>& s = sums[slot_group[i]];
+    for (size_t k = 0; k < 3; ++k)
+      s[k] += squares_[3 * i + k];
+  }
+  std::vector<GroupReport> out;
+  for (const auto& [group, s] : sums) {
+    GroupReport g;
+    g.group = group;
+    g.grad_norm = std::sqrt(s[0]) * grad_scale_;
+    g.update_ratio = s[2] > 0.0 ? std::sqrt(s[1] / s[2]) : 0.0;
+    out.push_back(g);
+  }
+  return out;
 }
 
 }  // namespace accrue::optim

@@ -19,6 +19,9 @@
 //  - update_ratio: ||p_after - p_before|| / ||p_before|| of the step, the
 //    signal of Adam's variance problem (updates that stay large relative to
 //    the weights); 0 for a skipped window, which changes nothing.
+// groups() gives both over each optimizer parameter group's slots together
+// (the group's norm is the root-sum-square of its layers'; its ratio is
+// ||delta|| / ||p|| over all of its weights), from the same sums.
 // In the windows it measures it costs, on the device, a copy of the master
 // weights, one in-place subtraction (before -= after) and three passes of the
 // close's norm kernel (kernels::grad_norm_partials, Note [Norm rows]) over
@@ -46,6 +49,13 @@ struct LayerReport {
   double update_ratio = 0.0;
 };
 
+// The same figures over a parameter group's slots together.
+struct GroupReport {
+  int group = 0;  // as Optimizer::slot_groups numbers them
+  double grad_norm = 0.0;
+  double update_ratio = 0.0;
+};
+
 class LayerMonitor {
  public:
   // `arena` must outlive the monitor.
@@ -59,6 +69,10 @@ class LayerMonitor {
   std::vector<LayerReport> read(const WindowReport& report) const;
   // The update ratio over all parameters together, from the last read().
   double total_update_ratio() const { return total_update_ratio_; }
+  // Per parameter group, from the last read(): slot_group[i] is slot i's
+  // group (Optimizer::slot_groups). One entry per group that has a slot, in
+  // group order.
+  std::vector<GroupReport> groups(const std::vector<int>& slot_group) const;
 
  private:
   // Partials of `what` (0: gradient, 1: update, 2: weights before) for slot i.
@@ -75,6 +89,10 @@ class LayerMonitor {
   Tensor before_;  // the master weights before the step; after_close: before - after
   bool measured_ = false;
   mutable double total_update_ratio_ = 0.0;
+  // From the last read(): per slot |g|^2, |p_after - p_before|^2, |p_before|^2,
+  // and the factor that brings the arena's gradient norm to the report's.
+  mutable std::vector<double> squares_;
+  mutable double grad_scale_ = 0.0;
 };
 
 }  // namespace accrue::optim

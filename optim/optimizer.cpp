@@ -130,6 +130,19 @@ kernels::OptimizerConfig Optimizer::config_at(int64_t step) const {
   return c;
 }
 
+std::vector<int> Optimizer::slot_groups(const GradArena& arena) const {
+  std::vector<int> out(arena.size(), 0);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (const Tensor& p : groups_[g].params) {
+      const int i = arena.index_of(p);
+      ACCRUE_CHECK(i >= 0, "Optimizer::slot_groups: a parameter of group ", g + 1,
+                   " is not registered in the arena");
+      out[static_cast<size_t>(i)] = static_cast<int>(g + 1);
+    }
+  }
+  return out;
+}
+
 void Optimizer::bind(const GradArena& arena) {
   ACCRUE_CHECK(arena.options().moments >= moments_needed(), "Optimizer: needs ", moments_needed(),
                " moment arenas, the arena has ", arena.options().moments);

@@ -189,6 +189,9 @@ class Optimizer {
   void step(const GradArena& arena, const Tensor& window_state, int64_t step,
             const std::vector<ArenaRange>& ranges = {}, const SlotTables& slots = {}) const;
   void store_hyperparameters(int64_t step) const;
+  // The parameter group of each slot of `arena`: 0 for the default group,
+  // k for the k-th add_param_group (config().groups' order).
+  std::vector<int> slot_groups(const GradArena& arena) const;
 
  private:
   struct Group {

@@ -87,6 +87,8 @@ def main():
         for key in layer_keys:
             ax.plot(*series(rows, key), color="grey", alpha=0.3, linewidth=0.8)
         ax.plot(*series(rows, "update_ratio"), color="black", label="all parameters")
+        for key in sorted({k for r in rows for k in r if k.startswith("group_update_ratio/")}):
+            ax.plot(*series(rows, key), label="group " + key.split("/", 1)[1])
         ax.set_yscale("log")
         ax.set_ylabel("update / weight (grey: layers)")
         ax.legend()

@@ -148,9 +148,10 @@ evaluation and checkpoints
                                tools/plot_metrics.py plots it. The progress line shows
                                an ALERT when the loss or grad norm is 3 standard
                                deviations off the last 128 windows
-  --layer-metrics-every N      every N windows, add each layer's gradient norm and
-                               update-to-weight ratio to the --metrics line (Note [Layer
-                               monitor]; a copy of the weights in those windows)
+  --layer-metrics-every N      every N windows, add each layer's and parameter group's
+                               gradient norm and update-to-weight ratio to the --metrics
+                               line (Note [Layer monitor]; a copy of the weights in those
+                               windows)
   --noise-scale-every N        every N windows, estimate the gradient noise scale
                                B_simple from the first micro-batch's gradient and the
                                window's (McCandlish et al. 2018; needs K >= 2), shown in
@@ -1020,6 +1021,11 @@ int main(int argc, char** argv) try {
         extras.emplace_back("update_ratio/" + l.name, l.update_ratio);
       }
       extras.emplace_back("update_ratio", layers->total_update_ratio());
+      // Per parameter group: 0 decays (the Linear weights), 1 does not.
+      for (const optim::GroupReport& g : layers->groups(optimizer.slot_groups(arena))) {
+        extras.emplace_back("group_grad_norm/" + std::to_string(g.group), g.grad_norm);
+        extras.emplace_back("group_update_ratio/" + std::to_string(g.group), g.update_ratio);
+      }
     }
     metrics.write(r, extras);
     if (!opt.checkpoint.empty() &&

@@ -248,6 +248,11 @@ for r in rows:
     assert 'grad_norm/wte' in r and len(norms) == len(ratios) > 4, r
     assert abs(sum(v * v for v in norms) ** 0.5 - r['grad_norm']) <= 1e-5 * r['grad_norm'], r
     assert 0 < r['update_ratio'] < 1 and all(v >= 0 for v in ratios), r
+    # Per parameter group (0: decayed Linear weights, 1: the rest): the
+    # root-sum-square of the groups' norms is the window's too.
+    groups = [v for k, v in r.items() if k.startswith('group_grad_norm/')]
+    assert len(groups) == 2 and set(k for k in r if k.startswith('group_update_ratio/')) == {'group_update_ratio/0', 'group_update_ratio/1'}, r
+    assert abs(sum(v * v for v in groups) ** 0.5 - r['grad_norm']) <= 1e-5 * r['grad_norm'], r
 # --noise-scale-every 3: measured in windows 1 and 4, the EMA reported in
 # every window and moves only where a measurement came in.
 assert all('noise_scale' in r and 'noise_trace_sigma' in r for r in rows), rows

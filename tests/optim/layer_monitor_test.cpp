@@ -77,6 +77,46 @@ TEST(LayerMonitor, layer_norms_and_update_ratios_match_a_separate_computation) {
   EXPECT_GT(monitor.total_update_ratio(), 0.0);
 }
 
+TEST(LayerMonitor, group_figures_gather_their_layers) {
+  Generator g1(3);
+  nn::MLP model({4, 6, 3}, {Device::cpu(), DType::f64, &g1});
+  optim::Optimizer opt(optim::AdamWOptions(1e-2).weight_decay(0.1));
+  const std::vector<Tensor> params = model.parameters();  // fc0.w, fc0.b, fc1.w, fc1.b
+  opt.add_param_group({params[1], params[3]}, optim::GroupOptions().weight_decay(0.0));
+  GradArena arena(params, {"fc0.w", "fc0.b", "fc1.w", "fc1.b"},
+                  {Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
+  optim::Window window(arena, opt, optim::WindowOptions().micro_steps(2));
+  optim::LayerMonitor monitor(arena);
+  for (const Batch& mb : batches(2))
+    window.backward(cross_entropy(model.forward(mb.x), mb.y));
+  std::vector<std::vector<double>> before;
+  for (const Tensor& p : params)
+    before.push_back(detach(p).clone().to_vector<double>());
+  monitor.before_close();
+  window.close();
+  monitor.after_close();
+  const std::vector<optim::LayerReport> layers = monitor.read(window.report());
+  EXPECT_EQ(opt.slot_groups(arena), (std::vector<int>{0, 1, 0, 1}));
+  const std::vector<optim::GroupReport> groups = monitor.groups(opt.slot_groups(arena));
+  ASSERT_EQ(groups.size(), 2u);
+  for (const optim::GroupReport& g : groups) {
+    SCOPED_TRACE(g.group);
+    double norm_sq = 0.0, delta_sq = 0.0, weight_sq = 0.0;
+    for (size_t i = static_cast<size_t>(g.group); i < params.size(); i += 2) {  // 0, 2 or 1, 3
+      norm_sq += layers[i].grad_norm * layers[i].grad_norm;
+      const std::vector<double> now = detach(params[i]).to_vector<double>();
+      for (size_t j = 0; j < now.size(); ++j) {
+        delta_sq += (now[j] - before[i][j]) * (now[j] - before[i][j]);
+        weight_sq += before[i][j] * before[i][j];
+      }
+    }
+    EXPECT_NEAR(g.grad_norm, std::sqrt(norm_sq), 1e-12 * std::sqrt(norm_sq));
+    const double ratio = std::sqrt(delta_sq / weight_sq);
+    EXPECT_NEAR(g.update_ratio, ratio, 1e-12 * ratio);
+  }
+  EXPECT_ERROR(monitor.groups({0, 1}), "LayerMonitor::groups", "2 group indices for 4 slots");
+}
+
 TEST(LayerMonitor, an_unused_layer_and_a_skipped_window) {
   Generator g(5);
   nn::MLP model({4, 6, 3}, {Device::cpu(), DType::f64, &g});
