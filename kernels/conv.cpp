@@ -22,6 +22,16 @@ void check_cpu_float(const Tensor& t, const char* op, const char* what) {
                " exists so far (the cuDNN path is not built)");
 }
 
+// A floating tensor on `device` (conv2d runs on any device: Note [Composed convolution]).
+void check_float_on(const Tensor& t, Device device, const char* op, const char* what) {
+  ACCRUE_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
+  ACCRUE_CHECK(is_floating(t.dtype()), op, ": ", what, " of shape ", shape_str(t.shape()),
+               " has dtype ", dtype_name(t.dtype()),
+               "; expected a floating dtype (f32, f64, bf16 or f16)");
+  ACCRUE_CHECK(t.device() == device, op, ": ", what, " of shape ", shape_str(t.shape()), " is on ",
+               t.device().str(), ", the input on ", device.str());
+}
+
 void check_4d(const Tensor& t, const char* op, const char* what) {
   ACCRUE_CHECK(t.dim() == 4, op, ": ", what, " has shape ", shape_str(t.shape()),
                "; expected 4 dims [N, C, H, W] (NCHW)");
@@ -104,6 +114,13 @@ Conv2dGeometry pool_geometry(const Shape& x, const Pool2dOptions& p, const char*
   return g;
 }
 
+// The output gradient of a convolution: floating, on `device`, of the forward's output shape.
+void check_conv_grad(const Tensor& grad, const Shape& expected, Device device, const char* op) {
+  check_float_on(grad, device, op, "grad");
+  ACCRUE_CHECK(grad.shape() == expected, op, ": grad has shape ", shape_str(grad.shape()),
+               "; the forward's output has ", shape_str(expected));
+}
+
 void check_grad(const Tensor& grad, const Shape& expected, const char* op) {
   check_cpu_float(grad, op, "grad");
   ACCRUE_CHECK(grad.shape() == expected, op, ": grad has shape ", shape_str(grad.shape()),
@@ -138,11 +155,12 @@ Tensor f64(const Tensor& t) {
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& options) {
   const char* op = "conv2d";
   NoGradGuard no_grad;
-  check_cpu_float(x, op, "input");
-  check_cpu_float(weight, op, "weight");
+  check_float_on(x, x.defined() ? x.device() : Device::cpu(), op, "input");
+  check_float_on(weight, x.device(), op, "weight");
   ACCRUE_CHECK(x.dtype() == weight.dtype(), op, ": input is ", dtype_name(x.dtype()),
                ", weight is ", dtype_name(weight.dtype()), "; expected one dtype");
   const Conv2dGeometry g = conv_geometry(x.shape(), weight.shape(), options, op);
+  if (!x.device().is_cpu()) return composed::conv2d(x, weight, g);  // Note [Composed convolution]
   Tensor out = empty({g.n, g.o, g.oh, g.ow}, DType::f64);
   cpu::conv2d(f64(x), f64(weight), out, g);
   return out.to(x.dtype());
@@ -152,9 +170,10 @@ Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Sha
                              const Conv2dOptions& options) {
   const char* op = "conv2d_backward_input";
   NoGradGuard no_grad;
-  check_cpu_float(weight, op, "weight");
+  check_float_on(weight, weight.defined() ? weight.device() : Device::cpu(), op, "weight");
   const Conv2dGeometry g = conv_geometry(x_shape, weight.shape(), options, op);
-  check_grad(grad, {g.n, g.o, g.oh, g.ow}, op);
+  check_conv_grad(grad, {g.n, g.o, g.oh, g.ow}, weight.device(), op);
+  if (!weight.device().is_cpu()) return composed::conv2d_backward_input(grad, weight, g);
   Tensor dx = empty(x_shape, DType::f64);
   cpu::conv2d_backward_input(f64(grad), f64(weight), dx, g);
   return dx.to(grad.dtype());
@@ -164,11 +183,17 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
                             const Conv2dOptions& options, double beta) {
   const char* op = "conv2d_backward_weight";
   NoGradGuard no_grad;
-  check_cpu_float(x, op, "input");
-  check_cpu_float(grad_weight, op, "grad_weight");
+  check_float_on(x, x.defined() ? x.device() : Device::cpu(), op, "input");
+  check_float_on(grad_weight, x.device(), op, "grad_weight");
   ACCRUE_CHECK(beta == 0.0 || beta == 1.0, op, ": beta = ", beta, "; expected 0 or 1");
   const Conv2dGeometry g = conv_geometry(x.shape(), grad_weight.shape(), options, op);
-  check_grad(grad, {g.n, g.o, g.oh, g.ow}, op);
+  check_conv_grad(grad, {g.n, g.o, g.oh, g.ow}, x.device(), op);
+  if (!x.device().is_cpu()) {  // Note [Composed convolution]
+    ACCRUE_CHECK(grad_weight.is_contiguous(), op, ": grad_weight of shape ",
+                 shape_str(grad_weight.shape()), " must be contiguous (the GEMM writes into it)");
+    composed::conv2d_backward_weight(grad, x, grad_weight, g, beta);
+    return;
+  }
   Tensor dw = empty(grad_weight.shape(), DType::f64);
   cpu::conv2d_backward_weight(f64(grad), f64(x), dw, g);
   // Note [Overwrite first]: beta 0 never reads the slot (it may hold NaN).

@@ -1,7 +1,9 @@
 // 2-D convolution and pooling over NCHW tensors (issue 9, point 2).
 //
 // The CPU reference is here (kernels/cpu/conv.cpp: loops accumulating in
-// double); the CUDA path, on cuDNN, is not written yet: a CUDA tensor is an
+// double). On CUDA, conv2d and its gradients run composed from GEMMs and
+// strided copies (Note [Composed convolution] in kernels/conv_backend.h);
+// the cuDNN path is not written yet, and pooling on a CUDA tensor is an
 // accrue::Error naming the op, never a silent fallback.
 //
 // Shapes: x [N, C, H, W]; weight [O, C / groups, KH, KW]; the output

@@ -1,6 +1,7 @@
-// The backend side of kernels/conv.h: what kernels/cpu/conv.cpp implements.
-// Every tensor is contiguous f64 on the CPU and already validated; sizes are
-// in the Conv2dGeometry. Private to kernels/.
+// The backend side of kernels/conv.h: what kernels/cpu/conv.cpp implements
+// (every tensor contiguous f64 on the CPU) and the composed convolution of
+// any device (kernels/conv_composed.cpp). Tensors are already validated;
+// sizes are in the Conv2dGeometry. Private to kernels/.
 #pragma once
 
 #include <cstdint>
@@ -36,5 +37,29 @@ void avg_pool2d_backward(const Tensor& grad, const Tensor& dx, const Conv2dGeome
 void adaptive_avg_pool2d(const Tensor& x, const Tensor& out, const Conv2dGeometry& g);
 void adaptive_avg_pool2d_backward(const Tensor& grad, const Tensor& dx, const Conv2dGeometry& g);
 }  // namespace cpu
+
+// Note [Composed convolution]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Until the cuDNN path exists, conv2d on a CUDA tensor runs as im2col + GEMM
+// (kernels/conv_composed.cpp), from ops every backend already has and tests:
+//   forward  the padded input's windows as a strided view, copied to columns
+//            [n oh ow, c kh kw] (one contiguous block per group), times W^T;
+//   data     dcols = dy W per group, in f32 for 16-bit (f64 for f64), then
+//            col2im: each of the kh kw taps adds its columns into the padded
+//            input's positions through a strided axpy_ (positions are distinct
+//            within a tap; taps run one after another), cropped and rounded once;
+//   weight   dW (= or +=) dy^T cols per group, the GEMM writing straight into
+//            the fp32 arena slot with beta 0 or 1 (Note [Fused weight-gradient
+//            accumulation]).
+// Every tensor has one device and the geometry is validated (kernels/conv.cpp);
+// the same code runs on the CPU, where tests hold it to the CPU reference.
+// It costs the columns' memory, c kh kw times the output's positions: a
+// fallback, not the speed issue 9 asks for. Pooling has no CUDA path yet.
+namespace composed {
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dGeometry& g);
+Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Conv2dGeometry& g);
+void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
+                            const Conv2dGeometry& g, double beta);
+}  // namespace composed
 
 }  // namespace accrue::kernels

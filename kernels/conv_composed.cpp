@@ -1,0 +1,120 @@
+// The composed convolution of Note [Composed convolution] (kernels/conv_backend.h):
+// conv2d, its data gradient and its weight gradient from ops every backend
+// already has (strided copies, GEMMs, strided adds), for devices without a
+// convolution of their own.
+#include "core/grad_mode.h"
+#include "kernels/conv_backend.h"
+#include "kernels/ops.h"
+
+namespace accrue::kernels::composed {
+
+namespace {
+
+// The accumulation dtype of the data gradient's overlapping adds.
+DType widened(DType t) {
+  return t == DType::f64 ? DType::f64 : DType::f32;
+}
+
+// x zero-padded to [n, c, h + 2 pad_h, w + 2 pad_w] (x itself, contiguous, without padding).
+Tensor padded(const Tensor& x, const Conv2dGeometry& g) {
+  const Conv2dOptions& o = g.options;
+  if (o.pad_h == 0 && o.pad_w == 0) return x.contiguous();
+  Tensor xp = zeros({g.n, g.c, g.h + 2 * o.pad_h, g.w + 2 * o.pad_w}, x.dtype(), x.device());
+  xp.narrow(2, o.pad_h, g.h).narrow(3, o.pad_w, g.w).copy_(x);
+  return xp;
+}
+
+// The view of a contiguous padded input xp [n, c, hp, wp] whose element
+// (n, oh, ow, c, i, j) is the input under kernel tap (i, j) of output (oh, ow).
+Tensor window_view(const Tensor& xp, const Conv2dGeometry& g) {
+  const Conv2dOptions& o = g.options;
+  const int64_t wp = xp.size(3), plane = xp.size(2) * wp;
+  return make_view(
+      xp, {g.n, g.oh, g.ow, g.c, g.kh, g.kw},
+      {g.c * plane, o.stride_h * wp, o.stride_w, plane, o.dilation_h * wp, o.dilation_w},
+      xp.offset());
+}
+
+// im2col: [n * oh * ow, c * kh * kw], the columns of group k contiguous in k's block.
+Tensor columns(const Tensor& x, const Conv2dGeometry& g) {
+  return window_view(padded(x, g), g).contiguous().reshape({g.n * g.oh * g.ow, g.c * g.kh * g.kw});
+}
+
+// Group k's [rows, block] slice of a [rows, groups * block] matrix, contiguous.
+Tensor group_block(const Tensor& m, int64_t k, int64_t block, int64_t groups) {
+  return groups == 1 ? m : m.narrow(1, k * block, block).contiguous();
+}
+
+// The output gradient as [n * oh * ow, o], the layout of the GEMMs.
+Tensor grad_rows(const Tensor& grad, const Conv2dGeometry& g) {
+  return grad.permute({0, 2, 3, 1}).contiguous().reshape({g.n * g.oh * g.ow, g.o});
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dGeometry& g) {
+  NoGradGuard no_grad;
+  const int64_t groups = g.options.groups, og = g.o / groups, kg = g.c / groups * g.kh * g.kw;
+  const Tensor cols = columns(x, g);
+  const Tensor w = weight.contiguous().reshape({g.o, kg});
+  Tensor rows = empty({g.n * g.oh * g.ow, g.o}, x.dtype(), x.device());
+  for (int64_t k = 0; k < groups; ++k) {
+    const Tensor wk = w.narrow(0, k * og, og);  // whole rows: contiguous
+    if (groups == 1) {
+      gemm(cols, false, wk, true, rows, 1.0, 0.0);
+    } else {
+      Tensor yk = empty({rows.size(0), og}, x.dtype(), x.device());
+      gemm(group_block(cols, k, kg, groups), false, wk, true, yk, 1.0, 0.0);
+      rows.narrow(1, k * og, og).copy_(yk);
+    }
+  }
+  return rows.reshape({g.n, g.oh, g.ow, g.o}).permute({0, 3, 1, 2}).contiguous();
+}
+
+Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Conv2dGeometry& g) {
+  NoGradGuard no_grad;
+  const Conv2dOptions& o = g.options;
+  const int64_t groups = o.groups, og = g.o / groups, cg = g.c / groups, kg = cg * g.kh * g.kw;
+  const Tensor dy = grad_rows(grad, g);
+  const Tensor w = weight.contiguous().reshape({g.o, kg});
+  // dcols [n * oh * ow, c * kh * kw] = dy @ W, per group.
+  Tensor dcols = empty({dy.size(0), g.c * g.kh * g.kw}, widened(grad.dtype()), grad.device());
+  for (int64_t k = 0; k < groups; ++k) {
+    const Tensor dyk = group_block(dy, k, og, groups);
+    const Tensor wk = w.narrow(0, k * og, og);
+    if (groups == 1) {
+      gemm(dyk, false, wk, false, dcols, 1.0, 0.0);
+    } else {
+      Tensor dk = empty({dy.size(0), kg}, dcols.dtype(), grad.device());
+      gemm(dyk, false, wk, false, dk, 1.0, 0.0);
+      dcols.narrow(1, k * kg, kg).copy_(dk);
+    }
+  }
+  // col2im: each kernel tap adds its columns into the positions it read.
+  // Within one tap the positions are distinct; the taps overlap, so they run
+  // one after another, accumulating in f32 (f64 for f64).
+  Tensor dxp =
+      zeros({g.n, g.c, g.h + 2 * o.pad_h, g.w + 2 * o.pad_w}, dcols.dtype(), grad.device());
+  const Tensor taps = dcols.reshape({g.n, g.oh, g.ow, g.c, g.kh, g.kw});
+  const Tensor windows = window_view(dxp, g);
+  for (int64_t i = 0; i < g.kh; ++i)
+    for (int64_t j = 0; j < g.kw; ++j)
+      axpy_(windows.select(4, i).select(4, j), 1.0, taps.select(4, i).select(4, j));
+  return dxp.narrow(2, o.pad_h, g.h).narrow(3, o.pad_w, g.w).contiguous().to(grad.dtype());
+}
+
+void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
+                            const Conv2dGeometry& g, double beta) {
+  NoGradGuard no_grad;
+  const int64_t groups = g.options.groups, og = g.o / groups, kg = g.c / groups * g.kh * g.kw;
+  const Tensor dy = grad_rows(grad, g);
+  const Tensor cols = columns(x, g);
+  // dW [o, kg] (= or +=) dy^T @ cols, per group, straight into grad_weight's
+  // rows (Note [Fused weight-gradient accumulation]; beta 0 never reads them).
+  const Tensor dw = grad_weight.reshape({g.o, kg});
+  for (int64_t k = 0; k < groups; ++k)
+    gemm(group_block(dy, k, og, groups), true, group_block(cols, k, kg, groups), false,
+         dw.narrow(0, k * og, og), 1.0, beta);
+}
+
+}  // namespace accrue::kernels::composed

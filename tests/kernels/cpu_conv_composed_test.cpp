@@ -1,0 +1,103 @@
+// Note [Composed convolution] on the CPU: the im2col + GEMM convolution the
+// CUDA path runs equals the CPU reference (kernels/cpu/conv.cpp) in f64, for
+// the forward, the data gradient and the weight gradient written (beta 0) and
+// added (beta 1), over stride, padding, dilation, groups and odd shapes.
+#include <cmath>
+#include <limits>
+
+#include "kernels/conv.h"
+#include "kernels/conv_backend.h"
+#include "kernels/ops.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+struct Case {
+  const char* name;
+  Shape x, w;
+  Conv2dOptions o;
+};
+
+Conv2dOptions options(int64_t stride, int64_t pad_h, int64_t pad_w, int64_t dilation,
+                      int64_t groups) {
+  Conv2dOptions o;
+  o.stride_h = o.stride_w = stride;
+  o.pad_h = pad_h;
+  o.pad_w = pad_w;
+  o.dilation_h = o.dilation_w = dilation;
+  o.groups = groups;
+  return o;
+}
+
+kernels::Conv2dGeometry geometry(const Case& c) {
+  kernels::Conv2dGeometry g;
+  g.n = c.x[0];
+  g.c = c.x[1];
+  g.h = c.x[2];
+  g.w = c.x[3];
+  g.o = c.w[0];
+  g.kh = c.w[2];
+  g.kw = c.w[3];
+  const Conv2dOptions& o = c.o;
+  g.oh = (g.h + 2 * o.pad_h - o.dilation_h * (g.kh - 1) - 1) / o.stride_h + 1;
+  g.ow = (g.w + 2 * o.pad_w - o.dilation_w * (g.kw - 1) - 1) / o.stride_w + 1;
+  g.options = o;
+  return g;
+}
+
+const Case kCases[] = {
+    {"plain 3x3", {2, 3, 7, 6}, {4, 3, 3, 3}, options(1, 0, 0, 1, 1)},
+    {"stride 2, padding (1, 2)", {2, 3, 9, 8}, {5, 3, 3, 2}, options(2, 1, 2, 1, 1)},
+    {"dilation 2", {1, 2, 9, 9}, {3, 2, 3, 3}, options(1, 2, 1, 2, 1)},
+    {"groups 2", {2, 4, 6, 5}, {6, 2, 3, 3}, options(1, 1, 1, 1, 2)},
+    {"depthwise, stride 2", {2, 4, 8, 8}, {4, 1, 3, 3}, options(2, 1, 1, 1, 4)},
+    {"1x1", {3, 5, 4, 4}, {2, 5, 1, 1}, options(1, 0, 0, 1, 1)},
+    {"stem 7x7 stride 2 padding 3", {1, 3, 16, 16}, {4, 3, 7, 7}, options(2, 3, 3, 1, 1)},
+};
+
+TEST(ComposedConv, equals_the_cpu_reference_forward_and_both_gradients) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const kernels::Conv2dGeometry g = geometry(c);
+    const Tensor x = test::random_normal(c.x, DType::f64);
+    const Tensor w = test::random_normal(c.w, DType::f64);
+    const Tensor y = kernels::conv2d(x, w, c.o);  // the CPU reference
+    ASSERT_EQ(y.shape(), (Shape{g.n, g.o, g.oh, g.ow}));
+    EXPECT_LE(test::relative_error(kernels::composed::conv2d(x, w, g), y), 1e-13);
+
+    const Tensor dy = test::random_normal(y.shape(), DType::f64);
+    EXPECT_LE(test::relative_error(kernels::composed::conv2d_backward_input(dy, w, g),
+                                   kernels::conv2d_backward_input(dy, w, c.x, c.o)),
+              1e-13);
+
+    // Beta 0 never reads the slot (NaN there stays out); beta 1 adds to it.
+    const Tensor expected = empty(c.w, DType::f64);
+    kernels::conv2d_backward_weight(dy, x, expected, c.o, 0.0);
+    Tensor slot = full(c.w, std::numeric_limits<double>::quiet_NaN(), DType::f64);
+    kernels::composed::conv2d_backward_weight(dy, x, slot, g, 0.0);
+    EXPECT_LE(test::relative_error(slot, expected), 1e-13);
+    kernels::composed::conv2d_backward_weight(dy, x, slot, g, 1.0);
+    EXPECT_LE(
+        test::relative_error(slot, kernels::binary_scalar(kernels::BinaryOp::Mul, expected, 2.0)),
+        1e-13);
+  }
+}
+
+TEST(ComposedConv, a_strided_input_view_gives_the_same_result) {
+  // The input as a channels-last (NHWC-strided) view and as a narrowed view.
+  const Case c = kCases[1];
+  const kernels::Conv2dGeometry g = geometry(c);
+  const Tensor x = test::random_normal(c.x, DType::f64);
+  const Tensor w = test::random_normal(c.w, DType::f64);
+  const Tensor nhwc = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+  EXPECT_TRUE(
+      test::all_equal(kernels::composed::conv2d(nhwc, w, g), kernels::composed::conv2d(x, w, g)));
+  Tensor wider = test::random_normal({2, 3, 9, 10}, DType::f64);
+  wider.narrow(3, 1, 8).copy_(x);
+  EXPECT_TRUE(test::all_equal(kernels::composed::conv2d(wider.narrow(3, 1, 8), w, g),
+                              kernels::composed::conv2d(x, w, g)));
+}
+
+}  // namespace
+}  // namespace accrue
