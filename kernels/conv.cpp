@@ -129,8 +129,13 @@ void check_grad(const Tensor& grad, const Shape& expected, const char* op) {
 
 // The geometry of a pooling backward: input x_shape [N, C, H, W] (checked
 // against grad [N, C, OH, OW]), planes of one channel each.
-Conv2dGeometry backward_planes(const Tensor& grad, const Shape& x_shape, const char* op) {
-  check_cpu_float(grad, op, "grad");
+Conv2dGeometry backward_planes(const Tensor& grad, const Shape& x_shape, const char* op,
+                               bool any_device = false) {
+  if (any_device) {
+    check_float_on(grad, grad.defined() ? grad.device() : Device::cpu(), op, "grad");
+  } else {
+    check_cpu_float(grad, op, "grad");
+  }
   check_4d(grad, op, "grad");
   ACCRUE_CHECK(x_shape.size() == 4 && x_shape[0] == grad.size(0) && x_shape[1] == grad.size(1) &&
                    x_shape[2] >= 1 && x_shape[3] >= 1,
@@ -251,7 +256,7 @@ Tensor avg_pool2d_backward(const Tensor& grad, const Shape& x_shape, const Pool2
 Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
   const char* op = "adaptive_avg_pool2d";
   NoGradGuard no_grad;
-  check_cpu_float(x, op, "input");
+  check_float_on(x, x.defined() ? x.device() : Device::cpu(), op, "input");
   check_4d(x, op, "input");
   ACCRUE_CHECK(out_h >= 1 && out_w >= 1, op, ": output size (", out_h, ", ", out_w,
                ") must be >= 1");
@@ -263,6 +268,8 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
   ACCRUE_CHECK(g.h >= 1 && g.w >= 1, op, ": input ", shape_str(x.shape()), " has an empty plane");
   g.oh = out_h;
   g.ow = out_w;
+  if (!x.device().is_cpu())
+    return composed::adaptive_avg_pool2d(x, g);  // Note [Composed convolution]
   Tensor out = empty({g.n, g.c, g.oh, g.ow}, DType::f64);
   cpu::adaptive_avg_pool2d(f64(x), out, g);
   return out.to(x.dtype());
@@ -271,7 +278,8 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad, const Shape& x_shape) {
   const char* op = "adaptive_avg_pool2d_backward";
   NoGradGuard no_grad;
-  const Conv2dGeometry g = backward_planes(grad, x_shape, op);
+  const Conv2dGeometry g = backward_planes(grad, x_shape, op, /*any_device=*/true);
+  if (!grad.device().is_cpu()) return composed::adaptive_avg_pool2d_backward(grad, g);
   Tensor dx = empty(x_shape, DType::f64);
   cpu::adaptive_avg_pool2d_backward(f64(grad), dx, g);
   return dx.to(grad.dtype());

@@ -54,13 +54,15 @@ struct Options {
   std::string checkpoint, resume;
   double lr = 0.05;
   uint64_t seed = 0;
+  bool cuda = false;
 };
 
 void print_usage() {
   const Options d;
   std::printf(
       "usage: accrue_resnet [options]\n"
-      "Trains a small ResNet on 8x8 images (CPU) with K micro-batches per SGD step and reports\n"
+      "Trains a small ResNet on 8x8 images (the CPU; --cuda: GPU 0) with K micro-batches per SGD\n"
+      "step and reports\n"
       "how far BatchNorm's running variance is from the training set's.\n"
       "  --data DIR          digits_images.npy and digits_labels.npy (tools/make_digits.py)\n"
       "  --synthetic         ten random 8x8 patterns plus noise (the default without --data)\n"
@@ -77,6 +79,8 @@ void print_usage() {
       "  --checkpoint PATH   after the last epoch, save weights, optimizer, window and\n"
       "                      BatchNorm statistics (safetensors)\n"
       "  --resume PATH       continue from such a checkpoint up to --epochs\n"
+      "  --cuda              train on GPU 0 (convolutions composed of GEMMs until the cuDNN\n"
+      "                      path exists: Note [Composed convolution])\n"
       "  -h, --help          this text\n",
       (long long)d.micro_batch, (long long)d.k, (long long)d.epochs, d.bn.c_str(), d.lr,
       (unsigned long long)d.seed);
@@ -133,6 +137,8 @@ Options parse(int argc, char** argv, bool* help) {
       o.lr = std::strtod(v.c_str(), &end);
       if (v.empty() || *end != '\0' || !(o.lr > 0.0))
         throw UsageError("--lr needs a positive number, got '" + v + "'");
+    } else if (a == "--cuda") {
+      o.cuda = true;
     } else if (a == "--seed") {
       o.seed = static_cast<uint64_t>(parse_int(a, value(), 0));
     } else {
@@ -166,8 +172,9 @@ double variance_error(const std::vector<nn::BatchNorm*>& norms,
                       const std::vector<Tensor>& reference) {
   double total = 0.0;
   for (size_t i = 0; i < norms.size(); ++i) {
-    const std::vector<double> a = norms[i]->running_var().to_vector<double>();
-    const std::vector<double> b = reference[i].to_vector<double>();
+    const std::vector<double> a =
+        norms[i]->running_var().to(Device::cpu()).to(DType::f64).to_vector<double>();
+    const std::vector<double> b = reference[i].to(Device::cpu()).to(DType::f64).to_vector<double>();
     double num = 0.0, den = 0.0;
     for (size_t j = 0; j < a.size(); ++j) {
       num += (a[j] - b[j]) * (a[j] - b[j]);
@@ -183,7 +190,8 @@ double accuracy(nn::ResNet& model, const Tensor& images, const Tensor& labels) {
   model.eval();
   const Tensor predicted = kernels::argmax(model.forward(images), 1);
   model.train();
-  const std::vector<int64_t> p = predicted.to_vector<int64_t>(), y = labels.to_vector<int64_t>();
+  const std::vector<int64_t> p = predicted.to(Device::cpu()).to_vector<int64_t>(),
+                             y = labels.to(Device::cpu()).to_vector<int64_t>();
   int64_t right = 0;
   for (size_t i = 0; i < p.size(); ++i)
     right += p[i] == y[i];
@@ -214,9 +222,12 @@ int main(int argc, char** argv) try {
   ACCRUE_CHECK(n > kHeldOut + opt.micro_batch * opt.k, "accrue_resnet: ", n,
                " images are too few for ", kHeldOut, " held out and a window of ",
                opt.micro_batch * opt.k);
+  if (opt.cuda && !cuda_available())
+    throw UsageError("--cuda needs a CUDA GPU, and none is visible");
+  const Device device = opt.cuda ? Device::cuda(0) : Device::cpu();
   const int64_t train_n = n - kHeldOut;
   const Tensor train_x = images.narrow(0, 0, train_n), train_y = labels.narrow(0, 0, train_n);
-  const Tensor val_x = images.narrow(0, train_n, kHeldOut).contiguous();
+  const Tensor val_x = images.narrow(0, train_n, kHeldOut).contiguous().to(device);
   const Tensor val_y = labels.narrow(0, train_n, kHeldOut).contiguous();
 
   nn::ResNetConfig config;
@@ -230,9 +241,9 @@ int main(int argc, char** argv) try {
                                      : nn::BatchNormStatistics::Window;
   config.batch_norm.compound_momentum = opt.bn == "window-compound";
   Generator init(opt.seed);
-  nn::ResNet model(config, {Device::cpu(), DType::f32, &init});
+  nn::ResNet model(config, {device, DType::f32, &init});
   optim::Optimizer sgd(optim::SGDOptions(opt.lr).momentum(0.9));
-  GradArena arena(model.parameters(), {}, {Device::cpu(), DType::f32, DType::f32, 1});
+  GradArena arena(model.parameters(), {}, {device, DType::f32, DType::f32, 1});
   optim::Window window(arena, sgd, optim::WindowOptions().micro_steps(opt.k).max_grad_norm(5.0));
   std::vector<nn::BatchNorm*> norms;
   for (nn::Module* m : model.modules())
@@ -242,9 +253,10 @@ int main(int argc, char** argv) try {
     }
   std::printf(
       "accrue_resnet: %s images, %lld train / %lld held out; micro-batch %lld x K %lld, "
-      "BatchNorm statistics %s, %zu BatchNorm layers, on the CPU\n",
+      "BatchNorm statistics %s, %zu BatchNorm layers, on %s\n",
       opt.data.empty() ? "synthetic" : opt.data.c_str(), (long long)train_n, (long long)kHeldOut,
-      (long long)opt.micro_batch, (long long)opt.k, opt.bn.c_str(), norms.size());
+      (long long)opt.micro_batch, (long long)opt.k, opt.bn.c_str(), norms.size(),
+      opt.cuda ? "GPU 0" : "the CPU");
 
   const int64_t window_items = opt.micro_batch * opt.k;
   const std::vector<float> pixels = train_x.contiguous().to_vector<float>();
@@ -258,8 +270,8 @@ int main(int argc, char** argv) try {
       x.insert(x.end(), pixels.begin() + row * 64, pixels.begin() + (row + 1) * 64);
       y.push_back(targets[static_cast<size_t>(row)]);
     }
-    return std::make_pair(from_vector<float>(x, {count, 1, 8, 8}),
-                          from_vector<int64_t>(y, {count}));
+    return std::make_pair(from_vector<float>(x, {count, 1, 8, 8}).to(device),
+                          from_vector<int64_t>(y, {count}).to(device));
   };
   std::mt19937_64 order(opt.seed + 7);  // the data order: the same for every run with this seed
   std::vector<int64_t> perm(static_cast<size_t>(train_n));
@@ -324,7 +336,8 @@ int main(int argc, char** argv) try {
   }
   nn::recompute_batch_norm_statistics(model, [&] {
     for (int64_t start = 0; start < train_n; start += 64)
-      model.forward(train_x.narrow(0, start, std::min<int64_t>(64, train_n - start)));
+      model.forward(
+          train_x.narrow(0, start, std::min<int64_t>(64, train_n - start)).contiguous().to(device));
   });
   std::vector<Tensor> reference;
   for (nn::BatchNorm* bn : norms)

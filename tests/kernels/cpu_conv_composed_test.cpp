@@ -1,7 +1,8 @@
 // Note [Composed convolution] on the CPU: the im2col + GEMM convolution the
 // CUDA path runs equals the CPU reference (kernels/cpu/conv.cpp) in f64, for
 // the forward, the data gradient and the weight gradient written (beta 0) and
-// added (beta 1), over stride, padding, dilation, groups and odd shapes.
+// added (beta 1), over stride, padding, dilation, groups and odd shapes; so
+// does the composed adaptive average pooling.
 #include <cmath>
 #include <limits>
 
@@ -97,6 +98,31 @@ TEST(ComposedConv, a_strided_input_view_gives_the_same_result) {
   wider.narrow(3, 1, 8).copy_(x);
   EXPECT_TRUE(test::all_equal(kernels::composed::conv2d(wider.narrow(3, 1, 8), w, g),
                               kernels::composed::conv2d(x, w, g)));
+}
+
+TEST(ComposedConv, adaptive_average_pooling_equals_the_cpu_reference) {
+  // Divisible, non-divisible (overlapping cells) and the global 1 x 1 of a ResNet head.
+  const struct {
+    Shape x;
+    int64_t oh, ow;
+  } cases[] = {{{2, 3, 8, 6}, 4, 3}, {{2, 3, 7, 5}, 3, 2}, {{3, 4, 5, 5}, 1, 1}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(shape_str(c.x));
+    kernels::Conv2dGeometry g;
+    g.n = c.x[0];
+    g.c = g.o = c.x[1];
+    g.h = c.x[2];
+    g.w = c.x[3];
+    g.oh = c.oh;
+    g.ow = c.ow;
+    const Tensor x = test::random_normal(c.x, DType::f64);
+    const Tensor y = kernels::adaptive_avg_pool2d(x, c.oh, c.ow);
+    EXPECT_LE(test::relative_error(kernels::composed::adaptive_avg_pool2d(x, g), y), 1e-14);
+    const Tensor dy = test::random_normal(y.shape(), DType::f64);
+    EXPECT_LE(test::relative_error(kernels::composed::adaptive_avg_pool2d_backward(dy, g),
+                                   kernels::adaptive_avg_pool2d_backward(dy, c.x)),
+              1e-14);
+  }
 }
 
 }  // namespace

@@ -406,8 +406,32 @@ TEST(GpuConv, conv2d_and_its_gradients_match_the_cpu_reference) {
   kernels::set_allow_tf32(tf32);
 }
 
-// Pooling has only its CPU reference so far: a CUDA tensor is an error that
-// says so, never a silent copy to the host.
+// Note [Composed convolution]: adaptive average pooling on CUDA against the
+// CPU reference, forward and backward, f32 and bf16, including overlapping cells.
+TEST(GpuConv, adaptive_average_pooling_matches_the_cpu_reference) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const double tol = dtype == DType::f32 ? 1e-6 : 1e-2;
+    for (const auto& [oh, ow] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 2}}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " to " + std::to_string(oh) + "x" +
+                   std::to_string(ow));
+      const Tensor x = test::random_normal({2, 5, 7, 5}, dtype, kGpu);
+      const Tensor y = kernels::adaptive_avg_pool2d(x, oh, ow);
+      EXPECT_LE(
+          test::relative_error(on_cpu(y).to(DType::f64),
+                               kernels::adaptive_avg_pool2d(on_cpu(x), oh, ow).to(DType::f64)),
+          tol);
+      const Tensor dy = test::random_normal(y.shape(), dtype, kGpu);
+      EXPECT_LE(test::relative_error(
+                    on_cpu(kernels::adaptive_avg_pool2d_backward(dy, x.shape())).to(DType::f64),
+                    kernels::adaptive_avg_pool2d_backward(on_cpu(dy), x.shape()).to(DType::f64)),
+                tol);
+    }
+  }
+}
+
+// Max and average pooling have only their CPU reference so far: a CUDA tensor
+// is an error that says so, never a silent copy to the host.
 TEST(GpuConv, pooling_refuses_cuda_tensors_until_its_path_exists) {
   ACCRUE_REQUIRE_CUDA();
   const Tensor x = test::random_normal({1, 2, 5, 5}, DType::f32, kGpu);
