@@ -117,6 +117,8 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
          dw.narrow(0, k * og, og), 1.0, beta);
 }
 
+namespace {
+
 // Output cell (i, j)'s rows [h0, h1) and columns [w0, w1), as kernels/conv.h says.
 struct Cell {
   int64_t h0, h1, w0, w1;
@@ -127,17 +129,25 @@ Cell adaptive_cell(const Conv2dGeometry& g, int64_t i, int64_t j) {
           ((j + 1) * g.w + g.ow - 1) / g.ow};
 }
 
+// fn(i, j, cell) for every output cell, row by row.
+template <class Fn>
+void for_each_cell(const Conv2dGeometry& g, Fn fn) {
+  for (int64_t i = 0; i < g.oh; ++i)
+    for (int64_t j = 0; j < g.ow; ++j)
+      fn(i, j, adaptive_cell(g, i, j));
+}
+
+}  // namespace
+
 Tensor adaptive_avg_pool2d(const Tensor& x, const Conv2dGeometry& g) {
   NoGradGuard no_grad;
   const Tensor xw = x.to(widened(x.dtype()));
   Tensor out = empty({g.n, g.c, g.oh, g.ow}, xw.dtype(), x.device());
-  for (int64_t i = 0; i < g.oh; ++i)
-    for (int64_t j = 0; j < g.ow; ++j) {
-      const Cell c = adaptive_cell(g, i, j);
-      const Tensor s =
-          kernels::sum(xw.narrow(2, c.h0, c.h1 - c.h0).narrow(3, c.w0, c.w1 - c.w0), {2, 3});
-      out.select(3, j).select(2, i).copy_(binary_scalar(BinaryOp::Mul, s, c.inv_area()));
-    }
+  for_each_cell(g, [&](int64_t i, int64_t j, const Cell& c) {
+    const Tensor s =
+        kernels::sum(xw.narrow(2, c.h0, c.h1 - c.h0).narrow(3, c.w0, c.w1 - c.w0), {2, 3});
+    out.select(3, j).select(2, i).copy_(binary_scalar(BinaryOp::Mul, s, c.inv_area()));
+  });
   return out.to(x.dtype());
 }
 
@@ -146,12 +156,10 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad, const Conv2dGeometry& g)
   const Tensor gw = grad.to(widened(grad.dtype()));
   Tensor dx = zeros({g.n, g.c, g.h, g.w}, gw.dtype(), grad.device());
   // Cells overlap where the sizes do not divide: their adds run one after another.
-  for (int64_t i = 0; i < g.oh; ++i)
-    for (int64_t j = 0; j < g.ow; ++j) {
-      const Cell c = adaptive_cell(g, i, j);
-      axpy_(dx.narrow(2, c.h0, c.h1 - c.h0).narrow(3, c.w0, c.w1 - c.w0), c.inv_area(),
-            gw.narrow(2, i, 1).narrow(3, j, 1));
-    }
+  for_each_cell(g, [&](int64_t i, int64_t j, const Cell& c) {
+    axpy_(dx.narrow(2, c.h0, c.h1 - c.h0).narrow(3, c.w0, c.w1 - c.w0), c.inv_area(),
+          gw.narrow(2, i, 1).narrow(3, j, 1));
+  });
   return dx.to(grad.dtype());
 }
 
