@@ -209,8 +209,9 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
 MaxPoolOutput max_pool2d(const Tensor& x, const Pool2dOptions& options) {
   const char* op = "max_pool2d";
   NoGradGuard no_grad;
-  check_cpu_float(x, op, "input");
+  check_float_on(x, x.defined() ? x.device() : Device::cpu(), op, "input");
   const Conv2dGeometry g = pool_geometry(x.shape(), options, op);
+  if (!x.device().is_cpu()) return composed::max_pool2d(x, g);  // Note [Composed convolution]
   Tensor out = empty({g.n, g.c, g.oh, g.ow}, DType::f64);
   Tensor indices = empty({g.n, g.c, g.oh, g.ow}, DType::i64);
   cpu::max_pool2d(f64(x), out, indices, g);
@@ -220,10 +221,13 @@ MaxPoolOutput max_pool2d(const Tensor& x, const Pool2dOptions& options) {
 Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Shape& x_shape) {
   const char* op = "max_pool2d_backward";
   NoGradGuard no_grad;
-  const Conv2dGeometry g = backward_planes(grad, x_shape, op);
+  const Conv2dGeometry g = backward_planes(grad, x_shape, op, /*any_device=*/true);
   ACCRUE_CHECK(indices.defined() && indices.dtype() == DType::i64 &&
-                   indices.shape() == grad.shape() && indices.device().is_cpu(),
-               op, ": indices must be i64 on the CPU with grad's shape ", shape_str(grad.shape()));
+                   indices.shape() == grad.shape() && indices.device() == grad.device(),
+               op, ": indices must be i64 on ", grad.device().str(), " with grad's shape ",
+               shape_str(grad.shape()));
+  // On CUDA the scatter checks the positions (kernels/index_checks.h).
+  if (!grad.device().is_cpu()) return composed::max_pool2d_backward(grad, indices, g);
   const Tensor idx = indices.contiguous();
   for (int64_t v : idx.to_vector<int64_t>())
     ACCRUE_CHECK(v >= 0 && v < g.h * g.w, op, ": index ", v, " is outside the ", g.h, " x ", g.w,

@@ -54,9 +54,9 @@ void adaptive_avg_pool2d_backward(const Tensor& grad, const Tensor& dx, const Co
 // Every tensor has one device and the geometry is validated (kernels/conv.cpp);
 // the same code runs on the CPU, where tests hold it to the CPU reference.
 // It costs the columns' memory, c kh kw times the output's positions: a
-// fallback, not the speed issue 9 asks for. adaptive_avg_pool2d runs composed
-// too (one reduction per output cell); max and average pooling have no CUDA
-// path yet.
+// fallback, not the speed issue 9 asks for. adaptive_avg_pool2d (one
+// reduction per output cell) and max_pool2d run composed too; average
+// pooling has no CUDA path yet.
 namespace composed {
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dGeometry& g);
 Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Conv2dGeometry& g);
@@ -65,6 +65,11 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
 // Summed per output cell in f32 (f64 for f64), one sum and one strided add per cell.
 Tensor adaptive_avg_pool2d(const Tensor& x, const Conv2dGeometry& g);
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad, const Conv2dGeometry& g);
+// The windows copied out (padding -inf), max and argmax over each, the tap
+// turned into its plane position by a table; the backward is a scatter-add
+// (kernels::embedding_backward) and needs only the plane sizes in g.
+MaxPoolOutput max_pool2d(const Tensor& x, const Conv2dGeometry& g);
+Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Conv2dGeometry& g);
 }  // namespace composed
 
 }  // namespace accrue::kernels

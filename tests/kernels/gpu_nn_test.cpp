@@ -430,15 +430,38 @@ TEST(GpuConv, adaptive_average_pooling_matches_the_cpu_reference) {
   }
 }
 
-// Max and average pooling have only their CPU reference so far: a CUDA tensor
-// is an error that says so, never a silent copy to the host.
-TEST(GpuConv, pooling_refuses_cuda_tensors_until_its_path_exists) {
+// Note [Composed convolution]: max pooling on CUDA against the CPU reference:
+// the same maxima (exact) and positions, and the scattered gradient.
+TEST(GpuConv, max_pooling_matches_the_cpu_reference) {
+  ACCRUE_REQUIRE_CUDA();
+  Pool2dOptions p;  // ResNet's stem: 3x3, stride 2, padding 1
+  p.kernel_h = p.kernel_w = 3;
+  p.stride_h = p.stride_w = 2;
+  p.pad_h = p.pad_w = 1;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor x = test::random_normal({2, 4, 11, 10}, dtype, kGpu);
+    const kernels::MaxPoolOutput got = kernels::max_pool2d(x, p);
+    const kernels::MaxPoolOutput ref = kernels::max_pool2d(on_cpu(x), p);
+    EXPECT_TRUE(test::all_equal(on_cpu(got.out), ref.out));
+    EXPECT_EQ(on_cpu(got.indices).to_vector<int64_t>(), ref.indices.to_vector<int64_t>());
+    const Tensor dy = test::random_normal(ref.out.shape(), dtype, kGpu);
+    EXPECT_LE(test::relative_error(
+                  on_cpu(kernels::max_pool2d_backward(dy, got.indices, x.shape())).to(DType::f64),
+                  kernels::max_pool2d_backward(on_cpu(dy), ref.indices, x.shape()).to(DType::f64)),
+              dtype == DType::f32 ? 1e-6 : 1e-2);
+  }
+}
+
+// Average pooling has only its CPU reference so far: a CUDA tensor is an
+// error that says so, never a silent copy to the host.
+TEST(GpuConv, average_pooling_refuses_cuda_tensors_until_its_path_exists) {
   ACCRUE_REQUIRE_CUDA();
   const Tensor x = test::random_normal({1, 2, 5, 5}, DType::f32, kGpu);
   Pool2dOptions p;
   p.kernel_h = p.kernel_w = 2;
   p.stride_h = p.stride_w = 2;
-  EXPECT_ERROR(kernels::max_pool2d(x, p), "max_pool2d", "cuda:0", "cuDNN path is not built");
+  EXPECT_ERROR(kernels::avg_pool2d(x, p), "avg_pool2d", "cuda:0", "cuDNN path is not built");
   const Tensor w = test::random_normal({3, 2, 3, 3}, DType::f32);  // on the CPU
   EXPECT_ERROR(kernels::conv2d(x, w, {}), "conv2d", "weight", "cpu", "the input on cuda:0");
 }
