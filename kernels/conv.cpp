@@ -57,6 +57,8 @@ void check_conv_options(const Conv2dOptions& o, const char* op) {
   ACCRUE_CHECK(o.groups >= 1, op, ": groups = ", o.groups, " must be >= 1");
 }
 
+}  // namespace
+
 Conv2dGeometry conv_geometry(const Shape& x, const Shape& weight, const Conv2dOptions& o,
                              const char* op) {
   check_conv_options(o, op);
@@ -113,6 +115,8 @@ Conv2dGeometry pool_geometry(const Shape& x, const Pool2dOptions& p, const char*
   g.ow = out_size(g.w, g.kw, p.stride_w, p.pad_w, 1, op, "width", x);
   return g;
 }
+
+namespace {
 
 // The output gradient of a convolution: floating, on `device`, of the forward's output shape.
 void check_conv_grad(const Tensor& grad, const Shape& expected, Device device, const char* op) {

@@ -20,6 +20,12 @@ struct Conv2dGeometry {
   Conv2dOptions options;
 };
 
+// The validated geometry of a convolution (x, weight) or a pooling of x; every
+// error names `op` and the shapes (kernels/conv.cpp).
+Conv2dGeometry conv_geometry(const Shape& x, const Shape& weight, const Conv2dOptions& o,
+                             const char* op);
+Conv2dGeometry pool_geometry(const Shape& x, const Pool2dOptions& p, const char* op);
+
 namespace cpu {
 void conv2d(const Tensor& x, const Tensor& weight, const Tensor& out, const Conv2dGeometry& g);
 void conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Tensor& dx,

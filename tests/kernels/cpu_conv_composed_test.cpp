@@ -32,19 +32,7 @@ Conv2dOptions options(int64_t stride, int64_t pad_h, int64_t pad_w, int64_t dila
 }
 
 kernels::Conv2dGeometry geometry(const Case& c) {
-  kernels::Conv2dGeometry g;
-  g.n = c.x[0];
-  g.c = c.x[1];
-  g.h = c.x[2];
-  g.w = c.x[3];
-  g.o = c.w[0];
-  g.kh = c.w[2];
-  g.kw = c.w[3];
-  const Conv2dOptions& o = c.o;
-  g.oh = (g.h + 2 * o.pad_h - o.dilation_h * (g.kh - 1) - 1) / o.stride_h + 1;
-  g.ow = (g.w + 2 * o.pad_w - o.dilation_w * (g.kw - 1) - 1) / o.stride_w + 1;
-  g.options = o;
-  return g;
+  return kernels::conv_geometry(c.x, c.w, c.o, "test");
 }
 
 const Case kCases[] = {
@@ -125,24 +113,6 @@ TEST(ComposedConv, adaptive_average_pooling_equals_the_cpu_reference) {
   }
 }
 
-kernels::Conv2dGeometry pool_geometry(const Shape& x, const Pool2dOptions& p) {
-  kernels::Conv2dGeometry g;
-  g.n = x[0];
-  g.c = g.o = x[1];
-  g.h = x[2];
-  g.w = x[3];
-  g.kh = p.kernel_h;
-  g.kw = p.kernel_w;
-  g.options.stride_h = p.stride_h;
-  g.options.stride_w = p.stride_w;
-  g.options.pad_h = p.pad_h;
-  g.options.pad_w = p.pad_w;
-  g.options.groups = g.c;
-  g.oh = (g.h + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
-  g.ow = (g.w + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
-  return g;
-}
-
 TEST(ComposedConv, max_pooling_equals_the_cpu_reference_values_indices_and_gradient) {
   Pool2dOptions stem, two, wide;  // ResNet's 3x3/2 pad 1; 2x2/2; 3x2/1 with overlaps
   stem.kernel_h = stem.kernel_w = 3;
@@ -155,7 +125,7 @@ TEST(ComposedConv, max_pooling_equals_the_cpu_reference_values_indices_and_gradi
   for (const Pool2dOptions& p : {stem, two, wide}) {
     SCOPED_TRACE(std::to_string(p.kernel_h) + "x" + std::to_string(p.kernel_w));
     const Shape shape{2, 3, 9, 8};
-    const kernels::Conv2dGeometry g = pool_geometry(shape, p);
+    const kernels::Conv2dGeometry g = kernels::pool_geometry(shape, p, "test");
     const Tensor x = test::random_normal(shape, DType::f64);
     const kernels::MaxPoolOutput ref = kernels::max_pool2d(x, p);
     const kernels::MaxPoolOutput got = kernels::composed::max_pool2d(x, g);
@@ -168,7 +138,7 @@ TEST(ComposedConv, max_pooling_equals_the_cpu_reference_values_indices_and_gradi
   }
   // Ties go to the first maximum in window order, as the reference's.
   const Tensor flat = full({1, 1, 4, 4}, 1.0, DType::f64);
-  EXPECT_EQ(kernels::composed::max_pool2d(flat, pool_geometry({1, 1, 4, 4}, two))
+  EXPECT_EQ(kernels::composed::max_pool2d(flat, kernels::pool_geometry({1, 1, 4, 4}, two, "test"))
                 .indices.to_vector<int64_t>(),
             kernels::max_pool2d(flat, two).indices.to_vector<int64_t>());
 }
