@@ -1,5 +1,6 @@
 // The dispatch point of kernels/conv.h: validate (every error names the op
-// and the shapes), compute the geometry, and run the CPU reference in double.
+// and the shapes), compute the geometry, and run the CPU reference in double
+// or, on another device, the composed path (Note [Composed convolution]).
 #include <string>
 
 #include "core/grad_mode.h"
@@ -11,18 +12,7 @@ namespace accrue::kernels {
 
 namespace {
 
-void check_cpu_float(const Tensor& t, const char* op, const char* what) {
-  ACCRUE_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
-  ACCRUE_CHECK(is_floating(t.dtype()), op, ": ", what, " of shape ", shape_str(t.shape()),
-               " has dtype ", dtype_name(t.dtype()),
-               "; expected a floating dtype (f32, f64, bf16 or f16)");
-  // Issue 9's cuDNN path is not written: say so rather than copy to the host.
-  ACCRUE_CHECK(t.device().is_cpu(), op, ": ", what, " of shape ", shape_str(t.shape()), " is on ",
-               t.device().str(), "; only the CPU reference of ", op,
-               " exists so far (the cuDNN path is not built)");
-}
-
-// A floating tensor on `device` (conv2d runs on any device: Note [Composed convolution]).
+// A floating tensor on `device` (every op here runs on any device: Note [Composed convolution]).
 void check_float_on(const Tensor& t, Device device, const char* op, const char* what) {
   ACCRUE_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
   ACCRUE_CHECK(is_floating(t.dtype()), op, ": ", what, " of shape ", shape_str(t.shape()),
@@ -125,21 +115,10 @@ void check_conv_grad(const Tensor& grad, const Shape& expected, Device device, c
                "; the forward's output has ", shape_str(expected));
 }
 
-void check_grad(const Tensor& grad, const Shape& expected, const char* op) {
-  check_cpu_float(grad, op, "grad");
-  ACCRUE_CHECK(grad.shape() == expected, op, ": grad has shape ", shape_str(grad.shape()),
-               "; the forward's output has ", shape_str(expected));
-}
-
 // The geometry of a pooling backward: input x_shape [N, C, H, W] (checked
 // against grad [N, C, OH, OW]), planes of one channel each.
-Conv2dGeometry backward_planes(const Tensor& grad, const Shape& x_shape, const char* op,
-                               bool any_device = false) {
-  if (any_device) {
-    check_float_on(grad, grad.defined() ? grad.device() : Device::cpu(), op, "grad");
-  } else {
-    check_cpu_float(grad, op, "grad");
-  }
+Conv2dGeometry backward_planes(const Tensor& grad, const Shape& x_shape, const char* op) {
+  check_float_on(grad, grad.defined() ? grad.device() : Device::cpu(), op, "grad");
   check_4d(grad, op, "grad");
   ACCRUE_CHECK(x_shape.size() == 4 && x_shape[0] == grad.size(0) && x_shape[1] == grad.size(1) &&
                    x_shape[2] >= 1 && x_shape[3] >= 1,
@@ -225,7 +204,7 @@ MaxPoolOutput max_pool2d(const Tensor& x, const Pool2dOptions& options) {
 Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Shape& x_shape) {
   const char* op = "max_pool2d_backward";
   NoGradGuard no_grad;
-  const Conv2dGeometry g = backward_planes(grad, x_shape, op, /*any_device=*/true);
+  const Conv2dGeometry g = backward_planes(grad, x_shape, op);
   ACCRUE_CHECK(indices.defined() && indices.dtype() == DType::i64 &&
                    indices.shape() == grad.shape() && indices.device() == grad.device(),
                op, ": indices must be i64 on ", grad.device().str(), " with grad's shape ",
@@ -244,8 +223,9 @@ Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Shap
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
   const char* op = "avg_pool2d";
   NoGradGuard no_grad;
-  check_cpu_float(x, op, "input");
+  check_float_on(x, x.defined() ? x.device() : Device::cpu(), op, "input");
   const Conv2dGeometry g = pool_geometry(x.shape(), options, op);
+  if (!x.device().is_cpu()) return composed::avg_pool2d(x, g, options.count_include_pad);
   Tensor out = empty({g.n, g.c, g.oh, g.ow}, DType::f64);
   cpu::avg_pool2d(f64(x), out, g, options.count_include_pad);
   return out.to(x.dtype());
@@ -255,7 +235,9 @@ Tensor avg_pool2d_backward(const Tensor& grad, const Shape& x_shape, const Pool2
   const char* op = "avg_pool2d_backward";
   NoGradGuard no_grad;
   const Conv2dGeometry g = pool_geometry(x_shape, options, op);
-  check_grad(grad, {g.n, g.c, g.oh, g.ow}, op);
+  check_conv_grad(grad, {g.n, g.c, g.oh, g.ow}, grad.defined() ? grad.device() : Device::cpu(), op);
+  if (!grad.device().is_cpu())
+    return composed::avg_pool2d_backward(grad, g, options.count_include_pad);
   Tensor dx = empty(x_shape, DType::f64);
   cpu::avg_pool2d_backward(f64(grad), dx, g, options.count_include_pad);
   return dx.to(grad.dtype());
@@ -286,7 +268,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad, const Shape& x_shape) {
   const char* op = "adaptive_avg_pool2d_backward";
   NoGradGuard no_grad;
-  const Conv2dGeometry g = backward_planes(grad, x_shape, op, /*any_device=*/true);
+  const Conv2dGeometry g = backward_planes(grad, x_shape, op);
   if (!grad.device().is_cpu()) return composed::adaptive_avg_pool2d_backward(grad, g);
   Tensor dx = empty(x_shape, DType::f64);
   cpu::adaptive_avg_pool2d_backward(f64(grad), dx, g);

@@ -1,10 +1,9 @@
 // 2-D convolution and pooling over NCHW tensors (issue 9, point 2).
 //
 // The CPU reference is here (kernels/cpu/conv.cpp: loops accumulating in
-// double). On CUDA, conv2d, max_pool2d and adaptive_avg_pool2d run composed
-// from GEMMs, strided copies and scatter-adds (Note [Composed convolution] in
-// kernels/conv_backend.h); the cuDNN path is not written yet, and avg_pool2d
-// on a CUDA tensor is an accrue::Error naming the op, never a silent fallback.
+// double). On CUDA every op here runs composed from GEMMs, strided copies and
+// scatter-adds (Note [Composed convolution] in kernels/conv_backend.h), a
+// fallback until the cuDNN path is written.
 //
 // Shapes: x [N, C, H, W]; weight [O, C / groups, KH, KW]; the output
 // [N, O, OH, OW] with OH = (H + 2 pad_h - dilation_h (KH - 1) - 1) / stride_h + 1

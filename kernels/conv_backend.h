@@ -60,9 +60,9 @@ void adaptive_avg_pool2d_backward(const Tensor& grad, const Tensor& dx, const Co
 // Every tensor has one device and the geometry is validated (kernels/conv.cpp);
 // the same code runs on the CPU, where tests hold it to the CPU reference.
 // It costs the columns' memory, c kh kw times the output's positions: a
-// fallback, not the speed issue 9 asks for. adaptive_avg_pool2d (one
-// reduction per output cell) and max_pool2d run composed too; average
-// pooling has no CUDA path yet.
+// fallback, not the speed issue 9 asks for. The poolings run composed too:
+// max_pool2d, avg_pool2d and adaptive_avg_pool2d (one reduction per output
+// cell).
 namespace composed {
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dGeometry& g);
 Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Conv2dGeometry& g);
@@ -76,6 +76,9 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad, const Conv2dGeometry& g)
 // (kernels::embedding_backward) and needs only the plane sizes in g.
 MaxPoolOutput max_pool2d(const Tensor& x, const Conv2dGeometry& g);
 Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Conv2dGeometry& g);
+// Window sums over a divisor table; the backward adds each window's share per tap.
+Tensor avg_pool2d(const Tensor& x, const Conv2dGeometry& g, bool count_include_pad);
+Tensor avg_pool2d_backward(const Tensor& grad, const Conv2dGeometry& g, bool count_include_pad);
 }  // namespace composed
 
 }  // namespace accrue::kernels

@@ -2,6 +2,7 @@
 // conv2d, its data gradient and its weight gradient from ops every backend
 // already has (strided copies, GEMMs, strided adds), for devices without a
 // convolution of their own.
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -221,6 +222,55 @@ Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Conv
   kernels::embedding_backward(grad.contiguous().reshape({planes * per_plane, 1}), rows, dx,
                               /*accumulate=*/true);
   return dx.reshape({g.n, g.c, g.h, g.w}).to(grad.dtype());
+}
+
+namespace {
+
+// The divisor of each output cell [oh, ow] in `dtype`: the window's size, or
+// with count_include_pad false the input elements it covers.
+Tensor pool_divisors(const Conv2dGeometry& g, bool count_include_pad, DType dtype, Device device) {
+  const Conv2dOptions& o = g.options;
+  std::vector<double> d(static_cast<size_t>(g.oh * g.ow));
+  for (int64_t i = 0; i < g.oh; ++i)
+    for (int64_t j = 0; j < g.ow; ++j) {
+      const int64_t h0 = i * o.stride_h - o.pad_h, w0 = j * o.stride_w - o.pad_w;
+      const int64_t rows = std::min(h0 + g.kh, g.h) - std::max<int64_t>(h0, 0);
+      const int64_t cols = std::min(w0 + g.kw, g.w) - std::max<int64_t>(w0, 0);
+      d[static_cast<size_t>(i * g.ow + j)] =
+          static_cast<double>(count_include_pad ? g.kh * g.kw : rows * cols);
+    }
+  return from_vector<double>(d, {g.oh, g.ow}, dtype, device);
+}
+
+}  // namespace
+
+Tensor avg_pool2d(const Tensor& x, const Conv2dGeometry& g, bool count_include_pad) {
+  NoGradGuard no_grad;
+  const Tensor xw = x.to(widened(x.dtype()));
+  const Tensor windows = window_view(padded(xw, g), g)  // [n, oh, ow, c, kh, kw]
+                             .permute({0, 3, 1, 2, 4, 5})
+                             .contiguous()
+                             .reshape({g.n, g.c, g.oh, g.ow, g.kh * g.kw});
+  const Tensor sums = kernels::sum(windows, {4});
+  return kernels::binary(BinaryOp::Div, sums,
+                         pool_divisors(g, count_include_pad, xw.dtype(), x.device()))
+      .to(x.dtype());
+}
+
+Tensor avg_pool2d_backward(const Tensor& grad, const Conv2dGeometry& g, bool count_include_pad) {
+  NoGradGuard no_grad;
+  const Conv2dOptions& o = g.options;
+  const DType acc = widened(grad.dtype());
+  // Each window's share, [n, oh, ow, c] as the window view orders them.
+  const Tensor share = kernels::binary(BinaryOp::Div, grad.to(acc),
+                                       pool_divisors(g, count_include_pad, acc, grad.device()))
+                           .permute({0, 2, 3, 1});
+  Tensor dxp = zeros({g.n, g.c, g.h + 2 * o.pad_h, g.w + 2 * o.pad_w}, acc, grad.device());
+  const Tensor windows = window_view(dxp, g);
+  for (int64_t i = 0; i < g.kh; ++i)  // taps overlap: one strided add after another
+    for (int64_t j = 0; j < g.kw; ++j)
+      axpy_(windows.select(4, i).select(4, j), 1.0, share);
+  return dxp.narrow(2, o.pad_h, g.h).narrow(3, o.pad_w, g.w).contiguous().to(grad.dtype());
 }
 
 }  // namespace accrue::kernels::composed

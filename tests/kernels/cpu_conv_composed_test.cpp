@@ -143,5 +143,27 @@ TEST(ComposedConv, max_pooling_equals_the_cpu_reference_values_indices_and_gradi
             kernels::max_pool2d(flat, two).indices.to_vector<int64_t>());
 }
 
+TEST(ComposedConv, average_pooling_equals_the_cpu_reference) {
+  for (bool include_pad : {true, false}) {
+    Pool2dOptions p;
+    p.kernel_h = 3;
+    p.kernel_w = 2;
+    p.stride_h = 2;
+    p.stride_w = 1;
+    p.pad_h = p.pad_w = 1;
+    p.count_include_pad = include_pad;
+    SCOPED_TRACE(include_pad);
+    const Shape shape{2, 3, 9, 8};
+    const kernels::Conv2dGeometry g = kernels::pool_geometry(shape, p, "test");
+    const Tensor x = test::random_normal(shape, DType::f64);
+    const Tensor y = kernels::avg_pool2d(x, p);
+    EXPECT_LE(test::relative_error(kernels::composed::avg_pool2d(x, g, include_pad), y), 1e-14);
+    const Tensor dy = test::random_normal(y.shape(), DType::f64);
+    EXPECT_LE(test::relative_error(kernels::composed::avg_pool2d_backward(dy, g, include_pad),
+                                   kernels::avg_pool2d_backward(dy, shape, p)),
+              1e-14);
+  }
+}
+
 }  // namespace
 }  // namespace accrue

@@ -453,15 +453,32 @@ TEST(GpuConv, max_pooling_matches_the_cpu_reference) {
   }
 }
 
-// Average pooling has only its CPU reference so far: a CUDA tensor is an
-// error that says so, never a silent copy to the host.
-TEST(GpuConv, average_pooling_refuses_cuda_tensors_until_its_path_exists) {
+// Note [Composed convolution]: average pooling on CUDA against the CPU
+// reference, with and without the padding counted, and a device mismatch is an error.
+TEST(GpuConv, average_pooling_matches_the_cpu_reference) {
   ACCRUE_REQUIRE_CUDA();
+  for (bool include_pad : {true, false}) {
+    Pool2dOptions p;
+    p.kernel_h = p.kernel_w = 3;
+    p.stride_h = p.stride_w = 2;
+    p.pad_h = p.pad_w = 1;
+    p.count_include_pad = include_pad;
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (include_pad ? " pad counted" : ""));
+      const double tol = dtype == DType::f32 ? 1e-6 : 1e-2;
+      const Tensor x = test::random_normal({2, 3, 9, 8}, dtype, kGpu);
+      const Tensor y = kernels::avg_pool2d(x, p);
+      EXPECT_LE(test::relative_error(on_cpu(y).to(DType::f64),
+                                     kernels::avg_pool2d(on_cpu(x), p).to(DType::f64)),
+                tol);
+      const Tensor dy = test::random_normal(y.shape(), dtype, kGpu);
+      EXPECT_LE(test::relative_error(
+                    on_cpu(kernels::avg_pool2d_backward(dy, x.shape(), p)).to(DType::f64),
+                    kernels::avg_pool2d_backward(on_cpu(dy), x.shape(), p).to(DType::f64)),
+                tol);
+    }
+  }
   const Tensor x = test::random_normal({1, 2, 5, 5}, DType::f32, kGpu);
-  Pool2dOptions p;
-  p.kernel_h = p.kernel_w = 2;
-  p.stride_h = p.stride_w = 2;
-  EXPECT_ERROR(kernels::avg_pool2d(x, p), "avg_pool2d", "cuda:0", "cuDNN path is not built");
   const Tensor w = test::random_normal({3, 2, 3, 3}, DType::f32);  // on the CPU
   EXPECT_ERROR(kernels::conv2d(x, w, {}), "conv2d", "weight", "cpu", "the input on cuda:0");
 }
