@@ -46,6 +46,13 @@ constexpr bool is_floating(DType t) {
 #undef ACCRUE_DTYPE_IS
 }
 
+// The dtype that work on t's values accumulates and keeps its statistics in
+// (sums, losses, norm statistics, overlapping adds): f64 for f64, f32 for
+// every other floating dtype.
+constexpr DType widened(DType t) {
+  return t == DType::f64 ? DType::f64 : DType::f32;
+}
+
 const char* dtype_name(DType t);
 
 // bf16 and f16 on the host: storage-only types. Arithmetic happens in float

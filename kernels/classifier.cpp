@@ -51,11 +51,6 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op, const c
                shape_str(b.shape()), ")");
 }
 
-// The loss dtype: f32, or f64 for f64 inputs.
-DType widened(DType t) {
-  return t == DType::f64 ? DType::f64 : DType::f32;
-}
-
 bool is_16_bit(DType t) {
   return t == DType::bf16 || t == DType::f16;
 }

@@ -14,11 +14,6 @@ namespace accrue::kernels::composed {
 
 namespace {
 
-// The accumulation dtype of the data gradient's overlapping adds.
-DType widened(DType t) {
-  return t == DType::f64 ? DType::f64 : DType::f32;
-}
-
 // x zero-padded to [n, c, h + 2 pad_h, w + 2 pad_w] (x itself, contiguous, without padding).
 Tensor padded(const Tensor& x, const Conv2dGeometry& g) {
   const Conv2dOptions& o = g.options;

@@ -21,11 +21,6 @@ void check_index_dtype(const Tensor& t, const char* op, const char* what) {
                shape_str(t.shape()), " has dtype ", dtype_name(t.dtype()), "; expected i32 or i64");
 }
 
-// The loss and layer-norm statistics dtype: f32, or f64 for f64 inputs.
-DType widened(DType t) {
-  return t == DType::f64 ? DType::f64 : DType::f32;
-}
-
 }  // namespace
 
 void set_check_indices(bool check) {

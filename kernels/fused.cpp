@@ -41,11 +41,6 @@ bool is_16_bit(DType t) {
   return t == DType::bf16 || t == DType::f16;
 }
 
-// The layer-norm statistics dtype: f32, or f64 for f64 inputs.
-DType widened(DType t) {
-  return t == DType::f64 ? DType::f64 : DType::f32;
-}
-
 // t made contiguous and viewed as [rows, cols] (t has rows * cols elements).
 Tensor as_rows(const Tensor& t, int64_t rows, int64_t cols) {
   const Tensor c = t.contiguous();

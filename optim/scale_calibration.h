@@ -18,8 +18,6 @@ class ScaleCalibration : public autograd::GradientObserver {
   void observe(const Tensor& grad) override;
   // f64 [1] on the device: the largest |value| observed, 0 when nothing was.
   Tensor amax() const;
-  // Gradients observed so far.
-  int64_t observed() const { return count_; }
 
  private:
   Device device_;

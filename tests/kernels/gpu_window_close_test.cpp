@@ -490,8 +490,9 @@ TEST(GpuWindowClose, skip_unused_slots_matches_the_cpu_and_leaves_them_bitwise_u
       fused_optimizer_step(v.config, b.cpu, state);
       fused_optimizer_step(v.config, b.gpu, state_gpu);
       EXPECT_TRUE(test::all_close(b.gpu.params, b.cpu.params, 1e-6, 1e-7)) << "params";
-      if (v.config.adam || v.config.momentum != 0)
+      if (v.config.adam || v.config.momentum != 0) {
         EXPECT_TRUE(close_at_scale(b.gpu.exp_avg, b.cpu.exp_avg, 1e-6)) << "exp_avg";
+      }
       if (v.config.adam) {
         EXPECT_TRUE(test::all_close(b.gpu.exp_avg_sq, b.cpu.exp_avg_sq, 1e-6, 1e-14));
         EXPECT_TRUE(test::all_close(b.gpu.max_exp_avg_sq, b.cpu.max_exp_avg_sq, 1e-6, 1e-14));
