@@ -99,17 +99,35 @@ std::vector<int64_t> split_ints(const std::string& s, const std::string& option)
 //          optimizer state), as PyTorch DDP does;
 //   zero1  Note [ZeRO-1]: buckets reduce-scattered, each rank steps its shard, the
 //          parameters all-gathered.
-// A new ReducerOptions mode is one more name here (and in kVariants); torch_ddp.py's
-// rows stay "ddp", and compare_dist.py shows every accrue variant against them.
-constexpr const char* kVariants = "ddp, zero1";
+// Either may carry suffixes, in any order, for the levers of issue 10's point 6:
+//   _bf16  buckets travel in bf16 (Note [Gradient transport]);
+//   _bN    buckets of N MiB instead of the default plan's 25 (e.g. ddp_b128).
+// torch_ddp.py's rows stay "ddp", and compare_dist.py shows every accrue variant
+// against them.
+constexpr const char* kVariants = "ddp or zero1, optionally with _bf16 and _bN (N MiB buckets)";
 dist::ReducerOptions reducer_options(const std::string& variant) {
   dist::ReducerOptions options;
-  if (variant == "ddp") return options;
-  if (variant == "zero1") {
-    options.zero1 = true;
-    return options;
+  std::vector<std::string> parts;
+  std::stringstream in(variant);
+  for (std::string part; std::getline(in, part, '_');)
+    parts.push_back(part);
+  ACCRUE_CHECK(!parts.empty() && (parts[0] == "ddp" || parts[0] == "zero1"),
+               "accrue_bench_dist: unknown --variants entry '", variant, "' (", kVariants, ")");
+  options.zero1 = parts[0] == "zero1";
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const std::string& p = parts[i];
+    if (p == "bf16") {
+      options.transport = DType::bf16;
+    } else if (p.size() > 1 && p[0] == 'b' &&
+               p.find_first_not_of("0123456789", 1) == std::string::npos &&
+               std::stoll(p.substr(1)) > 0) {
+      options.buckets.bucket_bytes = std::stoll(p.substr(1)) << 20;
+    } else {
+      ACCRUE_FAIL("accrue_bench_dist: unknown suffix '_", p, "' in --variants entry '", variant,
+                  "' (", kVariants, ")");
+    }
   }
-  ACCRUE_FAIL("accrue_bench_dist: unknown --variants entry '", variant, "' (", kVariants, ")");
+  return options;
 }
 
 void usage() {

@@ -147,7 +147,10 @@ def scaling_section(accrue, torch, verdicts, description):
     for variant, k in keys:
         a1, a2 = single_gpu(accrue, "fixed_micro", k), accrue.get(("fixed_micro", variant, 2, k))
         t1 = same_shape(a1, single_gpu(torch, "fixed_micro", k))
-        t2 = same_shape(a2, torch.get(("fixed_micro", "ddp", 2, k)))
+        # A bf16-transport variant is set beside DDP's bf16_compress_hook when that ran.
+        twin = "ddp_bf16" if "_bf16" in variant and ("fixed_micro", "ddp_bf16", 2, k) in torch \
+            else "ddp"
+        t2 = same_shape(a2, torch.get(("fixed_micro", twin, 2, k)))
         speedup = ratio(get(a2, "items_per_s"), get(a1, "items_per_s"))
         ok = None
         if k >= SCALING_MIN_K and speedup is not None:

@@ -70,6 +70,9 @@ def parse_args():
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--count-allreduces", choices=["buckets", "hook"], default="buckets")
+    p.add_argument("--bf16-compress", action="store_true",
+                   help="buckets travel in bf16 (DDP's bf16_compress_hook); rows are named "
+                        "ddp_bf16, the twin of accrue's ddp_bf16 variant")
     p.add_argument("--cpu", action="store_true",
                    help="run on the CPU with gloo: checks this script without a GPU "
                         "(use tiny sizes; the timings and memory mean nothing)")
@@ -136,14 +139,19 @@ def run_row(args, table, k, micro, world, rank, device):
         ddp = nn.parallel.DistributedDataParallel(
             model, device_ids=None if args.cpu else [device.index],
             bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        hook = default_hooks.bf16_compress_hook if args.bf16_compress else None
         if args.count_allreduces == "hook":
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            inner = hook or default_hooks.allreduce_hook
 
             def counting_allreduce(state, bucket):
                 counter[0] += 1
-                return default_hooks.allreduce_hook(state, bucket)
+                return inner(state, bucket)
 
-            ddp.register_comm_hook(None, counting_allreduce)
+            hook = counting_allreduce
+        if hook is not None:
+            ddp.register_comm_hook(None, hook)
+
     net = ddp if ddp is not None else model
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
@@ -212,7 +220,7 @@ def run_row(args, table, k, micro, world, rank, device):
     worst = max_over_ranks([statistics.median(window_ms), peak], device)
     items = k * micro * world
     return {
-        "table": table, "variant": "ddp", "world_size": world, "K": k, "micro_batch": micro,
+        "table": table, "variant": "ddp_bf16" if args.bf16_compress else "ddp", "world_size": world, "K": k, "micro_batch": micro,
         "items_per_window": items, "window_ms": worst[0], "items_per_s": items / (worst[0] * 1e-3),
         "allreduces_per_window": allreduces, "buckets": buckets,
         "peak_mem_MB": worst[1] / 1e6, "loss": loss,

@@ -34,6 +34,8 @@ usage: tools/multi_gpu_check.sh [options]
   --build-all           build every target, not only the multi-GPU ones
   --skip-tests          no ctest -L multi_gpu
   --skip-torch          no PyTorch side
+  --torch-bf16-compress also run torch_ddp.py on 2 GPUs with DDP's bf16_compress_hook (rows
+                        "ddp_bf16", the twin of accrue's ddp_bf16 variant)
   --scaling-args "..."  extra options for accrue_bench_dist --mode scaling AND torch_ddp.py
                         (same names: --width --depth --in --classes --dtype --micro-batch
                         --global-batch --k --tables --warmup --windows --lr)
@@ -54,6 +56,7 @@ jobs=16
 build_all=0
 skip_tests=0
 skip_torch=0
+torch_bf16=0
 scaling_args=""
 accrue_args=""
 allreduce_args=""
@@ -69,6 +72,7 @@ while [[ $# -gt 0 ]]; do
     --build-all) build_all=1; shift ;;
     --skip-tests) skip_tests=1; shift ;;
     --skip-torch) skip_torch=1; shift ;;
+    --torch-bf16-compress) torch_bf16=1; shift ;;
     --scaling-args) scaling_args="$2"; shift 2 ;;
     --accrue-args) accrue_args="$2"; shift 2 ;;
     --allreduce-args) allreduce_args="$2"; shift 2 ;;
@@ -261,6 +265,12 @@ if [[ $skip_torch -eq 0 ]]; then
       torch_jsons+=("$details/torch_ddp_${nproc}gpu.json")
     fi
   done
+  if [[ $torch_bf16 -eq 1 ]] && run_step "torch_ddp.py bf16_compress_hook, 2 GPUs" \
+    torch_ddp_bf16_2gpu.log env "${unset_launcher[@]}" python3 -m torch.distributed.run \
+    --standalone --nproc-per-node=2 bench/torch_ddp.py --bf16-compress \
+    --json "$details/torch_ddp_bf16_2gpu.json" "${extra_scaling[@]}"; then
+    torch_jsons+=("$details/torch_ddp_bf16_2gpu.json")
+  fi
 fi
 
 # ---- results ----------------------------------------------------------------------------
