@@ -36,6 +36,10 @@
 # over calls with --sanitizer-binaries and --sanitizer-tools, e.g.
 #   tools/gpu_check.sh --skip-tests --skip-bench --sanitizer-binaries 'test_kernels_gpu'
 #   tools/gpu_check.sh --skip-tests --skip-bench --sanitizer-binaries '(autograd|nn|golden)'
+# and split a slow binary into gtest shards, some per call, each run bounded:
+#   tools/gpu_check.sh --skip-tests --skip-bench --sanitizer-tools initcheck \
+#     --sanitizer-binaries test_optim_gpu --sanitizer-shards 8 --sanitizer-shard 0,1,2,3 \
+#     --sanitizer-timeout 120
 set -u -o pipefail
 
 usage() {
@@ -52,6 +56,12 @@ usage: tools/gpu_check.sh [options]
   --sanitizer-tools LIST   comma-separated compute-sanitizer tools
                            (default: memcheck,racecheck,initcheck,synccheck)
   --sanitizer-binaries RE  only the gpu test binaries whose name matches this
+  --sanitizer-shards N     split each binary's tests into N gtest shards, one sanitizer run
+                           each (default 1), so that slow binaries fit a lent machine's call
+  --sanitizer-shard LIST   run only these shard indices, comma-separated, 0-based (default
+                           all): the rest go in another call
+  --sanitizer-timeout S    time limit of each sanitizer run in seconds; a run that reaches
+                           it FAILS the check (default: none)
                            extended regex (default: all of them)
   --bench-filter REGEX     --benchmark_filter for accrue_bench and --filter for the PyTorch
                            scripts (e.g. 'window_close|wgrad' for the accumulation benches)
@@ -91,6 +101,9 @@ filter='*:-*out_of_memory*'
 racecheck_filter=''
 sanitizer_tools=memcheck,racecheck,initcheck,synccheck
 sanitizer_binaries=''
+sanitizer_shards=1
+sanitizer_shard_list=''
+sanitizer_timeout=''
 bench_filter=''
 bench_repetitions=5
 skip_tests=0
@@ -110,6 +123,9 @@ while [[ $# -gt 0 ]]; do
     --racecheck-filter) racecheck_filter="$2"; shift 2 ;;
     --sanitizer-tools) sanitizer_tools="$2"; shift 2 ;;
     --sanitizer-binaries) sanitizer_binaries="$2"; shift 2 ;;
+    --sanitizer-shards) sanitizer_shards="$2"; shift 2 ;;
+    --sanitizer-shard) sanitizer_shard_list="$2"; shift 2 ;;
+    --sanitizer-timeout) sanitizer_timeout="$2"; shift 2 ;;
     --bench-filter) bench_filter="$2"; shift 2 ;;
     --bench-repetitions) bench_repetitions="$2"; shift 2 ;;
     --skip-tests) skip_tests=1; shift ;;
@@ -122,6 +138,26 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 racecheck_filter="${racecheck_filter:-$filter}"
+if ! [[ $sanitizer_shards =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu_check: --sanitizer-shards takes a positive integer, got '$sanitizer_shards'" >&2
+  exit 2
+fi
+if [[ -n "$sanitizer_timeout" ]] && ! [[ $sanitizer_timeout =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu_check: --sanitizer-timeout takes a positive number of seconds, got '$sanitizer_timeout'" >&2
+  exit 2
+fi
+shard_indices=()
+if [[ -z "$sanitizer_shard_list" ]]; then
+  for ((i = 0; i < sanitizer_shards; ++i)); do shard_indices+=("$i"); done
+else
+  IFS=',' read -r -a shard_indices <<< "$sanitizer_shard_list"
+  for i in "${shard_indices[@]}"; do
+    if ! [[ $i =~ ^[0-9]+$ ]] || ((i >= sanitizer_shards)); then
+      echo "gpu_check: --sanitizer-shard $sanitizer_shard_list: '$i' is not a shard of 0..$((sanitizer_shards - 1))" >&2
+      exit 2
+    fi
+  done
+fi
 log_dir="${log_dir:-${OUT:-$build_dir/gpu_check_results}}"
 
 if [[ ! -f CMakeLists.txt || ! -f accrue.h ]]; then
@@ -275,8 +311,12 @@ fi
 # out-of-bounds and misaligned accesses, leaks; racecheck: shared-memory
 # hazards; initcheck: reads of device memory never written; synccheck: invalid
 # barrier use), with the plain cudaMalloc allocator so that every tensor is its
-# own allocation. No run has a time limit: a run cut short would pass code it
-# never reached. A run passes only when it exits 0 AND prints its summary line
+# own allocation. A run has no time limit unless --sanitizer-timeout sets one,
+# and a run that reaches it fails: a run cut short would pass code it never
+# reached. --sanitizer-shards splits a binary's tests with gtest's own
+# sharding (GTEST_TOTAL_SHARDS, GTEST_SHARD_INDEX), so a slow binary runs in
+# pieces, over several calls with --sanitizer-shard; together the shards run
+# every test once. A run passes only when it exits 0 AND prints its summary line
 # (ERROR SUMMARY; racecheck's is RACECHECK SUMMARY); anything else (a crash, a
 # kill, a missing summary) fails the check. Note [Sanitizer exclusions] says
 # what racecheck leaves out. The gpu label also holds the trainer's scenario
@@ -304,14 +344,27 @@ if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
       tool_filter="$filter"
       if [[ $tool == racecheck ]]; then tool_filter="$racecheck_filter"; fi
       for bin in "${selected[@]}"; do
+       for shard in "${shard_indices[@]}"; do
         name=$(basename "$bin")
-        log="$details/sanitizer_${tool}_${name}.log"
+        shard_env=()
+        if ((sanitizer_shards > 1)); then
+          name="$name[shard $shard/$sanitizer_shards]"
+          shard_env=(GTEST_TOTAL_SHARDS="$sanitizer_shards" GTEST_SHARD_INDEX="$shard")
+        fi
+        log="$details/sanitizer_${tool}_$(basename "$bin")_$shard.log"
         say "$tool $name --gtest_filter=$tool_filter"
         run_start=$SECONDS
-        ACCRUE_TEST_ALLOCATOR=plain ACCRUE_UNDER_SANITIZER=1 "$sanitizer" --tool "$tool" --print-limit 0 --error-exitcode 86 \
+        limit=()
+        if [[ -n "$sanitizer_timeout" ]]; then limit=(timeout -k 10 "$sanitizer_timeout"); fi
+        env ACCRUE_TEST_ALLOCATOR=plain ACCRUE_UNDER_SANITIZER=1 "${shard_env[@]}" "${limit[@]}" \
+          "$sanitizer" --tool "$tool" --print-limit 0 --error-exitcode 86 \
           "$bin" --gtest_filter="$tool_filter" > "$log" 2>&1
         rc=$?
         result=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -n 1 | sed 's/^=* *//')
+        # A run cut at the time limit fails, whatever it printed: it never reached the rest.
+        if [[ -n "$sanitizer_timeout" ]] && ((rc == 124 || rc == 137)); then
+          result="TIMEOUT after $sanitizer_timeout s"
+        fi
         tests=$(grep -E '^\[  PASSED  \]' "$log" | tail -n 1 | sed 's/^\[  PASSED  \] *//')
         took="$((SECONDS - run_start)) s"
         # racecheck: hazards whose both accesses lie in library kernels do not
@@ -350,6 +403,7 @@ PY
           note "$tool $name: FAILED exit $rc ($took): ${result:-no summary line}"
           while IFS= read -r line; do note "    $line"; done < <(grep -m 3 -E '^========= (Invalid|Race|Error|Program hit|Uninitialized|Barrier|Internal)' "$log")
         fi
+       done
       done
     done
   fi
