@@ -1,6 +1,8 @@
 // The dispatch point of kernels/conv.h: validate (every error names the op
 // and the shapes), compute the geometry, and run the CPU reference in double
-// or, on another device, the composed path (Note [Composed convolution]).
+// or, on CUDA, cuDNN where Note [cuDNN convolution] admits the call and the
+// composed path otherwise (Note [Composed convolution]).
+#include <cstdint>
 #include <string>
 
 #include "core/grad_mode.h"
@@ -138,7 +140,83 @@ Tensor f64(const Tensor& t) {
   return t.to(DType::f64).contiguous();
 }
 
+// Channels-last: [N, C, H, W] viewed over memory laid out N, H, W, C.
+bool nhwc_packed(const Tensor& t) {
+  if (t.dim() != 4) return false;
+  const int64_t c = t.size(1), h = t.size(2), w = t.size(3);
+  return t.stride(1) == 1 && t.stride(3) == c && t.stride(2) == w * c && t.stride(0) == h * w * c;
+}
+
+// An NCHW-shaped result laid out as `like` is: channels-last for a
+// channels-last input (a model stays in its layout), else contiguous.
+Tensor empty_in_layout_of(const Shape& nchw, DType dtype, const Tensor& like) {
+  if (like.is_contiguous() || !nhwc_packed(like)) return empty(nchw, dtype, like.device());
+  return empty({nchw[0], nchw[2], nchw[3], nchw[1]}, dtype, like.device()).permute({0, 3, 1, 2});
+}
+
+bool cudnn_operand_aligned(const Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// Note [cuDNN convolution]: which operands go to cuDNN.
+bool cudnn_operand(const Tensor& t) {
+#ifdef ACCRUE_WITH_CUDNN_FRONTEND
+  return t.device().is_cuda() && (t.dtype() == DType::bf16 || t.dtype() == DType::f16) &&
+         (t.is_contiguous() || nhwc_packed(t)) && cudnn_operand_aligned(t);
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+// Note [cuDNN convolution]'s weight gradient: beta 0 straight into the slot
+// where cuDNN builds that output type, otherwise (and for beta 1) through a
+// temporary, in the slot's dtype or failing that the operands'. False when
+// cuDNN takes none of it (nothing written).
+bool cudnn_weight_gradient(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
+                           const Conv2dGeometry& g, double beta) {
+  if (!cudnn_operand(grad) || !cudnn_operand(x) || grad.dtype() != x.dtype()) return false;
+  if (grad_weight.dtype() != DType::f32 && grad_weight.dtype() != x.dtype()) return false;
+  if (beta == 0.0 && cudnn_operand_aligned(grad_weight) &&
+      cudnn::conv2d_backward_weight(grad, x, grad_weight, g))
+    return true;
+  for (const DType dtype : {grad_weight.dtype(), x.dtype()}) {
+    Tensor dw = empty(grad_weight.shape(), dtype, x.device());
+    if (!cudnn::conv2d_backward_weight(grad, x, dw, g)) continue;
+    if (beta == 0.0) {
+      grad_weight.copy_(dw);  // Note [Overwrite first]: the slot is not read
+    } else {
+      axpy_(grad_weight, 1.0, dw);
+    }
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+#ifndef ACCRUE_WITH_CUDNN_FRONTEND
+// The calls cudnn_operand never admits in a build without the frontend.
+namespace cudnn {
+bool conv2d_forward(const Tensor&, const Tensor&, const Tensor&, const Conv2dGeometry&) {
+  return false;
+}
+bool conv2d_backward_data(const Tensor&, const Tensor&, const Tensor&, const Conv2dGeometry&) {
+  return false;
+}
+bool conv2d_backward_weight(const Tensor&, const Tensor&, const Tensor&, const Conv2dGeometry&) {
+  return false;
+}
+}  // namespace cudnn
+#endif
+
+bool cudnn_convolution_available() {
+#ifdef ACCRUE_WITH_CUDNN_FRONTEND
+  return true;
+#else
+  return false;
+#endif
+}
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& options) {
   const char* op = "conv2d";
@@ -148,6 +226,10 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& option
   ACCRUE_CHECK(x.dtype() == weight.dtype(), op, ": input is ", dtype_name(x.dtype()),
                ", weight is ", dtype_name(weight.dtype()), "; expected one dtype");
   const Conv2dGeometry g = conv_geometry(x.shape(), weight.shape(), options, op);
+  if (cudnn_operand(x) && cudnn_operand(weight)) {
+    Tensor out = empty_in_layout_of({g.n, g.o, g.oh, g.ow}, x.dtype(), x);
+    if (cudnn::conv2d_forward(x, weight, out, g)) return out;
+  }
   if (!x.device().is_cpu()) return composed::conv2d(x, weight, g);  // Note [Composed convolution]
   Tensor out = empty({g.n, g.o, g.oh, g.ow}, DType::f64);
   cpu::conv2d(f64(x), f64(weight), out, g);
@@ -161,6 +243,10 @@ Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Sha
   check_float_on(weight, weight.defined() ? weight.device() : Device::cpu(), op, "weight");
   const Conv2dGeometry g = conv_geometry(x_shape, weight.shape(), options, op);
   check_conv_grad(grad, {g.n, g.o, g.oh, g.ow}, weight.device(), op);
+  if (cudnn_operand(grad) && cudnn_operand(weight) && grad.dtype() == weight.dtype()) {
+    Tensor dx = empty_in_layout_of(x_shape, grad.dtype(), grad);
+    if (cudnn::conv2d_backward_data(grad, weight, dx, g)) return dx;
+  }
   if (!weight.device().is_cpu()) return composed::conv2d_backward_input(grad, weight, g);
   Tensor dx = empty(x_shape, DType::f64);
   cpu::conv2d_backward_input(f64(grad), f64(weight), dx, g);
@@ -179,6 +265,7 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
   if (!x.device().is_cpu()) {  // Note [Composed convolution]
     ACCRUE_CHECK(grad_weight.is_contiguous(), op, ": grad_weight of shape ",
                  shape_str(grad_weight.shape()), " must be contiguous (the GEMM writes into it)");
+    if (cudnn_weight_gradient(grad, x, grad_weight, g, beta)) return;
     composed::conv2d_backward_weight(grad, x, grad_weight, g, beta);
     return;
   }

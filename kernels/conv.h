@@ -1,9 +1,11 @@
 // 2-D convolution and pooling over NCHW tensors (issue 9, point 2).
 //
 // The CPU reference is here (kernels/cpu/conv.cpp: loops accumulating in
-// double). On CUDA every op here runs composed from GEMMs, strided copies and
-// scatter-adds (Note [Composed convolution] in kernels/conv_backend.h), a
-// fallback until the cuDNN path is written.
+// double). On CUDA, bf16/f16 convolutions run on cuDNN (Note [cuDNN
+// convolution] in kernels/cuda/conv_cudnn.cpp), in NCHW or channels-last
+// (NHWC-packed strides); everything else runs composed from GEMMs, strided
+// copies and scatter-adds (Note [Composed convolution] in
+// kernels/conv_backend.h), the poolings included.
 //
 // Shapes: x [N, C, H, W]; weight [O, C / groups, KH, KW]; the output
 // [N, O, OH, OW] with OH = (H + 2 pad_h - dilation_h (KH - 1) - 1) / stride_h + 1
@@ -66,5 +68,9 @@ Tensor avg_pool2d_backward(const Tensor& grad, const Shape& x_shape, const Pool2
 // the same columns over W / OW, as torch.nn.functional.adaptive_avg_pool2d.
 Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad, const Shape& x_shape);
+
+// Whether this build has the cuDNN path of bf16/f16 convolutions (Note [cuDNN
+// convolution] in kernels/cuda/conv_cudnn.cpp); without it they run composed.
+bool cudnn_convolution_available();
 
 }  // namespace accrue::kernels

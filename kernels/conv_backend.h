@@ -46,7 +46,9 @@ void adaptive_avg_pool2d_backward(const Tensor& grad, const Tensor& dx, const Co
 
 // Note [Composed convolution]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Until the cuDNN path exists, conv2d on a CUDA tensor runs as im2col + GEMM
+// conv2d on a CUDA tensor that cuDNN does not take (f32, f64, an odd layout,
+// a build without the cuDNN frontend, a shape cuDNN refuses: Note [cuDNN
+// convolution]) runs as im2col + GEMM
 // (kernels/conv_composed.cpp), from ops every backend already has and tests:
 //   forward  the padded input's windows as a strided view, copied to columns
 //            [n oh ow, c kh kw] (one contiguous block per group), times W^T;
@@ -80,5 +82,19 @@ Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Conv
 Tensor avg_pool2d(const Tensor& x, const Conv2dGeometry& g, bool count_include_pad);
 Tensor avg_pool2d_backward(const Tensor& grad, const Conv2dGeometry& g, bool count_include_pad);
 }  // namespace composed
+
+// Note [cuDNN convolution] (kernels/cuda/conv_cudnn.cpp; built only with the
+// cuDNN frontend): bf16/f16 operands, each packed NCHW or packed NHWC and
+// 16-byte aligned, passed with their real strides. Each call returns false,
+// having written nothing, when cuDNN cannot build a graph for it.
+namespace cudnn {
+bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& out,
+                    const Conv2dGeometry& g);
+bool conv2d_backward_data(const Tensor& grad, const Tensor& weight, const Tensor& dx,
+                          const Conv2dGeometry& g);
+// dw = the weight gradient (overwritten); f32 or the operands' dtype.
+bool conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& dw,
+                            const Conv2dGeometry& g);
+}  // namespace cudnn
 
 }  // namespace accrue::kernels

@@ -406,6 +406,70 @@ TEST(GpuConv, conv2d_and_its_gradients_match_the_cpu_reference) {
   kernels::set_allow_tf32(tf32);
 }
 
+// Note [cuDNN convolution]: bf16 convolutions of a ResNet's shapes, NCHW and
+// channels-last (NHWC-packed views), forward and both gradients against the
+// CPU reference; a channels-last input gives a channels-last output on the
+// cuDNN path; the weight gradient lands in an fp32 slot with beta 0 and 1
+// and is bitwise the same on a second run (no non-deterministic engines).
+TEST(GpuConv, cudnn_convolutions_in_both_layouts_match_the_cpu_reference) {
+  ACCRUE_REQUIRE_CUDA();
+  struct Case {
+    Shape x, w;
+    Conv2dOptions o;
+  };
+  Conv2dOptions same, stem, down;
+  same.pad_h = same.pad_w = 1;
+  stem.stride_h = stem.stride_w = 2;
+  stem.pad_h = stem.pad_w = 3;
+  down.stride_h = down.stride_w = 2;
+  const Case cases[] = {{{4, 64, 14, 14}, {64, 64, 3, 3}, same},
+                        {{2, 8, 32, 32}, {64, 8, 7, 7}, stem},
+                        {{4, 64, 14, 14}, {128, 64, 1, 1}, down}};
+  const double tol = 2e-2;
+  // [N, C, H, W] viewed over a channels-last buffer holding t's values.
+  auto channels_last = [](const Tensor& t) {
+    return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+  };
+  for (const Case& c : cases) {
+    for (bool nhwc : {false, true}) {
+      SCOPED_TRACE(shape_str(c.x) + (nhwc ? " channels-last" : " NCHW"));
+      const Tensor x_nchw = test::random_normal(c.x, DType::bf16, kGpu);
+      const Tensor w_nchw = test::random_normal(c.w, DType::bf16, kGpu);
+      const Tensor x = nhwc ? channels_last(x_nchw) : x_nchw;
+      const Tensor w = nhwc ? channels_last(w_nchw) : w_nchw;
+      const Tensor y = kernels::conv2d(x, w, c.o);
+      if (nhwc && kernels::cudnn_convolution_available()) {
+        EXPECT_FALSE(y.is_contiguous()) << "cuDNN keeps a channels-last input's layout";
+        EXPECT_EQ(y.stride(1), 1);
+      }
+      const Tensor x64 = on_cpu(x_nchw).to(DType::f64), w64 = on_cpu(w_nchw).to(DType::f64);
+      EXPECT_LE(test::relative_error(on_cpu(y.contiguous()).to(DType::f64),
+                                     kernels::conv2d(x64, w64, c.o)),
+                tol);
+      const Tensor dy_nchw = test::random_normal(y.shape(), DType::bf16, kGpu);
+      const Tensor dy = nhwc ? channels_last(dy_nchw) : dy_nchw;
+      const Tensor dy64 = on_cpu(dy_nchw).to(DType::f64);
+      EXPECT_LE(
+          test::relative_error(
+              on_cpu(kernels::conv2d_backward_input(dy, w, c.x, c.o).contiguous()).to(DType::f64),
+              kernels::conv2d_backward_input(dy64, w64, c.x, c.o)),
+          tol);
+      const Tensor dw_ref = empty(c.w, DType::f64);
+      kernels::conv2d_backward_weight(dy64, x64, dw_ref, c.o, 0.0);
+      Tensor slot = full(c.w, std::numeric_limits<double>::quiet_NaN(), DType::f32, kGpu);
+      kernels::conv2d_backward_weight(dy, x, slot, c.o, 0.0);
+      const Tensor first = on_cpu(slot);
+      EXPECT_LE(test::relative_error(first.to(DType::f64), dw_ref), tol);
+      kernels::conv2d_backward_weight(dy, x, slot, c.o, 0.0);
+      EXPECT_TRUE(test::all_equal(on_cpu(slot), first)) << "a second run differs";
+      kernels::conv2d_backward_weight(dy, x, slot, c.o, 1.0);
+      EXPECT_LE(test::relative_error(on_cpu(slot).to(DType::f64),
+                                     kernels::binary_scalar(kernels::BinaryOp::Mul, dw_ref, 2.0)),
+                tol);
+    }
+  }
+}
+
 // Note [Composed convolution]: adaptive average pooling on CUDA against the
 // CPU reference, forward and backward, f32 and bf16, including overlapping cells.
 TEST(GpuConv, adaptive_average_pooling_matches_the_cpu_reference) {
