@@ -22,8 +22,9 @@
 // training set under the final weights (what recompute_batch_norm_statistics
 // measures), and the validation accuracy is measured in eval mode.
 //
-// The convolutions run on the CPU reference of kernels/conv.h (its cuDNN path
-// is not written), so this example runs on the CPU.
+// It runs on the CPU, or with --cuda on GPU 0, in f32 (its convolutions then
+// run composed: Note [Composed convolution]). accrue_resnet_bench times the
+// large ResNets.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -79,8 +80,8 @@ void print_usage() {
       "  --checkpoint PATH   after the last epoch, save weights, optimizer, window and\n"
       "                      BatchNorm statistics (safetensors)\n"
       "  --resume PATH       continue from such a checkpoint up to --epochs\n"
-      "  --cuda              train on GPU 0 (convolutions composed of GEMMs until the cuDNN\n"
-      "                      path exists: Note [Composed convolution])\n"
+      "  --cuda              train on GPU 0 (f32: convolutions composed of GEMMs, Note\n"
+      "                      [Composed convolution])\n"
       "  -h, --help          this text\n",
       (long long)d.micro_batch, (long long)d.k, (long long)d.epochs, d.bn.c_str(), d.lr,
       (unsigned long long)d.seed);
