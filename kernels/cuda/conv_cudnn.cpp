@@ -11,16 +11,18 @@
 // (Note [Composed convolution]), whose GEMMs keep TF32 off, so the f32 suite
 // still compares with the CPU reference at 1e-5.
 //  - Tensors go in with their real strides; an output takes its input's
-//    layout (an NHWC input gives an NHWC output), so a channels-last model
-//    stays channels-last.
+//    layout (an NHWC input gives an NHWC output). Elementwise ops and the
+//    composed BatchNorm write contiguous NCHW results, so in a ResNet the
+//    channels-last layout lasts from the input to the first BatchNorm; the
+//    convolutions after it get NCHW inputs.
 //  - One graph per key: direction, device, dtype, the geometry and every
 //    operand's strides (and the weight gradient's output dtype). It is built
 //    once (validate, operation graph, heuristics A then fallback, the
 //    non-deterministic engines removed, support check, plan build) and cached
 //    for the process; later calls bind pointers and execute. The plan chosen
 //    is the first that builds: no timing, so the same plan on every run.
-//  - A key cuDNN cannot build is remembered as unsupported, and the call goes
-//    to the composed path instead (conv.cpp asks conv_supported first).
+//  - A key cuDNN cannot build is remembered as unsupported, said once on
+//    stderr, and its calls go to the composed path instead.
 //  - The weight gradient: beta 0 writes the result straight into the slot,
 //    f32 or the input's dtype, where cuDNN builds a graph with that output
 //    type; beta 1 (Note [Fused weight-gradient accumulation]) computes into a
@@ -35,6 +37,7 @@
 #include <cudnn_frontend.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <map>
 #include <memory>
@@ -227,8 +230,10 @@ std::shared_ptr<Graph> graph_for(ConvState& state, Direction d, const Tensor& a,
   std::shared_ptr<Graph> graph;
   try {
     graph = build_graph(d, a, b, out, g, handle);
-  } catch (const Error&) {
-    graph = nullptr;  // Note [cuDNN convolution]: the composed path takes this key
+  } catch (const Error& e) {
+    // Note [cuDNN convolution]: the composed path takes this key, said once.
+    std::fprintf(stderr, "accrue: %s; this shape runs on the composed path (slow)\n", e.what());
+    graph = nullptr;
   }
   state.graphs.emplace(std::move(key), graph);
   return graph;
