@@ -21,8 +21,10 @@
 //    non-deterministic engines removed, support check, plan build) and cached
 //    for the process; later calls bind pointers and execute. The plan chosen
 //    is the first that builds: no timing, so the same plan on every run.
-//  - A key cuDNN cannot build is remembered as unsupported, said once on
-//    stderr, and its calls go to the composed path instead.
+//  - A key cuDNN cannot build is remembered as unsupported and said once on
+//    stderr. Its calls go to the composed path, except a weight gradient
+//    into an f32 slot, which first tries a graph with the operands' dtype
+//    and a temporary.
 //  - The weight gradient: beta 0 writes the result straight into the slot,
 //    f32 or the input's dtype, where cuDNN builds a graph with that output
 //    type; beta 1 (Note [Fused weight-gradient accumulation]) computes into a
@@ -231,8 +233,9 @@ std::shared_ptr<Graph> graph_for(ConvState& state, Direction d, const Tensor& a,
   try {
     graph = build_graph(d, a, b, out, g, handle);
   } catch (const Error& e) {
-    // Note [cuDNN convolution]: the composed path takes this key, said once.
-    std::fprintf(stderr, "accrue: %s; this shape runs on the composed path (slow)\n", e.what());
+    // Note [cuDNN convolution]: said once; conv.cpp then tries a temporary in the
+    // operands' dtype (the weight gradient) or the composed path.
+    std::fprintf(stderr, "accrue: %s; this call takes another path\n", e.what());
     graph = nullptr;
   }
   state.graphs.emplace(std::move(key), graph);
