@@ -50,10 +50,15 @@ Tensor BatchNorm::forward(const Tensor& x) {
   per_channel[1] = channels_;
   const Tensor w = reshape(weight_, per_channel), b = reshape(bias_, per_channel);
   const double eps = options_.eps;
+  // Note [BatchNorm in f32]: 16-bit inputs are normalized in f32.
+  const bool narrow_float = x.dtype() == DType::bf16 || x.dtype() == DType::f16;
+  const Tensor xs = narrow_float ? to_dtype(x, DType::f32) : x;
   if (!training()) {
-    const Tensor mean = running_mean_.to(x.dtype()).reshape(per_channel);
-    const Tensor var = running_var_.to(x.dtype()).reshape(per_channel);
-    return (x - mean) / sqrt(var + eps) * w + b;
+    const Tensor mean = running_mean_.to(xs.dtype()).reshape(per_channel);
+    const Tensor var = running_var_.to(xs.dtype()).reshape(per_channel);
+    Tensor normalized = (xs - mean) / sqrt(var + eps);
+    if (narrow_float) normalized = to_dtype(normalized, x.dtype());
+    return normalized * w + b;
   }
   const int64_t n = x.numel() / channels_;
   ACCRUE_CHECK(n > 1, "BatchNorm: training needs more than one value per channel, got ", n,
@@ -63,8 +68,8 @@ Tensor BatchNorm::forward(const Tensor& x) {
   Tensor count = full({1}, static_cast<double>(n), DType::f64, x.device());
   Tensor mean, var, centered;
   if (options_.sync == nullptr) {
-    mean = accrue::mean(x, dims, /*keepdim=*/true);
-    centered = x - mean;
+    mean = accrue::mean(xs, dims, /*keepdim=*/true);
+    centered = xs - mean;
     var = accrue::mean(centered * centered, dims, /*keepdim=*/true);
   } else {
     StatisticsSync& sync = *options_.sync;
@@ -72,12 +77,14 @@ Tensor BatchNorm::forward(const Tensor& x) {
       NoGradGuard no_grad;
       sync.all_reduce_sum(count);
     }
-    const Tensor total = count.to(x.dtype()).reshape({});
-    mean = all_reduce_sum(sum(x, dims, /*keepdim=*/true), sync) / total;
-    centered = x - mean;
+    const Tensor total = count.to(xs.dtype()).reshape({});
+    mean = all_reduce_sum(sum(xs, dims, /*keepdim=*/true), sync) / total;
+    centered = xs - mean;
     var = all_reduce_sum(sum(centered * centered, dims, /*keepdim=*/true), sync) / total;
   }
-  const Tensor y = centered / sqrt(var + eps) * w + b;
+  Tensor normalized = centered / sqrt(var + eps);
+  if (narrow_float) normalized = to_dtype(normalized, x.dtype());
+  const Tensor y = normalized * w + b;
 
   // Note [Window statistics]: record this micro-batch's statistics, on the device.
   NoGradGuard no_grad;

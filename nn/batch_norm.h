@@ -37,6 +37,18 @@
 // A forward that activation checkpointing recomputes in backward records its
 // statistics a second time (as PyTorch's does): keep BatchNorm layers out of
 // checkpointed blocks.
+//
+// Note [BatchNorm in f32]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A bf16/f16 input is widened to f32 for the statistics and the
+// normalization (mean, centered values, variance, the division), and only the
+// normalized values are rounded back to the input's dtype before the affine
+// scale and shift, as group_norm does (autograd/conv_ops.h) and as cuDNN's
+// batch norm keeps fp32 statistics. In the input's own 16-bit dtype the mean
+// of a channel whose values sit far from 0 loses its low bits (bf16 keeps 8
+// significant bits), and the running statistics inherit the error. The cost
+// is memory: the f32 centered values are kept for the backward, twice the
+// bytes of the 16-bit activation.
 #pragma once
 
 #include <functional>

@@ -3,6 +3,7 @@
 // window mode's once-per-window update equal to one forward of the whole batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -89,6 +90,43 @@ TEST(BatchNorm, per_micro_batch_moves_the_running_statistics_every_forward) {
     EXPECT_NEAR(got_m[c], rm[c], 1e-14) << c;
     EXPECT_NEAR(got_v[c], rv[c], 1e-14) << c;
   }
+}
+
+// Note [BatchNorm in f32]: a bf16 input far from zero (channel means near
+// 100 and -300, where bf16's spacing is 0.5 and 2) gets its statistics in
+// f32: the running mean and variance after one forward at momentum 1 equal
+// the f64 statistics of the same bf16 values to f32 accuracy (in bf16 the
+// mean alone would be off by up to a quarter of a spacing, ~1e-3 relative);
+// the output is bf16, and in eval mode the normalized values match the f64
+// formula to bf16 accuracy.
+TEST(BatchNorm, bf16_inputs_get_f32_statistics) {
+  nn::BatchNormOptions o = mode(nn::BatchNormStatistics::PerMicroBatch);
+  o.momentum = 1.0;
+  nn::BatchNorm bn(2, {Device::cpu(), DType::bf16, nullptr}, o);
+  Tensor x64 = test::random_normal({8, 2, 5, 5}, DType::f64, Device::cpu(), 3.0);
+  x64.narrow(1, 0, 1).copy_(x64.narrow(1, 0, 1) + 100.0);
+  x64.narrow(1, 1, 1).copy_(x64.narrow(1, 1, 1) - 300.0);
+  const Tensor x = x64.to(DType::bf16);
+  const Tensor y = bn.forward(x);
+  EXPECT_EQ(y.dtype(), DType::bf16);
+  std::vector<double> m, v;
+  channel_stats(x.to(DType::f64), m, v);
+  const std::vector<double> got_m = bn.running_mean().to_vector<double>();
+  const std::vector<double> got_v = bn.running_var().to_vector<double>();
+  for (size_t c = 0; c < 2; ++c) {
+    EXPECT_NEAR(got_m[c], m[c], 1e-6 * std::abs(m[c])) << c;
+    EXPECT_NEAR(got_v[c], v[c], 1e-5 * v[c]) << c;
+  }
+  bn.eval();
+  const std::vector<double> yv = bn.forward(x).to(DType::f64).contiguous().to_vector<double>();
+  const std::vector<double> xv = x.to(DType::f64).contiguous().to_vector<double>();
+  double worst = 0.0;
+  for (size_t i = 0; i < xv.size(); ++i) {
+    const size_t c = (i / 25) % 2;
+    const double want = (xv[i] - got_m[c]) / std::sqrt(got_v[c] + 1e-5);
+    worst = std::max(worst, std::abs(yv[i] - want));
+  }
+  EXPECT_LT(worst, 2e-2) << "eval output against the f64 formula";
 }
 
 // Note [Window statistics]: K micro-batches, one close: the running
