@@ -128,7 +128,8 @@ NcclCommunicator::NcclCommunicator(const Blob& id, int rank, int world_size, int
     ncclUniqueId uid;
     std::memcpy(&uid, id.data(), sizeof uid);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;  // every call returns at once; progress and errors are polled
+    // By default every call returns at once; progress and errors are polled.
+    config.blocking = options.nonblocking ? 0 : 1;
     ncclComm_t comm = nullptr;
     const ncclResult_t r = ncclCommInitRankConfig(&comm, world_size, uid, rank, &config);
     std::lock_guard<std::mutex> lock(mu_);
