@@ -25,4 +25,14 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
                   double eps = 1e-5);
 
+// Training-mode batch normalization of x [N, C, ...] over every dim but 1:
+// (x - mean) / sqrt(var + eps) * weight + bias, var biased, weight and bias
+// [C] of x's dtype. One autograd node (Note [Fused batch norm]).
+struct BatchNormResult {
+  Tensor out;   // x's shape and dtype
+  Tensor mean;  // [C], f32 (f64 for an f64 input), no gradient
+  Tensor var;   // [C], biased, the same
+};
+BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+
 }  // namespace accrue

@@ -1,8 +1,8 @@
 // 2-D convolution and pooling over NCHW tensors (issue 9, point 2).
 //
 // The CPU reference is here (kernels/cpu/conv.cpp: loops accumulating in
-// double). On CUDA, bf16/f16 convolutions run on cuDNN (Note [cuDNN
-// convolution] in kernels/cuda/conv_cudnn.cpp), in NCHW or channels-last
+// double). On CUDA, bf16/f16 convolutions run on cuDNN
+// (Note [cuDNN convolution] in kernels/cuda/conv_cudnn.cpp), in NCHW or channels-last
 // (NHWC-packed strides); everything else runs composed from GEMMs, strided
 // copies and scatter-adds (Note [Composed convolution] in
 // kernels/conv_backend.h), the poolings included.
@@ -69,8 +69,9 @@ Tensor avg_pool2d_backward(const Tensor& grad, const Shape& x_shape, const Pool2
 Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad, const Shape& x_shape);
 
-// Whether this build has the cuDNN path of bf16/f16 convolutions (Note [cuDNN
-// convolution] in kernels/cuda/conv_cudnn.cpp); without it they run composed.
+// Whether this build has the cuDNN path of bf16/f16 convolutions
+// (Note [cuDNN convolution] in kernels/cuda/conv_cudnn.cpp); without it they
+// run composed.
 bool cudnn_convolution_available();
 
 }  // namespace accrue::kernels

@@ -47,8 +47,8 @@ void adaptive_avg_pool2d_backward(const Tensor& grad, const Tensor& dx, const Co
 // Note [Composed convolution]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // conv2d on a CUDA tensor that cuDNN does not take (f32, f64, an odd layout,
-// a build without the cuDNN frontend, a shape cuDNN refuses: Note [cuDNN
-// convolution]) runs as im2col + GEMM
+// a build without the cuDNN frontend, a shape cuDNN refuses:
+// Note [cuDNN convolution]) runs as im2col + GEMM
 // (kernels/conv_composed.cpp), from ops every backend already has and tests:
 //   forward  the padded input's windows as a strided view, copied to columns
 //            [n oh ow, c kh kw] (one contiguous block per group), times W^T;

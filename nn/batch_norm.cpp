@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "autograd/conv_ops.h"
 #include "autograd/ops.h"
 #include "autograd/variable.h"
 #include "core/error.h"
@@ -52,8 +53,9 @@ Tensor BatchNorm::forward(const Tensor& x) {
   const double eps = options_.eps;
   // Note [BatchNorm in f32]: 16-bit inputs are normalized in f32.
   const bool narrow_float = x.dtype() == DType::bf16 || x.dtype() == DType::f16;
-  const Tensor xs = narrow_float ? to_dtype(x, DType::f32) : x;
+  auto widened = [&] { return narrow_float ? to_dtype(x, DType::f32) : x; };
   if (!training()) {
+    const Tensor xs = widened();
     const Tensor mean = running_mean_.to(xs.dtype()).reshape(per_channel);
     const Tensor var = running_var_.to(xs.dtype()).reshape(per_channel);
     Tensor normalized = (xs - mean) / sqrt(var + eps);
@@ -66,12 +68,15 @@ Tensor BatchNorm::forward(const Tensor& x) {
   const std::vector<int64_t> dims = reduce_dims(x);
   // The values per channel behind the statistics: this rank's, or (sync) all ranks'.
   Tensor count = full({1}, static_cast<double>(n), DType::f64, x.device());
-  Tensor mean, var, centered;
+  Tensor mean, var, centered, y;
   if (options_.sync == nullptr) {
-    mean = accrue::mean(xs, dims, /*keepdim=*/true);
-    centered = xs - mean;
-    var = accrue::mean(centered * centered, dims, /*keepdim=*/true);
+    // Note [Fused batch norm]: one node, x and two [C] vectors saved.
+    BatchNormResult r = batch_norm(x, weight_, bias_, eps);
+    y = r.out;
+    mean = r.mean;
+    var = r.var;
   } else {
+    const Tensor xs = widened();
     StatisticsSync& sync = *options_.sync;
     {
       NoGradGuard no_grad;
@@ -81,10 +86,10 @@ Tensor BatchNorm::forward(const Tensor& x) {
     mean = all_reduce_sum(sum(xs, dims, /*keepdim=*/true), sync) / total;
     centered = xs - mean;
     var = all_reduce_sum(sum(centered * centered, dims, /*keepdim=*/true), sync) / total;
+    Tensor normalized = centered / sqrt(var + eps);
+    if (narrow_float) normalized = to_dtype(normalized, x.dtype());
+    y = normalized * w + b;
   }
-  Tensor normalized = centered / sqrt(var + eps);
-  if (narrow_float) normalized = to_dtype(normalized, x.dtype());
-  const Tensor y = normalized * w + b;
 
   // Note [Window statistics]: record this micro-batch's statistics, on the device.
   NoGradGuard no_grad;

@@ -46,9 +46,11 @@
 // scale and shift, as group_norm does (autograd/conv_ops.h) and as cuDNN's
 // batch norm keeps fp32 statistics. In the input's own 16-bit dtype the mean
 // of a channel whose values sit far from 0 loses its low bits (bf16 keeps 8
-// significant bits), and the running statistics inherit the error. The cost
-// is memory: the f32 centered values are kept for the backward, twice the
-// bytes of the 16-bit activation.
+// significant bits), and the running statistics inherit the error. Without
+// sync the training forward is one node (accrue::batch_norm,
+// Note [Fused batch norm] in autograd/ops_conv.cpp) that keeps only x and two
+// [C] vectors for the backward; with sync the composed formula keeps the f32
+// centered values, twice the bytes of the 16-bit activation.
 #pragma once
 
 #include <functional>

@@ -9,8 +9,8 @@
 // labels: SGD with momentum 0.9 over fp32 masters, a bf16 (or f16) compute
 // copy, K micro-batches per window, BatchNorm statistics moved once per window
 // (Note [Window statistics]). --channels-last hands the model NHWC-packed
-// inputs, which cuDNN keeps through every convolution (Note [cuDNN
-// convolution]). Windows are timed with CUDA events after the warm-up
+// inputs, which cuDNN keeps (Note [cuDNN convolution]; up to the first
+// BatchNorm). Windows are timed with CUDA events after the warm-up
 // windows (on the CPU, with the host clock), and the last line is one JSON
 // object: images/s and window time (medians), the allocator's peak memory,
 // and the configuration. bench/resnet_bench.py runs it beside torchvision's

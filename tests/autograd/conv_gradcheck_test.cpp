@@ -1,6 +1,8 @@
 // conv2d and pooling (autograd/conv_ops.h): float64 gradchecks over the
 // options, the weight gradient landing in a gradient-arena slot (Note [Fused
 // weight-gradient accumulation]), and nn::Conv2d.
+#include <limits>
+
 #include "autograd/conv_ops.h"
 #include "autograd/engine.h"
 #include "autograd/grad_arena.h"
@@ -108,12 +110,67 @@ TEST(ConvGradcheck, group_norm_matches_layer_norm_and_per_channel_statistics) {
   EXPECT_LE(test::relative_error(module.forward(x), group_norm(x, 2, Tensor(), Tensor())), 1e-15);
 }
 
+// Note [Fused batch norm]: the one-node batch_norm against finite differences
+// in f64, against the composed formula (and its statistics), and its affine
+// gradients landing in arena slots with beta 0 then 1.
+TEST(ConvGradcheck, batch_norm) {
+  EXPECT_GRADCHECK([](auto& v) { return batch_norm(v[0], v[1], v[2], 1e-5).out; },
+                   leaf({3, 4, 3, 2}), leaf({4}), leaf({4}));
+  EXPECT_GRADCHECK([](auto& v) { return batch_norm(v[0], v[1], v[2], 0.1).out; }, leaf({5, 3}),
+                   leaf({3}), leaf({3}));
+}
+
+TEST(ConvGradcheck, batch_norm_matches_the_composed_formula) {
+  const Tensor x = test::random_normal({4, 3, 5, 2}, DType::f64) + 2.0;
+  const Tensor w = test::random_normal({3}, DType::f64), b = test::random_normal({3}, DType::f64);
+  const BatchNormResult r = batch_norm(x, w, b, 1e-3);
+  const Tensor mean = accrue::mean(x, {0, 2, 3}, /*keepdim=*/true);
+  const Tensor var = accrue::mean((x - mean) * (x - mean), {0, 2, 3}, /*keepdim=*/true);
+  const Tensor y =
+      (x - mean) / sqrt(var + 1e-3) * w.reshape({1, 3, 1, 1}) + b.reshape({1, 3, 1, 1});
+  EXPECT_LE(test::relative_error(r.out, y), 1e-14);
+  EXPECT_LE(test::relative_error(r.mean, mean.reshape({3})), 1e-15);
+  EXPECT_LE(test::relative_error(r.var, var.reshape({3})), 1e-14);
+  // bf16: f32 statistics (Note [BatchNorm in f32]), a bf16 output.
+  const BatchNormResult h =
+      batch_norm(x.to(DType::bf16), w.to(DType::bf16), b.to(DType::bf16), 1e-3);
+  EXPECT_EQ(h.out.dtype(), DType::bf16);
+  EXPECT_EQ(h.mean.dtype(), DType::f32);
+  EXPECT_LE(test::relative_error(h.out.to(DType::f64), y), 2e-2);
+}
+
+TEST(ConvGradcheck, batch_norm_affine_gradients_land_in_their_arena_slots) {
+  const Tensor w = requires_grad_(test::random_normal({3}, DType::f64));
+  const Tensor b = requires_grad_(test::random_normal({3}, DType::f64));
+  GradArena arena({w, b}, {}, {Device::cpu(), DType::f64, DType::f64, 0});
+  const Tensor x1 = test::random_normal({2, 3, 4}, DType::f64);
+  const Tensor x2 = test::random_normal({2, 3, 4}, DType::f64);
+  const Tensor rw = requires_grad_(detach(w).clone()), rb = requires_grad_(detach(b).clone());
+  for (const Tensor& x : {x1, x2})
+    backward(sum(batch_norm(x, rw, rb, 1e-5).out * x));
+  arena.grads().fill_(std::numeric_limits<double>::quiet_NaN());  // a write must not read these
+  arena.begin_window();
+  for (const Tensor& x : {x1, x2})
+    backward(sum(batch_norm(x, w, b, 1e-5).out * x));
+  EXPECT_LE(test::relative_error(arena.grad_view(0), grad(rw)), 1e-14);
+  EXPECT_LE(test::relative_error(arena.grad_view(1), grad(rb)), 1e-14);
+}
+
 TEST(ConvGradcheck, bad_module_and_bias_shapes_are_errors) {
   const Tensor x = test::random_normal({2, 6, 3}, DType::f64);
   EXPECT_ERROR(group_norm(x, 4, Tensor(), Tensor()), "group_norm", "4 groups", "6 channels");
   EXPECT_ERROR(group_norm(x, 2, zeros({5}, DType::f64), Tensor()), "group_norm",
                "weight has shape [5]", "expected [6]");
   EXPECT_ERROR(group_norm(x.reshape({36}), 1, Tensor(), Tensor()), "group_norm", "[36]");
+  const Tensor c6 = zeros({6}, DType::f64);
+  EXPECT_ERROR(batch_norm(x, zeros({5}, DType::f64), c6, 1e-5), "batch_norm",
+               "weight has shape [5]", "expected [6]");
+  EXPECT_ERROR(batch_norm(x, c6, zeros({6}, DType::f32), 1e-5), "batch_norm", "bias is f32",
+               "the input f64");
+  EXPECT_ERROR(batch_norm(x, c6, c6, 0.0), "batch_norm", "eps = 0");
+  EXPECT_ERROR(batch_norm(x.narrow(0, 0, 1).narrow(2, 0, 1), c6, c6, 1e-5), "batch_norm",
+               "more than one value per channel", "[1, 6, 1]");
+  EXPECT_ERROR(batch_norm(x.reshape({36}), c6, c6, 1e-5), "batch_norm", "[36]");
   EXPECT_ERROR(nn::GroupNorm(4, 6, {Device::cpu(), DType::f64, nullptr}), "GroupNorm", "4 groups");
   Generator gen(1);
   EXPECT_ERROR(nn::Conv2d(3, 4, 3, true, {Device::cpu(), DType::f64, &gen}, {1, 1, 0, 0, 1, 1, 2}),
