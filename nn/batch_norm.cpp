@@ -68,7 +68,7 @@ Tensor BatchNorm::forward(const Tensor& x) {
   const std::vector<int64_t> dims = reduce_dims(x);
   // The values per channel behind the statistics: this rank's, or (sync) all ranks'.
   Tensor count = full({1}, static_cast<double>(n), DType::f64, x.device());
-  Tensor mean, var, centered, y;
+  Tensor mean, var, y;
   if (options_.sync == nullptr) {
     // Note [Fused batch norm]: one node, x and two [C] vectors saved.
     BatchNormResult r = batch_norm(x, weight_, bias_, eps);
@@ -84,7 +84,7 @@ Tensor BatchNorm::forward(const Tensor& x) {
     }
     const Tensor total = count.to(xs.dtype()).reshape({});
     mean = all_reduce_sum(sum(xs, dims, /*keepdim=*/true), sync) / total;
-    centered = xs - mean;
+    const Tensor centered = xs - mean;
     var = all_reduce_sum(sum(centered * centered, dims, /*keepdim=*/true), sync) / total;
     Tensor normalized = centered / sqrt(var + eps);
     if (narrow_float) normalized = to_dtype(normalized, x.dtype());
