@@ -5,10 +5,10 @@
 // (one 3x3 convolution, no max pooling) serves 8x8 to 32x32 images.
 //
 // The convolutions run where kernels/conv.h sends them (the CPU reference;
-// on CUDA, cuDNN for bf16/f16 and the composed path otherwise). They are initialized as nn::Conv2d is, uniform(+-1/sqrt(fan_in)),
-// where torchvision re-draws them kaiming_normal(fan_out): the architecture
-// and the parameter count match torchvision's (resnet18: 11,689,512;
-// resnet50: 25,557,032 at 1000 classes), the initial values do not.
+// on CUDA, cuDNN for bf16/f16 and the composed path otherwise). They are initialized as nn::Conv2d
+// is, uniform(+-1/sqrt(fan_in)), where torchvision re-draws them kaiming_normal(fan_out): the
+// architecture and the parameter count match torchvision's (resnet18: 11,689,512; resnet50:
+// 25,557,032 at 1000 classes), the initial values do not.
 #pragma once
 
 #include <cstdint>
