@@ -71,9 +71,6 @@ struct Options {
   std::vector<std::string> variants = {"ddp", "zero1"};
   int64_t windows = 20;
   double lr = 3e-4;
-  // Communicator levers (issue 10, point 6), for both modes: dist::NcclOptions.
-  bool nccl_blocking = false;
-  bool nccl_low_priority = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -133,28 +130,11 @@ dist::ReducerOptions reducer_options(const std::string& variant) {
   return options;
 }
 
-dist::NcclOptions nccl_options(const Options& o) {
-  dist::NcclOptions options;
-  options.nonblocking = !o.nccl_blocking;
-  options.high_priority_stream = !o.nccl_low_priority;
-  return options;
-}
-
-// "nonblocking, high-priority stream" or the levers chosen, for the JSON.
-std::string nccl_label(const Options& o) {
-  return std::string(o.nccl_blocking ? "blocking" : "nonblocking") + ", " +
-         (o.nccl_low_priority ? "low" : "high") + "-priority stream";
-}
-
 void usage() {
   std::printf(
       "usage: accrue_bench_dist --mode allreduce|scaling [options]\n"
       "  --json FILE            rank 0 writes the results here\n"
       "  --warmup N             untimed repeats / windows first (allreduce 5, scaling 3)\n"
-      "  --nccl-blocking        a blocking NCCL communicator (dist::NcclOptions::nonblocking\n"
-      "                         false; the default is non-blocking)\n"
-      "  --nccl-low-priority    collectives on a lowest-priority stream (the default is the\n"
-      "                         highest)\n"
       "allreduce (needs >= 2 ranks):\n"
       "  --bucket-mb LIST       bucket sizes in MiB (default 1,2,4,8,16,25,32,64,128,256)\n"
       "  --repeats N            timed repeats per measurement, median reported (default 20)\n"
@@ -221,10 +201,6 @@ Options parse(int argc, char** argv) {
       o.windows = count();
     else if (a == "--lr")
       o.lr = std::stod(value());
-    else if (a == "--nccl-blocking")
-      o.nccl_blocking = true;
-    else if (a == "--nccl-low-priority")
-      o.nccl_low_priority = true;
     else if (a == "-h" || a == "--help") {
       usage();
       std::exit(0);
@@ -444,7 +420,7 @@ void fill_slots(const GradArena& arena, const Tensor& flat) {
 int run_allreduce(const Options& o, const dist::RankInfo& rank) {
   ACCRUE_CHECK(rank.world_size >= 2, "accrue_bench_dist: --mode allreduce needs >= 2 ranks (",
                dist::describe(rank), "); start it with tests/dist/multi_gpu_launch.sh 2 ...");
-  auto comm = dist::connect_nccl(rank, /*fingerprint=*/0, nccl_options(o));
+  auto comm = dist::connect_nccl(rank, /*fingerprint=*/0);
   const Device device = comm->device();
   const int n = comm->world_size();
   const bool main_rank = rank.rank == 0;
@@ -550,7 +526,6 @@ int run_allreduce(const Options& o, const dist::RankInfo& rank) {
                JsonObject()
                    .str("tool", "accrue")
                    .str("mode", "allreduce")
-                   .str("nccl", nccl_label(o))
                    .num("world_size", n)
                    .str("device", device_name(device.index))
                    .str("layout", "gpt2_124m")
@@ -660,7 +635,7 @@ RowResult run_scaling_row(const Options& o, const Row& row, const dist::RankInfo
 
 int run_scaling(const Options& o, const dist::RankInfo& rank) {
   std::unique_ptr<dist::NcclCommunicator> comm;
-  if (rank.distributed()) comm = dist::connect_nccl(rank, /*fingerprint=*/0, nccl_options(o));
+  if (rank.distributed()) comm = dist::connect_nccl(rank, /*fingerprint=*/0);
   const Device device = Device::cuda(rank.local_rank);
   const int world = rank.world_size;
   const bool main_rank = rank.rank == 0;
@@ -729,7 +704,6 @@ int run_scaling(const Options& o, const dist::RankInfo& rank) {
                JsonObject()
                    .str("tool", "accrue")
                    .str("mode", "scaling")
-                   .str("nccl", nccl_label(o))
                    .num("world_size", world)
                    .str("device", device_name(device.index))
                    .str("model", "mlp")

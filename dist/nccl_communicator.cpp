@@ -128,8 +128,7 @@ NcclCommunicator::NcclCommunicator(const Blob& id, int rank, int world_size, int
     ncclUniqueId uid;
     std::memcpy(&uid, id.data(), sizeof uid);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    // By default every call returns at once; progress and errors are polled.
-    config.blocking = options.nonblocking ? 0 : 1;
+    config.blocking = 0;  // every call returns at once; progress and errors are polled
     ncclComm_t comm = nullptr;
     const ncclResult_t r = ncclCommInitRankConfig(&comm, world_size, uid, rank, &config);
     std::lock_guard<std::mutex> lock(mu_);

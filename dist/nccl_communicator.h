@@ -5,7 +5,7 @@
 //   comm->all_reduce(arena.grads());                       // enqueued, not waited for
 //   comm->synchronize();                                   // or order by events
 //
-// The communicator is non-blocking by default (ncclConfig_t::blocking = 0) and runs its
+// The communicator is non-blocking (ncclConfig_t::blocking = 0) and runs its
 // collectives on its own high-priority stream, so that a bucket's all-reduce
 // overlaps the backward kernels on the compute stream (Note [Collective
 // ordering] in dist/process_group.h). Every collective is additionally
@@ -48,13 +48,6 @@ struct NcclOptions {
   // Run collectives on a stream of the device's highest priority, so that
   // their kernels are scheduled ahead of the backward's when both are ready.
   bool high_priority_stream = true;
-  // ncclConfig_t::blocking = 0: every NCCL call returns at once and its
-  // progress is polled, so a peer that never joins cannot hold the host inside
-  // NCCL (Note [No silent hang]). false makes the communicator blocking, a
-  // lever the scaling benchmark measures (accrue_bench_dist --nccl-blocking):
-  // NCCL's host calls may enqueue faster, but a call stuck in NCCL then holds
-  // its thread until the watchdog aborts the communicator.
-  bool nonblocking = true;
 };
 
 class NcclCommunicator final : public Communicator {
