@@ -8,6 +8,7 @@
 #include "autograd/saved.h"
 #include "autograd/sink_target.h"
 #include "autograd/variable.h"
+#include "kernels/batch_norm.h"
 #include "kernels/ops.h"
 
 namespace accrue {
@@ -99,19 +100,14 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
 // Note [Fused batch norm]
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // BatchNorm's training forward as one node instead of the dozen the composed
-// formula records. The forward works in f32 (f64 for f64,
-// Note [BatchNorm in f32]): mean, centered values, biased variance and
-// xhat = centered * invstd; y = xhat rounded to x's dtype, times weight, plus
-// bias. The node saves only x and the per-channel mean and invstd, where the
-// composed formula kept the f32 centered values and more, and recomputes
-// xhat in backward:
-//   dbias = sum(g), dweight = sum(g xhat) (each over every dim but 1),
-//   dx = invstd (g w - mean(g w) - xhat mean(g w xhat)),
-// in f32 (f64), dx rounded to x's dtype. dweight and dbias go straight into
-// their arena slots when they have them, unrounded
-// (Note [Fused weight-gradient accumulation]: beta 0 copies, beta 1 adds);
-// without a slot they are returned in the parameter's dtype. The same ops run
-// on every backend, so the CPU tests hold the CUDA path to the same formula.
+// formula records, on the fused kernels of kernels/batch_norm.h (Note [Fused
+// batch norm kernels]: statistics in f32, f64 for f64, Note [BatchNorm in
+// f32]; the output in x's layout). The node saves only x and the per-channel
+// mean and invstd, where the composed formula kept the f32 centered values
+// and more, and the backward recomputes what it needs from them.
+// dweight and dbias go straight into their arena slots when they have them,
+// unrounded (Note [Fused weight-gradient accumulation]: beta 0 copies, beta 1
+// adds); without a slot they are returned in the parameter's dtype.
 BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   ACCRUE_CHECK(x.defined() && x.dim() >= 2, "batch_norm: input has shape ",
                x.defined() ? shape_str(x.shape()) : "(undefined)",
@@ -126,31 +122,10 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
                  dtype_name(p->dtype()), " on ", p->device().str(), ", the input ",
                  dtype_name(x.dtype()), " on ", x.device().str());
   }
-  ACCRUE_CHECK(eps > 0.0, "batch_norm: eps = ", eps, " must be > 0");
-  const int64_t n = x.numel() / c;
-  ACCRUE_CHECK(n > 1, "batch_norm: training needs more than one value per channel, got ", n,
-               " in an input of shape ", shape_str(x.shape()));
-  const DType acc = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  std::vector<int64_t> dims = {0};
-  for (int64_t d = 2; d < x.dim(); ++d)
-    dims.push_back(d);
-  Shape per_channel(static_cast<size_t>(x.dim()), 1);
-  per_channel[1] = c;
-  using kernels::BinaryOp;
-  const Tensor xs = x.to(acc);
-  const Tensor mean = kernels::mean(xs, dims, /*keepdim=*/true);
-  const Tensor centered = kernels::binary(BinaryOp::Sub, xs, mean);
-  const Tensor var =
-      kernels::mean(kernels::binary(BinaryOp::Mul, centered, centered), dims, /*keepdim=*/true);
-  const Tensor invstd = kernels::binary_scalar(
-      BinaryOp::Div,
-      kernels::unary(kernels::UnaryOp::Sqrt, kernels::binary_scalar(BinaryOp::Add, var, eps)), 1.0,
-      /*scalar_first=*/true);
-  const Tensor xhat = kernels::binary(BinaryOp::Mul, centered, invstd).to(x.dtype());
-  const Tensor w = detach(weight).reshape(per_channel), b = detach(bias).reshape(per_channel);
-  const Tensor out = kernels::binary(BinaryOp::Add, kernels::binary(BinaryOp::Mul, xhat, w), b);
+  const kernels::BatchNormForward f =
+      kernels::batch_norm_forward(detach(x), detach(weight), detach(bias), eps);
 
-  const Tensor sx = saved(x), sw = saved(weight);
+  const Tensor sx = saved(x), sw = saved(weight), mean = f.mean, invstd = f.invstd;
   const bool gx = autograd::wants_grad(x), gw = autograd::wants_grad(weight),
              gb = autograd::wants_grad(bias);
   const SinkTarget w_target = sink_target(weight), b_target = sink_target(bias);
@@ -163,35 +138,22 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
     if (beta == 0.0) {
       slot.copy_(value);  // Note [Overwrite first]: the slot is not read
     } else {
-      kernels::axpy_(slot, 1.0, value);
+      kernels::axpy_(slot, 1.0, value.dtype() == slot.dtype() ? value : value.to(slot.dtype()));
     }
     return autograd::delivered();
   };
   BatchNormResult r;
-  r.out = record(
-      "BatchNormBackward", out, {x, weight, bias}, [=](const Tensor& g) -> std::vector<Tensor> {
-        const Tensor gs = g.to(acc);
-        const Tensor xh = kernels::binary(BinaryOp::Mul,
-                                          kernels::binary(BinaryOp::Sub, sx.to(acc), mean), invstd);
-        const Tensor g_xh = kernels::binary(BinaryOp::Mul, gs, xh);
-        Tensor dx, dw, db;
-        if (gw) dw = land(w_target, kernels::sum(g_xh, dims).reshape({c}), w_dtype);
-        if (gb) db = land(b_target, kernels::sum(gs, dims).reshape({c}), b_dtype);
-        if (gx) {
-          const Tensor gwv = kernels::binary(BinaryOp::Mul, gs, sw.to(acc).reshape(per_channel));
-          const Tensor proj =
-              kernels::binary(BinaryOp::Mul, xh,
-                              kernels::mean(kernels::binary(BinaryOp::Mul, gwv, xh), dims, true));
-          const Tensor centered_g =
-              kernels::binary(BinaryOp::Sub, gwv, kernels::mean(gwv, dims, /*keepdim=*/true));
-          dx = kernels::binary(BinaryOp::Mul, kernels::binary(BinaryOp::Sub, centered_g, proj),
-                               invstd)
-                   .to(sx.dtype());
-        }
-        return {dx, dw, db};
-      });
-  r.mean = mean.reshape({c});
-  r.var = var.reshape({c});
+  r.out = record("BatchNormBackward", f.out, {x, weight, bias},
+                 [=](const Tensor& g) -> std::vector<Tensor> {
+                   const kernels::BatchNormBackward b =
+                       kernels::batch_norm_backward(g, sx, sw, mean, invstd, gx);
+                   Tensor dw, db;
+                   if (gw) dw = land(w_target, b.dweight, w_dtype);
+                   if (gb) db = land(b_target, b.dbias, b_dtype);
+                   return {b.dx, dw, db};
+                 });
+  r.mean = f.mean;
+  r.var = f.var;
   return r;
 }
 

@@ -37,6 +37,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -71,6 +72,7 @@ struct Options {
   std::vector<std::string> variants = {"ddp", "zero1"};
   int64_t windows = 20;
   double lr = 3e-4;
+  bool phases = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -149,7 +151,8 @@ void usage() {
       "  --variants LIST        reducer configurations to run at world size > 1 (default\n"
       "                         ddp,zero1; known: %s)\n"
       "  --windows N            timed windows per row, median reported (default 20)\n"
-      "  --lr LR                AdamW learning rate (default 3e-4)\n",
+      "  --lr LR                AdamW learning rate (default 3e-4)\n"
+      "  --phases               also print where each row's window goes (Note [Window phases])\n",
       kVariants);
 }
 
@@ -201,6 +204,8 @@ Options parse(int argc, char** argv) {
       o.windows = count();
     else if (a == "--lr")
       o.lr = std::stod(value());
+    else if (a == "--phases")
+      o.phases = true;
     else if (a == "-h" || a == "--help") {
       usage();
       std::exit(0);
@@ -553,9 +558,25 @@ struct Row {
   int64_t k = 0, micro_batch = 0;
 };
 
+// Note [Window phases]
+// ~~~~~~~~~~~~~~~~~~~~
+// With --phases a row also says where its window goes, to find what a second
+// GPU costs (issue 10, point 6). One more event, recorded before the last
+// micro-step's forward, splits each window into micro-steps 1..K-1 (no
+// communication) and the last micro-step with the close (the all-reduces and
+// the optimizer). The host's enqueue time of a window (wall clock from its
+// first forward call to its close's return) tells whether the GPU could have
+// been waiting for the host. On more than one rank the reducer also records
+// its per-bucket events (ReducerOptions::timing), and the last window's
+// ReducerTiming is printed: the last backward's length, when each bucket's
+// collective started and ended relative to the backward's end, and what the
+// close had to wait for. All are medians over the timed windows, max over ranks
+// (the timing of the reducer: rank 0's last window).
 struct RowResult {
   double window_ms = 0, peak_bytes = 0, allreduces_per_window = 0, loss = 0;
   int64_t buckets = 0;
+  double first_steps_ms = 0, last_step_close_ms = 0, host_ms = 0;  // --phases
+  std::optional<dist::ReducerTiming> timing;                       // --phases, > 1 rank
 };
 
 // {in, width x depth, classes}: depth Linear+GELU layers of `width`, then the classifier.
@@ -578,7 +599,9 @@ RowResult run_scaling_row(const Options& o, const Row& row, const dist::RankInfo
                   {device, DType::f32, compute, optimizer.moments_needed()});
   std::unique_ptr<dist::Reducer> reducer;
   if (comm != nullptr) {
-    reducer = std::make_unique<dist::Reducer>(arena, *comm, reducer_options(row.variant));
+    dist::ReducerOptions options = reducer_options(row.variant);
+    options.timing = o.phases;
+    reducer = std::make_unique<dist::Reducer>(arena, *comm, options);
     reducer->broadcast_parameters();
   }
   optim::Window window(arena, optimizer,
@@ -592,24 +615,36 @@ RowResult run_scaling_row(const Options& o, const Row& row, const dist::RankInfo
     xs.push_back(randn({row.micro_batch, o.in}, DType::f32, device, &data_gen).to(compute));
     ys.push_back(randint(0, o.classes, {row.micro_batch}, DType::i64, device, &data_gen));
   }
+  const StreamHandle stream = current_stream(device.index);
+  Event* before_last = nullptr;  // Note [Window phases]
   auto run_window = [&] {
-    for (int64_t k = 0; k < row.k; ++k)
+    for (int64_t k = 0; k < row.k; ++k) {
+      if (k + 1 == row.k && before_last != nullptr) before_last->record(stream);
       window.backward(cross_entropy(model.forward(xs[k % kBatches]), ys[k % kBatches]));
+    }
     window.close();
   };
 
-  const StreamHandle stream = current_stream(device.index);
   synchronize_stream(stream);
   reset_peak_memory(device);
   for (int64_t w = 0; w < o.warmup; ++w)
     run_window();
   std::vector<std::unique_ptr<Event>> marks;
-  for (int64_t w = 0; w <= o.windows; ++w)
+  std::vector<std::unique_ptr<Event>> lasts;
+  std::vector<double> host_ms;
+  for (int64_t w = 0; w <= o.windows; ++w) {
     marks.push_back(std::make_unique<Event>(true));
+    if (o.phases) lasts.push_back(std::make_unique<Event>(true));
+  }
   const int64_t issued_before = reducer ? reducer->collectives_issued() : 0;
   marks[0]->record(stream);
   for (int64_t w = 0; w < o.windows; ++w) {
+    if (o.phases) before_last = lasts[w].get();
+    const auto host_start = std::chrono::steady_clock::now();
     run_window();
+    host_ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start)
+            .count());
     marks[w + 1]->record(stream);
   }
   marks.back()->synchronize();
@@ -625,12 +660,41 @@ RowResult run_scaling_row(const Options& o, const Row& row, const dist::RankInfo
   const std::vector<double> worst = max_over_ranks(
       comm, {median(window_ms), static_cast<double>(memory_stats(device).peak_bytes)});
   RowResult r;
+  if (o.phases) {
+    std::vector<double> first, last;
+    for (int64_t w = 0; w < o.windows; ++w) {
+      first.push_back(marks[w]->elapsed_ms(*lasts[w]));
+      last.push_back(lasts[w]->elapsed_ms(*marks[w + 1]));
+    }
+    const std::vector<double> phase =
+        max_over_ranks(comm, {median(first), median(last), median(host_ms)});
+    r.first_steps_ms = phase[0];
+    r.last_step_close_ms = phase[1];
+    r.host_ms = phase[2];
+    if (reducer) r.timing = reducer->last_timing();
+  }
   r.window_ms = worst[0];
   r.peak_bytes = worst[1];
   r.allreduces_per_window = static_cast<double>(issued) / static_cast<double>(o.windows);
   r.loss = report.loss;
   r.buckets = reducer ? static_cast<int64_t>(reducer->plan().size()) : 0;
   return r;
+}
+
+// Note [Window phases]: one indented line per row, then the reducer's timing.
+void print_phases(const RowResult& r) {
+  std::printf(
+      "  phases: micro-steps 1..K-1 %.3f ms, last micro-step + close %.3f ms, host enqueue "
+      "%.3f ms per window\n",
+      r.first_steps_ms, r.last_step_close_ms, r.host_ms);
+  if (!r.timing) return;
+  const dist::ReducerTiming& t = *r.timing;
+  std::printf("  reducer (rank 0, last window): last backward %.3f ms; the close waited %.3f ms\n",
+              t.last_backward_ms, t.exposed_ms);
+  for (size_t b = 0; b < t.bucket_start_ms.size(); ++b)
+    std::printf("    bucket %2zu: %+8.3f .. %+8.3f ms (%.3f ms)\n", b, t.bucket_start_ms[b],
+                t.bucket_end_ms[b], t.bucket_end_ms[b] - t.bucket_start_ms[b]);
+  std::printf("    item count: ends %+8.3f ms\n", t.items_end_ms);
 }
 
 int run_scaling(const Options& o, const dist::RankInfo& rank) {
@@ -683,6 +747,7 @@ int run_scaling(const Options& o, const dist::RankInfo& rank) {
                   row.table.c_str(), row.variant.c_str(), (long long)row.k,
                   (long long)row.micro_batch, items, r.window_ms, items / (r.window_ms * 1e-3),
                   r.allreduces_per_window, (long long)r.buckets, r.peak_bytes / 1e6);
+      if (o.phases) print_phases(r);
       std::fflush(stdout);
     }
     rows.push_back(JsonObject()

@@ -8,6 +8,7 @@
 #include "core/grad_mode.h"
 #include "kernels/conv.h"
 #include "kernels/conv_backend.h"
+#include "kernels/dispatch_util.h"
 #include "kernels/ops.h"
 
 namespace accrue::kernels {
@@ -140,20 +141,6 @@ Tensor f64(const Tensor& t) {
   return t.to(DType::f64).contiguous();
 }
 
-// Channels-last: [N, C, H, W] viewed over memory laid out N, H, W, C.
-bool nhwc_packed(const Tensor& t) {
-  if (t.dim() != 4) return false;
-  const int64_t c = t.size(1), h = t.size(2), w = t.size(3);
-  return t.stride(1) == 1 && t.stride(3) == c && t.stride(2) == w * c && t.stride(0) == h * w * c;
-}
-
-// An NCHW-shaped result laid out as `like` is: channels-last for a
-// channels-last input (a model stays in its layout), else contiguous.
-Tensor empty_in_layout_of(const Shape& nchw, DType dtype, const Tensor& like) {
-  if (like.is_contiguous() || !nhwc_packed(like)) return empty(nchw, dtype, like.device());
-  return empty({nchw[0], nchw[2], nchw[3], nchw[1]}, dtype, like.device()).permute({0, 3, 1, 2});
-}
-
 bool cudnn_operand_aligned(const Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
@@ -162,7 +149,7 @@ bool cudnn_operand_aligned(const Tensor& t) {
 bool cudnn_operand(const Tensor& t) {
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
   return t.device().is_cuda() && (t.dtype() == DType::bf16 || t.dtype() == DType::f16) &&
-         (t.is_contiguous() || nhwc_packed(t)) && cudnn_operand_aligned(t);
+         (t.is_contiguous() || dispatch_util::channels_last(t)) && cudnn_operand_aligned(t);
 #else
   (void)t;
   return false;
@@ -186,7 +173,7 @@ bool cudnn_weight_gradient(const Tensor& grad, const Tensor& x, const Tensor& gr
     if (beta == 0.0) {
       grad_weight.copy_(dw);  // Note [Overwrite first]: the slot is not read
     } else {
-      axpy_(grad_weight, 1.0, dw);
+      axpy_(grad_weight, 1.0, dw.dtype() == grad_weight.dtype() ? dw : dw.to(grad_weight.dtype()));
     }
     return true;
   }
@@ -227,7 +214,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& option
                ", weight is ", dtype_name(weight.dtype()), "; expected one dtype");
   const Conv2dGeometry g = conv_geometry(x.shape(), weight.shape(), options, op);
   if (cudnn_operand(x) && cudnn_operand(weight)) {
-    Tensor out = empty_in_layout_of({g.n, g.o, g.oh, g.ow}, x.dtype(), x);
+    Tensor out = dispatch_util::empty_in_layout_of({g.n, g.o, g.oh, g.ow}, x.dtype(), x);
     if (cudnn::conv2d_forward(x, weight, out, g)) return out;
   }
   if (!x.device().is_cpu()) return composed::conv2d(x, weight, g);  // Note [Composed convolution]
@@ -244,7 +231,7 @@ Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Sha
   const Conv2dGeometry g = conv_geometry(x_shape, weight.shape(), options, op);
   check_conv_grad(grad, {g.n, g.o, g.oh, g.ow}, weight.device(), op);
   if (cudnn_operand(grad) && cudnn_operand(weight) && grad.dtype() == weight.dtype()) {
-    Tensor dx = empty_in_layout_of(x_shape, grad.dtype(), grad);
+    Tensor dx = dispatch_util::empty_in_layout_of(x_shape, grad.dtype(), grad);
     if (cudnn::conv2d_backward_data(grad, weight, dx, g)) return dx;
   }
   if (!weight.device().is_cpu()) return composed::conv2d_backward_input(grad, weight, g);

@@ -1,5 +1,6 @@
 // Dispatch of the elementwise ops of kernels/ops.h: every input raw-expanded
 // to the output shape (see Note [Dispatch shapes]).
+#include <initializer_list>
 #include <string>
 
 #include "kernels/dispatch_util.h"
@@ -49,14 +50,54 @@ const char* op_name(BinaryOp op) {
 
 // ---- elementwise --------------------------------------------------------------------
 
+// Note [Channels-last results]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An elementwise result keeps a channels-last layout (dispatch_util::channels_last):
+// when an operand of the result's own shape (not broadcast to it) is
+// channels-last, the result is allocated channels-last and the backend sees
+// every operand permuted to [N, H, W, C], where the result is contiguous (the
+// backend contract) and channels-last operands are contiguous too, the fast
+// path. So a channels-last model stays channels-last through its activations
+// and residual adds, as PyTorch's memory formats do, instead of being
+// transposed back to NCHW at the first elementwise op. Any other result is
+// contiguous.
+namespace {
+
+bool keeps_channels_last(const Shape& shape, std::initializer_list<const Tensor*> operands) {
+  if (shape.size() != 4) return false;
+  for (const Tensor* t : operands)
+    if (t->defined() && t->shape() == shape && channels_last(*t)) return true;
+  return false;
+}
+
+Tensor nhwc(const Tensor& t) {
+  return t.permute({0, 2, 3, 1});
+}
+
+// A fresh result of `shape` for the operands: channels-last or contiguous.
+Tensor empty_result(const Shape& shape, DType dtype, Device device,
+                    std::initializer_list<const Tensor*> operands) {
+  return keeps_channels_last(shape, operands) ? empty_channels_last(shape, dtype, device)
+                                              : empty(shape, dtype, device);
+}
+
+// What the backend sees of `t` (of the result's shape): permuted to
+// [N, H, W, C] when the result is channels-last.
+Tensor backend_view(const Tensor& t, const Tensor& out) {
+  return out.is_contiguous() ? t : nhwc(t);
+}
+
+}  // namespace
+
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   NoGradGuard no_grad;
   const char* name = op_name(op);
   check_float_pair(a, b, name, "a", "b");
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
-  Tensor out = empty(shape, a.dtype(), a.device());
+  Tensor out = empty_result(shape, a.dtype(), a.device(), {&a, &b});
   if (out.numel() == 0) return out;
-  ACCRUE_BACKEND_CALL(a.device(), binary, op, a.expand(shape), b.expand(shape), out);
+  ACCRUE_BACKEND_CALL(a.device(), binary, op, backend_view(a.expand(shape), out),
+                      backend_view(b.expand(shape), out), backend_view(out, out));
   return out;
 }
 
@@ -65,9 +106,10 @@ Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first) 
   const char* name = op_name(op);
   check_defined(a, name, "a");
   check_floating(a, name, "a");
-  Tensor out = empty(a.shape(), a.dtype(), a.device());
+  Tensor out = empty_result(a.shape(), a.dtype(), a.device(), {&a});
   if (out.numel() == 0) return out;
-  ACCRUE_BACKEND_CALL(a.device(), binary_scalar, op, a, s, scalar_first, out);
+  ACCRUE_BACKEND_CALL(a.device(), binary_scalar, op, backend_view(a, out), s, scalar_first,
+                      backend_view(out, out));
   return out;
 }
 
@@ -76,9 +118,9 @@ Tensor unary(UnaryOp op, const Tensor& a, double param) {
   const char* name = op_name(op);
   check_defined(a, name, "input");
   check_floating(a, name, "input");
-  Tensor out = empty(a.shape(), a.dtype(), a.device());
+  Tensor out = empty_result(a.shape(), a.dtype(), a.device(), {&a});
   if (out.numel() == 0) return out;
-  ACCRUE_BACKEND_CALL(a.device(), unary, op, a, param, out);
+  ACCRUE_BACKEND_CALL(a.device(), unary, op, backend_view(a, out), param, backend_view(out, out));
   return out;
 }
 
@@ -97,9 +139,11 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& input, const
   } else {
     y = unary(op, input, param);
   }
-  Tensor out = empty(input.shape(), input.dtype(), input.device());
+  Tensor out = empty_result(input.shape(), input.dtype(), input.device(), {&grad, &input});
   if (out.numel() == 0) return out;
-  ACCRUE_BACKEND_CALL(input.device(), unary_backward, op, grad, input, y, param, out);
+  ACCRUE_BACKEND_CALL(input.device(), unary_backward, op, backend_view(grad, out),
+                      backend_view(input, out), backend_view(y, out), param,
+                      backend_view(out, out));
   return out;
 }
 

@@ -11,7 +11,8 @@
 // ~~~~~~~~~~~~~~~~~~~~~~
 // The backends see only a few shapes, so each kernel is written once:
 //  - elementwise: every input raw-expanded to the output shape (0 strides);
-//    the output is a fresh contiguous tensor;
+//    the output is a fresh contiguous tensor (a channels-last result is seen
+//    permuted to [N, H, W, C], where it is contiguous: Note [Channels-last results]);
 //  - reductions and softmax along any dims: the reduced dims permuted to the
 //    end, made contiguous and viewed as [rows, cols];
 //  - matmul: 3-D [B, M, K] @ [B, K, N] views whose last two dims are row- or
@@ -104,6 +105,27 @@ inline void fill(const Tensor& t, double value) {
 }
 
 // ---- shaping -------------------------------------------------------------------
+
+// Channels-last: a 4-D [N, C, H, W] view over memory laid out N, H, W, C.
+// A tensor that is also contiguous (C == 1, or H == W == 1) counts as
+// contiguous, not channels-last (Note [Channels-last results]).
+inline bool channels_last(const Tensor& t) {
+  if (t.dim() != 4 || t.is_contiguous()) return false;
+  const int64_t c = t.size(1), h = t.size(2), w = t.size(3);
+  return t.stride(1) == 1 && t.stride(3) == c && t.stride(2) == w * c && t.stride(0) == h * w * c;
+}
+
+// A fresh [N, C, H, W] tensor laid out N, H, W, C.
+inline Tensor empty_channels_last(const Shape& nchw, DType dtype, Device device) {
+  return empty({nchw[0], nchw[2], nchw[3], nchw[1]}, dtype, device).permute({0, 3, 1, 2});
+}
+
+// A fresh tensor of `shape` laid out as `like`: channels-last for a
+// channels-last `like`, else contiguous.
+inline Tensor empty_in_layout_of(const Shape& shape, DType dtype, const Tensor& like) {
+  return channels_last(like) && shape.size() == 4 ? empty_channels_last(shape, dtype, like.device())
+                                                  : empty(shape, dtype, like.device());
+}
 
 // `t`, made contiguous, viewed as `shape` (same numel). Unlike Tensor::view
 // this also takes 0-d tensors to [1] and back.

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/grad_mode.h"
 #include "core/nvtx.h"
+#include "kernels/batch_norm.h"
 #include "kernels/ops.h"
 
 namespace accrue::nn {
@@ -49,7 +50,8 @@ Tensor BatchNorm::forward(const Tensor& x) {
                ", parameters on ", weight_.device().str());
   Shape per_channel(static_cast<size_t>(x.dim()), 1);
   per_channel[1] = channels_;
-  const Tensor w = reshape(weight_, per_channel), b = reshape(bias_, per_channel);
+  auto w = [&] { return reshape(weight_, per_channel); };
+  auto b = [&] { return reshape(bias_, per_channel); };
   const double eps = options_.eps;
   // Note [BatchNorm in f32]: 16-bit inputs are normalized in f32.
   const bool narrow_float = x.dtype() == DType::bf16 || x.dtype() == DType::f16;
@@ -60,36 +62,44 @@ Tensor BatchNorm::forward(const Tensor& x) {
     const Tensor var = running_var_.to(xs.dtype()).reshape(per_channel);
     Tensor normalized = (xs - mean) / sqrt(var + eps);
     if (narrow_float) normalized = to_dtype(normalized, x.dtype());
-    return normalized * w + b;
+    return normalized * w() + b();
   }
   const int64_t n = x.numel() / channels_;
   ACCRUE_CHECK(n > 1, "BatchNorm: training needs more than one value per channel, got ", n,
                " in an input of shape ", shape_str(x.shape()));
-  const std::vector<int64_t> dims = reduce_dims(x);
-  // The values per channel behind the statistics: this rank's, or (sync) all ranks'.
-  Tensor count = full({1}, static_cast<double>(n), DType::f64, x.device());
-  Tensor mean, var, y;
   if (options_.sync == nullptr) {
     // Note [Fused batch norm]: one node, x and two [C] vectors saved.
-    BatchNormResult r = batch_norm(x, weight_, bias_, eps);
-    y = r.out;
-    mean = r.mean;
-    var = r.var;
-  } else {
-    const Tensor xs = widened();
-    StatisticsSync& sync = *options_.sync;
-    {
-      NoGradGuard no_grad;
-      sync.all_reduce_sum(count);
+    const BatchNormResult r = batch_norm(x, weight_, bias_, eps);
+    // Note [Window statistics]: record this micro-batch's statistics, on the device.
+    NoGradGuard no_grad;
+    if (options_.statistics == BatchNormStatistics::PerMicroBatch) {
+      move_running(r.mean.to(DType::f64),
+                   r.var.to(DType::f64) * (static_cast<double>(n) / (n - 1)));
+    } else {
+      kernels::batch_norm_merge_statistics(pending_count_, pending_mean_, pending_m2_, r.mean,
+                                           r.var, static_cast<double>(n));
+      ++pending_forwards_;
     }
-    const Tensor total = count.to(xs.dtype()).reshape({});
-    mean = all_reduce_sum(sum(xs, dims, /*keepdim=*/true), sync) / total;
-    const Tensor centered = xs - mean;
-    var = all_reduce_sum(sum(centered * centered, dims, /*keepdim=*/true), sync) / total;
-    Tensor normalized = centered / sqrt(var + eps);
-    if (narrow_float) normalized = to_dtype(normalized, x.dtype());
-    y = normalized * w + b;
+    return r.out;
   }
+
+  // sync: the values per channel behind the statistics are all ranks'.
+  const std::vector<int64_t> dims = reduce_dims(x);
+  Tensor count = full({1}, static_cast<double>(n), DType::f64, x.device());
+  const Tensor xs = widened();
+  StatisticsSync& sync = *options_.sync;
+  {
+    NoGradGuard no_grad;
+    sync.all_reduce_sum(count);
+  }
+  const Tensor total_count = count.to(xs.dtype()).reshape({});
+  const Tensor mean = all_reduce_sum(sum(xs, dims, /*keepdim=*/true), sync) / total_count;
+  const Tensor centered = xs - mean;
+  const Tensor var =
+      all_reduce_sum(sum(centered * centered, dims, /*keepdim=*/true), sync) / total_count;
+  Tensor normalized = centered / sqrt(var + eps);
+  if (narrow_float) normalized = to_dtype(normalized, x.dtype());
+  const Tensor y = normalized * w() + b();
 
   // Note [Window statistics]: record this micro-batch's statistics, on the device.
   NoGradGuard no_grad;

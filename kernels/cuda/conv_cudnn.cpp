@@ -91,8 +91,11 @@ std::string describe(const Conv2dGeometry& g, DType dtype) {
 void check_fe(fe::error_t status, Direction d, const char* step, const Conv2dGeometry& g,
               DType dtype) {
   if (status.is_good()) return;
+  // The frontend's message lists every engine it tried, one per line: the
+  // first line says why, and the refusal is reported once (Note [cuDNN convolution]).
+  const std::string message = status.get_message();
   ACCRUE_FAIL(op_name(d), ": cuDNN frontend ", step, " failed for ", describe(g, dtype), ": ",
-              status.get_message());
+              message.substr(0, message.find('\n')));
 }
 
 // See Note [cuDNN convolution]: handles, built graphs and the keys that failed to build.

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "kernels/batch_norm_backend.h"
 #include "kernels/index_checks_backend.h"
 
 namespace accrue::kernels::cuda {
@@ -79,6 +80,19 @@ void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, const Tenso
 void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                          const Tensor&, const Tensor&, const Tensor&, bool) {
   unavailable("layer_norm_backward");
+}
+
+void batch_norm_forward(const Tensor&, const Tensor&, const Tensor&, double, const BatchNormLayout&,
+                        const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  unavailable("batch_norm");
+}
+void batch_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const BatchNormLayout&, const Tensor&, const Tensor&, const Tensor&) {
+  unavailable("batch_norm_backward");
+}
+void batch_norm_merge_statistics(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, double) {
+  unavailable("batch_norm_merge_statistics");
 }
 
 }  // namespace accrue::kernels::cuda

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/batch_norm.h"
 #include "kernels/conv.h"
 #include "kernels/ops.h"
 #include "tests/test_util.h"
@@ -545,6 +546,111 @@ TEST(GpuConv, average_pooling_matches_the_cpu_reference) {
   const Tensor x = test::random_normal({1, 2, 5, 5}, DType::f32, kGpu);
   const Tensor w = test::random_normal({3, 2, 3, 3}, DType::f32);  // on the CPU
   EXPECT_ERROR(kernels::conv2d(x, w, {}), "conv2d", "weight", "cpu", "the input on cuda:0");
+}
+
+// ---- batch norm ------------------------------------------------------------------------
+
+// Note [Fused batch norm kernels]: the CUDA kernels against the CPU reference,
+// every float dtype, contiguous and channels-last (both reduction kernels:
+// inner > 1 and inner == 1), channels far from zero, bitwise repeatable.
+TEST(GpuBatchNorm, fused_kernels_match_the_cpu_reference_in_both_layouts) {
+  ACCRUE_REQUIRE_CUDA();
+  auto as_channels_last = [](const Tensor& t) {
+    return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+  };
+  const Shape shapes[] = {{16, 64, 14, 14}, {3, 5, 9, 7}, {64, 256, 7, 7}, {300, 40}, {4, 48, 33}};
+  for (DType dt : kFloatTypes) {
+    for (const Shape& shape : shapes) {
+      for (bool last : {false, true}) {
+        if (last && shape.size() != 4) continue;
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " " + shape_str(shape) +
+                     (last ? " channels-last" : ""));
+        const int64_t c = shape[1];
+        // Channel means spread over [-50, 50): a plain sum of squares would cancel.
+        const Tensor offsets = test::random_uniform({1, c, 1, 1}, -50.0, 50.0, DType::f64)
+                                   .reshape(shape.size() == 4   ? Shape{1, c, 1, 1}
+                                            : shape.size() == 3 ? Shape{1, c, 1}
+                                                                : Shape{1, c});
+        const Tensor x_cpu =
+            kernels::binary(kernels::BinaryOp::Add,
+                            test::random_normal(shape, DType::f64, kCpu, 2.0), offsets)
+                .to(dt);
+        const Tensor w = test::random_normal({c}, dt), b = test::random_normal({c}, dt);
+        const Tensor g_cpu = test::random_normal(shape, dt);
+        const kernels::BatchNormForward ef = kernels::batch_norm_forward(x_cpu, w, b, 1e-5);
+        const kernels::BatchNormBackward eb =
+            kernels::batch_norm_backward(g_cpu, x_cpu, w, ef.mean, ef.invstd, true);
+
+        const Tensor x = last ? as_channels_last(x_cpu.to(kGpu)) : x_cpu.to(kGpu);
+        const Tensor g = last ? as_channels_last(g_cpu.to(kGpu)) : g_cpu.to(kGpu);
+        const kernels::BatchNormForward af =
+            kernels::batch_norm_forward(x, w.to(kGpu), b.to(kGpu), 1e-5);
+        EXPECT_EQ(af.out.strides(), x.strides()) << "the output keeps the input's layout";
+        const double tol = test::normalized_tolerance(dt);
+        const double stats_tol = dt == DType::f64 ? 1e-12 : 1e-5;
+        EXPECT_TRUE(close(on_cpu(af.out), ef.out, tol));
+        EXPECT_TRUE(close(on_cpu(af.mean), ef.mean, stats_tol));
+        EXPECT_TRUE(close(on_cpu(af.var), ef.var, dt == DType::f64 ? 1e-12 : 1e-4));
+        EXPECT_TRUE(close(on_cpu(af.invstd), ef.invstd, dt == DType::f64 ? 1e-12 : 1e-4));
+        const kernels::BatchNormBackward ab =
+            kernels::batch_norm_backward(g, x, w.to(kGpu), af.mean, af.invstd, true);
+        EXPECT_EQ(ab.dx.strides(), x.strides());
+        EXPECT_TRUE(close(on_cpu(ab.dx), eb.dx, 4 * tol));
+        EXPECT_TRUE(close(on_cpu(ab.dweight), eb.dweight, dt == DType::f64 ? 1e-10 : 1e-4));
+        EXPECT_TRUE(close(on_cpu(ab.dbias), eb.dbias, dt == DType::f64 ? 1e-10 : 1e-4));
+        // Note [Determinism]: a second run gives the same bits.
+        const kernels::BatchNormForward af2 =
+            kernels::batch_norm_forward(x, w.to(kGpu), b.to(kGpu), 1e-5);
+        const kernels::BatchNormBackward ab2 =
+            kernels::batch_norm_backward(g, x, w.to(kGpu), af.mean, af.invstd, true);
+        EXPECT_TRUE(test::all_equal(on_cpu(af2.out), on_cpu(af.out)));
+        EXPECT_TRUE(test::all_equal(on_cpu(ab2.dx), on_cpu(ab.dx)));
+        EXPECT_TRUE(test::all_equal(on_cpu(ab2.dweight), on_cpu(ab.dweight)));
+      }
+    }
+  }
+}
+
+TEST(GpuBatchNorm, merging_statistics_matches_the_cpu_reference) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::f64}) {
+    const int64_t c = 700;  // more channels than threads: the block loops
+    const Tensor count = full({1}, 37.0, DType::f64);
+    const Tensor mean = test::random_normal({c}, DType::f64, kCpu, 5.0);
+    const Tensor m2 = test::random_uniform({c}, 1.0, 9.0, DType::f64);
+    const Tensor bm = test::random_normal({c}, dt), bv = test::random_uniform({c}, 0.5, 3.0, dt);
+    Tensor gc = count.to(kGpu), gm = mean.to(kGpu), gm2 = m2.to(kGpu);
+    kernels::batch_norm_merge_statistics(gc, gm, gm2, bm.to(kGpu), bv.to(kGpu), 12.0);
+    kernels::batch_norm_merge_statistics(count, mean, m2, bm, bv, 12.0);
+    EXPECT_TRUE(test::all_equal(on_cpu(gc), count));
+    EXPECT_TRUE(close(on_cpu(gm), mean, 1e-14));
+    EXPECT_TRUE(close(on_cpu(gm2), m2, 1e-14));
+  }
+}
+
+// Note [Channels-last results] on CUDA: the layout is kept and the values are
+// the CPU's (one f32 operation each, so exactly).
+TEST(GpuChannelsLast, elementwise_results_keep_the_layout_and_the_cpu_values) {
+  ACCRUE_REQUIRE_CUDA();
+  auto as_channels_last = [](const Tensor& t) {
+    return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+  };
+  const Tensor a = test::random_normal({8, 64, 14, 14}), c = test::random_normal({8, 64, 14, 14});
+  const Tensor bias = test::random_normal({1, 64, 1, 1});
+  const Tensor al = as_channels_last(a.to(kGpu)), cl = as_channels_last(c.to(kGpu));
+  const Tensor results[][2] = {
+      {kernels::unary(kernels::UnaryOp::Relu, al), kernels::unary(kernels::UnaryOp::Relu, a)},
+      {kernels::binary(kernels::BinaryOp::Add, al, cl),
+       kernels::binary(kernels::BinaryOp::Add, a, c)},
+      {kernels::binary(kernels::BinaryOp::Mul, al, bias.to(kGpu)),
+       kernels::binary(kernels::BinaryOp::Mul, a, bias)},
+      {kernels::unary_backward(kernels::UnaryOp::Relu, cl, al, Tensor(), 0.0),
+       kernels::unary_backward(kernels::UnaryOp::Relu, c, a, Tensor(), 0.0)},
+  };
+  for (const auto& r : results) {
+    EXPECT_EQ(r[0].strides(), al.strides());
+    EXPECT_TRUE(test::all_equal(on_cpu(r[0]), r[1]));
+  }
 }
 
 }  // namespace
