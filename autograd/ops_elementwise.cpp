@@ -112,8 +112,16 @@ Tensor sqrt(const Tensor& a) {
 Tensor tanh(const Tensor& a) {
   return unary_op(UnaryOp::Tanh, "TanhBackward", a);
 }
+// relu'(a) is (a > 0), which is (relu(a) > 0): the node saves only the
+// output, which the next layer usually saves anyway (a convolution's or a
+// matmul's input), so a ReLU adds no activation of its own to the memory a
+// model keeps for backward.
 Tensor relu(const Tensor& a) {
-  return unary_op(UnaryOp::Relu, "ReluBackward", a);
+  Tensor out = kernels::unary(UnaryOp::Relu, a, 0.0);
+  Tensor so = saved(out);
+  return record("ReluBackward", out, {a}, [=](const Tensor& g) -> std::vector<Tensor> {
+    return {kernels::unary_backward(UnaryOp::Relu, g, so, so, 0.0)};
+  });
 }
 Tensor gelu(const Tensor& a) {
   return unary_op(UnaryOp::Gelu, "GeluBackward", a);

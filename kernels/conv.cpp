@@ -156,19 +156,44 @@ bool cudnn_operand(const Tensor& t) {
 #endif
 }
 
+// Note [cuDNN convolution]: next to a channels-last activation the weight
+// goes to cuDNN channels-last too, [O, C / groups, KH, KW] over O, KH, KW,
+// C / groups memory (as PyTorch's channels_last model converts its weights).
+// Handed the arena's contiguous weight, cuDNN transposes it on every call and
+// its weight-gradient engine for the mixed layout took 8.4 ms of a 27 ms
+// ResNet-50 step at micro-batch 32 on an H100. A 1 x 1 kernel is both layouts.
+bool wants_channels_last_weight(const Shape& weight_shape, const Tensor& activation) {
+  return dispatch_util::channels_last(activation) && weight_shape[2] * weight_shape[3] > 1;
+}
+
+// The weight as the convolution with `activation` wants it: a channels-last
+// copy (the weights are small next to the activations), or itself.
+Tensor weight_for(const Tensor& weight, const Tensor& activation) {
+  if (!wants_channels_last_weight(weight.shape(), activation) ||
+      dispatch_util::channels_last(weight))
+    return weight;
+  Tensor w = dispatch_util::empty_channels_last(weight.shape(), weight.dtype(), weight.device());
+  w.copy_(weight);
+  return w;
+}
+
 // Note [cuDNN convolution]'s weight gradient: beta 0 straight into the slot
-// where cuDNN builds that output type, otherwise (and for beta 1) through a
-// temporary, in the slot's dtype or failing that the operands'. False when
-// cuDNN takes none of it (nothing written).
+// where cuDNN builds that output type and the slot's layout is the one wanted
+// (weight_for), otherwise (and for beta 1) through a temporary, in the slot's
+// dtype or failing that the operands'. False when cuDNN takes none of it
+// (nothing written).
 bool cudnn_weight_gradient(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
                            const Conv2dGeometry& g, double beta) {
   if (!cudnn_operand(grad) || !cudnn_operand(x) || grad.dtype() != x.dtype()) return false;
   if (grad_weight.dtype() != DType::f32 && grad_weight.dtype() != x.dtype()) return false;
-  if (beta == 0.0 && cudnn_operand_aligned(grad_weight) &&
+  const bool channels_last = wants_channels_last_weight(grad_weight.shape(), x);
+  if (beta == 0.0 && !channels_last && cudnn_operand_aligned(grad_weight) &&
       cudnn::conv2d_backward_weight(grad, x, grad_weight, g))
     return true;
   for (const DType dtype : {grad_weight.dtype(), x.dtype()}) {
-    Tensor dw = empty(grad_weight.shape(), dtype, x.device());
+    Tensor dw = channels_last
+                    ? dispatch_util::empty_channels_last(grad_weight.shape(), dtype, x.device())
+                    : empty(grad_weight.shape(), dtype, x.device());
     if (!cudnn::conv2d_backward_weight(grad, x, dw, g)) continue;
     if (beta == 0.0) {
       grad_weight.copy_(dw);  // Note [Overwrite first]: the slot is not read
@@ -215,7 +240,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& option
   const Conv2dGeometry g = conv_geometry(x.shape(), weight.shape(), options, op);
   if (cudnn_operand(x) && cudnn_operand(weight)) {
     Tensor out = dispatch_util::empty_in_layout_of({g.n, g.o, g.oh, g.ow}, x.dtype(), x);
-    if (cudnn::conv2d_forward(x, weight, out, g)) return out;
+    if (cudnn::conv2d_forward(x, weight_for(weight, x), out, g)) return out;
   }
   if (!x.device().is_cpu()) return composed::conv2d(x, weight, g);  // Note [Composed convolution]
   Tensor out = empty({g.n, g.o, g.oh, g.ow}, DType::f64);
@@ -232,7 +257,7 @@ Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Sha
   check_conv_grad(grad, {g.n, g.o, g.oh, g.ow}, weight.device(), op);
   if (cudnn_operand(grad) && cudnn_operand(weight) && grad.dtype() == weight.dtype()) {
     Tensor dx = dispatch_util::empty_in_layout_of(x_shape, grad.dtype(), grad);
-    if (cudnn::conv2d_backward_data(grad, weight, dx, g)) return dx;
+    if (cudnn::conv2d_backward_data(grad, weight_for(weight, grad), dx, g)) return dx;
   }
   if (!weight.device().is_cpu()) return composed::conv2d_backward_input(grad, weight, g);
   Tensor dx = empty(x_shape, DType::f64);

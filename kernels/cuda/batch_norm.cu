@@ -4,6 +4,9 @@
 // pass. Backward: per-chunk sums of g and g (x - mean), a per-channel combine
 // into dweight, dbias and the dx coefficients, the elementwise pass.
 #include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
 
 #include "core/cuda_types.cuh"
 #include "core/device_scope.h"
@@ -17,20 +20,51 @@ namespace cu = ::accrue::cuda;
 namespace {
 
 constexpr int kThreads = 256;
-// Channels-last tiles: 32 channels (a warp, consecutive in memory) x 8 row lanes.
-constexpr int kTileChannels = 32;
-constexpr int kTileRows = kThreads / kTileChannels;
 
-// The two per-chunk sums of one element, for the statistics: v - shift and
-// its square (shift: the channel's first value, Note [Fused batch norm kernels]).
+// V elements loaded or stored as one 16-byte (or V-element) access.
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// Note [Batch norm packs]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// The passes over x read and write V elements at once (16 bytes: 8 bf16,
+// 4 f32, 2 f64) where the layout allows it, with 32-bit index math where the
+// tensor is small enough: at one element per access and 64-bit divisions per
+// element the kernels reached about a third of the H100's bandwidth. A pack
+// of V consecutive elements is either V consecutive channels of one row
+// (channels-last: inner == 1, channels % V == 0) or V positions of one
+// channel (inner % V == 0). Otherwise V = 1. The sums stay in the same
+// fixed order for a given shape, so results are still bitwise repeatable.
+
+// The two per-chunk sums, for the statistics: v - shift and its square
+// (shift: the channel's first value, Note [Fused batch norm kernels]).
 template <class T, class A>
 struct StatsTerms {
   const T* x;
-  const A* shift;  // [C]; null: read x's first value of the channel
-  __device__ void operator()(int64_t k, int64_t c, A& s1, A& s2) const {
-    const A v = reduce::load<A>(x[k]) - shift[c];
-    s1 += v;
-    s2 += v * v;
+  const A* shift;
+  // V elements of channel c from offset k.
+  template <int V, class I>
+  __device__ void same(I k, I c, A& s1, A& s2) const {
+    const Pack<T, V> p = *reinterpret_cast<const Pack<T, V>*>(x + k);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const A d = reduce::load<A>(p.v[v]) - shift[c];
+      s1 += d;
+      s2 += d * d;
+    }
+  }
+  // Channels c0 .. c0 + V - 1 of one row, from offset k.
+  template <int V, class I>
+  __device__ void spread(I k, I c0, A* s1, A* s2) const {
+    const Pack<T, V> p = *reinterpret_cast<const Pack<T, V>*>(x + k);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const A d = reduce::load<A>(p.v[v]) - shift[c0 + v];
+      s1[v] += d;
+      s2[v] += d * d;
+    }
   }
 };
 
@@ -40,63 +74,86 @@ struct BackwardTerms {
   const T* g;
   const T* x;
   const A* mean;
-  __device__ void operator()(int64_t k, int64_t c, A& s1, A& s2) const {
-    const A gv = reduce::load<A>(g[k]);
-    s1 += gv;
-    s2 += gv * (reduce::load<A>(x[k]) - mean[c]);
+  template <int V, class I>
+  __device__ void same(I k, I c, A& s1, A& s2) const {
+    const Pack<T, V> gp = *reinterpret_cast<const Pack<T, V>*>(g + k);
+    const Pack<T, V> xp = *reinterpret_cast<const Pack<T, V>*>(x + k);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const A gv = reduce::load<A>(gp.v[v]);
+      s1 += gv;
+      s2 += gv * (reduce::load<A>(xp.v[v]) - mean[c]);
+    }
+  }
+  template <int V, class I>
+  __device__ void spread(I k, I c0, A* s1, A* s2) const {
+    const Pack<T, V> gp = *reinterpret_cast<const Pack<T, V>*>(g + k);
+    const Pack<T, V> xp = *reinterpret_cast<const Pack<T, V>*>(x + k);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const A gv = reduce::load<A>(gp.v[v]);
+      s1[v] += gv;
+      s2[v] += gv * (reduce::load<A>(xp.v[v]) - mean[c0 + v]);
+    }
   }
 };
 
 // partials[(chunk C + c) 2 + {0, 1}]: the chunk's two sums for channel c.
-// Contiguous-like layout (inner > 1): block (c, chunk), threads over the
-// chunk's (o, i) pairs; a block sum in a fixed order.
-template <class A, class Terms>
-__global__ void chunk_sums_kernel(Terms terms, int64_t outer, int64_t channels, int64_t inner,
-                                  int64_t outer_per_chunk, A* __restrict__ partials) {
+// inner > 1: block (c, chunk), threads over the chunk's packs of V positions
+// (inner % V == 0); a block sum in a fixed order.
+template <class A, int V, class I, class Terms>
+__global__ void chunk_sums_kernel(Terms terms, I outer, I channels, I inner, I outer_per_chunk,
+                                  A* __restrict__ partials) {
   __shared__ A scratch[32];
-  const int64_t c = blockIdx.x, chunk = blockIdx.y;
-  const int64_t o0 = chunk * outer_per_chunk;
-  const int64_t o1 = o0 + outer_per_chunk < outer ? o0 + outer_per_chunk : outer;
-  const int64_t count = (o1 - o0) * inner;
+  const I c = blockIdx.x, chunk = blockIdx.y;
+  const I o0 = chunk * outer_per_chunk;
+  const I o1 = o0 + outer_per_chunk < outer ? o0 + outer_per_chunk : outer;
+  const I packs = (o1 - o0) * (inner / V);
   A s1 = 0, s2 = 0;
-  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
-    const int64_t o = o0 + j / inner, i = j % inner;
-    terms((o * channels + c) * inner + i, c, s1, s2);
+  for (I j = threadIdx.x; j < packs; j += blockDim.x) {
+    const I e = j * V;  // element index within the chunk
+    terms.template same<V>(((o0 + e / inner) * channels + c) * inner + e % inner, c, s1, s2);
   }
   s1 = reduce::block_sum(s1, scratch);
   s2 = reduce::block_sum(s2, scratch);
   if (threadIdx.x == 0) {
-    partials[(chunk * channels + c) * 2] = s1;
-    partials[(chunk * channels + c) * 2 + 1] = s2;
+    partials[(static_cast<int64_t>(chunk) * channels + c) * 2] = s1;
+    partials[(static_cast<int64_t>(chunk) * channels + c) * 2 + 1] = s2;
   }
 }
 
-// Channels-last (inner == 1): block (tile of 32 channels, chunk) of 32 x 8
-// threads, lane x a channel, lane y every 8th row of the chunk; the 8 row
-// lanes summed in order.
-template <class A, class Terms>
-__global__ void chunk_sums_rows_kernel(Terms terms, int64_t rows, int64_t channels,
-                                       int64_t rows_per_chunk, A* __restrict__ partials) {
-  __shared__ A sums[2][kTileRows][kTileChannels + 1];
-  const int tx = threadIdx.x % kTileChannels, ty = threadIdx.x / kTileChannels;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kTileChannels + tx, chunk = blockIdx.y;
-  const int64_t r0 = chunk * rows_per_chunk;
-  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
-  A s1 = 0, s2 = 0;
-  if (c < channels)
-    for (int64_t r = r0 + ty; r < r1; r += kTileRows)
-      terms(r * channels + c, c, s1, s2);
-  sums[0][ty][tx] = s1;
-  sums[1][ty][tx] = s2;
+// Channels-last (inner == 1, channels % V == 0): a thread holds a pack of V
+// channels; a block is `lanes` packs across x `kThreads / lanes` rows, grid
+// (channel tiles of lanes V, chunks); each thread walks every
+// (kThreads / lanes)-th row of the chunk, and the row lanes are summed in order.
+template <class A, int V, class I, class Terms>
+__global__ void chunk_sums_rows_kernel(Terms terms, I rows, I channels, I rows_per_chunk, int lanes,
+                                       A* __restrict__ partials) {
+  __shared__ A sums[2][kThreads * V];
+  const int tx = threadIdx.x % lanes, ty = threadIdx.x / lanes, row_lanes = kThreads / lanes;
+  const I c0 = (static_cast<I>(blockIdx.x) * lanes + tx) * V, chunk = blockIdx.y;
+  const I r0 = chunk * rows_per_chunk;
+  const I r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  A s1[V] = {}, s2[V] = {};
+  if (c0 < channels)
+    for (I r = r0 + ty; r < r1; r += row_lanes)
+      terms.template spread<V>(r * channels + c0, c0, s1, s2);
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    sums[0][threadIdx.x * V + v] = s1[v];
+    sums[1][threadIdx.x * V + v] = s2[v];
+  }
   __syncthreads();
-  if (ty == 0 && c < channels) {
+  if (ty != 0 || c0 >= channels) return;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
     A t1 = 0, t2 = 0;
-    for (int y = 0; y < kTileRows; ++y) {
-      t1 += sums[0][y][tx];
-      t2 += sums[1][y][tx];
+    for (int y = 0; y < row_lanes; ++y) {
+      t1 += sums[0][(y * lanes + tx) * V + v];
+      t2 += sums[1][(y * lanes + tx) * V + v];
     }
-    partials[(chunk * channels + c) * 2] = t1;
-    partials[(chunk * channels + c) * 2 + 1] = t2;
+    partials[(static_cast<int64_t>(chunk) * channels + c0 + v) * 2] = t1;
+    partials[(static_cast<int64_t>(chunk) * channels + c0 + v) * 2 + 1] = t2;
   }
 }
 
@@ -166,31 +223,49 @@ __global__ void backward_combine_kernel(const A* __restrict__ partials, int64_t 
   coef[2 * channels + c] = static_cast<A>(sum_g / n);
 }
 
-__device__ __forceinline__ int64_t channel_of(int64_t k, int64_t channels, int64_t inner) {
-  return inner == 1 ? k % channels : (k / inner) % channels;
+// The channel of pack j's first element (Note [Batch norm packs]); the pack's
+// element v is in channel c0 + v when inner == 1, else in c0.
+template <int V, class I>
+__device__ __forceinline__ I first_channel(I j, I channels, I inner) {
+  return inner == 1 ? (j * V) % channels : (j * V / inner) % channels;
 }
 
-template <class T, class A>
-__global__ void normalize_kernel(const T* __restrict__ x, const A* __restrict__ coef, int64_t numel,
-                                 int64_t channels, int64_t inner, T* __restrict__ out) {
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < numel;
-       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t c = channel_of(k, channels, inner);
-    out[k] = cu::convert<T>(reduce::load<A>(x[k]) * coef[c] + coef[channels + c]);
+template <class T, class A, int V, class I>
+__global__ void normalize_kernel(const T* __restrict__ x, const A* __restrict__ coef, I packs,
+                                 I channels, I inner, T* __restrict__ out) {
+  using P = Pack<T, V>;
+  for (I j = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; j < packs;
+       j += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I c0 = first_channel<V>(j, channels, inner);
+    const P xp = reinterpret_cast<const P*>(x)[j];
+    P yp;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const I c = inner == 1 ? c0 + v : c0;
+      yp.v[v] = cu::convert<T>(reduce::load<A>(xp.v[v]) * coef[c] + coef[channels + c]);
+    }
+    reinterpret_cast<P*>(out)[j] = yp;
   }
 }
 
-template <class T, class A>
+template <class T, class A, int V, class I>
 __global__ void input_grad_kernel(const T* __restrict__ g, const T* __restrict__ x,
-                                  const A* __restrict__ mean, const A* __restrict__ coef,
-                                  int64_t numel, int64_t channels, int64_t inner,
-                                  T* __restrict__ dx) {
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < numel;
-       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t c = channel_of(k, channels, inner);
-    const A a = coef[c], b = coef[channels + c], g_mean = coef[2 * channels + c];
-    dx[k] = cu::convert<T>(a * (reduce::load<A>(g[k]) - g_mean) +
-                           b * (reduce::load<A>(x[k]) - mean[c]));
+                                  const A* __restrict__ mean, const A* __restrict__ coef, I packs,
+                                  I channels, I inner, T* __restrict__ dx) {
+  using P = Pack<T, V>;
+  for (I j = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; j < packs;
+       j += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I c0 = first_channel<V>(j, channels, inner);
+    const P gp = reinterpret_cast<const P*>(g)[j];
+    const P xp = reinterpret_cast<const P*>(x)[j];
+    P dp;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const I c = inner == 1 ? c0 + v : c0;
+      dp.v[v] = cu::convert<T>(coef[c] * (reduce::load<A>(gp.v[v]) - coef[2 * channels + c]) +
+                               coef[channels + c] * (reduce::load<A>(xp.v[v]) - mean[c]));
+    }
+    reinterpret_cast<P*>(dx)[j] = dp;
   }
 }
 
@@ -200,38 +275,37 @@ int sm_count(int device) {
   return sms;
 }
 
+// Note [Batch norm packs]: the pack size for x's dtype and layout.
+int pack_size(DType dtype, const BatchNormLayout& l) {
+  const int64_t v = 16 / static_cast<int64_t>(element_size(dtype));
+  return (l.inner == 1 ? l.channels % v : l.inner % v) == 0 ? static_cast<int>(v) : 1;
+}
+
 // How the per-chunk sums split the work: about 4 blocks per SM, never more
 // chunks than rows, from the shape and the SM count only (Note [Determinism]).
 struct Chunking {
   int64_t chunks = 1, per_chunk = 1;  // per_chunk: outer indices (rows) per chunk
   unsigned channel_blocks = 1;
+  int lanes = 1;  // channels-last: packs of channels across a block
 };
-Chunking chunking(const BatchNormLayout& l, int device) {
+Chunking chunking(const BatchNormLayout& l, int v, int device) {
   Chunking k;
-  k.channel_blocks = static_cast<unsigned>(
-      l.inner == 1 ? (l.channels + kTileChannels - 1) / kTileChannels : l.channels);
+  int64_t min_rows = 1;  // at least a block's worth of values per chunk where there are enough
+  if (l.inner == 1) {
+    const int64_t packs = l.channels / v;
+    k.lanes = static_cast<int>(std::min<int64_t>(32, packs));
+    k.channel_blocks = static_cast<unsigned>((packs + k.lanes - 1) / k.lanes);
+    min_rows = 4 * (kThreads / k.lanes);
+  } else {
+    k.channel_blocks = static_cast<unsigned>(l.channels);
+    min_rows = (kThreads * v + l.inner - 1) / l.inner;
+  }
   const int64_t target = 4 * static_cast<int64_t>(sm_count(device));
   int64_t chunks = std::max<int64_t>(1, (target + k.channel_blocks - 1) / k.channel_blocks);
-  // At least a block's worth of values per chunk where there are enough.
-  const int64_t min_rows = l.inner == 1 ? 4 * kTileRows : (kThreads + l.inner - 1) / l.inner;
-  chunks = std::min(chunks, std::max<int64_t>(1, l.outer / std::max<int64_t>(1, min_rows)));
+  chunks = std::min(chunks, std::max<int64_t>(1, l.outer / min_rows));
   k.per_chunk = (l.outer + chunks - 1) / chunks;
   k.chunks = (l.outer + k.per_chunk - 1) / k.per_chunk;
   return k;
-}
-
-template <class A, class Terms>
-void launch_chunk_sums(const Terms& terms, const BatchNormLayout& l, const Chunking& k, A* partials,
-                       cudaStream_t stream) {
-  const dim3 grid(k.channel_blocks, static_cast<unsigned>(k.chunks));
-  if (l.inner == 1) {
-    chunk_sums_rows_kernel<A>
-        <<<grid, kThreads, 0, stream>>>(terms, l.outer, l.channels, k.per_chunk, partials);
-  } else {
-    chunk_sums_kernel<A>
-        <<<grid, kThreads, 0, stream>>>(terms, l.outer, l.channels, l.inner, k.per_chunk, partials);
-  }
-  ACCRUE_LAUNCH_CHECK();
 }
 
 template <class T>
@@ -240,32 +314,70 @@ T* data(const Tensor& t) {
 }
 
 // What both directions launch with: the device made current, its stream, the
-// chunking, and a scratch buffer of the accumulation dtype with 3 [C]
-// vectors followed by the partials [chunks, C, 2].
+// pack size, the chunking, and a scratch buffer of the accumulation dtype
+// with 3 [C] vectors followed by the partials [chunks, C, 2].
 struct Launch {
   Launch(const Tensor& x, const BatchNormLayout& layout, DType acc)
       : scope(x.device().index),
         stream(cu::stream_for(x.device().index)),
-        k(chunking(layout, x.device().index)),
-        channels(layout.channels),
-        numel(x.numel()),
+        v(pack_size(x.dtype(), layout)),
+        k(chunking(layout, v, x.device().index)),
+        layout(layout),
+        small(x.numel() <= std::numeric_limits<int32_t>::max()),
         n(static_cast<double>(layout.outer * layout.inner)),
-        scratch(empty({channels * (3 + 2 * k.chunks)}, acc, x.device())) {}
+        scratch(empty({layout.channels * (3 + 2 * k.chunks)}, acc, x.device())) {}
   template <class A>
   A* vectors() const {  // 3 [C]
     return data<A>(scratch);
   }
   template <class A>
   A* partials() const {
-    return data<A>(scratch) + 3 * channels;
+    return data<A>(scratch) + 3 * layout.channels;
+  }
+  // f(std::integral_constant<int, V>{}, I{}): the pack size and index type as types.
+  template <int VMax, class F>
+  void visit(F&& f) const {
+    auto with_index = [&](auto pack) {
+      if (small) {
+        f(pack, int32_t{});
+      } else {
+        f(pack, int64_t{});
+      }
+    };
+    if (v == VMax) {
+      with_index(std::integral_constant<int, VMax>{});
+    } else {
+      with_index(std::integral_constant<int, 1>{});
+    }
+  }
+  unsigned elementwise_grid() const {
+    return cu::grid_for((layout.outer * layout.channels * layout.inner) / v, kThreads);
   }
   cu::DeviceScope scope;
   cudaStream_t stream;
+  int v;
   Chunking k;
-  int64_t channels, numel;
-  double n;  // values per channel
+  BatchNormLayout layout;
+  bool small;  // 32-bit indices
+  double n;    // values per channel
   Tensor scratch;
 };
+
+template <class A, int V, class I, class Terms>
+void launch_chunk_sums(const Terms& terms, const Launch& l, A* partials) {
+  const dim3 grid(l.k.channel_blocks, static_cast<unsigned>(l.k.chunks));
+  const BatchNormLayout& s = l.layout;
+  if (s.inner == 1) {
+    chunk_sums_rows_kernel<A, V, I><<<grid, kThreads, 0, l.stream>>>(
+        terms, static_cast<I>(s.outer), static_cast<I>(s.channels), static_cast<I>(l.k.per_chunk),
+        l.k.lanes, partials);
+  } else {
+    chunk_sums_kernel<A, V, I><<<grid, kThreads, 0, l.stream>>>(
+        terms, static_cast<I>(s.outer), static_cast<I>(s.channels), static_cast<I>(s.inner),
+        static_cast<I>(l.k.per_chunk), partials);
+  }
+  ACCRUE_LAUNCH_CHECK();
+}
 
 }  // namespace
 
@@ -273,8 +385,7 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
                         const BatchNormLayout& layout, const Tensor& out, const Tensor& mean,
                         const Tensor& var, const Tensor& invstd) {
   const Launch l(x, layout, mean.dtype());
-  const cudaStream_t stream = l.stream;
-  const int64_t channels = l.channels;
+  const int64_t channels = layout.channels;
   cu::visit_float_dtype(x.dtype(), "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     using A = cu::math_t<T>;
@@ -283,16 +394,21 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
     A* partials = l.partials<A>();
     const unsigned channel_grid = cu::grid_for(channels, kThreads);
     channel_shift_kernel<T, A>
-        <<<channel_grid, kThreads, 0, stream>>>(data<T>(x), channels, layout.inner, shift);
+        <<<channel_grid, kThreads, 0, l.stream>>>(data<T>(x), channels, layout.inner, shift);
     ACCRUE_LAUNCH_CHECK();
-    launch_chunk_sums<A>(StatsTerms<T, A>{data<T>(x), shift}, layout, l.k, partials, stream);
-    forward_combine_kernel<T, A><<<channel_grid, kThreads, 0, stream>>>(
-        partials, l.k.chunks, channels, l.n, eps, shift, data<T>(weight), data<T>(bias),
-        data<A>(mean), data<A>(var), data<A>(invstd), coef);
-    ACCRUE_LAUNCH_CHECK();
-    normalize_kernel<T, A><<<cu::grid_for(l.numel, kThreads), kThreads, 0, stream>>>(
-        data<T>(x), coef, l.numel, channels, layout.inner, data<T>(out));
-    ACCRUE_LAUNCH_CHECK();
+    l.visit<16 / sizeof(T)>([&](auto pack, auto index) {
+      constexpr int V = decltype(pack)::value;
+      using I = decltype(index);
+      launch_chunk_sums<A, V, I>(StatsTerms<T, A>{data<T>(x), shift}, l, partials);
+      forward_combine_kernel<T, A><<<channel_grid, kThreads, 0, l.stream>>>(
+          partials, l.k.chunks, channels, l.n, eps, shift, data<T>(weight), data<T>(bias),
+          data<A>(mean), data<A>(var), data<A>(invstd), coef);
+      ACCRUE_LAUNCH_CHECK();
+      normalize_kernel<T, A, V, I><<<l.elementwise_grid(), kThreads, 0, l.stream>>>(
+          data<T>(x), coef, static_cast<I>(x.numel() / V), static_cast<I>(channels),
+          static_cast<I>(layout.inner), data<T>(out));
+      ACCRUE_LAUNCH_CHECK();
+    });
   });
 }
 
@@ -300,24 +416,27 @@ void batch_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weig
                          const Tensor& mean, const Tensor& invstd, const BatchNormLayout& layout,
                          const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
   const Launch l(x, layout, mean.dtype());
-  const cudaStream_t stream = l.stream;
-  const int64_t channels = l.channels;
+  const int64_t channels = layout.channels;
   cu::visit_float_dtype(x.dtype(), "batch_norm_backward", [&](auto tag) {
     using T = decltype(tag);
     using A = cu::math_t<T>;
     A* coef = l.vectors<A>();  // [3 C]
     A* partials = l.partials<A>();
-    launch_chunk_sums<A>(BackwardTerms<T, A>{data<T>(grad), data<T>(x), data<A>(mean)}, layout, l.k,
-                         partials, stream);
-    backward_combine_kernel<T, A><<<cu::grid_for(channels, kThreads), kThreads, 0, stream>>>(
-        partials, l.k.chunks, channels, l.n, data<T>(weight), data<A>(invstd), data<A>(dweight),
-        data<A>(dbias), coef);
-    ACCRUE_LAUNCH_CHECK();
-    if (!dx.defined()) return;
-    input_grad_kernel<T, A><<<cu::grid_for(l.numel, kThreads), kThreads, 0, stream>>>(
-        data<T>(grad), data<T>(x), data<A>(mean), coef, l.numel, channels, layout.inner,
-        data<T>(dx));
-    ACCRUE_LAUNCH_CHECK();
+    l.visit<16 / sizeof(T)>([&](auto pack, auto index) {
+      constexpr int V = decltype(pack)::value;
+      using I = decltype(index);
+      launch_chunk_sums<A, V, I>(BackwardTerms<T, A>{data<T>(grad), data<T>(x), data<A>(mean)}, l,
+                                 partials);
+      backward_combine_kernel<T, A><<<cu::grid_for(channels, kThreads), kThreads, 0, l.stream>>>(
+          partials, l.k.chunks, channels, l.n, data<T>(weight), data<A>(invstd), data<A>(dweight),
+          data<A>(dbias), coef);
+      ACCRUE_LAUNCH_CHECK();
+      if (!dx.defined()) return;
+      input_grad_kernel<T, A, V, I><<<l.elementwise_grid(), kThreads, 0, l.stream>>>(
+          data<T>(grad), data<T>(x), data<A>(mean), coef, static_cast<I>(x.numel() / V),
+          static_cast<I>(channels), static_cast<I>(layout.inner), data<T>(dx));
+      ACCRUE_LAUNCH_CHECK();
+    });
   });
 }
 

@@ -11,10 +11,12 @@
 // (Note [Composed convolution]), whose GEMMs keep TF32 off, so the f32 suite
 // still compares with the CPU reference at 1e-5.
 //  - Tensors go in with their real strides; an output takes its input's
-//    layout (an NHWC input gives an NHWC output). Elementwise ops and the
-//    composed BatchNorm write contiguous NCHW results, so in a ResNet the
-//    channels-last layout lasts from the input to the first BatchNorm; the
-//    convolutions after it get NCHW inputs.
+//    layout (an NHWC input gives an NHWC output). Elementwise results and
+//    the fused BatchNorm keep a channels-last layout (Note [Channels-last
+//    results], Note [Fused batch norm kernels]), so a channels-last ResNet
+//    stays channels-last from its input to its pooling. Next to a
+//    channels-last activation the weight goes in channels-last too (a copy,
+//    kernels/conv.cpp's weight_for), as does the weight gradient's output.
 //  - One graph per key: direction, device, dtype, the geometry and every
 //    operand's strides (and the weight gradient's output dtype). It is built
 //    once (validate, operation graph, heuristics A then fallback, the
@@ -27,10 +29,11 @@
 //    and a temporary.
 //  - The weight gradient: beta 0 writes the result straight into the slot,
 //    f32 or the input's dtype, where cuDNN builds a graph with that output
-//    type; beta 1 (Note [Fused weight-gradient accumulation]) computes into a
-//    temporary of the slot's dtype and adds it, because the graph API's
-//    conv_wgrad has no alpha/beta blend. The temporary is the weight's size,
-//    small beside the activations.
+//    type and the slot's layout is the one wanted; a channels-last gradient
+//    and beta 1 (Note [Fused weight-gradient accumulation]) go through a
+//    temporary of the slot's dtype, copied or added into the slot, because
+//    the graph API's conv_wgrad has no alpha/beta blend. The temporary is the
+//    weight's size, small beside the activations.
 //  - Handles are per (device, stream) and bound to that stream; workspaces
 //    come from accrue's allocator on that stream. Nothing synchronizes the
 //    host. The state is never destroyed, as in Note [cuDNN attention graphs].
