@@ -116,6 +116,41 @@ BatchNormBackward batch_norm_backward(const Tensor& grad, const Tensor& x, const
   return r;
 }
 
+namespace {
+
+// A statistics vector of the merge or adoption: contiguous [n] on `device`,
+// f64 (or f32 too where f32_ok).
+void check_statistics(const Tensor& t, const char* op, const char* what, int64_t n, Device device,
+                      bool f32_ok) {
+  ACCRUE_CHECK(t.defined() && t.shape() == Shape{n} && t.device() == device && t.is_contiguous() &&
+                   (t.dtype() == DType::f64 || (f32_ok && t.dtype() == DType::f32)),
+               op, ": ", what, " is ", t.defined() ? dtype_name(t.dtype()) : "undefined", " ",
+               t.defined() ? shape_str(t.shape()) : "", " on ",
+               t.defined() ? t.device().str() : "-", "; expected contiguous ",
+               f32_ok ? "f32 or f64" : "f64", " [", n, "] on ", device.str());
+}
+
+}  // namespace
+
+void batch_norm_adopt_statistics(const Tensor& running_mean, const Tensor& running_var,
+                                 const Tensor& count, const Tensor& mean, const Tensor& m2,
+                                 double momentum) {
+  const char* op = "batch_norm_adopt_statistics";
+  NoGradGuard no_grad;
+  check_defined(mean, op, "mean");
+  const int64_t c = mean.numel();
+  const Device device = mean.device();
+  check_statistics(running_mean, op, "running_mean", c, device, false);
+  check_statistics(running_var, op, "running_var", c, device, false);
+  check_statistics(count, op, "count", 1, device, false);
+  check_statistics(mean, op, "mean", c, device, false);
+  check_statistics(m2, op, "m2", c, device, false);
+  ACCRUE_CHECK(momentum > 0.0 && momentum <= 1.0, op, ": momentum = ", momentum,
+               " must lie in (0, 1]");
+  ACCRUE_BACKEND_CALL(device, batch_norm_adopt_statistics, running_mean, running_var, count, mean,
+                      m2, momentum);
+}
+
 void batch_norm_merge_statistics(const Tensor& count, const Tensor& mean, const Tensor& m2,
                                  const Tensor& batch_mean, const Tensor& batch_var,
                                  double batch_count) {
@@ -125,12 +160,7 @@ void batch_norm_merge_statistics(const Tensor& count, const Tensor& mean, const 
   const int64_t c = mean.numel();
   const Device device = mean.device();
   auto check = [&](const Tensor& t, const char* what, int64_t n, bool f64_only) {
-    ACCRUE_CHECK(
-        t.defined() && t.shape() == Shape{n} && t.device() == device && t.is_contiguous() &&
-            (t.dtype() == DType::f64 || (!f64_only && t.dtype() == DType::f32)),
-        op, ": ", what, " is ", t.defined() ? dtype_name(t.dtype()) : "undefined", " ",
-        t.defined() ? shape_str(t.shape()) : "", " on ", t.defined() ? t.device().str() : "-",
-        "; expected contiguous ", f64_only ? "f64" : "f32 or f64", " [", n, "] on ", device.str());
+    check_statistics(t, op, what, n, device, !f64_only);
   };
   check(count, "count", 1, true);
   check(mean, "mean", c, true);

@@ -63,4 +63,15 @@ void batch_norm_merge_statistics(const Tensor& count, const Tensor& mean, const 
                                  const Tensor& batch_mean, const Tensor& batch_var,
                                  double batch_count);
 
+// Note [Window statistics]'s close in one launch: where count > 0, the
+// running statistics (f64 [C]) move to the pending ones with `momentum` (1:
+// replaced outright), the variance unbiased (m2 / (count - 1)):
+//   running_mean = running_mean (1 - momentum) + mean momentum,
+//   running_var = running_var (1 - momentum) + m2 / (count - 1) momentum;
+// then count, mean and m2 are zeroed for the next window. count 0 (no
+// forward this window) leaves the running statistics alone.
+void batch_norm_adopt_statistics(const Tensor& running_mean, const Tensor& running_var,
+                                 const Tensor& count, const Tensor& mean, const Tensor& m2,
+                                 double momentum);
+
 }  // namespace accrue::kernels

@@ -288,12 +288,31 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
   grad_weight.copy_(dw);
 }
 
+namespace {
+
+// A composed pooling result (contiguous) in the layout of `like`: pooling
+// keeps a channels-last model channels-last (Note [Channels-last results]),
+// at the price of one copy of its (small) output, so the convolutions after
+// it run channels-last in cuDNN.
+Tensor in_layout_of(const Tensor& t, const Tensor& like) {
+  if (!dispatch_util::channels_last(like) || t.dim() != 4) return t;
+  Tensor out = dispatch_util::empty_channels_last(t.shape(), t.dtype(), t.device());
+  out.copy_(t);
+  return out;
+}
+
+}  // namespace
+
 MaxPoolOutput max_pool2d(const Tensor& x, const Pool2dOptions& options) {
   const char* op = "max_pool2d";
   NoGradGuard no_grad;
   check_float_on(x, x.defined() ? x.device() : Device::cpu(), op, "input");
   const Conv2dGeometry g = pool_geometry(x.shape(), options, op);
-  if (!x.device().is_cpu()) return composed::max_pool2d(x, g);  // Note [Composed convolution]
+  if (!x.device().is_cpu()) {  // Note [Composed convolution]
+    MaxPoolOutput r = composed::max_pool2d(x, g);
+    r.out = in_layout_of(r.out, x);
+    return r;
+  }
   Tensor out = empty({g.n, g.c, g.oh, g.ow}, DType::f64);
   Tensor indices = empty({g.n, g.c, g.oh, g.ow}, DType::i64);
   cpu::max_pool2d(f64(x), out, indices, g);
@@ -309,7 +328,8 @@ Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Shap
                op, ": indices must be i64 on ", grad.device().str(), " with grad's shape ",
                shape_str(grad.shape()));
   // On CUDA the scatter checks the positions (kernels/index_checks.h).
-  if (!grad.device().is_cpu()) return composed::max_pool2d_backward(grad, indices, g);
+  if (!grad.device().is_cpu())
+    return in_layout_of(composed::max_pool2d_backward(grad.contiguous(), indices, g), grad);
   const Tensor idx = indices.contiguous();
   for (int64_t v : idx.to_vector<int64_t>())
     ACCRUE_CHECK(v >= 0 && v < g.h * g.w, op, ": index ", v, " is outside the ", g.h, " x ", g.w,
@@ -324,7 +344,8 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
   NoGradGuard no_grad;
   check_float_on(x, x.defined() ? x.device() : Device::cpu(), op, "input");
   const Conv2dGeometry g = pool_geometry(x.shape(), options, op);
-  if (!x.device().is_cpu()) return composed::avg_pool2d(x, g, options.count_include_pad);
+  if (!x.device().is_cpu())
+    return in_layout_of(composed::avg_pool2d(x, g, options.count_include_pad), x);
   Tensor out = empty({g.n, g.c, g.oh, g.ow}, DType::f64);
   cpu::avg_pool2d(f64(x), out, g, options.count_include_pad);
   return out.to(x.dtype());
@@ -336,7 +357,7 @@ Tensor avg_pool2d_backward(const Tensor& grad, const Shape& x_shape, const Pool2
   const Conv2dGeometry g = pool_geometry(x_shape, options, op);
   check_conv_grad(grad, {g.n, g.c, g.oh, g.ow}, grad.defined() ? grad.device() : Device::cpu(), op);
   if (!grad.device().is_cpu())
-    return composed::avg_pool2d_backward(grad, g, options.count_include_pad);
+    return in_layout_of(composed::avg_pool2d_backward(grad, g, options.count_include_pad), grad);
   Tensor dx = empty(x_shape, DType::f64);
   cpu::avg_pool2d_backward(f64(grad), dx, g, options.count_include_pad);
   return dx.to(grad.dtype());
@@ -358,7 +379,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
   g.oh = out_h;
   g.ow = out_w;
   if (!x.device().is_cpu())
-    return composed::adaptive_avg_pool2d(x, g);  // Note [Composed convolution]
+    return in_layout_of(composed::adaptive_avg_pool2d(x, g), x);  // Note [Composed convolution]
   Tensor out = empty({g.n, g.c, g.oh, g.ow}, DType::f64);
   cpu::adaptive_avg_pool2d(f64(x), out, g);
   return out.to(x.dtype());

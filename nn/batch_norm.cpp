@@ -123,20 +123,12 @@ Tensor BatchNorm::forward(const Tensor& x) {
 }
 
 void BatchNorm::adopt_pending(double momentum) {
-  NoGradGuard no_grad;
-  // No forward since the last adoption (count 0) leaves the running
-  // statistics alone; the test is on the device, the host never looks.
-  const Tensor count = pending_count_.expand({channels_});
-  const Tensor any = kernels::compare(kernels::CompareOp::Gt, count,
-                                      zeros({channels_}, DType::f64, count.device()));
-  const Tensor unbiased = pending_m2_ / (count - 1.0);
-  auto moved = [&](const Tensor& running, const Tensor& pending) {
-    // Momentum 1 replaces outright, so even non-finite running statistics are mended.
-    return momentum == 1.0 ? pending : running * (1.0 - momentum) + pending * momentum;
-  };
-  running_mean_.copy_(where(any, moved(running_mean_, pending_mean_), running_mean_));
-  running_var_.copy_(where(any, moved(running_var_, unbiased), running_var_));
-  on_window_restart();
+  // One launch (kernels::batch_norm_adopt_statistics): no forward since the
+  // last adoption (count 0) leaves the running statistics alone; the test is
+  // on the device, the host never looks. The pending statistics restart.
+  kernels::batch_norm_adopt_statistics(running_mean_, running_var_, pending_count_, pending_mean_,
+                                       pending_m2_, momentum);
+  pending_forwards_ = 0;
 }
 
 void BatchNorm::on_window_close() {

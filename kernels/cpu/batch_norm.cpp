@@ -124,4 +124,29 @@ void batch_norm_merge_statistics(const Tensor& count, const Tensor& mean, const 
   counts[0] = total;
 }
 
+void batch_norm_adopt_statistics(const Tensor& running_mean, const Tensor& running_var,
+                                 const Tensor& count, const Tensor& mean, const Tensor& m2,
+                                 double momentum) {
+  double* rm = ptr<double>(running_mean);
+  double* rv = ptr<double>(running_var);
+  double* means = ptr<double>(mean);
+  double* m2s = ptr<double>(m2);
+  double* n = ptr<double>(count);
+  for (int64_t c = 0; c < mean.numel(); ++c) {
+    if (n[0] > 0.0) {
+      const double unbiased = m2s[c] / (n[0] - 1.0);
+      if (momentum == 1.0) {  // replaced outright: mends non-finite running statistics too
+        rm[c] = means[c];
+        rv[c] = unbiased;
+      } else {
+        rm[c] = rm[c] * (1.0 - momentum) + means[c] * momentum;
+        rv[c] = rv[c] * (1.0 - momentum) + unbiased * momentum;
+      }
+    }
+    means[c] = 0.0;
+    m2s[c] = 0.0;
+  }
+  n[0] = 0.0;
+}
+
 }  // namespace accrue::kernels::cpu

@@ -479,4 +479,47 @@ void batch_norm_merge_statistics(const Tensor& count, const Tensor& mean, const 
   }
 }
 
+namespace {
+
+// One block, as the merge. __dmul_rn / __dadd_rn keep the CPU's roundings
+// (no fused multiply-add).
+__global__ void adopt_statistics_kernel(double* __restrict__ running_mean,
+                                        double* __restrict__ running_var,
+                                        double* __restrict__ count, double* __restrict__ mean,
+                                        double* __restrict__ m2, int64_t channels,
+                                        double momentum) {
+  const double n = count[0];
+  for (int64_t c = threadIdx.x; c < channels; c += blockDim.x) {
+    if (n > 0.0) {
+      const double unbiased = m2[c] / (n - 1.0);
+      if (momentum == 1.0) {
+        running_mean[c] = mean[c];
+        running_var[c] = unbiased;
+      } else {
+        running_mean[c] =
+            __dadd_rn(__dmul_rn(running_mean[c], 1.0 - momentum), __dmul_rn(mean[c], momentum));
+        running_var[c] =
+            __dadd_rn(__dmul_rn(running_var[c], 1.0 - momentum), __dmul_rn(unbiased, momentum));
+      }
+    }
+    mean[c] = 0.0;
+    m2[c] = 0.0;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) count[0] = 0.0;
+}
+
+}  // namespace
+
+void batch_norm_adopt_statistics(const Tensor& running_mean, const Tensor& running_var,
+                                 const Tensor& count, const Tensor& mean, const Tensor& m2,
+                                 double momentum) {
+  const int dev = mean.device().index;
+  cu::DeviceScope scope(dev);
+  adopt_statistics_kernel<<<1, kThreads, 0, cu::stream_for(dev)>>>(
+      data<double>(running_mean), data<double>(running_var), data<double>(count),
+      data<double>(mean), data<double>(m2), mean.numel(), momentum);
+  ACCRUE_LAUNCH_CHECK();
+}
+
 }  // namespace accrue::kernels::cuda

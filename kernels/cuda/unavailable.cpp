@@ -94,5 +94,9 @@ void batch_norm_merge_statistics(const Tensor&, const Tensor&, const Tensor&, co
                                  const Tensor&, double) {
   unavailable("batch_norm_merge_statistics");
 }
+void batch_norm_adopt_statistics(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, double) {
+  unavailable("batch_norm_adopt_statistics");
+}
 
 }  // namespace accrue::kernels::cuda

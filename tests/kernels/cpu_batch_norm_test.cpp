@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <vector>
 
 #include "kernels/batch_norm.h"
@@ -145,6 +146,41 @@ TEST(CpuBatchNorm, merging_statistics_is_chans_formula) {
                                                delta * delta * na * nb / total);
   }
   EXPECT_EQ(count.data<double>()[0], 19.0);
+}
+
+TEST(CpuBatchNorm, adopting_statistics_moves_the_running_ones_and_restarts_the_window) {
+  const int64_t c = 4;
+  const Tensor rm = test::random_normal({c}, DType::f64),
+               rv = test::random_uniform({c}, 1, 2, DType::f64);
+  const Tensor rm0 = rm.clone(), rv0 = rv.clone();
+  Tensor count = full({1}, 9.0, DType::f64);
+  Tensor mean = test::random_normal({c}, DType::f64),
+         m2 = test::random_uniform({c}, 1, 5, DType::f64);
+  const Tensor mean0 = mean.clone(), m20 = m2.clone();
+  kernels::batch_norm_adopt_statistics(rm, rv, count, mean, m2, 0.1);
+  for (int64_t i = 0; i < c; ++i) {
+    EXPECT_DOUBLE_EQ(rm.data<double>()[i],
+                     rm0.data<double>()[i] * 0.9 + mean0.data<double>()[i] * 0.1);
+    EXPECT_DOUBLE_EQ(rv.data<double>()[i],
+                     rv0.data<double>()[i] * 0.9 + m20.data<double>()[i] / 8.0 * 0.1);
+  }
+  EXPECT_TRUE(test::all_equal(mean, zeros({c}, DType::f64)));
+  EXPECT_TRUE(test::all_equal(m2, zeros({c}, DType::f64)));
+  EXPECT_EQ(count.data<double>()[0], 0.0);
+  // count 0: nothing to adopt, the running statistics stay.
+  const Tensor rm1 = rm.clone();
+  kernels::batch_norm_adopt_statistics(rm, rv, count, mean, m2, 0.1);
+  EXPECT_TRUE(test::all_equal(rm, rm1));
+  // Momentum 1 replaces outright, mending a non-finite running value.
+  rm.fill_(std::numeric_limits<double>::quiet_NaN());
+  count.fill_(3.0);
+  mean.fill_(2.5);
+  kernels::batch_norm_adopt_statistics(rm, rv, count, mean, m2, 1.0);
+  EXPECT_TRUE(test::all_equal(rm, full({c}, 2.5, DType::f64)));
+  EXPECT_ERROR(kernels::batch_norm_adopt_statistics(rm, rv, count, mean, m2, 0.0),
+               "batch_norm_adopt_statistics", "momentum = 0");
+  EXPECT_ERROR(kernels::batch_norm_adopt_statistics(rm.to(DType::f32), rv, count, mean, m2, 0.1),
+               "batch_norm_adopt_statistics", "running_mean is f32");
 }
 
 TEST(CpuBatchNorm, bad_inputs_throw_naming_the_op_and_values) {

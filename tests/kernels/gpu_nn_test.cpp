@@ -625,6 +625,17 @@ TEST(GpuBatchNorm, merging_statistics_matches_the_cpu_reference) {
     EXPECT_TRUE(test::all_equal(on_cpu(gc), count));
     EXPECT_TRUE(close(on_cpu(gm), mean, 1e-14));
     EXPECT_TRUE(close(on_cpu(gm2), m2, 1e-14));
+    // Adoption: the same roundings as the CPU (no fused multiply-add).
+    const Tensor rm = test::random_normal({c}, DType::f64),
+                 rv = test::random_uniform({c}, 1, 2, DType::f64);
+    Tensor grm = rm.to(kGpu), grv = rv.to(kGpu), gc2 = count.to(kGpu), gmean = mean.to(kGpu),
+           gm22 = m2.to(kGpu);
+    kernels::batch_norm_adopt_statistics(grm, grv, gc2, gmean, gm22, 0.1);
+    kernels::batch_norm_adopt_statistics(rm, rv, count, mean, m2, 0.1);
+    EXPECT_TRUE(test::all_equal(on_cpu(grm), rm));
+    EXPECT_TRUE(test::all_equal(on_cpu(grv), rv));
+    EXPECT_TRUE(test::all_equal(on_cpu(gmean), mean));
+    EXPECT_TRUE(test::all_equal(on_cpu(gc2), count));
   }
 }
 
