@@ -2,6 +2,7 @@
 // and the shapes), compute the geometry, and run the CPU reference in double
 // or, on CUDA, cuDNN where Note [cuDNN convolution] admits the call and the
 // composed path otherwise (Note [Composed convolution]).
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -222,6 +223,29 @@ bool conv2d_backward_weight(const Tensor&, const Tensor&, const Tensor&, const C
 }  // namespace cudnn
 #endif
 
+namespace {
+
+std::atomic<bool> pointwise_gemm_on{true};
+
+// Note [Pointwise convolution as a GEMM]: a bf16/f16 CUDA 1 x 1 convolution
+// whose activation (the input, or for the data gradient the output gradient)
+// is channels-last.
+bool use_pointwise_gemm(const Tensor& activation, const Tensor& x_like, const Conv2dGeometry& g) {
+  return pointwise_gemm_on.load() && activation.device().is_cuda() &&
+         dispatch_util::is_16_bit(activation.dtype()) && dispatch_util::channels_last(activation) &&
+         pointwise::applies(x_like, g);
+}
+
+}  // namespace
+
+void set_pointwise_conv_gemm(bool on) {
+  pointwise_gemm_on.store(on);
+}
+
+bool pointwise_conv_gemm() {
+  return pointwise_gemm_on.load();
+}
+
 bool cudnn_convolution_available() {
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
   return true;
@@ -238,6 +262,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& option
   ACCRUE_CHECK(x.dtype() == weight.dtype(), op, ": input is ", dtype_name(x.dtype()),
                ", weight is ", dtype_name(weight.dtype()), "; expected one dtype");
   const Conv2dGeometry g = conv_geometry(x.shape(), weight.shape(), options, op);
+  if (use_pointwise_gemm(x, x, g)) return pointwise::conv2d(x, weight, g);
   if (cudnn_operand(x) && cudnn_operand(weight)) {
     Tensor out = dispatch_util::empty_in_layout_of({g.n, g.o, g.oh, g.ow}, x.dtype(), x);
     if (cudnn::conv2d_forward(x, weight_for(weight, x), out, g)) return out;
@@ -255,6 +280,8 @@ Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Sha
   check_float_on(weight, weight.defined() ? weight.device() : Device::cpu(), op, "weight");
   const Conv2dGeometry g = conv_geometry(x_shape, weight.shape(), options, op);
   check_conv_grad(grad, {g.n, g.o, g.oh, g.ow}, weight.device(), op);
+  if (grad.dtype() == weight.dtype() && use_pointwise_gemm(grad, grad, g))
+    return pointwise::conv2d_backward_input(grad, weight, g);
   if (cudnn_operand(grad) && cudnn_operand(weight) && grad.dtype() == weight.dtype()) {
     Tensor dx = dispatch_util::empty_in_layout_of(x_shape, grad.dtype(), grad);
     if (cudnn::conv2d_backward_data(grad, weight_for(weight, grad), dx, g)) return dx;
@@ -277,6 +304,10 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
   if (!x.device().is_cpu()) {  // Note [Composed convolution]
     ACCRUE_CHECK(grad_weight.is_contiguous(), op, ": grad_weight of shape ",
                  shape_str(grad_weight.shape()), " must be contiguous (the GEMM writes into it)");
+    if (grad.dtype() == x.dtype() && use_pointwise_gemm(x, x, g)) {
+      pointwise::conv2d_backward_weight(grad, x, grad_weight, g, beta);
+      return;
+    }
     if (cudnn_weight_gradient(grad, x, grad_weight, g, beta)) return;
     composed::conv2d_backward_weight(grad, x, grad_weight, g, beta);
     return;

@@ -74,4 +74,10 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad, const Shape& x_shape);
 // run composed.
 bool cudnn_convolution_available();
 
+// Note [Pointwise convolution as a GEMM] (kernels/conv_backend.h): whether
+// bf16/f16 CUDA 1 x 1 convolutions over channels-last inputs run as cuBLASLt
+// GEMMs on views (on, the default) or go to cuDNN. Process-wide.
+void set_pointwise_conv_gemm(bool on);
+bool pointwise_conv_gemm();
+
 }  // namespace accrue::kernels

@@ -83,6 +83,32 @@ Tensor avg_pool2d(const Tensor& x, const Conv2dGeometry& g, bool count_include_p
 Tensor avg_pool2d_backward(const Tensor& grad, const Conv2dGeometry& g, bool count_include_pad);
 }  // namespace composed
 
+// Note [Pointwise convolution as a GEMM]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A 1 x 1 convolution with stride 1, no padding, no dilation and one group
+// over a channels-last input is a plain GEMM on views, with no copy: the
+// input [N, C, H, W] over N, H, W, C memory is the row-major matrix
+// X [N H W, C], the weight [O, C, 1, 1] is W [O, C], and
+//   forward  Y [N H W, O] = X W^T, a channels-last output;
+//   data     dX [N H W, C] = dY W, channels-last (dY copied to rows when it
+//            is not channels-last);
+//   weight   dW (= or +=) dY^T X, the GEMM writing straight into the fp32
+//            arena slot with beta 0 or 1 (Note [Fused weight-gradient
+//            accumulation]), deterministic as every cuBLASLt GEMM here.
+// kernels/conv.cpp sends such bf16/f16 CUDA convolutions here ahead of cuDNN
+// while set_pointwise_conv_gemm is on (the default): 36 of ResNet-50's 53
+// convolutions. The functions run on any device, and the CPU tests hold them
+// to the reference. Their speed beside cuDNN's engines has not been
+// measured yet (accrue_resnet_bench --no-pointwise-gemm is the comparison).
+namespace pointwise {
+// Whether (x, g) is such a convolution (x channels-last, or [N, C, 1, 1]).
+bool applies(const Tensor& x, const Conv2dGeometry& g);
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dGeometry& g);
+Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Conv2dGeometry& g);
+void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
+                            const Conv2dGeometry& g, double beta);
+}  // namespace pointwise
+
 // Note [cuDNN convolution] (kernels/cuda/conv_cudnn.cpp; built only with the
 // cuDNN frontend): bf16/f16 operands, each packed NCHW or packed NHWC and
 // 16-byte aligned, passed with their real strides. Each call returns false,

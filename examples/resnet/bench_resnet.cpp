@@ -2,19 +2,19 @@
 //
 //   accrue_resnet_bench [--model resnet50|resnet18] [--image-size S] [--micro-batch B] [--k K]
 //                       [--dtype bf16|f16|f32] [--channels-last] [--classes C]
-//                       [--warmup N] [--windows N] [--cpu]
+//                       [--warmup N] [--windows N] [--no-pointwise-gemm] [--cpu]
 //
 // Trains on synthetic images (normal noise, a new batch for every
 // micro-step, drawn on the device before the timed windows) with random
 // labels: SGD with momentum 0.9 over fp32 masters, a bf16 (or f16) compute
 // copy, K micro-batches per window, BatchNorm statistics moved once per window
 // (Note [Window statistics]). --channels-last hands the model NHWC-packed
-// inputs, which cuDNN keeps (Note [cuDNN convolution]; up to the first
-// BatchNorm). Windows are timed with CUDA events after the warm-up
-// windows (on the CPU, with the host clock), and the last line is one JSON
-// object: images/s and window time (medians), the allocator's peak memory,
-// and the configuration. bench/resnet_bench.py runs it beside torchvision's
-// ResNet in PyTorch (bench/torch_resnet.py).
+// inputs, and the model stays channels-last (Note [Channels-last results]);
+// --no-pointwise-gemm sends its 1 x 1 convolutions to cuDNN instead of
+// cuBLASLt (Note [Pointwise convolution as a GEMM]). Windows are timed with CUDA events after the
+// warm-up windows (on the CPU, with the host clock), and the last line is one JSON object: images/s
+// and window time (medians), the allocator's peak memory, and the configuration.
+// bench/resnet_bench.py runs it beside torchvision's ResNet in PyTorch (bench/torch_resnet.py).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -42,6 +42,7 @@ struct Options {
   int64_t classes = 1000;
   int64_t warmup = 2;
   int64_t windows = 5;
+  bool pointwise_gemm = true;
   bool cpu = false;
 };
 
@@ -56,7 +57,8 @@ void print_usage() {
       "  --micro-batch B     images per micro-batch (default %lld)\n"
       "  --k K               micro-batches per window (default %lld)\n"
       "  --dtype D           compute dtype over fp32 masters: bf16, f16 or f32 (default %s)\n"
-      "  --channels-last     NHWC-packed inputs (convolutions keep the layout on cuDNN)\n"
+      "  --channels-last     NHWC-packed inputs (the model stays channels-last)\n"
+      "  --no-pointwise-gemm 1 x 1 convolutions on cuDNN, not as cuBLASLt GEMMs\n"
       "  --classes C         output classes (default %lld)\n"
       "  --warmup N          untimed windows first (default %lld)\n"
       "  --windows N         timed windows, median reported (default %lld)\n"
@@ -112,6 +114,8 @@ Options parse(int argc, char** argv, bool* help) {
       o.warmup = parse_int(a, value(), 0);
     } else if (a == "--windows") {
       o.windows = parse_int(a, value(), 1);
+    } else if (a == "--no-pointwise-gemm") {
+      o.pointwise_gemm = false;
     } else if (a == "--cpu") {
       o.cpu = true;
     } else {
@@ -136,6 +140,7 @@ int main(int argc, char** argv) try {
     print_usage();
     return 0;
   }
+  kernels::set_pointwise_conv_gemm(opt.pointwise_gemm);
   const bool gpu = !opt.cpu && cuda_available();
   const Device device = gpu ? Device::cuda(0) : Device::cpu();
   const DType compute = opt.dtype == "bf16"  ? DType::bf16
@@ -209,14 +214,16 @@ int main(int argc, char** argv) try {
       "\"window_ms_median\": %.4f, \"window_ms_min\": %.4f, \"peak_memory_bytes\": %lld, "
       "\"final_loss\": %.6f, \"config\": {\"model\": \"%s\", \"image_size\": %lld, "
       "\"micro_batch\": %lld, \"micro_steps\": %lld, \"dtype\": \"%s\", \"channels_last\": %s, "
-      "\"classes\": %lld, \"parameters\": %lld, \"warmup_windows\": %lld, \"timed_windows\": "
+      "\"pointwise_gemm\": %s, \"classes\": %lld, \"parameters\": %lld, \"warmup_windows\": %lld, "
+      "\"timed_windows\": "
       "%lld}}\n",
       device.str().c_str(), images / (ms / 1000.0), ms,
       *std::min_element(window_ms.begin(), window_ms.end()),
       (long long)memory_stats(device).peak_bytes, r.loss, opt.model.c_str(),
       (long long)opt.image_size, (long long)b, (long long)opt.k, opt.dtype.c_str(),
-      opt.channels_last ? "true" : "false", (long long)opt.classes, (long long)arena.numel(),
-      (long long)opt.warmup, (long long)opt.windows);
+      opt.channels_last ? "true" : "false", opt.pointwise_gemm ? "true" : "false",
+      (long long)opt.classes, (long long)arena.numel(), (long long)opt.warmup,
+      (long long)opt.windows);
   return 0;
 } catch (const UsageError& e) {
   std::fprintf(stderr, "accrue_resnet_bench: error: %s (see --help)\n", e.what());

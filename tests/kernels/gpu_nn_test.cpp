@@ -471,6 +471,51 @@ TEST(GpuConv, cudnn_convolutions_in_both_layouts_match_the_cpu_reference) {
   }
 }
 
+// Note [Pointwise convolution as a GEMM] on CUDA: bf16 1 x 1 convolutions of
+// channels-last activations, through kernels::conv2d and its gradients, match
+// the CPU reference, stay channels-last, and agree with the cuDNN path (the
+// switch off) within bf16 rounding.
+TEST(GpuConv, pointwise_convolutions_as_gemms_match_the_cpu_reference) {
+  ACCRUE_REQUIRE_CUDA();
+  auto as_channels_last = [](const Tensor& t) {
+    return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+  };
+  const Conv2dOptions o;
+  const Shape xs = {8, 256, 14, 14}, ws = {64, 256, 1, 1};
+  const Tensor x_nchw = test::random_normal(xs, DType::bf16, kGpu);
+  const Tensor w = test::random_normal(ws, DType::bf16, kGpu, 0.1);
+  const Tensor x = as_channels_last(x_nchw);
+  const Tensor x64 = on_cpu(x_nchw).to(DType::f64), w64 = on_cpu(w).to(DType::f64);
+  ASSERT_TRUE(kernels::pointwise_conv_gemm());
+  const Tensor y = kernels::conv2d(x, w, o);
+  EXPECT_EQ(y.stride(1), 1);
+  const Tensor y64 = kernels::conv2d(x64, w64, o);
+  EXPECT_LE(test::relative_error(on_cpu(y.contiguous()).to(DType::f64), y64), 1e-2);
+  const Tensor dy_nchw = test::random_normal(y.shape(), DType::bf16, kGpu);
+  const Tensor dy = as_channels_last(dy_nchw), dy64 = on_cpu(dy_nchw).to(DType::f64);
+  const Tensor dx = kernels::conv2d_backward_input(dy, w, xs, o);
+  EXPECT_EQ(dx.stride(1), 1);
+  EXPECT_LE(test::relative_error(on_cpu(dx.contiguous()).to(DType::f64),
+                                 kernels::conv2d_backward_input(dy64, w64, xs, o)),
+            1e-2);
+  const Tensor dw64 = empty(ws, DType::f64);
+  kernels::conv2d_backward_weight(dy64, x64, dw64, o, 0.0);
+  Tensor slot = full(ws, std::numeric_limits<double>::quiet_NaN(), DType::f32, kGpu);
+  kernels::conv2d_backward_weight(dy, x, slot, o, 0.0);
+  EXPECT_LE(test::relative_error(on_cpu(slot).to(DType::f64), dw64), 1e-2);
+  kernels::conv2d_backward_weight(dy, x, slot, o, 1.0);
+  EXPECT_LE(test::relative_error(on_cpu(slot).to(DType::f64),
+                                 kernels::binary_scalar(kernels::BinaryOp::Mul, dw64, 2.0)),
+            1e-2);
+  // The same convolution with the switch off (cuDNN, or composed without it).
+  kernels::set_pointwise_conv_gemm(false);
+  const Tensor y_other = kernels::conv2d(x, w, o);
+  kernels::set_pointwise_conv_gemm(true);
+  EXPECT_LE(test::relative_error(on_cpu(y_other.contiguous()).to(DType::f64),
+                                 on_cpu(y.contiguous()).to(DType::f64)),
+            1e-2);
+}
+
 // Note [Composed convolution]: adaptive average pooling on CUDA against the
 // CPU reference, forward and backward, f32 and bf16, including overlapping cells.
 TEST(GpuConv, adaptive_average_pooling_matches_the_cpu_reference) {
