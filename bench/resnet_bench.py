@@ -18,6 +18,11 @@ memory per point, accrue / eager and the targets (accrue >= 1.0x eager
 images/s, accrue's peak memory <= eager's; accrue >= torch.compile at the
 compile points), beside PyTorch's reference figures on one H200
 (TORCH_EAGER_H200, TORCH_COMPILE_H200) for orientation only.
+
+With --ncu-points (e.g. 32x1), accrue also runs once per point under Nsight
+Compute (gpu__time_duration.sum of every kernel, one warm-up window and one
+timed), and the last window's kernels are summed by name: the largest
+--ncu-top of them, with their share of the window's GPU time.
 """
 import argparse
 import json
@@ -26,7 +31,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gpt2_bench import gpu_name, last_json_line, parse_points, run_logged  # noqa: E402
+from gpt2_bench import (find_ncu, gpu_name, last_json_line, last_window,  # noqa: E402
+                        parse_ncu_csv, parse_points, run_logged, short_name)
 
 DEFAULT_POINTS = [(256, 1), (64, 4), (32, 8), (8, 32)]
 # images/s and peak GiB of PyTorch eager on one H200, by micro-batch (issue 9).
@@ -64,16 +70,22 @@ def parse_args():
     p.add_argument("--out", help="write the markdown table to this file")
     p.add_argument("--json", help="write every run's parsed row to this file (a list)")
     p.add_argument("--log-dir", help="keep each run's stdout/stderr here")
+    p.add_argument("--ncu-points", default="",
+                   help="BxK points for accrue's kernel breakdown under ncu ('' for none)")
+    p.add_argument("--ncu-top", type=int, default=20, help="kernels listed per breakdown")
+    p.add_argument("--ncu", default=None, help="the ncu binary (default: from PATH or CUDA)")
     args = p.parse_args()
     args.points = parse_points(args.points)
     args.compile_points = parse_points(args.compile_points)
+    args.ncu_points = parse_points(args.ncu_points)
     return args
 
 
-def common_options(args, b, k):
+def common_options(args, b, k, warmup=None, windows=None):
     return ["--model", args.model, "--image-size", str(args.image_size), "--dtype", "bf16",
             "--channels-last", "--micro-batch", str(b), "--k", str(k),
-            "--warmup", str(args.warmup), "--windows", str(args.windows)]
+            "--warmup", str(args.warmup if warmup is None else warmup),
+            "--windows", str(args.windows if windows is None else windows)]
 
 
 def run_point(args, impl, b, k):
@@ -147,6 +159,33 @@ def table(rows, args, gpu):
     return "\n".join(lines)
 
 
+def ncu_breakdown(args, b, k):
+    """Markdown lines: accrue's largest kernels by total time over one window at (b, k)."""
+    ncu = find_ncu(args.ncu)
+    if ncu is None:
+        return ["", f"ncu breakdown at {b} x {k}: ncu not found (Nsight Compute)"]
+    cmd = [ncu, "--clock-control", "none", "--cache-control", "none",
+           "--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base",
+           args.accrue_bin] + common_options(args, b, k, warmup=1, windows=1) + args.accrue_args.split()
+    status, out, err, seconds = run_logged(cmd, args.timeout, args.log_dir, f"ncu_{b}x{k}")
+    kernels = parse_ncu_csv(out)
+    if not kernels:
+        reason = "timed out" if status is None else f"exit {status}"
+        return ["", f"ncu breakdown at {b} x {k}: no kernel durations ({reason}, {seconds:.0f} s)"]
+    window, note = last_window(kernels)
+    total = sum(ns for _, ns in window)
+    by_name = {}
+    for name, ns in window:
+        count, time_ns = by_name.get(short_name(name), (0, 0.0))
+        by_name[short_name(name)] = (count + 1, time_ns + ns)
+    lines = ["", f"accrue at {b} x {k}: the largest kernels of one window ({note}; "
+                 f"{len(window)} kernels, {total / 1e6:.2f} ms of GPU time under ncu)", "",
+             "| kernel | calls | ms | share |", "|---|---:|---:|---:|"]
+    for name, (count, ns) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:args.ncu_top]:
+        lines.append(f"| `{name}` | {count} | {ns / 1e6:.3f} | {ns / total:.1%} |")
+    return lines
+
+
 def main():
     args = parse_args()
     gpu = gpu_name()
@@ -162,6 +201,8 @@ def main():
                   f"{fmt(row.get('images_per_s'), ',.0f', row.get('error', '?'))} img/s, "
                   f"peak {fmt(row.get('peak_gib'), '.2f')} GiB ({row['seconds']} s)", flush=True)
     text = table(rows, args, gpu)
+    for b, k in args.ncu_points:
+        text += "\n" + "\n".join(ncu_breakdown(args, b, k))
     print(text)
     if args.out:
         with open(args.out, "w") as f:
