@@ -1,6 +1,8 @@
 // The backward engine's contract: order, fan-out, graph release, hooks, grad mode.
 #include <gmock/gmock.h>
 
+#include <vector>
+
 #include "autograd/engine.h"
 #include "autograd/ops.h"
 #include "autograd/variable.h"
@@ -89,6 +91,46 @@ TEST(Engine, saved_tensors_are_freed_after_backward) {
   backward(loss);
   // What remains: the loss (8 bytes) and x's gradient (8000 bytes).
   EXPECT_LE(memory_stats(Device::cpu()).current_bytes, before + 8000 + 8);
+}
+
+// Each binary op keeps only what its backward reads: an add or a subtract
+// nothing, a multiply its operands (not its output), a divide its divisor and
+// its output (not the dividend). Measured as the bytes the graph holds once
+// the op's result handle is dropped.
+TEST(Engine, binary_ops_save_only_what_their_backward_reads) {
+  const int64_t n = 1000, bytes = n * 8;
+  struct Case {
+    const char* name;
+    Tensor (*op)(const Tensor&, const Tensor&);
+    int64_t held;  // beyond the two leaves and the 8-byte loss
+  };
+  const Case cases[] = {
+      {"add", [](const Tensor& a, const Tensor& b) { return a + b; }, 0},
+      {"sub", [](const Tensor& a, const Tensor& b) { return a - b; }, 0},
+      {"mul", [](const Tensor& a, const Tensor& b) { return a * b; }, 0},
+      {"div (output kept)", [](const Tensor& a, const Tensor& b) { return a / b; }, bytes},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Tensor a = requires_grad_(test::random_normal({n}, DType::f64));
+    Tensor b = requires_grad_(test::random_uniform({n}, 1.0, 2.0, DType::f64));
+    const int64_t before = memory_stats(Device::cpu()).current_bytes;
+    Tensor loss = sum(c.op(a, b));  // the op's result is dropped here
+    EXPECT_EQ(memory_stats(Device::cpu()).current_bytes - before, c.held + 8);
+    backward(loss);
+    EXPECT_TRUE(grad(a).defined());
+    EXPECT_TRUE(grad(b).defined());
+  }
+  // The gradients are still right (the formulas read what was kept).
+  Tensor a = requires_grad_(test::random_uniform({3}, 1.0, 2.0, DType::f64));
+  Tensor b = requires_grad_(test::random_uniform({3}, 1.0, 2.0, DType::f64));
+  backward(sum(a / b - a * b + (a + b)));
+  const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>();
+  const std::vector<double> ga = grad(a).to_vector<double>(), gb = grad(b).to_vector<double>();
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(ga[i], 1.0 / bv[i] - bv[i] + 1.0, 1e-14);
+    EXPECT_NEAR(gb[i], -av[i] / (bv[i] * bv[i]) - av[i] + 1.0, 1e-14);
+  }
 }
 
 TEST(Engine, no_grad_records_nothing) {
