@@ -152,6 +152,10 @@ CheckIndicesScope::~CheckIndicesScope() {
   kernels::set_check_indices(previous_);
 }
 
+Tensor as_channels_last(const Tensor& t) {
+  return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+}
+
 void poison(const Tensor& t) {
   if (is_floating(t.dtype())) {
     t.fill_(std::numeric_limits<double>::quiet_NaN());

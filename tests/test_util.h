@@ -102,4 +102,8 @@ class CheckIndicesScope {
 // element a kernel forgot to write shows up in the comparison.
 void poison(const Tensor& t);
 
+// [N, C, H, W] t's values in a fresh channels-last buffer (memory N, H, W, C),
+// viewed as [N, C, H, W].
+Tensor as_channels_last(const Tensor& t);
+
 }  // namespace accrue::test

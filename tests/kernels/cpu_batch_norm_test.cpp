@@ -18,11 +18,6 @@ namespace {
 
 using kernels::BinaryOp;
 
-// [N, C, H, W] viewed over a channels-last buffer holding t's values.
-Tensor as_channels_last(const Tensor& t) {
-  return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
-}
-
 bool is_channels_last(const Tensor& t) {
   return !t.is_contiguous() && t.stride(1) == 1 && t.stride(3) == t.size(1);
 }
@@ -94,7 +89,7 @@ TEST(CpuBatchNorm, forward_and_backward_match_the_formula_in_f64) {
 TEST(CpuBatchNorm, a_channels_last_input_gives_channels_last_results_with_the_same_values) {
   const Tensor x = test::random_normal({3, 8, 5, 4}, DType::f32);
   const Tensor w = test::random_normal({8}), b = test::random_normal({8});
-  const Tensor xl = as_channels_last(x);
+  const Tensor xl = test::as_channels_last(x);
   const kernels::BatchNormForward plain = kernels::batch_norm_forward(x, w, b, 1e-5);
   const kernels::BatchNormForward last = kernels::batch_norm_forward(xl, w, b, 1e-5);
   EXPECT_TRUE(is_channels_last(last.out));
@@ -211,7 +206,7 @@ TEST(CpuBatchNorm, bad_inputs_throw_naming_the_op_and_values) {
 
 TEST(CpuChannelsLast, elementwise_results_keep_a_channels_last_layout) {
   const Tensor a = test::random_normal({2, 6, 3, 5}), c = test::random_normal({2, 6, 3, 5});
-  const Tensor al = as_channels_last(a), cl = as_channels_last(c);
+  const Tensor al = test::as_channels_last(a), cl = test::as_channels_last(c);
   const Tensor bias = test::random_normal({1, 6, 1, 1});
   struct Case {
     const char* what;
@@ -240,7 +235,7 @@ TEST(CpuChannelsLast, elementwise_results_keep_a_channels_last_layout) {
   EXPECT_TRUE(
       kernels::binary(BinaryOp::Add, bias, a.narrow(1, 0, 1).contiguous().expand({2, 6, 3, 5}))
           .is_contiguous());
-  const Tensor one = as_channels_last(test::random_normal({2, 1, 3, 5}));
+  const Tensor one = test::as_channels_last(test::random_normal({2, 1, 3, 5}));
   EXPECT_TRUE(kernels::unary(kernels::UnaryOp::Relu, one).is_contiguous());
 }
 

@@ -171,16 +171,13 @@ TEST(ComposedConv, average_pooling_equals_the_cpu_reference) {
 // an NCHW output gradient, the weight gradient written (beta 0, NaN slot) and
 // added (beta 1).
 TEST(PointwiseConv, equals_the_cpu_reference_with_channels_last_results) {
-  auto as_channels_last = [](const Tensor& t) {
-    return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
-  };
   const Conv2dOptions o;  // 1 x 1: stride 1, no padding
   for (const Shape& xs : {Shape{2, 6, 5, 3}, Shape{3, 4, 1, 1}, Shape{1, 8, 7, 7}}) {
     SCOPED_TRACE(shape_str(xs));
     const Shape ws = {5, xs[1], 1, 1};
     const kernels::Conv2dGeometry g = kernels::conv_geometry(xs, ws, o, "test");
     const Tensor x = test::random_normal(xs, DType::f64), w = test::random_normal(ws, DType::f64);
-    const Tensor xl = as_channels_last(x);
+    const Tensor xl = test::as_channels_last(x);
     ASSERT_TRUE(kernels::pointwise::applies(xl, g));
     const Tensor y = kernels::pointwise::conv2d(xl, w, g);
     EXPECT_EQ(y.stride(1), 1) << "the output is channels-last";
@@ -188,7 +185,7 @@ TEST(PointwiseConv, equals_the_cpu_reference_with_channels_last_results) {
 
     const Tensor dy = test::random_normal(y.shape(), DType::f64);
     const Tensor dx_expected = kernels::conv2d_backward_input(dy, w, xs, o);
-    for (const Tensor& g_in : {dy, as_channels_last(dy)}) {
+    for (const Tensor& g_in : {dy, test::as_channels_last(dy)}) {
       const Tensor dx = kernels::pointwise::conv2d_backward_input(g_in, w, g);
       EXPECT_EQ(dx.stride(1), 1);
       EXPECT_LE(test::relative_error(dx, dx_expected), 1e-14);
@@ -196,7 +193,7 @@ TEST(PointwiseConv, equals_the_cpu_reference_with_channels_last_results) {
     const Tensor dw_expected = empty(ws, DType::f64);
     kernels::conv2d_backward_weight(dy, x, dw_expected, o, 0.0);
     Tensor slot = full(ws, std::numeric_limits<double>::quiet_NaN(), DType::f64);
-    kernels::pointwise::conv2d_backward_weight(as_channels_last(dy), xl, slot, g, 0.0);
+    kernels::pointwise::conv2d_backward_weight(test::as_channels_last(dy), xl, slot, g, 0.0);
     EXPECT_LE(test::relative_error(slot, dw_expected), 1e-14);
     kernels::pointwise::conv2d_backward_weight(dy, xl, slot, g, 1.0);
     EXPECT_LE(test::relative_error(
@@ -206,11 +203,8 @@ TEST(PointwiseConv, equals_the_cpu_reference_with_channels_last_results) {
 }
 
 TEST(PointwiseConv, applies_only_to_unit_stride_unpadded_single_group_1x1_channels_last) {
-  auto as_channels_last = [](const Tensor& t) {
-    return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
-  };
   const Tensor x = test::random_normal({2, 4, 6, 6});
-  const Tensor xl = as_channels_last(x);
+  const Tensor xl = test::as_channels_last(x);
   Conv2dOptions plain, strided, padded, grouped;
   strided.stride_h = strided.stride_w = 2;
   padded.pad_h = padded.pad_w = 1;

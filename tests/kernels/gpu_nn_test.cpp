@@ -428,16 +428,13 @@ TEST(GpuConv, cudnn_convolutions_in_both_layouts_match_the_cpu_reference) {
                         {{4, 64, 14, 14}, {128, 64, 1, 1}, down}};
   const double tol = 2e-2;
   // [N, C, H, W] viewed over a channels-last buffer holding t's values.
-  auto channels_last = [](const Tensor& t) {
-    return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
-  };
   for (const Case& c : cases) {
     for (bool nhwc : {false, true}) {
       SCOPED_TRACE(shape_str(c.x) + (nhwc ? " channels-last" : " NCHW"));
       const Tensor x_nchw = test::random_normal(c.x, DType::bf16, kGpu);
       const Tensor w_nchw = test::random_normal(c.w, DType::bf16, kGpu);
-      const Tensor x = nhwc ? channels_last(x_nchw) : x_nchw;
-      const Tensor w = nhwc ? channels_last(w_nchw) : w_nchw;
+      const Tensor x = nhwc ? test::as_channels_last(x_nchw) : x_nchw;
+      const Tensor w = nhwc ? test::as_channels_last(w_nchw) : w_nchw;
       const Tensor y = kernels::conv2d(x, w, c.o);
       if (nhwc && kernels::cudnn_convolution_available()) {
         EXPECT_FALSE(y.is_contiguous()) << "cuDNN keeps a channels-last input's layout";
@@ -448,7 +445,7 @@ TEST(GpuConv, cudnn_convolutions_in_both_layouts_match_the_cpu_reference) {
                                      kernels::conv2d(x64, w64, c.o)),
                 tol);
       const Tensor dy_nchw = test::random_normal(y.shape(), DType::bf16, kGpu);
-      const Tensor dy = nhwc ? channels_last(dy_nchw) : dy_nchw;
+      const Tensor dy = nhwc ? test::as_channels_last(dy_nchw) : dy_nchw;
       const Tensor dy64 = on_cpu(dy_nchw).to(DType::f64);
       EXPECT_LE(
           test::relative_error(
@@ -477,14 +474,11 @@ TEST(GpuConv, cudnn_convolutions_in_both_layouts_match_the_cpu_reference) {
 // switch off) within bf16 rounding.
 TEST(GpuConv, pointwise_convolutions_as_gemms_match_the_cpu_reference) {
   ACCRUE_REQUIRE_CUDA();
-  auto as_channels_last = [](const Tensor& t) {
-    return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
-  };
   const Conv2dOptions o;
   const Shape xs = {8, 256, 14, 14}, ws = {64, 256, 1, 1};
   const Tensor x_nchw = test::random_normal(xs, DType::bf16, kGpu);
   const Tensor w = test::random_normal(ws, DType::bf16, kGpu, 0.1);
-  const Tensor x = as_channels_last(x_nchw);
+  const Tensor x = test::as_channels_last(x_nchw);
   const Tensor x64 = on_cpu(x_nchw).to(DType::f64), w64 = on_cpu(w).to(DType::f64);
   ASSERT_TRUE(kernels::pointwise_conv_gemm());
   const Tensor y = kernels::conv2d(x, w, o);
@@ -492,7 +486,7 @@ TEST(GpuConv, pointwise_convolutions_as_gemms_match_the_cpu_reference) {
   const Tensor y64 = kernels::conv2d(x64, w64, o);
   EXPECT_LE(test::relative_error(on_cpu(y.contiguous()).to(DType::f64), y64), 1e-2);
   const Tensor dy_nchw = test::random_normal(y.shape(), DType::bf16, kGpu);
-  const Tensor dy = as_channels_last(dy_nchw), dy64 = on_cpu(dy_nchw).to(DType::f64);
+  const Tensor dy = test::as_channels_last(dy_nchw), dy64 = on_cpu(dy_nchw).to(DType::f64);
   const Tensor dx = kernels::conv2d_backward_input(dy, w, xs, o);
   EXPECT_EQ(dx.stride(1), 1);
   EXPECT_LE(test::relative_error(on_cpu(dx.contiguous()).to(DType::f64),
@@ -600,9 +594,6 @@ TEST(GpuConv, average_pooling_matches_the_cpu_reference) {
 // inner > 1 and inner == 1), channels far from zero, bitwise repeatable.
 TEST(GpuBatchNorm, fused_kernels_match_the_cpu_reference_in_both_layouts) {
   ACCRUE_REQUIRE_CUDA();
-  auto as_channels_last = [](const Tensor& t) {
-    return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
-  };
   const Shape shapes[] = {{16, 64, 14, 14}, {3, 5, 9, 7}, {64, 256, 7, 7}, {300, 40}, {4, 48, 33}};
   for (DType dt : kFloatTypes) {
     for (const Shape& shape : shapes) {
@@ -626,8 +617,8 @@ TEST(GpuBatchNorm, fused_kernels_match_the_cpu_reference_in_both_layouts) {
         const kernels::BatchNormBackward eb =
             kernels::batch_norm_backward(g_cpu, x_cpu, w, ef.mean, ef.invstd, true);
 
-        const Tensor x = last ? as_channels_last(x_cpu.to(kGpu)) : x_cpu.to(kGpu);
-        const Tensor g = last ? as_channels_last(g_cpu.to(kGpu)) : g_cpu.to(kGpu);
+        const Tensor x = last ? test::as_channels_last(x_cpu.to(kGpu)) : x_cpu.to(kGpu);
+        const Tensor g = last ? test::as_channels_last(g_cpu.to(kGpu)) : g_cpu.to(kGpu);
         const kernels::BatchNormForward af =
             kernels::batch_norm_forward(x, w.to(kGpu), b.to(kGpu), 1e-5);
         EXPECT_EQ(af.out.strides(), x.strides()) << "the output keeps the input's layout";
@@ -688,12 +679,9 @@ TEST(GpuBatchNorm, merging_statistics_matches_the_cpu_reference) {
 // the CPU's (one f32 operation each, so exactly).
 TEST(GpuChannelsLast, elementwise_results_keep_the_layout_and_the_cpu_values) {
   ACCRUE_REQUIRE_CUDA();
-  auto as_channels_last = [](const Tensor& t) {
-    return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
-  };
   const Tensor a = test::random_normal({8, 64, 14, 14}), c = test::random_normal({8, 64, 14, 14});
   const Tensor bias = test::random_normal({1, 64, 1, 1});
-  const Tensor al = as_channels_last(a.to(kGpu)), cl = as_channels_last(c.to(kGpu));
+  const Tensor al = test::as_channels_last(a.to(kGpu)), cl = test::as_channels_last(c.to(kGpu));
   const Tensor results[][2] = {
       {kernels::unary(kernels::UnaryOp::Relu, al), kernels::unary(kernels::UnaryOp::Relu, a)},
       {kernels::binary(kernels::BinaryOp::Add, al, cl),
