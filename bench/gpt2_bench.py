@@ -94,12 +94,13 @@ def parse_points(text):
     return points
 
 
-def default_accrue_bin():
+def default_accrue_bin(name="accrue_train_gpt2"):
+    """The first built examples/`name` in the usual build folders."""
     for d in ("build/gpu", "build-gpu", "build/ci", "build"):
-        path = os.path.join(d, "examples", "accrue_train_gpt2")
+        path = os.path.join(d, "examples", name)
         if os.access(path, os.X_OK):
             return path
-    return "build/gpu/examples/accrue_train_gpt2"
+    return os.path.join("build/gpu/examples", name)
 
 
 def parse_args():

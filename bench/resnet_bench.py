@@ -31,8 +31,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gpt2_bench import (find_ncu, gpu_name, last_json_line, last_window,  # noqa: E402
-                        parse_ncu_csv, parse_points, run_logged, short_name)
+from gpt2_bench import (default_accrue_bin, find_ncu, gpu_name,  # noqa: E402
+                        last_json_line, last_window, parse_ncu_csv, parse_points,
+                        run_logged, short_name)
 
 DEFAULT_POINTS = [(256, 1), (64, 4), (32, 8), (8, 32)]
 # images/s and peak GiB of PyTorch eager on one H200, by micro-batch (issue 9).
@@ -42,18 +43,10 @@ SPEEDUP_TARGET = 1.0
 GIB = 1024.0 ** 3
 
 
-def default_accrue_bin():
-    for d in ("build/gpu", "build-gpu", "build/ci", "build"):
-        path = os.path.join(d, "examples", "accrue_resnet_bench")
-        if os.access(path, os.X_OK):
-            return path
-    return "build/gpu/examples/accrue_resnet_bench"
-
-
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--accrue-bin", default=default_accrue_bin(),
+    p.add_argument("--accrue-bin", default=default_accrue_bin("accrue_resnet_bench"),
                    help="the accrue_resnet_bench binary (default: the first built one found)")
     p.add_argument("--points", default=",".join(f"{b}x{k}" for b, k in DEFAULT_POINTS),
                    help="BxK points for accrue and eager PyTorch")
@@ -166,7 +159,8 @@ def ncu_breakdown(args, b, k):
         return ["", f"ncu breakdown at {b} x {k}: ncu not found (Nsight Compute)"]
     cmd = [ncu, "--clock-control", "none", "--cache-control", "none",
            "--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base",
-           args.accrue_bin] + common_options(args, b, k, warmup=1, windows=1) + args.accrue_args.split()
+           args.accrue_bin] + common_options(args, b, k, warmup=1, windows=1)
+    cmd += args.accrue_args.split()
     status, out, err, seconds = run_logged(cmd, args.timeout, args.log_dir, f"ncu_{b}x{k}")
     kernels = parse_ncu_csv(out)
     if not kernels:

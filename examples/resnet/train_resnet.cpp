@@ -37,6 +37,7 @@
 
 #include "accrue.h"
 #include "nn/resnet.h"
+#include "resnet_cli.h"
 
 using namespace accrue;
 
@@ -87,19 +88,8 @@ void print_usage() {
       (unsigned long long)d.seed);
 }
 
-struct UsageError : std::exception {
-  std::string message;
-  explicit UsageError(std::string m) : message(std::move(m)) {}
-  const char* what() const noexcept override { return message.c_str(); }
-};
-
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t lo) {
-  char* end = nullptr;
-  const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || x < lo)
-    throw UsageError(flag + " needs an integer >= " + std::to_string(lo) + ", got '" + v + "'");
-  return x;
-}
+using examples::parse_int;
+using examples::UsageError;
 
 Options parse(int argc, char** argv, bool* help) {
   Options o;
