@@ -40,6 +40,9 @@
 #   tools/gpu_check.sh --skip-tests --skip-bench --sanitizer-tools initcheck \
 #     --sanitizer-binaries test_optim_gpu --sanitizer-shards 8 --sanitizer-shard 0,1,2,3 \
 #     --sanitizer-timeout 120
+# On a machine of several GPUs the runs go to a pool, one per GPU by default
+# (Note [Sanitizer pool]): every tool over every binary in 8 shards on 4 GPUs,
+#   tools/gpu_check.sh --skip-tests --skip-bench --sanitizer-shards 8 --sanitizer-timeout 400
 set -u -o pipefail
 
 usage() {
@@ -56,13 +59,15 @@ usage: tools/gpu_check.sh [options]
   --sanitizer-tools LIST   comma-separated compute-sanitizer tools
                            (default: memcheck,racecheck,initcheck,synccheck)
   --sanitizer-binaries RE  only the gpu test binaries whose name matches this
+                           extended regex (default: all of them)
   --sanitizer-shards N     split each binary's tests into N gtest shards, one sanitizer run
                            each (default 1), so that slow binaries fit a lent machine's call
   --sanitizer-shard LIST   run only these shard indices, comma-separated, 0-based (default
                            all): the rest go in another call
   --sanitizer-timeout S    time limit of each sanitizer run in seconds; a run that reaches
                            it FAILS the check (default: none)
-                           extended regex (default: all of them)
+  --sanitizer-jobs N       sanitizer runs at once, spread over the visible GPUs (run i of
+                           the pool on GPU i mod GPUs; default: one per GPU)
   --bench-filter REGEX     --benchmark_filter for accrue_bench and --filter for the PyTorch
                            scripts (e.g. 'window_close|wgrad' for the accumulation benches)
   --bench-repetitions N    repetitions per benchmark, medians reported (default: 5)
@@ -104,6 +109,7 @@ sanitizer_binaries=''
 sanitizer_shards=1
 sanitizer_shard_list=''
 sanitizer_timeout=''
+sanitizer_jobs=''
 bench_filter=''
 bench_repetitions=5
 skip_tests=0
@@ -126,6 +132,7 @@ while [[ $# -gt 0 ]]; do
     --sanitizer-shards) sanitizer_shards="$2"; shift 2 ;;
     --sanitizer-shard) sanitizer_shard_list="$2"; shift 2 ;;
     --sanitizer-timeout) sanitizer_timeout="$2"; shift 2 ;;
+    --sanitizer-jobs) sanitizer_jobs="$2"; shift 2 ;;
     --bench-filter) bench_filter="$2"; shift 2 ;;
     --bench-repetitions) bench_repetitions="$2"; shift 2 ;;
     --skip-tests) skip_tests=1; shift ;;
@@ -144,6 +151,10 @@ if ! [[ $sanitizer_shards =~ ^[1-9][0-9]*$ ]]; then
 fi
 if [[ -n "$sanitizer_timeout" ]] && ! [[ $sanitizer_timeout =~ ^[1-9][0-9]*$ ]]; then
   echo "gpu_check: --sanitizer-timeout takes a positive number of seconds, got '$sanitizer_timeout'" >&2
+  exit 2
+fi
+if [[ -n "$sanitizer_jobs" ]] && ! [[ $sanitizer_jobs =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu_check: --sanitizer-jobs takes a positive integer, got '$sanitizer_jobs'" >&2
   exit 2
 fi
 shard_indices=()
@@ -322,6 +333,79 @@ fi
 # what racecheck leaves out. The gpu label also holds the trainer's scenario
 # tests, which ctest runs through `cmake -P`; only the test_* binaries are
 # sanitized (each once).
+
+# One sanitizer run: tool, binary, shard index (-1: unsharded), gtest filter,
+# GPU; writes its verdict to $details/result_<id>.txt: "0" or "1" (failed),
+# then the summary lines. Runs in a subshell of the pool below.
+sanitize_one() {
+  local id="$1" tool="$2" bin="$3" shard="$4" tool_filter="$5" gpu="$6"
+  local name shard_env=() log limit=() run_start rc result tests took
+  name=$(basename "$bin")
+  if ((shard >= 0)); then
+    name="$name[shard $shard/$sanitizer_shards]"
+    shard_env=(GTEST_TOTAL_SHARDS="$sanitizer_shards" GTEST_SHARD_INDEX="$shard")
+  fi
+  log="$details/sanitizer_${tool}_$(basename "$bin")_$( ((shard >= 0)) && echo "$shard" || echo all).log"
+  say "$tool $name on GPU $gpu --gtest_filter=$tool_filter"
+  run_start=$SECONDS
+  if [[ -n "$sanitizer_timeout" ]]; then limit=(timeout -k 10 "$sanitizer_timeout"); fi
+  env CUDA_VISIBLE_DEVICES="$gpu" ACCRUE_TEST_ALLOCATOR=plain ACCRUE_UNDER_SANITIZER=1 \
+    "${shard_env[@]}" "${limit[@]}" \
+    "$sanitizer" --tool "$tool" --print-limit 0 --error-exitcode 86 \
+    "$bin" --gtest_filter="$tool_filter" > "$log" 2>&1
+  rc=$?
+  result=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -n 1 | sed 's/^=* *//')
+  # A run cut at the time limit fails, whatever it printed: it never reached the rest.
+  if [[ -n "$sanitizer_timeout" ]] && ((rc == 124 || rc == 137)); then
+    result="TIMEOUT after $sanitizer_timeout s"
+  fi
+  tests=$(grep -E '^\[  PASSED  \]' "$log" | tail -n 1 | sed 's/^\[  PASSED  \] *//')
+  took="$((SECONDS - run_start)) s"
+  # racecheck: hazards whose both accesses lie in library kernels do not
+  # fail the run (Note [Sanitizer exclusions]); count them apart.
+  local library_hazards=0 own_hazards=0
+  if [[ $tool == racecheck && $rc -eq 86 && -n "$result" ]]; then
+    read -r library_hazards own_hazards < <(python3 - "$log" << 'PY'
+import re, sys
+# A library kernel's name holds one of these and is not in namespace accrue.
+library = re.compile(r"(nvjet|cutlass|xmma|cublas|cudnn|sdpa|nchwToNhwc|nhwcToNchw|splitKreduce)")
+def in_library(location):
+    return bool(library.search(location)) and "accrue::" not in location
+lines = open(sys.argv[1], errors="replace").read().splitlines()
+lib = own = 0
+for i, line in enumerate(lines):
+    m = re.match(r"=+ (Error|Warning): Race reported between \w+ access at (.*)", line)
+    if not m:
+        continue
+    other = re.match(r"=+\s+and \w+ access at (.*)", lines[i + 1] if i + 1 < len(lines) else "")
+    if in_library(m.group(2)) and other and in_library(other.group(1)):
+        lib += 1
+    else:
+        own += 1
+print(lib, own)
+PY
+    )
+    # The tests themselves must still have passed.
+    if [[ $own_hazards -eq 0 && $library_hazards -gt 0 && -n "$tests" ]] &&
+      ! grep -q '^\[  FAILED  \]' "$log"; then
+      rc=0
+      result="$result; all $library_hazards in library kernels (Note [Sanitizer exclusions])"
+    fi
+  fi
+  {
+    if [[ $rc -eq 0 && -n "$result" ]]; then
+      echo 0
+      echo "$tool $name: $result ($took; ${tests:-no PASSED line})"
+    else
+      echo 1
+      echo "$tool $name: FAILED exit $rc ($took): ${result:-no summary line}"
+      grep -m 3 -E '^========= (Invalid|Race|Error|Program hit|Uninitialized|Barrier|Internal)' "$log" |
+        sed 's/^/    /'
+    fi
+  } > "$details/result_$id.txt"
+  say "$(sed -n 2p "$details/result_$id.txt")"
+}
+
 if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
   if [[ -z "$sanitizer" ]]; then
     failed=1
@@ -339,72 +423,61 @@ if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
       failed=1
       note "compute-sanitizer: no gpu test binaries selected (failed)"
     fi
+    # Note [Sanitizer pool]
+    # ~~~~~~~~~~~~~~~~~~~~~
+    # Every (tool, binary, shard) is one run; the runs go to a pool of
+    # --sanitizer-jobs slots, slot s pinned to GPU s mod GPUs through
+    # CUDA_VISIBLE_DEVICES, so a machine of several GPUs sanitizes in parallel
+    # what one GPU would take a quarter hour or more to do. The heavy runs
+    # (racecheck and initcheck of the kernel and nn binaries) start first. Each
+    # run reports into its own file; the summary lists them in the order they
+    # were queued, so it reads the same however the pool interleaved them.
+    gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
+    ((gpus > 0)) || gpus=1
+    jobs_at_once="${sanitizer_jobs:-$gpus}"
     IFS=',' read -r -a tools <<< "$sanitizer_tools"
+    runs=()  # "rank|tool|binary|shard"
     for tool in "${tools[@]}"; do
+      for bin in "${selected[@]}"; do
+        for shard in "${shard_indices[@]}"; do
+          ((sanitizer_shards > 1)) || shard=-1
+          rank=3
+          [[ $tool == racecheck || $tool == initcheck ]] && rank=$((rank - 1))
+          [[ $(basename "$bin") =~ (kernels|nn) ]] && rank=$((rank - 2))
+          runs+=("$rank|$tool|$bin|$shard")
+        done
+      done
+    done
+    mapfile -t runs < <(printf '%s\n' "${runs[@]}" | sort -s -t'|' -k1,1n)
+    say "compute-sanitizer: ${#runs[@]} runs, $jobs_at_once at once over $gpus GPU(s)"
+    slot_pid=()
+    for id in "${!runs[@]}"; do
+      IFS='|' read -r _ tool bin shard <<< "${runs[$id]}"
       tool_filter="$filter"
       if [[ $tool == racecheck ]]; then tool_filter="$racecheck_filter"; fi
-      for bin in "${selected[@]}"; do
-       for shard in "${shard_indices[@]}"; do
-        name=$(basename "$bin")
-        shard_env=()
-        if ((sanitizer_shards > 1)); then
-          name="$name[shard $shard/$sanitizer_shards]"
-          shard_env=(GTEST_TOTAL_SHARDS="$sanitizer_shards" GTEST_SHARD_INDEX="$shard")
-        fi
-        log="$details/sanitizer_${tool}_$(basename "$bin")_$shard.log"
-        say "$tool $name --gtest_filter=$tool_filter"
-        run_start=$SECONDS
-        limit=()
-        if [[ -n "$sanitizer_timeout" ]]; then limit=(timeout -k 10 "$sanitizer_timeout"); fi
-        env ACCRUE_TEST_ALLOCATOR=plain ACCRUE_UNDER_SANITIZER=1 "${shard_env[@]}" "${limit[@]}" \
-          "$sanitizer" --tool "$tool" --print-limit 0 --error-exitcode 86 \
-          "$bin" --gtest_filter="$tool_filter" > "$log" 2>&1
-        rc=$?
-        result=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -n 1 | sed 's/^=* *//')
-        # A run cut at the time limit fails, whatever it printed: it never reached the rest.
-        if [[ -n "$sanitizer_timeout" ]] && ((rc == 124 || rc == 137)); then
-          result="TIMEOUT after $sanitizer_timeout s"
-        fi
-        tests=$(grep -E '^\[  PASSED  \]' "$log" | tail -n 1 | sed 's/^\[  PASSED  \] *//')
-        took="$((SECONDS - run_start)) s"
-        # racecheck: hazards whose both accesses lie in library kernels do not
-        # fail the run (Note [Sanitizer exclusions]); count them apart.
-        library_hazards=0
-        own_hazards=0
-        if [[ $tool == racecheck && $rc -eq 86 && -n "$result" ]]; then
-          read -r library_hazards own_hazards < <(python3 - "$log" <<'PY'
-import re, sys
-library = re.compile(r"(nvjet|cutlass|xmma|cublas|cudnn|sdpa)")
-lines = open(sys.argv[1], errors="replace").read().splitlines()
-lib = own = 0
-for i, line in enumerate(lines):
-    m = re.match(r"=+ (Error|Warning): Race reported between \w+ access at (\S+)", line)
-    if not m:
-        continue
-    other = re.match(r"=+\s+and \w+ access at (\S+)", lines[i + 1] if i + 1 < len(lines) else "")
-    if library.search(m.group(2)) and other and library.search(other.group(1)):
-        lib += 1
-    else:
-        own += 1
-print(lib, own)
-PY
-          )
-          # The tests themselves must still have passed.
-          if [[ $own_hazards -eq 0 && $library_hazards -gt 0 && -n "$tests" ]] &&
-            ! grep -q '^\[  FAILED  \]' "$log"; then
-            rc=0
-            result="$result; all $library_hazards in library kernels (Note [Sanitizer exclusions])"
+      free=""
+      while [[ -z $free ]]; do
+        for ((s = 0; s < jobs_at_once; ++s)); do
+          if [[ -z ${slot_pid[$s]:-} ]] || ! kill -0 "${slot_pid[$s]}" 2> /dev/null; then
+            free=$s
+            break
           fi
-        fi
-        if [[ $rc -eq 0 && -n "$result" ]]; then
-          note "$tool $name: $result ($took; ${tests:-no PASSED line})"
-        else
-          failed=1
-          note "$tool $name: FAILED exit $rc ($took): ${result:-no summary line}"
-          while IFS= read -r line; do note "    $line"; done < <(grep -m 3 -E '^========= (Invalid|Race|Error|Program hit|Uninitialized|Barrier|Internal)' "$log")
-        fi
-       done
+        done
+        [[ -n $free ]] || wait -n
       done
+      sanitize_one "$id" "$tool" "$bin" "$shard" "$tool_filter" "$((free % gpus))" &
+      slot_pid[$free]=$!
+    done
+    wait
+    for id in "${!runs[@]}"; do
+      result_file="$details/result_$id.txt"
+      if [[ ! -s $result_file ]]; then
+        failed=1
+        note "sanitizer run ${runs[$id]}: FAILED (no result)"
+        continue
+      fi
+      [[ $(head -n 1 "$result_file") == 0 ]] || failed=1
+      while IFS= read -r line; do summary+=("$line"); done < <(tail -n +2 "$result_file")
     done
   fi
 fi
