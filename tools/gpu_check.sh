@@ -41,8 +41,10 @@
 #     --sanitizer-binaries test_optim_gpu --sanitizer-shards 8 --sanitizer-shard 0,1,2,3 \
 #     --sanitizer-timeout 120
 # On a machine of several GPUs the runs go to a pool, one per GPU by default
-# (Note [Sanitizer pool]): every tool over every binary in 8 shards on 4 GPUs,
-#   tools/gpu_check.sh --skip-tests --skip-bench --sanitizer-shards 8 --sanitizer-timeout 400
+# (Note [Sanitizer pool]): every tool over every binary, the slow ones in
+# shards, three runs per GPU:
+#   tools/gpu_check.sh --skip-tests --skip-bench --sanitizer-jobs 12 \
+#     --sanitizer-shards 1,kernels=12,nn=6,optim=6,equivalence=3 --sanitizer-timeout 400
 set -u -o pipefail
 
 usage() {
@@ -60,14 +62,19 @@ usage: tools/gpu_check.sh [options]
                            (default: memcheck,racecheck,initcheck,synccheck)
   --sanitizer-binaries RE  only the gpu test binaries whose name matches this
                            extended regex (default: all of them)
-  --sanitizer-shards N     split each binary's tests into N gtest shards, one sanitizer run
-                           each (default 1), so that slow binaries fit a lent machine's call
+  --sanitizer-shards SPEC  split each binary's tests into N gtest shards, one sanitizer run
+                           each (default 1), so that slow binaries fit a lent machine's call;
+                           SPEC is N, or N,RE=M,... for M shards of the binaries matching RE
+                           (the first RE that matches), e.g. 1,kernels=12,nn=6
   --sanitizer-shard LIST   run only these shard indices, comma-separated, 0-based (default
-                           all): the rest go in another call
+                           all; an index past a binary's shard count skips it): the rest go
+                           in another call
   --sanitizer-timeout S    time limit of each sanitizer run in seconds; a run that reaches
                            it FAILS the check (default: none)
-  --sanitizer-jobs N       sanitizer runs at once, spread over the visible GPUs (run i of
-                           the pool on GPU i mod GPUs; default: one per GPU)
+  --sanitizer-gpus LIST    the GPUs the sanitizer runs use, comma-separated indices
+                           (default: every GPU nvidia-smi lists)
+  --sanitizer-jobs N       sanitizer runs at once, slot s on the s-th of those GPUs modulo
+                           their count (default: one per GPU)
   --bench-filter REGEX     --benchmark_filter for accrue_bench and --filter for the PyTorch
                            scripts (e.g. 'window_close|wgrad' for the accumulation benches)
   --bench-repetitions N    repetitions per benchmark, medians reported (default: 5)
@@ -110,6 +117,7 @@ sanitizer_shards=1
 sanitizer_shard_list=''
 sanitizer_timeout=''
 sanitizer_jobs=''
+sanitizer_gpus=''
 bench_filter=''
 bench_repetitions=5
 skip_tests=0
@@ -133,6 +141,7 @@ while [[ $# -gt 0 ]]; do
     --sanitizer-shard) sanitizer_shard_list="$2"; shift 2 ;;
     --sanitizer-timeout) sanitizer_timeout="$2"; shift 2 ;;
     --sanitizer-jobs) sanitizer_jobs="$2"; shift 2 ;;
+    --sanitizer-gpus) sanitizer_gpus="$2"; shift 2 ;;
     --bench-filter) bench_filter="$2"; shift 2 ;;
     --bench-repetitions) bench_repetitions="$2"; shift 2 ;;
     --skip-tests) skip_tests=1; shift ;;
@@ -145,8 +154,35 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 racecheck_filter="${racecheck_filter:-$filter}"
-if ! [[ $sanitizer_shards =~ ^[1-9][0-9]*$ ]]; then
-  echo "gpu_check: --sanitizer-shards takes a positive integer, got '$sanitizer_shards'" >&2
+# --sanitizer-shards N[,RE=M...]: the default count, then per-binary ones.
+IFS=',' read -r -a shard_spec <<< "$sanitizer_shards"
+default_shards="${shard_spec[0]:-}"
+shard_res=()
+shard_counts=()
+for item in "${shard_spec[@]:1}"; do
+  shard_res+=("${item%=*}")
+  shard_counts+=("${item##*=}")
+  [[ $item == *=* ]] || shard_counts[-1]=x
+done
+for n in "$default_shards" "${shard_counts[@]}"; do
+  if ! [[ $n =~ ^[1-9][0-9]*$ ]]; then
+    echo "gpu_check: --sanitizer-shards takes N or N,REGEX=M,... with positive counts, got '$sanitizer_shards'" >&2
+    exit 2
+  fi
+done
+# The shard count of a binary (its base name).
+shards_for() {
+  local i
+  for i in "${!shard_res[@]}"; do
+    if [[ $1 =~ ${shard_res[$i]} ]]; then
+      echo "${shard_counts[$i]}"
+      return
+    fi
+  done
+  echo "$default_shards"
+}
+if [[ -n "$sanitizer_gpus" ]] && ! [[ $sanitizer_gpus =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+  echo "gpu_check: --sanitizer-gpus takes comma-separated GPU indices, got '$sanitizer_gpus'" >&2
   exit 2
 fi
 if [[ -n "$sanitizer_timeout" ]] && ! [[ $sanitizer_timeout =~ ^[1-9][0-9]*$ ]]; then
@@ -157,14 +193,12 @@ if [[ -n "$sanitizer_jobs" ]] && ! [[ $sanitizer_jobs =~ ^[1-9][0-9]*$ ]]; then
   echo "gpu_check: --sanitizer-jobs takes a positive integer, got '$sanitizer_jobs'" >&2
   exit 2
 fi
-shard_indices=()
-if [[ -z "$sanitizer_shard_list" ]]; then
-  for ((i = 0; i < sanitizer_shards; ++i)); do shard_indices+=("$i"); done
-else
+shard_indices=()  # empty: every shard of every binary
+if [[ -n "$sanitizer_shard_list" ]]; then
   IFS=',' read -r -a shard_indices <<< "$sanitizer_shard_list"
   for i in "${shard_indices[@]}"; do
-    if ! [[ $i =~ ^[0-9]+$ ]] || ((i >= sanitizer_shards)); then
-      echo "gpu_check: --sanitizer-shard $sanitizer_shard_list: '$i' is not a shard of 0..$((sanitizer_shards - 1))" >&2
+    if ! [[ $i =~ ^[0-9]+$ ]]; then
+      echo "gpu_check: --sanitizer-shard $sanitizer_shard_list: '$i' is not a shard index" >&2
       exit 2
     fi
   done
@@ -334,16 +368,16 @@ fi
 # tests, which ctest runs through `cmake -P`; only the test_* binaries are
 # sanitized (each once).
 
-# One sanitizer run: tool, binary, shard index (-1: unsharded), gtest filter,
-# GPU; writes its verdict to $details/result_<id>.txt: "0" or "1" (failed),
+# One sanitizer run: tool, binary, shard index (-1: unsharded), shard count,
+# gtest filter, GPU; writes its verdict to $details/result_<id>.txt: "0" or "1" (failed),
 # then the summary lines. Runs in a subshell of the pool below.
 sanitize_one() {
-  local id="$1" tool="$2" bin="$3" shard="$4" tool_filter="$5" gpu="$6"
+  local id="$1" tool="$2" bin="$3" shard="$4" shards="$5" tool_filter="$6" gpu="$7"
   local name shard_env=() log limit=() run_start rc result tests took
   name=$(basename "$bin")
   if ((shard >= 0)); then
-    name="$name[shard $shard/$sanitizer_shards]"
-    shard_env=(GTEST_TOTAL_SHARDS="$sanitizer_shards" GTEST_SHARD_INDEX="$shard")
+    name="$name[shard $shard/$shards]"
+    shard_env=(GTEST_TOTAL_SHARDS="$shards" GTEST_SHARD_INDEX="$shard")
   fi
   log="$details/sanitizer_${tool}_$(basename "$bin")_$( ((shard >= 0)) && echo "$shard" || echo all).log"
   say "$tool $name on GPU $gpu --gtest_filter=$tool_filter"
@@ -426,33 +460,45 @@ if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
     # Note [Sanitizer pool]
     # ~~~~~~~~~~~~~~~~~~~~~
     # Every (tool, binary, shard) is one run; the runs go to a pool of
-    # --sanitizer-jobs slots, slot s pinned to GPU s mod GPUs through
+    # --sanitizer-jobs slots, slot s pinned to GPU s mod GPUs (of --sanitizer-gpus) through
     # CUDA_VISIBLE_DEVICES, so a machine of several GPUs sanitizes in parallel
     # what one GPU would take a quarter hour or more to do. The heavy runs
     # (racecheck and initcheck of the kernel and nn binaries) start first. Each
     # run reports into its own file; the summary lists them in the order they
     # were queued, so it reads the same however the pool interleaved them.
-    gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
-    ((gpus > 0)) || gpus=1
+    if [[ -n "$sanitizer_gpus" ]]; then
+      IFS=',' read -r -a gpu_list <<< "$sanitizer_gpus"
+    else
+      mapfile -t gpu_list < <(nvidia-smi -L 2> /dev/null | sed -n 's/^GPU \([0-9]*\):.*/\1/p')
+      ((${#gpu_list[@]} > 0)) || gpu_list=(0)
+    fi
+    gpus=${#gpu_list[@]}
     jobs_at_once="${sanitizer_jobs:-$gpus}"
     IFS=',' read -r -a tools <<< "$sanitizer_tools"
-    runs=()  # "rank|tool|binary|shard"
+    runs=()  # "rank|tool|binary|shard|shards"
     for tool in "${tools[@]}"; do
       for bin in "${selected[@]}"; do
-        for shard in "${shard_indices[@]}"; do
-          ((sanitizer_shards > 1)) || shard=-1
+        shards=$(shards_for "$(basename "$bin")")
+        wanted=("${shard_indices[@]}")
+        if [[ ${#wanted[@]} -eq 0 ]]; then
+          wanted=()
+          for ((i = 0; i < shards; ++i)); do wanted+=("$i"); done
+        fi
+        for shard in "${wanted[@]}"; do
+          ((shard < shards)) || continue
+          ((shards > 1)) || shard=-1
           rank=3
           [[ $tool == racecheck || $tool == initcheck ]] && rank=$((rank - 1))
           [[ $(basename "$bin") =~ (kernels|nn) ]] && rank=$((rank - 2))
-          runs+=("$rank|$tool|$bin|$shard")
+          runs+=("$rank|$tool|$bin|$shard|$shards")
         done
       done
     done
     mapfile -t runs < <(printf '%s\n' "${runs[@]}" | sort -s -t'|' -k1,1n)
-    say "compute-sanitizer: ${#runs[@]} runs, $jobs_at_once at once over $gpus GPU(s)"
+    say "compute-sanitizer: ${#runs[@]} runs, $jobs_at_once at once over GPU(s) ${gpu_list[*]}"
     slot_pid=()
     for id in "${!runs[@]}"; do
-      IFS='|' read -r _ tool bin shard <<< "${runs[$id]}"
+      IFS='|' read -r _ tool bin shard shards <<< "${runs[$id]}"
       tool_filter="$filter"
       if [[ $tool == racecheck ]]; then tool_filter="$racecheck_filter"; fi
       free=""
@@ -465,7 +511,7 @@ if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
         done
         [[ -n $free ]] || wait -n
       done
-      sanitize_one "$id" "$tool" "$bin" "$shard" "$tool_filter" "$((free % gpus))" &
+      sanitize_one "$id" "$tool" "$bin" "$shard" "$shards" "$tool_filter" "${gpu_list[$((free % gpus))]}" &
       slot_pid[$free]=$!
     done
     wait
