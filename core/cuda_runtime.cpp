@@ -1,5 +1,7 @@
 #include "core/cuda_runtime.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -235,5 +237,14 @@ void synchronize_device(int) {
 }
 
 #endif
+
+// Note [Library outputs under initcheck]: read once.
+bool prewrite_library_outputs() {
+  static const bool on = [] {
+    const char* v = std::getenv("ACCRUE_INITCHECK_LIBRARY_OUTPUTS");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
 
 }  // namespace accrue

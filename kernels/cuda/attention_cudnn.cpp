@@ -290,6 +290,10 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     g = forward_graph(q, k, v, out, p, handle);
     state.insert(std::move(key), g);
   }
+  if (prewrite_library_outputs()) {  // Note [Library outputs under initcheck]
+    out.fill_(0.0);
+    lse.fill_(0.0);
+  }
   VariantPack pack{{kQ, q.data_ptr()},
                    {kK, k.data_ptr()},
                    {kV, v.data_ptr()},
@@ -317,6 +321,11 @@ void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k
       g = backward_graph(grad_out, q, k, v, out, dq, dk, dv, p, /*deterministic=*/false, handle);
     }
     state.insert(std::move(key), g);
+  }
+  if (prewrite_library_outputs()) {  // Note [Library outputs under initcheck]
+    dq.fill_(0.0);
+    dk.fill_(0.0);
+    dv.fill_(0.0);
   }
   VariantPack pack{{kQ, q.data_ptr()},   {kK, k.data_ptr()},         {kV, v.data_ptr()},
                    {kO, out.data_ptr()}, {kDO, grad_out.data_ptr()}, {kStats, lse.data_ptr()},

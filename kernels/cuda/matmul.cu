@@ -36,6 +36,7 @@
 #include <string>
 #include <utility>
 
+#include "core/cuda_runtime.h"
 #include "core/cuda_types.cuh"
 #include "kernels/backend.h"
 #include "kernels/cuda/gemm_tuning.h"
@@ -461,6 +462,8 @@ void gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& out, double alph
   p.align_b = alignment_of(ra.ptr);
   p.align_c = alignment_of(out.data_ptr());
 
+  // Note [Library outputs under initcheck] (core/cuda_runtime.h).
+  if (beta == 0.0 && prewrite_library_outputs()) out.fill_(0.0);
   const LtState::Resources r = LtState::instance().acquire(p, stream, rb.ptr, ra.ptr);
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
   const void* alpha_ptr = f64 ? static_cast<const void*>(&alpha) : &alpha_f;
@@ -659,12 +662,17 @@ bool gemm_bias_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   EpilogueProblem p;
   if (!describe_epilogue(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, x, weight, bias, out, &p)) return false;
   p.pre = pre.data_ptr();
+  if (prewrite_library_outputs()) {  // Note [Library outputs under initcheck]
+    pre.fill_(0.0);
+    out.fill_(0.0);
+  }
   return run_epilogue(p, "linear_gelu");
 }
 
 bool gemm_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
   EpilogueProblem p;
   if (!describe_epilogue(CUBLASLT_EPILOGUE_BIAS, x, weight, bias, out, &p)) return false;
+  if (prewrite_library_outputs()) out.fill_(0.0);  // Note [Library outputs under initcheck]
   return run_epilogue(p, "linear");
 }
 
