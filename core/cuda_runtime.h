@@ -95,13 +95,16 @@ void synchronize_device(int device);
 // library kernels as initializing memory: an accrue kernel that reads what a
 // bf16 cuBLASLt GEMM or a cuDNN graph wrote (the logits, the attention
 // projection) is reported as reading uninitialized memory, tens of thousands
-// of times per test (measured on an H200, tools/gpu_check.sh). With
+// of times per test (measured on an H200, tools/gpu_check.sh); the libraries'
+// own kernels are reported too, reading back their workspaces (cuBLASLt's
+// split-K reduction, cuDNN's layout transforms). With
 // ACCRUE_INITCHECK_LIBRARY_OUTPUTS=1 in the environment, which gpu_check sets
 // for its initcheck runs only, every output that a cuBLASLt matmul with beta 0
-// or a cuDNN graph is about to overwrite is first zeroed by accrue's fill
-// kernel on the current stream (the callers: kernels/cuda/matmul.cu,
-// conv_cudnn.cpp, attention_cudnn.cpp), so initcheck sees it written; every
-// other byte, and every read by accrue's own kernels, stays checked. A
+// or a cuDNN graph is about to overwrite, and every workspace handed to them,
+// is first zeroed by accrue's fill kernel on the current stream (the callers:
+// kernels/cuda/matmul.cu, conv_cudnn.cpp, attention_cudnn.cpp), so initcheck
+// sees it written; every other byte, and every read by accrue's own kernels
+// and by the libraries of accrue's own tensors, stays checked. A
 // library that then failed to write part of its output would leave zeros,
 // which the GPU tests' comparisons with the CPU reference catch. Unset
 // (always outside the sanitizer) this costs one cached getenv per call.

@@ -257,6 +257,7 @@ void execute(const Graph& graph, cudnnHandle_t handle, VariantPack& pack, Device
   void* ptr = nullptr;
   if (bytes > 0) {
     workspace = empty({(bytes + 7) / 8}, DType::i64, device);
+    if (prewrite_library_outputs()) workspace.fill_(0.0);  // Note [Library outputs under initcheck]
     ptr = workspace.data_ptr();
   }
   check_fe(graph.execute(handle, pack, ptr), d, "execute", g, dtype);

@@ -336,6 +336,7 @@ class LtState {
                    "uncaptured step first so that its cuBLASLt workspace exists");
       Tensor buffer = empty({static_cast<int64_t>(kWorkspaceBytes / sizeof(float))}, DType::f32,
                             Device::cuda(device));
+      if (prewrite_library_outputs()) buffer.fill_(0.0);  // Note [Library outputs under initcheck]
       ws = workspaces_.emplace(std::make_pair(device, stream), std::move(buffer)).first;
     }
     return {handle, ws->second.data_ptr()};
