@@ -81,6 +81,7 @@ usage: tools/gpu_check.sh [options]
   --bench-filter REGEX     --benchmark_filter for accrue_bench and --filter for the PyTorch
                            scripts (e.g. 'window_close|wgrad' for the accumulation benches)
   --bench-repetitions N    repetitions per benchmark, medians reported (default: 5)
+  --skip-build             use the build directory as it is: no configure, no build
   --skip-tests             no ctest
   --skip-sanitizer         no compute-sanitizer runs
   --skip-bench             no benchmarks (also configures with ACCRUE_BUILD_BENCHMARKS=OFF)
@@ -139,6 +140,7 @@ sanitizer_jobs=''
 sanitizer_gpus=''
 bench_filter=''
 bench_repetitions=5
+skip_build=0
 skip_tests=0
 skip_sanitizer=0
 skip_bench=0
@@ -164,6 +166,7 @@ while [[ $# -gt 0 ]]; do
     --sanitizer-gpus) sanitizer_gpus="$2"; shift 2 ;;
     --bench-filter) bench_filter="$2"; shift 2 ;;
     --bench-repetitions) bench_repetitions="$2"; shift 2 ;;
+    --skip-build) skip_build=1; shift ;;
     --skip-tests) skip_tests=1; shift ;;
     --skip-sanitizer) skip_sanitizer=1; shift ;;
     --skip-bench) skip_bench=1; shift ;;
@@ -318,28 +321,33 @@ if [[ ! -e /usr/include/nccl.h && ! -e "${cuda_bin:-/nonexistent}/../include/ncc
   if [[ -n "$nccl_root" ]]; then cmake_args+=(-DNCCL_ROOT="$nccl_root"); fi
 fi
 
-say "configure: cmake ${cmake_args[*]}"
-if ! cmake "${cmake_args[@]}" > "$details/configure.log" 2>&1; then
-  failed=1
-  note "configure: FAILED (last lines of configure.log:)"
-  while IFS= read -r line; do note "  $line"; done < <(tail -n 15 "$details/configure.log")
-  built=0
+if [[ $skip_build -eq 1 ]]; then
+  built=1
+  note "build: skipped (--skip-build: $build_dir as it is)"
 else
-  found=$(grep -E '^(NCCL|CUDNN)_LIBRARY:' "$build_dir/CMakeCache.txt" | sed 's/:FILEPATH=/ /' |
-    paste -sd ';' -)
-  note "configure: ok (${found:-no NCCL/CUDNN entries in the cache})"
-  # ---- build --------------------------------------------------------------------
-  say "build: ninja -j$jobs"
-  build_start=$SECONDS
-  if ninja -C "$build_dir" -j"$jobs" > "$details/build.log" 2>&1; then
-    built=1
-    warnings=$(grep -c 'warning:' "$details/build.log" || true)
-    note "build: ok in $((SECONDS - build_start)) s, $warnings compiler warning lines"
-  else
-    built=0
+  say "configure: cmake ${cmake_args[*]}"
+  if ! cmake "${cmake_args[@]}" > "$details/configure.log" 2>&1; then
     failed=1
-    note "build: FAILED (first errors of build.log:)"
-    while IFS= read -r line; do note "  $line"; done < <(grep -m 10 -E 'error|FAILED' "$details/build.log")
+    note "configure: FAILED (last lines of configure.log:)"
+    while IFS= read -r line; do note "  $line"; done < <(tail -n 15 "$details/configure.log")
+    built=0
+  else
+    found=$(grep -E '^(NCCL|CUDNN)_LIBRARY:' "$build_dir/CMakeCache.txt" | sed 's/:FILEPATH=/ /' |
+      paste -sd ';' -)
+    note "configure: ok (${found:-no NCCL/CUDNN entries in the cache})"
+    # ---- build --------------------------------------------------------------------
+    say "build: ninja -j$jobs"
+    build_start=$SECONDS
+    if ninja -C "$build_dir" -j"$jobs" > "$details/build.log" 2>&1; then
+      built=1
+      warnings=$(grep -c 'warning:' "$details/build.log" || true)
+      note "build: ok in $((SECONDS - build_start)) s, $warnings compiler warning lines"
+    else
+      built=0
+      failed=1
+      note "build: FAILED (first errors of build.log:)"
+      while IFS= read -r line; do note "  $line"; done < <(grep -m 10 -E 'error|FAILED' "$details/build.log")
+    fi
   fi
 fi
 
