@@ -21,7 +21,12 @@
 //    dropout, unaligned views.
 // Dropout always takes the composed path: its mask must be accrue's Philox
 // stream (Note [Attention masks] in kernels/attention_backend.h), identical
-// on the CPU, and cuDNN draws its own.
+// on the CPU, and cuDNN draws its own. ACCRUE_ATTENTION_COMPOSED=1 in the
+// environment sends every call to the composed path (and makes
+// cudnn_attention_available() false): compute-sanitizer's synccheck aborts
+// cuDNN's flash-attention backward, so tools/gpu_check.sh sets it for its
+// synccheck runs (Note [Sanitizer exclusions]); unset, it costs one cached
+// getenv per call.
 //
 // The paths are interchangeable per call, forward and backward: lse is the
 // same quantity on all of them, the natural-log log-sum-exp of the scaled,
@@ -38,6 +43,8 @@
 // for an empty softmax.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "core/grad_mode.h"
@@ -156,6 +163,15 @@ AttentionParams check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
 // ---- path choice --------------------------------------------------------------
 
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
+// ACCRUE_ATTENTION_COMPOSED=1 (Note [Attention paths]), read once.
+bool composed_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("ACCRUE_ATTENTION_COMPOSED");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return forced;
+}
+
 // cuDNN's operand alignment (Note [Attention paths]).
 bool cudnn_aligned(const Tensor& t) {
   const int64_t bytes = static_cast<int64_t>(element_size(t.dtype()));
@@ -169,7 +185,7 @@ bool cudnn_aligned(const Tensor& t) {
 bool use_cudnn(const std::vector<const Tensor*>& operands, const Tensor& lse,
                const AttentionParams& p) {
   const Tensor& q = *operands.front();
-  if (!q.device().is_cuda()) return false;
+  if (!q.device().is_cuda() || composed_forced()) return false;
   if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return false;
   if (p.dropout_p > 0.0) return false;
   if (p.d % 8 != 0 || p.d > 128 || p.dv != p.d) return false;
@@ -220,7 +236,7 @@ void run_backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tenso
 
 bool cudnn_attention_available() {
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
-  return true;
+  return !composed_forced();
 #else
   return false;
 #endif

@@ -50,7 +50,8 @@ void attention_backward_into(const Tensor& grad_out, const Tensor& q, const Tens
                              const AttentionOptions& options, const Tensor& dq, const Tensor& dk,
                              const Tensor& dv);
 
-// Whether bf16/f16 attention on CUDA goes through cuDNN in this build.
+// Whether bf16/f16 attention on CUDA goes through cuDNN in this build (and
+// this process: not under ACCRUE_ATTENTION_COMPOSED=1, Note [Attention paths]).
 bool cudnn_attention_available();
 
 }  // namespace accrue::kernels

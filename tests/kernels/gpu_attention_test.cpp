@@ -255,7 +255,9 @@ TEST_F(GpuAttention, graph_cache_hit_and_new_shape) {
 // stays below one bf16 score matrix, where the composed path needs an fp32 one.
 TEST_F(GpuAttention, cudnn_forward_does_not_materialize_scores) {
   ACCRUE_REQUIRE_CUDA();
-  if (!kernels::cudnn_attention_available()) GTEST_SKIP() << "built without the cuDNN frontend";
+  if (!kernels::cudnn_attention_available())
+    GTEST_SKIP()
+        << "no cuDNN attention (built without the frontend, or ACCRUE_ATTENTION_COMPOSED=1)";
   const int64_t B = 2, H = 4, T = 1024, d = 64;
   Tensor q = test::random_normal({B, H, T, d}, DType::bf16, kGpu);
   const auto o = causal_options(true);
