@@ -217,6 +217,18 @@ void check_optimizer_buffers(const OptimizerConfig& c, const OptimizerBuffers& b
                b.params.numel(), " params from element ", b.first_element, " need ceil((",
                b.first_element, " + ", b.params.numel(), ") / ", kChunk, ") = ", chunks);
   check_slot_tables(b, chunks, op);
+  if (b.step_sums.defined()) {  // Note [Step sums]
+    check_dtype(b.step_sums, DType::f64, op, "step_sums");
+    check_contiguous(b.step_sums, op, "step_sums");
+    check_device(b.step_sums, b.params.device(), op, "step_sums");
+    ACCRUE_CHECK(
+        b.step_sums.dim() == 2 && b.step_sums.size(0) >= chunks && b.step_sums.size(1) == 3, op,
+        ": step_sums of shape ", shape_str(b.step_sums.shape()), " must be [>= ", chunks,
+        ", 3] (one row per chunk up to element ", b.first_element, " + ", b.params.numel(), ")");
+    ACCRUE_CHECK(b.first_element % kChunk == 0 && b.params.numel() % kChunk == 0, op,
+                 ": step_sums needs whole chunks of ", kChunk, " elements; got ", b.params.numel(),
+                 " params from element ", b.first_element);
+  }
 }
 
 }  // namespace
@@ -351,6 +363,58 @@ void advance_slot_steps(const OptimizerConfig& config, const Tensor& slot_used,
     cpu::advance_slot_steps(config.beta1, config.beta2, slot_used, slot_steps, state);
   } else {
     cuda::advance_slot_steps(config.beta1, config.beta2, slot_used, slot_steps, state);
+  }
+}
+
+void step_sums_per_slot(const Tensor& step_sums, const Tensor& slot_chunks, const Tensor& grads,
+                        const Tensor& params, const Tensor& state, const Tensor& out) {
+  const char* op = "step_sums_per_slot";
+  NoGradGuard no_grad;
+  check_defined(state, op, "state");
+  const Device device = state.device();
+  check_state(state, device, op);
+  check_defined(params, op, "params");
+  check_master_dtype(params, op, "params");
+  check_contiguous(params, op, "params");
+  check_device(params, device, op, "params");
+  check_defined(grads, op, "grads");
+  check_dtype(grads, params.dtype(), op, "grads");
+  check_contiguous(grads, op, "grads");
+  check_device(grads, device, op, "grads");
+  ACCRUE_CHECK(grads.numel() == params.numel(), op, ": grads has ", grads.numel(),
+               " elements and params ", params.numel(), "; they must match");
+  const int64_t chunks = (params.numel() + kChunk - 1) / kChunk;
+  check_defined(step_sums, op, "step_sums");
+  check_dtype(step_sums, DType::f64, op, "step_sums");
+  check_contiguous(step_sums, op, "step_sums");
+  check_device(step_sums, device, op, "step_sums");
+  ACCRUE_CHECK(step_sums.dim() == 2 && step_sums.size(0) >= chunks && step_sums.size(1) == 3, op,
+               ": step_sums of shape ", shape_str(step_sums.shape()), " must be [>= ", chunks,
+               ", 3] for ", params.numel(), " params");
+  check_defined(slot_chunks, op, "slot_chunks");
+  check_dtype(slot_chunks, DType::i64, op, "slot_chunks");
+  check_contiguous(slot_chunks, op, "slot_chunks");
+  check_device(slot_chunks, device, op, "slot_chunks");
+  ACCRUE_CHECK(slot_chunks.dim() == 2 && slot_chunks.size(1) == 2, op, ": slot_chunks of shape ",
+               shape_str(slot_chunks.shape()), " must be [slots, 2]");
+  if (device.is_cpu()) {  // the CUDA kernel clamps instead: a check would synchronize
+    const int64_t* r = slot_chunks.data<int64_t>();
+    for (int64_t i = 0; i < slot_chunks.size(0); ++i)
+      ACCRUE_CHECK(r[2 * i] >= 0 && r[2 * i] <= r[2 * i + 1] && r[2 * i + 1] <= chunks, op,
+                   ": slot ", i, " has chunks [", r[2 * i], ", ", r[2 * i + 1], "), outside [0, ",
+                   chunks, "]");
+  }
+  check_defined(out, op, "out");
+  check_dtype(out, DType::f64, op, "out");
+  check_contiguous(out, op, "out");
+  check_device(out, device, op, "out");
+  ACCRUE_CHECK(out.shape() == Shape({slot_chunks.size(0), 3}), op, ": out of shape ",
+               shape_str(out.shape()), " must be [", slot_chunks.size(0), ", 3]");
+  if (slot_chunks.size(0) == 0) return;
+  if (device.is_cpu()) {
+    cpu::step_sums_per_slot(step_sums, slot_chunks, grads, params, state, out);
+  } else {
+    cuda::step_sums_per_slot(step_sums, slot_chunks, grads, params, state, out);
   }
 }
 

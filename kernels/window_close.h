@@ -146,6 +146,9 @@ struct OptimizerBuffers {
   //   slot_steps   f64 [slots, 3]: each slot's own step count t, 1 - beta1^t and
   //                sqrt(1 - beta2^t), as advance_slot_steps left them.
   Tensor chunk_slots, slot_used, slot_steps;
+  // Note [Step sums]: f64 [>= ceil((first_element + numel) / kChunk), 3] in the
+  // frame of chunk_groups, or undefined (nothing is written).
+  Tensor step_sums;
 };
 inline constexpr int64_t kChunk = 32;
 // The hyper buffer: group k's lr at 2k, its weight decay at 2k + 1.
@@ -177,6 +180,38 @@ void check_group_hyper(const GroupHyper& hyper, int64_t group, const char* who);
 // tables, t is each slot's own and unused slots are not touched (Note [Unused parameters]).
 void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
                           const Tensor& state);
+
+// Note [Step sums]
+// ~~~~~~~~~~~~~~~~
+// The health monitor's per-layer figures (optim::LayerMonitor) come out of the
+// fused pass itself, which already holds every element's gradient and weight
+// before and after the step: with OptimizerBuffers::step_sums defined, the
+// pass writes, for each 32-element chunk c it covers, the row
+//   step_sums[c] = (sum g^2, sum (p_after - p_before)^2, sum p_before^2)
+// (g the gradient as the arena holds it; sums in f64), and nothing else
+// changes: the update is bit for bit the one without the sums. A chunk of an
+// unused slot under UnusedParameters::skip gets (sum g^2, 0, sum p^2). That is
+// 24 bytes per 32 parameters written and no extra pass over the arena, where
+// separate norm passes and a weight copy cost 36 bytes per parameter. On CUDA
+// the P packs of a chunk (8 of f32, 16 of f64) are P neighbouring lanes of one
+// warp, combined by a fixed butterfly, so a row is bitwise the same on every
+// run; the CPU adds a chunk's elements in index order. The CUDA pass needs the
+// vectorized layout (16-byte aligned buffers, numel and first_element
+// multiples of kChunk: always true of a GradArena) and refuses anything else.
+// A skipped window (Note [Skipped window]) writes no row.
+//
+// step_sums_per_slot then folds each slot's rows in a fixed order into
+// out[i] = (|g|^2, |p_after - p_before|^2, |p_before|^2) of slot i, whose
+// chunks are [slot_chunks[i][0], slot_chunks[i][1]), one launch for all slots.
+// After a skipped window (state[kFoundInf] != 0) no row was written, so it
+// reads the slot's gradient and weights from grads and params instead:
+// (|g|^2, 0, |p|^2), a non-finite gradient making |g|^2 infinite.
+// step_sums: f64 [chunks, 3]; slot_chunks: i64 [slots, 2] (checked on the
+// CPU; clamped to [0, chunks] on CUDA, where a check would synchronize);
+// grads and params: the arena's flat gradient and master weights (same
+// numel, chunk frame from element 0); out: f64 [slots, 3]; all on one device.
+void step_sums_per_slot(const Tensor& step_sums, const Tensor& slot_chunks, const Tensor& grads,
+                        const Tensor& params, const Tensor& state, const Tensor& out);
 
 // Note [Unused parameters]
 // ~~~~~~~~~~~~~~~~~~~~~~~~

@@ -323,6 +323,8 @@ void advance_slot_steps(double beta1, double beta2, const Tensor& slot_used,
                         const Tensor& slot_steps, const Tensor& state);
 void calibrate_loss_scale(const Tensor& amax, const Tensor& state, const ScalerConfig& scaler,
                           double scale_used, double margin);
+void step_sums_per_slot(const Tensor& step_sums, const Tensor& slot_chunks, const Tensor& grads,
+                        const Tensor& params, const Tensor& state, const Tensor& out);
 }  // namespace cpu
 
 namespace cuda {
@@ -339,6 +341,8 @@ void advance_slot_steps(double beta1, double beta2, const Tensor& slot_used,
                         const Tensor& slot_steps, const Tensor& state);
 void calibrate_loss_scale(const Tensor& amax, const Tensor& state, const ScalerConfig& scaler,
                           double scale_used, double margin);
+void step_sums_per_slot(const Tensor& step_sums, const Tensor& slot_chunks, const Tensor& grads,
+                        const Tensor& params, const Tensor& state, const Tensor& out);
 }  // namespace cuda
 
 }  // namespace accrue::kernels

@@ -21,6 +21,25 @@ LayerMonitor::LayerMonitor(const GradArena& arena) : arena_(arena) {
   table_ = zeros({3 * table_rows_, 2}, DType::f64, arena.options().device);
 }
 
+LayerMonitor::LayerMonitor(const GradArena& arena, Optimizer& optimizer)
+    : arena_(arena), optimizer_(&optimizer) {
+  ACCRUE_CHECK(!arena.master_sharded(), "LayerMonitor: the arena's master weights are a ZeRO-1 ",
+               "shard; per-layer ratios need every layer's weights");
+  ACCRUE_CHECK(!arena.moments_sharded(), "LayerMonitor: the arena's optimizer state is a ZeRO-1 ",
+               "shard, so no pass steps the whole arena; use LayerMonitor(arena)");
+  const Device device = arena.options().device;
+  const int64_t chunks = (arena.padded_numel() + kernels::kChunk - 1) / kernels::kChunk;
+  step_sums_ = zeros({chunks, 3}, DType::f64, device);
+  std::vector<int64_t> ranges;
+  for (const GradArena::Slot& s : arena.slots()) {
+    ranges.push_back(s.offset / kernels::kChunk);
+    ranges.push_back((s.offset + s.numel + kernels::kChunk - 1) / kernels::kChunk);
+  }
+  const auto slots = static_cast<int64_t>(arena.size());
+  slot_chunks_ = from_vector(ranges, {slots, 2}, DType::i64, device);
+  slot_sums_ = zeros({slots, 3}, DType::f64, device);
+}
+
 Tensor LayerMonitor::rows_of(int what, size_t i) const {
   return table_.narrow(0, what * table_rows_ + first_row_[i], rows_[i]);
 }
@@ -32,6 +51,12 @@ void LayerMonitor::partials(const Tensor& source, int what, size_t i) const {
 
 void LayerMonitor::before_close() {
   NoGradGuard no_grad;
+  measured_ = false;
+  if (optimizer_ != nullptr) {  // Note [Step sums]: the close's pass writes them
+    optimizer_->set_step_sums(step_sums_);
+    steps_before_ = optimizer_->steps_with_sums();
+    return;
+  }
   for (size_t i = 0; i < arena_.size(); ++i) {
     if (arena_.written(i)) {
       partials(arena_.grads(), 0, i);
@@ -41,12 +66,23 @@ void LayerMonitor::before_close() {
     partials(arena_.master(), 2, i);
   }
   before_ = arena_.master().clone();
-  measured_ = false;
 }
 
 void LayerMonitor::after_close() {
-  ACCRUE_CHECK(before_.defined(), "LayerMonitor::after_close: call before_close() first");
   NoGradGuard no_grad;
+  if (optimizer_ != nullptr) {
+    optimizer_->set_step_sums(Tensor());
+    const int64_t steps = optimizer_->steps_with_sums() - steps_before_;
+    ACCRUE_CHECK(steps == 1, "LayerMonitor::after_close: the close ran ", steps,
+                 " eager optimizer passes with step sums since before_close(); expected 1 (a "
+                 "close replayed from a CUDA graph needs LayerMonitor(arena))");
+    kernels::step_sums_per_slot(step_sums_, slot_chunks_, arena_.grads(), arena_.master(),
+                                optimizer_->step_sums_state(), slot_sums_);
+    steps_before_ = optimizer_->steps_with_sums();
+    measured_ = true;
+    return;
+  }
+  ACCRUE_CHECK(before_.defined(), "LayerMonitor::after_close: call before_close() first");
   kernels::axpy_(before_, -1.0, arena_.master());  // before - after: the update's negative
   for (size_t i = 0; i < arena_.size(); ++i)
     partials(before_, 1, i);
@@ -58,21 +94,8 @@ std::vector<LayerReport> LayerMonitor::read(const WindowReport& report) const {
   ACCRUE_CHECK(measured_,
                "LayerMonitor::read: no window measured (before_close, close, "
                "after_close)");
-  // Each slot's three sums of squares from its rows; a row's non-finite count
-  // (column 1) turns its sum into infinity, as the close's norm does.
-  const std::vector<double> t = table_.to(Device::cpu()).to_vector<double>();
+  const std::vector<double> v = slot_squares();
   const size_t n = arena_.size();
-  std::vector<double> v(3 * n, 0.0);
-  for (size_t i = 0; i < n; ++i) {
-    for (int what = 0; what < 3; ++what) {
-      double sum = 0.0;
-      for (int64_t r = 0; r < rows_[i]; ++r) {
-        const size_t row = static_cast<size_t>(what * table_rows_ + first_row_[i] + r);
-        sum += t[2 * row + 1] > 0.0 ? INFINITY : t[2 * row];
-      }
-      v[3 * i + static_cast<size_t>(what)] = sum;
-    }
-  }
   // v holds, per slot, |g|^2, |p_after - p_before|^2 and |p_before|^2.
   double grad_total = 0.0, update_total = 0.0, weight_total = 0.0;
   for (size_t i = 0; i < n; ++i) {
@@ -95,6 +118,26 @@ std::vector<LayerReport> LayerMonitor::read(const WindowReport& report) const {
   }
   total_update_ratio_ = weight_total > 0.0 ? std::sqrt(update_total / weight_total) : 0.0;
   return layers;
+}
+
+std::vector<double> LayerMonitor::slot_squares() const {
+  if (optimizer_ != nullptr) return slot_sums_.to(Device::cpu()).to_vector<double>();
+  // Each slot's three sums of squares from its rows; a row's non-finite count
+  // (column 1) turns its sum into infinity, as the close's norm does.
+  const std::vector<double> t = table_.to(Device::cpu()).to_vector<double>();
+  const size_t n = arena_.size();
+  std::vector<double> v(3 * n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    for (int what = 0; what < 3; ++what) {
+      double sum = 0.0;
+      for (int64_t r = 0; r < rows_[i]; ++r) {
+        const size_t row = static_cast<size_t>(what * table_rows_ + first_row_[i] + r);
+        sum += t[2 * row + 1] > 0.0 ? INFINITY : t[2 * row];
+      }
+      v[3 * i + static_cast<size_t>(what)] = sum;
+    }
+  }
+  return v;
 }
 
 std::vector<GroupReport> LayerMonitor::groups(const std::vector<int>& slot_group) const {

@@ -1,7 +1,7 @@
 // Per-layer gradient norms and update-to-weight ratios, for the health
 // monitor (optim/metrics_log.h).
 //
-//   optim::LayerMonitor layers(arena);
+//   optim::LayerMonitor layers(arena, optimizer);  // or (arena): see below
 //   ... the window's micro-steps ...
 //   layers.before_close();
 //   window.close();
@@ -22,23 +22,29 @@
 // groups() gives both over each optimizer parameter group's slots together
 // (the group's norm is the root-sum-square of its layers'; its ratio is
 // ||delta|| / ||p|| over all of its weights), from the same sums.
-// In the windows it measures it costs, on the device, a copy of the master
-// weights, one in-place subtraction (before -= after) and three passes of the
-// close's norm kernel (kernels::grad_norm_partials, Note [Norm rows]) over
-// each slot: its gradient, its weights before the step and its update, each
-// slot's rows in its own range of one f64 table. That is 4 + 8 + 12 + 3 x 4
-// = 36 bytes per parameter and 3 launches per slot, and nothing in the other
-// windows. The host sums each slot's rows only in read(), which copies the
-// table once. (The first version took sum(t.to(f64) * t) per slot and
-// tensor, about 150 bytes per parameter: +15% of a GPT-2 124M window on an
-// H100 at every window, bench/RESULTS.md.) A sharded master (ZeRO-1 with a
-// compute copy) holds only this rank's ranges, and is refused.
+// Two ways to get the sums, the same figures:
+//  - LayerMonitor(arena, optimizer): inside the close's own fused pass (Note
+//    [Step sums] in kernels/window_close.h): the pass writes each 32-element
+//    chunk's three sums as it steps (24 bytes per 32 parameters), and
+//    after_close folds them per slot in one launch (kernels::step_sums_per_slot).
+//    Needs an eager close over the whole arena: a close replayed from a CUDA
+//    graph, or ZeRO-1 ranges, are refused.
+//  - LayerMonitor(arena): separate passes, for any close (a captured one
+//    too): a copy of the master weights, one in-place subtraction (before -=
+//    after) and three passes of the close's norm kernel
+//    (kernels::grad_norm_partials, Note [Norm rows]) over each slot: 4 + 8 +
+//    12 + 3 x 4 = 36 bytes per parameter and 3 launches per slot (+4.4% of a
+//    GPT-2 124M window on an H100 at every window, bench/RESULTS.md).
+// Either costs nothing in the windows not measured, and read() copies the
+// figures to the host once. A sharded master (ZeRO-1 with a compute copy)
+// holds only this rank's ranges, and is refused.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "autograd/grad_arena.h"
+#include "optim/optimizer.h"
 #include "optim/window.h"
 
 namespace accrue::optim {
@@ -58,8 +64,11 @@ struct GroupReport {
 
 class LayerMonitor {
  public:
-  // `arena` must outlive the monitor.
+  // Separate passes; `arena` must outlive the monitor.
   explicit LayerMonitor(const GradArena& arena);
+  // Sums from the fused pass of `optimizer`, which steps `arena`; both must
+  // outlive the monitor.
+  LayerMonitor(const GradArena& arena, Optimizer& optimizer);
   // Right before Window::close(): each slot's gradient norm and a copy of the weights.
   void before_close();
   // Right after Window::close(): each slot's update and weight norms.
@@ -80,7 +89,17 @@ class LayerMonitor {
   // Slot i's norm rows of `source` (a tensor laid out like the arena) into rows_of(what, i).
   void partials(const Tensor& source, int what, size_t i) const;
 
+  // The three sums of every slot, f64 [slots, 3], on the host.
+  std::vector<double> slot_squares() const;
+
   const GradArena& arena_;
+  // In-pass sums (Note [Step sums]); null for separate passes.
+  Optimizer* optimizer_ = nullptr;
+  Tensor step_sums_;          // f64 [arena chunks, 3]
+  Tensor slot_chunks_;        // i64 [slots, 2]: each slot's chunk range, on the arena's device
+  Tensor slot_sums_;          // f64 [slots, 3]
+  int64_t steps_before_ = 0;  // optimizer_->steps_with_sums() at before_close
+  // Separate passes:
   std::vector<int64_t> first_row_, rows_;  // each slot's range of partial rows
   int64_t table_rows_ = 0;                 // the sum of rows_
   // f64 [3 * table_rows_, 2]: the gradient's, the update's and the weights'

@@ -194,10 +194,23 @@ void Optimizer::step(const GradArena& arena, const Tensor& window_state, int64_t
   const kernels::OptimizerConfig config = config_at(step);
   // Note [Capturable code]: a captured close stores them before each replay.
   if (!graph_capturing()) kernels::store_hyperparameters(config, hyper_);
+  if (step_sums_.defined()) {  // Note [Step sums]
+    ACCRUE_CHECK(ranges.empty(), "Optimizer::step: step sums need the whole arena in one pass; ",
+                 "this step covers ", ranges.size(), " ZeRO-1 ranges");
+    ACCRUE_CHECK(!graph_capturing(),
+                 "Optimizer::step: step sums are not captured in a CUDA "
+                 "graph; measure an eager close");
+  }
   if (ranges.empty()) {
     ACCRUE_CHECK(!arena.moments_sharded(), "Optimizer::step: the arena's moments hold a shard of ",
                  arena.moment_numel(), " elements; step the owned ranges");
-    kernels::fused_optimizer_step(config, buffers(0, arena.padded_numel(), 0), window_state);
+    kernels::OptimizerBuffers b = buffers(0, arena.padded_numel(), 0);
+    b.step_sums = step_sums_;
+    kernels::fused_optimizer_step(config, b, window_state);
+    if (step_sums_.defined()) {
+      ++steps_with_sums_;
+      step_sums_state_ = window_state;
+    }
     return;
   }
   int64_t packed = 0;

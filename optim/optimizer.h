@@ -189,6 +189,16 @@ class Optimizer {
   void step(const GradArena& arena, const Tensor& window_state, int64_t step,
             const std::vector<ArenaRange>& ranges = {}, const SlotTables& slots = {}) const;
   void store_hyperparameters(int64_t step) const;
+  // Note [Step sums] (kernels/window_close.h), for optim::LayerMonitor: while
+  // `sums` (f64 [arena chunks, 3]) is set, every eager step() over the whole
+  // arena also writes each chunk's (|g|^2, |p_after - p_before|^2, |p_before|^2)
+  // row into it; an undefined tensor stops that. A step over ZeRO-1 ranges or
+  // inside a CUDA graph capture refuses it.
+  void set_step_sums(const Tensor& sums) { step_sums_ = sums; }
+  // Steps that wrote step sums so far, and the window state of the last of
+  // them (whose kFoundInf says whether it wrote any row).
+  int64_t steps_with_sums() const { return steps_with_sums_; }
+  const Tensor& step_sums_state() const { return step_sums_state_; }
   // The parameter group of each slot of `arena`: 0 for the default group,
   // k for the k-th add_param_group (config().groups' order).
   std::vector<int> slot_groups(const GradArena& arena) const;
@@ -204,6 +214,9 @@ class Optimizer {
   Tensor chunk_groups_;
   Tensor hyper_;  // f64 [kernels::kHyperSize] on the bound arena's device
   const GradArena* bound_ = nullptr;
+  Tensor step_sums_;  // set_step_sums
+  mutable int64_t steps_with_sums_ = 0;
+  mutable Tensor step_sums_state_;
 };
 
 }  // namespace accrue::optim

@@ -875,7 +875,13 @@ int main(int argc, char** argv) try {
   }
   // Note [Layer monitor]: measured in every --layer-metrics-every-th window.
   std::unique_ptr<optim::LayerMonitor> layers;
-  if (opt.layer_metrics_every > 0) layers = std::make_unique<optim::LayerMonitor>(arena);
+  if (opt.layer_metrics_every > 0) {
+    // Note [Step sums]: from the close's own pass, unless the close is replayed
+    // from a graph or steps ZeRO-1 ranges (then separate passes).
+    layers = graphed || arena.moments_sharded()
+                 ? std::make_unique<optim::LayerMonitor>(arena)
+                 : std::make_unique<optim::LayerMonitor>(arena, optimizer);
+  }
   auto measures_layers = [&](int64_t window_number) {
     return layers && window_number % opt.layer_metrics_every == 0;
   };

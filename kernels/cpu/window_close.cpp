@@ -2,6 +2,7 @@
 // over the formulas of kernels/window_close_backend.h, in f32 math for f32
 // buffers and f64 for f64. It is the oracle of the CUDA kernels' tests and the
 // CPU backend of the optimizer.
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -80,12 +81,26 @@ void optimizer_typed(const OptimizerConfig& config, const OptimizerBuffers& b,
                    "] = ", slots[c], " is outside [0, ", count, ")");
   }
 
+  // Note [Step sums]: each chunk's row, summed in index order.
+  double* sums = b.step_sums.defined() ? b.step_sums.data<double>() : nullptr;
+  if (sums != nullptr)
+    std::fill(sums + 3 * (first / kChunk), sums + 3 * ((first + n) / kChunk), 0.0);
+  auto add_sums = [&](int64_t i, double grad, double before, double after) {
+    double* row = sums + 3 * ((first + i) / kChunk);
+    row[0] += grad * grad;
+    row[1] += (after - before) * (after - before);
+    row[2] += before * before;
+  };
+
   for (int64_t i = 0; i < n; ++i) {
     const int group = groups[(first + i) / kChunk];
     UpdateScalars<M> u;
     if (per_slot) {
       const int32_t slot = slots[(first + i) / kChunk];
-      if (!(used[slot] > 0.0)) continue;  // unused: nothing is read or written
+      if (!(used[slot] > 0.0)) {  // unused: nothing is written
+        if (sums != nullptr) add_sums(i, g[i], p[i], p[i]);
+        continue;
+      }
       u = slot_scalars(s, group, steps + 3 * static_cast<int64_t>(slot));
     } else {
       u = window_scalars(s, group);
@@ -102,6 +117,7 @@ void optimizer_typed(const OptimizerConfig& config, const OptimizerBuffers& b,
       v[i] = vi;
       if (vmax) vmax[i] = vmaxi;
     }
+    if (sums != nullptr) add_sums(i, g[i], p[i], pi);
     p[i] = pi;
     if (copy) {
       if (copy_bf16) {
@@ -169,6 +185,55 @@ void advance_slot_steps(double beta1, double beta2, const Tensor& slot_used,
 void calibrate_loss_scale(const Tensor& amax, const Tensor& state, const ScalerConfig& scaler,
                           double scale_used, double margin) {
   calibrate_scale_update(amax.data<double>()[0], state.data<double>(), scaler, scale_used, margin);
+}
+
+namespace {
+
+// After a skipped window: slot i's (|g|^2, 0, |p|^2) from the arena itself,
+// a non-finite gradient making |g|^2 infinite (Note [Step sums]).
+template <class T>
+void sums_from_arena(const T* g, const T* p, int64_t begin, int64_t end, double* out) {
+  double g2 = 0.0, p2 = 0.0;
+  bool finite = true;
+  for (int64_t e = begin; e < end; ++e) {
+    const double x = static_cast<double>(g[e]), w = static_cast<double>(p[e]);
+    finite = finite && std::isfinite(x);
+    g2 += x * x;
+    p2 += w * w;
+  }
+  out[0] = finite ? g2 : INFINITY;
+  out[1] = 0.0;
+  out[2] = p2;
+}
+
+}  // namespace
+
+void step_sums_per_slot(const Tensor& step_sums, const Tensor& slot_chunks, const Tensor& grads,
+                        const Tensor& params, const Tensor& state, const Tensor& out) {
+  const bool skipped = state.data<double>()[kFoundInf] != 0.0;
+  const double* rows = step_sums.data<double>();
+  const int64_t* r = slot_chunks.data<int64_t>();
+  double* o = out.data<double>();
+  const int64_t n = params.numel();
+  for (int64_t i = 0; i < slot_chunks.size(0); ++i) {
+    double* slot = o + 3 * i;
+    if (skipped) {
+      const int64_t begin = std::min(r[2 * i] * kChunk, n),
+                    end = std::min(r[2 * i + 1] * kChunk, n);
+      if (params.dtype() == DType::f64) {
+        sums_from_arena(grads.data<double>(), params.data<double>(), begin, end, slot);
+      } else {
+        sums_from_arena(grads.data<float>(), params.data<float>(), begin, end, slot);
+      }
+      continue;
+    }
+    for (int k = 0; k < 3; ++k) {
+      double s = 0.0;
+      for (int64_t c = r[2 * i]; c < r[2 * i + 1]; ++c)
+        s += rows[3 * c + k];
+      slot[k] = s;
+    }
+  }
 }
 
 }  // namespace accrue::kernels::cpu

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "core/cuda_types.cuh"
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/elementwise_ops.cuh"  // Pack, load_pack, store_pack, pack_aligned
 #include "kernels/window_close_backend.h"
 
@@ -264,20 +265,102 @@ __device__ __forceinline__ void update(const OptimizerParams<T>& o, const Update
   }
 }
 
+// Pack k's step: loads the moments the optimizer keeps, updates p in place
+// and stores p, the moments and the compute copy.
+template <bool kAdam, class T, class C, int V>
+__device__ __forceinline__ void step_pack(const OptimizerParams<T>& o, const UpdateScalars<T>& u,
+                                          const StepPointers<T, C>& ptr, int64_t k,
+                                          const Pack<T, V>& g, Pack<T, V>& p) {
+  constexpr bool kCopy = !std::is_same_v<C, NoCopy>;
+  const bool has_m = kAdam || o.momentum != T(0);
+  const bool has_vmax = kAdam && o.amsgrad;
+  Pack<T, V> m{}, v{}, vmax{};
+  if (has_m) m = load_pack<V>(ptr.exp_avg, k);
+  if (kAdam) v = load_pack<V>(ptr.exp_avg_sq, k);
+  if (has_vmax) vmax = load_pack<V>(ptr.max_exp_avg_sq, k);
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+    update<kAdam>(o, u, g.v[j], p.v[j], m.v[j], v.v[j], vmax.v[j]);
+  store_pack<V>(ptr.params, k, p);
+  if (has_m) store_pack<V>(ptr.exp_avg, k, m);
+  if (kAdam) store_pack<V>(ptr.exp_avg_sq, k, v);
+  if (has_vmax) store_pack<V>(ptr.max_exp_avg_sq, k, vmax);
+  if constexpr (kCopy) {
+    Pack<C, V> c;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      c.v[j] = dev::convert<C>(p.v[j]);
+    store_pack<V>(ptr.compute, k, c);
+  }
+}
+
+// Note [Step sums]: the vectorized pass that also writes each chunk's row.
+// The trip count is the same for every lane of a warp (base is the warp's
+// first pack), so all of them take part in each butterfly; a chunk's P packs
+// are P neighbouring lanes, and xor offsets below P never leave them.
+template <bool kAdam, class T, class C>
+__device__ __forceinline__ void step_and_sum(const OptimizerParams<T>& o, const StepScalars<T>& s,
+                                             const StepPointers<T, C>& ptr, int64_t n,
+                                             double* __restrict__ sums) {
+  constexpr int V = 16 / sizeof(T);
+  constexpr int P = static_cast<int>(kChunk) / V;  // packs per chunk: 8 (f32), 16 (f64)
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t packs = n / V;  // a multiple of P: n is whole chunks
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x - lane;
+       base < packs; base += stride) {
+    const int64_t k = base + lane;
+    double g2 = 0.0, d2 = 0.0, p2 = 0.0;
+    if (k < packs) {
+      const Pack<T, V> g = load_pack<V>(ptr.grads, k);
+      const Pack<T, V> before = load_pack<V>(ptr.params, k);
+      Pack<T, V> p = before;
+      UpdateScalars<T> u;
+      // An unused slot (Note [Unused parameters]) is read for its sums, never written.
+      if (scalars_of(ptr, s, group_of(ptr, k * V, o.groups), k * V, u))
+        step_pack<kAdam>(o, u, ptr, k, g, p);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const double x = static_cast<double>(g.v[j]), w = static_cast<double>(before.v[j]);
+        const double d = static_cast<double>(p.v[j]) - w;
+        g2 += x * x;
+        d2 += d * d;
+        p2 += w * w;
+      }
+    }
+#pragma unroll
+    for (int m = P / 2; m > 0; m >>= 1) {
+      g2 += __shfl_xor_sync(kFullMask, g2, m);
+      d2 += __shfl_xor_sync(kFullMask, d2, m);
+      p2 += __shfl_xor_sync(kFullMask, p2, m);
+    }
+    if (k < packs && lane % P == 0) {
+      double* row = sums + 3 * ((ptr.first_element + k * V) / kChunk);
+      row[0] = g2;
+      row[1] = d2;
+      row[2] = p2;
+    }
+  }
+}
+
 // Math in T (f32 or f64): the params' own type. Packs of 16 bytes when every
 // buffer is aligned, then a grid-stride scalar loop over the rest (or over
 // everything when not aligned). Reads p, g (+ m, v, vmax as the optimizer
 // needs) and the chunk groups; writes p (+ m, v, vmax) and the compute copy.
-template <class T, class C, bool kAdam>
+template <class T, class C, bool kAdam, bool kSums>
 __global__ void __launch_bounds__(kStepThreads)
     fused_optimizer_kernel(const __grid_constant__ OptimizerParams<T> o,
                            const StepPointers<T, C> ptr, int64_t n, bool vectorized,
-                           const double* __restrict__ state) {
+                           const double* __restrict__ state, double* __restrict__ sums) {
   // Note [Skipped window]: a non-finite window returns before any write.
   if (state[kFoundInf] != 0.0) return;
   __shared__ StepScalars<T> s;
   if (threadIdx.x == 0) make_step_scalars(o, state, s);
   __syncthreads();
+  if constexpr (kSums) {
+    step_and_sum<kAdam>(o, s, ptr, n, sums);  // always vectorized (launch_step checks)
+    return;
+  }
 
   constexpr bool kCopy = !std::is_same_v<C, NoCopy>;
   constexpr int V = 16 / sizeof(T);
@@ -295,24 +378,7 @@ __global__ void __launch_bounds__(kStepThreads)
     if (!scalars_of(ptr, s, group, k * V, u)) continue;  // a pack lies in one chunk, one slot
     Pack<T, V> p = load_pack<V>(ptr.params, k);
     const Pack<T, V> g = load_pack<V>(ptr.grads, k);
-    Pack<T, V> m{}, v{}, vmax{};
-    if (has_m) m = load_pack<V>(ptr.exp_avg, k);
-    if (kAdam) v = load_pack<V>(ptr.exp_avg_sq, k);
-    if (has_vmax) vmax = load_pack<V>(ptr.max_exp_avg_sq, k);
-#pragma unroll
-    for (int j = 0; j < V; ++j)
-      update<kAdam>(o, u, g.v[j], p.v[j], m.v[j], v.v[j], vmax.v[j]);
-    store_pack<V>(ptr.params, k, p);
-    if (has_m) store_pack<V>(ptr.exp_avg, k, m);
-    if (kAdam) store_pack<V>(ptr.exp_avg_sq, k, v);
-    if (has_vmax) store_pack<V>(ptr.max_exp_avg_sq, k, vmax);
-    if constexpr (kCopy) {
-      Pack<C, V> c;
-#pragma unroll
-      for (int j = 0; j < V; ++j)
-        c.v[j] = dev::convert<C>(p.v[j]);
-      store_pack<V>(ptr.compute, k, c);
-    }
+    step_pack<kAdam>(o, u, ptr, k, g, p);
   }
 
   for (int64_t i = packs * V + first; i < n; i += stride) {
@@ -337,7 +403,7 @@ T* optional_ptr(const Tensor& t, bool used) {
   return used ? static_cast<T*>(t.data_ptr()) : nullptr;
 }
 
-template <class T, class C, bool kAdam>
+template <class T, class C, bool kAdam, bool kSums>
 void launch_step(const OptimizerConfig& config, const OptimizerBuffers& b, const Tensor& state) {
   constexpr int V = 16 / sizeof(T);
   const int64_t n = b.params.numel();
@@ -364,9 +430,17 @@ void launch_step(const OptimizerConfig& config, const OptimizerBuffers& b, const
                     pack_aligned<V>(ptr.grads) && pack_aligned<V>(ptr.exp_avg) &&
                     pack_aligned<V>(ptr.exp_avg_sq) && pack_aligned<V>(ptr.max_exp_avg_sq);
   if constexpr (!std::is_same_v<C, NoCopy>) vectorized = vectorized && pack_aligned<V>(ptr.compute);
+  double* sums = nullptr;
+  if constexpr (kSums) {
+    // Note [Step sums]: whole chunks (the dispatch checked them) of aligned packs.
+    ACCRUE_CHECK(vectorized,
+                 "fused_optimizer_step: step_sums needs every buffer on a 16-byte "
+                 "boundary (a GradArena's always are)");
+    sums = b.step_sums.data<double>();
+  }
 
   // A grid-stride loop over one wave of resident blocks.
-  auto* kernel = fused_optimizer_kernel<T, C, kAdam>;
+  auto* kernel = fused_optimizer_kernel<T, C, kAdam, kSums>;
   int per_sm = 0;
   ACCRUE_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kStepThreads, 0));
@@ -376,16 +450,25 @@ void launch_step(const OptimizerConfig& config, const OptimizerBuffers& b, const
   OptimizerParams<T> o = make_optimizer_params<T>(config);
   if (b.hyper.defined()) o.hyper = b.hyper.data<double>();
   kernel<<<static_cast<unsigned>(blocks), kStepThreads, 0, dev::stream_for(device)>>>(
-      o, ptr, n, vectorized, state.data<double>());
+      o, ptr, n, vectorized, state.data<double>(), sums);
   ACCRUE_LAUNCH_CHECK();
+}
+
+template <class T, class C, bool kSums>
+void step_with_sums(const OptimizerConfig& config, const OptimizerBuffers& b, const Tensor& state) {
+  if (!config.adam) {
+    launch_step<T, C, false, kSums>(config, b, state);
+  } else {
+    launch_step<T, C, true, kSums>(config, b, state);
+  }
 }
 
 template <class T, class C>
 void step_with_copy(const OptimizerConfig& config, const OptimizerBuffers& b, const Tensor& state) {
-  if (!config.adam) {
-    launch_step<T, C, false>(config, b, state);
+  if (b.step_sums.defined()) {
+    step_with_sums<T, C, true>(config, b, state);
   } else {
-    launch_step<T, C, true>(config, b, state);
+    step_with_sums<T, C, false>(config, b, state);
   }
 }
 
@@ -400,7 +483,72 @@ void step_typed(const OptimizerConfig& config, const OptimizerBuffers& b, const 
   }
 }
 
+// ---- the monitor's per-slot sums -----------------------------------------------------------
+
+constexpr int kSlotThreads = 256;
+
+// One block per slot (Note [Step sums]): its chunks' rows, or after a skipped
+// window its gradient and weights, each thread a strided share in index
+// order, then the block in a fixed order. Out-of-range chunk ranges are
+// clamped, as group_of clamps: a check would synchronize the host.
+template <class T>
+__global__ void __launch_bounds__(kSlotThreads)
+    slot_sums_kernel(const double* __restrict__ rows, const int64_t* __restrict__ ranges,
+                     int64_t chunks, const T* __restrict__ grads, const T* __restrict__ params,
+                     int64_t n, const double* __restrict__ state, double* __restrict__ out) {
+  __shared__ double scratch[32];
+  const int64_t slot = blockIdx.x;
+  const int64_t c0 = std::min(std::max(ranges[2 * slot], int64_t{0}), chunks);
+  const int64_t c1 = std::min(std::max(ranges[2 * slot + 1], c0), chunks);
+  double g2 = 0.0, d2 = 0.0, p2 = 0.0, bad = 0.0;
+  if (state[kFoundInf] == 0.0) {
+    for (int64_t c = c0 + threadIdx.x; c < c1; c += kSlotThreads) {
+      g2 += rows[3 * c];
+      d2 += rows[3 * c + 1];
+      p2 += rows[3 * c + 2];
+    }
+  } else {  // Note [Skipped window]: no row was written
+    const int64_t end = std::min(c1 * kChunk, n);
+    for (int64_t e = std::min(c0 * kChunk, n) + threadIdx.x; e < end; e += kSlotThreads) {
+      const double x = static_cast<double>(grads[e]), w = static_cast<double>(params[e]);
+      bad += std::isfinite(x) ? 0.0 : 1.0;
+      g2 += x * x;
+      p2 += w * w;
+    }
+  }
+  g2 = reduce::block_sum(g2, scratch);
+  d2 = reduce::block_sum(d2, scratch);
+  p2 = reduce::block_sum(p2, scratch);
+  bad = reduce::block_sum(bad, scratch);
+  if (threadIdx.x == 0) {
+    out[3 * slot] = bad > 0.0 ? INFINITY : g2;
+    out[3 * slot + 1] = d2;
+    out[3 * slot + 2] = p2;
+  }
+}
+
 }  // namespace
+
+void step_sums_per_slot(const Tensor& step_sums, const Tensor& slot_chunks, const Tensor& grads,
+                        const Tensor& params, const Tensor& state, const Tensor& out) {
+  const int device = state.device().index;
+  dev::DeviceScope scope(device);
+  const int64_t n = params.numel();
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const auto slots = static_cast<unsigned>(slot_chunks.size(0));
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    slot_sums_kernel<T><<<slots, kSlotThreads, 0, dev::stream_for(device)>>>(
+        step_sums.data<double>(), slot_chunks.data<int64_t>(), chunks, grads.data<T>(),
+        params.data<T>(), n, state.data<double>(), out.data<double>());
+    ACCRUE_LAUNCH_CHECK();
+  };
+  if (params.dtype() == DType::f64) {
+    launch(double{});
+  } else {
+    launch(float{});
+  }
+}
 
 int64_t norm_partials_rows(int64_t numel, DType dtype, int device) {
   return norm_plan(numel, dtype, sm_count(device)).rows;

@@ -33,5 +33,9 @@ void advance_slot_steps(double, double, const Tensor&, const Tensor&, const Tens
 void calibrate_loss_scale(const Tensor&, const Tensor&, const ScalerConfig&, double, double) {
   ACCRUE_FAIL("calibrate_loss_scale: accrue was built without CUDA");
 }
+void step_sums_per_slot(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        const Tensor&) {
+  ACCRUE_FAIL("step_sums_per_slot: accrue was built without CUDA");
+}
 
 }  // namespace accrue::kernels::cuda

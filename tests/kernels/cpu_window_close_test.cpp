@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/window_close.h"
@@ -693,6 +694,137 @@ TEST(CpuWindowClose, per_slot_steps_equal_the_window_count_when_every_slot_is_us
     EXPECT_EQ(b.slot_steps.to_vector<double>()[0], 4.0);
     EXPECT_EQ(b.slot_steps.to_vector<double>()[3], 3.0);
   }
+}
+
+// Note [Step sums]: with step_sums defined the pass writes each chunk's
+// (sum g^2, sum (after - before)^2, sum before^2), summed in index order, and
+// the update itself is bitwise the one without the sums; an unused slot under
+// UnusedParameters::skip gets (sum g^2, 0, sum p^2) and stays unchanged.
+TEST(CpuWindowClose, step_sums_are_each_chunks_sums_and_leave_the_update_unchanged) {
+  for (DType dtype : {DType::f32, DType::f64}) {
+    for (const Variant& variant : all_variants()) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + variant.name);
+      const int64_t chunks = 37, n = chunks * kChunk;
+      Arena plain = make_arena(n, dtype, 2);
+      OptimizerBuffers b = plain.b;
+      for (Tensor* t :
+           {&b.params, &b.grads, &b.exp_avg, &b.exp_avg_sq, &b.max_exp_avg_sq, &b.compute})
+        *t = t->clone();
+      // Slot 0 is chunks [0, 20), slot 1 (unused) [20, 37).
+      std::vector<int32_t> chunk_slots(chunks, 0);
+      std::fill(chunk_slots.begin() + 20, chunk_slots.end(), 1);
+      for (OptimizerBuffers* x : {&plain.b, &b}) {
+        x->chunk_slots = from_vector<int32_t>(chunk_slots, {chunks}, DType::i32);
+        x->slot_used = from_vector<double>({1.0, 0.0}, {2}, DType::f64);
+        x->slot_steps = zeros({2, 3}, DType::f64);
+      }
+      b.slot_steps = plain.b.slot_steps;  // one count for both passes
+      b.step_sums = empty({chunks, 3}, DType::f64);
+      test::poison(b.step_sums);
+      const Tensor state = make_window_state(1.0, Device::cpu());
+      set_field(state, kItems, 3);
+      const Tensor partials = empty({norm_partials_rows(plain.b.grads), 2}, DType::f64);
+      grad_norm_partials(plain.b.grads, partials);
+      window_scalar_step(partials, state, dynamic_close(0.5));
+      advance_slot_steps(variant.config, plain.b.slot_used, plain.b.slot_steps, state);
+      const std::vector<double> before = b.params.to(DType::f64).to_vector<double>();
+      fused_optimizer_step(variant.config, plain.b, state);
+      fused_optimizer_step(variant.config, b, state);
+      const std::vector<std::pair<Tensor, Tensor>> same{{b.params, plain.b.params},
+                                                        {b.exp_avg, plain.b.exp_avg},
+                                                        {b.exp_avg_sq, plain.b.exp_avg_sq},
+                                                        {b.compute, plain.b.compute}};
+      for (const auto& [x, y] : same)
+        EXPECT_TRUE(bitwise_equal(x, y));
+      const std::vector<double> after = b.params.to(DType::f64).to_vector<double>();
+      const std::vector<double> g = b.grads.to(DType::f64).to_vector<double>();
+      const std::vector<double> rows = b.step_sums.to_vector<double>();
+      for (int64_t c = 0; c < chunks; ++c) {
+        double g2 = 0, d2 = 0, p2 = 0;
+        for (int64_t i = c * kChunk; i < (c + 1) * kChunk; ++i) {
+          g2 += g[i] * g[i];
+          d2 += (after[i] - before[i]) * (after[i] - before[i]);
+          p2 += before[i] * before[i];
+        }
+        EXPECT_EQ(rows[3 * c], g2) << "chunk " << c;
+        EXPECT_EQ(rows[3 * c + 1], d2) << "chunk " << c;
+        EXPECT_EQ(rows[3 * c + 2], p2) << "chunk " << c;
+        EXPECT_EQ(d2 > 0, c < 20) << "chunk " << c << ": only the used slot moves";
+      }
+    }
+  }
+}
+
+TEST(CpuWindowClose, step_sums_per_slot_folds_rows_or_reads_a_skipped_windows_arena) {
+  const int64_t chunks = 10, n = chunks * kChunk;
+  const Tensor rows = test::random_uniform({chunks, 3}, 0.0, 1.0, DType::f64);
+  const Tensor slot_chunks = from_vector<int64_t>({0, 3, 3, 3, 3, 10}, {3, 2}, DType::i64);
+  const Tensor grads = test::random_normal({n}, DType::f32), params = test::random_normal({n});
+  const Tensor state = make_window_state(1.0, Device::cpu());
+  const Tensor out = empty({3, 3}, DType::f64);
+  step_sums_per_slot(rows, slot_chunks, grads, params, state, out);
+  const std::vector<double> r = rows.to_vector<double>(), o = out.to_vector<double>();
+  const int64_t ranges[3][2] = {{0, 3}, {3, 3}, {3, 10}};
+  for (int i = 0; i < 3; ++i) {
+    for (int k = 0; k < 3; ++k) {
+      double sum = 0;
+      for (int64_t c = ranges[i][0]; c < ranges[i][1]; ++c)
+        sum += r[3 * c + k];
+      EXPECT_EQ(o[3 * i + k], sum) << "slot " << i << " column " << k;
+    }
+  }
+  // After a skipped window no row was written: the arena itself, a NaN
+  // gradient making the slot's |g|^2 infinite.
+  std::vector<double> g = grads.to(DType::f64).to_vector<double>();
+  g[5 * kChunk + 3] = kNaN;
+  const Tensor bad = from_vector(g, {n}, DType::f32);
+  set_field(state, kFoundInf, 1.0);
+  step_sums_per_slot(rows, slot_chunks, bad, params, state, out);
+  const std::vector<double> s = out.to_vector<double>();
+  const std::vector<double> p = params.to(DType::f64).to_vector<double>();
+  double g2 = 0, p2 = 0;
+  for (int64_t e = 0; e < 3 * kChunk; ++e) {
+    g2 += g[e] * g[e];
+    p2 += p[e] * p[e];
+  }
+  EXPECT_NEAR(s[0], g2, 1e-12 * g2);
+  EXPECT_EQ(s[1], 0.0);
+  EXPECT_NEAR(s[2], p2, 1e-12 * p2);
+  EXPECT_EQ(s[3], 0.0);  // the empty slot
+  EXPECT_EQ(s[6], kInf);
+  EXPECT_EQ(s[7], 0.0);
+}
+
+TEST(CpuWindowClose, bad_step_sums_throw_naming_the_op_and_the_values) {
+  const Arena a = make_arena(64, DType::f32, 1);
+  const OptimizerConfig opt = adam(test::Kind::AdamW, false);
+  const Tensor state = make_window_state(1.0, Device::cpu());
+  OptimizerBuffers b = a.b;
+  b.step_sums = zeros({2, 3}, DType::f32);
+  EXPECT_ERROR(fused_optimizer_step(opt, b, state), "fused_optimizer_step", "step_sums", "f32");
+  b.step_sums = zeros({1, 3}, DType::f64);
+  EXPECT_ERROR(fused_optimizer_step(opt, b, state), "fused_optimizer_step", "[1, 3]", "[>= 2, 3]");
+  b.step_sums = zeros({2, 3}, DType::f64);
+  b.params = b.params.narrow(0, 0, 40);
+  for (Tensor* t : {&b.grads, &b.exp_avg, &b.exp_avg_sq, &b.max_exp_avg_sq, &b.compute})
+    *t = t->narrow(0, 0, 40);
+  EXPECT_ERROR(fused_optimizer_step(opt, b, state), "fused_optimizer_step", "whole chunks of 32",
+               "40 params");
+
+  const Tensor rows = zeros({2, 3}, DType::f64), out = empty({1, 3}, DType::f64);
+  const Tensor g = zeros({64}), p = zeros({64});
+  EXPECT_ERROR(
+      step_sums_per_slot(rows, from_vector<int64_t>({1, 0}, {1, 2}, DType::i64), g, p, state, out),
+      "step_sums_per_slot", "slot 0 has chunks [1, 0)", "[0, 2]");
+  EXPECT_ERROR(
+      step_sums_per_slot(rows, from_vector<int64_t>({0, 3}, {1, 2}, DType::i64), g, p, state, out),
+      "step_sums_per_slot", "slot 0 has chunks [0, 3)");
+  EXPECT_ERROR(step_sums_per_slot(rows, from_vector<int64_t>({0, 2}, {1, 2}, DType::i64), g, p,
+                                  state, empty({2, 3}, DType::f64)),
+               "step_sums_per_slot", "out of shape [2, 3]", "[1, 3]");
+  EXPECT_ERROR(step_sums_per_slot(rows, from_vector<int64_t>({0, 2}, {1, 2}, DType::i64), g,
+                                  zeros({32}), state, out),
+               "step_sums_per_slot", "grads has 64", "params 32");
 }
 
 }  // namespace

@@ -530,5 +530,109 @@ TEST(GpuWindowClose, skip_unused_slots_matches_the_cpu_and_leaves_them_bitwise_u
   }
 }
 
+// A copy of every buffer the pass writes, sharing the read-only tables.
+OptimizerBuffers writable_copy(const OptimizerBuffers& b) {
+  OptimizerBuffers c = b;
+  for (Tensor* t : {&c.params, &c.exp_avg, &c.exp_avg_sq, &c.max_exp_avg_sq, &c.compute})
+    if (t->defined()) *t = t->clone();
+  return c;
+}
+
+// Note [Step sums] on CUDA: each chunk's row within 1e-12 of the CPU
+// reference's (the same sums added in another order), bitwise the same on a
+// second run, and the update bitwise the one without the sums; f32 and f64,
+// every optimizer, under skip with unused slots (their rows (g^2, 0, p^2)).
+TEST(GpuWindowClose, step_sums_match_the_cpu_and_leave_the_update_bitwise_unchanged) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (const Variant& v : variants(3)) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + v.name);
+      const int64_t n = 37 * kChunk * 600, chunks = n / kChunk;  // whole chunks
+      Buffers b = make_buffers(n, dt, 3, DType::bf16);
+      const SlotTablesOf cpu_tables = make_slot_tables(n, kCpu),
+                         gpu_tables = make_slot_tables(n, kGpu);
+      attach(b.cpu, cpu_tables);
+      attach(b.gpu, gpu_tables);
+      std::vector<bool> written(static_cast<size_t>(cpu_tables.slots));
+      for (int64_t s = 0; s < cpu_tables.slots; ++s)
+        written[s] = s % 4 != 1;
+      store_slot_flags(written, cpu_tables.used);
+      store_slot_flags(written, gpu_tables.used);
+      const Tensor state = make_window_state(1, kCpu);
+      set_field(state, kItems, 64);
+      window_scalar_step(norm_partials(b.cpu.grads), state, CloseConfig{});
+      const Tensor state_gpu = gpu(state);
+      advance_slot_steps(v.config, cpu_tables.used, cpu_tables.steps, state);
+      advance_slot_steps(v.config, gpu_tables.used, gpu_tables.steps, state_gpu);
+
+      OptimizerBuffers plain = writable_copy(b.gpu), with = writable_copy(b.gpu),
+                       again = writable_copy(b.gpu);
+      for (OptimizerBuffers* x : {&with, &again}) {
+        x->step_sums = empty({chunks, 3}, DType::f64, kGpu);
+        test::poison(x->step_sums);
+      }
+      b.cpu.step_sums = empty({chunks, 3}, DType::f64);
+      test::poison(b.cpu.step_sums);
+      fused_optimizer_step(v.config, plain, state_gpu);
+      fused_optimizer_step(v.config, with, state_gpu);
+      fused_optimizer_step(v.config, again, state_gpu);
+      fused_optimizer_step(v.config, b.cpu, state);
+      EXPECT_TRUE(bitwise_equal(with.params, plain.params)) << "params";
+      EXPECT_TRUE(bitwise_equal(with.exp_avg, plain.exp_avg)) << "exp_avg";
+      EXPECT_TRUE(bitwise_equal(with.exp_avg_sq, plain.exp_avg_sq)) << "exp_avg_sq";
+      EXPECT_TRUE(bitwise_equal(with.max_exp_avg_sq, plain.max_exp_avg_sq)) << "max_exp_avg_sq";
+      EXPECT_TRUE(bitwise_equal(with.compute, plain.compute)) << "compute";
+      EXPECT_TRUE(bitwise_equal(with.step_sums, again.step_sums)) << "a second run differs";
+      // The update column: f32 updates round differently on the two devices
+      // (fused multiply-adds), so it is compared at the f32 rounding of the
+      // weights; the gradient and weight columns read the same inputs.
+      const std::vector<double> g = cpu(with.step_sums).to_vector<double>(),
+                                c = b.cpu.step_sums.to_vector<double>();
+      const double update_tol = dt == DType::f32 ? 2e-3 : 1e-9;
+      for (int64_t k = 0; k < chunks; ++k) {
+        ASSERT_NEAR(g[3 * k], c[3 * k], 1e-12 * c[3 * k]) << "chunk " << k << " |g|^2";
+        ASSERT_NEAR(g[3 * k + 1], c[3 * k + 1], update_tol * c[3 * k + 1] + 1e-300)
+            << "chunk " << k << " |update|^2";
+        ASSERT_NEAR(g[3 * k + 2], c[3 * k + 2], 1e-12 * c[3 * k + 2]) << "chunk " << k << " |p|^2";
+        if (!written[(k / 37)]) ASSERT_EQ(g[3 * k + 1], 0.0) << "chunk " << k << " is unused";
+      }
+    }
+  }
+}
+
+// step_sums_per_slot on CUDA against the CPU: slots of many chunks (more
+// than a block's threads), one and none; after a skipped window, the sums
+// of the arena itself, a NaN gradient making its slot's |g|^2 infinite.
+TEST(GpuWindowClose, step_sums_per_slot_matches_the_cpu_and_reads_a_skipped_windows_arena) {
+  ACCRUE_REQUIRE_CUDA();
+  const int64_t chunks = 5000, n = chunks * kChunk;
+  const Tensor rows = test::random_uniform({chunks, 3}, 0.0, 1.0, DType::f64);
+  const Tensor ranges =
+      from_vector<int64_t>({0, 2000, 2000, 2000, 2000, 2001, 2001, 5000}, {4, 2}, DType::i64);
+  std::vector<double> raw = test::random_normal({n}, DType::f64).to_vector<double>();
+  raw[3000 * kChunk + 5] = kNaN;
+  const Tensor grads = from_vector(raw, {n}, DType::f32), params = test::random_normal({n});
+  for (double found_inf : {0.0, 1.0}) {
+    SCOPED_TRACE(found_inf);
+    const Tensor state = make_window_state(1, kCpu);
+    set_field(state, kFoundInf, found_inf);
+    const Tensor out = empty({4, 3}, DType::f64), out_gpu = empty({4, 3}, DType::f64, kGpu),
+                 again = empty({4, 3}, DType::f64, kGpu);
+    step_sums_per_slot(rows, ranges, grads, params, state, out);
+    step_sums_per_slot(gpu(rows), gpu(ranges), gpu(grads), gpu(params), gpu(state), out_gpu);
+    step_sums_per_slot(gpu(rows), gpu(ranges), gpu(grads), gpu(params), gpu(state), again);
+    EXPECT_TRUE(bitwise_equal(out_gpu, again)) << "a second run differs";
+    const std::vector<double> c = out.to_vector<double>(), g = cpu(out_gpu).to_vector<double>();
+    for (size_t i = 0; i < c.size(); ++i) {
+      if (std::isinf(c[i])) {
+        EXPECT_EQ(g[i], c[i]) << i;
+      } else {
+        EXPECT_NEAR(g[i], c[i], 1e-12 * c[i]) << i;
+      }
+    }
+    EXPECT_EQ(c[3 * 3], found_inf != 0.0 ? kInf : c[3 * 3]);  // slot 3 holds the NaN
+  }
+}
+
 }  // namespace
 }  // namespace accrue

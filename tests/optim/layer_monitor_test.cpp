@@ -1,9 +1,13 @@
-// Note [Layer monitor] on the CPU in f64: per-layer gradient norms against the
-// gradient of the whole window computed apart, update ratios against the
-// weights before and after, an unused layer, a skipped window, misuse.
+// Note [Layer monitor] on the CPU in f64, both ways of getting the sums (the
+// close's fused pass, Note [Step sums], and separate passes): per-layer
+// gradient norms against the gradient of the whole window computed apart,
+// update ratios against the weights before and after, an unused layer, a
+// skipped window, misuse.
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "autograd/engine.h"
 #include "autograd/ops.h"
@@ -21,6 +25,20 @@ struct Batch {
   Tensor x, y;
 };
 
+// Each test runs with the sums from the close's fused pass (true) and from
+// separate passes (false).
+class LayerMonitorBothWays : public ::testing::TestWithParam<bool> {
+ protected:
+  std::unique_ptr<optim::LayerMonitor> make(const GradArena& arena, optim::Optimizer& opt) {
+    return GetParam() ? std::make_unique<optim::LayerMonitor>(arena, opt)
+                      : std::make_unique<optim::LayerMonitor>(arena);
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Sums, LayerMonitorBothWays, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "in_the_fused_pass" : "separate_passes";
+                         });
+
 std::vector<Batch> batches(int k) {
   std::vector<Batch> b;
   Generator data(11);
@@ -30,7 +48,7 @@ std::vector<Batch> batches(int k) {
   return b;
 }
 
-TEST(LayerMonitor, layer_norms_and_update_ratios_match_a_separate_computation) {
+TEST_P(LayerMonitorBothWays, layer_norms_and_update_ratios_match_a_separate_computation) {
   Generator g1(3), g2(3);
   // fc0.w has 10,000 elements: more than one norm row (8,192 on the CPU, Note
   // [Norm rows]), so a layer's figures are the sum of its rows.
@@ -40,7 +58,8 @@ TEST(LayerMonitor, layer_norms_and_update_ratios_match_a_separate_computation) {
   GradArena arena(model.parameters(), {"fc0.w", "fc0.b", "fc1.w", "fc1.b"},
                   {Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(2).max_grad_norm(0.1));
-  optim::LayerMonitor monitor(arena);
+  const std::unique_ptr<optim::LayerMonitor> made = make(arena, opt);
+  optim::LayerMonitor& monitor = *made;
   const std::vector<Batch> b = batches(2);
   for (const Batch& mb : b)
     window.backward(cross_entropy(model.forward(mb.x), mb.y));
@@ -77,7 +96,7 @@ TEST(LayerMonitor, layer_norms_and_update_ratios_match_a_separate_computation) {
   EXPECT_GT(monitor.total_update_ratio(), 0.0);
 }
 
-TEST(LayerMonitor, group_figures_gather_their_layers) {
+TEST_P(LayerMonitorBothWays, group_figures_gather_their_layers) {
   Generator g1(3);
   nn::MLP model({4, 6, 3}, {Device::cpu(), DType::f64, &g1});
   optim::Optimizer opt(optim::AdamWOptions(1e-2).weight_decay(0.1));
@@ -86,7 +105,8 @@ TEST(LayerMonitor, group_figures_gather_their_layers) {
   GradArena arena(params, {"fc0.w", "fc0.b", "fc1.w", "fc1.b"},
                   {Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(2));
-  optim::LayerMonitor monitor(arena);
+  const std::unique_ptr<optim::LayerMonitor> made = make(arena, opt);
+  optim::LayerMonitor& monitor = *made;
   for (const Batch& mb : batches(2))
     window.backward(cross_entropy(model.forward(mb.x), mb.y));
   std::vector<std::vector<double>> before;
@@ -117,7 +137,7 @@ TEST(LayerMonitor, group_figures_gather_their_layers) {
   EXPECT_ERROR(monitor.groups({0, 1}), "LayerMonitor::groups", "2 group indices for 4 slots");
 }
 
-TEST(LayerMonitor, an_unused_layer_and_a_skipped_window) {
+TEST_P(LayerMonitorBothWays, an_unused_layer_and_a_skipped_window) {
   Generator g(5);
   nn::MLP model({4, 6, 3}, {Device::cpu(), DType::f64, &g});
   Tensor unused = requires_grad_(zeros({7}, DType::f64) + 1.0);
@@ -127,7 +147,8 @@ TEST(LayerMonitor, an_unused_layer_and_a_skipped_window) {
   GradArena arena(params, {"a", "b", "c", "d", "unused"},
                   {Device::cpu(), DType::f64, DType::f64, 0});
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(1));
-  optim::LayerMonitor monitor(arena);
+  const std::unique_ptr<optim::LayerMonitor> made = make(arena, opt);
+  optim::LayerMonitor& monitor = *made;
   arena.grad_view(4).fill_(std::numeric_limits<double>::quiet_NaN());  // stale, nobody writes it
   const Batch mb = batches(1)[0];
   window.backward(cross_entropy(model.forward(mb.x), mb.y));
@@ -158,6 +179,75 @@ TEST(LayerMonitor, misuse_is_an_error) {
   optim::LayerMonitor monitor(arena);
   EXPECT_ERROR(monitor.read(optim::WindowReport{}), "LayerMonitor::read", "no window measured");
   EXPECT_ERROR(monitor.after_close(), "LayerMonitor::after_close", "before_close");
+
+  // In the fused pass: an after_close with no close between is refused.
+  optim::Optimizer opt(optim::SGDOptions(0.1));
+  optim::LayerMonitor in_pass(arena, opt);
+  EXPECT_ERROR(in_pass.read(optim::WindowReport{}), "LayerMonitor::read", "no window measured");
+  in_pass.before_close();
+  EXPECT_ERROR(in_pass.after_close(), "LayerMonitor::after_close",
+               "ran 0 eager optimizer passes with step sums", "expected 1");
+}
+
+// The two ways give the same figures, under UnusedParameters::skip (an
+// unused slot's weights count in the total ratio, its update is 0) with
+// AdamW, two groups and clipping, over three windows.
+TEST(LayerMonitor, the_fused_pass_and_separate_passes_agree) {
+  struct Run {
+    Generator g{8};
+    nn::MLP model{{4, 40, 3}, {Device::cpu(), DType::f64, &g}};
+    Tensor unused = requires_grad_(zeros({70}, DType::f64) + 0.5);
+    std::vector<Tensor> params;
+    optim::Optimizer opt{optim::AdamWOptions(1e-2).weight_decay(0.1)};
+    std::unique_ptr<GradArena> arena;
+    std::unique_ptr<optim::Window> window;
+    std::unique_ptr<optim::LayerMonitor> monitor;
+    explicit Run(bool in_pass) {
+      params = model.parameters();
+      params.push_back(unused);
+      opt.add_param_group({params[1], params[3]}, optim::GroupOptions().weight_decay(0.0));
+      arena = std::make_unique<GradArena>(
+          params, std::vector<std::string>{"a", "b", "c", "d", "unused"},
+          ArenaOptions{Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
+      window = std::make_unique<optim::Window>(
+          *arena, opt,
+          optim::WindowOptions().micro_steps(2).max_grad_norm(0.05).unused_parameters(
+              optim::UnusedParameters::skip));
+      monitor = in_pass ? std::make_unique<optim::LayerMonitor>(*arena, opt)
+                        : std::make_unique<optim::LayerMonitor>(*arena);
+    }
+    std::vector<optim::LayerReport> window_of(const std::vector<Batch>& b) {
+      for (const Batch& mb : b)
+        window->backward(cross_entropy(model.forward(mb.x), mb.y));
+      monitor->before_close();
+      window->close();
+      monitor->after_close();
+      return monitor->read(window->report());
+    }
+  };
+  Run fused(true), separate(false);
+  for (int w = 0; w < 3; ++w) {
+    SCOPED_TRACE(w);
+    const std::vector<Batch> b = batches(2);
+    const std::vector<optim::LayerReport> x = fused.window_of(b), y = separate.window_of(b);
+    ASSERT_EQ(x.size(), 5u);
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_NEAR(x[i].grad_norm, y[i].grad_norm, 1e-12 * y[i].grad_norm) << y[i].name;
+      EXPECT_NEAR(x[i].update_ratio, y[i].update_ratio, 1e-12 * y[i].update_ratio) << y[i].name;
+    }
+    EXPECT_EQ(x[4].update_ratio, 0.0);
+    EXPECT_GT(x[0].update_ratio, 0.0);
+    EXPECT_NEAR(fused.monitor->total_update_ratio(), separate.monitor->total_update_ratio(),
+                1e-12 * separate.monitor->total_update_ratio());
+    const std::vector<int> groups = fused.opt.slot_groups(*fused.arena);
+    const std::vector<optim::GroupReport> gx = fused.monitor->groups(groups),
+                                          gy = separate.monitor->groups(groups);
+    ASSERT_EQ(gx.size(), gy.size());
+    for (size_t i = 0; i < gx.size(); ++i) {
+      EXPECT_NEAR(gx[i].grad_norm, gy[i].grad_norm, 1e-12 * gy[i].grad_norm);
+      EXPECT_NEAR(gx[i].update_ratio, gy[i].update_ratio, 1e-12 * gy[i].update_ratio);
+    }
+  }
 }
 
 }  // namespace
