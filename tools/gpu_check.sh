@@ -43,8 +43,9 @@
 # On a machine of several GPUs the runs go to a pool, one per GPU by default
 # (Note [Sanitizer pool]): every tool over every binary, the slow ones in
 # shards, three runs per GPU:
-#   tools/gpu_check.sh --skip-tests --skip-bench --sanitizer-jobs 12 \
-#     --sanitizer-shards 1,kernels=12,nn=6,optim=6,equivalence=3 --sanitizer-timeout 400
+#   tools/gpu_check.sh --skip-tests --skip-bench --sanitizer-jobs 12 --sanitizer-timeout 300 \
+#     --sanitizer-shards 1,kernels=24,nn=6,optim=8,equivalence=3,golden=2
+# (on 4 x H200 each of those runs took under 250 s; bench/RESULTS.md).
 set -u -o pipefail
 
 usage() {
