@@ -1,11 +1,10 @@
 #include "core/cuda_runtime.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "core/env_flag.h"
 #include "core/error.h"
 
 #ifdef ACCRUE_WITH_CUDA
@@ -240,10 +239,7 @@ void synchronize_device(int) {
 
 // Note [Library outputs under initcheck]: read once.
 bool prewrite_library_outputs() {
-  static const bool on = [] {
-    const char* v = std::getenv("ACCRUE_INITCHECK_LIBRARY_OUTPUTS");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = env_flag("ACCRUE_INITCHECK_LIBRARY_OUTPUTS");
   return on;
 }
 

@@ -43,10 +43,9 @@
 // for an empty softmax.
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
+#include "core/env_flag.h"
 #include "core/grad_mode.h"
 #include "kernels/attention.h"
 #include "kernels/attention_backend.h"
@@ -165,10 +164,7 @@ AttentionParams check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
 // ACCRUE_ATTENTION_COMPOSED=1 (Note [Attention paths]), read once.
 bool composed_forced() {
-  static const bool forced = [] {
-    const char* v = std::getenv("ACCRUE_ATTENTION_COMPOSED");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool forced = env_flag("ACCRUE_ATTENTION_COMPOSED");
   return forced;
 }
 

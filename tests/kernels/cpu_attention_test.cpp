@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env_flag.h"
 #include "core/random.h"
 #include "kernels/attention.h"
 #include "tests/test_util.h"
@@ -289,6 +290,15 @@ TEST(CpuAttention, bad_inputs_throw_naming_the_op_and_values) {
                "dk of shape [2, 3, 6, 5]", "[2, 3, 6, 8]");
   EXPECT_ERROR(kernels::attention_backward_into(r.out, q, k, v, r.out, r.lse, o, Tensor(), dk, dv),
                bop, "dq is an undefined tensor");
+}
+
+// Note [Attention paths]: ACCRUE_ATTENTION_COMPOSED=1 turns cuDNN's attention
+// off for the whole process (the flag is read once, so this runs in its own
+// process: the ctest entry attention_composed_switch sets it).
+TEST(AttentionPaths, the_composed_switch_turns_cudnn_attention_off) {
+  if (!env_flag("ACCRUE_ATTENTION_COMPOSED"))
+    GTEST_SKIP() << "runs under ACCRUE_ATTENTION_COMPOSED=1 (ctest attention_composed_switch)";
+  EXPECT_FALSE(kernels::cudnn_attention_available());
 }
 
 }  // namespace
