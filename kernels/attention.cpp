@@ -24,9 +24,9 @@
 // on the CPU, and cuDNN draws its own. ACCRUE_ATTENTION_COMPOSED=1 in the
 // environment sends every call to the composed path (and makes
 // cudnn_attention_available() false): compute-sanitizer's synccheck aborts
-// cuDNN's flash-attention backward, so tools/gpu_check.sh sets it for its
-// synccheck runs (Note [Sanitizer exclusions]); unset, it costs one cached
-// getenv per call.
+// cuDNN's flash-attention backward and racecheck spends minutes in its
+// forward, so tools/gpu_check.sh sets it for its synccheck and racecheck runs
+// (Note [Sanitizer exclusions]); unset, it costs one cached getenv per call.
 //
 // The paths are interchangeable per call, forward and backward: lse is the
 // same quantity on all of them, the natural-log log-sum-exp of the scaled,

@@ -399,10 +399,14 @@ void step_sums_per_slot(const Tensor& step_sums, const Tensor& slot_chunks, cons
                shape_str(slot_chunks.shape()), " must be [slots, 2]");
   if (device.is_cpu()) {  // the CUDA kernel clamps instead: a check would synchronize
     const int64_t* r = slot_chunks.data<int64_t>();
-    for (int64_t i = 0; i < slot_chunks.size(0); ++i)
+    for (int64_t i = 0; i < slot_chunks.size(0); ++i) {
       ACCRUE_CHECK(r[2 * i] >= 0 && r[2 * i] <= r[2 * i + 1] && r[2 * i + 1] <= chunks, op,
                    ": slot ", i, " has chunks [", r[2 * i], ", ", r[2 * i + 1], "), outside [0, ",
                    chunks, "]");
+      ACCRUE_CHECK(i == 0 || r[2 * i] >= r[2 * i - 1], op, ": slot ", i, " has chunks [", r[2 * i],
+                   ", ", r[2 * i + 1], "), which start before slot ", i - 1, "'s end ",
+                   r[2 * i - 1], "; the ranges must be ascending and disjoint");
+    }
   }
   check_defined(out, op, "out");
   check_dtype(out, DType::f64, op, "out");

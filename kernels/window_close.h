@@ -202,12 +202,17 @@ void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers&
 //
 // step_sums_per_slot then folds each slot's rows in a fixed order into
 // out[i] = (|g|^2, |p_after - p_before|^2, |p_before|^2) of slot i, whose
-// chunks are [slot_chunks[i][0], slot_chunks[i][1]), one launch for all slots.
+// chunks are [slot_chunks[i][0], slot_chunks[i][1]): ascending and disjoint
+// ranges, as a GradArena's slots are. On CUDA a slot's rows are cut into
+// fixed tiles of chunks spread over the GPU, then the tiles' partials added
+// in order (two launches for all slots), so a slot of a million chunks costs
+// no more than its bytes.
 // After a skipped window (state[kFoundInf] != 0) no row was written, so it
 // reads the slot's gradient and weights from grads and params instead:
 // (|g|^2, 0, |p|^2), a non-finite gradient making |g|^2 infinite.
 // step_sums: f64 [chunks, 3]; slot_chunks: i64 [slots, 2] (checked on the
-// CPU; clamped to [0, chunks] on CUDA, where a check would synchronize);
+// CPU; on CUDA, where a check would synchronize, clamped to [0, chunks] and
+// never read or written out of bounds, but misordered ranges give wrong sums);
 // grads and params: the arena's flat gradient and master weights (same
 // numel, chunk frame from element 0); out: f64 [slots, 3]; all on one device.
 void step_sums_per_slot(const Tensor& step_sums, const Tensor& slot_chunks, const Tensor& grads,

@@ -819,6 +819,10 @@ TEST(CpuWindowClose, bad_step_sums_throw_naming_the_op_and_the_values) {
   EXPECT_ERROR(
       step_sums_per_slot(rows, from_vector<int64_t>({0, 3}, {1, 2}, DType::i64), g, p, state, out),
       "step_sums_per_slot", "slot 0 has chunks [0, 3)");
+  EXPECT_ERROR(step_sums_per_slot(rows, from_vector<int64_t>({0, 2, 1, 2}, {2, 2}, DType::i64), g,
+                                  p, state, empty({2, 3}, DType::f64)),
+               "step_sums_per_slot", "slot 1 has chunks [1, 2)", "slot 0's end 2",
+               "ascending and disjoint");
   EXPECT_ERROR(step_sums_per_slot(rows, from_vector<int64_t>({0, 2}, {1, 2}, DType::i64), g, p,
                                   state, empty({2, 3}, DType::f64)),
                "step_sums_per_slot", "out of shape [2, 3]", "[1, 3]");

@@ -605,12 +605,13 @@ TEST(GpuWindowClose, step_sums_match_the_cpu_and_leave_the_update_bitwise_unchan
 // of the arena itself, a NaN gradient making its slot's |g|^2 infinite.
 TEST(GpuWindowClose, step_sums_per_slot_matches_the_cpu_and_reads_a_skipped_windows_arena) {
   ACCRUE_REQUIRE_CUDA();
-  const int64_t chunks = 5000, n = chunks * kChunk;
+  // Slot 3 spans several of the fold's tiles of 2048 chunks, and slot 0 ends inside one.
+  const int64_t chunks = 12000, n = chunks * kChunk;
   const Tensor rows = test::random_uniform({chunks, 3}, 0.0, 1.0, DType::f64);
   const Tensor ranges =
-      from_vector<int64_t>({0, 2000, 2000, 2000, 2000, 2001, 2001, 5000}, {4, 2}, DType::i64);
+      from_vector<int64_t>({0, 2000, 2000, 2000, 2000, 2001, 2001, 12000}, {4, 2}, DType::i64);
   std::vector<double> raw = test::random_normal({n}, DType::f64).to_vector<double>();
-  raw[3000 * kChunk + 5] = kNaN;
+  raw[9000 * kChunk + 5] = kNaN;
   const Tensor grads = from_vector(raw, {n}, DType::f32), params = test::random_normal({n});
   for (double found_inf : {0.0, 1.0}) {
     SCOPED_TRACE(found_inf);

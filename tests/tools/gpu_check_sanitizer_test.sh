@@ -8,8 +8,8 @@
 #  - racecheck hazards and synccheck barrier errors wholly inside library
 #    kernels pass and are counted; one in an accrue kernel fails the check;
 #  - a run cut by --sanitizer-timeout, or one without its summary line, fails;
-#  - initcheck runs with ACCRUE_INITCHECK_LIBRARY_OUTPUTS=1 and synccheck with
-#    ACCRUE_ATTENTION_COMPOSED=1, the others without.
+#  - initcheck runs with ACCRUE_INITCHECK_LIBRARY_OUTPUTS=1 and racecheck and
+#    synccheck with ACCRUE_ATTENTION_COMPOSED=1, the others without.
 #
 #   tests/tools/gpu_check_sanitizer_test.sh <source dir>
 set -u -o pipefail
@@ -131,9 +131,9 @@ if [[ $(grep -h '^tool initcheck initcheck-outputs 1 ' "$logs"/sanitizer_*.log |
   echo "FAIL pool: ACCRUE_INITCHECK_LIBRARY_OUTPUTS is not set for initcheck alone"
   failures=$((failures + 1))
 fi
-if [[ $(grep -h '^tool synccheck .* composed-attention 1 ' "$logs"/sanitizer_*.log | wc -l) -ne 4 ]] ||
-  grep -h '^tool ' "$logs"/sanitizer_*.log | grep -v '^tool synccheck' | grep -vq 'composed-attention unset'; then
-  echo "FAIL pool: ACCRUE_ATTENTION_COMPOSED is not set for synccheck alone"
+if [[ $(grep -hE '^tool (racecheck|synccheck) .* composed-attention 1 ' "$logs"/sanitizer_*.log | wc -l) -ne 8 ]] ||
+  grep -h '^tool ' "$logs"/sanitizer_*.log | grep -Ev '^tool (racecheck|synccheck)' | grep -vq 'composed-attention unset'; then
+  echo "FAIL pool: ACCRUE_ATTENTION_COMPOSED is not set for racecheck and synccheck alone"
   failures=$((failures + 1))
 fi
 if ! grep -q '^shard 2 of 3$' "$logs"/sanitizer_memcheck_test_b_gpu_2.log; then
