@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -154,11 +155,20 @@ TEST(Gpt2GoldenGpu, bf16_loss_curve_follows_torch_autocast) {
       << "regenerate the fixtures on a GPU machine";
   const Gpt2Fixture fixture(fixture_path("model.safetensors"));
   const FixtureFile torch_run(path);
-  const int64_t windows = torch_run.integer("windows");
-  const std::vector<double> torch_loss = torch_run.tensor("loss").to_vector<double>();
-  const std::vector<double> torch_norm = torch_run.tensor("grad_norm").to_vector<double>();
-  ASSERT_EQ(static_cast<int64_t>(torch_loss.size()), windows);
-  ASSERT_LE(windows, fixture.token_windows());
+  const int64_t fixture_windows = torch_run.integer("windows");
+  std::vector<double> torch_loss = torch_run.tensor("loss").to_vector<double>();
+  std::vector<double> torch_norm = torch_run.tensor("grad_norm").to_vector<double>();
+  ASSERT_EQ(static_cast<int64_t>(torch_loss.size()), fixture_windows);
+  ASSERT_LE(fixture_windows, fixture.token_windows());
+  // Under compute-sanitizer (tools/gpu_check.sh) the first 10 of the 50
+  // windows: racecheck ran past 400 s on the whole curve (H100). Each window
+  // is still held to the same bound, and 10 windows still learn (torch's
+  // loss falls 4.873 -> 4.507).
+  const int64_t windows = std::getenv("ACCRUE_UNDER_SANITIZER") != nullptr
+                              ? std::min<int64_t>(fixture_windows, 10)
+                              : fixture_windows;
+  torch_loss.resize(static_cast<size_t>(windows));
+  torch_norm.resize(static_cast<size_t>(windows));
 
   Gpt2Run run(fixture, cuda_run(DType::bf16, fixture.micro_steps(), schedule_of(torch_run)));
   std::vector<double> loss(windows);
