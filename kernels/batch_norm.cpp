@@ -159,14 +159,11 @@ void batch_norm_merge_statistics(const Tensor& count, const Tensor& mean, const 
   check_defined(mean, op, "mean");
   const int64_t c = mean.numel();
   const Device device = mean.device();
-  auto check = [&](const Tensor& t, const char* what, int64_t n, bool f64_only) {
-    check_statistics(t, op, what, n, device, !f64_only);
-  };
-  check(count, "count", 1, true);
-  check(mean, "mean", c, true);
-  check(m2, "m2", c, true);
-  check(batch_mean, "batch_mean", c, false);
-  check(batch_var, "batch_var", c, false);
+  check_statistics(count, op, "count", 1, device, false);
+  check_statistics(mean, op, "mean", c, device, false);
+  check_statistics(m2, op, "m2", c, device, false);
+  check_statistics(batch_mean, op, "batch_mean", c, device, true);
+  check_statistics(batch_var, op, "batch_var", c, device, true);
   ACCRUE_CHECK(batch_mean.dtype() == batch_var.dtype(), op, ": batch_mean is ",
                dtype_name(batch_mean.dtype()), ", batch_var ", dtype_name(batch_var.dtype()));
   ACCRUE_CHECK(batch_count >= 1.0, op, ": batch_count = ", batch_count, " must be >= 1");

@@ -230,10 +230,10 @@ std::atomic<bool> pointwise_gemm_on{true};
 // Note [Pointwise convolution as a GEMM]: a bf16/f16 CUDA 1 x 1 convolution
 // whose activation (the input, or for the data gradient the output gradient)
 // is channels-last.
-bool use_pointwise_gemm(const Tensor& activation, const Tensor& x_like, const Conv2dGeometry& g) {
+bool use_pointwise_gemm(const Tensor& activation, const Conv2dGeometry& g) {
   return pointwise_gemm_on.load() && activation.device().is_cuda() &&
          dispatch_util::is_16_bit(activation.dtype()) && dispatch_util::channels_last(activation) &&
-         pointwise::applies(x_like, g);
+         pointwise::applies(activation, g);
 }
 
 }  // namespace
@@ -262,7 +262,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& option
   ACCRUE_CHECK(x.dtype() == weight.dtype(), op, ": input is ", dtype_name(x.dtype()),
                ", weight is ", dtype_name(weight.dtype()), "; expected one dtype");
   const Conv2dGeometry g = conv_geometry(x.shape(), weight.shape(), options, op);
-  if (use_pointwise_gemm(x, x, g)) return pointwise::conv2d(x, weight, g);
+  if (use_pointwise_gemm(x, g)) return pointwise::conv2d(x, weight, g);
   if (cudnn_operand(x) && cudnn_operand(weight)) {
     Tensor out = dispatch_util::empty_in_layout_of({g.n, g.o, g.oh, g.ow}, x.dtype(), x);
     if (cudnn::conv2d_forward(x, weight_for(weight, x), out, g)) return out;
@@ -280,7 +280,7 @@ Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Sha
   check_float_on(weight, weight.defined() ? weight.device() : Device::cpu(), op, "weight");
   const Conv2dGeometry g = conv_geometry(x_shape, weight.shape(), options, op);
   check_conv_grad(grad, {g.n, g.o, g.oh, g.ow}, weight.device(), op);
-  if (grad.dtype() == weight.dtype() && use_pointwise_gemm(grad, grad, g))
+  if (grad.dtype() == weight.dtype() && use_pointwise_gemm(grad, g))
     return pointwise::conv2d_backward_input(grad, weight, g);
   if (cudnn_operand(grad) && cudnn_operand(weight) && grad.dtype() == weight.dtype()) {
     Tensor dx = dispatch_util::empty_in_layout_of(x_shape, grad.dtype(), grad);
@@ -304,7 +304,7 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
   if (!x.device().is_cpu()) {  // Note [Composed convolution]
     ACCRUE_CHECK(grad_weight.is_contiguous(), op, ": grad_weight of shape ",
                  shape_str(grad_weight.shape()), " must be contiguous (the GEMM writes into it)");
-    if (grad.dtype() == x.dtype() && use_pointwise_gemm(x, x, g)) {
+    if (grad.dtype() == x.dtype() && use_pointwise_gemm(x, g)) {
       pointwise::conv2d_backward_weight(grad, x, grad_weight, g, beta);
       return;
     }

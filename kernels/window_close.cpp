@@ -180,6 +180,16 @@ void check_slot_tables(const OptimizerBuffers& b, int64_t chunks, const char* op
   check_slot_steps(b.slot_steps, b.slot_used, op);
 }
 
+// Note [Step sums]: f64 [>= chunks, 3], one row per chunk.
+void check_step_sums(const Tensor& sums, int64_t chunks, Device device, const char* op) {
+  check_dtype(sums, DType::f64, op, "step_sums");
+  check_contiguous(sums, op, "step_sums");
+  check_device(sums, device, op, "step_sums");
+  ACCRUE_CHECK(sums.dim() == 2 && sums.size(0) >= chunks && sums.size(1) == 3, op,
+               ": step_sums of shape ", shape_str(sums.shape()), " must be [>= ", chunks,
+               ", 3]: one row per chunk of ", kChunk, " elements");
+}
+
 void check_optimizer_buffers(const OptimizerConfig& c, const OptimizerBuffers& b, const char* op) {
   check_defined(b.params, op, "params");
   check_master_dtype(b.params, op, "params");
@@ -218,13 +228,7 @@ void check_optimizer_buffers(const OptimizerConfig& c, const OptimizerBuffers& b
                b.first_element, " + ", b.params.numel(), ") / ", kChunk, ") = ", chunks);
   check_slot_tables(b, chunks, op);
   if (b.step_sums.defined()) {  // Note [Step sums]
-    check_dtype(b.step_sums, DType::f64, op, "step_sums");
-    check_contiguous(b.step_sums, op, "step_sums");
-    check_device(b.step_sums, b.params.device(), op, "step_sums");
-    ACCRUE_CHECK(
-        b.step_sums.dim() == 2 && b.step_sums.size(0) >= chunks && b.step_sums.size(1) == 3, op,
-        ": step_sums of shape ", shape_str(b.step_sums.shape()), " must be [>= ", chunks,
-        ", 3] (one row per chunk up to element ", b.first_element, " + ", b.params.numel(), ")");
+    check_step_sums(b.step_sums, chunks, b.params.device(), op);
     ACCRUE_CHECK(b.first_element % kChunk == 0 && b.params.numel() % kChunk == 0, op,
                  ": step_sums needs whole chunks of ", kChunk, " elements; got ", b.params.numel(),
                  " params from element ", b.first_element);
@@ -385,12 +389,7 @@ void step_sums_per_slot(const Tensor& step_sums, const Tensor& slot_chunks, cons
                " elements and params ", params.numel(), "; they must match");
   const int64_t chunks = (params.numel() + kChunk - 1) / kChunk;
   check_defined(step_sums, op, "step_sums");
-  check_dtype(step_sums, DType::f64, op, "step_sums");
-  check_contiguous(step_sums, op, "step_sums");
-  check_device(step_sums, device, op, "step_sums");
-  ACCRUE_CHECK(step_sums.dim() == 2 && step_sums.size(0) >= chunks && step_sums.size(1) == 3, op,
-               ": step_sums of shape ", shape_str(step_sums.shape()), " must be [>= ", chunks,
-               ", 3] for ", params.numel(), " params");
+  check_step_sums(step_sums, chunks, device, op);
   check_defined(slot_chunks, op, "slot_chunks");
   check_dtype(slot_chunks, DType::i64, op, "slot_chunks");
   check_contiguous(slot_chunks, op, "slot_chunks");

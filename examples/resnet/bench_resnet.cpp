@@ -11,10 +11,11 @@
 // (Note [Window statistics]). --channels-last hands the model NHWC-packed
 // inputs, and the model stays channels-last (Note [Channels-last results]);
 // --no-pointwise-gemm sends its 1 x 1 convolutions to cuDNN instead of
-// cuBLASLt (Note [Pointwise convolution as a GEMM]). Windows are timed with CUDA events after the
-// warm-up windows (on the CPU, with the host clock), and the last line is one JSON object: images/s
-// and window time (medians), the allocator's peak memory, and the configuration.
-// bench/resnet_bench.py runs it beside torchvision's ResNet in PyTorch (bench/torch_resnet.py).
+// cuBLASLt (Note [Pointwise convolution as a GEMM]). Windows are timed with
+// CUDA events after the warm-up windows (on the CPU, with the host clock),
+// and the last line is one JSON object: images/s and window time (medians),
+// the allocator's peak memory, and the configuration. bench/resnet_bench.py
+// runs it beside torchvision's ResNet in PyTorch (bench/torch_resnet.py).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -205,8 +206,7 @@ int main(int argc, char** argv) try {
       "\"final_loss\": %.6f, \"config\": {\"model\": \"%s\", \"image_size\": %lld, "
       "\"micro_batch\": %lld, \"micro_steps\": %lld, \"dtype\": \"%s\", \"channels_last\": %s, "
       "\"pointwise_gemm\": %s, \"classes\": %lld, \"parameters\": %lld, \"warmup_windows\": %lld, "
-      "\"timed_windows\": "
-      "%lld}}\n",
+      "\"timed_windows\": %lld}}\n",
       device.str().c_str(), images / (ms / 1000.0), ms,
       *std::min_element(window_ms.begin(), window_ms.end()),
       (long long)memory_stats(device).peak_bytes, r.loss, opt.model.c_str(),
