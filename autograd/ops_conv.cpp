@@ -49,7 +49,7 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& options) {
   const Tensor indices = r.indices;
   const Shape x_shape = x.shape();
   return record("MaxPool2dBackward", r.out, {x}, [=](const Tensor& g) -> std::vector<Tensor> {
-    return {kernels::max_pool2d_backward(g, indices, x_shape)};
+    return {kernels::max_pool2d_backward(g, indices, x_shape, options)};
   });
 }
 

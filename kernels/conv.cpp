@@ -10,6 +10,7 @@
 #include "kernels/conv.h"
 #include "kernels/conv_backend.h"
 #include "kernels/dispatch_util.h"
+#include "kernels/index_checks.h"
 #include "kernels/ops.h"
 
 namespace accrue::kernels {
@@ -188,10 +189,15 @@ bool cudnn_weight_gradient(const Tensor& grad, const Tensor& x, const Tensor& gr
   if (!cudnn_operand(grad) || !cudnn_operand(x) || grad.dtype() != x.dtype()) return false;
   if (grad_weight.dtype() != DType::f32 && grad_weight.dtype() != x.dtype()) return false;
   const bool channels_last = wants_channels_last_weight(grad_weight.shape(), x);
+  // ConvAlgorithmPolicy::weight_gradient_in_operand_dtype: a 16-bit output first.
+  const bool operand_dtype_first = conv_algorithm_policy().weight_gradient_in_operand_dtype;
   if (beta == 0.0 && !channels_last && cudnn_operand_aligned(grad_weight) &&
+      (!operand_dtype_first || grad_weight.dtype() == x.dtype()) &&
       cudnn::conv2d_backward_weight(grad, x, grad_weight, g))
     return true;
-  for (const DType dtype : {grad_weight.dtype(), x.dtype()}) {
+  const DType order[2] = {operand_dtype_first ? x.dtype() : grad_weight.dtype(),
+                          operand_dtype_first ? grad_weight.dtype() : x.dtype()};
+  for (const DType dtype : order) {
     Tensor dw = channels_last
                     ? dispatch_util::empty_channels_last(grad_weight.shape(), dtype, x.device())
                     : empty(grad_weight.shape(), dtype, x.device());
@@ -226,6 +232,9 @@ bool conv2d_backward_weight(const Tensor&, const Tensor&, const Tensor&, const C
 namespace {
 
 std::atomic<bool> pointwise_gemm_on{true};
+std::atomic<bool> conv_timed{false};
+std::atomic<bool> conv_nondeterministic{false};
+std::atomic<bool> conv_16_bit_weight_gradient{false};
 
 // Note [Pointwise convolution as a GEMM]: a bf16/f16 CUDA 1 x 1 convolution
 // whose activation (the input, or for the data gradient the output gradient)
@@ -244,6 +253,20 @@ void set_pointwise_conv_gemm(bool on) {
 
 bool pointwise_conv_gemm() {
   return pointwise_gemm_on.load();
+}
+
+void set_conv_algorithm_policy(const ConvAlgorithmPolicy& policy) {
+  conv_timed.store(policy.timed);
+  conv_nondeterministic.store(policy.allow_nondeterministic);
+  conv_16_bit_weight_gradient.store(policy.weight_gradient_in_operand_dtype);
+}
+
+ConvAlgorithmPolicy conv_algorithm_policy() {
+  ConvAlgorithmPolicy p;
+  p.timed = conv_timed.load();
+  p.allow_nondeterministic = conv_nondeterministic.load();
+  p.weight_gradient_in_operand_dtype = conv_16_bit_weight_gradient.load();
+  return p;
 }
 
 bool cudnn_convolution_available() {
@@ -339,9 +362,11 @@ MaxPoolOutput max_pool2d(const Tensor& x, const Pool2dOptions& options) {
   NoGradGuard no_grad;
   check_float_on(x, x.defined() ? x.device() : Device::cpu(), op, "input");
   const Conv2dGeometry g = pool_geometry(x.shape(), options, op);
-  if (!x.device().is_cpu()) {  // Note [Composed convolution]
-    MaxPoolOutput r = composed::max_pool2d(x, g);
-    r.out = in_layout_of(r.out, x);
+  if (!x.device().is_cpu()) {  // Note [Max pooling kernels]
+    const Shape shape{g.n, g.c, g.oh, g.ow};
+    MaxPoolOutput r{dispatch_util::empty_in_layout_of(shape, x.dtype(), x),
+                    dispatch_util::empty_in_layout_of(shape, DType::i64, x)};
+    cuda::max_pool2d(x, r.out, r.indices, g, dispatch_util::channels_last(r.out));
     return r;
   }
   Tensor out = empty({g.n, g.c, g.oh, g.ow}, DType::f64);
@@ -350,17 +375,22 @@ MaxPoolOutput max_pool2d(const Tensor& x, const Pool2dOptions& options) {
   return {out.to(x.dtype()), indices};
 }
 
-Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Shape& x_shape) {
+Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Shape& x_shape,
+                           const Pool2dOptions& options) {
   const char* op = "max_pool2d_backward";
   NoGradGuard no_grad;
-  const Conv2dGeometry g = backward_planes(grad, x_shape, op);
+  const Conv2dGeometry g = pool_geometry(x_shape, options, op);
+  check_conv_grad(grad, {g.n, g.c, g.oh, g.ow}, grad.defined() ? grad.device() : Device::cpu(), op);
   ACCRUE_CHECK(indices.defined() && indices.dtype() == DType::i64 &&
                    indices.shape() == grad.shape() && indices.device() == grad.device(),
                op, ": indices must be i64 on ", grad.device().str(), " with grad's shape ",
                shape_str(grad.shape()));
-  // On CUDA the scatter checks the positions (kernels/index_checks.h).
-  if (!grad.device().is_cpu())
-    return in_layout_of(composed::max_pool2d_backward(grad.contiguous(), indices, g), grad);
+  if (!grad.device().is_cpu()) {  // Note [Max pooling kernels]
+    check_index_range(indices, g.h * g.w, 0, false, op, "indices");
+    Tensor dx = dispatch_util::empty_in_layout_of(x_shape, grad.dtype(), grad);
+    cuda::max_pool2d_backward(grad, indices, dx, g, dispatch_util::channels_last(dx));
+    return dx;
+  }
   const Tensor idx = indices.contiguous();
   for (int64_t v : idx.to_vector<int64_t>())
     ACCRUE_CHECK(v >= 0 && v < g.h * g.w, op, ": index ", v, " is outside the ", g.h, " x ", g.w,

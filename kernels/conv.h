@@ -61,7 +61,8 @@ struct MaxPoolOutput {
 };
 MaxPoolOutput max_pool2d(const Tensor& x, const Pool2dOptions& options);
 // Routes each output gradient to its argmax: dx [x_shape].
-Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Shape& x_shape);
+Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Shape& x_shape,
+                           const Pool2dOptions& options);
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options);
 Tensor avg_pool2d_backward(const Tensor& grad, const Shape& x_shape, const Pool2dOptions& options);
 // Output cell (i, j) averages rows [floor(i H / OH), ceil((i + 1) H / OH)) and
@@ -79,5 +80,28 @@ bool cudnn_convolution_available();
 // GEMMs on views (on, the default) or go to cuDNN. Process-wide.
 void set_pointwise_conv_gemm(bool on);
 bool pointwise_conv_gemm();
+
+// How the cuDNN path picks an engine for each convolution it builds (Note
+// [cuDNN convolution] in kernels/cuda/conv_cudnn.cpp). Process-wide; a
+// convolution built under one policy keeps its engine.
+struct ConvAlgorithmPolicy {
+  // false (default): cuDNN's heuristic order, the first plan that builds.
+  // true: every candidate plan timed on the convolution's first call, the
+  // fastest kept. The host waits for the timing runs, so that first call
+  // must not be under stream capture (make it in a warm-up step).
+  bool timed = false;
+  // false (default): engines cuDNN marks non-deterministic (atomics) are left
+  // out, so every run gives the same bits. true admits them, as PyTorch does
+  // unless torch.backends.cudnn.deterministic is set.
+  bool allow_nondeterministic = false;
+  // false (default): a bf16/f16 weight gradient lands in its fp32 slot from
+  // an fp32 cuDNN output. true: cuDNN writes it in the operands' dtype and it
+  // is then added into the slot, as PyTorch's autocast does. cuDNN's fast
+  // weight-gradient engines write 16-bit outputs only, so this is faster, at
+  // the price of rounding each micro-step's weight gradient to 16 bits.
+  bool weight_gradient_in_operand_dtype = false;
+};
+void set_conv_algorithm_policy(const ConvAlgorithmPolicy& policy);
+ConvAlgorithmPolicy conv_algorithm_policy();
 
 }  // namespace accrue::kernels

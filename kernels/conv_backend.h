@@ -63,8 +63,9 @@ void adaptive_avg_pool2d_backward(const Tensor& grad, const Tensor& dx, const Co
 // the same code runs on the CPU, where tests hold it to the CPU reference.
 // It costs the columns' memory, c kh kw times the output's positions: a
 // fallback, not the speed issue 9 asks for. The poolings run composed too:
-// max_pool2d, avg_pool2d and adaptive_avg_pool2d (one reduction per output
-// cell).
+// avg_pool2d and adaptive_avg_pool2d (one reduction per output cell), and
+// max_pool2d where no kernel of its own exists (Note [Max pooling kernels]);
+// the CPU tests hold the composed max pooling to the reference.
 namespace composed {
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dGeometry& g);
 Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Conv2dGeometry& g);
@@ -110,6 +111,36 @@ Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Con
 void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
                             const Conv2dGeometry& g, double beta);
 }  // namespace pointwise
+
+// Note [Max pooling kernels]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// max_pool2d on CUDA is two kernels of its own (kernels/cuda/pool.cu), any
+// float dtype, operands read through their strides:
+//   forward  one thread per output element, in the output's memory order
+//            (channels-last: C fastest, so a warp reads consecutive channels
+//            of one pixel); the window's taps in row-major order, the first
+//            maximum kept and a NaN kept once seen (the CPU reference's
+//            rule); the index is h W + w in the input plane, as PyTorch's;
+//   backward one thread per input element gathers the gradient of every
+//            output whose window can hold it and whose index names it, in
+//            (oh, ow) order, summed in f32 (f64 for f64): no atomics, no
+//            zero fill, the same bits on every run.
+// The output, its indices and dx take the layout of the input (forward) or of
+// the gradient (backward): channels-last stays channels-last (Note
+// [Channels-last results]). The composed pooling this replaced (windows copied
+// out, max and argmax reductions, an f64 position table, a sorted
+// scatter-add) took about 18 ms of a ResNet-50 micro-step of 64 images on an
+// H100, where these two kernels take 1.3 ms (bench/RESULTS.md). The backward's indices are
+// checked like any data-dependent index (kernels/index_checks.h); a bad one
+// matches no position, so nothing is read or written out of bounds meanwhile.
+namespace cuda {
+// out and indices [n, c, oh, ow] in the thread order channels_last says.
+void max_pool2d(const Tensor& x, const Tensor& out, const Tensor& indices, const Conv2dGeometry& g,
+                bool channels_last);
+// dx [n, c, h, w] overwritten.
+void max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Tensor& dx,
+                         const Conv2dGeometry& g, bool channels_last);
+}  // namespace cuda
 
 // Note [cuDNN convolution] (kernels/cuda/conv_cudnn.cpp; built only with the
 // cuDNN frontend): bf16/f16 operands, each packed NCHW or packed NHWC and

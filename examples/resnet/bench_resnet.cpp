@@ -2,7 +2,8 @@
 //
 //   accrue_resnet_bench [--model resnet50|resnet18] [--image-size S] [--micro-batch B] [--k K]
 //                       [--dtype bf16|f16|f32] [--channels-last] [--classes C]
-//                       [--warmup N] [--windows N] [--no-pointwise-gemm] [--cpu]
+//                       [--warmup N] [--windows N] [--no-pointwise-gemm] [--conv-timed]
+//                       [--conv-nondeterministic] [--conv-16-bit-wgrad] [--cpu]
 //
 // Trains on synthetic images (normal noise, a new batch for every
 // micro-step, drawn on the device before the timed windows) with random
@@ -45,6 +46,7 @@ struct Options {
   int64_t warmup = 2;
   int64_t windows = 5;
   bool pointwise_gemm = true;
+  kernels::ConvAlgorithmPolicy conv;
   bool cpu = false;
 };
 
@@ -61,6 +63,11 @@ void print_usage() {
       "  --dtype D           compute dtype over fp32 masters: bf16, f16 or f32 (default %s)\n"
       "  --channels-last     NHWC-packed inputs (the model stays channels-last)\n"
       "  --no-pointwise-gemm 1 x 1 convolutions on cuDNN, not as cuBLASLt GEMMs\n"
+      "  --conv-timed        time every cuDNN plan on a convolution's first call, keep the\n"
+      "                      fastest (kernels::ConvAlgorithmPolicy)\n"
+      "  --conv-nondeterministic  admit cuDNN engines marked non-deterministic\n"
+      "  --conv-16-bit-wgrad cuDNN weight gradients in the compute dtype, then added to\n"
+      "                      the fp32 slots (as PyTorch's autocast)\n"
       "  --classes C         output classes (default %lld)\n"
       "  --warmup N          untimed windows first (default %lld)\n"
       "  --windows N         timed windows, median reported (default %lld)\n"
@@ -107,6 +114,12 @@ Options parse(int argc, char** argv, bool* help) {
       o.windows = parse_int(a, value(), 1);
     } else if (a == "--no-pointwise-gemm") {
       o.pointwise_gemm = false;
+    } else if (a == "--conv-timed") {
+      o.conv.timed = true;
+    } else if (a == "--conv-nondeterministic") {
+      o.conv.allow_nondeterministic = true;
+    } else if (a == "--conv-16-bit-wgrad") {
+      o.conv.weight_gradient_in_operand_dtype = true;
     } else if (a == "--cpu") {
       o.cpu = true;
     } else {
@@ -132,6 +145,7 @@ int main(int argc, char** argv) try {
     return 0;
   }
   kernels::set_pointwise_conv_gemm(opt.pointwise_gemm);
+  kernels::set_conv_algorithm_policy(opt.conv);
   const bool gpu = !opt.cpu && cuda_available();
   const Device device = gpu ? Device::cuda(0) : Device::cpu();
   const DType compute = opt.dtype == "bf16"  ? DType::bf16

@@ -157,17 +157,47 @@ __global__ void chunk_sums_rows_kernel(Terms terms, I rows, I channels, I rows_p
   }
 }
 
-// The chunks' sums of channel c, combined in chunk order in double.
+// The per-channel combines run on blocks of kCombineThreads: kCombineLanes
+// channels across, kCombineRows rows of chunks down.
+constexpr int kCombineLanes = 32, kCombineRows = 16, kCombineThreads = kCombineLanes * kCombineRows;
+
+unsigned combine_grid(int64_t channels) {
+  return static_cast<unsigned>((channels + kCombineLanes - 1) / kCombineLanes);
+}
+
+// The chunks' sums of one channel, combined in double in a fixed order: row r
+// adds chunks r, r + kCombineRows, ...; row 0 then adds the row sums in
+// order. One thread per channel walking every chunk serially took 70 us per
+// call in ResNet-50 (528 chunks of 64 channels), longer than the chunk sums
+// themselves. Every thread of the block calls this; it returns true on the
+// thread that holds channel *c's sums.
 template <class A>
-__device__ void combine(const A* partials, int64_t chunks, int64_t channels, int64_t c, double* s1,
+__device__ bool combine(const A* partials, int64_t chunks, int64_t channels, int64_t* c, double* s1,
                         double* s2) {
+  __shared__ double sums[2][kCombineRows][kCombineLanes];
+  const int tx = threadIdx.x % kCombineLanes, ty = threadIdx.x / kCombineLanes;
+  *c = blockIdx.x * static_cast<int64_t>(kCombineLanes) + tx;
   double t1 = 0.0, t2 = 0.0;
-  for (int64_t k = 0; k < chunks; ++k) {
-    t1 += static_cast<double>(partials[(k * channels + c) * 2]);
-    t2 += static_cast<double>(partials[(k * channels + c) * 2 + 1]);
+  if (*c < channels) {
+#pragma unroll 4
+    for (int64_t k = ty; k < chunks; k += kCombineRows) {
+      t1 += static_cast<double>(partials[(k * channels + *c) * 2]);
+      t2 += static_cast<double>(partials[(k * channels + *c) * 2 + 1]);
+    }
+  }
+  sums[0][ty][tx] = t1;
+  sums[1][ty][tx] = t2;
+  __syncthreads();
+  if (ty != 0 || *c >= channels) return false;
+  t1 = 0.0;
+  t2 = 0.0;
+  for (int y = 0; y < kCombineRows; ++y) {
+    t1 += sums[0][y][tx];
+    t2 += sums[1][y][tx];
   }
   *s1 = t1;
   *s2 = t2;
+  return true;
 }
 
 // shift[c] = the channel's first value (element (0, c, 0)).
@@ -187,10 +217,9 @@ __global__ void forward_combine_kernel(const A* __restrict__ partials, int64_t c
                                        const T* __restrict__ bias, A* __restrict__ mean,
                                        A* __restrict__ var, A* __restrict__ invstd,
                                        A* __restrict__ coef) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= channels) return;
+  int64_t c;
   double s1, s2;
-  combine(partials, chunks, channels, c, &s1, &s2);
+  if (!combine(partials, chunks, channels, &c, &s1, &s2)) return;
   const double d = s1 / n;
   const double v = fmax(s2 / n - d * d, 0.0);
   const double m = static_cast<double>(shift[c]) + d;
@@ -210,10 +239,9 @@ __global__ void backward_combine_kernel(const A* __restrict__ partials, int64_t 
                                         int64_t channels, double n, const T* __restrict__ weight,
                                         const A* __restrict__ invstd, A* __restrict__ dweight,
                                         A* __restrict__ dbias, A* __restrict__ coef) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= channels) return;
+  int64_t c;
   double sum_g, sum_gx;
-  combine(partials, chunks, channels, c, &sum_g, &sum_gx);
+  if (!combine(partials, chunks, channels, &c, &sum_g, &sum_gx)) return;
   const double r = static_cast<double>(invstd[c]);
   const double w = static_cast<double>(reduce::load<A>(weight[c]));
   dbias[c] = static_cast<A>(sum_g);
@@ -400,7 +428,7 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
       constexpr int V = decltype(pack)::value;
       using I = decltype(index);
       launch_chunk_sums<A, V, I>(StatsTerms<T, A>{data<T>(x), shift}, l, partials);
-      forward_combine_kernel<T, A><<<channel_grid, kThreads, 0, l.stream>>>(
+      forward_combine_kernel<T, A><<<combine_grid(channels), kCombineThreads, 0, l.stream>>>(
           partials, l.k.chunks, channels, l.n, eps, shift, data<T>(weight), data<T>(bias),
           data<A>(mean), data<A>(var), data<A>(invstd), coef);
       ACCRUE_LAUNCH_CHECK();
@@ -427,7 +455,7 @@ void batch_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weig
       using I = decltype(index);
       launch_chunk_sums<A, V, I>(BackwardTerms<T, A>{data<T>(grad), data<T>(x), data<A>(mean)}, l,
                                  partials);
-      backward_combine_kernel<T, A><<<cu::grid_for(channels, kThreads), kThreads, 0, l.stream>>>(
+      backward_combine_kernel<T, A><<<combine_grid(channels), kCombineThreads, 0, l.stream>>>(
           partials, l.k.chunks, channels, l.n, data<T>(weight), data<A>(invstd), data<A>(dweight),
           data<A>(dbias), coef);
       ACCRUE_LAUNCH_CHECK();

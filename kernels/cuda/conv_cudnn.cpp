@@ -21,8 +21,14 @@
 //    operand's strides (and the weight gradient's output dtype). It is built
 //    once (validate, operation graph, heuristics A then fallback, the
 //    non-deterministic engines removed, support check, plan build) and cached
-//    for the process; later calls bind pointers and execute. The plan chosen
-//    is the first that builds: no timing, so the same plan on every run.
+//    for the process; later calls bind pointers and execute. By default the
+//    plan chosen is the first that builds: no timing, so the same plan on
+//    every run. kernels::set_conv_algorithm_policy (kernels/conv.h) can ask
+//    for every candidate to be built and timed on the key's first call (the
+//    frontend's autotune: the host waits, up to 100 runs per plan), the
+//    fastest kept for the process; a different run may then keep another
+//    engine. It can also admit the engines cuDNN marks non-deterministic.
+//    The policy is part of the key.
 //  - A key cuDNN cannot build is remembered as unsupported and said once on
 //    stderr. Its calls go to the composed path, except a weight gradient
 //    into an f32 slot, which first tries a graph with the operands' dtype
@@ -194,10 +200,13 @@ std::shared_ptr<Graph> build_graph(Direction d, const Tensor& a, const Tensor& b
     check_fe(g->build_operation_graph(handle), d, "operation graph", geometry, dtype);
     check_fe(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), d,
              "execution plans", geometry, dtype);
-    g->deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
+    const ConvAlgorithmPolicy policy = conv_algorithm_policy();
+    if (!policy.allow_nondeterministic)
+      g->deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
     check_fe(g->check_support(handle), d, "support check", geometry, dtype);
-    check_fe(g->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), d, "plan build",
-             geometry, dtype);
+    check_fe(g->build_plans(handle, policy.timed ? fe::BuildPlanPolicy_t::ALL
+                                                 : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
+             d, "plan build", geometry, dtype);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {  // the frontend's own exceptions
@@ -220,7 +229,9 @@ std::vector<int64_t> graph_key(Direction d, int device, const Tensor& a, const T
                            o.pad_w,
                            o.dilation_h,
                            o.dilation_w,
-                           o.groups};
+                           o.groups,
+                           conv_algorithm_policy().timed,
+                           conv_algorithm_policy().allow_nondeterministic};
   for (const Tensor* t : {&a, &b, &out}) {
     key.insert(key.end(), t->shape().begin(), t->shape().end());
     key.insert(key.end(), t->strides().begin(), t->strides().end());
@@ -228,13 +239,15 @@ std::vector<int64_t> graph_key(Direction d, int device, const Tensor& a, const T
   return key;
 }
 
-// The cached graph of the call, built on first use; null when cuDNN cannot build it.
-// The caller holds the state's mutex.
+// The cached graph of the call, built on first use (*built says so); null when
+// cuDNN cannot build it. The caller holds the state's mutex.
 std::shared_ptr<Graph> graph_for(ConvState& state, Direction d, const Tensor& a, const Tensor& b,
-                                 const Tensor& out, const Conv2dGeometry& g, cudnnHandle_t handle) {
+                                 const Tensor& out, const Conv2dGeometry& g, cudnnHandle_t handle,
+                                 bool* built) {
   std::vector<int64_t> key = graph_key(d, a.device().index, a, b, out, g);
   auto it = state.graphs.find(key);
-  if (it != state.graphs.end()) return it->second;
+  *built = it == state.graphs.end();
+  if (!*built) return it->second;
   std::shared_ptr<Graph> graph;
   try {
     graph = build_graph(d, a, b, out, g, handle);
@@ -264,6 +277,18 @@ void execute(const Graph& graph, cudnnHandle_t handle, VariantPack& pack, Device
   // workspace is released here, after the launch, on the same stream.
 }
 
+// The timed choice of ConvAlgorithmPolicy: every built plan run on the call's
+// operands (outputs are overwritten by the call that follows), the fastest
+// moved first.
+void time_plans(Graph& graph, cudnnHandle_t handle, VariantPack& pack, Device device, Direction d,
+                const Conv2dGeometry& g, DType dtype) {
+  const int64_t bytes = graph.get_autotune_workspace_size();
+  Tensor workspace;
+  if (bytes > 0) workspace = empty({(bytes + 7) / 8}, DType::i64, device);
+  check_fe(graph.autotune(handle, pack, bytes > 0 ? workspace.data_ptr() : nullptr), d,
+           "timed plan choice", g, dtype);
+}
+
 // Runs one convolution call; false when cuDNN cannot build it (nothing written).
 bool run(Direction d, const Tensor& a, const Tensor& b, const Tensor& out,
          const Conv2dGeometry& g) {
@@ -272,10 +297,13 @@ bool run(Direction d, const Tensor& a, const Tensor& b, const Tensor& out,
   ConvState& state = ConvState::instance();
   std::lock_guard<std::mutex> lock(state.mutex);
   cudnnHandle_t handle = state.handle(dev, current_stream(dev));
-  std::shared_ptr<Graph> graph = graph_for(state, d, a, b, out, g, handle);
+  bool built = false;
+  std::shared_ptr<Graph> graph = graph_for(state, d, a, b, out, g, handle, &built);
   if (!graph) return false;
   if (prewrite_library_outputs()) out.fill_(0.0);  // Note [Library outputs under initcheck]
   VariantPack pack{{kIn, a.data_ptr()}, {kWeightUid, b.data_ptr()}, {kOut, out.data_ptr()}};
+  if (built && conv_algorithm_policy().timed)
+    time_plans(*graph, handle, pack, a.device(), d, g, a.dtype());
   execute(*graph, handle, pack, a.device(), d, g, a.dtype());
   return true;
 }

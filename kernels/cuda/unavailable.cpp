@@ -6,6 +6,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/batch_norm_backend.h"
+#include "kernels/conv_backend.h"
 #include "kernels/index_checks_backend.h"
 
 namespace accrue::kernels::cuda {
@@ -80,6 +81,13 @@ void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, const Tenso
 void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                          const Tensor&, const Tensor&, const Tensor&, bool) {
   unavailable("layer_norm_backward");
+}
+
+void max_pool2d(const Tensor&, const Tensor&, const Tensor&, const Conv2dGeometry&, bool) {
+  unavailable("max_pool2d");
+}
+void max_pool2d_backward(const Tensor&, const Tensor&, const Tensor&, const Conv2dGeometry&, bool) {
+  unavailable("max_pool2d_backward");
 }
 
 void batch_norm_forward(const Tensor&, const Tensor&, const Tensor&, double, const BatchNormLayout&,

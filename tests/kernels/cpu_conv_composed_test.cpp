@@ -133,7 +133,7 @@ TEST(ComposedConv, max_pooling_equals_the_cpu_reference_values_indices_and_gradi
     EXPECT_EQ(got.indices.to_vector<int64_t>(), ref.indices.to_vector<int64_t>());
     const Tensor dy = test::random_normal(ref.out.shape(), DType::f64);
     EXPECT_LE(test::relative_error(kernels::composed::max_pool2d_backward(dy, got.indices, g),
-                                   kernels::max_pool2d_backward(dy, ref.indices, shape)),
+                                   kernels::max_pool2d_backward(dy, ref.indices, shape, p)),
               1e-14);
   }
   // Ties go to the first maximum in window order, as the reference's.

@@ -140,7 +140,7 @@ TEST(CpuPool, max_pool_picks_the_first_maximum_and_keeps_nan) {
   EXPECT_EQ(r.indices.to_vector<int64_t>(), (std::vector<int64_t>{1, 6, 9, 10}));
   // The gradient goes to the argmax only.
   const Tensor dx =
-      kernels::max_pool2d_backward(f64_values({1, 2, 3, 4}, {1, 1, 2, 2}), r.indices, x.shape());
+      kernels::max_pool2d_backward(f64_values({1, 2, 3, 4}, {1, 1, 2, 2}), r.indices, x.shape(), p);
   EXPECT_EQ(dx.to_vector<double>(),
             (std::vector<double>{0, 1, 0, 0, 0, 0, 2, 0, 0, 3, 4, 0, 0, 0, 0, 0}));
   Tensor xn = x.clone();
@@ -196,9 +196,14 @@ TEST(CpuConv, bad_inputs_are_errors_naming_the_op_and_shapes) {
                                             Pool2dOptions{2, 2, 2, 2, 0, 0, true}),
                "avg_pool2d_backward", "[1, 4, 3, 3]", "[1, 4, 2, 2]");
   EXPECT_ERROR(kernels::adaptive_avg_pool2d(x, 0, 2), "adaptive_avg_pool2d", "(0, 2)");
+  const Pool2dOptions two{2, 2, 2, 2, 0, 0, true};
   EXPECT_ERROR(kernels::max_pool2d_backward(zeros({1, 4, 2, 2}, DType::f64),
-                                            full({1, 4, 2, 2}, 99.0, DType::i64), x.shape()),
+                                            full({1, 4, 2, 2}, 99.0, DType::i64), x.shape(), two),
                "max_pool2d_backward", "index 99");
+  // The gradient must have the pooling's output shape.
+  EXPECT_ERROR(kernels::max_pool2d_backward(zeros({1, 4, 3, 3}, DType::f64),
+                                            zeros({1, 4, 3, 3}, DType::i64), x.shape(), two),
+               "max_pool2d_backward", "[1, 4, 3, 3]", "[1, 4, 2, 2]");
 }
 
 }  // namespace

@@ -411,9 +411,8 @@ TEST(GpuConv, conv2d_and_its_gradients_match_the_cpu_reference) {
 // channels-last (NHWC-packed views), forward and both gradients against the
 // CPU reference; a channels-last input gives a channels-last output on the
 // cuDNN path; the weight gradient lands in an fp32 slot with beta 0 and 1
-// and is bitwise the same on a second run (no non-deterministic engines).
-TEST(GpuConv, cudnn_convolutions_in_both_layouts_match_the_cpu_reference) {
-  ACCRUE_REQUIRE_CUDA();
+// and, with only deterministic engines, is bitwise the same on a second run.
+void check_cudnn_convolutions(bool deterministic) {
   struct Case {
     Shape x, w;
     Conv2dOptions o;
@@ -459,13 +458,38 @@ TEST(GpuConv, cudnn_convolutions_in_both_layouts_match_the_cpu_reference) {
       const Tensor first = on_cpu(slot);
       EXPECT_LE(test::relative_error(first.to(DType::f64), dw_ref), tol);
       kernels::conv2d_backward_weight(dy, x, slot, c.o, 0.0);
-      EXPECT_TRUE(test::all_equal(on_cpu(slot), first)) << "a second run differs";
+      if (deterministic) {
+        EXPECT_TRUE(test::all_equal(on_cpu(slot), first)) << "a second run differs";
+      }
       kernels::conv2d_backward_weight(dy, x, slot, c.o, 1.0);
       EXPECT_LE(test::relative_error(on_cpu(slot).to(DType::f64),
                                      kernels::binary_scalar(kernels::BinaryOp::Mul, dw_ref, 2.0)),
                 tol);
     }
   }
+}
+
+TEST(GpuConv, cudnn_convolutions_in_both_layouts_match_the_cpu_reference) {
+  ACCRUE_REQUIRE_CUDA();
+  check_cudnn_convolutions(/*deterministic=*/true);
+}
+
+// The other engine policies (kernels::ConvAlgorithmPolicy) build their own
+// graphs: every candidate timed, the non-deterministic engines admitted, and
+// the weight gradient computed in bf16 before it is added into the slot.
+TEST(GpuConv, cudnn_convolutions_match_the_cpu_reference_under_every_engine_policy) {
+  ACCRUE_REQUIRE_CUDA();
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);
+    kernels::ConvAlgorithmPolicy policy;
+    policy.timed = variant < 2;
+    policy.allow_nondeterministic = variant == 1;
+    policy.weight_gradient_in_operand_dtype = variant == 2;
+    kernels::set_conv_algorithm_policy(policy);
+    check_cudnn_convolutions(!policy.allow_nondeterministic);
+  }
+  kernels::set_conv_algorithm_policy({});
+  EXPECT_FALSE(kernels::conv_algorithm_policy().timed);
 }
 
 // Note [Pointwise convolution as a GEMM] on CUDA: bf16 1 x 1 convolutions of
@@ -534,27 +558,87 @@ TEST(GpuConv, adaptive_average_pooling_matches_the_cpu_reference) {
   }
 }
 
-// Note [Composed convolution]: max pooling on CUDA against the CPU reference:
-// the same maxima (exact) and positions, and the scattered gradient.
-TEST(GpuConv, max_pooling_matches_the_cpu_reference) {
+// Note [Max pooling kernels]: the CUDA kernels against the CPU reference on
+// fresh small integers, so ties are common (the first maximum must win) and
+// every sum is exact: values, indices and the gathered gradient compare bit
+// for bit, for every float dtype, contiguous, channels-last and a strided
+// view, over window, stride and padding; a NaN wins its windows; a second
+// run gives the same bits; the output keeps the input's layout.
+TEST(GpuConv, max_pooling_kernels_match_the_cpu_reference_exactly) {
   ACCRUE_REQUIRE_CUDA();
-  Pool2dOptions p;  // ResNet's stem: 3x3, stride 2, padding 1
-  p.kernel_h = p.kernel_w = 3;
-  p.stride_h = p.stride_w = 2;
-  p.pad_h = p.pad_w = 1;
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    SCOPED_TRACE(dtype_name(dtype));
-    const Tensor x = test::random_normal({2, 4, 11, 10}, dtype, kGpu);
-    const kernels::MaxPoolOutput got = kernels::max_pool2d(x, p);
-    const kernels::MaxPoolOutput ref = kernels::max_pool2d(on_cpu(x), p);
-    EXPECT_TRUE(test::all_equal(on_cpu(got.out), ref.out));
-    EXPECT_EQ(on_cpu(got.indices).to_vector<int64_t>(), ref.indices.to_vector<int64_t>());
-    const Tensor dy = test::random_normal(ref.out.shape(), dtype, kGpu);
-    EXPECT_LE(test::relative_error(
-                  on_cpu(kernels::max_pool2d_backward(dy, got.indices, x.shape())).to(DType::f64),
-                  kernels::max_pool2d_backward(on_cpu(dy), ref.indices, x.shape()).to(DType::f64)),
-              dtype == DType::f32 ? 1e-6 : 1e-2);
+  struct Case {
+    Shape x;
+    int kh, kw, sh, sw, ph, pw;
+  };
+  const Case cases[] = {
+      {{3, 16, 23, 20}, 3, 3, 2, 2, 1, 1},  // ResNet's stem
+      {{2, 8, 12, 12}, 2, 2, 2, 2, 0, 0},
+      {{2, 5, 11, 13}, 3, 2, 1, 2, 1, 1},  // odd channels, a wide window
+      {{1, 3, 9, 9}, 3, 3, 3, 3, 1, 0},
+  };
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      Pool2dOptions p;
+      p.kernel_h = c.kh;
+      p.kernel_w = c.kw;
+      p.stride_h = c.sh;
+      p.stride_w = c.sw;
+      p.pad_h = c.ph;
+      p.pad_w = c.pw;
+      const Tensor x_cpu = test::random_integers(c.x, -4, 4, dt);
+      const kernels::MaxPoolOutput ref = kernels::max_pool2d(x_cpu, p);
+      const Tensor dy_cpu = test::random_integers(ref.out.shape(), -8, 8, dt);
+      const Tensor dx_ref = kernels::max_pool2d_backward(dy_cpu, ref.indices, c.x, p);
+      for (int layout = 0; layout < 3; ++layout) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " " + shape_str(c.x) + " layout " +
+                     std::to_string(layout));
+        Tensor x = x_cpu.to(kGpu), dy = dy_cpu.to(kGpu);
+        if (layout == 1) {
+          x = test::as_channels_last(x);
+          dy = test::as_channels_last(dy);
+        } else if (layout == 2) {  // every operand a strided view of a larger buffer
+          x = test::random_normal({c.x[0], c.x[1], c.x[2], 2 * c.x[3]}, dt, kGpu)
+                  .narrow(3, 1, c.x[3]);
+          x.copy_(x_cpu.to(kGpu));
+          dy = dy.permute({0, 1, 3, 2}).contiguous().permute({0, 1, 3, 2});
+        }
+        const kernels::MaxPoolOutput got = kernels::max_pool2d(x, p);
+        if (layout == 1) {
+          EXPECT_EQ(got.out.stride(1), 1) << "channels-last stays so";
+        }
+        EXPECT_TRUE(test::all_equal(on_cpu(got.out), ref.out));
+        EXPECT_EQ(on_cpu(got.indices).to_vector<int64_t>(), ref.indices.to_vector<int64_t>());
+        const Tensor dx = kernels::max_pool2d_backward(dy, got.indices, c.x, p);
+        EXPECT_TRUE(test::all_equal(on_cpu(dx), dx_ref));
+        EXPECT_TRUE(test::all_equal(on_cpu(kernels::max_pool2d_backward(dy, got.indices, c.x, p)),
+                                    on_cpu(dx)));
+      }
+    }
   }
+  // A NaN wins every window that holds it, as on the CPU.
+  Pool2dOptions p;
+  p.kernel_h = p.kernel_w = 2;
+  p.stride_h = p.stride_w = 1;
+  Tensor xn = test::random_normal({1, 2, 4, 4}, DType::f32);
+  Tensor(xn).narrow(2, 1, 1).narrow(3, 2, 1).fill_(std::numeric_limits<double>::quiet_NaN());
+  const kernels::MaxPoolOutput rn = kernels::max_pool2d(xn, p);
+  const kernels::MaxPoolOutput gn = kernels::max_pool2d(xn.to(kGpu), p);
+  EXPECT_EQ(on_cpu(gn.indices).to_vector<int64_t>(), rn.indices.to_vector<int64_t>());
+  const std::vector<float> got_values = on_cpu(gn.out).to_vector<float>();
+  const std::vector<float> ref_values = rn.out.to_vector<float>();
+  for (size_t i = 0; i < ref_values.size(); ++i)
+    EXPECT_EQ(std::isnan(got_values[i]), std::isnan(ref_values[i])) << i;
+}
+
+TEST(GpuConv, max_pooling_backward_refuses_indices_outside_the_plane) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor dy = test::random_normal({1, 2, 2, 2}, DType::f32, kGpu);
+  Tensor idx = test::random_integers({1, 2, 2, 2}, 0, 15, DType::i64).to(kGpu);
+  Tensor(idx).narrow(1, 1, 1).narrow(2, 1, 1).narrow(3, 0, 1).fill_(16.0);
+  Pool2dOptions p;
+  p.kernel_h = p.kernel_w = 2;
+  p.stride_h = p.stride_w = 2;
+  EXPECT_ERROR(kernels::max_pool2d_backward(dy, idx, {1, 2, 4, 4}, p), "max_pool2d_backward", "16");
 }
 
 // Note [Composed convolution]: average pooling on CUDA against the CPU

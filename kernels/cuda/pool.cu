@@ -1,0 +1,157 @@
+// CUDA max pooling (Note [Max pooling kernels], kernels/conv_backend.h).
+#include <cstdint>
+
+#include "core/cuda_types.cuh"
+#include "core/device_scope.h"
+#include "kernels/conv_backend.h"
+#include "kernels/cuda/block_reduce.cuh"
+
+namespace accrue::kernels::cuda {
+
+namespace cu = ::accrue::cuda;
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Element strides of a 4-D [N, C, H, W] tensor.
+struct Strides4 {
+  int64_t n, c, h, w;
+  __device__ int64_t at(int64_t in, int64_t ic, int64_t ih, int64_t iw) const {
+    return in * n + ic * c + ih * h + iw * w;
+  }
+};
+
+Strides4 strides_of(const Tensor& t) {
+  return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
+}
+
+struct PoolShape {
+  int64_t n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw;
+  bool channels_last;  // the order of the threads: N, H, W, C (else N, C, H, W)
+};
+
+PoolShape pool_shape(const Conv2dGeometry& g, bool channels_last) {
+  const Conv2dOptions& o = g.options;
+  return {g.n,        g.c,        g.h,     g.w,     g.oh,         g.ow,         g.kh,         g.kw,
+          o.stride_h, o.stride_w, o.pad_h, o.pad_w, o.dilation_h, o.dilation_w, channels_last};
+}
+
+// Element e of a [N, C, P, Q] iteration in the thread order of `s`.
+__device__ void unravel(int64_t e, int64_t p, int64_t q, const PoolShape& s, int64_t& in,
+                        int64_t& ic, int64_t& ip, int64_t& iq) {
+  if (s.channels_last) {
+    ic = e % s.c;
+    e /= s.c;
+    iq = e % q;
+    e /= q;
+    ip = e % p;
+    in = e / p;
+  } else {
+    iq = e % q;
+    e /= q;
+    ip = e % p;
+    e /= p;
+    ic = e % s.c;
+    in = e / s.c;
+  }
+}
+
+template <class T>
+__global__ void max_pool_kernel(const T* __restrict__ x, Strides4 xs, PoolShape s,
+                                T* __restrict__ out, Strides4 os, int64_t* __restrict__ indices,
+                                Strides4 is, int64_t total) {
+  using A = cu::math_t<T>;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t in, ic, i, j;
+    unravel(e, s.oh, s.ow, s, in, ic, i, j);
+    const T* plane = x + in * xs.n + ic * xs.c;
+    A best = 0;
+    T best_value = T{};
+    int64_t best_at = -1;
+    for (int64_t a = 0; a < s.kh; ++a) {
+      const int64_t h = i * s.sh - s.ph + a * s.dh;
+      if (h < 0 || h >= s.h) continue;
+      for (int64_t b = 0; b < s.kw; ++b) {
+        const int64_t w = j * s.sw - s.pw + b * s.dw;
+        if (w < 0 || w >= s.w) continue;
+        const T value = plane[h * xs.h + w * xs.w];
+        const A v = reduce::load<A>(value);
+        // The first maximum; a NaN wins and stays (the CPU reference's rule).
+        if (best_at < 0 || (!isnan(best) && (v > best || isnan(v)))) {
+          best = v;
+          best_value = value;
+          best_at = h * s.w + w;
+        }
+      }
+    }
+    out[os.at(in, ic, i, j)] = best_at < 0 ? cu::convert<T>(-INFINITY) : best_value;
+    indices[is.at(in, ic, i, j)] = best_at;
+  }
+}
+
+// First output index o with o * stride >= lo (lo may be negative), clamped to 0.
+__device__ __forceinline__ int64_t first_output(int64_t lo, int64_t stride) {
+  return lo <= 0 ? 0 : (lo + stride - 1) / stride;
+}
+
+template <class T>
+__global__ void max_pool_backward_kernel(const T* __restrict__ grad, Strides4 gs,
+                                         const int64_t* __restrict__ indices, Strides4 is,
+                                         PoolShape s, T* __restrict__ dx, Strides4 ds,
+                                         int64_t total) {
+  using A = cu::math_t<T>;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t in, ic, h, w;
+    unravel(e, s.h, s.w, s, in, ic, h, w);
+    // Outputs whose window can hold (h, w): i sh - ph + a dh = h for some tap a.
+    const int64_t i0 = first_output(h + s.ph - (s.kh - 1) * s.dh, s.sh);
+    const int64_t i1 = min(s.oh - 1, (h + s.ph) / s.sh);
+    const int64_t j0 = first_output(w + s.pw - (s.kw - 1) * s.dw, s.sw);
+    const int64_t j1 = min(s.ow - 1, (w + s.pw) / s.sw);
+    const int64_t position = h * s.w + w;
+    A sum = 0;
+    for (int64_t i = i0; i <= i1; ++i)
+      for (int64_t j = j0; j <= j1; ++j)
+        if (indices[is.at(in, ic, i, j)] == position)
+          sum += reduce::load<A>(grad[gs.at(in, ic, i, j)]);
+    dx[ds.at(in, ic, h, w)] = cu::convert<T>(sum);
+  }
+}
+
+}  // namespace
+
+void max_pool2d(const Tensor& x, const Tensor& out, const Tensor& indices, const Conv2dGeometry& g,
+                bool channels_last) {
+  const int dev = x.device().index;
+  cu::DeviceScope scope(dev);
+  const int64_t total = g.n * g.c * g.oh * g.ow;
+  cu::visit_float_dtype(x.dtype(), "max_pool2d", [&](auto tag) {
+    using T = decltype(tag);
+    max_pool_kernel<T><<<cu::grid_for(total, kThreads), kThreads, 0, cu::stream_for(dev)>>>(
+        static_cast<const T*>(x.data_ptr()), strides_of(x), pool_shape(g, channels_last),
+        static_cast<T*>(out.data_ptr()), strides_of(out), static_cast<int64_t*>(indices.data_ptr()),
+        strides_of(indices), total);
+    ACCRUE_LAUNCH_CHECK();
+  });
+}
+
+void max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Tensor& dx,
+                         const Conv2dGeometry& g, bool channels_last) {
+  const int dev = grad.device().index;
+  cu::DeviceScope scope(dev);
+  const int64_t total = g.n * g.c * g.h * g.w;
+  cu::visit_float_dtype(grad.dtype(), "max_pool2d_backward", [&](auto tag) {
+    using T = decltype(tag);
+    max_pool_backward_kernel<T>
+        <<<cu::grid_for(total, kThreads), kThreads, 0, cu::stream_for(dev)>>>(
+            static_cast<const T*>(grad.data_ptr()), strides_of(grad),
+            static_cast<const int64_t*>(indices.data_ptr()), strides_of(indices),
+            pool_shape(g, channels_last), static_cast<T*>(dx.data_ptr()), strides_of(dx), total);
+    ACCRUE_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace accrue::kernels::cuda
