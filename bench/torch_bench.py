@@ -100,6 +100,7 @@ def benchmarks():
                    torch.matmul, 0, 2 * m * n * k)
 
     yield from gpt2_gemms()
+    yield from resnet_convs()
 
 
 def gpt2_gemms():
@@ -141,6 +142,58 @@ def gpt2_gemms():
                    lambda m=m, out=out, inp=inp: (randn(out, inp, dtype=torch.float32),
                                                   randn(m, out), randn(m, inp)),
                    lambda slot, g, x: slot.add_(g.t() @ x), 0, flop)
+
+
+# bench/bench_conv.cpp: ResNet-50's distinct convolutions (c, o, size, kernel, stride).
+RESNET_CONVS = [(3, 64, 224, 7, 2),
+                (64, 64, 56, 1, 1), (64, 64, 56, 3, 1), (64, 256, 56, 1, 1), (256, 64, 56, 1, 1),
+                (256, 128, 56, 1, 1), (128, 128, 56, 3, 2), (128, 512, 28, 1, 1),
+                (256, 512, 56, 1, 2), (512, 128, 28, 1, 1), (128, 128, 28, 3, 1),
+                (512, 256, 28, 1, 1), (256, 256, 28, 3, 2), (256, 1024, 14, 1, 1),
+                (512, 1024, 28, 1, 2), (1024, 256, 14, 1, 1), (256, 256, 14, 3, 1),
+                (1024, 512, 14, 1, 1), (512, 512, 14, 3, 2), (512, 2048, 7, 1, 1),
+                (1024, 2048, 14, 1, 2), (2048, 512, 7, 1, 1), (512, 512, 7, 3, 1)]
+RESNET_BATCH = 64
+
+
+def resnet_convs():
+    """ResNet-50's convolutions as a channels-last model under bf16 autocast runs
+    them (bench/bench_conv.cpp has the same names): F.conv2d, the data gradient
+    and the weight gradient of aten.convolution_backward, the latter in bf16 and
+    then added to an fp32 slot (autograd's pattern). wgrad_bf16 is the same
+    PyTorch call, the twin of accrue's 16-bit weight-gradient policy."""
+    bf16, last = torch.bfloat16, torch.channels_last
+
+    def randn(*shape, dtype=bf16, fmt=last):
+        return torch.randn(*shape, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+
+    def backward(mask):
+        def run(dy, x, w, stride, pad):
+            return torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [pad] * 2,
+                                                       [1, 1], False, [0, 0], 1, mask)
+        return run
+
+    data, weight = backward([True, False, False]), backward([False, True, False])
+    for c, o, size, k, stride in RESNET_CONVS:
+        pad, n = k // 2, RESNET_BATCH
+        out = (size + 2 * pad - k) // stride + 1
+        base = f"conv/bf16/{c}to{o}_{k}x{k}_s{stride}_{size}/B={n}"
+        flop = 2 * n * out * out * o * c * k * k
+        shape = [n, c, size, size, o, k, stride]
+
+        def inputs(c=c, o=o, size=size, k=k, out=out):
+            return (randn(n, o, out, out), randn(n, c, size, size), randn(o, c, k, k),
+                    torch.randn(o, c, k, k, device="cuda").contiguous(memory_format=last))
+
+        yield (f"{base}/fwd", "conv", shape, "bf16", inputs,
+               lambda dy, x, w, slot, s=stride, p=pad: torch.nn.functional.conv2d(
+                   x, w, None, s, p), 0, flop)
+        yield (f"{base}/dgrad", "conv", shape, "bf16", inputs,
+               lambda dy, x, w, slot, s=stride, p=pad: data(dy, x, w, s, p)[0], 0, flop)
+        for name in ("wgrad", "wgrad_bf16"):
+            yield (f"{base}/{name}", "conv", shape, "bf16", inputs,
+                   lambda dy, x, w, slot, s=stride, p=pad: slot.add_(weight(dy, x, w, s, p)[1]),
+                   0, flop)
 
 
 def time_ms(fn, inputs, warmup, repeats):
