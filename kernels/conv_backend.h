@@ -62,10 +62,9 @@ void adaptive_avg_pool2d_backward(const Tensor& grad, const Tensor& dx, const Co
 // Every tensor has one device and the geometry is validated (kernels/conv.cpp);
 // the same code runs on the CPU, where tests hold it to the CPU reference.
 // It costs the columns' memory, c kh kw times the output's positions: a
-// fallback, not the speed issue 9 asks for. The poolings run composed too:
-// avg_pool2d and adaptive_avg_pool2d (one reduction per output cell), and
-// max_pool2d where no kernel of its own exists (Note [Max pooling kernels]);
-// the CPU tests hold the composed max pooling to the reference.
+// fallback, not the speed issue 9 asks for. avg_pool2d and
+// adaptive_avg_pool2d run composed too (one reduction per output cell);
+// max_pool2d has kernels of its own (Note [Max pooling kernels]).
 namespace composed {
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dGeometry& g);
 Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Conv2dGeometry& g);
@@ -74,11 +73,6 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
 // Summed per output cell in f32 (f64 for f64), one sum and one strided add per cell.
 Tensor adaptive_avg_pool2d(const Tensor& x, const Conv2dGeometry& g);
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad, const Conv2dGeometry& g);
-// The windows copied out (padding -inf), max and argmax over each, the tap
-// turned into its plane position by a table; the backward is a scatter-add
-// (kernels::embedding_backward) and needs only the plane sizes in g.
-MaxPoolOutput max_pool2d(const Tensor& x, const Conv2dGeometry& g);
-Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Conv2dGeometry& g);
 // Window sums over a divisor table; the backward adds each window's share per tap.
 Tensor avg_pool2d(const Tensor& x, const Conv2dGeometry& g, bool count_include_pad);
 Tensor avg_pool2d_backward(const Tensor& grad, const Conv2dGeometry& g, bool count_include_pad);
@@ -127,8 +121,8 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
 //            zero fill, the same bits on every run.
 // The output, its indices and dx take the layout of the input (forward) or of
 // the gradient (backward): channels-last stays channels-last (Note
-// [Channels-last results]). The composed pooling this replaced (windows copied
-// out, max and argmax reductions, an f64 position table, a sorted
+// [Channels-last results]). The composed max pooling these replaced (windows
+// copied out, max and argmax reductions, an f64 position table, a sorted
 // scatter-add) took about 18 ms of a ResNet-50 micro-step of 64 images on an
 // H100, where these two kernels take 1.3 ms (bench/RESULTS.md). The backward's indices are
 // checked like any data-dependent index (kernels/index_checks.h); a bad one

@@ -3,7 +3,6 @@
 // already has (strided copies, GEMMs, strided adds), for devices without a
 // convolution of their own.
 #include <algorithm>
-#include <limits>
 #include <vector>
 
 #include "core/grad_mode.h"
@@ -160,63 +159,6 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad, const Conv2dGeometry& g)
           gw.narrow(2, i, 1).narrow(3, j, 1));
   });
   return dx.to(grad.dtype());
-}
-
-MaxPoolOutput max_pool2d(const Tensor& x, const Conv2dGeometry& g) {
-  NoGradGuard no_grad;
-  const Conv2dOptions& o = g.options;
-  const int64_t hp = g.h + 2 * o.pad_h, wp = g.w + 2 * o.pad_w, taps = g.kh * g.kw;
-  // Padding reads as -inf, so it never wins (every window holds an input
-  // element: padding is at most half the kernel).
-  Tensor xp =
-      full({g.n, g.c, hp, wp}, -std::numeric_limits<double>::infinity(), x.dtype(), x.device());
-  xp.narrow(2, o.pad_h, g.h).narrow(3, o.pad_w, g.w).copy_(x);
-  const Tensor windows = window_view(xp, g)  // [n, oh, ow, c, kh, kw]
-                             .permute({0, 3, 1, 2, 4, 5})
-                             .contiguous()
-                             .reshape({g.n, g.c, g.oh, g.ow, taps});
-  MaxPoolOutput r;
-  r.out = kernels::max(windows, {4});
-  // The winning tap (the first maximum), then its position h W + w in the
-  // input plane through a table of every tap's position, in f64 (exact).
-  const Tensor tap = kernels::argmax(windows, 4).to(DType::f64).reshape({g.n, g.c, g.oh, g.ow, 1});
-  std::vector<double> k(static_cast<size_t>(taps)),
-      position(static_cast<size_t>(g.oh * g.ow * taps));
-  for (int64_t t = 0; t < taps; ++t)
-    k[static_cast<size_t>(t)] = static_cast<double>(t);
-  for (int64_t i = 0; i < g.oh; ++i)
-    for (int64_t j = 0; j < g.ow; ++j)
-      for (int64_t t = 0; t < taps; ++t) {
-        const int64_t h = i * o.stride_h - o.pad_h + t / g.kw;
-        const int64_t w = j * o.stride_w - o.pad_w + t % g.kw;
-        position[static_cast<size_t>((i * g.ow + j) * taps + t)] =
-            h >= 0 && h < g.h && w >= 0 && w < g.w ? static_cast<double>(h * g.w + w) : -1.0;
-      }
-  const Tensor won =
-      kernels::compare(CompareOp::Eq, tap, from_vector<double>(k, {taps}, DType::f64, x.device()));
-  const Tensor table = from_vector<double>(position, {g.oh, g.ow, taps}, DType::f64, x.device());
-  r.indices = kernels::sum(kernels::where(won, table, zeros({1}, DType::f64, x.device())), {4})
-                  .to(DType::i64);
-  return r;
-}
-
-Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Conv2dGeometry& g) {
-  NoGradGuard no_grad;
-  // dx[plane p, indices] += grad: a scatter-add, the embedding's backward over
-  // rows of one element, at p h w + index (f64 arithmetic: exact).
-  const int64_t planes = g.n * g.c, per_plane = g.oh * g.ow;
-  std::vector<double> base(static_cast<size_t>(planes));
-  for (int64_t p = 0; p < planes; ++p)
-    base[static_cast<size_t>(p)] = static_cast<double>(p * g.h * g.w);
-  const Tensor rows =
-      kernels::binary(BinaryOp::Add, indices.to(DType::f64).reshape({planes, per_plane}),
-                      from_vector<double>(base, {planes, 1}, DType::f64, grad.device()))
-          .to(DType::i64)
-          .reshape({planes * per_plane});
-  Tensor dx = zeros({planes * g.h * g.w, 1}, widened(grad.dtype()), grad.device());
-  kernels::embedding_backward(grad.contiguous().reshape({planes * per_plane, 1}), rows, dx,
-                              /*accumulate=*/true);
-  return dx.reshape({g.n, g.c, g.h, g.w}).to(grad.dtype());
 }
 
 namespace {

@@ -113,36 +113,6 @@ TEST(ComposedConv, adaptive_average_pooling_equals_the_cpu_reference) {
   }
 }
 
-TEST(ComposedConv, max_pooling_equals_the_cpu_reference_values_indices_and_gradient) {
-  Pool2dOptions stem, two, wide;  // ResNet's 3x3/2 pad 1; 2x2/2; 3x2/1 with overlaps
-  stem.kernel_h = stem.kernel_w = 3;
-  stem.stride_h = stem.stride_w = 2;
-  stem.pad_h = stem.pad_w = 1;
-  two.kernel_h = two.kernel_w = two.stride_h = two.stride_w = 2;
-  wide.kernel_h = 3;
-  wide.kernel_w = 2;
-  wide.pad_h = 1;
-  for (const Pool2dOptions& p : {stem, two, wide}) {
-    SCOPED_TRACE(std::to_string(p.kernel_h) + "x" + std::to_string(p.kernel_w));
-    const Shape shape{2, 3, 9, 8};
-    const kernels::Conv2dGeometry g = kernels::pool_geometry(shape, p, "test");
-    const Tensor x = test::random_normal(shape, DType::f64);
-    const kernels::MaxPoolOutput ref = kernels::max_pool2d(x, p);
-    const kernels::MaxPoolOutput got = kernels::composed::max_pool2d(x, g);
-    EXPECT_TRUE(test::all_equal(got.out, ref.out));  // a maximum is exact
-    EXPECT_EQ(got.indices.to_vector<int64_t>(), ref.indices.to_vector<int64_t>());
-    const Tensor dy = test::random_normal(ref.out.shape(), DType::f64);
-    EXPECT_LE(test::relative_error(kernels::composed::max_pool2d_backward(dy, got.indices, g),
-                                   kernels::max_pool2d_backward(dy, ref.indices, shape, p)),
-              1e-14);
-  }
-  // Ties go to the first maximum in window order, as the reference's.
-  const Tensor flat = full({1, 1, 4, 4}, 1.0, DType::f64);
-  EXPECT_EQ(kernels::composed::max_pool2d(flat, kernels::pool_geometry({1, 1, 4, 4}, two, "test"))
-                .indices.to_vector<int64_t>(),
-            kernels::max_pool2d(flat, two).indices.to_vector<int64_t>());
-}
-
 TEST(ComposedConv, average_pooling_equals_the_cpu_reference) {
   for (bool include_pad : {true, false}) {
     Pool2dOptions p;
