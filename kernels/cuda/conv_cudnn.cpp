@@ -46,7 +46,8 @@
 //    operands' dtype first (a temporary, then added into the f32 slot).
 //  - Handles are per (device, stream) and bound to that stream; workspaces
 //    come from accrue's allocator on that stream. Nothing synchronizes the
-//    host, except a timed plan choice on a key's first call. The state is never destroyed, as in Note [cuDNN attention graphs].
+//    host, except a timed plan choice on a key's first call. The state is
+//    never destroyed, as in Note [cuDNN attention graphs].
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #include <cudnn_frontend.h>
