@@ -73,6 +73,9 @@ struct Options {
   int64_t windows = 20;
   double lr = 3e-4;
   bool phases = false;
+  // NcclOptions::high_priority_stream: the communicator's stream ahead of the
+  // backward's kernels (the default) or behind them (issue 10's lever).
+  bool comm_high_priority = true;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -132,6 +135,12 @@ dist::ReducerOptions reducer_options(const std::string& variant) {
   return options;
 }
 
+dist::NcclOptions nccl_options(const Options& o) {
+  dist::NcclOptions options;
+  options.high_priority_stream = o.comm_high_priority;
+  return options;
+}
+
 void usage() {
   std::printf(
       "usage: accrue_bench_dist --mode allreduce|scaling [options]\n"
@@ -152,7 +161,10 @@ void usage() {
       "                         ddp,zero1; known: %s)\n"
       "  --windows N            timed windows per row, median reported (default 20)\n"
       "  --lr LR                AdamW learning rate (default 3e-4)\n"
-      "  --phases               also print where each row's window goes (Note [Window phases])\n",
+      "  --phases               also print where each row's window goes (Note [Window phases])\n"
+      "both modes:\n"
+      "  --comm-priority P      the communicator's stream priority, high (default: its\n"
+      "                         collectives scheduled ahead of the backward's kernels) or low\n",
       kVariants);
 }
 
@@ -206,7 +218,12 @@ Options parse(int argc, char** argv) {
       o.lr = std::stod(value());
     else if (a == "--phases")
       o.phases = true;
-    else if (a == "-h" || a == "--help") {
+    else if (a == "--comm-priority") {
+      const std::string p = value();
+      ACCRUE_CHECK(p == "high" || p == "low",
+                   "accrue_bench_dist: --comm-priority takes high or low, got '", p, "'");
+      o.comm_high_priority = p == "high";
+    } else if (a == "-h" || a == "--help") {
       usage();
       std::exit(0);
     } else
@@ -425,7 +442,7 @@ void fill_slots(const GradArena& arena, const Tensor& flat) {
 int run_allreduce(const Options& o, const dist::RankInfo& rank) {
   ACCRUE_CHECK(rank.world_size >= 2, "accrue_bench_dist: --mode allreduce needs >= 2 ranks (",
                dist::describe(rank), "); start it with tests/dist/multi_gpu_launch.sh 2 ...");
-  auto comm = dist::connect_nccl(rank, /*fingerprint=*/0);
+  auto comm = dist::connect_nccl(rank, /*fingerprint=*/0, nccl_options(o));
   const Device device = comm->device();
   const int n = comm->world_size();
   const bool main_rank = rank.rank == 0;
@@ -699,7 +716,7 @@ void print_phases(const RowResult& r) {
 
 int run_scaling(const Options& o, const dist::RankInfo& rank) {
   std::unique_ptr<dist::NcclCommunicator> comm;
-  if (rank.distributed()) comm = dist::connect_nccl(rank, /*fingerprint=*/0);
+  if (rank.distributed()) comm = dist::connect_nccl(rank, /*fingerprint=*/0, nccl_options(o));
   const Device device = Device::cuda(rank.local_rank);
   const int world = rank.world_size;
   const bool main_rank = rank.rank == 0;
