@@ -224,6 +224,7 @@ std::shared_ptr<Graph> build_graph(Direction d, const Tensor& a, const Tensor& b
 std::vector<int64_t> graph_key(Direction d, int device, const Tensor& a, const Tensor& b,
                                const Tensor& out, const Conv2dGeometry& g) {
   const Conv2dOptions& o = g.options;
+  const ConvAlgorithmPolicy policy = conv_algorithm_policy();
   std::vector<int64_t> key{d,
                            device,
                            static_cast<int64_t>(a.dtype()),
@@ -235,8 +236,8 @@ std::vector<int64_t> graph_key(Direction d, int device, const Tensor& a, const T
                            o.dilation_h,
                            o.dilation_w,
                            o.groups,
-                           conv_algorithm_policy().timed,
-                           conv_algorithm_policy().allow_nondeterministic};
+                           policy.timed,
+                           policy.allow_nondeterministic};
   for (const Tensor* t : {&a, &b, &out}) {
     key.insert(key.end(), t->shape().begin(), t->shape().end());
     key.insert(key.end(), t->strides().begin(), t->strides().end());

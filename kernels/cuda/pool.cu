@@ -60,6 +60,28 @@ __device__ void unravel(int64_t e, int64_t p, int64_t q, const PoolShape& s, int
   }
 }
 
+// Whether v replaces best (best_at < 0: nothing kept yet) under the CPU
+// reference's rule: the first maximum wins, and a NaN wins and stays.
+template <class A>
+__device__ __forceinline__ bool replaces(A v, A best, int64_t best_at) {
+  return best_at < 0 || (!isnan(best) && (v > best || isnan(v)));
+}
+
+// The outputs [i0, i1] x [j0, j1] whose windows can hold input (h, w): those
+// with i sh - ph + a dh = h (j likewise) for some tap a.
+struct Sources {
+  int64_t i0, i1, j0, j1;
+};
+
+__device__ __forceinline__ int64_t first_output(int64_t lo, int64_t stride) {
+  return lo <= 0 ? 0 : (lo + stride - 1) / stride;  // lo may be negative
+}
+
+__device__ __forceinline__ Sources sources_of(int64_t h, int64_t w, const PoolShape& s) {
+  return {first_output(h + s.ph - (s.kh - 1) * s.dh, s.sh), min(s.oh - 1, (h + s.ph) / s.sh),
+          first_output(w + s.pw - (s.kw - 1) * s.dw, s.sw), min(s.ow - 1, (w + s.pw) / s.sw)};
+}
+
 template <class T>
 __global__ void max_pool_kernel(const T* __restrict__ x, Strides4 xs, PoolShape s,
                                 T* __restrict__ out, Strides4 os, int64_t* __restrict__ indices,
@@ -81,8 +103,7 @@ __global__ void max_pool_kernel(const T* __restrict__ x, Strides4 xs, PoolShape 
         if (w < 0 || w >= s.w) continue;
         const T value = plane[h * xs.h + w * xs.w];
         const A v = reduce::load<A>(value);
-        // The first maximum; a NaN wins and stays (the CPU reference's rule).
-        if (best_at < 0 || (!isnan(best) && (v > best || isnan(v)))) {
+        if (replaces(v, best, best_at)) {
           best = v;
           best_value = value;
           best_at = h * s.w + w;
@@ -92,11 +113,6 @@ __global__ void max_pool_kernel(const T* __restrict__ x, Strides4 xs, PoolShape 
     out[os.at(in, ic, i, j)] = best_at < 0 ? cu::convert<T>(-INFINITY) : best_value;
     indices[is.at(in, ic, i, j)] = best_at;
   }
-}
-
-// First output index o with o * stride >= lo (lo may be negative), clamped to 0.
-__device__ __forceinline__ int64_t first_output(int64_t lo, int64_t stride) {
-  return lo <= 0 ? 0 : (lo + stride - 1) / stride;
 }
 
 template <class T>
@@ -109,15 +125,11 @@ __global__ void max_pool_backward_kernel(const T* __restrict__ grad, Strides4 gs
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t in, ic, h, w;
     unravel(e, s.h, s.w, s, in, ic, h, w);
-    // Outputs whose window can hold (h, w): i sh - ph + a dh = h for some tap a.
-    const int64_t i0 = first_output(h + s.ph - (s.kh - 1) * s.dh, s.sh);
-    const int64_t i1 = min(s.oh - 1, (h + s.ph) / s.sh);
-    const int64_t j0 = first_output(w + s.pw - (s.kw - 1) * s.dw, s.sw);
-    const int64_t j1 = min(s.ow - 1, (w + s.pw) / s.sw);
+    const Sources r = sources_of(h, w, s);
     const int64_t position = h * s.w + w;
     A sum = 0;
-    for (int64_t i = i0; i <= i1; ++i)
-      for (int64_t j = j0; j <= j1; ++j)
+    for (int64_t i = r.i0; i <= r.i1; ++i)
+      for (int64_t j = r.j0; j <= r.j1; ++j)
         if (indices[is.at(in, ic, i, j)] == position)
           sum += reduce::load<A>(grad[gs.at(in, ic, i, j)]);
     dx[ds.at(in, ic, h, w)] = cu::convert<T>(sum);
@@ -137,7 +149,7 @@ __global__ void max_pool_packed_kernel(const T* __restrict__ x, PoolShape s, T* 
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t p = e % packs, j = e / packs % s.ow, i = e / packs / s.ow % s.oh,
                   n = e / packs / s.ow / s.oh;
-    A best[V];
+    A best[V] = {};  // replaces() reads it before best_at is set
     cu::Pack<T, V> best_value;
     int64_t best_at[V];
 #pragma unroll
@@ -153,7 +165,7 @@ __global__ void max_pool_packed_kernel(const T* __restrict__ x, PoolShape s, T* 
 #pragma unroll
         for (int v = 0; v < V; ++v) {
           const A value = reduce::load<A>(pack.v[v]);
-          if (best_at[v] < 0 || (!isnan(best[v]) && (value > best[v] || isnan(value)))) {
+          if (replaces(value, best[v], best_at[v])) {
             best[v] = value;
             best_value.v[v] = pack.v[v];
             best_at[v] = h * s.w + w;
@@ -180,14 +192,11 @@ __global__ void max_pool_backward_packed_kernel(const T* __restrict__ grad,
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t p = e % packs, w = e / packs % s.w, h = e / packs / s.w % s.h,
                   n = e / packs / s.w / s.h;
-    const int64_t i0 = first_output(h + s.ph - (s.kh - 1) * s.dh, s.sh);
-    const int64_t i1 = min(s.oh - 1, (h + s.ph) / s.sh);
-    const int64_t j0 = first_output(w + s.pw - (s.kw - 1) * s.dw, s.sw);
-    const int64_t j1 = min(s.ow - 1, (w + s.pw) / s.sw);
+    const Sources r = sources_of(h, w, s);
     const int64_t position = h * s.w + w;
     A sum[V] = {};
-    for (int64_t i = i0; i <= i1; ++i)
-      for (int64_t j = j0; j <= j1; ++j) {
+    for (int64_t i = r.i0; i <= r.i1; ++i)
+      for (int64_t j = r.j0; j <= r.j1; ++j) {
         const int64_t at = ((n * s.oh + i) * s.ow + j) * packs + p;
         const cu::Pack<T, V> g = cu::load_pack<V>(grad, at);
 #pragma unroll
