@@ -47,6 +47,9 @@ GradArena::GradArena(const std::vector<Tensor>& params, const std::vector<std::s
     Slot s;
     s.name = names.empty() ? "param" + std::to_string(i) : names[i];
     s.shape = p.shape();
+    // Note [Parameter layouts]: channels-last stays channels-last; any other
+    // layout is copied in row-major.
+    s.strides = p.is_channels_last() ? p.strides() : contiguous_strides(p.shape());
     s.numel = p.numel();
     s.offset = padded_numel_;
     padded_numel_ += align_elements(s.numel, options.master_dtype, options.shard_ranks);
@@ -70,7 +73,7 @@ GradArena::GradArena(const std::vector<Tensor>& params, const std::vector<std::s
     TensorImpl& impl = *params[i].impl();
     impl.storage = home.storage();
     impl.offset = slots_[i].offset;
-    impl.strides = contiguous_strides(slots_[i].shape);
+    impl.strides = slots_[i].strides;
     impl.dtype = home.dtype();
     params_.push_back(params[i]);
     set_grad(params[i], grad_view(i));
@@ -160,11 +163,11 @@ Tensor GradArena::master_view(size_t i) const {
   ACCRUE_CHECK(
       !master_sharded_, "GradArena::master_view: the master weights are sharded ",
       "(Note [ZeRO-1]); read the compute copy, or Window::state_dict for this rank's shard");
-  return make_view(master_, slots_[i].shape, contiguous_strides(slots_[i].shape), slots_[i].offset);
+  return make_view(master_, slots_[i].shape, slots_[i].strides, slots_[i].offset);
 }
 
 Tensor GradArena::grad_view(size_t i) const {
-  return make_view(grads_, slots_[i].shape, contiguous_strides(slots_[i].shape), slots_[i].offset);
+  return make_view(grads_, slots_[i].shape, slots_[i].strides, slots_[i].offset);
 }
 
 int GradArena::index_of(const Tensor& param) const {

@@ -11,6 +11,21 @@
 // gradient is its gradient slot. Flat arenas make every window-close
 // operation one launch over one range, make buckets zero-copy slices, and
 // make checkpoints one write per role.
+//
+// Note [Parameter layouts]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A slot keeps the memory order of the parameter it was made from: row-major
+// (contiguous), or channels-last for a 4-D parameter laid out N, H, W, C
+// (nn::Module::to_channels_last, PyTorch's
+// model.to(memory_format=torch.channels_last)). The master, gradient and
+// compute-copy views of the slot all take that layout, so a channels-last
+// convolution reads its weight without a copy and cuDNN writes its weight
+// gradient straight into the slot. Everything that sees the arena flat (the
+// norm pass, the optimizer, buckets, ZeRO-1 shards) is indifferent to the
+// order. Two things are not, and both check it: the ranks of a data-parallel
+// run, whose layout fingerprint holds each slot's strides
+// (dist::layout_fingerprint), and the window checkpoint, which holds the flat
+// master and refuses one saved with other layouts (Window::load_state_dict).
 #pragma once
 
 #include <string>
@@ -60,6 +75,8 @@ class GradArena final : public GradSink {
     Shape shape;
     int64_t offset = 0;  // in elements, a multiple of 256 bytes
     int64_t numel = 0;
+    // The parameter's layout over the slot (Note [Parameter layouts]).
+    Shape strides;
   };
 
   // Moves `params` (leaves that require grad, any float dtype and device) into
@@ -101,7 +118,7 @@ class GradArena final : public GradSink {
   // The parameters as registered (re-pointed into the arenas).
   const std::vector<Tensor>& params() const { return params_; }
 
-  // Views of one slot, shaped like the parameter.
+  // Views of one slot, shaped and laid out like the parameter.
   Tensor master_view(size_t i) const;
   Tensor grad_view(size_t i) const;
   // Slot index of a registered parameter, or -1.

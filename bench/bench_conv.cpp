@@ -8,8 +8,9 @@
 //               (kernels::ConvAlgorithmPolicy's default)
 //   wgrad_bf16  the same with weight_gradient_in_operand_dtype: cuDNN writes
 //               bf16, then it is added into the slot
-// The weights are contiguous [O, C, kh, kw], as the model's bf16 compute copy
-// holds them (kernels/conv.cpp copies them channels-last for cuDNN). 1 x 1
+// The weights are channels-last, as a channels-last model's compute copy holds
+// them (nn::Module::to_channels_last, Note [Parameter layouts]), and so is the
+// fp32 slot the weight gradient lands in. 1 x 1
 // convolutions with stride 1 run as GEMMs (Note [Pointwise convolution as a
 // GEMM]), the rest on cuDNN. FLOP = 2 N OH OW O C kh kw.
 // bench/torch_bench.py times PyTorch under the same names: F.conv2d and
@@ -80,7 +81,8 @@ const char* pass_name(Pass p) {
   return "?";
 }
 
-// [N, C, H, W] values over N, H, W, C memory (a channels-last model's activations).
+// [N, C, H, W] values over N, H, W, C memory (a channels-last model's
+// activations and weights).
 Tensor channels_last_input(int64_t n, int64_t c, int64_t h, int64_t w) {
   return random_input({n, h, w, c}, DType::bf16).permute({0, 3, 1, 2});
 }
@@ -92,9 +94,10 @@ void conv(benchmark::State& state, ConvShape s, Pass pass) {
   const int64_t out = (s.size + 2 * o.pad_h - s.kernel) / s.stride + 1;
   const Shape x_shape{kBatch, s.c, s.size, s.size};
   const Tensor x = channels_last_input(kBatch, s.c, s.size, s.size);
-  const Tensor w = random_input({s.o, s.c, s.kernel, s.kernel}, DType::bf16);
+  const Tensor w = channels_last_input(s.o, s.c, s.kernel, s.kernel);
   const Tensor dy = channels_last_input(kBatch, s.o, out, out);
-  const Tensor slot = random_input({s.o, s.c, s.kernel, s.kernel}, DType::f32);
+  const Tensor slot =
+      random_input({s.o, s.kernel, s.kernel, s.c}, DType::f32).permute({0, 3, 1, 2});
   const kernels::ConvAlgorithmPolicy saved = kernels::conv_algorithm_policy();
   kernels::ConvAlgorithmPolicy policy = saved;
   policy.weight_gradient_in_operand_dtype = pass == Pass::WgradBf16;

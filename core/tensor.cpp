@@ -161,6 +161,12 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+bool Tensor::is_channels_last() const {
+  if (dim() != 4 || is_contiguous()) return false;
+  const int64_t c = size(1), h = size(2), w = size(3);
+  return stride(1) == 1 && stride(3) == c && stride(2) == w * c && stride(0) == h * w * c;
+}
+
 void* Tensor::data_ptr() const {
   return static_cast<char*>(storage()->data()) +
          offset() * static_cast<int64_t>(element_size(dtype()));

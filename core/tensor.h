@@ -56,6 +56,10 @@ class Tensor {
   int64_t offset() const { return checked().offset; }
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(dtype()); }
   bool is_contiguous() const;
+  // A 4-D [N, C, H, W] view over memory laid out N, H, W, C (PyTorch's
+  // channels_last). A tensor that is also contiguous (C == 1, or H == W == 1)
+  // counts as contiguous, not channels-last.
+  bool is_channels_last() const;
   const std::shared_ptr<Storage>& storage() const { return checked().storage; }
 
   // Address of element 0 of this view.

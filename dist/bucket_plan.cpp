@@ -121,6 +121,8 @@ uint64_t layout_fingerprint(const std::vector<GradArena::Slot>& slots, DType mas
     f.u64(s.shape.size());
     for (int64_t d : s.shape)
       f.u64(static_cast<uint64_t>(d));
+    for (int64_t d : s.strides)  // Note [Parameter layouts]
+      f.u64(static_cast<uint64_t>(d));
     f.u64(static_cast<uint64_t>(s.offset));
     f.u64(static_cast<uint64_t>(s.numel));
   }

@@ -28,9 +28,10 @@
 // Note [Layout fingerprint]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // Ranks must register the same parameters, in the same order, with the same
-// shapes, or their buckets would silently reduce unrelated gradients. The
-// fingerprint (FNV-1a over the master dtype and every slot's name, shape,
-// offset and numel) is compared across ranks during the bootstrap (see
+// shapes and layouts (Note [Parameter layouts]), or their buckets would
+// silently reduce unrelated gradients. The fingerprint (FNV-1a over the
+// master dtype and every slot's name, shape, strides, offset and numel) is
+// compared across ranks during the bootstrap (see
 // Note [Exchange protocol]) and any difference is an accrue::Error.
 #pragma once
 

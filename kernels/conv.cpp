@@ -168,12 +168,14 @@ bool wants_channels_last_weight(const Shape& weight_shape, const Tensor& activat
   return dispatch_util::channels_last(activation) && weight_shape[2] * weight_shape[3] > 1;
 }
 
-// The weight as the convolution with `activation` wants it: a channels-last
-// copy (the weights are small next to the activations), or itself.
+// The weight as the convolution with `activation` wants it: itself when its
+// layout is that one (a channels-last model's weights are channels-last, Note
+// [Parameter layouts]), else a copy (the weights are small next to the
+// activations).
 Tensor weight_for(const Tensor& weight, const Tensor& activation) {
-  if (!wants_channels_last_weight(weight.shape(), activation) ||
-      dispatch_util::channels_last(weight))
-    return weight;
+  const bool channels_last = wants_channels_last_weight(weight.shape(), activation);
+  if (channels_last ? weight.is_channels_last() : weight.is_contiguous()) return weight;
+  if (!channels_last) return weight.contiguous();
   Tensor w = dispatch_util::empty_channels_last(weight.shape(), weight.dtype(), weight.device());
   w.copy_(weight);
   return w;
@@ -191,7 +193,9 @@ bool cudnn_weight_gradient(const Tensor& grad, const Tensor& x, const Tensor& gr
   const bool channels_last = wants_channels_last_weight(grad_weight.shape(), x);
   // ConvAlgorithmPolicy::weight_gradient_in_operand_dtype: a 16-bit output first.
   const bool operand_dtype_first = conv_algorithm_policy().weight_gradient_in_operand_dtype;
-  if (beta == 0.0 && !channels_last && cudnn_operand_aligned(grad_weight) &&
+  const bool slot_in_layout =
+      channels_last ? grad_weight.is_channels_last() : grad_weight.is_contiguous();
+  if (beta == 0.0 && slot_in_layout && cudnn_operand_aligned(grad_weight) &&
       (!operand_dtype_first || grad_weight.dtype() == x.dtype()) &&
       cudnn::conv2d_backward_weight(grad, x, grad_weight, g))
     return true;
@@ -324,15 +328,28 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
   ACCRUE_CHECK(beta == 0.0 || beta == 1.0, op, ": beta = ", beta, "; expected 0 or 1");
   const Conv2dGeometry g = conv_geometry(x.shape(), grad_weight.shape(), options, op);
   check_conv_grad(grad, {g.n, g.o, g.oh, g.ow}, x.device(), op);
-  if (!x.device().is_cpu()) {  // Note [Composed convolution]
-    ACCRUE_CHECK(grad_weight.is_contiguous(), op, ": grad_weight of shape ",
-                 shape_str(grad_weight.shape()), " must be contiguous (the GEMM writes into it)");
+  if (!x.device().is_cpu()) {
+    // Note [Parameter layouts]: a slot is row-major or channels-last.
+    ACCRUE_CHECK(grad_weight.is_contiguous() || grad_weight.is_channels_last(), op,
+                 ": grad_weight of shape ", shape_str(grad_weight.shape()), " and strides ",
+                 shape_str(grad_weight.strides()), " must be contiguous or channels-last");
     if (grad.dtype() == x.dtype() && use_pointwise_gemm(x, g)) {
-      pointwise::conv2d_backward_weight(grad, x, grad_weight, g, beta);
+      pointwise::conv2d_backward_weight(grad, x, grad_weight, g, beta);  // 1 x 1: row-major
       return;
     }
     if (cudnn_weight_gradient(grad, x, grad_weight, g, beta)) return;
-    composed::conv2d_backward_weight(grad, x, grad_weight, g, beta);
+    // Note [Composed convolution]: its GEMM writes a row-major slot.
+    if (grad_weight.is_contiguous()) {
+      composed::conv2d_backward_weight(grad, x, grad_weight, g, beta);
+      return;
+    }
+    Tensor dw = empty(grad_weight.shape(), grad_weight.dtype(), x.device());
+    composed::conv2d_backward_weight(grad, x, dw, g, 0.0);
+    if (beta == 0.0) {
+      grad_weight.copy_(dw);  // Note [Overwrite first]: the slot is not read
+    } else {
+      axpy_(grad_weight, 1.0, dw);
+    }
     return;
   }
   Tensor dw = empty(grad_weight.shape(), DType::f64);

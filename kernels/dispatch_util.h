@@ -106,13 +106,9 @@ inline void fill(const Tensor& t, double value) {
 
 // ---- shaping -------------------------------------------------------------------
 
-// Channels-last: a 4-D [N, C, H, W] view over memory laid out N, H, W, C.
-// A tensor that is also contiguous (C == 1, or H == W == 1) counts as
-// contiguous, not channels-last (Note [Channels-last results]).
+// Channels-last: Tensor::is_channels_last (Note [Channels-last results]).
 inline bool channels_last(const Tensor& t) {
-  if (t.dim() != 4 || t.is_contiguous()) return false;
-  const int64_t c = t.size(1), h = t.size(2), w = t.size(3);
-  return t.stride(1) == 1 && t.stride(3) == c && t.stride(2) == w * c && t.stride(0) == h * w * c;
+  return t.is_channels_last();
 }
 
 // A fresh [N, C, H, W] tensor laid out N, H, W, C.

@@ -103,6 +103,32 @@ int64_t Module::parameter_count() const {
   return n;
 }
 
+void Module::to_channels_last() {
+  NoGradGuard no_grad;
+  const std::vector<NamedParameter> params = named_parameters();
+  for (const NamedParameter& p : params)
+    ACCRUE_CHECK(autograd::sink_of(p.tensor) == nullptr, "Module::to_channels_last: '", p.name,
+                 "' is held by a gradient arena already; call to_channels_last before building ",
+                 "it (Note [Parameter layouts])");
+  auto relayout = [](const Tensor& t) {
+    if (t.dim() != 4 || t.is_channels_last()) return;
+    const Shape& s = t.shape();
+    // With one channel, or a 1 x 1 kernel, row-major is channels-last order already.
+    if (t.is_contiguous() && (s[1] == 1 || (s[2] == 1 && s[3] == 1))) return;
+    Tensor laid = empty({s[0], s[2], s[3], s[1]}, t.dtype(), t.device()).permute({0, 3, 1, 2});
+    laid.copy_(t);
+    // Re-point the tensor itself, as GradArena does: every handle sees the new layout.
+    TensorImpl& impl = *t.impl();
+    impl.storage = laid.storage();
+    impl.offset = laid.offset();
+    impl.strides = laid.strides();
+  };
+  for (const NamedParameter& p : params)
+    relayout(p.tensor);
+  for (const NamedParameter& b : named_buffers())
+    relayout(b.tensor);
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& entry : children_)

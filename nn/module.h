@@ -58,6 +58,16 @@ class Module {
   std::vector<Module*> modules();
   void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
 
+  // Lays every 4-D parameter and buffer of this module and its children out
+  // channels-last (memory order N, H, W, C; PyTorch's
+  // model.to(memory_format=torch.channels_last)), values unchanged, so that a
+  // channels-last convolution reads its weight without a copy. Each tensor
+  // keeps its identity (handles the caller holds see the new layout); ones
+  // already in that order (1 x 1 kernels) are left alone. Call it before a
+  // GradArena takes the parameters: the arena keeps each one's layout (Note
+  // [Parameter layouts]); afterwards it throws.
+  void to_channels_last();
+
   // Training mode (the default) turns dropout on; train(false) / eval() set
   // this module and all its children.
   bool training() const { return training_; }

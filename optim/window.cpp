@@ -349,8 +349,26 @@ WindowReport Window::report() const {
   return r;
 }
 
+namespace {
+
+// Note [Parameter layouts]: the slots laid out channels-last, by index. The
+// flat master and moments read right only in the layouts they were saved in.
+std::vector<int64_t> channels_last_slots(const GradArena& arena) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < arena.size(); ++i)
+    if (arena.slots()[i].strides != contiguous_strides(arena.slots()[i].shape))
+      out.push_back(static_cast<int64_t>(i));
+  return out;
+}
+
+}  // namespace
+
 std::map<std::string, Tensor> Window::state_dict() const {
   std::map<std::string, Tensor> d;
+  const std::vector<int64_t> channels_last = channels_last_slots(arena_);
+  if (!channels_last.empty())
+    d["channels_last_slots"] =
+        from_vector(channels_last, {static_cast<int64_t>(channels_last.size())});
   d["master"] =
       sharded() && !arena_.master_sharded() ? pack_owned(arena_.master()) : arena_.master();
   for (int i = 0; i < arena_.options().moments; ++i)
@@ -399,6 +417,17 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
                  ": load each rank's own shard, on the world size that saved it (re-sharding is "
                  "not supported)");
   }
+  // Note [Parameter layouts]: a checkpoint without the key has none.
+  const std::vector<int64_t> saved_layouts =
+      state.count("channels_last_slots") != 0
+          ? state.at("channels_last_slots").to(Device::cpu()).to(DType::i64).to_vector<int64_t>()
+          : std::vector<int64_t>{};
+  ACCRUE_CHECK(saved_layouts == channels_last_slots(arena_),
+               "Window::load_state_dict: the checkpoint's channels-last parameters are slots ",
+               shape_str(saved_layouts), ", this arena's are ",
+               shape_str(channels_last_slots(arena_)),
+               " (Note [Parameter layouts]: call to_channels_last on the model as the run that "
+               "saved it did, before building the window)");
   const bool packed = sharded() && !arena_.master_sharded();
   const Tensor& master = get("master", packed ? pack_owned(arena_.master()) : arena_.master());
   std::vector<const Tensor*> moments;

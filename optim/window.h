@@ -234,7 +234,9 @@ class Window {
   // Everything a checkpoint needs to resume bit-exactly: master weights,
   // moments, the window state (scale, tracker, step, N) and the window count
   // (under UnusedParameters::skip also "param_steps", each parameter's own
-  // step count: Note [Unused parameters]);
+  // step count: Note [Unused parameters]; with channels-last parameters also
+  // "channels_last_slots", and a load refuses a checkpoint of other layouts:
+  // Note [Parameter layouts]);
   // inside a window also the gradients so far (Note [Mid-window
   // checkpoints]). Under ZeRO-1 each rank's dict holds its own shard
   // ("master" and the moments packed over the owned ranges) and loading is

@@ -10,7 +10,8 @@
 // labels: SGD with momentum 0.9 over fp32 masters, a bf16 (or f16) compute
 // copy, K micro-batches per window, BatchNorm statistics moved once per window
 // (Note [Window statistics]). --channels-last hands the model NHWC-packed
-// inputs, and the model stays channels-last (Note [Channels-last results]);
+// inputs and lays its weights out channels-last (nn::Module::to_channels_last),
+// and the model stays channels-last (Note [Channels-last results]);
 // --no-pointwise-gemm sends its 1 x 1 convolutions to cuDNN instead of
 // cuBLASLt (Note [Pointwise convolution as a GEMM]). Windows are timed with
 // CUDA events after the warm-up windows (on the CPU, with the host clock),
@@ -61,7 +62,8 @@ void print_usage() {
       "  --micro-batch B     images per micro-batch (default %lld)\n"
       "  --k K               micro-batches per window (default %lld)\n"
       "  --dtype D           compute dtype over fp32 masters: bf16, f16 or f32 (default %s)\n"
-      "  --channels-last     NHWC-packed inputs (the model stays channels-last)\n"
+      "  --channels-last     NHWC-packed inputs and channels-last weights (the model stays\n"
+      "                      channels-last)\n"
       "  --no-pointwise-gemm 1 x 1 convolutions on cuDNN, not as cuBLASLt GEMMs\n"
       "  --conv-timed        time every cuDNN plan on a convolution's first call, keep the\n"
       "                      fastest (kernels::ConvAlgorithmPolicy)\n"
@@ -159,6 +161,9 @@ int main(int argc, char** argv) try {
                                                     : nn::ResNetConfig::resnet18(opt.classes);
   Generator init(0);
   nn::ResNet model(config, {device, DType::f32, &init});
+  // PyTorch's model.to(memory_format=torch.channels_last): the weights too, so
+  // cuDNN reads them without a copy (Note [Parameter layouts]).
+  if (opt.channels_last) model.to_channels_last();
   optim::Optimizer sgd(optim::SGDOptions(0.1).momentum(0.9));
   GradArena arena(model.parameters(), {}, {device, DType::f32, compute, sgd.moments_needed()});
   optim::Window window(arena, sgd, optim::WindowOptions().micro_steps(opt.k));

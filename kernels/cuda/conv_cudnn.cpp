@@ -15,8 +15,10 @@
 //    the fused BatchNorm keep a channels-last layout (Note [Channels-last
 //    results], Note [Fused batch norm kernels]), so a channels-last ResNet
 //    stays channels-last from its input to its pooling. Next to a
-//    channels-last activation the weight goes in channels-last too (a copy,
-//    kernels/conv.cpp's weight_for), as does the weight gradient's output.
+//    channels-last activation the weight goes in channels-last too, as does
+//    the weight gradient's output: as is where the model's weights are
+//    channels-last (nn::Module::to_channels_last, Note [Parameter layouts]),
+//    else a copy (kernels/conv.cpp's weight_for).
 //  - One graph per key: direction, device, dtype, the geometry and every
 //    operand's strides (and the weight gradient's output dtype). It is built
 //    once (validate, operation graph, heuristics A then fallback, the
@@ -35,7 +37,7 @@
 //    and a temporary.
 //  - The weight gradient: beta 0 writes the result straight into the slot,
 //    f32 or the input's dtype, where cuDNN builds a graph with that output
-//    type and the slot's layout is the one wanted; a channels-last gradient
+//    type and the slot's layout is the one wanted; a slot of the other layout
 //    and beta 1 (Note [Fused weight-gradient accumulation]) go through a
 //    temporary of the slot's dtype, copied or added into the slot, because
 //    the graph API's conv_wgrad has no alpha/beta blend. The temporary is the

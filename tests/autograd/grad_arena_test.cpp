@@ -43,6 +43,29 @@ TEST(GradArena, slots_are_256_byte_aligned_views_in_registration_order) {
   EXPECT_EQ(arena.moment(1).to_vector<float>(), std::vector<float>(arena.padded_numel(), 0.0f));
 }
 
+// Note [Parameter layouts]: a channels-last parameter keeps its layout in
+// every role (the slot holds its elements in N, H, W, C order); the others
+// are row-major.
+TEST(GradArena, a_channels_last_parameter_keeps_its_layout_in_every_role) {
+  const Tensor values = test::random_normal({4, 3, 2, 5}, DType::f32);
+  std::vector<Tensor> params = {requires_grad_(test::as_channels_last(values)),
+                                requires_grad_(test::random_normal({4, 3, 2, 5}, DType::f32))};
+  GradArena arena(params, {"last", "row"}, {Device::cpu(), DType::f32, DType::bf16, 1});
+  const Shape last_strides{30, 1, 15, 3};
+  EXPECT_EQ(arena.slots()[0].strides, last_strides);
+  EXPECT_EQ(arena.slots()[1].strides, contiguous_strides({4, 3, 2, 5}));
+  EXPECT_EQ(params[0].strides(), last_strides);
+  EXPECT_EQ(arena.master_view(0).strides(), last_strides);
+  EXPECT_EQ(arena.grad_view(0).strides(), last_strides);
+  EXPECT_EQ(grad(params[0]).strides(), last_strides);
+  EXPECT_TRUE(params[1].is_contiguous());
+  EXPECT_TRUE(test::all_equal(arena.master_view(0), values));
+  EXPECT_TRUE(test::all_equal(params[0], values.to(DType::bf16)));
+  // The flat slot holds the elements in channels-last order.
+  EXPECT_TRUE(test::all_equal(arena.master().narrow(0, 0, values.numel()),
+                              values.permute({0, 2, 3, 1}).contiguous().reshape({120})));
+}
+
 TEST(GradArena, compute_copy_repoints_parameters_to_bf16) {
   std::vector<Tensor> params = three_params();
   const Tensor expected = params[0].to(DType::bf16);

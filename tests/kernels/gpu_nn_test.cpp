@@ -395,23 +395,30 @@ TEST(GpuConv, conv2d_and_its_gradients_match_the_cpu_reference) {
       const Tensor dw_ref = empty(c.w, DType::f64);
       kernels::conv2d_backward_weight(on_cpu(dy).to(DType::f64), on_cpu(x).to(DType::f64), dw_ref,
                                       c.o, 0.0);
-      Tensor slot = full(c.w, std::numeric_limits<double>::quiet_NaN(), DType::f32, kGpu);
-      kernels::conv2d_backward_weight(dy, x, slot, c.o, 0.0);
-      EXPECT_LE(test::relative_error(on_cpu(slot).to(DType::f64), dw_ref), tol);
-      kernels::conv2d_backward_weight(dy, x, slot, c.o, 1.0);
-      EXPECT_LE(test::relative_error(on_cpu(slot).to(DType::f64),
-                                     kernels::binary_scalar(kernels::BinaryOp::Mul, dw_ref, 2.0)),
-                tol);
+      // Note [Parameter layouts]: a row-major slot, and a channels-last one.
+      for (bool channels_last_slot : {false, true}) {
+        SCOPED_TRACE(channels_last_slot ? "channels-last slot" : "row-major slot");
+        const Tensor nan = full(c.w, std::numeric_limits<double>::quiet_NaN(), DType::f32, kGpu);
+        Tensor slot = channels_last_slot ? test::as_channels_last(nan) : nan;
+        kernels::conv2d_backward_weight(dy, x, slot, c.o, 0.0);
+        EXPECT_LE(test::relative_error(on_cpu(slot).to(DType::f64), dw_ref), tol);
+        kernels::conv2d_backward_weight(dy, x, slot, c.o, 1.0);
+        EXPECT_LE(test::relative_error(on_cpu(slot).to(DType::f64),
+                                       kernels::binary_scalar(kernels::BinaryOp::Mul, dw_ref, 2.0)),
+                  tol);
+      }
     }
   }
   kernels::set_allow_tf32(tf32);
 }
 
 // Note [cuDNN convolution]: bf16 convolutions of a ResNet's shapes, NCHW and
-// channels-last (NHWC-packed views), forward and both gradients against the
-// CPU reference; a channels-last input gives a channels-last output on the
-// cuDNN path; the weight gradient lands in an fp32 slot with beta 0 and 1
-// and, with only deterministic engines, is bitwise the same on a second run.
+// channels-last (NHWC-packed views) activations, each with row-major and
+// channels-last weights (Note [Parameter layouts]: the weight gradient's slot
+// laid out as the weight), forward and both gradients against the CPU
+// reference; a channels-last input gives a channels-last output on the cuDNN
+// path; the weight gradient lands in an fp32 slot with beta 0 and 1 and, with
+// only deterministic engines, is bitwise the same on a second run.
 void check_cudnn_convolutions(bool deterministic) {
   struct Case {
     Shape x, w;
@@ -428,12 +435,14 @@ void check_cudnn_convolutions(bool deterministic) {
   const double tol = 2e-2;
   // [N, C, H, W] viewed over a channels-last buffer holding t's values.
   for (const Case& c : cases) {
-    for (bool nhwc : {false, true}) {
-      SCOPED_TRACE(shape_str(c.x) + (nhwc ? " channels-last" : " NCHW"));
+    for (int layouts = 0; layouts < 4; ++layouts) {
+      const bool nhwc = layouts & 1, weights_last = layouts & 2;
+      SCOPED_TRACE(shape_str(c.x) + (nhwc ? " channels-last" : " NCHW") +
+                   (weights_last ? ", channels-last weights" : ", row-major weights"));
       const Tensor x_nchw = test::random_normal(c.x, DType::bf16, kGpu);
       const Tensor w_nchw = test::random_normal(c.w, DType::bf16, kGpu);
       const Tensor x = nhwc ? test::as_channels_last(x_nchw) : x_nchw;
-      const Tensor w = nhwc ? test::as_channels_last(w_nchw) : w_nchw;
+      const Tensor w = weights_last ? test::as_channels_last(w_nchw) : w_nchw;
       const Tensor y = kernels::conv2d(x, w, c.o);
       if (nhwc && kernels::cudnn_convolution_available()) {
         EXPECT_FALSE(y.is_contiguous()) << "cuDNN keeps a channels-last input's layout";
@@ -453,7 +462,8 @@ void check_cudnn_convolutions(bool deterministic) {
           tol);
       const Tensor dw_ref = empty(c.w, DType::f64);
       kernels::conv2d_backward_weight(dy64, x64, dw_ref, c.o, 0.0);
-      Tensor slot = full(c.w, std::numeric_limits<double>::quiet_NaN(), DType::f32, kGpu);
+      const Tensor nan = full(c.w, std::numeric_limits<double>::quiet_NaN(), DType::f32, kGpu);
+      Tensor slot = weights_last ? test::as_channels_last(nan) : nan;
       kernels::conv2d_backward_weight(dy, x, slot, c.o, 0.0);
       const Tensor first = on_cpu(slot);
       EXPECT_LE(test::relative_error(first.to(DType::f64), dw_ref), tol);

@@ -4,9 +4,14 @@
 
 #include <algorithm>
 
+#include "autograd/grad_arena.h"
 #include "autograd/gradcheck.h"
 #include "autograd/variable.h"
 #include "core/grad_mode.h"
+#include "kernels/ops.h"
+#include "optim/optimizer.h"
+#include "optim/sgd.h"
+#include "optim/window.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -83,6 +88,63 @@ TEST(ResNet, zero_init_residual_zeroes_each_blocks_last_norm) {
     EXPECT_TRUE(test::all_equal(p.tensor, zeros(p.tensor.shape(), DType::f32))) << p.name;
   }
   EXPECT_EQ(zeroed, 2);
+}
+
+// Note [Parameter layouts]: to_channels_last lays the k x k convolution
+// weights out channels-last (1 x 1 ones and the 1-D BatchNorm tensors are
+// already in that order) with their values and identity; the arena keeps the
+// layout; a window trains it as the row-major model; the window checkpoint
+// refuses the other layout; after the arena is built it is an error.
+TEST(ResNet, a_channels_last_model_trains_as_the_row_major_one) {
+  nn::ResNetConfig c = tiny(true);
+  c.small_input = false;  // the 7 x 7 stem
+  Generator gen_row(4), gen_last(4);
+  const nn::ParamOptions row_options{Device::cpu(), DType::f64, &gen_row};
+  const nn::ParamOptions last_options{Device::cpu(), DType::f64, &gen_last};
+  nn::ResNet row(c, row_options), last(c, last_options);
+  const std::vector<Tensor> held = last.parameters();  // handles taken before
+  last.to_channels_last();
+  const std::vector<nn::NamedParameter> row_named = row.named_parameters();
+  const std::vector<nn::NamedParameter> last_named = last.named_parameters();
+  int relaid = 0;
+  for (size_t i = 0; i < last_named.size(); ++i) {
+    const Tensor& p = last_named[i].tensor;
+    const bool square = p.dim() == 4 && p.size(2) * p.size(3) > 1;
+    EXPECT_EQ(p.is_channels_last(), square) << last_named[i].name;
+    EXPECT_EQ(held[i].strides(), p.strides()) << last_named[i].name << ": the same tensor";
+    EXPECT_TRUE(test::all_equal(p, row_named[i].tensor)) << last_named[i].name;
+    relaid += square ? 1 : 0;
+  }
+  EXPECT_EQ(relaid, 3);  // the stem and each block's 3 x 3
+
+  auto train = [&](nn::ResNet& model, std::map<std::string, Tensor>* checkpoint) {
+    optim::Optimizer sgd(optim::SGDOptions(0.1).momentum(0.9));
+    GradArena arena(model.parameters(), {},
+                    {Device::cpu(), DType::f64, DType::f64, sgd.moments_needed()});
+    optim::Window window(arena, sgd, optim::WindowOptions().micro_steps(2));
+    Generator data(7);
+    for (int m = 0; m < 2; ++m) {
+      const Tensor x = randn({2, 3, 16, 16}, DType::f64, Device::cpu(), &data);
+      const Tensor y = randint(0, 3, {2}, DType::i64, Device::cpu(), &data);
+      window.backward(cross_entropy(model.forward(x), y));
+    }
+    window.close();
+    EXPECT_ERROR(model.to_channels_last(), "to_channels_last", "conv1.weight", "gradient arena",
+                 "before building it");
+    if (checkpoint->empty()) {
+      *checkpoint = window.state_dict();
+    } else {
+      EXPECT_ERROR(window.load_state_dict(*checkpoint), "load_state_dict", "channels-last",
+                   "to_channels_last");
+    }
+  };
+  std::map<std::string, Tensor> checkpoint;
+  train(last, &checkpoint);
+  EXPECT_EQ(checkpoint.count("channels_last_slots"), 1u);
+  train(row, &checkpoint);  // the channels-last checkpoint is refused here
+  for (size_t i = 0; i < last_named.size(); ++i)
+    EXPECT_LE(test::relative_error(last_named[i].tensor, row_named[i].tensor), 1e-12)
+        << last_named[i].name;
 }
 
 TEST(ResNet, bad_configs_and_inputs_are_errors) {
