@@ -8,6 +8,12 @@
 //               (kernels::ConvAlgorithmPolicy's default)
 //   wgrad_bf16  the same with weight_gradient_in_operand_dtype: cuDNN writes
 //               bf16, then it is added into the slot
+//   wgrad_bf16_timed   and with ConvAlgorithmPolicy::timed (every candidate
+//               plan timed on the first call, the fastest kept)
+//   wgrad_bf16_nondet  and with allow_nondeterministic (cuDNN's engines that
+//               accumulate with atomics admitted, as PyTorch admits them)
+//   fwd_cudnn, dgrad_cudnn  (1 x 1, stride 1 only) fwd and dgrad on cuDNN with
+//               kernels::set_pointwise_conv_gemm(false), not as GEMMs
 // The weights are channels-last, as a channels-last model's compute copy holds
 // them (nn::Module::to_channels_last, Note [Parameter layouts]), and so is the
 // fp32 slot the weight gradient lands in. 1 x 1
@@ -64,8 +70,19 @@ constexpr ConvShape kShapes[] = {
     {512, 512, 7, 3, 1},
 };
 
-enum class Pass { Fwd, Dgrad, Wgrad, WgradBf16 };
-constexpr Pass kPasses[] = {Pass::Fwd, Pass::Dgrad, Pass::Wgrad, Pass::WgradBf16};
+enum class Pass {
+  Fwd,
+  Dgrad,
+  Wgrad,
+  WgradBf16,
+  WgradBf16Timed,
+  WgradBf16Nondet,
+  FwdCudnn,
+  DgradCudnn
+};
+constexpr Pass kPasses[] = {Pass::Fwd,       Pass::Dgrad,          Pass::Wgrad,
+                            Pass::WgradBf16, Pass::WgradBf16Timed, Pass::WgradBf16Nondet,
+                            Pass::FwdCudnn,  Pass::DgradCudnn};
 
 const char* pass_name(Pass p) {
   switch (p) {
@@ -77,6 +94,14 @@ const char* pass_name(Pass p) {
       return "wgrad";
     case Pass::WgradBf16:
       return "wgrad_bf16";
+    case Pass::WgradBf16Timed:
+      return "wgrad_bf16_timed";
+    case Pass::WgradBf16Nondet:
+      return "wgrad_bf16_nondet";
+    case Pass::FwdCudnn:
+      return "fwd_cudnn";
+    case Pass::DgradCudnn:
+      return "dgrad_cudnn";
   }
   return "?";
 }
@@ -100,23 +125,33 @@ void conv(benchmark::State& state, ConvShape s, Pass pass) {
       random_input({s.o, s.kernel, s.kernel, s.c}, DType::f32).permute({0, 3, 1, 2});
   const kernels::ConvAlgorithmPolicy saved = kernels::conv_algorithm_policy();
   kernels::ConvAlgorithmPolicy policy = saved;
-  policy.weight_gradient_in_operand_dtype = pass == Pass::WgradBf16;
+  policy.weight_gradient_in_operand_dtype =
+      pass == Pass::WgradBf16 || pass == Pass::WgradBf16Timed || pass == Pass::WgradBf16Nondet;
+  policy.timed = pass == Pass::WgradBf16Timed;
+  policy.allow_nondeterministic = pass == Pass::WgradBf16Nondet;
   kernels::set_conv_algorithm_policy(policy);
+  const bool gemm = kernels::pointwise_conv_gemm();
+  kernels::set_pointwise_conv_gemm(pass != Pass::FwdCudnn && pass != Pass::DgradCudnn);
   GpuTime t = time_gpu(state, [&] {
     switch (pass) {
       case Pass::Fwd:
+      case Pass::FwdCudnn:
         benchmark::DoNotOptimize(kernels::conv2d(x, w, o));
         break;
       case Pass::Dgrad:
+      case Pass::DgradCudnn:
         benchmark::DoNotOptimize(kernels::conv2d_backward_input(dy, w, x_shape, o));
         break;
       case Pass::Wgrad:
       case Pass::WgradBf16:
+      case Pass::WgradBf16Timed:
+      case Pass::WgradBf16Nondet:
         kernels::conv2d_backward_weight(dy, x, slot, o, /*beta=*/1.0);
         break;
     }
   });
   kernels::set_conv_algorithm_policy(saved);
+  kernels::set_pointwise_conv_gemm(gemm);
   report_flops(state, 2.0 * kBatch * out * out * s.o * s.c * s.kernel * s.kernel, t);
 }
 
@@ -124,6 +159,8 @@ void conv(benchmark::State& state, ConvShape s, Pass pass) {
 void register_conv_benchmarks() {
   for (const ConvShape& s : kShapes) {
     for (Pass p : kPasses) {
+      const bool pointwise = s.kernel == 1 && s.stride == 1;
+      if (!pointwise && (p == Pass::FwdCudnn || p == Pass::DgradCudnn)) continue;
       const std::string name = "conv/bf16/" + std::to_string(s.c) + "to" + std::to_string(s.o) +
                                "_" + std::to_string(s.kernel) + "x" + std::to_string(s.kernel) +
                                "_s" + std::to_string(s.stride) + "_" + std::to_string(s.size) +

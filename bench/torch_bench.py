@@ -160,8 +160,10 @@ def resnet_convs():
     """ResNet-50's convolutions as a channels-last model under bf16 autocast runs
     them (bench/bench_conv.cpp has the same names): F.conv2d, the data gradient
     and the weight gradient of aten.convolution_backward, the latter in bf16 and
-    then added to an fp32 slot (autograd's pattern). wgrad_bf16 is the same
-    PyTorch call, the twin of accrue's 16-bit weight-gradient policy."""
+    then added to an fp32 slot (autograd's pattern). wgrad_bf16 and its
+    _timed and _nondet variants are the same PyTorch call (cudnn.benchmark
+    off, non-deterministic engines admitted: PyTorch's defaults), the twins
+    of accrue's 16-bit weight-gradient policies."""
     bf16, last = torch.bfloat16, torch.channels_last
 
     def randn(*shape, dtype=bf16, fmt=last):
@@ -185,12 +187,15 @@ def resnet_convs():
             return (randn(n, o, out, out), randn(n, c, size, size), randn(o, c, k, k),
                     torch.randn(o, c, k, k, device="cuda").contiguous(memory_format=last))
 
-        yield (f"{base}/fwd", "conv", shape, "bf16", inputs,
-               lambda dy, x, w, slot, s=stride, p=pad: torch.nn.functional.conv2d(
-                   x, w, None, s, p), 0, flop)
-        yield (f"{base}/dgrad", "conv", shape, "bf16", inputs,
-               lambda dy, x, w, slot, s=stride, p=pad: data(dy, x, w, s, p)[0], 0, flop)
-        for name in ("wgrad", "wgrad_bf16"):
+        # fwd_cudnn / dgrad_cudnn: accrue's 1 x 1 stride-1 calls on cuDNN, not as GEMMs.
+        variants = ("", "_cudnn") if k == 1 and stride == 1 else ("",)
+        for v in variants:
+            yield (f"{base}/fwd{v}", "conv", shape, "bf16", inputs,
+                   lambda dy, x, w, slot, s=stride, p=pad: torch.nn.functional.conv2d(
+                       x, w, None, s, p), 0, flop)
+            yield (f"{base}/dgrad{v}", "conv", shape, "bf16", inputs,
+                   lambda dy, x, w, slot, s=stride, p=pad: data(dy, x, w, s, p)[0], 0, flop)
+        for name in ("wgrad", "wgrad_bf16", "wgrad_bf16_timed", "wgrad_bf16_nondet"):
             yield (f"{base}/{name}", "conv", shape, "bf16", inputs,
                    lambda dy, x, w, slot, s=stride, p=pad: slot.add_(weight(dy, x, w, s, p)[1]),
                    0, flop)

@@ -181,6 +181,13 @@ Tensor weight_for(const Tensor& weight, const Tensor& activation) {
   return w;
 }
 
+// A row-major or channels-last tensor as the flat vector of its elements in
+// memory order (a view).
+Tensor memory_order(const Tensor& t) {
+  return t.is_channels_last() ? t.permute({0, 2, 3, 1}).reshape({t.numel()})
+                              : t.reshape({t.numel()});
+}
+
 // Note [cuDNN convolution]'s weight gradient: beta 0 straight into the slot
 // where cuDNN builds that output type and the slot's layout is the one wanted
 // (weight_for), otherwise (and for beta 1) through a temporary, in the slot's
@@ -206,10 +213,16 @@ bool cudnn_weight_gradient(const Tensor& grad, const Tensor& x, const Tensor& gr
                     ? dispatch_util::empty_channels_last(grad_weight.shape(), dtype, x.device())
                     : empty(grad_weight.shape(), dtype, x.device());
     if (!cudnn::conv2d_backward_weight(grad, x, dw, g)) continue;
+    // Laid out as the slot, the temporary holds the same elements in the same
+    // memory order: copy or add them as flat vectors, one contiguous pass
+    // (over channels-last views an elementwise op would take the strided
+    // kernel, and the cast a transposing copy).
+    const Tensor slot = slot_in_layout ? memory_order(grad_weight) : grad_weight;
+    const Tensor result = slot_in_layout ? memory_order(dw) : dw;
     if (beta == 0.0) {
-      grad_weight.copy_(dw);  // Note [Overwrite first]: the slot is not read
+      slot.copy_(result);  // Note [Overwrite first]: the slot is not read
     } else {
-      axpy_(grad_weight, 1.0, dw.dtype() == grad_weight.dtype() ? dw : dw.to(grad_weight.dtype()));
+      axpy_(slot, 1.0, result.dtype() == slot.dtype() ? result : result.to(slot.dtype()));
     }
     return true;
   }
