@@ -621,8 +621,13 @@ fi
 comparison=""
 if [[ $built -eq 1 && $skip_bench -eq 0 ]]; then
   bench_bin="$build_dir/bench/accrue_bench"
+  # Google Benchmark 1.8 wants a unit on --benchmark_min_time (it warns once per
+  # benchmark without one); 1.7 (Debian 12) refuses the unit. Ask the binary.
+  min_time=0.1
+  if "$bench_bin" --benchmark_min_time=0.1s --benchmark_list_tests --benchmark_filter='^$' \
+    > /dev/null 2>&1; then min_time=0.1s; fi
   bench_args=(--benchmark_repetitions="$bench_repetitions" --benchmark_report_aggregates_only=true
-    --benchmark_min_time=0.1 --benchmark_out="$log_dir/bench.json" --benchmark_out_format=json)
+    --benchmark_min_time="$min_time" --benchmark_out="$log_dir/bench.json" --benchmark_out_format=json)
   if [[ -n "$bench_filter" ]]; then bench_args+=(--benchmark_filter="$bench_filter"); fi
   say "accrue_bench ${bench_args[*]}"
   if "$bench_bin" "${bench_args[@]}" > "$details/bench.log" 2>&1; then
