@@ -229,6 +229,11 @@ TEST(LayoutFingerprint, same_layout_same_value_any_difference_changes_it) {
   Layout fewer = a;
   fewer.slots.pop_back();
   EXPECT_NE(layout_fingerprint(fewer.slots, DType::f32), fp);
+  // Note [Parameter layouts]: the same shape laid out otherwise (channels-last).
+  const Layout rows = layout({{"conv", {8, 3, 3, 3}}});
+  Layout last = rows;
+  last.slots[0].strides = {27, 1, 9, 3};
+  EXPECT_NE(layout_fingerprint(last.slots, DType::f32), layout_fingerprint(rows.slots, DType::f32));
 
   // From a real arena: it hashes what the arena registered.
   std::vector<Tensor> params{requires_grad_(test::random_normal({4, 3})),
