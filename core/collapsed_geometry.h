@@ -4,8 +4,10 @@
 // the CUDA kernels of core/copy.cu and kernels/cuda/elementwise.cu.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include "core/error.h"
@@ -48,13 +50,19 @@ struct FastDivider {
 // Note [Collapsed geometry]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // All operands of an elementwise op or a copy share the output's shape and
-// differ only in strides (a broadcast operand has stride 0). Size-1 dims are
-// dropped and adjacent dims merged wherever every operand is contiguous across
-// them, so a bias add [N, D] + [D] becomes rank 2 and a transposed view stays
+// differ only in strides (a broadcast operand has stride 0). The dims are
+// first put in the output's memory order (largest output stride outermost,
+// as PyTorch's TensorIterator does): every consumer is a pure map, which may
+// visit the elements in any order, and this one writes the output in order.
+// For a row-major output that is the logical order; for channels-last
+// operands it is N, H, W, C, so their elementwise ops collapse to one
+// contiguous dim instead of three strided ones. Then size-1 dims are dropped
+// and adjacent dims merged wherever every operand is contiguous across them,
+// so a bias add [N, D] + [D] becomes rank 2 and a transposed view stays
 // rank 2. A kernel then divides each linear index once per (collapsed) dim and
 // reuses the quotient for every operand, instead of every operand doing its
 // own StridedGeometry::offset_of. Dims are stored innermost first: dim 0 is
-// the one whose index moves fastest.
+// the one whose index moves fastest (the output's smallest stride).
 template <int N>
 struct CollapsedGeometry {
   int32_t rank = 0;
@@ -174,8 +182,15 @@ CollapsedGeometry<N> collapse_geometry(const std::vector<int64_t>& shape,
                                        const std::array<const std::vector<int64_t>*, N>& strides,
                                        const char* op) {
   CollapsedGeometry<N> g;
+  // Note [Collapsed geometry]: the output's memory order, outermost first
+  // (stable: a row-major output keeps the logical order).
+  std::vector<int64_t> order(shape.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return (*strides[0])[a] > (*strides[0])[b]; });
   // Walk from the innermost dim outwards, merging into the current collapsed dim.
-  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const int64_t d = *it;
     const int64_t size = shape[d];
     if (size == 1) continue;
     const int r = g.rank;

@@ -2,8 +2,11 @@
 // division equals the plain one, and collapsing merges exactly what it may.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/collapsed_geometry.h"
@@ -62,6 +65,105 @@ TEST(CollapsedGeometry, merges_contiguous_dims_and_keeps_the_others) {
   const CollapsedGeometry<2> batch = t.without(0, 1);
   EXPECT_EQ(batch.rank, 0);
   EXPECT_EQ(batch.numel(), 1);
+}
+
+// Every (output offset, input offset) pair the collapsed geometry's linear
+// indices visit, in visiting order (the device's CollapsedGeometry::offsets,
+// on the host).
+std::vector<std::pair<int64_t, int64_t>> visited(const CollapsedGeometry<2>& g) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t linear = 0; linear < g.numel(); ++linear) {
+    int64_t rest = linear, off[2] = {0, 0};
+    for (int d = 0; d < g.rank; ++d) {
+      const int64_t i = rest % g.sizes[d];
+      rest /= g.sizes[d];
+      for (int k = 0; k < 2; ++k)
+        off[k] += i * g.strides[k][d];
+    }
+    out.emplace_back(off[0], off[1]);
+  }
+  return out;
+}
+
+// The same pairs from the logical row-major walk of the shape.
+std::vector<std::pair<int64_t, int64_t>> logical(const std::vector<int64_t>& shape,
+                                                 const std::vector<int64_t>& a,
+                                                 const std::vector<int64_t>& b) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  std::vector<int64_t> index(shape.size(), 0);
+  int64_t n = 1;
+  for (int64_t s : shape)
+    n *= s;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t oa = 0, ob = 0;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      oa += index[d] * a[d];
+      ob += index[d] * b[d];
+    }
+    out.emplace_back(oa, ob);
+    for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+      if (++index[static_cast<size_t>(d)] < shape[static_cast<size_t>(d)]) break;
+      index[static_cast<size_t>(d)] = 0;
+    }
+  }
+  return out;
+}
+
+// Row-major strides of `shape` laid out in the dim order `memory` (outermost first).
+std::vector<int64_t> laid_out(const std::vector<int64_t>& shape, const std::vector<int>& memory) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t step = 1;
+  for (auto it = memory.rbegin(); it != memory.rend(); ++it) {
+    strides[static_cast<size_t>(*it)] = step;
+    step *= shape[static_cast<size_t>(*it)];
+  }
+  return strides;
+}
+
+// Note [Collapsed geometry]: the dims go in the output's memory order, so
+// channels-last operands collapse to one contiguous dim (rows of packs) and
+// a row-major output keeps the logical order; on random layouts (any dim
+// order, broadcast and size-1 dims) the geometry pairs exactly the same
+// output and input elements as the logical walk, and writes the output in
+// memory order.
+TEST(CollapsedGeometry, dims_follow_the_outputs_memory_order_and_pair_the_same_elements) {
+  const std::vector<int64_t> nchw = {2, 8, 3, 5};
+  const std::vector<int64_t> last = laid_out(nchw, {0, 2, 3, 1});
+  const CollapsedGeometry<2> cl = collapse_geometry<2>(nchw, {&last, &last}, "test");
+  ASSERT_EQ(cl.rank, 1);
+  EXPECT_EQ(cl.sizes[0], 2 * 8 * 3 * 5);
+  EXPECT_TRUE(rows_of_packs(cl, 8));
+  // A channels-last output from a row-major input: the output's C innermost.
+  const std::vector<int64_t> rows = laid_out(nchw, {0, 1, 2, 3});
+  const CollapsedGeometry<2> to_last = collapse_geometry<2>(nchw, {&last, &rows}, "test");
+  EXPECT_EQ(to_last.strides[0][0], 1);
+  EXPECT_EQ(to_last.sizes[0], 8);
+
+  std::mt19937 rng(20261127);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int rank = 1 + static_cast<int>(rng() % 5);
+    std::vector<int64_t> shape(static_cast<size_t>(rank));
+    for (int64_t& s : shape)
+      s = 1 + static_cast<int64_t>(rng() % 4);
+    std::vector<int> out_order(static_cast<size_t>(rank)), in_order(static_cast<size_t>(rank));
+    std::iota(out_order.begin(), out_order.end(), 0);
+    std::iota(in_order.begin(), in_order.end(), 0);
+    std::shuffle(out_order.begin(), out_order.end(), rng);
+    std::shuffle(in_order.begin(), in_order.end(), rng);
+    const std::vector<int64_t> out = laid_out(shape, out_order);
+    std::vector<int64_t> in = laid_out(shape, in_order);
+    for (int64_t& stride : in)
+      if (rng() % 4 == 0) stride = 0;  // broadcast
+    SCOPED_TRACE("shape " + shape_str(shape) + " out " + shape_str(out) + " in " + shape_str(in));
+    const CollapsedGeometry<2> g = collapse_geometry<2>(shape, {&out, &in}, "test");
+    std::vector<std::pair<int64_t, int64_t>> got = visited(g), want = logical(shape, out, in);
+    // The output is written in memory order: offsets 0, 1, 2, ...
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i].first, static_cast<int64_t>(i));
+    std::sort(got.begin(), got.end());
+    std::sort(want.begin(), want.end());
+    ASSERT_EQ(got, want);
+  }
 }
 
 TEST(CollapsedGeometry, too_many_unmergeable_dims_is_an_error_naming_the_op) {
