@@ -34,7 +34,7 @@ void accumulate_leaf_grad(const Tensor& leaf, const Tensor& grad) {
       // Own the gradient: the incoming tensor may alias a graph buffer or the seed.
       meta.grad = grad.dtype() == leaf.dtype() ? grad.clone() : grad.to(leaf.dtype());
     } else {
-      kernels::axpy_(meta.grad, 1.0, grad.to(meta.grad.dtype()));
+      kernels::axpy_(meta.grad, 1.0, grad);  // converted to .grad's dtype: Note [Mixed axpy]
     }
   }
   for (const GradReadyHook& hook : meta.grad_ready_hooks)

@@ -210,7 +210,7 @@ void GradArena::accumulate(const Tensor& leaf, const Tensor& grad) {
     slot.copy_(grad);  // first contribution of the window: write (casting to the master dtype)
     written_[i] = true;
   } else {
-    kernels::axpy_(slot, 1.0, grad.dtype() == slot.dtype() ? grad : grad.to(slot.dtype()));
+    kernels::axpy_(slot, 1.0, grad);  // converted to the slot's dtype: Note [Mixed axpy]
   }
 }
 

@@ -138,7 +138,7 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
     if (beta == 0.0) {
       slot.copy_(value);  // Note [Overwrite first]: the slot is not read
     } else {
-      kernels::axpy_(slot, 1.0, value.dtype() == slot.dtype() ? value : value.to(slot.dtype()));
+      kernels::axpy_(slot, 1.0, value);  // converted to the slot's dtype: Note [Mixed axpy]
     }
     return autograd::delivered();
   };

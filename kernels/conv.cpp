@@ -222,7 +222,7 @@ bool cudnn_weight_gradient(const Tensor& grad, const Tensor& x, const Tensor& gr
     if (beta == 0.0) {
       slot.copy_(result);  // Note [Overwrite first]: the slot is not read
     } else {
-      axpy_(slot, 1.0, result.dtype() == slot.dtype() ? result : result.to(slot.dtype()));
+      axpy_(slot, 1.0, result);  // Note [Mixed axpy]: a 16-bit result in the same pass
     }
     return true;
   }

@@ -178,9 +178,21 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   return out;
 }
 
+// Note [Mixed axpy]
+// ~~~~~~~~~~~~~~~~~
+// axpy_ adds a src of any floating dtype: it is converted to dst's dtype
+// first, exactly as src.to(dst.dtype()) would be. A bf16/f16 src into an f32
+// dst (a 16-bit gradient landing in its fp32 arena slot) needs no conversion
+// pass: both backends widen each element as they read it (exact), so the
+// result is bitwise that of the cast and then the add, without the cast's
+// pass and its f32 temporary. Other pairs are converted here, then added.
 void axpy_(const Tensor& dst, double alpha, const Tensor& src) {
   NoGradGuard no_grad;
-  check_float_pair(dst, src, "axpy_", "dst", "src");
+  check_defined(dst, "axpy_", "dst");
+  check_defined(src, "axpy_", "src");
+  check_same_device(dst, src, "axpy_");
+  check_floating(dst, "axpy_", "dst");
+  check_floating(src, "axpy_", "src");
   const Shape shape = broadcast_shapes(dst.shape(), src.shape(), "axpy_");
   ACCRUE_CHECK(shape == dst.shape(), "axpy_: src of shape ", shape_str(src.shape()),
                " does not broadcast to dst of shape ", shape_str(dst.shape()));
@@ -190,7 +202,12 @@ void axpy_(const Tensor& dst, double alpha, const Tensor& src) {
                  shape_str(dst.shape()), " and strides ", shape_str(dst.strides()),
                  " overlaps itself (an expanded view)");
   if (dst.numel() == 0) return;
-  ACCRUE_BACKEND_CALL(dst.device(), axpy, dst, alpha, src.expand(shape));
+  // Note [Mixed axpy]: a 16-bit src into an f32 dst in one pass; any other
+  // pair of dtypes is converted first.
+  const bool one_pass =
+      src.dtype() == dst.dtype() || (dst.dtype() == DType::f32 && is_16_bit(src.dtype()));
+  ACCRUE_BACKEND_CALL(dst.device(), axpy, dst, alpha,
+                      (one_pass ? src : src.to(dst.dtype())).expand(shape));
 }
 
 }  // namespace accrue::kernels

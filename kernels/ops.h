@@ -40,6 +40,8 @@ Tensor compare(CompareOp op, const Tensor& a, const Tensor& b);
 // cond ? a : b, all three broadcast together; cond is bool.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // dst += alpha * src in place (src broadcast to dst's shape). dst may be a strided view.
+// src of another floating dtype is converted to dst's first (as src.to(dst.dtype())
+// would), a 16-bit src into an f32 dst in the same pass (Note [Mixed axpy]).
 void axpy_(const Tensor& dst, double alpha, const Tensor& src);
 
 // ---- reductions ---------------------------------------------------------------

@@ -200,18 +200,35 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& o
   });
 }
 
+namespace {
+
+// dst += alpha * src with src of type S (Note [Mixed axpy]: a 16-bit S into an
+// f32 dst takes the value src.to(f32) would hold, which is exact).
+template <class T, class S>
+void axpy_as(const Tensor& dst, double alpha, const Tensor& src) {
+  using M = math_t<T>;
+  const M al = static_cast<M>(alpha);
+  const Indexer id(dst), is(src);
+  T* pd = ptr<T>(dst);
+  const S* ps = ptr<S>(src);
+  for (int64_t i = 0, n = dst.numel(); i < n; ++i) {
+    T& d = pd[id(i)];
+    d = store<T>(load(d) + al * static_cast<M>(load(ps[is(i)])));
+  }
+}
+
+}  // namespace
+
 void axpy(const Tensor& dst, double alpha, const Tensor& src) {
+  if (dst.dtype() == DType::f32 && src.dtype() == DType::bf16)
+    return axpy_as<float, bf16>(dst, alpha, src);
+  if (dst.dtype() == DType::f32 && src.dtype() == DType::f16)
+    return axpy_as<float, f16>(dst, alpha, src);
+  ACCRUE_CHECK(src.dtype() == dst.dtype(), "axpy_: src dtype ", dtype_name(src.dtype()),
+               " into dst dtype ", dtype_name(dst.dtype()));
   visit_float(dst.dtype(), "axpy_", [&](auto tag) {
     using T = decltype(tag);
-    using M = math_t<T>;
-    const M al = static_cast<M>(alpha);
-    const Indexer id(dst), is(src);
-    T* pd = ptr<T>(dst);
-    const T* ps = ptr<T>(src);
-    for (int64_t i = 0, n = dst.numel(); i < n; ++i) {
-      T& d = pd[id(i)];
-      d = store<T>(load(d) + al * load(ps[is(i)]));
-    }
+    axpy_as<T, T>(dst, alpha, src);
   });
 }
 

@@ -233,6 +233,21 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& o
 }
 
 void axpy(const Tensor& dst, double alpha, const Tensor& src) {
+  // Note [Mixed axpy]: a 16-bit src into an f32 dst, in one pass.
+  if (dst.dtype() == DType::f32 && src.dtype() != DType::f32) {
+    dev::visit_float_dtype(src.dtype(), "axpy", [&](auto tag) {
+      using S = decltype(tag);
+      if constexpr (sizeof(S) == 2) {
+        const AxpyFn<float, S> f{static_cast<float>(alpha)};
+        launch_map(f, f, out_ptr<float>(dst), dst, input<float>(dst), input<S>(src));
+      } else {
+        ACCRUE_FAIL("axpy_: src dtype ", dtype_name(src.dtype()), " into an f32 dst");
+      }
+    });
+    return;
+  }
+  ACCRUE_CHECK(src.dtype() == dst.dtype(), "axpy_: src dtype ", dtype_name(src.dtype()),
+               " into dst dtype ", dtype_name(dst.dtype()));
   dev::visit_float_dtype(dst.dtype(), "axpy", [&](auto tag) {
     using T = decltype(tag);
     const AxpyFn<T> f{static_cast<dev::math_t<T>>(alpha)};

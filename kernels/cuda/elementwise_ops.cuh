@@ -341,11 +341,12 @@ struct WhereFn {
   __device__ __forceinline__ T operator()(bool c, T a, T b) const { return c ? a : b; }
 };
 
-// (dst, src) -> dst + alpha * src.
-template <class T>
+// (dst, src) -> dst + alpha * src; src may be a 16-bit S into an f32 dst
+// (Note [Mixed axpy]: widened exactly, as src.to(f32) would be).
+template <class T, class S = T>
 struct AxpyFn {
   dev::math_t<T> alpha;
-  __device__ __forceinline__ T operator()(T d, T s) const {
+  __device__ __forceinline__ T operator()(T d, S s) const {
     using M = dev::math_t<T>;
     return dev::convert<T>(dev::convert<M>(d) + alpha * dev::convert<M>(s));
   }

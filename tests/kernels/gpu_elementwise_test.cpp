@@ -370,5 +370,28 @@ TEST(GpuAxpy, contiguous_broadcast_and_strided_destinations) {
   }
 }
 
+// Note [Mixed axpy]: a bf16/f16 src into an f32 dst (one pass on CUDA) and
+// every other pair (converted first) add bitwise what the conversion and then
+// the add give on the CPU, contiguous, strided and broadcast.
+TEST(GpuAxpy, a_src_of_another_dtype_matches_the_cpu_bit_for_bit) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dst_dtype : kFloatTypes) {
+    for (DType src_dtype : kFloatTypes) {
+      SCOPED_TRACE(std::string(dtype_name(src_dtype)) + " into " + dtype_name(dst_dtype));
+      const Tensor base = test::random_normal({301, 67}, dst_dtype);
+      const Tensor src = test::random_normal({67, 301}, src_dtype);
+      const Tensor row = test::random_normal({67}, src_dtype);
+      Tensor expected = base.clone(), actual = gpu(base);
+      // alpha 2 and -1: exact products, so the GPU's fused multiply-add and
+      // the CPU's multiply then add round alike.
+      kernels::axpy_(expected, 2.0, src.transpose(0, 1).to(dst_dtype));
+      kernels::axpy_(actual, 2.0, gpu(src).transpose(0, 1));
+      kernels::axpy_(expected.narrow(0, 1, 100), -1.0, row.to(dst_dtype));
+      kernels::axpy_(actual.narrow(0, 1, 100), -1.0, gpu(row));
+      EXPECT_TRUE(test::all_equal(cpu(actual), expected));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace accrue
