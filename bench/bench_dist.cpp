@@ -62,6 +62,8 @@ struct Options {
   int64_t warmup = -1;  // per mode default below
   // allreduce
   std::vector<int64_t> bucket_mb = {1, 2, 4, 8, 16, 25, 32, 64, 128, 256};
+  std::vector<int64_t> growth = {1};  // BucketPlanOptions::growth, per schedule
+  int64_t max_bucket_mb = 256;        // its cap when growth > 1
   int64_t repeats = 20;
   // scaling
   int64_t width = 4096, depth = 6, in = 4096, classes = 1024;
@@ -106,10 +108,15 @@ std::vector<int64_t> split_ints(const std::string& s, const std::string& option)
 //          parameters all-gathered.
 // Either may carry suffixes, in any order, for the levers of issue 10's point 6:
 //   _bf16  buckets travel in bf16 (Note [Gradient transport]);
-//   _bN    buckets of N MiB instead of the default plan's 25 (e.g. ddp_b128).
+//   _bN    buckets of N MiB instead of the default plan's 25 (e.g. ddp_b128);
+//   _gF    a growing schedule: each bucket after the second F times the one
+//          before, up to 256 MiB (or _mN: N MiB) (Note [Buckets]);
+//   _norm  the norm rows run as the buckets are reduced (Note [Norm under the backward]).
 // torch_ddp.py's rows stay "ddp", and compare_dist.py shows every accrue variant
 // against them.
-constexpr const char* kVariants = "ddp or zero1, optionally with _bf16 and _bN (N MiB buckets)";
+constexpr const char* kVariants =
+    "ddp or zero1, optionally with _bf16, _bN (N MiB buckets), _gF (growth), _mN (cap) and "
+    "_norm";
 dist::ReducerOptions reducer_options(const std::string& variant) {
   dist::ReducerOptions options;
   std::vector<std::string> parts;
@@ -123,16 +130,28 @@ dist::ReducerOptions reducer_options(const std::string& variant) {
     const std::string& p = parts[i];
     if (p == "bf16") {
       options.transport = DType::bf16;
-    } else if (p.size() > 1 && p[0] == 'b' &&
+    } else if (p == "norm") {
+      // a Window option: see norm_under_backward()
+    } else if (p.size() > 1 && (p[0] == 'b' || p[0] == 'g' || p[0] == 'm') &&
                p.find_first_not_of("0123456789", 1) == std::string::npos &&
                std::stoll(p.substr(1)) > 0) {
-      options.buckets.bucket_bytes = std::stoll(p.substr(1)) << 20;
+      const int64_t v = std::stoll(p.substr(1));
+      if (p[0] == 'b') options.buckets.bucket_bytes = v << 20;
+      if (p[0] == 'g') options.buckets.growth = static_cast<double>(v);
+      if (p[0] == 'm') options.buckets.max_bucket_bytes = v << 20;
     } else {
       ACCRUE_FAIL("accrue_bench_dist: unknown suffix '_", p, "' in --variants entry '", variant,
                   "' (", kVariants, ")");
     }
   }
+  if (options.buckets.growth > 1.0 && options.buckets.max_bucket_bytes == 0)
+    options.buckets.max_bucket_bytes = int64_t{256} << 20;
   return options;
+}
+
+// The _norm suffix of a --variants entry.
+bool norm_under_backward(const std::string& variant) {
+  return ("_" + variant + "_").find("_norm_") != std::string::npos;
 }
 
 dist::NcclOptions nccl_options(const Options& o) {
@@ -148,6 +167,8 @@ void usage() {
       "  --warmup N             untimed repeats / windows first (allreduce 5, scaling 3)\n"
       "allreduce (needs >= 2 ranks):\n"
       "  --bucket-mb LIST       bucket sizes in MiB (default 1,2,4,8,16,25,32,64,128,256)\n"
+      "  --growth LIST          schedules: each later bucket's limit times F (default 1)\n"
+      "  --max-bucket-mb N      the growing schedules' cap in MiB (default 256)\n"
       "  --repeats N            timed repeats per measurement, median reported (default 20)\n"
       "scaling:\n"
       "  --width W --depth D    D Linear layers of width W (default 4096, 6)\n"
@@ -190,6 +211,10 @@ Options parse(int argc, char** argv) {
       o.warmup = count();
     else if (a == "--bucket-mb")
       o.bucket_mb = split_ints(value(), a);
+    else if (a == "--growth")
+      o.growth = split_ints(value(), a);
+    else if (a == "--max-bucket-mb")
+      o.max_bucket_mb = count();
     else if (a == "--repeats")
       o.repeats = count();
     else if (a == "--width")
@@ -465,8 +490,8 @@ int run_allreduce(const Options& o, const dist::RankInfo& rank) {
   const double total_bytes = static_cast<double>(grads.nbytes());
 
   RawNccl raw(*comm);
-  const int64_t max_bucket_mb = *std::max_element(o.bucket_mb.begin(), o.bucket_mb.end());
-  const int64_t max_bucket_numel = (max_bucket_mb << 20) / 4;
+  const int64_t largest_mb = *std::max_element(o.bucket_mb.begin(), o.bucket_mb.end());
+  const int64_t max_bucket_numel = (largest_mb << 20) / 4;
   const Tensor raw_total = randn({grads.numel()}, DType::f32, device);
   const Tensor raw_bucket = randn({max_bucket_numel}, DType::f32, device);
   const StreamHandle compute = current_stream(device.index);
@@ -491,58 +516,65 @@ int run_allreduce(const Options& o, const dist::RankInfo& rank) {
         "one call: accrue %.3f ms, raw NCCL %.3f ms (busbw %.1f GB/s)\n\n",
         (long long)grads.numel(), total_bytes / 1e6, n, device_name(device.index).c_str(), whole.ms,
         raw_whole.ms, raw_busbw);
-    std::printf("%9s %8s %11s %13s %9s %13s %13s %12s\n", "bucket", "buckets", "bucketed_ms",
-                "busbw_GB/s", "vs_raw", "enqueue_us/b", "raw_bucket_ms", "raw_bucket_bw");
+    std::printf("%9s %6s %8s %11s %13s %9s %13s %13s %12s\n", "bucket", "growth", "buckets",
+                "bucketed_ms", "busbw_GB/s", "vs_raw", "enqueue_us/b", "raw_bucket_ms",
+                "raw_bucket_bw");
   }
 
   std::vector<JsonObject> rows;
-  for (const int64_t mb : o.bucket_mb) {
-    dist::BucketPlanOptions plan_options;
-    plan_options.bucket_bytes = mb << 20;
-    plan_options.first_bucket_bytes = std::min<int64_t>(int64_t{1} << 20, mb << 20);
-    const dist::BucketPlan plan(arena, plan_options);
-    std::vector<Tensor> views;
-    for (size_t b = 0; b < plan.size(); ++b)
-      views.push_back(plan.view(grads, b));
-    const CollectiveTime bucketed = time_collective(
-        *comm, comm->stream(), o.warmup, o.repeats,
-        [&] {
-          for (const Tensor& v : views)
-            comm->all_reduce(v);  // plan order, as the Reducer
-        },
-        rescaler(grads));
-    const Tensor one_bucket = make_view(raw_bucket, {(mb << 20) / 4}, {1}, 0);
-    const CollectiveTime raw_one = time_collective(
-        *comm, raw.stream(), o.warmup, o.repeats, [&] { raw.all_reduce(one_bucket); },
-        rescaler(raw_bucket));
+  for (const int64_t mb : o.bucket_mb)
+    for (const int64_t growth : o.growth) {
+      dist::BucketPlanOptions plan_options;
+      plan_options.bucket_bytes = mb << 20;
+      plan_options.first_bucket_bytes = std::min<int64_t>(int64_t{1} << 20, mb << 20);
+      plan_options.growth = static_cast<double>(growth);
+      if (growth > 1) plan_options.max_bucket_bytes = std::max(mb, o.max_bucket_mb) << 20;
+      const dist::BucketPlan plan(arena, plan_options);
+      std::vector<Tensor> views;
+      for (size_t b = 0; b < plan.size(); ++b)
+        views.push_back(plan.view(grads, b));
+      const CollectiveTime bucketed = time_collective(
+          *comm, comm->stream(), o.warmup, o.repeats,
+          [&] {
+            for (const Tensor& v : views)
+              comm->all_reduce(v);  // plan order, as the Reducer
+          },
+          rescaler(grads));
+      const Tensor one_bucket = make_view(raw_bucket, {(mb << 20) / 4}, {1}, 0);
+      const CollectiveTime raw_one = time_collective(
+          *comm, raw.stream(), o.warmup, o.repeats, [&] { raw.all_reduce(one_bucket); },
+          rescaler(raw_bucket));
 
-    const double busbw = total_bytes / (bucketed.ms * 1e-3) * bus_factor * 1e-9;
-    const double bucket_bytes = static_cast<double>(one_bucket.nbytes());
-    const double raw_bucket_busbw = bucket_bytes / (raw_one.ms * 1e-3) * bus_factor * 1e-9;
-    const double enqueue_per_bucket = bucketed.enqueue_us / static_cast<double>(plan.size());
-    if (main_rank)
-      std::printf("%6lld MiB %8zu %11.3f %13.1f %8.1f%% %13.1f %13.3f %12.1f\n", (long long)mb,
-                  plan.size(), bucketed.ms, busbw, 100.0 * raw_whole.ms / bucketed.ms,
-                  enqueue_per_bucket, raw_one.ms, raw_bucket_busbw);
-    rows.push_back(
-        JsonObject()
-            .num("bucket_mb", static_cast<double>(mb))
-            .num("first_bucket_bytes", static_cast<double>(plan_options.first_bucket_bytes))
-            .num("buckets", static_cast<double>(plan.size()))
-            .num("total_bytes", total_bytes)
-            .num("bucketed_ms", bucketed.ms)
-            .num("bucketed_algbw_GBps", total_bytes / (bucketed.ms * 1e-3) * 1e-9)
-            .num("bucketed_busbw_GBps", busbw)
-            .num("enqueue_us_per_bucket", enqueue_per_bucket)
-            .num("whole_ms", whole.ms)
-            .num("raw_total_ms", raw_whole.ms)
-            .num("raw_total_algbw_GBps", total_bytes / (raw_whole.ms * 1e-3) * 1e-9)
-            .num("raw_total_busbw_GBps", raw_busbw)
-            .num("bucketed_over_raw", raw_whole.ms / bucketed.ms)
-            .num("raw_bucket_bytes", bucket_bytes)
-            .num("raw_bucket_ms", raw_one.ms)
-            .num("raw_bucket_busbw_GBps", raw_bucket_busbw));
-  }
+      const double busbw = total_bytes / (bucketed.ms * 1e-3) * bus_factor * 1e-9;
+      const double bucket_bytes = static_cast<double>(one_bucket.nbytes());
+      const double raw_bucket_busbw = bucket_bytes / (raw_one.ms * 1e-3) * bus_factor * 1e-9;
+      const double enqueue_per_bucket = bucketed.enqueue_us / static_cast<double>(plan.size());
+      if (main_rank)
+        std::printf("%6lld MiB %6lld %8zu %11.3f %13.1f %8.1f%% %13.1f %13.3f %12.1f\n",
+                    (long long)mb, (long long)growth, plan.size(), bucketed.ms, busbw,
+                    100.0 * raw_whole.ms / bucketed.ms, enqueue_per_bucket, raw_one.ms,
+                    raw_bucket_busbw);
+      rows.push_back(
+          JsonObject()
+              .num("bucket_mb", static_cast<double>(mb))
+              .num("growth", static_cast<double>(growth))
+              .num("max_bucket_bytes", static_cast<double>(plan_options.max_bucket_bytes))
+              .num("first_bucket_bytes", static_cast<double>(plan_options.first_bucket_bytes))
+              .num("buckets", static_cast<double>(plan.size()))
+              .num("total_bytes", total_bytes)
+              .num("bucketed_ms", bucketed.ms)
+              .num("bucketed_algbw_GBps", total_bytes / (bucketed.ms * 1e-3) * 1e-9)
+              .num("bucketed_busbw_GBps", busbw)
+              .num("enqueue_us_per_bucket", enqueue_per_bucket)
+              .num("whole_ms", whole.ms)
+              .num("raw_total_ms", raw_whole.ms)
+              .num("raw_total_algbw_GBps", total_bytes / (raw_whole.ms * 1e-3) * 1e-9)
+              .num("raw_total_busbw_GBps", raw_busbw)
+              .num("bucketed_over_raw", raw_whole.ms / bucketed.ms)
+              .num("raw_bucket_bytes", bucket_bytes)
+              .num("raw_bucket_ms", raw_one.ms)
+              .num("raw_bucket_busbw_GBps", raw_bucket_busbw));
+    }
   if (main_rank && !o.json.empty())
     write_json(o.json,
                JsonObject()
@@ -621,8 +653,11 @@ RowResult run_scaling_row(const Options& o, const Row& row, const dist::RankInfo
     reducer = std::make_unique<dist::Reducer>(arena, *comm, options);
     reducer->broadcast_parameters();
   }
-  optim::Window window(arena, optimizer,
-                       optim::WindowOptions().micro_steps(row.k).max_grad_norm(1.0), reducer.get());
+  optim::Window window(
+      arena, optimizer,
+      optim::WindowOptions().micro_steps(row.k).max_grad_norm(1.0).norm_under_backward(
+          comm != nullptr && norm_under_backward(row.variant)),
+      reducer.get());
 
   // Two micro-batches per rank, drawn once: the loop times training, not data generation.
   constexpr int64_t kBatches = 2;

@@ -19,6 +19,11 @@ BucketPlan::BucketPlan(const std::vector<GradArena::Slot>& slots, int64_t padded
   ACCRUE_CHECK(options.first_bucket_bytes > 0 && options.bucket_bytes > 0,
                "BucketPlan: bucket sizes must be positive, got first_bucket_bytes=",
                options.first_bucket_bytes, " bucket_bytes=", options.bucket_bytes);
+  const int64_t max_bytes =
+      options.max_bucket_bytes > 0 ? options.max_bucket_bytes : options.bucket_bytes;
+  ACCRUE_CHECK(options.growth >= 1.0 && max_bytes >= options.bucket_bytes,
+               "BucketPlan: the schedule must not shrink, got growth=", options.growth,
+               " bucket_bytes=", options.bucket_bytes, " max_bucket_bytes=", max_bytes);
   // Note [Buckets]: the plan relies on slots tiling the arena in registration
   // order; check it rather than assume it.
   ACCRUE_CHECK(slots[0].offset == 0, "BucketPlan: slot 0 (", slots[0].name, ") starts at ",
@@ -39,8 +44,17 @@ BucketPlan::BucketPlan(const std::vector<GradArena::Slot>& slots, int64_t padded
     buckets_.push_back(std::move(current));
     current = Bucket{};
   };
-  // The limit of the bucket being filled: the first one is small.
-  auto limit = [&] { return buckets_.empty() ? options.first_bucket_bytes : options.bucket_bytes; };
+  // The limit of the bucket being filled: the first one is small, the second
+  // bucket_bytes, each later one `growth` times the one before, up to max_bytes.
+  std::vector<int64_t> limits = {options.first_bucket_bytes, options.bucket_bytes};
+  auto limit = [&] {
+    while (limits.size() <= buckets_.size()) {
+      const double next = static_cast<double>(limits.back()) * options.growth;
+      limits.push_back(next >= static_cast<double>(max_bytes) ? max_bytes
+                                                              : static_cast<int64_t>(next));
+    }
+    return limits[buckets_.size()];
+  };
   // Reverse registration order: the order the backward finishes gradients.
   for (size_t i = n; i-- > 0;) {
     const int64_t elems = end_of(i) - slots[i].offset;

@@ -6,8 +6,12 @@
 // order: the backward produces the last-registered parameters' gradients
 // first, so buckets fill in backward order and the first one can be reduced
 // while the rest of the backward runs. The first bucket is small (~1 MB) so
-// communication starts early; the others are ~25 MB, large enough for full
-// bus bandwidth. Both sizes are options.
+// communication starts early; the second is ~25 MB. Later ones may grow by a
+// factor per bucket up to a cap (a schedule: NCCL's bandwidth rises with the
+// message, 229 GB/s at 25 MiB against 285 at 128 MiB on two H200s, while the
+// first buckets must start early). The default is no growth: every later
+// bucket ~25 MB (see bench/RESULTS.md for what the schedules measured). All
+// sizes are options.
 //
 // Invariants, enforced in BucketPlan's constructor:
 //   - a parameter is never split: a bucket is a set of whole slots;
@@ -45,7 +49,11 @@ namespace accrue::dist {
 
 struct BucketPlanOptions {
   int64_t first_bucket_bytes = int64_t{1} << 20;  // 1 MiB
-  int64_t bucket_bytes = int64_t{25} << 20;       // 25 MiB
+  int64_t bucket_bytes = int64_t{25} << 20;       // 25 MiB: the second bucket's limit
+  // Each later bucket's limit is the one before times `growth`, up to
+  // max_bucket_bytes (unset: bucket_bytes, no growth).
+  double growth = 1.0;
+  int64_t max_bucket_bytes = 0;
 };
 
 struct Bucket {

@@ -168,9 +168,27 @@ void Reducer::send_ready_buckets() {
   // same sequence of collectives whatever order its buckets complete in.
   while (next_ < plan_.size() && remaining_[next_] == 0) {
     send_bucket(next_);
+    report_reduced(next_);
     ++next_;
     ++sent_in_backward_;
   }
+}
+
+bool Reducer::set_reduced_listener(std::function<void(const ArenaRange&)> listener) {
+  // Note [Gradient transport]: the arena holds the sums only after finish() widens them.
+  if (!stage_.empty()) return false;
+  reduced_listener_ = std::move(listener);
+  return true;
+}
+
+void Reducer::report_reduced(size_t b) {
+  if (!reduced_listener_) return;
+  const ArenaRange range = options_.zero1 ? owned_[b] : ArenaRange{plan_[b].offset, plan_[b].numel};
+  // The listener orders its reads after the current stream's work: make that
+  // the communicator's stream, where the reduction was just enqueued.
+  std::optional<StreamGuard> on_comm;
+  if (on_gpu()) on_comm.emplace(device_, comm_.stream());
+  reduced_listener_(range);
 }
 
 Tensor Reducer::staged_chunk(size_t b) const {

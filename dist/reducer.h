@@ -61,6 +61,7 @@
 // compute 2 bytes (bf16), against 4 + 8 + 4 + 2 for plain data parallelism.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -137,6 +138,9 @@ class Reducer final : public optim::GradientSync {
   // Note [Unused parameters]: one all-reduce (max) of the written flags.
   void reduce_flags(const Tensor& flags) override;
   void reduce_max(const Tensor& values) override;
+  // Note [Norm under the backward]: reports each bucket reduced during the
+  // backward (false, and no reports, with a 16-bit transport).
+  bool set_reduced_listener(std::function<void(const ArenaRange&)> listener) override;
 
   // Every rank's master weights and moments become rank `root`'s, and the
   // compute copy follows. Collective; call once before training. Under ZeRO-1
@@ -161,6 +165,8 @@ class Reducer final : public optim::GradientSync {
   // Sends every bucket from next_ on that is ready, in plan order.
   void send_ready_buckets();
   void send_bucket(size_t b);
+  // Tells the reduced listener, if any, that bucket b's reduction is issued.
+  void report_reduced(size_t b);
   // Orders the communicator's stream after the current stream's work so far.
   void order_comm_after_compute();
   // Orders the current stream's next work after the communicator's so far.
@@ -186,6 +192,7 @@ class Reducer final : public optim::GradientSync {
     Reducer* reducer;
   };
   std::shared_ptr<HookTarget> hook_target_;
+  std::function<void(const ArenaRange&)> reduced_listener_;
 
   // The window in progress (last micro-step only).
   bool armed_ = false;

@@ -26,4 +26,8 @@ void GradientSync::gather_parameters(const Tensor&) {
                "GradientSync::gather_parameters: this sync does not shard (no owned ranges)");
 }
 
+bool GradientSync::set_reduced_listener(std::function<void(const ArenaRange&)>) {
+  return false;
+}
+
 }  // namespace accrue::optim

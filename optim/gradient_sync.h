@@ -2,6 +2,7 @@
 // defines it and dist implements it (optim never includes dist).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "autograd/grad_arena.h"
@@ -48,6 +49,18 @@ class GradientSync {
   // the forward reads: the compute copy, else the master) from its owner.
   // Stream-ordered.
   virtual void gather_parameters(const Tensor& params);
+
+  // Note [Norm under the backward] (optim/norm_rows.h), under data
+  // parallelism. The sync calls `listener` right after it issues, during the
+  // last micro-step's backward, the reduction of one bucket, with the range
+  // of the arena that this reduction makes final on this rank (plain: the
+  // bucket; ZeRO-1: this rank's chunk of it) and with the current stream set
+  // so that work ordered after the current stream's work so far reads the
+  // reduced values. Buckets reduced at finish() are not reported. An empty
+  // listener stops the calls. Returns false when this sync cannot report (the
+  // default, and a 16-bit transport, whose sums reach the arena only at
+  // finish()): the norm pass then stays at the close.
+  virtual bool set_reduced_listener(std::function<void(const ArenaRange&)> listener);
 };
 
 }  // namespace accrue::optim

@@ -3,8 +3,8 @@
 //
 // Note [Norm under the backward]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Step 3 of Note [Window close] reads the whole gradient arena once. Without
-// a GradientSync it need not wait for the close: in the last micro-step each
+// Step 3 of Note [Window close] reads the whole gradient arena once. It
+// need not wait for the close: on one device, in the last micro-step each
 // parameter's grad-ready hook (autograd/variable.h) fires once its gradient
 // of the window is final, and every norm row (Note [Norm rows]) whose slots
 // are all final is computed right then, consecutive rows in one launch. On
@@ -17,9 +17,20 @@
 // later gradient into an already final slot made stale. A row is the same
 // code over the same bits whichever launch computes it, so the partials, and
 // with them the norm, the clip, found_inf and the step, are bitwise those of
-// one pass at close (tests/optim/norm_rows_test.cpp). Under data parallelism
-// a row would have to wait for its bucket's reduction, so the Window keeps
-// the pass at close there.
+// one pass at close (tests/optim/norm_rows_test.cpp).
+//
+// Under data parallelism a row must also wait for its reduction, so the
+// units that become final are not slots but reduced ranges: the GradientSync
+// reports each bucket as it issues the bucket's reduction (set_reduced_listener
+// in optim/gradient_sync.h), with the communicator's stream current, so the
+// side stream's launch waits for the reduction itself. Plain data parallelism
+// keeps the rows over the whole arena and a unit per slot (a bucket is whole
+// slots: its report makes each of them final); ZeRO-1 keeps the rows of each
+// owned range, packed in order as the close-time pass packs them, and a unit
+// per owned range. Either way the rows are the close-time pass's rows over
+// the same reduced bits, so the result is bitwise the same
+// (tests/dist/norm_rows_dist_test.cpp). A 16-bit transport widens its sums
+// into the arena only at the close, so there the pass stays at the close.
 //
 // It is off by default (WindowOptions::norm_under_backward) because it
 // measured slower than the one pass at close. GPT-2 bf16 on an H100, window
@@ -46,22 +57,40 @@ namespace accrue::optim {
 
 class NormRowTracker {
  public:
-  // partials: the [norm_partials_rows(arena.grads()), 2] table the close reads.
+  // Rows over the whole arena (partials: the [norm_partials_rows(arena.grads()),
+  // 2] table the close reads), a unit per slot: made final by the slot's
+  // grad-ready hook (one device) or by the report of its bucket (plain data
+  // parallelism).
   NormRowTracker(const GradArena& arena, Tensor partials);
+  // Note [ZeRO-1]: the rows of each of `ranges` packed in order into
+  // `partials`, as Window::norm_partials packs them; a unit per range.
+  NormRowTracker(const GradArena& arena, const std::vector<ArenaRange>& ranges, Tensor partials);
 
-  // Around the last micro-step's backward: hooks count only in between.
+  // Around the last micro-step's backward: only then do units become final.
   void begin_last_backward();
   void end_last_backward() { armed_ = false; }
-  // A parameter's grad-ready hook: its slot is final (again, if it was).
-  void on_final(size_t slot);
-  // At close, after zero_unwritten: the rows not computed yet. On return the
-  // current stream is ordered after every row.
+  // A unit is final (again, if it was).
+  void on_final(size_t unit);
+  // Every unit inside `range` is final, its values ordered after the current
+  // stream's work so far (GradientSync::set_reduced_listener).
+  void on_reduced(const ArenaRange& range);
+  // At close, after zero_unwritten and the sync's finish(): the rows not
+  // computed yet. On return the current stream is ordered after every row.
   void finish();
   // Rows the last finish() computed (0 when every row ran under the backward).
   int64_t rows_at_last_close() const { return rows_at_last_close_; }
 
  private:
-  // Launches the computable rows of [first, last], in runs of consecutive rows.
+  // A range of the arena and its rows [row0, row0 + rows) of partials_.
+  struct Block {
+    ArenaRange range;
+    int64_t row0 = 0, rows = 0;
+  };
+  // units: extents in the arena, disjoint, each inside one block.
+  void init(const std::vector<ArenaRange>& blocks, const std::vector<ArenaRange>& units);
+  // Marks a unit final; returns false when it already was (its rows go stale).
+  void mark_final(size_t unit);
+  // Launches the computable rows of [first, last], in runs of consecutive rows of one block.
   int64_t launch(int64_t first, int64_t last, bool all_pending);
 
   const GradArena& arena_;
@@ -69,11 +98,15 @@ class NormRowTracker {
   // CUDA only: the side stream the rows run on, and the event each launch waits for.
   std::unique_ptr<Stream> side_;
   std::unique_ptr<Event> ordered_;
-  std::vector<int64_t> first_row_, last_row_;  // per slot: the rows it overlaps
-  std::vector<int> slots_in_row_;              // per row: the slots it overlaps
-  std::vector<int> waiting_;                   // per row: slots not final yet
+  std::vector<Block> blocks_;
+  std::vector<size_t> block_of_row_;
+  std::vector<ArenaRange> units_;              // per unit: its extent
+  std::vector<size_t> by_offset_;              // the units in arena order
+  std::vector<int64_t> first_row_, last_row_;  // per unit: the rows it overlaps
+  std::vector<int> units_in_row_;              // per row: the units it overlaps
+  std::vector<int> waiting_;                   // per row: units not final yet
   std::vector<char> done_;                     // per row: computed this window
-  std::vector<char> final_;                    // per slot: final this window
+  std::vector<char> final_;                    // per unit: final this window
   bool armed_ = false;
   int64_t rows_at_last_close_ = 0;
 };

@@ -82,15 +82,26 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
       rows += kernels::norm_partials_rows(arena.grads().narrow(0, r.offset, r.numel));
     local_partials_ = empty({rows, 2}, DType::f64, device);
     partials_ = empty({sync->world_size() * rows, 2}, DType::f64, device);
+    if (options.norm_under_backward())
+      norm_rows_ = std::make_shared<NormRowTracker>(arena, ranges_, local_partials_);
   } else {
     partials_ = empty({kernels::norm_partials_rows(arena.grads()), 2}, DType::f64, device);
-    if (sync == nullptr && options.norm_under_backward()) {
+    if (options.norm_under_backward())
       norm_rows_ = std::make_shared<NormRowTracker>(arena, partials_);
-      const std::weak_ptr<NormRowTracker> tracker = norm_rows_;
+  }
+  // Note [Norm under the backward]: one device counts slots as their hooks
+  // fire; under a sync, ranges as their reductions are issued.
+  if (norm_rows_) {
+    const std::weak_ptr<NormRowTracker> tracker = norm_rows_;
+    if (sync == nullptr) {
       for (size_t i = 0; i < arena.size(); ++i)
         register_grad_ready_hook(arena.params()[i], [tracker, i](const Tensor&) {
           if (auto t = tracker.lock()) t->on_final(i);
         });
+    } else if (!sync->set_reduced_listener([tracker](const ArenaRange& range) {
+                 if (auto t = tracker.lock()) t->on_reduced(range);
+               })) {
+      norm_rows_.reset();  // the sync cannot say when a range is reduced: all rows at close
     }
   }
   loss_sum_ = zeros({}, DType::f64, device);
@@ -273,25 +284,25 @@ void Window::set_micro_steps(int64_t k) {
 }
 
 int64_t Window::norm_rows_at_last_close() const {
-  return norm_rows_ ? norm_rows_->rows_at_last_close() : partials_.size(0);
+  if (norm_rows_) return norm_rows_->rows_at_last_close();
+  return sharded() ? local_partials_.size(0) : partials_.size(0);
 }
 
 void Window::norm_partials() {
   if (norm_rows_) {
     norm_rows_->finish();  // the rows the backward left (Note [Norm under the backward])
-    return;
-  }
-  if (!sharded()) {
+  } else if (!sharded()) {
     kernels::grad_norm_partials(arena_.grads(), partials_);
-    return;
+  } else {
+    int64_t row = 0;
+    for (const ArenaRange& r : ranges_) {
+      const Tensor grads = arena_.grads().narrow(0, r.offset, r.numel);
+      const int64_t rows = kernels::norm_partials_rows(grads);
+      kernels::grad_norm_partials(grads, local_partials_.narrow(0, row, rows));
+      row += rows;
+    }
   }
-  int64_t row = 0;
-  for (const ArenaRange& r : ranges_) {
-    const Tensor grads = arena_.grads().narrow(0, r.offset, r.numel);
-    const int64_t rows = kernels::norm_partials_rows(grads);
-    kernels::grad_norm_partials(grads, local_partials_.narrow(0, row, rows));
-    row += rows;
-  }
+  if (!sharded()) return;
   // The global norm is the sum over every rank's partials, summed in the same
   // fixed order on every rank: all agree on it, on the clip and on found_inf.
   sync_->gather_partials(local_partials_, partials_);

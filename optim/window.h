@@ -42,10 +42,11 @@
 //   3. one read of the gradient arena gives fixed-order partial sums of
 //      squares and a non-finite count (kernels::grad_norm_partials; under
 //      ZeRO-1 over the owned ranges, then gathered so every rank sums the
-//      same rows in the same order). With norm_under_backward and no
-//      GradientSync most rows have already run under the last micro-step's
-//      backward (Note [Norm under the backward] in optim/norm_rows.h): the
-//      close computes the rest;
+//      same rows in the same order). With norm_under_backward most rows
+//      have already run under the last micro-step's backward, as its
+//      gradients landed or, under a GradientSync, as its buckets' reductions
+//      were issued (Note [Norm under the backward] in optim/norm_rows.h):
+//      the close computes the rest;
 //   4. one thread turns them into found_inf, the norm, the clip and the one
 //      coefficient inv_scale * inv_N * clip, and updates the loss scale and
 //      the step count (Note [Window scalar step]); under
@@ -130,8 +131,8 @@ class WindowOptions {
     return *this;
   }
   // Note [Norm under the backward]: the norm rows run as the last
-  // micro-step's gradients land (off by default: it measured slower on GPT-2;
-  // without a GradientSync only).
+  // micro-step's gradients land, or under a GradientSync as its buckets are
+  // reduced (off by default: it measured slower on one GPU's GPT-2).
   WindowOptions& norm_under_backward(bool on) {
     norm_under_backward_ = on;
     return *this;
@@ -228,7 +229,8 @@ class Window {
   // The device state (kernels::WindowField layout).
   const Tensor& state() const { return state_; }
   // Note [Norm under the backward]: the norm rows the last close still had to
-  // compute (all of them when the pass runs at close).
+  // compute (all of them when the pass runs at close; under ZeRO-1 this
+  // rank's rows of its owned ranges).
   int64_t norm_rows_at_last_close() const;
 
   // Everything a checkpoint needs to resume bit-exactly: master weights,

@@ -1,5 +1,6 @@
 // Bucket plans (dist/bucket_plan.h) over GPT-2-sized and small arenas, and
 // the layout fingerprint ranks compare before they communicate.
+#include <algorithm>
 #include <utility>
 
 #include "autograd/grad_arena.h"
@@ -51,6 +52,17 @@ Layout gpt2_layout() {
   return layout(p);
 }
 
+// Bucket b's size limit under `opt`: first, then bucket_bytes, then each the
+// one before times growth, capped (BucketPlanOptions).
+int64_t limit_of(const BucketPlanOptions& opt, size_t b) {
+  if (b == 0) return opt.first_bucket_bytes;
+  const int64_t cap = opt.max_bucket_bytes > 0 ? opt.max_bucket_bytes : opt.bucket_bytes;
+  int64_t limit = opt.bucket_bytes;
+  for (size_t i = 1; i < b; ++i)
+    limit = std::min(cap, static_cast<int64_t>(static_cast<double>(limit) * opt.growth));
+  return limit;
+}
+
 // Every invariant of Note [Buckets], for any plan.
 void expect_plan_invariants(const BucketPlan& plan, const Layout& l, size_t es,
                             const BucketPlanOptions& opt) {
@@ -81,7 +93,7 @@ void expect_plan_invariants(const BucketPlan& plan, const Layout& l, size_t es,
   EXPECT_EQ(expected_slot, 0u);
   // Size limits: over the limit only alone; closed only when full or the next slot did not fit.
   for (size_t b = 0; b < buckets.size(); ++b) {
-    const int64_t limit = b == 0 ? opt.first_bucket_bytes : opt.bucket_bytes;
+    const int64_t limit = limit_of(opt, b);
     const int64_t bytes = buckets[b].numel * static_cast<int64_t>(es);
     if (bytes > limit) {
       EXPECT_EQ(buckets[b].num_params(), 1) << "bucket " << b;
@@ -128,6 +140,39 @@ TEST(BucketPlan, gpt2_with_other_bucket_sizes) {
       const BucketPlanOptions opt{first, rest};
       expect_plan_invariants(BucketPlan(l.slots, l.padded_numel, 4, opt), l, 4, opt);
     }
+}
+
+// A schedule: 1 MiB, 25 MiB, then doubling up to 256 MiB. GPT-2's layers
+// (27 MiB each) go in ever larger buckets; wte (147 MiB) stays alone, last.
+TEST(BucketPlan, gpt2_with_a_growing_schedule) {
+  const Layout l = gpt2_layout();
+  BucketPlanOptions opt;
+  opt.growth = 2.0;
+  opt.max_bucket_bytes = int64_t{256} << 20;
+  const BucketPlan plan(l.slots, l.padded_numel, 4, opt);
+  expect_plan_invariants(plan, l, 4, opt);
+  const BucketPlan flat(l.slots, l.padded_numel, 4);
+  EXPECT_LT(plan.size(), flat.size());
+  EXPECT_EQ(limit_of(opt, 2), int64_t{50} << 20);
+  EXPECT_EQ(limit_of(opt, 5), int64_t{256} << 20);  // 400 MiB capped
+  // Every bucket between the first and wte's is fuller than the one before
+  // it, but for the last of them, which holds what is left.
+  for (size_t b = 2; b + 2 < plan.size(); ++b)
+    EXPECT_GT(plan[b].numel, plan[b - 1].numel) << "bucket " << b;
+  EXPECT_EQ(plan.buckets().back().slots, std::vector<size_t>{0});
+  EXPECT_THAT(plan.describe(), ::testing::HasSubstr("147.24 MiB"));
+
+  // Growth 1 with a cap is the plain plan; a cap below bucket_bytes or a
+  // shrinking factor is refused.
+  BucketPlanOptions same;
+  same.max_bucket_bytes = same.bucket_bytes;
+  EXPECT_EQ(BucketPlan(l.slots, l.padded_numel, 4, same).describe(), flat.describe());
+  BucketPlanOptions shrink;
+  shrink.growth = 0.5;
+  EXPECT_ERROR(BucketPlan(l.slots, l.padded_numel, 4, shrink), "must not shrink", "growth=0.5");
+  BucketPlanOptions low_cap;
+  low_cap.max_bucket_bytes = 1 << 20;
+  EXPECT_ERROR(BucketPlan(l.slots, l.padded_numel, 4, low_cap), "max_bucket_bytes=1048576");
 }
 
 TEST(BucketPlan, small_slots_exact_plan) {

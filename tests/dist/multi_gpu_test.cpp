@@ -13,6 +13,7 @@
 #include "dist/reducer.h"
 #include "kernels/ops.h"
 #include "tests/dist/multi_gpu_world.h"
+#include "tests/dist/norm_rows_dist_cases.h"
 #include "tests/dist/unused_parameters_util.h"
 #include "tests/equivalence/equivalence_util.h"
 #include "tests/test_util.h"
@@ -300,6 +301,18 @@ TEST(MultiGpu, zero1_equals_plain_data_parallelism_and_one_gpu) {
                 plain.arena->memory().describe().c_str(),
                 sharded.arena->memory().describe().c_str());
   }
+}
+
+// Note [Norm under the backward]: the rows run on a side stream ordered after
+// each bucket's NCCL reduction, and still equal the close-time pass bit for bit.
+TEST(MultiGpu, norm_rows_under_the_backward_match_a_close_time_pass) {
+  for (const bool zero1 : {false, true}) {
+    SCOPED_TRACE(zero1 ? "zero1" : "plain");
+    test::dist_norm_rows_under_the_backward_match_a_close_time_pass(device(), world(), zero1,
+                                                                     std::nullopt);
+  }
+  test::dist_norm_rows_under_the_backward_match_a_close_time_pass(device(), world(), false,
+                                                                   DType::bf16);
 }
 
 TEST(MultiGpu, zero1_with_a_bf16_compute_copy_gathers_the_copy) {

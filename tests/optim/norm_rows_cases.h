@@ -17,6 +17,48 @@
 
 namespace accrue::test {
 
+// One window of K = 3 micro-steps on `seed`'s data: the main MLP in every
+// micro-step, the branch added in the first one and, with use_branch_last,
+// in the last one too.
+inline void train_branch_window(optim::Window& window, const nn::MLP& main, const nn::MLP& branch,
+                                Device device, uint64_t seed, bool use_branch_last) {
+  Generator data(seed);
+  for (int64_t k = 0; k < 3; ++k) {
+    Tensor x = randn({8, 64}, DType::f32, device, &data);
+    Tensor y = randint(0, 10, {8}, DType::i64, device, &data);
+    Tensor logits = main.forward(x);
+    if (k == 0 || (k == 2 && use_branch_last)) logits = logits + branch.forward(x);
+    window.backward(cross_entropy(logits, y));
+  }
+  window.close();
+}
+
+// K = 3, clipping at 0.5 and a dynamic scaler.
+inline optim::WindowOptions branch_window_options(bool under_backward) {
+  return optim::WindowOptions()
+      .micro_steps(3)
+      .max_grad_norm(0.5)
+      .scaler(optim::LossScalerOptions::dynamic().init_scale(1024.0))
+      .norm_under_backward(under_backward);
+}
+
+// first's parameters, then second's: the registration order.
+inline std::vector<Tensor> parameters_of(const nn::MLP& first, const nn::MLP& second) {
+  std::vector<Tensor> p = first.parameters();
+  for (const Tensor& t : second.parameters())
+    p.push_back(t);
+  return p;
+}
+
+// Two runs' window state, weights and moments are the same bits.
+inline void expect_same_steps(const optim::Window& a, const GradArena& a_arena,
+                              const optim::Window& b, const GradArena& b_arena) {
+  EXPECT_TRUE(all_equal(a.state(), b.state()));
+  EXPECT_TRUE(all_equal(a_arena.master(), b_arena.master()));
+  EXPECT_TRUE(all_equal(a_arena.moment(0), b_arena.moment(0)));
+  EXPECT_TRUE(all_equal(a_arena.moment(1), b_arena.moment(1)));
+}
+
 // A main MLP used by every micro-step and a branch used by the first
 // micro-step of each window only, so that the last micro-step leaves the
 // branch's rows for the close. AdamW, clipping, a dynamic scaler, K = 3.
@@ -27,31 +69,13 @@ struct BranchRun {
         branch({64, 96, 10}, {device, DType::f32, &gen}),
         opt(optim::AdamWOptions(1e-3).weight_decay(0.1)),
         arena(params(), {}, {device, DType::f32, DType::f32, 2}),
-        window(arena, opt,
-               optim::WindowOptions()
-                   .micro_steps(3)
-                   .max_grad_norm(0.5)
-                   .scaler(optim::LossScalerOptions::dynamic().init_scale(1024.0))
-                   .norm_under_backward(under_backward)),
+        window(arena, opt, branch_window_options(under_backward)),
         device_(device) {}
 
-  std::vector<Tensor> params() const {
-    std::vector<Tensor> p = main.parameters();
-    for (const Tensor& t : branch.parameters())
-      p.push_back(t);
-    return p;
-  }
+  std::vector<Tensor> params() const { return parameters_of(main, branch); }
   // One window; with use_branch_last the branch reaches the last micro-step too.
   void train_window(uint64_t seed, bool use_branch_last) {
-    Generator data(seed);
-    for (int64_t k = 0; k < 3; ++k) {
-      Tensor x = randn({8, 64}, DType::f32, device_, &data);
-      Tensor y = randint(0, 10, {8}, DType::i64, device_, &data);
-      Tensor logits = main.forward(x);
-      if (k == 0 || (k == 2 && use_branch_last)) logits = logits + branch.forward(x);
-      window.backward(cross_entropy(logits, y));
-    }
-    window.close();
+    train_branch_window(window, main, branch, device_, seed, use_branch_last);
   }
 
   Generator gen;
@@ -76,10 +100,7 @@ inline void norm_rows_under_the_backward_match_a_close_time_pass(Device device) 
     early.train_window(100 + w, use_branch_last);
     late.train_window(100 + w, use_branch_last);
     SCOPED_TRACE("window " + std::to_string(w));
-    EXPECT_TRUE(all_equal(early.window.state(), late.window.state()));
-    EXPECT_TRUE(all_equal(early.arena.master(), late.arena.master()));
-    EXPECT_TRUE(all_equal(early.arena.moment(0), late.arena.moment(0)));
-    EXPECT_TRUE(all_equal(early.arena.moment(1), late.arena.moment(1)));
+    expect_same_steps(early.window, early.arena, late.window, late.arena);
     EXPECT_EQ(late.window.norm_rows_at_last_close(), rows);
     if (use_branch_last) {
       EXPECT_EQ(early.window.norm_rows_at_last_close(), 0);
