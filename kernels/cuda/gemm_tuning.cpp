@@ -7,9 +7,13 @@
 // to kTuneCandidates algorithms and times each on the call's own inputs: one
 // untimed run, then kTuneRepeats runs between two CUDA events, all writing a
 // scratch output, never the call's (a beta-1 accumulation must not see
-// them). The fastest is kept. Timing waits for the GPU once per problem, so
-// it happens on first use only, and never inside a CUDA graph capture: there
-// the heuristic's first choice runs, unrecorded.
+// them). That is one round; kTuneRounds rounds go over all the candidates in
+// turn and a candidate's time is its best round, so that one slow moment
+// (a clock step, another process) cannot decide alone: with one round the
+// tuned choice sometimes timed slower than the heuristic's first. The fastest
+// is kept. Timing waits for the GPU once per candidate and round, so it
+// happens on first use only, and never inside a CUDA graph capture: there the
+// heuristic's first choice runs, unrecorded.
 //
 // The choice is a position in cuBLASLt's candidate list, appended to the file
 // as one line: the plan key, cuBLASLt's version, the GPU's name, then the
@@ -27,6 +31,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <vector>
 
 #include "core/status_check.h"
 #include "core/tensor.h"
@@ -36,6 +41,7 @@ namespace accrue::kernels::cuda {
 namespace {
 
 constexpr int kTuneRepeats = 5;
+constexpr int kTuneRounds = 3;
 
 // The tuning file's lines, read once per file: everything but the choice -> the choice.
 struct TuningFile {
@@ -89,7 +95,8 @@ DType dtype_of(cudaDataType_t t) {
   }
 }
 
-// The fastest candidate on the call's inputs, by CUDA events (one host wait).
+// The fastest candidate on the call's inputs, by CUDA events: each
+// candidate's best of kTuneRounds rounds.
 int fastest(const GemmTuneProblem& p) {
   const Tensor scratch =
       empty({p.output_elements}, dtype_of(p.output_dtype), Device::cuda(p.device));
@@ -100,31 +107,30 @@ int fastest(const GemmTuneProblem& p) {
   cudaEvent_t start = nullptr, stop = nullptr;
   ACCRUE_CUDA_CHECK(cudaEventCreate(&start));
   ACCRUE_CUDA_CHECK(cudaEventCreate(&stop));
-  int best = 0;
-  float best_ms = std::numeric_limits<float>::infinity();
-  for (int i = 0; i < p.candidate_count; ++i) {
-    bool ok = true;
-    for (int r = 0; r <= kTuneRepeats && ok; ++r) {
-      if (r == 1) ACCRUE_CUDA_CHECK(cudaEventRecord(start, p.stream));
-      // A candidate may decline these operands: it is skipped.
-      ok = cublasLtMatmul(p.handle, p.op, alpha, p.a, p.a_layout, p.b, p.b_layout, beta,
-                          scratch.data_ptr(), p.c_layout, scratch.data_ptr(), p.c_layout,
-                          &p.candidates[i], p.workspace, p.workspace_bytes,
-                          p.stream) == CUBLAS_STATUS_SUCCESS;
+  const size_t count = static_cast<size_t>(p.candidate_count);
+  std::vector<float> best_ms(count, std::numeric_limits<float>::infinity());
+  std::vector<char> usable(count, 1);
+  for (int round = 0; round < kTuneRounds; ++round)
+    for (size_t i = 0; i < count; ++i) {
+      for (int r = 0; r <= kTuneRepeats && usable[i]; ++r) {
+        if (r == 1) ACCRUE_CUDA_CHECK(cudaEventRecord(start, p.stream));
+        // A candidate may decline these operands: it is skipped.
+        usable[i] = cublasLtMatmul(p.handle, p.op, alpha, p.a, p.a_layout, p.b, p.b_layout, beta,
+                                   scratch.data_ptr(), p.c_layout, scratch.data_ptr(), p.c_layout,
+                                   &p.candidates[i], p.workspace, p.workspace_bytes,
+                                   p.stream) == CUBLAS_STATUS_SUCCESS;
+      }
+      if (!usable[i]) continue;
+      ACCRUE_CUDA_CHECK(cudaEventRecord(stop, p.stream));
+      ACCRUE_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0.0f;
+      ACCRUE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      best_ms[i] = std::min(best_ms[i], ms);
     }
-    if (!ok) continue;
-    ACCRUE_CUDA_CHECK(cudaEventRecord(stop, p.stream));
-    ACCRUE_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    ACCRUE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (ms < best_ms) {
-      best_ms = ms;
-      best = i;
-    }
-  }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  return best;
+  // The first fastest: ties keep the heuristic's order.
+  return static_cast<int>(std::min_element(best_ms.begin(), best_ms.end()) - best_ms.begin());
 }
 
 }  // namespace

@@ -251,6 +251,11 @@ bool same_on_every_rank(const Tensor& t) {
   Tensor hi = f.clone(), neg_lo = kernels::unary(kernels::UnaryOp::Neg, f);
   world().all_reduce(hi, ReduceOp::max);
   world().all_reduce(neg_lo, ReduceOp::max);
+  // Note [Collective ordering]: the reads below, and the allocator's reuse of
+  // hi and neg_lo once this returns, must come after the collectives end.
+  // Without this wait a later call's tensors could take their memory while
+  // NCCL still wrote it (a failure seen once, on 2 x H200).
+  world().synchronize();
   return test::all_equal(hi, f) &&
          test::all_equal(kernels::unary(kernels::UnaryOp::Neg, neg_lo), f);
 }
