@@ -18,7 +18,7 @@
 
 #define ACCRUE_CUDA_CHECK(expr) \
   ACCRUE_STATUS_CHECK_GEN(expr, cudaSuccess, cudaGetErrorString, "CUDA")
-// cuBLASLt status strings: accrue links libcublasLt only (not libcublas).
+// cuBLAS and cuBLASLt share one status type; cuBLASLt names it.
 #define ACCRUE_CUBLAS_CHECK(expr) \
   ACCRUE_STATUS_CHECK_GEN(expr, CUBLAS_STATUS_SUCCESS, cublasLtGetStatusString, "cuBLAS")
 #define ACCRUE_CUDNN_CHECK(expr) \

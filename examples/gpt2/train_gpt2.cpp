@@ -123,9 +123,10 @@ optimization
   --max-grad-norm N            global gradient-norm clipping; 0 turns it off (default 1.0)
   --norm-under-backward        compute the norm rows under the last backward instead of
                                in one pass at the close (measured slower; same bits)
-  --gemm-tuning FILE           time cuBLASLt's candidates for each GEMM shape on first use
-                               and keep the fastest, recorded in FILE; a run with the same
-                               FILE reads the choices back and computes the same bits
+  --gemm-tuning FILE           time cuBLASLt's candidates and cublasGemmEx for each GEMM
+                               shape on first use and keep the fastest, recorded in FILE;
+                               a run with the same FILE reads the choices back and
+                               computes the same bits
   --cuda-graphs                replay the micro-steps and the close from CUDA graphs
                                (same bits; dropout and, under data parallelism, the last
                                micro-step and the close stay eager, with a warning)

@@ -15,13 +15,17 @@
 // happens on first use only, and never inside a CUDA graph capture: there the
 // heuristic's first choice runs, unrecorded.
 //
-// The choice is a position in cuBLASLt's candidate list, appended to the file
-// as one line: the plan key, cuBLASLt's version, the GPU's name, then the
-// position. A later process with the same file reads the line instead of
-// timing, so it runs the same algorithm and computes the same bits; a line
-// written under another cuBLASLt version or GPU does not match and is ignored.
-// GEMMs with an epilogue (Note [Bias epilogue], Note [GELU epilogue]) keep the
-// heuristic's first choice.
+// For 16-bit inputs one more candidate runs: cuBLAS's own cublasGemmEx,
+// whose heuristics pick kernels that cuBLASLt's top candidates may not hold
+// (PyTorch's bf16 matmul goes through it). It runs with reduced-precision
+// reductions disallowed, so its sums stay in fp32 as cuBLASLt's do.
+//
+// The choice is a position in cuBLASLt's candidate list, or -1 for
+// cublasGemmEx, appended to the file as one line: the plan key, cuBLASLt's
+// version, the GPU's name, then the choice. A later process with the same file reads the line
+// instead of timing, so it runs the same algorithm and computes the same bits; a line written under
+// another cuBLASLt version or GPU does not match and is ignored. GEMMs with an epilogue (Note [Bias
+// epilogue], Note [GELU epilogue]) keep the heuristic's first choice.
 #include "kernels/cuda/gemm_tuning.h"
 
 #include <algorithm>
@@ -107,18 +111,24 @@ int fastest(const GemmTuneProblem& p) {
   cudaEvent_t start = nullptr, stop = nullptr;
   ACCRUE_CUDA_CHECK(cudaEventCreate(&start));
   ACCRUE_CUDA_CHECK(cudaEventCreate(&stop));
-  const size_t count = static_cast<size_t>(p.candidate_count);
+  // cuBLASLt's candidates, then cublasGemmEx (when offered) as the last one.
+  const size_t lt_count = static_cast<size_t>(p.candidate_count);
+  const size_t count = lt_count + (p.gemm_ex ? 1 : 0);
+  auto run = [&](size_t i) {
+    // A candidate may decline these operands: it is skipped.
+    if (i == lt_count) return p.gemm_ex(scratch.data_ptr(), alpha, beta);
+    return cublasLtMatmul(p.handle, p.op, alpha, p.a, p.a_layout, p.b, p.b_layout, beta,
+                          scratch.data_ptr(), p.c_layout, scratch.data_ptr(), p.c_layout,
+                          &p.candidates[i], p.workspace, p.workspace_bytes,
+                          p.stream) == CUBLAS_STATUS_SUCCESS;
+  };
   std::vector<float> best_ms(count, std::numeric_limits<float>::infinity());
   std::vector<char> usable(count, 1);
   for (int round = 0; round < kTuneRounds; ++round)
     for (size_t i = 0; i < count; ++i) {
       for (int r = 0; r <= kTuneRepeats && usable[i]; ++r) {
         if (r == 1) ACCRUE_CUDA_CHECK(cudaEventRecord(start, p.stream));
-        // A candidate may decline these operands: it is skipped.
-        usable[i] = cublasLtMatmul(p.handle, p.op, alpha, p.a, p.a_layout, p.b, p.b_layout, beta,
-                                   scratch.data_ptr(), p.c_layout, scratch.data_ptr(), p.c_layout,
-                                   &p.candidates[i], p.workspace, p.workspace_bytes,
-                                   p.stream) == CUBLAS_STATUS_SUCCESS;
+        usable[i] = run(i);
       }
       if (!usable[i]) continue;
       ACCRUE_CUDA_CHECK(cudaEventRecord(stop, p.stream));
@@ -130,7 +140,9 @@ int fastest(const GemmTuneProblem& p) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   // The first fastest: ties keep the heuristic's order.
-  return static_cast<int>(std::min_element(best_ms.begin(), best_ms.end()) - best_ms.begin());
+  const size_t best =
+      static_cast<size_t>(std::min_element(best_ms.begin(), best_ms.end()) - best_ms.begin());
+  return best == lt_count ? kGemmExChoice : static_cast<int>(best);
 }
 
 }  // namespace
@@ -142,12 +154,15 @@ int choose_gemm_algorithm(const GemmTuneProblem& p) {
   file.load(p.file);
   const std::string prefix = line_prefix(p);
   auto known = file.choices.find(prefix);
-  if (known != file.choices.end())
-    return known->second >= 0 && known->second < count ? known->second : 0;
+  if (known != file.choices.end()) {
+    const int choice = known->second;
+    if (choice == kGemmExChoice) return p.gemm_ex ? choice : 0;
+    return choice >= 0 && choice < count ? choice : 0;
+  }
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   ACCRUE_CUDA_CHECK(cudaStreamIsCapturing(p.stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return 0;
-  const int best = count < 2 ? 0 : fastest(p);
+  const int best = count < 2 && !p.gemm_ex ? 0 : fastest(p);
   file.choices[prefix] = best;
   std::ofstream out(p.file, std::ios::app);
   out << prefix << best << "\n";

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,9 @@ namespace accrue::kernels::cuda {
 // cuBLASLt candidates asked for when tuning. 8 left the logits data gradient
 // (K = 50304) 1.04-1.17x PyTorch's time: none of the top 8 was its kernel.
 inline constexpr int kTuneCandidates = 24;
+
+// choose_gemm_algorithm's answer "run cuBLAS's own GEMM" (GemmTuneProblem::gemm_ex).
+inline constexpr int kGemmExChoice = -1;
 
 // One plain GEMM problem at its first call: its plan, its candidates, the
 // call's input pointers, and what a scratch output needs.
@@ -34,10 +38,15 @@ struct GemmTuneProblem {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   cudaStream_t stream = nullptr;
+  // cuBLAS's own GEMM (cublasGemmEx: other heuristics, other kernels), a
+  // further candidate when set: runs the problem into `out` with alpha and
+  // beta; false when it declines.
+  std::function<bool(void* out, const void* alpha, const void* beta)> gemm_ex;
 };
 
-// The position in candidates to run: the file's recorded choice, else the
-// fastest on the call's inputs (recorded), else 0 (inside a capture, or one candidate).
+// The position in candidates to run, or kGemmExChoice: the file's recorded
+// choice, else the fastest on the call's inputs (recorded), else 0 (inside a
+// capture, or one candidate).
 int choose_gemm_algorithm(const GemmTuneProblem& problem);
 
 }  // namespace accrue::kernels::cuda

@@ -12,8 +12,9 @@
 //
 // Note [cuBLASLt state]
 // ~~~~~~~~~~~~~~~~~~~~~
-// One cublasLtHandle per device (created on first use), one 32 MiB workspace
-// per (device, stream) so that concurrent streams never share scratch memory
+// One cublasLtHandle per device (created on first use; a cublasHandle too for
+// the problems that tuning gave to cublasGemmEx), one 32 MiB workspace per
+// (device, stream), shared by both, so that concurrent streams never share scratch memory
 // (and results stay bitwise reproducible, Note [Determinism]), and one plan
 // (descriptors plus the heuristic's algorithm) per problem key: dtypes,
 // compute type, transposes, sizes, leading dimensions, batch strides and
@@ -25,6 +26,7 @@
 // The choice among cuBLASLt's candidates when a tuning file is set:
 // Note [GEMM autotuning] in kernels/cuda/gemm_tuning.cpp.
 #include <cublasLt.h>
+#include <cublas_v2.h>
 
 #include <algorithm>
 #include <array>
@@ -135,6 +137,8 @@ struct GemmPlan {
   // (Note [GEMM autotuning]).
   std::array<cublasLtMatmulAlgo_t, kTuneCandidates> candidates{};
   int candidate_count = 0;
+  // Tuning chose cublasGemmEx over every cuBLASLt candidate (Note [GEMM autotuning]).
+  bool gemm_ex = false;
 
   GemmPlan() = default;
   GemmPlan(const GemmPlan&) = delete;
@@ -270,6 +274,9 @@ class LtState {
   Resources acquire(const LtProblem& p, cudaStream_t stream, const void* a, const void* b) {
     std::lock_guard<std::mutex> lock(mutex_);
     const Base base = handle_and_workspace(p.device, stream);
+    // Note [GEMM autotuning]: cublasGemmEx competes for 16-bit inputs.
+    const bool offer_gemm_ex = (p.input_type == CUDA_R_16BF || p.input_type == CUDA_R_16F) &&
+                               p.compute == CUBLAS_COMPUTE_32F;
     const PlanKey key = p.key();
     auto it = plans_.find(key);
     if (it == plans_.end()) {
@@ -295,11 +302,29 @@ class LtState {
         t.workspace = base.workspace;
         t.workspace_bytes = kWorkspaceBytes;
         t.stream = stream;
-        plan->algo = plan->candidates[static_cast<size_t>(choose_gemm_algorithm(t))];
+        if (offer_gemm_ex)
+          t.gemm_ex = [&](void* out, const void* alpha, const void* beta) {
+            return run_gemm_ex(p, stream, base.workspace, a, b, out, alpha, beta);  // mutex_ held
+          };
+        const int choice = choose_gemm_algorithm(t);
+        plan->gemm_ex = choice == kGemmExChoice;
+        if (!plan->gemm_ex) plan->algo = plan->candidates[static_cast<size_t>(choice)];
       }
       it = plans_.emplace(key, std::move(plan)).first;
     }
     return {base.handle, base.workspace, it->second.get()};
+  }
+
+  // A plan that chose cublasGemmEx runs here: cuBLAS's handle takes its
+  // stream and workspace as state, so setting them and enqueueing is one
+  // step under the lock. a and b are cuBLASLt's A and B.
+  void gemm_ex(const LtProblem& p, cudaStream_t stream, const void* a, const void* b, void* out,
+               const void* alpha, const void* beta) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Base base = handle_and_workspace(p.device, stream);
+    ACCRUE_CHECK(run_gemm_ex(p, stream, base.workspace, a, b, out, alpha, beta),
+                 "gemm: cublasGemmEx, chosen by tuning for m=", p.n, " n=", p.m, " k=", p.k,
+                 " batch=", p.batch, ", declined the problem");
   }
 
   // The same for an epilogue problem (Note [GELU epilogue], Note [Bias
@@ -342,8 +367,40 @@ class LtState {
     return {handle, ws->second.data_ptr()};
   }
 
+  // cublasGemmEx of problem p (Note [Row-major GEMM through column-major
+  // cuBLASLt]: the same operands as the cuBLASLt call), on `stream` with
+  // `workspace`. Called with mutex_ held. False when cuBLAS declines.
+  bool run_gemm_ex(const LtProblem& p, cudaStream_t stream, void* workspace, const void* a,
+                   const void* b, void* out, const void* alpha, const void* beta) {
+    cublasHandle_t& handle = blas_handles_.at(static_cast<size_t>(p.device));
+    if (handle == nullptr) {
+      ACCRUE_CUBLAS_CHECK(cublasCreate(&handle));
+      // Sums stay in fp32, as in every cuBLASLt candidate.
+      ACCRUE_CUBLAS_CHECK(cublasSetMathMode(
+          handle, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                            CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    }
+    ACCRUE_CUBLAS_CHECK(cublasSetStream(handle, stream));
+    ACCRUE_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace, kWorkspaceBytes));
+    const auto ta = static_cast<cublasOperation_t>(p.a.op);
+    const auto tb = static_cast<cublasOperation_t>(p.b.op);
+    const auto m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+    const auto lda = static_cast<int>(p.a.ld), ldb = static_cast<int>(p.b.ld);
+    const auto ldc = static_cast<int>(p.ldc);
+    const cublasStatus_t status =
+        p.batch == 1
+            ? cublasGemmEx(handle, ta, tb, m, n, k, alpha, a, p.input_type, lda, b, p.input_type,
+                           ldb, beta, out, p.output_type, ldc, p.compute, CUBLAS_GEMM_DEFAULT)
+            : cublasGemmStridedBatchedEx(handle, ta, tb, m, n, k, alpha, a, p.input_type, lda,
+                                         p.a.batch_stride, b, p.input_type, ldb, p.b.batch_stride,
+                                         beta, out, p.output_type, ldc, p.c_batch_stride,
+                                         static_cast<int>(p.batch), p.compute, CUBLAS_GEMM_DEFAULT);
+    return status == CUBLAS_STATUS_SUCCESS;
+  }
+
   std::mutex mutex_;
   std::array<cublasLtHandle_t, kMaxDevices> handles_{};
+  std::array<cublasHandle_t, kMaxDevices> blas_handles_{};
   std::map<std::pair<int, cudaStream_t>, Tensor> workspaces_;
   std::map<PlanKey, std::unique_ptr<GemmPlan>> plans_;
   std::map<EpilogueKey, std::unique_ptr<EpiloguePlan>> epilogue_plans_;
@@ -471,6 +528,9 @@ void gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& out, double alph
   const void* beta_ptr = f64 ? static_cast<const void*>(&beta) : &beta_f;
   // C and D are both out: beta 0 writes it without reading it, beta 1 adds into
   // it (the fused weight-gradient GEMM, Note [Fused weight-gradient accumulation]).
+  if (r.plan->gemm_ex)
+    return LtState::instance().gemm_ex(p, stream, rb.ptr, ra.ptr, out.data_ptr(), alpha_ptr,
+                                       beta_ptr);
   ACCRUE_CUBLAS_CHECK(cublasLtMatmul(r.handle, r.plan->op, alpha_ptr, rb.ptr, r.plan->a, ra.ptr,
                                      r.plan->b, beta_ptr, out.data_ptr(), r.plan->c, out.data_ptr(),
                                      r.plan->c, &r.plan->algo, r.workspace, kWorkspaceBytes,

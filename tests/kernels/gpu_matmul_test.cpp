@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "kernels/ops.h"
 #include "tests/test_util.h"
@@ -264,10 +266,75 @@ TEST(GpuMatmul, tuned_gemm_accumulates_exactly_and_records_its_choice) {
   while (std::getline(in_file, line)) {
     ++lines;
     EXPECT_NE(line.find(",cublasLt"), std::string::npos) << line;
-    EXPECT_TRUE(!line.empty() && line.back() >= '0' && line.back() <= '7') << line;
+    // A cuBLASLt candidate's position (24 asked for), or -1: cublasGemmEx.
+    const int choice = std::stoi(line.substr(line.rfind(',') + 1));
+    EXPECT_TRUE(choice >= -1 && choice < 24) << line;
   }
   EXPECT_EQ(lines, 1) << "one problem, one recorded choice";
   std::remove(file.c_str());
+}
+
+// Note [GEMM autotuning]: a recorded -1 runs cublasGemmEx, which must give
+// the same exact sums (integers) and accumulate at beta 1 as cuBLASLt does.
+// The problem is made new by the output's alignment (part of the plan key):
+// the test records one problem's line, rewrites it for an output 16 bytes off
+// 256-byte alignment with the choice -1, and runs that problem.
+TEST(GpuMatmul, a_gemm_tuned_to_cublas_gemm_ex_accumulates_exactly) {
+  ACCRUE_REQUIRE_CUDA();
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string recorded = (dir / "accrue_gemm_ex_record.txt").string();
+  const std::string forced = (dir / "accrue_gemm_ex_forced.txt").string();
+  std::remove(recorded.c_str());
+  std::remove(forced.c_str());
+  // Sizes no other test uses.
+  const int64_t tokens = 344, in = 152, out = 72;
+  const Tensor xi = test::random_integers({tokens, in}, -3, 3, DType::bf16);
+  const Tensor dyi = test::random_integers({tokens, out}, -3, 3, DType::bf16);
+  const Tensor base = test::random_integers({in, out}, -100, 100, DType::f32);
+  const Tensor x_gpu = xi.to(kGpu), dy_gpu = dyi.to(kGpu);
+  kernels::set_gemm_tuning_file(recorded);
+  Tensor aligned = base.to(kGpu);
+  kernels::gemm(x_gpu, true, dy_gpu, false, aligned, 1.0, 1.0);
+  std::string line;
+  {
+    std::ifstream in_file(recorded);
+    ASSERT_TRUE(static_cast<bool>(std::getline(in_file, line))) << "nothing recorded";
+  }
+  // The output 4 floats into a fresh buffer: 16-byte aligned, a new plan key.
+  Tensor buffer = empty({in * out + 64}, DType::f32, kGpu);
+  Tensor g = buffer.narrow(0, 4, in * out).reshape({in, out});
+  g.copy_(base.to(kGpu));
+  const auto address = reinterpret_cast<uintptr_t>(g.data_ptr());
+  ASSERT_EQ(address % 16, 0u);
+  ASSERT_NE(address % 32, 0u);
+  // The line's fields: 24 key values (align_c last), cuBLASLt's version, the GPU, the choice.
+  std::vector<std::string> fields;
+  std::stringstream split(line);
+  for (std::string f; std::getline(split, f, ',');)
+    fields.push_back(f);
+  ASSERT_EQ(fields.size(), 27u) << line;
+  fields[23] = "16";
+  fields[26] = "-1";
+  {
+    std::ofstream out_file(forced);
+    for (size_t i = 0; i < fields.size(); ++i)
+      out_file << fields[i] << (i + 1 < fields.size() ? "," : "\n");
+  }
+  kernels::set_gemm_tuning_file(forced);
+  Tensor e = base.clone();
+  for (int call = 0; call < 2; ++call) {
+    kernels::gemm(xi, true, dyi, false, e, 1.0, 1.0);
+    kernels::gemm(x_gpu, true, dy_gpu, false, g, 1.0, 1.0);
+    EXPECT_TRUE(test::all_equal(on_cpu(g), e)) << "call " << call;
+  }
+  kernels::set_gemm_tuning_file("");
+  int lines = 0;
+  std::ifstream check(forced);
+  while (std::getline(check, line))
+    ++lines;
+  EXPECT_EQ(lines, 1) << "the forced choice was read, not timed again";
+  std::remove(recorded.c_str());
+  std::remove(forced.c_str());
 }
 
 TEST(GpuMatmul, gemm_alpha_beta_match_cpu_in_every_dtype) {
