@@ -78,6 +78,8 @@ struct Options {
   // NcclOptions::high_priority_stream: the communicator's stream ahead of the
   // backward's kernels (the default) or behind them (issue 10's lever).
   bool comm_high_priority = true;
+  // NcclOptions::cta_policy (unset: NCCL's default).
+  std::optional<dist::NcclOptions::CtaPolicy> cta_policy;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -157,6 +159,7 @@ bool norm_under_backward(const std::string& variant) {
 dist::NcclOptions nccl_options(const Options& o) {
   dist::NcclOptions options;
   options.high_priority_stream = o.comm_high_priority;
+  options.cta_policy = o.cta_policy;
   return options;
 }
 
@@ -185,7 +188,9 @@ void usage() {
       "  --phases               also print where each row's window goes (Note [Window phases])\n"
       "both modes:\n"
       "  --comm-priority P      the communicator's stream priority, high (default: its\n"
-      "                         collectives scheduled ahead of the backward's kernels) or low\n",
+      "                         collectives scheduled ahead of the backward's kernels) or low\n"
+      "  --cta-policy P         NCCL's CTA policy: default, efficiency or zero (NCCL >= 2.27;\n"
+      "                         unset: NCCL's own default)\n",
       kVariants);
 }
 
@@ -248,6 +253,13 @@ Options parse(int argc, char** argv) {
       ACCRUE_CHECK(p == "high" || p == "low",
                    "accrue_bench_dist: --comm-priority takes high or low, got '", p, "'");
       o.comm_high_priority = p == "high";
+    } else if (a == "--cta-policy") {
+      using P = dist::NcclOptions::CtaPolicy;
+      const std::string p = value();
+      ACCRUE_CHECK(p == "default" || p == "efficiency" || p == "zero",
+                   "accrue_bench_dist: --cta-policy takes default, efficiency or zero, got '", p,
+                   "'");
+      o.cta_policy = p == "efficiency" ? P::efficiency : p == "zero" ? P::zero : P::nccl_default;
     } else if (a == "-h" || a == "--help") {
       usage();
       std::exit(0);

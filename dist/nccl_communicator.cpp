@@ -129,6 +129,18 @@ NcclCommunicator::NcclCommunicator(const Blob& id, int rank, int world_size, int
     std::memcpy(&uid, id.data(), sizeof uid);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // every call returns at once; progress and errors are polled
+    if (options.cta_policy) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+      using P = NcclOptions::CtaPolicy;
+      const P policy = *options.cta_policy;
+      config.CTAPolicy = policy == P::efficiency ? NCCL_CTA_POLICY_EFFICIENCY
+                         : policy == P::zero     ? NCCL_CTA_POLICY_ZERO
+                                                 : NCCL_CTA_POLICY_DEFAULT;
+#else
+      ACCRUE_FAIL("NcclCommunicator: a CTA policy needs NCCL 2.27 or later, this is ",
+                  NCCL_VERSION_CODE);
+#endif
+    }
     ncclComm_t comm = nullptr;
     const ncclResult_t r = ncclCommInitRankConfig(&comm, world_size, uid, rank, &config);
     std::lock_guard<std::mutex> lock(mu_);

@@ -23,6 +23,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +49,11 @@ struct NcclOptions {
   // Run collectives on a stream of the device's highest priority, so that
   // their kernels are scheduled ahead of the backward's when both are ready.
   bool high_priority_stream = true;
+  // ncclConfig_t::CTAPolicy (NCCL 2.27 and later): how many CTAs NCCL's
+  // kernels may take from the SMs the backward's GEMMs run on. Unset leaves
+  // NCCL's default (NCCL_CTA_POLICY_DEFAULT).
+  enum class CtaPolicy { nccl_default, efficiency, zero };
+  std::optional<CtaPolicy> cta_policy;
 };
 
 class NcclCommunicator final : public Communicator {
