@@ -22,9 +22,10 @@
 //
 // The choice is a position in cuBLASLt's candidate list, or -1 for
 // cublasGemmEx, appended to the file as one line: the plan key, cuBLASLt's
-// version, the GPU's name, then the choice. A later process with the same file reads the line
-// instead of timing, so it runs the same algorithm and computes the same bits; a line written under
-// another cuBLASLt version or GPU does not match and is ignored. GEMMs with an epilogue (Note [Bias
+// version, the GPU's name, then the choice. A later process with the same
+// file reads the line instead of timing, so it runs the same algorithm and
+// computes the same bits; a line written under another cuBLASLt version or
+// GPU does not match and is ignored. GEMMs with an epilogue (Note [Bias
 // epilogue], Note [GELU epilogue]) keep the heuristic's first choice.
 #include "kernels/cuda/gemm_tuning.h"
 

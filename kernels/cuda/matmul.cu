@@ -14,11 +14,11 @@
 // ~~~~~~~~~~~~~~~~~~~~~
 // One cublasLtHandle per device (created on first use; a cublasHandle too for
 // the problems that tuning gave to cublasGemmEx), one 32 MiB workspace per
-// (device, stream), shared by both, so that concurrent streams never share scratch memory
-// (and results stay bitwise reproducible, Note [Determinism]), and one plan
-// (descriptors plus the heuristic's algorithm) per problem key: dtypes,
-// compute type, transposes, sizes, leading dimensions, batch strides and
-// pointer alignments. The heuristic runs once per key; every later call with
+// (device, stream), shared by both, so that concurrent streams never share
+// scratch memory (and results stay bitwise reproducible,
+// Note [Determinism]), and one plan (descriptors plus the heuristic's
+// algorithm) per problem key: dtypes, compute type, transposes, sizes,
+// leading dimensions, batch strides and pointer alignments. The heuristic runs once per key; every later call with
 // that key runs the same algorithm, hence the same bits. The state lives for
 // the whole process and is never destroyed: destroying handles and freeing
 // device memory from static destructors races the CUDA driver's own teardown.
