@@ -18,10 +18,11 @@
 // scratch memory (and results stay bitwise reproducible,
 // Note [Determinism]), and one plan (descriptors plus the heuristic's
 // algorithm) per problem key: dtypes, compute type, transposes, sizes,
-// leading dimensions, batch strides and pointer alignments. The heuristic runs once per key; every later call with
-// that key runs the same algorithm, hence the same bits. The state lives for
-// the whole process and is never destroyed: destroying handles and freeing
-// device memory from static destructors races the CUDA driver's own teardown.
+// leading dimensions, batch strides and pointer alignments. The heuristic
+// runs once per key; every later call with that key runs the same
+// algorithm, hence the same bits. The state lives for the whole process and
+// is never destroyed: destroying handles and freeing device memory from
+// static destructors races the CUDA driver's own teardown.
 //
 // The choice among cuBLASLt's candidates when a tuning file is set:
 // Note [GEMM autotuning] in kernels/cuda/gemm_tuning.cpp.

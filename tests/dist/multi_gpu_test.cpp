@@ -314,10 +314,10 @@ TEST(MultiGpu, norm_rows_under_the_backward_match_a_close_time_pass) {
   for (const bool zero1 : {false, true}) {
     SCOPED_TRACE(zero1 ? "zero1" : "plain");
     test::dist_norm_rows_under_the_backward_match_a_close_time_pass(device(), world(), zero1,
-                                                                     std::nullopt);
+                                                                    std::nullopt);
   }
   test::dist_norm_rows_under_the_backward_match_a_close_time_pass(device(), world(), false,
-                                                                   DType::bf16);
+                                                                  DType::bf16);
 }
 
 TEST(MultiGpu, zero1_with_a_bf16_compute_copy_gathers_the_copy) {
