@@ -1,6 +1,6 @@
 // Every convolution shape of ResNet-50 (torchvision's layout, 224 x 224
 // images) at micro-batch 64, bf16, channels-last activations, as the model
-// issues them (issue 9: conv2d forward and backward per shape within 5% of
+// issues them (the target: conv2d forward and backward per shape within 5% of
 // PyTorch):
 //   fwd         y = conv2d(x, W)
 //   dgrad       dx from dy and W

@@ -1,4 +1,4 @@
-// accrue_bench_dist: the data-parallel benchmarks of issue 4, one process per GPU.
+// accrue_bench_dist: the data-parallel benchmarks, one process per GPU.
 //
 //   accrue_bench_dist --mode allreduce [--bucket-mb 1,2,4,...] [--warmup 5] [--repeats 20]
 //                     [--json FILE]
@@ -76,7 +76,7 @@ struct Options {
   double lr = 3e-4;
   bool phases = false;
   // NcclOptions::high_priority_stream: the communicator's stream ahead of the
-  // backward's kernels (the default) or behind them (issue 10's lever).
+  // backward's kernels (the default) or behind them (a second-GPU lever).
   bool comm_high_priority = true;
   // NcclOptions::cta_policy (unset: NCCL's default).
   std::optional<dist::NcclOptions::CtaPolicy> cta_policy;
@@ -108,7 +108,7 @@ std::vector<int64_t> split_ints(const std::string& s, const std::string& option)
 //          optimizer state), as PyTorch DDP does;
 //   zero1  Note [ZeRO-1]: buckets reduce-scattered, each rank steps its shard, the
 //          parameters all-gathered.
-// Either may carry suffixes, in any order, for the levers of issue 10's point 6:
+// Either may carry suffixes, in any order, for the levers of the second GPU's cost:
 //   _bf16  buckets travel in bf16 (Note [Gradient transport]);
 //   _bN    buckets of N MiB instead of the default plan's 25 (e.g. ddp_b128);
 //   _gF    a growing schedule: each bucket after the second F times the one
@@ -622,12 +622,12 @@ struct Row {
 // Note [Window phases]
 // ~~~~~~~~~~~~~~~~~~~~
 // With --phases a row also says where its window goes, to find what a second
-// GPU costs (issue 10, point 6). One more event, recorded before the last
-// micro-step's forward, splits each window into micro-steps 1..K-1 (no
-// communication) and the last micro-step with the close (the all-reduces and
-// the optimizer). The host's enqueue time of a window (wall clock from its
-// first forward call to its close's return) tells whether the GPU could have
-// been waiting for the host. On more than one rank the reducer also records
+// GPU costs. One more event, recorded before the last micro-step's forward,
+// splits each window into micro-steps 1..K-1 (no communication) and the last
+// micro-step with the close (the all-reduces and the optimizer). The host's
+// enqueue time of a window (wall clock from its first forward call to its
+// close's return) tells whether the GPU could have been waiting for the host.
+// On more than one rank the reducer also records
 // its per-bucket events (ReducerOptions::timing), and the last window's
 // ReducerTiming is printed: the last backward's length, when each bucket's
 // collective started and ended relative to the backward's end, and what the

@@ -1,7 +1,7 @@
-// Every GEMM of a GPT-2 124M training step, as the engine issues it (issue 10,
-// point 4: 16-bit GEMM parity), at M = 1024, 8192 and 32768 tokens per
-// micro-batch (B = 1, 8, 32 at T = 1024). For each Linear of the model, with
-// its weight W [out, in] (bf16 compute copy):
+// Every GEMM of a GPT-2 124M training step, as the engine issues it (16-bit
+// GEMM parity), at M = 1024, 8192 and 32768 tokens per micro-batch (B = 1, 8,
+// 32 at T = 1024). For each Linear of the model, with its weight W [out, in]
+// (bf16 compute copy):
 //   fwd    y [M, out] = x [M, in] W^T               bf16 out
 //   dgrad  dx [M, in] = g [M, out] W                bf16 out
 //   wgrad  dW [out, in] += g^T x                    fp32 out, beta 1: the gradient

@@ -193,11 +193,11 @@ def target_rows(rows):
 
 TARGET_HEADER = ["check", "target", "measured", "verdict"]
 
-# Issue 10, point 4: every GPT-2 training GEMM within 3% of PyTorch's time.
+# GEMM parity: every GPT-2 training GEMM within 3% of PyTorch's time.
 GEMM_PARITY = 1.03
 GEMM_HEADER = ["GPT-2 GEMM", "accrue ms", "PyTorch ms", "accrue / PyTorch", "<= 1.03",
                "PyTorch autograd pattern ms", "accrue TFLOP/s"]
-# Issue 9: ResNet-50's convolutions, forward and backward, within 5% of PyTorch's time.
+# Convolution parity: ResNet-50's convolutions, forward and backward, within 5% of PyTorch's time.
 CONV_PARITY = 1.05
 CONV_HEADER = ["ResNet-50 convolution", "accrue ms", "PyTorch ms", "accrue / PyTorch", "<= 1.05",
                "accrue TFLOP/s"]
@@ -320,9 +320,9 @@ def main():
         ("Accumulation targets", TARGET_HEADER, target_rows(rows)),
         ("Weight-gradient accumulation (PT = PyTorch; floor of accumulate = write)",
          WGRAD_HEADER, wgrad_rows(rows)),
-        ("GEMM parity (issue 10, point 4): every GEMM of a GPT-2 124M training step",
+        ("GEMM parity: every GEMM of a GPT-2 124M training step",
          GEMM_HEADER, parity_rows(rows, "gpt2_gemm/", GEMM_PARITY, "gpt2_gemm_torch_pattern/")),
-        ("Convolution parity (issue 9): ResNet-50's convolutions, micro-batch 64",
+        ("Convolution parity: ResNet-50's convolutions, micro-batch 64",
          CONV_HEADER, parity_rows(rows, "conv/", CONV_PARITY)),
     ] if body]
     print(caption)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The health monitor's cost per window (issue 11's target: <= 1% of the window).
+"""The health monitor's cost per window (the target: <= 1% of the window).
 
     python3 bench/monitor_overhead.py --accrue-bin build/gpu/examples/accrue_train_gpt2
 

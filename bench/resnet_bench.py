@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ResNet-50 training throughput: accrue beside PyTorch on one GPU (issue 9's benchmark).
+"""ResNet-50 training throughput: accrue beside PyTorch on one GPU.
 
     python3 bench/resnet_bench.py --accrue-bin build/gpu/examples/accrue_resnet_bench --out r.md
 
@@ -36,7 +36,7 @@ from gpt2_bench import (default_accrue_bin, find_ncu, gpu_name,  # noqa: E402
                         run_logged, short_name)
 
 DEFAULT_POINTS = [(256, 1), (64, 4), (32, 8), (8, 32)]
-# images/s and peak GiB of PyTorch eager on one H200, by micro-batch (issue 9).
+# images/s and peak GiB of PyTorch eager on one H200, by micro-batch.
 TORCH_EAGER_H200 = {256: (4738, 11.0), 64: (3828, 3.2), 32: (2284, 1.9), 8: (598, 0.9)}
 TORCH_COMPILE_H200 = {64: (4351, 3.1)}
 SPEEDUP_TARGET = 1.0

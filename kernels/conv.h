@@ -1,4 +1,4 @@
-// 2-D convolution and pooling over NCHW tensors (issue 9, point 2).
+// 2-D convolution and pooling over NCHW tensors.
 //
 // The CPU reference is here (kernels/cpu/conv.cpp: loops accumulating in
 // double). On CUDA, bf16/f16 convolutions run on cuDNN

@@ -62,7 +62,7 @@ void adaptive_avg_pool2d_backward(const Tensor& grad, const Tensor& dx, const Co
 // Every tensor has one device and the geometry is validated (kernels/conv.cpp);
 // the same code runs on the CPU, where tests hold it to the CPU reference.
 // It costs the columns' memory, c kh kw times the output's positions: a
-// fallback, not the speed issue 9 asks for. avg_pool2d and
+// fallback, not the speed of cuDNN's convolutions. avg_pool2d and
 // adaptive_avg_pool2d run composed too (one reduction per output cell);
 // max_pool2d has kernels of its own (Note [Max pooling kernels]).
 namespace composed {

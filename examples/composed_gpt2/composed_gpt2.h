@@ -5,7 +5,7 @@
 // logits materialized. No fused op (no cuDNN attention, no fused residual
 // LayerNorm, no fused classifier).
 //
-// It is the yardstick of issue 10's point 5: a research user composing their
+// It is the yardstick of the eager kernels: a research user composing their
 // own layers pays every strided copy and broadcast this model makes. On the
 // same weights it computes the fused model's loss (tests/nn/composed_gpt2_test.cpp:
 // the loss and every parameter gradient in f64 on the CPU).

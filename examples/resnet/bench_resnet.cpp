@@ -1,4 +1,4 @@
-// ResNet training throughput: issue 9's benchmark on accrue's side.
+// ResNet training throughput: the ResNet-50 benchmark on accrue's side.
 //
 //   accrue_resnet_bench [--model resnet50|resnet18] [--image-size S] [--micro-batch B] [--k K]
 //                       [--dtype bf16|f16|f32] [--channels-last] [--classes C]
