@@ -248,22 +248,10 @@ void store_slot_flags(const std::vector<bool>& written, const Tensor& slot_used)
 void advance_slot_steps(const OptimizerConfig& config, const Tensor& slot_used,
                         const Tensor& slot_steps, const Tensor& state);
 
-// Note [Scale calibration]
-// ~~~~~~~~~~~~~~~~~~~~~~~~
-// The dynamic loss scale's opt-in start (optim::LossScalerOptions::calibrate):
-// instead of guessing a scale and backing off through skipped windows, the
-// first window runs at scale_used (1), the engine's gradient observer records
-// the largest |value| of every f16 gradient that flows between ops in its
-// backwards (optim/scale_calibration.h), and after that window's close
-//   scale = 2^floor(log2(65504 / (amax / scale_used * margin)))
-// clamped to [min_scale, max_scale], with the growth tracker reset: the
-// largest power of two that keeps the largest gradient seen `margin` times
-// below f16's largest finite value. Gradients are linear in the seed, so
-// the first window's amax at scale_used predicts every later one at the same
-// weights. A skipped first window (state[kFoundInf]), an amax that is not a
-// positive finite number (no f16 gradient seen) leave the state as the scalar
-// step left it. Runs on the device after the optimizer step: nothing reads
-// back to the host.
+// The dynamic loss scale's calibrated start, after the first window's
+// optimizer step: state[kScale] from amax, scale_used and margin, the growth
+// tracker reset, on the device (the formula and when the state is left alone:
+// Note [Scale calibration] in optim/scale_calibration.h).
 // amax: f64 [1] on the state's device.
 void calibrate_loss_scale(const Tensor& amax, const Tensor& state, const ScalerConfig& scaler,
                           double scale_used, double margin);

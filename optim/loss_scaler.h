@@ -43,7 +43,7 @@ class LossScalerOptions {
   LossScalerOptions& growth_interval(int64_t v);
   LossScalerOptions& min_scale(double v);
   LossScalerOptions& max_scale(double v);
-  // Dynamic only, opt-in (Note [Scale calibration] in kernels/window_close.h):
+  // Dynamic only, opt-in (Note [Scale calibration] in optim/scale_calibration.h):
   // the first window runs at scale 1 and records the largest f16 gradient
   // its backwards pass between ops; its close sets the scale to the largest
   // power of two that keeps that gradient `margin` times below f16's largest
