@@ -8,16 +8,20 @@
 //
 // Exit status: 0 PASS, 1 FAIL, 2 a bad option.
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "accrue.h"
+#include "examples/common/options.h"
+#include "examples/common/run_main.h"
 #include "optim/verify.h"
 
 namespace {
 
 using namespace accrue;
+using namespace accrue::examples;
+
+constexpr const char* kProgram = "accrue_verify";
 
 struct Options {
   int64_t K = 4, windows = 5, batch = 32;
@@ -26,70 +30,28 @@ struct Options {
   bool cpu = false;
 };
 
-[[noreturn]] void usage_error(const std::string& message) {
-  std::fprintf(stderr, "accrue_verify: %s (see --help)\n", message.c_str());
-  std::exit(2);
-}
-
-int64_t integer(const std::string& option, const char* value) {
-  char* end = nullptr;
-  const long long v = std::strtoll(value, &end, 10);
-  if (end == value || *end != '\0' || v < 1)
-    usage_error(option + " expects a positive integer, got '" + value + "'");
-  return v;
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) usage_error(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::printf(
-          "usage: accrue_verify [options]\n"
-          "  --K N                  micro-batches per window (default 4)\n"
-          "  --windows N            windows to compare (default 5)\n"
-          "  --batch N              items per window, a multiple of K (default 32)\n"
-          "  --normalization M      item (divide by the window's items, default) or mean\n"
-          "                         (mean of per-micro-batch means: fails on padded data)\n"
-          "  --dtype D              f64 (default; tolerance 1e-10) or f32 (1e-5, TF32 off)\n"
-          "  --cpu                  run on the CPU even when a GPU is present\n"
-          "  --help                 this text\n"
-          "Exit status: 0 PASS, 1 FAIL, 2 a bad option.\n");
-      std::exit(0);
-    } else if (a == "--K") {
-      o.K = integer(a, value());
-    } else if (a == "--windows") {
-      o.windows = integer(a, value());
-    } else if (a == "--batch") {
-      o.batch = integer(a, value());
-    } else if (a == "--normalization") {
-      const std::string v = value();
-      if (v == "item") {
-        o.normalization = kernels::Normalization::ItemCount;
-      } else if (v == "mean") {
-        o.normalization = kernels::Normalization::MeanOfMicroBatchMeans;
-      } else {
-        usage_error("--normalization expects item or mean, got '" + v + "'");
-      }
-    } else if (a == "--dtype") {
-      const std::string v = value();
-      if (v != "f64" && v != "f32") usage_error("--dtype expects f64 or f32, got '" + v + "'");
-      o.dtype = v == "f64" ? DType::f64 : DType::f32;
-    } else if (a == "--cpu") {
-      o.cpu = true;
-    } else {
-      usage_error("unknown option '" + a + "'");
-    }
-  }
-  if (o.K < 2) usage_error("--K must be at least 2");
+// Parses the command line; false after --help.
+bool parse(int argc, char** argv, Options& o) {
+  OptionTable cli(kProgram,
+                  "Trains an MLP twice from one seed, K micro-batches per window against one "
+                  "batch of K b items, and compares the parameters after every window.");
+  cli.integer("--K", &o.K, "N", "micro-batches per window").min(2);
+  cli.integer("--windows", &o.windows, "N", "windows to compare").min(1);
+  cli.integer("--batch", &o.batch, "N", "items per window, a multiple of K").min(1);
+  cli.choice<kernels::Normalization>(
+      "--normalization", &o.normalization,
+      {{"item", kernels::Normalization::ItemCount},
+       {"mean", kernels::Normalization::MeanOfMicroBatchMeans}},
+      "item: divide by the window's items; mean: the mean of per-micro-batch means (fails on "
+      "padded data)");
+  cli.choice<DType>("--dtype", &o.dtype, {{"f64", DType::f64}, {"f32", DType::f32}},
+                    "f64 (tolerance 1e-10) or f32 (1e-5, TF32 off)");
+  cli.flag("--cpu", &o.cpu, "run on the CPU even when a GPU is present");
+  cli.epilog("Exit status: 0 PASS, 1 FAIL, 2 a bad option.");
+  if (!cli.parse(argc, argv)) return false;
   if (o.batch % o.K != 0)
-    usage_error("--batch " + std::to_string(o.batch) +
-                " does not split into K = " + std::to_string(o.K) + " micro-batches");
-  return o;
+    usage_error("--batch ", o.batch, " does not split into K = ", o.K, " micro-batches");
+  return true;
 }
 
 constexpr int64_t kFeatures = 16, kClasses = 5, kIgnore = -100;
@@ -134,10 +96,11 @@ class MlpRun : public optim::VerifyRun {
   optim::Window window_;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+int verify(int argc, char** argv) {
+  Options o;
+  if (!parse(argc, argv, o)) return 0;
+  // The whole window's inputs exist at once: refuse a size that overflows before any allocation.
+  checked_product({{"--batch", o.batch}, {"features", kFeatures}, {"bytes per value", 8}});
   const bool gpu = !o.cpu && cuda_available();
   const Device device = gpu ? Device::cuda(0) : Device::cpu();
   if (gpu) kernels::set_allow_tf32(false);
@@ -156,4 +119,10 @@ int main(int argc, char** argv) {
       [&](int64_t K) { return std::make_unique<MlpRun>(o, device, K); }, v);
   std::printf("%s", r.table().c_str());
   return r.passed ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_main(kProgram, [&] { return verify(argc, argv); });
 }

@@ -1,0 +1,50 @@
+#include "examples/common/launch.h"
+
+#include <cstdio>
+
+#include "dist/bucket_plan.h"
+#include "dist/mpi_bootstrap.h"
+#ifdef ACCRUE_WITH_NCCL
+#include "dist/nccl_communicator.h"
+#endif
+
+namespace accrue::examples {
+
+std::string Launch::describe() const {
+  return gpu ? device.str() : device.str() + " (" + cuda_unavailable_reason() + ")";
+}
+
+Launch launch(bool force_cpu) {
+  Launch l;
+  l.rank = dist::discover_rank();
+  l.gpu = cuda_available() && !force_cpu;
+  ACCRUE_CHECK(!l.rank.distributed() || l.gpu, "data parallelism (", dist::describe(l.rank),
+               ") needs a GPU per rank");
+  l.device = l.gpu ? Device::cuda(l.rank.local_rank) : Device::cpu();
+  if (l.gpu) set_cuda_device(l.device.index);
+  if (!l.main_rank() && !std::freopen("/dev/null", "w", stdout))
+    ACCRUE_FAIL("cannot silence rank ", l.rank.rank);
+  return l;
+}
+
+DataParallel connect_data_parallel(const Launch& where, GradArena& arena, bool zero1) {
+  DataParallel dp;
+  if (!where.rank.distributed()) return dp;
+#ifdef ACCRUE_WITH_NCCL
+  dp.comm = dist::connect_nccl(where.rank, dist::layout_fingerprint(arena));
+  dist::ReducerOptions options;
+  options.zero1 = zero1;
+  dp.reducer = std::make_unique<dist::Reducer>(arena, *dp.comm, options);
+  dp.reducer->broadcast_parameters();  // every rank starts from rank 0's weights
+  std::printf("data parallel: %s, %zu buckets%s, NCCL id bootstrap: %s\n",
+              dist::describe(where.rank).c_str(), dp.reducer->plan().buckets().size(),
+              zero1 ? ", ZeRO-1" : "", dist::bootstrap_name(dist::bootstrap_method(where.rank)));
+#else
+  (void)arena;
+  (void)zero1;
+  ACCRUE_FAIL("launched as ", dist::describe(where.rank), " but accrue was built without NCCL");
+#endif
+  return dp;
+}
+
+}  // namespace accrue::examples

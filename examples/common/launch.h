@@ -1,0 +1,51 @@
+// Where a trainer runs: its rank under a data-parallel launcher, its device,
+// and the communicator and reducer that make K micro-batches on N GPUs one
+// window.
+//
+// Data parallel: one process per GPU, started by a standard launcher:
+//   torchrun --nproc-per-node=2 --no-python build/ci/examples/accrue_demo
+//   mpirun -np 2 build/ci/examples/accrue_demo
+// (under mpirun the NCCL id goes over MPI when accrue was built with MPI;
+// without MPI it goes over TCP and needs MASTER_ADDR/MASTER_PORT exported).
+// Each rank draws its own micro-batches; the last micro-step's buckets are
+// all-reduced while its backward runs (Note [Buckets]); with ZeRO-1 they are
+// reduce-scattered and each rank keeps and steps its shard (Note [ZeRO-1]).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "accrue.h"
+#include "dist/launch_env.h"
+#include "dist/reducer.h"
+
+namespace accrue::examples {
+
+struct Launch {
+  dist::RankInfo rank;
+  bool gpu = false;
+  Device device = Device::cpu();
+  bool main_rank() const { return rank.rank == 0; }
+  int world_size() const { return rank.world_size; }
+  // "cuda:0" or "cpu (why there is no GPU)".
+  std::string describe() const;
+};
+
+// The rank from the launcher's environment and its device: GPU local_rank
+// unless `force_cpu` or none is visible. A data-parallel launch needs a GPU per
+// rank. Ranks other than 0 train silently (their stdout goes to /dev/null).
+Launch launch(bool force_cpu);
+
+// The communicator and the reducer the Window drives under a data-parallel
+// launch; both null on one process.
+struct DataParallel {
+  std::unique_ptr<dist::Communicator> comm;
+  std::unique_ptr<dist::Reducer> reducer;
+};
+
+// Connects the ranks (refusing a different parameter layout on any rank),
+// builds the reducer over `arena` (ZeRO-1: reduce-scatter and shard steps),
+// broadcasts rank 0's weights and prints one line about it.
+DataParallel connect_data_parallel(const Launch& where, GradArena& arena, bool zero1 = false);
+
+}  // namespace accrue::examples

@@ -1,0 +1,173 @@
+#include "examples/gpt2/gpt2_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "examples/common/json.h"
+#ifdef ACCRUE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/status_check.h"
+#endif
+
+namespace accrue::examples {
+
+// The standard estimate (Kaplan et al.; PaLM appendix B; nanoGPT's estimate_mfu):
+//   6 N + 12 L T C,
+// N the parameters every token's matmuls use: all of them except wpe (a
+// lookup, no matmul) and wte's padded rows (never part of the softmax); wte
+// stays in, as the tied output layer's weight. 6 N: 2 FLOPs per multiply-add
+// forward, 4 backward. 12 L T C: attention's QK^T and AV over T keys
+// (causal masking not discounted).
+double flops_per_token(const nn::GPT2Config& c, int64_t T) {
+  const int64_t N =
+      c.parameter_count() - c.block_size * c.n_embd - (c.padded_vocab() - c.vocab_size) * c.n_embd;
+  return 6.0 * static_cast<double>(N) + 12.0 * static_cast<double>(c.n_layer * T * c.n_embd);
+}
+
+std::string device_name(Device device) {
+#ifdef ACCRUE_WITH_CUDA
+  if (device.is_cuda()) {
+    cudaDeviceProp prop{};
+    ACCRUE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device.index));
+    return prop.name;
+  }
+#endif
+  (void)device;
+  return "CPU";
+}
+
+double peak_flops(const std::optional<double>& peak_tflops, Device device,
+                  const std::string& name) {
+  if (peak_tflops) return *peak_tflops * 1e12;
+  if (!device.is_cuda()) return 0.0;
+  // H100 SXM and H200 SXM: 989.4 TFLOP/s dense bf16; the PCIe and NVL cards are slower.
+  const bool hopper =
+      name.find("H100") != std::string::npos || name.find("H200") != std::string::npos;
+  if (hopper && name.find("PCIe") != std::string::npos) return 756e12;
+  if (hopper && name.find("NVL") != std::string::npos) return 835e12;
+  return hopper ? 989e12 : 0.0;
+}
+
+int64_t device_bytes_in_use(Device device) {
+#ifdef ACCRUE_WITH_CUDA
+  if (device.is_cuda()) {
+    size_t free_bytes = 0, total_bytes = 0;
+    ACCRUE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return static_cast<int64_t>(total_bytes - free_bytes);
+  }
+#endif
+  (void)device;
+  return -1;
+}
+
+double WindowReporter::mfu(double tokens_per_s) const {
+  return peak_ > 0 ? tokens_per_s * flops_token_ / (peak_ * world_size_) : NAN;
+}
+
+void WindowReporter::print(int64_t w, const optim::WindowReport& r, double lr) {
+  lr_ = lr;
+  tokens_per_s_ = window_tokens_ / clock_.lap();
+  const double m = mfu(tokens_per_s_);
+  char mfu_text[16] = "n/a";
+  if (!std::isnan(m)) std::snprintf(mfu_text, sizeof(mfu_text), "%.1f%%", 100 * m);
+  const int64_t in_use = device_bytes_in_use(device_);
+  char scale_text[32] = "";
+  if (compute_ == DType::f16)
+    std::snprintf(scale_text, sizeof(scale_text), " | scale %g", r.loss_scale);
+  loss_z_ = loss_z_score_.add(r.loss);
+  norm_z_ = norm_z_score_.add(r.grad_norm);
+  char noise_text[48] = "";
+  if (r.noise_windows > 0)
+    std::snprintf(noise_text, sizeof(noise_text), " | noise scale %.4g", r.noise_scale);
+  char alert_text[64] = "";
+  if (std::fabs(loss_z_) >= 3.0 || std::fabs(norm_z_) >= 3.0)
+    std::snprintf(alert_text, sizeof(alert_text), " | ALERT z: loss %.1f, grad-norm %.1f", loss_z_,
+                  norm_z_);
+  std::printf(
+      "window %lld/%lld | loss %.4f | grad-norm %.4f | lr %.3e | %.0f tok/s | MFU %s | "
+      "peak %s%s | skipped %lld%s%s%s\n",
+      (long long)w, (long long)windows_, r.loss, r.grad_norm, lr, tokens_per_s_, mfu_text,
+      mib(memory_stats(device_).peak_bytes).c_str(),
+      in_use >= 0 ? (" (device " + mib(in_use) + " in use)").c_str() : "",
+      (long long)r.skipped_windows, scale_text, noise_text, alert_text);
+}
+
+std::vector<std::pair<std::string, double>> WindowReporter::extras(double val_loss) const {
+  return {{"lr", lr_},
+          {"tokens_per_s", tokens_per_s_},
+          {"mfu", mfu(tokens_per_s_)},
+          {"peak_bytes", static_cast<double>(memory_stats(device_).peak_bytes)},
+          {"val_loss", val_loss},
+          {"loss_z", loss_z_},
+          {"grad_norm_z", norm_z_}};
+}
+
+void add_layer_extras(optim::LayerMonitor& layers, const optim::WindowReport& r,
+                      const std::vector<int>& slot_groups,
+                      std::vector<std::pair<std::string, double>>* extras) {
+  for (const optim::LayerReport& l : layers.read(r)) {
+    extras->emplace_back("grad_norm/" + l.name, l.grad_norm);
+    extras->emplace_back("update_ratio/" + l.name, l.update_ratio);
+  }
+  extras->emplace_back("update_ratio", layers.total_update_ratio());
+  // Per parameter group: 0 decays (the Linear weights), 1 does not.
+  for (const optim::GroupReport& g : layers.groups(slot_groups)) {
+    extras->emplace_back("group_grad_norm/" + std::to_string(g.group), g.grad_norm);
+    extras->emplace_back("group_update_ratio/" + std::to_string(g.group), g.update_ratio);
+  }
+}
+
+void print_bench_line(const Gpt2Options& o, const nn::GPT2Config& config, const BatchPlan& plan,
+                      DType compute, Device device, int world_size, const BenchResult& result,
+                      const WindowReporter& reporter) {
+  const double ms = median(result.window_ms);
+  const double tokens_per_s = plan.window_tokens / (ms / 1000.0);
+  const double peak = peak_flops(o.peak_tflops, device, device_name(device));
+  JsonObject c;
+  c.text("model", o.model)
+      .integer("n_layer", config.n_layer)
+      .integer("n_head", config.n_head)
+      .integer("n_embd", config.n_embd)
+      .integer("vocab_size", config.vocab_size)
+      .integer("block_size", config.block_size)
+      .integer("parameters", config.parameter_count())
+      .integer("micro_batch", plan.B)
+      .integer("seq_len", plan.T)
+      .integer("micro_steps", plan.K)
+      .integer("tokens_per_window", plan.window_tokens)
+      .text("dtype", dtype_name(compute))
+      .boolean("activation_checkpointing", config.activation_checkpointing)
+      .number("dropout", config.dropout)
+      .integer("warmup_windows", o.bench_warmup)
+      .integer("timed_windows", o.bench_windows)
+      .boolean("cuda_graphs", result.cuda_graphs);
+  if (result.cuda_graphs) {
+    c.integer("graph_memory_bytes", graph_memory(device.index).reserved_high_bytes);
+  } else {
+    c.null("graph_memory_bytes");
+  }
+  c.boolean("composed", o.composed);
+  JsonObject line;
+  line.text("bench", "accrue_train_gpt2")
+      .text("device", device_name(device))
+      .integer("world_size", world_size)
+      .number("tokens_per_s_median", tokens_per_s)
+      .number("window_ms_median", ms)
+      .number("window_ms_min", *std::min_element(result.window_ms.begin(), result.window_ms.end()))
+      .integer("peak_memory_bytes", memory_stats(device).peak_bytes);
+  if (device.is_cuda()) {
+    line.integer("device_memory_in_use_bytes", device_bytes_in_use(device));
+  } else {
+    line.null("device_memory_in_use_bytes");
+  }
+  line.number("mfu", reporter.mfu(tokens_per_s))
+      .number("flops_per_token", flops_per_token(config, plan.T))
+      .number("peak_flops", peak > 0 ? peak : NAN)
+      .number("final_loss", result.final_loss)
+      .object("config", c);
+  std::printf("%s\n", line.str().c_str());
+}
+
+}  // namespace accrue::examples

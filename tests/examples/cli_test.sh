@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# The example binaries' command lines, as a user types them (Note [Exit codes]
+# in examples/common/run_main.h, Note [Command-line values] in
+# examples/common/options.h):
+#   cli_test.sh BINARY_DIR NAME
+# NAME is one of demo, verify, resnet, resnet_bench, train_gpt2. Each case runs
+# the binary and checks its exit code (0 for --help, 2 for a bad command line,
+# 1 for a failed run) and that stderr is one line naming the cause, with no
+# build-tree "file.cpp:123" and no std::terminate.
+set -u
+dir=$1
+name=$2
+failures=0
+
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+
+# run ARGS...: sets rc, out, err.
+run() {
+  local o e
+  o=$(mktemp) e=$(mktemp)
+  "$bin" "$@" > "$o" 2> "$e"
+  rc=$?
+  out=$(cat "$o") err=$(cat "$e")
+  rm -f "$o" "$e"
+}
+
+# expect CODE FRAGMENT ARGS...: exit code CODE, one line on stderr containing FRAGMENT.
+expect() {
+  local code=$1 fragment=$2
+  shift 2
+  run "$@"
+  local what="$name $*"
+  if [[ $rc -ne $code ]]; then
+    fail "$what: exit code $rc, expected $code; stderr: $err"
+    return
+  fi
+  if [[ $(printf '%s\n' "$err" | wc -l) -ne 1 || -z $err ]]; then
+    fail "$what: expected one line on stderr, got: $err"
+  fi
+  [[ $err == *"$fragment"* ]] || fail "$what: stderr lacks '$fragment': $err"
+  [[ $err == "$prog: "* ]] || fail "$what: stderr does not start with '$prog: ': $err"
+  if [[ $err =~ \.(cpp|h|cu):[0-9]+ ]]; then fail "$what: a source location in: $err"; fi
+  [[ $err != *terminate* ]] || fail "$what: std::terminate: $err"
+  [[ $code -ne 2 || $err == *"(see --help)" ]] || fail "$what: no hint to --help: $err"
+  echo "ok: $what -> $rc: $err"
+}
+
+# help OPTION...: --help exits 0 and lists every OPTION; so does -h.
+help() {
+  run --help
+  [[ $rc -eq 0 ]] || fail "$name --help: exit code $rc"
+  [[ -z $err ]] || fail "$name --help: stderr: $err"
+  [[ $out == "usage: $prog [options]"* ]] || fail "$name --help: no usage line"
+  local option
+  for option in "$@" --help; do
+    grep -q -- "^ *\(-[a-z], \)\?$option\b" <<< "$out" || fail "$name --help does not list $option"
+  done
+  local full=$out
+  run -h
+  [[ $rc -eq 0 && $out == "$full" ]] || fail "$name -h differs from --help"
+  echo "ok: $name --help lists $# options"
+}
+
+# Refusals every binary shares: the option table's.
+common_refusals() {
+  expect 2 "unknown option '--no-such-option'" --no-such-option
+  expect 2 "unexpected argument 'stray'" stray
+  expect 2 "--windows needs a value" --windows
+  expect 2 "--windows expects an integer, got '12x'" --windows 12x
+  expect 2 "--windows 99999999999999999999 does not fit a 64-bit integer" \
+    --windows 99999999999999999999
+  expect 2 "--windows must be >= 1, got 0" --windows 0
+}
+
+case $name in
+  demo)
+    bin=$dir/accrue_demo prog=accrue_demo
+    help --micro-batch --accum --windows --optimizer --lr --clip --scaler --dtype --zero1 --cpu \
+      --metrics
+    common_refusals
+    expect 2 "--accum expects an integer, got 'four'" --accum four
+    expect 2 "--lr must be > 0, got 0" --lr 0
+    expect 2 "--lr expects a finite number, got 'nan'" --lr nan
+    expect 2 "--optimizer must be sgd, adam or adamw, got 'lion'" --optimizer lion
+    expect 2 "--dtype must be f32, bf16 or f16, got 'f64'" --dtype f64
+    expect 2 "--metrics needs a value, got the option '--cpu'" --metrics --cpu
+    expect 2 "--metrics needs a non-empty path" --metrics ""
+    expect 2 "--micro-batch 4611686018427387904 x --accum 2 overflows a 64-bit integer" \
+      --cpu --micro-batch 4611686018427387904 --accum 2
+    # One window has nothing to compare its loss with: it succeeds.
+    run --cpu --windows 1
+    [[ $rc -eq 0 ]] || fail "demo --windows 1: exit code $rc: $err"
+    ;;
+  verify)
+    bin=$dir/accrue_verify prog=accrue_verify
+    help --K --windows --batch --normalization --dtype --cpu
+    common_refusals
+    expect 2 "--K must be >= 2, got 1" --K 1
+    expect 2 "--batch 32 does not split into K = 3 micro-batches" --K 3 --batch 32
+    expect 2 "--normalization must be item or mean, got 'sum'" --normalization sum
+    expect 2 "overflows a 64-bit integer" --cpu --K 4611686018427387904 \
+      --batch 4611686018427387904 --windows 1
+    # Far too large to allocate: a failed run (1) with one line, not std::terminate.
+    expect 1 "" --cpu --batch 100000000000 --K 2 --windows 1
+    ;;
+  resnet)
+    bin=$dir/accrue_resnet prog=accrue_resnet
+    help --data --synthetic --micro-batch --k --epochs --bn --recompute-bn --lr --seed \
+      --checkpoint --resume --cuda
+    expect 2 "unknown option '--no-such-option'" --no-such-option
+    expect 2 "--epochs must be >= 1, got 0" --epochs 0
+    expect 2 "--micro-batch 99999999999999999999 does not fit a 64-bit integer" \
+      --micro-batch 99999999999999999999 --epochs 1
+    expect 2 "--micro-batch 4611686018427387904 x --k 2 overflows a 64-bit integer" \
+      --micro-batch 4611686018427387904 --k 2 --epochs 1
+    expect 2 "--bn must be window, window-compound or per-micro-batch, got 'sometimes'" \
+      --bn sometimes
+    expect 2 "--seed must be >= 0, got -1" --seed -1
+    expect 2 "--lr must be > 0, got -0.1" --lr -0.1
+    expect 2 "--synthetic and --data exclude each other" --synthetic --data /tmp
+    expect 2 "--resume needs a non-empty path" --resume ""
+    expect 1 "images are too few" --micro-batch 1000 --k 2 --epochs 1
+    expect 1 "no-such-dir/digits_images.npy" --data /no-such-dir --epochs 1
+    ;;
+  resnet_bench)
+    bin=$dir/accrue_resnet_bench prog=accrue_resnet_bench
+    help --model --image-size --micro-batch --k --dtype --channels-last --no-pointwise-gemm \
+      --conv-timed --conv-nondeterministic --conv-16-bit-wgrad --classes --warmup --windows --cpu
+    common_refusals
+    expect 2 "--model must be resnet50 or resnet18, got 'vgg'" --model vgg
+    expect 2 "--image-size must be >= 32, got 16" --image-size 16
+    expect 2 "--classes must be >= 2, got 1" --classes 1
+    expect 2 "overflows a 64-bit integer" --cpu --model resnet18 --image-size 32 \
+      --micro-batch 2 --classes 4611686018427387904
+    expect 2 "overflows a 64-bit integer" --cpu --model resnet18 --image-size 32 \
+      --micro-batch 4611686018427387904 --k 1
+    ;;
+  train_gpt2)
+    bin=$dir/accrue_train_gpt2 prog=accrue_train_gpt2
+    help --model --n-layer --n-head --n-embd --vocab-size --block-size --dropout \
+      --activation-checkpointing --composed --init-from --train-data --val-data --synthetic \
+      --micro-batch --seq-len --total-batch-tokens --windows --stop-after --stop-micro-steps --lr \
+      --warmup-windows --min-lr-factor --weight-decay --beta1 --beta2 --eps --max-grad-norm \
+      --norm-under-backward --gemm-tuning --cuda-graphs --dtype --init-scale --calibrate-scale \
+      --seed --val-every --val-batches --nvtx --metrics --layer-metrics-every \
+      --noise-scale-every --checkpoint --checkpoint-every --resume --bench --bench-warmup \
+      --bench-windows --peak-tflops --cpu
+    tiny=(--model tiny --cpu --synthetic)
+    expect 2 "unknown option '--no-such-option'" "${tiny[@]}" --no-such-option
+    expect 2 "--windows 99999999999999999999 does not fit a 64-bit integer" "${tiny[@]}" \
+      --windows 99999999999999999999
+    expect 2 "--lr expects a finite number, got 'inf'" "${tiny[@]}" --lr inf
+    expect 2 "--beta2 must be in [0, 1), got 1" "${tiny[@]}" --beta2 1
+    expect 2 "--resume needs a non-empty path" "${tiny[@]}" --resume ""
+    expect 2 "--checkpoint needs a value, got the option '--windows'" "${tiny[@]}" \
+      --checkpoint --windows 3
+    expect 2 "--n-embd 4611686018427387904 x --n-embd 4611686018427387904" "${tiny[@]}" \
+      --n-embd 4611686018427387904 --n-head 1
+    expect 2 "--micro-batch 4611686018427387904 x --seq-len 16 x ranks 1 overflows" "${tiny[@]}" \
+      --micro-batch 4611686018427387904 --seq-len 16
+    expect 2 "--stop-micro-steps 2 is not inside a window of K = 1 micro-steps" "${tiny[@]}" \
+      --micro-batch 2 --seq-len 16 --windows 3 --stop-after 1 --stop-micro-steps 2 \
+      --checkpoint /tmp/unused.safetensors
+    # A diverged run fails (1) naming the window, rather than exiting 0.
+    expect 1 "the loss is not finite" "${tiny[@]}" --micro-batch 2 --seq-len 16 --windows 3 \
+      --lr 1e30 --max-grad-norm 0
+    ;;
+  *)
+    echo "unknown binary '$name'"
+    exit 2
+    ;;
+esac
+
+if [[ $failures -gt 0 ]]; then
+  echo "$failures failure(s)"
+  exit 1
+fi
