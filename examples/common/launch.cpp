@@ -27,6 +27,12 @@ Launch launch(bool force_cpu) {
   return l;
 }
 
+Device single_device(bool force_cpu) {
+  if (force_cpu || !cuda_available()) return Device::cpu();
+  set_cuda_device(0);
+  return Device::cuda(0);
+}
+
 DataParallel connect_data_parallel(const Launch& where, GradArena& arena, bool zero1) {
   DataParallel dp;
   if (!where.rank.distributed()) return dp;

@@ -36,6 +36,9 @@ struct Launch {
 // rank. Ranks other than 0 train silently (their stdout goes to /dev/null).
 Launch launch(bool force_cpu);
 
+// A one-process binary's device: GPU 0 unless `force_cpu` or none is visible.
+Device single_device(bool force_cpu);
+
 // The communicator and the reducer the Window drives under a data-parallel
 // launch; both null on one process.
 struct DataParallel {

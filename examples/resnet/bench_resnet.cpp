@@ -26,6 +26,7 @@
 
 #include "accrue.h"
 #include "examples/common/json.h"
+#include "examples/common/launch.h"
 #include "examples/common/options.h"
 #include "examples/common/run_main.h"
 #include "examples/common/timing.h"
@@ -94,12 +95,11 @@ int bench(int argc, char** argv) {
   checked_product({{"--micro-batch", b}, {"--classes", opt.classes}});
   kernels::set_pointwise_conv_gemm(opt.pointwise_gemm);
   kernels::set_conv_algorithm_policy(opt.conv);
-  const bool gpu = !opt.cpu && cuda_available();
-  const Device device = gpu ? Device::cuda(0) : Device::cpu();
+  const Device device = single_device(opt.cpu);
   const DType compute = opt.dtype == "bf16"  ? DType::bf16
                         : opt.dtype == "f16" ? DType::f16
                                              : DType::f32;
-  if (!gpu && compute != DType::f32)
+  if (!device.is_cuda() && compute != DType::f32)
     std::printf("accrue_resnet_bench: the CPU backend computes %s in emulation: slow\n",
                 opt.dtype.c_str());
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "accrue.h"
+#include "examples/common/launch.h"
 #include "examples/common/options.h"
 #include "examples/common/run_main.h"
 #include "optim/verify.h"
@@ -101,9 +102,8 @@ int verify(int argc, char** argv) {
   if (!parse(argc, argv, o)) return 0;
   // The whole window's inputs exist at once: refuse a size that overflows before any allocation.
   checked_product({{"--batch", o.batch}, {"features", kFeatures}, {"bytes per value", 8}});
-  const bool gpu = !o.cpu && cuda_available();
-  const Device device = gpu ? Device::cuda(0) : Device::cpu();
-  if (gpu) kernels::set_allow_tf32(false);
+  const Device device = single_device(o.cpu);
+  if (device.is_cuda()) kernels::set_allow_tf32(false);
   optim::VerifyOptions v;
   v.windows = o.windows;
   v.micro_steps = o.K;
