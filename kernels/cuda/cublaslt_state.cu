@@ -1,0 +1,194 @@
+// The cuBLASLt state of Note [cuBLASLt state] (kernels/cuda/cublaslt_state.h):
+// handles and workspaces made on first use, and the plain GEMM's plan cache,
+// where the heuristic (or, with a tuning file, Note [GEMM autotuning]) picks
+// each problem's algorithm once.
+#include "kernels/cuda/cublaslt_state.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/cuda_runtime.h"
+#include "core/status_check.h"
+#include "kernels/ops.h"
+
+namespace accrue::kernels::cuda::cublaslt {
+
+namespace {
+
+template <class T>
+void set_layout_attr(cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attr, T v) {
+  ACCRUE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, attr, &v, sizeof(v)));
+}
+
+}  // namespace
+
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
+                                   int64_t batch, int64_t batch_stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  ACCRUE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
+                                                 static_cast<uint64_t>(cols), ld));
+  if (batch > 1) {
+    set_layout_attr(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, static_cast<int32_t>(batch));
+    set_layout_attr(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, batch_stride);
+  }
+  return layout;
+}
+
+namespace {
+
+std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, const LtProblem& p, int candidates) {
+  auto plan = std::make_unique<GemmPlan>();
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, p.compute, p.scale_type));
+  const int32_t transa = p.a.op, transb = p.b.op;
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &transa,
+                                                     sizeof(transa)));
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &transb,
+                                                     sizeof(transb)));
+  plan->a = make_layout(p.input_type, p.a.rows, p.a.cols, p.a.ld, p.batch, p.a.batch_stride);
+  plan->b = make_layout(p.input_type, p.b.rows, p.b.cols, p.b.ld, p.batch, p.b.batch_stride);
+  plan->c = make_layout(p.output_type, p.m, p.n, p.ldc, p.batch, p.c_batch_stride);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
+    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v));
+    if (s != CUBLAS_STATUS_SUCCESS) cublasLtMatmulPreferenceDestroy(pref);
+    ACCRUE_CUBLAS_CHECK(s);
+  };
+  set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kWorkspaceBytes));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, p.align_a);
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, p.align_b);
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.align_c);
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.align_c);
+
+  std::array<cublasLtMatmulHeuristicResult_t, kTuneCandidates> results{};
+  candidates = std::clamp(candidates, 1, kTuneCandidates);
+  int returned = 0;
+  cublasStatus_t s =
+      cublasLtMatmulAlgoGetHeuristic(handle, plan->op, plan->a, plan->b, plan->c, plan->c, pref,
+                                     candidates, results.data(), &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  ACCRUE_CHECK(s == CUBLAS_STATUS_SUCCESS && returned > 0,
+               "gemm: cuBLASLt found no algorithm for m=", p.n, " n=", p.m, " k=", p.k,
+               " batch=", p.batch, " (input type ", static_cast<int>(p.input_type),
+               ", output type ", static_cast<int>(p.output_type), ", compute type ",
+               static_cast<int>(p.compute), "; cuBLAS status ", static_cast<int>(s), ": ",
+               cublasLtGetStatusString(s), ")");
+  for (int i = 0; i < returned; ++i)
+    plan->candidates[static_cast<size_t>(i)] = results[static_cast<size_t>(i)].algo;
+  plan->candidate_count = returned;
+  plan->algo = plan->candidates[0];
+  return plan;
+}
+
+}  // namespace
+
+LtState& LtState::instance() {
+  static LtState* state = new LtState();  // never destroyed, on purpose
+  return *state;
+}
+
+LtState::Resources LtState::acquire(const LtProblem& p, cudaStream_t stream, const void* a,
+                                    const void* b) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Base base = handle_and_workspace(p.device, stream);
+  // Note [GEMM autotuning]: cublasGemmEx competes for 16-bit inputs.
+  const bool offer_gemm_ex = (p.input_type == CUDA_R_16BF || p.input_type == CUDA_R_16F) &&
+                             p.compute == CUBLAS_COMPUTE_32F;
+  const PlanKey key = p.key();
+  auto it = plans_.find(key);
+  if (it == plans_.end()) {
+    const std::string file = gemm_tuning_file();
+    auto plan = build_plan(base.handle, p, file.empty() ? 1 : kTuneCandidates);
+    if (!file.empty()) {
+      GemmTuneProblem t;
+      t.file = file;
+      t.key.assign(key.begin(), key.end());
+      t.device = p.device;
+      t.handle = base.handle;
+      t.op = plan->op;
+      t.a_layout = plan->a;
+      t.b_layout = plan->b;
+      t.c_layout = plan->c;
+      t.candidates = plan->candidates.data();
+      t.candidate_count = plan->candidate_count;
+      t.a = a;
+      t.b = b;
+      t.output_dtype = p.output_type;
+      t.output_elements = p.ldc * p.n + (p.batch - 1) * p.c_batch_stride;
+      t.f64_scale = p.scale_type == CUDA_R_64F;
+      t.workspace = base.workspace;
+      t.workspace_bytes = kWorkspaceBytes;
+      t.stream = stream;
+      if (offer_gemm_ex)
+        t.gemm_ex = [&](void* out, const void* alpha, const void* beta) {
+          return run_gemm_ex(p, stream, base.workspace, a, b, out, alpha, beta);  // mutex_ held
+        };
+      const int choice = choose_gemm_algorithm(t);
+      plan->gemm_ex = choice == kGemmExChoice;
+      if (!plan->gemm_ex) plan->algo = plan->candidates[static_cast<size_t>(choice)];
+    }
+    it = plans_.emplace(key, std::move(plan)).first;
+  }
+  return {base.handle, base.workspace, it->second.get()};
+}
+
+void LtState::gemm_ex(const LtProblem& p, cudaStream_t stream, const void* a, const void* b,
+                      void* out, const void* alpha, const void* beta) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Base base = handle_and_workspace(p.device, stream);
+  ACCRUE_CHECK(run_gemm_ex(p, stream, base.workspace, a, b, out, alpha, beta),
+               "gemm: cublasGemmEx, chosen by tuning for m=", p.n, " n=", p.m, " k=", p.k,
+               " batch=", p.batch, ", declined the problem");
+}
+
+LtState::Base LtState::handle_and_workspace(int device, cudaStream_t stream) {
+  cublasLtHandle_t& handle = handles_.at(static_cast<size_t>(device));
+  if (handle == nullptr) ACCRUE_CUBLAS_CHECK(cublasLtCreate(&handle));
+
+  auto ws = workspaces_.find({device, stream});
+  if (ws == workspaces_.end()) {
+    // A first GEMM inside stream capture would allocate the workspace from
+    // the graph's memory, which dies with the graph: warm up before capturing.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    ACCRUE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    ACCRUE_CHECK(capture == cudaStreamCaptureStatusNone,
+                 "gemm: the first GEMM on a stream ran during CUDA graph capture; run one "
+                 "uncaptured step first so that its cuBLASLt workspace exists");
+    Tensor buffer = empty({static_cast<int64_t>(kWorkspaceBytes / sizeof(float))}, DType::f32,
+                          Device::cuda(device));
+    if (prewrite_library_outputs()) buffer.fill_(0.0);  // Note [Library outputs under initcheck]
+    ws = workspaces_.emplace(std::make_pair(device, stream), std::move(buffer)).first;
+  }
+  return {handle, ws->second.data_ptr()};
+}
+
+bool LtState::run_gemm_ex(const LtProblem& p, cudaStream_t stream, void* workspace, const void* a,
+                          const void* b, void* out, const void* alpha, const void* beta) {
+  cublasHandle_t& handle = blas_handles_.at(static_cast<size_t>(p.device));
+  if (handle == nullptr) {
+    ACCRUE_CUBLAS_CHECK(cublasCreate(&handle));
+    // Sums stay in fp32, as in every cuBLASLt candidate.
+    ACCRUE_CUBLAS_CHECK(cublasSetMathMode(
+        handle, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                          CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  }
+  ACCRUE_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  ACCRUE_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace, kWorkspaceBytes));
+  const auto ta = static_cast<cublasOperation_t>(p.a.op);
+  const auto tb = static_cast<cublasOperation_t>(p.b.op);
+  const auto m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  const auto lda = static_cast<int>(p.a.ld), ldb = static_cast<int>(p.b.ld);
+  const auto ldc = static_cast<int>(p.ldc);
+  const cublasStatus_t status =
+      p.batch == 1
+          ? cublasGemmEx(handle, ta, tb, m, n, k, alpha, a, p.input_type, lda, b, p.input_type, ldb,
+                         beta, out, p.output_type, ldc, p.compute, CUBLAS_GEMM_DEFAULT)
+          : cublasGemmStridedBatchedEx(handle, ta, tb, m, n, k, alpha, a, p.input_type, lda,
+                                       p.a.batch_stride, b, p.input_type, ldb, p.b.batch_stride,
+                                       beta, out, p.output_type, ldc, p.c_batch_stride,
+                                       static_cast<int>(p.batch), p.compute, CUBLAS_GEMM_DEFAULT);
+  return status == CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace accrue::kernels::cuda::cublaslt

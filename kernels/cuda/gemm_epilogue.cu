@@ -1,0 +1,227 @@
+// CUDA GEMMs with a fused epilogue (kernels/fused_backend.h): x @ weight^T
+// plus a bias, with or without GELU, as one cuBLASLt matmul. The plain GEMM
+// and the cuBLASLt conventions: kernels/cuda/matmul.cu.
+//
+// Note [GELU epilogue]
+// ~~~~~~~~~~~~~~~~~~~~
+// linear_gelu on CUDA is one cuBLASLt matmul with CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+// the fp32 accumulator gets the bias, is stored to the aux buffer (the
+// pre-activation, in the output's dtype) and goes through GELU's tanh form
+// into D. After Note [Row-major GEMM through column-major cuBLASLt], D is
+// W x^T as a column-major [out, N] matrix, which is our row-major out [N, out]:
+// cuBLASLt's A is the weight (op T, ld in), its B is x (op N, ld in). The bias
+// then has D's row count, out, as cuBLASLt requires, and aux is pre with
+// leading dimension out, which cuBLASLt requires to be a multiple of 8. The
+// heuristic reads the bias and aux pointers for their alignment, so those
+// alignments are part of the plan key; each call sets its own pointers on the
+// cached descriptor under the plan's lock. f32 stays true fp32 unless
+// allow_tf32(). Where the epilogue cannot run (f64, out % 8 != 0, K = 0, no
+// algorithm) gemm_bias_gelu returns false and linear_gelu runs the plain GEMM
+// (into fp32 for 16-bit inputs, the epilogue's accumulator) and bias_gelu
+// (kernels/cuda/fused.cu), which applies GELU before rounding, like the epilogue.
+//
+// Note [Bias epilogue]
+// ~~~~~~~~~~~~~~~~~~~~
+// kernels::linear on CUDA is one cuBLASLt matmul with CUBLASLT_EPILOGUE_BIAS,
+// laid out as in Note [GELU epilogue]: D is our out [N, out], the bias has D's
+// row count (out) and is packed (contiguous), and its elements have D's dtype
+// (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE's default), as cublasLt.h requires.
+// There is no aux buffer, so no rule on out's size: an out that no algorithm
+// takes is declined by the heuristic. The bias is added to the fp32
+// accumulator and the sum is rounded once to the output dtype, where
+// matmul-then-add rounds twice (the product to the dtype, then the sum): for
+// bf16/f16 the fused result is slightly more accurate and may differ from the
+// unfused one in the last bit, so the tests compare with dtype tolerances.
+// (For f32 both round once; they may still differ by the algorithm the
+// heuristic picks.) f32 stays true fp32 unless allow_tf32(). Where the
+// epilogue cannot run (f64, K = 0, no algorithm) gemm_bias returns false and
+// kernels::linear runs matmul then add.
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+
+#include "core/cuda_runtime.h"
+#include "core/cuda_types.cuh"
+#include "kernels/cuda/cublaslt_state.h"
+#include "kernels/fused_backend.h"
+#include "kernels/ops.h"
+
+namespace accrue::kernels::cuda {
+
+namespace cu = ::accrue::cuda;
+
+namespace {
+
+using cublaslt::alignment_of;
+using cublaslt::cuda_data_type;
+using cublaslt::EpilogueKey;
+using cublaslt::EpiloguePlan;
+using cublaslt::kWorkspaceBytes;
+using cublaslt::LtState;
+using cublaslt::make_layout;
+
+struct EpilogueProblem {
+  int device = 0;
+  cublasLtEpilogue_t epilogue{};
+  cudaDataType_t type{};
+  cublasComputeType_t compute{};
+  int64_t n = 0, in = 0, out = 0;  // x [n, in], weight [out, in]
+  const void* x = nullptr;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  void* pre = nullptr;  // the aux buffer, GELU_AUX_BIAS only
+  void* y = nullptr;
+
+  bool has_aux() const { return epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+
+  EpilogueKey key() const {
+    return {device,
+            epilogue,
+            type,
+            compute,
+            n,
+            in,
+            out,
+            alignment_of(x),
+            alignment_of(weight),
+            alignment_of(bias),
+            alignment_of(pre),
+            alignment_of(y)};
+  }
+};
+
+// Sets a descriptor attribute, reporting whether cuBLASLt accepted it.
+template <class T>
+bool set_desc_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& v) {
+  return cublasLtMatmulDescSetAttribute(desc, attr, &v, sizeof(v)) == CUBLAS_STATUS_SUCCESS;
+}
+
+bool set_epilogue_pointers(const EpiloguePlan& plan, const EpilogueProblem& p) {
+  return set_desc_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias) &&
+         (!p.has_aux() || set_desc_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.pre));
+}
+
+// The plan of one epilogue problem. Anything cuBLASLt refuses leaves it
+// unusable (the caller falls back) rather than failing the op.
+std::unique_ptr<EpiloguePlan> build_epilogue_plan(cublasLtHandle_t handle,
+                                                  const EpilogueProblem& p) {
+  auto plan = std::make_unique<EpiloguePlan>();
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, p.compute, CUDA_R_32F));
+  plan->a = make_layout(p.type, p.in, p.out, p.in, 1, 0);
+  plan->b = make_layout(p.type, p.in, p.n, p.in, 1, 0);
+  plan->c = make_layout(p.type, p.out, p.n, p.out, 1, 0);
+  const int32_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
+  const int64_t aux_ld = p.out;
+  bool ok =
+      set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, transa) &&
+      set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, transb) &&
+      set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, p.epilogue) &&
+      (!p.has_aux() || set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld)) &&
+      set_epilogue_pointers(*plan, p);
+  if (!ok) return plan;
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
+    ok = ok &&
+         cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v)) == CUBLAS_STATUS_SUCCESS;
+  };
+  set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kWorkspaceBytes));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(p.weight));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(p.x));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(p.y));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(p.y));
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  if (ok) {
+    ok = cublasLtMatmulAlgoGetHeuristic(handle, plan->op, plan->a, plan->b, plan->c, plan->c, pref,
+                                        1, &result, &returned) == CUBLAS_STATUS_SUCCESS &&
+         returned > 0;
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (ok) {
+    plan->algo = result.algo;
+    plan->usable = true;
+  }
+  return plan;
+}
+
+// The problem of y = epilogue(x @ weight^T + bias) on y's device, or false
+// when no epilogue can take it (a dtype cuBLASLt has no epilogue for here, K
+// = 0, sizes beyond 32 bits).
+bool describe_epilogue(cublasLtEpilogue_t epilogue, const Tensor& x, const Tensor& weight,
+                       const Tensor& bias, const Tensor& y, EpilogueProblem* p) {
+  const DType dtype = x.dtype();
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) return false;
+  const int64_t n = x.size(0), in = x.size(1), out_features = weight.size(0);
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  if (in == 0 || n > kInt32Max || in > kInt32Max || out_features > kInt32Max) return false;
+  p->device = y.device().index;
+  p->epilogue = epilogue;
+  p->type = cuda_data_type(dtype);
+  p->compute =
+      dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  p->n = n;
+  p->in = in;
+  p->out = out_features;
+  p->x = x.data_ptr();
+  p->weight = weight.data_ptr();
+  p->bias = bias.data_ptr();
+  p->y = y.data_ptr();
+  return true;
+}
+
+// Runs p's matmul on the current stream of p's device; false, having launched
+// nothing, when cuBLASLt offers or accepts no algorithm for it.
+bool run_epilogue(const EpilogueProblem& p, const char* name) {
+  cu::DeviceScope scope(p.device);
+  cudaStream_t stream = cu::stream_for(p.device);
+  auto [r, plan] = LtState::instance().acquire_epilogue(
+      p.device, stream, p.key(),
+      [&](cublasLtHandle_t handle) { return build_epilogue_plan(handle, p); });
+
+  std::lock_guard<std::mutex> lock(plan->launch);
+  if (!plan->usable) return false;
+  ACCRUE_CHECK(set_epilogue_pointers(*plan, p), name,
+               ": cuBLASLt refused the epilogue pointers of a cached plan");
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t s =
+      cublasLtMatmul(r.handle, plan->op, &alpha, p.weight, plan->a, p.x, plan->b, &beta, p.y,
+                     plan->c, p.y, plan->c, &plan->algo, r.workspace, kWorkspaceBytes, stream);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
+    // cuBLASLt validates before it launches anything: nothing ran, fall back
+    // now and for every later call with this key.
+    plan->usable = false;
+    return false;
+  }
+  ACCRUE_CUBLAS_CHECK(s);
+  return true;
+}
+
+}  // namespace
+
+bool gemm_bias_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
+                    const Tensor& out) {
+  // The aux buffer's leading dimension must be a multiple of 8.
+  if (weight.size(0) % 8 != 0) return false;
+  EpilogueProblem p;
+  if (!describe_epilogue(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, x, weight, bias, out, &p)) return false;
+  p.pre = pre.data_ptr();
+  if (prewrite_library_outputs()) {  // Note [Library outputs under initcheck]
+    pre.fill_(0.0);
+    out.fill_(0.0);
+  }
+  return run_epilogue(p, "linear_gelu");
+}
+
+bool gemm_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
+  EpilogueProblem p;
+  if (!describe_epilogue(CUBLASLT_EPILOGUE_BIAS, x, weight, bias, out, &p)) return false;
+  if (prewrite_library_outputs()) out.fill_(0.0);  // Note [Library outputs under initcheck]
+  return run_epilogue(p, "linear");
+}
+
+}  // namespace accrue::kernels::cuda
