@@ -14,6 +14,7 @@
 #include <string>
 
 #include "accrue.h"
+#include "examples/common/checkpoint_file.h"
 #include "examples/common/launch.h"
 #include "examples/common/options.h"
 #include "examples/common/run_main.h"
@@ -92,6 +93,7 @@ int train(int argc, char** argv) {
   if (!parse(argc, argv, opt)) return 0;
   const Launch where = launch(opt.force_cpu);
   const Device device = where.device;
+  if (!opt.metrics.empty() && where.main_rank()) probe_output_file("--metrics", opt.metrics);
   const int64_t window_items =
       checked_product({{"--micro-batch", opt.micro_batch}, {"--accum", opt.accum}});
   const int64_t items_per_window = checked_product(

@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "examples/common/checkpoint_file.h"
 #include "examples/common/options.h"
 
 namespace accrue::examples {
@@ -168,6 +169,12 @@ bool parse_gpt2_options(int argc, char** argv, Gpt2Options& o) {
     usage_error("--warmup-windows (", o.warmup_windows, ") must be below --windows (", o.windows,
                 ")");
   return true;
+}
+
+void probe_gpt2_outputs(const Gpt2Options& o) {
+  if (!o.checkpoint.empty()) probe_output_file("--checkpoint", o.checkpoint);
+  if (!o.metrics.empty()) probe_output_file("--metrics", o.metrics);
+  if (!o.gemm_tuning.empty()) probe_output_file("--gemm-tuning", o.gemm_tuning);
 }
 
 nn::GPT2Config make_gpt2_config(const Gpt2Options& o, uint64_t dropout_seed) {

@@ -56,6 +56,10 @@ struct Gpt2Options {
 // after --help. With --bench, o.windows becomes warm-up plus timed windows.
 bool parse_gpt2_options(int argc, char** argv, Gpt2Options& o);
 
+// Refuses --checkpoint, --metrics and --gemm-tuning paths that could not be
+// written (probe_output_file), before the run starts.
+void probe_gpt2_outputs(const Gpt2Options& o);
+
 // The preset and the size overrides; a configuration GPT-2 cannot have, or
 // whose sizes overflow, is a usage error.
 nn::GPT2Config make_gpt2_config(const Gpt2Options& o, uint64_t dropout_seed);

@@ -146,6 +146,7 @@ int train(int argc, char** argv) {
   if (!parse_gpt2_options(argc, argv, opt)) return 0;
   const Launch where = launch(opt.force_cpu);
   const Device device = where.device;
+  if (where.main_rank()) probe_gpt2_outputs(opt);  // rank 0 writes them
   // Each rank its own dropout masks and synthetic tokens; everything else from the seed.
   const nn::GPT2Config config = make_gpt2_config(opt, opt.seed + 1 + where.rank.rank);
   const BatchPlan plan = plan_batch(opt, config, where.world_size());

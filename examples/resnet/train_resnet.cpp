@@ -235,6 +235,7 @@ int train(int argc, char** argv) {
   Options opt;
   if (!parse(argc, argv, opt)) return 0;
   if (opt.cuda && !cuda_available()) usage_error("--cuda needs a CUDA GPU, and none is visible");
+  if (!opt.checkpoint.empty()) probe_output_file("--checkpoint", opt.checkpoint);
   const int64_t window_items =
       checked_product({{"--micro-batch", opt.micro_batch}, {"--k", opt.k}});
   Tensor images, labels;

@@ -90,6 +90,9 @@ case $name in
     expect 2 "--metrics needs a non-empty path" --metrics ""
     expect 2 "--micro-batch 4611686018427387904 x --accum 2 overflows a 64-bit integer" \
       --cpu --micro-batch 4611686018427387904 --accum 2
+    expect 2 "--metrics /tmp is a directory" --cpu --metrics /tmp
+    expect 2 "--metrics /no-such-dir/m.jsonl: no folder /no-such-dir" --cpu --metrics \
+      /no-such-dir/m.jsonl
     # One window has nothing to compare its loss with: it succeeds.
     run --cpu --windows 1
     [[ $rc -eq 0 ]] || fail "demo --windows 1: exit code $rc: $err"
@@ -122,6 +125,7 @@ case $name in
     expect 2 "--lr must be > 0, got -0.1" --lr -0.1
     expect 2 "--synthetic and --data exclude each other" --synthetic --data /tmp
     expect 2 "--resume needs a non-empty path" --resume ""
+    expect 2 "--checkpoint / is a directory" --checkpoint / --epochs 1
     expect 1 "images are too few" --micro-batch 1000 --k 2 --epochs 1
     expect 1 "no-such-dir/digits_images.npy" --data /no-such-dir --epochs 1
     ;;
@@ -164,6 +168,14 @@ case $name in
     expect 2 "--stop-micro-steps 2 is not inside a window of K = 1 micro-steps" "${tiny[@]}" \
       --micro-batch 2 --seq-len 16 --windows 3 --stop-after 1 --stop-micro-steps 2 \
       --checkpoint /tmp/unused.safetensors
+    # Output paths are probed before the run: a directory, a FIFO, a missing folder.
+    expect 2 "--checkpoint /tmp is a directory" "${tiny[@]}" --checkpoint /tmp
+    fifo=$(mktemp -u)
+    mkfifo "$fifo"
+    expect 2 "--metrics $fifo is not a regular file" "${tiny[@]}" --metrics "$fifo"
+    rm -f "$fifo"
+    expect 2 "--gemm-tuning /no-such-dir/t.txt: no folder /no-such-dir" "${tiny[@]}" \
+      --gemm-tuning /no-such-dir/t.txt
     # A diverged run fails (1) naming the window, rather than exiting 0.
     expect 1 "the loss is not finite" "${tiny[@]}" --micro-batch 2 --seq-len 16 --windows 3 \
       --lr 1e30 --max-grad-norm 0
