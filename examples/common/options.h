@@ -147,8 +147,8 @@ class OptionTable {
   Option& path(std::string name, std::string* out, std::string metavar, std::string help);
 
   // Parses argv[1..]. Returns false when -h/--help was given: the help is then
-  // on stdout and the program should exit 0. Throws UsageError (Note
-  // [Command-line values]).
+  // on stdout and the program should exit 0. Throws UsageError, see
+  // Note [Command-line values].
   bool parse(int argc, const char* const* argv);
   bool parse(const std::vector<std::string>& args);  // without the program name
   // Whether the command line named this option (after parse).

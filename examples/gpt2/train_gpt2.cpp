@@ -204,9 +204,9 @@ int train(int argc, char** argv) {
         window, [&loss_of](const std::vector<Tensor>& in) { return loss_of(in[0], in[1]); });
     std::printf("cuda graphs: micro-steps and close captured after one eager warm-up each\n");
   }
-  // Note [Layer monitor]: measured in every --layer-metrics-every-th window. Note
-  // [Step sums]: from the close's own pass, unless the close is replayed from a
-  // graph or steps ZeRO-1 ranges (then separate passes).
+  // Note [Layer monitor]: measured in every --layer-metrics-every-th window.
+  // Note [Step sums]: from the close's own pass, unless the close is replayed
+  // from a graph or steps ZeRO-1 ranges (then separate passes).
   std::unique_ptr<optim::LayerMonitor> layers;
   if (opt.layer_metrics_every > 0)
     layers = graphed || arena.moments_sharded()
