@@ -11,9 +11,12 @@ file, everything else into the body of one function per document, after
 declarations of the names the documents leave to the reader (x, y,
 batch_size, micro_batches). So a page's snippets may build on each other, and
 pages never see each other's names. The functions are never called: the test
-is that they compile against the installed headers and link. A document
-without a ```cpp block adds nothing; no block at all is an error (a renamed
-fence would otherwise pass unnoticed).
+is that they compile against the installed headers and link. A fragment
+that cannot compile on its own (a line of a kernels/*.inc list, a lone
+declaration) is fenced ```cpp fragment instead: renderers still highlight it
+as C++, and it is left out. A document without a ```cpp block adds nothing;
+no block at all is an error (a renamed fence would otherwise pass
+unnoticed).
 """
 import os
 import re
