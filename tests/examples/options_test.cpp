@@ -9,7 +9,14 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
 #include "core/error.h"
+#include "examples/common/checkpoint_file.h"
 #include "examples/common/json.h"
 #include "examples/common/options.h"
 #include "examples/common/run_main.h"
@@ -19,6 +26,7 @@ namespace {
 using accrue::examples::checked_product;
 using accrue::examples::JsonObject;
 using accrue::examples::OptionTable;
+using accrue::examples::probe_output_file;
 using accrue::examples::run_main;
 using accrue::examples::usage_error;
 using accrue::examples::UsageError;
@@ -284,6 +292,42 @@ TEST(RunMainTest, UserMessageDropsSourceLocations) {
             "loading x.bin: bad token while resuming");
   EXPECT_EQ(user_message(std::runtime_error("ratio (3:4) kept")), "ratio (3:4) kept");
   EXPECT_EQ(user_message(accrue::Error("kernel (matmul.cu:741)")), "kernel");
+}
+
+// The UsageError probe_output_file throws for `path`, or "" when it accepts it.
+std::string probe(const std::string& path) {
+  try {
+    probe_output_file("--out", path);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ProbeOutputFileTest, RefusesWhatCannotBeWrittenAndCreatesNothing) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("accrue_probe_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string d = dir.string();
+  // Creatable, and nothing is created.
+  EXPECT_EQ(probe(d + "/new.safetensors"), "");
+  EXPECT_FALSE(fs::exists(d + "/new.safetensors"));
+  // An existing regular file is overwritten at the end: accepted.
+  std::FILE* f = std::fopen((d + "/old.safetensors").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  EXPECT_EQ(probe(d + "/old.safetensors"), "");
+  EXPECT_EQ(probe(d), "--out " + d + " is a directory");
+  EXPECT_EQ(probe(d + "/missing/x"), "--out " + d + "/missing/x: no folder " + d + "/missing");
+  ASSERT_EQ(::mkfifo((d + "/fifo").c_str(), 0600), 0);
+  EXPECT_EQ(probe(d + "/fifo"),
+            "--out " + d + "/fifo is not a regular file (a FIFO, socket or device)");
+  if (::geteuid() != 0) {  // root writes anywhere
+    fs::permissions(d + "/old.safetensors", fs::perms::owner_read);
+    EXPECT_EQ(probe(d + "/old.safetensors"), "--out " + d + "/old.safetensors is not writable");
+  }
+  fs::remove_all(dir);
 }
 
 TEST(JsonObjectTest, WritesOneLine) {
