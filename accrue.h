@@ -38,6 +38,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/metrics_log.h"
 #include "optim/optimizer.h"
+#include "optim/param_store.h"
 #include "optim/planner.h"
 #include "optim/run_window.h"
 #include "optim/sgd.h"

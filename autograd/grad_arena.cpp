@@ -1,8 +1,5 @@
 #include "autograd/grad_arena.h"
 
-#include <iomanip>
-#include <sstream>
-
 #include "core/allocator.h"
 #include "core/grad_mode.h"
 #include "kernels/ops.h"
@@ -22,17 +19,10 @@ int64_t align_elements(int64_t n, DType dtype, int shard_ranks) {
 }  // namespace
 
 GradArena::GradArena(const std::vector<Tensor>& params, const std::vector<std::string>& names,
-                     const ArenaOptions& options)
+                     const GradArenaOptions& options)
     : options_(options) {
-  ACCRUE_CHECK(options.master_dtype == DType::f32 || options.master_dtype == DType::f64,
-               "GradArena: master dtype must be f32 or f64, got ",
-               dtype_name(options.master_dtype));
-  ACCRUE_CHECK(options.compute_dtype == options.master_dtype ||
-                   options.compute_dtype == DType::bf16 || options.compute_dtype == DType::f16,
-               "GradArena: compute dtype ", dtype_name(options.compute_dtype),
-               " must be the master dtype ", dtype_name(options.master_dtype), ", bf16 or f16");
-  ACCRUE_CHECK(options.moments >= 0 && options.moments <= 3,
-               "GradArena: moments must be 0..3, got ", options.moments);
+  ACCRUE_CHECK(options.dtype == DType::f32 || options.dtype == DType::f64,
+               "GradArena: gradient dtype must be f32 or f64, got ", dtype_name(options.dtype));
   ACCRUE_CHECK(options.shard_ranks >= 1 && options.shard_ranks <= 4096,
                "GradArena: shard_ranks must be 1..4096, got ", options.shard_ranks);
   ACCRUE_CHECK(names.empty() || names.size() == params.size(), "GradArena: ", names.size(),
@@ -52,29 +42,13 @@ GradArena::GradArena(const std::vector<Tensor>& params, const std::vector<std::s
     s.strides = p.is_channels_last() ? p.strides() : contiguous_strides(p.shape());
     s.numel = p.numel();
     s.offset = padded_numel_;
-    padded_numel_ += align_elements(s.numel, options.master_dtype, options.shard_ranks);
+    padded_numel_ += align_elements(s.numel, options.dtype, options.shard_ranks);
     numel_ += s.numel;
     slots_.push_back(std::move(s));
   }
   // Padding must read as zero forever: the norm pass and the optimizer sweep it.
-  master_ = zeros({padded_numel_}, options.master_dtype, options.device);
-  grads_ = zeros({padded_numel_}, options.master_dtype, options.device);
-  moment_numel_ = padded_numel_;
-  for (int i = 0; i < options.moments; ++i)
-    moments_.push_back(zeros({padded_numel_}, options.master_dtype, options.device));
-  NoGradGuard no_grad;
-  for (size_t i = 0; i < params.size(); ++i)
-    master_view(i).copy_(params[i]);
-  const bool has_copy = options.compute_dtype != options.master_dtype;
-  if (has_copy) compute_ = master_.to(options.compute_dtype);
-  const Tensor& home = has_copy ? compute_ : master_;
-  // Re-point each parameter at its slot: every handle the model holds sees the arena.
+  grads_ = zeros({padded_numel_}, options.dtype, options.device);
   for (size_t i = 0; i < params.size(); ++i) {
-    TensorImpl& impl = *params[i].impl();
-    impl.storage = home.storage();
-    impl.offset = slots_[i].offset;
-    impl.strides = slots_[i].strides;
-    impl.dtype = home.dtype();
     params_.push_back(params[i]);
     set_grad(params[i], grad_view(i));
     set_grad_sink(params[i], this);
@@ -87,87 +61,8 @@ GradArena::~GradArena() {
     set_grad_sink(p, nullptr);
 }
 
-const Tensor& GradArena::moment(int i) const {
-  ACCRUE_CHECK(i >= 0 && i < static_cast<int>(moments_.size()), "GradArena::moment: index ", i,
-               " but the arena has ", moments_.size(), " moment arenas");
-  return moments_[i];
-}
-
-namespace {
-std::string bytes_str(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  for (; u < 3 && v >= 1024.0; ++u)
-    v /= 1024.0;
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(u == 0 ? 0 : 1) << v << " " << units[u];
-  return os.str();
-}
-}  // namespace
-
-std::string ArenaMemory::describe() const {
-  return "master " + bytes_str(master) + (master_sharded ? " (sharded)" : "") + ", grads " +
-         bytes_str(grads) + ", compute " + bytes_str(compute) + ", moments " + bytes_str(moments) +
-         (moments_sharded ? " (sharded)" : "") + ", total " + bytes_str(total());
-}
-
-ArenaMemory GradArena::memory() const {
-  auto bytes = [](const Tensor& t) {
-    return t.defined() ? t.numel() * static_cast<int64_t>(element_size(t.dtype())) : int64_t{0};
-  };
-  ArenaMemory m;
-  m.master = bytes(master_);
-  m.grads = bytes(grads_);
-  m.compute = bytes(compute_);
-  for (const Tensor& t : moments_)
-    m.moments += bytes(t);
-  m.master_sharded = master_sharded_;
-  m.moments_sharded = moments_sharded();
-  return m;
-}
-
-void GradArena::shard_moments(int64_t numel) {
-  ACCRUE_CHECK(numel >= 0 && numel <= padded_numel_, "GradArena::shard_moments: ", numel,
-               " elements; the arena has ", padded_numel_);
-  moment_numel_ = numel;
-  for (Tensor& m : moments_) {
-    m = Tensor();  // freed before the shard is allocated: the peak never holds both
-    m = zeros({numel}, options_.master_dtype, options_.device);
-  }
-}
-
-void GradArena::shard_master(const std::vector<ArenaRange>& owned) {
-  ACCRUE_CHECK(compute_.defined(), "GradArena::shard_master: the arena has no compute copy, so ",
-               "the forward reads the master weights and every rank needs them whole");
-  ACCRUE_CHECK(!master_sharded_, "GradArena::shard_master: already sharded");
-  int64_t packed = 0;
-  for (const ArenaRange& r : owned) {
-    ACCRUE_CHECK(r.offset >= 0 && r.numel >= 0 && r.offset + r.numel <= padded_numel_,
-                 "GradArena::shard_master: range [", r.offset, ", ", r.offset + r.numel,
-                 ") is outside the arena's ", padded_numel_, " elements");
-    packed += r.numel;
-  }
-  NoGradGuard no_grad;
-  Tensor shard = empty({packed}, options_.master_dtype, options_.device);
-  int64_t at = 0;
-  for (const ArenaRange& r : owned) {
-    shard.narrow(0, at, r.numel).copy_(master_.narrow(0, r.offset, r.numel));
-    at += r.numel;
-  }
-  master_ = shard;  // the whole master is freed here
-  master_sharded_ = true;
-}
-
-Tensor GradArena::master_view(size_t i) const {
-  ACCRUE_CHECK(
-      !master_sharded_, "GradArena::master_view: the master weights are sharded ",
-      "(Note [ZeRO-1]); read the compute copy, or Window::state_dict for this rank's shard");
-  return make_view(master_, slots_[i].shape, slots_[i].strides, slots_[i].offset);
-}
-
-Tensor GradArena::grad_view(size_t i) const {
-  return make_view(grads_, slots_[i].shape, slots_[i].strides, slots_[i].offset);
+Tensor GradArena::slot_view(const Tensor& flat, size_t i) const {
+  return make_view(flat, slots_[i].shape, slots_[i].strides, slots_[i].offset);
 }
 
 int GradArena::index_of(const Tensor& param) const {

@@ -1,5 +1,7 @@
 #include "autograd/variable.h"
 
+#include "core/grad_mode.h"
+
 namespace accrue {
 
 namespace {
@@ -98,6 +100,24 @@ void register_grad_ready_hook(const Tensor& t, GradReadyHook hook) {
 
 void set_grad_sink(const Tensor& t, GradSink* sink) {
   autograd::meta_of(t).sink = sink;
+}
+
+void set_parameter_owner(const Tensor& t, ParameterOwner* owner) {
+  autograd::meta_of(t).owner = owner;
+}
+
+void load_parameter(const Tensor& param, const Tensor& value) {
+  AutogradMeta* m = autograd::find_meta(param);
+  NoGradGuard no_grad;
+  if (m && m->owner)
+    m->owner->load(param, value);
+  else
+    param.copy_(value);
+}
+
+Tensor parameter_value(const Tensor& param) {
+  AutogradMeta* m = autograd::find_meta(param);
+  return m && m->owner ? m->owner->value(param) : param;
 }
 
 }  // namespace accrue

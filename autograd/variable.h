@@ -35,6 +35,19 @@ class GradSink {
   }
 };
 
+// Holds a parameter's authoritative value when the tensor the model computes
+// with is not it: optim::ParamStore keeps fp32 master weights behind a
+// bf16/f16 compute copy. Set per parameter; every loader writes through it
+// (Note [One load path] in optim/param_store.h).
+class ParameterOwner {
+ public:
+  virtual ~ParameterOwner() = default;
+  // Makes `value` (cast as needed) the parameter's value in every copy the owner keeps.
+  virtual void load(const Tensor& param, const Tensor& value) = 0;
+  // The parameter's authoritative value, shaped like it (a view, not a copy).
+  virtual Tensor value(const Tensor& param) const = 0;
+};
+
 using GradReadyHook = std::function<void(const Tensor& leaf)>;
 
 struct AutogradMeta {
@@ -45,6 +58,7 @@ struct AutogradMeta {
   std::weak_ptr<autograd::AccumulateGrad> accumulator;  // leaves only
   std::vector<GradReadyHook> grad_ready_hooks;
   GradSink* sink = nullptr;
+  ParameterOwner* owner = nullptr;
 };
 
 // Marks a leaf as needing a gradient. Returns t for chaining.
@@ -63,6 +77,13 @@ Tensor detach(const Tensor& t);
 void register_grad_ready_hook(const Tensor& t, GradReadyHook hook);
 // Routes the leaf's gradients into `sink` (nullptr restores .grad storage).
 void set_grad_sink(const Tensor& t, GradSink* sink);
+// Hands the parameter's value to `owner` (nullptr: the tensor holds it itself).
+void set_parameter_owner(const Tensor& t, ParameterOwner* owner);
+// Sets a parameter's value: through its owner when it has one (the master
+// weights, then the compute copy), else a copy into the tensor. No graph.
+void load_parameter(const Tensor& param, const Tensor& value);
+// The parameter's authoritative value: its owner's (the master weights), else the tensor.
+Tensor parameter_value(const Tensor& param);
 
 namespace autograd {
 // Note [Delivered gradients]

@@ -471,8 +471,8 @@ CollectiveTime time_collective(dist::Communicator& comm, StreamHandle stream, in
 }
 
 // Standard-normal values in every slot; the alignment padding stays zero (Note [Grad arena]).
-void fill_slots(const GradArena& arena, const Tensor& flat) {
-  for (const GradArena::Slot& s : arena.slots())
+void fill_slots(const optim::ParamStore& arena, const Tensor& flat) {
+  for (const optim::ParamStore::Slot& s : arena.slots())
     make_view(flat, {s.numel}, {1}, s.offset).copy_(randn({s.numel}, DType::f32, flat.device()));
 }
 
@@ -492,10 +492,10 @@ int run_allreduce(const Options& o, const dist::RankInfo& rank) {
     params.push_back(requires_grad_(randn(s.shape, DType::f32, device)));
     names.push_back(s.name);
   }
-  ArenaOptions arena_options;
+  optim::ParamStoreOptions arena_options;
   arena_options.device = device;
   arena_options.moments = 0;
-  GradArena arena(params, names, arena_options);
+  optim::ParamStore arena(params, names, arena_options);
   params.clear();
   fill_slots(arena, arena.grads());
   const Tensor& grads = arena.grads();
@@ -656,7 +656,7 @@ RowResult run_scaling_row(const Options& o, const Row& row, const dist::RankInfo
   Generator init_gen(1234);
   nn::MLP model(mlp_widths(o), {device, DType::f32, &init_gen});
   optim::Optimizer optimizer(optim::AdamWOptions(o.lr).betas(0.9, 0.95).weight_decay(0.1));
-  GradArena arena(model.parameters(), {},
+  optim::ParamStore arena(model.parameters(), {},
                   {device, DType::f32, compute, optimizer.moments_needed()});
   std::unique_ptr<dist::Reducer> reducer;
   if (comm != nullptr) {

@@ -45,8 +45,8 @@ constexpr double kWindowItems = 8.0 * 8 * 1024;  // N: 8 micro-batches of 8 x 10
 
 // Random values in every parameter's slot of a flat arena; the padding
 // between slots stays zero, as Note [Grad arena] requires.
-void fill_slots(const GradArena& arena, const Tensor& flat, bool non_negative) {
-  for (const GradArena::Slot& s : arena.slots()) {
+void fill_slots(const optim::ParamStore& arena, const Tensor& flat, bool non_negative) {
+  for (const optim::ParamStore::Slot& s : arena.slots()) {
     Tensor slot = make_view(flat, {s.numel}, {1}, s.offset);
     // Adam's v must be >= 0: uniform [0, 1) there, standard normal elsewhere.
     slot.copy_(non_negative ? rand({s.numel}, DType::f32, gpu())
@@ -69,12 +69,12 @@ class CloseFixture {
       params.push_back(requires_grad_(randn(s.shape, DType::f32, gpu())));
       names.push_back(s.name);
     }
-    ArenaOptions options;
+    optim::ParamStoreOptions options;
     options.device = gpu();
     options.master_dtype = DType::f32;
     options.compute_dtype = compute_dtype;
     options.moments = optimizer_.moments_needed();
-    arena_ = std::make_unique<GradArena>(params, names, options);
+    arena_ = std::make_unique<optim::ParamStore>(params, names, options);
     if (split_groups) {
       // nanoGPT's groups: no weight decay on biases and norm weights.
       std::vector<Tensor> no_decay;
@@ -119,7 +119,7 @@ class CloseFixture {
 
  private:
   optim::Optimizer optimizer_;
-  std::unique_ptr<GradArena> arena_;
+  std::unique_ptr<optim::ParamStore> arena_;
   kernels::CloseConfig config_;
   Tensor state_, partials_;
   optim::SlotTables slots_;  // defined under skip only

@@ -26,7 +26,7 @@
 // Every range starts and ends on a 256-byte boundary, so for f32 every
 // bucket's numel is a multiple of 64 (divisible by any world size up to 64
 // that is a power of two: ZeRO-1 reduce-scatters buckets without padding).
-// ArenaOptions::shard_ranks = W pads slots to W x 256 bytes, which makes every
+// ParamStoreOptions::shard_ranks = W pads slots to W x 256 bytes, which makes every
 // bucket divisible by any other world size W (Note [ZeRO-1]).
 //
 // Note [Layout fingerprint]
@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "autograd/grad_arena.h"
+#include "optim/param_store.h"
 
 namespace accrue::dist {
 
@@ -69,6 +70,8 @@ struct Bucket {
 class BucketPlan {
  public:
   explicit BucketPlan(const GradArena& arena, const BucketPlanOptions& options = {});
+  explicit BucketPlan(const optim::ParamStore& store, const BucketPlanOptions& options = {})
+      : BucketPlan(store.grad_arena(), options) {}
   // The same plan from a slot list laid out as a GradArena lays it out (tests,
   // and planning without allocating). element_size: bytes of the master dtype.
   BucketPlan(const std::vector<GradArena::Slot>& slots, int64_t padded_numel, size_t element_size,
@@ -95,6 +98,9 @@ class BucketPlan {
 
 // See Note [Layout fingerprint].
 uint64_t layout_fingerprint(const GradArena& arena);
+inline uint64_t layout_fingerprint(const optim::ParamStore& store) {
+  return layout_fingerprint(store.grad_arena());
+}
 uint64_t layout_fingerprint(const std::vector<GradArena::Slot>& slots, DType master_dtype);
 
 }  // namespace accrue::dist

@@ -11,7 +11,7 @@
 
 namespace accrue::dist {
 
-Reducer::Reducer(GradArena& arena, Communicator& comm, const ReducerOptions& options)
+Reducer::Reducer(optim::ParamStore& arena, Communicator& comm, const ReducerOptions& options)
     : arena_(arena),
       comm_(comm),
       options_(options),
@@ -57,8 +57,8 @@ Reducer::Reducer(GradArena& arena, Communicator& comm, const ReducerOptions& opt
       const Bucket& bucket = plan_[b];
       ACCRUE_CHECK(bucket.numel % world == 0, "Reducer (zero1): bucket ", b, " has ", bucket.numel,
                    " elements, not divisible by the world size ", world,
-                   "; construct the arena with ArenaOptions::shard_ranks = ", world,
-                   " (arena shard_ranks = ", arena.options().shard_ranks, "; Note [ZeRO-1])");
+                   "; construct the store with optim::ParamStoreOptions::shard_ranks = ", world,
+                   " (its shard_ranks = ", arena.options().shard_ranks, "; Note [ZeRO-1])");
       const int64_t chunk = bucket.numel / world;
       owned_.push_back({bucket.offset + comm.rank() * chunk, chunk});
       packed += chunk;
@@ -267,7 +267,7 @@ void Reducer::broadcast_parameters(int root) {
   }
   order_compute_after_comm();
   // The GEMMs read the compute copy: it follows the broadcast master weights.
-  if (arena_.compute().defined()) arena_.compute().copy_(arena_.master());
+  arena_.refresh_compute();
 }
 
 void Reducer::gather_partials(const Tensor& local, const Tensor& all) {

@@ -1,9 +1,9 @@
 // Reducer: data-parallel gradient reduction for the accumulation Window.
 //
-//   auto comm = dist::connect_nccl(dist::discover_rank(), dist::layout_fingerprint(arena));
-//   dist::Reducer reducer(arena, *comm);
+//   auto comm = dist::connect_nccl(dist::discover_rank(), dist::layout_fingerprint(store));
+//   dist::Reducer reducer(store, *comm);
 //   reducer.broadcast_parameters();                      // every rank starts from rank 0's
-//   optim::Window window(arena, optimizer, options, &reducer);
+//   optim::Window window(store, optimizer, options, &reducer);
 //   ... the usual loop: window.backward(loss); if (window.ready()) window.close();
 //
 // Note [Reducer]
@@ -36,11 +36,11 @@
 // of every bucket (chunk r = elements [r n/W, (r+1) n/W) of a bucket of n).
 // n is divisible by W when every slot is: Note [Buckets] pads slots to 256
 // bytes, enough for a power of two up to 64 ranks (f32); any other W pads
-// them to W x 256 bytes (ArenaOptions::shard_ranks = W, a few KiB per
+// them to W x 256 bytes (ParamStoreOptions::shard_ranks = W, a few KiB per
 // parameter at most), and the Reducer says so if it was not. Those chunks, in plan order, are
 // the rank's owned ranges (owned_ranges()), and at the close:
 //   - the optimizer moments exist only for them: the arena's moment arenas
-//     are replaced by packed shards at construction (GradArena::shard_moments),
+//     are replaced by packed shards at construction (optim::ParamStore::shard_moments),
 //     1/W of plain data parallelism's;
 //   - the norm pass reads only them; every rank's partials are all-gathered
 //     and summed in one fixed order on every rank, so all ranks compute the
@@ -53,7 +53,7 @@
 // Traffic equals plain data parallelism's (reduce-scatter + all-gather of the
 // forward dtype = one all-reduce when that dtype is f32, less with bf16).
 // With a bf16/f16 compute copy the forward never reads the fp32 master, so
-// the master is sharded too (GradArena::shard_master): the constructor
+// the master is sharded too (optim::ParamStore::shard_master): the constructor
 // broadcasts rank 0's master and keeps only the owned ranges, packed as the
 // moments are, and the compute copy is what all-gathers. Without a compute
 // copy the master is the forward's weights and stays whole on every rank.
@@ -66,7 +66,7 @@
 #include <optional>
 #include <vector>
 
-#include "autograd/grad_arena.h"
+#include "optim/param_store.h"
 #include "core/cuda_runtime.h"
 #include "dist/bucket_plan.h"
 #include "dist/process_group.h"
@@ -122,7 +122,7 @@ class Reducer final : public optim::GradientSync {
   // arena). `arena` and `comm` must outlive the reducer; the arena must be on
   // comm.device(). With check_layout, collective: every rank constructs its
   // reducer at the same point.
-  Reducer(GradArena& arena, Communicator& comm, const ReducerOptions& options = {});
+  Reducer(optim::ParamStore& arena, Communicator& comm, const ReducerOptions& options = {});
   ~Reducer() override;
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -178,7 +178,7 @@ class Reducer final : public optim::GradientSync {
   void check_layout();
   bool on_gpu() const { return comm_.stream() != nullptr; }
 
-  GradArena& arena_;
+  optim::ParamStore& arena_;
   Communicator& comm_;
   ReducerOptions options_;
   BucketPlan plan_;

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <optional>
 
-#include "autograd/grad_arena.h"
 #include "autograd/variable.h"
 #include "core/grad_mode.h"
 #include "core/tensor_io.h"
@@ -180,26 +179,20 @@ void load_hf_gpt2(GPT2& model, const std::string& safetensors_path) {
   } catch (const Error& e) {
     ACCRUE_FAIL("load_hf_gpt2(", safetensors_path, "): ", e.what());
   }
-  NoGradGuard no_grad;
   for (const NamedParameter& p : model.named_parameters()) {
     auto it = params.find(p.name);
     ACCRUE_CHECK(it != params.end(), "load_hf_gpt2: the file maps to no parameter '", p.name, "'");
-    // Note [Loading into an arena]: the master slot first, then the compute copy from it.
-    auto* arena = dynamic_cast<GradArena*>(autograd::sink_of(p.tensor));
-    const int slot = arena ? arena->index_of(p.tensor) : -1;
-    if (slot >= 0) {
-      const Tensor master = arena->master_view(static_cast<size_t>(slot));
-      master.copy_(it->second);
-      if (arena->compute().defined()) p.tensor.copy_(master);
-    } else {
-      p.tensor.copy_(it->second);
-    }
+    load_parameter(p.tensor, it->second);  // Note [One load path]
   }
 }
 
 void save_hf_gpt2(const GPT2& model, const std::string& path) {
   // "format": "pt" is what transformers expects of a PyTorch checkpoint's metadata.
-  save_safetensors(path, params_to_hf_gpt2(model.config(), model.named_parameters()),
+  // The master weights where a store holds them (Note [One load path]), not the compute copy.
+  std::vector<NamedParameter> params = model.named_parameters();
+  for (NamedParameter& p : params)
+    p.tensor = parameter_value(p.tensor);
+  save_safetensors(path, params_to_hf_gpt2(model.config(), params),
                    {{"format", "pt"}});
 }
 

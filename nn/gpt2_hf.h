@@ -12,16 +12,11 @@
 // carry, transformer.h.{i}.attn.bias and transformer.h.{i}.attn.masked_bias,
 // are not parameters and are ignored.
 //
-// Note [Loading into an arena]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Load before building a GradArena when you can: it is a plain copy into each
-// parameter. In an arena a parameter's data may be its bf16/f16 compute slot
-// rather than its master slot, so load writes the master slot and then
-// refreshes the compute slot from it (the same cast the arena makes at
-// construction); both stay consistent. Optimizer moments are not touched.
-// save writes the parameters' data as they are: in an arena with a compute
-// copy that is the 16-bit copy, not the master (save the master through the
-// arena's views, or save before building the arena).
+// Loading and saving go through each parameter's owner when an
+// optim::ParamStore holds the model (Note [One load path]): load writes the
+// master weights and then the compute copy, so it may come before or after
+// the store is built; save writes the master weights, not a 16-bit compute
+// copy. Optimizer moments are not touched.
 #pragma once
 
 #include <map>
@@ -62,10 +57,10 @@ std::map<std::string, Tensor> params_from_hf_gpt2(const GPT2Config& config,
 std::map<std::string, Tensor> params_to_hf_gpt2(const GPT2Config& config,
                                                 const std::vector<NamedParameter>& params);
 
-// Copies the file's weights into the model's parameters in place (Note
-// [Loading into an arena]).
+// Copies the file's weights into the model's parameters in place (Note [One
+// load path]).
 void load_hf_gpt2(GPT2& model, const std::string& safetensors_path);
-// Writes the model's parameters as an HF GPT-2 safetensors file.
+// Writes the model's parameters (their master weights) as an HF GPT-2 safetensors file.
 void save_hf_gpt2(const GPT2& model, const std::string& path);
 
 }  // namespace accrue::nn

@@ -64,7 +64,7 @@ std::vector<Module*> Module::modules() {
 std::map<std::string, Tensor> Module::state_dict() const {
   std::map<std::string, Tensor> out;
   for (const NamedParameter& p : named_parameters())
-    out[p.name] = p.tensor;
+    out[p.name] = parameter_value(p.tensor);  // Note [One load path]: the master weights
   for (const NamedParameter& b : named_buffers())
     out[b.name] = b.tensor;
   return out;
@@ -84,9 +84,13 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool st
     for (const auto& [name, tensor] : state)
       ACCRUE_CHECK(mine.count(name) != 0, "Module::load_state_dict: unexpected '", name,
                    "' (strict; the module has ", mine.size(), " entries)");
+  // Note [One load path]: a parameter held by a store is written through it
+  // (master, then compute copy); buffers are plain copies.
+  for (const NamedParameter& p : named_parameters())
+    load_parameter(p.tensor, state.at(p.name));
   NoGradGuard no_grad;
-  for (const auto& [name, tensor] : mine)
-    tensor.copy_(state.at(name));
+  for (const NamedParameter& b : named_buffers())
+    b.tensor.copy_(state.at(b.name));
 }
 
 std::vector<Tensor> Module::parameters() const {
@@ -117,7 +121,7 @@ void Module::to_channels_last() {
     if (t.is_contiguous() && (s[1] == 1 || (s[2] == 1 && s[3] == 1))) return;
     Tensor laid = empty({s[0], s[2], s[3], s[1]}, t.dtype(), t.device()).permute({0, 3, 1, 2});
     laid.copy_(t);
-    // Re-point the tensor itself, as GradArena does: every handle sees the new layout.
+    // Re-point the tensor itself, as optim::ParamStore does: every handle sees the new layout.
     TensorImpl& impl = *t.impl();
     impl.storage = laid.storage();
     impl.offset = laid.offset();

@@ -49,10 +49,12 @@ class Module {
   // save_safetensors). load_state_dict copies each entry into the module's
   // own tensor, casting the dtype, after checking all of them first: a
   // missing or (when strict) unexpected name, or a shape that differs, is an
-  // error naming it, and nothing is changed. Once a GradArena holds the
-  // parameters they read the arena's master weights; a training checkpoint
-  // is the Window's state_dict (optim/window.h) plus these buffers, and
-  // weights loaded here before the arena is built become its master.
+  // error naming it, and nothing is changed. Once an optim::ParamStore holds
+  // the parameters, state_dict gives their master weights and
+  // load_state_dict writes the master and then the compute copy (Note [One
+  // load path]), so loading before or after the store is built is the same.
+  // A training checkpoint is the Window's state_dict (optim/window.h) plus
+  // these buffers.
   std::map<std::string, Tensor> state_dict() const;
   // This module and every descendant, parents before children.
   std::vector<Module*> modules();
@@ -64,7 +66,7 @@ class Module {
   // channels-last convolution reads its weight without a copy. Each tensor
   // keeps its identity (handles the caller holds see the new layout); ones
   // already in that order (1 x 1 kernels) are left alone. Call it before a
-  // GradArena takes the parameters: the arena keeps each one's layout (Note
+  // ParamStore takes the parameters: the store keeps each one's layout (Note
   // [Parameter layouts]); afterwards it throws.
   void to_channels_last();
 

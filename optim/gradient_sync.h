@@ -35,7 +35,7 @@ class GradientSync {
   // Note [ZeRO-1] (dist/reducer.h). The ranges of the arena whose reduced
   // gradient this rank holds after finish() and whose parameters it steps,
   // in order; its optimizer moments hold exactly these ranges, packed in this
-  // order (GradArena::shard_moments). Empty: plain data parallelism, every
+  // order (ParamStore::shard_moments). Empty: plain data parallelism, every
   // rank holds and steps the whole arena, and the two calls below are unused.
   virtual const std::vector<ArenaRange>& owned_ranges() const {
     static const std::vector<ArenaRange> whole_arena;

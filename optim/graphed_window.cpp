@@ -58,12 +58,12 @@ bool GraphedWindow::capture(Captured& c, const std::string& what,
   // Note [Capturable code]: a failed capture ran nothing, so the host state
   // goes back to where it was and the caller runs the same work eagerly.
   const int64_t micro_step = window_.micro_step_;
-  const std::vector<bool> written = window_.arena_.written_flags();
+  const std::vector<bool> written = window_.store_.written_flags();
   std::string why;
   c.graph = CudaGraph::capture(window_.state_.device().index, body, &why);
   if (!c.graph) {
     window_.micro_step_ = micro_step;
-    window_.arena_.set_written_flags(written);
+    window_.store_.set_written_flags(written);
     window_.index_checks_->set_position(window_.windows_, micro_step);
     c.eager = true;
     warn(what, why);
@@ -118,7 +118,7 @@ void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
     eager_micro_step(inputs);
     return;
   }
-  c.written_after = window_.arena_.written_flags();
+  c.written_after = window_.store_.written_flags();
   c.graph->launch();  // the capture recorded this micro-step; now it runs
   ++counts_.replayed_micro_steps;
   release_unused_cuda_memory(window_.state_.device());
@@ -134,7 +134,7 @@ void GraphedWindow::close() {
     return;
   }
   std::string key = std::to_string(window_.options_.micro_steps()) + ":";
-  for (bool w : window_.arena_.written_flags())
+  for (bool w : window_.store_.written_flags())
     key += w ? '1' : '0';
   Captured& c = closes_[key];
   if (c.eager || (!c.graph && c.seen++ == 0)) {

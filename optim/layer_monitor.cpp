@@ -10,7 +10,7 @@
 
 namespace accrue::optim {
 
-LayerMonitor::LayerMonitor(const GradArena& arena) : arena_(arena) {
+LayerMonitor::LayerMonitor(const ParamStore& arena) : arena_(arena) {
   ACCRUE_CHECK(!arena.master_sharded(), "LayerMonitor: the arena's master weights are a ZeRO-1 ",
                "shard; per-layer ratios need every layer's weights");
   for (size_t i = 0; i < arena.size(); ++i) {
@@ -21,7 +21,7 @@ LayerMonitor::LayerMonitor(const GradArena& arena) : arena_(arena) {
   table_ = zeros({3 * table_rows_, 2}, DType::f64, arena.options().device);
 }
 
-LayerMonitor::LayerMonitor(const GradArena& arena, Optimizer& optimizer)
+LayerMonitor::LayerMonitor(const ParamStore& arena, Optimizer& optimizer)
     : arena_(arena), optimizer_(&optimizer) {
   ACCRUE_CHECK(!arena.master_sharded(), "LayerMonitor: the arena's master weights are a ZeRO-1 ",
                "shard; per-layer ratios need every layer's weights");
@@ -31,7 +31,7 @@ LayerMonitor::LayerMonitor(const GradArena& arena, Optimizer& optimizer)
   const int64_t chunks = (arena.padded_numel() + kernels::kChunk - 1) / kernels::kChunk;
   step_sums_ = zeros({chunks, 3}, DType::f64, device);
   std::vector<int64_t> ranges;
-  for (const GradArena::Slot& s : arena.slots()) {
+  for (const ParamStore::Slot& s : arena.slots()) {
     ranges.push_back(s.offset / kernels::kChunk);
     ranges.push_back((s.offset + s.numel + kernels::kChunk - 1) / kernels::kChunk);
   }
@@ -45,7 +45,7 @@ Tensor LayerMonitor::rows_of(int what, size_t i) const {
 }
 
 void LayerMonitor::partials(const Tensor& source, int what, size_t i) const {
-  const GradArena::Slot& s = arena_.slots()[i];
+  const ParamStore::Slot& s = arena_.slots()[i];
   kernels::grad_norm_partials(source.narrow(0, s.offset, s.numel), rows_of(what, i));
 }
 

@@ -45,7 +45,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/grad_arena.h"
+#include "optim/param_store.h"
 #include "optim/optimizer.h"
 #include "optim/window.h"
 
@@ -67,10 +67,10 @@ struct GroupReport {
 class LayerMonitor {
  public:
   // Separate passes; `arena` must outlive the monitor.
-  explicit LayerMonitor(const GradArena& arena);
+  explicit LayerMonitor(const ParamStore& arena);
   // Sums from the fused pass of `optimizer`, which steps `arena`; both must
   // outlive the monitor.
-  LayerMonitor(const GradArena& arena, Optimizer& optimizer);
+  LayerMonitor(const ParamStore& arena, Optimizer& optimizer);
   // Right before Window::close(): each slot's gradient norm and a copy of the weights.
   void before_close();
   // Right after Window::close(): each slot's update and weight norms.
@@ -94,7 +94,7 @@ class LayerMonitor {
   // The three sums of every slot, f64 [slots, 3], on the host.
   std::vector<double> slot_squares() const;
 
-  const GradArena& arena_;
+  const ParamStore& arena_;
   // In-pass sums (Note [Step sums]); null for separate passes.
   Optimizer* optimizer_ = nullptr;
   Tensor step_sums_;          // f64 [arena chunks, 3]

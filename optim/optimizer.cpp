@@ -27,11 +27,11 @@ kernels::OptimizerConfig adam_config(const O& o, bool decoupled, const char* who
 // chunk. Slots start on 256-byte boundaries, so a chunk holds one slot's
 // elements or padding; padding goes with the slot before it (zeros stay zero
 // whether stepped or not).
-Tensor chunk_slot_table(const GradArena& arena) {
+Tensor chunk_slot_table(const ParamStore& arena) {
   const int64_t chunks = (arena.padded_numel() + kernels::kChunk - 1) / kernels::kChunk;
   std::vector<int32_t> table(static_cast<size_t>(chunks), -1);
   for (size_t i = 0; i < arena.size(); ++i) {
-    const GradArena::Slot& s = arena.slots()[i];
+    const ParamStore::Slot& s = arena.slots()[i];
     for (int64_t c = s.offset / kernels::kChunk;
          c < (s.offset + s.numel + kernels::kChunk - 1) / kernels::kChunk; ++c)
       table[static_cast<size_t>(c)] = static_cast<int32_t>(i);
@@ -45,7 +45,7 @@ Tensor chunk_slot_table(const GradArena& arena) {
 }
 }  // namespace
 
-SlotTables make_slot_tables(const GradArena& arena) {
+SlotTables make_slot_tables(const ParamStore& arena) {
   const auto slots = static_cast<int64_t>(arena.size());
   const Device device = arena.options().device;
   return {chunk_slot_table(arena), zeros({slots}, DType::f64, device),
@@ -130,7 +130,7 @@ kernels::OptimizerConfig Optimizer::config_at(int64_t step) const {
   return c;
 }
 
-std::vector<int> Optimizer::slot_groups(const GradArena& arena) const {
+std::vector<int> Optimizer::slot_groups(const ParamStore& arena) const {
   std::vector<int> out(arena.size(), 0);
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (const Tensor& p : groups_[g].params) {
@@ -143,7 +143,7 @@ std::vector<int> Optimizer::slot_groups(const GradArena& arena) const {
   return out;
 }
 
-void Optimizer::bind(const GradArena& arena) {
+void Optimizer::bind(const ParamStore& arena) {
   ACCRUE_CHECK(arena.options().moments >= moments_needed(), "Optimizer: needs ", moments_needed(),
                " moment arenas, the arena has ", arena.options().moments);
   const int64_t chunks = (arena.padded_numel() + kernels::kChunk - 1) / kernels::kChunk;
@@ -153,7 +153,7 @@ void Optimizer::bind(const GradArena& arena) {
       const int i = arena.index_of(p);
       ACCRUE_CHECK(i >= 0, "Optimizer: a parameter of group ", g + 1,
                    " is not registered in the arena");
-      const GradArena::Slot& s = arena.slots()[i];
+      const ParamStore::Slot& s = arena.slots()[i];
       // Slots start on 256-byte boundaries, so each chunk belongs to one parameter.
       for (int64_t c = s.offset / kernels::kChunk;
            c < (s.offset + s.numel + kernels::kChunk - 1) / kernels::kChunk; ++c)
@@ -170,7 +170,7 @@ void Optimizer::store_hyperparameters(int64_t step) const {
   kernels::store_hyperparameters(config_at(step), hyper_);
 }
 
-void Optimizer::step(const GradArena& arena, const Tensor& window_state, int64_t step,
+void Optimizer::step(const ParamStore& arena, const Tensor& window_state, int64_t step,
                      const std::vector<ArenaRange>& ranges, const SlotTables& slots) const {
   ACCRUE_CHECK(bound_ == &arena, "Optimizer::step: bind(arena) first");
   const int m = moments_needed();

@@ -10,7 +10,7 @@
 #include <optional>
 #include <vector>
 
-#include "autograd/grad_arena.h"
+#include "optim/param_store.h"
 #include "kernels/window_close.h"
 
 namespace accrue::optim {
@@ -152,7 +152,7 @@ struct SlotTables {
   Tensor steps;        // f64 [slots, 3]: each slot's own step count and bias corrections
 };
 // The tables for `arena`: each chunk's slot, no slot used, every count 0.
-SlotTables make_slot_tables(const GradArena& arena);
+SlotTables make_slot_tables(const ParamStore& arena);
 
 class Optimizer {
  public:
@@ -169,16 +169,16 @@ class Optimizer {
     if (!config_.adam) return OptimizerKind::SGD;
     return config_.decoupled_weight_decay ? OptimizerKind::AdamW : OptimizerKind::Adam;
   }
-  // Moment arenas this optimizer needs (for ArenaOptions::moments).
+  // Moment arenas this optimizer needs (for ParamStoreOptions::moments).
   int moments_needed() const;
   // The config of one step: group lrs scaled by the schedule at `step`.
   kernels::OptimizerConfig config_at(int64_t step) const;
 
   // Builds the chunk-to-group table of `arena` (once, before the first step).
-  void bind(const GradArena& arena);
+  void bind(const ParamStore& arena);
   // The fused pass of Note [Window close] (c) for optimizer step `step`, over
   // the whole arena, or under ZeRO-1 over `ranges` only (one launch each),
-  // whose moments the arena keeps packed (GradArena::shard_moments).
+  // whose moments the arena keeps packed (ParamStore::shard_moments).
   // The pass reads each group's lr and weight decay from a device buffer
   // (Note [Hyperparameters on the device] in kernels/window_close.h), which
   // step() fills first, except inside a CUDA graph capture: the replay of a
@@ -186,7 +186,7 @@ class Optimizer {
   // the launch.
   // With `slots` defined, each slot steps by its own count and unused ones not
   // at all (Note [Unused parameters]).
-  void step(const GradArena& arena, const Tensor& window_state, int64_t step,
+  void step(const ParamStore& arena, const Tensor& window_state, int64_t step,
             const std::vector<ArenaRange>& ranges = {}, const SlotTables& slots = {}) const;
   void store_hyperparameters(int64_t step) const;
   // Note [Step sums] (kernels/window_close.h), for optim::LayerMonitor: while
@@ -201,7 +201,7 @@ class Optimizer {
   const Tensor& step_sums_state() const { return step_sums_state_; }
   // The parameter group of each slot of `arena`: 0 for the default group,
   // k for the k-th add_param_group (config().groups' order).
-  std::vector<int> slot_groups(const GradArena& arena) const;
+  std::vector<int> slot_groups(const ParamStore& arena) const;
 
  private:
   struct Group {
@@ -213,7 +213,7 @@ class Optimizer {
   std::shared_ptr<const LRSchedule> schedule_ = std::make_shared<ConstantLR>();
   Tensor chunk_groups_;
   Tensor hyper_;  // f64 [kernels::kHyperSize] on the bound arena's device
-  const GradArena* bound_ = nullptr;
+  const ParamStore* bound_ = nullptr;
   Tensor step_sums_;  // set_step_sums
   mutable int64_t steps_with_sums_ = 0;
   mutable Tensor step_sums_state_;

@@ -40,9 +40,9 @@ const char* unused_parameters_name(UnusedParameters policy) {
   return "unknown";
 }
 
-Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& options,
+Window::Window(ParamStore& store, Optimizer& optimizer, const WindowOptions& options,
                GradientSync* sync)
-    : arena_(arena), optimizer_(optimizer), options_(options), sync_(sync) {
+    : store_(store), optimizer_(optimizer), options_(options), sync_(sync) {
   ACCRUE_CHECK(options.micro_steps() >= 1, "Window: micro_steps must be >= 1, got ",
                options.micro_steps());
   ACCRUE_CHECK(std::isfinite(options.max_grad_norm()), "Window: invalid max_grad_norm ",
@@ -59,7 +59,7 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
   // micro-batch of the window, on every rank.
   close_config_.micro_steps = options.micro_steps() * (sync ? sync->world_size() : 1);
   close_config_.max_norm = options.max_grad_norm();
-  const Device device = arena.options().device;
+  const Device device = store.options().device;
   // Note [Scale calibration]: a calibrated scaler runs its first window at kCalibrationScale.
   const bool calibrate = options.scaler().calibrates();
   const double initial = options.scaler().mode() == ScalerMode::None ? 1.0
@@ -72,30 +72,30 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
     int64_t packed = 0;
     for (const ArenaRange& r : ranges_)
       packed += r.numel;
-    ACCRUE_CHECK(arena.options().moments == 0 || arena.moment_numel() == packed,
+    ACCRUE_CHECK(store.options().moments == 0 || store.moment_numel() == packed,
                  "Window: the sync owns ", packed, " elements of the arena but its moments hold ",
-                 arena.moment_numel(), " (construct the sync on this arena before the Window)");
+                 store.moment_numel(), " (construct the sync on this arena before the Window)");
     // Note [ZeRO-1]: partial rows per owned range; the ranges have the same
     // sizes on every rank, so every rank's block has the same rows.
     int64_t rows = 0;
     for (const ArenaRange& r : ranges_)
-      rows += kernels::norm_partials_rows(arena.grads().narrow(0, r.offset, r.numel));
+      rows += kernels::norm_partials_rows(store.grads().narrow(0, r.offset, r.numel));
     local_partials_ = empty({rows, 2}, DType::f64, device);
     partials_ = empty({sync->world_size() * rows, 2}, DType::f64, device);
     if (options.norm_under_backward())
-      norm_rows_ = std::make_shared<NormRowTracker>(arena, ranges_, local_partials_);
+      norm_rows_ = std::make_shared<NormRowTracker>(store.grad_arena(), ranges_, local_partials_);
   } else {
-    partials_ = empty({kernels::norm_partials_rows(arena.grads()), 2}, DType::f64, device);
+    partials_ = empty({kernels::norm_partials_rows(store.grads()), 2}, DType::f64, device);
     if (options.norm_under_backward())
-      norm_rows_ = std::make_shared<NormRowTracker>(arena, partials_);
+      norm_rows_ = std::make_shared<NormRowTracker>(store.grad_arena(), partials_);
   }
   // Note [Norm under the backward]: one device counts slots as their hooks
   // fire; under a sync, ranges as their reductions are issued.
   if (norm_rows_) {
     const std::weak_ptr<NormRowTracker> tracker = norm_rows_;
     if (sync == nullptr) {
-      for (size_t i = 0; i < arena.size(); ++i)
-        register_grad_ready_hook(arena.params()[i], [tracker, i](const Tensor&) {
+      for (size_t i = 0; i < store.size(); ++i)
+        register_grad_ready_hook(store.params()[i], [tracker, i](const Tensor&) {
           if (auto t = tracker.lock()) t->on_final(i);
         });
     } else if (!sync->set_reduced_listener([tracker](const ArenaRange& range) {
@@ -107,7 +107,7 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
   loss_sum_ = zeros({}, DType::f64, device);
   last_ = zeros({kLastSize}, DType::f64, device);
   if (skips_unused()) {  // Note [Unused parameters]
-    slots_ = make_slot_tables(arena);
+    slots_ = make_slot_tables(store);
   }
   index_checks_ = std::make_unique<kernels::DeferredIndexChecks>(device, field(kernels::kItems));
   if (options.noise_scale_every() > 0) {
@@ -117,9 +117,9 @@ Window::Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& opti
         "normalization (K = ",
         options.micro_steps(), ")");
     noise_ =
-        std::make_unique<NoiseScale>(arena, options.noise_scale_every(), options.noise_scale_ema());
+        std::make_unique<NoiseScale>(store.grad_arena(), options.noise_scale_every(), options.noise_scale_ema());
   }
-  optimizer_.bind(arena);
+  optimizer_.bind(store);
 }
 
 Tensor Window::field(int f) const {
@@ -135,7 +135,7 @@ void Window::backward(const Loss& loss) {
                "Window::backward: expects a (sum, count) loss with a single-element sum");
   ACCRUE_CHECK(loss.sum.device() == state_.device(), "Window::backward: loss on ",
                loss.sum.device().str(), ", arena on ", state_.device().str());
-  if (micro_step_ == 0) arena_.begin_window();
+  if (micro_step_ == 0) store_.begin_window();
   if (sync_) sync_->before_backward(micro_step_, options_.micro_steps());
   Tensor seed;
   {
@@ -162,7 +162,7 @@ void Window::backward(const Loss& loss) {
   }
   if (norm_rows_ && last) norm_rows_->end_last_backward();
   if (noise_ && micro_step_ == 0 && noise_->measures(windows_))
-    noise_->after_first_micro_step(arena_, state_);
+    noise_->after_first_micro_step(store_.grad_arena(), state_);
   ++micro_step_;
   index_checks_->set_position(windows_, micro_step_);
 }
@@ -180,11 +180,11 @@ void Window::close_device() {
   // Note [Unused parameters]: the written flags, before anything marks the
   // zeroed slots written, and the world's (a parameter any rank wrote is used).
   if (skips_unused()) {
-    kernels::store_slot_flags(arena_.written_flags(), slots_.used);
+    kernels::store_slot_flags(store_.written_flags(), slots_.used);
     if (sync_) sync_->reduce_flags(slots_.used);
   }
   // Note [Overwrite first]: unused parameters read 0, before any reduction sums them.
-  arena_.zero_unwritten();
+  store_.zero_unwritten();
   // The loss report is this rank's own mean: its loss sum over its own items.
   last_.narrow(0, kLastLocalItems, 1).copy_(field(kernels::kItems).reshape({1}));
   if (sync_) sync_->finish(field(kernels::kItems));  // N becomes the sum over ranks
@@ -193,7 +193,7 @@ void Window::close_device() {
   if (noise_ && noise_->measures(windows_)) noise_->after_close(state_);
   if (skips_unused())
     kernels::advance_slot_steps(optimizer_.config_at(windows_), slots_.used, slots_.steps, state_);
-  optimizer_.step(arena_, state_, windows_, ranges_, slots_);
+  optimizer_.step(store_, state_, windows_, ranges_, slots_);
   if (calibration_) {  // Note [Scale calibration]: the next window's scale, the world's
     const Tensor amax = calibration_->amax();
     if (sync_) sync_->reduce_max(amax);
@@ -223,9 +223,9 @@ void Window::replay_micro_step(const std::vector<bool>& written_after) {
   ACCRUE_CHECK(micro_step_ < options_.micro_steps(),
                "Window::backward: the window already has its ", options_.micro_steps(),
                " micro-steps; call close() first");
-  if (micro_step_ == 0) arena_.begin_window();
+  if (micro_step_ == 0) store_.begin_window();
   if (sync_) sync_->before_backward(micro_step_, options_.micro_steps());
-  arena_.set_written_flags(written_after);
+  store_.set_written_flags(written_after);
   ++micro_step_;
   index_checks_->set_position(windows_, micro_step_);
 }
@@ -261,7 +261,7 @@ void Window::restart() {
   NoGradGuard no_grad;
   field(kernels::kItems).fill_(0.0);
   loss_sum_.fill_(0.0);
-  arena_.begin_window();
+  store_.begin_window();
   micro_step_ = 0;
   index_checks_->set_position(windows_, micro_step_);
   for (WindowListener* l : listeners_)
@@ -292,11 +292,11 @@ void Window::norm_partials() {
   if (norm_rows_) {
     norm_rows_->finish();  // the rows the backward left (Note [Norm under the backward])
   } else if (!sharded()) {
-    kernels::grad_norm_partials(arena_.grads(), partials_);
+    kernels::grad_norm_partials(store_.grads(), partials_);
   } else {
     int64_t row = 0;
     for (const ArenaRange& r : ranges_) {
-      const Tensor grads = arena_.grads().narrow(0, r.offset, r.numel);
+      const Tensor grads = store_.grads().narrow(0, r.offset, r.numel);
       const int64_t rows = kernels::norm_partials_rows(grads);
       kernels::grad_norm_partials(grads, local_partials_.narrow(0, row, rows));
       row += rows;
@@ -309,7 +309,7 @@ void Window::norm_partials() {
 }
 
 const Tensor& Window::forward_params() const {
-  return arena_.compute().defined() ? arena_.compute() : arena_.master();
+  return store_.forward_weights();
 }
 
 Tensor Window::pack_owned(const Tensor& flat) const {
@@ -323,14 +323,6 @@ Tensor Window::pack_owned(const Tensor& flat) const {
     at += r.numel;
   }
   return packed;
-}
-
-void Window::unpack_owned(const Tensor& packed, const Tensor& flat) const {
-  int64_t at = 0;
-  for (const ArenaRange& r : ranges_) {
-    flat.narrow(0, r.offset, r.numel).copy_(packed.narrow(0, at, r.numel));
-    at += r.numel;
-  }
 }
 
 void Window::check() const {
@@ -364,7 +356,7 @@ namespace {
 
 // Note [Parameter layouts]: the slots laid out channels-last, by index. The
 // flat master and moments read right only in the layouts they were saved in.
-std::vector<int64_t> channels_last_slots(const GradArena& arena) {
+std::vector<int64_t> channels_last_slots(const ParamStore& arena) {
   std::vector<int64_t> out;
   for (size_t i = 0; i < arena.size(); ++i)
     if (arena.slots()[i].strides != contiguous_strides(arena.slots()[i].shape))
@@ -376,22 +368,22 @@ std::vector<int64_t> channels_last_slots(const GradArena& arena) {
 
 std::map<std::string, Tensor> Window::state_dict() const {
   std::map<std::string, Tensor> d;
-  const std::vector<int64_t> channels_last = channels_last_slots(arena_);
+  const std::vector<int64_t> channels_last = channels_last_slots(store_);
   if (!channels_last.empty())
     d["channels_last_slots"] =
         from_vector(channels_last, {static_cast<int64_t>(channels_last.size())});
   d["master"] =
-      sharded() && !arena_.master_sharded() ? pack_owned(arena_.master()) : arena_.master();
-  for (int i = 0; i < arena_.options().moments; ++i)
-    d["moment" + std::to_string(i)] = arena_.moment(i);
+      sharded() && !store_.master_sharded() ? pack_owned(store_.master()) : store_.master();
+  for (int i = 0; i < store_.options().moments; ++i)
+    d["moment" + std::to_string(i)] = store_.moment(i);
   d["window_state"] = state_;
   d["windows_closed"] = full({}, static_cast<double>(windows_), DType::i64);
   if (skips_unused()) d["param_steps"] = slots_.steps.select(1, 0).contiguous();
   if (sharded()) d["zero1_ranges"] = owned_ranges_table();
   if (micro_step_ > 0) {  // Note [Mid-window checkpoints]
     d["micro_step"] = full({}, static_cast<double>(micro_step_), DType::i64);
-    d["grads"] = arena_.grads();
-    const std::vector<bool>& flags = arena_.written_flags();
+    d["grads"] = store_.grads();
+    const std::vector<bool>& flags = store_.written_flags();
     std::vector<int64_t> written(flags.begin(), flags.end());
     d["grads_written"] = from_vector<int64_t>(written, {static_cast<int64_t>(written.size())});
     d["loss_sum"] = loss_sum_;
@@ -433,17 +425,17 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
       state.count("channels_last_slots") != 0
           ? state.at("channels_last_slots").to(Device::cpu()).to(DType::i64).to_vector<int64_t>()
           : std::vector<int64_t>{};
-  ACCRUE_CHECK(saved_layouts == channels_last_slots(arena_),
+  ACCRUE_CHECK(saved_layouts == channels_last_slots(store_),
                "Window::load_state_dict: the checkpoint's channels-last parameters are slots ",
                shape_str(saved_layouts), ", this arena's are ",
-               shape_str(channels_last_slots(arena_)),
+               shape_str(channels_last_slots(store_)),
                " (Note [Parameter layouts]: call to_channels_last on the model as the run that "
                "saved it did, before building the window)");
-  const bool packed = sharded() && !arena_.master_sharded();
-  const Tensor& master = get("master", packed ? pack_owned(arena_.master()) : arena_.master());
+  const bool packed = sharded() && !store_.master_sharded();
+  const Tensor& master = get("master", packed ? pack_owned(store_.master()) : store_.master());
   std::vector<const Tensor*> moments;
-  for (int i = 0; i < arena_.options().moments; ++i)
-    moments.push_back(&get("moment" + std::to_string(i), arena_.moment(i)));
+  for (int i = 0; i < store_.options().moments; ++i)
+    moments.push_back(&get("moment" + std::to_string(i), store_.moment(i)));
   const Tensor& window_state = get("window_state", state_);
   const auto windows =
       static_cast<int64_t>(get("windows_closed", full({}, 0.0, DType::i64)).item());
@@ -459,7 +451,7 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
                "; construct it with WindowOptions().unused_parameters(UnusedParameters::skip)");
   std::vector<double> param_steps;
   if (skips_unused()) {
-    const auto slots = static_cast<int64_t>(arena_.size());
+    const auto slots = static_cast<int64_t>(store_.size());
     if (saved_counts) {
       param_steps = get("param_steps", zeros({slots}, DType::f64))
                         .to(Device::cpu())
@@ -485,39 +477,32 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
     ACCRUE_CHECK(m > 0 && m < options_.micro_steps(),
                  "Window::load_state_dict: the checkpoint is at micro-step ", m,
                  ", this window has ", options_.micro_steps(), " micro-steps");
-    const int64_t slots = static_cast<int64_t>(arena_.written_flags().size());
+    const int64_t slots = static_cast<int64_t>(store_.written_flags().size());
     const std::vector<int64_t> written = get("grads_written", zeros({slots}, DType::i64))
                                              .to(Device::cpu())
                                              .to(DType::i64)
                                              .to_vector<int64_t>();
     flags.assign(written.begin(), written.end());
-    grads = &get("grads", arena_.grads());
+    grads = &get("grads", store_.grads());
     loss_sum = &get("loss_sum", loss_sum_);
   }
 
-  if (packed) {
-    unpack_owned(master, arena_.master());
-  } else {
-    arena_.master().copy_(master);
-  }
-  for (int i = 0; i < arena_.options().moments; ++i)
-    arena_.moment(i).copy_(*moments[static_cast<size_t>(i)]);
+  // Note [One load path]: the master, then the compute copy from it (under
+  // ZeRO-1 the owned ranges; the gather below does the rest).
+  store_.load_master(master, sharded() ? ranges_ : std::vector<ArenaRange>{});
+  for (int i = 0; i < store_.options().moments; ++i)
+    store_.moment(i).copy_(*moments[static_cast<size_t>(i)]);
   state_.copy_(window_state);
   if (skips_unused())
     slots_.steps.copy_(from_vector(slot_rows(param_steps),
                                    {static_cast<int64_t>(param_steps.size()), 3}, DType::f64));
-  if (arena_.master_sharded()) {
-    unpack_owned(arena_.master(), arena_.compute());  // the owned ranges; the gather does the rest
-  } else if (arena_.compute().defined()) {
-    arena_.compute().copy_(arena_.master());
-  }
   // Note [ZeRO-1]: this rank loaded its shard; the others' come by gathering.
   if (sharded()) sync_->gather_parameters(forward_params());
   windows_ = windows;
   if (windows > 0) calibration_.reset();  // Note [Scale calibration]: the checkpoint has the scale
   if (m > 0) {
-    arena_.grads().copy_(*grads);
-    arena_.set_written_flags(flags);
+    store_.grads().copy_(*grads);
+    store_.set_written_flags(flags);
     loss_sum_.copy_(*loss_sum);
     micro_step_ = m;
   }

@@ -1,6 +1,6 @@
 // Window: K micro-batches, one optimizer step — the accumulation story.
 //
-//   optim::Window window(arena, optimizer, optim::WindowOptions().micro_steps(8)
+//   optim::Window window(store, optimizer, optim::WindowOptions().micro_steps(8)
 //                                              .max_grad_norm(1.0)
 //                                              .scaler(optim::LossScalerOptions::dynamic()));
 //   for (each micro-batch) {
@@ -9,8 +9,8 @@
 //   }
 //
 // backward() seeds each micro-batch's backward with the loss scale only and
-// counts its items on the device; gradients land in the arena by Note
-// [Overwrite first]. close() runs Note [Window close]. The Window itself never
+// counts its items on the device; gradients land in the store's gradient
+// arena by Note [Overwrite first]. close() runs Note [Window close]. The Window itself never
 // synchronizes the host: report() does, when asked. While it lives, the index
 // checks of embedding, cross-entropy and the fused classifier on its device
 // are deferred to it (Note [Deferred index checks]): a bad index skips the
@@ -85,7 +85,7 @@
 #include <memory>
 #include <string>
 
-#include "autograd/grad_arena.h"
+#include "optim/param_store.h"
 #include "autograd/ops.h"
 #include "autograd/window_listener.h"
 #include "kernels/index_checks.h"
@@ -193,7 +193,7 @@ class GraphedWindow;
 
 class Window {
  public:
-  Window(GradArena& arena, Optimizer& optimizer, const WindowOptions& options,
+  Window(ParamStore& store, Optimizer& optimizer, const WindowOptions& options,
          GradientSync* sync = nullptr);
 
   // One micro-step: backward of loss.sum seeded with the loss scale (legacy
@@ -288,9 +288,8 @@ class Window {
   Tensor field(int f) const;
   // The norm partials of the gradients this rank holds, into partials_.
   void norm_partials();
-  // The owned ranges of a flat arena, packed in order, and back.
+  // The owned ranges of a flat arena, packed in order.
   Tensor pack_owned(const Tensor& flat) const;
-  void unpack_owned(const Tensor& packed, const Tensor& flat) const;
   // The flat arena the forward reads: the compute copy, else the master.
   const Tensor& forward_params() const;
   // Note [ZeRO-1]: the owned ranges as an i64 [ranges, 2] table of (offset,
@@ -298,7 +297,7 @@ class Window {
   Tensor owned_ranges_table() const;
   static std::string ranges_str(const std::vector<int64_t>& table);
 
-  GradArena& arena_;
+  ParamStore& store_;
   Optimizer& optimizer_;
   WindowOptions options_;
   GradientSync* sync_;

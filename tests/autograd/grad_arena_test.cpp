@@ -1,4 +1,6 @@
-// GradArena: Note [Grad arena] and Note [Overwrite first] on the CPU.
+// GradArena: Note [Grad arena] and Note [Overwrite first] on the CPU. The
+// optimizer's side of the slots (master, compute copy, moments) is tested in
+// tests/optim/param_store_test.cpp.
 #include "autograd/grad_arena.h"
 #include "autograd/engine.h"
 #include "autograd/ops.h"
@@ -13,12 +15,12 @@ std::vector<Tensor> three_params(DType dtype = DType::f32) {
           requires_grad_(test::random_normal({2, 2, 2}, dtype))};
 }
 
-TEST(GradArena, slots_are_256_byte_aligned_views_in_registration_order) {
+TEST(GradArena, slots_are_256_byte_aligned_gradient_views_in_registration_order) {
   std::vector<Tensor> params = three_params();
   std::vector<Tensor> before;
   for (const Tensor& p : params)
     before.push_back(p.clone());
-  GradArena arena(params, {"a", "b", "c"}, {Device::cpu(), DType::f32, DType::f32, 2});
+  GradArena arena(params, {"a", "b", "c"}, {Device::cpu(), DType::f32, 1});
   ASSERT_EQ(arena.size(), 3u);
   EXPECT_EQ(arena.numel(), 15 + 7 + 8);
   int64_t expected_offset = 0;
@@ -27,58 +29,40 @@ TEST(GradArena, slots_are_256_byte_aligned_views_in_registration_order) {
     EXPECT_EQ(s.offset, expected_offset) << s.name;
     EXPECT_EQ(s.offset * 4 % 256, 0) << s.name;
     expected_offset += (s.numel + 63) / 64 * 64;
-    // The parameter IS its master slot, with its values, and its grad is its gradient slot.
-    EXPECT_EQ(params[i].storage(), arena.master().storage());
-    EXPECT_EQ(params[i].offset(), s.offset);
+    // The gradient is its slot; the parameter's value is not the arena's business.
+    EXPECT_NE(params[i].storage(), arena.grads().storage());
     EXPECT_TRUE(test::all_equal(params[i], before[i]));
     EXPECT_EQ(grad(params[i]).storage(), arena.grads().storage());
     EXPECT_EQ(grad(params[i]).offset(), s.offset);
     EXPECT_EQ(arena.index_of(params[i]), static_cast<int>(i));
   }
   EXPECT_EQ(arena.padded_numel(), expected_offset);
-  // Padding reads zero in every role (the norm pass and optimizer sweep it).
-  const std::vector<float> master = arena.master().to_vector<float>();
-  for (int64_t i = 15; i < 64; ++i)
-    EXPECT_EQ(master[i], 0.0f);
-  EXPECT_EQ(arena.moment(1).to_vector<float>(), std::vector<float>(arena.padded_numel(), 0.0f));
+  EXPECT_EQ(arena.grads().to_vector<float>(), std::vector<float>(arena.padded_numel(), 0.0f));
 }
 
-// Note [Parameter layouts]: a channels-last parameter keeps its layout in
-// every role (the slot holds its elements in N, H, W, C order); the others
-// are row-major.
-TEST(GradArena, a_channels_last_parameter_keeps_its_layout_in_every_role) {
-  const Tensor values = test::random_normal({4, 3, 2, 5}, DType::f32);
-  std::vector<Tensor> params = {requires_grad_(test::as_channels_last(values)),
-                                requires_grad_(test::random_normal({4, 3, 2, 5}, DType::f32))};
-  GradArena arena(params, {"last", "row"}, {Device::cpu(), DType::f32, DType::bf16, 1});
+TEST(GradArena, shard_ranks_pad_every_slot_to_equal_chunks) {
+  std::vector<Tensor> params = three_params();
+  GradArena arena(params, {}, {Device::cpu(), DType::f32, 3});
+  for (const GradArena::Slot& s : arena.slots())
+    EXPECT_EQ(s.offset % (3 * 64), 0) << s.name;
+  EXPECT_EQ(arena.padded_numel(), 3 * 3 * 64);
+}
+
+TEST(GradArena, a_channels_last_parameter_keeps_its_layout) {
+  std::vector<Tensor> params = {
+      requires_grad_(test::as_channels_last(test::random_normal({4, 3, 2, 5}, DType::f32))),
+      requires_grad_(test::random_normal({4, 3, 2, 5}, DType::f32))};
+  GradArena arena(params, {"last", "row"}, {Device::cpu(), DType::f32, 1});
   const Shape last_strides{30, 1, 15, 3};
   EXPECT_EQ(arena.slots()[0].strides, last_strides);
   EXPECT_EQ(arena.slots()[1].strides, contiguous_strides({4, 3, 2, 5}));
-  EXPECT_EQ(params[0].strides(), last_strides);
-  EXPECT_EQ(arena.master_view(0).strides(), last_strides);
   EXPECT_EQ(arena.grad_view(0).strides(), last_strides);
   EXPECT_EQ(grad(params[0]).strides(), last_strides);
-  EXPECT_TRUE(params[1].is_contiguous());
-  EXPECT_TRUE(test::all_equal(arena.master_view(0), values));
-  EXPECT_TRUE(test::all_equal(params[0], values.to(DType::bf16)));
-  // The flat slot holds the elements in channels-last order.
-  EXPECT_TRUE(test::all_equal(arena.master().narrow(0, 0, values.numel()),
-                              values.permute({0, 2, 3, 1}).contiguous().reshape({120})));
-}
-
-TEST(GradArena, compute_copy_repoints_parameters_to_bf16) {
-  std::vector<Tensor> params = three_params();
-  const Tensor expected = params[0].to(DType::bf16);
-  GradArena arena(params, {}, {Device::cpu(), DType::f32, DType::bf16, 0});
-  EXPECT_EQ(params[0].dtype(), DType::bf16);
-  EXPECT_EQ(params[0].storage(), arena.compute().storage());
-  EXPECT_TRUE(test::all_equal(params[0], expected));
-  EXPECT_EQ(arena.master().dtype(), DType::f32);
 }
 
 TEST(GradArena, first_contribution_writes_later_ones_add_and_unwritten_slots_zero) {
   std::vector<Tensor> params = three_params(DType::f64);
-  GradArena arena(params, {}, {Device::cpu(), DType::f64, DType::f64, 0});
+  GradArena arena(params, {}, {Device::cpu(), DType::f64, 1});
   arena.grads().fill_(123.0);  // stale values that a write must replace
   arena.begin_window();
   backward(sum(params[0] * 2.0));
@@ -105,11 +89,13 @@ TEST(GradArena, bad_registrations_are_errors) {
   EXPECT_ERROR(GradArena({params[0], params[0]}, {}, {}), "GradArena", "registered twice");
   EXPECT_ERROR(GradArena({ones({2})}, {}, {}), "GradArena", "requires grad");
   EXPECT_ERROR(GradArena(params, {"only-one"}, {}), "GradArena", "1 names for 3");
-  EXPECT_ERROR(GradArena(params, {}, {Device::cpu(), DType::bf16, DType::bf16, 0}), "master dtype");
-  GradArena arena({params[0]}, {}, {Device::cpu(), DType::f32, DType::f32, 0});
+  EXPECT_ERROR(GradArena(params, {}, {Device::cpu(), DType::bf16, 1}), "gradient dtype");
+  EXPECT_ERROR(GradArena(params, {}, {Device::cpu(), DType::f32, 0}), "shard_ranks");
+  EXPECT_ERROR(GradArena({}, {}, {}), "GradArena", "no parameters");
+  GradArena arena({params[0]}, {}, {Device::cpu(), DType::f32, 1});
   double beta = 0;
   EXPECT_ERROR(arena.claim(params[1], &beta), "GradArena::claim", "not registered");
-  EXPECT_ERROR(arena.moment(0), "GradArena::moment", "0 moment arenas");
+  EXPECT_ERROR(arena.set_written_flags({true, false}), "set_written_flags", "2 flags for 1");
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ namespace {
 
 // Slots laid out as GradArena lays them out: 256-byte aligned, registration order.
 struct Layout {
-  std::vector<GradArena::Slot> slots;
+  std::vector<optim::ParamStore::Slot> slots;
   int64_t padded_numel = 0;
 };
 
@@ -21,7 +21,7 @@ Layout layout(const std::vector<std::pair<std::string, Shape>>& params, size_t e
   const int64_t per = static_cast<int64_t>(256 / element_size);
   Layout l;
   for (const auto& [name, shape] : params) {
-    GradArena::Slot s{name, shape, l.padded_numel, shape_numel(shape), contiguous_strides(shape)};
+    optim::ParamStore::Slot s{name, shape, l.padded_numel, shape_numel(shape), contiguous_strides(shape)};
     l.padded_numel += (s.numel + per - 1) / per * per;
     l.slots.push_back(s);
   }
@@ -212,7 +212,7 @@ TEST(BucketPlan, views_are_zero_copy_slices_of_a_real_arena) {
   std::vector<Tensor> params;
   for (const Shape& s : std::vector<Shape>{{7, 3}, {100}, {5}, {16, 16}, {3}})
     params.push_back(requires_grad_(test::random_normal(s)));
-  GradArena arena(params, {}, {Device::cpu(), DType::f32, DType::f32, 0});
+  optim::ParamStore arena(params, {}, {Device::cpu(), DType::f32, DType::f32, 0});
   const BucketPlanOptions opt{256, 1024};
   const BucketPlan plan(arena, opt);
   Layout l{arena.slots(), arena.padded_numel()};
@@ -283,7 +283,7 @@ TEST(LayoutFingerprint, same_layout_same_value_any_difference_changes_it) {
   // From a real arena: it hashes what the arena registered.
   std::vector<Tensor> params{requires_grad_(test::random_normal({4, 3})),
                              requires_grad_(test::random_normal({5}))};
-  GradArena arena(params, {"w", "b"}, {Device::cpu(), DType::f32, DType::f32, 0});
+  optim::ParamStore arena(params, {"w", "b"}, {Device::cpu(), DType::f32, DType::f32, 0});
   const Layout same = layout({{"w", {4, 3}}, {"b", {5}}});
   EXPECT_EQ(layout_fingerprint(arena), layout_fingerprint(same.slots, DType::f32));
 }

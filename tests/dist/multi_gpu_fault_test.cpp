@@ -29,9 +29,9 @@ TEST(MultiGpuFault, a_rank_that_exits_mid_window_makes_the_others_raise_within_2
   equivalence::Precision p = equivalence::cuda_f32();
   p.device = device();
   auto model = equivalence::make_model(ModelKind::Classifier, p, 5);
-  ArenaOptions ao;
+  optim::ParamStoreOptions ao;
   ao.device = device();
-  GradArena arena(model->parameters(), {}, ao);
+  optim::ParamStore arena(model->parameters(), {}, ao);
   Reducer reducer(arena, world());
   optim::Optimizer optimizer(equivalence::adamw());
   optim::Window window(arena, optimizer, optim::WindowOptions().micro_steps(K), &reducer);

@@ -145,7 +145,7 @@ equivalence::Precision gpu_f32() {
 // and a window (members in reverse order of destruction).
 struct Trainer {
   std::unique_ptr<equivalence::Model> model;
-  std::unique_ptr<GradArena> arena;
+  std::unique_ptr<optim::ParamStore> arena;
   std::unique_ptr<Reducer> reducer;
   std::unique_ptr<optim::Optimizer> optimizer;
   std::unique_ptr<optim::Window> window;
@@ -153,7 +153,7 @@ struct Trainer {
   Trainer(std::unique_ptr<equivalence::Model> m, int64_t K, bool data_parallel,
           const ReducerOptions& options = {}, DType compute = DType::f32)
       : model(std::move(m)) {
-    ArenaOptions ao;
+    optim::ParamStoreOptions ao;
     ao.device = device();
     ao.compute_dtype = compute;
     ao.moments = 2;
@@ -470,9 +470,9 @@ TEST(MultiGpu, different_parameter_layouts_are_an_error_on_every_rank) {
   // Rank 0 registers the classifier, the others the language model.
   const ModelKind kind = info().rank == 0 ? ModelKind::Classifier : ModelKind::LM;
   auto model = equivalence::make_model(kind, gpu_f32(), 3);
-  ArenaOptions ao;
+  optim::ParamStoreOptions ao;
   ao.device = device();
-  GradArena arena(model->parameters(), {}, ao);
+  optim::ParamStore arena(model->parameters(), {}, ao);
   EXPECT_ERROR(Reducer reducer(arena, world()), "Reducer: rank", "differs from another rank");
   // The check is an ordinary collective: the world is still healthy.
   world().check();

@@ -59,7 +59,7 @@ struct DistBranchRun {
   Generator gen;
   nn::MLP branch, main;
   optim::Optimizer opt;
-  GradArena arena;
+  optim::ParamStore arena;
   dist::Reducer reducer;
   optim::Window window;
 

@@ -87,7 +87,7 @@ ReducerOptions small_buckets() {
 // members in the order they must be destroyed in reverse.
 struct DpRun {
   std::unique_ptr<equivalence::Model> model;
-  std::unique_ptr<GradArena> arena;
+  std::unique_ptr<optim::ParamStore> arena;
   std::unique_ptr<Reducer> reducer;
   std::unique_ptr<optim::Optimizer> optimizer;
   std::unique_ptr<optim::Window> window;
@@ -95,7 +95,7 @@ struct DpRun {
   DpRun(int64_t K, Communicator* comm, const ReducerOptions& options = small_buckets()) {
     const equivalence::Precision p = equivalence::cpu_f64();
     model = equivalence::make_model(ModelKind::Classifier, p, 11);
-    ArenaOptions ao;
+    optim::ParamStoreOptions ao;
     ao.master_dtype = DType::f64;
     ao.compute_dtype = DType::f64;
     ao.moments = 2;
@@ -201,9 +201,9 @@ TEST(Reducer, unused_and_early_only_parameters_enter_the_sum_correctly) {
   std::vector<Tensor> params;
   for (int i = 0; i < 4; ++i)
     params.push_back(requires_grad_(randn({n}, DType::f64, Device::cpu(), &gen)));
-  ArenaOptions ao;
+  optim::ParamStoreOptions ao;
   ao.master_dtype = ao.compute_dtype = DType::f64;
-  GradArena arena(params, {"a", "b", "c", "d"}, ao);
+  optim::ParamStore arena(params, {"a", "b", "c", "d"}, ao);
   RecordingCommunicator comm;
   ReducerOptions ro;
   ro.buckets.first_bucket_bytes = ro.buckets.bucket_bytes = 256;
@@ -285,11 +285,11 @@ TEST(Reducer, broadcast_parameters_refreshes_the_compute_copy) {
   Generator gen(9);
   std::vector<Tensor> params{requires_grad_(randn({10}, DType::f32, Device::cpu(), &gen)),
                              requires_grad_(randn({3, 4}, DType::f32, Device::cpu(), &gen))};
-  ArenaOptions ao;
+  optim::ParamStoreOptions ao;
   ao.master_dtype = DType::f32;
   ao.compute_dtype = DType::bf16;
   ao.moments = 2;
-  GradArena arena(params, {}, ao);
+  optim::ParamStore arena(params, {}, ao);
   RecordingCommunicator comm;
   Reducer reducer(arena, comm);
   // As if rank 0's values had just arrived in the master arena.

@@ -49,8 +49,8 @@ inline Result train(int world, bool zero1, int rank, Communicator* comm, Device 
     requires_grad_(p);
     params.push_back(p);
   }
-  ArenaOptions ao{device, dtype, dtype, 2};
-  GradArena arena(params, {"shared", "rank1_only", "never"}, ao);
+  optim::ParamStoreOptions ao{device, dtype, dtype, 2};
+  optim::ParamStore arena(params, {"shared", "rank1_only", "never"}, ao);
   std::unique_ptr<Reducer> reducer;
   if (comm) {
     ReducerOptions ro;

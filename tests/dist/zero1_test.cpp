@@ -45,7 +45,7 @@ ReducerOptions small_buckets(bool zero1) {
 // One rank's model, arena, optional reducer, optimizer and window.
 struct RankRun {
   std::unique_ptr<equivalence::Model> model;
-  std::unique_ptr<GradArena> arena;
+  std::unique_ptr<optim::ParamStore> arena;
   std::unique_ptr<Reducer> reducer;
   std::unique_ptr<optim::Optimizer> optimizer;
   std::unique_ptr<optim::Window> window;
@@ -56,7 +56,7 @@ struct RankRun {
     equivalence::Precision p = equivalence::cpu_f64();
     p.dtype = master;
     model = equivalence::make_model(ModelKind::LM, p, seed);
-    ArenaOptions ao;
+    optim::ParamStoreOptions ao;
     ao.master_dtype = master;
     ao.compute_dtype = compute;
     ao.moments = 2;
@@ -82,7 +82,7 @@ struct RankResult {
   std::vector<std::vector<double>> grads;  // after each window (owned ranges only under ZeRO-1)
   std::vector<double> params;              // after the last window
   std::vector<optim::WindowReport> reports;
-  ArenaMemory memory;
+  optim::StoreMemory memory;
   std::vector<ArenaRange> owned;
   std::map<std::string, int64_t> counts;
 };
@@ -167,13 +167,13 @@ TEST(HostWorld, two_ranks_k2_equal_one_rank_k4_plain_and_zero1) {
 
 // Three ranks (not a power of two): buckets of 32-element-aligned f64 slots do
 // not split in three, and the Reducer says how to fix it; with the slots
-// padded for three (ArenaOptions::shard_ranks), ZeRO-1 owns a third of every
+// padded for three (optim::ParamStoreOptions::shard_ranks), ZeRO-1 owns a third of every
 // bucket and 3 ranks x K 2 equal 1 rank x K 6 on the same layout.
 TEST(HostWorld, zero1_on_three_ranks_pads_the_slots) {
   const std::vector<Batch> data = equivalence::make_batches(
       ModelKind::LM, 3, 12, equivalence::cpu_f64(), 23, /*variable_length=*/true);
   EXPECT_ERROR(train(3, 2, true, data), "not divisible by the world size 3",
-               "ArenaOptions::shard_ranks = 3");
+               "optim::ParamStoreOptions::shard_ranks = 3");
   const std::vector<RankResult> single = train(1, 6, false, data, /*shard_ranks=*/3);
   const std::vector<RankResult> zero1 = train(3, 2, true, data, /*shard_ranks=*/3);
   const RankResult& ref = single[0];
@@ -446,7 +446,7 @@ TEST(HostWorld, zero1_with_a_bf16_compute_copy_gathers_the_copy) {
         run.window->close();
       }
       copies[zero1][rank] = equivalence::host(run.arena->compute());
-      const ArenaMemory m = run.arena->memory();
+      const optim::StoreMemory m = run.arena->memory();
       EXPECT_EQ(m.master_sharded, zero1);
       EXPECT_EQ(m.moments_sharded, zero1);
       const int64_t whole = run.arena->padded_numel() * 4;  // f32

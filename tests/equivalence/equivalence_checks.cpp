@@ -258,11 +258,11 @@ void check_clipping_applies_once_to_the_window_gradient(const Precision& p) {
 
   // The reference, by hand from the K = 1 raw gradient: mean, norm, clip.
   std::unique_ptr<Model> ref_model = make_model(ModelKind::Classifier, p, kModelSeed);
-  ArenaOptions ao;
+  optim::ParamStoreOptions ao;
   ao.device = p.device;
   ao.master_dtype = ao.compute_dtype = p.dtype;
   ao.moments = 0;
-  GradArena ref_arena(ref_model->parameters(), {}, ao);
+  optim::ParamStore ref_arena(ref_model->parameters(), {}, ao);
   const std::vector<double> p0 = host(ref_arena.master());
   const std::vector<double> mean =
       scaled(summed_gradient(*ref_model, ref_arena, {batch}), 1.0 / kBatch);
@@ -377,7 +377,7 @@ void check_unused_parameter_reads_zero(const Precision& p) {
   auto model = make_two_heads(p);
   TwoHeads& heads = *model;
   Run run(std::move(model), p, sgd0, window);
-  const std::vector<GradArena::Slot>& slots = run.arena().slots();
+  const std::vector<optim::ParamStore::Slot>& slots = run.arena().slots();
   ASSERT_EQ(slots.size(), 4u);  // a.weight, a.bias, b.weight, b.bias
 
   run.step(data[0]);  // both heads used
@@ -482,10 +482,10 @@ void check_bf16_compute_with_fp32_arena_error_does_not_grow_with_K(const Precisi
       NoGradGuard no_grad;
       ref_params[i].copy_(bf16_params[i].to(Device::cpu()));
     }
-    ArenaOptions ao;
+    optim::ParamStoreOptions ao;
     ao.master_dtype = ao.compute_dtype = DType::f64;
     ao.moments = 0;
-    GradArena ref_arena(ref_params, {}, ao);
+    optim::ParamStore ref_arena(ref_params, {}, ao);
     const Batch ref_batch{batch.inputs.to(Device::cpu()).to(DType::f64),
                           batch.targets.to(Device::cpu())};
     reference = slot_elements(ref_arena, summed_gradient(*ref_model, ref_arena, {ref_batch}));
@@ -569,11 +569,11 @@ void check_arena_backward_allocates_no_weight_gradient_temporary(const Precision
   std::unique_ptr<Model> warm = make_model(ModelKind::Classifier, p, kModelSeed);
   std::unique_ptr<Model> in_arena = make_model(ModelKind::Classifier, p, kModelSeed);
   std::unique_ptr<Model> plain = make_model(ModelKind::Classifier, p, kModelSeed);
-  ArenaOptions ao;
+  optim::ParamStoreOptions ao;
   ao.device = p.device;
   ao.master_dtype = ao.compute_dtype = p.dtype;
   ao.moments = 0;
-  GradArena arena(in_arena->parameters(), {}, ao);
+  optim::ParamStore arena(in_arena->parameters(), {}, ao);
   const int64_t gradient_tensors = static_cast<int64_t>(arena.size());  // 3 weights + 3 biases
 
   const auto backward_allocations = [&](Model& m) {

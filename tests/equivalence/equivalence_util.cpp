@@ -115,20 +115,20 @@ std::vector<Batch> make_batches(ModelKind kind, int64_t count, int64_t n, const 
 
 // ---- a training run -----------------------------------------------------------------------
 
-std::unique_ptr<GradArena> make_arena(const nn::Module& model, const ArenaOptions& options) {
+std::unique_ptr<optim::ParamStore> make_arena(const nn::Module& model, const optim::ParamStoreOptions& options) {
   std::vector<Tensor> params;
   std::vector<std::string> names;
   for (const nn::NamedParameter& np : model.named_parameters()) {
     params.push_back(np.tensor);
     names.push_back(np.name);
   }
-  return std::make_unique<GradArena>(params, names, options);
+  return std::make_unique<optim::ParamStore>(params, names, options);
 }
 
 Run::Run(std::unique_ptr<Model> model, const Precision& p, const optim::Optimizer& optimizer,
          const optim::WindowOptions& window, std::optional<DType> compute_dtype)
     : model_(std::move(model)), micro_steps_(window.micro_steps()) {
-  ArenaOptions ao;
+  optim::ParamStoreOptions ao;
   ao.device = p.device;
   ao.master_dtype = p.dtype;
   ao.compute_dtype = compute_dtype.value_or(p.dtype);
@@ -173,7 +173,7 @@ optim::WindowOptions clipped_window(int64_t K, double max_grad_norm) {
   return optim::WindowOptions().micro_steps(K).max_grad_norm(max_grad_norm);
 }
 
-std::vector<double> summed_gradient(Model& model, GradArena& arena,
+std::vector<double> summed_gradient(Model& model, optim::ParamStore& arena,
                                     const std::vector<Batch>& micro) {
   arena.begin_window();
   for (const Batch& b : micro)
@@ -188,23 +188,23 @@ std::vector<double> host(const Tensor& t) {
   return t.to_vector<double>();
 }
 
-std::vector<double> slot_elements(const GradArena& arena, const std::vector<double>& flat) {
+std::vector<double> slot_elements(const optim::ParamStore& arena, const std::vector<double>& flat) {
   ACCRUE_CHECK(static_cast<int64_t>(flat.size()) == arena.padded_numel(),
                "slot_elements: ", flat.size(), " values for an arena of ", arena.padded_numel());
   std::vector<double> out;
   out.reserve(static_cast<size_t>(arena.numel()));
-  for (const GradArena::Slot& s : arena.slots())
+  for (const optim::ParamStore::Slot& s : arena.slots())
     out.insert(out.end(), flat.begin() + s.offset, flat.begin() + s.offset + s.numel);
   return out;
 }
 
-double arena_error(Metric metric, const GradArena& arena, const std::vector<double>& actual,
+double arena_error(Metric metric, const optim::ParamStore& arena, const std::vector<double>& actual,
                    const std::vector<double>& expected) {
   ACCRUE_CHECK(actual.size() == expected.size(), "arena_error: sizes ", actual.size(), " and ",
                expected.size());
   if (metric == Metric::L2) return l2_relative(actual, expected);
   double worst = 0.0;
-  for (const GradArena::Slot& s : arena.slots()) {
+  for (const optim::ParamStore::Slot& s : arena.slots()) {
     double diff = 0.0, scale = 0.0;
     for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
       diff = std::max(diff, std::fabs(actual[i] - expected[i]));

@@ -114,7 +114,7 @@ std::vector<Batch> make_batches(ModelKind kind, int64_t count, int64_t n, const 
 // ---- a training run -----------------------------------------------------------------------
 
 // `model`'s parameters registered, by name, in a new arena.
-std::unique_ptr<GradArena> make_arena(const nn::Module& model, const ArenaOptions& options);
+std::unique_ptr<optim::ParamStore> make_arena(const nn::Module& model, const optim::ParamStoreOptions& options);
 
 // A model in its arena, an optimizer and a window: the accumulation loop of
 // optim/window.h, one global batch per window.
@@ -132,7 +132,7 @@ class Run {
   void close();
 
   Model& model() { return *model_; }
-  GradArena& arena() { return *arena_; }
+  optim::ParamStore& arena() { return *arena_; }
   optim::Window& window() { return *window_; }
   int64_t micro_steps() const { return micro_steps_; }
   // state()[kCoef] of the last closed window: inv_scale * inv_N * clip.
@@ -142,7 +142,7 @@ class Run {
 
  private:
   std::unique_ptr<Model> model_;  // destroyed last: the arena re-points its parameters
-  std::unique_ptr<GradArena> arena_;
+  std::unique_ptr<optim::ParamStore> arena_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::Window> window_;
   int64_t micro_steps_;
@@ -156,7 +156,7 @@ optim::WindowOptions clipped_window(int64_t K, double max_grad_norm = 0.1);
 // The raw summed gradient of `micro` batches (Note [Overwrite first]: a
 // begin_window, one seed-1 backward per batch, zero_unwritten), in f64: the
 // reference for window runs, computed without any window close.
-std::vector<double> summed_gradient(Model& model, GradArena& arena,
+std::vector<double> summed_gradient(Model& model, optim::ParamStore& arena,
                                     const std::vector<Batch>& micro);
 
 // ---- measuring ----------------------------------------------------------------------------
@@ -166,8 +166,8 @@ std::vector<double> host(const Tensor& t);
 // for SlotMax): the number compared with a Precision's tolerance.
 // The real elements of a flat arena-shaped vector, slot after slot (padding
 // dropped): arenas of different dtypes align their slots differently.
-std::vector<double> slot_elements(const GradArena& arena, const std::vector<double>& flat);
-double arena_error(Metric metric, const GradArena& arena, const std::vector<double>& actual,
+std::vector<double> slot_elements(const optim::ParamStore& arena, const std::vector<double>& flat);
+double arena_error(Metric metric, const optim::ParamStore& arena, const std::vector<double>& actual,
                    const std::vector<double>& expected);
 // ||a - b|| / ||b|| (0 when both are 0).
 double l2_relative(const std::vector<double>& a, const std::vector<double>& b);

@@ -225,7 +225,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Fixture& f, const std::st
 struct TrainingRun {
   std::vector<Tensor> params;
   std::unique_ptr<optim::Optimizer> optimizer;
-  std::unique_ptr<GradArena> arena;
+  std::unique_ptr<optim::ParamStore> arena;
   std::unique_ptr<optim::Window> window;
 
   TrainingRun(std::vector<Tensor> initial, std::unique_ptr<optim::Optimizer> opt,
@@ -233,9 +233,9 @@ struct TrainingRun {
       : params(std::move(initial)), optimizer(std::move(opt)) {
     for (Tensor& p : params)
       requires_grad_(p);
-    arena = std::make_unique<GradArena>(
+    arena = std::make_unique<optim::ParamStore>(
         params, std::vector<std::string>{},
-        ArenaOptions{Device::cpu(), DType::f32, DType::f32, optimizer->moments_needed()});
+        optim::ParamStoreOptions{Device::cpu(), DType::f32, DType::f32, optimizer->moments_needed()});
     window = std::make_unique<optim::Window>(*arena, *optimizer, options);
   }
 
@@ -255,7 +255,7 @@ struct TrainingRun {
 
   // Slot i of moment arena k, shaped like parameter i.
   Tensor moment(int k, size_t i) const {
-    const GradArena::Slot& s = arena->slots()[i];
+    const optim::ParamStore::Slot& s = arena->slots()[i];
     return arena->moment(k).narrow(0, s.offset, s.numel).reshape(s.shape);
   }
 };

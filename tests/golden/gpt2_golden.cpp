@@ -155,12 +155,12 @@ Gpt2Run::Gpt2Run(const Gpt2Fixture& fixture, const RunOptions& options)
   optimizer_->set_schedule(std::make_shared<optim::WarmupCosine>(
       options.schedule.warmup, options.schedule.total, options.schedule.min_factor));
 
-  ArenaOptions ao;
+  optim::ParamStoreOptions ao;
   ao.device = options.device;
   ao.master_dtype = options.master_dtype;
   ao.compute_dtype = options.compute_dtype;
   ao.moments = optimizer_->moments_needed();
-  arena_ = std::make_unique<GradArena>(params, names, ao);
+  arena_ = std::make_unique<optim::ParamStore>(params, names, ao);
   window_ = std::make_unique<optim::Window>(*arena_, *optimizer_,
                                             optim::WindowOptions()
                                                 .micro_steps(options.micro_steps)

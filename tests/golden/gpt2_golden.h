@@ -109,7 +109,7 @@ class Gpt2Run {
   // backward on each, close(). Returns the window's report.
   optim::WindowReport window(int64_t w);
 
-  GradArena& arena() { return *arena_; }
+  optim::ParamStore& arena() { return *arena_; }
   const nn::GPT2& model() const { return *model_; }
   // Parameter `name`'s master weights (f64 on the host, row-major).
   std::vector<double> master(const std::string& name) const;
@@ -118,7 +118,7 @@ class Gpt2Run {
   const Gpt2Fixture& fixture_;
   RunOptions options_;
   std::unique_ptr<nn::GPT2> model_;  // destroyed last: the arena re-points its parameters
-  std::unique_ptr<GradArena> arena_;
+  std::unique_ptr<optim::ParamStore> arena_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::Window> window_;
   std::map<std::string, size_t> slot_;

@@ -85,7 +85,7 @@ struct PolicyRun {
   std::map<std::string, Tensor> p;
   std::vector<Tensor> params;
   std::unique_ptr<optim::Optimizer> optimizer;
-  std::unique_ptr<GradArena> arena;
+  std::unique_ptr<optim::ParamStore> arena;
   std::unique_ptr<optim::Window> window;
 
   PolicyRun(const Fixture& fixture, UnusedParameters policy) : f(fixture) {
@@ -100,8 +100,8 @@ struct PolicyRun {
                                                        .eps(f.number("eps"))
                                                        .weight_decay(f.number("weight_decay"))
                                                        .amsgrad(true));
-    arena = std::make_unique<GradArena>(params, f.names,
-                                        ArenaOptions{Device::cpu(), DType::f64, DType::f64, 3});
+    arena = std::make_unique<optim::ParamStore>(params, f.names,
+                                        optim::ParamStoreOptions{Device::cpu(), DType::f64, DType::f64, 3});
     window = std::make_unique<optim::Window>(
         *arena, *optimizer, optim::WindowOptions().micro_steps(f.K).unused_parameters(policy));
   }
@@ -130,7 +130,7 @@ struct PolicyRun {
 
   Tensor value(size_t i) const { return arena->master_view(i).clone(); }
   Tensor moment(int k, size_t i) const {
-    const GradArena::Slot& s = arena->slots()[i];
+    const optim::ParamStore::Slot& s = arena->slots()[i];
     return arena->moment(k).narrow(0, s.offset, s.numel).reshape(s.shape);
   }
 };

@@ -1,6 +1,6 @@
 // Hugging Face GPT-2 safetensors <-> nn::GPT2: names, Conv1D layouts, the
 // padded vocabulary, ignored buffers, tied lm_head, errors, and loading into
-// a GradArena (Note [Loading into an arena]).
+// a model an optim::ParamStore already holds (Note [One load path]).
 #include "nn/gpt2_hf.h"
 
 #include <gmock/gmock.h>
@@ -10,7 +10,9 @@
 #include <memory>
 #include <string>
 
-#include "autograd/grad_arena.h"
+#include "optim/optimizer.h"
+#include "optim/param_store.h"
+#include "optim/window.h"
 #include "autograd/variable.h"
 #include "core/grad_mode.h"
 #include "core/tensor_io.h"
@@ -236,7 +238,7 @@ TEST(GPT2HF, missing_extra_and_misshapen_tensors_are_named) {
   std::filesystem::remove(path);
 }
 
-TEST(GPT2HF, loading_into_an_arena_updates_master_and_compute_copy) {
+TEST(GPT2HF, loading_into_a_store_updates_master_and_compute_copy) {
   const nn::GPT2Config c = hf_config();
   const auto a = make_gpt2(c, 12, DType::f32);
   const std::string path = temp_path("arena");
@@ -244,7 +246,7 @@ TEST(GPT2HF, loading_into_an_arena_updates_master_and_compute_copy) {
   for (DType compute : {DType::f32, DType::bf16}) {
     const auto b = make_gpt2(c, 13, DType::f32);
     std::vector<Tensor> params = b->parameters();
-    GradArena arena(params, {}, {Device::cpu(), DType::f32, compute, 2});
+    optim::ParamStore arena(params, {}, {Device::cpu(), DType::f32, compute, 2});
     nn::load_hf_gpt2(*b, path);
     const auto pa = a->parameters();
     for (size_t i = 0; i < pa.size(); ++i) {
@@ -254,6 +256,54 @@ TEST(GPT2HF, loading_into_an_arena_updates_master_and_compute_copy) {
       EXPECT_TRUE(test::all_equal(params[i], pa[i].to(compute))) << i;
     }
   }
+  std::filesystem::remove(path);
+}
+
+
+// Note [One load path]: an HF file loaded into a model whose store already
+// holds a bf16 compute copy trains exactly as the same file loaded before the
+// store was built: the same master, compute copy and moments after every window.
+TEST(GPT2HF, loading_after_a_bf16_store_exists_trains_as_loading_before) {
+  const nn::GPT2Config c = hf_config();
+  const std::string path = temp_path("train");
+  nn::save_hf_gpt2(*make_gpt2(c, 21, DType::f32), path);
+  struct Run {
+    std::unique_ptr<nn::GPT2> model;
+    std::unique_ptr<optim::ParamStore> store;
+    std::unique_ptr<optim::Optimizer> opt;
+    std::unique_ptr<optim::Window> window;
+  };
+  auto make_run = [&](bool load_first) {
+    Run r;
+    r.model = make_gpt2(c, 22, DType::f32);  // other weights until the load
+    if (load_first) nn::load_hf_gpt2(*r.model, path);
+    r.opt = std::make_unique<optim::Optimizer>(optim::AdamWOptions(1e-2).weight_decay(0.1));
+    r.store = std::make_unique<optim::ParamStore>(
+        r.model->parameters(), std::vector<std::string>{},
+        optim::ParamStoreOptions{Device::cpu(), DType::f32, DType::bf16, r.opt->moments_needed()});
+    if (!load_first) nn::load_hf_gpt2(*r.model, path);
+    r.window = std::make_unique<optim::Window>(
+        *r.store, *r.opt, optim::WindowOptions().micro_steps(2).max_grad_norm(1.0));
+    return r;
+  };
+  Run before = make_run(true), after = make_run(false);
+  EXPECT_TRUE(test::all_equal(before.store->master(), after.store->master()));
+  EXPECT_TRUE(test::all_equal(before.store->compute(), after.store->compute()));
+  for (int w = 0; w < 3; ++w) {
+    for (int k = 0; k < 2; ++k) {
+      const Tensor idx = tokens(2, 16, c.vocab_size, 100 + 2 * w + k);
+      const Tensor targets = tokens(2, 16, c.vocab_size, 200 + 2 * w + k);
+      for (Run* r : {&before, &after})
+        r->window->backward(r->model->loss(idx, targets));
+    }
+    for (Run* r : {&before, &after})
+      r->window->close();
+    EXPECT_EQ(before.window->report().loss, after.window->report().loss) << "window " << w;
+    EXPECT_TRUE(test::all_equal(before.store->master(), after.store->master())) << w;
+    EXPECT_TRUE(test::all_equal(before.store->compute(), after.store->compute())) << w;
+    EXPECT_TRUE(test::all_equal(before.store->moment(1), after.store->moment(1))) << w;
+  }
+  EXPECT_FALSE(before.window->report().skipped);
   std::filesystem::remove(path);
 }
 

@@ -429,19 +429,19 @@ TEST(GPT2, activation_checkpointing_gives_bitwise_equal_gradients) {
 
 // ---- accumulation -------------------------------------------------------------------------------
 
-std::unique_ptr<GradArena> arena_for(const nn::GPT2& model) {
+std::unique_ptr<optim::ParamStore> arena_for(const nn::GPT2& model) {
   std::vector<Tensor> params;
   std::vector<std::string> names;
   for (const nn::NamedParameter& p : model.named_parameters()) {
     params.push_back(p.tensor);
     names.push_back(p.name);
   }
-  return std::make_unique<GradArena>(params, names,
-                                     ArenaOptions{Device::cpu(), DType::f64, DType::f64, 2});
+  return std::make_unique<optim::ParamStore>(params, names,
+                                     optim::ParamStoreOptions{Device::cpu(), DType::f64, DType::f64, 2});
 }
 
-std::vector<double> slot_values(const GradArena& arena, const Tensor& flat, size_t i) {
-  const GradArena::Slot& s = arena.slots()[i];
+std::vector<double> slot_values(const optim::ParamStore& arena, const Tensor& flat, size_t i) {
+  const optim::ParamStore::Slot& s = arena.slots()[i];
   return flat.narrow(0, s.offset, s.numel).to_vector<double>();
 }
 
@@ -465,7 +465,7 @@ TEST(GPT2, accumulated_micro_batches_equal_the_large_batch_in_an_arena) {
 
   struct Run {
     std::unique_ptr<nn::GPT2> model;
-    std::unique_ptr<GradArena> arena;
+    std::unique_ptr<optim::ParamStore> arena;
     std::unique_ptr<optim::Optimizer> opt;
     std::unique_ptr<optim::Window> window;
   };
@@ -520,7 +520,7 @@ TEST(GPT2, bf16_compute_copy_in_an_arena_is_close_to_f32_and_checkpoints_bitwise
     rc.activation_checkpointing = checkpointing;
     const auto model = make_gpt2(rc, 11, DType::f32);
     std::vector<Tensor> params = model->parameters();
-    GradArena arena(params, {}, {Device::cpu(), DType::f32, compute, 0});
+    optim::ParamStore arena(params, {}, {Device::cpu(), DType::f32, compute, 0});
     EXPECT_EQ(model->wte().dtype(), compute);  // one slot for both uses of the tied table
     arena.begin_window();
     const Loss loss = model->loss(idx, targets);

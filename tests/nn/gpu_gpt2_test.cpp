@@ -11,6 +11,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/grad_arena.h"
+#include "optim/param_store.h"
 #include "autograd/variable.h"
 #include "core/allocator.h"
 #include "core/cuda_runtime.h"
@@ -44,14 +45,14 @@ Tensor tokens(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
   return randint(0, vocab, {B, T}, DType::i64, Device::cpu(), &gen);
 }
 
-std::unique_ptr<GradArena> arena_for(const nn::GPT2& model, DType compute) {
+std::unique_ptr<optim::ParamStore> arena_for(const nn::GPT2& model, DType compute) {
   std::vector<Tensor> params;
   std::vector<std::string> names;
   for (const nn::NamedParameter& p : model.named_parameters()) {
     params.push_back(p.tensor);
     names.push_back(p.name);
   }
-  return std::make_unique<GradArena>(params, names, ArenaOptions{kGpu, DType::f32, compute, 0});
+  return std::make_unique<optim::ParamStore>(params, names, optim::ParamStoreOptions{kGpu, DType::f32, compute, 0});
 }
 
 // TF32 off for the scope: the f32 GEMMs compare with the CPU in true fp32.

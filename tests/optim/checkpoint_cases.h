@@ -46,13 +46,13 @@ inline void train_window(optim::Window& window, const nn::MLP& model, int64_t k,
 // EMAs, measured every window).
 inline void checkpoint_resumes_bit_exactly_at_any_micro_step(Device device) {
   auto make = [device](Generator& gen, std::unique_ptr<nn::MLP>& model,
-                       std::unique_ptr<GradArena>& arena, std::unique_ptr<optim::Optimizer>& opt,
+                       std::unique_ptr<optim::ParamStore>& arena, std::unique_ptr<optim::Optimizer>& opt,
                        std::unique_ptr<optim::Window>& window) {
     model = std::make_unique<nn::MLP>(std::vector<int64_t>{6, 12, 3},
                                       nn::ParamOptions{device, DType::f32, &gen});
     opt = std::make_unique<optim::Optimizer>(optim::AdamWOptions(1e-2).weight_decay(0.1));
-    arena = std::make_unique<GradArena>(model->parameters(), std::vector<std::string>{},
-                                        ArenaOptions{device, DType::f32, DType::f32, 2});
+    arena = std::make_unique<optim::ParamStore>(model->parameters(), std::vector<std::string>{},
+                                        optim::ParamStoreOptions{device, DType::f32, DType::f32, 2});
     window = std::make_unique<optim::Window>(
         *arena, *opt,
         optim::WindowOptions()
@@ -63,7 +63,7 @@ inline void checkpoint_resumes_bit_exactly_at_any_micro_step(Device device) {
   };
   Generator ga(5);
   std::unique_ptr<nn::MLP> ma;
-  std::unique_ptr<GradArena> aa;
+  std::unique_ptr<optim::ParamStore> aa;
   std::unique_ptr<optim::Optimizer> oa;
   std::unique_ptr<optim::Window> wa;
   make(ga, ma, aa, oa, wa);
@@ -73,7 +73,7 @@ inline void checkpoint_resumes_bit_exactly_at_any_micro_step(Device device) {
     SCOPED_TRACE("saved after micro-step " + std::to_string(m) + " of window 3");
     Generator gb(5), gc(99);
     std::unique_ptr<nn::MLP> mb, mc;
-    std::unique_ptr<GradArena> ab, ac;
+    std::unique_ptr<optim::ParamStore> ab, ac;
     std::unique_ptr<optim::Optimizer> ob, oc;
     std::unique_ptr<optim::Window> wb, wc;
     make(gb, mb, ab, ob, wb);

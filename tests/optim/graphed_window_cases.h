@@ -24,7 +24,7 @@ struct GraphedGPT2 {
   static constexpr int64_t kVocab = 128, kT = 32;
   std::unique_ptr<nn::GPT2> model;
   std::unique_ptr<optim::Optimizer> optimizer;
-  std::unique_ptr<GradArena> arena;
+  std::unique_ptr<optim::ParamStore> arena;
   std::unique_ptr<optim::Window> window;
   Device device;
 
@@ -48,8 +48,8 @@ struct GraphedGPT2 {
     }
     optimizer->add_param_group(no_decay, optim::GroupOptions().weight_decay(0.0));
     optimizer->set_schedule(std::make_shared<optim::WarmupCosine>(1, 6, 0.1));
-    arena = std::make_unique<GradArena>(
-        params, names, ArenaOptions{device, DType::f32, compute, optimizer->moments_needed()});
+    arena = std::make_unique<optim::ParamStore>(
+        params, names, optim::ParamStoreOptions{device, DType::f32, compute, optimizer->moments_needed()});
     window = std::make_unique<optim::Window>(
         *arena, *optimizer, optim::WindowOptions().micro_steps(K).max_grad_norm(0.5));
   }

@@ -52,7 +52,7 @@ struct TinyTokenModel {
   nn::Embedding embedding;
   nn::Linear linear;
   optim::Optimizer opt;
-  GradArena arena;
+  optim::ParamStore arena;
   optim::Window window;
 
  private:

@@ -29,7 +29,7 @@ struct Batch {
 // separate passes (false).
 class LayerMonitorBothWays : public ::testing::TestWithParam<bool> {
  protected:
-  std::unique_ptr<optim::LayerMonitor> make(const GradArena& arena, optim::Optimizer& opt) {
+  std::unique_ptr<optim::LayerMonitor> make(const optim::ParamStore& arena, optim::Optimizer& opt) {
     return GetParam() ? std::make_unique<optim::LayerMonitor>(arena, opt)
                       : std::make_unique<optim::LayerMonitor>(arena);
   }
@@ -55,7 +55,7 @@ TEST_P(LayerMonitorBothWays, layer_norms_and_update_ratios_match_a_separate_comp
   nn::MLP model({4, 2500, 3}, {Device::cpu(), DType::f64, &g1});
   nn::MLP reference({4, 2500, 3}, {Device::cpu(), DType::f64, &g2});  // same initial weights
   optim::Optimizer opt(optim::AdamWOptions(1e-2).weight_decay(0.1));
-  GradArena arena(model.parameters(), {"fc0.w", "fc0.b", "fc1.w", "fc1.b"},
+  optim::ParamStore arena(model.parameters(), {"fc0.w", "fc0.b", "fc1.w", "fc1.b"},
                   {Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(2).max_grad_norm(0.1));
   const std::unique_ptr<optim::LayerMonitor> made = make(arena, opt);
@@ -102,7 +102,7 @@ TEST_P(LayerMonitorBothWays, group_figures_gather_their_layers) {
   optim::Optimizer opt(optim::AdamWOptions(1e-2).weight_decay(0.1));
   const std::vector<Tensor> params = model.parameters();  // fc0.w, fc0.b, fc1.w, fc1.b
   opt.add_param_group({params[1], params[3]}, optim::GroupOptions().weight_decay(0.0));
-  GradArena arena(params, {"fc0.w", "fc0.b", "fc1.w", "fc1.b"},
+  optim::ParamStore arena(params, {"fc0.w", "fc0.b", "fc1.w", "fc1.b"},
                   {Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(2));
   const std::unique_ptr<optim::LayerMonitor> made = make(arena, opt);
@@ -144,7 +144,7 @@ TEST_P(LayerMonitorBothWays, an_unused_layer_and_a_skipped_window) {
   std::vector<Tensor> params = model.parameters();
   params.push_back(unused);
   optim::Optimizer opt(optim::SGDOptions(0.1));
-  GradArena arena(params, {"a", "b", "c", "d", "unused"},
+  optim::ParamStore arena(params, {"a", "b", "c", "d", "unused"},
                   {Device::cpu(), DType::f64, DType::f64, 0});
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(1));
   const std::unique_ptr<optim::LayerMonitor> made = make(arena, opt);
@@ -175,7 +175,7 @@ TEST_P(LayerMonitorBothWays, an_unused_layer_and_a_skipped_window) {
 TEST(LayerMonitor, misuse_is_an_error) {
   Generator g(6);
   nn::MLP model({2, 2}, {Device::cpu(), DType::f64, &g});
-  GradArena arena(model.parameters(), {}, {Device::cpu(), DType::f64, DType::f64, 0});
+  optim::ParamStore arena(model.parameters(), {}, {Device::cpu(), DType::f64, DType::f64, 0});
   optim::LayerMonitor monitor(arena);
   EXPECT_ERROR(monitor.read(optim::WindowReport{}), "LayerMonitor::read", "no window measured");
   EXPECT_ERROR(monitor.after_close(), "LayerMonitor::after_close", "before_close");
@@ -199,16 +199,16 @@ TEST(LayerMonitor, the_fused_pass_and_separate_passes_agree) {
     Tensor unused = requires_grad_(zeros({70}, DType::f64) + 0.5);
     std::vector<Tensor> params;
     optim::Optimizer opt{optim::AdamWOptions(1e-2).weight_decay(0.1)};
-    std::unique_ptr<GradArena> arena;
+    std::unique_ptr<optim::ParamStore> arena;
     std::unique_ptr<optim::Window> window;
     std::unique_ptr<optim::LayerMonitor> monitor;
     explicit Run(bool in_pass) {
       params = model.parameters();
       params.push_back(unused);
       opt.add_param_group({params[1], params[3]}, optim::GroupOptions().weight_decay(0.0));
-      arena = std::make_unique<GradArena>(
+      arena = std::make_unique<optim::ParamStore>(
           params, std::vector<std::string>{"a", "b", "c", "d", "unused"},
-          ArenaOptions{Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
+          optim::ParamStoreOptions{Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
       window = std::make_unique<optim::Window>(
           *arena, opt,
           optim::WindowOptions().micro_steps(2).max_grad_norm(0.05).unused_parameters(

@@ -39,7 +39,7 @@ struct LinearRun {
 
   Tensor theta;
   optim::Optimizer opt;
-  GradArena arena;
+  optim::ParamStore arena;
   optim::Window window;
 };
 

@@ -51,8 +51,8 @@ inline std::vector<Tensor> parameters_of(const nn::MLP& first, const nn::MLP& se
 }
 
 // Two runs' window state, weights and moments are the same bits.
-inline void expect_same_steps(const optim::Window& a, const GradArena& a_arena,
-                              const optim::Window& b, const GradArena& b_arena) {
+inline void expect_same_steps(const optim::Window& a, const optim::ParamStore& a_arena,
+                              const optim::Window& b, const optim::ParamStore& b_arena) {
   EXPECT_TRUE(all_equal(a.state(), b.state()));
   EXPECT_TRUE(all_equal(a_arena.master(), b_arena.master()));
   EXPECT_TRUE(all_equal(a_arena.moment(0), b_arena.moment(0)));
@@ -81,7 +81,7 @@ struct BranchRun {
   Generator gen;
   nn::MLP main, branch;
   optim::Optimizer opt;
-  GradArena arena;
+  optim::ParamStore arena;
   optim::Window window;
 
  private:

@@ -55,7 +55,7 @@ constexpr int64_t kBatch = 16;
 
 struct Trainer {
   std::unique_ptr<nn::MLP> model;
-  std::unique_ptr<GradArena> arena;
+  std::unique_ptr<optim::ParamStore> arena;
   std::unique_ptr<optim::Optimizer> opt;
   std::unique_ptr<optim::Window> window;
 
@@ -64,9 +64,9 @@ struct Trainer {
     model = std::make_unique<nn::MLP>(std::vector<int64_t>{8, 32, 4},
                                       nn::ParamOptions{Device::cpu(), DType::f32, &gen});
     opt = std::make_unique<optim::Optimizer>(optim::AdamWOptions(1e-3));
-    arena = std::make_unique<GradArena>(
+    arena = std::make_unique<optim::ParamStore>(
         model->parameters(), std::vector<std::string>{"w0", "b0", "w1", "b1"},
-        ArenaOptions{Device::cpu(), DType::f32, DType::f16, opt->moments_needed()});
+        optim::ParamStoreOptions{Device::cpu(), DType::f32, DType::f16, opt->moments_needed()});
     window = std::make_unique<optim::Window>(*arena, *opt,
                                              optim::WindowOptions().micro_steps(2).scaler(scaler));
   }

@@ -78,7 +78,7 @@ class WindowRun : public optim::VerifyRun {
 
   Model model;
   optim::Optimizer opt;
-  GradArena arena;
+  optim::ParamStore arena;
   optim::Window window;
 };
 

@@ -1,0 +1,220 @@
+#include "optim/param_store.h"
+
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+
+#include "core/grad_mode.h"
+
+namespace accrue::optim {
+
+namespace {
+
+GradArenaOptions grad_options(const ParamStoreOptions& o) {
+  return {o.device, o.master_dtype, o.shard_ranks};
+}
+
+void check_options(const ParamStoreOptions& o) {
+  ACCRUE_CHECK(o.master_dtype == DType::f32 || o.master_dtype == DType::f64,
+               "ParamStore: master dtype must be f32 or f64, got ", dtype_name(o.master_dtype));
+  ACCRUE_CHECK(o.compute_dtype == o.master_dtype || o.compute_dtype == DType::bf16 ||
+                   o.compute_dtype == DType::f16,
+               "ParamStore: compute dtype ", dtype_name(o.compute_dtype),
+               " must be the master dtype ", dtype_name(o.master_dtype), ", bf16 or f16");
+  ACCRUE_CHECK(o.moments >= 0 && o.moments <= 3, "ParamStore: moments must be 0..3, got ",
+               o.moments);
+}
+
+// Checked before the gradient arena is built, so a bad option is named as the store's.
+const ParamStoreOptions& checked(const ParamStoreOptions& o) {
+  check_options(o);
+  return o;
+}
+
+std::string bytes_str(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  for (; u < 3 && v >= 1024.0; ++u)
+    v /= 1024.0;
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(u == 0 ? 0 : 1) << v << " " << units[u];
+  return os.str();
+}
+
+}  // namespace
+
+ParamStore::ParamStore(const std::vector<Tensor>& params, const std::vector<std::string>& names,
+                       const ParamStoreOptions& options)
+    : options_(checked(options)), grads_(params, names, grad_options(options)) {
+  // Padding must read as zero forever: the norm pass and the optimizer sweep it.
+  master_ = zeros({padded_numel()}, options.master_dtype, options.device);
+  moment_numel_ = padded_numel();
+  for (int i = 0; i < options.moments; ++i)
+    moments_.push_back(zeros({padded_numel()}, options.master_dtype, options.device));
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i)
+    master_view(i).copy_(params[i]);
+  const bool has_copy = options.compute_dtype != options.master_dtype;
+  if (has_copy) compute_ = master_.to(options.compute_dtype);
+  const Tensor& home = forward_weights();
+  // Re-point each parameter at its slot: every handle the model holds sees the store.
+  for (size_t i = 0; i < params.size(); ++i) {
+    TensorImpl& impl = *params[i].impl();
+    impl.storage = home.storage();
+    impl.offset = slots()[i].offset;
+    impl.strides = slots()[i].strides;
+    impl.dtype = home.dtype();
+    set_parameter_owner(params[i], this);
+  }
+}
+
+ParamStore::~ParamStore() {
+  for (const Tensor& p : params())
+    set_parameter_owner(p, nullptr);
+}
+
+const Tensor& ParamStore::moment(int i) const {
+  ACCRUE_CHECK(i >= 0 && i < static_cast<int>(moments_.size()), "ParamStore::moment: index ", i,
+               " but the store has ", moments_.size(), " moment arenas");
+  return moments_[i];
+}
+
+std::string StoreMemory::describe() const {
+  return "master " + bytes_str(master) + (master_sharded ? " (sharded)" : "") + ", grads " +
+         bytes_str(grads) + ", compute " + bytes_str(compute) + ", moments " + bytes_str(moments) +
+         (moments_sharded ? " (sharded)" : "") + ", total " + bytes_str(total());
+}
+
+StoreMemory ParamStore::memory() const {
+  auto bytes = [](const Tensor& t) {
+    return t.defined() ? t.numel() * static_cast<int64_t>(element_size(t.dtype())) : int64_t{0};
+  };
+  StoreMemory m;
+  m.master = bytes(master_);
+  m.grads = bytes(grads());
+  m.compute = bytes(compute_);
+  for (const Tensor& t : moments_)
+    m.moments += bytes(t);
+  m.master_sharded = master_sharded_;
+  m.moments_sharded = moments_sharded();
+  return m;
+}
+
+void ParamStore::shard_moments(int64_t numel) {
+  ACCRUE_CHECK(numel >= 0 && numel <= padded_numel(), "ParamStore::shard_moments: ", numel,
+               " elements; the store has ", padded_numel());
+  moment_numel_ = numel;
+  for (Tensor& m : moments_) {
+    m = Tensor();  // freed before the shard is allocated: the peak never holds both
+    m = zeros({numel}, options_.master_dtype, options_.device);
+  }
+}
+
+void ParamStore::shard_master(const std::vector<ArenaRange>& owned) {
+  ACCRUE_CHECK(compute_.defined(), "ParamStore::shard_master: the store has no compute copy, so ",
+               "the forward reads the master weights and every rank needs them whole");
+  ACCRUE_CHECK(!master_sharded_, "ParamStore::shard_master: already sharded");
+  int64_t packed = 0;
+  for (const ArenaRange& r : owned) {
+    ACCRUE_CHECK(r.offset >= 0 && r.numel >= 0 && r.offset + r.numel <= padded_numel(),
+                 "ParamStore::shard_master: range [", r.offset, ", ", r.offset + r.numel,
+                 ") is outside the store's ", padded_numel(), " elements");
+    packed += r.numel;
+  }
+  NoGradGuard no_grad;
+  Tensor shard = empty({packed}, options_.master_dtype, options_.device);
+  int64_t at = 0;
+  for (const ArenaRange& r : owned) {
+    shard.narrow(0, at, r.numel).copy_(master_.narrow(0, r.offset, r.numel));
+    at += r.numel;
+  }
+  master_ = shard;  // the whole master is freed here
+  master_sharded_ = true;
+  owned_ = owned;
+}
+
+Tensor ParamStore::master_view(size_t i) const {
+  ACCRUE_CHECK(
+      !master_sharded_, "ParamStore::master_view: the master weights are sharded ",
+      "(Note [ZeRO-1]); read the compute copy, or Window::state_dict for this rank's shard");
+  return grads_.slot_view(master_, i);
+}
+
+size_t ParamStore::slot_of(const Tensor& param, const char* op) const {
+  const int i = index_of(param);
+  ACCRUE_CHECK(i >= 0, "ParamStore::", op, ": tensor of shape ", shape_str(param.shape()),
+               " is not a parameter of this store");
+  return static_cast<size_t>(i);
+}
+
+void ParamStore::load(const std::string& name, const Tensor& value) {
+  for (size_t i = 0; i < size(); ++i)
+    if (slots()[i].name == name) return load_slot(i, value, "load");
+  ACCRUE_FAIL("ParamStore::load: no parameter named '", name, "' (the store holds ", size(),
+              " parameters)");
+}
+
+void ParamStore::load(const Tensor& param, const Tensor& value) {
+  load_slot(slot_of(param, "load"), value, "load");
+}
+
+Tensor ParamStore::value(const Tensor& param) const {
+  const size_t i = slot_of(param, "value");
+  return master_sharded_ ? param : master_view(i);
+}
+
+void ParamStore::load_slot(size_t i, const Tensor& value, const char* op) {
+  const Slot& s = slots()[i];
+  ACCRUE_CHECK(value.defined() && value.shape() == s.shape, "ParamStore::", op, ": '", s.name,
+               "' has shape ", shape_str(s.shape), ", the value ",
+               value.defined() ? shape_str(value.shape()) : std::string("undefined"));
+  NoGradGuard no_grad;
+  // Note [One load path]: the master's values (the value cast once to the
+  // master dtype), then the compute copy cast from them.
+  Tensor flat = empty({s.numel}, options_.master_dtype, options_.device);
+  make_view(flat, s.shape, s.strides, 0).copy_(value);
+  if (!master_sharded_) {
+    master_.narrow(0, s.offset, s.numel).copy_(flat);
+  } else {
+    int64_t at = 0;  // the packed master's position of each owned range
+    for (const ArenaRange& r : owned_) {
+      const int64_t lo = std::max(r.offset, s.offset);
+      const int64_t hi = std::min(r.offset + r.numel, s.offset + s.numel);
+      if (lo < hi)
+        master_.narrow(0, at + lo - r.offset, hi - lo).copy_(flat.narrow(0, lo - s.offset, hi - lo));
+      at += r.numel;
+    }
+  }
+  if (compute_.defined()) compute_.narrow(0, s.offset, s.numel).copy_(flat);
+}
+
+void ParamStore::load_master(const Tensor& master, const std::vector<ArenaRange>& owned) {
+  NoGradGuard no_grad;
+  if (owned.empty()) {
+    ACCRUE_CHECK(!master_sharded_, "ParamStore::load_master: the master is sharded; ",
+                 "give the owned ranges the packed values cover");
+    master_.copy_(master);
+    refresh_compute();
+    return;
+  }
+  // Note [ZeRO-1]: this rank's owned ranges only; the gather brings the rest
+  // of the forward's weights.
+  int64_t at = 0;
+  for (const ArenaRange& r : owned) {
+    const Tensor part = master.narrow(0, at, r.numel);
+    if (!master_sharded_) master_.narrow(0, r.offset, r.numel).copy_(part);
+    if (compute_.defined()) compute_.narrow(0, r.offset, r.numel).copy_(part);
+    at += r.numel;
+  }
+  if (master_sharded_) master_.copy_(master);
+}
+
+void ParamStore::refresh_compute() {
+  ACCRUE_CHECK(!master_sharded_, "ParamStore::refresh_compute: the master is sharded; ",
+               "the forward's weights come from the ranks' gather");
+  NoGradGuard no_grad;
+  if (compute_.defined()) compute_.copy_(master_);
+}
+
+}  // namespace accrue::optim

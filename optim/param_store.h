@@ -1,0 +1,160 @@
+// ParamStore: the optimizer's side of every trainable parameter, laid out over
+// the gradient arena's slots.
+//
+//   optim::ParamStore store(model.parameters(), names,
+//                           {Device::cuda(0), DType::f32, DType::bf16, opt.moments_needed()});
+//   optim::Window window(store, opt, optim::WindowOptions().micro_steps(8));
+//
+// Note [Parameter store]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Master weights, the optional bf16/f16 compute copy and the optimizer
+// moments are flat arenas with the gradient arena's slots (Note [Grad arena]),
+// so the close is one pass over aligned ranges. After construction each
+// parameter's data IS its master slot, or, with a 16-bit compute dtype, its
+// slot of the compute copy, which the GEMMs read and the optimizer writes.
+// Under ZeRO-1 the moments, and with a compute copy the master too, shrink to
+// this rank's owned ranges packed in order (Note [ZeRO-1] in dist/reducer.h).
+// The store owns the GradArena (autograd's half: gradients, sink, written
+// flags) and forwards its layout, so one object is what a trainer builds and
+// hands to the Window and the Reducer.
+//
+// Note [One load path]
+// ~~~~~~~~~~~~~~~~~~~~
+// Every write of a parameter's value from outside the optimizer (a Hugging
+// Face file, Module::load_state_dict, a trainer's checkpoint) goes through
+// load(): the master slot first, then the compute slot refreshed from it with
+// the same cast the construction made, so the copies never disagree and
+// loading after the store exists trains exactly as loading before it. nn
+// reaches it without knowing optim: the store is each parameter's
+// ParameterOwner (autograd/variable.h), and accrue::load_parameter routes
+// there. Optimizer moments are not touched. With a sharded master (ZeRO-1)
+// each rank writes its owned part and the whole compute copy.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "autograd/grad_arena.h"
+#include "core/tensor.h"
+
+namespace accrue::optim {
+
+struct ParamStoreOptions {
+  Device device = Device::cpu();
+  // The dtype of master weights, gradients and moments: f32, or f64 for the CPU reference.
+  DType master_dtype = DType::f32;
+  // The dtype parameters compute in: master_dtype, or bf16/f16 for a compute copy.
+  DType compute_dtype = DType::f32;
+  // How many moment arenas to allocate (0 to 3: SGD momentum, Adam m and v, amsgrad's max).
+  int moments = 2;
+  // Slots are padded to a multiple of shard_ranks x 256 bytes, so that ZeRO-1
+  // over this many ranks cuts every bucket into equal chunks (Note [ZeRO-1]).
+  // 1 suffices for a world size that divides 256 bytes' worth of elements (a
+  // power of two up to 64 for f32, 32 for f64); other world sizes set it to W.
+  int shard_ranks = 1;
+};
+
+// Bytes a store holds on its device, by role (the report of Note [ZeRO-1]).
+struct StoreMemory {
+  int64_t master = 0, grads = 0, compute = 0, moments = 0;
+  bool master_sharded = false, moments_sharded = false;
+  int64_t total() const { return master + grads + compute + moments; }
+  // "master 237.5 MiB (sharded), grads 475.0 MiB, compute 237.5 MiB, moments 475.0 MiB
+  // (sharded), total 1.39 GiB"
+  std::string describe() const;
+};
+
+class ParamStore final : public ParameterOwner {
+ public:
+  using Slot = GradArena::Slot;
+
+  // Moves `params` (leaves that require grad, any float dtype and device) into
+  // the store: their values are copied into the master arena, each tensor is
+  // re-pointed at its slot (and converted to the compute dtype), and its
+  // gradients are routed to the gradient arena. names may be empty.
+  ParamStore(const std::vector<Tensor>& params, const std::vector<std::string>& names,
+             const ParamStoreOptions& options);
+  ~ParamStore() override;
+  ParamStore(const ParamStore&) = delete;
+  ParamStore& operator=(const ParamStore&) = delete;
+
+  const ParamStoreOptions& options() const { return options_; }
+  // Autograd's half: gradients, the sink, the written flags.
+  GradArena& grad_arena() { return grads_; }
+  const GradArena& grad_arena() const { return grads_; }
+
+  // The layout, shared with the gradient arena.
+  const std::vector<Slot>& slots() const { return grads_.slots(); }
+  size_t size() const { return grads_.size(); }
+  int64_t numel() const { return grads_.numel(); }
+  int64_t padded_numel() const { return grads_.padded_numel(); }
+  int index_of(const Tensor& param) const { return grads_.index_of(param); }
+  // The parameters as registered (re-pointed into the store).
+  const std::vector<Tensor>& params() const { return grads_.params(); }
+
+  // The flat arenas: master and gradients [padded_numel] (the master packed
+  // when sharded), the moments [moment_numel()], the compute copy
+  // [padded_numel] or undefined when the compute dtype is the master dtype.
+  const Tensor& master() const { return master_; }
+  const Tensor& grads() const { return grads_.grads(); }
+  const Tensor& compute() const { return compute_; }
+  const Tensor& moment(int i) const;
+  int64_t moment_numel() const { return moment_numel_; }
+  // The flat tensor the forward reads: the compute copy, else the master.
+  const Tensor& forward_weights() const { return compute_.defined() ? compute_ : master_; }
+
+  // Views of one slot, shaped and laid out like the parameter.
+  Tensor master_view(size_t i) const;
+  Tensor grad_view(size_t i) const { return grads_.grad_view(i); }
+
+  // Note [One load path]: writes the master slot of the parameter named
+  // `name`, then its compute slot. Throws for a name the store does not hold
+  // or a shape that differs.
+  void load(const std::string& name, const Tensor& value);
+  // ParameterOwner: the same, by the parameter's handle; value() is its master slot
+  // (the parameter itself when the master is sharded).
+  void load(const Tensor& param, const Tensor& value) override;
+  Tensor value(const Tensor& param) const override;
+  // A whole master arena at once (a window checkpoint): `master` is laid out
+  // like master() (packed over `owned` when the store is sharded, or packed
+  // by the caller over `owned` when `owned` is not empty), then the compute
+  // copy follows from it.
+  void load_master(const Tensor& master, const std::vector<ArenaRange>& owned = {});
+  // The compute copy cast again from the whole master, after something wrote
+  // the master in place (rank 0's weights broadcast into it).
+  void refresh_compute();
+
+  // Note [ZeRO-1] (dist/reducer.h): this rank keeps optimizer moments only for
+  // its shard, `numel` elements (its owned ranges packed in order). Replaces
+  // every moment arena with a zeroed one of that size; before the first step.
+  void shard_moments(int64_t numel);
+  bool moments_sharded() const { return moment_numel_ != padded_numel(); }
+  // Note [ZeRO-1]: with a compute copy (which the forward reads, so the
+  // master is only the optimizer's), this rank keeps master weights only for
+  // its owned ranges, packed in order as the moments are. Needs the compute
+  // copy; afterwards master() is that packed shard and master_view() throws.
+  void shard_master(const std::vector<ArenaRange>& owned);
+  bool master_sharded() const { return master_sharded_; }
+  StoreMemory memory() const;
+
+  // Forwarded to the gradient arena (Note [Overwrite first]).
+  void begin_window() { grads_.begin_window(); }
+  bool written(size_t i) const { return grads_.written(i); }
+  const std::vector<bool>& written_flags() const { return grads_.written_flags(); }
+  void set_written_flags(const std::vector<bool>& flags) { grads_.set_written_flags(flags); }
+  int zero_unwritten() { return grads_.zero_unwritten(); }
+
+ private:
+  size_t slot_of(const Tensor& param, const char* op) const;
+  void load_slot(size_t i, const Tensor& value, const char* op);
+
+  ParamStoreOptions options_;
+  GradArena grads_;
+  int64_t moment_numel_ = 0;
+  bool master_sharded_ = false;
+  std::vector<ArenaRange> owned_;  // the packed master's ranges, when sharded
+  Tensor master_, compute_;
+  std::vector<Tensor> moments_;
+};
+
+}  // namespace accrue::optim
