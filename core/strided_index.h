@@ -4,11 +4,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define ACCRUE_HD __host__ __device__ __forceinline__
-#else
-#define ACCRUE_HD inline
-#endif
+#include "core/host_device.h"
 
 namespace accrue {
 
