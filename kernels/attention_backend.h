@@ -1,7 +1,7 @@
 // The backend side of attention (kernels/attention.h): the functions that
-// kernels/cpu/attention.cpp, kernels/cuda/attention.cu and
-// kernels/cuda/attention_cudnn.cpp implement, and the rules all of them
-// share. Private to kernels/.
+// kernels/cpu/attention.cpp and kernels/cuda/attention.cu implement (listed
+// in kernels/attention_functions.inc) and kernels/cuda/attention_cudnn.cpp
+// implements, and the rules all of them share. Private to kernels/.
 //
 // kernels/attention.cpp has validated every tensor and chosen the path (Note
 // [Attention paths]) before a backend is called: q [B, H, Tq, d], k [B, H, Tk,
@@ -13,9 +13,10 @@
 
 #include <cstdint>
 
+#include "core/host_device.h"
 #include "core/philox.h"
-#include "core/strided_index.h"  // ACCRUE_HD
 #include "core/tensor.h"
+#include "kernels/backend_fn.h"
 
 namespace accrue::kernels {
 
@@ -53,30 +54,24 @@ ACCRUE_HD bool attention_keep(uint64_t seed, uint64_t offset, int64_t element, d
   return static_cast<double>(philox::uniform_float(a)) >= p;
 }
 
+}  // namespace accrue::kernels
+
 // ---- the backends ---------------------------------------------------------------------------
-//
-// Forward writes out and lse; backward writes (never adds to) dq, dk and dv
-// from grad_out, the forward's out and lse. See Note [Attention masks].
 
-namespace cpu {
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
-                       const Tensor& out, const Tensor& lse);
-void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& out, const Tensor& lse, const AttentionParams& p,
-                        const Tensor& dq, const Tensor& dk, const Tensor& dv);
-}  // namespace cpu
+namespace accrue::kernels::cpu {
+#include "kernels/attention_functions.inc"
+}  // namespace accrue::kernels::cpu
 
-// The composed CUDA path: cuBLASLt products and small kernels of its own.
-namespace cuda {
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
-                       const Tensor& out, const Tensor& lse);
-void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& out, const Tensor& lse, const AttentionParams& p,
-                        const Tensor& dq, const Tensor& dk, const Tensor& dv);
-}  // namespace cuda
+namespace accrue::kernels::cuda {
+#include "kernels/attention_functions.inc"
+}  // namespace accrue::kernels::cuda
 
-// cuDNN's fused flash attention (built only with the cuDNN frontend): bf16/f16,
-// no dropout, and the layouts Note [Attention paths] admits.
+namespace accrue::kernels {
+
+// cuDNN's fused flash attention (built only with the cuDNN frontend): a third
+// path beside the backends' own, which kernels/attention.cpp chooses by the
+// call rather than the device: bf16/f16 on CUDA, no dropout, and the layouts
+// Note [Attention paths] admits. Same contract as the backend functions.
 namespace cudnn {
 // Whether the device can run cuDNN's fused attention (compute capability 8.0+).
 bool device_supported(int device);

@@ -1,5 +1,7 @@
-// The interface that both backends implement: kernels/cpu/ (namespace
-// accrue::kernels::cpu, the reference) and kernels/cuda/ (accrue::kernels::cuda).
+// The interface that both backends implement for the elementwise, reduction,
+// matmul and nn ops: kernels/cpu/ (namespace accrue::kernels::cpu, the
+// reference) and kernels/cuda/ (accrue::kernels::cuda), listed once in
+// kernels/backend_functions.inc (Note [Backend function lists]).
 //
 // Dispatch (kernels/dispatch_*.cpp) has already validated everything and
 // allocated every output, so a backend function only computes. Conventions:
@@ -33,6 +35,7 @@
 // which accumulates dQ with atomics.
 #pragma once
 
+#include "kernels/backend_fn.h"
 #include "kernels/ops.h"
 
 namespace accrue::kernels::cpu {

@@ -1,5 +1,6 @@
 // The backend side of kernels/batch_norm.h: the functions kernels/cpu/batch_norm.cpp
-// and kernels/cuda/batch_norm.cu implement. Private to kernels/.
+// and kernels/cuda/batch_norm.cu implement, listed in
+// kernels/batch_norm_functions.inc. Private to kernels/.
 //
 // Dispatch has checked every argument and allocated every output. x, out,
 // grad and dx are one dense buffer each, all in the same layout: element
@@ -11,6 +12,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "kernels/backend_fn.h"
 
 namespace accrue::kernels {
 
@@ -18,12 +20,12 @@ struct BatchNormLayout {
   int64_t outer = 0, channels = 0, inner = 0;
 };
 
-namespace cpu {
-#include "kernels/batch_norm_functions.inc"
-}  // namespace cpu
-
-namespace cuda {
-#include "kernels/batch_norm_functions.inc"
-}  // namespace cuda
-
 }  // namespace accrue::kernels
+
+namespace accrue::kernels::cpu {
+#include "kernels/batch_norm_functions.inc"
+}  // namespace accrue::kernels::cpu
+
+namespace accrue::kernels::cuda {
+#include "kernels/batch_norm_functions.inc"
+}  // namespace accrue::kernels::cuda

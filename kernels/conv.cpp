@@ -19,12 +19,16 @@ namespace {
 
 // A floating tensor on `device` (every op here runs on any device: Note [Composed convolution]).
 void check_float_on(const Tensor& t, Device device, const char* op, const char* what) {
-  ACCRUE_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
-  ACCRUE_CHECK(is_floating(t.dtype()), op, ": ", what, " of shape ", shape_str(t.shape()),
-               " has dtype ", dtype_name(t.dtype()),
-               "; expected a floating dtype (f32, f64, bf16 or f16)");
-  ACCRUE_CHECK(t.device() == device, op, ": ", what, " of shape ", shape_str(t.shape()), " is on ",
-               t.device().str(), ", the input on ", device.str());
+  dispatch_util::check_defined(t, op, what);
+  dispatch_util::check_floating(t, op, what);
+  dispatch_util::check_device(t, device, op, what, "the input");
+}
+
+// Which algorithm runs, by device: the CPU the reference, in double
+// (kernels/cpu/conv.cpp); CUDA the pointwise GEMMs, cuDNN, kernels of its
+// own or the composed path (Note [Composed convolution]).
+bool runs_reference(const Tensor& t) {
+  return t.device().is_cpu();
 }
 
 void check_4d(const Tensor& t, const char* op, const char* what) {
@@ -307,7 +311,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& option
     Tensor out = dispatch_util::empty_in_layout_of({g.n, g.o, g.oh, g.ow}, x.dtype(), x);
     if (cudnn::conv2d_forward(x, weight_for(weight, x), out, g)) return out;
   }
-  if (!x.device().is_cpu()) return composed::conv2d(x, weight, g);  // Note [Composed convolution]
+  if (!runs_reference(x)) return composed::conv2d(x, weight, g);  // Note [Composed convolution]
   Tensor out = empty({g.n, g.o, g.oh, g.ow}, DType::f64);
   cpu::conv2d(f64(x), f64(weight), out, g);
   return out.to(x.dtype());
@@ -326,7 +330,7 @@ Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Sha
     Tensor dx = dispatch_util::empty_in_layout_of(x_shape, grad.dtype(), grad);
     if (cudnn::conv2d_backward_data(grad, weight_for(weight, grad), dx, g)) return dx;
   }
-  if (!weight.device().is_cpu()) return composed::conv2d_backward_input(grad, weight, g);
+  if (!runs_reference(weight)) return composed::conv2d_backward_input(grad, weight, g);
   Tensor dx = empty(x_shape, DType::f64);
   cpu::conv2d_backward_input(f64(grad), f64(weight), dx, g);
   return dx.to(grad.dtype());
@@ -341,7 +345,7 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
   ACCRUE_CHECK(beta == 0.0 || beta == 1.0, op, ": beta = ", beta, "; expected 0 or 1");
   const Conv2dGeometry g = conv_geometry(x.shape(), grad_weight.shape(), options, op);
   check_conv_grad(grad, {g.n, g.o, g.oh, g.ow}, x.device(), op);
-  if (!x.device().is_cpu()) {
+  if (!runs_reference(x)) {
     // Note [Parameter layouts]: a slot is row-major or channels-last.
     ACCRUE_CHECK(grad_weight.is_contiguous() || grad_weight.is_channels_last(), op,
                  ": grad_weight of shape ", shape_str(grad_weight.shape()), " and strides ",
@@ -392,11 +396,11 @@ MaxPoolOutput max_pool2d(const Tensor& x, const Pool2dOptions& options) {
   NoGradGuard no_grad;
   check_float_on(x, x.defined() ? x.device() : Device::cpu(), op, "input");
   const Conv2dGeometry g = pool_geometry(x.shape(), options, op);
-  if (!x.device().is_cpu()) {  // Note [Max pooling kernels]
+  if (!runs_reference(x)) {  // Note [Max pooling kernels]: in the input's layout
     const Shape shape{g.n, g.c, g.oh, g.ow};
     MaxPoolOutput r{dispatch_util::empty_in_layout_of(shape, x.dtype(), x),
                     dispatch_util::empty_in_layout_of(shape, DType::i64, x)};
-    cuda::max_pool2d(x, r.out, r.indices, g, dispatch_util::channels_last(r.out));
+    cuda::max_pool2d(x, r.out, r.indices, g);
     return r;
   }
   Tensor out = empty({g.n, g.c, g.oh, g.ow}, DType::f64);
@@ -415,10 +419,10 @@ Tensor max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Shap
                    indices.shape() == grad.shape() && indices.device() == grad.device(),
                op, ": indices must be i64 on ", grad.device().str(), " with grad's shape ",
                shape_str(grad.shape()));
-  if (!grad.device().is_cpu()) {  // Note [Max pooling kernels]
+  if (!runs_reference(grad)) {  // Note [Max pooling kernels]: in the gradient's layout
     check_index_range(indices, g.h * g.w, 0, false, op, "indices");
     Tensor dx = dispatch_util::empty_in_layout_of(x_shape, grad.dtype(), grad);
-    cuda::max_pool2d_backward(grad, indices, dx, g, dispatch_util::channels_last(dx));
+    cuda::max_pool2d_backward(grad, indices, dx, g);
     return dx;
   }
   const Tensor idx = indices.contiguous();
@@ -435,7 +439,7 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
   NoGradGuard no_grad;
   check_float_on(x, x.defined() ? x.device() : Device::cpu(), op, "input");
   const Conv2dGeometry g = pool_geometry(x.shape(), options, op);
-  if (!x.device().is_cpu())
+  if (!runs_reference(x))
     return in_layout_of(composed::avg_pool2d(x, g, options.count_include_pad), x);
   Tensor out = empty({g.n, g.c, g.oh, g.ow}, DType::f64);
   cpu::avg_pool2d(f64(x), out, g, options.count_include_pad);
@@ -447,7 +451,7 @@ Tensor avg_pool2d_backward(const Tensor& grad, const Shape& x_shape, const Pool2
   NoGradGuard no_grad;
   const Conv2dGeometry g = pool_geometry(x_shape, options, op);
   check_conv_grad(grad, {g.n, g.c, g.oh, g.ow}, grad.defined() ? grad.device() : Device::cpu(), op);
-  if (!grad.device().is_cpu())
+  if (!runs_reference(grad))
     return in_layout_of(composed::avg_pool2d_backward(grad, g, options.count_include_pad), grad);
   Tensor dx = empty(x_shape, DType::f64);
   cpu::avg_pool2d_backward(f64(grad), dx, g, options.count_include_pad);
@@ -469,7 +473,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
   ACCRUE_CHECK(g.h >= 1 && g.w >= 1, op, ": input ", shape_str(x.shape()), " has an empty plane");
   g.oh = out_h;
   g.ow = out_w;
-  if (!x.device().is_cpu())
+  if (!runs_reference(x))
     return in_layout_of(composed::adaptive_avg_pool2d(x, g), x);  // Note [Composed convolution]
   Tensor out = empty({g.n, g.c, g.oh, g.ow}, DType::f64);
   cpu::adaptive_avg_pool2d(f64(x), out, g);
@@ -480,7 +484,7 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad, const Shape& x_shape) {
   const char* op = "adaptive_avg_pool2d_backward";
   NoGradGuard no_grad;
   const Conv2dGeometry g = backward_planes(grad, x_shape, op);
-  if (!grad.device().is_cpu()) return composed::adaptive_avg_pool2d_backward(grad, g);
+  if (!runs_reference(grad)) return composed::adaptive_avg_pool2d_backward(grad, g);
   Tensor dx = empty(x_shape, DType::f64);
   cpu::adaptive_avg_pool2d_backward(f64(grad), dx, g);
   return dx.to(grad.dtype());

@@ -1,12 +1,16 @@
-// The backend side of kernels/conv.h: what kernels/cpu/conv.cpp implements
-// (every tensor contiguous f64 on the CPU) and the composed convolution of
-// any device (kernels/conv_composed.cpp). Tensors are already validated;
+// The backend side of kernels/conv.h: what kernels/cpu/conv.cpp (every
+// tensor contiguous f64) and kernels/cuda/pool.cu implement, listed in
+// kernels/conv_functions.inc, and the paths of any device that
+// kernels/conv.cpp chooses among: the composed convolution
+// (kernels/conv_composed.cpp), the pointwise GEMMs (kernels/conv_pointwise.cpp)
+// and cuDNN (kernels/cuda/conv_cudnn.cpp). Tensors are already validated;
 // sizes are in the Conv2dGeometry. Private to kernels/.
 #pragma once
 
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "kernels/backend_fn.h"
 #include "kernels/conv.h"
 
 namespace accrue::kernels {
@@ -26,23 +30,40 @@ Conv2dGeometry conv_geometry(const Shape& x, const Shape& weight, const Conv2dOp
                              const char* op);
 Conv2dGeometry pool_geometry(const Shape& x, const Pool2dOptions& p, const char* op);
 
-namespace cpu {
-void conv2d(const Tensor& x, const Tensor& weight, const Tensor& out, const Conv2dGeometry& g);
-void conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Tensor& dx,
-                           const Conv2dGeometry& g);
-// dw = the weight gradient (overwritten).
-void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& dw,
-                            const Conv2dGeometry& g);
-void max_pool2d(const Tensor& x, const Tensor& out, const Tensor& indices, const Conv2dGeometry& g);
-void max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Tensor& dx,
-                         const Conv2dGeometry& g);
-void avg_pool2d(const Tensor& x, const Tensor& out, const Conv2dGeometry& g,
-                bool count_include_pad);
-void avg_pool2d_backward(const Tensor& grad, const Tensor& dx, const Conv2dGeometry& g,
-                         bool count_include_pad);
-void adaptive_avg_pool2d(const Tensor& x, const Tensor& out, const Conv2dGeometry& g);
-void adaptive_avg_pool2d_backward(const Tensor& grad, const Tensor& dx, const Conv2dGeometry& g);
-}  // namespace cpu
+}  // namespace accrue::kernels
+
+// Note [Max pooling kernels]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// max_pool2d on CUDA is two kernels of its own (kernels/cuda/pool.cu), any
+// float dtype, operands read through their strides:
+//   forward  one thread per output element, in the output's memory order
+//            (channels-last: C fastest, so a warp reads consecutive channels
+//            of one pixel); the window's taps in row-major order, the first
+//            maximum kept and a NaN kept once seen (the CPU reference's
+//            rule); the index is h W + w in the input plane, as PyTorch's;
+//   backward one thread per input element gathers the gradient of every
+//            output whose window can hold it and whose index names it, in
+//            (oh, ow) order, summed in f32 (f64 for f64): no atomics, no
+//            zero fill, the same bits on every run.
+// The output, its indices and dx take the layout of the input (forward) or of
+// the gradient (backward): channels-last stays channels-last (Note
+// [Channels-last results]). The composed max pooling these replaced (windows
+// copied out, max and argmax reductions, an f64 position table, a sorted
+// scatter-add) took about 18 ms of a ResNet-50 micro-step of 64 images on an
+// H100, where these two kernels take 1.3 ms (bench/RESULTS.md). The backward's
+// indices are checked like any data-dependent index (kernels/index_checks.h);
+// a bad one matches no position, so nothing is read or written out of bounds
+// meanwhile.
+
+namespace accrue::kernels::cpu {
+#include "kernels/conv_functions.inc"
+}  // namespace accrue::kernels::cpu
+
+namespace accrue::kernels::cuda {
+#include "kernels/conv_functions.inc"
+}  // namespace accrue::kernels::cuda
+
+namespace accrue::kernels {
 
 // Note [Composed convolution]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -105,36 +126,6 @@ Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Con
 void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
                             const Conv2dGeometry& g, double beta);
 }  // namespace pointwise
-
-// Note [Max pooling kernels]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// max_pool2d on CUDA is two kernels of its own (kernels/cuda/pool.cu), any
-// float dtype, operands read through their strides:
-//   forward  one thread per output element, in the output's memory order
-//            (channels-last: C fastest, so a warp reads consecutive channels
-//            of one pixel); the window's taps in row-major order, the first
-//            maximum kept and a NaN kept once seen (the CPU reference's
-//            rule); the index is h W + w in the input plane, as PyTorch's;
-//   backward one thread per input element gathers the gradient of every
-//            output whose window can hold it and whose index names it, in
-//            (oh, ow) order, summed in f32 (f64 for f64): no atomics, no
-//            zero fill, the same bits on every run.
-// The output, its indices and dx take the layout of the input (forward) or of
-// the gradient (backward): channels-last stays channels-last (Note
-// [Channels-last results]). The composed max pooling these replaced (windows
-// copied out, max and argmax reductions, an f64 position table, a sorted
-// scatter-add) took about 18 ms of a ResNet-50 micro-step of 64 images on an
-// H100, where these two kernels take 1.3 ms (bench/RESULTS.md). The backward's indices are
-// checked like any data-dependent index (kernels/index_checks.h); a bad one
-// matches no position, so nothing is read or written out of bounds meanwhile.
-namespace cuda {
-// out and indices [n, c, oh, ow] in the thread order channels_last says.
-void max_pool2d(const Tensor& x, const Tensor& out, const Tensor& indices, const Conv2dGeometry& g,
-                bool channels_last);
-// dx [n, c, h, w] overwritten.
-void max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Tensor& dx,
-                         const Conv2dGeometry& g, bool channels_last);
-}  // namespace cuda
 
 // Note [cuDNN convolution] (kernels/cuda/conv_cudnn.cpp; built only with the
 // cuDNN frontend): bf16/f16 operands, each packed NCHW or packed NHWC and

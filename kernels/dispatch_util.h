@@ -1,11 +1,14 @@
-// Internal to the dispatch of kernels/ops.h, which validates, allocates,
-// shapes the inputs as kernels/backend.h promises, and calls the CPU or CUDA
-// backend by the inputs' device. This header holds what its parts share: the
-// backend call, the checks and the dense views. The parts:
+// What every dispatch file of kernels/ shares: the backend call, the argument
+// checks and the dense views. A dispatch file validates (every check through
+// the helpers here, errors naming the op and the values), allocates, shapes
+// the inputs as the family's *_backend.h promises, and calls the CPU or CUDA
+// backend by the inputs' device through ACCRUE_BACKEND_CALL. The files:
 //  - dispatch_elementwise.cpp: unary, binary, compare, where, axpy_;
 //  - dispatch_reduce.cpp: reductions, sum_to, sum_rows_into, softmax;
 //  - dispatch_matmul.cpp: matmul, gemm and the TF32 switch;
-//  - dispatch_nn.cpp: embedding, cross-entropy, layer norm, index checks.
+//  - dispatch_nn.cpp: embedding, cross-entropy, layer norm;
+//  - attention.cpp, batch_norm.cpp, classifier.cpp, conv.cpp, dropout.cpp,
+//    fused.cpp, index_checks.cpp, window_close.cpp: one family each.
 //
 // Note [Dispatch shapes]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -31,7 +34,10 @@
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 
-// Calls the backend function `fn` of the device's backend.
+// Calls the backend function `fn` (a line of its family's .inc: Note
+// [Backend function lists]) of the backend of `device`, from namespace
+// accrue::kernels. A build without CUDA links the CUDA side to stubs that
+// throw (kernels/cuda/unavailable.cpp), so no call needs an #ifdef.
 #define ACCRUE_BACKEND_CALL(device, fn, ...) \
   ((device).is_cpu() ? cpu::fn(__VA_ARGS__) : cuda::fn(__VA_ARGS__))
 
@@ -55,10 +61,38 @@ inline void check_same_device(const Tensor& a, const Tensor& b, const char* op) 
                shape_str(b.shape()), ")");
 }
 
+// The same, naming the operands.
+inline void check_same_device(const Tensor& a, const Tensor& b, const char* op, const char* what_a,
+                              const char* what_b) {
+  ACCRUE_CHECK(a.device() == b.device(), op, ": devices ", a.device().str(), " and ",
+               b.device().str(), " differ (", what_a, " of shape ", shape_str(a.shape()), " and ",
+               what_b, " of shape ", shape_str(b.shape()), ")");
+}
+
 inline void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
   ACCRUE_CHECK(a.dtype() == b.dtype(), op, ": dtypes ", dtype_name(a.dtype()), " and ",
                dtype_name(b.dtype()), " differ (shapes ", shape_str(a.shape()), " and ",
                shape_str(b.shape()), ")");
+}
+
+// The same, naming the operands.
+inline void check_same_dtype(const Tensor& a, const Tensor& b, const char* op, const char* what_a,
+                             const char* what_b) {
+  ACCRUE_CHECK(a.dtype() == b.dtype(), op, ": dtypes ", dtype_name(a.dtype()), " and ",
+               dtype_name(b.dtype()), " differ (", what_a, " of shape ", shape_str(a.shape()),
+               " and ", what_b, " of shape ", shape_str(b.shape()), ")");
+}
+
+// `t` on `expected`, the device of `whose` (say, "the input").
+inline void check_device(const Tensor& t, Device expected, const char* op, const char* what,
+                         const char* whose) {
+  ACCRUE_CHECK(t.device() == expected, op, ": ", what, " of shape ", shape_str(t.shape()),
+               " is on ", t.device().str(), ", ", whose, " on ", expected.str());
+}
+
+inline void check_dtype(const Tensor& t, DType expected, const char* op, const char* what) {
+  ACCRUE_CHECK(t.dtype() == expected, op, ": ", what, " of shape ", shape_str(t.shape()),
+               " has dtype ", dtype_name(t.dtype()), "; expected ", dtype_name(expected));
 }
 
 inline void check_same_shape(const Tensor& a, const Tensor& b, const char* op, const char* what_a,
@@ -72,8 +106,8 @@ inline void check_float_pair(const Tensor& a, const Tensor& b, const char* op, c
                              const char* what_b) {
   check_defined(a, op, what_a);
   check_defined(b, op, what_b);
-  check_same_device(a, b, op);
-  check_same_dtype(a, b, op);
+  check_same_device(a, b, op, what_a, what_b);
+  check_same_dtype(a, b, op, what_a, what_b);
   check_floating(a, op, what_a);
 }
 
@@ -97,6 +131,12 @@ inline bool is_16_bit(DType t) {
 inline void check_contiguous(const Tensor& t, const char* op, const char* what) {
   ACCRUE_CHECK(t.is_contiguous(), op, ": ", what, " of shape ", shape_str(t.shape()),
                " and strides ", shape_str(t.strides()), " must be contiguous");
+}
+
+inline void check_unit_last_stride(const Tensor& t, const char* op, const char* what) {
+  ACCRUE_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, op, ": ", what, " of shape ",
+               shape_str(t.shape()), " and strides ", shape_str(t.strides()),
+               " must have stride 1 in its last dim");
 }
 
 // Fills a caller's output tensor (the handle is const; its memory is not).

@@ -1,14 +1,16 @@
 // The backend side of dropout (kernels/dropout.h): the mask, written once for
-// host and device, and the functions kernels/cpu/dropout.cpp and
-// kernels/cuda/dropout.cu implement. Private to kernels/.
+// host and device, and the function kernels/cpu/dropout.cpp and
+// kernels/cuda/dropout.cu implement (kernels/dropout_functions.inc). Private
+// to kernels/.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
+#include "core/host_device.h"
 #include "core/philox.h"
-#include "core/strided_index.h"  // ACCRUE_HD
 #include "core/tensor.h"
+#include "kernels/backend_fn.h"
 
 namespace accrue::kernels {
 
@@ -45,12 +47,12 @@ struct DropoutMask {
   double scale = 1.0;
 };
 
-namespace cpu {
-void dropout(const Tensor& in, const DropoutMask& mask, const Tensor& out);
-}  // namespace cpu
-
-namespace cuda {
-void dropout(const Tensor& in, const DropoutMask& mask, const Tensor& out);
-}  // namespace cuda
-
 }  // namespace accrue::kernels
+
+namespace accrue::kernels::cpu {
+#include "kernels/dropout_functions.inc"
+}  // namespace accrue::kernels::cpu
+
+namespace accrue::kernels::cuda {
+#include "kernels/dropout_functions.inc"
+}  // namespace accrue::kernels::cuda

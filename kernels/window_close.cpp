@@ -1,37 +1,28 @@
 // The dispatch point of the window-close kernels (kernels/window_close.h):
-// validate, then call the CPU reference or the CUDA backend by device. Every
+// validate, then call the backend of the device. Every
 // bad input throws accrue::Error naming the op and the offending values; the
 // backends only compute.
 #include <cmath>
 #include <string>
 
 #include "core/grad_mode.h"
+#include "kernels/dispatch_util.h"
 #include "kernels/window_close.h"
 #include "kernels/window_close_backend.h"
 
 namespace accrue::kernels {
 
+using dispatch_util::check_contiguous;
+using dispatch_util::check_defined;
+using dispatch_util::check_dtype;
+
 namespace {
 
 // ---- validation -------------------------------------------------------------
 
-void check_defined(const Tensor& t, const char* op, const char* what) {
-  ACCRUE_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
-}
-
-void check_contiguous(const Tensor& t, const char* op, const char* what) {
-  ACCRUE_CHECK(t.is_contiguous(), op, ": ", what, " of shape ", shape_str(t.shape()),
-               " and strides ", shape_str(t.strides()), " must be contiguous");
-}
-
-void check_dtype(const Tensor& t, DType expected, const char* op, const char* what) {
-  ACCRUE_CHECK(t.dtype() == expected, op, ": ", what, " of shape ", shape_str(t.shape()),
-               " has dtype ", dtype_name(t.dtype()), "; expected ", dtype_name(expected));
-}
-
+// Every tensor of the close lives where the gradient arena does.
 void check_device(const Tensor& t, Device expected, const char* op, const char* what) {
-  ACCRUE_CHECK(t.device() == expected, op, ": ", what, " is on ", t.device().str(), "; expected ",
-               expected.str(), " (the device of the gradient arena)");
+  dispatch_util::check_device(t, expected, op, what, "the gradient arena");
 }
 
 // The master-weight / gradient dtypes: f32 (the arena) or f64 (the CPU reference).
@@ -251,8 +242,8 @@ int64_t norm_partials_rows(const Tensor& grads) {
   check_defined(grads, op, "grads");
   check_master_dtype(grads, op, "grads");
   const Device device = grads.device();
-  return device.is_cpu() ? cpu::norm_partials_rows(grads.numel(), grads.dtype())
-                         : cuda::norm_partials_rows(grads.numel(), grads.dtype(), device.index);
+  return ACCRUE_BACKEND_CALL(device, norm_partials_rows, grads.numel(), grads.dtype(),
+                             device.index);
 }
 
 int64_t norm_row_elements(const Tensor& grads) {
@@ -260,8 +251,7 @@ int64_t norm_row_elements(const Tensor& grads) {
   check_defined(grads, op, "grads");
   check_master_dtype(grads, op, "grads");
   const Device device = grads.device();
-  return device.is_cpu() ? cpu::norm_row_elements(grads.numel(), grads.dtype())
-                         : cuda::norm_row_elements(grads.numel(), grads.dtype(), device.index);
+  return ACCRUE_BACKEND_CALL(device, norm_row_elements, grads.numel(), grads.dtype(), device.index);
 }
 
 void grad_norm_partials(const Tensor& grads, const Tensor& partials) {
@@ -286,11 +276,7 @@ void grad_norm_partials(const Tensor& grads, const Tensor& partials, int64_t fir
   ACCRUE_CHECK(first_row >= 0 && rows >= 0 && first_row + rows <= all, op, ": rows [", first_row,
                ", ", first_row + rows, ") are outside the ", all, " rows");
   if (rows == 0) return;
-  if (grads.device().is_cpu()) {
-    cpu::grad_norm_partials(grads, partials, first_row, rows);
-  } else {
-    cuda::grad_norm_partials(grads, partials, first_row, rows);
-  }
+  ACCRUE_BACKEND_CALL(grads.device(), grad_norm_partials, grads, partials, first_row, rows);
 }
 
 void window_scalar_step(const Tensor& partials, const Tensor& state, const CloseConfig& config) {
@@ -304,11 +290,7 @@ void window_scalar_step(const Tensor& partials, const Tensor& state, const Close
                "; expected [rows, 2] with rows >= 1");
   check_contiguous(partials, op, "partials");
   check_state(state, partials.device(), op);
-  if (state.device().is_cpu()) {
-    cpu::window_scalar_step(partials, state, config);
-  } else {
-    cuda::window_scalar_step(partials, state, config);
-  }
+  ACCRUE_BACKEND_CALL(state.device(), window_scalar_step, partials, state, config);
 }
 
 void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
@@ -319,11 +301,7 @@ void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers&
   check_optimizer_buffers(config, buffers, op);
   check_state(state, buffers.params.device(), op);
   if (buffers.params.numel() == 0) return;
-  if (state.device().is_cpu()) {
-    cpu::fused_optimizer_step(config, buffers, state);
-  } else {
-    cuda::fused_optimizer_step(config, buffers, state);
-  }
+  ACCRUE_BACKEND_CALL(state.device(), fused_optimizer_step, config, buffers, state);
 }
 
 void store_hyperparameters(const OptimizerConfig& config, const Tensor& hyper) {
@@ -331,11 +309,7 @@ void store_hyperparameters(const OptimizerConfig& config, const Tensor& hyper) {
   check_optimizer_config(config, op);
   check_defined(hyper, op, "hyper");
   check_hyper(hyper, hyper.device(), op);
-  if (hyper.device().is_cpu()) {
-    cpu::store_hyperparameters(hyper_values(config), hyper);
-  } else {
-    cuda::store_hyperparameters(hyper_values(config), hyper);
-  }
+  ACCRUE_BACKEND_CALL(hyper.device(), store_hyperparameters, hyper_values(config), hyper);
 }
 
 void store_slot_flags(const std::vector<bool>& written, const Tensor& slot_used) {
@@ -345,11 +319,7 @@ void store_slot_flags(const std::vector<bool>& written, const Tensor& slot_used)
   ACCRUE_CHECK(static_cast<int64_t>(written.size()) == slot_used.numel(), op, ": ", written.size(),
                " written flags for a slot_used of ", slot_used.numel(), " slots");
   if (written.empty()) return;
-  if (slot_used.device().is_cpu()) {
-    cpu::store_slot_flags(written, slot_used);
-  } else {
-    cuda::store_slot_flags(written, slot_used);
-  }
+  ACCRUE_BACKEND_CALL(slot_used.device(), store_slot_flags, written, slot_used);
 }
 
 void advance_slot_steps(const OptimizerConfig& config, const Tensor& slot_used,
@@ -363,11 +333,8 @@ void advance_slot_steps(const OptimizerConfig& config, const Tensor& slot_used,
   check_slot_steps(slot_steps, slot_used, op);
   check_state(state, slot_used.device(), op);
   if (slot_used.numel() == 0) return;
-  if (state.device().is_cpu()) {
-    cpu::advance_slot_steps(config.beta1, config.beta2, slot_used, slot_steps, state);
-  } else {
-    cuda::advance_slot_steps(config.beta1, config.beta2, slot_used, slot_steps, state);
-  }
+  ACCRUE_BACKEND_CALL(state.device(), advance_slot_steps, config.beta1, config.beta2, slot_used,
+                      slot_steps, state);
 }
 
 void step_sums_per_slot(const Tensor& step_sums, const Tensor& slot_chunks, const Tensor& grads,
@@ -414,11 +381,8 @@ void step_sums_per_slot(const Tensor& step_sums, const Tensor& slot_chunks, cons
   ACCRUE_CHECK(out.shape() == Shape({slot_chunks.size(0), 3}), op, ": out of shape ",
                shape_str(out.shape()), " must be [", slot_chunks.size(0), ", 3]");
   if (slot_chunks.size(0) == 0) return;
-  if (device.is_cpu()) {
-    cpu::step_sums_per_slot(step_sums, slot_chunks, grads, params, state, out);
-  } else {
-    cuda::step_sums_per_slot(step_sums, slot_chunks, grads, params, state, out);
-  }
+  ACCRUE_BACKEND_CALL(device, step_sums_per_slot, step_sums, slot_chunks, grads, params, state,
+                      out);
 }
 
 void calibrate_loss_scale(const Tensor& amax, const Tensor& state, const ScalerConfig& scaler,
@@ -438,11 +402,8 @@ void calibrate_loss_scale(const Tensor& amax, const Tensor& state, const ScalerC
                " must be a positive finite number");
   ACCRUE_CHECK(std::isfinite(margin) && margin >= 1.0, op, ": margin ", margin,
                " must be a finite number >= 1");
-  if (state.device().is_cpu()) {
-    cpu::calibrate_loss_scale(amax.contiguous(), state, scaler, scale_used, margin);
-  } else {
-    cuda::calibrate_loss_scale(amax.contiguous(), state, scaler, scale_used, margin);
-  }
+  ACCRUE_BACKEND_CALL(state.device(), calibrate_loss_scale, amax.contiguous(), state, scaler,
+                      scale_used, margin);
 }
 
 }  // namespace accrue::kernels

@@ -1,6 +1,7 @@
 // The backend side of the window close (kernels/window_close.h): the functions
-// that kernels/cpu/window_close.cpp and kernels/cuda/window_close.cu implement,
-// and the formulas both share. Private to kernels/.
+// that kernels/cpu/window_close.cpp and kernels/cuda/window_close.cu implement
+// (listed in kernels/window_close_functions.inc), and the formulas both share.
+// Private to kernels/.
 //
 // The scalar step and the per-element optimizer updates are written once here,
 // as ACCRUE_HD functions: the CPU reference loops over them and the CUDA
@@ -13,7 +14,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/strided_index.h"  // ACCRUE_HD
+#include "core/host_device.h"
+#include "kernels/backend_fn.h"
 #include "kernels/window_close.h"
 
 namespace accrue::kernels {
@@ -309,40 +311,12 @@ ACCRUE_HD void calibrate_scale_update(double amax, double* state, ScalerConfig s
   state[kGrowthTracker] = 0.0;
 }
 
-namespace cpu {
-int64_t norm_partials_rows(int64_t numel, DType dtype);
-int64_t norm_row_elements(int64_t numel, DType dtype);
-void grad_norm_partials(const Tensor& grads, const Tensor& partials, int64_t first_row,
-                        int64_t rows);
-void window_scalar_step(const Tensor& partials, const Tensor& state, const CloseConfig& config);
-void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
-                          const Tensor& state);
-void store_hyperparameters(const HyperValues& values, const Tensor& hyper);
-void store_slot_flags(const std::vector<bool>& written, const Tensor& slot_used);
-void advance_slot_steps(double beta1, double beta2, const Tensor& slot_used,
-                        const Tensor& slot_steps, const Tensor& state);
-void calibrate_loss_scale(const Tensor& amax, const Tensor& state, const ScalerConfig& scaler,
-                          double scale_used, double margin);
-void step_sums_per_slot(const Tensor& step_sums, const Tensor& slot_chunks, const Tensor& grads,
-                        const Tensor& params, const Tensor& state, const Tensor& out);
-}  // namespace cpu
-
-namespace cuda {
-int64_t norm_partials_rows(int64_t numel, DType dtype, int device);
-int64_t norm_row_elements(int64_t numel, DType dtype, int device);
-void grad_norm_partials(const Tensor& grads, const Tensor& partials, int64_t first_row,
-                        int64_t rows);
-void window_scalar_step(const Tensor& partials, const Tensor& state, const CloseConfig& config);
-void fused_optimizer_step(const OptimizerConfig& config, const OptimizerBuffers& buffers,
-                          const Tensor& state);
-void store_hyperparameters(const HyperValues& values, const Tensor& hyper);
-void store_slot_flags(const std::vector<bool>& written, const Tensor& slot_used);
-void advance_slot_steps(double beta1, double beta2, const Tensor& slot_used,
-                        const Tensor& slot_steps, const Tensor& state);
-void calibrate_loss_scale(const Tensor& amax, const Tensor& state, const ScalerConfig& scaler,
-                          double scale_used, double margin);
-void step_sums_per_slot(const Tensor& step_sums, const Tensor& slot_chunks, const Tensor& grads,
-                        const Tensor& params, const Tensor& state, const Tensor& out);
-}  // namespace cuda
-
 }  // namespace accrue::kernels
+
+namespace accrue::kernels::cpu {
+#include "kernels/window_close_functions.inc"
+}  // namespace accrue::kernels::cpu
+
+namespace accrue::kernels::cuda {
+#include "kernels/window_close_functions.inc"
+}  // namespace accrue::kernels::cuda

@@ -131,11 +131,12 @@ void optimizer_typed(const OptimizerConfig& config, const OptimizerBuffers& b,
 
 }  // namespace
 
-int64_t norm_partials_rows(int64_t numel, DType) {
+// Rows of a fixed length, whatever the dtype and device.
+int64_t norm_partials_rows(int64_t numel, DType, int) {
   return std::max<int64_t>(1, (numel + kRowElements - 1) / kRowElements);
 }
 
-int64_t norm_row_elements(int64_t, DType) {
+int64_t norm_row_elements(int64_t, DType, int) {
   return kRowElements;
 }
 

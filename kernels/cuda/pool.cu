@@ -224,8 +224,10 @@ bool packed_channels_last(std::initializer_list<const Tensor*> tensors) {
 
 }  // namespace
 
-void max_pool2d(const Tensor& x, const Tensor& out, const Tensor& indices, const Conv2dGeometry& g,
-                bool channels_last) {
+void max_pool2d(const Tensor& x, const Tensor& out, const Tensor& indices,
+                const Conv2dGeometry& g) {
+  // The threads run in out's memory order (Note [Max pooling kernels]).
+  const bool channels_last = dispatch_util::channels_last(out);
   const int dev = x.device().index;
   cu::DeviceScope scope(dev);
   const int64_t total = g.n * g.c * g.oh * g.ow;
@@ -250,7 +252,9 @@ void max_pool2d(const Tensor& x, const Tensor& out, const Tensor& indices, const
 }
 
 void max_pool2d_backward(const Tensor& grad, const Tensor& indices, const Tensor& dx,
-                         const Conv2dGeometry& g, bool channels_last) {
+                         const Conv2dGeometry& g) {
+  // The threads run in dx's memory order (Note [Max pooling kernels]).
+  const bool channels_last = dispatch_util::channels_last(dx);
   const int dev = grad.device().index;
   cu::DeviceScope scope(dev);
   const int64_t total = g.n * g.c * g.h * g.w;
