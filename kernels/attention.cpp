@@ -49,8 +49,11 @@
 #include "core/grad_mode.h"
 #include "kernels/attention.h"
 #include "kernels/attention_backend.h"
+#include "kernels/dispatch_util.h"
 
 namespace accrue::kernels {
+
+using namespace dispatch_util;
 
 namespace {
 
@@ -59,19 +62,9 @@ constexpr const char* kBackward = "scaled_dot_product_attention_backward";
 
 // ---- validation -------------------------------------------------------------
 
-void check_defined(const Tensor& t, const char* op, const char* what) {
-  ACCRUE_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
-}
-
 void check_rank4(const Tensor& t, const char* op, const char* what, const char* layout) {
   ACCRUE_CHECK(t.dim() == 4, op, ": ", what, " must be 4-D ", layout, ", got shape ",
                shape_str(t.shape()));
-}
-
-void check_unit_last_stride(const Tensor& t, const char* op, const char* what) {
-  ACCRUE_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, op, ": ", what, " of shape ",
-               shape_str(t.shape()), " and strides ", shape_str(t.strides()),
-               " must have stride 1 in its last dim");
 }
 
 void check_like(const Tensor& t, const Tensor& q, const Shape& shape, const char* op,
@@ -100,8 +93,7 @@ void check_lse(const Tensor& lse, const Tensor& q, const Shape& shape, const cha
                dtype_name(q.dtype()), " inputs");
   ACCRUE_CHECK(lse.shape() == shape, op, ": lse of shape ", shape_str(lse.shape()),
                " does not match the expected ", shape_str(shape));
-  ACCRUE_CHECK(lse.is_contiguous(), op, ": lse of shape ", shape_str(lse.shape()), " and strides ",
-               shape_str(lse.strides()), " must be contiguous");
+  check_contiguous(lse, op, "lse");
 }
 
 // Validates q, k, v and the options; returns the problem with the scale resolved.
@@ -113,8 +105,7 @@ AttentionParams check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
   check_rank4(q, op, "q", "[B, H, Tq, d]");
   check_rank4(k, op, "k", "[B, H, Tk, d]");
   check_rank4(v, op, "v", "[B, H, Tk, dv]");
-  ACCRUE_CHECK(is_floating(q.dtype()), op, ": q of shape ", shape_str(q.shape()), " has dtype ",
-               dtype_name(q.dtype()), "; expected a floating dtype (f32, f64, bf16 or f16)");
+  check_floating(q, op, "q");
   for (const Tensor* t : {&k, &v}) {
     const char* what = t == &k ? "k" : "v";
     ACCRUE_CHECK(t->device() == q.device(), op, ": devices of q (", q.device().str(), ") and ",
@@ -193,39 +184,24 @@ bool use_cudnn(const std::vector<const Tensor*>& operands, const Tensor& lse,
 }
 #endif
 
-#ifndef ACCRUE_WITH_CUDA
-// No CUDA tensor can exist in such a build (the allocator refuses), so this is a bug, reported.
-[[noreturn]] void no_cuda(const char* op) {
-  ACCRUE_FAIL(op, ": accrue was built without CUDA");
-}
-#endif
-
+// The path of Note [Attention paths]: cuDNN where it admits the call, else
+// the backend of the device.
 void run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                  const Tensor& out, const Tensor& lse) {
-  if (q.device().is_cpu()) return cpu::attention_forward(q, k, v, p, out, lse);
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
   if (use_cudnn({&q, &k, &v, &out}, lse, p)) return cudnn::attention_forward(q, k, v, p, out, lse);
 #endif
-#ifdef ACCRUE_WITH_CUDA
-  cuda::attention_forward(q, k, v, p, out, lse);
-#else
-  no_cuda(kForward);
-#endif
+  ACCRUE_BACKEND_CALL(q.device(), attention_forward, q, k, v, p, out, lse);
 }
 
 void run_backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& out, const Tensor& lse, const AttentionParams& p, const Tensor& dq,
                   const Tensor& dk, const Tensor& dv) {
-  if (q.device().is_cpu()) return cpu::attention_backward(g, q, k, v, out, lse, p, dq, dk, dv);
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
   if (use_cudnn({&q, &k, &v, &out, &g, &dq, &dk, &dv}, lse, p))
     return cudnn::attention_backward(g, q, k, v, out, lse, p, dq, dk, dv);
 #endif
-#ifdef ACCRUE_WITH_CUDA
-  cuda::attention_backward(g, q, k, v, out, lse, p, dq, dk, dv);
-#else
-  no_cuda(kBackward);
-#endif
+  ACCRUE_BACKEND_CALL(q.device(), attention_backward, g, q, k, v, out, lse, p, dq, dk, dv);
 }
 
 }  // namespace

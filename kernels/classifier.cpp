@@ -1,18 +1,20 @@
 // The dispatch point of the fused classifier (kernels/classifier.h): validate
 // (errors name the op and the values), allocate, run the chunk loop of Note
-// [Fused classifier], and call the CPU reference or the CUDA backend by device.
+// [Fused classifier], and call the backend of the inputs' device.
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "core/grad_mode.h"
-#include "kernels/backend.h"
 #include "kernels/classifier.h"
 #include "kernels/classifier_backend.h"
+#include "kernels/dispatch_util.h"
 #include "kernels/index_checks.h"
 #include "kernels/ops.h"
 
 namespace accrue::kernels {
+
+using namespace dispatch_util;
 
 namespace {
 
@@ -29,43 +31,9 @@ namespace {
 // GEMM and one launch of the row kernel.
 constexpr int64_t kChunkRows = 4096;
 
-// Calls backend function `fn` of the device's backend; CUDA only in a CUDA build.
-#ifdef ACCRUE_WITH_CUDA
-#define ACCRUE_CLASSIFIER_CALL(device, fn, ...) \
-  ((device).is_cpu() ? cpu::fn(__VA_ARGS__) : cuda::fn(__VA_ARGS__))
-#else
-// No CUDA tensor can exist in a build without CUDA (the allocator refuses one):
-// reaching the CUDA side means a bug, reported rather than crashing.
-#define ACCRUE_CLASSIFIER_CALL(device, fn, ...) \
-  ((device).is_cpu() ? cpu::fn(__VA_ARGS__) : ACCRUE_FAIL(#fn, ": accrue was built without CUDA"))
-#endif
-
-void check_defined(const Tensor& t, const char* op, const char* what) {
-  ACCRUE_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
-}
-
-void check_same_device(const Tensor& a, const Tensor& b, const char* op, const char* what_a,
-                       const char* what_b) {
-  ACCRUE_CHECK(a.device() == b.device(), op, ": ", what_a, " is on ", a.device().str(), " and ",
-               what_b, " on ", b.device().str(), " (shapes ", shape_str(a.shape()), " and ",
-               shape_str(b.shape()), ")");
-}
-
-bool is_16_bit(DType t) {
-  return t == DType::bf16 || t == DType::f16;
-}
-
 // hidden [N, D] and weight [V_padded, D] of one float dtype, on one device.
 void check_hidden_weight(const Tensor& hidden, const Tensor& weight, const char* op) {
-  check_defined(hidden, op, "hidden");
-  check_defined(weight, op, "weight");
-  check_same_device(hidden, weight, op, "hidden", "weight");
-  ACCRUE_CHECK(is_floating(hidden.dtype()), op, ": hidden of shape ", shape_str(hidden.shape()),
-               " has dtype ", dtype_name(hidden.dtype()),
-               "; expected a floating dtype (f32, f64, bf16 or f16)");
-  ACCRUE_CHECK(hidden.dtype() == weight.dtype(), op, ": hidden has dtype ",
-               dtype_name(hidden.dtype()), " and weight ", dtype_name(weight.dtype()),
-               "; they must match (the compute dtype)");
+  check_float_pair(hidden, weight, op, "hidden", "weight");
   ACCRUE_CHECK(hidden.dim() == 2, op, ": hidden must be 2-D [N, D], got shape ",
                shape_str(hidden.shape()));
   ACCRUE_CHECK(weight.dim() == 2 && weight.size(1) == hidden.size(1), op, ": weight of shape ",
@@ -111,10 +79,10 @@ ClassifierOutput classifier_forward(const Tensor& hidden, const Tensor& weight,
     const int64_t rows = std::min(kChunkRows, n - start);
     const Tensor logits = r.dlogits.narrow(0, start, rows);  // contiguous rows
     gemm(hidden.narrow(0, start, rows), false, weight, true, logits, 1.0, 0.0);
-    ACCRUE_CLASSIFIER_CALL(device, classifier_rows, logits, t.narrow(0, start, rows), valid_classes,
-                           ignore_index, row_loss.narrow(0, start, rows));
+    ACCRUE_BACKEND_CALL(device, classifier_rows, logits, t.narrow(0, start, rows), valid_classes,
+                        ignore_index, row_loss.narrow(0, start, rows));
   }
-  ACCRUE_CLASSIFIER_CALL(device, classifier_total, row_loss, t, ignore_index, r.sum, r.count);
+  ACCRUE_BACKEND_CALL(device, classifier_total, row_loss, t, ignore_index, r.sum, r.count);
   return r;
 }
 
@@ -141,14 +109,11 @@ Tensor classifier_backward(const Tensor& dlogits, const Tensor& hidden, const Te
                " of dtype ", dtype_name(grad_sum.dtype()));
   if (dweight.defined()) {
     check_same_device(dweight, hidden, name, "dweight", "hidden");
-    ACCRUE_CHECK(dweight.dtype() == dtype || (is_16_bit(dtype) && dweight.dtype() == DType::f32),
-                 name, ": dweight has dtype ", dtype_name(dweight.dtype()), "; expected ",
-                 dtype_name(dtype), is_16_bit(dtype) ? " or f32" : "");
+    check_dtype_or_f32(dweight, dtype, is_16_bit(dtype), name, "dweight");
     ACCRUE_CHECK(dweight.shape() == weight.shape(), name, ": dweight of shape ",
                  shape_str(dweight.shape()), " does not match weight of shape ",
                  shape_str(weight.shape()));
-    ACCRUE_CHECK(dweight.is_contiguous(), name, ": dweight of shape ", shape_str(dweight.shape()),
-                 " must be contiguous");
+    check_contiguous(dweight, name, "dweight");
     ACCRUE_CHECK(beta == 0.0 || beta == 1.0, name, ": beta ", beta,
                  " must be 0 (write dweight) or 1 (add to it)");
   }
@@ -160,7 +125,7 @@ Tensor classifier_backward(const Tensor& dlogits, const Tensor& hidden, const Te
     // dW (= or +=) dlogits^T @ (g * h); see Note [Fused classifier].
     Tensor scaled_hidden = empty({n, d}, dtype, device);
     if (scaled_hidden.numel() > 0)
-      ACCRUE_CLASSIFIER_CALL(device, scale_by_seed, hidden.contiguous(), seed, scaled_hidden);
+      ACCRUE_BACKEND_CALL(device, scale_by_seed, hidden.contiguous(), seed, scaled_hidden);
     gemm(dl, true, scaled_hidden, false, dweight, 1.0, beta);
   }
   if (!need_dh) return Tensor();
@@ -168,7 +133,7 @@ Tensor classifier_backward(const Tensor& dlogits, const Tensor& hidden, const Te
   Tensor product = empty({n, d}, is_16_bit(dtype) ? DType::f32 : dtype, device);
   gemm(dl, false, weight, false, product, 1.0, 0.0);
   Tensor dh = product.dtype() == dtype ? product : empty({n, d}, dtype, device);
-  if (dh.numel() > 0) ACCRUE_CLASSIFIER_CALL(device, scale_by_seed, product, seed, dh);
+  if (dh.numel() > 0) ACCRUE_BACKEND_CALL(device, scale_by_seed, product, seed, dh);
   return dh;
 }
 

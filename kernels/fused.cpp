@@ -1,56 +1,19 @@
 // The dispatch point of the transformer fusions (kernels/fused.h): validate,
-// allocate, and call the CPU reference or the CUDA path by the inputs'
-// device. Errors name the op and the offending shapes, dtypes or values.
+// allocate, and call the backend of the inputs' device; on CUDA, linear and
+// linear_gelu take the cuBLASLt epilogues where they run. Errors name the op
+// and the offending shapes, dtypes or values.
 #include "kernels/fused.h"
+
 #include "core/grad_mode.h"
-#include "kernels/backend.h"
+#include "kernels/dispatch_util.h"
 #include "kernels/fused_backend.h"
 #include "kernels/ops.h"
 
 namespace accrue::kernels {
 
+using namespace dispatch_util;
+
 namespace {
-
-void check_defined(const Tensor& t, const char* op, const char* what) {
-  ACCRUE_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
-}
-
-// a and b: defined, on one device, of one floating dtype.
-void check_float_pair(const Tensor& a, const Tensor& b, const char* op, const char* what_a,
-                      const char* what_b) {
-  check_defined(a, op, what_a);
-  check_defined(b, op, what_b);
-  ACCRUE_CHECK(a.device() == b.device(), op, ": ", what_a, " is on ", a.device().str(), " and ",
-               what_b, " on ", b.device().str(), " (shapes ", shape_str(a.shape()), " and ",
-               shape_str(b.shape()), ")");
-  ACCRUE_CHECK(a.dtype() == b.dtype(), op, ": ", what_a, " has dtype ", dtype_name(a.dtype()),
-               " and ", what_b, " ", dtype_name(b.dtype()), " (shapes ", shape_str(a.shape()),
-               " and ", shape_str(b.shape()), ")");
-  ACCRUE_CHECK(is_floating(a.dtype()), op, ": ", what_a, " of shape ", shape_str(a.shape()),
-               " has dtype ", dtype_name(a.dtype()),
-               "; expected a floating dtype (f32, f64, bf16 or f16)");
-}
-
-void check_same_shape(const Tensor& a, const Tensor& b, const char* op, const char* what_a,
-                      const char* what_b) {
-  ACCRUE_CHECK(a.shape() == b.shape(), op, ": ", what_a, " of shape ", shape_str(a.shape()),
-               " and ", what_b, " of shape ", shape_str(b.shape()), " differ");
-}
-
-bool is_16_bit(DType t) {
-  return t == DType::bf16 || t == DType::f16;
-}
-
-// t made contiguous and viewed as [rows, cols] (t has rows * cols elements).
-Tensor as_rows(const Tensor& t, int64_t rows, int64_t cols) {
-  const Tensor c = t.contiguous();
-  return make_view(c, {rows, cols}, {cols, 1}, c.offset());
-}
-
-Tensor as_vector(const Tensor& t, int64_t n) {
-  const Tensor c = t.contiguous();
-  return make_view(c, {n}, {1}, c.offset());
-}
 
 // x @ weight^T + bias as two kernels (the reference, and the fallback).
 Tensor unfused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -71,17 +34,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   ACCRUE_CHECK(bias.shape() == Shape{out_features}, name, ": bias of shape ",
                shape_str(bias.shape()), " does not match weight of shape ",
                shape_str(weight.shape()), " (expected [", out_features, "])");
-  if (x.device().is_cpu()) return unfused_linear(x, weight, bias);
-#ifdef ACCRUE_WITH_CUDA
+  // The CPU, and CUDA where the epilogue cannot run, compose the two ops.
+  if (!x.device().is_cuda()) return unfused_linear(x, weight, bias);
   Tensor out = empty({x.size(0), out_features}, x.dtype(), x.device());
   if (out.numel() == 0) return out;
   // See Note [Bias epilogue] (kernels/cuda/matmul.cu).
   const Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
   if (cuda::gemm_bias(xc, wc, bc, out)) return out;
   return unfused_linear(xc, wc, bc);
-#else
-  ACCRUE_FAIL(name, ": a CUDA tensor, but accrue was built without CUDA");
-#endif
 }
 
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -102,11 +62,11 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
   if (pre_activation) *pre_activation = pre;
   if (out.numel() == 0) return out;
   const Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
-  if (x.device().is_cpu()) {
+  // The CPU runs its reference; CUDA the cuBLASLt epilogue or its fallback.
+  if (!x.device().is_cuda()) {
     cpu::linear_gelu(xc, wc, bc, pre, out);
     return out;
   }
-#ifdef ACCRUE_WITH_CUDA
   if (!cuda::gemm_bias_gelu(xc, wc, bc, pre, out)) {
     // Note [GELU epilogue] (kernels/cuda/matmul.cu): a plain GEMM (into fp32
     // for 16-bit inputs, as the epilogue's accumulator), then bias and GELU.
@@ -116,9 +76,6 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
     cuda::bias_gelu(acc, bc, pre, out);
   }
   return out;
-#else
-  ACCRUE_FAIL(name, ": a CUDA tensor, but accrue was built without CUDA");
-#endif
 }
 
 Tensor gelu_backward(const Tensor& grad, const Tensor& pre_activation) {
@@ -130,11 +87,8 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& pre_activation) {
   if (out.numel() == 0) return out;
   // UnaryOp::Gelu's derivative reads the input only: pre_activation also
   // stands in for the forward output the backends' signature carries.
-  if (out.device().is_cpu()) {
-    cpu::unary_backward(UnaryOp::Gelu, grad, pre_activation, pre_activation, 0.0, out);
-  } else {
-    cuda::unary_backward(UnaryOp::Gelu, grad, pre_activation, pre_activation, 0.0, out);
-  }
+  ACCRUE_BACKEND_CALL(out.device(), unary_backward, UnaryOp::Gelu, grad, pre_activation,
+                      pre_activation, 0.0, out);
   return out;
 }
 
@@ -151,13 +105,9 @@ ResidualLayerNormOutput residual_layer_norm(const Tensor& x, const Tensor& resid
   for (const Tensor* p : {&weight, &bias}) {
     if (!p->defined()) continue;
     const char* what = p == &weight ? "weight" : "bias";
-    ACCRUE_CHECK(p->device() == x.device(), name, ": ", what, " is on ", p->device().str(),
-                 " and input on ", x.device().str());
+    check_device(*p, x.device(), name, what, "the input");
     // x's dtype, or fp32 master weights next to 16-bit activations.
-    ACCRUE_CHECK(p->dtype() == x.dtype() || (is_16_bit(x.dtype()) && p->dtype() == DType::f32),
-                 name, ": ", what, " of shape ", shape_str(p->shape()), " has dtype ",
-                 dtype_name(p->dtype()), "; expected ", dtype_name(x.dtype()),
-                 is_16_bit(x.dtype()) ? " or f32" : "");
+    check_dtype_or_f32(*p, x.dtype(), is_16_bit(x.dtype()), name, what);
     ACCRUE_CHECK(p->dim() == 1 && p->size(0) == d, name, ": ", what, " of shape ",
                  shape_str(p->shape()), " does not match the normalized dim of input ",
                  shape_str(x.shape()), " (expected [", d, "])");
@@ -169,20 +119,12 @@ ResidualLayerNormOutput residual_layer_norm(const Tensor& x, const Tensor& resid
                             empty(stats_shape, widened(x.dtype()), x.device()),
                             empty(stats_shape, widened(x.dtype()), x.device())};
   if (rows == 0) return r;
-  const Tensor w = weight.defined() ? as_vector(weight, d) : Tensor();
-  const Tensor b = bias.defined() ? as_vector(bias, d) : Tensor();
-  const Tensor x2 = as_rows(x, rows, d), r2 = as_rows(residual, rows, d);
-  const Tensor sum2 = as_rows(r.sum, rows, d), out2 = as_rows(r.out, rows, d);
-  const Tensor mean = as_vector(r.mean, rows), rstd = as_vector(r.rstd, rows);
-  if (x.device().is_cpu()) {
-    cpu::residual_layer_norm(x2, r2, w, b, eps, sum2, out2, mean, rstd);
-  } else {
-#ifdef ACCRUE_WITH_CUDA
-    cuda::residual_layer_norm(x2, r2, w, b, eps, sum2, out2, mean, rstd);
-#else
-    ACCRUE_FAIL(name, ": a CUDA tensor, but accrue was built without CUDA");
-#endif
-  }
+  const Tensor w = weight.defined() ? dense_view(weight, {d}) : Tensor();
+  const Tensor b = bias.defined() ? dense_view(bias, {d}) : Tensor();
+  const Tensor x2 = dense_view(x, {rows, d}), r2 = dense_view(residual, {rows, d});
+  const Tensor sum2 = dense_view(r.sum, {rows, d}), out2 = dense_view(r.out, {rows, d});
+  const Tensor mean = dense_view(r.mean, {rows}), rstd = dense_view(r.rstd, {rows});
+  ACCRUE_BACKEND_CALL(x.device(), residual_layer_norm, x2, r2, w, b, eps, sum2, out2, mean, rstd);
   return r;
 }
 

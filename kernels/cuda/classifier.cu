@@ -18,10 +18,12 @@
 #include "core/cuda_types.cuh"
 #include "kernels/classifier_backend.h"
 #include "kernels/cuda/block_reduce.cuh"
+#include "kernels/dispatch_util.h"
 
 namespace accrue::kernels::cuda {
 
 namespace cu = ::accrue::cuda;
+using dispatch_util::check_dtype;  // the backend's own invariants, checked cheaply
 
 namespace {
 
@@ -449,11 +451,6 @@ int row_threads(int64_t cols) {
   while (threads < kMaxRowThreads<T> && threads * per_thread < packs)
     threads *= 2;
   return threads;
-}
-
-void check_dtype(const Tensor& t, DType expected, const char* op, const char* what) {
-  ACCRUE_CHECK(t.dtype() == expected, op, ": ", what, " has dtype ", dtype_name(t.dtype()),
-               "; expected ", dtype_name(expected));
 }
 
 constexpr int kThreads = 256;
