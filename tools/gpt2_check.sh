@@ -29,6 +29,9 @@
 # Exit status: 0 when the build, every test and every accrue benchmark run
 # succeeded (a benchmark target MISSed is reported, not failed), else 1.
 set -u -o pipefail
+check_name=gpt2_check
+# shellcheck source=tools/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
   cat <<'EOF'
@@ -86,29 +89,10 @@ while [[ $# -gt 0 ]]; do
 done
 log_dir="${log_dir:-${OUT:-$build_dir/gpt2_check_results}}"
 
-if [[ ! -f CMakeLists.txt || ! -f accrue.h ]]; then
-  echo "gpt2_check: run me from the accrue repository root" >&2
-  exit 2
-fi
-
+need_repo_root
 export PYTHONUNBUFFERED=1
-
-mkdir -p "$build_dir" "$log_dir"
-build_dir=$(cd "$build_dir" && pwd)
-log_dir=$(cd "$log_dir" && pwd)
-details="$build_dir/gpt2_check"
-rm -rf "$details"
-mkdir -p "$details"
-start_time=$SECONDS
-failed=0
-summary=()  # lines of the final summary
-
-say() { echo "[gpt2_check $((SECONDS - start_time))s] $*"; }
-# A line of the final summary, echoed as it happens too.
-note() {
-  summary+=("$*")
-  say "$*"
-}
+make_dirs_absolute
+open_details "$build_dir/gpt2_check"
 
 # The GPT-2 related test binaries (ctest names) and the targets to build.
 gpu_tests=(test_kernels_gpu test_autograd_gpu test_nn_gpu)
@@ -117,14 +101,9 @@ golden_bins=(test_golden_cpu test_golden_gpu)
 targets=("${gpu_tests[@]}" "${cpu_tests[@]}" "${golden_bins[@]}" accrue_train_gpt2)
 
 # ---- the machine -------------------------------------------------------------
-gpu_model="no nvidia-smi"
-if command -v nvidia-smi > /dev/null; then
-  gpu_model=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 |
-    head -n 4 | paste -sd ';' -)
-  nvidia-smi > "$details/nvidia-smi.txt" 2>&1
-fi
+look_at_gpus one
 say "GPU: $gpu_model"
-torch_version=$(python3 -c 'import torch; print(torch.__version__)' 2> /dev/null || echo "not importable")
+torch_version=$(torch_version_or_not)
 say "PyTorch: $torch_version"
 
 # ---- configure and build ------------------------------------------------------------
@@ -134,43 +113,20 @@ if [[ $skip_build -eq 0 ]]; then
   tools/fetch_cudnn_frontend.sh > "$details/fetch_cudnn_frontend.log" 2>&1
   cmake_args=(--preset gpu -B "$build_dir" -DACCRUE_WERROR="$werror")
   if [[ $build_all -eq 0 ]]; then cmake_args+=(-DACCRUE_BUILD_BENCHMARKS=OFF); fi
-  for d in "${CUDA_HOME:-}" /usr/local/cuda; do
-    if [[ -n "$d" && -x "$d/bin/nvcc" ]]; then
-      cmake_args+=(-DCMAKE_CUDA_COMPILER="$d/bin/nvcc")
-      break
-    fi
-  done
-  if [[ -n "$deps_dir" ]]; then
-    deps_root="$build_dir/deps"
-    rm -rf "$deps_root"
-    mkdir -p "$deps_root"
-    for deb in "$deps_dir"/*.deb; do
-      [[ -e "$deb" ]] || { echo "gpt2_check: no .deb files in $deps_dir" >&2; exit 2; }
-      dpkg -x "$deb" "$deps_root"
-    done
-    cmake_args+=(-DCMAKE_PREFIX_PATH="$deps_root/usr")
-  fi
-  say "configure: cmake ${cmake_args[*]}"
-  if ! cmake "${cmake_args[@]}" > "$details/configure.log" 2>&1; then
-    failed=1
+  add_nvcc
+  if [[ -n "$deps_dir" ]]; then add_deps "$deps_dir"; fi
+  if ! configure; then
     built=0
-    note "configure: FAILED (last lines of configure.log:)"
-    while IFS= read -r line; do note "  $line"; done < <(tail -n 15 "$details/configure.log")
   else
     attention=$(grep -m 1 -E 'accrue: attention' "$details/configure.log" | sed 's/^-- //')
     note "configure: ok${attention:+ ($attention)}"
     build_cmd=(cmake --build "$build_dir" -j "$jobs")
     if [[ $build_all -eq 0 ]]; then build_cmd+=(--target "${targets[@]}"); fi
     say "build: ${build_cmd[*]}"
-    build_start=$SECONDS
-    if "${build_cmd[@]}" > "$details/build.log" 2>&1; then
-      warnings=$(grep -c 'warning:' "$details/build.log" || true)
-      note "build: ok in $((SECONDS - build_start)) s, $warnings compiler warning lines"
+    if run_build "${build_cmd[@]}"; then
+      note "build: ok in $build_seconds s, $build_warnings compiler warning lines"
     else
       built=0
-      failed=1
-      note "build: FAILED (first errors of build.log:)"
-      while IFS= read -r line; do note "  $line"; done < <(grep -m 10 -E 'error|FAILED' "$details/build.log")
     fi
   fi
 fi
@@ -182,11 +138,11 @@ if [[ $skip_golden -eq 0 ]]; then
     say "fixtures: python3 tests/golden/make_gpt2_golden.py --out $fixtures"
     if python3 tests/golden/make_gpt2_golden.py --out "$fixtures" > "$details/fixtures.log" 2>&1; then
       note "fixtures: made in $fixtures ($(du -sh "$fixtures" | cut -f1))"
-      while IFS= read -r line; do note "  $line"; done < <(sed -n '/^summary:/,$p' "$details/fixtures.log" | tail -n +2)
+      note_each "  " < <(sed -n '/^summary:/,$p' "$details/fixtures.log" | tail -n +2)
     else
       failed=1
       note "fixtures: FAILED (last lines of fixtures.log:)"
-      while IFS= read -r line; do note "  $line"; done < <(tail -n 8 "$details/fixtures.log")
+      note_each "  " < <(tail -n 8 "$details/fixtures.log")
     fi
   else
     note "fixtures: present in $fixtures"
@@ -205,15 +161,13 @@ run_ctest() {
     --output-on-failure > "$details/ctest_${label}.log" 2>&1
   local rc=$?
   local line
-  line=$(grep -E 'tests passed(, [0-9]+ tests? failed)? out of' "$details/ctest_${label}.log" | tail -n 1)
+  line=$(ctest_passed_line "$details/ctest_${label}.log")
   if [[ -z "$line" ]]; then
     note "ctest -L $label: FAILED to run (see ctest_${label}.log)"
     return 1
   fi
   note "ctest -L $label ($regex): $line"
-  while IFS= read -r t; do note "    ${t#"${t%%[![:space:]]*}"}"; done < <(
-    grep -E '^[[:space:]]+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Exception|Child aborted|Not Run)' \
-      "$details/ctest_${label}.log")
+  note_failed_tests "$details/ctest_${label}.log"
   return $rc
 }
 regex_of() { local IFS='|'; echo "^($*)\$"; }
@@ -248,12 +202,11 @@ run_golden() {
   else
     failed=1
     note "golden $name: FAILED exit $rc (${result:-no gtest summary})"
-    while IFS= read -r line; do note "    $line"; done < <(grep -m 6 -E 'Failure|error|Expected|Which is' "$log")
+    note_each "    " < <(grep -m 6 -E 'Failure|error|Expected|Which is' "$log")
   fi
   while IFS= read -r line; do golden_lines+=("$line"); done < <(grep -E '^\[gpt2 golden\]' "$log")
   # Why a test skipped (no GPU, no fixtures): the line after gtest's "Skipped".
-  while IFS= read -r line; do note "    skipped: $line"; done < <(grep -A1 -E ': Skipped$' "$log" |
-    grep -vE ': Skipped$|^--$' | sort -u)
+  note_each "    skipped: " < <(grep -A1 -E ': Skipped$' "$log" | grep -vE ': Skipped$|^--$' | sort -u)
 }
 if [[ $built -eq 1 && $skip_golden -eq 0 ]]; then
   run_golden cpu "$build_dir/tests/golden/test_golden_cpu" 'Gpt2GoldenCpu.*:Gpt2FixtureCpu.*'
@@ -263,44 +216,16 @@ fi
 # ---- benchmarks -------------------------------------------------------------------------
 bench_table=""
 if [[ $built -eq 1 && $skip_bench -eq 0 ]]; then
-  # shellcheck disable=SC2206  # --bench-args is a list of options, split on purpose
-  extra=($bench_args)
-  bench_cmd=(python3 bench/gpt2_bench.py --accrue-bin "$build_dir/examples/accrue_train_gpt2"
-    --out "$log_dir/gpt2_bench.md" --json "$log_dir/gpt2_bench.json" --log-dir "$details/bench"
-    "${extra[@]}")
-  say "bench: ${bench_cmd[*]}"
-  bench_start=$SECONDS
-  if "${bench_cmd[@]}" > "$details/gpt2_bench.log" 2>&1; then
-    note "gpt2_bench: ok in $((SECONDS - bench_start)) s"
-  else
-    failed=1
-    note "gpt2_bench: FAILED (an accrue run failed or the script did; see gpt2_bench.log): $(tail -n 1 "$details/gpt2_bench.log")"
-  fi
-  if [[ -s "$log_dir/gpt2_bench.md" ]]; then bench_table=$(cat "$log_dir/gpt2_bench.md"); fi
+  run_trainer_bench gpt2_bench "$build_dir/examples/accrue_train_gpt2" "$bench_args" quiet
 fi
 
 # ---- summary (LAST) ----------------------------------------------------------------------
-tar -C "$details" -czf "$log_dir/logs.tar.gz" . 2> /dev/null
-{
-  echo "===================== accrue gpt2_check summary ====================="
-  echo "GPU: $gpu_model; PyTorch $torch_version"
-  if git rev-parse --verify -q HEAD > /dev/null 2>&1; then
-    echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' + uncommitted changes')"
-  elif [[ -n "${ACCRUE_COMMIT:-}" ]]; then
-    echo "commit: $ACCRUE_COMMIT (copied tree)"
-  fi
-  echo "time: $((SECONDS - start_time)) s; logs: $log_dir/logs.tar.gz (unpacked: $details)"
-  for line in "${summary[@]}"; do echo "$line"; done
-  if [[ ${#golden_lines[@]} -gt 0 ]]; then
-    echo
-    for line in "${golden_lines[@]}"; do echo "$line"; done
-  fi
-  if [[ -n "$bench_table" ]]; then
-    echo
-    echo "$bench_table"
-  fi
+# shellcheck disable=SC2317  # called by finish
+write_summary() {
+  summary_head "GPU: $gpu_model; PyTorch $torch_version"
+  block "$(printf '%s\n' "${golden_lines[@]}")"
+  block "$bench_table"
   echo
-  if [[ $failed -eq 0 ]]; then echo "gpt2_check: PASSED"; else echo "gpt2_check: FAILED"; fi
-} > "$log_dir/summary.txt"
-cat "$log_dir/summary.txt"
-exit $failed
+  verdict
+}
+finish write_summary

@@ -27,6 +27,9 @@
 # Exit status: 0 when the build and every accrue benchmark run succeeded (a
 # failed PyTorch run is reported in the table, not failed), else 1.
 set -u -o pipefail
+check_name=gpt2_dp_check
+# shellcheck source=tools/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
   cat <<'EOF'
@@ -61,48 +64,17 @@ while [[ $# -gt 0 ]]; do
 done
 log_dir="${log_dir:-${OUT:-$build_dir/gpt2_dp_check_results}}"
 
-if [[ ! -f CMakeLists.txt || ! -f accrue.h ]]; then
-  echo "gpt2_dp_check: run me from the accrue repository root" >&2
-  exit 2
-fi
-
-# NVLink multicast stays off on shared machines: a program that uses it can
-# take the host's GPUs out of service.
-export NCCL_NVLS_ENABLE=0
-export TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export NVSHMEM_DISABLE_NVLS=1
+need_repo_root
+no_nvlink_multicast
 export PYTHONUNBUFFERED=1
-
-mkdir -p "$build_dir" "$log_dir"
-build_dir=$(cd "$build_dir" && pwd)
-log_dir=$(cd "$log_dir" && pwd)
-details="$build_dir/gpt2_dp_check"
-rm -rf "$details"
-mkdir -p "$details"
-start_time=$SECONDS
-failed=0
-summary=()  # lines of the final summary
-
-say() { echo "[gpt2_dp_check $((SECONDS - start_time))s] $*"; }
-# A line of the final summary, echoed as it happens too.
-note() {
-  summary+=("$*")
-  say "$*"
-}
+make_dirs_absolute
+open_details "$build_dir/gpt2_dp_check"
 
 # ---- the machine -------------------------------------------------------------
-gpu_model="no nvidia-smi"
-gpus=0
-if command -v nvidia-smi > /dev/null; then
-  gpu_model=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 |
-    head -n 8 | sort | uniq -c | sed 's/^ *//' | paste -sd ';' -)
-  gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
-  nvidia-smi > "$details/nvidia-smi.txt" 2>&1
-  nvidia-smi topo -m > "$details/nvidia-smi-topo.txt" 2>&1
-fi
+look_at_gpus all
 say "GPUs: $gpus ($gpu_model)"
 if [[ $gpus -lt 2 ]]; then note "only $gpus GPU(s) visible: the 2-GPU runs will fail"; fi
-torch_version=$(python3 -c 'import torch; print(torch.__version__)' 2> /dev/null || echo "not importable")
+torch_version=$(torch_version_or_not)
 say "PyTorch: $torch_version"
 
 # ---- configure and build ------------------------------------------------------------
@@ -116,25 +88,10 @@ if [[ $skip_build -eq 0 ]]; then
   timeout 90 tools/fetch_cudnn_frontend.sh > "$details/fetch_cudnn_frontend.log" 2>&1
   cmake_args=(--preset gpu -B "$build_dir" -DACCRUE_WERROR=OFF -DACCRUE_BUILD_BENCHMARKS=OFF
     -DACCRUE_BUILD_TESTS=OFF)
-  for d in "${CUDA_HOME:-}" /usr/local/cuda; do
-    if [[ -n "$d" && -x "$d/bin/nvcc" ]]; then
-      cmake_args+=(-DCMAKE_CUDA_COMPILER="$d/bin/nvcc")
-      cuda_include="$d/include"
-      break
-    fi
-  done
-  # NCCL from the PyTorch environment's wheel when the system has none (as
-  # tools/multi_gpu_check.sh finds it).
-  if [[ ! -e /usr/include/nccl.h && ! -e "${cuda_include:-/nonexistent}/nccl.h" ]]; then
-    nccl_root=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2> /dev/null || true)
-    if [[ -n "$nccl_root" ]]; then cmake_args+=(-DNCCL_ROOT="$nccl_root"); fi
-  fi
-  say "configure: cmake ${cmake_args[*]}"
-  if ! cmake "${cmake_args[@]}" > "$details/configure.log" 2>&1; then
-    failed=1
+  add_nvcc
+  add_nccl_root
+  if ! configure; then
     built=0
-    note "configure: FAILED (last lines of configure.log:)"
-    while IFS= read -r line; do note "  $line"; done < <(tail -n 15 "$details/configure.log")
   elif ! grep -q 'accrue: NCCL communicator ON' "$details/configure.log"; then
     failed=1
     built=0
@@ -145,15 +102,10 @@ if [[ $skip_build -eq 0 ]]; then
     note "configure: ok (NCCL $nccl${attention:+; $attention})"
     build_cmd=(cmake --build "$build_dir" -j "$jobs" --target accrue_train_gpt2)
     say "build: ${build_cmd[*]}"
-    build_start=$SECONDS
-    if "${build_cmd[@]}" > "$details/build.log" 2>&1; then
-      warnings=$(grep -c 'warning:' "$details/build.log" || true)
-      note "build: ok in $((SECONDS - build_start)) s, $warnings compiler warning lines"
+    if run_build "${build_cmd[@]}"; then
+      note "build: ok in $build_seconds s, $build_warnings compiler warning lines"
     else
       built=0
-      failed=1
-      note "build: FAILED (first errors of build.log:)"
-      while IFS= read -r line; do note "  $line"; done < <(grep -m 10 -E 'error|FAILED' "$details/build.log")
     fi
   fi
 fi
@@ -166,40 +118,15 @@ fi
 # ---- the benchmark ----------------------------------------------------------------------
 bench_table=""
 if [[ $built -eq 1 ]]; then
-  # shellcheck disable=SC2206  # --bench-args is a list of options, split on purpose
-  extra=($bench_args)
-  bench_cmd=(python3 bench/gpt2_dp_bench.py --accrue-bin "$bin"
-    --out "$log_dir/gpt2_dp_bench.md" --json "$log_dir/gpt2_dp_bench.json"
-    --log-dir "$details/bench" "${extra[@]}")
-  say "bench: ${bench_cmd[*]}"
-  bench_start=$SECONDS
-  if "${bench_cmd[@]}" 2>&1 | tee "$details/gpt2_dp_bench.log"; then
-    note "gpt2_dp_bench: ok in $((SECONDS - bench_start)) s"
-  else
-    failed=1
-    note "gpt2_dp_bench: FAILED (an accrue run failed or the script did; see gpt2_dp_bench.log): $(tail -n 1 "$details/gpt2_dp_bench.log")"
-  fi
-  if [[ -s "$log_dir/gpt2_dp_bench.md" ]]; then bench_table=$(cat "$log_dir/gpt2_dp_bench.md"); fi
+  run_trainer_bench gpt2_dp_bench "$bin" "$bench_args" live
 fi
 
 # ---- summary (LAST) ----------------------------------------------------------------------
-tar -C "$details" -czf "$log_dir/logs.tar.gz" . 2> /dev/null
-{
-  echo "===================== accrue gpt2_dp_check summary ====================="
-  echo "GPUs: $gpus ($gpu_model); PyTorch $torch_version"
-  if git rev-parse --verify -q HEAD > /dev/null 2>&1; then
-    echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' + uncommitted changes')"
-  elif [[ -n "${ACCRUE_COMMIT:-}" ]]; then
-    echo "commit: $ACCRUE_COMMIT (copied tree)"
-  fi
-  echo "time: $((SECONDS - start_time)) s; logs: $log_dir/logs.tar.gz (unpacked: $details)"
-  for line in "${summary[@]}"; do echo "$line"; done
-  if [[ -n "$bench_table" ]]; then
-    echo
-    echo "$bench_table"
-  fi
+# shellcheck disable=SC2317  # called by finish
+write_summary() {
+  summary_head "GPUs: $gpus ($gpu_model); PyTorch $torch_version"
+  block "$bench_table"
   echo
-  if [[ $failed -eq 0 ]]; then echo "gpt2_dp_check: PASSED"; else echo "gpt2_dp_check: FAILED"; fi
-} > "$log_dir/summary.txt"
-cat "$log_dir/summary.txt"
-exit $failed
+  verdict
+}
+finish write_summary

@@ -47,6 +47,9 @@
 #     --sanitizer-shards 1,kernels=24,nn=6,optim=8,equivalence=3,golden=2
 # (on 4 x H200 each of those runs took under 250 s; bench/RESULTS.md).
 set -u -o pipefail
+check_name=gpu_check
+# shellcheck source=tools/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
   cat <<'EOF'
@@ -259,53 +262,30 @@ if [[ -n "$sanitizer_shard_list" ]]; then
 fi
 log_dir="${log_dir:-${OUT:-$build_dir/gpu_check_results}}"
 
-if [[ ! -f CMakeLists.txt || ! -f accrue.h ]]; then
-  echo "gpu_check: run me from the accrue repository root" >&2
-  exit 2
-fi
-
-# NVLink multicast stays off on shared machines: a program that uses it can
-# take the host's GPUs out of service.
-export NCCL_NVLS_ENABLE=0
-export TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export NVSHMEM_DISABLE_NVLS=1
+need_repo_root
+no_nvlink_multicast
 export PYTHONUNBUFFERED=1
 
-mkdir -p "$build_dir" "$log_dir"
-build_dir=$(cd "$build_dir" && pwd)
-log_dir=$(cd "$log_dir" && pwd)
+make_dirs_absolute
 details="${details_dir:-$build_dir/gpu_check}"
 # It is emptied first: never a source tree or a build directory.
 if [[ -e "$details/CMakeLists.txt" || -e "$details/CMakeCache.txt" ]]; then
   echo "gpu_check: --details-dir $details holds a source tree or a build; give an empty folder" >&2
   exit 2
 fi
-rm -rf "$details"
-mkdir -p "$details"
-start_time=$SECONDS
-failed=0
-summary=()  # lines of the final summary
-
-say() { echo "[gpu_check $((SECONDS - start_time))s] $*"; }
-# A line of the final summary, echoed as it happens too.
-note() {
-  summary+=("$*")
-  say "$*"
-}
+open_details "$details"
 
 # ---- the machine -------------------------------------------------------------
-gpu_model="no nvidia-smi"
-if command -v nvidia-smi > /dev/null; then
-  gpu_model=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 |
-    head -n 4 | paste -sd ';' -)
-  nvidia-smi > "$details/nvidia-smi.txt" 2>&1
-fi
+look_at_gpus one
 say "GPU: $gpu_model"
 
-cuda_bin=""
-for d in "${CUDA_HOME:-}" /usr/local/cuda; do
-  if [[ -n "$d" && -x "$d/bin/nvcc" ]]; then cuda_bin="$d/bin"; break; fi
-done
+cmake_args=(-S . -B "$build_dir" -G Ninja
+  -DCMAKE_BUILD_TYPE=Release
+  -DCMAKE_CUDA_ARCHITECTURES="$arch"
+  -DACCRUE_CUDA=ON
+  -DACCRUE_BUILD_TESTS=ON
+  -DACCRUE_WERROR="$werror")
+add_nvcc
 sanitizer=$(command -v compute-sanitizer || true)
 if [[ -z "$sanitizer" && -n "$cuda_bin" ]]; then
   for s in "$cuda_bin/compute-sanitizer" "$cuda_bin/../compute-sanitizer/compute-sanitizer"; do
@@ -314,64 +294,33 @@ if [[ -z "$sanitizer" && -n "$cuda_bin" ]]; then
 fi
 
 # ---- configure ------------------------------------------------------------------
-cmake_args=(-S . -B "$build_dir" -G Ninja
-  -DCMAKE_BUILD_TYPE=Release
-  -DCMAKE_CUDA_ARCHITECTURES="$arch"
-  -DACCRUE_CUDA=ON
-  -DACCRUE_BUILD_TESTS=ON
-  -DACCRUE_WERROR="$werror")
-if [[ -n "$cuda_bin" ]]; then cmake_args+=(-DCMAKE_CUDA_COMPILER="$cuda_bin/nvcc"); fi
 if [[ $skip_bench -eq 1 ]]; then
   cmake_args+=(-DACCRUE_BUILD_BENCHMARKS=OFF)
 else
   cmake_args+=(-DACCRUE_BUILD_BENCHMARKS=ON)
 fi
 if [[ -n "$deps_dir" ]]; then
-  deps_root="$build_dir/deps"
-  rm -rf "$deps_root"
-  mkdir -p "$deps_root"
-  unpacked=0
-  for deb in "$deps_dir"/*.deb; do
-    [[ -e "$deb" ]] || { echo "gpu_check: no .deb files in $deps_dir" >&2; exit 2; }
-    dpkg -x "$deb" "$deps_root"
-    unpacked=$((unpacked + 1))
-  done
-  cmake_args+=(-DCMAKE_PREFIX_PATH="$deps_root/usr")
-  say "unpacked $unpacked packages from $deps_dir into $deps_root"
+  add_deps "$deps_dir"
+  say "unpacked $deps_unpacked packages from $deps_dir into $deps_root"
 fi
-# NCCL from the PyTorch environment's wheel when the system has none.
-if [[ ! -e /usr/include/nccl.h && ! -e "${cuda_bin:-/nonexistent}/../include/nccl.h" ]]; then
-  nccl_root=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2> /dev/null || true)
-  if [[ -n "$nccl_root" ]]; then cmake_args+=(-DNCCL_ROOT="$nccl_root"); fi
-fi
+add_nccl_root
 
 if [[ $skip_build -eq 1 ]]; then
   built=1
   note "build: skipped (--skip-build: $build_dir as it is)"
+elif ! configure; then
+  built=0
 else
-  say "configure: cmake ${cmake_args[*]}"
-  if ! cmake "${cmake_args[@]}" > "$details/configure.log" 2>&1; then
-    failed=1
-    note "configure: FAILED (last lines of configure.log:)"
-    while IFS= read -r line; do note "  $line"; done < <(tail -n 15 "$details/configure.log")
-    built=0
+  found=$(grep -E '^(NCCL|CUDNN)_LIBRARY:' "$build_dir/CMakeCache.txt" | sed 's/:FILEPATH=/ /' |
+    paste -sd ';' -)
+  note "configure: ok (${found:-no NCCL/CUDNN entries in the cache})"
+  # ---- build --------------------------------------------------------------------
+  say "build: ninja -j$jobs"
+  if run_build ninja -C "$build_dir" -j"$jobs"; then
+    built=1
+    note "build: ok in $build_seconds s, $build_warnings compiler warning lines"
   else
-    found=$(grep -E '^(NCCL|CUDNN)_LIBRARY:' "$build_dir/CMakeCache.txt" | sed 's/:FILEPATH=/ /' |
-      paste -sd ';' -)
-    note "configure: ok (${found:-no NCCL/CUDNN entries in the cache})"
-    # ---- build --------------------------------------------------------------------
-    say "build: ninja -j$jobs"
-    build_start=$SECONDS
-    if ninja -C "$build_dir" -j"$jobs" > "$details/build.log" 2>&1; then
-      built=1
-      warnings=$(grep -c 'warning:' "$details/build.log" || true)
-      note "build: ok in $((SECONDS - build_start)) s, $warnings compiler warning lines"
-    else
-      built=0
-      failed=1
-      note "build: FAILED (first errors of build.log:)"
-      while IFS= read -r line; do note "  $line"; done < <(grep -m 10 -E 'error|FAILED' "$details/build.log")
-    fi
+    built=0
   fi
 fi
 
@@ -384,8 +333,7 @@ run_ctest() {
     > "$details/ctest_${label}.log" 2>&1
   local rc=$?
   local line
-  # CMake 3 prints "100% tests passed, 0 tests failed out of 3"; CMake 4 may drop the middle part.
-  line=$(grep -E 'tests passed(, [0-9]+ tests? failed)? out of' "$details/ctest_${label}.log" | tail -n 1)
+  line=$(ctest_passed_line "$details/ctest_${label}.log")
   if [[ -z "$line" ]]; then
     if grep -q 'No tests were found' "$details/ctest_${label}.log"; then
       note "ctest -L $label: no tests"
@@ -394,14 +342,10 @@ run_ctest() {
     note "ctest -L $label: FAILED to run (see ctest_${label}.log)"
     return 1
   fi
-  # ctest counts a skipped test (exit 77 or a skip message) among the passed ones: say so.
   local skipped
-  skipped=$(grep -c '\*\*\*Skipped' "$details/ctest_${label}.log" || true)
+  skipped=$(ctest_skipped "$details/ctest_${label}.log")
   note "ctest -L $label: $line$([[ ${skipped:-0} -gt 0 ]] && echo " ($skipped SKIPPED)")"
-  # The names under "The following tests FAILED:".
-  while IFS= read -r t; do note "    ${t#"${t%%[![:space:]]*}"}"; done < <(
-    grep -E '^[[:space:]]+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Exception|Child aborted|Not Run)' \
-      "$details/ctest_${label}.log")
+  note_failed_tests "$details/ctest_${label}.log"
   return $rc
 }
 
@@ -635,7 +579,7 @@ if [[ $built -eq 1 && $skip_bench -eq 0 ]]; then
   else
     failed=1
     note "accrue_bench: FAILED (see bench.log)"
-    while IFS= read -r line; do note "  $line"; done < <(tail -n 5 "$details/bench.log")
+    note_each "  " < <(tail -n 5 "$details/bench.log")
   fi
 
   compare_args=(--accrue "$log_dir/bench.json" --markdown "$log_dir/comparison.md"
@@ -666,23 +610,11 @@ if [[ $built -eq 1 && $skip_bench -eq 0 ]]; then
 fi
 
 # ---- summary (LAST) ------------------------------------------------------------------
-tar -C "$details" -czf "$log_dir/logs.tar.gz" . 2> /dev/null
-{
-  echo "===================== accrue gpu_check summary ====================="
-  echo "GPU: $gpu_model"
-  if git rev-parse --verify -q HEAD > /dev/null 2>&1; then
-    echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' + uncommitted changes')"
-  elif [[ -n "${ACCRUE_COMMIT:-}" ]]; then
-    echo "commit: $ACCRUE_COMMIT (copied tree)"
-  fi
-  echo "time: $((SECONDS - start_time)) s; logs: $log_dir/logs.tar.gz (unpacked: $details)"
-  for line in "${summary[@]}"; do echo "$line"; done
-  if [[ -n "$comparison" ]]; then
-    echo
-    echo "$comparison"
-  fi
+# shellcheck disable=SC2317  # called by finish
+write_summary() {
+  summary_head "GPU: $gpu_model"
+  block "$comparison"
   echo
-  if [[ $failed -eq 0 ]]; then echo "gpu_check: PASSED"; else echo "gpu_check: FAILED"; fi
-} > "$log_dir/summary.txt"
-cat "$log_dir/summary.txt"
-exit $failed
+  verdict
+}
+finish write_summary

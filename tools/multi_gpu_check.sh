@@ -22,6 +22,9 @@
 # Exit status: 0 when the build, the multi-GPU tests and every benchmark run
 # succeeded (a benchmark target MISSed is reported, not failed), else 1.
 set -u -o pipefail
+check_name=multi_gpu_check
+# shellcheck source=tools/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
   cat <<'EOF'
@@ -84,52 +87,16 @@ while [[ $# -gt 0 ]]; do
 done
 log_dir="${log_dir:-${OUT:-$build_dir/multi_gpu_check_results}}"
 
-if [[ ! -f CMakeLists.txt || ! -f accrue.h ]]; then
-  echo "multi_gpu_check: run me from the accrue repository root" >&2
-  exit 2
-fi
-
-# NVLink multicast stays off on shared machines: a program that uses it can
-# take the host's GPUs out of service.
-export NCCL_NVLS_ENABLE=0
-export TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export NVSHMEM_DISABLE_NVLS=1
+need_repo_root
+no_nvlink_multicast
 export PYTHONUNBUFFERED=1
-
-mkdir -p "$build_dir" "$log_dir"
-build_dir=$(cd "$build_dir" && pwd)
-log_dir=$(cd "$log_dir" && pwd)
-details="$build_dir/multi_gpu_check"
-rm -rf "$details"
-mkdir -p "$details"
-start_time=$SECONDS
-failed=0
-summary=()  # lines of the final summary
-
-say() { echo "[multi_gpu_check $((SECONDS - start_time))s] $*"; }
-# A line of the final summary, echoed as it happens too.
-note() {
-  summary+=("$*")
-  say "$*"
-}
+make_dirs_absolute
+open_details "$build_dir/multi_gpu_check"
 
 # ---- the machine -------------------------------------------------------------
-gpu_model="no nvidia-smi"
-gpus=0
-if command -v nvidia-smi > /dev/null; then
-  gpu_model=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 |
-    head -n 8 | sort | uniq -c | sed 's/^ *//' | paste -sd ';' -)
-  gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
-  nvidia-smi > "$details/nvidia-smi.txt" 2>&1
-  nvidia-smi topo -m > "$details/nvidia-smi-topo.txt" 2>&1
-fi
+look_at_gpus all
 say "GPUs: $gpus ($gpu_model)"
 if [[ $gpus -lt 2 ]]; then note "only $gpus GPU(s) visible: the 2-GPU steps will skip or fail"; fi
-
-cuda_bin=""
-for d in "${CUDA_HOME:-}" /usr/local/cuda; do
-  if [[ -n "$d" && -x "$d/bin/nvcc" ]]; then cuda_bin="$d/bin"; break; fi
-done
 
 # ---- configure ------------------------------------------------------------------
 cmake_args=(-S . -B "$build_dir" -G Ninja
@@ -138,30 +105,14 @@ cmake_args=(-S . -B "$build_dir" -G Ninja
   -DACCRUE_CUDA=ON
   -DACCRUE_BUILD_TESTS=ON
   -DACCRUE_BUILD_BENCHMARKS=ON)
-if [[ -n "$cuda_bin" ]]; then cmake_args+=(-DCMAKE_CUDA_COMPILER="$cuda_bin/nvcc"); fi
-if [[ -n "$deps_dir" ]]; then
-  deps_root="$build_dir/deps"
-  rm -rf "$deps_root"
-  mkdir -p "$deps_root"
-  for deb in "$deps_dir"/*.deb; do
-    [[ -e "$deb" ]] || { echo "multi_gpu_check: no .deb files in $deps_dir" >&2; exit 2; }
-    dpkg -x "$deb" "$deps_root"
-  done
-  cmake_args+=(-DCMAKE_PREFIX_PATH="$deps_root/usr")
-fi
-# NCCL from the PyTorch environment's wheel when the system has none.
-if [[ ! -e /usr/include/nccl.h && ! -e "${cuda_bin:-/nonexistent}/../include/nccl.h" ]]; then
-  nccl_root=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2> /dev/null || true)
-  if [[ -n "$nccl_root" ]]; then cmake_args+=(-DNCCL_ROOT="$nccl_root"); fi
-fi
+add_nvcc
+if [[ -n "$deps_dir" ]]; then add_deps "$deps_dir"; fi
+add_nccl_root
 
-built=0
-say "configure: cmake ${cmake_args[*]}"
-if ! cmake "${cmake_args[@]}" > "$details/configure.log" 2>&1; then
-  failed=1
-  note "configure: FAILED (last lines of configure.log:)"
-  while IFS= read -r line; do note "  $line"; done < <(tail -n 15 "$details/configure.log")
+if ! configure; then
+  built=0
 elif ! grep -q 'accrue: NCCL communicator ON' "$details/configure.log"; then
+  built=0
   failed=1
   note "configure: NCCL not found (accrue: NCCL communicator OFF): nothing multi-GPU to build"
 else
@@ -173,14 +124,11 @@ else
   targets+=(accrue_bench_dist)
   if [[ $build_all -eq 1 ]]; then targets=(all); fi
   say "build: ninja -j$jobs ${targets[*]}"
-  build_start=$SECONDS
-  if ninja -C "$build_dir" -j"$jobs" "${targets[@]}" > "$details/build.log" 2>&1; then
+  if run_build ninja -C "$build_dir" -j"$jobs" "${targets[@]}"; then
     built=1
-    note "build: ok in $((SECONDS - build_start)) s ($(grep -c 'warning:' "$details/build.log" || true) warning lines)"
+    note "build: ok in $build_seconds s ($build_warnings warning lines)"
   else
-    failed=1
-    note "build: FAILED (first errors of build.log:)"
-    while IFS= read -r line; do note "  $line"; done < <(grep -m 10 -E 'error|FAILED' "$details/build.log")
+    built=0
   fi
 fi
 
@@ -190,13 +138,11 @@ if [[ $built -eq 1 && $skip_tests -eq 0 ]]; then
   ctest --test-dir "$build_dir" -L '^multi_gpu$' --timeout 600 --output-on-failure \
     --output-junit "$details/ctest_multi_gpu.xml" > "$details/ctest_multi_gpu.log" 2>&1
   rc=$?
-  line=$(grep -E 'tests passed(, [0-9]+ tests? failed)? out of' "$details/ctest_multi_gpu.log" | tail -n 1)
+  line=$(ctest_passed_line "$details/ctest_multi_gpu.log")
   # A node with too few GPUs makes the tests exit 77, which ctest counts as skipped, not failed.
-  skipped=$(grep -c '\*\*\*Skipped' "$details/ctest_multi_gpu.log" || true)
+  skipped=$(ctest_skipped "$details/ctest_multi_gpu.log")
   note "ctest -L multi_gpu: ${line:-FAILED to run (see ctest_multi_gpu.log)}$([[ ${skipped:-0} -gt 0 ]] && echo " ($skipped SKIPPED)")"
-  while IFS= read -r t; do note "    ${t#"${t%%[![:space:]]*}"}"; done < <(
-    grep -E '^[[:space:]]+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Exception|Child aborted|Not Run)' \
-      "$details/ctest_multi_gpu.log")
+  note_failed_tests "$details/ctest_multi_gpu.log"
   if [[ $rc -ne 0 || -z "$line" ]]; then failed=1; fi
 fi
 
@@ -218,7 +164,7 @@ run_step() {
     else
       note "$name: FAILED exit $rc (see $log):"
     fi
-    while IFS= read -r line; do note "    $line"; done < <(grep -v '^\s*$' "$details/$log" | tail -n 4)
+    note_each "    " < <(grep -v '^\s*$' "$details/$log" | tail -n 4)
   fi
   return $rc
 }
@@ -291,7 +237,7 @@ if [[ ${#accrue_jsons[@]} -gt 0 ]]; then
   fi
   if python3 bench/compare_dist.py "${compare_args[@]}" > "$details/compare.log" 2>&1; then
     tables=$(cat "$details/compare.log")
-    while IFS= read -r line; do note "$line"; done < <(grep -E '^(targets:|MISS:|below target)' "$details/compare.log")
+    note_each "" < <(grep -E '^(targets:|MISS:|below target)' "$details/compare.log")
   else
     failed=1
     note "compare_dist.py: FAILED: $(tail -n 1 "$details/compare.log")"
@@ -299,22 +245,13 @@ if [[ ${#accrue_jsons[@]} -gt 0 ]]; then
 fi
 
 # ---- summary (LAST) ------------------------------------------------------------------
-tar -C "$details" -czf "$log_dir/logs.tar.gz" . 2> /dev/null
-{
+# shellcheck disable=SC2317  # called by finish
+write_summary() {
   if [[ -n "$tables" ]]; then
     echo "$tables"
     echo
   fi
-  echo "===================== accrue multi_gpu_check summary ====================="
-  echo "GPUs: $gpus ($gpu_model)"
-  if git rev-parse --verify -q HEAD > /dev/null 2>&1; then
-    echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' + uncommitted changes')"
-  elif [[ -n "${ACCRUE_COMMIT:-}" ]]; then
-    echo "commit: $ACCRUE_COMMIT (copied tree)"
-  fi
-  echo "time: $((SECONDS - start_time)) s; logs: $log_dir/logs.tar.gz (unpacked: $details)"
-  for line in "${summary[@]}"; do echo "$line"; done
-  if [[ $failed -eq 0 ]]; then echo "multi_gpu_check: PASSED"; else echo "multi_gpu_check: FAILED"; fi
-} > "$log_dir/summary.txt"
-cat "$log_dir/summary.txt"
-exit $failed
+  summary_head "GPUs: $gpus ($gpu_model)"
+  verdict
+}
+finish write_summary
