@@ -38,7 +38,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (!x.device().is_cuda()) return unfused_linear(x, weight, bias);
   Tensor out = empty({x.size(0), out_features}, x.dtype(), x.device());
   if (out.numel() == 0) return out;
-  // See Note [Bias epilogue] (kernels/cuda/matmul.cu).
+  // See Note [Bias epilogue] (kernels/cuda/gemm_epilogue.cu).
   const Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
   if (cuda::gemm_bias(xc, wc, bc, out)) return out;
   return unfused_linear(xc, wc, bc);
@@ -68,7 +68,7 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
     return out;
   }
   if (!cuda::gemm_bias_gelu(xc, wc, bc, pre, out)) {
-    // Note [GELU epilogue] (kernels/cuda/matmul.cu): a plain GEMM (into fp32
+    // Note [GELU epilogue] (kernels/cuda/gemm_epilogue.cu): a plain GEMM (into fp32
     // for 16-bit inputs, as the epilogue's accumulator), then bias and GELU.
     const Tensor acc =
         is_16_bit(x.dtype()) ? empty({n, out_features}, DType::f32, x.device()) : pre;

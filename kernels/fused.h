@@ -10,7 +10,7 @@ namespace accrue::kernels {
 // dtype. On the CPU it is kernels::matmul then kernels::binary(Add), bit for
 // bit. On CUDA bf16/f16/f32 it is one cuBLASLt GEMM with the BIAS epilogue,
 // which rounds once instead of twice (Note [Bias epilogue] in
-// kernels/cuda/matmul.cu); elsewhere matmul then add.
+// kernels/cuda/gemm_epilogue.cu); elsewhere matmul then add.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // y = gelu(x @ weight^T + bias) for x [N, in], weight [out, in], bias [out]

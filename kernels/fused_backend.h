@@ -1,5 +1,5 @@
 // The backend side of the transformer fusions (kernels/fused.h): the functions
-// kernels/cpu/fused.cpp, kernels/cuda/fused.cu and kernels/cuda/matmul.cu
+// kernels/cpu/fused.cpp, kernels/cuda/fused.cu and kernels/cuda/gemm_epilogue.cu
 // implement, listed in kernels/fused_functions.inc. kernels/fused.cpp has
 // validated everything and allocated every output; all tensors are contiguous
 // and on one device. Private to kernels/.

@@ -76,7 +76,7 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
           double alpha, double beta);
 void set_allow_tf32(bool allow);
 bool allow_tf32();
-// Note [GEMM autotuning] (kernels/cuda/matmul.cu): a file path turns on timed
+// Note [GEMM autotuning] (kernels/cuda/gemm_tuning.cpp): a file path turns on timed
 // choices among cuBLASLt's candidates for plain CUDA GEMMs, read from and
 // recorded in that file; "" (the default, unless ACCRUE_GEMM_TUNING names a
 // file) keeps cuBLASLt's first heuristic choice. Affects GEMM problems first

@@ -9,7 +9,7 @@
 //       p, g, m, v and writes p, m, v (and the low-precision compute copy).
 // State lives in a small f64 device tensor, so nothing here syncs the host.
 // Each has a CPU reference (kernels/cpu/window_close.cpp) and a CUDA path
-// (kernels/cuda/window_close.cu); this header is the dispatch point.
+// (kernels/cuda/window_close_*.cu); this header is the dispatch point.
 #pragma once
 
 #include <vector>

@@ -1,5 +1,5 @@
 // The backend side of the window close (kernels/window_close.h): the functions
-// that kernels/cpu/window_close.cpp and kernels/cuda/window_close.cu implement
+// that kernels/cpu/window_close.cpp and kernels/cuda/window_close_*.cu implement
 // (listed in kernels/window_close_functions.inc), and the formulas both share.
 // Private to kernels/.
 //
@@ -25,7 +25,7 @@ namespace accrue::kernels {
 // Note [Window scalar step]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // One thread folds the norm partials in row order (so the result is fixed by
-// the rows: Note [Norm partials], kernels/cuda/window_close.cu) and updates
+// the rows: Note [Norm partials], kernels/cuda/window_close_norm.cu) and updates
 // the window state:
 //   found_inf  = any non-finite gradient element, or a non-finite sum of squares;
 //   scale_used = state[kScale] (1 when the scaler mode is None);

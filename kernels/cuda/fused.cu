@@ -1,5 +1,5 @@
 // CUDA transformer fusions: the bias + GELU fallback epilogue (the cuBLASLt
-// one is in kernels/cuda/matmul.cu, Note [GELU epilogue]) and the residual add
+// one is in kernels/cuda/gemm_epilogue.cu, Note [GELU epilogue]) and the residual add
 // fused with LayerNorm.
 #include <cstdint>
 #include <limits>
