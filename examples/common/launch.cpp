@@ -33,7 +33,7 @@ Device single_device(bool force_cpu) {
   return Device::cuda(0);
 }
 
-DataParallel connect_data_parallel(const Launch& where, GradArena& arena, bool zero1) {
+DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena, bool zero1) {
   DataParallel dp;
   if (!where.rank.distributed()) return dp;
 #ifdef ACCRUE_WITH_NCCL

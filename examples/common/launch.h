@@ -49,6 +49,7 @@ struct DataParallel {
 // Connects the ranks (refusing a different parameter layout on any rank),
 // builds the reducer over `arena` (ZeRO-1: reduce-scatter and shard steps),
 // broadcasts rank 0's weights and prints one line about it.
-DataParallel connect_data_parallel(const Launch& where, GradArena& arena, bool zero1 = false);
+DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena,
+                                   bool zero1 = false);
 
 }  // namespace accrue::examples

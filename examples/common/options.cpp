@@ -38,7 +38,7 @@ std::string wrap(const std::string& text, size_t indent, size_t first_column, si
   bool first = true;
   while (words >> word) {
     if (!first && column + 1 + word.size() > width) {
-      out += "\n" + std::string(indent, ' ');
+      out.append("\n").append(indent, ' ');
       column = indent;
     } else if (!first) {
       out += ' ';
@@ -370,12 +370,13 @@ bool OptionTable::given(std::string_view name) const {
 std::string OptionTable::help() const {
   constexpr size_t kColumn = 31, kWidth = 100;
   std::string out = "usage: " + program_ + " [options]\n";
-  if (!summary_.empty()) out += "\n" + wrap(summary_, 0, 0, kWidth) + "\n";
+  // append(), not "\n" + a string: g++ 12 warns falsely on that here (-Wrestrict).
+  if (!summary_.empty()) out.append("\n").append(wrap(summary_, 0, 0, kWidth)).append("\n");
   std::string section = "\x01";  // no option has this section: the first one prints its own
   auto entry = [&](const std::string& left, const std::string& text) {
     std::string line = "  " + left;
     if (line.size() + 2 > kColumn) {
-      line += "\n" + std::string(kColumn, ' ');
+      line.append("\n").append(kColumn, ' ');
     } else {
       line += std::string(kColumn - line.size(), ' ');
     }

@@ -77,7 +77,7 @@ int64_t load_checkpoint(const std::string& path, const TrainState& s) {
                  " but this run has ", value);
   // The flat master, rebuilt slot by slot (alignment padding stays 0, Note [Grad arena]).
   Tensor master = zeros({s.arena.padded_numel()}, s.arena.master().dtype());
-  for (const GradArena::Slot& slot : s.arena.slots()) {
+  for (const optim::ParamStore::Slot& slot : s.arena.slots()) {
     auto it = tensors.find("model." + slot.name);
     ACCRUE_CHECK(it != tensors.end(), "checkpoint ", path, " has no 'model.", slot.name, "'");
     ACCRUE_CHECK(it->second.shape() == slot.shape, "checkpoint ", path, ": 'model.", slot.name,

@@ -34,7 +34,7 @@ namespace accrue::examples {
 
 // What a checkpoint saves and restores.
 struct TrainState {
-  GradArena& arena;
+  optim::ParamStore& arena;
   optim::Window& window;
   nn::GPT2& model;
   BatchSource& source;

@@ -165,7 +165,7 @@ int train(int argc, char** argv) {
   std::vector<Tensor> params;
   std::vector<std::string> names;
   optim::Optimizer optimizer = make_optimizer(opt, model, &params, &names);
-  GradArena arena(params, names, {device, DType::f32, compute, optimizer.moments_needed()});
+  optim::ParamStore arena(params, names, {device, DType::f32, compute, optimizer.moments_needed()});
   const DataParallel dp = connect_data_parallel(where, arena);
   optim::Window window(arena, optimizer,
                        optim::WindowOptions()

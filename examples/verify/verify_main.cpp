@@ -93,7 +93,7 @@ class MlpRun : public optim::VerifyRun {
   Generator gen_;
   nn::MLP model_;
   optim::Optimizer opt_;
-  GradArena arena_;
+  optim::ParamStore arena_;
   optim::Window window_;
 };
 
