@@ -270,29 +270,19 @@ void Reducer::broadcast_parameters(int root) {
   arena_.refresh_compute();
 }
 
-void Reducer::gather_partials(const Tensor& local, const Tensor& all) {
-  ACCRUE_CHECK(options_.zero1, "Reducer::gather_partials: only under zero1");
+void Reducer::all_gather(const Tensor& local, const Tensor& all) {
+  ACCRUE_CHECK(options_.zero1, "Reducer::all_gather: only under zero1");
   order_comm_after_compute();
   comm_.all_gather(local, all);
   ++issued_;
   order_compute_after_comm();
 }
 
-void Reducer::reduce_flags(const Tensor& flags) {
-  ACCRUE_CHECK(flags.defined() && flags.dim() == 1 &&
-                   flags.numel() == static_cast<int64_t>(arena_.size()) &&
-                   flags.dtype() == DType::f64,
-               "Reducer::reduce_flags: expects f64 [", arena_.size(), "] written flags, got ",
-               flags.defined() ? shape_str(flags.shape()) + " " + dtype_name(flags.dtype())
-                               : std::string("an undefined tensor"));
-  reduce_max(flags);
-}
-
-void Reducer::reduce_max(const Tensor& values) {
+void Reducer::all_reduce_max(const Tensor& values) {
   ACCRUE_CHECK(values.defined() && values.dim() == 1 && values.dtype() == DType::f64 &&
                    values.device() == arena_.options().device,
-               "Reducer::reduce_max: expects a 1-D f64 tensor on ", arena_.options().device.str(),
-               ", got ",
+               "Reducer::all_reduce_max: expects a 1-D f64 tensor on ",
+               arena_.options().device.str(), ", got ",
                values.defined() ? shape_str(values.shape()) + " " + dtype_name(values.dtype()) +
                                       " on " + values.device().str()
                                 : std::string("an undefined tensor"));
@@ -303,10 +293,10 @@ void Reducer::reduce_max(const Tensor& values) {
   order_compute_after_comm();
 }
 
-void Reducer::gather_parameters(const Tensor& params) {
-  ACCRUE_CHECK(options_.zero1, "Reducer::gather_parameters: only under zero1");
+void Reducer::all_gather_owned(const Tensor& params) {
+  ACCRUE_CHECK(options_.zero1, "Reducer::all_gather_owned: only under zero1");
   ACCRUE_CHECK(params.defined() && params.dim() == 1 && params.numel() == plan_.padded_numel(),
-               "Reducer::gather_parameters: expects a flat arena of ", plan_.padded_numel(),
+               "Reducer::all_gather_owned: expects a flat arena of ", plan_.padded_numel(),
                " elements, got ", params.defined() ? shape_str(params.shape()) : "undefined");
   NoGradGuard no_grad;
   order_comm_after_compute();

@@ -66,11 +66,11 @@
 #include <optional>
 #include <vector>
 
-#include "optim/param_store.h"
 #include "core/cuda_runtime.h"
 #include "dist/bucket_plan.h"
 #include "dist/process_group.h"
 #include "optim/gradient_sync.h"
+#include "optim/param_store.h"
 
 namespace accrue::dist {
 
@@ -133,11 +133,10 @@ class Reducer final : public optim::GradientSync {
   int64_t world_size() const override { return comm_.world_size(); }
   // Note [ZeRO-1] (empty unless options.zero1).
   const std::vector<ArenaRange>& owned_ranges() const override { return owned_; }
-  void gather_partials(const Tensor& local, const Tensor& all) override;
-  void gather_parameters(const Tensor& params) override;
-  // Note [Unused parameters]: one all-reduce (max) of the written flags.
-  void reduce_flags(const Tensor& flags) override;
-  void reduce_max(const Tensor& values) override;
+  void all_gather(const Tensor& local, const Tensor& all) override;
+  void all_gather_owned(const Tensor& params) override;
+  // One all-reduce (max): the written flags (Note [Unused parameters]), the f16 maxima.
+  void all_reduce_max(const Tensor& values) override;
   // Note [Norm under the backward]: reports each bucket reduced during the
   // backward (false, and no reports, with a 16-bit transport).
   bool set_reduced_listener(std::function<void(const ArenaRange&)> listener) override;

@@ -4,26 +4,19 @@
 
 namespace accrue::optim {
 
-void GradientSync::reduce_flags(const Tensor& flags) {
-  ACCRUE_CHECK(world_size() == 1, "GradientSync::reduce_flags: a sync over ", world_size(),
-               " ranks must take the max of the ", flags.numel(),
-               " written flags over them (override reduce_flags)");
-}
-
-void GradientSync::reduce_max(const Tensor& values) {
-  ACCRUE_CHECK(world_size() == 1, "GradientSync::reduce_max: a sync over ", world_size(),
+void GradientSync::all_reduce_max(const Tensor& values) {
+  ACCRUE_CHECK(world_size() == 1, "GradientSync::all_reduce_max: a sync over ", world_size(),
                " ranks must take the max of the ", values.numel(),
-               " values over them (override reduce_max)");
+               " values over them (override all_reduce_max)");
 }
 
 // Only a sharded sync (non-empty owned_ranges()) is ever asked to gather.
-void GradientSync::gather_partials(const Tensor&, const Tensor&) {
-  ACCRUE_CHECK(false, "GradientSync::gather_partials: this sync does not shard (no owned ranges)");
+void GradientSync::all_gather(const Tensor&, const Tensor&) {
+  ACCRUE_CHECK(false, "GradientSync::all_gather: this sync does not shard (no owned ranges)");
 }
 
-void GradientSync::gather_parameters(const Tensor&) {
-  ACCRUE_CHECK(false,
-               "GradientSync::gather_parameters: this sync does not shard (no owned ranges)");
+void GradientSync::all_gather_owned(const Tensor&) {
+  ACCRUE_CHECK(false, "GradientSync::all_gather_owned: this sync does not shard (no owned ranges)");
 }
 
 bool GradientSync::set_reduced_listener(std::function<void(const ArenaRange&)>) {

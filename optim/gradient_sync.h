@@ -21,14 +21,6 @@ class GradientSync {
   // this rank's N) summed over ranks, both ordered before the current
   // stream's next work. No host synchronization.
   virtual void finish(const Tensor& items) = 0;
-  // Note [Unused parameters] (kernels/window_close.h): `flags` (f64 [slots]
-  // on the device, 1 where this rank wrote the slot) becomes their max over
-  // ranks, stream-ordered, without a host synchronization. The default serves
-  // a world of one rank, where the flags are already the world's.
-  virtual void reduce_flags(const Tensor& flags);
-  // Note [Scale calibration]: `values` (f64 on the device) becomes its
-  // elementwise max over ranks, stream-ordered, without a host synchronization.
-  virtual void reduce_max(const Tensor& values);
   // Ranks whose gradients the reduction sums (the legacy mean-of-means mode divides by K x this).
   virtual int64_t world_size() const { return 1; }
 
@@ -36,19 +28,28 @@ class GradientSync {
   // gradient this rank holds after finish() and whose parameters it steps,
   // in order; its optimizer moments hold exactly these ranges, packed in this
   // order (ParamStore::shard_moments). Empty: plain data parallelism, every
-  // rank holds and steps the whole arena, and the two calls below are unused.
+  // rank holds and steps the whole arena, and the gathers below are unused.
   virtual const std::vector<ArenaRange>& owned_ranges() const {
     static const std::vector<ArenaRange> whole_arena;
     return whole_arena;
   }
-  // `local`, this rank's norm partials (f64 [rows, 2], the same rows on every
-  // rank), into `all` ([world_size() * rows, 2], rank order), identical on
-  // every rank so that all agree on the norm and on found_inf. Stream-ordered.
-  virtual void gather_partials(const Tensor& local, const Tensor& all);
-  // After the optimizer step: every owned range of `params` (the flat arena
-  // the forward reads: the compute copy, else the master) from its owner.
-  // Stream-ordered.
-  virtual void gather_parameters(const Tensor& params);
+
+  // Plain collectives over the ranks, stream-ordered (ordered after the
+  // current stream's work so far, and before its next), never synchronizing
+  // the host. The close's stages use them (Note [Close stages]).
+  //
+  // `values` (1-D f64 on the device) becomes its elementwise max over ranks:
+  // the written flags of Note [Unused parameters] (a parameter any rank wrote
+  // is used), the f16 maxima of Note [Scale calibration]. The default serves
+  // a world of one rank, where the values are already the world's.
+  virtual void all_reduce_max(const Tensor& values);
+  // `local` from every rank into `all` ([world_size() * local rows, ...],
+  // rank order), identical on every rank: the norm partials under ZeRO-1, so
+  // that all ranks agree on the norm and on found_inf.
+  virtual void all_gather(const Tensor& local, const Tensor& all);
+  // Every owned range of the flat arena `flat` (the forward's weights: the
+  // compute copy, else the master) from the rank that owns it (Note [ZeRO-1]).
+  virtual void all_gather_owned(const Tensor& flat);
 
   // Note [Norm under the backward] (optim/norm_rows.h), under data
   // parallelism. The sync calls `listener` right after it issues, during the

@@ -13,11 +13,10 @@ GraphedWindow::GraphedWindow(Window& window, StepFn step)
     : window_(window), step_(std::move(step)) {
   ACCRUE_CHECK(static_cast<bool>(step_), "GraphedWindow: the step function is empty");
   // Note [Graphed window]: what keeps everything, or the close, eager.
-  if (window.norm_rows_) {
-    why_eager_ = "norm_under_backward launches its norm rows from host hooks";
-  } else if (window.noise_) {
-    why_eager_ = "the noise scale decides on the host which windows it measures";
-  } else if (window.state_.device().is_cuda() &&
+  for (const auto& stage : window.stages_)
+    if (const char* why = stage->why_not_capturable(); why && why_eager_.empty()) why_eager_ = why;
+  if (!why_eager_.empty()) {
+  } else if (window.state().device().is_cuda() &&
              cuda_allocator_mode() != CudaAllocatorMode::StreamOrderedPool) {
     why_eager_ = "the CUDA allocator is in plain mode, whose cudaMalloc a graph does not record";
   }
@@ -60,7 +59,7 @@ bool GraphedWindow::capture(Captured& c, const std::string& what,
   const int64_t micro_step = window_.micro_step_;
   const std::vector<bool> written = window_.store_.written_flags();
   std::string why;
-  c.graph = CudaGraph::capture(window_.state_.device().index, body, &why);
+  c.graph = CudaGraph::capture(window_.state().device().index, body, &why);
   if (!c.graph) {
     window_.micro_step_ = micro_step;
     window_.store_.set_written_flags(written);
@@ -76,7 +75,7 @@ bool GraphedWindow::capture(Captured& c, const std::string& what,
 void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
   const std::string sig = signature(inputs);
   // Note [Scale calibration]: the calibrating window's observer launches from the host.
-  if (!why_eager_.empty() || window_.state_.device().is_cpu() || window_.calibrating()) {
+  if (!why_eager_.empty() || window_.state().device().is_cpu() || window_.calibrating()) {
     eager_micro_step(inputs);
     return;
   }
@@ -121,13 +120,13 @@ void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
   c.written_after = window_.store_.written_flags();
   c.graph->launch();  // the capture recorded this micro-step; now it runs
   ++counts_.replayed_micro_steps;
-  release_unused_cuda_memory(window_.state_.device());
+  release_unused_cuda_memory(window_.state().device());
 }
 
 void GraphedWindow::close() {
   ACCRUE_CHECK(window_.ready(), "GraphedWindow::close: ", window_.micro_step_, " of ",
                window_.options_.micro_steps(), " micro-steps done");
-  if (!why_eager_.empty() || !why_close_eager_.empty() || window_.state_.device().is_cpu() ||
+  if (!why_eager_.empty() || !why_close_eager_.empty() || window_.state().device().is_cpu() ||
       window_.calibrating()) {
     window_.close();
     ++counts_.eager_closes;
@@ -154,7 +153,7 @@ void GraphedWindow::close() {
   c.graph->launch();
   window_.close_host();
   ++counts_.replayed_closes;
-  if (capturing) release_unused_cuda_memory(window_.state_.device());
+  if (capturing) release_unused_cuda_memory(window_.state().device());
 }
 
 }  // namespace accrue::optim

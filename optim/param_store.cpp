@@ -182,7 +182,8 @@ void ParamStore::load_slot(size_t i, const Tensor& value, const char* op) {
       const int64_t lo = std::max(r.offset, s.offset);
       const int64_t hi = std::min(r.offset + r.numel, s.offset + s.numel);
       if (lo < hi)
-        master_.narrow(0, at + lo - r.offset, hi - lo).copy_(flat.narrow(0, lo - s.offset, hi - lo));
+        master_.narrow(0, at + lo - r.offset, hi - lo)
+            .copy_(flat.narrow(0, lo - s.offset, hi - lo));
       at += r.numel;
     }
   }

@@ -35,7 +35,8 @@
 // Note [Window close]
 // ~~~~~~~~~~~~~~~~~~~
 // close() (after K backward() calls) is a fixed sequence on the current
-// stream, with nothing read back by the host:
+// stream, with nothing read back by the host; each step is a stage, present
+// or absent by the options (Note [Close stages] in optim/close_stages.h):
 //   1. the slots no gradient reached are zeroed (Note [Overwrite first]);
 //   2. the GradientSync, if any, sends the buckets still pending and sums N
 //      over ranks (Note [Reducer] in dist/reducer.h);
@@ -85,16 +86,14 @@
 #include <memory>
 #include <string>
 
-#include "optim/param_store.h"
 #include "autograd/ops.h"
 #include "autograd/window_listener.h"
 #include "kernels/index_checks.h"
+#include "optim/close_stages.h"
 #include "optim/gradient_sync.h"
 #include "optim/loss_scaler.h"
-#include "optim/noise_scale.h"
-#include "optim/norm_rows.h"
 #include "optim/optimizer.h"
-#include "optim/scale_calibration.h"
+#include "optim/param_store.h"
 
 namespace accrue::optim {
 
@@ -227,7 +226,7 @@ class Window {
   // check(), then what the last closed window did.
   WindowReport report() const;
   // The device state (kernels::WindowField layout).
-  const Tensor& state() const { return state_; }
+  const Tensor& state() const { return ctx_->state; }
   // Note [Norm under the backward]: the norm rows the last close still had to
   // compute (all of them when the pass runs at close; under ZeRO-1 this
   // rank's rows of its owned ranges).
@@ -262,7 +261,7 @@ class Window {
   std::map<std::string, Tensor> state_dict() const;
   void load_state_dict(const std::map<std::string, Tensor>& state);
   // Under ZeRO-1 (Note [ZeRO-1]): this rank steps only the sync's owned ranges.
-  bool sharded() const { return !ranges_.empty(); }
+  bool sharded() const { return ctx_->sharded(); }
   // Note [Unused parameters]: under skip, each parameter's own optimizer step
   // count (one per arena slot, in slot order; one host synchronization).
   // Under step_with_zero every parameter has the window's count,
@@ -271,27 +270,34 @@ class Window {
   bool skips_unused() const { return options_.unused_parameters() == UnusedParameters::skip; }
   // Note [Scale calibration]: true until the close of the first window of a
   // scaler with calibrate(); its backwards then run under the observer.
-  bool calibrating() const { return calibration_ != nullptr; }
+  bool calibrating() const;
+  // The close's stages in order (Note [Close stages]), e.g. "zero unwritten,
+  // items, norm, scalar step, optimizer step, report".
+  std::string describe_close() const { return describe_stages(stages_); }
 
  private:
   // Note [Graphed window] (optim/graphed_window.h): a GraphedWindow captures
   // the device work of backward() and of close_device(), and repeats their
   // host bookkeeping on replay.
   friend class GraphedWindow;
-  // close() is close_device(), the device work of Note [Window close] that a
+  // close() is close_device(), the stages of Note [Close stages] that a
   // captured close records, then close_host(): the counters and listeners.
   void close_device();
   void close_host();
   // What backward() does on the host, for a micro-step replayed from a graph
   // that left the arena's written flags at `written_after`.
   void replay_micro_step(const std::vector<bool>& written_after);
-  Tensor field(int f) const;
-  // The norm partials of the gradients this rank holds, into partials_.
-  void norm_partials();
+  Tensor field(int f) const { return ctx_->field(f); }
+  MicroStep position() const { return {micro_step_, options_.micro_steps(), windows_}; }
+  // The stage of type S, or null when the options left it out.
+  template <class S>
+  S* find_stage() const {
+    for (const auto& s : stages_)
+      if (auto* found = dynamic_cast<S*>(s.get())) return found;
+    return nullptr;
+  }
   // The owned ranges of a flat arena, packed in order.
   Tensor pack_owned(const Tensor& flat) const;
-  // The flat arena the forward reads: the compute copy, else the master.
-  const Tensor& forward_params() const;
   // Note [ZeRO-1]: the owned ranges as an i64 [ranges, 2] table of (offset,
   // numel), saved with a shard so that it loads only where it belongs.
   Tensor owned_ranges_table() const;
@@ -301,24 +307,14 @@ class Window {
   Optimizer& optimizer_;
   WindowOptions options_;
   GradientSync* sync_;
-  kernels::CloseConfig close_config_;
-  Tensor state_;                    // f64 [kWindowStateSize]
-  std::vector<ArenaRange> ranges_;  // ZeRO-1: the sync's owned ranges; empty otherwise
-  Tensor partials_;                 // the norm pass's output (ZeRO-1: every rank's, gathered)
-  Tensor local_partials_;           // ZeRO-1: this rank's rows, one block per owned range
-  Tensor loss_sum_;                 // f64 0-d, summed over the window's micro-steps
-  Tensor last_;  // f64: the last window's state, this rank's loss sum and items, and N
+  // The device state and what the close acts on (Note [Close stages]): on
+  // the heap, so that the stages' reference stays put when the Window moves.
+  std::unique_ptr<CloseContext> ctx_;
+  std::vector<std::unique_ptr<CloseStage>> stages_;
   // Note [Deferred index checks]: on the heap, so that it stays put (it is
   // registered with the thread) when the Window moves.
   std::unique_ptr<kernels::DeferredIndexChecks> index_checks_;
-  // Note [Norm under the backward]: shared with the grad-ready hooks, which
-  // hold it weakly (hooks cannot be unregistered); null when the pass runs at
-  // close.
-  std::shared_ptr<NormRowTracker> norm_rows_;
-  std::unique_ptr<NoiseScale> noise_;              // Note [Gradient noise scale], when asked for
-  std::unique_ptr<ScaleCalibration> calibration_;  // Note [Scale calibration], window 1 only
   std::vector<WindowListener*> listeners_;
-  SlotTables slots_;  // Note [Unused parameters]: defined under skip only
   int64_t micro_step_ = 0;
   int64_t windows_ = 0;
 };

@@ -439,7 +439,7 @@ TEST(MultiGpu, first_bucket_all_reduce_starts_before_the_backward_ends) {
 }
 
 // Note [Unused parameters] over NCCL: under UnusedParameters::skip a
-// parameter counts as used when any rank wrote it (Reducer::reduce_flags, one
+// parameter counts as used when any rank wrote it (Reducer::all_reduce_max, one
 // max all-reduce of the flags). rank1_only is written on rank 1 only, yet it
 // steps identically on every rank, as one GPU with both ranks' micro-batches
 // steps it; "never" stays bitwise unchanged; the step counts agree.

@@ -1,7 +1,7 @@
 // Note [Scale calibration] under data parallelism, on the host world
 // (tests/dist/host_world.h): each rank's first window sees its own largest
 // f16 gradient, and the scale every rank takes is the one the world's largest
-// gives (GradientSync::reduce_max), so the ranks' seeds agree. Rank r's loss
+// gives (GradientSync::all_reduce_max), so the ranks' seeds agree. Rank r's loss
 // is k_r * sum(p * x): the gradient into p * x is k_r times the seed, so the
 // ranks' amax are k_0 = 2 and k_1 = 40 at the calibration scale 1.
 #include <cmath>

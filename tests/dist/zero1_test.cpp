@@ -467,11 +467,11 @@ TEST(HostWorld, zero1_errors) {
   // A sync without owned ranges is never asked to gather.
   StubCommunicator stub;
   RankRun plain(1, &stub, false, 7);
-  EXPECT_ERROR(plain.reducer->gather_parameters(plain.arena->master()), "gather_parameters",
+  EXPECT_ERROR(plain.reducer->all_gather_owned(plain.arena->master()), "all_gather_owned",
                "zero1");
   RankRun sharded(1, &stub, true, 7);
-  EXPECT_ERROR(sharded.reducer->gather_parameters(sharded.arena->master().narrow(0, 0, 8)),
-               "gather_parameters", "flat arena");
+  EXPECT_ERROR(sharded.reducer->all_gather_owned(sharded.arena->master().narrow(0, 0, 8)),
+               "all_gather_owned", "flat arena");
   // A Window whose arena's moments do not match the sync's shard.
   optim::Optimizer adamw = equivalence::adamw();
   sharded.arena->shard_moments(8);

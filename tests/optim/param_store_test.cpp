@@ -63,8 +63,9 @@ TEST(ParamStore, a_channels_last_parameter_keeps_its_layout_in_every_role) {
   // A load keeps the layout too: the flat slot again in channels-last order.
   const Tensor next = test::random_normal({4, 3, 2, 5}, DType::f64);
   store.load("last", next);
-  EXPECT_TRUE(test::all_equal(store.master().narrow(0, 0, values.numel()),
-                              next.to(DType::f32).permute({0, 2, 3, 1}).contiguous().reshape({120})));
+  EXPECT_TRUE(
+      test::all_equal(store.master().narrow(0, 0, values.numel()),
+                      next.to(DType::f32).permute({0, 2, 3, 1}).contiguous().reshape({120})));
   EXPECT_TRUE(test::all_equal(params[0], next.to(DType::f32).to(DType::bf16)));
 }
 
@@ -96,9 +97,9 @@ TEST(ParamStore, loading_after_the_store_equals_loading_before_it) {
     const optim::ParamStoreOptions options{Device::cpu(), DType::f32, compute, 2};
     ParamStore a(early, {"a", "b", "c"}, options);
     ParamStore b(late, {"a", "b", "c"}, options);
-    b.load("a", values[0]);                // by name
-    b.load(late[1], values[1]);            // by handle
-    load_parameter(late[2], values[2]);    // through the owner, as nn does
+    b.load("a", values[0]);              // by name
+    b.load(late[1], values[1]);          // by handle
+    load_parameter(late[2], values[2]);  // through the owner, as nn does
     EXPECT_TRUE(test::all_equal(a.master(), b.master())) << dtype_name(compute);
     if (compute != DType::f32) EXPECT_TRUE(test::all_equal(a.compute(), b.compute()));
     for (size_t i = 0; i < values.size(); ++i)
@@ -126,9 +127,7 @@ TEST(ParamStore, a_parameter_without_a_store_is_loaded_by_a_plain_copy) {
   load_parameter(p, v);
   EXPECT_TRUE(test::all_equal(p, v.to(DType::f32)));
   EXPECT_TRUE(parameter_value(p).is_same(p));
-  {
-    ParamStore store({p}, {}, {Device::cpu(), DType::f32, DType::f32, 0});
-  }
+  { ParamStore store({p}, {}, {Device::cpu(), DType::f32, DType::f32, 0}); }
   // The store is gone: the parameter holds its value itself again.
   load_parameter(p, v * 2.0);
   EXPECT_TRUE(test::all_equal(p, (v * 2.0).to(DType::f32)));
