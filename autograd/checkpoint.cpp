@@ -1,13 +1,13 @@
 // Activation checkpointing: see Note [Activation checkpointing] in autograd/checkpoint.h.
-#include "autograd/checkpoint.h"
+#include "accrue/autograd/checkpoint.h"
 
 #include <memory>
 #include <utility>
 
-#include "autograd/engine.h"
-#include "autograd/node.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
 
 namespace accrue {
 

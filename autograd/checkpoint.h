@@ -23,8 +23,8 @@
 #include <functional>
 #include <vector>
 
-#include "core/random.h"
-#include "core/tensor.h"
+#include "accrue/core/random.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue {
 

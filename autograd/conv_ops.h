@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "core/tensor.h"
-#include "kernels/conv.h"
+#include "accrue/core/tensor.h"
+#include "accrue/kernels/conv.h"
 
 namespace accrue {
 

@@ -1,14 +1,14 @@
-#include "autograd/engine.h"
+#include "accrue/autograd/engine.h"
 
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
 
-#include "autograd/gradient_observer.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
-#include "core/nvtx.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/gradient_observer.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/nvtx.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue {
 

@@ -1,7 +1,7 @@
 // The backward engine.
 #pragma once
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue {
 

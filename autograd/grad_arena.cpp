@@ -1,8 +1,8 @@
-#include "autograd/grad_arena.h"
+#include "accrue/autograd/grad_arena.h"
 
-#include "core/allocator.h"
-#include "core/grad_mode.h"
-#include "kernels/ops.h"
+#include "accrue/core/allocator.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue {
 

@@ -33,8 +33,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "autograd/variable.h"
-#include "core/tensor.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue {
 

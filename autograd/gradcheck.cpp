@@ -1,12 +1,12 @@
-#include "autograd/gradcheck.h"
+#include "accrue/autograd/gradcheck.h"
 
 #include <cmath>
 #include <sstream>
 
-#include "autograd/engine.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
-#include "core/random.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/random.h"
 
 namespace accrue {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue {
 

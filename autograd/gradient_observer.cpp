@@ -1,4 +1,4 @@
-#include "autograd/gradient_observer.h"
+#include "accrue/autograd/gradient_observer.h"
 
 namespace accrue::autograd {
 

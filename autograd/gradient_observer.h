@@ -12,7 +12,7 @@
 // one before. Used by the loss scale's calibration (Note [Scale calibration]).
 #pragma once
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::autograd {
 

@@ -1,10 +1,10 @@
-#include "autograd/node.h"
+#include "accrue/autograd/node.h"
 
 #include <atomic>
 
-#include "autograd/engine.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
 
 namespace accrue::autograd {
 

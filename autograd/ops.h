@@ -9,7 +9,7 @@
 #include <optional>
 #include <vector>
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue {
 

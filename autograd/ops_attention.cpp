@@ -4,11 +4,11 @@
 // the softmax statistics lse, never the attention matrix; a dropout mask is
 // regenerated in backward from the (seed, offset) its forward reserved (Note
 // [Attention masks] in kernels/attention_backend.h).
-#include "autograd/node.h"
-#include "autograd/saved.h"
-#include "autograd/transformer_ops.h"
-#include "autograd/variable.h"
-#include "kernels/attention.h"
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/saved.h"
+#include "accrue/autograd/transformer_ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/kernels/attention.h"
 
 namespace accrue {
 

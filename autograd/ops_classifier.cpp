@@ -1,9 +1,9 @@
 // The differentiable fused classifier: Note [Fused classifier] (kernels/classifier.h).
-#include "autograd/node.h"
-#include "autograd/saved.h"
-#include "autograd/sink_target.h"
-#include "autograd/transformer_ops.h"
-#include "kernels/classifier.h"
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/saved.h"
+#include "accrue/autograd/sink_target.h"
+#include "accrue/autograd/transformer_ops.h"
+#include "accrue/kernels/classifier.h"
 
 namespace accrue {
 

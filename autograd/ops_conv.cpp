@@ -1,15 +1,15 @@
 // Differentiable conv2d and pooling: backward next to forward (autograd/conv_ops.h).
-#include "autograd/conv_ops.h"
+#include "accrue/autograd/conv_ops.h"
 
 #include <vector>
 
-#include "autograd/node.h"
-#include "autograd/ops.h"
-#include "autograd/saved.h"
-#include "autograd/sink_target.h"
-#include "autograd/variable.h"
-#include "kernels/batch_norm.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/saved.h"
+#include "accrue/autograd/sink_target.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/kernels/batch_norm.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue {
 

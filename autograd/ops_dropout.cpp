@@ -1,9 +1,9 @@
 // Differentiable dropout: the mask is regenerated from (seed, offset) in
 // backward, never saved (Note [Dropout mask from the counter], kernels/dropout.h).
-#include "autograd/node.h"
-#include "autograd/transformer_ops.h"
-#include "core/cuda_graph.h"
-#include "kernels/dropout.h"
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/transformer_ops.h"
+#include "accrue/core/cuda_graph.h"
+#include "accrue/kernels/dropout.h"
 
 namespace accrue {
 

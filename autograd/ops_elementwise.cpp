@@ -1,8 +1,8 @@
 // Differentiable elementwise ops.
-#include "autograd/node.h"
-#include "autograd/ops.h"
-#include "autograd/saved.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/saved.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue {
 

@@ -2,13 +2,13 @@
 // the residual add fused with the LayerNorm that follows it (kernels/fused.h).
 #include <string>
 
-#include "autograd/node.h"
-#include "autograd/saved.h"
-#include "autograd/sink_target.h"
-#include "autograd/transformer_ops.h"
-#include "autograd/variable.h"
-#include "kernels/fused.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/saved.h"
+#include "accrue/autograd/sink_target.h"
+#include "accrue/autograd/transformer_ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/kernels/fused.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue {
 

@@ -1,10 +1,10 @@
 // Differentiable matrix products and neural-network ops.
-#include "autograd/node.h"
-#include "autograd/ops.h"
-#include "autograd/saved.h"
-#include "autograd/sink_target.h"
-#include "kernels/fused.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/saved.h"
+#include "accrue/autograd/sink_target.h"
+#include "accrue/kernels/fused.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue {
 

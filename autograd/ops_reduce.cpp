@@ -1,10 +1,10 @@
 // Differentiable reductions and softmax.
 #include <algorithm>
 
-#include "autograd/node.h"
-#include "autograd/ops.h"
-#include "autograd/saved.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/saved.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue {
 

@@ -1,10 +1,10 @@
 // Differentiable views and casts: the raw Tensor methods plus a backward.
 #include <numeric>
 
-#include "autograd/node.h"
-#include "autograd/ops.h"
-#include "autograd/saved.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/saved.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue {
 

@@ -1,9 +1,9 @@
 // Helpers shared by the backward formulas in autograd/ops_*.cpp.
 #pragma once
 
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
-#include "core/tensor.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::autograd {
 

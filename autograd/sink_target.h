@@ -15,9 +15,9 @@
 // [Delivered gradients]): no add kernel, no gradient buffer.
 #pragma once
 
-#include "autograd/node.h"
-#include "autograd/variable.h"
-#include "core/tensor.h"
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::autograd {
 

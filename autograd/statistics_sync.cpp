@@ -1,8 +1,8 @@
-#include "autograd/statistics_sync.h"
+#include "accrue/autograd/statistics_sync.h"
 
-#include "autograd/node.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
 
 namespace accrue {
 

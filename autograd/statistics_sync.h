@@ -3,7 +3,7 @@
 // or nn knowing dist: dist::CommunicatorStatisticsSync adapts a communicator.
 #pragma once
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue {
 

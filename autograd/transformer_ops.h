@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <optional>
 
-#include "autograd/ops.h"
-#include "core/random.h"
-#include "core/tensor.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/core/random.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue {
 

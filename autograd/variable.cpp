@@ -1,6 +1,6 @@
-#include "autograd/variable.h"
+#include "accrue/autograd/variable.h"
 
-#include "core/grad_mode.h"
+#include "accrue/core/grad_mode.h"
 
 namespace accrue {
 

@@ -6,8 +6,8 @@
 #include <memory>
 #include <vector>
 
-#include "autograd/node.h"
-#include "core/tensor.h"
+#include "accrue/autograd/node.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue {
 

@@ -26,8 +26,8 @@
 #include <string>
 
 #include "bench/bench_util.h"
-#include "kernels/conv.h"
-#include "kernels/ops.h"
+#include "accrue/kernels/conv.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::bench {
 namespace {

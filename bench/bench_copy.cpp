@@ -14,7 +14,7 @@
 #include <string>
 
 #include "bench/bench_util.h"
-#include "core/status_check.h"
+#include "accrue/core/status_check.h"
 
 namespace accrue::bench {
 

@@ -45,11 +45,11 @@
 #include "accrue.h"
 #include "bench/bench_util.h"
 #include "bench/gpt2_layout.h"
-#include "core/status_check.h"
-#include "dist/bucket_plan.h"
-#include "dist/launch_env.h"
-#include "dist/nccl_communicator.h"
-#include "dist/reducer.h"
+#include "accrue/core/status_check.h"
+#include "accrue/dist/bucket_plan.h"
+#include "accrue/dist/launch_env.h"
+#include "accrue/dist/nccl_communicator.h"
+#include "accrue/dist/reducer.h"
 
 namespace accrue::bench {
 namespace {

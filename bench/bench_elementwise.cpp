@@ -2,8 +2,8 @@
 // tensor). Bytes moved = 2 reads + 1 write; the floor is that traffic at the
 // copy bandwidth.
 #include "bench/bench_util.h"
-#include "core/dtype.h"
-#include "kernels/ops.h"
+#include "accrue/core/dtype.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::bench {
 namespace {

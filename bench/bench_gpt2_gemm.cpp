@@ -20,7 +20,7 @@
 #include <string>
 
 #include "bench/bench_util.h"
-#include "kernels/ops.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::bench {
 namespace {

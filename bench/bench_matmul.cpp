@@ -3,8 +3,8 @@
 // fc2, and the tied-embedding logits. FLOP = 2 M N K. f32 runs in true fp32
 // (TF32 off), bf16 accumulates in fp32.
 #include "bench/bench_util.h"
-#include "core/dtype.h"
-#include "kernels/ops.h"
+#include "accrue/core/dtype.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::bench {
 namespace {

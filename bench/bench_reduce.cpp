@@ -3,7 +3,7 @@
 // of each column (reduce the strided first dim, the shape of a bias
 // gradient). Bytes = input read + output written.
 #include "bench/bench_util.h"
-#include "kernels/ops.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::bench {
 namespace {

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/random.h"
-#include "core/status_check.h"
+#include "accrue/core/random.h"
+#include "accrue/core/status_check.h"
 
 namespace accrue::bench {
 namespace {

@@ -12,8 +12,8 @@
 #include <functional>
 #include <string>
 
-#include "core/cuda_runtime.h"
-#include "core/tensor.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::bench {
 

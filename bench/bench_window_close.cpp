@@ -25,13 +25,13 @@
 #include <string>
 #include <vector>
 
-#include "autograd/grad_arena.h"
-#include "autograd/variable.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/autograd/variable.h"
 #include "bench/bench_util.h"
 #include "bench/gpt2_layout.h"
-#include "core/random.h"
-#include "kernels/window_close.h"
-#include "optim/optimizer.h"
+#include "accrue/core/random.h"
+#include "accrue/kernels/window_close.h"
+#include "accrue/optim/optimizer.h"
 
 namespace accrue::bench {
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::bench {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "bench/bench_util.h"
-#include "core/status_check.h"
+#include "accrue/core/status_check.h"
 
 namespace accrue::bench {
 namespace {

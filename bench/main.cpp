@@ -13,8 +13,8 @@
 #include <string>
 
 #include "bench/bench_util.h"
-#include "core/status_check.h"
-#include "kernels/ops.h"
+#include "accrue/core/status_check.h"
+#include "accrue/kernels/ops.h"
 
 namespace {
 

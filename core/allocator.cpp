@@ -1,4 +1,4 @@
-#include "core/allocator.h"
+#include "accrue/core/allocator.h"
 
 #include <array>
 #include <atomic>
@@ -6,13 +6,13 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "core/cuda_runtime.h"
-#include "core/error.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/core/error.h"
 
 #ifdef ACCRUE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "core/status_check.h"
+#include "accrue/core/status_check.h"
 #endif
 
 namespace accrue {

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "core/device.h"
+#include "accrue/core/device.h"
 
 namespace accrue {
 

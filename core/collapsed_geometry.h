@@ -10,8 +10,8 @@
 #include <numeric>
 #include <vector>
 
-#include "core/error.h"
-#include "core/strided_index.h"
+#include "accrue/core/error.h"
+#include "accrue/core/strided_index.h"
 
 namespace accrue {
 

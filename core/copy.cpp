@@ -1,14 +1,14 @@
-#include "core/copy.h"
+#include "accrue/core/copy.h"
 
 #include <cstring>
 
-#include "core/copy_geometry.h"
-#include "core/cuda_runtime.h"
+#include "accrue/core/copy_geometry.h"
+#include "accrue/core/cuda_runtime.h"
 
 #ifdef ACCRUE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "core/status_check.h"
+#include "accrue/core/status_check.h"
 #endif
 
 namespace accrue::detail {

@@ -8,12 +8,12 @@
 // else, one element per thread.
 #include <algorithm>
 
-#include "core/collapsed_geometry.h"
-#include "core/copy.h"
-#include "core/copy_geometry.h"
-#include "core/cuda_pack.cuh"
-#include "core/cuda_types.cuh"
-#include "core/strided_index.h"
+#include "accrue/core/collapsed_geometry.h"
+#include "accrue/core/copy.h"
+#include "accrue/core/copy_geometry.h"
+#include "accrue/core/cuda_pack.cuh"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/core/strided_index.h"
 
 namespace accrue::detail {
 

@@ -2,7 +2,7 @@
 // contiguous(), to(), clone(), copy_() and fill_(). Internal to core.
 #pragma once
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::detail {
 

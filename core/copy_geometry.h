@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "core/strided_index.h"
-#include "core/tensor.h"
+#include "accrue/core/strided_index.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::detail {
 

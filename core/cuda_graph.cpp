@@ -1,12 +1,12 @@
-#include "core/cuda_graph.h"
+#include "accrue/core/cuda_graph.h"
 
-#include "core/allocator.h"
-#include "core/cuda_runtime.h"
+#include "accrue/core/allocator.h"
+#include "accrue/core/cuda_runtime.h"
 
 #ifdef ACCRUE_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "core/status_check.h"
+#include "accrue/core/status_check.h"
 #endif
 
 namespace accrue {

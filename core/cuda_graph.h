@@ -25,7 +25,7 @@
 #include <memory>
 #include <string>
 
-#include "core/error.h"
+#include "accrue/core/error.h"
 
 namespace accrue {
 

@@ -1,17 +1,17 @@
-#include "core/cuda_runtime.h"
+#include "accrue/core/cuda_runtime.h"
 
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "core/env_flag.h"
-#include "core/error.h"
+#include "accrue/core/env_flag.h"
+#include "accrue/core/error.h"
 
 #ifdef ACCRUE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "core/device_scope.h"
-#include "core/status_check.h"
+#include "accrue/core/device_scope.h"
+#include "accrue/core/status_check.h"
 #endif
 
 namespace accrue {

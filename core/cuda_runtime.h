@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/device.h"
+#include "accrue/core/device.h"
 
 struct CUstream_st;
 struct CUevent_st;

@@ -10,11 +10,11 @@
 
 #include <cstdint>
 
-#include "core/cuda_runtime.h"
-#include "core/device_scope.h"
-#include "core/dtype.h"
-#include "core/error.h"
-#include "core/status_check.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/core/device_scope.h"
+#include "accrue/core/dtype.h"
+#include "accrue/core/error.h"
+#include "accrue/core/status_check.h"
 
 namespace accrue::cuda {
 

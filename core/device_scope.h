@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include "core/status_check.h"
+#include "accrue/core/status_check.h"
 
 namespace accrue::cuda {
 

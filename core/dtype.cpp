@@ -1,4 +1,4 @@
-#include "core/dtype.h"
+#include "accrue/core/dtype.h"
 
 namespace accrue {
 

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#include "core/error.h"
+#include "accrue/core/error.h"
 
 namespace accrue {
 

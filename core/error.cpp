@@ -1,4 +1,4 @@
-#include "core/error.h"
+#include "accrue/core/error.h"
 
 namespace accrue {
 namespace detail {

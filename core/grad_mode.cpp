@@ -1,4 +1,4 @@
-#include "core/grad_mode.h"
+#include "accrue/core/grad_mode.h"
 
 namespace accrue {
 

@@ -1,11 +1,11 @@
-#include "core/json.h"
+#include "accrue/core/json.h"
 
 #include <algorithm>
 #include <iterator>
 #include <limits>
 #include <utility>
 
-#include "core/utf8.h"
+#include "accrue/core/utf8.h"
 
 namespace accrue::detail {
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "core/tensor_file.h"
+#include "accrue/core/error.h"
+#include "accrue/core/tensor_file.h"
 
 namespace accrue::detail {
 

@@ -6,8 +6,8 @@
 #include <set>
 #include <string>
 
-#include "core/tensor_file.h"
-#include "core/tensor_io.h"
+#include "accrue/core/tensor_file.h"
+#include "accrue/core/tensor_io.h"
 
 namespace accrue {
 

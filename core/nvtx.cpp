@@ -1,4 +1,4 @@
-#include "core/nvtx.h"
+#include "accrue/core/nvtx.h"
 
 #include <atomic>
 #include <cstdlib>

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "core/strided_index.h"  // ACCRUE_HD
+#include "accrue/core/strided_index.h"  // ACCRUE_HD
 
 namespace accrue::philox {
 

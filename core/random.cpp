@@ -1,6 +1,6 @@
-#include "core/random.h"
+#include "accrue/core/random.h"
 
-#include "core/random_draw.h"
+#include "accrue/core/random_draw.h"
 
 namespace accrue {
 

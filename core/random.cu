@@ -1,6 +1,6 @@
 // CUDA half of the random draws: one thread per element, the same function as the CPU.
-#include "core/cuda_types.cuh"
-#include "core/random_draw.h"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/core/random_draw.h"
 
 namespace accrue::detail {
 

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue {
 

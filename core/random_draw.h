@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "core/philox.h"
-#include "core/random.h"
+#include "accrue/core/philox.h"
+#include "accrue/core/random.h"
 
 namespace accrue::detail {
 

@@ -6,10 +6,10 @@
 #include <utility>
 #include <vector>
 
-#include "core/json.h"
-#include "core/tensor_file.h"
-#include "core/tensor_io.h"
-#include "core/utf8.h"
+#include "accrue/core/json.h"
+#include "accrue/core/tensor_file.h"
+#include "accrue/core/tensor_io.h"
+#include "accrue/core/utf8.h"
 
 namespace accrue {
 

@@ -6,7 +6,7 @@
 // macro only needs its library where it is expanded.
 #pragma once
 
-#include "core/error.h"
+#include "accrue/core/error.h"
 
 #define ACCRUE_STATUS_CHECK_GEN(expr, success, to_string, library)            \
   do {                                                                        \

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "core/host_device.h"
+#include "accrue/core/host_device.h"
 
 namespace accrue {
 

@@ -1,11 +1,11 @@
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "core/copy.h"
-#include "core/cuda_runtime.h"
-#include "core/grad_mode.h"
+#include "accrue/core/copy.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/core/grad_mode.h"
 
 namespace accrue {
 

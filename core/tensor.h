@@ -9,10 +9,10 @@
 #include <memory>
 #include <vector>
 
-#include "core/allocator.h"
-#include "core/device.h"
-#include "core/dtype.h"
-#include "core/error.h"
+#include "accrue/core/allocator.h"
+#include "accrue/core/device.h"
+#include "accrue/core/dtype.h"
+#include "accrue/core/error.h"
 
 namespace accrue {
 

@@ -1,4 +1,4 @@
-#include "core/tensor_file.h"
+#include "accrue/core/tensor_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>

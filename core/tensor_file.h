@@ -9,7 +9,7 @@
 #include <ostream>
 #include <string>
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::detail {
 

@@ -18,7 +18,7 @@
 #include <map>
 #include <string>
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue {
 

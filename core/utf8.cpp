@@ -1,4 +1,4 @@
-#include "core/utf8.h"
+#include "accrue/core/utf8.h"
 
 namespace accrue::detail {
 

@@ -1,4 +1,4 @@
-#include "data/token_shards.h"
+#include "accrue/data/token_shards.h"
 
 #include <glob.h>
 

@@ -1,9 +1,9 @@
-#include "dist/bucket_plan.h"
+#include "accrue/dist/bucket_plan.h"
 
 #include <iomanip>
 #include <sstream>
 
-#include "core/error.h"
+#include "accrue/core/error.h"
 
 namespace accrue::dist {
 

@@ -43,8 +43,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/grad_arena.h"
-#include "optim/param_store.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/optim/param_store.h"
 
 namespace accrue::dist {
 

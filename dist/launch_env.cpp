@@ -1,11 +1,11 @@
-#include "dist/launch_env.h"
+#include "accrue/dist/launch_env.h"
 
 #include <charconv>
 #include <cstdlib>
 #include <optional>
 #include <vector>
 
-#include "core/error.h"
+#include "accrue/core/error.h"
 
 namespace accrue::dist {
 

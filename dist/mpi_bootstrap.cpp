@@ -1,4 +1,4 @@
-#include "dist/mpi_bootstrap.h"
+#include "accrue/dist/mpi_bootstrap.h"
 
 #include <mpi.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
+#include "accrue/core/error.h"
 
 namespace accrue::dist {
 namespace {

@@ -39,9 +39,9 @@
 
 #include <cstdint>
 
-#include "core/error.h"
-#include "dist/launch_env.h"
-#include "dist/tcp_exchange.h"
+#include "accrue/core/error.h"
+#include "accrue/dist/launch_env.h"
+#include "accrue/dist/tcp_exchange.h"
 
 namespace accrue::dist {
 

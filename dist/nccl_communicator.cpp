@@ -1,4 +1,4 @@
-#include "dist/nccl_communicator.h"
+#include "accrue/dist/nccl_communicator.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -8,9 +8,9 @@
 #include <iostream>
 #include <sstream>
 
-#include "core/error.h"
-#include "core/status_check.h"
-#include "dist/mpi_bootstrap.h"
+#include "accrue/core/error.h"
+#include "accrue/core/status_check.h"
+#include "accrue/dist/mpi_bootstrap.h"
 
 namespace accrue::dist {
 

@@ -28,9 +28,9 @@
 #include <thread>
 #include <vector>
 
-#include "dist/launch_env.h"
-#include "dist/process_group.h"
-#include "dist/tcp_exchange.h"
+#include "accrue/dist/launch_env.h"
+#include "accrue/dist/process_group.h"
+#include "accrue/dist/tcp_exchange.h"
 
 struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t
 

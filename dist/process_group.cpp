@@ -1,4 +1,4 @@
-#include "dist/process_group.h"
+#include "accrue/dist/process_group.h"
 
 namespace accrue::dist {
 

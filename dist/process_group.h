@@ -34,8 +34,8 @@
 #include <cstdint>
 #include <string>
 
-#include "core/cuda_runtime.h"
-#include "core/tensor.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::dist {
 

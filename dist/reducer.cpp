@@ -1,13 +1,13 @@
-#include "dist/reducer.h"
+#include "accrue/dist/reducer.h"
 
 #include <algorithm>
 #include <iomanip>
 #include <sstream>
 
-#include "autograd/variable.h"
-#include "core/error.h"
-#include "core/grad_mode.h"
-#include "core/nvtx.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/error.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/nvtx.h"
 
 namespace accrue::dist {
 

@@ -66,11 +66,11 @@
 #include <optional>
 #include <vector>
 
-#include "core/cuda_runtime.h"
-#include "dist/bucket_plan.h"
-#include "dist/process_group.h"
-#include "optim/gradient_sync.h"
-#include "optim/param_store.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/dist/bucket_plan.h"
+#include "accrue/dist/process_group.h"
+#include "accrue/optim/gradient_sync.h"
+#include "accrue/optim/param_store.h"
 
 namespace accrue::dist {
 

@@ -1,6 +1,6 @@
-#include "dist/statistics_sync.h"
+#include "accrue/dist/statistics_sync.h"
 
-#include "core/cuda_runtime.h"
+#include "accrue/core/cuda_runtime.h"
 
 namespace accrue::dist {
 

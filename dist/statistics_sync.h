@@ -2,8 +2,8 @@
 // (SyncBatchNorm) sums its statistics with under data parallelism.
 #pragma once
 
-#include "autograd/statistics_sync.h"
-#include "dist/process_group.h"
+#include "accrue/autograd/statistics_sync.h"
+#include "accrue/dist/process_group.h"
 
 namespace accrue::dist {
 

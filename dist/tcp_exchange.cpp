@@ -1,4 +1,4 @@
-#include "dist/tcp_exchange.h"
+#include "accrue/dist/tcp_exchange.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/error.h"
+#include "accrue/core/error.h"
 
 namespace accrue::dist {
 

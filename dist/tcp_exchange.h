@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/launch_env.h"
+#include "accrue/dist/launch_env.h"
 
 namespace accrue::dist {
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "dist/tcp_exchange.h"
+#include "accrue/core/error.h"
+#include "accrue/dist/tcp_exchange.h"
 #include "fuzz/fuzz_util.h"
 
 using namespace accrue;

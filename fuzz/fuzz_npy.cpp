@@ -4,8 +4,8 @@
 // and load again as the same tensor.
 #include <string>
 
-#include "core/error.h"
-#include "core/tensor_io.h"
+#include "accrue/core/error.h"
+#include "accrue/core/tensor_io.h"
 #include "fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

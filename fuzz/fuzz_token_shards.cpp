@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "core/error.h"
-#include "data/token_shards.h"
+#include "accrue/core/error.h"
+#include "accrue/data/token_shards.h"
 #include "fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

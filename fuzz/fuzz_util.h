@@ -12,7 +12,7 @@
 #include <cstring>
 #include <string>
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::fuzz {
 

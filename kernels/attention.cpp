@@ -45,11 +45,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/env_flag.h"
-#include "core/grad_mode.h"
-#include "kernels/attention.h"
-#include "kernels/attention_backend.h"
-#include "kernels/dispatch_util.h"
+#include "accrue/core/env_flag.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/attention.h"
+#include "accrue/kernels/attention_backend.h"
+#include "accrue/kernels/dispatch_util.h"
 
 namespace accrue::kernels {
 

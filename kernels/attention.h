@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::kernels {
 

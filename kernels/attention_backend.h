@@ -13,10 +13,10 @@
 
 #include <cstdint>
 
-#include "core/host_device.h"
-#include "core/philox.h"
-#include "core/tensor.h"
-#include "kernels/backend_fn.h"
+#include "accrue/core/host_device.h"
+#include "accrue/core/philox.h"
+#include "accrue/core/tensor.h"
+#include "accrue/kernels/backend_fn.h"
 
 namespace accrue::kernels {
 
@@ -59,11 +59,11 @@ ACCRUE_HD bool attention_keep(uint64_t seed, uint64_t offset, int64_t element, d
 // ---- the backends ---------------------------------------------------------------------------
 
 namespace accrue::kernels::cpu {
-#include "kernels/attention_functions.inc"
+#include "accrue/kernels/attention_functions.inc"
 }  // namespace accrue::kernels::cpu
 
 namespace accrue::kernels::cuda {
-#include "kernels/attention_functions.inc"
+#include "accrue/kernels/attention_functions.inc"
 }  // namespace accrue::kernels::cuda
 
 namespace accrue::kernels {

@@ -35,13 +35,13 @@
 // which accumulates dQ with atomics.
 #pragma once
 
-#include "kernels/backend_fn.h"
-#include "kernels/ops.h"
+#include "accrue/kernels/backend_fn.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::kernels::cpu {
-#include "kernels/backend_functions.inc"
+#include "accrue/kernels/backend_functions.inc"
 }  // namespace accrue::kernels::cpu
 
 namespace accrue::kernels::cuda {
-#include "kernels/backend_functions.inc"
+#include "accrue/kernels/backend_functions.inc"
 }  // namespace accrue::kernels::cuda

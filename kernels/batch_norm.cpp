@@ -1,11 +1,11 @@
 // The dispatch point of the fused batch normalization (kernels/batch_norm.h):
 // validate, settle the layout, allocate, then run on the input's device.
 // See Note [Fused batch norm kernels].
-#include "kernels/batch_norm.h"
+#include "accrue/kernels/batch_norm.h"
 
-#include "core/grad_mode.h"
-#include "kernels/batch_norm_backend.h"
-#include "kernels/dispatch_util.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/batch_norm_backend.h"
+#include "accrue/kernels/dispatch_util.h"
 
 namespace accrue::kernels {
 

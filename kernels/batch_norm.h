@@ -27,7 +27,7 @@
 //     bitwise repeatable (Note [Determinism]); 4 launches forward, 3 backward.
 #pragma once
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::kernels {
 

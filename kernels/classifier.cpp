@@ -5,12 +5,12 @@
 #include <string>
 #include <vector>
 
-#include "core/grad_mode.h"
-#include "kernels/classifier.h"
-#include "kernels/classifier_backend.h"
-#include "kernels/dispatch_util.h"
-#include "kernels/index_checks.h"
-#include "kernels/ops.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/classifier.h"
+#include "accrue/kernels/classifier_backend.h"
+#include "accrue/kernels/dispatch_util.h"
+#include "accrue/kernels/index_checks.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::kernels {
 

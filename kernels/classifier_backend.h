@@ -7,13 +7,13 @@
 
 #include <cstdint>
 
-#include "core/tensor.h"
-#include "kernels/backend_fn.h"
+#include "accrue/core/tensor.h"
+#include "accrue/kernels/backend_fn.h"
 
 namespace accrue::kernels::cpu {
-#include "kernels/classifier_functions.inc"
+#include "accrue/kernels/classifier_functions.inc"
 }  // namespace accrue::kernels::cpu
 
 namespace accrue::kernels::cuda {
-#include "kernels/classifier_functions.inc"
+#include "accrue/kernels/classifier_functions.inc"
 }  // namespace accrue::kernels::cuda

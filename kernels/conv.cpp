@@ -6,12 +6,12 @@
 #include <cstdint>
 #include <string>
 
-#include "core/grad_mode.h"
-#include "kernels/conv.h"
-#include "kernels/conv_backend.h"
-#include "kernels/dispatch_util.h"
-#include "kernels/index_checks.h"
-#include "kernels/ops.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/conv.h"
+#include "accrue/kernels/conv_backend.h"
+#include "accrue/kernels/dispatch_util.h"
+#include "accrue/kernels/index_checks.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::kernels {
 

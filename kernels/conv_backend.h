@@ -9,9 +9,9 @@
 
 #include <cstdint>
 
-#include "core/tensor.h"
-#include "kernels/backend_fn.h"
-#include "kernels/conv.h"
+#include "accrue/core/tensor.h"
+#include "accrue/kernels/backend_fn.h"
+#include "accrue/kernels/conv.h"
 
 namespace accrue::kernels {
 
@@ -56,11 +56,11 @@ Conv2dGeometry pool_geometry(const Shape& x, const Pool2dOptions& p, const char*
 // meanwhile.
 
 namespace accrue::kernels::cpu {
-#include "kernels/conv_functions.inc"
+#include "accrue/kernels/conv_functions.inc"
 }  // namespace accrue::kernels::cpu
 
 namespace accrue::kernels::cuda {
-#include "kernels/conv_functions.inc"
+#include "accrue/kernels/conv_functions.inc"
 }  // namespace accrue::kernels::cuda
 
 namespace accrue::kernels {

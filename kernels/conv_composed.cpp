@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/grad_mode.h"
-#include "kernels/conv_backend.h"
-#include "kernels/ops.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/conv_backend.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::kernels::composed {
 

@@ -2,10 +2,10 @@
 // convolutions over channels-last activations as cuBLASLt GEMMs on views.
 #include <utility>
 
-#include "core/grad_mode.h"
-#include "kernels/conv_backend.h"
-#include "kernels/dispatch_util.h"
-#include "kernels/ops.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/conv_backend.h"
+#include "accrue/kernels/dispatch_util.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::kernels::pointwise {
 

@@ -3,7 +3,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "kernels/dispatch_util.h"
+#include "accrue/kernels/dispatch_util.h"
 
 namespace accrue::kernels {
 

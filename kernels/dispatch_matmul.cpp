@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "kernels/dispatch_util.h"
+#include "accrue/kernels/dispatch_util.h"
 
 namespace accrue::kernels {
 

@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/dispatch_util.h"
-#include "kernels/index_checks.h"
+#include "accrue/kernels/dispatch_util.h"
+#include "accrue/kernels/index_checks.h"
 
 namespace accrue::kernels {
 

@@ -4,7 +4,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/dispatch_util.h"
+#include "accrue/kernels/dispatch_util.h"
 
 namespace accrue::kernels {
 

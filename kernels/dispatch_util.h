@@ -30,9 +30,9 @@
 // and here they only shape data for a kernel; autograd records the op itself.
 #pragma once
 
-#include "core/grad_mode.h"
-#include "kernels/backend.h"
-#include "kernels/ops.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/ops.h"
 
 // Calls the backend function `fn` (a line of its family's .inc: Note
 // [Backend function lists]) of the backend of `device`, from namespace

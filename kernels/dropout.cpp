@@ -2,10 +2,10 @@
 // counter mask on the input's device. See Note [Dropout mask from the counter].
 #include <cmath>
 
-#include "core/grad_mode.h"
-#include "kernels/dispatch_util.h"
-#include "kernels/dropout.h"
-#include "kernels/dropout_backend.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/dispatch_util.h"
+#include "accrue/kernels/dropout.h"
+#include "accrue/kernels/dropout_backend.h"
 
 namespace accrue::kernels {
 

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::kernels {
 

@@ -7,10 +7,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "core/host_device.h"
-#include "core/philox.h"
-#include "core/tensor.h"
-#include "kernels/backend_fn.h"
+#include "accrue/core/host_device.h"
+#include "accrue/core/philox.h"
+#include "accrue/core/tensor.h"
+#include "accrue/kernels/backend_fn.h"
 
 namespace accrue::kernels {
 
@@ -50,9 +50,9 @@ struct DropoutMask {
 }  // namespace accrue::kernels
 
 namespace accrue::kernels::cpu {
-#include "kernels/dropout_functions.inc"
+#include "accrue/kernels/dropout_functions.inc"
 }  // namespace accrue::kernels::cpu
 
 namespace accrue::kernels::cuda {
-#include "kernels/dropout_functions.inc"
+#include "accrue/kernels/dropout_functions.inc"
 }  // namespace accrue::kernels::cuda

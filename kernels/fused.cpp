@@ -2,12 +2,12 @@
 // allocate, and call the backend of the inputs' device; on CUDA, linear and
 // linear_gelu take the cuBLASLt epilogues where they run. Errors name the op
 // and the offending shapes, dtypes or values.
-#include "kernels/fused.h"
+#include "accrue/kernels/fused.h"
 
-#include "core/grad_mode.h"
-#include "kernels/dispatch_util.h"
-#include "kernels/fused_backend.h"
-#include "kernels/ops.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/dispatch_util.h"
+#include "accrue/kernels/fused_backend.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::kernels {
 

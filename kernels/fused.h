@@ -2,7 +2,7 @@
 // GEMM's epilogue, and the residual add fused with the LayerNorm that follows it.
 #pragma once
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::kernels {
 

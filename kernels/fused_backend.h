@@ -5,13 +5,13 @@
 // and on one device. Private to kernels/.
 #pragma once
 
-#include "core/tensor.h"
-#include "kernels/backend_fn.h"
+#include "accrue/core/tensor.h"
+#include "accrue/kernels/backend_fn.h"
 
 namespace accrue::kernels::cpu {
-#include "kernels/fused_functions.inc"
+#include "accrue/kernels/fused_functions.inc"
 }  // namespace accrue::kernels::cpu
 
 namespace accrue::kernels::cuda {
-#include "kernels/fused_functions.inc"
+#include "accrue/kernels/fused_functions.inc"
 }  // namespace accrue::kernels::cuda

@@ -1,13 +1,13 @@
 // The index checks of kernels/index_checks.h: eager, or deferred to the
 // window (Note [Deferred index checks]).
-#include "kernels/index_checks.h"
+#include "accrue/kernels/index_checks.h"
 
 #include <algorithm>
 #include <limits>
 
-#include "core/grad_mode.h"
-#include "kernels/dispatch_util.h"
-#include "kernels/index_checks_backend.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/dispatch_util.h"
+#include "accrue/kernels/index_checks_backend.h"
 
 namespace accrue::kernels {
 

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "core/tensor.h"
-#include "kernels/backend_fn.h"
+#include "accrue/core/tensor.h"
+#include "accrue/kernels/backend_fn.h"
 
 namespace accrue::kernels {
 
@@ -23,9 +23,9 @@ struct IndexCheckCall {
 }  // namespace accrue::kernels
 
 namespace accrue::kernels::cpu {
-#include "kernels/index_checks_functions.inc"
+#include "accrue/kernels/index_checks_functions.inc"
 }  // namespace accrue::kernels::cpu
 
 namespace accrue::kernels::cuda {
-#include "kernels/index_checks_functions.inc"
+#include "accrue/kernels/index_checks_functions.inc"
 }  // namespace accrue::kernels::cuda

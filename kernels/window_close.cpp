@@ -5,10 +5,10 @@
 #include <cmath>
 #include <string>
 
-#include "core/grad_mode.h"
-#include "kernels/dispatch_util.h"
-#include "kernels/window_close.h"
-#include "kernels/window_close_backend.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/dispatch_util.h"
+#include "accrue/kernels/window_close.h"
+#include "accrue/kernels/window_close_backend.h"
 
 namespace accrue::kernels {
 

@@ -14,7 +14,7 @@
 
 #include <vector>
 
-#include "core/tensor.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::kernels {
 

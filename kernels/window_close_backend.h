@@ -14,9 +14,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/host_device.h"
-#include "kernels/backend_fn.h"
-#include "kernels/window_close.h"
+#include "accrue/core/host_device.h"
+#include "accrue/kernels/backend_fn.h"
+#include "accrue/kernels/window_close.h"
 
 namespace accrue::kernels {
 
@@ -314,9 +314,9 @@ ACCRUE_HD void calibrate_scale_update(double amax, double* state, ScalerConfig s
 }  // namespace accrue::kernels
 
 namespace accrue::kernels::cpu {
-#include "kernels/window_close_functions.inc"
+#include "accrue/kernels/window_close_functions.inc"
 }  // namespace accrue::kernels::cpu
 
 namespace accrue::kernels::cuda {
-#include "kernels/window_close_functions.inc"
+#include "accrue/kernels/window_close_functions.inc"
 }  // namespace accrue::kernels::cuda

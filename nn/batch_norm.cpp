@@ -1,15 +1,15 @@
-#include "nn/batch_norm.h"
+#include "accrue/nn/batch_norm.h"
 
 #include <cmath>
 
-#include "autograd/conv_ops.h"
-#include "autograd/ops.h"
-#include "autograd/variable.h"
-#include "core/error.h"
-#include "core/grad_mode.h"
-#include "core/nvtx.h"
-#include "kernels/batch_norm.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/conv_ops.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/error.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/nvtx.h"
+#include "accrue/kernels/batch_norm.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::nn {
 

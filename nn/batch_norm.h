@@ -55,9 +55,9 @@
 
 #include <functional>
 
-#include "autograd/statistics_sync.h"
-#include "autograd/window_listener.h"
-#include "nn/module.h"
+#include "accrue/autograd/statistics_sync.h"
+#include "accrue/autograd/window_listener.h"
+#include "accrue/nn/module.h"
 
 namespace accrue::nn {
 

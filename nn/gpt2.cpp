@@ -1,12 +1,12 @@
-#include "nn/gpt2.h"
+#include "accrue/nn/gpt2.h"
 
 #include <cmath>
 #include <utility>
 
-#include "autograd/checkpoint.h"
-#include "autograd/transformer_ops.h"
-#include "core/grad_mode.h"
-#include "core/nvtx.h"
+#include "accrue/autograd/checkpoint.h"
+#include "accrue/autograd/transformer_ops.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/nvtx.h"
 
 namespace accrue::nn {
 

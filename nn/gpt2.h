@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "autograd/ops.h"
-#include "nn/module.h"
-#include "nn/transformer.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/nn/module.h"
+#include "accrue/nn/transformer.h"
 
 namespace accrue::nn {
 

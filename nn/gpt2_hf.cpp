@@ -1,13 +1,13 @@
-#include "nn/gpt2_hf.h"
+#include "accrue/nn/gpt2_hf.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <optional>
 
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
-#include "core/tensor_io.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/tensor_io.h"
 
 namespace accrue::nn {
 

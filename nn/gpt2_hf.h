@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/gpt2.h"
+#include "accrue/nn/gpt2.h"
 
 namespace accrue::nn {
 

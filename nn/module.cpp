@@ -1,12 +1,12 @@
-#include "nn/module.h"
+#include "accrue/nn/module.h"
 
 #include <cmath>
 
-#include "autograd/conv_ops.h"
-#include "autograd/ops.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
-#include "core/nvtx.h"
+#include "accrue/autograd/conv_ops.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/nvtx.h"
 
 namespace accrue::nn {
 

@@ -7,9 +7,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/random.h"
-#include "core/tensor.h"
-#include "kernels/conv.h"
+#include "accrue/core/random.h"
+#include "accrue/core/tensor.h"
+#include "accrue/kernels/conv.h"
 
 namespace accrue::nn {
 

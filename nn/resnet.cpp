@@ -1,13 +1,13 @@
-#include "nn/resnet.h"
+#include "accrue/nn/resnet.h"
 
 #include <memory>
 #include <string>
 #include <utility>
 
-#include "autograd/conv_ops.h"
-#include "autograd/ops.h"
-#include "core/grad_mode.h"
-#include "core/nvtx.h"
+#include "accrue/autograd/conv_ops.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/nvtx.h"
 
 namespace accrue::nn {
 

@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "nn/batch_norm.h"
-#include "nn/module.h"
+#include "accrue/nn/batch_norm.h"
+#include "accrue/nn/module.h"
 
 namespace accrue::nn {
 

@@ -1,11 +1,11 @@
-#include "nn/transformer.h"
+#include "accrue/nn/transformer.h"
 
 #include <cmath>
 #include <utility>
 
-#include "core/grad_mode.h"
-#include "core/nvtx.h"
-#include "kernels/ops.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/nvtx.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::nn {
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "autograd/transformer_ops.h"
-#include "nn/module.h"
+#include "accrue/autograd/transformer_ops.h"
+#include "accrue/nn/module.h"
 
 namespace accrue::nn {
 

@@ -1,7 +1,7 @@
-#include "optim/close_stages.h"
+#include "accrue/optim/close_stages.h"
 
-#include "autograd/variable.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::optim {
 

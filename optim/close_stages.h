@@ -35,14 +35,14 @@
 #include <string>
 #include <vector>
 
-#include "autograd/gradient_observer.h"
-#include "kernels/window_close.h"
-#include "optim/gradient_sync.h"
-#include "optim/noise_scale.h"
-#include "optim/norm_rows.h"
-#include "optim/optimizer.h"
-#include "optim/param_store.h"
-#include "optim/scale_calibration.h"
+#include "accrue/autograd/gradient_observer.h"
+#include "accrue/kernels/window_close.h"
+#include "accrue/optim/gradient_sync.h"
+#include "accrue/optim/noise_scale.h"
+#include "accrue/optim/norm_rows.h"
+#include "accrue/optim/optimizer.h"
+#include "accrue/optim/param_store.h"
+#include "accrue/optim/scale_calibration.h"
 
 namespace accrue::optim {
 

@@ -1,6 +1,6 @@
-#include "optim/gradient_sync.h"
+#include "accrue/optim/gradient_sync.h"
 
-#include "core/error.h"
+#include "accrue/core/error.h"
 
 namespace accrue::optim {
 

@@ -5,8 +5,8 @@
 #include <functional>
 #include <vector>
 
-#include "autograd/grad_arena.h"
-#include "core/tensor.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::optim {
 

@@ -1,11 +1,11 @@
-#include "optim/graphed_window.h"
+#include "accrue/optim/graphed_window.h"
 
 #include <cstdio>
 #include <sstream>
 #include <utility>
 
-#include "core/allocator.h"
-#include "core/nvtx.h"
+#include "accrue/core/allocator.h"
+#include "accrue/core/nvtx.h"
 
 namespace accrue::optim {
 

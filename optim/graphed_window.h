@@ -69,8 +69,8 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda_graph.h"
-#include "optim/window.h"
+#include "accrue/core/cuda_graph.h"
+#include "accrue/optim/window.h"
 
 namespace accrue::optim {
 

@@ -1,12 +1,12 @@
-#include "optim/layer_monitor.h"
+#include "accrue/optim/layer_monitor.h"
 
 #include <array>
 #include <cmath>
 #include <map>
 
-#include "core/grad_mode.h"
-#include "kernels/ops.h"
-#include "kernels/window_close.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/ops.h"
+#include "accrue/kernels/window_close.h"
 
 namespace accrue::optim {
 

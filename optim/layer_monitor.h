@@ -45,9 +45,9 @@
 #include <string>
 #include <vector>
 
-#include "optim/param_store.h"
-#include "optim/optimizer.h"
-#include "optim/window.h"
+#include "accrue/optim/param_store.h"
+#include "accrue/optim/optimizer.h"
+#include "accrue/optim/window.h"
 
 namespace accrue::optim {
 

@@ -1,8 +1,8 @@
-#include "optim/loss_scaler.h"
+#include "accrue/optim/loss_scaler.h"
 
 #include <cmath>
 
-#include "core/error.h"
+#include "accrue/core/error.h"
 
 namespace accrue::optim {
 

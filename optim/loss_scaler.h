@@ -21,7 +21,7 @@
 //    which suits small models (the MLP demo skips none).
 #pragma once
 
-#include "kernels/window_close.h"
+#include "accrue/kernels/window_close.h"
 
 namespace accrue::optim {
 

@@ -1,11 +1,11 @@
-#include "optim/metrics_log.h"
+#include "accrue/optim/metrics_log.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 
-#include "core/error.h"
+#include "accrue/core/error.h"
 
 namespace accrue::optim {
 namespace {

@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "optim/window.h"
+#include "accrue/optim/window.h"
 
 namespace accrue::optim {
 

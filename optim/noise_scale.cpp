@@ -1,11 +1,11 @@
-#include "optim/noise_scale.h"
+#include "accrue/optim/noise_scale.h"
 
 #include <cmath>
 
-#include "core/error.h"
-#include "core/grad_mode.h"
-#include "kernels/ops.h"
-#include "kernels/window_close.h"
+#include "accrue/core/error.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/ops.h"
+#include "accrue/kernels/window_close.h"
 
 namespace accrue::optim {
 

@@ -22,7 +22,7 @@
 
 #include <cstdint>
 
-#include "autograd/grad_arena.h"
+#include "accrue/autograd/grad_arena.h"
 
 namespace accrue::optim {
 

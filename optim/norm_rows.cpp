@@ -1,10 +1,10 @@
-#include "optim/norm_rows.h"
+#include "accrue/optim/norm_rows.h"
 
 #include <algorithm>
 #include <optional>
 
-#include "core/error.h"
-#include "kernels/window_close.h"
+#include "accrue/core/error.h"
+#include "accrue/kernels/window_close.h"
 
 namespace accrue::optim {
 

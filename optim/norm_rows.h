@@ -50,8 +50,8 @@
 #include <memory>
 #include <vector>
 
-#include "autograd/grad_arena.h"
-#include "core/cuda_runtime.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/core/cuda_runtime.h"
 
 namespace accrue::optim {
 

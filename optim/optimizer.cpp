@@ -1,9 +1,9 @@
-#include "optim/optimizer.h"
+#include "accrue/optim/optimizer.h"
 
 #include <cmath>
 
-#include "core/cuda_graph.h"
-#include "core/error.h"
+#include "accrue/core/cuda_graph.h"
+#include "accrue/core/error.h"
 
 namespace accrue::optim {
 

@@ -10,8 +10,8 @@
 #include <optional>
 #include <vector>
 
-#include "optim/param_store.h"
-#include "kernels/window_close.h"
+#include "accrue/optim/param_store.h"
+#include "accrue/kernels/window_close.h"
 
 namespace accrue::optim {
 

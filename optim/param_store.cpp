@@ -1,10 +1,10 @@
-#include "optim/param_store.h"
+#include "accrue/optim/param_store.h"
 
 #include <algorithm>
 #include <iomanip>
 #include <sstream>
 
-#include "core/grad_mode.h"
+#include "accrue/core/grad_mode.h"
 
 namespace accrue::optim {
 

@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/grad_arena.h"
-#include "core/tensor.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::optim {
 

@@ -1,12 +1,12 @@
-#include "optim/planner.h"
+#include "accrue/optim/planner.h"
 
 #include <cstdio>
 #include <sstream>
 #include <string>
 
-#include "core/allocator.h"
-#include "core/cuda_runtime.h"
-#include "core/error.h"
+#include "accrue/core/allocator.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/core/error.h"
 
 namespace accrue::optim {
 

@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/device.h"
+#include "accrue/core/device.h"
 
 namespace accrue::optim {
 

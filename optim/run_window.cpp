@@ -1,9 +1,9 @@
-#include "optim/run_window.h"
+#include "accrue/optim/run_window.h"
 
 #include <algorithm>
 
-#include "core/allocator.h"
-#include "core/error.h"
+#include "accrue/core/allocator.h"
+#include "accrue/core/error.h"
 
 namespace accrue::optim {
 namespace {

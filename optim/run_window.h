@@ -25,8 +25,8 @@
 #include <cstdint>
 #include <functional>
 
-#include "autograd/ops.h"
-#include "optim/window.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/optim/window.h"
 
 namespace accrue::optim {
 

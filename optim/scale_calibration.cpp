@@ -1,10 +1,10 @@
-#include "optim/scale_calibration.h"
+#include "accrue/optim/scale_calibration.h"
 
 #include <algorithm>
 
-#include "core/error.h"
-#include "core/grad_mode.h"
-#include "kernels/ops.h"
+#include "accrue/core/error.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::optim {
 

@@ -24,8 +24,8 @@
 
 #include <cstdint>
 
-#include "autograd/gradient_observer.h"
-#include "core/tensor.h"
+#include "accrue/autograd/gradient_observer.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::optim {
 

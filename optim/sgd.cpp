@@ -1,10 +1,10 @@
-#include "optim/sgd.h"
+#include "accrue/optim/sgd.h"
 
 #include <cmath>
 
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::optim {
 

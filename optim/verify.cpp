@@ -1,10 +1,10 @@
-#include "optim/verify.h"
+#include "accrue/optim/verify.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
-#include "core/error.h"
+#include "accrue/core/error.h"
 
 namespace accrue::optim {
 

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
+#include "accrue/core/dtype.h"
 
 namespace accrue::optim {
 

@@ -1,13 +1,13 @@
-#include "optim/window.h"
+#include "accrue/optim/window.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "autograd/engine.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
-#include "core/nvtx.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/nvtx.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::optim {
 

@@ -86,14 +86,14 @@
 #include <memory>
 #include <string>
 
-#include "autograd/ops.h"
-#include "autograd/window_listener.h"
-#include "kernels/index_checks.h"
-#include "optim/close_stages.h"
-#include "optim/gradient_sync.h"
-#include "optim/loss_scaler.h"
-#include "optim/optimizer.h"
-#include "optim/param_store.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/window_listener.h"
+#include "accrue/kernels/index_checks.h"
+#include "accrue/optim/close_stages.h"
+#include "accrue/optim/gradient_sync.h"
+#include "accrue/optim/loss_scaler.h"
+#include "accrue/optim/optimizer.h"
+#include "accrue/optim/param_store.h"
 
 namespace accrue::optim {
 

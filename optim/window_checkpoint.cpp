@@ -3,8 +3,8 @@
 #include <cmath>
 #include <sstream>
 
-#include "core/grad_mode.h"
-#include "optim/window.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/optim/window.h"
 
 namespace accrue::optim {
 

@@ -22,7 +22,7 @@
 #include <cstring>
 #include <string>
 
-#include "core/allocator.h"
+#include "accrue/core/allocator.h"
 
 namespace {
 

@@ -4,7 +4,7 @@
 #include <limits>
 #include <sstream>
 
-#include "kernels/ops.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::test {
 

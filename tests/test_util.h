@@ -7,9 +7,9 @@
 
 #include <string>
 
-#include "core/cuda_runtime.h"
-#include "core/random.h"
-#include "core/tensor.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/core/random.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::test {
 

@@ -17,8 +17,10 @@ shift 2
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 cd "$scratch" || exit 1
-declare -A header=([core]=core/tensor.h [data]=data/token_shards.h [kernels]=kernels/ops.h
-  [autograd]=autograd/ops.h [nn]=nn/module.h [optim]=optim/window.h [dist]=dist/reducer.h)
+# Note [Include paths]: every header is reached as accrue/<folder>/<file>.
+declare -A header=([core]=accrue/core/tensor.h [data]=accrue/data/token_shards.h
+  [kernels]=accrue/kernels/ops.h [autograd]=accrue/autograd/ops.h [nn]=accrue/nn/module.h
+  [optim]=accrue/optim/window.h [dist]=accrue/dist/reducer.h)
 failed=0
 checked=0
 for root in "$layers"/*/; do
@@ -28,11 +30,11 @@ for root in "$layers"/*/; do
     out=$("$cxx" -std=c++20 -fsyntax-only "$@" -I"$root" probe.cpp 2>&1)
     rc=$?
     checked=$((checked + 1))
-    if [[ -e "$root/$folder" && $rc -ne 0 ]]; then
+    if [[ -e "$root/accrue/$folder" && $rc -ne 0 ]]; then
       echo "layer $layer: ${header[$folder]} should compile and does not:"
       echo "$out" | head -n 5
       failed=1
-    elif [[ ! -e "$root/$folder" && ($rc -eq 0 || $out != *"No such file"*) ]]; then
+    elif [[ ! -e "$root/accrue/$folder" && ($rc -eq 0 || $out != *"No such file"*) ]]; then
       echo "layer $layer: ${header[$folder]} is above it and was found (exit $rc)"
       failed=1
     fi

@@ -2,10 +2,10 @@
 
 #include <cstdio>
 
-#include "dist/bucket_plan.h"
-#include "dist/mpi_bootstrap.h"
+#include "accrue/dist/bucket_plan.h"
+#include "accrue/dist/mpi_bootstrap.h"
 #ifdef ACCRUE_WITH_NCCL
-#include "dist/nccl_communicator.h"
+#include "accrue/dist/nccl_communicator.h"
 #endif
 
 namespace accrue::examples {

@@ -16,8 +16,8 @@
 #include <string>
 
 #include "accrue.h"
-#include "dist/launch_env.h"
-#include "dist/reducer.h"
+#include "accrue/dist/launch_env.h"
+#include "accrue/dist/reducer.h"
 
 namespace accrue::examples {
 

@@ -37,7 +37,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/error.h"
+#include "accrue/core/error.h"
 
 namespace accrue::examples {
 

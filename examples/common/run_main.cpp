@@ -4,7 +4,7 @@
 #include <new>
 #include <regex>
 
-#include "core/error.h"
+#include "accrue/core/error.h"
 #include "examples/common/options.h"
 
 namespace accrue::examples {

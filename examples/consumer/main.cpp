@@ -5,6 +5,7 @@
 // Integer-valued inputs keep every product and sum exact in f32, so the check
 // is an equality, not a tolerance.
 #include <accrue.h>
+#include <accrue/core/tensor.h>  // Note [Include paths]: a header by its own path works too
 
 #include <cstdio>
 #include <exception>

@@ -28,7 +28,7 @@
 
 #include "accrue.h"
 #include "examples/gpt2/gpt2_data.h"
-#include "nn/gpt2.h"
+#include "accrue/nn/gpt2.h"
 
 namespace accrue::examples {
 

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "accrue.h"
-#include "data/token_shards.h"
+#include "accrue/data/token_shards.h"
 #include "examples/common/launch.h"
 #include "examples/gpt2/gpt2_options.h"
 

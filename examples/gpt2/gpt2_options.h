@@ -8,7 +8,7 @@
 #include <string>
 
 #include "accrue.h"
-#include "nn/gpt2.h"
+#include "accrue/nn/gpt2.h"
 
 namespace accrue::examples {
 

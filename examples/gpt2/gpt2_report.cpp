@@ -8,7 +8,7 @@
 #ifdef ACCRUE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "core/status_check.h"
+#include "accrue/core/status_check.h"
 #endif
 
 namespace accrue::examples {

@@ -10,7 +10,7 @@
 #include "accrue.h"
 #include "examples/common/timing.h"
 #include "examples/gpt2/gpt2_options.h"
-#include "nn/gpt2.h"
+#include "accrue/nn/gpt2.h"
 
 namespace accrue::examples {
 

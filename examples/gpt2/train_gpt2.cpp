@@ -44,7 +44,7 @@
 #include <vector>
 
 #include "accrue.h"
-#include "core/nvtx.h"
+#include "accrue/core/nvtx.h"
 #include "examples/common/checkpoint_file.h"
 #include "examples/common/launch.h"
 #include "examples/common/run_main.h"
@@ -54,8 +54,8 @@
 #include "examples/gpt2/gpt2_data.h"
 #include "examples/gpt2/gpt2_options.h"
 #include "examples/gpt2/gpt2_report.h"
-#include "nn/gpt2.h"
-#include "nn/gpt2_hf.h"
+#include "accrue/nn/gpt2.h"
+#include "accrue/nn/gpt2_hf.h"
 
 using namespace accrue;
 using namespace accrue::examples;

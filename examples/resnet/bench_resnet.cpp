@@ -31,7 +31,7 @@
 #include "examples/common/run_main.h"
 #include "examples/common/timing.h"
 #include "examples/resnet/resnet_window.h"
-#include "nn/resnet.h"
+#include "accrue/nn/resnet.h"
 
 using namespace accrue;
 using namespace accrue::examples;

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "accrue.h"
-#include "nn/resnet.h"
+#include "accrue/nn/resnet.h"
 
 namespace accrue::examples {
 

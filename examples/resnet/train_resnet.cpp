@@ -38,7 +38,7 @@
 #include "examples/common/options.h"
 #include "examples/common/run_main.h"
 #include "examples/resnet/resnet_window.h"
-#include "nn/resnet.h"
+#include "accrue/nn/resnet.h"
 
 using namespace accrue;
 using namespace accrue::examples;

@@ -15,7 +15,7 @@
 #include "examples/common/launch.h"
 #include "examples/common/options.h"
 #include "examples/common/run_main.h"
-#include "optim/verify.h"
+#include "accrue/optim/verify.h"
 
 namespace {
 

@@ -12,8 +12,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/attention_backend.h"
-#include "kernels/cpu/cpu_util.h"
+#include "accrue/kernels/attention_backend.h"
+#include "accrue/kernels/cpu/cpu_util.h"
 
 namespace accrue::kernels::cpu {
 

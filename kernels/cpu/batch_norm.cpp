@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/batch_norm_backend.h"
-#include "kernels/cpu/cpu_util.h"
+#include "accrue/kernels/batch_norm_backend.h"
+#include "accrue/kernels/cpu/cpu_util.h"
 
 namespace accrue::kernels::cpu {
 

@@ -5,8 +5,8 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/classifier_backend.h"
-#include "kernels/cpu/cpu_util.h"
+#include "accrue/kernels/classifier_backend.h"
+#include "accrue/kernels/cpu/cpu_util.h"
 
 namespace accrue::kernels::cpu {
 

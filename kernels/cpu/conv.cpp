@@ -3,7 +3,7 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/conv_backend.h"
+#include "accrue/kernels/conv_backend.h"
 
 namespace accrue::kernels::cpu {
 

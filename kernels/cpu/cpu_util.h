@@ -5,9 +5,9 @@
 
 #include <type_traits>
 
-#include "core/error.h"
-#include "core/strided_index.h"
-#include "core/tensor.h"
+#include "accrue/core/error.h"
+#include "accrue/core/strided_index.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::kernels::cpu {
 

@@ -1,7 +1,7 @@
 // CPU reference of dropout: the mask of kernels/dropout_backend.h, element by
 // element (Note [Dropout mask from the counter]).
-#include "kernels/cpu/cpu_util.h"
-#include "kernels/dropout_backend.h"
+#include "accrue/kernels/cpu/cpu_util.h"
+#include "accrue/kernels/dropout_backend.h"
 
 namespace accrue::kernels::cpu {
 

@@ -3,8 +3,8 @@
 // dispatch point broadcasts with a raw expand); outputs are contiguous.
 #include <cmath>
 
-#include "kernels/backend.h"
-#include "kernels/cpu/cpu_util.h"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/cpu/cpu_util.h"
 
 namespace accrue::kernels::cpu {
 

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "kernels/backend.h"
-#include "kernels/cpu/cpu_util.h"
-#include "kernels/fused_backend.h"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/cpu/cpu_util.h"
+#include "accrue/kernels/fused_backend.h"
 
 namespace accrue::kernels::cpu {
 

@@ -2,9 +2,9 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/cpu/cpu_util.h"
-#include "kernels/index_checks.h"
-#include "kernels/index_checks_backend.h"
+#include "accrue/kernels/cpu/cpu_util.h"
+#include "accrue/kernels/index_checks.h"
+#include "accrue/kernels/index_checks_backend.h"
 
 namespace accrue::kernels::cpu {
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "kernels/backend.h"
-#include "kernels/cpu/cpu_util.h"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/cpu/cpu_util.h"
 
 namespace accrue::kernels::cpu {
 

@@ -6,8 +6,8 @@
 #include <numeric>
 #include <vector>
 
-#include "kernels/backend.h"
-#include "kernels/cpu/cpu_util.h"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/cpu/cpu_util.h"
 
 namespace accrue::kernels::cpu {
 

@@ -8,8 +8,8 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/backend.h"
-#include "kernels/cpu/cpu_util.h"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/cpu/cpu_util.h"
 
 namespace accrue::kernels::cpu {
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <type_traits>
 
-#include "kernels/window_close_backend.h"
+#include "accrue/kernels/window_close_backend.h"
 
 namespace accrue::kernels::cpu {
 

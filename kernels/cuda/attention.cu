@@ -24,10 +24,10 @@
 #include <limits>
 #include <type_traits>
 
-#include "core/cuda_types.cuh"
-#include "kernels/attention_backend.h"
-#include "kernels/backend.h"
-#include "kernels/cuda/block_reduce.cuh"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/attention_backend.h"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/cuda/block_reduce.cuh"
 
 namespace accrue::kernels::cuda {
 

@@ -44,10 +44,10 @@
 #include <utility>
 #include <vector>
 
-#include "core/cuda_runtime.h"
-#include "core/device_scope.h"
-#include "core/status_check.h"
-#include "kernels/attention_backend.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/core/device_scope.h"
+#include "accrue/core/status_check.h"
+#include "accrue/kernels/attention_backend.h"
 
 namespace accrue::kernels::cudnn {
 

@@ -8,10 +8,10 @@
 #include <limits>
 #include <type_traits>
 
-#include "core/cuda_types.cuh"
-#include "core/device_scope.h"
-#include "kernels/batch_norm_backend.h"
-#include "kernels/cuda/block_reduce.cuh"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/core/device_scope.h"
+#include "accrue/kernels/batch_norm_backend.h"
+#include "accrue/kernels/cuda/block_reduce.cuh"
 
 namespace accrue::kernels::cuda {
 

@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "core/cuda_types.cuh"
+#include "accrue/core/cuda_types.cuh"
 
 namespace accrue::kernels::cuda::reduce {
 

@@ -15,10 +15,10 @@
 #include <limits>
 #include <type_traits>
 
-#include "core/cuda_types.cuh"
-#include "kernels/classifier_backend.h"
-#include "kernels/cuda/block_reduce.cuh"
-#include "kernels/dispatch_util.h"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/classifier_backend.h"
+#include "accrue/kernels/cuda/block_reduce.cuh"
+#include "accrue/kernels/dispatch_util.h"
 
 namespace accrue::kernels::cuda {
 

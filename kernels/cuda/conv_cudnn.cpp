@@ -65,11 +65,11 @@
 #include <utility>
 #include <vector>
 
-#include "core/cuda_runtime.h"
-#include "core/device_scope.h"
-#include "core/status_check.h"
-#include "kernels/conv_backend.h"
-#include "kernels/ops.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/core/device_scope.h"
+#include "accrue/core/status_check.h"
+#include "accrue/kernels/conv_backend.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::kernels::cudnn {
 

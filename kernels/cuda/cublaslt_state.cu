@@ -2,14 +2,14 @@
 // handles and workspaces made on first use, and the plain GEMM's plan cache,
 // where the heuristic (or, with a tuning file, Note [GEMM autotuning]) picks
 // each problem's algorithm once.
-#include "kernels/cuda/cublaslt_state.h"
+#include "accrue/kernels/cuda/cublaslt_state.h"
 
 #include <algorithm>
 #include <string>
 
-#include "core/cuda_runtime.h"
-#include "core/status_check.h"
-#include "kernels/ops.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/core/status_check.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::kernels::cuda::cublaslt {
 

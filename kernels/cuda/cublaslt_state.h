@@ -33,10 +33,10 @@
 #include <mutex>
 #include <utility>
 
-#include "core/dtype.h"
-#include "core/error.h"
-#include "core/tensor.h"
-#include "kernels/cuda/gemm_tuning.h"
+#include "accrue/core/dtype.h"
+#include "accrue/core/error.h"
+#include "accrue/core/tensor.h"
+#include "accrue/kernels/cuda/gemm_tuning.h"
 
 namespace accrue::kernels::cuda::cublaslt {
 

@@ -1,8 +1,8 @@
 // CUDA dropout: one thread per pair of elements, the pair's one Philox block
 // shared by both (Note [Dropout threshold], kernels/dropout_backend.h), so the
 // mask is bit-identical to the CPU reference's.
-#include "core/cuda_types.cuh"
-#include "kernels/dropout_backend.h"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/dropout_backend.h"
 
 namespace accrue::kernels::cuda {
 

@@ -18,11 +18,11 @@
 #include <cstdint>
 #include <utility>
 
-#include "core/collapsed_geometry.h"
-#include "core/cuda_types.cuh"
-#include "core/strided_index.h"
-#include "kernels/backend.h"
-#include "kernels/cuda/elementwise_ops.cuh"
+#include "accrue/core/collapsed_geometry.h"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/core/strided_index.h"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/cuda/elementwise_ops.cuh"
 
 namespace accrue::kernels::cuda {
 namespace {

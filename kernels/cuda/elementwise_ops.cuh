@@ -16,9 +16,9 @@
 #include <cstring>
 #include <type_traits>
 
-#include "core/cuda_pack.cuh"
-#include "core/cuda_types.cuh"
-#include "kernels/ops.h"
+#include "accrue/core/cuda_pack.cuh"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::kernels::cuda {
 namespace {

@@ -10,10 +10,10 @@
 #include <limits>
 #include <type_traits>
 
-#include "core/cuda_types.cuh"
-#include "kernels/backend.h"
-#include "kernels/cuda/block_reduce.cuh"
-#include "kernels/cuda/nn_util.cuh"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/cuda/block_reduce.cuh"
+#include "accrue/kernels/cuda/nn_util.cuh"
 
 namespace accrue::kernels::cuda {
 

@@ -5,10 +5,10 @@
 #include <limits>
 #include <type_traits>
 
-#include "core/cuda_types.cuh"
-#include "kernels/cuda/block_reduce.cuh"
-#include "kernels/cuda/elementwise_ops.cuh"
-#include "kernels/fused_backend.h"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/cuda/block_reduce.cuh"
+#include "accrue/kernels/cuda/elementwise_ops.cuh"
+#include "accrue/kernels/fused_backend.h"
 
 namespace accrue::kernels::cuda {
 

@@ -43,11 +43,11 @@
 #include <memory>
 #include <mutex>
 
-#include "core/cuda_runtime.h"
-#include "core/cuda_types.cuh"
-#include "kernels/cuda/cublaslt_state.h"
-#include "kernels/fused_backend.h"
-#include "kernels/ops.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/cuda/cublaslt_state.h"
+#include "accrue/kernels/fused_backend.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::kernels::cuda {
 

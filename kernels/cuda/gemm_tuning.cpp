@@ -27,7 +27,7 @@
 // computes the same bits; a line written under another cuBLASLt version or
 // GPU does not match and is ignored. GEMMs with an epilogue (Note [Bias
 // epilogue], Note [GELU epilogue]) keep the heuristic's first choice.
-#include "kernels/cuda/gemm_tuning.h"
+#include "accrue/kernels/cuda/gemm_tuning.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -38,8 +38,8 @@
 #include <sstream>
 #include <vector>
 
-#include "core/status_check.h"
-#include "core/tensor.h"
+#include "accrue/core/status_check.h"
+#include "accrue/core/tensor.h"
 
 namespace accrue::kernels::cuda {
 

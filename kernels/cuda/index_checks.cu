@@ -1,8 +1,8 @@
 // The CUDA side of the deferred index checks (Note [Deferred index checks]):
 // two launches per call on the current stream, no host synchronization.
-#include "core/cuda_types.cuh"
-#include "kernels/index_checks.h"
-#include "kernels/index_checks_backend.h"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/index_checks.h"
+#include "accrue/kernels/index_checks_backend.h"
 
 namespace accrue::kernels::cuda {
 

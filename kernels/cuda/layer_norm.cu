@@ -6,10 +6,10 @@
 // every run (Note [Determinism]). 16-bit inputs compute in fp32, f64 in f64.
 #include <algorithm>
 
-#include "core/cuda_types.cuh"
-#include "kernels/backend.h"
-#include "kernels/cuda/block_reduce.cuh"
-#include "kernels/cuda/nn_util.cuh"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/cuda/block_reduce.cuh"
+#include "accrue/kernels/cuda/nn_util.cuh"
 
 namespace accrue::kernels::cuda {
 

@@ -14,11 +14,11 @@
 #include <cstdint>
 #include <limits>
 
-#include "core/cuda_runtime.h"
-#include "core/cuda_types.cuh"
-#include "kernels/backend.h"
-#include "kernels/cuda/cublaslt_state.h"
-#include "kernels/ops.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/cuda/cublaslt_state.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::kernels::cuda {
 

@@ -7,8 +7,8 @@
 #include <limits>
 #include <type_traits>
 
-#include "core/cuda_types.cuh"
-#include "kernels/backend.h"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/backend.h"
 
 namespace accrue::kernels::cuda {
 namespace {

@@ -2,12 +2,12 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "core/cuda_pack.cuh"
-#include "core/cuda_types.cuh"
-#include "core/device_scope.h"
-#include "kernels/conv_backend.h"
-#include "kernels/cuda/block_reduce.cuh"
-#include "kernels/dispatch_util.h"
+#include "accrue/core/cuda_pack.cuh"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/core/device_scope.h"
+#include "accrue/kernels/conv_backend.h"
+#include "accrue/kernels/cuda/block_reduce.cuh"
+#include "accrue/kernels/dispatch_util.h"
 
 namespace accrue::kernels::cuda {
 

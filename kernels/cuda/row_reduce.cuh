@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <limits>
 
-#include "core/cuda_types.cuh"
-#include "core/tensor.h"
-#include "kernels/cuda/elementwise_ops.cuh"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/core/tensor.h"
+#include "accrue/kernels/cuda/elementwise_ops.cuh"
 
 namespace accrue::kernels::cuda {
 namespace {

@@ -3,9 +3,9 @@
 // of Note [Fixed reduction order] (kernels/cuda/row_reduce.cuh).
 #include <cstdint>
 
-#include "core/cuda_types.cuh"
-#include "kernels/backend.h"
-#include "kernels/cuda/row_reduce.cuh"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/cuda/row_reduce.cuh"
 
 namespace accrue::kernels::cuda {
 namespace {

@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/cuda_types.cuh"
-#include "kernels/backend.h"
-#include "kernels/cuda/row_reduce.cuh"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/cuda/row_reduce.cuh"
 
 namespace accrue::kernels::cuda {
 namespace {

@@ -4,15 +4,15 @@
 // throws, so dispatch links with no #ifdef. No CUDA tensor can exist in such
 // a build (the allocator refuses one), so reaching one of these means a bug,
 // reported rather than crashing.
-#include "kernels/attention_backend.h"
-#include "kernels/backend.h"
-#include "kernels/batch_norm_backend.h"
-#include "kernels/classifier_backend.h"
-#include "kernels/conv_backend.h"
-#include "kernels/dropout_backend.h"
-#include "kernels/fused_backend.h"
-#include "kernels/index_checks_backend.h"
-#include "kernels/window_close_backend.h"
+#include "accrue/kernels/attention_backend.h"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/batch_norm_backend.h"
+#include "accrue/kernels/classifier_backend.h"
+#include "accrue/kernels/conv_backend.h"
+#include "accrue/kernels/dropout_backend.h"
+#include "accrue/kernels/fused_backend.h"
+#include "accrue/kernels/index_checks_backend.h"
+#include "accrue/kernels/window_close_backend.h"
 
 // The stubs name their parameters (the lines are declarations first) and use none.
 #pragma GCC diagnostic ignored "-Wunused-parameter"
@@ -37,14 +37,14 @@ namespace {
 #define ACCRUE_CUDA_FN ACCRUE_BACKEND_FN
 #define ACCRUE_CPU_FN(ret, name, params)
 
-#include "kernels/attention_functions.inc"
-#include "kernels/backend_functions.inc"
-#include "kernels/batch_norm_functions.inc"
-#include "kernels/classifier_functions.inc"
-#include "kernels/conv_functions.inc"
-#include "kernels/dropout_functions.inc"
-#include "kernels/fused_functions.inc"
-#include "kernels/index_checks_functions.inc"
-#include "kernels/window_close_functions.inc"
+#include "accrue/kernels/attention_functions.inc"
+#include "accrue/kernels/backend_functions.inc"
+#include "accrue/kernels/batch_norm_functions.inc"
+#include "accrue/kernels/classifier_functions.inc"
+#include "accrue/kernels/conv_functions.inc"
+#include "accrue/kernels/dropout_functions.inc"
+#include "accrue/kernels/fused_functions.inc"
+#include "accrue/kernels/index_checks_functions.inc"
+#include "accrue/kernels/window_close_functions.inc"
 
 }  // namespace accrue::kernels::cuda

@@ -12,7 +12,7 @@
 // captured in a CUDA graph, and the host reads the state when it wants.
 #pragma once
 
-#include "core/cuda_types.cuh"
+#include "accrue/core/cuda_types.cuh"
 
 namespace accrue::kernels::cuda {
 namespace {

@@ -3,9 +3,9 @@
 // calibration.
 #include <cstdint>
 
-#include "core/cuda_types.cuh"
-#include "kernels/cuda/window_close.cuh"
-#include "kernels/window_close_backend.h"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/cuda/window_close.cuh"
+#include "accrue/kernels/window_close_backend.h"
 
 namespace accrue::kernels::cuda {
 namespace {

@@ -6,10 +6,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/cuda_types.cuh"
-#include "kernels/cuda/elementwise_ops.cuh"  // Pack, load_pack, store_pack, pack_aligned
-#include "kernels/cuda/window_close.cuh"
-#include "kernels/window_close_backend.h"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/cuda/elementwise_ops.cuh"  // Pack, load_pack, store_pack, pack_aligned
+#include "accrue/kernels/cuda/window_close.cuh"
+#include "accrue/kernels/window_close_backend.h"
 
 namespace accrue::kernels::cuda {
 namespace {

@@ -6,12 +6,12 @@
 #include <functional>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/gradcheck.h"
-#include "autograd/transformer_ops.h"
-#include "autograd/variable.h"
-#include "core/philox.h"
-#include "kernels/attention.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/gradcheck.h"
+#include "accrue/autograd/transformer_ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/philox.h"
+#include "accrue/kernels/attention.h"
 #include "tests/autograd/gradcheck_util.h"
 #include "tests/test_util.h"
 

@@ -1,20 +1,20 @@
 // Activation checkpointing (Note [Activation checkpointing], Note [Checkpoint
 // outputs]): the gradients of a checkpointed function are bitwise those of
 // the plain one, on the CPU in f64.
-#include "autograd/checkpoint.h"
+#include "accrue/autograd/checkpoint.h"
 
 #include <gmock/gmock.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "autograd/engine.h"
-#include "autograd/grad_arena.h"
-#include "autograd/gradcheck.h"
-#include "autograd/ops.h"
-#include "autograd/transformer_ops.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/autograd/gradcheck.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/transformer_ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
 #include "tests/test_util.h"
 
 namespace accrue {

@@ -3,13 +3,13 @@
 // weight-gradient accumulation]), and nn::Conv2d.
 #include <limits>
 
-#include "autograd/conv_ops.h"
-#include "autograd/engine.h"
-#include "autograd/grad_arena.h"
-#include "autograd/gradcheck.h"
-#include "autograd/ops.h"
-#include "autograd/variable.h"
-#include "nn/module.h"
+#include "accrue/autograd/conv_ops.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/autograd/gradcheck.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/nn/module.h"
 #include "tests/autograd/gradcheck_util.h"
 #include "tests/test_util.h"
 

@@ -3,11 +3,11 @@
 
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/ops.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
-#include "core/nvtx.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/nvtx.h"
 #include "tests/test_util.h"
 
 namespace accrue {

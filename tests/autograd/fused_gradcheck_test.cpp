@@ -4,15 +4,15 @@
 // gradients into the arena (Note [Fused weight-gradient accumulation]).
 #include <string>
 
-#include "autograd/engine.h"
-#include "autograd/grad_arena.h"
-#include "autograd/gradcheck.h"
-#include "autograd/node.h"
-#include "autograd/ops.h"
-#include "autograd/transformer_ops.h"
-#include "autograd/variable.h"
-#include "kernels/dropout.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/autograd/gradcheck.h"
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/transformer_ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/kernels/dropout.h"
+#include "accrue/kernels/ops.h"
 #include "tests/autograd/gradcheck_util.h"
 #include "tests/test_util.h"
 

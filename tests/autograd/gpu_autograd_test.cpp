@@ -1,8 +1,8 @@
 // Gradients computed on the GPU equal the CPU reference's.
-#include "autograd/engine.h"
-#include "autograd/ops.h"
-#include "autograd/variable.h"
-#include "nn/module.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/nn/module.h"
 #include "tests/test_util.h"
 
 namespace accrue {

@@ -1,9 +1,9 @@
 // GradArena: Note [Grad arena] and Note [Overwrite first] on the CPU. The
 // optimizer's side of the slots (master, compute copy, moments) is tested in
 // tests/optim/param_store_test.cpp.
-#include "autograd/grad_arena.h"
-#include "autograd/engine.h"
-#include "autograd/ops.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/ops.h"
 #include "tests/test_util.h"
 
 namespace accrue {

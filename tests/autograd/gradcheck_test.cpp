@@ -1,11 +1,11 @@
 // Every differentiable op passes a float64 central-difference gradcheck on the CPU.
-#include "autograd/gradcheck.h"
-#include "autograd/engine.h"
-#include "autograd/node.h"
-#include "autograd/ops.h"
-#include "autograd/statistics_sync.h"
-#include "autograd/variable.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/gradcheck.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/statistics_sync.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/kernels/ops.h"
 #include "tests/autograd/gradcheck_util.h"
 #include "tests/test_util.h"
 

@@ -1,8 +1,8 @@
 // What every gradcheck test file uses: a random f64 leaf and the check.
 #pragma once
 
-#include "autograd/gradcheck.h"
-#include "autograd/variable.h"
+#include "accrue/autograd/gradcheck.h"
+#include "accrue/autograd/variable.h"
 #include "tests/test_util.h"
 
 namespace accrue::test {

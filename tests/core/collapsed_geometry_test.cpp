@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/collapsed_geometry.h"
+#include "accrue/core/collapsed_geometry.h"
 #include "tests/test_util.h"
 
 namespace accrue {

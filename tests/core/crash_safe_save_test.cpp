@@ -14,7 +14,7 @@
 #include <string>
 #include <thread>
 
-#include "core/tensor_io.h"
+#include "accrue/core/tensor_io.h"
 #include "tests/test_util.h"
 
 namespace accrue {

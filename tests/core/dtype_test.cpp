@@ -3,7 +3,7 @@
 #include <cstring>
 #include <limits>
 
-#include "core/dtype.h"
+#include "accrue/core/dtype.h"
 #include "tests/test_util.h"
 
 namespace accrue {

@@ -6,7 +6,7 @@
 
 #include <cstdlib>
 
-#include "core/env_flag.h"
+#include "accrue/core/env_flag.h"
 
 namespace accrue {
 namespace {

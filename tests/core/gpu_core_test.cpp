@@ -4,7 +4,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/allocator.h"
+#include "accrue/core/allocator.h"
 #include "tests/test_util.h"
 
 namespace accrue {

@@ -2,7 +2,7 @@
 // range pushes once and pops at its end, also inside a Window's micro-steps.
 #include <gtest/gtest.h>
 
-#include "core/nvtx.h"
+#include "accrue/core/nvtx.h"
 
 namespace accrue {
 namespace {

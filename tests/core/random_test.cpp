@@ -1,7 +1,7 @@
 // Philox draws on the CPU: reproducibility and distribution sanity.
 #include <cmath>
 
-#include "core/philox.h"
+#include "accrue/core/philox.h"
 #include "tests/test_util.h"
 
 namespace accrue {

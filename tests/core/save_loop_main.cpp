@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "core/tensor.h"
-#include "core/tensor_io.h"
+#include "accrue/core/tensor.h"
+#include "accrue/core/tensor_io.h"
 
 int main(int argc, char** argv) {
   if (argc != 2 || std::string(argv[1]) == "--help") {

@@ -1,7 +1,7 @@
 // Tensor files: safetensors and .npy round trips, byte-exact layouts written
 // from the formats' specs, one test per kind of malformed file, and a fuzz
 // pass proving that damaged files throw accrue::Error rather than crash.
-#include "core/tensor_io.h"
+#include "accrue/core/tensor_io.h"
 
 #include <gmock/gmock.h>
 

@@ -1,8 +1,8 @@
 // Tensor geometry, raw views, copies and factories on the CPU.
 #include <gmock/gmock.h>
 
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
 #include "tests/test_util.h"
 
 namespace accrue {

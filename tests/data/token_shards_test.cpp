@@ -1,7 +1,7 @@
 // Token shards: files written here are read back exactly; ranks read disjoint
 // tokens; order is deterministic, resumable from a saved position and wraps
 // around into the next epoch; every malformed file is an error naming it.
-#include "data/token_shards.h"
+#include "accrue/data/token_shards.h"
 
 #include <unistd.h>
 

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <utility>
 
-#include "autograd/grad_arena.h"
-#include "autograd/variable.h"
-#include "dist/bucket_plan.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/dist/bucket_plan.h"
 #include "tests/test_util.h"
 
 namespace accrue::dist {

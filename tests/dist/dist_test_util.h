@@ -6,7 +6,7 @@
 #include <map>
 #include <string>
 
-#include "dist/tcp_exchange.h"
+#include "accrue/dist/tcp_exchange.h"
 
 namespace accrue::dist {
 

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "dist/tcp_exchange.h"
+#include "accrue/dist/tcp_exchange.h"
 #include "tests/dist/dist_test_util.h"
 #include "tests/test_util.h"
 

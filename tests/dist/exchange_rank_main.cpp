@@ -4,9 +4,9 @@
 // Exit 0: it has rank 0's blob; 3: accrue::Error, its message on stderr.
 #include <cstdio>
 
-#include "core/error.h"
-#include "dist/launch_env.h"
-#include "dist/tcp_exchange.h"
+#include "accrue/core/error.h"
+#include "accrue/dist/launch_env.h"
+#include "accrue/dist/tcp_exchange.h"
 
 int main() {
   using namespace accrue::dist;

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "accrue/dist/process_group.h"
 
 namespace accrue::dist::host {
 

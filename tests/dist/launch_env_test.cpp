@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <optional>
 
-#include "dist/launch_env.h"
+#include "accrue/dist/launch_env.h"
 #include "tests/dist/dist_test_util.h"
 #include "tests/test_util.h"
 

@@ -8,8 +8,8 @@
 
 #include <random>
 
-#include "dist/launch_env.h"
-#include "dist/mpi_bootstrap.h"
+#include "accrue/dist/launch_env.h"
+#include "accrue/dist/mpi_bootstrap.h"
 #include "tests/test_util.h"
 
 namespace accrue::dist {

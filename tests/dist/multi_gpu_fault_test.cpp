@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "dist/reducer.h"
+#include "accrue/dist/reducer.h"
 #include "tests/dist/multi_gpu_world.h"
 #include "tests/equivalence/equivalence_util.h"
 #include "tests/test_util.h"

@@ -8,9 +8,9 @@
 #include <cstring>
 #include <memory>
 
-#include "core/allocator.h"
-#include "core/cuda_runtime.h"
-#include "dist/mpi_bootstrap.h"
+#include "accrue/core/allocator.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/dist/mpi_bootstrap.h"
 #include "tests/dist/multi_gpu_world.h"
 
 namespace accrue::dist::multi_gpu {

@@ -9,9 +9,9 @@
 #include <functional>
 #include <memory>
 
-#include "autograd/engine.h"
-#include "dist/reducer.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/dist/reducer.h"
+#include "accrue/kernels/ops.h"
 #include "tests/dist/multi_gpu_world.h"
 #include "tests/dist/norm_rows_dist_cases.h"
 #include "tests/dist/unused_parameters_util.h"

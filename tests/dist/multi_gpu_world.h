@@ -7,8 +7,8 @@
 // collective time out (Note [No silent hang]), never hang them.
 #pragma once
 
-#include "dist/launch_env.h"
-#include "dist/nccl_communicator.h"
+#include "accrue/dist/launch_env.h"
+#include "accrue/dist/nccl_communicator.h"
 
 namespace accrue::dist::multi_gpu {
 

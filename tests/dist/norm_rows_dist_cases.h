@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "autograd/ops.h"
-#include "dist/reducer.h"
-#include "kernels/window_close.h"
-#include "nn/module.h"
-#include "optim/window.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/dist/reducer.h"
+#include "accrue/kernels/window_close.h"
+#include "accrue/nn/module.h"
+#include "accrue/optim/window.h"
 #include "tests/optim/norm_rows_cases.h"
 #include "tests/test_util.h"
 

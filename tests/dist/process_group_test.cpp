@@ -1,5 +1,5 @@
 // The world-size-1 communicator (StubCommunicator, dist/process_group.h).
-#include "dist/process_group.h"
+#include "accrue/dist/process_group.h"
 #include "tests/test_util.h"
 
 namespace accrue::dist {

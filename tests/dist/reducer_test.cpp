@@ -11,10 +11,10 @@
 #include <limits>
 #include <memory>
 
-#include "autograd/engine.h"
-#include "autograd/variable.h"
-#include "dist/process_group.h"
-#include "dist/reducer.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/dist/process_group.h"
+#include "accrue/dist/reducer.h"
 #include "tests/equivalence/equivalence_util.h"
 #include "tests/test_util.h"
 

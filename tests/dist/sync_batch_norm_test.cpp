@@ -8,12 +8,12 @@
 #include <thread>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/ops.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
-#include "dist/statistics_sync.h"
-#include "nn/batch_norm.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/dist/statistics_sync.h"
+#include "accrue/nn/batch_norm.h"
 #include "tests/dist/host_world.h"
 #include "tests/test_util.h"
 

@@ -9,8 +9,8 @@
 #include <random>
 #include <thread>
 
-#include "dist/launch_env.h"
-#include "dist/tcp_exchange.h"
+#include "accrue/dist/launch_env.h"
+#include "accrue/dist/tcp_exchange.h"
 #include "tests/dist/dist_test_util.h"
 #include "tests/test_util.h"
 

@@ -13,9 +13,9 @@
 #include <memory>
 #include <vector>
 
-#include "autograd/ops.h"
-#include "dist/reducer.h"
-#include "optim/window.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/dist/reducer.h"
+#include "accrue/optim/window.h"
 #include "tests/dist/host_world.h"
 #include "tests/dist/unused_parameters_util.h"
 #include "tests/test_util.h"

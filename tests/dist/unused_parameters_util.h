@@ -12,9 +12,9 @@
 #include <memory>
 #include <vector>
 
-#include "autograd/ops.h"
-#include "dist/reducer.h"
-#include "optim/window.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/dist/reducer.h"
+#include "accrue/optim/window.h"
 
 namespace accrue::dist::unused {
 

@@ -18,8 +18,8 @@
 #include <mutex>
 #include <thread>
 
-#include "dist/process_group.h"
-#include "dist/reducer.h"
+#include "accrue/dist/process_group.h"
+#include "accrue/dist/reducer.h"
 #include "tests/dist/host_world.h"
 #include "tests/equivalence/equivalence_util.h"
 #include "tests/test_util.h"

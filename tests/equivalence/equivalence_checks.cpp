@@ -8,11 +8,11 @@
 #include <cstring>
 #include <string>
 
-#include "autograd/engine.h"
-#include "autograd/variable.h"
-#include "core/allocator.h"
-#include "core/grad_mode.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/allocator.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::equivalence {
 

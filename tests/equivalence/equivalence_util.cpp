@@ -4,9 +4,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "autograd/engine.h"
-#include "core/grad_mode.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::equivalence {
 

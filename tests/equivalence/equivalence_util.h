@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "autograd/grad_arena.h"
-#include "autograd/ops.h"
-#include "nn/module.h"
-#include "optim/optimizer.h"
-#include "optim/window.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/nn/module.h"
+#include "accrue/optim/optimizer.h"
+#include "accrue/optim/window.h"
 
 namespace accrue::equivalence {
 

@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "core/error.h"
+#include "accrue/core/error.h"
 #include "examples/common/checkpoint_file.h"
 #include "examples/common/json.h"
 #include "examples/common/options.h"

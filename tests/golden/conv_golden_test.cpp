@@ -5,11 +5,11 @@
 #include <map>
 #include <string>
 
-#include "autograd/conv_ops.h"
-#include "autograd/engine.h"
-#include "autograd/variable.h"
-#include "core/tensor_io.h"
-#include "nn/batch_norm.h"
+#include "accrue/autograd/conv_ops.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/tensor_io.h"
+#include "accrue/nn/batch_norm.h"
 #include "tests/test_util.h"
 
 namespace accrue {

@@ -22,12 +22,12 @@
 #include <string>
 #include <vector>
 
-#include "autograd/grad_arena.h"
-#include "autograd/ops.h"
-#include "core/tensor_io.h"
-#include "optim/loss_scaler.h"
-#include "optim/optimizer.h"
-#include "optim/window.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/core/tensor_io.h"
+#include "accrue/optim/loss_scaler.h"
+#include "accrue/optim/optimizer.h"
+#include "accrue/optim/window.h"
 
 #ifndef ACCRUE_GOLDEN_DIR
 #error "ACCRUE_GOLDEN_DIR must name the fixture directory (see tests/golden/CMakeLists.txt)"

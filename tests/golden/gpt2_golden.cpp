@@ -3,9 +3,9 @@
 #include <cmath>
 #include <filesystem>
 
-#include "core/grad_mode.h"
-#include "core/random.h"
-#include "core/tensor_io.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/random.h"
+#include "accrue/core/tensor_io.h"
 
 namespace accrue::golden {
 

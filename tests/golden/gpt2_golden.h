@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "autograd/grad_arena.h"
-#include "nn/gpt2.h"
-#include "optim/optimizer.h"
-#include "optim/window.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/nn/gpt2.h"
+#include "accrue/optim/optimizer.h"
+#include "accrue/optim/window.h"
 
 #ifndef ACCRUE_GOLDEN_DIR
 #error "ACCRUE_GOLDEN_DIR must name the fixture directory (see tests/golden/CMakeLists.txt)"

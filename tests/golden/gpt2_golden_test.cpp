@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/variable.h"
-#include "core/tensor_io.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/tensor_io.h"
 #include "tests/golden/gpt2_golden.h"
 #include "tests/test_util.h"
 

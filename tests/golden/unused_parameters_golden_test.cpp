@@ -24,11 +24,11 @@
 #include <string>
 #include <vector>
 
-#include "autograd/grad_arena.h"
-#include "autograd/ops.h"
-#include "core/tensor_io.h"
-#include "optim/optimizer.h"
-#include "optim/window.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/core/tensor_io.h"
+#include "accrue/optim/optimizer.h"
+#include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
 #ifndef ACCRUE_GOLDEN_DIR

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "core/env_flag.h"
-#include "core/random.h"
-#include "kernels/attention.h"
+#include "accrue/core/env_flag.h"
+#include "accrue/core/random.h"
+#include "accrue/kernels/attention.h"
 #include "tests/test_util.h"
 
 namespace accrue {

@@ -9,8 +9,8 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/batch_norm.h"
-#include "kernels/ops.h"
+#include "accrue/kernels/batch_norm.h"
+#include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
 namespace accrue {

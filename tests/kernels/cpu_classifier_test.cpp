@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/classifier.h"
-#include "kernels/ops.h"
+#include "accrue/kernels/classifier.h"
+#include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
 namespace accrue {

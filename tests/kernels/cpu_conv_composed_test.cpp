@@ -6,9 +6,9 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/conv.h"
-#include "kernels/conv_backend.h"
-#include "kernels/ops.h"
+#include "accrue/kernels/conv.h"
+#include "accrue/kernels/conv_backend.h"
+#include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
 namespace accrue {

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/conv.h"
-#include "kernels/ops.h"
+#include "accrue/kernels/conv.h"
+#include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
 namespace accrue {

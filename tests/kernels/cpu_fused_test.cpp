@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "autograd/ops.h"
-#include "core/random.h"
-#include "kernels/dropout.h"
-#include "kernels/fused.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/core/random.h"
+#include "accrue/kernels/dropout.h"
+#include "accrue/kernels/fused.h"
+#include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
 namespace accrue {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/ops.h"
+#include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
 namespace accrue {

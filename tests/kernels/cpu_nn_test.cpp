@@ -7,7 +7,7 @@
 #include <functional>
 #include <limits>
 
-#include "kernels/ops.h"
+#include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
 namespace accrue {

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/window_close.h"
+#include "accrue/kernels/window_close.h"
 #include "tests/kernels/optimizer_kinds.h"
 #include "tests/test_util.h"
 

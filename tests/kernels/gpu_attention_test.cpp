@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/transformer_ops.h"
-#include "autograd/variable.h"
-#include "core/allocator.h"
-#include "kernels/attention.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/transformer_ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/allocator.h"
+#include "accrue/kernels/attention.h"
+#include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
 namespace accrue {

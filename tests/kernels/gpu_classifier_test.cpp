@@ -13,18 +13,18 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/grad_arena.h"
-#include "autograd/ops.h"
-#include "autograd/transformer_ops.h"
-#include "autograd/variable.h"
-#include "core/allocator.h"
-#include "kernels/classifier.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/transformer_ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/allocator.h"
+#include "accrue/kernels/classifier.h"
 #ifdef ACCRUE_WITH_CUDA
-#include "kernels/classifier_backend.h"
+#include "accrue/kernels/classifier_backend.h"
 #endif
-#include "kernels/ops.h"
-#include "optim/param_store.h"
+#include "accrue/kernels/ops.h"
+#include "accrue/optim/param_store.h"
 #include "tests/test_util.h"
 
 namespace accrue {

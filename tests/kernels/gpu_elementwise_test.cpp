@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ops.h"
+#include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
 namespace accrue {

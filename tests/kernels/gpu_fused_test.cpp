@@ -9,16 +9,16 @@
 #include <string>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/ops.h"
-#include "autograd/transformer_ops.h"
-#include "autograd/variable.h"
-#include "kernels/dropout.h"
-#include "kernels/fused.h"
-#include "kernels/ops.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/transformer_ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/kernels/dropout.h"
+#include "accrue/kernels/fused.h"
+#include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 #ifdef ACCRUE_WITH_CUDA
-#include "kernels/fused_backend.h"
+#include "accrue/kernels/fused_backend.h"
 #endif
 
 namespace accrue {

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/batch_norm.h"
-#include "kernels/conv.h"
-#include "kernels/ops.h"
+#include "accrue/kernels/batch_norm.h"
+#include "accrue/kernels/conv.h"
+#include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
 namespace accrue {

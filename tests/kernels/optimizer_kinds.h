@@ -2,7 +2,7 @@
 // for the window-close tests of both backends.
 #pragma once
 
-#include "kernels/window_close.h"
+#include "accrue/kernels/window_close.h"
 
 namespace accrue::test {
 

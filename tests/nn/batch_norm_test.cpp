@@ -8,11 +8,11 @@
 #include <memory>
 #include <vector>
 
-#include "autograd/gradcheck.h"
-#include "autograd/ops.h"
-#include "core/grad_mode.h"
-#include "nn/batch_norm.h"
-#include "optim/window.h"
+#include "accrue/autograd/gradcheck.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/nn/batch_norm.h"
+#include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
 namespace accrue {

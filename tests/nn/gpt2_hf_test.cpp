@@ -1,7 +1,7 @@
 // Hugging Face GPT-2 safetensors <-> nn::GPT2: names, Conv1D layouts, the
 // padded vocabulary, ignored buffers, tied lm_head, errors, and loading into
 // a model an optim::ParamStore already holds (Note [One load path]).
-#include "nn/gpt2_hf.h"
+#include "accrue/nn/gpt2_hf.h"
 
 #include <gmock/gmock.h>
 
@@ -10,12 +10,12 @@
 #include <memory>
 #include <string>
 
-#include "optim/optimizer.h"
-#include "optim/param_store.h"
-#include "optim/window.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
-#include "core/tensor_io.h"
+#include "accrue/optim/optimizer.h"
+#include "accrue/optim/param_store.h"
+#include "accrue/optim/window.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/tensor_io.h"
 #include "tests/test_util.h"
 
 namespace accrue {

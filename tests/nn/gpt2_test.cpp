@@ -2,7 +2,7 @@
 // forward and loss, the float64 gradcheck of the whole model, activation
 // checkpointing (bitwise-equal gradients), and accumulation in a GradArena +
 // Window equal to the large batch.
-#include "nn/gpt2.h"
+#include "accrue/nn/gpt2.h"
 
 #include <gmock/gmock.h>
 
@@ -13,13 +13,13 @@
 #include <string>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/grad_arena.h"
-#include "autograd/gradcheck.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
-#include "optim/optimizer.h"
-#include "optim/window.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/autograd/gradcheck.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/optim/optimizer.h"
+#include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
 namespace accrue {

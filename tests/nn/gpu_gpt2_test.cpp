@@ -9,15 +9,15 @@
 #include <string>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/grad_arena.h"
-#include "optim/param_store.h"
-#include "autograd/variable.h"
-#include "core/allocator.h"
-#include "core/cuda_runtime.h"
-#include "core/grad_mode.h"
-#include "kernels/ops.h"
-#include "nn/gpt2.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/optim/param_store.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/allocator.h"
+#include "accrue/core/cuda_runtime.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/ops.h"
+#include "accrue/nn/gpt2.h"
 #include "tests/test_util.h"
 
 namespace accrue {

@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/ops.h"
-#include "autograd/variable.h"
-#include "kernels/ops.h"
-#include "nn/resnet.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/kernels/ops.h"
+#include "accrue/nn/resnet.h"
 #include "tests/test_util.h"
 
 namespace accrue {

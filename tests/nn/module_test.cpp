@@ -6,15 +6,15 @@
 #include <memory>
 #include <string>
 
-#include "autograd/engine.h"
-#include "autograd/ops.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
-#include "core/nvtx.h"
-#include "core/tensor_io.h"
-#include "kernels/ops.h"
-#include "nn/module.h"
-#include "optim/sgd.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/nvtx.h"
+#include "accrue/core/tensor_io.h"
+#include "accrue/kernels/ops.h"
+#include "accrue/nn/module.h"
+#include "accrue/optim/sgd.h"
 #include "tests/test_util.h"
 
 namespace accrue {

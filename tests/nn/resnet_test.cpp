@@ -1,17 +1,17 @@
 // nn::ResNet: torchvision's architecture (parameter counts and names), the
 // small-input stem, zero_init_residual, gradients (float64 gradcheck), bad input.
-#include "nn/resnet.h"
+#include "accrue/nn/resnet.h"
 
 #include <algorithm>
 
-#include "autograd/grad_arena.h"
-#include "autograd/gradcheck.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
-#include "kernels/ops.h"
-#include "optim/optimizer.h"
-#include "optim/sgd.h"
-#include "optim/window.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/autograd/gradcheck.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/ops.h"
+#include "accrue/optim/optimizer.h"
+#include "accrue/optim/sgd.h"
+#include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
 namespace accrue {

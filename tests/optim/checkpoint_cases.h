@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "autograd/ops.h"
-#include "core/tensor_io.h"
-#include "nn/module.h"
-#include "optim/window.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/core/tensor_io.h"
+#include "accrue/nn/module.h"
+#include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
 namespace accrue::test {

@@ -1,9 +1,9 @@
 // Note [Close stages]: the close's stages follow the options, in one order.
-#include "optim/close_stages.h"
+#include "accrue/optim/close_stages.h"
 
-#include "autograd/ops.h"
-#include "nn/module.h"
-#include "optim/window.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/nn/module.h"
+#include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
 namespace accrue {

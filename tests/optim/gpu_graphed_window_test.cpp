@@ -1,8 +1,8 @@
 // Note [Graphed window] on CUDA: micro-steps and closes replayed from graphs
 // give bitwise the eager run's weights, and what cannot be captured runs
 // eagerly with its warning.
-#include "core/allocator.h"
-#include "core/cuda_graph.h"
+#include "accrue/core/allocator.h"
+#include "accrue/core/cuda_graph.h"
 #include "tests/optim/graphed_window_cases.h"
 
 namespace accrue {

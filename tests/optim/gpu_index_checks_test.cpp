@@ -5,8 +5,8 @@
 
 #include <cstdlib>
 
-#include "core/allocator.h"
-#include "core/cuda_runtime.h"
+#include "accrue/core/allocator.h"
+#include "accrue/core/cuda_runtime.h"
 #include "tests/optim/index_check_cases.h"
 
 namespace accrue {

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "autograd/grad_arena.h"
-#include "nn/gpt2.h"
-#include "optim/graphed_window.h"
+#include "accrue/autograd/grad_arena.h"
+#include "accrue/nn/gpt2.h"
+#include "accrue/optim/graphed_window.h"
 #include "tests/test_util.h"
 
 namespace accrue::test {

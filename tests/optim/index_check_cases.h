@@ -9,12 +9,12 @@
 #include <memory>
 #include <vector>
 
-#include "autograd/ops.h"
-#include "autograd/transformer_ops.h"
-#include "core/grad_mode.h"
-#include "kernels/ops.h"
-#include "nn/module.h"
-#include "optim/window.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/transformer_ops.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/ops.h"
+#include "accrue/nn/module.h"
+#include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
 namespace accrue::test {

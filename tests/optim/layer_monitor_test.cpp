@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/ops.h"
-#include "autograd/variable.h"
-#include "nn/module.h"
-#include "optim/layer_monitor.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/nn/module.h"
+#include "accrue/optim/layer_monitor.h"
 #include "tests/test_util.h"
 
 namespace accrue {

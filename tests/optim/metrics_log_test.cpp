@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "optim/metrics_log.h"
+#include "accrue/optim/metrics_log.h"
 #include "tests/test_util.h"
 
 namespace accrue {

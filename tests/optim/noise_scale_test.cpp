@@ -7,9 +7,9 @@
 #include <cmath>
 #include <cstdio>
 
-#include "autograd/ops.h"
-#include "kernels/ops.h"
-#include "optim/window.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/kernels/ops.h"
+#include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
 namespace accrue {

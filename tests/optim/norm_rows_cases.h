@@ -9,10 +9,10 @@
 #include <memory>
 #include <vector>
 
-#include "autograd/ops.h"
-#include "kernels/window_close.h"
-#include "nn/module.h"
-#include "optim/window.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/kernels/window_close.h"
+#include "accrue/nn/module.h"
+#include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
 namespace accrue::test {

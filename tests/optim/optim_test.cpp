@@ -8,11 +8,11 @@
 #include <memory>
 #include <string>
 
-#include "autograd/ops.h"
-#include "core/tensor_io.h"
-#include "kernels/window_close.h"
-#include "nn/module.h"
-#include "optim/window.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/core/tensor_io.h"
+#include "accrue/kernels/window_close.h"
+#include "accrue/nn/module.h"
+#include "accrue/optim/window.h"
 #include "tests/optim/checkpoint_cases.h"
 #include "tests/optim/graphed_window_cases.h"
 #include "tests/test_util.h"

@@ -1,8 +1,8 @@
 // ParamStore: Note [Parameter store] and Note [One load path] on the CPU.
-#include "optim/param_store.h"
+#include "accrue/optim/param_store.h"
 
-#include "autograd/ops.h"
-#include "nn/module.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/nn/module.h"
 #include "tests/test_util.h"
 
 namespace accrue {

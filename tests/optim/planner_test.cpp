@@ -5,11 +5,11 @@
 
 #include <cstdio>
 
-#include "autograd/engine.h"
-#include "autograd/ops.h"
-#include "autograd/variable.h"
-#include "nn/module.h"
-#include "optim/planner.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/nn/module.h"
+#include "accrue/optim/planner.h"
 #include "tests/test_util.h"
 
 namespace accrue {

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "autograd/ops.h"
-#include "nn/module.h"
-#include "optim/run_window.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/nn/module.h"
+#include "accrue/optim/run_window.h"
 #include "tests/test_util.h"
 
 namespace accrue {

@@ -7,12 +7,12 @@
 #include <memory>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/gradient_observer.h"
-#include "autograd/ops.h"
-#include "autograd/variable.h"
-#include "nn/module.h"
-#include "optim/window.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/gradient_observer.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/nn/module.h"
+#include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
 namespace accrue {

@@ -6,14 +6,14 @@
 #include <cstdio>
 #include <memory>
 
-#include "autograd/engine.h"
-#include "autograd/ops.h"
-#include "autograd/variable.h"
-#include "core/grad_mode.h"
-#include "kernels/ops.h"
-#include "nn/module.h"
-#include "optim/verify.h"
-#include "optim/window.h"
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/ops.h"
+#include "accrue/nn/module.h"
+#include "accrue/optim/verify.h"
+#include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
 namespace accrue {
