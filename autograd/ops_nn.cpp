@@ -52,7 +52,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   out_shape.back() = out_features;
   Tensor x2 = detach(x).reshape({-1, in});
   // With a bias, one GEMM with the bias in its epilogue on CUDA (Note [Bias
-  // epilogue] in kernels/cuda/matmul.cu); matmul then add on the CPU.
+  // epilogue] in kernels/cuda/gemm_epilogue.cu); matmul then add on the CPU.
   const Tensor y2 = bias.defined() ? kernels::linear(x2, detach(weight), detach(bias))
                                    : kernels::matmul(x2, detach(weight).transpose(0, 1));
   Tensor out = y2.reshape(out_shape);

@@ -55,7 +55,7 @@ void grad_norm_partials(const Tensor& grads, const Tensor& partials);
 // those elements alone and is computed by the same code whichever launch
 // computes it, so rows computed early, one range at a time (the Window does
 // as the last micro-step's gradients land: Note [Norm under the backward] in
-// optim/window.h), are bitwise the rows of one grad_norm_partials call.
+// optim/norm_rows.h), are bitwise the rows of one grad_norm_partials call.
 int64_t norm_row_elements(const Tensor& grads);
 // Rows [first_row, first_row + rows) of grad_norm_partials(grads, partials);
 // partials is the whole [norm_partials_rows(grads), 2] table.

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks that every cited Note is written somewhere in the repository.
+"""Checks that every cited Note is written somewhere in the repository, and
+written where a citation says it is.
 
 The code documents its invariants as Notes: a definition is a comment line
 holding only the Note's name in brackets, after the word Note, with a line of
@@ -12,8 +13,12 @@ tildes under it,
 (or the same with '#' comments in CMake, shell and Python files). Anywhere
 else, the word Note followed by a bracketed name is a citation, which may wrap
 across comment lines. A citation without a definition, or a name defined
-twice, makes the check fail (exit 1) with file:line of each. build*/,
-third_party/ and .git/ are not searched.
+twice, makes the check fail (exit 1) with file:line of each. So does a
+citation that says where the Note is ("Note [<name>] in dir/file.h", the path
+whole or its tail) and names another file than the definition's: a moved
+Note takes its pointers along. bench/RESULTS.md is history, so its places
+are not checked (its citations are). build*/, third_party/ and .git/ are not
+searched.
 
 Usage: check_notes.py [ROOT] [--list]
   ROOT    the repository root (default: the folder above this script's)
@@ -37,6 +42,10 @@ UNDERLINE = re.compile(r"^\s*(?://+|#+)\s*~{3,}\s*$")
 # Comment leaders removed before lines are joined, so that a citation wrapped
 # from one comment line to the next reads as one.
 LEADER = re.compile(r"^\s*(?://+|#+|/?\*+|>+)?\s*")
+# What may follow a citation to say where the Note is written: " in
+# kernels/conv.h", " in `optim/window.h`".
+PLACE = re.compile(r"\s+in\s+`?([\w./-]+\.(?:h|cpp|cu|cuh|inc|py|sh|cmake|txt|md))`?")
+HISTORY = {os.path.join("bench", "RESULTS.md")}  # places as of when written
 
 
 def source_files(root):
@@ -53,7 +62,7 @@ def source_files(root):
             yield os.path.relpath(path, root), data.decode("utf-8", errors="replace")
 
 
-def scan(rel, text, definitions, citations):
+def scan(rel, text, definitions, citations, placed=None):
     lines = text.splitlines()
     defining = set()  # line numbers of definitions, which cite nothing
     for i, line in enumerate(lines):
@@ -79,6 +88,9 @@ def scan(rel, text, definitions, citations):
             continue
         name = " ".join(m.group(1).split())
         citations.setdefault(name, []).append((rel, line_no + 1))
+        place = PLACE.match(joined, m.end())
+        if place and placed is not None and rel not in HISTORY:
+            placed.append((name, place.group(1), rel, line_no + 1))
 
 
 def main(argv):
@@ -94,9 +106,9 @@ def main(argv):
         print(f"check_notes: {root} is not a directory", file=sys.stderr)
         return 2
 
-    definitions, citations = {}, {}
+    definitions, citations, placed = {}, {}, []
     for rel, text in source_files(root):
-        scan(rel, text, definitions, citations)
+        scan(rel, text, definitions, citations, placed)
 
     if "--list" in flags:
         for name in sorted(definitions, key=str.lower):
@@ -108,10 +120,15 @@ def main(argv):
         if name not in definitions:
             for f, n in places:
                 problems.append(f"{f}:{n}: Note [{name}] is cited but defined nowhere")
-    for name, places in sorted(definitions.items()):
-        if len(places) > 1:
-            where = ", ".join(f"{f}:{n}" for f, n in places)
-            problems.append(f"Note [{name}] is defined {len(places)} times: {where}")
+    for name, defined in sorted(definitions.items()):
+        if len(defined) > 1:
+            where = ", ".join(f"{f}:{n}" for f, n in defined)
+            problems.append(f"Note [{name}] is defined {len(defined)} times: {where}")
+    for name, place, f, n in placed:
+        defined = definitions.get(name, [])
+        if defined and not any(d == place or d.endswith("/" + place) for d, _ in defined):
+            problems.append(f"{f}:{n}: Note [{name}] is said to be in {place}, "
+                            f"but it is written in {defined[0][0]}")
 
     cited = sum(len(p) for p in citations.values())
     if problems:
@@ -120,7 +137,7 @@ def main(argv):
               f"{cited} citations of {len(citations)} names", file=sys.stderr)
         return 1
     print(f"check_notes: ok, {len(definitions)} Notes defined, {cited} citations of "
-          f"{len(citations)} names, every citation written")
+          f"{len(citations)} names, every citation written (and where placed, placed right)")
     return 0
 
 
