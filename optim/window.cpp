@@ -26,13 +26,9 @@ const char* unused_parameters_name(UnusedParameters policy) {
   return "unknown";
 }
 
-Window::Window(ParamStore& store, Optimizer& optimizer, const WindowOptions& options,
-               GradientSync* sync)
-    : store_(store),
-      optimizer_(optimizer),
-      options_(options),
-      sync_(sync),
-      ctx_(std::make_unique<CloseContext>()) {
+namespace {
+
+void check_options(const WindowOptions& options) {
   ACCRUE_CHECK(options.micro_steps() >= 1, "Window: micro_steps must be >= 1, got ",
                options.micro_steps());
   ACCRUE_CHECK(std::isfinite(options.max_grad_norm()), "Window: invalid max_grad_norm ",
@@ -49,7 +45,13 @@ Window::Window(ParamStore& store, Optimizer& optimizer, const WindowOptions& opt
         "Window: the gradient noise scale needs K >= 2 micro-steps and item-count "
         "normalization (K = ",
         options.micro_steps(), ")");
-  CloseContext& c = *ctx_;
+}
+
+// The device state and configuration the close's stages act on (Note [Close stages]).
+std::unique_ptr<CloseContext> make_context(ParamStore& store, Optimizer& optimizer,
+                                           const WindowOptions& options, GradientSync* sync) {
+  auto ctx = std::make_unique<CloseContext>();
+  CloseContext& c = *ctx;
   c.store = &store;
   c.optimizer = &optimizer;
   c.sync = sync;
@@ -61,10 +63,9 @@ Window::Window(ParamStore& store, Optimizer& optimizer, const WindowOptions& opt
   c.config.max_norm = options.max_grad_norm();
   const Device device = store.options().device;
   // Note [Scale calibration]: a calibrated scaler runs its first window at kCalibrationScale.
-  const bool calibrate = options.scaler().calibrates();
   const double initial = options.scaler().mode() == ScalerMode::None ? 1.0
-                         : calibrate                                 ? kCalibrationScale
-                                     : options.scaler().init_scale();
+                         : options.scaler().calibrates()             ? kCalibrationScale
+                                                         : options.scaler().init_scale();
   c.state = kernels::make_window_state(initial, device);
   if (sync) c.ranges = sync->owned_ranges();
   if (c.sharded()) {
@@ -86,17 +87,33 @@ Window::Window(ParamStore& store, Optimizer& optimizer, const WindowOptions& opt
   }
   c.loss_sum = zeros({}, DType::f64, device);
   c.last = zeros({CloseContext::kLastSize}, DType::f64, device);
-  if (skips_unused()) c.slots = make_slot_tables(store);  // Note [Unused parameters]
-  index_checks_ = std::make_unique<kernels::DeferredIndexChecks>(device, field(kernels::kItems));
-  CloseFeatures features;
-  features.skips_unused = skips_unused();
-  features.norm_under_backward = options.norm_under_backward();
-  features.noise_every = options.noise_scale_every();
-  features.noise_ema = options.noise_scale_ema();
-  features.calibrate = calibrate;
-  features.calibration_scale = kCalibrationScale;
-  features.calibration_margin = options.scaler().calibration_margin();
-  stages_ = make_close_stages(c, features);
+  // Note [Unused parameters]
+  if (options.unused_parameters() == UnusedParameters::skip) c.slots = make_slot_tables(store);
+  return ctx;
+}
+
+CloseFeatures features_of(const WindowOptions& options) {
+  CloseFeatures f;
+  f.skips_unused = options.unused_parameters() == UnusedParameters::skip;
+  f.norm_under_backward = options.norm_under_backward();
+  f.noise_every = options.noise_scale_every();
+  f.noise_ema = options.noise_scale_ema();
+  f.calibrate = options.scaler().calibrates();
+  f.calibration_scale = kCalibrationScale;
+  f.calibration_margin = options.scaler().calibration_margin();
+  return f;
+}
+
+}  // namespace
+
+Window::Window(ParamStore& store, Optimizer& optimizer, const WindowOptions& options,
+               GradientSync* sync)
+    : store_(store), optimizer_(optimizer), options_(options), sync_(sync) {
+  check_options(options);
+  ctx_ = make_context(store, optimizer, options, sync);
+  index_checks_ = std::make_unique<kernels::DeferredIndexChecks>(store.options().device,
+                                                                 field(kernels::kItems));
+  stages_ = make_close_stages(*ctx_, features_of(options));
   optimizer_.bind(store);
 }
 
