@@ -61,23 +61,8 @@ if(CUDNN_INCLUDE_DIR AND EXISTS "${CUDNN_INCLUDE_DIR}/cudnn_version.h")
   endif()
 endif()
 
-include(FindPackageHandleStandardArgs)
-find_package_handle_standard_args(CUDNN
-  REQUIRED_VARS CUDNN_LIBRARY CUDNN_INCLUDE_DIR
-  VERSION_VAR CUDNN_VERSION)
-
-if(CUDNN_FOUND)
-  set(CUDNN_INCLUDE_DIRS "${CUDNN_INCLUDE_DIR}")
-  set(CUDNN_LIBRARIES "${CUDNN_LIBRARY}")
-  if(NOT TARGET CUDNN::cudnn)
-    add_library(CUDNN::cudnn UNKNOWN IMPORTED)
-    set_target_properties(CUDNN::cudnn PROPERTIES
-      IMPORTED_LOCATION "${CUDNN_LIBRARY}"
-      INTERFACE_INCLUDE_DIRECTORIES "${CUDNN_INCLUDE_DIR}")
-  endif()
-endif()
-
-mark_as_advanced(CUDNN_INCLUDE_DIR CUDNN_LIBRARY)
+include(${CMAKE_CURRENT_LIST_DIR}/AccrueImportFoundLibrary.cmake)
+accrue_import_found_library(CUDNN CUDNN::cudnn)
 unset(_cudnn_hints)
 unset(_cudnn_cuda_paths)
 unset(_cudnn_version_lines)

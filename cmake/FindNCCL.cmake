@@ -64,23 +64,8 @@ if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
   endif()
 endif()
 
-include(FindPackageHandleStandardArgs)
-find_package_handle_standard_args(NCCL
-  REQUIRED_VARS NCCL_LIBRARY NCCL_INCLUDE_DIR
-  VERSION_VAR NCCL_VERSION)
-
-if(NCCL_FOUND)
-  set(NCCL_INCLUDE_DIRS "${NCCL_INCLUDE_DIR}")
-  set(NCCL_LIBRARIES "${NCCL_LIBRARY}")
-  if(NOT TARGET NCCL::nccl)
-    add_library(NCCL::nccl UNKNOWN IMPORTED)
-    set_target_properties(NCCL::nccl PROPERTIES
-      IMPORTED_LOCATION "${NCCL_LIBRARY}"
-      INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
-  endif()
-endif()
-
-mark_as_advanced(NCCL_INCLUDE_DIR NCCL_LIBRARY)
+include(${CMAKE_CURRENT_LIST_DIR}/AccrueImportFoundLibrary.cmake)
+accrue_import_found_library(NCCL NCCL::nccl)
 unset(_nccl_hints)
 unset(_nccl_cuda_paths)
 unset(_nccl_cuda_include_dirs)
