@@ -34,17 +34,25 @@ namespace accrue {
 // the data section exactly, without overlaps, holes or trailing bytes. BOOL
 // bytes must be 0 or 1. The optional "__metadata__" (string -> string) is
 // returned through `metadata` when it is not null.
+//
+// Checksums (Note [Tensor checksums] in core/safetensors.cpp): every file
+// save_safetensors writes records a CRC32C of each tensor's bytes and one of
+// the header; load_safetensors verifies them when the file carries them and
+// throws naming the file, the tensor (or the header) and both checksums on a
+// mismatch. Files without checksums (PyTorch's, transformers') load as before.
+// The checksum entries ("accrue.crc32c" and "accrue.crc32c.<name>") are not
+// returned in `metadata`, and save_safetensors refuses them as metadata keys.
 std::map<std::string, Tensor> load_safetensors(const std::string& path,
                                                std::map<std::string, std::string>* metadata);
 std::map<std::string, Tensor> load_safetensors(const std::string& path);
 
 // Writes tensors of any device, dtype and strides (as contiguous little-endian
-// bytes). The layout is the reference implementation's, byte for byte: entries
-// ordered by element size, largest first, then by name (so every tensor's data
-// is naturally aligned), data offsets contiguous, compact JSON padded with
-// spaces to a multiple of 8 bytes, "__metadata__" first and only when
-// non-empty. Names and metadata must be valid UTF-8; "__metadata__" is not a
-// valid tensor name.
+// bytes). The layout is the reference implementation's, byte for byte, given
+// the same metadata (the caller's plus the checksums): entries ordered by
+// element size, largest first, then by name (so every tensor's data is
+// naturally aligned), data offsets contiguous, compact JSON padded with spaces
+// to a multiple of 8 bytes, "__metadata__" first. Names and metadata must be
+// valid UTF-8; "__metadata__" is not a valid tensor name.
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 

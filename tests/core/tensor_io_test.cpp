@@ -3,8 +3,12 @@
 // pass proving that damaged files throw accrue::Error rather than crash.
 #include "accrue/core/tensor_io.h"
 
+#include "accrue/core/crc32c.h"
+
 #include <gmock/gmock.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -189,37 +193,102 @@ TEST_F(TensorIO, safetensors_metadata_round_trips_with_escapes) {
   EXPECT_THAT(read_bytes(path("m.safetensors")), HasSubstr("\\n"));
   EXPECT_THAT(read_bytes(path("m.safetensors")), HasSubstr("\\u0001"));
 
-  // No metadata: no "__metadata__" key at all, and reading gives an empty map.
+  // No metadata: "__metadata__" holds only the checksums, which reading leaves
+  // out (Note [Tensor checksums]), so it gives an empty map.
   save_safetensors(path("n.safetensors"), {{"w", random_tensor({2}, DType::f32, rng)}});
-  EXPECT_THAT(read_bytes(path("n.safetensors")), ::testing::Not(HasSubstr("__metadata__")));
+  EXPECT_THAT(read_bytes(path("n.safetensors")), HasSubstr(R"({"__metadata__":{"accrue.crc32c":)"));
   read = {{"stale", "x"}};
   load_safetensors(path("n.safetensors"), &read);
   EXPECT_TRUE(read.empty());
 }
 
-// The expected bytes are the reference implementation's own serialization
-// tests (safetensors/src/tensor.rs): accrue writes the same files.
+// The checksum metadata of Note [Tensor checksums], computed here from the
+// Note's definition (independently of core/safetensors.cpp): the "__metadata__"
+// object the writer puts first, for the caller's metadata `user` (plain ASCII
+// keys and values) and the tensors `entries`.
+struct ExpectedEntry {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  int64_t begin, end;
+  std::string data;
+};
+std::string hex8(uint32_t v) {
+  char s[9];
+  std::snprintf(s, sizeof s, "%08x", v);
+  return s;
+}
+void add_to(std::string& out, const std::string& a, const char* b) {
+  out += a;
+  out += b;
+}
+std::string expected_metadata(std::map<std::string, std::string> user,
+                              std::vector<ExpectedEntry> entries) {
+  std::sort(entries.begin(), entries.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::string canonical;
+  const auto add = [&](const std::string& part, char end) {
+    canonical += part;
+    canonical += end;
+  };
+  for (const auto& [k, v] : user) {
+    canonical += 'm';
+    add(k, '\0');
+    add(v, '\0');
+  }
+  for (const auto& e : entries) {
+    canonical += 't';
+    add(e.name, '\0');
+    add(e.dtype, '\0');
+    for (size_t i = 0; i < e.shape.size(); ++i)
+      add(std::to_string(e.shape[i]), i + 1 < e.shape.size() ? ',' : '\0');
+    if (e.shape.empty()) canonical += '\0';
+    add(std::to_string(e.begin), ',');
+    add(std::to_string(e.end), '\0');
+  }
+  std::map<std::string, std::string> all = user;
+  all["accrue.crc32c"] = hex8(crc32c(canonical.data(), canonical.size()));
+  for (const auto& e : entries)
+    all["accrue.crc32c." + e.name] = hex8(crc32c(e.data.data(), e.data.size()));
+  std::string out = R"({"__metadata__":{)";
+  for (const auto& [k, v] : all) {
+    if (out.back() != '{') out += ',';
+    out += '"';
+    add_to(out, k, "\":\"");
+    add_to(out, v, "\"");
+  }
+  return out + "}";
+}
+std::string padded(std::string header) {
+  header.append((8 - header.size() % 8) % 8, ' ');
+  return header;
+}
+
+// The expected layout is the reference implementation's own serialization
+// tests' (safetensors/src/tensor.rs), given the same metadata: accrue writes the
+// same files, with the checksums as metadata.
 TEST_F(TensorIO, safetensors_writer_matches_the_reference_bytes) {
   const std::string data = raw<float>({0, 1, 2, 3, 4, 5});
   Tensor t = from_vector<float>({0, 1, 2, 3, 4, 5}, {1, 2, 3});
 
   save_safetensors(path("a.safetensors"), {{"attn.0", t}});
-  const std::string header1 = R"({"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})";
-  ASSERT_EQ(header1.size(), 64u);
-  EXPECT_EQ(read_bytes(path("a.safetensors")), safetensors_bytes(header1, data));
+  const std::string header1 = expected_metadata({}, {{"attn.0", "F32", {1, 2, 3}, 0, 24, data}}) +
+                              R"(,"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})";
+  EXPECT_EQ(read_bytes(path("a.safetensors")), safetensors_bytes(padded(header1), data));
 
-  // A 65-byte header is padded with 7 spaces to 72.
   save_safetensors(path("b.safetensors"), {{"attn0", t.reshape({1, 1, 2, 3})}});
   const std::string header2 =
-      R"({"attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}})" + std::string(7, ' ');
-  EXPECT_EQ(read_bytes(path("b.safetensors")), safetensors_bytes(header2, data));
+      expected_metadata({}, {{"attn0", "F32", {1, 1, 2, 3}, 0, 24, data}}) +
+      R"(,"attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}})";
+  EXPECT_EQ(read_bytes(path("b.safetensors")), safetensors_bytes(padded(header2), data));
 
+  // No tensors: the header checksum alone, of the empty canonical form (CRC 0).
   save_safetensors(path("c.safetensors"), {});
-  EXPECT_EQ(read_bytes(path("c.safetensors")), safetensors_bytes("{}      ", ""));
+  EXPECT_EQ(read_bytes(path("c.safetensors")),
+            safetensors_bytes(padded(R"({"__metadata__":{"accrue.crc32c":"00000000"}})"), ""));
 
   save_safetensors(path("d.safetensors"), {}, {{"framework", "pt"}});
   EXPECT_EQ(read_bytes(path("d.safetensors")),
-            safetensors_bytes(R"({"__metadata__":{"framework":"pt"}})" + std::string(5, ' '), ""));
+            safetensors_bytes(padded(expected_metadata({{"framework", "pt"}}, {}) + "}"), ""));
   EXPECT_TRUE(load_safetensors(path("d.safetensors")).empty());
 }
 
@@ -230,14 +299,19 @@ TEST_F(TensorIO, safetensors_writer_orders_by_dtype_then_name_so_data_is_aligned
                                            {"c", random_tensor({2}, DType::f64, rng)},
                                            {"d", random_tensor({1}, DType::f32, rng)},
                                            {"e", random_tensor({1}, DType::i64, rng)}});
-  const std::string header = R"({"e":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},)"
+  const std::string header = R"("e":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},)"
                              R"("c":{"dtype":"F64","shape":[2],"data_offsets":[8,24]},)"
                              R"("d":{"dtype":"F32","shape":[1],"data_offsets":[24,28]},)"
                              R"("b":{"dtype":"F16","shape":[1],"data_offsets":[28,30]},)"
                              R"("a":{"dtype":"BOOL","shape":[3],"data_offsets":[30,33]}})";
   const std::string bytes = read_bytes(path("o.safetensors"));
-  EXPECT_EQ(bytes.substr(8, header.size()), header);
   EXPECT_EQ(le_bytes(bytes.size() - 8 - 33, 8), bytes.substr(0, 8));
+  // The tensor entries follow the metadata (the checksums) and end the header.
+  const std::string text = bytes.substr(8, bytes.size() - 8 - 33);
+  const size_t entries = text.find("}," + header.substr(0, 4));
+  ASSERT_NE(entries, std::string::npos);
+  EXPECT_EQ(text.substr(entries + 2, header.size()), header);
+  EXPECT_EQ(text.find_first_not_of(' ', entries + 2 + header.size()), std::string::npos);
   EXPECT_EQ((bytes.size() - 8 - 33) % 8, 0u);
 }
 
@@ -755,6 +829,195 @@ TEST_F(TensorIO, save_npy_of_bf16_throws_a_clear_error) {
   EXPECT_TRUE(throws_error([&] { save_npy(path("b.npy"), random_tensor({2}, DType::bf16, rng)); },
                            {"save_npy", "bf16 has no numpy dtype", ".to(DType::f32)"}));
   EXPECT_FALSE(fs::exists(path("b.npy")));
+}
+
+// ---------------------------------------------------------------------------
+// safetensors: checksums (Note [Tensor checksums] in core/safetensors.cpp)
+
+class SafetensorsChecksums : public TensorIO {
+ protected:
+  // Two tensors of random bits and one metadata entry, saved to "c.safetensors".
+  void SetUp() override {
+    TensorIO::SetUp();
+    std::mt19937_64 rng(20);
+    w_ = random_tensor({64, 8}, DType::f32, rng);
+    b_ = random_tensor({5}, DType::i64, rng);
+    save_safetensors(file(), {{"wte", w_}, {"b", b_}}, {{"step", "12"}});
+    bytes_ = read_bytes(file());
+  }
+  std::string file() const { return path("c.safetensors"); }
+  std::string header() const { return bytes_.substr(8, bytes_.size() - 8 - data_size()); }
+  size_t data_size() const { return w_.nbytes() + b_.nbytes(); }
+  // Replaces the header (the data offsets are relative to the data section,
+  // so a header of another length is still a well-formed file).
+  void write_header(const std::string& h) const {
+    write_bytes(file(), safetensors_bytes(h, bytes_.substr(bytes_.size() - data_size())));
+  }
+  // The offset in the file of the value of metadata key `key`.
+  size_t value_at(const std::string& key) const {
+    const std::string quoted = "\"" + key + "\":\"";
+    const size_t at = bytes_.find(quoted);
+    EXPECT_NE(at, std::string::npos) << key;
+    return at + quoted.size();
+  }
+  ::testing::AssertionResult refused(const std::vector<std::string>& fragments) const {
+    std::vector<std::string> all = fragments;
+    all.push_back("load_safetensors('" + file() + "')");
+    return throws_error([&] { load_safetensors(file()); }, all);
+  }
+
+  Tensor w_, b_;
+  std::string bytes_;
+};
+
+TEST_F(SafetensorsChecksums, every_save_records_them_and_a_load_verifies_them_transparently) {
+  // Each tensor's recorded checksum is the CRC32C of its bytes.
+  EXPECT_EQ(bytes_.substr(value_at("accrue.crc32c.wte"), 8),
+            hex8(crc32c(w_.data_ptr(), w_.nbytes())));
+  EXPECT_EQ(bytes_.substr(value_at("accrue.crc32c.b"), 8),
+            hex8(crc32c(b_.data_ptr(), b_.nbytes())));
+  EXPECT_NE(bytes_.find(R"("accrue.crc32c":")"), std::string::npos);
+  std::map<std::string, std::string> metadata;
+  const auto t = load_safetensors(file(), &metadata);
+  EXPECT_EQ(metadata, (std::map<std::string, std::string>{{"step", "12"}}));
+  EXPECT_TRUE(bitwise_equal(t.at("wte"), w_));
+  EXPECT_TRUE(bitwise_equal(t.at("b"), b_));
+  // Saving what was loaded writes the same file again.
+  save_safetensors(path("again.safetensors"), t, metadata);
+  EXPECT_EQ(read_bytes(path("again.safetensors")), bytes_);
+  // The canonical form ignores JSON spacing: the header re-spaced still verifies.
+  std::string spaced = header();
+  for (size_t at = spaced.find("\":"); at != std::string::npos; at = spaced.find("\":", at + 3))
+    spaced.insert(at + 2, 1, ' ');
+  write_header(spaced);
+  EXPECT_NO_THROW(load_safetensors(file()));
+}
+
+TEST_F(SafetensorsChecksums, one_flipped_bit_in_a_tensor_is_refused_naming_it) {
+  const size_t data = bytes_.find(tensor_bytes(w_));
+  ASSERT_NE(data, std::string::npos);
+  for (size_t bit : {size_t{0}, size_t{1000}, w_.nbytes() * 8 - 1}) {
+    std::string damaged = bytes_;
+    damaged[data + bit / 8] ^= static_cast<char>(1 << (bit % 8));
+    write_bytes(file(), damaged);
+    const std::string recorded = bytes_.substr(value_at("accrue.crc32c.wte"), 8);
+    const Tensor expected_damage = [&] {
+      Tensor d = w_.clone();
+      static_cast<unsigned char*>(d.data_ptr())[bit / 8] ^=
+          static_cast<unsigned char>(1 << (bit % 8));
+      return d;
+    }();
+    EXPECT_TRUE(refused({"tensor 'wte' fails its checksum",
+                         "gives CRC32C " + hex8(crc32c(expected_damage.data_ptr(), w_.nbytes())),
+                         "the file records " + recorded}))
+        << "bit " << bit;
+  }
+}
+
+TEST_F(SafetensorsChecksums, a_hundred_flipped_bits_in_a_tensor_are_refused_naming_it) {
+  const size_t data = bytes_.find(tensor_bytes(b_));
+  ASSERT_NE(data, std::string::npos);
+  std::string damaged = bytes_;
+  std::mt19937_64 rng(21);
+  for (int i = 0; i < 100; ++i) {
+    const size_t bit = rng() % (b_.nbytes() * 8);
+    damaged[data + bit / 8] ^= static_cast<char>(1 << (bit % 8));
+  }
+  ASSERT_NE(damaged, bytes_);
+  write_bytes(file(), damaged);
+  EXPECT_TRUE(refused({"tensor 'b' fails its checksum", "accrue.crc32c.b"}));
+}
+
+TEST_F(SafetensorsChecksums, a_flipped_bit_in_a_recorded_checksum_is_refused) {
+  // A flip that keeps a hex digit a hex digit: the checksums disagree.
+  const size_t at = value_at("accrue.crc32c.wte");
+  std::string damaged = bytes_;
+  const char c = damaged[at];
+  damaged[at] = static_cast<char>(c ^ ((c == 'a' || c == 'f') ? 4 : 1));
+  write_bytes(file(), damaged);
+  EXPECT_TRUE(
+      refused({"tensor 'wte' fails its checksum", "the file records " + damaged.substr(at, 8)}));
+  // One that does not ('0' ^ 0x40 is 'p'): a malformed entry.
+  damaged = bytes_;
+  damaged[at] = static_cast<char>(damaged[at] ^ 0x40);
+  write_bytes(file(), damaged);
+  EXPECT_TRUE(refused({"metadata 'accrue.crc32c.wte'", "is not a CRC32C"}));
+  // In the header's own checksum.
+  damaged = bytes_;
+  const size_t h = value_at("accrue.crc32c");
+  damaged[h + 7] = static_cast<char>(damaged[h + 7] == '0' ? '1' : '0');
+  write_bytes(file(), damaged);
+  EXPECT_TRUE(refused({"the header fails its checksum"}));
+}
+
+TEST_F(SafetensorsChecksums, a_flipped_bit_in_a_metadata_value_or_shape_is_refused) {
+  std::string damaged = bytes_;
+  damaged[value_at("step") + 1] ^= 1;  // "12" -> "13"
+  write_bytes(file(), damaged);
+  EXPECT_TRUE(refused({"the header fails its checksum", "('accrue.crc32c')"}));
+  // [64,8] -> [8,64]: the same byte count, another tensor.
+  std::string h = header();
+  const size_t shape = h.find("[64,8]");
+  ASSERT_NE(shape, std::string::npos);
+  h.replace(shape, 6, "[8,64]");
+  write_header(h);
+  EXPECT_TRUE(refused({"the header fails its checksum"}));
+}
+
+TEST_F(SafetensorsChecksums, a_file_without_checksums_loads) {
+  // The metadata without the checksums: what PyTorch or transformers would
+  // have written (the metadata object is the header's first "}").
+  const std::string h = header();
+  write_header(R"({"__metadata__":{"step":"12"})" + h.substr(h.find('}') + 1));
+  ASSERT_EQ(read_bytes(file()).find("crc32c"), std::string::npos);
+  std::map<std::string, std::string> metadata;
+  const auto t = load_safetensors(file(), &metadata);
+  EXPECT_EQ(metadata, (std::map<std::string, std::string>{{"step", "12"}}));
+  EXPECT_TRUE(bitwise_equal(t.at("wte"), w_));
+}
+
+TEST_F(SafetensorsChecksums, entries_that_do_not_match_the_tensors_are_refused) {
+  const std::string h = header();
+  const std::string open = R"({"__metadata__":{)";
+  ASSERT_EQ(h.substr(0, open.size()), open);
+  // A checksum for a tensor the file does not hold.
+  write_header(open + R"("accrue.crc32c.nope":"00000000",)" + h.substr(open.size()));
+  EXPECT_TRUE(
+      refused({"'accrue.crc32c.nope' is the checksum of tensor 'nope', which the file "
+               "does not hold"}));
+  // Malformed values.
+  for (const std::string bad : {"E3069283", "e306928", "e30692830", "e306928g", ""}) {
+    std::string m = h;
+    const size_t at = value_at("accrue.crc32c.b") - 8;
+    m.replace(at, 8, bad);
+    write_header(m);
+    EXPECT_TRUE(refused({"metadata 'accrue.crc32c.b' = '" + bad + "' is not a CRC32C"})) << bad;
+  }
+  // A tensor without its checksum, and tensor checksums without the header's.
+  const auto without = [&](const std::string& key) {
+    std::string m = h;
+    const size_t at = m.find("\"" + key + "\":");
+    m.erase(at, key.size() + 2 + 1 + 10 + 1);  // "key":"xxxxxxxx",
+    return m;
+  };
+  write_header(without("accrue.crc32c.b"));
+  EXPECT_TRUE(refused({"tensor 'b' has no checksum ('accrue.crc32c.b')"}));
+  write_header(without("accrue.crc32c"));
+  EXPECT_TRUE(refused({"carries tensor checksums but not the header's"}));
+}
+
+TEST_F(SafetensorsChecksums, the_writer_refuses_the_reserved_keys) {
+  for (const std::string key : {"accrue.crc32c", "accrue.crc32c.wte", "accrue.crc32c."})
+    EXPECT_TRUE(throws_error(
+        [&] {
+          save_safetensors(path("x"), {{"wte", w_}}, {{key, "0"}});
+        },
+        {"save_safetensors", "metadata key '" + key + "' is reserved"}));
+  // Keys that merely start alike are the caller's.
+  save_safetensors(path("x"), {{"wte", w_}}, {{"accrue.crc32cx", "1"}});
+  std::map<std::string, std::string> metadata;
+  load_safetensors(path("x"), &metadata);
+  EXPECT_EQ(metadata, (std::map<std::string, std::string>{{"accrue.crc32cx", "1"}}));
 }
 
 // ---------------------------------------------------------------------------
