@@ -112,6 +112,54 @@ TokenShards::TokenShards(const std::vector<std::string>& files)
 void TokenShards::validate(const std::vector<std::string>& files) {
   for (const std::string& f : files)
     shards_.push_back(read_shard_header(f));
+  max_token_.assign(shards_.size(), -1);
+}
+
+namespace {
+
+// Calls visit(block, first_token_index) over the shard's tokens in blocks.
+template <class Visit>
+void for_each_block(const ShardInfo& shard, Visit&& visit) {
+  constexpr int64_t kBlock = int64_t{1} << 21;  // tokens: 4 MiB a read
+  std::ifstream in(shard.path, std::ios::binary);
+  ACCRUE_CHECK(in.is_open(), shard_ref(shard.path), ": cannot open the file for reading");
+  in.seekg(static_cast<std::streamoff>(kShardHeaderBytes));
+  std::vector<uint16_t> block(static_cast<size_t>(std::min(kBlock, shard.tokens)));
+  for (int64_t at = 0; at < shard.tokens; at += kBlock) {
+    const int64_t n = std::min(kBlock, shard.tokens - at);
+    in.read(reinterpret_cast<char*>(block.data()), static_cast<std::streamsize>(2 * n));
+    ACCRUE_CHECK(in.good(), shard_ref(shard.path), ": short read of tokens [", at, ", ", at + n,
+                 "); was the file changed after it was validated?");
+    if (!visit(block.data(), n, at)) return;
+  }
+}
+
+}  // namespace
+
+void TokenShards::check_tokens_below(int64_t vocab_size) const {
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    const ShardInfo& shard = shards_[s];
+    if (max_token_[s] < 0) {
+      uint16_t largest = 0;
+      for_each_block(shard, [&](const uint16_t* t, int64_t n, int64_t) {
+        uint16_t m = 0;
+        for (int64_t i = 0; i < n; ++i)  // vectorized: a max over uint16 lanes
+          m = std::max(m, t[i]);
+        largest = std::max(largest, m);
+        return true;
+      });
+      max_token_[s] = largest;
+    }
+    if (max_token_[s] < vocab_size) continue;
+    // Note [Tokens checked at open]: the first bad token, named with its position.
+    for_each_block(shard, [&](const uint16_t* t, int64_t n, int64_t at) {
+      for (int64_t i = 0; i < n; ++i)
+        ACCRUE_CHECK(t[i] < vocab_size, shard_ref(shard.path), ": token ", t[i], " at position ",
+                     at + i, " is not below the vocabulary size ", vocab_size,
+                     " (checked before the first step)");
+      return true;
+    });
+  }
 }
 
 int64_t TokenShards::total_tokens() const {
@@ -154,6 +202,7 @@ DataLoader::DataLoader(const TokenShards& shards, const LoaderOptions& options)
                  " tokens, fewer than the ", step_tokens() + 1,
                  " (world_size * B * T + 1 = ", o.world_size(), " * ", o.batch(), " * ",
                  o.seq_len(), " + 1) one step reads");
+  if (o.vocab_size() > 0) shards_.check_tokens_below(o.vocab_size());
   buffer_.resize(static_cast<size_t>(o.batch() * o.seq_len() + 1));
 }
 

@@ -5,6 +5,8 @@
 
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -227,17 +229,57 @@ TEST_F(TokenShardsTest, WrapsToTheFirstShardWithTheNextEpoch) {
   }
 }
 
-TEST_F(TokenShardsTest, TokensAtOrAboveTheVocabularyAreErrors) {
+// Note [Tokens checked at open]: the loader refuses the shards at construction,
+// naming the first bad token, not at the step that would read it.
+TEST_F(TokenShardsTest, TokensAtOrAboveTheVocabularyAreErrorsBeforeTheFirstStep) {
   std::vector<uint16_t> tokens(40, 5);
   tokens[13] = 256;
+  tokens[30] = 300;
   write_token_shard(path("v.bin"), tokens);
   const TokenShards shards({path("v.bin")});
-  DataLoader ok(shards, LoaderOptions().batch(1).seq_len(8).vocab_size(257));
+  DataLoader ok(shards, LoaderOptions().batch(1).seq_len(8).vocab_size(301));
   ok.next_batch();
   ok.next_batch();
-  DataLoader loader(shards, LoaderOptions().batch(1).seq_len(8).vocab_size(256));
-  loader.next_batch();  // tokens [0, 9)
-  EXPECT_ERROR(loader.next_batch(), "v.bin", "token 256", "position 13", "vocabulary size 256");
+  EXPECT_ERROR(DataLoader(shards, LoaderOptions().batch(1).seq_len(8).vocab_size(256)), "v.bin",
+               "token 256", "position 13", "vocabulary size 256", "before the first step");
+  EXPECT_ERROR(DataLoader(shards, LoaderOptions().batch(1).seq_len(8).vocab_size(300)), "v.bin",
+               "token 300", "position 30", "vocabulary size 300");
+  DataLoader unchecked(shards, LoaderOptions().batch(1).seq_len(8));  // vocab_size 0: no check
+  unchecked.next_batch();
+}
+
+// A bad token deep in the second of several shards, past a block boundary of
+// the scan, is found at construction too, with its position in its shard.
+TEST_F(TokenShardsTest, ABadTokenDeepInALaterShardIsFoundAtConstruction) {
+  const std::vector<std::string> files = {path("a.bin"), path("b.bin"), path("c.bin")};
+  std::vector<uint16_t> tokens(5'000'000, 7);
+  write_token_shard(files[0], tokens);
+  tokens[4'321'987] = 50257;
+  write_token_shard(files[1], tokens);
+  tokens[4'321'987] = 7;
+  write_token_shard(files[2], tokens);
+  const TokenShards shards(files);
+  EXPECT_ERROR(DataLoader(shards, LoaderOptions().batch(4).seq_len(64).vocab_size(50257)), "b.bin",
+               "token 50257", "position 4321987", "vocabulary size 50257");
+  DataLoader fine(shards, LoaderOptions().batch(4).seq_len(64).vocab_size(50258));
+  fine.next_batch();
+}
+
+// The scan reads at well over a gigabyte a second on one core (Note [Tokens
+// checked at open]); the bound here is loose, for a loaded CI machine.
+TEST_F(TokenShardsTest, CheckingEveryTokenOfA256MiBShardIsFast) {
+  std::vector<uint16_t> tokens(int64_t{128} << 20);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<uint16_t>((i * 2654435761u) % 50257);
+  write_token_shard(path("big.bin"), tokens);
+  const TokenShards shards({path("big.bin")});
+  const auto begin = std::chrono::steady_clock::now();
+  DataLoader loader(shards, LoaderOptions().batch(8).seq_len(1024).vocab_size(50257));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  std::printf("[tokens] 256 MiB checked in %.3f s (%.2f GB/s)\n", seconds,
+              static_cast<double>(tokens.size()) * 2 / seconds / 1e9);
+  EXPECT_LT(seconds, 5.0);
 }
 
 TEST_F(TokenShardsTest, MalformedFilesNameTheFileAndTheProblem) {
