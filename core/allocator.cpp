@@ -1,10 +1,14 @@
 #include "accrue/core/allocator.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
+
+#include <sys/sysinfo.h>
 
 #include "accrue/core/cuda_runtime.h"
 #include "accrue/core/error.h"
@@ -79,13 +83,26 @@ void keep_pool_warm(int device) {
                       " of ", total_b, " bytes free on the device, ", s.current_bytes,
                       " held by accrue (", cudaGetErrorString(e),
                       "). Use a smaller micro-batch and more accumulation steps K to keep the "
-                      "same batch. (",
-                      __FILE__, ":", __LINE__, ")"),
-      static_cast<int64_t>(nbytes));
+                      "same batch."),
+      static_cast<int64_t>(nbytes), detail::str_cat(__FILE__, ":", __LINE__));
 }
 #endif
 
 }  // namespace
+
+int64_t max_allocation_bytes(Device device) {
+  constexpr int64_t kCap = int64_t{1} << 62;
+  if (!device.is_cpu()) return kCap;
+  // RAM and swap: what the kernel's overcommit heuristic would grant at most.
+  static const int64_t host = [] {
+    struct sysinfo info {};
+    if (sysinfo(&info) != 0) return kCap;
+    const unsigned __int128 bytes =
+        (static_cast<unsigned __int128>(info.totalram) + info.totalswap) * info.mem_unit;
+    return bytes > static_cast<unsigned __int128>(kCap) ? kCap : static_cast<int64_t>(bytes);
+  }();
+  return host;
+}
 
 std::string mib(int64_t bytes) {
   char s[32];
@@ -126,13 +143,20 @@ void release_unused_cuda_memory(Device device) {
 }
 
 Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+  // Note [Checked sizes] in core/tensor.cpp: round_up must not wrap.
+  const int64_t limit = max_allocation_bytes(device);
+  if (nbytes > static_cast<uint64_t>(limit))
+    throw OutOfMemoryError(
+        detail::str_cat("out of memory on ", device.str(), ": asked for ", nbytes,
+                        " bytes, more than the ", limit, " bytes one allocation may have there"),
+        static_cast<int64_t>(std::min<uint64_t>(nbytes, std::numeric_limits<int64_t>::max())),
+        detail::str_cat(__FILE__, ":", __LINE__));
   const size_t n = round_up(nbytes == 0 ? 1 : nbytes);
   if (device.is_cpu()) {
     data_ = std::aligned_alloc(kAllocationAlignment, n);
     if (data_ == nullptr)
-      throw OutOfMemoryError(detail::str_cat("out of memory on cpu: asked for ", n, " bytes (",
-                                             __FILE__, ":", __LINE__, ")"),
-                             static_cast<int64_t>(n));
+      throw OutOfMemoryError(detail::str_cat("out of memory on cpu: asked for ", n, " bytes"),
+                             static_cast<int64_t>(n), detail::str_cat(__FILE__, ":", __LINE__));
   } else {
 #ifdef ACCRUE_WITH_CUDA
     set_cuda_device(device.index);

@@ -32,6 +32,10 @@ struct MemoryStats {
 };
 
 MemoryStats memory_stats(Device device);
+// The most bytes one allocation on `device` may ask for: the host's memory
+// (RAM and swap) on the CPU, 2^62 on a GPU, whose driver refuses more than it
+// has free (Note [Checked sizes] in core/tensor.cpp).
+int64_t max_allocation_bytes(Device device);
 // "123.4 MiB": how every report of accrue prints a byte count.
 std::string mib(int64_t bytes);
 // Peak := current, for measuring the peak of one phase.

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
 
 #include "accrue/core/copy.h"
 #include "accrue/core/cuda_runtime.h"
@@ -24,11 +27,72 @@ Tensor make_tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides,
   return Tensor(std::move(impl));
 }
 
-void check_shape(const Shape& shape, const char* op) {
+// Note [Checked sizes]
+// ~~~~~~~~~~~~~~~~~~~~
+// Sizes come from users (command lines, file headers, model configs), so no
+// product of them is trusted: a wrapped product would allocate a small buffer
+// and write far past it. Every shape a tensor or view takes must have
+//   - an element count (the product of its sizes) that fits int64,
+//   - a span (the product of max(size, 1), which bounds every contiguous
+//     stride, so a shape with a zero size too) that fits int64, and
+//   - span x element size bytes that fit int64, so nbytes(), data_ptr() and
+//     byte strides never wrap;
+// a new tensor's bytes must not exceed max_allocation_bytes of its device
+// (core/allocator.h; an OutOfMemoryError, which run_window can retry with a
+// smaller micro-batch), and a view's largest offset must lie inside its
+// storage. A check that fails throws before anything is allocated, naming
+// the op, the shape, the dtype and the bytes; no message prints a wrapped
+// (negative) count or calls an overflow a negative stride.
+
+constexpr const char* kInt64Max = "2^63 - 1";
+
+// a * b into *out, or false when the product overflows int64.
+bool mul_fits(int64_t a, int64_t b, int64_t* out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+
+// Checks rank, signs and Note [Checked sizes]'s products; returns the element count.
+int64_t check_shape(const Shape& shape, DType dtype, const char* op) {
   ACCRUE_CHECK(static_cast<int>(shape.size()) <= 8, op, ": rank ", shape.size(), " of shape ",
                shape_str(shape), " exceeds the supported 8 dims");
   for (int64_t s : shape)
     ACCRUE_CHECK(s >= 0, op, ": negative size in shape ", shape_str(shape));
+  int64_t numel = 1, span = 1;
+  for (int64_t s : shape) {
+    ACCRUE_CHECK(mul_fits(numel, s, &numel), op, ": shape ", shape_str(shape), " has more than ",
+                 kInt64Max, " elements (the product of its sizes overflows int64)");
+    ACCRUE_CHECK(mul_fits(span, std::max<int64_t>(s, 1), &span), op, ": shape ", shape_str(shape),
+                 " spans more than ", kInt64Max,
+                 " elements (the product of its nonzero sizes overflows int64)");
+  }
+  const auto size = static_cast<int64_t>(element_size(dtype));
+  int64_t bytes = 0;
+  ACCRUE_CHECK(mul_fits(span, size, &bytes), op, ": shape ", shape_str(shape), " of ",
+               dtype_name(dtype), " needs more than ", kInt64Max, " bytes (", span,
+               numel == span ? " elements" : " elements spanned", " of ", size, " bytes)");
+  return numel;
+}
+
+// "12.5 GiB"
+std::string gib(int64_t bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f GiB", static_cast<double>(bytes) / (int64_t{1} << 30));
+  return s;
+}
+
+// A new contiguous tensor, checked (Note [Checked sizes]) before it is allocated.
+Tensor allocate(const Shape& shape, DType dtype, Device device, const char* op) {
+  const int64_t numel = check_shape(shape, dtype, op);
+  const int64_t nbytes = numel * static_cast<int64_t>(element_size(dtype));
+  const int64_t limit = max_allocation_bytes(device);
+  if (nbytes > limit)
+    throw OutOfMemoryError(
+        detail::str_cat(op, ": shape ", shape_str(shape), " of ", dtype_name(dtype), " needs ",
+                        nbytes, " bytes (", gib(nbytes), "), more than the ", limit, " bytes (",
+                        gib(limit), ") one allocation may have on ", device.str()),
+        nbytes, detail::str_cat(__FILE__, ":", __LINE__));
+  return make_tensor(std::make_shared<Storage>(static_cast<size_t>(nbytes), device), shape,
+                     contiguous_strides(shape), 0, dtype);
 }
 
 // Resolves one -1 in a requested shape against numel.
@@ -42,7 +106,9 @@ Shape infer_shape(const Shape& requested, int64_t numel, const char* op) {
       infer = static_cast<int>(i);
     } else {
       ACCRUE_CHECK(shape[i] >= 0, op, ": invalid size in shape ", shape_str(requested));
-      known *= shape[i];
+      ACCRUE_CHECK(mul_fits(known, shape[i], &known), op, ": shape ", shape_str(requested),
+                   " is invalid for ", numel,
+                   " elements (the product of its sizes overflows int64)");
     }
   }
   if (infer >= 0) {
@@ -115,7 +181,10 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t s = 1;
   for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
     strides[d] = s;
-    s *= std::max<int64_t>(shape[d], 1);
+    if (d > 0)
+      ACCRUE_CHECK(mul_fits(s, std::max<int64_t>(shape[d], 1), &s), "contiguous_strides: shape ",
+                   shape_str(shape), " spans more than ", kInt64Max,
+                   " elements (the product of its nonzero sizes overflows int64)");
   }
   return strides;
 }
@@ -123,7 +192,8 @@ Shape contiguous_strides(const Shape& shape) {
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
   for (int64_t s : shape)
-    n *= s;
+    ACCRUE_CHECK(mul_fits(n, s, &n), "shape_numel: shape ", shape_str(shape), " has more than ",
+                 kInt64Max, " elements (the product of its sizes overflows int64)");
   return n;
 }
 
@@ -175,7 +245,7 @@ void* Tensor::data_ptr() const {
 Tensor Tensor::view(const Shape& shape) const {
   check_raw_view("view");
   Shape target = infer_shape(shape, numel(), "view");
-  check_shape(target, "view");
+  check_shape(target, dtype(), "view");
   Shape strides;
   ACCRUE_CHECK(view_strides(this->shape(), this->strides(), target, strides),
                "view: cannot view a tensor of shape ", shape_str(this->shape()), " and strides ",
@@ -187,6 +257,7 @@ Tensor Tensor::view(const Shape& shape) const {
 Tensor Tensor::reshape(const Shape& shape) const {
   check_raw_view("reshape");
   Shape target = infer_shape(shape, numel(), "reshape");
+  check_shape(target, dtype(), "reshape");
   Shape strides;
   if (view_strides(this->shape(), this->strides(), target, strides))
     return make_tensor(storage(), target, strides, offset(), dtype());
@@ -223,10 +294,17 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   check_raw_view("narrow");
   ACCRUE_CHECK(dim() > 0, "narrow: cannot narrow a 0-d tensor");
   d = wrap_dim(d, dim(), "narrow");
-  if (start < 0) start += shape()[d];
-  ACCRUE_CHECK(start >= 0 && length >= 0 && start + length <= shape()[d], "narrow: range [", start,
-               ", ", start + length, ") is out of bounds for dim ", d, " of shape ",
-               shape_str(shape()));
+  const int64_t size = shape()[d];
+  if (start < 0 && start >= -size) start += size;
+  // length <= size - start rather than start + length <= size: the sum can wrap.
+  if (!(start >= 0 && start <= size && length >= 0 && length <= size - start)) {
+    const bool sum_fits =
+        start >= 0 && length >= 0 && length <= std::numeric_limits<int64_t>::max() - start;
+    ACCRUE_FAIL("narrow: ",
+                sum_fits ? detail::str_cat("range [", start, ", ", start + length, ")")
+                         : detail::str_cat("start ", start, " and length ", length),
+                " is out of bounds for dim ", d, " of shape ", shape_str(shape()));
+  }
   Shape new_shape = shape();
   new_shape[d] = length;
   return make_tensor(storage(), new_shape, strides(), offset() + start * strides()[d], dtype());
@@ -250,10 +328,12 @@ Tensor Tensor::unsqueeze(int64_t d) const {
   check_raw_view("unsqueeze");
   d = wrap_dim(d, dim() + 1, "unsqueeze");
   Shape new_shape = shape(), new_strides = strides();
-  const int64_t st = d < dim() ? strides()[d] * shape()[d] : 1;
+  // A size-1 dim's stride is never stepped: any value serves where the product would wrap.
+  int64_t st = 1;
+  if (d < dim() && !mul_fits(strides()[d], shape()[d], &st)) st = strides()[d];
   new_shape.insert(new_shape.begin() + d, 1);
   new_strides.insert(new_strides.begin() + d, st);
-  check_shape(new_shape, "unsqueeze");
+  check_shape(new_shape, dtype(), "unsqueeze");
   return make_tensor(storage(), new_shape, new_strides, offset(), dtype());
 }
 
@@ -271,7 +351,7 @@ Tensor Tensor::squeeze(int64_t d) const {
 
 Tensor Tensor::expand(const Shape& target) const {
   check_raw_view("expand");
-  check_shape(target, "expand");
+  check_shape(target, dtype(), "expand");
   ACCRUE_CHECK(target.size() >= shape().size(), "expand: cannot expand shape ", shape_str(shape()),
                " to fewer dims ", shape_str(target));
   const size_t lead = target.size() - shape().size();
@@ -292,21 +372,21 @@ Tensor Tensor::contiguous() const {
 }
 
 Tensor Tensor::clone() const {
-  Tensor out = empty(shape(), dtype(), device());
+  Tensor out = allocate(shape(), dtype(), device(), "clone");
   detail::copy_same_device(out, *this);
   return out;
 }
 
 Tensor Tensor::to(Device target) const {
   if (target == device()) return *this;
-  Tensor out = empty(shape(), dtype(), target);
+  Tensor out = allocate(shape(), dtype(), target, "to");
   out.copy_(*this);
   return out;
 }
 
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
-  Tensor out = empty(shape(), target, device());
+  Tensor out = allocate(shape(), target, device(), "to");
   detail::copy_same_device(out, *this);
   return out;
 }
@@ -366,41 +446,50 @@ std::vector<bool> Tensor::to_vector<bool>() const {
 }
 
 Tensor empty(const Shape& shape, DType dtype, Device device) {
-  check_shape(shape, "empty");
-  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * element_size(dtype);
-  return make_tensor(std::make_shared<Storage>(nbytes, device), shape, contiguous_strides(shape), 0,
-                     dtype);
+  return allocate(shape, dtype, device, "empty");
 }
 
+namespace {
+
+Tensor filled(const Shape& shape, double value, DType dtype, Device device, const char* op) {
+  Tensor t = allocate(shape, dtype, device, op);
+  detail::fill_same_device(t, value);
+  return t;
+}
+
+}  // namespace
+
 Tensor zeros(const Shape& shape, DType dtype, Device device) {
-  return full(shape, 0.0, dtype, device);
+  return filled(shape, 0.0, dtype, device, "zeros");
 }
 Tensor ones(const Shape& shape, DType dtype, Device device) {
-  return full(shape, 1.0, dtype, device);
+  return filled(shape, 1.0, dtype, device, "ones");
 }
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
-  Tensor t = empty(shape, dtype, device);
-  detail::fill_same_device(t, value);
-  return t;
+  return filled(shape, value, dtype, device, "full");
 }
 
 Tensor arange(double start, double end, double step, DType dtype, Device device) {
   ACCRUE_CHECK(step != 0 && std::isfinite(start) && std::isfinite(end) && std::isfinite(step),
                "arange: invalid range start=", start, " end=", end, " step=", step);
   const double span = (end - start) / step;
+  // 2^63 is exact as a double; the cast of anything at or above it would be undefined.
+  ACCRUE_CHECK(std::ceil(span) < 9223372036854775808.0, "arange: [", start, ", ", end,
+               ") in steps of ", step, " has ", std::ceil(span), " elements, more than ",
+               kInt64Max);
   const int64_t n = span > 0 ? static_cast<int64_t>(std::ceil(span)) : 0;
-  Tensor t = empty({n}, dtype, device);
+  Tensor t = allocate({n}, dtype, device, "arange");
   detail::arange_same_device(t, start, step);
   return t;
 }
 
 template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, DType dtype, Device device) {
-  check_shape(shape, "from_vector");
-  ACCRUE_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
-               "from_vector: ", values.size(), " values do not fill shape ", shape_str(shape));
-  Tensor host = empty(shape, dtype_of<T>::value, Device::cpu());
+  const int64_t numel = check_shape(shape, dtype, "from_vector");
+  ACCRUE_CHECK(values.size() == static_cast<uint64_t>(numel), "from_vector: ", values.size(),
+               " values do not fill shape ", shape_str(shape), " (", numel, " elements)");
+  Tensor host = allocate(shape, dtype_of<T>::value, Device::cpu(), "from_vector");
   std::copy(values.begin(), values.end(), host.data<T>());
   return host.to(dtype).to(device);
 }
@@ -417,21 +506,32 @@ Tensor scalar_tensor(double value, DType dtype, Device device) {
 }
 
 Tensor make_view(const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset) {
-  check_shape(shape, "make_view");
+  const int64_t numel = check_shape(shape, base.dtype(), "make_view");
   ACCRUE_CHECK(shape.size() == strides.size(), "make_view: shape ", shape_str(shape),
                " and strides ", shape_str(strides), " differ in rank");
-  int64_t last = offset;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] == 0) last = offset - 1;
-    ACCRUE_CHECK(strides[i] >= 0, "make_view: negative stride in ", shape_str(strides));
-  }
-  if (last >= offset)
-    for (size_t i = 0; i < shape.size(); ++i)
-      last += (shape[i] - 1) * strides[i];
+  for (size_t i = 0; i < shape.size(); ++i)
+    ACCRUE_CHECK(strides[i] >= 0, "make_view: strides ", shape_str(strides), " for shape ",
+                 shape_str(shape), " have ", strides[i], " at dim ", i,
+                 "; views step forward only");
   const int64_t capacity =
       static_cast<int64_t>(base.storage()->nbytes() / element_size(base.dtype()));
-  ACCRUE_CHECK(offset >= 0 && last < capacity, "make_view: view of shape ", shape_str(shape),
-               " at offset ", offset, " exceeds the ", capacity, " elements of its storage");
+  ACCRUE_CHECK(offset >= 0 && offset <= capacity, "make_view: offset ", offset, " exceeds the ",
+               capacity, " elements of its storage");
+  // The largest element offset the view reaches (Note [Checked sizes]), added up
+  // so that no partial sum wraps.
+  int64_t last = offset;
+  bool fits = true;
+  if (numel > 0)
+    for (size_t i = 0; i < shape.size() && fits; ++i) {
+      int64_t step = 0;
+      fits =
+          mul_fits(shape[i] - 1, strides[i], &step) && !__builtin_add_overflow(last, step, &last);
+    }
+  ACCRUE_CHECK(numel == 0 || (fits && last < capacity), "make_view: view of shape ",
+               shape_str(shape), " and strides ", shape_str(strides), " at offset ", offset,
+               " reaches ",
+               fits ? detail::str_cat("element ", last) : std::string("past element 2^63 - 1"),
+               ", which exceeds the ", capacity, " elements of its storage");
   return make_tensor(base.storage(), shape, strides, offset, base.dtype());
 }
 
