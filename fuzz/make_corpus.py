@@ -61,6 +61,49 @@ write("safetensors", "bad_bool", safetensors([("e", "BOOL", [2], bytes([0, 2]))]
 write("safetensors", "bad_header_length", struct.pack("<Q", 1 << 62) + b"{}")
 
 
+# Checksums as accrue writes them (Note [Tensor checksums] in core/safetensors.cpp):
+# CRC32C of each tensor's bytes, and of the canonical form of the rest of the header.
+def crc32c(data, crc=0):
+    crc ^= 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+assert crc32c(b"123456789") == 0xE3069283
+
+
+def checksummed(tensors, metadata):
+    """safetensors(tensors, metadata) plus the checksum entries accrue writes."""
+    canonical, offset, entries = b"", 0, []
+    for k in sorted(metadata, key=lambda k: k.encode()):
+        canonical += b"m" + k.encode() + b"\0" + metadata[k].encode() + b"\0"
+    for name, dtype, shape, data in tensors:
+        entries.append((name.encode(), dtype, shape, offset, offset + len(data)))
+        offset += len(data)
+    for name, dtype, shape, begin, end in sorted(entries):
+        canonical += (b"t" + name + b"\0" + dtype.encode() + b"\0" +
+                      ",".join(map(str, shape)).encode() + b"\0" + f"{begin},{end}".encode() + b"\0")
+    full = dict(metadata)
+    full["accrue.crc32c"] = f"{crc32c(canonical):08x}"
+    for name, _, _, data in tensors:
+        full["accrue.crc32c." + name] = f"{crc32c(data):08x}"
+    return safetensors(tensors, full)
+
+
+CHECKSUMMED = [("w", "F32", [2, 3], raw("f", [1, -2, 3.5, 0.25, 1e-3, 7])),
+               ("flag", "BOOL", [2], bytes([1, 0]))]
+write("safetensors", "checksummed", checksummed(CHECKSUMMED, {"step": "7"}))
+# Rejected: a flipped bit in a tensor's data; a malformed checksum entry.
+flipped = bytearray(checksummed(CHECKSUMMED, {"step": "7"}))
+flipped[-3] ^= 0x10
+write("safetensors", "bad_checksum", bytes(flipped))
+write("safetensors", "bad_checksum_entry", safetensors(
+    [("w", "I32", [1], raw("i", [3]))], {"accrue.crc32c.w": "XYZ", "accrue.crc32c": "00000000"}))
+
+
 # ---- npy: magic, version, header length, dict header, data ---------------------
 def npy(descr, shape, payload, fortran=False, version=(1, 0)):
     shape_text = "(" + "".join(f"{s}, " for s in shape).rstrip(" ")
