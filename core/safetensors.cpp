@@ -168,10 +168,13 @@ void check_utf8(const std::string& s, const FileRef& file, const char* what) {
 // after its bytes are read. Any failure is an accrue::Error naming the file,
 // the tensor (or the header) and both checksums. A file without any reserved
 // key (PyTorch's, transformers', an older accrue's) loads unverified, as
-// before. CRC32C detects damage (every burst of up to 32 flipped bits, and
+// before; a tool that rewrites an accrue file's tensors but keeps its metadata
+// must drop or recompute the entries, or the file is refused. CRC32C detects
+// damage (every burst of up to 32 flipped bits, all odd numbers of flips, and
 // all but 2^-32 of the rest); it is no defence against a deliberate forgery.
-// Cost: one pass over the bytes at several GB/s (the SSE4.2 instruction, or
-// about 2 GB/s without it), next to the disk read or write it accompanies.
+// Cost: one more pass over the bytes, beside the disk write or read: on one
+// core about 9 GB/s with the SSE4.2 instruction (55 ms for a 500 MB
+// checkpoint) and 2 GB/s with the portable tables.
 constexpr const char* kChecksumKey = "accrue.crc32c";
 
 bool is_checksum_key(const std::string& key) {
