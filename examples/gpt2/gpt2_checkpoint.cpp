@@ -3,7 +3,10 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include "examples/common/checkpoint_file.h"
 
@@ -11,17 +14,9 @@ namespace accrue::examples {
 
 namespace {
 
-constexpr const char* kCheckpointFormat = "accrue_train_gpt2 checkpoint v2";
-
-std::map<std::string, std::string> config_metadata(const nn::GPT2Config& c) {
-  return {{"config.n_layer", std::to_string(c.n_layer)},
-          {"config.n_head", std::to_string(c.n_head)},
-          {"config.n_embd", std::to_string(c.n_embd)},
-          {"config.block_size", std::to_string(c.block_size)},
-          {"config.vocab_size", std::to_string(c.vocab_size)},
-          {"config.padded_vocab_size", std::to_string(c.padded_vocab())},
-          {"config.bias", c.bias ? "1" : "0"}};
-}
+constexpr const char* kCheckpointFormat = "accrue_train_gpt2 checkpoint v3";
+constexpr const char* kCheckpointFormatV2 = "accrue_train_gpt2 checkpoint v2";
+constexpr const char* kSkippedInARow = "accrue.state.skipped_in_a_row";
 
 int64_t meta_int(const std::map<std::string, std::string>& meta, const std::string& key,
                  const std::string& path) {
@@ -35,7 +30,54 @@ int64_t meta_int(const std::map<std::string, std::string>& meta, const std::stri
   return v;
 }
 
+// A path as the record holds it: absolute, so a run resumed from another
+// folder with the same files compares equal.
+std::string absolute_path(const std::string& path) {
+  if (path.empty()) return path;
+  return std::filesystem::absolute(path).lexically_normal().string();
+}
+
 }  // namespace
+
+RunRecord gpt2_run_record(const Gpt2Options& o, const nn::GPT2Config& c, const BatchPlan& plan,
+                          DType compute, int world_size, const std::string& loss_scaler) {
+  RunRecord r;
+  // A v2 checkpoint holds these under the same names (Note [Run record]).
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, int64_t>>{{"config.n_layer", c.n_layer},
+                                                    {"config.n_head", c.n_head},
+                                                    {"config.n_embd", c.n_embd},
+                                                    {"config.block_size", c.block_size},
+                                                    {"config.vocab_size", c.vocab_size},
+                                                    {"config.padded_vocab_size", c.padded_vocab()},
+                                                    {"config.bias", c.bias ? 1 : 0}})
+    r.integer(name, value, {}, name);
+  r.text("dtype", dtype_name(compute), {}, "dtype");
+  r.integer("world_size", world_size, {}, "world_size");
+  r.integer("micro_batch", plan.B, {}, "micro_batch");
+  r.integer("seq_len", plan.T);
+  r.integer("micro_steps", plan.K);
+  r.text("seed", std::to_string(o.seed));
+  r.number("dropout", c.dropout);
+  r.text("data", o.synthetic ? "synthetic" : absolute_path(o.train_data));
+  r.text("model_code", o.composed ? "composed" : "fused");
+  r.number("weight_decay", o.weight_decay);
+  r.number("beta1", o.beta1);
+  r.number("beta2", o.beta2);
+  r.number("eps", o.eps);
+  r.number("max_grad_norm", o.max_grad_norm);
+  r.text("loss_scaler", loss_scaler);
+  // Safe at a window boundary: the schedule, the length, what is measured and logged.
+  r.number("lr", o.lr, "lr");
+  r.integer("warmup_windows", o.warmup_windows, "lr");
+  r.number("min_lr_factor", o.min_lr_factor, "lr");
+  r.integer("windows", o.windows, "windows");
+  r.integer("val_every", o.val_every, "validation");
+  r.integer("val_batches", o.val_batches, "validation");
+  r.text("val_data", absolute_path(o.val_data), "validation");
+  r.text("metrics", absolute_path(o.metrics), "metrics");
+  return r;
+}
 
 void save_checkpoint(const std::string& path, const TrainState& s) {
   ACCRUE_CHECK(s.window.micro_step() == 0 || s.world_size == 1,
@@ -46,12 +88,12 @@ void save_checkpoint(const std::string& path, const TrainState& s) {
     tensors["model." + s.arena.slots()[i].name] = s.arena.master_view(i);
   for (const auto& [key, t] : s.window.state_dict())
     if (key != "master") tensors["optim." + key] = t;
-  std::map<std::string, std::string> meta = config_metadata(s.model.config());
+  std::map<std::string, std::string> meta;
+  s.record.write(&meta);
   meta["format"] = kCheckpointFormat;
-  meta["dtype"] = s.dtype;
-  meta["world_size"] = std::to_string(s.world_size);
   meta["windows_closed"] = std::to_string(s.window.windows_closed());
   meta["micro_step"] = std::to_string(s.window.micro_step());
+  meta[kSkippedInARow] = std::to_string(s.guard ? s.guard->skipped_in_a_row() : 0);
   meta["dropout.offset"] = std::to_string(s.model.dropout_generator().offset());
   meta["synthetic.offset"] = std::to_string(s.source.generator().offset());
   if (const data::DataLoader* l = s.source.loader()) {
@@ -59,34 +101,51 @@ void save_checkpoint(const std::string& path, const TrainState& s) {
     meta["loader.offset"] = std::to_string(l->position().offset);
     meta["loader.epoch"] = std::to_string(l->position().epoch);
   }
-  // For the reader: how the run was set up (not needed to resume).
-  meta["micro_batch"] = std::to_string(s.micro_batch);
   save_checkpoint_file(path, tensors, meta);
 }
 
-int64_t load_checkpoint(const std::string& path, const TrainState& s) {
-  std::map<std::string, std::string> meta;
-  const std::map<std::string, Tensor> tensors = load_safetensors(path, &meta);
-  ACCRUE_CHECK(meta["format"] == kCheckpointFormat, path, " is not a trainer checkpoint (format '",
-               meta["format"], "', expected '", kCheckpointFormat, "')");
-  std::map<std::string, std::string> expected = config_metadata(s.model.config());
-  expected["dtype"] = s.dtype;
-  expected["world_size"] = std::to_string(s.world_size);
-  for (const auto& [key, value] : expected)
-    ACCRUE_CHECK(meta[key] == value, "checkpoint ", path, " has ", key, " = ", meta[key],
-                 " but this run has ", value);
+CheckpointFile read_checkpoint(const std::string& path, const RunRecord& record,
+                               const std::vector<std::string>& allowed_changes) {
+  CheckpointFile f;
+  f.path = path;
+  f.tensors = load_safetensors(path, &f.metadata);
+  const std::map<std::string, std::string>& meta = f.metadata;
+  const auto format = meta.find("format");
+  const std::string found = format == meta.end() ? "" : format->second;
+  ACCRUE_CHECK(found == kCheckpointFormat || found == kCheckpointFormatV2, path,
+               " is not a trainer checkpoint (format '", found, "', expected '", kCheckpointFormat,
+               "')");
+  f.windows_closed = meta_int(meta, "windows_closed", path);
+  f.micro_step = meta_int(meta, "micro_step", path);
+  if (meta.count(kSkippedInARow)) f.skipped_in_a_row = meta_int(meta, kSkippedInARow, path);
+  std::string note;
+  const auto k = meta.find("accrue.run.micro_steps");
+  if (f.micro_step > 0 && k != meta.end() && k->second != record.value("micro_steps"))
+    note = "the checkpoint is inside window " + std::to_string(f.windows_closed + 1) +
+           ", after micro-step " + std::to_string(f.micro_step) + " of K = " + k->second +
+           ": its gradients so far belong to a window of K = " + k->second +
+           ", so it resumes with that K only";
+  for (const std::string& line : record.compare(path, meta, allowed_changes, note))
+    std::printf("%s\n", line.c_str());
+  return f;
+}
+
+int64_t resume_checkpoint(const CheckpointFile& f, const TrainState& s,
+                          std::chrono::steady_clock::time_point since) {
+  const std::string& path = f.path;
+  const std::map<std::string, std::string>& meta = f.metadata;
   // The flat master, rebuilt slot by slot (alignment padding stays 0, Note [Grad arena]).
   Tensor master = zeros({s.arena.padded_numel()}, s.arena.master().dtype());
   for (const optim::ParamStore::Slot& slot : s.arena.slots()) {
-    auto it = tensors.find("model." + slot.name);
-    ACCRUE_CHECK(it != tensors.end(), "checkpoint ", path, " has no 'model.", slot.name, "'");
+    auto it = f.tensors.find("model." + slot.name);
+    ACCRUE_CHECK(it != f.tensors.end(), "checkpoint ", path, " has no 'model.", slot.name, "'");
     ACCRUE_CHECK(it->second.shape() == slot.shape, "checkpoint ", path, ": 'model.", slot.name,
                  "' has shape ", shape_str(it->second.shape()), ", expected ",
                  shape_str(slot.shape));
     master.narrow(0, slot.offset, slot.numel).copy_(it->second.reshape({slot.numel}));
   }
   std::map<std::string, Tensor> state{{"master", master}};
-  for (const auto& [key, t] : tensors)
+  for (const auto& [key, t] : f.tensors)
     if (key.rfind("optim.", 0) == 0) state[key.substr(6)] = t;
   s.window.load_state_dict(state);
   Generator& dropout = s.model.dropout_generator();
@@ -100,22 +159,16 @@ int64_t load_checkpoint(const std::string& path, const TrainState& s) {
     l->set_position({meta_int(meta, "loader.shard", path), meta_int(meta, "loader.offset", path),
                      meta_int(meta, "loader.epoch", path)});
   }
-  const int64_t windows = meta_int(meta, "windows_closed", path);
+  const int64_t windows = f.windows_closed;
   ACCRUE_CHECK(windows == s.window.windows_closed(), "checkpoint ", path,
                ": metadata windows_closed ", windows, " disagrees with its window state (",
                s.window.windows_closed(), ")");
-  return windows;
-}
-
-int64_t resume_checkpoint(const std::string& path, const TrainState& s) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t start = load_checkpoint(path, s);
-  std::printf("resumed %s at window %lld", path.c_str(), (long long)start);
+  std::printf("resumed %s at window %lld", path.c_str(), (long long)windows);
   if (s.window.micro_step() > 0)
     std::printf(", micro-step %lld of window %lld", (long long)s.window.micro_step(),
-                (long long)start + 1);
-  std::printf(" (%s)\n", file_report(path, t0).c_str());
-  return start;
+                (long long)windows + 1);
+  std::printf(" (%s)\n", file_report(path, since).c_str());
+  return windows;
 }
 
 void save_checkpoint_reported(const std::string& path, const TrainState& s, bool main_rank,

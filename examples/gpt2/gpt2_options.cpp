@@ -117,7 +117,20 @@ void declare(OptionTable& cli, Gpt2Options& o) {
   cli.path("--checkpoint", &o.checkpoint, "PATH", "write a checkpoint (safetensors) at the end");
   cli.integer("--checkpoint-every", &o.checkpoint_every, "N", "... and every N windows (0: never)")
       .min(0);
-  cli.path("--resume", &o.resume, "PATH", "continue a checkpoint's run (bit-exactly)");
+  cli.path("--resume", &o.resume, "PATH",
+           "continue a checkpoint's run (bit-exactly); a command line that would give another "
+           "run (model, K, micro-batch, seq-len, seed, dropout, data, optimizer, dtype, ...) "
+           "is refused, naming each difference");
+  cli.text("--allow-changed", &o.allow_changed, "WORDS",
+           "with --resume, let these settings differ from the checkpoint's run (comma-separated; "
+           "each acts from the next window on): lr (--lr, --warmup-windows, --min-lr-factor), "
+           "windows (--windows), validation (--val-every, --val-batches, --val-data), metrics "
+           "(--metrics); the run prints what changed")
+      .default_text("none");
+  cli.integer("--max-skipped-windows", &o.max_skipped_windows, "N",
+              "fail the run when more than N windows in a row are skipped (non-finite "
+              "gradients; Note [Honest exit codes])")
+      .min(0);
 
   cli.section("benchmark");
   cli.flag("--bench", &o.bench,
@@ -147,6 +160,11 @@ bool parse_gpt2_options(int argc, char** argv, Gpt2Options& o) {
                             : "needs --train-data GLOB or --synthetic");
   if (o.checkpoint_every > 0 && o.checkpoint.empty())
     usage_error("--checkpoint-every needs --checkpoint PATH");
+  if (!o.allow_changed.empty()) {
+    if (o.resume.empty()) usage_error("--allow-changed needs --resume PATH");
+    o.allowed_changes = parse_change_words("--allow-changed", o.allow_changed,
+                                           {"lr", "windows", "validation", "metrics"});
+  }
   if (o.layer_metrics_every > 0 && o.metrics.empty())
     usage_error("--layer-metrics-every needs --metrics FILE");
   if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing))
@@ -209,7 +227,7 @@ nn::GPT2Config make_gpt2_config(const Gpt2Options& o, uint64_t dropout_seed) {
   try {
     c.validate();
   } catch (const Error& e) {
-    usage_error(e.what());  // run_main drops the source location
+    usage_error(error_message(e));  // Note [Error locations]: no source location
   }
   return c;
 }

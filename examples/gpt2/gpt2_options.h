@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "accrue.h"
 #include "accrue/nn/gpt2.h"
@@ -46,6 +47,9 @@ struct Gpt2Options {
   bool nvtx = false;
   std::string checkpoint, resume;
   int64_t checkpoint_every = 0;
+  std::string allow_changed;                 // --allow-changed as typed
+  std::vector<std::string> allowed_changes;  // its words (Note [Run record])
+  int64_t max_skipped_windows = 32;          // Note [Honest exit codes]
   bool bench = false;
   int64_t bench_warmup = 3, bench_windows = 10;
   std::optional<double> peak_tflops;

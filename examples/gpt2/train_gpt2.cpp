@@ -40,13 +40,17 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "accrue.h"
 #include "accrue/core/nvtx.h"
+#include "accrue/nn/gpt2.h"
+#include "accrue/nn/gpt2_hf.h"
 #include "examples/common/checkpoint_file.h"
 #include "examples/common/launch.h"
+#include "examples/common/run_guard.h"
 #include "examples/common/run_main.h"
 #include "examples/common/timing.h"
 #include "examples/composed_gpt2/composed_gpt2.h"
@@ -54,8 +58,6 @@
 #include "examples/gpt2/gpt2_data.h"
 #include "examples/gpt2/gpt2_options.h"
 #include "examples/gpt2/gpt2_report.h"
-#include "accrue/nn/gpt2.h"
-#include "accrue/nn/gpt2_hf.h"
 
 using namespace accrue;
 using namespace accrue::examples;
@@ -96,13 +98,27 @@ void print_optimizer(const Gpt2Options& opt, DType compute) {
 // [Normalization]), so every activation gradient is B * T times what a mean
 // loss gives at the same scale. GradScaler's 65536 for a mean loss is
 // therefore 65536 / (B * T) here (a power of two, at least 1).
-optim::LossScalerOptions loss_scaler(const Gpt2Options& opt, const BatchPlan& plan, DType compute) {
-  if (compute != DType::f16) return optim::LossScalerOptions::none();
+double initial_scale(const Gpt2Options& opt, const BatchPlan& plan) {
   double init_scale = 65536.0;
   while (init_scale > 1.0 && init_scale * static_cast<double>(plan.B * plan.T) > 65536.0)
     init_scale /= 2;
-  if (opt.init_scale) init_scale = *opt.init_scale;
-  return optim::LossScalerOptions::dynamic().init_scale(init_scale).calibrate(opt.calibrate_scale);
+  return opt.init_scale.value_or(init_scale);
+}
+
+optim::LossScalerOptions loss_scaler(const Gpt2Options& opt, const BatchPlan& plan, DType compute) {
+  if (compute != DType::f16) return optim::LossScalerOptions::none();
+  return optim::LossScalerOptions::dynamic()
+      .init_scale(initial_scale(opt, plan))
+      .calibrate(opt.calibrate_scale);
+}
+
+// The loss scaler as the run record holds it (Note [Run record]).
+std::string loss_scaler_text(const Gpt2Options& opt, const BatchPlan& plan, DType compute) {
+  if (compute != DType::f16) return "none";
+  if (opt.calibrate_scale) return "dynamic, calibrated";
+  char s[64];
+  std::snprintf(s, sizeof s, "dynamic from %.17g", initial_scale(opt, plan));
+  return s;
 }
 
 void print_setup(const Launch& where, const nn::GPT2Config& config, const BatchPlan& plan,
@@ -125,20 +141,19 @@ void print_setup(const Launch& where, const nn::GPT2Config& config, const BatchP
   if (data.val_shards) std::printf("validation: %s\n", data.val_shards->describe().c_str());
 }
 
-// The run's last lines: the loss from its first to its last window; a
-// non-finite loss fails the run.
-void report_run(int64_t start, int64_t end, double first_loss, double last_loss) {
+// The run's last lines: the loss from its first to its last window and the
+// windows skipped (Note [Honest exit codes] decides whether the run failed).
+void report_run(int64_t start, int64_t end, double first_loss, const optim::WindowReport& last) {
   if (end <= start) {
     std::printf("nothing to do: the run is already at window %lld (--stop-after/--windows %lld)\n",
                 (long long)start, (long long)end);
     return;
   }
-  std::printf("loss %.4f -> %.4f over windows %lld..%lld\n", first_loss, last_loss,
-              (long long)start + 1, (long long)end);
+  std::printf("loss %.4f -> %.4f over windows %lld..%lld, %lld skipped since window 1\n",
+              first_loss, last.loss, (long long)start + 1, (long long)end,
+              (long long)last.skipped_windows);
   // All digits: a resumed run must print exactly the uninterrupted run's line.
-  std::printf("final: window %lld loss %.17g\n", (long long)end, last_loss);
-  ACCRUE_CHECK(std::isfinite(last_loss), "the loss is not finite (", last_loss, ") at window ",
-               end);
+  std::printf("final: window %lld loss %.17g\n", (long long)end, last.loss);
 }
 
 int train(int argc, char** argv) {
@@ -151,6 +166,12 @@ int train(int argc, char** argv) {
   const nn::GPT2Config config = make_gpt2_config(opt, opt.seed + 1 + where.rank.rank);
   const BatchPlan plan = plan_batch(opt, config, where.world_size());
   const DType compute = compute_dtype(opt, where.gpu);
+  // Note [Run record]: a checkpoint of another run is refused before anything is built.
+  const RunRecord record = gpt2_run_record(opt, config, plan, compute, where.world_size(),
+                                           loss_scaler_text(opt, plan, compute));
+  const auto resume_started = std::chrono::steady_clock::now();
+  std::optional<CheckpointFile> resumed;
+  if (!opt.resume.empty()) resumed = read_checkpoint(opt.resume, record, opt.allowed_changes);
   // Data first: a bad shard fails before a large model is built.
   TrainingData data = open_data(opt, config, plan, where);
   BatchSource& source = *data.source;
@@ -178,9 +199,11 @@ int train(int argc, char** argv) {
   print_optimizer(opt, compute);
   std::printf("memory per rank: %s\n", arena.memory().describe().c_str());
 
-  const TrainState state{arena, window, model, source, dtype_name(compute), where.world_size(),
-                         plan.B};
-  const int64_t start = opt.resume.empty() ? 0 : resume_checkpoint(opt.resume, state);
+  // Note [Honest exit codes]: skips in a row are bounded, and counted across a resume.
+  RunGuard guard(opt.max_skipped_windows, resumed ? resumed->skipped_in_a_row : 0);
+  const TrainState state{arena, window, model, source, where.world_size(), record, &guard};
+  const int64_t start = resumed ? resume_checkpoint(*resumed, state, resume_started) : 0;
+  resumed.reset();  // the file's tensors are in the run now
   auto save = [&](const std::string& at) {
     save_checkpoint_reported(opt.checkpoint, state, where.main_rank(), at);
   };
@@ -244,20 +267,31 @@ int train(int argc, char** argv) {
     result.final_loss = window.report().loss;
     result.cuda_graphs = graphed != nullptr;
     print_bench_line(opt, config, plan, compute, device, where.world_size(), result, reporter);
-    return std::isfinite(result.final_loss) ? 0 : 1;
+    guard.finish(window.report());
+    return 0;
   }
 
   const int64_t end = opt.stop_after.value_or(opt.windows);
-  // --metrics (Note [Metrics log]): rank 0 writes, appending when the run resumes.
+  // --metrics (Note [Metrics log]): rank 0 writes, appending when the run
+  // resumes, after the rows of the windows it computes again (Note [Metrics after resume]).
   optim::MetricsLog metrics;
-  if (!opt.metrics.empty() && where.main_rank())
+  if (!opt.metrics.empty() && where.main_rank()) {
+    if (!opt.resume.empty()) {
+      const int64_t removed = truncate_metrics_log(opt.metrics, start);
+      if (removed > 0)
+        std::printf("metrics: %s cut after window %lld (%lld later row%s removed)\n",
+                    opt.metrics.c_str(), (long long)start, (long long)removed,
+                    removed == 1 ? "" : "s");
+    }
     metrics = optim::MetricsLog(opt.metrics, !opt.resume.empty());
-  double first_loss = NAN, last_loss = NAN;
+  }
+  double first_loss = NAN;
+  optim::WindowReport last;
   for (int64_t w = start + 1; w <= end; ++w) {
     run_window();
     const optim::WindowReport r = window.report();  // the window's one host synchronization
     if (w == start + 1) first_loss = r.loss;
-    last_loss = r.loss;
+    last = r;
     reporter.print(w, r, optimizer.config_at(r.window - 1).groups[0].lr);
     double val = NAN;
     if (data.val_loader && ((opt.val_every > 0 && w % opt.val_every == 0) || w == end)) {
@@ -268,10 +302,24 @@ int train(int argc, char** argv) {
     if (measures_layers(r.window))
       add_layer_extras(*layers, r, optimizer.slot_groups(arena), &extras);
     metrics.write(r, extras);
-    if (!opt.checkpoint.empty() &&
-        ((opt.checkpoint_every > 0 && w % opt.checkpoint_every == 0) || w == end))
-      save("window " + std::to_string(w));
+    guard.after_window(r);
+    // The last window's checkpoint waits for the run's verdict (below).
+    if (!opt.checkpoint.empty() && opt.checkpoint_every > 0 && w % opt.checkpoint_every == 0 &&
+        w < end) {
+      if (std::isfinite(r.loss)) {
+        save("window " + std::to_string(w));
+      } else {
+        std::printf("checkpoint: not written at window %lld, whose loss is not finite\n",
+                    (long long)w);
+      }
+    }
     std::fflush(stdout);
+  }
+  report_run(start, end, first_loss, last);
+  if (end > start) {
+    std::fflush(stdout);
+    guard.finish(last);  // a failed run keeps the last checkpoint it wrote
+    if (!opt.checkpoint.empty()) save("window " + std::to_string(end));
   }
   if (opt.stop_micro_steps > 0) {  // preempted inside the next window
     for (int64_t k = window.micro_step(); k < opt.stop_micro_steps; ++k) {
@@ -281,7 +329,6 @@ int train(int argc, char** argv) {
     save("window " + std::to_string(end + 1) + ", micro-step " +
          std::to_string(window.micro_step()));
   }
-  report_run(start, end, first_loss, last_loss);
   return 0;
 }
 

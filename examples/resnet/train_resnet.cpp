@@ -3,14 +3,21 @@
 //
 //   accrue_resnet [--data DIR | --synthetic] [--micro-batch B] [--k K] [--epochs E]
 //                 [--bn window|window-compound|per-micro-batch] [--recompute-bn] [--lr LR]
-//                 [--seed S] [--checkpoint PATH] [--resume PATH]
+//                 [--seed S] [--checkpoint PATH] [--resume PATH [--allow-changed lr]]
+//                 [--max-skipped-windows N]
 //
 // A checkpoint, written after the last epoch, is the Window's state_dict
 // (master weights, momentum, window state) plus the model's buffers (every
 // BatchNorm's running and pending statistics) and the epochs done, as Note
-// [Module state dict] describes; --resume continues from it, with the data
-// order of the epochs it skipped replayed, so the run ends as an
-// uninterrupted one does.
+// [Module state dict] describes, and in its metadata the run record (Note
+// [Run record] in examples/common/checkpoint_file.h: --micro-batch, --k,
+// --bn, --seed, the data, --lr) and the skipped windows in a row; --resume
+// refuses a command line of another run, naming each field, and otherwise
+// continues, with the data order of the epochs it skipped replayed, so the
+// run ends as an uninterrupted one does. Windows whose gradients are not
+// finite are skipped and counted in each epoch's line; too many in a row, a
+// non-finite loss at the end or a run that never stepped fail it (Note
+// [Honest exit codes]).
 //
 // --data DIR reads DIR/digits_images.npy (f32 [N, 1, 8, 8]) and
 // DIR/digits_labels.npy (i64 [N]), which tools/make_digits.py writes from
@@ -28,17 +35,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "accrue.h"
+#include "accrue/nn/resnet.h"
 #include "examples/common/checkpoint_file.h"
 #include "examples/common/options.h"
+#include "examples/common/run_guard.h"
 #include "examples/common/run_main.h"
 #include "examples/resnet/resnet_window.h"
-#include "accrue/nn/resnet.h"
 
 using namespace accrue;
 using namespace accrue::examples;
@@ -61,6 +71,9 @@ struct Options {
   double lr = 0.05;
   uint64_t seed = 0;
   bool cuda = false;
+  std::string allow_changed;
+  std::vector<std::string> allowed_changes;
+  int64_t max_skipped_windows = 32;  // Note [Honest exit codes]
 };
 
 // Parses the command line; false after --help.
@@ -88,11 +101,26 @@ bool parse(int argc, char** argv, Options& o) {
   cli.path("--checkpoint", &o.checkpoint, "PATH",
            "after the last epoch, save weights, optimizer, window and BatchNorm statistics "
            "(safetensors)");
-  cli.path("--resume", &o.resume, "PATH", "continue from such a checkpoint up to --epochs");
+  cli.path("--resume", &o.resume, "PATH",
+           "continue from such a checkpoint up to --epochs; a command line of another run "
+           "(--micro-batch, --k, --bn, --seed, the data, --lr) is refused, naming each "
+           "difference");
+  cli.text("--allow-changed", &o.allow_changed, "WORDS",
+           "with --resume, let these settings differ from the checkpoint's run: lr (--lr, from "
+           "the next window on); the run prints what changed")
+      .default_text("none");
+  cli.integer("--max-skipped-windows", &o.max_skipped_windows, "N",
+              "fail the run when more than N windows in a row are skipped (non-finite "
+              "gradients)")
+      .min(0);
   cli.flag("--cuda", &o.cuda,
            "train on GPU 0 (f32: convolutions composed of GEMMs, Note [Composed convolution])");
   if (!cli.parse(argc, argv)) return false;
   if (o.synthetic && !o.data.empty()) usage_error("--synthetic and --data exclude each other");
+  if (!o.allow_changed.empty()) {
+    if (o.resume.empty()) usage_error("--allow-changed needs --resume PATH");
+    o.allowed_changes = parse_change_words("--allow-changed", o.allow_changed, {"lr"});
+  }
   return true;
 }
 
@@ -160,37 +188,80 @@ void load_images(const Options& opt, Tensor* images, Tensor* labels) {
                shape_str(labels->shape()), "; expected [N, 1, 8, 8] and [N]");
 }
 
+constexpr const char* kCheckpointFormat = "accrue_resnet checkpoint v2";
+constexpr const char* kSkippedInARow = "accrue.state.skipped_in_a_row";
+
+// The settings that define the run (Note [Run record]).
+RunRecord run_record(const Options& opt) {
+  RunRecord r;
+  r.integer("micro_batch", opt.micro_batch);
+  r.integer("k", opt.k);
+  r.text("bn", opt.bn);
+  r.text("seed", std::to_string(opt.seed));
+  r.text("data", opt.data.empty()
+                     ? "synthetic"
+                     : std::filesystem::absolute(opt.data).lexically_normal().string());
+  r.number("lr", opt.lr, "lr");
+  return r;
+}
+
 // The checkpoint: the Window's state_dict, the model's buffers (every
-// BatchNorm's running and pending statistics) and the epochs done.
+// BatchNorm's running and pending statistics) and the epochs done, and the
+// run record in the metadata.
 void save_checkpoint(const std::string& path, optim::Window& window, nn::ResNet& model,
-                     int64_t epochs_done) {
+                     int64_t epochs_done, const RunRecord& record, const RunGuard& guard) {
   std::map<std::string, Tensor> state = window.state_dict();
   for (const nn::NamedParameter& b : model.named_buffers())
     state["buffers." + b.name] = b.tensor;
   state["epochs_done"] = full({}, static_cast<double>(epochs_done), DType::i64);
-  save_checkpoint_file(path, state);
+  std::map<std::string, std::string> meta;
+  record.write(&meta);
+  meta["format"] = kCheckpointFormat;
+  meta[kSkippedInARow] = std::to_string(guard.skipped_in_a_row());
+  save_checkpoint_file(path, state, meta);
+}
+
+// A checkpoint read whole and its record compared with this run's, before
+// the model is built.
+struct Checkpoint {
+  std::map<std::string, Tensor> state;
+  int64_t skipped_in_a_row = 0;
+};
+
+Checkpoint read_checkpoint(const std::string& path, const RunRecord& record,
+                           const std::vector<std::string>& allowed) {
+  Checkpoint c;
+  std::map<std::string, std::string> meta;
+  c.state = load_safetensors(path, &meta);
+  ACCRUE_CHECK(c.state.count("epochs_done") != 0, path,
+               " has no 'epochs_done': not a checkpoint of this example");
+  // A checkpoint of the first version has no metadata: compare() says what it could not check.
+  ACCRUE_CHECK(!meta.count("format") || meta["format"] == kCheckpointFormat, path,
+               " is not a checkpoint of this example (format '", meta["format"], "', expected '",
+               kCheckpointFormat, "')");
+  for (const std::string& line : record.compare(path, meta, allowed))
+    std::printf("%s\n", line.c_str());
+  if (meta.count(kSkippedInARow)) c.skipped_in_a_row = std::stoll(meta[kSkippedInARow]);
+  return c;
 }
 
 // Loads what save_checkpoint wrote; returns the epochs done.
-int64_t load_checkpoint(const std::string& path, optim::Window& window, nn::ResNet& model) {
-  std::map<std::string, Tensor> state = load_safetensors(path);
+int64_t load_checkpoint(const Checkpoint& c, optim::Window& window, nn::ResNet& model) {
   std::map<std::string, Tensor> window_state, buffers;
-  for (auto& [key, t] : state) {
+  for (const auto& [key, t] : c.state) {
     if (key.rfind("buffers.", 0) == 0) {
       buffers[key.substr(8)] = t;
     } else if (key != "epochs_done") {
       window_state[key] = t;
     }
   }
-  ACCRUE_CHECK(state.count("epochs_done") != 0, path,
-               " has no 'epochs_done': not a checkpoint of this example");
   window.load_state_dict(window_state);
   // The parameters came with the window's master weights: keep them, take the buffers.
   std::map<std::string, Tensor> module_state = model.state_dict();
   for (const auto& [name, t] : buffers)
     module_state[name] = t;
   model.load_state_dict(module_state);
-  return static_cast<int64_t>(state.at("epochs_done").item());
+  return static_cast<int64_t>(c.state.at("epochs_done").item());
 }
 
 // Compares each BatchNorm's running variance with its input's variance over
@@ -236,6 +307,9 @@ int train(int argc, char** argv) {
   if (!parse(argc, argv, opt)) return 0;
   if (opt.cuda && !cuda_available()) usage_error("--cuda needs a CUDA GPU, and none is visible");
   if (!opt.checkpoint.empty()) probe_output_file("--checkpoint", opt.checkpoint);
+  const RunRecord record = run_record(opt);
+  std::optional<Checkpoint> resumed;
+  if (!opt.resume.empty()) resumed = read_checkpoint(opt.resume, record, opt.allowed_changes);
   const int64_t window_items =
       checked_product({{"--micro-batch", opt.micro_batch}, {"--k", opt.k}});
   Tensor images, labels;
@@ -291,28 +365,46 @@ int train(int argc, char** argv) {
   for (int64_t i = 0; i < train_n; ++i)
     perm[static_cast<size_t>(i)] = i;
   int64_t first_epoch = 1;
-  if (!opt.resume.empty()) {
-    first_epoch = load_checkpoint(opt.resume, window, model) + 1;
+  // Note [Honest exit codes]: skips in a row are bounded, and counted across a resume.
+  RunGuard guard(opt.max_skipped_windows, resumed ? resumed->skipped_in_a_row : 0);
+  if (resumed) {
+    first_epoch = load_checkpoint(*resumed, window, model) + 1;
+    resumed.reset();
     for (int64_t e = 1; e < first_epoch; ++e)  // the data order of the epochs done
       std::shuffle(perm.begin(), perm.end(), order);
     std::printf("resumed %s after epoch %lld\n", opt.resume.c_str(), (long long)first_epoch - 1);
   }
+  double first_loss = NAN, last_loss = NAN;
+  optim::WindowReport last;
   for (int64_t epoch = first_epoch; epoch <= opt.epochs; ++epoch) {
     std::shuffle(perm.begin(), perm.end(), order);
+    const std::string where = " of epoch " + std::to_string(epoch);
     double loss = 0.0;
     int64_t windows = 0;
     for (int64_t start = 0; start + window_items <= train_n; start += window_items) {
       run_window(model, window, opt.k, [&](int64_t m) {
         return batch(perm.cbegin() + start + m * opt.micro_batch, opt.micro_batch);
       });
-      loss += window.report().loss;
+      last = window.report();
+      guard.after_window(last, where);
+      loss += last.loss;
       ++windows;
     }
-    std::printf("epoch %lld | loss %.4f | val accuracy %.4f\n", (long long)epoch,
-                loss / static_cast<double>(windows), accuracy(model, val_x, val_y));
+    last_loss = loss / static_cast<double>(windows);
+    if (epoch == first_epoch) first_loss = last_loss;
+    std::printf("epoch %lld | loss %.4f | val accuracy %.4f | skipped %lld\n", (long long)epoch,
+                last_loss, accuracy(model, val_x, val_y), (long long)last.skipped_windows);
+  }
+  if (first_epoch <= opt.epochs) {
+    std::printf(
+        "loss %.4f -> %.4f over epochs %lld..%lld (windows %lld), %lld skipped since window 1\n",
+        first_loss, last_loss, (long long)first_epoch, (long long)opt.epochs,
+        (long long)last.window, (long long)last.skipped_windows);
+    std::fflush(stdout);
+    guard.finish(last, " of epoch " + std::to_string(opt.epochs));  // no checkpoint of a failed run
   }
   if (!opt.checkpoint.empty()) {
-    save_checkpoint(opt.checkpoint, window, model, opt.epochs);
+    save_checkpoint(opt.checkpoint, window, model, opt.epochs, record, guard);
     std::printf("checkpoint: %s (after epoch %lld)\n", opt.checkpoint.c_str(),
                 (long long)opt.epochs);
   }

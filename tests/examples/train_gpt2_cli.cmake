@@ -286,11 +286,13 @@ print('metrics ok')
   endif()
   expect_contains("${out}" "K=2")
   expect_contains("${out}" "MFU n/a")
-  # Note [Scale calibration]: f16 from a scale of 2^24 skips every window; with
+  # Note [Scale calibration]: f16 from a scale of 2^24 skips every window (a
+  # run that never stepped fails, Note [Honest exit codes]); with
   # --calibrate-scale the first window sets the scale and none is skipped.
   run(${TRAINER} ${TINY} --synthetic --total-batch-tokens 256 --windows 4 --dtype f16
       --init-scale 16777216)
-  expect_rc(0)
+  expect_rc(1)
+  expect_contains("${err}" "every window was skipped (windows 1 to 4)")
   line_starting("${out}" "window 4/4" _guessed)
   expect_contains("${_guessed}" "skipped 4")
   run(${TRAINER} ${TINY} --synthetic --total-batch-tokens 256 --windows 4 --dtype f16
