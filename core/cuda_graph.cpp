@@ -65,7 +65,7 @@ std::unique_ptr<CudaGraph> CudaGraph::capture(int device, const std::function<vo
     // repeat eagerly, where they are reported with nothing recorded around them.
     end_capture();
     if (graph != nullptr) cudaGraphDestroy(graph);
-    *why = e.what();
+    *why = e.message();  // Note [Error locations]
     return nullptr;
   } catch (...) {
     end_capture();

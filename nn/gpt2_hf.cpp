@@ -177,7 +177,7 @@ void load_hf_gpt2(GPT2& model, const std::string& safetensors_path) {
   try {
     params = params_from_hf_gpt2(model.config(), load_safetensors(safetensors_path));
   } catch (const Error& e) {
-    ACCRUE_FAIL("load_hf_gpt2(", safetensors_path, "): ", e.what());
+    ACCRUE_FAIL("load_hf_gpt2(", safetensors_path, "): ", e.message());
   }
   for (const NamedParameter& p : model.named_parameters()) {
     auto it = params.find(p.name);

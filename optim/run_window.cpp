@@ -65,7 +65,7 @@ WindowRun run_window(Window& window, int64_t items, int64_t micro_batch,
                   " x K ", items / estimate,
                   " would fit (optim::plan_micro_batch measures it; RetryOptions::max_halvings "
                   "retries by itself). ",
-                  e.what());
+                  e.message());
     }
     window.close();
     return run;

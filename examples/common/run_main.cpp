@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <new>
-#include <regex>
 
 #include "accrue/core/error.h"
 #include "examples/common/options.h"
@@ -10,13 +9,10 @@
 namespace accrue::examples {
 
 std::string user_message(const std::exception& e) {
-  // ACCRUE_CHECK's suffix (core/error.cpp): " (" __FILE__ ":" __LINE__ ")",
-  // once per check the message passed through.
-  static const std::regex location(
-      R"( \((?:[^()\s]*/)?[\w.+-]+\.(?:cpp|cc|cu|cuh|h|hpp|inc):\d+\))");
-  std::string message = std::regex_replace(e.what(), location, "");
+  // Note [Error locations] in core/error.h: an accrue::Error's message()
+  // carries no source location; other exceptions have only what().
   std::string line;
-  for (char c : message) {
+  for (char c : error_message(e)) {
     if (c == '\n') {
       if (!line.empty() && line.back() != ' ') line += "; ";
     } else {

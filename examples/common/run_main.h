@@ -11,8 +11,9 @@
 // each other), reported before any work as "<program>: <message> (see
 // --help)". 1: the run failed (accrue::Error, any other std::exception, or a
 // body that returns 1), reported as "<program>: <message>". Either message is
-// one line on stderr, without the build tree's "(file.cpp:123)" locations
-// that accrue::Error appends (user_message); nothing escapes main, so no run
+// one line on stderr, without the build tree's "(file.cpp:123)" location
+// that accrue::Error's what() appends (user_message prints its message(),
+// Note [Error locations] in core/error.h); nothing escapes main, so no run
 // ends in std::terminate's abort.
 #pragma once
 
@@ -22,8 +23,8 @@
 
 namespace accrue::examples {
 
-// An exception's message for a user: accrue's " (path/file.cpp:123)" source
-// locations removed, lines joined into one.
+// An exception's message for a user, on one line: error_message(e) (an
+// accrue::Error's message() without its source location), lines joined.
 std::string user_message(const std::exception& e);
 
 // Runs `body` under Note [Exit codes]; returns its exit code, or 1 or 2.
