@@ -17,7 +17,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUNS=100000
 BUILD_DIR="$ROOT/build/fuzz"
-TARGETS="safetensors npy token_shards exchange_message options"
+TARGETS="safetensors npy token_shards exchange_message options run_record metrics_log"
 CXX_BIN="${FUZZ_CXX:-clang++}"
 
 usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
