@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# Resuming the trainers, as a user does it (Note [Run record] in
+# examples/common/checkpoint_file.h, Note [Metrics after resume], Note
+# [Honest exit codes] in examples/common/run_guard.h):
+#   resume_cli_test.sh BINARY_DIR SOURCE_DIR [PYTHON]
+# - a checkpoint resumed by another run (K, micro-batch, seq-len, seed,
+#   dropout, data, dtype, optimizer) is refused, exit 1, naming each field
+#   as old and new; --allow-changed lets the schedule and the length through
+#   and the run says so; a mid-window checkpoint never takes another K;
+# - accrue_resnet --resume refuses another --k, --bn, --seed, --micro-batch;
+# - --metrics after a resume has one row per window (the killed run's rows
+#   after the checkpoint, and a row cut short, are removed);
+# - --max-skipped-windows stops a run whose windows keep being skipped, a
+#   diverged run fails naming its windows, and a failed run keeps the last
+#   checkpoint it wrote.
+# Tiny models on the CPU, a few seconds in all. PYTHON (tools/make_shards.py)
+# is needed for the data-source case only; without it that case is skipped.
+set -u
+dir=$1
+source_dir=$2
+python=${3:-}
+gpt2=$dir/accrue_train_gpt2
+resnet=$dir/accrue_resnet
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work" || exit 1
+failures=0
+
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+
+# run BINARY ARGS...: sets rc, out, err.
+run() {
+  "$@" > out.txt 2> err.txt
+  rc=$?
+  out=$(cat out.txt) err=$(cat err.txt)
+}
+
+# expect CODE FRAGMENT... -- BINARY ARGS...: exit code CODE; for 1 and 2, one
+# line on stderr holding every FRAGMENT; for 0, stdout holds them.
+expect() {
+  local code=$1
+  shift
+  local fragments=()
+  while [[ $1 != -- ]]; do
+    fragments+=("$1")
+    shift
+  done
+  shift
+  run "$@"
+  local what="${1##*/} ${*:2}"
+  if [[ $rc -ne $code ]]; then
+    fail "$what: exit code $rc, expected $code; stderr: $err"
+    return
+  fi
+  local text=$out
+  if [[ $code -ne 0 ]]; then
+    text=$err
+    [[ $(printf '%s\n' "$err" | wc -l) -eq 1 && -n $err ]] ||
+      fail "$what: expected one line on stderr, got: $err"
+  fi
+  local f
+  for f in "${fragments[@]}"; do
+    [[ $text == *"$f"* ]] || fail "$what: lacks '$f' in: $text"
+  done
+  echo "ok: $what -> $rc${err:+: $err}"
+}
+
+# The windows of a metrics file's rows, in order, on one line.
+windows_of() { grep -o '^{"window": [0-9]*' "$1" | grep -o '[0-9]*$' | tr '\n' ' '; }
+# The losses of a metrics file's rows, in order, on one line.
+losses_of() { grep -o '"loss": [^,]*' "$1" | tr '\n' ' '; }
+
+# --- GPT-2: another run is refused, field by field -------------------------
+base=(--model tiny --cpu --synthetic --micro-batch 2 --seq-len 16 --windows 4 --seed 5
+  --lr 6e-4)
+expect 0 "checkpoint: c.st (window 2; " -- "$gpt2" "${base[@]}" --checkpoint c.st --stop-after 2
+cp c.st c.keep
+expect 1 "checkpoint c.st is of another run: micro_batch = 2 but this run has 4" \
+  -- "$gpt2" "${base[@]}" --resume c.st --micro-batch 4
+expect 1 "seq_len = 16 but this run has 8" -- "$gpt2" "${base[@]}" --resume c.st --seq-len 8
+expect 1 "micro_steps = 1 but this run has 2" \
+  -- "$gpt2" "${base[@]}" --resume c.st --total-batch-tokens 64
+expect 1 "seed = 5 but this run has 6" -- "$gpt2" "${base[@]}" --resume c.st --seed 6
+expect 1 "dropout = 0 but this run has 0.1" -- "$gpt2" "${base[@]}" --resume c.st --dropout 0.1
+expect 1 "dtype = f32 but this run has f16" "loss_scaler = none but this run has dynamic" \
+  -- "$gpt2" "${base[@]}" --resume c.st --dtype f16
+expect 1 "beta2 = 0.95 but this run has 0.99" "max_grad_norm = 1 but this run has 0.5" \
+  -- "$gpt2" "${base[@]}" --resume c.st --beta2 0.99 --max-grad-norm 0.5
+expect 1 "config.n_layer = 2 but this run has 3" -- "$gpt2" "${base[@]}" --resume c.st --n-layer 3
+# Every difference at once, each named.
+expect 1 "micro_batch = 2 but this run has 4" "seed = 5 but this run has 7" \
+  -- "$gpt2" "${base[@]}" --resume c.st --micro-batch 4 --seed 7
+# The data source: shards instead of the synthetic tokens.
+if [[ -n $python ]] && command -v "$python" > /dev/null; then
+  "$python" "$source_dir/tools/make_shards.py" "$source_dir/README.md" \
+    --output-prefix "$work/readme" --val-fraction 0.1 > /dev/null || fail "make_shards.py"
+  expect 1 "data = synthetic but this run has $work/readme_train_*.bin" \
+    -- "$gpt2" --model tiny --cpu --train-data "$work/readme_train_*.bin" --micro-batch 2 \
+    --seq-len 16 --windows 4 --seed 5 --lr 6e-4 --resume c.st
+else
+  echo "skip: the data-source case needs python3 (tools/make_shards.py)"
+fi
+
+# --- GPT-2: the changes --allow-changed lets through ------------------------
+expect 1 "lr = 0.0006 but this run has 0.001" "windows = 4 but this run has 6" \
+  "(--allow-changed lr,windows admits these changes)" \
+  -- "$gpt2" "${base[@]}" --resume c.st --lr 1e-3 --windows 6
+expect 1 "windows = 4 but this run has 6" "(--allow-changed windows admits this change)" \
+  -- "$gpt2" "${base[@]}" --resume c.st --lr 1e-3 --windows 6 --allow-changed lr
+expect 0 "resume: changed as --allow-changed permits: lr 0.0006 -> 0.001, windows 4 -> 6" \
+  "resumed c.st at window 2" "window 3/6" "window 6/6" \
+  -- "$gpt2" "${base[@]}" --resume c.st --lr 1e-3 --windows 6 --allow-changed lr,windows
+[[ $out != *"window 2/6"* ]] || fail "the resumed run trained window 2 again"
+# Only the safe fields: K stays refused whatever the words.
+expect 1 "micro_steps = 1 but this run has 2" -- "$gpt2" "${base[@]}" --resume c.st \
+  --total-batch-tokens 64 --allow-changed lr,windows,validation,metrics
+expect 2 "--allow-changed needs --resume PATH" -- "$gpt2" "${base[@]}" --allow-changed lr
+expect 2 "--allow-changed takes a comma-separated list of lr, windows, validation, metrics; got 'seed'" \
+  -- "$gpt2" "${base[@]}" --resume c.st --allow-changed lr,seed
+
+# --- GPT-2: a checkpoint inside a window keeps its K ------------------------
+expect 0 "checkpoint: mid.st (window 2, micro-step 2; " -- "$gpt2" "${base[@]}" \
+  --total-batch-tokens 128 --checkpoint mid.st --stop-after 1 --stop-micro-steps 2
+expect 1 "micro_steps = 4 but this run has 8" \
+  "the checkpoint is inside window 2, after micro-step 2 of K = 4" \
+  -- "$gpt2" "${base[@]}" --total-batch-tokens 256 --resume mid.st
+expect 0 "micro-step 2 of window 2" -- "$gpt2" "${base[@]}" --total-batch-tokens 128 \
+  --resume mid.st
+
+# --- GPT-2: metrics after a resume, one row per window ----------------------
+expect 0 "final: " -- "$gpt2" "${base[@]}" --metrics u.jsonl
+# Killed after window 3 with its last checkpoint at window 2 (c.keep), and
+# mid-way through writing window 4's row.
+expect 0 "" -- "$gpt2" "${base[@]}" --metrics m.jsonl --checkpoint c2.st --stop-after 2
+expect 0 "" -- "$gpt2" "${base[@]}" --metrics m.jsonl --checkpoint c3.st --stop-after 3 \
+  --resume c2.st
+printf '{"window": 4, "loss": 5.' >> m.jsonl
+[[ $(windows_of m.jsonl) == "1 2 3 4 " ]] || fail "setup: rows $(windows_of m.jsonl)"
+expect 0 "metrics: m.jsonl cut after window 2 (2 later rows removed)" \
+  -- "$gpt2" "${base[@]}" --metrics m.jsonl --resume c2.st
+[[ $(windows_of m.jsonl) == "1 2 3 4 " ]] || fail "metrics after resume: rows $(windows_of m.jsonl)"
+[[ $(wc -l < m.jsonl) -eq 4 ]] || fail "metrics after resume: $(wc -l < m.jsonl) lines"
+[[ $(losses_of m.jsonl) == "$(losses_of u.jsonl)" ]] ||
+  fail "metrics after resume: losses $(losses_of m.jsonl), uninterrupted $(losses_of u.jsonl)"
+echo "ok: metrics after resume: windows $(windows_of m.jsonl)"
+# Another metrics file is a change (the old one would miss the windows).
+expect 1 "metrics = $work/m.jsonl but this run has $work/other.jsonl" \
+  -- "$gpt2" "${base[@]}" --metrics other.jsonl --resume c2.st
+expect 0 "resume: changed as --allow-changed permits: metrics $work/m.jsonl -> $work/other.jsonl" \
+  -- "$gpt2" "${base[@]}" --metrics other.jsonl --resume c2.st --allow-changed metrics
+
+# --- GPT-2: skipped windows and divergence -----------------------------------
+diverge=(--model tiny --cpu --synthetic --micro-batch 2 --seq-len 16 --lr 1e30 --max-grad-norm 0)
+expect 1 "the loss is not finite (" "nan) in windows 2 to 3, the last" \
+  -- "$gpt2" "${diverge[@]}" --windows 3
+expect 1 "2 windows in a row were skipped (windows 2 to 3: " "more than --max-skipped-windows 1" \
+  -- "$gpt2" "${diverge[@]}" --windows 50 --max-skipped-windows 1
+[[ $out == *"window 3/50"* && $out != *"window 4/50"* ]] || fail "the bound did not stop at window 3"
+expect 1 "3 windows in a row were skipped (windows 2 to 4: " -- "$gpt2" "${diverge[@]}" \
+  --windows 50 --dtype f16 --max-skipped-windows 2
+expect 1 "window 2 was skipped" "more than --max-skipped-windows 0" \
+  -- "$gpt2" "${diverge[@]}" --windows 50 --max-skipped-windows 0
+expect 1 "33 windows in a row were skipped (windows 2 to 34: " -- "$gpt2" "${diverge[@]}" \
+  --windows 50
+# A failed run keeps the last checkpoint it wrote (window 1's, its loss finite).
+expect 1 "2 windows in a row were skipped" -- "$gpt2" "${diverge[@]}" --windows 50 \
+  --max-skipped-windows 1 --checkpoint d.st --checkpoint-every 1
+[[ $out == *"checkpoint: d.st (window 1; "* && $out == *"checkpoint: not written at window 2"* ]] ||
+  fail "diverged run's checkpoints: $out"
+expect 0 "resumed d.st at window 1" -- "$gpt2" "${diverge[@]}" --windows 50 \
+  --max-skipped-windows 1 --checkpoint d.st --checkpoint-every 1 --resume d.st --stop-after 1
+expect 2 "--max-skipped-windows must be >= 0, got -1" -- "$gpt2" "${base[@]}" \
+  --max-skipped-windows -1
+
+# --- ResNet: another run is refused; divergence fails -------------------------
+expect 0 "checkpoint: r.st (after epoch 1)" -- "$resnet" --synthetic --epochs 1 --checkpoint r.st
+expect 1 "checkpoint r.st is of another run: k = 16 but this run has 8" \
+  -- "$resnet" --synthetic --epochs 2 --resume r.st --k 8
+expect 1 "bn = window but this run has per-micro-batch" \
+  -- "$resnet" --synthetic --epochs 2 --resume r.st --bn per-micro-batch
+expect 1 "seed = 0 but this run has 3" -- "$resnet" --synthetic --epochs 2 --resume r.st --seed 3
+expect 1 "micro_batch = 2 but this run has 4" -- "$resnet" --synthetic --epochs 2 --resume r.st \
+  --micro-batch 4
+expect 1 "lr = 0.05 but this run has 0.01 (--allow-changed lr admits this change)" \
+  -- "$resnet" --synthetic --epochs 2 --resume r.st --lr 0.01
+expect 0 "resume: changed as --allow-changed permits: lr 0.05 -> 0.01" "epoch 2 | loss " \
+  -- "$resnet" --synthetic --epochs 2 --resume r.st --lr 0.01 --allow-changed lr
+expect 2 "--allow-changed takes a comma-separated list of lr; got 'k'" \
+  -- "$resnet" --synthetic --epochs 2 --resume r.st --allow-changed k
+# Each epoch's line and the summary count the skipped windows.
+expect 0 "epoch 1 | loss " "| skipped 0" "skipped since window 1" -- "$resnet" --synthetic --epochs 1
+expect 1 "33 windows in a row were skipped (windows 2 to 34 of epoch 1: " \
+  -- "$resnet" --lr 1e30 --epochs 2
+expect 1 "the loss is not finite" "of epoch 2, the last" \
+  -- "$resnet" --lr 1e30 --epochs 2 --max-skipped-windows 1000
+
+if [[ $failures -gt 0 ]]; then
+  echo "$failures failure(s)"
+  exit 1
+fi
+echo "all passed"
