@@ -106,8 +106,11 @@ case $name in
     expect 2 "--normalization must be item or mean, got 'sum'" --normalization sum
     expect 2 "overflows a 64-bit integer" --cpu --K 4611686018427387904 \
       --batch 4611686018427387904 --windows 1
-    # Far too large to allocate: a failed run (1) with one line, not std::terminate.
-    expect 1 "" --cpu --batch 100000000000 --K 2 --windows 1
+    # Far too large to allocate: a failed run (1) with one line naming the op,
+    # the shape and the bytes (Note [Checked sizes] in core/tensor.cpp), not
+    # std::terminate.
+    expect 1 "empty: shape [100000000000, 16] of f64 needs 12800000000000 bytes" \
+      --cpu --batch 100000000000 --K 2 --windows 1
     ;;
   resnet)
     bin=$dir/accrue_resnet prog=accrue_resnet
@@ -141,6 +144,9 @@ case $name in
       --micro-batch 2 --classes 4611686018427387904
     expect 2 "overflows a 64-bit integer" --cpu --model resnet18 --image-size 32 \
       --micro-batch 4611686018427387904 --k 1
+    # Within the options' ranges but beyond any host: refused before allocating.
+    expect 1 "shape [1000000000000, 512] of f64 needs 4096000000000000 bytes" --cpu \
+      --model resnet18 --image-size 32 --micro-batch 2 --dtype f32 --classes 1000000000000
     ;;
   train_gpt2)
     bin=$dir/accrue_train_gpt2 prog=accrue_train_gpt2
@@ -165,6 +171,10 @@ case $name in
       --n-embd 4611686018427387904 --n-head 1
     expect 2 "--micro-batch 4611686018427387904 x --seq-len 16 x ranks 1 overflows" "${tiny[@]}" \
       --micro-batch 4611686018427387904 --seq-len 16
+    # A model within the options' ranges but beyond any host (wte alone is
+    # 64 TiB): a failed run naming the shape and the bytes, before allocating.
+    expect 1 "zeros: shape [65536, 268435456] of f32 needs 70368744177664 bytes" "${tiny[@]}" \
+      --n-embd 268435456 --n-head 1 --vocab-size 65536
     expect 2 "--stop-micro-steps 2 is not inside a window of K = 1 micro-steps" "${tiny[@]}" \
       --micro-batch 2 --seq-len 16 --windows 3 --stop-after 1 --stop-micro-steps 2 \
       --checkpoint /tmp/unused.safetensors
