@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iterator>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -183,7 +184,10 @@ bool is_checksum_key(const std::string& key) {
 }
 
 std::string checksum_key(const std::string& tensor) {
-  return std::string(kChecksumKey) + "." + tensor;
+  std::string key = kChecksumKey;
+  key += '.';
+  key += tensor;
+  return key;
 }
 
 std::string hex8(uint32_t crc) {
