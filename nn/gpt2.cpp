@@ -1,6 +1,8 @@
 #include "accrue/nn/gpt2.h"
 
 #include <cmath>
+#include <initializer_list>
+#include <limits>
 #include <utility>
 
 #include "accrue/autograd/checkpoint.h"
@@ -44,6 +46,34 @@ GPT2Config GPT2Config::from_name(const std::string& name) {
               "'; known: d12 (gpt2), d24 (gpt2-medium), d36 (gpt2-large), d48 (gpt2-xl)");
 }
 
+namespace {
+
+// The parameter count of `c`, or -1 when it overflows int64 (a config from a
+// command line or a file: Note [Checked sizes] in core/tensor.cpp).
+int64_t checked_parameter_count(const GPT2Config& c) {
+  bool fits = true;
+  const auto mul = [&](int64_t x, int64_t y) {
+    int64_t r = 0;
+    fits = fits && !__builtin_mul_overflow(x, y, &r);
+    return r;
+  };
+  const auto add = [&](std::initializer_list<int64_t> terms) {
+    int64_t r = 0;
+    for (int64_t t : terms)
+      fits = fits && !__builtin_add_overflow(r, t, &r);
+    return r;
+  };
+  const int64_t C = c.n_embd, b = c.bias ? 1 : 0, CC = mul(C, C);
+  const int64_t layer_norm = add({C, mul(b, C)});
+  const int64_t per_layer = add({mul(2, layer_norm), mul(3, CC), mul(3 * b, C), CC, mul(b, C),
+                                 mul(4, CC), mul(4 * b, C), mul(4, CC), mul(b, C)});
+  const int64_t total =
+      add({mul(c.padded_vocab(), C), mul(c.block_size, C), mul(c.n_layer, per_layer), layer_norm});
+  return fits ? total : -1;
+}
+
+}  // namespace
+
 int64_t GPT2Config::padded_vocab() const {
   if (padded_vocab_size > 0) return padded_vocab_size;
   return (vocab_size + 127) / 128 * 128;
@@ -63,15 +93,15 @@ void GPT2Config::validate() const {
                " must be in [0, 1)");
   ACCRUE_CHECK(layer_norm_eps > 0.0, "GPT2Config: layer_norm_eps must be > 0, got ",
                layer_norm_eps);
+  ACCRUE_CHECK(vocab_size <= std::numeric_limits<int64_t>::max() - 127 &&
+                   checked_parameter_count(*this) >= 0,
+               "GPT2Config: n_layer ", n_layer, ", n_embd ", n_embd, ", vocab_size ", vocab_size,
+               ", block_size ", block_size, ": the parameter count overflows int64");
 }
 
 int64_t GPT2Config::parameter_count() const {
   validate();
-  const int64_t C = n_embd, b = bias ? 1 : 0;
-  const int64_t layer_norm = C + b * C;
-  const int64_t per_layer = 2 * layer_norm + (3 * C * C + b * 3 * C) + (C * C + b * C) +
-                            (4 * C * C + b * 4 * C) + (4 * C * C + b * C);
-  return padded_vocab() * C + block_size * C + n_layer * per_layer + layer_norm;
+  return checked_parameter_count(*this);
 }
 
 GPT2::GPT2(const GPT2Config& config, const ParamOptions& options)

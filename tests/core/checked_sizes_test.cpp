@@ -16,6 +16,7 @@
 
 #include "accrue/core/tensor.h"
 #include "accrue/core/tensor_io.h"
+#include "accrue/nn/gpt2.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -261,6 +262,21 @@ TEST_F(CheckedSizesFiles, safetensors_header_shapes_near_2_63) {
                std::string(16, '\0')));
   EXPECT_SIZE_ERROR(load_safetensors(p), "huge.safetensors", "[1152921504606846976, 2]",
                     "overflows 64 bits");
+}
+
+// A model config's parameter count is a product of user-given sizes too.
+TEST(CheckedSizes, gpt2_config_refuses_a_parameter_count_past_int64) {
+  nn::GPT2Config c = nn::GPT2Config::d12();
+  c.n_head = 1;
+  c.n_embd = int64_t{1} << 31;
+  c.n_layer = int64_t{1} << 20;  // 12 * 2^62 * 2^20 parameters in the blocks
+  EXPECT_SIZE_ERROR(c.validate(), "GPT2Config: n_layer 1048576, n_embd 2147483648",
+                    "the parameter count overflows int64");
+  EXPECT_SIZE_ERROR(c.parameter_count(), "GPT2Config", "overflows int64");
+  c = nn::GPT2Config::d12();
+  c.vocab_size = kMax;
+  EXPECT_SIZE_ERROR(c.validate(), "vocab_size 9223372036854775807", "overflows int64");
+  EXPECT_EQ(nn::GPT2Config::d12().parameter_count(), 124439808 + 47 * 768);
 }
 
 // Note [Error locations]: the message and the location apart; what() has both.
