@@ -594,7 +594,9 @@ TEST(GpuWindowClose, step_sums_match_the_cpu_and_leave_the_update_bitwise_unchan
         ASSERT_NEAR(g[3 * k + 1], c[3 * k + 1], update_tol * c[3 * k + 1] + 1e-300)
             << "chunk " << k << " |update|^2";
         ASSERT_NEAR(g[3 * k + 2], c[3 * k + 2], 1e-12 * c[3 * k + 2]) << "chunk " << k << " |p|^2";
-        if (!written[(k / 37)]) ASSERT_EQ(g[3 * k + 1], 0.0) << "chunk " << k << " is unused";
+        if (!written[(k / 37)]) {
+          ASSERT_EQ(g[3 * k + 1], 0.0) << "chunk " << k << " is unused";
+        }
       }
     }
   }
