@@ -88,11 +88,20 @@ Tensor allocate(const Shape& shape, DType dtype, Device device, const char* op) 
   if (nbytes > limit)
     throw OutOfMemoryError(
         detail::str_cat(op, ": shape ", shape_str(shape), " of ", dtype_name(dtype), " needs ",
-                        nbytes, " bytes (", gib(nbytes), "), more than the ", limit, " bytes (",
-                        gib(limit), ") one allocation may have on ", device.str()),
+                        nbytes, " bytes (", gib(nbytes), "): out of memory on ", device.str(),
+                        ", where one allocation may have at most ", limit, " bytes (", gib(limit),
+                        ")"),
         nbytes, detail::str_cat(__FILE__, ":", __LINE__));
-  return make_tensor(std::make_shared<Storage>(static_cast<size_t>(nbytes), device), shape,
-                     contiguous_strides(shape), 0, dtype);
+  std::shared_ptr<Storage> storage;
+  try {
+    storage = std::make_shared<Storage>(static_cast<size_t>(nbytes), device);
+  } catch (const OutOfMemoryError& e) {
+    // The allocator knows the device's free memory; the op and the shape are known here.
+    throw OutOfMemoryError(detail::str_cat(op, ": shape ", shape_str(shape), " of ",
+                                           dtype_name(dtype), ": ", e.message()),
+                           e.requested_bytes(), e.where());
+  }
+  return make_tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 
 // Resolves one -1 in a requested shape against numel.
