@@ -31,8 +31,9 @@
 # One trial: the tiny preset, K = 4 micro-steps per window, dropout 0.1, a
 # checkpoint after every window. Each run is started with --resume from the
 # checkpoint when there is one (fresh otherwise) and SIGKILLed after a delay
-# drawn uniformly over what is left of the run (its start-up plus the windows
-# not yet closed, both timed on the uninterrupted run), so kills land in the
+# drawn uniformly over 85% of what is left of the run (its start-up plus the
+# windows not yet closed, both timed on the uninterrupted run: the timing is
+# noisy, and a run that ends before its kill ends the trial), so kills land in the
 # start-up and resume, in the micro-steps, in the window close and in the
 # saves. One run in four (at most two a trial) is preempted instead with
 # --stop-after W --stop-micro-steps M, which saves inside a window (Note
@@ -318,6 +319,7 @@ echo "chaos.sh: uninterrupted run: ${ref_s} s (start-up ~${startup_ms} ms, ~${wi
 # ---- trials ------------------------------------------------------------------
 passed=0
 total_kills=0
+killed_trials=0
 total_preempt=0
 declare -A landed=()
 trial_seconds=()
@@ -368,7 +370,7 @@ one_trial_single() {  # the CPU / one-GPU trial; sets kills, preempts, runs, ver
     # Uniform over what is left of the run, so most runs are cut before the end.
     closed=0
     [[ -f "$ckpt" ]] && closed=$(meta_field "$ckpt" windows_closed)
-    rand $((startup_ms + (windows - ${closed:-0}) * window_ms))
+    rand $(((startup_ms + (windows - ${closed:-0}) * window_ms) * 85 / 100 + 1))
     delay_ms=$((1 + R))
     delay=$(awk -v ms="$delay_ms" 'BEGIN { printf "%.3f", ms / 1000 }')
     # In a subshell whose stderr is dropped: timeout re-raises the KILL on
@@ -404,7 +406,7 @@ one_trial_dp() {  # the 2-GPU trial; sets kills, preempts, runs, verdict
   local victim delay_ms delay
   rand 2
   victim=$R
-  rand $((startup_ms + windows * window_ms))
+  rand $(((startup_ms + windows * window_ms) * 85 / 100 + 1))
   delay_ms=$((1 + R))
   delay=$(awk -v ms="$delay_ms" 'BEGIN { printf "%.3f", ms / 1000 }')
   port=$((port + 1))
@@ -480,6 +482,7 @@ for ((trial = 1; trial <= trials; ++trial)); do
   fi
   seconds=$(awk -v s="$(elapsed "$start")" 'BEGIN { printf "%.1f", s }')
   total_kills=$((total_kills + kills))
+  [[ $kills -gt 0 ]] && killed_trials=$((killed_trials + 1))
   total_preempt=$((total_preempt + preempts))
   printf '  trial %d: %d kills, %d mid-window preemptions, %d runs, %s s: %s\n' \
     "$trial" "$kills" "$preempts" "$runs" "$seconds" "$verdict"
@@ -490,6 +493,7 @@ for k in "${!landed[@]}"; do
   where_list+="${where_list:+, }$k ${landed[$k]}"
 done
 echo "chaos.sh: summary: $passed/$trials trials bitwise equal to the uninterrupted run;" \
-  "$total_kills kills (${where_list:-none}), $total_preempt mid-window preemptions; seed $seed," \
+  "$total_kills kills in $killed_trials trials (${where_list:-none}), $total_preempt mid-window" \
+  "preemptions; seed $seed," \
   "$windows windows, $([[ $dp -eq 1 ]] && echo "2 GPUs" || { [[ $gpu -eq 1 ]] && echo GPU || echo CPU; })"
 [[ $passed -eq $trials ]]
