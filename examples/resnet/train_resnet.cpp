@@ -15,9 +15,10 @@
 // refuses a command line of another run, naming each field, and otherwise
 // continues, with the data order of the epochs it skipped replayed, so the
 // run ends as an uninterrupted one does. Windows whose gradients are not
-// finite are skipped and counted in each epoch's line; too many in a row, a
-// non-finite loss at the end or a run that never stepped fail it (Note
-// [Honest exit codes]).
+// finite are skipped and counted in each epoch's line and the summary; too
+// many in a row, a non-finite loss at the end, a run that never stepped
+// (Note [Honest exit codes]) or a skipped window whose batch statistics left
+// BatchNorm's running statistics non-finite fail it, naming the window.
 //
 // --data DIR reads DIR/digits_images.npy (f32 [N, 1, 8, 8]) and
 // DIR/digits_labels.npy (i64 [N]), which tools/make_digits.py writes from
@@ -159,6 +160,16 @@ double variance_error(const std::vector<nn::BatchNorm*>& norms,
     total += std::sqrt(num / den);
   }
   return total / static_cast<double>(norms.size());
+}
+
+// The index of the first BatchNorm whose running statistics hold a value that
+// is not finite, or -1.
+int nonfinite_batch_norm(const std::vector<nn::BatchNorm*>& norms) {
+  for (size_t i = 0; i < norms.size(); ++i)
+    for (const Tensor& t : {norms[i]->running_mean(), norms[i]->running_var()})
+      for (double v : t.to(Device::cpu()).to(DType::f64).to_vector<double>())
+        if (!std::isfinite(v)) return static_cast<int>(i);
+  return -1;
 }
 
 double accuracy(nn::ResNet& model, const Tensor& images, const Tensor& labels) {
@@ -387,6 +398,17 @@ int train(int argc, char** argv) {
       });
       last = window.report();
       guard.after_window(last, where);
+      // A skipped window keeps the weights, but its batch statistics still
+      // reach the running ones (a listener learns of the close, not of the
+      // skip): non-finite there, the model cannot be evaluated any more.
+      if (last.skipped) {
+        const int bad = nonfinite_batch_norm(norms);
+        ACCRUE_CHECK(bad < 0, "window ", last.window, where,
+                     " was skipped (its gradients were not finite; loss ", last.loss,
+                     "), and BatchNorm ", bad,
+                     "'s running statistics, which took its batch statistics, are no longer "
+                     "finite");
+      }
       loss += last.loss;
       ++windows;
     }
