@@ -106,9 +106,11 @@ void save_checkpoint(const std::string& path, const TrainState& s) {
 
 CheckpointFile read_checkpoint(const std::string& path, const RunRecord& record,
                                const std::vector<std::string>& allowed_changes) {
+  const auto t0 = std::chrono::steady_clock::now();
   CheckpointFile f;
   f.path = path;
   f.tensors = load_safetensors(path, &f.metadata);
+  f.read_time = std::chrono::steady_clock::now() - t0;
   const std::map<std::string, std::string>& meta = f.metadata;
   const auto format = meta.find("format");
   const std::string found = format == meta.end() ? "" : format->second;
@@ -130,8 +132,8 @@ CheckpointFile read_checkpoint(const std::string& path, const RunRecord& record,
   return f;
 }
 
-int64_t resume_checkpoint(const CheckpointFile& f, const TrainState& s,
-                          std::chrono::steady_clock::time_point since) {
+int64_t resume_checkpoint(const CheckpointFile& f, const TrainState& s) {
+  const auto since = std::chrono::steady_clock::now() - f.read_time;
   const std::string& path = f.path;
   const std::map<std::string, std::string>& meta = f.metadata;
   // The flat master, rebuilt slot by slot (alignment padding stays 0, Note [Grad arena]).

@@ -67,6 +67,7 @@ struct CheckpointFile {
   std::map<std::string, Tensor> tensors;
   std::map<std::string, std::string> metadata;
   int64_t windows_closed = 0, micro_step = 0, skipped_in_a_row = 0;
+  std::chrono::steady_clock::duration read_time{};  // reported with the restore's
 };
 
 // Reads a trainer checkpoint and compares its run record with `record`
@@ -77,8 +78,7 @@ CheckpointFile read_checkpoint(const std::string& path, const RunRecord& record,
 
 // Restores what read_checkpoint read into the run, and prints where it
 // resumes and how long it took; returns the windows closed.
-int64_t resume_checkpoint(const CheckpointFile& file, const TrainState& s,
-                          std::chrono::steady_clock::time_point since);
+int64_t resume_checkpoint(const CheckpointFile& file, const TrainState& s);
 
 // save_checkpoint on rank 0 (Note [Trainer checkpoint]), and a line naming
 // the point of the run (`at`: "window 12"), the file's size and the time taken.

@@ -169,7 +169,6 @@ int train(int argc, char** argv) {
   // Note [Run record]: a checkpoint of another run is refused before anything is built.
   const RunRecord record = gpt2_run_record(opt, config, plan, compute, where.world_size(),
                                            loss_scaler_text(opt, plan, compute));
-  const auto resume_started = std::chrono::steady_clock::now();
   std::optional<CheckpointFile> resumed;
   if (!opt.resume.empty()) resumed = read_checkpoint(opt.resume, record, opt.allowed_changes);
   // Data first: a bad shard fails before a large model is built.
@@ -202,7 +201,7 @@ int train(int argc, char** argv) {
   // Note [Honest exit codes]: skips in a row are bounded, and counted across a resume.
   RunGuard guard(opt.max_skipped_windows, resumed ? resumed->skipped_in_a_row : 0);
   const TrainState state{arena, window, model, source, where.world_size(), record, &guard};
-  const int64_t start = resumed ? resume_checkpoint(*resumed, state, resume_started) : 0;
+  const int64_t start = resumed ? resume_checkpoint(*resumed, state) : 0;
   resumed.reset();  // the file's tensors are in the run now
   auto save = [&](const std::string& at) {
     save_checkpoint_reported(opt.checkpoint, state, where.main_rank(), at);
