@@ -16,6 +16,7 @@
 
 #include "accrue/core/tensor.h"
 #include "accrue/core/tensor_io.h"
+#include "accrue/data/token_shards.h"
 #include "accrue/nn/gpt2.h"
 #include "tests/test_util.h"
 
@@ -262,6 +263,19 @@ TEST_F(CheckedSizesFiles, safetensors_header_shapes_near_2_63) {
                std::string(16, '\0')));
   EXPECT_SIZE_ERROR(load_safetensors(p), "huge.safetensors", "[1152921504606846976, 2]",
                     "overflows 64 bits");
+}
+
+// A token shard's count is an int32, its bytes 2 per token: the largest
+// count a header can hold is refused against the file, not allocated.
+TEST_F(CheckedSizesFiles, token_shard_header_with_the_largest_count) {
+  const std::string p = path("huge.bin");
+  std::string header(static_cast<size_t>(data::kShardHeaderBytes), '\0');
+  const int32_t fields[3] = {data::kShardMagic, data::kShardVersion,
+                             std::numeric_limits<int32_t>::max()};
+  std::memcpy(header.data(), fields, sizeof fields);
+  write(p, header + std::string(8, '\0'));
+  EXPECT_SIZE_ERROR(data::read_shard_header(p), "huge.bin", "the header says 2147483647 tokens",
+                    "2 * 2147483647 = 4294968318 bytes", "truncated");
 }
 
 // A model config's parameter count is a product of user-given sizes too.
