@@ -17,7 +17,8 @@
 //   - at its end, when the last window's loss is not finite, naming the
 //     window from which it was not;
 //   - at its end, when no window of the run (from window 1, across resumes)
-//     took an optimizer step.
+//     took an optimizer step; not where it stops early to be resumed
+//     (--stop-after), since f16's first windows may all be skipped.
 // The count of skips in a row travels in the trainers' checkpoints, so the
 // bound holds across a resume. The checks read the window's report, which the
 // host reads once per window anyway, so they cost nothing on the device.
@@ -55,8 +56,11 @@ class RunGuard {
                 "), more than --max-skipped-windows ", max_);
   }
 
-  // At the end, with the last window's report.
-  void finish(const optim::WindowReport& r, const std::string& where = {}) const {
+  // At the end, with the last window's report. `whole_run`: false where the
+  // run stops early to be resumed (--stop-after), whose first windows may all
+  // be skipped while f16's scale settles.
+  void finish(const optim::WindowReport& r, const std::string& where = {},
+              bool whole_run = true) const {
     if (!std::isfinite(r.loss)) {
       const int64_t since = nonfinite_since_ > 0 ? nonfinite_since_ : r.window;
       if (since == r.window)
@@ -65,7 +69,8 @@ class RunGuard {
       ACCRUE_FAIL("the loss is not finite (", r.loss, ") in windows ", since, " to ", r.window,
                   where, ", the last");
     }
-    ACCRUE_CHECK(r.optimizer_steps > 0, "every window was skipped (windows 1 to ", r.window, where,
+    ACCRUE_CHECK(r.optimizer_steps > 0 || !whole_run, "every window was skipped (windows 1 to ",
+                 r.window, where,
                  "): no optimizer step was taken (every window's gradients were not finite)");
   }
 

@@ -317,7 +317,7 @@ int train(int argc, char** argv) {
   report_run(start, end, first_loss, last);
   if (end > start) {
     std::fflush(stdout);
-    guard.finish(last);  // a failed run keeps the last checkpoint it wrote
+    guard.finish(last, {}, end == opt.windows);  // a failed run keeps its last checkpoint
     if (!opt.checkpoint.empty()) save("window " + std::to_string(end));
   }
   if (opt.stop_micro_steps > 0) {  // preempted inside the next window

@@ -173,6 +173,16 @@ expect 1 "2 windows in a row were skipped" -- "$gpt2" "${diverge[@]}" --windows 
   fail "diverged run's checkpoints: $out"
 expect 0 "resumed d.st at window 1" -- "$gpt2" "${diverge[@]}" --windows 50 \
   --max-skipped-windows 1 --checkpoint d.st --checkpoint-every 1 --resume d.st --stop-after 1
+# The skips in a row travel in the checkpoint: f16 from a scale of 2^24 skips
+# windows 1 and 2 (a run stopped to be resumed may have taken no step yet),
+# and the resumed run's windows 3 and 4 make four in a row.
+f16=(--model tiny --cpu --synthetic --micro-batch 4 --seq-len 32 --windows 6 --dtype f16
+  --init-scale 16777216)
+expect 0 "window 2/6" "skipped 2" -- "$gpt2" "${f16[@]}" --stop-after 2 --checkpoint s.st \
+  --max-skipped-windows 3
+expect 1 "4 windows in a row were skipped (windows 1 to 4: " "more than --max-skipped-windows 3" \
+  -- "$gpt2" "${f16[@]}" --resume s.st --max-skipped-windows 3
+expect 1 "every window was skipped (windows 1 to 6)" -- "$gpt2" "${f16[@]}" --resume s.st
 expect 2 "--max-skipped-windows must be >= 0, got -1" -- "$gpt2" "${base[@]}" \
   --max-skipped-windows -1
 
