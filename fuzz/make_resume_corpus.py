@@ -73,3 +73,31 @@ write("metrics_log", "row_cut_short", metrics(9, rows(1, 4) + '{"window": 5, "lo
 write("metrics_log", "foreign_row", metrics(9, rows(1, 2) + "garbage\n" + rows(3, 4)))
 write("metrics_log", "negative_window", metrics(9, '{"window": -1}\n' + rows(1, 2)))
 write("metrics_log", "empty", metrics(3, ""))
+
+# ---- window_state: the seeds fuzz_window_state writes, also without checksums -----
+# `ACCRUE_FUZZ_WRITE_SEEDS=fuzz/corpus/window_state build/fuzz/fuzz_window_state`
+# writes between_windows and micro_step_2_of_4 (with CRC32C entries, as every
+# accrue save); their *_plain copies here drop those entries, so that the
+# fuzzer's changes to the tensors' bytes reach Window::load_state_dict
+# instead of the checksum test.
+
+
+def without_checksums(data):
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    meta = {k: v for k, v in header.get("__metadata__", {}).items()
+            if not k.startswith("accrue.crc32c")}
+    if meta:
+        header["__metadata__"] = meta
+    else:
+        header.pop("__metadata__", None)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data[8 + n :]
+
+
+for seed in ("between_windows", "micro_step_2_of_4"):
+    path = os.path.join(HERE, "corpus", "window_state", seed)
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            write("window_state", seed + "_plain", without_checksums(f.read()))

@@ -7,6 +7,8 @@
 #   tools/fuzz.sh --runs 1000000       # the long run docs/FUZZING.md records
 #   tools/fuzz.sh --runs 20000 --build-dir build/ci/fuzz   # ctest's smoke run
 #   tools/fuzz.sh --targets "npy token_shards"
+#   tools/fuzz.sh --targets window_state   # not in the default list: it builds
+#                                          # the whole CPU library (minutes)
 #
 # Prints per target: executions, seconds, new corpus entries, result. Exits 0
 # when every target finished clean, 1 on any crash, leak, UBSan report or
@@ -20,7 +22,7 @@ BUILD_DIR="$ROOT/build/fuzz"
 TARGETS="safetensors npy token_shards exchange_message options run_record metrics_log"
 CXX_BIN="${FUZZ_CXX:-clang++}"
 
-usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --runs) RUNS="$2"; shift 2 ;;
@@ -58,8 +60,10 @@ launcher=()
 command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 echo "fuzz.sh: building into $BUILD_DIR with $("$CXX_BIN" --version | head -1)"
 mkdir -p "$BUILD_DIR"
+window_state=OFF
+[[ " $TARGETS " == *" window_state "* ]] && window_state=ON
 if ! cmake -S "$ROOT/fuzz" -B "$BUILD_DIR" -G Ninja -DCMAKE_CXX_COMPILER="$CXX_BIN" \
-       "${launcher[@]}" >"$BUILD_DIR/configure.log" 2>&1 ||
+       -DACCRUE_FUZZ_WINDOW_STATE=$window_state "${launcher[@]}" >"$BUILD_DIR/configure.log" 2>&1 ||
    ! cmake --build "$BUILD_DIR" -j2 >"$BUILD_DIR/build.log" 2>&1; then
   echo "fuzz.sh: the build failed:" >&2
   tail -40 "$BUILD_DIR/configure.log" "$BUILD_DIR/build.log" >&2 2>/dev/null || true
