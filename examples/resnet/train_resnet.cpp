@@ -34,6 +34,7 @@
 // run composed: Note [Composed convolution]). accrue_resnet_bench times the
 // large ResNets.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -252,7 +253,13 @@ Checkpoint read_checkpoint(const std::string& path, const RunRecord& record,
                kCheckpointFormat, "')");
   for (const std::string& line : record.compare(path, meta, allowed))
     std::printf("%s\n", line.c_str());
-  if (meta.count(kSkippedInARow)) c.skipped_in_a_row = std::stoll(meta[kSkippedInARow]);
+  if (meta.count(kSkippedInARow)) {
+    const std::string& v = meta[kSkippedInARow];
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), c.skipped_in_a_row);
+    ACCRUE_CHECK(
+        ec == std::errc() && end == v.data() + v.size() && !v.empty() && c.skipped_in_a_row >= 0,
+        "checkpoint ", path, ": metadata '", kSkippedInARow, "' = '", v, "' is not a count");
+  }
   return c;
 }
 
