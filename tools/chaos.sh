@@ -52,12 +52,17 @@
 # --dp: two ranks started with torchrun's environment (RANK, WORLD_SIZE,
 # LOCAL_RANK, MASTER_ADDR, MASTER_PORT) but without torchrun, whose own
 # teardown would kill the survivor and hide the trainer's error. Per trial one
-# rank (drawn) is SIGKILLed at a random time; the other must exit non-zero on
+# rank (drawn) is SIGKILLed at a random time after the start-up, inside the
+# windows (micro-steps, close or save); the other must exit non-zero on
 # its own, with an error line, within --dp-timeout seconds; the pair is then
 # resumed from the last checkpoint (saved between windows: mid-window saves
 # are one-process only) and run to the end, and its final checkpoint must
-# equal the uninterrupted 2-GPU run's bit for bit. Not runnable without two
-# GPUs (exit 77, skip).
+# equal the uninterrupted 2-GPU run's bit for bit. A survivor that exits 0
+# passes only when rank 0 had printed its final line before the kill; one
+# killed by a signal fails. Not run on two GPUs yet: its control flow was
+# tried here with a stand-in for the ranks (rank 0 the CPU trainer alone,
+# rank 1 a script that fails when rank 0 vanishes). Needs two GPUs (exit 77,
+# skip, without them).
 #
 # The comparison reads both safetensors files (Python, standard library only):
 # same tensor names, dtypes, shapes and bytes, same metadata (a per-tensor
@@ -322,7 +327,6 @@ total_kills=0
 killed_trials=0
 total_preempt=0
 declare -A landed=()
-trial_seconds=()
 
 one_trial_single() {  # the CPU / one-GPU trial; sets kills, preempts, runs, verdict
   local dir=$1 ckpt="$1/ckpt.safetensors" n=0 rc delay_ms delay tmp_before where closed
@@ -406,8 +410,9 @@ one_trial_dp() {  # the 2-GPU trial; sets kills, preempts, runs, verdict
   local victim delay_ms delay
   rand 2
   victim=$R
-  rand $(((startup_ms + windows * window_ms) * 85 / 100 + 1))
-  delay_ms=$((1 + R))
+  # After the start-up (NCCL's set-up included), inside the windows.
+  rand $((windows * window_ms * 85 / 100 + 1))
+  delay_ms=$((startup_ms + R))
   delay=$(awk -v ms="$delay_ms" 'BEGIN { printf "%.3f", ms / 1000 }')
   port=$((port + 1))
   local -a pids=()
@@ -420,7 +425,11 @@ one_trial_dp() {  # the 2-GPU trial; sets kills, preempts, runs, verdict
   runs=1
   sleep "$delay"
   local survivor=$((1 - victim))
-  if ! kill -KILL "${pids[victim]}" 2>/dev/null; then
+  local finished_before=0  # rank 0 had printed its final line before the kill
+  grep -q '^final: ' "$dir/run1.rank0.log" 2>/dev/null && finished_before=1
+  # A rank that has exited is a zombie until waited for, and kill succeeds on it.
+  if [[ "$(awk '/^State:/ { print $2 }' "/proc/${pids[victim]}/status" 2>/dev/null)" == Z ]] ||
+    ! kill -KILL "${pids[victim]}" 2>/dev/null; then
     wait "${pids[0]}" "${pids[1]}"
     echo "    the run ended before the kill at $delay s"
   else
@@ -447,8 +456,8 @@ one_trial_dp() {  # the 2-GPU trial; sets kills, preempts, runs, verdict
     local why
     why=$(last_line "$dir/run1.rank$survivor.err")
     if [[ $rc -eq 0 ]]; then
-      # It may have finished the run first (the kill came late, rank 0 done).
-      if ! grep -q '^final: ' "$dir/run1.rank0.log"; then
+      # Only when the run had ended first (the kill came late, rank 0 done).
+      if [[ $finished_before -eq 0 ]]; then
         verdict="FAILED: rank $survivor exited 0 after rank $victim was killed"
         return
       fi
@@ -472,7 +481,8 @@ for ((trial = 1; trial <= trials; ++trial)); do
   mkdir -p "$dir"
   echo "  trial $trial:"
   start=$(now_s)
-  if [[ $dp -eq 1 ]]; then one_trial_dp "$dir"; else one_trial_single "$dir"; fi
+  # (stderr dropped under --dp: the shell reports the killed rank as "Killed")
+  if [[ $dp -eq 1 ]]; then one_trial_dp "$dir" 2>/dev/null; else one_trial_single "$dir"; fi
   if [[ -z "$verdict" ]]; then
     if [[ -f "$dir/ckpt.safetensors" ]]; then
       verdict=$(compare "$ref" "$dir/ckpt.safetensors") && passed=$((passed + 1))
