@@ -29,6 +29,30 @@ std::vector<int64_t> channels_last_slots(const ParamStore& arena) {
   return out;
 }
 
+// A step or window count as the state holds it: a whole number that a double
+// holds exactly and an int64 can take (report() and parameter_steps() cast it).
+bool is_count(double v) {
+  return v >= 0 && v <= 9007199254740992.0 && v == std::floor(v);
+}
+
+// The fields of a loaded window state that later code trusts (fuzz_window_state
+// found report() casting a counter of 5.8e252 to int64): every counter a count,
+// the loss scale finite and positive. N may be NaN: a bad index before the save
+// travels that way (Note [Mid-window checkpoints]).
+void check_window_state(const Tensor& window_state) {
+  const std::vector<double> v = window_state.to(Device::cpu()).to(DType::f64).to_vector<double>();
+  for (int f :
+       {kernels::kGrowthTracker, kernels::kStep, kernels::kSkippedWindows, kernels::kNoiseWindows})
+    ACCRUE_CHECK(is_count(v[f]), "Window::load_state_dict: window_state[", f, "] = ", v[f],
+                 " is not a count (a whole number in [0, 2^53])");
+  ACCRUE_CHECK(std::isfinite(v[kernels::kScale]) && v[kernels::kScale] > 0,
+               "Window::load_state_dict: the loss scale window_state[", kernels::kScale,
+               "] = ", v[kernels::kScale], " is not finite and positive");
+  ACCRUE_CHECK(std::isnan(v[kernels::kItems]) || v[kernels::kItems] >= 0,
+               "Window::load_state_dict: the item count window_state[", kernels::kItems,
+               "] = ", v[kernels::kItems], " is negative");
+}
+
 }  // namespace
 
 std::map<std::string, Tensor> Window::state_dict() const {
@@ -102,8 +126,10 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
   for (int i = 0; i < store_.options().moments; ++i)
     moments.push_back(&get("moment" + std::to_string(i), store_.moment(i)));
   const Tensor& window_state = get("window_state", ctx_->state);
+  check_window_state(window_state);
   const auto windows =
       static_cast<int64_t>(get("windows_closed", full({}, 0.0, DType::i64)).item());
+  ACCRUE_CHECK(windows >= 0, "Window::load_state_dict: windows_closed = ", windows, " is negative");
   // Note [Unused parameters]: per-parameter step counts exist under skip only.
   // A checkpoint of step_with_zero loads into skip with every parameter at the
   // window's count, which is what step_with_zero gave each one; the other way
@@ -123,9 +149,8 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
                         .to(DType::f64)
                         .to_vector<double>();
       for (size_t i = 0; i < param_steps.size(); ++i)
-        ACCRUE_CHECK(param_steps[i] >= 0 && param_steps[i] == std::floor(param_steps[i]),
-                     "Window::load_state_dict: param_steps[", i, "] = ", param_steps[i],
-                     " is not a step count");
+        ACCRUE_CHECK(is_count(param_steps[i]), "Window::load_state_dict: param_steps[", i,
+                     "] = ", param_steps[i], " is not a step count");
     } else {
       const double window_steps =
           window_state.to(Device::cpu()).to_vector<double>()[kernels::kStep];

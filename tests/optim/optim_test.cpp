@@ -157,7 +157,8 @@ TEST(Window, an_unused_parameter_is_stepped_with_a_zero_gradient) {
   const Tensor used = requires_grad_(full({3}, 1.0, DType::f64));
   const Tensor unused = requires_grad_(full({3}, 1.0, DType::f64));
   optim::Optimizer opt(optim::AdamWOptions(0.1).weight_decay(0.5));
-  optim::ParamStore arena({used, unused}, {"used", "unused"}, {Device::cpu(), DType::f64, DType::f64, 2});
+  optim::ParamStore arena({used, unused}, {"used", "unused"},
+                          {Device::cpu(), DType::f64, DType::f64, 2});
   optim::Window window(arena, opt, optim::WindowOptions());
   window.backward({sum(used), full({}, 1.0, DType::i64)});
   window.close();
@@ -206,6 +207,33 @@ TEST(Window, load_rejects_a_mismatched_checkpoint) {
   EXPECT_ERROR(window.load_state_dict(state), "load_state_dict", "master", "[7]");
   state.erase("master");
   EXPECT_ERROR(window.load_state_dict(state), "missing", "master");
+}
+
+// A window state whose counters are no counts, or whose scale is not finite
+// and positive, is refused before anything changes (report() casts the
+// counters to int64: fuzz_window_state found a count of 5.8e252 accepted).
+TEST(Window, load_rejects_a_window_state_whose_counters_are_no_counts) {
+  Generator gen(1);
+  nn::MLP model({4, 3}, {Device::cpu(), DType::f32, &gen});
+  optim::Optimizer opt(optim::AdamWOptions(1e-3));
+  optim::ParamStore store(model.parameters(), {}, {Device::cpu(), DType::f32, DType::f32, 2});
+  optim::Window window(store, opt, optim::WindowOptions());
+  const std::map<std::string, Tensor> good = window.state_dict();
+  const Tensor master = store.master().clone();
+  auto with = [&](int field, double value) {
+    std::map<std::string, Tensor> state = good;
+    state["window_state"] = good.at("window_state").clone();
+    state["window_state"].narrow(0, field, 1).fill_(value);
+    return state;
+  };
+  EXPECT_ERROR(window.load_state_dict(with(kernels::kStep, 5.8e252)), "window_state[5]",
+               "not a count");
+  EXPECT_ERROR(window.load_state_dict(with(kernels::kSkippedWindows, -1.0)), "window_state[6]");
+  EXPECT_ERROR(window.load_state_dict(with(kernels::kNoiseWindows, 2.5)), "window_state[13]");
+  EXPECT_ERROR(window.load_state_dict(with(kernels::kScale, std::nan(""))), "loss scale");
+  EXPECT_ERROR(window.load_state_dict(with(kernels::kItems, -3.0)), "item count");
+  EXPECT_TRUE(test::all_equal(store.master(), master));         // refused before anything changed
+  window.load_state_dict(with(kernels::kItems, std::nan("")));  // a bad index carried as NaN
 }
 
 // Note [Mid-window checkpoints]: a checkpoint inside a window names its
