@@ -14,6 +14,7 @@
 #   diverged run fails naming its windows, and a failed run keeps the last
 #   checkpoint it wrote; so does accrue_resnet with --lr 1e30 or one NaN
 #   pixel in its data (BatchNorm's running statistics no longer finite).
+#   A GPT-2 run from NaN weights (--init-from) fails too.
 # Tiny models on the CPU, about 25 s in all. PYTHON (tools/make_shards.py, the
 # NaN-pixel .npy files) is needed for two cases; without it they are skipped.
 set -u
@@ -166,6 +167,35 @@ expect 1 "window 2 was skipped" "more than --max-skipped-windows 0" \
   -- "$gpt2" "${diverge[@]}" --windows 50 --max-skipped-windows 0
 expect 1 "33 windows in a row were skipped (windows 2 to 34: " -- "$gpt2" "${diverge[@]}" \
   --windows 50
+# --init-from a file of NaN weights (the tiny model's Hugging Face names,
+# written by Python): every window is skipped and the run fails.
+if [[ -n $python ]] && command -v "$python" > /dev/null; then
+  "$python" - <<'PY' || fail "writing nan_init.safetensors"
+import json, struct
+C, V, S = 64, 256, 64
+shapes = {"wte.weight": [V, C], "wpe.weight": [S, C], "ln_f.weight": [C], "ln_f.bias": [C]}
+for layer in range(2):
+    for name, shape in (("ln_1", [C]), ("ln_2", [C]), ("attn.c_attn", [C, 3 * C]),
+                        ("attn.c_proj", [C, C]), ("mlp.c_fc", [C, 4 * C]),
+                        ("mlp.c_proj", [4 * C, C])):
+        shapes["h.%d.%s.weight" % (layer, name)] = shape
+        shapes["h.%d.%s.bias" % (layer, name)] = [shape[-1]]
+header, data = {}, b""
+for name in sorted(shapes):
+    n = 1
+    for d in shapes[name]:
+        n *= d
+    header[name] = {"dtype": "F32", "shape": shapes[name], "data_offsets": [len(data), len(data) + 4 * n]}
+    data += struct.pack("<f", float("nan")) * n
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+open("nan_init.safetensors", "wb").write(struct.pack("<Q", len(text)) + text + data)
+PY
+  expect 1 "the loss is not finite (" "nan) in windows 1 to 3, the last" \
+    -- "$gpt2" "${base[@]}" --windows 3 --init-from nan_init.safetensors
+else
+  echo "skip: the NaN-weights case needs python3"
+fi
 # A failed run keeps the last checkpoint it wrote (window 1's, its loss finite).
 expect 1 "2 windows in a row were skipped" -- "$gpt2" "${diverge[@]}" --windows 50 \
   --max-skipped-windows 1 --checkpoint d.st --checkpoint-every 1
