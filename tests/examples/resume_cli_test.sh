@@ -16,7 +16,8 @@
 #   pixel in its data (BatchNorm's running statistics no longer finite).
 #   A GPT-2 run from NaN weights (--init-from) fails too.
 # Tiny models on the CPU, about 25 s in all. PYTHON (tools/make_shards.py, the
-# NaN-pixel .npy files) is needed for two cases; without it they are skipped.
+# NaN-pixel .npy files, the NaN weights) is needed for three cases; without it
+# they are skipped.
 set -u
 dir=$1
 source_dir=$2
