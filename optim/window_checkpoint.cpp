@@ -35,6 +35,16 @@ bool is_count(double v) {
   return v >= 0 && v <= 9007199254740992.0 && v == std::floor(v);
 }
 
+// A 0-d integer entry read as an integer (item() goes through a double, which
+// rounds a value near 2^63 out of int64's range), or a whole-valued float.
+int64_t integer_value(const Tensor& t, const char* key) {
+  if (!is_floating(t.dtype()))
+    return t.reshape({1}).to(Device::cpu()).to(DType::i64).to_vector<int64_t>()[0];
+  const double v = t.item();
+  ACCRUE_CHECK(is_count(v), "Window::load_state_dict: '", key, "' = ", v, " is not a count");
+  return static_cast<int64_t>(v);
+}
+
 // The fields of a loaded window state that later code trusts (fuzz_window_state
 // found report() casting a counter of 5.8e252 to int64): every counter a count,
 // the loss scale finite and positive. N may be NaN: a bad index before the save
@@ -128,8 +138,10 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
   const Tensor& window_state = get("window_state", ctx_->state);
   check_window_state(window_state);
   const auto windows =
-      static_cast<int64_t>(get("windows_closed", full({}, 0.0, DType::i64)).item());
-  ACCRUE_CHECK(windows >= 0, "Window::load_state_dict: windows_closed = ", windows, " is negative");
+      integer_value(get("windows_closed", full({}, 0.0, DType::i64)), "windows_closed");
+  ACCRUE_CHECK(windows >= 0 && windows <= (int64_t{1} << 53),
+               "Window::load_state_dict: windows_closed = ", windows,
+               " is not a count (a whole number in [0, 2^53])");
   // Note [Unused parameters]: per-parameter step counts exist under skip only.
   // A checkpoint of step_with_zero loads into skip with every parameter at the
   // window's count, which is what step_with_zero gave each one; the other way
@@ -163,7 +175,7 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
   const Tensor* grads = nullptr;
   const Tensor* loss_sum = nullptr;
   if (state.count("micro_step") != 0) {
-    m = static_cast<int64_t>(get("micro_step", full({}, 0.0, DType::i64)).item());
+    m = integer_value(get("micro_step", full({}, 0.0, DType::i64)), "micro_step");
     ACCRUE_CHECK(m > 0 && m < options_.micro_steps(),
                  "Window::load_state_dict: the checkpoint is at micro-step ", m,
                  ", this window has ", options_.micro_steps(), " micro-steps");

@@ -232,8 +232,12 @@ TEST(Window, load_rejects_a_window_state_whose_counters_are_no_counts) {
   EXPECT_ERROR(window.load_state_dict(with(kernels::kNoiseWindows, 2.5)), "window_state[13]");
   EXPECT_ERROR(window.load_state_dict(with(kernels::kScale, std::nan(""))), "loss scale");
   EXPECT_ERROR(window.load_state_dict(with(kernels::kItems, -3.0)), "item count");
-  EXPECT_TRUE(test::all_equal(store.master(), master));         // refused before anything changed
-  window.load_state_dict(with(kernels::kItems, std::nan("")));  // a bad index carried as NaN
+  std::map<std::string, Tensor> far = good;
+  far["windows_closed"] = from_vector<int64_t>({INT64_MAX - 1}, {});  // item() would round it
+  EXPECT_ERROR(window.load_state_dict(far), "windows_closed = 9223372036854775806", "not a count");
+  // Refused before anything changed; N may be NaN (a bad index carried).
+  EXPECT_TRUE(test::all_equal(store.master(), master));
+  window.load_state_dict(with(kernels::kItems, std::nan("")));
 }
 
 // Note [Mid-window checkpoints]: a checkpoint inside a window names its
