@@ -54,6 +54,7 @@ class Tensor {
   int64_t stride(int64_t d) const;
   int64_t numel() const;
   int64_t offset() const { return checked().offset; }
+  // Never wraps: every shape a tensor takes was checked (Note [Checked sizes] in core/tensor.cpp).
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(dtype()); }
   bool is_contiguous() const;
   // A 4-D [N, C, H, W] view over memory laid out N, H, W, C (PyTorch's
@@ -124,12 +125,17 @@ class Tensor {
 
 // Normalizes a possibly negative dim against rank (for errors: op names the caller).
 int64_t wrap_dim(int64_t dim, int64_t rank, const char* op);
+// Row-major strides; accrue::Error when the span of `shape` overflows int64.
 Shape contiguous_strides(const Shape& shape);
+// The product of the sizes; accrue::Error when it overflows int64.
 int64_t shape_numel(const Shape& shape);
 // The broadcast of two shapes (numpy rules) or accrue::Error naming op and both shapes.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 
-// Factories. Device defaults to the CPU, dtype to f32.
+// Factories. Device defaults to the CPU, dtype to f32. A shape whose count or
+// bytes overflow int64 throws accrue::Error, one beyond max_allocation_bytes
+// of the device OutOfMemoryError, both naming the op, the shape and the bytes
+// before anything is allocated (Note [Checked sizes] in core/tensor.cpp).
 Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
