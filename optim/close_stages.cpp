@@ -1,5 +1,8 @@
 #include "accrue/optim/close_stages.h"
 
+#include <functional>
+#include <utility>
+
 #include "accrue/autograd/variable.h"
 #include "accrue/kernels/ops.h"
 
@@ -7,140 +10,22 @@ namespace accrue::optim {
 
 namespace {
 
-// Note [Unused parameters]: the written flags, before anything marks the
-// zeroed slots written, and the world's (a parameter any rank wrote is used).
-class UnusedFlagsStage final : public CloseStage {
+// A stage that acts only at the close: its name, what it reads and writes,
+// and the step itself, written where make_close_stages lists the close.
+class StepStage final : public CloseStage {
  public:
-  explicit UnusedFlagsStage(CloseContext& c) : c_(c) {}
-  const char* name() const override { return "unused flags"; }
-  const char* reads() const override { return "written flags"; }
-  const char* writes() const override { return "used flags (max over ranks)"; }
-  void run(int64_t) override {
-    kernels::store_slot_flags(c_.store->written_flags(), c_.slots.used);
-    if (c_.sync) c_.sync->all_reduce_max(c_.slots.used);
-  }
+  using Step = std::function<void(CloseContext& c, int64_t window)>;
+  StepStage(CloseContext& c, const char* name, const char* reads, const char* writes, Step step)
+      : c_(c), name_(name), reads_(reads), writes_(writes), step_(std::move(step)) {}
+  const char* name() const override { return name_; }
+  const char* reads() const override { return reads_; }
+  const char* writes() const override { return writes_; }
+  void run(int64_t window) override { step_(c_, window); }
 
  private:
   CloseContext& c_;
-};
-
-// Note [Overwrite first]: unused parameters read 0, before any reduction sums them.
-class ZeroUnwrittenStage final : public CloseStage {
- public:
-  explicit ZeroUnwrittenStage(CloseContext& c) : c_(c) {}
-  const char* name() const override { return "zero unwritten"; }
-  const char* reads() const override { return "written flags"; }
-  const char* writes() const override { return "unwritten gradient slots"; }
-  void run(int64_t) override { c_.store->zero_unwritten(); }
-
- private:
-  CloseContext& c_;
-};
-
-// The loss report is this rank's own mean: its loss sum over its own items,
-// kept before a sync makes N the world's.
-class ItemsStage final : public CloseStage {
- public:
-  explicit ItemsStage(CloseContext& c) : c_(c) {}
-  const char* name() const override { return "items"; }
-  const char* reads() const override { return "N"; }
-  const char* writes() const override { return "the report's local N"; }
-  void run(int64_t) override {
-    c_.last.narrow(0, CloseContext::kLastLocalItems, 1)
-        .copy_(c_.field(kernels::kItems).reshape({1}));
-  }
-
- private:
-  CloseContext& c_;
-};
-
-// Note [Reducer] (dist/reducer.h): the buckets still pending, and N summed over ranks.
-class ReduceStage final : public CloseStage {
- public:
-  explicit ReduceStage(CloseContext& c) : c_(c) {}
-  const char* name() const override { return "reduce"; }
-  const char* reads() const override { return "gradients, N"; }
-  const char* writes() const override { return "reduced gradients, N over ranks"; }
-  void run(int64_t) override { c_.sync->finish(c_.field(kernels::kItems)); }
-
- private:
-  CloseContext& c_;
-};
-
-// Note [Window scalar step].
-class ScalarStepStage final : public CloseStage {
- public:
-  explicit ScalarStepStage(CloseContext& c) : c_(c) {}
-  const char* name() const override { return "scalar step"; }
-  const char* reads() const override { return "norm partials, state"; }
-  const char* writes() const override { return "found_inf, norm, coef, scale, step"; }
-  void run(int64_t) override { kernels::window_scalar_step(c_.partials, c_.state, c_.config); }
-
- private:
-  CloseContext& c_;
-};
-
-// Note [Unused parameters]: the counts of the slots written this window (on any rank) advance.
-class SlotStepsStage final : public CloseStage {
- public:
-  explicit SlotStepsStage(CloseContext& c) : c_(c) {}
-  const char* name() const override { return "slot steps"; }
-  const char* reads() const override { return "used flags, state"; }
-  const char* writes() const override { return "per-parameter step counts"; }
-  void run(int64_t window) override {
-    kernels::advance_slot_steps(c_.optimizer->config_at(window), c_.slots.used, c_.slots.steps,
-                                c_.state);
-  }
-
- private:
-  CloseContext& c_;
-};
-
-// The one fused optimizer pass; returns at once on found_inf (Note [Skipped window]).
-class OptimizerStepStage final : public CloseStage {
- public:
-  explicit OptimizerStepStage(CloseContext& c) : c_(c) {}
-  const char* name() const override { return "optimizer step"; }
-  const char* reads() const override { return "store, state, slot steps"; }
-  const char* writes() const override { return "master, moments, compute copy"; }
-  void run(int64_t window) override {
-    c_.optimizer->step(*c_.store, c_.state, window, c_.ranges, c_.slots);
-  }
-
- private:
-  CloseContext& c_;
-};
-
-// Note [ZeRO-1]: each rank stepped its shard; the forward needs them all.
-class GatherParametersStage final : public CloseStage {
- public:
-  explicit GatherParametersStage(CloseContext& c) : c_(c) {}
-  const char* name() const override { return "gather parameters"; }
-  const char* reads() const override { return "owned ranges"; }
-  const char* writes() const override { return "the forward's weights"; }
-  void run(int64_t) override { c_.sync->all_gather_owned(c_.store->forward_weights()); }
-
- private:
-  CloseContext& c_;
-};
-
-// Keeps what report() shows, then starts the next window's counters.
-class ReportStage final : public CloseStage {
- public:
-  explicit ReportStage(CloseContext& c) : c_(c) {}
-  const char* name() const override { return "report"; }
-  const char* reads() const override { return "state, loss sum, N"; }
-  const char* writes() const override { return "the report; N and the loss sum reset"; }
-  void run(int64_t) override {
-    c_.last.narrow(0, 0, kernels::kWindowStateSize).copy_(c_.state);
-    c_.last.narrow(0, CloseContext::kLastLoss, 1).copy_(c_.loss_sum.reshape({1}));
-    c_.last.narrow(0, CloseContext::kLastItems, 1).copy_(c_.field(kernels::kItems).reshape({1}));
-    c_.field(kernels::kItems).fill_(0.0);
-    c_.loss_sum.fill_(0.0);
-  }
-
- private:
-  CloseContext& c_;
+  const char *name_, *reads_, *writes_;
+  Step step_;
 };
 
 }  // namespace
@@ -240,20 +125,68 @@ void CalibrationStage::run(int64_t) {
 std::vector<std::unique_ptr<CloseStage>> make_close_stages(CloseContext& c,
                                                            const CloseFeatures& f) {
   std::vector<std::unique_ptr<CloseStage>> s;
-  if (f.skips_unused) s.push_back(std::make_unique<UnusedFlagsStage>(c));
-  s.push_back(std::make_unique<ZeroUnwrittenStage>(c));
-  s.push_back(std::make_unique<ItemsStage>(c));
-  if (c.sync) s.push_back(std::make_unique<ReduceStage>(c));
+  auto step = [&](const char* name, const char* reads, const char* writes, StepStage::Step fn) {
+    s.push_back(std::make_unique<StepStage>(c, name, reads, writes, std::move(fn)));
+  };
+  if (f.skips_unused) {
+    // Note [Unused parameters]: the written flags, before anything marks the
+    // zeroed slots written, and the world's (a parameter any rank wrote is used).
+    step("unused flags", "written flags", "used flags (max over ranks)",
+         [](CloseContext& c, int64_t) {
+           kernels::store_slot_flags(c.store->written_flags(), c.slots.used);
+           if (c.sync) c.sync->all_reduce_max(c.slots.used);
+         });
+  }
+  // Note [Overwrite first]: unused parameters read 0, before any reduction sums them.
+  step("zero unwritten", "written flags", "unwritten gradient slots",
+       [](CloseContext& c, int64_t) { c.store->zero_unwritten(); });
+  // The loss report is this rank's own mean: its loss sum over its own items,
+  // kept before a sync makes N the world's.
+  step("items", "N", "the report's local N", [](CloseContext& c, int64_t) {
+    c.last.narrow(0, CloseContext::kLastLocalItems, 1).copy_(c.field(kernels::kItems).reshape({1}));
+  });
+  if (c.sync) {
+    // Note [Reducer] (dist/reducer.h): the buckets still pending, and N summed over ranks.
+    step("reduce", "gradients, N", "reduced gradients, N over ranks",
+         [](CloseContext& c, int64_t) { c.sync->finish(c.field(kernels::kItems)); });
+  }
   s.push_back(std::make_unique<NormStage>(c, f.norm_under_backward));
-  s.push_back(std::make_unique<ScalarStepStage>(c));
+  // Note [Window scalar step].
+  step(
+      "scalar step", "norm partials, state", "found_inf, norm, coef, scale, step",
+      [](CloseContext& c, int64_t) { kernels::window_scalar_step(c.partials, c.state, c.config); });
   if (f.noise_every > 0)
     s.push_back(std::make_unique<NoiseScaleStage>(c, f.noise_every, f.noise_ema));
-  if (f.skips_unused) s.push_back(std::make_unique<SlotStepsStage>(c));
-  s.push_back(std::make_unique<OptimizerStepStage>(c));
+  if (f.skips_unused) {
+    // Note [Unused parameters]: the counts of the slots written this window
+    // (on any rank) advance.
+    step("slot steps", "used flags, state", "per-parameter step counts",
+         [](CloseContext& c, int64_t window) {
+           kernels::advance_slot_steps(c.optimizer->config_at(window), c.slots.used, c.slots.steps,
+                                       c.state);
+         });
+  }
+  // The one fused optimizer pass; it returns at once on found_inf (Note [Skipped window]).
+  step("optimizer step", "store, state, slot steps", "master, moments, compute copy",
+       [](CloseContext& c, int64_t window) {
+         c.optimizer->step(*c.store, c.state, window, c.ranges, c.slots);
+       });
   if (f.calibrate)
     s.push_back(std::make_unique<CalibrationStage>(c, f.calibration_scale, f.calibration_margin));
-  if (c.sharded()) s.push_back(std::make_unique<GatherParametersStage>(c));
-  s.push_back(std::make_unique<ReportStage>(c));
+  if (c.sharded()) {
+    // Note [ZeRO-1]: each rank stepped its shard; the forward needs them all.
+    step("gather parameters", "owned ranges", "the forward's weights",
+         [](CloseContext& c, int64_t) { c.sync->all_gather_owned(c.store->forward_weights()); });
+  }
+  // Keeps what report() shows, then starts the next window's counters.
+  step("report", "state, loss sum, N", "the report; N and the loss sum reset",
+       [](CloseContext& c, int64_t) {
+         c.last.narrow(0, 0, kernels::kWindowStateSize).copy_(c.state);
+         c.last.narrow(0, CloseContext::kLastLoss, 1).copy_(c.loss_sum.reshape({1}));
+         c.last.narrow(0, CloseContext::kLastItems, 1).copy_(c.field(kernels::kItems).reshape({1}));
+         c.field(kernels::kItems).fill_(0.0);
+         c.loss_sum.fill_(0.0);
+       });
   return s;
 }
 
