@@ -5,7 +5,9 @@
 #
 #   tools/fuzz.sh                      # 100000 executions per target
 #   tools/fuzz.sh --runs 1000000       # the long run docs/FUZZING.md records
-#   tools/fuzz.sh --runs 20000 --build-dir build/ci/fuzz   # ctest's smoke run
+#   tools/fuzz.sh --runs 100000000 --seconds 10 --build-dir build/ci/fuzz
+#                                      # ctest's smoke run: 10 s per target
+#   --seconds S                        # also stop each target after S seconds
 #   tools/fuzz.sh --targets "npy token_shards"
 #   tools/fuzz.sh --targets window_state   # not in the default list: it builds
 #                                          # the whole CPU library (minutes)
@@ -18,6 +20,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUNS=100000
+SECONDS_PER_TARGET=0  # 0: no time box, --runs alone bounds a target
 BUILD_DIR="$ROOT/build/fuzz"
 TARGETS="safetensors npy token_shards exchange_message options run_record metrics_log"
 CXX_BIN="${FUZZ_CXX:-clang++}"
@@ -26,6 +29,7 @@ usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --runs) RUNS="$2"; shift 2 ;;
+    --seconds) SECONDS_PER_TARGET="$2"; shift 2 ;;
     --build-dir) BUILD_DIR="$2"; shift 2 ;;
     --targets) TARGETS="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -33,6 +37,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ "$RUNS" =~ ^[0-9]+$ && "$RUNS" -gt 0 ]] || { echo "fuzz.sh: --runs '$RUNS' is not a positive integer" >&2; exit 2; }
+[[ "$SECONDS_PER_TARGET" =~ ^[0-9]+$ ]] || { echo "fuzz.sh: --seconds '$SECONDS_PER_TARGET' is not a whole number" >&2; exit 2; }
 [[ "$BUILD_DIR" = /* ]] || BUILD_DIR="$ROOT/$BUILD_DIR"
 
 # ---- can we build fuzzers here? (skip, not fail, when not) ---------------------
@@ -91,7 +96,7 @@ for t in $TARGETS; do
   rc=0
   # In-process, one worker: no -jobs/-workers (those fork children that log to
   # fuzz-N.log in the working directory). Run from the build dir all the same.
-  (cd "$BUILD_DIR" && "$bin" -runs="$RUNS" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  (cd "$BUILD_DIR" && "$bin" -runs="$RUNS" -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$BUILD_DIR/artifacts/${t}-" "$work") >"$log" 2>&1 || rc=$?
   seconds=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   after=$(find "$work" -type f | wc -l)
@@ -114,6 +119,6 @@ for t in $TARGETS; do
   summary+=("$line")
 done
 
-echo "fuzz.sh: summary ($RUNS executions requested per target)"
+echo "fuzz.sh: summary ($RUNS executions requested per target$( [[ $SECONDS_PER_TARGET -gt 0 ]] && echo ", at most $SECONDS_PER_TARGET s each"))"
 printf '  %s\n' "${summary[@]}"
 exit $failed
