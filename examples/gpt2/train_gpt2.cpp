@@ -156,6 +156,44 @@ void report_run(int64_t start, int64_t end, double first_loss, const optim::Wind
   std::printf("final: window %lld loss %.17g\n", (long long)end, last.loss);
 }
 
+// --metrics (Note [Metrics log]): rank 0 writes, appending when the run
+// resumes, after the rows of the windows it computes again (Note [Metrics
+// after resume]); the other ranks get a log that writes nothing.
+optim::MetricsLog open_metrics(const Gpt2Options& opt, int64_t start, bool main_rank) {
+  if (opt.metrics.empty() || !main_rank) return {};
+  if (!opt.resume.empty()) {
+    const int64_t removed = truncate_metrics_log(opt.metrics, start);
+    if (removed > 0)
+      std::printf("metrics: %s cut after window %lld (%lld later row%s removed)\n",
+                  opt.metrics.c_str(), (long long)start, (long long)removed,
+                  removed == 1 ? "" : "s");
+  }
+  return optim::MetricsLog(opt.metrics, !opt.resume.empty());
+}
+
+// Note [Layer monitor]: measured in every --layer-metrics-every-th window.
+// Note [Step sums]: from the close's own pass, unless the close is replayed
+// from a graph or steps ZeRO-1 ranges (then separate passes).
+std::unique_ptr<optim::LayerMonitor> make_layer_monitor(const Gpt2Options& opt,
+                                                        const optim::ParamStore& store,
+                                                        optim::Optimizer& optimizer, bool graphed) {
+  if (opt.layer_metrics_every <= 0) return nullptr;
+  if (graphed || store.moments_sharded()) return std::make_unique<optim::LayerMonitor>(store);
+  return std::make_unique<optim::LayerMonitor>(store, optimizer);
+}
+
+// --checkpoint-every: due at window w before the last (whose save waits for
+// the run's verdict), and never at a window whose loss is not finite.
+bool periodic_checkpoint_due(const Gpt2Options& opt, int64_t w, int64_t end,
+                             const optim::WindowReport& r) {
+  if (opt.checkpoint.empty() || opt.checkpoint_every <= 0 || w % opt.checkpoint_every != 0 ||
+      w >= end)
+    return false;
+  if (std::isfinite(r.loss)) return true;
+  std::printf("checkpoint: not written at window %lld, whose loss is not finite\n", (long long)w);
+  return false;
+}
+
 int train(int argc, char** argv) {
   Gpt2Options opt;
   if (!parse_gpt2_options(argc, argv, opt)) return 0;
@@ -226,14 +264,8 @@ int train(int argc, char** argv) {
         window, [&loss_of](const std::vector<Tensor>& in) { return loss_of(in[0], in[1]); });
     std::printf("cuda graphs: micro-steps and close captured after one eager warm-up each\n");
   }
-  // Note [Layer monitor]: measured in every --layer-metrics-every-th window.
-  // Note [Step sums]: from the close's own pass, unless the close is replayed
-  // from a graph or steps ZeRO-1 ranges (then separate passes).
-  std::unique_ptr<optim::LayerMonitor> layers;
-  if (opt.layer_metrics_every > 0)
-    layers = graphed || arena.moments_sharded()
-                 ? std::make_unique<optim::LayerMonitor>(arena)
-                 : std::make_unique<optim::LayerMonitor>(arena, optimizer);
+  std::unique_ptr<optim::LayerMonitor> layers =
+      make_layer_monitor(opt, arena, optimizer, graphed != nullptr);
   auto measures_layers = [&](int64_t w) { return layers && w % opt.layer_metrics_every == 0; };
   auto micro_step = [&] {
     auto [x, y] = source.next();
@@ -271,19 +303,7 @@ int train(int argc, char** argv) {
   }
 
   const int64_t end = opt.stop_after.value_or(opt.windows);
-  // --metrics (Note [Metrics log]): rank 0 writes, appending when the run
-  // resumes, after the rows of the windows it computes again (Note [Metrics after resume]).
-  optim::MetricsLog metrics;
-  if (!opt.metrics.empty() && where.main_rank()) {
-    if (!opt.resume.empty()) {
-      const int64_t removed = truncate_metrics_log(opt.metrics, start);
-      if (removed > 0)
-        std::printf("metrics: %s cut after window %lld (%lld later row%s removed)\n",
-                    opt.metrics.c_str(), (long long)start, (long long)removed,
-                    removed == 1 ? "" : "s");
-    }
-    metrics = optim::MetricsLog(opt.metrics, !opt.resume.empty());
-  }
+  optim::MetricsLog metrics = open_metrics(opt, start, where.main_rank());
   double first_loss = NAN;
   optim::WindowReport last;
   for (int64_t w = start + 1; w <= end; ++w) {
@@ -303,15 +323,7 @@ int train(int argc, char** argv) {
     metrics.write(r, extras);
     guard.after_window(r);
     // The last window's checkpoint waits for the run's verdict (below).
-    if (!opt.checkpoint.empty() && opt.checkpoint_every > 0 && w % opt.checkpoint_every == 0 &&
-        w < end) {
-      if (std::isfinite(r.loss)) {
-        save("window " + std::to_string(w));
-      } else {
-        std::printf("checkpoint: not written at window %lld, whose loss is not finite\n",
-                    (long long)w);
-      }
-    }
+    if (periodic_checkpoint_due(opt, w, end, r)) save("window " + std::to_string(w));
     std::fflush(stdout);
   }
   report_run(start, end, first_loss, last);
