@@ -143,7 +143,7 @@ double linear_scaling_rule(double base_lr, int64_t base_batch, int64_t batch);
 // The policy; the kernels see only OptimizerConfig's plain flags.
 enum class OptimizerKind { SGD, Adam, AdamW };
 
-// Note [Unused parameters] (kernels/window_close.h): the tables of
+// Note [Unused parameters] (optim/window.h): the tables of
 // UnusedParameters::skip that the fused pass reads (see OptimizerBuffers);
 // all undefined for step_with_zero.
 struct SlotTables {

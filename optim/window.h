@@ -97,8 +97,28 @@
 
 namespace accrue::optim {
 
-// Note [Unused parameters] (kernels/window_close.h): what the close does to a
-// parameter no gradient reached in the window (on any rank).
+// Note [Unused parameters]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A parameter no gradient reached in a window (an expert nobody routed to, a
+// branch switched off) is, by optim::UnusedParameters:
+//   step_with_zero (the default; Megatron's zeroed buffers): its slot reads 0
+//     (Note [Overwrite first]) and it steps with that zero gradient: AdamW
+//     decays it, the moments age, and one window-wide step count state[kStep]
+//     gives every parameter the same bias correction;
+//   skip (PyTorch's zero_grad(set_to_none=True)): weights, compute copy,
+//     moments (amsgrad's max included) and its own step count stay bitwise
+//     unchanged, and each slot's bias correction uses its own count.
+// The skip is data, not host branching: the host writes the arena's written
+// flags into slot_used (store_slot_flags: the values travel as kernel
+// arguments, so nothing synchronizes and a captured close replays them), the
+// data-parallel sync takes their max over ranks (a parameter is used if any
+// rank wrote it), advance_slot_steps adds 1 to the count of every used slot
+// and forms its bias corrections once per window, and the fused pass reads
+// each chunk's slot and returns for unused ones before loading anything. The
+// global norm needs nothing: an unwritten slot is zeroed either way, so it
+// adds 0. Under a skipped window (Note [Skipped window]) both kernels return
+// at once and no count moves. step_with_zero passes none of the tables and
+// runs the window-wide path, bit for bit as before the switch existed.
 enum class UnusedParameters {
   // Its slot reads 0 and it steps with that zero gradient (AdamW decays it,
   // its moments age); one step count per window. The default, and

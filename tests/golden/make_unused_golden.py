@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generates the golden fixture of accrue's unused-parameter policy (Note
-[Unused parameters] in kernels/window_close.h) from PyTorch:
+[Unused parameters] in optim/window.h) from PyTorch:
 
     python3 tests/golden/make_unused_golden.py --out tests/golden/fixtures
 
