@@ -25,9 +25,9 @@
 // fp32 slot, which is what autograd does under autocast.
 #include <string>
 
-#include "bench/bench_util.h"
 #include "accrue/kernels/conv.h"
 #include "accrue/kernels/ops.h"
+#include "bench/bench_util.h"
 
 namespace accrue::bench {
 namespace {

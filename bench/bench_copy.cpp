@@ -13,8 +13,8 @@
 #include <functional>
 #include <string>
 
-#include "bench/bench_util.h"
 #include "accrue/core/status_check.h"
+#include "bench/bench_util.h"
 
 namespace accrue::bench {
 

@@ -43,13 +43,13 @@
 #include <vector>
 
 #include "accrue.h"
-#include "bench/bench_util.h"
-#include "bench/gpt2_layout.h"
 #include "accrue/core/status_check.h"
 #include "accrue/dist/bucket_plan.h"
 #include "accrue/dist/launch_env.h"
 #include "accrue/dist/nccl_communicator.h"
 #include "accrue/dist/reducer.h"
+#include "bench/bench_util.h"
+#include "bench/gpt2_layout.h"
 
 namespace accrue::bench {
 namespace {
@@ -657,7 +657,7 @@ RowResult run_scaling_row(const Options& o, const Row& row, const dist::RankInfo
   nn::MLP model(mlp_widths(o), {device, DType::f32, &init_gen});
   optim::Optimizer optimizer(optim::AdamWOptions(o.lr).betas(0.9, 0.95).weight_decay(0.1));
   optim::ParamStore arena(model.parameters(), {},
-                  {device, DType::f32, compute, optimizer.moments_needed()});
+                          {device, DType::f32, compute, optimizer.moments_needed()});
   std::unique_ptr<dist::Reducer> reducer;
   if (comm != nullptr) {
     dist::ReducerOptions options = reducer_options(row.variant);

@@ -1,9 +1,9 @@
 // A large elementwise op: c = a + b over 2^28 elements (1 GiB per f32
 // tensor). Bytes moved = 2 reads + 1 write; the floor is that traffic at the
 // copy bandwidth.
-#include "bench/bench_util.h"
 #include "accrue/core/dtype.h"
 #include "accrue/kernels/ops.h"
+#include "bench/bench_util.h"
 
 namespace accrue::bench {
 namespace {

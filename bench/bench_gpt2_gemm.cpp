@@ -19,8 +19,8 @@
 // time_gpu absorbs that first call.
 #include <string>
 
-#include "bench/bench_util.h"
 #include "accrue/kernels/ops.h"
+#include "bench/bench_util.h"
 
 namespace accrue::bench {
 namespace {

@@ -2,9 +2,9 @@
 // a [T, K] @ b [K, N] for the attention qkv and projection, the MLP's fc and
 // fc2, and the tied-embedding logits. FLOP = 2 M N K. f32 runs in true fp32
 // (TF32 off), bf16 accumulates in fp32.
-#include "bench/bench_util.h"
 #include "accrue/core/dtype.h"
 #include "accrue/kernels/ops.h"
+#include "bench/bench_util.h"
 
 namespace accrue::bench {
 namespace {

@@ -2,8 +2,8 @@
 // elements, the sum of each row (reduce the contiguous last dim) and the sum
 // of each column (reduce the strided first dim, the shape of a bias
 // gradient). Bytes = input read + output written.
-#include "bench/bench_util.h"
 #include "accrue/kernels/ops.h"
+#include "bench/bench_util.h"
 
 namespace accrue::bench {
 namespace {

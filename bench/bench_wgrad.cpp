@@ -14,8 +14,8 @@
 // same names.
 #include <string>
 
-#include "bench/bench_util.h"
 #include "accrue/kernels/ops.h"
+#include "bench/bench_util.h"
 
 namespace accrue::bench {
 namespace {

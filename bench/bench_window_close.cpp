@@ -27,11 +27,11 @@
 
 #include "accrue/autograd/grad_arena.h"
 #include "accrue/autograd/variable.h"
-#include "bench/bench_util.h"
-#include "bench/gpt2_layout.h"
 #include "accrue/core/random.h"
 #include "accrue/kernels/window_close.h"
 #include "accrue/optim/optimizer.h"
+#include "bench/bench_util.h"
+#include "bench/gpt2_layout.h"
 
 namespace accrue::bench {
 namespace {

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "bench/bench_util.h"
 #include "accrue/core/status_check.h"
+#include "bench/bench_util.h"
 
 namespace accrue::bench {
 namespace {

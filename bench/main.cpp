@@ -12,9 +12,9 @@
 #include <exception>
 #include <string>
 
-#include "bench/bench_util.h"
 #include "accrue/core/status_check.h"
 #include "accrue/kernels/ops.h"
+#include "bench/bench_util.h"
 
 namespace {
 

@@ -192,8 +192,7 @@ void save_hf_gpt2(const GPT2& model, const std::string& path) {
   std::vector<NamedParameter> params = model.named_parameters();
   for (NamedParameter& p : params)
     p.tensor = parameter_value(p.tensor);
-  save_safetensors(path, params_to_hf_gpt2(model.config(), params),
-                   {{"format", "pt"}});
+  save_safetensors(path, params_to_hf_gpt2(model.config(), params), {{"format", "pt"}});
 }
 
 }  // namespace accrue::nn

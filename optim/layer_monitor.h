@@ -45,8 +45,8 @@
 #include <string>
 #include <vector>
 
-#include "accrue/optim/param_store.h"
 #include "accrue/optim/optimizer.h"
+#include "accrue/optim/param_store.h"
 #include "accrue/optim/window.h"
 
 namespace accrue::optim {

@@ -10,8 +10,8 @@
 #include <optional>
 #include <vector>
 
-#include "accrue/optim/param_store.h"
 #include "accrue/kernels/window_close.h"
+#include "accrue/optim/param_store.h"
 
 namespace accrue::optim {
 

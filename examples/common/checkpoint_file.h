@@ -50,10 +50,9 @@ namespace accrue::examples {
 // such change. K is never among them: a checkpoint inside a window holds the
 // sum of its first micro-steps' gradients, which belong to a window of the
 // old K. Numbers are written as the shortest text that reads back as the same
-// double, so a value compares equal exactly when it is the same double. A checkpoint written before the
-// record has no accrue.run.* entries: the fields found under their older
-// keys (the trainer names them) are compared, and the run prints which it
-// could not check.
+// double, so a value compares equal exactly when it is the same double. A checkpoint written before
+// the record has no accrue.run.* entries: the fields found under their older keys (the trainer
+// names them) are compared, and the run prints which it could not check.
 class RunRecord {
  public:
   // `change`: the --allow-changed word that admits a new value; empty: none does.

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "accrue.h"
+#include "accrue/nn/gpt2.h"
 #include "examples/common/timing.h"
 #include "examples/gpt2/gpt2_options.h"
-#include "accrue/nn/gpt2.h"
 
 namespace accrue::examples {
 

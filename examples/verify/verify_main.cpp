@@ -12,10 +12,10 @@
 #include <string>
 
 #include "accrue.h"
+#include "accrue/optim/verify.h"
 #include "examples/common/launch.h"
 #include "examples/common/options.h"
 #include "examples/common/run_main.h"
-#include "accrue/optim/verify.h"
 
 namespace {
 

@@ -21,7 +21,8 @@ Layout layout(const std::vector<std::pair<std::string, Shape>>& params, size_t e
   const int64_t per = static_cast<int64_t>(256 / element_size);
   Layout l;
   for (const auto& [name, shape] : params) {
-    optim::ParamStore::Slot s{name, shape, l.padded_numel, shape_numel(shape), contiguous_strides(shape)};
+    optim::ParamStore::Slot s{name, shape, l.padded_numel, shape_numel(shape),
+                              contiguous_strides(shape)};
     l.padded_numel += (s.numel + per - 1) / per * per;
     l.slots.push_back(s);
   }

@@ -467,8 +467,7 @@ TEST(HostWorld, zero1_errors) {
   // A sync without owned ranges is never asked to gather.
   StubCommunicator stub;
   RankRun plain(1, &stub, false, 7);
-  EXPECT_ERROR(plain.reducer->all_gather_owned(plain.arena->master()), "all_gather_owned",
-               "zero1");
+  EXPECT_ERROR(plain.reducer->all_gather_owned(plain.arena->master()), "all_gather_owned", "zero1");
   RankRun sharded(1, &stub, true, 7);
   EXPECT_ERROR(sharded.reducer->all_gather_owned(sharded.arena->master().narrow(0, 0, 8)),
                "all_gather_owned", "flat arena");

@@ -115,7 +115,8 @@ std::vector<Batch> make_batches(ModelKind kind, int64_t count, int64_t n, const 
 
 // ---- a training run -----------------------------------------------------------------------
 
-std::unique_ptr<optim::ParamStore> make_arena(const nn::Module& model, const optim::ParamStoreOptions& options) {
+std::unique_ptr<optim::ParamStore> make_arena(const nn::Module& model,
+                                              const optim::ParamStoreOptions& options) {
   std::vector<Tensor> params;
   std::vector<std::string> names;
   for (const nn::NamedParameter& np : model.named_parameters()) {

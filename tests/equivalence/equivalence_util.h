@@ -114,7 +114,8 @@ std::vector<Batch> make_batches(ModelKind kind, int64_t count, int64_t n, const 
 // ---- a training run -----------------------------------------------------------------------
 
 // `model`'s parameters registered, by name, in a new arena.
-std::unique_ptr<optim::ParamStore> make_arena(const nn::Module& model, const optim::ParamStoreOptions& options);
+std::unique_ptr<optim::ParamStore> make_arena(const nn::Module& model,
+                                              const optim::ParamStoreOptions& options);
 
 // A model in its arena, an optimizer and a window: the accumulation loop of
 // optim/window.h, one global batch per window.

@@ -235,7 +235,8 @@ struct TrainingRun {
       requires_grad_(p);
     arena = std::make_unique<optim::ParamStore>(
         params, std::vector<std::string>{},
-        optim::ParamStoreOptions{Device::cpu(), DType::f32, DType::f32, optimizer->moments_needed()});
+        optim::ParamStoreOptions{Device::cpu(), DType::f32, DType::f32,
+                                 optimizer->moments_needed()});
     window = std::make_unique<optim::Window>(*arena, *optimizer, options);
   }
 

@@ -100,8 +100,8 @@ struct PolicyRun {
                                                        .eps(f.number("eps"))
                                                        .weight_decay(f.number("weight_decay"))
                                                        .amsgrad(true));
-    arena = std::make_unique<optim::ParamStore>(params, f.names,
-                                        optim::ParamStoreOptions{Device::cpu(), DType::f64, DType::f64, 3});
+    arena = std::make_unique<optim::ParamStore>(
+        params, f.names, optim::ParamStoreOptions{Device::cpu(), DType::f64, DType::f64, 3});
     window = std::make_unique<optim::Window>(
         *arena, *optimizer, optim::WindowOptions().micro_steps(f.K).unused_parameters(policy));
   }

@@ -210,7 +210,7 @@ TEST(BatchNorm, a_window_tells_its_batch_norms_when_it_closes) {
   for (const Tensor& t : bn.parameters())
     params.push_back(t);
   optim::ParamStore arena(params, {"fc.w", "fc.b", "bn.w", "bn.b"},
-                  {Device::cpu(), DType::f64, DType::f64, 0});
+                          {Device::cpu(), DType::f64, DType::f64, 0});
   optim::Optimizer opt(optim::SGDOptions(0.0));  // lr 0: the same weights every micro-step
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(3));
   window.add_listener(&bn);

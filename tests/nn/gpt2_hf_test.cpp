@@ -10,12 +10,12 @@
 #include <memory>
 #include <string>
 
-#include "accrue/optim/optimizer.h"
-#include "accrue/optim/param_store.h"
-#include "accrue/optim/window.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/core/tensor_io.h"
+#include "accrue/optim/optimizer.h"
+#include "accrue/optim/param_store.h"
+#include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -258,7 +258,6 @@ TEST(GPT2HF, loading_into_a_store_updates_master_and_compute_copy) {
   }
   std::filesystem::remove(path);
 }
-
 
 // Note [One load path]: an HF file loaded into a model whose store already
 // holds a bf16 compute copy trains exactly as the same file loaded before the

@@ -436,8 +436,8 @@ std::unique_ptr<optim::ParamStore> arena_for(const nn::GPT2& model) {
     params.push_back(p.tensor);
     names.push_back(p.name);
   }
-  return std::make_unique<optim::ParamStore>(params, names,
-                                     optim::ParamStoreOptions{Device::cpu(), DType::f64, DType::f64, 2});
+  return std::make_unique<optim::ParamStore>(
+      params, names, optim::ParamStoreOptions{Device::cpu(), DType::f64, DType::f64, 2});
 }
 
 std::vector<double> slot_values(const optim::ParamStore& arena, const Tensor& flat, size_t i) {

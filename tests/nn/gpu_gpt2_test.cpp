@@ -11,13 +11,13 @@
 
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/grad_arena.h"
-#include "accrue/optim/param_store.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/allocator.h"
 #include "accrue/core/cuda_runtime.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/kernels/ops.h"
 #include "accrue/nn/gpt2.h"
+#include "accrue/optim/param_store.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -52,7 +52,8 @@ std::unique_ptr<optim::ParamStore> arena_for(const nn::GPT2& model, DType comput
     params.push_back(p.tensor);
     names.push_back(p.name);
   }
-  return std::make_unique<optim::ParamStore>(params, names, optim::ParamStoreOptions{kGpu, DType::f32, compute, 0});
+  return std::make_unique<optim::ParamStore>(
+      params, names, optim::ParamStoreOptions{kGpu, DType::f32, compute, 0});
 }
 
 // TF32 off for the scope: the f32 GEMMs compare with the CPU in true fp32.

@@ -46,13 +46,15 @@ inline void train_window(optim::Window& window, const nn::MLP& model, int64_t k,
 // EMAs, measured every window).
 inline void checkpoint_resumes_bit_exactly_at_any_micro_step(Device device) {
   auto make = [device](Generator& gen, std::unique_ptr<nn::MLP>& model,
-                       std::unique_ptr<optim::ParamStore>& arena, std::unique_ptr<optim::Optimizer>& opt,
+                       std::unique_ptr<optim::ParamStore>& arena,
+                       std::unique_ptr<optim::Optimizer>& opt,
                        std::unique_ptr<optim::Window>& window) {
     model = std::make_unique<nn::MLP>(std::vector<int64_t>{6, 12, 3},
                                       nn::ParamOptions{device, DType::f32, &gen});
     opt = std::make_unique<optim::Optimizer>(optim::AdamWOptions(1e-2).weight_decay(0.1));
-    arena = std::make_unique<optim::ParamStore>(model->parameters(), std::vector<std::string>{},
-                                        optim::ParamStoreOptions{device, DType::f32, DType::f32, 2});
+    arena = std::make_unique<optim::ParamStore>(
+        model->parameters(), std::vector<std::string>{},
+        optim::ParamStoreOptions{device, DType::f32, DType::f32, 2});
     window = std::make_unique<optim::Window>(
         *arena, *opt,
         optim::WindowOptions()

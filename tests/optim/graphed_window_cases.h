@@ -49,7 +49,8 @@ struct GraphedGPT2 {
     optimizer->add_param_group(no_decay, optim::GroupOptions().weight_decay(0.0));
     optimizer->set_schedule(std::make_shared<optim::WarmupCosine>(1, 6, 0.1));
     arena = std::make_unique<optim::ParamStore>(
-        params, names, optim::ParamStoreOptions{device, DType::f32, compute, optimizer->moments_needed()});
+        params, names,
+        optim::ParamStoreOptions{device, DType::f32, compute, optimizer->moments_needed()});
     window = std::make_unique<optim::Window>(
         *arena, *optimizer, optim::WindowOptions().micro_steps(K).max_grad_norm(0.5));
   }

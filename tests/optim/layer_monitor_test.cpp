@@ -56,7 +56,7 @@ TEST_P(LayerMonitorBothWays, layer_norms_and_update_ratios_match_a_separate_comp
   nn::MLP reference({4, 2500, 3}, {Device::cpu(), DType::f64, &g2});  // same initial weights
   optim::Optimizer opt(optim::AdamWOptions(1e-2).weight_decay(0.1));
   optim::ParamStore arena(model.parameters(), {"fc0.w", "fc0.b", "fc1.w", "fc1.b"},
-                  {Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
+                          {Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(2).max_grad_norm(0.1));
   const std::unique_ptr<optim::LayerMonitor> made = make(arena, opt);
   optim::LayerMonitor& monitor = *made;
@@ -103,7 +103,7 @@ TEST_P(LayerMonitorBothWays, group_figures_gather_their_layers) {
   const std::vector<Tensor> params = model.parameters();  // fc0.w, fc0.b, fc1.w, fc1.b
   opt.add_param_group({params[1], params[3]}, optim::GroupOptions().weight_decay(0.0));
   optim::ParamStore arena(params, {"fc0.w", "fc0.b", "fc1.w", "fc1.b"},
-                  {Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
+                          {Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(2));
   const std::unique_ptr<optim::LayerMonitor> made = make(arena, opt);
   optim::LayerMonitor& monitor = *made;
@@ -145,7 +145,7 @@ TEST_P(LayerMonitorBothWays, an_unused_layer_and_a_skipped_window) {
   params.push_back(unused);
   optim::Optimizer opt(optim::SGDOptions(0.1));
   optim::ParamStore arena(params, {"a", "b", "c", "d", "unused"},
-                  {Device::cpu(), DType::f64, DType::f64, 0});
+                          {Device::cpu(), DType::f64, DType::f64, 0});
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(1));
   const std::unique_ptr<optim::LayerMonitor> made = make(arena, opt);
   optim::LayerMonitor& monitor = *made;
