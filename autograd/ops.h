@@ -68,8 +68,12 @@ Tensor unsqueeze(const Tensor& a, int64_t dim);
 Tensor squeeze(const Tensor& a, int64_t dim);
 Tensor expand(const Tensor& a, const Shape& shape);
 Tensor contiguous(const Tensor& a);
+// A new tensor with a's values (always a copy); the gradient passes through.
+Tensor clone(const Tensor& a);
 // A cast between float dtypes; the gradient is cast back.
 Tensor to_dtype(const Tensor& a, DType dtype);
+// A copy on another device; the gradient is copied back.
+Tensor to_device(const Tensor& a, Device device);
 
 // ---- matrix products and neural-network ops --------------------------------------
 Tensor matmul(const Tensor& a, const Tensor& b);

@@ -101,6 +101,17 @@ Tensor contiguous(const Tensor& a) {
                 [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
 }
 
+Tensor clone(const Tensor& a) {
+  return record("CloneBackward", raw(a, [](const Tensor& t) { return t.clone(); }), {a},
+                [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
+}
+
+Tensor to_device(const Tensor& a, Device device) {
+  const Device in = a.device();
+  return record("ToDeviceBackward", raw(a, [&](const Tensor& t) { return t.to(device); }), {a},
+                [in](const Tensor& g) -> std::vector<Tensor> { return {g.to(in)}; });
+}
+
 Tensor to_dtype(const Tensor& a, DType dtype) {
   ACCRUE_CHECK(is_floating(dtype) || !a.requires_grad(),
                "to_dtype: casting a tensor that "
