@@ -69,7 +69,19 @@ void batch_norm_merge_statistics(const Tensor& count, const Tensor& mean, const 
 //   running_mean = running_mean (1 - momentum) + mean momentum,
 //   running_var = running_var (1 - momentum) + m2 / (count - 1) momentum;
 // then count, mean and m2 are zeroed for the next window. count 0 (no
-// forward this window) leaves the running statistics alone.
+// forward this window) leaves the running statistics alone, and so do
+// pending statistics that are not finite.
+//
+// Note [Non-finite window statistics]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// When any channel's merged mean or M2 is NaN or infinite (one NaN pixel, a
+// forward that overflowed under weights a huge step produced), no channel
+// moves: the window's statistics are dropped whole, as a skipped window's
+// step is, and the running statistics stay finite. Otherwise one bad batch
+// would make every later evaluation NaN, for good, while training itself
+// recovers by skipping that window. Checked on the device, inside the same
+// launch (a block-wide OR): no host synchronization, and a CUDA graph of the
+// close replays it.
 void batch_norm_adopt_statistics(const Tensor& running_mean, const Tensor& running_var,
                                  const Tensor& count, const Tensor& mean, const Tensor& m2,
                                  double momentum);

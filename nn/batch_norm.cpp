@@ -180,9 +180,21 @@ void recompute_batch_norm_statistics(Module& model, const std::function<void()>&
     NoGradGuard no_grad;
     run_batches();
   }
+  for (size_t i = 0; i < layers.size(); ++i)
+    ACCRUE_CHECK(layers[i]->pending_finite(), "recompute_batch_norm_statistics: BatchNorm ", i,
+                 " of ", layers.size(),
+                 " saw statistics that are not finite over the batches run (a NaN or infinite "
+                 "input?); the running statistics are left as they were");
   for (BatchNorm* bn : layers)
     bn->end_recompute(/*adopt=*/true);
   restore.done = true;
+}
+
+bool BatchNorm::pending_finite() const {
+  for (const Tensor& t : {pending_mean_, pending_m2_})
+    for (double v : t.to(Device::cpu()).to_vector<double>())
+      if (!std::isfinite(v)) return false;
+  return true;
 }
 
 void BatchNorm::on_window_restart() {

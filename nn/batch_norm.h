@@ -22,7 +22,8 @@
 // state dict carries them. A skipped window (Note [Skipped window]) still
 // moves the running statistics: they describe the data under the weights the
 // forward used, and a skipped window leaves those weights as they were (as
-// PyTorch's forward updates them whatever the step does). A restarted window
+// PyTorch's forward updates them whatever the step does), unless they are
+// not finite (Note [Non-finite window statistics]). A restarted window
 // (Note [Out-of-memory retry]) drops the pending statistics with the
 // micro-steps.
 // Window mode lags: with one move by m per window, the running statistics
@@ -96,6 +97,10 @@ class BatchNorm : public Module, public WindowListener {
   // restores the mode.
   void begin_recompute();
   void end_recompute(bool adopt);
+  // Whether the statistics merged since the last adoption are finite (reads
+  // them on the host): recompute_batch_norm_statistics refuses what Note
+  // [Non-finite window statistics] would silently drop.
+  bool pending_finite() const;
 
   const Tensor& running_mean() const { return running_mean_; }
   const Tensor& running_var() const { return running_var_; }
@@ -125,7 +130,9 @@ class BatchNorm : public Module, public WindowListener {
 // graph: the statistics of all those batches merged exactly (Note [Window
 // statistics]), replacing the running ones (momentum ignored). The model's
 // train/eval mode and each layer's statistics mode are restored, also when a
-// forward throws. A model without a BatchNorm is an error.
+// forward throws. A model without a BatchNorm is an error, and so are
+// statistics that are not finite (a NaN or infinite input): the running
+// statistics are then left as they were.
 void recompute_batch_norm_statistics(Module& model, const std::function<void()>& run_batches);
 
 }  // namespace accrue::nn

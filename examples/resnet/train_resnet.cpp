@@ -16,9 +16,11 @@
 // continues, with the data order of the epochs it skipped replayed, so the
 // run ends as an uninterrupted one does. Windows whose gradients are not
 // finite are skipped and counted in each epoch's line and the summary; too
-// many in a row, a non-finite loss at the end, a run that never stepped
-// (Note [Honest exit codes]) or a skipped window whose batch statistics left
-// BatchNorm's running statistics non-finite fail it, naming the window.
+// many in a row, a non-finite loss at the end or a run that never stepped
+// (Note [Honest exit codes]) fail it, naming the window; a skipped window's
+// non-finite batch statistics never reach the running ones (Note [Non-finite
+// window statistics]), and a running statistic found non-finite anyway fails
+// the run too. An epoch's loss is the mean over the windows that stepped.
 //
 // --data DIR reads DIR/digits_images.npy (f32 [N, 1, 8, 8]) and
 // DIR/digits_labels.npy (i64 [N]), which tools/make_digits.py writes from
@@ -294,11 +296,27 @@ void report_batch_norm(const Options& opt, nn::ResNet& model,
     trained_mean.push_back(bn->running_mean().clone());
     trained_var.push_back(bn->running_var().clone());
   }
-  nn::recompute_batch_norm_statistics(model, [&] {
-    for (int64_t start = 0; start < train_n; start += 64)
-      model.forward(
-          train_x.narrow(0, start, std::min<int64_t>(64, train_n - start)).contiguous().to(device));
-  });
+  const auto recompute = [&] {
+    nn::recompute_batch_norm_statistics(model, [&] {
+      for (int64_t start = 0; start < train_n; start += 64)
+        model.forward(train_x.narrow(0, start, std::min<int64_t>(64, train_n - start))
+                          .contiguous()
+                          .to(device));
+    });
+  };
+  if (!opt.recompute_bn) {  // only a report: data with a NaN has no statistics to compare with
+    try {
+      recompute();
+    } catch (const Error& e) {
+      std::printf("running variance vs the training set's: not computed (%s)\n",
+                  e.message().c_str());
+      std::printf("final: val accuracy %.4f running-var error nan\n",
+                  accuracy(model, val_x, val_y));
+      return;
+    }
+  } else {
+    recompute();
+  }
   std::vector<Tensor> reference;
   for (nn::BatchNorm* bn : norms)
     reference.push_back(bn->running_var().clone());
@@ -405,9 +423,10 @@ int train(int argc, char** argv) {
       });
       last = window.report();
       guard.after_window(last, where);
-      // A skipped window keeps the weights, but its batch statistics still
-      // reach the running ones (a listener learns of the close, not of the
-      // skip): non-finite there, the model cannot be evaluated any more.
+      // A skipped window keeps the weights; its batch statistics reach the
+      // running ones only where they are finite (Note [Non-finite window
+      // statistics]). Should a running statistic still be non-finite, the
+      // model cannot be evaluated any more: that fails the run here.
       if (last.skipped) {
         const int bad = nonfinite_batch_norm(norms);
         ACCRUE_CHECK(bad < 0, "window ", last.window, where,
@@ -416,10 +435,12 @@ int train(int argc, char** argv) {
                      "'s running statistics, which took its batch statistics, are no longer "
                      "finite");
       }
-      loss += last.loss;
-      ++windows;
+      if (!last.skipped) {  // a skipped window's loss (NaN, inf) is not the model's
+        loss += last.loss;
+        ++windows;
+      }
     }
-    last_loss = loss / static_cast<double>(windows);
+    last_loss = windows > 0 ? loss / static_cast<double>(windows) : NAN;
     if (epoch == first_epoch) first_loss = last_loss;
     std::printf("epoch %lld | loss %.4f | val accuracy %.4f | skipped %lld\n", (long long)epoch,
                 last_loss, accuracy(model, val_x, val_y), (long long)last.skipped_windows);

@@ -132,8 +132,12 @@ void batch_norm_adopt_statistics(const Tensor& running_mean, const Tensor& runni
   double* means = ptr<double>(mean);
   double* m2s = ptr<double>(m2);
   double* n = ptr<double>(count);
+  // Note [Non-finite window statistics]: all channels or none.
+  bool finite = true;
+  for (int64_t c = 0; c < mean.numel(); ++c)
+    finite = finite && std::isfinite(means[c]) && std::isfinite(m2s[c]);
   for (int64_t c = 0; c < mean.numel(); ++c) {
-    if (n[0] > 0.0) {
+    if (n[0] > 0.0 && finite) {
       const double unbiased = m2s[c] / (n[0] - 1.0);
       if (momentum == 1.0) {  // replaced outright: mends non-finite running statistics too
         rm[c] = means[c];

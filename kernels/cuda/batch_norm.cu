@@ -517,8 +517,13 @@ __global__ void adopt_statistics_kernel(double* __restrict__ running_mean,
                                         double* __restrict__ m2, int64_t channels,
                                         double momentum) {
   const double n = count[0];
+  // Note [Non-finite window statistics]: all channels or none.
+  int nonfinite = 0;
+  for (int64_t c = threadIdx.x; c < channels; c += blockDim.x)
+    nonfinite |= !isfinite(mean[c]) || !isfinite(m2[c]);
+  const bool finite = !__syncthreads_or(nonfinite);
   for (int64_t c = threadIdx.x; c < channels; c += blockDim.x) {
-    if (n > 0.0) {
+    if (n > 0.0 && finite) {
       const double unbiased = m2[c] / (n - 1.0);
       if (momentum == 1.0) {
         running_mean[c] = mean[c];

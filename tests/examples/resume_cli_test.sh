@@ -12,8 +12,9 @@
 #   after the checkpoint, and a row cut short, are removed);
 # - --max-skipped-windows stops a run whose windows keep being skipped, a
 #   diverged run fails naming its windows, and a failed run keeps the last
-#   checkpoint it wrote; so does accrue_resnet with --lr 1e30 or one NaN
-#   pixel in its data (BatchNorm's running statistics no longer finite).
+#   checkpoint it wrote; so does accrue_resnet with --lr 1e30, while one NaN
+#   pixel in its data only skips the window that holds it (Note [Non-finite
+#   window statistics]) and fails --recompute-bn.
 #   A GPT-2 run from NaN weights (--init-from) fails too.
 # Tiny models on the CPU, about 25 s in all. PYTHON (tools/make_shards.py, the
 # NaN-pixel .npy files, the NaN weights) is needed for three cases; without it
@@ -234,10 +235,10 @@ expect 2 "--allow-changed takes a comma-separated list of lr; got 'k'" \
   -- "$resnet" --synthetic --epochs 2 --resume r.st --allow-changed k
 # Each epoch's line and the summary count the skipped windows.
 expect 0 "epoch 1 | loss " "| skipped 0" "skipped since window 1" -- "$resnet" --synthetic --epochs 1
-# Diverged: the first skipped window's batch statistics already ruined the
-# running ones, so the run ends there, before the bound.
-expect 1 "window 2 of epoch 1 was skipped (its gradients were not finite; loss " \
-  "BatchNorm 0's running statistics" "are no longer finite" -- "$resnet" --lr 1e30 --epochs 2
+# Diverged: every window after the first is skipped (their batch statistics,
+# not finite, never reach the running ones), until the bound ends the run.
+expect 1 "33 windows in a row were skipped (windows 2 to 34 of epoch 1: " \
+  "more than --max-skipped-windows 32" -- "$resnet" --lr 1e30 --epochs 2
 expect 1 "window 2 of epoch 1 was skipped (" "more than --max-skipped-windows 0" \
   -- "$resnet" --lr 1e30 --epochs 2 --max-skipped-windows 0
 # One NaN pixel in the data (.npy files written by Python without numpy).
@@ -259,8 +260,15 @@ pixels[5 * 64 + 27] = float("nan")
 save("nan_digits/digits_images.npy", "<f4", (n, 1, 8, 8), struct.pack("<%df" % len(pixels), *pixels))
 save("nan_digits/digits_labels.npy", "<i8", (n,), struct.pack("<%dq" % n, *[i % 10 for i in range(n)]))
 PY
-  expect 1 "of epoch 1 was skipped (its gradients were not finite; loss nan)" \
-    "are no longer finite" -- "$resnet" --data nan_digits --epochs 2
+  # The window holding it is skipped in each epoch; its statistics are
+  # dropped, so training and evaluation go on, and an epoch's loss is over the
+  # windows that stepped. The precise-BN re-estimate over the same data has no
+  # finite statistics: a report says so, --recompute-bn fails.
+  expect 0 "epoch 1 | loss 2.2018 | val accuracy 0.5500 | skipped 1" "| skipped 2" \
+    "running variance vs the training set's: not computed (" "BatchNorm 0 of 6 saw statistics" \
+    "final: val accuracy 0.7600" -- "$resnet" --data nan_digits --epochs 2
+  expect 1 "recompute_batch_norm_statistics: BatchNorm 0 of 6 saw statistics that are not finite" \
+    -- "$resnet" --data nan_digits --epochs 2 --recompute-bn
 else
   echo "skip: the NaN-pixel case needs python3"
 fi

@@ -172,6 +172,23 @@ TEST(CpuBatchNorm, adopting_statistics_moves_the_running_ones_and_restarts_the_w
   mean.fill_(2.5);
   kernels::batch_norm_adopt_statistics(rm, rv, count, mean, m2, 1.0);
   EXPECT_TRUE(test::all_equal(rm, full({c}, 2.5, DType::f64)));
+  // Note [Non-finite window statistics]: one NaN mean or infinite M2 and no
+  // channel moves; the window is still restarted.
+  for (int bad = 0; bad < 2; ++bad) {
+    const Tensor rm2 = rm.clone(), rv2 = rv.clone();
+    count.fill_(5.0);
+    mean.copy_(test::random_normal({c}, DType::f64));
+    m2.copy_(test::random_uniform({c}, 1, 5, DType::f64));
+    (bad == 0 ? mean : m2).data<double>()[c - 1] = bad == 0
+                                                       ? std::numeric_limits<double>::quiet_NaN()
+                                                       : std::numeric_limits<double>::infinity();
+    kernels::batch_norm_adopt_statistics(rm, rv, count, mean, m2, 0.1);
+    EXPECT_TRUE(test::all_equal(rm, rm2));
+    EXPECT_TRUE(test::all_equal(rv, rv2));
+    EXPECT_TRUE(test::all_equal(mean, zeros({c}, DType::f64)));
+    EXPECT_TRUE(test::all_equal(m2, zeros({c}, DType::f64)));
+    EXPECT_EQ(count.data<double>()[0], 0.0);
+  }
   EXPECT_ERROR(kernels::batch_norm_adopt_statistics(rm, rv, count, mean, m2, 0.0),
                "batch_norm_adopt_statistics", "momentum = 0");
   EXPECT_ERROR(kernels::batch_norm_adopt_statistics(rm.to(DType::f32), rv, count, mean, m2, 0.1),

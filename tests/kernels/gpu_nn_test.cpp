@@ -766,6 +766,18 @@ TEST(GpuBatchNorm, merging_statistics_matches_the_cpu_reference) {
     EXPECT_TRUE(test::all_equal(on_cpu(grv), rv));
     EXPECT_TRUE(test::all_equal(on_cpu(gmean), mean));
     EXPECT_TRUE(test::all_equal(on_cpu(gc2), count));
+    // Note [Non-finite window statistics]: a NaN in a channel that thread 0
+    // does not read keeps every channel.
+    const Tensor bad_mean = test::random_normal({c}, DType::f64);
+    bad_mean.data<double>()[c - 3] = std::numeric_limits<double>::quiet_NaN();
+    const Tensor grm0 = on_cpu(grm), grv0 = on_cpu(grv);
+    Tensor gc3 = full({1}, 9.0, DType::f64).to(kGpu), gbad = bad_mean.to(kGpu),
+           gm23 = test::random_uniform({c}, 1.0, 9.0, DType::f64).to(kGpu);
+    kernels::batch_norm_adopt_statistics(grm, grv, gc3, gbad, gm23, 0.1);
+    EXPECT_TRUE(test::all_equal(on_cpu(grm), grm0));
+    EXPECT_TRUE(test::all_equal(on_cpu(grv), grv0));
+    EXPECT_TRUE(test::all_equal(on_cpu(gbad), zeros({c}, DType::f64)));
+    EXPECT_EQ(on_cpu(gc3).data<double>()[0], 0.0);
   }
 }
 
