@@ -14,6 +14,8 @@
 namespace accrue {
 
 // ---- elementwise (numpy broadcasting) -----------------------------------------
+// Operands of one op share a dtype: nothing is promoted (Note [Broadcasting
+// and dtypes] in kernels/dispatch_util.h); to_dtype converts.
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
@@ -32,8 +34,33 @@ Tensor relu(const Tensor& a);
 Tensor gelu(const Tensor& a);
 Tensor sigmoid(const Tensor& a);
 Tensor pow(const Tensor& a, double exponent);
+// x * sigmoid(x) (SwiGLU's gate).
+Tensor silu(const Tensor& a);
+// 1 / sqrt(a).
+Tensor rsqrt(const Tensor& a);
+Tensor sin(const Tensor& a);
+Tensor cos(const Tensor& a);
+// Its gradient at 0 is 0 (PyTorch's sign convention).
+Tensor abs(const Tensor& a);
+// min(max(a, min), max) with either bound absent (not both); min > max throws.
+// The gradient passes where min <= a <= max, bounds included, as PyTorch's.
+Tensor clamp(const Tensor& a, std::optional<double> min, std::optional<double> max);
+// Elementwise, broadcasting; NaN propagates. At ties each operand gets half
+// the gradient, as PyTorch's.
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
 // cond ? a : b; cond is a bool tensor and receives no gradient.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// The same with a scalar operand, taking the tensor operand's dtype.
+Tensor where(const Tensor& cond, const Tensor& a, double b);
+Tensor where(const Tensor& cond, double a, const Tensor& b);
+// a with `value` where mask (bool, broadcast to a's shape) is true; the
+// gradient is zero there.
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value);
+// The lower (upper) triangle of the last two dims, the rest zero: element
+// (i, j) is kept where j - i <= diagonal (j - i >= diagonal for triu).
+Tensor tril(const Tensor& a, int64_t diagonal = 0);
+Tensor triu(const Tensor& a, int64_t diagonal = 0);
 
 Tensor operator+(const Tensor& a, const Tensor& b);
 Tensor operator-(const Tensor& a, const Tensor& b);

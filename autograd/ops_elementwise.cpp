@@ -49,6 +49,9 @@ Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b
           db = kernels::sum_to(kernels::unary(UnaryOp::Neg, t), shape_b);
         }
         break;
+      case BinaryOp::Min:
+      case BinaryOp::Max:
+        break;  // minimum and maximum record their own node (minmax_op)
     }
     return {da, db};
   });
@@ -141,6 +144,54 @@ Tensor pow(const Tensor& a, double exponent) {
   return unary_op(UnaryOp::Pow, "PowBackward", a, exponent);
 }
 
+Tensor silu(const Tensor& a) {
+  return unary_op(UnaryOp::Silu, "SiluBackward", a);
+}
+Tensor rsqrt(const Tensor& a) {
+  return unary_op(UnaryOp::Rsqrt, "RsqrtBackward", a);
+}
+Tensor sin(const Tensor& a) {
+  return unary_op(UnaryOp::Sin, "SinBackward", a);
+}
+Tensor cos(const Tensor& a) {
+  return unary_op(UnaryOp::Cos, "CosBackward", a);
+}
+Tensor abs(const Tensor& a) {
+  return unary_op(UnaryOp::Abs, "AbsBackward", a);
+}
+
+Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
+  Tensor out = kernels::clamp(a, lo, hi);
+  Tensor sa = saved(a);
+  return record("ClampBackward", out, {a}, [=](const Tensor& g) -> std::vector<Tensor> {
+    return {kernels::clamp_backward(g, sa, lo, hi)};
+  });
+}
+
+namespace {
+
+Tensor minmax_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
+  Tensor out = kernels::binary(op, a, b);
+  const bool ga = autograd::wants_grad(a), gb = autograd::wants_grad(b);
+  Tensor sa = ga || gb ? saved(a) : Tensor(), sb = ga || gb ? saved(b) : Tensor();
+  const Shape shape_a = a.shape(), shape_b = b.shape();
+  return record(name, out, {a, b}, [=](const Tensor& g) -> std::vector<Tensor> {
+    Tensor da, db;
+    if (ga) da = kernels::sum_to(kernels::minmax_backward(op, g, sa, sb), shape_a);
+    if (gb) db = kernels::sum_to(kernels::minmax_backward(op, g, sb, sa), shape_b);
+    return {da, db};
+  });
+}
+
+}  // namespace
+
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  return minmax_op(BinaryOp::Min, "MinimumBackward", a, b);
+}
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  return minmax_op(BinaryOp::Max, "MaximumBackward", a, b);
+}
+
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor out = kernels::where(cond, a, b);
   Tensor sc = saved(cond);
@@ -153,6 +204,49 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
     if (gb) db = kernels::sum_to(kernels::where(sc, zero, g), shape_b);
     return {da, db};
   });
+}
+
+namespace {
+
+// where with one tensor operand t, taken where cond is `t_where` (true when t
+// is a); the scalar operand gets no gradient.
+Tensor where_scalar(const Tensor& cond, const Tensor& t, double s, bool t_where) {
+  Tensor out = t_where ? kernels::where(cond, t, s) : kernels::where(cond, s, t);
+  Tensor sc = saved(cond);
+  const Shape shape_t = t.shape();
+  return record("WhereScalarBackward", out, {t}, [=](const Tensor& g) -> std::vector<Tensor> {
+    return {kernels::sum_to(t_where ? kernels::where(sc, g, 0.0) : kernels::where(sc, 0.0, g),
+                            shape_t)};
+  });
+}
+
+}  // namespace
+
+Tensor where(const Tensor& cond, const Tensor& a, double b) {
+  return where_scalar(cond, a, b, true);
+}
+Tensor where(const Tensor& cond, double a, const Tensor& b) {
+  return where_scalar(cond, b, a, false);
+}
+
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
+  Tensor out = kernels::masked_fill(a, mask, value);
+  Tensor sm = saved(mask);
+  return record("MaskedFillBackward", out, {a}, [=](const Tensor& g) -> std::vector<Tensor> {
+    return {kernels::masked_fill(g, sm, 0.0)};
+  });
+}
+
+// The gradient of a triangle is the same triangle of the gradient.
+Tensor tril(const Tensor& a, int64_t diagonal) {
+  return record(
+      "TrilBackward", kernels::tril(a, diagonal), {a},
+      [diagonal](const Tensor& g) -> std::vector<Tensor> { return {kernels::tril(g, diagonal)}; });
+}
+Tensor triu(const Tensor& a, int64_t diagonal) {
+  return record(
+      "TriuBackward", kernels::triu(a, diagonal), {a},
+      [diagonal](const Tensor& g) -> std::vector<Tensor> { return {kernels::triu(g, diagonal)}; });
 }
 
 Tensor operator+(const Tensor& a, const Tensor& b) {

@@ -1,6 +1,9 @@
 // Dispatch of the elementwise ops of kernels/ops.h: every input raw-expanded
-// to the output shape (see Note [Dispatch shapes]).
+// to the output shape (see Note [Dispatch shapes]), the shapes and dtypes
+// checked as Note [Broadcasting and dtypes] (kernels/dispatch_util.h) says.
+#include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <string>
 
 #include "accrue/kernels/dispatch_util.h"
@@ -30,6 +33,16 @@ const char* op_name(UnaryOp op) {
       return "sigmoid";
     case UnaryOp::Pow:
       return "pow";
+    case UnaryOp::Silu:
+      return "silu";
+    case UnaryOp::Rsqrt:
+      return "rsqrt";
+    case UnaryOp::Sin:
+      return "sin";
+    case UnaryOp::Cos:
+      return "cos";
+    case UnaryOp::Abs:
+      return "abs";
   }
   return "unary";
 }
@@ -44,6 +57,10 @@ const char* op_name(BinaryOp op) {
       return "mul";
     case BinaryOp::Div:
       return "div";
+    case BinaryOp::Min:
+      return "minimum";
+    case BinaryOp::Max:
+      return "maximum";
   }
   return "binary";
 }
@@ -133,8 +150,8 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& input, const
   check_same_shape(grad, input, name, "grad", "input");
   Tensor y = output;
   if (y.defined()) {
-    check_same_device(y, input, name);
-    check_same_dtype(y, input, name);
+    check_same_device(y, input, name, "output", "input");
+    check_same_dtype(y, input, name, "output", "input");
     check_same_shape(y, input, name, "output", "input");
   } else {
     y = unary(op, input, param);
@@ -147,12 +164,69 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& input, const
   return out;
 }
 
+Tensor minmax_backward(BinaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y) {
+  NoGradGuard no_grad;
+  ACCRUE_CHECK(op == BinaryOp::Min || op == BinaryOp::Max,
+               "minmax_backward: op must be minimum or maximum, got ", op_name(op));
+  const std::string name_s = std::string(op_name(op)) + "_backward";
+  const char* name = name_s.c_str();
+  check_float_pair(x, y, name, "x", "y");
+  check_float_pair(grad, x, name, "grad", "x");
+  const Shape shape =
+      broadcast_shapes(grad.shape(), broadcast_shapes(x.shape(), y.shape(), name), name);
+  Tensor out = empty_result(shape, x.dtype(), x.device(), {&grad, &x, &y});
+  if (out.numel() == 0) return out;
+  ACCRUE_BACKEND_CALL(x.device(), minmax_backward, op, backend_view(grad.expand(shape), out),
+                      backend_view(x.expand(shape), out), backend_view(y.expand(shape), out),
+                      backend_view(out, out));
+  return out;
+}
+
+namespace {
+
+// clamp's bounds as the backends take them (an absent one infinite), checked.
+std::pair<double, double> clamp_bounds(std::optional<double> lo, std::optional<double> hi,
+                                       const char* op) {
+  ACCRUE_CHECK(lo.has_value() || hi.has_value(), op, ": at least one of min and max must be given");
+  ACCRUE_CHECK(!lo || !std::isnan(*lo), op, ": min is NaN");
+  ACCRUE_CHECK(!hi || !std::isnan(*hi), op, ": max is NaN");
+  ACCRUE_CHECK(!lo || !hi || *lo <= *hi, op, ": min ", *lo, " is greater than max ", *hi);
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  return {lo.value_or(-inf), hi.value_or(inf)};
+}
+
+}  // namespace
+
+Tensor clamp(const Tensor& x, std::optional<double> lo, std::optional<double> hi) {
+  NoGradGuard no_grad;
+  check_defined(x, "clamp", "x");
+  check_floating(x, "clamp", "x");
+  const auto [l, h] = clamp_bounds(lo, hi, "clamp");
+  Tensor out = empty_result(x.shape(), x.dtype(), x.device(), {&x});
+  if (out.numel() == 0) return out;
+  ACCRUE_BACKEND_CALL(x.device(), clamp, backend_view(x, out), l, h, backend_view(out, out));
+  return out;
+}
+
+Tensor clamp_backward(const Tensor& grad, const Tensor& x, std::optional<double> lo,
+                      std::optional<double> hi) {
+  NoGradGuard no_grad;
+  check_float_pair(grad, x, "clamp_backward", "grad", "x");
+  check_same_shape(grad, x, "clamp_backward", "grad", "x");
+  const auto [l, h] = clamp_bounds(lo, hi, "clamp_backward");
+  Tensor out = empty_result(x.shape(), x.dtype(), x.device(), {&grad, &x});
+  if (out.numel() == 0) return out;
+  ACCRUE_BACKEND_CALL(x.device(), clamp_backward, backend_view(grad, out), backend_view(x, out), l,
+                      h, backend_view(out, out));
+  return out;
+}
+
 Tensor compare(CompareOp op, const Tensor& a, const Tensor& b) {
   NoGradGuard no_grad;
   check_defined(a, "compare", "a");
   check_defined(b, "compare", "b");
-  check_same_device(a, b, "compare");
-  check_same_dtype(a, b, "compare");
+  check_same_device(a, b, "compare", "a", "b");
+  check_same_dtype(a, b, "compare", "a", "b");
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), "compare");
   Tensor out = empty(shape, DType::boolean, a.device());
   if (out.numel() == 0) return out;
@@ -167,15 +241,72 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_defined(b, "where", "b");
   ACCRUE_CHECK(cond.dtype() == DType::boolean, "where: cond of shape ", shape_str(cond.shape()),
                " has dtype ", dtype_name(cond.dtype()), "; expected bool");
-  check_same_device(cond, a, "where");
-  check_same_device(a, b, "where");
-  check_same_dtype(a, b, "where");
+  check_same_device(cond, a, "where", "cond", "a");
+  check_same_device(a, b, "where", "a", "b");
+  check_same_dtype(a, b, "where", "a", "b");
   const Shape shape =
       broadcast_shapes(cond.shape(), broadcast_shapes(a.shape(), b.shape(), "where"), "where");
-  Tensor out = empty(shape, a.dtype(), a.device());
+  Tensor out = empty_result(shape, a.dtype(), a.device(), {&a, &b});
   if (out.numel() == 0) return out;
-  ACCRUE_BACKEND_CALL(a.device(), where, cond.expand(shape), a.expand(shape), b.expand(shape), out);
+  ACCRUE_BACKEND_CALL(a.device(), where, backend_view(cond.expand(shape), out),
+                      backend_view(a.expand(shape), out), backend_view(b.expand(shape), out),
+                      backend_view(out, out));
   return out;
+}
+
+namespace {
+
+// A 0-d tensor holding `value` in t's dtype on t's device, the scalar operand
+// of where and masked_fill (Note [Broadcasting and dtypes]: a scalar takes the
+// tensor's dtype). Raw-expanded to the result's shape it costs no memory.
+Tensor scalar_like(const Tensor& t, double value, const char* op, const char* what) {
+  check_defined(t, op, what);
+  return full({}, value, t.dtype(), t.device());
+}
+
+}  // namespace
+
+Tensor where(const Tensor& cond, const Tensor& a, double b) {
+  return where(cond, a, scalar_like(a, b, "where", "a"));
+}
+
+Tensor where(const Tensor& cond, double a, const Tensor& b) {
+  return where(cond, scalar_like(b, a, "where", "b"), b);
+}
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  NoGradGuard no_grad;
+  check_defined(x, "masked_fill", "x");
+  check_defined(mask, "masked_fill", "mask");
+  check_dtype(mask, DType::boolean, "masked_fill", "mask");
+  check_same_device(x, mask, "masked_fill", "x", "mask");
+  const Shape shape = broadcast_shapes(x.shape(), mask.shape(), "masked_fill");
+  ACCRUE_CHECK(shape == x.shape(), "masked_fill: mask of shape ", shape_str(mask.shape()),
+               " does not broadcast to x of shape ", shape_str(x.shape()));
+  return where(mask, full({}, value, x.dtype(), x.device()), x);
+}
+
+namespace {
+
+Tensor triangle(const Tensor& x, int64_t diagonal, bool upper) {
+  NoGradGuard no_grad;
+  const char* name = upper ? "triu" : "tril";
+  check_defined(x, name, "x");
+  ACCRUE_CHECK(x.dim() >= 2, name, ": x of shape ", shape_str(x.shape()), " has fewer than 2 dims");
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  ACCRUE_BACKEND_CALL(x.device(), triangle, x, diagonal, upper, out);
+  return out;
+}
+
+}  // namespace
+
+Tensor tril(const Tensor& x, int64_t diagonal) {
+  return triangle(x, diagonal, false);
+}
+
+Tensor triu(const Tensor& x, int64_t diagonal) {
+  return triangle(x, diagonal, true);
 }
 
 // Note [Mixed axpy]

@@ -69,18 +69,53 @@ inline void check_same_device(const Tensor& a, const Tensor& b, const char* op, 
                what_b, " of shape ", shape_str(b.shape()), ")");
 }
 
-inline void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
-  ACCRUE_CHECK(a.dtype() == b.dtype(), op, ": dtypes ", dtype_name(a.dtype()), " and ",
-               dtype_name(b.dtype()), " differ (shapes ", shape_str(a.shape()), " and ",
-               shape_str(b.shape()), ")");
+// Note [Broadcasting and dtypes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Shapes broadcast as NumPy's and PyTorch's: aligned from the last dim, each
+// pair of sizes equal or one of them 1 (a missing leading dim counts as 1),
+// the result taking the larger. broadcast_shapes (core/tensor.h) computes it
+// and names the op and both shapes when they do not broadcast; dispatch then
+// raw-expands every input to the result (0 strides, Note [Dispatch shapes]).
+// An op that keeps one operand's shape (axpy_'s dst, masked_fill's x)
+// broadcasts the other operand to it, never the reverse.
+//
+// Dtypes are explicit: the tensor operands of one op share a dtype, and
+// accrue never promotes one implicitly (PyTorch would compute f32 * f64 in
+// f64). A silent promotion would move a model's compute to f64 because one
+// table was built in f64, or double the memory of a bf16 activation that
+// meets an f32 constant, and nothing would say so; a mismatch is instead an
+// error naming both operands, their dtypes and the conversion to write
+// (check_same_dtype below): `b.to(DType::f64)`, or `to_dtype(b, DType::f64)`
+// (autograd/ops.h) where b needs its gradient. A scalar (a double) is not an
+// operand: it takes the tensor's dtype (binary_scalar, where and masked_fill
+// with a scalar, clamp's bounds). The exceptions are each stated where they
+// are made: compare takes any dtype (one for both); where's cond and
+// masked_fill's mask are bool; indices are i32 or i64; axpy_ adds a src of
+// another floating dtype as its conversion would (Note [Mixed axpy]); and a
+// parameter's gradient may be an f32 slot beside 16-bit compute
+// (check_dtype_or_f32).
+
+// How a dtype is spelled in C++ (DType::boolean prints as "bool").
+inline const char* dtype_enum_name(DType t) {
+  return t == DType::boolean ? "boolean" : dtype_name(t);
 }
 
-// The same, naming the operands.
+// Note [Broadcasting and dtypes]: no implicit promotion; the error says
+// which operand to convert and how.
 inline void check_same_dtype(const Tensor& a, const Tensor& b, const char* op, const char* what_a,
                              const char* what_b) {
   ACCRUE_CHECK(a.dtype() == b.dtype(), op, ": dtypes ", dtype_name(a.dtype()), " and ",
                dtype_name(b.dtype()), " differ (", what_a, " of shape ", shape_str(a.shape()),
-               " and ", what_b, " of shape ", shape_str(b.shape()), ")");
+               " and ", what_b, " of shape ", shape_str(b.shape()),
+               "); accrue never promotes dtypes implicitly: convert ", what_b, " with ", what_b,
+               ".to(DType::", dtype_enum_name(a.dtype()), ") (to_dtype(", what_b,
+               ", DType::", dtype_enum_name(a.dtype()), ") keeps its gradient), or ", what_a,
+               " with ", what_a, ".to(DType::", dtype_enum_name(b.dtype()), ")");
+}
+
+// The same, the operands named a and b.
+inline void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
+  check_same_dtype(a, b, op, "a", "b");
 }
 
 // `t` on `expected`, the device of `whose` (say, "the input").

@@ -17,8 +17,25 @@
 
 namespace accrue::kernels {
 
-enum class UnaryOp { Neg, Exp, Log, Sqrt, Tanh, Relu, Gelu, Sigmoid, Pow };
-enum class BinaryOp { Add, Sub, Mul, Div };
+enum class UnaryOp {
+  Neg,
+  Exp,
+  Log,
+  Sqrt,
+  Tanh,
+  Relu,
+  Gelu,
+  Sigmoid,
+  Pow,
+  Silu,   // x * sigmoid(x)
+  Rsqrt,  // 1 / sqrt(x)
+  Sin,
+  Cos,
+  Abs,  // its gradient at 0 is 0, as PyTorch's sign
+};
+// Min and Max are elementwise minimum and maximum; a NaN in either operand
+// gives NaN, as PyTorch's minimum and maximum.
+enum class BinaryOp { Add, Sub, Mul, Div, Min, Max };
 enum class CompareOp { Eq, Ne, Lt, Le, Gt, Ge };
 enum class ReduceOp { Sum, Mean, Max, ArgMax };
 
@@ -26,6 +43,8 @@ const char* op_name(UnaryOp op);
 const char* op_name(BinaryOp op);
 
 // ---- elementwise, with numpy broadcasting -----------------------------------
+// Broadcasting as NumPy's; operands of one op share a dtype, never promoted
+// (Note [Broadcasting and dtypes] in kernels/dispatch_util.h).
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
 // a op s, or s op a when scalar_first.
 Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first = false);
@@ -35,10 +54,31 @@ Tensor unary(UnaryOp op, const Tensor& a, double param = 0.0);
 // Tanh, Sigmoid, Exp, Sqrt); pass it when you have it, else it is recomputed.
 Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& input, const Tensor& output,
                       double param = 0.0);
+// The gradient of minimum/maximum (op Min or Max) with respect to its operand
+// x, the other being y (x, y and grad broadcast together): grad where x wins,
+// 0 where y wins, grad / 2 at ties; a NaN passes grad to both operands, as
+// PyTorch's. The result has the broadcast shape (sum_to it to x's shape).
+Tensor minmax_backward(BinaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y);
+// min(max(x, lo), hi) with either bound absent (at least one given); lo > hi
+// throws. NaN stays NaN.
+Tensor clamp(const Tensor& x, std::optional<double> lo, std::optional<double> hi);
+// grad where lo <= x <= hi (bounds included, as PyTorch), 0 elsewhere and at NaN.
+Tensor clamp_backward(const Tensor& grad, const Tensor& x, std::optional<double> lo,
+                      std::optional<double> hi);
 // Returns a bool tensor.
 Tensor compare(CompareOp op, const Tensor& a, const Tensor& b);
 // cond ? a : b, all three broadcast together; cond is bool.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// The same with one operand a scalar, converted to the tensor operand's dtype.
+Tensor where(const Tensor& cond, const Tensor& a, double b);
+Tensor where(const Tensor& cond, double a, const Tensor& b);
+// x with `value` where mask (bool, broadcast to x's shape) is true. x of any dtype.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+// The lower (tril) or upper (triu) triangle of the last two dims of x (dim >=
+// 2, any dtype), the rest zero: element (i, j) is kept where j - i <= diagonal
+// (tril) or j - i >= diagonal (triu).
+Tensor tril(const Tensor& x, int64_t diagonal = 0);
+Tensor triu(const Tensor& x, int64_t diagonal = 0);
 // dst += alpha * src in place (src broadcast to dst's shape). dst may be a strided view.
 // src of another floating dtype is converted to dst's first (as src.to(dst.dtype())
 // would), a 16-bit src into an f32 dst in the same pass (Note [Mixed axpy]).

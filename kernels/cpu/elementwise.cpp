@@ -1,5 +1,6 @@
 // CPU reference: elementwise ops (binary, scalar, unary and their gradients,
-// comparisons, where, axpy). Inputs have any strides (0 strides included: the
+// minimum/maximum's and clamp's gradients, comparisons, where, the triangles,
+// axpy). Inputs have any strides (0 strides included: the
 // dispatch point broadcasts with a raw expand); outputs are contiguous.
 #include <cmath>
 
@@ -46,6 +47,10 @@ void with_binary_op(BinaryOp op, F&& f) {
       return f([](M x, M y) { return x * y; });
     case BinaryOp::Div:
       return f([](M x, M y) { return x / y; });
+    case BinaryOp::Min:
+      return f([](M x, M y) { return std::isnan(x) ? x : std::isnan(y) ? y : y < x ? y : x; });
+    case BinaryOp::Max:
+      return f([](M x, M y) { return std::isnan(x) ? x : std::isnan(y) ? y : y > x ? y : x; });
   }
 }
 
@@ -124,6 +129,16 @@ void unary(UnaryOp op, const Tensor& a, double param, const Tensor& out) {
         return map1<T>(a, out, [](M x) { return M(1) / (M(1) + std::exp(-x)); });
       case UnaryOp::Pow:
         return map1<T>(a, out, [p](M x) { return std::pow(x, p); });
+      case UnaryOp::Silu:
+        return map1<T>(a, out, [](M x) { return x / (M(1) + std::exp(-x)); });
+      case UnaryOp::Rsqrt:
+        return map1<T>(a, out, [](M x) { return M(1) / std::sqrt(x); });
+      case UnaryOp::Sin:
+        return map1<T>(a, out, [](M x) { return std::sin(x); });
+      case UnaryOp::Cos:
+        return map1<T>(a, out, [](M x) { return std::cos(x); });
+      case UnaryOp::Abs:
+        return map1<T>(a, out, [](M x) { return std::abs(x); });
     }
   });
 }
@@ -155,6 +170,73 @@ void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& input, const T
         // x^0 is constant: its gradient is 0 even at x = 0 (where p * x^-1 would be NaN).
         if (p == M(0)) return map1<T>(grad, out, [](M) { return M(0); });
         return map2<T>(grad, input, out, [p](M g, M x) { return g * p * std::pow(x, p - M(1)); });
+      case UnaryOp::Silu:  // s (1 + x (1 - s)) with s = sigmoid(x)
+        return map2<T>(grad, input, out, [](M g, M x) {
+          const M sg = M(1) / (M(1) + std::exp(-x));
+          return g * sg * (M(1) + x * (M(1) - sg));
+        });
+      case UnaryOp::Rsqrt:  // d x^-1/2 = -y^3 / 2
+        return map2<T>(grad, output, out, [](M g, M y) { return M(-0.5) * g * y * y * y; });
+      case UnaryOp::Sin:
+        return map2<T>(grad, input, out, [](M g, M x) { return g * std::cos(x); });
+      case UnaryOp::Cos:
+        return map2<T>(grad, input, out, [](M g, M x) { return -g * std::sin(x); });
+      case UnaryOp::Abs:  // g * sign(x), sign(0) = 0
+        return map2<T>(grad, input, out, [](M g, M x) { return x > 0 ? g : x < 0 ? -g : M(0); });
+    }
+  });
+}
+
+void minmax_backward(BinaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y,
+                     const Tensor& out) {
+  visit_float(out.dtype(), op_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    using M = math_t<T>;
+    const Indexer ig(grad), ix(x), iy(y);
+    const T* pg = ptr<T>(grad);
+    const T* px = ptr<T>(x);
+    const T* py = ptr<T>(y);
+    T* po = ptr<T>(out);
+    const bool max = op == BinaryOp::Max;
+    for (int64_t i = 0, n = out.numel(); i < n; ++i) {
+      const M g = load(pg[ig(i)]), vx = load(px[ix(i)]), vy = load(py[iy(i)]);
+      const bool loses = max ? vx < vy : vx > vy;
+      po[i] = store<T>(vx == vy ? g / M(2) : loses ? M(0) : g);
+    }
+  });
+}
+
+void clamp(const Tensor& a, double lo, double hi, const Tensor& out) {
+  visit_float(out.dtype(), "clamp", [&](auto tag) {
+    using T = decltype(tag);
+    using M = math_t<T>;
+    const M l = static_cast<M>(lo), h = static_cast<M>(hi);
+    // NaN fails both tests and passes through.
+    map1<T>(a, out, [l, h](M x) { return x < l ? l : x > h ? h : x; });
+  });
+}
+
+void clamp_backward(const Tensor& grad, const Tensor& input, double lo, double hi,
+                    const Tensor& out) {
+  visit_float(out.dtype(), "clamp_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using M = math_t<T>;
+    const M l = static_cast<M>(lo), h = static_cast<M>(hi);
+    map2<T>(grad, input, out, [l, h](M g, M x) { return x >= l && x <= h ? g : M(0); });
+  });
+}
+
+void triangle(const Tensor& a, int64_t diagonal, bool upper, const Tensor& out) {
+  visit_dtype(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const Indexer ia(a);
+    const T* pa = ptr<T>(a);
+    T* po = ptr<T>(out);
+    const int64_t rows = out.size(-2), cols = out.size(-1);
+    for (int64_t i = 0, n = out.numel(); i < n; ++i) {
+      const int64_t c = i % cols, r = (i / cols) % rows;
+      const bool keep = upper ? c - r >= diagonal : c - r <= diagonal;
+      po[i] = keep ? pa[ia(i)] : T{};
     }
   });
 }

@@ -1,5 +1,6 @@
-// CUDA elementwise ops: binary, binary_scalar, unary, unary_backward, compare,
-// where, axpy (see kernels/backend_functions.inc for the contracts).
+// CUDA elementwise ops: binary, binary_scalar, unary, unary_backward,
+// minmax_backward, clamp, clamp_backward, triangle, compare, where, axpy (see
+// kernels/backend_functions.inc for the contracts).
 //
 // Every op is a functor (kernels/cuda/elementwise_ops.cuh) mapped over the
 // output by one of three kernels:
@@ -12,7 +13,9 @@
 //    shape is first collapsed (Note [Collapsed geometry] in
 //    core/collapsed_geometry.h), then each linear index is decomposed once and
 //    dotted with each operand's strides.
-// Indices are 64-bit; loops are grid-stride so any size runs on a capped grid.
+// The triangles (tril, triu) need each element's row and column, so they have
+// a kernel of their own. Indices are 64-bit; loops are grid-stride so any size
+// runs on a capped grid.
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -213,6 +216,75 @@ void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& input_t, const
       launch_map(UnaryGradFn<T, decltype(o)::value>{p}, UnaryGradAnyFn<T>{op, p}, out_ptr<T>(out),
                  out, input<T>(grad), input<T>(v));
     });
+  });
+}
+
+void minmax_backward(BinaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y,
+                     const Tensor& out) {
+  dev::visit_float_dtype(out.dtype(), op_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    const MinMaxGradFn<T> f{op == BinaryOp::Max};
+    launch_map(f, f, out_ptr<T>(out), out, input<T>(grad), input<T>(x), input<T>(y));
+  });
+}
+
+void clamp(const Tensor& a, double lo, double hi, const Tensor& out) {
+  dev::visit_float_dtype(out.dtype(), "clamp", [&](auto tag) {
+    using T = decltype(tag);
+    using M = dev::math_t<T>;
+    const ClampFn<T> f{static_cast<M>(lo), static_cast<M>(hi)};
+    launch_map(f, f, out_ptr<T>(out), out, input<T>(a));
+  });
+}
+
+void clamp_backward(const Tensor& grad, const Tensor& input_t, double lo, double hi,
+                    const Tensor& out) {
+  dev::visit_float_dtype(out.dtype(), "clamp_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using M = dev::math_t<T>;
+    const ClampGradFn<T> f{static_cast<M>(lo), static_cast<M>(hi)};
+    launch_map(f, f, out_ptr<T>(out), out, input<T>(grad), input<T>(input_t));
+  });
+}
+
+namespace {
+
+// out[i] = a[i] inside the triangle, 0 outside; (r, c) are the last two
+// indices of the linear index i of the contiguous out.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    triangle_kernel(const T* a, StridedGeometry geometry, bool contiguous, int64_t n, int64_t rows,
+                    int64_t cols, int64_t diagonal, bool upper, T* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const int64_t c = i % cols, r = (i / cols) % rows;
+    const bool keep = upper ? c - r >= diagonal : c - r <= diagonal;
+    out[i] = keep ? a[contiguous ? i : geometry.offset_of(i)] : dev::convert<T>(0.0f);
+  }
+}
+
+}  // namespace
+
+void triangle(const Tensor& a, int64_t diagonal, bool upper, const Tensor& out) {
+  ACCRUE_CHECK(a.dim() <= kMaxDims, upper ? "triu" : "tril", ": rank ", a.dim(), " exceeds ",
+               kMaxDims);
+  StridedGeometry geometry;
+  geometry.rank = static_cast<int32_t>(a.dim());
+  for (int d = 0; d < geometry.rank; ++d) {
+    geometry.sizes[d] = a.shape()[d];
+    geometry.strides[d] = a.strides()[d];
+  }
+  const int64_t n = out.numel();
+  const int device = out.device().index;
+  dev::DeviceScope scope(device);
+  cudaStream_t stream = dev::stream_for(device);
+  dev::visit_device_dtype(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    triangle_kernel<T><<<dev::grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(a.data_ptr()), geometry, a.is_contiguous(), n, out.size(-2),
+        out.size(-1), diagonal, upper, out_ptr<T>(out));
+    ACCRUE_LAUNCH_CHECK();
   });
 }
 

@@ -85,6 +85,39 @@ __device__ __forceinline__ M pow_of(M x, M p) {
   }
 }
 
+template <class M>
+__device__ __forceinline__ M rsqrt_of(M x) {
+  if constexpr (std::is_same_v<M, float>) {
+    return rsqrtf(x);
+  } else {
+    return rsqrt(x);
+  }
+}
+template <class M>
+__device__ __forceinline__ M abs_of(M x) {
+  if constexpr (std::is_same_v<M, float>) {
+    return fabsf(x);
+  } else {
+    return fabs(x);
+  }
+}
+template <class M>
+__device__ __forceinline__ M sin_of(M x) {
+  if constexpr (std::is_same_v<M, float>) {
+    return sinf(x);
+  } else {
+    return sin(x);
+  }
+}
+template <class M>
+__device__ __forceinline__ M cos_of(M x) {
+  if constexpr (std::is_same_v<M, float>) {
+    return cosf(x);
+  } else {
+    return cos(x);
+  }
+}
+
 // ---- binary ---------------------------------------------------------------------
 
 template <BinaryOp op, class M>
@@ -95,8 +128,13 @@ __device__ __forceinline__ M binary_math(M a, M b) {
     return a - b;
   } else if constexpr (op == BinaryOp::Mul) {
     return a * b;
-  } else {
+  } else if constexpr (op == BinaryOp::Div) {
     return a / b;
+  } else if constexpr (op == BinaryOp::Min) {
+    // A NaN in either operand wins (x != x only for NaN), as PyTorch's minimum.
+    return a != a ? a : b != b ? b : b < a ? b : a;
+  } else {
+    return a != a ? a : b != b ? b : b > a ? b : a;
   }
 }
 
@@ -110,9 +148,13 @@ __device__ __forceinline__ M binary_math_any(BinaryOp op, M a, M b) {
     case BinaryOp::Mul:
       return binary_math<BinaryOp::Mul>(a, b);
     case BinaryOp::Div:
+      return binary_math<BinaryOp::Div>(a, b);
+    case BinaryOp::Min:
+      return binary_math<BinaryOp::Min>(a, b);
+    case BinaryOp::Max:
       break;
   }
-  return binary_math<BinaryOp::Div>(a, b);
+  return binary_math<BinaryOp::Max>(a, b);
 }
 
 template <class T, BinaryOp op>
@@ -183,15 +225,26 @@ __device__ __forceinline__ M unary_math(M x, M p) {
     return M(0.5) * x * (M(1) + tanh_of(u));
   } else if constexpr (op == UnaryOp::Sigmoid) {
     return M(1) / (M(1) + exp_of(-x));
-  } else {
+  } else if constexpr (op == UnaryOp::Pow) {
     return pow_of(x, p);
+  } else if constexpr (op == UnaryOp::Silu) {
+    return x / (M(1) + exp_of(-x));
+  } else if constexpr (op == UnaryOp::Rsqrt) {
+    return rsqrt_of(x);
+  } else if constexpr (op == UnaryOp::Sin) {
+    return sin_of(x);
+  } else if constexpr (op == UnaryOp::Cos) {
+    return cos_of(x);
+  } else {
+    return abs_of(x);
   }
 }
 
 // True for the ops whose derivative is cheapest from the forward output y =
 // f(x) (the backward then reads y instead of x); see unary_grad_math.
 __host__ __device__ constexpr bool grad_uses_output(UnaryOp op) {
-  return op == UnaryOp::Exp || op == UnaryOp::Sqrt || op == UnaryOp::Tanh || op == UnaryOp::Sigmoid;
+  return op == UnaryOp::Exp || op == UnaryOp::Sqrt || op == UnaryOp::Tanh ||
+         op == UnaryOp::Sigmoid || op == UnaryOp::Rsqrt;
 }
 
 // g * f'(x). `v` is the forward output y when grad_uses_output(op), else the input x.
@@ -217,9 +270,20 @@ __device__ __forceinline__ M unary_grad_math(M g, M v, M p) {
     return g * (M(0.5) * (M(1) + t) + M(0.5) * v * (M(1) - t * t) * du);
   } else if constexpr (op == UnaryOp::Sigmoid) {
     return g * v * (M(1) - v);
-  } else {
+  } else if constexpr (op == UnaryOp::Pow) {
     // d/dx x^0 is 0 everywhere (also at x = 0, where p x^(p-1) would be 0 * inf).
     return p == M(0) ? M(0) : g * p * pow_of(v, p - M(1));
+  } else if constexpr (op == UnaryOp::Silu) {
+    const M s = M(1) / (M(1) + exp_of(-v));
+    return g * s * (M(1) + v * (M(1) - s));
+  } else if constexpr (op == UnaryOp::Rsqrt) {
+    return M(-0.5) * g * v * v * v;  // d x^-1/2 = -y^3 / 2
+  } else if constexpr (op == UnaryOp::Sin) {
+    return g * cos_of(v);
+  } else if constexpr (op == UnaryOp::Cos) {
+    return -g * sin_of(v);
+  } else {
+    return v > M(0) ? g : v < M(0) ? -g : M(0);  // sign(0) = 0, as PyTorch
   }
 }
 
@@ -244,9 +308,19 @@ __host__ __device__ __forceinline__ auto with_unary_op(UnaryOp op, F&& f) {
     case UnaryOp::Sigmoid:
       return f(std::integral_constant<UnaryOp, UnaryOp::Sigmoid>{});
     case UnaryOp::Pow:
+      return f(std::integral_constant<UnaryOp, UnaryOp::Pow>{});
+    case UnaryOp::Silu:
+      return f(std::integral_constant<UnaryOp, UnaryOp::Silu>{});
+    case UnaryOp::Rsqrt:
+      return f(std::integral_constant<UnaryOp, UnaryOp::Rsqrt>{});
+    case UnaryOp::Sin:
+      return f(std::integral_constant<UnaryOp, UnaryOp::Sin>{});
+    case UnaryOp::Cos:
+      return f(std::integral_constant<UnaryOp, UnaryOp::Cos>{});
+    case UnaryOp::Abs:
       break;
   }
-  return f(std::integral_constant<UnaryOp, UnaryOp::Pow>{});
+  return f(std::integral_constant<UnaryOp, UnaryOp::Abs>{});
 }
 
 template <class F>
@@ -259,9 +333,13 @@ __host__ __device__ __forceinline__ auto with_binary_op(BinaryOp op, F&& f) {
     case BinaryOp::Mul:
       return f(std::integral_constant<BinaryOp, BinaryOp::Mul>{});
     case BinaryOp::Div:
+      return f(std::integral_constant<BinaryOp, BinaryOp::Div>{});
+    case BinaryOp::Min:
+      return f(std::integral_constant<BinaryOp, BinaryOp::Min>{});
+    case BinaryOp::Max:
       break;
   }
-  return f(std::integral_constant<BinaryOp, BinaryOp::Div>{});
+  return f(std::integral_constant<BinaryOp, BinaryOp::Max>{});
 }
 
 template <class T, UnaryOp op>
@@ -305,6 +383,42 @@ struct UnaryGradAnyFn {
     const M p = param;
     return dev::convert<T>(with_unary_op(
         op, [mg, mv, p](auto o) { return unary_grad_math<decltype(o)::value>(mg, mv, p); }));
+  }
+};
+
+// ---- minimum/maximum's and clamp's gradients -----------------------------------------
+
+// (grad, x, y) -> grad where x wins, 0 where y wins, grad / 2 at ties and
+// grad at a NaN (no comparison holds), as PyTorch's minimum and maximum.
+template <class T>
+struct MinMaxGradFn {
+  bool max;
+  __device__ __forceinline__ T operator()(T g, T x, T y) const {
+    using M = dev::math_t<T>;
+    const M mg = dev::convert<M>(g), mx = dev::convert<M>(x), my = dev::convert<M>(y);
+    const bool loses = max ? mx < my : mx > my;
+    return dev::convert<T>(mx == my ? mg / M(2) : loses ? M(0) : mg);
+  }
+};
+
+// min(max(x, lo), hi); a NaN fails both tests and passes through.
+template <class T>
+struct ClampFn {
+  dev::math_t<T> lo, hi;
+  __device__ __forceinline__ T operator()(T a) const {
+    const dev::math_t<T> x = dev::convert<dev::math_t<T>>(a);
+    return dev::convert<T>(x < lo ? lo : x > hi ? hi : x);
+  }
+};
+
+// (grad, x) -> grad where lo <= x <= hi, else 0 (0 at NaN).
+template <class T>
+struct ClampGradFn {
+  dev::math_t<T> lo, hi;
+  __device__ __forceinline__ T operator()(T g, T a) const {
+    using M = dev::math_t<T>;
+    const M x = dev::convert<M>(a);
+    return x >= lo && x <= hi ? g : dev::convert<T>(M(0));
   }
 };
 

@@ -3,9 +3,12 @@
 // f64 loop written here or against hand-computed values.
 #include <gmock/gmock.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
+#include <utility>
 
 #include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
@@ -74,6 +77,12 @@ std::function<double(double, double)> binary_fn(BinaryOp op) {
       return [](double x, double y) { return x * y; };
     case BinaryOp::Div:
       return [](double x, double y) { return x / y; };
+    case BinaryOp::Min:
+      return
+          [](double x, double y) { return std::isnan(x) || std::isnan(y) ? NAN : std::min(x, y); };
+    case BinaryOp::Max:
+      return
+          [](double x, double y) { return std::isnan(x) || std::isnan(y) ? NAN : std::max(x, y); };
   }
   return nullptr;
 }
@@ -105,17 +114,28 @@ double unary_ref(UnaryOp op, double x, double p) {
       return 1.0 / (1.0 + std::exp(-x));
     case UnaryOp::Pow:
       return std::pow(x, p);
+    case UnaryOp::Silu:
+      return x / (1.0 + std::exp(-x));
+    case UnaryOp::Rsqrt:
+      return 1.0 / std::sqrt(x);
+    case UnaryOp::Sin:
+      return std::sin(x);
+    case UnaryOp::Cos:
+      return std::cos(x);
+    case UnaryOp::Abs:
+      return x < 0 ? -x : x;
   }
   return 0;
 }
 
-const UnaryOp kUnaryOps[] = {UnaryOp::Neg,  UnaryOp::Exp,     UnaryOp::Log,
-                             UnaryOp::Sqrt, UnaryOp::Tanh,    UnaryOp::Relu,
-                             UnaryOp::Gelu, UnaryOp::Sigmoid, UnaryOp::Pow};
+const UnaryOp kUnaryOps[] = {UnaryOp::Neg,  UnaryOp::Exp,  UnaryOp::Log,   UnaryOp::Sqrt,
+                             UnaryOp::Tanh, UnaryOp::Relu, UnaryOp::Gelu,  UnaryOp::Sigmoid,
+                             UnaryOp::Pow,  UnaryOp::Silu, UnaryOp::Rsqrt, UnaryOp::Sin,
+                             UnaryOp::Cos,  UnaryOp::Abs};
 
-// Inputs in each op's domain: positive for log, sqrt and a fractional pow.
+// Inputs in each op's domain: positive for log, sqrt, rsqrt and a fractional pow.
 Tensor unary_input(UnaryOp op, const Shape& shape, DType dtype) {
-  if (op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Pow)
+  if (op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Pow || op == UnaryOp::Rsqrt)
     return test::random_uniform(shape, 0.5, 3.0, dtype);
   return test::random_normal(shape, dtype, Device::cpu(), 2.0);
 }
@@ -387,6 +407,352 @@ TEST(CpuCompareWhere, bad_inputs_throw_naming_op_and_operands) {
   EXPECT_ERROR(kernels::where(from_vector<int32_t>({1}, {1}, DType::boolean), zeros({2}),
                               zeros({2}, DType::f64)),
                "where", "dtypes f32 and f64 differ");
+}
+
+// ---- silu, rsqrt, sin, cos, abs ------------------------------------------------------
+// (Their values and gradients on random inputs are in the every-op tests above.)
+
+TEST(CpuUnary, silu_rsqrt_sin_cos_abs_hand_computed_values) {
+  const Tensor x = from_vector<double>({-2.0, 0.0, 4.0}, {3});
+  EXPECT_EQ(values(kernels::unary(UnaryOp::Abs, x)), (std::vector<double>{2, 0, 4}));
+  EXPECT_EQ(values(kernels::unary(UnaryOp::Rsqrt, from_vector<double>({4.0, 0.25}, {2}))),
+            (std::vector<double>{0.5, 2.0}));
+  EXPECT_EQ(values(kernels::unary(UnaryOp::Silu, x))[1], 0.0);
+  EXPECT_EQ(values(kernels::unary(UnaryOp::Sin, x))[1], 0.0);
+  EXPECT_EQ(values(kernels::unary(UnaryOp::Cos, x))[1], 1.0);
+  // silu(4) = 4 / (1 + e^-4).
+  EXPECT_NEAR(values(kernels::unary(UnaryOp::Silu, x))[2], 3.928055160151634, 1e-15);
+  // abs'(0) = 0, as PyTorch's sign; abs'(x) = sign(x) elsewhere.
+  const Tensor g = from_vector<double>({3.0, 3.0, 3.0}, {3});
+  EXPECT_EQ(values(kernels::unary_backward(UnaryOp::Abs, g, x, Tensor())),
+            (std::vector<double>{-3, 0, 3}));
+  EXPECT_TRUE(std::isinf(kernels::unary(UnaryOp::Rsqrt, scalar_tensor(0.0, DType::f64)).item()));
+  EXPECT_TRUE(std::isnan(kernels::unary(UnaryOp::Abs, scalar_tensor(NAN)).item()));
+}
+
+TEST(CpuUnary, channels_last_and_strided_inputs_of_the_new_ops) {
+  for (UnaryOp op : {UnaryOp::Silu, UnaryOp::Rsqrt, UnaryOp::Sin, UnaryOp::Cos, UnaryOp::Abs}) {
+    SCOPED_TRACE(kernels::op_name(op));
+    const Tensor x = test::as_channels_last(unary_input(op, {2, 3, 4, 5}, DType::f32));
+    const Tensor y = kernels::unary(op, x);
+    EXPECT_TRUE(y.is_channels_last());
+    EXPECT_TRUE(all_close(y, reference_unary(x, [&](double v) { return unary_ref(op, v, 0); })));
+    const Tensor t = unary_input(op, {6, 5}, DType::f64).transpose(0, 1);
+    EXPECT_TRUE(all_close(kernels::unary(op, t),
+                          reference_unary(t, [&](double v) { return unary_ref(op, v, 0); })));
+  }
+}
+
+// ---- minimum and maximum ----------------------------------------------------------------
+
+TEST(CpuMinMax, match_the_reference_with_broadcasting_in_every_dtype) {
+  for (DType dt : kFloatTypes) {
+    for (BinaryOp op : {BinaryOp::Min, BinaryOp::Max}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + kernels::op_name(op));
+      // A selection is exact: the result is one of the inputs.
+      const Tensor a = test::random_normal({3, 1, 5}, dt);
+      const Tensor b = test::random_normal({4, 5}, dt);
+      const Tensor out = kernels::binary(op, a, b);
+      EXPECT_EQ(out.dtype(), dt);
+      EXPECT_TRUE(all_equal(out, reference_binary(a, b, {3, 4, 5}, binary_fn(op))));
+      // A scalar operand, both orders.
+      EXPECT_TRUE(all_equal(kernels::binary_scalar(op, b, 0.25, true),
+                            reference_unary(b, [&](double x) { return binary_fn(op)(0.25, x); })));
+      // A transposed (strided) operand and a channels-last one, which the result keeps.
+      const Tensor t = test::random_normal({5, 4}, dt).transpose(0, 1);
+      EXPECT_TRUE(
+          all_equal(kernels::binary(op, t, b), reference_binary(t, b, {4, 5}, binary_fn(op))));
+      const Tensor cl = test::as_channels_last(test::random_normal({2, 3, 4, 5}, dt));
+      const Tensor cl_out = kernels::binary(op, cl, b);
+      EXPECT_TRUE(cl_out.is_channels_last());
+      EXPECT_TRUE(all_equal(cl_out, reference_binary(cl, b, {2, 3, 4, 5}, binary_fn(op))));
+    }
+  }
+}
+
+TEST(CpuMinMax, nan_in_either_operand_propagates) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor a = from_vector<double>({NAN, 1.0, 2.0, NAN, -1.0}, {5}).to(dt);
+    const Tensor b = from_vector<double>({1.0, NAN, 3.0, NAN, -1.0}, {5}).to(dt);
+    const std::vector<double> mn = values(kernels::binary(BinaryOp::Min, a, b));
+    const std::vector<double> mx = values(kernels::binary(BinaryOp::Max, a, b));
+    for (int i : {0, 1, 3}) {
+      EXPECT_TRUE(std::isnan(mn[i])) << i;
+      EXPECT_TRUE(std::isnan(mx[i])) << i;
+    }
+    EXPECT_EQ(mn[2], 2.0);
+    EXPECT_EQ(mx[2], 3.0);
+    EXPECT_EQ(mn[4], -1.0);
+    EXPECT_EQ(mx[4], -1.0);
+  }
+}
+
+// The gradient for x: all of grad where x wins, none where it loses, half at
+// ties (PyTorch's split), all of it at a NaN; written from the rule here.
+double minmax_grad_ref(BinaryOp op, double g, double x, double y) {
+  if (std::isnan(x) || std::isnan(y)) return g;
+  if (x == y) return g / 2;
+  const bool wins = op == BinaryOp::Max ? x > y : x < y;
+  return wins ? g : 0.0;
+}
+
+TEST(CpuMinMax, backward_routes_to_the_winner_and_splits_ties) {
+  for (DType dt : kFloatTypes) {
+    for (BinaryOp op : {BinaryOp::Min, BinaryOp::Max}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + kernels::op_name(op));
+      // Few distinct values make ties frequent; g / 2 is exact.
+      const Tensor a = test::random_integers({4, 6}, -2, 2, dt);
+      const Tensor b = test::random_integers({6}, -2, 2, dt);
+      const Tensor g = test::random_integers({4, 6}, -9, 9, dt);
+      const Tensor da = kernels::minmax_backward(op, g, a, b);
+      const Tensor db = kernels::minmax_backward(op, g, b, a);
+      EXPECT_EQ(da.shape(), (Shape{4, 6}));
+      const std::vector<double> vg = values(g), vb = values(b), va = values(a);
+      std::vector<double> ra(24), rb(24);
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 6; ++j) {
+          ra[i * 6 + j] = minmax_grad_ref(op, vg[i * 6 + j], va[i * 6 + j], vb[j]);
+          rb[i * 6 + j] = minmax_grad_ref(op, vg[i * 6 + j], vb[j], va[i * 6 + j]);
+        }
+      EXPECT_TRUE(all_equal(da, f64_tensor(ra, {4, 6})));
+      EXPECT_TRUE(all_equal(db, f64_tensor(rb, {4, 6})));
+    }
+  }
+  // A NaN passes the whole gradient to both operands (PyTorch's formula).
+  const Tensor x = from_vector<double>({NAN}, {1}), y = from_vector<double>({1.0}, {1});
+  const Tensor g = from_vector<double>({2.0}, {1});
+  EXPECT_EQ(kernels::minmax_backward(BinaryOp::Max, g, x, y).item(), 2.0);
+  EXPECT_EQ(kernels::minmax_backward(BinaryOp::Max, g, y, x).item(), 2.0);
+}
+
+TEST(CpuMinMax, bad_inputs_throw_naming_op_and_operands) {
+  EXPECT_ERROR(kernels::binary(BinaryOp::Max, zeros({2, 3}), zeros({4})), "maximum", "[2, 3]",
+               "[4]", "cannot be broadcast");
+  EXPECT_ERROR(kernels::binary(BinaryOp::Min, zeros({2}, DType::f64), zeros({2})), "minimum",
+               "dtypes f64 and f32 differ", "convert b with b.to(DType::f64)");
+  EXPECT_ERROR(kernels::binary(BinaryOp::Min, zeros({2}, DType::i64), zeros({2}, DType::i64)),
+               "minimum", "i64", "floating");
+  EXPECT_ERROR(kernels::binary(BinaryOp::Max, Tensor(), zeros({2})), "maximum", "a", "undefined");
+  EXPECT_ERROR(kernels::minmax_backward(BinaryOp::Add, zeros({2}), zeros({2}), zeros({2})),
+               "minmax_backward", "add");
+  EXPECT_ERROR(kernels::minmax_backward(BinaryOp::Max, zeros({3}), zeros({2}), zeros({2})),
+               "maximum_backward", "[3]", "[2]");
+  EXPECT_ERROR(
+      kernels::minmax_backward(BinaryOp::Min, zeros({2}), zeros({2}), zeros({2}, DType::bf16)),
+      "minimum_backward", "dtypes f32 and bf16 differ");
+}
+
+// ---- clamp ---------------------------------------------------------------------------------
+
+TEST(CpuClamp, matches_the_reference_with_both_or_one_bound_in_every_dtype) {
+  using Bounds = std::pair<std::optional<double>, std::optional<double>>;
+  const Bounds cases[] = {{-1.0, 0.5}, {std::nullopt, 0.25}, {-0.75, std::nullopt}, {0.375, 0.375}};
+  for (DType dt : kFloatTypes) {
+    const Tensor x = test::random_normal({5, 7}, dt, Device::cpu(), 2.0);
+    for (const auto& [lo, hi] : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " [" + (lo ? std::to_string(*lo) : "none") + ", " +
+                   (hi ? std::to_string(*hi) : "none") + "]");
+      const Tensor out = kernels::clamp(x, lo, hi);
+      EXPECT_EQ(out.dtype(), dt);
+      // The bounds are exact in every dtype, so the result is one of the inputs or a bound.
+      EXPECT_TRUE(all_equal(out, reference_unary(x, [&](double v) {
+                              if (lo && v < *lo) return *lo;
+                              if (hi && v > *hi) return *hi;
+                              return v;
+                            })));
+      const Tensor g = test::random_normal({5, 7}, dt);
+      const std::vector<double> vx = values(x), vg = values(g);
+      std::vector<double> r(vx.size());
+      for (size_t i = 0; i < vx.size(); ++i)
+        r[i] = (!lo || vx[i] >= *lo) && (!hi || vx[i] <= *hi) ? vg[i] : 0.0;
+      EXPECT_TRUE(all_equal(kernels::clamp_backward(g, x, lo, hi), f64_tensor(r, {5, 7})));
+    }
+  }
+}
+
+TEST(CpuClamp, nan_stays_nan_and_the_gradient_passes_at_the_bounds) {
+  const Tensor x = from_vector<double>({-2.0, -1.0, 0.0, 1.0, 2.0, NAN}, {6});
+  const std::vector<double> out = values(kernels::clamp(x, -1.0, 1.0));
+  EXPECT_EQ(std::vector<double>(out.begin(), out.begin() + 5),
+            (std::vector<double>{-1, -1, 0, 1, 1}));
+  EXPECT_TRUE(std::isnan(out[5]));
+  // PyTorch's convention: gradient 1 at equality with a bound, 0 at NaN.
+  EXPECT_EQ(values(kernels::clamp_backward(ones({6}, DType::f64), x, -1.0, 1.0)),
+            (std::vector<double>{0, 1, 1, 1, 0, 0}));
+}
+
+TEST(CpuClamp, strided_and_channels_last_inputs) {
+  const Tensor t = test::random_normal({6, 5}, DType::f32).transpose(0, 1);
+  EXPECT_TRUE(all_equal(kernels::clamp(t, -0.5, 0.5), reference_unary(t, [](double v) {
+                          return std::min(std::max(v, -0.5), 0.5);
+                        })));
+  const Tensor cl = test::as_channels_last(test::random_normal({2, 3, 4, 5}, DType::f32));
+  const Tensor out = kernels::clamp(cl, std::nullopt, 0.0);
+  EXPECT_TRUE(out.is_channels_last());
+  EXPECT_TRUE(all_equal(out, reference_unary(cl, [](double v) { return std::min(v, 0.0); })));
+  EXPECT_EQ(kernels::clamp(zeros({0, 3}), 0.0, 1.0).shape(), (Shape{0, 3}));
+}
+
+TEST(CpuClamp, bad_inputs_throw_naming_op_and_values) {
+  EXPECT_ERROR(kernels::clamp(zeros({2}), 2.5, 1.5), "clamp", "min 2.5", "max 1.5");
+  EXPECT_ERROR(kernels::clamp(zeros({2}), std::nullopt, std::nullopt), "clamp",
+               "at least one of min and max");
+  EXPECT_ERROR(kernels::clamp(zeros({2}), NAN, 1.0), "clamp", "min is NaN");
+  EXPECT_ERROR(kernels::clamp(zeros({2}, DType::i32), 0.0, 1.0), "clamp", "i32", "floating");
+  EXPECT_ERROR(kernels::clamp(Tensor(), 0.0, 1.0), "clamp", "undefined");
+  EXPECT_ERROR(kernels::clamp_backward(zeros({2}), zeros({3}), 0.0, 1.0), "clamp_backward", "[2]",
+               "[3]");
+  EXPECT_ERROR(kernels::clamp_backward(zeros({2}), zeros({2}, DType::f64), 0.0, 1.0),
+               "clamp_backward", "dtypes f32 and f64 differ");
+  EXPECT_ERROR(kernels::clamp_backward(zeros({2}), zeros({2}), 3.0, -3.0), "clamp_backward",
+               "min 3", "max -3");
+}
+
+// ---- masked_fill, where with a scalar ----------------------------------------------------
+
+TEST(CpuMaskedFill, fills_where_the_broadcast_mask_is_true_in_every_dtype) {
+  for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_integers({3, 4, 5}, -9, 9, DType::f64).to(dt);
+    const Tensor mask = test::random_integers({4, 1}, 0, 1, DType::i64).to(DType::boolean);
+    const Tensor out = kernels::masked_fill(x, mask, -7.0);
+    EXPECT_EQ(out.dtype(), dt);
+    EXPECT_EQ(out.shape(), x.shape());
+    const std::vector<double> vx = values(x), vm = values(mask);
+    std::vector<double> r(vx.size());
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 4; ++j)
+        for (int k = 0; k < 5; ++k)
+          r[(i * 4 + j) * 5 + k] = vm[j] != 0 ? -7.0 : vx[(i * 4 + j) * 5 + k];
+    EXPECT_TRUE(all_equal(out, f64_tensor(r, x.shape())));
+  }
+  // An attention mask: -inf above the diagonal.
+  const Tensor scores = test::random_normal({3, 3}, DType::f32);
+  const Tensor above =
+      kernels::compare(CompareOp::Gt, arange(0, 3).view({1, 3}), arange(0, 3).view({3, 1}));
+  const std::vector<double> masked =
+      values(kernels::masked_fill(scores, above, -std::numeric_limits<double>::infinity()));
+  const std::vector<double> vs = values(scores);
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j)
+      EXPECT_EQ(masked[i * 3 + j],
+                j > i ? -std::numeric_limits<double>::infinity() : vs[i * 3 + j]);
+}
+
+TEST(CpuMaskedFill, channels_last_and_strided_x) {
+  const Tensor x = test::as_channels_last(test::random_normal({2, 3, 4, 5}, DType::f32));
+  const Tensor mask = test::random_integers({5}, 0, 1, DType::i64).to(DType::boolean);
+  const Tensor out = kernels::masked_fill(x, mask, 0.5);
+  EXPECT_TRUE(out.is_channels_last());
+  const Tensor expected = kernels::masked_fill(x.contiguous(), mask, 0.5);
+  EXPECT_TRUE(all_equal(out, expected));
+  const Tensor t = test::random_normal({5, 4}, DType::f64).transpose(0, 1);
+  const std::vector<double> vt = values(t), vm = values(mask),
+                            vo = values(kernels::masked_fill(t, mask, 2.0));
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 5; ++j)
+      EXPECT_EQ(vo[i * 5 + j], vm[j] != 0 ? 2.0 : vt[i * 5 + j]);
+}
+
+TEST(CpuMaskedFill, bad_inputs_throw_naming_op_and_operands) {
+  const Tensor mask = from_vector<int32_t>({1, 0, 1}, {3}, DType::boolean);
+  EXPECT_ERROR(kernels::masked_fill(zeros({3}), zeros({3}), 1.0), "masked_fill", "mask", "f32",
+               "bool");
+  EXPECT_ERROR(kernels::masked_fill(zeros({3}), mask.expand({2, 3}), 1.0), "masked_fill",
+               "mask of shape [2, 3]", "x of shape [3]");
+  EXPECT_ERROR(kernels::masked_fill(zeros({4}), mask, 1.0), "masked_fill", "[4]", "[3]",
+               "cannot be broadcast");
+  EXPECT_ERROR(kernels::masked_fill(Tensor(), mask, 1.0), "masked_fill", "x", "undefined");
+  EXPECT_ERROR(kernels::masked_fill(zeros({3}), Tensor(), 1.0), "masked_fill", "mask", "undefined");
+}
+
+TEST(CpuWhere, scalar_operands_take_the_tensor_dtype) {
+  const Tensor cond = test::random_integers({3, 1}, 0, 1, DType::i64).to(DType::boolean);
+  for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::i64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor a = test::random_integers({4}, -9, 9, DType::f64).to(dt);
+    const Tensor left = kernels::where(cond, a, -2.5);
+    const Tensor right = kernels::where(cond, 1.5, a);
+    EXPECT_EQ(left.dtype(), dt);
+    EXPECT_EQ(left.shape(), (Shape{3, 4}));
+    const std::vector<double> vc = values(cond), va = values(a), vl = values(left),
+                              vr = values(right);
+    // -2.5 and 1.5 in an integer dtype truncate as a conversion does.
+    const double lo = dt == DType::i64 ? -2.0 : -2.5, hi = dt == DType::i64 ? 1.0 : 1.5;
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 4; ++j) {
+        EXPECT_EQ(vl[i * 4 + j], vc[i] != 0 ? va[j] : lo);
+        EXPECT_EQ(vr[i * 4 + j], vc[i] != 0 ? hi : va[j]);
+      }
+  }
+  EXPECT_ERROR(kernels::where(cond, Tensor(), 1.0), "where", "a", "undefined");
+  EXPECT_ERROR(kernels::where(cond, 1.0, Tensor()), "where", "b", "undefined");
+  EXPECT_ERROR(kernels::where(zeros({3, 1}), zeros({4}), 1.0), "where", "cond", "bool");
+  EXPECT_ERROR(kernels::where(cond, zeros({2, 4}), 1.0), "where", "[3, 1]", "[2, 4]");
+}
+
+// ---- tril and triu ---------------------------------------------------------------------------
+
+// x's last two dims kept where keep(i, j), else 0, in f64 (x any strides).
+Tensor triangle_ref(const Tensor& x, int64_t diagonal, bool upper) {
+  std::vector<double> v = values(x);
+  const int64_t rows = x.size(-2), cols = x.size(-1);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const int64_t c = static_cast<int64_t>(i) % cols, r = static_cast<int64_t>(i) / cols % rows;
+    if (upper ? c - r < diagonal : c - r > diagonal) v[i] = 0.0;
+  }
+  return f64_tensor(v, x.shape());
+}
+
+TEST(CpuTriangle, tril_and_triu_match_a_reference_for_every_diagonal_and_dtype) {
+  for (DType dt :
+       {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::boolean}) {
+    const Tensor x = dt == DType::boolean
+                         ? test::random_integers({2, 3, 4, 5}, 0, 1, DType::i64).to(dt)
+                         : test::random_integers({2, 3, 4, 5}, -9, 9, DType::f64).to(dt);
+    for (int64_t diagonal : {-5, -1, 0, 2, 7}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " diagonal " + std::to_string(diagonal));
+      const Tensor lower = kernels::tril(x, diagonal), upper = kernels::triu(x, diagonal);
+      EXPECT_EQ(lower.dtype(), dt);
+      EXPECT_TRUE(all_equal(lower, triangle_ref(x, diagonal, false)));
+      EXPECT_TRUE(all_equal(upper, triangle_ref(x, diagonal, true)));
+    }
+  }
+}
+
+TEST(CpuTriangle, strided_channels_last_and_empty_inputs) {
+  const Tensor t = test::random_normal({6, 4}, DType::f32).transpose(0, 1);  // [4, 6]
+  EXPECT_TRUE(all_equal(kernels::tril(t, 1), triangle_ref(t, 1, false)));
+  EXPECT_TRUE(all_equal(kernels::triu(t, -2), triangle_ref(t, -2, true)));
+  const Tensor cl = test::as_channels_last(test::random_normal({2, 3, 4, 5}, DType::f32));
+  EXPECT_TRUE(all_equal(kernels::triu(cl), triangle_ref(cl, 0, true)));
+  const Tensor e = test::random_normal({3, 1}, DType::f64).expand({3, 4});
+  EXPECT_TRUE(all_equal(kernels::tril(e), triangle_ref(e, 0, false)));
+  EXPECT_EQ(kernels::tril(zeros({0, 3})).shape(), (Shape{0, 3}));
+}
+
+TEST(CpuTriangle, bad_inputs_throw_naming_op_and_shape) {
+  EXPECT_ERROR(kernels::tril(zeros({3})), "tril", "[3]", "fewer than 2 dims");
+  EXPECT_ERROR(kernels::triu(scalar_tensor(1.0)), "triu", "[]", "fewer than 2 dims");
+  EXPECT_ERROR(kernels::triu(Tensor()), "triu", "undefined");
+}
+
+// ---- Note [Broadcasting and dtypes] -----------------------------------------------------------
+
+TEST(CpuBroadcastingAndDtypes, mixed_dtypes_say_which_operand_to_convert_and_how) {
+  EXPECT_ERROR(kernels::binary(BinaryOp::Mul, zeros({2, 3}, DType::f64), zeros({3})),
+               "mul: dtypes f64 and f32 differ", "a of shape [2, 3]", "b of shape [3]",
+               "never promotes", "convert b with b.to(DType::f64)", "to_dtype(b, DType::f64)",
+               "or a with a.to(DType::f32)");
+  EXPECT_ERROR(kernels::where(from_vector<int32_t>({1}, {1}, DType::boolean), zeros({2}),
+                              zeros({2}, DType::bf16)),
+               "where: dtypes f32 and bf16 differ", "convert b with b.to(DType::f32)");
+  EXPECT_ERROR(kernels::compare(CompareOp::Lt, zeros({2}, DType::i64), zeros({2})),
+               "compare: dtypes i64 and f32 differ", "convert b with b.to(DType::i64)");
+  // Shapes that do not broadcast name both.
+  EXPECT_ERROR(kernels::binary(BinaryOp::Add, zeros({2, 3}), zeros({2})), "add", "[2, 3]", "[2]",
+               "cannot be broadcast together");
 }
 
 // ---- axpy_ ----------------------------------------------------------------------------------

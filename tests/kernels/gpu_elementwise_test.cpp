@@ -1,5 +1,6 @@
 // The CUDA elementwise kernels (binary, scalar, unary and their gradients,
-// compare, where, axpy_) against the CPU reference: the same public API on CPU
+// minimum/maximum, clamp, masked_fill, tril/triu, compare, where, axpy_)
+// against the CPU reference: the same public API on CPU
 // tensors and on GPU copies of them, with fresh random inputs. Integer-valued
 // inputs make add/sub/mul exact, so those compare bit for bit. Shapes cover
 // the vectorized contiguous path (with tails and misaligned views), the
@@ -7,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "accrue/kernels/ops.h"
@@ -24,9 +27,10 @@ const Device kGpu = Device::cuda(0);
 const Device kCpu = Device::cpu();
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
 const BinaryOp kBinaryOps[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div};
-const UnaryOp kUnaryOps[] = {UnaryOp::Neg,  UnaryOp::Exp,     UnaryOp::Log,
-                             UnaryOp::Sqrt, UnaryOp::Tanh,    UnaryOp::Relu,
-                             UnaryOp::Gelu, UnaryOp::Sigmoid, UnaryOp::Pow};
+const UnaryOp kUnaryOps[] = {UnaryOp::Neg,  UnaryOp::Exp,  UnaryOp::Log,   UnaryOp::Sqrt,
+                             UnaryOp::Tanh, UnaryOp::Relu, UnaryOp::Gelu,  UnaryOp::Sigmoid,
+                             UnaryOp::Pow,  UnaryOp::Silu, UnaryOp::Rsqrt, UnaryOp::Sin,
+                             UnaryOp::Cos,  UnaryOp::Abs};
 
 Tensor gpu(const Tensor& t) {
   return t.to(kGpu);
@@ -50,9 +54,9 @@ std::string trace(DType dt, const std::string& what) {
 }
 
 // Inputs where every op is defined and well conditioned: positive for Log,
-// Sqrt and the fractional Pow, normal elsewhere.
+// Sqrt, Rsqrt and the fractional Pow, normal elsewhere.
 Tensor unary_input(UnaryOp op, const Shape& shape, DType dt) {
-  if (op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Pow)
+  if (op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Pow || op == UnaryOp::Rsqrt)
     return test::random_uniform(shape, 0.25, 3.0, dt);
   return test::random_normal(shape, dt);
 }
@@ -60,7 +64,7 @@ Tensor unary_input(UnaryOp op, const Shape& shape, DType dt) {
 // Transcendentals differ by an ulp or two of fp32 between the CUDA math library
 // and the host's; in 16-bit that can flip one rounding step of the result.
 double unary_rtol(UnaryOp op, DType dt) {
-  const bool exact_math = op == UnaryOp::Neg || op == UnaryOp::Relu;
+  const bool exact_math = op == UnaryOp::Neg || op == UnaryOp::Relu || op == UnaryOp::Abs;
   const bool half = dt == DType::bf16 || dt == DType::f16;
   return test::default_rtol(dt) * (exact_math || !half ? 1.0 : 2.0);
 }
@@ -279,6 +283,136 @@ TEST(GpuUnary, backward_of_every_op_matches_the_reference) {
             kernels::unary_backward(op, gt.transpose(0, 1), xt.transpose(0, 1), ys, p), rtol,
             atol));
       }
+    }
+  }
+}
+
+// ---- minimum, maximum, clamp and their gradients ---------------------------------------------
+
+// A selection is exact on both backends: every result is an input, a bound or half a gradient.
+TEST(GpuMinMax, forward_and_backward_are_exact_with_broadcasting_strides_and_nan) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    // Contiguous with a tail; ties are frequent among few distinct values.
+    const Tensor a = test::random_integers({4099}, -3, 3, dt);
+    const Tensor b = test::random_integers({4099}, -3, 3, dt);
+    const Tensor g = test::random_integers({4099}, -9, 9, dt);
+    // Broadcast and strided: [64, 1, 33] against a transposed [33, 17].
+    const Tensor c = test::random_normal({64, 1, 33}, dt);
+    const Tensor d = test::random_normal({33, 17}, dt);
+    const Tensor gc = test::random_normal({64, 17, 33}, dt);
+    // NaN in either operand.
+    const Tensor n1 = from_vector<double>({NAN, 1.0, 2.0, NAN, 4.0}, {5}).to(dt);
+    const Tensor n2 = from_vector<double>({1.0, NAN, 3.0, NAN, 4.0}, {5}).to(dt);
+    for (BinaryOp op : {BinaryOp::Min, BinaryOp::Max}) {
+      SCOPED_TRACE(trace(dt, kernels::op_name(op)));
+      poison_pool(a.numel(), dt);
+      EXPECT_TRUE(
+          test::all_equal(cpu(kernels::binary(op, gpu(a), gpu(b))), kernels::binary(op, a, b)));
+      EXPECT_TRUE(test::all_equal(cpu(kernels::binary(op, gpu(c), gpu(d).transpose(0, 1))),
+                                  kernels::binary(op, c, d.transpose(0, 1))));
+      EXPECT_TRUE(test::all_equal(cpu(kernels::binary_scalar(op, gpu(c), 0.25, true)),
+                                  kernels::binary_scalar(op, c, 0.25, true)));
+      EXPECT_TRUE(
+          test::all_equal(cpu(kernels::binary(op, gpu(n1), gpu(n2))), kernels::binary(op, n1, n2)));
+      EXPECT_TRUE(test::all_equal(cpu(kernels::minmax_backward(op, gpu(g), gpu(a), gpu(b))),
+                                  kernels::minmax_backward(op, g, a, b)));
+      EXPECT_TRUE(test::all_equal(
+          cpu(kernels::minmax_backward(op, gpu(gc), gpu(d).transpose(0, 1), gpu(c))),
+          kernels::minmax_backward(op, gc, d.transpose(0, 1), c)));
+      EXPECT_TRUE(test::all_equal(cpu(kernels::minmax_backward(op, gpu(n1), gpu(n1), gpu(n2))),
+                                  kernels::minmax_backward(op, n1, n1, n2)));
+    }
+  }
+}
+
+TEST(GpuClamp, forward_and_backward_match_the_cpu_exactly) {
+  ACCRUE_REQUIRE_CUDA();
+  using Bounds = std::pair<std::optional<double>, std::optional<double>>;
+  const Bounds cases[] = {{-1.0, 0.5}, {std::nullopt, 0.25}, {-0.75, std::nullopt}};
+  for (DType dt : kFloatTypes) {
+    const Tensor x = test::random_normal({2053}, dt, kCpu, 2.0);
+    const Tensor g = test::random_normal({2053}, dt);
+    const Tensor s = test::random_normal({31, 45}, dt, kCpu, 2.0);
+    const Tensor cl = test::as_channels_last(test::random_normal({2, 3, 4, 5}, dt));
+    // Bounds hit exactly, and NaN.
+    const Tensor edge = from_vector<double>({-1.0, 0.5, NAN, -2.0, 2.0}, {5}).to(dt);
+    for (const auto& [lo, hi] : cases) {
+      SCOPED_TRACE(trace(dt, std::string("clamp ") + (lo ? std::to_string(*lo) : "none") + " " +
+                                 (hi ? std::to_string(*hi) : "none")));
+      poison_pool(x.numel(), dt);
+      EXPECT_TRUE(test::all_equal(cpu(kernels::clamp(gpu(x), lo, hi)), kernels::clamp(x, lo, hi)));
+      EXPECT_TRUE(test::all_equal(cpu(kernels::clamp(gpu(s).transpose(0, 1), lo, hi)),
+                                  kernels::clamp(s.transpose(0, 1), lo, hi)));
+      const Tensor gcl = kernels::clamp(gpu(cl), lo, hi);
+      EXPECT_TRUE(gcl.is_channels_last());
+      EXPECT_TRUE(test::all_equal(cpu(gcl), kernels::clamp(cl, lo, hi)));
+      EXPECT_TRUE(
+          test::all_equal(cpu(kernels::clamp(gpu(edge), lo, hi)), kernels::clamp(edge, lo, hi)));
+      EXPECT_TRUE(test::all_equal(cpu(kernels::clamp_backward(gpu(g), gpu(x), lo, hi)),
+                                  kernels::clamp_backward(g, x, lo, hi)));
+      EXPECT_TRUE(test::all_equal(cpu(kernels::clamp_backward(gpu(edge), gpu(edge), lo, hi)),
+                                  kernels::clamp_backward(edge, edge, lo, hi)));
+    }
+  }
+}
+
+// ---- masked_fill, where with a scalar, tril and triu -------------------------------------------
+
+TEST(GpuMaskedFill, matches_the_cpu_exactly_for_every_dtype_and_layout) {
+  ACCRUE_REQUIRE_CUDA();
+  const DType dtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64};
+  for (DType dt : dtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_integers({4, 65, 33}, -100, 100, DType::i64).to(dt);
+    const Tensor mask = test::random_integers({65, 1}, 0, 1, DType::i64).to(DType::boolean);
+    const Tensor full_mask =
+        test::random_integers({4, 65, 33}, 0, 1, DType::i64).to(DType::boolean);
+    EXPECT_TRUE(test::all_equal(cpu(kernels::masked_fill(gpu(x), gpu(mask), -7.0)),
+                                kernels::masked_fill(x, mask, -7.0)));
+    EXPECT_TRUE(test::all_equal(cpu(kernels::masked_fill(gpu(x), gpu(full_mask), 3.0)),
+                                kernels::masked_fill(x, full_mask, 3.0)));
+    EXPECT_TRUE(test::all_equal(
+        cpu(kernels::masked_fill(gpu(x).transpose(1, 2), gpu(mask).view({65}), 1.0)),
+        kernels::masked_fill(x.transpose(1, 2), mask.view({65}), 1.0)));
+    const Tensor cond = test::random_integers({4, 1, 33}, 0, 1, DType::i64).to(DType::boolean);
+    EXPECT_TRUE(
+        test::all_equal(cpu(kernels::where(gpu(cond), gpu(x), 2.0)), kernels::where(cond, x, 2.0)));
+    EXPECT_TRUE(test::all_equal(cpu(kernels::where(gpu(cond), -5.0, gpu(x))),
+                                kernels::where(cond, -5.0, x)));
+  }
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    // A channels-last activation keeps its layout; -inf as an attention mask fills.
+    const Tensor cl = test::as_channels_last(test::random_normal({2, 8, 5, 6}, dt));
+    const Tensor mask = test::random_integers({6}, 0, 1, DType::i64).to(DType::boolean);
+    const Tensor out = kernels::masked_fill(gpu(cl), gpu(mask), -INFINITY);
+    EXPECT_TRUE(out.is_channels_last());
+    EXPECT_TRUE(test::all_equal(cpu(out), kernels::masked_fill(cl, mask, -INFINITY)));
+  }
+}
+
+TEST(GpuTriangle, tril_and_triu_match_the_cpu_for_every_dtype_diagonal_and_layout) {
+  ACCRUE_REQUIRE_CUDA();
+  const DType dtypes[] = {DType::f32, DType::f64, DType::bf16,   DType::f16,
+                          DType::i32, DType::i64, DType::boolean};
+  for (DType dt : dtypes) {
+    const int hi = dt == DType::boolean ? 1 : 100;
+    const Tensor x =
+        test::random_integers({3, 2, 67, 45}, dt == DType::boolean ? 0 : -100, hi, DType::i64)
+            .to(dt);
+    for (int64_t diagonal : {-70, -3, 0, 5, 50}) {
+      SCOPED_TRACE(trace(dt, "diagonal " + std::to_string(diagonal)));
+      poison_pool(x.numel(), dt);
+      EXPECT_TRUE(
+          test::all_equal(cpu(kernels::tril(gpu(x), diagonal)), kernels::tril(x, diagonal)));
+      EXPECT_TRUE(
+          test::all_equal(cpu(kernels::triu(gpu(x), diagonal)), kernels::triu(x, diagonal)));
+      // Strided: the last two dims transposed; a channels-last view.
+      EXPECT_TRUE(test::all_equal(cpu(kernels::tril(gpu(x).transpose(2, 3), diagonal)),
+                                  kernels::tril(x.transpose(2, 3), diagonal)));
+      EXPECT_TRUE(test::all_equal(cpu(kernels::triu(gpu(x).permute({0, 3, 1, 2}), diagonal)),
+                                  kernels::triu(x.permute({0, 3, 1, 2}), diagonal)));
     }
   }
 }
