@@ -14,6 +14,7 @@
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/grad_arena.h"
 #include "accrue/autograd/gradcheck.h"
+#include "accrue/autograd/indexing_ops.h"
 #include "accrue/autograd/ops.h"
 #include "accrue/autograd/transformer_ops.h"
 #include "accrue/autograd/variable.h"

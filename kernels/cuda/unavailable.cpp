@@ -12,6 +12,7 @@
 #include "accrue/kernels/dropout_backend.h"
 #include "accrue/kernels/fused_backend.h"
 #include "accrue/kernels/index_checks_backend.h"
+#include "accrue/kernels/indexing_backend.h"
 #include "accrue/kernels/window_close_backend.h"
 
 // The stubs name their parameters (the lines are declarations first) and use none.
@@ -45,6 +46,7 @@ namespace {
 #include "accrue/kernels/dropout_functions.inc"
 #include "accrue/kernels/fused_functions.inc"
 #include "accrue/kernels/index_checks_functions.inc"
+#include "accrue/kernels/indexing_functions.inc"
 #include "accrue/kernels/window_close_functions.inc"
 
 }  // namespace accrue::kernels::cuda

@@ -1,0 +1,301 @@
+// CUDA kernels of the indexing ops (Note [Indexing ops]): the gather, the
+// deterministic scatter-add, cumsum and the one-block row sort.
+//
+// No float atomics (Note [Determinism]): a scatter-add sorts its destinations
+// (a stable radix sort keeps each destination's sources in position order)
+// and one thread sums each destination, in f32 for 16-bit data and f64 for
+// f64. cumsum runs one thread per line, in order. The sort is a bitonic
+// network in one block's shared memory (Note [CUDA sort limit]).
+#include <cub/device/device_radix_sort.cuh>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/cuda/nn_util.cuh"
+#include "accrue/kernels/indexing.h"
+#include "accrue/kernels/indexing_backend.h"
+
+namespace accrue::kernels::cuda {
+
+namespace {
+
+// An index tensor's geometry; contiguous ones skip the divisions.
+struct IndexReader {
+  const int64_t* data;
+  StridedGeometry geometry;
+  bool contiguous;
+  __device__ int64_t operator()(int64_t j) const {
+    return data[contiguous ? j : geometry.offset_of(j)];
+  }
+};
+
+IndexReader index_reader(const Tensor& index) {
+  IndexReader r{};
+  r.data = static_cast<const int64_t*>(index.data_ptr());
+  r.contiguous = index.is_contiguous();
+  ACCRUE_CHECK(index.dim() <= kMaxDims, "indexing: rank ", index.dim(), " exceeds ", kMaxDims);
+  r.geometry.rank = static_cast<int32_t>(index.dim());
+  for (int d = 0; d < r.geometry.rank; ++d) {
+    r.geometry.sizes[d] = index.shape()[d];
+    r.geometry.strides[d] = index.strides()[d];
+  }
+  return r;
+}
+
+// ---- gather ------------------------------------------------------------------------
+
+template <class T>
+__global__ void gather_kernel(const T* __restrict__ x, IndexedDim at, IndexReader index, int64_t n,
+                              T* __restrict__ out) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t v = index(j);
+    if (v >= 0 && v < at.size) {
+      out[j] = x[at.lines.offset_of(j) + v * at.stride];
+    } else if constexpr (std::is_same_v<T, bool>) {
+      out[j] = true;
+    } else {
+      // A deferred check's bad index (Note [Deferred index checks]): all-ones
+      // bytes, NaN in every float dtype, instead of a wild read.
+      T bad;
+      memset(static_cast<void*>(&bad), 0xff, sizeof(T));
+      out[j] = bad;
+    }
+  }
+}
+
+// ---- scatter-add ----------------------------------------------------------------------
+
+// (destination, position) pairs for the sort; a bad index's destination is
+// `none` (out's size), which sorts last and is skipped.
+__global__ void scatter_keys_kernel(IndexedDim at, IndexReader index, int64_t n, int64_t none,
+                                    int64_t* __restrict__ keys, int32_t* __restrict__ positions) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t v = index(j);
+    keys[j] = v >= 0 && v < at.size ? at.lines.offset_of(j) + v * at.stride : none;
+    positions[j] = static_cast<int32_t>(j);
+  }
+}
+
+// The thread at the first sorted entry of each destination sums that run's
+// sources in position order (the sort is stable) and writes out once.
+template <class T, class A>
+__global__ void scatter_runs_kernel(const T* __restrict__ src, const int64_t* __restrict__ keys,
+                                    const int32_t* __restrict__ positions, int64_t n, int64_t none,
+                                    A alpha, T* __restrict__ out) {
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < n;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t key = keys[p];
+    if (key == none || (p > 0 && keys[p - 1] == key)) continue;
+    A acc = 0;
+    for (int64_t q = p; q < n && keys[q] == key; ++q)
+      acc += cu::convert<A>(src[positions[q]]);
+    out[key] = cu::convert<T>(cu::convert<A>(out[key]) + alpha * acc);
+  }
+}
+
+// ---- cumsum --------------------------------------------------------------------------
+
+// One thread per (outer, inner) line, walking its n elements in order.
+template <class T, class A>
+__global__ void cumsum_kernel(const T* __restrict__ x, int64_t outer, int64_t n, int64_t inner,
+                              bool reverse, T* __restrict__ out) {
+  const int64_t lines = outer * inner;
+  for (int64_t l = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; l < lines;
+       l += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t o = l / inner, c = l - o * inner;
+    A acc = 0;
+    for (int64_t step = 0; step < n; ++step) {
+      const int64_t at = (o * n + (reverse ? n - 1 - step : step)) * inner + c;
+      acc += cu::convert<A>(x[at]);
+      out[at] = cu::convert<T>(acc);
+    }
+  }
+}
+
+// ---- sort ---------------------------------------------------------------------------
+
+// The shared-memory key of a value: floats as float (f64 as double), integers
+// as themselves (bool as int32).
+template <class T>
+struct sort_key {
+  using type = std::conditional_t<std::is_same_v<T, double>, double, float>;
+};
+template <>
+struct sort_key<int64_t> {
+  using type = int64_t;
+};
+template <>
+struct sort_key<int32_t> {
+  using type = int32_t;
+};
+template <>
+struct sort_key<bool> {
+  using type = int32_t;
+};
+
+// Whether entry (ka, ia) comes before (kb, ib): the padding (positions >= n)
+// last, then by key (NaN above every number, Note [Indexing ops]), then by
+// position, which makes the network's result the stable sort.
+template <class K>
+__device__ __forceinline__ bool before(K ka, int32_t ia, K kb, int32_t ib, int32_t n,
+                                       bool descending) {
+  if (ia >= n) return false;
+  if (ib >= n) return true;
+  if constexpr (std::is_floating_point_v<K>) {
+    const bool na = isnan(ka), nb = isnan(kb);
+    if (na || nb) return na && nb ? ia < ib : (descending ? na : nb);
+  }
+  if (ka != kb) return descending ? ka > kb : ka < kb;
+  return ia < ib;
+}
+
+template <class T, class K>
+__global__ void sort_rows_kernel(const T* __restrict__ x, int32_t n, int32_t padded, int32_t k,
+                                 bool descending, T* __restrict__ values,
+                                 int64_t* __restrict__ indices) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  K* keys = reinterpret_cast<K*>(shared);
+  int32_t* pos = reinterpret_cast<int32_t*>(keys + padded);
+  const int64_t row = blockIdx.x;
+  const T* in = x + row * n;
+  for (int32_t i = threadIdx.x; i < padded; i += blockDim.x) {
+    keys[i] = i < n ? cu::convert<K>(in[i]) : K(0);
+    pos[i] = i;
+  }
+  __syncthreads();
+  for (int32_t size = 2; size <= padded; size <<= 1) {
+    for (int32_t stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int32_t i = threadIdx.x; i < padded; i += blockDim.x) {
+        const int32_t j = i ^ stride;
+        if (j <= i) continue;
+        const bool ascending_run = (i & size) == 0;
+        const bool swap = ascending_run ? before(keys[j], pos[j], keys[i], pos[i], n, descending)
+                                        : before(keys[i], pos[i], keys[j], pos[j], n, descending);
+        if (swap) {
+          const K tk = keys[i];
+          keys[i] = keys[j];
+          keys[j] = tk;
+          const int32_t tp = pos[i];
+          pos[i] = pos[j];
+          pos[j] = tp;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int32_t i = threadIdx.x; i < k; i += blockDim.x) {
+    indices[row * k + i] = pos[i];
+    if (values) values[row * k + i] = in[pos[i]];
+  }
+}
+
+}  // namespace
+
+// ---- the backend functions -------------------------------------------------------------
+
+void gather(const Tensor& x, const IndexedDim& at, const Tensor& index, const Tensor& out) {
+  const int dev = out.device().index;
+  cu::DeviceScope scope(dev);
+  const int64_t n = out.numel();
+  cu::visit_device_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    gather_kernel<T><<<cu::grid_for(n, kThreads), kThreads, 0, cu::stream_for(dev)>>>(
+        static_cast<const T*>(x.data_ptr()), at, index_reader(index), n,
+        static_cast<T*>(out.data_ptr()));
+    ACCRUE_LAUNCH_CHECK();
+  });
+}
+
+void scatter_add(const Tensor& index, const Tensor& src, double alpha, const IndexedDim& at,
+                 const Tensor& out) {
+  const int dev = out.device().index;
+  cu::DeviceScope scope(dev);
+  cudaStream_t stream = cu::stream_for(dev);
+  const int64_t n = src.numel(), none = out.numel();
+  ACCRUE_CHECK(n <= std::numeric_limits<int32_t>::max(), "scatter_add: ", n,
+               " sources exceed the 32-bit positions of the CUDA sort");
+  const Device device = Device::cuda(dev);
+  Tensor keys = empty({2, n}, DType::i64, device);
+  Tensor positions = empty({2, n}, DType::i32, device);
+  int64_t* keys_in = keys.data<int64_t>();
+  int64_t* keys_out = keys_in + n;
+  int32_t* positions_in = positions.data<int32_t>();
+  int32_t* positions_out = positions_in + n;
+  scatter_keys_kernel<<<cu::grid_for(n, kThreads), kThreads, 0, stream>>>(
+      at, index_reader(index), n, none, keys_in, positions_in);
+  ACCRUE_LAUNCH_CHECK();
+  // Only the bits a destination (or `none`) can have are sorted.
+  const int end_bit = std::max(1, static_cast<int>(std::bit_width(static_cast<uint64_t>(none))));
+  const int num_items = static_cast<int>(n);
+  size_t temp_bytes = 0;
+  ACCRUE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out,
+                                                    positions_in, positions_out, num_items, 0,
+                                                    end_bit, stream));
+  Tensor temp =
+      empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))}, DType::boolean, device);
+  ACCRUE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, keys_in, keys_out,
+                                                    positions_in, positions_out, num_items, 0,
+                                                    end_bit, stream));
+  cu::visit_float_dtype(out.dtype(), "scatter_add", [&](auto tag) {
+    using T = decltype(tag);
+    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    scatter_runs_kernel<T, A><<<cu::grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(src.data_ptr()), keys_out, positions_out, n, none,
+        static_cast<A>(alpha), static_cast<T*>(out.data_ptr()));
+    ACCRUE_LAUNCH_CHECK();
+  });
+}
+
+void cumsum(const Tensor& x, bool reverse, const Tensor& out) {
+  const int dev = out.device().index;
+  cu::DeviceScope scope(dev);
+  const int64_t outer = x.size(0), n = x.size(1), inner = x.size(2);
+  const auto launch = [&](auto tag, auto acc_tag) {
+    using T = decltype(tag);
+    using A = decltype(acc_tag);
+    cumsum_kernel<T, A>
+        <<<cu::grid_for(outer * inner, kThreads), kThreads, 0, cu::stream_for(dev)>>>(
+            static_cast<const T*>(x.data_ptr()), outer, n, inner, reverse,
+            static_cast<T*>(out.data_ptr()));
+    ACCRUE_LAUNCH_CHECK();
+  };
+  if (x.dtype() == DType::i64) {
+    launch(int64_t{}, int64_t{});
+    return;
+  }
+  cu::visit_float_dtype(x.dtype(), "cumsum", [&](auto tag) {
+    using T = decltype(tag);
+    launch(T{}, std::conditional_t<std::is_same_v<T, double>, double, float>{});
+  });
+}
+
+void sort_rows(const Tensor& x, bool descending, const Tensor& values, const Tensor& indices) {
+  const int dev = indices.device().index;
+  cu::DeviceScope scope(dev);
+  const int64_t rows = x.size(0), n = x.size(1), k = indices.size(1);
+  ACCRUE_CHECK(n <= kMaxCudaSortRow, "sort: rows of ", n, " elements exceed the CUDA limit of ",
+               kMaxCudaSortRow, " (Note [CUDA sort limit])");
+  check_grid_x(rows, "sort");
+  int32_t padded = 1;
+  while (padded < n)
+    padded <<= 1;
+  const int threads = std::min<int>(512, std::max<int>(32, padded / 2));
+  cu::visit_device_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using K = typename sort_key<T>::type;
+    const size_t shared = static_cast<size_t>(padded) * (sizeof(K) + sizeof(int32_t));
+    sort_rows_kernel<T, K><<<static_cast<unsigned>(rows), threads, shared, cu::stream_for(dev)>>>(
+        static_cast<const T*>(x.data_ptr()), static_cast<int32_t>(n), padded,
+        static_cast<int32_t>(k), descending,
+        values.defined() ? static_cast<T*>(values.data_ptr()) : nullptr, indices.data<int64_t>());
+    ACCRUE_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace accrue::kernels::cuda
