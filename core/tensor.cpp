@@ -173,8 +173,12 @@ bool Tensor::requires_grad() const {
 }
 
 void Tensor::check_raw_view(const char* op) const {
+  check_raw(op, op);
+}
+
+void Tensor::check_raw(const char* op, const char* function) const {
   ACCRUE_CHECK(!(GradMode::is_enabled() && requires_grad()), "Tensor::", op,
-               " on a tensor that requires grad would drop its gradient: use accrue::", op,
+               " on a tensor that requires grad would drop its gradient: use accrue::", function,
                " (autograd/ops.h), or detach() first");
 }
 
@@ -376,17 +380,22 @@ Tensor Tensor::expand(const Shape& target) const {
 }
 
 Tensor Tensor::contiguous() const {
+  check_raw("contiguous", "contiguous");
   if (is_contiguous()) return *this;
-  return clone();
+  Tensor out = allocate(shape(), dtype(), device(), "contiguous");
+  detail::copy_same_device(out, *this);
+  return out;
 }
 
 Tensor Tensor::clone() const {
+  check_raw("clone", "clone");
   Tensor out = allocate(shape(), dtype(), device(), "clone");
   detail::copy_same_device(out, *this);
   return out;
 }
 
 Tensor Tensor::to(Device target) const {
+  check_raw("to(Device)", "to_device");
   if (target == device()) return *this;
   Tensor out = allocate(shape(), dtype(), target, "to");
   out.copy_(*this);
@@ -394,6 +403,7 @@ Tensor Tensor::to(Device target) const {
 }
 
 Tensor Tensor::to(DType target) const {
+  check_raw("to(DType)", "to_dtype");
   if (target == dtype()) return *this;
   Tensor out = allocate(shape(), target, device(), "to");
   detail::copy_same_device(out, *this);
@@ -402,6 +412,17 @@ Tensor Tensor::to(DType target) const {
 
 const Tensor& Tensor::copy_(const Tensor& src) const {
   ACCRUE_CHECK(src.defined(), "copy_: source tensor is undefined");
+  // Note [Raw views]: neither end may be one autograd tracks while it records.
+  if (GradMode::is_enabled()) {
+    ACCRUE_CHECK(!requires_grad(),
+                 "Tensor::copy_ into a tensor that requires grad is an in-place change autograd "
+                 "cannot record: set a parameter's value under NoGradGuard or with "
+                 "accrue::load_parameter");
+    ACCRUE_CHECK(!src.requires_grad(),
+                 "Tensor::copy_ from a tensor that requires grad would drop its gradient: use "
+                 "accrue::clone, accrue::to_dtype or accrue::to_device (autograd/ops.h), or "
+                 "detach() the source first");
+  }
   // Broadcast the source to this shape (raw expand: copying data records no graph).
   Shape target = broadcast_shapes(shape(), src.shape(), "copy_");
   ACCRUE_CHECK(target == shape(), "copy_: source of shape ", shape_str(src.shape()),
@@ -424,6 +445,10 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
 }
 
 const Tensor& Tensor::fill_(double value) const {
+  ACCRUE_CHECK(!(GradMode::is_enabled() && requires_grad()),
+               "Tensor::fill_ on a tensor that requires grad is an in-place change autograd "
+               "cannot record: fill it under NoGradGuard (as an initializer does), or detach() "
+               "first");
   detail::fill_same_device(*this, value);
   return *this;
 }
@@ -515,6 +540,10 @@ Tensor scalar_tensor(double value, DType dtype, Device device) {
 }
 
 Tensor make_view(const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset) {
+  ACCRUE_CHECK(!(GradMode::is_enabled() && base.requires_grad()),
+               "make_view of a tensor that requires grad would drop its gradient: use the "
+               "differentiable views of autograd/ops.h (accrue::view, accrue::narrow, ...), or "
+               "detach() first");
   const int64_t numel = check_shape(shape, base.dtype(), "make_view");
   ACCRUE_CHECK(shape.size() == strides.size(), "make_view: shape ", shape_str(shape),
                " and strides ", shape_str(strides), " differ in rank");

@@ -77,9 +77,21 @@ class Tensor {
   // These methods make views and copies without recording the autograd graph:
   // they are for data handling (inputs, targets, optimizer state, tests). In a
   // model, use the differentiable free functions of autograd/ops.h
-  // (accrue::reshape, accrue::transpose, ...). To keep a gradient from being
-  // dropped silently, the raw methods throw on a tensor that requires grad
-  // while grad mode is on.
+  // (accrue::reshape, accrue::transpose, accrue::contiguous, accrue::clone,
+  // accrue::to_dtype, accrue::to_device, ...). To keep a gradient from being
+  // dropped silently, every raw method that makes a tensor from this one
+  // throws on a tensor that requires grad while grad mode is on, naming the
+  // function to use, whether or not the result would have been this very
+  // tensor (contiguous() of a contiguous tensor, to() of its own dtype): a
+  // program must not work for one layout and fail for another. The in-place
+  // writes copy_ and fill_ throw the same way on a destination that requires
+  // grad (PyTorch's "a leaf Variable that requires grad is being used in an
+  // in-place operation"): set a parameter's value under NoGradGuard, or with
+  // load_parameter (autograd/variable.h); copy_ also refuses a source that
+  // requires grad, whose gradient the copy would drop. Under NoGradGuard
+  // (optimizer steps, initialization, evaluation) all of them are plain data
+  // handling. The host read-backs item() and to_vector() are not copies for
+  // computing and accept any tensor, as PyTorch's item() does.
   Tensor view(const Shape& shape) const;
   Tensor reshape(const Shape& shape) const;
   Tensor transpose(int64_t d0, int64_t d1) const;
@@ -119,6 +131,8 @@ class Tensor {
     return *impl_;
   }
   void check_raw_view(const char* op) const;
+  // Note [Raw views]: `function` is the differentiable one to use instead.
+  void check_raw(const char* op, const char* function) const;
 
   std::shared_ptr<TensorImpl> impl_;
 };
@@ -151,6 +165,7 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape,
 Tensor scalar_tensor(double value, DType dtype = DType::f32, Device device = Device::cpu());
 
 // A view of `base`'s storage with explicit geometry (the arena uses this).
+// Raw (Note [Raw views]): refuses a base that requires grad while grad mode is on.
 Tensor make_view(const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset);
 
 }  // namespace accrue

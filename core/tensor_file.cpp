@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "accrue/core/grad_mode.h"
+
 namespace accrue::detail {
 
 // See Note [Untrusted tensor files].
@@ -104,6 +106,8 @@ void OutputFile::close() {
 }
 
 Tensor host_contiguous(const Tensor& t) {
+  // Writing a file is data handling (Note [Raw views]): a parameter saves as its values.
+  NoGradGuard no_grad;
   return t.to(Device::cpu()).contiguous();
 }
 

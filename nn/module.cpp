@@ -64,7 +64,9 @@ std::vector<Module*> Module::modules() {
 std::map<std::string, Tensor> Module::state_dict() const {
   std::map<std::string, Tensor> out;
   for (const NamedParameter& p : named_parameters())
-    out[p.name] = parameter_value(p.tensor);  // Note [One load path]: the master weights
+    // Note [One load path]: the master weights; detached, as PyTorch's state_dict
+    // is, so that saving or copying an entry is data handling (Note [Raw views]).
+    out[p.name] = detach(parameter_value(p.tensor));
   for (const NamedParameter& b : named_buffers())
     out[b.name] = b.tensor;
   return out;

@@ -136,6 +136,13 @@ std::vector<std::unique_ptr<CloseStage>> make_close_stages(CloseContext& c,
            kernels::store_slot_flags(c.store->written_flags(), c.slots.used);
            if (c.sync) c.sync->all_reduce_max(c.slots.used);
          });
+  } else if (f.checks_unused_world) {
+    // The same flags for the check alone; the fused pass never reads them.
+    step("unused flags", "written flags", "used flags (max over ranks)",
+         [](CloseContext& c, int64_t) {
+           kernels::store_slot_flags(c.store->written_flags(), c.used_flags);
+           if (c.sync) c.sync->all_reduce_max(c.used_flags);
+         });
   }
   // Note [Overwrite first]: unused parameters read 0, before any reduction sums them.
   step("zero unwritten", "written flags", "unwritten gradient slots",

@@ -89,6 +89,9 @@ struct CloseContext {
   // f64: the last window's state, then this rank's loss sum and item count, then N.
   Tensor last;
   SlotTables slots;  // Note [Unused parameters]: defined under skip only
+  // Note [Unused parameters]: f64 [slots], > 0 where any rank wrote the slot
+  // this window; the check's flags under a sync (slots.used under skip).
+  Tensor used_flags;
 
   static constexpr int kLastLoss = kernels::kWindowStateSize, kLastLocalItems = kLastLoss + 1,
                        kLastItems = kLastLoss + 2, kLastSize = kLastLoss + 3;
@@ -100,6 +103,8 @@ struct CloseContext {
 // The features the options ask for, which decide the stages present.
 struct CloseFeatures {
   bool skips_unused = false;
+  // Note [Unused parameters]: keep the used flags' max over ranks for the check.
+  bool checks_unused_world = false;
   bool norm_under_backward = false;
   int64_t noise_every = 0;
   double noise_ema = 0.95;

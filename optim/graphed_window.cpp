@@ -126,6 +126,10 @@ void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
 void GraphedWindow::close() {
   ACCRUE_CHECK(window_.ready(), "GraphedWindow::close: ", window_.micro_step_, " of ",
                window_.options_.micro_steps(), " micro-steps done");
+  // Note [Unused parameters], before any path closes (a captured close replays no host code).
+  if (!window_.sync_)
+    window_.check_unused(window_.store_.written_flags(), window_.windows_ + 1,
+                         "GraphedWindow::close");
   if (!why_eager_.empty() || !why_close_eager_.empty() || window_.state().device().is_cpu() ||
       window_.calibrating()) {
     window_.close();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/variable.h"
@@ -26,7 +27,22 @@ const char* unused_parameters_name(UnusedParameters policy) {
   return "unknown";
 }
 
+const char* unused_parameter_check_name(UnusedParameterCheck check) {
+  switch (check) {
+    case UnusedParameterCheck::warn:
+      return "warn";
+    case UnusedParameterCheck::error:
+      return "error";
+    case UnusedParameterCheck::ignore:
+      return "ignore";
+  }
+  return "unknown";
+}
+
 namespace {
+
+// Note [Unused parameters]: how many names one message spells out.
+constexpr size_t kUnusedNamesShown = 10;
 
 void check_options(const WindowOptions& options) {
   ACCRUE_CHECK(options.micro_steps() >= 1, "Window: micro_steps must be >= 1, got ",
@@ -39,6 +55,9 @@ void check_options(const WindowOptions& options) {
                    options.unused_parameters() == UnusedParameters::skip,
                "Window: unknown unused_parameters policy ", policy,
                "; expected UnusedParameters::step_with_zero (0) or UnusedParameters::skip (1)");
+  const auto check = static_cast<int>(options.unused_parameter_check());
+  ACCRUE_CHECK(check >= 0 && check <= 2, "Window: unknown unused_parameter_check ", check,
+               "; expected UnusedParameterCheck::warn (0), error (1) or ignore (2)");
   if (options.noise_scale_every() > 0)
     ACCRUE_CHECK(
         options.micro_steps() >= 2 && options.normalization() == kernels::Normalization::ItemCount,
@@ -88,13 +107,20 @@ std::unique_ptr<CloseContext> make_context(ParamStore& store, Optimizer& optimiz
   c.loss_sum = zeros({}, DType::f64, device);
   c.last = zeros({CloseContext::kLastSize}, DType::f64, device);
   // Note [Unused parameters]
-  if (options.unused_parameters() == UnusedParameters::skip) c.slots = make_slot_tables(store);
+  if (options.unused_parameters() == UnusedParameters::skip) {
+    c.slots = make_slot_tables(store);
+    c.used_flags = c.slots.used;
+  } else if (sync && options.unused_parameter_check() != UnusedParameterCheck::ignore) {
+    c.used_flags = zeros({static_cast<int64_t>(store.size())}, DType::f64, device);
+  }
   return ctx;
 }
 
-CloseFeatures features_of(const WindowOptions& options) {
+CloseFeatures features_of(const WindowOptions& options, const GradientSync* sync) {
   CloseFeatures f;
   f.skips_unused = options.unused_parameters() == UnusedParameters::skip;
+  f.checks_unused_world =
+      sync != nullptr && options.unused_parameter_check() != UnusedParameterCheck::ignore;
   f.norm_under_backward = options.norm_under_backward();
   f.noise_every = options.noise_scale_every();
   f.noise_ema = options.noise_scale_ema();
@@ -113,7 +139,7 @@ Window::Window(ParamStore& store, Optimizer& optimizer, const WindowOptions& opt
   ctx_ = make_context(store, optimizer, options, sync);
   index_checks_ = std::make_unique<kernels::DeferredIndexChecks>(store.options().device,
                                                                  field(kernels::kItems));
-  stages_ = make_close_stages(*ctx_, features_of(options));
+  stages_ = make_close_stages(*ctx_, features_of(options, sync));
   optimizer_.bind(store);
 }
 
@@ -163,6 +189,8 @@ void Window::close() {
   const NvtxRange range("accrue window close");  // Note [NVTX ranges]
   ACCRUE_CHECK(ready(), "Window::close: ", micro_step_, " of ", options_.micro_steps(),
                " micro-steps done");
+  // Note [Unused parameters]: on one process the host's flags are the world's.
+  if (!sync_) check_unused(store_.written_flags(), windows_ + 1, "Window::close");
   close_device();
   close_host();
 }
@@ -240,6 +268,56 @@ bool Window::calibrating() const {
 
 void Window::check() const {
   index_checks_->raise_pending();
+  // Note [Unused parameters]: under a sync, the world's flags of the last close.
+  if (!ctx_->used_flags.defined() || !sync_ || windows_ == 0 ||
+      unused_checked_window_ == windows_ ||
+      options_.unused_parameter_check() == UnusedParameterCheck::ignore ||
+      (options_.unused_parameter_check() == UnusedParameterCheck::warn && unused_warned_))
+    return;
+  unused_checked_window_ = windows_;
+  std::vector<bool> used;
+  for (double v : ctx_->used_flags.to_vector<double>())
+    used.push_back(v > 0);
+  check_unused(used, windows_, "Window::check");
+}
+
+void Window::check_unused(const std::vector<bool>& written, int64_t window,
+                          const char* where) const {
+  const UnusedParameterCheck policy = options_.unused_parameter_check();
+  if (policy == UnusedParameterCheck::ignore ||
+      (policy == UnusedParameterCheck::warn && unused_warned_))
+    return;
+  std::vector<size_t> unused;
+  for (size_t i = 0; i < written.size(); ++i)
+    if (!written[i]) unused.push_back(i);
+  if (unused.empty()) return;
+  std::string names;
+  for (size_t k = 0; k < unused.size() && k < kUnusedNamesShown; ++k)
+    names += (k ? ", '" : "'") + store_.slots()[unused[k]].name + "'";
+  if (unused.size() > kUnusedNamesShown)
+    names += detail::str_cat(" and ", unused.size() - kUnusedNamesShown, " more");
+  const std::string what =
+      detail::str_cat(unused.size(), " of ", written.size(),
+                      " parameters got no gradient in window ", window, ": ", names);
+  const std::string how =
+      detail::str_cat("UnusedParameters::", unused_parameters_name(options_.unused_parameters()),
+                      options_.unused_parameters() == UnusedParameters::skip
+                          ? " leaves them unchanged"
+                          : " steps them with a zero gradient, so only weight decay moves them");
+  if (policy == UnusedParameterCheck::error)
+    ACCRUE_FAIL(where, ": ", what, " (UnusedParameterCheck::error",
+                sync_ ? "; the window has stepped: " : ": nothing was stepped; under ::warn ", how,
+                "; Note [Unused parameters])");
+  unused_warned_ = true;
+  const std::string line = detail::str_cat(
+      "accrue: Window: ", what, " (", how,
+      "; a gradient cut upstream looks the same). Said once; "
+      "WindowOptions::unused_parameter_check(UnusedParameterCheck::ignore) silences it, ::error "
+      "makes it an error");
+  if (options_.unused_parameter_log())
+    options_.unused_parameter_log()(line);
+  else
+    std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 WindowReport Window::report() const {

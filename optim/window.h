@@ -82,9 +82,11 @@
 // rank sums every rank's partials, so all ranks skip together.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "accrue/autograd/ops.h"
 #include "accrue/autograd/window_listener.h"
@@ -119,6 +121,23 @@ namespace accrue::optim {
 // adds 0. Under a skipped window (Note [Skipped window]) both kernels return
 // at once and no count moves. step_with_zero passes none of the tables and
 // runs the window-wide path, bit for bit as before the switch existed.
+//
+// Either way an unused parameter is named, never left to stop training
+// silently (a gradient cut upstream looks exactly like one), by
+// optim::UnusedParameterCheck:
+//   warn (the default): the first window with parameters no gradient reached
+//     sends one line naming them (the first ten, then how many more) to the
+//     options' unused_parameter_log (stderr unless set); later windows say
+//     nothing, and the semantics above are unchanged;
+//   error: that close throws accrue::Error naming them, before anything is
+//     stepped (the Window stays ready, its gradients as they were);
+//   ignore: nothing is said (a mixture of experts, where it is expected).
+// On one process the check reads the host's written flags at close, so it
+// costs no synchronization. Under a GradientSync a parameter is unused only
+// if no rank wrote it, which only the device knows: the close adds a stage
+// that keeps the flags' max over ranks (the one "unused flags" stage of skip
+// when it is there), and the check runs at the next check() or report(),
+// which synchronize anyway; an error there comes after that window stepped.
 enum class UnusedParameters {
   // Its slot reads 0 and it steps with that zero gradient (AdamW decays it,
   // its moments age); one step count per window. The default, and
@@ -129,6 +148,17 @@ enum class UnusedParameters {
   skip,
 };
 const char* unused_parameters_name(UnusedParameters policy);
+
+// Note [Unused parameters]: what the Window says about a parameter no
+// gradient reached.
+enum class UnusedParameterCheck {
+  warn,    // one line, the first time only (the default)
+  error,   // accrue::Error naming them
+  ignore,  // nothing
+};
+const char* unused_parameter_check_name(UnusedParameterCheck check);
+// Receives the warning line of UnusedParameterCheck::warn (no trailing newline).
+using UnusedParameterLog = std::function<void(const std::string&)>;
 
 class WindowOptions {
  public:
@@ -168,8 +198,20 @@ class WindowOptions {
     unused_parameters_ = policy;
     return *this;
   }
+  // Note [Unused parameters]: warn (the default), error or ignore.
+  WindowOptions& unused_parameter_check(UnusedParameterCheck check) {
+    unused_parameter_check_ = check;
+    return *this;
+  }
+  // Where warn's line goes (a trainer's log); empty: stderr.
+  WindowOptions& unused_parameter_log(UnusedParameterLog log) {
+    unused_parameter_log_ = std::move(log);
+    return *this;
+  }
   int64_t micro_steps() const { return micro_steps_; }
   UnusedParameters unused_parameters() const { return unused_parameters_; }
+  UnusedParameterCheck unused_parameter_check() const { return unused_parameter_check_; }
+  const UnusedParameterLog& unused_parameter_log() const { return unused_parameter_log_; }
   kernels::Normalization normalization() const { return normalization_; }
   double max_grad_norm() const { return max_grad_norm_; }
   const LossScalerOptions& scaler() const { return scaler_; }
@@ -186,6 +228,8 @@ class WindowOptions {
   int64_t noise_scale_every_ = 0;
   double noise_scale_ema_ = 0.95;
   UnusedParameters unused_parameters_ = UnusedParameters::step_with_zero;
+  UnusedParameterCheck unused_parameter_check_ = UnusedParameterCheck::warn;
+  UnusedParameterLog unused_parameter_log_;
 };
 
 // What the host learns about the last closed window (read with one synchronization).
@@ -242,6 +286,8 @@ class Window {
   // since the host last looked (Note [Deferred index checks]), naming the op,
   // the value, the valid range, the window and the micro-step; that window's
   // update was skipped. The record is then clear: a second call returns.
+  // Under a GradientSync it also runs the unused-parameter check of the last
+  // closed window (Note [Unused parameters]).
   void check() const;
   // check(), then what the last closed window did.
   WindowReport report() const;
@@ -307,6 +353,10 @@ class Window {
   // What backward() does on the host, for a micro-step replayed from a graph
   // that left the arena's written flags at `written_after`.
   void replay_micro_step(const std::vector<bool>& written_after);
+  // Note [Unused parameters]: the check of UnusedParameterCheck over
+  // `written` (one flag per slot) for window `window` (1-based); `where`
+  // names the caller in an error.
+  void check_unused(const std::vector<bool>& written, int64_t window, const char* where) const;
   Tensor field(int f) const { return ctx_->field(f); }
   MicroStep position() const { return {micro_step_, options_.micro_steps(), windows_}; }
   // The stage of type S, or null when the options left it out.
@@ -337,6 +387,9 @@ class Window {
   std::vector<WindowListener*> listeners_;
   int64_t micro_step_ = 0;
   int64_t windows_ = 0;
+  // Note [Unused parameters]: warn has spoken; under a sync, the last window checked.
+  mutable bool unused_warned_ = false;
+  mutable int64_t unused_checked_window_ = 0;
 };
 
 }  // namespace accrue::optim

@@ -19,7 +19,7 @@ TEST(GradArena, slots_are_256_byte_aligned_gradient_views_in_registration_order)
   std::vector<Tensor> params = three_params();
   std::vector<Tensor> before;
   for (const Tensor& p : params)
-    before.push_back(p.clone());
+    before.push_back(detach(p).clone());
   GradArena arena(params, {"a", "b", "c"}, {Device::cpu(), DType::f32, 1});
   ASSERT_EQ(arena.size(), 3u);
   EXPECT_EQ(arena.numel(), 15 + 7 + 8);

@@ -142,7 +142,7 @@ TEST(CheckedSizes, expand_refuses_a_shape_whose_count_or_bytes_wrap) {
   EXPECT_EQ(wide.numel(), int64_t{1} << 40);
   EXPECT_EQ(wide.nbytes(), size_t{1} << 42);
   EXPECT_EQ(wide.narrow(0, (int64_t{1} << 40) - 1, 1).item(), 3.0);
-  EXPECT_SIZE_ERROR(wide.contiguous(), "clone: shape [1099511627776] of f32",
+  EXPECT_SIZE_ERROR(wide.contiguous(), "contiguous: shape [1099511627776] of f32",
                     "4398046511104 bytes");
 }
 

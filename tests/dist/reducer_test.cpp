@@ -102,8 +102,12 @@ struct DpRun {
     arena = equivalence::make_arena(*model, ao);
     if (comm) reducer = std::make_unique<Reducer>(*arena, *comm, options);
     optimizer = std::make_unique<optim::Optimizer>(equivalence::adamw());
-    window = std::make_unique<optim::Window>(*arena, *optimizer, equivalence::clipped_window(K),
-                                             reducer.get());
+    // The calls are counted in order: the unused-parameter check's all-reduce
+    // of the used flags (Note [Unused parameters]) is not these tests' subject.
+    window = std::make_unique<optim::Window>(
+        *arena, *optimizer,
+        equivalence::clipped_window(K).unused_parameter_check(optim::UnusedParameterCheck::ignore),
+        reducer.get());
   }
   void backward(const Batch& micro) { window->backward(model->loss(micro)); }
 };
@@ -210,7 +214,11 @@ TEST(Reducer, unused_and_early_only_parameters_enter_the_sum_correctly) {
   Reducer reducer(arena, comm, ro);
   ASSERT_EQ(reducer.plan().size(), 4u) << reducer.plan().describe();
   optim::Optimizer sgd(optim::SGDOptions(0.1));
-  optim::Window window(arena, sgd, optim::WindowOptions().micro_steps(K), &reducer);
+  optim::Window window(
+      arena, sgd,
+      optim::WindowOptions().micro_steps(K).unused_parameter_check(
+          optim::UnusedParameterCheck::ignore),  // b is unused on purpose; calls counted in order
+      &reducer);
   const Tensor& a = arena.params()[0];
   const Tensor& c = arena.params()[2];
   const Tensor& d = arena.params()[3];

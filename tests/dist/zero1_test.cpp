@@ -260,15 +260,16 @@ TEST(HostWorld, zero1_owns_half_of_every_bucket_and_keeps_half_the_moments) {
     EXPECT_EQ(zero1[rank].memory.moments * 2, plain[rank].memory.moments);
     EXPECT_EQ(zero1[rank].memory.grads, plain[rank].memory.grads);
     EXPECT_EQ(zero1[rank].memory.master, plain[rank].memory.master);
-    // Per window: every bucket reduce-scattered, N all-reduced, the norm
+    // Per window: every bucket reduce-scattered, N and the used flags of the
+    // unused-parameter check (Note [Unused parameters]) all-reduced, the norm
     // partials gathered, every bucket's parameters gathered. Plus the layout
     // check (an all-reduce) and one broadcast of the master at the start.
     const int64_t buckets = static_cast<int64_t>(plan.size());
     EXPECT_EQ(zero1[rank].counts.at("reduce_scatter"), kWindows * buckets);
-    EXPECT_EQ(zero1[rank].counts.at("all_reduce"), kWindows + 1);
+    EXPECT_EQ(zero1[rank].counts.at("all_reduce"), 2 * kWindows + 1);
     EXPECT_EQ(zero1[rank].counts.at("all_gather"), kWindows * (1 + buckets));
     EXPECT_EQ(zero1[rank].counts.at("broadcast"), 1);
-    EXPECT_EQ(plain[rank].counts.at("all_reduce"), kWindows * (buckets + 1) + 1);
+    EXPECT_EQ(plain[rank].counts.at("all_reduce"), kWindows * (buckets + 2) + 1);
     EXPECT_EQ(plain[rank].counts.count("all_gather"), 0u);
     EXPECT_EQ(plain[rank].counts.at("broadcast"), 3);  // master and both moments
   }

@@ -60,14 +60,16 @@ TEST(CloseStages, a_sync_adds_the_reduction_and_zero1_the_gather) {
   Fixture f;
   FakeSync plain;
   optim::Window a(f.store, f.opt, optim::WindowOptions().micro_steps(2), &plain);
+  // Note [Unused parameters]: the check reads the world's flags at report().
   EXPECT_EQ(a.describe_close(),
-            "zero unwritten, items, reduce, norm, scalar step, optimizer step, report");
+            "unused flags, zero unwritten, items, reduce, norm, scalar step, optimizer step, "
+            "report");
   FakeSync sharded({{0, f.store.padded_numel()}});
   optim::Optimizer opt2{optim::SGDOptions(0.1)};
   optim::Window b(f.store, opt2, optim::WindowOptions().micro_steps(2), &sharded);
   EXPECT_EQ(b.describe_close(),
-            "zero unwritten, items, reduce, norm, scalar step, optimizer step, gather parameters, "
-            "report");
+            "unused flags, zero unwritten, items, reduce, norm, scalar step, optimizer step, "
+            "gather parameters, report");
 }
 
 // Every stage says what it reads and writes (the table of Note [Close stages]).

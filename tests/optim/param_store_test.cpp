@@ -20,7 +20,7 @@ TEST(ParamStore, each_parameter_is_its_master_slot_with_its_values) {
   std::vector<Tensor> params = three_params();
   std::vector<Tensor> before;
   for (const Tensor& p : params)
-    before.push_back(p.clone());
+    before.push_back(detach(p).clone());
   ParamStore store(params, {"a", "b", "c"}, {Device::cpu(), DType::f32, DType::f32, 2});
   for (size_t i = 0; i < store.size(); ++i) {
     const ParamStore::Slot& s = store.slots()[i];
@@ -71,7 +71,7 @@ TEST(ParamStore, a_channels_last_parameter_keeps_its_layout_in_every_role) {
 
 TEST(ParamStore, a_compute_copy_repoints_parameters_to_bf16) {
   std::vector<Tensor> params = three_params();
-  const Tensor expected = params[0].to(DType::bf16);
+  const Tensor expected = detach(params[0]).to(DType::bf16);
   ParamStore store(params, {}, {Device::cpu(), DType::f32, DType::bf16, 0});
   EXPECT_EQ(params[0].dtype(), DType::bf16);
   EXPECT_EQ(params[0].storage(), store.compute().storage());
@@ -93,7 +93,7 @@ TEST(ParamStore, loading_after_the_store_equals_loading_before_it) {
       values.push_back(detach(p));
     std::vector<Tensor> early = three_params(), late = three_params();
     for (size_t i = 0; i < values.size(); ++i)
-      early[i].copy_(values[i]);
+      load_parameter(early[i], values[i]);
     const optim::ParamStoreOptions options{Device::cpu(), DType::f32, compute, 2};
     ParamStore a(early, {"a", "b", "c"}, options);
     ParamStore b(late, {"a", "b", "c"}, options);
