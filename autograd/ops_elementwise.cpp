@@ -65,6 +65,18 @@ Tensor unary_op(UnaryOp op, const char* name, const Tensor& a, double param = 0.
   });
 }
 
+// A unary op whose derivative reads only its input (or only its output, when
+// from_output): the node saves that one tensor, which the backends read for
+// both (kernels::unary_backward reads the output only for Exp, Sqrt, Tanh,
+// Sigmoid and Rsqrt, the input only for the others).
+Tensor unary_op_saving_one(UnaryOp op, const char* name, const Tensor& a, bool from_output) {
+  Tensor out = kernels::unary(op, a, 0.0);
+  Tensor s = saved(from_output ? out : a);
+  return record(name, out, {a}, [=](const Tensor& g) -> std::vector<Tensor> {
+    return {kernels::unary_backward(op, g, s, s, 0.0)};
+  });
+}
+
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
@@ -145,19 +157,20 @@ Tensor pow(const Tensor& a, double exponent) {
 }
 
 Tensor silu(const Tensor& a) {
-  return unary_op(UnaryOp::Silu, "SiluBackward", a);
+  return unary_op_saving_one(UnaryOp::Silu, "SiluBackward", a, false);
 }
+// d x^-1/2 = -y^3 / 2 reads only the output.
 Tensor rsqrt(const Tensor& a) {
-  return unary_op(UnaryOp::Rsqrt, "RsqrtBackward", a);
+  return unary_op_saving_one(UnaryOp::Rsqrt, "RsqrtBackward", a, true);
 }
 Tensor sin(const Tensor& a) {
-  return unary_op(UnaryOp::Sin, "SinBackward", a);
+  return unary_op_saving_one(UnaryOp::Sin, "SinBackward", a, false);
 }
 Tensor cos(const Tensor& a) {
-  return unary_op(UnaryOp::Cos, "CosBackward", a);
+  return unary_op_saving_one(UnaryOp::Cos, "CosBackward", a, false);
 }
 Tensor abs(const Tensor& a) {
-  return unary_op(UnaryOp::Abs, "AbsBackward", a);
+  return unary_op_saving_one(UnaryOp::Abs, "AbsBackward", a, false);
 }
 
 Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {

@@ -430,6 +430,16 @@ TEST(CpuUnary, silu_rsqrt_sin_cos_abs_hand_computed_values) {
   EXPECT_TRUE(std::isnan(kernels::unary(UnaryOp::Abs, scalar_tensor(NAN)).item()));
 }
 
+TEST(CpuUnary, bad_inputs_of_the_new_ops_throw_naming_op_and_operands) {
+  EXPECT_ERROR(kernels::unary(UnaryOp::Silu, zeros({2, 3}, DType::i64)), "silu", "i64", "[2, 3]");
+  EXPECT_ERROR(kernels::unary(UnaryOp::Rsqrt, Tensor()), "rsqrt", "undefined");
+  EXPECT_ERROR(kernels::unary(UnaryOp::Sin, zeros({2}, DType::boolean)), "sin", "bool");
+  EXPECT_ERROR(kernels::unary_backward(UnaryOp::Cos, zeros({2, 3}), zeros({3, 2}), Tensor()),
+               "cos_backward", "[2, 3]", "[3, 2]");
+  EXPECT_ERROR(kernels::unary_backward(UnaryOp::Abs, zeros({2}, DType::bf16), zeros({2}), Tensor()),
+               "abs_backward", "dtypes bf16 and f32 differ", "convert input");
+}
+
 TEST(CpuUnary, channels_last_and_strided_inputs_of_the_new_ops) {
   for (UnaryOp op : {UnaryOp::Silu, UnaryOp::Rsqrt, UnaryOp::Sin, UnaryOp::Cos, UnaryOp::Abs}) {
     SCOPED_TRACE(kernels::op_name(op));
