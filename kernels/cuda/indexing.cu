@@ -4,7 +4,8 @@
 // No float atomics (Note [Determinism]): a scatter-add sorts its destinations
 // (a stable radix sort keeps each destination's sources in position order)
 // and one thread sums each destination, in f32 for 16-bit data and f64 for
-// f64. cumsum runs one thread per line, in order. The sort is a bitonic
+// f64. cumsum runs one warp per row along the last dim, else one thread per
+// line, in a fixed order. The sort is a bitonic
 // network in one block's shared memory (Note [CUDA sort limit]).
 #include <cub/device/device_radix_sort.cuh>
 
@@ -114,6 +115,35 @@ __global__ void cumsum_kernel(const T* __restrict__ x, int64_t outer, int64_t n,
       const int64_t at = (o * n + (reverse ? n - 1 - step : step)) * inner + c;
       acc += cu::convert<A>(x[at]);
       out[at] = cu::convert<T>(acc);
+    }
+  }
+}
+
+// Rows (inner == 1, the common last-dim case): one warp per row, 32 elements
+// a step scanned by shuffles and carried into the next step. The additions'
+// order is fixed by n alone, so the result is deterministic; integer sums are
+// exact, float ones round differently from the CPU's sequential double sum.
+template <class T, class A>
+__global__ void cumsum_rows_kernel(const T* __restrict__ x, int64_t rows, int64_t n, bool reverse,
+                                   T* __restrict__ out) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; row < rows;
+       row += warps) {
+    const T* in = x + row * n;
+    T* o = out + row * n;
+    A carry = 0;
+    for (int64_t base = 0; base < n; base += 32) {
+      const int64_t step = base + lane;
+      const int64_t i = reverse ? n - 1 - step : step;
+      A v = step < n ? cu::convert<A>(in[i]) : A(0);
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const A up = __shfl_up_sync(0xffffffffu, v, offset);
+        if (lane >= offset) v += up;
+      }
+      v += carry;
+      if (step < n) o[i] = cu::convert<T>(v);
+      carry = __shfl_sync(0xffffffffu, v, 31);
     }
   }
 }
@@ -259,6 +289,14 @@ void cumsum(const Tensor& x, bool reverse, const Tensor& out) {
   const auto launch = [&](auto tag, auto acc_tag) {
     using T = decltype(tag);
     using A = decltype(acc_tag);
+    if (inner == 1) {
+      cumsum_rows_kernel<T, A>
+          <<<cu::grid_for(outer * 32, kThreads), kThreads, 0, cu::stream_for(dev)>>>(
+              static_cast<const T*>(x.data_ptr()), outer, n, reverse,
+              static_cast<T*>(out.data_ptr()));
+      ACCRUE_LAUNCH_CHECK();
+      return;
+    }
     cumsum_kernel<T, A>
         <<<cu::grid_for(outer * inner, kThreads), kThreads, 0, cu::stream_for(dev)>>>(
             static_cast<const T*>(x.data_ptr()), outer, n, inner, reverse,

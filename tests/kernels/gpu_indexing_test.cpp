@@ -1,0 +1,223 @@
+// The CUDA indexing ops against the CPU reference (Note [Indexing ops]): the
+// same public calls on CPU tensors and on GPU copies. Joins, gathers and sorts
+// move values, and sums of small integers are exact in every float dtype, so
+// those compare bit for bit; random-normal scatter-adds and running sums are
+// compared by a tolerance and run twice to show the GPU gives the same bits.
+#include <gmock/gmock.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "accrue/kernels/index_checks.h"
+#include "accrue/kernels/indexing.h"
+#include "accrue/kernels/ops.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+using test::all_equal;
+using test::close;
+
+const Device kGpu = Device::cuda(0);
+const Device kCpu = Device::cpu();
+const DType kFloatTypes[] = {DType::f32, DType::bf16, DType::f16, DType::f64};
+
+Tensor on_cpu(const Tensor& t) {
+  return t.to(kCpu);
+}
+
+Tensor gpu(const Tensor& t) {
+  return t.to(kGpu);
+}
+
+Tensor random_index(const Shape& shape, int64_t bound) {
+  return test::random_integers(shape, 0, static_cast<int>(bound - 1), DType::i64);
+}
+
+std::string trace(DType dt, int64_t dim) {
+  return std::string(dtype_name(dt)) + " dim " + std::to_string(dim);
+}
+
+TEST(GpuIndexing, cat_stack_split_and_repeat_interleave_match_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::i64}) {
+    for (int64_t d : {0, 1, 2}) {
+      SCOPED_TRACE(trace(dt, d));
+      std::vector<Tensor> ts, ts_gpu;
+      for (int64_t n : {3, 1, 0, 17}) {
+        Shape s = {4, 6, 5};
+        s[d] = n;
+        ts.push_back(test::random_integers(s, -50, 50, dt));
+        ts_gpu.push_back(gpu(ts.back()));
+      }
+      EXPECT_TRUE(all_equal(on_cpu(kernels::cat(ts_gpu, d)), kernels::cat(ts, d)));
+      const std::vector<Tensor> same = {ts[0], ts[0], ts[0]};
+      const std::vector<Tensor> same_gpu = {ts_gpu[0], ts_gpu[0], ts_gpu[0]};
+      EXPECT_TRUE(all_equal(on_cpu(kernels::stack(same_gpu, d)), kernels::stack(same, d)));
+      const Tensor x = test::random_integers({4, 6, 5}, -50, 50, dt);
+      const std::vector<Tensor> pieces = kernels::chunk(gpu(x), 4, d);
+      EXPECT_TRUE(all_equal(on_cpu(kernels::cat(pieces, d)), x));
+      EXPECT_TRUE(all_equal(on_cpu(kernels::repeat_interleave(gpu(x), 3, d)),
+                            kernels::repeat_interleave(x, 3, d)));
+    }
+  }
+}
+
+TEST(GpuIndexing, gather_and_index_select_match_cpu_exactly) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64, DType::i64}) {
+    for (int64_t d : {0, 1, 2}) {
+      SCOPED_TRACE(trace(dt, d));
+      const Tensor x = test::random_normal({9, 33, 7}, DType::f64).to(dt);
+      Shape is = {5, 20, 7};
+      is[d] = 40;
+      const Tensor index = random_index(is, x.size(d));
+      EXPECT_TRUE(
+          all_equal(on_cpu(kernels::gather(gpu(x), d, gpu(index))), kernels::gather(x, d, index)));
+      const Tensor sel = random_index({50}, x.size(d));
+      EXPECT_TRUE(all_equal(on_cpu(kernels::index_select(gpu(x), d, gpu(sel))),
+                            kernels::index_select(x, d, sel)));
+      // A strided input.
+      const Tensor xt = gpu(x).transpose(0, 2);
+      const Tensor it = random_index({3, 10, 4}, xt.size(1));
+      EXPECT_TRUE(all_equal(on_cpu(kernels::gather(xt, 1, gpu(it))),
+                            kernels::gather(x.transpose(0, 2), 1, it)));
+    }
+  }
+}
+
+TEST(GpuIndexing, scatter_add_and_index_add_sum_small_integers_exactly) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    for (int64_t d : {0, 1, 2}) {
+      SCOPED_TRACE(trace(dt, d));
+      const Tensor x = test::random_integers({6, 10, 5}, -20, 20, dt);
+      Shape is = {6, 10, 5};
+      is[d] = 40;  // many sources per destination
+      const Tensor index = random_index(is, x.size(d));
+      const Tensor src = test::random_integers(is, -3, 3, dt);
+      EXPECT_TRUE(all_equal(on_cpu(kernels::scatter_add(gpu(x), d, gpu(index), gpu(src))),
+                            kernels::scatter_add(x, d, index, src)));
+      const Tensor idx = random_index({40}, x.size(d));
+      EXPECT_TRUE(all_equal(on_cpu(kernels::index_add(gpu(x), d, gpu(idx), gpu(src), 2.0)),
+                            kernels::index_add(x, d, idx, src, 2.0)));
+    }
+  }
+}
+
+TEST(GpuIndexing, scatter_add_is_deterministic_on_random_values) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    // A hot destination (a third of the sources) as MoE routing or padding makes.
+    std::vector<int64_t> v = random_index({20000}, 300).to_vector<int64_t>();
+    for (size_t i = 0; i < v.size(); i += 3)
+      v[i] = 7;
+    const Tensor idx = from_vector(v, {20000});
+    const Tensor x = test::random_normal({300, 64}, dt);
+    const Tensor src = test::random_normal({20000, 64}, dt);
+    const Tensor first = kernels::index_add(gpu(x), 0, gpu(idx), gpu(src));
+    const Tensor second = kernels::index_add(gpu(x), 0, gpu(idx), gpu(src));
+    EXPECT_TRUE(all_equal(on_cpu(first), on_cpu(second)));
+    EXPECT_TRUE(
+        close(on_cpu(first), kernels::index_add(x, 0, idx, src), test::normalized_tolerance(dt)));
+  }
+}
+
+TEST(GpuIndexing, one_hot_and_cumsum_match_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor index = random_index({7, 9}, 11);
+  for (DType dt : {DType::i64, DType::f32, DType::bf16, DType::boolean})
+    EXPECT_TRUE(
+        all_equal(on_cpu(kernels::one_hot(gpu(index), 11, dt)), kernels::one_hot(index, 11, dt)));
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64, DType::i64, DType::boolean}) {
+    for (int64_t d : {0, 1, 2}) {
+      for (bool reverse : {false, true}) {
+        SCOPED_TRACE(trace(dt, d) + (reverse ? " reverse" : ""));
+        const Tensor x = dt == DType::boolean ? test::random_integers({5, 300, 3}, 0, 1, dt)
+                                              : test::random_integers({5, 300, 3}, -3, 3, dt);
+        EXPECT_TRUE(
+            all_equal(on_cpu(kernels::cumsum(gpu(x), d, reverse)), kernels::cumsum(x, d, reverse)));
+      }
+    }
+  }
+  // Random values: one rounding per running sum in fp32 (f64 for f64).
+  for (DType dt : kFloatTypes) {
+    const Tensor x = test::random_normal({4, 1000}, dt);
+    const Tensor first = kernels::cumsum(gpu(x), 1);
+    EXPECT_TRUE(all_equal(on_cpu(first), on_cpu(kernels::cumsum(gpu(x), 1))));
+    EXPECT_TRUE(close(on_cpu(first), kernels::cumsum(x, 1), 4 * test::normalized_tolerance(dt)));
+  }
+}
+
+TEST(GpuIndexing, sort_argsort_and_topk_equal_cpu_with_ties_and_nan) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64, DType::i64, DType::i32}) {
+    for (int64_t n : std::vector<int64_t>{1, 7, 64, 1000, kernels::kMaxCudaSortRow}) {
+      for (bool descending : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " n " + std::to_string(n) +
+                     (descending ? " descending" : ""));
+        Tensor x = test::random_integers({3, n}, -20, 20, DType::f64);  // many ties
+        if (is_floating(dt)) {
+          std::vector<double> v = x.to_vector<double>();
+          v[0] = std::numeric_limits<double>::quiet_NaN();
+          v[v.size() - 1] = std::numeric_limits<double>::quiet_NaN();
+          x = from_vector<double>(v, x.shape());
+        }
+        x = x.to(dt);
+        const SortResult expected = kernels::sort(x, 1, descending);
+        const SortResult actual = kernels::sort(gpu(x), 1, descending);
+        EXPECT_TRUE(all_equal(on_cpu(actual.values), expected.values));
+        EXPECT_TRUE(all_equal(on_cpu(actual.indices), expected.indices));
+        EXPECT_TRUE(all_equal(on_cpu(kernels::argsort(gpu(x), 1, descending)), expected.indices));
+        const int64_t k = std::min<int64_t>(n, 5);
+        const SortResult top = kernels::topk(gpu(x), k, 1, descending);
+        EXPECT_TRUE(all_equal(on_cpu(top.values), expected.values.narrow(1, 0, k)));
+        EXPECT_TRUE(all_equal(on_cpu(top.indices), expected.indices.narrow(1, 0, k)));
+      }
+    }
+  }
+  // Along a dim that is not last.
+  const Tensor x = test::random_normal({40, 6});
+  EXPECT_TRUE(all_equal(on_cpu(kernels::sort(gpu(x), 0).values), kernels::sort(x, 0).values));
+}
+
+TEST(GpuIndexing, errors_and_limits) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor long_rows = test::random_normal({2, kernels::kMaxCudaSortRow + 1}, DType::f32, kGpu);
+  EXPECT_ERROR(kernels::sort(long_rows), "sort", "4097", "4096");
+  EXPECT_ERROR(kernels::topk(long_rows, 3), "topk", "4097", "4096");
+  const Tensor x = test::random_normal({2, 3}, DType::f32, kGpu);
+  EXPECT_ERROR(kernels::cat({x, x.to(kCpu)}, 0), "cat", "tensor 1", "cpu");
+  EXPECT_ERROR(kernels::gather(x, 1, from_vector<int64_t>({0, 3}, {1, 2}, DType::i64, kGpu)),
+               "gather", "index 3", "[0, 3)");
+  EXPECT_ERROR(kernels::index_select(x, 1, from_vector<int64_t>({1}, {1})), "index_select", "index",
+               "cpu");
+}
+
+// Note [Deferred index checks] on CUDA: recorded without a synchronization,
+// raised by the host's next read, the kernels in bounds meanwhile.
+TEST(GpuIndexing, bad_indices_are_deferred_on_the_device) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor items = full({1}, 3.0, DType::f64, kGpu);
+  kernels::DeferredIndexChecks checks(kGpu, items);
+  const Tensor x = test::random_integers({2, 3}, -9, 9, DType::f32, kGpu);
+  const Tensor bad = from_vector<int64_t>({0, 5, 1}, {1, 3}, DType::i64, kGpu);
+  const std::vector<double> g = kernels::gather(x, 0, bad).to_vector<double>();
+  EXPECT_TRUE(std::isnan(g[1]));
+  EXPECT_TRUE(std::isnan(items.item()));
+  EXPECT_ERROR(checks.raise_pending(), "gather", "index 5", "[0, 2)");
+  const Tensor s = kernels::scatter_add(x, 0, bad, full({1, 3}, 1.0, DType::f32, kGpu));
+  // The bad source is dropped; the others land.
+  const std::vector<double> sv = s.to_vector<double>(), xv = x.to_vector<double>();
+  EXPECT_EQ(sv[0], xv[0] + 1);
+  EXPECT_EQ(sv[1], xv[1]);
+  EXPECT_EQ(sv[5], xv[5] + 1);
+  EXPECT_ERROR(checks.raise_pending(), "scatter_add", "index 5");
+}
+
+}  // namespace
+}  // namespace accrue
