@@ -18,16 +18,44 @@ int64_t align_elements(int64_t n, DType dtype, int shard_ranks) {
 
 }  // namespace
 
-GradArena::GradArena(const std::vector<Tensor>& params, const std::vector<std::string>& names,
-                     const GradArenaOptions& options)
+namespace {
+
+std::vector<NamedParameter> numbered(const std::vector<Tensor>& params) {
+  std::vector<NamedParameter> out;
+  for (size_t i = 0; i < params.size(); ++i)
+    out.push_back({"param" + std::to_string(i), params[i]});
+  return out;
+}
+
+}  // namespace
+
+GradArena::GradArena(const std::vector<Tensor>& params, const GradArenaOptions& options)
+    : GradArena(numbered(params), options) {}
+
+GradArena::GradArena(const std::vector<NamedParameter>& named, const GradArenaOptions& options)
     : options_(options) {
-  ACCRUE_CHECK(options.dtype == DType::f32 || options.dtype == DType::f64,
-               "GradArena: gradient dtype must be f32 or f64, got ", dtype_name(options.dtype));
-  ACCRUE_CHECK(options.shard_ranks >= 1 && options.shard_ranks <= 4096,
-               "GradArena: shard_ranks must be 1..4096, got ", options.shard_ranks);
-  ACCRUE_CHECK(names.empty() || names.size() == params.size(), "GradArena: ", names.size(),
-               " names for ", params.size(), " parameters");
+  std::vector<Tensor> params;
+  for (const NamedParameter& p : named)
+    params.push_back(p.tensor);
+  ACCRUE_CHECK(options.dtype() == DType::f32 || options.dtype() == DType::f64,
+               "GradArena: gradient dtype must be f32 or f64, got ", dtype_name(options.dtype()));
+  ACCRUE_CHECK(options.shard_ranks() >= 1 && options.shard_ranks() <= 4096,
+               "GradArena: shard_ranks must be 1..4096, got ", options.shard_ranks());
   ACCRUE_CHECK(!params.empty(), "GradArena: no parameters");
+  auto name_of = [&](size_t i) { return named[i].name; };
+  // Note [One owner]: checked for all before anything changes.
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].defined()) continue;
+    const GradSink* holder = autograd::sink_of(params[i]);
+    ACCRUE_CHECK(
+        holder == nullptr, "GradArena", options.name().empty() ? "" : " '", options.name(),
+        options.name().empty() ? "" : "'", ": parameter '", name_of(i), "' is already held by ",
+        holder->describe(params[i]),
+        "; a second arena would take its gradients over and leave the first with none ",
+        "(its window would report grad_norm 0 and never move it). Build one arena or ",
+        "ParamStore over all the parameters, or destroy the first before building another ",
+        "(Note [One owner])");
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     ACCRUE_CHECK(p.defined() && is_leaf(p) && p.requires_grad(), "GradArena: parameter ", i,
@@ -35,19 +63,19 @@ GradArena::GradArena(const std::vector<Tensor>& params, const std::vector<std::s
     ACCRUE_CHECK(index_.count(p.impl()) == 0, "GradArena: parameter ", i, " is registered twice");
     index_[p.impl()] = i;
     Slot s;
-    s.name = names.empty() ? "param" + std::to_string(i) : names[i];
+    s.name = name_of(i);
     s.shape = p.shape();
     // Note [Parameter layouts]: channels-last stays channels-last; any other
     // layout is copied in row-major.
     s.strides = p.is_channels_last() ? p.strides() : contiguous_strides(p.shape());
     s.numel = p.numel();
     s.offset = padded_numel_;
-    padded_numel_ += align_elements(s.numel, options.dtype, options.shard_ranks);
+    padded_numel_ += align_elements(s.numel, options.dtype(), options.shard_ranks());
     numel_ += s.numel;
     slots_.push_back(std::move(s));
   }
   // Padding must read as zero forever: the norm pass and the optimizer sweep it.
-  grads_ = zeros({padded_numel_}, options.dtype, options.device);
+  grads_ = zeros({padded_numel_}, options.dtype(), options.device());
   for (size_t i = 0; i < params.size(); ++i) {
     params_.push_back(params[i]);
     set_grad(params[i], grad_view(i));
@@ -58,7 +86,15 @@ GradArena::GradArena(const std::vector<Tensor>& params, const std::vector<std::s
 
 GradArena::~GradArena() {
   for (const Tensor& p : params_)
-    set_grad_sink(p, nullptr);
+    if (autograd::sink_of(p) == this) set_grad_sink(p, nullptr);
+}
+
+std::string GradArena::describe(const Tensor& leaf) const {
+  const int i = index_of(leaf);
+  return detail::str_cat("the gradient arena",
+                         options_.name().empty() ? "" : " '" + options_.name() + "'", " (",
+                         slots_.size(), slots_.size() == 1 ? " parameter)" : " parameters)",
+                         i >= 0 ? ", as its '" + slots_[i].name + "'" : std::string());
 }
 
 Tensor GradArena::slot_view(const Tensor& flat, size_t i) const {

@@ -31,6 +31,7 @@
 
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "accrue/autograd/variable.h"
@@ -44,14 +45,54 @@ struct ArenaRange {
   int64_t numel = 0;
 };
 
-struct GradArenaOptions {
-  Device device = Device::cpu();
+//   GradArena arena(model.named_parameters(),
+//                   GradArenaOptions().device(Device::cuda(0)).name("model"));
+class GradArenaOptions {
+ public:
+  GradArenaOptions& device(Device d) {
+    device_ = d;
+    return *this;
+  }
   // The gradients' dtype: f32, or f64 for the CPU reference.
-  DType dtype = DType::f32;
+  GradArenaOptions& dtype(DType d) {
+    dtype_ = d;
+    return *this;
+  }
   // Slots are padded to a multiple of shard_ranks x 256 bytes, so that ZeRO-1
   // over this many ranks cuts every bucket into equal chunks (Note [ZeRO-1]).
-  int shard_ranks = 1;
+  GradArenaOptions& shard_ranks(int n) {
+    shard_ranks_ = n;
+    return *this;
+  }
+  // What errors call the arena (Note [One owner]); empty: unnamed.
+  GradArenaOptions& name(std::string n) {
+    name_ = std::move(n);
+    return *this;
+  }
+  Device device() const { return device_; }
+  DType dtype() const { return dtype_; }
+  int shard_ranks() const { return shard_ranks_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  Device device_ = Device::cpu();
+  DType dtype_ = DType::f32;
+  int shard_ranks_ = 1;
+  std::string name_;
 };
+
+// Note [One owner]
+// ~~~~~~~~~~~~~~~~
+// A parameter's gradient goes to one place: the GradSink its meta names. A
+// second arena over a parameter would silently take it over: the first
+// arena's window would then read slots nobody writes (grad_norm 0) and never
+// move its weights. So an arena refuses a parameter another sink holds,
+// naming the parameter and the holder (its arena's name and the parameter's
+// name there), before it changes anything; the holder's destructor lets the
+// parameter go, after which another arena may take it. For the same reason
+// gradcheck refuses an arena-held input: its gradient lands in the arena's
+// slot by Note [Overwrite first] (written or added, by the window's flags),
+// not in the .grad gradcheck reads.
 
 class GradArena final : public GradSink {
  public:
@@ -65,10 +106,11 @@ class GradArena final : public GradSink {
   };
 
   // Lays out a slot per parameter (leaves that require grad, any float dtype)
-  // and routes their gradients here. The parameters' values are not touched.
-  // names may be empty.
-  GradArena(const std::vector<Tensor>& params, const std::vector<std::string>& names,
-            const GradArenaOptions& options);
+  // in the given order, named as given (nn::Module::named_parameters()), and
+  // routes their gradients here. The parameters' values are not touched.
+  GradArena(const std::vector<NamedParameter>& params, const GradArenaOptions& options = {});
+  // The same for tensors without names: they are called "param0", "param1", ...
+  GradArena(const std::vector<Tensor>& params, const GradArenaOptions& options = {});
   ~GradArena() override;
   GradArena(const GradArena&) = delete;
   GradArena& operator=(const GradArena&) = delete;
@@ -114,6 +156,8 @@ class GradArena final : public GradSink {
   // GradSink: the slot a fused kernel writes into directly, and its beta.
   Tensor claim(const Tensor& leaf, double* beta) override;
   double next_beta(const Tensor& leaf) const override;
+  // GradSink: "the gradient arena 'name' (3 parameters), as its 'fc.weight'".
+  std::string describe(const Tensor& leaf) const override;
 
  private:
   size_t slot_of(const Tensor& leaf, const char* op) const;

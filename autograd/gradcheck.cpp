@@ -30,6 +30,19 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
                  "gradcheck: checked inputs must be contiguous f64 CPU tensors, got ",
                  dtype_name(t.dtype()), " on ", t.device().str());
   }
+  // Note [One owner]: an arena-held input's gradient never reaches grad().
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const Tensor& t = inputs[k];
+    if (!t.defined() || !t.requires_grad()) continue;
+    const GradSink* sink = autograd::sink_of(t);
+    ACCRUE_CHECK(
+        sink == nullptr, "gradcheck: input ", k, " of shape ", shape_str(t.shape()), " is held by ",
+        sink->describe(t),
+        ": its gradient lands in that arena's slot (written or added by the window's ",
+        "flags, Note [Overwrite first]), not in the grad() that gradcheck reads. ",
+        "Gradcheck a fresh leaf with its values instead, requires_grad_(detach(p).clone()), ",
+        "or the model before an arena or ParamStore holds it");
+  }
   // Analytic: one backward of <v, f(x)>.
   Tensor y = f(inputs);
   ACCRUE_CHECK(y.defined() && y.requires_grad(),

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "accrue/autograd/node.h"
@@ -33,6 +34,12 @@ class GradSink {
     (void)leaf;
     return -1.0;
   }
+  // Where the leaf's gradient goes, for errors: "the gradient arena 'model',
+  // as its 'fc.weight'" (Note [One owner]).
+  virtual std::string describe(const Tensor& leaf) const {
+    (void)leaf;
+    return "a gradient sink";
+  }
 };
 
 // Holds a parameter's authoritative value when the tensor the model computes
@@ -46,6 +53,13 @@ class ParameterOwner {
   virtual void load(const Tensor& param, const Tensor& value) = 0;
   // The parameter's authoritative value, shaped like it (a view, not a copy).
   virtual Tensor value(const Tensor& param) const = 0;
+};
+
+// A parameter and its dotted name, as nn::Module::named_parameters() lists
+// them and the gradient arena and optim::ParamStore take them.
+struct NamedParameter {
+  std::string name;
+  Tensor tensor;
 };
 
 using GradReadyHook = std::function<void(const Tensor& leaf)>;

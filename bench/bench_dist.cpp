@@ -486,16 +486,10 @@ int run_allreduce(const Options& o, const dist::RankInfo& rank) {
   const double bus_factor = 2.0 * (n - 1) / n;
 
   // The arena: GPT-2 124M, gradients only matter (no moments).
-  std::vector<Tensor> params;
-  std::vector<std::string> names;
-  for (const ParamSpec& s : gpt2_124m()) {
-    params.push_back(requires_grad_(randn(s.shape, DType::f32, device)));
-    names.push_back(s.name);
-  }
-  optim::ParamStoreOptions arena_options;
-  arena_options.device = device;
-  arena_options.moments = 0;
-  optim::ParamStore arena(params, names, arena_options);
+  std::vector<NamedParameter> params;
+  for (const ParamSpec& s : gpt2_124m())
+    params.push_back({s.name, requires_grad_(randn(s.shape, DType::f32, device))});
+  optim::ParamStore arena(params, optim::ParamStoreOptions().device(device).moments(0));
   params.clear();
   fill_slots(arena, arena.grads());
   const Tensor& grads = arena.grads();
@@ -656,8 +650,9 @@ RowResult run_scaling_row(const Options& o, const Row& row, const dist::RankInfo
   Generator init_gen(1234);
   nn::MLP model(mlp_widths(o), {device, DType::f32, &init_gen});
   optim::Optimizer optimizer(optim::AdamWOptions(o.lr).betas(0.9, 0.95).weight_decay(0.1));
-  optim::ParamStore arena(model.parameters(), {},
-                          {device, DType::f32, compute, optimizer.moments_needed()});
+  optim::ParamStore arena(model.named_parameters(),
+                          optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
+                              optimizer.moments_needed()));
   std::unique_ptr<dist::Reducer> reducer;
   if (comm != nullptr) {
     dist::ReducerOptions options = reducer_options(row.variant);

@@ -63,18 +63,13 @@ class CloseFixture {
                bool skip_unused = false)
       : optimizer_(
             optim::AdamWOptions(kLr).betas(kBeta1, kBeta2).eps(kEps).weight_decay(kWeightDecay)) {
-    std::vector<Tensor> params;
-    std::vector<std::string> names;
-    for (const ParamSpec& s : specs) {
-      params.push_back(requires_grad_(randn(s.shape, DType::f32, gpu())));
-      names.push_back(s.name);
-    }
-    optim::ParamStoreOptions options;
-    options.device = gpu();
-    options.master_dtype = DType::f32;
-    options.compute_dtype = compute_dtype;
-    options.moments = optimizer_.moments_needed();
-    arena_ = std::make_unique<optim::ParamStore>(params, names, options);
+    std::vector<NamedParameter> params;
+    for (const ParamSpec& s : specs)
+      params.push_back({s.name, requires_grad_(randn(s.shape, DType::f32, gpu()))});
+    arena_ = std::make_unique<optim::ParamStore>(params, optim::ParamStoreOptions()
+                                                             .device(gpu())
+                                                             .compute_dtype(compute_dtype)
+                                                             .moments(optimizer_.moments_needed()));
     if (split_groups) {
       // nanoGPT's groups: no weight decay on biases and norm weights.
       std::vector<Tensor> no_decay;

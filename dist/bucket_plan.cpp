@@ -8,7 +8,7 @@
 namespace accrue::dist {
 
 BucketPlan::BucketPlan(const GradArena& arena, const BucketPlanOptions& options)
-    : BucketPlan(arena.slots(), arena.padded_numel(), element_size(arena.options().dtype),
+    : BucketPlan(arena.slots(), arena.padded_numel(), element_size(arena.options().dtype()),
                  options) {}
 
 BucketPlan::BucketPlan(const std::vector<GradArena::Slot>& slots, int64_t padded_numel,
@@ -144,7 +144,7 @@ uint64_t layout_fingerprint(const std::vector<GradArena::Slot>& slots, DType mas
 }
 
 uint64_t layout_fingerprint(const GradArena& arena) {
-  return layout_fingerprint(arena.slots(), arena.options().dtype);
+  return layout_fingerprint(arena.slots(), arena.options().dtype());
 }
 
 }  // namespace accrue::dist

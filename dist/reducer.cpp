@@ -17,8 +17,8 @@ Reducer::Reducer(optim::ParamStore& arena, Communicator& comm, const ReducerOpti
       options_(options),
       plan_(arena, options.buckets),
       hook_target_(std::make_shared<HookTarget>(HookTarget{this})) {
-  ACCRUE_CHECK(arena.options().device == comm.device(), "Reducer: the gradient arena is on ",
-               arena.options().device.str(), " but rank ", comm.rank(), "'s communicator is on ",
+  ACCRUE_CHECK(arena.options().device() == comm.device(), "Reducer: the gradient arena is on ",
+               arena.options().device().str(), " but rank ", comm.rank(), "'s communicator is on ",
                comm.device().str());
   if (comm.device().is_cuda()) {
     device_ = comm.device().index;
@@ -41,13 +41,13 @@ Reducer::Reducer(optim::ParamStore& arena, Communicator& comm, const ReducerOpti
   }
   remaining_.assign(plan_.size(), 0);
   seen_.assign(arena.size(), false);
-  if (options.transport && *options.transport != arena.options().master_dtype) {
+  if (options.transport && *options.transport != arena.options().master_dtype()) {
     const DType t = *options.transport;
     ACCRUE_CHECK(t == DType::bf16 || t == DType::f16, "Reducer: transport dtype ", dtype_name(t),
-                 " must be the arena's (", dtype_name(arena.options().master_dtype),
+                 " must be the arena's (", dtype_name(arena.options().master_dtype()),
                  ") or a 16-bit float (bf16, f16)");
     for (size_t b = 0; b < plan_.size(); ++b)
-      stage_.push_back(zeros({plan_[b].numel}, t, arena.options().device));
+      stage_.push_back(zeros({plan_[b].numel}, t, arena.options().device()));
   }
   if (options.check_layout) check_layout();
   if (options.zero1) {
@@ -58,7 +58,7 @@ Reducer::Reducer(optim::ParamStore& arena, Communicator& comm, const ReducerOpti
       ACCRUE_CHECK(bucket.numel % world == 0, "Reducer (zero1): bucket ", b, " has ", bucket.numel,
                    " elements, not divisible by the world size ", world,
                    "; construct the store with optim::ParamStoreOptions::shard_ranks = ", world,
-                   " (its shard_ranks = ", arena.options().shard_ranks, "; Note [ZeRO-1])");
+                   " (its shard_ranks = ", arena.options().shard_ranks(), "; Note [ZeRO-1])");
       const int64_t chunk = bucket.numel / world;
       owned_.push_back({bucket.offset + comm.rank() * chunk, chunk});
       packed += chunk;
@@ -261,7 +261,7 @@ void Reducer::broadcast_parameters(int root) {
   order_comm_after_compute();
   comm_.broadcast(arena_.master(), root);
   ++issued_;
-  for (int i = 0; i < arena_.options().moments && !options_.zero1; ++i) {
+  for (int i = 0; i < arena_.options().moments() && !options_.zero1; ++i) {
     comm_.broadcast(arena_.moment(i), root);
     ++issued_;
   }
@@ -280,9 +280,9 @@ void Reducer::all_gather(const Tensor& local, const Tensor& all) {
 
 void Reducer::all_reduce_max(const Tensor& values) {
   ACCRUE_CHECK(values.defined() && values.dim() == 1 && values.dtype() == DType::f64 &&
-                   values.device() == arena_.options().device,
+                   values.device() == arena_.options().device(),
                "Reducer::all_reduce_max: expects a 1-D f64 tensor on ",
-               arena_.options().device.str(), ", got ",
+               arena_.options().device().str(), ", got ",
                values.defined() ? shape_str(values.shape()) + " " + dtype_name(values.dtype()) +
                                       " on " + values.device().str()
                                 : std::string("an undefined tensor"));

@@ -27,7 +27,7 @@ struct Run {
   Generator gen{1};
   nn::MLP model{{4, 3}, {Device::cpu(), DType::f32, &gen}};
   optim::Optimizer opt{optim::AdamWOptions(1e-3)};
-  optim::ParamStore arena{model.parameters(), {}, {Device::cpu(), DType::f32, DType::f32, 2}};
+  optim::ParamStore arena{model.named_parameters(), optim::ParamStoreOptions()};
   optim::Window window{arena, opt, optim::WindowOptions().micro_steps(4)};
 
   void micro_step() {

@@ -7,16 +7,16 @@
 #include <utility>
 #include <vector>
 
+#include "accrue/autograd/variable.h"
 #include "accrue/core/random.h"
 #include "accrue/core/tensor.h"
 #include "accrue/kernels/conv.h"
 
 namespace accrue::nn {
 
-struct NamedParameter {
-  std::string name;
-  Tensor tensor;
-};
+// Declared in autograd/variable.h, which the gradient arena and
+// optim::ParamStore take them from.
+using accrue::NamedParameter;
 
 // Where parameters are created: their device and dtype, and the generator for
 // their initial values (a fixed seed makes a model reproducible on any device).

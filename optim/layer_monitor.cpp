@@ -18,7 +18,7 @@ LayerMonitor::LayerMonitor(const ParamStore& arena) : arena_(arena) {
     rows_.push_back(kernels::norm_partials_rows(arena.grad_view(i)));
     table_rows_ += rows_.back();
   }
-  table_ = zeros({3 * table_rows_, 2}, DType::f64, arena.options().device);
+  table_ = zeros({3 * table_rows_, 2}, DType::f64, arena.options().device());
 }
 
 LayerMonitor::LayerMonitor(const ParamStore& arena, Optimizer& optimizer)
@@ -27,7 +27,7 @@ LayerMonitor::LayerMonitor(const ParamStore& arena, Optimizer& optimizer)
                "shard; per-layer ratios need every layer's weights");
   ACCRUE_CHECK(!arena.moments_sharded(), "LayerMonitor: the arena's optimizer state is a ZeRO-1 ",
                "shard, so no pass steps the whole arena; use LayerMonitor(arena)");
-  const Device device = arena.options().device;
+  const Device device = arena.options().device();
   const int64_t chunks = (arena.padded_numel() + kernels::kChunk - 1) / kernels::kChunk;
   step_sums_ = zeros({chunks, 3}, DType::f64, device);
   std::vector<int64_t> ranges;

@@ -35,7 +35,7 @@ NoiseScale::NoiseScale(const GradArena& arena, int64_t every, double ema)
   ACCRUE_CHECK(every >= 1, "NoiseScale: measure every n >= 1 windows, got ", every);
   ACCRUE_CHECK(ema >= 0.0 && ema < 1.0, "NoiseScale: ema = ", ema, " must lie in [0, 1)");
   partials_ =
-      empty({kernels::norm_partials_rows(arena.grads()), 2}, DType::f64, arena.options().device);
+      empty({kernels::norm_partials_rows(arena.grads()), 2}, DType::f64, arena.options().device());
 }
 
 void NoiseScale::after_first_micro_step(GradArena& arena, const Tensor& state) {

@@ -41,13 +41,13 @@ Tensor chunk_slot_table(const ParamStore& arena) {
     if (slot < 0) slot = previous;
     previous = slot;
   }
-  return from_vector(table, {chunks}, DType::i32, arena.options().device);
+  return from_vector(table, {chunks}, DType::i32, arena.options().device());
 }
 }  // namespace
 
 SlotTables make_slot_tables(const ParamStore& arena) {
   const auto slots = static_cast<int64_t>(arena.size());
-  const Device device = arena.options().device;
+  const Device device = arena.options().device();
   return {chunk_slot_table(arena), zeros({slots}, DType::f64, device),
           zeros({slots, 3}, DType::f64, device)};
 }
@@ -144,8 +144,8 @@ std::vector<int> Optimizer::slot_groups(const ParamStore& arena) const {
 }
 
 void Optimizer::bind(const ParamStore& arena) {
-  ACCRUE_CHECK(arena.options().moments >= moments_needed(), "Optimizer: needs ", moments_needed(),
-               " moment arenas, the arena has ", arena.options().moments);
+  ACCRUE_CHECK(arena.options().moments() >= moments_needed(), "Optimizer: needs ", moments_needed(),
+               " moment arenas, the arena has ", arena.options().moments());
   const int64_t chunks = (arena.padded_numel() + kernels::kChunk - 1) / kernels::kChunk;
   std::vector<int32_t> table(static_cast<size_t>(chunks), 0);
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -160,8 +160,8 @@ void Optimizer::bind(const ParamStore& arena) {
         table[c] = static_cast<int32_t>(g + 1);
     }
   }
-  chunk_groups_ = from_vector(table, {chunks}, DType::i32, arena.options().device);
-  hyper_ = zeros({kernels::kHyperSize}, DType::f64, arena.options().device);
+  chunk_groups_ = from_vector(table, {chunks}, DType::i32, arena.options().device());
+  hyper_ = zeros({kernels::kHyperSize}, DType::f64, arena.options().device());
   bound_ = &arena;
 }
 

@@ -11,18 +11,22 @@ namespace accrue::optim {
 namespace {
 
 GradArenaOptions grad_options(const ParamStoreOptions& o) {
-  return {o.device, o.master_dtype, o.shard_ranks};
+  return GradArenaOptions()
+      .device(o.device())
+      .dtype(o.master_dtype())
+      .shard_ranks(o.shard_ranks())
+      .name(o.name());
 }
 
 void check_options(const ParamStoreOptions& o) {
-  ACCRUE_CHECK(o.master_dtype == DType::f32 || o.master_dtype == DType::f64,
-               "ParamStore: master dtype must be f32 or f64, got ", dtype_name(o.master_dtype));
-  ACCRUE_CHECK(o.compute_dtype == o.master_dtype || o.compute_dtype == DType::bf16 ||
-                   o.compute_dtype == DType::f16,
-               "ParamStore: compute dtype ", dtype_name(o.compute_dtype),
-               " must be the master dtype ", dtype_name(o.master_dtype), ", bf16 or f16");
-  ACCRUE_CHECK(o.moments >= 0 && o.moments <= 3, "ParamStore: moments must be 0..3, got ",
-               o.moments);
+  ACCRUE_CHECK(o.master_dtype() == DType::f32 || o.master_dtype() == DType::f64,
+               "ParamStore: master dtype must be f32 or f64, got ", dtype_name(o.master_dtype()));
+  ACCRUE_CHECK(o.compute_dtype() == o.master_dtype() || o.compute_dtype() == DType::bf16 ||
+                   o.compute_dtype() == DType::f16,
+               "ParamStore: compute dtype ", dtype_name(o.compute_dtype()),
+               " must be the master dtype ", dtype_name(o.master_dtype()), ", bf16 or f16");
+  ACCRUE_CHECK(o.moments() >= 0 && o.moments() <= 3, "ParamStore: moments must be 0..3, got ",
+               o.moments());
 }
 
 // Checked before the gradient arena is built, so a bad option is named as the store's.
@@ -44,19 +48,31 @@ std::string bytes_str(int64_t bytes) {
 
 }  // namespace
 
-ParamStore::ParamStore(const std::vector<Tensor>& params, const std::vector<std::string>& names,
-                       const ParamStoreOptions& options)
-    : options_(checked(options)), grads_(params, names, grad_options(options)) {
+ParamStore::ParamStore(const std::vector<Tensor>& params, const ParamStoreOptions& options)
+    : options_(checked(options)), grads_(params, grad_options(options)) {
+  adopt(params);
+}
+
+ParamStore::ParamStore(const std::vector<NamedParameter>& params, const ParamStoreOptions& options)
+    : options_(checked(options)), grads_(params, grad_options(options)) {
+  std::vector<Tensor> tensors;
+  for (const NamedParameter& p : params)
+    tensors.push_back(p.tensor);
+  adopt(tensors);
+}
+
+void ParamStore::adopt(const std::vector<Tensor>& params) {
+  const ParamStoreOptions& options = options_;
   // Padding must read as zero forever: the norm pass and the optimizer sweep it.
-  master_ = zeros({padded_numel()}, options.master_dtype, options.device);
+  master_ = zeros({padded_numel()}, options.master_dtype(), options.device());
   moment_numel_ = padded_numel();
-  for (int i = 0; i < options.moments; ++i)
-    moments_.push_back(zeros({padded_numel()}, options.master_dtype, options.device));
+  for (int i = 0; i < options.moments(); ++i)
+    moments_.push_back(zeros({padded_numel()}, options.master_dtype(), options.device()));
   NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i)
     master_view(i).copy_(params[i]);
-  const bool has_copy = options.compute_dtype != options.master_dtype;
-  if (has_copy) compute_ = master_.to(options.compute_dtype);
+  const bool has_copy = options.compute_dtype() != options.master_dtype();
+  if (has_copy) compute_ = master_.to(options.compute_dtype());
   const Tensor& home = forward_weights();
   // Re-point each parameter at its slot: every handle the model holds sees the store.
   for (size_t i = 0; i < params.size(); ++i) {
@@ -107,7 +123,7 @@ void ParamStore::shard_moments(int64_t numel) {
   moment_numel_ = numel;
   for (Tensor& m : moments_) {
     m = Tensor();  // freed before the shard is allocated: the peak never holds both
-    m = zeros({numel}, options_.master_dtype, options_.device);
+    m = zeros({numel}, options_.master_dtype(), options_.device());
   }
 }
 
@@ -123,7 +139,7 @@ void ParamStore::shard_master(const std::vector<ArenaRange>& owned) {
     packed += r.numel;
   }
   NoGradGuard no_grad;
-  Tensor shard = empty({packed}, options_.master_dtype, options_.device);
+  Tensor shard = empty({packed}, options_.master_dtype(), options_.device());
   int64_t at = 0;
   for (const ArenaRange& r : owned) {
     shard.narrow(0, at, r.numel).copy_(master_.narrow(0, r.offset, r.numel));
@@ -172,7 +188,7 @@ void ParamStore::load_slot(size_t i, const Tensor& value, const char* op) {
   NoGradGuard no_grad;
   // Note [One load path]: the master's values (the value cast once to the
   // master dtype), then the compute copy cast from them.
-  Tensor flat = empty({s.numel}, options_.master_dtype, options_.device);
+  Tensor flat = empty({s.numel}, options_.master_dtype(), options_.device());
   make_view(flat, s.shape, s.strides, 0).copy_(value);
   if (!master_sharded_) {
     master_.narrow(0, s.offset, s.numel).copy_(flat);

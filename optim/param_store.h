@@ -1,8 +1,10 @@
 // ParamStore: the optimizer's side of every trainable parameter, laid out over
 // the gradient arena's slots.
 //
-//   optim::ParamStore store(model.parameters(), names,
-//                           {Device::cuda(0), DType::f32, DType::bf16, opt.moments_needed()});
+//   optim::ParamStore store(model.named_parameters(), optim::ParamStoreOptions()
+//                                                         .device(Device::cuda(0))
+//                                                         .compute_dtype(DType::bf16)
+//                                                         .moments(opt.moments_needed()));
 //   optim::Window window(store, opt, optim::WindowOptions().micro_steps(8));
 //
 // Note [Parameter store]
@@ -31,7 +33,9 @@
 // each rank writes its owned part and the whole compute copy.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "accrue/autograd/grad_arena.h"
@@ -39,19 +43,59 @@
 
 namespace accrue::optim {
 
-struct ParamStoreOptions {
-  Device device = Device::cpu();
-  // The dtype of master weights, gradients and moments: f32, or f64 for the CPU reference.
-  DType master_dtype = DType::f32;
-  // The dtype parameters compute in: master_dtype, or bf16/f16 for a compute copy.
-  DType compute_dtype = DType::f32;
-  // How many moment arenas to allocate (0 to 3: SGD momentum, Adam m and v, amsgrad's max).
-  int moments = 2;
+// Named setters, as optim::WindowOptions; every one has a default.
+class ParamStoreOptions {
+ public:
+  ParamStoreOptions& device(Device d) {
+    device_ = d;
+    return *this;
+  }
+  // The dtype of master weights, gradients and moments: f32 (the default), or
+  // f64 for the CPU reference.
+  ParamStoreOptions& master_dtype(DType d) {
+    master_dtype_ = d;
+    return *this;
+  }
+  // The dtype parameters compute in: the master dtype (the default), or
+  // bf16/f16 for a compute copy.
+  ParamStoreOptions& compute_dtype(DType d) {
+    compute_dtype_ = d;
+    return *this;
+  }
+  // How many moment arenas to allocate (0 to 3: SGD momentum, Adam m and v,
+  // amsgrad's max; Optimizer::moments_needed()). Default 2.
+  ParamStoreOptions& moments(int n) {
+    moments_ = n;
+    return *this;
+  }
   // Slots are padded to a multiple of shard_ranks x 256 bytes, so that ZeRO-1
   // over this many ranks cuts every bucket into equal chunks (Note [ZeRO-1]).
-  // 1 suffices for a world size that divides 256 bytes' worth of elements (a
-  // power of two up to 64 for f32, 32 for f64); other world sizes set it to W.
-  int shard_ranks = 1;
+  // 1 (the default) suffices for a world size that divides 256 bytes' worth
+  // of elements (a power of two up to 64 for f32, 32 for f64); other world
+  // sizes set it to W.
+  ParamStoreOptions& shard_ranks(int n) {
+    shard_ranks_ = n;
+    return *this;
+  }
+  // What errors call the store (Note [One owner]); empty: unnamed.
+  ParamStoreOptions& name(std::string n) {
+    name_ = std::move(n);
+    return *this;
+  }
+  Device device() const { return device_; }
+  DType master_dtype() const { return master_dtype_; }
+  DType compute_dtype() const { return compute_dtype_.value_or(master_dtype_); }
+  int moments() const { return moments_; }
+  int shard_ranks() const { return shard_ranks_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  Device device_ = Device::cpu();
+  DType master_dtype_ = DType::f32;
+  std::optional<DType> compute_dtype_;
+  int moments_ = 2;
+  int shard_ranks_ = 1;
+  std::string name_;
 };
 
 // Bytes a store holds on its device, by role (the report of Note [ZeRO-1]).
@@ -68,12 +112,15 @@ class ParamStore final : public ParameterOwner {
  public:
   using Slot = GradArena::Slot;
 
-  // Moves `params` (leaves that require grad, any float dtype and device) into
-  // the store: their values are copied into the master arena, each tensor is
-  // re-pointed at its slot (and converted to the compute dtype), and its
-  // gradients are routed to the gradient arena. names may be empty.
-  ParamStore(const std::vector<Tensor>& params, const std::vector<std::string>& names,
-             const ParamStoreOptions& options);
+  // Moves `params` (leaves that require grad, any float dtype and device;
+  // nn::Module::named_parameters()) into the store: their values are copied
+  // into the master arena, each tensor is re-pointed at its slot (and
+  // converted to the compute dtype), and its gradients are routed to the
+  // gradient arena. A parameter another store or arena holds is refused
+  // (Note [One owner]).
+  ParamStore(const std::vector<NamedParameter>& params, const ParamStoreOptions& options = {});
+  // The same for tensors without names: they are called "param0", "param1", ...
+  ParamStore(const std::vector<Tensor>& params, const ParamStoreOptions& options = {});
   ~ParamStore() override;
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
@@ -146,6 +193,8 @@ class ParamStore final : public ParameterOwner {
 
  private:
   size_t slot_of(const Tensor& param, const char* op) const;
+  // The construction's second half: the master filled, the parameters re-pointed.
+  void adopt(const std::vector<Tensor>& params);
   void load_slot(size_t i, const Tensor& value, const char* op);
 
   ParamStoreOptions options_;

@@ -80,7 +80,7 @@ std::unique_ptr<CloseContext> make_context(ParamStore& store, Optimizer& optimiz
   // micro-batch of the window, on every rank.
   c.config.micro_steps = options.micro_steps() * (sync ? sync->world_size() : 1);
   c.config.max_norm = options.max_grad_norm();
-  const Device device = store.options().device;
+  const Device device = store.options().device();
   // Note [Scale calibration]: a calibrated scaler runs its first window at kCalibrationScale.
   const double initial = options.scaler().mode() == ScalerMode::None ? 1.0
                          : options.scaler().calibrates()             ? kCalibrationScale
@@ -91,7 +91,7 @@ std::unique_ptr<CloseContext> make_context(ParamStore& store, Optimizer& optimiz
     int64_t packed = 0;
     for (const ArenaRange& r : c.ranges)
       packed += r.numel;
-    ACCRUE_CHECK(store.options().moments == 0 || store.moment_numel() == packed,
+    ACCRUE_CHECK(store.options().moments() == 0 || store.moment_numel() == packed,
                  "Window: the sync owns ", packed, " elements of the arena but its moments hold ",
                  store.moment_numel(), " (construct the sync on this store before the Window)");
     // Note [ZeRO-1]: partial rows per owned range; the ranges have the same
@@ -137,7 +137,7 @@ Window::Window(ParamStore& store, Optimizer& optimizer, const WindowOptions& opt
     : store_(store), optimizer_(optimizer), options_(options), sync_(sync) {
   check_options(options);
   ctx_ = make_context(store, optimizer, options, sync);
-  index_checks_ = std::make_unique<kernels::DeferredIndexChecks>(store.options().device,
+  index_checks_ = std::make_unique<kernels::DeferredIndexChecks>(store.options().device(),
                                                                  field(kernels::kItems));
   stages_ = make_close_stages(*ctx_, features_of(options, sync));
   optimizer_.bind(store);

@@ -73,7 +73,7 @@ std::map<std::string, Tensor> Window::state_dict() const {
         from_vector(channels_last, {static_cast<int64_t>(channels_last.size())});
   d["master"] =
       sharded() && !store_.master_sharded() ? pack_owned(store_.master()) : store_.master();
-  for (int i = 0; i < store_.options().moments; ++i)
+  for (int i = 0; i < store_.options().moments(); ++i)
     d["moment" + std::to_string(i)] = store_.moment(i);
   d["window_state"] = ctx_->state;
   d["windows_closed"] = full({}, static_cast<double>(windows_), DType::i64);
@@ -133,7 +133,7 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
   const bool packed = sharded() && !store_.master_sharded();
   const Tensor& master = get("master", packed ? pack_owned(store_.master()) : store_.master());
   std::vector<const Tensor*> moments;
-  for (int i = 0; i < store_.options().moments; ++i)
+  for (int i = 0; i < store_.options().moments(); ++i)
     moments.push_back(&get("moment" + std::to_string(i), store_.moment(i)));
   const Tensor& window_state = get("window_state", ctx_->state);
   check_window_state(window_state);
@@ -192,7 +192,7 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
   // Note [One load path]: the master, then the compute copy from it (under
   // ZeRO-1 the owned ranges; the gather below does the rest).
   store_.load_master(master, sharded() ? ctx_->ranges : std::vector<ArenaRange>{});
-  for (int i = 0; i < store_.options().moments; ++i)
+  for (int i = 0; i < store_.options().moments(); ++i)
     store_.moment(i).copy_(*moments[static_cast<size_t>(i)]);
   ctx_->state.copy_(window_state);
   if (skips_unused())

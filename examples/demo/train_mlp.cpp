@@ -109,10 +109,12 @@ int train(int argc, char** argv) {
   Generator gen(1234);
   nn::MLP model({kFeatures, kHidden, kHidden, kClasses}, {device, DType::f32, &gen});
   optim::Optimizer optimizer = make_optimizer(opt);
-  optim::ParamStoreOptions arena_options{device, DType::f32, opt.dtype, optimizer.moments_needed()};
+  optim::ParamStoreOptions arena_options =
+      optim::ParamStoreOptions().device(device).compute_dtype(opt.dtype).moments(
+          optimizer.moments_needed());
   // Note [ZeRO-1]: slots padded so that every bucket splits evenly over any world size.
-  if (opt.zero1) arena_options.shard_ranks = where.world_size();
-  optim::ParamStore arena(model.parameters(), {}, arena_options);
+  if (opt.zero1) arena_options.shard_ranks(where.world_size());
+  optim::ParamStore arena(model.named_parameters(), arena_options);
   const DataParallel dp = connect_data_parallel(where, arena, opt.zero1);
   std::printf("memory per rank: %s\n", arena.memory().describe().c_str());
   optim::Window window(arena, optimizer,

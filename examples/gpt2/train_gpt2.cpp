@@ -67,18 +67,14 @@ namespace {
 constexpr const char* kProgram = "accrue_train_gpt2";
 
 // AdamW; GPT-2 decays only the Linear weights (2-d, not the embeddings).
-optim::Optimizer make_optimizer(const Gpt2Options& opt, nn::GPT2& model,
-                                std::vector<Tensor>* params, std::vector<std::string>* names) {
+optim::Optimizer make_optimizer(const Gpt2Options& opt, nn::GPT2& model) {
   optim::Optimizer optimizer(optim::AdamWOptions(opt.lr)
                                  .betas(opt.beta1, opt.beta2)
                                  .eps(opt.eps)
                                  .weight_decay(opt.weight_decay));
   std::vector<Tensor> no_decay;
-  for (const nn::NamedParameter& p : model.named_parameters()) {
-    params->push_back(p.tensor);
-    names->push_back(p.name);
+  for (const nn::NamedParameter& p : model.named_parameters())
     if (p.tensor.dim() < 2 || p.name == "wte" || p.name == "wpe") no_decay.push_back(p.tensor);
-  }
   optimizer.add_param_group(no_decay, optim::GroupOptions().weight_decay(0.0));
   optimizer.set_schedule(
       std::make_shared<optim::WarmupCosine>(opt.warmup_windows, opt.windows, opt.min_lr_factor));
@@ -220,10 +216,10 @@ int train(int argc, char** argv) {
     nn::load_hf_gpt2(model, opt.init_from);
     std::printf("initialized from %s\n", opt.init_from.c_str());
   }
-  std::vector<Tensor> params;
-  std::vector<std::string> names;
-  optim::Optimizer optimizer = make_optimizer(opt, model, &params, &names);
-  optim::ParamStore arena(params, names, {device, DType::f32, compute, optimizer.moments_needed()});
+  optim::Optimizer optimizer = make_optimizer(opt, model);
+  optim::ParamStore arena(model.named_parameters(),
+                          optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
+                              optimizer.moments_needed()));
   const DataParallel dp = connect_data_parallel(where, arena);
   optim::Window window(arena, optimizer,
                        optim::WindowOptions()

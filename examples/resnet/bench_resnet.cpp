@@ -111,8 +111,9 @@ int bench(int argc, char** argv) {
   // cuDNN reads them without a copy (Note [Parameter layouts]).
   if (opt.channels_last) model.to_channels_last();
   optim::Optimizer sgd(optim::SGDOptions(0.1).momentum(0.9));
-  optim::ParamStore arena(model.parameters(), {},
-                          {device, DType::f32, compute, sgd.moments_needed()});
+  optim::ParamStore arena(model.named_parameters(),
+                          optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
+                              sgd.moments_needed()));
   optim::Window window(arena, sgd, optim::WindowOptions().micro_steps(opt.k));
   listen_batch_norms(model, window);
 

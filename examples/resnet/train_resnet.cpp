@@ -372,7 +372,8 @@ int train(int argc, char** argv) {
   Generator init(opt.seed);
   nn::ResNet model(config, {device, DType::f32, &init});
   optim::Optimizer sgd(optim::SGDOptions(opt.lr).momentum(0.9));
-  optim::ParamStore arena(model.parameters(), {}, {device, DType::f32, DType::f32, 1});
+  optim::ParamStore arena(model.named_parameters(),
+                          optim::ParamStoreOptions().device(device).moments(1));
   optim::Window window(arena, sgd, optim::WindowOptions().micro_steps(opt.k).max_grad_norm(5.0));
   const std::vector<nn::BatchNorm*> norms = listen_batch_norms(model, window);
   std::printf(

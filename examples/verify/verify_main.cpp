@@ -67,7 +67,8 @@ class MlpRun : public optim::VerifyRun {
         gen_(11),
         model_({kFeatures, 32, kClasses}, {device, o.dtype, &gen_}),
         opt_(optim::AdamWOptions(1e-2).weight_decay(0.1)),
-        arena_(model_.parameters(), {}, {device, o.dtype, o.dtype, 2}),
+        arena_(model_.named_parameters(),
+               optim::ParamStoreOptions().device(device).master_dtype(o.dtype)),
         window_(arena_, opt_,
                 optim::WindowOptions().micro_steps(K).max_grad_norm(1.0).normalization(
                     o.normalization)) {}

@@ -236,7 +236,7 @@ TEST(Checkpoint, parameters_in_an_arena_receive_their_gradients_through_the_sink
                       requires_grad_(randn({kIn, kHidden}, DType::f64, Device::cpu(), &gen)),
                       requires_grad_(randn({kIn}, DType::f64, Device::cpu(), &gen)),
                       requires_grad_(randn({kIn}, DType::f64, Device::cpu(), &gen))};
-    GradArena arena(p.all(), {}, {Device::cpu(), DType::f64, 1});
+    GradArena arena(p.all(), GradArenaOptions().dtype(DType::f64));
     const Tensor x = randn({4, kIn}, DType::f64, Device::cpu(), &gen);
     arena.begin_window();
     for (int micro = 0; micro < 2; ++micro) {  // the second micro-step adds (beta 1)

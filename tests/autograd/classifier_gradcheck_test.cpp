@@ -120,7 +120,7 @@ TEST(ClassifierGradcheck, arena_slot_is_written_then_accumulated) {
       scalar_tensor(seed, DType::f64));
 
   const Tensor w = requires_grad_(w0.clone());
-  GradArena arena({w}, {"classifier"}, {Device::cpu(), DType::f64, 1});
+  GradArena arena({{"classifier", w}}, GradArenaOptions().dtype(DType::f64));
   arena.grads().fill_(123.0);  // stale values that the first write must replace
   arena.begin_window();
   const Tensor h = requires_grad_(h0.clone());

@@ -62,7 +62,7 @@ TEST(ConvGradcheck, pooling) {
 TEST(ConvGradcheck, the_weight_gradient_lands_in_its_arena_slot) {
   Generator gen(3);
   nn::Conv2d conv(2, 3, 3, true, {Device::cpu(), DType::f64, &gen});
-  GradArena arena(conv.parameters(), {}, {Device::cpu(), DType::f64, 1});
+  GradArena arena(conv.named_parameters(), GradArenaOptions().dtype(DType::f64));
   const Tensor x1 = test::random_normal({2, 2, 5, 5}, DType::f64);
   const Tensor x2 = test::random_normal({2, 2, 5, 5}, DType::f64);
   // The reference: the same weights outside any arena.
@@ -142,7 +142,7 @@ TEST(ConvGradcheck, batch_norm_matches_the_composed_formula) {
 TEST(ConvGradcheck, batch_norm_affine_gradients_land_in_their_arena_slots) {
   const Tensor w = requires_grad_(test::random_normal({3}, DType::f64));
   const Tensor b = requires_grad_(test::random_normal({3}, DType::f64));
-  GradArena arena({w, b}, {}, {Device::cpu(), DType::f64, 1});
+  GradArena arena({w, b}, GradArenaOptions().dtype(DType::f64));
   const Tensor x1 = test::random_normal({2, 3, 4}, DType::f64);
   const Tensor x2 = test::random_normal({2, 3, 4}, DType::f64);
   const Tensor rw = requires_grad_(detach(w).clone()), rb = requires_grad_(detach(b).clone());

@@ -127,7 +127,7 @@ TEST(FusedGradcheck, linear_gelu_parameter_gradients_land_in_the_arena) {
   backward(sum(linear_gelu(xr, wr, br)));
 
   const Tensor w = requires_grad_(w0.clone()), b = requires_grad_(b0.clone());
-  GradArena arena({w, b}, {"fc.weight", "fc.bias"}, {Device::cpu(), DType::f64, 1});
+  GradArena arena({{"fc.weight", w}, {"fc.bias", b}}, GradArenaOptions().dtype(DType::f64));
   arena.grads().fill_(123.0);
   arena.begin_window();
   const Tensor x = requires_grad_(x0.clone());
@@ -209,7 +209,7 @@ TEST(FusedGradcheck, residual_layer_norm_parameter_gradients_land_in_the_arena) 
   backward(sum(layer_norm(x0 + r0, wr, br, 1e-5) * x0));
 
   const Tensor w = requires_grad_(w0.clone()), b = requires_grad_(b0.clone());
-  GradArena arena({w, b}, {"ln.weight", "ln.bias"}, {Device::cpu(), DType::f64, 1});
+  GradArena arena({{"ln.weight", w}, {"ln.bias", b}}, GradArenaOptions().dtype(DType::f64));
   arena.grads().fill_(-7.0);
   arena.begin_window();
   backward(sum(residual_layer_norm(x0, r0, w, b).normed * x0));

@@ -213,7 +213,7 @@ TEST(BucketPlan, views_are_zero_copy_slices_of_a_real_arena) {
   std::vector<Tensor> params;
   for (const Shape& s : std::vector<Shape>{{7, 3}, {100}, {5}, {16, 16}, {3}})
     params.push_back(requires_grad_(test::random_normal(s)));
-  optim::ParamStore arena(params, {}, {Device::cpu(), DType::f32, DType::f32, 0});
+  optim::ParamStore arena(params, optim::ParamStoreOptions().moments(0));
   const BucketPlanOptions opt{256, 1024};
   const BucketPlan plan(arena, opt);
   Layout l{arena.slots(), arena.padded_numel()};
@@ -284,7 +284,8 @@ TEST(LayoutFingerprint, same_layout_same_value_any_difference_changes_it) {
   // From a real arena: it hashes what the arena registered.
   std::vector<Tensor> params{requires_grad_(test::random_normal({4, 3})),
                              requires_grad_(test::random_normal({5}))};
-  optim::ParamStore arena(params, {"w", "b"}, {Device::cpu(), DType::f32, DType::f32, 0});
+  optim::ParamStore arena({{"w", params[0]}, {"b", params[1]}},
+                          optim::ParamStoreOptions().moments(0));
   const Layout same = layout({{"w", {4, 3}}, {"b", {5}}});
   EXPECT_EQ(layout_fingerprint(arena), layout_fingerprint(same.slots, DType::f32));
 }

@@ -30,8 +30,8 @@ TEST(MultiGpuFault, a_rank_that_exits_mid_window_makes_the_others_raise_within_2
   p.device = device();
   auto model = equivalence::make_model(ModelKind::Classifier, p, 5);
   optim::ParamStoreOptions ao;
-  ao.device = device();
-  optim::ParamStore arena(model->parameters(), {}, ao);
+  ao.device(device());
+  optim::ParamStore arena(model->named_parameters(), ao);
   Reducer reducer(arena, world());
   optim::Optimizer optimizer(equivalence::adamw());
   optim::Window window(arena, optimizer, optim::WindowOptions().micro_steps(K), &reducer);

@@ -154,9 +154,9 @@ struct Trainer {
           const ReducerOptions& options = {}, DType compute = DType::f32)
       : model(std::move(m)) {
     optim::ParamStoreOptions ao;
-    ao.device = device();
-    ao.compute_dtype = compute;
-    ao.moments = 2;
+    ao.device(device());
+    ao.compute_dtype(compute);
+    ao.moments(2);
     arena = equivalence::make_arena(*model, ao);
     if (data_parallel) {
       reducer = std::make_unique<Reducer>(*arena, world(), options);
@@ -471,8 +471,8 @@ TEST(MultiGpu, different_parameter_layouts_are_an_error_on_every_rank) {
   const ModelKind kind = info().rank == 0 ? ModelKind::Classifier : ModelKind::LM;
   auto model = equivalence::make_model(kind, gpu_f32(), 3);
   optim::ParamStoreOptions ao;
-  ao.device = device();
-  optim::ParamStore arena(model->parameters(), {}, ao);
+  ao.device(device());
+  optim::ParamStore arena(model->named_parameters(), ao);
   EXPECT_ERROR(Reducer reducer(arena, world()), "Reducer: rank", "differs from another rank");
   // The check is an ordinary collective: the world is still healthy.
   world().check();

@@ -34,7 +34,7 @@ struct DistBranchRun {
         branch({64, 96, 10}, {device, DType::f32, &gen}),
         main({64, 256, 256, 10}, {device, DType::f32, &gen}),
         opt(optim::AdamWOptions(1e-3).weight_decay(0.1)),
-        arena(params(), {}, {device, DType::f32, DType::f32, 2}),
+        arena(params(), optim::ParamStoreOptions().device(device)),
         reducer(arena, comm, reducer_options(zero1, transport)),
         window(arena, opt, branch_window_options(under_backward), &reducer),
         device_(device),

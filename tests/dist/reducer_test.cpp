@@ -96,9 +96,9 @@ struct DpRun {
     const equivalence::Precision p = equivalence::cpu_f64();
     model = equivalence::make_model(ModelKind::Classifier, p, 11);
     optim::ParamStoreOptions ao;
-    ao.master_dtype = DType::f64;
-    ao.compute_dtype = DType::f64;
-    ao.moments = 2;
+    ao.master_dtype(DType::f64);
+    ao.compute_dtype(DType::f64);
+    ao.moments(2);
     arena = equivalence::make_arena(*model, ao);
     if (comm) reducer = std::make_unique<Reducer>(*arena, *comm, options);
     optimizer = std::make_unique<optim::Optimizer>(equivalence::adamw());
@@ -206,8 +206,9 @@ TEST(Reducer, unused_and_early_only_parameters_enter_the_sum_correctly) {
   for (int i = 0; i < 4; ++i)
     params.push_back(requires_grad_(randn({n}, DType::f64, Device::cpu(), &gen)));
   optim::ParamStoreOptions ao;
-  ao.master_dtype = ao.compute_dtype = DType::f64;
-  optim::ParamStore arena(params, {"a", "b", "c", "d"}, ao);
+  ao.master_dtype(DType::f64);
+  optim::ParamStore arena({{"a", params[0]}, {"b", params[1]}, {"c", params[2]}, {"d", params[3]}},
+                          ao);
   RecordingCommunicator comm;
   ReducerOptions ro;
   ro.buckets.first_bucket_bytes = ro.buckets.bucket_bytes = 256;
@@ -294,10 +295,10 @@ TEST(Reducer, broadcast_parameters_refreshes_the_compute_copy) {
   std::vector<Tensor> params{requires_grad_(randn({10}, DType::f32, Device::cpu(), &gen)),
                              requires_grad_(randn({3, 4}, DType::f32, Device::cpu(), &gen))};
   optim::ParamStoreOptions ao;
-  ao.master_dtype = DType::f32;
-  ao.compute_dtype = DType::bf16;
-  ao.moments = 2;
-  optim::ParamStore arena(params, {}, ao);
+  ao.master_dtype(DType::f32);
+  ao.compute_dtype(DType::bf16);
+  ao.moments(2);
+  optim::ParamStore arena(params, ao);
   RecordingCommunicator comm;
   Reducer reducer(arena, comm);
   // As if rank 0's values had just arrived in the master arena.

@@ -25,8 +25,7 @@ constexpr double kFactor[] = {2.0, 40.0};
 // The calibrated scale after one window of rank `rank` (comm null: rank 0 alone).
 double calibrated_scale(int rank, Communicator* comm) {
   Tensor p = requires_grad_(from_vector<double>({0.5, -1.0, 0.25, 2.0}, {4}, DType::f32));
-  optim::ParamStore arena({p}, {"p"},
-                          optim::ParamStoreOptions{Device::cpu(), DType::f32, DType::f16, 2});
+  optim::ParamStore arena({{"p", p}}, optim::ParamStoreOptions().compute_dtype(DType::f16));
   std::unique_ptr<Reducer> reducer;
   if (comm) reducer = std::make_unique<Reducer>(arena, *comm);
   optim::Optimizer opt(optim::AdamWOptions(1e-3));

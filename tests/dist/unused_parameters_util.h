@@ -49,8 +49,9 @@ inline Result train(int world, bool zero1, int rank, Communicator* comm, Device 
     requires_grad_(p);
     params.push_back(p);
   }
-  optim::ParamStoreOptions ao{device, dtype, dtype, 2};
-  optim::ParamStore arena(params, {"shared", "rank1_only", "never"}, ao);
+  const auto ao = optim::ParamStoreOptions().device(device).master_dtype(dtype);
+  optim::ParamStore arena({{"shared", params[0]}, {"rank1_only", params[1]}, {"never", params[2]}},
+                          ao);
   std::unique_ptr<Reducer> reducer;
   if (comm) {
     ReducerOptions ro;

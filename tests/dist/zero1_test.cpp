@@ -57,10 +57,10 @@ struct RankRun {
     p.dtype = master;
     model = equivalence::make_model(ModelKind::LM, p, seed);
     optim::ParamStoreOptions ao;
-    ao.master_dtype = master;
-    ao.compute_dtype = compute;
-    ao.moments = 2;
-    ao.shard_ranks = shard_ranks;
+    ao.master_dtype(master);
+    ao.compute_dtype(compute);
+    ao.moments(2);
+    ao.shard_ranks(shard_ranks);
     arena = equivalence::make_arena(*model, ao);
     if (comm) {
       ReducerOptions options = small_buckets(zero1);

@@ -46,7 +46,7 @@ struct Snapshot {
 Snapshot snapshot(Run& run) {
   Snapshot s;
   s.master = bytes_of(run.arena().master());
-  for (int i = 0; i < run.arena().options().moments; ++i)
+  for (int i = 0; i < run.arena().options().moments(); ++i)
     s.moments.push_back(bytes_of(run.arena().moment(i)));
   const std::vector<double> state = host(run.window().state());
   s.step = state[kernels::kStep];
@@ -259,10 +259,10 @@ void check_clipping_applies_once_to_the_window_gradient(const Precision& p) {
   // The reference, by hand from the K = 1 raw gradient: mean, norm, clip.
   std::unique_ptr<Model> ref_model = make_model(ModelKind::Classifier, p, kModelSeed);
   optim::ParamStoreOptions ao;
-  ao.device = p.device;
-  ao.master_dtype = ao.compute_dtype = p.dtype;
-  ao.moments = 0;
-  optim::ParamStore ref_arena(ref_model->parameters(), {}, ao);
+  ao.device(p.device);
+  ao.master_dtype(p.dtype);
+  ao.moments(0);
+  optim::ParamStore ref_arena(ref_model->named_parameters(), ao);
   const std::vector<double> p0 = host(ref_arena.master());
   const std::vector<double> mean =
       scaled(summed_gradient(*ref_model, ref_arena, {batch}), 1.0 / kBatch);
@@ -483,9 +483,9 @@ void check_bf16_compute_with_fp32_arena_error_does_not_grow_with_K(const Precisi
       ref_params[i].copy_(bf16_params[i].to(Device::cpu()));
     }
     optim::ParamStoreOptions ao;
-    ao.master_dtype = ao.compute_dtype = DType::f64;
-    ao.moments = 0;
-    optim::ParamStore ref_arena(ref_params, {}, ao);
+    ao.master_dtype(DType::f64);
+    ao.moments(0);
+    optim::ParamStore ref_arena(ref_params, ao);
     const Batch ref_batch{batch.inputs.to(Device::cpu()).to(DType::f64),
                           batch.targets.to(Device::cpu())};
     reference = slot_elements(ref_arena, summed_gradient(*ref_model, ref_arena, {ref_batch}));
@@ -539,7 +539,7 @@ void check_windows_are_bitwise_reproducible(const Precision& p) {
     b.step(data[w]);
     EXPECT_TRUE(same_bytes(a.arena().grads(), b.arena().grads())) << "grads, window " << w;
     EXPECT_TRUE(same_bytes(a.arena().master(), b.arena().master())) << "params, window " << w;
-    for (int m = 0; m < a.arena().options().moments; ++m)
+    for (int m = 0; m < a.arena().options().moments(); ++m)
       EXPECT_TRUE(same_bytes(a.arena().moment(m), b.arena().moment(m)))
           << "moment " << m << ", window " << w;
     EXPECT_TRUE(same_bytes(a.window().state(), b.window().state())) << "state, window " << w;
@@ -570,10 +570,10 @@ void check_arena_backward_allocates_no_weight_gradient_temporary(const Precision
   std::unique_ptr<Model> in_arena = make_model(ModelKind::Classifier, p, kModelSeed);
   std::unique_ptr<Model> plain = make_model(ModelKind::Classifier, p, kModelSeed);
   optim::ParamStoreOptions ao;
-  ao.device = p.device;
-  ao.master_dtype = ao.compute_dtype = p.dtype;
-  ao.moments = 0;
-  optim::ParamStore arena(in_arena->parameters(), {}, ao);
+  ao.device(p.device);
+  ao.master_dtype(p.dtype);
+  ao.moments(0);
+  optim::ParamStore arena(in_arena->named_parameters(), ao);
   const int64_t gradient_tensors = static_cast<int64_t>(arena.size());  // 3 weights + 3 biases
 
   const auto backward_allocations = [&](Model& m) {

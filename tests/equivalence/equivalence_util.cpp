@@ -117,24 +117,17 @@ std::vector<Batch> make_batches(ModelKind kind, int64_t count, int64_t n, const 
 
 std::unique_ptr<optim::ParamStore> make_arena(const nn::Module& model,
                                               const optim::ParamStoreOptions& options) {
-  std::vector<Tensor> params;
-  std::vector<std::string> names;
-  for (const nn::NamedParameter& np : model.named_parameters()) {
-    params.push_back(np.tensor);
-    names.push_back(np.name);
-  }
-  return std::make_unique<optim::ParamStore>(params, names, options);
+  return std::make_unique<optim::ParamStore>(model.named_parameters(), options);
 }
 
 Run::Run(std::unique_ptr<Model> model, const Precision& p, const optim::Optimizer& optimizer,
          const optim::WindowOptions& window, std::optional<DType> compute_dtype)
     : model_(std::move(model)), micro_steps_(window.micro_steps()) {
-  optim::ParamStoreOptions ao;
-  ao.device = p.device;
-  ao.master_dtype = p.dtype;
-  ao.compute_dtype = compute_dtype.value_or(p.dtype);
-  ao.moments = optimizer.moments_needed();
-  arena_ = make_arena(*model_, ao);
+  arena_ = make_arena(*model_, optim::ParamStoreOptions()
+                                   .device(p.device)
+                                   .master_dtype(p.dtype)
+                                   .compute_dtype(compute_dtype.value_or(p.dtype))
+                                   .moments(optimizer.moments_needed()));
   optimizer_ = std::make_unique<optim::Optimizer>(optimizer);
   window_ = std::make_unique<optim::Window>(*arena_, *optimizer_, window);
 }

@@ -234,9 +234,7 @@ struct TrainingRun {
     for (Tensor& p : params)
       requires_grad_(p);
     arena = std::make_unique<optim::ParamStore>(
-        params, std::vector<std::string>{},
-        optim::ParamStoreOptions{Device::cpu(), DType::f32, DType::f32,
-                                 optimizer->moments_needed()});
+        params, optim::ParamStoreOptions().moments(optimizer->moments_needed()));
     window = std::make_unique<optim::Window>(*arena, *optimizer, options);
   }
 

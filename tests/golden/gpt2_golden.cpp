@@ -138,13 +138,11 @@ Gpt2Run::Gpt2Run(const Gpt2Fixture& fixture, const RunOptions& options)
                options.micro_steps, " micro-batches");
   model_ = make_model(fixture, options.device, options.master_dtype);
 
-  std::vector<Tensor> params, no_decay;
-  std::vector<std::string> names;
-  for (const nn::NamedParameter& p : model_->named_parameters()) {
-    slot_[p.name] = params.size();
-    params.push_back(p.tensor);
-    names.push_back(p.name);
-    if (!is_decayed(p.name)) no_decay.push_back(p.tensor);
+  std::vector<Tensor> no_decay;
+  const std::vector<nn::NamedParameter> params = model_->named_parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    slot_[params[i].name] = i;
+    if (!is_decayed(params[i].name)) no_decay.push_back(params[i].tensor);
   }
   const FixtureFile& f = fixture.file();
   optimizer_ = std::make_unique<optim::Optimizer>(optim::AdamWOptions(f.number("lr"))
@@ -155,12 +153,11 @@ Gpt2Run::Gpt2Run(const Gpt2Fixture& fixture, const RunOptions& options)
   optimizer_->set_schedule(std::make_shared<optim::WarmupCosine>(
       options.schedule.warmup, options.schedule.total, options.schedule.min_factor));
 
-  optim::ParamStoreOptions ao;
-  ao.device = options.device;
-  ao.master_dtype = options.master_dtype;
-  ao.compute_dtype = options.compute_dtype;
-  ao.moments = optimizer_->moments_needed();
-  arena_ = std::make_unique<optim::ParamStore>(params, names, ao);
+  arena_ = std::make_unique<optim::ParamStore>(params, optim::ParamStoreOptions()
+                                                           .device(options.device)
+                                                           .master_dtype(options.master_dtype)
+                                                           .compute_dtype(options.compute_dtype)
+                                                           .moments(optimizer_->moments_needed()));
   window_ = std::make_unique<optim::Window>(*arena_, *optimizer_,
                                             optim::WindowOptions()
                                                 .micro_steps(options.micro_steps)

@@ -83,7 +83,7 @@ struct Fixture {
 struct PolicyRun {
   const Fixture& f;
   std::map<std::string, Tensor> p;
-  std::vector<Tensor> params;
+  std::vector<NamedParameter> params;
   std::unique_ptr<optim::Optimizer> optimizer;
   std::unique_ptr<optim::ParamStore> arena;
   std::unique_ptr<optim::Window> window;
@@ -93,7 +93,7 @@ struct PolicyRun {
       Tensor x = f.at("init." + n).clone();
       requires_grad_(x);
       p[n] = x;
-      params.push_back(x);
+      params.push_back({n, x});
     }
     optimizer = std::make_unique<optim::Optimizer>(optim::AdamWOptions(f.number("lr"))
                                                        .betas(f.number("beta1"), f.number("beta2"))
@@ -101,7 +101,7 @@ struct PolicyRun {
                                                        .weight_decay(f.number("weight_decay"))
                                                        .amsgrad(true));
     arena = std::make_unique<optim::ParamStore>(
-        params, f.names, optim::ParamStoreOptions{Device::cpu(), DType::f64, DType::f64, 3});
+        params, optim::ParamStoreOptions().master_dtype(DType::f64).moments(3));
     window = std::make_unique<optim::Window>(
         *arena, *optimizer, optim::WindowOptions().micro_steps(f.K).unused_parameters(policy));
   }

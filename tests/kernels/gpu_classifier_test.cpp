@@ -332,7 +332,9 @@ TEST(GpuClassifier, autograd_arena_slot_is_written_then_accumulated) {
   ACCRUE_REQUIRE_CUDA();
   const int64_t n = 256, d = 64, padded = 1024, valid = 1000;
   const Tensor w = requires_grad_(test::random_normal({padded, d}, DType::f32, kGpu, 0.2));
-  optim::ParamStore arena({w}, {"lm_head"}, {kGpu, DType::f32, DType::bf16, 0});
+  optim::ParamStore arena(
+      {{"lm_head", w}},
+      optim::ParamStoreOptions().device(kGpu).compute_dtype(DType::bf16).moments(0));
   ASSERT_EQ(w.dtype(), DType::bf16);  // re-pointed at the compute copy
   const Tensor h = requires_grad_(test::random_normal({n, d}, DType::bf16, kGpu));
   const Tensor t = some_ignored_targets(n, valid, -100, DType::i64);
@@ -417,7 +419,9 @@ TEST(GpuClassifier, gpt2_vocabulary_backward_through_the_arena) {
   ACCRUE_REQUIRE_CUDA();
   const int64_t n = 1024, d = 768, valid = 50257, padded = 50304;
   const Tensor w = requires_grad_(test::random_normal({padded, d}, DType::f32, kGpu, 0.05));
-  optim::ParamStore arena({w}, {"lm_head"}, {kGpu, DType::f32, DType::bf16, 0});
+  optim::ParamStore arena(
+      {{"lm_head", w}},
+      optim::ParamStoreOptions().device(kGpu).compute_dtype(DType::bf16).moments(0));
   const Tensor h0 = test::random_normal({n, d}, DType::bf16, kGpu);
   const Tensor t = some_ignored_targets(n, valid, -100, DType::i64).to(kGpu);
   const Tensor seed = scalar_tensor(1024.0, DType::f32, kGpu);  // a loss scale

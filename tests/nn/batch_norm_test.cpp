@@ -118,7 +118,8 @@ TEST(BatchNorm, bf16_inputs_get_f32_statistics) {
     EXPECT_NEAR(got_v[c], v[c], 1e-5 * v[c]) << c;
   }
   bn.eval();
-  const std::vector<double> yv = detach(bn.forward(x)).to(DType::f64).contiguous().to_vector<double>();
+  const std::vector<double> yv =
+      detach(bn.forward(x)).to(DType::f64).contiguous().to_vector<double>();
   const std::vector<double> xv = x.to(DType::f64).contiguous().to_vector<double>();
   double worst = 0.0;
   for (size_t i = 0; i < xv.size(); ++i) {
@@ -209,8 +210,9 @@ TEST(BatchNorm, a_window_tells_its_batch_norms_when_it_closes) {
   std::vector<Tensor> params = fc.parameters();
   for (const Tensor& t : bn.parameters())
     params.push_back(t);
-  optim::ParamStore arena(params, {"fc.w", "fc.b", "bn.w", "bn.b"},
-                          {Device::cpu(), DType::f64, DType::f64, 0});
+  optim::ParamStore arena(
+      {{"fc.w", params[0]}, {"fc.b", params[1]}, {"bn.w", params[2]}, {"bn.b", params[3]}},
+      optim::ParamStoreOptions().master_dtype(DType::f64).moments(0));
   optim::Optimizer opt(optim::SGDOptions(0.0));  // lr 0: the same weights every micro-step
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(3));
   window.add_listener(&bn);

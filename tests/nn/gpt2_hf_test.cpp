@@ -246,7 +246,7 @@ TEST(GPT2HF, loading_into_a_store_updates_master_and_compute_copy) {
   for (DType compute : {DType::f32, DType::bf16}) {
     const auto b = make_gpt2(c, 13, DType::f32);
     std::vector<Tensor> params = b->parameters();
-    optim::ParamStore arena(params, {}, {Device::cpu(), DType::f32, compute, 2});
+    optim::ParamStore arena(params, optim::ParamStoreOptions().compute_dtype(compute));
     nn::load_hf_gpt2(*b, path);
     const auto pa = a->parameters();
     for (size_t i = 0; i < pa.size(); ++i) {
@@ -278,8 +278,8 @@ TEST(GPT2HF, loading_after_a_bf16_store_exists_trains_as_loading_before) {
     if (load_first) nn::load_hf_gpt2(*r.model, path);
     r.opt = std::make_unique<optim::Optimizer>(optim::AdamWOptions(1e-2).weight_decay(0.1));
     r.store = std::make_unique<optim::ParamStore>(
-        r.model->parameters(), std::vector<std::string>{},
-        optim::ParamStoreOptions{Device::cpu(), DType::f32, DType::bf16, r.opt->moments_needed()});
+        r.model->parameters(),
+        optim::ParamStoreOptions().compute_dtype(DType::bf16).moments(r.opt->moments_needed()));
     if (!load_first) nn::load_hf_gpt2(*r.model, path);
     r.window = std::make_unique<optim::Window>(
         *r.store, *r.opt, optim::WindowOptions().micro_steps(2).max_grad_norm(1.0));

@@ -430,14 +430,8 @@ TEST(GPT2, activation_checkpointing_gives_bitwise_equal_gradients) {
 // ---- accumulation -------------------------------------------------------------------------------
 
 std::unique_ptr<optim::ParamStore> arena_for(const nn::GPT2& model) {
-  std::vector<Tensor> params;
-  std::vector<std::string> names;
-  for (const nn::NamedParameter& p : model.named_parameters()) {
-    params.push_back(p.tensor);
-    names.push_back(p.name);
-  }
-  return std::make_unique<optim::ParamStore>(
-      params, names, optim::ParamStoreOptions{Device::cpu(), DType::f64, DType::f64, 2});
+  return std::make_unique<optim::ParamStore>(model.named_parameters(),
+                                             optim::ParamStoreOptions().master_dtype(DType::f64));
 }
 
 std::vector<double> slot_values(const optim::ParamStore& arena, const Tensor& flat, size_t i) {
@@ -520,7 +514,7 @@ TEST(GPT2, bf16_compute_copy_in_an_arena_is_close_to_f32_and_checkpoints_bitwise
     rc.activation_checkpointing = checkpointing;
     const auto model = make_gpt2(rc, 11, DType::f32);
     std::vector<Tensor> params = model->parameters();
-    optim::ParamStore arena(params, {}, {Device::cpu(), DType::f32, compute, 0});
+    optim::ParamStore arena(params, optim::ParamStoreOptions().compute_dtype(compute).moments(0));
     EXPECT_EQ(model->wte().dtype(), compute);  // one slot for both uses of the tied table
     arena.begin_window();
     const Loss loss = model->loss(idx, targets);

@@ -46,14 +46,9 @@ Tensor tokens(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
 }
 
 std::unique_ptr<optim::ParamStore> arena_for(const nn::GPT2& model, DType compute) {
-  std::vector<Tensor> params;
-  std::vector<std::string> names;
-  for (const nn::NamedParameter& p : model.named_parameters()) {
-    params.push_back(p.tensor);
-    names.push_back(p.name);
-  }
   return std::make_unique<optim::ParamStore>(
-      params, names, optim::ParamStoreOptions{kGpu, DType::f32, compute, 0});
+      model.named_parameters(),
+      optim::ParamStoreOptions().device(kGpu).compute_dtype(compute).moments(0));
 }
 
 // TF32 off for the scope: the f32 GEMMs compare with the CPU in true fp32.

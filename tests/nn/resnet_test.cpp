@@ -119,8 +119,9 @@ TEST(ResNet, a_channels_last_model_trains_as_the_row_major_one) {
 
   auto train = [&](nn::ResNet& model, std::map<std::string, Tensor>* checkpoint) {
     optim::Optimizer sgd(optim::SGDOptions(0.1).momentum(0.9));
-    optim::ParamStore arena(model.parameters(), {},
-                            {Device::cpu(), DType::f64, DType::f64, sgd.moments_needed()});
+    optim::ParamStore arena(
+        model.named_parameters(),
+        optim::ParamStoreOptions().master_dtype(DType::f64).moments(sgd.moments_needed()));
     optim::Window window(arena, sgd, optim::WindowOptions().micro_steps(2));
     Generator data(7);
     for (int m = 0; m < 2; ++m) {

@@ -52,9 +52,8 @@ inline void checkpoint_resumes_bit_exactly_at_any_micro_step(Device device) {
     model = std::make_unique<nn::MLP>(std::vector<int64_t>{6, 12, 3},
                                       nn::ParamOptions{device, DType::f32, &gen});
     opt = std::make_unique<optim::Optimizer>(optim::AdamWOptions(1e-2).weight_decay(0.1));
-    arena = std::make_unique<optim::ParamStore>(
-        model->parameters(), std::vector<std::string>{},
-        optim::ParamStoreOptions{device, DType::f32, DType::f32, 2});
+    arena = std::make_unique<optim::ParamStore>(model->parameters(),
+                                                optim::ParamStoreOptions().device(device));
     window = std::make_unique<optim::Window>(
         *arena, *opt,
         optim::WindowOptions()

@@ -25,7 +25,8 @@ struct Fixture {
   Generator gen{5};
   nn::MLP model{{3, 4, 2}, {Device::cpu(), DType::f64, &gen}};
   optim::Optimizer opt{optim::SGDOptions(0.1)};
-  optim::ParamStore store{model.parameters(), {}, {Device::cpu(), DType::f64, DType::f64, 0}};
+  optim::ParamStore store{model.named_parameters(),
+                          optim::ParamStoreOptions().master_dtype(DType::f64).moments(0)};
 };
 
 TEST(CloseStages, the_default_close_has_the_six_stages_every_window_needs) {

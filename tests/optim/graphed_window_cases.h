@@ -39,18 +39,15 @@ struct GraphedGPT2 {
     Generator gen(7);
     model = std::make_unique<nn::GPT2>(c, nn::ParamOptions{device, DType::f32, &gen});
     optimizer = std::make_unique<optim::Optimizer>(optim::AdamWOptions(3e-3).weight_decay(0.1));
-    std::vector<Tensor> params, no_decay;
-    std::vector<std::string> names;
-    for (const nn::NamedParameter& p : model->named_parameters()) {
-      params.push_back(p.tensor);
-      names.push_back(p.name);
+    std::vector<Tensor> no_decay;
+    for (const nn::NamedParameter& p : model->named_parameters())
       if (p.tensor.dim() < 2) no_decay.push_back(p.tensor);
-    }
     optimizer->add_param_group(no_decay, optim::GroupOptions().weight_decay(0.0));
     optimizer->set_schedule(std::make_shared<optim::WarmupCosine>(1, 6, 0.1));
     arena = std::make_unique<optim::ParamStore>(
-        params, names,
-        optim::ParamStoreOptions{device, DType::f32, compute, optimizer->moments_needed()});
+        model->named_parameters(),
+        optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
+            optimizer->moments_needed()));
     window = std::make_unique<optim::Window>(
         *arena, *optimizer, optim::WindowOptions().micro_steps(K).max_grad_norm(0.5));
   }

@@ -28,7 +28,7 @@ struct TinyTokenModel {
         embedding(kVocab, 4, {device, DType::f32, &gen}, 0.5),
         linear(4, kClasses, true, {device, DType::f32, &gen}),
         opt(optim::AdamWOptions(1e-2).weight_decay(0.1)),
-        arena(params(), {}, {device, DType::f32, DType::f32, 2}),
+        arena(params(), optim::ParamStoreOptions().device(device)),
         window(arena, opt, optim::WindowOptions().micro_steps(2).max_grad_norm(1.0)),
         device_(device) {}
 

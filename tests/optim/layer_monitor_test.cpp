@@ -55,8 +55,12 @@ TEST_P(LayerMonitorBothWays, layer_norms_and_update_ratios_match_a_separate_comp
   nn::MLP model({4, 2500, 3}, {Device::cpu(), DType::f64, &g1});
   nn::MLP reference({4, 2500, 3}, {Device::cpu(), DType::f64, &g2});  // same initial weights
   optim::Optimizer opt(optim::AdamWOptions(1e-2).weight_decay(0.1));
-  optim::ParamStore arena(model.parameters(), {"fc0.w", "fc0.b", "fc1.w", "fc1.b"},
-                          {Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
+  optim::ParamStore arena(
+      {{"fc0.w", model.parameters()[0]},
+       {"fc0.b", model.parameters()[1]},
+       {"fc1.w", model.parameters()[2]},
+       {"fc1.b", model.parameters()[3]}},
+      optim::ParamStoreOptions().master_dtype(DType::f64).moments(opt.moments_needed()));
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(2).max_grad_norm(0.1));
   const std::unique_ptr<optim::LayerMonitor> made = make(arena, opt);
   optim::LayerMonitor& monitor = *made;
@@ -102,8 +106,9 @@ TEST_P(LayerMonitorBothWays, group_figures_gather_their_layers) {
   optim::Optimizer opt(optim::AdamWOptions(1e-2).weight_decay(0.1));
   const std::vector<Tensor> params = model.parameters();  // fc0.w, fc0.b, fc1.w, fc1.b
   opt.add_param_group({params[1], params[3]}, optim::GroupOptions().weight_decay(0.0));
-  optim::ParamStore arena(params, {"fc0.w", "fc0.b", "fc1.w", "fc1.b"},
-                          {Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
+  optim::ParamStore arena(
+      {{"fc0.w", params[0]}, {"fc0.b", params[1]}, {"fc1.w", params[2]}, {"fc1.b", params[3]}},
+      optim::ParamStoreOptions().master_dtype(DType::f64).moments(opt.moments_needed()));
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(2));
   const std::unique_ptr<optim::LayerMonitor> made = make(arena, opt);
   optim::LayerMonitor& monitor = *made;
@@ -144,8 +149,12 @@ TEST_P(LayerMonitorBothWays, an_unused_layer_and_a_skipped_window) {
   std::vector<Tensor> params = model.parameters();
   params.push_back(unused);
   optim::Optimizer opt(optim::SGDOptions(0.1));
-  optim::ParamStore arena(params, {"a", "b", "c", "d", "unused"},
-                          {Device::cpu(), DType::f64, DType::f64, 0});
+  optim::ParamStore arena({{"a", params[0]},
+                           {"b", params[1]},
+                           {"c", params[2]},
+                           {"d", params[3]},
+                           {"unused", params[4]}},
+                          optim::ParamStoreOptions().master_dtype(DType::f64).moments(0));
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(1));
   const std::unique_ptr<optim::LayerMonitor> made = make(arena, opt);
   optim::LayerMonitor& monitor = *made;
@@ -175,7 +184,8 @@ TEST_P(LayerMonitorBothWays, an_unused_layer_and_a_skipped_window) {
 TEST(LayerMonitor, misuse_is_an_error) {
   Generator g(6);
   nn::MLP model({2, 2}, {Device::cpu(), DType::f64, &g});
-  optim::ParamStore arena(model.parameters(), {}, {Device::cpu(), DType::f64, DType::f64, 0});
+  optim::ParamStore arena(model.named_parameters(),
+                          optim::ParamStoreOptions().master_dtype(DType::f64).moments(0));
   optim::LayerMonitor monitor(arena);
   EXPECT_ERROR(monitor.read(optim::WindowReport{}), "LayerMonitor::read", "no window measured");
   EXPECT_ERROR(monitor.after_close(), "LayerMonitor::after_close", "before_close");
@@ -207,8 +217,12 @@ TEST(LayerMonitor, the_fused_pass_and_separate_passes_agree) {
       params.push_back(unused);
       opt.add_param_group({params[1], params[3]}, optim::GroupOptions().weight_decay(0.0));
       arena = std::make_unique<optim::ParamStore>(
-          params, std::vector<std::string>{"a", "b", "c", "d", "unused"},
-          optim::ParamStoreOptions{Device::cpu(), DType::f64, DType::f64, opt.moments_needed()});
+          std::vector<NamedParameter>{{"a", params[0]},
+                                      {"b", params[1]},
+                                      {"c", params[2]},
+                                      {"d", params[3]},
+                                      {"unused", params[4]}},
+          optim::ParamStoreOptions().master_dtype(DType::f64).moments(opt.moments_needed()));
       window = std::make_unique<optim::Window>(
           *arena, opt,
           optim::WindowOptions().micro_steps(2).max_grad_norm(0.05).unused_parameters(

@@ -22,7 +22,7 @@ struct LinearRun {
   explicit LinearRun(int64_t every)
       : theta(requires_grad_(zeros({kDim}, DType::f64))),
         opt(optim::SGDOptions(0.0)),
-        arena({theta}, {"theta"}, {Device::cpu(), DType::f64, DType::f64, 0}),
+        arena({{"theta", theta}}, optim::ParamStoreOptions().master_dtype(DType::f64).moments(0)),
         window(arena, opt, optim::WindowOptions().micro_steps(kK).noise_scale(every, 0.98)) {}
 
   void train(int64_t windows, Generator& data) {

@@ -68,7 +68,7 @@ struct BranchRun {
         main({64, 256, 256, 10}, {device, DType::f32, &gen}),
         branch({64, 96, 10}, {device, DType::f32, &gen}),
         opt(optim::AdamWOptions(1e-3).weight_decay(0.1)),
-        arena(params(), {}, {device, DType::f32, DType::f32, 2}),
+        arena(params(), optim::ParamStoreOptions().device(device)),
         window(arena, opt, branch_window_options(under_backward)),
         device_(device) {}
 

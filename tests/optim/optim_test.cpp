@@ -157,8 +157,8 @@ TEST(Window, an_unused_parameter_is_stepped_with_a_zero_gradient) {
   const Tensor used = requires_grad_(full({3}, 1.0, DType::f64));
   const Tensor unused = requires_grad_(full({3}, 1.0, DType::f64));
   optim::Optimizer opt(optim::AdamWOptions(0.1).weight_decay(0.5));
-  optim::ParamStore arena({used, unused}, {"used", "unused"},
-                          {Device::cpu(), DType::f64, DType::f64, 2});
+  optim::ParamStore arena({{"used", used}, {"unused", unused}},
+                          optim::ParamStoreOptions().master_dtype(DType::f64));
   optim::Window window(arena, opt, optim::WindowOptions());
   window.backward({sum(used), full({}, 1.0, DType::i64)});
   window.close();
@@ -174,7 +174,7 @@ TEST(Window, misuse_is_an_error) {
   Generator gen(1);
   nn::MLP model({4, 3}, {Device::cpu(), DType::f32, &gen});
   optim::Optimizer opt(optim::SGDOptions(0.1));
-  optim::ParamStore arena(model.parameters(), {}, {Device::cpu(), DType::f32, DType::f32, 0});
+  optim::ParamStore arena(model.named_parameters(), optim::ParamStoreOptions().moments(0));
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(2));
   EXPECT_ERROR(window.close(), "Window::close", "0 of 2");
   Tensor x = test::random_normal({3, 4});
@@ -200,7 +200,7 @@ TEST(Window, load_rejects_a_mismatched_checkpoint) {
   Generator gen(1);
   nn::MLP model({4, 3}, {Device::cpu(), DType::f32, &gen});
   optim::Optimizer opt(optim::AdamWOptions(1e-3));
-  optim::ParamStore arena(model.parameters(), {}, {Device::cpu(), DType::f32, DType::f32, 2});
+  optim::ParamStore arena(model.named_parameters(), optim::ParamStoreOptions());
   optim::Window window(arena, opt, optim::WindowOptions());
   std::map<std::string, Tensor> state = window.state_dict();
   state["master"] = zeros({7});
@@ -216,7 +216,7 @@ TEST(Window, load_rejects_a_window_state_whose_counters_are_no_counts) {
   Generator gen(1);
   nn::MLP model({4, 3}, {Device::cpu(), DType::f32, &gen});
   optim::Optimizer opt(optim::AdamWOptions(1e-3));
-  optim::ParamStore store(model.parameters(), {}, {Device::cpu(), DType::f32, DType::f32, 2});
+  optim::ParamStore store(model.named_parameters(), optim::ParamStoreOptions());
   optim::Window window(store, opt, optim::WindowOptions());
   const std::map<std::string, Tensor> good = window.state_dict();
   const Tensor master = store.master().clone();
@@ -247,7 +247,7 @@ TEST(Window, a_mid_window_checkpoint_is_refused_where_it_cannot_resume) {
   Generator gen(1);
   nn::MLP model({4, 3}, {Device::cpu(), DType::f32, &gen});
   optim::Optimizer opt(optim::SGDOptions(0.1));
-  optim::ParamStore arena(model.parameters(), {}, {Device::cpu(), DType::f32, DType::f32, 0});
+  optim::ParamStore arena(model.named_parameters(), optim::ParamStoreOptions().moments(0));
   optim::Window window(arena, opt, optim::WindowOptions().micro_steps(4));
   const Tensor x = test::random_normal({3, 4});
   const Tensor y = from_vector<int64_t>({0, 1, 2}, {3});
@@ -257,14 +257,18 @@ TEST(Window, a_mid_window_checkpoint_is_refused_where_it_cannot_resume) {
   EXPECT_EQ(state.at("micro_step").item(), 3.0);
   EXPECT_ERROR(window.load_state_dict(state), "load_state_dict", "micro-step 3",
                "load between windows");
+  // Other models of the same shapes: a parameter joins one store only (Note [One owner]).
+  Generator gen2(1), gen3(1);
+  nn::MLP model2({4, 3}, {Device::cpu(), DType::f32, &gen2});
+  nn::MLP model3({4, 3}, {Device::cpu(), DType::f32, &gen3});
   optim::Optimizer opt2(optim::SGDOptions(0.1));
-  optim::ParamStore arena2(model.parameters(), {}, {Device::cpu(), DType::f32, DType::f32, 0});
+  optim::ParamStore arena2(model2.named_parameters(), optim::ParamStoreOptions().moments(0));
   optim::Window short_window(arena2, opt2, optim::WindowOptions().micro_steps(2));
   const Tensor before = arena2.master().clone();
   EXPECT_ERROR(short_window.load_state_dict(state), "micro-step 3", "has 2 micro-steps");
   EXPECT_TRUE(test::all_equal(arena2.master(), before));  // refused before anything changed
   optim::Optimizer opt3(optim::SGDOptions(0.1));
-  optim::ParamStore arena3(model.parameters(), {}, {Device::cpu(), DType::f32, DType::f32, 0});
+  optim::ParamStore arena3(model3.named_parameters(), optim::ParamStoreOptions().moments(0));
   optim::Window fresh(arena3, opt3, optim::WindowOptions().micro_steps(4));
   state["grads_written"] = zeros({7}, DType::i64);
   EXPECT_ERROR(fresh.load_state_dict(state), "grads_written", "[7]");

@@ -3,6 +3,7 @@
 
 #include "accrue/autograd/ops.h"
 #include "accrue/nn/module.h"
+#include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -21,7 +22,8 @@ TEST(ParamStore, each_parameter_is_its_master_slot_with_its_values) {
   std::vector<Tensor> before;
   for (const Tensor& p : params)
     before.push_back(detach(p).clone());
-  ParamStore store(params, {"a", "b", "c"}, {Device::cpu(), DType::f32, DType::f32, 2});
+  ParamStore store({{"a", params[0]}, {"b", params[1]}, {"c", params[2]}},
+                   optim::ParamStoreOptions());
   for (size_t i = 0; i < store.size(); ++i) {
     const ParamStore::Slot& s = store.slots()[i];
     EXPECT_EQ(params[i].storage(), store.master().storage());
@@ -50,7 +52,8 @@ TEST(ParamStore, a_channels_last_parameter_keeps_its_layout_in_every_role) {
   const Tensor values = test::random_normal({4, 3, 2, 5}, DType::f32);
   std::vector<Tensor> params = {requires_grad_(test::as_channels_last(values)),
                                 requires_grad_(test::random_normal({4, 3, 2, 5}, DType::f32))};
-  ParamStore store(params, {"last", "row"}, {Device::cpu(), DType::f32, DType::bf16, 1});
+  ParamStore store({{"last", params[0]}, {"row", params[1]}},
+                   optim::ParamStoreOptions().compute_dtype(DType::bf16).moments(1));
   const Shape last_strides{30, 1, 15, 3};
   EXPECT_EQ(params[0].strides(), last_strides);
   EXPECT_EQ(store.master_view(0).strides(), last_strides);
@@ -72,7 +75,7 @@ TEST(ParamStore, a_channels_last_parameter_keeps_its_layout_in_every_role) {
 TEST(ParamStore, a_compute_copy_repoints_parameters_to_bf16) {
   std::vector<Tensor> params = three_params();
   const Tensor expected = detach(params[0]).to(DType::bf16);
-  ParamStore store(params, {}, {Device::cpu(), DType::f32, DType::bf16, 0});
+  ParamStore store(params, optim::ParamStoreOptions().compute_dtype(DType::bf16).moments(0));
   EXPECT_EQ(params[0].dtype(), DType::bf16);
   EXPECT_EQ(params[0].storage(), store.compute().storage());
   EXPECT_TRUE(store.forward_weights().is_same(store.compute()));
@@ -94,9 +97,9 @@ TEST(ParamStore, loading_after_the_store_equals_loading_before_it) {
     std::vector<Tensor> early = three_params(), late = three_params();
     for (size_t i = 0; i < values.size(); ++i)
       load_parameter(early[i], values[i]);
-    const optim::ParamStoreOptions options{Device::cpu(), DType::f32, compute, 2};
-    ParamStore a(early, {"a", "b", "c"}, options);
-    ParamStore b(late, {"a", "b", "c"}, options);
+    const auto options = optim::ParamStoreOptions().compute_dtype(compute);
+    ParamStore a({{"a", early[0]}, {"b", early[1]}, {"c", early[2]}}, options);
+    ParamStore b({{"a", late[0]}, {"b", late[1]}, {"c", late[2]}}, options);
     b.load("a", values[0]);              // by name
     b.load(late[1], values[1]);          // by handle
     load_parameter(late[2], values[2]);  // through the owner, as nn does
@@ -113,8 +116,10 @@ TEST(ParamStore, module_state_dict_reads_and_writes_the_master) {
   Generator gen(3);
   nn::MLP a({4, 6, 2}, {Device::cpu(), DType::f32, &gen});
   nn::MLP b({4, 6, 2}, {Device::cpu(), DType::f32, &gen});
-  ParamStore sa(a.parameters(), {}, {Device::cpu(), DType::f32, DType::bf16, 0});
-  ParamStore sb(b.parameters(), {}, {Device::cpu(), DType::f32, DType::bf16, 0});
+  ParamStore sa(a.named_parameters(),
+                optim::ParamStoreOptions().compute_dtype(DType::bf16).moments(0));
+  ParamStore sb(b.named_parameters(),
+                optim::ParamStoreOptions().compute_dtype(DType::bf16).moments(0));
   const std::map<std::string, Tensor> state = a.state_dict();
   for (const auto& [name, t] : state)
     EXPECT_EQ(t.dtype(), DType::f32) << name;  // the master, not the bf16 copy
@@ -129,7 +134,7 @@ TEST(ParamStore, a_parameter_without_a_store_is_loaded_by_a_plain_copy) {
   load_parameter(p, v);
   EXPECT_TRUE(test::all_equal(p, v.to(DType::f32)));
   EXPECT_TRUE(parameter_value(p).is_same(p));
-  { ParamStore store({p}, {}, {Device::cpu(), DType::f32, DType::f32, 0}); }
+  { ParamStore store({p}, optim::ParamStoreOptions().moments(0)); }
   // The store is gone: the parameter holds its value itself again.
   load_parameter(p, v * 2.0);
   EXPECT_TRUE(test::all_equal(p, (v * 2.0).to(DType::f32)));
@@ -139,7 +144,8 @@ TEST(ParamStore, a_parameter_without_a_store_is_loaded_by_a_plain_copy) {
 // part of the master and the whole compute copy.
 TEST(ParamStore, a_load_into_a_sharded_master_writes_the_owned_part) {
   std::vector<Tensor> params = three_params();
-  ParamStore store(params, {"a", "b", "c"}, {Device::cpu(), DType::f32, DType::bf16, 0});
+  ParamStore store({{"a", params[0]}, {"b", params[1]}, {"c", params[2]}},
+                   optim::ParamStoreOptions().compute_dtype(DType::bf16).moments(0));
   const Tensor whole = store.master().clone();
   // Own the second half of slot a and all of slot c.
   const std::vector<ArenaRange> owned = {{8, 56}, {128, 64}};
@@ -167,7 +173,7 @@ TEST(ParamStore, a_load_into_a_sharded_master_writes_the_owned_part) {
 
 TEST(ParamStore, load_master_writes_the_whole_master_then_the_compute_copy) {
   std::vector<Tensor> params = three_params();
-  ParamStore store(params, {}, {Device::cpu(), DType::f32, DType::f16, 0});
+  ParamStore store(params, optim::ParamStoreOptions().compute_dtype(DType::f16).moments(0));
   const Tensor master = test::random_normal({store.padded_numel()});
   store.load_master(master);
   EXPECT_TRUE(test::all_equal(store.master(), master));
@@ -179,19 +185,69 @@ TEST(ParamStore, load_master_writes_the_whole_master_then_the_compute_copy) {
 
 TEST(ParamStore, bad_options_and_loads_are_errors) {
   std::vector<Tensor> params = three_params();
-  EXPECT_ERROR(ParamStore(params, {}, {Device::cpu(), DType::bf16, DType::bf16, 0}), "ParamStore",
-               "master dtype");
-  EXPECT_ERROR(ParamStore(params, {}, {Device::cpu(), DType::f32, DType::f64, 0}), "ParamStore",
-               "compute dtype f64");
-  EXPECT_ERROR(ParamStore(params, {}, {Device::cpu(), DType::f32, DType::f32, 4}), "ParamStore",
+  EXPECT_ERROR(ParamStore(params, optim::ParamStoreOptions().master_dtype(DType::bf16).moments(0)),
+               "ParamStore", "master dtype");
+  EXPECT_ERROR(ParamStore(params, optim::ParamStoreOptions().compute_dtype(DType::f64).moments(0)),
+               "ParamStore", "compute dtype f64");
+  EXPECT_ERROR(ParamStore(params, optim::ParamStoreOptions().moments(4)), "ParamStore",
                "moments must be 0..3, got 4");
-  EXPECT_ERROR(ParamStore(params, {"x"}, {}), "GradArena", "1 names for 3");
-  ParamStore store({params[0]}, {"w"}, {Device::cpu(), DType::f32, DType::f32, 0});
+  ParamStore store({{"w", params[0]}}, optim::ParamStoreOptions().moments(0));
   EXPECT_ERROR(store.moment(0), "ParamStore::moment", "0 moment arenas");
   EXPECT_ERROR(store.load("v", ones({3, 5})), "ParamStore::load", "no parameter named 'v'");
   EXPECT_ERROR(store.load("w", ones({5, 3})), "ParamStore::load", "'w'", "[3, 5]", "[5, 3]");
   EXPECT_ERROR(store.load(params[1], ones({7})), "ParamStore::load", "not a parameter");
   EXPECT_ERROR(store.shard_master({}), "shard_master", "no compute copy");
+}
+
+// The builder's defaults: f32 on the CPU, the compute dtype following the
+// master, two moment arenas; the store takes named_parameters() directly.
+TEST(ParamStore, options_are_named_setters_with_defaults) {
+  const optim::ParamStoreOptions d;
+  EXPECT_EQ(d.device(), Device::cpu());
+  EXPECT_EQ(d.master_dtype(), DType::f32);
+  EXPECT_EQ(d.compute_dtype(), DType::f32);
+  EXPECT_EQ(d.moments(), 2);
+  EXPECT_EQ(d.shard_ranks(), 1);
+  const auto o = optim::ParamStoreOptions().master_dtype(DType::f64).moments(0).name("m");
+  EXPECT_EQ(o.compute_dtype(), DType::f64);  // follows the master unless set
+  EXPECT_EQ(o.name(), "m");
+  EXPECT_EQ(optim::ParamStoreOptions()
+                .compute_dtype(DType::bf16)
+                .master_dtype(DType::f64)
+                .compute_dtype(),
+            DType::bf16);
+  Generator gen(4);
+  nn::MLP model({3, 4, 2}, {Device::cpu(), DType::f32, &gen});
+  ParamStore store(model.named_parameters());
+  ASSERT_EQ(store.size(), 4u);
+  EXPECT_EQ(store.slots()[0].name, "fc0.weight");
+  EXPECT_EQ(store.slots()[3].name, "fc1.bias");
+  ParamStore unnamed(three_params());
+  EXPECT_EQ(unnamed.slots()[2].name, "param2");
+}
+
+// Note [One owner], the case: a second store over a model's
+// parameters used to take them over silently, leaving the first Window with
+// grad_norm 0 and weights that never moved. Now it is refused, naming the
+// parameter and its holder, and the first keeps training.
+TEST(ParamStore, a_second_store_over_the_same_parameters_is_refused) {
+  Generator gen(5);
+  nn::MLP model({3, 4, 2}, {Device::cpu(), DType::f64, &gen});
+  ParamStore first(model.named_parameters(),
+                   optim::ParamStoreOptions().master_dtype(DType::f64).name("main"));
+  EXPECT_ERROR(ParamStore(model.named_parameters(),
+                          optim::ParamStoreOptions().master_dtype(DType::f64).name("eval")),
+               "GradArena 'eval': parameter 'fc0.weight' is already held by the gradient arena "
+               "'main' (4 parameters), as its 'fc0.weight'");
+  optim::Optimizer opt(optim::SGDOptions(0.1));
+  optim::Window window(first, opt, optim::WindowOptions());
+  const Tensor before = detach(first.master()).clone();
+  const Tensor x = test::random_normal({5, 3}, DType::f64);
+  const Tensor y = from_vector<int64_t>({0, 1, 1, 0, 1}, {5});
+  window.backward(cross_entropy(model.forward(x), y));
+  window.close();
+  EXPECT_GT(window.report().grad_norm, 0.0);
+  EXPECT_FALSE(test::all_equal(first.master(), before));
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ struct Trial {
   Generator gen{7};
   nn::MLP model{{6, 10, 3}, {Device::cpu(), DType::f64, &gen}};
   optim::Optimizer opt{optim::AdamWOptions(1e-2).weight_decay(0.1)};
-  optim::ParamStore arena{model.parameters(), {}, {Device::cpu(), DType::f64, DType::f64, 2}};
+  optim::ParamStore arena{model.named_parameters(),
+                          optim::ParamStoreOptions().master_dtype(DType::f64)};
   optim::Window window;
   Generator data{11};  // the same items in every Trial
   Tensor x = randn({kItems, 6}, DType::f64, Device::cpu(), &data);

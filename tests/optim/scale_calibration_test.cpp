@@ -65,8 +65,11 @@ struct Trainer {
                                       nn::ParamOptions{Device::cpu(), DType::f32, &gen});
     opt = std::make_unique<optim::Optimizer>(optim::AdamWOptions(1e-3));
     arena = std::make_unique<optim::ParamStore>(
-        model->parameters(), std::vector<std::string>{"w0", "b0", "w1", "b1"},
-        optim::ParamStoreOptions{Device::cpu(), DType::f32, DType::f16, opt->moments_needed()});
+        std::vector<NamedParameter>{{"w0", model->parameters()[0]},
+                                    {"b0", model->parameters()[1]},
+                                    {"w1", model->parameters()[2]},
+                                    {"b1", model->parameters()[3]}},
+        optim::ParamStoreOptions().compute_dtype(DType::f16).moments(opt->moments_needed()));
     window = std::make_unique<optim::Window>(*arena, *opt,
                                              optim::WindowOptions().micro_steps(2).scaler(scaler));
   }

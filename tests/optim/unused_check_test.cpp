@@ -19,24 +19,21 @@ using ::testing::Not;
 
 // Parameters "p0".."p{n-1}" of 3 ones each; the loss reaches the first `used` only.
 struct Model {
-  std::vector<Tensor> params;
-  std::vector<std::string> names;
-  Model(int n) {
-    for (int i = 0; i < n; ++i) {
-      params.push_back(requires_grad_(full({3}, 1.0, DType::f64)));
-      names.push_back("p" + std::to_string(i));
-    }
+  std::vector<NamedParameter> params;
+  explicit Model(int n) {
+    for (int i = 0; i < n; ++i)
+      params.push_back({"p" + std::to_string(i), requires_grad_(full({3}, 1.0, DType::f64))});
   }
   Loss loss(int used) const {
-    Tensor s = sum(params[0]);
+    Tensor s = sum(params[0].tensor);
     for (int i = 1; i < used; ++i)
-      s = s + sum(params[i]);
+      s = s + sum(params[i].tensor);
     return {s, full({}, 1.0, DType::i64)};
   }
 };
 
 optim::ParamStore make_store(const Model& m) {
-  return optim::ParamStore(m.params, m.names, {Device::cpu(), DType::f64, DType::f64, 2});
+  return optim::ParamStore(m.params, optim::ParamStoreOptions().master_dtype(DType::f64));
 }
 
 // A one-rank GradientSync: the Window then checks the world's flags at report().

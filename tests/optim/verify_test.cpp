@@ -67,7 +67,7 @@ class WindowRun : public optim::VerifyRun {
  public:
   WindowRun(int64_t K, kernels::Normalization n)
       : opt(optim::AdamWOptions(0.05)),
-        arena(model.linear.parameters(), {}, {Device::cpu(), DType::f64, DType::f64, 2}),
+        arena(model.linear.named_parameters(), optim::ParamStoreOptions().master_dtype(DType::f64)),
         window(arena, opt,
                optim::WindowOptions().micro_steps(K).max_grad_norm(0.5).normalization(n)) {}
   void micro_step(int64_t w, int64_t begin, int64_t end) override {
