@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "accrue/core/cuda_graph.h"
 #include "accrue/kernels/dispatch_util.h"
 #include "accrue/kernels/index_checks.h"
 #include "accrue/kernels/indexing.h"
@@ -165,7 +166,7 @@ std::vector<int64_t> chunk_lengths(const Tensor& x, int64_t chunks, int64_t dim)
   const char* op = "chunk";
   check_defined(x, op, "input");
   ACCRUE_CHECK(chunks > 0, "chunk: chunks = ", chunks, " must be positive (input of shape ",
-               x.defined() ? shape_str(x.shape()) : std::string("?"), ")");
+               shape_str(x.shape()), ")");
   ACCRUE_CHECK(x.dim() > 0, "chunk: the input is 0-d; there is no dim to split");
   const int64_t n = x.size(wrap_dim(dim, x.dim(), op));
   if (n == 0) return std::vector<int64_t>(static_cast<size_t>(chunks), 0);
@@ -341,6 +342,8 @@ Tensor one_hot(const Tensor& index, int64_t num_classes, DType dtype) {
                  "one_hot: num_classes = -1 cannot be inferred from an empty "
                  "index of shape ",
                  shape_str(index.shape()));
+    // Note [Capturable code]: a replay would keep the class count of the capture.
+    refuse_in_graph("one_hot with num_classes = -1 reads the index on the host");
     const std::vector<int64_t> v = index.to_vector<int64_t>();
     num_classes = *std::max_element(v.begin(), v.end()) + 1;
     ACCRUE_CHECK(num_classes > 0, "one_hot: every index is negative (max ", num_classes - 1, ")");

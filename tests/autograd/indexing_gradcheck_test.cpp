@@ -8,6 +8,7 @@
 #include "accrue/autograd/ops.h"
 #include "accrue/autograd/variable.h"
 #include "tests/autograd/gradcheck_util.h"
+#include "tests/optim/index_check_cases.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -137,6 +138,39 @@ TEST(IndexingGradcheck, integer_results_record_nothing) {
   for (int64_t r = 0; r < 3; ++r)
     for (int64_t c = 0; c < 4; ++c)
       EXPECT_EQ(g[r * 4 + c], c == chosen[r] ? 1.0 : 0.0);
+}
+
+// ---- inside a Window ------------------------------------------------------------------------
+
+// A model that routes through the indexing ops trains in a Window; a bad index
+// there is deferred (Note [Deferred index checks]): the call does not throw,
+// the window is skipped with its weights bitwise unchanged, and report() names
+// the op and the value.
+TEST(IndexingInWindow, trains_through_the_ops_and_defers_a_bad_index) {
+  test::TinyTokenModel m(Device::cpu());
+  const Tensor y = m.targets({0, 1, 2, 0, 1, 2});
+  auto micro_step = [&](std::vector<int64_t> tokens) {
+    const Tensor rows = index_select(m.embedding.weight(), 0, from_vector<int64_t>(tokens, {6}));
+    const SortResult top = topk(rows, 2, 1);  // [6, 2] each
+    const Tensor features = cat({cumsum(top.values, 1), gather(rows, 1, top.indices)}, 1);
+    m.window.backward(cross_entropy(m.linear.forward(features), y));
+  };
+  const Tensor before = m.arena.master().clone();
+  micro_step({0, 1, 2, 3, 4, 5});
+  micro_step({5, 5, 6, 0, 1, 1});
+  m.window.close();
+  const optim::WindowReport first = m.window.report();
+  EXPECT_FALSE(first.skipped);
+  EXPECT_EQ(first.optimizer_steps, 1);
+  EXPECT_FALSE(test::all_equal(m.arena.master(), before));
+
+  const Tensor stepped = m.arena.master().clone();
+  micro_step({0, 1, 2, 3, 4, 5});
+  EXPECT_NO_THROW(micro_step({0, 1, 9, 3, 4, 5}));
+  m.window.close();
+  EXPECT_TRUE(test::all_equal(m.arena.master(), stepped));
+  EXPECT_ERROR(m.window.report(), "index_select", "index 9", "flat position 2",
+               "out of range [0, 7)", "window 1", "micro-step 1", "skipped");
 }
 
 }  // namespace

@@ -379,7 +379,7 @@ TEST(CpuIndexing, sort_argsort_and_topk_are_stable_with_nan_last) {
 TEST(CpuIndexing, bad_inputs_throw_naming_the_op_and_values) {
   const Tensor x = test::random_normal({2, 3});
   EXPECT_ERROR(kernels::cat({}, 0), "cat", "empty list");
-  EXPECT_ERROR(kernels::cat({x, x.to(DType::f64)}, 0), "cat", "f32", "f64", "tensor 1");
+  EXPECT_ERROR(kernels::cat({x, x.to(DType::f64)}, 0), "cat", "f32", "f64", "convert tensor 1");
   EXPECT_ERROR(kernels::cat({x, test::random_normal({2, 4})}, 0), "cat", "tensor 1", "[2, 4]",
                "dim 1", "4 vs 3");
   EXPECT_ERROR(kernels::cat({x, test::random_normal({2})}, 0), "cat", "tensor 1", "1 dims");

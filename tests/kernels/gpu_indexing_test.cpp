@@ -7,9 +7,11 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "accrue/core/cuda_graph.h"
 #include "accrue/kernels/index_checks.h"
 #include "accrue/kernels/indexing.h"
 #include "accrue/kernels/ops.h"
@@ -196,6 +198,33 @@ TEST(GpuIndexing, errors_and_limits) {
                "gather", "index 3", "[0, 3)");
   EXPECT_ERROR(kernels::index_select(x, 1, from_vector<int64_t>({1}, {1})), "index_select", "index",
                "cpu");
+}
+
+// Note [Capturable code]: with the eager index checks off (they read a count
+// back; a Window defers them instead), the ops record into a CUDA graph whose
+// replay on new inputs equals the eager calls.
+TEST(GpuIndexing, the_ops_capture_into_a_cuda_graph) {
+  ACCRUE_REQUIRE_CUDA();
+  test::CheckIndicesScope no_checks(false);
+  const Tensor x = gpu(test::random_normal({64, 32}));
+  const Tensor src = gpu(test::random_normal({100, 32}));
+  const Tensor idx = gpu(random_index({100}, 64));
+  const auto ops = [&] {
+    const Tensor a = kernels::index_add(x, 0, idx, src);
+    const Tensor b = kernels::cumsum(kernels::index_select(a, 0, idx), 1);
+    const SortResult top = kernels::topk(b, 5, 1);
+    return kernels::cat({top.values, kernels::gather(b, 1, top.indices)}, 1);
+  };
+  const Tensor warm = ops();  // a first eager run, as every capture wants
+  const Tensor result = empty(warm.shape(), DType::f32, kGpu);
+  std::string why;
+  const std::unique_ptr<CudaGraph> graph = CudaGraph::capture(
+      0, [&] { result.copy_(ops()); }, &why);
+  ASSERT_TRUE(graph) << why;
+  x.copy_(test::random_normal({64, 32}));  // new values in the captured buffers
+  graph->launch();
+  EXPECT_TRUE(all_equal(on_cpu(result), on_cpu(ops())));
+  EXPECT_FALSE(all_equal(on_cpu(result), on_cpu(warm)));
 }
 
 // Note [Deferred index checks] on CUDA: recorded without a synchronization,
