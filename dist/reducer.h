@@ -131,6 +131,7 @@ class Reducer final : public optim::GradientSync {
   void before_backward(int64_t index, int64_t micro_steps) override;
   void finish(const Tensor& items) override;
   int64_t world_size() const override { return comm_.world_size(); }
+  void check() override { comm_.check(); }
   // Note [ZeRO-1] (empty unless options.zero1).
   const std::vector<ArenaRange>& owned_ranges() const override { return owned_; }
   void all_gather(const Tensor& local, const Tensor& all) override;

@@ -23,6 +23,12 @@ class GradientSync {
   virtual void finish(const Tensor& items) = 0;
   // Ranks whose gradients the reduction sums (the legacy mean-of-means mode divides by K x this).
   virtual int64_t world_size() const { return 1; }
+  // Throws the error that ended a collective (a peer died and the
+  // communicator was aborted); otherwise nothing. Window::report() calls it
+  // after its host read: an abort unblocks the streams with the reductions
+  // cut short, so a window closed over them holds undefined weights and must
+  // neither be reported nor saved.
+  virtual void check() {}
 
   // Note [ZeRO-1] (dist/reducer.h). The ranges of the arena whose reduced
   // gradient this rank holds after finish() and whose parameters it steps,

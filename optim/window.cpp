@@ -323,6 +323,7 @@ void Window::check_unused(const std::vector<bool>& written, int64_t window,
 WindowReport Window::report() const {
   check();
   const std::vector<double> v = ctx_->last.to_vector<double>();
+  if (sync_) sync_->check();  // after the read, which a communicator's abort unblocks
   WindowReport r;
   r.window = windows_;
   r.items = v[CloseContext::kLastItems];

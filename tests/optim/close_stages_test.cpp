@@ -16,6 +16,10 @@ class FakeSync final : public optim::GradientSync {
   void before_backward(int64_t, int64_t) override {}
   void finish(const Tensor&) override {}
   const std::vector<ArenaRange>& owned_ranges() const override { return ranges_; }
+  void check() override {
+    if (!failure.empty()) throw Error(failure);
+  }
+  std::string failure;  // set: a collective failed (the communicator aborted)
 
  private:
   std::vector<ArenaRange> ranges_;
@@ -71,6 +75,22 @@ TEST(CloseStages, a_sync_adds_the_reduction_and_zero1_the_gather) {
   EXPECT_EQ(b.describe_close(),
             "unused flags, zero unwritten, items, reduce, norm, scalar step, optimizer step, "
             "gather parameters, report");
+}
+
+// A window whose reductions a communicator's abort cut short is never
+// reported (so a trainer never saves it): report() throws the sync's error.
+TEST(CloseStages, report_throws_when_the_sync_failed) {
+  Fixture f;
+  FakeSync sync;
+  optim::Window w(f.store, f.opt, optim::WindowOptions().micro_steps(1), &sync);
+  const Tensor x = test::random_normal({2, 3}, DType::f64);
+  w.backward({sum(f.model.forward(x)), full({}, 2.0, DType::i64)});
+  w.close();
+  EXPECT_NO_THROW(w.report());
+  w.backward({sum(f.model.forward(x)), full({}, 2.0, DType::i64)});
+  w.close();
+  sync.failure = "rank 1 of 2: all_reduce did not complete within 60 s";
+  EXPECT_ERROR(w.report(), "rank 1 of 2: all_reduce did not complete within 60 s");
 }
 
 // Every stage says what it reads and writes (the table of Note [Close stages]).
