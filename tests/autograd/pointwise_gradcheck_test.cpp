@@ -132,5 +132,34 @@ TEST(PointwiseGradcheck, where_with_a_scalar_operand) {
   EXPECT_GRADCHECK([cond](auto& v) { return where(cond, 0.5, v[0]); }, leaf({4}));  // broadcast
 }
 
+// The pieces of a Llama-style block from these ops alone, through one
+// gradcheck: RMSNorm (rsqrt), rotary embeddings (sin and cos tables of the
+// positions), causal attention scores masked by triu + masked_fill, SwiGLU
+// (silu), and a clamp and maximum on the way out.
+TEST(PointwiseGradcheck, a_llama_style_block_from_the_new_ops) {
+  constexpr int64_t T = 4, D = 6;
+  const Tensor positions = arange(0, T, 1, DType::f64).view({T, 1});
+  const Tensor freqs = from_vector<double>({1.0, 0.1, 0.01}, {1, D / 2}, DType::f64);
+  const Tensor angles = kernels::binary(kernels::BinaryOp::Mul, positions, freqs);  // [T, D/2]
+  const Tensor causal = kernels::compare(
+      kernels::CompareOp::Ne, kernels::triu(ones({T, T}, DType::f64), 1), zeros({}, DType::f64));
+  auto block = [=](const std::vector<Tensor>& v) {
+    const Tensor& x = v[0];
+    const Tensor& w = v[1];
+    const Tensor h = x * rsqrt(mean(x * x, {-1}, true) + 1e-6) * w;  // RMSNorm
+    // Rotary embedding in the rotate-half form.
+    const Tensor h1 = narrow(h, -1, 0, D / 2), h2 = narrow(h, -1, D / 2, D / 2);
+    const Tensor c = cos(angles), s = sin(angles);
+    const Tensor q = h1 * c - h2 * s, k = h2 * c + h1 * s;
+    const Tensor scores = masked_fill(matmul(q, transpose(k, 0, 1)), causal, -1e9);
+    const Tensor attn = softmax(scores, -1);
+    const Tensor mixed = matmul(attn, h);                 // [T, D]
+    const Tensor gated = silu(mixed) * abs(mixed + 0.5);  // SwiGLU-like, an abs on the up path
+    return maximum(clamp(gated, -2.0, 2.0), tril(ones({T, D}, DType::f64) * -0.5, 2));
+  };
+  EXPECT_GRADCHECK(block, leaf({T, D}),
+                   requires_grad_(test::random_uniform({D}, 0.5, 1.5, DType::f64)));
+}
+
 }  // namespace
 }  // namespace accrue
