@@ -382,10 +382,6 @@ SortResult sort_along(const Tensor& x, int64_t dim, bool descending, int64_t k, 
   const Tensor t = x.dim() == 0 ? x.reshape({1}) : x;
   const int64_t d = wrap_dim(dim, t.dim(), op);
   const int64_t n = t.size(d);
-  ACCRUE_CHECK(!x.device().is_cuda() || n <= kMaxCudaSortRow, op, ": rows of ", n,
-               " elements (dim ", d, " of shape ", shape_str(x.shape()),
-               ") exceed the CUDA sort's limit of ", kMaxCudaSortRow,
-               " (Note [CUDA sort limit]); sort them on the CPU");
   std::vector<int64_t> perm;
   for (int64_t e = 0; e < t.dim(); ++e)
     if (e != d) perm.push_back(e);

@@ -25,8 +25,7 @@
 //   scattered one is dropped, a one_hot row is all zero.
 // - sort and topk order NaN above every number (PyTorch's order) and are
 //   stable: equal keys keep their input order, on both backends, so the CPU
-//   and CUDA results are identical. CUDA sorts rows of at most
-//   kMaxCudaSortRow elements (Note [CUDA sort limit]).
+//   and CUDA results are identical (Note [CUDA row sorts]).
 #pragma once
 
 #include <cstdint>
@@ -60,13 +59,18 @@ struct SortResult {
 
 namespace accrue::kernels {
 
-// Note [CUDA sort limit]
-// ~~~~~~~~~~~~~~~~~~~~~~
-// CUDA sort, argsort and topk sort each row in one block's shared memory by a
-// bitonic network over the row padded to a power of two: rows of up to 4096
-// elements (48 KiB of f64 keys and i32 positions). A longer row on CUDA is
-// refused with an error naming the op and the size; sort it on the CPU or
-// split it. Both backends break ties by position, so the results are equal.
+// Note [CUDA row sorts]
+// ~~~~~~~~~~~~~~~~~~~~~
+// CUDA sort, argsort and topk sort a row of up to kMaxCudaSortRow elements in
+// one block's shared memory, by a bitonic network over the row padded to a
+// power of two (48 KiB for 4096 f64 keys and i32 positions), one launch for
+// all rows. Longer rows (a vocabulary's logits) go to CUB's segmented stable
+// radix sort over order-preserving unsigned keys (NaN highest, -0 equal to
+// +0, descending as the bitwise complement): three launches, 16 to 24 bytes
+// of scratch per element, at most 2^31 - 1 elements per call (larger calls
+// are refused naming the sizes). topk sorts whole rows either way. Both
+// paths, like the CPU's, break ties by position, so all three give the same
+// values and indices.
 inline constexpr int64_t kMaxCudaSortRow = 4096;
 
 // ---- joining and splitting ------------------------------------------------------
