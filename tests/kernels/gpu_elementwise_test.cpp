@@ -8,11 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "accrue/core/cuda_graph.h"
 #include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
@@ -416,6 +418,41 @@ TEST(GpuTriangle, tril_and_triu_match_the_cpu_for_every_dtype_diagonal_and_layou
                                   kernels::triu(x.permute({0, 3, 1, 2}), diagonal)));
     }
   }
+}
+
+// Note [Capturable code]: the new pointwise ops (scalar operands of where and
+// masked_fill included, which make a 0-d tensor) capture into a CUDA graph,
+// and its replay on new input values equals the eager ops.
+TEST(GpuPointwise, new_ops_capture_in_a_cuda_graph_and_replay_on_new_values) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor x = gpu(test::random_normal({8, 33}));
+  const Tensor y = gpu(test::random_normal({33}));
+  const Tensor mask = gpu(test::random_integers({8, 1}, 0, 1, DType::i64).to(DType::boolean));
+  auto ops = [&] {
+    Tensor h = kernels::unary(UnaryOp::Silu, x);
+    h = kernels::binary(BinaryOp::Add, h, kernels::unary(UnaryOp::Sin, x));
+    h = kernels::binary(BinaryOp::Mul, h, kernels::unary(UnaryOp::Cos, y));
+    h = kernels::binary(BinaryOp::Max, h, kernels::unary(UnaryOp::Abs, y));
+    h = kernels::binary(BinaryOp::Min, h,
+                        kernels::unary(UnaryOp::Rsqrt, kernels::unary(UnaryOp::Abs, x)));
+    h = kernels::clamp(h, -1.5, 2.5);
+    h = kernels::masked_fill(h, mask, -3.0);
+    h = kernels::where(mask, 0.25, kernels::tril(h, 3));
+    h = kernels::binary(BinaryOp::Add, kernels::triu(h, -2),
+                        kernels::minmax_backward(BinaryOp::Max, h, x, y));
+    return kernels::clamp_backward(h, x, -0.5, std::nullopt);
+  };
+  const Tensor warm = ops();  // a first eager run, as every capture wants
+  const Tensor result = empty(warm.shape(), DType::f32, kGpu);
+  std::string why;
+  const std::unique_ptr<CudaGraph> graph = CudaGraph::capture(
+      0, [&] { result.copy_(ops()); }, &why);
+  ASSERT_TRUE(graph) << why;
+  x.copy_(test::random_normal({8, 33}));  // new values in the captured buffers
+  y.copy_(test::random_normal({33}));
+  graph->launch();
+  EXPECT_TRUE(test::all_equal(cpu(result), cpu(ops())));
+  EXPECT_FALSE(test::all_equal(cpu(result), cpu(warm)));
 }
 
 // ---- compare and where -------------------------------------------------------------------------
