@@ -35,6 +35,11 @@ TEST(IndexingGradcheck, cat_and_stack) {
   const Tensor constant = test::random_normal({2, 2}, DType::f64);
   auto g = [&](const std::vector<Tensor>& v) { return cat({v[0], constant, v[1]}, 1); };
   EXPECT_GRADCHECK(g, leaf({2, 3}), leaf({2, 1}));
+  // One tensor joined twice: both slices' gradients reach it.
+  auto twice = [](const std::vector<Tensor>& v) { return cat({v[0], mul(v[0], 2.0), v[0]}, 0); };
+  EXPECT_GRADCHECK(twice, leaf({2, 3}));
+  auto stacked_twice = [](const std::vector<Tensor>& v) { return stack({v[0], v[0]}, 1); };
+  EXPECT_GRADCHECK(stacked_twice, leaf({2, 3}));
   for (int64_t d : {0, 1, 2, -1}) {
     auto s = [d](const std::vector<Tensor>& v) { return stack({v[0], v[1]}, d); };
     EXPECT_GRADCHECK(s, leaf({3, 2}), leaf({3, 2}));
