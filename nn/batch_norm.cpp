@@ -21,11 +21,18 @@ BatchNorm::BatchNorm(int64_t channels, const ParamOptions& params, const BatchNo
                "BatchNorm: momentum must lie in (0, 1], got ", options.momentum);
   weight_ = register_parameter("weight", full({channels}, 1.0, params.dtype, params.device));
   bias_ = register_parameter("bias", zeros({channels}, params.dtype, params.device));
-  running_mean_ = register_buffer("running_mean", zeros({channels}, DType::f64, params.device));
-  running_var_ = register_buffer("running_var", full({channels}, 1.0, DType::f64, params.device));
-  pending_count_ = register_buffer("pending_count", zeros({1}, DType::f64, params.device));
-  pending_mean_ = register_buffer("pending_mean", zeros({channels}, DType::f64, params.device));
-  pending_m2_ = register_buffer("pending_m2", zeros({channels}, DType::f64, params.device));
+  // Note [BatchNorm in f32]: f64 on purpose, whatever the model's dtype.
+  const auto f64_state = BufferOptions().keep_dtype(true);
+  running_mean_ =
+      register_buffer("running_mean", zeros({channels}, DType::f64, params.device), f64_state);
+  running_var_ =
+      register_buffer("running_var", full({channels}, 1.0, DType::f64, params.device), f64_state);
+  pending_count_ =
+      register_buffer("pending_count", zeros({1}, DType::f64, params.device), f64_state);
+  pending_mean_ =
+      register_buffer("pending_mean", zeros({channels}, DType::f64, params.device), f64_state);
+  pending_m2_ =
+      register_buffer("pending_m2", zeros({channels}, DType::f64, params.device), f64_state);
 }
 
 std::vector<int64_t> BatchNorm::reduce_dims(const Tensor& x) const {

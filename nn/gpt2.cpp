@@ -132,7 +132,11 @@ GPT2::GPT2(const GPT2Config& config, const ParamOptions& options)
   }
   ln_f_ = &register_module(
       "ln_f", std::make_unique<LayerNorm>(C, options, config.layer_norm_eps, config.bias));
-  positions_ = arange(0, static_cast<double>(config.block_size), 1.0, DType::i64, options.device);
+  // Rebuilt from the config, so not saved; a buffer so that Module::to(Device) moves it.
+  positions_ = register_buffer(
+      "positions",
+      arange(0, static_cast<double>(config.block_size), 1.0, DType::i64, options.device),
+      BufferOptions().persistent(false));
 }
 
 const Block& GPT2::block(int64_t i) const {

@@ -31,18 +31,114 @@ Tensor normal_init(const Shape& shape, double std, const ParamOptions& o) {
 
 }  // namespace
 
-std::vector<NamedParameter> Module::named(Kind kind) const {
+std::vector<NamedParameter> Module::named(Kind kind, bool (*keep)(const BufferOptions&)) const {
   std::vector<NamedParameter> out;
   for (const Slot& s : order_) {
     if (s.kind == Kind::Child) {
       const auto& [name, child] = children_[s.index];
-      for (NamedParameter& p : child->named(kind))
+      for (NamedParameter& p : child->named(kind, keep))
         out.push_back({name + "." + p.name, p.tensor});
     } else if (s.kind == kind) {
-      out.push_back(kind == Kind::Parameter ? params_[s.index] : buffers_[s.index]);
+      if (kind == Kind::Parameter)
+        out.push_back(params_[s.index]);
+      else if (!keep || keep(buffer_options_[s.index]))
+        out.push_back(buffers_[s.index]);
     }
   }
   return out;
+}
+
+namespace {
+
+bool persistent(const BufferOptions& o) {
+  return o.persistent();
+}
+bool converted(const BufferOptions& o) {
+  return !o.keep_dtype();
+}
+
+// A copy of t on `device` in `dtype`, laid out as t is (channels-last stays so).
+Tensor moved_copy(const Tensor& t, Device device, DType dtype) {
+  Tensor out;
+  if (t.is_channels_last()) {
+    const Shape& s = t.shape();
+    out = empty({s[0], s[2], s[3], s[1]}, dtype, device).permute({0, 3, 1, 2});
+  } else {
+    out = empty(t.shape(), dtype, device);
+  }
+  out.copy_(t);
+  return out;
+}
+
+// Re-points t itself at `moved`: every handle to t sees it (as to_channels_last does).
+void repoint(const Tensor& t, const Tensor& moved) {
+  TensorImpl& impl = *t.impl();
+  impl.storage = moved.storage();
+  impl.offset = moved.offset();
+  impl.strides = moved.strides();
+  impl.dtype = moved.dtype();
+}
+
+}  // namespace
+
+void Module::to(DType dtype) {
+  ACCRUE_CHECK(is_floating(dtype), "Module::to: ", dtype_name(dtype),
+               " is not a floating dtype; parameters and buffers convert to f32, f64, bf16 or f16");
+  move(Device::cpu(), dtype, true, "to(DType)");  // the device is each tensor's own
+}
+
+void Module::to(Device device) {
+  move(device, DType::f32, false, "to(Device)");
+}
+
+void Module::move(Device device, DType dtype, bool convert, const char* op) {
+  NoGradGuard no_grad;
+  const std::vector<NamedParameter> params = named_parameters();
+  const std::vector<NamedParameter> buffers = named_buffers();
+  const std::vector<NamedParameter> converted_buffers = named(Kind::Buffer, &converted);
+  auto target_dtype = [&](const Tensor& t, bool follows) {
+    return convert && follows && is_floating(t.dtype()) ? dtype : t.dtype();
+  };
+  auto target_device = [&](const Tensor& t) { return convert ? t.device() : device; };
+  // Note [Module device and dtype]: a held parameter must already be there;
+  // all are checked before anything moves.
+  for (const NamedParameter& p : params) {
+    const AutogradMeta* meta = autograd::find_meta(p.tensor);
+    const GradSink* sink = meta ? meta->sink : nullptr;
+    const bool held = sink != nullptr || (meta && meta->owner != nullptr);
+    if (!held) continue;
+    const DType want = target_dtype(p.tensor, true);
+    const Device where = target_device(p.tensor);
+    ACCRUE_CHECK(want == p.tensor.dtype() && where == p.tensor.device(), "Module::", op, ": '",
+                 p.name, "' is held by ", sink ? sink->describe(p.tensor) : std::string("a store"),
+                 ", which fixed its ", want != p.tensor.dtype() ? "dtype" : "device", " (",
+                 dtype_name(p.tensor.dtype()), " on ", p.tensor.device().str(),
+                 "; its master weights are the store's): build the store with ",
+                 want != p.tensor.dtype()
+                     ? detail::str_cat(".compute_dtype(", dtype_name(want), ")")
+                     : detail::str_cat(".device(", where.str(), ")"),
+                 ", or call Module::to before building it. Nothing was moved (Note [Module ",
+                 "device and dtype])");
+  }
+  auto follows = [&](const Tensor& t) {
+    for (const NamedParameter& b : converted_buffers)
+      if (b.tensor.is_same(t)) return true;
+    return false;
+  };
+  for (const NamedParameter& p : params) {
+    const DType want = target_dtype(p.tensor, true);
+    const Device where = target_device(p.tensor);
+    if (want == p.tensor.dtype() && where == p.tensor.device()) continue;
+    const Tensor g = grad(p.tensor);
+    repoint(p.tensor, moved_copy(p.tensor, where, want));
+    if (g.defined()) set_grad(p.tensor, moved_copy(g, where, want));
+  }
+  for (const NamedParameter& b : buffers) {
+    const DType want = target_dtype(b.tensor, follows(b.tensor));
+    const Device where = target_device(b.tensor);
+    if (want == b.tensor.dtype() && where == b.tensor.device()) continue;
+    repoint(b.tensor, moved_copy(b.tensor, where, want));
+  }
 }
 
 std::vector<NamedParameter> Module::named_parameters() const {
@@ -67,7 +163,7 @@ std::map<std::string, Tensor> Module::state_dict() const {
     // Note [One load path]: the master weights; detached, as PyTorch's state_dict
     // is, so that saving or copying an entry is data handling (Note [Raw views]).
     out[p.name] = detach(parameter_value(p.tensor));
-  for (const NamedParameter& b : named_buffers())
+  for (const NamedParameter& b : named(Kind::Buffer, &persistent))
     out[b.name] = b.tensor;
   return out;
 }
@@ -91,7 +187,7 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool st
   for (const NamedParameter& p : named_parameters())
     load_parameter(p.tensor, state.at(p.name));
   NoGradGuard no_grad;
-  for (const NamedParameter& b : named_buffers())
+  for (const NamedParameter& b : named(Kind::Buffer, &persistent))
     b.tensor.copy_(state.at(b.name));
 }
 
@@ -148,9 +244,12 @@ Tensor Module::register_parameter(std::string name, Tensor t) {
   return t;
 }
 
-Tensor Module::register_buffer(std::string name, Tensor t) {
+Tensor Module::register_buffer(std::string name, Tensor t, const BufferOptions& options) {
   ACCRUE_CHECK(t.defined(), "Module::register_buffer: '", name, "' is undefined");
+  ACCRUE_CHECK(!t.requires_grad(), "Module::register_buffer: '", name,
+               "' requires grad; a trained tensor is a parameter (register_parameter)");
   buffers_.push_back({std::move(name), t});
+  buffer_options_.push_back(options);
   order_.push_back({Kind::Buffer, buffers_.size() - 1});
   return t;
 }

@@ -18,6 +18,29 @@ namespace accrue::nn {
 // optim::ParamStore take them from.
 using accrue::NamedParameter;
 
+// How a buffer behaves (Module::register_buffer), named setters.
+class BufferOptions {
+ public:
+  // In the state dict (the default), or not: state rebuilt from the config
+  // (a table of positions), as PyTorch's persistent=False.
+  BufferOptions& persistent(bool on) {
+    persistent_ = on;
+    return *this;
+  }
+  // Keeps its dtype when Module::to(DType) converts the model (a statistic
+  // kept in f64 on purpose); it still follows the device.
+  BufferOptions& keep_dtype(bool on) {
+    keep_dtype_ = on;
+    return *this;
+  }
+  bool persistent() const { return persistent_; }
+  bool keep_dtype() const { return keep_dtype_; }
+
+ private:
+  bool persistent_ = true;
+  bool keep_dtype_ = false;
+};
+
 // Where parameters are created: their device and dtype, and the generator for
 // their initial values (a fixed seed makes a model reproducible on any device).
 struct ParamOptions {
@@ -38,10 +61,36 @@ class Module {
   std::vector<NamedParameter> named_parameters() const;
   std::vector<Tensor> parameters() const;
   int64_t parameter_count() const;
-  // Buffers: state that is not trained (running statistics, counters), in
-  // registration order with the same "child." prefixes. No gradient reaches
-  // them and the gradient arena never holds them.
+  // Buffers: state that is not trained (running statistics, counters, tables
+  // of positions or frequencies), persistent or not, in registration order
+  // with the same "child." prefixes. No gradient reaches them and the
+  // gradient arena never holds them.
   std::vector<NamedParameter> named_buffers() const;
+
+  // Note [Module device and dtype]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // to(DType) and to(Device) move the model: every parameter and every
+  // buffer, its children's too, each tensor keeping its identity (handles
+  // the model and the caller hold see the new dtype or device, as
+  // to_channels_last does) and its layout. to(DType) converts floating
+  // tensors only (PyTorch converts floating buffers, not counters or
+  // indices) and leaves a buffer registered with keep_dtype alone
+  // (nn::BatchNorm's running statistics are f64 on purpose: Note [BatchNorm
+  // in f32]); a tensor the model computes with must be a parameter or a
+  // buffer, or it stays behind and the mismatch shows up later as "mul:
+  // dtypes f64 and f32 differ" (a rotary-embedding table is a buffer,
+  // non-persistent when it is rebuilt from the config).
+  // A parameter an optim::ParamStore holds is the store's: the store fixed
+  // its device and dtype (the compute copy's), and its master weights are
+  // the store's. So once a store exists, to() still moves the buffers, which
+  // a store never holds (bringing a RoPE table to a bf16 compute copy's
+  // dtype), but a held parameter must already have the target device and
+  // dtype: otherwise to() throws naming the parameter, its store and what
+  // to do (build the store with that device or compute dtype, or call to()
+  // before building it), and nothing is changed. Everything is checked
+  // before anything moves. A parameter's .grad, when it has one, moves with it.
+  void to(DType dtype);
+  void to(Device device);
 
   // Note [Module state dict]
   // ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -80,7 +129,7 @@ class Module {
   // Registers a leaf that requires grad and returns it.
   Tensor register_parameter(std::string name, Tensor t);
   // Registers a tensor that is state but not a parameter, and returns it.
-  Tensor register_buffer(std::string name, Tensor t);
+  Tensor register_buffer(std::string name, Tensor t, const BufferOptions& options = {});
   // Registers a child; its parameters follow, prefixed with "name.".
   template <class M>
   M& register_module(std::string name, std::unique_ptr<M> child) {
@@ -96,10 +145,15 @@ class Module {
     Kind kind;
     size_t index;
   };
-  // The named tensors of one kind, this module's and its children's, in order.
-  std::vector<NamedParameter> named(Kind kind) const;
+  // The named tensors of one kind, this module's and its children's, in
+  // order; buffers only those that pass `keep` (all when it is null).
+  std::vector<NamedParameter> named(Kind kind, bool (*keep)(const BufferOptions&) = nullptr) const;
+  // Note [Module device and dtype]: moves every tensor to `device` and, when
+  // `dtype` is floating, the floating ones to `dtype`; `op` names the call.
+  void move(Device device, DType dtype, bool convert, const char* op);
   std::vector<NamedParameter> params_;
   std::vector<NamedParameter> buffers_;
+  std::vector<BufferOptions> buffer_options_;
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
   std::vector<Slot> order_;
   bool training_ = true;
