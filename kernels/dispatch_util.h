@@ -125,9 +125,11 @@ inline void check_device(const Tensor& t, Device expected, const char* op, const
                " is on ", t.device().str(), ", ", whose, " on ", expected.str());
 }
 
+// Note [Broadcasting and dtypes]: the error says how to convert.
 inline void check_dtype(const Tensor& t, DType expected, const char* op, const char* what) {
   ACCRUE_CHECK(t.dtype() == expected, op, ": ", what, " of shape ", shape_str(t.shape()),
-               " has dtype ", dtype_name(t.dtype()), "; expected ", dtype_name(expected));
+               " has dtype ", dtype_name(t.dtype()), "; expected ", dtype_name(expected),
+               " (convert it with ", what, ".to(DType::", dtype_enum_name(expected), "))");
 }
 
 inline void check_same_shape(const Tensor& a, const Tensor& b, const char* op, const char* what_a,
@@ -155,8 +157,8 @@ inline void check_dtype_or_f32(const Tensor& t, DType compute, bool f32_ok, cons
                                const char* what) {
   ACCRUE_CHECK(t.dtype() == compute || (f32_ok && t.dtype() == DType::f32), op, ": ", what,
                " of shape ", shape_str(t.shape()), " has dtype ", dtype_name(t.dtype()),
-               "; expected ", dtype_name(compute),
-               f32_ok && compute != DType::f32 ? " or f32" : "");
+               "; expected ", dtype_name(compute), f32_ok && compute != DType::f32 ? " or f32" : "",
+               " (convert it with ", what, ".to(DType::", dtype_enum_name(compute), "))");
 }
 
 inline bool is_16_bit(DType t) {
