@@ -1,4 +1,4 @@
-// The differentiable shape and index ops: cat, stack, split, chunk,
+// The differentiable shape and index ops: cat, stack, split, chunk, unbind,
 // repeat_interleave, gather, scatter_add, index_select, index_add, cumsum,
 // sort and topk (values), plus the integer-valued one_hot, argmax and argsort.
 // PyTorch's semantics (Note [Indexing ops] in kernels/indexing.h); each
@@ -23,6 +23,9 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 // n pieces of ceil(size / n).
 std::vector<Tensor> split(const Tensor& x, const SplitSizes& sizes, int64_t dim = 0);
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
+// The slices of x along dim, that dim removed (select views): q, k, v of a
+// packed [B, T, 3, H, D] tensor are unbind(qkv, 2).
+std::vector<Tensor> unbind(const Tensor& x, int64_t dim = 0);
 // [a, b] -> [a, a, b, b] along dim (repeats 2): grouped-query attention's
 // key/value heads for a reference path. The gradient sums each group.
 Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t dim);

@@ -76,6 +76,16 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   return split(x, SplitSizes(lengths), dim);
 }
 
+std::vector<Tensor> unbind(const Tensor& x, int64_t dim) {
+  ACCRUE_CHECK(x.defined(), "unbind: input is an undefined tensor");
+  ACCRUE_CHECK(x.dim() > 0, "unbind: the input is 0-d; there is no dim to unbind");
+  const int64_t d = dim_of(x, dim, "unbind");
+  std::vector<Tensor> slices;
+  for (int64_t i = 0; i < x.size(d); ++i)
+    slices.push_back(select(x, d, i));
+  return slices;
+}
+
 Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t dim) {
   Tensor out = kernels::repeat_interleave(x, repeats, dim);
   const Shape in = x.shape();

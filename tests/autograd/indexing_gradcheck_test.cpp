@@ -58,6 +58,14 @@ TEST(IndexingGradcheck, split_and_chunk_pieces) {
     return add(sum(mul(p[0], p[1])), sum(exp(p[2])));
   };
   EXPECT_GRADCHECK(g, leaf({7, 2}));
+  auto u = [](const std::vector<Tensor>& v) {
+    const std::vector<Tensor> s = unbind(v[0], 1);  // 3 slices of [2, 4]
+    return add(mul(s[0], s[2]), exp(s[1]));
+  };
+  EXPECT_GRADCHECK(u, leaf({2, 3, 4}));
+  EXPECT_EQ(unbind(leaf({2, 3}), -1).size(), 3u);
+  EXPECT_ERROR(unbind(leaf({2}), 1), "unbind", "dim 1");
+  EXPECT_ERROR(unbind(scalar_tensor(1.0)), "unbind", "0-d");
   // Only some pieces used: the others' region gets zero.
   auto h = [](const std::vector<Tensor>& v) { return split(v[0], 2, -1)[1]; };
   EXPECT_GRADCHECK(h, leaf({3, 5}));
