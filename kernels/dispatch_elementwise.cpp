@@ -239,8 +239,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_defined(cond, "where", "cond");
   check_defined(a, "where", "a");
   check_defined(b, "where", "b");
-  ACCRUE_CHECK(cond.dtype() == DType::boolean, "where: cond of shape ", shape_str(cond.shape()),
-               " has dtype ", dtype_name(cond.dtype()), "; expected bool");
+  check_dtype(cond, DType::boolean, "where", "cond");
   check_same_device(cond, a, "where", "cond", "a");
   check_same_device(a, b, "where", "a", "b");
   check_same_dtype(a, b, "where", "a", "b");
