@@ -26,7 +26,7 @@
 // Every range starts and ends on a 256-byte boundary, so for f32 every
 // bucket's numel is a multiple of 64 (divisible by any world size up to 64
 // that is a power of two: ZeRO-1 reduce-scatters buckets without padding).
-// ParamStoreOptions::shard_ranks = W pads slots to W x 256 bytes, which makes every
+// ParamStoreOptions().shard_ranks(W) pads slots to W x 256 bytes, which makes every
 // bucket divisible by any other world size W (Note [ZeRO-1]).
 //
 // Note [Layout fingerprint]

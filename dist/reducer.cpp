@@ -57,8 +57,8 @@ Reducer::Reducer(optim::ParamStore& arena, Communicator& comm, const ReducerOpti
       const Bucket& bucket = plan_[b];
       ACCRUE_CHECK(bucket.numel % world == 0, "Reducer (zero1): bucket ", b, " has ", bucket.numel,
                    " elements, not divisible by the world size ", world,
-                   "; construct the store with optim::ParamStoreOptions::shard_ranks = ", world,
-                   " (its shard_ranks = ", arena.options().shard_ranks(), "; Note [ZeRO-1])");
+                   "; construct the store with optim::ParamStoreOptions().shard_ranks(", world,
+                   ") (its shard_ranks is ", arena.options().shard_ranks(), "; Note [ZeRO-1])");
       const int64_t chunk = bucket.numel / world;
       owned_.push_back({bucket.offset + comm.rank() * chunk, chunk});
       packed += chunk;

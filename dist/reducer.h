@@ -36,7 +36,7 @@
 // of every bucket (chunk r = elements [r n/W, (r+1) n/W) of a bucket of n).
 // n is divisible by W when every slot is: Note [Buckets] pads slots to 256
 // bytes, enough for a power of two up to 64 ranks (f32); any other W pads
-// them to W x 256 bytes (ParamStoreOptions::shard_ranks = W, a few KiB per
+// them to W x 256 bytes (ParamStoreOptions().shard_ranks(W), a few KiB per
 // parameter at most), and the Reducer says so if it was not. Those chunks, in plan order, are
 // the rank's owned ranges (owned_ranges()), and at the close:
 //   - the optimizer moments exist only for them: the arena's moment arenas

@@ -117,8 +117,8 @@ void Module::move(Device device, DType dtype, bool convert, const char* op) {
                  want != p.tensor.dtype()
                      ? detail::str_cat(".compute_dtype(", dtype_name(want), ")")
                      : detail::str_cat(".device(", where.str(), ")"),
-                 ", or call Module::to before building it. Nothing was moved (Note [Module ",
-                 "device and dtype])");
+                 ", or call Module::to before building it. Nothing was moved ",
+                 "(Note [Module device and dtype])");
   }
   auto follows = [&](const Tensor& t) {
     for (const NamedParameter& b : converted_buffers)

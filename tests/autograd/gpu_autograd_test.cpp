@@ -2,6 +2,7 @@
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/ops.h"
 #include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
 #include "accrue/nn/module.h"
 #include "tests/test_util.h"
 
@@ -24,6 +25,38 @@ TEST(GpuAutograd, mlp_gradients_match_the_cpu) {
   for (size_t i = 0; i < cp.size(); ++i) {
     EXPECT_LT(test::relative_error(grad(gp[i].tensor), grad(cp[i].tensor)), 1e-5) << cp[i].name;
   }
+}
+
+// accrue::to_device carries the gradient across devices both ways, and
+// Module::to(Device) moves parameters and buffers (Note [Module device and dtype]).
+TEST(GpuAutograd, copies_across_devices_carry_the_gradient) {
+  ACCRUE_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  const Tensor x = requires_grad_(test::random_normal({5, 3}, DType::f64));
+  const Tensor on_gpu = to_device(x, gpu);
+  EXPECT_TRUE(on_gpu.requires_grad());
+  EXPECT_ERROR(x.to(gpu), "Tensor::to(Device)", "accrue::to_device");
+  backward(sum(to_device(on_gpu * 3.0, Device::cpu())));
+  ASSERT_TRUE(grad(x).defined());
+  EXPECT_EQ(grad(x).device(), Device::cpu());
+  for (double g : grad(x).to_vector<double>())
+    EXPECT_EQ(g, 3.0);
+  const Tensor y = requires_grad_(test::random_normal({4}, DType::f32).to(gpu));
+  backward(sum(clone(contiguous(to_dtype(y, DType::f64))) * 2.0));
+  EXPECT_EQ(grad(y).device(), gpu);
+  EXPECT_EQ(grad(y).dtype(), DType::f32);
+  for (float g : grad(y).to_vector<float>())
+    EXPECT_EQ(g, 2.0f);
+
+  Generator g1(5), g2(5);
+  nn::MLP cpu_model({16, 8}, {Device::cpu(), DType::f32, &g1});
+  nn::MLP moved({16, 8}, {Device::cpu(), DType::f32, &g2});
+  const Tensor weight = moved.named_parameters()[0].tensor;
+  moved.to(gpu);
+  EXPECT_EQ(weight.device(), gpu);  // the caller's handle sees the move
+  const Tensor in = test::random_normal({4, 16});
+  NoGradGuard no_grad;
+  EXPECT_LT(test::relative_error(moved.forward(in.to(gpu)), cpu_model.forward(in)), 1e-6);
 }
 
 TEST(GpuAutograd, every_op_family_backward_matches_the_cpu) {

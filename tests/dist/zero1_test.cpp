@@ -173,7 +173,7 @@ TEST(HostWorld, zero1_on_three_ranks_pads_the_slots) {
   const std::vector<Batch> data = equivalence::make_batches(
       ModelKind::LM, 3, 12, equivalence::cpu_f64(), 23, /*variable_length=*/true);
   EXPECT_ERROR(train(3, 2, true, data), "not divisible by the world size 3",
-               "optim::ParamStoreOptions::shard_ranks = 3");
+               "optim::ParamStoreOptions().shard_ranks(3)");
   const std::vector<RankResult> single = train(1, 6, false, data, /*shard_ranks=*/3);
   const std::vector<RankResult> zero1 = train(3, 2, true, data, /*shard_ranks=*/3);
   const RankResult& ref = single[0];

@@ -95,6 +95,21 @@ TEST(GpuGPT2, forward_loss_and_gradients_match_the_cpu) {
   std::printf("[gpu gpt2] f32 gradients vs the CPU: worst relative error %.3g\n", worst);
 }
 
+// Note [Module device and dtype]: a model built on the CPU and moved takes its
+// positions buffer along (before, it stayed on the CPU and the GPU forward failed).
+TEST(GpuGPT2, a_model_moved_to_the_gpu_takes_its_buffers) {
+  ACCRUE_REQUIRE_CUDA();
+  TF32Off tf32_off;
+  const nn::GPT2Config c = tiny_config();
+  const auto cpu = make_gpt2(c, Device::cpu()), moved = make_gpt2(c, Device::cpu());
+  moved->to(kGpu);
+  for (const auto& b : moved->named_buffers())
+    EXPECT_EQ(b.tensor.device(), kGpu) << b.name;
+  const Tensor idx = tokens(2, 32, c.vocab_size, 4);
+  NoGradGuard no_grad;
+  EXPECT_LT(test::relative_error(moved->forward(idx.to(kGpu)), cpu->forward(idx)), 1e-5);
+}
+
 TEST(GpuGPT2, bf16_compute_copy_runs_close_to_f32) {
   ACCRUE_REQUIRE_CUDA();
   TF32Off tf32_off;
