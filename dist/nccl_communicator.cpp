@@ -8,6 +8,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "accrue/core/cuda_graph.h"
 #include "accrue/core/error.h"
 #include "accrue/core/status_check.h"
 #include "accrue/dist/mpi_bootstrap.h"
@@ -342,7 +343,11 @@ void NcclCommunicator::watchdog_loop() {
 
 void NcclCommunicator::check() {
   std::lock_guard<std::mutex> lock(mu_);
-  poll_locked(Clock::now());
+  // A thread capturing a CUDA graph (GraphedWindow's micro-steps, whose
+  // before_backward checks here) may not query events: the capture would
+  // fail, and the query's error would abort the communicator. The watchdog
+  // thread keeps polling meanwhile.
+  if (!graph_capturing()) poll_locked(Clock::now());
   throw_if_aborted_locked();
 }
 
