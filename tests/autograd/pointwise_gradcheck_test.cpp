@@ -2,15 +2,21 @@
 // minimum/maximum, masked_fill, tril/triu, where with a scalar) pass a float64
 // central-difference gradcheck, and their gradients at the points where the
 // derivative is a convention (abs at 0, clamp at a bound, ties of
-// minimum/maximum) are PyTorch's.
+// minimum/maximum) are PyTorch's; a model made of them accumulates in a
+// Window exactly as its large batch does.
+#include <algorithm>
 #include <cmath>
 #include <optional>
+#include <vector>
 
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/gradcheck.h"
 #include "accrue/autograd/ops.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/kernels/ops.h"
+#include "accrue/nn/module.h"
+#include "accrue/optim/param_store.h"
+#include "accrue/optim/window.h"
 #include "tests/autograd/gradcheck_util.h"
 #include "tests/test_util.h"
 
@@ -159,6 +165,83 @@ TEST(PointwiseGradcheck, a_llama_style_block_from_the_new_ops) {
   };
   EXPECT_GRADCHECK(block, leaf({T, D}),
                    requires_grad_(test::random_uniform({D}, 0.5, 1.5, DType::f64)));
+}
+
+// ---- inside a Window ------------------------------------------------------------------------
+
+// A two-layer model whose hidden activations go through every new op (each on
+// per-item values, so that splitting the batch changes nothing an item sees).
+class PointwiseRun {
+ public:
+  explicit PointwiseRun(int64_t micro_steps)
+      : gen_(3),
+        hidden_(6, 8, true, {Device::cpu(), DType::f64, &gen_}),
+        head_(8, 3, true, {Device::cpu(), DType::f64, &gen_}),
+        opt_(optim::AdamWOptions(1e-2).weight_decay(0.1)),
+        store_(params(), optim::ParamStoreOptions().master_dtype(DType::f64)),
+        window_(store_, opt_, optim::WindowOptions().micro_steps(micro_steps)) {}
+
+  void micro_step(const Tensor& x, const Tensor& y) {
+    const int64_t n = x.size(0);
+    const Tensor mask = from_vector<int32_t>({0, 1, 0, 0, 0, 0, 1, 0}, {1, 8}, DType::boolean);
+    Tensor h = hidden_.forward(x);
+    h = silu(h) * cos(h) + abs(sin(h));
+    h = maximum(clamp(h, -1.0, 1.0), minimum(h * 0.5, rsqrt(h * h + 1.0)));
+    h = masked_fill(h, mask, 0.0);
+    h = reshape(tril(reshape(h, {n, 2, 4}), 1) + triu(reshape(h, {n, 2, 4}), 2), {n, 8});
+    h = where(mask, 0.25, h);
+    window_.backward(cross_entropy(head_.forward(h), y));
+  }
+  void close() { window_.close(); }
+  std::vector<double> parameters() const {
+    std::vector<double> out;
+    for (const Tensor& p : params())
+      for (double v : p.to_vector<double>())
+        out.push_back(v);
+    return out;
+  }
+  const optim::Window& window() const { return window_; }
+
+ private:
+  std::vector<Tensor> params() const {
+    std::vector<Tensor> p = hidden_.parameters();
+    for (const Tensor& t : head_.parameters())
+      p.push_back(t);
+    return p;
+  }
+
+  Generator gen_;
+  nn::Linear hidden_, head_;
+  optim::Optimizer opt_;
+  optim::ParamStore store_;
+  optim::Window window_;
+};
+
+// The model trains in a Window, and two micro-batches of 4 give the update of
+// one batch of 8, window after window (Note [Accumulation verifier]).
+TEST(PointwiseInWindow, two_micro_batches_update_as_the_large_batch) {
+  PointwiseRun split(2), whole(1);
+  const std::vector<double> before = whole.parameters();
+  for (int w = 0; w < 3; ++w) {
+    const Tensor x = test::random_normal({8, 6}, DType::f64, Device::cpu(), 1.5);
+    const Tensor y = test::random_integers({8}, 0, 2, DType::i64);
+    split.micro_step(x.narrow(0, 0, 4), y.narrow(0, 0, 4));
+    split.micro_step(x.narrow(0, 4, 4), y.narrow(0, 4, 4));
+    split.close();
+    whole.micro_step(x, y);
+    whole.close();
+    EXPECT_FALSE(whole.window().report().skipped);
+    EXPECT_FALSE(split.window().report().skipped);
+    const std::vector<double> a = split.parameters(), b = whole.parameters();
+    double worst = 0.0, scale = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      worst = std::max(worst, std::fabs(a[i] - b[i]));
+      scale = std::max(scale, std::fabs(b[i]));
+    }
+    EXPECT_LE(worst / scale, 1e-12) << "window " << w;
+  }
+  const std::vector<double> after = whole.parameters();
+  EXPECT_NE(after, before);
 }
 
 }  // namespace
