@@ -72,7 +72,15 @@ void set_grad(const Tensor& t, const Tensor& g) {
 }
 
 void clear_grad(const Tensor& t) {
-  if (AutogradMeta* m = autograd::find_meta(t)) m->grad = Tensor();
+  AutogradMeta* m = autograd::find_meta(t);
+  if (!m) return;
+  // Note [One owner]: dropping the slot view would leave grad() undefined
+  // while the arena keeps receiving the gradients.
+  ACCRUE_CHECK(m->sink == nullptr, "clear_grad: the tensor of shape ", shape_str(t.shape()),
+               " is held by ", m->sink->describe(t),
+               ", whose slot is its gradient and is overwritten by the next window's first ",
+               "contribution (Note [Overwrite first]): there is nothing to clear");
+  m->grad = Tensor();
 }
 
 bool is_leaf(const Tensor& t) {

@@ -80,7 +80,8 @@ Tensor requires_grad_(const Tensor& t, bool enable = true);
 // The accumulated gradient of a leaf (undefined until a backward reaches it).
 Tensor grad(const Tensor& t);
 void set_grad(const Tensor& t, const Tensor& grad);
-// Forgets the gradient: the next backward writes instead of adding.
+// Forgets the gradient: the next backward writes instead of adding. Refused
+// for a leaf a gradient arena holds (Note [One owner]).
 void clear_grad(const Tensor& t);
 bool is_leaf(const Tensor& t);
 std::shared_ptr<autograd::Node> grad_fn(const Tensor& t);

@@ -274,10 +274,11 @@ void Window::check() const {
       options_.unused_parameter_check() == UnusedParameterCheck::ignore ||
       (options_.unused_parameter_check() == UnusedParameterCheck::warn && unused_warned_))
     return;
-  unused_checked_window_ = windows_;
   std::vector<bool> used;
   for (double v : ctx_->used_flags.to_vector<double>())
     used.push_back(v > 0);
+  sync_->check();  // the flags are the world's only if the reductions completed
+  unused_checked_window_ = windows_;
   check_unused(used, windows_, "Window::check");
 }
 

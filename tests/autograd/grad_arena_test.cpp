@@ -141,5 +141,13 @@ TEST(GradArena, gradcheck_of_an_arena_held_parameter_says_where_its_gradient_goe
   EXPECT_GRADCHECK(f, w);  // released: an ordinary leaf again
 }
 
+TEST(GradArena, clear_grad_of_an_arena_held_parameter_is_refused) {
+  const Tensor w = requires_grad_(test::random_normal({3}, DType::f64));
+  GradArena arena({{"w", w}}, GradArenaOptions().dtype(DType::f64));
+  EXPECT_ERROR(clear_grad(w), "clear_grad", "held by the gradient arena", "'w'",
+               "nothing to clear");
+  EXPECT_EQ(grad(w).storage(), arena.grads().storage());  // still the slot
+}
+
 }  // namespace
 }  // namespace accrue
