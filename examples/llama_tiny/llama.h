@@ -1,0 +1,209 @@
+// A Llama-style decoder written from accrue's public ops only: RMSNorm,
+// rotary position embeddings (rotate-half, as Hugging Face's Llama),
+// grouped-query attention with a causal and padding mask, a SwiGLU MLP and an
+// untied head. Parameters carry Hugging Face's LlamaForCausalLM names
+// (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ...,
+// lm_head.weight), so its state dict loads from transformers' weights
+// (tests/golden/llama_golden_test.cpp trains both side by side).
+//
+// Batches are right-padded: `lengths` [B] gives each sequence's tokens; the
+// padded keys are masked out of every query's attention, and the padded
+// targets are -100, which cross_entropy ignores, so a window's loss is the
+// mean over its real tokens (the Window's item-count normalization).
+#pragma once
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accrue.h"
+
+namespace accrue::examples {
+
+struct LlamaConfig {
+  int64_t vocab_size = 256;
+  int64_t hidden = 64;
+  int64_t intermediate = 176;
+  int64_t layers = 2;
+  int64_t heads = 4;     // query heads
+  int64_t kv_heads = 2;  // key/value heads: heads / kv_heads query heads share one
+  int64_t max_positions = 256;
+  double rope_theta = 10000.0;
+  double rms_eps = 1e-6;
+  int64_t head_dim() const { return hidden / heads; }
+};
+
+// Hugging Face's LlamaRMSNorm: x / sqrt(mean(x^2) + eps) * weight, over the last dim.
+class RMSNorm : public nn::Module {
+ public:
+  RMSNorm(int64_t dim, double eps, const nn::ParamOptions& o) : eps_(eps) {
+    weight_ = register_parameter("weight", full({dim}, 1.0, o.dtype, o.device));
+  }
+  Tensor forward(const Tensor& x) const {
+    return x * rsqrt(mean(x * x, {x.dim() - 1}, true) + eps_) * weight_;
+  }
+
+ private:
+  double eps_;
+  Tensor weight_;
+};
+
+class LlamaAttention : public nn::Module {
+ public:
+  LlamaAttention(const LlamaConfig& c, const nn::ParamOptions& o) : c_(c) {
+    const int64_t D = c.head_dim();
+    q_ = &register_module("q_proj", std::make_unique<nn::Linear>(c.hidden, c.heads * D, false, o));
+    k_ = &register_module("k_proj",
+                          std::make_unique<nn::Linear>(c.hidden, c.kv_heads * D, false, o));
+    v_ = &register_module("v_proj",
+                          std::make_unique<nn::Linear>(c.hidden, c.kv_heads * D, false, o));
+    o_ = &register_module("o_proj", std::make_unique<nn::Linear>(c.heads * D, c.hidden, false, o));
+  }
+
+  // x [B, T, C]; cos, sin [T, D]; mask [B, 1, T, T], added to the scores.
+  Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& mask) const {
+    const int64_t B = x.size(0), T = x.size(1), D = c_.head_dim();
+    auto heads = [&](const nn::Linear& proj, int64_t n) {  // [B, n, T, D]
+      return transpose(reshape(proj.forward(x), {B, T, n, D}), 1, 2);
+    };
+    const Tensor q = rotate(heads(*q_, c_.heads), cos, sin);
+    // Grouped-query attention: kv head j serves query heads j*G .. j*G + G-1.
+    const int64_t G = c_.heads / c_.kv_heads;
+    const Tensor k = repeat_interleave(rotate(heads(*k_, c_.kv_heads), cos, sin), G, 1);
+    const Tensor v = repeat_interleave(heads(*v_, c_.kv_heads), G, 1);
+    const Tensor scores = matmul(q, transpose(k, 2, 3)) * (1.0 / std::sqrt(static_cast<double>(D)));
+    const Tensor out = matmul(softmax(scores + mask, 3), v);  // [B, H, T, D]
+    return o_->forward(reshape(contiguous(transpose(out, 1, 2)), {B, T, c_.heads * D}));
+  }
+
+ private:
+  // Rotary embedding, rotate-half form: x cos + (-x2, x1) sin.
+  static Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+    const int64_t half = x.size(3) / 2;
+    const Tensor rotated = cat({neg(narrow(x, 3, half, half)), narrow(x, 3, 0, half)}, 3);
+    return x * cos + rotated * sin;
+  }
+
+  LlamaConfig c_;
+  nn::Linear *q_, *k_, *v_, *o_;
+};
+
+// SwiGLU: down(silu(gate(x)) * up(x)).
+class LlamaMLP : public nn::Module {
+ public:
+  LlamaMLP(const LlamaConfig& c, const nn::ParamOptions& o) {
+    gate_ = &register_module("gate_proj",
+                             std::make_unique<nn::Linear>(c.hidden, c.intermediate, false, o));
+    up_ = &register_module("up_proj",
+                           std::make_unique<nn::Linear>(c.hidden, c.intermediate, false, o));
+    down_ = &register_module("down_proj",
+                             std::make_unique<nn::Linear>(c.intermediate, c.hidden, false, o));
+  }
+  Tensor forward(const Tensor& x) const {
+    return down_->forward(silu(gate_->forward(x)) * up_->forward(x));
+  }
+
+ private:
+  nn::Linear *gate_, *up_, *down_;
+};
+
+class LlamaLayer : public nn::Module {
+ public:
+  LlamaLayer(const LlamaConfig& c, const nn::ParamOptions& o) {
+    norm1_ = &register_module("input_layernorm", std::make_unique<RMSNorm>(c.hidden, c.rms_eps, o));
+    attn_ = &register_module("self_attn", std::make_unique<LlamaAttention>(c, o));
+    norm2_ = &register_module("post_attention_layernorm",
+                              std::make_unique<RMSNorm>(c.hidden, c.rms_eps, o));
+    mlp_ = &register_module("mlp", std::make_unique<LlamaMLP>(c, o));
+  }
+  Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& mask) const {
+    const Tensor h = x + attn_->forward(norm1_->forward(x), cos, sin, mask);
+    return h + mlp_->forward(norm2_->forward(h));
+  }
+
+ private:
+  RMSNorm *norm1_, *norm2_;
+  LlamaAttention* attn_;
+  LlamaMLP* mlp_;
+};
+
+class LlamaModel : public nn::Module {
+ public:
+  LlamaModel(const LlamaConfig& c, const nn::ParamOptions& o) {
+    embed_ = &register_module("embed_tokens",
+                              std::make_unique<nn::Embedding>(c.vocab_size, c.hidden, o));
+    for (int64_t i = 0; i < c.layers; ++i)
+      layers_.push_back(
+          &register_module("layers." + std::to_string(i), std::make_unique<LlamaLayer>(c, o)));
+    norm_ = &register_module("norm", std::make_unique<RMSNorm>(c.hidden, c.rms_eps, o));
+  }
+  Tensor forward(const Tensor& idx, const Tensor& cos, const Tensor& sin,
+                 const Tensor& mask) const {
+    Tensor x = embed_->forward(idx);
+    for (const LlamaLayer* layer : layers_)
+      x = layer->forward(x, cos, sin, mask);
+    return norm_->forward(x);
+  }
+
+ private:
+  nn::Embedding* embed_;
+  std::vector<LlamaLayer*> layers_;
+  RMSNorm* norm_;
+};
+
+class Llama : public nn::Module {
+ public:
+  Llama(const LlamaConfig& c, const nn::ParamOptions& o) : c_(c) {
+    model_ = &register_module("model", std::make_unique<LlamaModel>(c, o));
+    head_ =
+        &register_module("lm_head", std::make_unique<nn::Linear>(c.hidden, c.vocab_size, false, o));
+    // The rotary tables, computed in f64 and kept as buffers, so that
+    // Module::to moves them with the weights. Not in the state dict: they
+    // follow from the config, as in transformers.
+    const int64_t D = c.head_dim(), P = c.max_positions;
+    std::vector<double> cos(static_cast<size_t>(P * D)), sin(cos.size());
+    for (int64_t p = 0; p < P; ++p)
+      for (int64_t i = 0; i < D; ++i) {
+        const double inv_freq =
+            1.0 / std::pow(c.rope_theta, static_cast<double>(2 * (i % (D / 2))) / D);
+        cos[static_cast<size_t>(p * D + i)] = std::cos(static_cast<double>(p) * inv_freq);
+        sin[static_cast<size_t>(p * D + i)] = std::sin(static_cast<double>(p) * inv_freq);
+      }
+    const nn::BufferOptions table = nn::BufferOptions().persistent(false);
+    cos_ = register_buffer("rope_cos", from_vector<double>(cos, {P, D}, o.dtype, o.device), table);
+    sin_ = register_buffer("rope_sin", from_vector<double>(sin, {P, D}, o.dtype, o.device), table);
+  }
+
+  const LlamaConfig& config() const { return c_; }
+
+  // (sum, count) cross-entropy of the right-padded batch idx [B, T] whose
+  // sequence b has lengths[b] tokens; targets [B, T] hold -100 past them.
+  Loss loss(const Tensor& idx, const Tensor& targets, const std::vector<int64_t>& lengths) const {
+    const int64_t B = idx.size(0), T = idx.size(1);
+    ACCRUE_CHECK(static_cast<int64_t>(lengths.size()) == B && T <= c_.max_positions,
+                 "Llama::loss: ", lengths.size(), " lengths for ", B, " sequences of ", T,
+                 " tokens (at most ", c_.max_positions, ")");
+    // A key is seen by a query at or after it, and only inside the sequence.
+    std::vector<double> mask(static_cast<size_t>(B * T * T), 0.0);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j < T; ++j)
+          if (j > i || j >= lengths[static_cast<size_t>(b)])
+            mask[static_cast<size_t>((b * T + i) * T + j)] =
+                -std::numeric_limits<double>::infinity();
+    const Tensor m = from_vector<double>(mask, {B, 1, T, T}, cos_.dtype(), idx.device());
+    const Tensor h = model_->forward(idx, narrow(cos_, 0, 0, T), narrow(sin_, 0, 0, T), m);
+    const Tensor logits = head_->forward(h);  // [B, T, V]
+    return cross_entropy(reshape(logits, {B * T, c_.vocab_size}), reshape(targets, {B * T}));
+  }
+
+ private:
+  LlamaConfig c_;
+  LlamaModel* model_;
+  nn::Linear* head_;
+  Tensor cos_, sin_;
+};
+
+}  // namespace accrue::examples
