@@ -112,6 +112,16 @@ case $name in
     expect 1 "empty: shape [100000000000, 16] of f64 needs 12800000000000 bytes" \
       --cpu --batch 100000000000 --K 2 --windows 1
     ;;
+  llama_tiny)
+    bin=$dir/accrue_llama_tiny prog=accrue_llama_tiny
+    help --micro-batch --accum --windows --seq-len --min-len --seed --lr --dtype --cpu
+    common_refusals
+    expect 2 "--seq-len must be in [2, 256], got 300" --seq-len 300
+    expect 2 "--min-len 70 is longer than --seq-len 64" --min-len 70
+    expect 2 "--dtype must be f32, bf16 or f64, got 'f16'" --dtype f16
+    run --cpu --windows 2 --micro-batch 2 --seq-len 16 --min-len 4
+    [[ $rc -eq 0 ]] || fail "llama_tiny --windows 2: exit code $rc: $err"
+    ;;
   resnet)
     bin=$dir/accrue_resnet prog=accrue_resnet
     help --data --synthetic --micro-batch --k --epochs --bn --recompute-bn --lr --seed \
