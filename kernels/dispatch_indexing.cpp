@@ -55,6 +55,7 @@ IndexedDim indexed_dim(const Tensor& t, int64_t d, const Shape& shape, const cha
   }
   at.stride = t.dim() == 0 ? 0 : t.stride(d);
   at.size = t.dim() == 0 ? 1 : t.size(d);
+  at.dim = static_cast<int32_t>(t.dim() == 0 ? 0 : d);
   return at;
 }
 

@@ -22,6 +22,7 @@ struct IndexedDim {
   StridedGeometry lines;
   int64_t stride = 0;
   int64_t size = 0;
+  int32_t dim = 0;  // the indexed dim (0 for a 0-d t)
 };
 
 }  // namespace accrue::kernels

@@ -51,24 +51,85 @@ IndexReader index_reader(const Tensor& index) {
 
 // ---- gather ------------------------------------------------------------------------
 
+// What a bad index reads (a deferred check's, Note [Deferred index checks]):
+// all-ones bytes, NaN in every float dtype, instead of a wild read.
+template <class T>
+__device__ __forceinline__ T bad_value() {
+  if constexpr (std::is_same_v<T, bool>) {
+    return true;
+  } else {
+    T bad;
+    memset(static_cast<void*>(&bad), 0xff, sizeof(T));
+    return bad;
+  }
+}
+
 template <class T>
 __global__ void gather_kernel(const T* __restrict__ x, IndexedDim at, IndexReader index, int64_t n,
                               T* __restrict__ out) {
   for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t v = index(j);
-    if (v >= 0 && v < at.size) {
-      out[j] = x[at.lines.offset_of(j) + v * at.stride];
-    } else if constexpr (std::is_same_v<T, bool>) {
-      out[j] = true;
+    out[j] = v >= 0 && v < at.size ? x[at.lines.offset_of(j) + v * at.stride] : bad_value<T>();
+  }
+}
+
+// Whole rows (index_select, and any gather whose index varies along dim
+// only, over dims after it that are contiguous in x): one block per output
+// row [outer, i] copies the x row at index[i], its offset found once.
+template <class T>
+__global__ void gather_rows_kernel(const T* __restrict__ x, StridedGeometry outer, int64_t stride,
+                                   int64_t size, const int64_t* __restrict__ index,
+                                   int64_t index_stride, int64_t n, int64_t rows, int64_t inner,
+                                   T* __restrict__ out) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t o = row / n, i = row - o * n;
+    const int64_t v = index[i * index_stride];
+    T* dst = out + row * inner;
+    if (v >= 0 && v < size) {
+      const T* src = x + outer.offset_of(o) + v * stride;
+      for (int64_t c = threadIdx.x; c < inner; c += blockDim.x)
+        dst[c] = src[c];
     } else {
-      // A deferred check's bad index (Note [Deferred index checks]): all-ones
-      // bytes, NaN in every float dtype, instead of a wild read.
-      T bad;
-      memset(static_cast<void*>(&bad), 0xff, sizeof(T));
-      out[j] = bad;
+      for (int64_t c = threadIdx.x; c < inner; c += blockDim.x)
+        dst[c] = bad_value<T>();
     }
   }
+}
+
+// The row path's shape when the gather has one: the dims after at.dim are
+// contiguous in x and the index varies along at.dim only. inner is the row.
+struct GatherRows {
+  bool ok = false;
+  StridedGeometry outer;
+  int64_t n = 1, rows = 1, inner = 1, index_stride = 0;
+};
+
+GatherRows gather_rows(const IndexedDim& at, const Tensor& index) {
+  GatherRows g;
+  if (at.lines.rank == 0) return g;
+  const int d = at.dim;
+  int64_t expected = 1;
+  for (int e = at.lines.rank - 1; e > d; --e) {
+    if (at.lines.sizes[e] > 1 && at.lines.strides[e] != expected) return g;
+    if (at.lines.sizes[e] > 1 && index.stride(e) != 0) return g;
+    expected *= at.lines.sizes[e];
+  }
+  for (int e = 0; e < d; ++e)
+    if (at.lines.sizes[e] > 1 && index.stride(e) != 0) return g;
+  g.inner = expected;
+  g.n = at.lines.sizes[d];
+  g.index_stride = index.stride(d);
+  g.outer.rank = d;
+  for (int e = 0; e < d; ++e) {
+    g.outer.sizes[e] = at.lines.sizes[e];
+    g.outer.strides[e] = at.lines.strides[e];
+    g.rows *= at.lines.sizes[e];
+  }
+  g.rows *= g.n;
+  // Rows shorter than a warp copy faster one element per thread.
+  g.ok = g.inner >= 32;
+  return g;
 }
 
 // ---- scatter-add ----------------------------------------------------------------------
@@ -334,8 +395,19 @@ void gather(const Tensor& x, const IndexedDim& at, const Tensor& index, const Te
   const int dev = out.device().index;
   cu::DeviceScope scope(dev);
   const int64_t n = out.numel();
+  const GatherRows rows = gather_rows(at, index);
   cu::visit_device_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    if (rows.ok) {
+      const int threads = static_cast<int>(std::min<int64_t>(256, (rows.inner + 31) / 32 * 32));
+      const auto blocks = static_cast<unsigned>(std::min<int64_t>(rows.rows, int64_t{1} << 20));
+      gather_rows_kernel<T><<<blocks, threads, 0, cu::stream_for(dev)>>>(
+          static_cast<const T*>(x.data_ptr()), rows.outer, at.stride, at.size,
+          static_cast<const int64_t*>(index.data_ptr()), rows.index_stride, rows.n, rows.rows,
+          rows.inner, static_cast<T*>(out.data_ptr()));
+      ACCRUE_LAUNCH_CHECK();
+      return;
+    }
     gather_kernel<T><<<cu::grid_for(n, kThreads), kThreads, 0, cu::stream_for(dev)>>>(
         static_cast<const T*>(x.data_ptr()), at, index_reader(index), n,
         static_cast<T*>(out.data_ptr()));

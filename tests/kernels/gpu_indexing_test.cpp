@@ -91,6 +91,32 @@ TEST(GpuIndexing, gather_and_index_select_match_cpu_exactly) {
   }
 }
 
+// Rows of at least a warp take the row path (one block per output row); an
+// index that varies in other dims, or rows that are not contiguous, do not.
+TEST(GpuIndexing, row_gathers_match_cpu_exactly) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::bf16, DType::f64, DType::i64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor table = test::random_normal({500, 1024}, DType::f64).to(dt);
+    std::vector<int64_t> v = random_index({300}, 500).to_vector<int64_t>();
+    const Tensor idx = from_vector(v, {300});
+    EXPECT_TRUE(all_equal(on_cpu(kernels::index_select(gpu(table), 0, gpu(idx))),
+                          kernels::index_select(table, 0, idx)));
+    // Rows inside a larger tensor: [4, 50, 3, 40] along dim 1, outer dims strided.
+    const Tensor x = test::random_normal({4, 50, 3, 40}, DType::f64).to(dt);
+    const Tensor sel = random_index({70}, 50);
+    EXPECT_TRUE(all_equal(on_cpu(kernels::index_select(gpu(x), 1, gpu(sel))),
+                          kernels::index_select(x, 1, sel)));
+    const Tensor xs = gpu(x).narrow(0, 1, 2);  // an offset view
+    EXPECT_TRUE(all_equal(on_cpu(kernels::index_select(xs, 1, gpu(sel))),
+                          kernels::index_select(x.narrow(0, 1, 2), 1, sel)));
+    // A gather whose index is expanded over the row dims takes the row path too.
+    const Tensor rows = gpu(sel).view({1, 70, 1, 1}).expand({4, 70, 3, 40});
+    EXPECT_TRUE(
+        all_equal(on_cpu(kernels::gather(gpu(x), 1, rows)), kernels::index_select(x, 1, sel)));
+  }
+}
+
 TEST(GpuIndexing, scatter_add_and_index_add_sum_small_integers_exactly) {
   ACCRUE_REQUIRE_CUDA();
   for (DType dt : kFloatTypes) {
