@@ -70,5 +70,6 @@ void register_copy_benchmarks();
 void register_elementwise_benchmarks();
 void register_reduce_benchmarks();
 void register_matmul_benchmarks();
+void register_model_op_benchmarks();
 
 }  // namespace accrue::bench

@@ -15,6 +15,7 @@ do.
 """
 import argparse
 import json
+import math
 import re
 import statistics
 import sys
@@ -101,6 +102,67 @@ def benchmarks():
 
     yield from gpt2_gemms()
     yield from resnet_convs()
+    yield from model_ops()
+
+
+def model_ops():
+    """bench/bench_model_ops.cpp's ops: the same names, shapes and bytes."""
+    tokens, width, vocab, embed, experts = 16384, 4096, 32000, 2048, 128
+    scores = [8, 16, 1024, 1024]
+    bf16, f32 = torch.bfloat16, torch.float32
+
+    def randn(shape, dtype):
+        return lambda: torch.randn(shape, device="cuda", dtype=dtype)
+
+    def nbytes(shape, dtype):
+        return math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+
+    def idx(high, shape):
+        return torch.randint(0, high, shape, device="cuda")
+
+    big = [tokens, width]
+    yield ("model_ops/silu/bf16/16384x4096", "silu", big, "bf16",
+           lambda: (randn(big, bf16)(),), torch.nn.functional.silu, 2 * nbytes(big, bf16), 0)
+    yield ("model_ops/rsqrt/f32/16384x4096", "rsqrt", big, "f32",
+           lambda: (randn(big, f32)(),), torch.rsqrt, 2 * nbytes(big, f32), 0)
+    yield ("model_ops/clamp/bf16/16384x4096", "clamp", big, "bf16",
+           lambda: (randn(big, bf16)(),), lambda x: x.clamp(-1.0, 1.0), 2 * nbytes(big, bf16), 0)
+    yield ("model_ops/maximum/bf16/16384x4096", "maximum", big, "bf16",
+           lambda: (randn(big, bf16)(), randn(big, bf16)()), torch.maximum,
+           3 * nbytes(big, bf16), 0)
+    yield ("model_ops/masked_fill/bf16/8x16x1024x1024", "masked_fill", scores, "bf16",
+           lambda: (randn(scores, bf16)(), torch.randn(1024, 1024, device="cuda") > 0),
+           lambda x, m: x.masked_fill(m, -1e4), 2 * nbytes(scores, bf16) + 1024 * 1024, 0)
+    yield ("model_ops/triu/f32/8x16x1024x1024", "triu", scores, "f32",
+           lambda: (randn(scores, f32)(),), lambda x: torch.triu(x, 1), 2 * nbytes(scores, f32), 0)
+    half = [tokens, width // 2]
+    yield ("model_ops/cat/bf16/2x16384x2048", "cat", half, "bf16",
+           lambda: (randn(half, bf16)(), randn(half, bf16)()),
+           lambda a, b: torch.cat((a, b), 1), 4 * nbytes(half, bf16), 0)
+    kv = [8, 8, 2048, 128]
+    yield ("model_ops/repeat_interleave/bf16/8x8x2048x128", "repeat_interleave", kv, "bf16",
+           lambda: (randn(kv, bf16)(),), lambda k: k.repeat_interleave(4, 1),
+           5 * nbytes(kv, bf16), 0)
+    yield ("model_ops/index_select/bf16/32000x2048", "index_select", [vocab, embed], "bf16",
+           lambda: (randn([vocab, embed], bf16)(), idx(vocab, [tokens])),
+           lambda t, i: t.index_select(0, i), 2 * tokens * embed * 2 + tokens * 8, 0)
+    yield ("model_ops/index_add/f32/32000x2048", "index_add", [vocab, embed], "f32",
+           lambda: (randn([vocab, embed], f32)(), idx(vocab, [tokens]),
+                    randn([tokens, embed], f32)()),
+           lambda t, i, s: t.index_add(0, i, s),
+           2 * nbytes([vocab, embed], f32) + nbytes([tokens, embed], f32) + tokens * 8, 0)
+    yield ("model_ops/gather/f32/16384x4096", "gather", big, "f32",
+           lambda: (randn(big, f32)(), idx(width, big)), lambda x, i: x.gather(1, i),
+           2 * nbytes(big, f32) + tokens * width * 8, 0)
+    yield ("model_ops/cumsum/f32/16384x4096", "cumsum", big, "f32",
+           lambda: (randn(big, f32)(),), lambda x: x.cumsum(1), 2 * nbytes(big, f32), 0)
+    router = [tokens, experts]
+    yield ("model_ops/topk/f32/16384x128/k=8", "topk", router, "f32",
+           lambda: (randn(router, f32)(),), lambda x: x.topk(8, 1),
+           nbytes(router, f32) + tokens * 8 * (4 + 8), 0)
+    yield ("model_ops/argsort/f32/16384x128", "argsort", router, "f32",
+           lambda: (randn(router, f32)(),), lambda x: x.argsort(1, descending=True),
+           nbytes(router, f32) + tokens * experts * 8, 0)
 
 
 def gpt2_gemms():
