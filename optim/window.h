@@ -136,8 +136,11 @@ namespace accrue::optim {
 // costs no synchronization. Under a GradientSync a parameter is unused only
 // if no rank wrote it, which only the device knows: the close adds a stage
 // that keeps the flags' max over ranks (the one "unused flags" stage of skip
-// when it is there), and the check runs at the next check() or report(),
-// which synchronize anyway; an error there comes after that window stepped.
+// when it is there: one all-reduce of a flag per parameter per window, even
+// after warn has spoken, since the close's stages are fixed), and the check
+// runs at the next check() or report(), which synchronize anyway, after the
+// sync has said its reductions completed; an error there comes after that
+// window stepped. ignore adds no stage.
 enum class UnusedParameters {
   // Its slot reads 0 and it steps with that zero gradient (AdamW decays it,
   // its moments age); one step count per window. The default, and

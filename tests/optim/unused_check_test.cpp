@@ -193,5 +193,28 @@ TEST(UnusedParameterCheck, under_a_sync_the_worlds_flags_are_checked_at_report) 
   EXPECT_THAT(quiet.describe_close(), Not(HasSubstr("unused flags")));
 }
 
+// The two failures together: a parameter reached only through copies
+// (a transposed weight made contiguous, cast to f32 and back) used to get a
+// detached copy and no gradient, silently. Now the copies carry it, and the
+// strict check confirms every parameter was reached.
+TEST(UnusedParameterCheck, parameters_reached_through_copies_are_used) {
+  Model m(2);
+  optim::ParamStore store = make_store(m);
+  optim::Optimizer opt(optim::SGDOptions(0.1));
+  optim::Window window(
+      store, opt,
+      optim::WindowOptions().unused_parameter_check(optim::UnusedParameterCheck::error));
+  const Tensor& a = m.params[0].tensor;
+  const Tensor& b = m.params[1].tensor;
+  const Tensor t = contiguous(transpose(unsqueeze(a, 0), 0, 1));  // [3, 1]
+  const Tensor s =
+      sum(to_dtype(to_dtype(t, DType::f32), DType::f64)) + sum(clone(to_device(b, Device::cpu())));
+  window.backward({s, full({}, 1.0, DType::i64)});
+  window.close();
+  for (size_t i = 0; i < store.size(); ++i)
+    for (double v : store.master_view(i).to_vector<double>())
+      EXPECT_DOUBLE_EQ(v, 1.0 - 0.1) << i;
+}
+
 }  // namespace
 }  // namespace accrue
