@@ -374,6 +374,36 @@ TEST(CpuIndexing, sort_argsort_and_topk_are_stable_with_nan_last) {
   EXPECT_EQ(s.indices.item(), 0.0);
 }
 
+// 0-d tensors, empty tensors and the extremes of each size argument.
+TEST(CpuIndexing, edge_cases_follow_pytorch) {
+  const Tensor s = scalar_tensor(3.0);
+  EXPECT_EQ(kernels::cumsum(s, 0).item(), 3.0);
+  EXPECT_EQ(kernels::cumsum(s, -1).shape(), Shape{});
+  const Tensor zero = scalar_tensor(0, DType::i64);
+  EXPECT_EQ(kernels::gather(s, 0, zero).item(), 3.0);
+  EXPECT_EQ(kernels::scatter_add(s, 0, zero, scalar_tensor(2.0)).item(), 5.0);
+  EXPECT_EQ(kernels::topk(s, 1).values.item(), 3.0);
+  EXPECT_EQ(kernels::argsort(s).item(), 0.0);
+  EXPECT_EQ(kernels::stack({s, s}, 0).shape(), (Shape{2}));
+  EXPECT_EQ(kernels::one_hot(scalar_tensor(2, DType::i64), 4).shape(), (Shape{4}));
+  // Empty inputs give empty outputs of the right shape.
+  const Tensor empty_rows = zeros({0, 3});
+  EXPECT_EQ(kernels::cat({empty_rows, empty_rows}, 0).shape(), (Shape{0, 3}));
+  EXPECT_EQ(kernels::cumsum(empty_rows, 0).shape(), (Shape{0, 3}));
+  EXPECT_EQ(kernels::sort(empty_rows, 0).values.shape(), (Shape{0, 3}));
+  EXPECT_EQ(kernels::sort(zeros({3, 0}), 1).indices.shape(), (Shape{3, 0}));
+  EXPECT_EQ(kernels::index_select(empty_rows, 1, zeros({0}, DType::i64)).shape(), (Shape{0, 0}));
+  EXPECT_EQ(kernels::repeat_interleave(empty_rows, 4, 1).shape(), (Shape{0, 12}));
+  // topk with k = n is the whole sort; more chunks than elements gives fewer pieces.
+  const Tensor x = test::random_normal({2, 5});
+  EXPECT_TRUE(all_equal(kernels::topk(x, 5, 1, false).values, kernels::sort(x, 1).values));
+  EXPECT_EQ(kernels::chunk(x, 9, 1).size(), 5u);
+  EXPECT_EQ(kernels::repeat_interleave(x, 2, -1).shape(), (Shape{2, 10}));
+  // Sorting along a dim of size 1 is the identity.
+  EXPECT_TRUE(all_equal(kernels::sort(x, 0).values.narrow(0, 0, 2), kernels::sort(x, 0).values));
+  EXPECT_TRUE(all_equal(kernels::sort(x.unsqueeze(2), 2).values, x.unsqueeze(2)));
+}
+
 // ---- errors ---------------------------------------------------------------------------------
 
 TEST(CpuIndexing, bad_inputs_throw_naming_the_op_and_values) {
