@@ -177,7 +177,17 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
   count_alloc(device, static_cast<int64_t>(nbytes));
 }
 
+Storage::Storage(void* data, size_t nbytes, Device device, std::function<void()> release)
+    : data_(data), nbytes_(nbytes), device_(device), release_(std::move(release)) {
+  ACCRUE_CHECK(release_ != nullptr, "Storage over external memory on ", device.str(),
+               ": no release function (Note [External storage])");
+}
+
 Storage::~Storage() {
+  if (release_) {  // Note [External storage]: the owner frees it, and it was never counted.
+    release_();
+    return;
+  }
   count_free(device_, static_cast<int64_t>(nbytes_));
   if (device_.is_cpu()) {
     std::free(data_);

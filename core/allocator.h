@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -53,6 +54,14 @@ void release_unused_cuda_memory(Device device);
 class Storage {
  public:
   Storage(size_t nbytes, Device device);
+  // Note [External storage]
+  // ~~~~~~~~~~~~~~~~~~~~~~~
+  // Memory that another library allocated and still owns (a DLPack
+  // producer's tensor, imported without a copy): accrue reads and writes it
+  // but never frees it. `release` runs once, when the last tensor viewing it
+  // is gone, and hands the memory back to its owner (the DLPack deleter); it
+  // must not throw. memory_stats does not count it: accrue did not allocate it.
+  Storage(void* data, size_t nbytes, Device device, std::function<void()> release);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -66,6 +75,7 @@ class Storage {
   size_t nbytes_ = 0;
   Device device_;
   bool pooled_ = false;
+  std::function<void()> release_;  // Note [External storage]
 };
 
 // Alignment of every allocation: enough for 16-byte vector loads and for the
