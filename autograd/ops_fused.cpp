@@ -1,5 +1,6 @@
-// Differentiable transformer fusions: linear + bias + GELU in one GEMM, and
-// the residual add fused with the LayerNorm that follows it (kernels/fused.h).
+// Differentiable transformer fusions: linear + bias + GELU in one GEMM, the
+// residual add fused with the LayerNorm or RMSNorm that follows it, RMSNorm,
+// rotary embeddings and SwiGLU (kernels/fused.h).
 #include <string>
 
 #include "accrue/autograd/node.h"
@@ -66,6 +67,77 @@ ResidualNorm residual_layer_norm(const Tensor& x, const Tensor& residual, const 
   Tensor normed = record("LayerNormBackward", r.out, {sum, weight, bias},
                          autograd::layer_norm_backward_fn(sum, weight, bias, r.mean, r.rstd));
   return {sum, normed};
+}
+
+namespace {
+
+// The backward of the RMSNorm node over saved input x: dx, and the weight's
+// gradient straight into its arena slot when it has one (Note [Fused
+// weight-gradient accumulation]), else into a fresh tensor the engine lands.
+autograd::BackwardFn rms_norm_backward_fn(const Tensor& x, const Tensor& weight,
+                                          const Tensor& rstd) {
+  Tensor sx = saved(x), sw = saved(weight);
+  const bool gw = wants_grad(weight);
+  const Shape d_shape{x.size(-1)};
+  const DType w_dtype = weight.defined() ? weight.dtype() : x.dtype();
+  const SinkTarget w_target = sink_target(weight);
+  return [=](const Tensor& g) -> std::vector<Tensor> {
+    double beta = 0.0;
+    const Tensor slot = gw ? w_target.claim(&beta) : Tensor();
+    Tensor dw = slot.defined() ? slot : gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
+    Tensor dx = kernels::rms_norm_backward(g, sx, sw, rstd, dw,
+                                           /*accumulate=*/slot.defined() && beta != 0.0);
+    if (slot.defined()) dw = autograd::delivered();
+    return {dx, dw};
+  };
+}
+
+}  // namespace
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  kernels::RmsNormOutput r = kernels::rms_norm(x, weight, eps);
+  return record("RmsNormBackward", r.out, {x, weight}, rms_norm_backward_fn(x, weight, r.rstd));
+}
+
+ResidualNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                          double eps) {
+  kernels::ResidualRmsNormOutput r = kernels::add_rms_norm(x, residual, weight, eps);
+  // Two nodes, as residual_layer_norm: the sum as an add, the normalized
+  // output as the RMSNorm node of that recorded sum.
+  Tensor sum =
+      record("AddBackward", r.sum, {x, residual}, [](const Tensor& g) -> std::vector<Tensor> {
+        return {g, g};
+      });
+  Tensor normed =
+      record("RmsNormBackward", r.out, {sum, weight}, rms_norm_backward_fn(sum, weight, r.rstd));
+  return {sum, normed};
+}
+
+Tensor rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle style,
+            const RopeScaling& scaling) {
+  Tensor out = kernels::rope(x, positions, theta, style, scaling);
+  // The rotation is orthogonal: its transpose is the rotation by -angle.
+  Tensor sp = detach(positions);
+  return record("RopeBackward", out, {x}, [=](const Tensor& g) -> std::vector<Tensor> {
+    return {kernels::rope(g, sp, theta, style, scaling, /*inverse=*/true)};
+  });
+}
+
+Tensor swiglu(const Tensor& gate, const Tensor& up) {
+  Tensor out = kernels::swiglu(gate, up);
+  Tensor sg = saved(gate), su = saved(up);
+  return record("SwigluBackward", out, {gate, up}, [=](const Tensor& g) -> std::vector<Tensor> {
+    kernels::SwigluGrads d = kernels::swiglu_backward(g, sg, su);
+    return {d.dgate, d.dup};
+  });
+}
+
+Tensor swiglu_packed(const Tensor& x) {
+  Tensor out = kernels::swiglu_packed(x);
+  Tensor sx = saved(x);
+  return record("SwigluBackward", out, {x}, [=](const Tensor& g) -> std::vector<Tensor> {
+    return {kernels::swiglu_packed_backward(g, sx)};
+  });
 }
 
 }  // namespace accrue

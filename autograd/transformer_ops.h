@@ -9,6 +9,7 @@
 #include "accrue/autograd/ops.h"
 #include "accrue/core/random.h"
 #include "accrue/core/tensor.h"
+#include "accrue/kernels/fused.h"
 
 namespace accrue {
 
@@ -49,6 +50,40 @@ struct ResidualNorm {
 };
 ResidualNorm residual_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
                                  const Tensor& bias, double eps = 1e-5);
+
+// RMSNorm over the last dim (Llama's LlamaRMSNorm): x / sqrt(mean(x^2) + eps)
+// * weight, 16-bit inputs computed in f32; weight [D] may be undefined, eps >
+// 0. Saves x and the per-row rstd only; the weight's gradient goes straight
+// into its arena slot (Note [Fused weight-gradient accumulation]).
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+
+// Per-head RMSNorm of q or k (Qwen3, OLMo 2, Gemma 3): x [..., H, D]
+// normalized over D with weight [D]; rms_norm of that last dim. x may be a
+// strided view (q of a packed qkv).
+inline Tensor qk_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6) {
+  return rms_norm(x, weight, eps);
+}
+
+// The residual stream of pre-RMSNorm transformers: sum = x + residual and
+// normed = rms_norm(sum, weight, eps) in one pass, recorded as two nodes (an
+// add and an RMSNorm of the recorded sum), as residual_layer_norm.
+ResidualNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                          double eps = 1e-6);
+
+// Rotary position embeddings (Note [Rotary embedding], kernels/fused.h): x
+// [B, T, H, D] (a strided view of a packed qkv is read in place), positions
+// i64 [B, T] or [T] (packed documents restart at 0), D even. Returns a
+// contiguous [B, T, H, D]; backward rotates the gradient by -angle.
+Tensor rope(const Tensor& x, const Tensor& positions, double theta = 10000.0,
+            RopeStyle style = RopeStyle::RotateHalf, const RopeScaling& scaling = {});
+
+// SwiGLU: silu(gate) * up in one kernel, its backward in one kernel; gate
+// and up of one shape. Saves gate and up.
+Tensor swiglu(const Tensor& gate, const Tensor& up);
+// SwiGLU of x [..., 2F] = [gate | up] (the output of one fused gate-and-up
+// projection), read in place; returns [..., F]; backward writes one [..., 2F]
+// gradient.
+Tensor swiglu_packed(const Tensor& x);
 
 // Note [Fused classifier] (kernels/classifier.h): the loss of logits =
 // hidden @ weight^T over the first valid_classes columns, as (sum, count),

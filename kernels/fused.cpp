@@ -4,9 +4,12 @@
 // and the offending shapes, dtypes or values.
 #include "accrue/kernels/fused.h"
 
+#include <cmath>
+
 #include "accrue/core/grad_mode.h"
 #include "accrue/kernels/dispatch_util.h"
 #include "accrue/kernels/fused_backend.h"
+#include "accrue/kernels/index_checks.h"
 #include "accrue/kernels/ops.h"
 
 namespace accrue::kernels {
@@ -14,6 +17,51 @@ namespace accrue::kernels {
 using namespace dispatch_util;
 
 namespace {
+
+// `t` ([..., cols], rows * cols elements) as [rows, cols] with one row stride
+// and stride 1 in cols, in place when its leading dims merge into one stride
+// (a contiguous tensor, or the half of a packed [..., 2F] tensor), else a
+// contiguous copy.
+Tensor row_view(const Tensor& t, int64_t rows, int64_t cols) {
+  if (t.dim() >= 1 && (cols <= 1 || t.stride(-1) == 1)) {
+    int64_t row_stride = cols, next = -1;
+    bool merges = true;
+    for (int64_t i = t.dim() - 2; i >= 0 && merges; --i) {
+      if (t.size(i) == 1) continue;
+      if (next < 0) {
+        row_stride = t.stride(i);
+      } else {
+        merges = t.stride(i) == next;
+      }
+      next = t.stride(i) * t.size(i);
+    }
+    if (merges) return make_view(t, {rows, cols}, {row_stride, 1}, t.offset());
+  }
+  return dense_view(t, {rows, cols});
+}
+
+// Checks of the normalized input and weight shared by rms_norm and add_rms_norm.
+void check_rms_norm_args(const Tensor& x, const Tensor& weight, double eps, const char* name) {
+  check_defined(x, name, "input");
+  check_floating(x, name, "input");
+  ACCRUE_CHECK(x.dim() >= 1 && x.size(-1) > 0, name,
+               ": input must have a non-empty last dim to normalize, got shape ",
+               shape_str(x.shape()));
+  if (weight.defined()) {
+    check_device(weight, x.device(), name, "weight", "the input");
+    check_floating(weight, name, "weight");
+    // x's dtype, or fp32 master weights next to 16-bit activations.
+    check_dtype_or_f32(weight, x.dtype(), is_16_bit(x.dtype()), name, "weight");
+    ACCRUE_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), name, ": weight of shape ",
+                 shape_str(weight.shape()), " does not match the normalized dim of input ",
+                 shape_str(x.shape()), " (expected [", x.size(-1), "])");
+  }
+  ACCRUE_CHECK(eps > 0.0 && std::isfinite(eps), name, ": eps must be finite and > 0, got ", eps);
+}
+
+Tensor contiguous_or_undefined(const Tensor& t) {
+  return t.defined() ? t.contiguous() : t;
+}
 
 // x @ weight^T + bias as two kernels (the reference, and the fallback).
 Tensor unfused_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -126,6 +174,205 @@ ResidualLayerNormOutput residual_layer_norm(const Tensor& x, const Tensor& resid
   const Tensor mean = dense_view(r.mean, {rows}), rstd = dense_view(r.rstd, {rows});
   ACCRUE_BACKEND_CALL(x.device(), residual_layer_norm, x2, r2, w, b, eps, sum2, out2, mean, rstd);
   return r;
+}
+
+// ---- RMSNorm ---------------------------------------------------------------------------
+
+RmsNormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  NoGradGuard no_grad;
+  const char* name = "rms_norm";
+  check_rms_norm_args(x, weight, eps, name);
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  const Shape stats_shape(x.shape().begin(), x.shape().end() - 1);
+  RmsNormOutput r{empty(x.shape(), x.dtype(), x.device()),
+                  empty(stats_shape, widened(x.dtype()), x.device())};
+  if (rows == 0) return r;
+  ACCRUE_BACKEND_CALL(x.device(), rms_norm, dense_view(x, {rows, d}),
+                      contiguous_or_undefined(weight), eps, dense_view(r.out, {rows, d}),
+                      dense_view(r.rstd, {rows}));
+  return r;
+}
+
+Tensor rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                         const Tensor& rstd, const Tensor& dweight, bool accumulate) {
+  NoGradGuard no_grad;
+  const char* name = "rms_norm_backward";
+  check_rms_norm_args(x, weight, 1.0, name);
+  check_float_pair(grad, x, name, "grad", "input");
+  check_same_shape(grad, x, name, "grad", "input");
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  const DType stats = widened(x.dtype());
+  check_defined(rstd, name, "rstd");
+  check_device(rstd, x.device(), name, "rstd", "the input");
+  ACCRUE_CHECK(rstd.dtype() == stats && rstd.numel() == rows, name, ": rstd of shape ",
+               shape_str(rstd.shape()), " and dtype ", dtype_name(rstd.dtype()),
+               " does not match input ", shape_str(x.shape()), " (expected ", rows, " values of ",
+               dtype_name(stats), ")");
+  if (dweight.defined()) {
+    check_device(dweight, x.device(), name, "dweight", "the input");
+    check_dtype_or_f32(dweight, x.dtype(), true, name, "dweight");
+    ACCRUE_CHECK(dweight.dim() == 1 && dweight.size(0) == d, name, ": dweight of shape ",
+                 shape_str(dweight.shape()), " does not match the normalized dim of input ",
+                 shape_str(x.shape()), " (expected [", d, "])");
+    check_contiguous(dweight, name, "dweight");
+  }
+  Tensor dx = empty(x.shape(), x.dtype(), x.device());
+  if (rows == 0) {
+    if (dweight.defined() && !accumulate) fill(dweight, 0.0);
+    return dx;
+  }
+  ACCRUE_BACKEND_CALL(x.device(), rms_norm_backward, dense_view(grad, {rows, d}),
+                      dense_view(x, {rows, d}), contiguous_or_undefined(weight),
+                      dense_view(rstd, {rows}), dense_view(dx, {rows, d}), dweight, accumulate);
+  return dx;
+}
+
+ResidualRmsNormOutput add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                   double eps) {
+  NoGradGuard no_grad;
+  const char* name = "add_rms_norm";
+  check_float_pair(x, residual, name, "input", "residual");
+  check_same_shape(x, residual, name, "input", "residual");
+  check_rms_norm_args(x, weight, eps, name);
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  const Shape stats_shape(x.shape().begin(), x.shape().end() - 1);
+  ResidualRmsNormOutput r{empty(x.shape(), x.dtype(), x.device()),
+                          empty(x.shape(), x.dtype(), x.device()),
+                          empty(stats_shape, widened(x.dtype()), x.device())};
+  if (rows == 0) return r;
+  ACCRUE_BACKEND_CALL(x.device(), add_rms_norm, dense_view(x, {rows, d}),
+                      dense_view(residual, {rows, d}), contiguous_or_undefined(weight), eps,
+                      dense_view(r.sum, {rows, d}), dense_view(r.out, {rows, d}),
+                      dense_view(r.rstd, {rows}));
+  return r;
+}
+
+// ---- rotary embedding -----------------------------------------------------------------------
+
+Tensor rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle style,
+            const RopeScaling& scaling, bool inverse) {
+  NoGradGuard no_grad;
+  const char* name = "rope";
+  check_defined(x, name, "input");
+  check_floating(x, name, "input");
+  ACCRUE_CHECK(x.dim() == 4, name, ": input of shape ", shape_str(x.shape()),
+               " must be 4-D [B, T, H, D] (batch, token, head, head dim)");
+  const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = x.size(3);
+  ACCRUE_CHECK(d > 0 && d % 2 == 0, name, ": head dim D = ", d, " of input ", shape_str(x.shape()),
+               " must be even and > 0 (pairs are rotated)");
+  check_defined(positions, name, "positions");
+  check_device(positions, x.device(), name, "positions", "the input");
+  check_dtype(positions, DType::i64, name, "positions");
+  ACCRUE_CHECK((positions.dim() == 2 && positions.size(0) == b && positions.size(1) == t) ||
+                   (positions.dim() == 1 && positions.size(0) == t),
+               name, ": positions of shape ", shape_str(positions.shape()), " do not match input ",
+               shape_str(x.shape()), " (expected [", b, ", ", t, "] or [", t, "])");
+  ACCRUE_CHECK(theta > 0.0 && std::isfinite(theta), name, ": theta must be finite and > 0, got ",
+               theta);
+  if (scaling.type == RopeScaling::Type::llama3) {
+    ACCRUE_CHECK(
+        scaling.factor > 0.0 && scaling.low_freq_factor > 0.0 &&
+            scaling.high_freq_factor > scaling.low_freq_factor && scaling.original_max_position > 0,
+        name, ": llama3 scaling needs factor > 0, 0 < low_freq_factor < ",
+        "high_freq_factor and original_max_position > 0; got factor ", scaling.factor,
+        ", low_freq_factor ", scaling.low_freq_factor, ", high_freq_factor ",
+        scaling.high_freq_factor, ", original_max_position ", scaling.original_max_position);
+  }
+  Tensor out = empty({b, t, h, d}, x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  // Note [Deferred index checks]: eager outside a window, on the device inside one.
+  check_index_range(positions, kRopeMaxPosition, 0, false, name, "positions");
+  const Tensor xv = x.stride(3) == 1 ? x : x.contiguous();
+  const Tensor pv = positions.dim() == 2 ? positions
+                                         : make_view(positions, {b, t}, {0, positions.stride(0)},
+                                                     positions.offset());
+  ACCRUE_BACKEND_CALL(x.device(), rope, xv, pv, theta, style, scaling, inverse, out);
+  return out;
+}
+
+// ---- SwiGLU ----------------------------------------------------------------------------------
+
+namespace {
+
+void check_swiglu_pair(const Tensor& gate, const Tensor& up, const char* name) {
+  check_float_pair(gate, up, name, "gate", "up");
+  check_same_shape(gate, up, name, "gate", "up");
+  ACCRUE_CHECK(gate.dim() >= 1, name, ": gate and up must have at least one dim, got shape ",
+               shape_str(gate.shape()));
+}
+
+void check_packed(const Tensor& x, const char* name) {
+  check_defined(x, name, "input");
+  check_floating(x, name, "input");
+  ACCRUE_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, name, ": input of shape ", shape_str(x.shape()),
+               " must end in an even dim 2F (gate, then up)");
+}
+
+}  // namespace
+
+Tensor swiglu(const Tensor& gate, const Tensor& up) {
+  NoGradGuard no_grad;
+  const char* name = "swiglu";
+  check_swiglu_pair(gate, up, name);
+  Tensor out = empty(gate.shape(), gate.dtype(), gate.device());
+  if (out.numel() == 0) return out;
+  const int64_t f = gate.size(-1), rows = gate.numel() / f;
+  ACCRUE_BACKEND_CALL(gate.device(), swiglu, row_view(gate, rows, f), row_view(up, rows, f),
+                      dense_view(out, {rows, f}));
+  return out;
+}
+
+Tensor swiglu_packed(const Tensor& x) {
+  NoGradGuard no_grad;
+  const char* name = "swiglu_packed";
+  check_packed(x, name);
+  const int64_t f = x.size(-1) / 2;
+  Shape shape = x.shape();
+  shape.back() = f;
+  Tensor out = empty(shape, x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  const int64_t rows = out.numel() / f;
+  ACCRUE_BACKEND_CALL(x.device(), swiglu, row_view(x.narrow(-1, 0, f), rows, f),
+                      row_view(x.narrow(-1, f, f), rows, f), dense_view(out, {rows, f}));
+  return out;
+}
+
+SwigluGrads swiglu_backward(const Tensor& grad, const Tensor& gate, const Tensor& up) {
+  NoGradGuard no_grad;
+  const char* name = "swiglu_backward";
+  check_swiglu_pair(gate, up, name);
+  check_float_pair(grad, gate, name, "grad", "gate");
+  check_same_shape(grad, gate, name, "grad", "gate");
+  SwigluGrads r{empty(gate.shape(), gate.dtype(), gate.device()),
+                empty(gate.shape(), gate.dtype(), gate.device())};
+  if (gate.numel() == 0) return r;
+  const int64_t f = gate.size(-1), rows = gate.numel() / f;
+  ACCRUE_BACKEND_CALL(gate.device(), swiglu_backward, row_view(grad, rows, f),
+                      row_view(gate, rows, f), row_view(up, rows, f),
+                      dense_view(r.dgate, {rows, f}), dense_view(r.dup, {rows, f}));
+  return r;
+}
+
+Tensor swiglu_packed_backward(const Tensor& grad, const Tensor& x) {
+  NoGradGuard no_grad;
+  const char* name = "swiglu_packed_backward";
+  check_packed(x, name);
+  const int64_t f = x.size(-1) / 2;
+  Shape shape = x.shape();
+  shape.back() = f;
+  check_float_pair(grad, x, name, "grad", "input");
+  ACCRUE_CHECK(grad.shape() == shape, name, ": grad of shape ", shape_str(grad.shape()),
+               " does not match input ", shape_str(x.shape()), " (expected ", shape_str(shape),
+               ")");
+  Tensor dx = empty(x.shape(), x.dtype(), x.device());
+  if (dx.numel() == 0) return dx;
+  const int64_t rows = grad.numel() / f;
+  // dgate and dup are the two halves of the one [rows, 2F] gradient.
+  const Tensor dx2 = dx.view({rows, 2 * f});
+  ACCRUE_BACKEND_CALL(x.device(), swiglu_backward, row_view(grad, rows, f),
+                      row_view(x.narrow(-1, 0, f), rows, f), row_view(x.narrow(-1, f, f), rows, f),
+                      dx2.narrow(1, 0, f), dx2.narrow(1, f, f));
+  return dx;
 }
 
 }  // namespace accrue::kernels

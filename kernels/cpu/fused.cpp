@@ -1,6 +1,9 @@
 // CPU reference of the transformer fusions: plain compositions, written so
-// that each equals its unfused counterpart on the CPU (tests/kernels/cpu_fused_test.cpp).
+// that each equals its unfused counterpart on the CPU (tests/kernels/cpu_fused_test.cpp),
+// and the loops of RMSNorm, the rotary embedding and SwiGLU in index order,
+// sums in double (Note [Determinism]).
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "accrue/kernels/backend.h"
@@ -49,6 +52,202 @@ void residual_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& 
   // Exactly kernels::binary(Add) then kernels::layer_norm of the stored sum.
   binary(BinaryOp::Add, x, residual, sum);
   layer_norm(sum, weight, bias, eps, out, mean, rstd);
+}
+
+namespace {
+
+// A [D] parameter (any float dtype, any strides) as doubles; empty when undefined.
+std::vector<double> read_param(const Tensor& p, const char* op) {
+  std::vector<double> v;
+  if (!p.defined()) return v;
+  v.resize(static_cast<size_t>(p.numel()));
+  visit_float(p.dtype(), op, [&](auto tag) {
+    using P = decltype(tag);
+    const Indexer ip(p);
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = load_double(ptr<P>(p)[ip(static_cast<int64_t>(i))]);
+  });
+  return v;
+}
+
+// RMSNorm of rows [rows, D] of x (contiguous, T) into out, rstd per row in S.
+template <class T, class S>
+void rms_norm_rows(const T* x, const std::vector<double>& w, double eps, int64_t rows, int64_t d,
+                   T* out, S* rstd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * d;
+    T* yr = out + r * d;
+    double ss = 0.0;
+    for (int64_t c = 0; c < d; ++c) {
+      const double v = load_double(xr[c]);
+      ss += v * v;
+    }
+    const double rs = 1.0 / std::sqrt(ss / static_cast<double>(d) + eps);
+    for (int64_t c = 0; c < d; ++c) {
+      double y = load_double(xr[c]) * rs;
+      if (!w.empty()) y *= w[c];
+      yr[c] = store_double<T>(y);
+    }
+    rstd[r] = store_double<S>(rs);
+  }
+}
+
+}  // namespace
+
+void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out,
+              const Tensor& rstd) {
+  const std::vector<double> w = read_param(weight, "rms_norm");
+  visit_float(x.dtype(), "rms_norm", [&](auto tag) {
+    using T = decltype(tag);
+    visit_float(rstd.dtype(), "rms_norm", [&](auto s_tag) {
+      using S = decltype(s_tag);
+      rms_norm_rows(ptr<T>(x), w, eps, x.size(0), x.size(1), ptr<T>(out), ptr<S>(rstd));
+    });
+  });
+}
+
+void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps,
+                  const Tensor& sum, const Tensor& out, const Tensor& rstd) {
+  // Exactly kernels::binary(Add), then rms_norm of the stored (rounded) sum.
+  binary(BinaryOp::Add, x, residual, sum);
+  rms_norm(sum, weight, eps, out, rstd);
+}
+
+void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                       const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
+                       bool accumulate) {
+  const int64_t rows = x.size(0), d = x.size(1);
+  const std::vector<double> w = read_param(weight, "rms_norm_backward");
+  std::vector<double> dw(static_cast<size_t>(d), 0.0), xhat(static_cast<size_t>(d)),
+      gw(static_cast<size_t>(d));
+  visit_float(x.dtype(), "rms_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    visit_float(rstd.dtype(), "rms_norm_backward", [&](auto s_tag) {
+      using S = decltype(s_tag);
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* xr = ptr<T>(x) + r * d;
+        const T* gr = ptr<T>(grad) + r * d;
+        T* dxr = ptr<T>(dx) + r * d;
+        const double rs = load_double(ptr<S>(rstd)[r]);
+        // With xhat = x * rstd and gw = dy * w:
+        //   dx = rstd * (gw - xhat * mean(gw * xhat)),  dw = sum over rows of dy * xhat.
+        double sum_gw_xhat = 0.0;
+        for (int64_t c = 0; c < d; ++c) {
+          const double g = load_double(gr[c]);
+          xhat[c] = load_double(xr[c]) * rs;
+          gw[c] = w.empty() ? g : g * w[c];
+          sum_gw_xhat += gw[c] * xhat[c];
+          dw[c] += g * xhat[c];
+        }
+        const double mean_gw_xhat = sum_gw_xhat / static_cast<double>(d);
+        for (int64_t c = 0; c < d; ++c)
+          dxr[c] = store_double<T>(rs * (gw[c] - xhat[c] * mean_gw_xhat));
+      }
+    });
+  });
+  if (!dweight.defined()) return;
+  // Written, or added to (Note [Overwrite first]).
+  visit_float(dweight.dtype(), "rms_norm_backward", [&](auto tag) {
+    using O = decltype(tag);
+    const Indexer io(dweight);
+    O* p = ptr<O>(dweight);
+    for (int64_t c = 0; c < d; ++c) {
+      O& o = p[io(c)];
+      o = store_double<O>(accumulate ? load_double(o) + dw[c] : dw[c]);
+    }
+  });
+}
+
+void rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle style,
+          const RopeScaling& scaling, bool inverse, const Tensor& out) {
+  const int64_t b_n = x.size(0), t_n = x.size(1), h_n = x.size(2), d = x.size(3), half = d / 2;
+  const int64_t sb = x.stride(0), st = x.stride(1), sh = x.stride(2);
+  const int64_t pb = positions.stride(0), pt = positions.stride(1);
+  const int64_t* pos = ptr<int64_t>(positions);
+  visit_float(x.dtype(), "rope", [&](auto tag) {
+    using T = decltype(tag);
+    // Frequencies, angles, cos and sin in F (Note [Rotary embedding]); the
+    // rotation in the math type, rounded once.
+    using F = math_t<T>;
+    std::vector<F> inv_freq(static_cast<size_t>(half)), cs(static_cast<size_t>(half)),
+        sn(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i)
+      inv_freq[i] = rope_inv_freq<F>(i, d, theta, scaling);
+    const T* px = ptr<T>(x);
+    T* po = ptr<T>(out);
+    for (int64_t b = 0; b < b_n; ++b) {
+      for (int64_t t = 0; t < t_n; ++t) {
+        const F p = static_cast<F>(pos[b * pb + t * pt]);
+        for (int64_t i = 0; i < half; ++i) {
+          const F angle = p * inv_freq[i];
+          cs[i] = std::cos(angle);
+          sn[i] = inverse ? -std::sin(angle) : std::sin(angle);
+        }
+        for (int64_t h = 0; h < h_n; ++h) {
+          const T* xr = px + b * sb + t * st + h * sh;
+          T* yr = po + ((b * t_n + t) * h_n + h) * d;
+          for (int64_t i = 0; i < half; ++i) {
+            const int64_t ia = style == RopeStyle::RotateHalf ? i : 2 * i;
+            const int64_t ib = style == RopeStyle::RotateHalf ? i + half : 2 * i + 1;
+            const F a = load(xr[ia]), bv = load(xr[ib]);
+            yr[ia] = store<T>(a * cs[i] - bv * sn[i]);
+            yr[ib] = store<T>(bv * cs[i] + a * sn[i]);
+          }
+        }
+      }
+    }
+  });
+}
+
+namespace {
+
+// silu(g) * u and its two derivatives, in the math type M.
+template <class M>
+M sigmoid_of(M g) {
+  return M(1) / (M(1) + std::exp(-g));
+}
+
+}  // namespace
+
+void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  const int64_t rows = gate.size(0), f = gate.size(1);
+  const int64_t sg = gate.stride(0), su = up.stride(0), so = out.stride(0);
+  visit_float(gate.dtype(), "swiglu", [&](auto tag) {
+    using T = decltype(tag);
+    using M = math_t<T>;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* g = ptr<T>(gate) + r * sg;
+      const T* u = ptr<T>(up) + r * su;
+      T* o = ptr<T>(out) + r * so;
+      for (int64_t c = 0; c < f; ++c) {
+        const M gv = load(g[c]);
+        o[c] = store<T>(gv * sigmoid_of(gv) * load(u[c]));
+      }
+    }
+  });
+}
+
+void swiglu_backward(const Tensor& grad, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                     const Tensor& dup) {
+  const int64_t rows = gate.size(0), f = gate.size(1);
+  visit_float(gate.dtype(), "swiglu_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using M = math_t<T>;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* dy = ptr<T>(grad) + r * grad.stride(0);
+      const T* g = ptr<T>(gate) + r * gate.stride(0);
+      const T* u = ptr<T>(up) + r * up.stride(0);
+      T* dg = ptr<T>(dgate) + r * dgate.stride(0);
+      T* du = ptr<T>(dup) + r * dup.stride(0);
+      for (int64_t c = 0; c < f; ++c) {
+        // silu'(g) = s (1 + g (1 - s)) with s = sigmoid(g).
+        const M gv = load(g[c]), uv = load(u[c]), dyv = load(dy[c]);
+        const M s = sigmoid_of(gv);
+        dg[c] = store<T>(dyv * uv * (s * (M(1) + gv * (M(1) - s))));
+        du[c] = store<T>(dyv * gv * s);
+      }
+    }
+  });
 }
 
 }  // namespace accrue::kernels::cpu

@@ -1,7 +1,9 @@
 // CUDA transformer fusions: the bias + GELU fallback epilogue (the cuBLASLt
-// one is in kernels/cuda/gemm_epilogue.cu, Note [GELU epilogue]) and the residual add
-// fused with LayerNorm.
+// one is in kernels/cuda/gemm_epilogue.cu, Note [GELU epilogue]), the residual add
+// fused with LayerNorm, and SwiGLU. RMSNorm is in kernels/cuda/rms_norm.cu, the
+// rotary embedding in kernels/cuda/rope.cu.
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <type_traits>
 
@@ -132,7 +134,152 @@ const P* optional_ptr(const Tensor& t) {
   return t.defined() ? static_cast<const P*>(t.data_ptr()) : nullptr;
 }
 
+// ---- SwiGLU ----------------------------------------------------------------------------
+
+__device__ __forceinline__ float sigmoid_of(float g) {
+  return 1.0f / (1.0f + expf(-g));
+}
+__device__ __forceinline__ double sigmoid_of(double g) {
+  return 1.0 / (1.0 + exp(-g));
+}
+
+// A [rows, F] operand: its pointer and row stride, in elements.
+template <class T>
+struct Rows {
+  T* p;
+  int64_t stride;
+};
+
+// Pack k of row r of a [rows, F] operand; with kFlat every operand is dense
+// and r is 0 (k runs over the whole tensor).
+template <int V, bool kFlat, class T>
+__device__ __forceinline__ T* pack_base(Rows<T> a, int64_t r) {
+  return kFlat ? a.p : a.p + r * a.stride;
+}
+
+// Note [SwiGLU kernels]
+// ~~~~~~~~~~~~~~~~~~~~~
+// Elementwise over [rows, F] operands with their own row strides (a packed
+// [.., 2F] gate-and-up tensor is read and its gradient written in place), in
+// packs of V elements (16 bytes where F, the strides and the pointers allow
+// it), grid-striding over the packs. Dense operands (kFlat) index the packs
+// directly, without the division by the packs per row.
+template <class T, int V, bool kFlat>
+__global__ void swiglu_kernel(Rows<const T> gate, Rows<const T> up, Rows<T> out, int64_t total,
+                              int64_t per_row) {
+  using M = cu::math_t<T>;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = kFlat ? 0 : i / per_row, k = kFlat ? i : i % per_row;
+    const Pack<T, V> g = load_pack<V>(pack_base<V, kFlat>(gate, r), k);
+    const Pack<T, V> u = load_pack<V>(pack_base<V, kFlat>(up, r), k);
+    Pack<T, V> y;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const M gv = cu::convert<M>(g.v[j]);
+      y.v[j] = cu::convert<T>(gv * sigmoid_of(gv) * cu::convert<M>(u.v[j]));
+    }
+    store_pack<V>(pack_base<V, kFlat>(out, r), k, y);
+  }
+}
+
+// dgate = dy * up * silu'(gate) with silu'(g) = s (1 + g (1 - s)), s = sigmoid(g);
+// dup = dy * silu(gate).
+template <class T, int V, bool kFlat>
+__global__ void swiglu_backward_kernel(Rows<const T> grad, Rows<const T> gate, Rows<const T> up,
+                                       Rows<T> dgate, Rows<T> dup, int64_t total, int64_t per_row) {
+  using M = cu::math_t<T>;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = kFlat ? 0 : i / per_row, k = kFlat ? i : i % per_row;
+    const Pack<T, V> dy = load_pack<V>(pack_base<V, kFlat>(grad, r), k);
+    const Pack<T, V> g = load_pack<V>(pack_base<V, kFlat>(gate, r), k);
+    const Pack<T, V> u = load_pack<V>(pack_base<V, kFlat>(up, r), k);
+    Pack<T, V> dg, du;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const M gv = cu::convert<M>(g.v[j]), uv = cu::convert<M>(u.v[j]);
+      const M dyv = cu::convert<M>(dy.v[j]);
+      const M s = sigmoid_of(gv);
+      dg.v[j] = cu::convert<T>(dyv * uv * (s * (M(1) + gv * (M(1) - s))));
+      du.v[j] = cu::convert<T>(dyv * gv * s);
+    }
+    store_pack<V>(pack_base<V, kFlat>(dgate, r), k, dg);
+    store_pack<V>(pack_base<V, kFlat>(dup, r), k, du);
+  }
+}
+
+template <class T>
+Rows<T> rows_of(const Tensor& t) {
+  return Rows<T>{static_cast<T*>(t.data_ptr()), t.stride(0)};
+}
+
+// Launches f(V, kFlat, grid, total, per_row) for the [rows, F] operands ts.
+template <class T, class F>
+void launch_swiglu(std::initializer_list<const Tensor*> ts, F&& f) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t rows = (*ts.begin())->size(0), cols = (*ts.begin())->size(1);
+  bool vectorized = cols % kVec == 0, flat = true;
+  for (const Tensor* t : ts) {
+    vectorized = vectorized && t->stride(0) % kVec == 0 && aligned_16(*t);
+    flat = flat && (rows == 1 || t->stride(0) == cols);
+  }
+  auto go = [&](auto vec, auto flat_tag) {
+    constexpr int V = decltype(vec)::value;
+    const int64_t per_row = cols / V, total = rows * per_row;
+    f(vec, flat_tag, cu::grid_for(total, kThreads), total, per_row);
+  };
+  auto with_flat = [&](auto vec) {
+    if (flat) {
+      go(vec, std::true_type{});
+    } else {
+      go(vec, std::false_type{});
+    }
+  };
+  if (vectorized) {
+    with_flat(std::integral_constant<int, kVec>{});
+  } else {
+    with_flat(std::integral_constant<int, 1>{});
+  }
+}
+
 }  // namespace
+
+void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  const int dev = out.device().index;
+  cu::DeviceScope scope(dev);
+  cudaStream_t stream = cu::stream_for(dev);
+  cu::visit_float_dtype(out.dtype(), "swiglu", [&](auto tag) {
+    using T = decltype(tag);
+    launch_swiglu<T>({&gate, &up, &out}, [&](auto vec, auto flat, unsigned grid, int64_t total,
+                                             int64_t per_row) {
+      constexpr int V = decltype(vec)::value;
+      constexpr bool kFlat = decltype(flat)::value;
+      swiglu_kernel<T, V, kFlat><<<grid, kThreads, 0, stream>>>(
+          rows_of<const T>(gate), rows_of<const T>(up), rows_of<T>(out), total, per_row);
+      ACCRUE_LAUNCH_CHECK();
+    });
+  });
+}
+
+void swiglu_backward(const Tensor& grad, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                     const Tensor& dup) {
+  const int dev = gate.device().index;
+  cu::DeviceScope scope(dev);
+  cudaStream_t stream = cu::stream_for(dev);
+  cu::visit_float_dtype(gate.dtype(), "swiglu_backward", [&](auto tag) {
+    using T = decltype(tag);
+    launch_swiglu<T>({&grad, &gate, &up, &dgate, &dup},
+                     [&](auto vec, auto flat, unsigned grid, int64_t total, int64_t per_row) {
+                       constexpr int V = decltype(vec)::value;
+                       constexpr bool kFlat = decltype(flat)::value;
+                       swiglu_backward_kernel<T, V, kFlat><<<grid, kThreads, 0, stream>>>(
+                           rows_of<const T>(grad), rows_of<const T>(gate), rows_of<const T>(up),
+                           rows_of<T>(dgate), rows_of<T>(dup), total, per_row);
+                       ACCRUE_LAUNCH_CHECK();
+                     });
+  });
+}
 
 void bias_gelu(const Tensor& acc, const Tensor& bias, const Tensor& pre, const Tensor& out) {
   const int dev = out.device().index;

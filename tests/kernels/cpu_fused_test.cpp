@@ -1,7 +1,7 @@
 // The CPU reference of the transformer kernels: dropout (kernels/dropout.h),
-// linear + bias (+ GELU) and the residual add fused with LayerNorm
-// (kernels/fused.h), against plain computations written here and the unfused
-// kernels they replace.
+// linear + bias (+ GELU), the residual add fused with LayerNorm, RMSNorm (and
+// its residual form), the rotary embedding and SwiGLU (kernels/fused.h),
+// against plain computations written here and the unfused kernels they replace.
 #include <gmock/gmock.h>
 
 #include <cmath>
@@ -416,6 +416,487 @@ TEST(CpuResidualLayerNorm, bad_inputs_throw_naming_op_and_shapes) {
                "residual_layer_norm", "[4, 0]");
   EXPECT_ERROR(kernels::residual_layer_norm(Tensor(), x, w, b, 1e-5), "residual_layer_norm",
                "undefined");
+}
+
+// ---- RMSNorm ---------------------------------------------------------------------------------
+
+// x / sqrt(mean(x^2) + eps) * w over the last dim, in double from x's values.
+std::vector<double> rms_norm_formula(const Tensor& x, const Tensor& w, double eps,
+                                     std::vector<double>* rstd = nullptr) {
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  const std::vector<double> vx = values(x.contiguous());
+  const std::vector<double> vw = w.defined() ? values(w) : std::vector<double>(d, 1.0);
+  std::vector<double> out(vx.size());
+  if (rstd) rstd->assign(rows, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0.0;
+    for (int64_t c = 0; c < d; ++c)
+      ss += vx[r * d + c] * vx[r * d + c];
+    const double rs = 1.0 / std::sqrt(ss / d + eps);
+    if (rstd) (*rstd)[r] = rs;
+    for (int64_t c = 0; c < d; ++c)
+      out[r * d + c] = vx[r * d + c] * rs * vw[c];
+  }
+  return out;
+}
+
+TEST(CpuRmsNorm, f64_matches_the_formula_with_and_without_weight) {
+  for (bool affine : {true, false}) {
+    SCOPED_TRACE(affine ? "weight" : "no weight");
+    const Tensor x = test::random_normal({3, 5, 24}, DType::f64, Device::cpu(), 2.0);
+    const Tensor w = affine ? test::random_normal({24}, DType::f64) : Tensor();
+    const kernels::RmsNormOutput r = kernels::rms_norm(x, w, 1e-3);
+    std::vector<double> rstd;
+    const std::vector<double> expected = rms_norm_formula(x, w, 1e-3, &rstd);
+    EXPECT_TRUE(all_close(r.out, from_vector(expected, x.shape(), DType::f64), 1e-13, 1e-14));
+    EXPECT_EQ(r.rstd.shape(), (Shape{3, 5}));
+    EXPECT_EQ(r.rstd.dtype(), DType::f64);
+    EXPECT_TRUE(all_close(r.rstd, from_vector(rstd, {3, 5}, DType::f64), 1e-13, 0.0));
+  }
+}
+
+TEST(CpuRmsNorm, every_dtype_rounds_the_f64_result_once) {
+  struct Case {
+    DType x, params;
+  };
+  const Case cases[] = {{DType::f32, DType::f32},
+                        {DType::bf16, DType::bf16},
+                        {DType::f16, DType::f16},
+                        {DType::bf16, DType::f32},
+                        {DType::f16, DType::f32}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(dtype_name(c.x)) + " params " + dtype_name(c.params));
+    const Tensor x = test::random_normal({7, 40}, c.x);
+    const Tensor w = test::random_normal({40}, c.params);
+    const kernels::RmsNormOutput r = kernels::rms_norm(x, w, 1e-5);
+    EXPECT_EQ(r.out.dtype(), c.x);
+    EXPECT_EQ(r.rstd.dtype(), DType::f32);
+    // The formula over the stored inputs, rounded once to x's dtype.
+    const Tensor expected = from_vector(rms_norm_formula(x, w, 1e-5), x.shape(), DType::f64);
+    EXPECT_TRUE(all_equal(r.out, expected.to(DType::f32).to(c.x)));
+  }
+}
+
+TEST(CpuRmsNorm, per_head_qk_norm_of_a_packed_qkv_view) {
+  // q and k of a packed [B, T, 3, H, D] qkv: strided [B, T, H, D] views,
+  // each normalized over D with one [D] weight.
+  const int64_t b = 2, t = 3, h = 4, d = 8;
+  const Tensor qkv = test::random_normal({b, t, 3, h, d});
+  const Tensor w = test::random_normal({d});
+  for (int64_t which : {0, 1}) {
+    const Tensor q = qkv.select(2, which);
+    ASSERT_FALSE(q.is_contiguous());
+    const kernels::RmsNormOutput r = kernels::rms_norm(q, w, 1e-6);
+    EXPECT_EQ(r.out.shape(), (Shape{b, t, h, d}));
+    EXPECT_EQ(r.rstd.shape(), (Shape{b, t, h}));
+    EXPECT_TRUE(all_equal(r.out, kernels::rms_norm(q.contiguous(), w, 1e-6).out));
+    EXPECT_TRUE(all_close(
+        r.out, from_vector(rms_norm_formula(q, w, 1e-6), q.shape(), DType::f64).to(DType::f32),
+        1e-6, 1e-6));
+  }
+}
+
+TEST(CpuRmsNorm, backward_matches_the_derivative_formula_and_accumulates_dweight) {
+  const int64_t rows = 6, d = 10;
+  const Tensor x = test::random_normal({rows, d}, DType::f64);
+  const Tensor w = test::random_normal({d}, DType::f64);
+  const Tensor g = test::random_normal({rows, d}, DType::f64);
+  const double eps = 1e-4;
+  const kernels::RmsNormOutput r = kernels::rms_norm(x, w, eps);
+  Tensor dw = empty({d}, DType::f64);
+  const Tensor dx = kernels::rms_norm_backward(g, x, w, r.rstd, dw, false);
+  // d/dx_j of sum_i g_i w_i x_i rs with rs = (mean(x^2) + eps)^-1/2:
+  //   g_j w_j rs - x_j rs^3 / d * sum_i g_i w_i x_i.
+  const std::vector<double> vx = values(x), vw = values(w), vg = values(g);
+  std::vector<double> edx(rows * d), edw(d, 0.0);
+  for (int64_t i = 0; i < rows; ++i) {
+    double ss = 0.0, dot = 0.0;
+    for (int64_t c = 0; c < d; ++c) {
+      ss += vx[i * d + c] * vx[i * d + c];
+      dot += vg[i * d + c] * vw[c] * vx[i * d + c];
+    }
+    const double rs = 1.0 / std::sqrt(ss / d + eps);
+    for (int64_t c = 0; c < d; ++c) {
+      edx[i * d + c] = vg[i * d + c] * vw[c] * rs - vx[i * d + c] * rs * rs * rs / d * dot;
+      edw[c] += vg[i * d + c] * vx[i * d + c] * rs;
+    }
+  }
+  EXPECT_TRUE(all_close(dx, from_vector(edx, {rows, d}, DType::f64), 1e-12, 1e-13));
+  EXPECT_TRUE(all_close(dw, from_vector(edw, {d}, DType::f64), 1e-12, 1e-13));
+  // accumulate adds to what is there; an f32 dweight (an arena slot) works too.
+  kernels::rms_norm_backward(g, x, w, r.rstd, dw, true);
+  EXPECT_TRUE(all_close(
+      dw, kernels::binary_scalar(kernels::BinaryOp::Mul, from_vector(edw, {d}, DType::f64), 2.0),
+      1e-12, 1e-13));
+  const Tensor x16 = x.to(DType::bf16), g16 = g.to(DType::bf16);
+  const kernels::RmsNormOutput r16 = kernels::rms_norm(x16, w.to(DType::f32), eps);
+  Tensor dw32 = empty({d}, DType::f32);
+  kernels::rms_norm_backward(g16, x16, w.to(DType::f32), r16.rstd, dw32, false);
+  EXPECT_TRUE(all_close(dw32, from_vector(edw, {d}, DType::f64), 3e-2, 3e-2));
+  // No weight: dx only.
+  const kernels::RmsNormOutput plain = kernels::rms_norm(x, Tensor(), eps);
+  const Tensor dx_plain = kernels::rms_norm_backward(g, x, Tensor(), plain.rstd, Tensor(), false);
+  EXPECT_EQ(dx_plain.shape(), (Shape{rows, d}));
+}
+
+TEST(CpuRmsNorm, empty_rows_and_bad_inputs) {
+  const kernels::RmsNormOutput none = kernels::rms_norm(empty({0, 8}), ones({8}), 1e-5);
+  EXPECT_EQ(none.out.shape(), (Shape{0, 8}));
+  EXPECT_EQ(none.rstd.shape(), (Shape{0}));
+  const Tensor x = test::random_normal({4, 8});
+  EXPECT_ERROR(kernels::rms_norm(x, ones({7}), 1e-5), "rms_norm", "weight", "[7]", "[8]");
+  EXPECT_ERROR(kernels::rms_norm(x, ones({8}, DType::f64), 1e-5), "rms_norm", "weight", "f64",
+               "expected f32");
+  EXPECT_ERROR(kernels::rms_norm(x.to(DType::f64), ones({8}), 1e-5), "rms_norm", "weight", "f32",
+               "expected f64");
+  EXPECT_ERROR(kernels::rms_norm(x, ones({8}), 0.0), "rms_norm", "eps", "> 0", "got 0");
+  EXPECT_ERROR(kernels::rms_norm(x, ones({8}), -1e-5), "rms_norm", "eps", "-1e-05");
+  EXPECT_ERROR(kernels::rms_norm(ones({4, 8}, DType::i32), Tensor(), 1e-5), "rms_norm", "i32");
+  EXPECT_ERROR(kernels::rms_norm(empty({4, 0}), Tensor(), 1e-5), "rms_norm", "[4, 0]");
+  EXPECT_ERROR(kernels::rms_norm(Tensor(), Tensor(), 1e-5), "rms_norm", "undefined");
+  const kernels::RmsNormOutput r = kernels::rms_norm(x, ones({8}), 1e-5);
+  EXPECT_ERROR(kernels::rms_norm_backward(x, x, ones({8}), ones({3}), Tensor(), false),
+               "rms_norm_backward", "rstd", "[3]");
+  EXPECT_ERROR(kernels::rms_norm_backward(x, x, ones({8}), r.rstd, empty({9}), false),
+               "rms_norm_backward", "dweight", "[9]");
+  EXPECT_ERROR(kernels::rms_norm_backward(test::random_normal({4, 9}), x, ones({8}), r.rstd,
+                                          Tensor(), false),
+               "rms_norm_backward", "[4, 9]", "[4, 8]");
+}
+
+TEST(CpuAddRmsNorm, equals_add_then_rms_norm_bit_for_bit) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_normal({3, 4, 40}, dt);
+    const Tensor res = test::random_normal({3, 4, 40}, dt, Device::cpu(), 3.0);
+    const Tensor w = test::random_normal({40}, dt);
+    const kernels::ResidualRmsNormOutput r = kernels::add_rms_norm(x, res, w, 1e-5);
+    const Tensor sum = kernels::binary(kernels::BinaryOp::Add, x, res);
+    const kernels::RmsNormOutput n = kernels::rms_norm(sum, w, 1e-5);
+    EXPECT_TRUE(all_equal(r.sum, sum));
+    EXPECT_TRUE(all_equal(r.out, n.out));
+    EXPECT_TRUE(all_equal(r.rstd, n.rstd));
+  }
+  // f64 against the formula over x + residual.
+  const Tensor x = test::random_normal({5, 12}, DType::f64);
+  const Tensor res = test::random_normal({5, 12}, DType::f64);
+  const Tensor w = test::random_normal({12}, DType::f64);
+  const kernels::ResidualRmsNormOutput r = kernels::add_rms_norm(x, res, w, 1e-6);
+  const std::vector<double> vx = values(x), vr = values(res);
+  std::vector<double> s(vx.size());
+  for (size_t i = 0; i < s.size(); ++i)
+    s[i] = vx[i] + vr[i];
+  const Tensor st = from_vector(s, {5, 12}, DType::f64);
+  EXPECT_TRUE(all_equal(r.sum, st));
+  EXPECT_TRUE(all_close(r.out, from_vector(rms_norm_formula(st, w, 1e-6), {5, 12}, DType::f64),
+                        1e-13, 1e-14));
+}
+
+TEST(CpuAddRmsNorm, strided_inputs_and_bad_inputs) {
+  const Tensor x = test::random_normal({16, 6});
+  const Tensor res = test::random_normal({6, 16});
+  const kernels::ResidualRmsNormOutput a =
+      kernels::add_rms_norm(x.transpose(0, 1), res, Tensor(), 1e-5);
+  const kernels::ResidualRmsNormOutput b =
+      kernels::add_rms_norm(x.transpose(0, 1).contiguous(), res, Tensor(), 1e-5);
+  EXPECT_TRUE(all_equal(a.sum, b.sum));
+  EXPECT_TRUE(all_equal(a.out, b.out));
+  const Tensor y = test::random_normal({4, 8});
+  EXPECT_ERROR(kernels::add_rms_norm(y, test::random_normal({4, 9}), ones({8}), 1e-5),
+               "add_rms_norm", "[4, 8]", "[4, 9]");
+  EXPECT_ERROR(kernels::add_rms_norm(y, y.to(DType::f64), ones({8}), 1e-5), "add_rms_norm", "f32",
+               "f64");
+  EXPECT_ERROR(kernels::add_rms_norm(y, y, ones({7}), 1e-5), "add_rms_norm", "weight", "[7]");
+  EXPECT_ERROR(kernels::add_rms_norm(y, y, ones({8}), 0.0), "add_rms_norm", "eps");
+}
+
+// ---- rotary embedding -------------------------------------------------------------------------
+
+// transformers' LlamaRotaryEmbedding (default and rope_type "llama3") and
+// apply_rotary_pos_emb, written from their formulas: inv_freq in f32, then
+// the llama3 rescaling, angle = position * inv_freq, cos and sin in f32.
+std::vector<float> hf_inv_freq(int64_t d, double theta, const RopeScaling& s) {
+  std::vector<float> inv(d / 2);
+  for (int64_t i = 0; i < d / 2; ++i) {
+    // base ** (arange(0, dim, 2).float() / dim), then 1.0 / that.
+    const float e = static_cast<float>(2 * i) / static_cast<float>(d);
+    inv[i] = 1.0f / static_cast<float>(std::pow(theta, static_cast<double>(e)));
+  }
+  if (s.type != RopeScaling::Type::llama3) return inv;
+  const double old = static_cast<double>(s.original_max_position);
+  const float low_freq_wavelen = static_cast<float>(old / s.low_freq_factor);
+  const float high_freq_wavelen = static_cast<float>(old / s.high_freq_factor);
+  for (float& f : inv) {
+    // wavelen = 2 * math.pi / inv_freq (a reciprocal times the scalar in torch)
+    const float wavelen = (1.0f / f) * static_cast<float>(2 * M_PI);
+    float llama = wavelen > low_freq_wavelen ? f / static_cast<float>(s.factor) : f;
+    const float smooth =
+        ((1.0f / wavelen) * static_cast<float>(old) - static_cast<float>(s.low_freq_factor)) /
+        static_cast<float>(s.high_freq_factor - s.low_freq_factor);
+    const float smoothed = (1.0f - smooth) * llama / static_cast<float>(s.factor) + smooth * llama;
+    const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+    f = medium ? smoothed : llama;
+  }
+  return inv;
+}
+
+// x [B, T, H, D] rotated at positions [B, T] (flattened), in double from the
+// f32 cos/sin of hf_inv_freq (or, for the f64 reference, all in double).
+std::vector<double> rope_reference(const Tensor& x, const std::vector<int64_t>& pos, double theta,
+                                   RopeStyle style, const RopeScaling& s, bool in_f64) {
+  const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = x.size(3), half = d / 2;
+  const std::vector<double> vx = values(x.contiguous());
+  const std::vector<float> inv32 = hf_inv_freq(d, theta, s);
+  std::vector<double> out(vx.size());
+  for (int64_t bt = 0; bt < b * t; ++bt) {
+    for (int64_t i = 0; i < half; ++i) {
+      double c, sn;
+      if (in_f64) {
+        double inv = 1.0 / std::pow(theta, 2.0 * i / d);
+        if (s.type == RopeScaling::Type::llama3) {
+          const double wavelen = 2 * M_PI / inv, old = s.original_max_position;
+          if (wavelen > old / s.low_freq_factor) {
+            inv /= s.factor;
+          } else if (wavelen >= old / s.high_freq_factor) {
+            const double sm =
+                (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+            inv = (1 - sm) * inv / s.factor + sm * inv;
+          }
+        }
+        c = std::cos(pos[bt] * inv);
+        sn = std::sin(pos[bt] * inv);
+      } else {
+        const float angle = static_cast<float>(pos[bt]) * inv32[i];
+        c = std::cos(angle);
+        sn = std::sin(angle);
+      }
+      for (int64_t hh = 0; hh < h; ++hh) {
+        const int64_t base = (bt * h + hh) * d;
+        const int64_t ia = style == RopeStyle::RotateHalf ? i : 2 * i;
+        const int64_t ib = style == RopeStyle::RotateHalf ? i + half : 2 * i + 1;
+        // q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-q2, q1).
+        out[base + ia] = vx[base + ia] * c - vx[base + ib] * sn;
+        out[base + ib] = vx[base + ib] * c + vx[base + ia] * sn;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> random_positions(int64_t n, int64_t hi) {
+  const std::vector<double> u = values(test::random_uniform({n}, 0.0, static_cast<double>(hi)));
+  std::vector<int64_t> p(n);
+  for (int64_t i = 0; i < n; ++i)
+    p[i] = static_cast<int64_t>(u[i]);
+  return p;
+}
+
+const RopeScaling kLlama3 = RopeScaling::llama3(8.0, 1.0, 4.0, 8192);
+
+TEST(CpuRope, f32_matches_transformers_formula_both_styles_with_and_without_llama3_scaling) {
+  const int64_t b = 2, t = 5, h = 3, d = 64;
+  const std::vector<int64_t> pos = random_positions(b * t, 20000);
+  const Tensor positions = from_vector<int64_t>(pos, {b, t});
+  for (auto style : {RopeStyle::RotateHalf, RopeStyle::Interleaved}) {
+    for (const RopeScaling& s : {RopeScaling{}, kLlama3}) {
+      for (double theta : {10000.0, 500000.0}) {
+        SCOPED_TRACE(std::string(style == RopeStyle::RotateHalf ? "rotate_half" : "interleaved") +
+                     (s.type == RopeScaling::Type::llama3 ? " llama3" : " plain") + " theta " +
+                     std::to_string(theta));
+        const Tensor x = test::random_normal({b, t, h, d});
+        const Tensor y = kernels::rope(x, positions, theta, style, s);
+        EXPECT_EQ(y.shape(), (Shape{b, t, h, d}));
+        EXPECT_TRUE(y.is_contiguous());
+        const Tensor expected =
+            from_vector(rope_reference(x, pos, theta, style, s, false), x.shape(), DType::f64);
+        EXPECT_TRUE(all_close(y, expected, 1e-5, 1e-5));
+      }
+    }
+  }
+}
+
+TEST(CpuRope, f64_matches_the_exact_formula_and_llama3_changes_low_frequencies_only) {
+  const int64_t b = 1, t = 7, h = 2, d = 128;
+  const std::vector<int64_t> pos = random_positions(b * t, 100000);
+  const Tensor positions = from_vector<int64_t>(pos, {t});
+  for (auto style : {RopeStyle::RotateHalf, RopeStyle::Interleaved}) {
+    for (const RopeScaling& s : {RopeScaling{}, kLlama3}) {
+      const Tensor x = test::random_normal({b, t, h, d}, DType::f64);
+      const Tensor y = kernels::rope(x, positions, 500000.0, style, s);
+      EXPECT_TRUE(all_close(
+          y, from_vector(rope_reference(x, pos, 500000.0, style, s, true), x.shape(), DType::f64),
+          1e-9, 1e-9));
+    }
+  }
+  // Llama 3's scaling divides the lowest frequency by the factor and keeps the highest.
+  const std::vector<float> plain = hf_inv_freq(128, 500000.0, {});
+  const std::vector<float> scaled = hf_inv_freq(128, 500000.0, kLlama3);
+  EXPECT_EQ(scaled[0], plain[0]);
+  EXPECT_FLOAT_EQ(scaled[63], plain[63] / 8.0f);
+}
+
+TEST(CpuRope, every_dtype_rounds_once_and_inverse_undoes_it) {
+  const int64_t b = 2, t = 4, h = 2, d = 16;
+  const std::vector<int64_t> pos = random_positions(b * t, 4096);
+  const Tensor positions = from_vector<int64_t>(pos, {b, t});
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_normal({b, t, h, d}, dt);
+    const Tensor y = kernels::rope(x, positions, 10000.0, RopeStyle::RotateHalf);
+    EXPECT_EQ(y.dtype(), dt);
+    const Tensor expected =
+        from_vector(rope_reference(x, pos, 10000.0, RopeStyle::RotateHalf, {}, dt == DType::f64),
+                    x.shape(), DType::f64);
+    EXPECT_TRUE(all_close(y, expected, test::default_rtol(dt), test::default_atol(dt)));
+    // The rotation by -angle undoes it (up to the rounding of y).
+    const Tensor back = kernels::rope(y, positions, 10000.0, RopeStyle::RotateHalf, {}, true);
+    EXPECT_TRUE(all_close(back, x, 4 * test::default_rtol(dt), 4 * test::default_atol(dt)));
+  }
+}
+
+TEST(CpuRope, position_zero_is_the_identity_and_packed_documents_restart) {
+  const int64_t h = 3, d = 8;
+  const Tensor x = test::random_normal({1, 6, h, d});
+  // Two packed documents of 3 tokens: positions 0 1 2 0 1 2.
+  const Tensor packed = from_vector<int64_t>({0, 1, 2, 0, 1, 2}, {1, 6});
+  const Tensor y = kernels::rope(x, packed, 10000.0, RopeStyle::RotateHalf);
+  EXPECT_TRUE(all_equal(y.select(1, 0), x.select(1, 0)));
+  EXPECT_TRUE(all_equal(y.select(1, 3), x.select(1, 3)));
+  // The second document rotated alone from 0 gives the same values.
+  const Tensor second = x.narrow(1, 3, 3);
+  const Tensor alone =
+      kernels::rope(second, from_vector<int64_t>({0, 1, 2}, {3}), 10000.0, RopeStyle::RotateHalf);
+  EXPECT_TRUE(all_equal(y.narrow(1, 3, 3).contiguous(), alone));
+  // [T] positions are shared by the batch.
+  const Tensor x2 = test::random_normal({2, 3, h, d});
+  const Tensor shared =
+      kernels::rope(x2, from_vector<int64_t>({4, 9, 1}, {3}), 10000.0, RopeStyle::Interleaved);
+  const Tensor full = kernels::rope(x2, from_vector<int64_t>({4, 9, 1, 4, 9, 1}, {2, 3}), 10000.0,
+                                    RopeStyle::Interleaved);
+  EXPECT_TRUE(all_equal(shared, full));
+}
+
+TEST(CpuRope, interleaved_is_rotate_half_of_the_deinterleaved_head) {
+  const int64_t b = 2, t = 3, h = 2, d = 10;
+  const Tensor x = test::random_normal({b, t, h, d}, DType::f64);
+  const Tensor positions = from_vector<int64_t>({3, 1, 4, 1, 5, 9}, {b, t});
+  // x viewed [.., D/2, 2] and transposed to [.., 2, D/2]: pair i at (i, i + D/2).
+  const Tensor halves = x.view({b, t, h, d / 2, 2}).transpose(3, 4).contiguous().view({b, t, h, d});
+  const Tensor a = kernels::rope(x, positions, 100.0, RopeStyle::Interleaved);
+  const Tensor c = kernels::rope(halves, positions, 100.0, RopeStyle::RotateHalf);
+  EXPECT_TRUE(
+      all_equal(a.view({b, t, h, d / 2, 2}).transpose(3, 4).contiguous().view({b, t, h, d}), c));
+}
+
+TEST(CpuRope, q_and_k_of_a_packed_qkv_are_read_in_place) {
+  const int64_t b = 2, t = 5, h = 4, d = 16;
+  const Tensor qkv = test::random_normal({b, t, 3 * h * d}, DType::bf16);
+  const Tensor positions = from_vector<int64_t>({0, 1, 2, 3, 4, 0, 1, 0, 1, 2}, {b, t});
+  const Tensor view = qkv.view({b, t, 3, h, d});
+  for (int64_t which : {0, 1}) {
+    const Tensor q = view.select(2, which);
+    ASSERT_FALSE(q.is_contiguous());
+    EXPECT_TRUE(
+        all_equal(kernels::rope(q, positions, 10000.0, RopeStyle::RotateHalf),
+                  kernels::rope(q.contiguous(), positions, 10000.0, RopeStyle::RotateHalf)));
+  }
+}
+
+TEST(CpuRope, bad_inputs_throw_naming_op_and_values) {
+  const Tensor x = test::random_normal({2, 3, 4, 8});
+  const Tensor pos = from_vector<int64_t>({0, 1, 2}, {3});
+  const auto rh = RopeStyle::RotateHalf;
+  EXPECT_ERROR(kernels::rope(test::random_normal({2, 3, 8}), pos, 1e4, rh), "rope", "[2, 3, 8]",
+               "[B, T, H, D]");
+  EXPECT_ERROR(kernels::rope(test::random_normal({2, 3, 4, 7}), pos, 1e4, rh), "rope",
+               "head dim D = 7", "even");
+  EXPECT_ERROR(kernels::rope(x, pos.to(DType::i32), 1e4, rh), "rope", "positions", "i32", "i64");
+  EXPECT_ERROR(kernels::rope(x, from_vector<int64_t>({0, 1}, {2}), 1e4, rh), "rope", "positions",
+               "[2]", "[2, 3] or [3]");
+  EXPECT_ERROR(kernels::rope(x, from_vector<int64_t>({0, -1, 2}, {3}), 1e4, rh), "rope",
+               "positions", "-1");
+  EXPECT_ERROR(kernels::rope(x, from_vector<int64_t>({0, int64_t{1} << 24, 2}, {3}), 1e4, rh),
+               "rope", "positions", "16777216");
+  EXPECT_ERROR(kernels::rope(x, pos, 0.0, rh), "rope", "theta", "got 0");
+  EXPECT_ERROR(kernels::rope(x, pos, 1e4, rh, RopeScaling::llama3(8.0, 4.0, 1.0)), "rope", "llama3",
+               "low_freq_factor 4", "high_freq_factor 1");
+  EXPECT_ERROR(kernels::rope(ones({2, 3, 4, 8}, DType::i64), pos, 1e4, rh), "rope", "i64");
+  EXPECT_ERROR(kernels::rope(Tensor(), pos, 1e4, rh), "rope", "undefined");
+  EXPECT_ERROR(kernels::rope(x, Tensor(), 1e4, rh), "rope", "positions", "undefined");
+  const Tensor none = kernels::rope(empty({0, 3, 4, 8}), pos, 1e4, rh);
+  EXPECT_EQ(none.shape(), (Shape{0, 3, 4, 8}));
+}
+
+// ---- SwiGLU
+// --------------------------------------------------------------------------------------
+
+double silu_of(double g) {
+  return g / (1.0 + std::exp(-g));
+}
+
+TEST(CpuSwiglu, matches_the_formula_in_every_dtype) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor gate = test::random_normal({3, 5, 24}, dt, Device::cpu(), 3.0);
+    const Tensor up = test::random_normal({3, 5, 24}, dt);
+    const Tensor y = kernels::swiglu(gate, up);
+    EXPECT_EQ(y.dtype(), dt);
+    const std::vector<double> g = values(gate), u = values(up);
+    std::vector<double> e(g.size());
+    for (size_t i = 0; i < g.size(); ++i)
+      e[i] = silu_of(g[i]) * u[i];
+    EXPECT_TRUE(all_close(y, from_vector(e, gate.shape(), DType::f64), test::default_rtol(dt),
+                          test::default_atol(dt)));
+  }
+}
+
+TEST(CpuSwiglu, backward_matches_the_derivative_formula) {
+  const Tensor gate = test::random_normal({4, 9}, DType::f64, Device::cpu(), 3.0);
+  const Tensor up = test::random_normal({4, 9}, DType::f64);
+  const Tensor dy = test::random_normal({4, 9}, DType::f64);
+  const kernels::SwigluGrads d = kernels::swiglu_backward(dy, gate, up);
+  const std::vector<double> g = values(gate), u = values(up), vy = values(dy);
+  std::vector<double> eg(g.size()), eu(g.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    // d/dg of g sigmoid(g) = sigmoid(g) + g sigmoid(g) (1 - sigmoid(g)).
+    const double s = 1.0 / (1.0 + std::exp(-g[i]));
+    eg[i] = vy[i] * u[i] * (s + g[i] * s * (1.0 - s));
+    eu[i] = vy[i] * silu_of(g[i]);
+  }
+  EXPECT_TRUE(all_close(d.dgate, from_vector(eg, {4, 9}, DType::f64), 1e-13, 1e-14));
+  EXPECT_TRUE(all_close(d.dup, from_vector(eu, {4, 9}, DType::f64), 1e-13, 1e-14));
+}
+
+TEST(CpuSwiglu, packed_halves_equal_the_split_and_strided_inputs_work) {
+  const Tensor x = test::random_normal({2, 3, 16});
+  const Tensor gate = x.narrow(2, 0, 8), up = x.narrow(2, 8, 8);
+  const Tensor y = kernels::swiglu_packed(x);
+  EXPECT_EQ(y.shape(), (Shape{2, 3, 8}));
+  EXPECT_TRUE(all_equal(y, kernels::swiglu(gate.contiguous(), up.contiguous())));
+  EXPECT_TRUE(all_equal(kernels::swiglu(gate, up), y));
+  // A transposed input is read through a copy.
+  const Tensor gt = test::random_normal({8, 5}).transpose(0, 1);
+  const Tensor ut = test::random_normal({5, 8});
+  EXPECT_TRUE(all_equal(kernels::swiglu(gt, ut), kernels::swiglu(gt.contiguous(), ut)));
+  // The packed backward is the split one, laid out [dgate | dup].
+  const Tensor dy = test::random_normal({2, 3, 8});
+  const Tensor dx = kernels::swiglu_packed_backward(dy, x);
+  const kernels::SwigluGrads d = kernels::swiglu_backward(dy, gate, up);
+  EXPECT_TRUE(all_equal(dx.narrow(2, 0, 8).contiguous(), d.dgate));
+  EXPECT_TRUE(all_equal(dx.narrow(2, 8, 8).contiguous(), d.dup));
+}
+
+TEST(CpuSwiglu, bad_inputs_throw_naming_op_and_values) {
+  const Tensor g = test::random_normal({4, 8});
+  EXPECT_ERROR(kernels::swiglu(g, test::random_normal({4, 9})), "swiglu", "[4, 8]", "[4, 9]");
+  EXPECT_ERROR(kernels::swiglu(g, g.to(DType::f64)), "swiglu", "f32", "f64");
+  EXPECT_ERROR(kernels::swiglu(ones({4}, DType::i32), ones({4}, DType::i32)), "swiglu", "i32");
+  EXPECT_ERROR(kernels::swiglu(g, Tensor()), "swiglu", "up", "undefined");
+  EXPECT_ERROR(kernels::swiglu_packed(test::random_normal({4, 7})), "swiglu_packed", "[4, 7]",
+               "even");
+  EXPECT_ERROR(kernels::swiglu_packed_backward(test::random_normal({4, 3}), g),
+               "swiglu_packed_backward", "[4, 3]", "[4, 4]");
+  EXPECT_ERROR(kernels::swiglu_backward(g.to(DType::f64), g, g), "swiglu_backward", "f64");
 }
 
 }  // namespace

@@ -1,0 +1,337 @@
+// CUDA RMSNorm, forward and backward, and the residual add fused with it
+// (kernels/fused.h). 16-bit inputs compute in f32, f64 in f64; every
+// reduction runs in a fixed order (Note [Determinism]).
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "accrue/core/cuda_pack.cuh"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/cuda/block_reduce.cuh"
+#include "accrue/kernels/cuda/nn_util.cuh"
+#include "accrue/kernels/fused_backend.h"
+
+namespace accrue::kernels::cuda {
+
+namespace {
+
+using namespace reduce;  // warp_sum, block_sum, sqrt_, load
+using cu::load_pack;
+using cu::Pack;
+using cu::store_pack;
+
+// Note [RMSNorm kernels]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A row is read in packs of V elements (16 bytes when D and every row
+// pointer allow it, else V = 1) by a group of threads: one warp per row for
+// rows of at most kWarpRowPacks packs (per-head qk_norm, small models: eight
+// rows per block of 256 threads keep the SM full), else one block per row
+// (about two packs per thread). The group sums the squares (of the rounded
+// sum, for add_rms_norm), then re-reads the row it has just read or written
+// (from the cache) to scale it: each thread re-reads only its own packs, so
+// no barrier is needed beyond the reduction's. The backward's dx has the same
+// shape; dweight is a column sum over rows in the fixed chunks of Note
+// [Deterministic column sums].
+constexpr int kWarpRowPacks = 128;
+constexpr int kWarpRowsPerBlock = 8;
+
+template <bool kWarpRow, class M>
+__device__ __forceinline__ M group_sum(M v, M* scratch) {
+  if constexpr (kWarpRow) {
+    return warp_sum(v);
+  } else {
+    return block_sum(v, scratch);
+  }
+}
+
+// The row this thread's group handles, its lane within the group and the
+// group's size.
+template <bool kWarpRow>
+__device__ __forceinline__ void group_of(int64_t* row, int* lane, int* size) {
+  if constexpr (kWarpRow) {
+    *row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    *lane = static_cast<int>(threadIdx.x & 31);
+    *size = 32;
+  } else {
+    *row = blockIdx.x;
+    *lane = static_cast<int>(threadIdx.x);
+    *size = static_cast<int>(blockDim.x);
+  }
+}
+
+// out = x * rstd * weight over one row per group; with kResidual, x + residual
+// is first stored (rounded to T) into sum and normalized from there.
+template <class T, class P, int V, bool kWarpRow, bool kResidual>
+__global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ residual,
+                                const P* __restrict__ weight, int64_t rows, int64_t d,
+                                cu::math_t<T> eps, T* sum, T* __restrict__ out,
+                                cu::math_t<T>* __restrict__ rstd) {
+  using M = cu::math_t<T>;
+  __shared__ M scratch[32];
+  int64_t row;
+  int lane, size;
+  group_of<kWarpRow>(&row, &lane, &size);
+  if (row >= rows) return;  // a whole warp (warp rows only: blocks cover rows exactly)
+  const int64_t packs = d / V;
+  const T* src = (kResidual ? sum : x) + row * d;
+  T* yr = out + row * d;
+
+  M ss = 0;
+  for (int64_t k = lane; k < packs; k += size) {
+    Pack<T, V> a = load_pack<V>(x + row * d, k);
+    if constexpr (kResidual) {
+      const Pack<T, V> b = load_pack<V>(residual + row * d, k);
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        a.v[j] = cu::convert<T>(load<M>(a.v[j]) + load<M>(b.v[j]));
+      store_pack<V>(sum + row * d, k, a);
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const M v = load<M>(a.v[j]);
+      ss += v * v;
+    }
+  }
+  const M rs = M(1) / sqrt_(group_sum<kWarpRow>(ss, scratch) / static_cast<M>(d) + eps);
+
+  for (int64_t k = lane; k < packs; k += size) {
+    const Pack<T, V> a = load_pack<V>(src, k);
+    Pack<T, V> y;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      M value = load<M>(a.v[j]) * rs;
+      if (weight) value *= load<M>(weight[k * V + j]);
+      y.v[j] = cu::convert<T>(value);
+    }
+    store_pack<V>(yr, k, y);
+  }
+  if (lane == 0) rstd[row] = rs;
+}
+
+// dx = rstd * (gw - xhat * mean(gw * xhat)) with xhat = x * rstd, gw = dy * w.
+template <class T, class P, int V, bool kWarpRow>
+__global__ void rms_norm_dx_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                   const P* __restrict__ weight,
+                                   const cu::math_t<T>* __restrict__ rstd, int64_t rows, int64_t d,
+                                   T* __restrict__ dx) {
+  using M = cu::math_t<T>;
+  __shared__ M scratch[32];
+  int64_t row;
+  int lane, size;
+  group_of<kWarpRow>(&row, &lane, &size);
+  if (row >= rows) return;
+  const int64_t packs = d / V;
+  const T* xr = x + row * d;
+  const T* gr = dy + row * d;
+  const M rs = rstd[row];
+  M s = 0;
+  for (int64_t k = lane; k < packs; k += size) {
+    const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      M gw = load<M>(g.v[j]);
+      if (weight) gw *= load<M>(weight[k * V + j]);
+      s += gw * load<M>(a.v[j]);
+    }
+  }
+  // mean(gw * xhat) = rstd * sum(gw * x) / d.
+  const M mean_gw_xhat = group_sum<kWarpRow>(s, scratch) * rs / static_cast<M>(d);
+  for (int64_t k = lane; k < packs; k += size) {
+    const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
+    Pack<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      M gw = load<M>(g.v[j]);
+      if (weight) gw *= load<M>(weight[k * V + j]);
+      out.v[j] = cu::convert<T>(rs * (gw - load<M>(a.v[j]) * rs * mean_gw_xhat));
+    }
+    store_pack<V>(dx + row * d, k, out);
+  }
+}
+
+// Note [Deterministic column sums] (kernels/cuda/layer_norm.cu): block (x, y)
+// sums 32 columns of dy * x * rstd over one chunk of rows, each thread a fixed
+// stride of the chunk, then the 8 thread rows in order.
+constexpr int kColumnTile = 32;
+constexpr int kRowLanes = 8;
+
+template <class T, class A>
+__global__ void rms_norm_weight_partials_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                                const A* __restrict__ rstd, int64_t rows, int64_t d,
+                                                int64_t rows_per_chunk, A* __restrict__ partial) {
+  __shared__ A tile[kRowLanes][kColumnTile + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t end = std::min(rows, begin + rows_per_chunk);
+  A acc = 0;
+  if (c < d) {
+    for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes)
+      acc += load<A>(dy[r * d + c]) * (load<A>(x[r * d + c]) * rstd[r]);
+  }
+  tile[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < d) {
+    for (int i = 1; i < kRowLanes; ++i)
+      acc += tile[i][threadIdx.x];
+    partial[blockIdx.y * d + c] = acc;
+  }
+}
+
+// The chunks of each column added in chunk order, written (=) or added (+=).
+template <class A, class O>
+__global__ void rms_norm_weight_total_kernel(const A* __restrict__ partial, int64_t chunks,
+                                             int64_t d, O* out, bool accumulate) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= d) return;
+  A s = 0;
+  for (int64_t k = 0; k < chunks; ++k)
+    s += partial[k * d + c];
+  out[c] = cu::convert<O>(accumulate ? load<A>(out[c]) + s : s);
+}
+
+bool aligned_16(const Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+template <class P>
+const P* optional_ptr(const Tensor& t) {
+  return t.defined() ? static_cast<const P*>(t.data_ptr()) : nullptr;
+}
+
+// Threads for one block-per-row group of `packs` packs: about two packs per
+// thread, a whole number of warps, between one warp and 512 threads.
+int block_row_threads(int64_t packs) {
+  int threads = 32;
+  while (threads < 512 && threads * int64_t{2} < packs)
+    threads *= 2;
+  return threads;
+}
+
+// Launches f(P{}, V, kWarpRow, grid, block) for x's element type T: the
+// parameter type (f32 master weights beside 16-bit x, else T), the pack width
+// and the group shape of Note [RMSNorm kernels].
+template <class T, class F>
+void launch_rows(int64_t rows, int64_t d, bool f32_params, bool vectorized, const char* op, F&& f) {
+  constexpr int kVec = 16 / sizeof(T);
+  auto with_vec = [&](auto param_tag, auto vec) {
+    constexpr int V = decltype(vec)::value;
+    const int64_t packs = d / V;
+    if (packs <= kWarpRowPacks) {
+      const int64_t blocks = (rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
+      check_grid_x(blocks, op);
+      f(param_tag, vec, std::true_type{}, static_cast<unsigned>(blocks), 32 * kWarpRowsPerBlock);
+    } else {
+      check_grid_x(rows, op);
+      f(param_tag, vec, std::false_type{}, static_cast<unsigned>(rows), block_row_threads(packs));
+    }
+  };
+  auto with_params = [&](auto vec) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
+      if (f32_params) return with_vec(float{}, vec);
+    }
+    return with_vec(T{}, vec);
+  };
+  if (vectorized && d % kVec == 0) {
+    with_params(std::integral_constant<int, kVec>{});
+  } else {
+    with_params(std::integral_constant<int, 1>{});
+  }
+}
+
+// The forward of rms_norm (residual undefined) and add_rms_norm.
+void rms_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight_in, double eps,
+                      const Tensor& sum, const Tensor& out, const Tensor& rstd, const char* op) {
+  const int dev = x.device().index;
+  cu::DeviceScope scope(dev);
+  const int64_t rows = x.size(0), d = x.size(1);
+  if (rows == 0) return;
+  const bool f32_params = weight_in.defined() && weight_in.dtype() == DType::f32;
+  const Tensor weight = as_dtype(weight_in, f32_params ? DType::f32 : x.dtype());
+  const bool residual_add = residual.defined();
+  const bool vectorized = aligned_16(x) && aligned_16(out) &&
+                          (!residual_add || (aligned_16(residual) && aligned_16(sum)));
+  cudaStream_t stream = cu::stream_for(dev);
+  cu::visit_float_dtype(x.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    using M = cu::math_t<T>;
+    launch_rows<T>(rows, d, f32_params, vectorized, op,
+                   [&](auto param_tag, auto vec, auto warp_row, unsigned grid, int threads) {
+                     using P = decltype(param_tag);
+                     constexpr int V = decltype(vec)::value;
+                     constexpr bool W = decltype(warp_row)::value;
+                     auto kernel = residual_add ? rms_norm_kernel<T, P, V, W, true>
+                                                : rms_norm_kernel<T, P, V, W, false>;
+                     kernel<<<grid, threads, 0, stream>>>(
+                         static_cast<const T*>(x.data_ptr()),
+                         residual_add ? static_cast<const T*>(residual.data_ptr()) : nullptr,
+                         optional_ptr<P>(weight), rows, d, static_cast<M>(eps),
+                         residual_add ? static_cast<T*>(sum.data_ptr()) : nullptr,
+                         static_cast<T*>(out.data_ptr()), static_cast<M*>(rstd.data_ptr()));
+                     ACCRUE_LAUNCH_CHECK();
+                   });
+  });
+}
+
+}  // namespace
+
+void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out,
+              const Tensor& rstd) {
+  rms_norm_forward(x, Tensor(), weight, eps, Tensor(), out, rstd, "rms_norm");
+}
+
+void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps,
+                  const Tensor& sum, const Tensor& out, const Tensor& rstd) {
+  rms_norm_forward(x, residual, weight, eps, sum, out, rstd, "add_rms_norm");
+}
+
+void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight_in,
+                       const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
+                       bool accumulate) {
+  const char* op = "rms_norm_backward";
+  const int dev = x.device().index;
+  cu::DeviceScope scope(dev);
+  cudaStream_t stream = cu::stream_for(dev);
+  const int64_t rows = x.size(0), d = x.size(1);
+  if (rows == 0) return;
+  const bool f32_params = weight_in.defined() && weight_in.dtype() == DType::f32;
+  const Tensor weight = as_dtype(weight_in, f32_params ? DType::f32 : x.dtype());
+  const bool vectorized = aligned_16(grad) && aligned_16(x) && aligned_16(dx);
+  cu::visit_float_dtype(x.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    using A = cu::math_t<T>;
+    launch_rows<T>(rows, d, f32_params, vectorized, op,
+                   [&](auto param_tag, auto vec, auto warp_row, unsigned grid, int threads) {
+                     using P = decltype(param_tag);
+                     constexpr int V = decltype(vec)::value;
+                     constexpr bool W = decltype(warp_row)::value;
+                     rms_norm_dx_kernel<T, P, V, W><<<grid, threads, 0, stream>>>(
+                         static_cast<const T*>(grad.data_ptr()),
+                         static_cast<const T*>(x.data_ptr()), optional_ptr<P>(weight),
+                         static_cast<const A*>(rstd.data_ptr()), rows, d,
+                         static_cast<T*>(dx.data_ptr()));
+                     ACCRUE_LAUNCH_CHECK();
+                   });
+    if (!dweight.defined()) return;
+    // Note [Deterministic column sums]: about 64 rows per chunk, at most 1024 chunks.
+    const int64_t chunks = std::min<int64_t>((rows + 63) / 64, 1024);
+    const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+    Tensor partial = empty({chunks, d}, accumulate_dtype(x.dtype()), Device::cuda(dev));
+    const dim3 grid(static_cast<unsigned>((d + kColumnTile - 1) / kColumnTile),
+                    static_cast<unsigned>(chunks));
+    rms_norm_weight_partials_kernel<T, A><<<grid, dim3(kColumnTile, kRowLanes), 0, stream>>>(
+        static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
+        static_cast<const A*>(rstd.data_ptr()), rows, d, rows_per_chunk,
+        static_cast<A*>(partial.data_ptr()));
+    ACCRUE_LAUNCH_CHECK();
+    visit_grad_dtype<T>(dweight.dtype(), op, [&](auto o_tag) {
+      using O = decltype(o_tag);
+      rms_norm_weight_total_kernel<A, O><<<cu::grid_for(d, kThreads), kThreads, 0, stream>>>(
+          static_cast<const A*>(partial.data_ptr()), chunks, d, static_cast<O*>(dweight.data_ptr()),
+          accumulate);
+      ACCRUE_LAUNCH_CHECK();
+    });
+  });
+}
+
+}  // namespace accrue::kernels::cuda

@@ -1,0 +1,175 @@
+// CUDA rotary position embedding (Note [Rotary embedding], kernels/fused.h),
+// forward and backward (the rotation by -angle).
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "accrue/core/cuda_pack.cuh"
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/fused_backend.h"
+
+namespace accrue::kernels::cuda {
+
+namespace {
+
+namespace cu = ::accrue::cuda;
+using cu::load_pack;
+using cu::Pack;
+using cu::store_pack;
+
+constexpr int kRopeThreads = 128;
+// Frequencies held in shared memory at once.
+constexpr int kRopeChunk = 256;
+
+__device__ __forceinline__ void sincos_of(float a, float* s, float* c) {
+  sincosf(a, s, c);
+}
+__device__ __forceinline__ void sincos_of(double a, double* s, double* c) {
+  sincos(a, s, c);
+}
+
+// Note [Rotary kernel]
+// ~~~~~~~~~~~~~~~~~~~~
+// A block per token (b, t), grid-striding over tokens: the block computes
+// cos and sin of the token's angles for up to kRopeChunk pairs into shared
+// memory (inv_freq once per block when one chunk holds every pair, since it
+// does not depend on the token), then rotates every head's pairs with them.
+// A work item is V pairs: V-element packs at i and i + D/2 (RotateHalf), or
+// the 2V elements from 2i (Interleaved); 16-byte packs where D/2, the
+// strides and the pointers allow it, else V = 1. x is read through its
+// strides (a view of a packed qkv); out is contiguous.
+template <class T, int V, bool kInterleaved>
+__global__ void rope_kernel(const T* __restrict__ x, const int64_t* __restrict__ positions,
+                            int64_t tokens, int64_t t_n, int64_t h_n, int64_t d, int64_t sb,
+                            int64_t st, int64_t sh, int64_t pb, int64_t pt, double theta,
+                            RopeScaling scaling, bool inverse, T* __restrict__ out) {
+  using F = cu::math_t<T>;
+  __shared__ F inv_freq[kRopeChunk];
+  __shared__ F cs[kRopeChunk];
+  __shared__ F sn[kRopeChunk];
+  const int64_t half = d / 2;
+  const bool one_chunk = half <= kRopeChunk;
+  if (one_chunk) {
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x)
+      inv_freq[i] = rope_inv_freq<F>(i, d, theta, scaling);
+  }
+  for (int64_t tok = blockIdx.x; tok < tokens; tok += gridDim.x) {
+    const int64_t b = tok / t_n, t = tok % t_n;
+    const F p = static_cast<F>(positions[b * pb + t * pt]);
+    const T* xt = x + b * sb + t * st;
+    T* ot = out + tok * h_n * d;
+    for (int64_t c0 = 0; c0 < half; c0 += kRopeChunk) {
+      const int len = static_cast<int>(std::min<int64_t>(kRopeChunk, half - c0));
+      __syncthreads();  // the previous chunk's (or token's) table is no longer read
+      for (int i = threadIdx.x; i < len; i += blockDim.x) {
+        const F inv = one_chunk ? inv_freq[i] : rope_inv_freq<F>(c0 + i, d, theta, scaling);
+        F s, c;
+        sincos_of(p * inv, &s, &c);
+        cs[i] = c;
+        sn[i] = inverse ? -s : s;
+      }
+      __syncthreads();
+      const int per_head = len / V;
+      const int64_t items = h_n * per_head;
+      for (int64_t it = threadIdx.x; it < items; it += blockDim.x) {
+        const int64_t h = it / per_head;
+        const int j0 = static_cast<int>(it % per_head) * V;
+        const int64_t i0 = c0 + j0;
+        const T* xr = xt + h * sh;
+        T* yr = ot + h * d;
+        F a[V], bv[V];
+        if constexpr (kInterleaved) {
+          const Pack<T, V> lo = load_pack<V>(xr + 2 * i0, 0), hi = load_pack<V>(xr + 2 * i0, 1);
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            const T ea = 2 * j < V ? lo.v[2 * j] : hi.v[2 * j - V];
+            const T eb = 2 * j + 1 < V ? lo.v[2 * j + 1] : hi.v[2 * j + 1 - V];
+            a[j] = cu::convert<F>(ea);
+            bv[j] = cu::convert<F>(eb);
+          }
+        } else {
+          const Pack<T, V> pa = load_pack<V>(xr + i0, 0), pbk = load_pack<V>(xr + half + i0, 0);
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            a[j] = cu::convert<F>(pa.v[j]);
+            bv[j] = cu::convert<F>(pbk.v[j]);
+          }
+        }
+        T ya[V], yb[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const F c = cs[j0 + j], s = sn[j0 + j];
+          ya[j] = cu::convert<T>(a[j] * c - bv[j] * s);
+          yb[j] = cu::convert<T>(bv[j] * c + a[j] * s);
+        }
+        if constexpr (kInterleaved) {
+          Pack<T, V> lo, hi;
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            (2 * j < V ? lo.v[2 * j] : hi.v[2 * j - V]) = ya[j];
+            (2 * j + 1 < V ? lo.v[2 * j + 1] : hi.v[2 * j + 1 - V]) = yb[j];
+          }
+          store_pack<V>(yr + 2 * i0, 0, lo);
+          store_pack<V>(yr + 2 * i0, 1, hi);
+        } else {
+          Pack<T, V> pa, pbk;
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            pa.v[j] = ya[j];
+            pbk.v[j] = yb[j];
+          }
+          store_pack<V>(yr + i0, 0, pa);
+          store_pack<V>(yr + half + i0, 0, pbk);
+        }
+      }
+    }
+  }
+}
+
+bool aligned_16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+}  // namespace
+
+void rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle style,
+          const RopeScaling& scaling, bool inverse, const Tensor& out) {
+  const int dev = x.device().index;
+  cu::DeviceScope scope(dev);
+  const int64_t b_n = x.size(0), t_n = x.size(1), h_n = x.size(2), d = x.size(3);
+  const int64_t tokens = b_n * t_n;
+  if (tokens == 0 || h_n == 0) return;
+  const unsigned grid = cu::grid_for(tokens, 1);
+  cudaStream_t stream = cu::stream_for(dev);
+  cu::visit_float_dtype(x.dtype(), "rope", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = 16 / sizeof(T);
+    const int64_t half = d / 2;
+    const bool vectorized = half % kVec == 0 && x.stride(0) % kVec == 0 &&
+                            x.stride(1) % kVec == 0 && x.stride(2) % kVec == 0 &&
+                            aligned_16(x.data_ptr()) && aligned_16(out.data_ptr());
+    auto launch = [&](auto vec, auto interleaved) {
+      constexpr int V = decltype(vec)::value;
+      constexpr bool I = decltype(interleaved)::value;
+      rope_kernel<T, V, I><<<grid, kRopeThreads, 0, stream>>>(
+          static_cast<const T*>(x.data_ptr()), static_cast<const int64_t*>(positions.data_ptr()),
+          tokens, t_n, h_n, d, x.stride(0), x.stride(1), x.stride(2), positions.stride(0),
+          positions.stride(1), theta, scaling, inverse, static_cast<T*>(out.data_ptr()));
+      ACCRUE_LAUNCH_CHECK();
+    };
+    auto with_style = [&](auto vec) {
+      if (style == RopeStyle::Interleaved) {
+        launch(vec, std::true_type{});
+      } else {
+        launch(vec, std::false_type{});
+      }
+    };
+    if (vectorized) {
+      with_style(std::integral_constant<int, kVec>{});
+    } else {
+      with_style(std::integral_constant<int, 1>{});
+    }
+  });
+}
+
+}  // namespace accrue::kernels::cuda
