@@ -1,11 +1,13 @@
 // The CUDA transformer kernels against the CPU reference, on fresh random
 // inputs: dropout bit for bit (one Philox mask for both devices), linear +
 // bias + GELU and linear + bias through the cuBLASLt epilogues and their
-// fallbacks (Note [GELU epilogue], Note [Bias epilogue]), and the residual add
-// fused with LayerNorm.
+// fallbacks (Note [GELU epilogue], Note [Bias epilogue]), the residual add
+// fused with LayerNorm, RMSNorm and its residual form, the rotary embedding and
+// SwiGLU (each also captured into a CUDA graph).
 #include <gmock/gmock.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "accrue/autograd/ops.h"
 #include "accrue/autograd/transformer_ops.h"
 #include "accrue/autograd/variable.h"
+#include "accrue/core/cuda_graph.h"
 #include "accrue/kernels/dropout.h"
 #include "accrue/kernels/fused.h"
 #include "accrue/kernels/ops.h"
@@ -477,6 +480,288 @@ TEST(GpuFused, inputs_on_two_devices_are_errors) {
   EXPECT_ERROR(
       kernels::linear(x, test::random_normal({3, 8}, DType::f32, kGpu), test::random_normal({3})),
       "linear", "bias", "cuda", "cpu");
+}
+
+// ---- RMSNorm -----------------------------------------------------------------------------------
+
+// x one element into a fresh device buffer: contiguous but not 16-byte
+// aligned, so the kernels take their scalar paths.
+Tensor misaligned_copy(const Tensor& x) {
+  const Tensor buffer = empty({x.numel() + 1}, x.dtype(), kGpu);
+  const Tensor view =
+      make_view(buffer, x.shape(), contiguous_strides(x.shape()), buffer.offset() + 1);
+  view.copy_(x.to(kGpu));
+  return view;
+}
+
+TEST(GpuRmsNorm, forward_matches_cpu_for_warp_and_block_rows_in_every_dtype) {
+  ACCRUE_REQUIRE_CUDA();
+  // 8 and 128 take a warp per row, 4096 and 8192 a block; 771 and 3 the scalar path.
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (int64_t d : {8, 128, 1024, 2048, 4096, 8192, 771, 3}) {
+      for (bool affine : {true, false}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(d) +
+                     (affine ? " weight" : " plain"));
+        const int64_t rows = d >= 4096 ? 24 : 133;
+        const Tensor x = test::random_normal({rows, d}, dt, kCpu, 2.0);
+        const Tensor w = affine ? test::random_normal({d}, dt) : Tensor();
+        const kernels::RmsNormOutput e = kernels::rms_norm(x, w, 1e-5);
+        const kernels::RmsNormOutput a =
+            kernels::rms_norm(x.to(kGpu), affine ? w.to(kGpu) : w, 1e-5);
+        EXPECT_TRUE(close(a.out, e.out, test::normalized_tolerance(dt))) << "out";
+        EXPECT_TRUE(close(a.rstd, e.rstd, test::normalized_tolerance(DType::f32))) << "rstd";
+        EXPECT_EQ(a.rstd.dtype(), e.rstd.dtype());
+        const kernels::RmsNormOutput again =
+            kernels::rms_norm(x.to(kGpu), affine ? w.to(kGpu) : w, 1e-5);
+        EXPECT_TRUE(test::all_equal(on_cpu(again.out), on_cpu(a.out)));
+      }
+    }
+  }
+}
+
+TEST(GpuRmsNorm, f32_weights_misaligned_rows_and_a_per_head_view) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_normal({33, 768}, dt);
+    const Tensor w = test::random_normal({768}, DType::f32);
+    const kernels::RmsNormOutput e = kernels::rms_norm(x, w, 1e-6);
+    const kernels::RmsNormOutput a = kernels::rms_norm(misaligned_copy(x), w.to(kGpu), 1e-6);
+    EXPECT_TRUE(close(a.out, e.out, test::normalized_tolerance(dt)));
+  }
+  // qk_norm: q of a packed [B, T, 3, H, D] qkv, normalized per head.
+  const Tensor qkv = test::random_normal({2, 17, 3, 8, 128}, DType::bf16);
+  const Tensor w = test::random_normal({128}, DType::bf16);
+  const Tensor q = qkv.select(2, 0);
+  const kernels::RmsNormOutput e = kernels::rms_norm(q, w, 1e-6);
+  const kernels::RmsNormOutput a = kernels::rms_norm(qkv.to(kGpu).select(2, 0), w.to(kGpu), 1e-6);
+  EXPECT_EQ(a.out.shape(), (Shape{2, 17, 8, 128}));
+  EXPECT_TRUE(close(a.out, e.out, test::normalized_tolerance(DType::bf16)));
+}
+
+TEST(GpuRmsNorm, backward_matches_cpu_and_writes_or_adds_dweight) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (int64_t d : {64, 771, 4096}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(d));
+      const int64_t rows = 300;
+      const Tensor x = test::random_normal({rows, d}, dt);
+      const Tensor g = test::random_normal({rows, d}, dt);
+      const Tensor w = test::random_normal({d}, dt);
+      const DType wdt = dt == DType::f64 ? DType::f64 : DType::f32;  // an arena slot's dtype
+      const kernels::RmsNormOutput fe = kernels::rms_norm(x, w, 1e-5);
+      const Tensor dwe = empty({d}, wdt);
+      const Tensor dxe = kernels::rms_norm_backward(g, x, w, fe.rstd, dwe, false);
+      const Tensor xg = x.to(kGpu), gg = g.to(kGpu), wg = w.to(kGpu);
+      const kernels::RmsNormOutput fa = kernels::rms_norm(xg, wg, 1e-5);
+      const Tensor dwa = full({d}, 5.0, wdt, kGpu);  // stale values: written over
+      const Tensor dxa = kernels::rms_norm_backward(gg, xg, wg, fa.rstd, dwa, false);
+      EXPECT_TRUE(close(dxa, dxe, test::normalized_tolerance(dt))) << "dx";
+      EXPECT_TRUE(close(dwa, dwe, test::normalized_tolerance(dt))) << "dweight";
+      kernels::rms_norm_backward(gg, xg, wg, fa.rstd, dwa, true);
+      EXPECT_TRUE(close(dwa, kernels::binary_scalar(kernels::BinaryOp::Mul, dwe, 2.0),
+                        test::normalized_tolerance(dt)))
+          << "accumulated dweight";
+    }
+  }
+}
+
+TEST(GpuAddRmsNorm, matches_cpu_and_the_sum_is_bitwise) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (int64_t d : {128, 4096, 771}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(d));
+      const Tensor x = test::random_normal({65, d}, dt);
+      const Tensor res = test::random_normal({65, d}, dt, kCpu, 2.0);
+      const Tensor w = test::random_normal({d}, dt);
+      const kernels::ResidualRmsNormOutput e = kernels::add_rms_norm(x, res, w, 1e-6);
+      const kernels::ResidualRmsNormOutput a =
+          kernels::add_rms_norm(x.to(kGpu), res.to(kGpu), w.to(kGpu), 1e-6);
+      EXPECT_TRUE(test::all_equal(on_cpu(a.sum), e.sum));
+      EXPECT_TRUE(close(a.out, e.out, test::normalized_tolerance(dt)));
+      EXPECT_TRUE(close(a.rstd, e.rstd, test::normalized_tolerance(DType::f32)));
+    }
+  }
+  const Tensor x = test::random_normal({9, 256}, DType::bf16);
+  const Tensor w = test::random_normal({256}, DType::f32);
+  const kernels::ResidualRmsNormOutput e = kernels::add_rms_norm(x, x, w, 1e-6);
+  const kernels::ResidualRmsNormOutput a =
+      kernels::add_rms_norm(misaligned_copy(x), x.to(kGpu), w.to(kGpu), 1e-6);
+  EXPECT_TRUE(test::all_equal(on_cpu(a.sum), e.sum));
+  EXPECT_TRUE(close(a.out, e.out, test::normalized_tolerance(DType::bf16)));
+}
+
+// ---- rotary embedding
+// ------------------------------------------------------------------------------
+
+Tensor random_positions(const Shape& shape, int64_t hi) {
+  const std::vector<double> u =
+      test::random_uniform({shape_numel(shape)}, 0.0, static_cast<double>(hi)).to_vector<double>();
+  std::vector<int64_t> p(u.size());
+  for (size_t i = 0; i < u.size(); ++i)
+    p[i] = static_cast<int64_t>(u[i]);
+  return from_vector<int64_t>(p, shape);
+}
+
+TEST(GpuRope, matches_cpu_for_both_styles_scalings_and_head_dims) {
+  ACCRUE_REQUIRE_CUDA();
+  const RopeScaling llama3 = RopeScaling::llama3(8.0, 1.0, 4.0, 8192);
+  // 64 and 128 vectorized; 6 the scalar path; 1024 more pairs than one shared chunk.
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (int64_t d : {64, 128, 6, 1024}) {
+      for (RopeStyle style : {RopeStyle::RotateHalf, RopeStyle::Interleaved}) {
+        for (const RopeScaling& s : {RopeScaling{}, llama3}) {
+          for (bool inverse : {false, true}) {
+            SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(d) +
+                         (style == RopeStyle::RotateHalf ? " rotate_half" : " interleaved") +
+                         (s.type == RopeScaling::Type::llama3 ? " llama3" : "") +
+                         (inverse ? " inverse" : ""));
+            const Tensor x = test::random_normal({2, 37, 3, d}, dt);
+            const Tensor pos = random_positions({2, 37}, 9000);
+            const Tensor e = kernels::rope(x, pos, 500000.0, style, s, inverse);
+            const Tensor a = kernels::rope(x.to(kGpu), pos.to(kGpu), 500000.0, style, s, inverse);
+            EXPECT_TRUE(close(a, e, test::normalized_tolerance(dt)));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuRope, q_and_k_of_a_packed_qkv_shared_positions_and_a_misaligned_input) {
+  ACCRUE_REQUIRE_CUDA();
+  const int64_t b = 2, t = 50, h = 8, d = 64;
+  for (DType dt : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor qkv = test::random_normal({b, t, 3 * h * d}, dt);
+    const Tensor qkv_gpu = qkv.to(kGpu);
+    const Tensor pos = random_positions({t}, 2048);
+    for (int64_t which : {0, 1}) {
+      const Tensor e = kernels::rope(qkv.view({b, t, 3, h, d}).select(2, which), pos, 10000.0,
+                                     RopeStyle::RotateHalf);
+      const Tensor a = kernels::rope(qkv_gpu.view({b, t, 3, h, d}).select(2, which), pos.to(kGpu),
+                                     10000.0, RopeStyle::RotateHalf);
+      EXPECT_TRUE(close(a, e, test::normalized_tolerance(dt)));
+    }
+    const Tensor x = test::random_normal({b, t, h, d}, dt);
+    const Tensor e = kernels::rope(x, pos, 10000.0, RopeStyle::Interleaved);
+    const Tensor a =
+        kernels::rope(misaligned_copy(x), pos.to(kGpu), 10000.0, RopeStyle::Interleaved);
+    EXPECT_TRUE(close(a, e, test::normalized_tolerance(dt)));
+  }
+}
+
+TEST(GpuRope, a_bad_position_is_an_error_naming_it) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor x = test::random_normal({1, 3, 2, 8}, DType::f32, kGpu);
+  EXPECT_ERROR(
+      kernels::rope(x, from_vector<int64_t>({0, 7, -2}, {3}).to(kGpu), 1e4, RopeStyle::RotateHalf),
+      "rope", "positions", "-2");
+  EXPECT_ERROR(kernels::rope(x, from_vector<int64_t>({0, 1, 2}, {3}), 1e4, RopeStyle::RotateHalf),
+               "rope", "positions", "cuda", "cpu");
+}
+
+// ---- SwiGLU
+// ---------------------------------------------------------------------------------------
+
+TEST(GpuSwiglu, forward_and_backward_match_cpu_split_and_packed) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (int64_t f : {1376, 11, 4096}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " F=" + std::to_string(f));
+      const Tensor x = test::random_normal({3, 7, 2 * f}, dt, kCpu, 3.0);
+      const Tensor dy = test::random_normal({3, 7, f}, dt);
+      const Tensor xg = x.to(kGpu), dyg = dy.to(kGpu);
+      const double tol = test::normalized_tolerance(dt);
+      EXPECT_TRUE(close(kernels::swiglu_packed(xg), kernels::swiglu_packed(x), tol));
+      EXPECT_TRUE(close(kernels::swiglu_packed_backward(dyg, xg),
+                        kernels::swiglu_packed_backward(dy, x), tol));
+      // Dense split operands (the flat path).
+      const Tensor gate = x.narrow(2, 0, f).contiguous(), up = x.narrow(2, f, f).contiguous();
+      const Tensor gg = gate.to(kGpu), ug = up.to(kGpu);
+      EXPECT_TRUE(close(kernels::swiglu(gg, ug), kernels::swiglu(gate, up), tol));
+      const kernels::SwigluGrads e = kernels::swiglu_backward(dy, gate, up);
+      const kernels::SwigluGrads a = kernels::swiglu_backward(dyg, gg, ug);
+      EXPECT_TRUE(close(a.dgate, e.dgate, tol)) << "dgate";
+      EXPECT_TRUE(close(a.dup, e.dup, tol)) << "dup";
+    }
+  }
+  const Tensor g = test::random_normal({5, 64}, DType::bf16),
+               u = test::random_normal({5, 64}, DType::bf16);
+  EXPECT_TRUE(close(kernels::swiglu(misaligned_copy(g), u.to(kGpu)), kernels::swiglu(g, u),
+                    test::normalized_tolerance(DType::bf16)));
+}
+
+// ---- through autograd and in a CUDA graph -------------------------------------------------------
+
+TEST(GpuModernBlock, autograd_gradients_match_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  const int64_t b = 2, t = 16, h = 4, d = 64, c = h * d;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x0 = test::random_normal({b, t, c}, dt), r0 = test::random_normal({b, t, c}, dt);
+    const Tensor w0 = test::random_normal({c}, dt), qw0 = test::random_normal({d}, dt);
+    const Tensor up0 = test::random_normal({b, t, c}, dt);
+    const Tensor pos = random_positions({b, t}, 4096);
+    auto grads = [&](Device device) {
+      const Tensor x = fresh_leaf(x0, device), r = fresh_leaf(r0, device);
+      const Tensor w = fresh_leaf(w0, device), qw = fresh_leaf(qw0, device);
+      const Tensor up = fresh_leaf(up0, device);
+      const ResidualNorm n = add_rms_norm(x, r, w);
+      const Tensor heads = reshape(n.normed, {b, t, h, d});
+      const Tensor q = rope(qk_norm(heads, qw), pos.to(device), 10000.0, RopeStyle::RotateHalf);
+      const Tensor y = swiglu(reshape(q, {b, t, c}), up) + n.sum;
+      backward(sum(y * y));
+      return std::vector<Tensor>{grad(x), grad(r), grad(w), grad(qw), grad(up)};
+    };
+    const std::vector<Tensor> expected = grads(kCpu), actual = grads(kGpu);
+    for (size_t i = 0; i < expected.size(); ++i)
+      EXPECT_TRUE(close(actual[i], expected[i], 4 * test::normalized_tolerance(dt)))
+          << "input " << i;
+  }
+}
+
+// Note [Capturable code]: with the eager position check off (a Window defers
+// it instead), the forward and backward kernels record into a CUDA graph
+// whose replay on new inputs equals the eager calls.
+TEST(GpuModernBlock, the_kernels_capture_into_a_cuda_graph) {
+  ACCRUE_REQUIRE_CUDA();
+  test::CheckIndicesScope no_checks(false);
+  const int64_t b = 2, t = 8, h = 4, d = 32, c = h * d;
+  const Tensor x = test::random_normal({b, t, c}, DType::bf16, kGpu);
+  const Tensor res = test::random_normal({b, t, c}, DType::bf16, kGpu);
+  const Tensor w = test::random_normal({c}, DType::f32, kGpu);
+  const Tensor pos = random_positions({b, t}, 100).to(kGpu);
+  const auto ops = [&] {
+    const kernels::ResidualRmsNormOutput n = kernels::add_rms_norm(x, res, w, 1e-6);
+    const Tensor q = kernels::rope(n.out.view({b, t, h, d}), pos, 1e4, RopeStyle::RotateHalf);
+    const Tensor back = kernels::rope(q, pos, 1e4, RopeStyle::RotateHalf, {}, true);
+    const Tensor dw = empty({c}, DType::f32, kGpu);
+    const Tensor dx = kernels::rms_norm_backward(back.view({b, t, c}), n.sum, w, n.rstd, dw, false);
+    const Tensor s =
+        kernels::swiglu_packed(kernels::binary(kernels::BinaryOp::Add, dx.view({b, t, c}), n.sum));
+    return kernels::swiglu_packed_backward(s, dx.view({b, t, c}));
+  };
+  const Tensor warm = ops();
+  const Tensor result = empty(warm.shape(), DType::bf16, kGpu);
+  std::string why;
+  const std::unique_ptr<CudaGraph> graph = CudaGraph::capture(
+      0, [&] { result.copy_(ops()); }, &why);
+  ASSERT_TRUE(graph) << why;
+  x.copy_(test::random_normal({b, t, c}, DType::bf16));
+  graph->launch();
+  EXPECT_TRUE(test::all_equal(on_cpu(result), on_cpu(ops())));
+  EXPECT_FALSE(test::all_equal(on_cpu(result), on_cpu(warm)));
+}
+
+TEST(GpuModernBlock, inputs_on_two_devices_are_errors) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor x = test::random_normal({4, 8}, DType::f32, kGpu);
+  EXPECT_ERROR(kernels::rms_norm(x, test::random_normal({8}), 1e-5), "rms_norm", "weight", "cuda",
+               "cpu");
+  EXPECT_ERROR(kernels::add_rms_norm(x, test::random_normal({4, 8}), Tensor(), 1e-5),
+               "add_rms_norm", "cuda", "cpu");
+  EXPECT_ERROR(kernels::swiglu(x, test::random_normal({4, 8})), "swiglu", "cuda", "cpu");
 }
 
 }  // namespace
