@@ -71,5 +71,6 @@ void register_elementwise_benchmarks();
 void register_reduce_benchmarks();
 void register_matmul_benchmarks();
 void register_model_op_benchmarks();
+void register_fused_benchmarks();
 
 }  // namespace accrue::bench

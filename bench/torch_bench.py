@@ -103,6 +103,7 @@ def benchmarks():
     yield from gpt2_gemms()
     yield from resnet_convs()
     yield from model_ops()
+    yield from fused_ops()
 
 
 def model_ops():
@@ -163,6 +164,91 @@ def model_ops():
     yield ("model_ops/argsort/f32/16384x128", "argsort", router, "f32",
            lambda: (randn(router, f32)(),), lambda x: x.argsort(1, descending=True),
            nbytes(router, f32) + tokens * experts * 8, 0)
+
+
+def fused_ops():
+    """bench/bench_fused.cpp's ops: the same names, shapes and bytes, each as the
+    formula transformers' Llama code writes it, in eager and, with "/compile"
+    appended to the name, under torch.compile. rope's cos and sin tables are
+    given precomputed (transformers computes them once per forward for every
+    layer) and not counted; accrue computes them inside its kernel."""
+    tokens, width, heads, head_dim, ffn = 16384, 4096, 32, 128, 11008
+    batch, seq = 8, tokens // 8
+    bf16 = torch.bfloat16
+    f = torch.nn.functional
+
+    def randn(*shape, dtype=bf16, grad=False):
+        return torch.randn(shape, device="cuda", dtype=dtype, requires_grad=grad)
+
+    def nbytes(*shape):
+        return math.prod(shape) * 2
+
+    def rms_norm(x, w, eps=1e-6):  # LlamaRMSNorm.forward
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return w * h.to(x.dtype)
+
+    def add_rms_norm(x, r, w):
+        s = x + r
+        return s, rms_norm(s, w)
+
+    def rope(q, cos, sin):  # apply_rotary_pos_emb on [B, T, H, D], cos/sin [B, T, D]
+        c, s = cos.unsqueeze(2), sin.unsqueeze(2)
+        q1, q2 = q[..., : q.shape[-1] // 2], q[..., q.shape[-1] // 2:]
+        return q * c + torch.cat((-q2, q1), dim=-1) * s
+
+    def rope_tables():
+        inv_freq = 1.0 / (500000.0 ** (torch.arange(0, head_dim, 2, device="cuda").float()
+                                       / head_dim))
+        pos = torch.randint(0, seq, (batch, seq), device="cuda").float()
+        freqs = pos[..., None] * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(bf16), emb.sin().to(bf16)
+
+    def swiglu(x):
+        gate, up = x.chunk(2, dim=-1)
+        return f.silu(gate) * up
+
+    def backward_of(fn, nargs_grad):
+        """fn's backward alone: the forward runs once when the inputs are made."""
+        def make(make_inputs):
+            def inputs():
+                args = make_inputs()
+                out = fn(*args)
+                return (out, torch.randn_like(out), args[:nargs_grad])
+            return inputs
+        return make, lambda out, dy, wrt: torch.autograd.grad(out, wrt, dy, retain_graph=True)
+
+    big = [tokens, width]
+    qshape = [batch, seq, heads, head_dim]
+    rows = [
+        ("fused/rms_norm/bf16/16384x4096", "rms_norm", big,
+         lambda: (randn(*big), randn(width)), rms_norm, 2 * nbytes(*big) + 2 * width),
+        ("fused/add_rms_norm/bf16/16384x4096", "add_rms_norm", big,
+         lambda: (randn(*big), randn(*big), randn(width)), add_rms_norm,
+         4 * nbytes(*big) + 2 * width),
+        ("fused/qk_norm/bf16/8x2048x32x128", "qk_norm", qshape,
+         lambda: (randn(*qshape), randn(head_dim)), rms_norm, 2 * nbytes(*qshape)),
+        ("fused/rope/bf16/8x2048x32x128", "rope", qshape,
+         lambda: (randn(*qshape), *rope_tables()), rope, 2 * nbytes(*qshape) + batch * seq * 8),
+        ("fused/swiglu/bf16/16384x11008", "swiglu", [tokens, 2 * ffn],
+         lambda: (randn(tokens, 2 * ffn),), swiglu, 3 * nbytes(tokens, ffn)),
+    ]
+    make_rms_bwd, run_bwd = backward_of(rms_norm, 2)
+    make_swiglu_bwd, _ = backward_of(swiglu, 1)
+    backward_rows = [
+        ("fused/rms_norm_backward/bf16/16384x4096", "rms_norm_backward", big,
+         make_rms_bwd(lambda: (randn(*big, grad=True), randn(width, grad=True))),
+         3 * nbytes(*big) + 3 * 2 * width),
+        ("fused/swiglu_backward/bf16/16384x11008", "swiglu_backward", [tokens, 2 * ffn],
+         make_swiglu_bwd(lambda: (randn(tokens, 2 * ffn, grad=True),)),
+         5 * nbytes(tokens, ffn)),
+    ]
+    for name, op, shape, inputs, fn, nb in rows:
+        yield (name, op, shape, "bf16", inputs, fn, nb, 0)
+        yield (name + "/compile", op, shape, "bf16", inputs, torch.compile(fn), nb, 0)
+    for name, op, shape, inputs, nb in backward_rows:
+        yield (name, op, shape, "bf16", inputs, run_bwd, nb, 0)
 
 
 def gpt2_gemms():
