@@ -1,7 +1,7 @@
-// A Llama-style decoder written from accrue's public ops only: RMSNorm,
-// rotary position embeddings (rotate-half, as Hugging Face's Llama),
-// grouped-query attention with a causal and padding mask, a SwiGLU MLP and an
-// untied head. Parameters carry Hugging Face's LlamaForCausalLM names
+// A Llama-style decoder written from accrue's public ops only: the fused
+// rms_norm, rope (rotate-half, as Hugging Face's Llama) and swiglu of
+// autograd/transformer_ops.h, grouped-query attention with a causal and
+// padding mask, and an untied head. Parameters carry Hugging Face's LlamaForCausalLM names
 // (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ...,
 // lm_head.weight), so its state dict loads from transformers' weights
 // (tests/golden/llama_golden_test.cpp trains both side by side).
@@ -41,9 +41,7 @@ class RMSNorm : public nn::Module {
   RMSNorm(int64_t dim, double eps, const nn::ParamOptions& o) : eps_(eps) {
     weight_ = register_parameter("weight", full({dim}, 1.0, o.dtype, o.device));
   }
-  Tensor forward(const Tensor& x) const {
-    return x * rsqrt(mean(x * x, {x.dim() - 1}, true) + eps_) * weight_;
-  }
+  Tensor forward(const Tensor& x) const { return rms_norm(x, weight_, eps_); }
 
  private:
   double eps_;
@@ -62,30 +60,25 @@ class LlamaAttention : public nn::Module {
     o_ = &register_module("o_proj", std::make_unique<nn::Linear>(c.heads * D, c.hidden, false, o));
   }
 
-  // x [B, T, C]; cos, sin [T, D]; mask [B, 1, T, T], added to the scores.
-  Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& mask) const {
+  // x [B, T, C]; positions i64 [T]; mask [B, 1, T, T], added to the scores.
+  Tensor forward(const Tensor& x, const Tensor& positions, const Tensor& mask) const {
     const int64_t B = x.size(0), T = x.size(1), D = c_.head_dim();
-    auto heads = [&](const nn::Linear& proj, int64_t n) {  // [B, n, T, D]
-      return transpose(reshape(proj.forward(x), {B, T, n, D}), 1, 2);
+    auto heads = [&](const nn::Linear& proj, int64_t n, bool rotate) {  // [B, n, T, D]
+      Tensor h = reshape(proj.forward(x), {B, T, n, D});
+      if (rotate) h = rope(h, positions, c_.rope_theta);
+      return contiguous(transpose(h, 1, 2));
     };
-    const Tensor q = rotate(heads(*q_, c_.heads), cos, sin);
+    const Tensor q = heads(*q_, c_.heads, true);
     // Grouped-query attention: kv head j serves query heads j*G .. j*G + G-1.
     const int64_t G = c_.heads / c_.kv_heads;
-    const Tensor k = repeat_interleave(rotate(heads(*k_, c_.kv_heads), cos, sin), G, 1);
-    const Tensor v = repeat_interleave(heads(*v_, c_.kv_heads), G, 1);
+    const Tensor k = repeat_interleave(heads(*k_, c_.kv_heads, true), G, 1);
+    const Tensor v = repeat_interleave(heads(*v_, c_.kv_heads, false), G, 1);
     const Tensor scores = matmul(q, transpose(k, 2, 3)) * (1.0 / std::sqrt(static_cast<double>(D)));
     const Tensor out = matmul(softmax(scores + mask, 3), v);  // [B, H, T, D]
     return o_->forward(reshape(contiguous(transpose(out, 1, 2)), {B, T, c_.heads * D}));
   }
 
  private:
-  // Rotary embedding, rotate-half form: x cos + (-x2, x1) sin.
-  static Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
-    const int64_t half = x.size(3) / 2;
-    const Tensor rotated = cat({neg(narrow(x, 3, half, half)), narrow(x, 3, 0, half)}, 3);
-    return x * cos + rotated * sin;
-  }
-
   LlamaConfig c_;
   nn::Linear *q_, *k_, *v_, *o_;
 };
@@ -102,7 +95,7 @@ class LlamaMLP : public nn::Module {
                              std::make_unique<nn::Linear>(c.intermediate, c.hidden, false, o));
   }
   Tensor forward(const Tensor& x) const {
-    return down_->forward(silu(gate_->forward(x)) * up_->forward(x));
+    return down_->forward(swiglu(gate_->forward(x), up_->forward(x)));
   }
 
  private:
@@ -118,8 +111,8 @@ class LlamaLayer : public nn::Module {
                               std::make_unique<RMSNorm>(c.hidden, c.rms_eps, o));
     mlp_ = &register_module("mlp", std::make_unique<LlamaMLP>(c, o));
   }
-  Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& mask) const {
-    const Tensor h = x + attn_->forward(norm1_->forward(x), cos, sin, mask);
+  Tensor forward(const Tensor& x, const Tensor& positions, const Tensor& mask) const {
+    const Tensor h = x + attn_->forward(norm1_->forward(x), positions, mask);
     return h + mlp_->forward(norm2_->forward(h));
   }
 
@@ -139,11 +132,10 @@ class LlamaModel : public nn::Module {
           &register_module("layers." + std::to_string(i), std::make_unique<LlamaLayer>(c, o)));
     norm_ = &register_module("norm", std::make_unique<RMSNorm>(c.hidden, c.rms_eps, o));
   }
-  Tensor forward(const Tensor& idx, const Tensor& cos, const Tensor& sin,
-                 const Tensor& mask) const {
+  Tensor forward(const Tensor& idx, const Tensor& positions, const Tensor& mask) const {
     Tensor x = embed_->forward(idx);
     for (const LlamaLayer* layer : layers_)
-      x = layer->forward(x, cos, sin, mask);
+      x = layer->forward(x, positions, mask);
     return norm_->forward(x);
   }
 
@@ -159,21 +151,15 @@ class Llama : public nn::Module {
     model_ = &register_module("model", std::make_unique<LlamaModel>(c, o));
     head_ =
         &register_module("lm_head", std::make_unique<nn::Linear>(c.hidden, c.vocab_size, false, o));
-    // The rotary tables, computed in f64 and kept as buffers, so that
-    // Module::to moves them with the weights. Not in the state dict: they
-    // follow from the config, as in transformers.
-    const int64_t D = c.head_dim(), P = c.max_positions;
-    std::vector<double> cos(static_cast<size_t>(P * D)), sin(cos.size());
-    for (int64_t p = 0; p < P; ++p)
-      for (int64_t i = 0; i < D; ++i) {
-        const double inv_freq =
-            1.0 / std::pow(c.rope_theta, static_cast<double>(2 * (i % (D / 2))) / D);
-        cos[static_cast<size_t>(p * D + i)] = std::cos(static_cast<double>(p) * inv_freq);
-        sin[static_cast<size_t>(p * D + i)] = std::sin(static_cast<double>(p) * inv_freq);
-      }
-    const nn::BufferOptions table = nn::BufferOptions().persistent(false);
-    cos_ = register_buffer("rope_cos", from_vector<double>(cos, {P, D}, o.dtype, o.device), table);
-    sin_ = register_buffer("rope_sin", from_vector<double>(sin, {P, D}, o.dtype, o.device), table);
+    // The positions 0 .. max_positions - 1 of the rotary embedding, a buffer
+    // so that Module::to moves it with the weights (an i64 buffer keeps its
+    // dtype). Not in the state dict: it follows from the config.
+    std::vector<int64_t> p(static_cast<size_t>(c.max_positions));
+    for (int64_t i = 0; i < c.max_positions; ++i)
+      p[static_cast<size_t>(i)] = i;
+    positions_ = register_buffer("positions",
+                                 from_vector<int64_t>(p, {c.max_positions}, DType::i64, o.device),
+                                 nn::BufferOptions().persistent(false));
   }
 
   const LlamaConfig& config() const { return c_; }
@@ -193,8 +179,8 @@ class Llama : public nn::Module {
           if (j > i || j >= lengths[static_cast<size_t>(b)])
             mask[static_cast<size_t>((b * T + i) * T + j)] =
                 -std::numeric_limits<double>::infinity();
-    const Tensor m = from_vector<double>(mask, {B, 1, T, T}, cos_.dtype(), idx.device());
-    const Tensor h = model_->forward(idx, narrow(cos_, 0, 0, T), narrow(sin_, 0, 0, T), m);
+    const Tensor m = from_vector<double>(mask, {B, 1, T, T}, head_->weight().dtype(), idx.device());
+    const Tensor h = model_->forward(idx, narrow(positions_, 0, 0, T), m);
     const Tensor logits = head_->forward(h);  // [B, T, V]
     return cross_entropy(reshape(logits, {B * T, c_.vocab_size}), reshape(targets, {B * T}));
   }
@@ -203,7 +189,7 @@ class Llama : public nn::Module {
   LlamaConfig c_;
   LlamaModel* model_;
   nn::Linear* head_;
-  Tensor cos_, sin_;
+  Tensor positions_;
 };
 
 }  // namespace accrue::examples

@@ -105,9 +105,6 @@ int train(int argc, char** argv) {
                                                         .master_dtype(master)
                                                         .compute_dtype(opt.dtype)
                                                         .moments(optimizer.moments_needed()));
-  // The store made the parameters bf16 compute copies; the rotary tables, buffers,
-  // follow (Note [Module device and dtype]).
-  model.to(opt.dtype);
   optim::Window window(store, optimizer,
                        optim::WindowOptions().micro_steps(opt.accum).max_grad_norm(1.0));
   double first = NAN, last = NAN;
