@@ -2,6 +2,7 @@
 // joins and splits as copies and views, the gathers and scatter-adds over an
 // IndexedDim, cumsum as [outer, n, inner] and the sorts as [rows, n].
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
@@ -64,6 +65,13 @@ void check_index(const Tensor& x, const Tensor& index, const char* op, const cha
   check_defined(index, op, "index");
   check_device(index, x.device(), op, "index", what_x);
   check_dtype(index, DType::i64, op, "index");
+}
+
+// The dtypes a scatter-add sums: floating, or i32/i64 (counts), never bool.
+void check_summable(const Tensor& x, const char* op) {
+  ACCRUE_CHECK(is_floating(x.dtype()) || x.dtype() == DType::i64 || x.dtype() == DType::i32, op,
+               ": input of shape ", shape_str(x.shape()), " has dtype ", dtype_name(x.dtype()),
+               "; expected a floating dtype, i32 or i64");
 }
 
 // A 1-D view of index_select's and index_add's index (a 0-d index is one element).
@@ -262,7 +270,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
   check_index(x, index, op, "input");
   check_defined(src, op, "src");
   check_device(src, x.device(), op, "src", "the input");
-  check_floating(x, op, "input");
+  check_summable(x, op);
   check_same_dtype(x, src, op, "input", "src");
   ACCRUE_CHECK(index.dim() == x.dim() && src.dim() == x.dim(), "scatter_add: input of shape ",
                shape_str(x.shape()), ", index of shape ", shape_str(index.shape()),
@@ -312,8 +320,10 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
   check_index(x, index, op, "input");
   check_defined(src, op, "src");
   check_device(src, x.device(), op, "src", "the input");
-  check_floating(x, op, "input");
+  check_summable(x, op);
   check_same_dtype(x, src, op, "input", "src");
+  ACCRUE_CHECK(is_floating(x.dtype()) || alpha == std::trunc(alpha), "index_add: alpha = ", alpha,
+               " must be a whole number for an input of dtype ", dtype_name(x.dtype()));
   ACCRUE_CHECK(x.dim() > 0, "index_add: the input is 0-d; it needs a dim to add along");
   const Tensor idx = index_vector(index, op);
   const int64_t d = wrap_dim(dim, x.dim(), op);

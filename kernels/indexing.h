@@ -17,7 +17,7 @@
 //   are deterministic on both backends (Note [Determinism]): each output
 //   element sums its sources in position order (CUDA: a stable radix sort of
 //   the destinations, then one thread per destination, in f32 for 16-bit
-//   data, f64 for f64), added to x and rounded once.
+//   data, f64 for f64, int64 for integers), added to x and rounded once.
 // - every index is checked against its range by kernels/index_checks.h:
 //   eagerly, or deferred to a live Window (Note [Deferred index checks]).
 //   Meanwhile a bad index never reads or writes outside a tensor: a gathered
@@ -103,12 +103,15 @@ Tensor repeat_interleave_backward(const Tensor& grad, int64_t repeats, int64_t d
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 // x plus src scattered: out = x; out[i][index[i][j][k]][k] += src[i][j][k]
 // (dim 1). index has x's rank, no larger than src in any dim nor than x in
-// any dim but dim; src's elements beyond index's shape are unused. Float dtypes.
+// any dim but dim; src's elements beyond index's shape are unused. Float
+// dtypes, or i32/i64 (counts; alpha then a whole number, sums wrap as
+// integer adds do).
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 // x's slices along dim at the positions of index (1-D i64, or 0-d).
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 // out = x; out.select(dim, index[i]) += alpha * src.select(dim, i); index 1-D
-// i64 of src.size(dim) elements; src is x's shape elsewhere. Float dtypes.
+// i64 of src.size(dim) elements; src is x's shape elsewhere. Dtypes as
+// scatter_add's: index_add(zeros({E}, i64), 0, expert, ones({T}, i64)) counts.
 Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
                  double alpha = 1.0);
 // index (i64, any shape) -> [..., num_classes] of dtype: 1 at the index, 0

@@ -68,22 +68,41 @@ void scatter_add(const Tensor& index, const Tensor& src, double alpha, const Ind
   const Indexer ii(index);
   const int64_t* pi = ptr<int64_t>(index);
   const int64_t n = src.numel();
-  std::vector<double> sums(static_cast<size_t>(out.numel()), 0.0);
-  std::vector<bool> hit(sums.size(), false);
-  visit_float(out.dtype(), "scatter_add", [&](auto tag) {
+  // Sums in double for floats, int64 for integers (wrapping as the integer add would).
+  const auto scatter = [&](auto tag, auto zero) {
     using T = decltype(tag);
+    using S = decltype(zero);
     const T* ps = ptr<T>(src);
     T* po = ptr<T>(out);
+    std::vector<S> sums(static_cast<size_t>(out.numel()), zero);
+    std::vector<bool> hit(sums.size(), false);
     for (int64_t j = 0; j < n; ++j) {
       const int64_t v = pi[ii(j)];
       if (v < 0 || v >= at.size) continue;  // a deferred check's bad index: dropped
       const auto key = static_cast<size_t>(at.lines.offset_of(j) + v * at.stride);
-      sums[key] += load_double(ps[j]);
+      if constexpr (std::is_integral_v<S>) {
+        sums[key] = static_cast<S>(static_cast<uint64_t>(sums[key]) + static_cast<uint64_t>(ps[j]));
+      } else {
+        sums[key] += load_double(ps[j]);
+      }
       hit[key] = true;
     }
-    for (size_t key = 0; key < sums.size(); ++key)
-      if (hit[key]) po[key] = store_double<T>(load_double(po[key]) + alpha * sums[key]);
-  });
+    for (size_t key = 0; key < sums.size(); ++key) {
+      if (!hit[key]) continue;
+      if constexpr (std::is_integral_v<S>) {
+        const auto scaled =
+            static_cast<uint64_t>(sums[key]) * static_cast<uint64_t>(static_cast<int64_t>(alpha));
+        po[key] = static_cast<T>(static_cast<uint64_t>(po[key]) + scaled);
+      } else {
+        po[key] = store_double<T>(load_double(po[key]) + alpha * sums[key]);
+      }
+    }
+  };
+  if (is_floating(out.dtype())) {
+    visit_float(out.dtype(), "scatter_add", [&](auto tag) { scatter(tag, 0.0); });
+  } else {
+    visit_index_dtype(out.dtype(), "scatter_add", [&](auto tag) { scatter(tag, int64_t{0}); });
+  }
 }
 
 void cumsum(const Tensor& x, bool reverse, const Tensor& out) {

@@ -159,7 +159,14 @@ __global__ void scatter_runs_kernel(const T* __restrict__ src, const int64_t* __
     A acc = 0;
     for (int64_t q = p; q < n && keys[q] == key; ++q)
       acc += cu::convert<A>(src[positions[q]]);
-    out[key] = cu::convert<T>(cu::convert<A>(out[key]) + alpha * acc);
+    if constexpr (std::is_integral_v<A>) {
+      // Integers wrap as the integer add would, with no signed overflow.
+      const auto scaled =
+          static_cast<uint64_t>(acc) * static_cast<uint64_t>(static_cast<int64_t>(alpha));
+      out[key] = static_cast<T>(static_cast<uint64_t>(out[key]) + scaled);
+    } else {
+      out[key] = cu::convert<T>(cu::convert<A>(out[key]) + alpha * acc);
+    }
   }
 }
 
@@ -445,14 +452,24 @@ void scatter_add(const Tensor& index, const Tensor& src, double alpha, const Ind
   ACCRUE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, keys_in, keys_out,
                                                     positions_in, positions_out, num_items, 0,
                                                     end_bit, stream));
-  cu::visit_float_dtype(out.dtype(), "scatter_add", [&](auto tag) {
+  const auto runs = [&](auto tag, auto acc_tag) {
     using T = decltype(tag);
-    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    using A = decltype(acc_tag);
     scatter_runs_kernel<T, A><<<cu::grid_for(n, kThreads), kThreads, 0, stream>>>(
         static_cast<const T*>(src.data_ptr()), keys_out, positions_out, n, none,
         static_cast<A>(alpha), static_cast<T*>(out.data_ptr()));
     ACCRUE_LAUNCH_CHECK();
-  });
+  };
+  if (out.dtype() == DType::i64) {
+    runs(int64_t{}, int64_t{});
+  } else if (out.dtype() == DType::i32) {
+    runs(int32_t{}, int64_t{});
+  } else {
+    cu::visit_float_dtype(out.dtype(), "scatter_add", [&](auto tag) {
+      using T = decltype(tag);
+      runs(T{}, std::conditional_t<std::is_same_v<T, double>, double, float>{});
+    });
+  }
 }
 
 void cumsum(const Tensor& x, bool reverse, const Tensor& out) {

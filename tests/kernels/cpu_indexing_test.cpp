@@ -239,6 +239,26 @@ TEST(CpuIndexing, scatter_add_sums_duplicates_like_a_reference) {
   }
 }
 
+TEST(CpuIndexing, integer_scatter_adds_count_exactly) {
+  for (DType dt : {DType::i64, DType::i32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_integers({4, 5}, -9, 9, dt);
+    const Tensor index = random_index({9, 5}, 4);
+    const Tensor src = test::random_integers({9, 5}, -9, 9, dt);
+    EXPECT_TRUE(
+        all_equal(kernels::scatter_add(x, 0, index, src), scatter_reference(x, 0, index, src, 1)));
+  }
+  // MoE's tokens per expert: index_add of ones is a bincount.
+  const Tensor expert = random_index({50}, 6);
+  const Tensor counts =
+      kernels::index_add(zeros({6}, DType::i64), 0, expert, ones({50}, DType::i64), 3.0);
+  std::vector<double> expected(6, 0.0);
+  for (int64_t e : expert.to_vector<int64_t>())
+    expected[static_cast<size_t>(e)] += 3;
+  EXPECT_EQ(counts.dtype(), DType::i64);
+  EXPECT_EQ(values(counts), expected);
+}
+
 TEST(CpuIndexing, index_select_and_index_add_match_references) {
   for (int64_t d : {0, 1, -1}) {
     const int64_t w = d < 0 ? d + 3 : d;
@@ -442,7 +462,12 @@ TEST(CpuIndexing, bad_inputs_throw_naming_the_op_and_values) {
                "dim 1", "3 > 2");
   EXPECT_ERROR(kernels::scatter_add(x, 1, from_vector<int64_t>({5}, {1, 1}), x), "scatter_add",
                "index 5", "[0, 3)");
-  EXPECT_ERROR(kernels::scatter_add(idx, 1, idx, idx), "scatter_add", "i64", "floating");
+  const Tensor flags = full({2, 3}, 1.0, DType::boolean);
+  EXPECT_ERROR(kernels::scatter_add(flags, 1, idx, flags), "scatter_add", "bool",
+               "floating dtype, i32 or i64");
+  EXPECT_ERROR(kernels::index_add(zeros({3}, DType::i64), 0, from_vector<int64_t>({0, 1}, {2}),
+                                  zeros({2}, DType::i64), 0.5),
+               "index_add", "alpha = 0.5", "whole number", "i64");
   const Tensor row = from_vector<int64_t>({0, 1}, {2});
   EXPECT_ERROR(kernels::index_select(x, 1, idx), "index_select", "[2, 3]", "1-D");
   EXPECT_ERROR(kernels::index_select(x, 1, from_vector<int64_t>({3}, {1})), "index_select",

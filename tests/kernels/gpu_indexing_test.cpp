@@ -136,6 +136,23 @@ TEST(GpuIndexing, scatter_add_and_index_add_sum_small_integers_exactly) {
   }
 }
 
+TEST(GpuIndexing, integer_scatter_adds_match_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::i64, DType::i32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_integers({30, 8}, -100, 100, dt);
+    const Tensor index = random_index({500, 8}, 30);
+    const Tensor src = test::random_integers({500, 8}, -100, 100, dt);
+    EXPECT_TRUE(all_equal(on_cpu(kernels::scatter_add(gpu(x), 0, gpu(index), gpu(src))),
+                          kernels::scatter_add(x, 0, index, src)));
+    const Tensor expert = random_index({1000}, 8);
+    const Tensor ones_ = ones({1000}, dt);
+    EXPECT_TRUE(all_equal(
+        on_cpu(kernels::index_add(zeros({8}, dt, kGpu), 0, gpu(expert), gpu(ones_), -2.0)),
+        kernels::index_add(zeros({8}, dt), 0, expert, ones_, -2.0)));
+  }
+}
+
 TEST(GpuIndexing, scatter_add_is_deterministic_on_random_values) {
   ACCRUE_REQUIRE_CUDA();
   for (DType dt : kFloatTypes) {
