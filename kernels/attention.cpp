@@ -10,15 +10,25 @@
 //    dropout_p == 0, the device has compute capability 8.0+ and cuDNN is
 //    9.5.1 or newer (cudnn::device_supported says why), dv == d, a multiple
 //    of 8 up to 128 (what cuDNN 9 serves forward and backward on every
-//    architecture), not Tq == Tk == 1 (no backward engine),
-//    and every operand (q, k, v, out; in backward also grad_out, dq, dk, dv)
-//    starts on a 16-byte boundary with the strides of its non-unit dims
-//    nonzero multiples of 16 bytes (no broadcast heads), and lse starts on
-//    one (the frontend's tensor alignment: its kernels move 16-byte
-//    vectors). GPT-2's packed qkv views meet this whenever d % 8 == 0.
+//    architecture), not Tq == Tk == 1 (no backward engine), no boolean mask
+//    (cuDNN's bias cannot be boolean) and no packed documents, and every
+//    operand (q, k, v, out, an additive bias; in backward also grad_out, dq,
+//    dk, dv) starts on a 16-byte boundary with the strides of its non-unit
+//    dims nonzero multiples of 16 bytes, and lse starts on one (the
+//    frontend's tensor alignment: its kernels move 16-byte vectors). GPT-2's
+//    packed qkv views meet this whenever d % 8 == 0. Grouped-query heads,
+//    both alignments of the causal mask, the sliding window, per-sequence
+//    lengths (its padding mask) and the additive bias (and its gradient) go
+//    to cuDNN as they are; where cuDNN's validation or support check still
+//    refuses the graph (its engines do not serve every combination), the call
+//    takes the composed path.
 //  - composed (kernels/cuda/attention.cu): everything else on CUDA: f32
 //    (true fp32 unless TF32 is allowed), f64, bf16/f16 without cuDNN, any
-//    dropout, unaligned views.
+//    dropout, unaligned views, boolean masks, packed documents.
+// A bf16/f16 CUDA call that cuDNN does not take says so once per distinct
+// reason on stderr (the shape and why), and last_attention_refusal() keeps
+// the reason of the thread's last call; last_attention_path() says which
+// path it took, so tests assert that cuDNN really ran.
 // Dropout always takes the composed path: its mask must be accrue's Philox
 // stream (Note [Attention masks] in kernels/attention_backend.h), identical
 // on the CPU, and cuDNN draws its own. ACCRUE_ATTENTION_COMPOSED=1 in the
@@ -30,19 +40,23 @@
 //
 // The paths are interchangeable per call, forward and backward: lse is the
 // same quantity on all of them, the natural-log log-sum-exp of the scaled,
-// masked scores of each query row, max + log(sum(exp(s - max))). That is
-// exactly cuDNN's Stats output (fp32 [B, H, Tq, 1], natural log unless
-// stats_use_log2 is set, which accrue never does), whose packed layout is
-// that of accrue's contiguous [B, H, Tq] lse. So a backward may take another
-// path than its forward (say, a gradient view that is not 16-byte aligned)
-// and still consume the forward's lse.
+// biased, masked scores of each query row, max + log(sum(exp(s - max))), and
+// -inf for an empty row. That is exactly cuDNN's Stats output (fp32 [B, H,
+// Tq, 1], natural log unless stats_use_log2 is set, which accrue never does),
+// whose packed layout is that of accrue's contiguous [B, H, Tq] lse; padding
+// rows, which cuDNN skips, are set to 0 output and -inf after it. So a
+// backward may take another path than its forward (say, a gradient view that
+// is not 16-byte aligned) and still consume the forward's lse.
 //
-// Causal attention aligns the diagonal to the bottom right (key j visible
-// from query i iff j <= i + Tk - Tq) and requires Tq <= Tk, so that no query
-// row is fully masked: every lse is finite and no path needs a convention
-// for an empty softmax.
+// Lengths and document offsets are checked on the host (a tensor on the
+// device is read back: one synchronization per call; the kernels clamp them,
+// Note [Attention masks], so nothing reads out of bounds meanwhile).
 #include <cmath>
 #include <cstdint>
+#include <iostream>
+#include <mutex>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "accrue/core/env_flag.h"
@@ -59,6 +73,9 @@ namespace {
 
 constexpr const char* kForward = "scaled_dot_product_attention";
 constexpr const char* kBackward = "scaled_dot_product_attention_backward";
+
+thread_local AttentionPath t_last_path = AttentionPath::none;
+thread_local std::string t_last_refusal;
 
 // ---- validation -------------------------------------------------------------
 
@@ -96,15 +113,73 @@ void check_lse(const Tensor& lse, const Tensor& q, const Shape& shape, const cha
   check_contiguous(lse, op, "lse");
 }
 
+// An i64 vector option (lengths, offsets) of `n` entries, on the CPU or q's
+// device: its values on the host, and the tensor on q's device, contiguous.
+std::vector<int64_t> index_vector(const Tensor& t, int64_t n, const Tensor& q, const char* op,
+                                  const char* what, Tensor* on_device) {
+  ACCRUE_CHECK(t.dtype() == DType::i64, op, ": ", what, " has dtype ", dtype_name(t.dtype()),
+               "; expected i64 (convert it with ", what, ".to(DType::i64))");
+  ACCRUE_CHECK(t.dim() == 1 && t.size(0) == n, op, ": ", what, " of shape ", shape_str(t.shape()),
+               " must be [", n, "]");
+  ACCRUE_CHECK(t.device().is_cpu() || t.device() == q.device(), op, ": ", what, " is on ",
+               t.device().str(), "; expected the CPU or q's device ", q.device().str());
+  Tensor c = t.device() == q.device() ? t.contiguous() : t.to(q.device()).contiguous();
+  *on_device = c;
+  return t.to_vector<int64_t>();
+}
+
+void check_lengths(const std::vector<int64_t>& len, int64_t T, const char* op, const char* what) {
+  for (size_t b = 0; b < len.size(); ++b)
+    ACCRUE_CHECK(len[b] >= 0 && len[b] <= T, op, ": ", what, "[", b, "] = ", len[b],
+                 " lies outside [0, ", T, "]");
+}
+
+void check_offsets(const std::vector<int64_t>& cu, int64_t T, const char* op, const char* what) {
+  ACCRUE_CHECK(cu.front() == 0, op, ": ", what, "[0] = ", cu.front(), " must be 0");
+  ACCRUE_CHECK(cu.back() == T, op, ": ", what, "[", cu.size() - 1, "] = ", cu.back(),
+               " must be the packed length ", T);
+  for (size_t n = 1; n < cu.size(); ++n)
+    ACCRUE_CHECK(cu[n] >= cu[n - 1], op, ": ", what, " decreases at ", n, " (", cu[n - 1], " then ",
+                 cu[n], ")");
+}
+
+// The bias or mask as the [B, H, Tq, Tk] view the backends take (stride 0
+// over its broadcast dims).
+Tensor check_bias(const Tensor& t, const Tensor& q, const AttentionParams& p, bool is_mask,
+                  const char* op) {
+  const char* what = is_mask ? "mask" : "bias";
+  ACCRUE_CHECK(t.dim() == 4, op, ": ", what, " must be 4-D [B or 1, H or 1, Tq, Tk], got shape ",
+               shape_str(t.shape()));
+  ACCRUE_CHECK((t.size(0) == p.B || t.size(0) == 1) && (t.size(1) == p.H || t.size(1) == 1) &&
+                   t.size(2) == p.Tq && t.size(3) == p.Tk,
+               op, ": ", what, " of shape ", shape_str(t.shape()), " does not broadcast to [B, H, ",
+               "Tq, Tk] = ", shape_str({p.B, p.H, p.Tq, p.Tk}));
+  ACCRUE_CHECK(t.device() == q.device(), op, ": ", what, " is on ", t.device().str(),
+               " but q is on ", q.device().str());
+  if (is_mask) {
+    ACCRUE_CHECK(t.dtype() == DType::boolean, op, ": mask has dtype ", dtype_name(t.dtype()),
+                 "; expected bool (true where the query may attend); an additive one is a bias");
+  } else {
+    ACCRUE_CHECK(t.dtype() == q.dtype(), op, ": bias has dtype ", dtype_name(t.dtype()),
+                 " but q has dtype ", dtype_name(q.dtype()),
+                 " (convert it with bias.to(DType::", dtype_enum_name(q.dtype()), "))");
+  }
+  check_unit_last_stride(t, op, what);
+  return make_view(t, {p.B, p.H, p.Tq, p.Tk},
+                   {t.size(0) == 1 ? 0 : t.stride(0), t.size(1) == 1 ? 0 : t.stride(1), t.stride(2),
+                    t.stride(3)},
+                   t.offset());
+}
+
 // Validates q, k, v and the options; returns the problem with the scale resolved.
 AttentionParams check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
                              const AttentionOptions& o, const char* op) {
   check_defined(q, op, "q");
   check_defined(k, op, "k");
   check_defined(v, op, "v");
-  check_rank4(q, op, "q", "[B, H, Tq, d]");
-  check_rank4(k, op, "k", "[B, H, Tk, d]");
-  check_rank4(v, op, "v", "[B, H, Tk, dv]");
+  check_rank4(q, op, "q", "[B, Hq, Tq, d]");
+  check_rank4(k, op, "k", "[B, Hkv, Tk, d]");
+  check_rank4(v, op, "v", "[B, Hkv, Tk, dv]");
   check_floating(q, op, "q");
   for (const Tensor* t : {&k, &v}) {
     const char* what = t == &k ? "k" : "v";
@@ -112,10 +187,15 @@ AttentionParams check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
                  what, " (", t->device().str(), ") differ");
     ACCRUE_CHECK(t->dtype() == q.dtype(), op, ": dtypes of q (", dtype_name(q.dtype()), ") and ",
                  what, " (", dtype_name(t->dtype()), ") differ");
-    ACCRUE_CHECK(t->size(0) == q.size(0) && t->size(1) == q.size(1), op, ": q of shape ",
-                 shape_str(q.shape()), " and ", what, " of shape ", shape_str(t->shape()),
-                 " differ in batch or heads [B, H, ...]");
+    ACCRUE_CHECK(t->size(0) == q.size(0), op, ": q of shape ", shape_str(q.shape()), " and ", what,
+                 " of shape ", shape_str(t->shape()), " differ in the batch B");
   }
+  ACCRUE_CHECK(k.size(1) == v.size(1), op, ": k of shape ", shape_str(k.shape()),
+               " and v of shape ", shape_str(v.shape()), " differ in the kv heads Hkv");
+  ACCRUE_CHECK(k.size(1) >= 1 && q.size(1) % k.size(1) == 0, op, ": q has ", q.size(1),
+               " heads and k and v have ", k.size(1), " (q ", shape_str(q.shape()), ", k ",
+               shape_str(k.shape()), "): grouped-query attention needs the query heads a ",
+               "multiple of the kv heads");
   ACCRUE_CHECK(k.size(3) == q.size(3), op, ": q of shape ", shape_str(q.shape()),
                " and k of shape ", shape_str(k.shape()), " differ in the head dim d");
   ACCRUE_CHECK(v.size(2) == k.size(2), op, ": k of shape ", shape_str(k.shape()),
@@ -126,31 +206,97 @@ AttentionParams check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
   check_unit_last_stride(q, op, "q");
   check_unit_last_stride(k, op, "k");
   check_unit_last_stride(v, op, "v");
-  ACCRUE_CHECK(o.dropout_p >= 0.0 && o.dropout_p < 1.0, op, ": dropout_p = ", o.dropout_p,
+  ACCRUE_CHECK(o.dropout_p() >= 0.0 && o.dropout_p() < 1.0, op, ": dropout_p = ", o.dropout_p(),
                " must lie in [0, 1)");
-  ACCRUE_CHECK(!o.scale || std::isfinite(*o.scale), op, ": scale = ", o.scale.value_or(0.0),
-               " is not finite");
+  ACCRUE_CHECK(!o.get_scale() || std::isfinite(*o.get_scale()), op,
+               ": scale = ", o.get_scale().value_or(0.0), " is not finite");
+  ACCRUE_CHECK(o.get_window() >= 0, op, ": window = ", o.get_window(),
+               " must be >= 0 (0: no window)");
 
   AttentionParams p;
   p.B = q.size(0);
   p.H = q.size(1);
+  p.Hkv = k.size(1);
   p.Tq = q.size(2);
   p.Tk = k.size(2);
   p.d = q.size(3);
   p.dv = v.size(3);
-  // See Note [Attention paths]: no query row may be fully masked.
-  ACCRUE_CHECK(!o.causal || p.Tq <= p.Tk, op, ": causal attention needs Tq <= Tk (the mask is ",
-               "aligned to the bottom right), got Tq = ", p.Tq, " and Tk = ", p.Tk, " (q ",
-               shape_str(q.shape()), ", k ", shape_str(k.shape()), ")");
-  p.scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(p.d));
-  p.causal = o.causal;
-  p.dropout_p = o.dropout_p;
-  p.seed = o.seed;
-  p.offset = o.offset;
+  p.scale = o.get_scale() ? *o.get_scale() : 1.0 / std::sqrt(static_cast<double>(p.d));
+  p.causal = o.is_causal();
+  p.bottom_right = o.get_alignment() == MaskAlignment::bottom_right;
+  p.window = o.get_window();
+  p.dropout_p = o.dropout_p();
+  p.seed = o.seed();
+  p.offset = o.offset();
+
+  ACCRUE_CHECK(!o.seq_len_kv().defined() || o.seq_len_q().defined(), op,
+               ": seq_len_kv is set without seq_len_q");
+  ACCRUE_CHECK(!o.cu_seqlens_kv().defined() || o.cu_seqlens_q().defined(), op,
+               ": cu_seqlens_kv is set without cu_seqlens_q");
+  ACCRUE_CHECK(!(o.seq_len_q().defined() && o.cu_seqlens_q().defined()), op,
+               ": sequence lengths (padded batches) and document offsets (packed documents) ",
+               "are exclusive; give one");
+  if (o.seq_len_q().defined()) {
+    const Tensor& lkv = o.seq_len_kv().defined() ? o.seq_len_kv() : o.seq_len_q();
+    ACCRUE_CHECK(o.seq_len_kv().defined() || p.Tq == p.Tk, op, ": seq_len_kv must be given when ",
+                 "Tq = ", p.Tq, " differs from Tk = ", p.Tk);
+    check_lengths(index_vector(o.seq_len_q(), p.B, q, op, "seq_len_q", &p.seq_len_q), p.Tq, op,
+                  "seq_len_q");
+    check_lengths(index_vector(lkv, p.B, q, op, "seq_len_kv", &p.seq_len_kv), p.Tk, op,
+                  "seq_len_kv");
+  }
+  if (o.cu_seqlens_q().defined()) {
+    ACCRUE_CHECK(p.B == 1, op, ": packed documents (cu_seqlens) need B = 1, got q ",
+                 shape_str(q.shape()));
+    const Tensor& ckv = o.cu_seqlens_kv().defined() ? o.cu_seqlens_kv() : o.cu_seqlens_q();
+    const int64_t n = o.cu_seqlens_q().dim() == 1 ? o.cu_seqlens_q().size(0) : 0;
+    ACCRUE_CHECK(n >= 2, op, ": cu_seqlens_q of shape ", shape_str(o.cu_seqlens_q().shape()),
+                 " must be [N + 1] with N >= 1 documents");
+    check_offsets(index_vector(o.cu_seqlens_q(), n, q, op, "cu_seqlens_q", &p.cu_q), p.Tq, op,
+                  "cu_seqlens_q");
+    check_offsets(index_vector(ckv, n, q, op, "cu_seqlens_kv", &p.cu_kv), p.Tk, op,
+                  "cu_seqlens_kv");
+    p.n_docs = n - 1;
+  }
+  ACCRUE_CHECK(!(o.get_bias().defined() && o.get_mask().defined()), op,
+               ": give an additive bias or a boolean mask, not both (fold the mask into the bias ",
+               "as -inf)");
+  if (o.get_bias().defined()) {
+    p.bias = check_bias(o.get_bias(), q, p, false, op);
+    p.bias_source = o.get_bias();
+  }
+  if (o.get_mask().defined()) {
+    p.bias = check_bias(o.get_mask(), q, p, true, op);
+    p.bias_source = o.get_mask();
+    p.bias_is_mask = true;
+  }
   return p;
 }
 
 // ---- path choice --------------------------------------------------------------
+
+std::string describe(const AttentionParams& p, DType dtype) {
+  std::string s = detail::str_cat(dtype_name(dtype), " B=", p.B, " Hq=", p.H, " Hkv=", p.Hkv,
+                                  " Tq=", p.Tq, " Tk=", p.Tk, " d=", p.d, " dv=", p.dv);
+  if (p.causal) s += p.bottom_right ? " causal(bottom_right)" : " causal(top_left)";
+  if (p.window > 0) s += detail::str_cat(" window=", p.window);
+  if (p.padded()) s += " seq_lens";
+  if (p.packed()) s += detail::str_cat(" documents=", p.n_docs);
+  if (p.bias.defined()) s += p.bias_is_mask ? " mask" : " bias";
+  return s;
+}
+
+// Note [Attention paths]: once per distinct message.
+void refuse(const AttentionParams& p, DType dtype, const char* op, const std::string& why) {
+  t_last_refusal = why;
+  const std::string line =
+      detail::str_cat("accrue: ", op, ": cuDNN does not take ", describe(p, dtype), ": ", why,
+                      "; using the composed path");
+  static std::mutex mutex;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (said.insert(line).second) std::cerr << line << " (said once)\n";
+}
 
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
 // ACCRUE_ATTENTION_COMPOSED=1 (Note [Attention paths]), read once.
@@ -168,43 +314,107 @@ bool cudnn_aligned(const Tensor& t) {
   return true;
 }
 
-// operands: q first, then every other [B, H, T, d] tensor of the call.
-bool use_cudnn(const std::vector<const Tensor*>& operands, const Tensor& lse,
-               const AttentionParams& p) {
-  const Tensor& q = *operands.front();
-  if (!q.device().is_cuda() || composed_forced()) return false;
-  if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return false;
-  if (p.dropout_p > 0.0) return false;
-  if (p.d % 8 != 0 || p.d > 128 || p.dv != p.d) return false;
-  if (p.Tq == 1 && p.Tk == 1) return false;
+// Whether the call is one cuDNN could take at all (bf16/f16 on CUDA).
+bool cudnn_candidate(const Tensor& q) {
+  return q.device().is_cuda() && !composed_forced() &&
+         (q.dtype() == DType::bf16 || q.dtype() == DType::f16);
+}
+
+// Why cuDNN cannot take a candidate call; empty when it may.
+// operands: every [B, H, T, d] tensor of the call; dbias: whether the bias
+// wants its gradient.
+std::string cudnn_refusal(const std::vector<const Tensor*>& operands, const Tensor& lse,
+                          const AttentionParams& p, bool dbias) {
+  const Tensor& bias = p.bias_source;
+  if (p.dropout_p > 0.0) return "dropout must follow accrue's Philox stream";
+  if (p.d % 8 != 0 || p.d > 128 || p.dv != p.d)
+    return detail::str_cat("head dims d = ", p.d, ", dv = ", p.dv,
+                           " (cuDNN needs dv == d, a multiple of 8 up to 128)");
+  if (p.Tq == 1 && p.Tk == 1) return "Tq = Tk = 1 has no cuDNN backward engine";
+  if (p.bias_is_mask) return "cuDNN's bias cannot be boolean (give an additive bias)";
+  if (p.packed()) return "packed documents (cu_seqlens) are not wired to cuDNN's ragged offsets";
+  if (dbias && p.padded())
+    return "the bias gradient with sequence lengths (cuDNN does not define it as 0 at padding)";
   for (const Tensor* t : operands)
-    if (!cudnn_aligned(*t)) return false;
-  if (reinterpret_cast<uintptr_t>(lse.data_ptr()) % 16 != 0) return false;
-  return cudnn::device_supported(q.device().index);
+    if (!cudnn_aligned(*t))
+      return detail::str_cat("an operand of strides ", shape_str(t->strides()),
+                             " is not 16-byte aligned");
+  if (bias.defined() && !cudnn_aligned(bias))
+    return detail::str_cat("the bias of strides ", shape_str(bias.strides()),
+                           " is not 16-byte aligned (Tk a multiple of 8 makes it so)");
+  if (reinterpret_cast<uintptr_t>(lse.data_ptr()) % 16 != 0) return "lse is not 16-byte aligned";
+  if (!cudnn::device_supported(operands.front()->device().index))
+    return "the device or the cuDNN version cannot run fused attention (compute capability 8.0+ "
+           "and cuDNN 9.5.1+, not 9.10.0/9.10.1)";
+  return "";
 }
 #endif
 
-// The path of Note [Attention paths]: cuDNN where it admits the call, else
+// The path of Note [Attention paths]: cuDNN where it takes the call, else
 // the backend of the device.
 void run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                  const Tensor& out, const Tensor& lse) {
+  t_last_refusal.clear();
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
-  if (use_cudnn({&q, &k, &v, &out}, lse, p)) return cudnn::attention_forward(q, k, v, p, out, lse);
+  if (cudnn_candidate(q)) {
+    std::string why = cudnn_refusal({&q, &k, &v, &out}, lse, p, false);
+    if (why.empty() && cudnn::attention_forward(q, k, v, p, out, lse, &why)) {
+      t_last_path = AttentionPath::cudnn;
+      return;
+    }
+    refuse(p, q.dtype(), kForward, why);
+  }
 #endif
+  t_last_path = q.device().is_cuda() ? AttentionPath::composed : AttentionPath::cpu;
   ACCRUE_BACKEND_CALL(q.device(), attention_forward, q, k, v, p, out, lse);
 }
 
 void run_backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& out, const Tensor& lse, const AttentionParams& p, const Tensor& dq,
-                  const Tensor& dk, const Tensor& dv) {
+                  const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
+  t_last_refusal.clear();
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
-  if (use_cudnn({&q, &k, &v, &out, &g, &dq, &dk, &dv}, lse, p))
-    return cudnn::attention_backward(g, q, k, v, out, lse, p, dq, dk, dv);
+  if (cudnn_candidate(q)) {
+    std::string why = cudnn_refusal({&q, &k, &v, &out, &g, &dq, &dk, &dv}, lse, p, dbias.defined());
+    if (why.empty() &&
+        cudnn::attention_backward(g, q, k, v, out, lse, p, dq, dk, dv, dbias, &why)) {
+      t_last_path = AttentionPath::cudnn;
+      return;
+    }
+    refuse(p, q.dtype(), kBackward, why);
+  }
 #endif
-  ACCRUE_BACKEND_CALL(q.device(), attention_backward, g, q, k, v, out, lse, p, dq, dk, dv);
+  t_last_path = q.device().is_cuda() ? AttentionPath::composed : AttentionPath::cpu;
+  ACCRUE_BACKEND_CALL(q.device(), attention_backward, g, q, k, v, out, lse, p, dq, dk, dv, dbias);
 }
 
 }  // namespace
+
+const char* alignment_name(MaskAlignment a) {
+  return a == MaskAlignment::top_left ? "top_left" : "bottom_right";
+}
+
+const char* attention_path_name(AttentionPath p) {
+  switch (p) {
+    case AttentionPath::cpu:
+      return "cpu";
+    case AttentionPath::composed:
+      return "composed";
+    case AttentionPath::cudnn:
+      return "cudnn";
+    case AttentionPath::none:
+      break;
+  }
+  return "none";
+}
+
+AttentionPath last_attention_path() {
+  return t_last_path;
+}
+
+const std::string& last_attention_refusal() {
+  return t_last_refusal;
+}
 
 bool cudnn_attention_available() {
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
@@ -238,7 +448,7 @@ AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
 void attention_backward_into(const Tensor& grad_out, const Tensor& q, const Tensor& k,
                              const Tensor& v, const Tensor& out, const Tensor& lse,
                              const AttentionOptions& options, const Tensor& dq, const Tensor& dk,
-                             const Tensor& dv) {
+                             const Tensor& dv, const Tensor& dbias) {
   NoGradGuard no_grad;
   const AttentionParams p = check_inputs(q, k, v, options, kBackward);
   const Shape out_shape{p.B, p.H, p.Tq, p.dv};
@@ -248,14 +458,21 @@ void attention_backward_into(const Tensor& grad_out, const Tensor& q, const Tens
   check_like(dq, q, q.shape(), kBackward, "dq");
   check_like(dk, q, k.shape(), kBackward, "dk");
   check_like(dv, q, v.shape(), kBackward, "dv");
+  if (dbias.defined()) {
+    ACCRUE_CHECK(options.get_bias().defined(), kBackward,
+                 ": dbias is given but the call has no additive bias");
+    check_like(dbias, q, options.get_bias().shape(), kBackward, "dbias");
+    check_contiguous(dbias, kBackward, "dbias");
+  }
   if (p.B * p.H == 0) return;
   if (p.Tq == 0) {
-    // No query: nothing flows to the keys and values.
+    // No query: nothing flows to the keys, values and bias.
     Tensor(dk).fill_(0.0);
     Tensor(dv).fill_(0.0);
+    if (dbias.defined()) Tensor(dbias).fill_(0.0);
     return;
   }
-  run_backward(grad_out, q, k, v, out, lse, p, dq, dk, dv);
+  run_backward(grad_out, q, k, v, out, lse, p, dq, dk, dv, dbias);
 }
 
 }  // namespace accrue::kernels

@@ -1,6 +1,7 @@
 // CPU reference of scaled dot-product attention, forward and backward.
 //
-// Plain loops over (b, h, query row), every sum in double in a fixed order,
+// Plain loops over (b, h, query row), every sum in double in a fixed order
+// (a kv head's gradient over its query heads in head order),
 // each result rounded once to its dtype (bf16/f16 inputs widen exactly, so
 // they compute like the others). The attention matrix is never stored: a
 // row of scores at a time, recomputed in backward from q, k and the saved
@@ -50,16 +51,35 @@ double dot(const std::vector<double>& x, const T* y, int64_t n) {
   return s;
 }
 
-// Number of keys query i sees: keys [0, visible_keys) (Note [Attention masks]).
-int64_t visible_keys(int64_t i, const AttentionParams& p) {
-  return p.causal ? i + (p.Tk - p.Tq) + 1 : p.Tk;
-}
-
 // The dropout factor of probability (b, h, i, j): 1 / (1 - p) when kept, 0 when dropped.
 double dropout_factor(const AttentionParams& p, int64_t b, int64_t h, int64_t i, int64_t j) {
   if (p.dropout_p == 0.0) return 1.0;
   const int64_t element = ((b * p.H + h) * p.Tq + i) * p.Tk + j;
   return attention_keep(p.seed, p.offset, element, p.dropout_p) ? 1.0 / (1.0 - p.dropout_p) : 0.0;
+}
+
+// The additive bias or boolean mask of row (b, h, i) (Note [Attention masks]):
+// term(j) is what the scaled score gets added, -inf where masked.
+template <class T>
+struct BiasRow {
+  const T* bias = nullptr;        // additive, or
+  const uint8_t* mask = nullptr;  // bool
+  double term(int64_t j) const {
+    if (mask) return mask[j] ? 0.0 : -std::numeric_limits<double>::infinity();
+    return bias ? load_double(bias[j]) : 0.0;
+  }
+};
+
+template <class T>
+BiasRow<T> bias_row(const AttentionParams& p, int64_t b, int64_t h, int64_t i) {
+  BiasRow<T> r;
+  if (!p.bias.defined()) return r;
+  const int64_t off = b * p.bias.stride(0) + h * p.bias.stride(1) + i * p.bias.stride(2);
+  if (p.bias_is_mask)
+    r.mask = static_cast<const uint8_t*>(p.bias.data_ptr()) + off;
+  else
+    r.bias = ptr<T>(p.bias) + off;
+  return r;
 }
 
 template <class T>
@@ -69,28 +89,37 @@ void forward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Atte
   const Rows<T> q = rows_of<T>(q_t), k = rows_of<T>(k_t), v = rows_of<T>(v_t),
                 out = rows_of<T>(out_t);
   S* lse = ptr<S>(lse_t);
+  const AttentionMaskSpec spec = attention_mask_spec(p);
+  const int64_t g = p.group();
+  const double neg_inf = -std::numeric_limits<double>::infinity();
   std::vector<double> qi(p.d), s(p.Tk), acc(p.dv);
   for (int64_t b = 0; b < p.B; ++b) {
     for (int64_t h = 0; h < p.H; ++h) {
+      const int64_t hk = h / g;
       for (int64_t i = 0; i < p.Tq; ++i) {
-        const int64_t n = visible_keys(i, p);
+        const AttentionRow row = attention_row(spec, b, i);
+        const BiasRow<T> bias = bias_row<T>(p, b, h, i);
         load_row(q.row(b, h, i), p.d, qi);
-        double m = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < n; ++j) {
-          s[j] = p.scale * dot(qi, k.row(b, h, j), p.d);
+        double m = neg_inf;
+        for (int64_t j = row.lo; j < row.hi; ++j) {
+          const double t = bias.term(j);
+          s[j] = t == neg_inf ? neg_inf : p.scale * dot(qi, k.row(b, hk, j), p.d) + t;
           m = std::fmax(m, s[j]);
         }
-        double sum = 0.0;
-        for (int64_t j = 0; j < n; ++j)
-          sum += std::exp(s[j] - m);
-        const double l = m + std::log(sum);
         std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t j = 0; j < n; ++j) {
-          const double pj = std::exp(s[j] - l) * dropout_factor(p, b, h, i, j);
-          if (pj == 0.0) continue;
-          const T* vj = v.row(b, h, j);
-          for (int64_t c = 0; c < p.dv; ++c)
-            acc[c] += pj * load_double(vj[c]);
+        double l = neg_inf;  // an empty row: output 0, lse -inf
+        if (m != neg_inf) {
+          double sum = 0.0;
+          for (int64_t j = row.lo; j < row.hi; ++j)
+            sum += std::exp(s[j] - m);
+          l = m + std::log(sum);
+          for (int64_t j = row.lo; j < row.hi; ++j) {
+            const double pj = std::exp(s[j] - l) * dropout_factor(p, b, h, i, j);
+            if (pj == 0.0) continue;
+            const T* vj = v.row(b, hk, j);
+            for (int64_t c = 0; c < p.dv; ++c)
+              acc[c] += pj * load_double(vj[c]);
+          }
         }
         T* o = out.row(b, h, i);
         for (int64_t c = 0; c < p.dv; ++c)
@@ -104,57 +133,84 @@ void forward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Atte
 // With P = softmax(S) (undropped), Z the dropout factors and O = (P * Z) V:
 //   dV = (P * Z)^T dO,  dP = (dO V^T) * Z,  dS = P * (dP - D),
 //   D_i = sum_j P_ij dP_ij = sum_j (P * Z)_ij (dO_i . v_j) = dO_i . O_i,
-//   dQ = scale dS K,  dK = scale dS^T Q.
+//   dQ = scale dS K,  dK = scale dS^T Q,  dBias = dS (summed over its
+//   broadcast dims). Grouped-query heads: dK and dV of kv head hk sum over
+//   the query heads of its group, in head order.
 template <class T>
 void backward(const Tensor& g_t, const Tensor& q_t, const Tensor& k_t, const Tensor& v_t,
               const Tensor& out_t, const Tensor& lse_t, const AttentionParams& p,
-              const Tensor& dq_t, const Tensor& dk_t, const Tensor& dv_t) {
+              const Tensor& dq_t, const Tensor& dk_t, const Tensor& dv_t, const Tensor& dbias_t) {
   using S = stats_t<T>;
   const Rows<T> g = rows_of<T>(g_t), q = rows_of<T>(q_t), k = rows_of<T>(k_t), v = rows_of<T>(v_t),
                 out = rows_of<T>(out_t), dq = rows_of<T>(dq_t), dk = rows_of<T>(dk_t),
                 dv = rows_of<T>(dv_t);
   const S* lse = ptr<S>(lse_t);
+  const AttentionMaskSpec spec = attention_mask_spec(p);
+  const int64_t group = p.group();
+  const double neg_inf = -std::numeric_limits<double>::infinity();
   std::vector<double> qi(p.d), gi(p.dv), dqi(p.d);
   std::vector<double> dk_acc(p.Tk * p.d), dv_acc(p.Tk * p.dv);
+  // dbias in double, contiguous like dbias: [Bb, Hb, Tq, Tk].
+  const bool want_dbias = dbias_t.defined();
+  const int64_t Bb = want_dbias ? dbias_t.size(0) : 0, Hb = want_dbias ? dbias_t.size(1) : 0;
+  std::vector<double> dbias_acc(want_dbias ? dbias_t.numel() : 0, 0.0);
   for (int64_t b = 0; b < p.B; ++b) {
-    for (int64_t h = 0; h < p.H; ++h) {
+    for (int64_t hk = 0; hk < p.Hkv; ++hk) {
       std::fill(dk_acc.begin(), dk_acc.end(), 0.0);
       std::fill(dv_acc.begin(), dv_acc.end(), 0.0);
-      for (int64_t i = 0; i < p.Tq; ++i) {
-        const int64_t n = visible_keys(i, p);
-        load_row(q.row(b, h, i), p.d, qi);
-        load_row(g.row(b, h, i), p.dv, gi);
-        const double D = dot(gi, out.row(b, h, i), p.dv);
-        const double l = static_cast<double>(lse[(b * p.H + h) * p.Tq + i]);
-        std::fill(dqi.begin(), dqi.end(), 0.0);
-        for (int64_t j = 0; j < n; ++j) {
-          const T* kj = k.row(b, h, j);
-          const double pj = std::exp(p.scale * dot(qi, kj, p.d) - l);
-          const double z = dropout_factor(p, b, h, i, j);
-          const double dpj = dot(gi, v.row(b, h, j), p.dv) * z;
-          double* dvj = dv_acc.data() + j * p.dv;
-          for (int64_t c = 0; c < p.dv; ++c)
-            dvj[c] += pj * z * gi[c];
-          const double ds = p.scale * pj * (dpj - D);
-          double* dkj = dk_acc.data() + j * p.d;
-          for (int64_t c = 0; c < p.d; ++c) {
-            dqi[c] += ds * load_double(kj[c]);
-            dkj[c] += ds * qi[c];
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        for (int64_t i = 0; i < p.Tq; ++i) {
+          const AttentionRow row = attention_row(spec, b, i);
+          const BiasRow<T> bias = bias_row<T>(p, b, h, i);
+          const double l = static_cast<double>(lse[(b * p.H + h) * p.Tq + i]);
+          std::fill(dqi.begin(), dqi.end(), 0.0);
+          if (l != neg_inf) {
+            load_row(q.row(b, h, i), p.d, qi);
+            load_row(g.row(b, h, i), p.dv, gi);
+            const double D = dot(gi, out.row(b, h, i), p.dv);
+            double* db_row =
+                want_dbias ? dbias_acc.data() +
+                                 (((Bb == 1 ? 0 : b) * Hb + (Hb == 1 ? 0 : h)) * p.Tq + i) * p.Tk
+                           : nullptr;
+            for (int64_t j = row.lo; j < row.hi; ++j) {
+              const double t = bias.term(j);
+              if (t == neg_inf) continue;
+              const T* kj = k.row(b, hk, j);
+              const double pj = std::exp(p.scale * dot(qi, kj, p.d) + t - l);
+              const double z = dropout_factor(p, b, h, i, j);
+              const double dpj = dot(gi, v.row(b, hk, j), p.dv) * z;
+              double* dvj = dv_acc.data() + j * p.dv;
+              for (int64_t c = 0; c < p.dv; ++c)
+                dvj[c] += pj * z * gi[c];
+              const double dsr = pj * (dpj - D);
+              if (db_row) db_row[j] += dsr;
+              const double ds = p.scale * dsr;
+              double* dkj = dk_acc.data() + j * p.d;
+              for (int64_t c = 0; c < p.d; ++c) {
+                dqi[c] += ds * load_double(kj[c]);
+                dkj[c] += ds * qi[c];
+              }
+            }
           }
+          T* dq_row = dq.row(b, h, i);
+          for (int64_t c = 0; c < p.d; ++c)
+            dq_row[c] = store_double<T>(dqi[c]);
         }
-        T* dq_row = dq.row(b, h, i);
-        for (int64_t c = 0; c < p.d; ++c)
-          dq_row[c] = store_double<T>(dqi[c]);
       }
       for (int64_t j = 0; j < p.Tk; ++j) {
-        T* dk_row = dk.row(b, h, j);
+        T* dk_row = dk.row(b, hk, j);
         for (int64_t c = 0; c < p.d; ++c)
           dk_row[c] = store_double<T>(dk_acc[j * p.d + c]);
-        T* dv_row = dv.row(b, h, j);
+        T* dv_row = dv.row(b, hk, j);
         for (int64_t c = 0; c < p.dv; ++c)
           dv_row[c] = store_double<T>(dv_acc[j * p.dv + c]);
       }
     }
+  }
+  if (want_dbias) {
+    T* db = ptr<T>(dbias_t);
+    for (size_t e = 0; e < dbias_acc.size(); ++e)
+      db[e] = store_double<T>(dbias_acc[e]);
   }
 }
 
@@ -168,9 +224,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 
 void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, const AttentionParams& p,
-                        const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dbias) {
   visit_float(q.dtype(), "scaled_dot_product_attention_backward", [&](auto tag) {
-    backward<decltype(tag)>(grad_out, q, k, v, out, lse, p, dq, dk, dv);
+    backward<decltype(tag)>(grad_out, q, k, v, out, lse, p, dq, dk, dv, dbias);
   });
 }
 

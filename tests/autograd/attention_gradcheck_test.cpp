@@ -1,11 +1,15 @@
 // scaled_dot_product_attention and packed_causal_attention
-// (autograd/transformer_ops.h): float64 gradchecks of q, k, v (causal,
-// non-causal, Tq != Tk, dropout with a fixed generator) and of the packed
-// form; the generator's counters; bad inputs.
+// (autograd/transformer_ops.h, autograd/attention_ops.h): float64 gradchecks
+// of q, k, v (causal, non-causal, Tq != Tk, dropout with a fixed generator),
+// of every research-model variant (grouped-query heads, both causal
+// alignments, padded batches, packed documents, a sliding window, a
+// differentiable bias, a boolean mask) and of the packed form; the
+// generator's counters; bad inputs.
 #include <cmath>
 #include <functional>
 #include <vector>
 
+#include "accrue/autograd/attention_ops.h"
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/gradcheck.h"
 #include "accrue/autograd/transformer_ops.h"
@@ -153,6 +157,102 @@ TEST(AttentionGradcheck, dropout_masks_follow_the_generator) {
   Tensor first = run(a);
   EXPECT_TRUE(test::all_close(first, run(b), 0, 0));
   EXPECT_GT(test::relative_error(run(a), first), 1e-3);
+}
+
+// ---- research-model variants (SdpaOptions) --------------------------------------
+
+Fn sdpa_with(const std::function<SdpaOptions()>& make) {
+  return [=](const std::vector<Tensor>& x) {
+    SdpaOptions o = make();
+    if (x.size() > 3) o.bias(x[3]);
+    return scaled_dot_product_attention(x[0], x[1], x[2], o);
+  };
+}
+
+TEST(AttentionGradcheck, grouped_and_multi_query_heads) {
+  Fn f = sdpa_with([] { return SdpaOptions().causal(); });
+  EXPECT_GRADCHECK(f, leaf({2, 4, 3, 3}), leaf({2, 2, 3, 3}), leaf({2, 2, 3, 2}));
+  EXPECT_GRADCHECK(f, leaf({1, 3, 4, 2}), leaf({1, 1, 4, 2}), leaf({1, 1, 4, 3}));
+}
+
+TEST(AttentionGradcheck, causal_top_left_and_bottom_right_with_tq_above_tk) {
+  for (MaskAlignment a : {MaskAlignment::top_left, MaskAlignment::bottom_right}) {
+    SCOPED_TRACE(kernels::alignment_name(a));
+    Fn f = sdpa_with([a] { return SdpaOptions().causal(a); });
+    EXPECT_GRADCHECK(f, leaf({1, 2, 5, 3}), leaf({1, 2, 3, 3}), leaf({1, 2, 3, 2}));
+    EXPECT_GRADCHECK(f, leaf({1, 2, 3, 3}), leaf({1, 1, 5, 3}), leaf({1, 1, 5, 2}));
+  }
+}
+
+TEST(AttentionGradcheck, padded_batches) {
+  const Tensor lq = from_vector<int64_t>({4, 2, 3}, {3}), lk = from_vector<int64_t>({5, 3, 1}, {3});
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal bottom-right" : "full");
+    Fn f = sdpa_with([=] {
+      SdpaOptions o;
+      if (causal) o.causal(MaskAlignment::bottom_right);
+      return o.seq_lens(lq, lk);
+    });
+    EXPECT_GRADCHECK(f, leaf({3, 2, 4, 3}), leaf({3, 1, 5, 3}), leaf({3, 1, 5, 2}));
+  }
+}
+
+TEST(AttentionGradcheck, packed_documents) {
+  const Tensor cu = from_vector<int64_t>({0, 2, 2, 5, 6}, {5});
+  Fn f = sdpa_with([=] { return SdpaOptions().causal().varlen(cu); });
+  EXPECT_GRADCHECK(f, leaf({1, 2, 6, 3}), leaf({1, 2, 6, 3}), leaf({1, 2, 6, 2}));
+  // Cross-attention documents: queries and keys packed with their own offsets.
+  const Tensor cq = from_vector<int64_t>({0, 1, 4}, {3}), ck = from_vector<int64_t>({0, 3, 5}, {3});
+  Fn g = sdpa_with([=] { return SdpaOptions().varlen(cq, ck); });
+  EXPECT_GRADCHECK(g, leaf({1, 2, 4, 3}), leaf({1, 1, 5, 3}), leaf({1, 1, 5, 2}));
+}
+
+TEST(AttentionGradcheck, sliding_window) {
+  Fn f = sdpa_with([] { return SdpaOptions().causal().window(2); });
+  EXPECT_GRADCHECK(f, leaf({2, 2, 5, 3}), leaf({2, 1, 5, 3}), leaf({2, 1, 5, 2}));
+  Fn g = sdpa_with([] { return SdpaOptions().window(3); });  // left bound only
+  EXPECT_GRADCHECK(g, leaf({1, 2, 5, 3}), leaf({1, 2, 5, 3}), leaf({1, 2, 5, 2}));
+}
+
+TEST(AttentionGradcheck, differentiable_bias_full_and_broadcast) {
+  Fn f = sdpa_with([] { return SdpaOptions(); });
+  EXPECT_GRADCHECK(f, leaf({2, 2, 3, 3}), leaf({2, 1, 4, 3}), leaf({2, 1, 4, 2}),
+                   leaf({2, 2, 3, 4}));
+  Fn c = sdpa_with([] { return SdpaOptions().causal(); });
+  EXPECT_GRADCHECK(c, leaf({2, 2, 4, 3}), leaf({2, 2, 4, 3}), leaf({2, 2, 4, 2}),
+                   leaf({1, 2, 4, 4}));
+  EXPECT_GRADCHECK(c, leaf({2, 2, 4, 3}), leaf({2, 2, 4, 3}), leaf({2, 2, 4, 2}),
+                   leaf({2, 1, 4, 4}));
+}
+
+TEST(AttentionGradcheck, boolean_mask_with_a_fully_masked_row) {
+  std::vector<double> keep(2 * 4 * 5, 1.0);
+  for (size_t e = 0; e < keep.size(); ++e)
+    if (e % 3 == 1 || e / 5 == 2) keep[e] = 0.0;  // row 2 of batch 0 sees nothing
+  const Tensor mask = from_vector(keep, {2, 1, 4, 5}, DType::boolean);
+  Fn f = sdpa_with([=] { return SdpaOptions().mask(mask); });
+  EXPECT_GRADCHECK(f, leaf({2, 2, 4, 3}), leaf({2, 2, 5, 3}), leaf({2, 2, 5, 2}));
+}
+
+TEST(AttentionGradcheck, bias_gets_no_gradient_when_it_does_not_require_one) {
+  Tensor q = leaf({1, 2, 3, 4}), bias = test::random_normal({1, 2, 3, 3}, DType::f64);
+  Tensor out = scaled_dot_product_attention(q, q, q, SdpaOptions().bias(bias));
+  backward(sum(out));
+  EXPECT_TRUE(grad(q).defined());
+  EXPECT_FALSE(bias.requires_grad());
+}
+
+TEST(AttentionGradcheck, sdpa_options_dropout_reserves_its_counters) {
+  Generator gen(5);
+  Tensor q = test::random_normal({1, 4, 3, 2}, DType::f64);
+  Tensor k = test::random_normal({1, 2, 5, 2}, DType::f64);
+  scaled_dot_product_attention(q, k, k, SdpaOptions().causal().dropout(0.2, &gen));
+  EXPECT_EQ(gen.offset(), philox::blocks_for(1 * 4 * 3 * 5));
+  EXPECT_ERROR(scaled_dot_product_attention(q, test::random_normal({1, 3, 5, 2}, DType::f64),
+                                            test::random_normal({1, 3, 5, 2}, DType::f64),
+                                            SdpaOptions().dropout(0.2, &gen)),
+               "scaled_dot_product_attention", "q has 4 heads and k and v have 3");
+  EXPECT_EQ(gen.offset(), philox::blocks_for(1 * 4 * 3 * 5));
 }
 
 TEST(AttentionGradcheck, bad_packed_inputs) {

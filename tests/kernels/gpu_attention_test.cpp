@@ -8,9 +8,11 @@
 #include <gmock/gmock.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "accrue/autograd/attention_ops.h"
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/transformer_ops.h"
 #include "accrue/autograd/variable.h"
@@ -47,43 +49,91 @@ Tensor reference_copy(const Tensor& t) {
   return t.to(kCpu).to(DType::f64);
 }
 
+// Bottom-right, as these configurations (Tq <= Tk) were written for.
 kernels::AttentionOptions causal_options(bool causal) {
   kernels::AttentionOptions o;
-  o.causal = causal;
+  if (causal) o.causal(kernels::MaskAlignment::bottom_right);
   return o;
 }
 
 struct Results {
-  Tensor out, lse, dq, dk, dv;
+  Tensor out, lse, dq, dk, dv, dbias;
+  kernels::AttentionPath forward_path = kernels::AttentionPath::none;
+  kernels::AttentionPath backward_path = kernels::AttentionPath::none;
 };
 
 // Forward, then backward of grad_out, on whatever device the inputs are on.
 Results run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_out,
             const kernels::AttentionOptions& o) {
   kernels::AttentionResult r = kernels::attention(q, k, v, o);
-  Results res{r.out, r.lse, empty(q.shape(), q.dtype(), q.device()),
-              empty(k.shape(), k.dtype(), k.device()), empty(v.shape(), v.dtype(), v.device())};
+  Results res;
+  res.out = r.out;
+  res.lse = r.lse;
+  res.dq = empty(q.shape(), q.dtype(), q.device());
+  res.dk = empty(k.shape(), k.dtype(), k.device());
+  res.dv = empty(v.shape(), v.dtype(), v.device());
+  res.forward_path = kernels::last_attention_path();
   test::poison(res.dq);
   test::poison(res.dk);
   test::poison(res.dv);
-  kernels::attention_backward_into(grad_out, q, k, v, r.out, r.lse, o, res.dq, res.dk, res.dv);
+  if (o.get_bias().defined()) {
+    res.dbias = empty(o.get_bias().shape(), q.dtype(), q.device());
+    test::poison(res.dbias);
+  }
+  kernels::attention_backward_into(grad_out, q, k, v, r.out, r.lse, o, res.dq, res.dk, res.dv,
+                                   res.dbias);
+  res.backward_path = kernels::last_attention_path();
   return res;
+}
+
+// The options with their bias moved to the CPU in f64 (lengths, offsets
+// and masks may stay where they are: they are read from the CPU too).
+kernels::AttentionOptions reference_options(const kernels::AttentionOptions& o) {
+  kernels::AttentionOptions r = o;
+  if (o.get_bias().defined()) r.bias(reference_copy(o.get_bias()));
+  if (o.get_mask().defined()) r.mask(o.get_mask().to(kCpu));
+  if (o.seq_len_q().defined())
+    r.seq_lens(o.seq_len_q().to(kCpu),
+               o.seq_len_kv().defined() ? o.seq_len_kv().to(kCpu) : Tensor());
+  if (o.cu_seqlens_q().defined())
+    r.varlen(o.cu_seqlens_q().to(kCpu),
+             o.cu_seqlens_kv().defined() ? o.cu_seqlens_kv().to(kCpu) : Tensor());
+  return r;
 }
 
 // The CPU reference in f64 of the same inputs.
 Results reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_out,
                   const kernels::AttentionOptions& o) {
-  return run(reference_copy(q), reference_copy(k), reference_copy(v), reference_copy(grad_out), o);
+  return run(reference_copy(q), reference_copy(k), reference_copy(v), reference_copy(grad_out),
+             reference_options(o));
 }
 
 // out and the gradients within `tol` (normalized), lse elementwise within lse_tol.
+// lse with its -inf (empty rows) where the reference has them, then 0 at
+// those places so that the finite ones compare.
+::testing::AssertionResult lse_matches(const Tensor& lse, const Tensor& ref, double tol) {
+  std::vector<double> a = reference_copy(lse).to_vector<double>(), e = ref.to_vector<double>();
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool ai = std::isinf(a[i]) && a[i] < 0, ei = std::isinf(e[i]) && e[i] < 0;
+    if (ai != ei)
+      return ::testing::AssertionFailure()
+             << "lse[" << i << "] = " << a[i] << ", expected " << e[i];
+    if (ei) a[i] = e[i] = 0.0;
+  }
+  return test::all_close(from_vector(a, ref.shape(), DType::f64),
+                         from_vector(e, ref.shape(), DType::f64), tol, tol);
+}
+
 void expect_matches(const Results& gpu, const Results& ref, double tol, double lse_tol) {
   EXPECT_EQ(gpu.out.device(), kGpu);
   EXPECT_TRUE(close(gpu.out, ref.out, tol)) << "out";
-  EXPECT_TRUE(test::all_close(reference_copy(gpu.lse), ref.lse, lse_tol, lse_tol)) << "lse";
+  EXPECT_TRUE(lse_matches(gpu.lse, ref.lse, lse_tol)) << "lse";
   EXPECT_TRUE(close(gpu.dq, ref.dq, tol)) << "dq";
   EXPECT_TRUE(close(gpu.dk, ref.dk, tol)) << "dk";
   EXPECT_TRUE(close(gpu.dv, ref.dv, tol)) << "dv";
+  if (ref.dbias.defined()) {
+    EXPECT_TRUE(close(gpu.dbias, ref.dbias, tol)) << "dbias";
+  }
 }
 
 void expect_equal(const Results& a, const Results& b) {
@@ -201,7 +251,12 @@ TEST_F(GpuAttention, packed_qkv_views) {
       test::poison(dqkv);
       kernels::attention_backward_into(g, q, k, v, r.out, r.lse, o, part(dqkv, 0), part(dqkv, 1),
                                        part(dqkv, 2));
-      const Results gpu{r.out, r.lse, part(dqkv, 0), part(dqkv, 1), part(dqkv, 2)};
+      Results gpu;
+      gpu.out = r.out;
+      gpu.lse = r.lse;
+      gpu.dq = part(dqkv, 0);
+      gpu.dk = part(dqkv, 1);
+      gpu.dv = part(dqkv, 2);
       const double tol = dt == DType::f32 ? 3e-5 : 2 * test::normalized_tolerance(dt);
       expect_matches(gpu, reference(q, k, v, g, o), tol, dt == DType::f32 ? 1e-5 : 1e-4);
     }
@@ -282,9 +337,7 @@ TEST_F(GpuAttention, dropout_matches_the_cpu) {
       Tensor v = test::random_normal({c.B, c.H, c.Tk, c.d}, dt, kGpu);
       Tensor g = test::random_normal({c.B, c.H, c.Tq, c.d}, dt, kGpu);
       kernels::AttentionOptions o = causal_options(c.causal);
-      o.dropout_p = 0.2;
-      o.seed = 987654321;
-      o.offset = 12345;
+      o.dropout(0.2, 987654321, 12345);
       const Results gpu = run(q, k, v, g, o), ref = reference(q, k, v, g, o);
       const double tol = dt == DType::f32 ? 3e-5 : 2 * test::normalized_tolerance(dt);
       expect_matches(gpu, ref, tol, dt == DType::f32 ? 1e-5 : 1e-4);
@@ -304,20 +357,158 @@ TEST_F(GpuAttention, composed_path_is_deterministic) {
   Tensor v = test::random_normal({c.B, c.H, c.Tk, c.d}, DType::f32, kGpu);
   Tensor g = test::random_normal({c.B, c.H, c.Tq, c.d}, DType::f32, kGpu);
   kernels::AttentionOptions o;
-  o.dropout_p = 0.1;
+  o.dropout(0.1);
   expect_equal(run(q, k, v, g, o), run(q, k, v, g, o));
+}
+
+// ---- research-model attention on every path -------------------------------------
+
+// One variant of Note [Attention masks] on q [B, Hq, Tq, d], k/v [B, Hkv, Tk, d],
+// and whether cuDNN is expected to take it (bf16/f16, cuDNN available).
+struct Variant {
+  std::string name;
+  int64_t B, Hq, Hkv, Tq, Tk, d;
+  std::function<kernels::AttentionOptions(DType)> options;
+  bool on_cudnn;
+};
+
+Tensor lengths(std::vector<int64_t> v) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  return from_vector(v, {n}).to(kGpu);
+}
+
+std::vector<Variant> variants() {
+  using kernels::AttentionOptions;
+  using kernels::MaskAlignment;
+  auto plain = [](AttentionOptions o) { return [o](DType) { return o; }; };
+  std::vector<Variant> v;
+  v.push_back({"gqa", 2, 8, 2, 128, 128, 64, plain(AttentionOptions().causal()), true});
+  v.push_back({"mqa", 2, 4, 1, 96, 160, 64, plain(AttentionOptions()), true});
+  v.push_back({"causal top-left Tq < Tk", 1, 4, 2, 64, 192, 64,
+               plain(AttentionOptions().causal(MaskAlignment::top_left)), true});
+  v.push_back({"causal bottom-right Tq < Tk", 1, 4, 2, 64, 192, 64,
+               plain(AttentionOptions().causal(MaskAlignment::bottom_right)), true});
+  // cuDNN refuses bottom-right with Tq > Tk (rows without keys): composed.
+  v.push_back({"causal bottom-right Tq > Tk", 1, 4, 2, 192, 64, 64,
+               plain(AttentionOptions().causal(MaskAlignment::bottom_right)), false});
+  v.push_back({"padded", 3, 4, 2, 128, 128, 64,
+               plain(AttentionOptions().causal().seq_lens(lengths({128, 77, 5}))), true});
+  v.push_back({"padded kv cache", 2, 4, 1, 16, 160, 64,
+               plain(AttentionOptions()
+                         .causal(MaskAlignment::bottom_right)
+                         .seq_lens(lengths({16, 9}), lengths({160, 100}))),
+               true});
+  v.push_back(
+      {"window", 2, 4, 2, 256, 256, 64, plain(AttentionOptions().causal().window(48)), true});
+  // Packed documents and boolean masks take the composed path (Note [Attention paths]).
+  v.push_back({"packed documents", 1, 4, 2, 200, 200, 64,
+               plain(AttentionOptions().causal().varlen(lengths({0, 64, 65, 150, 200}))), false});
+  v.push_back(
+      {"bias", 2, 4, 2, 128, 128, 64,
+       [](DType dt) {
+         return AttentionOptions().causal().bias(test::random_normal({1, 4, 128, 128}, dt, kGpu));
+       },
+       true});
+  v.push_back(
+      {"mask", 2, 4, 2, 64, 96, 64,
+       [](DType) {
+         std::vector<double> u =
+             test::random_uniform({2, 1, 64, 96}, 0.0, 1.0, DType::f64).to_vector<double>();
+         for (double& x : u)
+           x = x > 0.3 ? 1.0 : 0.0;
+         return AttentionOptions().mask(from_vector(u, {2, 1, 64, 96}, DType::boolean).to(kGpu));
+       },
+       false});
+  return v;
+}
+
+// Every variant in f32 (composed), f64 (composed) and bf16/f16 (cuDNN where it
+// takes the variant, which the path query proves, else composed) against the
+// CPU reference in f64 of the same inputs.
+TEST_F(GpuAttention, research_variants_match_the_cpu_on_every_path) {
+  ACCRUE_REQUIRE_CUDA();
+  for (const Variant& var : variants()) {
+    for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+      const bool cudnn = var.on_cudnn && kernels::cudnn_attention_available() &&
+                         (dt == DType::bf16 || dt == DType::f16);
+      SCOPED_TRACE(var.name + " " + dtype_name(dt) + (cudnn ? " (cuDNN)" : " (composed)"));
+      Tensor q = test::random_normal({var.B, var.Hq, var.Tq, var.d}, dt, kGpu);
+      Tensor k = test::random_normal({var.B, var.Hkv, var.Tk, var.d}, dt, kGpu);
+      Tensor v = test::random_normal({var.B, var.Hkv, var.Tk, var.d}, dt, kGpu);
+      Tensor g = test::random_normal({var.B, var.Hq, var.Tq, var.d}, dt, kGpu);
+      const kernels::AttentionOptions o = var.options(dt);
+      const Results gpu = run(q, k, v, g, o);
+      const kernels::AttentionPath want =
+          cudnn ? kernels::AttentionPath::cudnn : kernels::AttentionPath::composed;
+      EXPECT_EQ(gpu.forward_path, want) << kernels::attention_path_name(gpu.forward_path) << ": "
+                                        << kernels::last_attention_refusal();
+      EXPECT_EQ(gpu.backward_path, want) << kernels::attention_path_name(gpu.backward_path) << ": "
+                                         << kernels::last_attention_refusal();
+      const bool sixteen = dt == DType::bf16 || dt == DType::f16;
+      const double tol = dt == DType::f64   ? 1e-11
+                         : dt == DType::f32 ? 3e-5
+                                            : 2 * test::normalized_tolerance(dt);
+      expect_matches(gpu, reference(q, k, v, g, o), tol, sixteen ? 1e-4 : tol);
+    }
+  }
+}
+
+// A bf16 call cuDNN does not take says why, once per reason, and still runs.
+TEST_F(GpuAttention, a_cudnn_refusal_is_said_once) {
+  ACCRUE_REQUIRE_CUDA();
+  if (!kernels::cudnn_attention_available())
+    GTEST_SKIP()
+        << "no cuDNN attention (built without the frontend, or ACCRUE_ATTENTION_COMPOSED=1)";
+  Tensor q = test::random_normal({1, 2, 64, 64}, DType::bf16, kGpu);
+  kernels::AttentionOptions o;
+  o.mask(ones({1, 1, 64, 64}, DType::boolean, kGpu));
+  ::testing::internal::CaptureStderr();
+  kernels::attention(q, q, q, o);
+  kernels::attention(q, q, q, o);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(kernels::last_attention_path(), kernels::AttentionPath::composed);
+  EXPECT_THAT(kernels::last_attention_refusal(), ::testing::HasSubstr("boolean"));
+  const size_t first = said.find("cuDNN does not take");
+  ASSERT_NE(first, std::string::npos) << said;
+  EXPECT_EQ(said.find("cuDNN does not take", first + 1), std::string::npos) << said;
+  EXPECT_THAT(said, ::testing::HasSubstr("mask"));
+}
+
+// The differentiable op with a learned bias and grouped heads, bf16 on the GPU
+// against f64 on the CPU.
+TEST_F(GpuAttention, sdpa_autograd_with_gqa_and_a_bias) {
+  ACCRUE_REQUIRE_CUDA();
+  const DType dt = DType::bf16;
+  Tensor q0 = test::random_normal({2, 8, 64, 64}, dt, kGpu);
+  Tensor k0 = test::random_normal({2, 2, 64, 64}, dt, kGpu);
+  Tensor b0 = test::random_normal({1, 8, 64, 64}, dt, kGpu);
+  Tensor w = test::random_normal({2, 8, 64, 64}, dt, kGpu);
+  auto run_on = [&](const Tensor& q_in, const Tensor& k_in, const Tensor& b_in,
+                    const Tensor& w_in) {
+    Tensor q = requires_grad_(q_in), k = requires_grad_(k_in), b = requires_grad_(b_in);
+    Tensor out = scaled_dot_product_attention(q, k, k, SdpaOptions().causal().bias(b));
+    backward(sum(mul(out, w_in)));
+    return std::vector<Tensor>{detach(out), grad(q), grad(k), grad(b)};
+  };
+  const std::vector<Tensor> gpu = run_on(q0.clone(), k0.clone(), b0.clone(), w);
+  const std::vector<Tensor> cpu =
+      run_on(reference_copy(q0), reference_copy(k0), reference_copy(b0), reference_copy(w));
+  const double tol = 2 * test::normalized_tolerance(dt);
+  for (size_t i = 0; i < gpu.size(); ++i)
+    EXPECT_TRUE(close(gpu[i], cpu[i], tol)) << "result " << i;
 }
 
 TEST_F(GpuAttention, mixed_devices_throw) {
   ACCRUE_REQUIRE_CUDA();
   Tensor q = test::random_normal({1, 2, 8, 16}, DType::f32, kGpu);
   Tensor k = test::random_normal({1, 2, 8, 16}, DType::f32, kCpu);
-  EXPECT_ERROR(kernels::attention(q, k, q, {}), "scaled_dot_product_attention",
-               "devices of q (cuda:0) and k (cpu) differ");
-  kernels::AttentionResult r = kernels::attention(q, q, q, {});
+  EXPECT_ERROR(kernels::attention(q, k, q, kernels::AttentionOptions()),
+               "scaled_dot_product_attention", "devices of q (cuda:0) and k (cpu) differ");
+  kernels::AttentionResult r = kernels::attention(q, q, q, kernels::AttentionOptions());
   EXPECT_ERROR(kernels::attention_backward_into(
-                   r.out, q, q, q, r.out, r.lse.to(kCpu), {}, empty(q.shape(), DType::f32, kGpu),
-                   empty(q.shape(), DType::f32, kGpu), empty(q.shape(), DType::f32, kGpu)),
+                   r.out, q, q, q, r.out, r.lse.to(kCpu), kernels::AttentionOptions(),
+                   empty(q.shape(), DType::f32, kGpu), empty(q.shape(), DType::f32, kGpu),
+                   empty(q.shape(), DType::f32, kGpu)),
                "scaled_dot_product_attention_backward", "lse is on cpu");
 }
 
