@@ -1,8 +1,11 @@
 #include "accrue/core/json.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <iterator>
 #include <limits>
+#include <system_error>
 #include <utility>
 
 #include "accrue/core/utf8.h"
@@ -44,12 +47,14 @@ void JsonReader::expect(char c, const char* context) {
 
 void JsonReader::expect_end() {
   skip_whitespace();
-  if (pos_ < s_.size()) fail("trailing characters after the header object: ", describe_next());
+  if (pos_ < s_.size()) fail("trailing characters after the top-level object: ", describe_next());
 }
 
 std::string JsonReader::describe_next() {
   const char c = peek();
-  if (pos_ >= s_.size()) return "the end of the header";
+  if (pos_ >= s_.size())
+    return std::string_view(what_).starts_with("header") ? "the end of the header"
+                                                         : "the end of the text";
   if (c == '"') return "a string";
   if (c == '{') return "an object";
   if (c == '[') return "an array";
@@ -133,6 +138,131 @@ bool JsonReader::consume_null() {
   return true;
 }
 
+std::string_view JsonReader::scan_number(const std::string& what) {
+  const size_t start = pos_;
+  if (pos_ < s_.size() && s_[pos_] == '-') ++pos_;
+  if (pos_ >= s_.size() || !is_digit(s_[pos_])) fail("malformed number for ", what);
+  if (s_[pos_] == '0' && pos_ + 1 < s_.size() && is_digit(s_[pos_ + 1]))
+    fail("number with a leading zero for ", what);
+  while (pos_ < s_.size() && is_digit(s_[pos_]))
+    ++pos_;
+  if (pos_ < s_.size() && s_[pos_] == '.') {
+    ++pos_;
+    if (pos_ >= s_.size() || !is_digit(s_[pos_]))
+      fail("malformed number for ", what, ": no digit after the decimal point");
+    while (pos_ < s_.size() && is_digit(s_[pos_]))
+      ++pos_;
+  }
+  if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+    ++pos_;
+    if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) ++pos_;
+    if (pos_ >= s_.size() || !is_digit(s_[pos_]))
+      fail("malformed number for ", what, ": no digit in the exponent");
+    while (pos_ < s_.size() && is_digit(s_[pos_]))
+      ++pos_;
+  }
+  return std::string_view(s_).substr(start, pos_ - start);
+}
+
+double JsonReader::parse_number(const std::string& what) {
+  if (peek() != '-' && !(peek() >= '0' && peek() <= '9'))
+    fail("expected a number for ", what, ", found ", describe_next());
+  const std::string_view text = scan_number(what);
+  double value = 0;
+  // The grammar was checked above; from_chars is locale-independent and
+  // rounds to nearest. Underflow to zero or a subnormal is a value; overflow is not.
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec == std::errc::result_out_of_range) {
+    // Overflow or underflow: out of range only far beyond 1e300 or below
+    // 1e-300, so the sign of the decimal order tells which. The order is the
+    // exponent plus the place of the first nonzero digit.
+    const size_t e = text.find_first_of("eE");
+    const std::string_view mantissa = text.substr(0, e);
+    int64_t order = 0;
+    const size_t point = std::min(mantissa.find('.'), mantissa.size());
+    const size_t first = mantissa.find_first_of("123456789");
+    if (first != std::string_view::npos)
+      order = first < point ? static_cast<int64_t>(point - first)
+                            : -static_cast<int64_t>(first - point - 1);
+    int64_t exponent = 0;
+    if (e != std::string_view::npos) {
+      const char* p = text.data() + e + 1;
+      if (*p == '+') ++p;
+      const auto parsed = std::from_chars(p, text.data() + text.size(), exponent);
+      if (parsed.ec != std::errc()) exponent = (*p == '-') ? -1'000'000 : 1'000'000;
+    }
+    if (first != std::string_view::npos && order + exponent > 0)
+      fail("number ", text.substr(0, 40), " for ", what, " is out of the range of a double");
+    value = text[0] == '-' ? -0.0 : 0.0;  // underflow: as strtod, a zero of the sign
+  } else if (ec != std::errc() || end != text.data() + text.size()) {
+    fail("malformed number ", text.substr(0, 40), " for ", what);
+  }
+  return value;
+}
+
+bool JsonReader::parse_bool(const std::string& what) {
+  const char c = peek();
+  if (c == 't' && s_.compare(pos_, 4, "true") == 0) {
+    pos_ += 4;
+    return true;
+  }
+  if (c == 'f' && s_.compare(pos_, 5, "false") == 0) {
+    pos_ += 5;
+    return false;
+  }
+  fail("expected true or false for ", what, ", found ", describe_next());
+}
+
+void JsonReader::skip_value() {
+  // Note [Schema-driven JSON]: an explicit stack of the open containers, so
+  // depth costs no recursion. Each entry is '{' or '['.
+  std::string open;
+  while (true) {
+    const char c = peek();
+    if (c == '{' || c == '[') {
+      if (open.size() == static_cast<size_t>(kMaxJsonDepth))
+        fail("objects and arrays nested deeper than ", kMaxJsonDepth, " levels");
+      ++pos_;
+      open += c;
+      if (consume(c == '{' ? '}' : ']')) {
+        open.pop_back();
+      } else if (c == '{') {
+        if (peek() != '"') fail("expected a key in an object, found ", describe_next());
+        parse_string();
+        expect(':', "after a key");
+        continue;  // the cursor is on the key's value
+      } else {
+        continue;  // the cursor is on the first item
+      }
+    } else if (c == '"') {
+      parse_string();
+    } else if (c == '-' || is_digit(c)) {
+      scan_number("a skipped value");
+    } else if (c == 't' || c == 'f') {
+      parse_bool("a skipped value");
+    } else if (!consume_null()) {
+      fail("expected a value, found ", describe_next());
+    }
+    // One value is complete: close containers until one has another item.
+    while (!open.empty()) {
+      const char closer = open.back() == '{' ? '}' : ']';
+      if (consume(closer)) {
+        open.pop_back();
+        continue;
+      }
+      expect(',', open.back() == '{' ? "or '}' after a value in an object"
+                                     : "or ']' after an item of an array");
+      if (open.back() == '{') {
+        if (peek() != '"') fail("expected a key in an object, found ", describe_next());
+        parse_string();
+        expect(':', "after a key");
+      }
+      break;
+    }
+    if (open.empty()) return;
+  }
+}
+
 uint32_t JsonReader::parse_hex4() {
   if (s_.size() - pos_ < 4) fail("truncated \\u escape");
   uint32_t v = 0;
@@ -194,6 +324,56 @@ void append_json_int_array(std::string& out, const std::vector<int64_t>& values)
     out += std::to_string(values[i]);
   }
   out += ']';
+}
+
+void append_json_double(std::string& out, double value) {
+  ACCRUE_CHECK(std::isfinite(value), "JSON: ", value,
+               " is not a finite number, which JSON cannot hold");
+  if (value == 0) {
+    out += std::signbit(value) ? "-0.0" : "0.0";
+    return;
+  }
+  // The shortest digits that read back as `value`, as d.ddde[+-]XX.
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value, std::chars_format::scientific);
+  ACCRUE_CHECK(ec == std::errc(), "JSON: cannot format ", value);
+  const std::string_view text(buf, static_cast<size_t>(end - buf));
+  const size_t e = text.find('e');
+  const bool negative = text[0] == '-';
+  std::string digits;
+  for (const char c : text.substr(negative ? 1 : 0, e - (negative ? 1 : 0)))
+    if (c != '.') digits += c;
+  int exponent = 0;
+  std::from_chars(text.data() + e + (text[e + 1] == '+' ? 2 : 1), text.data() + text.size(),
+                  exponent);
+  if (negative) out += '-';
+  // Python's repr: positional for exponents -4 .. 15, scientific otherwise.
+  if (exponent >= -4 && exponent < 16) {
+    if (exponent < 0) {
+      out += "0.";
+      out.append(static_cast<size_t>(-exponent - 1), '0');
+      out += digits;
+    } else if (static_cast<size_t>(exponent) + 1 >= digits.size()) {
+      out += digits;
+      out.append(static_cast<size_t>(exponent) + 1 - digits.size(), '0');
+      out += ".0";
+    } else {
+      out += digits.substr(0, static_cast<size_t>(exponent) + 1);
+      out += '.';
+      out += digits.substr(static_cast<size_t>(exponent) + 1);
+    }
+    return;
+  }
+  out += digits[0];
+  if (digits.size() > 1) {
+    out += '.';
+    out += digits.substr(1);
+  }
+  out += 'e';
+  out += exponent < 0 ? '-' : '+';
+  const int magnitude = exponent < 0 ? -exponent : exponent;
+  if (magnitude < 10) out += '0';
+  out += std::to_string(magnitude);
 }
 
 }  // namespace accrue::detail
