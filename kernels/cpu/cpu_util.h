@@ -3,9 +3,11 @@
 // Private to kernels/cpu/.
 #pragma once
 
+#include <algorithm>
 #include <type_traits>
 
 #include "accrue/core/error.h"
+#include "accrue/core/parallel.h"
 #include "accrue/core/strided_index.h"
 #include "accrue/core/tensor.h"
 
@@ -72,6 +74,18 @@ decltype(auto) visit_float(DType t, const char* op, F&& f) {
       break;
   }
   ACCRUE_FAIL(op, ": dtype ", dtype_name(t), " is not a floating dtype");
+}
+
+// Work per parallel_for chunk (Note [CPU threads]): about this many element
+// operations (or multiply-adds) per chunk, so that waking a worker (a few
+// microseconds) stays small next to the work it gets, and tensors smaller than
+// this run inline on the caller.
+constexpr int64_t kParallelWork = int64_t{1} << 15;
+
+// The grain of a parallel_for whose items (rows, say) cost `work_per_item`
+// element operations each.
+inline int64_t grain_for(int64_t work_per_item) {
+  return std::max<int64_t>(1, kParallelWork / std::max<int64_t>(work_per_item, 1));
 }
 
 }  // namespace accrue::kernels::cpu

@@ -1,7 +1,9 @@
 // CPU reference: elementwise ops (binary, scalar, unary and their gradients,
 // minimum/maximum's and clamp's gradients, comparisons, where, the triangles,
 // axpy). Inputs have any strides (0 strides included: the
-// dispatch point broadcasts with a raw expand); outputs are contiguous.
+// dispatch point broadcasts with a raw expand); outputs are contiguous. Every
+// output element depends on its inputs alone, so the loops split across
+// threads at any point (Note [CPU threads]).
 #include <cmath>
 
 #include "accrue/kernels/backend.h"
@@ -21,8 +23,10 @@ void map1(const Tensor& a, const Tensor& out, F f) {
   const Indexer ia(a);
   const T* pa = ptr<T>(a);
   T* po = ptr<T>(out);
-  for (int64_t i = 0, n = out.numel(); i < n; ++i)
-    po[i] = store<T>(f(load(pa[ia(i)])));
+  parallel_for(0, out.numel(), kParallelWork, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      po[i] = store<T>(f(load(pa[ia(i)])));
+  });
 }
 
 template <class T, class F>
@@ -31,8 +35,10 @@ void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   const T* pa = ptr<T>(a);
   const T* pb = ptr<T>(b);
   T* po = ptr<T>(out);
-  for (int64_t i = 0, n = out.numel(); i < n; ++i)
-    po[i] = store<T>(f(load(pa[ia(i)]), load(pb[ib(i)])));
+  parallel_for(0, out.numel(), kParallelWork, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      po[i] = store<T>(f(load(pa[ia(i)]), load(pb[ib(i)])));
+  });
 }
 
 // The binary ops, once, for binary() and binary_scalar().
@@ -198,11 +204,13 @@ void minmax_backward(BinaryOp op, const Tensor& grad, const Tensor& x, const Ten
     const T* py = ptr<T>(y);
     T* po = ptr<T>(out);
     const bool max = op == BinaryOp::Max;
-    for (int64_t i = 0, n = out.numel(); i < n; ++i) {
-      const M g = load(pg[ig(i)]), vx = load(px[ix(i)]), vy = load(py[iy(i)]);
-      const bool loses = max ? vx < vy : vx > vy;
-      po[i] = store<T>(vx == vy ? g / M(2) : loses ? M(0) : g);
-    }
+    parallel_for(0, out.numel(), kParallelWork, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const M g = load(pg[ig(i)]), vx = load(px[ix(i)]), vy = load(py[iy(i)]);
+        const bool loses = max ? vx < vy : vx > vy;
+        po[i] = store<T>(vx == vy ? g / M(2) : loses ? M(0) : g);
+      }
+    });
   });
 }
 
@@ -233,11 +241,13 @@ void triangle(const Tensor& a, int64_t diagonal, bool upper, const Tensor& out) 
     const T* pa = ptr<T>(a);
     T* po = ptr<T>(out);
     const int64_t rows = out.size(-2), cols = out.size(-1);
-    for (int64_t i = 0, n = out.numel(); i < n; ++i) {
-      const int64_t c = i % cols, r = (i / cols) % rows;
-      const bool keep = upper ? c - r >= diagonal : c - r <= diagonal;
-      po[i] = keep ? pa[ia(i)] : T{};
-    }
+    parallel_for(0, out.numel(), kParallelWork, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t c = i % cols, r = (i / cols) % rows;
+        const bool keep = upper ? c - r >= diagonal : c - r <= diagonal;
+        po[i] = keep ? pa[ia(i)] : T{};
+      }
+    });
   });
 }
 
@@ -249,8 +259,10 @@ void compare(CompareOp op, const Tensor& a, const Tensor& b, const Tensor& out) 
     const T* pb = ptr<T>(b);
     bool* po = ptr<bool>(out);
     auto run = [&](auto cmp) {
-      for (int64_t i = 0, n = out.numel(); i < n; ++i)
-        po[i] = cmp(compare_value(pa[ia(i)]), compare_value(pb[ib(i)]));
+      parallel_for(0, out.numel(), kParallelWork, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i)
+          po[i] = cmp(compare_value(pa[ia(i)]), compare_value(pb[ib(i)]));
+      });
     };
     switch (op) {
       case CompareOp::Eq:
@@ -277,8 +289,10 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& o
     const T* pa = ptr<T>(a);
     const T* pb = ptr<T>(b);
     T* po = ptr<T>(out);
-    for (int64_t i = 0, n = out.numel(); i < n; ++i)
-      po[i] = pc[ic(i)] ? pa[ia(i)] : pb[ib(i)];
+    parallel_for(0, out.numel(), kParallelWork, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i)
+        po[i] = pc[ic(i)] ? pa[ia(i)] : pb[ib(i)];
+    });
   });
 }
 
@@ -293,9 +307,18 @@ void axpy_as(const Tensor& dst, double alpha, const Tensor& src) {
   const Indexer id(dst), is(src);
   T* pd = ptr<T>(dst);
   const S* ps = ptr<S>(src);
-  for (int64_t i = 0, n = dst.numel(); i < n; ++i) {
-    T& d = pd[id(i)];
-    d = store<T>(load(d) + al * static_cast<M>(load(ps[is(i)])));
+  auto add = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      T& d = pd[id(i)];
+      d = store<T>(load(d) + al * static_cast<M>(load(ps[is(i)])));
+    }
+  };
+  // A strided dst is not known to be free of overlaps (only expanded views
+  // are refused), so only a contiguous one is split across threads.
+  if (dst.is_contiguous()) {
+    parallel_for(0, dst.numel(), kParallelWork, add);
+  } else {
+    add(0, dst.numel());
   }
 }
 

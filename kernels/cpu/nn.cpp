@@ -1,5 +1,6 @@
 // CPU reference: embedding, cross-entropy and layer norm, forward and backward.
-// Every sum accumulates in double in a fixed order and is rounded once.
+// Every sum accumulates in double in a fixed order and is rounded once. Threads
+// split rows, columns or embedding rows, never one sum (Note [CPU threads]).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -71,14 +72,17 @@ void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
     const T* pw = ptr<T>(weight);
     T* po = ptr<T>(out);
     const int64_t v = weight.size(0);
-    for (size_t i = 0; i < idx.size(); ++i) {
-      T* row = po + static_cast<int64_t>(i) * d;
-      if (idx[i] >= 0 && idx[i] < v) {
-        std::copy(pw + idx[i] * d, pw + (idx[i] + 1) * d, row);
-      } else {  // a deferred check's bad index (Note [Deferred index checks]): a NaN row
-        std::fill(row, row + d, store_double<T>(std::numeric_limits<double>::quiet_NaN()));
+    parallel_for(0, static_cast<int64_t>(idx.size()), grain_for(d), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        T* row = po + i * d;
+        const int64_t k = idx[static_cast<size_t>(i)];
+        if (k >= 0 && k < v) {
+          std::copy(pw + k * d, pw + (k + 1) * d, row);
+        } else {  // a deferred check's bad index (Note [Deferred index checks]): a NaN row
+          std::fill(row, row + d, store_double<T>(std::numeric_limits<double>::quiet_NaN()));
+        }
       }
-    }
+    });
   });
 }
 
@@ -100,30 +104,40 @@ void embedding_backward(const Tensor& grad, const Tensor& indices, const Tensor&
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t x, int64_t y) { return idx[x] < idx[y]; });
-  std::vector<double> acc(static_cast<size_t>(d));
+  // Where each group of equal indices starts in `order` (and its end): groups
+  // write distinct rows, so threads split the groups.
+  std::vector<size_t> starts;
+  for (size_t i = 0; i < order.size(); ++i)
+    if (i == 0 || idx[order[i]] != idx[order[i - 1]]) starts.push_back(i);
+  starts.push_back(order.size());
+  const int64_t groups = static_cast<int64_t>(starts.size()) - 1;
   visit_float(grad.dtype(), "embedding_backward", [&](auto g_tag) {
     using G = decltype(g_tag);
     visit_float(grad_weight.dtype(), "embedding_backward", [&](auto w_tag) {
       using W = decltype(w_tag);
       const G* pg = ptr<G>(grad);
       W* pw = ptr<W>(grad_weight);
-      if (!accumulate) std::fill(pw, pw + v * d, store_double<W>(0.0));
-      for (size_t start = 0; start < order.size();) {
-        const int64_t row = idx[order[start]];
-        std::fill(acc.begin(), acc.end(), 0.0);
-        size_t end = start;
-        for (; end < order.size() && idx[order[end]] == row; ++end)
-          for (int64_t j = 0; j < d; ++j)
-            acc[j] += load_double(pg[order[end] * d + j]);
-        if (row < 0 || row >= v) {  // a deferred check's bad index: no row to add to
-          start = end;
-          continue;
-        }
-        W* out = pw + row * d;
-        for (int64_t j = 0; j < d; ++j)
-          out[j] = store_double<W>(accumulate ? load_double(out[j]) + acc[j] : acc[j]);
-        start = end;
+      if (!accumulate) {
+        parallel_for(0, v * d, kParallelWork, [&](int64_t i0, int64_t i1) {
+          std::fill(pw + i0, pw + i1, store_double<W>(0.0));
+        });
       }
+      parallel_for(0, groups, grain_for(d), [&](int64_t g0, int64_t g1) {
+        std::vector<double> acc(static_cast<size_t>(d));
+        for (int64_t g = g0; g < g1; ++g) {
+          const size_t start = starts[static_cast<size_t>(g)];
+          const size_t end = starts[static_cast<size_t>(g) + 1];
+          const int64_t row = idx[order[start]];
+          if (row < 0 || row >= v) continue;  // a deferred check's bad index: no row to add to
+          std::fill(acc.begin(), acc.end(), 0.0);
+          for (size_t e = start; e < end; ++e)
+            for (int64_t j = 0; j < d; ++j)
+              acc[j] += load_double(pg[order[e] * d + j]);
+          W* out = pw + row * d;
+          for (int64_t j = 0; j < d; ++j)
+            out[j] = store_double<W>(accumulate ? load_double(out[j]) + acc[j] : acc[j]);
+        }
+      });
     });
   });
 }
@@ -132,19 +146,27 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_i
                    const Tensor& loss_sum, const Tensor& count) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
   const std::vector<int64_t> t = read_indices(targets, "cross_entropy");
-  double loss = 0.0;
-  int64_t counted = 0;
+  // Each row's term on its own thread, then their sum in row order on this one.
+  std::vector<double> terms(static_cast<size_t>(rows));
   visit_float(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
-    for (int64_t r = 0; r < rows; ++r) {
-      if (t[r] == ignore_index) continue;
-      const T* x = ptr<T>(logits) + r * cols;
-      // A deferred check's bad target (Note [Deferred index checks]) makes the loss NaN.
-      loss += t[r] >= 0 && t[r] < cols ? log_sum_exp(x, cols) - load_double(x[t[r]])
-                                       : std::numeric_limits<double>::quiet_NaN();
-      ++counted;
-    }
+    parallel_for(0, rows, grain_for(2 * cols), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        if (t[r] == ignore_index) continue;
+        const T* x = ptr<T>(logits) + r * cols;
+        // A deferred check's bad target (Note [Deferred index checks]) makes the loss NaN.
+        terms[r] = t[r] >= 0 && t[r] < cols ? log_sum_exp(x, cols) - load_double(x[t[r]])
+                                            : std::numeric_limits<double>::quiet_NaN();
+      }
+    });
   });
+  double loss = 0.0;
+  int64_t counted = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (t[r] == ignore_index) continue;
+    loss += terms[r];
+    ++counted;
+  }
   visit_float(loss_sum.dtype(), "cross_entropy", [&](auto tag) {
     using L = decltype(tag);
     *ptr<L>(loss_sum) = store_double<L>(loss);
@@ -159,24 +181,26 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t
   const double g = read_scalar(grad_sum, 0);
   visit_float(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* x = ptr<T>(logits) + r * cols;
-      T* dx = ptr<T>(grad_logits) + r * cols;
-      if (t[r] == ignore_index) {
-        std::fill(dx, dx + cols, store_double<T>(0.0));
-        continue;
+    parallel_for(0, rows, grain_for(3 * cols), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* x = ptr<T>(logits) + r * cols;
+        T* dx = ptr<T>(grad_logits) + r * cols;
+        if (t[r] == ignore_index) {
+          std::fill(dx, dx + cols, store_double<T>(0.0));
+          continue;
+        }
+        if (t[r] < 0 || t[r] >= cols) {  // a deferred check's bad target: a NaN row
+          std::fill(dx, dx + cols, store_double<T>(std::numeric_limits<double>::quiet_NaN()));
+          continue;
+        }
+        // d(lse(x) - x[t]) / dx = softmax(x) - onehot(t)
+        const double lse = log_sum_exp(x, cols);
+        for (int64_t c = 0; c < cols; ++c) {
+          const double p = std::exp(load_double(x[c]) - lse);
+          dx[c] = store_double<T>(g * (p - (c == t[r] ? 1.0 : 0.0)));
+        }
       }
-      if (t[r] < 0 || t[r] >= cols) {  // a deferred check's bad target: a NaN row
-        std::fill(dx, dx + cols, store_double<T>(std::numeric_limits<double>::quiet_NaN()));
-        continue;
-      }
-      // d(lse(x) - x[t]) / dx = softmax(x) - onehot(t)
-      const double lse = log_sum_exp(x, cols);
-      for (int64_t c = 0; c < cols; ++c) {
-        const double p = std::exp(load_double(x[c]) - lse);
-        dx[c] = store_double<T>(g * (p - (c == t[r] ? 1.0 : 0.0)));
-      }
-    }
+    });
   });
 }
 
@@ -189,30 +213,32 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, doubl
     using T = decltype(tag);
     visit_float(mean.dtype(), "layer_norm", [&](auto s_tag) {
       using S = decltype(s_tag);
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = ptr<T>(x) + r * d;
-        T* yr = ptr<T>(out) + r * d;
-        // Two passes: the mean, then the biased variance around it.
-        double mu = 0.0;
-        for (int64_t c = 0; c < d; ++c)
-          mu += load_double(xr[c]);
-        mu /= static_cast<double>(d);
-        double var = 0.0;
-        for (int64_t c = 0; c < d; ++c) {
-          const double z = load_double(xr[c]) - mu;
-          var += z * z;
+      parallel_for(0, rows, grain_for(4 * d), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const T* xr = ptr<T>(x) + r * d;
+          T* yr = ptr<T>(out) + r * d;
+          // Two passes: the mean, then the biased variance around it.
+          double mu = 0.0;
+          for (int64_t c = 0; c < d; ++c)
+            mu += load_double(xr[c]);
+          mu /= static_cast<double>(d);
+          double var = 0.0;
+          for (int64_t c = 0; c < d; ++c) {
+            const double z = load_double(xr[c]) - mu;
+            var += z * z;
+          }
+          var /= static_cast<double>(d);
+          const double rs = 1.0 / std::sqrt(var + eps);
+          for (int64_t c = 0; c < d; ++c) {
+            double y = (load_double(xr[c]) - mu) * rs;
+            if (!w.empty()) y *= w[c];
+            if (!b.empty()) y += b[c];
+            yr[c] = store_double<T>(y);
+          }
+          ptr<S>(mean)[r] = store_double<S>(mu);
+          ptr<S>(rstd)[r] = store_double<S>(rs);
         }
-        var /= static_cast<double>(d);
-        const double rs = 1.0 / std::sqrt(var + eps);
-        for (int64_t c = 0; c < d; ++c) {
-          double y = (load_double(xr[c]) - mu) * rs;
-          if (!w.empty()) y *= w[c];
-          if (!b.empty()) y += b[c];
-          yr[c] = store_double<T>(y);
-        }
-        ptr<S>(mean)[r] = store_double<S>(mu);
-        ptr<S>(rstd)[r] = store_double<S>(rs);
-      }
+      });
     });
   });
 }
@@ -222,31 +248,52 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weig
                          const Tensor& dweight, const Tensor& dbias, bool accumulate) {
   const int64_t rows = x.size(0), d = x.size(1);
   std::vector<double> dw(static_cast<size_t>(d), 0.0), db(static_cast<size_t>(d), 0.0);
-  std::vector<double> xhat(static_cast<size_t>(d)), gw(static_cast<size_t>(d));
   const std::vector<double> w = read_param(weight);
+  std::vector<double> mus(static_cast<size_t>(rows)), rss(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    mus[r] = read_scalar(mean, r);
+    rss[r] = read_scalar(rstd, r);
+  }
   visit_float(x.dtype(), "layer_norm_backward", [&](auto tag) {
     using T = decltype(tag);
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = ptr<T>(x) + r * d;
-      const T* gr = ptr<T>(grad) + r * d;
-      T* dxr = ptr<T>(dx) + r * d;
-      const double mu = read_scalar(mean, r), rs = read_scalar(rstd, r);
-      // With xhat = (x - mean) * rstd and gw = dy * w:
-      //   dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)).
-      double sum_gw = 0.0, sum_gw_xhat = 0.0;
-      for (int64_t c = 0; c < d; ++c) {
-        const double g = load_double(gr[c]);
-        xhat[c] = (load_double(xr[c]) - mu) * rs;
-        gw[c] = w.empty() ? g : g * w[c];
-        sum_gw += gw[c];
-        sum_gw_xhat += gw[c] * xhat[c];
-        dw[c] += g * xhat[c];
-        db[c] += g;
+    // dx: threads split the rows.
+    parallel_for(0, rows, grain_for(4 * d), [&](int64_t r0, int64_t r1) {
+      std::vector<double> xhat(static_cast<size_t>(d)), gw(static_cast<size_t>(d));
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* xr = ptr<T>(x) + r * d;
+        const T* gr = ptr<T>(grad) + r * d;
+        T* dxr = ptr<T>(dx) + r * d;
+        const double mu = mus[r], rs = rss[r];
+        // With xhat = (x - mean) * rstd and gw = dy * w:
+        //   dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)).
+        double sum_gw = 0.0, sum_gw_xhat = 0.0;
+        for (int64_t c = 0; c < d; ++c) {
+          const double g = load_double(gr[c]);
+          xhat[c] = (load_double(xr[c]) - mu) * rs;
+          gw[c] = w.empty() ? g : g * w[c];
+          sum_gw += gw[c];
+          sum_gw_xhat += gw[c] * xhat[c];
+        }
+        const double inv_d = 1.0 / static_cast<double>(d);
+        for (int64_t c = 0; c < d; ++c)
+          dxr[c] = store_double<T>(rs * (gw[c] - sum_gw * inv_d - xhat[c] * sum_gw_xhat * inv_d));
       }
-      const double inv_d = 1.0 / static_cast<double>(d);
-      for (int64_t c = 0; c < d; ++c)
-        dxr[c] = store_double<T>(rs * (gw[c] - sum_gw * inv_d - xhat[c] * sum_gw_xhat * inv_d));
-    }
+    });
+    // dweight and dbias: threads split the columns; each column sums its rows
+    // in order, recomputing xhat exactly as above.
+    if (!dweight.defined() && !dbias.defined()) return;
+    parallel_for(0, d, grain_for(2 * rows), [&](int64_t c0, int64_t c1) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* xr = ptr<T>(x) + r * d;
+        const T* gr = ptr<T>(grad) + r * d;
+        const double mu = mus[r], rs = rss[r];
+        for (int64_t c = c0; c < c1; ++c) {
+          const double g = load_double(gr[c]);
+          dw[c] += g * ((load_double(xr[c]) - mu) * rs);
+          db[c] += g;
+        }
+      }
+    });
   });
   // dweight and dbias: written, or added to (Note [Overwrite first]).
   auto write = [&](const Tensor& t, const std::vector<double>& v) {

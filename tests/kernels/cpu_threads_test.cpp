@@ -1,0 +1,213 @@
+// The CPU kernels that split their work across threads give bitwise the same
+// results with 1, 3 and 4 threads (Note [CPU threads]), on random inputs whose
+// sizes split unevenly, and each of them does use the pool at that size.
+#include <gmock/gmock.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "accrue/core/parallel.h"
+#include "accrue/kernels/ops.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+using kernels::BinaryOp;
+using kernels::CompareOp;
+using kernels::UnaryOp;
+
+class ThreadsScope {
+ public:
+  explicit ThreadsScope(int n) : previous_(num_threads()) { set_num_threads(n); }
+  ~ThreadsScope() { set_num_threads(previous_); }
+  ThreadsScope(const ThreadsScope&) = delete;
+  ThreadsScope& operator=(const ThreadsScope&) = delete;
+
+ private:
+  int previous_;
+};
+
+::testing::AssertionResult bitwise_equal(const Tensor& actual, const Tensor& expected) {
+  if (actual.shape() != expected.shape() || actual.dtype() != expected.dtype())
+    return ::testing::AssertionFailure()
+           << "shape or dtype differ: " << shape_str(actual.shape()) << " "
+           << dtype_name(actual.dtype()) << " vs " << shape_str(expected.shape()) << " "
+           << dtype_name(expected.dtype());
+  const Tensor a = actual.contiguous(), e = expected.contiguous();
+  const size_t width = a.nbytes() / static_cast<size_t>(std::max<int64_t>(a.numel(), 1));
+  const auto* pa = static_cast<const unsigned char*>(a.data_ptr());
+  const auto* pe = static_cast<const unsigned char*>(e.data_ptr());
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    if (std::memcmp(pa + i * width, pe + i * width, width) != 0) {
+      return ::testing::AssertionFailure()
+             << "element " << i << " differs: " << a.reshape({a.numel()}).narrow(0, i, 1).item()
+             << " vs " << e.reshape({e.numel()}).narrow(0, i, 1).item();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Runs `compute` with 1 thread, then with 3 and with 4: every tensor it
+// returns is bitwise the same, and with several threads the kernels used the
+// pool (the sizes below are above their grains).
+void expect_thread_count_invariant(const std::function<std::vector<Tensor>()>& compute) {
+  std::vector<Tensor> one;
+  {
+    ThreadsScope scope(1);
+    one = compute();
+  }
+  for (int threads : {3, 4}) {
+    SCOPED_TRACE(std::to_string(threads) + " threads");
+    ThreadsScope scope(threads);
+    const int64_t runs = parallel_runs();
+    const std::vector<Tensor> many = compute();
+    EXPECT_GT(parallel_runs(), runs) << "the kernels never used the pool";
+    ASSERT_EQ(many.size(), one.size());
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_TRUE(bitwise_equal(many[i], one[i])) << "result " << i;
+  }
+}
+
+const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
+
+TEST(CpuThreads, gemm_batched_transposed_and_mixed_precision) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor a = test::random_normal({5, 67, 131}, dt);
+    const Tensor b = test::random_normal({5, 131, 97}, dt);
+    const Tensor bt = test::random_normal({5, 97, 131}, dt);  // used as its transpose
+    const Tensor a2 = test::random_normal({301, 129}, dt);
+    const Tensor b2 = test::random_normal({211, 301}, dt);
+    const Tensor out0 = test::random_normal({129, 211}, DType::f32);
+    const DType out_dt = dt == DType::f64 ? DType::f64 : DType::f32;
+    expect_thread_count_invariant([&] {
+      Tensor out = out0.to(out_dt).clone();
+      // out += 1.5 * a2^T @ b2^T (the weight-gradient form: 16-bit inputs
+      // into an f32 slot).
+      kernels::gemm(a2, true, b2, true, out, 1.5, 1.0);
+      return std::vector<Tensor>{kernels::matmul(a, b), kernels::matmul(a, bt.transpose(1, 2)),
+                                 out};
+    });
+  }
+}
+
+TEST(CpuThreads, elementwise_unary_binary_where_compare_and_axpy) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_normal({331, 307}, dt);
+    const Tensor y = test::random_normal({331, 307}, dt);
+    const Tensor row = test::random_normal({307}, dt);
+    const Tensor xt = test::random_normal({307, 331}, dt).transpose(0, 1);  // strided
+    const Tensor pos = test::random_uniform({331, 307}, 0.5, 2.0, dt);
+    const Tensor cond = kernels::compare(CompareOp::Gt, x, y);
+    const Tensor dst0 = test::random_normal({331, 307}, dt == DType::f64 ? dt : DType::f32);
+    expect_thread_count_invariant([&] {
+      std::vector<Tensor> r;
+      for (BinaryOp op : {BinaryOp::Add, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max}) {
+        r.push_back(kernels::binary(op, x, row));
+        r.push_back(kernels::binary(op, xt, y));
+      }
+      r.push_back(kernels::binary_scalar(BinaryOp::Sub, x, 0.25, true));
+      for (UnaryOp op : {UnaryOp::Exp, UnaryOp::Tanh, UnaryOp::Gelu, UnaryOp::Silu, UnaryOp::Sin}) {
+        r.push_back(kernels::unary(op, xt));
+        r.push_back(kernels::unary_backward(op, y, x, Tensor()));
+      }
+      r.push_back(kernels::unary(UnaryOp::Rsqrt, pos));
+      r.push_back(kernels::unary(UnaryOp::Pow, pos, -0.5));
+      r.push_back(kernels::minmax_backward(BinaryOp::Max, y, x, row));
+      r.push_back(kernels::clamp(x, -0.5, 0.75));
+      r.push_back(kernels::clamp_backward(y, xt, -0.5, 0.75));
+      r.push_back(kernels::compare(CompareOp::Le, xt, row));
+      r.push_back(kernels::where(cond, x, xt));
+      r.push_back(kernels::where(cond, x, -1.0));
+      r.push_back(kernels::triu(x, 3));
+      r.push_back(kernels::tril(xt, -2));
+      Tensor dst = dst0.clone();
+      kernels::axpy_(dst, 0.375, x);
+      r.push_back(dst);
+      return r;
+    });
+  }
+}
+
+TEST(CpuThreads, reductions_and_softmax) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_normal({1013, 97}, dt);
+    const Tensor g = test::random_normal({1013, 97}, dt);
+    const Tensor tall = test::random_normal({4099, 37}, dt);
+    const Tensor bias0 = test::random_normal({37}, DType::f32);
+    expect_thread_count_invariant([&] {
+      std::vector<Tensor> r{kernels::sum(x, {1}),
+                            kernels::mean(x, {1}, true),
+                            kernels::max(x, {1}),
+                            kernels::argmax(x, 1),
+                            kernels::sum(x.transpose(0, 1), {1}),
+                            kernels::sum(tall, {0}),
+                            kernels::softmax(x, 1),
+                            kernels::log_softmax(x, 1)};
+      r.push_back(kernels::softmax_backward(g, r[6], 1));
+      r.push_back(kernels::log_softmax_backward(g, r[7], 1));
+      Tensor bias = bias0.to(dt == DType::f64 ? dt : DType::f32).clone();
+      kernels::sum_rows_into(tall, bias, true);
+      r.push_back(bias);
+      return r;
+    });
+  }
+}
+
+TEST(CpuThreads, layer_norm_forward_and_backward) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_normal({1031, 67}, dt, Device::cpu(), 3.0);
+    const Tensor g = test::random_normal({1031, 67}, dt);
+    const Tensor w = test::random_normal({67}, dt);
+    const Tensor b = test::random_normal({67}, dt);
+    const DType slot = dt == DType::f64 ? dt : DType::f32;
+    const Tensor dw0 = test::random_normal({67}, slot), db0 = test::random_normal({67}, slot);
+    expect_thread_count_invariant([&] {
+      const kernels::LayerNormOutput fwd = kernels::layer_norm(x, w, b, 1e-5);
+      Tensor dw = dw0.clone(), db = db0.clone(), dw_set = zeros({67}, slot);
+      const Tensor dx = kernels::layer_norm_backward(g, x, w, fwd.mean, fwd.rstd, dw, db, true);
+      const Tensor dx_plain =
+          kernels::layer_norm_backward(g, x, Tensor(), fwd.mean, fwd.rstd, dw_set, Tensor(), false);
+      const kernels::LayerNormOutput bare = kernels::layer_norm(x, Tensor(), Tensor(), 1e-5);
+      return std::vector<Tensor>{fwd.out, fwd.mean, fwd.rstd, dx,      dw,
+                                 db,      dx_plain, dw_set,   bare.out};
+    });
+  }
+}
+
+TEST(CpuThreads, cross_entropy_and_embedding) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor logits = test::random_normal({1031, 101}, dt, Device::cpu(), 2.0);
+    Tensor targets = randint(0, 101, {1031}, DType::i64);
+    // Some ignored rows, so the count and the ordered sum skip them.
+    std::vector<int64_t> t = targets.to_vector<int64_t>();
+    for (size_t i = 0; i < t.size(); i += 7)
+      t[i] = -100;
+    targets = from_vector<int64_t>(t, {1031}, DType::i64);
+    const Tensor seed = full({}, 0.5, dt == DType::f64 ? dt : DType::f32);
+    const Tensor weight = test::random_normal({61, 2053}, dt);
+    const Tensor indices = randint(0, 61, {7, 73}, DType::i32);
+    const Tensor grad = test::random_normal({7, 73, 2053}, dt);
+    const DType slot = dt == DType::f64 ? dt : DType::f32;
+    const Tensor gw0 = test::random_normal({61, 2053}, slot);
+    expect_thread_count_invariant([&] {
+      const kernels::LossSum loss = kernels::cross_entropy(logits, targets);
+      const Tensor dlogits = kernels::cross_entropy_backward(logits, targets, -100, seed);
+      Tensor gw = gw0.clone(), gw_set = empty({61, 2053}, slot);
+      kernels::embedding_backward(grad, indices, gw, true);
+      kernels::embedding_backward(grad, indices, gw_set, false);
+      return std::vector<Tensor>{loss.sum, loss.count, dlogits, kernels::embedding(weight, indices),
+                                 gw,       gw_set};
+    });
+  }
+}
+
+}  // namespace
+}  // namespace accrue
