@@ -164,3 +164,40 @@ write("exchange_message", "bad_magic_and_truncated",
       bytes([1]) + hello(1, 2, magic=0x12345678) + hello(1, 2)[:10])
 for status in range(5):
     write("exchange_message", f"reply_status{status}", reply(status, 2))
+
+# ---- Hugging Face config.json and model.safetensors.index.json ------------------
+# (fuzz_hf_config reads each input as both.)
+LLAMA32 = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 128256}
+QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "bos_token_id": 151643,
+    "eos_token_id": [151645, 151643], "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+    "intermediate_size": 3072, "layer_types": ["full_attention"] * 3,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+    "sliding_window": None, "tie_word_embeddings": True, "use_sliding_window": False,
+    "vocab_size": 151936, "id2label": {"0": "A\u00e9\\n"}, "nested": [[{"a": [1e-300, -0.0]}]]}
+write("hf_config", "llama3.2_1b", json.dumps(LLAMA32, indent=2).encode())
+write("hf_config", "qwen3_0.6b", json.dumps(QWEN3, indent=2).encode())
+write("hf_config", "llama_minimal", json.dumps(
+    {"model_type": "llama", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+     "num_hidden_layers": 1, "num_attention_heads": 2}).encode())
+write("hf_config", "unknown_model_type", json.dumps(dict(LLAMA32, model_type="gemma2")).encode())
+write("hf_config", "deep", b'{"x": ' + b"[" * 70 + b"]" * 70 + b"}")
+write("hf_config", "index", json.dumps(
+    {"metadata": {"total_size": 48, "total_parameters": 12},
+     "weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors",
+                    "lm_head.weight": "model-00002-of-00002.safetensors"}},
+    indent=2, sort_keys=True).encode())
+write("hf_config", "index_escape", json.dumps(
+    {"weight_map": {"w": "../model.safetensors"}}).encode())

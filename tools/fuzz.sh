@@ -22,7 +22,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUNS=100000
 SECONDS_PER_TARGET=0  # 0: no time box, --runs alone bounds a target
 BUILD_DIR="$ROOT/build/fuzz"
-TARGETS="safetensors npy token_shards exchange_message options run_record metrics_log"
+TARGETS="safetensors npy token_shards exchange_message options run_record metrics_log hf_config"
 CXX_BIN="${FUZZ_CXX:-clang++}"
 
 usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
