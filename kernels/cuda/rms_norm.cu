@@ -109,44 +109,83 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ r
   if (lane == 0) rstd[row] = rs;
 }
 
-// dx = rstd * (gw - xhat * mean(gw * xhat)) with xhat = x * rstd, gw = dy * w.
-template <class T, class P, int V, bool kWarpRow>
-__global__ void rms_norm_dx_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                   const P* __restrict__ weight,
-                                   const cu::math_t<T>* __restrict__ rstd, int64_t rows, int64_t d,
-                                   T* __restrict__ dx) {
-  using M = cu::math_t<T>;
-  __shared__ M scratch[32];
-  int64_t row;
-  int lane, size;
-  group_of<kWarpRow>(&row, &lane, &size);
-  if (row >= rows) return;
-  const int64_t packs = d / V;
-  const T* xr = x + row * d;
-  const T* gr = dy + row * d;
-  const M rs = rstd[row];
-  M s = 0;
-  for (int64_t k = lane; k < packs; k += size) {
-    const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
+// Calls f(k, j) for the packs k of a row that lane `lane` of a group of
+// `size` owns, j counting them: k = lane + j * size. kMaxPacks > 0 bounds j at
+// compile time (so per-pack state can live in registers), 0 leaves it open.
+template <int kMaxPacks, class F>
+__device__ __forceinline__ void for_packs(int lane, int size, int64_t packs, F&& f) {
+  if constexpr (kMaxPacks == 0) {
+    for (int64_t k = lane; k < packs; k += size)
+      f(k, 0);
+  } else {
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      M gw = load<M>(g.v[j]);
-      if (weight) gw *= load<M>(weight[k * V + j]);
-      s += gw * load<M>(a.v[j]);
+    for (int j = 0; j < kMaxPacks; ++j) {
+      const int64_t k = lane + static_cast<int64_t>(j) * size;
+      if (k < packs) f(k, j);
     }
   }
-  // mean(gw * xhat) = rstd * sum(gw * x) / d.
-  const M mean_gw_xhat = group_sum<kWarpRow>(s, scratch) * rs / static_cast<M>(d);
-  for (int64_t k = lane; k < packs; k += size) {
-    const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
-    Pack<T, V> out;
+}
+
+// dx = rstd * (gw - xhat * mean(gw * xhat)) with xhat = x * rstd, gw = dy * w,
+// over the rows group, group + groups, ... of each group (Note [RMSNorm
+// backward]). With kMaxPacks > 0 the group also sums dy * xhat of the columns
+// it owns over its rows, in row order, and writes them to partial[group].
+template <class T, class P, int V, bool kWarpRow, int kMaxPacks>
+__global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                         const P* __restrict__ weight,
+                                         const cu::math_t<T>* __restrict__ rstd, int64_t rows,
+                                         int64_t d, int64_t groups, T* __restrict__ dx,
+                                         cu::math_t<T>* __restrict__ partial) {
+  using M = cu::math_t<T>;
+  constexpr int kAcc = kMaxPacks > 0 ? kMaxPacks : 1;
+  __shared__ M scratch[32];
+  int64_t group;
+  int lane, size;
+  group_of<kWarpRow>(&group, &lane, &size);
+  const int64_t packs = d / V;
+  M acc[kAcc][V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      M gw = load<M>(g.v[j]);
-      if (weight) gw *= load<M>(weight[k * V + j]);
-      out.v[j] = cu::convert<T>(rs * (gw - load<M>(a.v[j]) * rs * mean_gw_xhat));
-    }
-    store_pack<V>(dx + row * d, k, out);
+  for (int j = 0; j < kAcc; ++j)
+#pragma unroll
+    for (int v = 0; v < V; ++v)
+      acc[j][v] = 0;
+  // Warp groups past the last group skip the loop (no block barrier in warp rows).
+  for (int64_t row = group; group < groups && row < rows; row += groups) {
+    const T* xr = x + row * d;
+    const T* gr = dy + row * d;
+    const M rs = rstd[row];
+    M s = 0;
+    for_packs<kMaxPacks>(lane, size, packs, [&](int64_t k, int) {
+      const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        M gw = load<M>(g.v[j]);
+        if (weight) gw *= load<M>(weight[k * V + j]);
+        s += gw * load<M>(a.v[j]);
+      }
+    });
+    // mean(gw * xhat) = rstd * sum(gw * x) / d.
+    const M mean_gw_xhat = group_sum<kWarpRow>(s, scratch) * rs / static_cast<M>(d);
+    for_packs<kMaxPacks>(lane, size, packs, [&](int64_t k, int jj) {
+      const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
+      Pack<T, V> out;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const M gv = load<M>(g.v[j]), xhat = load<M>(a.v[j]) * rs;
+        const M gw = weight ? gv * load<M>(weight[k * V + j]) : gv;
+        out.v[j] = cu::convert<T>(rs * (gw - xhat * mean_gw_xhat));
+        if constexpr (kMaxPacks > 0) acc[jj][j] += gv * xhat;
+      }
+      store_pack<V>(dx + row * d, k, out);
+    });
+  }
+  if constexpr (kMaxPacks > 0) {
+    if (group >= groups) return;
+    for_packs<kMaxPacks>(lane, size, packs, [&](int64_t k, int jj) {
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        partial[group * d + k * V + j] = acc[jj][j];
+    });
   }
 }
 
@@ -178,16 +217,26 @@ __global__ void rms_norm_weight_partials_kernel(const T* __restrict__ dy, const 
   }
 }
 
-// The chunks of each column added in chunk order, written (=) or added (+=).
+// The chunks of each column added in chunk order, written (=) or added
+// (+=): block (x, y) takes 32 columns, each thread row y a fixed stride of
+// the chunks, then the 8 thread rows in order.
 template <class A, class O>
 __global__ void rms_norm_weight_total_kernel(const A* __restrict__ partial, int64_t chunks,
                                              int64_t d, O* out, bool accumulate) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= d) return;
+  __shared__ A tile[kRowLanes][kColumnTile + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
   A s = 0;
-  for (int64_t k = 0; k < chunks; ++k)
-    s += partial[k * d + c];
-  out[c] = cu::convert<O>(accumulate ? load<A>(out[c]) + s : s);
+  if (c < d) {
+    for (int64_t k = threadIdx.y; k < chunks; k += kRowLanes)
+      s += partial[k * d + c];
+  }
+  tile[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < d) {
+    for (int i = 1; i < kRowLanes; ++i)
+      s += tile[i][threadIdx.x];
+    out[c] = cu::convert<O>(accumulate ? load<A>(out[c]) + s : s);
+  }
 }
 
 bool aligned_16(const Tensor& t) {
@@ -285,6 +334,22 @@ void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
   rms_norm_forward(x, residual, weight, eps, sum, out, rstd, "add_rms_norm");
 }
 
+// Note [RMSNorm backward]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// dx has the forward's shape (Note [RMSNorm kernels]), but a fixed number of
+// groups (blocks, or warps of 8-warp blocks) take the rows in turn: group g
+// the rows g, g + groups, ... . Where a thread owns at most kFusedPacks packs
+// of a row, it also sums dy * xhat of its columns over its rows in registers,
+// so dy and x are read once for both gradients (three tensors' traffic in
+// all); each group writes its column sums to a partial row, and a second
+// kernel adds the partial rows in order (Note [Deterministic column sums]).
+// Wider rows run the dx pass alone and the column sums over 64-row chunks of
+// dy and x, a second read. The group count depends only on the shape, so the
+// sums do too.
+constexpr int kFusedPacks = 4;
+constexpr int64_t kBlockGroups = 1024;  // about eight 256-thread blocks per SM of an H100
+constexpr int64_t kWarpGroups = 8192;
+
 void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight_in,
                        const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                        bool accumulate) {
@@ -297,38 +362,60 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
   const bool f32_params = weight_in.defined() && weight_in.dtype() == DType::f32;
   const Tensor weight = as_dtype(weight_in, f32_params ? DType::f32 : x.dtype());
   const bool vectorized = aligned_16(grad) && aligned_16(x) && aligned_16(dx);
+  const DType acc_dtype = accumulate_dtype(x.dtype());
+  const Device device = Device::cuda(dev);
   cu::visit_float_dtype(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     using A = cu::math_t<T>;
-    launch_rows<T>(rows, d, f32_params, vectorized, op,
-                   [&](auto param_tag, auto vec, auto warp_row, unsigned grid, int threads) {
-                     using P = decltype(param_tag);
-                     constexpr int V = decltype(vec)::value;
-                     constexpr bool W = decltype(warp_row)::value;
-                     rms_norm_dx_kernel<T, P, V, W><<<grid, threads, 0, stream>>>(
-                         static_cast<const T*>(grad.data_ptr()),
-                         static_cast<const T*>(x.data_ptr()), optional_ptr<P>(weight),
-                         static_cast<const A*>(rstd.data_ptr()), rows, d,
-                         static_cast<T*>(dx.data_ptr()));
-                     ACCRUE_LAUNCH_CHECK();
-                   });
+    Tensor partial;  // [chunks, d]: column sums of dy * xhat per group or chunk
+    int64_t chunks = 0;
+    launch_rows<T>(
+        rows, d, f32_params, vectorized, op,
+        [&](auto param_tag, auto vec, auto warp_row, unsigned, int threads) {
+          using P = decltype(param_tag);
+          constexpr int V = decltype(vec)::value;
+          constexpr bool W = decltype(warp_row)::value;
+          const int64_t packs = d / V;
+          const int64_t per_thread = (packs + (W ? 32 : threads) - 1) / (W ? 32 : threads);
+          const bool fused = dweight.defined() && per_thread <= kFusedPacks;
+          const int64_t groups = std::min(rows, W ? kWarpGroups : kBlockGroups);
+          const int64_t blocks = W ? (groups + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock : groups;
+          auto args = [&](auto kernel, A* partial_ptr) {
+            kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+                static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
+                optional_ptr<P>(weight), static_cast<const A*>(rstd.data_ptr()), rows, d, groups,
+                static_cast<T*>(dx.data_ptr()), partial_ptr);
+            ACCRUE_LAUNCH_CHECK();
+          };
+          if (fused) {
+            chunks = groups;
+            partial = empty({chunks, d}, acc_dtype, device);
+            args(rms_norm_backward_kernel<T, P, V, W, kFusedPacks>,
+                 static_cast<A*>(partial.data_ptr()));
+          } else {
+            args(rms_norm_backward_kernel<T, P, V, W, 0>, nullptr);
+          }
+        });
     if (!dweight.defined()) return;
-    // Note [Deterministic column sums]: about 64 rows per chunk, at most 1024 chunks.
-    const int64_t chunks = std::min<int64_t>((rows + 63) / 64, 1024);
-    const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
-    Tensor partial = empty({chunks, d}, accumulate_dtype(x.dtype()), Device::cuda(dev));
-    const dim3 grid(static_cast<unsigned>((d + kColumnTile - 1) / kColumnTile),
-                    static_cast<unsigned>(chunks));
-    rms_norm_weight_partials_kernel<T, A><<<grid, dim3(kColumnTile, kRowLanes), 0, stream>>>(
-        static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
-        static_cast<const A*>(rstd.data_ptr()), rows, d, rows_per_chunk,
-        static_cast<A*>(partial.data_ptr()));
-    ACCRUE_LAUNCH_CHECK();
+    const unsigned column_blocks = static_cast<unsigned>((d + kColumnTile - 1) / kColumnTile);
+    if (!partial.defined()) {
+      // Note [Deterministic column sums]: about 64 rows per chunk, at most 1024 chunks.
+      chunks = std::min<int64_t>((rows + 63) / 64, 1024);
+      const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+      partial = empty({chunks, d}, acc_dtype, device);
+      rms_norm_weight_partials_kernel<T, A>
+          <<<dim3(column_blocks, static_cast<unsigned>(chunks)), dim3(kColumnTile, kRowLanes), 0,
+             stream>>>(static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
+                       static_cast<const A*>(rstd.data_ptr()), rows, d, rows_per_chunk,
+                       static_cast<A*>(partial.data_ptr()));
+      ACCRUE_LAUNCH_CHECK();
+    }
     visit_grad_dtype<T>(dweight.dtype(), op, [&](auto o_tag) {
       using O = decltype(o_tag);
-      rms_norm_weight_total_kernel<A, O><<<cu::grid_for(d, kThreads), kThreads, 0, stream>>>(
-          static_cast<const A*>(partial.data_ptr()), chunks, d, static_cast<O*>(dweight.data_ptr()),
-          accumulate);
+      rms_norm_weight_total_kernel<A, O>
+          <<<column_blocks, dim3(kColumnTile, kRowLanes), 0, stream>>>(
+              static_cast<const A*>(partial.data_ptr()), chunks, d,
+              static_cast<O*>(dweight.data_ptr()), accumulate);
       ACCRUE_LAUNCH_CHECK();
     });
   });
