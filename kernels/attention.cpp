@@ -49,8 +49,10 @@
 // is not 16-byte aligned) and still consume the forward's lse.
 //
 // Lengths and document offsets are checked on the host (a tensor on the
-// device is read back: one synchronization per call; the kernels clamp them,
-// Note [Attention masks], so nothing reads out of bounds meanwhile).
+// device is read back: one synchronization per call; inside a CUDA-graph
+// capture it is not, and one on the CPU is refused there). The kernels clamp
+// them (Note [Attention masks]), so an unchecked bad value never reads out of
+// bounds.
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -59,6 +61,7 @@
 #include <string>
 #include <vector>
 
+#include "accrue/core/cuda_graph.h"
 #include "accrue/core/env_flag.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/kernels/attention.h"
@@ -115,6 +118,9 @@ void check_lse(const Tensor& lse, const Tensor& q, const Shape& shape, const cha
 
 // An i64 vector option (lengths, offsets) of `n` entries, on the CPU or q's
 // device: its values on the host, and the tensor on q's device, contiguous.
+// Inside a CUDA-graph capture a device tensor is not read back (its values
+// are then unchecked; the kernels clamp them) and a host one is refused (its
+// copy could not be replayed with new values).
 std::vector<int64_t> index_vector(const Tensor& t, int64_t n, const Tensor& q, const char* op,
                                   const char* what, Tensor* on_device) {
   ACCRUE_CHECK(t.dtype() == DType::i64, op, ": ", what, " has dtype ", dtype_name(t.dtype()),
@@ -123,8 +129,11 @@ std::vector<int64_t> index_vector(const Tensor& t, int64_t n, const Tensor& q, c
                " must be [", n, "]");
   ACCRUE_CHECK(t.device().is_cpu() || t.device() == q.device(), op, ": ", what, " is on ",
                t.device().str(), "; expected the CPU or q's device ", q.device().str());
-  Tensor c = t.device() == q.device() ? t.contiguous() : t.to(q.device()).contiguous();
-  *on_device = c;
+  if (graph_capturing() && t.device() != q.device())
+    refuse_in_graph(detail::str_cat(op, ": ", what, " on the CPU inside a CUDA graph (put it on ",
+                                    q.device().str(), ")"));
+  *on_device = t.device() == q.device() ? t.contiguous() : t.to(q.device()).contiguous();
+  if (graph_capturing() && t.device().is_cuda()) return {};
   return t.to_vector<int64_t>();
 }
 
@@ -135,6 +144,7 @@ void check_lengths(const std::vector<int64_t>& len, int64_t T, const char* op, c
 }
 
 void check_offsets(const std::vector<int64_t>& cu, int64_t T, const char* op, const char* what) {
+  if (cu.empty()) return;  // not read back inside a capture
   ACCRUE_CHECK(cu.front() == 0, op, ": ", what, "[0] = ", cu.front(), " must be 0");
   ACCRUE_CHECK(cu.back() == T, op, ": ", what, "[", cu.size() - 1, "] = ", cu.back(),
                " must be the packed length ", T);
