@@ -79,8 +79,8 @@ std::map<std::string, std::string> parse_safetensors_index(const std::string& te
                            shard.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
         if (!plain)
           json.fail("'weight_map' puts tensor '", tensor, "' in '", shard,
-                    "', which is not a plain file name in the directory (Note [Checkpoint "
-                    "directories])");
+                    "', which is not a plain file name in the directory",
+                    " (Note [Checkpoint directories])");
         if (!shard.ends_with(".safetensors"))
           json.fail("'weight_map' puts tensor '", tensor, "' in '", shard,
                     "', which is not a .safetensors file");
