@@ -119,7 +119,8 @@ Tensor rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle st
   // The rotation is orthogonal: its transpose is the rotation by -angle.
   Tensor sp = detach(positions);
   return record("RopeBackward", out, {x}, [=](const Tensor& g) -> std::vector<Tensor> {
-    return {kernels::rope(g, sp, theta, style, scaling, /*inverse=*/true)};
+    return {kernels::rope(g, sp, theta, style, scaling, /*inverse=*/true,
+                          /*check_positions=*/false)};
   });
 }
 

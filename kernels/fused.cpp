@@ -250,7 +250,7 @@ ResidualRmsNormOutput add_rms_norm(const Tensor& x, const Tensor& residual, cons
 // ---- rotary embedding -----------------------------------------------------------------------
 
 Tensor rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle style,
-            const RopeScaling& scaling, bool inverse) {
+            const RopeScaling& scaling, bool inverse, bool check_positions) {
   NoGradGuard no_grad;
   const char* name = "rope";
   check_defined(x, name, "input");
@@ -281,7 +281,7 @@ Tensor rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle st
   Tensor out = empty({b, t, h, d}, x.dtype(), x.device());
   if (out.numel() == 0) return out;
   // Note [Deferred index checks]: eager outside a window, on the device inside one.
-  check_index_range(positions, kRopeMaxPosition, 0, false, name, "positions");
+  if (check_positions) check_index_range(positions, kRopeMaxPosition, 0, false, name, "positions");
   const Tensor xv = x.stride(3) == 1 ? x : x.contiguous();
   const Tensor pv = positions.dim() == 2 ? positions
                                          : make_view(positions, {b, t}, {0, positions.stride(0)},

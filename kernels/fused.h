@@ -111,9 +111,13 @@ constexpr int64_t kRopeMaxPosition = int64_t{1} << 24;
 
 // Note [Rotary embedding]: x [B, T, H, D] (any strides, unit stride in D, D
 // even), positions i64 [B, T] or [T]; returns a contiguous [B, T, H, D] of
-// x's dtype, rotated by +angle (or -angle when inverse: the backward).
+// x's dtype, rotated by +angle (or -angle when inverse: the backward). The
+// positions' range check (Note [Deferred index checks]: on CUDA a host
+// synchronization outside a Window, two small launches inside one) is skipped
+// with check_positions false, which the backward passes: its forward checked
+// the same positions, and any position rotates within bounds.
 Tensor rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle style,
-            const RopeScaling& scaling = {}, bool inverse = false);
+            const RopeScaling& scaling = {}, bool inverse = false, bool check_positions = true);
 
 // SwiGLU: out = silu(gate) * up = gate * sigmoid(gate) * up, computed in f32
 // (f64) and rounded once; gate and up of one shape and dtype, any layout.

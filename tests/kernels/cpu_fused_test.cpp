@@ -823,6 +823,11 @@ TEST(CpuRope, bad_inputs_throw_naming_op_and_values) {
   EXPECT_ERROR(kernels::rope(ones({2, 3, 4, 8}, DType::i64), pos, 1e4, rh), "rope", "i64");
   EXPECT_ERROR(kernels::rope(Tensor(), pos, 1e4, rh), "rope", "undefined");
   EXPECT_ERROR(kernels::rope(x, Tensor(), 1e4, rh), "rope", "positions", "undefined");
+  // Unchecked (the backward's call), a negative position rotates the other way.
+  const Tensor neg = from_vector<int64_t>({0, -1, -2}, {3});
+  EXPECT_TRUE(all_close(kernels::rope(x, neg, 1e4, rh, {}, false, /*check_positions=*/false),
+                        kernels::rope(x, from_vector<int64_t>({0, 1, 2}, {3}), 1e4, rh, {}, true),
+                        1e-6, 1e-7));
   const Tensor none = kernels::rope(empty({0, 3, 4, 8}), pos, 1e4, rh);
   EXPECT_EQ(none.shape(), (Shape{0, 3, 4, 8}));
 }
