@@ -16,7 +16,8 @@
 //   scatter-add kernel, out-of-place: out = x + the scattered sum. Its sums
 //   are deterministic on both backends (Note [Determinism]): each output
 //   element sums its sources in position order (CUDA: a stable radix sort of
-//   the destinations, then one thread per destination, in f32 for 16-bit
+//   the destinations, or of the indices alone when whole rows are added as
+//   in index_add, then one thread per destination, in f32 for 16-bit
 //   data, f64 for f64, int64 for integers), added to x and rounded once.
 // - every index is checked against its range by kernels/index_checks.h:
 //   eagerly, or deferred to a live Window (Note [Deferred index checks]).

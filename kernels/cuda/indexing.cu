@@ -97,8 +97,9 @@ __global__ void gather_rows_kernel(const T* __restrict__ x, StridedGeometry oute
   }
 }
 
-// The row path's shape when the gather has one: the dims after at.dim are
-// contiguous in x and the index varies along at.dim only. inner is the row.
+// The row path's shape when a gather or scatter has one: the dims after
+// at.dim are contiguous in the indexed tensor and the index varies along
+// at.dim only. inner is the row.
 struct GatherRows {
   bool ok = false;
   StridedGeometry outer;
@@ -146,6 +147,19 @@ __global__ void scatter_keys_kernel(IndexedDim at, IndexReader index, int64_t n,
   }
 }
 
+// dst = dst + alpha * acc, rounded once. Integers wrap as the integer add
+// would, with no signed overflow.
+template <class T, class A>
+__device__ __forceinline__ void add_scaled(T& dst, A acc, A alpha) {
+  if constexpr (std::is_integral_v<A>) {
+    const auto scaled =
+        static_cast<uint64_t>(acc) * static_cast<uint64_t>(static_cast<int64_t>(alpha));
+    dst = static_cast<T>(static_cast<uint64_t>(dst) + scaled);
+  } else {
+    dst = cu::convert<T>(cu::convert<A>(dst) + alpha * acc);
+  }
+}
+
 // The thread at the first sorted entry of each destination sums that run's
 // sources in position order (the sort is stable) and writes out once.
 template <class T, class A>
@@ -159,14 +173,41 @@ __global__ void scatter_runs_kernel(const T* __restrict__ src, const int64_t* __
     A acc = 0;
     for (int64_t q = p; q < n && keys[q] == key; ++q)
       acc += cu::convert<A>(src[positions[q]]);
-    if constexpr (std::is_integral_v<A>) {
-      // Integers wrap as the integer add would, with no signed overflow.
-      const auto scaled =
-          static_cast<uint64_t>(acc) * static_cast<uint64_t>(static_cast<int64_t>(alpha));
-      out[key] = static_cast<T>(static_cast<uint64_t>(out[key]) + scaled);
-    } else {
-      out[key] = cu::convert<T>(cu::convert<A>(out[key]) + alpha * acc);
-    }
+    add_scaled(out[key], acc, alpha);
+  }
+}
+
+// Whole rows (index_add, and any scatter whose index varies along dim only,
+// over rows of the output contiguous in it: the GatherRows shape): only the
+// n indices are sorted, and the thread of (first sorted entry of a run, outer
+// o, column c) sums that run's source rows at column c in position order.
+__global__ void scatter_row_keys_kernel(const int64_t* __restrict__ index, int64_t index_stride,
+                                        int64_t n, int64_t size, int64_t* __restrict__ keys,
+                                        int32_t* __restrict__ positions) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t v = index[i * index_stride];
+    keys[i] = v >= 0 && v < size ? v : size;
+    positions[i] = static_cast<int32_t>(i);
+  }
+}
+
+template <class T, class A>
+__global__ void scatter_rows_kernel(const T* __restrict__ src, const int64_t* __restrict__ keys,
+                                    const int32_t* __restrict__ positions, int64_t n,
+                                    StridedGeometry outer, int64_t outer_count, int64_t inner,
+                                    int64_t stride, int64_t size, A alpha, T* __restrict__ out) {
+  const int64_t per_entry = outer_count * inner;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n * per_entry;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t p = j / per_entry, oc = j - p * per_entry;
+    const int64_t key = keys[p];
+    if (key == size || (p > 0 && keys[p - 1] == key)) continue;
+    const int64_t o = oc / inner, c = oc - o * inner;
+    A acc = 0;
+    for (int64_t q = p; q < n && keys[q] == key; ++q)
+      acc += cu::convert<A>(src[(o * n + positions[q]) * inner + c]);
+    add_scaled(out[outer.offset_of(o) + key * stride + c], acc, alpha);
   }
 }
 
@@ -427,7 +468,10 @@ void scatter_add(const Tensor& index, const Tensor& src, double alpha, const Ind
   const int dev = out.device().index;
   cu::DeviceScope scope(dev);
   cudaStream_t stream = cu::stream_for(dev);
-  const int64_t n = src.numel(), none = out.numel();
+  // Rows sort only the n indices; otherwise every source gets its destination.
+  const GatherRows rows = gather_rows(at, index);
+  const int64_t n = rows.ok ? rows.n : src.numel();
+  const int64_t none = rows.ok ? at.size : out.numel();
   ACCRUE_CHECK(n <= std::numeric_limits<int32_t>::max(), "scatter_add: ", n,
                " sources exceed the 32-bit positions of the CUDA sort");
   const Device device = Device::cuda(dev);
@@ -437,8 +481,14 @@ void scatter_add(const Tensor& index, const Tensor& src, double alpha, const Ind
   int64_t* keys_out = keys_in + n;
   int32_t* positions_in = positions.data<int32_t>();
   int32_t* positions_out = positions_in + n;
-  scatter_keys_kernel<<<cu::grid_for(n, kThreads), kThreads, 0, stream>>>(
-      at, index_reader(index), n, none, keys_in, positions_in);
+  if (rows.ok) {
+    scatter_row_keys_kernel<<<cu::grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<const int64_t*>(index.data_ptr()), rows.index_stride, n, none, keys_in,
+        positions_in);
+  } else {
+    scatter_keys_kernel<<<cu::grid_for(n, kThreads), kThreads, 0, stream>>>(
+        at, index_reader(index), n, none, keys_in, positions_in);
+  }
   ACCRUE_LAUNCH_CHECK();
   // Only the bits a destination (or `none`) can have are sorted.
   const int end_bit = std::max(1, static_cast<int>(std::bit_width(static_cast<uint64_t>(none))));
@@ -455,9 +505,18 @@ void scatter_add(const Tensor& index, const Tensor& src, double alpha, const Ind
   const auto runs = [&](auto tag, auto acc_tag) {
     using T = decltype(tag);
     using A = decltype(acc_tag);
-    scatter_runs_kernel<T, A><<<cu::grid_for(n, kThreads), kThreads, 0, stream>>>(
-        static_cast<const T*>(src.data_ptr()), keys_out, positions_out, n, none,
-        static_cast<A>(alpha), static_cast<T*>(out.data_ptr()));
+    const T* s = static_cast<const T*>(src.data_ptr());
+    T* o = static_cast<T*>(out.data_ptr());
+    if (rows.ok) {
+      const int64_t outer_count = rows.rows / rows.n;
+      scatter_rows_kernel<T, A>
+          <<<cu::grid_for(n * outer_count * rows.inner, kThreads), kThreads, 0, stream>>>(
+              s, keys_out, positions_out, n, rows.outer, outer_count, rows.inner, at.stride, none,
+              static_cast<A>(alpha), o);
+    } else {
+      scatter_runs_kernel<T, A><<<cu::grid_for(n, kThreads), kThreads, 0, stream>>>(
+          s, keys_out, positions_out, n, none, static_cast<A>(alpha), o);
+    }
     ACCRUE_LAUNCH_CHECK();
   };
   if (out.dtype() == DType::i64) {

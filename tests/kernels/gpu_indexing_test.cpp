@@ -136,6 +136,30 @@ TEST(GpuIndexing, scatter_add_and_index_add_sum_small_integers_exactly) {
   }
 }
 
+// Whole rows added (index_add, an index expanded over the row dims) sort only
+// the indices: the same sums as the CPU's, bit for bit on small integers.
+TEST(GpuIndexing, row_scatter_adds_match_cpu_exactly) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::bf16, DType::f64, DType::i64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_integers({4, 50, 3, 40}, -20, 20, dt);
+    const Tensor sel = random_index({90}, 50);  // repeated rows
+    const Tensor src = test::random_integers({4, 90, 3, 40}, -3, 3, dt);
+    EXPECT_TRUE(all_equal(on_cpu(kernels::index_add(gpu(x), 1, gpu(sel), gpu(src), 2.0)),
+                          kernels::index_add(x, 1, sel, src, 2.0)));
+    // An expanded index smaller than x in an outer dim: strided outer rows.
+    const Tensor small = random_index({12}, 50);
+    const Tensor idx = small.view({1, 12, 1, 1}).expand({3, 12, 3, 40});
+    const Tensor part = test::random_integers({3, 12, 3, 40}, -3, 3, dt);
+    const Tensor idx_gpu = gpu(small).view({1, 12, 1, 1}).expand({3, 12, 3, 40});
+    EXPECT_TRUE(all_equal(on_cpu(kernels::scatter_add(gpu(x), 1, idx_gpu, gpu(part))),
+                          kernels::scatter_add(x, 1, idx, part)));
+    // The same index made dense takes the general path: the same result.
+    EXPECT_TRUE(all_equal(on_cpu(kernels::scatter_add(gpu(x), 1, gpu(idx), gpu(part))),
+                          kernels::scatter_add(x, 1, idx, part)));
+  }
+}
+
 TEST(GpuIndexing, integer_scatter_adds_match_cpu) {
   ACCRUE_REQUIRE_CUDA();
   for (DType dt : {DType::i64, DType::i32}) {
