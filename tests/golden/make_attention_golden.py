@@ -4,7 +4,8 @@ F.scaled_dot_product_attention (tests/golden/README.md):
 
     python3 tests/golden/make_attention_golden.py --out tests/golden/fixtures
 
-Needs torch only (2.5 or newer, for enable_gqa); the safetensors file is
+Needs torch only (2.5 or newer, for enable_gqa; the math backend, which is
+differentiable in a float attn_mask); the safetensors file is
 written by the small writer below. Everything is float64 on the CPU, one
 fixed seed. Writes attention.safetensors; for every case "<case>":
 
@@ -75,6 +76,7 @@ def main():
     args = p.parse_args()
     import torch
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     torch.manual_seed(SEED)
     t = {}
     meta = {"generator": "python3 tests/golden/make_attention_golden.py",
@@ -94,8 +96,10 @@ def main():
             bias = rand(*bias_shape).requires_grad_()
             leaves.append(bias)
             attn_mask = bias
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                             enable_gqa=True)
+        # The math backend: the reference formula, differentiable in the float mask.
+        with sdpa_kernel(SDPBackend.MATH):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                                 is_causal=is_causal, enable_gqa=True)
         if row_valid is not None:  # [B, T] of 0/1: padded query rows give 0
             out = out * row_valid[:, None, :, None]
         grads = torch.autograd.grad(out, leaves, grad_out)

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "accrue/autograd/transformer_ops.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/allocator.h"
+#include "accrue/core/cuda_graph.h"
 #include "accrue/kernels/attention.h"
 #include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
@@ -496,6 +498,53 @@ TEST_F(GpuAttention, sdpa_autograd_with_gqa_and_a_bias) {
   const double tol = 2 * test::normalized_tolerance(dt);
   for (size_t i = 0; i < gpu.size(); ++i)
     EXPECT_TRUE(close(gpu[i], cpu[i], tol)) << "result " << i;
+}
+
+// Note [Capturable code]: grouped heads with lengths on the device record
+// into a CUDA graph (the lengths are not read back inside it), and a replay
+// on new values and new lengths equals the eager calls, on the composed path
+// (f32) and on cuDNN (bf16, where available).
+TEST_F(GpuAttention, gqa_with_device_lengths_captures_into_a_cuda_graph) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor q = test::random_normal({2, 8, 128, 64}, dt, kGpu);
+    const Tensor k = test::random_normal({2, 2, 128, 64}, dt, kGpu);
+    const Tensor g = test::random_normal({2, 8, 128, 64}, dt, kGpu);
+    const Tensor lens = lengths({128, 70});
+    kernels::AttentionOptions o;
+    o.causal().seq_lens(lens);
+    const auto ops = [&] {
+      kernels::AttentionResult r = kernels::attention(q, k, k, o);
+      Tensor dq = empty(q.shape(), dt, kGpu), dk = empty(k.shape(), dt, kGpu),
+             dv = empty(k.shape(), dt, kGpu);
+      kernels::attention_backward_into(g, q, k, k, r.out, r.lse, o, dq, dk, dv);
+      return std::vector<Tensor>{r.out, dq, dk, dv};
+    };
+    const std::vector<Tensor> warm = ops();  // builds cuDNN's graphs eagerly first
+    std::vector<Tensor> result;
+    for (const Tensor& t : warm)
+      result.push_back(empty(t.shape(), dt, kGpu));
+    std::string why;
+    const std::unique_ptr<CudaGraph> graph = CudaGraph::capture(
+        0,
+        [&] {
+          const std::vector<Tensor> r = ops();
+          for (size_t i = 0; i < r.size(); ++i)
+            result[i].copy_(r[i]);
+        },
+        &why);
+    ASSERT_TRUE(graph) << why;
+    q.copy_(test::random_normal(q.shape(), dt, kGpu));
+    lens.copy_(from_vector<int64_t>({50, 128}, {2}).to(kGpu));
+    graph->launch();
+    const std::vector<Tensor> eager = ops();
+    // Bitwise on the composed path; cuDNN's backward may have had to take its
+    // atomic (non-deterministic) dq engine.
+    for (size_t i = 0; i < eager.size(); ++i)
+      EXPECT_TRUE(close(result[i], eager[i], dt == DType::f32 ? 0.0 : 1e-3)) << "result " << i;
+    EXPECT_FALSE(test::all_equal(result[0].to(kCpu), warm[0].to(kCpu)));
+  }
 }
 
 TEST_F(GpuAttention, mixed_devices_throw) {
