@@ -142,6 +142,47 @@ TEST(HFConfig, ReadsHubLlama32AsThePreset) {
   EXPECT_EQ(parse_hf_config(kLlama32Config, "config.json"), LlamaConfig::llama3_2_1b());
 }
 
+// Hub configs of other releases (transformers 4 layout); the parameter
+// counts are transformers 5.24's for the same configs (meta device).
+TEST(HFConfig, ReadsHubLlama2Llama31AndQwen3) {
+  const LlamaConfig llama2 = parse_hf_config(R"({"architectures": ["LlamaForCausalLM"],
+      "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096,
+      "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 4096,
+      "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+      "num_key_value_heads": 32, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+      "rope_scaling": null, "tie_word_embeddings": false, "torch_dtype": "float16",
+      "transformers_version": "4.31.0.dev0", "use_cache": true, "vocab_size": 32000})",
+                                             "llama2.json");
+  EXPECT_EQ(llama2.head_dim, 128);
+  EXPECT_EQ(llama2.rope_theta, 10000.0);
+  EXPECT_EQ(llama2.parameter_count(), 6738415616);
+  const LlamaConfig llama31 = parse_hf_config(R"({"architectures": ["LlamaForCausalLM"],
+      "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 128000,
+      "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu", "hidden_size": 4096,
+      "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+      "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32,
+      "num_hidden_layers": 32, "num_key_value_heads": 8, "pretraining_tp": 1,
+      "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+      "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+      "transformers_version": "4.43.0.dev0", "use_cache": true, "vocab_size": 128256})",
+                                              "llama31.json");
+  EXPECT_EQ(llama31.eos_token_ids, (std::vector<int64_t>{128001, 128008, 128009}));
+  EXPECT_EQ(llama31.rope_scaling.factor, 8.0);
+  EXPECT_EQ(llama31.parameter_count(), 8030261248);
+  const LlamaConfig qwen3 = parse_hf_config(R"({"architectures": ["Qwen3ForCausalLM"],
+      "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643,
+      "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+      "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960,
+      "max_window_layers": 28, "model_type": "qwen3", "num_attention_heads": 16,
+      "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+      "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+      "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+      "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})",
+                                            "qwen3.json");
+  EXPECT_EQ(qwen3, LlamaConfig::qwen3_0_6b());
+}
+
 TEST(HFConfig, ReadsTransformers5RopeParametersAndDefaults) {
   const LlamaConfig c = parse_hf_config(R"({"model_type": "qwen3", "vocab_size": 100,
       "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
