@@ -1,10 +1,11 @@
 # A thin layer over CMakePresets.json: the README's two commands.
 #   make demo   build and run the demo trainer (GPU if present, else CPU)
-#   make test   build and run the test suite (GPU tests skip without a GPU)
+#   make test   build and run the test suite (GPU tests skip without a GPU), then
+#               the Python module's (python/run_tests.sh: skipped without python3)
 PRESET ?= ci
 JOBS ?= $(shell nproc)
 
-.PHONY: demo test build configure gpu-check clean
+.PHONY: demo test python-test build configure gpu-check clean
 
 configure:
 	tools/fetch_cudnn_frontend.sh
@@ -19,6 +20,11 @@ demo: configure
 
 test: build
 	ctest --preset $(PRESET) -j $(JOBS)
+	python/run_tests.sh
+
+# The Python module alone: pip install . into build/python-venv, then pytest.
+python-test:
+	python/run_tests.sh
 
 # The whole GPU check in one call (on an H100/H200): build, GPU tests,
 # compute-sanitizer, benchmarks beside PyTorch.

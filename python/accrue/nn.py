@@ -149,7 +149,7 @@ class Module(metaclass=abc.ABCMeta):
         out = [(prefix + n, p) for n, p in self._parameters.items()]
         for name, child in self._modules.items():
             sub = prefix + name + "."
-            if isinstance(child, Module):
+            if not isinstance(child, NativeModule):
                 out += child.named_parameters(sub)
             else:
                 out += [(sub + n, p) for n, p in child.named_parameters()]
@@ -168,7 +168,7 @@ class Module(metaclass=abc.ABCMeta):
         out = [(prefix + n, b) for n, b in self._buffers.items()]
         for name, child in self._modules.items():
             sub = prefix + name + "."
-            if isinstance(child, Module):
+            if not isinstance(child, NativeModule):
                 out += child.named_buffers(sub)
             else:
                 out += [(sub + n, b) for n, b in child.named_buffers()]
@@ -184,7 +184,7 @@ class Module(metaclass=abc.ABCMeta):
                 out[prefix + n] = (b, False)
         for name, child in self._modules.items():
             sub = prefix + name + "."
-            if isinstance(child, Module):
+            if not isinstance(child, NativeModule):
                 out.update(child._state(sub))
             else:
                 params = {n for n, _ in child.named_parameters()}
