@@ -1,5 +1,7 @@
 // CPU reference of the indexing ops (Note [Indexing ops]): loops in index
-// order, sums in double rounded once.
+// order, sums in double rounded once. Gathers, running sums and sorts split
+// their independent outputs over threads (Note [CPU threads]); the
+// scatter-add's reference stays on one thread.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -7,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "accrue/core/parallel.h"
 #include "accrue/kernels/cpu/cpu_util.h"
 #include "accrue/kernels/indexing_backend.h"
 
@@ -56,10 +59,12 @@ void gather(const Tensor& x, const IndexedDim& at, const Tensor& index, const Te
     using T = decltype(tag);
     const T* px = ptr<T>(x);
     T* po = ptr<T>(out);
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t v = pi[ii(j)];
-      po[j] = v >= 0 && v < at.size ? px[at.lines.offset_of(j) + v * at.stride] : all_ones<T>();
-    }
+    parallel_for(0, n, kParallelWork, [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        const int64_t v = pi[ii(j)];
+        po[j] = v >= 0 && v < at.size ? px[at.lines.offset_of(j) + v * at.stride] : all_ones<T>();
+      }
+    });
   });
 }
 
@@ -111,8 +116,10 @@ void cumsum(const Tensor& x, bool reverse, const Tensor& out) {
     using T = decltype(tag);
     const T* px = ptr<T>(x);
     T* po = ptr<T>(out);
-    for (int64_t o = 0; o < outer; ++o) {
-      for (int64_t c = 0; c < inner; ++c) {
+    // Note [CPU threads]: lines are independent; each one sums in order on one thread.
+    parallel_for(0, outer * inner, grain_for(n), [&](int64_t l0, int64_t l1) {
+      for (int64_t l = l0; l < l1; ++l) {
+        const int64_t o = l / inner, c = l - o * inner;
         auto acc = zero;
         for (int64_t step = 0; step < n; ++step) {
           const int64_t i = reverse ? n - 1 - step : step;
@@ -126,7 +133,7 @@ void cumsum(const Tensor& x, bool reverse, const Tensor& out) {
           }
         }
       }
-    }
+    });
   };
   if (x.dtype() == DType::i64) {
     scan(int64_t{}, int64_t{0});
@@ -137,25 +144,28 @@ void cumsum(const Tensor& x, bool reverse, const Tensor& out) {
 
 void sort_rows(const Tensor& x, bool descending, const Tensor& values, const Tensor& indices) {
   const int64_t rows = x.size(0), n = x.size(1), k = indices.size(1);
-  std::vector<int64_t> order(static_cast<size_t>(n));
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* px = ptr<T>(x);
     T* pv = values.defined() ? ptr<T>(values) : nullptr;
     int64_t* pi = ptr<int64_t>(indices);
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* row = px + r * n;
-      std::iota(order.begin(), order.end(), int64_t{0});
-      // Stable: equal keys (and NaNs among themselves) keep their positions' order.
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-        const auto ka = sort_key(row[a]), kb = sort_key(row[b]);
-        return descending ? key_less(kb, ka) : key_less(ka, kb);
-      });
-      for (int64_t i = 0; i < k; ++i) {
-        pi[r * k + i] = order[static_cast<size_t>(i)];
-        if (pv) pv[r * k + i] = row[order[static_cast<size_t>(i)]];
+    // Note [CPU threads]: rows are independent.
+    parallel_for(0, rows, grain_for(n * 16), [&](int64_t r0, int64_t r1) {
+      std::vector<int64_t> order(static_cast<size_t>(n));
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* row = px + r * n;
+        std::iota(order.begin(), order.end(), int64_t{0});
+        // Stable: equal keys (and NaNs among themselves) keep their positions' order.
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+          const auto ka = sort_key(row[a]), kb = sort_key(row[b]);
+          return descending ? key_less(kb, ka) : key_less(ka, kb);
+        });
+        for (int64_t i = 0; i < k; ++i) {
+          pi[r * k + i] = order[static_cast<size_t>(i)];
+          if (pv) pv[r * k + i] = row[order[static_cast<size_t>(i)]];
+        }
       }
-    }
+    });
   });
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "accrue/core/parallel.h"
 #include "accrue/kernels/index_checks.h"
 #include "accrue/kernels/indexing.h"
 #include "accrue/kernels/ops.h"
@@ -422,6 +423,30 @@ TEST(CpuIndexing, edge_cases_follow_pytorch) {
   // Sorting along a dim of size 1 is the identity.
   EXPECT_TRUE(all_equal(kernels::sort(x, 0).values.narrow(0, 0, 2), kernels::sort(x, 0).values));
   EXPECT_TRUE(all_equal(kernels::sort(x.unsqueeze(2), 2).values, x.unsqueeze(2)));
+}
+
+// Note [CPU threads]: the split kernels give the same bits on 1 and 4 threads.
+TEST(CpuIndexing, results_do_not_depend_on_the_thread_count) {
+  const int before = num_threads();
+  const Tensor x = test::random_normal({64, 3000});
+  const Tensor index = random_index({64, 3000}, 3000);
+  const auto run = [&](int threads) {
+    set_num_threads(threads);
+    const SortResult s = kernels::sort(x, 1, true);
+    return std::vector<Tensor>{kernels::gather(x, 1, index),
+                               kernels::cumsum(x, 1),
+                               kernels::cumsum(x, 0),
+                               s.values,
+                               s.indices,
+                               kernels::topk(x, 5, 0).indices};
+  };
+  const std::vector<Tensor> one = run(1);
+  const int64_t runs = parallel_runs();
+  const std::vector<Tensor> four = run(4);
+  set_num_threads(before);
+  EXPECT_GT(parallel_runs(), runs);  // the pool was used
+  for (size_t i = 0; i < one.size(); ++i)
+    EXPECT_TRUE(all_equal(four[i], one[i])) << "result " << i;
 }
 
 // ---- errors ---------------------------------------------------------------------------------
