@@ -34,9 +34,16 @@ std::string shard_name(size_t i, size_t n) {
   return s;
 }
 
+// Both follow symbolic links (the Hugging Face cache's snapshots are links
+// to blobs) and treat an unreadable path as absent, never throwing.
 bool regular_file(const fs::path& p) {
   std::error_code ec;
   return fs::is_regular_file(p, ec);
+}
+
+bool directory(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_directory(p, ec);
 }
 
 }  // namespace
@@ -117,7 +124,7 @@ std::map<std::string, Tensor> load_safetensors_dir(const std::string& dir,
     return out;
   }
   ACCRUE_CHECK(has_index, "load_safetensors_dir('", dir, "'): neither ", kSingleFile, " nor ",
-               kIndexFile, " is there", fs::is_directory(root) ? "" : " (no such directory)");
+               kIndexFile, " is there", directory(root) ? "" : " (no such directory)");
 
   const std::string index_path = index.string();
   const detail::FileRef file{"load_safetensors_dir", index_path};
@@ -209,7 +216,7 @@ void save_safetensors_dir(const std::string& dir,
   const fs::path root(dir);
   std::error_code ec;
   fs::create_directories(root, ec);
-  ACCRUE_CHECK(!ec && fs::is_directory(root), "save_safetensors_dir('", dir,
+  ACCRUE_CHECK(!ec && directory(root), "save_safetensors_dir('", dir,
                "'): cannot create the directory: ", ec.message());
   std::vector<std::string> written;
   if (shards.size() == 1) {

@@ -287,6 +287,33 @@ TEST(HFLlama, RefusesBadShards) {
   EXPECT_ERROR(nn::load_safetensors_dir(dir), "truncated/model-00003-of-00003.safetensors");
 }
 
+// The transformers fixture with one tensor taken out of its shard: refused
+// by the index while it still lists the tensor, and as a missing tensor once
+// the index agrees.
+TEST(HFLlama, RefusesFixtureWithoutATensor) {
+  const std::string dir = copy_fixture("hf_llama_tiny", "missing_tensor");
+  const std::string name = "model.layers.1.mlp.down_proj.weight";
+  std::map<std::string, std::string> where;
+  nn::load_safetensors_dir(dir, &where);
+  const std::string shard = where.at(name);
+  auto tensors = load_safetensors(shard);
+  tensors.erase(name);
+  save_safetensors(shard, tensors, {{"format", "pt"}});
+  const std::string shard_file = fs::path(shard).filename().string();
+  const std::string puts = "puts tensor '" + name + "'";
+  EXPECT_ERROR(nn::load_hf_llama_checkpoint(dir), "missing_tensor", puts.c_str(),
+               shard_file.c_str(), "does not hold it");
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  std::string index = read_text(index_path);
+  const size_t at = index.find("    \"" + name + "\"");
+  ASSERT_NE(at, std::string::npos);
+  index.erase(at, index.find('\n', at) + 1 - at);
+  write_text(index_path, index);
+  const std::string missing = "Llama checkpoint: missing tensor '" + name + "' of shape [32, 64]";
+  EXPECT_ERROR(nn::load_hf_llama_checkpoint(dir), "load_hf_llama_checkpoint(", "missing_tensor",
+               missing.c_str());
+}
+
 TEST(HFLlama, RefusesWrongTensors) {
   const LlamaConfig c = LlamaConfig::llama_tiny();
   const std::map<std::string, Tensor> good = random_tensors(c);
