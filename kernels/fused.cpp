@@ -5,6 +5,8 @@
 #include "accrue/kernels/fused.h"
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "accrue/core/grad_mode.h"
 #include "accrue/kernels/dispatch_util.h"
@@ -38,6 +40,34 @@ Tensor row_view(const Tensor& t, int64_t rows, int64_t cols) {
     if (merges) return make_view(t, {rows, cols}, {row_stride, 1}, t.offset());
   }
   return dense_view(t, {rows, cols});
+}
+
+// `t` ([..., cols], rows * cols elements) as [O, I, cols] with stride 1 in
+// cols (rows = O * I), in place when its leading dims merge into at most two
+// strided levels (any dense tensor; q or k of a packed [B, T, 3, H, D] qkv:
+// O = B * T, I = H), else a contiguous copy.
+Tensor row_levels_view(const Tensor& t, int64_t rows, int64_t cols) {
+  if (cols <= 1 || t.stride(-1) == 1) {
+    // From the innermost leading dim out: {size, stride} of each merged level.
+    std::vector<std::pair<int64_t, int64_t>> levels;
+    for (int64_t i = t.dim() - 2; i >= 0 && levels.size() <= 2; --i) {
+      if (t.size(i) == 1) continue;
+      if (!levels.empty() && t.stride(i) == levels.back().first * levels.back().second) {
+        levels.back().first *= t.size(i);
+      } else {
+        levels.emplace_back(t.size(i), t.stride(i));
+      }
+    }
+    if (levels.size() <= 2) {
+      const int64_t inner = levels.empty() ? 1 : levels[0].first;
+      const int64_t inner_stride = levels.empty() ? cols : levels[0].second;
+      const int64_t outer = levels.size() == 2 ? levels[1].first : 1;
+      const int64_t outer_stride = levels.size() == 2 ? levels[1].second : inner * inner_stride;
+      return make_view(t, {outer, inner, cols}, {outer_stride, inner_stride, 1}, t.offset());
+    }
+  }
+  const Tensor c = dense_view(t, {rows, cols});
+  return make_view(c, {1, rows, cols}, {rows * cols, cols, 1}, c.offset());
 }
 
 // Checks of the normalized input and weight shared by rms_norm and add_rms_norm.
@@ -187,7 +217,7 @@ RmsNormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   RmsNormOutput r{empty(x.shape(), x.dtype(), x.device()),
                   empty(stats_shape, widened(x.dtype()), x.device())};
   if (rows == 0) return r;
-  ACCRUE_BACKEND_CALL(x.device(), rms_norm, dense_view(x, {rows, d}),
+  ACCRUE_BACKEND_CALL(x.device(), rms_norm, row_levels_view(x, rows, d),
                       contiguous_or_undefined(weight), eps, dense_view(r.out, {rows, d}),
                       dense_view(r.rstd, {rows}));
   return r;
@@ -222,7 +252,7 @@ Tensor rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weig
     return dx;
   }
   ACCRUE_BACKEND_CALL(x.device(), rms_norm_backward, dense_view(grad, {rows, d}),
-                      dense_view(x, {rows, d}), contiguous_or_undefined(weight),
+                      row_levels_view(x, rows, d), contiguous_or_undefined(weight),
                       dense_view(rstd, {rows}), dense_view(dx, {rows, d}), dweight, accumulate);
   return dx;
 }

@@ -88,8 +88,10 @@ struct RmsNormOutput {
 // RMSNorm over the last dim (Llama's LlamaRMSNorm, PyTorch's F.rms_norm):
 // out = x / sqrt(mean(x^2) + eps) * weight, 16-bit inputs computed in f32 and
 // rounded once. weight [D] (x's dtype, or f32 master weights beside 16-bit x)
-// may be undefined; eps > 0. Any layout: a strided x (per-head q of a packed
-// qkv, normalized over its head dim: qk_norm) is read through a contiguous copy.
+// may be undefined; eps > 0. Any layout with stride 1 in the last dim whose
+// leading dims merge into two strided levels is read in place (per-head q or
+// k of a packed [B, T, 3, H, D] qkv, normalized over D: qk_norm); any other
+// through a contiguous copy. out is contiguous.
 RmsNormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps);
 // Returns dx. dweight [D] (f32 or x's dtype; undefined when not wanted) is
 // written, or added to when accumulate, with fixed-order sums

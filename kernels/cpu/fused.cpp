@@ -70,12 +70,22 @@ std::vector<double> read_param(const Tensor& p, const char* op) {
   return v;
 }
 
-// RMSNorm of rows [rows, D] of x (contiguous, T) into out, rstd per row in S.
+// Where row r of an [O, I, D] x starts, in elements from its data pointer.
+struct RowLevels {
+  int64_t inner, outer_stride, inner_stride;
+  explicit RowLevels(const Tensor& x)
+      : inner(x.size(1)), outer_stride(x.stride(0)), inner_stride(x.stride(1)) {}
+  int64_t operator()(int64_t r) const {
+    return (r / inner) * outer_stride + (r % inner) * inner_stride;
+  }
+};
+
+// RMSNorm of the rows of x ([O, I, D], T) into out ([rows, D]), rstd per row in S.
 template <class T, class S>
-void rms_norm_rows(const T* x, const std::vector<double>& w, double eps, int64_t rows, int64_t d,
-                   T* out, S* rstd) {
+void rms_norm_rows(const T* x, const RowLevels& levels, const std::vector<double>& w, double eps,
+                   int64_t rows, int64_t d, T* out, S* rstd) {
   for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * d;
+    const T* xr = x + levels(r);
     T* yr = out + r * d;
     double ss = 0.0;
     for (int64_t c = 0; c < d; ++c) {
@@ -101,7 +111,8 @@ void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& o
     using T = decltype(tag);
     visit_float(rstd.dtype(), "rms_norm", [&](auto s_tag) {
       using S = decltype(s_tag);
-      rms_norm_rows(ptr<T>(x), w, eps, x.size(0), x.size(1), ptr<T>(out), ptr<S>(rstd));
+      rms_norm_rows(ptr<T>(x), RowLevels(x), w, eps, out.size(0), out.size(1), ptr<T>(out),
+                    ptr<S>(rstd));
     });
   });
 }
@@ -110,13 +121,15 @@ void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
                   const Tensor& sum, const Tensor& out, const Tensor& rstd) {
   // Exactly kernels::binary(Add), then rms_norm of the stored (rounded) sum.
   binary(BinaryOp::Add, x, residual, sum);
-  rms_norm(sum, weight, eps, out, rstd);
+  const int64_t rows = sum.size(0), d = sum.size(1);
+  rms_norm(make_view(sum, {1, rows, d}, {rows * d, d, 1}, sum.offset()), weight, eps, out, rstd);
 }
 
 void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
                        const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
                        bool accumulate) {
-  const int64_t rows = x.size(0), d = x.size(1);
+  const int64_t rows = dx.size(0), d = dx.size(1);
+  const RowLevels levels(x);
   const std::vector<double> w = read_param(weight, "rms_norm_backward");
   std::vector<double> dw(static_cast<size_t>(d), 0.0), xhat(static_cast<size_t>(d)),
       gw(static_cast<size_t>(d));
@@ -125,7 +138,7 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
     visit_float(rstd.dtype(), "rms_norm_backward", [&](auto s_tag) {
       using S = decltype(s_tag);
       for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = ptr<T>(x) + r * d;
+        const T* xr = ptr<T>(x) + levels(r);
         const T* gr = ptr<T>(grad) + r * d;
         T* dxr = ptr<T>(dx) + r * d;
         const double rs = load_double(ptr<S>(rstd)[r]);

@@ -60,13 +60,23 @@ __device__ __forceinline__ void group_of(int64_t* row, int* lane, int* size) {
   }
 }
 
+// Where row r of x starts: (r / inner) * outer_stride + (r % inner) *
+// inner_stride (a [O, I, D] view: a per-head q of a packed qkv; a dense x is
+// inner = rows, inner_stride = D).
+struct RowGeometry {
+  int64_t inner, outer_stride, inner_stride;
+  __device__ __forceinline__ int64_t offset(int64_t r) const {
+    return (r / inner) * outer_stride + (r % inner) * inner_stride;
+  }
+};
+
 // out = x * rstd * weight over one row per group; with kResidual, x + residual
 // is first stored (rounded to T) into sum and normalized from there.
 template <class T, class P, int V, bool kWarpRow, bool kResidual>
-__global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ residual,
-                                const P* __restrict__ weight, int64_t rows, int64_t d,
-                                cu::math_t<T> eps, T* sum, T* __restrict__ out,
-                                cu::math_t<T>* __restrict__ rstd) {
+__global__ void rms_norm_kernel(const T* __restrict__ x, RowGeometry xg,
+                                const T* __restrict__ residual, const P* __restrict__ weight,
+                                int64_t rows, int64_t d, cu::math_t<T> eps, T* sum,
+                                T* __restrict__ out, cu::math_t<T>* __restrict__ rstd) {
   using M = cu::math_t<T>;
   __shared__ M scratch[32];
   int64_t row;
@@ -74,12 +84,13 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ r
   group_of<kWarpRow>(&row, &lane, &size);
   if (row >= rows) return;  // a whole warp (warp rows only: blocks cover rows exactly)
   const int64_t packs = d / V;
-  const T* src = (kResidual ? sum : x) + row * d;
+  const T* xr = x + xg.offset(row);
+  const T* src = kResidual ? sum + row * d : xr;
   T* yr = out + row * d;
 
   M ss = 0;
   for (int64_t k = lane; k < packs; k += size) {
-    Pack<T, V> a = load_pack<V>(x + row * d, k);
+    Pack<T, V> a = load_pack<V>(xr, k);
     if constexpr (kResidual) {
       const Pack<T, V> b = load_pack<V>(residual + row * d, k);
 #pragma unroll
@@ -132,7 +143,7 @@ __device__ __forceinline__ void for_packs(int lane, int size, int64_t packs, F&&
 // it owns over its rows, in row order, and writes them to partial[group].
 template <class T, class P, int V, bool kWarpRow, int kMaxPacks>
 __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                         const P* __restrict__ weight,
+                                         RowGeometry xg, const P* __restrict__ weight,
                                          const cu::math_t<T>* __restrict__ rstd, int64_t rows,
                                          int64_t d, int64_t groups, T* __restrict__ dx,
                                          cu::math_t<T>* __restrict__ partial) {
@@ -151,7 +162,7 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
       acc[j][v] = 0;
   // Warp groups past the last group skip the loop (no block barrier in warp rows).
   for (int64_t row = group; group < groups && row < rows; row += groups) {
-    const T* xr = x + row * d;
+    const T* xr = x + xg.offset(row);
     const T* gr = dy + row * d;
     const M rs = rstd[row];
     M s = 0;
@@ -197,8 +208,9 @@ constexpr int kRowLanes = 8;
 
 template <class T, class A>
 __global__ void rms_norm_weight_partials_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                                const A* __restrict__ rstd, int64_t rows, int64_t d,
-                                                int64_t rows_per_chunk, A* __restrict__ partial) {
+                                                RowGeometry xg, const A* __restrict__ rstd,
+                                                int64_t rows, int64_t d, int64_t rows_per_chunk,
+                                                A* __restrict__ partial) {
   __shared__ A tile[kRowLanes][kColumnTile + 1];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
@@ -206,7 +218,7 @@ __global__ void rms_norm_weight_partials_kernel(const T* __restrict__ dy, const 
   A acc = 0;
   if (c < d) {
     for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes)
-      acc += load<A>(dy[r * d + c]) * (load<A>(x[r * d + c]) * rstd[r]);
+      acc += load<A>(dy[r * d + c]) * (load<A>(x[xg.offset(r) + c]) * rstd[r]);
   }
   tile[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
@@ -288,17 +300,31 @@ void launch_rows(int64_t rows, int64_t d, bool f32_params, bool vectorized, cons
   }
 }
 
-// The forward of rms_norm (residual undefined) and add_rms_norm.
+// x's rows: a [O, I, D] view (rms_norm's input) or a dense [rows, D].
+RowGeometry geometry_of(const Tensor& x) {
+  if (x.dim() == 3) return RowGeometry{x.size(1), x.stride(0), x.stride(1)};
+  return RowGeometry{x.size(0), 0, x.size(1)};
+}
+
+// Every row of x starts 16-byte aligned (with the base pointer aligned).
+bool rows_aligned(const Tensor& x, const RowGeometry& g) {
+  const int64_t vec = 16 / static_cast<int64_t>(element_size(x.dtype()));
+  return aligned_16(x) && g.outer_stride % vec == 0 && g.inner_stride % vec == 0;
+}
+
+// The forward of rms_norm (x [O, I, D], residual undefined) and add_rms_norm
+// (x and residual dense [rows, D]).
 void rms_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight_in, double eps,
                       const Tensor& sum, const Tensor& out, const Tensor& rstd, const char* op) {
   const int dev = x.device().index;
   cu::DeviceScope scope(dev);
-  const int64_t rows = x.size(0), d = x.size(1);
+  const int64_t rows = out.size(0), d = out.size(1);
   if (rows == 0) return;
   const bool f32_params = weight_in.defined() && weight_in.dtype() == DType::f32;
   const Tensor weight = as_dtype(weight_in, f32_params ? DType::f32 : x.dtype());
   const bool residual_add = residual.defined();
-  const bool vectorized = aligned_16(x) && aligned_16(out) &&
+  const RowGeometry xg = geometry_of(x);
+  const bool vectorized = rows_aligned(x, xg) && aligned_16(out) &&
                           (!residual_add || (aligned_16(residual) && aligned_16(sum)));
   cudaStream_t stream = cu::stream_for(dev);
   cu::visit_float_dtype(x.dtype(), op, [&](auto tag) {
@@ -312,7 +338,7 @@ void rms_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& wei
                      auto kernel = residual_add ? rms_norm_kernel<T, P, V, W, true>
                                                 : rms_norm_kernel<T, P, V, W, false>;
                      kernel<<<grid, threads, 0, stream>>>(
-                         static_cast<const T*>(x.data_ptr()),
+                         static_cast<const T*>(x.data_ptr()), xg,
                          residual_add ? static_cast<const T*>(residual.data_ptr()) : nullptr,
                          optional_ptr<P>(weight), rows, d, static_cast<M>(eps),
                          residual_add ? static_cast<T*>(sum.data_ptr()) : nullptr,
@@ -357,11 +383,12 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
   const int dev = x.device().index;
   cu::DeviceScope scope(dev);
   cudaStream_t stream = cu::stream_for(dev);
-  const int64_t rows = x.size(0), d = x.size(1);
+  const int64_t rows = dx.size(0), d = dx.size(1);
   if (rows == 0) return;
   const bool f32_params = weight_in.defined() && weight_in.dtype() == DType::f32;
   const Tensor weight = as_dtype(weight_in, f32_params ? DType::f32 : x.dtype());
-  const bool vectorized = aligned_16(grad) && aligned_16(x) && aligned_16(dx);
+  const RowGeometry xg = geometry_of(x);
+  const bool vectorized = aligned_16(grad) && rows_aligned(x, xg) && aligned_16(dx);
   const DType acc_dtype = accumulate_dtype(x.dtype());
   const Device device = Device::cuda(dev);
   cu::visit_float_dtype(x.dtype(), op, [&](auto tag) {
@@ -382,7 +409,7 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
           const int64_t blocks = W ? (groups + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock : groups;
           auto args = [&](auto kernel, A* partial_ptr) {
             kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-                static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
+                static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()), xg,
                 optional_ptr<P>(weight), static_cast<const A*>(rstd.data_ptr()), rows, d, groups,
                 static_cast<T*>(dx.data_ptr()), partial_ptr);
             ACCRUE_LAUNCH_CHECK();
@@ -406,7 +433,7 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
       rms_norm_weight_partials_kernel<T, A>
           <<<dim3(column_blocks, static_cast<unsigned>(chunks)), dim3(kColumnTile, kRowLanes), 0,
              stream>>>(static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
-                       static_cast<const A*>(rstd.data_ptr()), rows, d, rows_per_chunk,
+                       xg, static_cast<const A*>(rstd.data_ptr()), rows, d, rows_per_chunk,
                        static_cast<A*>(partial.data_ptr()));
       ACCRUE_LAUNCH_CHECK();
     }

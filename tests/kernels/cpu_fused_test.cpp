@@ -493,6 +493,17 @@ TEST(CpuRmsNorm, per_head_qk_norm_of_a_packed_qkv_view) {
     EXPECT_TRUE(all_close(
         r.out, from_vector(rms_norm_formula(q, w, 1e-6), q.shape(), DType::f64).to(DType::f32),
         1e-6, 1e-6));
+    // Three strided levels ([T, B, H, D] of the same qkv) go through a copy.
+    const Tensor tq = q.transpose(0, 1);
+    EXPECT_TRUE(all_equal(kernels::rms_norm(tq, w, 1e-6).out,
+                          kernels::rms_norm(tq.contiguous(), w, 1e-6).out));
+    // The backward reads the view in place too.
+    const Tensor g = test::random_normal({b, t, h, d});
+    const kernels::RmsNormOutput rc = kernels::rms_norm(q.contiguous(), w, 1e-6);
+    Tensor dw = empty({d}), dwc = empty({d});
+    EXPECT_TRUE(all_equal(kernels::rms_norm_backward(g, q, w, r.rstd, dw, false),
+                          kernels::rms_norm_backward(g, q.contiguous(), w, rc.rstd, dwc, false)));
+    EXPECT_TRUE(all_equal(dw, dwc));
   }
 }
 
