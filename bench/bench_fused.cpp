@@ -51,12 +51,14 @@ void register_norms() {
     const GpuTime t = time_gpu(s, [&] { kernels::add_rms_norm(x, res, w, 1e-6); });
     report_bandwidth(s, 4 * bytes_of(x) + bytes_of(w), t);
   });
-  // Per-head q norm (Qwen3, OLMo 2): 128-wide rows, one warp each.
+  // Per-head q norm (Qwen3, OLMo 2): 128-wide rows, one warp each, q read in
+  // place from a packed [B, T, 3 * H * D] qkv.
   register_gpu_benchmark("fused/qk_norm/bf16/8x2048x32x128", [](benchmark::State& s) {
-    const Tensor q = random_input({kBatch, kSeq, kHeads, kHeadDim}, DType::bf16);
+    const Tensor qkv = random_input({kBatch, kSeq, 3 * kHeads * kHeadDim}, DType::bf16);
+    const Tensor q = qkv.view({kBatch, kSeq, 3, kHeads, kHeadDim}).select(2, 0);
     const Tensor w = random_input({kHeadDim}, DType::bf16);
     const GpuTime t = time_gpu(s, [&] { kernels::rms_norm(q, w, 1e-6); });
-    report_bandwidth(s, 2 * bytes_of(q), t);
+    report_bandwidth(s, 2 * bytes_of(qkv) / 3, t);
   });
 }
 

@@ -537,6 +537,14 @@ TEST(GpuRmsNorm, f32_weights_misaligned_rows_and_a_per_head_view) {
   const kernels::RmsNormOutput a = kernels::rms_norm(qkv.to(kGpu).select(2, 0), w.to(kGpu), 1e-6);
   EXPECT_EQ(a.out.shape(), (Shape{2, 17, 8, 128}));
   EXPECT_TRUE(close(a.out, e.out, test::normalized_tolerance(DType::bf16)));
+  // Its backward reads the view in place too (dweight into an fp32 slot).
+  const Tensor g = test::random_normal({2, 17, 8, 128}, DType::bf16);
+  const Tensor dwe = empty({128}, DType::f32), dwa = empty({128}, DType::f32, kGpu);
+  const Tensor dxe = kernels::rms_norm_backward(g, q, w, e.rstd, dwe, false);
+  const Tensor dxa = kernels::rms_norm_backward(g.to(kGpu), qkv.to(kGpu).select(2, 0), w.to(kGpu),
+                                                a.rstd, dwa, false);
+  EXPECT_TRUE(close(dxa, dxe, test::normalized_tolerance(DType::bf16))) << "dx";
+  EXPECT_TRUE(close(dwa, dwe, test::normalized_tolerance(DType::bf16))) << "dweight";
 }
 
 TEST(GpuRmsNorm, backward_matches_cpu_and_writes_or_adds_dweight) {
