@@ -6,7 +6,9 @@
 // differentiable bias, a boolean mask) and of the packed form; the
 // generator's counters; bad inputs.
 #include <cmath>
+#include <cstdio>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "accrue/autograd/attention_ops.h"
@@ -16,6 +18,9 @@
 #include "accrue/autograd/variable.h"
 #include "accrue/core/philox.h"
 #include "accrue/kernels/attention.h"
+#include "accrue/optim/param_store.h"
+#include "accrue/optim/verify.h"
+#include "accrue/optim/window.h"
 #include "tests/autograd/gradcheck_util.h"
 #include "tests/test_util.h"
 
@@ -253,6 +258,77 @@ TEST(AttentionGradcheck, sdpa_options_dropout_reserves_its_counters) {
                                             SdpaOptions().dropout(0.2, &gen)),
                "scaled_dot_product_attention", "q has 4 heads and k and v have 3");
   EXPECT_EQ(gen.offset(), philox::blocks_for(1 * 4 * 3 * 5));
+}
+
+// In a Window (optim/window.h): a grouped-query attention layer with a learned
+// bias over right-padded variable-length sequences, trained with K = 4
+// micro-batches, takes exactly the updates of the one large batch (Note
+// [Accumulation verifier]): the padded rows give 0 and no gradient, so the
+// loss sums only real tokens and the count is the number of them.
+class AttentionRun : public optim::VerifyRun {
+ public:
+  static constexpr int64_t kItems = 8, T = 6, D = 5, Hq = 4, Hkv = 2, dh = 3;
+
+  explicit AttentionRun(int64_t K)
+      : params_(make_params()),
+        opt_(optim::AdamWOptions(0.05)),
+        store_(params_, optim::ParamStoreOptions().master_dtype(DType::f64)),
+        window_(store_, opt_, optim::WindowOptions().micro_steps(K).max_grad_norm(1.0)) {}
+
+  void micro_step(int64_t w, int64_t begin, int64_t end) override {
+    Generator gen(500 + static_cast<uint64_t>(w));
+    const Tensor x =
+        randn({kItems, T, D}, DType::f64, Device::cpu(), &gen).narrow(0, begin, end - begin);
+    const int64_t n = end - begin;
+    std::vector<int64_t> lens;
+    int64_t tokens = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      lens.push_back(1 + (7 * i + 3 * w) % T);
+      tokens += lens.back();
+    }
+    auto heads = [&](const Tensor& weight, int64_t h) {
+      return transpose(reshape(matmul(x, weight), {n, T, h, dh}), 1, 2);
+    };
+    const Tensor out = scaled_dot_product_attention(
+        heads(params_[0], Hq), heads(params_[1], Hkv), heads(params_[2], Hkv),
+        SdpaOptions().causal().seq_lens(from_vector(lens, {n})).bias(params_[3]));
+    window_.backward({sum(mul(out, out)), full({}, static_cast<double>(tokens), DType::i64)});
+  }
+  void close() override { window_.close(); }
+  std::vector<double> parameters() const override {
+    std::vector<double> flat;
+    for (const Tensor& p : params_)
+      for (double v : p.to_vector<double>())
+        flat.push_back(v);
+    return flat;
+  }
+
+ private:
+  static std::vector<Tensor> make_params() {
+    Generator gen(7);
+    std::vector<Tensor> p;
+    for (const Shape& s :
+         {Shape{D, Hq * dh}, Shape{D, Hkv * dh}, Shape{D, Hkv * dh}, Shape{1, Hq, T, T}})
+      p.push_back(requires_grad_(randn(s, DType::f64, Device::cpu(), &gen)));
+    return p;
+  }
+  std::vector<Tensor> params_;
+  optim::Optimizer opt_;
+  optim::ParamStore store_;
+  optim::Window window_;
+};
+
+TEST(AttentionInWindow, padded_gqa_micro_batches_equal_the_large_batch) {
+  optim::VerifyOptions o;
+  o.windows = 3;
+  o.micro_steps = 4;
+  o.batch = AttentionRun::kItems;
+  o.tolerance = 1e-10;
+  const optim::VerifyReport report =
+      optim::verify_accumulation([](int64_t K) { return std::make_unique<AttentionRun>(K); }, o);
+  EXPECT_TRUE(report.passed) << report.table();
+  ASSERT_EQ(report.parameter_error.size(), 3u);
+  std::printf("%s\n", report.table().c_str());
 }
 
 TEST(AttentionGradcheck, bad_packed_inputs) {
