@@ -1,24 +1,24 @@
 // A Llama-style decoder written from accrue's public ops only: the fused
 // rms_norm, rope (rotate-half, as Hugging Face's Llama) and swiglu of
-// autograd/transformer_ops.h, grouped-query attention with a causal and
-// padding mask, and an untied head. Parameters carry Hugging Face's LlamaForCausalLM names
-// (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ...,
-// lm_head.weight), so its state dict loads from transformers' weights
-// (tests/golden/llama_golden_test.cpp trains both side by side).
+// autograd/transformer_ops.h, grouped-query attention with causal masking
+// and per-sequence lengths (autograd/attention_ops.h), and an untied head. Parameters carry Hugging
+// Face's LlamaForCausalLM names (model.embed_tokens.weight,
+// model.layers.{i}.self_attn.q_proj.weight, ..., lm_head.weight), so its state dict loads from
+// transformers' weights (tests/golden/llama_golden_test.cpp trains both side by side).
 //
 // Batches are right-padded: `lengths` [B] gives each sequence's tokens; the
-// padded keys are masked out of every query's attention, and the padded
+// padded keys are out of every query's attention, and the padded
 // targets are -100, which cross_entropy ignores, so a window's loss is the
 // mean over its real tokens (the Window's item-count normalization).
 #pragma once
 
 #include <cmath>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "accrue.h"
+#include "accrue/autograd/attention_ops.h"
 
 namespace accrue::examples {
 
@@ -60,22 +60,22 @@ class LlamaAttention : public nn::Module {
     o_ = &register_module("o_proj", std::make_unique<nn::Linear>(c.heads * D, c.hidden, false, o));
   }
 
-  // x [B, T, C]; positions i64 [T]; mask [B, 1, T, T], added to the scores.
-  Tensor forward(const Tensor& x, const Tensor& positions, const Tensor& mask) const {
+  // x [B, T, C]; positions i64 [T]; lengths i64 [B], each sequence's tokens.
+  Tensor forward(const Tensor& x, const Tensor& positions, const Tensor& lengths) const {
     const int64_t B = x.size(0), T = x.size(1), D = c_.head_dim();
-    auto heads = [&](const nn::Linear& proj, int64_t n, bool rotate) {  // [B, n, T, D]
+    auto heads = [&](const nn::Linear& proj, int64_t n, bool rotate) {  // [B, n, T, D] views
       Tensor h = reshape(proj.forward(x), {B, T, n, D});
       if (rotate) h = rope(h, positions, c_.rope_theta);
-      return contiguous(transpose(h, 1, 2));
+      return transpose(h, 1, 2);
     };
-    const Tensor q = heads(*q_, c_.heads, true);
-    // Grouped-query attention: kv head j serves query heads j*G .. j*G + G-1.
-    const int64_t G = c_.heads / c_.kv_heads;
-    const Tensor k = repeat_interleave(heads(*k_, c_.kv_heads, true), G, 1);
-    const Tensor v = repeat_interleave(heads(*v_, c_.kv_heads, false), G, 1);
-    const Tensor scores = matmul(q, transpose(k, 2, 3)) * (1.0 / std::sqrt(static_cast<double>(D)));
-    const Tensor out = matmul(softmax(scores + mask, 3), v);  // [B, H, T, D]
-    return o_->forward(reshape(contiguous(transpose(out, 1, 2)), {B, T, c_.heads * D}));
+    // Grouped-query attention: kv head j serves query heads j*G .. j*G + G-1,
+    // with nothing expanded; a query sees the keys at or before it inside its
+    // sequence (keys past lengths[b] are padding).
+    const Tensor out = scaled_dot_product_attention(
+        heads(*q_, c_.heads, true), heads(*k_, c_.kv_heads, true), heads(*v_, c_.kv_heads, false),
+        SdpaOptions().causal().seq_lens(lengths,
+                                        lengths));  // [B, H, T, D], physically [B, T, H, D]
+    return o_->forward(reshape(transpose(out, 1, 2), {B, T, c_.heads * D}));
   }
 
  private:
@@ -111,8 +111,8 @@ class LlamaLayer : public nn::Module {
                               std::make_unique<RMSNorm>(c.hidden, c.rms_eps, o));
     mlp_ = &register_module("mlp", std::make_unique<LlamaMLP>(c, o));
   }
-  Tensor forward(const Tensor& x, const Tensor& positions, const Tensor& mask) const {
-    const Tensor h = x + attn_->forward(norm1_->forward(x), positions, mask);
+  Tensor forward(const Tensor& x, const Tensor& positions, const Tensor& lengths) const {
+    const Tensor h = x + attn_->forward(norm1_->forward(x), positions, lengths);
     return h + mlp_->forward(norm2_->forward(h));
   }
 
@@ -132,10 +132,10 @@ class LlamaModel : public nn::Module {
           &register_module("layers." + std::to_string(i), std::make_unique<LlamaLayer>(c, o)));
     norm_ = &register_module("norm", std::make_unique<RMSNorm>(c.hidden, c.rms_eps, o));
   }
-  Tensor forward(const Tensor& idx, const Tensor& positions, const Tensor& mask) const {
+  Tensor forward(const Tensor& idx, const Tensor& positions, const Tensor& lengths) const {
     Tensor x = embed_->forward(idx);
     for (const LlamaLayer* layer : layers_)
-      x = layer->forward(x, positions, mask);
+      x = layer->forward(x, positions, lengths);
     return norm_->forward(x);
   }
 
@@ -171,16 +171,8 @@ class Llama : public nn::Module {
     ACCRUE_CHECK(static_cast<int64_t>(lengths.size()) == B && T <= c_.max_positions,
                  "Llama::loss: ", lengths.size(), " lengths for ", B, " sequences of ", T,
                  " tokens (at most ", c_.max_positions, ")");
-    // A key is seen by a query at or after it, and only inside the sequence.
-    std::vector<double> mask(static_cast<size_t>(B * T * T), 0.0);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < T; ++i)
-        for (int64_t j = 0; j < T; ++j)
-          if (j > i || j >= lengths[static_cast<size_t>(b)])
-            mask[static_cast<size_t>((b * T + i) * T + j)] =
-                -std::numeric_limits<double>::infinity();
-    const Tensor m = from_vector<double>(mask, {B, 1, T, T}, head_->weight().dtype(), idx.device());
-    const Tensor h = model_->forward(idx, narrow(positions_, 0, 0, T), m);
+    const Tensor lens = from_vector<int64_t>(lengths, {B}, DType::i64, idx.device());
+    const Tensor h = model_->forward(idx, narrow(positions_, 0, 0, T), lens);
     const Tensor logits = head_->forward(h);  // [B, T, V]
     return cross_entropy(reshape(logits, {B * T, c_.vocab_size}), reshape(targets, {B * T}));
   }
