@@ -1,21 +1,7 @@
 """Modules: the native ones (Linear, Embedding, LayerNorm, GELU, MLP, GPT2) and
 the base class of modules written in Python.
 
-Note [Python modules]
-~~~~~~~~~~~~~~~~~~~~~
-A module written in Python subclasses ``accrue.nn.Module``, a pure Python
-class (not a binding of nn::Module with trampolines): what makes a module is
-its list of named parameters, which is all that a ParamStore, a state dict or
-an optimizer group reads, and a Python class that collects them is simpler
-and harder to break than a C++ object whose children live in Python.
-Attributes register themselves as PyTorch's do: a Module (Python or native)
-becomes a child, a leaf tensor that requires grad (``Parameter(t)``) becomes a
-parameter, and ``register_buffer`` keeps state that is not trained. Names are
-dotted, parameters of a module before its children's, each group in
-assignment order. The native modules count as ``Module`` (isinstance) and
-are held as children like any other. ``forward`` is the subclass's;
-``module(x)`` calls it. Moving a Python module to another device or dtype is
-not supported yet: build its tensors where they belong.
+Note [Python modules] below says how modules written in Python work.
 """
 
 from __future__ import annotations
@@ -35,6 +21,23 @@ from ._accrue.nn import (  # noqa: F401  (re-exports)
     Linear,
     NativeModule,
 )
+
+
+# Note [Python modules]
+# ~~~~~~~~~~~~~~~~~~~~~
+# A module written in Python subclasses ``accrue.nn.Module``, a pure Python
+# class (not a binding of nn::Module with trampolines): what makes a module is
+# its list of named parameters, which is all that a ParamStore, a state dict or
+# an optimizer group reads, and a Python class that collects them is simpler
+# and harder to break than a C++ object whose children live in Python.
+# Attributes register themselves as PyTorch's do: a Module (Python or native)
+# becomes a child, a leaf tensor that requires grad (``Parameter(t)``) becomes a
+# parameter, and ``register_buffer`` keeps state that is not trained. Names are
+# dotted, parameters of a module before its children's, each group in
+# assignment order. The native modules count as ``Module`` (isinstance) and
+# are held as children like any other. ``forward`` is the subclass's;
+# ``module(x)`` calls it. Moving a Python module to another device or dtype is
+# not supported yet: build its tensors where they belong.
 
 
 def Parameter(data: Tensor, requires_grad: bool = True) -> Tensor:

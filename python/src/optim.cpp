@@ -193,8 +193,8 @@ void bind_optim(nb::module_& m) {
            "Slot i of the gradients, shaped like the parameter.")
       .def("load", nb::overload_cast<const std::string&, const Tensor&>(&ParamStore::load),
            nb::arg("name"), nb::arg("value"),
-           "Writes the master slot of the named parameter, then its compute slot (Note [One load "
-           "path]).")
+           "Writes the master slot of the named parameter, then its compute slot: "
+           "Note [One load path].")
       .def(
           "memory", [](const ParamStore& s) { return s.memory().describe(); },
           "Bytes held by role, as a line.");
