@@ -126,7 +126,7 @@ void check_hf_llama_tensors(const LlamaConfig& config, const std::map<std::strin
     if (expected.count(name) || is_hf_llama_buffer(name)) continue;
     if (name == kHead && config.tie_word_embeddings) {
       // Tied: a copy of the embedding is harmless, anything else another model.
-      const Tensor& embedding = tensors.at(kEmbedding);
+      const Tensor embedding = tensors.at(kEmbedding);  // a handle: no reference to a temporary key
       ACCRUE_CHECK(same_values(t, embedding), what, ": '", kHead, "'", in_file(sources, name),
                    " of shape ", shape_str(t.shape()), " and dtype ", dtype_name(t.dtype()),
                    " is not a copy of '", kEmbedding, "' (shape ", shape_str(embedding.shape()),
