@@ -279,15 +279,17 @@ ResidualRmsNormOutput add_rms_norm(const Tensor& x, const Tensor& residual, cons
 
 // ---- rotary embedding -----------------------------------------------------------------------
 
-Tensor rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle style,
-            const RopeScaling& scaling, bool inverse, bool check_positions) {
-  NoGradGuard no_grad;
-  const char* name = "rope";
+namespace {
+
+// Every check of rope and rope_; returns the positions as [B, T] (a [T] one
+// broadcast with stride 0), or an undefined tensor when x is empty.
+Tensor checked_rope_positions(const Tensor& x, const Tensor& positions, double theta,
+                              const RopeScaling& scaling, bool check_positions, const char* name) {
   check_defined(x, name, "input");
   check_floating(x, name, "input");
   ACCRUE_CHECK(x.dim() == 4, name, ": input of shape ", shape_str(x.shape()),
                " must be 4-D [B, T, H, D] (batch, token, head, head dim)");
-  const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = x.size(3);
+  const int64_t b = x.size(0), t = x.size(1), d = x.size(3);
   ACCRUE_CHECK(d > 0 && d % 2 == 0, name, ": head dim D = ", d, " of input ", shape_str(x.shape()),
                " must be even and > 0 (pairs are rotated)");
   check_defined(positions, name, "positions");
@@ -308,16 +310,39 @@ Tensor rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle st
         ", low_freq_factor ", scaling.low_freq_factor, ", high_freq_factor ",
         scaling.high_freq_factor, ", original_max_position ", scaling.original_max_position);
   }
-  Tensor out = empty({b, t, h, d}, x.dtype(), x.device());
-  if (out.numel() == 0) return out;
+  if (x.numel() == 0) return Tensor();
   // Note [Deferred index checks]: eager outside a window, on the device inside one.
   if (check_positions) check_index_range(positions, kRopeMaxPosition, 0, false, name, "positions");
+  return positions.dim() == 2
+             ? positions
+             : make_view(positions, {b, t}, {0, positions.stride(0)}, positions.offset());
+}
+
+}  // namespace
+
+Tensor rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle style,
+            const RopeScaling& scaling, bool inverse, bool check_positions) {
+  NoGradGuard no_grad;
+  const Tensor pv = checked_rope_positions(x, positions, theta, scaling, check_positions, "rope");
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  if (!pv.defined()) return out;
   const Tensor xv = x.stride(3) == 1 ? x : x.contiguous();
-  const Tensor pv = positions.dim() == 2 ? positions
-                                         : make_view(positions, {b, t}, {0, positions.stride(0)},
-                                                     positions.offset());
   ACCRUE_BACKEND_CALL(x.device(), rope, xv, pv, theta, style, scaling, inverse, out);
   return out;
+}
+
+void rope_(const Tensor& x, const Tensor& positions, double theta, RopeStyle style,
+           const RopeScaling& scaling, bool inverse) {
+  NoGradGuard no_grad;
+  const char* name = "rope_";
+  const Tensor pv = checked_rope_positions(x, positions, theta, scaling, true, name);
+  if (!pv.defined()) return;
+  check_unit_last_stride(x, name, "input");
+  for (int64_t i = 0; i < 3; ++i)
+    ACCRUE_CHECK(x.size(i) == 1 || x.stride(i) != 0, name, ": input of shape ",
+                 shape_str(x.shape()), " and strides ", shape_str(x.strides()),
+                 " overlaps itself (a 0 stride); rotate a copy with rope instead");
+  ACCRUE_BACKEND_CALL(x.device(), rope, x, pv, theta, style, scaling, inverse, x);
 }
 
 // ---- SwiGLU ----------------------------------------------------------------------------------

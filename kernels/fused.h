@@ -120,6 +120,11 @@ constexpr int64_t kRopeMaxPosition = int64_t{1} << 24;
 // the same positions, and any position rotates within bounds.
 Tensor rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle style,
             const RopeScaling& scaling = {}, bool inverse = false, bool check_positions = true);
+// The same rotation written back into x (a strided view of a packed qkv is
+// rotated where it lies), for inference and KV caches: no autograd records
+// it. x must not overlap itself (no 0 strides).
+void rope_(const Tensor& x, const Tensor& positions, double theta, RopeStyle style,
+           const RopeScaling& scaling = {}, bool inverse = false);
 
 // SwiGLU: out = silu(gate) * up = gate * sigmoid(gate) * up, computed in f32
 // (f64) and rounded once; gate and up of one shape and dtype, any layout.

@@ -198,7 +198,7 @@ void rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle styl
         }
         for (int64_t h = 0; h < h_n; ++h) {
           const T* xr = px + b * sb + t * st + h * sh;
-          T* yr = po + ((b * t_n + t) * h_n + h) * d;
+          T* yr = po + b * out.stride(0) + t * out.stride(1) + h * out.stride(2);
           for (int64_t i = 0; i < half; ++i) {
             const int64_t ia = style == RopeStyle::RotateHalf ? i : 2 * i;
             const int64_t ib = style == RopeStyle::RotateHalf ? i + half : 2 * i + 1;

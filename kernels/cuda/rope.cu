@@ -37,12 +37,14 @@ __device__ __forceinline__ void sincos_of(double a, double* s, double* c) {
 // A work item is V pairs: V-element packs at i and i + D/2 (RotateHalf), or
 // the 2V elements from 2i (Interleaved); 16-byte packs where D/2, the
 // strides and the pointers allow it, else V = 1. x is read through its
-// strides (a view of a packed qkv); out is contiguous.
+// strides (a view of a packed qkv), out through its own (x itself for the
+// in-place rope_): a thread reads each element before it writes it, and no
+// other thread touches it, hence no __restrict__ on either.
 template <class T, int V, bool kInterleaved>
-__global__ void rope_kernel(const T* __restrict__ x, const int64_t* __restrict__ positions,
-                            int64_t tokens, int64_t t_n, int64_t h_n, int64_t d, int64_t sb,
-                            int64_t st, int64_t sh, int64_t pb, int64_t pt, double theta,
-                            RopeScaling scaling, bool inverse, T* __restrict__ out) {
+__global__ void rope_kernel(const T* x, const int64_t* __restrict__ positions, int64_t tokens,
+                            int64_t t_n, int64_t h_n, int64_t d, int64_t sb, int64_t st, int64_t sh,
+                            int64_t pb, int64_t pt, double theta, RopeScaling scaling, bool inverse,
+                            T* out, int64_t out_sb, int64_t out_st, int64_t out_sh) {
   using F = cu::math_t<T>;
   __shared__ F inv_freq[kRopeChunk];
   __shared__ F cs[kRopeChunk];
@@ -57,7 +59,7 @@ __global__ void rope_kernel(const T* __restrict__ x, const int64_t* __restrict__
     const int64_t b = tok / t_n, t = tok % t_n;
     const F p = static_cast<F>(positions[b * pb + t * pt]);
     const T* xt = x + b * sb + t * st;
-    T* ot = out + tok * h_n * d;
+    T* ot = out + b * out_sb + t * out_st;
     for (int64_t c0 = 0; c0 < half; c0 += kRopeChunk) {
       const int len = static_cast<int>(std::min<int64_t>(kRopeChunk, half - c0));
       __syncthreads();  // the previous chunk's (or token's) table is no longer read
@@ -76,7 +78,7 @@ __global__ void rope_kernel(const T* __restrict__ x, const int64_t* __restrict__
         const int j0 = static_cast<int>(it % per_head) * V;
         const int64_t i0 = c0 + j0;
         const T* xr = xt + h * sh;
-        T* yr = ot + h * d;
+        T* yr = ot + h * out_sh;
         F a[V], bv[V];
         if constexpr (kInterleaved) {
           const Pack<T, V> lo = load_pack<V>(xr + 2 * i0, 0), hi = load_pack<V>(xr + 2 * i0, 1);
@@ -145,16 +147,18 @@ void rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle styl
     using T = decltype(tag);
     constexpr int kVec = 16 / sizeof(T);
     const int64_t half = d / 2;
-    const bool vectorized = half % kVec == 0 && x.stride(0) % kVec == 0 &&
-                            x.stride(1) % kVec == 0 && x.stride(2) % kVec == 0 &&
-                            aligned_16(x.data_ptr()) && aligned_16(out.data_ptr());
+    const bool vectorized =
+        half % kVec == 0 && x.stride(0) % kVec == 0 && x.stride(1) % kVec == 0 &&
+        x.stride(2) % kVec == 0 && aligned_16(x.data_ptr()) && aligned_16(out.data_ptr()) &&
+        out.stride(0) % kVec == 0 && out.stride(1) % kVec == 0 && out.stride(2) % kVec == 0;
     auto launch = [&](auto vec, auto interleaved) {
       constexpr int V = decltype(vec)::value;
       constexpr bool I = decltype(interleaved)::value;
       rope_kernel<T, V, I><<<grid, kRopeThreads, 0, stream>>>(
           static_cast<const T*>(x.data_ptr()), static_cast<const int64_t*>(positions.data_ptr()),
           tokens, t_n, h_n, d, x.stride(0), x.stride(1), x.stride(2), positions.stride(0),
-          positions.stride(1), theta, scaling, inverse, static_cast<T*>(out.data_ptr()));
+          positions.stride(1), theta, scaling, inverse, static_cast<T*>(out.data_ptr()),
+          out.stride(0), out.stride(1), out.stride(2));
       ACCRUE_LAUNCH_CHECK();
     };
     auto with_style = [&](auto vec) {

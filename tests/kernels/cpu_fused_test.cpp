@@ -813,6 +813,32 @@ TEST(CpuRope, q_and_k_of_a_packed_qkv_are_read_in_place) {
   }
 }
 
+TEST(CpuRope, in_place_rotates_q_and_k_where_they_lie_in_a_packed_qkv) {
+  const int64_t b = 2, t = 4, h = 3, d = 8;
+  const Tensor pos = from_vector<int64_t>({0, 1, 2, 3, 0, 1, 0, 1}, {b, t});
+  const Tensor qkv = test::random_normal({b, t, 3 * h * d}, DType::bf16);
+  const Tensor before = qkv.clone();
+  const Tensor view = qkv.view({b, t, 3, h, d}), old = before.view({b, t, 3, h, d});
+  kernels::rope_(view.select(2, 0), pos, 1e4, RopeStyle::RotateHalf);
+  kernels::rope_(view.select(2, 1), pos, 1e4, RopeStyle::Interleaved);
+  EXPECT_TRUE(all_equal(view.select(2, 0).contiguous(),
+                        kernels::rope(old.select(2, 0), pos, 1e4, RopeStyle::RotateHalf)));
+  EXPECT_TRUE(all_equal(view.select(2, 1).contiguous(),
+                        kernels::rope(old.select(2, 1), pos, 1e4, RopeStyle::Interleaved)));
+  EXPECT_TRUE(all_equal(view.select(2, 2).contiguous(), old.select(2, 2).contiguous()));
+  // The rotation by -angle, in place, brings q back (up to bf16 rounding).
+  kernels::rope_(view.select(2, 0), pos, 1e4, RopeStyle::RotateHalf, {}, true);
+  EXPECT_TRUE(all_close(view.select(2, 0).contiguous(), old.select(2, 0).contiguous(), 2e-2, 2e-2));
+  EXPECT_ERROR(kernels::rope_(test::random_normal({1, t, h, d}).expand({b, t, h, d}), pos, 1e4,
+                              RopeStyle::RotateHalf),
+               "rope_", "overlaps", "rope instead");
+  EXPECT_ERROR(kernels::rope_(test::random_normal({b, t, d, h}).transpose(2, 3), pos, 1e4,
+                              RopeStyle::RotateHalf),
+               "rope_", "stride 1");
+  EXPECT_ERROR(kernels::rope_(test::random_normal({b, t, h, 5}), pos, 1e4, RopeStyle::RotateHalf),
+               "rope_", "head dim D = 5");
+}
+
 TEST(CpuRope, bad_inputs_throw_naming_op_and_values) {
   const Tensor x = test::random_normal({2, 3, 4, 8});
   const Tensor pos = from_vector<int64_t>({0, 1, 2}, {3});

@@ -659,6 +659,24 @@ TEST(GpuRope, q_and_k_of_a_packed_qkv_shared_positions_and_a_misaligned_input) {
   }
 }
 
+TEST(GpuRope, in_place_on_q_of_a_packed_qkv_matches_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  const int64_t b = 2, t = 33, h = 8, d = 128;
+  for (RopeStyle style : {RopeStyle::RotateHalf, RopeStyle::Interleaved}) {
+    const Tensor qkv = test::random_normal({b, t, 3 * h * d}, DType::bf16);
+    const Tensor pos = random_positions({b, t}, 4096);
+    const Tensor expected =
+        kernels::rope(qkv.view({b, t, 3, h, d}).select(2, 0), pos, 500000.0, style);
+    const Tensor gpu_qkv = qkv.to(kGpu);
+    kernels::rope_(gpu_qkv.view({b, t, 3, h, d}).select(2, 0), pos.to(kGpu), 500000.0, style);
+    const Tensor after = on_cpu(gpu_qkv).view({b, t, 3, h, d});
+    EXPECT_TRUE(
+        close(after.select(2, 0).contiguous(), expected, test::normalized_tolerance(DType::bf16)));
+    EXPECT_TRUE(test::all_equal(after.select(2, 1).contiguous(),
+                                qkv.view({b, t, 3, h, d}).select(2, 1).contiguous()));
+  }
+}
+
 TEST(GpuRope, a_bad_position_is_an_error_naming_it) {
   ACCRUE_REQUIRE_CUDA();
   const Tensor x = test::random_normal({1, 3, 2, 8}, DType::f32, kGpu);
