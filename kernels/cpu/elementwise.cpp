@@ -4,6 +4,7 @@
 // dispatch point broadcasts with a raw expand); outputs are contiguous. Every
 // output element depends on its inputs alone, so the loops split across
 // threads at any point (Note [CPU threads]).
+#include <algorithm>
 #include <cmath>
 
 #include "accrue/kernels/backend.h"
@@ -17,27 +18,65 @@ namespace {
 constexpr double kGeluC = 0.7978845608028654;
 constexpr double kGeluA = 0.044715;
 
-// out[i] = f(a[i]) over a strided a and a contiguous out, in T's math type.
+// The length and stride of the last dim (1 and 0 for a 0-d tensor): a strided
+// input walks a row with one offset computation, not one per element.
+int64_t last_dim(const Tensor& t) {
+  return t.dim() == 0 ? 1 : t.size(-1);
+}
+int64_t last_stride(const Tensor& t) {
+  return t.dim() == 0 ? 0 : t.stride(-1);
+}
+
+// out[i] = f(a[i]) over a strided a and a contiguous out, in T's math type,
+// split across threads in chunks of at least `grain` elements.
 template <class T, class F>
-void map1(const Tensor& a, const Tensor& out, F f) {
+void map1(int64_t grain, const Tensor& a, const Tensor& out, F f) {
   const Indexer ia(a);
   const T* pa = ptr<T>(a);
   T* po = ptr<T>(out);
-  parallel_for(0, out.numel(), kParallelWork, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-      po[i] = store<T>(f(load(pa[ia(i)])));
+  // Dense inputs take a loop without the per-element index test, which the
+  // compiler vectorizes: the same arithmetic, so the same bits.
+  const bool dense = a.is_contiguous();
+  const int64_t cols = last_dim(out), sa = last_stride(a);
+  parallel_for(0, out.numel(), grain, [&](int64_t i0, int64_t i1) {
+    if (dense) {
+      for (int64_t i = i0; i < i1; ++i)
+        po[i] = store<T>(f(load(pa[i])));
+    } else {
+      // Row by row: one offset computation per row of the last dim.
+      for (int64_t i = i0; i < i1;) {
+        const int64_t end = std::min(i1, i - i % cols + cols);
+        const T* ra = pa + ia(i);
+        for (int64_t c = 0; c < end - i; ++c)
+          po[i + c] = store<T>(f(load(ra[c * sa])));
+        i = end;
+      }
+    }
   });
 }
 
 template <class T, class F>
-void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+void map2(int64_t grain, const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   const Indexer ia(a), ib(b);
   const T* pa = ptr<T>(a);
   const T* pb = ptr<T>(b);
   T* po = ptr<T>(out);
-  parallel_for(0, out.numel(), kParallelWork, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-      po[i] = store<T>(f(load(pa[ia(i)]), load(pb[ib(i)])));
+  const bool dense = a.is_contiguous() && b.is_contiguous();
+  const int64_t cols = last_dim(out), sa = last_stride(a), sb = last_stride(b);
+  parallel_for(0, out.numel(), grain, [&](int64_t i0, int64_t i1) {
+    if (dense) {
+      for (int64_t i = i0; i < i1; ++i)
+        po[i] = store<T>(f(load(pa[i]), load(pb[i])));
+    } else {
+      for (int64_t i = i0; i < i1;) {
+        const int64_t end = std::min(i1, i - i % cols + cols);
+        const T* ra = pa + ia(i);
+        const T* rb = pb + ib(i);
+        for (int64_t c = 0; c < end - i; ++c)
+          po[i + c] = store<T>(f(load(ra[c * sa]), load(rb[c * sb])));
+        i = end;
+      }
+    }
   });
 }
 
@@ -86,12 +125,18 @@ auto compare_value(T v) {
   }
 }
 
+// Ops that cost a libm call per element split at a smaller grain.
+int64_t op_grain(UnaryOp op) {
+  const bool cheap = op == UnaryOp::Neg || op == UnaryOp::Relu || op == UnaryOp::Abs;
+  return cheap ? kParallelWork : kParallelWork / 8;
+}
+
 }  // namespace
 
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   visit_float(out.dtype(), op_name(op), [&](auto tag) {
     using T = decltype(tag);
-    with_binary_op<math_t<T>>(op, [&](auto f) { map2<T>(a, b, out, f); });
+    with_binary_op<math_t<T>>(op, [&](auto f) { map2<T>(kParallelWork, a, b, out, f); });
   });
 }
 
@@ -102,9 +147,9 @@ void binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first, co
     const M sv = static_cast<M>(s);
     with_binary_op<M>(op, [&](auto f) {
       if (scalar_first) {
-        map1<T>(a, out, [&](M x) { return f(sv, x); });
+        map1<T>(kParallelWork, a, out, [&](M x) { return f(sv, x); });
       } else {
-        map1<T>(a, out, [&](M x) { return f(x, sv); });
+        map1<T>(kParallelWork, a, out, [&](M x) { return f(x, sv); });
       }
     });
   });
@@ -115,36 +160,37 @@ void unary(UnaryOp op, const Tensor& a, double param, const Tensor& out) {
     using T = decltype(tag);
     using M = math_t<T>;
     const M p = static_cast<M>(param);
+    const int64_t grain = op_grain(op);
     switch (op) {
       case UnaryOp::Neg:
-        return map1<T>(a, out, [](M x) { return -x; });
+        return map1<T>(grain, a, out, [](M x) { return -x; });
       case UnaryOp::Exp:
-        return map1<T>(a, out, [](M x) { return std::exp(x); });
+        return map1<T>(grain, a, out, [](M x) { return std::exp(x); });
       case UnaryOp::Log:
-        return map1<T>(a, out, [](M x) { return std::log(x); });
+        return map1<T>(grain, a, out, [](M x) { return std::log(x); });
       case UnaryOp::Sqrt:
-        return map1<T>(a, out, [](M x) { return std::sqrt(x); });
+        return map1<T>(grain, a, out, [](M x) { return std::sqrt(x); });
       case UnaryOp::Tanh:
-        return map1<T>(a, out, [](M x) { return std::tanh(x); });
+        return map1<T>(grain, a, out, [](M x) { return std::tanh(x); });
       case UnaryOp::Relu:
         // NaN stays NaN (x > 0 is false for NaN, so test it first).
-        return map1<T>(a, out, [](M x) { return std::isnan(x) || x > 0 ? x : M(0); });
+        return map1<T>(grain, a, out, [](M x) { return std::isnan(x) || x > 0 ? x : M(0); });
       case UnaryOp::Gelu:
-        return map1<T>(a, out, [](M x) { return gelu(x); });
+        return map1<T>(grain, a, out, [](M x) { return gelu(x); });
       case UnaryOp::Sigmoid:
-        return map1<T>(a, out, [](M x) { return M(1) / (M(1) + std::exp(-x)); });
+        return map1<T>(grain, a, out, [](M x) { return M(1) / (M(1) + std::exp(-x)); });
       case UnaryOp::Pow:
-        return map1<T>(a, out, [p](M x) { return std::pow(x, p); });
+        return map1<T>(grain, a, out, [p](M x) { return std::pow(x, p); });
       case UnaryOp::Silu:
-        return map1<T>(a, out, [](M x) { return x / (M(1) + std::exp(-x)); });
+        return map1<T>(grain, a, out, [](M x) { return x / (M(1) + std::exp(-x)); });
       case UnaryOp::Rsqrt:
-        return map1<T>(a, out, [](M x) { return M(1) / std::sqrt(x); });
+        return map1<T>(grain, a, out, [](M x) { return M(1) / std::sqrt(x); });
       case UnaryOp::Sin:
-        return map1<T>(a, out, [](M x) { return std::sin(x); });
+        return map1<T>(grain, a, out, [](M x) { return std::sin(x); });
       case UnaryOp::Cos:
-        return map1<T>(a, out, [](M x) { return std::cos(x); });
+        return map1<T>(grain, a, out, [](M x) { return std::cos(x); });
       case UnaryOp::Abs:
-        return map1<T>(a, out, [](M x) { return std::abs(x); });
+        return map1<T>(grain, a, out, [](M x) { return std::abs(x); });
     }
   });
 }
@@ -155,40 +201,44 @@ void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& input, const T
     using T = decltype(tag);
     using M = math_t<T>;
     const M p = static_cast<M>(param);
+    const int64_t grain = op_grain(op);
     switch (op) {
       case UnaryOp::Neg:
-        return map1<T>(grad, out, [](M g) { return -g; });
+        return map1<T>(grain, grad, out, [](M g) { return -g; });
       case UnaryOp::Exp:  // d exp(x) = exp(x) = y
-        return map2<T>(grad, output, out, [](M g, M y) { return g * y; });
+        return map2<T>(grain, grad, output, out, [](M g, M y) { return g * y; });
       case UnaryOp::Log:
-        return map2<T>(grad, input, out, [](M g, M x) { return g / x; });
+        return map2<T>(grain, grad, input, out, [](M g, M x) { return g / x; });
       case UnaryOp::Sqrt:  // d sqrt(x) = 1 / (2 sqrt(x))
-        return map2<T>(grad, output, out, [](M g, M y) { return g / (M(2) * y); });
+        return map2<T>(grain, grad, output, out, [](M g, M y) { return g / (M(2) * y); });
       case UnaryOp::Tanh:
-        return map2<T>(grad, output, out, [](M g, M y) { return g * (M(1) - y * y); });
+        return map2<T>(grain, grad, output, out, [](M g, M y) { return g * (M(1) - y * y); });
       case UnaryOp::Relu:
-        return map2<T>(grad, input, out, [](M g, M x) { return x > 0 ? g : M(0); });
+        return map2<T>(grain, grad, input, out, [](M g, M x) { return x > 0 ? g : M(0); });
       case UnaryOp::Gelu:
-        return map2<T>(grad, input, out, [](M g, M x) { return g * gelu_derivative(x); });
+        return map2<T>(grain, grad, input, out, [](M g, M x) { return g * gelu_derivative(x); });
       case UnaryOp::Sigmoid:
-        return map2<T>(grad, output, out, [](M g, M y) { return g * y * (M(1) - y); });
+        return map2<T>(grain, grad, output, out, [](M g, M y) { return g * y * (M(1) - y); });
       case UnaryOp::Pow:
         // x^0 is constant: its gradient is 0 even at x = 0 (where p * x^-1 would be NaN).
-        if (p == M(0)) return map1<T>(grad, out, [](M) { return M(0); });
-        return map2<T>(grad, input, out, [p](M g, M x) { return g * p * std::pow(x, p - M(1)); });
+        if (p == M(0)) return map1<T>(grain, grad, out, [](M) { return M(0); });
+        return map2<T>(grain, grad, input, out,
+                       [p](M g, M x) { return g * p * std::pow(x, p - M(1)); });
       case UnaryOp::Silu:  // s (1 + x (1 - s)) with s = sigmoid(x)
-        return map2<T>(grad, input, out, [](M g, M x) {
+        return map2<T>(grain, grad, input, out, [](M g, M x) {
           const M sg = M(1) / (M(1) + std::exp(-x));
           return g * sg * (M(1) + x * (M(1) - sg));
         });
       case UnaryOp::Rsqrt:  // d x^-1/2 = -y^3 / 2
-        return map2<T>(grad, output, out, [](M g, M y) { return M(-0.5) * g * y * y * y; });
+        return map2<T>(grain, grad, output, out, [](M g, M y) { return M(-0.5) * g * y * y * y; });
       case UnaryOp::Sin:
-        return map2<T>(grad, input, out, [](M g, M x) { return g * std::cos(x); });
+        return map2<T>(grain, grad, input, out, [](M g, M x) { return g * std::cos(x); });
       case UnaryOp::Cos:
-        return map2<T>(grad, input, out, [](M g, M x) { return -g * std::sin(x); });
+        return map2<T>(grain, grad, input, out, [](M g, M x) { return -g * std::sin(x); });
       case UnaryOp::Abs:  // g * sign(x), sign(0) = 0
-        return map2<T>(grad, input, out, [](M g, M x) { return x > 0 ? g : x < 0 ? -g : M(0); });
+        return map2<T>(grain, grad, input, out, [](M g, M x) {
+          return x > 0 ? g : x < 0 ? -g : M(0);
+        });
     }
   });
 }
@@ -220,7 +270,7 @@ void clamp(const Tensor& a, double lo, double hi, const Tensor& out) {
     using M = math_t<T>;
     const M l = static_cast<M>(lo), h = static_cast<M>(hi);
     // NaN fails both tests and passes through.
-    map1<T>(a, out, [l, h](M x) { return x < l ? l : x > h ? h : x; });
+    map1<T>(kParallelWork, a, out, [l, h](M x) { return x < l ? l : x > h ? h : x; });
   });
 }
 
@@ -230,7 +280,8 @@ void clamp_backward(const Tensor& grad, const Tensor& input, double lo, double h
     using T = decltype(tag);
     using M = math_t<T>;
     const M l = static_cast<M>(lo), h = static_cast<M>(hi);
-    map2<T>(grad, input, out, [l, h](M g, M x) { return x >= l && x <= h ? g : M(0); });
+    map2<T>(kParallelWork, grad, input, out,
+            [l, h](M g, M x) { return x >= l && x <= h ? g : M(0); });
   });
 }
 
