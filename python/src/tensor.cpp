@@ -27,6 +27,7 @@
 #include "accrue/core/cuda_runtime.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/core/random.h"
+#include "accrue/kernels/ops.h"
 #include "bindings.h"
 
 namespace accrue::python {
@@ -194,6 +195,13 @@ nb::object numpy_of(nb::handle self) {
 }
 
 const char kShapeDoc[] = "The sizes, as f(2, 3) or f((2, 3)).";
+
+// Elementwise comparisons give bool tensors, which no gradient crosses.
+template <kernels::CompareOp Op>
+Tensor compare_with(const Tensor& a, nb::handle b) {
+  if (nb::isinstance<Tensor>(b)) return kernels::compare(Op, a, nb::cast<const Tensor&>(b));
+  return kernels::compare(Op, a, scalar_tensor(nb::cast<double>(b), a.dtype(), a.device()));
+}
 
 }  // namespace
 
@@ -566,6 +574,21 @@ void bind_tensor(nb::module_& m) {
       .def(
           "__pow__", [](const Tensor& a, double e) { return pow(a, e); }, nb::is_operator(),
           "a ** e (a scalar exponent).")
+      .def("__eq__", &compare_with<kernels::CompareOp::Eq>, nb::is_operator(),
+           "a == b elementwise (a bool tensor).")
+      .def("__ne__", &compare_with<kernels::CompareOp::Ne>, nb::is_operator(),
+           "a != b elementwise (a bool tensor).")
+      .def("__lt__", &compare_with<kernels::CompareOp::Lt>, nb::is_operator(),
+           "a < b elementwise (a bool tensor).")
+      .def("__le__", &compare_with<kernels::CompareOp::Le>, nb::is_operator(),
+           "a <= b elementwise (a bool tensor).")
+      .def("__gt__", &compare_with<kernels::CompareOp::Gt>, nb::is_operator(),
+           "a > b elementwise (a bool tensor).")
+      .def("__ge__", &compare_with<kernels::CompareOp::Ge>, nb::is_operator(),
+           "a >= b elementwise (a bool tensor).")
+      .def(
+          "__hash__", [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.impl()); },
+          "By identity of the shared handle (== is elementwise, as in PyTorch).")
       .def(
           "__matmul__", [](const Tensor& a, const Tensor& b) { return matmul(a, b); },
           nb::is_operator(), "a @ b.");

@@ -175,3 +175,15 @@ def test_bad_input_raises_accrue_error_with_its_message():
     with pytest.raises(accrue.OutOfMemoryError) as oom:
         accrue.empty([1 << 40], dtype=accrue.f64)  # 8 TiB
     assert oom.value.requested_bytes > 0 and isinstance(oom.value, MemoryError)
+
+
+def test_comparisons_are_elementwise(rng):
+    a_np, b_np = rng.standard_normal(8), rng.standard_normal(8)
+    a, b = accrue.tensor(a_np, dtype=accrue.f64), accrue.tensor(b_np, dtype=accrue.f64)
+    for got, want in [(a < b, a_np < b_np), (a >= 0.0, a_np >= 0.0), (a == a, np.ones(8, bool)),
+                      (a != b, a_np != b_np), (a > b, a_np > b_np), (a <= 0.5, a_np <= 0.5)]:
+        assert got.dtype == accrue.bool_
+        np.testing.assert_array_equal(got.numpy(), want)
+    relu = accrue.masked_fill(a, a < 0.0, 0.0)
+    np.testing.assert_array_equal(relu.numpy(), np.maximum(a_np, 0.0))
+    assert len({a, b, a}) == 2  # hashable by identity
