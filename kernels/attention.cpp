@@ -285,6 +285,7 @@ AttentionParams check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
 
 // ---- path choice --------------------------------------------------------------
 
+#ifdef ACCRUE_WITH_CUDNN_FRONTEND
 std::string describe(const AttentionParams& p, DType dtype) {
   std::string s = detail::str_cat(dtype_name(dtype), " B=", p.B, " Hq=", p.H, " Hkv=", p.Hkv,
                                   " Tq=", p.Tq, " Tk=", p.Tk, " d=", p.d, " dv=", p.dv);
@@ -308,7 +309,6 @@ void refuse(const AttentionParams& p, DType dtype, const char* op, const std::st
   if (said.insert(line).second) std::cerr << line << " (said once)\n";
 }
 
-#ifdef ACCRUE_WITH_CUDNN_FRONTEND
 // ACCRUE_ATTENTION_COMPOSED=1 (Note [Attention paths]), read once.
 bool composed_forced() {
   static const bool forced = env_flag("ACCRUE_ATTENTION_COMPOSED");
