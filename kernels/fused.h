@@ -15,7 +15,8 @@ namespace accrue {
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // x is [B, T, H, D] (batch, token, head, head dim: the layout of q, k, v
 // split from a packed [B, T, 3 * H * D] qkv, so a strided view of the packed
-// tensor is read in place, no copy); positions is i64 [B, T] or [T] (shared
+// tensor is read in place, no copy; a [B, H, T, D] tensor is passed as its
+// transpose(1, 2) view); positions is i64 [B, T] or [T] (shared
 // by the batch), each in [0, 2^24) (the largest range f32 holds exactly),
 // so packed documents restart at 0 by their own position ids. Pair i of
 // D / 2 is rotated by angle = position * inv_freq[i]:
@@ -25,8 +26,10 @@ namespace accrue {
 // Face's LlamaRotaryEmbedding: inv_freq[i] = 1 / theta^(2i / D) with the
 // exponent formed in f32, then (RopeScaling::llama3) rope_type "llama3"'s
 // scaling, then angle, cos and sin in f32, as transformers computes them;
-// f64 inputs compute all of it in f64 instead (a reference for the f64
-// golden tests, exact where transformers' f32 table is not). The rotation of
+// f64 inputs compute all of it in f64 instead (exact where transformers'
+// table is not: its forward casts inv_freq and positions to f32 even in an
+// f64 model, so an f64 golden test against it computes that table in f64
+// too). The rotation of
 // each pair is then computed in f32 (f64) and rounded once, where transformers
 // rounds cos and sin to x's dtype first: 16-bit results may differ by one ulp.
 // The backward is the rotation by -angle (inverse = true).
