@@ -1,6 +1,10 @@
 #include "accrue/nn/hf_checkpoint.h"
 
+#include <cctype>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -176,6 +180,46 @@ std::map<std::string, Tensor> load_safetensors_dir(const std::string& dir,
 
 std::map<std::string, Tensor> load_safetensors_dir(const std::string& dir) {
   return load_safetensors_dir(dir, nullptr);
+}
+
+int64_t parse_shard_size(const std::string& text) {
+  std::string lower;
+  for (const char c : text)
+    lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  struct Unit {
+    const char* suffix;
+    double bytes;
+  };
+  // Longest suffixes first, so that "kib" is not read as "b".
+  constexpr Unit kUnits[] = {{"kib", 1024.0},
+                             {"mib", 1024.0 * 1024},
+                             {"gib", 1024.0 * 1024 * 1024},
+                             {"tib", 1024.0 * 1024 * 1024 * 1024},
+                             {"kb", 1e3},
+                             {"mb", 1e6},
+                             {"gb", 1e9},
+                             {"tb", 1e12},
+                             {"b", 1.0}};
+  double scale = 1.0;
+  std::string number = lower;
+  for (const Unit& u : kUnits)
+    if (lower.ends_with(u.suffix)) {
+      // transformers: a decimal unit ending in a lowercase b counts bits ("5Gb").
+      const bool bits = std::strlen(u.suffix) == 2 && text.back() == 'b';
+      scale = bits ? u.bytes / 8 : u.bytes;
+      number = lower.substr(0, lower.size() - std::strlen(u.suffix));
+      break;
+    }
+  double value = 0;
+  const char* begin = number.data();
+  const char* end = begin + number.size();
+  const auto parsed = std::from_chars(begin, end, value);
+  const bool ok = !number.empty() && parsed.ec == std::errc() && parsed.ptr == end &&
+                  std::isfinite(value) && value * scale >= 1.0 && value * scale < 9.2e18;
+  ACCRUE_CHECK(ok, "max shard size '", text,
+               "' is not a size of at least one byte: a byte count or a number with a unit "
+               "(KB, MB, GB, TB: powers of 10; KiB, MiB, GiB, TiB: powers of 2), e.g. 5GB");
+  return static_cast<int64_t>(value * scale);
 }
 
 void save_safetensors_dir(const std::string& dir,

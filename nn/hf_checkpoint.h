@@ -51,6 +51,14 @@ void save_safetensors_dir(const std::string& dir,
                           int64_t max_shard_bytes = kDefaultMaxShardBytes,
                           const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
+// A shard size as transformers' max_shard_size takes it: a byte count, or a
+// number with a unit, decimal (KB, MB, GB: powers of 10) or binary (KiB,
+// MiB, GiB: powers of 2): "5GB" = 5 * 10^9, "50KB" = 50000, "2GiB" =
+// 2 * 2^30; as in transformers, a decimal unit ending in a lowercase b
+// counts bits ("8Gb" = 10^9), and units are otherwise case-insensitive. Throws accrue::Error naming
+// the text for anything else, a size below 1 byte, or one that overflows int64.
+int64_t parse_shard_size(const std::string& text);
+
 // The weight_map of an index's text: tensor name -> shard file name, with
 // the checks of load_safetensors_dir that need no file. `name` stands for
 // the file in errors.

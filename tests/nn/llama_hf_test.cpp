@@ -208,6 +208,23 @@ TEST(HFLlama, WritesTheIndexAsTransformers) {
   EXPECT_EQ(metadata.at("format"), "pt");
 }
 
+TEST(HFLlama, ShardSizesAsTransformersReadsThem) {
+  EXPECT_EQ(nn::parse_shard_size("5GB"), 5'000'000'000);
+  EXPECT_EQ(nn::parse_shard_size("50KB"), 50'000);
+  EXPECT_EQ(nn::parse_shard_size("2GiB"), int64_t{2} << 30);
+  EXPECT_EQ(nn::parse_shard_size("1.5mib"), 1'572'864);
+  EXPECT_EQ(nn::parse_shard_size("123"), 123);
+  EXPECT_EQ(nn::parse_shard_size("100B"), 100);
+  EXPECT_EQ(nn::parse_shard_size("8Gb"), 1'000'000'000);  // bits, as transformers
+  EXPECT_EQ(nn::parse_shard_size("8gB"), 8'000'000'000);
+  EXPECT_ERROR(nn::parse_shard_size("5 GB"), "max shard size '5 GB'");
+  EXPECT_ERROR(nn::parse_shard_size("GB"), "'GB'");
+  EXPECT_ERROR(nn::parse_shard_size("0"), "at least one byte");
+  EXPECT_ERROR(nn::parse_shard_size("-5GB"), "'-5GB'");
+  EXPECT_ERROR(nn::parse_shard_size("1e30TB"), "'1e30TB'");
+  EXPECT_ERROR(nn::parse_shard_size("nan"), "'nan'");
+}
+
 TEST(HFLlama, RefusesBadConfigs) {
   std::string dir = copy_fixture("hf_llama_tiny", "bad_json");
   write_text(dir + "/config.json", "{\"model_type\": \"llama\", ");
