@@ -33,6 +33,7 @@
 #include "accrue/nn/gpt2.h"
 #include "accrue/nn/gpt2_hf.h"
 #include "accrue/nn/hf_checkpoint.h"
+#include "accrue/nn/llama.h"
 #include "accrue/nn/llama_config.h"
 #include "accrue/nn/llama_hf.h"
 #include "accrue/nn/module.h"

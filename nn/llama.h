@@ -1,0 +1,176 @@
+// A Llama-style decoder (Llama 2, 3, 3.1, 3.2 and Qwen3) built from an
+// nn::LlamaConfig: token embedding, pre-RMSNorm blocks of grouped-query
+// attention with rotary embeddings (and Qwen3's per-head QK-norm) and a SwiGLU
+// MLP, a final RMSNorm and an output layer, untied or tied to the embedding.
+//
+//   nn::Llama model(nn::LlamaConfig::from_name("llama-125m"), {Device::cuda(0), DType::bf16,
+//   &gen}); Loss loss = model.loss(idx, targets, nn::BatchLayout::padded(lengths)); auto hf =
+//   nn::Llama::from_hf("Llama-3.2-1B", {Device::cuda(0), DType::bf16});
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/transformer_ops.h"
+#include "accrue/nn/hf_checkpoint.h"
+#include "accrue/nn/llama_config.h"
+#include "accrue/nn/module.h"
+
+namespace accrue::nn {
+
+// Note [Llama batch layouts]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A micro-batch idx [B, T] is one of:
+//  - full: every row is one sequence of T tokens (positions 0 .. T-1);
+//  - padded: row b is one sequence of seq_lens[b] tokens, right-padded to T
+//    (positions 0 .. T-1; keys past seq_lens[b] are masked and those rows'
+//    outputs are zero, their targets must be -100);
+//  - packed: the B * T tokens, read row after row, are documents, document n
+//    the tokens [cu_seqlens[n], cu_seqlens[n + 1]) (0 first, B * T last);
+//    attention never crosses a document, and positions [B, T] (restarting at
+//    0 with each document) feed the rotary embedding.
+// The tensors are i64 and live on the model's device (or the CPU), so the
+// forward never reads them back: their values are checked where they are on
+// the CPU, and by the attention and rope kernels' deferred checks otherwise.
+// The host helpers (padded from a vector, packed_documents) build them with
+// one upload each.
+struct BatchLayout {
+  Tensor seq_lens;    // i64 [B] (padded)
+  Tensor cu_seqlens;  // i64 [N + 1] (packed)
+  Tensor positions;   // i64 [B, T] (packed)
+
+  static BatchLayout full() { return {}; }
+  static BatchLayout padded(Tensor seq_lens);
+  static BatchLayout padded(const std::vector<int64_t>& seq_lens, Device device);
+  static BatchLayout packed(Tensor cu_seqlens, Tensor positions);
+  // Documents of the given lengths laid end to end over B rows of T tokens
+  // (their sum must be B * T; a document may run on into the next row).
+  static BatchLayout packed_documents(const std::vector<int64_t>& doc_lengths, int64_t B, int64_t T,
+                                      Device device);
+
+  bool is_padded() const { return seq_lens.defined(); }
+  bool is_packed() const { return cu_seqlens.defined(); }
+};
+
+class RMSNorm : public Module {
+ public:
+  // Weight ones [dim].
+  RMSNorm(int64_t dim, double eps, const ParamOptions& options);
+  Tensor forward(const Tensor& x) const;
+  const Tensor& weight() const { return weight_; }
+  double eps() const { return eps_; }
+
+ private:
+  Tensor weight_;
+  double eps_;
+};
+
+// q/k/v/o_proj (biases when attention_bias), q_norm/k_norm when qk_norm.
+class LlamaAttention : public Module {
+ public:
+  LlamaAttention(const LlamaConfig& config, const ParamOptions& options);
+  // x [B, T, hidden]; positions i64 [T] or [B, T] -> [B, T, hidden].
+  Tensor forward(const Tensor& x, const Tensor& positions, const BatchLayout& layout) const;
+
+ private:
+  LlamaConfig c_;
+  Linear *q_proj_, *k_proj_, *v_proj_, *o_proj_;
+  RMSNorm *q_norm_ = nullptr, *k_norm_ = nullptr;
+};
+
+// down_proj(silu(gate_proj(x)) * up_proj(x)).
+class LlamaMLP : public Module {
+ public:
+  LlamaMLP(const LlamaConfig& config, const ParamOptions& options);
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  Linear *gate_proj_, *up_proj_, *down_proj_;
+};
+
+// Note [Llama residual stream]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// As GPT-2's (Note [Fused residual stream]) with RMSNorm: every residual add
+// is fused with the norm after it (add_rms_norm): the attention's with
+// post_attention_layernorm, the MLP's with the next layer's input_layernorm
+// or, after the last layer, the final norm. A layer takes (x,
+// input_layernorm(x)) and returns (x', next_norm(x')); only layer 0's
+// input_layernorm is a plain rms_norm of the embeddings. x + branch and
+// branch + x are the same floating-point sum, so the result equals
+// transformers' unfused order bit for bit.
+class LlamaDecoderLayer : public Module {
+ public:
+  LlamaDecoderLayer(const LlamaConfig& config, const ParamOptions& options);
+  ResidualNorm forward(const Tensor& x, const Tensor& normed, const RMSNorm& next_norm,
+                       const Tensor& positions, const BatchLayout& layout) const;
+  const RMSNorm& input_layernorm() const { return *input_layernorm_; }
+
+ private:
+  RMSNorm* input_layernorm_;
+  LlamaAttention* self_attn_;
+  RMSNorm* post_attention_layernorm_;
+  LlamaMLP* mlp_;
+};
+
+// Note [Llama initialization]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// As transformers' LlamaPreTrainedModel._init_weights: every Linear weight
+// and the embedding normal(0, initializer_range), biases 0, RMSNorm weights 1
+// (q_norm and k_norm too). The draws come from the ParamOptions generator in
+// registration order (normal_parameter: one randn of the weight's shape),
+// nothing drawn for biases and norms. transformers draws from PyTorch's
+// stream, which accrue does not reproduce: fixtures start from weights
+// transformers wrote (load_hf).
+class Llama : public Module {
+ public:
+  // Parameters carry Hugging Face's names (nn/llama_hf.h):
+  // model.embed_tokens.weight, model.layers.{i}...., model.norm.weight, and
+  // lm_head.weight when untied; tied, the classifier reads
+  // model.embed_tokens.weight, which then gets both gradients.
+  Llama(const LlamaConfig& config, const ParamOptions& options);
+
+  // A model built from dir/config.json and loaded with its weights
+  // (load_hf_llama_checkpoint; cast to options.dtype on options.device).
+  static std::unique_ptr<Llama> from_hf(const std::string& dir, const ParamOptions& options,
+                                        bool activation_checkpointing = false);
+  // Loads dir's weights into this model through load_state_dict (Note [One
+  // load path]); dir's config must describe this architecture (the first
+  // field that differs is named).
+  void load_hf(const std::string& dir);
+  // Writes config.json and the weights (master weights when a ParamStore
+  // holds the parameters) as transformers' save_pretrained lays them out.
+  void save_hf(const std::string& dir, int64_t max_shard_bytes = kDefaultMaxShardBytes) const;
+
+  const LlamaConfig& config() const { return config_; }
+  Device device() const { return device_; }
+
+  // idx [B, T] i32/i64 -> the hidden state after the final norm, [B, T, hidden].
+  Tensor forward(const Tensor& idx, const BatchLayout& layout = BatchLayout::full()) const;
+  // The next-token loss (sum, count) over targets [B, T] (-100 ignored) through
+  // the fused classifier: the fp32 logits never exist (Note [Fused classifier]).
+  Loss loss(const Tensor& idx, const Tensor& targets,
+            const BatchLayout& layout = BatchLayout::full()) const;
+  // For inference and tests: [B, T, vocab] logits in the parameters' dtype.
+  Tensor logits(const Tensor& idx, const BatchLayout& layout = BatchLayout::full()) const;
+
+  const Tensor& embed_tokens() const { return embed_tokens_; }
+  // lm_head.weight, or embed_tokens when tied (the same tensor).
+  const Tensor& head_weight() const { return head_weight_; }
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+ private:
+  void check_inputs(const Tensor& idx, const BatchLayout& layout, const char* op) const;
+
+  LlamaConfig config_;
+  Device device_;
+  Tensor embed_tokens_;
+  std::vector<LlamaDecoderLayer*> layers_;
+  RMSNorm* norm_;
+  Tensor head_weight_;
+  Tensor positions_;  // 0 .. max_positions - 1 (at most 2^24), i64 on the device
+};
+
+}  // namespace accrue::nn
