@@ -268,6 +268,9 @@ AttentionParams check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
                   "cu_seqlens_kv");
     p.n_docs = n - 1;
   }
+  // Both alignments are one mask when every sequence has Tq == Tk queries
+  // and keys; top-left is the form cuDNN serves best (GPT-2's self-attention).
+  if (p.Tq == p.Tk && !p.padded() && !p.packed()) p.bottom_right = false;
   ACCRUE_CHECK(!(o.get_bias().defined() && o.get_mask().defined()), op,
                ": give an additive bias or a boolean mask, not both (fold the mask into the bias ",
                "as -inf)");
