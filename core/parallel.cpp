@@ -1,6 +1,7 @@
 // The CPU thread pool (Note [CPU threads]).
 #include "accrue/core/parallel.h"
 
+#include <pthread.h>
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -103,6 +104,15 @@ class Pool {
     if (workers_.size() > static_cast<size_t>(threads - 1)) stop_workers();
   }
 
+  void lock_for_fork() {
+    config_m_.lock();
+    m_.lock();
+  }
+  void unlock_after_fork() {
+    m_.unlock();
+    config_m_.unlock();
+  }
+
   void run(Job& job) {
     {
       std::lock_guard<std::mutex> lock(m_);
@@ -175,9 +185,20 @@ class Pool {
 
 // Never destroyed: a kernel running from a static destructor, or a worker
 // still waiting at exit, must not meet a destroyed pool.
+Pool* g_pool = nullptr;
+
+// A fork() copies the pool but none of its workers, and possibly a mutex a
+// worker held: the child starts a fresh pool (the old one is left as it is),
+// and the fork waits until no thread holds the pool's mutexes.
 Pool& pool() {
-  static Pool* p = new Pool();
-  return *p;
+  static const bool installed = [] {
+    g_pool = new Pool();
+    pthread_atfork([] { g_pool->lock_for_fork(); }, [] { g_pool->unlock_after_fork(); },
+                   [] { g_pool = new Pool(); });
+    return true;
+  }();
+  (void)installed;
+  return *g_pool;
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // The CPU thread pool (Note [CPU threads]): coverage of the range, exceptions,
 // nested calls, the thread count and its environment variable, concurrent callers.
 #include <gmock/gmock.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -256,6 +258,39 @@ TEST(ParallelFor, concurrent_callers_each_get_their_whole_range) {
     const int64_t n = 3000 + c;
     EXPECT_EQ(sums[static_cast<size_t>(c)], kRounds * (n * (n - 1) / 2)) << "caller " << c;
   }
+}
+
+TEST(ParallelFor, a_forked_child_gets_a_pool_of_its_own) {
+  ThreadsScope scope(4);
+  std::atomic<int64_t> sum{0};
+  parallel_for(0, 1000, 1, [&](int64_t b, int64_t e) {  // the workers are started
+    for (int64_t i = b; i < e; ++i)
+      sum += i;
+  });
+  ASSERT_EQ(sum.load(), 999 * 1000 / 2);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::alarm(20);  // a hang is a failure, not a stuck test
+    std::atomic<int64_t> s{0};
+    std::mutex m;
+    std::set<std::thread::id> ids;
+    parallel_for(0, 1000, 1, [&](int64_t b, int64_t e) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      {
+        std::lock_guard<std::mutex> lock(m);
+        ids.insert(std::this_thread::get_id());
+      }
+      for (int64_t i = b; i < e; ++i)
+        s += i;
+    });
+    ::_exit(s.load() == 999 * 1000 / 2 && ids.size() > 1 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child did not exit (status " << status << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "the child's parallel_for missed indices or ran on one thread";
 }
 
 }  // namespace
