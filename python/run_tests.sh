@@ -26,7 +26,7 @@ PYEOF
 "$VENV/bin/pip" install -q --disable-pip-version-check "${requires[@]}" numpy pytest
 # Warnings are errors here, as in the C++ build (the same flags, so ccache
 # reuses build/ci's objects).
-ACCRUE_WERROR=ON "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation -Cbuild-dir="$BUILD_DIR" .
+CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-$(nproc)} ACCRUE_WERROR=ON "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation -Cbuild-dir="$BUILD_DIR" .
 built=$(date +%s)
 # From outside the source tree, so that the installed package is the one tested.
 python=$(cd "$VENV" && pwd)/bin/python

@@ -11,6 +11,11 @@
 // means the legacy default stream, 1 the legacy default, 2 the per-thread
 // default, -1 no synchronization); importing, accrue passes its current
 // stream, and the producer does the same. Nothing waits on the host.
+// The protocol orders the hand-over only: when the last handle of either
+// side goes, the memory returns to its owner's allocator in that owner's
+// stream order (accrue's pool frees on accrue's current stream), so work
+// the other side queued on its own stream must not outlive the handle that
+// keeps the memory, as with any tensor shared between streams.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>

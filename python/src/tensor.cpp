@@ -74,8 +74,9 @@ bool grad_tracked(const Tensor& t) {
 }
 
 // Note [Python views]: a strided slice of dim d.
-Tensor step_slice(const Tensor& t, int64_t d, int64_t start, int64_t length, int64_t step) {
-  if (grad_tracked(t)) {
+Tensor step_slice(const Tensor& t, int64_t d, int64_t start, int64_t length, int64_t step,
+                  bool raw) {
+  if (!raw && grad_tracked(t)) {
     Tensor idx = arange(static_cast<double>(start), static_cast<double>(start + length * step),
                         static_cast<double>(step), DType::i64, t.device());
     return index_select(t, d, idx);
@@ -144,7 +145,7 @@ Tensor index(const Tensor& self, nb::handle key, bool raw) {
       if (step == 1) {
         t = raw ? t.narrow(d, start, length) : narrow(t, d, start, length);
       } else {
-        t = step_slice(t, d, start, length, step);
+        t = step_slice(t, d, start, length, step, raw);
       }
       ++d;
       continue;

@@ -187,3 +187,12 @@ def test_comparisons_are_elementwise(rng):
     relu = accrue.masked_fill(a, a < 0.0, 0.0)
     np.testing.assert_array_equal(relu.numpy(), np.maximum(a_np, 0.0))
     assert len({a, b, a}) == 2  # hashable by identity
+
+
+def test_assignment_never_writes_into_a_copy():
+    w = accrue.zeros([6], requires_grad=True)
+    with pytest.raises(accrue.Error):
+        w[::2] = 1.0  # a leaf that requires grad: refused, not written into a temporary
+    with accrue.no_grad():
+        w[::2] = 1.0
+    assert w.tolist() == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
