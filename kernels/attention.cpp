@@ -33,7 +33,8 @@
 // stream (Note [Attention masks] in kernels/attention_backend.h), identical
 // on the CPU, and cuDNN draws its own. ACCRUE_ATTENTION_COMPOSED=1 in the
 // environment sends every call to the composed path (and makes
-// cudnn_attention_available() false): compute-sanitizer's synccheck aborts
+// cudnn_attention_available() false; set_cudnn_attention(false) does the
+// same from code, and its true undoes only itself): compute-sanitizer's synccheck aborts
 // cuDNN's flash-attention backward and racecheck spends minutes in its
 // forward, so tools/gpu_check.sh sets it for its synccheck and racecheck runs
 // (Note [Sanitizer exclusions]); unset, it costs one cached getenv per call.
@@ -53,6 +54,7 @@
 // capture it is not, and one on the CPU is refused there). The kernels clamp
 // them (Note [Attention masks]), so an unchecked bad value never reads out of
 // bounds.
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -78,6 +80,7 @@ constexpr const char* kForward = "scaled_dot_product_attention";
 constexpr const char* kBackward = "scaled_dot_product_attention_backward";
 
 thread_local AttentionPath t_last_path = AttentionPath::none;
+std::atomic<bool> g_cudnn_enabled{true};
 thread_local std::string t_last_refusal;
 
 // ---- validation -------------------------------------------------------------
@@ -312,10 +315,11 @@ void refuse(const AttentionParams& p, DType dtype, const char* op, const std::st
   if (said.insert(line).second) std::cerr << line << " (said once)\n";
 }
 
-// ACCRUE_ATTENTION_COMPOSED=1 (Note [Attention paths]), read once.
+// ACCRUE_ATTENTION_COMPOSED=1 (Note [Attention paths]), read once, or
+// set_cudnn_attention(false).
 bool composed_forced() {
   static const bool forced = env_flag("ACCRUE_ATTENTION_COMPOSED");
-  return forced;
+  return forced || !g_cudnn_enabled.load(std::memory_order_relaxed);
 }
 
 // cuDNN's operand alignment (Note [Attention paths]).
@@ -427,6 +431,10 @@ AttentionPath last_attention_path() {
 
 const std::string& last_attention_refusal() {
   return t_last_refusal;
+}
+
+void set_cudnn_attention(bool enabled) {
+  g_cudnn_enabled.store(enabled, std::memory_order_relaxed);
 }
 
 bool cudnn_attention_available() {

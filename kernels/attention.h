@@ -156,8 +156,12 @@ void attention_backward_into(const Tensor& grad_out, const Tensor& q, const Tens
                              const Tensor& dv, const Tensor& dbias = Tensor());
 
 // Whether bf16/f16 attention on CUDA goes through cuDNN in this build (and
-// this process: not under ACCRUE_ATTENTION_COMPOSED=1, Note [Attention paths]).
+// this process: not under ACCRUE_ATTENTION_COMPOSED=1 or
+// set_cudnn_attention(false), Note [Attention paths]).
 bool cudnn_attention_available();
+// Sends every later call to the composed path (false) or lets cuDNN take what
+// it can again (true, the default), process-wide: to compare the two paths.
+void set_cudnn_attention(bool enabled);
 
 // The path the last attention call on this thread took (forward or
 // backward), and why cuDNN did not take it when it could have been a cuDNN

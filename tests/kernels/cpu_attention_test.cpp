@@ -634,7 +634,9 @@ TEST(CpuAttention, bias_gradient_sums_over_its_broadcast_dims) {
       for (int64_t i = 0; i < Tq; ++i) {
         double row = 0.0;
         for (int64_t j = 0; j < Tk; ++j) {
-          if (j > i) EXPECT_EQ(db.at(b, h, i, j), 0.0);
+          if (j > i) {
+            EXPECT_EQ(db.at(b, h, i, j), 0.0);
+          }
           row += db.at(b, h, i, j);
         }
         EXPECT_NEAR(row, 0.0, 1e-12);
@@ -723,6 +725,14 @@ TEST(CpuAttention, bad_masks_and_lengths_throw_naming_the_values) {
   EXPECT_ERROR(kernels::attention_backward_into(r.out, q, k, k, r.out, r.lse, AttentionOptions(),
                                                 dq, dk, dv, empty({1, 4, 5, 6})),
                bop, "no additive bias");
+}
+
+TEST(CpuAttention, set_cudnn_attention_turns_it_off_and_on) {
+  const bool before = kernels::cudnn_attention_available();
+  kernels::set_cudnn_attention(false);
+  EXPECT_FALSE(kernels::cudnn_attention_available());
+  kernels::set_cudnn_attention(true);
+  EXPECT_EQ(kernels::cudnn_attention_available(), before);
 }
 
 TEST(CpuAttention, the_last_path_is_the_cpu_reference) {

@@ -426,33 +426,45 @@ std::vector<Variant> variants() {
   return v;
 }
 
-// Every variant in f32 (composed), f64 (composed) and bf16/f16 (cuDNN where it
-// takes the variant, which the path query proves, else composed) against the
-// CPU reference in f64 of the same inputs.
+// cuDNN off for a scope (kernels::set_cudnn_attention), back on at its end.
+struct ComposedOnly {
+  ComposedOnly() { kernels::set_cudnn_attention(false); }
+  ~ComposedOnly() { kernels::set_cudnn_attention(true); }
+};
+
+// Every variant in f32 (composed), f64 (composed) and bf16/f16 twice: as
+// dispatch chooses (cuDNN where it takes the variant, which the path query
+// proves, else composed) and with cuDNN off (composed), each against the CPU
+// reference in f64 of the same inputs.
 TEST_F(GpuAttention, research_variants_match_the_cpu_on_every_path) {
   ACCRUE_REQUIRE_CUDA();
+  const bool cudnn_built = kernels::cudnn_attention_available();
   for (const Variant& var : variants()) {
     for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
-      const bool cudnn = var.on_cudnn && kernels::cudnn_attention_available() &&
-                         (dt == DType::bf16 || dt == DType::f16);
-      SCOPED_TRACE(var.name + " " + dtype_name(dt) + (cudnn ? " (cuDNN)" : " (composed)"));
-      Tensor q = test::random_normal({var.B, var.Hq, var.Tq, var.d}, dt, kGpu);
-      Tensor k = test::random_normal({var.B, var.Hkv, var.Tk, var.d}, dt, kGpu);
-      Tensor v = test::random_normal({var.B, var.Hkv, var.Tk, var.d}, dt, kGpu);
-      Tensor g = test::random_normal({var.B, var.Hq, var.Tq, var.d}, dt, kGpu);
-      const kernels::AttentionOptions o = var.options(dt);
-      const Results gpu = run(q, k, v, g, o);
-      const kernels::AttentionPath want =
-          cudnn ? kernels::AttentionPath::cudnn : kernels::AttentionPath::composed;
-      EXPECT_EQ(gpu.forward_path, want) << kernels::attention_path_name(gpu.forward_path) << ": "
-                                        << kernels::last_attention_refusal();
-      EXPECT_EQ(gpu.backward_path, want) << kernels::attention_path_name(gpu.backward_path) << ": "
-                                         << kernels::last_attention_refusal();
       const bool sixteen = dt == DType::bf16 || dt == DType::f16;
-      const double tol = dt == DType::f64   ? 1e-11
-                         : dt == DType::f32 ? 3e-5
-                                            : 2 * test::normalized_tolerance(dt);
-      expect_matches(gpu, reference(q, k, v, g, o), tol, sixteen ? 1e-4 : tol);
+      for (bool allow_cudnn : {true, false}) {
+        if (!allow_cudnn && !sixteen) continue;
+        std::unique_ptr<ComposedOnly> off;
+        if (!allow_cudnn) off = std::make_unique<ComposedOnly>();
+        const bool cudnn = var.on_cudnn && cudnn_built && allow_cudnn && sixteen;
+        SCOPED_TRACE(var.name + " " + dtype_name(dt) + (cudnn ? " (cuDNN)" : " (composed)"));
+        Tensor q = test::random_normal({var.B, var.Hq, var.Tq, var.d}, dt, kGpu);
+        Tensor k = test::random_normal({var.B, var.Hkv, var.Tk, var.d}, dt, kGpu);
+        Tensor v = test::random_normal({var.B, var.Hkv, var.Tk, var.d}, dt, kGpu);
+        Tensor g = test::random_normal({var.B, var.Hq, var.Tq, var.d}, dt, kGpu);
+        const kernels::AttentionOptions o = var.options(dt);
+        const Results gpu = run(q, k, v, g, o);
+        const kernels::AttentionPath want =
+            cudnn ? kernels::AttentionPath::cudnn : kernels::AttentionPath::composed;
+        EXPECT_EQ(gpu.forward_path, want) << kernels::attention_path_name(gpu.forward_path) << ": "
+                                          << kernels::last_attention_refusal();
+        EXPECT_EQ(gpu.backward_path, want) << kernels::attention_path_name(gpu.backward_path)
+                                           << ": " << kernels::last_attention_refusal();
+        const double tol = dt == DType::f64   ? 1e-11
+                           : dt == DType::f32 ? 3e-5
+                                              : 2 * test::normalized_tolerance(dt);
+        expect_matches(gpu, reference(q, k, v, g, o), tol, sixteen ? 1e-4 : tol);
+      }
     }
   }
 }
