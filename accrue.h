@@ -16,6 +16,7 @@
 #include "accrue/autograd/gradcheck.h"
 #include "accrue/autograd/indexing_ops.h"
 #include "accrue/autograd/ops.h"
+#include "accrue/autograd/attention_ops.h"
 #include "accrue/autograd/transformer_ops.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/allocator.h"

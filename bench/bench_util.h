@@ -71,6 +71,7 @@ void register_elementwise_benchmarks();
 void register_reduce_benchmarks();
 void register_matmul_benchmarks();
 void register_model_op_benchmarks();
+void register_attention_benchmarks();
 void register_fused_benchmarks();
 
 }  // namespace accrue::bench

@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   accrue::bench::register_reduce_benchmarks();
   accrue::bench::register_matmul_benchmarks();
   accrue::bench::register_model_op_benchmarks();
+  accrue::bench::register_attention_benchmarks();
   accrue::bench::register_fused_benchmarks();
 
   if (!listing) {

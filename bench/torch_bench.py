@@ -103,6 +103,7 @@ def benchmarks():
     yield from gpt2_gemms()
     yield from resnet_convs()
     yield from model_ops()
+    yield from attention_variants()
     yield from fused_ops()
 
 
@@ -349,6 +350,46 @@ def resnet_convs():
                    lambda dy, x, w, slot, s=stride, p=pad: slot.add_(weight(dy, x, w, s, p)[1]),
                    0, flop)
 
+
+
+def attention_variants():
+    """bench/bench_attention.cpp's rows: F.scaled_dot_product_attention(enable_gqa=True)."""
+    F = torch.nn.functional
+    B, HQ, HKV, T, D = 4, 32, 8, 2048, 128
+    variants = [("causal", True, False, 0, False), ("padded_causal", True, True, 0, False),
+                ("window512_causal", True, False, 512, False), ("bias", False, False, 0, True)]
+    for name, causal, padded, window, bias in variants:
+        for backward in (False, True):
+            def make(causal=causal, padded=padded, window=window, bias=bias, backward=backward):
+                def rand(*shape):
+                    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16,
+                                       requires_grad=backward)
+                q, k, v = rand(B, HQ, T, D), rand(B, HKV, T, D), rand(B, HKV, T, D)
+                i = torch.arange(T, device="cuda")
+                mask = None
+                if padded or window:  # a boolean mask: what PyTorch users pass for these
+                    keep = (i[None, :] <= i[:, None])[None, None]
+                    if window:
+                        keep = keep & (i[:, None] - i[None, :] < window)[None, None]
+                    if padded:
+                        lens = torch.randint(T // 2, T + 1, (B,), device="cuda")
+                        keep = keep & (i[None, None, None, :] < lens[:, None, None, None])
+                    mask = keep
+                elif bias:
+                    mask = rand(1, HQ, T, T)
+                grad = torch.randn(B, HQ, T, D, device="cuda", dtype=torch.bfloat16)
+                return q, k, v, mask, grad
+
+            def fn(q, k, v, mask, grad, causal=causal, backward=backward):
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, is_causal=causal and mask is None, enable_gqa=True)
+                if backward:
+                    out.backward(grad)
+                return out
+
+            flop = 4.0 * B * HQ * T * T * D * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)
+            yield (f"attention/gqa_{name}/bf16/4x32x8x2048x128/{'fwd_bwd' if backward else 'fwd'}",
+                   "attention", [B, HQ, HKV, T, D], "bf16", make, fn, 0, flop)
 
 def time_ms(fn, inputs, warmup, repeats):
     """Median GPU milliseconds of one call of fn(*inputs)."""
