@@ -9,6 +9,7 @@
 //   opt.step();
 #pragma once
 
+#include "accrue/autograd/attention_ops.h"
 #include "accrue/autograd/checkpoint.h"
 #include "accrue/autograd/conv_ops.h"
 #include "accrue/autograd/engine.h"
@@ -16,7 +17,6 @@
 #include "accrue/autograd/gradcheck.h"
 #include "accrue/autograd/indexing_ops.h"
 #include "accrue/autograd/ops.h"
-#include "accrue/autograd/attention_ops.h"
 #include "accrue/autograd/transformer_ops.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/allocator.h"
