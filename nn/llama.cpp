@@ -8,6 +8,7 @@
 #include "accrue/autograd/attention_ops.h"
 #include "accrue/autograd/checkpoint.h"
 #include "accrue/autograd/transformer_ops.h"
+#include "accrue/autograd/variable.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/core/nvtx.h"
 #include "accrue/nn/llama_hf.h"
@@ -283,7 +284,7 @@ void Llama::load_hf(const std::string& dir) {
 void Llama::save_hf(const std::string& dir, int64_t max_shard_bytes) const {
   std::map<std::string, Tensor> state;
   for (const auto& [name, t] : state_dict())
-    state.emplace(name, t.device().is_cpu() ? t : t.to(Device::cpu()));
+    state.emplace(name, t.device().is_cpu() ? detach(t) : detach(t).to(Device::cpu()));
   save_hf_llama_checkpoint(dir, config_, state, max_shard_bytes);
 }
 

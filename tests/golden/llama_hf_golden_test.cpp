@@ -1,0 +1,216 @@
+// nn::Llama against transformers' LlamaForCausalLM and Qwen3ForCausalLM
+// (make_llama_hf_golden.py, fixtures/llama_hf/): each model is loaded from
+// the directory transformers' save_pretrained wrote (sharded) through
+// Llama::from_hf, then trained 20 windows of K = 4 right-padded
+// variable-length micro-batches with the Window (item-count normalization,
+// clipping at 1.0, AdamW with decay on the 2-D weights only), in float64,
+// against PyTorch's accumulation loop: per-window loss and gradient norm, and
+// every final parameter within 1e-10. The same window as one micro-batch
+// (K = 1) lands within 1e-12 of K = 4, with and without activation
+// checkpointing. save_hf writes a directory load_hf reads back exactly (and
+// that transformers loads: make_llama_hf_golden.py --check-save, run by the
+// test_golden_llama_save_hf entry where torch is installed).
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "accrue/core/grad_mode.h"
+#include "accrue/core/tensor_io.h"
+#include "accrue/nn/llama.h"
+#include "tests/golden/gpt2_golden.h"
+#include "tests/test_util.h"
+
+namespace accrue::golden {
+namespace {
+
+std::string case_dir(const std::string& name) {
+  return std::string(ACCRUE_GOLDEN_DIR) + "/llama_hf/" + name;
+}
+
+// max |a - b| / max |b| (NaN anywhere fails).
+double max_error(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.to(DType::f64).contiguous().to_vector<double>(),
+                            y = b.to(DType::f64).contiguous().to_vector<double>();
+  if (x.size() != y.size()) return INFINITY;
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i]) || std::isnan(y[i])) return INFINITY;
+    diff = std::max(diff, std::fabs(x[i] - y[i]));
+    scale = std::max(scale, std::fabs(y[i]));
+  }
+  return scale > 0.0 ? diff / scale : diff;
+}
+
+struct TrainRun {
+  std::vector<double> loss, grad_norm;
+  std::map<std::string, Tensor> final_state;
+};
+
+// The fixture's 20 windows, each as `K` micro-batches (4: the fixture's
+// split; 1: the window's 12 sequences at once).
+TrainRun train(const std::string& name, int64_t K, bool checkpointing) {
+  const FixtureFile data(case_dir(name) + "/data.safetensors");
+  Generator gen(1);
+  std::unique_ptr<nn::Llama> model =
+      nn::Llama::from_hf(case_dir(name) + "/hf", {Device::cpu(), DType::f64, &gen}, checkpointing);
+  optim::Optimizer optimizer(optim::AdamWOptions(data.number("lr"))
+                                 .betas(data.number("beta1"), data.number("beta2"))
+                                 .eps(data.number("eps"))
+                                 .weight_decay(data.number("weight_decay")));
+  std::vector<Tensor> no_decay;
+  for (const nn::NamedParameter& p : model->named_parameters())
+    if (p.tensor.dim() < 2) no_decay.push_back(p.tensor);
+  optimizer.add_param_group(no_decay, optim::GroupOptions().weight_decay(0.0));
+  optim::ParamStore store(
+      model->named_parameters(),
+      optim::ParamStoreOptions().master_dtype(DType::f64).moments(optimizer.moments_needed()));
+  const int64_t W = data.integer("windows"), KF = data.integer("micro_steps"),
+                BF = data.integer("micro_batch"), T = data.integer("seq_len");
+  const int64_t B = KF * BF / K;
+  optim::Window window(
+      store, optimizer,
+      optim::WindowOptions().micro_steps(K).max_grad_norm(data.number("max_grad_norm")));
+  const std::vector<int64_t> tokens = data.tensor("tokens").to_vector<int64_t>(),
+                             lengths = data.tensor("lengths").to_vector<int64_t>();
+  TrainRun run;
+  for (int64_t w = 0; w < W; ++w) {
+    for (int64_t k = 0; k < K; ++k) {
+      std::vector<int64_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
+      std::vector<int64_t> len(static_cast<size_t>(B));
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t seq = w * KF * BF + k * B + b;  // the window's sequences in order
+        len[static_cast<size_t>(b)] = lengths[static_cast<size_t>(seq)];
+        for (int64_t t = 0; t < T; ++t) {
+          const bool real = t < len[static_cast<size_t>(b)];
+          const size_t at = static_cast<size_t>(seq * (T + 1) + t);
+          inputs[static_cast<size_t>(b * T + t)] = real ? tokens[at] : 0;
+          targets[static_cast<size_t>(b * T + t)] = real ? tokens[at + 1] : -100;
+        }
+      }
+      window.backward(model->loss(from_vector<int64_t>(inputs, {B, T}),
+                                  from_vector<int64_t>(targets, {B, T}),
+                                  nn::BatchLayout::padded(len, Device::cpu())));
+    }
+    window.close();
+    const optim::WindowReport r = window.report();
+    run.loss.push_back(r.loss);
+    run.grad_norm.push_back(r.grad_norm);
+  }
+  run.final_state = model->state_dict();
+  return run;
+}
+
+class LlamaHFGolden : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!FixtureFile::exists(case_dir(GetParam()) + "/cpu_f64.safetensors"))
+      GTEST_SKIP() << "no golden fixtures at " << case_dir(GetParam())
+                   << " (make_llama_hf_golden.py)";
+  }
+};
+
+TEST_P(LlamaHFGolden, f64_training_from_the_hf_directory_matches_transformers) {
+  const FixtureFile torch_run(case_dir(GetParam()) + "/cpu_f64.safetensors");
+  const TrainRun run = train(GetParam(), 4, false);
+  const std::vector<double> losses = torch_run.tensor("loss").to_vector<double>(),
+                            norms = torch_run.tensor("grad_norm").to_vector<double>();
+  ASSERT_EQ(run.loss.size(), losses.size());
+  double worst_loss = 0, worst_norm = 0, worst_param = 0;
+  for (size_t w = 0; w < losses.size(); ++w) {
+    worst_loss = std::max(worst_loss, std::fabs(run.loss[w] - losses[w]) / losses[w]);
+    worst_norm = std::max(worst_norm, std::fabs(run.grad_norm[w] - norms[w]) / norms[w]);
+  }
+  size_t compared = 0;
+  for (const auto& [name, t] : run.final_state) {
+    ASSERT_TRUE(torch_run.has_tensor("final." + name)) << name;
+    worst_param = std::max(worst_param, max_error(t, torch_run.tensor("final." + name)));
+    ++compared;
+  }
+  std::printf(
+      "%s: 20 windows, worst relative error: loss %.3g, grad norm %.3g, final "
+      "parameters %.3g (%zu tensors)\n",
+      GetParam().c_str(), worst_loss, worst_norm, worst_param, compared);
+  EXPECT_LE(worst_loss, 1e-10);
+  EXPECT_LE(worst_norm, 1e-10);
+  EXPECT_LE(worst_param, 1e-10);
+  EXPECT_LT(losses.back(), losses.front()) << "the fixture's run does not learn";
+  // Every parameter transformers trained was compared (a tied head is one tensor).
+  size_t theirs = 0;
+  for (const auto& [key, t] : load_safetensors(torch_run.path()))
+    theirs += key.rfind("final.", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(compared, theirs);
+}
+
+TEST_P(LlamaHFGolden, one_micro_batch_equals_four_in_f64) {
+  const TrainRun four = train(GetParam(), 4, false);
+  const TrainRun one = train(GetParam(), 1, false);
+  const TrainRun one_ckpt = train(GetParam(), 1, true);
+  double worst = 0, worst_ckpt = 0;
+  for (size_t w = 0; w < four.loss.size(); ++w) {
+    worst = std::max({worst, std::fabs(one.loss[w] - four.loss[w]) / four.loss[w],
+                      std::fabs(one.grad_norm[w] - four.grad_norm[w]) / four.grad_norm[w]});
+    worst_ckpt = std::max({worst_ckpt, std::fabs(one_ckpt.loss[w] - one.loss[w]),
+                           std::fabs(one_ckpt.grad_norm[w] - one.grad_norm[w])});
+  }
+  // The final parameters as max |a - b| over the model / max |b| over the
+  // model: per tensor, a key bias (whose gradient is nearly zero: a bias on
+  // every key shifts a query's scores almost uniformly) would read Adam's
+  // amplified rounding of a near-zero gradient as a relative error of 1e-12.
+  double diff = 0, scale = 0, worst_tensor = 0;
+  for (const auto& [name, t] : four.final_state) {
+    const std::vector<double> a = one.final_state.at(name).contiguous().to_vector<double>(),
+                              b = t.contiguous().to_vector<double>();
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff = std::max(diff, std::fabs(a[i] - b[i]));
+      scale = std::max(scale, std::fabs(b[i]));
+    }
+    worst_tensor = std::max(worst_tensor, max_error(one.final_state.at(name), t));
+    worst_ckpt =
+        std::max(worst_ckpt, max_error(one_ckpt.final_state.at(name), one.final_state.at(name)));
+  }
+  worst = std::max(worst, diff / scale);
+  std::printf(
+      "%s: K = 1 vs K = 4 worst relative error %.3g (per tensor %.3g); checkpointed vs "
+      "not %.3g\n",
+      GetParam().c_str(), worst, worst_tensor, worst_ckpt);
+  EXPECT_LE(worst, 1e-12);
+  // Checkpointing recomputes the same kernels on the same inputs: bitwise.
+  EXPECT_EQ(worst_ckpt, 0.0);
+}
+
+TEST_P(LlamaHFGolden, save_hf_writes_a_directory_load_hf_reads_back) {
+  Generator gen(7);
+  std::unique_ptr<nn::Llama> model =
+      nn::Llama::from_hf(case_dir(GetParam()) + "/hf", {Device::cpu(), DType::f32, &gen});
+  const std::string out = (std::filesystem::path(ACCRUE_LLAMA_SAVE_DIR) / GetParam()).string();
+  std::filesystem::remove_all(out);
+  model->save_hf(out + "/hf", /*max_shard_bytes=*/40'000);
+  // Sharded as save_pretrained shards: an index and more than one file.
+  EXPECT_TRUE(std::filesystem::exists(out + "/hf/model.safetensors.index.json"));
+  Generator other(8);
+  nn::Llama reloaded(model->config(), {Device::cpu(), DType::f32, &other});
+  reloaded.load_hf(out + "/hf");
+  const std::map<std::string, Tensor> a = model->state_dict(), b = reloaded.state_dict();
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a)
+    EXPECT_EQ(max_error(b.at(name), t), 0.0) << name;
+  // For the transformers check: accrue's f64 logits of one batch.
+  model->to(DType::f64);
+  NoGradGuard no_grad;
+  const Tensor idx = from_vector<int64_t>({1, 5, 9, 2, 33, 7, 7, 40, 3, 11, 12, 60}, {2, 6});
+  save_safetensors(out + "/logits.safetensors",
+                   {{"idx", idx}, {"logits", model->logits(idx).contiguous()}});
+  // A config that differs from the directory's is refused, naming the field.
+  nn::LlamaConfig c = model->config();
+  c.rms_eps *= 2;
+  nn::Llama wrong(c, {Device::cpu(), DType::f32, &other});
+  EXPECT_ERROR(wrong.load_hf(out + "/hf"), "Llama::load_hf", "rms_norm_eps");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, LlamaHFGolden, ::testing::Values("llama", "llama_scaled", "qwen3"));
+
+}  // namespace
+}  // namespace accrue::golden
