@@ -36,8 +36,12 @@ from ._accrue.nn import (  # noqa: F401  (re-exports)
 # dotted, parameters of a module before its children's, each group in
 # assignment order. The native modules count as ``Module`` (isinstance) and
 # are held as children like any other. ``forward`` is the subclass's;
-# ``module(x)`` calls it. Moving a Python module to another device or dtype is
-# not supported yet: build its tensors where they belong.
+# ``module(x)`` calls it. ``to(dtype)`` and ``to(device)`` move parameters
+# and buffers in place as nn::Module::to does (Note [Module device and
+# dtype]): each tensor keeps its identity, gradients move along, dtype
+# conversion touches floating tensors only, and a parameter a ParamStore
+# holds must already be where the store put it (checked for the whole tree
+# before anything moves).
 
 
 def Parameter(data: Tensor, requires_grad: bool = True) -> Tensor:
@@ -196,14 +200,15 @@ class Module(metaclass=abc.ABCMeta):
         return out
 
     def state_dict(self) -> Dict[str, Tensor]:
-        """Every parameter and persistent buffer by dotted name (the master weights once a
-        ParamStore holds the parameters, as accrue::load_parameter's owner gives them)."""
+        """Every parameter and persistent buffer by dotted name, detached views of their
+        memory (the master weights once a ParamStore holds the parameters)."""
         out = {}
         for name, (t, is_param) in self._state("").items():
             if isinstance(t, _NativeEntry):
-                out[name] = t.value
+                value = t.value
             else:
-                out[name] = _accrue.parameter_value(t) if is_param else t
+                value = _accrue.parameter_value(t) if is_param else t
+            out[name] = _accrue.detach(value)  # the same memory, as torch's state_dict
         return out
 
     def load_state_dict(self, state_dict: Mapping[str, Tensor], strict: bool = True) -> None:
@@ -237,6 +242,46 @@ class Module(metaclass=abc.ABCMeta):
                     t.copy_(value)
         for module, sub in natives.values():
             module.load_state_dict(sub, strict)
+
+    # ---- device and dtype
+    def to(self, target: Any) -> "Module":
+        """Moves parameters and buffers, children's too, in place: ``to(accrue.f64)``,
+        ``to("cuda")`` (Note [Python modules]); returns self."""
+        if isinstance(target, _accrue.dtype):
+            def want(t: Tensor) -> Tuple[Any, Any]:
+                dt = target if _accrue.is_floating_point(t.dtype) else t.dtype
+                return dt, t.device
+        else:
+            device = _accrue.Device(target) if isinstance(target, str) else target
+
+            def want(t: Tensor) -> Tuple[Any, Any]:
+                return t.dtype, device
+
+        for name, p in self.named_parameters():
+            if _accrue._is_held(p) and want(p) != (p.dtype, p.device):
+                raise Error(
+                    f"Module.to: {name!r} is held by a ParamStore, which fixed its dtype and "
+                    f"device ({p.dtype.name} on {p.device}): build the store with the target "
+                    "device or compute dtype, or call to() before building it. Nothing was moved"
+                )
+        with _no_grad():
+            self._move(target, want)
+        return self
+
+    def _move(self, target: Any, want: Any) -> None:
+        for t in list(self._parameters.values()) + list(self._buffers.values()):
+            dt, dev = want(t)
+            if (dt, dev) == (t.dtype, t.device):
+                continue
+            g = t.grad if t.requires_grad else None
+            _accrue._repoint(t, t.to(dev).to(dt))
+            if g is not None:
+                t.grad = g.to(dev).to(dt)
+        for child in self._modules.values():
+            if isinstance(child, NativeModule):
+                child.to(target)
+            else:
+                child._move(target, want)
 
     # ---- mode and calls
     def train(self, mode: bool = True) -> "Module":

@@ -50,6 +50,29 @@ void bind_autograd(nb::module_& m) {
   m.def("parameter_value", &parameter_value, nb::arg("param"),
         "The parameter's authoritative value: its store's master slot, else the tensor.");
 
+  // For accrue.nn.Module.to (Note [Python modules]).
+  m.def(
+      "_is_held",
+      [](const Tensor& t) {
+        const AutogradMeta* meta = autograd::find_meta(t);
+        return meta != nullptr && (meta->sink != nullptr || meta->owner != nullptr);
+      },
+      nb::arg("param"), "True when a ParamStore or gradient arena holds the parameter.");
+  m.def(
+      "_repoint",
+      [](const Tensor& dst, const Tensor& src) {
+        TensorImpl& d = *dst.impl();
+        const TensorImpl& s = *src.impl();
+        d.storage = s.storage;
+        d.offset = s.offset;
+        d.shape = s.shape;
+        d.strides = s.strides;
+        d.dtype = s.dtype;
+      },
+      nb::arg("dst"), nb::arg("src"),
+      "Makes dst view src's memory and geometry, keeping dst's identity and autograd state "
+      "(torch's `param.data = src`): every handle of dst sees the change.");
+
   // ---- elementwise
   m.def("add", nb::overload_cast<const Tensor&, const Tensor&>(&add), nb::arg("a"), nb::arg("b"),
         "a + b (broadcasting; one dtype).");

@@ -120,3 +120,27 @@ def test_torch_cuda_stream_handshake():
     y = torch.full((1 << 20,), 2.0, device="cuda")
     u = accrue.from_dlpack(y)  # accrue passes its stream; torch makes it wait
     assert u.sum().item() == 2.0 * (1 << 20)
+
+
+def test_producer_before_dlpack_1_gets_the_legacy_capsule():
+    class Legacy:
+        """A producer whose __dlpack__ knows no max_version (DLPack < 1.0)."""
+
+        def __init__(self, array):
+            self.array = array
+
+        def __dlpack__(self, stream=None):
+            return self.array.__dlpack__(stream=stream)
+
+        def __dlpack_device__(self):
+            return self.array.__dlpack_device__()
+
+    a = np.arange(4.0)
+    t = accrue.from_dlpack(Legacy(a))
+    t[1] = 10.0
+    assert a[1] == 10.0
+    # And accrue's own legacy capsule (no max_version asked) is a DLManagedTensor.
+    cap = accrue.arange(0.0, 3.0, 1.0, dtype=accrue.f64).__dlpack__()
+    assert "dltensor" in repr(cap) and "versioned" not in repr(cap)
+    versioned = accrue.zeros([2]).__dlpack__(max_version=(1, 0))
+    assert "dltensor_versioned" in repr(versioned)

@@ -103,3 +103,29 @@ def test_gpt2_tiny():
     cfg.n_head = 3
     with pytest.raises(accrue.Error):
         cfg.validate()
+
+
+def test_to_dtype_moves_in_place():
+    net = Net(accrue.Generator(0))
+    head = net.head
+    net.head.grad = accrue.ones([8, 3], dtype=accrue.f64)
+    before = net.state_dict()["head"].numpy().copy()
+    net.to(accrue.f32)
+    assert head.dtype == accrue.f32 and net.block.fc.weight.dtype == accrue.f32
+    assert net.norm.weight.dtype == accrue.f32 and head.grad.dtype == accrue.f32
+    assert head.requires_grad and head.is_leaf
+    np.testing.assert_allclose(head.detach().numpy(), before, rtol=1e-6)
+    assert net(accrue.randn([2, 4])).dtype == accrue.f32
+    net.to("cpu")
+    with pytest.raises(accrue.Error, match="device"):
+        net.to("gpu")
+
+
+def test_to_refuses_a_parameter_a_store_holds():
+    from accrue import optim
+
+    net = Net(accrue.Generator(0))
+    store = optim.ParamStore(net.named_parameters(), optim.ParamStoreOptions(master_dtype=accrue.f64))
+    with pytest.raises(accrue.Error, match="'head' is held by a ParamStore"):
+        net.to(accrue.f32)
+    assert net.head.dtype == accrue.f64 and len(store) == 6
