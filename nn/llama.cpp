@@ -221,12 +221,13 @@ Tensor LlamaMLP::forward(const Tensor& x) const {
 }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, const ParamOptions& options) {
+  // transformers' registration order (its state_dict's, and the arena's layout).
+  self_attn_ = &register_module("self_attn", std::make_unique<LlamaAttention>(c, options));
+  mlp_ = &register_module("mlp", std::make_unique<LlamaMLP>(c, options));
   input_layernorm_ =
       &register_module("input_layernorm", std::make_unique<RMSNorm>(c.hidden, c.rms_eps, options));
-  self_attn_ = &register_module("self_attn", std::make_unique<LlamaAttention>(c, options));
   post_attention_layernorm_ = &register_module(
       "post_attention_layernorm", std::make_unique<RMSNorm>(c.hidden, c.rms_eps, options));
-  mlp_ = &register_module("mlp", std::make_unique<LlamaMLP>(c, options));
 }
 
 ResidualNorm LlamaDecoderLayer::forward(const Tensor& x, const Tensor& normed,
