@@ -1,0 +1,140 @@
+// nn::Llama on CUDA against the CPU in f64: the same weights and batches
+// (right-padded with device-resident lengths, packed documents with
+// device-resident offsets and positions), in f32 (TF32 off) and bf16; hidden
+// state, loss and every gradient. Activation checkpointing gives bitwise-equal
+// gradients on the GPU too, and a transformers directory loads onto the GPU.
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/nn/llama.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+Tensor tokens(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
+  Generator gen(seed);
+  return randint(0, vocab, {B, T}, DType::i64, Device::cpu(), &gen);
+}
+
+nn::LlamaConfig config(bool qwen3) {
+  nn::LlamaConfig c = qwen3 ? nn::LlamaConfig::qwen3_tiny() : nn::LlamaConfig::llama_tiny();
+  if (!qwen3) c.rope_scaling = {nn::RopeScaling::Type::llama3, 4.0, 1.0, 4.0, 16};
+  return c;
+}
+
+std::unique_ptr<nn::Llama> make(const nn::LlamaConfig& c, Device device, DType dtype) {
+  Generator gen(5);
+  auto model = std::make_unique<nn::Llama>(c, nn::ParamOptions{device, dtype, &gen});
+  // Norms start at one: perturb them (the same on every device) so they act.
+  NoGradGuard no_grad;
+  Generator noise(6);
+  for (const nn::NamedParameter& p : model->named_parameters())
+    if (p.tensor.dim() == 1)
+      p.tensor.copy_((randn(p.tensor.shape(), DType::f64, Device::cpu(), &noise) * 0.2 + 1.0)
+                         .to(dtype)
+                         .to(device));
+  return model;
+}
+
+nn::BatchLayout layout_for(bool packed, Device device) {
+  if (packed) return nn::BatchLayout::packed_documents({9, 20, 3, 16}, 3, 16, device);
+  return nn::BatchLayout::padded({16, 7, 12}, device);
+}
+
+struct Result {
+  Tensor hidden;
+  double loss = 0;
+  std::vector<Tensor> grads;
+};
+
+Result run(const nn::LlamaConfig& c, Device device, DType dtype, bool packed) {
+  const auto model = make(c, device, dtype);
+  const Tensor idx = tokens(3, 16, c.vocab_size, 1).to(device);
+  Tensor targets = tokens(3, 16, c.vocab_size, 2);
+  if (!packed) {  // the padding's targets are -100
+    const std::vector<int64_t> lens = {16, 7, 12};
+    for (int64_t b = 0; b < 3; ++b)
+      for (int64_t t = lens[static_cast<size_t>(b)]; t < 16; ++t)
+        targets.data<int64_t>()[b * 16 + t] = -100;
+  }
+  const nn::BatchLayout layout = layout_for(packed, device);
+  Result r;
+  {
+    NoGradGuard no_grad;
+    r.hidden = model->forward(idx, layout).to(Device::cpu()).to(DType::f64);
+  }
+  const Loss l = model->loss(idx, targets.to(device), layout);
+  r.loss = l.sum.item() / l.count.item();
+  backward(l.sum);
+  for (const Tensor& p : model->parameters())
+    r.grads.push_back(grad(p).to(Device::cpu()).to(DType::f64));
+  return r;
+}
+
+void expect_close_to_cpu(DType dtype, double hidden_tol, double loss_tol, double grad_tol) {
+  test::Tf32Scope tf32(false);
+  for (bool qwen3 : {false, true}) {
+    for (bool packed : {false, true}) {
+      const nn::LlamaConfig c = config(qwen3);
+      const Result cpu = run(c, Device::cpu(), DType::f64, packed);
+      const Result gpu = run(c, kGpu, dtype, packed);
+      double worst_grad = 0;
+      for (size_t i = 0; i < cpu.grads.size(); ++i)
+        worst_grad = std::max(worst_grad, test::relative_error(gpu.grads[i], cpu.grads[i]));
+      const double hidden = test::relative_error(gpu.hidden, cpu.hidden);
+      const double loss = std::fabs(gpu.loss - cpu.loss) / cpu.loss;
+      std::printf("[gpu llama] %s %s %s: hidden %.3g, loss %.3g, worst gradient %.3g\n",
+                  dtype_name(dtype), qwen3 ? "qwen3" : "llama", packed ? "packed" : "padded",
+                  hidden, loss, worst_grad);
+      EXPECT_LE(hidden, hidden_tol);
+      EXPECT_LE(loss, loss_tol);
+      EXPECT_LE(worst_grad, grad_tol);
+    }
+  }
+}
+
+TEST(GpuLlama, f32_matches_the_cpu_in_f64) {
+  ACCRUE_REQUIRE_CUDA();
+  expect_close_to_cpu(DType::f32, 1e-5, 1e-5, 1e-4);
+}
+
+TEST(GpuLlama, bf16_stays_close_to_the_cpu_in_f64) {
+  ACCRUE_REQUIRE_CUDA();
+  expect_close_to_cpu(DType::bf16, 3e-2, 2e-2, 1e-1);
+}
+
+TEST(GpuLlama, activation_checkpointing_gives_bitwise_equal_gradients) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    nn::LlamaConfig c = config(true);
+    const Result plain = run(c, kGpu, dtype, false);
+    c.activation_checkpointing = true;
+    const Result ckpt = run(c, kGpu, dtype, false);
+    EXPECT_EQ(ckpt.loss, plain.loss);
+    for (size_t i = 0; i < plain.grads.size(); ++i)
+      EXPECT_TRUE(test::all_equal(ckpt.grads[i], plain.grads[i])) << dtype_name(dtype) << " " << i;
+  }
+}
+
+TEST(GpuLlama, a_transformers_directory_loads_onto_the_gpu) {
+  ACCRUE_REQUIRE_CUDA();
+  const std::string dir = std::string(ACCRUE_NN_FIXTURES) + "/hf_qwen3_tiny";
+  const auto cpu = nn::Llama::from_hf(dir, {Device::cpu(), DType::f32, nullptr});
+  const auto gpu = nn::Llama::from_hf(dir, {kGpu, DType::f32, nullptr});
+  const std::map<std::string, Tensor> a = cpu->state_dict(), b = gpu->state_dict();
+  for (const auto& [name, t] : a)
+    EXPECT_TRUE(test::all_equal(detach(b.at(name)).to(Device::cpu()), detach(t))) << name;
+}
+
+}  // namespace
+}  // namespace accrue
