@@ -275,7 +275,15 @@ TEST(Llama, bad_inputs_are_refused_naming_the_values) {
   // Targets out of the vocabulary.
   std::vector<int64_t> t = targets.to_vector<int64_t>();
   t[3] = c.vocab_size;
-  EXPECT_ERROR(model->loss(idx, from_vector<int64_t>(t, {2, 8})), "96");
+  EXPECT_ERROR(model->loss(idx, from_vector<int64_t>(t, {2, 8})), "classifier", "target 96",
+               "[0, 96)");
+  t[3] = -5;
+  EXPECT_ERROR(model->loss(idx, from_vector<int64_t>(t, {2, 8})), "classifier", "target -5",
+               "[0, 96)");
+  std::vector<int64_t> ids = idx.to_vector<int64_t>();
+  ids[3] = 300;
+  EXPECT_ERROR(model->forward(from_vector<int64_t>(ids, {2, 8})), "embedding", "index 300",
+               "[0, 96)");
   EXPECT_ERROR(model->loss(idx, tokens(2, 7, c.vocab_size, 1)), "Llama::loss", "[2, 7]", "[2, 8]");
   EXPECT_ERROR(model->forward(idx.to(DType::f32)), "Llama::forward", "i32 or i64");
   EXPECT_ERROR(model->forward(reshape(idx, {16})), "Llama::forward", "[B, T]");
