@@ -11,6 +11,7 @@
 #include "accrue/autograd/variable.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/core/nvtx.h"
+#include "accrue/kernels/indexing.h"
 #include "accrue/nn/llama_hf.h"
 #include "accrue/nn/transformer.h"
 
@@ -113,6 +114,21 @@ std::map<std::string, Tensor> state_of(HFLlamaCheckpoint& ckpt) {
 }
 
 }  // namespace
+
+Tensor positions_from_cu_seqlens(const Tensor& cu_seqlens, int64_t B, int64_t T) {
+  // See Note [Positions from document offsets].
+  NoGradGuard no_grad;
+  const int64_t n = B * T, N = cu_seqlens.size(0) - 1;
+  const Device d = cu_seqlens.device();
+  const Tensor boundaries = cu_seqlens.narrow(0, 1, N);
+  const Tensor marks = kernels::index_add(zeros({n + 1}, DType::i64, d), 0, boundaries,
+                                          full({N}, 1.0, DType::i64, d));
+  const Tensor doc = kernels::cumsum(marks.narrow(0, 0, n), 0);
+  const Tensor start = kernels::index_select(cu_seqlens, 0, doc);
+  const Tensor t = arange(0, static_cast<double>(n), 1.0, DType::i64, d);
+  // t - start as an integer scatter (elementwise kernels take floating dtypes).
+  return kernels::index_add(t, 0, t, start, -1.0).reshape({B, T});
+}
 
 BatchLayout BatchLayout::padded(Tensor seq_lens) {
   BatchLayout l;
@@ -317,9 +333,9 @@ void Llama::check_inputs(const Tensor& idx, const BatchLayout& layout, const cha
     ACCRUE_CHECK(cu.dtype() == DType::i64 && cu.dim() == 1 && cu.size(0) >= 2 && on_device(cu), op,
                  ": cu_seqlens must be i64 [documents + 1] on the CPU or ", device_.str(), ", got ",
                  describe(cu));
-    ACCRUE_CHECK(p.defined() && p.dtype() == DType::i64 && (p.shape() == Shape{B, T}) &&
-                     (p.device() == device_),
-                 op, ": a packed layout needs positions i64 [B = ", B, ", T = ", T, "] on ",
+    ACCRUE_CHECK(!p.defined() || (p.dtype() == DType::i64 && (p.shape() == Shape{B, T}) &&
+                                  p.device() == device_),
+                 op, ": a packed layout's positions must be i64 [B = ", B, ", T = ", T, "] on ",
                  device_.str(), ", got ", describe(p));
     if (cu.device().is_cpu()) {
       const std::vector<int64_t> v = cu.contiguous().to_vector<int64_t>();
@@ -341,7 +357,12 @@ Tensor Llama::forward(const Tensor& idx, const BatchLayout& layout) const {
   const NvtxRange range("accrue Llama forward");  // Note [NVTX ranges]
   check_inputs(idx, layout, "Llama::forward");
   const int64_t T = idx.size(1);
-  const Tensor positions = layout.is_packed() ? layout.positions : positions_.narrow(0, 0, T);
+  Tensor positions = positions_.narrow(0, 0, T);
+  if (layout.is_packed()) {
+    positions = layout.positions.defined()
+                    ? layout.positions
+                    : positions_from_cu_seqlens(layout.cu_seqlens, idx.size(0), T).to(device_);
+  }
   const Tensor x0 = embedding(embed_tokens_, idx);  // [B, T, hidden]
   // Note [Llama residual stream]: (x, input_layernorm(x)) go from layer to layer.
   Tensor x = x0;

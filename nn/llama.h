@@ -31,21 +31,35 @@ namespace accrue::nn {
 //  - packed: the B * T tokens, read row after row, are documents, document n
 //    the tokens [cu_seqlens[n], cu_seqlens[n + 1]) (0 first, B * T last);
 //    attention never crosses a document, and positions [B, T] (restarting at
-//    0 with each document) feed the rotary embedding.
+//    0 with each document) feed the rotary embedding. Without positions the
+//    forward derives them from cu_seqlens where those live, with a few small
+//    kernels and no read-back (Note [Positions from document offsets]).
 // The tensors are i64 and live on the model's device (or the CPU), so the
 // forward never reads them back: their values are checked where they are on
 // the CPU, and by the attention and rope kernels' deferred checks otherwise.
 // The host helpers (padded from a vector, packed_documents) build them with
 // one upload each.
+// Note [Positions from document offsets]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Token t (of the B * T read row after row) lies in document d(t) = #{k >= 1 :
+// cu_seqlens[k] <= t}, and its position is t - cu_seqlens[d(t)]. d is a
+// cumulative sum of marks: index_add ones at cu_seqlens[1 .. N] into n + 1
+// zeros (an empty document adds a second one at the same place, skipping
+// its number), cumsum of the first n. Then index_select of the starts and
+// t - start (an index_add with alpha -1): a few kernels on the offsets' device, none reading values
+// back (inside a Window the index checks are deferred, Note [Deferred index checks]).
+Tensor positions_from_cu_seqlens(const Tensor& cu_seqlens, int64_t B, int64_t T);
+
 struct BatchLayout {
   Tensor seq_lens;    // i64 [B] (padded)
   Tensor cu_seqlens;  // i64 [N + 1] (packed)
-  Tensor positions;   // i64 [B, T] (packed)
+  Tensor positions;   // i64 [B, T] (packed; optional)
 
   static BatchLayout full() { return {}; }
   static BatchLayout padded(Tensor seq_lens);
   static BatchLayout padded(const std::vector<int64_t>& seq_lens, Device device);
-  static BatchLayout packed(Tensor cu_seqlens, Tensor positions);
+  // positions may be left undefined: derived from cu_seqlens.
+  static BatchLayout packed(Tensor cu_seqlens, Tensor positions = Tensor());
   // Documents of the given lengths laid end to end over B rows of T tokens
   // (their sum must be B * T; a document may run on into the next row).
   static BatchLayout packed_documents(const std::vector<int64_t>& doc_lengths, int64_t B, int64_t T,

@@ -1,7 +1,7 @@
 // nn::Llama on CUDA against the CPU in f64: the same weights and batches
 // (right-padded with device-resident lengths, packed documents with
-// device-resident offsets and positions), in f32 (TF32 off) and bf16; hidden
-// state, loss and every gradient. Activation checkpointing gives bitwise-equal
+// device-resident offsets, positions derived on the device), in f32 (TF32
+// off) and bf16; hidden state, loss and every gradient. Activation checkpointing gives bitwise-equal
 // gradients on the GPU too, and a transformers directory loads onto the GPU.
 #include <cmath>
 #include <cstdio>
@@ -46,7 +46,12 @@ std::unique_ptr<nn::Llama> make(const nn::LlamaConfig& c, Device device, DType d
   return model;
 }
 
+// On the GPU the packed layout's positions are derived there from the offsets
+// (Note [Positions from document offsets]); the CPU reference is given them.
 nn::BatchLayout layout_for(bool packed, Device device) {
+  if (packed && !device.is_cpu())
+    return nn::BatchLayout::packed(
+        from_vector<int64_t>({0, 9, 29, 32, 48}, {5}, DType::i64, device));
   if (packed) return nn::BatchLayout::packed_documents({9, 20, 3, 16}, 3, 16, device);
   return nn::BatchLayout::padded({16, 7, 12}, device);
 }

@@ -224,6 +224,24 @@ TEST(Llama, padded_and_packed_batches_equal_each_sequence_alone) {
   }
 }
 
+TEST(Llama, packed_positions_derived_from_the_offsets) {
+  // Documents of 3, 0 (empty), 6 and 7 tokens over 2 rows of 8.
+  const Tensor cu = from_vector<int64_t>({0, 3, 3, 9, 16}, {5});
+  const std::vector<int64_t> expected = {0, 1, 2, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 6};
+  const Tensor p = nn::positions_from_cu_seqlens(cu, 2, 8);
+  EXPECT_EQ(p.shape(), (Shape{2, 8}));
+  EXPECT_EQ(p.dtype(), DType::i64);
+  EXPECT_EQ(p.contiguous().to_vector<int64_t>(), expected);
+  // The forward without positions equals the one given them.
+  const nn::LlamaConfig c = small(true);
+  const auto model = make(c, 14);
+  NoGradGuard no_grad;
+  const Tensor idx = tokens(2, 8, c.vocab_size, 12);
+  EXPECT_TRUE(test::all_equal(
+      model->forward(idx, nn::BatchLayout::packed(cu)),
+      model->forward(idx, nn::BatchLayout::packed(cu, from_vector<int64_t>(expected, {2, 8})))));
+}
+
 TEST(Llama, initialization_as_transformers) {
   nn::LlamaConfig c = small(true);
   c.attention_bias = true;
