@@ -1,8 +1,9 @@
 // nn::Llama on CUDA against the CPU in f64: the same weights and batches
 // (right-padded with device-resident lengths, packed documents with
 // device-resident offsets, positions derived on the device), in f32 (TF32
-// off) and bf16; hidden state, loss and every gradient. Activation checkpointing gives bitwise-equal
-// gradients on the GPU too, and a transformers directory loads onto the GPU.
+// off) and bf16; hidden state, loss and every gradient. Activation
+// checkpointing gives bitwise-equal gradients on the GPU too, and a
+// transformers directory loads onto the GPU.
 #include <cmath>
 #include <cstdio>
 #include <map>
