@@ -15,6 +15,7 @@
 #include "accrue/core/grad_mode.h"
 #include "accrue/nn/llama.h"
 #include "accrue/nn/llama_hf.h"
+#include "accrue/optim/param_store.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -284,6 +285,30 @@ TEST(Llama, loads_a_transformers_directory) {
   // Into a model of another architecture: refused, naming the field.
   const auto llama = make(nn::LlamaConfig::llama_tiny(), 12, DType::f32);
   EXPECT_ERROR(llama->load_hf(dir), "Llama::load_hf", dir.c_str(), "vocab_size");
+}
+
+// Note [One load path]: loading after a ParamStore holds the parameters
+// writes the f32 masters exactly and the bf16 compute copy from them.
+TEST(Llama, load_hf_after_a_param_store_with_a_bf16_compute_copy) {
+  const std::string dir = std::string(ACCRUE_NN_FIXTURES) + "/hf_llama_tiny";
+  const nn::HFLlamaCheckpoint ckpt = nn::load_hf_llama_checkpoint(dir);
+  const auto model = make(ckpt.config, 15, DType::f32);
+  optim::ParamStore store(model->named_parameters(),
+                          optim::ParamStoreOptions().compute_dtype(DType::bf16));
+  model->load_hf(dir);
+  const std::map<std::string, Tensor> state = model->state_dict();
+  std::map<std::string, Tensor> params;
+  for (const nn::NamedParameter& p : model->named_parameters())
+    params.emplace(p.name, p.tensor);
+  for (const auto& [name, t] : ckpt.tensors) {
+    EXPECT_TRUE(test::all_equal(state.at(name), t)) << name;
+    EXPECT_EQ(params.at(name).dtype(), DType::bf16) << name;
+    EXPECT_TRUE(test::all_equal(detach(params.at(name)), t.to(DType::bf16))) << name;
+  }
+  // It trains from there: a loss through the bf16 compute copy.
+  const Loss l = model->loss(tokens(1, 6, ckpt.config.vocab_size, 13),
+                             tokens(1, 6, ckpt.config.vocab_size, 14));
+  EXPECT_TRUE(std::isfinite(l.sum.item()));
 }
 
 TEST(Llama, bad_inputs_are_refused_naming_the_values) {
