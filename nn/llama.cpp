@@ -282,6 +282,12 @@ Llama::Llama(const LlamaConfig& config, const ParamOptions& options)
                                BufferOptions().persistent(false));
 }
 
+const LlamaDecoderLayer& Llama::layer(int64_t i) const {
+  ACCRUE_CHECK(i >= 0 && i < num_layers(), "Llama::layer: index ", i, " for a model of ",
+               num_layers(), " layers");
+  return *layers_[static_cast<size_t>(i)];
+}
+
 std::unique_ptr<Llama> Llama::from_hf(const std::string& dir, const ParamOptions& options,
                                       bool activation_checkpointing) {
   HFLlamaCheckpoint ckpt = load_hf_llama_checkpoint(dir);

@@ -88,6 +88,14 @@ class LlamaAttention : public Module {
   LlamaAttention(const LlamaConfig& config, const ParamOptions& options);
   // x [B, T, hidden]; positions i64 [T] or [B, T] -> [B, T, hidden].
   Tensor forward(const Tensor& x, const Tensor& positions, const BatchLayout& layout) const;
+  // For code that runs the layer its own way (a KV cache): the projections,
+  // and the QK-norms (nullptr without qk_norm).
+  const Linear& q_proj() const { return *q_proj_; }
+  const Linear& k_proj() const { return *k_proj_; }
+  const Linear& v_proj() const { return *v_proj_; }
+  const Linear& o_proj() const { return *o_proj_; }
+  const RMSNorm* q_norm() const { return q_norm_; }
+  const RMSNorm* k_norm() const { return k_norm_; }
 
  private:
   LlamaConfig c_;
@@ -100,6 +108,9 @@ class LlamaMLP : public Module {
  public:
   LlamaMLP(const LlamaConfig& config, const ParamOptions& options);
   Tensor forward(const Tensor& x) const;
+  const Linear& gate_proj() const { return *gate_proj_; }
+  const Linear& up_proj() const { return *up_proj_; }
+  const Linear& down_proj() const { return *down_proj_; }
 
  private:
   Linear *gate_proj_, *up_proj_, *down_proj_;
@@ -121,6 +132,9 @@ class LlamaDecoderLayer : public Module {
   ResidualNorm forward(const Tensor& x, const Tensor& normed, const RMSNorm& next_norm,
                        const Tensor& positions, const BatchLayout& layout) const;
   const RMSNorm& input_layernorm() const { return *input_layernorm_; }
+  const LlamaAttention& self_attn() const { return *self_attn_; }
+  const RMSNorm& post_attention_layernorm() const { return *post_attention_layernorm_; }
+  const LlamaMLP& mlp() const { return *mlp_; }
 
  private:
   RMSNorm* input_layernorm_;
@@ -174,6 +188,8 @@ class Llama : public Module {
   // lm_head.weight, or embed_tokens when tied (the same tensor).
   const Tensor& head_weight() const { return head_weight_; }
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  const LlamaDecoderLayer& layer(int64_t i) const;
+  const RMSNorm& norm() const { return *norm_; }
 
  private:
   void check_inputs(const Tensor& idx, const BatchLayout& layout, const char* op) const;

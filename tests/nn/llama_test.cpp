@@ -120,6 +120,9 @@ TEST(Llama, qk_norm_only_for_qwen3) {
     }
     EXPECT_EQ(q, qwen3 ? 2 : 0);
     EXPECT_EQ(k, qwen3 ? 2 : 0);
+    EXPECT_EQ(model->layer(1).self_attn().q_norm() != nullptr, qwen3);
+    EXPECT_EQ(model->layer(0).self_attn().k_norm() != nullptr, qwen3);
+    EXPECT_ERROR(model->layer(2), "Llama::layer", "index 2", "2 layers");
   }
 }
 
