@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "accrue/autograd/engine.h"
+#include "accrue/autograd/gradcheck.h"
 #include "accrue/autograd/ops.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/grad_mode.h"
@@ -175,6 +176,44 @@ TEST(Llama, fused_classifier_equals_logits_and_cross_entropy_in_f64) {
     const std::vector<Tensor> ga = grads_of(*fused), gb = grads_of(*composed);
     for (size_t i = 0; i < ga.size(); ++i)
       EXPECT_LE(max_rel(ga[i], gb[i]), 1e-12) << fused->named_parameters()[i].name;
+  }
+}
+
+// The float64 finite-difference check of the loss w.r.t. every parameter
+// of a micro Qwen3 (biases, QK-norm, head_dim apart from hidden / heads,
+// tied head) and a micro Llama (llama3 scaling, checkpointing), on padded
+// and packed layouts.
+TEST(Llama, whole_model_passes_the_float64_gradcheck) {
+  for (bool qwen3 : {false, true}) {
+    nn::LlamaConfig c = small(qwen3);
+    c.vocab_size = 11;
+    c.hidden = 8;
+    c.intermediate = 12;
+    c.heads = 2;
+    c.kv_heads = 1;
+    c.head_dim = qwen3 ? 6 : 4;
+    c.attention_bias = qwen3;
+    c.activation_checkpointing = !qwen3;
+    if (!qwen3) c.rope_scaling = {nn::RopeScaling::Type::llama3, 4.0, 1.0, 4.0, 8};
+    const auto model = make(c, 16);
+    perturb_norms(*model, 5);
+    {
+      // Biases start at zero: move them so that their products count.
+      NoGradGuard no_grad;
+      for (const nn::NamedParameter& p : model->named_parameters())
+        if (p.name.find("bias") != std::string::npos)
+          p.tensor.copy_(test::random_normal(p.tensor.shape(), DType::f64) * 0.1);
+    }
+    const Tensor idx = tokens(2, 5, c.vocab_size, 15);
+    Tensor targets = tokens(2, 5, c.vocab_size, 16);
+    targets.data<int64_t>()[8] = -100;
+    const nn::BatchLayout layout =
+        qwen3 ? nn::BatchLayout::packed_documents({3, 4, 3}, 2, 5, Device::cpu())
+              : nn::BatchLayout::padded({5, 4}, Device::cpu());
+    const GradcheckResult r =
+        gradcheck([&](const std::vector<Tensor>&) { return model->loss(idx, targets, layout).sum; },
+                  model->parameters());
+    EXPECT_TRUE(r.ok) << (qwen3 ? "qwen3: " : "llama: ") << r.message;
   }
 }
 
