@@ -2,8 +2,8 @@
 // (right-padded with device-resident lengths, packed documents with
 // device-resident offsets, positions derived on the device), in f32 (TF32
 // off) and bf16; hidden state, loss and every gradient. Activation
-// checkpointing gives bitwise-equal gradients on the GPU too, and a
-// transformers directory loads onto the GPU.
+// checkpointing gives bitwise-equal gradients on the GPU too, device layouts
+// replay from CUDA graphs, and a transformers directory loads onto the GPU.
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -13,8 +13,13 @@
 
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/variable.h"
+#include "accrue/core/allocator.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/nn/llama.h"
+#include "accrue/optim/graphed_window.h"
+#include "accrue/optim/optimizer.h"
+#include "accrue/optim/param_store.h"
+#include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -130,6 +135,84 @@ TEST(GpuLlama, activation_checkpointing_gives_bitwise_equal_gradients) {
     for (size_t i = 0; i < plain.grads.size(); ++i)
       EXPECT_TRUE(test::all_equal(ckpt.grads[i], plain.grads[i])) << dtype_name(dtype) << " " << i;
   }
+}
+
+// Note [Llama batch layouts]: the layout's tensors live on the device and
+// are never read back, so a micro-step records into a CUDA graph (Note
+// [Graphed window]): 4 windows of K = 3 with a bf16 compute copy, per-window
+// lengths or document offsets (positions derived on the device), replayed
+// from graphs bitwise equal to the eager run.
+struct LlamaRun {
+  std::unique_ptr<nn::Llama> model;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<optim::ParamStore> store;
+  std::unique_ptr<optim::Window> window;
+
+  explicit LlamaRun(const nn::LlamaConfig& c) {
+    Generator gen(7);
+    model = std::make_unique<nn::Llama>(c, nn::ParamOptions{kGpu, DType::f32, &gen});
+    optimizer = std::make_unique<optim::Optimizer>(optim::AdamWOptions(3e-3).weight_decay(0.1));
+    store = std::make_unique<optim::ParamStore>(model->named_parameters(),
+                                                optim::ParamStoreOptions()
+                                                    .device(kGpu)
+                                                    .compute_dtype(DType::bf16)
+                                                    .moments(optimizer->moments_needed()));
+    window = std::make_unique<optim::Window>(
+        *store, *optimizer, optim::WindowOptions().micro_steps(3).max_grad_norm(1.0));
+  }
+  // idx, targets, and the layout tensor: lengths [4] or offsets [4] (3 documents).
+  std::vector<Tensor> batch(int64_t w, int64_t k, bool packed, int64_t V) const {
+    const int64_t B = 4, T = 32, seed = 100 * w + k;
+    Tensor idx = tokens(B, T, V, static_cast<uint64_t>(seed));
+    std::vector<int64_t> targets =
+        tokens(B, T, V, static_cast<uint64_t>(seed) + 50).to_vector<int64_t>();
+    Tensor layout;
+    if (packed) {
+      const int64_t a = 10 + (seed % 40), b = a + 30 + (seed % 50);
+      layout = from_vector<int64_t>({0, a, b, B * T}, {4}, DType::i64, kGpu);
+    } else {
+      std::vector<int64_t> lens(static_cast<size_t>(B));
+      for (int64_t i = 0; i < B; ++i) {
+        lens[static_cast<size_t>(i)] = 8 + (seed * 7 + i * 5) % 25;
+        for (int64_t t = lens[static_cast<size_t>(i)]; t < T; ++t)
+          targets[static_cast<size_t>(i * T + t)] = -100;
+      }
+      layout = from_vector<int64_t>(lens, {B}, DType::i64, kGpu);
+    }
+    return {idx.to(kGpu), from_vector<int64_t>(targets, {B, T}).to(kGpu), layout};
+  }
+  optim::GraphedWindow::StepFn step(bool packed) const {
+    return [m = model.get(), packed](const std::vector<Tensor>& in) {
+      return m->loss(in[0], in[1],
+                     packed ? nn::BatchLayout::packed(in[2]) : nn::BatchLayout::padded(in[2]));
+    };
+  }
+};
+
+TEST(GpuLlama, device_layouts_replay_from_cuda_graphs_bitwise) {
+  ACCRUE_REQUIRE_CUDA();
+  const CudaAllocatorMode before = cuda_allocator_mode();
+  set_cuda_allocator_mode(CudaAllocatorMode::StreamOrderedPool);
+  for (bool packed : {false, true}) {
+    SCOPED_TRACE(packed ? "packed" : "padded");
+    nn::LlamaConfig c = config(true);
+    LlamaRun eager(c), graphed(c);
+    optim::GraphedWindow g(*graphed.window, graphed.step(packed));
+    for (int64_t w = 0; w < 4; ++w) {
+      for (int64_t k = 0; k < 3; ++k) {
+        const std::vector<Tensor> in = eager.batch(w, k, packed, c.vocab_size);
+        eager.window->backward(eager.step(packed)(in));
+        g.backward(graphed.batch(w, k, packed, c.vocab_size));
+      }
+      eager.window->close();
+      g.close();
+      EXPECT_EQ(graphed.window->report().loss, eager.window->report().loss) << "window " << w;
+    }
+    EXPECT_EQ(g.counts().graphs, 3) << g.why_eager();
+    EXPECT_EQ(g.counts().replayed_micro_steps, 10);
+    EXPECT_TRUE(test::all_equal(graphed.store->master(), eager.store->master()));
+  }
+  set_cuda_allocator_mode(before);
 }
 
 TEST(GpuLlama, a_transformers_directory_loads_onto_the_gpu) {
