@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/variable.h"
 #include "accrue/core/parallel.h"
 #include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
@@ -36,7 +39,7 @@ class ThreadsScope {
            << "shape or dtype differ: " << shape_str(actual.shape()) << " "
            << dtype_name(actual.dtype()) << " vs " << shape_str(expected.shape()) << " "
            << dtype_name(expected.dtype());
-  const Tensor a = actual.contiguous(), e = expected.contiguous();
+  const Tensor a = detach(actual).contiguous(), e = detach(expected).contiguous();
   const size_t width = a.nbytes() / static_cast<size_t>(std::max<int64_t>(a.numel(), 1));
   const auto* pa = static_cast<const unsigned char*>(a.data_ptr());
   const auto* pe = static_cast<const unsigned char*>(e.data_ptr());
@@ -205,6 +208,38 @@ TEST(CpuThreads, cross_entropy_and_embedding) {
       kernels::embedding_backward(grad, indices, gw_set, false);
       return std::vector<Tensor>{loss.sum, loss.count, dlogits, kernels::embedding(weight, indices),
                                  gw,       gw_set};
+    });
+  }
+}
+
+// A small network through autograd (embedding, GEMMs, GELU, layer norm,
+// softmax, cross-entropy, forward and backward): the loss and every gradient
+// are bitwise the same for any thread count.
+TEST(CpuThreads, a_small_network_forward_and_backward) {
+  for (DType dt : {DType::f64, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t n = 263, d = 96, h = 301, c = 53;
+    const Tensor x0 = test::random_normal({n, d}, dt);
+    const Tensor e0 = test::random_normal({c, d}, dt);
+    const Tensor w10 = test::random_normal({d, h}, dt, Device::cpu(), 0.1);
+    const Tensor lnw0 = test::random_normal({h}, dt), lnb0 = test::random_normal({h}, dt);
+    const Tensor w20 = test::random_normal({h, c}, dt, Device::cpu(), 0.1);
+    const Tensor tokens = randint(0, c, {n}, DType::i64);
+    std::vector<int64_t> t = randint(0, c, {n}, DType::i64).to_vector<int64_t>();
+    for (size_t i = 0; i < t.size(); i += 5)
+      t[i] = -100;
+    const Tensor targets = from_vector<int64_t>(t, {n}, DType::i64);
+    expect_thread_count_invariant([&] {
+      const Tensor x = requires_grad_(x0.clone()), e = requires_grad_(e0.clone());
+      const Tensor w1 = requires_grad_(w10.clone()), w2 = requires_grad_(w20.clone());
+      const Tensor lnw = requires_grad_(lnw0.clone()), lnb = requires_grad_(lnb0.clone());
+      const Tensor hidden = gelu(matmul(x + embedding(e, tokens), w1));
+      const Tensor normed = layer_norm(hidden, lnw, lnb);
+      const Tensor logits = matmul(normed * softmax(normed, 1), w2);
+      const Loss loss = cross_entropy(logits, targets);
+      backward(loss.sum);
+      return std::vector<Tensor>{loss.sum, grad(x),   grad(e),  grad(w1),
+                                 grad(w2), grad(lnw), grad(lnb)};
     });
   }
 }
