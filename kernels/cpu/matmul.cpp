@@ -1,9 +1,9 @@
 // CPU reference: batched GEMM, out[b] = alpha * a[b] @ b[b] + beta * out[b].
 //
 // Accumulates in double (the oracle for cuBLAS, whatever the storage dtype),
-// in the i-k-j loop order so the inner loop runs along contiguous rows. The
-// output rows of all batches are split across threads (Note [CPU threads]):
-// each row is computed whole by one thread, in the same order as with one.
+// each output over k in increasing order, in register blocks
+// (Note [CPU GEMM block]). The output rows of all batches are split across
+// threads (Note [CPU threads]): each output is computed whole by one thread.
 #include <algorithm>
 #include <type_traits>
 #include <vector>
@@ -12,6 +12,54 @@
 #include "accrue/kernels/cpu/cpu_util.h"
 
 namespace accrue::kernels::cpu {
+
+namespace {
+
+// Note [CPU GEMM block]
+// ~~~~~~~~~~~~~~~~~~~~
+// The product is computed kRows x kCols outputs at a time, their sums held in
+// registers across the whole k loop. Each output still starts at 0.0 and adds
+// a[i][kk] * b[kk][j] (two roundings, no fused multiply-add) for kk = 0, 1, ...
+// in order, so its bits are those of the plain i-k-j loop, whatever the
+// blocking and whichever thread computes it (Note [CPU threads]).
+constexpr int64_t kRows = 4, kCols = 8;
+
+// Sums of kRows rows of a (packed: ap[kk * kRows + rr]) times b, whose row kk
+// brow(kk) returns (T = float or double), handed to store(c, j0, cols) one
+// column block at a time.
+template <class BRow, class Store>
+void row_block(const double* ap, int64_t k, int64_t n, BRow brow, Store store) {
+  for (int64_t j0 = 0; j0 < n; j0 += kCols) {
+    double c[kRows][kCols] = {};
+    if (n - j0 >= kCols) {
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const auto* b = brow(kk) + j0;
+        double bv[kCols];
+        for (int64_t jj = 0; jj < kCols; ++jj)
+          bv[jj] = static_cast<double>(b[jj]);
+        for (int64_t rr = 0; rr < kRows; ++rr) {
+          const double av = ap[kk * kRows + rr];
+          for (int64_t jj = 0; jj < kCols; ++jj)
+            c[rr][jj] += av * bv[jj];
+        }
+      }
+      store(c, j0, kCols);
+    } else {
+      const int64_t cols = n - j0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const auto* b = brow(kk) + j0;
+        for (int64_t rr = 0; rr < kRows; ++rr) {
+          const double av = ap[kk * kRows + rr];
+          for (int64_t jj = 0; jj < cols; ++jj)
+            c[rr][jj] += av * static_cast<double>(b[jj]);
+        }
+      }
+      store(c, j0, cols);
+    }
+  }
+}
+
+}  // namespace
 
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
   const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
@@ -33,11 +81,11 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
       // store: a chunk gets 4x kParallelWork of them (tens of microseconds).
       parallel_for(0, batch * m, grain_for(n * k / 4), [&](int64_t r0, int64_t r1) {
         std::vector<double> bd(in_place ? 0 : static_cast<size_t>(k * n));  // b[bi], dense
-        std::vector<double> ad(static_cast<size_t>(k));                     // one row of a[bi]
-        std::vector<double> acc(static_cast<size_t>(n));  // one row of the product
+        std::vector<double> ap(static_cast<size_t>(k * kRows));  // kRows rows of a[bi], packed
         int64_t loaded = -1;
-        for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t r = r0; r < r1;) {
           const int64_t bi = r / m, i = r % m;
+          const int64_t rows = std::min({kRows, r1 - r, m - i});  // within one batch
           if (!in_place && bi != loaded) {
             for (int64_t kk = 0; kk < k; ++kk)
               for (int64_t j = 0; j < n; ++j)
@@ -45,28 +93,31 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
             loaded = bi;
           }
           for (int64_t kk = 0; kk < k; ++kk)
-            ad[kk] = load_double(pa[bi * sab + i * sam + kk * sak]);
-          std::fill(acc.begin(), acc.end(), 0.0);
-          for (int64_t kk = 0; kk < k; ++kk) {
-            const double aik = ad[kk];
-            if constexpr (kWide) {
-              if (in_place) {
-                const T* brow = pb + bi * sbb + kk * sbk;
-                for (int64_t j = 0; j < n; ++j)
-                  acc[j] += aik * static_cast<double>(brow[j]);
-                continue;
+            for (int64_t rr = 0; rr < kRows; ++rr)
+              ap[kk * kRows + rr] =
+                  rr < rows ? load_double(pa[bi * sab + (i + rr) * sam + kk * sak]) : 0.0;
+          auto store_block = [&](const double(&c)[kRows][kCols], int64_t j0, int64_t cols) {
+            for (int64_t rr = 0; rr < rows; ++rr) {
+              O* orow = po + (r + rr) * n + j0;
+              for (int64_t jj = 0; jj < cols; ++jj) {
+                // beta == 0 must not read out: it may hold garbage or NaN (Note [Overwrite first]).
+                const double prev = beta == 0.0 ? 0.0 : beta * load_double(orow[jj]);
+                orow[jj] = store_double<O>(alpha * c[rr][jj] + prev);
               }
             }
-            const double* brow = bd.data() + kk * n;
-            for (int64_t j = 0; j < n; ++j)
-              acc[j] += aik * brow[j];
+          };
+          if constexpr (kWide) {
+            if (in_place) {
+              row_block(
+                  ap.data(), k, n, [&](int64_t kk) { return pb + bi * sbb + kk * sbk; },
+                  store_block);
+              r += rows;
+              continue;
+            }
           }
-          O* orow = po + r * n;
-          for (int64_t j = 0; j < n; ++j) {
-            // beta == 0 must not read out: it may hold garbage or NaN (Note [Overwrite first]).
-            const double prev = beta == 0.0 ? 0.0 : beta * load_double(orow[j]);
-            orow[j] = store_double<O>(alpha * acc[j] + prev);
-          }
+          row_block(
+              ap.data(), k, n, [&](int64_t kk) { return bd.data() + kk * n; }, store_block);
+          r += rows;
         }
       });
     });
