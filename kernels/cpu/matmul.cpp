@@ -19,9 +19,10 @@ namespace {
 // ~~~~~~~~~~~~~~~~~~~~
 // The product is computed kRows x kCols outputs at a time, their sums held in
 // registers across the whole k loop. Each output still starts at 0.0 and adds
-// a[i][kk] * b[kk][j] (two roundings, no fused multiply-add) for kk = 0, 1, ...
-// in order, so its bits are those of the plain i-k-j loop, whatever the
-// blocking and whichever thread computes it (Note [CPU threads]).
+// a[i][kk] * b[kk][j] for kk = 0, 1, ... in order, with the expression of the
+// plain i-k-j loop (x86-64 without -march has no fused multiply-add to
+// contract it into), so its bits are that loop's, whatever the blocking and
+// whichever thread computes it (Note [CPU threads]).
 constexpr int64_t kRows = 4, kCols = 8;
 
 // Sums of kRows rows of a (packed: ap[kk * kRows + rr]) times b, whose row kk
