@@ -20,8 +20,12 @@ namespace nb = nanobind;
 // accrue.Error and accrue.OutOfMemoryError, and the translator that raises
 // them (module.cpp).
 void bind_errors(nb::module_& m);
-// accrue.dtype, accrue.Device, accrue.Generator, accrue.Tensor and the factories (tensor.cpp).
+// accrue.dtype, accrue.Device and accrue.Generator (types.cpp), before the Tensor.
+void bind_types(nb::module_& m);
+// accrue.Tensor (tensor.cpp).
 void bind_tensor(nb::module_& m);
+// The factories: zeros, ones, full, arange, rand, randn, ... (types.cpp), after the Tensor.
+void bind_factories(nb::module_& m);
 // accrue.from_dlpack, Tensor.__dlpack__ and Tensor.__dlpack_device__ (dlpack.cpp).
 void bind_dlpack(nb::module_& m);
 // The differentiable ops, backward, grad mode and gradcheck (autograd.cpp).

@@ -60,7 +60,9 @@ NB_MODULE(_accrue, m) {
       "accrue's C++ engine: tensors, autograd, modules and the accumulation Window. Import "
       "`accrue`, which re-exports this module with Python conveniences (docs/PYTHON.md).";
   bind_errors(m);
+  bind_types(m);
   bind_tensor(m);
+  bind_factories(m);
   bind_dlpack(m);
   bind_autograd(m);
   nb::module_ nn =
