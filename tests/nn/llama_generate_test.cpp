@@ -1,0 +1,196 @@
+// Greedy generation with nn::LlamaKVCache (Note [Llama KV cache], Note
+// [Greedy generation]): the cache against rerunning the whole sequence, a
+// prefill in pieces against one, the tokens against transformers'
+// generate(do_sample=False) on the tiny transformers-written fixtures
+// (fixtures/generate_golden.txt, made by fixtures/make_generate_fixtures.py),
+// and bad inputs.
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "accrue/autograd/ops.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/nn/llama.h"
+#include "accrue/nn/llama_generate.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+std::string fixture(const std::string& name) {
+  return std::string(ACCRUE_NN_FIXTURES) + "/" + name;
+}
+
+struct GoldenCase {
+  std::string name, dir;
+  int64_t new_tokens = 0;
+  std::vector<int64_t> prompt, tokens;
+  std::vector<double> first_logits;
+  double gap = 0;
+};
+
+std::vector<GoldenCase> read_goldens() {
+  std::ifstream in(fixture("generate_golden.txt"));
+  EXPECT_TRUE(in.good()) << "cannot open " << fixture("generate_golden.txt");
+  std::vector<GoldenCase> cases;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream s(line);
+    std::string kind;
+    s >> kind;
+    if (kind == "case") {
+      cases.emplace_back();
+      GoldenCase& c = cases.back();
+      s >> c.name >> c.dir >> c.new_tokens;
+      for (int64_t id; s >> id;)
+        c.prompt.push_back(id);
+    } else if (kind == "tokens") {
+      for (int64_t id; s >> id;)
+        cases.back().tokens.push_back(id);
+    } else if (kind == "logits") {
+      int64_t n = 0;
+      s >> n;
+      for (std::string v; s >> v;)
+        cases.back().first_logits.push_back(std::stod(v));
+      EXPECT_EQ(static_cast<int64_t>(cases.back().first_logits.size()), n);
+    } else if (kind == "gap") {
+      s >> cases.back().gap;
+    }
+  }
+  return cases;
+}
+
+std::unique_ptr<nn::Llama> load(const std::string& dir, DType dtype) {
+  return nn::Llama::from_hf(fixture(dir), {Device::cpu(), dtype});
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.to(DType::f64).contiguous().to_vector<double>();
+  const std::vector<double> y = b.to(DType::f64).contiguous().to_vector<double>();
+  EXPECT_EQ(x.size(), y.size());
+  double m = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i)
+    m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
+TEST(LlamaGenerate, GoldensAreRead) {
+  const std::vector<GoldenCase> cases = read_goldens();
+  ASSERT_EQ(cases.size(), 4u);
+  for (const GoldenCase& c : cases) {
+    EXPECT_EQ(static_cast<int64_t>(c.tokens.size()), c.new_tokens) << c.name;
+    EXPECT_EQ(c.first_logits.size(), 128u) << c.name;
+    // Far from a tie: float32 picks the same tokens as float64.
+    EXPECT_GT(c.gap, 1e-3) << c.name;
+  }
+}
+
+// The cache's tokens and every step's logits equal rerunning the whole
+// sequence through Llama::logits, in float64.
+TEST(LlamaGenerate, CacheMatchesNoCache) {
+  for (const GoldenCase& c : read_goldens()) {
+    SCOPED_TRACE(c.name);
+    auto model = load(c.dir, DType::f64);
+    std::vector<Tensor> cached, plain;
+    const std::vector<int64_t> a =
+        nn::generate_greedy(*model, c.prompt, c.new_tokens, true, &cached);
+    const std::vector<int64_t> b =
+        nn::generate_greedy(*model, c.prompt, c.new_tokens, false, &plain);
+    EXPECT_EQ(a, b);
+    ASSERT_EQ(cached.size(), static_cast<size_t>(c.new_tokens));
+    ASSERT_EQ(plain.size(), cached.size());
+    for (size_t n = 0; n < cached.size(); ++n) {
+      EXPECT_EQ(cached[n].shape(), (Shape{128}));
+      EXPECT_LE(max_abs_diff(cached[n], plain[n]), 1e-12) << "step " << n;
+    }
+  }
+}
+
+// A prefill in pieces (3 tokens, then 1, then 4) of two rows gives the logits
+// of one causal forward over the whole sequence: the bottom-right mask lets
+// each new query see the cached past and the new tokens before it.
+TEST(LlamaGenerate, PrefillInPiecesMatchesForward) {
+  for (const char* dir : {"hf_llama_tiny", "hf_qwen3_tiny"}) {
+    SCOPED_TRACE(dir);
+    auto model = load(dir, DType::f64);
+    const std::vector<int64_t> ids = {3, 14, 15, 92, 65, 35, 89, 79,   // row 0
+                                      2, 71, 82, 81, 82, 8,  45, 90};  // row 1
+    const Tensor idx = from_vector<int64_t>(ids, {2, 8}, DType::i64);
+    Tensor expected;
+    {
+      NoGradGuard no_grad;
+      expected = model->logits(idx);
+    }
+    nn::LlamaKVCache cache(*model, 2, 10);
+    std::vector<Tensor> pieces;
+    int64_t start = 0;
+    for (int64_t len : {3, 1, 4}) {
+      pieces.push_back(cache.forward(idx.narrow(1, start, len).contiguous()));
+      start += len;
+      EXPECT_EQ(cache.length(), start);
+    }
+    EXPECT_EQ(cache.keys(0).shape(),
+              (Shape{2, model->config().kv_heads, 10, model->config().head_dim}));
+    start = 0;
+    for (const Tensor& p : pieces) {
+      EXPECT_LE(max_abs_diff(p, expected.narrow(1, start, p.size(1))), 1e-12);
+      start += p.size(1);
+    }
+    cache.reset();
+    EXPECT_EQ(cache.length(), 0);
+    EXPECT_LE(max_abs_diff(cache.forward(idx), expected), 1e-12);
+  }
+}
+
+// The tokens of transformers' model.generate(input_ids, do_sample=False,
+// max_new_tokens=N), token for token, and its first step's logits, in float64
+// (1e-12) and float32 (1e-5: the weights are float32 values, the sums are not).
+TEST(LlamaGenerate, MatchesTransformersGenerate) {
+  for (const GoldenCase& c : read_goldens()) {
+    for (DType dtype : {DType::f64, DType::f32}) {
+      SCOPED_TRACE(c.name + " " + dtype_name(dtype));
+      auto model = load(c.dir, dtype);
+      std::vector<Tensor> logits;
+      EXPECT_EQ(nn::generate_greedy(*model, c.prompt, c.new_tokens, true, &logits), c.tokens);
+      ASSERT_FALSE(logits.empty());
+      const Tensor golden = from_vector<double>(c.first_logits, {128}, DType::f64);
+      EXPECT_LE(max_abs_diff(logits[0], golden), dtype == DType::f64 ? 1e-12 : 1e-5);
+      EXPECT_EQ(nn::generate_greedy(*model, c.prompt, c.new_tokens, false), c.tokens);
+    }
+  }
+}
+
+TEST(LlamaGenerate, RefusesBadInputs) {
+  auto model = load("hf_llama_tiny", DType::f32);  // vocab 128, 256 positions
+  EXPECT_ERROR(nn::generate_greedy(*model, {1, 2}, 0), "generate_greedy", "new_tokens = 0", ">= 1");
+  EXPECT_ERROR(nn::generate_greedy(*model, {1, 2}, -3), "new_tokens = -3");
+  EXPECT_ERROR(nn::generate_greedy(*model, {}, 4), "generate_greedy", "prompt is empty");
+  EXPECT_ERROR(nn::generate_greedy(*model, {1, 128, 3}, 4), "generate_greedy",
+               "prompt token 1 = 128", "[0, 128)");
+  EXPECT_ERROR(nn::generate_greedy(*model, {-1}, 4), "prompt token 0 = -1");
+  const std::vector<int64_t> long_prompt(300, 7);
+  EXPECT_ERROR(nn::generate_greedy(*model, long_prompt, 1), "generate_greedy", "300 tokens",
+               "max_position_embeddings = 256");
+  // 250 + 8 - 1 = 257 positions: one too many; 250 + 7 - 1 = 256 fits.
+  const std::vector<int64_t> near(250, 7);
+  EXPECT_ERROR(nn::generate_greedy(*model, near, 8), "250 tokens and 8 new tokens",
+               "max_position_embeddings = 256");
+  EXPECT_ERROR(nn::generate_greedy(*model, {1}, int64_t{1} << 62), "max_position_embeddings = 256");
+
+  EXPECT_ERROR(nn::LlamaKVCache(*model, 0, 8), "LlamaKVCache", "batch 0");
+  EXPECT_ERROR(nn::LlamaKVCache(*model, 1, 257), "LlamaKVCache", "max_len 257",
+               "max_position_embeddings = 256");
+  nn::LlamaKVCache cache(*model, 1, 4);
+  EXPECT_ERROR(cache.forward(from_vector<int64_t>({1, 2, 3, 4, 5}, {1, 5}, DType::i64)),
+               "LlamaKVCache::forward", "5 tokens after the 0 cached exceed max_len = 4");
+  EXPECT_ERROR(cache.forward(from_vector<int64_t>({1, 2}, {2, 1}, DType::i64)),
+               "LlamaKVCache::forward", "[B = 1, T >= 1]", "[2, 1]");
+  EXPECT_ERROR(cache.forward(from_vector<float>({1, 2}, {1, 2}, DType::f32)), "i32 or i64", "f32");
+  EXPECT_EQ(cache.length(), 0);
+  EXPECT_ERROR(cache.keys(2), "LlamaKVCache::keys", "layer 2 of 2");
+}
+
+}  // namespace
+}  // namespace accrue
