@@ -3,7 +3,7 @@
 # in examples/common/run_main.h, Note [Command-line values] in
 # examples/common/options.h):
 #   cli_test.sh BINARY_DIR NAME
-# NAME is one of demo, verify, resnet, resnet_bench, train_gpt2. Each case runs
+# NAME is one of demo, verify, resnet, resnet_bench, train_gpt2, llama_tiny, generate. Each case runs
 # the binary and checks its exit code (0 for --help, 2 for a bad command line,
 # 1 for a failed run) and that stderr is one line naming the cause, with no
 # build-tree "file.cpp:123" and no std::terminate.
@@ -199,6 +199,35 @@ case $name in
     # A diverged run fails (1) naming the window, rather than exiting 0.
     expect 1 "the loss is not finite" "${tiny[@]}" --micro-batch 2 --seq-len 16 --windows 3 \
       --lr 1e30 --max-grad-norm 0
+    ;;
+  generate)
+    bin=$dir/accrue_generate prog=accrue_generate
+    fixtures=$(cd "$(dirname "${BASH_SOURCE[0]}")/../nn/fixtures" && pwd)
+    llama=$fixtures/hf_llama_tiny # vocab 128, 256 positions
+    help --model --prompt-ids --new-tokens --dtype --no-cache --cpu
+    expect 2 "unknown option '--no-such-option'" --no-such-option
+    expect 2 "unexpected argument 'stray'" stray
+    expect 2 "--model DIR is required" --prompt-ids 1,2
+    expect 2 "--prompt-ids is required" --model "$llama"
+    expect 2 "--new-tokens needs a value" --model "$llama" --prompt-ids 1 --new-tokens
+    expect 2 "--new-tokens expects an integer, got '12x'" --new-tokens 12x
+    expect 2 "--new-tokens must be >= 1, got 0" --model "$llama" --prompt-ids 1 --new-tokens 0
+    expect 2 "--dtype must be f32, bf16 or f64, got 'f16'" --dtype f16
+    expect 2 "--prompt-ids expects comma-separated token ids (integers >= 0), got '1,,2'" \
+      --model "$llama" --prompt-ids 1,,2
+    expect 2 "(bad item '-3')" --model "$llama" --prompt-ids 1,-3
+    expect 2 "--prompt-ids: token 1 = 128 is outside the vocabulary [0, 128)" --cpu \
+      --model "$llama" --prompt-ids 1,128
+    expect 2 "--prompt-ids (250 tokens) and --new-tokens 8 need 250 + 8 - 1 positions, more than max_position_embeddings = 256" \
+      --cpu --model "$llama" --prompt-ids "$(seq -s, 1 250 | sed 's/[0-9]*/7/g')" --new-tokens 8
+    expect 1 "/no-such-dir" --cpu --model /no-such-dir --prompt-ids 1
+    # transformers' generate(do_sample=False) gives these (fixtures/generate_golden.txt).
+    for cache in "" --no-cache; do
+      run --cpu --model "hf:$llama" --prompt-ids 1,17,42,99,5,63 --new-tokens 12 $cache
+      [[ $rc -eq 0 ]] || fail "generate $cache: exit code $rc: $err"
+      grep -qx "generated: 68,36,100,118,23,48,36,100,118,23,48,36" <<< "$out" ||
+        fail "generate $cache: not transformers' tokens: $out"
+    done
     ;;
   *)
     echo "unknown binary '$name'"
