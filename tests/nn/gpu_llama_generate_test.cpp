@@ -1,0 +1,131 @@
+// Greedy generation with nn::LlamaKVCache on CUDA (Note [Llama KV cache]):
+// on the tiny transformers-written fixtures, f32 (TF32 off) gives
+// transformers' tokens (fixtures/generate_golden.txt) and every step's logits
+// near the CPU float64 ones; a prefill in pieces of two rows equals one causal
+// forward; bf16's first logits stay near float64's.
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "accrue/core/grad_mode.h"
+#include "accrue/nn/llama.h"
+#include "accrue/nn/llama_generate.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+std::string fixture(const std::string& name) {
+  return std::string(ACCRUE_NN_FIXTURES) + "/" + name;
+}
+
+struct GoldenCase {
+  std::string name, dir;
+  int64_t new_tokens = 0;
+  std::vector<int64_t> prompt, tokens;
+};
+
+// The case and tokens lines of generate_golden.txt (make_generate_fixtures.py).
+std::vector<GoldenCase> read_goldens() {
+  std::ifstream in(fixture("generate_golden.txt"));
+  EXPECT_TRUE(in.good()) << "cannot open " << fixture("generate_golden.txt");
+  std::vector<GoldenCase> cases;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream s(line);
+    std::string kind;
+    s >> kind;
+    if (kind == "case") {
+      cases.emplace_back();
+      s >> cases.back().name >> cases.back().dir >> cases.back().new_tokens;
+      for (int64_t id; s >> id;)
+        cases.back().prompt.push_back(id);
+    } else if (kind == "tokens") {
+      for (int64_t id; s >> id;)
+        cases.back().tokens.push_back(id);
+    }
+  }
+  return cases;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.to(Device::cpu()).to(DType::f64).contiguous().to_vector<double>();
+  const std::vector<double> y = b.to(Device::cpu()).to(DType::f64).contiguous().to_vector<double>();
+  EXPECT_EQ(x.size(), y.size());
+  double m = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i)
+    m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
+TEST(GpuLlamaGenerate, F32MatchesTransformersAndCpu) {
+  ACCRUE_REQUIRE_CUDA();
+  test::Tf32Scope tf32(false);
+  const std::vector<GoldenCase> cases = read_goldens();
+  ASSERT_EQ(cases.size(), 4u);
+  for (const GoldenCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto cpu = nn::Llama::from_hf(fixture(c.dir), {Device::cpu(), DType::f64});
+    auto gpu = nn::Llama::from_hf(fixture(c.dir), {kGpu, DType::f32});
+    std::vector<Tensor> ref, cached, plain;
+    nn::generate_greedy(*cpu, c.prompt, c.new_tokens, false, &ref);
+    EXPECT_EQ(nn::generate_greedy(*gpu, c.prompt, c.new_tokens, true, &cached), c.tokens);
+    EXPECT_EQ(nn::generate_greedy(*gpu, c.prompt, c.new_tokens, false, &plain), c.tokens);
+    ASSERT_EQ(cached.size(), ref.size());
+    ASSERT_EQ(plain.size(), ref.size());
+    for (size_t n = 0; n < ref.size(); ++n) {
+      EXPECT_EQ(cached[n].device(), kGpu);
+      EXPECT_LE(max_abs_diff(cached[n], ref[n]), 1e-5) << "step " << n;
+      EXPECT_LE(max_abs_diff(plain[n], ref[n]), 1e-5) << "step " << n;
+    }
+  }
+}
+
+TEST(GpuLlamaGenerate, PrefillInPiecesMatchesForward) {
+  ACCRUE_REQUIRE_CUDA();
+  test::Tf32Scope tf32(false);
+  for (const char* dir : {"hf_llama_tiny", "hf_qwen3_tiny"}) {
+    SCOPED_TRACE(dir);
+    auto model = nn::Llama::from_hf(fixture(dir), {kGpu, DType::f32});
+    const std::vector<int64_t> ids = {3, 14, 15, 92, 65, 35, 89, 79,   // row 0
+                                      2, 71, 82, 81, 82, 8,  45, 90};  // row 1
+    const Tensor idx = from_vector<int64_t>(ids, {2, 8}, DType::i64, kGpu);
+    Tensor expected;
+    {
+      NoGradGuard no_grad;
+      expected = model->logits(idx);
+    }
+    nn::LlamaKVCache cache(*model, 2, 12);
+    EXPECT_EQ(cache.keys(1).device(), kGpu);
+    int64_t start = 0;
+    for (int64_t len : {3, 1, 4}) {
+      const Tensor piece = cache.forward(idx.narrow(1, start, len).contiguous());
+      EXPECT_LE(max_abs_diff(piece, expected.narrow(1, start, len)), 1e-5) << "from " << start;
+      start += len;
+    }
+    EXPECT_EQ(cache.length(), 8);
+  }
+}
+
+TEST(GpuLlamaGenerate, Bf16FirstLogitsNearF64) {
+  ACCRUE_REQUIRE_CUDA();
+  for (const GoldenCase& c : read_goldens()) {
+    SCOPED_TRACE(c.name);
+    auto cpu = nn::Llama::from_hf(fixture(c.dir), {Device::cpu(), DType::f64});
+    auto gpu = nn::Llama::from_hf(fixture(c.dir), {kGpu, DType::bf16});
+    std::vector<Tensor> ref, got;
+    nn::generate_greedy(*cpu, c.prompt, 1, true, &ref);
+    nn::generate_greedy(*gpu, c.prompt, 1, true, &got);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].dtype(), DType::bf16);
+    // bf16 keeps 8 bits: a logit of size ~0.3 moves by ~1e-3 per rounding.
+    EXPECT_LE(max_abs_diff(got[0], ref[0]), 2e-2);
+  }
+}
+
+}  // namespace
+}  // namespace accrue
