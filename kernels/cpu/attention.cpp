@@ -1,7 +1,8 @@
 // CPU reference of scaled dot-product attention, forward and backward.
 //
 // Plain loops over (b, h, query row), every sum in double in a fixed order
-// (a kv head's gradient over its query heads in head order),
+// (a kv head's gradient over its query heads in head order), split across
+// threads only where that order stays whole (Note [CPU threads]),
 // each result rounded once to its dtype (bf16/f16 inputs widen exactly, so
 // they compute like the others). The attention matrix is never stored: a
 // row of scores at a time, recomputed in backward from q, k and the saved
@@ -92,42 +93,44 @@ void forward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Atte
   const AttentionMaskSpec spec = attention_mask_spec(p);
   const int64_t g = p.group();
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  std::vector<double> qi(p.d), s(p.Tk), acc(p.dv);
-  for (int64_t b = 0; b < p.B; ++b) {
-    for (int64_t h = 0; h < p.H; ++h) {
+  // Threads split the (b, h, query row) rows: each output row and its lse
+  // are computed by one thread, in the same order as with one (Note [CPU threads]).
+  const int64_t rows = p.B * p.H * p.Tq;
+  parallel_for(0, rows, grain_for(p.Tk * (p.d + p.dv) + 1), [&](int64_t r0, int64_t r1) {
+    std::vector<double> qi(p.d), s(p.Tk), acc(p.dv);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / (p.H * p.Tq), h = (r / p.Tq) % p.H, i = r % p.Tq;
       const int64_t hk = h / g;
-      for (int64_t i = 0; i < p.Tq; ++i) {
-        const AttentionRow row = attention_row(spec, b, i);
-        const BiasRow<T> bias = bias_row<T>(p, b, h, i);
-        load_row(q.row(b, h, i), p.d, qi);
-        double m = neg_inf;
-        for (int64_t j = row.lo; j < row.hi; ++j) {
-          const double t = bias.term(j);
-          s[j] = t == neg_inf ? neg_inf : p.scale * dot(qi, k.row(b, hk, j), p.d) + t;
-          m = std::fmax(m, s[j]);
-        }
-        std::fill(acc.begin(), acc.end(), 0.0);
-        double l = neg_inf;  // an empty row: output 0, lse -inf
-        if (m != neg_inf) {
-          double sum = 0.0;
-          for (int64_t j = row.lo; j < row.hi; ++j)
-            sum += std::exp(s[j] - m);
-          l = m + std::log(sum);
-          for (int64_t j = row.lo; j < row.hi; ++j) {
-            const double pj = std::exp(s[j] - l) * dropout_factor(p, b, h, i, j);
-            if (pj == 0.0) continue;
-            const T* vj = v.row(b, hk, j);
-            for (int64_t c = 0; c < p.dv; ++c)
-              acc[c] += pj * load_double(vj[c]);
-          }
-        }
-        T* o = out.row(b, h, i);
-        for (int64_t c = 0; c < p.dv; ++c)
-          o[c] = store_double<T>(acc[c]);
-        lse[(b * p.H + h) * p.Tq + i] = static_cast<S>(l);
+      const AttentionRow row = attention_row(spec, b, i);
+      const BiasRow<T> bias = bias_row<T>(p, b, h, i);
+      load_row(q.row(b, h, i), p.d, qi);
+      double m = neg_inf;
+      for (int64_t j = row.lo; j < row.hi; ++j) {
+        const double t = bias.term(j);
+        s[j] = t == neg_inf ? neg_inf : p.scale * dot(qi, k.row(b, hk, j), p.d) + t;
+        m = std::fmax(m, s[j]);
       }
+      std::fill(acc.begin(), acc.end(), 0.0);
+      double l = neg_inf;  // an empty row: output 0, lse -inf
+      if (m != neg_inf) {
+        double sum = 0.0;
+        for (int64_t j = row.lo; j < row.hi; ++j)
+          sum += std::exp(s[j] - m);
+        l = m + std::log(sum);
+        for (int64_t j = row.lo; j < row.hi; ++j) {
+          const double pj = std::exp(s[j] - l) * dropout_factor(p, b, h, i, j);
+          if (pj == 0.0) continue;
+          const T* vj = v.row(b, hk, j);
+          for (int64_t c = 0; c < p.dv; ++c)
+            acc[c] += pj * load_double(vj[c]);
+        }
+      }
+      T* o = out.row(b, h, i);
+      for (int64_t c = 0; c < p.dv; ++c)
+        o[c] = store_double<T>(acc[c]);
+      lse[r] = static_cast<S>(l);
     }
-  }
+  });
 }
 
 // With P = softmax(S) (undropped), Z the dropout factors and O = (P * Z) V:
@@ -148,14 +151,22 @@ void backward(const Tensor& g_t, const Tensor& q_t, const Tensor& k_t, const Ten
   const AttentionMaskSpec spec = attention_mask_spec(p);
   const int64_t group = p.group();
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  std::vector<double> qi(p.d), gi(p.dv), dqi(p.d);
-  std::vector<double> dk_acc(p.Tk * p.d), dv_acc(p.Tk * p.dv);
   // dbias in double, contiguous like dbias: [Bb, Hb, Tq, Tk].
   const bool want_dbias = dbias_t.defined();
   const int64_t Bb = want_dbias ? dbias_t.size(0) : 0, Hb = want_dbias ? dbias_t.size(1) : 0;
   std::vector<double> dbias_acc(want_dbias ? dbias_t.numel() : 0, 0.0);
-  for (int64_t b = 0; b < p.B; ++b) {
-    for (int64_t hk = 0; hk < p.Hkv; ++hk) {
+  // Threads split the (b, kv head) pairs: dK and dV of a kv head sum over its
+  // query heads and rows in one thread, in the order of one thread, and dQ's
+  // rows belong to one pair (Note [CPU threads]). A dbias broadcast over b
+  // (or over the heads of several kv heads) sums across pairs: then one thread.
+  const bool dbias_shared = want_dbias && ((Bb == 1 && p.B > 1) || (Hb == 1 && p.Hkv > 1));
+  const int64_t pair_work = group * p.Tq * p.Tk * (2 * p.d + 2 * p.dv) + 1;
+  const int64_t pairs = p.B * p.Hkv;
+  parallel_for(0, pairs, dbias_shared ? pairs : grain_for(pair_work), [&](int64_t u0, int64_t u1) {
+    std::vector<double> qi(p.d), gi(p.dv), dqi(p.d);
+    std::vector<double> dk_acc(p.Tk * p.d), dv_acc(p.Tk * p.dv);
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t b = u / p.Hkv, hk = u % p.Hkv;
       std::fill(dk_acc.begin(), dk_acc.end(), 0.0);
       std::fill(dv_acc.begin(), dv_acc.end(), 0.0);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
@@ -206,7 +217,7 @@ void backward(const Tensor& g_t, const Tensor& q_t, const Tensor& k_t, const Ten
           dv_row[c] = store_double<T>(dv_acc[j * p.dv + c]);
       }
     }
-  }
+  });
   if (want_dbias) {
     T* db = ptr<T>(dbias_t);
     for (size_t e = 0; e < dbias_acc.size(); ++e)

@@ -12,6 +12,8 @@
 #include "accrue/autograd/ops.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/parallel.h"
+#include "accrue/kernels/attention.h"
+#include "accrue/kernels/fused.h"
 #include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
@@ -208,6 +210,41 @@ TEST(CpuThreads, cross_entropy_and_embedding) {
       kernels::embedding_backward(grad, indices, gw_set, false);
       return std::vector<Tensor>{loss.sum, loss.count, dlogits, kernels::embedding(weight, indices),
                                  gw,       gw_set};
+    });
+  }
+}
+
+// Attention forward splits (b, h, query row); backward splits (b, kv head),
+// so dK, dV and an unbroadcast dbias sum in one thread; a dbias broadcast over
+// b stays on one thread. Grouped-query heads, causal, window, dropout.
+TEST(CpuThreads, attention_forward_and_backward) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t B = 3, H = 6, Hkv = 2, Tq = 37, Tk = 41, d = 24, dv = 20;
+    const Tensor q = test::random_normal({B, H, Tq, d}, dt);
+    const Tensor k = test::random_normal({B, Hkv, Tk, d}, dt);
+    const Tensor v = test::random_normal({B, Hkv, Tk, dv}, dt);
+    const Tensor g = test::random_normal({B, H, Tq, dv}, dt);
+    const Tensor bias = test::random_normal({B, H, Tq, Tk}, dt);
+    const Tensor bias_b1 = test::random_normal({1, H, Tq, Tk}, dt);
+    using kernels::AttentionOptions;
+    const AttentionOptions plain = AttentionOptions().causal(kernels::MaskAlignment::bottom_right);
+    const AttentionOptions windowed = AttentionOptions().causal().window(9).dropout(0.25, 1234, 77);
+    const AttentionOptions biased = AttentionOptions().bias(bias);
+    const AttentionOptions biased_b1 = AttentionOptions().bias(bias_b1).causal();
+    expect_thread_count_invariant([&] {
+      std::vector<Tensor> r;
+      for (const AttentionOptions* o : {&plain, &windowed, &biased, &biased_b1}) {
+        const kernels::AttentionResult fwd = kernels::attention(q, k, v, *o);
+        const Tensor dq = empty(q.shape(), dt), dk = empty(k.shape(), dt),
+                     dvv = empty(v.shape(), dt);
+        const Tensor& bt = o->get_bias();
+        const Tensor dbias = bt.defined() ? empty(bt.shape(), dt) : Tensor();
+        kernels::attention_backward_into(g, q, k, v, fwd.out, fwd.lse, *o, dq, dk, dvv, dbias);
+        r.insert(r.end(), {fwd.out, fwd.lse, dq, dk, dvv});
+        if (dbias.defined()) r.push_back(dbias);
+      }
+      return r;
     });
   }
 }
