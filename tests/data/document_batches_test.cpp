@@ -7,7 +7,9 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "accrue/autograd/ops.h"
@@ -289,6 +291,86 @@ TEST_F(DocumentBatchesTest, packed_batch_through_llama_equals_documents_one_by_o
   EXPECT_EQ(packed.count.item(), count);
   EXPECT_EQ(count, static_cast<double>(b.target_tokens));
   EXPECT_LE(std::fabs(packed.sum.item() - sum), 1e-12 * std::fabs(sum));
+  // The check sees the layout: attending across documents changes the loss.
+  const Loss crossing = model.loss(b.inputs, b.targets);
+  EXPECT_GT(std::fabs(crossing.sum.item() - sum), 1e-6 * std::fabs(sum));
+}
+
+// Right-padded rows through nn::Llama: the summed loss is that of every row's
+// document run alone over its seq_lens tokens.
+TEST_F(DocumentBatchesTest, padded_batch_through_llama_equals_documents_one_by_one) {
+  write_documents({200}, 6, 14);
+  const int64_t B = 4, T = 10;
+  DocumentBatches batches(
+      files_, DocumentOptions().batch(B).seq_len(T).eos_id(kEos).vocab_size(kVocab).layout(
+                  DocumentLayout::padded));
+  const DocumentBatch b = batches.next_batch();
+  nn::LlamaConfig c = nn::LlamaConfig::llama_tiny();
+  c.vocab_size = kVocab;
+  Generator gen(12);
+  nn::Llama model(c, nn::ParamOptions{Device::cpu(), DType::f64, &gen});
+  NoGradGuard no_grad;
+  const Loss padded = model.loss(b.inputs, b.targets, nn::BatchLayout::padded(b.seq_lens));
+  const std::vector<int64_t> in = ints(b.inputs), tg = ints(b.targets), lens = ints(b.seq_lens);
+  double sum = 0, count = 0;
+  for (int64_t r = 0; r < B; ++r) {
+    const int64_t L = lens[static_cast<size_t>(r)];
+    const std::vector<int64_t> x(in.begin() + r * T, in.begin() + r * T + L),
+        y(tg.begin() + r * T, tg.begin() + r * T + L);
+    const Loss one = model.loss(from_vector<int64_t>(x, {1, L}), from_vector<int64_t>(y, {1, L}));
+    sum += one.sum.item();
+    count += one.count.item();
+  }
+  EXPECT_EQ(padded.count.item(), count);
+  EXPECT_EQ(count, static_cast<double>(b.target_tokens));
+  EXPECT_LE(std::fabs(padded.sum.item() - sum), 1e-12 * std::fabs(sum));
+}
+
+// tools/make_shards.py's document shards (one document per line, an EOS id
+// after each; uint16 and uint32) read back as the lines of the input.
+TEST_F(DocumentBatchesTest, make_shards_documents_read_back_as_the_input_lines) {
+  if (std::system("python3 --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  std::vector<std::string> lines;
+  {
+    std::ofstream f(path("in.txt"));
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int> len(1, 30), ch('a', 'z');
+    for (int i = 0; i < 60; ++i) {
+      std::string l;
+      for (int j = len(rng); j > 0; --j)
+        l += static_cast<char>(ch(rng));
+      lines.push_back(l);
+      f << l << "\n";
+    }
+  }
+  for (const int64_t eos : {256, 70000}) {
+    const std::string prefix = path("out" + std::to_string(eos));
+    const std::string cmd = "python3 " ACCRUE_SOURCE_DIR "/tools/make_shards.py '" +
+                            path("in.txt") + "' --output-prefix '" + prefix +
+                            "' --documents lines --val-fraction 0 --eos-id " + std::to_string(eos) +
+                            " > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    const int64_t T = 31;
+    DocumentBatches batches(
+        prefix + "_train_*.bin",
+        DocumentOptions().batch(2).seq_len(T).eos_id(eos).vocab_size(eos + 1).layout(
+            DocumentLayout::padded));
+    EXPECT_EQ(batches.shards()[0].token_bytes, eos < 65536 ? 2 : 4);
+    ASSERT_EQ(batches.shards()[0].doc_starts.size(), lines.size());
+    for (size_t d = 0; d < lines.size(); d += 2) {
+      const DocumentBatch b = batches.next_batch();
+      const std::vector<int64_t> in = ints(b.inputs), lens = ints(b.seq_lens);
+      for (size_t r = 0; r < 2; ++r) {
+        std::vector<int64_t> want(lines[d + r].begin(), lines[d + r].end());
+        want.push_back(eos);
+        ASSERT_EQ(lens[r], static_cast<int64_t>(want.size()));
+        EXPECT_EQ(std::vector<int64_t>(in.begin() + static_cast<int64_t>(r) * T,
+                                       in.begin() + static_cast<int64_t>(r) * T + lens[r]),
+                  want)
+            << "line " << d + r;
+      }
+    }
+  }
 }
 
 }  // namespace
