@@ -27,19 +27,22 @@ void linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
     for (int64_t o = 0; o < out_features; ++o)
       for (int64_t k = 0; k < in; ++k)
         wt[k * out_features + o] = load_double(pw[o * in + k]);
-    std::vector<double> acc(static_cast<size_t>(out_features));
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t o = 0; o < out_features; ++o)
-        acc[o] = load_double(pb[o]);
-      for (int64_t k = 0; k < in; ++k) {
-        const double xik = load_double(px[i * in + k]);
-        const double* row = wt.data() + k * out_features;
+    // Threads split the rows (Note [CPU threads]).
+    parallel_for(0, n, grain_for(in * out_features), [&](int64_t i0, int64_t i1) {
+      std::vector<double> acc(static_cast<size_t>(out_features));
+      for (int64_t i = i0; i < i1; ++i) {
         for (int64_t o = 0; o < out_features; ++o)
-          acc[o] += xik * row[o];
+          acc[o] = load_double(pb[o]);
+        for (int64_t k = 0; k < in; ++k) {
+          const double xik = load_double(px[i * in + k]);
+          const double* row = wt.data() + k * out_features;
+          for (int64_t o = 0; o < out_features; ++o)
+            acc[o] += xik * row[o];
+        }
+        for (int64_t o = 0; o < out_features; ++o)
+          pp[i * out_features + o] = store_double<T>(acc[o]);
       }
-      for (int64_t o = 0; o < out_features; ++o)
-        pp[i * out_features + o] = store_double<T>(acc[o]);
-    }
+    });
   });
   // GELU of the stored pre-activation with UnaryOp::Gelu's own kernel, so
   // that out == unary(Gelu, pre) bit for bit.
@@ -80,26 +83,29 @@ struct RowLevels {
   }
 };
 
-// RMSNorm of the rows of x ([O, I, D], T) into out ([rows, D]), rstd per row in S.
+// RMSNorm of the rows of x ([O, I, D], T) into out ([rows, D]), rstd per row
+// in S. Threads split the rows (Note [CPU threads]).
 template <class T, class S>
 void rms_norm_rows(const T* x, const RowLevels& levels, const std::vector<double>& w, double eps,
                    int64_t rows, int64_t d, T* out, S* rstd) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + levels(r);
-    T* yr = out + r * d;
-    double ss = 0.0;
-    for (int64_t c = 0; c < d; ++c) {
-      const double v = load_double(xr[c]);
-      ss += v * v;
+  parallel_for(0, rows, grain_for(3 * d), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + levels(r);
+      T* yr = out + r * d;
+      double ss = 0.0;
+      for (int64_t c = 0; c < d; ++c) {
+        const double v = load_double(xr[c]);
+        ss += v * v;
+      }
+      const double rs = 1.0 / std::sqrt(ss / static_cast<double>(d) + eps);
+      for (int64_t c = 0; c < d; ++c) {
+        double y = load_double(xr[c]) * rs;
+        if (!w.empty()) y *= w[c];
+        yr[c] = store_double<T>(y);
+      }
+      rstd[r] = store_double<S>(rs);
     }
-    const double rs = 1.0 / std::sqrt(ss / static_cast<double>(d) + eps);
-    for (int64_t c = 0; c < d; ++c) {
-      double y = load_double(xr[c]) * rs;
-      if (!w.empty()) y *= w[c];
-      yr[c] = store_double<T>(y);
-    }
-    rstd[r] = store_double<S>(rs);
-  }
+  });
 }
 
 }  // namespace
@@ -131,31 +137,45 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
   const int64_t rows = dx.size(0), d = dx.size(1);
   const RowLevels levels(x);
   const std::vector<double> w = read_param(weight, "rms_norm_backward");
-  std::vector<double> dw(static_cast<size_t>(d), 0.0), xhat(static_cast<size_t>(d)),
-      gw(static_cast<size_t>(d));
+  std::vector<double> dw(static_cast<size_t>(d), 0.0);
   visit_float(x.dtype(), "rms_norm_backward", [&](auto tag) {
     using T = decltype(tag);
     visit_float(rstd.dtype(), "rms_norm_backward", [&](auto s_tag) {
       using S = decltype(s_tag);
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = ptr<T>(x) + levels(r);
-        const T* gr = ptr<T>(grad) + r * d;
-        T* dxr = ptr<T>(dx) + r * d;
-        const double rs = load_double(ptr<S>(rstd)[r]);
-        // With xhat = x * rstd and gw = dy * w:
-        //   dx = rstd * (gw - xhat * mean(gw * xhat)),  dw = sum over rows of dy * xhat.
-        double sum_gw_xhat = 0.0;
-        for (int64_t c = 0; c < d; ++c) {
-          const double g = load_double(gr[c]);
-          xhat[c] = load_double(xr[c]) * rs;
-          gw[c] = w.empty() ? g : g * w[c];
-          sum_gw_xhat += gw[c] * xhat[c];
-          dw[c] += g * xhat[c];
+      // dx: threads split the rows.
+      parallel_for(0, rows, grain_for(4 * d), [&](int64_t r0, int64_t r1) {
+        std::vector<double> xhat(static_cast<size_t>(d)), gw(static_cast<size_t>(d));
+        for (int64_t r = r0; r < r1; ++r) {
+          const T* xr = ptr<T>(x) + levels(r);
+          const T* gr = ptr<T>(grad) + r * d;
+          T* dxr = ptr<T>(dx) + r * d;
+          const double rs = load_double(ptr<S>(rstd)[r]);
+          // With xhat = x * rstd and gw = dy * w:
+          //   dx = rstd * (gw - xhat * mean(gw * xhat)),  dw = sum over rows of dy * xhat.
+          double sum_gw_xhat = 0.0;
+          for (int64_t c = 0; c < d; ++c) {
+            const double g = load_double(gr[c]);
+            xhat[c] = load_double(xr[c]) * rs;
+            gw[c] = w.empty() ? g : g * w[c];
+            sum_gw_xhat += gw[c] * xhat[c];
+          }
+          const double mean_gw_xhat = sum_gw_xhat / static_cast<double>(d);
+          for (int64_t c = 0; c < d; ++c)
+            dxr[c] = store_double<T>(rs * (gw[c] - xhat[c] * mean_gw_xhat));
         }
-        const double mean_gw_xhat = sum_gw_xhat / static_cast<double>(d);
-        for (int64_t c = 0; c < d; ++c)
-          dxr[c] = store_double<T>(rs * (gw[c] - xhat[c] * mean_gw_xhat));
-      }
+      });
+      // dweight: threads split the columns; each column sums its rows in
+      // order, recomputing xhat exactly as above.
+      if (!dweight.defined()) return;
+      parallel_for(0, d, grain_for(2 * rows), [&](int64_t c0, int64_t c1) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* xr = ptr<T>(x) + levels(r);
+          const T* gr = ptr<T>(grad) + r * d;
+          const double rs = load_double(ptr<S>(rstd)[r]);
+          for (int64_t c = c0; c < c1; ++c)
+            dw[c] += load_double(gr[c]) * (load_double(xr[c]) * rs);
+        }
+      });
     });
   });
   if (!dweight.defined()) return;
@@ -182,14 +202,16 @@ void rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle styl
     // Frequencies, angles, cos and sin in F (Note [Rotary embedding]); the
     // rotation in the math type, rounded once.
     using F = math_t<T>;
-    std::vector<F> inv_freq(static_cast<size_t>(half)), cs(static_cast<size_t>(half)),
-        sn(static_cast<size_t>(half));
+    std::vector<F> inv_freq(static_cast<size_t>(half));
     for (int64_t i = 0; i < half; ++i)
       inv_freq[i] = rope_inv_freq<F>(i, d, theta, scaling);
     const T* px = ptr<T>(x);
     T* po = ptr<T>(out);
-    for (int64_t b = 0; b < b_n; ++b) {
-      for (int64_t t = 0; t < t_n; ++t) {
+    // Threads split the (b, t) rows; each rotates all heads of its position.
+    parallel_for(0, b_n * t_n, grain_for(h_n * d * 3 + d), [&](int64_t bt0, int64_t bt1) {
+      std::vector<F> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+      for (int64_t bt = bt0; bt < bt1; ++bt) {
+        const int64_t b = bt / t_n, t = bt % t_n;
         const F p = static_cast<F>(pos[b * pb + t * pt]);
         for (int64_t i = 0; i < half; ++i) {
           const F angle = p * inv_freq[i];
@@ -208,7 +230,7 @@ void rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle styl
           }
         }
       }
-    }
+    });
   });
 }
 
@@ -228,15 +250,18 @@ void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
   visit_float(gate.dtype(), "swiglu", [&](auto tag) {
     using T = decltype(tag);
     using M = math_t<T>;
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* g = ptr<T>(gate) + r * sg;
-      const T* u = ptr<T>(up) + r * su;
-      T* o = ptr<T>(out) + r * so;
-      for (int64_t c = 0; c < f; ++c) {
-        const M gv = load(g[c]);
-        o[c] = store<T>(gv * sigmoid_of(gv) * load(u[c]));
+    // Threads split the rows (Note [CPU threads]).
+    parallel_for(0, rows, grain_for(4 * f), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* g = ptr<T>(gate) + r * sg;
+        const T* u = ptr<T>(up) + r * su;
+        T* o = ptr<T>(out) + r * so;
+        for (int64_t c = 0; c < f; ++c) {
+          const M gv = load(g[c]);
+          o[c] = store<T>(gv * sigmoid_of(gv) * load(u[c]));
+        }
       }
-    }
+    });
   });
 }
 
@@ -246,20 +271,22 @@ void swiglu_backward(const Tensor& grad, const Tensor& gate, const Tensor& up, c
   visit_float(gate.dtype(), "swiglu_backward", [&](auto tag) {
     using T = decltype(tag);
     using M = math_t<T>;
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* dy = ptr<T>(grad) + r * grad.stride(0);
-      const T* g = ptr<T>(gate) + r * gate.stride(0);
-      const T* u = ptr<T>(up) + r * up.stride(0);
-      T* dg = ptr<T>(dgate) + r * dgate.stride(0);
-      T* du = ptr<T>(dup) + r * dup.stride(0);
-      for (int64_t c = 0; c < f; ++c) {
-        // silu'(g) = s (1 + g (1 - s)) with s = sigmoid(g).
-        const M gv = load(g[c]), uv = load(u[c]), dyv = load(dy[c]);
-        const M s = sigmoid_of(gv);
-        dg[c] = store<T>(dyv * uv * (s * (M(1) + gv * (M(1) - s))));
-        du[c] = store<T>(dyv * gv * s);
+    parallel_for(0, rows, grain_for(8 * f), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* dy = ptr<T>(grad) + r * grad.stride(0);
+        const T* g = ptr<T>(gate) + r * gate.stride(0);
+        const T* u = ptr<T>(up) + r * up.stride(0);
+        T* dg = ptr<T>(dgate) + r * dgate.stride(0);
+        T* du = ptr<T>(dup) + r * dup.stride(0);
+        for (int64_t c = 0; c < f; ++c) {
+          // silu'(g) = s (1 + g (1 - s)) with s = sigmoid(g).
+          const M gv = load(g[c]), uv = load(u[c]), dyv = load(dy[c]);
+          const M s = sigmoid_of(gv);
+          dg[c] = store<T>(dyv * uv * (s * (M(1) + gv * (M(1) - s))));
+          du[c] = store<T>(dyv * gv * s);
+        }
       }
-    }
+    });
   });
 }
 

@@ -76,6 +76,14 @@ void expect_thread_count_invariant(const std::function<std::vector<Tensor>()>& c
   }
 }
 
+// With 4 threads, `run` (one kernel call) splits its range at least once.
+void expect_pool_used(const char* kernel, const std::function<void()>& run) {
+  ThreadsScope scope(4);
+  const int64_t runs = parallel_runs();
+  run();
+  EXPECT_GT(parallel_runs(), runs) << kernel << " never used the pool";
+}
+
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
 
 TEST(CpuThreads, gemm_batched_transposed_and_mixed_precision) {
@@ -246,6 +254,74 @@ TEST(CpuThreads, attention_forward_and_backward) {
       }
       return r;
     });
+    expect_pool_used("attention", [&] { kernels::attention(q, k, v, plain); });
+    const kernels::AttentionResult fwd = kernels::attention(q, k, v, biased);
+    expect_pool_used("attention_backward", [&] {
+      kernels::attention_backward_into(g, q, k, v, fwd.out, fwd.lse, biased, empty(q.shape(), dt),
+                                       empty(k.shape(), dt), empty(v.shape(), dt),
+                                       empty(bias.shape(), dt));
+    });
+  }
+}
+
+// The transformer fusions split rows (RMSNorm's dweight: columns, each summed
+// over the rows in order), the rotary embedding (b, t) positions.
+TEST(CpuThreads, rms_norm_rope_swiglu_and_linear_gelu) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const DType slot = dt == DType::f64 ? dt : DType::f32;
+    const Tensor x = test::random_normal({1031, 67}, dt, Device::cpu(), 2.0);
+    const Tensor res = test::random_normal({1031, 67}, dt);
+    const Tensor gx = test::random_normal({1031, 67}, dt);
+    const Tensor w = test::random_normal({67}, dt);
+    const Tensor dw0 = test::random_normal({67}, slot);
+    const Tensor qk = test::random_normal({3, 53, 7, 34}, dt);
+    const Tensor positions = randint(0, 1000, {3, 53}, DType::i64);
+    const Tensor gate = test::random_normal({523, 131}, dt),
+                 up = test::random_normal({523, 131}, dt);
+    const Tensor gs = test::random_normal({523, 131}, dt);
+    const Tensor lx = test::random_normal({203, 61}, dt), lw = test::random_normal({83, 61}, dt);
+    const Tensor lb = test::random_normal({83}, dt);
+    expect_thread_count_invariant([&] {
+      const kernels::RmsNormOutput fwd = kernels::rms_norm(x, w, 1e-5);
+      Tensor dw = dw0.clone();
+      const Tensor dx = kernels::rms_norm_backward(gx, x, w, fwd.rstd, dw, true);
+      const Tensor dx_plain =
+          kernels::rms_norm_backward(gx, x, Tensor(), fwd.rstd, Tensor(), false);
+      const kernels::ResidualRmsNormOutput fused = kernels::add_rms_norm(x, res, w, 1e-6);
+      // Per-head norm of a strided view (two row levels).
+      const kernels::RmsNormOutput heads = kernels::rms_norm(qk.narrow(3, 0, 17), Tensor(), 1e-5);
+      const kernels::SwigluGrads sg = kernels::swiglu_backward(gs, gate, up);
+      Tensor pre;
+      const Tensor gelu = kernels::linear_gelu(lx, lw, lb, &pre);
+      return std::vector<Tensor>{
+          fwd.out,
+          fwd.rstd,
+          dx,
+          dw,
+          dx_plain,
+          fused.sum,
+          fused.out,
+          fused.rstd,
+          heads.out,
+          heads.rstd,
+          kernels::rope(qk, positions, 10000.0, RopeStyle::RotateHalf),
+          kernels::rope(qk.transpose(1, 2).contiguous().transpose(1, 2), positions, 500000.0,
+                        RopeStyle::Interleaved, {}, true),
+          kernels::swiglu(gate, up),
+          kernels::swiglu(gate.transpose(0, 1), up.transpose(0, 1)),
+          sg.dgate,
+          sg.dup,
+          gelu,
+          pre};
+    });
+    expect_pool_used("rms_norm", [&] { kernels::rms_norm(x, w, 1e-5); });
+    const Tensor rstd = kernels::rms_norm(x, w, 1e-5).rstd;
+    expect_pool_used("rms_norm_backward",
+                     [&] { kernels::rms_norm_backward(gx, x, w, rstd, Tensor(), false); });
+    expect_pool_used("rope", [&] { kernels::rope(qk, positions, 1e4, RopeStyle::RotateHalf); });
+    expect_pool_used("swiglu", [&] { kernels::swiglu(gate, up); });
+    expect_pool_used("swiglu_backward", [&] { kernels::swiglu_backward(gs, gate, up); });
   }
 }
 
