@@ -3,6 +3,7 @@
 // transformers' tokens (fixtures/generate_golden.txt) and every step's logits
 // near the CPU float64 ones; a prefill in pieces of two rows equals one causal
 // forward; bf16's first logits stay near float64's.
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -66,7 +67,7 @@ TEST(GpuLlamaGenerate, F32MatchesTransformersAndCpu) {
   ACCRUE_REQUIRE_CUDA();
   test::Tf32Scope tf32(false);
   const std::vector<GoldenCase> cases = read_goldens();
-  ASSERT_EQ(cases.size(), 4u);
+  ASSERT_EQ(cases.size(), 6u);
   for (const GoldenCase& c : cases) {
     SCOPED_TRACE(c.name);
     auto cpu = nn::Llama::from_hf(fixture(c.dir), {Device::cpu(), DType::f64});
@@ -122,8 +123,12 @@ TEST(GpuLlamaGenerate, Bf16FirstLogitsNearF64) {
     nn::generate_greedy(*gpu, c.prompt, 1, true, &got);
     ASSERT_EQ(got.size(), 1u);
     EXPECT_EQ(got[0].dtype(), DType::bf16);
-    // bf16 keeps 8 bits: a logit of size ~0.3 moves by ~1e-3 per rounding.
-    EXPECT_LE(max_abs_diff(got[0], ref[0]), 2e-2);
+    // bf16 keeps 8 bits (a relative 4e-3 per rounding): 5e-2 of the largest logit.
+    const std::vector<double> r = ref[0].contiguous().to_vector<double>();
+    double scale = 1.0;
+    for (double v : r)
+      scale = std::max(scale, std::abs(v));
+    EXPECT_LE(max_abs_diff(got[0], ref[0]), 5e-2 * scale);
   }
 }
 
