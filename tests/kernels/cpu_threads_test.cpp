@@ -325,6 +325,36 @@ TEST(CpuThreads, rms_norm_rope_swiglu_and_linear_gelu) {
   }
 }
 
+// Strided copies, conversions and fills split rows of the last dim; a copy
+// whose destination overlaps its source stays in the one-thread order.
+TEST(CpuThreads, strided_copies_conversions_and_fills) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_normal({37, 211, 29}, dt);
+    const Tensor row = test::random_normal({29}, dt);
+    expect_thread_count_invariant([&] {
+      Tensor into = empty({37, 29, 211}, dt);
+      into.copy_(x.transpose(1, 2));
+      Tensor broadcast = empty({37, 211, 29}, DType::f64);
+      broadcast.copy_(row);
+      Tensor filled = empty({211, 37 * 29}, dt).transpose(0, 1);
+      filled.fill_(0.375);
+      // Overlapping: shifts a buffer by one row within itself.
+      Tensor shifted = x.clone().reshape({37 * 211, 29});
+      shifted.narrow(0, 1, 37 * 211 - 1).copy_(shifted.narrow(0, 0, 37 * 211 - 1));
+      return std::vector<Tensor>{x.transpose(0, 2).contiguous(),
+                                 x.to(DType::f64),
+                                 x.transpose(0, 1).to(DType::f32),
+                                 into,
+                                 broadcast,
+                                 filled,
+                                 shifted};
+    });
+    expect_pool_used("copy", [&] { x.transpose(0, 2).contiguous(); });
+    expect_pool_used("fill", [&] { empty({37, 211, 29}, dt).fill_(1.0); });
+  }
+}
+
 // A small network through autograd (embedding, GEMMs, GELU, layer norm,
 // softmax, cross-entropy, forward and backward): the loss and every gradient
 // are bitwise the same for any thread count.
