@@ -12,9 +12,10 @@ training split, each cut into shards of at most --shard-tokens tokens:
 Documents (for data::DocumentBatches, Note [Document batches] in
 data/document_batches.h): with --tokenizer NAME_OR_DIR the text is encoded
 by a Hugging Face tokenizer (transformers' AutoTokenizer; transformers must
-be installed) and its EOS token is appended after every document; with byte
-tokens, --eos-id N (N >= 256) appends N. A document is one input file, or
-one line with --documents lines. The validation split then ends at a
+be installed) and its EOS token is appended after every document (and, with
+--bos, its BOS token put before it); with byte tokens, --eos-id N (N >= 256)
+appends N. A document is one input file, or one line that is not blank with
+--documents lines (the line end dropped). The validation split then ends at a
 document boundary.
 
 The shard format (Note [Token shard format] in data/token_shards.h): 256
@@ -143,10 +144,16 @@ def main(argv=None):
         help="byte tokens: append this token (>= 256) after every document; the vocabulary is then eos-id + 1",
     )
     parser.add_argument(
+        "--bos",
+        action="store_true",
+        help="with --tokenizer: also put the tokenizer's BOS token before every document "
+        "(as Llama tokenizers do when adding special tokens)",
+    )
+    parser.add_argument(
         "--documents",
         choices=["files", "lines"],
         default="files",
-        help="what one document is: an input file (default) or a non-empty line",
+        help="what one document is: an input file (default) or a line that is not blank",
     )
     args = parser.parse_args(argv)
 
@@ -160,6 +167,8 @@ def main(argv=None):
     if args.eos_id is not None and not 256 <= args.eos_id < 2**32:
         parser.error("--eos-id must be in [256, 2^32) (bytes are 0..255), got %d" % args.eos_id)
     with_documents = args.tokenizer is not None or args.eos_id is not None
+    if args.bos and args.tokenizer is None:
+        parser.error("--bos needs --tokenizer (the BOS is the tokenizer's)")
     if args.documents == "lines" and not with_documents:
         parser.error("--documents lines needs an EOS: pass --tokenizer or --eos-id")
 
@@ -176,7 +185,13 @@ def main(argv=None):
         docs = read_documents(parser, args.inputs, args.documents == "lines")
         if args.tokenizer is not None:
             tok, eos, vocab = load_tokenizer(parser, args.tokenizer)
-            encode = lambda d: tok.encode(d.decode("utf-8", errors="replace"), add_special_tokens=False)
+            bos = []
+            if args.bos:
+                if tok.bos_token_id is None:
+                    parser.error("the tokenizer %r has no BOS token (--bos)" % args.tokenizer)
+                bos = [tok.bos_token_id]
+            # Special tokens are placed here, not by the tokenizer: exactly one EOS per document.
+            encode = lambda d: bos + tok.encode(d.decode("utf-8", errors="replace"), add_special_tokens=False)
         else:
             eos, vocab = args.eos_id, args.eos_id + 1
             encode = list

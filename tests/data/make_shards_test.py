@@ -99,6 +99,8 @@ class MakeShardsTest(unittest.TestCase):
         self.assertIn("--eos-id must be in [256", r.stderr)
         r = self.run_script(*self.files, "--output-prefix", self.prefix("x"), "--documents", "lines", ok=False)
         self.assertIn("--documents lines needs an EOS", r.stderr)
+        r = self.run_script(*self.files, "--output-prefix", self.prefix("x"), "--eos-id", "300", "--bos", ok=False)
+        self.assertIn("--bos needs --tokenizer", r.stderr)
 
     def test_tokenizer_missing_transformers_is_a_clear_error(self):
         if have("transformers"):
@@ -113,12 +115,12 @@ class MakeShardsTest(unittest.TestCase):
         from transformers import PreTrainedTokenizerFast
 
         words = sorted({w for t in self.texts for w in t.decode("utf-8").split()})
-        vocab = {"<unk>": 0, "</s>": 1}
+        vocab = {"<unk>": 0, "</s>": 1, "<s>": 2}
         for w in words + ["filler%d" % i for i in range(extra_vocab)]:
             vocab[w] = len(vocab)
         tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
         tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>")
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", bos_token="<s>", unk_token="<unk>")
         path = os.path.join(self.dir, "tok%d" % extra_vocab)
         fast.save_pretrained(path)
         return path, fast
@@ -135,6 +137,16 @@ class MakeShardsTest(unittest.TestCase):
                 want += fast.encode(t.decode("utf-8"), add_special_tokens=False) + [fast.eos_token_id]
             self.assertEqual(read_shard(p + "_train_000000.bin"), (version, want))
             self.assertEqual(want.count(1), 3)
+        # --bos and --documents lines: BOS, the line's tokens, EOS for every line that is not blank.
+        self.run_script(*self.files, "--output-prefix", p + "l", "--tokenizer", path, "--bos",
+                        "--documents", "lines", "--val-fraction", "0")
+        want = []
+        for t in self.texts:
+            for line in t.decode("utf-8").splitlines():
+                if line.strip():
+                    want += [2] + fast.encode(line, add_special_tokens=False) + [1]
+        self.assertEqual(read_shard(p + "l_train_000000.bin"), (2, want))
+        self.assertEqual(want.count(2), 5)
 
 
 if __name__ == "__main__":
