@@ -191,9 +191,12 @@ TEST_F(DocumentBatchesTest, resumed_position_equals_an_uninterrupted_run_and_ran
       run.push_back(ints(b.inputs));
       const std::vector<int64_t> t = ints(b.targets);
       run.back().insert(run.back().end(), t.begin(), t.end());
-      if (layout == DocumentLayout::packed) {
-        EXPECT_NE(ints(b.inputs), ints(c.inputs));
-      }
+      // The two ranks read different tokens (packed) or documents (padded).
+      EXPECT_NE(ints(b.inputs), ints(c.inputs)) << "step " << i;
+      if (layout == DocumentLayout::packed)
+        EXPECT_EQ(c.positions.defined(), true);
+      else
+        EXPECT_EQ(ints(c.seq_lens).size(), 2u);
     }
     EXPECT_GT(a.position().epoch, 0);
     DocumentBatches resumed(files_, opts(0));
