@@ -1,5 +1,6 @@
 #include "accrue/nn/llama_generate.h"
 
+#include <algorithm>
 #include <string>
 
 #include "accrue/autograd/attention_ops.h"
@@ -112,7 +113,8 @@ Tensor LlamaKVCache::forward(const Tensor& idx) {
 
 std::vector<int64_t> generate_greedy(const Llama& model, const std::vector<int64_t>& prompt,
                                      int64_t new_tokens, bool use_cache,
-                                     std::vector<Tensor>* step_logits) {
+                                     std::vector<Tensor>* step_logits,
+                                     const std::vector<int64_t>& stop_ids) {
   // See Note [Greedy generation].
   NoGradGuard no_grad;
   const LlamaConfig& c = model.config();
@@ -121,6 +123,9 @@ std::vector<int64_t> generate_greedy(const Llama& model, const std::vector<int64
   for (size_t t = 0; t < prompt.size(); ++t)
     ACCRUE_CHECK(prompt[t] >= 0 && prompt[t] < c.vocab_size, "generate_greedy: prompt token ", t,
                  " = ", prompt[t], " is outside the vocabulary [0, ", c.vocab_size, ")");
+  for (size_t t = 0; t < stop_ids.size(); ++t)
+    ACCRUE_CHECK(stop_ids[t] >= 0 && stop_ids[t] < c.vocab_size, "generate_greedy: stop id ", t,
+                 " = ", stop_ids[t], " is outside the vocabulary [0, ", c.vocab_size, ")");
   const int64_t P = static_cast<int64_t>(prompt.size());
   ACCRUE_CHECK(new_tokens <= c.max_positions && P <= c.max_positions - new_tokens + 1,
                "generate_greedy: a prompt of ", P, " tokens and ", new_tokens, " new tokens feed ",
@@ -128,25 +133,27 @@ std::vector<int64_t> generate_greedy(const Llama& model, const std::vector<int64
                " - 1 positions, more than max_position_embeddings = ", c.max_positions);
   const Device device = model.device();
   std::vector<int64_t> seq = prompt, out;
+  // Returns whether to go on.
   auto take = [&](const Tensor& logits) {  // logits [vocab]
     if (step_logits != nullptr) step_logits->push_back(logits);
     const int64_t id = argmax_id(logits);
     out.push_back(id);
     seq.push_back(id);
+    return std::find(stop_ids.begin(), stop_ids.end(), id) == stop_ids.end();
   };
   if (use_cache) {
     LlamaKVCache cache(model, 1, P + new_tokens - 1);
     Tensor logits = cache.forward(from_vector<int64_t>(prompt, {1, P}, DType::i64, device));
-    take(logits.select(0, 0).select(0, P - 1));
-    for (int64_t n = 1; n < new_tokens; ++n) {
+    bool go_on = take(logits.select(0, 0).select(0, P - 1));
+    for (int64_t n = 1; n < new_tokens && go_on; ++n) {
       logits = cache.forward(from_vector<int64_t>({seq.back()}, {1, 1}, DType::i64, device));
-      take(logits.select(0, 0).select(0, 0));
+      go_on = take(logits.select(0, 0).select(0, 0));
     }
   } else {
     for (int64_t n = 0; n < new_tokens; ++n) {
       const int64_t T = static_cast<int64_t>(seq.size());
       const Tensor logits = model.logits(from_vector<int64_t>(seq, {1, T}, DType::i64, device));
-      take(logits.select(0, 0).select(0, T - 1));
+      if (!take(logits.select(0, 0).select(0, T - 1))) break;
     }
   }
   return out;

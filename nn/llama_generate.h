@@ -58,20 +58,23 @@ class LlamaKVCache {
 
 // Note [Greedy generation]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// Generates new_tokens tokens after `prompt`, each the argmax of the last
-// position's logits (the lowest id among equal maxima, as torch.argmax),
-// never stopping at an end-of-sequence id: transformers'
-// generate(do_sample=False, max_new_tokens=N) with eos_token_id unset gives
-// the same tokens. With use_cache the prompt is prefilled once and each step
-// feeds one token (Note [Llama KV cache]); without, every step reruns
-// Llama::logits over the whole sequence, the reference the cache is checked
-// against. The prompt must be non-empty, its ids in [0, vocab_size),
-// new_tokens >= 1, and prompt + new_tokens - 1 tokens (the last one is never
-// fed) must fit max_position_embeddings; otherwise accrue::Error names the
-// value. step_logits, when given, receives each step's logits [vocab] (the
+// Generates up to new_tokens tokens after `prompt`, each the argmax of the
+// last position's logits (the lowest id among equal maxima, as torch.argmax).
+// It stops early only after emitting an id of stop_ids (kept in the output,
+// as transformers keeps its eos), so with stop_ids empty it is transformers'
+// generate(do_sample=False, max_new_tokens=N) with eos_token_id unset, and
+// with stop_ids the model's eos ids it is the same with them set. With
+// use_cache the prompt is prefilled once and each step feeds one token (Note
+// [Llama KV cache]); without, every step reruns Llama::logits over the whole
+// sequence, the reference the cache is checked against. The prompt must be
+// non-empty, its ids and stop_ids in [0, vocab_size), new_tokens >= 1, and
+// prompt + new_tokens - 1 tokens (the last one is never fed) must fit
+// max_position_embeddings; otherwise accrue::Error names the value.
+// step_logits, when given, receives each step's logits [vocab] (the
 // parameters' dtype, on the model's device).
 std::vector<int64_t> generate_greedy(const Llama& model, const std::vector<int64_t>& prompt,
                                      int64_t new_tokens, bool use_cache = true,
-                                     std::vector<Tensor>* step_logits = nullptr);
+                                     std::vector<Tensor>* step_logits = nullptr,
+                                     const std::vector<int64_t>& stop_ids = {});
 
 }  // namespace accrue::nn

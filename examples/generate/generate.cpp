@@ -24,16 +24,16 @@ namespace {
 constexpr const char* kProgram = "accrue_generate";
 
 struct Options {
-  std::string model, prompt_text;
-  std::vector<int64_t> prompt;
+  std::string model, prompt_text, stop_text;
+  std::vector<int64_t> prompt, stop_ids;
   int64_t new_tokens = 16;
   DType dtype = DType::f32;
-  bool no_cache = false, force_cpu = false;
+  bool no_cache = false, force_cpu = false, stop_at_eos = false;
 };
 
 // "1,2,3": base-10 ids >= 0, comma-separated, nothing else (Note
 // [Command-line values]).
-std::vector<int64_t> parse_ids(const std::string& text) {
+std::vector<int64_t> parse_ids(const char* option, const std::string& text) {
   std::vector<int64_t> ids;
   size_t start = 0;
   while (true) {
@@ -43,7 +43,7 @@ std::vector<int64_t> parse_ids(const std::string& text) {
     for (char ch : item)
       digits = digits && ch >= '0' && ch <= '9';
     if (!digits)
-      usage_error("--prompt-ids expects comma-separated token ids (integers >= 0), got '", text,
+      usage_error(option, " expects comma-separated token ids (integers >= 0), got '", text,
                   "' (bad item '", item, "')");
     ids.push_back(std::stoll(item));
     if (end == std::string::npos) break;
@@ -67,19 +67,25 @@ bool parse(int argc, char** argv, Options& o) {
   cli.choice<DType>("--dtype", &o.dtype,
                     {{"f32", DType::f32}, {"bf16", DType::bf16}, {"f64", DType::f64}},
                     "the weights' and the computation's dtype");
+  cli.flag("--stop-at-eos", &o.stop_at_eos,
+           "stop after an end-of-sequence id of config.json (eos_token_id), as transformers' "
+           "generate does by default");
+  cli.text("--stop-ids", &o.stop_text, "IDS", "stop after any of these comma-separated ids")
+      .default_text("none");
   cli.flag("--no-cache", &o.no_cache,
            "rerun the whole sequence for every token (the reference the cache is checked against)");
   cli.flag("--cpu", &o.force_cpu, "run on the CPU even when a GPU is present");
   cli.epilog(
       "Example:\n  accrue_generate --model tests/nn/fixtures/hf_llama_tiny --prompt-ids 1,17,42 "
       "--new-tokens 8 --cpu\n"
-      "Prints the generated ids on the line \"generated: ...\". The generation never stops at an "
-      "end-of-sequence id.");
+      "Prints the generated ids on the line \"generated: ...\". Without --stop-at-eos or "
+      "--stop-ids every one of the N tokens is generated.");
   if (!cli.parse(argc, argv)) return false;
   if (o.model.rfind("hf:", 0) == 0) o.model = o.model.substr(3);
   if (o.model.empty()) usage_error("--model DIR is required");
   if (o.prompt_text.empty()) usage_error("--prompt-ids is required");
-  o.prompt = parse_ids(o.prompt_text);
+  o.prompt = parse_ids("--prompt-ids", o.prompt_text);
+  if (!o.stop_text.empty()) o.stop_ids = parse_ids("--stop-ids", o.stop_text);
   return true;
 }
 
@@ -104,6 +110,15 @@ int run(int argc, char** argv) {
     if (opt.prompt[t] >= c.vocab_size)
       usage_error("--prompt-ids: token ", t, " = ", opt.prompt[t],
                   " is outside the vocabulary [0, ", c.vocab_size, ") of ", opt.model);
+  for (size_t t = 0; t < opt.stop_ids.size(); ++t)
+    if (opt.stop_ids[t] >= c.vocab_size)
+      usage_error("--stop-ids: id ", t, " = ", opt.stop_ids[t], " is outside the vocabulary [0, ",
+                  c.vocab_size, ") of ", opt.model);
+  if (opt.stop_at_eos) {
+    if (c.eos_token_ids.empty())
+      usage_error("--stop-at-eos: ", opt.model, "/config.json names no eos_token_id");
+    opt.stop_ids.insert(opt.stop_ids.end(), c.eos_token_ids.begin(), c.eos_token_ids.end());
+  }
   const int64_t P = static_cast<int64_t>(opt.prompt.size());
   if (opt.new_tokens > c.max_positions || P > c.max_positions - opt.new_tokens + 1)
     usage_error("--prompt-ids (", P, " tokens) and --new-tokens ", opt.new_tokens, " need ", P,
@@ -118,11 +133,12 @@ int run(int argc, char** argv) {
   std::printf("prompt: %s\n", join(opt.prompt).c_str());
   const auto start = std::chrono::steady_clock::now();
   const std::vector<int64_t> out =
-      nn::generate_greedy(*model, opt.prompt, opt.new_tokens, !opt.no_cache);
+      nn::generate_greedy(*model, opt.prompt, opt.new_tokens, !opt.no_cache, nullptr, opt.stop_ids);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("generated: %s\n", join(out).c_str());
-  std::printf("%lld tokens in %.3f s (%.1f tokens/s, prefill included)\n",
-              (long long)opt.new_tokens, s, static_cast<double>(opt.new_tokens) / s);
+  const int64_t n = static_cast<int64_t>(out.size());
+  std::printf("%lld tokens in %.3f s (%.1f tokens/s, prefill included)%s\n", (long long)n, s,
+              static_cast<double>(n) / s, n < opt.new_tokens ? ", stopped at a stop id" : "");
   return 0;
 }
 

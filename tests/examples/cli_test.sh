@@ -204,7 +204,7 @@ case $name in
     bin=$dir/accrue_generate prog=accrue_generate
     fixtures=$(cd "$(dirname "${BASH_SOURCE[0]}")/../nn/fixtures" && pwd)
     llama=$fixtures/hf_llama_tiny # vocab 128, 256 positions
-    help --model --prompt-ids --new-tokens --dtype --no-cache --cpu
+    help --model --prompt-ids --new-tokens --dtype --stop-at-eos --stop-ids --no-cache --cpu
     expect 2 "unknown option '--no-such-option'" --no-such-option
     expect 2 "unexpected argument 'stray'" stray
     expect 2 "--model DIR is required" --prompt-ids 1,2
@@ -220,6 +220,10 @@ case $name in
       --model "$llama" --prompt-ids 1,128
     expect 2 "--prompt-ids (250 tokens) and --new-tokens 8 need 250 + 8 - 1 positions, more than max_position_embeddings = 256" \
       --cpu --model "$llama" --prompt-ids "$(seq -s, 1 250 | sed 's/[0-9]*/7/g')" --new-tokens 8
+    expect 2 "--stop-ids expects comma-separated token ids (integers >= 0), got '2,x'" \
+      --model "$llama" --prompt-ids 1 --stop-ids 2,x
+    expect 2 "--stop-ids: id 1 = 500 is outside the vocabulary [0, 128)" --cpu \
+      --model "$llama" --prompt-ids 1 --stop-ids 2,500
     expect 1 "/no-such-dir" --cpu --model /no-such-dir --prompt-ids 1
     # transformers' generate(do_sample=False) gives these (fixtures/generate_golden.txt).
     for cache in "" --no-cache; do
@@ -228,6 +232,12 @@ case $name in
       grep -qx "generated: 68,36,100,118,23,48,36,100,118,23,48,36" <<< "$out" ||
         fail "generate $cache: not transformers' tokens: $out"
     done
+    # transformers' default generate stops after the config's eos id 2 (52 of 60 tokens).
+    run --cpu --model "$fixtures/hf_llama_gen" --prompt-ids 1,9,33,50,12,7,61,20,3,44 \
+      --new-tokens 60 --stop-at-eos
+    [[ $rc -eq 0 ]] || fail "generate --stop-at-eos: exit code $rc: $err"
+    grep -qx "generated: 41,72,39,72,72,83,20,42,81,8,88,71,8,49,11,72,7,33,6,27,72,49,87,49,49,49,41,81,27,22,72,91,7,72,49,1,81,27,9,40,49,62,73,42,7,36,50,35,27,81,19,2" \
+      <<< "$out" || fail "generate --stop-at-eos: not transformers' tokens: $out"
     ;;
   *)
     echo "unknown binary '$name'"

@@ -30,6 +30,8 @@ struct GoldenCase {
   std::vector<int64_t> prompt, tokens;
   std::vector<double> first_logits;
   double gap = 0;
+  // generate's tokens with the config's eos ids set.
+  std::vector<int64_t> eos_ids, stopped;
 };
 
 std::vector<GoldenCase> read_goldens() {
@@ -58,6 +60,13 @@ std::vector<GoldenCase> read_goldens() {
       EXPECT_EQ(static_cast<int64_t>(cases.back().first_logits.size()), n);
     } else if (kind == "gap") {
       s >> cases.back().gap;
+    } else if (kind == "stop") {
+      int64_t k = 0;
+      s >> k;
+      for (int64_t i = 0, id; i < k && s >> id; ++i)
+        cases.back().eos_ids.push_back(id);
+      for (int64_t id; s >> id;)
+        cases.back().stopped.push_back(id);
     }
   }
   return cases;
@@ -173,6 +182,23 @@ TEST(LlamaGenerate, MatchesTransformersGenerate) {
   }
 }
 
+// With the config's eos ids as stop ids, transformers' default generate: the
+// tokens up to and including the first eos (hf_llama_gen stops after 52 of
+// 60), or all N when none comes.
+TEST(LlamaGenerate, StopIdsMatchTransformersEos) {
+  bool stopped_early = false;
+  for (const GoldenCase& c : read_goldens()) {
+    SCOPED_TRACE(c.name);
+    ASSERT_FALSE(c.eos_ids.empty());
+    auto model = load(c.dir, DType::f64);
+    for (bool cache : {true, false})
+      EXPECT_EQ(nn::generate_greedy(*model, c.prompt, c.new_tokens, cache, nullptr, c.eos_ids),
+                c.stopped);
+    stopped_early = stopped_early || static_cast<int64_t>(c.stopped.size()) < c.new_tokens;
+  }
+  EXPECT_TRUE(stopped_early);
+}
+
 TEST(LlamaGenerate, RefusesBadInputs) {
   auto model = load("hf_llama_tiny", DType::f32);  // vocab 128, 256 positions
   EXPECT_ERROR(nn::generate_greedy(*model, {1, 2}, 0), "generate_greedy", "new_tokens = 0", ">= 1");
@@ -181,6 +207,8 @@ TEST(LlamaGenerate, RefusesBadInputs) {
   EXPECT_ERROR(nn::generate_greedy(*model, {1, 128, 3}, 4), "generate_greedy",
                "prompt token 1 = 128", "[0, 128)");
   EXPECT_ERROR(nn::generate_greedy(*model, {-1}, 4), "prompt token 0 = -1");
+  EXPECT_ERROR(nn::generate_greedy(*model, {1}, 4, true, nullptr, {2, 200}), "generate_greedy",
+               "stop id 1 = 200", "[0, 128)");
   const std::vector<int64_t> long_prompt(300, 7);
   EXPECT_ERROR(nn::generate_greedy(*model, long_prompt, 1), "generate_greedy", "300 tokens",
                "max_position_embeddings = 256");
