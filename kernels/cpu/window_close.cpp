@@ -6,6 +6,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "accrue/core/parallel.h"
 #include "accrue/kernels/window_close_backend.h"
 
 namespace accrue::kernels::cpu {
@@ -15,6 +16,10 @@ namespace {
 // Rows of kRowElements elements (Note [Norm rows]), each squared and summed
 // in f64 in index order; the scalar step folds the rows in order.
 constexpr int64_t kRowElements = 8192;
+// Rows per chunk of a threaded norm, and kChunk chunks per chunk of a
+// threaded optimizer step (Note [CPU threads]).
+constexpr int64_t kRowGrain = 4;
+constexpr int64_t kStepGrain = 1024;
 
 template <class T>
 void norm_partials_typed(const Tensor& grads, const Tensor& partials, int64_t first_row,
@@ -22,16 +27,20 @@ void norm_partials_typed(const Tensor& grads, const Tensor& partials, int64_t fi
   const T* g = grads.data<T>();
   const int64_t n = grads.numel();
   double* out = partials.data<double>();
-  for (int64_t r = first_row; r < first_row + rows; ++r) {
-    double sumsq = 0.0, nonfinite = 0.0;
-    for (int64_t i = r * kRowElements; i < std::min(n, (r + 1) * kRowElements); ++i) {
-      const double x = static_cast<double>(g[i]);
-      sumsq += x * x;
-      if (!std::isfinite(x)) nonfinite += 1.0;
+  // Threads split the rows: each row's sum is one thread's, in index order,
+  // its length fixed by kRowElements alone (Note [CPU threads]).
+  parallel_for(first_row, first_row + rows, kRowGrain, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      double sumsq = 0.0, nonfinite = 0.0;
+      for (int64_t i = r * kRowElements; i < std::min(n, (r + 1) * kRowElements); ++i) {
+        const double x = static_cast<double>(g[i]);
+        sumsq += x * x;
+        if (!std::isfinite(x)) nonfinite += 1.0;
+      }
+      out[2 * r] = sumsq;
+      out[2 * r + 1] = nonfinite;
     }
-    out[2 * r] = sumsq;
-    out[2 * r + 1] = nonfinite;
-  }
+  });
 }
 
 // The compute copy: the new master weight rounded to bf16/f16 (through float,
@@ -92,14 +101,17 @@ void optimizer_typed(const OptimizerConfig& config, const OptimizerBuffers& b,
     row[2] += before * before;
   };
 
-  for (int64_t i = 0; i < n; ++i) {
+  // Threads split the kChunk chunks: every element is updated by the same
+  // code as with one thread, and a chunk's step_sums row is summed by one
+  // thread in index order (Note [CPU threads]).
+  auto step = [&](int64_t i) {
     const int group = groups[(first + i) / kChunk];
     UpdateScalars<M> u;
     if (per_slot) {
       const int32_t slot = slots[(first + i) / kChunk];
       if (!(used[slot] > 0.0)) {  // unused: nothing is written
         if (sums != nullptr) add_sums(i, g[i], p[i], p[i]);
-        continue;
+        return;
       }
       u = slot_scalars(s, group, steps + 3 * static_cast<int64_t>(slot));
     } else {
@@ -126,7 +138,14 @@ void optimizer_typed(const OptimizerConfig& config, const OptimizerBuffers& b,
         write_copy<f16>(copy, i, pi);
       }
     }
-  }
+  };
+  const int64_t first_chunk = first / kChunk, end_chunk = (first + n + kChunk - 1) / kChunk;
+  parallel_for(first_chunk, end_chunk, kStepGrain, [&](int64_t c0, int64_t c1) {
+    const int64_t i0 = std::max(c0 * kChunk, first) - first;
+    const int64_t i1 = std::min(c1 * kChunk, first + n) - first;
+    for (int64_t i = i0; i < i1; ++i)
+      step(i);
+  });
 }
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include "accrue/kernels/attention.h"
 #include "accrue/kernels/fused.h"
 #include "accrue/kernels/ops.h"
+#include "accrue/kernels/window_close.h"
+#include "tests/kernels/optimizer_kinds.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -352,6 +354,67 @@ TEST(CpuThreads, strided_copies_conversions_and_fills) {
     });
     expect_pool_used("copy", [&] { x.transpose(0, 2).contiguous(); });
     expect_pool_used("fill", [&] { empty({37, 211, 29}, dt).fill_(1.0); });
+  }
+}
+
+// The window close: norm partials split their fixed-length rows, the fused
+// optimizer step splits kChunk chunks (a chunk's step_sums row in one
+// thread), on a range of an arena starting mid-table, with a compute copy.
+TEST(CpuThreads, window_close_norm_and_optimizer_step) {
+  const int64_t chunks = 3301, n = chunks * kernels::kChunk, first = 7 * kernels::kChunk;
+  std::vector<int32_t> groups;
+  for (int64_t c = 0; c < chunks + 7; ++c)
+    groups.push_back(static_cast<int32_t>((c * 7 / 3) % 3));
+  const Tensor chunk_groups = from_vector<int32_t>(groups, {chunks + 7}, DType::i32);
+  for (DType dt : {DType::f64, DType::f32}) {
+    for (bool adam : {true, false}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (adam ? " adamw amsgrad" : " sgd nesterov"));
+      kernels::OptimizerConfig config;
+      test::set_kind(config, adam ? test::Kind::AdamW : test::Kind::SGD);
+      config.amsgrad = adam;
+      config.momentum = adam ? 0.0 : 0.9;
+      config.nesterov = !adam;
+      config.groups = {{1e-2, 0.1}, {3e-3, 0.0}, {5e-3, 0.02}};
+      const Tensor p0 = test::random_normal({n}, dt), g0 = test::random_normal({n}, dt);
+      const Tensor m0 = test::random_normal({n}, dt, Device::cpu(), 0.1);
+      const Tensor v0 = test::random_uniform({n}, 0.01, 0.1, dt);
+      const Tensor vmax0 = test::random_uniform({n}, 0.01, 0.1, dt);
+      auto buffers = [&] {
+        kernels::OptimizerBuffers b;
+        b.params = p0.clone();
+        b.grads = g0.clone();
+        b.exp_avg = m0.clone();
+        if (adam) {
+          b.exp_avg_sq = v0.clone();
+          b.max_exp_avg_sq = vmax0.clone();
+        }
+        b.compute = empty({n}, DType::bf16);
+        b.chunk_groups = chunk_groups;
+        b.first_element = first;
+        b.step_sums = full({chunks + 7, 3}, -1.0, DType::f64);
+        return b;
+      };
+      expect_thread_count_invariant([&] {
+        const kernels::OptimizerBuffers b = buffers();
+        const Tensor partials = empty({kernels::norm_partials_rows(b.grads), 2}, DType::f64);
+        kernels::grad_norm_partials(b.grads, partials);
+        const Tensor state = kernels::make_window_state(1.0, Device::cpu());
+        state.narrow(0, kernels::kItems, 1).fill_(3.0);
+        kernels::CloseConfig close;
+        close.max_norm = 10.0;
+        kernels::window_scalar_step(partials, state, close);
+        kernels::fused_optimizer_step(config, b, state);
+        std::vector<Tensor> r{partials, state, b.params, b.exp_avg, b.compute, b.step_sums};
+        if (adam) r.insert(r.end(), {b.exp_avg_sq, b.max_exp_avg_sq});
+        return r;
+      });
+      const Tensor partials = empty({kernels::norm_partials_rows(g0), 2}, DType::f64);
+      expect_pool_used("grad_norm_partials", [&] { kernels::grad_norm_partials(g0, partials); });
+      const kernels::OptimizerBuffers b = buffers();
+      const Tensor state = kernels::make_window_state(1.0, Device::cpu());
+      expect_pool_used("fused_optimizer_step",
+                       [&] { kernels::fused_optimizer_step(config, b, state); });
+    }
   }
 }
 
