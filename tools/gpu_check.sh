@@ -96,6 +96,9 @@ usage: tools/gpu_check.sh [options]
                            libbenchmark1debian, from `apt-get download` on a machine that has
                            apt) into the build dir and add them to CMAKE_PREFIX_PATH, for a
                            GPU machine without those packages
+  --python-wheels DIR      also build the Python module (pip install ., no network: the build
+                           requirements as wheels in DIR, docs/TESTING.md) and run its pytest
+                           suite with the system's numpy and torch
   -h, --help               this text
 EOF
 }
@@ -170,6 +173,7 @@ skip_sanitizer=0
 skip_bench=0
 skip_torch=0
 deps_dir=''
+python_wheels=''
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -197,6 +201,7 @@ while [[ $# -gt 0 ]]; do
     --skip-bench) skip_bench=1; shift ;;
     --skip-torch) skip_torch=1; shift ;;
     --deps) deps_dir="$2"; shift 2 ;;
+    --python-wheels) python_wheels="$2"; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "gpu_check: unknown option '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -558,6 +563,27 @@ if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
       [[ $(head -n 1 "$result_file") == 0 ]] || failed=1
       while IFS= read -r line; do summary+=("$line"); done < <(tail -n +2 "$result_file")
     done
+  fi
+fi
+
+# ---- the Python module (--python-wheels) -----------------------------------------
+# The machine has no network: the build requirements come as wheels (docs/TESTING.md),
+# numpy and torch from the system's python (--system-site-packages), so that the torch
+# tests (DLPack, the accrue.torch bridge) and python/tests/test_cuda.py run here.
+if [[ -n "$python_wheels" ]]; then
+  pyenv="$build_dir/python-venv"
+  say "python: pip install . (build requirements from $python_wheels), pytest"
+  if {
+    python3 -m venv --system-site-packages "$pyenv" &&
+      "$pyenv/bin/pip" install -q --no-index --find-links "$python_wheels" scikit-build-core \
+        nanobind pytest &&
+      "$pyenv/bin/pip" install -q --no-index --no-build-isolation -Cbuild-dir="$build_dir/python" . &&
+      (cd python/tests && "$pyenv/bin/python" -m pytest -q -p no:cacheprovider -rs .)
+  } > "$details/python.log" 2>&1; then
+    note "python: $(grep -E '[0-9]+ passed' "$details/python.log" | tail -n 1)"
+  else
+    failed=1
+    note "python: FAILED (see python.log): $(tail -n 1 "$details/python.log")"
   fi
 fi
 
