@@ -108,6 +108,20 @@ from ._accrue import (  # noqa: F401  (re-exports)
     view,
     where,
     zeros,
+    MaskAlignment,
+    RopeScaling,
+    RopeStyle,
+    SdpaOptions,
+    add_rms_norm,
+    classifier_cross_entropy,
+    linear_gelu,
+    qk_norm,
+    residual_layer_norm,
+    rms_norm,
+    rope,
+    scaled_dot_product_attention,
+    swiglu,
+    swiglu_packed,
 )
 
 # PyTorch's names for the dtypes (accrue's own are f32, f64, ...).

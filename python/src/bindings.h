@@ -34,6 +34,8 @@ void bind_autograd(nb::module_& m);
 void bind_nn(nb::module_& m);
 // accrue._accrue.optim: ParamStore, optimizers, schedules, Window, verify (optim.cpp).
 void bind_optim(nb::module_& m);
+// RMSNorm, RoPE, SwiGLU, attention and the other transformer ops (transformer.cpp).
+void bind_transformer(nb::module_& m);
 
 // "cpu", "cuda", "cuda:1" -> Device, or accrue::Error naming the text.
 Device parse_device(const std::string& text);

@@ -65,6 +65,7 @@ NB_MODULE(_accrue, m) {
   bind_factories(m);
   bind_dlpack(m);
   bind_autograd(m);
+  bind_transformer(m);
   nb::module_ nn =
       m.def_submodule("nn", "Native modules: Linear, Embedding, LayerNorm, MLP, GPT2.");
   bind_nn(nn);
