@@ -34,8 +34,13 @@ void bind_autograd(nb::module_& m);
 void bind_nn(nb::module_& m);
 // accrue._accrue.optim: ParamStore, optimizers, schedules, Window, verify (optim.cpp).
 void bind_optim(nb::module_& m);
+// accrue._accrue.bridge: the store's written flags for accrue.torch (bridge.cpp).
+void bind_bridge(nb::module_& m);
 // RMSNorm, RoPE, SwiGLU, attention and the other transformer ops (transformer.cpp).
 void bind_transformer(nb::module_& m);
+// accrue._accrue.nn's Llama, its config, BatchLayout, KV cache and greedy generation
+// (llama.cpp), after bind_nn.
+void bind_llama(nb::module_& m);
 
 // "cpu", "cuda", "cuda:1" -> Device, or accrue::Error naming the text.
 Device parse_device(const std::string& text);

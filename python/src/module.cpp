@@ -69,7 +69,11 @@ NB_MODULE(_accrue, m) {
   nb::module_ nn =
       m.def_submodule("nn", "Native modules: Linear, Embedding, LayerNorm, MLP, GPT2.");
   bind_nn(nn);
+  bind_llama(nn);
   nb::module_ optim = m.def_submodule(
       "optim", "Parameter store, optimizers, schedules, the accumulation Window and its verifier.");
   bind_optim(optim);
+  nb::module_ bridge = m.def_submodule(
+      "bridge", "What accrue.torch needs when PyTorch's autograd fills the gradient arena.");
+  bind_bridge(bridge);
 }

@@ -1,0 +1,388 @@
+"""accrue's accumulation window for any PyTorch model (docs/PYTHON.md, "accrue.torch").
+
+    window = accrue.torch.AccumulationWindow(model, "adamw", lr=3e-4, micro_steps=4,
+                                             max_grad_norm=1.0)
+    for x, y in micro_batches:
+        loss_sum = F.cross_entropy(model(x), y, reduction="sum", ignore_index=-100)
+        window.backward(loss_sum, (y != -100).sum())
+        if window.ready():
+            window.close()            # norm, clip, AdamW on accrue's arenas; no host sync
+            print(window.report())    # the one host read
+
+Note [Torch bridge] below says how the model's parameters and gradients live in
+accrue's arenas.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import torch
+
+import accrue
+from accrue import optim
+
+from ._accrue import bridge as _bridge
+
+__all__ = ["AccumulationWindow"]
+
+# Note [Torch bridge]
+# ~~~~~~~~~~~~~~~~~~~
+# The model's trainable parameters move into one accrue ParamStore: its
+# master arena (f32, or f64 for f64 models) and gradient arena are flat
+# buffers with a slot per parameter. Each torch parameter keeps its Python
+# object but its ``.data`` becomes a torch view (DLPack, no copy) of its slot:
+# the master slot for f32/f64 parameters, the compute slot of a bf16/f16 copy
+# for 16-bit ones, which the fused close writes from the f32 master. So the
+# close's update is what the model computes with next, without a copy back.
+# (The other direction, the store over the torch parameters' own memory, is
+# not possible: the fused close needs one flat arena with padded, aligned
+# slots, so the store copies the values in once, at construction.)
+#
+# Gradients, f32/f64: each ``param.grad`` is preset to a torch view of its
+# gradient slot. PyTorch's AccumulateGrad adds into a defined ``.grad`` in
+# place (``grad += new``, outside create_graph), so every micro-step's backward
+# accumulates into accrue's arena directly; the window zeroes the arena at its
+# first micro-step (PyTorch's zero_grad(set_to_none=False)). Gradients,
+# bf16/f16: the gradient PyTorch computes is 16-bit, so it cannot be a view of
+# the f32 slot; a post-accumulate-grad hook adds it (cast to f32) into the
+# slot and frees ``param.grad``, so the sum over micro-steps is in f32.
+#
+# Either way a post-accumulate-grad hook records which parameters received a
+# gradient, and the window tells the store (bridge.set_written_flags): the
+# close's Note [Overwrite first] zeroes only the slots nobody wrote, and
+# Note [Unused parameters] sees which were unused, as with accrue's backward.
+#
+# Normalization (Note [Normalization]): ``backward(loss_sum, count)`` hands
+# accrue's Window a one-element leaf holding the loss sum's value and the
+# count; the Window adds the count to N and the value to the window's loss
+# sum on the device, and seeds that leaf's backward with the loss scale. The
+# leaf's gradient is then the seed, which PyTorch's backward of ``loss_sum``
+# uses (without a scaler, the seed is 1 and ``loss_sum.backward()`` runs as
+# is). The close divides by the window's N once: the big batch's mean.
+#
+# CUDA: the same code runs for CUDA parameters (the store on the
+# parameters' device, DLPack's stream handshake on every exchange), but it is
+# untested; only the CPU paths are tested.
+
+_MASTER = {
+    torch.float64: (accrue.f64, None),
+    torch.float32: (accrue.f32, None),
+    torch.bfloat16: (accrue.f32, accrue.bf16),
+    torch.float16: (accrue.f32, accrue.f16),
+}
+
+
+class _Schedule(optim.LRSchedule):
+    """A Python callable step -> factor as an accrue LRSchedule."""
+
+    def __init__(self, fn: Callable[[int], float]) -> None:
+        super().__init__()
+        self._fn = fn
+
+    def factor(self, step: int) -> float:
+        return float(self._fn(step))
+
+
+def _scaler_options(scaler: Any) -> Optional[optim.LossScalerOptions]:
+    if scaler is None or scaler == "none":
+        return None
+    if scaler == "dynamic":
+        return optim.LossScalerOptions.dynamic()
+    if isinstance(scaler, (int, float)) and not isinstance(scaler, bool):
+        return optim.LossScalerOptions.fixed(float(scaler))
+    if isinstance(scaler, optim.LossScalerOptions):
+        return scaler
+    raise ValueError(
+        f"AccumulationWindow: scaler must be None, 'dynamic', a number (a fixed scale) or "
+        f"accrue.optim.LossScalerOptions, got {scaler!r}"
+    )
+
+
+class AccumulationWindow:
+    """K micro-batches of a torch.nn.Module, one fused accrue close (Note [Torch bridge]).
+
+    optimizer: "adamw" (default), "adam" or "sgd" (momentum from ``momentum``).
+    weight_decay applies to every parameter unless ``no_decay_1d`` is set,
+    then parameters of fewer than 2 dimensions (biases, norms) get 0.
+    max_grad_norm: global-norm clipping (None: off). scaler: None, "dynamic",
+    a fixed scale, or accrue.optim.LossScalerOptions. lr_schedule: an
+    accrue.optim.LRSchedule or a callable step -> factor of lr.
+
+    Refused (ValueError): no trainable parameter, parameters on several
+    devices, dtypes other than one of f64/f32/bf16/f16. Refused later
+    (RuntimeError): the model's trainable parameters, their ``.data`` or
+    their ``.grad`` replaced after the window was built, close() before K
+    micro-steps.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: str = "adamw",
+        *,
+        lr: float = 1e-3,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: Optional[float] = None,
+        no_decay_1d: bool = False,
+        amsgrad: bool = False,
+        momentum: float = 0.0,
+        micro_steps: int = 1,
+        max_grad_norm: Optional[float] = None,
+        scaler: Any = None,
+        lr_schedule: Union[None, optim.LRSchedule, Callable[[int], float]] = None,
+        unused_parameters: optim.UnusedParameters = optim.UnusedParameters.step_with_zero,
+        unused_parameter_check: optim.UnusedParameterCheck = optim.UnusedParameterCheck.warn,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(
+                f"AccumulationWindow: expected a torch.nn.Module, got {type(model).__name__}"
+            )
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("AccumulationWindow: the model has no parameter that requires grad")
+        devices = sorted({str(p.device) for _, p in named})
+        if len(devices) > 1:
+            where = ", ".join(f"{n} on {p.device}" for n, p in named[:8])
+            raise ValueError(
+                f"AccumulationWindow: parameters on several devices ({', '.join(devices)}: "
+                f"{where}); one window holds one device's parameters"
+            )
+        dtypes = sorted({str(p.dtype) for _, p in named})
+        if len(dtypes) > 1:
+            raise ValueError(
+                f"AccumulationWindow: parameters of several dtypes ({', '.join(dtypes)}); "
+                "one window holds one dtype (model.to(dtype) first)"
+            )
+        dtype = named[0][1].dtype
+        if dtype not in _MASTER:
+            raise ValueError(
+                f"AccumulationWindow: parameter dtype {dtype} is not supported "
+                "(float64, float32, bfloat16, float16)"
+            )
+        device = named[0][1].device
+        master, compute = _MASTER[dtype]
+        self._model = model
+        self._names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        self._sixteen = compute is not None
+        self._device = device
+
+        kind = optimizer.lower()
+        if kind == "adamw":
+            options = optim.AdamWOptions(
+                lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad
+            )
+        elif kind == "adam":
+            options = optim.AdamOptions(
+                lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad
+            )
+        elif kind == "sgd":
+            options = optim.SGDOptions(lr, momentum=momentum, weight_decay=weight_decay or 0.0)
+        else:
+            raise ValueError(
+                f"AccumulationWindow: optimizer must be 'adamw', 'adam' or 'sgd', got {optimizer!r}"
+            )
+        self._optimizer = optim.Optimizer(options)
+
+        # The store copies the values in; the accrue leaves are re-pointed at
+        # their slots, and the torch parameters are then re-pointed too.
+        leaves = []
+        for p in self._params:
+            a = accrue.from_dlpack(p.detach())
+            a.requires_grad_()
+            leaves.append(a)
+        store_options = optim.ParamStoreOptions(
+            device=str(device),
+            master_dtype=master,
+            compute_dtype=compute,
+            moments=self._optimizer.moments_needed(),
+            name="accrue.torch",
+        )
+        self._store = optim.ParamStore(list(zip(self._names, leaves)), store_options)
+        if no_decay_1d:
+            flat = [t for t, p in zip(self._store.params, self._params) if p.dim() < 2]
+            if flat:
+                self._optimizer.add_param_group(flat, weight_decay=0.0)
+        if lr_schedule is not None:
+            if not isinstance(lr_schedule, optim.LRSchedule):
+                lr_schedule = _Schedule(lr_schedule)
+            self._schedule = lr_schedule  # kept alive: the optimizer holds it by shared_ptr
+            self._optimizer.set_schedule(lr_schedule)
+        window_options = optim.WindowOptions(
+            micro_steps=micro_steps,
+            max_grad_norm=0.0 if max_grad_norm is None else float(max_grad_norm),
+            scaler=_scaler_options(scaler),
+            unused_parameters=unused_parameters,
+            unused_parameter_check=unused_parameter_check,
+        )
+        self._scaled = window_options is not None and scaler not in (None, "none")
+        self._window = optim.Window(self._store, self._optimizer, window_options)
+
+        self._data: List[torch.Tensor] = []
+        self._grads: List[torch.Tensor] = []
+        self._used = [False] * len(self._params)
+        self._handles = []
+        for i, (p, leaf) in enumerate(zip(self._params, self._store.params)):
+            data = torch.from_dlpack(leaf.detach())
+            grad = torch.from_dlpack(self._store.grad_view(i).detach())
+            p.data = data
+            self._data.append(data)
+            self._grads.append(grad)
+            if not self._sixteen:
+                p.grad = grad
+            self._handles.append(p.register_post_accumulate_grad_hook(self._hook(i)))
+        self._grad_arena = torch.from_dlpack(self._store.grads.detach())
+
+    def _hook(self, i: int) -> Callable[[torch.Tensor], None]:
+        # A weak reference: the parameters hold their hooks, and must not keep
+        # a dropped window (its Window and store) alive.
+        ref = weakref.ref(self)
+
+        def hook(p: torch.Tensor) -> None:
+            self = ref()
+            if self is None:
+                return
+            self._used[i] = True
+            if self._sixteen:
+                self._grads[i].add_(p.grad.to(self._grads[i].dtype))
+                p.grad = None
+
+        return hook
+
+    # ---- checks
+
+    def _check_model(self, op: str) -> None:
+        named = [(n, p) for n, p in self._model.named_parameters() if p.requires_grad]
+        if [n for n, _ in named] != self._names or any(
+            p is not q for (_, p), q in zip(named, self._params)
+        ):
+            raise RuntimeError(
+                f"AccumulationWindow.{op}: the model's trainable parameters changed after the "
+                f"window was built ({len(self._names)} then, {len(named)} now); build a new window"
+            )
+        for name, p, data, grad in zip(self._names, self._params, self._data, self._grads):
+            if p.data_ptr() != data.data_ptr() or p.dtype != data.dtype or p.shape != data.shape:
+                raise RuntimeError(
+                    f"AccumulationWindow.{op}: parameter {name!r} no longer lives in the "
+                    "window's store (its .data was replaced, or the model was moved); "
+                    "build a new window"
+                )
+            if self._sixteen:
+                continue
+            if p.grad is None:
+                p.grad = grad  # zero_grad(set_to_none=True) dropped the view
+            elif p.grad.data_ptr() != grad.data_ptr():
+                raise RuntimeError(
+                    f"AccumulationWindow.{op}: parameter {name!r} has a .grad that is not its "
+                    "slot of the window's gradient arena (it was replaced); set it to None"
+                )
+
+    # ---- the window
+
+    def backward(self, loss_sum: torch.Tensor, count: Union[int, float, torch.Tensor]) -> None:
+        """One micro-step: the backward of ``loss_sum`` (a sum over the micro-batch's items,
+        seeded with the loss scale), and ``count`` items added to the window's N."""
+        if not isinstance(loss_sum, torch.Tensor) or loss_sum.numel() != 1:
+            raise TypeError(
+                "AccumulationWindow.backward: loss_sum must be a one-element torch tensor (the "
+                "sum over the micro-batch)"
+            )
+        if loss_sum.device != self._device:
+            raise ValueError(
+                f"AccumulationWindow.backward: loss on {loss_sum.device}, parameters on "
+                f"{self._device}"
+            )
+        self._check_model("backward")
+        master = self._grad_arena.dtype
+        if isinstance(count, torch.Tensor):
+            n = count.detach().to(device=self._device, dtype=torch.float64).reshape(())
+        else:
+            n = torch.tensor(float(count), dtype=torch.float64, device=self._device)
+        first = self._window.micro_step == 0
+        if first:
+            self._grad_arena.zero_()
+            self._used = [False] * len(self._params)
+        probe = accrue.from_dlpack(loss_sum.detach().to(master).reshape(()).clone())
+        probe.requires_grad_()
+        self._window.backward(probe, accrue.from_dlpack(n.clone()))
+        try:
+            if self._scaled:
+                seed = torch.from_dlpack(probe.grad.detach()).to(loss_sum.dtype)
+                loss_sum.backward(seed.reshape(loss_sum.shape))
+            else:
+                loss_sum.backward()
+        except BaseException:
+            self._window.restart()  # the Window counted a micro-step that never landed
+            raise
+        written = _bridge.written_flags(self._store)
+        _bridge.set_written_flags(self._store, [a or b for a, b in zip(written, self._used)])
+
+    def ready(self) -> bool:
+        """True after K micro-steps."""
+        return self._window.ready()
+
+    def close(self) -> None:
+        """accrue's fused close (Note [Window close]): unscale, non-finite check, norm, clip,
+        the optimizer step, on the arenas the torch parameters live in; no host sync."""
+        if not self._window.ready():
+            raise RuntimeError(
+                f"AccumulationWindow.close: {self._window.micro_step} of "
+                f"{self._window.micro_steps} micro-steps done; call backward() "
+                f"{self._window.micro_steps - self._window.micro_step} more time(s) first"
+            )
+        self._check_model("close")
+        self._window.close()
+
+    def report(self) -> optim.WindowReport:
+        """The last closed window's loss (sum / N), N, grad_norm, clip_coef, loss_scale,
+        skipped, ...: one host read."""
+        return self._window.report()
+
+    @property
+    def micro_step(self) -> int:
+        """Micro-steps done in this window."""
+        return self._window.micro_step
+
+    @property
+    def micro_steps(self) -> int:
+        """K."""
+        return self._window.micro_steps
+
+    @property
+    def windows_closed(self) -> int:
+        """Windows closed so far."""
+        return self._window.windows_closed
+
+    @property
+    def store(self) -> optim.ParamStore:
+        """The accrue ParamStore the parameters live in."""
+        return self._store
+
+    @property
+    def window(self) -> optim.Window:
+        """The accrue Window."""
+        return self._window
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        """Everything a bitwise resume needs (Window.state_dict: master weights, moments,
+        scale, step and window counts; mid-window also the gradients so far), as torch
+        tensors (copies), for torch.save."""
+        state = self._window.state_dict()
+        return {k: torch.from_dlpack(v.detach()).clone() for k, v in state.items()}
+
+    def load_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
+        """Resumes from state_dict(): the torch parameters see the loaded values in place."""
+        self._check_model("load_state_dict")
+        self._window.load_state_dict(
+            {k: accrue.from_dlpack(v.detach().contiguous().clone()) for k, v in state.items()}
+        )
+        self._used = list(_bridge.written_flags(self._store))
+
+    def remove(self) -> None:
+        """Removes the hooks (the parameters stay in the store's memory)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []

@@ -1,0 +1,249 @@
+"""accrue.torch.AccumulationWindow against plain PyTorch on the big batch (Note [Torch bridge])."""
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import accrue  # noqa: E402
+from accrue.torch import AccumulationWindow  # noqa: E402
+
+K = 4
+WINDOWS = 5
+IGNORE = -100
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16, dtype=dtype)
+        self.norm = torch.nn.LayerNorm(16, dtype=dtype)
+        self.fc2 = torch.nn.Linear(16, 5, dtype=dtype)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.norm(self.fc1(x))))
+
+
+class Block(torch.nn.Module):
+    """A small pre-norm transformer block with a classifier head."""
+
+    def __init__(self, dtype, d=16, heads=2, vocab=5):
+        super().__init__()
+        self.embed = torch.nn.Linear(8, d, dtype=dtype)
+        self.ln1 = torch.nn.LayerNorm(d, dtype=dtype)
+        # No projection biases: the key bias's true gradient is 0 (softmax ignores a shift),
+        # so both runs would step Adam on rounding noise, which it scales up to lr.
+        self.attn = torch.nn.MultiheadAttention(d, heads, bias=False, batch_first=True, dtype=dtype)
+        self.ln2 = torch.nn.LayerNorm(d, dtype=dtype)
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(d, 4 * d, dtype=dtype),
+            torch.nn.GELU(),
+            torch.nn.Linear(4 * d, d, dtype=dtype),
+        )
+        self.head = torch.nn.Linear(d, vocab, dtype=dtype)
+
+    def forward(self, x):  # x: [B, T, 8] -> logits [B*T, vocab]
+        h = self.embed(x)
+        a = self.ln1(h)
+        h = h + self.attn(a, a, a, need_weights=False)[0]
+        h = h + self.mlp(self.ln2(h))
+        return self.head(h).reshape(-1, self.head.out_features)
+
+
+def micro_batches(gen, dtype, seq=None):
+    """K micro-batches of different sizes, some targets ignored (padding)."""
+    out = []
+    for k in range(K):
+        rows = 3 + k
+        shape = (rows, seq, 8) if seq else (rows, 8)
+        x = torch.randn(*shape, generator=gen, dtype=dtype)
+        y = torch.randint(0, 5, (rows * (seq or 1),), generator=gen)
+        y[torch.rand(y.shape, generator=gen) < 0.25] = IGNORE
+        out.append((x, y))
+    return out
+
+
+def loss_sum(model, x, y):
+    return torch.nn.functional.cross_entropy(model(x), y, reduction="sum", ignore_index=IGNORE)
+
+
+def train_reference(model, batches, lr, wd, max_norm):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        weight_decay=wd,
+        foreach=False,
+    )
+    for window in batches:
+        opt.zero_grad()
+        n = sum(int((y != IGNORE).sum()) for _, y in window)
+        total = sum(loss_sum(model, x, y) for x, y in window) / n
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=False)
+        opt.step()
+
+
+def train_window(model, batches, lr, wd, max_norm):
+    params = list(model.parameters())
+    window = AccumulationWindow(
+        model,
+        "adamw",
+        lr=lr,
+        weight_decay=wd,
+        no_decay_1d=True,
+        micro_steps=K,
+        max_grad_norm=max_norm,
+    )
+    for window_batches in batches:
+        for x, y in window_batches:
+            window.backward(loss_sum(model, x, y), (y != IGNORE).sum())
+        assert window.ready()
+        window.close()
+    assert all(p is q for p, q in zip(params, model.parameters()))
+    return window
+
+
+@pytest.mark.parametrize("kind", ["mlp", "block"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_equals_big_batch(kind, dtype, tol):
+    torch.manual_seed(0)
+    model = MLP(dtype) if kind == "mlp" else Block(dtype)
+    reference = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(1)
+    seq = 6 if kind == "block" else None
+    batches = [micro_batches(gen, dtype, seq) for _ in range(WINDOWS)]
+    # max_norm 0.5 clips some windows and not others.
+    train_reference(reference, batches, 1e-2, 0.1, 0.5)
+    window = train_window(model, batches, 1e-2, 0.1, 0.5)
+    report = window.report()
+    assert report.window == WINDOWS and not report.skipped
+    for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
+        assert a.dtype == dtype
+        err = (a.detach() - b.detach()).abs().max().item() / b.detach().abs().max().item()
+        assert err <= tol, f"{name}: {err}"
+    # Each parameter is a view of its master slot: the store's values are the model's.
+    for i, p in enumerate(model.parameters()):
+        assert torch.equal(torch.from_dlpack(window.store.master_view(i).detach()), p.detach())
+
+
+def test_report_loss_is_token_mean():
+    torch.manual_seed(0)
+    model = MLP(torch.float64)
+    gen = torch.Generator().manual_seed(2)
+    batch = micro_batches(gen, torch.float64)
+    with torch.no_grad():
+        n = sum(int((y != IGNORE).sum()) for _, y in batch)
+        expected = sum(loss_sum(model, x, y).item() for x, y in batch) / n
+    window = AccumulationWindow(model, lr=1e-3, micro_steps=K)
+    for x, y in batch:
+        window.backward(loss_sum(model, x, y), int((y != IGNORE).sum()))
+    window.close()
+    r = window.report()
+    assert r.items == n
+    assert abs(r.loss - expected) <= 1e-12 * abs(expected)
+    assert r.grad_norm > 0
+
+
+def test_resume_is_bitwise():
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(3)
+    batches = [micro_batches(gen, torch.float32) for _ in range(4)]
+
+    def run(model, window, windows, start_micro=0):
+        for w in windows:
+            for x, y in w[start_micro:]:
+                window.backward(loss_sum(model, x, y), (y != IGNORE).sum())
+            start_micro = 0
+            window.close()
+
+    base = MLP(torch.float32)
+    a = copy.deepcopy(base)
+    wa = AccumulationWindow(a, lr=1e-2, micro_steps=K, max_grad_norm=1.0, scaler="dynamic")
+    run(a, wa, batches)
+
+    b = copy.deepcopy(base)
+    wb = AccumulationWindow(b, lr=1e-2, micro_steps=K, max_grad_norm=1.0, scaler="dynamic")
+    run(b, wb, batches[:2])
+    # Mid-window: two micro-steps of window 3 done.
+    for x, y in batches[2][:2]:
+        wb.backward(loss_sum(b, x, y), (y != IGNORE).sum())
+    state = wb.state_dict()
+    assert int(state["micro_step"].item()) == 2
+
+    c = copy.deepcopy(base)  # a fresh model and window, loaded
+    wc = AccumulationWindow(c, lr=1e-2, micro_steps=K, max_grad_norm=1.0, scaler="dynamic")
+    wc.load_state_dict(state)
+    assert wc.micro_step == 2
+    run(c, wc, batches[2:], start_micro=2)
+    for p, q in zip(a.parameters(), c.parameters()):
+        assert torch.equal(p.detach(), q.detach())
+    assert wc.report().loss == wa.report().loss
+
+
+def test_bf16_parameters_fp32_master():
+    torch.manual_seed(0)
+    model = MLP(torch.bfloat16)
+    params = list(model.parameters())
+    gen = torch.Generator().manual_seed(4)
+    window = AccumulationWindow(model, lr=1e-2, micro_steps=K, max_grad_norm=1.0)
+    for x, y in micro_batches(gen, torch.bfloat16):
+        window.backward(loss_sum(model, x, y), (y != IGNORE).sum())
+        assert all(p.grad is None for p in params)  # moved into the f32 arena by the hook
+    assert window.store.grads.dtype == accrue.f32
+    assert float(torch.from_dlpack(window.store.grads.detach()).abs().sum()) > 0
+    before = [p.detach().clone() for p in params]
+    window.close()
+    assert all(p is q for p, q in zip(params, model.parameters()))
+    assert all(p.dtype == torch.bfloat16 for p in params)
+    # The 16-bit parameters are the compute copy of the f32 master, written by the close.
+    assert any(not torch.equal(p.detach(), b) for p, b in zip(params, before))
+    for i, p in enumerate(params):
+        master = torch.from_dlpack(window.store.master_view(i).detach())
+        assert torch.equal(master.to(torch.bfloat16), p.detach())
+
+
+def test_refusals():
+    m = MLP(torch.float32)
+    m.fc2.to(torch.float64)
+    with pytest.raises(ValueError, match="several dtypes"):
+        AccumulationWindow(m)
+    with pytest.raises(ValueError, match="no parameter that requires grad"):
+        AccumulationWindow(MLP(torch.float32).requires_grad_(False))
+    with pytest.raises(ValueError, match="optimizer must be"):
+        AccumulationWindow(MLP(torch.float32), "lion")
+
+    model = MLP(torch.float64)
+    window = AccumulationWindow(model, micro_steps=2)
+    x, y = torch.randn(3, 8, dtype=torch.float64), torch.randint(0, 5, (3,))
+    window.backward(loss_sum(model, x, y), 3)
+    with pytest.raises(RuntimeError, match="1 of 2 micro-steps"):
+        window.close()
+    model.fc1.weight.data = model.fc1.weight.data.clone()
+    with pytest.raises(RuntimeError, match="fc1.weight.*no longer lives"):
+        window.backward(loss_sum(model, x, y), 3)
+
+    model = MLP(torch.float64)
+    window = AccumulationWindow(model)
+    model.extra = torch.nn.Linear(2, 2, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="parameters changed"):
+        window.backward(loss_sum(model, x, y), 3)
+
+    model = MLP(torch.float64)
+    window = AccumulationWindow(model)
+    model.fc2.bias.grad = torch.zeros_like(model.fc2.bias)
+    with pytest.raises(RuntimeError, match="fc2.bias.*not its slot"):
+        window.backward(loss_sum(model, x, y), 3)
+
+
+def test_zero_grad_set_to_none_keeps_the_arena():
+    model = MLP(torch.float64)
+    window = AccumulationWindow(model, micro_steps=1)
+    x, y = torch.randn(3, 8, dtype=torch.float64), torch.randint(0, 5, (3,))
+    model.zero_grad()  # set_to_none=True: the window puts its views back
+    window.backward(loss_sum(model, x, y), 3)
+    assert model.fc1.weight.grad.data_ptr() == window._grads[0].data_ptr()
+    assert float(model.fc1.weight.grad.abs().sum()) > 0
+    window.close()
