@@ -247,3 +247,39 @@ def test_zero_grad_set_to_none_keeps_the_arena():
     assert model.fc1.weight.grad.data_ptr() == window._grads[0].data_ptr()
     assert float(model.fc1.weight.grad.abs().sum()) > 0
     window.close()
+
+
+def test_docs_snippet_runs(capsys):
+    import pathlib
+    import re
+
+    doc = pathlib.Path(__file__).resolve().parents[2] / "docs" / "PYTHON.md"
+    blocks = re.findall(r"```python torch\n(.*?)```", doc.read_text(), re.S)
+    assert len(blocks) == 1
+    scope = {}
+    exec(compile(blocks[0], str(doc), "exec"), scope)
+    printed = capsys.readouterr().out
+    assert printed.count("WindowReport(window=") == 2
+    assert scope["window"].windows_closed == 2
+    assert all(isinstance(p, torch.nn.Parameter) for p in scope["model"].parameters())
+
+
+def test_dynamic_scaler_seeds_torch_backward():
+    torch.manual_seed(0)
+    model = MLP(torch.float32)
+    reference = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(5)
+    batch = micro_batches(gen, torch.float32)
+    plain = AccumulationWindow(reference, lr=1e-2, micro_steps=K)
+    scaled = AccumulationWindow(model, lr=1e-2, micro_steps=K, scaler="dynamic")
+    for x, y in batch:
+        plain.backward(loss_sum(reference, x, y), (y != IGNORE).sum())
+        scaled.backward(loss_sum(model, x, y), (y != IGNORE).sum())
+    # The arena holds the gradient times the scale (65536, a power of two: exact).
+    g = model.fc1.weight.grad
+    assert torch.equal(g, reference.fc1.weight.grad * 65536.0)
+    plain.close()
+    scaled.close()
+    assert scaled.report().loss_scale == 65536.0
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p.detach(), q.detach())
