@@ -20,6 +20,15 @@ from ._accrue.nn import (  # noqa: F401  (re-exports)
     LayerNorm,
     Linear,
     NativeModule,
+    BatchLayout,
+    Llama,
+    LlamaConfig,
+    LlamaKVCache,
+    RMSNorm,
+    RopeScaling,
+    generate_greedy,
+    read_hf_config,
+    write_hf_config,
 )
 
 

@@ -70,6 +70,7 @@ NB_MODULE(_accrue, m) {
       m.def_submodule("nn", "Native modules: Linear, Embedding, LayerNorm, MLP, GPT2.");
   bind_nn(nn);
   bind_llama(nn);
+  bind_llama(nn);
   nb::module_ optim = m.def_submodule(
       "optim", "Parameter store, optimizers, schedules, the accumulation Window and its verifier.");
   bind_optim(optim);
