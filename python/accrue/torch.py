@@ -211,14 +211,15 @@ class AccumulationWindow:
                 lr_schedule = _Schedule(lr_schedule)
             self._schedule = lr_schedule  # kept alive: the optimizer holds it by shared_ptr
             self._optimizer.set_schedule(lr_schedule)
+        scaler_options = _scaler_options(scaler)
         window_options = optim.WindowOptions(
             micro_steps=micro_steps,
             max_grad_norm=0.0 if max_grad_norm is None else float(max_grad_norm),
-            scaler=_scaler_options(scaler),
+            scaler=scaler_options,
             unused_parameters=unused_parameters,
             unused_parameter_check=unused_parameter_check,
         )
-        self._scaled = window_options is not None and scaler not in (None, "none")
+        self._scaled = scaler_options is not None
         self._window = optim.Window(self._store, self._optimizer, window_options)
 
         self._data: List[torch.Tensor] = []
@@ -284,7 +285,9 @@ class AccumulationWindow:
 
     def backward(self, loss_sum: torch.Tensor, count: Union[int, float, torch.Tensor]) -> None:
         """One micro-step: the backward of ``loss_sum`` (a sum over the micro-batch's items,
-        seeded with the loss scale), and ``count`` items added to the window's N."""
+        seeded with the loss scale), and ``count`` items added to the window's N.
+
+        If the backward raises, the window restarts: its micro-steps so far are dropped."""
         if not isinstance(loss_sum, torch.Tensor) or loss_sum.numel() != 1:
             raise TypeError(
                 "AccumulationWindow.backward: loss_sum must be a one-element torch tensor (the "
@@ -315,7 +318,9 @@ class AccumulationWindow:
             else:
                 loss_sum.backward()
         except BaseException:
-            self._window.restart()  # the Window counted a micro-step that never landed
+            # The Window counted a micro-step whose gradients never landed
+            # (whole or in part): the window starts again from micro-step 0.
+            self._window.restart()
             raise
         written = _bridge.written_flags(self._store)
         _bridge.set_written_flags(self._store, [a or b for a, b in zip(written, self._used)])

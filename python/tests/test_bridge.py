@@ -283,3 +283,21 @@ def test_dynamic_scaler_seeds_torch_backward():
     assert scaled.report().loss_scale == 65536.0
     for p, q in zip(model.parameters(), reference.parameters()):
         assert torch.equal(p.detach(), q.detach())
+
+
+def test_unused_parameters_are_named():
+    x, y = torch.randn(3, 8, dtype=torch.float64), torch.randint(0, 5, (3,))
+    check = accrue.optim.UnusedParameterCheck.error
+    model = MLP(torch.float64)
+    window = AccumulationWindow(model, micro_steps=2, unused_parameter_check=check)
+    for _ in range(2):
+        window.backward(loss_sum(model, x, y), 3)
+    window.close()  # every parameter had a gradient: no error
+
+    model = MLP(torch.float64)
+    model.spare = torch.nn.Linear(2, 2, dtype=torch.float64)  # never in the forward
+    window = AccumulationWindow(model, micro_steps=2, unused_parameter_check=check)
+    for _ in range(2):
+        window.backward(loss_sum(model, x, y), 3)
+    with pytest.raises(accrue.Error, match="spare.weight"):
+        window.close()
