@@ -301,3 +301,51 @@ def test_unused_parameters_are_named():
         window.backward(loss_sum(model, x, y), 3)
     with pytest.raises(accrue.Error, match="spare.weight"):
         window.close()
+
+
+def test_sgd_and_schedule_equal_torch():
+    torch.manual_seed(0)
+    model = MLP(torch.float64)
+    reference = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(6)
+    batches = [micro_batches(gen, torch.float64) for _ in range(3)]
+
+    def factor(step):
+        return 1.0 / (1 + step)
+
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01,
+                          foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    for window in batches:
+        opt.zero_grad()
+        n = sum(int((y != IGNORE).sum()) for _, y in window)
+        (sum(loss_sum(reference, x, y) for x, y in window) / n).backward()
+        opt.step()
+        sched.step()
+
+    window = AccumulationWindow(model, "sgd", lr=0.1, momentum=0.9, weight_decay=0.01,
+                                micro_steps=K, lr_schedule=factor)
+    for batch in batches:
+        for x, y in batch:
+            window.backward(loss_sum(model, x, y), (y != IGNORE).sum())
+        window.close()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert (p.detach() - q.detach()).abs().max().item() <= 1e-12
+
+
+def test_compiled_model():
+    torch.manual_seed(0)
+    model = MLP(torch.float64)
+    reference = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(7)
+    batch = micro_batches(gen, torch.float64)
+    window = AccumulationWindow(model, lr=1e-2, micro_steps=K)
+    compiled = torch.compile(model, backend="aot_eager")
+    plain = AccumulationWindow(reference, lr=1e-2, micro_steps=K)
+    for x, y in batch:
+        window.backward(loss_sum(compiled, x, y), (y != IGNORE).sum())
+        plain.backward(loss_sum(reference, x, y), (y != IGNORE).sum())
+    window.close()
+    plain.close()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert (p.detach() - q.detach()).abs().max().item() <= 1e-12
