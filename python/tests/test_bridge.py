@@ -349,3 +349,34 @@ def test_compiled_model():
     plain.close()
     for p, q in zip(model.parameters(), reference.parameters()):
         assert (p.detach() - q.detach()).abs().max().item() <= 1e-12
+
+
+def test_bf16_sum_in_f32_then_adamw_on_the_master():
+    torch.manual_seed(0)
+    model = MLP(torch.bfloat16)
+    twin = copy.deepcopy(model)
+    master = [p.detach().float().clone().requires_grad_() for p in model.parameters()]
+    gen = torch.Generator().manual_seed(8)
+    batch = micro_batches(gen, torch.bfloat16)
+    window = AccumulationWindow(model, lr=1e-2, weight_decay=0.1, micro_steps=K)
+    sums = [torch.zeros_like(m) for m in master]
+    n = 0
+    for x, y in batch:
+        window.backward(loss_sum(model, x, y), (y != IGNORE).sum())
+        twin.zero_grad()
+        loss_sum(twin, x, y).backward()
+        for s, p in zip(sums, twin.parameters()):
+            s.add_(p.grad.float())
+        n += int((y != IGNORE).sum())
+    # The window's f32 slots hold the bf16 gradients summed in f32, in the same order.
+    for i, s in enumerate(sums):
+        assert torch.equal(torch.from_dlpack(window.store.grad_view(i).detach()), s)
+    window.close()
+    opt = torch.optim.AdamW(master, lr=1e-2, weight_decay=0.1, foreach=False)
+    for m, s in zip(master, sums):
+        m.grad = s / n
+    opt.step()
+    for i, (m, p) in enumerate(zip(master, model.parameters())):
+        stored = torch.from_dlpack(window.store.master_view(i).detach())
+        assert (stored - m.detach()).abs().max().item() <= 1e-5 * m.detach().abs().max().item()
+        assert torch.equal(p.detach(), stored.to(torch.bfloat16))
