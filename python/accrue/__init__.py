@@ -122,6 +122,10 @@ from ._accrue import (  # noqa: F401  (re-exports)
     scaled_dot_product_attention,
     swiglu,
     swiglu_packed,
+    load_npy,
+    load_safetensors,
+    save_npy,
+    save_safetensors,
 )
 
 # PyTorch's names for the dtypes (accrue's own are f32, f64, ...).

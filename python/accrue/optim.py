@@ -28,6 +28,8 @@ from ._accrue.optim import (  # noqa: F401  (re-exports)
     WarmupCosine,
     Window,
     WindowOptions,
+    GraphedWindow,
+    GraphedWindowCounts,
     WindowReport,
     linear_scaling_rule,
     verify_accumulation,

@@ -41,9 +41,10 @@ void bind_transformer(nb::module_& m);
 // accrue._accrue.nn's Llama, its config, BatchLayout, KV cache and greedy generation
 // (llama.cpp), after bind_nn.
 void bind_llama(nb::module_& m);
-// accrue._accrue.nn's Llama, its config, BatchLayout, KV cache and greedy generation
-// (llama.cpp), after bind_nn.
-void bind_llama(nb::module_& m);
+// save/load_safetensors and save/load_npy (checkpoint.cpp).
+void bind_checkpoint(nb::module_& m);
+// accrue._accrue.optim.GraphedWindow (checkpoint.cpp), after bind_optim.
+void bind_graphed_window(nb::module_& m);
 
 // "cpu", "cuda", "cuda:1" -> Device, or accrue::Error naming the text.
 Device parse_device(const std::string& text);

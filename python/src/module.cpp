@@ -66,14 +66,15 @@ NB_MODULE(_accrue, m) {
   bind_dlpack(m);
   bind_autograd(m);
   bind_transformer(m);
+  bind_checkpoint(m);
   nb::module_ nn =
       m.def_submodule("nn", "Native modules: Linear, Embedding, LayerNorm, MLP, GPT2.");
   bind_nn(nn);
   bind_llama(nn);
-  bind_llama(nn);
   nb::module_ optim = m.def_submodule(
       "optim", "Parameter store, optimizers, schedules, the accumulation Window and its verifier.");
   bind_optim(optim);
+  bind_graphed_window(optim);
   nb::module_ bridge = m.def_submodule(
       "bridge", "What accrue.torch needs when PyTorch's autograd fills the gradient arena.");
   bind_bridge(bridge);
