@@ -145,7 +145,9 @@ class AccumulationWindow:
             raise ValueError("AccumulationWindow: the model has no parameter that requires grad")
         devices = sorted({str(p.device) for _, p in named})
         if len(devices) > 1:
-            where = ", ".join(f"{n} on {p.device}" for n, p in named[:8])
+            first = named[0][1].device
+            others = [f"{n} on {p.device}" for n, p in named if p.device != first]
+            where = f"{named[0][0]} on {first}, " + ", ".join(others[:8])
             raise ValueError(
                 f"AccumulationWindow: parameters on several devices ({', '.join(devices)}: "
                 f"{where}); one window holds one device's parameters"
@@ -163,6 +165,10 @@ class AccumulationWindow:
                 "(float64, float32, bfloat16, float16)"
             )
         device = named[0][1].device
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(
+                f"AccumulationWindow: parameters on {device}; accrue holds cpu and cuda ones"
+            )
         master, compute = _MASTER[dtype]
         self._model = model
         self._names = [n for n, _ in named]

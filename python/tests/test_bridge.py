@@ -212,6 +212,12 @@ def test_refusals():
         AccumulationWindow(m)
     with pytest.raises(ValueError, match="no parameter that requires grad"):
         AccumulationWindow(MLP(torch.float32).requires_grad_(False))
+    m = MLP(torch.float32)
+    m.fc2.to("meta")
+    with pytest.raises(ValueError, match="several devices.*fc2.weight on meta"):
+        AccumulationWindow(m)
+    with pytest.raises(ValueError, match="parameters on meta"):
+        AccumulationWindow(MLP(torch.float32).to("meta"))
     with pytest.raises(ValueError, match="optimizer must be"):
         AccumulationWindow(MLP(torch.float32), "lion")
 
