@@ -386,3 +386,59 @@ def test_bf16_sum_in_f32_then_adamw_on_the_master():
         stored = torch.from_dlpack(window.store.master_view(i).detach())
         assert (stored - m.detach()).abs().max().item() <= 1e-5 * m.detach().abs().max().item()
         assert torch.equal(p.detach(), stored.to(torch.bfloat16))
+
+
+cuda = pytest.mark.skipif(
+    not (torch.cuda.is_available() and accrue.cuda_is_available()),
+    reason="needs CUDA in both torch and accrue",
+)
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["mlp", "block"])
+def test_cuda_equals_big_batch(kind):
+    torch.manual_seed(0)
+    model = (MLP(torch.float32) if kind == "mlp" else Block(torch.float32)).cuda()
+    reference = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(1)
+    seq = 6 if kind == "block" else None
+    batches = [
+        [(x.cuda(), y.cuda()) for x, y in micro_batches(gen, torch.float32, seq)]
+        for _ in range(WINDOWS)
+    ]
+    train_reference(reference, batches, 1e-2, 0.1, 0.5)
+    window = train_window(model, batches, 1e-2, 0.1, 0.5)
+    assert window.store.grads.device == accrue.Device("cuda:0")
+    for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
+        err = (a.detach() - b.detach()).abs().max().item() / b.detach().abs().max().item()
+        assert err <= 1e-5, f"{name}: {err}"
+
+
+@cuda
+def test_cuda_bf16_dynamic_scaler_and_resume():
+    torch.manual_seed(0)
+    base = MLP(torch.bfloat16).cuda()
+    gen = torch.Generator().manual_seed(9)
+    batches = [
+        [(x.cuda(), y.cuda()) for x, y in micro_batches(gen, torch.bfloat16)] for _ in range(3)
+    ]
+
+    def run(model, window, windows):
+        for w in windows:
+            for x, y in w:
+                window.backward(loss_sum(model, x, y), (y != IGNORE).sum())
+            window.close()
+
+    a = copy.deepcopy(base)
+    wa = AccumulationWindow(a, lr=1e-2, micro_steps=K, max_grad_norm=1.0, scaler="dynamic")
+    run(a, wa, batches)
+    assert not wa.report().skipped and all(p.grad is None for p in a.parameters())
+    b = copy.deepcopy(base)
+    wb = AccumulationWindow(b, lr=1e-2, micro_steps=K, max_grad_norm=1.0, scaler="dynamic")
+    run(b, wb, batches[:1])
+    c = copy.deepcopy(base)
+    wc = AccumulationWindow(c, lr=1e-2, micro_steps=K, max_grad_norm=1.0, scaler="dynamic")
+    wc.load_state_dict(wb.state_dict())
+    run(c, wc, batches[1:])
+    for p, q in zip(a.parameters(), c.parameters()):
+        assert torch.equal(p.detach(), q.detach())
