@@ -1,6 +1,7 @@
 """accrue.torch.AccumulationWindow against plain PyTorch on the big batch (Note [Torch bridge])."""
 
 import copy
+import io
 
 import pytest
 
@@ -170,7 +171,10 @@ def test_resume_is_bitwise():
     # Mid-window: two micro-steps of window 3 done.
     for x, y in batches[2][:2]:
         wb.backward(loss_sum(b, x, y), (y != IGNORE).sum())
-    state = wb.state_dict()
+    buffer = io.BytesIO()
+    torch.save(wb.state_dict(), buffer)  # plain torch tensors: weights_only loads them
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
     assert int(state["micro_step"].item()) == 2
 
     c = copy.deepcopy(base)  # a fresh model and window, loaded
