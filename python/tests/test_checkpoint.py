@@ -8,27 +8,27 @@ import accrue
 from accrue import nn, optim
 
 
-def build(seed):
+def build(seed, device="cpu", dtype=accrue.f64):
     gen = accrue.Generator(seed)
-    model = nn.Llama(nn.LlamaConfig.from_name("llama-tiny"), dtype=accrue.f64, generator=gen)
+    model = nn.Llama(nn.LlamaConfig.from_name("llama-tiny"), device=device, dtype=dtype, generator=gen)
     opt = optim.AdamW(3e-3, weight_decay=0.1)
     store = optim.ParamStore(model.named_parameters(),
-                             optim.ParamStoreOptions(master_dtype=accrue.f64,
+                             optim.ParamStoreOptions(master_dtype=dtype,
                                                      moments=opt.moments_needed()))
     window = optim.Window(store, opt, optim.WindowOptions(micro_steps=2, max_grad_norm=0.5))
     return model, opt, store, window
 
 
-def batch(step):
+def batch(step, device="cpu"):
     rng = np.random.default_rng(100 + step)
     idx = rng.integers(0, 256, (2, 8))
     targets = rng.integers(0, 256, (2, 8))
     targets[:, -2:] = -100
-    return accrue.tensor(idx), accrue.tensor(targets)
+    return accrue.tensor(idx, device=device), accrue.tensor(targets, device=device)
 
 
 def params(model):
-    return np.concatenate([p.detach().numpy().ravel().copy() for p in model.parameters()])
+    return np.concatenate([p.detach().cpu().numpy().ravel().copy() for p in model.parameters()])
 
 
 def run(model, window, steps):
@@ -88,3 +88,27 @@ def test_graphed_window_runs_eagerly_on_the_cpu_and_equals_the_window():
     assert (c.eager_micro_steps, c.replayed_micro_steps, c.eager_closes, c.graphs) == (6, 0, 3, 0)
     assert graphed.window.windows_closed == 3
     assert np.isfinite(graphed.window.report().loss)
+
+
+@pytest.mark.skipif(not accrue.cuda_is_available(), reason="no CUDA device (or accrue built without CUDA)")
+def test_graphed_window_captures_on_the_gpu_and_equals_the_eager_window():
+    def train(graphed):
+        model, _, _, window = build(4, device="cuda", dtype=accrue.f32)
+        g = optim.GraphedWindow(window, lambda idx, targets: model.loss(idx, targets)) if graphed else None
+        for s in range(8):
+            inputs = batch(s, device="cuda")
+            if g:
+                g.backward(list(inputs))
+                if g.ready():
+                    g.close()
+            else:
+                window.backward(model.loss(*inputs))
+                if window.ready():
+                    window.close()
+        return params(model), g
+
+    eager, _ = train(False)
+    replayed, g = train(True)
+    assert g.why_eager == "", g.why_eager
+    assert g.counts.graphs >= 2 and g.counts.replayed_micro_steps > 0, g.counts
+    np.testing.assert_array_equal(replayed, eager)

@@ -169,9 +169,9 @@ def test_attention_options_bias_mask_window_varlen_scale():
 def test_bad_attention_input_raises_accrue_error():
     q = accrue.randn([1, 3, 4, 8], dtype=accrue.f64)
     k = accrue.randn([1, 2, 4, 8], dtype=accrue.f64)
-    with pytest.raises(accrue.Error):
+    with pytest.raises(accrue.Error, match="scaled_dot_product_attention: q has 3 heads"):
         accrue.scaled_dot_product_attention(q, k, k)  # 3 query heads over 2 kv heads
-    with pytest.raises(accrue.Error):
+    with pytest.raises(accrue.Error, match="rope: head dim D = 5"):
         accrue.rope(accrue.randn([1, 2, 1, 5], dtype=accrue.f64), accrue.arange(2))
 
 
@@ -205,3 +205,18 @@ def test_matches_torch_where_installed():
     ref = torch.nn.functional.scaled_dot_product_attention(
         tq, tk.repeat_interleave(2, 1), tv.repeat_interleave(2, 1), is_causal=True)
     np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.skipif(not accrue.cuda_is_available(), reason="no CUDA device (or accrue built without CUDA)")
+def test_gpu_attention_and_rms_norm_match_the_cpu():
+    rng = np.random.default_rng(10)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((2, 4, 16, 32), (2, 2, 16, 32), (2, 2, 16, 32)))
+    lengths = accrue.from_numpy(np.array([16, 9], dtype=np.int64))
+    opts = accrue.SdpaOptions().causal().seq_lens(lengths)
+    cpu = accrue.scaled_dot_product_attention(*(accrue.from_numpy(a) for a in (q, k, v)), opts).numpy()
+    gpu_opts = accrue.SdpaOptions().causal().seq_lens(lengths.to("cuda"))
+    gpu = accrue.scaled_dot_product_attention(*(accrue.from_numpy(a).to("cuda") for a in (q, k, v)), gpu_opts)
+    np.testing.assert_allclose(gpu.cpu().numpy(), cpu, rtol=1e-4, atol=1e-5)
+    x, w = rng.standard_normal((8, 64)).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    out = accrue.rms_norm(accrue.from_numpy(x).to("cuda"), accrue.from_numpy(w).to("cuda"))
+    np.testing.assert_allclose(out.cpu().numpy(), rms_ref(x, w, 1e-6), rtol=1e-5, atol=1e-5)
