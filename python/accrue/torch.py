@@ -299,6 +299,11 @@ class AccumulationWindow:
                 "AccumulationWindow.backward: loss_sum must be a one-element torch tensor (the "
                 "sum over the micro-batch)"
             )
+        if not loss_sum.requires_grad:
+            raise RuntimeError(
+                "AccumulationWindow.backward: loss_sum does not require grad (computed under "
+                "torch.no_grad(), or from no trainable parameter); nothing was counted"
+            )
         if loss_sum.device != self._device:
             raise ValueError(
                 f"AccumulationWindow.backward: loss on {loss_sum.device}, parameters on "

@@ -235,6 +235,13 @@ def test_refusals():
     with pytest.raises(RuntimeError, match="fc1.weight.*no longer lives"):
         window.backward(loss_sum(model, x, y), 3)
 
+    with torch.no_grad():
+        detached = loss_sum(model, x, y)
+    window = AccumulationWindow(MLP(torch.float64))
+    with pytest.raises(RuntimeError, match="does not require grad.*nothing was counted"):
+        window.backward(detached, 3)
+    assert window.micro_step == 0
+
     model = MLP(torch.float64)
     window = AccumulationWindow(model)
     model.extra = torch.nn.Linear(2, 2, dtype=torch.float64)
