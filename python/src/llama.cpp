@@ -131,6 +131,59 @@ void bind_llama(nb::module_& m) {
       .def_prop_ro("weight", &nn::RMSNorm::weight, "The weight [dim].")
       .def_prop_ro("eps", &nn::RMSNorm::eps, "Epsilon.");
 
+  nb::class_<nn::LlamaAttention, nn::Module>(
+      m, "LlamaAttention",
+      "A Llama layer's self-attention: q/k/v/o_proj, Qwen3's q_norm/k_norm, rope, GQA.")
+      .def("forward", &nn::LlamaAttention::forward, nb::arg("input"), nb::arg("positions"),
+           nb::arg("layout") = nn::BatchLayout::full(),
+           "input [B, T, hidden], positions i64 [T] or [B, T] -> [B, T, hidden].")
+      .def("__call__", &nn::LlamaAttention::forward, nb::arg("input"), nb::arg("positions"),
+           nb::arg("layout") = nn::BatchLayout::full(), "forward(input, positions, layout).")
+      .def_prop_ro("q_proj", &nn::LlamaAttention::q_proj, nb::rv_policy::reference_internal,
+                   "The query projection.")
+      .def_prop_ro("k_proj", &nn::LlamaAttention::k_proj, nb::rv_policy::reference_internal,
+                   "The key projection.")
+      .def_prop_ro("v_proj", &nn::LlamaAttention::v_proj, nb::rv_policy::reference_internal,
+                   "The value projection.")
+      .def_prop_ro("o_proj", &nn::LlamaAttention::o_proj, nb::rv_policy::reference_internal,
+                   "The output projection.")
+      .def_prop_ro("q_norm", &nn::LlamaAttention::q_norm, nb::rv_policy::reference_internal,
+                   "Qwen3's per-head query RMSNorm, or None.")
+      .def_prop_ro("k_norm", &nn::LlamaAttention::k_norm, nb::rv_policy::reference_internal,
+                   "Qwen3's per-head key RMSNorm, or None.");
+  nb::class_<nn::LlamaMLP, nn::Module>(m, "LlamaMLP", "down_proj(silu(gate_proj(x)) * up_proj(x)).")
+      .def("forward", &nn::LlamaMLP::forward, nb::arg("input"), "The MLP of input.")
+      .def("__call__", &nn::LlamaMLP::forward, nb::arg("input"), "forward(input).")
+      .def_prop_ro("gate_proj", &nn::LlamaMLP::gate_proj, nb::rv_policy::reference_internal,
+                   "The gate projection.")
+      .def_prop_ro("up_proj", &nn::LlamaMLP::up_proj, nb::rv_policy::reference_internal,
+                   "The up projection.")
+      .def_prop_ro("down_proj", &nn::LlamaMLP::down_proj, nb::rv_policy::reference_internal,
+                   "The down projection.");
+  nb::class_<nn::LlamaDecoderLayer, nn::Module>(
+      m, "LlamaDecoderLayer",
+      "One pre-RMSNorm block (Note [Llama residual stream]): attention and MLP, each with its "
+      "residual add fused into the next norm.")
+      .def(
+          "forward",
+          [](const nn::LlamaDecoderLayer& l, const Tensor& x, const Tensor& normed,
+             const nn::RMSNorm& next_norm, const Tensor& positions, const nn::BatchLayout& layout) {
+            ResidualNorm r = l.forward(x, normed, next_norm, positions, layout);
+            return nb::make_tuple(r.sum, r.normed);
+          },
+          nb::arg("input"), nb::arg("normed"), nb::arg("next_norm"), nb::arg("positions"),
+          nb::arg("layout") = nn::BatchLayout::full(),
+          "(x, input_layernorm(x)) -> (x', next_norm(x')): the residual stream after this layer "
+          "and its normalization by the next layer's (or the final) norm.")
+      .def_prop_ro("input_layernorm", &nn::LlamaDecoderLayer::input_layernorm,
+                   nb::rv_policy::reference_internal, "The norm before attention.")
+      .def_prop_ro("self_attn", &nn::LlamaDecoderLayer::self_attn,
+                   nb::rv_policy::reference_internal, "The attention.")
+      .def_prop_ro("post_attention_layernorm", &nn::LlamaDecoderLayer::post_attention_layernorm,
+                   nb::rv_policy::reference_internal, "The norm before the MLP.")
+      .def_prop_ro("mlp", &nn::LlamaDecoderLayer::mlp, nb::rv_policy::reference_internal,
+                   "The MLP.");
+
   nb::class_<nn::Llama, nn::Module>(
       m, "Llama",
       "A Llama-style decoder (nn/llama.h) with Hugging Face's parameter names "
@@ -173,7 +226,11 @@ void bind_llama(nb::module_& m) {
       .def_prop_ro("num_layers", &nn::Llama::num_layers, "Decoder layers.")
       .def_prop_ro("embed_tokens", &nn::Llama::embed_tokens, "The embedding [vocab, hidden].")
       .def_prop_ro("head_weight", &nn::Llama::head_weight,
-                   "lm_head.weight, or the embedding when tied.");
+                   "lm_head.weight, or the embedding when tied.")
+      .def("layer", &nn::Llama::layer, nb::arg("i"), nb::rv_policy::reference_internal,
+           "Decoder layer i (model.layers.{i}).")
+      .def_prop_ro("norm", &nn::Llama::norm, nb::rv_policy::reference_internal,
+                   "The final RMSNorm (model.norm).");
 
   nb::class_<nn::LlamaKVCache>(m, "LlamaKVCache",
                                "A KV cache for inference with a Llama (Note [Llama KV cache]); "

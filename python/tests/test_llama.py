@@ -119,3 +119,22 @@ def test_generate_greedy_matches_transformers_goldens():
         logits = cache(accrue.tensor([c["prompt"]])).numpy()[0, -1]
         assert cache.length == len(c["prompt"])
         np.testing.assert_allclose(logits, c["logits"], rtol=0, atol=1e-10 * max(1, abs(c["logits"]).max()))
+
+
+def test_layers_composed_in_python_equal_the_forward():
+    gen = accrue.Generator(2)
+    model = nn.Llama(tiny(), dtype=accrue.f64, generator=gen)
+    idx = accrue.randint(0, 256, [2, 5], generator=gen)
+    positions = accrue.arange(5)
+    with accrue.no_grad():
+        x = accrue.embedding(model.embed_tokens, idx)
+        normed = model.layer(0).input_layernorm(x)
+        for i in range(model.num_layers):
+            nxt = model.layer(i + 1).input_layernorm if i + 1 < model.num_layers else model.norm
+            x, normed = model.layer(i).forward(x, normed, nxt, positions)
+        np.testing.assert_array_equal(normed.numpy(), model(idx).numpy())
+        layer = model.layer(1)
+        assert layer.self_attn.q_norm is None
+        assert layer.mlp.gate_proj.weight.shape == (128, 64)
+        assert layer.self_attn(x, positions).shape == (2, 5, 64)
+        assert layer.mlp(x).shape == (2, 5, 64)

@@ -182,6 +182,16 @@ def test_gradients_through_the_ops():
     pos = accrue.from_numpy(np.array([0, 3, 7], dtype=np.int64))
     g = accrue.gradcheck(lambda a, b: accrue.rope(accrue.rms_norm(a, b), pos), [x, w])
     assert g.ok
+    a, r = rand(rng, 12, 4).requires_grad_(), rand(rng, 12, 4).requires_grad_()
+
+    def residual(a, b, c):
+        s, n = accrue.add_rms_norm(a, b, c)
+        return n * 2.0 + s  # both outputs carry a gradient
+
+    assert accrue.gradcheck(residual, [a, r, w]).ok
+    h, cw = rand(rng, 4, 4).requires_grad_(), rand(rng, 6, 4).requires_grad_()
+    t = accrue.from_numpy(np.array([0, 3, -100, 4], dtype=np.int64))
+    assert accrue.gradcheck(lambda a, b: accrue.classifier_cross_entropy(a, b, t, 5), [h, cw]).ok
     gate, up = rand(rng, 3, 4).requires_grad_(), rand(rng, 3, 4).requires_grad_()
     assert accrue.gradcheck(accrue.swiglu, [gate, up]).ok
     q = rand(rng, 1, 2, 3, 4).requires_grad_()
