@@ -41,9 +41,21 @@ def test_add_rms_norm_and_residual_layer_norm_return_sum_and_normed():
     np.testing.assert_allclose(n.numpy(), ref, rtol=1e-10, atol=1e-10)
 
 
-def rope_ref(x, pos, theta):
+def llama3_inv_freq(inv, factor, low, high, original):
+    """transformers' _compute_llama3_parameters."""
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > original / low, inv / factor, inv)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < original / high) & ~(wavelen > original / low)
+    return np.where(medium, smoothed, scaled)
+
+
+def rope_ref(x, pos, theta, scaling=None):
     d = x.shape[-1]
     inv = theta ** (-np.arange(0, d, 2) / d)  # [D/2]
+    if scaling:
+        inv = llama3_inv_freq(inv, *scaling)
     ang = pos[..., None] * inv  # [B, T, D/2]
     cos, sin = np.cos(ang)[:, :, None, :], np.sin(ang)[:, :, None, :]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
@@ -71,6 +83,8 @@ def test_rope_llama3_scaling_keeps_high_frequencies_and_changes_low_ones():
     assert sc.type == accrue.RopeScaling.Type.llama3 and sc.original_max_position == 64
     plain = accrue.rope(accrue.from_numpy(x), pos).numpy()
     scaled = accrue.rope(accrue.from_numpy(x), pos, scaling=sc).numpy()
+    ref = rope_ref(x, np.arange(4.0)[None] * 1000, 10000.0, (8.0, 1.0, 4.0, 64))
+    np.testing.assert_allclose(scaled, ref, rtol=1e-9, atol=1e-9)
     # Channel pair 0 (the highest frequency, wavelength 2*pi < 64/4) is kept.
     np.testing.assert_allclose(scaled[..., [0, 8]], plain[..., [0, 8]], rtol=1e-12, atol=1e-12)
     assert np.abs(scaled[..., [7, 15]] - plain[..., [7, 15]]).max() > 1e-3
@@ -118,13 +132,13 @@ def sdpa_ref(q, k, v, lengths=None, causal=False):
         keep &= np.tril(np.ones((tq, k.shape[2]), bool))
     out = np.zeros((b, hq, tq, v.shape[-1]))
     for i in range(b):
-        n = tq if lengths is None else lengths[i]
+        nq, nk = (tq, k.shape[2]) if lengths is None else (lengths[i], lengths[i])
         kk = keep[i].copy()
-        kk[:, :, n:] = False
-        si = np.where(kk, s[i], -np.inf)[:, :n]
+        kk[:, :, nk:] = False
+        si = np.where(kk, s[i], -np.inf)[:, :nq]
         p = np.exp(si - si.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
-        out[i, :, :n] = p @ v[i]
+        out[i, :, :nq] = p @ v[i]
     return out
 
 
@@ -164,6 +178,27 @@ def test_attention_options_bias_mask_window_varlen_scale():
     scaled = accrue.scaled_dot_product_attention(Q, K, V, accrue.SdpaOptions().scale(0.5 / math.sqrt(4)))
     np.testing.assert_allclose(scaled.numpy(), sdpa_ref(q * 0.5, k, v), rtol=1e-10, atol=1e-12)
     assert accrue.SdpaOptions().dropout(0.25).dropout_p == 0.25
+
+
+def test_attention_bottom_right_causal_and_dropout():
+    rng = np.random.default_rng(11)
+    q, k, v = rng.standard_normal((1, 2, 3, 4)), rng.standard_normal((1, 2, 7, 4)), rng.standard_normal((1, 2, 7, 4))
+    Q, K, V = (accrue.from_numpy(a) for a in (q, k, v))
+    out = accrue.scaled_dot_product_attention(
+        Q, K, V, accrue.SdpaOptions().causal(accrue.MaskAlignment.bottom_right)).numpy()
+    # Query i sees keys 0 .. i + 4: a KV cache's last three queries.
+    for i in range(3):
+        ref = sdpa_ref(q[:, :, i:i + 1], k[:, :, :i + 5], v[:, :, :i + 5])
+        np.testing.assert_allclose(out[:, :, i:i + 1], ref, rtol=1e-10, atol=1e-12)
+
+    def dropped(seed):
+        g = accrue.Generator(seed)
+        return accrue.scaled_dot_product_attention(Q, K, V, accrue.SdpaOptions().dropout(0.5, g)).numpy()
+
+    plain = accrue.scaled_dot_product_attention(Q, K, V).numpy()
+    np.testing.assert_array_equal(dropped(3), dropped(3))  # the generator's stream decides
+    assert np.abs(dropped(3) - plain).max() > 1e-3
+    assert np.abs(dropped(3) - dropped(4)).max() > 1e-3
 
 
 def test_bad_attention_input_raises_accrue_error():
