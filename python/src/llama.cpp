@@ -87,9 +87,11 @@ void bind_llama(nb::module_& m) {
   m.def("write_hf_config", &nn::write_hf_config, nb::arg("config"), nb::arg("path"),
         "Writes a config.json transformers loads as LlamaForCausalLM / Qwen3ForCausalLM.");
 
-  nb::class_<nn::BatchLayout>(m, "BatchLayout",
-                              "How a micro-batch idx [B, T] is laid out (Note [Llama batch "
-                              "layouts]): full, padded (right-padded rows) or packed documents.")
+  nb::class_<nn::BatchLayout>(
+      m, "BatchLayout",
+      "How a micro-batch idx [B, T] is laid out: full, padded (right-padded rows) or packed "
+      "documents; "
+      "Note [Llama batch layouts].")
       .def_static("full", &nn::BatchLayout::full, "Every row one sequence of T tokens.")
       .def_static(
           "padded", [](Tensor seq_lens) { return nn::BatchLayout::padded(std::move(seq_lens)); },
