@@ -46,6 +46,13 @@ def test_batch_layouts_agree():
     assert layout.is_packed and not layout.is_padded
     packed = model(idx.reshape([1, 12]), layout).detach().numpy()
     np.testing.assert_allclose(packed.reshape(2, 6, 64), full, rtol=1e-12, atol=1e-12)
+    # The same from tensors: explicit offsets (positions derived) and lengths.
+    cu = accrue.tensor([0, 6, 12])
+    explicit = model(idx.reshape([1, 12]), nn.BatchLayout.packed(cu)).detach().numpy()
+    np.testing.assert_array_equal(explicit, packed)
+    lens = nn.BatchLayout.padded(accrue.tensor([6, 4]))
+    assert lens.is_padded
+    np.testing.assert_array_equal(model(idx, lens).detach().numpy(), padded)
     logits = model.logits(idx)
     assert logits.shape == (2, 6, 256)
 
