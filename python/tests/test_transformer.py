@@ -265,3 +265,70 @@ def test_gpu_attention_and_rms_norm_match_the_cpu():
     x, w = rng.standard_normal((8, 64)).astype(np.float32), rng.standard_normal(64).astype(np.float32)
     out = accrue.rms_norm(accrue.from_numpy(x).to("cuda"), accrue.from_numpy(w).to("cuda"))
     np.testing.assert_allclose(out.cpu().numpy(), rms_ref(x, w, 1e-6), rtol=1e-5, atol=1e-5)
+
+
+class Block(accrue.nn.Module):
+    """A Llama-style block written in Python from the bound ops (GQA, rope, padded rows)."""
+
+    def __init__(self, gen, vocab=11, d=8, heads=2, kv_heads=1):
+        super().__init__()
+        nn = accrue.nn
+        f64 = accrue.f64
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.embed = nn.Parameter(accrue.randn([vocab, d], dtype=f64, generator=gen) * 0.5)
+        self.norm = nn.Parameter(accrue.ones([d], dtype=f64))
+        self.qkv = nn.Linear(d, (heads + 2 * kv_heads) * self.hd, bias=False, dtype=f64, generator=gen)
+        self.o = nn.Linear(heads * self.hd, d, bias=False, dtype=f64, generator=gen)
+        self.up = nn.Linear(d, 2 * 16, bias=False, dtype=f64, generator=gen)
+        self.down = nn.Linear(16, d, bias=False, dtype=f64, generator=gen)
+        self.post = nn.Parameter(accrue.ones([d], dtype=f64))
+        self.head = nn.Parameter(accrue.randn([vocab, d], dtype=f64, generator=gen) * 0.5)
+
+    def loss(self, idx, targets, lengths):
+        b, t = idx.shape
+        x = accrue.embedding(self.embed, idx)
+        qkv = self.qkv(accrue.rms_norm(x, self.norm)).reshape([b, t, self.heads + 2 * self.kv_heads, self.hd])
+        pos = accrue.arange(t)
+        q = accrue.rope(qkv[:, :, :self.heads], pos).transpose(1, 2)
+        k = accrue.rope(qkv[:, :, self.heads:self.heads + self.kv_heads], pos).transpose(1, 2)
+        v = qkv[:, :, self.heads + self.kv_heads:].transpose(1, 2)
+        opts = accrue.SdpaOptions().causal().seq_lens(lengths)
+        a = accrue.scaled_dot_product_attention(q, k, v, opts).transpose(1, 2).reshape([b, t, -1])
+        x, h = accrue.add_rms_norm(self.o(a), x, self.post)
+        x = x + self.down(accrue.swiglu_packed(self.up(h)))
+        return accrue.classifier_cross_entropy(x, self.head, targets, 11)
+
+
+def test_python_block_from_the_ops_accumulates_exactly():
+    rng = np.random.default_rng(12)
+    windows, batch, t = 2, 8, 6
+    idx = rng.integers(0, 11, (windows, batch, t))
+    targets = rng.integers(0, 11, (windows, batch, t))
+    lengths = rng.integers(2, t + 1, (windows, batch))
+    for w in range(windows):
+        for r in range(batch):
+            targets[w, r, lengths[w, r]:] = -100
+
+    class Run:
+        def __init__(self, k):
+            self.model = Block(accrue.Generator(5))
+            opt = accrue.optim.AdamW(1e-2)
+            self.store = accrue.optim.ParamStore(
+                self.model.named_parameters(),
+                accrue.optim.ParamStoreOptions(master_dtype=accrue.f64, moments=opt.moments_needed()))
+            self.opt = opt
+            self.window = accrue.optim.Window(self.store, opt, accrue.optim.WindowOptions(micro_steps=k))
+
+        def micro_step(self, w, begin, end):
+            self.window.backward(self.model.loss(accrue.tensor(idx[w, begin:end]),
+                                                 accrue.tensor(targets[w, begin:end]),
+                                                 accrue.tensor(lengths[w, begin:end])))
+
+        def close(self):
+            self.window.close()
+
+        def parameters(self):
+            return self.store.master.numpy()
+
+    report = accrue.optim.verify_accumulation(Run, windows=windows, micro_steps=4, batch=batch)
+    assert report.passed, report.table()
