@@ -126,6 +126,8 @@ from ._accrue import (  # noqa: F401  (re-exports)
     load_safetensors,
     save_npy,
     save_safetensors,
+    dropout,
+    packed_causal_attention,
 )
 
 # PyTorch's names for the dtypes (accrue's own are f32, f64, ...).

@@ -102,6 +102,12 @@ void bind_transformer(nb::module_& m) {
         "cross_entropy(hidden @ weight^T, targets) over the first `valid_classes` rows of "
         "weight (a padded vocabulary), as a Loss (sum, count), without keeping the logits.");
 
+  m.def("dropout", &dropout, nb::arg("input"), nb::arg("p"), nb::arg("training") = true,
+        nb::arg("generator") = nb::none(),
+        "Zeroes each element with probability p and scales the rest by 1 / (1 - p), drawn from "
+        "`generator` (default: the default generator); training=False or p == 0 returns input "
+        "itself.");
+
   // ---- attention
   nb::enum_<MaskAlignment>(m, "MaskAlignment",
                            "Where a causal mask's diagonal sits when Tq != Tk: top_left "
@@ -143,6 +149,17 @@ void bind_transformer(nb::module_& m) {
            "Dropout on the probabilities with probability p, drawn from `generator` (default: "
            "the default generator).")
       .def_prop_ro("dropout_p", &SdpaOptions::dropout_p, "The dropout probability.");
+  m.def(
+      "packed_causal_attention",
+      [](const Tensor& qkv, int64_t n_head, std::optional<double> scale) {
+        AttentionOptions o;
+        o.causal = true;
+        o.scale = scale;
+        return packed_causal_attention(qkv, n_head, o);
+      },
+      nb::arg("qkv"), nb::arg("n_head"), nb::arg("scale") = nb::none(),
+      "GPT-2's packed form: qkv [B, T, 3 * H * d] (q, k, v concatenated, heads contiguous "
+      "within each) -> causal attention [B, T, H * d]; backward writes one dqkv buffer.");
   m.def(
       "scaled_dot_product_attention",
       [](const Tensor& q, const Tensor& k, const Tensor& v, std::optional<SdpaOptions> options,

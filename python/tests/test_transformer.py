@@ -201,6 +201,20 @@ def test_attention_bottom_right_causal_and_dropout():
     assert np.abs(dropped(3) - dropped(4)).max() > 1e-3
 
 
+def test_packed_causal_attention_and_dropout():
+    rng = np.random.default_rng(13)
+    b, t, h, d = 2, 5, 2, 4
+    qkv = rng.standard_normal((b, t, 3 * h * d))
+    out = accrue.packed_causal_attention(accrue.from_numpy(qkv), h).numpy()
+    q, k, v = (qkv[..., i * h * d:(i + 1) * h * d].reshape(b, t, h, d).transpose(0, 2, 1, 3) for i in range(3))
+    ref = sdpa_ref(q, k, v, causal=True).transpose(0, 2, 1, 3).reshape(b, t, h * d)
+    np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-12)
+    x = accrue.ones([1000], dtype=accrue.f64)
+    y = accrue.dropout(x, 0.25, generator=accrue.Generator(1)).numpy()
+    assert set(np.unique(y)) <= {0.0, 1 / 0.75} and 0.15 < (y == 0).mean() < 0.35
+    np.testing.assert_array_equal(accrue.dropout(x, 0.25, training=False).numpy(), x.numpy())
+
+
 def test_bad_attention_input_raises_accrue_error():
     q = accrue.randn([1, 3, 4, 8], dtype=accrue.f64)
     k = accrue.randn([1, 2, 4, 8], dtype=accrue.f64)
