@@ -112,3 +112,18 @@ def test_graphed_window_captures_on_the_gpu_and_equals_the_eager_window():
     assert g.why_eager == "", g.why_eager
     assert g.counts.graphs >= 2 and g.counts.replayed_micro_steps > 0, g.counts
     np.testing.assert_array_equal(replayed, eager)
+
+
+def test_graphed_window_step_errors_reach_python():
+    model, _, _, window = build(5)
+
+    def step(idx, targets):
+        raise ValueError("bad batch")
+
+    graphed = optim.GraphedWindow(window, step)
+    with pytest.raises(ValueError, match="bad batch"):
+        graphed.backward(list(batch(0)))
+    wrong = optim.GraphedWindow(window, lambda idx, targets: idx)  # not a Loss
+    with pytest.raises((TypeError, RuntimeError)):
+        wrong.backward(list(batch(0)))
+    assert window.micro_step == 0
