@@ -215,6 +215,21 @@ def test_packed_causal_attention_and_dropout():
     np.testing.assert_array_equal(accrue.dropout(x, 0.25, training=False).numpy(), x.numpy())
 
 
+@pytest.mark.parametrize("dtype", [accrue.bf16, accrue.f16, accrue.f32])
+def test_16_bit_and_f32_ops_follow_the_f64_ones(dtype):
+    rng = np.random.default_rng(14)
+    q, k, v = rng.standard_normal((1, 4, 6, 8)), rng.standard_normal((1, 2, 6, 8)), rng.standard_normal((1, 2, 6, 8))
+    opts = accrue.SdpaOptions().causal()
+    ref = sdpa_ref(q, k, v, causal=True)
+    low = accrue.scaled_dot_product_attention(*(accrue.from_numpy(a).to(dtype) for a in (q, k, v)), opts)
+    tol = 1e-5 if dtype == accrue.f32 else 3e-2
+    np.testing.assert_allclose(low.to(accrue.f64).numpy(), ref, rtol=tol, atol=tol)
+    x, w = rng.standard_normal((4, 32)), rng.standard_normal(32)
+    out = accrue.rms_norm(accrue.from_numpy(x).to(dtype), accrue.from_numpy(w).to(dtype))
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out.to(accrue.f64).numpy(), rms_ref(x, w, 1e-6), rtol=tol, atol=tol)
+
+
 def test_bad_attention_input_raises_accrue_error():
     q = accrue.randn([1, 3, 4, 8], dtype=accrue.f64)
     k = accrue.randn([1, 2, 4, 8], dtype=accrue.f64)
