@@ -194,8 +194,10 @@ int train(int argc, char** argv) {
   if (opt.model.rfind("hf:", 0) == 0) {
     model = nn::Llama::from_hf(opt.model.substr(3), {device, master, &init});
   } else {
-    nn::LlamaConfig config = nn::LlamaConfig::from_name(opt.model);
-    config.max_positions = std::max(config.max_positions, opt.seq_len);
+    const nn::LlamaConfig config = nn::LlamaConfig::from_name(opt.model);
+    if (opt.seq_len > config.max_positions)
+      usage_error("--seq-len ", opt.seq_len, " is longer than ", opt.model,
+                  "'s max_position_embeddings ", config.max_positions);
     model = std::make_unique<nn::Llama>(config, nn::ParamOptions{device, master, &init});
   }
   const nn::LlamaConfig& config = model->config();

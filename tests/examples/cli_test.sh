@@ -3,7 +3,7 @@
 # in examples/common/run_main.h, Note [Command-line values] in
 # examples/common/options.h):
 #   cli_test.sh BINARY_DIR NAME
-# NAME is one of demo, verify, resnet, resnet_bench, train_gpt2, llama_tiny, generate. Each case runs
+# NAME is one of demo, verify, resnet, resnet_bench, train_gpt2, llama_tiny, train, generate. Each case runs
 # the binary and checks its exit code (0 for --help, 2 for a bad command line,
 # 1 for a failed run) and that stderr is one line naming the cause, with no
 # build-tree "file.cpp:123" and no std::terminate.
@@ -121,6 +121,26 @@ case $name in
     expect 2 "--dtype must be f32, bf16 or f64, got 'f16'" --dtype f16
     run --cpu --windows 2 --micro-batch 2 --seq-len 16 --min-len 4
     [[ $rc -eq 0 ]] || fail "llama_tiny --windows 2: exit code $rc: $err"
+    ;;
+  train)
+    bin=$dir/accrue_train prog=accrue_train
+    help --model --train-data --eos-id --synthetic --micro-batch --seq-len --accum --windows \
+      --stop-after --lr --warmup-windows --weight-decay --max-grad-norm --dtype --seed \
+      --cuda-graphs --cpu --checkpoint --checkpoint-every --resume --metrics --max-skipped-windows
+    common_refusals
+    expect 2 "--model 'gpt9' is not a preset or hf:DIR" --synthetic --model gpt9
+    expect 2 "give exactly one of --train-data and --synthetic" --cpu
+    expect 2 "--train-data needs --eos-id" --train-data '/tmp/x_*.bin'
+    expect 2 "--dtype must be f32, bf16 or f64, got 'f16'" --synthetic --dtype f16
+    expect 2 "--lr must be > 0, got 0" --synthetic --lr 0
+    expect 2 "--stop-after 5 is past --windows 3" --synthetic --windows 3 --stop-after 5
+    expect 2 "--seq-len 1000 is longer than llama-tiny's max_position_embeddings 128" \
+      --synthetic --cpu --seq-len 1000
+    expect 1 "window 2 was skipped" --synthetic --cpu --lr 1e30 --windows 3 \
+      --max-skipped-windows 0
+    run --cpu --model llama-tiny --synthetic --windows 3 --micro-batch 2 --seq-len 32 --accum 2
+    [[ $rc -eq 0 ]] || fail "train --windows 3: exit code $rc: $err"
+    grep -q "^window 3/3 | loss " <<< "$out" || fail "train: no progress line for window 3: $out"
     ;;
   resnet)
     bin=$dir/accrue_resnet prog=accrue_resnet
