@@ -338,11 +338,14 @@ int train(int argc, char** argv) {
   // documents' offsets are padded to B * T + 1 entries with B * T (empty
   // documents at the end, which attend to nothing).
   std::unique_ptr<optim::GraphedWindow> graphed;
-  if (opt.cuda_graphs && where.gpu) {
+  if (opt.cuda_graphs) {  // on the CPU it runs eagerly, with the same padded offsets
     graphed = std::make_unique<optim::GraphedWindow>(window, [&](const std::vector<Tensor>& in) {
       return model->loss(in[0], in[1], nn::BatchLayout::packed(in[2], in[3]));
     });
-    std::printf("cuda graphs: micro-steps and close captured after one eager warm-up each\n");
+    std::printf("%s\n", where.gpu
+                            ? "cuda graphs: micro-steps and close captured after one eager "
+                              "warm-up each"
+                            : "--cuda-graphs on the CPU: run eagerly, with the graphs' inputs");
   }
   auto padded_offsets = [&](const Tensor& cu) {
     const int64_t n = cu.numel();
