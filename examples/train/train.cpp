@@ -19,6 +19,7 @@
 // generator's offset. Checkpoints are written between windows only, so the
 // resumed run draws exactly the batches the uninterrupted run would have, and
 // its final checkpoint equals that run's byte for byte.
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>

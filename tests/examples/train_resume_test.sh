@@ -26,4 +26,9 @@ cmp "$work/full.safetensors" "$work/part.safetensors" ||
   fail "the resumed run's final checkpoint differs from the uninterrupted run's"
 full=$(grep "^final:" "$work/full.txt") resumed=$(grep "^final:" "$work/second.txt")
 [[ -n $full && $full == "$resumed" ]] || fail "final lines differ: '$full' vs '$resumed'"
+# Another K is another run: refused naming the field, exit 1 (Note [Run record]).
+err=$("$trainer" "${args[@]}" --accum 3 --resume "$work/full.safetensors" 2>&1 >/dev/null)
+rc=$?
+[[ $rc -eq 1 && $err == *"micro_steps = 2 but this run has 3"* ]] ||
+  fail "a resume with another K: exit code $rc: $err"
 echo "ok: resumed after window 3, final checkpoint identical ($full)"
