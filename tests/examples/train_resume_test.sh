@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # accrue_train resumes bit-exactly (Note [Llama trainer checkpoint] in
 # examples/train/train.cpp):
-#   train_resume_test.sh TRAINER WORK_DIR
+#   train_resume_test.sh TRAINER WORK_DIR [PYTHON SOURCE_DIR]
 # llama-tiny on synthetic packed documents, 6 windows uninterrupted; the same
 # run stopped after window 3 (a periodic checkpoint at 3 too) and resumed; the
 # final checkpoints must be the same bytes, and so must the final loss line.
+# With PYTHON, the same on byte-token shards of README.md (tools/make_shards.py)
+# where a newline ends a document: the DocumentBatches position is restored.
 set -u
-trainer=$1 work=$2
+trainer=$1 work=$2 python=${3:-} source_dir=${4:-}
 rm -rf "$work" && mkdir -p "$work" || exit 1
 args=(--model llama-tiny --synthetic --cpu --windows 6 --micro-batch 2 --seq-len 32 --accum 2
   --warmup-windows 2 --seed 7)
@@ -31,4 +33,19 @@ err=$("$trainer" "${args[@]}" --accum 3 --resume "$work/full.safetensors" 2>&1 >
 rc=$?
 [[ $rc -eq 1 && $err == *"micro_steps = 2 but this run has 3"* ]] ||
   fail "a resume with another K: exit code $rc: $err"
+if [[ -n $python ]]; then
+  "$python" "$source_dir/tools/make_shards.py" "$source_dir/README.md" \
+    --output-prefix "$work/readme" > /dev/null || fail "make_shards.py"
+  shards=(--model llama-tiny --train-data "$work/readme_train_*.bin" --eos-id 10 --cpu --windows 6
+    --micro-batch 2 --seq-len 32 --accum 2)
+  "$trainer" "${shards[@]}" --checkpoint "$work/sfull.safetensors" > /dev/null ||
+    fail "shards, uninterrupted: exit code $?"
+  "$trainer" "${shards[@]}" --checkpoint "$work/spart.safetensors" --stop-after 3 > /dev/null ||
+    fail "shards, first half: exit code $?"
+  "$trainer" "${shards[@]}" --checkpoint "$work/spart.safetensors" \
+    --resume "$work/spart.safetensors" > /dev/null || fail "shards, resumed: exit code $?"
+  cmp "$work/sfull.safetensors" "$work/spart.safetensors" ||
+    fail "shards: the resumed run's final checkpoint differs from the uninterrupted run's"
+  echo "ok: shards resumed after window 3, final checkpoint identical"
+fi
 echo "ok: resumed after window 3, final checkpoint identical ($full)"
