@@ -36,56 +36,12 @@ inline int64_t token_at(const unsigned char* raw, int bytes, int64_t i) {
 }  // namespace
 
 DocumentShard read_document_shard_header(const std::string& path) {
-  std::error_code ec;
-  const auto status = fs::status(path, ec);
-  ACCRUE_CHECK(!ec && fs::exists(status), shard_ref(path), ": no such file");
-  ACCRUE_CHECK(fs::is_regular_file(status), shard_ref(path), ": not a regular file");
-  const uint64_t size = fs::file_size(path, ec);
-  ACCRUE_CHECK(!ec, shard_ref(path), ": cannot read the file size: ", ec.message());
-  ACCRUE_CHECK(size >= static_cast<uint64_t>(kShardHeaderBytes), shard_ref(path),
-               ": truncated header: the file has ", size, " bytes, the header alone needs ",
-               kShardHeaderBytes);
-  std::ifstream in(path, std::ios::binary);
-  ACCRUE_CHECK(in.is_open(), shard_ref(path), ": cannot open the file for reading");
-  int32_t header[kShardHeaderBytes / 4];
-  in.read(reinterpret_cast<char*>(header), kShardHeaderBytes);
-  ACCRUE_CHECK(in.good(), shard_ref(path), ": cannot read the ", kShardHeaderBytes, "-byte header");
-  ACCRUE_CHECK(header[0] == kShardMagic, shard_ref(path), ": bad magic: expected ", kShardMagic,
-               ", found ", header[0], " (not an llm.c token shard)");
-  ACCRUE_CHECK(header[1] == kShardVersion || header[1] == kShardVersionU32, shard_ref(path),
-               ": unsupported version: expected ", kShardVersion, " (uint16 tokens) or ",
-               kShardVersionU32, " (uint32 tokens), found ", header[1]);
+  const ShardInfo info = read_shard_header(path, /*allow_u32=*/true);
   DocumentShard s;
-  s.path = path;
-  s.token_bytes = header[1] == kShardVersion ? 2 : 4;
-  s.tokens = header[2];
-  ACCRUE_CHECK(s.tokens >= 0, shard_ref(path), ": negative token count ", s.tokens,
-               " in the header");
-  const uint64_t expected =
-      kShardHeaderBytes + static_cast<uint64_t>(s.token_bytes) * static_cast<uint64_t>(s.tokens);
-  ACCRUE_CHECK(size == expected, shard_ref(path), ": the header says ", s.tokens, " tokens of ",
-               s.token_bytes, " bytes (version ", header[1], "), so the file should be ", expected,
-               " bytes, but it has ", size, " (", size < expected ? "truncated" : "trailing bytes",
-               ")");
+  s.path = info.path;
+  s.tokens = info.tokens;
+  s.token_bytes = info.token_bytes;
   return s;
-}
-
-void write_token_shard_u32(const std::string& path, const std::vector<uint32_t>& tokens) {
-  ACCRUE_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
-               "write_token_shard_u32('", path, "'): ", tokens.size(),
-               " tokens do not fit the header's int32 count");
-  int32_t header[kShardHeaderBytes / 4] = {};
-  header[0] = kShardMagic;
-  header[1] = kShardVersionU32;
-  header[2] = static_cast<int32_t>(tokens.size());
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  ACCRUE_CHECK(out.is_open(), "write_token_shard_u32('", path,
-               "'): cannot open the file for writing");
-  out.write(reinterpret_cast<const char*>(header), kShardHeaderBytes);
-  out.write(reinterpret_cast<const char*>(tokens.data()),
-            static_cast<std::streamsize>(tokens.size() * sizeof(uint32_t)));
-  out.close();
-  ACCRUE_CHECK(out.good(), "write_token_shard_u32('", path, "'): writing failed");
 }
 
 DocumentBatches::DocumentBatches(const std::string& pattern, const DocumentOptions& options)

@@ -53,10 +53,9 @@
 #include <vector>
 
 #include "accrue/core/tensor.h"
+#include "accrue/data/token_shards.h"
 
 namespace accrue::data {
-
-inline constexpr int32_t kShardVersionU32 = 2;
 
 // A validated shard of either version (Note [Token shard versions]).
 struct DocumentShard {
@@ -69,9 +68,6 @@ struct DocumentShard {
 
 // Reads a version 1 or 2 header and checks it against the file's size.
 DocumentShard read_document_shard_header(const std::string& path);
-
-// Writes `tokens` as one version 2 shard (uint32 tokens), overwriting `path`.
-void write_token_shard_u32(const std::string& path, const std::vector<uint32_t>& tokens);
 
 enum class DocumentLayout { packed, padded };
 

@@ -37,7 +37,7 @@ uint64_t regular_file_size(const std::string& path) {
 
 }  // namespace
 
-ShardInfo read_shard_header(const std::string& path) {
+ShardInfo read_shard_header(const std::string& path, bool allow_u32) {
   const uint64_t size = regular_file_size(path);
   ACCRUE_CHECK(size >= static_cast<uint64_t>(kShardHeaderBytes), shard_ref(path),
                ": truncated header: the file has ", size, " bytes, the header alone needs ",
@@ -49,37 +49,53 @@ ShardInfo read_shard_header(const std::string& path) {
   ACCRUE_CHECK(in.good(), shard_ref(path), ": cannot read the ", kShardHeaderBytes, "-byte header");
   ACCRUE_CHECK(header[0] == kShardMagic, shard_ref(path), ": bad magic: expected ", kShardMagic,
                ", found ", header[0], " (not an llm.c token shard)");
-  ACCRUE_CHECK(header[1] == kShardVersion, shard_ref(path), ": unsupported version: expected ",
-               kShardVersion, " (uint16 tokens), found ", header[1]);
+  const bool u32 = allow_u32 && header[1] == kShardVersionU32;
+  ACCRUE_CHECK(header[1] == kShardVersion || u32, shard_ref(path),
+               ": unsupported version: expected ", kShardVersion, " (uint16 tokens)",
+               allow_u32 ? " or 2 (uint32 tokens)" : "", ", found ", header[1]);
+  const int bytes = u32 ? 4 : 2;
   const int64_t count = header[2];
   ACCRUE_CHECK(count >= 0, shard_ref(path), ": negative token count ", count, " in the header");
   const uint64_t data_bytes = size - kShardHeaderBytes;
-  ACCRUE_CHECK(data_bytes % 2 == 0, shard_ref(path), ": odd byte count: ", data_bytes,
-               " bytes after the header are not a whole number of uint16 tokens");
-  const uint64_t expected = kShardHeaderBytes + 2 * static_cast<uint64_t>(count);
+  ACCRUE_CHECK(data_bytes % bytes == 0, shard_ref(path), ": odd byte count: ", data_bytes,
+               " bytes after the header are not a whole number of uint", 8 * bytes, " tokens");
+  const uint64_t expected = kShardHeaderBytes + bytes * static_cast<uint64_t>(count);
   ACCRUE_CHECK(size == expected, shard_ref(path), ": the header says ", count,
-               " tokens, so the file should be ", kShardHeaderBytes, " + 2 * ", count, " = ",
-               expected, " bytes, but it has ", size, " (", data_bytes / 2, " tokens; ",
+               " tokens, so the file should be ", kShardHeaderBytes, " + ", bytes, " * ", count,
+               " = ", expected, " bytes, but it has ", size, " (", data_bytes / bytes, " tokens; ",
                size < expected ? "truncated" : "trailing bytes", ")");
-  return {path, count};
+  return {path, count, bytes};
 }
 
-void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-  ACCRUE_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
-               "write_token_shard('", path, "'): ", tokens.size(),
-               " tokens do not fit the header's int32 count");
+namespace {
+
+template <class Token>
+void write_shard(const char* what, const std::string& path, int32_t version,
+                 const std::vector<Token>& tokens) {
+  ACCRUE_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), what,
+               "('", path, "'): ", tokens.size(), " tokens do not fit the header's int32 count");
   int32_t header[kShardHeaderBytes / 4] = {};
   header[0] = kShardMagic;
-  header[1] = kShardVersion;
+  header[1] = version;
   header[2] = static_cast<int32_t>(tokens.size());
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  ACCRUE_CHECK(out.is_open(), "write_token_shard('", path, "'): cannot open the file for writing");
+  ACCRUE_CHECK(out.is_open(), what, "('", path, "'): cannot open the file for writing");
   out.write(reinterpret_cast<const char*>(header), kShardHeaderBytes);
   out.write(reinterpret_cast<const char*>(tokens.data()),
-            static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
+            static_cast<std::streamsize>(tokens.size() * sizeof(Token)));
   out.close();
-  ACCRUE_CHECK(out.good(), "write_token_shard('", path, "'): writing ",
-               kShardHeaderBytes + 2 * tokens.size(), " bytes failed");
+  ACCRUE_CHECK(out.good(), what, "('", path, "'): writing ",
+               kShardHeaderBytes + sizeof(Token) * tokens.size(), " bytes failed");
+}
+
+}  // namespace
+
+void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  write_shard("write_token_shard", path, kShardVersion, tokens);
+}
+
+void write_token_shard_u32(const std::string& path, const std::vector<uint32_t>& tokens) {
+  write_shard("write_token_shard_u32", path, kShardVersionU32, tokens);
 }
 
 std::vector<std::string> glob_files(const std::string& pattern) {

@@ -47,20 +47,26 @@ namespace accrue::data {
 
 inline constexpr int32_t kShardMagic = 20240520;
 inline constexpr int32_t kShardVersion = 1;
+// Version 2 holds uint32 tokens (vocabularies over 65536: Note [Token shard versions]).
+inline constexpr int32_t kShardVersionU32 = 2;
 inline constexpr int64_t kShardHeaderBytes = 256 * 4;
 
 // One validated shard file.
 struct ShardInfo {
   std::string path;
   int64_t tokens = 0;
+  int token_bytes = 2;  // 2 (version 1) or 4 (version 2)
 };
 
 // Reads one shard's header and checks it against the file's size (Note
 // [Token shard format]); throws accrue::Error naming the file otherwise.
-ShardInfo read_shard_header(const std::string& path);
+// Version 2 (uint32 tokens) only when allow_u32.
+ShardInfo read_shard_header(const std::string& path, bool allow_u32 = false);
 
-// Writes `tokens` as one shard (Note [Token shard format]), overwriting `path`.
+// Writes `tokens` as one shard (Note [Token shard format]), overwriting `path`:
+// version 1 (uint16 tokens) or version 2 (uint32 tokens).
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+void write_token_shard_u32(const std::string& path, const std::vector<uint32_t>& tokens);
 
 // The regular files matching a shell glob pattern, sorted by name (byte
 // order, independent of the locale). No match is an error naming the pattern.
