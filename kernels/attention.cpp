@@ -350,6 +350,11 @@ std::string cudnn_refusal(const std::vector<const Tensor*>& operands, const Tens
   if (p.Tq == 1 && p.Tk == 1) return "Tq = Tk = 1 has no cuDNN backward engine";
   if (p.bias_is_mask) return "cuDNN's bias cannot be boolean (give an additive bias)";
   if (p.packed()) return "packed documents (cu_seqlens) are not wired to cuDNN's ragged offsets";
+  // The forward graph's validation refuses this; the backward's does not, but
+  // the backward must take the path its forward took (rows without keys).
+  if (p.causal && p.bottom_right && p.Tq > p.Tk)
+    return detail::str_cat("bottom-right causal with Tq = ", p.Tq, " > Tk = ", p.Tk,
+                           " (rows without keys)");
   if (dbias && p.padded())
     return "the bias gradient with sequence lengths (cuDNN does not define it as 0 at padding)";
   for (const Tensor* t : operands)

@@ -105,7 +105,7 @@ int64_t GPT2Config::parameter_count() const {
 }
 
 GPT2::GPT2(const GPT2Config& config, const ParamOptions& options)
-    : config_(config), device_(options.device), dropout_generator_(config.dropout_seed) {
+    : config_(config), dropout_generator_(config.dropout_seed) {
   config.validate();
   ACCRUE_CHECK(is_floating(options.dtype), "GPT2: parameters must have a floating dtype, got ",
                dtype_name(options.dtype));
@@ -155,8 +155,8 @@ Tensor GPT2::forward(const Tensor& idx) const {
   const int64_t T = idx.size(1);
   ACCRUE_CHECK(T >= 1 && T <= config_.block_size, "GPT2::forward: sequence length T = ", T,
                " must be in [1, block_size = ", config_.block_size, "]");
-  ACCRUE_CHECK(idx.device() == device_, "GPT2::forward: idx on ", idx.device().str(), ", model on ",
-               device_.str());
+  ACCRUE_CHECK(idx.device() == device(), "GPT2::forward: idx on ", idx.device().str(),
+               ", model on ", device().str());
   Generator* gen = &dropout_generator_;
   const bool train = training();
   const Tensor tokens = embedding(wte_, idx);                            // [B, T, C]

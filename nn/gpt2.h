@@ -73,7 +73,8 @@ class GPT2 : public Module {
   GPT2(const GPT2Config& config, const ParamOptions& options);
 
   const GPT2Config& config() const { return config_; }
-  Device device() const { return device_; }
+  // Where the parameters are (Module::to moves them).
+  Device device() const { return wte_.device(); }
 
   // idx [B, T] i32/i64 token ids, T <= block_size -> the hidden state after
   // ln_f, [B, T, C] in the parameters' dtype.
@@ -94,7 +95,6 @@ class GPT2 : public Module {
 
  private:
   GPT2Config config_;
-  Device device_;
   Tensor wte_, wpe_;
   std::vector<Block*> blocks_;
   LayerNorm* ln_f_;

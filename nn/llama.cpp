@@ -257,8 +257,7 @@ ResidualNorm LlamaDecoderLayer::forward(const Tensor& x, const Tensor& normed,
   return add_rms_norm(mlp_->forward(h.normed), h.sum, next_norm.weight(), next_norm.eps());
 }
 
-Llama::Llama(const LlamaConfig& config, const ParamOptions& options)
-    : config_(config), device_(options.device) {
+Llama::Llama(const LlamaConfig& config, const ParamOptions& options) : config_(config) {
   config.validate();
   ACCRUE_CHECK(is_floating(options.dtype), "Llama: parameters must have a floating dtype, got ",
                dtype_name(options.dtype));
@@ -315,17 +314,17 @@ void Llama::check_inputs(const Tensor& idx, const BatchLayout& layout, const cha
   ACCRUE_CHECK(idx.defined() && idx.dim() == 2, op, ": idx must be [B, T], got ", describe(idx));
   ACCRUE_CHECK(idx.dtype() == DType::i32 || idx.dtype() == DType::i64, op,
                ": idx must hold i32 or i64 token ids, got ", describe(idx));
-  ACCRUE_CHECK(idx.device() == device_, op, ": idx on ", idx.device().str(), ", model on ",
-               device_.str());
+  ACCRUE_CHECK(idx.device() == device(), op, ": idx on ", idx.device().str(), ", model on ",
+               device().str());
   const int64_t B = idx.size(0), T = idx.size(1);
   ACCRUE_CHECK(B >= 1 && T >= 1, op, ": empty batch ", shape_str(idx.shape()));
   ACCRUE_CHECK(!(layout.is_padded() && layout.is_packed()), op,
                ": a layout is either padded (seq_lens) or packed (cu_seqlens), not both");
-  auto on_device = [&](const Tensor& t) { return t.device().is_cpu() || t.device() == device_; };
+  auto on_device = [&](const Tensor& t) { return t.device().is_cpu() || t.device() == device(); };
   if (layout.is_padded()) {
     const Tensor& l = layout.seq_lens;
     ACCRUE_CHECK(l.dtype() == DType::i64 && l.dim() == 1 && l.size(0) == B && on_device(l), op,
-                 ": seq_lens must be i64 [B = ", B, "] on the CPU or ", device_.str(), ", got ",
+                 ": seq_lens must be i64 [B = ", B, "] on the CPU or ", device().str(), ", got ",
                  describe(l));
     if (l.device().is_cpu()) {
       const std::vector<int64_t> v = l.contiguous().to_vector<int64_t>();
@@ -337,12 +336,12 @@ void Llama::check_inputs(const Tensor& idx, const BatchLayout& layout, const cha
   if (layout.is_packed()) {
     const Tensor &cu = layout.cu_seqlens, &p = layout.positions;
     ACCRUE_CHECK(cu.dtype() == DType::i64 && cu.dim() == 1 && cu.size(0) >= 2 && on_device(cu), op,
-                 ": cu_seqlens must be i64 [documents + 1] on the CPU or ", device_.str(), ", got ",
-                 describe(cu));
+                 ": cu_seqlens must be i64 [documents + 1] on the CPU or ", device().str(),
+                 ", got ", describe(cu));
     ACCRUE_CHECK(!p.defined() || (p.dtype() == DType::i64 && (p.shape() == Shape{B, T}) &&
-                                  p.device() == device_),
+                                  p.device() == device()),
                  op, ": a packed layout's positions must be i64 [B = ", B, ", T = ", T, "] on ",
-                 device_.str(), ", got ", describe(p));
+                 device().str(), ", got ", describe(p));
     if (cu.device().is_cpu()) {
       const std::vector<int64_t> v = cu.contiguous().to_vector<int64_t>();
       ACCRUE_CHECK(v.front() == 0 && v.back() == B * T, op, ": cu_seqlens runs from ", v.front(),
@@ -367,7 +366,7 @@ Tensor Llama::forward(const Tensor& idx, const BatchLayout& layout) const {
   if (layout.is_packed()) {
     positions = layout.positions.defined()
                     ? layout.positions
-                    : positions_from_cu_seqlens(layout.cu_seqlens, idx.size(0), T).to(device_);
+                    : positions_from_cu_seqlens(layout.cu_seqlens, idx.size(0), T).to(device());
   }
   const Tensor x0 = embedding(embed_tokens_, idx);  // [B, T, hidden]
   // Note [Llama residual stream]: (x, input_layernorm(x)) go from layer to layer.

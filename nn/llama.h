@@ -173,7 +173,8 @@ class Llama : public Module {
   void save_hf(const std::string& dir, int64_t max_shard_bytes = kDefaultMaxShardBytes) const;
 
   const LlamaConfig& config() const { return config_; }
-  Device device() const { return device_; }
+  // Where the parameters are (Module::to moves them).
+  Device device() const { return embed_tokens_.device(); }
 
   // idx [B, T] i32/i64 -> the hidden state after the final norm, [B, T, hidden].
   Tensor forward(const Tensor& idx, const BatchLayout& layout = BatchLayout::full()) const;
@@ -195,7 +196,6 @@ class Llama : public Module {
   void check_inputs(const Tensor& idx, const BatchLayout& layout, const char* op) const;
 
   LlamaConfig config_;
-  Device device_;
   Tensor embed_tokens_;
   std::vector<LlamaDecoderLayer*> layers_;
   RMSNorm* norm_;

@@ -575,6 +575,12 @@ if [[ -n "$python_wheels" ]]; then
   say "python: pip install . (build requirements from $python_wheels), pytest"
   if {
     python3 -m venv --system-site-packages "$pyenv" &&
+      # --system-site-packages reaches only the base interpreter's packages:
+      # where python3 is itself a virtual environment (numpy and torch in it),
+      # its package folders go on the new one's path too.
+      python3 -c 'import sys; print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' \
+        > "$("$pyenv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_accrue_system.pth" &&
+      "$pyenv/bin/python" -c 'import numpy; print("numpy", numpy.__version__, "from", numpy.__file__)' &&
       "$pyenv/bin/pip" install -q --no-index --find-links "$python_wheels" scikit-build-core \
         nanobind pytest &&
       "$pyenv/bin/pip" install -q --no-index --no-build-isolation -Cbuild-dir="$build_dir/python" . &&

@@ -67,8 +67,10 @@ TEST(GpuAutograd, every_op_family_backward_matches_the_cpu) {
   Tensor idx = from_vector<int64_t>({1, 3, 1, 0, 5, 1}, {6});
   Tensor table = test::random_normal({7, 8});
   auto loss = [&](Device d, Tensor& ga, Tensor& gw, Tensor& gt) {
-    Tensor la = requires_grad_(a.to(d)), lw = requires_grad_(w.to(d)), lb = b.to(d);
-    Tensor lt = requires_grad_(table.to(d));
+    // detach(): on the CPU to() is the tensor itself, and the leaves must be
+    // new ones each pass (a leaf that requires grad cannot be copied raw).
+    Tensor la = requires_grad_(detach(a).to(d)), lw = requires_grad_(detach(w).to(d)), lb = b.to(d);
+    Tensor lt = requires_grad_(detach(table).to(d));
     Tensor h = layer_norm(la + embedding(lt, idx.to(d)), lw, lb, 1e-5);
     h = gelu(h) * sigmoid(h) + tanh(h);
     Tensor s = softmax(h, 1) + log_softmax(h, 0) + max(h, {1}, true);

@@ -347,7 +347,8 @@ TEST(GpuClamp, forward_and_backward_match_the_cpu_exactly) {
       EXPECT_TRUE(test::all_equal(cpu(kernels::clamp(gx, lo, hi)), kernels::clamp(x, lo, hi)));
       EXPECT_TRUE(test::all_equal(cpu(kernels::clamp(gpu(s).transpose(0, 1), lo, hi)),
                                   kernels::clamp(s.transpose(0, 1), lo, hi)));
-      const Tensor gcl = kernels::clamp(gpu(cl), lo, hi);
+      // Tensor::to makes a dense copy: the layout is set again on the GPU.
+      const Tensor gcl = kernels::clamp(test::as_channels_last(gpu(cl)), lo, hi);
       EXPECT_TRUE(gcl.is_channels_last());
       EXPECT_TRUE(test::all_equal(cpu(gcl), kernels::clamp(cl, lo, hi)));
       EXPECT_TRUE(
@@ -389,7 +390,7 @@ TEST(GpuMaskedFill, matches_the_cpu_exactly_for_every_dtype_and_layout) {
     // A channels-last activation keeps its layout; -inf as an attention mask fills.
     const Tensor cl = test::as_channels_last(test::random_normal({2, 8, 5, 6}, dt));
     const Tensor mask = test::random_integers({6}, 0, 1, DType::i64).to(DType::boolean);
-    const Tensor out = kernels::masked_fill(gpu(cl), gpu(mask), -INFINITY);
+    const Tensor out = kernels::masked_fill(test::as_channels_last(gpu(cl)), gpu(mask), -INFINITY);
     EXPECT_TRUE(out.is_channels_last());
     EXPECT_TRUE(test::all_equal(cpu(out), kernels::masked_fill(cl, mask, -INFINITY)));
   }

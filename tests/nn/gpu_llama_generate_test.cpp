@@ -5,6 +5,7 @@
 // forward; bf16's first logits stay near float64's.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -78,11 +79,20 @@ TEST(GpuLlamaGenerate, F32MatchesTransformersAndCpu) {
     EXPECT_EQ(nn::generate_greedy(*gpu, c.prompt, c.new_tokens, false, &plain), c.tokens);
     ASSERT_EQ(cached.size(), ref.size());
     ASSERT_EQ(plain.size(), ref.size());
+    // f32 logits against the f64 CPU model: a few units of f32 rounding
+    // (6e-8) times the logits' size times the depth of the sums; 1.2e-5 was
+    // the worst seen on an H200, the tolerance leaves 4x room.
+    constexpr double kF32Logits = 5e-5;
+    double worst = 0;
     for (size_t n = 0; n < ref.size(); ++n) {
       EXPECT_EQ(cached[n].device(), kGpu);
-      EXPECT_LE(max_abs_diff(cached[n], ref[n]), 1e-5) << "step " << n;
-      EXPECT_LE(max_abs_diff(plain[n], ref[n]), 1e-5) << "step " << n;
+      const double dc = max_abs_diff(cached[n], ref[n]), dp = max_abs_diff(plain[n], ref[n]);
+      EXPECT_LE(dc, kF32Logits) << "step " << n;
+      EXPECT_LE(dp, kF32Logits) << "step " << n;
+      worst = std::max({worst, dc, dp});
     }
+    std::printf("[gpu generate] %s: worst f32 logit difference from the f64 CPU %.3g\n",
+                c.name.c_str(), worst);
   }
 }
 
