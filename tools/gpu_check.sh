@@ -581,7 +581,8 @@ if [[ -n "$python_wheels" ]]; then
       python3 -c 'import sys; print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' \
         > "$("$pyenv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_accrue_system.pth" &&
       "$pyenv/bin/python" -c 'import numpy; print("numpy", numpy.__version__, "from", numpy.__file__)' &&
-      "$pyenv/bin/pip" install -q --no-index --find-links "$python_wheels" scikit-build-core \
+      # --ignore-installed: python3's own (older) scikit-build-core is on the path too.
+      "$pyenv/bin/pip" install -q --no-index --find-links "$python_wheels" --ignore-installed scikit-build-core \
         nanobind pytest &&
       "$pyenv/bin/pip" install -q --no-index --no-build-isolation -Cbuild-dir="$build_dir/python" . &&
       (cd python/tests && "$pyenv/bin/python" -m pytest -q -p no:cacheprovider -rs .)
