@@ -11,20 +11,25 @@
 //    9.5.1 or newer (cudnn::device_supported says why), dv == d, a multiple
 //    of 8 up to 128 (what cuDNN 9 serves forward and backward on every
 //    architecture), not Tq == Tk == 1 (no backward engine), no boolean mask
-//    (cuDNN's bias cannot be boolean) and no packed documents, and every
-//    operand (q, k, v, out, an additive bias; in backward also grad_out, dq,
-//    dk, dv) starts on a 16-byte boundary with the strides of its non-unit
-//    dims nonzero multiples of 16 bytes, and lse starts on one (the
-//    frontend's tensor alignment: its kernels move 16-byte vectors). GPT-2's
-//    packed qkv views meet this whenever d % 8 == 0. Grouped-query heads,
-//    both alignments of the causal mask, the sliding window, per-sequence
-//    lengths (its padding mask) and the additive bias (and its gradient) go
-//    to cuDNN as they are; where cuDNN's validation or support check still
-//    refuses the graph (its engines do not serve every combination), the call
-//    takes the composed path.
+//    (cuDNN's bias cannot be boolean), and every operand (q, k, v, out, an
+//    additive bias; in backward also grad_out, dq, dk, dv) starts on a
+//    16-byte boundary with the strides of its non-unit dims nonzero
+//    multiples of 16 bytes, and lse starts on one (the frontend's tensor
+//    alignment: its kernels move 16-byte vectors). GPT-2's packed qkv views
+//    meet this whenever d % 8 == 0. Grouped-query heads, both alignments of
+//    the causal mask, the sliding window, per-sequence lengths (its padding
+//    mask) and the additive bias (and its gradient) go to cuDNN as they are.
+//    Packed documents go as their padded form (Note [Packed documents as
+//    padded] in kernels/attention_packed.h: gathered into one padded
+//    sequence per document and the results gathered back, which the rules
+//    above then judge), except inside a CUDA-graph capture (the offsets are
+//    not read back there), with a bias or mask, or where a document has
+//    query rows that see no key. Where cuDNN's validation or support check
+//    still refuses the graph (its engines do not serve every combination),
+//    the call takes the composed path, on the call as it was.
 //  - composed (kernels/cuda/attention.cu): everything else on CUDA: f32
 //    (true fp32 unless TF32 is allowed), f64, bf16/f16 without cuDNN, any
-//    dropout, unaligned views, boolean masks, packed documents.
+//    dropout, unaligned views, boolean masks, what cuDNN refuses.
 // A bf16/f16 CUDA call that cuDNN does not take says so once per distinct
 // reason on stderr (the shape and why), and last_attention_refusal() keeps
 // the reason of the thread's last call; last_attention_path() says which
@@ -68,6 +73,7 @@
 #include "accrue/core/grad_mode.h"
 #include "accrue/kernels/attention.h"
 #include "accrue/kernels/attention_backend.h"
+#include "accrue/kernels/attention_packed.h"
 #include "accrue/kernels/dispatch_util.h"
 
 namespace accrue::kernels {
@@ -265,10 +271,10 @@ AttentionParams check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
     const int64_t n = o.cu_seqlens_q().dim() == 1 ? o.cu_seqlens_q().size(0) : 0;
     ACCRUE_CHECK(n >= 2, op, ": cu_seqlens_q of shape ", shape_str(o.cu_seqlens_q().shape()),
                  " must be [N + 1] with N >= 1 documents");
-    check_offsets(index_vector(o.cu_seqlens_q(), n, q, op, "cu_seqlens_q", &p.cu_q), p.Tq, op,
-                  "cu_seqlens_q");
-    check_offsets(index_vector(ckv, n, q, op, "cu_seqlens_kv", &p.cu_kv), p.Tk, op,
-                  "cu_seqlens_kv");
+    p.cu_q_host = index_vector(o.cu_seqlens_q(), n, q, op, "cu_seqlens_q", &p.cu_q);
+    p.cu_kv_host = index_vector(ckv, n, q, op, "cu_seqlens_kv", &p.cu_kv);
+    check_offsets(p.cu_q_host, p.Tq, op, "cu_seqlens_q");
+    check_offsets(p.cu_kv_host, p.Tk, op, "cu_seqlens_kv");
     p.n_docs = n - 1;
   }
   // Both alignments are one mask when every sequence has Tq == Tk queries
@@ -337,19 +343,16 @@ bool cudnn_candidate(const Tensor& q) {
          (q.dtype() == DType::bf16 || q.dtype() == DType::f16);
 }
 
-// Why cuDNN cannot take a candidate call; empty when it may.
-// operands: every [B, H, T, d] tensor of the call; dbias: whether the bias
-// wants its gradient.
-std::string cudnn_refusal(const std::vector<const Tensor*>& operands, const Tensor& lse,
-                          const AttentionParams& p, bool dbias) {
-  const Tensor& bias = p.bias_source;
+// Why cuDNN cannot take a candidate problem, from its options and extents
+// alone; empty when it may. dbias: whether the bias wants its gradient.
+std::string problem_refusal(const AttentionParams& p, bool dbias) {
   if (p.dropout_p > 0.0) return "dropout must follow accrue's Philox stream";
   if (p.d % 8 != 0 || p.d > 128 || p.dv != p.d)
     return detail::str_cat("head dims d = ", p.d, ", dv = ", p.dv,
                            " (cuDNN needs dv == d, a multiple of 8 up to 128)");
-  if (p.Tq == 1 && p.Tk == 1) return "Tq = Tk = 1 has no cuDNN backward engine";
   if (p.bias_is_mask) return "cuDNN's bias cannot be boolean (give an additive bias)";
-  if (p.packed()) return "packed documents (cu_seqlens) are not wired to cuDNN's ragged offsets";
+  if (p.packed()) return "";  // its padded form is judged (Note [Packed documents as padded])
+  if (p.Tq == 1 && p.Tk == 1) return "Tq = Tk = 1 has no cuDNN backward engine";
   // The forward graph's validation refuses this; the backward's does not, but
   // the backward must take the path its forward took (rows without keys).
   if (p.causal && p.bottom_right && p.Tq > p.Tk)
@@ -357,6 +360,14 @@ std::string cudnn_refusal(const std::vector<const Tensor*>& operands, const Tens
                            " (rows without keys)");
   if (dbias && p.padded())
     return "the bias gradient with sequence lengths (cuDNN does not define it as 0 at padding)";
+  return "";
+}
+
+// Why cuDNN cannot take the operands (every [B, H, T, d] tensor of the call)
+// and lse; empty when it may.
+std::string operand_refusal(const std::vector<const Tensor*>& operands, const Tensor& lse,
+                            const AttentionParams& p) {
+  const Tensor& bias = p.bias_source;
   for (const Tensor* t : operands)
     if (!cudnn_aligned(*t))
       return detail::str_cat("an operand of strides ", shape_str(t->strides()),
@@ -365,22 +376,77 @@ std::string cudnn_refusal(const std::vector<const Tensor*>& operands, const Tens
     return detail::str_cat("the bias of strides ", shape_str(bias.strides()),
                            " is not 16-byte aligned (Tk a multiple of 8 makes it so)");
   if (reinterpret_cast<uintptr_t>(lse.data_ptr()) % 16 != 0) return "lse is not 16-byte aligned";
-  if (!cudnn::device_supported(operands.front()->device().index))
+  return "";
+}
+
+std::string device_refusal(const Tensor& q) {
+  if (!cudnn::device_supported(q.device().index))
     return "the device or the cuDNN version cannot run fused attention (compute capability 8.0+ "
            "and cuDNN 9.5.1+, not 9.10.0/9.10.1)";
   return "";
 }
+
+// Packed documents on cuDNN (Note [Packed documents as padded]): their padded
+// form, or why they have none that cuDNN takes (*why).
+PackedAsPadded cudnn_padded_form(const AttentionParams& p, std::string* why) {
+  PackedAsPadded pp = packed_as_padded(p);
+  *why = pp.refusal;
+  if (why->empty() && pp.rows_without_keys)
+    *why =
+        "a document has query rows that see no key (cuDNN's padding mask does not define "
+        "them as empty)";
+  if (why->empty()) *why = problem_refusal(pp.params, false);
+  return pp;
+}
+
+bool cudnn_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
+                   const Tensor& out, const Tensor& lse, std::string* why) {
+  // x: the problem run, the padded form or the call itself.
+  const auto run = [why](const Tensor& qx, const Tensor& kx, const Tensor& vx,
+                         const AttentionParams& px, const Tensor& outx, const Tensor& lsex) {
+    *why = operand_refusal({&qx, &kx, &vx, &outx}, lsex, px);
+    return why->empty() && cudnn::attention_forward(qx, kx, vx, px, outx, lsex, why);
+  };
+  *why = problem_refusal(p, false);
+  if (why->empty()) *why = device_refusal(q);
+  if (!why->empty()) return false;
+  if (!p.packed()) return run(q, k, v, p, out, lse);
+  const PackedAsPadded pp = cudnn_padded_form(p, why);
+  return why->empty() && packed_forward_as_padded(pp, q, k, v, out, lse, run);
+}
+
+bool cudnn_backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v,
+                    const Tensor& out, const Tensor& lse, const AttentionParams& p,
+                    const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dbias,
+                    std::string* why) {
+  // x: the problem run, the padded form or the call itself.
+  const auto run = [why, &dbias](const Tensor& gx, const Tensor& qx, const Tensor& kx,
+                                 const Tensor& vx, const Tensor& outx, const Tensor& lsex,
+                                 const AttentionParams& px, const Tensor& dqx, const Tensor& dkx,
+                                 const Tensor& dvx) {
+    *why = operand_refusal({&qx, &kx, &vx, &outx, &gx, &dqx, &dkx, &dvx}, lsex, px);
+    return why->empty() &&
+           cudnn::attention_backward(gx, qx, kx, vx, outx, lsex, px, dqx, dkx, dvx, dbias, why);
+  };
+  *why = problem_refusal(p, dbias.defined());
+  if (why->empty()) *why = device_refusal(q);
+  if (!why->empty()) return false;
+  if (!p.packed()) return run(g, q, k, v, out, lse, p, dq, dk, dv);
+  const PackedAsPadded pp = cudnn_padded_form(p, why);
+  return why->empty() && packed_backward_as_padded(pp, g, q, k, v, out, lse, dq, dk, dv, run);
+}
 #endif
 
 // The path of Note [Attention paths]: cuDNN where it takes the call, else
-// the backend of the device.
+// the backend of the device (with packed documents, on the packed problem
+// itself, whatever cuDNN refused).
 void run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                  const Tensor& out, const Tensor& lse) {
   t_last_refusal.clear();
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
   if (cudnn_candidate(q)) {
-    std::string why = cudnn_refusal({&q, &k, &v, &out}, lse, p, false);
-    if (why.empty() && cudnn::attention_forward(q, k, v, p, out, lse, &why)) {
+    std::string why;
+    if (cudnn_forward(q, k, v, p, out, lse, &why)) {
       t_last_path = AttentionPath::cudnn;
       return;
     }
@@ -397,9 +463,8 @@ void run_backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tenso
   t_last_refusal.clear();
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
   if (cudnn_candidate(q)) {
-    std::string why = cudnn_refusal({&q, &k, &v, &out, &g, &dq, &dk, &dv}, lse, p, dbias.defined());
-    if (why.empty() &&
-        cudnn::attention_backward(g, q, k, v, out, lse, p, dq, dk, dv, dbias, &why)) {
+    std::string why;
+    if (cudnn_backward(g, q, k, v, out, lse, p, dq, dk, dv, dbias, &why)) {
       t_last_path = AttentionPath::cudnn;
       return;
     }
@@ -411,6 +476,11 @@ void run_backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tenso
 }
 
 }  // namespace
+
+AttentionParams attention_params(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const AttentionOptions& options) {
+  return check_inputs(q, k, v, options, kForward);
+}
 
 const char* alignment_name(MaskAlignment a) {
   return a == MaskAlignment::top_left ? "top_left" : "bottom_right";

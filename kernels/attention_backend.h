@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "accrue/core/host_device.h"
 #include "accrue/core/philox.h"
@@ -37,6 +38,10 @@ struct AttentionParams {
   uint64_t offset = 0;
   Tensor seq_len_q, seq_len_kv;  // both or neither
   Tensor cu_q, cu_kv;            // both or neither; B == 1
+  // Their values on the host (empty inside a CUDA-graph capture, where they
+  // are not read back): what dispatch needs to run them padded (Note [Packed
+  // documents as padded] in kernels/attention_packed.h).
+  std::vector<int64_t> cu_q_host, cu_kv_host;
   int64_t n_docs = 0;
   Tensor bias;         // additive, of q's dtype, or a bool mask; [B, H, Tq, Tk] view
   Tensor bias_source;  // the caller's bias or mask, [B or 1, H or 1, Tq, Tk]
