@@ -402,9 +402,27 @@ std::vector<Variant> variants() {
                true});
   v.push_back(
       {"window", 2, 4, 2, 256, 256, 64, plain(AttentionOptions().causal().window(48)), true});
-  // Packed documents and boolean masks take the composed path (Note [Attention paths]).
+  // Packed documents go to cuDNN as their padded form (Note [Packed
+  // documents as padded]): self-attention, a KV-cache shape whose second
+  // document has keys but no query (their gradients are 0), a window.
   v.push_back({"packed documents", 1, 4, 2, 200, 200, 64,
-               plain(AttentionOptions().causal().varlen(lengths({0, 64, 65, 150, 200}))), false});
+               plain(AttentionOptions().causal().varlen(lengths({0, 64, 65, 150, 200}))), true});
+  v.push_back({"packed documents kv cache", 1, 4, 2, 48, 200, 64,
+               plain(AttentionOptions()
+                         .causal(MaskAlignment::bottom_right)
+                         .varlen(lengths({0, 16, 16, 41, 48}), lengths({0, 60, 90, 170, 200}))),
+               true});
+  v.push_back({"packed documents window", 1, 8, 2, 256, 256, 64,
+               plain(AttentionOptions().causal().window(32).varlen(lengths({0, 100, 101, 256}))),
+               true});
+  // A document with more queries than keys, bottom-right: its first rows see
+  // no key, which cuDNN's padding mask does not define as empty: composed.
+  v.push_back({"packed documents, rows without keys", 1, 4, 2, 64, 100, 64,
+               plain(AttentionOptions()
+                         .causal(MaskAlignment::bottom_right)
+                         .varlen(lengths({0, 40, 64}), lengths({0, 20, 100}))),
+               false});
+  // Boolean masks take the composed path (Note [Attention paths]).
   v.push_back(
       {"bias", 2, 4, 2, 128, 128, 64,
        [](DType dt) {
@@ -559,6 +577,48 @@ TEST_F(GpuAttention, gqa_with_device_lengths_captures_into_a_cuda_graph) {
       EXPECT_TRUE(close(result[i], eager[i], dt == DType::f32 ? 0.0 : 1e-3)) << "result " << i;
     EXPECT_FALSE(test::all_equal(result[0].to(kCpu), warm[0].to(kCpu)));
   }
+}
+
+// Inside a CUDA-graph capture the document offsets are not read back, so
+// packed documents have no padded form there: bf16 records the composed path
+// (and says why), while the eager call runs on cuDNN; the replay matches it.
+TEST_F(GpuAttention, packed_documents_in_a_cuda_graph_take_the_composed_path) {
+  ACCRUE_REQUIRE_CUDA();
+  if (!kernels::cudnn_attention_available())
+    GTEST_SKIP()
+        << "no cuDNN attention (built without the frontend, or ACCRUE_ATTENTION_COMPOSED=1)";
+  const DType dt = DType::bf16;
+  const Tensor q = test::random_normal({1, 4, 128, 64}, dt, kGpu);
+  const Tensor k = test::random_normal({1, 2, 128, 64}, dt, kGpu);
+  kernels::AttentionOptions o;
+  o.causal().varlen(lengths({0, 50, 128}));
+  {
+    ComposedOnly off;  // the composed path's workspaces exist before the capture
+    kernels::attention(q, k, k, o);
+  }
+  const kernels::AttentionResult eager = kernels::attention(q, k, k, o);
+  EXPECT_EQ(kernels::last_attention_path(), kernels::AttentionPath::cudnn)
+      << kernels::last_attention_refusal();
+  const Tensor out = empty(eager.out.shape(), dt, kGpu);
+  const Tensor lse = empty(eager.lse.shape(), DType::f32, kGpu);
+  kernels::AttentionPath captured = kernels::AttentionPath::none;
+  std::string refusal, why;
+  const std::unique_ptr<CudaGraph> graph = CudaGraph::capture(
+      0,
+      [&] {
+        const kernels::AttentionResult r = kernels::attention(q, k, k, o);
+        captured = kernels::last_attention_path();
+        refusal = kernels::last_attention_refusal();
+        out.copy_(r.out);
+        lse.copy_(r.lse);
+      },
+      &why);
+  ASSERT_TRUE(graph) << why;
+  EXPECT_EQ(captured, kernels::AttentionPath::composed);
+  EXPECT_THAT(refusal, ::testing::HasSubstr("CUDA-graph capture"));
+  graph->launch();
+  EXPECT_TRUE(close(out, eager.out, 2 * test::normalized_tolerance(dt)));
+  EXPECT_TRUE(lse_matches(lse, reference_copy(eager.lse), 1e-4));
 }
 
 TEST_F(GpuAttention, mixed_devices_throw) {
