@@ -356,28 +356,41 @@ def attention_variants():
     """bench/bench_attention.cpp's rows: F.scaled_dot_product_attention(enable_gqa=True)."""
     F = torch.nn.functional
     B, HQ, HKV, T, D = 4, 32, 8, 2048, 128
-    variants = [("causal", True, False, 0, False), ("padded_causal", True, True, 0, False),
-                ("window512_causal", True, False, 512, False), ("bias", False, False, 0, True)]
-    for name, causal, padded, window, bias in variants:
+    # packed_causal: the B * T tokens as one row of these documents (bench_attention.cpp's
+    # kDocuments), attention never crossing one: a block-diagonal causal boolean mask.
+    documents = [1500, 700, 2048, 300, 1200, 900, 1544]
+    variants = [("causal", True, False, 0, False, False),
+                ("padded_causal", True, True, 0, False, False),
+                ("window512_causal", True, False, 512, False, False),
+                ("bias", False, False, 0, True, False),
+                ("packed_causal", True, False, 0, False, True)]
+    for name, causal, padded, window, bias, packed in variants:
         for backward in (False, True):
-            def make(causal=causal, padded=padded, window=window, bias=bias, backward=backward):
+            def make(causal=causal, padded=padded, window=window, bias=bias, packed=packed,
+                     backward=backward):
                 def rand(*shape):
                     return torch.randn(*shape, device="cuda", dtype=torch.bfloat16,
                                        requires_grad=backward)
-                q, k, v = rand(B, HQ, T, D), rand(B, HKV, T, D), rand(B, HKV, T, D)
-                i = torch.arange(T, device="cuda")
+                rows, n = (1, B * T) if packed else (B, T)
+                q, k, v = rand(rows, HQ, n, D), rand(rows, HKV, n, D), rand(rows, HKV, n, D)
+                i = torch.arange(n, device="cuda")
                 mask = None
-                if padded or window:  # a boolean mask: what PyTorch users pass for these
+                if padded or window or packed:  # a boolean mask: what PyTorch users pass for these
                     keep = (i[None, :] <= i[:, None])[None, None]
                     if window:
                         keep = keep & (i[:, None] - i[None, :] < window)[None, None]
                     if padded:
                         lens = torch.randint(T // 2, T + 1, (B,), device="cuda")
                         keep = keep & (i[None, None, None, :] < lens[:, None, None, None])
+                    if packed:
+                        doc = torch.repeat_interleave(
+                            torch.arange(len(documents), device="cuda"),
+                            torch.tensor(documents, device="cuda"))
+                        keep = keep & (doc[:, None] == doc[None, :])[None, None]
                     mask = keep
                 elif bias:
                     mask = rand(1, HQ, T, T)
-                grad = torch.randn(B, HQ, T, D, device="cuda", dtype=torch.bfloat16)
+                grad = torch.randn(rows, HQ, n, D, device="cuda", dtype=torch.bfloat16)
                 return q, k, v, mask, grad
 
             def fn(q, k, v, mask, grad, causal=causal, backward=backward):
@@ -387,7 +400,9 @@ def attention_variants():
                     out.backward(grad)
                 return out
 
-            flop = 4.0 * B * HQ * T * T * D * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)
+            # Packed documents count each document's own products (bench_attention.cpp's rule).
+            squares = sum(L * L for L in documents) if packed else B * T * T
+            flop = 4.0 * HQ * squares * D * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)
             yield (f"attention/gqa_{name}/bf16/4x32x8x2048x128/{'fwd_bwd' if backward else 'fwd'}",
                    "attention", [B, HQ, HKV, T, D], "bf16", make, fn, 0, flop)
 
