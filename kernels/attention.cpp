@@ -20,13 +20,14 @@
 //    the causal mask, the sliding window, per-sequence lengths (its padding
 //    mask) and the additive bias (and its gradient) go to cuDNN as they are.
 //    Packed documents go as their padded form (Note [Packed documents as
-//    padded] in kernels/attention_packed.h: gathered into one padded
-//    sequence per document and the results gathered back, which the rules
-//    above then judge), except inside a CUDA-graph capture (the offsets are
-//    not read back there), with a bias or mask, or where a document has
-//    query rows that see no key. Where cuDNN's validation or support check
-//    still refuses the graph (its engines do not serve every combination),
-//    the call takes the composed path, on the call as it was.
+//    padded] in kernels/attention_packed.h), which the rules above then
+//    judge: one padded sequence per document, at the cost of a gather of q,
+//    k, v in and of out and lse back (in backward, of grad_out, q, k, v,
+//    out, lse in and of dq, dk, dv back); not inside a CUDA-graph capture
+//    (the offsets are not read back there), with a bias or mask, or where a
+//    document has query rows that see no key. Where cuDNN's validation or
+//    support check still refuses the graph (its engines do not serve every
+//    combination), the call takes the composed path, on the call as it was.
 //  - composed (kernels/cuda/attention.cu): everything else on CUDA: f32
 //    (true fp32 unless TF32 is allowed), f64, bf16/f16 without cuDNN, any
 //    dropout, unaligned views, boolean masks, what cuDNN refuses.
