@@ -156,6 +156,14 @@ Tensor as_channels_last(const Tensor& t) {
   return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
 }
 
+GraphPoolScope::GraphPoolScope() : previous_(cuda_allocator_mode()) {
+  set_cuda_allocator_mode(CudaAllocatorMode::StreamOrderedPool);
+}
+
+GraphPoolScope::~GraphPoolScope() {
+  set_cuda_allocator_mode(previous_);
+}
+
 void poison(const Tensor& t) {
   if (is_floating(t.dtype())) {
     t.fill_(std::numeric_limits<double>::quiet_NaN());

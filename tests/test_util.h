@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "accrue/core/allocator.h"
 #include "accrue/core/cuda_runtime.h"
 #include "accrue/core/random.h"
 #include "accrue/core/tensor.h"
@@ -96,6 +97,20 @@ class CheckIndicesScope {
 
  private:
   bool previous_;
+};
+
+// CUDA graphs need the stream-ordered pool (Note [Capturable code]); the
+// compute-sanitizer runs set the plain allocator for every test
+// (ACCRUE_TEST_ALLOCATOR=plain), so a test that captures holds this scope.
+class GraphPoolScope {
+ public:
+  GraphPoolScope();
+  ~GraphPoolScope();
+  GraphPoolScope(const GraphPoolScope&) = delete;
+  GraphPoolScope& operator=(const GraphPoolScope&) = delete;
+
+ private:
+  CudaAllocatorMode previous_;
 };
 
 // Poisons a tensor's memory with NaN (floats) or a sentinel (ints), so that an

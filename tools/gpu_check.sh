@@ -421,6 +421,13 @@ sanitize_one() {
   fi
   tests=$(grep -E '^\[  PASSED  \]' "$log" | tail -n 1 | sed 's/^\[  PASSED  \] *//')
   took="$((SECONDS - run_start)) s"
+  # A shard of a binary with fewer tests than shards runs none, and the
+  # sanitizer fails a program that never touched the GPU; nothing was skipped.
+  if grep -q '^\[==========\] 0 tests from 0 test suites ran' "$log" &&
+    grep -q 'terminated before first instrumented API call' "$log"; then
+    rc=0
+    result="an empty shard (0 tests)"
+  fi
   # racecheck and synccheck: hazards and barrier errors that lie wholly in
   # library kernels do not fail the run (Note [Sanitizer exclusions]); count
   # them apart.

@@ -426,6 +426,7 @@ TEST(GpuTriangle, tril_and_triu_match_the_cpu_for_every_dtype_diagonal_and_layou
 // and its replay on new input values equals the eager ops.
 TEST(GpuPointwise, new_ops_capture_in_a_cuda_graph_and_replay_on_new_values) {
   ACCRUE_REQUIRE_CUDA();
+  const test::GraphPoolScope pool;
   const Tensor x = gpu(test::random_normal({8, 33}));
   const Tensor y = gpu(test::random_normal({33}));
   const Tensor mask = gpu(test::random_integers({8, 1}, 0, 1, DType::i64).to(DType::boolean));

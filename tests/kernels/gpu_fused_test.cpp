@@ -753,6 +753,7 @@ TEST(GpuModernBlock, autograd_gradients_match_cpu) {
 // whose replay on new inputs equals the eager calls.
 TEST(GpuModernBlock, the_kernels_capture_into_a_cuda_graph) {
   ACCRUE_REQUIRE_CUDA();
+  const test::GraphPoolScope pool;
   test::CheckIndicesScope no_checks(false);
   const int64_t b = 2, t = 8, h = 4, d = 32, c = h * d;
   const Tensor x = test::random_normal({b, t, c}, DType::bf16, kGpu);

@@ -270,6 +270,7 @@ TEST(GpuIndexing, errors_name_the_op_and_values) {
 // replay on new inputs equals the eager calls.
 TEST(GpuIndexing, the_ops_capture_into_a_cuda_graph) {
   ACCRUE_REQUIRE_CUDA();
+  const test::GraphPoolScope pool;
   test::CheckIndicesScope no_checks(false);
   const Tensor x = gpu(test::random_normal({64, 32}));
   const Tensor src = gpu(test::random_normal({100, 32}));
