@@ -15,8 +15,14 @@ namespace accrue::kernels {
 
 namespace {
 
-int64_t round_up(int64_t x, int64_t m) {
-  return (x + m - 1) / m * m;
+// The smallest of unit x {1, 2, 3, 4, 6, 8, 12, 16, ...} (the powers of two
+// and, from 2 on, their 1.5 multiples) that is at least x: at most 1.5 x
+// (or unit), in about 2 log2(x / unit) distinct values.
+int64_t bucket(int64_t x, int64_t unit) {
+  for (int64_t p = unit;; p *= 2) {
+    if (p >= x) return p;
+    if (p >= 2 * unit && p / 2 * 3 >= x) return p / 2 * 3;
+  }
 }
 
 // dst [R, H, c] = rows[j] of x [T, H, c] (unit last strides; rows i64 [R],
@@ -98,16 +104,25 @@ PackedAsPadded packed_as_padded(const AttentionParams& p) {
   const std::vector<int64_t>& cq = p.cu_q_host;
   const std::vector<int64_t>& ck = p.cu_kv_host;
   std::vector<int64_t> docs;  // the documents with queries, in order
-  int64_t lq = 1, lk = 1;
+  int64_t lq = 1, lk = 1, cheapest = -1;
   for (int64_t n = 0; n < p.n_docs; ++n) {
-    if (cq[n + 1] == cq[n]) continue;
+    const int64_t dq = cq[n + 1] - cq[n], dk = ck[n + 1] - ck[n];
+    if (dq == 0) continue;
     docs.push_back(n);
-    lq = std::max(lq, cq[n + 1] - cq[n]);
-    lk = std::max(lk, ck[n + 1] - ck[n]);
+    lq = std::max(lq, dq);
+    lk = std::max(lk, dk);
+    if (cheapest < 0 ||
+        dq * dk < (cq[cheapest + 1] - cq[cheapest]) * (ck[cheapest + 1] - ck[cheapest]))
+      cheapest = n;
   }
-  const int64_t B = static_cast<int64_t>(docs.size());
-  const int64_t Lq = round_up(lq, kPaddedLengthQuantum);
-  const int64_t Lk = round_up(lk, kPaddedLengthQuantum);
+  const int64_t documents = static_cast<int64_t>(docs.size());
+  // The batch filled up to its bucket with copies of the cheapest document:
+  // they compute exactly what it does (so the lse gathered for them in
+  // backward is theirs), and nothing of theirs is gathered back.
+  const int64_t B = bucket(documents, 1);
+  docs.resize(static_cast<size_t>(B), cheapest);
+  const int64_t Lq = bucket(lq, kPaddedLengthQuantum);
+  const int64_t Lk = bucket(lk, kPaddedLengthQuantum);
 
   // One host buffer, one copy to the device: seq_len_q [B], seq_len_kv [B],
   // q_rows [B Lq], kv_rows [B Lk], q_back [Tq], kv_back [Tk].
@@ -130,6 +145,7 @@ PackedAsPadded packed_as_padded(const AttentionParams& p) {
       q_rows[b * Lq + r] = q0 + (r < seq_q[b] ? r : 0);
     for (int64_t r = 0; r < Lk; ++r)
       kv_rows[b * Lk + r] = seq_kv[b] == 0 ? 0 : k0 + (r < seq_kv[b] ? r : 0);
+    if (b >= documents) continue;  // a copy
     for (int64_t r = 0; r < seq_q[b]; ++r)
       q_back[q0 + r] = b * Lq + r;
     for (int64_t r = 0; r < seq_kv[b]; ++r)

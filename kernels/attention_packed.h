@@ -11,11 +11,15 @@
 // its rows follow exactly the padded rules with q0 = cu_q[n], k0 = cu_kv[n]
 // (the same diagonal r or r + Lk - Lq, the same window, the same scale), and
 // no row of one document sees a key of another. So:
-//  - B' = the documents with at least one query (an empty one owns no row;
-//    its keys, seen by nobody, get 0 gradient), Tq' and Tk' their longest
-//    query and key lengths rounded up to kPaddedLengthQuantum (so that
-//    batches of similar documents share one cuDNN graph), seq_len_q/kv their
-//    lengths;
+//  - its sequences are the documents with at least one query (an empty one
+//    owns no row; its keys, seen by nobody, get 0 gradient), seq_len_q/kv
+//    their lengths. cuDNN builds a graph per B', Tq', Tk', so these are
+//    bucketed, each to at most 1.5 times what it holds (the powers of two
+//    and their 1.5 multiples): Tq' and Tk' are the longest query and key
+//    lengths bucketed in units of kPaddedLengthQuantum, B' the number of
+//    documents bucketed, the extra sequences copies of the cheapest
+//    document (whose results are dropped). A training run then builds a
+//    few dozen graphs, not one per batch;
 //  - q, k, v (and in backward grad_out, out, lse) are gathered into that
 //    form, one row per (document, position); a padding row reads some row of
 //    the packed tensor, never uninitialized memory (the padding mask ignores
@@ -25,11 +29,10 @@
 //    to one document or to none (then it reads an extra zero row).
 // Its cost: one gather of q, k, v and one of out and lse in forward; of
 // grad_out, q, k, v, out, lse and of the three gradients in backward; memory
-// for B' x the longest document rows of each. The offsets' host values are
-// needed (dispatch reads them back; inside a CUDA-graph capture it does not,
-// and the problem has no padded form there). Dropout (its Philox elements
-// are numbered in the packed [Tq, Tk] space) and a bias or mask (not
-// gathered) have none either.
+// for B' Tq' (B' Tk') rows of each, B' x the longest document's, bucketed. The offsets' host values
+// are needed (dispatch reads them back; inside a CUDA-graph capture it does not, and the problem
+// has no padded form there). Dropout (its Philox elements are numbered in the packed [Tq, Tk]
+// space) and a bias or mask (not gathered) have none either.
 #pragma once
 
 #include <cstdint>

@@ -70,6 +70,17 @@ std::vector<Case> cases() {
                {0, 4, 13, 20},
                AttentionOptions().window(3),
                false});
+  // Five documents with queries: the padded batch holds six, the sixth a
+  // copy of the cheapest document (2), whose results are dropped.
+  c.push_back({"five documents and a copy, long ones",
+               2,
+               1,
+               8,
+               8,
+               {0, 70, 72, 75, 140, 150},
+               {0, 70, 73, 77, 150, 160},
+               AttentionOptions().causal(MaskAlignment::bottom_right).window(40),
+               false});
   // Document 0's first two rows (bottom-right, 4 queries on 2 keys) and all
   // of document 1 (no key) see nothing.
   c.push_back({"rows without keys",
@@ -191,6 +202,33 @@ TEST(CpuAttentionPacked, the_padded_form_has_one_sequence_per_document_with_quer
   EXPECT_EQ(pp.q_back.to_vector<int64_t>()[4], kernels::kPaddedLengthQuantum + 1);
   EXPECT_EQ(pp.kv_back.to_vector<int64_t>()[7], 3 * kernels::kPaddedLengthQuantum);
   EXPECT_EQ(pp.kv_rows.to_vector<int64_t>()[kernels::kPaddedLengthQuantum + 2], 9 + 2);
+}
+
+// B', Tq' and Tk' are bucketed (powers of two and their 1.5 multiples, the
+// lengths in units of 64), the extra sequences copies of the cheapest document.
+TEST(CpuAttentionPacked, the_padded_form_is_bucketed) {
+  // Five documents of 100, 1, 300, 20, 5 queries on 100, 2, 700, 20, 9 keys.
+  const Tensor q = test::random_normal({1, 2, 426, 8}, DType::f64);
+  const Tensor k = test::random_normal({1, 2, 831, 8}, DType::f64);
+  AttentionOptions o;
+  o.causal(MaskAlignment::bottom_right)
+      .varlen(offsets({0, 100, 101, 401, 421, 426}), offsets({0, 100, 102, 802, 822, 831}));
+  const PackedAsPadded pp = kernels::packed_as_padded(kernels::attention_params(q, k, k, o));
+  ASSERT_EQ(pp.refusal, "");
+  EXPECT_EQ(pp.params.B, 6);
+  EXPECT_EQ(pp.params.Tq, 384);  // 300 -> 6 x 64
+  EXPECT_EQ(pp.params.Tk, 768);  // 700 -> 12 x 64
+  EXPECT_EQ(pp.params.seq_len_q.to_vector<int64_t>(),
+            (std::vector<int64_t>{100, 1, 300, 20, 5, 1}));
+  EXPECT_EQ(pp.params.seq_len_kv.to_vector<int64_t>(),
+            (std::vector<int64_t>{100, 2, 700, 20, 9, 2}));
+  // The copy reads document 1's rows, and nothing is read back from it.
+  EXPECT_EQ(pp.q_rows.to_vector<int64_t>()[5 * 384], 100);
+  EXPECT_EQ(pp.kv_rows.to_vector<int64_t>()[5 * 768 + 1], 101);
+  for (int64_t back : pp.q_back.to_vector<int64_t>())
+    EXPECT_LT(back, 5 * 384);
+  for (int64_t back : pp.kv_back.to_vector<int64_t>())
+    EXPECT_TRUE(back < 5 * 768 || back == 6 * 768) << back;
 }
 
 TEST(CpuAttentionPacked, a_refused_run_writes_nothing) {
