@@ -587,6 +587,7 @@ TEST_F(GpuAttention, packed_documents_in_a_cuda_graph_take_the_composed_path) {
   if (!kernels::cudnn_attention_available())
     GTEST_SKIP()
         << "no cuDNN attention (built without the frontend, or ACCRUE_ATTENTION_COMPOSED=1)";
+  const test::GraphPoolScope pool;
   const DType dt = DType::bf16;
   const Tensor q = test::random_normal({1, 4, 128, 64}, dt, kGpu);
   const Tensor k = test::random_normal({1, 2, 128, 64}, dt, kGpu);
