@@ -29,10 +29,11 @@
 //    to one document or to none (then it reads an extra zero row).
 // Its cost: one gather of q, k, v and one of out and lse in forward; of
 // grad_out, q, k, v, out, lse and of the three gradients in backward; memory
-// for B' Tq' (B' Tk') rows of each, B' x the longest document's, bucketed. The offsets' host values
-// are needed (dispatch reads them back; inside a CUDA-graph capture it does not, and the problem
-// has no padded form there). Dropout (its Philox elements are numbered in the packed [Tq, Tk]
-// space) and a bias or mask (not gathered) have none either.
+// for B' Tq' query rows and B' Tk' key rows of each, B' times the longest
+// document, bucketed. The offsets' host values are needed (dispatch reads
+// them back; inside a CUDA-graph capture it does not, and the problem has no
+// padded form there). Dropout (its Philox elements are numbered in the
+// packed [Tq, Tk] space) and a bias or mask (not gathered) have none either.
 #pragma once
 
 #include <cstdint>
