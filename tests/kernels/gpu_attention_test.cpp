@@ -403,10 +403,12 @@ std::vector<Variant> variants() {
   v.push_back(
       {"window", 2, 4, 2, 256, 256, 64, plain(AttentionOptions().causal().window(48)), true});
   // Packed documents go to cuDNN as their padded form (Note [Packed
-  // documents as padded]): self-attention, a KV-cache shape whose second
-  // document has keys but no query (their gradients are 0), a window.
+  // documents as padded]): self-attention (five documents, so the padded
+  // batch holds six, one a copy), a KV-cache shape whose second document has
+  // keys but no query (their gradients are 0), a window.
   v.push_back({"packed documents", 1, 4, 2, 200, 200, 64,
-               plain(AttentionOptions().causal().varlen(lengths({0, 64, 65, 150, 200}))), true});
+               plain(AttentionOptions().causal().varlen(lengths({0, 64, 65, 150, 170, 200}))),
+               true});
   v.push_back({"packed documents kv cache", 1, 4, 2, 48, 200, 64,
                plain(AttentionOptions()
                          .causal(MaskAlignment::bottom_right)
