@@ -435,6 +435,38 @@ void sort_long_rows(const Tensor& x, bool descending, const Tensor& values, cons
   ACCRUE_LAUNCH_CHECK();
 }
 
+// Whether a row gather can move 16-byte vectors of k elements: both bases
+// aligned and every offset (row length, the indexed stride, the outer
+// strides) a whole number of vectors.
+bool vector_rows(const Tensor& x, const Tensor& out, const GatherRows& rows, int64_t stride,
+                 int64_t k) {
+  if (k <= 1 || reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 != 0 || rows.inner % k != 0 ||
+      stride % k != 0)
+    return false;
+  for (int e = 0; e < rows.outer.rank; ++e)
+    if (rows.outer.strides[e] % k != 0) return false;
+  return true;
+}
+
+StridedGeometry scaled(StridedGeometry g, int64_t k) {
+  for (int e = 0; e < g.rank; ++e)
+    g.strides[e] /= k;
+  return g;
+}
+
+template <class U>
+void launch_gather_rows(const U* x, const StridedGeometry& outer, int64_t stride, int64_t size,
+                        const Tensor& index, const GatherRows& rows, int64_t inner, U* out,
+                        int dev) {
+  const int threads = static_cast<int>(std::min<int64_t>(256, (inner + 31) / 32 * 32));
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(rows.rows, int64_t{1} << 20));
+  gather_rows_kernel<U><<<blocks, threads, 0, cu::stream_for(dev)>>>(
+      x, outer, stride, size, static_cast<const int64_t*>(index.data_ptr()), rows.index_stride,
+      rows.n, rows.rows, inner, out);
+  ACCRUE_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 // ---- the backend functions -------------------------------------------------------------
@@ -447,13 +479,17 @@ void gather(const Tensor& x, const IndexedDim& at, const Tensor& index, const Te
   cu::visit_device_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (rows.ok) {
-      const int threads = static_cast<int>(std::min<int64_t>(256, (rows.inner + 31) / 32 * 32));
-      const auto blocks = static_cast<unsigned>(std::min<int64_t>(rows.rows, int64_t{1} << 20));
-      gather_rows_kernel<T><<<blocks, threads, 0, cu::stream_for(dev)>>>(
-          static_cast<const T*>(x.data_ptr()), rows.outer, at.stride, at.size,
-          static_cast<const int64_t*>(index.data_ptr()), rows.index_stride, rows.n, rows.rows,
-          rows.inner, static_cast<T*>(out.data_ptr()));
-      ACCRUE_LAUNCH_CHECK();
+      // Rows of whole 16-byte vectors copy as such (a bad index's all-ones
+      // bytes are the same in either unit, except bool's true).
+      constexpr int64_t k = 16 / static_cast<int64_t>(sizeof(T));
+      if (!std::is_same_v<T, bool> && vector_rows(x, out, rows, at.stride, k)) {
+        launch_gather_rows(static_cast<const uint4*>(x.data_ptr()), scaled(rows.outer, k),
+                           at.stride / k, at.size, index, rows, rows.inner / k,
+                           static_cast<uint4*>(out.data_ptr()), dev);
+      } else {
+        launch_gather_rows(static_cast<const T*>(x.data_ptr()), rows.outer, at.stride, at.size,
+                           index, rows, rows.inner, static_cast<T*>(out.data_ptr()), dev);
+      }
       return;
     }
     gather_kernel<T><<<cu::grid_for(n, kThreads), kThreads, 0, cu::stream_for(dev)>>>(

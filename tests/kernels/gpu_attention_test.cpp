@@ -540,6 +540,7 @@ TEST_F(GpuAttention, sdpa_autograd_with_gqa_and_a_bias) {
 // (f32) and on cuDNN (bf16, where available).
 TEST_F(GpuAttention, gqa_with_device_lengths_captures_into_a_cuda_graph) {
   ACCRUE_REQUIRE_CUDA();
+  const test::GraphPoolScope pool;
   for (DType dt : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(dt));
     const Tensor q = test::random_normal({2, 8, 128, 64}, dt, kGpu);
