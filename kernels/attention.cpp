@@ -23,8 +23,9 @@
 //    padded] in kernels/attention_packed.h), which the rules above then
 //    judge: one padded sequence per document, at the cost of a gather of q,
 //    k, v in and of out and lse back (in backward, of grad_out, q, k, v,
-//    out, lse in and of dq, dk, dv back); not inside a CUDA-graph capture
-//    (the offsets are not read back there), with a bias or mask, or where a
+//    out, lse in and of dq, dk, dv back); only with offsets given on the CPU
+//    (device offsets, which a CUDA graph needs, take the composed path in
+//    every call, so eager and replay agree bit for bit), not with a bias or mask, or where a
 //    document has query rows that see no key. Where cuDNN's validation or
 //    support check still refuses the graph (its engines do not serve every
 //    combination), the call takes the composed path, on the call as it was.
@@ -277,6 +278,7 @@ AttentionParams check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
     check_offsets(p.cu_q_host, p.Tq, op, "cu_seqlens_q");
     check_offsets(p.cu_kv_host, p.Tk, op, "cu_seqlens_kv");
     p.n_docs = n - 1;
+    p.offsets_on_device = o.cu_seqlens_q().device().is_cuda();
   }
   // Both alignments are one mask when every sequence has Tq == Tk queries
   // and keys; top-left is the form cuDNN serves best (GPT-2's self-attention).

@@ -42,6 +42,9 @@ struct AttentionParams {
   // are not read back): what dispatch needs to run them padded (Note [Packed
   // documents as padded] in kernels/attention_packed.h).
   std::vector<int64_t> cu_q_host, cu_kv_host;
+  // The caller's offsets were on the GPU (Note [Packed documents as padded]:
+  // then every call takes the composed path, as a CUDA-graph capture must).
+  bool offsets_on_device = false;
   int64_t n_docs = 0;
   Tensor bias;         // additive, of q's dtype, or a bool mask; [B, H, Tq, Tk] view
   Tensor bias_source;  // the caller's bias or mask, [B or 1, H or 1, Tq, Tk]

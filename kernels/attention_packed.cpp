@@ -85,10 +85,12 @@ void lse_from_padded(const Tensor& padded, const Tensor& back, const Tensor& lse
 
 PackedAsPadded packed_as_padded(const AttentionParams& p) {
   PackedAsPadded pp;
-  if (p.cu_q_host.empty()) {
+  if (p.cu_q_host.empty() || p.offsets_on_device) {
     pp.refusal =
-        "packed documents inside a CUDA-graph capture (their offsets are not read back "
-        "there, and the padded form needs them)";
+        "packed documents whose offsets are on the device take the composed path in every "
+        "call: inside a CUDA-graph capture they are not read back (the padded form needs "
+        "them), and eager calls compute as a replay does, bit for bit (give cu_seqlens on the "
+        "CPU for cuDNN)";
     return pp;
   }
   if (p.dropout_p > 0.0) {

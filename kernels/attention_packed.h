@@ -30,9 +30,12 @@
 // Its cost: one gather of q, k, v and one of out and lse in forward; of
 // grad_out, q, k, v, out, lse and of the three gradients in backward; memory
 // for B' Tq' query rows and B' Tk' key rows of each, B' times the longest
-// document, bucketed. The offsets' host values are needed (dispatch reads
-// them back; inside a CUDA-graph capture it does not, and the problem has no
-// padded form there). Dropout (its Philox elements are numbered in the
+// document, bucketed. The offsets' host values are needed, and only offsets
+// the caller gave on the CPU take this form: inside a CUDA-graph capture
+// dispatch does not read device offsets back, so a call with offsets on the
+// device takes the composed path eagerly too, and an eager run and a
+// replayed graph of it compute alike, bit for bit (the GraphedWindow's
+// property). Dropout (its Philox elements are numbered in the
 // packed [Tq, Tk] space) and a bias or mask (not gathered) have none either.
 #pragma once
 

@@ -29,10 +29,26 @@ void check_options(const ParamStoreOptions& o) {
                o.moments());
 }
 
-// Checked before the gradient arena is built, so a bad option is named as the store's.
-const ParamStoreOptions& checked(const ParamStoreOptions& o) {
+// Checked before the gradient arena is built, so a bad option is named as the
+// store's; an unset device becomes the parameters' one.
+ParamStoreOptions checked(ParamStoreOptions o, const std::vector<Tensor>& params) {
   check_options(o);
+  if (!o.has_device() && !params.empty()) {
+    const Device d = params.front().device();
+    for (const Tensor& p : params)
+      ACCRUE_CHECK(p.device() == d, "ParamStore: parameters on ", d.str(), " and ",
+                   p.device().str(),
+                   "; set ParamStoreOptions::device to say where the store lives");
+    o.device(d);
+  }
   return o;
+}
+
+std::vector<Tensor> tensors_of(const std::vector<NamedParameter>& params) {
+  std::vector<Tensor> tensors;
+  for (const NamedParameter& p : params)
+    tensors.push_back(p.tensor);
+  return tensors;
 }
 
 std::string bytes_str(int64_t bytes) {
@@ -49,16 +65,13 @@ std::string bytes_str(int64_t bytes) {
 }  // namespace
 
 ParamStore::ParamStore(const std::vector<Tensor>& params, const ParamStoreOptions& options)
-    : options_(checked(options)), grads_(params, grad_options(options)) {
+    : options_(checked(options, params)), grads_(params, grad_options(options_)) {
   adopt(params);
 }
 
 ParamStore::ParamStore(const std::vector<NamedParameter>& params, const ParamStoreOptions& options)
-    : options_(checked(options)), grads_(params, grad_options(options)) {
-  std::vector<Tensor> tensors;
-  for (const NamedParameter& p : params)
-    tensors.push_back(p.tensor);
-  adopt(tensors);
+    : options_(checked(options, tensors_of(params))), grads_(params, grad_options(options_)) {
+  adopt(tensors_of(params));
 }
 
 void ParamStore::adopt(const std::vector<Tensor>& params) {

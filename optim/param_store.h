@@ -46,6 +46,8 @@ namespace accrue::optim {
 // Named setters, as optim::WindowOptions; every one has a default.
 class ParamStoreOptions {
  public:
+  // Where masters, moments and gradients live. Unset: the parameters' own
+  // device (they must share one), so a store never moves a model silently.
   ParamStoreOptions& device(Device d) {
     device_ = d;
     return *this;
@@ -82,7 +84,8 @@ class ParamStoreOptions {
     name_ = std::move(n);
     return *this;
   }
-  Device device() const { return device_; }
+  Device device() const { return device_.value_or(Device::cpu()); }
+  bool has_device() const { return device_.has_value(); }
   DType master_dtype() const { return master_dtype_; }
   DType compute_dtype() const { return compute_dtype_.value_or(master_dtype_); }
   int moments() const { return moments_; }
@@ -90,7 +93,7 @@ class ParamStoreOptions {
   const std::string& name() const { return name_; }
 
  private:
-  Device device_ = Device::cpu();
+  std::optional<Device> device_;
   DType master_dtype_ = DType::f32;
   std::optional<DType> compute_dtype_;
   int moments_ = 2;

@@ -107,20 +107,18 @@ void bind_optim(nb::module_& m) {
                                 "Where and in what dtypes a ParamStore keeps parameters.")
       .def(
           "__init__",
-          [](ParamStoreOptions* self, DeviceArg device, DType master_dtype,
+          [](ParamStoreOptions* self, std::optional<DeviceArg> device, DType master_dtype,
              std::optional<DType> compute_dtype, int moments, int shard_ranks,
              const std::string& name) {
             new (self) ParamStoreOptions();
-            self->device(device)
-                .master_dtype(master_dtype)
-                .moments(moments)
-                .shard_ranks(shard_ranks)
-                .name(name);
+            self->master_dtype(master_dtype).moments(moments).shard_ranks(shard_ranks).name(name);
+            if (device) self->device(*device);
             if (compute_dtype) self->compute_dtype(*compute_dtype);
           },
-          nb::kw_only(), nb::arg("device") = "cpu", nb::arg("master_dtype") = DType::f32,
+          nb::kw_only(), nb::arg("device") = nb::none(), nb::arg("master_dtype") = DType::f32,
           nb::arg("compute_dtype") = nb::none(), nb::arg("moments") = 2, nb::arg("shard_ranks") = 1,
           nb::arg("name") = "",
+          "device: where the store lives (default: the parameters' device); "
           "master_dtype: master weights, gradients and moments (f32, or f64); compute_dtype: "
           "what the model computes in (the master dtype, or bf16/f16 for a compute copy); "
           "moments: Optimizer.moments_needed().")

@@ -204,7 +204,9 @@ TEST(MultiGpu, no_collective_in_non_final_micro_steps) {
       }
     }
     dp.window->close();
-    EXPECT_EQ(world().collectives_issued() - window_start, buckets + 1);
+    // The close adds two small ones: N summed, and the used flags' maximum
+    // for the default unused-parameter check (Note [Unused parameters]).
+    EXPECT_EQ(world().collectives_issued() - window_start, buckets + 2);
   }
   world().synchronize();
 }

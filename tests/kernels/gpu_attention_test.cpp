@@ -379,6 +379,13 @@ Tensor lengths(std::vector<int64_t> v) {
   return from_vector(v, {n}).to(kGpu);
 }
 
+// Document offsets on the CPU: the packed form cuDNN takes (Note [Packed
+// documents as padded]); offsets on the device take the composed path.
+Tensor host_offsets(std::vector<int64_t> v) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  return from_vector(v, {n});
+}
+
 std::vector<Variant> variants() {
   using kernels::AttentionOptions;
   using kernels::MaskAlignment;
@@ -405,24 +412,30 @@ std::vector<Variant> variants() {
   // Packed documents go to cuDNN as their padded form (Note [Packed
   // documents as padded]): self-attention (five documents, so the padded
   // batch holds six, one a copy), a KV-cache shape whose second document has
-  // keys but no query (their gradients are 0), a window.
+  // keys but no query (their gradients are 0), a window; with the offsets on
+  // the device, the composed path (as a CUDA graph computes it).
   v.push_back({"packed documents", 1, 4, 2, 200, 200, 64,
+               plain(AttentionOptions().causal().varlen(host_offsets({0, 64, 65, 150, 170, 200}))),
+               true});
+  v.push_back({"packed documents, offsets on the device", 1, 4, 2, 200, 200, 64,
                plain(AttentionOptions().causal().varlen(lengths({0, 64, 65, 150, 170, 200}))),
-               true});
-  v.push_back({"packed documents kv cache", 1, 4, 2, 48, 200, 64,
-               plain(AttentionOptions()
-                         .causal(MaskAlignment::bottom_right)
-                         .varlen(lengths({0, 16, 16, 41, 48}), lengths({0, 60, 90, 170, 200}))),
-               true});
-  v.push_back({"packed documents window", 1, 8, 2, 256, 256, 64,
-               plain(AttentionOptions().causal().window(32).varlen(lengths({0, 100, 101, 256}))),
-               true});
+               false});
+  v.push_back(
+      {"packed documents kv cache", 1, 4, 2, 48, 200, 64,
+       plain(AttentionOptions()
+                 .causal(MaskAlignment::bottom_right)
+                 .varlen(host_offsets({0, 16, 16, 41, 48}), host_offsets({0, 60, 90, 170, 200}))),
+       true});
+  v.push_back(
+      {"packed documents window", 1, 8, 2, 256, 256, 64,
+       plain(AttentionOptions().causal().window(32).varlen(host_offsets({0, 100, 101, 256}))),
+       true});
   // A document with more queries than keys, bottom-right: its first rows see
   // no key, which cuDNN's padding mask does not define as empty: composed.
   v.push_back({"packed documents, rows without keys", 1, 4, 2, 64, 100, 64,
                plain(AttentionOptions()
                          .causal(MaskAlignment::bottom_right)
-                         .varlen(lengths({0, 40, 64}), lengths({0, 20, 100}))),
+                         .varlen(host_offsets({0, 40, 64}), host_offsets({0, 20, 100}))),
                false});
   // Boolean masks take the composed path (Note [Attention paths]).
   v.push_back(
@@ -584,7 +597,8 @@ TEST_F(GpuAttention, gqa_with_device_lengths_captures_into_a_cuda_graph) {
 
 // Inside a CUDA-graph capture the document offsets are not read back, so
 // packed documents have no padded form there: bf16 records the composed path
-// (and says why), while the eager call runs on cuDNN; the replay matches it.
+// (and says why), while the eager call with the offsets on the CPU runs on
+// cuDNN; the replay matches it.
 TEST_F(GpuAttention, packed_documents_in_a_cuda_graph_take_the_composed_path) {
   ACCRUE_REQUIRE_CUDA();
   if (!kernels::cudnn_attention_available())
@@ -594,13 +608,12 @@ TEST_F(GpuAttention, packed_documents_in_a_cuda_graph_take_the_composed_path) {
   const DType dt = DType::bf16;
   const Tensor q = test::random_normal({1, 4, 128, 64}, dt, kGpu);
   const Tensor k = test::random_normal({1, 2, 128, 64}, dt, kGpu);
-  kernels::AttentionOptions o;
+  kernels::AttentionOptions o, on_host;
   o.causal().varlen(lengths({0, 50, 128}));
-  {
-    ComposedOnly off;  // the composed path's workspaces exist before the capture
-    kernels::attention(q, k, k, o);
-  }
-  const kernels::AttentionResult eager = kernels::attention(q, k, k, o);
+  on_host.causal().varlen(host_offsets({0, 50, 128}));
+  kernels::attention(q, k, k, o);  // the composed path's workspaces exist before the capture
+  EXPECT_EQ(kernels::last_attention_path(), kernels::AttentionPath::composed);
+  const kernels::AttentionResult eager = kernels::attention(q, k, k, on_host);
   EXPECT_EQ(kernels::last_attention_path(), kernels::AttentionPath::cudnn)
       << kernels::last_attention_refusal();
   const Tensor out = empty(eager.out.shape(), dt, kGpu);

@@ -203,6 +203,7 @@ TEST(ParamStore, bad_options_and_loads_are_errors) {
 // master, two moment arenas; the store takes named_parameters() directly.
 TEST(ParamStore, options_are_named_setters_with_defaults) {
   const optim::ParamStoreOptions d;
+  EXPECT_FALSE(d.has_device());  // unset: the store lives where its parameters are
   EXPECT_EQ(d.device(), Device::cpu());
   EXPECT_EQ(d.master_dtype(), DType::f32);
   EXPECT_EQ(d.compute_dtype(), DType::f32);
@@ -219,6 +220,7 @@ TEST(ParamStore, options_are_named_setters_with_defaults) {
   Generator gen(4);
   nn::MLP model({3, 4, 2}, {Device::cpu(), DType::f32, &gen});
   ParamStore store(model.named_parameters());
+  EXPECT_EQ(store.options().device(), Device::cpu());
   ASSERT_EQ(store.size(), 4u);
   EXPECT_EQ(store.slots()[0].name, "fc0.weight");
   EXPECT_EQ(store.slots()[3].name, "fc1.bias");

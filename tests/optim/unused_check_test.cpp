@@ -22,7 +22,7 @@ struct Model {
   std::vector<NamedParameter> params;
   explicit Model(int n) {
     for (int i = 0; i < n; ++i)
-      params.push_back({"p" + std::to_string(i), requires_grad_(full({3}, 1.0, DType::f64))});
+      params.push_back({detail::str_cat("p", i), requires_grad_(full({3}, 1.0, DType::f64))});
   }
   Loss loss(int used) const {
     Tensor s = sum(params[0].tensor);
