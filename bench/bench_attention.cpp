@@ -53,7 +53,9 @@ kernels::AttentionOptions options_of(const Variant& v) {
     std::vector<int64_t> cu{0};
     for (int64_t length : kDocuments)
       cu.push_back(cu.back() + length);
-    o.varlen(from_vector(cu, {static_cast<int64_t>(cu.size())}, DType::i64, gpu()));
+    // On the CPU: the offsets cuDNN's padded form takes (Note [Packed
+    // documents as padded]); on the device they would take the composed path.
+    o.varlen(from_vector(cu, {static_cast<int64_t>(cu.size())}, DType::i64, Device::cpu()));
   }
   return o;
 }
