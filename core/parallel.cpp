@@ -48,9 +48,10 @@ std::atomic<int64_t> g_runs{0};
 // ~~~~~~~~~~~~~~~~~~~~
 // A model's step is thousands of short parallel_for calls with a little serial
 // work between them. A worker asleep on a condition variable takes a futex
-// wake-up (microseconds, more with many threads) before it runs its chunk, and
-// the caller waits for it: on 16 cores that latency, not the work, bounded
-// the tiny Llama's window. So a worker that finds the queue empty, and a
+// wake-up before it runs its chunk, and the caller waits for it, or runs the
+// chunk itself: on 2 cores a job of two 50-us chunks took as long as on one
+// thread (bench/RESULTS.md, "workers spin before they sleep"). So a worker
+// that finds the queue empty, and a
 // caller waiting for its job's last chunk, first spin for up to kSpin on an
 // atomic (with the CPU's pause hint), then sleep as before. A pool between
 // calls costs at most kSpin of each worker's time; the results do not change
