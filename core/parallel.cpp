@@ -51,9 +51,9 @@ std::atomic<int64_t> g_runs{0};
 // wake-up before it runs its chunk, and the caller waits for it, or runs the
 // chunk itself: on 2 cores a job of two 50-us chunks took as long as on one
 // thread (bench/RESULTS.md, "workers spin before they sleep"). So a worker
-// that finds the queue empty, and a
-// caller waiting for its job's last chunk, first spin for up to kSpin on an
-// atomic (with the CPU's pause hint), then sleep as before. A pool between
+// that finds the queue empty, and a caller waiting for its job's last chunk,
+// first spin for up to kSpin on an atomic (with the CPU's pause hint), then
+// sleep as before. A pool between
 // calls costs at most kSpin of each worker's time; the results do not change
 // (Note [CPU threads]: who runs a chunk never changes what it computes).
 constexpr std::chrono::microseconds kSpin{100};
