@@ -5,11 +5,6 @@
 #include <cstdio>
 
 #include "examples/common/json.h"
-#ifdef ACCRUE_WITH_CUDA
-#include <cuda_runtime_api.h>
-
-#include "accrue/core/status_check.h"
-#endif
 
 namespace accrue::examples {
 
@@ -26,44 +21,8 @@ double flops_per_token(const nn::GPT2Config& c, int64_t T) {
   return 6.0 * static_cast<double>(N) + 12.0 * static_cast<double>(c.n_layer * T * c.n_embd);
 }
 
-std::string device_name(Device device) {
-#ifdef ACCRUE_WITH_CUDA
-  if (device.is_cuda()) {
-    cudaDeviceProp prop{};
-    ACCRUE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device.index));
-    return prop.name;
-  }
-#endif
-  (void)device;
-  return "CPU";
-}
-
-double peak_flops(const std::optional<double>& peak_tflops, Device device,
-                  const std::string& name) {
-  if (peak_tflops) return *peak_tflops * 1e12;
-  if (!device.is_cuda()) return 0.0;
-  // H100 SXM and H200 SXM: 989.4 TFLOP/s dense bf16; the PCIe and NVL cards are slower.
-  const bool hopper =
-      name.find("H100") != std::string::npos || name.find("H200") != std::string::npos;
-  if (hopper && name.find("PCIe") != std::string::npos) return 756e12;
-  if (hopper && name.find("NVL") != std::string::npos) return 835e12;
-  return hopper ? 989e12 : 0.0;
-}
-
-int64_t device_bytes_in_use(Device device) {
-#ifdef ACCRUE_WITH_CUDA
-  if (device.is_cuda()) {
-    size_t free_bytes = 0, total_bytes = 0;
-    ACCRUE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    return static_cast<int64_t>(total_bytes - free_bytes);
-  }
-#endif
-  (void)device;
-  return -1;
-}
-
 double WindowReporter::mfu(double tokens_per_s) const {
-  return peak_ > 0 ? tokens_per_s * flops_token_ / (peak_ * world_size_) : NAN;
+  return model_flops_utilization(tokens_per_s, flops_token_, peak_, world_size_);
 }
 
 void WindowReporter::print(int64_t w, const optim::WindowReport& r, double lr) {
@@ -120,10 +79,7 @@ void add_layer_extras(optim::LayerMonitor& layers, const optim::WindowReport& r,
 }
 
 void print_bench_line(const Gpt2Options& o, const nn::GPT2Config& config, const BatchPlan& plan,
-                      DType compute, Device device, int world_size, const BenchResult& result,
-                      const WindowReporter& reporter) {
-  const double ms = median(result.window_ms);
-  const double tokens_per_s = plan.window_tokens / (ms / 1000.0);
+                      DType compute, Device device, int world_size, const BenchResult& result) {
   const double peak = peak_flops(o.peak_tflops, device, device_name(device));
   JsonObject c;
   c.text("model", o.model)
@@ -149,24 +105,15 @@ void print_bench_line(const Gpt2Options& o, const nn::GPT2Config& config, const 
     c.null("graph_memory_bytes");
   }
   c.boolean("composed", o.composed);
-  JsonObject line;
-  line.text("bench", "accrue_train_gpt2")
-      .text("device", device_name(device))
-      .integer("world_size", world_size)
-      .number("tokens_per_s_median", tokens_per_s)
-      .number("window_ms_median", ms)
-      .number("window_ms_min", *std::min_element(result.window_ms.begin(), result.window_ms.end()))
-      .integer("peak_memory_bytes", memory_stats(device).peak_bytes);
-  if (device.is_cuda()) {
-    line.integer("device_memory_in_use_bytes", device_bytes_in_use(device));
-  } else {
-    line.null("device_memory_in_use_bytes");
-  }
-  line.number("mfu", reporter.mfu(tokens_per_s))
-      .number("flops_per_token", flops_per_token(config, plan.T))
-      .number("peak_flops", peak > 0 ? peak : NAN)
-      .number("final_loss", result.final_loss)
-      .object("config", c);
+  BenchTiming t;
+  t.window_ms = result.window_ms;
+  t.window_tokens = plan.window_tokens;
+  t.flops_per_token = flops_per_token(config, plan.T);
+  t.peak_flops = peak;
+  t.world_size = world_size;
+  t.final_loss = result.final_loss;
+  JsonObject line = bench_summary("accrue_train_gpt2", device, t);
+  line.object("config", c);
   std::printf("%s\n", line.str().c_str());
 }
 

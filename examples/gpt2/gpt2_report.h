@@ -9,6 +9,7 @@
 
 #include "accrue.h"
 #include "accrue/nn/gpt2.h"
+#include "examples/common/bench_line.h"
 #include "examples/common/timing.h"
 #include "examples/gpt2/gpt2_options.h"
 
@@ -16,16 +17,6 @@ namespace accrue::examples {
 
 // Model FLOPs per token of one training step (forward + backward).
 double flops_per_token(const nn::GPT2Config& c, int64_t T);
-
-// The GPU's name, or "CPU".
-std::string device_name(Device device);
-
-// Peak dense bf16 FLOP/s for MFU (--peak-tflops, or known from the device's
-// name), or 0 when unknown (MFU is then "n/a").
-double peak_flops(const std::optional<double>& peak_tflops, Device device, const std::string& name);
-
-// Bytes in use on the device (all processes), or -1 on the CPU.
-int64_t device_bytes_in_use(Device device);
 
 // The progress line of each window, and its --metrics row.
 class WindowReporter {
@@ -75,7 +66,6 @@ struct BenchResult {
   bool cuda_graphs = false;
 };
 void print_bench_line(const Gpt2Options& o, const nn::GPT2Config& config, const BatchPlan& plan,
-                      DType compute, Device device, int world_size, const BenchResult& result,
-                      const WindowReporter& reporter);
+                      DType compute, Device device, int world_size, const BenchResult& result);
 
 }  // namespace accrue::examples

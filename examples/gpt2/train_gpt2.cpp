@@ -293,7 +293,7 @@ int train(int argc, char** argv) {
     result.window_ms = time_windows(device, opt.bench_warmup, opt.bench_windows, run_window);
     result.final_loss = window.report().loss;
     result.cuda_graphs = graphed != nullptr;
-    print_bench_line(opt, config, plan, compute, device, where.world_size(), result, reporter);
+    print_bench_line(opt, config, plan, compute, device, where.world_size(), result);
     guard.finish(window.report());
     return 0;
   }

@@ -2,11 +2,21 @@
 // Hugging Face directory): packed documents from token shards (or synthetic
 // documents of random lengths), K micro-batches per optimizer step in one
 // accumulation Window, AdamW with a warmup + cosine schedule, optional CUDA
-// graphs, checkpoints that resume bit-exactly. `accrue_train --help` lists
-// every option.
+// graphs, checkpoints that resume bit-exactly, data parallelism under
+// torchrun/mpirun (with ZeRO-1), and --bench's JSON line of timings.
+// `accrue_train --help` lists every option.
 //
 //   accrue_train --model llama-tiny --synthetic --cpu --windows 20
 //   accrue_train --model llama-125m --train-data '/data/fw_train_*.bin' --eos-id 2
+//   accrue_train --model llama-125m --synthetic --synthetic-documents full
+//                --dtype bf16 --micro-batch 8 --seq-len 2048 --accum 8 --bench
+//
+// Data parallel, one process per GPU (examples/common/launch.h):
+//   torchrun --nproc-per-node=2 --no-python build/ci/examples/accrue_train ...
+// Each rank reads its own part of every step (DocumentBatches' rank split, or
+// its own synthetic stream); the Window's count of real tokens is summed over
+// the ranks at close (Note [Normalization]), so the loss is the mean over the
+// whole window's tokens, however they fell.
 //
 // Note [Llama trainer checkpoint]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -32,13 +42,17 @@
 #include <vector>
 
 #include "accrue.h"
+#include "accrue/core/nvtx.h"
 #include "accrue/data/document_batches.h"
 #include "accrue/nn/llama.h"
+#include "examples/common/bench_line.h"
 #include "examples/common/checkpoint_file.h"
+#include "examples/common/json.h"
 #include "examples/common/launch.h"
 #include "examples/common/options.h"
 #include "examples/common/run_guard.h"
 #include "examples/common/run_main.h"
+#include "examples/common/timing.h"
 
 using namespace accrue;
 using namespace accrue::examples;
@@ -48,14 +62,23 @@ namespace {
 constexpr const char* kProgram = "accrue_train";
 constexpr const char* kFormat = "accrue_train checkpoint v1";
 
+// --synthetic-documents: random lengths packed into the rows, or each row one
+// document of T tokens (plain causal attention, no offsets).
+enum class SyntheticDocuments { random, full };
+
 struct Options {
-  std::string model = "llama-tiny", train_data, checkpoint, resume, metrics;
+  std::string model = "llama-tiny", train_data, checkpoint, resume, metrics, gemm_tuning;
   bool synthetic = false, cuda_graphs = false, force_cpu = false;
+  bool activation_checkpointing = false, zero1 = false, nvtx = false;
+  SyntheticDocuments synthetic_documents = SyntheticDocuments::random;
   int64_t eos_id = -1, micro_batch = 4, seq_len = 64, accum = 4, windows = 20, warmup_windows = 0;
   int64_t seed = 1, checkpoint_every = 0, max_skipped_windows = 32;
   std::optional<int64_t> stop_after;
   double lr = 3e-4, weight_decay = 0.1, max_grad_norm = 1.0, min_lr_factor = 0.1;
   DType dtype = DType::f32;
+  bool bench = false;
+  int64_t bench_warmup = 3, bench_windows = 10;
+  std::optional<double> peak_tflops;
 };
 
 bool parse(int argc, char** argv, Options& o) {
@@ -70,6 +93,14 @@ bool parse(int argc, char** argv, Options& o) {
       .min(0)
       .default_text("required with --train-data");
   cli.flag("--synthetic", &o.synthetic, "random documents of random lengths, packed");
+  cli.choice<SyntheticDocuments>(
+      "--synthetic-documents", &o.synthetic_documents,
+      {{"random", SyntheticDocuments::random}, {"full", SyntheticDocuments::full}},
+      "with --synthetic: random lengths packed into the rows (attention within each), or full: "
+      "each row one document of --seq-len tokens (plain causal attention, as a PyTorch "
+      "baseline trains)");
+  cli.flag("--activation-checkpointing", &o.activation_checkpointing,
+           "recompute each block's forward in backward (Note [Activation checkpointing])");
   cli.section("batch and optimizer");
   cli.integer("--micro-batch", &o.micro_batch, "B", "rows per micro-batch").min(1);
   cli.integer("--seq-len", &o.seq_len, "T", "tokens per row").min(2);
@@ -86,6 +117,13 @@ bool parse(int argc, char** argv, Options& o) {
   cli.integer("--seed", &o.seed, "S", "seed of the weights and the synthetic data").min(0);
   cli.section("run");
   cli.flag("--cuda-graphs", &o.cuda_graphs, "replay micro-steps and close as CUDA graphs (GPU)");
+  cli.path("--gemm-tuning", &o.gemm_tuning, "FILE",
+           "time the GEMM candidates per shape on first use and keep the fastest, recorded in "
+           "FILE (Note [GEMM autotuning]); a run with the same FILE computes the same bits");
+  cli.flag("--nvtx", &o.nvtx, "NVTX ranges for Nsight Systems (each window, micro-step, close)");
+  cli.flag("--zero1", &o.zero1,
+           "under a data-parallel launcher, shard the optimizer state over the ranks (Note "
+           "[ZeRO-1]); on one process it changes nothing");
   cli.flag("--cpu", &o.force_cpu, "run on the CPU even when a GPU is present");
   cli.path("--checkpoint", &o.checkpoint, "FILE", "write a checkpoint at the end (and every N)");
   cli.integer("--checkpoint-every", &o.checkpoint_every, "N", "also every N windows (0: end only)")
@@ -95,10 +133,35 @@ bool parse(int argc, char** argv, Options& o) {
   cli.integer("--max-skipped-windows", &o.max_skipped_windows, "N",
               "fail after more than N skipped windows in a row")
       .min(0);
+  cli.section("benchmark");
+  cli.flag("--bench", &o.bench,
+           "timing mode: warm-up windows, then timed windows; prints one JSON line (tokens/s, "
+           "window ms, peak memory, MFU, memory per rank)");
+  cli.integer("--bench-warmup", &o.bench_warmup, "N", "untimed windows first").min(0);
+  cli.integer("--bench-windows", &o.bench_windows, "N", "timed windows").min(1);
+  cli.number("--peak-tflops", &o.peak_tflops, "F", "the device's peak for MFU")
+      .above(0)
+      .default_text("the bf16 dense peak of H100/H200 SXM, 989");
   if (!cli.parse(argc, argv)) return false;
   if (o.synthetic == !o.train_data.empty())
     usage_error("give exactly one of --train-data and --synthetic");
   if (!o.train_data.empty() && o.eos_id < 0) usage_error("--train-data needs --eos-id");
+  if (!o.synthetic && cli.given("--synthetic-documents"))
+    usage_error("--synthetic-documents needs --synthetic");
+  if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
+    usage_error("--bench takes no --checkpoint or --resume");
+  if (o.bench && o.stop_after) usage_error("--bench takes no --stop-after");
+  if (o.bench) {
+    const int64_t windows = o.bench_warmup + o.bench_windows;
+    if (windows < o.bench_warmup) usage_error("--bench-warmup + --bench-windows overflows");
+    o.windows = windows;  // the schedule spans the windows run
+  }
+  // Note [ZeRO-1]: each rank's optimizer state is its own shard, which the
+  // one-file checkpoint of rank 0 (Note [Llama trainer checkpoint]) cannot hold.
+  if (o.zero1 && (!o.checkpoint.empty() || !o.resume.empty()))
+    usage_error(
+        "--zero1 takes no --checkpoint or --resume (each rank holds its own shard of the "
+        "optimizer state)");
   if (o.stop_after && *o.stop_after > o.windows)
     usage_error("--stop-after ", *o.stop_after, " is past --windows ", o.windows);
   if (o.model.rfind("hf:", 0) != 0) {
@@ -108,9 +171,39 @@ bool parse(int argc, char** argv, Options& o) {
     if (!known) usage_error("--model '", o.model, "' is not a preset or hf:DIR");
   }
   checked_product({{"--micro-batch", o.micro_batch}, {"--seq-len", o.seq_len}});
+  return true;
+}
+
+// Rank 0 writes them.
+void probe_outputs(const Options& o) {
   if (!o.checkpoint.empty()) probe_output_file("--checkpoint", o.checkpoint);
   if (!o.metrics.empty()) probe_output_file("--metrics", o.metrics);
-  return true;
+  if (!o.gemm_tuning.empty()) probe_output_file("--gemm-tuning", o.gemm_tuning);
+}
+
+// Note [Llama FLOPs per token]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// MFU's model FLOPs of one trained token (forward + backward), the estimate
+// of GPT-2's trainer (6 N + 12 L T C) with every Llama matmul counted:
+//   6 x (L x (d q + 2 d kv + q d + 3 d f) + d V)  +  12 x L x H x hd x T
+// with d the hidden size, H the query heads, hd head_dim, q = H hd, kv =
+// kv_heads hd (grouped-query attention: k_proj and v_proj are narrower), f
+// the SwiGLU width (gate, up, down), V the vocabulary (the classifier, tied
+// or not), L layers, T the sequence length. 6 = 2 FLOPs per multiply-add
+// forward, 4 backward. Attention per token, layer and query head: scores
+// (QK^T) and PV are 2 T hd FLOPs each forward, so 4 H hd T forward and 12 H
+// hd T with backward, over all T keys: causal masking and document
+// boundaries are not discounted, so a packed batch of short documents does
+// less work than this counts. Not counted: the embedding lookup, norms,
+// RoPE, SwiGLU's product, softmax, biases. bench/ computes the PyTorch side's
+// MFU with the same formula (docs/MODELS.md).
+double llama_flops_per_token(const nn::LlamaConfig& c, int64_t T) {
+  const double d = static_cast<double>(c.hidden), f = static_cast<double>(c.intermediate);
+  const double q = static_cast<double>(c.heads * c.head_dim);
+  const double kv = static_cast<double>(c.kv_heads * c.head_dim);
+  const double L = static_cast<double>(c.layers), V = static_cast<double>(c.vocab_size);
+  const double matmul_weights = L * (d * q + 2 * d * kv + q * d + 3 * d * f) + d * V;
+  return 6 * matmul_weights + 12 * L * q * static_cast<double>(T);
 }
 
 int64_t meta_int(const std::map<std::string, std::string>& meta, const std::string& key,
@@ -181,24 +274,58 @@ std::string absolute_path(const std::string& path) {
   return std::filesystem::absolute(path).lexically_normal().string();
 }
 
+// --synthetic-documents full: random tokens drawn on the device (no host copy
+// to wait for, Note [Trainer synchronization]), each row one causal sequence;
+// no offsets, so attention takes its plain causal path.
+Batch synthetic_full_batch(int64_t B, int64_t T, int64_t vocab, Generator& gen, Device device) {
+  const Tensor t = randint(0, vocab, {B, T + 1}, DType::i64, device, &gen);
+  return {t.narrow(1, 0, T).contiguous(), t.narrow(1, 1, T).contiguous(), Tensor(), Tensor()};
+}
+
+nn::BatchLayout layout_of(const Batch& b) {
+  return b.cu_seqlens.defined() ? nn::BatchLayout::packed(b.cu_seqlens, b.positions)
+                                : nn::BatchLayout::full();
+}
+
+JsonObject memory_json(const optim::StoreMemory& m) {
+  JsonObject j;
+  j.integer("master", m.master)
+      .integer("grads", m.grads)
+      .integer("compute", m.compute)
+      .integer("moments", m.moments)
+      .integer("total", m.total())
+      .boolean("master_sharded", m.master_sharded)
+      .boolean("moments_sharded", m.moments_sharded);
+  return j;
+}
+
+const char* documents_name(const Options& o) {
+  if (!o.synthetic) return "shards";
+  return o.synthetic_documents == SyntheticDocuments::full ? "full" : "random";
+}
+
 int train(int argc, char** argv) {
   Options opt;
   if (!parse(argc, argv, opt)) return 0;
   const Launch where = launch(opt.force_cpu);
-  ACCRUE_CHECK(where.world_size() == 1, kProgram, " runs on one process for now; got a launch of ",
-               where.world_size(), " ranks");
+  if (where.main_rank()) probe_outputs(opt);
   const Device device = where.device;
+  const int ranks = where.world_size();
   const DType master = opt.dtype == DType::f64 ? DType::f64 : DType::f32;
-  Generator init(static_cast<uint64_t>(opt.seed)), synth(static_cast<uint64_t>(opt.seed) + 1);
+  // Every rank the same weights (rank 0's are broadcast anyway), each its own synthetic stream.
+  Generator init(static_cast<uint64_t>(opt.seed)),
+      synth(static_cast<uint64_t>(opt.seed) + 1 + static_cast<uint64_t>(where.rank.rank));
 
   std::unique_ptr<nn::Llama> model;
   if (opt.model.rfind("hf:", 0) == 0) {
-    model = nn::Llama::from_hf(opt.model.substr(3), {device, master, &init});
+    model = nn::Llama::from_hf(opt.model.substr(3), {device, master, &init},
+                               opt.activation_checkpointing);
   } else {
-    const nn::LlamaConfig config = nn::LlamaConfig::from_name(opt.model);
+    nn::LlamaConfig config = nn::LlamaConfig::from_name(opt.model);
     if (opt.seq_len > config.max_positions)
       usage_error("--seq-len ", opt.seq_len, " is longer than ", opt.model,
                   "'s max_position_embeddings ", config.max_positions);
+    config.activation_checkpointing = opt.activation_checkpointing;
     model = std::make_unique<nn::Llama>(config, nn::ParamOptions{device, master, &init});
   }
   const nn::LlamaConfig& config = model->config();
@@ -206,6 +333,9 @@ int train(int argc, char** argv) {
                " is longer than the model's max_position_embeddings ", config.max_positions);
   ACCRUE_CHECK(opt.synthetic || opt.eos_id < config.vocab_size, "--eos-id ", opt.eos_id,
                " is outside the vocabulary [0, ", config.vocab_size, ")");
+  const int64_t B = opt.micro_batch, T = opt.seq_len;
+  const int64_t window_tokens = checked_product(
+      {{"--micro-batch", B}, {"--seq-len", T}, {"--accum", opt.accum}, {"ranks", ranks}});
 
   RunRecord record;
   record.text("model", opt.model.rfind("hf:", 0) == 0 ? "hf:" + absolute_path(opt.model.substr(3))
@@ -215,8 +345,11 @@ int train(int argc, char** argv) {
   record.integer("micro_batch", opt.micro_batch);
   record.integer("seq_len", opt.seq_len);
   record.integer("micro_steps", opt.accum);
+  record.integer("world_size", ranks);
   record.integer("seed", opt.seed);
   record.text("data", opt.synthetic ? "synthetic" : absolute_path(opt.train_data));
+  if (opt.synthetic_documents != SyntheticDocuments::random)
+    record.text("synthetic_documents", documents_name(opt));
   record.integer("eos_id", opt.eos_id);
   record.number("weight_decay", opt.weight_decay);
   record.number("max_grad_norm", opt.max_grad_norm);
@@ -236,6 +369,7 @@ int train(int argc, char** argv) {
       std::printf("%s\n", line.c_str());
   }
 
+  // Note [Document batches]: rank r reads its own B rows of every step.
   std::unique_ptr<data::DocumentBatches> docs;
   if (!opt.synthetic)
     docs =
@@ -244,13 +378,21 @@ int train(int argc, char** argv) {
                                                                     .seq_len(opt.seq_len)
                                                                     .eos_id(opt.eos_id)
                                                                     .vocab_size(config.vocab_size)
+                                                                    .rank(where.rank.rank)
+                                                                    .world_size(ranks)
                                                                     .device(device));
 
-  std::printf("%s on %s: %s\n", kProgram, where.describe().c_str(), describe_model(config).c_str());
-  std::printf("batch: micro-batch %lld x seq %lld x K=%lld = %lld tokens per window; data: %s\n",
-              (long long)opt.micro_batch, (long long)opt.seq_len, (long long)opt.accum,
-              (long long)(opt.micro_batch * opt.seq_len * opt.accum),
-              opt.synthetic ? "synthetic packed documents" : opt.train_data.c_str());
+  std::printf("%s on %s: %s%s\n", kProgram, where.describe().c_str(),
+              describe_model(config).c_str(),
+              config.activation_checkpointing ? ", activation checkpointing" : "");
+  std::printf(
+      "batch: micro-batch %lld x seq %lld x %d rank(s) x K=%lld = %lld tokens per window; "
+      "data: %s\n",
+      (long long)opt.micro_batch, (long long)opt.seq_len, ranks, (long long)opt.accum,
+      (long long)window_tokens,
+      !opt.synthetic                                        ? opt.train_data.c_str()
+      : opt.synthetic_documents == SyntheticDocuments::full ? "synthetic, one document per row"
+                                                            : "synthetic packed documents");
 
   // AdamW; no decay on norms and biases (fewer than 2 dimensions).
   optim::Optimizer optimizer(
@@ -261,14 +403,20 @@ int train(int argc, char** argv) {
   optimizer.add_param_group(no_decay, optim::GroupOptions().weight_decay(0.0));
   optimizer.set_schedule(
       std::make_shared<optim::WarmupCosine>(opt.warmup_windows, opt.windows, opt.min_lr_factor));
-  optim::ParamStore store(model->named_parameters(), optim::ParamStoreOptions()
-                                                         .device(device)
-                                                         .master_dtype(master)
-                                                         .compute_dtype(opt.dtype)
-                                                         .moments(optimizer.moments_needed()));
+  optim::ParamStoreOptions store_options = optim::ParamStoreOptions()
+                                               .device(device)
+                                               .master_dtype(master)
+                                               .compute_dtype(opt.dtype)
+                                               .moments(optimizer.moments_needed());
+  // Note [ZeRO-1]: slots padded so that every bucket splits evenly over the ranks.
+  if (opt.zero1) store_options.shard_ranks(ranks);
+  optim::ParamStore store(model->named_parameters(), store_options);
+  const DataParallel dp = connect_data_parallel(where, store, opt.zero1);
   optim::Window window(
       store, optimizer,
-      optim::WindowOptions().micro_steps(opt.accum).max_grad_norm(opt.max_grad_norm));
+      optim::WindowOptions().micro_steps(opt.accum).max_grad_norm(opt.max_grad_norm),
+      dp.reducer.get());
+  std::printf("memory per rank: %s\n", store.memory().describe().c_str());
 
   RunGuard guard(opt.max_skipped_windows,
                  resumed_meta.count("skipped_in_a_row")
@@ -298,6 +446,7 @@ int train(int argc, char** argv) {
                           meta_int(resumed_meta, "data.offset", opt.resume),
                           meta_int(resumed_meta, "data.epoch", opt.resume)});
     } else {
+      // Every rank draws as many numbers per batch, so rank 0's offset is every rank's.
       synth.set_state(synth.seed(), static_cast<uint64_t>(
                                         meta_int(resumed_meta, "synthetic.offset", opt.resume)));
     }
@@ -305,7 +454,9 @@ int train(int argc, char** argv) {
     std::printf("resumed %s at window %lld\n", opt.resume.c_str(), (long long)start);
   }
 
+  // Rank 0 writes the checkpoint: without ZeRO-1 every rank holds the same state.
   auto save = [&](int64_t w) {
+    if (!where.main_rank()) return;
     const auto t0 = std::chrono::steady_clock::now();
     std::map<std::string, Tensor> tensors;
     for (size_t i = 0; i < store.size(); ++i)
@@ -329,19 +480,30 @@ int train(int argc, char** argv) {
                 file_report(opt.checkpoint, t0).c_str());
   };
 
-  const int64_t B = opt.micro_batch, T = opt.seq_len;
   auto next_batch = [&]() -> Batch {
-    if (!docs) return synthetic_batch(B, T, config.vocab_size, synth, device);
-    data::DocumentBatch b = docs->next_batch();
-    return {b.inputs, b.targets, b.cu_seqlens, b.positions};
+    if (docs) {
+      data::DocumentBatch b = docs->next_batch();
+      return {b.inputs, b.targets, b.cu_seqlens, b.positions};
+    }
+    if (opt.synthetic_documents == SyntheticDocuments::full)
+      return synthetic_full_batch(B, T, config.vocab_size, synth, device);
+    return synthetic_batch(B, T, config.vocab_size, synth, device);
   };
+  if (!opt.gemm_tuning.empty())
+    kernels::set_gemm_tuning_file(opt.gemm_tuning);  // Note [GEMM autotuning]
+  // Note [Trainer synchronization]: DocumentBatches checked every token against the
+  // vocabulary at open (Note [Tokens checked at open]); synthetic tokens are drawn in it.
+  kernels::set_check_indices(false);
+  if (opt.nvtx) set_nvtx(true);  // Note [NVTX ranges]
   // Note [Graphed window]: the graphs read fixed-shape buffers, so the
   // documents' offsets are padded to B * T + 1 entries with B * T (empty
   // documents at the end, which attend to nothing).
   std::unique_ptr<optim::GraphedWindow> graphed;
   if (opt.cuda_graphs) {  // on the CPU it runs eagerly, with the same padded offsets
     graphed = std::make_unique<optim::GraphedWindow>(window, [&](const std::vector<Tensor>& in) {
-      return model->loss(in[0], in[1], nn::BatchLayout::packed(in[2], in[3]));
+      return model->loss(
+          in[0], in[1],
+          in.size() == 4 ? nn::BatchLayout::packed(in[2], in[3]) : nn::BatchLayout::full());
     });
     std::printf("%s\n", where.gpu
                             ? "cuda graphs: micro-steps and close captured after one eager "
@@ -354,25 +516,16 @@ int train(int argc, char** argv) {
     out.narrow(0, 0, n).copy_(cu.to(DType::i64));
     return out;
   };
-
-  optim::MetricsLog metrics;
-  if (!opt.metrics.empty()) {
-    if (!opt.resume.empty()) truncate_metrics_log(opt.metrics, start);
-    metrics = optim::MetricsLog(opt.metrics, !opt.resume.empty());
-  }
-  const int64_t end = opt.stop_after.value_or(opt.windows);
-  const double window_tokens = static_cast<double>(B * T * opt.accum);
-  optim::WindowReport last;
-  double first_loss = NAN;
-  for (int64_t w = start + 1; w <= end; ++w) {
-    const auto t0 = std::chrono::steady_clock::now();
+  auto run_window = [&] {
+    const NvtxRange range("accrue window");
     for (int64_t k = 0; k < opt.accum; ++k) {
       Batch b = next_batch();
-      if (graphed) {
+      if (graphed && b.cu_seqlens.defined()) {
         graphed->backward({b.inputs, b.targets, padded_offsets(b.cu_seqlens), b.positions});
+      } else if (graphed) {
+        graphed->backward({b.inputs, b.targets});
       } else {
-        window.backward(
-            model->loss(b.inputs, b.targets, nn::BatchLayout::packed(b.cu_seqlens, b.positions)));
+        window.backward(model->loss(b.inputs, b.targets, layout_of(b)));
       }
     }
     if (graphed) {
@@ -380,16 +533,79 @@ int train(int argc, char** argv) {
     } else {
       window.close();
     }
+  };
+  reset_peak_memory(device);
+  const double flops_per_token = llama_flops_per_token(config, T);
+  const double peak = peak_flops(opt.peak_tflops, device, device_name(device));
+
+  if (opt.bench) {  // timing mode: the host reads nothing back until the last window
+    BenchTiming t;
+    t.window_ms = time_windows(device, opt.bench_warmup, opt.bench_windows, run_window);
     const optim::WindowReport r = window.report();
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t.window_tokens = window_tokens;
+    t.flops_per_token = flops_per_token;
+    t.peak_flops = peak;
+    t.world_size = ranks;
+    t.final_loss = r.loss;
+    JsonObject c;
+    c.text("model", opt.model)
+        .integer("layers", config.layers)
+        .integer("hidden", config.hidden)
+        .integer("heads", config.heads)
+        .integer("kv_heads", config.kv_heads)
+        .integer("head_dim", config.head_dim)
+        .integer("intermediate", config.intermediate)
+        .integer("vocab_size", config.vocab_size)
+        .boolean("tied", config.tie_word_embeddings)
+        .boolean("qk_norm", config.qk_norm)
+        .integer("parameters", config.parameter_count())
+        .integer("micro_batch", B)
+        .integer("seq_len", T)
+        .integer("micro_steps", opt.accum)
+        .integer("tokens_per_window", window_tokens)
+        .text("dtype", dtype_name(opt.dtype))
+        .text("documents", documents_name(opt))
+        .boolean("activation_checkpointing", config.activation_checkpointing)
+        .boolean("zero1", opt.zero1)
+        .integer("warmup_windows", opt.bench_warmup)
+        .integer("timed_windows", opt.bench_windows)
+        .boolean("cuda_graphs", graphed != nullptr && where.gpu);
+    if (graphed && where.gpu) {
+      c.integer("graph_memory_bytes", graph_memory(device.index).reserved_high_bytes);
+    } else {
+      c.null("graph_memory_bytes");
+    }
+    JsonObject line = bench_summary(kProgram, device, t);
+    line.object("store_memory_bytes", memory_json(store.memory())).object("config", c);
+    std::printf("%s\n", line.str().c_str());
+    std::fflush(stdout);
+    guard.finish(r);
+    return 0;
+  }
+
+  optim::MetricsLog metrics;
+  if (!opt.metrics.empty() && where.main_rank()) {
+    if (!opt.resume.empty()) truncate_metrics_log(opt.metrics, start);
+    metrics = optim::MetricsLog(opt.metrics, !opt.resume.empty());
+  }
+  const int64_t end = opt.stop_after.value_or(opt.windows);
+  optim::WindowReport last;
+  double first_loss = NAN;
+  Stopwatch clock;
+  for (int64_t w = start + 1; w <= end; ++w) {
+    run_window();
+    const optim::WindowReport r = window.report();  // the window's one host synchronization
+    const double tokens_per_s = static_cast<double>(window_tokens) / clock.lap();
     if (w == start + 1) first_loss = r.loss;
     last = r;
     const double lr = optimizer.config_at(r.window - 1).groups[0].lr;
     std::printf("window %lld/%lld | loss %.6f | grad-norm %.4f | lr %.3e | %.0f tok/s%s\n",
-                (long long)w, (long long)opt.windows, r.loss, r.grad_norm, lr, window_tokens / secs,
+                (long long)w, (long long)opt.windows, r.loss, r.grad_norm, lr, tokens_per_s,
                 r.skipped ? " | skipped" : "");
-    metrics.write(r, {{"lr", lr}, {"tokens_per_s", window_tokens / secs}});
+    metrics.write(r, {{"lr", lr},
+                      {"tokens_per_s", tokens_per_s},
+                      {"mfu", model_flops_utilization(tokens_per_s, flops_per_token, peak, ranks)},
+                      {"peak_bytes", static_cast<double>(memory_stats(device).peak_bytes)}});
     guard.after_window(r);
     if (!opt.checkpoint.empty() && opt.checkpoint_every > 0 && w % opt.checkpoint_every == 0 &&
         w < end && std::isfinite(r.loss))

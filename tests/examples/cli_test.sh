@@ -126,7 +126,9 @@ case $name in
     bin=$dir/accrue_train prog=accrue_train
     help --model --train-data --eos-id --synthetic --micro-batch --seq-len --accum --windows \
       --stop-after --lr --warmup-windows --weight-decay --max-grad-norm --dtype --seed \
-      --cuda-graphs --cpu --checkpoint --checkpoint-every --resume --metrics --max-skipped-windows
+      --cuda-graphs --cpu --checkpoint --checkpoint-every --resume --metrics --max-skipped-windows \
+      --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
+      --bench-warmup --bench-windows --peak-tflops
     common_refusals
     expect 2 "--model 'gpt9' is not a preset or hf:DIR" --synthetic --model gpt9
     expect 2 "give exactly one of --train-data and --synthetic" --cpu
@@ -138,6 +140,21 @@ case $name in
       --synthetic --cpu --seq-len 1000
     expect 1 "window 2 was skipped" --synthetic --cpu --lr 1e30 --windows 3 \
       --max-skipped-windows 0
+    expect 2 "--bench-windows must be >= 1, got 0" --synthetic --bench --bench-windows 0
+    expect 2 "--bench-warmup must be >= 0, got -1" --synthetic --bench --bench-warmup -1
+    expect 2 "--bench-warmup expects an integer, got 'x'" --synthetic --bench --bench-warmup x
+    expect 2 "--peak-tflops must be > 0, got 0" --synthetic --bench --peak-tflops 0
+    expect 2 "--synthetic-documents must be random or full, got 'half'" --synthetic \
+      --synthetic-documents half
+    expect 2 "--synthetic-documents needs --synthetic" --train-data '/tmp/x_*.bin' --eos-id 2 \
+      --synthetic-documents full
+    expect 2 "--bench takes no --checkpoint or --resume" --synthetic --bench \
+      --checkpoint /tmp/unused.safetensors
+    expect 2 "--bench takes no --stop-after" --synthetic --bench --stop-after 1
+    expect 2 "--zero1 takes no --checkpoint or --resume" --synthetic --zero1 \
+      --resume /tmp/unused.safetensors
+    expect 2 "--gemm-tuning /no-such-dir/t.txt: no folder /no-such-dir" --synthetic --cpu \
+      --gemm-tuning /no-such-dir/t.txt
     run --cpu --model llama-tiny --synthetic --windows 3 --micro-batch 2 --seq-len 32 --accum 2
     [[ $rc -eq 0 ]] || fail "train --windows 3: exit code $rc: $err"
     grep -q "^window 3/3 | loss " <<< "$out" || fail "train: no progress line for window 3: $out"
@@ -148,6 +165,14 @@ case $name in
       --cuda-graphs
     [[ $rc -eq 0 && -n $plain && $(grep "^final:" <<< "$out") == "$plain" ]] ||
       fail "train --cuda-graphs --cpu: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$plain'"
+    # Recomputing each block in backward gives the same gradients; --zero1
+    # without a launcher is one process, whose one shard is the whole state.
+    for extra in --activation-checkpointing --zero1; do
+      run --cpu --model llama-tiny --synthetic --windows 3 --micro-batch 2 --seq-len 32 --accum 2 \
+        "$extra"
+      [[ $rc -eq 0 && $(grep "^final:" <<< "$out") == "$plain" ]] ||
+        fail "train $extra --cpu: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$plain'"
+    done
     ;;
   resnet)
     bin=$dir/accrue_resnet prog=accrue_resnet
