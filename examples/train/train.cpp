@@ -195,8 +195,8 @@ void probe_outputs(const Options& o) {
 // hd T with backward, over all T keys: causal masking and document
 // boundaries are not discounted, so a packed batch of short documents does
 // less work than this counts. Not counted: the embedding lookup, norms,
-// RoPE, SwiGLU's product, softmax, biases. bench/ computes the PyTorch side's
-// MFU with the same formula (docs/MODELS.md).
+// RoPE, SwiGLU's product, softmax, biases. docs/MODELS.md writes it out for
+// the PyTorch baselines, whose MFU must count the same FLOPs.
 double llama_flops_per_token(const nn::LlamaConfig& c, int64_t T) {
   const double d = static_cast<double>(c.hidden), f = static_cast<double>(c.intermediate);
   const double q = static_cast<double>(c.heads * c.head_dim);
