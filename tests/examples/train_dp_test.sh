@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# accrue_train data parallel on two GPUs of this node (label multi_gpu):
+#   train_dp_test.sh TRAINER LAUNCH WORK_DIR PYTHON SOURCE_DIR
+# LAUNCH is tests/dist/multi_gpu_launch.sh (torchrun's variables, one process
+# per rank). Exits 77 (skip) with fewer than 2 GPUs.
+#  - Two ranks of micro-batch 2 read the rows one process of micro-batch 4
+#    reads (Note [Document batches]: rank r takes rows r * B.. of each step)
+#    and the loss is the mean over the window's real tokens of all ranks
+#    (Note [Normalization]): the final losses agree to f32 rounding.
+#  - --zero1 (Note [ZeRO-1]) shards the moments and gives the same losses.
+#  - --bench under two ranks: world_size 2, the moments sharded.
+#  - A checkpoint of the two-rank run is refused by a one-process resume.
+set -u
+trainer=$1 launch=$2 work=$3 python=$4 source_dir=$5
+gpus=$(nvidia-smi -L 2> /dev/null | grep -c "^GPU")
+if [[ ${gpus:-0} -lt 2 ]]; then
+  echo "SKIP: needs 2 GPUs, found ${gpus:-0}"
+  exit 77
+fi
+rm -rf "$work" && mkdir -p "$work" || exit 1
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+final_loss() { sed -n 's/^final: window [0-9]* loss //p' "$1"; }
+close() { # close A B: |A - B| <= 1e-4 |B|
+  "$python" -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(a - b) > 1e-4 * abs(b))" \
+    "$1" "$2"
+}
+"$python" "$source_dir/tools/make_shards.py" "$source_dir/README.md" \
+  "$source_dir/docs/ARCHITECTURE.md" --output-prefix "$work/text" > /dev/null || fail "make_shards"
+common=(--model llama-tiny --train-data "$work/text_train_*.bin" --eos-id 10 --seq-len 64
+  --accum 2 --windows 4 --dtype f32 --lr 1e-3)
+
+"$trainer" "${common[@]}" --micro-batch 4 > "$work/one.txt" 2>&1 ||
+  fail "one process: $(cat "$work/one.txt")"
+bash "$launch" 2 "$trainer" "${common[@]}" --micro-batch 2 \
+  --checkpoint "$work/two.safetensors" > "$work/two.txt" 2>&1 || fail "two ranks: $(cat "$work/two.txt")"
+grep -q "x 2 rank(s) x K=2 = 512 tokens per window" "$work/two.txt" ||
+  fail "two ranks: no batch line: $(cat "$work/two.txt")"
+grep -q "^data parallel: " "$work/two.txt" || fail "two ranks: no data-parallel line"
+one=$(final_loss "$work/one.txt") two=$(final_loss "$work/two.txt")
+[[ -n $one && -n $two ]] || fail "no final loss: '$one' '$two'"
+close "$two" "$one" || fail "two ranks x micro-batch 2 ended at $two, one process x 4 at $one"
+
+bash "$launch" 2 "$trainer" "${common[@]}" --micro-batch 2 --zero1 > "$work/zero1.txt" 2>&1 ||
+  fail "--zero1: $(cat "$work/zero1.txt")"
+grep -q "^memory per rank: .*moments [^,]*(sharded)" "$work/zero1.txt" ||
+  fail "--zero1: the moments are not sharded: $(grep "^memory" "$work/zero1.txt")"
+zero1=$(final_loss "$work/zero1.txt")
+close "$zero1" "$two" || fail "--zero1 ended at $zero1, without it at $two"
+
+bash "$launch" 2 "$trainer" --model llama-tiny --synthetic --synthetic-documents full \
+  --seq-len 64 --micro-batch 2 --accum 2 --dtype bf16 --zero1 --bench --bench-warmup 1 \
+  --bench-windows 2 > "$work/bench.txt" 2>&1 || fail "--bench: $(cat "$work/bench.txt")"
+"$python" - "$work/bench.txt" << 'PY' || fail "--bench: $(cat "$work/bench.txt")"
+import json, sys
+lines = [l for l in open(sys.argv[1]) if l.startswith("{")]
+assert len(lines) == 1, lines  # rank 0 prints it; the other ranks' stdout is silenced
+j = json.loads(lines[0])
+assert j["world_size"] == 2 and j["tokens_per_s_median"] > 0, j
+assert j["config"]["tokens_per_window"] == 2 * 2 * 64 * 2, j
+assert j["store_memory_bytes"]["moments_sharded"] is True and j["config"]["zero1"] is True, j
+PY
+
+err=$("$trainer" "${common[@]}" --micro-batch 2 --resume "$work/two.safetensors" 2>&1 > /dev/null)
+rc=$?
+[[ $rc -eq 1 && $err == *"world_size = 2 but this run has 1"* ]] ||
+  fail "a one-process resume of a two-rank checkpoint: exit code $rc: $err"
+echo "ok: two ranks end at $two (one process: $one, ZeRO-1: $zero1)"
