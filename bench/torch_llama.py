@@ -63,19 +63,20 @@ nothing synchronizing the host between them; the window time is the median
 gap, tokens/s = tokens per window / that median. Peak memory is
 torch.cuda.max_memory_allocated over the warm-up and timed windows.
 
-MFU, one formula for accrue and PyTorch (bench/llama_bench.py applies it to
-both sides): model FLOPs per token
+MFU, one formula for accrue and PyTorch (accrue_train's, Note [Llama FLOPs per
+token] in examples/train/train.cpp; bench/llama_bench.py applies it to both
+sides): model FLOPs per token
 
-    6 N + 12 L h d T
+    6 (L (d q + 2 d kv + q d + 3 d f) + d V)  +  12 L h hd T
 
-N the parameters every token's matmuls use: all of them except the input
-embedding table when the head is untied (a lookup, no matmul; a tied table
-counts once, as the output layer's weight, as for GPT-2); L layers, h query
-heads of width d (h d differs from the hidden size in qwen3-0.6b), T the
-sequence length; 6 N: 2 FLOPs a multiply-add forward, 4 backward; 12 L h d T:
-the score and value products over T keys (causal masking not discounted;
-PaLM appendix B, torchtitan's get_num_flop_per_token). Against the GPU's dense
-bf16 peak (bench/torch_gpt2.py's table, or --peak-tflops); per GPU under DDP.
+d the hidden size, h the query heads, hd head_dim, q = h hd, kv = kv_heads
+hd, f the SwiGLU width, V the vocabulary (the output layer, tied or not), L
+layers, T the sequence length. The first term is every weight matmul (q, k,
+v, o, gate, up, down, output) at 2 FLOPs a multiply-add forward and 4
+backward; the second the score and value products over T keys (causal
+masking not discounted; PaLM appendix B). The embedding lookup, norms, RoPE,
+SwiGLU's product and softmax are not counted. Against the GPU's dense bf16
+peak (bench/torch_gpt2.py's table, or --peak-tflops); per GPU under DDP.
 
 Data parallelism: launched by torchrun with WORLD_SIZE > 1, each rank drives
 GPU LOCAL_RANK in an NCCL process group and trains the model wrapped in
@@ -154,10 +155,11 @@ def parameter_count(c):
 
 
 def flops_per_token(model, seq_len):
-    """Training FLOPs per token: 6 N + 12 L h d T (see the module's docstring)."""
+    """Training FLOPs per token as accrue_train counts them (see the module's docstring)."""
     c = PRESETS[model]
-    n = parameter_count(c) - (0 if c["tie_word_embeddings"] else c["vocab_size"] * c["hidden"])
-    return 6 * n + 12 * c["layers"] * c["heads"] * c["head_dim"] * seq_len
+    d, f, L, V = c["hidden"], c["intermediate"], c["layers"], c["vocab_size"]
+    q, kv = c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
+    return 6 * (L * (d * q + 2 * d * kv + q * d + 3 * d * f) + d * V) + 12 * L * q * seq_len
 
 
 def parse_args(argv=None):
@@ -478,6 +480,7 @@ def run(torch, args, world, rank, device):
         raise RuntimeError(f"the last window's loss is {loss}")
 
     # The slowest rank's figures (the ranks wait for each other at every all-reduce).
+    # On the CPU there is no allocator figure: the memory keys are null there.
     peak_bytes = 0.0 if args.cpu else float(torch.cuda.max_memory_allocated(device))
     median_ms, min_ms, peak_bytes = max_over_ranks(
         torch, [statistics.median(window_ms), min(window_ms), peak_bytes], device)
@@ -502,7 +505,7 @@ def run(torch, args, world, rank, device):
         "tokens_per_s": tokens_per_s,
         "window_ms": median_ms,
         "window_ms_min": min_ms,
-        "peak_mem_gib": peak_bytes / 2**30,
+        "peak_mem_gib": None if args.cpu else peak_bytes / 2**30,
         "mfu": mfu,
         "loss": loss,
         "warmup": args.warmup,
@@ -514,7 +517,7 @@ def run(torch, args, world, rank, device):
         # accrue_train_gpt2 --bench's keys for the same figures.
         "tokens_per_s_median": tokens_per_s,
         "window_ms_median": median_ms,
-        "peak_memory_bytes": int(peak_bytes),
+        "peak_memory_bytes": None if args.cpu else int(peak_bytes),
         "flops_per_token": fpt,
         "peak_flops": peak * 1e12 if peak else None,
         "final_loss": loss,
