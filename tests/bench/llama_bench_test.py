@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""bench/llama_bench.py and bench/torch_llama.py without a GPU.
+
+Always: both scripts answer --help (no torch needed); the runner's --dry-run
+plans every run of the default one-GPU points and of --nproc 2 with the
+right options; bad command lines exit 2; the FLOPs per token equal
+accrue_train's formula (Note [Llama FLOPs per token]) computed here from the
+preset fields, and the parameter counts accrue's; --table-only turns known
+rows into the expected ratios and PASS/MISS verdicts.
+
+Where torch imports (this Python, or ACCRUE_TORCH_PYTHON): torch_llama.py
+trains llama-tiny and qwen3-tiny on the CPU (and transformers' model where
+transformers imports) and prints its JSON line; where ACCRUE_TRAIN_BIN names
+a built accrue_train as well, the runner's --cpu mode measures both sides.
+Those parts skip with a message otherwise.
+
+    python3 tests/bench/llama_bench_test.py [REPO_ROOT]
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
+                       os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+BENCH = os.path.join(ROOT, "bench")
+RUNNER = os.path.join(BENCH, "llama_bench.py")
+TORCH_LLAMA = os.path.join(BENCH, "torch_llama.py")
+sys.path.insert(0, BENCH)
+import torch_llama  # noqa: E402  (imports no torch at module level)
+
+
+def run(cmd, python=sys.executable, timeout=300, env=None):
+    return subprocess.run([python] + cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def torch_python():
+    """A Python that imports torch, or None."""
+    for python in (os.environ.get("ACCRUE_TORCH_PYTHON"), sys.executable):
+        if python and subprocess.run([python, "-c", "import torch"], capture_output=True,
+                                     timeout=120).returncode == 0:
+            return python
+    return None
+
+
+class Help(unittest.TestCase):
+    def test_both_scripts_answer_help(self):
+        for script, words in ((RUNNER, ["--dry-run", "--nproc", "--skip-compile", "--resume"]),
+                              (TORCH_LLAMA, ["--impl", "--compile", "--fsdp", "--device"])):
+            p = run([script, "--help"])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            for word in words:
+                self.assertIn(word, p.stdout, script)
+
+    def test_bad_command_lines_exit_2(self):
+        for cmd in ([RUNNER, "--models", "gpt2", "--dry-run"],
+                    [RUNNER, "--nproc", "0", "--dry-run"],
+                    [RUNNER, "--resume"],
+                    [TORCH_LLAMA, "--model", "llama-tiny", "--seq-len", "129"],
+                    [TORCH_LLAMA, "--micro-batch", "3", "--global-batch", "8"]):
+            p = run(cmd)
+            self.assertEqual(p.returncode, 2, (cmd, p.stdout, p.stderr))
+            self.assertIn("error:", p.stderr)
+        p = run([RUNNER, "--points", "0x2", "--dry-run"])
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("0x2", p.stderr)
+
+
+class DryRun(unittest.TestCase):
+    def plan(self, *extra):
+        p = run([RUNNER, "--dry-run", "--accrue-bin", "/x/accrue_train"] + list(extra))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return [line for line in p.stdout.splitlines() if line.startswith("[llama_bench]")]
+
+    def test_one_gpu_plan(self):
+        lines = self.plan()
+        points = {"llama-125m": [(32, 2), (8, 8), (2, 32), (1, 64)],
+                  "llama3.2-1b": [(8, 4), (2, 16), (1, 32)]}
+        self.assertEqual(len(lines), 4 * 7, "\n".join(lines))
+        for model, pts in points.items():
+            for b, k in pts:
+                accrue = [x for x in lines if f"accrue_{model}_1gpu_{b}x{k}:" in x]
+                self.assertEqual(len(accrue), 1)
+                self.assertIn(f"/x/accrue_train --bench --synthetic --synthetic-documents full "
+                              f"--model {model} --dtype bf16 --seq-len 2048 --micro-batch {b} "
+                              f"--accum {k}", accrue[0])
+                for impl, flag in (("torch_eager", None), ("torch_compile", "--compile"),
+                                   ("transformers", "--impl transformers")):
+                    row = [x for x in lines if f"{impl}_{model}_1gpu_{b}x{k}:" in x]
+                    self.assertEqual(len(row), 1, impl)
+                    self.assertIn(f"torch_llama.py --model {model} --micro-batch {b} --k {k} "
+                                  f"--seq-len 2048", row[0])
+                    if flag:
+                        self.assertIn(flag, row[0])
+                    else:
+                        self.assertNotIn("--compile", row[0])
+                        self.assertNotIn("--impl", row[0])
+        self.assertEqual(len(self.plan("--skip-compile", "--skip-transformers")), 2 * 7)
+        self.assertEqual(len(self.plan("--skip-torch")), 7)
+
+    def test_two_gpu_plan(self):
+        lines = self.plan("--nproc", "2")
+        self.assertEqual(len(lines), 6 * 2, "\n".join(lines))
+        for b, k in ((8, 4), (2, 16)):
+            runs = {x.split(":")[0].split("] ")[1]: x for x in lines if f"_{b}x{k}:" in x}
+            self.assertEqual(sorted(runs), sorted(
+                f"{impl}_llama3.2-1b_{w}gpu_{b}x{k}" for impl, w in
+                (("accrue", 1), ("accrue", 2), ("accrue_zero1", 2), ("torch", 1),
+                 ("torch_ddp", 2), ("torch_fsdp", 2))))
+            two = [runs[f"{i}_llama3.2-1b_2gpu_{b}x{k}"]
+                   for i in ("accrue", "accrue_zero1", "torch_ddp", "torch_fsdp")]
+            for line in two:
+                self.assertIn("--nproc-per-node=2", line)
+                self.assertIn("timeout --kill-after=60", line)
+            self.assertIn("--no-python /x/accrue_train", two[0])
+            self.assertIn(f"--micro-batch {b} --accum {k}", two[0])
+            self.assertIn("--zero1", two[1])
+            self.assertNotIn("--zero1", two[0])
+            self.assertIn("--fsdp", two[3])
+            self.assertNotIn("--nproc-per-node", runs[f"accrue_llama3.2-1b_1gpu_{b}x{k}"])
+        self.assertEqual(len(self.plan("--nproc", "2", "--zero1-args", "", "--skip-fsdp")), 8)
+
+
+class Arithmetic(unittest.TestCase):
+    def test_flops_per_token_is_accrue_trains_formula(self):
+        # accrue_train --bench printed 638976 for llama-tiny at T = 64 (CPU, this tree).
+        self.assertEqual(torch_llama.flops_per_token("llama-tiny", 64), 638976)
+        # 6 (L (d q + 2 d kv + q d + 3 d f) + d V) + 12 L q T, from the preset fields.
+        for name, (L, d, h, kvh, hd, f, V) in {
+                "llama-125m": (12, 768, 12, 4, 64, 2048, 32000),
+                "llama3.2-1b": (16, 2048, 32, 8, 64, 8192, 128256),
+                "qwen3-0.6b": (28, 1024, 16, 8, 128, 3072, 151936)}.items():
+            q, kv, T = h * hd, kvh * hd, 2048
+            want = 6 * (L * (d * q + 2 * d * kv + q * d + 3 * d * f) + d * V) + 12 * L * q * T
+            self.assertEqual(torch_llama.flops_per_token(name, T), want, name)
+
+    def test_parameter_counts_are_accrues(self):
+        # nn/llama_config.h: llama-125m 124.7M, llama3.2-1b 1.24B (transformers' counts).
+        self.assertEqual(round(torch_llama.parameter_count(torch_llama.PRESETS["llama-125m"])
+                               / 1e5), 1247)
+        self.assertEqual(round(torch_llama.parameter_count(torch_llama.PRESETS["llama3.2-1b"])
+                               / 1e7), 124)
+        # llama-tiny: accrue_train reports 106816 parameters.
+        self.assertEqual(torch_llama.parameter_count(torch_llama.PRESETS["llama-tiny"]), 106816)
+
+
+def row(impl, tok, gib, world=1, b=8, k=4, mfu=None, error=None):
+    r = {"impl": impl, "label": impl, "model": "llama3.2-1b", "world_size": world,
+         "micro_batch": b, "K": k, "tokens_per_s": tok, "peak_mem_gib": gib, "mfu": mfu,
+         "raw": {"gpu": "NVIDIA H200"}}
+    if error:
+        r["error"] = error
+    return r
+
+
+class Tables(unittest.TestCase):
+    def table(self, rows, *extra):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "rows.json")
+            with open(path, "w") as f:
+                json.dump(rows, f)
+            p = run([RUNNER, "--table-only", "--json", path, "--models", "llama3.2-1b"]
+                    + list(extra))
+        self.assertEqual(p.returncode, 0 if all(
+            not r.get("error") for r in rows if r["impl"].startswith("accrue")) else 1, p.stderr)
+        return p.stdout
+
+    def test_one_gpu_verdicts(self):
+        rows = [row("accrue", 140000, 30.0, mfu=0.55), row("torch_eager", 100000, 40.0),
+                row("torch_compile", 130000, 35.0), row("transformers", 90000, 45.0),
+                row("accrue", 100000, 20.0, b=2, k=16, mfu=0.4),
+                row("torch_eager", 80000, 19.0, b=2, k=16),
+                row("torch_compile", None, None, b=2, k=16, error="out of memory")]
+        out = self.table(rows, "--points", "8x4,2x16")
+        self.assertIn("| 8 x 4 | 140,000 | 100,000 | 130,000 | 90,000 | 1.40x | PASS | 1.08x "
+                      "| MISS | 55.0% |", out)
+        self.assertIn("| 30.00 | 40.00 | 35.00 | 45.00 | PASS |", out)
+        self.assertIn("| 2 x 16 | 100,000 | 80,000 | OOM | not run | 1.25x | MISS "
+                      "| ∞ (PyTorch OOM) | PASS (PyTorch OOM) |", out)
+        self.assertIn("| 20.00 | 19.00 | – | – | MISS |", out)
+        self.assertIn("MFU >= 50% at llama3.2-1b micro-batch 8 (K = 4): 55.0% PASS", out)
+        self.assertIn("targets PASS: eager 1 of 2; compile 1 of 2; memory 1 of 2", out)
+
+    def test_two_gpu_verdicts(self):
+        rows = [row("accrue", 100000, 30.0), row("accrue", 196000, 31.0, world=2),
+                row("accrue_zero1", 190000, 25.0, world=2), row("torch", 70000, 40.0),
+                row("torch_ddp", 150000, 41.0, world=2),
+                row("torch_fsdp", 170000, 33.0, world=2)]
+        out = self.table(rows, "--nproc", "2", "--points", "8x4")
+        self.assertIn("| 8 x 4 | 100,000 | 196,000 | 1.96x | PASS | 190,000 | 70,000 | 150,000 "
+                      "| 170,000 | 1.31x | PASS | 1.15x | MISS |", out)
+        self.assertIn("| 8 x 4 | 30.00 | 31.00 | 25.00 | 40.00 | 41.00 | 33.00 |", out)
+
+    def test_failed_accrue_run_is_a_miss_and_exit_1(self):
+        rows = [row("accrue", None, None, error="exit 1: accrue_train: boom"),
+                row("torch_eager", 100000, 40.0)]
+        out = self.table(rows, "--points", "8x4", "--skip-compile")
+        self.assertIn("| 8 x 4 | failed | 100,000 |", out)
+        self.assertIn("MISS (accrue failed)", out)
+        self.assertIn("exit 1: accrue_train: boom", out)
+
+
+class TorchOnCpu(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.python = torch_python()
+
+    def setUp(self):
+        if self.python is None:
+            self.skipTest("torch does not import (set ACCRUE_TORCH_PYTHON): the CPU runs are "
+                          "not tested")
+
+    def line(self, *args):
+        p = run([TORCH_LLAMA, "--device", "cpu", "--seq-len", "32", "--micro-batch", "2",
+                 "--k", "2", "--warmup", "1", "--windows", "2"] + list(args),
+                python=self.python)
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    def check(self, d, model, impl):
+        c = torch_llama.PRESETS[model]
+        self.assertEqual(d["model"], model)
+        self.assertEqual(d["impl"], impl)
+        self.assertEqual((d["micro_batch"], d["K"], d["seq_len"], d["world_size"]), (2, 2, 32, 1))
+        self.assertEqual(d["tokens_per_window"], 2 * 2 * 32)
+        self.assertGreater(d["tokens_per_s"], 0)
+        self.assertEqual(d["tokens_per_s_median"], d["tokens_per_s"])
+        self.assertEqual(d["params"], torch_llama.parameter_count(c))
+        self.assertEqual(d["flops_per_token"], torch_llama.flops_per_token(model, 32))
+        self.assertTrue(math.isfinite(d["loss"]))
+        # Random tokens over V ids: the first windows' loss is near ln V.
+        self.assertLess(abs(d["loss"] - math.log(c["vocab_size"])), 1.0)
+        self.assertIsNone(d["peak_memory_bytes"])  # no allocator figure on the CPU
+
+    def test_native_models(self):
+        for model in ("llama-tiny", "qwen3-tiny"):
+            self.check(self.line("--model", model), model, "pytorch")
+
+    def test_transformers_model(self):
+        if subprocess.run([self.python, "-c", "import transformers"],
+                          capture_output=True).returncode != 0:
+            self.skipTest("transformers does not import")
+        for model in ("llama-tiny", "qwen3-tiny"):
+            self.check(self.line("--model", model, "--impl", "transformers"), model,
+                       "transformers")
+
+    def test_runner_on_cpu(self):
+        accrue = os.environ.get("ACCRUE_TRAIN_BIN")
+        if not accrue or not os.access(accrue, os.X_OK):
+            self.skipTest("ACCRUE_TRAIN_BIN names no accrue_train: the runner's --cpu mode is "
+                          "not tested")
+        with tempfile.TemporaryDirectory() as d:
+            p = run([RUNNER, "--cpu", "--accrue-bin", accrue, "--python", self.python,
+                     "--models", "llama-tiny", "--points", "2x2", "--seq-len", "32",
+                     "--warmup", "1", "--windows", "2", "--skip-compile", "--skip-transformers",
+                     "--json", os.path.join(d, "rows.json")])
+            self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
+            with open(os.path.join(d, "rows.json")) as f:
+                rows = json.load(f)
+        self.assertEqual(sorted(r["impl"] for r in rows), ["accrue", "torch_eager"])
+        for r in rows:
+            self.assertNotIn("error", r)
+            self.assertGreater(r["tokens_per_s"], 0)
+        accrue_raw = next(r for r in rows if r["impl"] == "accrue")["raw"]
+        self.assertEqual(accrue_raw["flops_per_token"], torch_llama.flops_per_token("llama-tiny", 32))
+        self.assertRegex(p.stdout, r"\| 2 x 2 \| [\d,]+ \| [\d,]+ \| not run \| not run \| [\d.]+x \|")
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
