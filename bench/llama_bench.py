@@ -310,7 +310,7 @@ def run_one(args, run, gpu):
                           / (peak * 1e12 * world))
         mem = row["peak_mem_gib"]
         print(f"[llama_bench] {tag}: {row['tokens_per_s']:,.0f} tokens/s, peak "
-              f"{mem if mem is not None else float('nan'):.2f} GiB ({seconds:.0f} s)", flush=True)
+              f"{fmt(mem, '.2f', 'no figure')} GiB ({seconds:.0f} s)", flush=True)
     else:
         print(f"[llama_bench] {tag}: {row['error']} ({seconds:.0f} s)", flush=True)
     return row
@@ -360,6 +360,13 @@ def fmt_mfu(row):
 
 def gib(row):
     return fmt((row or {}).get("peak_mem_gib") if ok(row) else None, ".2f")
+
+
+def store_gib(row):
+    """accrue's parameter store on its rank (store_memory_bytes.total), GiB."""
+    store = ((row or {}).get("raw") or {}).get("store_memory_bytes")
+    total = store.get("total") if isinstance(store, dict) else None
+    return fmt(total / 2**30 if isinstance(total, (int, float)) and ok(row) else None, ".2f")
 
 
 def single_tables(rows, args, gpu):
@@ -440,14 +447,18 @@ def dp_tables(rows, args, gpu):
                          f"| {fmt_rate(az)} | {fmt_rate(t1)} | {fmt_rate(td)} | {fmt_rate(tf)} "
                          f"| {dr} | {dv} | {fr} | {fv} |")
         lines += ["", f"{model}: peak memory per GPU, GiB (accrue: rank 0's; PyTorch: the "
-                      f"largest over ranks)", "",
+                      f"largest over ranks); accrue's parameter store per rank (master, "
+                      f"gradients, compute copy, moments: store_memory_bytes)", "",
                   f"| B x K | accrue 1 GPU | accrue {n} GPUs | accrue ZeRO-1 {n} GPUs "
-                  f"| PyTorch 1 GPU | DDP {n} GPUs | FSDP2 {n} GPUs |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+                  f"| PyTorch 1 GPU | DDP {n} GPUs | FSDP2 {n} GPUs | accrue store {n} GPUs "
+                  f"| ZeRO-1 store {n} GPUs |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for b, k in args.points[model]:
             cells = [gib(by.get((impl, w, model, b, k))) for impl, w in
                      (("accrue", 1), ("accrue", n), ("accrue_zero1", n), ("torch", 1),
                       ("torch_ddp", n), ("torch_fsdp", n))]
+            cells += [store_gib(by.get((impl, n, model, b, k)))
+                      for impl in ("accrue", "accrue_zero1")]
             lines.append(f"| {b} x {k} | " + " | ".join(cells) + " |")
     return lines
 

@@ -57,6 +57,9 @@ not timed):
     clip_grad_norm_(model.parameters(), 1.0)
     opt.step(); opt.zero_grad(set_to_none=True)
 
+--compile compiles the model (torch.compile of the module, the DDP wrapper
+under torchrun) and the loss (as torchtitan's "loss" compile component does).
+
 Timing (as torch_gpt2.py): --warmup windows (torch.compile compiles there),
 then --windows windows marked by CUDA events on the current stream with
 nothing synchronizing the host between them; the window time is the median
@@ -432,13 +435,19 @@ def run(torch, args, world, rank, device):
             return contextlib.nullcontext()
         return torch.autocast(device.type, dtype=torch.bfloat16)
 
+    def cross_entropy(logits, y):
+        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+    if args.compile:  # torchtitan compiles the loss too (its "loss" compile component)
+        cross_entropy = torch.compile(cross_entropy)
+
     def micro_loss(x, y):
         if args.impl == "transformers":
             with autocast():
                 return step_model(input_ids=x, labels=x).loss  # shifted inside
         with autocast():
             logits = step_model(x)
-        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        return cross_entropy(logits, y)
 
     losses = []
 

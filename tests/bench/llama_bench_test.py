@@ -190,10 +190,13 @@ class Tables(unittest.TestCase):
                 row("accrue_zero1", 190000, 25.0, world=2), row("torch", 70000, 40.0),
                 row("torch_ddp", 150000, 41.0, world=2),
                 row("torch_fsdp", 170000, 33.0, world=2)]
+        rows[1]["raw"]["store_memory_bytes"] = {"total": 3 * 2**30}
+        rows[2]["raw"]["store_memory_bytes"] = {"total": 1.5 * 2**30}
         out = self.table(rows, "--nproc", "2", "--points", "8x4")
         self.assertIn("| 8 x 4 | 100,000 | 196,000 | 1.96x | PASS | 190,000 | 70,000 | 150,000 "
                       "| 170,000 | 1.31x | PASS | 1.15x | MISS |", out)
-        self.assertIn("| 8 x 4 | 30.00 | 31.00 | 25.00 | 40.00 | 41.00 | 33.00 |", out)
+        self.assertIn("| 8 x 4 | 30.00 | 31.00 | 25.00 | 40.00 | 41.00 | 33.00 | 3.00 | 1.50 |",
+                      out)
 
     def test_failed_accrue_run_is_a_miss_and_exit_1(self):
         rows = [row("accrue", None, None, error="exit 1: accrue_train: boom"),
