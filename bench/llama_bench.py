@@ -59,6 +59,14 @@ without the launcher variables this script inherited (RANK, WORLD_SIZE, ...),
 so 1-GPU runs are world size 1. A 2-GPU accrue run whose TCP exchange could
 not listen on MASTER_PORT + 1 is run once more.
 
+--ncu-points MODEL:BxK,... adds where accrue's time goes (the issue asks for
+the largest and smallest micro-batch): accrue_train under Nsight Compute
+(ncu --clock-control none --cache-control none --metrics
+gpu__time_duration.sum, one window), the last complete window cut out at the
+window close's fused_optimizer_kernel, its kernels summed by class (GEMM,
+attention, norms, RoPE, SwiGLU, classifier, window close, elementwise,
+other), as gpt2_bench.py does for GPT-2.
+
 A device call has a time limit: --json is rewritten after every run, --resume
 reads it back and runs only what is not there yet (a failed run other than
 out-of-memory is run again), and --stop-after S starts no run after S
@@ -79,8 +87,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gpt2_bench import (default_accrue_bin, fmt, fmt_rate, gpu_name,  # noqa: E402
-                        last_json_line, normalize, ok, parse_points, run_logged)
+from gpt2_bench import (default_accrue_bin, find_ncu, fmt, fmt_rate, gpu_name,  # noqa: E402
+                        last_json_line, last_window, normalize, ok, parse_ncu_csv,
+                        parse_points, run_logged, short_name)
 from gpt2_dp_bench import CHILD_ENV, LAUNCHER_VARS, PORT_TAKEN  # noqa: E402
 import torch_gpt2  # noqa: E402  (the peak table; imports no torch)
 import torch_llama  # noqa: E402  (the presets and the FLOP count; imports no torch)
@@ -103,6 +112,24 @@ SINGLE_RUNS = [("accrue", "accrue"), ("torch_eager", "PyTorch eager"),
 DP_RUNS = [("accrue", 1, "accrue 1 GPU"), ("accrue", "N", "accrue N GPUs"),
            ("accrue_zero1", "N", "accrue ZeRO-1 N GPUs"), ("torch", 1, "PyTorch 1 GPU"),
            ("torch_ddp", "N", "PyTorch DDP N GPUs"), ("torch_fsdp", "N", "PyTorch FSDP2 N GPUs")]
+
+# Kernel classes of the ncu breakdown: the first class any of whose substrings
+# is in the lower-cased kernel name wins (the close and the classifier before
+# GEMM; attention before GEMM and softmax; cuDNN's attention kernels name sdpa
+# or flash).
+NCU_CLASSES = [
+    ("window close", ["fused_optimizer", "grad_norm_partials", "window_scalar", "adam",
+                      "multi_tensor"]),
+    ("classifier", ["classifier", "cross_entropy", "loss_total"]),
+    ("attention", ["cudnn", "sdpa", "flash", "fmha", "attention", "softmax", "score_grad",
+                   "backward_rows", "forward_combine", "backward_combine"]),
+    ("norms", ["rms_norm", "layer_norm", "rmsnorm"]),
+    ("RoPE", ["rope", "rotary"]),
+    ("SwiGLU", ["swiglu", "silu"]),
+    ("GEMM", ["nvjet", "gemm", "cutlass", "xmma", "cublas", "splitk", "matmul"]),
+    ("elementwise", ["map_contiguous", "map_strided", "elementwise", "copy", "fill", "scale",
+                     "add_scaled", "cast", "vectorized", "embedding"]),
+]
 
 
 def parse_args(argv=None):
@@ -141,6 +168,12 @@ def parse_args(argv=None):
     p.add_argument("--skip-compile", action="store_true", help="no torch.compile runs")
     p.add_argument("--skip-transformers", action="store_true", help="no transformers runs")
     p.add_argument("--skip-fsdp", action="store_true", help="with --nproc: no FSDP2 runs")
+    p.add_argument("--ncu-points", default="",
+                   help="MODEL:BxK,... where accrue's kernel time is broken down under Nsight "
+                        "Compute (e.g. llama-125m:32x2,llama-125m:1x64,llama3.2-1b:8x4,"
+                        "llama3.2-1b:1x32; default none)")
+    p.add_argument("--ncu", default=None, help="the ncu binary (default: from PATH or CUDA)")
+    p.add_argument("--ncu-timeout", type=int, default=420, help="seconds per ncu run")
     p.add_argument("--cpu", action="store_true",
                    help="both sides on the CPU (tiny models): checks this script")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -172,6 +205,15 @@ def parse_args(argv=None):
         if args.seq_len > torch_llama.PRESETS[m]["max_positions"]:
             p.error(f"--seq-len {args.seq_len} is past {m}'s "
                     f"{torch_llama.PRESETS[m]['max_positions']} positions")
+    ncu_points = []
+    for item in (x.strip() for x in args.ncu_points.split(",")):
+        if not item:
+            continue
+        model, _, point = item.rpartition(":")
+        if model not in torch_llama.PRESETS:
+            p.error(f"--ncu-points {item!r}: write MODEL:BxK with a known model")
+        ncu_points += [(model, b, k) for b, k in parse_points(point)]
+    args.ncu_points = ncu_points
     if (args.resume or args.table_only) and not args.json:
         p.error("--resume and --table-only read --json FILE")
     if args.torchrun is None:
@@ -314,6 +356,79 @@ def run_one(args, run, gpu):
     else:
         print(f"[llama_bench] {tag}: {row['error']} ({seconds:.0f} s)", flush=True)
     return row
+
+
+# ---- the ncu breakdown -----------------------------------------------------------------------
+
+def classify(name):
+    lower = name.lower()
+    for cls, keys in NCU_CLASSES:
+        if any(k in lower for k in keys):
+            return cls
+    return "other"
+
+
+def ncu_cmd(args, model, b, k):
+    ncu = find_ncu(args.ncu) or "ncu"
+    # A window at large K is tens of thousands of kernels, each serialized and
+    # timed: one window with no warm-up there (the set-up kernels are then
+    # included, and the table says so).
+    cmd = accrue_cmd(args, model, b, k)
+    at = cmd.index("--bench-warmup")
+    cmd[at + 1], cmd[at + 3] = ("0" if k >= 16 else "1"), "1"
+    return [ncu, "--clock-control", "none", "--cache-control", "none", "--metrics",
+            "gpu__time_duration.sum", "--csv", "--print-units", "base"] + cmd
+
+
+def run_ncu(args, model, b, k):
+    """accrue's kernels at one point under ncu, summed by class; a row (impl "ncu")."""
+    tag = f"ncu_accrue_{model}_{b}x{k}"
+    cmd = ncu_cmd(args, model, b, k)
+    print(f"[llama_bench] {tag}: {shlex.join(cmd)}", flush=True)
+    row = {"impl": "ncu", "label": "ncu accrue", "model": model, "world_size": 1,
+           "micro_batch": b, "K": k, "cmd": cmd}
+    status, out, err, seconds = run_logged(cmd, args.ncu_timeout, args.log_dir, tag)
+    kernels = parse_ncu_csv(out)
+    row.update(seconds=round(seconds, 1), exit=status)
+    if not kernels:
+        reason = "timed out" if status is None else f"exit {status}"
+        row["error"] = f"ncu: no kernel durations ({reason}): {why_failed(err) or why_failed(out)}"
+        print(f"[llama_bench] {tag}: {row['error']}", flush=True)
+        return row
+    window, note = last_window(kernels)
+    by_class, others = {}, {}
+    for name, ns in window:
+        cls = classify(name)
+        count, total = by_class.get(cls, (0, 0.0))
+        by_class[cls] = (count + 1, total + ns)
+        if cls == "other":
+            others[short_name(name)] = others.get(short_name(name), 0.0) + ns
+    row["breakdown"] = {"note": note, "kernels": len(window),
+                        "classes": {c: {"kernels": n, "ns": t} for c, (n, t) in by_class.items()},
+                        "other_largest": sorted(others.items(), key=lambda kv: -kv[1])[:8]}
+    print(f"[llama_bench] {tag}: {len(kernels)} kernels profiled in {seconds:.0f} s", flush=True)
+    return row
+
+
+def ncu_tables(rows, args):
+    lines = []
+    for r in rows:
+        if r["impl"] != "ncu" or "breakdown" not in r:
+            continue
+        bd = r["breakdown"]
+        total = sum(c["ns"] for c in bd["classes"].values())
+        lines += ["", f"accrue {r['model']} at {r['micro_batch']} x {r['K']}: kernel time by "
+                      f"class over one window ({bd['note']}; {bd['kernels']} kernels, "
+                      f"{total / 1e6:.2f} ms of GPU time under ncu)", "",
+                  "| class | kernels | ms | share |", "|---|---:|---:|---:|"]
+        for cls in [c for c, _ in NCU_CLASSES] + ["other"]:
+            c = bd["classes"].get(cls, {"kernels": 0, "ns": 0.0})
+            share = c["ns"] / total if total else 0.0
+            lines.append(f"| {cls} | {c['kernels']} | {c['ns'] / 1e6:.2f} | {share:.1%} |")
+        if bd["other_largest"]:
+            lines += ["", "largest kernels in 'other': " + "; ".join(
+                f"{n} {ns / 1e6:.2f} ms" for n, ns in bd["other_largest"])]
+    return lines
 
 
 # ---- tables ----------------------------------------------------------------------------------
@@ -465,6 +580,7 @@ def dp_tables(rows, args, gpu):
 
 def tables(rows, args, gpu):
     lines = dp_tables(rows, args, gpu) if args.nproc >= 2 else single_tables(rows, args, gpu)
+    lines += ncu_tables(rows, args)
     failed = [r for r in rows if r.get("error")]
     if failed:
         lines += [""] + [f"{r['label']} {r['model']} at {r['micro_batch']} x {r['K']}: "
@@ -504,16 +620,20 @@ def main(argv=None):
     start = time.time()
     if not args.table_only:
         # Kept from --resume: every figure, and the out-of-memory rows (they would fail again).
-        done = {key(r) for r in rows if ok(r) or r.get("error") == "out of memory"}
+        done = {key(r) for r in rows if ok(r) or r.get("error") == "out of memory"
+                or "breakdown" in r}
         rows = [r for r in rows if key(r) in done]
-        for run in planned_runs(args):
+        plan = planned_runs(args) + [("ncu", 1, "ncu accrue", m, b, k)
+                                     for m, b, k in args.ncu_points]
+        for run in plan:
             impl, world, label, model, b, k = run
             if (impl, world, model, b, k) in done:
                 print(f"[llama_bench] {impl}_{model}_{world}gpu_{b}x{k}: kept from {args.json}",
                       flush=True)
                 continue
             if args.dry_run:
-                cmd = command(args, impl, world, model, b, k)
+                cmd = (ncu_cmd(args, model, b, k) if impl == "ncu"
+                       else command(args, impl, world, model, b, k))
                 if world > 1:
                     cmd = ["timeout", "--kill-after=60", str(args.timeout)] + cmd
                 print(f"[llama_bench] {impl}_{model}_{world}gpu_{b}x{k}: {shlex.join(cmd)}",
@@ -523,7 +643,7 @@ def main(argv=None):
                 print(f"[llama_bench] {impl}_{model}_{world}gpu_{b}x{k}: not run (--stop-after "
                       f"{args.stop_after:g} s reached)", flush=True)
                 continue
-            rows.append(run_one(args, run, gpu))
+            rows.append(run_ncu(args, model, b, k) if impl == "ncu" else run_one(args, run, gpu))
             if args.json:
                 save_rows(args.json, rows)
 

@@ -6,7 +6,8 @@ plans every run of the default one-GPU points and of --nproc 2 with the
 right options; bad command lines exit 2; the FLOPs per token equal
 accrue_train's formula (Note [Llama FLOPs per token]) computed here from the
 preset fields, and the parameter counts accrue's; --table-only turns known
-rows into the expected ratios and PASS/MISS verdicts.
+rows into the expected ratios and PASS/MISS verdicts; the ncu breakdown
+classes a stand-in ncu's kernels of the last window.
 
 Where torch imports (this Python, or ACCRUE_TORCH_PYTHON): torch_llama.py
 trains llama-tiny and qwen3-tiny on the CPU (and transformers' model where
@@ -205,6 +206,47 @@ class Tables(unittest.TestCase):
         self.assertIn("| 8 x 4 | failed | 100,000 |", out)
         self.assertIn("MISS (accrue failed)", out)
         self.assertIn("exit 1: accrue_train: boom", out)
+
+
+# A stand-in for ncu: the CSV ncu --csv --print-units base prints, two windows
+# (each ends with the close's fused_optimizer_kernel), durations in ns.
+FAKE_NCU = r"""#!/usr/bin/env python3
+kernels = [("setup_kernel", 5), ("fused_optimizer_kernel<float>", 70),
+           ("nvjet_tst_128x256", 100), ("rms_norm_kernel<bf16>", 50), ("rope_kernel", 20),
+           ("swiglu_kernel", 30), ("cudnn_generated_sdpa_flash_fprop", 80),
+           ("cross_entropy_rows_kernel", 40), ("mystery_kernel(int)", 10),
+           ("fused_optimizer_kernel<float>", 70)]
+print("==PROF== Connected to process")
+print('"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"')
+for i, (name, ns) in enumerate(kernels):
+    print(f'"{i}","{name}","gpu__time_duration.sum","nsecond","{ns}"')
+"""
+
+
+class NcuBreakdown(unittest.TestCase):
+    def test_classes_of_the_last_window(self):
+        with tempfile.TemporaryDirectory() as d:
+            ncu = os.path.join(d, "ncu")
+            with open(ncu, "w") as f:
+                f.write(FAKE_NCU)
+            os.chmod(ncu, 0o755)
+            p = run([RUNNER, "--cpu", "--models", "llama-tiny", "--points", "", "--seq-len", "32",
+                     "--ncu", ncu, "--ncu-points", "llama-tiny:2x2",
+                     "--json", os.path.join(d, "rows.json")])
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            with open(os.path.join(d, "rows.json")) as f:
+                rows = json.load(f)
+        self.assertIn("accrue llama-tiny at 2 x 2: kernel time by class over one window (the "
+                      "last of 2 windows; 8 kernels, 0.00 ms", p.stdout)
+        for line in ("| GEMM | 1 | 0.00 | 25.0% |", "| norms | 1 | 0.00 | 12.5% |",
+                     "| RoPE | 1 | 0.00 | 5.0% |", "| SwiGLU | 1 | 0.00 | 7.5% |",
+                     "| attention | 1 | 0.00 | 20.0% |", "| classifier | 1 | 0.00 | 10.0% |",
+                     "| window close | 1 | 0.00 | 17.5% |", "| other | 1 | 0.00 | 2.5% |",
+                     "largest kernels in 'other': mystery_kernel"):
+            self.assertIn(line, p.stdout)
+        self.assertEqual(len(rows), 1)
+        self.assertEqual(rows[0]["impl"], "ncu")
+        self.assertEqual(rows[0]["breakdown"]["classes"]["GEMM"]["ns"], 100)
 
 
 class TorchOnCpu(unittest.TestCase):
