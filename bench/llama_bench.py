@@ -192,7 +192,8 @@ def parse_args(argv=None):
     args.models = [m.strip() for m in models if m.strip()]
     for m in args.models:
         if m not in torch_llama.PRESETS:
-            p.error(f"--models: unknown model {m!r}; known: {', '.join(sorted(torch_llama.PRESETS))}")
+            known = ", ".join(sorted(torch_llama.PRESETS))
+            p.error(f"--models: unknown model {m!r}; known: {known}")
     if args.points is not None:
         points = parse_points(args.points)
         args.points = {m: points for m in args.models}
@@ -497,7 +498,7 @@ def single_tables(rows, args, gpu):
             f"| >= {EAGER_TARGET}x eager | accrue / compile | >= {COMPILE_TARGET}x compile "
             "| accrue MFU | eager MFU | compile MFU | transformers MFU | accrue GiB | eager GiB "
             "| compile GiB | transformers GiB | memory <= eager |",
-            "|---|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            "|---|---:|---:|---:|---:|---:|---|---:|---|" + "---:|" * 8 + "---|",
         ]
         for b, k in args.points[model]:
             a, e, cc, t = (by.get((impl, 1, model, b, k)) for impl in

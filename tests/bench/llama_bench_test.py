@@ -11,7 +11,9 @@ classes a stand-in ncu's kernels of the last window.
 
 Where torch imports (this Python, or ACCRUE_TORCH_PYTHON): torch_llama.py
 trains llama-tiny and qwen3-tiny on the CPU (and transformers' model where
-transformers imports) and prints its JSON line; where ACCRUE_TRAIN_BIN names
+transformers imports) and prints its JSON line, and its native model computes
+transformers' logits from the same weights (1e-7 here: fp32 rotary tables;
+dropping the llama3 scaling gives 6e-3); where ACCRUE_TRAIN_BIN names
 a built accrue_train as well, the runner's --cpu mode measures both sides.
 Those parts skip with a message otherwise.
 
@@ -223,6 +225,50 @@ for i, (name, ns) in enumerate(kernels):
 """
 
 
+# Maps transformers' parameter names onto torch_llama's native model, perturbs
+# the norms (ones at initialization), and prints max |logits difference| for
+# llama-tiny, qwen3-tiny, and llama-tiny tied with llama3 rope scaling.
+EQUIVALENCE = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import torch_llama as tl
+torch.manual_seed(0)
+scaled = dict(rope_scaling=dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0,
+                                high_freq_factor=4.0, original_max_position_embeddings=16),
+              tie_word_embeddings=True, rope_theta=500000.0)
+for name, extra in (("llama-tiny", {}), ("qwen3-tiny", {}), ("llama-tiny", scaled)):
+    c = dict(tl.PRESETS[name], **extra)
+    T = 64
+    hf = tl.build_transformers(c).double()
+    nat = tl.build_native(torch, c, T).double()
+    sd = hf.state_dict()
+    names = {"tok_embeddings.weight": "model.embed_tokens.weight",
+             "norm.weight": "model.norm.weight"}
+    if not c["tie_word_embeddings"]:
+        names["output.weight"] = "lm_head.weight"
+    pairs = [("attention.wq", "self_attn.q_proj"), ("attention.wk", "self_attn.k_proj"),
+             ("attention.wv", "self_attn.v_proj"), ("attention.wo", "self_attn.o_proj"),
+             ("feed_forward.w1", "mlp.gate_proj"), ("feed_forward.w2", "mlp.down_proj"),
+             ("feed_forward.w3", "mlp.up_proj"), ("attention_norm", "input_layernorm"),
+             ("ffn_norm", "post_attention_layernorm")]
+    if c["qk_norm"]:
+        pairs += [("attention.q_norm", "self_attn.q_norm"),
+                  ("attention.k_norm", "self_attn.k_norm")]
+    for i in range(c["layers"]):
+        for a, b in pairs:
+            names[f"layers.{i}.{a}.weight"] = f"model.layers.{i}.{b}.weight"
+    with torch.no_grad():
+        for n, v in nat.named_parameters():
+            if v.dim() == 1:
+                sd[names[n]].add_(0.1 * torch.randn_like(v))
+            v.copy_(sd[names[n]])
+    assert len(names) == len(dict(nat.named_parameters())), "every parameter mapped"
+    x = torch.randint(0, c["vocab_size"], (2, T))
+    with torch.no_grad():
+        print((hf(input_ids=x).logits - nat(x)).abs().max().item())
+"""
+
+
 class NcuBreakdown(unittest.TestCase):
     def test_classes_of_the_last_window(self):
         with tempfile.TemporaryDirectory() as d:
@@ -293,6 +339,20 @@ class TorchOnCpu(unittest.TestCase):
             self.check(self.line("--model", model, "--impl", "transformers"), model,
                        "transformers")
 
+    def test_native_model_equals_transformers(self):
+        """The native model computes transformers' logits from the same weights (f64; the
+        rotary tables are fp32 on both sides), GQA, QK-norm, tied heads and llama3 scaling."""
+        if subprocess.run([self.python, "-c", "import transformers"],
+                          capture_output=True).returncode != 0:
+            self.skipTest("transformers does not import")
+        p = subprocess.run([self.python, "-c", EQUIVALENCE, BENCH], capture_output=True,
+                           text=True, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        diffs = [float(x) for x in p.stdout.split()]
+        self.assertEqual(len(diffs), 3, p.stdout)
+        for d in diffs:
+            self.assertLess(d, 1e-5)
+
     def test_runner_on_cpu(self):
         accrue = os.environ.get("ACCRUE_TRAIN_BIN")
         if not accrue or not os.access(accrue, os.X_OK):
@@ -311,8 +371,10 @@ class TorchOnCpu(unittest.TestCase):
             self.assertNotIn("error", r)
             self.assertGreater(r["tokens_per_s"], 0)
         accrue_raw = next(r for r in rows if r["impl"] == "accrue")["raw"]
-        self.assertEqual(accrue_raw["flops_per_token"], torch_llama.flops_per_token("llama-tiny", 32))
-        self.assertRegex(p.stdout, r"\| 2 x 2 \| [\d,]+ \| [\d,]+ \| not run \| not run \| [\d.]+x \|")
+        self.assertEqual(accrue_raw["flops_per_token"],
+                         torch_llama.flops_per_token("llama-tiny", 32))
+        self.assertRegex(p.stdout,
+                         r"\| 2 x 2 \| [\d,]+ \| [\d,]+ \| not run \| not run \| [\d.]+x \|")
 
 
 if __name__ == "__main__":
