@@ -4,6 +4,7 @@
 
 #include "examples/common/checkpoint_file.h"
 #include "examples/common/options.h"
+#include "examples/common/train_model.h"
 
 namespace accrue::examples {
 
@@ -198,11 +199,7 @@ void probe_gpt2_outputs(const Gpt2Options& o) {
 nn::GPT2Config make_gpt2_config(const Gpt2Options& o, uint64_t dropout_seed) {
   nn::GPT2Config c;
   if (o.model == "tiny") {
-    c.n_layer = 2;
-    c.n_head = 4;
-    c.n_embd = 64;
-    c.vocab_size = 256;
-    c.block_size = 64;
+    c = gpt2_tiny_config();  // accrue_train's gpt2-tiny
   } else {
     c = nn::GPT2Config::from_name(o.model);
   }

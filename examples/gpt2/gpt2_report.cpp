@@ -8,19 +8,6 @@
 
 namespace accrue::examples {
 
-// The standard estimate (Kaplan et al.; PaLM appendix B; nanoGPT's estimate_mfu):
-//   6 N + 12 L T C,
-// N the parameters every token's matmuls use: all of them except wpe (a
-// lookup, no matmul) and wte's padded rows (never part of the softmax); wte
-// stays in, as the tied output layer's weight. 6 N: 2 FLOPs per multiply-add
-// forward, 4 backward. 12 L T C: attention's QK^T and AV over T keys
-// (causal masking not discounted).
-double flops_per_token(const nn::GPT2Config& c, int64_t T) {
-  const int64_t N =
-      c.parameter_count() - c.block_size * c.n_embd - (c.padded_vocab() - c.vocab_size) * c.n_embd;
-  return 6.0 * static_cast<double>(N) + 12.0 * static_cast<double>(c.n_layer * T * c.n_embd);
-}
-
 double WindowReporter::mfu(double tokens_per_s) const {
   return model_flops_utilization(tokens_per_s, flops_token_, peak_, world_size_);
 }

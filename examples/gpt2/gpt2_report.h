@@ -11,12 +11,10 @@
 #include "accrue/nn/gpt2.h"
 #include "examples/common/bench_line.h"
 #include "examples/common/timing.h"
+#include "examples/common/train_model.h"  // flops_per_token, Note [GPT-2 FLOPs per token]
 #include "examples/gpt2/gpt2_options.h"
 
 namespace accrue::examples {
-
-// Model FLOPs per token of one training step (forward + backward).
-double flops_per_token(const nn::GPT2Config& c, int64_t T);
 
 // The progress line of each window, and its --metrics row.
 class WindowReporter {

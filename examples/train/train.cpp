@@ -1,6 +1,8 @@
-// accrue_train: one trainer for the Llama family (Llama 2/3/3.2, Qwen3, or a
-// Hugging Face directory): packed documents from token shards (or synthetic
-// documents of random lengths), K micro-batches per optimizer step in one
+// accrue_train: one trainer for every model (examples/common/train_model.h):
+// GPT-2 (gpt2-tiny, gpt2-d12 .. gpt2-d48) and the Llama family (Llama 2/3/3.2,
+// Qwen3, or a Hugging Face directory). The Llama family trains on packed
+// documents from token shards (or synthetic documents of random lengths);
+// GPT-2 on full rows (Note [GPT-2 rows]). K micro-batches per optimizer step in one
 // accumulation Window, AdamW with a warmup + cosine schedule, optional CUDA
 // graphs, checkpoints that resume bit-exactly, data parallelism under
 // torchrun/mpirun (with ZeRO-1), and --bench's JSON line of timings.
@@ -8,6 +10,7 @@
 //
 //   accrue_train --model llama-tiny --synthetic --cpu --windows 20
 //   accrue_train --model llama-125m --train-data '/data/fw_train_*.bin' --eos-id 2
+//   accrue_train --model gpt2-d12 --train-data '/data/fineweb_train_*.bin'
 //   accrue_train --model llama-125m --synthetic --synthetic-documents full
 //                --dtype bf16 --micro-batch 8 --seq-len 2048 --accum 8 --bench
 //
@@ -44,6 +47,7 @@
 #include "accrue.h"
 #include "accrue/core/nvtx.h"
 #include "accrue/data/document_batches.h"
+#include "accrue/data/token_shards.h"
 #include "accrue/nn/llama.h"
 #include "examples/common/bench_line.h"
 #include "examples/common/checkpoint_file.h"
@@ -53,6 +57,7 @@
 #include "examples/common/run_guard.h"
 #include "examples/common/run_main.h"
 #include "examples/common/timing.h"
+#include "examples/common/train_model.h"
 
 using namespace accrue;
 using namespace accrue::examples;
@@ -66,11 +71,28 @@ constexpr const char* kFormat = "accrue_train checkpoint v1";
 // document of T tokens (plain causal attention, no offsets).
 enum class SyntheticDocuments { random, full };
 
+// Note [GPT-2 rows]
+// ~~~~~~~~~~~~~~~~~
+// nn::GPT2 has no document offsets nor position ids: each row is one sequence
+// from position 0. So for a GPT-2 model accrue_train reads --train-data as
+// accrue_train_gpt2 does, contiguous rows of the shards (data::DataLoader,
+// this rank's own rows of each step) that run across document boundaries, and
+// takes no --eos-id; --synthetic draws full rows (--synthetic-documents full,
+// its default there, Note [Synthetic rows]). A packed layout
+// (--synthetic-documents random) is refused for GPT-2, not approximated.
+
+std::string preset_list() {
+  std::string s;
+  for (const std::string& n : train_model_presets())
+    s += n + ", ";
+  return s + "or hf:DIR";
+}
+
 struct Options {
   std::string model = "llama-tiny", train_data, checkpoint, resume, metrics, gemm_tuning;
   bool synthetic = false, cuda_graphs = false, force_cpu = false;
   bool activation_checkpointing = false, zero1 = false, nvtx = false;
-  SyntheticDocuments synthetic_documents = SyntheticDocuments::random;
+  SyntheticDocuments synthetic_documents = SyntheticDocuments::random;  // GPT-2: full
   int64_t eos_id = -1, micro_batch = 4, seq_len = 64, accum = 4, windows = 20, warmup_windows = 0;
   int64_t seed = 1, checkpoint_every = 0, max_skipped_windows = 32;
   std::optional<int64_t> stop_after;
@@ -83,22 +105,30 @@ struct Options {
 
 bool parse(int argc, char** argv, Options& o) {
   OptionTable cli(kProgram,
-                  "Trains a Llama-family model (Llama 2/3, Qwen3, or a Hugging Face directory) on "
-                  "packed documents, K micro-batches per optimizer step.");
+                  "Trains GPT-2 on full rows or a Llama-family model (Llama 2/3, Qwen3, or a "
+                  "Hugging Face directory) on packed documents, K micro-batches per optimizer "
+                  "step.");
   cli.section("model and data");
+  const std::string presets = preset_list();
   cli.text("--model", &o.model, "NAME",
-           "a preset (llama-tiny, qwen3-tiny, llama-125m, llama3.2-1b, qwen3-0.6b) or hf:DIR");
-  cli.path("--train-data", &o.train_data, "GLOB", "token shards (tools/make_shards.py)");
+           "a preset (" + presets +
+               ": a Llama-family Hugging Face directory). gpt2-tiny: 2 layers, 4 heads, width "
+               "64, vocab 256, block 64");
+  cli.path("--train-data", &o.train_data, "GLOB",
+           "token shards (tools/make_shards.py); GPT-2 reads contiguous rows across documents "
+           "(Note [GPT-2 rows])");
   cli.integer("--eos-id", &o.eos_id, "ID", "the token that ends a document in the shards")
       .min(0)
-      .default_text("required with --train-data");
-  cli.flag("--synthetic", &o.synthetic, "random documents of random lengths, packed");
+      .default_text("required with --train-data, not taken by GPT-2");
+  cli.flag("--synthetic", &o.synthetic,
+           "random documents of random lengths, packed (GPT-2: random full rows)");
   cli.choice<SyntheticDocuments>(
-      "--synthetic-documents", &o.synthetic_documents,
-      {{"random", SyntheticDocuments::random}, {"full", SyntheticDocuments::full}},
-      "with --synthetic: random lengths packed into the rows (attention within each), or full: "
-      "each row one document of --seq-len tokens (plain causal attention, as a PyTorch "
-      "baseline trains)");
+         "--synthetic-documents", &o.synthetic_documents,
+         {{"random", SyntheticDocuments::random}, {"full", SyntheticDocuments::full}},
+         "with --synthetic: random lengths packed into the rows (attention within each), or full: "
+         "each row one document of --seq-len tokens (plain causal attention, as a PyTorch "
+         "baseline trains)")
+      .default_text("random; full for GPT-2, which takes no packed documents");
   cli.flag("--activation-checkpointing", &o.activation_checkpointing,
            "recompute each block's forward in backward (Note [Activation checkpointing])");
   cli.section("batch and optimizer");
@@ -145,9 +175,22 @@ bool parse(int argc, char** argv, Options& o) {
   if (!cli.parse(argc, argv)) return false;
   if (o.synthetic == !o.train_data.empty())
     usage_error("give exactly one of --train-data and --synthetic");
-  if (!o.train_data.empty() && o.eos_id < 0) usage_error("--train-data needs --eos-id");
+  if (!is_train_model_name(o.model))
+    usage_error("--model '", o.model, "' is not one of ", preset_list());
+  const bool gpt2 = is_gpt2_model_name(o.model);
   if (!o.synthetic && cli.given("--synthetic-documents"))
     usage_error("--synthetic-documents needs --synthetic");
+  // Note [GPT-2 rows]
+  if (gpt2 && cli.given("--eos-id"))
+    usage_error("--model ", o.model,
+                " takes no --eos-id: GPT-2 reads contiguous rows of the shards across document "
+                "boundaries");
+  if (gpt2 && o.synthetic_documents == SyntheticDocuments::random &&
+      cli.given("--synthetic-documents"))
+    usage_error("--model ", o.model,
+                " takes full rows only (--synthetic-documents full), not packed documents");
+  if (gpt2) o.synthetic_documents = SyntheticDocuments::full;
+  if (!gpt2 && !o.train_data.empty() && o.eos_id < 0) usage_error("--train-data needs --eos-id");
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
     usage_error("--bench takes no --checkpoint or --resume");
   if (o.bench && o.stop_after) usage_error("--bench takes no --stop-after");
@@ -164,12 +207,6 @@ bool parse(int argc, char** argv, Options& o) {
         "optimizer state)");
   if (o.stop_after && *o.stop_after > o.windows)
     usage_error("--stop-after ", *o.stop_after, " is past --windows ", o.windows);
-  if (o.model.rfind("hf:", 0) != 0) {
-    bool known = false;
-    for (const std::string& n : nn::LlamaConfig::preset_names())
-      known = known || n == o.model;
-    if (!known) usage_error("--model '", o.model, "' is not a preset or hf:DIR");
-  }
   checked_product({{"--micro-batch", o.micro_batch}, {"--seq-len", o.seq_len}});
   return true;
 }
@@ -179,31 +216,6 @@ void probe_outputs(const Options& o) {
   if (!o.checkpoint.empty()) probe_output_file("--checkpoint", o.checkpoint);
   if (!o.metrics.empty()) probe_output_file("--metrics", o.metrics);
   if (!o.gemm_tuning.empty()) probe_output_file("--gemm-tuning", o.gemm_tuning);
-}
-
-// Note [Llama FLOPs per token]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// MFU's model FLOPs of one trained token (forward + backward), the estimate
-// of GPT-2's trainer (6 N + 12 L T C) with every Llama matmul counted:
-//   6 x (L x (d q + 2 d kv + q d + 3 d f) + d V)  +  12 x L x H x hd x T
-// with d the hidden size, H the query heads, hd head_dim, q = H hd, kv =
-// kv_heads hd (grouped-query attention: k_proj and v_proj are narrower), f
-// the SwiGLU width (gate, up, down), V the vocabulary (the classifier, tied
-// or not), L layers, T the sequence length. 6 = 2 FLOPs per multiply-add
-// forward, 4 backward. Attention per token, layer and query head: scores
-// (QK^T) and PV are 2 T hd FLOPs each forward, so 4 H hd T forward and 12 H
-// hd T with backward, over all T keys: causal masking and document
-// boundaries are not discounted, so a packed batch of short documents does
-// less work than this counts. Not counted: the embedding lookup, norms,
-// RoPE, SwiGLU's product, softmax, biases. docs/MODELS.md writes it out for
-// the PyTorch baselines, whose MFU must count the same FLOPs.
-double llama_flops_per_token(const nn::LlamaConfig& c, int64_t T) {
-  const double d = static_cast<double>(c.hidden), f = static_cast<double>(c.intermediate);
-  const double q = static_cast<double>(c.heads * c.head_dim);
-  const double kv = static_cast<double>(c.kv_heads * c.head_dim);
-  const double L = static_cast<double>(c.layers), V = static_cast<double>(c.vocab_size);
-  const double matmul_weights = L * (d * q + 2 * d * kv + q * d + 3 * d * f) + d * V;
-  return 6 * matmul_weights + 12 * L * q * static_cast<double>(T);
 }
 
 int64_t meta_int(const std::map<std::string, std::string>& meta, const std::string& key,
@@ -257,18 +269,6 @@ Batch synthetic_batch(int64_t B, int64_t T, int64_t vocab, Generator& gen, Devic
                                      : nn::positions_from_cu_seqlens(layout.cu_seqlens, B, T)};
 }
 
-std::string describe_model(const nn::LlamaConfig& c) {
-  char s[256];
-  std::snprintf(s, sizeof s,
-                "%lld layers, hidden %lld, %lld query / %lld kv heads, head_dim %lld, ffn %lld, "
-                "vocab %lld%s%s, %lld parameters",
-                (long long)c.layers, (long long)c.hidden, (long long)c.heads, (long long)c.kv_heads,
-                (long long)c.head_dim, (long long)c.intermediate, (long long)c.vocab_size,
-                c.tie_word_embeddings ? ", tied" : "", c.qk_norm ? ", QK-norm" : "",
-                (long long)c.parameter_count());
-  return s;
-}
-
 std::string absolute_path(const std::string& path) {
   if (path.empty()) return path;
   return std::filesystem::absolute(path).lexically_normal().string();
@@ -277,8 +277,9 @@ std::string absolute_path(const std::string& path) {
 // --synthetic-documents full: random tokens drawn on the device (no host copy
 // to wait for, Note [Trainer synchronization]), each row one causal sequence;
 // no offsets, so attention takes its plain causal path.
-Batch synthetic_full_batch(int64_t B, int64_t T, int64_t vocab, Generator& gen, Device device) {
-  const Tensor t = randint(0, vocab, {B, T + 1}, DType::i64, device, &gen);
+Batch synthetic_full_batch(int64_t B, int64_t T, int64_t vocab, const SyntheticRows& rows,
+                           Generator& gen, Device device) {
+  const Tensor t = randint(rows.low, vocab, {B, T + 1}, rows.dtype, device, &gen);
   return {t.narrow(1, 0, T).contiguous(), t.narrow(1, 1, T).contiguous(), Tensor(), Tensor()};
 }
 
@@ -312,27 +313,19 @@ int train(int argc, char** argv) {
   const Device device = where.device;
   const int ranks = where.world_size();
   const DType master = opt.dtype == DType::f64 ? DType::f64 : DType::f32;
-  // Every rank the same weights (rank 0's are broadcast anyway), each its own synthetic stream.
-  Generator init(static_cast<uint64_t>(opt.seed)),
-      synth(static_cast<uint64_t>(opt.seed) + 1 + static_cast<uint64_t>(where.rank.rank));
-
-  std::unique_ptr<nn::Llama> model;
-  if (opt.model.rfind("hf:", 0) == 0) {
-    model = nn::Llama::from_hf(opt.model.substr(3), {device, master, &init},
-                               opt.activation_checkpointing);
-  } else {
-    nn::LlamaConfig config = nn::LlamaConfig::from_name(opt.model);
-    if (opt.seq_len > config.max_positions)
-      usage_error("--seq-len ", opt.seq_len, " is longer than ", opt.model,
-                  "'s max_position_embeddings ", config.max_positions);
-    config.activation_checkpointing = opt.activation_checkpointing;
-    model = std::make_unique<nn::Llama>(config, nn::ParamOptions{device, master, &init});
-  }
-  const nn::LlamaConfig& config = model->config();
-  ACCRUE_CHECK(opt.seq_len <= config.max_positions, "--seq-len ", opt.seq_len,
-               " is longer than the model's max_position_embeddings ", config.max_positions);
-  ACCRUE_CHECK(opt.synthetic || opt.eos_id < config.vocab_size, "--eos-id ", opt.eos_id,
-               " is outside the vocabulary [0, ", config.vocab_size, ")");
+  // Every rank the same weights (rank 0's are broadcast anyway).
+  Generator init(static_cast<uint64_t>(opt.seed));
+  const std::unique_ptr<TrainModel> model = make_train_model(
+      {opt.model, opt.seq_len, opt.activation_checkpointing,
+       static_cast<uint64_t>(opt.seed) + 1 + static_cast<uint64_t>(where.rank.rank)},
+      {device, master, &init});
+  const int64_t vocab = model->vocab_size();
+  ACCRUE_CHECK(opt.synthetic || opt.eos_id < vocab, "--eos-id ", opt.eos_id,
+               " is outside the vocabulary [0, ", vocab, ")");
+  // Each rank its own synthetic stream (Note [Synthetic rows]).
+  const SyntheticRows rows = model->synthetic_rows();
+  Generator synth(static_cast<uint64_t>(opt.seed) + rows.seed_offset +
+                  static_cast<uint64_t>(where.rank.rank));
   const int64_t B = opt.micro_batch, T = opt.seq_len;
   const int64_t window_tokens = checked_product(
       {{"--micro-batch", B}, {"--seq-len", T}, {"--accum", opt.accum}, {"ranks", ranks}});
@@ -340,7 +333,7 @@ int train(int argc, char** argv) {
   RunRecord record;
   record.text("model", opt.model.rfind("hf:", 0) == 0 ? "hf:" + absolute_path(opt.model.substr(3))
                                                       : opt.model);
-  record.integer("parameters", config.parameter_count());
+  record.integer("parameters", model->parameter_count());
   record.text("dtype", dtype_name(opt.dtype));
   record.integer("micro_batch", opt.micro_batch);
   record.integer("seq_len", opt.seq_len);
@@ -369,37 +362,46 @@ int train(int argc, char** argv) {
       std::printf("%s\n", line.c_str());
   }
 
-  // Note [Document batches]: rank r reads its own B rows of every step.
+  // Note [Document batches]: rank r reads its own B rows of every step; GPT-2
+  // reads contiguous rows instead (Note [GPT-2 rows]), rank r its own too.
   std::unique_ptr<data::DocumentBatches> docs;
-  if (!opt.synthetic)
-    docs =
-        std::make_unique<data::DocumentBatches>(opt.train_data, data::DocumentOptions()
-                                                                    .batch(opt.micro_batch)
-                                                                    .seq_len(opt.seq_len)
-                                                                    .eos_id(opt.eos_id)
-                                                                    .vocab_size(config.vocab_size)
-                                                                    .rank(where.rank.rank)
-                                                                    .world_size(ranks)
-                                                                    .device(device));
+  std::unique_ptr<data::TokenShards> shards;
+  std::unique_ptr<data::DataLoader> loader;
+  if (!opt.synthetic && !model->packed_documents()) {
+    shards = std::make_unique<data::TokenShards>(opt.train_data);
+    loader = std::make_unique<data::DataLoader>(*shards, data::LoaderOptions()
+                                                             .batch(opt.micro_batch)
+                                                             .seq_len(opt.seq_len)
+                                                             .rank(where.rank.rank)
+                                                             .world_size(ranks)
+                                                             .vocab_size(vocab));
+  } else if (!opt.synthetic)
+    docs = std::make_unique<data::DocumentBatches>(opt.train_data, data::DocumentOptions()
+                                                                       .batch(opt.micro_batch)
+                                                                       .seq_len(opt.seq_len)
+                                                                       .eos_id(opt.eos_id)
+                                                                       .vocab_size(vocab)
+                                                                       .rank(where.rank.rank)
+                                                                       .world_size(ranks)
+                                                                       .device(device));
 
-  std::printf("%s on %s: %s%s\n", kProgram, where.describe().c_str(),
-              describe_model(config).c_str(),
-              config.activation_checkpointing ? ", activation checkpointing" : "");
+  std::printf("%s on %s: %s%s\n", kProgram, where.describe().c_str(), model->describe().c_str(),
+              model->activation_checkpointing() ? ", activation checkpointing" : "");
   std::printf(
       "batch: micro-batch %lld x seq %lld x %d rank(s) x K=%lld = %lld tokens per window; "
       "data: %s\n",
       (long long)opt.micro_batch, (long long)opt.seq_len, ranks, (long long)opt.accum,
       (long long)window_tokens,
       !opt.synthetic                                        ? opt.train_data.c_str()
-      : opt.synthetic_documents == SyntheticDocuments::full ? "synthetic, one document per row"
+      : opt.synthetic_documents == SyntheticDocuments::full ? "synthetic, one sequence per row"
                                                             : "synthetic packed documents");
 
-  // AdamW; no decay on norms and biases (fewer than 2 dimensions).
+  // AdamW; the model says which parameters decay (never norms and biases).
   optim::Optimizer optimizer(
       optim::AdamWOptions(opt.lr).betas(0.9, 0.95).eps(1e-8).weight_decay(opt.weight_decay));
   std::vector<Tensor> no_decay;
   for (const nn::NamedParameter& p : model->named_parameters())
-    if (p.tensor.dim() < 2) no_decay.push_back(p.tensor);
+    if (!model->decays(p)) no_decay.push_back(p.tensor);
   optimizer.add_param_group(no_decay, optim::GroupOptions().weight_decay(0.0));
   optimizer.set_schedule(
       std::make_shared<optim::WarmupCosine>(opt.warmup_windows, opt.windows, opt.min_lr_factor));
@@ -445,6 +447,10 @@ int train(int argc, char** argv) {
       docs->set_position({meta_int(resumed_meta, "data.shard", opt.resume),
                           meta_int(resumed_meta, "data.offset", opt.resume),
                           meta_int(resumed_meta, "data.epoch", opt.resume)});
+    } else if (loader) {
+      loader->set_position({meta_int(resumed_meta, "data.shard", opt.resume),
+                            meta_int(resumed_meta, "data.offset", opt.resume),
+                            meta_int(resumed_meta, "data.epoch", opt.resume)});
     } else {
       // Every rank draws as many numbers per batch, so rank 0's offset is every rank's.
       synth.set_state(synth.seed(), static_cast<uint64_t>(
@@ -472,6 +478,10 @@ int train(int argc, char** argv) {
       meta["data.shard"] = std::to_string(docs->position().shard);
       meta["data.offset"] = std::to_string(docs->position().offset);
       meta["data.epoch"] = std::to_string(docs->position().epoch);
+    } else if (loader) {
+      meta["data.shard"] = std::to_string(loader->position().shard);
+      meta["data.offset"] = std::to_string(loader->position().offset);
+      meta["data.epoch"] = std::to_string(loader->position().epoch);
     } else {
       meta["synthetic.offset"] = std::to_string(synth.offset());
     }
@@ -485,9 +495,13 @@ int train(int argc, char** argv) {
       data::DocumentBatch b = docs->next_batch();
       return {b.inputs, b.targets, b.cu_seqlens, b.positions};
     }
+    if (loader) {
+      data::Batch b = loader->next_batch();
+      return {b.inputs.to(device), b.targets.to(device), Tensor(), Tensor()};
+    }
     if (opt.synthetic_documents == SyntheticDocuments::full)
-      return synthetic_full_batch(B, T, config.vocab_size, synth, device);
-    return synthetic_batch(B, T, config.vocab_size, synth, device);
+      return synthetic_full_batch(B, T, vocab, rows, synth, device);
+    return synthetic_batch(B, T, vocab, synth, device);
   };
   if (!opt.gemm_tuning.empty())
     kernels::set_gemm_tuning_file(opt.gemm_tuning);  // Note [GEMM autotuning]
@@ -535,7 +549,7 @@ int train(int argc, char** argv) {
     }
   };
   reset_peak_memory(device);
-  const double flops_per_token = llama_flops_per_token(config, T);
+  const double flops_per_token = model->flops_per_token(T);
   const double peak = peak_flops(opt.peak_tflops, device, device_name(device));
 
   if (opt.bench) {  // timing mode: the host reads nothing back until the last window
@@ -548,24 +562,16 @@ int train(int argc, char** argv) {
     t.world_size = ranks;
     t.final_loss = r.loss;
     JsonObject c;
-    c.text("model", opt.model)
-        .integer("layers", config.layers)
-        .integer("hidden", config.hidden)
-        .integer("heads", config.heads)
-        .integer("kv_heads", config.kv_heads)
-        .integer("head_dim", config.head_dim)
-        .integer("intermediate", config.intermediate)
-        .integer("vocab_size", config.vocab_size)
-        .boolean("tied", config.tie_word_embeddings)
-        .boolean("qk_norm", config.qk_norm)
-        .integer("parameters", config.parameter_count())
+    c.text("model", opt.model);
+    model->describe_json(c);
+    c.integer("parameters", model->parameter_count())
         .integer("micro_batch", B)
         .integer("seq_len", T)
         .integer("micro_steps", opt.accum)
         .integer("tokens_per_window", window_tokens)
         .text("dtype", dtype_name(opt.dtype))
         .text("documents", documents_name(opt))
-        .boolean("activation_checkpointing", config.activation_checkpointing)
+        .boolean("activation_checkpointing", model->activation_checkpointing())
         .boolean("zero1", opt.zero1)
         .integer("warmup_windows", opt.bench_warmup)
         .integer("timed_windows", opt.bench_windows)

@@ -1,0 +1,85 @@
+// The model a trainer trains, behind one interface, so that accrue_train's
+// loop, options, data, data parallelism, bench line and checkpoints are one
+// code path for every family: GPT-2 (nn::GPT2) and the Llama family
+// (nn::Llama: Llama 2/3/3.2, Qwen3, a Hugging Face directory).
+//
+//   std::unique_ptr<TrainModel> m = make_train_model({"gpt2-d12", 1024}, {device, f32, &gen});
+//   window.backward(m->loss(inputs, targets, nn::BatchLayout::full()));
+//
+// Checkpoints need nothing from the model: the trainer writes the store's
+// master weights under the parameters' names (Note [Llama trainer checkpoint]).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accrue.h"
+#include "accrue/nn/gpt2.h"
+#include "accrue/nn/llama.h"
+#include "examples/common/json.h"
+
+namespace accrue::examples {
+
+// How --synthetic draws full rows for a model (Note [Synthetic rows]).
+struct SyntheticRows {
+  int64_t low = 0;           // tokens uniform on [low, vocab)
+  uint64_t seed_offset = 1;  // the generator's seed: --seed + seed_offset + rank
+  DType dtype = DType::i64;
+};
+
+class TrainModel {
+ public:
+  virtual ~TrainModel() = default;
+
+  virtual std::vector<nn::NamedParameter> named_parameters() const = 0;
+  // The next-token loss (sum, count) of one micro-batch. A model without
+  // packed documents (packed_documents() false) takes BatchLayout::full() only.
+  virtual Loss loss(const Tensor& idx, const Tensor& targets,
+                    const nn::BatchLayout& layout) const = 0;
+  // Whether loss() takes packed documents (offsets and positions per row).
+  virtual bool packed_documents() const = 0;
+  // MFU's model FLOPs of one trained token at sequence length T.
+  virtual double flops_per_token(int64_t T) const = 0;
+  virtual int64_t parameter_count() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual bool activation_checkpointing() const = 0;
+  // AdamW's decay group: whether the optimizer decays this parameter.
+  virtual bool decays(const nn::NamedParameter& p) const = 0;
+  // One line for the start-up banner.
+  virtual std::string describe() const = 0;
+  // The configuration's keys of --bench's JSON line.
+  virtual void describe_json(JsonObject& c) const = 0;
+  virtual SyntheticRows synthetic_rows() const { return {}; }
+};
+
+struct TrainModelOptions {
+  std::string name;  // a preset of train_model_presets() or hf:DIR
+  int64_t seq_len = 0;
+  bool activation_checkpointing = false;
+  uint64_t dropout_seed = 0;  // GPT-2's dropout generator (dropout is 0 here)
+};
+
+// The presets make_train_model builds: GPT-2's (gpt2-tiny, gpt2-d12 .. gpt2-d48)
+// then the Llama family's (nn::LlamaConfig::preset_names()).
+std::vector<std::string> train_model_presets();
+// Whether `name` is a preset or hf:DIR (a Llama-family Hugging Face directory).
+bool is_train_model_name(const std::string& name);
+// Whether `name` names a GPT-2 preset.
+bool is_gpt2_model_name(const std::string& name);
+
+// Builds the model (loads hf:DIR's weights). A --seq-len longer than a
+// preset's positions is a usage error; a Hugging Face directory's an Error.
+std::unique_ptr<TrainModel> make_train_model(const TrainModelOptions& o,
+                                             const nn::ParamOptions& params);
+
+// gpt2-tiny: 2 layers, 4 heads, width 64, vocabulary 256 (bytes), block 64.
+nn::GPT2Config gpt2_tiny_config();
+
+// Model FLOPs per trained token (forward + backward) at sequence length T:
+// Note [GPT-2 FLOPs per token] and Note [Llama FLOPs per token].
+double flops_per_token(const nn::GPT2Config& c, int64_t T);
+double flops_per_token(const nn::LlamaConfig& c, int64_t T);
+
+}  // namespace accrue::examples
