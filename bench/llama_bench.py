@@ -27,7 +27,7 @@ eager and >= 1.1x torch.compile tokens/s at every point; accrue's peak memory
 MFU target (accrue >= 50% at llama3.2-1b micro-batch 8, set for an H200).
 
 MFU is computed here for every run with one formula, accrue_train's
-(Note [Llama FLOPs per token] in examples/train/train.cpp; torch_llama.py's
+(Note [Llama FLOPs per token] in examples/common/train_model.cpp; torch_llama.py's
 flops_per_token writes it out):
 
     6 (L (d q + 2 d kv + q d + 3 d f) + d V)  +  12 L h hd T   FLOPs per token

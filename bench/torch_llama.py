@@ -67,7 +67,7 @@ gap, tokens/s = tokens per window / that median. Peak memory is
 torch.cuda.max_memory_allocated over the warm-up and timed windows.
 
 MFU, one formula for accrue and PyTorch (accrue_train's, Note [Llama FLOPs per
-token] in examples/train/train.cpp; bench/llama_bench.py applies it to both
+token] in examples/common/train_model.cpp; bench/llama_bench.py applies it to both
 sides): model FLOPs per token
 
     6 (L (d q + 2 d kv + q d + 3 d f) + d V)  +  12 L h hd T

@@ -130,7 +130,19 @@ case $name in
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops
     common_refusals
-    expect 2 "--model 'gpt9' is not a preset or hf:DIR" --synthetic --model gpt9
+    expect 2 "--model 'gpt9' is not one of gpt2-tiny, gpt2-d12, gpt2-d24, gpt2-d36, gpt2-d48, llama-125m" \
+      --synthetic --model gpt9
+    for preset in gpt2-tiny gpt2-d12 gpt2-d24 gpt2-d36 gpt2-d48 llama-tiny qwen3-0.6b; do
+      run --help
+      [[ $out == *"$preset"* ]] || fail "train --help does not list the preset $preset"
+    done
+    # Note [GPT-2 rows]: full rows only, contiguous rows of the shards.
+    expect 2 "--model gpt2-tiny takes full rows only (--synthetic-documents full), not packed" \
+      --model gpt2-tiny --synthetic --synthetic-documents random
+    expect 2 "--model gpt2-d12 takes no --eos-id: GPT-2 reads contiguous rows" \
+      --model gpt2-d12 --train-data '/tmp/x_*.bin' --eos-id 50256
+    expect 2 "--seq-len 100 is longer than gpt2-tiny's block size 64" --model gpt2-tiny \
+      --synthetic --cpu --seq-len 100
     expect 2 "give exactly one of --train-data and --synthetic" --cpu
     expect 2 "--train-data needs --eos-id" --train-data '/tmp/x_*.bin'
     expect 2 "--dtype must be f32, bf16 or f64, got 'f16'" --synthetic --dtype f16
@@ -173,6 +185,24 @@ case $name in
       [[ $rc -eq 0 && $(grep "^final:" <<< "$out") == "$plain" ]] ||
         fail "train $extra --cpu: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$plain'"
     done
+    # GPT-2 through the same trainer: Note [Synthetic rows] draws accrue_train_gpt2's
+    # tokens, so the two trainers on the same model, seed and batch end at the
+    # same loss to the last bit. The tokens are uniform (nothing to learn), so
+    # the loss only has to be finite here; tests/examples/train_resume_test.sh
+    # trains on text.
+    gpt2=(--cpu --synthetic --windows 3 --micro-batch 2 --seq-len 32 --lr 1e-2 --seed 7)
+    run --model gpt2-tiny --synthetic-documents full --accum 2 "${gpt2[@]}"
+    [[ $rc -eq 0 ]] || fail "train --model gpt2-tiny: exit code $rc: $err"
+    ours=$(grep "^final:" <<< "$out")
+    [[ $out == *"GPT-2, 2 layers, 4 heads, width 64"* ]] || fail "train gpt2-tiny banner: $out"
+    [[ $ours =~ ^final:\ window\ 3\ loss\ [0-9]+\.[0-9]+$ ]] ||
+      fail "train gpt2-tiny: no finite final loss: '$ours'"
+    bin=$dir/accrue_train_gpt2
+    run --model tiny --total-batch-tokens 128 "${gpt2[@]}"
+    theirs=$(grep "^final:" <<< "$out")
+    [[ $rc -eq 0 && -n $ours && $ours == "$theirs" ]] ||
+      fail "train gpt2-tiny '$ours' vs accrue_train_gpt2 tiny '$theirs' (exit code $rc)"
+    echo "ok: accrue_train --model gpt2-tiny ends where accrue_train_gpt2 does: $ours"
     ;;
   resnet)
     bin=$dir/accrue_resnet prog=accrue_resnet

@@ -4,7 +4,9 @@
 prints exactly one JSON line with the keys bench/llama_bench.py reads (those
 of accrue_train_gpt2 --bench), positive tokens/s, the FLOPs per token of Note
 [Llama FLOPs per token], and the memory per rank; the same with one document
-per row, activation checkpointing and --zero1 on one process."""
+per row, activation checkpointing and --zero1 on one process; and for
+gpt2-tiny, accrue_train_gpt2's configuration keys and its FLOPs per token
+(Note [GPT-2 FLOPs per token])."""
 import json
 import subprocess
 import sys
@@ -22,7 +24,21 @@ def flops_per_token(d, q, kv, f, layers, vocab, heads, head_dim, T):
     return 6 * (layers * per_layer + d * vocab) + 12 * layers * heads * head_dim * T
 
 
-def bench(trainer, extra):
+def gpt2_flops_per_token(c):
+    """Note [GPT-2 FLOPs per token]: 6 N + 12 L T C, N without wpe and wte's padded rows."""
+    C, L, V, T = c["n_embd"], c["n_layer"], c["vocab_size"], c["seq_len"]
+    N = V * C + L * (12 * C * C + 13 * C) + 2 * C  # wte, blocks (weights, biases, norms), ln_f
+    assert N == c["parameters"] - c["block_size"] * C - (-V % 128) * C, (N, c)
+    return 6 * N + 12 * L * T * C
+
+
+def llama_flops_per_token(c):
+    return flops_per_token(c["hidden"], c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"],
+                           c["intermediate"], c["layers"], c["vocab_size"], c["heads"],
+                           c["head_dim"], c["seq_len"])
+
+
+def bench(trainer, extra, want_flops=llama_flops_per_token):
     run = subprocess.run([trainer] + BASE + extra, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, (extra, run.returncode, run.stdout, run.stderr)
     lines = [l for l in run.stdout.splitlines() if l.startswith("{")]
@@ -41,9 +57,7 @@ def bench(trainer, extra):
     assert (c["micro_batch"], c["seq_len"], c["micro_steps"], c["tokens_per_window"]) == \
         (2, 32, 2, 128), c
     assert (c["warmup_windows"], c["timed_windows"]) == (1, 2), c
-    want = flops_per_token(c["hidden"], c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"],
-                           c["intermediate"], c["layers"], c["vocab_size"], c["heads"],
-                           c["head_dim"], c["seq_len"])
+    want = want_flops(c)
     assert abs(j["flops_per_token"] - want) <= 1e-5 * want, (j["flops_per_token"], want)
     m = j["store_memory_bytes"]
     assert m["total"] == m["master"] + m["grads"] + m["compute"] + m["moments"] > 0, m
@@ -63,6 +77,15 @@ def main():
     c = k["config"]
     assert c["documents"] == "full" and c["activation_checkpointing"] is True, c
     assert c["zero1"] is True, c
+    # GPT-2 (the later --model wins): accrue_train_gpt2's keys and FLOPs, full rows.
+    g = bench(trainer, ["--model", "gpt2-tiny"], gpt2_flops_per_token)
+    c = g["config"]
+    assert c["model"] == "gpt2-tiny" and c["documents"] == "full", c
+    assert (c["n_layer"], c["n_head"], c["n_embd"], c["vocab_size"], c["block_size"]) == \
+        (2, 4, 64, 256, 64), c
+    assert "layers" not in c and "hidden" not in c, c
+    # accrue_train_gpt2 --bench on the same configuration counted 748032.
+    assert g["flops_per_token"] == 748032, g
     print("ok: --bench prints one JSON line:", json.dumps(j)[:160], "...")
 
 

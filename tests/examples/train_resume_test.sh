@@ -6,7 +6,9 @@
 # run stopped after window 3 (a periodic checkpoint at 3 too) and resumed; the
 # final checkpoints must be the same bytes, and so must the final loss line.
 # With PYTHON, the same on byte-token shards of README.md (tools/make_shards.py)
-# where a newline ends a document: the DocumentBatches position is restored.
+# where a newline ends a document: the DocumentBatches position is restored;
+# and gpt2-tiny on the same shards (contiguous rows), resumed, against
+# accrue_train_gpt2 (in the trainer's folder) on the same run.
 set -u
 trainer=$1 work=$2 python=${3:-} source_dir=${4:-}
 rm -rf "$work" && mkdir -p "$work" || exit 1
@@ -47,5 +49,27 @@ if [[ -n $python ]]; then
   cmp "$work/sfull.safetensors" "$work/spart.safetensors" ||
     fail "shards: the resumed run's final checkpoint differs from the uninterrupted run's"
   echo "ok: shards resumed after window 3, final checkpoint identical"
+  # GPT-2 reads contiguous rows of the same shards (Note [GPT-2 rows]): resumed
+  # bit-exactly, the loss falls on text, and accrue_train_gpt2 beside it (same
+  # model, seed, rows and optimizer) ends at the same loss to the last bit.
+  gpt2=(--train-data "$work/readme_train_*.bin" --cpu --windows 6 --micro-batch 2 --seq-len 32
+    --lr 3e-3 --seed 7)
+  "$trainer" --model gpt2-tiny --accum 2 "${gpt2[@]}" --checkpoint "$work/gfull.safetensors" \
+    > "$work/gfull.txt" || fail "gpt2-tiny shards, uninterrupted: exit code $?"
+  "$trainer" --model gpt2-tiny --accum 2 "${gpt2[@]}" --checkpoint "$work/gpart.safetensors" \
+    --stop-after 3 > /dev/null || fail "gpt2-tiny shards, first half: exit code $?"
+  "$trainer" --model gpt2-tiny --accum 2 "${gpt2[@]}" --checkpoint "$work/gpart.safetensors" \
+    --resume "$work/gpart.safetensors" > /dev/null || fail "gpt2-tiny shards, resumed: exit code $?"
+  cmp "$work/gfull.safetensors" "$work/gpart.safetensors" ||
+    fail "gpt2-tiny shards: the resumed run's final checkpoint differs"
+  read -r first last < <(sed -n 's/^loss \([0-9.]*\) -> \([0-9.]*\) over.*/\1 \2/p' "$work/gfull.txt")
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b + 0 < a + 0) }' ||
+    fail "gpt2-tiny shards: loss '$first' -> '$last' does not fall"
+  ours=$(grep "^final:" "$work/gfull.txt")
+  theirs=$("$(dirname "$trainer")/accrue_train_gpt2" --model tiny --total-batch-tokens 128 \
+    "${gpt2[@]}" | grep "^final:") || fail "accrue_train_gpt2 on the shards: exit code $?"
+  [[ -n $ours && $ours == "$theirs" ]] ||
+    fail "gpt2-tiny shards: accrue_train '$ours' vs accrue_train_gpt2 '$theirs'"
+  echo "ok: gpt2-tiny on shards resumed identically, loss $first -> $last, as accrue_train_gpt2"
 fi
 echo "ok: resumed after window 3, final checkpoint identical ($full)"
