@@ -89,10 +89,10 @@ void copy_cpu(const Tensor& dst, const Tensor& src) {
   const int64_t inner = dst.dim() == 0 ? 1 : dst.shape().back();
   const int64_t sd = dst.dim() == 0 ? 0 : dst.strides().back();
   const int64_t ss = src.dim() == 0 ? 0 : src.strides().back();
-  visit_dtype(dst.dtype(), [&](auto d) {
+  visit_any_dtype(dst.dtype(), [&](auto d) {
     using D = decltype(d);
     D* out = static_cast<D*>(dst.data_ptr());
-    visit_dtype(src.dtype(), [&](auto s) {
+    visit_any_dtype(src.dtype(), [&](auto s) {
       using S = decltype(s);
       const S* in = static_cast<const S*>(src.data_ptr());
       for_each_row(dst, &src, [&](int64_t od, int64_t os) {
@@ -111,7 +111,7 @@ void copy_cpu(const Tensor& dst, const Tensor& src) {
 void fill_cpu(const Tensor& dst, double value) {
   const int64_t inner = dst.dim() == 0 ? 1 : dst.shape().back();
   const int64_t sd = dst.dim() == 0 ? 0 : dst.strides().back();
-  visit_dtype(dst.dtype(), [&](auto d) {
+  visit_any_dtype(dst.dtype(), [&](auto d) {
     using D = decltype(d);
     D* out = static_cast<D*>(dst.data_ptr());
     const D v = from_double<D>(value);

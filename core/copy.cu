@@ -224,9 +224,9 @@ void copy_cuda(const Tensor& dst, const Tensor& src) {
     return;
   }
   if (n == 0) return;
-  cuda::visit_device_dtype(dst.dtype(), [&](auto d) {
+  cuda::visit_any_device_dtype(dst.dtype(), [&](auto d) {
     using D = decltype(d);
-    cuda::visit_device_dtype(src.dtype(), [&](auto s) {
+    cuda::visit_any_device_dtype(src.dtype(), [&](auto s) {
       using S = decltype(s);
       launch_copy(static_cast<D*>(dst.data_ptr()), dst, static_cast<const S*>(src.data_ptr()), src,
                   stream);
@@ -239,7 +239,7 @@ void fill_cuda(const Tensor& dst, double value) {
   const int dev = dst.device().index;
   cuda::DeviceScope scope(dev);
   const int64_t n = dst.numel();
-  cuda::visit_device_dtype(dst.dtype(), [&](auto d) {
+  cuda::visit_any_device_dtype(dst.dtype(), [&](auto d) {
     using D = decltype(d);
     D v = cuda::convert<D>(value);
     fill_kernel<D><<<cuda::grid_for(n, kThreads), kThreads, 0, cuda::stream_for(dev)>>>(

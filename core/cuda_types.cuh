@@ -1,11 +1,13 @@
 // Device-side element types and conversions, shared by every .cu file.
 //
 // bf16 and f16 are stored as __nv_bfloat16 / __half (bit-compatible with the
-// host accrue::bf16 / accrue::f16) and computed in float.
+// host accrue::bf16 / accrue::f16) and computed in float; f8e4m3 and f8e5m2 as
+// __nv_fp8_e4m3 / __nv_fp8_e5m2, converted with __NV_SATFINITE (Note [FP8 dtypes]).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -35,12 +37,25 @@ struct math_type<__half> {
 template <class T>
 using math_t = typename math_type<T>::type;
 
+template <class T>
+inline constexpr bool is_fp8_v =
+    std::is_same_v<T, __nv_fp8_e4m3> || std::is_same_v<T, __nv_fp8_e5m2>;
+
 template <class To, class From>
 __host__ __device__ __forceinline__ To convert(From v) {
   if constexpr (std::is_same_v<To, From>) {
     return v;
-  } else if constexpr (std::is_same_v<From, __nv_bfloat16> || std::is_same_v<From, __half>) {
+  } else if constexpr (std::is_same_v<From, __nv_bfloat16> || std::is_same_v<From, __half> ||
+                       is_fp8_v<From>) {
     return convert<To>(static_cast<float>(v));
+  } else if constexpr (is_fp8_v<To>) {
+    // One rounding, from the value itself (Note [FP8 dtypes]): float through
+    // the satfinite cvt, double and integers through the double conversion.
+    if constexpr (std::is_same_v<From, float>) {
+      return To(v);
+    } else {
+      return To(static_cast<double>(v));
+    }
   } else if constexpr (std::is_same_v<To, __nv_bfloat16>) {
     return __float2bfloat16_rn(static_cast<float>(v));
   } else if constexpr (std::is_same_v<To, __half>) {
@@ -66,6 +81,14 @@ template <>
 struct device_type<DType::f16> {
   using type = __half;
 };
+template <>
+struct device_type<DType::f8e4m3> {
+  using type = __nv_fp8_e4m3;
+};
+template <>
+struct device_type<DType::f8e5m2> {
+  using type = __nv_fp8_e5m2;
+};
 template <DType D>
 using device_t = typename device_type<D>::type;
 
@@ -75,10 +98,27 @@ using device_t = typename device_type<D>::type;
   case DType::name:                            \
     return f(device_t<DType::name>{});
 
-// Calls f(T{}) with T the device element type of dtype t.
+// Calls f(T{}) with T the device element type of dtype t; FP8 throws (Note
+// [FP8 dtypes]).
 template <class F>
 void visit_device_dtype(DType t, F&& f) {
-  switch (t) { ACCRUE_FOR_EACH_DTYPE(ACCRUE_DEVICE_DTYPE_CASE) }
+  switch (t) {
+    ACCRUE_FOR_EACH_DTYPE(ACCRUE_DEVICE_DTYPE_CASE)
+    default:
+      break;
+  }
+  fail_fp8_dtype(t);
+}
+
+// visit_device_dtype with the FP8 dtypes too: for copies, casts and fills only.
+template <class F>
+void visit_any_device_dtype(DType t, F&& f) {
+  switch (t) {
+    ACCRUE_FOR_EACH_ANY_DTYPE(ACCRUE_DEVICE_DTYPE_CASE)
+    default:
+      break;
+  }
+  fail_fp8_dtype(t);
 }
 
 // Float dtypes only (the ops of kernels/ compute on these).

@@ -41,9 +41,9 @@ struct SafetensorsDType {
   int reference_rank;
 };
 constexpr SafetensorsDType kSafetensorsDTypes[] = {
-    {"BOOL", DType::boolean, 0}, {"F16", DType::f16, 7},  {"BF16", DType::bf16, 8},
-    {"I32", DType::i32, 9},      {"F32", DType::f32, 11}, {"F64", DType::f64, 12},
-    {"I64", DType::i64, 13},
+    {"BOOL", DType::boolean, 0}, {"F8_E5M2", DType::f8e5m2, 3}, {"F8_E4M3", DType::f8e4m3, 4},
+    {"F16", DType::f16, 7},      {"BF16", DType::bf16, 8},      {"I32", DType::i32, 9},
+    {"F32", DType::f32, 11},     {"F64", DType::f64, 12},       {"I64", DType::i64, 13},
 };
 
 const SafetensorsDType& safetensors_dtype(DType t) {
@@ -83,8 +83,8 @@ TensorEntry parse_tensor_entry(JsonReader& json, const std::string& name, const 
                          [&](const auto& d) { return dtype == d.name; });
         ACCRUE_CHECK(found != std::end(kSafetensorsDTypes), file, ": tensor ", quoted,
                      " has dtype '", dtype,
-                     "', which accrue does not support (supported: F32, F64, BF16, F16, I32, "
-                     "I64, BOOL)");
+                     "', which accrue does not support (supported: F32, F64, BF16, F16, F8_E4M3, "
+                     "F8_E5M2, I32, I64, BOOL)");
         entry.dtype = found->dtype;
       } else if (key == "shape") {
         seen = &has_shape;

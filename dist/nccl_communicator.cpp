@@ -57,6 +57,9 @@ ncclDataType_t nccl_dtype(DType t) {
       return ncclInt64;
     case DType::boolean:
       return ncclUint8;
+    case DType::f8e4m3:  // Note [FP8 dtypes]: not reduced, and NCCL's FP8 types are recent
+    case DType::f8e5m2:
+      break;
   }
   ACCRUE_FAIL("NcclCommunicator: dtype ", static_cast<int>(t), " has no NCCL type");
 }

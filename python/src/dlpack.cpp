@@ -62,6 +62,9 @@ DLDataType dl_dtype(DType t) {
       return {kDLInt, 64, 1};
     case DType::boolean:
       return {kDLBool, 8, 1};
+    case DType::f8e4m3:  // Note [FP8 dtypes]: not exported
+    case DType::f8e5m2:
+      break;
   }
   ACCRUE_FAIL("__dlpack__: dtype ", dtype_name(t), " has no DLPack code");
 }
