@@ -50,21 +50,6 @@ std::vector<std::pair<std::string, double>> WindowReporter::extras(double val_lo
           {"grad_norm_z", norm_z_}};
 }
 
-void add_layer_extras(optim::LayerMonitor& layers, const optim::WindowReport& r,
-                      const std::vector<int>& slot_groups,
-                      std::vector<std::pair<std::string, double>>* extras) {
-  for (const optim::LayerReport& l : layers.read(r)) {
-    extras->emplace_back("grad_norm/" + l.name, l.grad_norm);
-    extras->emplace_back("update_ratio/" + l.name, l.update_ratio);
-  }
-  extras->emplace_back("update_ratio", layers.total_update_ratio());
-  // Per parameter group: 0 decays (the Linear weights), 1 does not.
-  for (const optim::GroupReport& g : layers.groups(slot_groups)) {
-    extras->emplace_back("group_grad_norm/" + std::to_string(g.group), g.grad_norm);
-    extras->emplace_back("group_update_ratio/" + std::to_string(g.group), g.update_ratio);
-  }
-}
-
 void print_bench_line(const Gpt2Options& o, const nn::GPT2Config& config, const BatchPlan& plan,
                       DType compute, Device device, int world_size, const BenchResult& result) {
   const double peak = peak_flops(o.peak_tflops, device, device_name(device));

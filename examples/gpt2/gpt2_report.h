@@ -10,6 +10,7 @@
 #include "accrue.h"
 #include "accrue/nn/gpt2.h"
 #include "examples/common/bench_line.h"
+#include "examples/common/layer_metrics.h"  // add_layer_extras
 #include "examples/common/timing.h"
 #include "examples/common/train_model.h"  // flops_per_token, Note [GPT-2 FLOPs per token]
 #include "examples/gpt2/gpt2_options.h"
@@ -50,12 +51,6 @@ class WindowReporter {
   optim::ZScore loss_z_score_, norm_z_score_;
   double lr_ = 0, tokens_per_s_ = 0, loss_z_ = 0, norm_z_ = 0;
 };
-
-// The --metrics extras of a window the layer monitor measured: each layer's
-// and each parameter group's gradient norm and update-to-weight ratio.
-void add_layer_extras(optim::LayerMonitor& layers, const optim::WindowReport& r,
-                      const std::vector<int>& slot_groups,
-                      std::vector<std::pair<std::string, double>>* extras);
 
 // --bench's JSON line (bench/gpt2_bench.py parses it).
 struct BenchResult {

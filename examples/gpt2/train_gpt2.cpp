@@ -50,6 +50,7 @@
 #include "accrue/nn/gpt2_hf.h"
 #include "examples/common/checkpoint_file.h"
 #include "examples/common/launch.h"
+#include "examples/common/layer_metrics.h"
 #include "examples/common/run_guard.h"
 #include "examples/common/run_main.h"
 #include "examples/common/timing.h"
@@ -167,17 +168,6 @@ optim::MetricsLog open_metrics(const Gpt2Options& opt, int64_t start, bool main_
   return optim::MetricsLog(opt.metrics, !opt.resume.empty());
 }
 
-// Note [Layer monitor]: measured in every --layer-metrics-every-th window.
-// Note [Step sums]: from the close's own pass, unless the close is replayed
-// from a graph or steps ZeRO-1 ranges (then separate passes).
-std::unique_ptr<optim::LayerMonitor> make_layer_monitor(const Gpt2Options& opt,
-                                                        const optim::ParamStore& store,
-                                                        optim::Optimizer& optimizer, bool graphed) {
-  if (opt.layer_metrics_every <= 0) return nullptr;
-  if (graphed || store.moments_sharded()) return std::make_unique<optim::LayerMonitor>(store);
-  return std::make_unique<optim::LayerMonitor>(store, optimizer);
-}
-
 // --checkpoint-every: due at window w before the last (whose save waits for
 // the run's verdict), and never at a window whose loss is not finite.
 bool periodic_checkpoint_due(const Gpt2Options& opt, int64_t w, int64_t end,
@@ -261,7 +251,7 @@ int train(int argc, char** argv) {
     std::printf("cuda graphs: micro-steps and close captured after one eager warm-up each\n");
   }
   std::unique_ptr<optim::LayerMonitor> layers =
-      make_layer_monitor(opt, arena, optimizer, graphed != nullptr);
+      make_layer_monitor(opt.layer_metrics_every, arena, optimizer, graphed != nullptr);
   auto measures_layers = [&](int64_t w) { return layers && w % opt.layer_metrics_every == 0; };
   auto micro_step = [&] {
     auto [x, y] = source.next();

@@ -53,6 +53,7 @@
 #include "examples/common/checkpoint_file.h"
 #include "examples/common/json.h"
 #include "examples/common/launch.h"
+#include "examples/common/layer_metrics.h"
 #include "examples/common/options.h"
 #include "examples/common/run_guard.h"
 #include "examples/common/run_main.h"
@@ -94,7 +95,7 @@ struct Options {
   bool activation_checkpointing = false, zero1 = false, nvtx = false;
   SyntheticDocuments synthetic_documents = SyntheticDocuments::random;  // GPT-2: full
   int64_t eos_id = -1, micro_batch = 4, seq_len = 64, accum = 4, windows = 20, warmup_windows = 0;
-  int64_t seed = 1, checkpoint_every = 0, max_skipped_windows = 32;
+  int64_t seed = 1, checkpoint_every = 0, max_skipped_windows = 32, layer_metrics_every = 0;
   std::optional<int64_t> stop_after;
   double lr = 3e-4, weight_decay = 0.1, max_grad_norm = 1.0, min_lr_factor = 0.1;
   DType dtype = DType::f32;
@@ -160,6 +161,12 @@ bool parse(int argc, char** argv, Options& o) {
       .min(0);
   cli.path("--resume", &o.resume, "FILE", "continue the run a checkpoint holds");
   cli.path("--metrics", &o.metrics, "FILE", "one JSON line per window");
+  cli.integer("--layer-metrics-every", &o.layer_metrics_every, "N",
+              "every N windows, add each parameter's and parameter group's gradient norm and "
+              "update-to-weight ratio to the --metrics line (Note [Layer monitor]; a copy of the "
+              "weights in those windows)")
+      .min(1)
+      .default_text("none");
   cli.integer("--max-skipped-windows", &o.max_skipped_windows, "N",
               "fail after more than N skipped windows in a row")
       .min(0);
@@ -194,6 +201,8 @@ bool parse(int argc, char** argv, Options& o) {
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
     usage_error("--bench takes no --checkpoint or --resume");
   if (o.bench && o.stop_after) usage_error("--bench takes no --stop-after");
+  if (o.layer_metrics_every > 0 && o.metrics.empty())
+    usage_error("--layer-metrics-every needs --metrics FILE");
   if (o.bench) {
     const int64_t windows = o.bench_warmup + o.bench_windows;
     if (windows < o.bench_warmup) usage_error("--bench-warmup + --bench-windows overflows");
@@ -530,8 +539,12 @@ int train(int argc, char** argv) {
     out.narrow(0, 0, n).copy_(cu.to(DType::i64));
     return out;
   };
+  std::unique_ptr<optim::LayerMonitor> layers =
+      make_layer_monitor(opt.layer_metrics_every, store, optimizer, graphed != nullptr);
+  auto measures_layers = [&](int64_t w) { return layers && w % opt.layer_metrics_every == 0; };
   auto run_window = [&] {
     const NvtxRange range("accrue window");
+    const bool measure = measures_layers(window.windows_closed() + 1);
     for (int64_t k = 0; k < opt.accum; ++k) {
       Batch b = next_batch();
       if (graphed && b.cu_seqlens.defined()) {
@@ -542,11 +555,13 @@ int train(int argc, char** argv) {
         window.backward(model->loss(b.inputs, b.targets, layout_of(b)));
       }
     }
+    if (measure) layers->before_close();
     if (graphed) {
       graphed->close();
     } else {
       window.close();
     }
+    if (measure) layers->after_close();
   };
   reset_peak_memory(device);
   const double flops_per_token = model->flops_per_token(T);
@@ -608,10 +623,14 @@ int train(int argc, char** argv) {
     std::printf("window %lld/%lld | loss %.6f | grad-norm %.4f | lr %.3e | %.0f tok/s%s\n",
                 (long long)w, (long long)opt.windows, r.loss, r.grad_norm, lr, tokens_per_s,
                 r.skipped ? " | skipped" : "");
-    metrics.write(r, {{"lr", lr},
-                      {"tokens_per_s", tokens_per_s},
-                      {"mfu", model_flops_utilization(tokens_per_s, flops_per_token, peak, ranks)},
-                      {"peak_bytes", static_cast<double>(memory_stats(device).peak_bytes)}});
+    std::vector<std::pair<std::string, double>> extras = {
+        {"lr", lr},
+        {"tokens_per_s", tokens_per_s},
+        {"mfu", model_flops_utilization(tokens_per_s, flops_per_token, peak, ranks)},
+        {"peak_bytes", static_cast<double>(memory_stats(device).peak_bytes)}};
+    if (measures_layers(r.window))
+      add_layer_extras(*layers, r, optimizer.slot_groups(store), &extras);
+    metrics.write(r, extras);
     guard.after_window(r);
     if (!opt.checkpoint.empty() && opt.checkpoint_every > 0 && w % opt.checkpoint_every == 0 &&
         w < end && std::isfinite(r.loss))

@@ -127,6 +127,7 @@ case $name in
     help --model --train-data --eos-id --synthetic --micro-batch --seq-len --accum --windows \
       --stop-after --lr --warmup-windows --weight-decay --max-grad-norm --dtype --seed \
       --cuda-graphs --cpu --checkpoint --checkpoint-every --resume --metrics --max-skipped-windows \
+      --layer-metrics-every \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops
     common_refusals
@@ -203,6 +204,25 @@ case $name in
     [[ $rc -eq 0 && -n $ours && $ours == "$theirs" ]] ||
       fail "train gpt2-tiny '$ours' vs accrue_train_gpt2 tiny '$theirs' (exit code $rc)"
     echo "ok: accrue_train --model gpt2-tiny ends where accrue_train_gpt2 does: $ours"
+    # The layer monitor (Note [Layer monitor]): each parameter's and group's
+    # figures in the --metrics rows it measures, the run's loss unchanged.
+    bin=$dir/accrue_train
+    expect 2 "--layer-metrics-every needs --metrics FILE" --synthetic --layer-metrics-every 2
+    metrics=$(mktemp)
+    for model in gpt2-tiny:h.1.mlp.c_proj.weight llama-tiny:model.layers.1.mlp.down_proj.weight; do
+      run --model "${model%%:*}" --accum 2 "${gpt2[@]}" --metrics "$metrics" \
+        --layer-metrics-every 2
+      [[ $rc -eq 0 ]] || fail "train --layer-metrics-every 2 ($model): exit code $rc: $err"
+      measured=$(grep -c "\"grad_norm/${model#*:}\"" "$metrics")
+      [[ $measured -eq 1 && $(wc -l < "$metrics") -eq 3 ]] ||
+        fail "train --layer-metrics-every 2 ($model): $measured of 3 rows measured: $(cat "$metrics")"
+      grep -q '"group_update_ratio/1"' "$metrics" || fail "train $model: no group figures"
+      with=$(grep "^final:" <<< "$out")
+      run --model "${model%%:*}" --accum 2 "${gpt2[@]}"
+      [[ -n $with && $with == "$(grep "^final:" <<< "$out")" ]] ||
+        fail "train $model: the layer monitor changed the run: '$with'"
+    done
+    rm -f "$metrics"
     ;;
   resnet)
     bin=$dir/accrue_resnet prog=accrue_resnet
