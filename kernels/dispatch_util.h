@@ -7,7 +7,7 @@
 //  - dispatch_reduce.cpp: reductions, sum_to, sum_rows_into, softmax;
 //  - dispatch_matmul.cpp: matmul, gemm and the TF32 switch;
 //  - dispatch_nn.cpp: embedding, cross-entropy, layer norm;
-//  - attention.cpp, batch_norm.cpp, classifier.cpp, conv.cpp, dropout.cpp,
+//  - attention.cpp, batch_norm.cpp, classifier.cpp, conv.cpp, dropout.cpp, fp8.cpp,
 //    fused.cpp, index_checks.cpp, window_close.cpp: one family each.
 //
 // Note [Dispatch shapes]
@@ -207,6 +207,41 @@ inline Tensor dense_view(const Tensor& t, const Shape& shape) {
   ACCRUE_CHECK(c.numel() == shape_numel(shape), "dense_view: ", shape_str(c.shape()), " has ",
                c.numel(), " elements, not the ", shape_numel(shape), " of ", shape_str(shape));
   return make_view(c, shape, contiguous_strides(shape), c.offset());
+}
+
+// ---- FP8 (kernels/fp8.h) ------------------------------------------------------
+
+// An FP8 dtype argument (Note [FP8 dtypes]).
+inline void check_fp8_dtype(DType t, const char* op, const char* what) {
+  ACCRUE_CHECK(is_fp8(t), op, ": ", what, " is ", dtype_name(t),
+               "; expected an FP8 dtype (f8e4m3 or f8e5m2)");
+}
+
+// A defined FP8 tensor.
+inline void check_fp8_tensor(const Tensor& t, const char* op, const char* what) {
+  check_defined(t, op, what);
+  ACCRUE_CHECK(is_fp8(t.dtype()), op, ": ", what, " of shape ", shape_str(t.shape()), " has dtype ",
+               dtype_name(t.dtype()),
+               "; expected an FP8 dtype (f8e4m3 or f8e5m2: cast it with kernels::cast_to_fp8)");
+}
+
+// t's data starts at a multiple of `bytes` (a library's vector loads).
+inline void check_aligned(const Tensor& t, int64_t bytes, const char* op, const char* what) {
+  const auto address = reinterpret_cast<uintptr_t>(t.data_ptr());
+  ACCRUE_CHECK(address % static_cast<uintptr_t>(bytes) == 0, op, ": ", what, " of shape ",
+               shape_str(t.shape()), " starts at an address that is not a multiple of ", bytes,
+               " bytes (a view at offset ", t.offset(), "); pass a fresh contiguous copy");
+}
+
+// A value an FP8 cast or GEMM takes from the device (Note [FP8 scaling]): a
+// defined f32 tensor of shape [1] on `device`, the device of `whose`.
+inline void check_device_scalar(const Tensor& t, Device device, const char* op, const char* what,
+                                const char* whose) {
+  check_defined(t, op, what);
+  ACCRUE_CHECK(t.dtype() == DType::f32 && t.shape() == Shape{1}, op, ": ", what,
+               " must be an f32 tensor of shape [1] (a scalar kept on the device), got ",
+               dtype_name(t.dtype()), " of shape ", shape_str(t.shape()));
+  check_device(t, device, op, what, whose);
 }
 
 }  // namespace accrue::kernels::dispatch_util

@@ -1,0 +1,102 @@
+// CPU reference of the FP8 family (Note [FP8 scaling]): element by element,
+// the product x * scale in f32 and its one FP8 rounding by core's encoder.
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "accrue/core/parallel.h"
+#include "accrue/kernels/cpu/cpu_util.h"
+#include "accrue/kernels/fp8_backend.h"
+
+namespace accrue::kernels::cpu {
+
+namespace {
+
+// Calls f(Q{}) with Q the host type of an FP8 dtype.
+template <class F>
+void visit_fp8(DType t, const char* op, F&& f) {
+  switch (t) {
+    ACCRUE_FOR_EACH_FP8_DTYPE(ACCRUE_HOST_DTYPE_CASE)
+    default:
+      ACCRUE_FAIL(op, ": dtype ", dtype_name(t), " is not an FP8 dtype");
+  }
+}
+
+}  // namespace
+
+void cast_to_fp8(const Tensor& x, const Tensor& scale, const Tensor& q, const Tensor& amax) {
+  const float s = scale.data<float>()[0];
+  float max_abs = 0.0f;
+  bool nan = false;
+  std::mutex merge;
+  visit_float(x.dtype(), "cast_to_fp8", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = ptr<T>(x);
+    visit_fp8(q.dtype(), "cast_to_fp8", [&](auto qtag) {
+      using Q = decltype(qtag);
+      uint8_t* pq = static_cast<uint8_t*>(q.data_ptr());
+      // A max is exact and commutative: the chunks' order cannot change amax.
+      parallel_for(0, x.numel(), kParallelWork, [&](int64_t i0, int64_t i1) {
+        float chunk_max = 0.0f;
+        bool chunk_nan = false;
+        for (int64_t i = i0; i < i1; ++i) {
+          const float v = static_cast<float>(px[i]);
+          const float a = std::fabs(v);
+          if (std::isnan(a))
+            chunk_nan = true;
+          else if (a > chunk_max)
+            chunk_max = a;
+          const float p = v * s;  // one f32 rounding, as on the device
+          pq[i] = Q::encode(p);
+        }
+        std::lock_guard<std::mutex> lock(merge);
+        nan = nan || chunk_nan;
+        if (chunk_max > max_abs) max_abs = chunk_max;
+      });
+    });
+  });
+  amax.data<float>()[0] = nan ? std::numeric_limits<float>::quiet_NaN() : max_abs;
+}
+
+void fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, bool power_of_two,
+                         const Tensor& scale, const Tensor& scale_inv) {
+  const float s = fp8_scale_rule(amax.data<float>()[0], fp8_max, margin, power_of_two);
+  scale.data<float>()[0] = s;
+  scale_inv.data<float>()[0] = 1.0f / s;
+}
+
+// Note [FP8 GEMM]'s reference: every product exact in double (an FP8 value
+// has at most 4 significant bits), summed in k order in double, scaled, then
+// one rounding to out's dtype (after adding out when accumulating).
+void fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+                const Tensor& out, bool accumulate, bool /*fast_accumulation*/) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
+  const double scale =
+      static_cast<double>(scale_a.data<float>()[0]) * static_cast<double>(scale_b.data<float>()[0]);
+  auto decoded = [](const Tensor& t) {
+    std::vector<double> v(static_cast<size_t>(t.numel()));
+    const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = t.dtype() == DType::f8e4m3 ? f8e4m3::decode(p[i]) : f8e5m2::decode(p[i]);
+    return v;
+  };
+  const std::vector<double> da = decoded(a), db = decoded(b);
+  visit_float(out.dtype(), "fp8_matmul", [&](auto tag) {
+    using T = decltype(tag);
+    T* po = ptr<T>(out);
+    parallel_for(0, m, grain_for(n * k), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double sum = 0;
+          for (int64_t p = 0; p < k; ++p)
+            sum += da[static_cast<size_t>(i * k + p)] * db[static_cast<size_t>(j * k + p)];
+          double v = sum * scale;
+          if (accumulate) v += to_double(po[i * n + j]);
+          po[i * n + j] = from_double<T>(v);
+        }
+    });
+  });
+}
+
+}  // namespace accrue::kernels::cpu

@@ -1,0 +1,111 @@
+// The dispatch point of the FP8 family (kernels/fp8.h): validate, allocate,
+// call the backend of the inputs' device. Note [FP8 scaling].
+#include "accrue/kernels/fp8.h"
+
+#include <cstdint>
+#include <utility>
+
+#include "accrue/kernels/dispatch_util.h"
+#include "accrue/kernels/fp8_backend.h"
+
+namespace accrue::kernels {
+
+namespace du = dispatch_util;
+
+Fp8Cast cast_to_fp8(const Tensor& x, const Tensor& scale, DType out_dtype) {
+  constexpr const char* op = "cast_to_fp8";
+  NoGradGuard no_grad;
+  du::check_defined(x, op, "x");
+  ACCRUE_CHECK(x.dtype() == DType::f32 || du::is_16_bit(x.dtype()), op, ": x of shape ",
+               shape_str(x.shape()), " has dtype ", dtype_name(x.dtype()),
+               "; expected f32, bf16 or f16");
+  du::check_fp8_dtype(out_dtype, op, "out_dtype");
+  du::check_device_scalar(scale, x.device(), op, "scale", "x");
+  Fp8Cast r{empty(x.shape(), out_dtype, x.device()), empty({1}, DType::f32, x.device())};
+  if (x.numel() == 0) {
+    du::fill(r.amax, 0.0);  // the max of nothing, as the scale rule reads it: an all-zero tensor
+    return r;
+  }
+  const Tensor dense = x.contiguous();
+  ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8, dense, scale, r.q, r.amax);
+  return r;
+}
+
+Fp8Scale fp8_scale_from_amax(const Tensor& amax, DType fp8_dtype, int margin, bool power_of_two) {
+  constexpr const char* op = "fp8_scale_from_amax";
+  NoGradGuard no_grad;
+  du::check_defined(amax, op, "amax");
+  du::check_device_scalar(amax, amax.device(), op, "amax", "amax");
+  du::check_fp8_dtype(fp8_dtype, op, "fp8_dtype");
+  ACCRUE_CHECK(margin >= 0 && margin <= kFp8MaxMargin, op, ": margin = ", margin,
+               " is outside [0, ", kFp8MaxMargin, "]");
+  Fp8Scale r{empty({1}, DType::f32, amax.device()), empty({1}, DType::f32, amax.device())};
+  ACCRUE_BACKEND_CALL(amax.device(), fp8_scale_from_amax, amax,
+                      static_cast<float>(fp8_max(fp8_dtype)), margin, power_of_two, r.scale,
+                      r.scale_inv);
+  return r;
+}
+
+namespace {
+
+constexpr int64_t kFp8GemmMultiple = 16;
+
+void check_fp8_operand(const Tensor& t, const char* op, const char* what) {
+  du::check_fp8_tensor(t, op, what);
+  ACCRUE_CHECK(t.dim() == 2, op, ": ", what, " must be 2-D, got shape ", shape_str(t.shape()));
+  du::check_contiguous(t, op, what);
+  du::check_aligned(t, 16, op, what);
+}
+
+}  // namespace
+
+void fp8_matmul_into(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
+                     const Tensor& scale_inv_b, const Tensor& out, bool accumulate,
+                     bool fast_accumulation) {
+  constexpr const char* op = "fp8_matmul";
+  NoGradGuard no_grad;
+  check_fp8_operand(a, op, "a");
+  check_fp8_operand(b, op, "b");
+  du::check_same_device(a, b, op, "a", "b");
+  ACCRUE_CHECK(!(a.dtype() == DType::f8e5m2 && b.dtype() == DType::f8e5m2), op,
+               ": a and b are both f8e5m2, which cuBLASLt does not multiply; cast one of them "
+               "(the weight or the activation) to f8e4m3");
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
+  ACCRUE_CHECK(b.size(1) == k, op, ": a of shape ", shape_str(a.shape()), " and b of shape ",
+               shape_str(b.shape()), " differ in K (a is [M, K], b is [N, K]: out = a @ b^T)");
+  for (const auto& [size, name] : {std::pair<int64_t, const char*>{m, "M"}, {n, "N"}, {k, "K"}})
+    ACCRUE_CHECK(size > 0 && size % kFp8GemmMultiple == 0, op, ": ", name, " = ", size,
+                 " must be a positive multiple of ", kFp8GemmMultiple,
+                 " (cuBLASLt's FP8 GEMM; shapes a ", shape_str(a.shape()), ", b ",
+                 shape_str(b.shape()), ")");
+  du::check_device_scalar(scale_inv_a, a.device(), op, "scale_inv_a", "a");
+  du::check_device_scalar(scale_inv_b, a.device(), op, "scale_inv_b", "a");
+  du::check_defined(out, op, "out");
+  du::check_device(out, a.device(), op, "out", "a");
+  ACCRUE_CHECK(out.shape() == (Shape{m, n}), op, ": out has shape ", shape_str(out.shape()),
+               "; expected [", m, ", ", n, "] (a ", shape_str(a.shape()), " @ b^T, b ",
+               shape_str(b.shape()), ")");
+  ACCRUE_CHECK(out.dtype() == DType::f32 || du::is_16_bit(out.dtype()), op, ": out has dtype ",
+               dtype_name(out.dtype()), "; expected f32, bf16 or f16");
+  ACCRUE_CHECK(!accumulate || out.dtype() == DType::f32, op,
+               ": accumulate adds into an f32 out (the fp32 gradient slot), got ",
+               dtype_name(out.dtype()));
+  du::check_contiguous(out, op, "out");
+  du::check_aligned(out, 16, op, "out");
+  ACCRUE_BACKEND_CALL(a.device(), fp8_matmul, a, b, scale_inv_a, scale_inv_b, out, accumulate,
+                      fast_accumulation);
+}
+
+Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
+                  const Tensor& scale_inv_b, DType out_dtype, bool fast_accumulation) {
+  constexpr const char* op = "fp8_matmul";
+  du::check_defined(a, op, "a");
+  du::check_defined(b, op, "b");
+  ACCRUE_CHECK(a.dim() == 2 && b.dim() == 2, op, ": a and b must be 2-D, got shapes ",
+               shape_str(a.shape()), " and ", shape_str(b.shape()));
+  Tensor out = empty({a.size(0), b.size(0)}, out_dtype, a.device());
+  fp8_matmul_into(a, b, scale_inv_a, scale_inv_b, out, false, fast_accumulation);
+  return out;
+}
+
+}  // namespace accrue::kernels

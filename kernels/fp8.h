@@ -1,0 +1,99 @@
+// FP8: scaled casts with their amax, the scale of current scaling, and the
+// scaled FP8 GEMM (Note [FP8 dtypes] for the formats). An FP8 tensor is
+// storage for these GEMMs, never a compute dtype: every other op refuses it.
+//
+// Note [FP8 scaling]
+// ~~~~~~~~~~~~~~~~~~
+// A tensor x is stored as q = fp8(x * scale) (cast_to_fp8), and a GEMM of
+// two stored tensors multiplies by the inverses: out = (q_a q_b) * scale_inv_a
+// * scale_inv_b (fp8_matmul), so the scales only move x into the format's
+// range. Both scales live on the device as f32 [1] tensors, so that a cast, a
+// scale update and a GEMM chain on the stream without a host round trip and
+// replay under CUDA graphs.
+//  - The cast computes p = x * scale as one f32 multiply (x widened exactly
+//    from bf16 / f16 / f32), then rounds p to the FP8 dtype to nearest even,
+//    saturating at +-max (Note [FP8 dtypes]): two roundings, the same on the
+//    CPU and on CUDA, so both give the same bytes. A power-of-two scale
+//    (fp8_scale_from_amax's power_of_two) makes the multiply exact.
+//  - amax = max |x| over the whole tensor, in f32, taken in the same pass as
+//    the cast (the data is read once). It is NaN when any element is NaN and
+//    +inf when any is infinite: a cast that saturated an infinity or kept a NaN
+//    says so in its amax, which is how an overflow is detected (the codes of
+//    a saturating cast never hold an infinity). A max is exact and its order
+//    does not change it, so amax is the same bits on every run and backend
+//    (Note [Determinism]).
+//  - Current scaling (fp8_scale_from_amax): scale = fp8_max / amax / 2^margin
+//    in f32, and scale_inv = 1 / scale. The guards: amax == 0 (an all-zero
+//    tensor: any scale is exact) and a non-finite amax (the tensor overflowed:
+//    the caller must skip and report the step, as for a loss-scale overflow,
+//    from the amax it holds) give scale 1; a scale that overflows f32 (amax below fp8_max /
+//    FLT_MAX) is FLT_MAX. With power_of_two the scale is rounded down to a
+//    power of two (2^floor(log2 scale)), so x * scale and the GEMM's
+//    dequantization are exact and only the FP8 rounding remains; this loses
+//    at most one binade of range (DeepSeek-V3 and Transformer Engine's
+//    block recipes round scales the same way).
+#pragma once
+
+#include "accrue/core/tensor.h"
+
+namespace accrue::kernels {
+
+// The result of cast_to_fp8: q in the FP8 dtype, x's shape (contiguous), and
+// amax, f32 [1] on x's device.
+struct Fp8Cast {
+  Tensor q;
+  Tensor amax;
+};
+
+// q = fp8(x * scale), amax = max |x| in one pass (Note [FP8 scaling]). x is
+// f32, bf16 or f16 (any strides), scale an f32 [1] tensor on x's device,
+// out_dtype f8e4m3 or f8e5m2.
+Fp8Cast cast_to_fp8(const Tensor& x, const Tensor& scale, DType out_dtype);
+
+// The scale of current scaling and its inverse, both f32 [1] on amax's device.
+struct Fp8Scale {
+  Tensor scale;
+  Tensor scale_inv;
+};
+
+// scale = fp8_max(fp8_dtype) / amax / 2^margin with the guards of Note [FP8
+// scaling]; amax is f32 [1] (cast_to_fp8's), margin >= 0.
+Fp8Scale fp8_scale_from_amax(const Tensor& amax, DType fp8_dtype, int margin = 0,
+                             bool power_of_two = false);
+
+// Note [FP8 GEMM]
+// ~~~~~~~~~~~~~~~
+// fp8_matmul(a, b) = (a @ b^T) * scale_inv_a * scale_inv_b with a [M, K] and
+// b [N, K] FP8, both row-major with K contiguous. Read column-major (Note
+// [Row-major GEMM through column-major cuBLASLt]) that is cuBLASLt's only FP8
+// form on Hopper, "TN": its A is our b, transposed, its B our a, not. The
+// three GEMMs of a linear layer take that form with K-contiguous FP8 copies:
+// y = x W^T is (x, W); dx = dy W is (dy, W^T); dW += dy^T x is (dy^T, x^T),
+// the transposed copies made when the tensors are cast. cuBLASLt's other
+// requirements are checked here on every device, so a model that runs on the
+// CPU reference runs on the GPU: M, N and K multiples of 16, data 16-byte
+// aligned, not both operands e5m2; the output bf16, f16 or f32; the scales
+// f32 [1] on the device (CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER), so no host
+// round trip and the GEMM replays under CUDA graphs.
+// The weight gradient: accumulate = true adds into an f32 out, cuBLASLt
+// computing out = scaled (a @ b^T) + 1 * out with the f32 out as C and D, so
+// a micro-batch's contribution lands in the fp32 gradient slot in one GEMM,
+// rounded once to f32. The alternative, a bf16 partial added by a second
+// kernel, rounds every micro-batch's contribution to 8 bits before the sum,
+// costs a buffer and a pass, and saves only the GEMM's f32 output traffic,
+// which is small beside its M N K work. fast_accumulation sets
+// CUBLASLT_MATMUL_DESC_FAST_ACCUM: off (the default), cuBLASLt promotes the
+// tensor cores' partial sums to f32 (Hopper's FP8 accumulator keeps about 14
+// bits, DeepSeek-V3's reason to promote every 128 elements); Transformer
+// Engine turns it on for the forward only. The CPU reference sums exact
+// products in double, in k order, and rounds once.
+//
+// The output: f32 (accumulate or not), bf16 or f16 (accumulate false).
+Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
+                  const Tensor& scale_inv_b, DType out_dtype, bool fast_accumulation = false);
+// The same into a caller's contiguous out [M, N]; accumulate adds (f32 out only).
+void fp8_matmul_into(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
+                     const Tensor& scale_inv_b, const Tensor& out, bool accumulate,
+                     bool fast_accumulation = false);
+
+}  // namespace accrue::kernels

@@ -1,0 +1,295 @@
+// The FP8 family's CPU reference (kernels/fp8.h, Note [FP8 scaling]) against
+// independent computations: the nearest FP8 value found by a search over
+// every code's decoded value, the max by a plain loop, the scale in double.
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "accrue/kernels/fp8.h"
+#include "accrue/kernels/ops.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+using kernels::cast_to_fp8;
+using kernels::fp8_scale_from_amax;
+
+Tensor scalar(float v, Device device = Device::cpu()) {
+  return from_vector<float>({v}, {1}).to(device);
+}
+
+float decode(DType d, uint8_t c) {
+  return d == DType::f8e4m3 ? f8e4m3::decode(c) : f8e5m2::decode(c);
+}
+
+// The code nearest to p among all finite codes (ties to the even code),
+// saturating at +-max: a search, not the encoder's arithmetic.
+uint8_t nearest_code(DType d, float p) {
+  const double max = fp8_max(d);
+  if (p >= max) return d == DType::f8e4m3 ? 0x7e : 0x7b;
+  if (p <= -max) return d == DType::f8e4m3 ? 0xfe : 0xfb;
+  int best = -1;
+  double best_err = 0;
+  for (int c = 0; c < 256; ++c) {
+    const float v = decode(d, static_cast<uint8_t>(c));
+    if (!std::isfinite(v) || std::signbit(v) != std::signbit(p)) continue;
+    const double err = std::fabs(static_cast<double>(v) - p);
+    if (best < 0 || err < best_err || (err == best_err && (c & 1) == 0)) {
+      best = c;
+      best_err = err;
+    }
+  }
+  return static_cast<uint8_t>(best);
+}
+
+// Checks q and amax of cast_to_fp8(x, scale) element by element.
+void expect_cast(const Tensor& x, float scale, DType d) {
+  const auto r = cast_to_fp8(x, scalar(scale), d);
+  ASSERT_EQ(r.q.dtype(), d);
+  ASSERT_EQ(r.q.shape(), x.shape());
+  const Tensor xf = x.to(DType::f32).contiguous();
+  const float* px = xf.data<float>();
+  const auto* pq = static_cast<const uint8_t*>(r.q.data_ptr());
+  float amax = 0;
+  bool nan = false;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    nan = nan || std::isnan(px[i]);
+    if (std::fabs(px[i]) > amax) amax = std::fabs(px[i]);
+    const float p = px[i] * scale;
+    if (std::isnan(p)) {
+      EXPECT_TRUE(std::isnan(decode(d, pq[i]))) << i;
+      continue;
+    }
+    ASSERT_EQ(pq[i], nearest_code(d, p))
+        << dtype_name(x.dtype()) << " -> " << dtype_name(d) << " element " << i << " x = " << px[i]
+        << " scale = " << scale;
+  }
+  const float got = r.amax.data<float>()[0];
+  if (nan) {
+    EXPECT_TRUE(std::isnan(got));
+  } else {
+    EXPECT_EQ(got, amax);
+  }
+}
+
+TEST(Fp8Cast, rounds_each_scaled_element_to_the_nearest_code) {
+  for (DType xd : {DType::f32, DType::bf16, DType::f16}) {
+    for (DType d : {DType::f8e4m3, DType::f8e5m2}) {
+      Tensor x = test::random_normal({37, 129}, xd, Device::cpu(), 3.0);
+      expect_cast(x, 1.0f, d);
+      expect_cast(x, 37.3f, d);  // not a power of two: the f32 product rounds first
+      expect_cast(x, 0.125f, d);
+      // A scale that saturates the tails.
+      expect_cast(x, static_cast<float>(fp8_max(d)) / 2.0f, d);
+    }
+  }
+}
+
+TEST(Fp8Cast, strided_input_and_planted_values) {
+  Tensor base = test::random_normal({64, 48}, DType::f32, Device::cpu(), 10.0);
+  Tensor x = base.transpose(0, 1);  // transposed view
+  expect_cast(x, 5.0f, DType::f8e4m3);
+  Tensor y = test::random_normal({300}, DType::f32, Device::cpu(), 1.0);
+  y.data<float>()[7] = -1e5f;  // amax and saturation
+  expect_cast(y, 1.0f, DType::f8e4m3);
+  expect_cast(y, 1.0f, DType::f8e5m2);
+  y.data<float>()[11] = std::numeric_limits<float>::infinity();
+  {
+    const auto r = cast_to_fp8(y, scalar(1.0f), DType::f8e4m3);
+    EXPECT_EQ(r.amax.data<float>()[0], std::numeric_limits<float>::infinity());
+    EXPECT_EQ(static_cast<const uint8_t*>(r.q.data_ptr())[11], 0x7e);  // saturated, no inf
+  }
+  y.data<float>()[200] = std::numeric_limits<float>::quiet_NaN();
+  expect_cast(y, 1.0f, DType::f8e5m2);
+  EXPECT_TRUE(std::isnan(cast_to_fp8(y, scalar(2.0f), DType::f8e4m3).amax.data<float>()[0]));
+  // Nothing to cast: amax 0.
+  EXPECT_EQ(cast_to_fp8(empty({0, 4}), scalar(1.0f), DType::f8e4m3).amax.data<float>()[0], 0.0f);
+}
+
+// scale in double, then rounded to f32: the division of two f32 values is
+// correctly rounded either way (53 >= 2 * 24 + 2 bits).
+float expected_scale(float amax, double max, int margin, bool pow2) {
+  if (!(amax > 0) || !std::isfinite(amax)) return 1.0f;
+  double s = static_cast<double>(static_cast<float>(max / amax));
+  if (std::isinf(static_cast<float>(max / amax))) s = FLT_MAX;
+  s /= std::pow(2.0, margin);
+  if (pow2) s = std::pow(2.0, std::floor(std::log2(s)));
+  return static_cast<float>(s);
+}
+
+TEST(Fp8Scale, current_scaling_rule_and_guards) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor draws = test::random_uniform({20}, 1e-3, 1e3);
+  std::vector<float> amaxes = {0.0f, nan, inf, 1e-38f, FLT_MIN, 1.0f, 3.0f, 448.0f, 1e30f, FLT_MAX};
+  for (int64_t i = 0; i < draws.numel(); ++i)
+    amaxes.push_back(draws.data<float>()[i]);
+  for (DType d : {DType::f8e4m3, DType::f8e5m2})
+    for (int margin : {0, 1, 6})
+      for (bool pow2 : {false, true})
+        for (float a : amaxes) {
+          const auto r = fp8_scale_from_amax(scalar(a), d, margin, pow2);
+          const float want = expected_scale(a, fp8_max(d), margin, pow2);
+          const float s = r.scale.data<float>()[0];
+          EXPECT_EQ(s, want) << dtype_name(d) << " amax " << a << " margin " << margin << pow2;
+          EXPECT_EQ(r.scale_inv.data<float>()[0], 1.0f / want);
+          EXPECT_TRUE(std::isfinite(s) && s > 0);
+        }
+  // The scale puts the largest element at the format's max (up to one f32 rounding).
+  const auto r = fp8_scale_from_amax(scalar(3.0f), DType::f8e4m3);
+  EXPECT_NEAR(3.0 * r.scale.data<float>()[0], 448.0, 448.0 * 1e-7);
+  EXPECT_EQ(fp8_scale_from_amax(scalar(3.0f), DType::f8e4m3, 0, true).scale.data<float>()[0],
+            128.0f);
+}
+
+TEST(Fp8Cast, bad_inputs_name_the_op_and_values) {
+  Tensor x = test::random_normal({4, 8});
+  EXPECT_ERROR(cast_to_fp8(x.to(DType::f64), scalar(1), DType::f8e4m3), "cast_to_fp8", "f64",
+               "f32, bf16 or f16");
+  EXPECT_ERROR(cast_to_fp8(x.to(DType::i32), scalar(1), DType::f8e4m3), "cast_to_fp8", "i32");
+  EXPECT_ERROR(cast_to_fp8(x.to(DType::f8e4m3), scalar(1), DType::f8e4m3), "cast_to_fp8", "f8e4m3");
+  EXPECT_ERROR(cast_to_fp8(x, scalar(1), DType::bf16), "cast_to_fp8", "out_dtype", "bf16", "FP8");
+  EXPECT_ERROR(cast_to_fp8(x, scalar(1).to(DType::f64), DType::f8e4m3), "cast_to_fp8", "scale",
+               "f64", "[1]");
+  EXPECT_ERROR(cast_to_fp8(x, from_vector<float>({1, 2}, {2}), DType::f8e4m3), "cast_to_fp8",
+               "scale", "[2]");
+  EXPECT_ERROR(cast_to_fp8(x, Tensor(), DType::f8e4m3), "cast_to_fp8", "scale", "undefined");
+  EXPECT_ERROR(cast_to_fp8(Tensor(), scalar(1), DType::f8e4m3), "cast_to_fp8", "x", "undefined");
+  EXPECT_ERROR(fp8_scale_from_amax(scalar(1), DType::f8e4m3, 7), "fp8_scale_from_amax",
+               "margin = 7");
+  EXPECT_ERROR(fp8_scale_from_amax(scalar(1), DType::f8e4m3, -1), "fp8_scale_from_amax",
+               "margin = -1");
+  EXPECT_ERROR(fp8_scale_from_amax(scalar(1), DType::f32), "fp8_scale_from_amax", "f32", "FP8");
+  EXPECT_ERROR(fp8_scale_from_amax(zeros({2}), DType::f8e4m3), "fp8_scale_from_amax", "amax",
+               "[2]");
+  // Compute ops refuse FP8 tensors by name.
+  Tensor q = x.to(DType::f8e4m3);
+  EXPECT_ERROR((void)kernels::matmul(q, q.transpose(0, 1)), "matmul", "f8e4m3");
+}
+
+using kernels::fp8_matmul;
+using kernels::fp8_matmul_into;
+
+// Integers in [-lo, hi] cast to FP8 (exact: |v| <= 16 has at most 4 bits).
+Tensor integer_codes(const Shape& shape, DType d, int lo = -8, int hi = 8) {
+  return test::random_integers(shape, lo, hi, DType::f32).to(d);
+}
+
+// (a @ b^T) * sa * sb through f64 tensors and kernels::matmul: an independent path.
+Tensor reference_product(const Tensor& a, const Tensor& b, double sa, double sb) {
+  Tensor p = kernels::matmul(a.to(DType::f64), b.to(DType::f64).transpose(0, 1).contiguous());
+  double* pp = p.data<double>();
+  for (int64_t i = 0; i < p.numel(); ++i)
+    pp[i] *= sa * sb;
+  return p;
+}
+
+TEST(Fp8Matmul, integer_inputs_are_exact_in_every_output_dtype) {
+  for (auto [da, db] : {std::pair{DType::f8e4m3, DType::f8e4m3},
+                        {DType::f8e4m3, DType::f8e5m2},
+                        {DType::f8e5m2, DType::f8e4m3}}) {
+    Tensor a = integer_codes({48, 64}, da), b = integer_codes({32, 64}, db);
+    const Tensor want = reference_product(a, b, 0.5, 4.0);  // powers of two: exact
+    for (DType out : {DType::f32, DType::bf16, DType::f16}) {
+      Tensor got = fp8_matmul(a, b, scalar(0.5f), scalar(4.0f), out);
+      ASSERT_EQ(got.shape(), (Shape{48, 32}));
+      ASSERT_EQ(got.dtype(), out);
+      EXPECT_TRUE(test::all_equal(got, want.to(out))) << dtype_name(out);
+    }
+  }
+}
+
+TEST(Fp8Matmul, scaled_random_inputs_match_a_double_reference) {
+  Tensor x = test::random_normal({64, 96}, DType::f32, Device::cpu(), 2.0);
+  Tensor w = test::random_normal({48, 96}, DType::f32, Device::cpu(), 0.05);
+  const auto sx = fp8_scale_from_amax(cast_to_fp8(x, scalar(1), DType::f8e4m3).amax, DType::f8e4m3);
+  const auto sw = fp8_scale_from_amax(cast_to_fp8(w, scalar(1), DType::f8e4m3).amax, DType::f8e4m3);
+  const Tensor qx = cast_to_fp8(x, sx.scale, DType::f8e4m3).q;
+  const Tensor qw = cast_to_fp8(w, sw.scale, DType::f8e4m3).q;
+  const double ix = sx.scale_inv.data<float>()[0], iw = sw.scale_inv.data<float>()[0];
+  const Tensor want = reference_product(qx, qw, ix, iw);
+  Tensor got = fp8_matmul(qx, qw, sx.scale_inv, sw.scale_inv, DType::f32);
+  // One f32 rounding of the same double sum (the order may differ: 1e-6 of
+  // the magnitude covers it).
+  EXPECT_TRUE(test::all_close(got, want.to(DType::f32), 1e-6, 1e-6));
+  // And the whole pipeline approximates x @ w^T within FP8's rounding: an
+  // element v, scaled by s, is off by at most 2^-4 |v| (half an e4m3 ulp,
+  // normal range) + 2^-10 / s (half the smallest subnormal) + the f32
+  // product's 2^-24 |v|; the GEMM's error is then bounded by
+  // sum_k (e_x |w| + |x| e_w + e_x e_w), plus the output's f32 rounding.
+  const double sxv = sx.scale.data<float>()[0], swv = sw.scale.data<float>()[0];
+  auto err = [](double v, double s) { return (0.0625 + 0x1p-24) * std::fabs(v) + 0x1p-10 / s; };
+  const float* px = x.data<float>();
+  const float* pw = w.data<float>();
+  const Tensor g64 = got.to(DType::f64);
+  const double* pg = g64.data<double>();
+  for (int64_t i = 0; i < 64; ++i)
+    for (int64_t j = 0; j < 48; ++j) {
+      double exact = 0, bound = 0;
+      for (int64_t k = 0; k < 96; ++k) {
+        const double xv = px[i * 96 + k], wv = pw[j * 96 + k];
+        exact += xv * wv;
+        const double ex = err(xv, sxv), ew = err(wv, swv);
+        bound += ex * std::fabs(wv) + std::fabs(xv) * ew + ex * ew;
+      }
+      ASSERT_LE(std::fabs(pg[i * 48 + j] - exact), bound * (1 + 1e-6) + 0x1p-24 * std::fabs(exact))
+          << i << ", " << j;
+    }
+}
+
+TEST(Fp8Matmul, accumulates_into_an_f32_slot) {
+  Tensor a = integer_codes({32, 16}, DType::f8e4m3), b = integer_codes({16, 16}, DType::f8e5m2);
+  Tensor slot = test::random_normal({32, 16});
+  const Tensor before = slot.clone();
+  fp8_matmul_into(a, b, scalar(0.25f), scalar(1.0f), slot, /*accumulate=*/true);
+  Tensor want = reference_product(a, b, 0.25, 1.0);
+  double* pw = want.data<double>();
+  for (int64_t i = 0; i < want.numel(); ++i)
+    pw[i] += before.data<float>()[i];
+  EXPECT_TRUE(test::all_equal(slot, want.to(DType::f32)));
+  // Without accumulate the slot is overwritten.
+  fp8_matmul_into(a, b, scalar(0.25f), scalar(1.0f), slot, false);
+  EXPECT_TRUE(test::all_equal(slot, reference_product(a, b, 0.25, 1.0).to(DType::f32)));
+}
+
+TEST(Fp8Matmul, bad_inputs_name_the_op_and_values) {
+  Tensor a = integer_codes({32, 64}, DType::f8e4m3), b = integer_codes({16, 64}, DType::f8e4m3);
+  const Tensor one = scalar(1.0f);
+  EXPECT_ERROR(fp8_matmul(a, integer_codes({16, 48}, DType::f8e4m3), one, one, DType::f32),
+               "fp8_matmul", "[32, 64]", "[16, 48]", "K");
+  EXPECT_ERROR(fp8_matmul(integer_codes({20, 64}, DType::f8e4m3), b, one, one, DType::f32),
+               "fp8_matmul", "M = 20", "multiple of 16");
+  EXPECT_ERROR(fp8_matmul(a, integer_codes({24, 64}, DType::f8e4m3), one, one, DType::f32),
+               "fp8_matmul", "N = 24");
+  EXPECT_ERROR(fp8_matmul(integer_codes({32, 40}, DType::f8e4m3),
+                          integer_codes({16, 40}, DType::f8e4m3), one, one, DType::f32),
+               "fp8_matmul", "K = 40");
+  EXPECT_ERROR(fp8_matmul(a.to(DType::f32).to(DType::f8e5m2), b.to(DType::f32).to(DType::f8e5m2),
+                          one, one, DType::f32),
+               "fp8_matmul", "both f8e5m2");
+  EXPECT_ERROR(fp8_matmul(a.to(DType::bf16), b, one, one, DType::f32), "fp8_matmul", "a", "bf16",
+               "FP8");
+  EXPECT_ERROR(fp8_matmul(a, b, one, one, DType::f64), "fp8_matmul", "f64");
+  EXPECT_ERROR(fp8_matmul(a, b, one, one, DType::f8e4m3), "fp8_matmul", "f8e4m3");
+  EXPECT_ERROR(fp8_matmul(a, b, zeros({2}), one, DType::f32), "fp8_matmul", "scale_inv_a", "[2]");
+  EXPECT_ERROR(fp8_matmul(a, b, one, one.to(DType::f64), DType::f32), "fp8_matmul", "scale_inv_b",
+               "f64");
+  Tensor wide = integer_codes({64, 32}, DType::f8e4m3);
+  EXPECT_ERROR(fp8_matmul(wide.transpose(0, 1), b.narrow(1, 0, 64), one, one, DType::f32),
+               "fp8_matmul", "contiguous");
+  Tensor flat = integer_codes({32 * 64 + 1}, DType::f8e4m3);
+  EXPECT_ERROR(fp8_matmul(flat.narrow(0, 1, 32 * 64).view({32, 64}), b, one, one, DType::f32),
+               "fp8_matmul", "a", "multiple of 16 bytes");
+  EXPECT_ERROR(fp8_matmul_into(a, b, one, one, empty({32, 16}, DType::bf16), true), "fp8_matmul",
+               "accumulate", "bf16");
+  EXPECT_ERROR(fp8_matmul_into(a, b, one, one, empty({16, 32}), false), "fp8_matmul", "[16, 32]",
+               "[32, 16]");
+  EXPECT_ERROR(fp8_matmul(integer_codes({2, 32, 64}, DType::f8e4m3), b, one, one, DType::f32),
+               "fp8_matmul", "2-D");
+}
+
+}  // namespace
+}  // namespace accrue

@@ -1,0 +1,233 @@
+// The FP8 family on CUDA against the CPU reference (Note [FP8 scaling]):
+// casts and scales bit for bit (NaN codes compared as NaN, the one place the
+// formats have several encodings).
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+#include "accrue/kernels/fp8.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+using kernels::cast_to_fp8;
+using kernels::fp8_scale_from_amax;
+
+const Device kGpu = Device::cuda(0);
+
+float decode(DType d, uint8_t c) {
+  return d == DType::f8e4m3 ? f8e4m3::decode(c) : f8e5m2::decode(c);
+}
+
+// Same codes at every element, or NaN at both.
+::testing::AssertionResult same_codes(const Tensor& gpu, const Tensor& cpu) {
+  if (gpu.dtype() != cpu.dtype() || gpu.shape() != cpu.shape())
+    return ::testing::AssertionFailure() << "dtype or shape differ";
+  const Tensor g = gpu.to(Device::cpu()).contiguous(), c = cpu.contiguous();
+  const auto* pg = static_cast<const uint8_t*>(g.data_ptr());
+  const auto* pc = static_cast<const uint8_t*>(c.data_ptr());
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    if (pg[i] == pc[i]) continue;
+    if (std::isnan(decode(g.dtype(), pg[i])) && std::isnan(decode(c.dtype(), pc[i]))) continue;
+    return ::testing::AssertionFailure()
+           << "element " << i << ": gpu code " << int(pg[i]) << ", cpu code " << int(pc[i]);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult same_float_bits(const Tensor& gpu, const Tensor& cpu) {
+  const float g = gpu.to(Device::cpu()).data<float>()[0], c = cpu.data<float>()[0];
+  if (std::memcmp(&g, &c, 4) == 0 || (std::isnan(g) && std::isnan(c)))
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "gpu " << g << ", cpu " << c;
+}
+
+TEST(GpuFp8, plain_casts_match_the_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  Tensor x = test::random_normal({4097}, DType::f32, Device::cpu(), 300.0);
+  x.data<float>()[5] = std::numeric_limits<float>::infinity();
+  x.data<float>()[6] = -1e9f;
+  for (DType d : {DType::f8e4m3, DType::f8e5m2}) {
+    for (DType src : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+      Tensor xs = x.to(src);
+      EXPECT_TRUE(same_codes(xs.to(kGpu).to(d), xs.to(d))) << dtype_name(src) << dtype_name(d);
+      // And back, from every code.
+      Tensor codes = xs.to(d);
+      EXPECT_TRUE(test::all_equal(codes.to(kGpu).to(src).to(Device::cpu()), codes.to(src)));
+    }
+    // A transposed copy through the tiled kernel, and a fill.
+    Tensor m = test::random_normal({67, 130}, DType::f32, Device::cpu(), 50.0);
+    EXPECT_TRUE(same_codes(m.to(kGpu).transpose(0, 1).contiguous().to(d),
+                           m.transpose(0, 1).contiguous().to(d)));
+    EXPECT_TRUE(same_codes(m.to(d).to(kGpu).transpose(0, 1).contiguous(),
+                           m.to(d).transpose(0, 1).contiguous()));
+    EXPECT_TRUE(same_codes(full({33}, 3.3, d, kGpu), full({33}, 3.3, d)));
+  }
+}
+
+TEST(GpuFp8, scaled_casts_and_amax_match_the_cpu_bit_for_bit) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType xd : {DType::f32, DType::bf16, DType::f16}) {
+    for (DType d : {DType::f8e4m3, DType::f8e5m2}) {
+      for (int64_t n : {int64_t{1}, int64_t{255}, int64_t{1} << 20, int64_t{3000001}}) {
+        Tensor x = test::random_normal({n}, xd, Device::cpu(), 7.0);
+        for (float scale : {1.0f, 37.3f, 1000.0f}) {
+          const Tensor s = from_vector<float>({scale}, {1});
+          const auto cpu = cast_to_fp8(x, s, d);
+          const auto gpu = cast_to_fp8(x.to(kGpu), s.to(kGpu), d);
+          EXPECT_TRUE(same_codes(gpu.q, cpu.q)) << dtype_name(xd) << dtype_name(d) << n;
+          EXPECT_TRUE(same_float_bits(gpu.amax, cpu.amax)) << n;
+        }
+      }
+    }
+  }
+  // Planted infinity and NaN: amax says so on both.
+  Tensor y = test::random_normal({100000}, DType::f32);
+  y.data<float>()[99999] = std::numeric_limits<float>::infinity();
+  const Tensor one = from_vector<float>({1.0f}, {1});
+  EXPECT_TRUE(same_float_bits(cast_to_fp8(y.to(kGpu), one.to(kGpu), DType::f8e4m3).amax,
+                              cast_to_fp8(y, one, DType::f8e4m3).amax));
+  y.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  const auto g = cast_to_fp8(y.to(kGpu), one.to(kGpu), DType::f8e5m2);
+  EXPECT_TRUE(std::isnan(g.amax.to(Device::cpu()).data<float>()[0]));
+  EXPECT_TRUE(same_codes(g.q, cast_to_fp8(y, one, DType::f8e5m2).q));
+}
+
+TEST(GpuFp8, scale_rule_matches_the_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float a : {0.0f, inf, std::numeric_limits<float>::quiet_NaN(), 1e-38f, 0.37f, 3.0f, 1e30f})
+    for (DType d : {DType::f8e4m3, DType::f8e5m2})
+      for (int margin : {0, 2})
+        for (bool pow2 : {false, true}) {
+          const Tensor amax = from_vector<float>({a}, {1});
+          const auto cpu = fp8_scale_from_amax(amax, d, margin, pow2);
+          const auto gpu = fp8_scale_from_amax(amax.to(kGpu), d, margin, pow2);
+          EXPECT_TRUE(same_float_bits(gpu.scale, cpu.scale)) << a;
+          EXPECT_TRUE(same_float_bits(gpu.scale_inv, cpu.scale_inv)) << a;
+        }
+  // Devices must agree.
+  EXPECT_ERROR(cast_to_fp8(test::random_normal({4}).to(kGpu), from_vector<float>({1.0f}, {1}),
+                           DType::f8e4m3),
+               "cast_to_fp8", "scale", "cpu", "cuda");
+}
+
+using kernels::fp8_matmul;
+using kernels::fp8_matmul_into;
+
+Tensor integer_codes(const Shape& shape, DType d) {
+  return test::random_integers(shape, -8, 8, DType::f32).to(d);
+}
+
+Tensor scalar_on(float v, Device device) {
+  return from_vector<float>({v}, {1}).to(device);
+}
+
+// Integer-valued operands with |partial sums| <= 64 * K <= 2^14: every
+// accumulator cuBLASLt may use holds them exactly, so the f32 result is the
+// CPU's bit for bit, and a 16-bit output is the same exact value rounded once.
+TEST(GpuFp8, gemm_of_integer_operands_is_exact) {
+  ACCRUE_REQUIRE_CUDA();
+  for (auto [da, db] : {std::pair{DType::f8e4m3, DType::f8e4m3},
+                        {DType::f8e4m3, DType::f8e5m2},
+                        {DType::f8e5m2, DType::f8e4m3}}) {
+    for (auto [m, n, k] :
+         {std::tuple<int64_t, int64_t, int64_t>{16, 16, 16}, {128, 64, 256}, {272, 528, 192}}) {
+      Tensor a = integer_codes({m, k}, da), b = integer_codes({n, k}, db);
+      for (DType out : {DType::f32, DType::bf16}) {
+        const Tensor cpu =
+            fp8_matmul(a, b, scalar_on(0.5f, Device::cpu()), scalar_on(2.0f, Device::cpu()), out);
+        const Tensor gpu =
+            fp8_matmul(a.to(kGpu), b.to(kGpu), scalar_on(0.5f, kGpu), scalar_on(2.0f, kGpu), out);
+        EXPECT_TRUE(test::all_equal(gpu.to(Device::cpu()), cpu))
+            << dtype_name(da) << " x " << dtype_name(db) << " -> " << dtype_name(out) << " " << m
+            << "x" << n << "x" << k;
+      }
+    }
+  }
+}
+
+// Note [FP8 GEMM]'s rounding model on random operands: the products of two
+// FP8 values are exact in f32; the bound takes Hopper's FP8 accumulator to
+// keep at least 14 significant bits (an addition errs by <= 2^-13 of the
+// running sum, itself <= sum |a b|), with the partial sums promoted to f32 at
+// least every 128 products when fast accumulation is off (<= 128 * 2^-13 =
+// 2^-6 of sum |a b| in all) and never when it is on (<= K * 2^-13), plus the
+// output's rounding (and the reference's). Real errors should be far smaller; the bound
+// catches a wrong layout, scale or operand order, which errs by O(|out|).
+void expect_within_fp8_model(const Tensor& gpu, const Tensor& a, const Tensor& b, double scale,
+                             bool fast, DType out) {
+  const Tensor cpu =
+      fp8_matmul(a, b, scalar_on(1.0f, Device::cpu()), scalar_on(1.0f, Device::cpu()), DType::f32);
+  const Tensor g = gpu.to(Device::cpu()).to(DType::f64);
+  const Tensor c = cpu.to(DType::f64);
+  const Tensor fa = a.to(DType::f64), fb = b.to(DType::f64);
+  const int64_t m = a.size(0), n = b.size(0), k = a.size(1);
+  const double acc = fast ? static_cast<double>(k) * 0x1p-13 : 0x1p-6;
+  const double unit = out == DType::f32 ? 0x1p-24 : out == DType::bf16 ? 0x1p-8 : 0x1p-11;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double abs_sum = 0;
+      for (int64_t p = 0; p < k; ++p)
+        abs_sum += std::fabs(fa.data<double>()[i * k + p] * fb.data<double>()[j * k + p]);
+      const double want = c.data<double>()[i * n + j] * scale;
+      const double bound = acc * abs_sum * scale + 2 * unit * std::fabs(want);
+      ASSERT_LE(std::fabs(g.data<double>()[i * n + j] - want), bound)
+          << i << ", " << j << " (" << dtype_name(out) << (fast ? ", fast" : "") << ")";
+    }
+}
+
+TEST(GpuFp8, scaled_gemm_matches_the_cpu_within_the_rounding_model) {
+  ACCRUE_REQUIRE_CUDA();
+  const int64_t m = 256, n = 192, k = 1024;
+  Tensor x = test::random_normal({m, k}, DType::bf16, kGpu, 3.0);
+  Tensor w = test::random_normal({n, k}, DType::bf16, kGpu, 0.02);
+  const auto sx =
+      fp8_scale_from_amax(cast_to_fp8(x, scalar_on(1, kGpu), DType::f8e4m3).amax, DType::f8e4m3);
+  const auto sw =
+      fp8_scale_from_amax(cast_to_fp8(w, scalar_on(1, kGpu), DType::f8e4m3).amax, DType::f8e4m3);
+  const Tensor qx = cast_to_fp8(x, sx.scale, DType::f8e4m3).q;
+  const Tensor qw = cast_to_fp8(w, sw.scale, DType::f8e4m3).q;
+  const double scale = static_cast<double>(sx.scale_inv.to(Device::cpu()).data<float>()[0]) *
+                       sw.scale_inv.to(Device::cpu()).data<float>()[0];
+  for (bool fast : {false, true})
+    for (DType out : {DType::f32, DType::bf16, DType::f16}) {
+      const Tensor y = fp8_matmul(qx, qw, sx.scale_inv, sw.scale_inv, out, fast);
+      expect_within_fp8_model(y, qx.to(Device::cpu()), qw.to(Device::cpu()), scale, fast, out);
+    }
+}
+
+// The weight gradient's use: four micro-batches added into one f32 slot by
+// the GEMM itself (beta = 1), against the CPU doing the same.
+TEST(GpuFp8, gemm_accumulates_micro_batches_into_an_f32_slot) {
+  ACCRUE_REQUIRE_CUDA();
+  Tensor slot_cpu = test::random_normal({64, 128});
+  Tensor slot_gpu = slot_cpu.to(kGpu);
+  for (int micro = 0; micro < 4; ++micro) {
+    Tensor dyt = integer_codes({64, 512}, DType::f8e5m2);  // dy^T [N, M]
+    Tensor xt = integer_codes({128, 512}, DType::f8e4m3);  // x^T [K, M]
+    fp8_matmul_into(dyt, xt, scalar_on(0.25f, Device::cpu()), scalar_on(0.5f, Device::cpu()),
+                    slot_cpu, true);
+    fp8_matmul_into(dyt.to(kGpu), xt.to(kGpu), scalar_on(0.25f, kGpu), scalar_on(0.5f, kGpu),
+                    slot_gpu, true);
+  }
+  // Each micro-batch's product is exact (integer operands, power-of-two
+  // scales); only the f32 additions into the slot round, identically.
+  EXPECT_TRUE(test::all_equal(slot_gpu.to(Device::cpu()), slot_cpu));
+}
+
+TEST(GpuFp8, gemm_refuses_mixed_devices) {
+  ACCRUE_REQUIRE_CUDA();
+  Tensor a = integer_codes({16, 16}, DType::f8e4m3);
+  EXPECT_ERROR(fp8_matmul(a.to(kGpu), a, scalar_on(1, kGpu), scalar_on(1, kGpu), DType::f32),
+               "fp8_matmul", "cpu", "cuda");
+  EXPECT_ERROR(fp8_matmul(a.to(kGpu), a.to(kGpu), scalar_on(1, Device::cpu()), scalar_on(1, kGpu),
+                          DType::f32),
+               "fp8_matmul", "scale_inv_a", "cpu");
+}
+
+}  // namespace
+}  // namespace accrue
