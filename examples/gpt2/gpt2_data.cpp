@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "examples/common/validation.h"
+
 namespace accrue::examples {
 
 std::pair<Tensor, Tensor> BatchSource::next() {
@@ -39,29 +41,16 @@ TrainingData open_data(const Gpt2Options& o, const nn::GPT2Config& config, const
 
 double validation_loss(nn::GPT2& model, data::DataLoader& loader, int64_t batches,
                        dist::Communicator* comm, Device device) {
-  NoGradGuard no_grad;
   model.eval();
   loader.reset();  // the same tokens every time, so the numbers compare
-  double sum = 0.0, count = 0.0;
-  for (int64_t i = 0; i < batches; ++i) {
-    data::Batch b = loader.next_batch();
-    const Loss loss = model.loss(b.inputs.to(device), b.targets.to(device));
-    sum += loss.sum.item();
-    count += loss.count.item();
-  }
+  const double loss = examples::validation_loss(
+      [&] {
+        data::Batch b = loader.next_batch();
+        return model.loss(b.inputs.to(device), b.targets.to(device));
+      },
+      batches, comm, device);
   model.train();
-  if (comm != nullptr) {
-    const Tensor totals = from_vector(std::vector<double>{sum, count}, {2}).to(device);
-    Event produced;
-    produced.record(current_stream(device.index));
-    produced.block(comm->stream());  // Note [Collective ordering]
-    comm->all_reduce(totals);
-    comm->synchronize();
-    const std::vector<double> v = totals.to_vector<double>();
-    sum = v[0];
-    count = v[1];
-  }
-  return sum / count;
+  return loss;
 }
 
 }  // namespace accrue::examples

@@ -59,6 +59,7 @@
 #include "examples/common/run_main.h"
 #include "examples/common/timing.h"
 #include "examples/common/train_model.h"
+#include "examples/common/validation.h"
 
 using namespace accrue;
 using namespace accrue::examples;
@@ -90,12 +91,13 @@ std::string preset_list() {
 }
 
 struct Options {
-  std::string model = "llama-tiny", train_data, checkpoint, resume, metrics, gemm_tuning;
+  std::string model = "llama-tiny", train_data, val_data, checkpoint, resume, metrics, gemm_tuning;
   bool synthetic = false, cuda_graphs = false, force_cpu = false;
   bool activation_checkpointing = false, zero1 = false, nvtx = false;
   SyntheticDocuments synthetic_documents = SyntheticDocuments::random;  // GPT-2: full
   int64_t eos_id = -1, micro_batch = 4, seq_len = 64, accum = 4, windows = 20, warmup_windows = 0;
   int64_t seed = 1, checkpoint_every = 0, max_skipped_windows = 32, layer_metrics_every = 0;
+  int64_t val_every = 0, val_batches = 20;
   std::optional<int64_t> stop_after;
   double lr = 3e-4, weight_decay = 0.1, max_grad_norm = 1.0, min_lr_factor = 0.1;
   DType dtype = DType::f32;
@@ -121,6 +123,13 @@ bool parse(int argc, char** argv, Options& o) {
   cli.integer("--eos-id", &o.eos_id, "ID", "the token that ends a document in the shards")
       .min(0)
       .default_text("required with --train-data, not taken by GPT-2");
+  cli.path("--val-data", &o.val_data, "GLOB",
+           "validation shards, read as --train-data is (the same micro-batches from their start "
+           "each time)");
+  cli.integer("--val-every", &o.val_every, "N",
+              "validation loss every N windows (0: at the end only)")
+      .min(0);
+  cli.integer("--val-batches", &o.val_batches, "N", "micro-batches per validation").min(1);
   cli.flag("--synthetic", &o.synthetic,
            "random documents of random lengths, packed (GPT-2: random full rows)");
   cli.choice<SyntheticDocuments>(
@@ -198,6 +207,9 @@ bool parse(int argc, char** argv, Options& o) {
                 " takes full rows only (--synthetic-documents full), not packed documents");
   if (gpt2) o.synthetic_documents = SyntheticDocuments::full;
   if (!gpt2 && !o.train_data.empty() && o.eos_id < 0) usage_error("--train-data needs --eos-id");
+  if (!gpt2 && !o.val_data.empty() && o.eos_id < 0) usage_error("--val-data needs --eos-id");
+  if (o.val_data.empty() && (cli.given("--val-every") || cli.given("--val-batches")))
+    usage_error("--val-every and --val-batches need --val-data GLOB");
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
     usage_error("--bench takes no --checkpoint or --resume");
   if (o.bench && o.stop_after) usage_error("--bench takes no --stop-after");
@@ -393,6 +405,29 @@ int train(int argc, char** argv) {
                                                                        .rank(where.rank.rank)
                                                                        .world_size(ranks)
                                                                        .device(device));
+
+  // Validation, read as the training data is (this rank's part of each step).
+  std::unique_ptr<data::DocumentBatches> val_docs;
+  std::unique_ptr<data::TokenShards> val_shards;
+  std::unique_ptr<data::DataLoader> val_loader;
+  if (!opt.val_data.empty() && !model->packed_documents()) {
+    val_shards = std::make_unique<data::TokenShards>(opt.val_data);
+    val_loader = std::make_unique<data::DataLoader>(*val_shards, data::LoaderOptions()
+                                                                     .batch(opt.micro_batch)
+                                                                     .seq_len(opt.seq_len)
+                                                                     .rank(where.rank.rank)
+                                                                     .world_size(ranks)
+                                                                     .vocab_size(vocab));
+  } else if (!opt.val_data.empty()) {
+    val_docs = std::make_unique<data::DocumentBatches>(opt.val_data, data::DocumentOptions()
+                                                                         .batch(opt.micro_batch)
+                                                                         .seq_len(opt.seq_len)
+                                                                         .eos_id(opt.eos_id)
+                                                                         .vocab_size(vocab)
+                                                                         .rank(where.rank.rank)
+                                                                         .world_size(ranks)
+                                                                         .device(device));
+  }
 
   std::printf("%s on %s: %s%s\n", kProgram, where.describe().c_str(), model->describe().c_str(),
               model->activation_checkpointing() ? ", activation checkpointing" : "");
@@ -630,6 +665,24 @@ int train(int argc, char** argv) {
         {"peak_bytes", static_cast<double>(memory_stats(device).peak_bytes)}};
     if (measures_layers(r.window))
       add_layer_extras(*layers, r, optimizer.slot_groups(store), &extras);
+    if ((val_loader || val_docs) && ((opt.val_every > 0 && w % opt.val_every == 0) || w == end)) {
+      if (val_loader) val_loader->reset();
+      if (val_docs) val_docs->reset();
+      const double val = validation_loss(
+          [&] {
+            if (val_loader) {
+              data::Batch b = val_loader->next_batch();
+              return model->loss(b.inputs.to(device), b.targets.to(device),
+                                 nn::BatchLayout::full());
+            }
+            data::DocumentBatch b = val_docs->next_batch();
+            return model->loss(b.inputs, b.targets,
+                               nn::BatchLayout::packed(b.cu_seqlens, b.positions));
+          },
+          opt.val_batches, dp.comm.get(), device);
+      std::printf("window %lld/%lld | val loss %.4f\n", (long long)w, (long long)opt.windows, val);
+      extras.emplace_back("val_loss", val);
+    }
     metrics.write(r, extras);
     guard.after_window(r);
     if (!opt.checkpoint.empty() && opt.checkpoint_every > 0 && w % opt.checkpoint_every == 0 &&

@@ -127,7 +127,7 @@ case $name in
     help --model --train-data --eos-id --synthetic --micro-batch --seq-len --accum --windows \
       --stop-after --lr --warmup-windows --weight-decay --max-grad-norm --dtype --seed \
       --cuda-graphs --cpu --checkpoint --checkpoint-every --resume --metrics --max-skipped-windows \
-      --layer-metrics-every \
+      --layer-metrics-every --val-data --val-every --val-batches \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops
     common_refusals
@@ -208,6 +208,17 @@ case $name in
     # figures in the --metrics rows it measures, the run's loss unchanged.
     bin=$dir/accrue_train
     expect 2 "--layer-metrics-every needs --metrics FILE" --synthetic --layer-metrics-every 2
+    expect 2 "--val-data needs --eos-id" --synthetic --val-data '/tmp/x_*.bin'
+    expect 2 "--val-every and --val-batches need --val-data GLOB" --synthetic --val-every 2
+    # As for Llama above: graphs run eagerly on the CPU, recomputation and
+    # one-process ZeRO-1 change nothing.
+    run --model gpt2-tiny --accum 2 "${gpt2[@]}"
+    plain=$(grep "^final:" <<< "$out")
+    for extra in --cuda-graphs --activation-checkpointing --zero1; do
+      run --model gpt2-tiny --accum 2 "${gpt2[@]}" "$extra"
+      [[ $rc -eq 0 && -n $plain && $(grep "^final:" <<< "$out") == "$plain" ]] ||
+        fail "train gpt2-tiny $extra: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$plain'"
+    done
     metrics=$(mktemp)
     for model in gpt2-tiny:h.1.mlp.c_proj.weight llama-tiny:model.layers.1.mlp.down_proj.weight; do
       run --model "${model%%:*}" --accum 2 "${gpt2[@]}" --metrics "$metrics" \

@@ -8,7 +8,7 @@
 # With PYTHON, the same on byte-token shards of README.md (tools/make_shards.py)
 # where a newline ends a document: the DocumentBatches position is restored;
 # and gpt2-tiny on the same shards (contiguous rows), resumed, against
-# accrue_train_gpt2 (in the trainer's folder) on the same run.
+# accrue_train_gpt2 (in the trainer's folder) on the same run, validation too.
 set -u
 trainer=$1 work=$2 python=${3:-} source_dir=${4:-}
 rm -rf "$work" && mkdir -p "$work" || exit 1
@@ -70,6 +70,17 @@ if [[ -n $python ]]; then
     "${gpt2[@]}" | grep "^final:") || fail "accrue_train_gpt2 on the shards: exit code $?"
   [[ -n $ours && $ours == "$theirs" ]] ||
     fail "gpt2-tiny shards: accrue_train '$ours' vs accrue_train_gpt2 '$theirs'"
+  # Validation (--val-data): the same rows, so the same validation losses as
+  # accrue_train_gpt2's; a Llama model validates on packed documents.
+  val=(--val-data "$work/readme_val_*.bin" --val-every 3 --val-batches 3)
+  ours=$("$trainer" --model gpt2-tiny --accum 2 "${gpt2[@]}" "${val[@]}" | grep "val loss")
+  theirs=$("$(dirname "$trainer")/accrue_train_gpt2" --model tiny --total-batch-tokens 128 \
+    "${gpt2[@]}" "${val[@]}" | grep "val loss")
+  [[ $(wc -l <<< "$ours") -eq 2 && $ours == "$theirs" ]] ||
+    fail "gpt2-tiny --val-data: accrue_train '$ours' vs accrue_train_gpt2 '$theirs'"
+  llama=$("$trainer" --model llama-tiny --eos-id 10 --accum 2 "${gpt2[@]}" "${val[@]}" |
+    grep -c "^window [36]/6 | val loss [0-9]")
+  [[ $llama -eq 2 ]] || fail "llama-tiny --val-data: $llama validation lines, expected 2"
   echo "ok: gpt2-tiny on shards resumed identically, loss $first -> $last, as accrue_train_gpt2"
 fi
 echo "ok: resumed after window 3, final checkpoint identical ($full)"
