@@ -31,6 +31,36 @@ Fp8Cast cast_to_fp8(const Tensor& x, const Tensor& scale, DType out_dtype) {
   return r;
 }
 
+Fp8BlockCast cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols,
+                                   DType out_dtype, bool power_of_two) {
+  constexpr const char* op = "cast_to_fp8_blockwise";
+  NoGradGuard no_grad;
+  du::check_defined(x, op, "x");
+  ACCRUE_CHECK(x.dtype() == DType::f32 || du::is_16_bit(x.dtype()), op, ": x of shape ",
+               shape_str(x.shape()), " has dtype ", dtype_name(x.dtype()),
+               "; expected f32, bf16 or f16");
+  ACCRUE_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", shape_str(x.shape()));
+  du::check_fp8_dtype(out_dtype, op, "out_dtype");
+  ACCRUE_CHECK(tile_rows >= 1 && tile_cols >= 1 && tile_cols <= kFp8MaxTileCols, op, ": tile ",
+               tile_rows, " x ", tile_cols, " must have rows >= 1 and columns in [1, ",
+               kFp8MaxTileCols, "]");
+  const int64_t m = x.size(0), k = x.size(1);
+  const int64_t tiles_r = (m + tile_rows - 1) / tile_rows,
+                tiles_c = (k + tile_cols - 1) / tile_cols;
+  Fp8BlockCast r{empty(x.shape(), out_dtype, x.device()),
+                 empty({tiles_r, tiles_c}, DType::f32, x.device()),
+                 empty({1}, DType::f32, x.device())};
+  if (x.numel() == 0) {
+    du::fill(r.amax, 0.0);
+    return r;
+  }
+  const Tensor dense = x.contiguous();
+  ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8_blockwise, dense, tile_rows, tile_cols,
+                      static_cast<float>(fp8_max(out_dtype)), power_of_two, r.q, r.scale_inv,
+                      r.amax);
+  return r;
+}
+
 Fp8Scale fp8_scale_from_amax(const Tensor& amax, DType fp8_dtype, int margin, bool power_of_two) {
   constexpr const char* op = "fp8_scale_from_amax";
   NoGradGuard no_grad;

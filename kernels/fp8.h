@@ -61,6 +61,30 @@ struct Fp8Scale {
 Fp8Scale fp8_scale_from_amax(const Tensor& amax, DType fp8_dtype, int margin = 0,
                              bool power_of_two = false);
 
+// Note [FP8 block scaling]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Block scaling gives each tile of a 2-D x [M, K] its own scale: 1 x 128
+// tiles for activations, 128 x 128 blocks for weights, as DeepSeek-V3, so an
+// outlier costs precision in its tile only. Each tile's amax is taken, its
+// scale made by the current-scaling rule of Note [FP8 scaling] (margin 0;
+// power_of_two by default, Transformer Engine's default for block scales:
+// the scaling is then exact), and the tile cast with it, all in one kernel,
+// one block per tile. Tiles at the right and bottom edges may be partial.
+// The result holds scale_inv per tile, [ceil(M / tile_rows), ceil(K /
+// tile_cols)] f32, what a block-scaled GEMM multiplies by, and amax, the
+// largest |x| of all tiles (NaN when any is NaN): a tile that overflowed gets
+// scale 1 and shows in amax, as for a per-tensor cast. The GEMM that takes
+// block scales is not built yet.
+struct Fp8BlockCast {
+  Tensor q;
+  Tensor scale_inv;
+  Tensor amax;
+};
+
+// x 2-D f32/bf16/f16 (any strides); tile_rows >= 1, tile_cols in [1, 1024].
+Fp8BlockCast cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols,
+                                   DType out_dtype, bool power_of_two = true);
+
 // Note [FP8 GEMM]
 // ~~~~~~~~~~~~~~~
 // fp8_matmul(a, b) = (a @ b^T) * scale_inv_a * scale_inv_b with a [M, K] and

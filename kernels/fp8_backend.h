@@ -20,6 +20,9 @@ namespace accrue::kernels {
 // normal: s >= 448 / FLT_MAX * 2^-6 > FLT_MIN, so every halving is exact and
 // the power-of-two rounding is well defined.
 inline constexpr int kFp8MaxMargin = 6;
+// The widest tile of Note [FP8 block scaling]: one CUDA block's threads span
+// a tile row.
+inline constexpr int64_t kFp8MaxTileCols = 1024;
 
 ACCRUE_HD float fp8_scale_rule(float amax, float fp8_max, int margin, bool power_of_two) {
   if (!(amax > 0.0f && amax <= FLT_MAX)) return 1.0f;  // zero, NaN or infinity

@@ -1,5 +1,6 @@
 // CPU reference of the FP8 family (Note [FP8 scaling]): element by element,
 // the product x * scale in f32 and its one FP8 rounding by core's encoder.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -57,6 +58,47 @@ void cast_to_fp8(const Tensor& x, const Tensor& scale, const Tensor& q, const Te
     });
   });
   amax.data<float>()[0] = nan ? std::numeric_limits<float>::quiet_NaN() : max_abs;
+}
+
+void cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols, float fp8_max,
+                           bool power_of_two, const Tensor& q, const Tensor& scale_inv,
+                           const Tensor& amax) {
+  const int64_t m = x.size(0), k = x.size(1), tiles_c = scale_inv.size(1);
+  float* ps = scale_inv.data<float>();
+  float total = 0.0f;
+  bool nan = false;
+  visit_float(x.dtype(), "cast_to_fp8_blockwise", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = ptr<T>(x);
+    visit_fp8(q.dtype(), "cast_to_fp8_blockwise", [&](auto qtag) {
+      using Q = decltype(qtag);
+      uint8_t* pq = static_cast<uint8_t*>(q.data_ptr());
+      for (int64_t t = 0; t < scale_inv.numel(); ++t) {
+        const int64_t r0 = (t / tiles_c) * tile_rows, c0 = (t % tiles_c) * tile_cols;
+        const int64_t r1 = std::min(m, r0 + tile_rows), c1 = std::min(k, c0 + tile_cols);
+        float tile_max = 0.0f;
+        bool tile_nan = false;
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t c = c0; c < c1; ++c) {
+            const float a = std::fabs(static_cast<float>(px[r * k + c]));
+            if (std::isnan(a))
+              tile_nan = true;
+            else if (a > tile_max)
+              tile_max = a;
+          }
+        const float s =
+            fp8_scale_rule(tile_nan ? std::numeric_limits<float>::quiet_NaN() : tile_max, fp8_max,
+                           0, power_of_two);
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t c = c0; c < c1; ++c)
+            pq[r * k + c] = Q::encode(static_cast<float>(px[r * k + c]) * s);
+        ps[t] = 1.0f / s;
+        nan = nan || tile_nan;
+        total = std::max(total, tile_max);
+      }
+    });
+  });
+  amax.data<float>()[0] = nan ? std::numeric_limits<float>::quiet_NaN() : total;
 }
 
 void fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, bool power_of_two,

@@ -1,6 +1,7 @@
 // The FP8 family's CPU reference (kernels/fp8.h, Note [FP8 scaling]) against
 // independent computations: the nearest FP8 value found by a search over
 // every code's decoded value, the max by a plain loop, the scale in double.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <limits>
@@ -43,6 +44,17 @@ uint8_t nearest_code(DType d, float p) {
     }
   }
   return static_cast<uint8_t>(best);
+}
+
+// scale in double, then rounded to f32: the division of two f32 values is
+// correctly rounded either way (53 >= 2 * 24 + 2 bits).
+float expected_scale(float amax, double max, int margin, bool pow2) {
+  if (!(amax > 0) || !std::isfinite(amax)) return 1.0f;
+  double s = static_cast<double>(static_cast<float>(max / amax));
+  if (std::isinf(static_cast<float>(max / amax))) s = FLT_MAX;
+  s /= std::pow(2.0, margin);
+  if (pow2) s = std::pow(2.0, std::floor(std::log2(s)));
+  return static_cast<float>(s);
 }
 
 // Checks q and amax of cast_to_fp8(x, scale) element by element.
@@ -109,17 +121,6 @@ TEST(Fp8Cast, strided_input_and_planted_values) {
   EXPECT_EQ(cast_to_fp8(empty({0, 4}), scalar(1.0f), DType::f8e4m3).amax.data<float>()[0], 0.0f);
 }
 
-// scale in double, then rounded to f32: the division of two f32 values is
-// correctly rounded either way (53 >= 2 * 24 + 2 bits).
-float expected_scale(float amax, double max, int margin, bool pow2) {
-  if (!(amax > 0) || !std::isfinite(amax)) return 1.0f;
-  double s = static_cast<double>(static_cast<float>(max / amax));
-  if (std::isinf(static_cast<float>(max / amax))) s = FLT_MAX;
-  s /= std::pow(2.0, margin);
-  if (pow2) s = std::pow(2.0, std::floor(std::log2(s)));
-  return static_cast<float>(s);
-}
-
 TEST(Fp8Scale, current_scaling_rule_and_guards) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -145,6 +146,52 @@ TEST(Fp8Scale, current_scaling_rule_and_guards) {
             128.0f);
 }
 
+// Note [FP8 block scaling] against loops over each tile: its amax, its scale
+// by the double rule, every code by the nearest-code search.
+void expect_blockwise(const Tensor& x, int64_t tr, int64_t tc, DType d, bool pow2) {
+  const auto r = kernels::cast_to_fp8_blockwise(x, tr, tc, d, pow2);
+  const int64_t m = x.size(0), k = x.size(1);
+  const int64_t tiles_r = (m + tr - 1) / tr, tiles_c = (k + tc - 1) / tc;
+  ASSERT_EQ(r.scale_inv.shape(), (Shape{tiles_r, tiles_c}));
+  ASSERT_EQ(r.q.shape(), x.shape());
+  const Tensor xf = x.to(DType::f32).contiguous();
+  const float* px = xf.data<float>();
+  const auto* pq = static_cast<const uint8_t*>(r.q.data_ptr());
+  float all = 0;
+  for (int64_t ti = 0; ti < tiles_r; ++ti)
+    for (int64_t tj = 0; tj < tiles_c; ++tj) {
+      float amax = 0;
+      for (int64_t i = ti * tr; i < std::min(m, (ti + 1) * tr); ++i)
+        for (int64_t j = tj * tc; j < std::min(k, (tj + 1) * tc); ++j)
+          amax = std::max(amax, std::fabs(px[i * k + j]));
+      all = std::max(all, amax);
+      const float scale = expected_scale(amax, fp8_max(d), 0, pow2);
+      ASSERT_EQ(r.scale_inv.data<float>()[ti * tiles_c + tj], 1.0f / scale) << ti << ", " << tj;
+      for (int64_t i = ti * tr; i < std::min(m, (ti + 1) * tr); ++i)
+        for (int64_t j = tj * tc; j < std::min(k, (tj + 1) * tc); ++j)
+          ASSERT_EQ(pq[i * k + j], nearest_code(d, px[i * k + j] * scale))
+              << "tile " << ti << ", " << tj << " element " << i << ", " << j;
+    }
+  EXPECT_EQ(r.amax.data<float>()[0], all);
+}
+
+TEST(Fp8Cast, blockwise_tiles_each_get_their_own_scale) {
+  for (DType xd : {DType::f32, DType::bf16}) {
+    Tensor x = test::random_normal({130, 300}, xd, Device::cpu(), 1.0);
+    // An outlier in one tile: only that tile's scale moves.
+    Tensor xf = x.to(DType::f32);
+    xf.data<float>()[5 * 300 + 7] = 500.0f;
+    x = xf.to(xd);
+    expect_blockwise(x, 1, 128, DType::f8e4m3, true);     // activations, partial last tile
+    expect_blockwise(x, 128, 128, DType::f8e4m3, true);   // weights, partial edges
+    expect_blockwise(x, 128, 128, DType::f8e5m2, false);  // any scale
+    expect_blockwise(x.transpose(0, 1), 1, 128, DType::f8e4m3, true);  // strided input
+  }
+  const auto r =
+      kernels::cast_to_fp8_blockwise(test::random_normal({2, 256}), 1, 128, DType::f8e4m3);
+  EXPECT_EQ(r.scale_inv.shape(), (Shape{2, 2}));
+}
+
 TEST(Fp8Cast, bad_inputs_name_the_op_and_values) {
   Tensor x = test::random_normal({4, 8});
   EXPECT_ERROR(cast_to_fp8(x.to(DType::f64), scalar(1), DType::f8e4m3), "cast_to_fp8", "f64",
@@ -158,6 +205,17 @@ TEST(Fp8Cast, bad_inputs_name_the_op_and_values) {
                "scale", "[2]");
   EXPECT_ERROR(cast_to_fp8(x, Tensor(), DType::f8e4m3), "cast_to_fp8", "scale", "undefined");
   EXPECT_ERROR(cast_to_fp8(Tensor(), scalar(1), DType::f8e4m3), "cast_to_fp8", "x", "undefined");
+  EXPECT_ERROR(kernels::cast_to_fp8_blockwise(x, 0, 128, DType::f8e4m3), "cast_to_fp8_blockwise",
+               "tile 0 x 128");
+  EXPECT_ERROR(kernels::cast_to_fp8_blockwise(x, 1, 2048, DType::f8e4m3), "cast_to_fp8_blockwise",
+               "tile 1 x 2048");
+  EXPECT_ERROR(
+      kernels::cast_to_fp8_blockwise(test::random_normal({2, 2, 2}), 1, 128, DType::f8e4m3),
+      "cast_to_fp8_blockwise", "2-D", "[2, 2, 2]");
+  EXPECT_ERROR(kernels::cast_to_fp8_blockwise(x.to(DType::f64), 1, 128, DType::f8e4m3),
+               "cast_to_fp8_blockwise", "f64");
+  EXPECT_ERROR(kernels::cast_to_fp8_blockwise(x, 1, 128, DType::f16), "cast_to_fp8_blockwise",
+               "f16", "FP8");
   EXPECT_ERROR(fp8_scale_from_amax(scalar(1), DType::f8e4m3, 7), "fp8_scale_from_amax",
                "margin = 7");
   EXPECT_ERROR(fp8_scale_from_amax(scalar(1), DType::f8e4m3, -1), "fp8_scale_from_amax",

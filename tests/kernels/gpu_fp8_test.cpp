@@ -96,6 +96,22 @@ TEST(GpuFp8, scaled_casts_and_amax_match_the_cpu_bit_for_bit) {
   EXPECT_TRUE(same_codes(g.q, cast_to_fp8(y, one, DType::f8e5m2).q));
 }
 
+TEST(GpuFp8, blockwise_casts_match_the_cpu_bit_for_bit) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType xd : {DType::f32, DType::bf16, DType::f16})
+    for (DType d : {DType::f8e4m3, DType::f8e5m2})
+      for (auto [tr, tc] : {std::pair<int64_t, int64_t>{1, 128}, {128, 128}, {3, 1000}})
+        for (bool pow2 : {true, false}) {
+          Tensor x = test::random_normal({300, 520}, xd, Device::cpu(), 4.0);
+          const auto cpu = kernels::cast_to_fp8_blockwise(x, tr, tc, d, pow2);
+          const auto gpu = kernels::cast_to_fp8_blockwise(x.to(kGpu), tr, tc, d, pow2);
+          EXPECT_TRUE(same_codes(gpu.q, cpu.q))
+              << dtype_name(xd) << dtype_name(d) << tr << "x" << tc;
+          EXPECT_TRUE(test::all_equal(gpu.scale_inv.to(Device::cpu()), cpu.scale_inv));
+          EXPECT_TRUE(same_float_bits(gpu.amax, cpu.amax));
+        }
+}
+
 TEST(GpuFp8, scale_rule_matches_the_cpu) {
   ACCRUE_REQUIRE_CUDA();
   const float inf = std::numeric_limits<float>::infinity();
