@@ -100,6 +100,8 @@ struct Options {
   int64_t val_every = 0, val_batches = 20;
   std::optional<int64_t> stop_after;
   double lr = 3e-4, weight_decay = 0.1, max_grad_norm = 1.0, min_lr_factor = 0.1;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  int64_t noise_scale_every = 0;
   DType dtype = DType::f32;
   bool bench = false;
   int64_t bench_warmup = 3, bench_windows = 10;
@@ -149,7 +151,13 @@ bool parse(int argc, char** argv, Options& o) {
   cli.integer("--stop-after", &o.stop_after, "N", "stop after window N (to resume later)").min(1);
   cli.number("--lr", &o.lr, "LR", "AdamW peak learning rate").above(0);
   cli.integer("--warmup-windows", &o.warmup_windows, "N", "linear warmup, then cosine").min(0);
-  cli.number("--weight-decay", &o.weight_decay, "WD", "decay of 2-D weights (not norms)").min(0);
+  cli.number("--min-lr-factor", &o.min_lr_factor, "F", "cosine decay ends at F * lr").min(0).max(1);
+  cli.number("--weight-decay", &o.weight_decay, "WD",
+             "decay of 2-D weights (not norms; GPT-2: not wte, wpe)")
+      .min(0);
+  cli.number("--beta1", &o.beta1, "B1", "AdamW beta1").min(0).below(1);
+  cli.number("--beta2", &o.beta2, "B2", "AdamW beta2").min(0).below(1);
+  cli.number("--eps", &o.eps, "E", "AdamW epsilon").above(0);
   cli.number("--max-grad-norm", &o.max_grad_norm, "C", "clip the global norm (0: off)").min(0);
   cli.choice<DType>("--dtype", &o.dtype,
                     {{"f32", DType::f32}, {"bf16", DType::bf16}, {"f64", DType::f64}},
@@ -174,6 +182,12 @@ bool parse(int argc, char** argv, Options& o) {
               "every N windows, add each parameter's and parameter group's gradient norm and "
               "update-to-weight ratio to the --metrics line (Note [Layer monitor]; a copy of the "
               "weights in those windows)")
+      .min(1)
+      .default_text("none");
+  cli.integer("--noise-scale-every", &o.noise_scale_every, "N",
+              "every N windows, estimate the gradient noise scale B_simple from the first "
+              "micro-batch's gradient and the window's (Note [Gradient noise scale]; needs "
+              "--accum >= 2), shown in the progress line and the --metrics file")
       .min(1)
       .default_text("none");
   cli.integer("--max-skipped-windows", &o.max_skipped_windows, "N",
@@ -213,6 +227,8 @@ bool parse(int argc, char** argv, Options& o) {
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
     usage_error("--bench takes no --checkpoint or --resume");
   if (o.bench && o.stop_after) usage_error("--bench takes no --stop-after");
+  if (o.noise_scale_every > 0 && o.accum < 2)
+    usage_error("--noise-scale-every needs --accum >= 2 micro-batches per window, got ", o.accum);
   if (o.layer_metrics_every > 0 && o.metrics.empty())
     usage_error("--layer-metrics-every needs --metrics FILE");
   if (o.bench) {
@@ -367,6 +383,10 @@ int train(int argc, char** argv) {
   record.integer("eos_id", opt.eos_id);
   record.number("weight_decay", opt.weight_decay);
   record.number("max_grad_norm", opt.max_grad_norm);
+  record.number("beta1", opt.beta1);
+  record.number("beta2", opt.beta2);
+  record.number("eps", opt.eps);
+  record.number("min_lr_factor", opt.min_lr_factor, "lr");
   record.number("lr", opt.lr, "lr");
   record.integer("warmup_windows", opt.warmup_windows, "lr");
   record.integer("windows", opt.windows, "windows");
@@ -441,8 +461,10 @@ int train(int argc, char** argv) {
                                                             : "synthetic packed documents");
 
   // AdamW; the model says which parameters decay (never norms and biases).
-  optim::Optimizer optimizer(
-      optim::AdamWOptions(opt.lr).betas(0.9, 0.95).eps(1e-8).weight_decay(opt.weight_decay));
+  optim::Optimizer optimizer(optim::AdamWOptions(opt.lr)
+                                 .betas(opt.beta1, opt.beta2)
+                                 .eps(opt.eps)
+                                 .weight_decay(opt.weight_decay));
   std::vector<Tensor> no_decay;
   for (const nn::NamedParameter& p : model->named_parameters())
     if (!model->decays(p)) no_decay.push_back(p.tensor);
@@ -458,10 +480,12 @@ int train(int argc, char** argv) {
   if (opt.zero1) store_options.shard_ranks(ranks);
   optim::ParamStore store(model->named_parameters(), store_options);
   const DataParallel dp = connect_data_parallel(where, store, opt.zero1);
-  optim::Window window(
-      store, optimizer,
-      optim::WindowOptions().micro_steps(opt.accum).max_grad_norm(opt.max_grad_norm),
-      dp.reducer.get());
+  optim::Window window(store, optimizer,
+                       optim::WindowOptions()
+                           .micro_steps(opt.accum)
+                           .max_grad_norm(opt.max_grad_norm)
+                           .noise_scale(opt.noise_scale_every),
+                       dp.reducer.get());
   std::printf("memory per rank: %s\n", store.memory().describe().c_str());
 
   RunGuard guard(opt.max_skipped_windows,
@@ -655,9 +679,12 @@ int train(int argc, char** argv) {
     if (w == start + 1) first_loss = r.loss;
     last = r;
     const double lr = optimizer.config_at(r.window - 1).groups[0].lr;
-    std::printf("window %lld/%lld | loss %.6f | grad-norm %.4f | lr %.3e | %.0f tok/s%s\n",
+    char noise_text[48] = "";
+    if (r.noise_windows > 0)
+      std::snprintf(noise_text, sizeof(noise_text), " | noise scale %.4g", r.noise_scale);
+    std::printf("window %lld/%lld | loss %.6f | grad-norm %.4f | lr %.3e | %.0f tok/s%s%s\n",
                 (long long)w, (long long)opt.windows, r.loss, r.grad_norm, lr, tokens_per_s,
-                r.skipped ? " | skipped" : "");
+                noise_text, r.skipped ? " | skipped" : "");
     std::vector<std::pair<std::string, double>> extras = {
         {"lr", lr},
         {"tokens_per_s", tokens_per_s},

@@ -127,7 +127,8 @@ case $name in
     help --model --train-data --eos-id --synthetic --micro-batch --seq-len --accum --windows \
       --stop-after --lr --warmup-windows --weight-decay --max-grad-norm --dtype --seed \
       --cuda-graphs --cpu --checkpoint --checkpoint-every --resume --metrics --max-skipped-windows \
-      --layer-metrics-every --val-data --val-every --val-batches \
+      --layer-metrics-every --val-data --val-every --val-batches --min-lr-factor --beta1 --beta2 \
+      --eps --noise-scale-every \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops
     common_refusals
@@ -204,6 +205,24 @@ case $name in
     [[ $rc -eq 0 && -n $ours && $ours == "$theirs" ]] ||
       fail "train gpt2-tiny '$ours' vs accrue_train_gpt2 tiny '$theirs' (exit code $rc)"
     echo "ok: accrue_train --model gpt2-tiny ends where accrue_train_gpt2 does: $ours"
+    # The optimizer options and the noise scale: the same run, the same figures.
+    final=() noise=$(mktemp)
+    for trainer in accrue_train:gpt2-tiny:--accum:2 accrue_train_gpt2:tiny:--total-batch-tokens:128; do
+      IFS=: read -r b m k n <<< "$trainer"
+      bin=$dir/$b
+      run --model "$m" "$k" "$n" "${gpt2[@]}" --beta1 0.8 --beta2 0.99 --eps 1e-6 \
+        --min-lr-factor 0.5 --noise-scale-every 1 --metrics "$noise"
+      [[ $rc -eq 0 ]] || fail "$b --noise-scale-every 1: exit code $rc: $err"
+      final+=("$(grep "^final:" <<< "$out") $(grep -o '"noise_scale": [^,]*' "$noise" |
+        tr '\n' ' ')")
+    done
+    rm -f "$noise"
+    [[ ${final[0]} == *'"noise_scale": '*'"noise_scale": '*'"noise_scale": '* &&
+      ${final[0]} == "${final[1]}" ]] ||
+      fail "train gpt2-tiny with betas, eps, min-lr-factor, noise scale: '${final[0]}' vs '${final[1]}'"
+    bin=$dir/accrue_train
+    expect 2 "--noise-scale-every needs --accum >= 2 micro-batches per window, got 1" --synthetic \
+      --accum 1 --noise-scale-every 1
     # The layer monitor (Note [Layer monitor]): each parameter's and group's
     # figures in the --metrics rows it measures, the run's loss unchanged.
     bin=$dir/accrue_train
