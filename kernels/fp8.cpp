@@ -12,15 +12,23 @@ namespace accrue::kernels {
 
 namespace du = dispatch_util;
 
-Fp8Cast cast_to_fp8(const Tensor& x, const Tensor& scale, DType out_dtype) {
-  constexpr const char* op = "cast_to_fp8";
-  NoGradGuard no_grad;
+namespace {
+
+void check_cast(const Tensor& x, const Tensor* scale, DType out_dtype, const char* op) {
   du::check_defined(x, op, "x");
   ACCRUE_CHECK(x.dtype() == DType::f32 || du::is_16_bit(x.dtype()), op, ": x of shape ",
                shape_str(x.shape()), " has dtype ", dtype_name(x.dtype()),
                "; expected f32, bf16 or f16");
   du::check_fp8_dtype(out_dtype, op, "out_dtype");
-  du::check_device_scalar(scale, x.device(), op, "scale", "x");
+  if (scale != nullptr) du::check_device_scalar(*scale, x.device(), op, "scale", "x");
+}
+
+}  // namespace
+
+Fp8Cast cast_to_fp8(const Tensor& x, const Tensor& scale, DType out_dtype) {
+  constexpr const char* op = "cast_to_fp8";
+  NoGradGuard no_grad;
+  check_cast(x, &scale, out_dtype, op);
   Fp8Cast r{empty(x.shape(), out_dtype, x.device()), empty({1}, DType::f32, x.device())};
   if (x.numel() == 0) {
     du::fill(r.amax, 0.0);  // the max of nothing, as the scale rule reads it: an all-zero tensor
@@ -31,16 +39,29 @@ Fp8Cast cast_to_fp8(const Tensor& x, const Tensor& scale, DType out_dtype) {
   return r;
 }
 
+Fp8CastTranspose cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, DType out_dtype) {
+  constexpr const char* op = "cast_to_fp8_transpose";
+  NoGradGuard no_grad;
+  check_cast(x, &scale, out_dtype, op);
+  ACCRUE_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", shape_str(x.shape()));
+  const int64_t m = x.size(0), k = x.size(1);
+  Fp8CastTranspose r{empty({m, k}, out_dtype, x.device()), empty({k, m}, out_dtype, x.device()),
+                     empty({1}, DType::f32, x.device())};
+  if (x.numel() == 0) {
+    du::fill(r.amax, 0.0);
+    return r;
+  }
+  const Tensor dense = x.contiguous();
+  ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8_transpose, dense, scale, r.q, r.q_t, r.amax);
+  return r;
+}
+
 Fp8BlockCast cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols,
                                    DType out_dtype, bool power_of_two) {
   constexpr const char* op = "cast_to_fp8_blockwise";
   NoGradGuard no_grad;
-  du::check_defined(x, op, "x");
-  ACCRUE_CHECK(x.dtype() == DType::f32 || du::is_16_bit(x.dtype()), op, ": x of shape ",
-               shape_str(x.shape()), " has dtype ", dtype_name(x.dtype()),
-               "; expected f32, bf16 or f16");
+  check_cast(x, nullptr, out_dtype, op);
   ACCRUE_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", shape_str(x.shape()));
-  du::check_fp8_dtype(out_dtype, op, "out_dtype");
   ACCRUE_CHECK(tile_rows >= 1 && tile_cols >= 1 && tile_cols <= kFp8MaxTileCols, op, ": tile ",
                tile_rows, " x ", tile_cols, " must have rows >= 1 and columns in [1, ",
                kFp8MaxTileCols, "]");

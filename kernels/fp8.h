@@ -21,7 +21,9 @@
 //    says so in its amax, which is how an overflow is detected (the codes of
 //    a saturating cast never hold an infinity). A max is exact and its order
 //    does not change it, so amax is the same bits on every run and backend
-//    (Note [Determinism]).
+//    (Note [Determinism]). A cast's own amax is for delayed scaling (the
+//    next step's scale) and for overflow detection; current scaling needs
+//    the amax before the cast, from the kernel that produced x.
 //  - Current scaling (fp8_scale_from_amax): scale = fp8_max / amax / 2^margin
 //    in f32, and scale_inv = 1 / scale. The guards: amax == 0 (an all-zero
 //    tensor: any scale is exact) and a non-finite amax (the tensor overflowed:
@@ -49,6 +51,17 @@ struct Fp8Cast {
 // f32, bf16 or f16 (any strides), scale an f32 [1] tensor on x's device,
 // out_dtype f8e4m3 or f8e5m2.
 Fp8Cast cast_to_fp8(const Tensor& x, const Tensor& scale, DType out_dtype);
+
+// cast_to_fp8 of a 2-D x [M, K] with q^T as well: q [M, K] and q_t [K, M],
+// both contiguous, from one read of x (Note [FP8 cast-transpose]), the
+// K-contiguous copies that the data and weight gradients' GEMMs take (Note
+// [FP8 GEMM]).
+struct Fp8CastTranspose {
+  Tensor q;
+  Tensor q_t;
+  Tensor amax;
+};
+Fp8CastTranspose cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, DType out_dtype);
 
 // The scale of current scaling and its inverse, both f32 [1] on amax's device.
 struct Fp8Scale {

@@ -60,6 +60,18 @@ void cast_to_fp8(const Tensor& x, const Tensor& scale, const Tensor& q, const Te
   amax.data<float>()[0] = nan ? std::numeric_limits<float>::quiet_NaN() : max_abs;
 }
 
+// Note [FP8 cast-transpose]: the codes of cast_to_fp8, then their transpose.
+void cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, const Tensor& q, const Tensor& q_t,
+                           const Tensor& amax) {
+  cast_to_fp8(x, scale, q, amax);
+  const int64_t m = x.size(0), k = x.size(1);
+  const auto* pq = static_cast<const uint8_t*>(q.data_ptr());
+  auto* pt = static_cast<uint8_t*>(q_t.data_ptr());
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < k; ++c)
+      pt[c * m + r] = pq[r * k + c];
+}
+
 void cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols, float fp8_max,
                            bool power_of_two, const Tensor& q, const Tensor& scale_inv,
                            const Tensor& amax) {

@@ -61,15 +61,63 @@ __global__ void __launch_bounds__(kThreads)
 // second read from L2 for tiles up to 128 x 128 x 4 bytes. Not yet measured.
 constexpr int kBlockThreads = 128;
 
+// The max over the block's threads (a multiple of 32, numbered x first),
+// returned to every thread; shared holds one word per warp.
 __device__ __forceinline__ uint32_t block_max(uint32_t v, uint32_t* shared) {
   v = __reduce_max_sync(0xffffffffu, v);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) shared[warp] = v;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int warps = static_cast<int>(blockDim.x * blockDim.y / 32);
+  if (tid % 32 == 0) shared[tid / 32] = v;
   __syncthreads();
   uint32_t m = 0;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w)
+  for (int w = 0; w < warps; ++w)
     m = max(m, shared[w]);
   return m;
+}
+
+// Note [FP8 cast-transpose]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// q and q^T from one read of x: a block of 32 x 8 threads takes 32 x 32
+// tiles grid-stride, casts each element once (the codes of cast_to_fp8),
+// writes q along rows and keeps the codes in shared memory, then writes q^T
+// along its rows from the tile (rows padded so the column reads meet no bank
+// twice). amax as Note [FP8 cast kernel]. Byte stores, not yet measured:
+// packing four codes per store is the obvious next step.
+constexpr int kTransposeTile = 32;
+constexpr int kTransposeRows = 8;
+
+template <class T, class Q>
+__global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
+    cast_transpose_kernel(const T* __restrict__ x, int64_t m, int64_t k,
+                          const float* __restrict__ scale, uint8_t* __restrict__ q,
+                          uint8_t* __restrict__ q_t, uint32_t* __restrict__ amax_bits) {
+  __shared__ uint8_t tile[kTransposeTile][kTransposeTile + 4];
+  __shared__ uint32_t warp_max[kTransposeRows];
+  const float s = *scale;
+  const int64_t tiles_k = (k + kTransposeTile - 1) / kTransposeTile;
+  const int64_t tiles = (m + kTransposeTile - 1) / kTransposeTile * tiles_k;
+  uint32_t local = 0;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t r0 = (t / tiles_k) * kTransposeTile, c0 = (t % tiles_k) * kTransposeTile;
+    for (int j = threadIdx.y; j < kTransposeTile; j += kTransposeRows) {
+      const int64_t r = r0 + j, c = c0 + threadIdx.x;
+      if (r < m && c < k) {
+        const float v = cu::convert<float>(x[r * k + c]);
+        local = max(local, abs_bits(v));
+        const uint8_t code = Q(v * s).__x;
+        q[r * k + c] = code;
+        tile[j][threadIdx.x] = code;
+      }
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < kTransposeTile; j += kTransposeRows) {
+      const int64_t c = c0 + j, r = r0 + threadIdx.x;  // row c of q^T, column r
+      if (c < k && r < m) q_t[c * m + r] = tile[threadIdx.x][j];
+    }
+    __syncthreads();
+  }
+  const uint32_t block = block_max(local, warp_max);
+  if (threadIdx.x == 0 && threadIdx.y == 0 && block != 0u) atomicMax(amax_bits, block);
 }
 
 template <class T, class Q>
@@ -152,6 +200,29 @@ void cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols
           static_cast<const T*>(x.data_ptr()), x.size(0), x.size(1), tile_rows, tile_cols,
           scale_inv.size(1), fp8_max, power_of_two, static_cast<Q*>(q.data_ptr()),
           static_cast<float*>(scale_inv.data_ptr()), static_cast<uint32_t*>(amax.data_ptr()));
+      ACCRUE_LAUNCH_CHECK();
+    });
+  });
+}
+
+void cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, const Tensor& q, const Tensor& q_t,
+                           const Tensor& amax) {
+  const int dev = x.device().index;
+  cu::DeviceScope scope(dev);
+  cudaStream_t stream = cu::stream_for(dev);
+  const int64_t m = x.size(0), k = x.size(1);
+  const int64_t tiles =
+      (m + kTransposeTile - 1) / kTransposeTile * ((k + kTransposeTile - 1) / kTransposeTile);
+  ACCRUE_CUDA_CHECK(cudaMemsetAsync(amax.data_ptr(), 0, sizeof(float), stream));
+  cu::visit_float_dtype(x.dtype(), "cast_to_fp8_transpose", [&](auto tag) {
+    using T = decltype(tag);
+    visit_fp8(q.dtype(), [&](auto qtag) {
+      using Q = decltype(qtag);
+      const dim3 block(kTransposeTile, kTransposeRows);
+      cast_transpose_kernel<T, Q><<<cu::grid_for(tiles, 1, 65535), block, 0, stream>>>(
+          static_cast<const T*>(x.data_ptr()), m, k, static_cast<const float*>(scale.data_ptr()),
+          static_cast<uint8_t*>(q.data_ptr()), static_cast<uint8_t*>(q_t.data_ptr()),
+          static_cast<uint32_t*>(amax.data_ptr()));
       ACCRUE_LAUNCH_CHECK();
     });
   });

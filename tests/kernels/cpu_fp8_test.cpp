@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -192,6 +193,25 @@ TEST(Fp8Cast, blockwise_tiles_each_get_their_own_scale) {
   EXPECT_EQ(r.scale_inv.shape(), (Shape{2, 2}));
 }
 
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor ca = a.contiguous(), cb = b.contiguous();
+  return ca.shape() == cb.shape() && ca.dtype() == cb.dtype() &&
+         std::memcmp(ca.data_ptr(), cb.data_ptr(), static_cast<size_t>(ca.nbytes())) == 0;
+}
+
+TEST(Fp8Cast, cast_transpose_gives_the_codes_and_their_transpose) {
+  for (DType xd : {DType::f32, DType::bf16, DType::f16})
+    for (DType d : {DType::f8e4m3, DType::f8e5m2}) {
+      Tensor x = test::random_normal({45, 70}, xd, Device::cpu(), 20.0);
+      const auto r = kernels::cast_to_fp8_transpose(x, scalar(11.0f), d);
+      const auto plain = cast_to_fp8(x, scalar(11.0f), d);
+      EXPECT_TRUE(same_bytes(r.q, plain.q));
+      ASSERT_EQ(r.q_t.shape(), (Shape{70, 45}));
+      EXPECT_TRUE(same_bytes(r.q_t, plain.q.transpose(0, 1)));
+      EXPECT_EQ(r.amax.data<float>()[0], plain.amax.data<float>()[0]);
+    }
+}
+
 TEST(Fp8Cast, bad_inputs_name_the_op_and_values) {
   Tensor x = test::random_normal({4, 8});
   EXPECT_ERROR(cast_to_fp8(x.to(DType::f64), scalar(1), DType::f8e4m3), "cast_to_fp8", "f64",
@@ -216,6 +236,10 @@ TEST(Fp8Cast, bad_inputs_name_the_op_and_values) {
                "cast_to_fp8_blockwise", "f64");
   EXPECT_ERROR(kernels::cast_to_fp8_blockwise(x, 1, 128, DType::f16), "cast_to_fp8_blockwise",
                "f16", "FP8");
+  EXPECT_ERROR(kernels::cast_to_fp8_transpose(test::random_normal({8}), scalar(1), DType::f8e4m3),
+               "cast_to_fp8_transpose", "2-D", "[8]");
+  EXPECT_ERROR(kernels::cast_to_fp8_transpose(x, zeros({1, 1}), DType::f8e4m3),
+               "cast_to_fp8_transpose", "scale", "[1, 1]");
   EXPECT_ERROR(fp8_scale_from_amax(scalar(1), DType::f8e4m3, 7), "fp8_scale_from_amax",
                "margin = 7");
   EXPECT_ERROR(fp8_scale_from_amax(scalar(1), DType::f8e4m3, -1), "fp8_scale_from_amax",

@@ -112,6 +112,21 @@ TEST(GpuFp8, blockwise_casts_match_the_cpu_bit_for_bit) {
         }
 }
 
+TEST(GpuFp8, cast_transpose_matches_the_cpu_bit_for_bit) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType xd : {DType::f32, DType::bf16})
+    for (DType d : {DType::f8e4m3, DType::f8e5m2})
+      for (auto [m, k] : {std::pair<int64_t, int64_t>{1, 1}, {31, 33}, {768, 3072}, {1000, 70}}) {
+        Tensor x = test::random_normal({m, k}, xd, Device::cpu(), 5.0);
+        const Tensor s = from_vector<float>({3.0f}, {1});
+        const auto cpu = kernels::cast_to_fp8_transpose(x, s, d);
+        const auto gpu = kernels::cast_to_fp8_transpose(x.to(kGpu), s.to(kGpu), d);
+        EXPECT_TRUE(same_codes(gpu.q, cpu.q)) << m << "x" << k;
+        EXPECT_TRUE(same_codes(gpu.q_t, cpu.q_t)) << m << "x" << k;
+        EXPECT_TRUE(same_float_bits(gpu.amax, cpu.amax));
+      }
+}
+
 TEST(GpuFp8, scale_rule_matches_the_cpu) {
   ACCRUE_REQUIRE_CUDA();
   const float inf = std::numeric_limits<float>::infinity();
