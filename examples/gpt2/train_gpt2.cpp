@@ -51,6 +51,7 @@
 #include "examples/common/checkpoint_file.h"
 #include "examples/common/launch.h"
 #include "examples/common/layer_metrics.h"
+#include "examples/common/loss_scaling.h"
 #include "examples/common/run_guard.h"
 #include "examples/common/run_main.h"
 #include "examples/common/timing.h"
@@ -91,31 +92,9 @@ void print_optimizer(const Gpt2Options& opt, DType compute) {
       compute == DType::f16 ? " with dynamic loss scaling" : "");
 }
 
-// f16: the Window seeds each micro-batch's summed loss with the scale (Note
-// [Normalization]), so every activation gradient is B * T times what a mean
-// loss gives at the same scale. GradScaler's 65536 for a mean loss is
-// therefore 65536 / (B * T) here (a power of two, at least 1).
-double initial_scale(const Gpt2Options& opt, const BatchPlan& plan) {
-  double init_scale = 65536.0;
-  while (init_scale > 1.0 && init_scale * static_cast<double>(plan.B * plan.T) > 65536.0)
-    init_scale /= 2;
-  return opt.init_scale.value_or(init_scale);
-}
-
-optim::LossScalerOptions loss_scaler(const Gpt2Options& opt, const BatchPlan& plan, DType compute) {
-  if (compute != DType::f16) return optim::LossScalerOptions::none();
-  return optim::LossScalerOptions::dynamic()
-      .init_scale(initial_scale(opt, plan))
-      .calibrate(opt.calibrate_scale);
-}
-
-// The loss scaler as the run record holds it (Note [Run record]).
-std::string loss_scaler_text(const Gpt2Options& opt, const BatchPlan& plan, DType compute) {
-  if (compute != DType::f16) return "none";
-  if (opt.calibrate_scale) return "dynamic, calibrated";
-  char s[64];
-  std::snprintf(s, sizeof s, "dynamic from %.17g", initial_scale(opt, plan));
-  return s;
+// The f16 loss scaler (examples/common/loss_scaling.h).
+LossScaling loss_scaling(const Gpt2Options& opt, const BatchPlan& plan, DType compute) {
+  return {compute, plan.B * plan.T, opt.init_scale, opt.calibrate_scale};
 }
 
 void print_setup(const Launch& where, const nn::GPT2Config& config, const BatchPlan& plan,
@@ -192,7 +171,7 @@ int train(int argc, char** argv) {
   const DType compute = compute_dtype(opt, where.gpu);
   // Note [Run record]: a checkpoint of another run is refused before anything is built.
   const RunRecord record = gpt2_run_record(opt, config, plan, compute, where.world_size(),
-                                           loss_scaler_text(opt, plan, compute));
+                                           loss_scaler_text(loss_scaling(opt, plan, compute)));
   std::optional<CheckpointFile> resumed;
   if (!opt.resume.empty()) resumed = read_checkpoint(opt.resume, record, opt.allowed_changes);
   // Data first: a bad shard fails before a large model is built.
@@ -215,7 +194,7 @@ int train(int argc, char** argv) {
                        optim::WindowOptions()
                            .micro_steps(plan.K)
                            .max_grad_norm(opt.max_grad_norm)
-                           .scaler(loss_scaler(opt, plan, compute))
+                           .scaler(loss_scaler_options(loss_scaling(opt, plan, compute)))
                            .norm_under_backward(opt.norm_under_backward)
                            .noise_scale(opt.noise_scale_every),
                        dp.reducer.get());

@@ -54,6 +54,7 @@
 #include "examples/common/json.h"
 #include "examples/common/launch.h"
 #include "examples/common/layer_metrics.h"
+#include "examples/common/loss_scaling.h"
 #include "examples/common/options.h"
 #include "examples/common/run_guard.h"
 #include "examples/common/run_main.h"
@@ -102,6 +103,8 @@ struct Options {
   double lr = 3e-4, weight_decay = 0.1, max_grad_norm = 1.0, min_lr_factor = 0.1;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   int64_t noise_scale_every = 0;
+  std::optional<double> init_scale;
+  bool calibrate_scale = false;
   DType dtype = DType::f32;
   bool bench = false;
   int64_t bench_warmup = 3, bench_windows = 10;
@@ -159,9 +162,17 @@ bool parse(int argc, char** argv, Options& o) {
   cli.number("--beta2", &o.beta2, "B2", "AdamW beta2").min(0).below(1);
   cli.number("--eps", &o.eps, "E", "AdamW epsilon").above(0);
   cli.number("--max-grad-norm", &o.max_grad_norm, "C", "clip the global norm (0: off)").min(0);
-  cli.choice<DType>("--dtype", &o.dtype,
-                    {{"f32", DType::f32}, {"bf16", DType::bf16}, {"f64", DType::f64}},
-                    "compute dtype (bf16 over f32 master weights)");
+  cli.choice<DType>(
+      "--dtype", &o.dtype,
+      {{"f32", DType::f32}, {"bf16", DType::bf16}, {"f16", DType::f16}, {"f64", DType::f64}},
+      "compute dtype (bf16 and f16 over f32 master weights; f16 adds dynamic loss "
+      "scaling)");
+  cli.number("--init-scale", &o.init_scale, "S", "f16: the dynamic loss scale's start")
+      .min(1)
+      .default_text("65536 / (B * T) rounded down to a power of two, Note [Normalization]");
+  cli.flag("--calibrate-scale", &o.calibrate_scale,
+           "f16: run the first window at scale 1 and start the dynamic scale from its largest "
+           "gradient (Note [Scale calibration]; --init-scale is then not used)");
   cli.integer("--seed", &o.seed, "S", "seed of the weights and the synthetic data").min(0);
   cli.section("run");
   cli.flag("--cuda-graphs", &o.cuda_graphs, "replay micro-steps and close as CUDA graphs (GPU)");
@@ -227,6 +238,12 @@ bool parse(int argc, char** argv, Options& o) {
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
     usage_error("--bench takes no --checkpoint or --resume");
   if (o.bench && o.stop_after) usage_error("--bench takes no --stop-after");
+  if (o.init_scale && o.dtype != DType::f16)
+    usage_error("--init-scale applies to --dtype f16 only, the compute dtype is ",
+                dtype_name(o.dtype));
+  if (o.calibrate_scale && o.dtype != DType::f16)
+    usage_error("--calibrate-scale applies to --dtype f16 only, the compute dtype is ",
+                dtype_name(o.dtype));
   if (o.noise_scale_every > 0 && o.accum < 2)
     usage_error("--noise-scale-every needs --accum >= 2 micro-batches per window, got ", o.accum);
   if (o.layer_metrics_every > 0 && o.metrics.empty())
@@ -383,6 +400,8 @@ int train(int argc, char** argv) {
   record.integer("eos_id", opt.eos_id);
   record.number("weight_decay", opt.weight_decay);
   record.number("max_grad_norm", opt.max_grad_norm);
+  const LossScaling scaling{opt.dtype, B * T, opt.init_scale, opt.calibrate_scale};
+  record.text("loss_scaler", loss_scaler_text(scaling));
   record.number("beta1", opt.beta1);
   record.number("beta2", opt.beta2);
   record.number("eps", opt.eps);
@@ -484,6 +503,7 @@ int train(int argc, char** argv) {
                        optim::WindowOptions()
                            .micro_steps(opt.accum)
                            .max_grad_norm(opt.max_grad_norm)
+                           .scaler(loss_scaler_options(scaling))
                            .noise_scale(opt.noise_scale_every),
                        dp.reducer.get());
   std::printf("memory per rank: %s\n", store.memory().describe().c_str());
@@ -679,12 +699,15 @@ int train(int argc, char** argv) {
     if (w == start + 1) first_loss = r.loss;
     last = r;
     const double lr = optimizer.config_at(r.window - 1).groups[0].lr;
+    char scale_text[32] = "";
+    if (opt.dtype == DType::f16)
+      std::snprintf(scale_text, sizeof(scale_text), " | scale %g", r.loss_scale);
     char noise_text[48] = "";
     if (r.noise_windows > 0)
       std::snprintf(noise_text, sizeof(noise_text), " | noise scale %.4g", r.noise_scale);
-    std::printf("window %lld/%lld | loss %.6f | grad-norm %.4f | lr %.3e | %.0f tok/s%s%s\n",
+    std::printf("window %lld/%lld | loss %.6f | grad-norm %.4f | lr %.3e | %.0f tok/s%s%s%s\n",
                 (long long)w, (long long)opt.windows, r.loss, r.grad_norm, lr, tokens_per_s,
-                noise_text, r.skipped ? " | skipped" : "");
+                scale_text, noise_text, r.skipped ? " | skipped" : "");
     std::vector<std::pair<std::string, double>> extras = {
         {"lr", lr},
         {"tokens_per_s", tokens_per_s},

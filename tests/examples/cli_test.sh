@@ -128,7 +128,7 @@ case $name in
       --stop-after --lr --warmup-windows --weight-decay --max-grad-norm --dtype --seed \
       --cuda-graphs --cpu --checkpoint --checkpoint-every --resume --metrics --max-skipped-windows \
       --layer-metrics-every --val-data --val-every --val-batches --min-lr-factor --beta1 --beta2 \
-      --eps --noise-scale-every \
+      --eps --noise-scale-every --init-scale --calibrate-scale \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops
     common_refusals
@@ -147,7 +147,11 @@ case $name in
       --synthetic --cpu --seq-len 100
     expect 2 "give exactly one of --train-data and --synthetic" --cpu
     expect 2 "--train-data needs --eos-id" --train-data '/tmp/x_*.bin'
-    expect 2 "--dtype must be f32, bf16 or f64, got 'f16'" --synthetic --dtype f16
+    expect 2 "--dtype must be f32, bf16, f16 or f64, got 'f8'" --synthetic --dtype f8
+    expect 2 "--init-scale applies to --dtype f16 only, the compute dtype is f32" --synthetic \
+      --init-scale 8
+    expect 2 "--calibrate-scale applies to --dtype f16 only, the compute dtype is bf16" \
+      --synthetic --dtype bf16 --calibrate-scale
     expect 2 "--lr must be > 0, got 0" --synthetic --lr 0
     expect 2 "--stop-after 5 is past --windows 3" --synthetic --windows 3 --stop-after 5
     expect 2 "--seq-len 1000 is longer than llama-tiny's max_position_embeddings 128" \
@@ -220,7 +224,23 @@ case $name in
     [[ ${final[0]} == *'"noise_scale": '*'"noise_scale": '*'"noise_scale": '* &&
       ${final[0]} == "${final[1]}" ]] ||
       fail "train gpt2-tiny with betas, eps, min-lr-factor, noise scale: '${final[0]}' vs '${final[1]}'"
+    # f16 with dynamic loss scaling (examples/common/loss_scaling.h): the same
+    # scale, the same run, from 65536 / (B * T), calibrated or given.
+    for scale in --calibrate-scale "--init-scale 8" ""; do
+      final=()
+      for trainer in accrue_train:gpt2-tiny:--accum:2 accrue_train_gpt2:tiny:--total-batch-tokens:128; do
+        IFS=: read -r b m k n <<< "$trainer"
+        bin=$dir/$b
+        run --model "$m" "$k" "$n" "${gpt2[@]}" --dtype f16 $scale
+        final+=("$(grep "^final:" <<< "$out") $(grep -o "scale [0-9]*$" <<< "$out" | tail -1)")
+      done
+      [[ $rc -eq 0 && ${final[0]} == *"scale "[0-9]* && ${final[0]} == "${final[1]}" ]] ||
+        fail "train gpt2-tiny --dtype f16 $scale: '${final[0]}' vs '${final[1]}' (exit code $rc)"
+    done
     bin=$dir/accrue_train
+    run --model llama-tiny --accum 2 "${gpt2[@]}" --dtype f16
+    [[ $rc -eq 0 && $out == *"window 3/3 | loss "[0-9]*"| scale "* ]] ||
+      fail "train llama-tiny --dtype f16: exit code $rc: $out"
     expect 2 "--noise-scale-every needs --accum >= 2 micro-batches per window, got 1" --synthetic \
       --accum 1 --noise-scale-every 1
     # The layer monitor (Note [Layer monitor]): each parameter's and group's
