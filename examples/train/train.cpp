@@ -99,7 +99,7 @@ struct Options {
   int64_t eos_id = -1, micro_batch = 4, seq_len = 64, accum = 4, windows = 20, warmup_windows = 0;
   int64_t seed = 1, checkpoint_every = 0, max_skipped_windows = 32, layer_metrics_every = 0;
   int64_t val_every = 0, val_batches = 20;
-  std::optional<int64_t> stop_after;
+  std::optional<int64_t> stop_after, total_batch_tokens;
   double lr = 3e-4, weight_decay = 0.1, max_grad_norm = 1.0, min_lr_factor = 0.1;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   int64_t noise_scale_every = 0;
@@ -150,6 +150,10 @@ bool parse(int argc, char** argv, Options& o) {
   cli.integer("--micro-batch", &o.micro_batch, "B", "rows per micro-batch").min(1);
   cli.integer("--seq-len", &o.seq_len, "T", "tokens per row").min(2);
   cli.integer("--accum", &o.accum, "K", "micro-batches per window").min(1);
+  cli.integer("--total-batch-tokens", &o.total_batch_tokens, "N",
+              "tokens per window over all ranks instead of --accum: K = N / (B * T * ranks)")
+      .min(1)
+      .default_text("none: --accum");
   cli.integer("--windows", &o.windows, "W", "windows (optimizer steps) to train").min(1);
   cli.integer("--stop-after", &o.stop_after, "N", "stop after window N (to resume later)").min(1);
   cli.number("--lr", &o.lr, "LR", "AdamW peak learning rate").above(0);
@@ -244,8 +248,8 @@ bool parse(int argc, char** argv, Options& o) {
   if (o.calibrate_scale && o.dtype != DType::f16)
     usage_error("--calibrate-scale applies to --dtype f16 only, the compute dtype is ",
                 dtype_name(o.dtype));
-  if (o.noise_scale_every > 0 && o.accum < 2)
-    usage_error("--noise-scale-every needs --accum >= 2 micro-batches per window, got ", o.accum);
+  if (o.total_batch_tokens && cli.given("--accum"))
+    usage_error("give --accum or --total-batch-tokens, not both");
   if (o.layer_metrics_every > 0 && o.metrics.empty())
     usage_error("--layer-metrics-every needs --metrics FILE");
   if (o.bench) {
@@ -366,6 +370,17 @@ int train(int argc, char** argv) {
   if (where.main_rank()) probe_outputs(opt);
   const Device device = where.device;
   const int ranks = where.world_size();
+  if (opt.total_batch_tokens) {
+    const int64_t step = checked_product(
+        {{"--micro-batch", opt.micro_batch}, {"--seq-len", opt.seq_len}, {"ranks", ranks}});
+    if (*opt.total_batch_tokens % step != 0)
+      usage_error("--total-batch-tokens ", *opt.total_batch_tokens,
+                  " is not a multiple of micro-batch ", opt.micro_batch, " x seq-len ", opt.seq_len,
+                  " x ", ranks, " ranks = ", step);
+    opt.accum = *opt.total_batch_tokens / step;
+  }
+  if (opt.noise_scale_every > 0 && opt.accum < 2)
+    usage_error("--noise-scale-every needs K >= 2 micro-batches per window, got K = ", opt.accum);
   const DType master = opt.dtype == DType::f64 ? DType::f64 : DType::f32;
   // Every rank the same weights (rank 0's are broadcast anyway).
   Generator init(static_cast<uint64_t>(opt.seed));

@@ -128,7 +128,7 @@ case $name in
       --stop-after --lr --warmup-windows --weight-decay --max-grad-norm --dtype --seed \
       --cuda-graphs --cpu --checkpoint --checkpoint-every --resume --metrics --max-skipped-windows \
       --layer-metrics-every --val-data --val-every --val-batches --min-lr-factor --beta1 --beta2 \
-      --eps --noise-scale-every --init-scale --calibrate-scale \
+      --eps --noise-scale-every --init-scale --calibrate-scale --total-batch-tokens \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops
     common_refusals
@@ -241,8 +241,17 @@ case $name in
     run --model llama-tiny --accum 2 "${gpt2[@]}" --dtype f16
     [[ $rc -eq 0 && $out == *"window 3/3 | loss "[0-9]*"| scale "* ]] ||
       fail "train llama-tiny --dtype f16: exit code $rc: $out"
-    expect 2 "--noise-scale-every needs --accum >= 2 micro-batches per window, got 1" --synthetic \
-      --accum 1 --noise-scale-every 1
+    expect 2 "--noise-scale-every needs K >= 2 micro-batches per window, got K = 1" --synthetic \
+      --cpu --accum 1 --noise-scale-every 1
+    expect 2 "give --accum or --total-batch-tokens, not both" --synthetic --accum 2 \
+      --total-batch-tokens 128
+    expect 2 "--total-batch-tokens 100 is not a multiple of micro-batch 2 x seq-len 32 x 1 ranks = 64" \
+      --synthetic --cpu --micro-batch 2 --seq-len 32 --total-batch-tokens 100
+    # --total-batch-tokens 128 of micro-batch 2 x seq-len 32 is K = 2.
+    run --model gpt2-tiny --total-batch-tokens 128 "${gpt2[@]}"
+    [[ $rc -eq 0 && $out == *"K=2 = 128 tokens per window"* &&
+      $(grep "^final:" <<< "$out") == "$ours" ]] ||
+      fail "train --total-batch-tokens 128: exit code $rc, $(grep "^final:" <<< "$out") vs $ours"
     # The layer monitor (Note [Layer monitor]): each parameter's and group's
     # figures in the --metrics rows it measures, the run's loss unchanged.
     bin=$dir/accrue_train
