@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "accrue/nn/gpt2_hf.h"
 #include "examples/common/options.h"
 
 namespace accrue::examples {
@@ -76,6 +77,7 @@ class Gpt2TrainModel final : public TrainModel {
         .integer("block_size", c.block_size);
   }
   SyntheticRows synthetic_rows() const override { return {1, 1000, DType::i32}; }
+  void init_from(const std::string& path) override { nn::load_hf_gpt2(model_, path); }
 
  private:
   nn::GPT2 model_;
@@ -127,6 +129,7 @@ class LlamaTrainModel final : public TrainModel {
         .boolean("tied", c.tie_word_embeddings)
         .boolean("qk_norm", c.qk_norm);
   }
+  void init_from(const std::string& path) override { model_->load_hf(path); }
 
  private:
   std::unique_ptr<nn::Llama> model_;

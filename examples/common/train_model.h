@@ -52,6 +52,10 @@ class TrainModel {
   // The configuration's keys of --bench's JSON line.
   virtual void describe_json(JsonObject& c) const = 0;
   virtual SyntheticRows synthetic_rows() const { return {}; }
+  // Copies Hugging Face weights into the parameters (Note [One load path]):
+  // GPT-2 from a GPT2LMHeadModel safetensors file (nn/gpt2_hf.h), the Llama
+  // family from a directory whose config.json describes this model.
+  virtual void init_from(const std::string& path) = 0;
 };
 
 struct TrainModelOptions {

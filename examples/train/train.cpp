@@ -93,6 +93,7 @@ std::string preset_list() {
 
 struct Options {
   std::string model = "llama-tiny", train_data, val_data, checkpoint, resume, metrics, gemm_tuning;
+  std::string init_from;
   bool synthetic = false, cuda_graphs = false, force_cpu = false;
   bool activation_checkpointing = false, zero1 = false, nvtx = false;
   SyntheticDocuments synthetic_documents = SyntheticDocuments::random;  // GPT-2: full
@@ -122,6 +123,10 @@ bool parse(int argc, char** argv, Options& o) {
            "a preset (" + presets +
                ": a Llama-family Hugging Face directory). gpt2-tiny: 2 layers, 4 heads, width "
                "64, vocab 256, block 64");
+  cli.path("--init-from", &o.init_from, "PATH",
+           "start from Hugging Face weights: GPT-2, a GPT2LMHeadModel model.safetensors file; "
+           "a Llama-family preset, a directory whose config.json describes it (or use "
+           "--model hf:DIR)");
   cli.path("--train-data", &o.train_data, "GLOB",
            "token shards (tools/make_shards.py); GPT-2 reads contiguous rows across documents "
            "(Note [GPT-2 rows])");
@@ -388,6 +393,10 @@ int train(int argc, char** argv) {
       {opt.model, opt.seq_len, opt.activation_checkpointing,
        static_cast<uint64_t>(opt.seed) + 1 + static_cast<uint64_t>(where.rank.rank)},
       {device, master, &init});
+  if (!opt.init_from.empty()) {  // before the store is built: the master weights copy them
+    model->init_from(opt.init_from);
+    std::printf("initialized from %s\n", opt.init_from.c_str());
+  }
   const int64_t vocab = model->vocab_size();
   ACCRUE_CHECK(opt.synthetic || opt.eos_id < vocab, "--eos-id ", opt.eos_id,
                " is outside the vocabulary [0, ", vocab, ")");
@@ -403,6 +412,7 @@ int train(int argc, char** argv) {
   record.text("model", opt.model.rfind("hf:", 0) == 0 ? "hf:" + absolute_path(opt.model.substr(3))
                                                       : opt.model);
   record.integer("parameters", model->parameter_count());
+  record.text("init_from", absolute_path(opt.init_from));
   record.text("dtype", dtype_name(opt.dtype));
   record.integer("micro_batch", opt.micro_batch);
   record.integer("seq_len", opt.seq_len);

@@ -128,7 +128,7 @@ case $name in
       --stop-after --lr --warmup-windows --weight-decay --max-grad-norm --dtype --seed \
       --cuda-graphs --cpu --checkpoint --checkpoint-every --resume --metrics --max-skipped-windows \
       --layer-metrics-every --val-data --val-every --val-batches --min-lr-factor --beta1 --beta2 \
-      --eps --noise-scale-every --init-scale --calibrate-scale --total-batch-tokens \
+      --eps --noise-scale-every --init-scale --calibrate-scale --total-batch-tokens --init-from \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops
     common_refusals

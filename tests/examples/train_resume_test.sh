@@ -82,5 +82,53 @@ if [[ -n $python ]]; then
     grep -c "^window [36]/6 | val loss [0-9]")
   [[ $llama -eq 2 ]] || fail "llama-tiny --val-data: $llama validation lines, expected 2"
   echo "ok: gpt2-tiny on shards resumed identically, loss $first -> $last, as accrue_train_gpt2"
+  # --init-from: Hugging Face weights into the model before the store copies
+  # them. A GPT2LMHeadModel file written here; both trainers start from it and
+  # end at the same loss (not the seed's); a Llama directory of another size
+  # is refused naming the field.
+  "$python" - "$work/hf_gpt2.safetensors" << 'PY' || fail "writing the GPT-2 file"
+import json, random, struct, sys
+# A GPT2LMHeadModel file of gpt2-tiny's shapes (C 64, 2 layers, vocab 256, block 64).
+C, L, V, P = 64, 2, 256, 64
+shapes = {"transformer.wte.weight": [V, C], "transformer.wpe.weight": [P, C],
+          "transformer.ln_f.weight": [C], "transformer.ln_f.bias": [C]}
+for i in range(L):
+    h = "transformer.h.%d." % i
+    shapes.update({h + "ln_1.weight": [C], h + "ln_1.bias": [C], h + "ln_2.weight": [C],
+                   h + "ln_2.bias": [C], h + "attn.c_attn.weight": [C, 3 * C],
+                   h + "attn.c_attn.bias": [3 * C], h + "attn.c_proj.weight": [C, C],
+                   h + "attn.c_proj.bias": [C], h + "mlp.c_fc.weight": [C, 4 * C],
+                   h + "mlp.c_fc.bias": [4 * C], h + "mlp.c_proj.weight": [4 * C, C],
+                   h + "mlp.c_proj.bias": [C]})
+rng = random.Random(5)
+header, blobs, offset = {}, [], 0
+for name in sorted(shapes):
+    n = 1
+    for d in shapes[name]:
+        n *= d
+    base = 1.0 if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name.endswith("ln_f.weight") else 0.0
+    blob = struct.pack("<%df" % n, *[base + rng.gauss(0, 0.05) for _ in range(n)])
+    header[name] = {"dtype": "F32", "shape": shapes[name], "data_offsets": [offset, offset + len(blob)]}
+    blobs.append(blob)
+    offset += len(blob)
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * (-len(text) % 8)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+PY
+  synth=(--cpu --synthetic --windows 3 --micro-batch 2 --seq-len 32 --seed 7 --lr 1e-3)
+  ours=$("$trainer" --model gpt2-tiny --accum 2 "${synth[@]}" \
+    --init-from "$work/hf_gpt2.safetensors" | grep "^final:")
+  theirs=$("$(dirname "$trainer")/accrue_train_gpt2" --model tiny --total-batch-tokens 128 \
+    "${synth[@]}" --init-from "$work/hf_gpt2.safetensors" | grep "^final:")
+  seeded=$("$trainer" --model gpt2-tiny --accum 2 "${synth[@]}" | grep "^final:")
+  [[ -n $ours && $ours == "$theirs" && $ours != "$seeded" ]] ||
+    fail "--init-from: accrue_train '$ours', accrue_train_gpt2 '$theirs', from the seed '$seeded'"
+  err=$("$trainer" --model llama-tiny "${synth[@]}" \
+    --init-from "$source_dir/tests/nn/fixtures/hf_llama_tiny" 2>&1 >/dev/null)
+  rc=$?
+  [[ $rc -eq 1 && $err == *"vocab_size = 128 where this model has 256"* ]] ||
+    fail "--init-from a Llama directory of another size: exit code $rc: $err"
+  echo "ok: --init-from an HF GPT-2 file: $ours, as accrue_train_gpt2"
 fi
 echo "ok: resumed after window 3, final checkpoint identical ($full)"
