@@ -115,8 +115,9 @@ Fp8BlockCast cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t t
 // The weight gradient: accumulate = true adds into an f32 out, cuBLASLt
 // computing out = scaled (a @ b^T) + 1 * out with the f32 out as C and D, so
 // a micro-batch's contribution lands in the fp32 gradient slot in one GEMM,
-// rounded once to f32. The alternative, a bf16 partial added by a second
-// kernel, rounds every micro-batch's contribution to 8 bits before the sum,
+// rounded once to f32 (Transformer Engine's fused weight-gradient
+// accumulation makes the same choice). The alternative, a bf16 partial added
+// by a second kernel, rounds every micro-batch's contribution to 8 bits,
 // costs a buffer and a pass, and saves only the GEMM's f32 output traffic,
 // which is small beside its M N K work. fast_accumulation sets
 // CUBLASLT_MATMUL_DESC_FAST_ACCUM: off (the default), cuBLASLt promotes the
