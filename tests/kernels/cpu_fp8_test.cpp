@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "accrue/kernels/fp8.h"
+#include "accrue/kernels/indexing.h"
 #include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
@@ -250,6 +251,13 @@ TEST(Fp8Cast, bad_inputs_name_the_op_and_values) {
   // Compute ops refuse FP8 tensors by name.
   Tensor q = x.to(DType::f8e4m3);
   EXPECT_ERROR((void)kernels::matmul(q, q.transpose(0, 1)), "matmul", "f8e4m3");
+  // Pure data movement built on copies (cat) takes FP8; ops of any dtype
+  // that reach a visitor of compute dtypes refuse it, saying what to use.
+  const Tensor both = kernels::cat({q, q}, 0);
+  EXPECT_TRUE(same_bytes(both.narrow(0, 4, 4), q));
+  EXPECT_ERROR((void)kernels::compare(kernels::CompareOp::Lt, q, q), "f8e4m3", "FP8", "fp8_matmul");
+  EXPECT_ERROR((void)kernels::index_select(q, 0, from_vector<int64_t>({1, 0}, {2})), "f8e4m3",
+               "FP8");
 }
 
 using kernels::fp8_matmul;
