@@ -61,6 +61,7 @@
 #include "examples/common/timing.h"
 #include "examples/common/train_model.h"
 #include "examples/common/validation.h"
+#include "examples/common/window_reporter.h"
 
 using namespace accrue;
 using namespace accrue::examples;
@@ -716,34 +717,19 @@ int train(int argc, char** argv) {
   const int64_t end = opt.stop_after.value_or(opt.windows);
   optim::WindowReport last;
   double first_loss = NAN;
-  Stopwatch clock;
+  WindowReporter reporter(opt.windows, window_tokens, opt.dtype, device, flops_per_token, peak,
+                          ranks);
   for (int64_t w = start + 1; w <= end; ++w) {
     run_window();
     const optim::WindowReport r = window.report();  // the window's one host synchronization
-    const double tokens_per_s = static_cast<double>(window_tokens) / clock.lap();
     if (w == start + 1) first_loss = r.loss;
     last = r;
-    const double lr = optimizer.config_at(r.window - 1).groups[0].lr;
-    char scale_text[32] = "";
-    if (opt.dtype == DType::f16)
-      std::snprintf(scale_text, sizeof(scale_text), " | scale %g", r.loss_scale);
-    char noise_text[48] = "";
-    if (r.noise_windows > 0)
-      std::snprintf(noise_text, sizeof(noise_text), " | noise scale %.4g", r.noise_scale);
-    std::printf("window %lld/%lld | loss %.6f | grad-norm %.4f | lr %.3e | %.0f tok/s%s%s%s\n",
-                (long long)w, (long long)opt.windows, r.loss, r.grad_norm, lr, tokens_per_s,
-                scale_text, noise_text, r.skipped ? " | skipped" : "");
-    std::vector<std::pair<std::string, double>> extras = {
-        {"lr", lr},
-        {"tokens_per_s", tokens_per_s},
-        {"mfu", model_flops_utilization(tokens_per_s, flops_per_token, peak, ranks)},
-        {"peak_bytes", static_cast<double>(memory_stats(device).peak_bytes)}};
-    if (measures_layers(r.window))
-      add_layer_extras(*layers, r, optimizer.slot_groups(store), &extras);
+    reporter.print(w, r, optimizer.config_at(r.window - 1).groups[0].lr);
+    double val = NAN;
     if ((val_loader || val_docs) && ((opt.val_every > 0 && w % opt.val_every == 0) || w == end)) {
       if (val_loader) val_loader->reset();
       if (val_docs) val_docs->reset();
-      const double val = validation_loss(
+      val = validation_loss(
           [&] {
             if (val_loader) {
               data::Batch b = val_loader->next_batch();
@@ -756,8 +742,10 @@ int train(int argc, char** argv) {
           },
           opt.val_batches, dp.comm.get(), device);
       std::printf("window %lld/%lld | val loss %.4f\n", (long long)w, (long long)opt.windows, val);
-      extras.emplace_back("val_loss", val);
     }
+    std::vector<std::pair<std::string, double>> extras = reporter.extras(val);
+    if (measures_layers(r.window))
+      add_layer_extras(*layers, r, optimizer.slot_groups(store), &extras);
     metrics.write(r, extras);
     guard.after_window(r);
     if (!opt.checkpoint.empty() && opt.checkpoint_every > 0 && w % opt.checkpoint_every == 0 &&
