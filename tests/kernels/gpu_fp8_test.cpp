@@ -4,9 +4,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <string>
 #include <tuple>
 #include <utility>
 
+#include "accrue/core/cuda_graph.h"
 #include "accrue/kernels/fp8.h"
 #include "tests/test_util.h"
 
@@ -248,6 +251,37 @@ TEST(GpuFp8, gemm_accumulates_micro_batches_into_an_f32_slot) {
   // Each micro-batch's product is exact (integer operands, power-of-two
   // scales); only the f32 additions into the slot round, identically.
   EXPECT_TRUE(test::all_equal(slot_gpu.to(Device::cpu()), slot_cpu));
+}
+
+// Note [FP8 scaling]: scales live on the device, so the per-tensor recipe
+// (cast for amax, scale, cast, GEMM into an f32 slot) captures into a CUDA
+// graph, and a replay on new inputs uses the new scales: bitwise the eager
+// run on the same inputs.
+TEST(GpuFp8, current_scaling_chain_replays_in_a_cuda_graph) {
+  ACCRUE_REQUIRE_CUDA();
+  const test::GraphPoolScope pool;
+  const Tensor x = test::random_normal({128, 256}, DType::bf16, kGpu, 2.0);
+  const Tensor w = test::random_normal({64, 256}, DType::bf16, kGpu, 0.05);
+  const Tensor one = scalar_on(1.0f, kGpu);
+  const auto chain = [&](const Tensor& slot) {
+    const auto sx = fp8_scale_from_amax(cast_to_fp8(x, one, DType::f8e4m3).amax, DType::f8e4m3);
+    const auto sw = fp8_scale_from_amax(cast_to_fp8(w, one, DType::f8e4m3).amax, DType::f8e4m3);
+    const Tensor qx = cast_to_fp8(x, sx.scale, DType::f8e4m3).q;
+    const Tensor qw = cast_to_fp8(w, sw.scale, DType::f8e4m3).q;
+    fp8_matmul_into(qx, qw, sx.scale_inv, sw.scale_inv, slot, true);
+  };
+  const Tensor slot = zeros({128, 64}, DType::f32, kGpu);
+  chain(slot);  // the cuBLASLt plan and workspace exist before the capture
+  std::string why;
+  const std::unique_ptr<CudaGraph> graph = CudaGraph::capture(
+      0, [&] { chain(slot); }, &why);
+  ASSERT_TRUE(graph) << why;
+  x.copy_(test::random_normal(x.shape(), DType::bf16, kGpu, 30.0));  // a new amax
+  slot.fill_(0.0);
+  graph->launch();
+  const Tensor eager = zeros({128, 64}, DType::f32, kGpu);
+  chain(eager);
+  EXPECT_TRUE(test::all_equal(slot.to(Device::cpu()), eager.to(Device::cpu())));
 }
 
 TEST(GpuFp8, gemm_refuses_mixed_devices) {
