@@ -129,6 +129,7 @@ case $name in
       --cuda-graphs --cpu --checkpoint --checkpoint-every --resume --metrics --max-skipped-windows \
       --layer-metrics-every --val-data --val-every --val-batches --min-lr-factor --beta1 --beta2 \
       --eps --noise-scale-every --init-scale --calibrate-scale --total-batch-tokens --init-from \
+      --allow-changed --norm-under-backward \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops
     common_refusals
@@ -262,7 +263,9 @@ case $name in
     # one-process ZeRO-1 change nothing.
     run --model gpt2-tiny --accum 2 "${gpt2[@]}"
     plain=$(grep "^final:" <<< "$out")
-    for extra in --cuda-graphs --activation-checkpointing --zero1; do
+    expect 2 "--allow-changed needs --resume FILE" --synthetic --allow-changed lr
+    expect 2 "--allow-changed" --synthetic --resume /tmp/unused.safetensors --allow-changed seed
+    for extra in --cuda-graphs --activation-checkpointing --zero1 --norm-under-backward; do
       run --model gpt2-tiny --accum 2 "${gpt2[@]}" "$extra"
       [[ $rc -eq 0 && -n $plain && $(grep "^final:" <<< "$out") == "$plain" ]] ||
         fail "train gpt2-tiny $extra: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$plain'"

@@ -35,6 +35,17 @@ err=$("$trainer" "${args[@]}" --accum 3 --resume "$work/full.safetensors" 2>&1 >
 rc=$?
 [[ $rc -eq 1 && $err == *"micro_steps = 2 but this run has 3"* ]] ||
   fail "a resume with another K: exit code $rc: $err"
+# --allow-changed lr,windows: a longer run at another learning rate goes on
+# from the finished one (Note [Run record]); without it, refused naming lr.
+err=$("$trainer" "${args[@]}" --windows 8 --lr 1e-3 --resume "$work/full.safetensors" 2>&1 \
+  >/dev/null)
+rc=$?
+[[ $rc -eq 1 && $err == *"lr = "*" but this run has 0.001"* ]] ||
+  fail "a resume with another --lr: exit code $rc: $err"
+out=$("$trainer" "${args[@]}" --windows 8 --lr 1e-3 --allow-changed lr,windows \
+  --resume "$work/full.safetensors") || fail "--allow-changed lr,windows: exit code $?"
+[[ $out == *"resumed "*" at window 6"* && $out == *"final: window 8 loss "* ]] ||
+  fail "--allow-changed lr,windows: $out"
 if [[ -n $python ]]; then
   "$python" "$source_dir/tools/make_shards.py" "$source_dir/README.md" \
     --output-prefix "$work/readme" > /dev/null || fail "make_shards.py"
