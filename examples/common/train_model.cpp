@@ -78,6 +78,14 @@ class Gpt2TrainModel final : public TrainModel {
   }
   SyntheticRows synthetic_rows() const override { return {1, 1000, DType::i32}; }
   void init_from(const std::string& path) override { nn::load_hf_gpt2(model_, path); }
+  void set_training(bool training) override {
+    if (training) {
+      model_.train();
+    } else {
+      model_.eval();
+    }
+  }
+  Generator* dropout_generator() override { return &model_.dropout_generator(); }
 
  private:
   nn::GPT2 model_;
@@ -130,6 +138,7 @@ class LlamaTrainModel final : public TrainModel {
         .boolean("qk_norm", c.qk_norm);
   }
   void init_from(const std::string& path) override { model_->load_hf(path); }
+  void set_training(bool) override {}
 
  private:
   std::unique_ptr<nn::Llama> model_;
@@ -169,6 +178,8 @@ bool is_train_model_name(const std::string& name) {
 
 std::unique_ptr<TrainModel> make_train_model(const TrainModelOptions& o,
                                              const nn::ParamOptions& params) {
+  if (o.dropout > 0.0 && !is_gpt2_model_name(o.name))
+    usage_error("--dropout: ", o.name, " has no dropout (GPT-2 presets only)");
   if (o.name.rfind("hf:", 0) == 0) {
     std::unique_ptr<nn::Llama> m =
         nn::Llama::from_hf(o.name.substr(3), params, o.activation_checkpointing);
@@ -182,6 +193,7 @@ std::unique_ptr<TrainModel> make_train_model(const TrainModelOptions& o,
       usage_error("--seq-len ", o.seq_len, " is longer than ", o.name, "'s block size ",
                   c.block_size);
     c.activation_checkpointing = o.activation_checkpointing;
+    c.dropout = o.dropout;
     c.dropout_seed = o.dropout_seed;
     return std::make_unique<Gpt2TrainModel>(c, params);
   }

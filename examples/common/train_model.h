@@ -56,13 +56,18 @@ class TrainModel {
   // GPT-2 from a GPT2LMHeadModel safetensors file (nn/gpt2_hf.h), the Llama
   // family from a directory whose config.json describes this model.
   virtual void init_from(const std::string& path) = 0;
+  // Dropout on (training) or off (validation); a model without dropout ignores it.
+  virtual void set_training(bool training) = 0;
+  // The dropout masks' generator, whose offset a checkpoint keeps; null without dropout.
+  virtual Generator* dropout_generator() { return nullptr; }
 };
 
 struct TrainModelOptions {
   std::string name;  // a preset of train_model_presets() or hf:DIR
   int64_t seq_len = 0;
   bool activation_checkpointing = false;
-  uint64_t dropout_seed = 0;  // GPT-2's dropout generator (dropout is 0 here)
+  double dropout = 0.0;       // GPT-2 only; a Llama-family model has none
+  uint64_t dropout_seed = 0;  // GPT-2's dropout generator
 };
 
 // The presets make_train_model builds: GPT-2's (gpt2-tiny, gpt2-d12 .. gpt2-d48)

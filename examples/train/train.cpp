@@ -97,6 +97,7 @@ struct Options {
   std::string init_from, allow_changed;
   std::vector<std::string> allowed_changes;  // --allow-changed's words (Note [Run record])
   bool norm_under_backward = false;
+  double dropout = 0.0;
   bool synthetic = false, cuda_graphs = false, force_cpu = false;
   bool activation_checkpointing = false, zero1 = false, nvtx = false;
   SyntheticDocuments synthetic_documents = SyntheticDocuments::random;  // GPT-2: full
@@ -152,6 +153,7 @@ bool parse(int argc, char** argv, Options& o) {
          "each row one document of --seq-len tokens (plain causal attention, as a PyTorch "
          "baseline trains)")
       .default_text("random; full for GPT-2, which takes no packed documents");
+  cli.number("--dropout", &o.dropout, "P", "dropout probability (GPT-2 only)").min(0).below(1);
   cli.flag("--activation-checkpointing", &o.activation_checkpointing,
            "recompute each block's forward in backward (Note [Activation checkpointing])");
   cli.section("batch and optimizer");
@@ -405,7 +407,7 @@ int train(int argc, char** argv) {
   // Every rank the same weights (rank 0's are broadcast anyway).
   Generator init(static_cast<uint64_t>(opt.seed));
   const std::unique_ptr<TrainModel> model = make_train_model(
-      {opt.model, opt.seq_len, opt.activation_checkpointing,
+      {opt.model, opt.seq_len, opt.activation_checkpointing, opt.dropout,
        static_cast<uint64_t>(opt.seed) + 1 + static_cast<uint64_t>(where.rank.rank)},
       {device, master, &init});
   if (!opt.init_from.empty()) {  // before the store is built: the master weights copy them
@@ -428,6 +430,7 @@ int train(int argc, char** argv) {
                                                       : opt.model);
   record.integer("parameters", model->parameter_count());
   record.text("init_from", absolute_path(opt.init_from));
+  record.number("dropout", opt.dropout);
   record.text("dtype", dtype_name(opt.dtype));
   record.integer("micro_batch", opt.micro_batch);
   record.integer("seq_len", opt.seq_len);
@@ -585,6 +588,9 @@ int train(int argc, char** argv) {
       synth.set_state(synth.seed(), static_cast<uint64_t>(
                                         meta_int(resumed_meta, "synthetic.offset", opt.resume)));
     }
+    if (Generator* g = model->dropout_generator())
+      g->set_state(g->seed(),
+                   static_cast<uint64_t>(meta_int(resumed_meta, "dropout.offset", opt.resume)));
     resumed.clear();
     std::printf("resumed %s at window %lld\n", opt.resume.c_str(), (long long)start);
   }
@@ -603,6 +609,8 @@ int train(int argc, char** argv) {
     meta["format"] = kFormat;
     meta["windows_closed"] = std::to_string(window.windows_closed());
     meta["skipped_in_a_row"] = std::to_string(guard.skipped_in_a_row());
+    if (Generator* g = model->dropout_generator())
+      meta["dropout.offset"] = std::to_string(g->offset());
     if (docs) {
       meta["data.shard"] = std::to_string(docs->position().shard);
       meta["data.offset"] = std::to_string(docs->position().offset);
@@ -744,6 +752,7 @@ int train(int argc, char** argv) {
     if ((val_loader || val_docs) && ((opt.val_every > 0 && w % opt.val_every == 0) || w == end)) {
       if (val_loader) val_loader->reset();
       if (val_docs) val_docs->reset();
+      model->set_training(false);  // no dropout
       val = validation_loss(
           [&] {
             if (val_loader) {
@@ -756,6 +765,7 @@ int train(int argc, char** argv) {
                                nn::BatchLayout::packed(b.cu_seqlens, b.positions));
           },
           opt.val_batches, dp.comm.get(), device);
+      model->set_training(true);
       std::printf("window %lld/%lld | val loss %.4f\n", (long long)w, (long long)opt.windows, val);
     }
     std::vector<std::pair<std::string, double>> extras = reporter.extras(val);

@@ -129,7 +129,7 @@ case $name in
       --cuda-graphs --cpu --checkpoint --checkpoint-every --resume --metrics --max-skipped-windows \
       --layer-metrics-every --val-data --val-every --val-batches --min-lr-factor --beta1 --beta2 \
       --eps --noise-scale-every --init-scale --calibrate-scale --total-batch-tokens --init-from \
-      --allow-changed --norm-under-backward \
+      --allow-changed --norm-under-backward --dropout \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops
     common_refusals
@@ -264,6 +264,18 @@ case $name in
     run --model gpt2-tiny --accum 2 "${gpt2[@]}"
     plain=$(grep "^final:" <<< "$out")
     expect 2 "--allow-changed needs --resume FILE" --synthetic --allow-changed lr
+    expect 2 "--dropout: llama-tiny has no dropout (GPT-2 presets only)" --synthetic --cpu \
+      --dropout 0.1
+    # GPT-2's dropout masks from the seed + 1 + rank stream, as accrue_train_gpt2 draws them.
+    run --model gpt2-tiny --accum 2 "${gpt2[@]}" --dropout 0.1
+    ours=$(grep "^final:" <<< "$out")
+    bin=$dir/accrue_train_gpt2
+    run --model tiny --total-batch-tokens 128 "${gpt2[@]}" --dropout 0.1
+    [[ -n $ours && $ours == "$(grep "^final:" <<< "$out")" ]] ||
+      fail "train gpt2-tiny --dropout 0.1: '$ours' vs accrue_train_gpt2 '$(grep "^final:" <<< "$out")'"
+    bin=$dir/accrue_train
+    run --model gpt2-tiny --accum 2 "${gpt2[@]}"
+    ours=$(grep "^final:" <<< "$out")
     expect 2 "--allow-changed" --synthetic --resume /tmp/unused.safetensors --allow-changed seed
     for extra in --cuda-graphs --activation-checkpointing --zero1 --norm-under-backward; do
       run --model gpt2-tiny --accum 2 "${gpt2[@]}" "$extra"

@@ -92,6 +92,18 @@ if [[ -n $python ]]; then
   llama=$("$trainer" --model llama-tiny --eos-id 10 --accum 2 "${gpt2[@]}" "${val[@]}" |
     grep -c "^window [36]/6 | val loss [0-9]")
   [[ $llama -eq 2 ]] || fail "llama-tiny --val-data: $llama validation lines, expected 2"
+  # With dropout (its generator's offset is in the checkpoint) and validation
+  # (dropout off) at the stop: resumed to the same bytes.
+  drop=(--model gpt2-tiny --accum 2 "${gpt2[@]}" --dropout 0.2 --val-data "$work/readme_val_*.bin"
+    --val-batches 2)
+  "$trainer" "${drop[@]}" --checkpoint "$work/dfull.safetensors" > /dev/null ||
+    fail "gpt2-tiny --dropout, uninterrupted: exit code $?"
+  "$trainer" "${drop[@]}" --checkpoint "$work/dpart.safetensors" --stop-after 3 > /dev/null ||
+    fail "gpt2-tiny --dropout, first half: exit code $?"
+  "$trainer" "${drop[@]}" --checkpoint "$work/dpart.safetensors" \
+    --resume "$work/dpart.safetensors" > /dev/null || fail "gpt2-tiny --dropout, resumed: exit code $?"
+  cmp "$work/dfull.safetensors" "$work/dpart.safetensors" ||
+    fail "gpt2-tiny --dropout: the resumed run's final checkpoint differs"
   echo "ok: gpt2-tiny on shards resumed identically, loss $first -> $last, as accrue_train_gpt2"
   # --init-from: Hugging Face weights into the model before the store copies
   # them. A GPT2LMHeadModel file written here; both trainers start from it and
