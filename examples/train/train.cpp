@@ -98,6 +98,7 @@ struct Options {
   std::vector<std::string> allowed_changes;  // --allow-changed's words (Note [Run record])
   bool norm_under_backward = false;
   double dropout = 0.0;
+  int64_t stop_micro_steps = 0;
   bool synthetic = false, cuda_graphs = false, force_cpu = false;
   bool activation_checkpointing = false, zero1 = false, nvtx = false;
   SyntheticDocuments synthetic_documents = SyntheticDocuments::random;  // GPT-2: full
@@ -166,6 +167,12 @@ bool parse(int argc, char** argv, Options& o) {
       .default_text("none: --accum");
   cli.integer("--windows", &o.windows, "W", "windows (optimizer steps) to train").min(1);
   cli.integer("--stop-after", &o.stop_after, "N", "stop after window N (to resume later)").min(1);
+  cli.integer("--stop-micro-steps", &o.stop_micro_steps, "M",
+              "with --stop-after N and --checkpoint: run M more micro-steps (0 < M < K) into "
+              "window N+1, save there and end; the resumed run finishes that window bit-exactly "
+              "(Note [Mid-window checkpoints]; one process only)")
+      .min(1)
+      .default_text("none");
   cli.number("--lr", &o.lr, "LR", "AdamW peak learning rate").above(0);
   cli.integer("--warmup-windows", &o.warmup_windows, "N", "linear warmup, then cosine").min(0);
   cli.number("--min-lr-factor", &o.min_lr_factor, "F", "cosine decay ends at F * lr").min(0).max(1);
@@ -266,6 +273,11 @@ bool parse(int argc, char** argv, Options& o) {
   if (o.calibrate_scale && o.dtype != DType::f16)
     usage_error("--calibrate-scale applies to --dtype f16 only, the compute dtype is ",
                 dtype_name(o.dtype));
+  if (o.stop_micro_steps > 0 && (!o.stop_after || o.checkpoint.empty()))
+    usage_error("--stop-micro-steps needs --stop-after N and --checkpoint FILE");
+  if (o.stop_micro_steps > 0 && *o.stop_after >= o.windows)
+    usage_error("--stop-micro-steps stops inside window ", *o.stop_after + 1, ", beyond --windows ",
+                o.windows);
   if (!o.allow_changed.empty()) {
     if (o.resume.empty()) usage_error("--allow-changed needs --resume FILE");
     o.allowed_changes = parse_change_words("--allow-changed", o.allow_changed, {"lr", "windows"});
@@ -401,6 +413,13 @@ int train(int argc, char** argv) {
                   " x ", ranks, " ranks = ", step);
     opt.accum = *opt.total_batch_tokens / step;
   }
+  // Note [Mid-window checkpoints]: the checkpoint holds this rank's own gradients.
+  if (opt.stop_micro_steps > 0 && ranks != 1)
+    usage_error("--stop-micro-steps saves this rank's own gradients: run it on one process, not ",
+                ranks);
+  if (opt.stop_micro_steps >= opt.accum)
+    usage_error("--stop-micro-steps ", opt.stop_micro_steps,
+                " is not inside a window of K = ", opt.accum, " micro-steps");
   if (opt.noise_scale_every > 0 && opt.accum < 2)
     usage_error("--noise-scale-every needs K >= 2 micro-batches per window, got K = ", opt.accum);
   const DType master = opt.dtype == DType::f64 ? DType::f64 : DType::f32;
@@ -573,8 +592,9 @@ int train(int argc, char** argv) {
       if (key.rfind("optim.", 0) == 0) state[key.substr(6)] = t;
     window.load_state_dict(state);
     start = meta_int(resumed_meta, "windows_closed", opt.resume);
-    ACCRUE_CHECK(start == window.windows_closed() && window.micro_step() == 0, "checkpoint ",
-                 opt.resume, ": windows_closed ", start, " disagrees with its window state");
+    // A mid-window checkpoint (--stop-micro-steps) resumes at its micro-step.
+    ACCRUE_CHECK(start == window.windows_closed(), "checkpoint ", opt.resume, ": windows_closed ",
+                 start, " disagrees with its window state");
     if (docs) {
       docs->set_position({meta_int(resumed_meta, "data.shard", opt.resume),
                           meta_int(resumed_meta, "data.offset", opt.resume),
@@ -592,11 +612,16 @@ int train(int argc, char** argv) {
       g->set_state(g->seed(),
                    static_cast<uint64_t>(meta_int(resumed_meta, "dropout.offset", opt.resume)));
     resumed.clear();
-    std::printf("resumed %s at window %lld\n", opt.resume.c_str(), (long long)start);
+    std::printf("resumed %s at window %lld%s\n", opt.resume.c_str(), (long long)start,
+                window.micro_step() > 0
+                    ? (", inside window " + std::to_string(start + 1) + " after micro-step " +
+                       std::to_string(window.micro_step()))
+                          .c_str()
+                    : "");
   }
 
   // Rank 0 writes the checkpoint: without ZeRO-1 every rank holds the same state.
-  auto save = [&](int64_t w) {
+  auto save = [&](const std::string& at) {
     if (!where.main_rank()) return;
     const auto t0 = std::chrono::steady_clock::now();
     std::map<std::string, Tensor> tensors;
@@ -623,7 +648,7 @@ int train(int argc, char** argv) {
       meta["synthetic.offset"] = std::to_string(synth.offset());
     }
     save_checkpoint_file(opt.checkpoint, tensors, meta);
-    std::printf("checkpoint: %s (window %lld; %s)\n", opt.checkpoint.c_str(), (long long)w,
+    std::printf("checkpoint: %s (%s; %s)\n", opt.checkpoint.c_str(), at.c_str(),
                 file_report(opt.checkpoint, t0).c_str());
   };
 
@@ -670,19 +695,21 @@ int train(int argc, char** argv) {
   std::unique_ptr<optim::LayerMonitor> layers =
       make_layer_monitor(opt.layer_metrics_every, store, optimizer, graphed != nullptr);
   auto measures_layers = [&](int64_t w) { return layers && w % opt.layer_metrics_every == 0; };
+  auto micro_step = [&] {
+    Batch b = next_batch();
+    if (graphed && b.cu_seqlens.defined()) {
+      graphed->backward({b.inputs, b.targets, padded_offsets(b.cu_seqlens), b.positions});
+    } else if (graphed) {
+      graphed->backward({b.inputs, b.targets});
+    } else {
+      window.backward(model->loss(b.inputs, b.targets, layout_of(b)));
+    }
+  };
   auto run_window = [&] {
     const NvtxRange range("accrue window");
     const bool measure = measures_layers(window.windows_closed() + 1);
-    for (int64_t k = 0; k < opt.accum; ++k) {
-      Batch b = next_batch();
-      if (graphed && b.cu_seqlens.defined()) {
-        graphed->backward({b.inputs, b.targets, padded_offsets(b.cu_seqlens), b.positions});
-      } else if (graphed) {
-        graphed->backward({b.inputs, b.targets});
-      } else {
-        window.backward(model->loss(b.inputs, b.targets, layout_of(b)));
-      }
-    }
+    for (int64_t k = window.micro_step(); k < opt.accum; ++k)  // a resumed window continues
+      micro_step();
     if (measure) layers->before_close();
     if (graphed) {
       graphed->close();
@@ -775,7 +802,7 @@ int train(int argc, char** argv) {
     guard.after_window(r);
     if (!opt.checkpoint.empty() && opt.checkpoint_every > 0 && w % opt.checkpoint_every == 0 &&
         w < end && std::isfinite(r.loss))
-      save(w);
+      save("window " + std::to_string(w));
     std::fflush(stdout);
   }
   if (end <= start) {
@@ -787,7 +814,13 @@ int train(int argc, char** argv) {
   std::printf("final: window %lld loss %.17g\n", (long long)end, last.loss);
   std::fflush(stdout);
   guard.finish(last, {}, end == opt.windows);
-  if (!opt.checkpoint.empty()) save(end);
+  if (!opt.checkpoint.empty()) save("window " + std::to_string(end));
+  if (opt.stop_micro_steps > 0) {  // preempted inside the next window
+    for (int64_t k = window.micro_step(); k < opt.stop_micro_steps; ++k)
+      micro_step();
+    save("window " + std::to_string(end + 1) + ", micro-step " +
+         std::to_string(window.micro_step()));
+  }
   return 0;
 }
 

@@ -129,7 +129,7 @@ case $name in
       --cuda-graphs --cpu --checkpoint --checkpoint-every --resume --metrics --max-skipped-windows \
       --layer-metrics-every --val-data --val-every --val-batches --min-lr-factor --beta1 --beta2 \
       --eps --noise-scale-every --init-scale --calibrate-scale --total-batch-tokens --init-from \
-      --allow-changed --norm-under-backward --dropout \
+      --allow-changed --norm-under-backward --dropout --stop-micro-steps \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops
     common_refusals
@@ -264,6 +264,11 @@ case $name in
     run --model gpt2-tiny --accum 2 "${gpt2[@]}"
     plain=$(grep "^final:" <<< "$out")
     expect 2 "--allow-changed needs --resume FILE" --synthetic --allow-changed lr
+    expect 2 "--stop-micro-steps needs --stop-after N and --checkpoint FILE" --synthetic \
+      --stop-micro-steps 1
+    expect 2 "--stop-micro-steps 2 is not inside a window of K = 2 micro-steps" --synthetic \
+      --cpu --accum 2 --windows 3 --stop-after 1 --checkpoint /tmp/unused.safetensors \
+      --stop-micro-steps 2
     expect 2 "--dropout: llama-tiny has no dropout (GPT-2 presets only)" --synthetic --cpu \
       --dropout 0.1
     # GPT-2's dropout masks from the seed + 1 + rank stream, as accrue_train_gpt2 draws them.

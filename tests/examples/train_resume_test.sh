@@ -35,6 +35,18 @@ err=$("$trainer" "${args[@]}" --accum 3 --resume "$work/full.safetensors" 2>&1 >
 rc=$?
 [[ $rc -eq 1 && $err == *"micro_steps = 2 but this run has 3"* ]] ||
   fail "a resume with another K: exit code $rc: $err"
+# --stop-micro-steps (Note [Mid-window checkpoints]): saved inside window 4
+# after 1 of 2 micro-steps, resumed there: the same final checkpoint.
+"$trainer" "${args[@]}" --checkpoint "$work/mid.safetensors" --stop-after 3 \
+  --stop-micro-steps 1 > "$work/mid.txt" || fail "--stop-micro-steps 1: exit code $?"
+grep -q "^checkpoint: .*mid.safetensors (window 4, micro-step 1" "$work/mid.txt" ||
+  fail "no checkpoint inside window 4: $(cat "$work/mid.txt")"
+out=$("$trainer" "${args[@]}" --checkpoint "$work/mid.safetensors" \
+  --resume "$work/mid.safetensors") || fail "resumed inside window 4: exit code $?"
+[[ $out == *"at window 3, inside window 4 after micro-step 1"* ]] ||
+  fail "did not resume inside window 4: $out"
+cmp "$work/full.safetensors" "$work/mid.safetensors" ||
+  fail "the run resumed inside window 4 ends with another checkpoint"
 # --allow-changed lr,windows: a longer run at another learning rate goes on
 # from the finished one (Note [Run record]); without it, refused naming lr.
 err=$("$trainer" "${args[@]}" --windows 8 --lr 1e-3 --resume "$work/full.safetensors" 2>&1 \
