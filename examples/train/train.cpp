@@ -23,15 +23,20 @@
 //
 // Note [Llama trainer checkpoint]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// As Note [Trainer checkpoint] for GPT-2: one safetensors file with
-// model.<name> (the fp32/f64 master weights, Hugging Face names) and
-// optim.<key> (Window::state_dict() but its flat master), and in the metadata
-// the run record (Note [Run record]), the windows closed, the skipped windows
-// in a row (Note [Honest exit codes]) and where the data continues: the
-// DocumentBatches position (Note [Document batches]) or the synthetic
-// generator's offset. Checkpoints are written between windows only, so the
-// resumed run draws exactly the batches the uninterrupted run would have, and
-// its final checkpoint equals that run's byte for byte.
+// The checkpoint of every model accrue_train trains (the name is older than
+// its GPT-2 models). As Note [Trainer checkpoint] for accrue_train_gpt2: one
+// safetensors file with model.<name> (the fp32/f64 master weights under the
+// model's parameter names: Hugging Face's for Llama, nn::GPT2's for GPT-2)
+// and optim.<key> (Window::state_dict() but its flat master), and in the
+// metadata the run record (Note [Run record]), the windows closed, the
+// skipped windows in a row (Note [Honest exit codes]), GPT-2's dropout
+// generator offset, and where the data continues: the DocumentBatches
+// position (Note [Document batches]), the DataLoader position (Note [GPT-2
+// rows]) or the synthetic generator's offset. Checkpoints are written between
+// windows, or with --stop-micro-steps after a micro-step (then with the
+// window's partial gradients, Note [Mid-window checkpoints]), so the resumed
+// run draws exactly the batches the uninterrupted run would have, and its
+// final checkpoint equals that run's byte for byte.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
