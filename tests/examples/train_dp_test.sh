@@ -10,6 +10,7 @@
 #  - --zero1 (Note [ZeRO-1]) shards the moments and gives the same losses.
 #  - --bench under two ranks: world_size 2, the moments sharded.
 #  - A checkpoint of the two-rank run is refused by a one-process resume.
+#  - gpt2-tiny on two ranks with ZeRO-1 ends where one process does.
 set -u
 trainer=$1 launch=$2 work=$3 python=$4 source_dir=$5
 gpus=$(nvidia-smi -L 2> /dev/null | grep -c "^GPU")
@@ -67,4 +68,16 @@ err=$("$trainer" "${common[@]}" --micro-batch 2 --resume "$work/two.safetensors"
 rc=$?
 [[ $rc -eq 1 && $err == *"world_size = 2 but this run has 1"* ]] ||
   fail "a one-process resume of a two-rank checkpoint: exit code $rc: $err"
-echo "ok: two ranks end at $two (one process: $one, ZeRO-1: $zero1)"
+# GPT-2 through the same trainer reads contiguous rows (Note [GPT-2 rows]):
+# rank r the rows r * B.. of each step (Note [Loader positions]), so two
+# ranks of micro-batch 2 read what one process of micro-batch 4 reads.
+gpt2=(--model gpt2-tiny --train-data "$work/text_train_*.bin" --seq-len 64 --accum 2 --windows 4
+  --dtype f32 --lr 1e-3)
+"$trainer" "${gpt2[@]}" --micro-batch 4 > "$work/gone.txt" 2>&1 ||
+  fail "gpt2-tiny, one process: $(cat "$work/gone.txt")"
+bash "$launch" 2 "$trainer" "${gpt2[@]}" --micro-batch 2 --zero1 > "$work/gtwo.txt" 2>&1 ||
+  fail "gpt2-tiny, two ranks: $(cat "$work/gtwo.txt")"
+gone=$(final_loss "$work/gone.txt") gtwo=$(final_loss "$work/gtwo.txt")
+[[ -n $gone && -n $gtwo ]] || fail "gpt2-tiny: no final loss: '$gone' '$gtwo'"
+close "$gtwo" "$gone" || fail "gpt2-tiny: two ranks (ZeRO-1) ended at $gtwo, one process at $gone"
+echo "ok: two ranks end at $two (one process: $one, ZeRO-1: $zero1); gpt2-tiny $gtwo ($gone)"
