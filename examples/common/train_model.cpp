@@ -1,9 +1,11 @@
 #include "examples/common/train_model.h"
 
 #include <cstdio>
+#include <limits>
 
 #include "accrue/nn/gpt2_hf.h"
 #include "examples/common/options.h"
+#include "examples/common/run_main.h"  // error_message
 
 namespace accrue::examples {
 
@@ -180,6 +182,12 @@ std::unique_ptr<TrainModel> make_train_model(const TrainModelOptions& o,
                                              const nn::ParamOptions& params) {
   if (o.dropout > 0.0 && !is_gpt2_model_name(o.name))
     usage_error("--dropout: ", o.name, " has no dropout (GPT-2 presets only)");
+  if ((o.n_layer || o.n_head || o.n_embd || o.vocab_size || o.block_size) &&
+      !is_gpt2_model_name(o.name))
+    usage_error(
+        "--n-layer, --n-head, --n-embd, --vocab-size and --block-size override a GPT-2 "
+        "preset's sizes, not ",
+        o.name, "'s");
   if (o.name.rfind("hf:", 0) == 0) {
     std::unique_ptr<nn::Llama> m =
         nn::Llama::from_hf(o.name.substr(3), params, o.activation_checkpointing);
@@ -189,6 +197,25 @@ std::unique_ptr<TrainModel> make_train_model(const TrainModelOptions& o,
   }
   if (is_gpt2_model_name(o.name)) {
     nn::GPT2Config c = gpt2_config(o.name);
+    if (o.n_layer) c.n_layer = *o.n_layer;
+    if (o.n_head) c.n_head = *o.n_head;
+    if (o.n_embd) c.n_embd = *o.n_embd;
+    if (o.vocab_size) c.vocab_size = *o.vocab_size;
+    if (o.block_size) c.block_size = *o.block_size;
+    c.padded_vocab_size = 0;  // the default padding of whatever vocab_size is now
+    if (c.vocab_size > 65536)
+      usage_error("--vocab-size ", c.vocab_size, " does not fit the shards' uint16 tokens");
+    // As accrue_train_gpt2: the largest tensors and the parameter count (12 C^2
+    // per layer) must fit in int64 before validate() or the model computes with them.
+    checked_product({{"--n-embd", c.n_embd}, {"--n-embd", c.n_embd}, {"--n-layer", c.n_layer}},
+                    std::numeric_limits<int64_t>::max() / 16);
+    checked_product({{"--n-embd", c.n_embd}, {"--block-size", c.block_size}});
+    checked_product({{"--n-embd", c.n_embd}, {"--vocab-size (padded)", c.vocab_size + 128}});
+    try {
+      c.validate();
+    } catch (const Error& e) {
+      usage_error(error_message(e));  // Note [Error locations]: no source location
+    }
     if (o.seq_len > c.block_size)
       usage_error("--seq-len ", o.seq_len, " is longer than ", o.name, "'s block size ",
                   c.block_size);

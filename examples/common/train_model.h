@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,7 +67,9 @@ struct TrainModelOptions {
   std::string name;  // a preset of train_model_presets() or hf:DIR
   int64_t seq_len = 0;
   bool activation_checkpointing = false;
-  double dropout = 0.0;       // GPT-2 only; a Llama-family model has none
+  double dropout = 0.0;  // GPT-2 only; a Llama-family model has none
+  // GPT-2 only: the preset's sizes overridden (accrue_train_gpt2's --n-layer ...).
+  std::optional<int64_t> n_layer, n_head, n_embd, vocab_size, block_size;
   uint64_t dropout_seed = 0;  // GPT-2's dropout generator
 };
 

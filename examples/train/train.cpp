@@ -104,6 +104,7 @@ struct Options {
   bool norm_under_backward = false;
   double dropout = 0.0;
   int64_t stop_micro_steps = 0;
+  std::optional<int64_t> n_layer, n_head, n_embd, vocab_size, block_size;
   bool synthetic = false, cuda_graphs = false, force_cpu = false;
   bool activation_checkpointing = false, zero1 = false, nvtx = false;
   SyntheticDocuments synthetic_documents = SyntheticDocuments::random;  // GPT-2: full
@@ -160,6 +161,12 @@ bool parse(int argc, char** argv, Options& o) {
          "baseline trains)")
       .default_text("random; full for GPT-2, which takes no packed documents");
   cli.number("--dropout", &o.dropout, "P", "dropout probability (GPT-2 only)").min(0).below(1);
+  const char* kOverride = "overrides a GPT-2 preset's size";
+  cli.integer("--n-layer", &o.n_layer, "N", kOverride).min(1).default_text("the preset's");
+  cli.integer("--n-head", &o.n_head, "N", kOverride).min(1).default_text("the preset's");
+  cli.integer("--n-embd", &o.n_embd, "N", kOverride).min(1).default_text("the preset's");
+  cli.integer("--vocab-size", &o.vocab_size, "N", kOverride).min(1).default_text("the preset's");
+  cli.integer("--block-size", &o.block_size, "N", kOverride).min(1).default_text("the preset's");
   cli.flag("--activation-checkpointing", &o.activation_checkpointing,
            "recompute each block's forward in backward (Note [Activation checkpointing])");
   cli.section("batch and optimizer");
@@ -430,10 +437,20 @@ int train(int argc, char** argv) {
   const DType master = opt.dtype == DType::f64 ? DType::f64 : DType::f32;
   // Every rank the same weights (rank 0's are broadcast anyway).
   Generator init(static_cast<uint64_t>(opt.seed));
-  const std::unique_ptr<TrainModel> model = make_train_model(
-      {opt.model, opt.seq_len, opt.activation_checkpointing, opt.dropout,
-       static_cast<uint64_t>(opt.seed) + 1 + static_cast<uint64_t>(where.rank.rank)},
-      {device, master, &init});
+  TrainModelOptions model_options;
+  model_options.name = opt.model;
+  model_options.seq_len = opt.seq_len;
+  model_options.activation_checkpointing = opt.activation_checkpointing;
+  model_options.dropout = opt.dropout;
+  model_options.dropout_seed =
+      static_cast<uint64_t>(opt.seed) + 1 + static_cast<uint64_t>(where.rank.rank);
+  model_options.n_layer = opt.n_layer;
+  model_options.n_head = opt.n_head;
+  model_options.n_embd = opt.n_embd;
+  model_options.vocab_size = opt.vocab_size;
+  model_options.block_size = opt.block_size;
+  const std::unique_ptr<TrainModel> model =
+      make_train_model(model_options, {device, master, &init});
   if (!opt.init_from.empty()) {  // before the store is built: the master weights copy them
     model->init_from(opt.init_from);
     std::printf("initialized from %s\n", opt.init_from.c_str());
@@ -453,6 +470,9 @@ int train(int argc, char** argv) {
   record.text("model", opt.model.rfind("hf:", 0) == 0 ? "hf:" + absolute_path(opt.model.substr(3))
                                                       : opt.model);
   record.integer("parameters", model->parameter_count());
+  JsonObject sizes;  // the model's configuration, overrides included
+  model->describe_json(sizes);
+  record.text("model_config", sizes.str());
   record.text("init_from", absolute_path(opt.init_from));
   record.number("dropout", opt.dropout);
   record.text("dtype", dtype_name(opt.dtype));

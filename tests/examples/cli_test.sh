@@ -129,7 +129,8 @@ case $name in
       --cuda-graphs --cpu --checkpoint --checkpoint-every --resume --metrics --max-skipped-windows \
       --layer-metrics-every --val-data --val-every --val-batches --min-lr-factor --beta1 --beta2 \
       --eps --noise-scale-every --init-scale --calibrate-scale --total-batch-tokens --init-from \
-      --allow-changed --norm-under-backward --dropout --stop-micro-steps \
+      --allow-changed --norm-under-backward --dropout --stop-micro-steps --n-layer --n-head \
+      --n-embd --vocab-size --block-size \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops
     common_refusals
@@ -278,7 +279,18 @@ case $name in
     run --model tiny --total-batch-tokens 128 "${gpt2[@]}" --dropout 0.1
     [[ -n $ours && $ours == "$(grep "^final:" <<< "$out")" ]] ||
       fail "train gpt2-tiny --dropout 0.1: '$ours' vs accrue_train_gpt2 '$(grep "^final:" <<< "$out")'"
+    # The size overrides: the same model and run as accrue_train_gpt2's.
+    sizes=(--n-layer 3 --n-head 2 --n-embd 32 --vocab-size 300 --block-size 40)
+    run --model tiny --total-batch-tokens 128 "${gpt2[@]}" "${sizes[@]}"
+    theirs=$(grep "^final:" <<< "$out")
     bin=$dir/accrue_train
+    run --model gpt2-tiny --accum 2 "${gpt2[@]}" "${sizes[@]}"
+    [[ $rc -eq 0 && $out == *"GPT-2, 3 layers, 2 heads, width 32, vocab 300 (padded 384), block 40"* &&
+      -n $theirs && $(grep "^final:" <<< "$out") == "$theirs" ]] ||
+      fail "train gpt2-tiny ${sizes[*]}: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$theirs'"
+    expect 2 "override a GPT-2 preset's sizes, not llama-tiny's" --synthetic --n-layer 3
+    expect 2 "GPT2Config: n_embd 64 must be a positive multiple of n_head 5" --model gpt2-tiny \
+      --synthetic --cpu --n-head 5
     run --model gpt2-tiny --accum 2 "${gpt2[@]}"
     ours=$(grep "^final:" <<< "$out")
     expect 2 "--allow-changed" --synthetic --resume /tmp/unused.safetensors --allow-changed seed
