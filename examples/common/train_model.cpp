@@ -6,6 +6,7 @@
 #include "accrue/nn/gpt2_hf.h"
 #include "examples/common/options.h"
 #include "examples/common/run_main.h"  // error_message
+#include "examples/composed_gpt2/composed_gpt2.h"
 
 namespace accrue::examples {
 
@@ -34,7 +35,10 @@ nn::GPT2Config gpt2_config(const std::string& name) {
 // and the PyTorch baselines' comparisons already use.
 class Gpt2TrainModel final : public TrainModel {
  public:
-  Gpt2TrainModel(const nn::GPT2Config& c, const nn::ParamOptions& params) : model_(c, params) {}
+  Gpt2TrainModel(const nn::GPT2Config& c, const nn::ParamOptions& params, bool composed)
+      : model_(c, params) {
+    if (composed) composed_ = std::make_unique<ComposedGPT2>(model_);
+  }
 
   std::vector<nn::NamedParameter> named_parameters() const override {
     return model_.named_parameters();
@@ -43,7 +47,7 @@ class Gpt2TrainModel final : public TrainModel {
             const nn::BatchLayout& layout) const override {
     ACCRUE_CHECK(!layout.is_packed() && !layout.is_padded(),
                  "GPT-2 loss: takes full rows only, not packed or padded documents");
-    return model_.loss(idx, targets);
+    return composed_ ? composed_->loss(idx, targets) : model_.loss(idx, targets);
   }
   bool packed_documents() const override { return false; }
   double flops_per_token(int64_t T) const override {
@@ -91,6 +95,7 @@ class Gpt2TrainModel final : public TrainModel {
 
  private:
   nn::GPT2 model_;
+  mutable std::unique_ptr<ComposedGPT2> composed_;  // keeps its positions and mask
 };
 
 class LlamaTrainModel final : public TrainModel {
@@ -182,6 +187,8 @@ std::unique_ptr<TrainModel> make_train_model(const TrainModelOptions& o,
                                              const nn::ParamOptions& params) {
   if (o.dropout > 0.0 && !is_gpt2_model_name(o.name))
     usage_error("--dropout: ", o.name, " has no dropout (GPT-2 presets only)");
+  if (o.composed && !is_gpt2_model_name(o.name))
+    usage_error("--composed: ", o.name, " has no composed form (GPT-2 presets only)");
   if ((o.n_layer || o.n_head || o.n_embd || o.vocab_size || o.block_size) &&
       !is_gpt2_model_name(o.name))
     usage_error(
@@ -222,7 +229,7 @@ std::unique_ptr<TrainModel> make_train_model(const TrainModelOptions& o,
     c.activation_checkpointing = o.activation_checkpointing;
     c.dropout = o.dropout;
     c.dropout_seed = o.dropout_seed;
-    return std::make_unique<Gpt2TrainModel>(c, params);
+    return std::make_unique<Gpt2TrainModel>(c, params, o.composed);
   }
   nn::LlamaConfig c = nn::LlamaConfig::from_name(o.name);
   if (o.seq_len > c.max_positions)

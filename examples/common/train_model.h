@@ -70,6 +70,8 @@ struct TrainModelOptions {
   double dropout = 0.0;  // GPT-2 only; a Llama-family model has none
   // GPT-2 only: the preset's sizes overridden (accrue_train_gpt2's --n-layer ...).
   std::optional<int64_t> n_layer, n_head, n_embd, vocab_size, block_size;
+  // GPT-2 only: the loss through examples/composed_gpt2 (public primitives, no fused op).
+  bool composed = false;
   uint64_t dropout_seed = 0;  // GPT-2's dropout generator
 };
 

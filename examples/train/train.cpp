@@ -103,6 +103,7 @@ struct Options {
   std::vector<std::string> allowed_changes;  // --allow-changed's words (Note [Run record])
   bool norm_under_backward = false;
   double dropout = 0.0;
+  bool composed = false;
   int64_t stop_micro_steps = 0;
   std::optional<int64_t> n_layer, n_head, n_embd, vocab_size, block_size;
   bool synthetic = false, cuda_graphs = false, force_cpu = false;
@@ -161,6 +162,10 @@ bool parse(int argc, char** argv, Options& o) {
          "baseline trains)")
       .default_text("random; full for GPT-2, which takes no packed documents");
   cli.number("--dropout", &o.dropout, "P", "dropout probability (GPT-2 only)").min(0).below(1);
+  cli.flag("--composed", &o.composed,
+           "GPT-2 only: the model written from the public primitives only (examples/"
+           "composed_gpt2: attention as matmul, mask and softmax, materialized logits; no fused "
+           "op), same weights");
   const char* kOverride = "overrides a GPT-2 preset's size";
   cli.integer("--n-layer", &o.n_layer, "N", kOverride).min(1).default_text("the preset's");
   cli.integer("--n-head", &o.n_head, "N", kOverride).min(1).default_text("the preset's");
@@ -285,6 +290,8 @@ bool parse(int argc, char** argv, Options& o) {
   if (o.calibrate_scale && o.dtype != DType::f16)
     usage_error("--calibrate-scale applies to --dtype f16 only, the compute dtype is ",
                 dtype_name(o.dtype));
+  if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing))
+    usage_error("--composed has no dropout and no activation checkpointing");
   if (o.stop_micro_steps > 0 && (!o.stop_after || o.checkpoint.empty()))
     usage_error("--stop-micro-steps needs --stop-after N and --checkpoint FILE");
   if (o.stop_micro_steps > 0 && *o.stop_after >= o.windows)
@@ -449,6 +456,7 @@ int train(int argc, char** argv) {
   model_options.n_embd = opt.n_embd;
   model_options.vocab_size = opt.vocab_size;
   model_options.block_size = opt.block_size;
+  model_options.composed = opt.composed;
   const std::unique_ptr<TrainModel> model =
       make_train_model(model_options, {device, master, &init});
   if (!opt.init_from.empty()) {  // before the store is built: the master weights copy them

@@ -130,7 +130,7 @@ case $name in
       --layer-metrics-every --val-data --val-every --val-batches --min-lr-factor --beta1 --beta2 \
       --eps --noise-scale-every --init-scale --calibrate-scale --total-batch-tokens --init-from \
       --allow-changed --norm-under-backward --dropout --stop-micro-steps --n-layer --n-head \
-      --n-embd --vocab-size --block-size \
+      --n-embd --vocab-size --block-size --composed \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops
     common_refusals
@@ -279,7 +279,19 @@ case $name in
     run --model tiny --total-batch-tokens 128 "${gpt2[@]}" --dropout 0.1
     [[ -n $ours && $ours == "$(grep "^final:" <<< "$out")" ]] ||
       fail "train gpt2-tiny --dropout 0.1: '$ours' vs accrue_train_gpt2 '$(grep "^final:" <<< "$out")'"
-    # The size overrides: the same model and run as accrue_train_gpt2's.
+    # The size overrides, and --composed: the same model and run as accrue_train_gpt2's.
+    bin=$dir/accrue_train_gpt2
+    run --model tiny --total-batch-tokens 128 "${gpt2[@]}" --composed
+    theirs=$(grep "^final:" <<< "$out")
+    bin=$dir/accrue_train
+    run --model gpt2-tiny --accum 2 "${gpt2[@]}" --composed
+    [[ $rc -eq 0 && -n $theirs && $(grep "^final:" <<< "$out") == "$theirs" ]] ||
+      fail "train gpt2-tiny --composed: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$theirs'"
+    expect 2 "--composed: llama-tiny has no composed form (GPT-2 presets only)" --synthetic \
+      --cpu --composed
+    expect 2 "--composed has no dropout and no activation checkpointing" --synthetic --composed \
+      --model gpt2-tiny --dropout 0.1
+    bin=$dir/accrue_train_gpt2
     sizes=(--n-layer 3 --n-head 2 --n-embd 32 --vocab-size 300 --block-size 40)
     run --model tiny --total-batch-tokens 128 "${gpt2[@]}" "${sizes[@]}"
     theirs=$(grep "^final:" <<< "$out")
