@@ -10,7 +10,8 @@
 //
 //   accrue_train --model llama-tiny --synthetic --cpu --windows 20
 //   accrue_train --model llama-125m --train-data '/data/fw_train_*.bin' --eos-id 2
-//   accrue_train --model gpt2-d12 --train-data '/data/fineweb_train_*.bin'
+//   accrue_train --model gpt2-d12 --train-data '/data/fineweb_train_*.bin' --seq-len 1024
+//                --micro-batch 16 --total-batch-tokens 524288 --dtype bf16
 //   accrue_train --model llama-125m --synthetic --synthetic-documents full
 //                --dtype bf16 --micro-batch 8 --seq-len 2048 --accum 8 --bench
 //
