@@ -369,13 +369,17 @@ def run(torch, args, world, rank, device):
     }
 
 
-def main():
-    args = parse_args()
+def run_on_ranks(args, run, first_row, script, cpu_hint):
+    """The body of a benchmark's main() under torchrun or alone: the device and
+    process group from the launcher's variables, then run(torch, args, world,
+    rank, device) -> the result row, printed as one JSON line by rank 0 (and
+    by a rank that ran out of memory, whose row then says so: exit status 3).
+    first_row(world) is the row that an out-of-memory error extends."""
     import torch
     import torch.distributed as dist
 
     if not args.cpu and not torch.cuda.is_available():
-        sys.exit("torch_gpt2.py: no CUDA device (use --cpu --model tiny to check the script)")
+        sys.exit(f"{script}: no CUDA device ({cpu_hint})")
     world, rank, local_rank = launch_env()
     if args.cpu:
         device = torch.device("cpu")
@@ -387,9 +391,7 @@ def main():
             dist.init_process_group("gloo")
         else:
             dist.init_process_group("nccl", device_id=device)
-    row = {"impl": "pytorch", "mode": "compile" if args.compile else "eager", "model": args.model,
-           "world_size": world, "micro_batch": args.micro_batch, "K": args.k,
-           "seq_len": args.seq_len}
+    row = first_row(world)
     status = 0
     try:
         row = run(torch, args, world, rank, device)
@@ -412,6 +414,16 @@ def main():
     if dist.is_initialized():
         dist.destroy_process_group()
     sys.exit(status)
+
+
+def main():
+    args = parse_args()
+    run_on_ranks(args, run,
+                 lambda world: {"impl": "pytorch", "mode": "compile" if args.compile else "eager",
+                                "model": args.model, "world_size": world,
+                                "micro_batch": args.micro_batch, "K": args.k,
+                                "seq_len": args.seq_len},
+                 "torch_gpt2.py", "use --cpu --model tiny to check the script")
 
 
 if __name__ == "__main__":

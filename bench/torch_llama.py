@@ -117,7 +117,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from torch_gpt2 import peak_tflops  # noqa: E402  (imports no torch)
+from torch_gpt2 import max_over_ranks, peak_tflops, run_on_ranks  # noqa: E402  (import no torch)
 
 # accrue's presets (nn/llama_config.cpp), field for field.
 _BASE = dict(model_type="llama", vocab_size=32000, hidden=768, intermediate=2048, layers=12,
@@ -212,23 +212,6 @@ def parse_args(argv=None):
     if args.bucket_cap_mb <= 0:
         p.error(f"--bucket-cap-mb {args.bucket_cap_mb} must be positive")
     return args
-
-
-def launch_env():
-    """(world size, rank, local rank) from torchrun's variables; (1, 0, 0) without them."""
-    return (int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0")),
-            int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def max_over_ranks(torch, values, device):
-    """Each value's largest over the ranks (the values themselves on one process)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
 
 
 # ---- the model -------------------------------------------------------------------------------
@@ -541,49 +524,13 @@ def run(torch, args, world, rank, device):
 
 def main(argv=None):
     args = parse_args(argv)
-    import torch
-    import torch.distributed as dist
-
-    if not args.cpu and not torch.cuda.is_available():
-        sys.exit("torch_llama.py: no CUDA device (use --device cpu --model llama-tiny to check "
-                 "the script)")
-    world, rank, local_rank = launch_env()
-    if args.cpu:
-        device = torch.device("cpu")
-    else:
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    if world > 1:
-        if args.cpu:
-            dist.init_process_group("gloo")
-        else:
-            dist.init_process_group("nccl", device_id=device)
-    row = {"impl": "transformers" if args.impl == "transformers" else "pytorch",
-           "mode": "compile" if args.compile else "eager", "model": args.model,
-           "world_size": world, "micro_batch": args.micro_batch, "K": args.k,
-           "seq_len": args.seq_len}
-    status = 0
-    try:
-        row = run(torch, args, world, rank, device)
-    except torch.cuda.OutOfMemoryError:
-        # Printed by the rank that ran out (torchrun then stops the others).
-        row.update(error="out of memory", rank=rank,
-                   gpu="cpu" if args.cpu else torch.cuda.get_device_name(device))
-        status = 3
-    if rank == 0 or status != 0:
-        line = json.dumps(row)
-        print(line, flush=True)
-        if args.json and rank == 0:
-            with open(args.json, "w") as f:
-                f.write(line + "\n")
-    if status != 0 and dist.is_initialized():
-        # The other ranks may be waiting in a collective that never comes: leave
-        # without a clean shutdown (torchrun stops the rest of the group).
-        sys.stdout.flush()
-        os._exit(status)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    sys.exit(status)
+    run_on_ranks(args, run,
+                 lambda world: {"impl": "transformers" if args.impl == "transformers" else "pytorch",
+                                "mode": "compile" if args.compile else "eager",
+                                "model": args.model, "world_size": world,
+                                "micro_batch": args.micro_batch, "K": args.k,
+                                "seq_len": args.seq_len},
+                 "torch_llama.py", "use --device cpu --model llama-tiny to check the script")
 
 
 if __name__ == "__main__":
