@@ -133,15 +133,43 @@ def command(args, impl, world, b, k):
     return cmd if world == 1 else torchrun + cmd[1:]
 
 
-def why_failed(text):
-    """The line of a failed run's output that says why: the last error of the trainer or
-    of a Python exception (not torchrun's own ChildFailedError, whose report follows it),
-    else the last line with a letter in it."""
+def why_failed(text, trainer="accrue_train_gpt2"):
+    """The line of a failed run's output that says why: the last error of the trainer or of
+    a Python exception (not torchrun's ChildFailedError), else the last line with a letter."""
     lines = [line.strip() for line in text.splitlines() if any(c.isalpha() for c in line)]
     errors = [line for line in lines if "ChildFailedError" not in line and (
-        line.startswith("accrue_train_gpt2:") or re.match(r"[\w.]*(Error|Exception)\b", line))]
+        line.startswith(f"{trainer}:") or re.match(r"[\w.]*(Error|Exception)\b", line))]
     found = errors or lines
     return found[-1][:200] if found else ""
+
+
+def run_and_read(cmd, timeout, log_dir, tag, row, world, may_retry, limit, trainer, prefix):
+    """Runs cmd (once more when a 2-GPU accrue run found its exchange port taken, may_retry),
+    fills row from its JSON line and row["error"] with why it failed, if it did; returns the
+    run's seconds. limit: the timeout a message names."""
+    for attempt in (1, 2):
+        status, out, err, seconds = run_logged(cmd, timeout, log_dir,
+                                               tag if attempt == 1 else f"{tag}_retry")
+        if not (may_retry and world > 1 and attempt == 1 and PORT_TAKEN in out + err):
+            break
+        print(f"[{prefix}] {tag}: the exchange port was taken; once more", flush=True)
+    raw = last_json_line(out) or {}
+    row.update(seconds=round(seconds, 1), exit=status, raw=raw)
+    row.update(normalize(raw))
+    reported_world = raw.get("world_size")
+    # timeout(1) exits 124 after its SIGTERM, 137 when it had to SIGKILL.
+    if status is None or (world > 1 and status in (124, 137)):
+        row["error"] = f"timed out after {limit} s"
+    elif raw.get("error"):
+        row["error"] = str(raw["error"])
+    elif "out of memory" in (out + err).lower() and row["tokens_per_s"] is None:
+        row["error"] = "out of memory"
+    elif status != 0 or row["tokens_per_s"] is None:
+        why = why_failed(err, trainer) or why_failed(out, trainer) or "no output"
+        row["error"] = f"exit {status}: {why}"
+    elif reported_world is not None and reported_world != world:
+        row["error"] = f"ran as world size {reported_world}, not {world}"
+    return seconds
 
 
 def run_one(args, impl, world, b, k, label):
@@ -157,28 +185,8 @@ def run_one(args, impl, world, b, k, label):
         return None
     row = {"impl": impl, "label": label, "world_size": world, "micro_batch": b, "K": k,
            "cmd": cmd}
-    for attempt in (1, 2):
-        status, out, err, seconds = run_logged(cmd, args.timeout + 90, args.log_dir,
-                                               tag if attempt == 1 else f"{tag}_retry")
-        retry = (impl == "accrue" and world > 1 and attempt == 1 and PORT_TAKEN in out + err)
-        if not retry:
-            break
-        print(f"[gpt2_dp_bench] {tag}: the exchange port was taken; once more", flush=True)
-    raw = last_json_line(out) or {}
-    row.update(seconds=round(seconds, 1), exit=status, raw=raw)
-    row.update(normalize(raw))
-    reported_world = raw.get("world_size")
-    # timeout(1) exits 124 after its SIGTERM, 137 when it had to SIGKILL.
-    if status is None or (world > 1 and status in (124, 137)):
-        row["error"] = f"timed out after {args.timeout} s"
-    elif raw.get("error"):
-        row["error"] = str(raw["error"])
-    elif "out of memory" in (out + err).lower() and row["tokens_per_s"] is None:
-        row["error"] = "out of memory"
-    elif status != 0 or row["tokens_per_s"] is None:
-        row["error"] = f"exit {status}: {why_failed(err) or why_failed(out) or 'no output'}"
-    elif reported_world != world:
-        row["error"] = f"ran as world size {reported_world}, not {world}"
+    seconds = run_and_read(cmd, args.timeout + 90, args.log_dir, tag, row, world,
+                           impl == "accrue", args.timeout, "accrue_train_gpt2", "gpt2_dp_bench")
     if ok(row):
         peak = row["peak_mem_gib"]
         print(f"[gpt2_dp_bench] {tag}: {row['tokens_per_s']:,.0f} tokens/s, peak "

@@ -88,9 +88,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from gpt2_bench import (default_accrue_bin, find_ncu, fmt, fmt_rate, gpu_name,  # noqa: E402
-                        last_json_line, last_window, normalize, ok, parse_ncu_csv,
-                        parse_points, run_logged, short_name)
-from gpt2_dp_bench import CHILD_ENV, LAUNCHER_VARS, PORT_TAKEN  # noqa: E402
+                        last_window, ok, parse_ncu_csv, parse_points, run_logged, short_name)
+from gpt2_dp_bench import CHILD_ENV, LAUNCHER_VARS, run_and_read, why_failed  # noqa: E402
 import torch_gpt2  # noqa: E402  (the peak table; imports no torch)
 import torch_llama  # noqa: E402  (the presets and the FLOP count; imports no torch)
 
@@ -298,16 +297,6 @@ def planned_runs(args):
 
 # ---- running ---------------------------------------------------------------------------------
 
-def why_failed(text):
-    """The line of a failed run's output that says why: the last error of the trainer or of
-    a Python exception (not torchrun's ChildFailedError), else the last line with a letter."""
-    lines = [line.strip() for line in text.splitlines() if any(c.isalpha() for c in line)]
-    errors = [line for line in lines if "ChildFailedError" not in line and (
-        line.startswith("accrue_train:") or re.match(r"[\w.]*(Error|Exception)\b", line))]
-    found = errors or lines
-    return found[-1][:200] if found else ""
-
-
 def key(row):
     return (row["impl"], row["world_size"], row["model"], row["micro_batch"], row["K"])
 
@@ -323,29 +312,9 @@ def run_one(args, run, gpu):
     print(f"[llama_bench] {tag}: {shlex.join(cmd)}", flush=True)
     row = {"impl": impl, "label": label, "model": model, "world_size": world, "micro_batch": b,
            "K": k, "seq_len": args.seq_len, "cmd": cmd}
-    for attempt in (1, 2):
-        status, out, err, seconds = run_logged(cmd, args.timeout + (90 if world > 1 else 0),
-                                               args.log_dir,
-                                               tag if attempt == 1 else f"{tag}_retry")
-        retry = (impl.startswith("accrue") and world > 1 and attempt == 1
-                 and PORT_TAKEN in out + err)
-        if not retry:
-            break
-        print(f"[llama_bench] {tag}: the exchange port was taken; once more", flush=True)
-    raw = last_json_line(out) or {}
-    row.update(seconds=round(seconds, 1), exit=status, raw=raw)
-    row.update(normalize(raw))
-    reported_world = raw.get("world_size")
-    if status is None or (world > 1 and status in (124, 137)):
-        row["error"] = f"timed out after {args.timeout} s"
-    elif raw.get("error"):
-        row["error"] = str(raw["error"])
-    elif "out of memory" in (out + err).lower() and row["tokens_per_s"] is None:
-        row["error"] = "out of memory"
-    elif status != 0 or row["tokens_per_s"] is None:
-        row["error"] = f"exit {status}: {why_failed(err) or why_failed(out) or 'no output'}"
-    elif reported_world is not None and reported_world != world:
-        row["error"] = f"ran as world size {reported_world}, not {world}"
+    seconds = run_and_read(cmd, args.timeout + (90 if world > 1 else 0), args.log_dir, tag, row,
+                           world, impl.startswith("accrue"), args.timeout, "accrue_train",
+                           "llama_bench")
     if ok(row):
         peak = args.peak_tflops or torch_gpt2.peak_tflops(gpu)
         if peak:  # per GPU
@@ -393,7 +362,8 @@ def run_ncu(args, model, b, k):
     row.update(seconds=round(seconds, 1), exit=status)
     if not kernels:
         reason = "timed out" if status is None else f"exit {status}"
-        row["error"] = f"ncu: no kernel durations ({reason}): {why_failed(err) or why_failed(out)}"
+        row["error"] = (f"ncu: no kernel durations ({reason}): "
+                        f"{why_failed(err, 'accrue_train') or why_failed(out, 'accrue_train')}")
         print(f"[llama_bench] {tag}: {row['error']}", flush=True)
         return row
     window, note = last_window(kernels)
