@@ -260,35 +260,44 @@ class HostEvent:
         return (end.t - self.t) * 1e3
 
 
-def run(torch, args, world, rank, device):
-    torch.manual_seed(1234)  # every rank the same weights (DDP broadcasts rank 0's anyway)
-    model, vocab = build_model(torch, args)
-    model = model.to(device)
-    n_params = sum(p.numel() for p in model.parameters())
+def training_setup(torch, args, model, world, rank, device, vocab, wrap_ddp=True):
+    """What the PyTorch benchmarks train with: fused AdamW (weight decay on 2-D weights only),
+    DDP under torchrun (unless wrap_ddp is False: FSDP2 has wrapped the model itself),
+    torch.compile when asked, and a few random micro-batches, each rank its own, reused (fresh
+    data each micro-step would time the draw). Returns (opt, ddp or None, step_model, batches)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=not args.cpu)
     ddp = None
-    if world > 1:
+    if world > 1 and wrap_ddp:
         ddp = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=None if args.cpu else [device.index],
             bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)
     net = ddp if ddp is not None else model
     step_model = torch.compile(net) if args.compile else net
-    # Under DDP the gradients stay views of the buckets (set_to_none would drop them).
-    set_to_none = ddp is None
-
     B, K, T = args.micro_batch, args.k, args.seq_len
-    tokens_per_window = B * K * T  # this rank's
     gen = torch.Generator(device=device)
-    gen.manual_seed(2024 + rank)  # each rank its own tokens
-    # A few random micro-batches, reused: fresh data each micro-step would time the draw.
+    gen.manual_seed(2024 + rank)
     batches = []
     for _ in range(min(K, 4)):
         seq = torch.randint(0, vocab, (B, T + 1), device=device, generator=gen)
         batches.append((seq[:, :-1].contiguous(), seq[:, 1:].contiguous()))
+    return opt, ddp, step_model, batches
+
+
+def run(torch, args, world, rank, device):
+    torch.manual_seed(1234)  # every rank the same weights (DDP broadcasts rank 0's anyway)
+    model, vocab = build_model(torch, args)
+    model = model.to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    opt, ddp, step_model, batches = training_setup(torch, args, model, world, rank, device,
+                                                   vocab)
+    # Under DDP the gradients stay views of the buckets (set_to_none would drop them).
+    set_to_none = ddp is None
+    B, K, T = args.micro_batch, args.k, args.seq_len
+    tokens_per_window = B * K * T  # this rank's
     # This rank's token mean; DDP averages the ranks' gradients: the global mean.
     inv_tokens = 1.0 / tokens_per_window
 

@@ -117,7 +117,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from torch_gpt2 import max_over_ranks, peak_tflops, run_on_ranks  # noqa: E402  (import no torch)
+from torch_gpt2 import (max_over_ranks, peak_tflops, run_on_ranks,  # noqa: E402  (import no torch)
+                        training_setup)
 
 # accrue's presets (nn/llama_config.cpp), field for field.
 _BASE = dict(model_type="llama", vocab_size=32000, hidden=768, intermediate=2048, layers=12,
@@ -387,30 +388,12 @@ def run(torch, args, world, rank, device):
     fsdp = world > 1 and args.fsdp
     if fsdp:
         model = apply_fsdp(torch, model, args)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=not args.cpu)
-    ddp = None
-    if world > 1 and not fsdp:
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=None if args.cpu else [device.index],
-            bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)
-    net = ddp if ddp is not None else model
-    step_model = torch.compile(net) if args.compile else net
+    opt, ddp, step_model, batches = training_setup(torch, args, model, world, rank, device,
+                                                   c["vocab_size"], wrap_ddp=not fsdp)
     # Under DDP the gradients stay views of the buckets (set_to_none would drop them).
     set_to_none = ddp is None
-
     B, K, T = args.micro_batch, args.k, args.seq_len
     tokens_per_window = B * K * T  # this rank's
-    gen = torch.Generator(device=device)
-    gen.manual_seed(2024 + rank)  # each rank its own tokens
-    # A few random micro-batches, reused: fresh data each micro-step would time the draw.
-    batches = []
-    for _ in range(min(K, 4)):
-        seq = torch.randint(0, c["vocab_size"], (B, T + 1), device=device, generator=gen)
-        batches.append((seq[:, :-1].contiguous(), seq[:, 1:].contiguous()))
 
     def autocast():
         # FSDP2 computes in bf16 through its MixedPrecisionPolicy instead.
