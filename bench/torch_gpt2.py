@@ -260,6 +260,26 @@ class HostEvent:
         return (end.t - self.t) * 1e3
 
 
+def time_windows(torch, args, device, window):
+    """args.warmup untimed calls of window(), then args.windows timed ones (CUDA events on the
+    stream, or the host clock on the CPU), peak memory counted from before the warm-up; the
+    windows' times in ms."""
+    stream = None if args.cpu else torch.cuda.current_stream(device)
+    if not args.cpu:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    for _ in range(args.warmup):
+        window()
+    marks = [HostEvent() if args.cpu else torch.cuda.Event(enable_timing=True)
+             for _ in range(args.windows + 1)]
+    marks[0].record(stream)
+    for w in range(args.windows):
+        window()
+        marks[w + 1].record(stream)
+    marks[-1].synchronize()
+    return [marks[w].elapsed_time(marks[w + 1]) for w in range(args.windows)]
+
+
 def training_setup(torch, args, model, world, rank, device, vocab, wrap_ddp=True):
     """What the PyTorch benchmarks train with: fused AdamW (weight decay on 2-D weights only),
     DDP under torchrun (unless wrap_ddp is False: FSDP2 has wrapped the model itself),
@@ -322,20 +342,7 @@ def run(torch, args, world, rank, device):
         opt.zero_grad(set_to_none=set_to_none)
         losses.append(total)
 
-    stream = None if args.cpu else torch.cuda.current_stream(device)
-    if not args.cpu:
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    for _ in range(args.warmup):
-        window()
-    marks = [HostEvent() if args.cpu else torch.cuda.Event(enable_timing=True)
-             for _ in range(args.windows + 1)]
-    marks[0].record(stream)
-    for w in range(args.windows):
-        window()
-        marks[w + 1].record(stream)
-    marks[-1].synchronize()
-    window_ms = [marks[w].elapsed_time(marks[w + 1]) for w in range(args.windows)]
+    window_ms = time_windows(torch, args, device, window)
     loss = float(losses[-1]) * inv_tokens
     if not math.isfinite(loss):
         raise RuntimeError(f"the last window's loss is {loss}")

@@ -113,12 +113,11 @@ import math
 import os
 import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from torch_gpt2 import (max_over_ranks, peak_tflops, run_on_ranks,  # noqa: E402  (import no torch)
-                        training_setup)
+                        time_windows, training_setup)
 
 # accrue's presets (nn/llama_config.cpp), field for field.
 _BASE = dict(model_type="llama", vocab_size=32000, hidden=768, intermediate=2048, layers=12,
@@ -347,19 +346,6 @@ def build_transformers(c):
 
 # ---- the run ---------------------------------------------------------------------------------
 
-class HostEvent:
-    """torch.cuda.Event's timing interface on the host clock, for --device cpu."""
-
-    def record(self, stream=None):
-        self.t = time.perf_counter()
-
-    def synchronize(self):
-        pass
-
-    def elapsed_time(self, end):
-        return (end.t - self.t) * 1e3
-
-
 def apply_fsdp(torch, model, args):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -436,20 +422,7 @@ def run(torch, args, world, rank, device):
         opt.zero_grad(set_to_none=set_to_none)
         losses.append(total / K)
 
-    stream = None if args.cpu else torch.cuda.current_stream(device)
-    if not args.cpu:
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    for _ in range(args.warmup):
-        window()
-    marks = [HostEvent() if args.cpu else torch.cuda.Event(enable_timing=True)
-             for _ in range(args.windows + 1)]
-    marks[0].record(stream)
-    for w in range(args.windows):
-        window()
-        marks[w + 1].record(stream)
-    marks[-1].synchronize()
-    window_ms = [marks[w].elapsed_time(marks[w + 1]) for w in range(args.windows)]
+    window_ms = time_windows(torch, args, device, window)
     loss = float(losses[-1])
     if not math.isfinite(loss):
         raise RuntimeError(f"the last window's loss is {loss}")
