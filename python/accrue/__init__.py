@@ -138,6 +138,8 @@ f16 = float16 = half = dtype.f16
 i32 = int32 = dtype.i32
 i64 = int64 = long = dtype.i64
 bool_ = dtype.bool
+f8e4m3 = float8_e4m3fn = dtype.f8e4m3
+f8e5m2 = float8_e5m2 = dtype.f8e5m2
 
 __version__ = "0.1.0"
 

@@ -25,7 +25,11 @@ void bind_types(nb::module_& m) {
       .value("f16", DType::f16, "IEEE half (torch.float16)")
       .value("i32", DType::i32, "32-bit integer (torch.int32)")
       .value("i64", DType::i64, "64-bit integer (torch.int64)")
-      .value("bool", DType::boolean, "bool (torch.bool)");
+      .value("bool", DType::boolean, "bool (torch.bool)")
+      .value("f8e4m3", DType::f8e4m3,
+             "FP8 e4m3fn, storage for scaled GEMMs (torch.float8_e4m3fn; Note [FP8 dtypes])")
+      .value("f8e5m2", DType::f8e5m2,
+             "FP8 e5m2, storage for scaled GEMMs (torch.float8_e5m2; Note [FP8 dtypes])");
   m.def(
       "element_size", [](DType t) { return element_size(t); }, nb::arg("dtype"),
       "Bytes per element of `dtype`.");

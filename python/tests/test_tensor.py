@@ -196,3 +196,18 @@ def test_assignment_never_writes_into_a_copy():
     with accrue.no_grad():
         w[::2] = 1.0
     assert w.tolist() == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+
+
+def test_fp8_tensors_are_storage_with_saturating_casts():
+    # e4m3fn: exact for its own values, 448 at most (larger values saturate).
+    x = accrue.tensor([0.5, -1.75, 448.0, 2.0**-9, 1000.0], dtype=accrue.f32)
+    q = x.to(accrue.float8_e4m3fn)
+    assert q.dtype == accrue.f8e4m3 and accrue.element_size(q.dtype) == 1
+    assert q.to(accrue.f32).tolist() == [0.5, -1.75, 448.0, 2.0**-9, 448.0]
+    assert x.to(accrue.f8e5m2).to(accrue.f32).tolist()[:3] == [0.5, -1.75, 448.0]
+    assert not accrue.is_floating_point(accrue.f8e4m3)
+    # Not a compute dtype: ops refuse it, naming it; numpy has no FP8.
+    with pytest.raises(accrue.Error, match="f8e4m3"):
+        q + q
+    with pytest.raises(accrue.Error, match="f8e4m3"):
+        q.numpy()
