@@ -68,6 +68,7 @@
 #include "examples/common/train_model.h"
 #include "examples/common/validation.h"
 #include "examples/common/window_reporter.h"
+#include "examples/train/train_data.h"
 
 using namespace accrue;
 using namespace accrue::examples;
@@ -330,74 +331,9 @@ void probe_outputs(const Options& o) {
   if (!o.gemm_tuning.empty()) probe_output_file("--gemm-tuning", o.gemm_tuning);
 }
 
-int64_t meta_int(const std::map<std::string, std::string>& meta, const std::string& key,
-                 const std::string& path) {
-  auto it = meta.find(key);
-  ACCRUE_CHECK(it != meta.end(), "checkpoint ", path, " has no '", key, "' in its metadata");
-  int64_t v = 0;
-  const std::string& s = it->second;
-  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  ACCRUE_CHECK(ec == std::errc() && ptr == s.data() + s.size() && !s.empty(), "checkpoint ", path,
-               ": metadata '", key, "' = '", s, "' is not an integer");
-  return v;
-}
-
-// One packed micro-batch: inputs and targets [B, T], the documents' offsets
-// and positions (Note [Llama batch layouts]).
-struct Batch {
-  Tensor inputs, targets, cu_seqlens, positions;
-};
-
-// The synthetic documents: random lengths in [1, T], laid end to end over the
-// B rows; within a document every other token repeats the one before it, so
-// the loss can fall. A document's last token has no target.
-Batch synthetic_batch(int64_t B, int64_t T, int64_t vocab, Generator& gen, Device device) {
-  const int64_t n = B * T;
-  const std::vector<int64_t> tok =
-      randint(0, vocab, {n}, DType::i64, Device::cpu(), &gen).to_vector<int64_t>();
-  const std::vector<int64_t> draws =
-      randint(1, T + 1, {n}, DType::i64, Device::cpu(), &gen).to_vector<int64_t>();
-  std::vector<int64_t> lengths;
-  for (int64_t used = 0, i = 0; used < n; ++i) {
-    const int64_t len = std::min(draws[static_cast<size_t>(i)], n - used);
-    lengths.push_back(len);
-    used += len;
-  }
-  std::vector<int64_t> inputs(static_cast<size_t>(n)), targets(static_cast<size_t>(n), -100);
-  int64_t start = 0;
-  for (int64_t len : lengths) {
-    for (int64_t j = 0; j < len; ++j) {
-      const size_t t = static_cast<size_t>(start + j);
-      inputs[t] = (j % 2 == 1) ? inputs[t - 1] : tok[t];
-    }
-    for (int64_t j = 0; j + 1 < len; ++j)
-      targets[static_cast<size_t>(start + j)] = inputs[static_cast<size_t>(start + j + 1)];
-    start += len;
-  }
-  const nn::BatchLayout layout = nn::BatchLayout::packed_documents(lengths, B, T, device);
-  return {from_vector<int64_t>(inputs, {B, T}, DType::i64, device),
-          from_vector<int64_t>(targets, {B, T}, DType::i64, device), layout.cu_seqlens,
-          layout.positions.defined() ? layout.positions
-                                     : nn::positions_from_cu_seqlens(layout.cu_seqlens, B, T)};
-}
-
 std::string absolute_path(const std::string& path) {
   if (path.empty()) return path;
   return std::filesystem::absolute(path).lexically_normal().string();
-}
-
-// --synthetic-documents full: random tokens drawn on the device (no host copy
-// to wait for, Note [Trainer synchronization]), each row one causal sequence;
-// no offsets, so attention takes its plain causal path.
-Batch synthetic_full_batch(int64_t B, int64_t T, int64_t vocab, const SyntheticRows& rows,
-                           Generator& gen, Device device) {
-  const Tensor t = randint(rows.low, vocab, {B, T + 1}, rows.dtype, device, &gen);
-  return {t.narrow(1, 0, T).contiguous(), t.narrow(1, 1, T).contiguous(), Tensor(), Tensor()};
-}
-
-nn::BatchLayout layout_of(const Batch& b) {
-  return b.cu_seqlens.defined() ? nn::BatchLayout::packed(b.cu_seqlens, b.positions)
-                                : nn::BatchLayout::full();
 }
 
 JsonObject memory_json(const optim::StoreMemory& m) {
@@ -417,13 +353,8 @@ const char* documents_name(const Options& o) {
   return o.synthetic_documents == SyntheticDocuments::full ? "full" : "random";
 }
 
-int train(int argc, char** argv) {
-  Options opt;
-  if (!parse(argc, argv, opt)) return 0;
-  const Launch where = launch(opt.force_cpu);
-  if (where.main_rank()) probe_outputs(opt);
-  const Device device = where.device;
-  const int ranks = where.world_size();
+// The checks that need the world size; --total-batch-tokens sets K.
+void resolve_window(Options& opt, int ranks) {
   if (opt.total_batch_tokens) {
     const int64_t step = checked_product(
         {{"--micro-batch", opt.micro_batch}, {"--seq-len", opt.seq_len}, {"ranks", ranks}});
@@ -442,45 +373,33 @@ int train(int argc, char** argv) {
                 " is not inside a window of K = ", opt.accum, " micro-steps");
   if (opt.noise_scale_every > 0 && opt.accum < 2)
     usage_error("--noise-scale-every needs K >= 2 micro-batches per window, got K = ", opt.accum);
-  const DType master = opt.dtype == DType::f64 ? DType::f64 : DType::f32;
-  // Every rank the same weights (rank 0's are broadcast anyway).
-  Generator init(static_cast<uint64_t>(opt.seed));
-  TrainModelOptions model_options;
-  model_options.name = opt.model;
-  model_options.seq_len = opt.seq_len;
-  model_options.activation_checkpointing = opt.activation_checkpointing;
-  model_options.dropout = opt.dropout;
-  model_options.dropout_seed =
-      static_cast<uint64_t>(opt.seed) + 1 + static_cast<uint64_t>(where.rank.rank);
-  model_options.n_layer = opt.n_layer;
-  model_options.n_head = opt.n_head;
-  model_options.n_embd = opt.n_embd;
-  model_options.vocab_size = opt.vocab_size;
-  model_options.block_size = opt.block_size;
-  model_options.composed = opt.composed;
-  const std::unique_ptr<TrainModel> model =
-      make_train_model(model_options, {device, master, &init});
-  if (!opt.init_from.empty()) {  // before the store is built: the master weights copy them
-    model->init_from(opt.init_from);
-    std::printf("initialized from %s\n", opt.init_from.c_str());
-  }
-  const int64_t vocab = model->vocab_size();
-  ACCRUE_CHECK(opt.synthetic || opt.eos_id < vocab, "--eos-id ", opt.eos_id,
-               " is outside the vocabulary [0, ", vocab, ")");
-  // Each rank its own synthetic stream (Note [Synthetic rows]).
-  const SyntheticRows rows = model->synthetic_rows();
-  Generator synth(static_cast<uint64_t>(opt.seed) + rows.seed_offset +
-                  static_cast<uint64_t>(where.rank.rank));
-  const int64_t B = opt.micro_batch, T = opt.seq_len;
-  const int64_t window_tokens = checked_product(
-      {{"--micro-batch", B}, {"--seq-len", T}, {"--accum", opt.accum}, {"ranks", ranks}});
+}
 
+TrainModelOptions model_options_of(const Options& opt, int rank) {
+  TrainModelOptions o;
+  o.name = opt.model;
+  o.seq_len = opt.seq_len;
+  o.activation_checkpointing = opt.activation_checkpointing;
+  o.dropout = opt.dropout;
+  o.dropout_seed = static_cast<uint64_t>(opt.seed) + 1 + static_cast<uint64_t>(rank);
+  o.n_layer = opt.n_layer;
+  o.n_head = opt.n_head;
+  o.n_embd = opt.n_embd;
+  o.vocab_size = opt.vocab_size;
+  o.block_size = opt.block_size;
+  o.composed = opt.composed;
+  return o;
+}
+
+// Note [Run record]: what a resume must match (or --allow-changed lets differ).
+RunRecord run_record(const Options& opt, const TrainModel& model, int ranks,
+                     const LossScaling& scaling) {
   RunRecord record;
   record.text("model", opt.model.rfind("hf:", 0) == 0 ? "hf:" + absolute_path(opt.model.substr(3))
                                                       : opt.model);
-  record.integer("parameters", model->parameter_count());
+  record.integer("parameters", model.parameter_count());
   JsonObject sizes;  // the model's configuration, overrides included
-  model->describe_json(sizes);
+  model.describe_json(sizes);
   record.text("model_config", sizes.str());
   record.text("init_from", absolute_path(opt.init_from));
   record.number("dropout", opt.dropout);
@@ -496,7 +415,6 @@ int train(int argc, char** argv) {
   record.integer("eos_id", opt.eos_id);
   record.number("weight_decay", opt.weight_decay);
   record.number("max_grad_norm", opt.max_grad_norm);
-  const LossScaling scaling{opt.dtype, B * T, opt.init_scale, opt.calibrate_scale};
   record.text("loss_scaler", loss_scaler_text(scaling));
   record.number("beta1", opt.beta1);
   record.number("beta2", opt.beta2);
@@ -505,6 +423,74 @@ int train(int argc, char** argv) {
   record.number("lr", opt.lr, "lr");
   record.integer("warmup_windows", opt.warmup_windows, "lr");
   record.integer("windows", opt.windows, "windows");
+  return record;
+}
+
+// Restores a run from its checkpoint (already read and checked against the
+// run record): the master weights, the window's state, the data's and the
+// dropout's positions; the windows it had closed.
+int64_t resume_run(const Options& opt, std::map<std::string, Tensor>& resumed,
+                   const std::map<std::string, std::string>& resumed_meta, optim::ParamStore& store,
+                   optim::Window& window, TrainData& train_data, TrainModel& model) {
+  Tensor flat = zeros({store.padded_numel()}, store.master().dtype());
+  for (const optim::ParamStore::Slot& slot : store.slots()) {
+    auto it = resumed.find("model." + slot.name);
+    ACCRUE_CHECK(it != resumed.end(), "checkpoint ", opt.resume, " has no 'model.", slot.name, "'");
+    ACCRUE_CHECK(it->second.shape() == slot.shape, "checkpoint ", opt.resume, ": 'model.",
+                 slot.name, "' has shape ", shape_str(it->second.shape()), ", expected ",
+                 shape_str(slot.shape));
+    flat.narrow(0, slot.offset, slot.numel).copy_(it->second.reshape({slot.numel}));
+  }
+  std::map<std::string, Tensor> state{{"master", flat}};
+  for (const auto& [key, t] : resumed)
+    if (key.rfind("optim.", 0) == 0) state[key.substr(6)] = t;
+  window.load_state_dict(state);
+  const int64_t start = meta_int(resumed_meta, "windows_closed", opt.resume);
+  // A mid-window checkpoint (--stop-micro-steps) resumes at its micro-step.
+  ACCRUE_CHECK(start == window.windows_closed(), "checkpoint ", opt.resume, ": windows_closed ",
+               start, " disagrees with its window state");
+  train_data.read_position(resumed_meta, opt.resume);
+  if (Generator* g = model.dropout_generator())
+    g->set_state(g->seed(),
+                 static_cast<uint64_t>(meta_int(resumed_meta, "dropout.offset", opt.resume)));
+  resumed.clear();
+  std::printf("resumed %s at window %lld%s\n", opt.resume.c_str(), (long long)start,
+              window.micro_step() > 0 ? (", inside window " + std::to_string(start + 1) +
+                                         " after micro-step " + std::to_string(window.micro_step()))
+                                            .c_str()
+                                      : "");
+  return start;
+}
+
+int train(int argc, char** argv) {
+  Options opt;
+  if (!parse(argc, argv, opt)) return 0;
+  const Launch where = launch(opt.force_cpu);
+  if (where.main_rank()) probe_outputs(opt);
+  const Device device = where.device;
+  const int ranks = where.world_size();
+  resolve_window(opt, ranks);
+  const DType master = opt.dtype == DType::f64 ? DType::f64 : DType::f32;
+  // Every rank the same weights (rank 0's are broadcast anyway).
+  Generator init(static_cast<uint64_t>(opt.seed));
+  const TrainModelOptions model_options = model_options_of(opt, where.rank.rank);
+  const std::unique_ptr<TrainModel> model =
+      make_train_model(model_options, {device, master, &init});
+  if (!opt.init_from.empty()) {  // before the store is built: the master weights copy them
+    model->init_from(opt.init_from);
+    std::printf("initialized from %s\n", opt.init_from.c_str());
+  }
+  const int64_t vocab = model->vocab_size();
+  ACCRUE_CHECK(opt.synthetic || opt.eos_id < vocab, "--eos-id ", opt.eos_id,
+               " is outside the vocabulary [0, ", vocab, ")");
+  // Each rank its own synthetic stream (Note [Synthetic rows]).
+  const SyntheticRows rows = model->synthetic_rows();
+  const int64_t B = opt.micro_batch, T = opt.seq_len;
+  const int64_t window_tokens = checked_product(
+      {{"--micro-batch", B}, {"--seq-len", T}, {"--accum", opt.accum}, {"ranks", ranks}});
+
+  const LossScaling scaling{opt.dtype, B * T, opt.init_scale, opt.calibrate_scale};
+  const RunRecord record = run_record(opt, *model, ranks, scaling);
 
   std::map<std::string, Tensor> resumed;
   std::map<std::string, std::string> resumed_meta;
@@ -520,48 +506,26 @@ int train(int argc, char** argv) {
 
   // Note [Document batches]: rank r reads its own B rows of every step; GPT-2
   // reads contiguous rows instead (Note [GPT-2 rows]), rank r its own too.
-  std::unique_ptr<data::DocumentBatches> docs;
-  std::unique_ptr<data::TokenShards> shards;
-  std::unique_ptr<data::DataLoader> loader;
-  if (!opt.synthetic && !model->packed_documents()) {
-    shards = std::make_unique<data::TokenShards>(opt.train_data);
-    loader = std::make_unique<data::DataLoader>(*shards, data::LoaderOptions()
-                                                             .batch(opt.micro_batch)
-                                                             .seq_len(opt.seq_len)
-                                                             .rank(where.rank.rank)
-                                                             .world_size(ranks)
-                                                             .vocab_size(vocab));
-  } else if (!opt.synthetic)
-    docs = std::make_unique<data::DocumentBatches>(opt.train_data, data::DocumentOptions()
-                                                                       .batch(opt.micro_batch)
-                                                                       .seq_len(opt.seq_len)
-                                                                       .eos_id(opt.eos_id)
-                                                                       .vocab_size(vocab)
-                                                                       .rank(where.rank.rank)
-                                                                       .world_size(ranks)
-                                                                       .device(device));
-
+  TrainDataOptions data_options;
+  data_options.path = opt.synthetic ? "" : opt.train_data;
+  data_options.packed = model->packed_documents();
+  data_options.full_rows = opt.synthetic_documents == SyntheticDocuments::full;
+  data_options.batch = opt.micro_batch;
+  data_options.seq_len = opt.seq_len;
+  data_options.eos_id = opt.eos_id;
+  data_options.vocab = vocab;
+  data_options.rank = where.rank.rank;
+  data_options.world_size = ranks;
+  data_options.device = device;
+  data_options.rows = rows;
+  data_options.synthetic_seed =
+      static_cast<uint64_t>(opt.seed) + rows.seed_offset + static_cast<uint64_t>(where.rank.rank);
+  TrainData train_data(data_options);
   // Validation, read as the training data is (this rank's part of each step).
-  std::unique_ptr<data::DocumentBatches> val_docs;
-  std::unique_ptr<data::TokenShards> val_shards;
-  std::unique_ptr<data::DataLoader> val_loader;
-  if (!opt.val_data.empty() && !model->packed_documents()) {
-    val_shards = std::make_unique<data::TokenShards>(opt.val_data);
-    val_loader = std::make_unique<data::DataLoader>(*val_shards, data::LoaderOptions()
-                                                                     .batch(opt.micro_batch)
-                                                                     .seq_len(opt.seq_len)
-                                                                     .rank(where.rank.rank)
-                                                                     .world_size(ranks)
-                                                                     .vocab_size(vocab));
-  } else if (!opt.val_data.empty()) {
-    val_docs = std::make_unique<data::DocumentBatches>(opt.val_data, data::DocumentOptions()
-                                                                         .batch(opt.micro_batch)
-                                                                         .seq_len(opt.seq_len)
-                                                                         .eos_id(opt.eos_id)
-                                                                         .vocab_size(vocab)
-                                                                         .rank(where.rank.rank)
-                                                                         .world_size(ranks)
-                                                                         .device(device));
+  std::unique_ptr<TrainData> val_data;
+  if (!opt.val_data.empty()) {
+    data_options.path = opt.val_data;
+    val_data = std::make_unique<TrainData>(data_options);
   }
 
   std::printf("%s on %s: %s%s\n", kProgram, where.describe().c_str(), model->describe().c_str(),
@@ -609,50 +573,9 @@ int train(int argc, char** argv) {
                  resumed_meta.count("skipped_in_a_row")
                      ? meta_int(resumed_meta, "skipped_in_a_row", opt.resume)
                      : 0);
-  int64_t start = 0;
-  if (!opt.resume.empty()) {
-    Tensor flat = zeros({store.padded_numel()}, store.master().dtype());
-    for (const optim::ParamStore::Slot& slot : store.slots()) {
-      auto it = resumed.find("model." + slot.name);
-      ACCRUE_CHECK(it != resumed.end(), "checkpoint ", opt.resume, " has no 'model.", slot.name,
-                   "'");
-      ACCRUE_CHECK(it->second.shape() == slot.shape, "checkpoint ", opt.resume, ": 'model.",
-                   slot.name, "' has shape ", shape_str(it->second.shape()), ", expected ",
-                   shape_str(slot.shape));
-      flat.narrow(0, slot.offset, slot.numel).copy_(it->second.reshape({slot.numel}));
-    }
-    std::map<std::string, Tensor> state{{"master", flat}};
-    for (const auto& [key, t] : resumed)
-      if (key.rfind("optim.", 0) == 0) state[key.substr(6)] = t;
-    window.load_state_dict(state);
-    start = meta_int(resumed_meta, "windows_closed", opt.resume);
-    // A mid-window checkpoint (--stop-micro-steps) resumes at its micro-step.
-    ACCRUE_CHECK(start == window.windows_closed(), "checkpoint ", opt.resume, ": windows_closed ",
-                 start, " disagrees with its window state");
-    if (docs) {
-      docs->set_position({meta_int(resumed_meta, "data.shard", opt.resume),
-                          meta_int(resumed_meta, "data.offset", opt.resume),
-                          meta_int(resumed_meta, "data.epoch", opt.resume)});
-    } else if (loader) {
-      loader->set_position({meta_int(resumed_meta, "data.shard", opt.resume),
-                            meta_int(resumed_meta, "data.offset", opt.resume),
-                            meta_int(resumed_meta, "data.epoch", opt.resume)});
-    } else {
-      // Every rank draws as many numbers per batch, so rank 0's offset is every rank's.
-      synth.set_state(synth.seed(), static_cast<uint64_t>(
-                                        meta_int(resumed_meta, "synthetic.offset", opt.resume)));
-    }
-    if (Generator* g = model->dropout_generator())
-      g->set_state(g->seed(),
-                   static_cast<uint64_t>(meta_int(resumed_meta, "dropout.offset", opt.resume)));
-    resumed.clear();
-    std::printf("resumed %s at window %lld%s\n", opt.resume.c_str(), (long long)start,
-                window.micro_step() > 0
-                    ? (", inside window " + std::to_string(start + 1) + " after micro-step " +
-                       std::to_string(window.micro_step()))
-                          .c_str()
-                    : "");
-  }
+  const int64_t start = opt.resume.empty() ? 0
+                                           : resume_run(opt, resumed, resumed_meta, store, window,
+                                                        train_data, *model);
 
   // Rank 0 writes the checkpoint: without ZeRO-1 every rank holds the same state.
   auto save = [&](const std::string& at) {
@@ -670,35 +593,12 @@ int train(int argc, char** argv) {
     meta["skipped_in_a_row"] = std::to_string(guard.skipped_in_a_row());
     if (Generator* g = model->dropout_generator())
       meta["dropout.offset"] = std::to_string(g->offset());
-    if (docs) {
-      meta["data.shard"] = std::to_string(docs->position().shard);
-      meta["data.offset"] = std::to_string(docs->position().offset);
-      meta["data.epoch"] = std::to_string(docs->position().epoch);
-    } else if (loader) {
-      meta["data.shard"] = std::to_string(loader->position().shard);
-      meta["data.offset"] = std::to_string(loader->position().offset);
-      meta["data.epoch"] = std::to_string(loader->position().epoch);
-    } else {
-      meta["synthetic.offset"] = std::to_string(synth.offset());
-    }
+    train_data.write_position(&meta);
     save_checkpoint_file(opt.checkpoint, tensors, meta);
     std::printf("checkpoint: %s (%s; %s)\n", opt.checkpoint.c_str(), at.c_str(),
                 file_report(opt.checkpoint, t0).c_str());
   };
 
-  auto next_batch = [&]() -> Batch {
-    if (docs) {
-      data::DocumentBatch b = docs->next_batch();
-      return {b.inputs, b.targets, b.cu_seqlens, b.positions};
-    }
-    if (loader) {
-      data::Batch b = loader->next_batch();
-      return {b.inputs.to(device), b.targets.to(device), Tensor(), Tensor()};
-    }
-    if (opt.synthetic_documents == SyntheticDocuments::full)
-      return synthetic_full_batch(B, T, vocab, rows, synth, device);
-    return synthetic_batch(B, T, vocab, synth, device);
-  };
   if (!opt.gemm_tuning.empty())
     kernels::set_gemm_tuning_file(opt.gemm_tuning);  // Note [GEMM autotuning]
   // Note [Trainer synchronization]: DocumentBatches checked every token against the
@@ -730,7 +630,7 @@ int train(int argc, char** argv) {
       make_layer_monitor(opt.layer_metrics_every, store, optimizer, graphed != nullptr);
   auto measures_layers = [&](int64_t w) { return layers && w % opt.layer_metrics_every == 0; };
   auto micro_step = [&] {
-    Batch b = next_batch();
+    Batch b = train_data.next();
     if (graphed && b.cu_seqlens.defined()) {
       graphed->backward({b.inputs, b.targets, padded_offsets(b.cu_seqlens), b.positions});
     } else if (graphed) {
@@ -810,20 +710,13 @@ int train(int argc, char** argv) {
     last = r;
     reporter.print(w, r, optimizer.config_at(r.window - 1).groups[0].lr);
     double val = NAN;
-    if ((val_loader || val_docs) && ((opt.val_every > 0 && w % opt.val_every == 0) || w == end)) {
-      if (val_loader) val_loader->reset();
-      if (val_docs) val_docs->reset();
+    if (val_data && ((opt.val_every > 0 && w % opt.val_every == 0) || w == end)) {
+      val_data->reset();
       model->set_training(false);  // no dropout
       val = validation_loss(
           [&] {
-            if (val_loader) {
-              data::Batch b = val_loader->next_batch();
-              return model->loss(b.inputs.to(device), b.targets.to(device),
-                                 nn::BatchLayout::full());
-            }
-            data::DocumentBatch b = val_docs->next_batch();
-            return model->loss(b.inputs, b.targets,
-                               nn::BatchLayout::packed(b.cu_seqlens, b.positions));
+            const Batch b = val_data->next();
+            return model->loss(b.inputs, b.targets, layout_of(b));
           },
           opt.val_batches, dp.comm.get(), device);
       model->set_training(true);
