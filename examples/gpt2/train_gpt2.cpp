@@ -241,17 +241,8 @@ int train(int argc, char** argv) {
     }
   };
   auto run_window = [&] {
-    const NvtxRange range("accrue window");
-    const bool measure = measures_layers(window.windows_closed() + 1);
-    for (int64_t k = window.micro_step(); k < plan.K; ++k)  // a resumed window continues
-      micro_step();
-    if (measure) layers->before_close();
-    if (graphed) {
-      graphed->close();
-    } else {
-      window.close();
-    }
-    if (measure) layers->after_close();
+    run_one_window(window, graphed.get(), layers.get(),
+                   measures_layers(window.windows_closed() + 1), plan.K, micro_step);
   };
   WindowReporter reporter(
       opt.windows, plan.window_tokens, compute, device, flops_per_token(config, plan.T),

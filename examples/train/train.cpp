@@ -640,17 +640,8 @@ int train(int argc, char** argv) {
     }
   };
   auto run_window = [&] {
-    const NvtxRange range("accrue window");
-    const bool measure = measures_layers(window.windows_closed() + 1);
-    for (int64_t k = window.micro_step(); k < opt.accum; ++k)  // a resumed window continues
-      micro_step();
-    if (measure) layers->before_close();
-    if (graphed) {
-      graphed->close();
-    } else {
-      window.close();
-    }
-    if (measure) layers->after_close();
+    run_one_window(window, graphed.get(), layers.get(),
+                   measures_layers(window.windows_closed() + 1), opt.accum, micro_step);
   };
   reset_peak_memory(device);
   const double flops_per_token = model->flops_per_token(T);
