@@ -191,4 +191,31 @@ bool LtState::run_gemm_ex(const LtProblem& p, cudaStream_t stream, void* workspa
   return status == CUBLAS_STATUS_SUCCESS;
 }
 
+bool heuristic_algo(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                    cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, uint32_t align_a,
+                    uint32_t align_b, uint32_t align_c, cublasLtMatmulAlgo_t* algo) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  bool ok = true;
+  auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
+    ok = ok &&
+         cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v)) == CUBLAS_STATUS_SUCCESS;
+  };
+  set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kWorkspaceBytes));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  if (ok) {
+    ok = cublasLtMatmulAlgoGetHeuristic(handle, op, a, b, c, c, pref, 1, &result, &returned) ==
+             CUBLAS_STATUS_SUCCESS &&
+         returned > 0;
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (ok) *algo = result.algo;
+  return ok;
+}
+
 }  // namespace accrue::kernels::cuda::cublaslt

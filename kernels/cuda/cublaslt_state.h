@@ -206,4 +206,12 @@ class LtState {
   std::map<EpilogueKey, std::unique_ptr<EpiloguePlan>> epilogue_plans_;
 };
 
+// cuBLASLt's first algorithm for the plan's descriptors (D in C's layout), a
+// workspace of kWorkspaceBytes and these operand alignments in bytes, into
+// *algo; false when a preference cannot be set or none is offered (the
+// epilogue and FP8 plans, which then refuse the problem).
+bool heuristic_algo(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                    cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, uint32_t align_a,
+                    uint32_t align_b, uint32_t align_c, cublasLtMatmulAlgo_t* algo);
+
 }  // namespace accrue::kernels::cuda::cublaslt

@@ -104,31 +104,10 @@ std::unique_ptr<EpiloguePlan> build_fp8_plan(cublasLtHandle_t handle, const Fp8P
             set_scale_pointers(*plan, p);
   if (!ok) return plan;
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
-    ok = ok &&
-         cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v)) == CUBLAS_STATUS_SUCCESS;
-  };
   // Dispatch guarantees 16-byte alignment (Note [FP8 GEMM]), so the plan
   // holds for every call with this key.
-  set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kWorkspaceBytes));
-  for (auto attr :
-       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    set_pref(attr, uint32_t{16});
-  cublasLtMatmulHeuristicResult_t result{};
-  int returned = 0;
-  if (ok) {
-    ok = cublasLtMatmulAlgoGetHeuristic(handle, plan->op, plan->a, plan->b, plan->c, plan->c, pref,
-                                        1, &result, &returned) == CUBLAS_STATUS_SUCCESS &&
-         returned > 0;
-  }
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (ok) {
-    plan->algo = result.algo;
-    plan->usable = true;
-  }
+  plan->usable = cublaslt::heuristic_algo(handle, plan->op, plan->a, plan->b, plan->c, 16, 16, 16,
+                                          &plan->algo);
   return plan;
 }
 

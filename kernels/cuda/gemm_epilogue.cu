@@ -123,29 +123,9 @@ std::unique_ptr<EpiloguePlan> build_epilogue_plan(cublasLtHandle_t handle,
       set_epilogue_pointers(*plan, p);
   if (!ok) return plan;
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
-    ok = ok &&
-         cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v)) == CUBLAS_STATUS_SUCCESS;
-  };
-  set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kWorkspaceBytes));
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(p.weight));
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(p.x));
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(p.y));
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(p.y));
-  cublasLtMatmulHeuristicResult_t result{};
-  int returned = 0;
-  if (ok) {
-    ok = cublasLtMatmulAlgoGetHeuristic(handle, plan->op, plan->a, plan->b, plan->c, plan->c, pref,
-                                        1, &result, &returned) == CUBLAS_STATUS_SUCCESS &&
-         returned > 0;
-  }
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (ok) {
-    plan->algo = result.algo;
-    plan->usable = true;
-  }
+  plan->usable =
+      cublaslt::heuristic_algo(handle, plan->op, plan->a, plan->b, plan->c, alignment_of(p.weight),
+                               alignment_of(p.x), alignment_of(p.y), &plan->algo);
   return plan;
 }
 
