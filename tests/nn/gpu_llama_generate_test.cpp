@@ -14,6 +14,7 @@
 #include "accrue/core/grad_mode.h"
 #include "accrue/nn/llama.h"
 #include "accrue/nn/llama_generate.h"
+#include "tests/nn/generate_golden.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -21,38 +22,9 @@ namespace {
 
 const Device kGpu = Device::cuda(0);
 
-std::string fixture(const std::string& name) {
-  return std::string(ACCRUE_NN_FIXTURES) + "/" + name;
-}
-
-struct GoldenCase {
-  std::string name, dir;
-  int64_t new_tokens = 0;
-  std::vector<int64_t> prompt, tokens;
-};
-
-// The case and tokens lines of generate_golden.txt (make_generate_fixtures.py).
-std::vector<GoldenCase> read_goldens() {
-  std::ifstream in(fixture("generate_golden.txt"));
-  EXPECT_TRUE(in.good()) << "cannot open " << fixture("generate_golden.txt");
-  std::vector<GoldenCase> cases;
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream s(line);
-    std::string kind;
-    s >> kind;
-    if (kind == "case") {
-      cases.emplace_back();
-      s >> cases.back().name >> cases.back().dir >> cases.back().new_tokens;
-      for (int64_t id; s >> id;)
-        cases.back().prompt.push_back(id);
-    } else if (kind == "tokens") {
-      for (int64_t id; s >> id;)
-        cases.back().tokens.push_back(id);
-    }
-  }
-  return cases;
-}
+using test::fixture;
+using test::GoldenCase;
+using test::read_goldens;
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   const std::vector<double> x = a.to(Device::cpu()).to(DType::f64).contiguous().to_vector<double>();
