@@ -279,16 +279,24 @@ void Reducer::all_gather(const Tensor& local, const Tensor& all) {
 }
 
 void Reducer::all_reduce_max(const Tensor& values) {
-  ACCRUE_CHECK(values.defined() && values.dim() == 1 && values.dtype() == DType::f64 &&
+  all_reduce_values("Reducer::all_reduce_max", values, ReduceOp::max);
+}
+
+void Reducer::all_reduce_sum(const Tensor& values) {
+  all_reduce_values("Reducer::all_reduce_sum", values, ReduceOp::sum);
+}
+
+void Reducer::all_reduce_values(const char* what, const Tensor& values, ReduceOp op) {
+  ACCRUE_CHECK(values.defined() && values.dim() <= 1 && values.dtype() == DType::f64 &&
                    values.device() == arena_.options().device(),
-               "Reducer::all_reduce_max: expects a 1-D f64 tensor on ",
-               arena_.options().device().str(), ", got ",
+               what, ": expects a 0-d or 1-D f64 tensor on ", arena_.options().device().str(),
+               ", got ",
                values.defined() ? shape_str(values.shape()) + " " + dtype_name(values.dtype()) +
                                       " on " + values.device().str()
                                 : std::string("an undefined tensor"));
   NoGradGuard no_grad;
   order_comm_after_compute();
-  comm_.all_reduce(values, ReduceOp::max);
+  comm_.all_reduce(values, op);
   ++issued_;
   order_compute_after_comm();
 }

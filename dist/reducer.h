@@ -138,6 +138,8 @@ class Reducer final : public optim::GradientSync {
   void all_gather_owned(const Tensor& params) override;
   // One all-reduce (max): the written flags (Note [Unused parameters]), the f16 maxima.
   void all_reduce_max(const Tensor& values) override;
+  // One all-reduce (sum): the window's loss sum, for the world's mean loss.
+  void all_reduce_sum(const Tensor& values) override;
   // Note [Norm under the backward]: reports each bucket reduced during the
   // backward (false, and no reports, with a 16-bit transport).
   bool set_reduced_listener(std::function<void(const ArenaRange&)> listener) override;
@@ -167,6 +169,9 @@ class Reducer final : public optim::GradientSync {
   void send_bucket(size_t b);
   // Tells the reduced listener, if any, that bucket b's reduction is issued.
   void report_reduced(size_t b);
+  // all_reduce_max and all_reduce_sum: `values` (0-d or 1-D f64 on the
+  // arena's device) reduced with `op` over the ranks, stream-ordered.
+  void all_reduce_values(const char* what, const Tensor& values, ReduceOp op);
   // Orders the communicator's stream after the current stream's work so far.
   void order_comm_after_compute();
   // Orders the current stream's next work after the communicator's so far.

@@ -147,15 +147,20 @@ std::vector<std::unique_ptr<CloseStage>> make_close_stages(CloseContext& c,
   // Note [Overwrite first]: unused parameters read 0, before any reduction sums them.
   step("zero unwritten", "written flags", "unwritten gradient slots",
        [](CloseContext& c, int64_t) { c.store->zero_unwritten(); });
-  // The loss report is this rank's own mean: its loss sum over its own items,
-  // kept before a sync makes N the world's.
-  step("items", "N", "the report's local N", [](CloseContext& c, int64_t) {
+  // The report's local loss is this rank's own mean: its loss sum over its
+  // own items, kept before a sync makes both the world's.
+  step("items", "N, loss sum", "the report's local N and loss sum", [](CloseContext& c, int64_t) {
     c.last.narrow(0, CloseContext::kLastLocalItems, 1).copy_(c.field(kernels::kItems).reshape({1}));
+    c.last.narrow(0, CloseContext::kLastLocalLoss, 1).copy_(c.loss_sum.reshape({1}));
   });
   if (c.sync) {
-    // Note [Reducer] (dist/reducer.h): the buckets still pending, and N summed over ranks.
-    step("reduce", "gradients, N", "reduced gradients, N over ranks",
-         [](CloseContext& c, int64_t) { c.sync->finish(c.field(kernels::kItems)); });
+    // Note [Reducer] (dist/reducer.h): the buckets still pending, and N summed
+    // over ranks; then the loss sum, so the report's loss is the world's mean.
+    step("reduce", "gradients, N, loss sum", "reduced gradients, N and loss sum over ranks",
+         [](CloseContext& c, int64_t) {
+           c.sync->finish(c.field(kernels::kItems));
+           c.sync->all_reduce_sum(c.loss_sum);
+         });
   }
   s.push_back(std::make_unique<NormStage>(c, f.norm_under_backward));
   // Note [Window scalar step].

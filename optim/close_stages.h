@@ -86,7 +86,8 @@ struct CloseContext {
   Tensor partials;        // the norm pass's rows (ZeRO-1: every rank's, gathered)
   Tensor local_partials;  // ZeRO-1: this rank's rows, one block per owned range
   Tensor loss_sum;        // f64 0-d, summed over the window's micro-steps
-  // f64: the last window's state, then this rank's loss sum and item count, then N.
+  // f64: the last window's state, then the world's loss sum, this rank's item
+  // count, N, and this rank's loss sum (one process: the world is this rank).
   Tensor last;
   SlotTables slots;  // Note [Unused parameters]: defined under skip only
   // Note [Unused parameters]: f64 [slots], > 0 where any rank wrote the slot
@@ -94,7 +95,8 @@ struct CloseContext {
   Tensor used_flags;
 
   static constexpr int kLastLoss = kernels::kWindowStateSize, kLastLocalItems = kLastLoss + 1,
-                       kLastItems = kLastLoss + 2, kLastSize = kLastLoss + 3;
+                       kLastItems = kLastLoss + 2, kLastLocalLoss = kLastLoss + 3,
+                       kLastSize = kLastLoss + 4;
   bool sharded() const { return !ranges.empty(); }
   // Field f of the state, a 0-d view.
   Tensor field(int f) const { return state.narrow(0, f, 1).reshape({}); }

@@ -10,6 +10,12 @@ void GradientSync::all_reduce_max(const Tensor& values) {
                " values over them (override all_reduce_max)");
 }
 
+void GradientSync::all_reduce_sum(const Tensor& values) {
+  ACCRUE_CHECK(world_size() == 1, "GradientSync::all_reduce_sum: a sync over ", world_size(),
+               " ranks must sum the ", values.numel(),
+               " values over them (override all_reduce_sum)");
+}
+
 // Only a sharded sync (non-empty owned_ranges()) is ever asked to gather.
 void GradientSync::all_gather(const Tensor&, const Tensor&) {
   ACCRUE_CHECK(false, "GradientSync::all_gather: this sync does not shard (no owned ranges)");

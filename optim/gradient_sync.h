@@ -49,6 +49,10 @@ class GradientSync {
   // is used), the f16 maxima of Note [Scale calibration]. The default serves
   // a world of one rank, where the values are already the world's.
   virtual void all_reduce_max(const Tensor& values);
+  // `values` (0-d or 1-D f64 on the device) becomes its elementwise sum over
+  // ranks: the window's loss sum, so that the report's loss is the world's
+  // mean (Note [Normalization]). The default serves a world of one rank.
+  virtual void all_reduce_sum(const Tensor& values);
   // `local` from every rank into `all` ([world_size() * local rows, ...],
   // rank order), identical on every rank: the norm partials under ZeRO-1, so
   // that all ranks agree on the norm and on found_inf.

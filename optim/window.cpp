@@ -329,7 +329,8 @@ WindowReport Window::report() const {
   r.window = windows_;
   r.items = v[CloseContext::kLastItems];
   const double local_items = v[CloseContext::kLastLocalItems];
-  r.loss = local_items > 0 ? v[CloseContext::kLastLoss] / local_items : 0.0;
+  r.loss = r.items > 0 ? v[CloseContext::kLastLoss] / r.items : 0.0;
+  r.local_loss = local_items > 0 ? v[CloseContext::kLastLocalLoss] / local_items : 0.0;
   r.grad_norm = v[kernels::kGradNorm];
   r.clip_coef = v[kernels::kClipCoef];
   r.loss_scale = v[kernels::kScale];

@@ -39,7 +39,8 @@
 // or absent by the options (Note [Close stages] in optim/close_stages.h):
 //   1. the slots no gradient reached are zeroed (Note [Overwrite first]);
 //   2. the GradientSync, if any, sends the buckets still pending and sums N
-//      over ranks (Note [Reducer] in dist/reducer.h);
+//      and the loss sum over ranks (Note [Reducer] in dist/reducer.h), so the
+//      report's loss is the world's mean (its local_loss is this rank's own);
 //   3. one read of the gradient arena gives fixed-order partial sums of
 //      squares and a non-finite count (kernels::grad_norm_partials; under
 //      ZeRO-1 over the owned ranges, then gathered so every rank sums the
@@ -237,10 +238,13 @@ class WindowOptions {
 
 // What the host learns about the last closed window (read with one synchronization).
 struct WindowReport {
-  int64_t window = 0;      // windows closed so far
-  double loss = 0.0;       // summed loss / items of that window
-  double items = 0.0;      // N
-  double grad_norm = 0.0;  // unscaled, normalized, before clipping
+  int64_t window = 0;  // windows closed so far
+  // The window's summed loss / N, over every rank (Note [Normalization]):
+  // data parallelism reports the loss one process of the whole batch would.
+  double loss = 0.0;
+  double local_loss = 0.0;  // this rank's summed loss / this rank's items
+  double items = 0.0;       // N
+  double grad_norm = 0.0;   // unscaled, normalized, before clipping
   double clip_coef = 1.0;
   double loss_scale = 1.0;  // the scale for the next window
   bool skipped = false;

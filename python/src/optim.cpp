@@ -379,7 +379,10 @@ void bind_optim(nb::module_& m) {
 
   nb::class_<WindowReport>(m, "WindowReport", "What the host learns about the last closed window.")
       .def_ro("window", &WindowReport::window, "Windows closed so far.")
-      .def_ro("loss", &WindowReport::loss, "Summed loss / items of that window.")
+      .def_ro("loss", &WindowReport::loss,
+              "The window's summed loss / N, over every rank under data parallelism.")
+      .def_ro("local_loss", &WindowReport::local_loss,
+              "This rank's summed loss / this rank's items (one process: equals loss).")
       .def_ro("items", &WindowReport::items, "N, the window's items.")
       .def_ro("grad_norm", &WindowReport::grad_norm, "Unscaled, normalized, before clipping.")
       .def_ro("clip_coef", &WindowReport::clip_coef, "The clipping coefficient applied.")

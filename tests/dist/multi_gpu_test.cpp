@@ -204,9 +204,10 @@ TEST(MultiGpu, no_collective_in_non_final_micro_steps) {
       }
     }
     dp.window->close();
-    // The close adds two small ones: N summed, and the used flags' maximum
-    // for the default unused-parameter check (Note [Unused parameters]).
-    EXPECT_EQ(world().collectives_issued() - window_start, buckets + 2);
+    // The close adds three small ones: N summed, the loss sum summed (the
+    // report's world loss), and the used flags' maximum for the default
+    // unused-parameter check (Note [Unused parameters]).
+    EXPECT_EQ(world().collectives_issued() - window_start, buckets + 3);
   }
   world().synchronize();
 }
@@ -379,8 +380,11 @@ TEST(MultiGpu, item_count_normalization_is_exact_with_different_counts_per_rank)
     EXPECT_EQ(mine.items, total) << "window " << w;
     EXPECT_EQ(ref.items, total) << "window " << w;
     EXPECT_NEAR(mine.grad_norm, ref.grad_norm, 1e-6 * ref.grad_norm) << "window " << w;
-    // (report().loss is this rank's loss sum over the global N: the Window
-    // does not hand its loss sum to the reducer, so it is not summed over ranks.)
+    // The loss is the world's mean, as one process of the whole batch reports
+    // it; local_loss is this rank's own, over its own (different) count.
+    EXPECT_NEAR(mine.loss, ref.loss, 1e-6 * std::abs(ref.loss)) << "window " << w;
+    EXPECT_EQ(ref.local_loss, ref.loss) << "window " << w;
+    EXPECT_NE(mine.local_loss, mine.loss) << "window " << w;
   }
   EXPECT_LE(equivalence::l2_relative(dp.master(), reference.master()), 1e-5);
 }

@@ -135,23 +135,29 @@ TEST(Reducer, no_collective_in_non_final_micro_steps_and_one_per_bucket_in_the_l
     // Every parameter got its last-micro-step gradient: every bucket went during the backward.
     EXPECT_EQ(comm.calls.size(), base + plan.size());
     run.window->close();
-    ASSERT_EQ(comm.calls.size(), base + plan.size() + 1);
-    EXPECT_EQ(run.reducer->collectives_issued() - issued, static_cast<int64_t>(plan.size()) + 1);
+    ASSERT_EQ(comm.calls.size(), base + plan.size() + 2);
+    EXPECT_EQ(run.reducer->collectives_issued() - issued, static_cast<int64_t>(plan.size()) + 2);
     EXPECT_EQ(run.reducer->buckets_sent_in_backward(), static_cast<int64_t>(plan.size()));
-    // Plan order, zero-copy slices of the arena, then the item count.
+    // Plan order, zero-copy slices of the arena, then the item count and the loss sum.
     for (size_t b = 0; b < plan.size(); ++b) {
       const RecordingCommunicator::Call& c = comm.calls[base + b];
       EXPECT_EQ(c.kind, "all_reduce");
       EXPECT_EQ(c.data, plan.view(run.arena->grads(), b).data_ptr()) << "bucket " << b;
       EXPECT_EQ(c.numel, plan[b].numel) << "bucket " << b;
     }
-    const RecordingCommunicator::Call& items = comm.calls.back();
+    const RecordingCommunicator::Call& items = comm.calls[base + plan.size()];
     EXPECT_EQ(items.numel, 1);
     EXPECT_EQ(items.dtype, DType::f64);
     EXPECT_EQ(items.values[0], static_cast<double>(global.size()));
+    // Then the window's loss sum, so that report() gives the world's mean.
+    const RecordingCommunicator::Call& loss = comm.calls.back();
+    EXPECT_EQ(loss.kind, "all_reduce");
+    EXPECT_EQ(loss.numel, 1);
+    EXPECT_EQ(loss.dtype, DType::f64);
+    EXPECT_EQ(loss.values[0] / items.values[0], run.window->report().loss);
   }
-  // The watchdog is consulted once per micro-step.
-  EXPECT_EQ(comm.checks, 3 * K);
+  // The watchdog is consulted once per micro-step, and by each window's report().
+  EXPECT_EQ(comm.checks, 3 * K + 3);
 }
 
 TEST(Reducer, first_bucket_goes_before_the_backward_ends) {
@@ -240,7 +246,7 @@ TEST(Reducer, unused_and_early_only_parameters_enter_the_sum_correctly) {
   EXPECT_EQ(comm.calls.size(), base + 1);
   window.close();
   EXPECT_EQ(reducer.buckets_sent_in_backward(), 1);
-  ASSERT_EQ(comm.calls.size(), base + 5);
+  ASSERT_EQ(comm.calls.size(), base + 6);
   auto bucket_values = [&](size_t b) {
     const std::vector<double>& v = comm.calls[base + b].values;
     return std::vector<double>(v.begin(), v.begin() + n);  // the slot, without padding

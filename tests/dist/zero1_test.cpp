@@ -155,6 +155,12 @@ TEST(HostWorld, two_ranks_k2_equal_one_rank_k4_plain_and_zero1) {
                   1e-12 * ref.reports[w].grad_norm);
       EXPECT_NEAR(plain[rank].reports[w].grad_norm, ref.reports[w].grad_norm,
                   1e-12 * ref.reports[w].grad_norm);
+      // The loss too is the world's mean, what one process of the whole batch
+      // reports; local_loss is this rank's own tokens' mean, which differs.
+      EXPECT_NEAR(plain[rank].reports[w].loss, ref.reports[w].loss, 1e-12 * ref.reports[w].loss);
+      EXPECT_NEAR(zero1[rank].reports[w].loss, ref.reports[w].loss, 1e-12 * ref.reports[w].loss);
+      EXPECT_EQ(ref.reports[w].local_loss, ref.reports[w].loss);
+      EXPECT_NE(plain[rank].reports[w].local_loss, plain[rank].reports[w].loss);
     }
     EXPECT_LE(equivalence::max_relative(plain[rank].params, ref.params), 1e-10);
     EXPECT_LE(equivalence::max_relative(zero1[rank].params, ref.params), 1e-10);
@@ -260,16 +266,16 @@ TEST(HostWorld, zero1_owns_half_of_every_bucket_and_keeps_half_the_moments) {
     EXPECT_EQ(zero1[rank].memory.moments * 2, plain[rank].memory.moments);
     EXPECT_EQ(zero1[rank].memory.grads, plain[rank].memory.grads);
     EXPECT_EQ(zero1[rank].memory.master, plain[rank].memory.master);
-    // Per window: every bucket reduce-scattered, N and the used flags of the
-    // unused-parameter check (Note [Unused parameters]) all-reduced, the norm
+    // Per window: every bucket reduce-scattered, N, the loss sum and the used
+    // flags of the unused-parameter check (Note [Unused parameters]) all-reduced, the norm
     // partials gathered, every bucket's parameters gathered. Plus the layout
     // check (an all-reduce) and one broadcast of the master at the start.
     const int64_t buckets = static_cast<int64_t>(plan.size());
     EXPECT_EQ(zero1[rank].counts.at("reduce_scatter"), kWindows * buckets);
-    EXPECT_EQ(zero1[rank].counts.at("all_reduce"), 2 * kWindows + 1);
+    EXPECT_EQ(zero1[rank].counts.at("all_reduce"), 3 * kWindows + 1);
     EXPECT_EQ(zero1[rank].counts.at("all_gather"), kWindows * (1 + buckets));
     EXPECT_EQ(zero1[rank].counts.at("broadcast"), 1);
-    EXPECT_EQ(plain[rank].counts.at("all_reduce"), kWindows * (buckets + 2) + 1);
+    EXPECT_EQ(plain[rank].counts.at("all_reduce"), kWindows * (buckets + 3) + 1);
     EXPECT_EQ(plain[rank].counts.count("all_gather"), 0u);
     EXPECT_EQ(plain[rank].counts.at("broadcast"), 3);  // master and both moments
   }
