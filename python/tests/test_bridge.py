@@ -405,16 +405,21 @@ cuda = pytest.mark.skipif(
 )
 
 
+# f64 proves the accumulation exact on the GPU. In f32, cuBLAS and the
+# attention kernels round a micro-batch and the big batch differently, and
+# AdamW turns that rounding of near-zero gradients into parameter differences:
+# the block measured 1.6e-4 on an H200 (the CPU's f32 kernels meet 1e-5).
 @cuda
 @pytest.mark.parametrize("kind", ["mlp", "block"])
-def test_cuda_equals_big_batch(kind):
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-3)])
+def test_cuda_equals_big_batch(kind, dtype, tol):
     torch.manual_seed(0)
-    model = (MLP(torch.float32) if kind == "mlp" else Block(torch.float32)).cuda()
+    model = (MLP(dtype) if kind == "mlp" else Block(dtype)).cuda()
     reference = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(1)
     seq = 6 if kind == "block" else None
     batches = [
-        [(x.cuda(), y.cuda()) for x, y in micro_batches(gen, torch.float32, seq)]
+        [(x.cuda(), y.cuda()) for x, y in micro_batches(gen, dtype, seq)]
         for _ in range(WINDOWS)
     ]
     train_reference(reference, batches, 1e-2, 0.1, 0.5)
@@ -422,7 +427,7 @@ def test_cuda_equals_big_batch(kind):
     assert window.store.grads.device == accrue.Device("cuda:0")
     for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
         err = (a.detach() - b.detach()).abs().max().item() / b.detach().abs().max().item()
-        assert err <= 1e-5, f"{name}: {err}"
+        assert err <= tol, f"{name}: {err}"
 
 
 @cuda

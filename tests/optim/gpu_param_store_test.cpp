@@ -17,12 +17,12 @@ TEST(GpuParamStore, without_a_device_the_store_lives_where_its_parameters_are) {
   ACCRUE_REQUIRE_CUDA();
   const Tensor w = requires_grad_(test::random_normal({4, 3}, DType::f32, kGpu));
   const Tensor b = requires_grad_(test::random_normal({3}, DType::f32, kGpu));
-  const Tensor w_values = w.to(Device::cpu());
+  const Tensor w_values = detach(w).to(Device::cpu());
   ParamStore store(std::vector<Tensor>{w, b}, ParamStoreOptions().moments(0));
   EXPECT_EQ(store.options().device(), kGpu);
   EXPECT_EQ(store.master().device(), kGpu);
   EXPECT_EQ(w.device(), kGpu);  // re-pointed at its slot, on the same device
-  EXPECT_TRUE(test::all_equal(w.to(Device::cpu()), w_values));
+  EXPECT_TRUE(test::all_equal(detach(w).to(Device::cpu()), w_values));
 }
 
 TEST(GpuParamStore, parameters_on_two_devices_need_the_device_said) {
