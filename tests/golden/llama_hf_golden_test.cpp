@@ -21,100 +21,33 @@
 #include "accrue/core/tensor_io.h"
 #include "accrue/nn/llama.h"
 #include "tests/golden/gpt2_golden.h"
+#include "tests/golden/llama_hf_golden.h"
 #include "tests/test_util.h"
 
 namespace accrue::golden {
 namespace {
 
-std::string case_dir(const std::string& name) {
-  return std::string(ACCRUE_GOLDEN_DIR) + "/llama_hf/" + name;
-}
-
-// max |a - b| / max |b| (NaN anywhere fails).
-double max_error(const Tensor& a, const Tensor& b) {
-  const std::vector<double> x = a.to(DType::f64).contiguous().to_vector<double>(),
-                            y = b.to(DType::f64).contiguous().to_vector<double>();
-  if (x.size() != y.size()) return INFINITY;
-  double diff = 0.0, scale = 0.0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (std::isnan(x[i]) || std::isnan(y[i])) return INFINITY;
-    diff = std::max(diff, std::fabs(x[i] - y[i]));
-    scale = std::max(scale, std::fabs(y[i]));
-  }
-  return scale > 0.0 ? diff / scale : diff;
-}
-
-struct TrainRun {
-  std::vector<double> loss, grad_norm;
-  std::map<std::string, Tensor> final_state;
-};
-
-// The fixture's 20 windows, each as `K` micro-batches (4: the fixture's
-// split; 1: the window's 12 sequences at once).
-TrainRun train(const std::string& name, int64_t K, bool checkpointing, DType dtype = DType::f64) {
-  const FixtureFile data(case_dir(name) + "/data.safetensors");
-  Generator gen(1);
-  std::unique_ptr<nn::Llama> model =
-      nn::Llama::from_hf(case_dir(name) + "/hf", {Device::cpu(), dtype, &gen}, checkpointing);
-  optim::Optimizer optimizer(optim::AdamWOptions(data.number("lr"))
-                                 .betas(data.number("beta1"), data.number("beta2"))
-                                 .eps(data.number("eps"))
-                                 .weight_decay(data.number("weight_decay")));
-  std::vector<Tensor> no_decay;
-  for (const nn::NamedParameter& p : model->named_parameters())
-    if (p.tensor.dim() < 2) no_decay.push_back(p.tensor);
-  optimizer.add_param_group(no_decay, optim::GroupOptions().weight_decay(0.0));
-  optim::ParamStore store(
-      model->named_parameters(),
-      optim::ParamStoreOptions().master_dtype(dtype).moments(optimizer.moments_needed()));
-  const int64_t W = data.integer("windows"), KF = data.integer("micro_steps"),
-                BF = data.integer("micro_batch"), T = data.integer("seq_len");
-  const int64_t B = KF * BF / K;
-  optim::Window window(
-      store, optimizer,
-      optim::WindowOptions().micro_steps(K).max_grad_norm(data.number("max_grad_norm")));
-  const std::vector<int64_t> tokens = data.tensor("tokens").to_vector<int64_t>(),
-                             lengths = data.tensor("lengths").to_vector<int64_t>();
-  TrainRun run;
-  for (int64_t w = 0; w < W; ++w) {
-    for (int64_t k = 0; k < K; ++k) {
-      std::vector<int64_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
-      std::vector<int64_t> len(static_cast<size_t>(B));
-      for (int64_t b = 0; b < B; ++b) {
-        const int64_t seq = w * KF * BF + k * B + b;  // the window's sequences in order
-        len[static_cast<size_t>(b)] = lengths[static_cast<size_t>(seq)];
-        for (int64_t t = 0; t < T; ++t) {
-          const bool real = t < len[static_cast<size_t>(b)];
-          const size_t at = static_cast<size_t>(seq * (T + 1) + t);
-          inputs[static_cast<size_t>(b * T + t)] = real ? tokens[at] : 0;
-          targets[static_cast<size_t>(b * T + t)] = real ? tokens[at + 1] : -100;
-        }
-      }
-      window.backward(model->loss(from_vector<int64_t>(inputs, {B, T}),
-                                  from_vector<int64_t>(targets, {B, T}),
-                                  nn::BatchLayout::padded(len, Device::cpu())));
-    }
-    window.close();
-    const optim::WindowReport r = window.report();
-    run.loss.push_back(r.loss);
-    run.grad_norm.push_back(r.grad_norm);
-  }
-  run.final_state = model->state_dict();
-  return run;
+// The fixture's 20 windows on the CPU, each as `K` micro-batches.
+LlamaRun train(const std::string& name, int64_t K, bool checkpointing, DType dtype = DType::f64) {
+  LlamaRunOptions o;
+  o.micro_steps = K;
+  o.checkpointing = checkpointing;
+  o.master_dtype = o.compute_dtype = dtype;
+  return train_llama_case(name, o);
 }
 
 class LlamaHFGolden : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (!FixtureFile::exists(case_dir(GetParam()) + "/cpu_f64.safetensors"))
-      GTEST_SKIP() << "no golden fixtures at " << case_dir(GetParam())
+    if (!FixtureFile::exists(llama_case_dir(GetParam()) + "/cpu_f64.safetensors"))
+      GTEST_SKIP() << "no golden fixtures at " << llama_case_dir(GetParam())
                    << " (make_llama_hf_golden.py)";
   }
 };
 
 TEST_P(LlamaHFGolden, f64_training_from_the_hf_directory_matches_transformers) {
-  const FixtureFile torch_run(case_dir(GetParam()) + "/cpu_f64.safetensors");
-  const TrainRun run = train(GetParam(), 4, false);
+  const FixtureFile torch_run(llama_case_dir(GetParam()) + "/cpu_f64.safetensors");
+  const LlamaRun run = train(GetParam(), 4, false);
   const std::vector<double> losses = torch_run.tensor("loss").to_vector<double>(),
                             norms = torch_run.tensor("grad_norm").to_vector<double>();
   ASSERT_EQ(run.loss.size(), losses.size());
@@ -151,8 +84,8 @@ TEST_P(LlamaHFGolden, f64_training_from_the_hf_directory_matches_transformers) {
 // key biases: Adam divides small gradients by the root of small second
 // moments, which amplifies float32 rounding over 20 windows).
 TEST_P(LlamaHFGolden, f32_training_stays_close_to_the_f64_run) {
-  const FixtureFile torch_run(case_dir(GetParam()) + "/cpu_f64.safetensors");
-  const TrainRun run = train(GetParam(), 4, false, DType::f32);
+  const FixtureFile torch_run(llama_case_dir(GetParam()) + "/cpu_f64.safetensors");
+  const LlamaRun run = train(GetParam(), 4, false, DType::f32);
   const std::vector<double> losses = torch_run.tensor("loss").to_vector<double>(),
                             norms = torch_run.tensor("grad_norm").to_vector<double>();
   double worst_loss = 0, worst_norm = 0, worst_param = 0;
@@ -172,9 +105,9 @@ TEST_P(LlamaHFGolden, f32_training_stays_close_to_the_f64_run) {
 }
 
 TEST_P(LlamaHFGolden, one_micro_batch_equals_four_in_f64) {
-  const TrainRun four = train(GetParam(), 4, false);
-  const TrainRun one = train(GetParam(), 1, false);
-  const TrainRun one_ckpt = train(GetParam(), 1, true);
+  const LlamaRun four = train(GetParam(), 4, false);
+  const LlamaRun one = train(GetParam(), 1, false);
+  const LlamaRun one_ckpt = train(GetParam(), 1, true);
   double worst = 0, worst_ckpt = 0;
   for (size_t w = 0; w < four.loss.size(); ++w) {
     worst = std::max({worst, std::fabs(one.loss[w] - four.loss[w]) / four.loss[w],
@@ -211,7 +144,7 @@ TEST_P(LlamaHFGolden, one_micro_batch_equals_four_in_f64) {
 TEST_P(LlamaHFGolden, save_hf_writes_a_directory_load_hf_reads_back) {
   Generator gen(7);
   std::unique_ptr<nn::Llama> model =
-      nn::Llama::from_hf(case_dir(GetParam()) + "/hf", {Device::cpu(), DType::f32, &gen});
+      nn::Llama::from_hf(llama_case_dir(GetParam()) + "/hf", {Device::cpu(), DType::f32, &gen});
   const std::string out = (std::filesystem::path(ACCRUE_LLAMA_SAVE_DIR) / GetParam()).string();
   std::filesystem::remove_all(out);
   model->save_hf(out + "/hf", /*max_shard_bytes=*/40'000);

@@ -37,6 +37,15 @@ transformers' formulas. The check at the end loads every hf/ directory back
 with from_pretrained. Deterministic; CPU torch 2.15 / transformers 5.24, a few
 seconds.
 
+With --cuda DIR (on the GPU machine, after the fixtures exist) it adds to
+each case of DIR, from transformers' own float32 model on CUDA (TF32 off):
+  cuda_f32.safetensors   the same 20 windows in float32: loss, grad_norm,
+                         final.<name> (float32), the yardstick of what float32
+                         costs beside accrue's float32 run.
+  cuda_bf16.safetensors  50 windows (window w trains on window w % 20) with the
+                         forward under torch.autocast(bfloat16), fp32 parameters
+                         and AdamW: loss and grad_norm per window.
+
 With --check-save DIR it instead loads DIR (written by nn::Llama::save_hf)
 with from_pretrained (float64, patched) and compares its logits on the input
 of DIR/../logits.safetensors with accrue's there (within 1e-12); it exits 77
@@ -50,6 +59,7 @@ import shutil
 
 SEED = 20261127
 WINDOWS, MICRO_STEPS, MICRO_BATCH, SEQ_LEN, MIN_LEN = 20, 4, 3, 16, 4
+BF16_WINDOWS = 50  # the bf16 curve: the fixture's 20 windows, then again from the first
 OPTIM = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, max_grad_norm=1.0)
 COMMON = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=128, rms_norm_eps=1e-6)
@@ -119,7 +129,8 @@ def split(torch, tokens, lengths):
     return inputs, targets, real.to(torch.int64)
 
 
-def train(torch, model, tokens, lengths, vocab):
+def train(torch, model, tokens, lengths, vocab, windows=WINDOWS, device="cpu", autocast=False):
+    """Window w trains on the fixture's window w % WINDOWS."""
     params = dict(model.named_parameters())
     decay = [p for p in params.values() if p.dim() >= 2]
     no_decay = [p for p in params.values() if p.dim() < 2]
@@ -127,13 +138,18 @@ def train(torch, model, tokens, lengths, vocab):
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=OPTIM["lr"], betas=OPTIM["betas"], eps=OPTIM["eps"], foreach=False)
     losses, norms = [], []
-    for w in range(WINDOWS):
-        batches = [split(torch, tokens[w, k], lengths[w, k]) for k in range(MICRO_STEPS)]
+    for w in range(windows):
+        batches = [[t.to(device) for t in split(torch, tokens[w % WINDOWS, k],
+                                                lengths[w % WINDOWS, k])]
+                   for k in range(MICRO_STEPS)]
         N = sum(int((t != -100).sum()) for _, t, _ in batches)
         total = 0.0
         opt.zero_grad(set_to_none=True)
         for inputs, targets, mask in batches:
-            logits = model(input_ids=inputs, attention_mask=mask).logits
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+                logits = model(input_ids=inputs, attention_mask=mask).logits
+            if autocast:
+                logits = logits.float()  # the loss in fp32, as autocast's cross_entropy
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1),
                                                      ignore_index=-100, reduction="sum")
             (loss / N).backward()
@@ -162,11 +178,51 @@ def check_save(torch, directory):
     return err
 
 
+def make_cuda_runs(torch, directory, device):
+    """cuda_f32.safetensors and cuda_bf16.safetensors beside each case's data."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    for name in CASES:
+        out = os.path.join(directory, name)
+        data = load_file(os.path.join(out, "data.safetensors"))
+        vocab = CASES[name][1]["vocab_size"]
+        for label, windows, autocast in (("f32", WINDOWS, False), ("bf16", BF16_WINDOWS, True)):
+            model = AutoModelForCausalLM.from_pretrained(os.path.join(out, "hf"),
+                                                         dtype=torch.float32,
+                                                         attn_implementation="sdpa").to(device)
+            losses, norms = train(torch, model, data["tokens"], data["lengths"], vocab, windows,
+                                  device, autocast)
+            tensors = {"loss": torch.tensor(losses, dtype=torch.float64),
+                       "grad_norm": torch.tensor(norms, dtype=torch.float64)}
+            if not autocast:
+                tensors.update({"final." + n: p.detach().cpu().clone().contiguous()
+                                for n, p in model.named_parameters()})
+            meta = dict(windows=str(windows), gpu=gpu, torch=torch.__version__,
+                        recipe="fp32 parameters and AdamW" +
+                        (", forward under torch.autocast(bfloat16)" if autocast else
+                         ", TF32 off"))
+            save_file(tensors, os.path.join(out, f"cuda_{label}.safetensors"), metadata=meta)
+            print(f"{name} {label} on {gpu}: {windows} windows, loss {losses[0]:.4f} -> "
+                  f"{losses[-1]:.4f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="fixture directory to write")
     parser.add_argument("--check-save", help="a directory nn::Llama::save_hf wrote")
+    parser.add_argument("--cuda", metavar="DIR",
+                        help="add the CUDA runs (f32, bf16) to the fixture directory DIR")
+    parser.add_argument("--device", default="cuda",
+                        help="with --cuda: the torch device (cpu only to try the script)")
     args = parser.parse_args()
+    if args.cuda:
+        import torch
+        make_cuda_runs(torch, args.cuda, args.device)
+        return
     if args.check_save:
         try:
             import torch
