@@ -24,35 +24,43 @@ using cu::store_pack;
 // Note [RMSNorm kernels]
 // ~~~~~~~~~~~~~~~~~~~~~~
 // A row is read in packs of V elements (16 bytes when D and every row
-// pointer allow it, else V = 1) by a group of threads: one warp per row for
-// rows of at most kWarpRowPacks packs (per-head qk_norm, small models: eight
-// rows per block of 256 threads keep the SM full), else one block per row
-// (about two packs per thread). The group sums the squares (of the rounded
+// pointer allow it, else V = 1) by a group of threads: kLanes lanes of a warp
+// per row for rows of at most kWarpRowPacks packs (per-head qk_norm, small
+// models: 256-thread blocks keep the SM full), else one block per row (about
+// two packs per thread). A row of fewer than 32 packs takes the smallest
+// power of two of lanes, at least 8, that holds it (a head of 128 bf16: 16
+// lanes, two rows a warp), so few lanes idle; every lane then holds at most one pack, as it
+// would in a whole warp, whose other lanes would add zeros: the sums are
+// bitwise those of a warp per row. Lanes of a row past the last still take
+// part in the warp's shuffles. The group sums the squares (of the rounded
 // sum, for add_rms_norm), then re-reads the row it has just read or written
 // (from the cache) to scale it: each thread re-reads only its own packs, so
 // no barrier is needed beyond the reduction's. The backward's dx has the same
 // shape; dweight is a column sum over rows in the fixed chunks of Note
 // [Deterministic column sums].
 constexpr int kWarpRowPacks = 128;
-constexpr int kWarpRowsPerBlock = 8;
+constexpr int kWarpRowThreads = 256;  // a block of warp-row groups
 
-template <bool kWarpRow, class M>
+// kLanes: lanes of a warp per row (1 .. 32, a power of two), or 0 for a block per row.
+template <int kLanes, class M>
 __device__ __forceinline__ M group_sum(M v, M* scratch) {
-  if constexpr (kWarpRow) {
-    return warp_sum(v);
-  } else {
+  if constexpr (kLanes == 0) {
     return block_sum(v, scratch);
+  } else {
+    for (int offset = kLanes / 2; offset > 0; offset >>= 1)
+      v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
   }
 }
 
 // The row this thread's group handles, its lane within the group and the
 // group's size.
-template <bool kWarpRow>
+template <int kLanes>
 __device__ __forceinline__ void group_of(int64_t* row, int* lane, int* size) {
-  if constexpr (kWarpRow) {
-    *row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    *lane = static_cast<int>(threadIdx.x & 31);
-    *size = 32;
+  if constexpr (kLanes > 0) {
+    *row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kLanes) + threadIdx.x / kLanes;
+    *lane = static_cast<int>(threadIdx.x % kLanes);
+    *size = kLanes;
   } else {
     *row = blockIdx.x;
     *lane = static_cast<int>(threadIdx.x);
@@ -72,7 +80,7 @@ struct RowGeometry {
 
 // out = x * rstd * weight over one row per group; with kResidual, x + residual
 // is first stored (rounded to T) into sum and normalized from there.
-template <class T, class P, int V, bool kWarpRow, bool kResidual>
+template <class T, class P, int V, int kLanes, bool kResidual>
 __global__ void rms_norm_kernel(const T* __restrict__ x, RowGeometry xg,
                                 const T* __restrict__ residual, const P* __restrict__ weight,
                                 int64_t rows, int64_t d, cu::math_t<T> eps, T* sum,
@@ -81,9 +89,12 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, RowGeometry xg,
   __shared__ M scratch[32];
   int64_t row;
   int lane, size;
-  group_of<kWarpRow>(&row, &lane, &size);
-  if (row >= rows) return;  // a whole warp (warp rows only: blocks cover rows exactly)
-  const int64_t packs = d / V;
+  group_of<kLanes>(&row, &lane, &size);
+  // Past the last row (warp rows only: blocks cover rows exactly): the lanes
+  // read and write nothing but join the shuffles.
+  const bool real = row < rows;
+  if (!real) row = 0;
+  const int64_t packs = real ? d / V : 0;
   const T* xr = x + xg.offset(row);
   const T* src = kResidual ? sum + row * d : xr;
   T* yr = out + row * d;
@@ -104,7 +115,7 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, RowGeometry xg,
       ss += v * v;
     }
   }
-  const M rs = M(1) / sqrt_(group_sum<kWarpRow>(ss, scratch) / static_cast<M>(d) + eps);
+  const M rs = M(1) / sqrt_(group_sum<kLanes>(ss, scratch) / static_cast<M>(d) + eps);
 
   for (int64_t k = lane; k < packs; k += size) {
     const Pack<T, V> a = load_pack<V>(src, k);
@@ -117,7 +128,7 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, RowGeometry xg,
     }
     store_pack<V>(yr, k, y);
   }
-  if (lane == 0) rstd[row] = rs;
+  if (lane == 0 && real) rstd[row] = rs;
 }
 
 // Calls f(k, j) for the packs k of a row that lane `lane` of a group of
@@ -139,9 +150,11 @@ __device__ __forceinline__ void for_packs(int lane, int size, int64_t packs, F&&
 
 // dx = rstd * (gw - xhat * mean(gw * xhat)) with xhat = x * rstd, gw = dy * w,
 // over the rows group, group + groups, ... of each group (Note [RMSNorm
-// backward]). With kMaxPacks > 0 the group also sums dy * xhat of the columns
-// it owns over its rows, in row order, and writes them to partial[group].
-template <class T, class P, int V, bool kWarpRow, int kMaxPacks>
+// backward]). With kMaxPacks > 0 a thread owns at most kMaxPacks packs of a
+// row: it loads its weights once, keeps its packs of dy and x in registers
+// between the two passes over a row (no second read), and sums dy * xhat of
+// the columns it owns over its rows, in row order, into partial[group].
+template <class T, class P, int V, int kLanes, int kMaxPacks>
 __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                          RowGeometry xg, const P* __restrict__ weight,
                                          const cu::math_t<T>* __restrict__ rstd, int64_t rows,
@@ -152,46 +165,85 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
   __shared__ M scratch[32];
   int64_t group;
   int lane, size;
-  group_of<kWarpRow>(&group, &lane, &size);
-  const int64_t packs = d / V;
-  M acc[kAcc][V];
+  group_of<kLanes>(&group, &lane, &size);
+  const bool real_group = group < groups;
+  const int64_t packs = real_group ? d / V : 0;
+  M acc[kAcc][V], w[kAcc][V];
 #pragma unroll
   for (int j = 0; j < kAcc; ++j)
 #pragma unroll
-    for (int v = 0; v < V; ++v)
+    for (int v = 0; v < V; ++v) {
       acc[j][v] = 0;
-  // Warp groups past the last group skip the loop (no block barrier in warp rows).
-  for (int64_t row = group; group < groups && row < rows; row += groups) {
-    const T* xr = x + xg.offset(row);
-    const T* gr = dy + row * d;
-    const M rs = rstd[row];
+      w[j][v] = 1;
+    }
+  if constexpr (kMaxPacks > 0) {
+    if (weight) {
+      for_packs<kMaxPacks>(lane, size, packs, [&](int64_t k, int jj) {
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+          w[jj][j] = load<M>(weight[k * V + j]);
+      });
+    }
+  }
+  // Every lane of a warp runs the same number of iterations (a group past the
+  // last, or past its last row, reads and writes nothing): the warp's shuffles
+  // need them all.
+  const int64_t iterations =
+      kLanes > 0 ? (rows + groups - 1) / groups : (rows - group + groups - 1) / groups;
+  for (int64_t i = 0; i < iterations; ++i) {
+    const int64_t row = group + i * groups;
+    const bool real = real_group && row < rows;
+    const int64_t row_packs = real ? packs : 0;
+    const T* xr = x + (real ? xg.offset(row) : 0);
+    const T* gr = dy + (real ? row * d : 0);
+    const M rs = real ? rstd[row] : M(0);
     M s = 0;
-    for_packs<kMaxPacks>(lane, size, packs, [&](int64_t k, int) {
+    Pack<T, V> a_reg[kAcc], g_reg[kAcc];
+    for_packs<kMaxPacks>(lane, size, row_packs, [&](int64_t k, int jj) {
       const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
+      if constexpr (kMaxPacks > 0) {
+        a_reg[jj] = a;
+        g_reg[jj] = g;
+      }
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         M gw = load<M>(g.v[j]);
-        if (weight) gw *= load<M>(weight[k * V + j]);
+        if constexpr (kMaxPacks > 0) {
+          gw *= w[jj][j];
+        } else {
+          if (weight) gw *= load<M>(weight[k * V + j]);
+        }
         s += gw * load<M>(a.v[j]);
       }
     });
     // mean(gw * xhat) = rstd * sum(gw * x) / d.
-    const M mean_gw_xhat = group_sum<kWarpRow>(s, scratch) * rs / static_cast<M>(d);
-    for_packs<kMaxPacks>(lane, size, packs, [&](int64_t k, int jj) {
-      const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
+    const M mean_gw_xhat = group_sum<kLanes>(s, scratch) * rs / static_cast<M>(d);
+    for_packs<kMaxPacks>(lane, size, row_packs, [&](int64_t k, int jj) {
+      Pack<T, V> a, g;
+      if constexpr (kMaxPacks > 0) {
+        a = a_reg[jj];
+        g = g_reg[jj];
+      } else {
+        a = load_pack<V>(xr, k);
+        g = load_pack<V>(gr, k);
+      }
       Pack<T, V> out;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const M gv = load<M>(g.v[j]), xhat = load<M>(a.v[j]) * rs;
-        const M gw = weight ? gv * load<M>(weight[k * V + j]) : gv;
+        M gw;
+        if constexpr (kMaxPacks > 0) {
+          gw = gv * w[jj][j];
+          acc[jj][j] += gv * xhat;
+        } else {
+          gw = weight ? gv * load<M>(weight[k * V + j]) : gv;
+        }
         out.v[j] = cu::convert<T>(rs * (gw - xhat * mean_gw_xhat));
-        if constexpr (kMaxPacks > 0) acc[jj][j] += gv * xhat;
       }
       store_pack<V>(dx + row * d, k, out);
     });
   }
   if constexpr (kMaxPacks > 0) {
-    if (group >= groups) return;
     for_packs<kMaxPacks>(lane, size, packs, [&](int64_t k, int jj) {
 #pragma unroll
       for (int j = 0; j < V; ++j)
@@ -269,22 +321,34 @@ int block_row_threads(int64_t packs) {
   return threads;
 }
 
-// Launches f(P{}, V, kWarpRow, grid, block) for x's element type T: the
+// Launches f(P{}, V, kLanes, grid, block) for x's element type T: the
 // parameter type (f32 master weights beside 16-bit x, else T), the pack width
-// and the group shape of Note [RMSNorm kernels].
+// and the group shape of Note [RMSNorm kernels] (kLanes 0: a block per row;
+// grid: one group per row).
 template <class T, class F>
 void launch_rows(int64_t rows, int64_t d, bool f32_params, bool vectorized, const char* op, F&& f) {
   constexpr int kVec = 16 / sizeof(T);
   auto with_vec = [&](auto param_tag, auto vec) {
     constexpr int V = decltype(vec)::value;
     const int64_t packs = d / V;
-    if (packs <= kWarpRowPacks) {
-      const int64_t blocks = (rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
+    auto warp_rows = [&](auto lanes) {
+      constexpr int kRowsPerBlock = kWarpRowThreads / decltype(lanes)::value;
+      const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
       check_grid_x(blocks, op);
-      f(param_tag, vec, std::true_type{}, static_cast<unsigned>(blocks), 32 * kWarpRowsPerBlock);
+      f(param_tag, vec, lanes, static_cast<unsigned>(blocks), kWarpRowThreads);
+    };
+    // (Fewer lanes than 8 for tiny rows would add instantiations for shapes
+    // that are not worth them.)
+    if (packs <= 8) {
+      warp_rows(std::integral_constant<int, 8>{});
+    } else if (packs <= 16) {
+      warp_rows(std::integral_constant<int, 16>{});
+    } else if (packs <= kWarpRowPacks) {
+      warp_rows(std::integral_constant<int, 32>{});
     } else {
       check_grid_x(rows, op);
-      f(param_tag, vec, std::false_type{}, static_cast<unsigned>(rows), block_row_threads(packs));
+      f(param_tag, vec, std::integral_constant<int, 0>{}, static_cast<unsigned>(rows),
+        block_row_threads(packs));
     }
   };
   auto with_params = [&](auto vec) {
@@ -331,12 +395,12 @@ void rms_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& wei
     using T = decltype(tag);
     using M = cu::math_t<T>;
     launch_rows<T>(rows, d, f32_params, vectorized, op,
-                   [&](auto param_tag, auto vec, auto warp_row, unsigned grid, int threads) {
+                   [&](auto param_tag, auto vec, auto lanes, unsigned grid, int threads) {
                      using P = decltype(param_tag);
                      constexpr int V = decltype(vec)::value;
-                     constexpr bool W = decltype(warp_row)::value;
-                     auto kernel = residual_add ? rms_norm_kernel<T, P, V, W, true>
-                                                : rms_norm_kernel<T, P, V, W, false>;
+                     constexpr int L = decltype(lanes)::value;
+                     auto kernel = residual_add ? rms_norm_kernel<T, P, V, L, true>
+                                                : rms_norm_kernel<T, P, V, L, false>;
                      kernel<<<grid, threads, 0, stream>>>(
                          static_cast<const T*>(x.data_ptr()), xg,
                          residual_add ? static_cast<const T*>(residual.data_ptr()) : nullptr,
@@ -363,7 +427,7 @@ void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
 // Note [RMSNorm backward]
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // dx has the forward's shape (Note [RMSNorm kernels]), but a fixed number of
-// groups (blocks, or warps of 8-warp blocks) take the rows in turn: group g
+// groups (blocks, or the kLanes-lane groups of 256-thread blocks) take the rows in turn: group g
 // the rows g, g + groups, ... . Where a thread owns at most kFusedPacks packs
 // of a row, it also sums dy * xhat of its columns over its rows in registers,
 // so dy and x are read once for both gradients (three tensors' traffic in
@@ -396,33 +460,35 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
     using A = cu::math_t<T>;
     Tensor partial;  // [chunks, d]: column sums of dy * xhat per group or chunk
     int64_t chunks = 0;
-    launch_rows<T>(
-        rows, d, f32_params, vectorized, op,
-        [&](auto param_tag, auto vec, auto warp_row, unsigned, int threads) {
-          using P = decltype(param_tag);
-          constexpr int V = decltype(vec)::value;
-          constexpr bool W = decltype(warp_row)::value;
-          const int64_t packs = d / V;
-          const int64_t per_thread = (packs + (W ? 32 : threads) - 1) / (W ? 32 : threads);
-          const bool fused = dweight.defined() && per_thread <= kFusedPacks;
-          const int64_t groups = std::min(rows, W ? kWarpGroups : kBlockGroups);
-          const int64_t blocks = W ? (groups + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock : groups;
-          auto args = [&](auto kernel, A* partial_ptr) {
-            kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-                static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()), xg,
-                optional_ptr<P>(weight), static_cast<const A*>(rstd.data_ptr()), rows, d, groups,
-                static_cast<T*>(dx.data_ptr()), partial_ptr);
-            ACCRUE_LAUNCH_CHECK();
-          };
-          if (fused) {
-            chunks = groups;
-            partial = empty({chunks, d}, acc_dtype, device);
-            args(rms_norm_backward_kernel<T, P, V, W, kFusedPacks>,
-                 static_cast<A*>(partial.data_ptr()));
-          } else {
-            args(rms_norm_backward_kernel<T, P, V, W, 0>, nullptr);
-          }
-        });
+    launch_rows<T>(rows, d, f32_params, vectorized, op,
+                   [&](auto param_tag, auto vec, auto lanes, unsigned, int threads) {
+                     using P = decltype(param_tag);
+                     constexpr int V = decltype(vec)::value;
+                     constexpr int L = decltype(lanes)::value;
+                     const int64_t packs = d / V;
+                     const int64_t size = L > 0 ? L : threads;
+                     const int64_t per_thread = (packs + size - 1) / size;
+                     const bool fused = dweight.defined() && per_thread <= kFusedPacks;
+                     const int64_t groups = std::min(rows, L > 0 ? kWarpGroups : kBlockGroups);
+                     const int64_t rows_per_block = L > 0 ? threads / L : 1;
+                     const int64_t blocks = (groups + rows_per_block - 1) / rows_per_block;
+                     auto args = [&](auto kernel, A* partial_ptr) {
+                       kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+                           static_cast<const T*>(grad.data_ptr()),
+                           static_cast<const T*>(x.data_ptr()), xg, optional_ptr<P>(weight),
+                           static_cast<const A*>(rstd.data_ptr()), rows, d, groups,
+                           static_cast<T*>(dx.data_ptr()), partial_ptr);
+                       ACCRUE_LAUNCH_CHECK();
+                     };
+                     if (fused) {
+                       chunks = groups;
+                       partial = empty({chunks, d}, acc_dtype, device);
+                       args(rms_norm_backward_kernel<T, P, V, L, kFusedPacks>,
+                            static_cast<A*>(partial.data_ptr()));
+                     } else {
+                       args(rms_norm_backward_kernel<T, P, V, L, 0>, nullptr);
+                     }
+                   });
     if (!dweight.defined()) return;
     const unsigned column_blocks = static_cast<unsigned>((d + kColumnTile - 1) / kColumnTile);
     if (!partial.defined()) {

@@ -575,6 +575,29 @@ TEST(GpuRmsNorm, backward_matches_cpu_and_writes_or_adds_dweight) {
   }
 }
 
+// Rows of 16 and 8 packs take 16 and 8 lanes (Note [RMSNorm kernels]); more
+// rows than the backward's warp groups (8192), not a multiple of them, give the
+// groups different row counts, while every lane of a warp must join its shuffles.
+TEST(GpuRmsNorm, sub_warp_rows_past_the_group_count_match_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  for (int64_t d : {128, 64}) {
+    SCOPED_TRACE("D=" + std::to_string(d));
+    const int64_t rows = 2 * 8192 + 5;
+    const Tensor x = test::random_normal({rows, d}, DType::bf16);
+    const Tensor g = test::random_normal({rows, d}, DType::bf16);
+    const Tensor w = test::random_normal({d}, DType::f32);
+    const kernels::RmsNormOutput fe = kernels::rms_norm(x, w, 1e-6);
+    const kernels::RmsNormOutput fa = kernels::rms_norm(x.to(kGpu), w.to(kGpu), 1e-6);
+    EXPECT_TRUE(close(fa.out, fe.out, test::normalized_tolerance(DType::bf16))) << "out";
+    const Tensor dwe = empty({d}, DType::f32), dwa = empty({d}, DType::f32, kGpu);
+    const Tensor dxe = kernels::rms_norm_backward(g, x, w, fe.rstd, dwe, false);
+    const Tensor dxa =
+        kernels::rms_norm_backward(g.to(kGpu), x.to(kGpu), w.to(kGpu), fa.rstd, dwa, false);
+    EXPECT_TRUE(close(dxa, dxe, test::normalized_tolerance(DType::bf16))) << "dx";
+    EXPECT_TRUE(close(dwa, dwe, test::normalized_tolerance(DType::bf16))) << "dweight";
+  }
+}
+
 TEST(GpuAddRmsNorm, matches_cpu_and_the_sum_is_bitwise) {
   ACCRUE_REQUIRE_CUDA();
   for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
@@ -635,6 +658,18 @@ TEST(GpuRope, matches_cpu_for_both_styles_scalings_and_head_dims) {
       }
     }
   }
+}
+
+// More tokens than the grid's blocks take in one pass (Note [Rotary kernel]:
+// a few blocks per SM, kRopeTokens tokens each), and a token count that is
+// not a multiple of kRopeTokens: the blocks stride over the rest.
+TEST(GpuRope, more_tokens_than_one_pass_of_the_grid) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor x = test::random_normal({3, 4001, 2, 128}, DType::bf16);
+  const Tensor pos = random_positions({3, 4001}, 8192);
+  const Tensor e = kernels::rope(x, pos, 10000.0, RopeStyle::RotateHalf);
+  const Tensor a = kernels::rope(x.to(kGpu), pos.to(kGpu), 10000.0, RopeStyle::RotateHalf);
+  EXPECT_TRUE(close(a, e, test::normalized_tolerance(DType::bf16)));
 }
 
 TEST(GpuRope, q_and_k_of_a_packed_qkv_shared_positions_and_a_misaligned_input) {
