@@ -150,10 +150,12 @@ __device__ __forceinline__ void for_packs(int lane, int size, int64_t packs, F&&
 
 // dx = rstd * (gw - xhat * mean(gw * xhat)) with xhat = x * rstd, gw = dy * w,
 // over the rows group, group + groups, ... of each group (Note [RMSNorm
-// backward]). With kMaxPacks > 0 a thread owns at most kMaxPacks packs of a
-// row: it loads its weights once, keeps its packs of dy and x in registers
-// between the two passes over a row (no second read), and sums dy * xhat of
-// the columns it owns over its rows, in row order, into partial[group].
+// backward]). With kMaxPacks > 0 the group also sums dy * xhat of the columns
+// it owns over its rows, in row order, and writes them to partial[group].
+// (Keeping the row's packs and the weights in registers between the two
+// passes, instead of re-reading them from the cache, measured 0.312 ms
+// against 0.212 on an H200 at 16384 x 4096 bf16: the registers cost
+// occupancy.)
 template <class T, class P, int V, int kLanes, int kMaxPacks>
 __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                          RowGeometry xg, const P* __restrict__ weight,
@@ -168,23 +170,12 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
   group_of<kLanes>(&group, &lane, &size);
   const bool real_group = group < groups;
   const int64_t packs = real_group ? d / V : 0;
-  M acc[kAcc][V], w[kAcc][V];
+  M acc[kAcc][V];
 #pragma unroll
   for (int j = 0; j < kAcc; ++j)
 #pragma unroll
-    for (int v = 0; v < V; ++v) {
+    for (int v = 0; v < V; ++v)
       acc[j][v] = 0;
-      w[j][v] = 1;
-    }
-  if constexpr (kMaxPacks > 0) {
-    if (weight) {
-      for_packs<kMaxPacks>(lane, size, packs, [&](int64_t k, int jj) {
-#pragma unroll
-        for (int j = 0; j < V; ++j)
-          w[jj][j] = load<M>(weight[k * V + j]);
-      });
-    }
-  }
   // Every lane of a warp runs the same number of iterations (a group past the
   // last, or past its last row, reads and writes nothing): the warp's shuffles
   // need them all.
@@ -198,47 +189,26 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
     const T* gr = dy + (real ? row * d : 0);
     const M rs = real ? rstd[row] : M(0);
     M s = 0;
-    Pack<T, V> a_reg[kAcc], g_reg[kAcc];
-    for_packs<kMaxPacks>(lane, size, row_packs, [&](int64_t k, int jj) {
+    for_packs<kMaxPacks>(lane, size, row_packs, [&](int64_t k, int) {
       const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
-      if constexpr (kMaxPacks > 0) {
-        a_reg[jj] = a;
-        g_reg[jj] = g;
-      }
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         M gw = load<M>(g.v[j]);
-        if constexpr (kMaxPacks > 0) {
-          gw *= w[jj][j];
-        } else {
-          if (weight) gw *= load<M>(weight[k * V + j]);
-        }
+        if (weight) gw *= load<M>(weight[k * V + j]);
         s += gw * load<M>(a.v[j]);
       }
     });
     // mean(gw * xhat) = rstd * sum(gw * x) / d.
     const M mean_gw_xhat = group_sum<kLanes>(s, scratch) * rs / static_cast<M>(d);
     for_packs<kMaxPacks>(lane, size, row_packs, [&](int64_t k, int jj) {
-      Pack<T, V> a, g;
-      if constexpr (kMaxPacks > 0) {
-        a = a_reg[jj];
-        g = g_reg[jj];
-      } else {
-        a = load_pack<V>(xr, k);
-        g = load_pack<V>(gr, k);
-      }
+      const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
       Pack<T, V> out;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const M gv = load<M>(g.v[j]), xhat = load<M>(a.v[j]) * rs;
-        M gw;
-        if constexpr (kMaxPacks > 0) {
-          gw = gv * w[jj][j];
-          acc[jj][j] += gv * xhat;
-        } else {
-          gw = weight ? gv * load<M>(weight[k * V + j]) : gv;
-        }
+        const M gw = weight ? gv * load<M>(weight[k * V + j]) : gv;
         out.v[j] = cu::convert<T>(rs * (gw - xhat * mean_gw_xhat));
+        if constexpr (kMaxPacks > 0) acc[jj][j] += gv * xhat;
       }
       store_pack<V>(dx + row * d, k, out);
     });

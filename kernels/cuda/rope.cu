@@ -17,10 +17,9 @@ using cu::load_pack;
 using cu::Pack;
 using cu::store_pack;
 
-constexpr int kRopeThreads = 256;
-// Tokens a block rotates per pass, and the frequencies held in shared memory at once.
-constexpr int kRopeTokens = 4;
-constexpr int kRopeChunk = 128;
+constexpr int kRopeThreads = 128;
+// Frequencies held in shared memory at once.
+constexpr int kRopeChunk = 256;
 
 __device__ __forceinline__ void sincos_of(float a, float* s, float* c) {
   sincosf(a, s, c);
@@ -31,19 +30,16 @@ __device__ __forceinline__ void sincos_of(double a, double* s, double* c) {
 
 // Note [Rotary kernel]
 // ~~~~~~~~~~~~~~~~~~~~
-// A block takes kRopeTokens tokens (b, t) per pass, grid-striding over them
-// (a grid of a few blocks per SM): its threads first compute cos and sin of
-// those tokens' angles for up to kRopeChunk pairs into shared memory, one
-// entry each (inv_freq once per block when one chunk holds every pair, since
-// it does not depend on the token), then rotate every head's pairs of the
-// tokens with them. A pass costs two barriers whatever the head count, and
-// every thread has several 16-byte loads in flight. A work item is V pairs:
-// V-element packs at i and i + D/2 (RotateHalf), or the 2V elements from 2i
-// (Interleaved); 16-byte packs where D/2, the strides and the pointers allow
-// it, else V = 1. x is read through its strides (a view of a packed qkv), out
-// through its own (x itself for the in-place rope_): a thread reads each
-// element before it writes it, and no other thread touches it, hence no
-// __restrict__ on either.
+// A block per token (b, t), grid-striding over tokens: the block computes
+// cos and sin of the token's angles for up to kRopeChunk pairs into shared
+// memory (inv_freq once per block when one chunk holds every pair, since it
+// does not depend on the token), then rotates every head's pairs with them.
+// A work item is V pairs: V-element packs at i and i + D/2 (RotateHalf), or
+// the 2V elements from 2i (Interleaved); 16-byte packs where D/2, the
+// strides and the pointers allow it, else V = 1. x is read through its
+// strides (a view of a packed qkv), out through its own (x itself for the
+// in-place rope_): a thread reads each element before it writes it, and no
+// other thread touches it, hence no __restrict__ on either.
 template <class T, int V, bool kInterleaved>
 __global__ void rope_kernel(const T* x, const int64_t* __restrict__ positions, int64_t tokens,
                             int64_t t_n, int64_t h_n, int64_t d, int64_t sb, int64_t st, int64_t sh,
@@ -51,41 +47,38 @@ __global__ void rope_kernel(const T* x, const int64_t* __restrict__ positions, i
                             T* out, int64_t out_sb, int64_t out_st, int64_t out_sh) {
   using F = cu::math_t<T>;
   __shared__ F inv_freq[kRopeChunk];
-  __shared__ F cs[kRopeTokens][kRopeChunk];
-  __shared__ F sn[kRopeTokens][kRopeChunk];
+  __shared__ F cs[kRopeChunk];
+  __shared__ F sn[kRopeChunk];
   const int64_t half = d / 2;
   const bool one_chunk = half <= kRopeChunk;
   if (one_chunk) {
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x)
       inv_freq[i] = rope_inv_freq<F>(i, d, theta, scaling);
   }
-  for (int64_t tok0 = static_cast<int64_t>(blockIdx.x) * kRopeTokens; tok0 < tokens;
-       tok0 += static_cast<int64_t>(gridDim.x) * kRopeTokens) {
-    const int n_tok = static_cast<int>(std::min<int64_t>(kRopeTokens, tokens - tok0));
+  for (int64_t tok = blockIdx.x; tok < tokens; tok += gridDim.x) {
+    const int64_t b = tok / t_n, t = tok % t_n;
+    const F p = static_cast<F>(positions[b * pb + t * pt]);
+    const T* xt = x + b * sb + t * st;
+    T* ot = out + b * out_sb + t * out_st;
     for (int64_t c0 = 0; c0 < half; c0 += kRopeChunk) {
       const int len = static_cast<int>(std::min<int64_t>(kRopeChunk, half - c0));
-      __syncthreads();  // the previous chunk's (or pass's) table is no longer read
-      for (int e = threadIdx.x; e < n_tok * len; e += blockDim.x) {
-        const int k = e / len, i = e % len;
-        const int64_t tok = tok0 + k, b = tok / t_n, t = tok % t_n;
-        const F p = static_cast<F>(positions[b * pb + t * pt]);
+      __syncthreads();  // the previous chunk's (or token's) table is no longer read
+      for (int i = threadIdx.x; i < len; i += blockDim.x) {
         const F inv = one_chunk ? inv_freq[i] : rope_inv_freq<F>(c0 + i, d, theta, scaling);
         F s, c;
         sincos_of(p * inv, &s, &c);
-        cs[k][i] = c;
-        sn[k][i] = inverse ? -s : s;
+        cs[i] = c;
+        sn[i] = inverse ? -s : s;
       }
       __syncthreads();
       const int per_head = len / V;
-      const int per_token = static_cast<int>(h_n) * per_head;
-      for (int it = threadIdx.x; it < n_tok * per_token; it += blockDim.x) {
-        const int k = it / per_token, rest = it % per_token;
-        const int64_t tok = tok0 + k, b = tok / t_n, t = tok % t_n;
-        const int h = rest / per_head;
-        const int j0 = (rest % per_head) * V;
+      const int64_t items = h_n * per_head;
+      for (int64_t it = threadIdx.x; it < items; it += blockDim.x) {
+        const int64_t h = it / per_head;
+        const int j0 = static_cast<int>(it % per_head) * V;
         const int64_t i0 = c0 + j0;
-        const T* xr = x + b * sb + t * st + h * sh;
-        T* yr = out + b * out_sb + t * out_st + h * out_sh;
+        const T* xr = xt + h * sh;
+        T* yr = ot + h * out_sh;
         F a[V], bv[V];
         if constexpr (kInterleaved) {
           const Pack<T, V> lo = load_pack<V>(xr + 2 * i0, 0), hi = load_pack<V>(xr + 2 * i0, 1);
@@ -107,7 +100,7 @@ __global__ void rope_kernel(const T* x, const int64_t* __restrict__ positions, i
         T ya[V], yb[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          const F c = cs[k][j0 + j], s = sn[k][j0 + j];
+          const F c = cs[j0 + j], s = sn[j0 + j];
           ya[j] = cu::convert<T>(a[j] * c - bv[j] * s);
           yb[j] = cu::convert<T>(bv[j] * c + a[j] * s);
         }
@@ -148,10 +141,7 @@ void rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle styl
   const int64_t b_n = x.size(0), t_n = x.size(1), h_n = x.size(2), d = x.size(3);
   const int64_t tokens = b_n * t_n;
   if (tokens == 0 || h_n == 0) return;
-  // A few blocks per SM, striding over the passes of kRopeTokens tokens.
-  int sms = 0;
-  ACCRUE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const unsigned grid = cu::grid_for(tokens, kRopeTokens, int64_t{8} * sms);
+  const unsigned grid = cu::grid_for(tokens, 1);
   cudaStream_t stream = cu::stream_for(dev);
   cu::visit_float_dtype(x.dtype(), "rope", [&](auto tag) {
     using T = decltype(tag);

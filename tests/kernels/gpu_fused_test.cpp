@@ -660,10 +660,8 @@ TEST(GpuRope, matches_cpu_for_both_styles_scalings_and_head_dims) {
   }
 }
 
-// More tokens than the grid's blocks take in one pass (Note [Rotary kernel]:
-// a few blocks per SM, kRopeTokens tokens each), and a token count that is
-// not a multiple of kRopeTokens: the blocks stride over the rest.
-TEST(GpuRope, more_tokens_than_one_pass_of_the_grid) {
+// A long batch (12,003 tokens, odd) as a model's training step gives it.
+TEST(GpuRope, a_long_batch_of_an_odd_token_count) {
   ACCRUE_REQUIRE_CUDA();
   const Tensor x = test::random_normal({3, 4001, 2, 128}, DType::bf16);
   const Tensor pos = random_positions({3, 4001}, 8192);
