@@ -12,6 +12,7 @@
 #include "accrue/autograd/attention_ops.h"
 #include "accrue/autograd/checkpoint.h"
 #include "accrue/autograd/conv_ops.h"
+#include "accrue/autograd/fp8_ops.h"
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/grad_arena.h"
 #include "accrue/autograd/gradcheck.h"

@@ -1,0 +1,59 @@
+// The differentiable FP8 linear layer (Note [FP8 linear]) over the FP8 family
+// of kernels/fp8.h: casts with per-tensor current scaling, the three GEMMs of
+// a linear layer in FP8, the weight gradient added straight into its fp32
+// gradient slot (Note [Fused weight-gradient accumulation]).
+#pragma once
+
+#include "accrue/core/tensor.h"
+
+namespace accrue {
+
+// Note [FP8 linear]
+// ~~~~~~~~~~~~~~~~~
+// fp8_linear(x, weight, w8) computes y = x W^T (+ bias) with x and W in FP8:
+//  - forward: x [M, K] (M: every dim of x but the last) gets current scaling
+//    (scale = max / amax(x), Note [FP8 scaling]) and one cast that also
+//    writes x^T's codes, kept for the weight gradient; y = fp8_matmul(x_q,
+//    W_q) in out_dtype;
+//  - backward: dy [M, N] gets its own current scaling in grad_dtype (e5m2 by
+//    default: gradients need range more than precision) and one cast with
+//    its transpose; dx = fp8_matmul(dy_q, W^T_q) in out_dtype; dW =
+//    fp8_matmul(dy^T_q, x^T_q) lands in W's fp32 gradient slot in the GEMM
+//    (beta 0 on the window's first micro-batch, 1 after: each micro-batch's
+//    contribution is rounded once, to f32, and summed there in micro-batch
+//    order); the bias gradient is Linear's row sum of dy.
+// The FP8 copy of the weight (w8: codes, their transpose, scale_inv) is the
+// caller's, made by fp8_weight() from W's current values: within a window
+// the weights do not change, so one copy serves every micro-batch (the
+// window-owned copy, made once at the close, is the next step; docs/FP8.md).
+// fp8_linear checks that w8 has W's shape, not that it is fresh.
+// Every GEMM dimension (M, N, K) must be a multiple of 16 (cuBLASLt's FP8
+// rule, checked on every device so a CPU run says what a GPU run would). The
+// amax of x and dy is its own pass for now (kernels::max of |x|): producing
+// kernels that hand it over (norms, activation epilogues) are not built yet.
+// Rounding: each product x_k w_k carries the two casts' relative errors
+// (2^-4 for e4m3, 2^-3 for e5m2, plus the subnormal floor of the scaled
+// values), and the sum is exact to f32 (Note [FP8 GEMM]).
+struct Fp8LinearOptions {
+  DType forward_dtype = DType::f8e4m3;  // x's codes (the weight's are w8's)
+  DType grad_dtype = DType::f8e5m2;     // dy's codes (not e5m2 with an e5m2 weight)
+  int margin = 0;                       // scale = max / amax / 2^margin
+  DType out_dtype = DType::bf16;        // y and dx: bf16, f16 or f32
+};
+
+// The FP8 copy of a weight [N, K] (f32, bf16 or f16): its codes, their
+// transpose [K, N] and scale_inv (f32 [1]), from one amax pass and one cast,
+// with current scaling. No gradient flows through it.
+struct Fp8Weight {
+  Tensor q;
+  Tensor q_t;
+  Tensor scale_inv;
+};
+Fp8Weight fp8_weight(const Tensor& weight, DType dtype = DType::f8e4m3, int margin = 0);
+
+// y [..., N] = x [..., K] W^T + bias, W [N, K], bias [N] or undefined
+// (Note [FP8 linear]). Gradients to x, weight and bias as `linear`'s.
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8,
+                  const Tensor& bias = Tensor(), const Fp8LinearOptions& options = {});
+
+}  // namespace accrue

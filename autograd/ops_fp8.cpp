@@ -1,0 +1,142 @@
+// The differentiable FP8 linear layer (Note [FP8 linear] in autograd/fp8_ops.h).
+#include "accrue/autograd/fp8_ops.h"
+
+#include "accrue/autograd/node.h"
+#include "accrue/autograd/saved.h"
+#include "accrue/autograd/sink_target.h"
+#include "accrue/core/error.h"
+#include "accrue/kernels/fp8.h"
+#include "accrue/kernels/ops.h"
+
+namespace accrue {
+
+namespace {
+
+using autograd::SinkTarget;
+
+// Current scaling's amax: max |x| as f32 [1] on x's device (its own pass for
+// now, Note [FP8 linear]).
+Tensor amax_of(const Tensor& x) {
+  return kernels::max(kernels::unary(kernels::UnaryOp::Abs, x)).to(DType::f32).reshape({1});
+}
+
+// x cast with current scaling, with its transpose's codes.
+struct ScaledCast {
+  kernels::Fp8CastTranspose cast;
+  Tensor scale_inv;
+};
+ScaledCast cast_current(const Tensor& x2, DType dtype, int margin) {
+  const kernels::Fp8Scale s = kernels::fp8_scale_from_amax(amax_of(x2), dtype, margin);
+  return {kernels::cast_to_fp8_transpose(x2, s.scale, dtype), s.scale_inv};
+}
+
+bool is_gemm_output(DType t) {
+  return t == DType::bf16 || t == DType::f16 || t == DType::f32;
+}
+
+void check_fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8,
+                      const Tensor& bias, const Fp8LinearOptions& o) {
+  ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "fp8_linear: weight must be 2-D [out, in]",
+               weight.defined() ? ", got " + shape_str(weight.shape()) : std::string());
+  ACCRUE_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == weight.size(1),
+               "fp8_linear: input of shape ", x.defined() ? shape_str(x.shape()) : "undefined",
+               " does not match weight of shape ", shape_str(weight.shape()));
+  ACCRUE_CHECK(is_gemm_output(x.dtype()), "fp8_linear: input dtype ", dtype_name(x.dtype()),
+               "; expected f32, bf16 or f16");
+  const int64_t n = weight.size(0), k = weight.size(1);
+  ACCRUE_CHECK(w8.q.defined() && w8.q.shape() == weight.shape() && w8.q_t.defined() &&
+                   w8.q_t.shape() == (Shape{k, n}) && w8.scale_inv.defined() &&
+                   w8.scale_inv.numel() == 1,
+               "fp8_linear: the FP8 weight (codes ", w8.q.defined() ? shape_str(w8.q.shape()) : "?",
+               ", transposed ", w8.q_t.defined() ? shape_str(w8.q_t.shape()) : "?",
+               ") is not a copy of the weight ", shape_str(weight.shape()),
+               ": make it with fp8_weight(weight)");
+  ACCRUE_CHECK(is_fp8(o.forward_dtype) && is_fp8(o.grad_dtype), "fp8_linear: forward_dtype ",
+               dtype_name(o.forward_dtype), " and grad_dtype ", dtype_name(o.grad_dtype),
+               " must be FP8 dtypes (f8e4m3 or f8e5m2)");
+  ACCRUE_CHECK(is_gemm_output(o.out_dtype), "fp8_linear: out_dtype ", dtype_name(o.out_dtype),
+               "; expected bf16, f16 or f32");
+  ACCRUE_CHECK(!bias.defined() || bias.shape() == Shape{n}, "fp8_linear: bias of shape ",
+               bias.defined() ? shape_str(bias.shape()) : "", " for weight of shape ",
+               shape_str(weight.shape()));
+  const int64_t m = x.numel() / k;
+  ACCRUE_CHECK(m % 16 == 0 && n % 16 == 0 && k % 16 == 0, "fp8_linear: rows ", m, ", in ", k,
+               " and out ", n,
+               " must all be multiples of 16 (the FP8 GEMMs' rule, Note [FP8 GEMM]; pad the "
+               "batch or the layer)");
+}
+
+}  // namespace
+
+Fp8Weight fp8_weight(const Tensor& weight, DType dtype, int margin) {
+  ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "fp8_weight: weight must be 2-D [out, in]",
+               weight.defined() ? ", got " + shape_str(weight.shape()) : std::string());
+  const ScaledCast c = cast_current(detach(weight), dtype, margin);
+  return {c.cast.q, c.cast.q_t, c.scale_inv};
+}
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8, const Tensor& bias,
+                  const Fp8LinearOptions& o) {
+  check_fp8_linear(x, weight, w8, bias, o);
+  const int64_t n = weight.size(0), k = weight.size(1);
+  const ScaledCast cx = cast_current(detach(x).reshape({-1, k}), o.forward_dtype, o.margin);
+  Tensor y2 = kernels::fp8_matmul(cx.cast.q, w8.q, cx.scale_inv, w8.scale_inv, o.out_dtype);
+  if (bias.defined()) {
+    const Tensor b = detach(bias);
+    y2 = kernels::binary(kernels::BinaryOp::Add, y2,
+                         b.dtype() == o.out_dtype ? b : b.to(o.out_dtype));
+  }
+  Shape out_shape = x.shape();
+  out_shape.back() = n;
+  const Tensor out = y2.reshape(out_shape);
+
+  const bool gx = autograd::wants_grad(x), gw = autograd::wants_grad(weight),
+             gb = autograd::wants_grad(bias);
+  const Shape x_shape = x.shape();
+  const DType x_dtype = x.dtype(), w_dtype = weight.dtype(),
+              b_dtype = bias.defined() ? bias.dtype() : o.out_dtype;
+  const Tensor x_codes_t = cx.cast.q_t, x_scale_inv = cx.scale_inv;
+  const SinkTarget w_target = autograd::sink_target(weight), b_target = autograd::sink_target(bias);
+  const DType grad_dtype = o.grad_dtype;
+  const int margin = o.margin;
+  return autograd::record(
+      "Fp8LinearBackward", out, {x, weight, bias}, [=](const Tensor& g) -> std::vector<Tensor> {
+        const Tensor g2 = g.reshape({-1, n});
+        const ScaledCast cg = cast_current(g2, grad_dtype, margin);
+        Tensor dx, dw, db;
+        if (gx) {
+          dx = kernels::fp8_matmul(cg.cast.q, w8.q_t, cg.scale_inv, w8.scale_inv, x_dtype)
+                   .reshape(x_shape);
+        }
+        if (gw) {
+          // Note [Fused weight-gradient accumulation]: into the fp32 slot in the GEMM.
+          double beta = 0.0;
+          const Tensor slot = w_target.claim(&beta);
+          if (slot.defined() && slot.dtype() == DType::f32) {
+            kernels::fp8_matmul_into(cg.cast.q_t, x_codes_t, cg.scale_inv, x_scale_inv, slot,
+                                     /*accumulate=*/beta != 0.0);
+            dw = autograd::delivered();
+          } else {
+            const Tensor sum =
+                kernels::fp8_matmul(cg.cast.q_t, x_codes_t, cg.scale_inv, x_scale_inv, DType::f32);
+            if (!slot.defined()) {
+              dw = sum.to(w_dtype);
+            } else {  // an f64 arena: the f32 product widened into the slot
+              if (beta != 0.0) {
+                kernels::axpy_(slot, 1.0, sum);
+              } else {
+                slot.copy_(sum);
+              }
+              dw = autograd::delivered();
+            }
+          }
+        }
+        if (gb) {
+          db = autograd::linear_bias_grad(g2, b_target);
+          if (!autograd::is_delivered(db) && db.dtype() != b_dtype) db = db.to(b_dtype);
+        }
+        return {dx, dw, db};
+      });
+}
+
+}  // namespace accrue

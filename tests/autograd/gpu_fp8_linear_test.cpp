@@ -1,0 +1,72 @@
+// fp8_linear on the GPU (cuBLASLt's FP8 GEMMs, Note [FP8 linear]) against
+// the CPU reference. The casts are bitwise the same on both devices (Note
+// [FP8 scaling]); the GEMMs sum the same products in another order (f32 on
+// the tensor cores, exact in double on the CPU), so results agree to f32
+// rounding of sums of |products|.
+#include "accrue/autograd/engine.h"
+#include "accrue/autograd/fp8_ops.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/autograd/variable.h"
+#include "accrue/optim/optimizer.h"
+#include "accrue/optim/param_store.h"
+#include "accrue/optim/window.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+TEST(GpuFp8Linear, output_and_gradients_match_the_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  constexpr int64_t M = 64, K = 96, N = 48;
+  const Tensor x0 = test::random_normal({M, K}, DType::bf16);
+  const Tensor w0 = test::random_normal({N, K}, DType::f32, Device::cpu(), 0.1);
+  const Tensor b0 = test::random_normal({N}, DType::f32);
+  const Tensor r = test::random_normal({M, N}, DType::f32);
+  auto run = [&](Device d) {
+    Tensor x = requires_grad_(x0.to(d)), w = requires_grad_(w0.to(d)), b = requires_grad_(b0.to(d));
+    const Tensor y = fp8_linear(x, w, fp8_weight(w), b);
+    backward(sum(to_dtype(y, DType::f32) * r.to(d)));
+    return std::vector<Tensor>{detach(y).to(Device::cpu()), grad(x).to(Device::cpu()),
+                               grad(w).to(Device::cpu()), grad(b).to(Device::cpu())};
+  };
+  const std::vector<Tensor> cpu = run(Device::cpu()), gpu = run(kGpu);
+  const char* names[] = {"y", "dx", "dW", "db"};
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_EQ(gpu[i].dtype(), cpu[i].dtype()) << names[i];
+    // bf16 outputs (y, dx) can differ by one rounding step of bf16.
+    const double tol = cpu[i].dtype() == DType::bf16 ? 1e-2 : 1e-5;
+    EXPECT_LT(test::relative_error(gpu[i], cpu[i]), tol) << names[i];
+  }
+}
+
+// Three micro-batches into the fp32 slot on the GPU (beta 0, then 1): the
+// slot as the CPU's, within f32 rounding.
+TEST(GpuFp8Linear, micro_batches_accumulate_into_the_slot_as_on_the_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  constexpr int64_t M = 32, K = 64, N = 32, kMicro = 3;
+  const Tensor w0 = test::random_normal({N, K}, DType::f32, Device::cpu(), 0.1);
+  std::vector<Tensor> xs, rs;
+  for (int64_t k = 0; k < kMicro; ++k) {
+    xs.push_back(test::random_normal({M, K}, DType::bf16));
+    rs.push_back(test::random_normal({M, N}, DType::f32));
+  }
+  auto slot = [&](Device d) {
+    Tensor w = requires_grad_(w0.to(d));
+    optim::Optimizer opt(optim::SGDOptions(0.1));
+    optim::ParamStore store(std::vector<Tensor>{w}, optim::ParamStoreOptions().moments(0));
+    optim::Window window(store, opt, optim::WindowOptions().micro_steps(kMicro));
+    const Fp8Weight w8 = fp8_weight(w);
+    for (int64_t k = 0; k < kMicro; ++k) {
+      const Tensor y = fp8_linear(xs[k].to(d), w, w8);
+      window.backward(Loss{sum(to_dtype(y, DType::f32) * rs[k].to(d)),
+                           full({}, static_cast<double>(M), DType::f64, d)});
+    }
+    return store.grad_view(0).to(Device::cpu());
+  };
+  EXPECT_LT(test::relative_error(slot(kGpu), slot(Device::cpu())), 1e-5);
+}
+
+}  // namespace
+}  // namespace accrue
