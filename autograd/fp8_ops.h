@@ -22,11 +22,12 @@ namespace accrue {
 //    (beta 0 on the window's first micro-batch, 1 after: each micro-batch's
 //    contribution is rounded once, to f32, and summed there in micro-batch
 //    order); the bias gradient is Linear's row sum of dy.
-// The FP8 copy of the weight (w8: codes, their transpose, scale_inv) is the
-// caller's, made by fp8_weight() from W's current values: within a window
-// the weights do not change, so one copy serves every micro-batch (the
-// window-owned copy, made once at the close, is the next step; docs/FP8.md).
-// fp8_linear checks that w8 has W's shape, not that it is fresh.
+// The FP8 copy of the weight (w8: codes, their transpose, scale_inv) is
+// either the caller's, made by fp8_weight() from W's current values, or the
+// one W's store keeps, cast once per window at the close (Note [Window FP8
+// weights] in optim/fp8_weights.h): within a window the weights do not
+// change, so one copy serves every micro-batch. fp8_linear checks that w8
+// has W's shape, not that it is fresh.
 // Every GEMM dimension (M, N, K) must be a multiple of 16 (cuBLASLt's FP8
 // rule, checked on every device so a CPU run says what a GPU run would). The
 // amax of x and dy is its own pass for now (kernels::max of |x|): producing
@@ -55,5 +56,12 @@ Fp8Weight fp8_weight(const Tensor& weight, DType dtype = DType::f8e4m3, int marg
 // (Note [FP8 linear]). Gradients to x, weight and bias as `linear`'s.
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8,
                   const Tensor& bias = Tensor(), const Fp8LinearOptions& options = {});
+// The same with the FP8 copy the weight's store keeps (Note [Window FP8
+// weights] in optim/fp8_weights.h: cast once per window, at the close), or,
+// when it keeps none, a copy cast now by fp8_weight().
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                  const Fp8LinearOptions& options = {});
+// The weight's kept FP8 copy, or nullptr.
+const Fp8Weight* kept_fp8_weight(const Tensor& weight);
 
 }  // namespace accrue

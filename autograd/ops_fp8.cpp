@@ -4,6 +4,7 @@
 #include "accrue/autograd/node.h"
 #include "accrue/autograd/saved.h"
 #include "accrue/autograd/sink_target.h"
+#include "accrue/autograd/variable.h"
 #include "accrue/core/error.h"
 #include "accrue/kernels/fp8.h"
 #include "accrue/kernels/ops.h"
@@ -137,6 +138,20 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8, co
         }
         return {dx, dw, db};
       });
+}
+
+const Fp8Weight* kept_fp8_weight(const Tensor& weight) {
+  const AutogradMeta* m = weight.defined() ? autograd::find_meta(weight) : nullptr;
+  return m && m->owner ? m->owner->fp8_copy(weight) : nullptr;
+}
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const Fp8LinearOptions& options) {
+  if (const Fp8Weight* kept = kept_fp8_weight(weight))
+    return fp8_linear(x, weight, *kept, bias, options);
+  ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "fp8_linear: weight must be 2-D [out, in]",
+               weight.defined() ? ", got " + shape_str(weight.shape()) : std::string());
+  return fp8_linear(x, weight, fp8_weight(weight), bias, options);
 }
 
 }  // namespace accrue

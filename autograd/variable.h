@@ -12,6 +12,8 @@
 
 namespace accrue {
 
+struct Fp8Weight;  // autograd/fp8_ops.h
+
 // Receives a leaf's gradient instead of the default `.grad` storage. The
 // gradient arena implements it (Note [Overwrite first]); set per parameter.
 class GradSink {
@@ -53,6 +55,12 @@ class ParameterOwner {
   virtual void load(const Tensor& param, const Tensor& value) = 0;
   // The parameter's authoritative value, shaped like it (a view, not a copy).
   virtual Tensor value(const Tensor& param) const = 0;
+  // The parameter's FP8 copy that the owner keeps current (Note [Window FP8
+  // weights] in optim/fp8_weights.h), or nullptr.
+  virtual const Fp8Weight* fp8_copy(const Tensor& param) const {
+    (void)param;
+    return nullptr;
+  }
 };
 
 // A parameter and its dotted name, as nn::Module::named_parameters() lists

@@ -41,19 +41,39 @@ Fp8Cast cast_to_fp8(const Tensor& x, const Tensor& scale, DType out_dtype) {
 
 Fp8CastTranspose cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, DType out_dtype) {
   constexpr const char* op = "cast_to_fp8_transpose";
-  NoGradGuard no_grad;
   check_cast(x, &scale, out_dtype, op);
   ACCRUE_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", shape_str(x.shape()));
   const int64_t m = x.size(0), k = x.size(1);
   Fp8CastTranspose r{empty({m, k}, out_dtype, x.device()), empty({k, m}, out_dtype, x.device()),
                      empty({1}, DType::f32, x.device())};
+  cast_to_fp8_transpose_into(x, scale, r.q, r.q_t, r.amax);
+  return r;
+}
+
+void cast_to_fp8_transpose_into(const Tensor& x, const Tensor& scale, const Tensor& q,
+                                const Tensor& q_t, const Tensor& amax) {
+  constexpr const char* op = "cast_to_fp8_transpose";
+  NoGradGuard no_grad;
+  du::check_defined(q, op, "q");
+  check_cast(x, &scale, q.dtype(), op);
+  ACCRUE_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", shape_str(x.shape()));
+  const int64_t m = x.size(0), k = x.size(1);
+  du::check_defined(q_t, op, "q_t");
+  ACCRUE_CHECK(q.shape() == (Shape{m, k}) && q_t.shape() == (Shape{k, m}) &&
+                   q_t.dtype() == q.dtype() && q.is_contiguous() && q_t.is_contiguous() &&
+                   q.device() == x.device() && q_t.device() == x.device(),
+               op, ": q ", shape_str(q.shape()), " ", dtype_name(q.dtype()), " and q_t ",
+               shape_str(q_t.shape()), " ", dtype_name(q_t.dtype()),
+               " must be contiguous, of one FP8 dtype, on x's device, shaped ",
+               shape_str(Shape{m, k}), " and ", shape_str(Shape{k, m}));
+  du::check_defined(amax, op, "amax");
+  du::check_device_scalar(amax, x.device(), op, "amax", "x");
   if (x.numel() == 0) {
-    du::fill(r.amax, 0.0);
-    return r;
+    du::fill(amax, 0.0);
+    return;
   }
   const Tensor dense = x.contiguous();
-  ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8_transpose, dense, scale, r.q, r.q_t, r.amax);
-  return r;
+  ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8_transpose, dense, scale, q, q_t, amax);
 }
 
 Fp8BlockCast cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols,
@@ -83,6 +103,14 @@ Fp8BlockCast cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t t
 }
 
 Fp8Scale fp8_scale_from_amax(const Tensor& amax, DType fp8_dtype, int margin, bool power_of_two) {
+  du::check_defined(amax, "fp8_scale_from_amax", "amax");
+  Fp8Scale r{empty({1}, DType::f32, amax.device()), empty({1}, DType::f32, amax.device())};
+  fp8_scale_from_amax_into(amax, fp8_dtype, margin, power_of_two, r.scale, r.scale_inv);
+  return r;
+}
+
+void fp8_scale_from_amax_into(const Tensor& amax, DType fp8_dtype, int margin, bool power_of_two,
+                              const Tensor& scale, const Tensor& scale_inv) {
   constexpr const char* op = "fp8_scale_from_amax";
   NoGradGuard no_grad;
   du::check_defined(amax, op, "amax");
@@ -90,11 +118,13 @@ Fp8Scale fp8_scale_from_amax(const Tensor& amax, DType fp8_dtype, int margin, bo
   du::check_fp8_dtype(fp8_dtype, op, "fp8_dtype");
   ACCRUE_CHECK(margin >= 0 && margin <= kFp8MaxMargin, op, ": margin = ", margin,
                " is outside [0, ", kFp8MaxMargin, "]");
-  Fp8Scale r{empty({1}, DType::f32, amax.device()), empty({1}, DType::f32, amax.device())};
+  du::check_defined(scale, op, "scale");
+  du::check_defined(scale_inv, op, "scale_inv");
+  du::check_device_scalar(scale, amax.device(), op, "scale", "amax");
+  du::check_device_scalar(scale_inv, amax.device(), op, "scale_inv", "amax");
   ACCRUE_BACKEND_CALL(amax.device(), fp8_scale_from_amax, amax,
-                      static_cast<float>(fp8_max(fp8_dtype)), margin, power_of_two, r.scale,
-                      r.scale_inv);
-  return r;
+                      static_cast<float>(fp8_max(fp8_dtype)), margin, power_of_two, scale,
+                      scale_inv);
 }
 
 namespace {

@@ -62,6 +62,11 @@ struct Fp8CastTranspose {
   Tensor amax;
 };
 Fp8CastTranspose cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, DType out_dtype);
+// The same into the caller's buffers (persistent ones, which a CUDA graph
+// replays into): q [M, K] and q_t [K, M] contiguous, of one FP8 dtype, amax
+// f32 [1], all on x's device.
+void cast_to_fp8_transpose_into(const Tensor& x, const Tensor& scale, const Tensor& q,
+                                const Tensor& q_t, const Tensor& amax);
 
 // The scale of current scaling and its inverse, both f32 [1] on amax's device.
 struct Fp8Scale {
@@ -73,6 +78,9 @@ struct Fp8Scale {
 // scaling]; amax is f32 [1] (cast_to_fp8's), margin >= 0.
 Fp8Scale fp8_scale_from_amax(const Tensor& amax, DType fp8_dtype, int margin = 0,
                              bool power_of_two = false);
+// The same into the caller's scale and scale_inv (f32 [1] on amax's device).
+void fp8_scale_from_amax_into(const Tensor& amax, DType fp8_dtype, int margin, bool power_of_two,
+                              const Tensor& scale, const Tensor& scale_inv);
 
 // Note [FP8 block scaling]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~

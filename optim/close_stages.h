@@ -112,6 +112,7 @@ struct CloseFeatures {
   double noise_ema = 0.95;
   bool calibrate = false;
   double calibration_scale = 1.0, calibration_margin = 1.0;
+  bool fp8_copies = false;  // Note [Window FP8 weights]
 };
 
 // Note [Norm under the backward] or the plain pass: the norm partials of the

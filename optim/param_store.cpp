@@ -112,7 +112,8 @@ const Tensor& ParamStore::moment(int i) const {
 std::string StoreMemory::describe() const {
   return "master " + bytes_str(master) + (master_sharded ? " (sharded)" : "") + ", grads " +
          bytes_str(grads) + ", compute " + bytes_str(compute) + ", moments " + bytes_str(moments) +
-         (moments_sharded ? " (sharded)" : "") + ", total " + bytes_str(total());
+         (moments_sharded ? " (sharded)" : "") + (fp8 > 0 ? ", fp8 copies " + bytes_str(fp8) : "") +
+         ", total " + bytes_str(total());
 }
 
 StoreMemory ParamStore::memory() const {
@@ -125,9 +126,32 @@ StoreMemory ParamStore::memory() const {
   m.compute = bytes(compute_);
   for (const Tensor& t : moments_)
     m.moments += bytes(t);
+  m.fp8 = fp8_ ? fp8_->bytes() : 0;
   m.master_sharded = master_sharded_;
   m.moments_sharded = moments_sharded();
   return m;
+}
+
+void ParamStore::keep_fp8_copies(const std::vector<Tensor>& weights, DType dtype, int margin) {
+  ACCRUE_CHECK(is_fp8(dtype), "ParamStore::keep_fp8_copies: dtype ", dtype_name(dtype),
+               " is not an FP8 dtype (f8e4m3 or f8e5m2)");
+  ACCRUE_CHECK(!fp8_ || fp8_->dtype() == dtype, "ParamStore::keep_fp8_copies: the store keeps ",
+               fp8_ ? dtype_name(fp8_->dtype()) : "", " copies; asked for ", dtype_name(dtype));
+  if (!fp8_) fp8_ = std::make_unique<Fp8WeightCopies>(dtype, margin);
+  for (const Tensor& w : weights) {
+    const size_t i = slot_of(w, "keep_fp8_copies");
+    fp8_->add(i, params()[i]);
+  }
+}
+
+void ParamStore::refresh_fp8_copies() {
+  if (fp8_) fp8_->refresh();
+}
+
+const Fp8Weight* ParamStore::fp8_copy(const Tensor& param) const {
+  if (!fp8_) return nullptr;
+  const int i = index_of(param);
+  return i < 0 ? nullptr : fp8_->find(static_cast<size_t>(i));
 }
 
 void ParamStore::shard_moments(int64_t numel) {
@@ -217,6 +241,7 @@ void ParamStore::load_slot(size_t i, const Tensor& value, const char* op) {
     }
   }
   if (compute_.defined()) compute_.narrow(0, s.offset, s.numel).copy_(flat);
+  if (fp8_) fp8_->refresh_slot(i);  // Note [Window FP8 weights]
 }
 
 void ParamStore::load_master(const Tensor& master, const std::vector<ArenaRange>& owned) {
@@ -229,7 +254,7 @@ void ParamStore::load_master(const Tensor& master, const std::vector<ArenaRange>
     return;
   }
   // Note [ZeRO-1]: this rank's owned ranges only; the gather brings the rest
-  // of the forward's weights.
+  // of the forward's weights (and its caller then recasts the FP8 copies).
   int64_t at = 0;
   for (const ArenaRange& r : owned) {
     const Tensor part = master.narrow(0, at, r.numel);
@@ -245,6 +270,7 @@ void ParamStore::refresh_compute() {
                "the forward's weights come from the ranks' gather");
   NoGradGuard no_grad;
   if (compute_.defined()) compute_.copy_(master_);
+  refresh_fp8_copies();
 }
 
 }  // namespace accrue::optim

@@ -33,6 +33,7 @@
 // each rank writes its owned part and the whole compute copy.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -40,6 +41,7 @@
 
 #include "accrue/autograd/grad_arena.h"
 #include "accrue/core/tensor.h"
+#include "accrue/optim/fp8_weights.h"
 
 namespace accrue::optim {
 
@@ -104,8 +106,9 @@ class ParamStoreOptions {
 // Bytes a store holds on its device, by role (the report of Note [ZeRO-1]).
 struct StoreMemory {
   int64_t master = 0, grads = 0, compute = 0, moments = 0;
+  int64_t fp8 = 0;  // Note [Window FP8 weights]: the weights' FP8 copies
   bool master_sharded = false, moments_sharded = false;
-  int64_t total() const { return master + grads + compute + moments; }
+  int64_t total() const { return master + grads + compute + moments + fp8; }
   // "master 237.5 MiB (sharded), grads 475.0 MiB, compute 237.5 MiB, moments 475.0 MiB
   // (sharded), total 1.39 GiB"
   std::string describe() const;
@@ -187,6 +190,18 @@ class ParamStore final : public ParameterOwner {
   bool master_sharded() const { return master_sharded_; }
   StoreMemory memory() const;
 
+  // Note [Window FP8 weights] (optim/fp8_weights.h): keeps an FP8 copy of
+  // each of `weights` (parameters of this store, 2-D, sizes multiples of
+  // 16), cast now, recast whenever a loader writes them and at every close
+  // of a Window built afterwards; fp8_linear reads it. Call before building
+  // the Window (its close must hold the recast stage).
+  void keep_fp8_copies(const std::vector<Tensor>& weights, DType dtype = DType::f8e4m3,
+                       int margin = 0);
+  bool has_fp8_copies() const { return fp8_ && !fp8_->empty(); }
+  // Recasts every FP8 copy from the forward's weights (the close's stage).
+  void refresh_fp8_copies();
+  const Fp8Weight* fp8_copy(const Tensor& param) const override;
+
   // Forwarded to the gradient arena (Note [Overwrite first]).
   void begin_window() { grads_.begin_window(); }
   bool written(size_t i) const { return grads_.written(i); }
@@ -207,6 +222,7 @@ class ParamStore final : public ParameterOwner {
   std::vector<ArenaRange> owned_;  // the packed master's ranges, when sharded
   Tensor master_, compute_;
   std::vector<Tensor> moments_;
+  std::unique_ptr<Fp8WeightCopies> fp8_;  // Note [Window FP8 weights]; null until asked
 };
 
 }  // namespace accrue::optim

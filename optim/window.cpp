@@ -116,8 +116,10 @@ std::unique_ptr<CloseContext> make_context(ParamStore& store, Optimizer& optimiz
   return ctx;
 }
 
-CloseFeatures features_of(const WindowOptions& options, const GradientSync* sync) {
+CloseFeatures features_of(const WindowOptions& options, const GradientSync* sync,
+                          const ParamStore& store) {
   CloseFeatures f;
+  f.fp8_copies = store.has_fp8_copies();
   f.skips_unused = options.unused_parameters() == UnusedParameters::skip;
   f.checks_unused_world =
       sync != nullptr && options.unused_parameter_check() != UnusedParameterCheck::ignore;
@@ -139,8 +141,13 @@ Window::Window(ParamStore& store, Optimizer& optimizer, const WindowOptions& opt
   ctx_ = make_context(store, optimizer, options, sync);
   index_checks_ = std::make_unique<kernels::DeferredIndexChecks>(store.options().device(),
                                                                  field(kernels::kItems));
-  stages_ = make_close_stages(*ctx_, features_of(options, sync));
+  const CloseFeatures features = features_of(options, sync, store);
+  stages_ = make_close_stages(*ctx_, features);
+  keeps_fp8_copies_ = features.fp8_copies;
   optimizer_.bind(store);
+  // Note [Window FP8 weights]: from the weights as they start (a data-parallel
+  // sync has broadcast rank 0's by now).
+  store.refresh_fp8_copies();
 }
 
 void Window::backward(const Loss& loss) {
@@ -191,6 +198,10 @@ void Window::close() {
                " micro-steps done");
   // Note [Unused parameters]: on one process the host's flags are the world's.
   if (!sync_) check_unused(store_.written_flags(), windows_ + 1, "Window::close");
+  ACCRUE_CHECK(store_.has_fp8_copies() == keeps_fp8_copies_,
+               "Window::close: the store was asked to keep FP8 weight copies after this Window "
+               "was built, so its close would not recast them (Note [Window FP8 weights]): call "
+               "ParamStore::keep_fp8_copies before building the Window");
   close_device();
   close_host();
 }

@@ -200,6 +200,7 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
                                         {static_cast<int64_t>(param_steps.size()), 3}, DType::f64));
   // Note [ZeRO-1]: this rank loaded its shard; the others' come by gathering.
   if (sharded()) sync_->all_gather_owned(store_.forward_weights());
+  store_.refresh_fp8_copies();  // Note [Window FP8 weights]: from the loaded weights
   windows_ = windows;
   // Note [Scale calibration]: the checkpoint has the scale.
   if (CalibrationStage* c = find_stage<CalibrationStage>(); c && windows > 0) c->spend();

@@ -1,0 +1,69 @@
+#include "accrue/optim/fp8_weights.h"
+
+#include "accrue/autograd/variable.h"
+#include "accrue/core/error.h"
+#include "accrue/core/grad_mode.h"
+#include "accrue/kernels/fp8.h"
+#include "accrue/kernels/ops.h"
+
+namespace accrue::optim {
+
+Fp8WeightCopies::Fp8WeightCopies(DType dtype, int margin) : dtype_(dtype), margin_(margin) {
+  ACCRUE_CHECK(is_fp8(dtype), "ParamStore::keep_fp8_copies: dtype ", dtype_name(dtype),
+               " is not an FP8 dtype (f8e4m3 or f8e5m2)");
+}
+
+void Fp8WeightCopies::add(size_t slot, const Tensor& param) {
+  ACCRUE_CHECK(find(slot) == nullptr, "ParamStore::keep_fp8_copies: parameter ", slot,
+               " already has an FP8 copy");
+  ACCRUE_CHECK(param.dim() == 2 && param.size(0) % 16 == 0 && param.size(1) % 16 == 0,
+               "ParamStore::keep_fp8_copies: parameter ", slot, " of shape ",
+               shape_str(param.shape()),
+               " is not a 2-D weight whose sizes are multiples of 16 (the FP8 GEMMs' rule)");
+  const int64_t n = param.size(0), k = param.size(1);
+  const Device d = param.device();
+  Copy c{slot,
+         param,
+         {accrue::empty({n, k}, dtype_, d), accrue::empty({k, n}, dtype_, d),
+          accrue::empty({1}, DType::f32, d)},
+         accrue::empty({1}, DType::f32, d),
+         accrue::empty({1}, DType::f32, d),
+         accrue::empty({1}, DType::f32, d)};
+  cast(c);
+  copies_.push_back(std::move(c));
+}
+
+void Fp8WeightCopies::cast(Copy& c) const {
+  NoGradGuard no_grad;
+  const Tensor w = detach(c.param);
+  // Current scaling (Note [FP8 scaling]): the amax of the weight as it is now.
+  c.amax.copy_(kernels::max(kernels::unary(kernels::UnaryOp::Abs, w)).to(DType::f32).reshape({1}));
+  kernels::fp8_scale_from_amax_into(c.amax, dtype_, margin_, /*power_of_two=*/false, c.scale,
+                                    c.weight.scale_inv);
+  kernels::cast_to_fp8_transpose_into(w, c.scale, c.weight.q, c.weight.q_t, c.cast_amax);
+}
+
+void Fp8WeightCopies::refresh() {
+  for (Copy& c : copies_)
+    cast(c);
+}
+
+void Fp8WeightCopies::refresh_slot(size_t slot) {
+  for (Copy& c : copies_)
+    if (c.slot == slot) cast(c);
+}
+
+const Fp8Weight* Fp8WeightCopies::find(size_t slot) const {
+  for (const Copy& c : copies_)
+    if (c.slot == slot) return &c.weight;
+  return nullptr;
+}
+
+int64_t Fp8WeightCopies::bytes() const {
+  int64_t b = 0;
+  for (const Copy& c : copies_)
+    b += c.weight.q.numel() + c.weight.q_t.numel() + 4 * 4;  // codes, transpose, four scalars
+  return b;
+}
+
+}  // namespace accrue::optim
