@@ -236,6 +236,15 @@ Tensor LlamaMLP::forward(const Tensor& x) const {
   return down_proj_->forward(swiglu(gate_proj_->forward(x), up_proj_->forward(x)));
 }
 
+std::vector<Tensor> Llama::use_fp8(const Fp8LinearOptions& options) {
+  std::vector<Tensor> weights;
+  for (LlamaDecoderLayer* layer : layers_) {
+    const std::vector<Tensor> w = nn::use_fp8(*layer, options);
+    weights.insert(weights.end(), w.begin(), w.end());
+  }
+  return weights;
+}
+
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, const ParamOptions& options) {
   // transformers' registration order (its state_dict's, and the arena's layout).
   self_attn_ = &register_module("self_attn", std::make_unique<LlamaAttention>(c, options));

@@ -192,6 +192,12 @@ class Llama : public Module {
   const LlamaDecoderLayer& layer(int64_t i) const;
   const RMSNorm& norm() const { return *norm_; }
 
+  // Note [FP8 linear]: the decoder layers' projections (q, k, v, o, gate, up,
+  // down; those whose sizes are multiples of 16) compute in FP8, the
+  // classifier stays in the parameters' dtype. Returns their weights, for
+  // optim::ParamStore::keep_fp8_copies (Note [Window FP8 weights]).
+  std::vector<Tensor> use_fp8(const Fp8LinearOptions& options = {});
+
  private:
   void check_inputs(const Tensor& idx, const BatchLayout& layout, const char* op) const;
 

@@ -273,7 +273,23 @@ Linear::Linear(Tensor weight, Tensor bias) {
 
 Tensor Linear::forward(const Tensor& x) const {
   const NvtxRange range("accrue Linear forward");  // Note [NVTX ranges]
+  if (fp8_ && x.defined() && weight_.defined() && x.numel() % (16 * weight_.size(1)) == 0) {
+    Fp8LinearOptions o = *fp8_;
+    o.out_dtype = x.dtype();  // the layer composes with what follows it
+    return fp8_linear(x, weight_, bias_, o);
+  }
   return linear(x, weight_, bias_);
+}
+
+std::vector<Tensor> use_fp8(Module& m, const Fp8LinearOptions& options) {
+  std::vector<Tensor> weights;
+  for (Module* child : m.modules()) {
+    auto* l = dynamic_cast<Linear*>(child);
+    if (l == nullptr || l->weight().size(0) % 16 != 0 || l->weight().size(1) % 16 != 0) continue;
+    l->set_fp8(options);
+    weights.push_back(l->weight());
+  }
+  return weights;
 }
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, bool bias,

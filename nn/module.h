@@ -3,10 +3,12 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "accrue/autograd/fp8_ops.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/random.h"
 #include "accrue/core/tensor.h"
@@ -168,10 +170,24 @@ class Linear : public Module {
   Tensor forward(const Tensor& x) const;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
+  // Note [FP8 linear] (autograd/fp8_ops.h): with options, forward runs
+  // fp8_linear (its output in x's dtype, the weight's FP8 copy its store's
+  // when kept, Note [Window FP8 weights]); std::nullopt: plain linear. A
+  // batch whose rows are not a multiple of 16 (a decode step of one token)
+  // runs plain, as the FP8 GEMMs cannot take it.
+  void set_fp8(std::optional<Fp8LinearOptions> options) { fp8_ = options; }
+  bool fp8() const { return fp8_.has_value(); }
 
  private:
   Tensor weight_, bias_;
+  std::optional<Fp8LinearOptions> fp8_;
 };
+
+// Every Linear of `m` and its descendants whose in and out features are
+// multiples of 16 computes in FP8 with `options` (Note [FP8 linear]); the
+// others stay as they are. Returns the converted layers' weights, for
+// optim::ParamStore::keep_fp8_copies (Note [Window FP8 weights]).
+std::vector<Tensor> use_fp8(Module& m, const Fp8LinearOptions& options = {});
 
 // A 2-D convolution over NCHW inputs (autograd/conv_ops.h; the CPU reference
 // so far): weight [out, in / groups, k, k] and bias [out], initialized

@@ -12,6 +12,7 @@
 //   AdamW) against transformers under torch.autocast(bfloat16) with fp32
 //   parameters (cuda_bf16.safetensors), 50 windows: every window's loss
 //   within 2%.
+// - fp8: the decoder projections in FP8 within 1% of the f64 run per window.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -138,6 +139,29 @@ TEST_P(LlamaHFGoldenGpu, bf16_loss_curve_follows_transformers_autocast) {
       "%.4f -> %.4f (theirs %.4f -> %.4f), worst window %.3g; bound %.2f\n",
       GetParam().c_str(), torch_bf16.str("gpu").c_str(), loss_t.size(), run.loss.front(),
       run.loss.back(), loss_t.front(), loss_t.back(), worst, kBf16LossTol);
+}
+
+// Note [FP8 linear] on the GPU: the projections through cuBLASLt's FP8 GEMMs,
+// their weights cast once per window by the close (Note [Window FP8
+// weights]): every window's loss within 1% of transformers' f64 run, as on
+// the CPU (llama_hf_golden_test.cpp).
+TEST_P(LlamaHFGoldenGpu, fp8_projections_follow_the_f64_run) {
+  const FixtureFile truth(file("cpu_f64.safetensors"));
+  const std::vector<double> loss64 = truth.tensor("loss").to_vector<double>();
+  LlamaRunOptions o;
+  o.device = Device::cuda(0);
+  o.master_dtype = DType::f32;
+  o.compute_dtype = DType::bf16;
+  o.fp8 = true;
+  const LlamaRun run = train_llama_case(GetParam(), o);
+  double worst = 0;
+  for (size_t w = 0; w < loss64.size(); ++w)
+    worst = std::max(worst, relative(run.loss[w], loss64[w]));
+  std::printf(
+      "[llama golden] %s: accrue cuda fp8 projections vs transformers f64: worst window "
+      "loss %.3g; bound 0.01\n",
+      GetParam().c_str(), worst);
+  EXPECT_LE(worst, 0.01);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, LlamaHFGoldenGpu,

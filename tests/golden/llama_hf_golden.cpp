@@ -39,6 +39,7 @@ LlamaRun train_llama_case(const std::string& name, const LlamaRunOptions& o) {
                                  .betas(data.number("beta1"), data.number("beta2"))
                                  .eps(data.number("eps"))
                                  .weight_decay(data.number("weight_decay")));
+  const std::vector<Tensor> fp8_weights = o.fp8 ? model->use_fp8() : std::vector<Tensor>{};
   std::vector<Tensor> no_decay;
   for (const nn::NamedParameter& p : model->named_parameters())
     if (p.tensor.dim() < 2) no_decay.push_back(p.tensor);
@@ -48,6 +49,7 @@ LlamaRun train_llama_case(const std::string& name, const LlamaRunOptions& o) {
                                                          .master_dtype(o.master_dtype)
                                                          .compute_dtype(o.compute_dtype)
                                                          .moments(optimizer.moments_needed()));
+  if (o.fp8 && o.keep_fp8_copies) store.keep_fp8_copies(fp8_weights);
   const int64_t fixture_windows = data.integer("windows"), KF = data.integer("micro_steps"),
                 BF = data.integer("micro_batch"), T = data.integer("seq_len");
   const int64_t K = o.micro_steps, B = KF * BF / K;

@@ -28,6 +28,10 @@ struct LlamaRunOptions {
   // Windows to train; past the fixture's, its windows again from the first
   // (window w reads the fixture's window w % windows). 0: the fixture's count.
   int64_t windows = 0;
+  // Note [FP8 linear]: the decoder layers' projections in FP8, their FP8
+  // weights kept by the store (cast once per window) or cast at every call.
+  bool fp8 = false;
+  bool keep_fp8_copies = true;
 };
 
 struct LlamaRun {

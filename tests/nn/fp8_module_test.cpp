@@ -1,0 +1,48 @@
+// nn::Linear in FP8 (Note [FP8 linear]): use_fp8 converts the layers whose
+// sizes the FP8 GEMMs take, forward matches fp8_linear, and a batch of rows
+// that is not a multiple of 16 (a decode step) runs plain.
+#include "accrue/autograd/fp8_ops.h"
+#include "accrue/autograd/ops.h"
+#include "accrue/nn/module.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+TEST(Fp8Module, use_fp8_converts_the_linears_the_fp8_gemms_take) {
+  Generator gen(3);
+  const nn::ParamOptions o{Device::cpu(), DType::f32, &gen};
+  nn::MLP mlp({32, 48, 10}, o);  // 32 -> 48 converts; 48 -> 10 does not (10 % 16)
+  const std::vector<Tensor> weights = nn::use_fp8(mlp);
+  ASSERT_EQ(weights.size(), 1u);
+  EXPECT_EQ(weights[0].shape(), (Shape{48, 32}));
+  int converted = 0;
+  for (nn::Module* m : mlp.modules())
+    if (auto* l = dynamic_cast<nn::Linear*>(m)) converted += l->fp8() ? 1 : 0;
+  EXPECT_EQ(converted, 1);
+}
+
+TEST(Fp8Module, forward_is_fp8_linear_in_the_input_dtype_and_plain_for_odd_rows) {
+  Generator gen(4);
+  nn::Linear layer(32, 16, /*bias=*/true, {Device::cpu(), DType::f32, &gen});
+  const Tensor x = test::random_normal({2, 8, 32}, DType::f32);
+  const Tensor plain = layer.forward(x);
+  layer.set_fp8(Fp8LinearOptions{});
+  const Tensor y = layer.forward(x);
+  EXPECT_EQ(y.dtype(), DType::f32);  // the input's, not the default bf16
+  Fp8LinearOptions f32_out;
+  f32_out.out_dtype = DType::f32;
+  EXPECT_TRUE(
+      test::all_equal(detach(y), detach(fp8_linear(x, layer.weight(), layer.bias(), f32_out))));
+  EXPECT_FALSE(test::all_equal(detach(y), detach(plain))) << "FP8 rounds";
+  // 3 rows: the FP8 GEMMs cannot take them, so the layer runs plain.
+  const Tensor one = test::random_normal({3, 32}, DType::f32);
+  layer.set_fp8(Fp8LinearOptions{});
+  const Tensor odd = layer.forward(one);
+  layer.set_fp8(std::nullopt);
+  EXPECT_FALSE(layer.fp8());
+  EXPECT_TRUE(test::all_equal(detach(odd), detach(layer.forward(one))));
+}
+
+}  // namespace
+}  // namespace accrue
