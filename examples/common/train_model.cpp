@@ -92,6 +92,11 @@ class Gpt2TrainModel final : public TrainModel {
     }
   }
   Generator* dropout_generator() override { return &model_.dropout_generator(); }
+  std::vector<Tensor> use_fp8() override {
+    ACCRUE_FAIL(
+        "--fp8 is not built for GPT-2 yet: its blocks run fused attention and MLP ops, "
+        "not nn::Linear (the Llama family has it)");
+  }
 
  private:
   nn::GPT2 model_;
@@ -146,6 +151,7 @@ class LlamaTrainModel final : public TrainModel {
   }
   void init_from(const std::string& path) override { model_->load_hf(path); }
   void set_training(bool) override {}
+  std::vector<Tensor> use_fp8() override { return model_->use_fp8(); }
 
  private:
   std::unique_ptr<nn::Llama> model_;

@@ -61,6 +61,9 @@ class TrainModel {
   virtual void set_training(bool training) = 0;
   // The dropout masks' generator, whose offset a checkpoint keeps; null without dropout.
   virtual Generator* dropout_generator() { return nullptr; }
+  // Note [FP8 linear]: the model's projections compute in FP8; returns their
+  // weights, for ParamStore::keep_fp8_copies. Throws where not built.
+  virtual std::vector<Tensor> use_fp8() = 0;
 };
 
 struct TrainModelOptions {

@@ -92,6 +92,7 @@ JsonObject memory_json(const optim::StoreMemory& m) {
       .integer("grads", m.grads)
       .integer("compute", m.compute)
       .integer("moments", m.moments)
+      .integer("fp8", m.fp8)
       .integer("total", m.total())
       .boolean("master_sharded", m.master_sharded)
       .boolean("moments_sharded", m.moments_sharded);
@@ -142,6 +143,7 @@ RunRecord run_record(const TrainOptions& opt, const TrainModel& model, int ranks
   record.text("init_from", absolute_path(opt.init_from));
   record.number("dropout", opt.dropout);
   record.text("dtype", dtype_name(opt.dtype));
+  record.text("fp8", opt.fp8 ? "projections e4m3/e5m2, current scaling" : "off");
   record.integer("micro_batch", opt.micro_batch);
   record.integer("seq_len", opt.seq_len);
   record.integer("micro_steps", opt.accum);
@@ -425,6 +427,7 @@ JsonObject bench_config(const Run& run, int64_t window_tokens) {
       .text("documents", documents_name(opt))
       .boolean("activation_checkpointing", run.model.activation_checkpointing())
       .boolean("zero1", opt.zero1)
+      .boolean("fp8", opt.fp8)
       .integer("warmup_windows", opt.bench_warmup)
       .integer("timed_windows", opt.bench_windows)
       .boolean("cuda_graphs", graphs);
@@ -518,6 +521,8 @@ int train(int argc, char** argv) {
 
   optim::Optimizer optimizer = make_optimizer(opt, *model);
   optim::ParamStore store(model->named_parameters(), store_options(opt, where, master, optimizer));
+  // Note [Window FP8 weights]: kept before the Window, whose close recasts them.
+  if (opt.fp8) store.keep_fp8_copies(model->use_fp8());
   const DataParallel dp = connect_data_parallel(where, store, opt.zero1);
   optim::Window window(store, optimizer, window_options(opt, scaling), dp.reducer.get());
   std::printf("memory per rank: %s\n", store.memory().describe().c_str());

@@ -95,6 +95,11 @@ void declare_batch_and_optimizer(OptionTable& cli, TrainOptions& o) {
       {{"f32", DType::f32}, {"bf16", DType::bf16}, {"f16", DType::f16}, {"f64", DType::f64}},
       "compute dtype (bf16 and f16 over f32 master weights; f16 adds dynamic loss "
       "scaling)");
+  cli.flag("--fp8", &o.fp8,
+           "the Llama family's decoder projections in FP8: e4m3 activations and weights, e5m2 "
+           "gradients, per-tensor current scaling, each weight cast once per window at the "
+           "close, gradients into the fp32 slots (Note [FP8 linear], docs/FP8.md); not with "
+           "--dtype f64");
   cli.number("--init-scale", &o.init_scale, "S", "f16: the dynamic loss scale's start")
       .min(1)
       .default_text("65536 / (B * T) rounded down to a power of two, Note [Normalization]");
@@ -184,6 +189,8 @@ void check_options(const OptionTable& cli, TrainOptions& o) {
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
     usage_error("--bench takes no --checkpoint or --resume");
   if (o.bench && o.stop_after) usage_error("--bench takes no --stop-after");
+  if (o.fp8 && o.dtype == DType::f64)
+    usage_error("--fp8 computes in FP8 over f32, bf16 or f16 activations; not with --dtype f64");
   if (o.init_scale && o.dtype != DType::f16)
     usage_error("--init-scale applies to --dtype f16 only, the compute dtype is ",
                 dtype_name(o.dtype));
