@@ -35,6 +35,22 @@ err=$("$trainer" "${args[@]}" --accum 3 --resume "$work/full.safetensors" 2>&1 >
 rc=$?
 [[ $rc -eq 1 && $err == *"micro_steps = 2 but this run has 3"* ]] ||
   fail "a resume with another K: exit code $rc: $err"
+# --fp8 (Note [Window FP8 weights]): the weights' FP8 copies are recast from
+# the resumed weights, so the resumed run ends on the uninterrupted one's bytes;
+# a resume without --fp8 is another run.
+fp8=("${args[@]}" --dtype bf16 --fp8)
+"$trainer" "${fp8[@]}" --checkpoint "$work/fp8_full.safetensors" > /dev/null ||
+  fail "--fp8 uninterrupted run: exit code $?"
+"$trainer" "${fp8[@]}" --checkpoint "$work/fp8_part.safetensors" --stop-after 3 > /dev/null ||
+  fail "--fp8 first half: exit code $?"
+"$trainer" "${fp8[@]}" --checkpoint "$work/fp8_part.safetensors" \
+  --resume "$work/fp8_part.safetensors" > /dev/null || fail "--fp8 resumed run: exit code $?"
+cmp "$work/fp8_full.safetensors" "$work/fp8_part.safetensors" ||
+  fail "--fp8: the resumed run's final checkpoint differs from the uninterrupted run's"
+err=$("$trainer" "${args[@]}" --dtype bf16 --resume "$work/fp8_full.safetensors" 2>&1 >/dev/null)
+rc=$?
+[[ $rc -eq 1 && $err == *"fp8 = "*"but this run has off"* ]] ||
+  fail "a resume of an --fp8 checkpoint without --fp8: exit code $rc: $err"
 # --stop-micro-steps (Note [Mid-window checkpoints]): saved inside window 4
 # after 1 of 2 micro-steps, resumed there: the same final checkpoint.
 "$trainer" "${args[@]}" --checkpoint "$work/mid.safetensors" --stop-after 3 \
