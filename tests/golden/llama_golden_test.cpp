@@ -11,6 +11,7 @@
 
 #include "examples/llama_tiny/llama.h"
 #include "tests/golden/gpt2_golden.h"
+#include "tests/golden/llama_hf_golden.h"
 #include "tests/test_util.h"
 
 namespace accrue::golden {
@@ -18,20 +19,6 @@ namespace {
 
 std::string llama_fixture(const std::string& file) {
   return std::string(ACCRUE_GOLDEN_DIR) + "/llama/" + file;
-}
-
-// max |a - b| / max |b| (NaN anywhere fails).
-double max_error(const Tensor& a, const Tensor& b) {
-  const std::vector<double> x = a.to(DType::f64).to_vector<double>(),
-                            y = b.to(DType::f64).to_vector<double>();
-  if (x.size() != y.size()) return INFINITY;
-  double diff = 0.0, scale = 0.0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (std::isnan(x[i]) || std::isnan(y[i])) return INFINITY;
-    diff = std::max(diff, std::fabs(x[i] - y[i]));
-    scale = std::max(scale, std::fabs(y[i]));
-  }
-  return scale > 0.0 ? diff / scale : diff;
 }
 
 examples::LlamaConfig config_of(const FixtureFile& f) {
