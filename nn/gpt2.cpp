@@ -139,6 +139,15 @@ GPT2::GPT2(const GPT2Config& config, const ParamOptions& options)
       BufferOptions().persistent(false));
 }
 
+std::vector<Tensor> GPT2::use_fp8(const Fp8LinearOptions& options) {
+  std::vector<Tensor> weights;
+  for (Block* block : blocks_) {
+    const std::vector<Tensor> w = nn::use_fp8(*block, options);
+    weights.insert(weights.end(), w.begin(), w.end());
+  }
+  return weights;
+}
+
 const Block& GPT2::block(int64_t i) const {
   ACCRUE_CHECK(i >= 0 && i < config_.n_layer, "GPT2::block: index ", i, " for a model of ",
                config_.n_layer, " layers");

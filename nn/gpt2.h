@@ -88,6 +88,11 @@ class GPT2 : public Module {
   const Tensor& wte() const { return wte_; }
   const Tensor& wpe() const { return wpe_; }
   const Block& block(int64_t i) const;
+  // Note [FP8 linear]: the blocks' projections (c_attn, attn.c_proj, c_fc,
+  // mlp.c_proj) compute in FP8; the tied embedding and classifier stay in the
+  // parameters' dtype. Returns their weights, for
+  // optim::ParamStore::keep_fp8_copies (Note [Window FP8 weights]).
+  std::vector<Tensor> use_fp8(const Fp8LinearOptions& options = {});
   const LayerNorm& ln_f() const { return *ln_f_; }
   // Dropout's stream (seeded with config.dropout_seed); checkpointing rewinds
   // it in backward, so the masks are the forward's.

@@ -92,11 +92,7 @@ class Gpt2TrainModel final : public TrainModel {
     }
   }
   Generator* dropout_generator() override { return &model_.dropout_generator(); }
-  std::vector<Tensor> use_fp8() override {
-    ACCRUE_FAIL(
-        "--fp8 is not built for GPT-2 yet: its blocks run fused attention and MLP ops, "
-        "not nn::Linear (the Llama family has it)");
-  }
+  std::vector<Tensor> use_fp8() override { return model_.use_fp8(); }
 
  private:
   nn::GPT2 model_;

@@ -62,7 +62,7 @@ class TrainModel {
   // The dropout masks' generator, whose offset a checkpoint keeps; null without dropout.
   virtual Generator* dropout_generator() { return nullptr; }
   // Note [FP8 linear]: the model's projections compute in FP8; returns their
-  // weights, for ParamStore::keep_fp8_copies. Throws where not built.
+  // weights, for ParamStore::keep_fp8_copies.
   virtual std::vector<Tensor> use_fp8() = 0;
 };
 

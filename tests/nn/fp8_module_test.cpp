@@ -3,6 +3,7 @@
 // that is not a multiple of 16 (a decode step) runs plain.
 #include "accrue/autograd/fp8_ops.h"
 #include "accrue/autograd/ops.h"
+#include "accrue/nn/gpt2.h"
 #include "accrue/nn/module.h"
 #include "tests/test_util.h"
 
@@ -20,6 +21,29 @@ TEST(Fp8Module, use_fp8_converts_the_linears_the_fp8_gemms_take) {
   for (nn::Module* m : mlp.modules())
     if (auto* l = dynamic_cast<nn::Linear*>(m)) converted += l->fp8() ? 1 : 0;
   EXPECT_EQ(converted, 1);
+}
+
+// GPT-2: the four projections of every block (c_fc's GELU then runs after
+// its FP8 GEMM, not in a bf16 epilogue); the tied classifier stays as it is.
+TEST(Fp8Module, gpt2_converts_four_projections_per_block) {
+  Generator gen(5);
+  nn::GPT2Config c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 32;
+  c.block_size = 32;
+  c.vocab_size = 64;
+  nn::GPT2 model(c, {Device::cpu(), DType::f32, &gen});
+  const Tensor idx = test::random_integers({2, 8}, 0, 63, DType::i64);
+  const Tensor plain = model.logits(idx);
+  const std::vector<Tensor> weights = model.use_fp8();
+  ASSERT_EQ(weights.size(), 8u);
+  EXPECT_EQ(weights[0].shape(), (Shape{96, 32}));   // c_attn
+  EXPECT_EQ(weights[2].shape(), (Shape{128, 32}));  // c_fc
+  const Tensor fp8 = model.logits(idx);
+  EXPECT_EQ(fp8.dtype(), plain.dtype());
+  EXPECT_FALSE(test::all_equal(detach(fp8), detach(plain))) << "the projections did not round";
+  EXPECT_LT(test::relative_error(fp8, plain), 0.1);
 }
 
 TEST(Fp8Module, forward_is_fp8_linear_in_the_input_dtype_and_plain_for_odd_rows) {
