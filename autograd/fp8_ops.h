@@ -61,6 +61,10 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8,
 // when it keeps none, a copy cast now by fp8_weight().
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
                   const Fp8LinearOptions& options = {});
+// scale_inv where amax is finite, NaN where it is not: what the GEMMs of an
+// overflowed tensor multiply by, so that the window skips (Note [FP8
+// overflow] in autograd/ops_fp8.cpp). Both f32 [1] on one device.
+Tensor fp8_guarded_scale_inv(const Tensor& scale_inv, const Tensor& amax);
 // The weight's kept FP8 copy, or nullptr.
 const Fp8Weight* kept_fp8_weight(const Tensor& weight);
 

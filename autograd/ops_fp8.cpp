@@ -11,6 +11,21 @@
 
 namespace accrue {
 
+// Note [FP8 overflow]
+// ~~~~~~~~~~~~~~~~~~~
+// A saturating cast turns an infinity into the format's max, so an
+// overflowed tensor (an infinity or NaN in x, dy or a weight) would pass
+// through the FP8 GEMMs as finite values and the window would step on them.
+// Its amax says so (Note [FP8 scaling]): scale_inv + amax * 0 is scale_inv
+// when amax is finite and NaN when it is not, so every output of a GEMM
+// that reads the tensor becomes NaN, the gradients follow, and the window
+// skips as on a loss-scale overflow (Note [Skipped window]; a dynamic scaler
+// lowers its scale). All on the device, no host sync.
+Tensor fp8_guarded_scale_inv(const Tensor& scale_inv, const Tensor& amax) {
+  return kernels::binary(kernels::BinaryOp::Add, scale_inv,
+                         kernels::binary_scalar(kernels::BinaryOp::Mul, amax, 0.0));
+}
+
 namespace {
 
 using autograd::SinkTarget;
@@ -27,8 +42,10 @@ struct ScaledCast {
   Tensor scale_inv;
 };
 ScaledCast cast_current(const Tensor& x2, DType dtype, int margin) {
-  const kernels::Fp8Scale s = kernels::fp8_scale_from_amax(amax_of(x2), dtype, margin);
-  return {kernels::cast_to_fp8_transpose(x2, s.scale, dtype), s.scale_inv};
+  const Tensor amax = amax_of(x2);
+  const kernels::Fp8Scale s = kernels::fp8_scale_from_amax(amax, dtype, margin);
+  return {kernels::cast_to_fp8_transpose(x2, s.scale, dtype),
+          fp8_guarded_scale_inv(s.scale_inv, amax)};
 }
 
 bool is_gemm_output(DType t) {

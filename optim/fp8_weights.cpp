@@ -41,6 +41,8 @@ void Fp8WeightCopies::cast(Copy& c) const {
   kernels::fp8_scale_from_amax_into(c.amax, dtype_, margin_, /*power_of_two=*/false, c.scale,
                                     c.weight.scale_inv);
   kernels::cast_to_fp8_transpose_into(w, c.scale, c.weight.q, c.weight.q_t, c.cast_amax);
+  // Note [FP8 overflow]: a non-finite weight makes every GEMM reading it NaN.
+  c.weight.scale_inv.copy_(fp8_guarded_scale_inv(c.weight.scale_inv, c.amax));
 }
 
 void Fp8WeightCopies::refresh() {

@@ -228,23 +228,38 @@ TEST(Fp8Linear, k_micro_batches_match_the_big_batch_within_the_rounding_model) {
   EXPECT_FALSE(test::all_equal(many, one)) << "the scales differ, so the slots should";
 }
 
-// A non-finite input reaches the gradients, so the window skips as on a
-// loss-scale overflow (Note [Skipped window]): the weights do not move.
-TEST(Fp8Linear, a_nan_input_makes_the_window_skip) {
+// Note [FP8 overflow]: a NaN or an infinity in x or in dy (which a saturating
+// cast would turn into the format's max) reaches the gradients as NaN, so the
+// window skips as on a loss-scale overflow: the weights do not move and a
+// dynamic scaler halves its scale.
+TEST(Fp8Linear, an_overflowed_input_or_gradient_makes_the_window_skip) {
   constexpr int64_t M = 16, K = 16, N = 16;
-  Tensor w = requires_grad_(test::random_normal({N, K}, DType::f32, Device::cpu(), 0.1));
-  const Tensor before = detach(w).clone();
-  optim::Optimizer opt(optim::SGDOptions(0.1));
-  optim::ParamStore store(std::vector<Tensor>{w}, optim::ParamStoreOptions().moments(0));
-  optim::Window window(store, opt, optim::WindowOptions().micro_steps(1));
-  std::vector<float> xv(M * K, 0.5f);
-  xv[7] = NAN;
-  const Tensor x = from_vector<float>(xv, {M, K});
-  window.backward(Loss{sum(fp8_linear(x, w, fp8_weight(w), Tensor(), f32_out())),
-                       full({}, static_cast<double>(M), DType::f64)});
-  window.close();
-  EXPECT_TRUE(window.report().skipped);
-  EXPECT_TRUE(test::all_equal(detach(w), before));
+  struct Plant {
+    const char* what;
+    float x_value, dy_value;
+  };
+  for (const Plant& p : {Plant{"NaN in x", NAN, 1.0f}, Plant{"inf in x", INFINITY, 1.0f},
+                         Plant{"-inf in x", -INFINITY, 1.0f}, Plant{"inf in dy", 0.5f, INFINITY}}) {
+    SCOPED_TRACE(p.what);
+    Tensor w = requires_grad_(test::random_normal({N, K}, DType::f32, Device::cpu(), 0.1));
+    const Tensor before = detach(w).clone();
+    optim::Optimizer opt(optim::SGDOptions(0.1));
+    optim::ParamStore store(std::vector<Tensor>{w}, optim::ParamStoreOptions().moments(0));
+    optim::Window window(
+        store, opt,
+        optim::WindowOptions().micro_steps(1).scaler(optim::LossScalerOptions::dynamic()));
+    const double initial = optim::LossScalerOptions::dynamic().init_scale();
+    std::vector<float> xv(M * K, 0.5f), rv(M * N, 1.0f);
+    xv[7] = p.x_value;
+    rv[9] = p.dy_value;
+    const Tensor x = from_vector<float>(xv, {M, K}), r = from_vector<float>(rv, {M, N});
+    window.backward(Loss{sum(fp8_linear(x, w, fp8_weight(w), Tensor(), f32_out()) * r),
+                         full({}, static_cast<double>(M), DType::f64)});
+    window.close();
+    EXPECT_TRUE(window.report().skipped);
+    EXPECT_TRUE(test::all_equal(detach(w), before));
+    EXPECT_EQ(window.report().loss_scale, initial / 2);
+  }
 }
 
 TEST(Fp8Linear, bad_inputs_are_errors_naming_the_op_and_the_values) {
