@@ -62,6 +62,10 @@ causal mask buffer, softmax, @ v, the heads merged by permute + contiguous,
 and the logits of the 50257 real columns only (wte narrowed, as accrue's
 composed model does) before F.cross_entropy.
 
+--fp8 runs each block's four projections as FP8 GEMMs (bench/torch_fp8.py,
+torch._scaled_mm with per-tensor current scaling, the weights cast at every
+micro-batch), the counterpart of `accrue_train --fp8`.
+
 --cpu runs a tiny model on the CPU with host timing (gloo under torchrun), to
 check this script without a GPU (the numbers mean nothing).
 """
@@ -130,6 +134,10 @@ def parse_args():
     p.add_argument("--global-batch", type=int, default=32, help="sequences per window")
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--fp8", action="store_true",
+                   help="each block's four projections in FP8 (bench/torch_fp8.py: "
+                        "torch._scaled_mm, e4m3 / e5m2, current scaling), the twin of "
+                        "accrue_train --fp8")
     p.add_argument("--composed", action="store_true",
                    help="attention and heads from plain ops, no SDPA (see above)")
     p.add_argument("--warmup", type=int, default=3, help="untimed windows first")
@@ -310,6 +318,11 @@ def training_setup(torch, args, model, world, rank, device, vocab, wrap_ddp=True
 def run(torch, args, world, rank, device):
     torch.manual_seed(1234)  # every rank the same weights (DDP broadcasts rank 0's anyway)
     model, vocab = build_model(torch, args)
+    if args.fp8:
+        from torch_fp8 import convert_to_fp8
+
+        projections = ("c_attn", "attn_proj", "c_fc", "mlp_proj")
+        convert_to_fp8(model, lambda name, layer: name.endswith(projections))
     model = model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
     opt, ddp, step_model, batches = training_setup(torch, args, model, world, rank, device,
@@ -362,6 +375,7 @@ def run(torch, args, world, rank, device):
         "impl": "pytorch",
         "mode": "compile" if args.compile else "eager",
         "composed": args.composed,
+        "fp8": args.fp8,
         "model": args.model,
         "world_size": world,
         "parallel": "ddp no_sync" if ddp is not None else "none",
