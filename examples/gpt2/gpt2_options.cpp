@@ -5,6 +5,7 @@
 #include "examples/common/checkpoint_file.h"
 #include "examples/common/options.h"
 #include "examples/common/train_model.h"
+#include "examples/common/trainer_options.h"
 
 namespace accrue::examples {
 
@@ -14,12 +15,8 @@ void declare(OptionTable& cli, Gpt2Options& o) {
   cli.section("model");
   cli.choice("--model", &o.model, {"d12", "d24", "d36", "d48", "tiny"},
              "a GPT-2 size (tiny: 2 layers, 4 heads, width 64, vocab 256 bytes, block 64)");
-  const char* kOverride = "overrides the preset's size";
-  cli.integer("--n-layer", &o.n_layer, "N", kOverride).min(1).default_text("the preset's");
-  cli.integer("--n-head", &o.n_head, "N", kOverride).min(1).default_text("the preset's");
-  cli.integer("--n-embd", &o.n_embd, "N", kOverride).min(1).default_text("the preset's");
-  cli.integer("--vocab-size", &o.vocab_size, "N", kOverride).min(1).default_text("the preset's");
-  cli.integer("--block-size", &o.block_size, "N", kOverride).min(1).default_text("the preset's");
+  declare_gpt2_size_overrides(cli, o.n_layer, o.n_head, o.n_embd, o.vocab_size, o.block_size,
+                              "overrides the preset's size");
   cli.number("--dropout", &o.dropout, "P", "dropout probability").min(0).below(1);
   cli.flag("--activation-checkpointing", &o.activation_checkpointing,
            "recompute each block's forward in backward");
@@ -62,9 +59,7 @@ void declare(OptionTable& cli, Gpt2Options& o) {
   cli.number("--weight-decay", &o.weight_decay, "W",
              "AdamW decay of the Linear weights (never biases, LayerNorms, wte, wpe)")
       .min(0);
-  cli.number("--beta1", &o.beta1, "B1", "AdamW beta1").min(0).below(1);
-  cli.number("--beta2", &o.beta2, "B2", "AdamW beta2").min(0).below(1);
-  cli.number("--eps", &o.eps, "E", "AdamW epsilon").above(0);
+  declare_adamw_moments(cli, o.beta1, o.beta2, o.eps);
   cli.number("--max-grad-norm", &o.max_grad_norm, "N",
              "global gradient-norm clipping; 0 turns it off")
       .min(0);
@@ -82,19 +77,11 @@ void declare(OptionTable& cli, Gpt2Options& o) {
   cli.choice("--dtype", &o.dtype, {"f32", "bf16", "f16"},
              "compute dtype over fp32 master weights; f16 adds dynamic loss scaling")
       .default_text("bf16 on a GPU, f32 on the CPU");
-  cli.number("--init-scale", &o.init_scale, "S", "f16: the dynamic loss scale's start")
-      .min(1)
-      .default_text("65536 / (B * T) rounded down to a power of two, Note [Normalization]");
-  cli.flag("--calibrate-scale", &o.calibrate_scale,
-           "f16: run the first window at scale 1 and start the dynamic scale from its largest "
-           "gradient (Note [Scale calibration]; --init-scale is then not used)");
+  declare_loss_scale_start(cli, o.init_scale, o.calibrate_scale);
   cli.integer("--seed", &o.seed, "S", "initialization, dropout and synthetic data");
 
   cli.section("evaluation and checkpoints");
-  cli.integer("--val-every", &o.val_every, "N",
-              "validation loss every N windows (0: at the end only)")
-      .min(0);
-  cli.integer("--val-batches", &o.val_batches, "N", "micro-batches per validation").min(1);
+  declare_validation_schedule(cli, o.val_every, o.val_batches);
   cli.flag("--nvtx", &o.nvtx,
            "NVTX ranges for Nsight Systems: each window, micro-step backward, close and bucket "
            "collective (ACCRUE_NVTX=1 too)");
@@ -137,11 +124,7 @@ void declare(OptionTable& cli, Gpt2Options& o) {
   cli.flag("--bench", &o.bench,
            "timing mode: warmup windows, then timed windows; prints one JSON line (tokens/s, "
            "window ms, peak memory, MFU)");
-  cli.integer("--bench-warmup", &o.bench_warmup, "N", "untimed windows first").min(0);
-  cli.integer("--bench-windows", &o.bench_windows, "N", "timed windows").min(1);
-  cli.number("--peak-tflops", &o.peak_tflops, "F", "the device's peak for MFU")
-      .above(0)
-      .default_text("the bf16 dense peak of H100/H200 SXM, 989");
+  declare_bench_timing(cli, o.bench_warmup, o.bench_windows, o.peak_tflops);
 
   cli.section("device");
   cli.flag("--cpu", &o.force_cpu, "run on the CPU even when a GPU is present");
@@ -172,11 +155,7 @@ bool parse_gpt2_options(int argc, char** argv, Gpt2Options& o) {
     usage_error("--composed has no dropout and no activation checkpointing");
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
     usage_error("--bench takes no --checkpoint or --resume");
-  if (o.bench) {
-    const int64_t windows = o.bench_warmup + o.bench_windows;
-    if (windows < o.bench_warmup) usage_error("--bench-warmup + --bench-windows overflows");
-    o.windows = windows;
-  }
+  if (o.bench) o.windows = bench_window_count(o.bench_warmup, o.bench_windows);
   if (o.stop_after && *o.stop_after > o.windows)
     usage_error("--stop-after ", *o.stop_after, " is beyond --windows ", o.windows);
   if (o.stop_micro_steps > 0 && (!o.stop_after || o.checkpoint.empty()))
@@ -249,13 +228,7 @@ BatchPlan plan_batch(const Gpt2Options& o, const nn::GPT2Config& config, int wor
                    {"--vocab-size (padded)", config.padded_vocab()}});
   if (o.noise_scale_every > 0 && p.K < 2)
     usage_error("--noise-scale-every needs K >= 2 micro-batches per window, got K = ", p.K);
-  // Note [Mid-window checkpoints]: a checkpoint inside a window holds this rank's own gradients.
-  if (o.stop_micro_steps > 0 && world_size != 1)
-    usage_error("--stop-micro-steps saves this rank's own gradients: run it on one process, not ",
-                world_size);
-  if (o.stop_micro_steps >= p.K)
-    usage_error("--stop-micro-steps ", o.stop_micro_steps, " is not inside a window of K = ", p.K,
-                " micro-steps");
+  check_stop_micro_steps(o.stop_micro_steps, p.K, world_size);
   return p;
 }
 

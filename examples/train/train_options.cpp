@@ -3,6 +3,7 @@
 #include "examples/common/checkpoint_file.h"
 #include "examples/common/options.h"
 #include "examples/common/train_model.h"
+#include "examples/common/trainer_options.h"
 
 namespace accrue::examples {
 
@@ -35,10 +36,7 @@ void declare_model_and_data(OptionTable& cli, TrainOptions& o) {
   cli.path("--val-data", &o.val_data, "GLOB",
            "validation shards, read as --train-data is (the same micro-batches from their start "
            "each time)");
-  cli.integer("--val-every", &o.val_every, "N",
-              "validation loss every N windows (0: at the end only)")
-      .min(0);
-  cli.integer("--val-batches", &o.val_batches, "N", "micro-batches per validation").min(1);
+  declare_validation_schedule(cli, o.val_every, o.val_batches);
   cli.flag("--synthetic", &o.synthetic,
            "random documents of random lengths, packed (GPT-2: random full rows)");
   cli.choice<SyntheticDocuments>(
@@ -53,12 +51,8 @@ void declare_model_and_data(OptionTable& cli, TrainOptions& o) {
            "GPT-2 only: the model written from the public primitives only (examples/"
            "composed_gpt2: attention as matmul, mask and softmax, materialized logits; no fused "
            "op), same weights");
-  const char* kOverride = "overrides a GPT-2 preset's size";
-  cli.integer("--n-layer", &o.n_layer, "N", kOverride).min(1).default_text("the preset's");
-  cli.integer("--n-head", &o.n_head, "N", kOverride).min(1).default_text("the preset's");
-  cli.integer("--n-embd", &o.n_embd, "N", kOverride).min(1).default_text("the preset's");
-  cli.integer("--vocab-size", &o.vocab_size, "N", kOverride).min(1).default_text("the preset's");
-  cli.integer("--block-size", &o.block_size, "N", kOverride).min(1).default_text("the preset's");
+  declare_gpt2_size_overrides(cli, o.n_layer, o.n_head, o.n_embd, o.vocab_size, o.block_size,
+                              "overrides a GPT-2 preset's size");
   cli.flag("--activation-checkpointing", &o.activation_checkpointing,
            "recompute each block's forward in backward (Note [Activation checkpointing])");
 }
@@ -86,9 +80,7 @@ void declare_batch_and_optimizer(OptionTable& cli, TrainOptions& o) {
   cli.number("--weight-decay", &o.weight_decay, "WD",
              "decay of 2-D weights (not norms; GPT-2: not wte, wpe)")
       .min(0);
-  cli.number("--beta1", &o.beta1, "B1", "AdamW beta1").min(0).below(1);
-  cli.number("--beta2", &o.beta2, "B2", "AdamW beta2").min(0).below(1);
-  cli.number("--eps", &o.eps, "E", "AdamW epsilon").above(0);
+  declare_adamw_moments(cli, o.beta1, o.beta2, o.eps);
   cli.number("--max-grad-norm", &o.max_grad_norm, "C", "clip the global norm (0: off)").min(0);
   cli.choice<DType>(
       "--dtype", &o.dtype,
@@ -100,12 +92,7 @@ void declare_batch_and_optimizer(OptionTable& cli, TrainOptions& o) {
            "gradients, per-tensor current scaling, each weight cast once per window at the "
            "close, gradients into the fp32 slots (Note [FP8 linear], docs/FP8.md); not with "
            "--dtype f64");
-  cli.number("--init-scale", &o.init_scale, "S", "f16: the dynamic loss scale's start")
-      .min(1)
-      .default_text("65536 / (B * T) rounded down to a power of two, Note [Normalization]");
-  cli.flag("--calibrate-scale", &o.calibrate_scale,
-           "f16: run the first window at scale 1 and start the dynamic scale from its largest "
-           "gradient (Note [Scale calibration]; --init-scale is then not used)");
+  declare_loss_scale_start(cli, o.init_scale, o.calibrate_scale);
   cli.integer("--seed", &o.seed, "S", "seed of the weights and the synthetic data").min(0);
 }
 
@@ -155,11 +142,7 @@ void declare_benchmark(OptionTable& cli, TrainOptions& o) {
   cli.flag("--bench", &o.bench,
            "timing mode: warm-up windows, then timed windows; prints one JSON line (tokens/s, "
            "window ms, peak memory, MFU, memory per rank)");
-  cli.integer("--bench-warmup", &o.bench_warmup, "N", "untimed windows first").min(0);
-  cli.integer("--bench-windows", &o.bench_windows, "N", "timed windows").min(1);
-  cli.number("--peak-tflops", &o.peak_tflops, "F", "the device's peak for MFU")
-      .above(0)
-      .default_text("the bf16 dense peak of H100/H200 SXM, 989");
+  declare_bench_timing(cli, o.bench_warmup, o.bench_windows, o.peak_tflops);
 }
 
 // The checks between options, once the table has parsed them; GPT-2's
@@ -212,11 +195,8 @@ void check_options(const OptionTable& cli, TrainOptions& o) {
     usage_error("give --accum or --total-batch-tokens, not both");
   if (o.layer_metrics_every > 0 && o.metrics.empty())
     usage_error("--layer-metrics-every needs --metrics FILE");
-  if (o.bench) {
-    const int64_t windows = o.bench_warmup + o.bench_windows;
-    if (windows < o.bench_warmup) usage_error("--bench-warmup + --bench-windows overflows");
-    o.windows = windows;  // the schedule spans the windows run
-  }
+  // The schedule spans the windows run.
+  if (o.bench) o.windows = bench_window_count(o.bench_warmup, o.bench_windows);
   // Note [ZeRO-1]: each rank's optimizer state is its own shard, which the
   // one-file checkpoint of rank 0 (Note [Llama trainer checkpoint]) cannot hold.
   if (o.zero1 && (!o.checkpoint.empty() || !o.resume.empty()))
@@ -260,13 +240,7 @@ void resolve_window(TrainOptions& opt, int ranks) {
                   " x ", ranks, " ranks = ", step);
     opt.accum = *opt.total_batch_tokens / step;
   }
-  // Note [Mid-window checkpoints]: the checkpoint holds this rank's own gradients.
-  if (opt.stop_micro_steps > 0 && ranks != 1)
-    usage_error("--stop-micro-steps saves this rank's own gradients: run it on one process, not ",
-                ranks);
-  if (opt.stop_micro_steps >= opt.accum)
-    usage_error("--stop-micro-steps ", opt.stop_micro_steps,
-                " is not inside a window of K = ", opt.accum, " micro-steps");
+  check_stop_micro_steps(opt.stop_micro_steps, opt.accum, ranks);
   if (opt.noise_scale_every > 0 && opt.accum < 2)
     usage_error("--noise-scale-every needs K >= 2 micro-batches per window, got K = ", opt.accum);
 }

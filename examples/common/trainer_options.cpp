@@ -1,0 +1,68 @@
+#include "examples/common/trainer_options.h"
+
+#include <limits>
+
+namespace accrue::examples {
+
+void declare_gpt2_size_overrides(OptionTable& cli, std::optional<int64_t>& n_layer,
+                                 std::optional<int64_t>& n_head, std::optional<int64_t>& n_embd,
+                                 std::optional<int64_t>& vocab_size,
+                                 std::optional<int64_t>& block_size, const char* help) {
+  cli.integer("--n-layer", &n_layer, "N", help).min(1).default_text("the preset's");
+  cli.integer("--n-head", &n_head, "N", help).min(1).default_text("the preset's");
+  cli.integer("--n-embd", &n_embd, "N", help).min(1).default_text("the preset's");
+  cli.integer("--vocab-size", &vocab_size, "N", help).min(1).default_text("the preset's");
+  cli.integer("--block-size", &block_size, "N", help).min(1).default_text("the preset's");
+}
+
+void declare_adamw_moments(OptionTable& cli, double& beta1, double& beta2, double& eps) {
+  cli.number("--beta1", &beta1, "B1", "AdamW beta1").min(0).below(1);
+  cli.number("--beta2", &beta2, "B2", "AdamW beta2").min(0).below(1);
+  cli.number("--eps", &eps, "E", "AdamW epsilon").above(0);
+}
+
+void declare_loss_scale_start(OptionTable& cli, std::optional<double>& init_scale,
+                              bool& calibrate_scale) {
+  cli.number("--init-scale", &init_scale, "S", "f16: the dynamic loss scale's start")
+      .min(1)
+      .default_text("65536 / (B * T) rounded down to a power of two, Note [Normalization]");
+  cli.flag("--calibrate-scale", &calibrate_scale,
+           "f16: run the first window at scale 1 and start the dynamic scale from its largest "
+           "gradient (Note [Scale calibration]; --init-scale is then not used)");
+}
+
+void declare_validation_schedule(OptionTable& cli, int64_t& val_every, int64_t& val_batches) {
+  cli.integer("--val-every", &val_every, "N",
+              "validation loss every N windows (0: at the end only)")
+      .min(0);
+  cli.integer("--val-batches", &val_batches, "N", "micro-batches per validation").min(1);
+}
+
+void declare_bench_timing(OptionTable& cli, int64_t& bench_warmup, int64_t& bench_windows,
+                          std::optional<double>& peak_tflops) {
+  cli.integer("--bench-warmup", &bench_warmup, "N", "untimed windows first").min(0);
+  cli.integer("--bench-windows", &bench_windows, "N", "timed windows").min(1);
+  cli.number("--peak-tflops", &peak_tflops, "F", "the device's peak for MFU")
+      .above(0)
+      .default_text("the bf16 dense peak of H100/H200 SXM, 989");
+}
+
+int64_t bench_window_count(int64_t bench_warmup, int64_t bench_windows) {
+  // Both are non-negative (their declared ranges), so only the top can overflow;
+  // checked before adding, since a signed overflow is undefined.
+  if (bench_windows > std::numeric_limits<int64_t>::max() - bench_warmup)
+    usage_error("--bench-warmup + --bench-windows overflows");
+  return bench_warmup + bench_windows;
+}
+
+void check_stop_micro_steps(int64_t stop_micro_steps, int64_t K, int ranks) {
+  // Note [Mid-window checkpoints]: a checkpoint inside a window holds this rank's own gradients.
+  if (stop_micro_steps > 0 && ranks != 1)
+    usage_error("--stop-micro-steps saves this rank's own gradients: run it on one process, not ",
+                ranks);
+  if (stop_micro_steps >= K)
+    usage_error("--stop-micro-steps ", stop_micro_steps, " is not inside a window of K = ", K,
+                " micro-steps");
+}
+
+}  // namespace accrue::examples

@@ -1,0 +1,47 @@
+// The options accrue_train and accrue_train_gpt2 declare alike: the same flag,
+// metavar, range and help text, declared here once so that the two trainers
+// cannot drift apart. Each function declares one run of options that stands
+// together in both --help listings (the table prints options in declaration
+// order). The options whose wording or defaults differ between the trainers
+// stay in train_options.cpp and gpt2_options.cpp.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "examples/common/options.h"
+
+namespace accrue::examples {
+
+// --n-layer, --n-head, --n-embd, --vocab-size, --block-size: each overrides
+// one size of the GPT-2 preset; `help` is the trainer's wording of that.
+void declare_gpt2_size_overrides(OptionTable& cli, std::optional<int64_t>& n_layer,
+                                 std::optional<int64_t>& n_head, std::optional<int64_t>& n_embd,
+                                 std::optional<int64_t>& vocab_size,
+                                 std::optional<int64_t>& block_size, const char* help);
+
+// --beta1, --beta2, --eps: AdamW's moment decay rates and epsilon.
+void declare_adamw_moments(OptionTable& cli, double& beta1, double& beta2, double& eps);
+
+// --init-scale, --calibrate-scale: where f16's dynamic loss scale starts.
+void declare_loss_scale_start(OptionTable& cli, std::optional<double>& init_scale,
+                              bool& calibrate_scale);
+
+// --val-every, --val-batches: how often and over how many micro-batches the
+// validation loss is taken.
+void declare_validation_schedule(OptionTable& cli, int64_t& val_every, int64_t& val_batches);
+
+// --bench-warmup, --bench-windows, --peak-tflops: --bench's window counts and
+// the peak its MFU divides by.
+void declare_bench_timing(OptionTable& cli, int64_t& bench_warmup, int64_t& bench_windows,
+                          std::optional<double>& peak_tflops);
+
+// The windows a --bench run trains: warm-up plus timed (a UsageError when the
+// sum overflows).
+int64_t bench_window_count(int64_t bench_warmup, int64_t bench_windows);
+
+// --stop-micro-steps M against the window's K micro-steps on `ranks` ranks:
+// one process only, and 0 < M < K (Note [Mid-window checkpoints]).
+void check_stop_micro_steps(int64_t stop_micro_steps, int64_t K, int ranks);
+
+}  // namespace accrue::examples
