@@ -55,6 +55,7 @@ from ._accrue import (  # noqa: F401  (re-exports)
     index_select,
     is_floating_point,
     is_grad_enabled,
+    fp8_linear,
     layer_norm,
     linear,
     load_parameter,

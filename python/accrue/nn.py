@@ -28,6 +28,7 @@ from ._accrue.nn import (  # noqa: F401  (re-exports)
     RopeScaling,
     generate_greedy,
     read_hf_config,
+    use_fp8,
     write_hf_config,
 )
 

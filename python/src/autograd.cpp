@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "accrue/autograd/engine.h"
+#include "accrue/autograd/fp8_ops.h"
 #include "accrue/autograd/gradcheck.h"
 #include "accrue/autograd/indexing_ops.h"
 #include "accrue/autograd/ops.h"
@@ -178,6 +179,25 @@ void bind_autograd(nb::module_& m) {
       },
       nb::arg("input"), nb::arg("weight"), nb::arg("bias") = nb::none(),
       "input [..., in] @ weight[out, in]^T + bias[out].");
+  m.def(
+      "fp8_linear",
+      [](const Tensor& x, const Tensor& w, std::optional<Tensor> b, DType forward_dtype,
+         DType grad_dtype, int margin, DType out_dtype) {
+        Fp8LinearOptions o;
+        o.forward_dtype = forward_dtype;
+        o.grad_dtype = grad_dtype;
+        o.margin = margin;
+        o.out_dtype = out_dtype;
+        return fp8_linear(x, w, optional_tensor(b), o);
+      },
+      nb::arg("input"), nb::arg("weight"), nb::arg("bias") = nb::none(),
+      nb::arg("forward_dtype") = DType::f8e4m3, nb::arg("grad_dtype") = DType::f8e5m2,
+      nb::arg("margin") = 0, nb::arg("out_dtype") = DType::bf16,
+      "linear() with its three GEMMs in FP8, per-tensor current scaling (Note [FP8 linear]): "
+      "input and weight in forward_dtype, the output gradient in grad_dtype, the weight "
+      "gradient into its fp32 store slot. The weight's FP8 copy is its store's when the store "
+      "keeps one (ParamStore.keep_fp8_copies), else cast now. Rows, in and out features must be "
+      "multiples of 16.");
   m.def("embedding", &embedding, nb::arg("weight"), nb::arg("indices"),
         "Rows of weight [num, dim] at integer indices (accrue's argument order: weight first).");
   m.def(

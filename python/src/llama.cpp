@@ -213,6 +213,10 @@ void bind_llama(nb::module_& m) {
            "Writes config.json and the weights as transformers' save_pretrained does.")
       .def_prop_ro("config", &nn::Llama::config, "The config.")
       .def_prop_ro("device", &nn::Llama::device, "The parameters' device.")
+      .def(
+          "use_fp8", [](nn::Llama& l) { return l.use_fp8(); },
+          "The decoder layers' projections in FP8 (Note [FP8 linear]); returns their weights, "
+          "for ParamStore.keep_fp8_copies.")
       .def("forward", &nn::Llama::forward, nb::arg("idx"),
            nb::arg("layout") = nn::BatchLayout::full(),
            "idx [B, T] token ids -> the hidden state after the final norm [B, T, hidden].")

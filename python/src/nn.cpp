@@ -101,6 +101,13 @@ void bind_nn(nb::module_& m) {
           "default one).")
       .def("forward", &nn::Linear::forward, nb::arg("input"), "x W^T + b.")
       .def("__call__", &nn::Linear::forward, nb::arg("input"), "forward(input).")
+      .def_prop_rw(
+          "fp8", &nn::Linear::fp8,
+          [](nn::Linear& l, bool on) {
+            l.set_fp8(on ? std::optional<Fp8LinearOptions>(Fp8LinearOptions{}) : std::nullopt);
+          },
+          "Whether forward runs fp8_linear (Note [FP8 linear]; e4m3 / e5m2, output in the "
+          "input's dtype).")
       .def_prop_ro("weight", &nn::Linear::weight, "[out, in].")
       .def_prop_ro(
           "bias",
@@ -199,7 +206,15 @@ void bind_nn(nb::module_& m) {
       .def("loss", &nn::GPT2::loss, nb::arg("idx"), nb::arg("targets"),
            "The next-token Loss (sum, count) over targets [B, T] (ignore_index -100), through the "
            "fused classifier.")
-      .def("logits", &nn::GPT2::logits, nb::arg("idx"), "[B, T, vocab_size] logits.");
+      .def("logits", &nn::GPT2::logits, nb::arg("idx"), "[B, T, vocab_size] logits.")
+      .def(
+          "use_fp8", [](nn::GPT2& g) { return g.use_fp8(); },
+          "Each block's four projections in FP8 (Note [FP8 linear]); returns their weights, for "
+          "ParamStore.keep_fp8_copies.");
+  m.def(
+      "use_fp8", [](nn::Module& module) { return nn::use_fp8(module); }, nb::arg("module"),
+      "Every Linear of the module whose sizes are multiples of 16 in FP8 (Note [FP8 linear]); "
+      "returns their weights, for ParamStore.keep_fp8_copies.");
 }
 
 }  // namespace accrue::python

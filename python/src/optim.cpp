@@ -193,6 +193,13 @@ void bind_optim(nb::module_& m) {
            nb::arg("name"), nb::arg("value"),
            "Writes the master slot of the named parameter, then its compute slot: "
            "Note [One load path].")
+      .def("keep_fp8_copies", &ParamStore::keep_fp8_copies, nb::arg("weights"),
+           nb::arg("dtype") = DType::f8e4m3, nb::arg("margin") = 0,
+           "Keeps an FP8 copy of each weight (2-D, sizes multiples of 16), cast now, by every "
+           "loader and at each close of a Window built afterwards; fp8_linear reads it (Note "
+           "[Window FP8 weights]).")
+      .def_prop_ro("has_fp8_copies", &ParamStore::has_fp8_copies,
+                   "Whether the store keeps FP8 weight copies.")
       .def(
           "memory", [](const ParamStore& s) { return s.memory().describe(); },
           "Bytes held by role, as a line.");

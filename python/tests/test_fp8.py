@@ -1,0 +1,57 @@
+"""FP8 linear layers from Python (Note [FP8 linear], Note [Window FP8 weights])."""
+
+import numpy as np
+
+import accrue
+from accrue import nn, optim
+
+
+def test_fp8_linear_rounds_like_fp8_and_refuses_odd_rows():
+    rng = np.random.default_rng(0)
+    x = accrue.tensor(rng.standard_normal((32, 48)).astype(np.float32))
+    w = accrue.tensor((0.1 * rng.standard_normal((16, 48))).astype(np.float32))
+    exact = accrue.linear(x, w).numpy()
+    fp8 = accrue.fp8_linear(x, w, out_dtype=accrue.f32).numpy()
+    err = np.abs(fp8 - exact).max() / np.abs(exact).max()
+    assert 0 < err < 0.1, err  # e4m3 keeps 3 mantissa bits
+    try:
+        accrue.fp8_linear(accrue.tensor(np.ones((10, 48), np.float32)), w)
+    except accrue.Error as e:
+        assert "fp8_linear" in str(e) and "multiples of 16" in str(e)
+    else:
+        raise AssertionError("10 rows were accepted")
+
+
+def train(fp8, planted=None):
+    gen = accrue.Generator(4)
+    model = nn.MLP([32, 64, 16], generator=gen)
+    weights = nn.use_fp8(model) if fp8 else []
+    opt = optim.AdamW(1e-2)
+    store = optim.ParamStore(model.named_parameters(),
+                             optim.ParamStoreOptions(moments=opt.moments_needed()))
+    if weights:
+        store.keep_fp8_copies(weights)
+    window = optim.Window(store, opt, optim.WindowOptions(micro_steps=2))
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        for _ in range(2):
+            xs = rng.standard_normal((16, 32)).astype(np.float32)
+            if planted is not None:
+                xs[3, 5] = planted
+            ys = rng.integers(0, 16, 16)
+            window.backward(accrue.cross_entropy(model(accrue.tensor(xs)), accrue.tensor(ys)))
+        window.close()
+    return window.report(), store
+
+
+def test_mlp_in_fp8_trains_with_its_weights_cast_once_per_window():
+    plain, _ = train(fp8=False)
+    report, store = train(fp8=True)
+    assert store.has_fp8_copies and "fp8 copies" in store.memory()
+    assert not report.skipped and report.optimizer_steps == 3
+    assert report.loss != plain.loss and abs(report.loss - plain.loss) < 0.05 * plain.loss
+
+
+def test_an_infinity_in_the_input_skips_the_window():
+    report, _ = train(fp8=True, planted=np.inf)
+    assert report.skipped and report.optimizer_steps == 0
