@@ -31,6 +31,14 @@ void declare_loss_scale_start(OptionTable& cli, std::optional<double>& init_scal
            "gradient (Note [Scale calibration]; --init-scale is then not used)");
 }
 
+void declare_fp8(OptionTable& cli, bool& fp8) {
+  cli.flag("--fp8", &fp8,
+           "each decoder block's projections in FP8: e4m3 activations and weights, e5m2 "
+           "gradients, per-tensor current scaling, each weight cast once per window at the "
+           "close, the weight gradients into the fp32 slots; embeddings, norms and the "
+           "classifier stay in the compute dtype (Note [FP8 linear], docs/FP8.md)");
+}
+
 void declare_validation_schedule(OptionTable& cli, int64_t& val_every, int64_t& val_batches) {
   cli.integer("--val-every", &val_every, "N",
               "validation loss every N windows (0: at the end only)")

@@ -27,6 +27,9 @@ void declare_adamw_moments(OptionTable& cli, double& beta1, double& beta2, doubl
 void declare_loss_scale_start(OptionTable& cli, std::optional<double>& init_scale,
                               bool& calibrate_scale);
 
+// --fp8: the decoder blocks' projections in FP8 (Note [FP8 linear]).
+void declare_fp8(OptionTable& cli, bool& fp8);
+
 // --val-every, --val-batches: how often and over how many micro-batches the
 // validation loss is taken.
 void declare_validation_schedule(OptionTable& cli, int64_t& val_every, int64_t& val_batches);

@@ -19,6 +19,7 @@ struct Gpt2Options {
   double dropout = 0.0;
   bool activation_checkpointing = false;
   bool composed = false;
+  bool fp8 = false;  // Note [FP8 linear]: the blocks' projections in FP8
   std::string init_from;
   std::string train_data, val_data;
   bool synthetic = false;

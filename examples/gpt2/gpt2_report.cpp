@@ -35,6 +35,7 @@ void print_bench_line(const Gpt2Options& o, const nn::GPT2Config& config, const 
     c.null("graph_memory_bytes");
   }
   c.boolean("composed", o.composed);
+  c.boolean("fp8", o.fp8);
   BenchTiming t;
   t.window_ms = result.window_ms;
   t.window_tokens = plan.window_tokens;

@@ -189,6 +189,8 @@ int train(int argc, char** argv) {
   optim::ParamStore arena(model.named_parameters(),
                           optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
                               optimizer.moments_needed()));
+  // Note [Window FP8 weights]: kept before the Window, whose close recasts them.
+  if (opt.fp8) arena.keep_fp8_copies(model.use_fp8());
   const DataParallel dp = connect_data_parallel(where, arena);
   optim::Window window(arena, optimizer,
                        optim::WindowOptions()

@@ -87,11 +87,7 @@ void declare_batch_and_optimizer(OptionTable& cli, TrainOptions& o) {
       {{"f32", DType::f32}, {"bf16", DType::bf16}, {"f16", DType::f16}, {"f64", DType::f64}},
       "compute dtype (bf16 and f16 over f32 master weights; f16 adds dynamic loss "
       "scaling)");
-  cli.flag("--fp8", &o.fp8,
-           "the Llama family's decoder projections in FP8: e4m3 activations and weights, e5m2 "
-           "gradients, per-tensor current scaling, each weight cast once per window at the "
-           "close, gradients into the fp32 slots (Note [FP8 linear], docs/FP8.md); not with "
-           "--dtype f64");
+  declare_fp8(cli, o.fp8);
   declare_loss_scale_start(cli, o.init_scale, o.calibrate_scale);
   cli.integer("--seed", &o.seed, "S", "seed of the weights and the synthetic data").min(0);
 }
@@ -180,8 +176,8 @@ void check_options(const OptionTable& cli, TrainOptions& o) {
   if (o.calibrate_scale && o.dtype != DType::f16)
     usage_error("--calibrate-scale applies to --dtype f16 only, the compute dtype is ",
                 dtype_name(o.dtype));
-  if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing))
-    usage_error("--composed has no dropout and no activation checkpointing");
+  if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing || o.fp8))
+    usage_error("--composed has no dropout, no activation checkpointing and no FP8");
   if (o.stop_micro_steps > 0 && (!o.stop_after || o.checkpoint.empty()))
     usage_error("--stop-micro-steps needs --stop-after N and --checkpoint FILE");
   if (o.stop_micro_steps > 0 && *o.stop_after >= o.windows)

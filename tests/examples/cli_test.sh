@@ -309,8 +309,10 @@ case $name in
       fail "train gpt2-tiny --composed: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$theirs'"
     expect 2 "--composed: llama-tiny has no composed form (GPT-2 presets only)" --synthetic \
       --cpu --composed
-    expect 2 "--composed has no dropout and no activation checkpointing" --synthetic --composed \
+    expect 2 "--composed has no dropout, no activation checkpointing and no FP8" --synthetic --composed \
       --model gpt2-tiny --dropout 0.1
+    expect 2 "--composed has no dropout, no activation checkpointing and no FP8" --synthetic \
+      --composed --model gpt2-tiny --fp8
     bin=$dir/accrue_train_gpt2
     sizes=(--n-layer 3 --n-head 2 --n-embd 32 --vocab-size 300 --block-size 40)
     run --model tiny --total-batch-tokens 128 "${gpt2[@]}" "${sizes[@]}"

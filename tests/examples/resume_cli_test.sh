@@ -94,6 +94,8 @@ expect 1 "dtype = f32 but this run has f16" "loss_scaler = none but this run has
 expect 1 "beta2 = 0.95 but this run has 0.99" "max_grad_norm = 1 but this run has 0.5" \
   -- "$gpt2" "${base[@]}" --resume c.st --beta2 0.99 --max-grad-norm 0.5
 expect 1 "config.n_layer = 2 but this run has 3" -- "$gpt2" "${base[@]}" --resume c.st --n-layer 3
+expect 1 "fp8 = off but this run has projections e4m3/e5m2, current scaling" \
+  -- "$gpt2" "${base[@]}" --resume c.st --fp8
 # Every difference at once, each named.
 expect 1 "micro_batch = 2 but this run has 4" "seed = 5 but this run has 7" \
   -- "$gpt2" "${base[@]}" --resume c.st --micro-batch 4 --seed 7
