@@ -31,12 +31,20 @@ void declare_loss_scale_start(OptionTable& cli, std::optional<double>& init_scal
            "gradient (Note [Scale calibration]; --init-scale is then not used)");
 }
 
-void declare_fp8(OptionTable& cli, bool& fp8) {
+void declare_fp8(OptionTable& cli, bool& fp8, bool& cast_every_micro_batch) {
   cli.flag("--fp8", &fp8,
            "each decoder block's projections in FP8: e4m3 activations and weights, e5m2 "
            "gradients, per-tensor current scaling, each weight cast once per window at the "
            "close, the weight gradients into the fp32 slots; embeddings, norms and the "
            "classifier stay in the compute dtype (Note [FP8 linear], docs/FP8.md)");
+  cli.flag("--fp8-cast-every-micro-batch", &cast_every_micro_batch,
+           "with --fp8, cast each weight to FP8 at every micro-batch instead of once per window "
+           "(the same bits, Note [Window FP8 weights]; to measure what the once-per-window copy "
+           "saves)");
+}
+
+void check_fp8(bool fp8, bool cast_every_micro_batch) {
+  if (cast_every_micro_batch && !fp8) usage_error("--fp8-cast-every-micro-batch needs --fp8");
 }
 
 void declare_validation_schedule(OptionTable& cli, int64_t& val_every, int64_t& val_batches) {

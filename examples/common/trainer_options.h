@@ -27,8 +27,12 @@ void declare_adamw_moments(OptionTable& cli, double& beta1, double& beta2, doubl
 void declare_loss_scale_start(OptionTable& cli, std::optional<double>& init_scale,
                               bool& calibrate_scale);
 
-// --fp8: the decoder blocks' projections in FP8 (Note [FP8 linear]).
-void declare_fp8(OptionTable& cli, bool& fp8);
+// --fp8: the decoder blocks' projections in FP8 (Note [FP8 linear]);
+// --fp8-cast-every-micro-batch: their weights cast at every micro-batch
+// instead of once per window (Note [Window FP8 weights]), to measure that.
+void declare_fp8(OptionTable& cli, bool& fp8, bool& cast_every_micro_batch);
+// A UsageError for --fp8-cast-every-micro-batch without --fp8.
+void check_fp8(bool fp8, bool cast_every_micro_batch);
 
 // --val-every, --val-batches: how often and over how many micro-batches the
 // validation loss is taken.

@@ -19,7 +19,8 @@ struct Gpt2Options {
   double dropout = 0.0;
   bool activation_checkpointing = false;
   bool composed = false;
-  bool fp8 = false;  // Note [FP8 linear]: the blocks' projections in FP8
+  bool fp8 = false;                         // Note [FP8 linear]: the blocks' projections in FP8
+  bool fp8_cast_every_micro_batch = false;  // not once per window (Note [Window FP8 weights])
   std::string init_from;
   std::string train_data, val_data;
   bool synthetic = false;

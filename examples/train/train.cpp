@@ -428,6 +428,7 @@ JsonObject bench_config(const Run& run, int64_t window_tokens) {
       .boolean("activation_checkpointing", run.model.activation_checkpointing())
       .boolean("zero1", opt.zero1)
       .boolean("fp8", opt.fp8)
+      .boolean("fp8_cast_every_micro_batch", opt.fp8_cast_every_micro_batch)
       .integer("warmup_windows", opt.bench_warmup)
       .integer("timed_windows", opt.bench_windows)
       .boolean("cuda_graphs", graphs);
@@ -522,7 +523,10 @@ int train(int argc, char** argv) {
   optim::Optimizer optimizer = make_optimizer(opt, *model);
   optim::ParamStore store(model->named_parameters(), store_options(opt, where, master, optimizer));
   // Note [Window FP8 weights]: kept before the Window, whose close recasts them.
-  if (opt.fp8) store.keep_fp8_copies(model->use_fp8());
+  if (opt.fp8) {
+    const std::vector<Tensor> fp8_weights = model->use_fp8();
+    if (!opt.fp8_cast_every_micro_batch) store.keep_fp8_copies(fp8_weights);
+  }
   const DataParallel dp = connect_data_parallel(where, store, opt.zero1);
   optim::Window window(store, optimizer, window_options(opt, scaling), dp.reducer.get());
   std::printf("memory per rank: %s\n", store.memory().describe().c_str());

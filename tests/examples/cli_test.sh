@@ -205,6 +205,16 @@ case $name in
       --fp8 --bench --bench-warmup 1 --bench-windows 1
     grep -q '"fp8": [1-9]' <<< "$out" && grep -q '"fp8": true' <<< "$out" ||
       fail "train --fp8 --bench: no FP8 copies in the JSON line: $out"
+    # Casting the weights at every micro-batch gives the same bits (Note
+    # [Window FP8 weights]), and keeps no copies.
+    run --cpu --model llama-tiny --synthetic --windows 3 --micro-batch 2 --seq-len 32 --accum 2 \
+      --dtype bf16 --fp8
+    kept=$(grep "^final:" <<< "$out")
+    run --cpu --model llama-tiny --synthetic --windows 3 --micro-batch 2 --seq-len 32 --accum 2 \
+      --dtype bf16 --fp8 --fp8-cast-every-micro-batch
+    [[ $rc -eq 0 && -n $kept && $(grep "^final:" <<< "$out") == "$kept" ]] ||
+      fail "train --fp8-cast-every-micro-batch: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$kept'"
+    expect 2 "--fp8-cast-every-micro-batch needs --fp8" --synthetic --fp8-cast-every-micro-batch
     # GPT-2's four projections per block too (the tied classifier stays bf16).
     run --cpu --model gpt2-tiny --synthetic --windows 3 --micro-batch 2 --seq-len 32 --accum 2 \
       --dtype bf16
