@@ -140,12 +140,7 @@ GPT2::GPT2(const GPT2Config& config, const ParamOptions& options)
 }
 
 std::vector<Tensor> GPT2::use_fp8(const Fp8LinearOptions& options) {
-  std::vector<Tensor> weights;
-  for (Block* block : blocks_) {
-    const std::vector<Tensor> w = nn::use_fp8(*block, options);
-    weights.insert(weights.end(), w.begin(), w.end());
-  }
-  return weights;
+  return nn::use_fp8_each(blocks_, options);
 }
 
 const Block& GPT2::block(int64_t i) const {

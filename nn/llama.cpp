@@ -237,12 +237,7 @@ Tensor LlamaMLP::forward(const Tensor& x) const {
 }
 
 std::vector<Tensor> Llama::use_fp8(const Fp8LinearOptions& options) {
-  std::vector<Tensor> weights;
-  for (LlamaDecoderLayer* layer : layers_) {
-    const std::vector<Tensor> w = nn::use_fp8(*layer, options);
-    weights.insert(weights.end(), w.begin(), w.end());
-  }
-  return weights;
+  return nn::use_fp8_each(layers_, options);
 }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, const ParamOptions& options) {

@@ -188,6 +188,16 @@ class Linear : public Module {
 // others stay as they are. Returns the converted layers' weights, for
 // optim::ParamStore::keep_fp8_copies (Note [Window FP8 weights]).
 std::vector<Tensor> use_fp8(Module& m, const Fp8LinearOptions& options = {});
+// use_fp8 over each of `modules`, their weights in order.
+template <class M>
+std::vector<Tensor> use_fp8_each(const std::vector<M*>& modules, const Fp8LinearOptions& options) {
+  std::vector<Tensor> weights;
+  for (M* m : modules) {
+    const std::vector<Tensor> w = use_fp8(*m, options);
+    weights.insert(weights.end(), w.begin(), w.end());
+  }
+  return weights;
+}
 
 // A 2-D convolution over NCHW inputs (autograd/conv_ops.h; the CPU reference
 // so far): weight [out, in / groups, k, k] and bias [out], initialized
