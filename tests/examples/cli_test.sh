@@ -214,6 +214,11 @@ case $name in
       --dtype bf16 --fp8 --fp8-cast-every-micro-batch
     [[ $rc -eq 0 && -n $kept && $(grep "^final:" <<< "$out") == "$kept" ]] ||
       fail "train --fp8-cast-every-micro-batch: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$kept'"
+    # Recomputing the blocks in backward recasts the same codes: the same bits.
+    run --cpu --model llama-tiny --synthetic --windows 3 --micro-batch 2 --seq-len 32 --accum 2 \
+      --dtype bf16 --fp8 --activation-checkpointing
+    [[ $rc -eq 0 && $(grep "^final:" <<< "$out") == "$kept" ]] ||
+      fail "train --fp8 --activation-checkpointing: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$kept'"
     expect 2 "--fp8-cast-every-micro-batch needs --fp8" --synthetic --fp8-cast-every-micro-batch
     # GPT-2's four projections per block too (the tied classifier stays bf16).
     run --cpu --model gpt2-tiny --synthetic --windows 3 --micro-batch 2 --seq-len 32 --accum 2 \
