@@ -13,12 +13,11 @@ Fp8WeightCopies::Fp8WeightCopies(DType dtype, int margin) : dtype_(dtype), margi
                " is not an FP8 dtype (f8e4m3 or f8e5m2)");
 }
 
-void Fp8WeightCopies::add(size_t slot, const Tensor& param) {
-  ACCRUE_CHECK(find(slot) == nullptr, "ParamStore::keep_fp8_copies: parameter ", slot,
-               " already has an FP8 copy");
+void Fp8WeightCopies::add(size_t slot, const std::string& name, const Tensor& param) {
+  ACCRUE_CHECK(find(slot) == nullptr, "ParamStore::keep_fp8_copies: '", name,
+               "' already has an FP8 copy");
   ACCRUE_CHECK(param.dim() == 2 && param.size(0) % 16 == 0 && param.size(1) % 16 == 0,
-               "ParamStore::keep_fp8_copies: parameter ", slot, " of shape ",
-               shape_str(param.shape()),
+               "ParamStore::keep_fp8_copies: '", name, "' of shape ", shape_str(param.shape()),
                " is not a 2-D weight whose sizes are multiples of 16 (the FP8 GEMMs' rule)");
   const int64_t n = param.size(0), k = param.size(1);
   const Device d = param.device();

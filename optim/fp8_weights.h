@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "accrue/autograd/fp8_ops.h"
@@ -39,9 +40,9 @@ class Fp8WeightCopies {
  public:
   Fp8WeightCopies(DType dtype, int margin);
 
-  // Keeps a copy of `param` (the store's slot `slot`, a 2-D weight whose
-  // sizes are multiples of 16) and casts it now.
-  void add(size_t slot, const Tensor& param);
+  // Keeps a copy of `param` (the store's slot `slot`, named `name` in
+  // errors, a 2-D weight whose sizes are multiples of 16) and casts it now.
+  void add(size_t slot, const std::string& name, const Tensor& param);
   // Recasts every copy from its weight's current values.
   void refresh();
   // Recasts the copy of `slot`, if it has one.
@@ -51,6 +52,7 @@ class Fp8WeightCopies {
   bool empty() const { return copies_.empty(); }
   size_t size() const { return copies_.size(); }
   DType dtype() const { return dtype_; }
+  int margin() const { return margin_; }
   int64_t bytes() const;
 
  private:

@@ -135,12 +135,15 @@ StoreMemory ParamStore::memory() const {
 void ParamStore::keep_fp8_copies(const std::vector<Tensor>& weights, DType dtype, int margin) {
   ACCRUE_CHECK(is_fp8(dtype), "ParamStore::keep_fp8_copies: dtype ", dtype_name(dtype),
                " is not an FP8 dtype (f8e4m3 or f8e5m2)");
-  ACCRUE_CHECK(!fp8_ || fp8_->dtype() == dtype, "ParamStore::keep_fp8_copies: the store keeps ",
-               fp8_ ? dtype_name(fp8_->dtype()) : "", " copies; asked for ", dtype_name(dtype));
+  ACCRUE_CHECK(!fp8_ || (fp8_->dtype() == dtype && fp8_->margin() == margin),
+               "ParamStore::keep_fp8_copies: the store keeps ",
+               fp8_ ? dtype_name(fp8_->dtype()) : "", " copies with margin ",
+               fp8_ ? fp8_->margin() : 0, "; asked for ", dtype_name(dtype), " with margin ",
+               margin);
   if (!fp8_) fp8_ = std::make_unique<Fp8WeightCopies>(dtype, margin);
   for (const Tensor& w : weights) {
     const size_t i = slot_of(w, "keep_fp8_copies");
-    fp8_->add(i, params()[i]);
+    fp8_->add(i, slots()[i].name, params()[i]);
   }
 }
 

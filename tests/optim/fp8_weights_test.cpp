@@ -130,7 +130,8 @@ TEST(WindowFp8Weights, misuses_are_errors) {
   Tensor odd = requires_grad_(test::random_normal({10, 48}, DType::f32));
   optim::Optimizer opt(optim::SGDOptions(0.1));
   ParamStore store(std::vector<Tensor>{l.w, l.b, odd}, ParamStoreOptions().moments(0));
-  EXPECT_ERROR(store.keep_fp8_copies({odd}), "keep_fp8_copies", "[10, 48]", "multiples of 16");
+  EXPECT_ERROR(store.keep_fp8_copies({odd}), "keep_fp8_copies", "'param2'", "[10, 48]",
+               "multiples of 16");
   EXPECT_ERROR(store.keep_fp8_copies({l.b}), "keep_fp8_copies", "[32]");
   EXPECT_ERROR(store.keep_fp8_copies({test::random_normal({32, 48}, DType::f32)}),
                "keep_fp8_copies", "not a parameter of this store");
@@ -139,7 +140,10 @@ TEST(WindowFp8Weights, misuses_are_errors) {
   // Asked after the Window was built: its close has no recast stage.
   optim::Window window(store, opt, optim::WindowOptions().micro_steps(1));
   store.keep_fp8_copies({l.w});
-  EXPECT_ERROR(store.keep_fp8_copies({l.w}), "keep_fp8_copies", "already has an FP8 copy");
+  EXPECT_ERROR(store.keep_fp8_copies({l.w}), "keep_fp8_copies", "'param0'",
+               "already has an FP8 copy");
+  EXPECT_ERROR(store.keep_fp8_copies({l.w}, DType::f8e4m3, 2), "keep_fp8_copies", "margin 0",
+               "margin 2");
   EXPECT_ERROR(store.keep_fp8_copies({l.w}, DType::f8e5m2), "keep_fp8_copies", "f8e4m3", "f8e5m2");
   window.backward(Loss{sum(fp8_linear(test::random_normal({16, 48}, DType::bf16), l.w)),
                        full({}, 16.0, DType::f64)});
