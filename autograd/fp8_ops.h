@@ -34,7 +34,8 @@ namespace accrue {
 // kernels that hand it over (norms, activation epilogues) are not built yet.
 // Rounding: each product x_k w_k carries the two casts' relative errors
 // (2^-4 for e4m3, 2^-3 for e5m2, plus the subnormal floor of the scaled
-// values), and the sum is exact to f32 (Note [FP8 GEMM]).
+// values); the GEMM accumulates the products in f32 on the GPU (in double
+// on the CPU) and rounds the result once (Note [FP8 GEMM]).
 struct Fp8LinearOptions {
   DType forward_dtype = DType::f8e4m3;  // x's codes (the weight's are w8's)
   DType grad_dtype = DType::f8e5m2;     // dy's codes (not e5m2 with an e5m2 weight)
