@@ -26,6 +26,7 @@ from ._accrue.optim import (  # noqa: F401  (re-exports)
     UnusedParameters,
     VerifyReport,
     WarmupCosine,
+    GradientSync,
     Window,
     WindowOptions,
     GraphedWindow,

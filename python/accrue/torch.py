@@ -100,6 +100,56 @@ def _scaler_options(scaler: Any) -> Optional[optim.LossScalerOptions]:
     )
 
 
+# Note [Torch bridge data parallelism]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Under a torch.distributed process group, the window's Reducer runs on an
+# NCCL communicator of accrue's own: rank 0 of the group makes the NCCL
+# unique id and the group broadcasts it (broadcast_object_list), then every
+# rank joins. PyTorch's autograd, not accrue's, fills the arena, so the
+# reducer's grad-ready hooks never fire during the backward: every bucket is
+# reduced at the close, after the last micro-step (no overlap with the last
+# backward yet), with N summed over the ranks (Note [Normalization]) and
+# the report's loss the world's mean. Rank 0's weights are broadcast into
+# the store at construction, so ranks that initialized differently start
+# equal, and the torch parameters (views of the store) follow.
+
+
+def _world_of(process_group: Any, device: torch.device, zero1: bool) -> Tuple[int, int]:
+    """(world size, rank) of the group, after the refusals; (1, 0) without one."""
+    if process_group is None:
+        if zero1:
+            raise ValueError("AccumulationWindow: zero1 shards over a process group; give one")
+        return 1, 0
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise ValueError(
+            "AccumulationWindow: process_group given but torch.distributed is not initialized"
+        )
+    if device.type != "cuda":
+        raise ValueError(
+            f"AccumulationWindow: data parallelism runs on NCCL: the parameters are on {device}"
+        )
+    if not accrue._accrue.dist.nccl_available:
+        raise ValueError("AccumulationWindow: this build of accrue has no NCCL")
+    return dist.get_world_size(process_group), dist.get_rank(process_group)
+
+
+def _connect(process_group: Any, world: int, rank: int, device: torch.device,
+             store: optim.ParamStore, zero1: bool) -> Tuple[Any, Any]:
+    """Note [Torch bridge data parallelism]: the communicator and the reducer."""
+    import torch.distributed as dist
+
+    uid = [accrue._accrue.dist.nccl_unique_id() if rank == 0 else None]
+    dist.broadcast_object_list(uid, src=dist.get_global_rank(process_group, 0),
+                               group=process_group)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    comm = accrue._accrue.dist.NcclCommunicator(uid[0], rank, world, index)
+    reducer = accrue._accrue.dist.Reducer(store, comm, zero1=zero1)
+    reducer.broadcast_parameters(0)
+    return comm, reducer
+
+
 class AccumulationWindow:
     """K micro-batches of a torch.nn.Module, one fused accrue close (Note [Torch bridge]).
 
@@ -110,8 +160,17 @@ class AccumulationWindow:
     a fixed scale, or accrue.optim.LossScalerOptions. lr_schedule: an
     accrue.optim.LRSchedule or a callable step -> factor of lr.
 
+    process_group: a torch.distributed process group (e.g.
+    ``torch.distributed.group.WORLD``) for data parallelism: each rank runs
+    its own micro-batches, and the close sums the gradients and N over the
+    ranks on an NCCL communicator of accrue's own, whose id travels through
+    the group (Note [Torch bridge data parallelism]); rank 0's weights are
+    broadcast at construction. zero1 shards the optimizer state over the
+    ranks (Note [ZeRO-1]). CUDA parameters only.
+
     Refused (ValueError): no trainable parameter, parameters on several
-    devices, dtypes other than one of f64/f32/bf16/f16. Refused later
+    devices, dtypes other than one of f64/f32/bf16/f16, a process group with
+    parameters off CUDA or a build without NCCL, zero1 without a group. Refused later
     (RuntimeError): the model's trainable parameters, their ``.data`` or
     their ``.grad`` replaced after the window was built, close() before K
     micro-steps.
@@ -135,6 +194,8 @@ class AccumulationWindow:
         lr_schedule: Union[None, optim.LRSchedule, Callable[[int], float]] = None,
         unused_parameters: optim.UnusedParameters = optim.UnusedParameters.step_with_zero,
         unused_parameter_check: optim.UnusedParameterCheck = optim.UnusedParameterCheck.warn,
+        process_group: Any = None,
+        zero1: bool = False,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(
@@ -200,11 +261,13 @@ class AccumulationWindow:
             a = accrue.from_dlpack(p.detach())
             a.requires_grad_()
             leaves.append(a)
+        world, rank = _world_of(process_group, device, zero1)
         store_options = optim.ParamStoreOptions(
             device=str(device),
             master_dtype=master,
             compute_dtype=compute,
             moments=self._optimizer.moments_needed(),
+            shard_ranks=world if zero1 else 1,
             name="accrue.torch",
         )
         self._store = optim.ParamStore(list(zip(self._names, leaves)), store_options)
@@ -226,7 +289,16 @@ class AccumulationWindow:
             unused_parameter_check=unused_parameter_check,
         )
         self._scaled = scaler_options is not None
-        self._window = optim.Window(self._store, self._optimizer, window_options)
+        self._communicator = self._reducer = None
+        if process_group is not None:
+            self._communicator, self._reducer = _connect(
+                process_group, world, rank, device, self._store, zero1
+            )
+            self._window = optim.Window(
+                self._store, self._optimizer, window_options, self._reducer
+            )
+        else:
+            self._window = optim.Window(self._store, self._optimizer, window_options)
 
         self._data: List[torch.Tensor] = []
         self._grads: List[torch.Tensor] = []

@@ -36,6 +36,8 @@ void bind_nn(nb::module_& m);
 void bind_optim(nb::module_& m);
 // accrue._accrue.bridge: the store's written flags for accrue.torch (bridge.cpp).
 void bind_bridge(nb::module_& m);
+// accrue._accrue.dist (src/dist.cpp).
+void bind_dist(nb::module_& m);
 // RMSNorm, RoPE, SwiGLU, attention and the other transformer ops (transformer.cpp).
 void bind_transformer(nb::module_& m);
 // accrue._accrue.nn's Llama, its config, BatchLayout, KV cache and greedy generation

@@ -78,4 +78,7 @@ NB_MODULE(_accrue, m) {
   nb::module_ bridge = m.def_submodule(
       "bridge", "What accrue.torch needs when PyTorch's autograd fills the gradient arena.");
   bind_bridge(bridge);
+  nb::module_ dist = m.def_submodule(
+      "dist", "Data parallelism: an NCCL communicator and the Reducer a Window syncs through.");
+  bind_dist(dist);
 }

@@ -1,0 +1,81 @@
+"""Data parallelism from Python (accrue.dist, Note [Torch bridge data parallelism]).
+
+Without GPUs: the bindings exist and refuse what they must. With two GPUs and
+torch: accrue.torch.AccumulationWindow over a torch.distributed group, two
+ranks of K micro-batches each, against one process of 2K on the same global
+batch (dist_bridge_worker.py under torchrun)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import accrue
+from accrue import optim
+
+
+def test_the_bindings_exist():
+    assert isinstance(accrue.dist.nccl_available, bool)
+    assert issubclass(accrue.dist.Reducer, optim.GradientSync)
+    if not accrue.dist.nccl_available:
+        with pytest.raises(accrue.Error, match="no NCCL"):
+            accrue.dist.nccl_unique_id()
+    else:
+        assert len(accrue.dist.nccl_unique_id()) == 128
+
+
+def test_the_bridge_refuses_zero1_without_a_group():
+    torch = pytest.importorskip("torch")
+    from accrue.torch import AccumulationWindow
+
+    with pytest.raises(ValueError, match="zero1 shards over a process group"):
+        AccumulationWindow(torch.nn.Linear(4, 4), zero1=True)
+
+
+def test_the_bridge_refuses_cpu_parameters_under_a_group(tmp_path):
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from accrue.torch import AccumulationWindow
+
+    if dist.is_initialized():
+        pytest.skip("torch.distributed already initialized in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0,
+                            world_size=1)
+    try:
+        with pytest.raises(ValueError, match="runs on NCCL"):
+            AccumulationWindow(torch.nn.Linear(4, 4), process_group=dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+
+
+def two_gpus():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and torch.cuda.device_count() >= 2 and \
+        accrue.dist.nccl_available and accrue.cuda_is_available()
+
+
+@pytest.mark.skipif(not two_gpus(), reason="needs torch, 2 GPUs and NCCL")
+@pytest.mark.parametrize("zero1", [False, True])
+def test_two_ranks_equal_one_process_of_the_whole_batch(tmp_path, zero1):
+    worker = os.path.join(os.path.dirname(__file__), "dist_bridge_worker.py")
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    out = tmp_path / "ranks.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           worker, str(out)] + (["--zero1"] if zero1 else [])
+    subprocess.run(cmd, check=True, env=env, timeout=300)
+    ranks = json.loads(out.read_text())
+    one = json.loads(subprocess.run([sys.executable, worker, "-", "--single"], check=True,
+                                    env=env, capture_output=True, text=True,
+                                    timeout=300).stdout)
+    # Every rank ends with the single process's weights (f64: exact up to rounding order),
+    # and reports the world's loss.
+    for r in ranks:
+        err = max(abs(a - b) for a, b in zip(r["params"], one["params"]))
+        assert err <= 1e-10 * max(abs(b) for b in one["params"]), (r["rank"], err)
+        for a, b in zip(r["losses"], one["losses"]):
+            assert abs(a - b) <= 1e-10 * abs(b), (r["rank"], a, b)
