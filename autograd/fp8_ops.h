@@ -36,7 +36,14 @@ namespace accrue {
 // (2^-4 for e4m3, 2^-3 for e5m2, plus the subnormal floor of the scaled
 // values); the GEMM accumulates the products in f32 on the GPU (in double
 // on the CPU) and rounds the result once (Note [FP8 GEMM]).
+// The scaling recipe (Note [FP8 block recipe] in autograd/ops_fp8.cpp).
+enum class Fp8Recipe {
+  tensor,  // one current scale per tensor; the FP8 GEMMs (the default)
+  block,   // a scale per 1 x 128 tile of x and dy, per 128 x 128 block of W
+};
+
 struct Fp8LinearOptions {
+  Fp8Recipe recipe = Fp8Recipe::tensor;
   DType forward_dtype = DType::f8e4m3;  // x's codes (the weight's are w8's)
   DType grad_dtype = DType::f8e5m2;     // dy's codes (not e5m2 with an e5m2 weight)
   int margin = 0;                       // scale = max / amax / 2^margin
@@ -59,7 +66,8 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8,
                   const Tensor& bias = Tensor(), const Fp8LinearOptions& options = {});
 // The same with the FP8 copy the weight's store keeps (Note [Window FP8
 // weights] in optim/fp8_weights.h: cast once per window, at the close), or,
-// when it keeps none, a copy cast now by fp8_weight().
+// when it keeps none, a copy cast now by fp8_weight(). The block recipe casts
+// the weight in its blocks now (the kept copies are per-tensor).
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
                   const Fp8LinearOptions& options = {});
 // scale_inv where amax is finite, NaN where it is not: what the GEMMs of an

@@ -7,6 +7,7 @@
 #include "accrue/autograd/variable.h"
 #include "accrue/core/error.h"
 #include "accrue/kernels/fp8.h"
+#include "accrue/kernels/indexing.h"
 #include "accrue/kernels/ops.h"
 
 namespace accrue {
@@ -52,7 +53,8 @@ bool is_gemm_output(DType t) {
   return t == DType::bf16 || t == DType::f16 || t == DType::f32;
 }
 
-void check_fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8,
+// w8: the weight's FP8 copy, or nullptr under the block recipe (cast per call).
+void check_fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight* w8,
                       const Tensor& bias, const Fp8LinearOptions& o) {
   ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "fp8_linear: weight must be 2-D [out, in]",
                weight.defined() ? ", got " + shape_str(weight.shape()) : std::string());
@@ -62,11 +64,12 @@ void check_fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8
   ACCRUE_CHECK(is_gemm_output(x.dtype()), "fp8_linear: input dtype ", dtype_name(x.dtype()),
                "; expected f32, bf16 or f16");
   const int64_t n = weight.size(0), k = weight.size(1);
-  ACCRUE_CHECK(w8.q.defined() && w8.q.shape() == weight.shape() && w8.q_t.defined() &&
-                   w8.q_t.shape() == (Shape{k, n}) && w8.scale_inv.defined() &&
-                   w8.scale_inv.numel() == 1,
-               "fp8_linear: the FP8 weight (codes ", w8.q.defined() ? shape_str(w8.q.shape()) : "?",
-               ", transposed ", w8.q_t.defined() ? shape_str(w8.q_t.shape()) : "?",
+  ACCRUE_CHECK(!w8 || (w8->q.defined() && w8->q.shape() == weight.shape() && w8->q_t.defined() &&
+                       w8->q_t.shape() == (Shape{k, n}) && w8->scale_inv.defined() &&
+                       w8->scale_inv.numel() == 1),
+               "fp8_linear: the FP8 weight (codes ",
+               w8 && w8->q.defined() ? shape_str(w8->q.shape()) : "?", ", transposed ",
+               w8 && w8->q_t.defined() ? shape_str(w8->q_t.shape()) : "?",
                ") is not a copy of the weight ", shape_str(weight.shape()),
                ": make it with fp8_weight(weight)");
   ACCRUE_CHECK(is_fp8(o.forward_dtype) && is_fp8(o.grad_dtype), "fp8_linear: forward_dtype ",
@@ -84,6 +87,82 @@ void check_fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8
                "batch or the layer)");
 }
 
+// Note [FP8 block recipe]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Fp8Recipe::block scales each 1 x 128 tile of x (and of dy, along its rows)
+// and each 128 x 128 block of W by its own power-of-two scale
+// (cast_to_fp8_blockwise, Note [FP8 block scaling]), as DeepSeek-V3 does, so
+// an outlier costs precision in its own tile only. The GEMM that applies
+// block scales on the FP8 tensor cores (cuBLASLt's VEC128 and BLK128x128
+// scale modes) is not built yet: the codes are dequantized (each code times
+// its tile's scale_inv, exact in bf16: 3 mantissa bits times a power of two)
+// into the output dtype and multiplied by the usual GEMM, whose weight
+// gradient lands in the fp32 slot as Linear's does. So the recipe gives
+// block scaling's numerics now, not FP8's speed: it costs a dequantized copy
+// of each operand. An overflowed tensor makes its dequantized copy NaN (Note
+// [FP8 overflow]).
+constexpr int64_t kBlock = 128;
+
+struct BlockCast {
+  kernels::Fp8BlockCast cast;
+  int64_t tile_rows, tile_cols;
+};
+
+BlockCast cast_blocks(const Tensor& x2, int64_t tile_rows, int64_t tile_cols, DType dtype) {
+  return {kernels::cast_to_fp8_blockwise(x2, tile_rows, tile_cols, dtype), tile_rows, tile_cols};
+}
+
+// Each code times its tile's scale_inv, in `out`.
+Tensor dequantize(const BlockCast& b, DType out) {
+  const int64_t m = b.cast.q.size(0), k = b.cast.q.size(1);
+  Tensor s = kernels::repeat_interleave(b.cast.scale_inv, b.tile_rows, 0).narrow(0, 0, m);
+  s = kernels::repeat_interleave(s, b.tile_cols, 1).narrow(1, 0, k);
+  s = fp8_guarded_scale_inv(s, b.cast.amax);
+  return kernels::binary(kernels::BinaryOp::Mul, b.cast.q.to(out), s.to(out));
+}
+
+Tensor fp8_linear_blocks(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                         const Fp8LinearOptions& o) {
+  check_fp8_linear(x, weight, nullptr, bias, o);
+  const int64_t n = weight.size(0), k = weight.size(1);
+  const DType dt = o.out_dtype;
+  const BlockCast cx = cast_blocks(detach(x).reshape({-1, k}), 1, kBlock, o.forward_dtype);
+  const BlockCast cw = cast_blocks(detach(weight), kBlock, kBlock, o.forward_dtype);
+  const Tensor xd = dequantize(cx, dt), wd = dequantize(cw, dt);
+  Tensor y2 = kernels::matmul(xd, wd.transpose(0, 1));
+  if (bias.defined()) {
+    const Tensor b = detach(bias);
+    y2 = kernels::binary(kernels::BinaryOp::Add, y2, b.dtype() == dt ? b : b.to(dt));
+  }
+  Shape out_shape = x.shape();
+  out_shape.back() = n;
+  const bool gx = autograd::wants_grad(x), gw = autograd::wants_grad(weight),
+             gb = autograd::wants_grad(bias);
+  const Shape x_shape = x.shape();
+  const DType x_dtype = x.dtype(), b_dtype = bias.defined() ? bias.dtype() : dt;
+  const Tensor sw = autograd::saved(weight);
+  const SinkTarget w_target = autograd::sink_target(weight), b_target = autograd::sink_target(bias);
+  const DType grad_dtype = o.grad_dtype;
+  // The saved codes (1 byte an element) are dequantized again in the backward.
+  return autograd::record(
+      "Fp8LinearBackward", y2.reshape(out_shape), {x, weight, bias},
+      [=](const Tensor& g) -> std::vector<Tensor> {
+        const Tensor g2 = g.reshape({-1, n});
+        const Tensor gd = dequantize(cast_blocks(g2, 1, kBlock, grad_dtype), g2.dtype());
+        Tensor dx, dw, db;
+        if (gx) {
+          dx = kernels::matmul(gd, dequantize(cw, g2.dtype())).reshape(x_shape);
+          if (dx.dtype() != x_dtype) dx = dx.to(x_dtype);
+        }
+        if (gw) dw = autograd::linear_weight_grad(gd, dequantize(cx, g2.dtype()), sw, w_target);
+        if (gb) {
+          db = autograd::linear_bias_grad(g2, b_target);
+          if (!autograd::is_delivered(db) && db.dtype() != b_dtype) db = db.to(b_dtype);
+        }
+        return {dx, dw, db};
+      });
+}
+
 }  // namespace
 
 Fp8Weight fp8_weight(const Tensor& weight, DType dtype, int margin) {
@@ -95,7 +174,10 @@ Fp8Weight fp8_weight(const Tensor& weight, DType dtype, int margin) {
 
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8, const Tensor& bias,
                   const Fp8LinearOptions& o) {
-  check_fp8_linear(x, weight, w8, bias, o);
+  ACCRUE_CHECK(o.recipe == Fp8Recipe::tensor,
+               "fp8_linear: a given FP8 weight copy is per-tensor; the block recipe casts the "
+               "weight itself (call fp8_linear without one)");
+  check_fp8_linear(x, weight, &w8, bias, o);
   const int64_t n = weight.size(0), k = weight.size(1);
   const ScaledCast cx = cast_current(detach(x).reshape({-1, k}), o.forward_dtype, o.margin);
   Tensor y2 = kernels::fp8_matmul(cx.cast.q, w8.q, cx.scale_inv, w8.scale_inv, o.out_dtype);
@@ -164,6 +246,7 @@ const Fp8Weight* kept_fp8_weight(const Tensor& weight) {
 
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const Fp8LinearOptions& options) {
+  if (options.recipe == Fp8Recipe::block) return fp8_linear_blocks(x, weight, bias, options);
   if (const Fp8Weight* kept = kept_fp8_weight(weight))
     return fp8_linear(x, weight, *kept, bias, options);
   ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "fp8_linear: weight must be 2-D [out, in]",

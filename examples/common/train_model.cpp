@@ -92,7 +92,7 @@ class Gpt2TrainModel final : public TrainModel {
     }
   }
   Generator* dropout_generator() override { return &model_.dropout_generator(); }
-  std::vector<Tensor> use_fp8() override { return model_.use_fp8(); }
+  std::vector<Tensor> use_fp8(const Fp8LinearOptions& o) override { return model_.use_fp8(o); }
 
  private:
   nn::GPT2 model_;
@@ -147,7 +147,7 @@ class LlamaTrainModel final : public TrainModel {
   }
   void init_from(const std::string& path) override { model_->load_hf(path); }
   void set_training(bool) override {}
-  std::vector<Tensor> use_fp8() override { return model_->use_fp8(); }
+  std::vector<Tensor> use_fp8(const Fp8LinearOptions& o) override { return model_->use_fp8(o); }
 
  private:
   std::unique_ptr<nn::Llama> model_;

@@ -63,7 +63,7 @@ class TrainModel {
   virtual Generator* dropout_generator() { return nullptr; }
   // Note [FP8 linear]: the model's projections compute in FP8; returns their
   // weights, for ParamStore::keep_fp8_copies.
-  virtual std::vector<Tensor> use_fp8() = 0;
+  virtual std::vector<Tensor> use_fp8(const Fp8LinearOptions& options) = 0;
 };
 
 struct TrainModelOptions {

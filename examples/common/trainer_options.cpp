@@ -31,20 +31,44 @@ void declare_loss_scale_start(OptionTable& cli, std::optional<double>& init_scal
            "gradient (Note [Scale calibration]; --init-scale is then not used)");
 }
 
-void declare_fp8(OptionTable& cli, bool& fp8, bool& cast_every_micro_batch) {
-  cli.flag("--fp8", &fp8,
+Fp8LinearOptions Fp8Choice::options() const {
+  Fp8LinearOptions o;
+  o.recipe = recipe;
+  return o;
+}
+
+std::string Fp8Choice::record() const {
+  if (!on) return "off";
+  return recipe == Fp8Recipe::tensor ? "projections e4m3/e5m2, current scaling"
+                                     : "projections e4m3/e5m2, 1x128 / 128x128 block scaling";
+}
+
+void declare_fp8(OptionTable& cli, Fp8Choice& fp8) {
+  cli.flag("--fp8", &fp8.on,
            "each decoder block's projections in FP8: e4m3 activations and weights, e5m2 "
            "gradients, per-tensor current scaling, each weight cast once per window at the "
            "close, the weight gradients into the fp32 slots; embeddings, norms and the "
            "classifier stay in the compute dtype (Note [FP8 linear], docs/FP8.md)");
-  cli.flag("--fp8-cast-every-micro-batch", &cast_every_micro_batch,
+  cli.choice<Fp8Recipe>("--fp8-recipe", &fp8.recipe,
+                        {{"tensor", Fp8Recipe::tensor}, {"block", Fp8Recipe::block}},
+                        "with --fp8: tensor, one scale per tensor on the FP8 GEMMs; block, a "
+                        "scale per 1 x 128 tile of activations and gradients and per 128 x 128 "
+                        "block of weights, through dequantized GEMMs (Note [FP8 block recipe]: "
+                        "block scaling's numerics, not yet FP8's speed)");
+  cli.flag("--fp8-cast-every-micro-batch", &fp8.cast_every_micro_batch,
            "with --fp8, cast each weight to FP8 at every micro-batch instead of once per window "
            "(the same bits, Note [Window FP8 weights]; to measure what the once-per-window copy "
            "saves)");
 }
 
-void check_fp8(bool fp8, bool cast_every_micro_batch) {
-  if (cast_every_micro_batch && !fp8) usage_error("--fp8-cast-every-micro-batch needs --fp8");
+void check_fp8(const Fp8Choice& fp8) {
+  if (fp8.cast_every_micro_batch && !fp8.on)
+    usage_error("--fp8-cast-every-micro-batch needs --fp8");
+  if (fp8.recipe != Fp8Recipe::tensor && !fp8.on) usage_error("--fp8-recipe needs --fp8");
+  if (fp8.cast_every_micro_batch && fp8.recipe == Fp8Recipe::block)
+    usage_error(
+        "--fp8-cast-every-micro-batch applies to --fp8-recipe tensor (the block recipe "
+        "casts the weights at every micro-batch)");
 }
 
 void declare_validation_schedule(OptionTable& cli, int64_t& val_every, int64_t& val_batches) {

@@ -8,7 +8,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
+#include "accrue/autograd/fp8_ops.h"
 #include "examples/common/options.h"
 
 namespace accrue::examples {
@@ -27,12 +29,24 @@ void declare_adamw_moments(OptionTable& cli, double& beta1, double& beta2, doubl
 void declare_loss_scale_start(OptionTable& cli, std::optional<double>& init_scale,
                               bool& calibrate_scale);
 
-// --fp8: the decoder blocks' projections in FP8 (Note [FP8 linear]);
-// --fp8-cast-every-micro-batch: their weights cast at every micro-batch
-// instead of once per window (Note [Window FP8 weights]), to measure that.
-void declare_fp8(OptionTable& cli, bool& fp8, bool& cast_every_micro_batch);
-// A UsageError for --fp8-cast-every-micro-batch without --fp8.
-void check_fp8(bool fp8, bool cast_every_micro_batch);
+// The FP8 options both trainers take (Note [FP8 linear]).
+struct Fp8Choice {
+  bool on = false;                       // --fp8: the decoder blocks' projections in FP8
+  Fp8Recipe recipe = Fp8Recipe::tensor;  // --fp8-recipe (Note [FP8 block recipe])
+  // --fp8-cast-every-micro-batch: the weights cast at every micro-batch
+  // instead of once per window (Note [Window FP8 weights]), to measure that.
+  bool cast_every_micro_batch = false;
+  // fp8_linear's options for this choice.
+  Fp8LinearOptions options() const;
+  // Whether the store keeps the weights' FP8 copies (the tensor recipe, once per window).
+  bool keeps_copies() const { return on && recipe == Fp8Recipe::tensor && !cast_every_micro_batch; }
+  // The run record's value (Note [Run record]).
+  std::string record() const;
+};
+void declare_fp8(OptionTable& cli, Fp8Choice& fp8);
+// The UsageErrors: --fp8-recipe or --fp8-cast-every-micro-batch without
+// --fp8, and casting every micro-batch under the block recipe (which always does).
+void check_fp8(const Fp8Choice& fp8);
 
 // --val-every, --val-batches: how often and over how many micro-batches the
 // validation loss is taken.

@@ -53,7 +53,7 @@ RunRecord gpt2_run_record(const Gpt2Options& o, const nn::GPT2Config& c, const B
                                                     {"config.bias", c.bias ? 1 : 0}})
     r.integer(name, value, {}, name);
   r.text("dtype", dtype_name(compute), {}, "dtype");
-  r.text("fp8", o.fp8 ? "projections e4m3/e5m2, current scaling" : "off");
+  r.text("fp8", o.fp8.record());
   r.integer("world_size", world_size, {}, "world_size");
   r.integer("micro_batch", plan.B, {}, "micro_batch");
   r.integer("seq_len", plan.T);

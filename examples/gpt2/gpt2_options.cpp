@@ -77,7 +77,7 @@ void declare(OptionTable& cli, Gpt2Options& o) {
   cli.choice("--dtype", &o.dtype, {"f32", "bf16", "f16"},
              "compute dtype over fp32 master weights; f16 adds dynamic loss scaling")
       .default_text("bf16 on a GPU, f32 on the CPU");
-  declare_fp8(cli, o.fp8, o.fp8_cast_every_micro_batch);
+  declare_fp8(cli, o.fp8);
   declare_loss_scale_start(cli, o.init_scale, o.calibrate_scale);
   cli.integer("--seed", &o.seed, "S", "initialization, dropout and synthetic data");
 
@@ -152,8 +152,8 @@ bool parse_gpt2_options(int argc, char** argv, Gpt2Options& o) {
   }
   if (o.layer_metrics_every > 0 && o.metrics.empty())
     usage_error("--layer-metrics-every needs --metrics FILE");
-  check_fp8(o.fp8, o.fp8_cast_every_micro_batch);
-  if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing || o.fp8))
+  check_fp8(o.fp8);
+  if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing || o.fp8.on))
     usage_error("--composed has no dropout, no activation checkpointing and no FP8");
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
     usage_error("--bench takes no --checkpoint or --resume");

@@ -11,6 +11,7 @@
 #include "accrue.h"
 #include "accrue/nn/gpt2.h"
 
+#include "examples/common/trainer_options.h"
 namespace accrue::examples {
 
 struct Gpt2Options {
@@ -19,8 +20,7 @@ struct Gpt2Options {
   double dropout = 0.0;
   bool activation_checkpointing = false;
   bool composed = false;
-  bool fp8 = false;                         // Note [FP8 linear]: the blocks' projections in FP8
-  bool fp8_cast_every_micro_batch = false;  // not once per window (Note [Window FP8 weights])
+  Fp8Choice fp8;  // --fp8, --fp8-recipe, --fp8-cast-every-micro-batch
   std::string init_from;
   std::string train_data, val_data;
   bool synthetic = false;

@@ -190,9 +190,9 @@ int train(int argc, char** argv) {
                           optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
                               optimizer.moments_needed()));
   // Note [Window FP8 weights]: kept before the Window, whose close recasts them.
-  if (opt.fp8) {
-    const std::vector<Tensor> fp8_weights = model.use_fp8();
-    if (!opt.fp8_cast_every_micro_batch) arena.keep_fp8_copies(fp8_weights);
+  if (opt.fp8.on) {
+    const std::vector<Tensor> fp8_weights = model.use_fp8(opt.fp8.options());
+    if (opt.fp8.keeps_copies()) arena.keep_fp8_copies(fp8_weights);
   }
   const DataParallel dp = connect_data_parallel(where, arena);
   optim::Window window(arena, optimizer,

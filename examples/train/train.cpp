@@ -143,7 +143,7 @@ RunRecord run_record(const TrainOptions& opt, const TrainModel& model, int ranks
   record.text("init_from", absolute_path(opt.init_from));
   record.number("dropout", opt.dropout);
   record.text("dtype", dtype_name(opt.dtype));
-  record.text("fp8", opt.fp8 ? "projections e4m3/e5m2, current scaling" : "off");
+  record.text("fp8", opt.fp8.record());
   record.integer("micro_batch", opt.micro_batch);
   record.integer("seq_len", opt.seq_len);
   record.integer("micro_steps", opt.accum);
@@ -427,8 +427,9 @@ JsonObject bench_config(const Run& run, int64_t window_tokens) {
       .text("documents", documents_name(opt))
       .boolean("activation_checkpointing", run.model.activation_checkpointing())
       .boolean("zero1", opt.zero1)
-      .boolean("fp8", opt.fp8)
-      .boolean("fp8_cast_every_micro_batch", opt.fp8_cast_every_micro_batch)
+      .boolean("fp8", opt.fp8.on)
+      .text("fp8_recipe", opt.fp8.recipe == Fp8Recipe::block ? "block" : "tensor")
+      .boolean("fp8_cast_every_micro_batch", opt.fp8.cast_every_micro_batch)
       .integer("warmup_windows", opt.bench_warmup)
       .integer("timed_windows", opt.bench_windows)
       .boolean("cuda_graphs", graphs);
@@ -523,9 +524,9 @@ int train(int argc, char** argv) {
   optim::Optimizer optimizer = make_optimizer(opt, *model);
   optim::ParamStore store(model->named_parameters(), store_options(opt, where, master, optimizer));
   // Note [Window FP8 weights]: kept before the Window, whose close recasts them.
-  if (opt.fp8) {
-    const std::vector<Tensor> fp8_weights = model->use_fp8();
-    if (!opt.fp8_cast_every_micro_batch) store.keep_fp8_copies(fp8_weights);
+  if (opt.fp8.on) {
+    const std::vector<Tensor> fp8_weights = model->use_fp8(opt.fp8.options());
+    if (opt.fp8.keeps_copies()) store.keep_fp8_copies(fp8_weights);
   }
   const DataParallel dp = connect_data_parallel(where, store, opt.zero1);
   optim::Window window(store, optimizer, window_options(opt, scaling), dp.reducer.get());

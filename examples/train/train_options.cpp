@@ -87,7 +87,7 @@ void declare_batch_and_optimizer(OptionTable& cli, TrainOptions& o) {
       {{"f32", DType::f32}, {"bf16", DType::bf16}, {"f16", DType::f16}, {"f64", DType::f64}},
       "compute dtype (bf16 and f16 over f32 master weights; f16 adds dynamic loss "
       "scaling)");
-  declare_fp8(cli, o.fp8, o.fp8_cast_every_micro_batch);
+  declare_fp8(cli, o.fp8);
   declare_loss_scale_start(cli, o.init_scale, o.calibrate_scale);
   cli.integer("--seed", &o.seed, "S", "seed of the weights and the synthetic data").min(0);
 }
@@ -168,8 +168,8 @@ void check_options(const OptionTable& cli, TrainOptions& o) {
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
     usage_error("--bench takes no --checkpoint or --resume");
   if (o.bench && o.stop_after) usage_error("--bench takes no --stop-after");
-  check_fp8(o.fp8, o.fp8_cast_every_micro_batch);
-  if (o.fp8 && o.dtype == DType::f64)
+  check_fp8(o.fp8);
+  if (o.fp8.on && o.dtype == DType::f64)
     usage_error("--fp8 computes in FP8 over f32, bf16 or f16 activations; not with --dtype f64");
   if (o.init_scale && o.dtype != DType::f16)
     usage_error("--init-scale applies to --dtype f16 only, the compute dtype is ",
@@ -177,7 +177,7 @@ void check_options(const OptionTable& cli, TrainOptions& o) {
   if (o.calibrate_scale && o.dtype != DType::f16)
     usage_error("--calibrate-scale applies to --dtype f16 only, the compute dtype is ",
                 dtype_name(o.dtype));
-  if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing || o.fp8))
+  if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing || o.fp8.on))
     usage_error("--composed has no dropout, no activation checkpointing and no FP8");
   if (o.stop_micro_steps > 0 && (!o.stop_after || o.checkpoint.empty()))
     usage_error("--stop-micro-steps needs --stop-after N and --checkpoint FILE");

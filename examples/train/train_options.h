@@ -9,6 +9,7 @@
 
 #include "accrue.h"
 
+#include "examples/common/trainer_options.h"
 namespace accrue::examples {
 
 // --synthetic-documents: random lengths packed into the rows, or each row one
@@ -26,8 +27,7 @@ struct TrainOptions {
   std::optional<int64_t> n_layer, n_head, n_embd, vocab_size, block_size;
   bool synthetic = false, cuda_graphs = false, force_cpu = false;
   bool activation_checkpointing = false, zero1 = false, nvtx = false;
-  bool fp8 = false;                         // Note [FP8 linear]: the projections in FP8
-  bool fp8_cast_every_micro_batch = false;  // not once per window (Note [Window FP8 weights])
+  Fp8Choice fp8;  // --fp8, --fp8-recipe, --fp8-cast-every-micro-batch
   SyntheticDocuments synthetic_documents = SyntheticDocuments::random;  // GPT-2: full
   int64_t eos_id = -1, micro_batch = 4, seq_len = 64, accum = 4, windows = 20, warmup_windows = 0;
   int64_t seed = 1, checkpoint_every = 0, max_skipped_windows = 32, layer_metrics_every = 0;

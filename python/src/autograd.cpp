@@ -182,8 +182,11 @@ void bind_autograd(nb::module_& m) {
   m.def(
       "fp8_linear",
       [](const Tensor& x, const Tensor& w, std::optional<Tensor> b, DType forward_dtype,
-         DType grad_dtype, int margin, DType out_dtype) {
+         DType grad_dtype, int margin, DType out_dtype, const std::string& recipe) {
         Fp8LinearOptions o;
+        ACCRUE_CHECK(recipe == "tensor" || recipe == "block",
+                     "fp8_linear: recipe must be 'tensor' or 'block', got '", recipe, "'");
+        o.recipe = recipe == "block" ? Fp8Recipe::block : Fp8Recipe::tensor;
         o.forward_dtype = forward_dtype;
         o.grad_dtype = grad_dtype;
         o.margin = margin;
@@ -192,12 +195,13 @@ void bind_autograd(nb::module_& m) {
       },
       nb::arg("input"), nb::arg("weight"), nb::arg("bias") = nb::none(),
       nb::arg("forward_dtype") = DType::f8e4m3, nb::arg("grad_dtype") = DType::f8e5m2,
-      nb::arg("margin") = 0, nb::arg("out_dtype") = DType::bf16,
+      nb::arg("margin") = 0, nb::arg("out_dtype") = DType::bf16, nb::arg("recipe") = "tensor",
       "linear() with its three GEMMs in FP8, per-tensor current scaling (Note [FP8 linear]): "
       "input and weight in forward_dtype, the output gradient in grad_dtype, the weight "
       "gradient into its fp32 store slot. The weight's FP8 copy is its store's when the store "
-      "keeps one (ParamStore.keep_fp8_copies), else cast now. Rows, in and out features must be "
-      "multiples of 16.");
+      "keeps one (ParamStore.keep_fp8_copies), else cast now. recipe 'block' scales each 1 x 128 "
+      "tile and 128 x 128 weight block (Note [FP8 block recipe]). Rows, in and out features "
+      "must be multiples of 16.");
   m.def("embedding", &embedding, nb::arg("weight"), nb::arg("indices"),
         "Rows of weight [num, dim] at integer indices (accrue's argument order: weight first).");
   m.def(

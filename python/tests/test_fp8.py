@@ -14,6 +14,8 @@ def test_fp8_linear_rounds_like_fp8_and_refuses_odd_rows():
     fp8 = accrue.fp8_linear(x, w, out_dtype=accrue.f32).numpy()
     err = np.abs(fp8 - exact).max() / np.abs(exact).max()
     assert 0 < err < 0.1, err  # e4m3 keeps 3 mantissa bits
+    blocks = accrue.fp8_linear(x, w, out_dtype=accrue.f32, recipe="block").numpy()
+    assert 0 < np.abs(blocks - exact).max() / np.abs(exact).max() < 0.1
     try:
         accrue.fp8_linear(accrue.tensor(np.ones((10, 48), np.float32)), w)
     except accrue.Error as e:

@@ -220,6 +220,15 @@ case $name in
     [[ $rc -eq 0 && $(grep "^final:" <<< "$out") == "$kept" ]] ||
       fail "train --fp8 --activation-checkpointing: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$kept'"
     expect 2 "--fp8-cast-every-micro-batch needs --fp8" --synthetic --fp8-cast-every-micro-batch
+    # Note [FP8 block recipe]: per-tile scales, another loss; no kept copies.
+    run --cpu --model llama-tiny --synthetic --windows 3 --micro-batch 2 --seq-len 32 --accum 2 \
+      --dtype bf16 --fp8 --fp8-recipe block
+    [[ $rc -eq 0 && $(grep "^final:" <<< "$out") != "$kept" ]] ||
+      fail "train --fp8-recipe block: exit code $rc, '$(grep "^final:" <<< "$out")' vs tensor '$kept'"
+    expect 2 "--fp8-recipe needs --fp8" --synthetic --fp8-recipe block
+    expect 2 "--fp8-recipe must be tensor or block, got 'tile'" --synthetic --fp8 --fp8-recipe tile
+    expect 2 "--fp8-cast-every-micro-batch applies to --fp8-recipe tensor" --synthetic --fp8 \
+      --fp8-recipe block --fp8-cast-every-micro-batch
     # GPT-2's four projections per block too (the tied classifier stays bf16).
     run --cpu --model gpt2-tiny --synthetic --windows 3 --micro-batch 2 --seq-len 32 --accum 2 \
       --dtype bf16
