@@ -30,7 +30,7 @@ namespace accrue {
 // has W's shape, not that it is fresh.
 // Every GEMM dimension (M, N, K) must be a multiple of 16 (cuBLASLt's FP8
 // rule, checked on every device so a CPU run says what a GPU run would). The
-// amax of x and dy is its own pass for now (kernels::max of |x|): producing
+// amax of x and dy is its own read of them for now (fp8_amax): producing
 // kernels that hand it over (norms, activation epilogues) are not built yet.
 // Rounding: each product x_k w_k carries the two casts' relative errors
 // (2^-4 for e4m3, 2^-3 for e5m2, plus the subnormal floor of the scaled
@@ -74,6 +74,10 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Te
 // overflowed tensor multiply by, so that the window skips (Note [FP8
 // overflow] in autograd/ops_fp8.cpp). Both f32 [1] on one device.
 Tensor fp8_guarded_scale_inv(const Tensor& scale_inv, const Tensor& amax);
+// Current scaling's amax (Note [FP8 scaling]): max |x| as f32 [1] on x's
+// device, NaN when x holds a NaN, from one read of x (its own pass for now,
+// Note [FP8 linear]).
+Tensor fp8_amax(const Tensor& x);
 // The weight's kept FP8 copy, or nullptr.
 const Fp8Weight* kept_fp8_weight(const Tensor& weight);
 

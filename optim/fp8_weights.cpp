@@ -4,7 +4,6 @@
 #include "accrue/core/error.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/kernels/fp8.h"
-#include "accrue/kernels/ops.h"
 
 namespace accrue::optim {
 
@@ -36,7 +35,7 @@ void Fp8WeightCopies::cast(Copy& c) const {
   NoGradGuard no_grad;
   const Tensor w = detach(c.param);
   // Current scaling (Note [FP8 scaling]): the amax of the weight as it is now.
-  c.amax.copy_(kernels::max(kernels::unary(kernels::UnaryOp::Abs, w)).to(DType::f32).reshape({1}));
+  c.amax.copy_(fp8_amax(w));
   kernels::fp8_scale_from_amax_into(c.amax, dtype_, margin_, /*power_of_two=*/false, c.scale,
                                     c.weight.scale_inv);
   kernels::cast_to_fp8_transpose_into(w, c.scale, c.weight.q, c.weight.q_t, c.cast_amax);
