@@ -26,17 +26,28 @@ void check_cast(const Tensor& x, const Tensor* scale, DType out_dtype, const cha
 }  // namespace
 
 Fp8Cast cast_to_fp8(const Tensor& x, const Tensor& scale, DType out_dtype) {
+  check_cast(x, &scale, out_dtype, "cast_to_fp8");
+  Fp8Cast r{empty(x.shape(), out_dtype, x.device()), empty({1}, DType::f32, x.device())};
+  cast_to_fp8_into(x, scale, r.q, r.amax);
+  return r;
+}
+
+void cast_to_fp8_into(const Tensor& x, const Tensor& scale, const Tensor& q, const Tensor& amax) {
   constexpr const char* op = "cast_to_fp8";
   NoGradGuard no_grad;
-  check_cast(x, &scale, out_dtype, op);
-  Fp8Cast r{empty(x.shape(), out_dtype, x.device()), empty({1}, DType::f32, x.device())};
+  du::check_defined(q, op, "q");
+  check_cast(x, &scale, q.dtype(), op);
+  ACCRUE_CHECK(q.shape() == x.shape() && q.is_contiguous() && q.device() == x.device(), op, ": q ",
+               shape_str(q.shape()), " must be contiguous, on x's device, shaped like x ",
+               shape_str(x.shape()));
+  du::check_defined(amax, op, "amax");
+  du::check_device_scalar(amax, x.device(), op, "amax", "x");
   if (x.numel() == 0) {
-    du::fill(r.amax, 0.0);  // the max of nothing, as the scale rule reads it: an all-zero tensor
-    return r;
+    du::fill(amax, 0.0);  // the max of nothing, as the scale rule reads it: an all-zero tensor
+    return;
   }
   const Tensor dense = x.contiguous();
-  ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8, dense, scale, r.q, r.amax);
-  return r;
+  ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8, dense, scale, q, amax);
 }
 
 Fp8CastTranspose cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, DType out_dtype) {

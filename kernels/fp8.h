@@ -51,6 +51,9 @@ struct Fp8Cast {
 // f32, bf16 or f16 (any strides), scale an f32 [1] tensor on x's device,
 // out_dtype f8e4m3 or f8e5m2.
 Fp8Cast cast_to_fp8(const Tensor& x, const Tensor& scale, DType out_dtype);
+// The same into the caller's buffers: q contiguous, x's shape, an FP8 dtype;
+// amax f32 [1]; both on x's device.
+void cast_to_fp8_into(const Tensor& x, const Tensor& scale, const Tensor& q, const Tensor& amax);
 
 // cast_to_fp8 of a 2-D x [M, K] with q^T as well: q [M, K] and q_t [K, M],
 // both contiguous, from one read of x (Note [FP8 cast-transpose]), the
