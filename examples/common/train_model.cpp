@@ -185,6 +185,32 @@ bool is_train_model_name(const std::string& name) {
   return false;
 }
 
+void apply_gpt2_sizes(nn::GPT2Config& c, const std::optional<int64_t>& n_layer,
+                      const std::optional<int64_t>& n_head, const std::optional<int64_t>& n_embd,
+                      const std::optional<int64_t>& vocab_size,
+                      const std::optional<int64_t>& block_size) {
+  if (n_layer) c.n_layer = *n_layer;
+  if (n_head) c.n_head = *n_head;
+  if (n_embd) c.n_embd = *n_embd;
+  if (vocab_size) c.vocab_size = *vocab_size;
+  if (block_size) c.block_size = *block_size;
+  c.padded_vocab_size = 0;  // the default padding of whatever vocab_size is now
+  if (c.vocab_size > 65536)
+    usage_error("--vocab-size ", c.vocab_size, " does not fit the shards' uint16 tokens");
+  // The largest tensors and the parameter count (12 C^2 per layer) must fit in
+  // int64 before validate() or the model computes with them. vocab_size is at
+  // most 65536 here, so its padding (to a multiple of 128) cannot overflow.
+  checked_product({{"--n-embd", c.n_embd}, {"--n-embd", c.n_embd}, {"--n-layer", c.n_layer}},
+                  std::numeric_limits<int64_t>::max() / 16);
+  checked_product({{"--n-embd", c.n_embd}, {"--block-size", c.block_size}});
+  checked_product({{"--n-embd", c.n_embd}, {"--vocab-size (padded)", c.vocab_size + 128}});
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    usage_error(error_message(e));  // Note [Error locations]: no source location
+  }
+}
+
 std::unique_ptr<TrainModel> make_train_model(const TrainModelOptions& o,
                                              const nn::ParamOptions& params) {
   if (o.dropout > 0.0 && !is_gpt2_model_name(o.name))
@@ -206,25 +232,7 @@ std::unique_ptr<TrainModel> make_train_model(const TrainModelOptions& o,
   }
   if (is_gpt2_model_name(o.name)) {
     nn::GPT2Config c = gpt2_config(o.name);
-    if (o.n_layer) c.n_layer = *o.n_layer;
-    if (o.n_head) c.n_head = *o.n_head;
-    if (o.n_embd) c.n_embd = *o.n_embd;
-    if (o.vocab_size) c.vocab_size = *o.vocab_size;
-    if (o.block_size) c.block_size = *o.block_size;
-    c.padded_vocab_size = 0;  // the default padding of whatever vocab_size is now
-    if (c.vocab_size > 65536)
-      usage_error("--vocab-size ", c.vocab_size, " does not fit the shards' uint16 tokens");
-    // As accrue_train_gpt2: the largest tensors and the parameter count (12 C^2
-    // per layer) must fit in int64 before validate() or the model computes with them.
-    checked_product({{"--n-embd", c.n_embd}, {"--n-embd", c.n_embd}, {"--n-layer", c.n_layer}},
-                    std::numeric_limits<int64_t>::max() / 16);
-    checked_product({{"--n-embd", c.n_embd}, {"--block-size", c.block_size}});
-    checked_product({{"--n-embd", c.n_embd}, {"--vocab-size (padded)", c.vocab_size + 128}});
-    try {
-      c.validate();
-    } catch (const Error& e) {
-      usage_error(error_message(e));  // Note [Error locations]: no source location
-    }
+    apply_gpt2_sizes(c, o.n_layer, o.n_head, o.n_embd, o.vocab_size, o.block_size);
     if (o.seq_len > c.block_size)
       usage_error("--seq-len ", o.seq_len, " is longer than ", o.name, "'s block size ",
                   c.block_size);

@@ -93,6 +93,14 @@ std::unique_ptr<TrainModel> make_train_model(const TrainModelOptions& o,
 
 // gpt2-tiny: 2 layers, 4 heads, width 64, vocabulary 256 (bytes), block 64.
 nn::GPT2Config gpt2_tiny_config();
+// The trainers' --n-layer .. --block-size overrides applied to `c` (its
+// vocabulary padding then follows vocab_size), and the checks both trainers
+// make of the result: a vocabulary that fits uint16 shards, the sizes whose
+// products must fit in int64, GPT2Config::validate(); each a UsageError.
+void apply_gpt2_sizes(nn::GPT2Config& c, const std::optional<int64_t>& n_layer,
+                      const std::optional<int64_t>& n_head, const std::optional<int64_t>& n_embd,
+                      const std::optional<int64_t>& vocab_size,
+                      const std::optional<int64_t>& block_size);
 
 // Model FLOPs per trained token (forward + backward) at sequence length T:
 // Note [GPT-2 FLOPs per token] and Note [Llama FLOPs per token].

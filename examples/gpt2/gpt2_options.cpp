@@ -184,29 +184,10 @@ nn::GPT2Config make_gpt2_config(const Gpt2Options& o, uint64_t dropout_seed) {
   } else {
     c = nn::GPT2Config::from_name(o.model);
   }
-  if (o.n_layer) c.n_layer = *o.n_layer;
-  if (o.n_head) c.n_head = *o.n_head;
-  if (o.n_embd) c.n_embd = *o.n_embd;
-  if (o.vocab_size) c.vocab_size = *o.vocab_size;
-  if (o.block_size) c.block_size = *o.block_size;
-  c.padded_vocab_size = 0;  // the default padding of whatever vocab_size is now
   c.dropout = o.dropout;
   c.activation_checkpointing = o.activation_checkpointing;
   c.dropout_seed = dropout_seed;
-  if (c.vocab_size > 65536)
-    usage_error("--vocab-size ", c.vocab_size, " does not fit the shards' uint16 tokens");
-  // The largest tensors and the parameter count (12 C^2 per layer) must fit in
-  // int64 before validate() or the model computes with them. vocab_size is at
-  // most 65536 here, so its padding (to a multiple of 128) cannot overflow.
-  checked_product({{"--n-embd", c.n_embd}, {"--n-embd", c.n_embd}, {"--n-layer", c.n_layer}},
-                  std::numeric_limits<int64_t>::max() / 16);
-  checked_product({{"--n-embd", c.n_embd}, {"--block-size", c.block_size}});
-  checked_product({{"--n-embd", c.n_embd}, {"--vocab-size (padded)", c.vocab_size + 128}});
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    usage_error(error_message(e));  // Note [Error locations]: no source location
-  }
+  apply_gpt2_sizes(c, o.n_layer, o.n_head, o.n_embd, o.vocab_size, o.block_size);
   return c;
 }
 
