@@ -204,4 +204,21 @@ int64_t truncate_metrics_log(const std::string& path, int64_t windows) {
   return removed;
 }
 
+int64_t meta_int(const std::map<std::string, std::string>& meta, const std::string& key,
+                 const std::string& path) {
+  auto it = meta.find(key);
+  ACCRUE_CHECK(it != meta.end(), "checkpoint ", path, " has no '", key, "' in its metadata");
+  int64_t v = 0;
+  const std::string& s = it->second;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  ACCRUE_CHECK(ec == std::errc() && ptr == s.data() + s.size() && !s.empty(), "checkpoint ", path,
+               ": metadata '", key, "' = '", s, "' is not an integer");
+  return v;
+}
+
+std::string absolute_path(const std::string& path) {
+  if (path.empty()) return path;
+  return std::filesystem::absolute(path).lexically_normal().string();
+}
+
 }  // namespace accrue::examples

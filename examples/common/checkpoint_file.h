@@ -26,6 +26,15 @@ void save_checkpoint_file(const std::string& path, const std::map<std::string, T
 // "1424.6 MiB in 2.61 s": a file's size and the seconds since `since`.
 std::string file_report(const std::string& path, std::chrono::steady_clock::time_point since);
 
+// An integer of a checkpoint's metadata, refused with the file's name when
+// absent or not an integer.
+int64_t meta_int(const std::map<std::string, std::string>& meta, const std::string& key,
+                 const std::string& path);
+
+// A path as a run record holds it: absolute, so a run resumed from another
+// folder with the same files compares equal (empty stays empty).
+std::string absolute_path(const std::string& path);
+
 }  // namespace accrue::examples
 
 namespace accrue::examples {

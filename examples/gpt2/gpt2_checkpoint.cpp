@@ -1,9 +1,7 @@
 #include "examples/gpt2/gpt2_checkpoint.h"
 
-#include <charconv>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <utility>
 #include <vector>
@@ -17,25 +15,6 @@ namespace {
 constexpr const char* kCheckpointFormat = "accrue_train_gpt2 checkpoint v3";
 constexpr const char* kCheckpointFormatV2 = "accrue_train_gpt2 checkpoint v2";
 constexpr const char* kSkippedInARow = "accrue.state.skipped_in_a_row";
-
-int64_t meta_int(const std::map<std::string, std::string>& meta, const std::string& key,
-                 const std::string& path) {
-  auto it = meta.find(key);
-  ACCRUE_CHECK(it != meta.end(), "checkpoint ", path, " has no '", key, "' in its metadata");
-  int64_t v = 0;
-  const std::string& s = it->second;
-  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  ACCRUE_CHECK(ec == std::errc() && ptr == s.data() + s.size() && !s.empty(), "checkpoint ", path,
-               ": metadata '", key, "' = '", s, "' is not an integer");
-  return v;
-}
-
-// A path as the record holds it: absolute, so a run resumed from another
-// folder with the same files compares equal.
-std::string absolute_path(const std::string& path) {
-  if (path.empty()) return path;
-  return std::filesystem::absolute(path).lexically_normal().string();
-}
 
 }  // namespace
 

@@ -45,7 +45,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -80,11 +79,6 @@ namespace {
 
 constexpr const char* kProgram = "accrue_train";
 constexpr const char* kFormat = "accrue_train checkpoint v1";
-
-std::string absolute_path(const std::string& path) {
-  if (path.empty()) return path;
-  return std::filesystem::absolute(path).lexically_normal().string();
-}
 
 JsonObject memory_json(const optim::StoreMemory& m) {
   JsonObject j;

@@ -2,8 +2,9 @@
 #include "examples/train/train_data.h"
 
 #include <algorithm>
-#include <charconv>
 #include <vector>
+
+#include "examples/common/checkpoint_file.h"
 
 namespace accrue::examples {
 
@@ -56,18 +57,6 @@ Batch synthetic_full_batch(int64_t B, int64_t T, int64_t vocab, const SyntheticR
 nn::BatchLayout layout_of(const Batch& b) {
   return b.cu_seqlens.defined() ? nn::BatchLayout::packed(b.cu_seqlens, b.positions)
                                 : nn::BatchLayout::full();
-}
-
-int64_t meta_int(const std::map<std::string, std::string>& meta, const std::string& key,
-                 const std::string& path) {
-  auto it = meta.find(key);
-  ACCRUE_CHECK(it != meta.end(), "checkpoint ", path, " has no '", key, "' in its metadata");
-  int64_t v = 0;
-  const std::string& s = it->second;
-  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  ACCRUE_CHECK(ec == std::errc() && ptr == s.data() + s.size() && !s.empty(), "checkpoint ", path,
-               ": metadata '", key, "' = '", s, "' is not an integer");
-  return v;
 }
 
 TrainData::TrainData(const TrainDataOptions& o) : o_(o), synth_(o.synthetic_seed) {

@@ -24,11 +24,6 @@ struct Batch {
 
 nn::BatchLayout layout_of(const Batch& b);
 
-// An integer of a checkpoint's metadata, refused with the file's name when
-// absent or not an integer.
-int64_t meta_int(const std::map<std::string, std::string>& meta, const std::string& key,
-                 const std::string& path);
-
 struct TrainDataOptions {
   std::string path;        // token shards; empty: the synthetic stream
   bool packed = true;      // the model reads packed documents (else full rows)
