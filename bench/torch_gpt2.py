@@ -288,6 +288,21 @@ def time_windows(torch, args, device, window):
     return [marks[w].elapsed_time(marks[w + 1]) for w in range(args.windows)]
 
 
+def rank_figures(torch, args, device, window_ms, tokens_per_window, world):
+    """The figures both PyTorch benchmarks report, the slowest rank's (the ranks wait for each
+    other at every all-reduce): median and fastest window ms, peak memory bytes (0 on the CPU,
+    which has no allocator figure), tokens per window and per second over all ranks, the GPU's
+    name and its dense bf16 peak in TFLOP/s (None when unknown)."""
+    peak_bytes = 0.0 if args.cpu else float(torch.cuda.max_memory_allocated(device))
+    median_ms, min_ms, peak_bytes = max_over_ranks(
+        torch, [statistics.median(window_ms), min(window_ms), peak_bytes], device)
+    all_tokens = tokens_per_window * world
+    gpu = "cpu" if args.cpu else torch.cuda.get_device_name(device)
+    return dict(median_ms=median_ms, min_ms=min_ms, peak_bytes=peak_bytes, all_tokens=all_tokens,
+                tokens_per_s=all_tokens / (median_ms / 1e3), gpu=gpu,
+                peak=args.peak_tflops or (None if args.cpu else peak_tflops(gpu)))
+
+
 def training_setup(torch, args, model, world, rank, device, vocab, wrap_ddp=True):
     """What the PyTorch benchmarks train with: fused AdamW (weight decay on 2-D weights only),
     DDP under torchrun (unless wrap_ddp is False: FSDP2 has wrapped the model itself),
@@ -360,14 +375,10 @@ def run(torch, args, world, rank, device):
     if not math.isfinite(loss):
         raise RuntimeError(f"the last window's loss is {loss}")
 
-    # The slowest rank's figures (the ranks wait for each other at every all-reduce).
-    peak_bytes = 0.0 if args.cpu else float(torch.cuda.max_memory_allocated(device))
-    median_ms, min_ms, peak_bytes = max_over_ranks(
-        torch, [statistics.median(window_ms), min(window_ms), peak_bytes], device)
-    all_tokens = tokens_per_window * world
-    tokens_per_s = all_tokens / (median_ms / 1e3)
-    gpu = "cpu" if args.cpu else torch.cuda.get_device_name(device)
-    peak = args.peak_tflops or (None if args.cpu else peak_tflops(gpu))
+    f = rank_figures(torch, args, device, window_ms, tokens_per_window, world)
+    median_ms, min_ms, peak_bytes, all_tokens = f["median_ms"], f["min_ms"], f["peak_bytes"], \
+        f["all_tokens"]
+    tokens_per_s, gpu, peak = f["tokens_per_s"], f["gpu"], f["peak"]
     mfu = None
     if peak:  # per GPU
         mfu = tokens_per_s * flops_per_token(args.model, T, 1024) / (peak * 1e12 * world)

@@ -111,12 +111,11 @@ import contextlib
 import json
 import math
 import os
-import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from torch_gpt2 import (max_over_ranks, peak_tflops, run_on_ranks,  # noqa: E402  (import no torch)
+from torch_gpt2 import (rank_figures, run_on_ranks,  # noqa: E402  (import no torch)
                         time_windows, training_setup)
 
 # accrue's presets (nn/llama_config.cpp), field for field.
@@ -427,15 +426,11 @@ def run(torch, args, world, rank, device):
     if not math.isfinite(loss):
         raise RuntimeError(f"the last window's loss is {loss}")
 
-    # The slowest rank's figures (the ranks wait for each other at every all-reduce).
-    # On the CPU there is no allocator figure: the memory keys are null there.
-    peak_bytes = 0.0 if args.cpu else float(torch.cuda.max_memory_allocated(device))
-    median_ms, min_ms, peak_bytes = max_over_ranks(
-        torch, [statistics.median(window_ms), min(window_ms), peak_bytes], device)
-    all_tokens = tokens_per_window * world
-    tokens_per_s = all_tokens / (median_ms / 1e3)
-    gpu = "cpu" if args.cpu else torch.cuda.get_device_name(device)
-    peak = args.peak_tflops or (None if args.cpu else peak_tflops(gpu))
+    # The slowest rank's figures; on the CPU the memory keys are null.
+    f = rank_figures(torch, args, device, window_ms, tokens_per_window, world)
+    median_ms, min_ms, peak_bytes, all_tokens = f["median_ms"], f["min_ms"], f["peak_bytes"], \
+        f["all_tokens"]
+    tokens_per_s, gpu, peak = f["tokens_per_s"], f["gpu"], f["peak"]
     fpt = flops_per_token(args.model, T)
     mfu = tokens_per_s * fpt / (peak * 1e12 * world) if peak else None  # per GPU
     parallel = "fsdp2 no grad sync" if fsdp else ("ddp no_sync" if ddp is not None else "none")
