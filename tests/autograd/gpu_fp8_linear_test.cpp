@@ -17,6 +17,12 @@ namespace {
 
 const Device kGpu = Device::cuda(0);
 
+// A fresh leaf on `d`: `t.to(d)` is `t` itself when it is already there, and
+// requires_grad_ would then mark the shared input for the other device's run.
+Tensor leaf(const Tensor& t, Device d) {
+  return requires_grad_(t.to(d).clone());
+}
+
 TEST(GpuFp8Linear, output_and_gradients_match_the_cpu) {
   ACCRUE_REQUIRE_CUDA();
   constexpr int64_t M = 64, K = 96, N = 48;
@@ -25,7 +31,7 @@ TEST(GpuFp8Linear, output_and_gradients_match_the_cpu) {
   const Tensor b0 = test::random_normal({N}, DType::f32);
   const Tensor r = test::random_normal({M, N}, DType::f32);
   auto run = [&](Device d) {
-    Tensor x = requires_grad_(x0.to(d)), w = requires_grad_(w0.to(d)), b = requires_grad_(b0.to(d));
+    Tensor x = leaf(x0, d), w = leaf(w0, d), b = leaf(b0, d);
     const Tensor y = fp8_linear(x, w, fp8_weight(w), b);
     backward(sum(to_dtype(y, DType::f32) * r.to(d)));
     return std::vector<Tensor>{detach(y).to(Device::cpu()), grad(x).to(Device::cpu()),
@@ -53,7 +59,7 @@ TEST(GpuFp8Linear, micro_batches_accumulate_into_the_slot_as_on_the_cpu) {
     rs.push_back(test::random_normal({M, N}, DType::f32));
   }
   auto slot = [&](Device d) {
-    Tensor w = requires_grad_(w0.to(d));
+    Tensor w = leaf(w0, d);
     optim::Optimizer opt(optim::SGDOptions(0.1));
     optim::ParamStore store(std::vector<Tensor>{w}, optim::ParamStoreOptions().moments(0));
     optim::Window window(store, opt, optim::WindowOptions().micro_steps(kMicro));
