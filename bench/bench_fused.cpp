@@ -9,6 +9,7 @@
 
 #include "accrue/core/dtype.h"
 #include "accrue/core/random.h"
+#include "accrue/kernels/fp8.h"
 #include "accrue/kernels/fused.h"
 #include "bench/bench_util.h"
 
@@ -101,12 +102,41 @@ void register_swiglu() {
   });
 }
 
+// The casts of an FP8 linear layer's current scaling (Note [FP8 scaling]):
+// the amax (x read), the cast (x read, a code an element written) and the
+// cast-transpose (x read, the codes and their transpose written).
+void register_fp8_casts() {
+  register_gpu_benchmark("fused/fp8_amax/bf16/16384x4096", [](benchmark::State& s) {
+    const Tensor x = random_input({kTokens, kWidth}, DType::bf16);
+    const Tensor amax = empty({1}, DType::f32, gpu());
+    const GpuTime t = time_gpu(s, [&] { kernels::fp8_amax_into(x, amax); });
+    report_bandwidth(s, bytes_of(x), t);
+  });
+  register_gpu_benchmark("fused/fp8_cast/bf16/16384x4096", [](benchmark::State& s) {
+    const Tensor x = random_input({kTokens, kWidth}, DType::bf16);
+    const Tensor scale = full({1}, 3.0, DType::f32, gpu()), amax = empty({1}, DType::f32, gpu());
+    const Tensor q = empty(x.shape(), DType::f8e4m3, gpu());
+    const GpuTime t = time_gpu(s, [&] { kernels::cast_to_fp8_into(x, scale, q, amax); });
+    report_bandwidth(s, bytes_of(x) + bytes_of(q), t);
+  });
+  register_gpu_benchmark("fused/fp8_cast_transpose/bf16/16384x4096", [](benchmark::State& s) {
+    const Tensor x = random_input({kTokens, kWidth}, DType::bf16);
+    const Tensor scale = full({1}, 3.0, DType::f32, gpu()), amax = empty({1}, DType::f32, gpu());
+    const Tensor q = empty({kTokens, kWidth}, DType::f8e4m3, gpu());
+    const Tensor q_t = empty({kWidth, kTokens}, DType::f8e4m3, gpu());
+    const GpuTime t =
+        time_gpu(s, [&] { kernels::cast_to_fp8_transpose_into(x, scale, q, q_t, amax); });
+    report_bandwidth(s, bytes_of(x) + 2 * bytes_of(q), t);
+  });
+}
+
 }  // namespace
 
 void register_fused_benchmarks() {
   register_norms();
   register_rope();
   register_swiglu();
+  register_fp8_casts();
 }
 
 }  // namespace accrue::bench

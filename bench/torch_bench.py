@@ -220,8 +220,19 @@ def fused_ops():
             return inputs
         return make, lambda out, dy, wrt: torch.autograd.grad(out, wrt, dy, retain_graph=True)
 
+    def fp8_amax(x):
+        return x.abs().amax()
+
+    def fp8_cast(x, scale):  # saturating, as accrue's and Transformer Engine's casts
+        return (x.float() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+    def fp8_cast_transpose(x, scale):
+        q = fp8_cast(x, scale)
+        return q, q.t().contiguous()
+
     big = [tokens, width]
     qshape = [batch, seq, heads, head_dim]
+    scale3 = lambda: torch.full((1,), 3.0, device="cuda")  # noqa: E731
     rows = [
         ("fused/rms_norm/bf16/16384x4096", "rms_norm", big,
          lambda: (randn(*big), randn(width)), rms_norm, 2 * nbytes(*big) + 2 * width),
@@ -235,6 +246,12 @@ def fused_ops():
          lambda: (randn(*qshape), *rope_tables()), rope, 2 * nbytes(*qshape) + batch * seq * 8),
         ("fused/swiglu/bf16/16384x11008", "swiglu", [tokens, 2 * ffn],
          lambda: (randn(tokens, 2 * ffn),), swiglu, 3 * nbytes(tokens, ffn)),
+        ("fused/fp8_amax/bf16/16384x4096", "fp8_amax", big, lambda: (randn(*big),), fp8_amax,
+         nbytes(*big)),
+        ("fused/fp8_cast/bf16/16384x4096", "fp8_cast", big, lambda: (randn(*big), scale3()),
+         fp8_cast, 1.5 * nbytes(*big)),
+        ("fused/fp8_cast_transpose/bf16/16384x4096", "fp8_cast_transpose", big,
+         lambda: (randn(*big), scale3()), fp8_cast_transpose, 2 * nbytes(*big)),
     ]
     make_rms_bwd, run_bwd = backward_of(rms_norm, 2)
     make_swiglu_bwd, _ = backward_of(swiglu, 1)

@@ -50,6 +50,27 @@ void cast_to_fp8_into(const Tensor& x, const Tensor& scale, const Tensor& q, con
   ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8, dense, scale, q, amax);
 }
 
+Tensor fp8_amax(const Tensor& x) {
+  du::check_defined(x, "fp8_amax", "x");
+  Tensor amax = empty({1}, DType::f32, x.device());
+  fp8_amax_into(x, amax);
+  return amax;
+}
+
+void fp8_amax_into(const Tensor& x, const Tensor& amax) {
+  constexpr const char* op = "fp8_amax";
+  NoGradGuard no_grad;
+  check_cast(x, nullptr, DType::f8e4m3, op);
+  du::check_defined(amax, op, "amax");
+  du::check_device_scalar(amax, x.device(), op, "amax", "x");
+  if (x.numel() == 0) {
+    du::fill(amax, 0.0);  // as cast_to_fp8's
+    return;
+  }
+  const Tensor dense = x.contiguous();
+  ACCRUE_BACKEND_CALL(x.device(), fp8_amax, dense, amax);
+}
+
 Fp8CastTranspose cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, DType out_dtype) {
   constexpr const char* op = "cast_to_fp8_transpose";
   check_cast(x, &scale, out_dtype, op);

@@ -55,6 +55,13 @@ Fp8Cast cast_to_fp8(const Tensor& x, const Tensor& scale, DType out_dtype);
 // amax f32 [1]; both on x's device.
 void cast_to_fp8_into(const Tensor& x, const Tensor& scale, const Tensor& q, const Tensor& amax);
 
+// max |x| as f32 [1] on x's device (NaN when any element is NaN, 0 for an
+// empty x): the amax of cast_to_fp8 from one read of x and no codes, what
+// current scaling takes before the cast (Note [FP8 scaling]).
+Tensor fp8_amax(const Tensor& x);
+// The same into the caller's amax (f32 [1] on x's device).
+void fp8_amax_into(const Tensor& x, const Tensor& amax);
+
 // cast_to_fp8 of a 2-D x [M, K] with q^T as well: q [M, K] and q_t [K, M],
 // both contiguous, from one read of x (Note [FP8 cast-transpose]), the
 // K-contiguous copies that the data and weight gradients' GEMMs take (Note

@@ -25,7 +25,7 @@ void Fp8WeightCopies::add(size_t slot, const std::string& name, const Tensor& pa
          {accrue::empty({n, k}, dtype_, d), accrue::empty({k, n}, dtype_, d),
           accrue::empty({1}, DType::f32, d)},
          accrue::empty({1}, DType::f32, d),
-         accrue::ones({1}, DType::f32, d),  // defined before the first amax pass reads it
+         accrue::empty({1}, DType::f32, d),
          accrue::empty({1}, DType::f32, d)};
   cast(c);
   copies_.push_back(std::move(c));
@@ -35,10 +35,8 @@ void Fp8WeightCopies::cast(Copy& c) const {
   NoGradGuard no_grad;
   const Tensor w = detach(c.param);
   // Current scaling (Note [FP8 scaling]): the amax of the weight as it is now,
-  // from a cast into the codes' own buffer, which the cast below overwrites
-  // (amax is max |w| whatever the scale: the last one serves): no allocation
-  // in the close.
-  kernels::cast_to_fp8_into(w, c.scale, c.weight.q, c.amax);
+  // one read of it into the copy's own amax: no allocation in the close.
+  kernels::fp8_amax_into(w, c.amax);
   kernels::fp8_scale_from_amax_into(c.amax, dtype_, margin_, /*power_of_two=*/false, c.scale,
                                     c.weight.scale_inv);
   kernels::cast_to_fp8_transpose_into(w, c.scale, c.weight.q, c.weight.q_t, c.cast_amax);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "accrue/core/parallel.h"
@@ -24,40 +25,51 @@ void visit_fp8(DType t, const char* op, F&& f) {
   }
 }
 
+// max |x| over x (NaN when any is NaN) and, with Q not void, q = the codes of
+// x * s. A max is exact and commutative: the chunks' order cannot change it.
+template <class T, class Q>
+float cast_and_amax(const T* px, int64_t n, float s, uint8_t* pq) {
+  float max_abs = 0.0f;
+  bool nan = false;
+  std::mutex merge;
+  parallel_for(0, n, kParallelWork, [&](int64_t i0, int64_t i1) {
+    float chunk_max = 0.0f;
+    bool chunk_nan = false;
+    for (int64_t i = i0; i < i1; ++i) {
+      const float v = static_cast<float>(px[i]);
+      const float a = std::fabs(v);
+      if (std::isnan(a))
+        chunk_nan = true;
+      else if (a > chunk_max)
+        chunk_max = a;
+      if constexpr (!std::is_void_v<Q>)
+        pq[i] = Q::encode(v * s);  // one f32 rounding, as on the device
+    }
+    std::lock_guard<std::mutex> lock(merge);
+    nan = nan || chunk_nan;
+    if (chunk_max > max_abs) max_abs = chunk_max;
+  });
+  return nan ? std::numeric_limits<float>::quiet_NaN() : max_abs;
+}
+
 }  // namespace
 
 void cast_to_fp8(const Tensor& x, const Tensor& scale, const Tensor& q, const Tensor& amax) {
   const float s = scale.data<float>()[0];
-  float max_abs = 0.0f;
-  bool nan = false;
-  std::mutex merge;
   visit_float(x.dtype(), "cast_to_fp8", [&](auto tag) {
     using T = decltype(tag);
-    const T* px = ptr<T>(x);
     visit_fp8(q.dtype(), "cast_to_fp8", [&](auto qtag) {
-      using Q = decltype(qtag);
-      uint8_t* pq = static_cast<uint8_t*>(q.data_ptr());
-      // A max is exact and commutative: the chunks' order cannot change amax.
-      parallel_for(0, x.numel(), kParallelWork, [&](int64_t i0, int64_t i1) {
-        float chunk_max = 0.0f;
-        bool chunk_nan = false;
-        for (int64_t i = i0; i < i1; ++i) {
-          const float v = static_cast<float>(px[i]);
-          const float a = std::fabs(v);
-          if (std::isnan(a))
-            chunk_nan = true;
-          else if (a > chunk_max)
-            chunk_max = a;
-          const float p = v * s;  // one f32 rounding, as on the device
-          pq[i] = Q::encode(p);
-        }
-        std::lock_guard<std::mutex> lock(merge);
-        nan = nan || chunk_nan;
-        if (chunk_max > max_abs) max_abs = chunk_max;
-      });
+      amax.data<float>()[0] = cast_and_amax<T, decltype(qtag)>(ptr<T>(x), x.numel(), s,
+                                                               static_cast<uint8_t*>(q.data_ptr()));
     });
   });
-  amax.data<float>()[0] = nan ? std::numeric_limits<float>::quiet_NaN() : max_abs;
+}
+
+void fp8_amax(const Tensor& x, const Tensor& amax) {
+  visit_float(x.dtype(), "fp8_amax", [&](auto tag) {
+    using T = decltype(tag);
+    amax.data<float>()[0] = cast_and_amax<T, void>(ptr<T>(x), x.numel(), 1.0f, nullptr);
+  });
 }
 
 // Note [FP8 cast-transpose]: the codes of cast_to_fp8, then their transpose.

@@ -3,17 +3,25 @@
 //
 // Note [FP8 cast kernel]
 // ~~~~~~~~~~~~~~~~~~~~~~
-// A grid-stride loop over x: each thread multiplies in f32, rounds through
-// cuda_fp8.h's satfinite conversion (the bytes of core's host encoder, Note
-// [FP8 dtypes]) and keeps the largest |x| it saw as the bits of a
+// A grid-stride loop over x in 16-byte packs (8 bf16/f16 or 4 f32 values;
+// one element at a time when x or q is not aligned for them): each thread
+// multiplies in f32, rounds through cuda_fp8.h's satfinite conversion (the
+// bytes of core's host encoder, Note [FP8 dtypes]), stores the pack's codes
+// as one 8- or 4-byte word and keeps the largest |x| it saw as the bits of a
 // non-negative float, NaN as 0x7fc00000, which compares above every finite
 // value and infinity. The block reduces these with a warp max and a shared
 // array, and one atomicMax per block merges them into amax, zeroed before the
 // launch. An unsigned max is exact and order-free, so amax is the same bits
-// whatever the blocks' order (Note [Determinism]). Not yet measured against
-// the copy rate; 16-byte packs are the obvious next step.
+// whatever the blocks' order (Note [Determinism]). The grid is capped at a
+// few blocks per SM: a block per 256 elements (the first version, 65,535
+// blocks on a 25 MB tensor) queued tens of thousands of atomics on one
+// address and ran at a third of the copy rate (measured with ncu on an H200,
+// 27.8 us for what moves in 9). fp8_amax is the same loop without the codes:
+// current scaling reads x once for its amax before the cast reads it again.
 #include <cstdint>
+#include <type_traits>
 
+#include "accrue/core/cuda_pack.cuh"
 #include "accrue/core/cuda_types.cuh"
 #include "accrue/kernels/fp8_backend.h"
 
@@ -31,19 +39,25 @@ __device__ __forceinline__ uint32_t abs_bits(float v) {
   return isnan(a) ? kNanBits : __float_as_uint(a);
 }
 
-template <class T, class Q>
-__global__ void __launch_bounds__(kThreads)
-    cast_to_fp8_kernel(const T* __restrict__ x, const float* __restrict__ scale, Q* __restrict__ q,
-                       uint32_t* __restrict__ amax_bits, int64_t n) {
-  const float s = *scale;
-  uint32_t local = 0;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const float v = cu::convert<float>(x[i]);
-    local = max(local, abs_bits(v));
-    q[i] = Q(v * s);  // __NV_SATFINITE, round to nearest even
-  }
+// Blocks per SM for the grid-stride kernels: enough to keep the loads in
+// flight, few enough that the per-block atomics do not queue.
+constexpr int kBlocksPerSm = 8;
+
+int sm_count(int device) {
+  int sms = 0;
+  ACCRUE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+// The grid of a grid-stride loop over `items` with kThreads per block.
+unsigned capped_grid(int64_t items, int device) {
+  return cu::grid_for(items, kThreads, int64_t{kBlocksPerSm} * sm_count(device));
+}
+
+// Merges each thread's max bits into *amax_bits: a warp max, a shared array,
+// one atomicMax per block (Note [FP8 cast kernel]). Every thread of the
+// block (kThreads, one dimension) must call it.
+__device__ __forceinline__ void merge_amax(uint32_t local, uint32_t* amax_bits) {
   local = __reduce_max_sync(0xffffffffu, local);
   __shared__ uint32_t warp_max[kThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -54,6 +68,61 @@ __global__ void __launch_bounds__(kThreads)
     m = __reduce_max_sync(0xffffffffu, m);
     if (lane == 0 && m != 0u) atomicMax(amax_bits, m);
   }
+}
+
+// V elements per pack (V = 1: element by element). With Q = void only the
+// amax is taken (fp8_amax). n elements; packs of V cover n / V * V of them
+// and the rest (fewer than V) go one per thread.
+template <class T, class Q, int V>
+__global__ void __launch_bounds__(kThreads)
+    cast_to_fp8_kernel(const T* __restrict__ x, const float* __restrict__ scale,
+                       uint8_t* __restrict__ q, uint32_t* __restrict__ amax_bits, int64_t n) {
+  constexpr bool kCodes = !std::is_void_v<Q>;
+  float s = 1.0f;
+  if constexpr (kCodes) s = *scale;
+  uint32_t local = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t packs = n / V;
+  for (int64_t i = first; i < packs; i += stride) {
+    const cu::Pack<T, V> in = cu::load_pack<V>(x, i);
+    if constexpr (kCodes) {
+      cu::Pack<uint8_t, V> out;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float v = cu::convert<float>(in.v[j]);
+        local = max(local, abs_bits(v));
+        out.v[j] = Q(v * s).__x;  // __NV_SATFINITE, round to nearest even
+      }
+      cu::store_pack<V>(q, i, out);
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        local = max(local, abs_bits(cu::convert<float>(in.v[j])));
+    }
+  }
+  for (int64_t i = packs * V + first; i < n; i += stride) {
+    const float v = cu::convert<float>(x[i]);
+    local = max(local, abs_bits(v));
+    if constexpr (kCodes) q[i] = Q(v * s).__x;
+  }
+  merge_amax(local, amax_bits);
+}
+
+// Launches cast_to_fp8_kernel<T, Q, V> with the widest V that x and q allow.
+template <class T, class Q>
+void launch_cast(const T* x, const float* scale, uint8_t* q, uint32_t* amax_bits, int64_t n,
+                 int device, cudaStream_t stream) {
+  constexpr int kV = 16 / sizeof(T);
+  const bool packed = cu::pack_aligned<kV>(x) && (q == nullptr || cu::pack_aligned<kV>(q));
+  if (packed) {
+    cast_to_fp8_kernel<T, Q, kV>
+        <<<capped_grid(n / kV, device), kThreads, 0, stream>>>(x, scale, q, amax_bits, n);
+  } else {
+    cast_to_fp8_kernel<T, Q, 1>
+        <<<capped_grid(n, device), kThreads, 0, stream>>>(x, scale, q, amax_bits, n);
+  }
+  ACCRUE_LAUNCH_CHECK();
 }
 
 // Note [FP8 block scaling]: one block per tile, kBlockThreads threads
@@ -77,20 +146,83 @@ __device__ __forceinline__ uint32_t block_max(uint32_t v, uint32_t* shared) {
 
 // Note [FP8 cast-transpose]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
-// q and q^T from one read of x: a block of 32 x 8 threads takes 32 x 32
-// tiles grid-stride, casts each element once (the codes of cast_to_fp8),
-// writes q along rows and keeps the codes in shared memory, then writes q^T
-// along its rows from the tile (rows padded so the column reads meet no bank
-// twice). amax as Note [FP8 cast kernel]. Byte stores, not yet measured:
-// packing four codes per store is the obvious next step.
+// q and q^T from one read of x, in 64 x 64 tiles taken grid-stride by
+// blocks of 256 threads (the grid capped as Note [FP8 cast kernel]'s, one
+// atomicMax per block). Each thread reads a 16-byte pack of a tile row,
+// casts it (the codes of cast_to_fp8), writes its codes to q as one word and
+// to a shared tile; then each thread gathers 8 codes down a tile column and
+// writes them to q^T as one 8-byte word, eight threads covering 64 bytes of
+// a q^T row. Rows of the shared tile are padded to 68 bytes, so the column
+// gathers meet a bank at most twice. That needs K a multiple of the pack
+// (8 for bf16/f16, 4 for f32), M a multiple of 8 and aligned buffers, which
+// every FP8 GEMM operand satisfies (Note [FP8 GEMM]: multiples of 16);
+// other shapes take a 32 x 32 tile element by element (the first version,
+// byte stores, at 0.2-0.4 of the copy rate on an H200).
+constexpr int kTile = 64;
+constexpr int kTilePad = 4;
+
+template <class T, class Q>
+__global__ void __launch_bounds__(kThreads)
+    cast_transpose_packed_kernel(const T* __restrict__ x, int64_t m, int64_t k,
+                                 const float* __restrict__ scale, uint8_t* __restrict__ q,
+                                 uint8_t* __restrict__ q_t, uint32_t* __restrict__ amax_bits) {
+  constexpr int V = 16 / sizeof(T);        // elements per pack
+  constexpr int kPacksPerRow = kTile / V;  // packs per tile row
+  constexpr int kRowsPerPass = kThreads / kPacksPerRow;
+  constexpr int kChunk = 8;  // codes per q^T store
+  constexpr int kColsPerPass = kThreads / (kTile / kChunk);
+  __shared__ __align__(16) uint8_t tile[kTile][kTile + kTilePad];
+  const float s = *scale;
+  const int64_t tiles_k = (k + kTile - 1) / kTile;
+  const int64_t tiles = (m + kTile - 1) / kTile * tiles_k;
+  const int pack = threadIdx.x % kPacksPerRow, chunk = threadIdx.x % (kTile / kChunk);
+  uint32_t local = 0;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t r0 = (t / tiles_k) * kTile, c0 = (t % tiles_k) * kTile;
+    const int64_t c = c0 + pack * V;
+    for (int j = threadIdx.x / kPacksPerRow; j < kTile; j += kRowsPerPass) {
+      const int64_t r = r0 + j;
+      if (r >= m || c >= k) continue;  // K % V == 0: a pack is all in or all out
+      const cu::Pack<T, V> in = cu::load_pack<V>(x + r * k + c, 0);
+      cu::Pack<uint8_t, V> out;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float v = cu::convert<float>(in.v[e]);
+        local = max(local, abs_bits(v));
+        out.v[e] = Q(v * s).__x;
+      }
+      cu::store_pack<V>(q + r * k + c, 0, out);
+#pragma unroll
+      for (int w = 0; w < V / 4; ++w)  // tile rows are 4-byte aligned
+        reinterpret_cast<uint32_t*>(&tile[j][pack * V])[w] =
+            reinterpret_cast<const uint32_t*>(out.v)[w];
+    }
+    __syncthreads();
+    const int64_t r = r0 + chunk * kChunk;  // M % 8 == 0: a chunk is all in or all out
+    for (int jc = threadIdx.x / (kTile / kChunk); jc < kTile; jc += kColsPerPass) {
+      const int64_t col = c0 + jc;  // row col of q^T, columns r .. r + 7
+      if (col >= k || r >= m) continue;
+      cu::Pack<uint8_t, kChunk> out;
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e)
+        out.v[e] = tile[chunk * kChunk + e][jc];
+      cu::store_pack<kChunk>(q_t + col * m + r, 0, out);
+    }
+    __syncthreads();
+  }
+  merge_amax(local, amax_bits);
+}
+
+// The element-by-element fallback for shapes and buffers the packed kernel
+// cannot take.
 constexpr int kTransposeTile = 32;
 constexpr int kTransposeRows = 8;
 
 template <class T, class Q>
 __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
-    cast_transpose_kernel(const T* __restrict__ x, int64_t m, int64_t k,
-                          const float* __restrict__ scale, uint8_t* __restrict__ q,
-                          uint8_t* __restrict__ q_t, uint32_t* __restrict__ amax_bits) {
+    cast_transpose_scalar_kernel(const T* __restrict__ x, int64_t m, int64_t k,
+                                 const float* __restrict__ scale, uint8_t* __restrict__ q,
+                                 uint8_t* __restrict__ q_t, uint32_t* __restrict__ amax_bits) {
   __shared__ uint8_t tile[kTransposeTile][kTransposeTile + 4];
   __shared__ uint32_t warp_max[kTransposeRows];
   const float s = *scale;
@@ -168,17 +300,27 @@ void cast_to_fp8(const Tensor& x, const Tensor& scale, const Tensor& q, const Te
   const int dev = x.device().index;
   cu::DeviceScope scope(dev);
   cudaStream_t stream = cu::stream_for(dev);
-  const int64_t n = x.numel();
   ACCRUE_CUDA_CHECK(cudaMemsetAsync(amax.data_ptr(), 0, sizeof(float), stream));
   cu::visit_float_dtype(x.dtype(), "cast_to_fp8", [&](auto tag) {
     using T = decltype(tag);
     visit_fp8(q.dtype(), [&](auto qtag) {
-      using Q = decltype(qtag);
-      cast_to_fp8_kernel<T, Q><<<cu::grid_for(n, kThreads, 65535), kThreads, 0, stream>>>(
+      launch_cast<T, decltype(qtag)>(
           static_cast<const T*>(x.data_ptr()), static_cast<const float*>(scale.data_ptr()),
-          static_cast<Q*>(q.data_ptr()), static_cast<uint32_t*>(amax.data_ptr()), n);
-      ACCRUE_LAUNCH_CHECK();
+          static_cast<uint8_t*>(q.data_ptr()), static_cast<uint32_t*>(amax.data_ptr()), x.numel(),
+          dev, stream);
     });
+  });
+}
+
+void fp8_amax(const Tensor& x, const Tensor& amax) {
+  const int dev = x.device().index;
+  cu::DeviceScope scope(dev);
+  cudaStream_t stream = cu::stream_for(dev);
+  ACCRUE_CUDA_CHECK(cudaMemsetAsync(amax.data_ptr(), 0, sizeof(float), stream));
+  cu::visit_float_dtype(x.dtype(), "fp8_amax", [&](auto tag) {
+    using T = decltype(tag);
+    launch_cast<T, void>(static_cast<const T*>(x.data_ptr()), nullptr, nullptr,
+                         static_cast<uint32_t*>(amax.data_ptr()), x.numel(), dev, stream);
   });
 }
 
@@ -218,11 +360,24 @@ void cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, const Tensor& q
     using T = decltype(tag);
     visit_fp8(q.dtype(), [&](auto qtag) {
       using Q = decltype(qtag);
-      const dim3 block(kTransposeTile, kTransposeRows);
-      cast_transpose_kernel<T, Q><<<cu::grid_for(tiles, 1, 65535), block, 0, stream>>>(
-          static_cast<const T*>(x.data_ptr()), m, k, static_cast<const float*>(scale.data_ptr()),
-          static_cast<uint8_t*>(q.data_ptr()), static_cast<uint8_t*>(q_t.data_ptr()),
-          static_cast<uint32_t*>(amax.data_ptr()));
+      const auto* px = static_cast<const T*>(x.data_ptr());
+      const auto* ps = static_cast<const float*>(scale.data_ptr());
+      auto* pq = static_cast<uint8_t*>(q.data_ptr());
+      auto* pt = static_cast<uint8_t*>(q_t.data_ptr());
+      auto* pa = static_cast<uint32_t*>(amax.data_ptr());
+      constexpr int kV = 16 / sizeof(T);
+      if (k % kV == 0 && m % 8 == 0 && cu::pack_aligned<kV>(px) && cu::pack_aligned<kV>(pq) &&
+          cu::pack_aligned<8>(pt)) {
+        const int64_t big_tiles = (m + kTile - 1) / kTile * ((k + kTile - 1) / kTile);
+        cast_transpose_packed_kernel<T, Q>
+            <<<cu::grid_for(big_tiles, 1, int64_t{kBlocksPerSm} * sm_count(dev)), kThreads, 0,
+               stream>>>(px, m, k, ps, pq, pt, pa);
+      } else {
+        const dim3 block(kTransposeTile, kTransposeRows);
+        cast_transpose_scalar_kernel<T, Q>
+            <<<cu::grid_for(tiles, 1, int64_t{kBlocksPerSm} * sm_count(dev)), block, 0, stream>>>(
+                px, m, k, ps, pq, pt, pa);
+      }
       ACCRUE_LAUNCH_CHECK();
     });
   });

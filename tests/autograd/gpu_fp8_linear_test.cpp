@@ -17,6 +17,10 @@ namespace {
 
 const Device kGpu = Device::cuda(0);
 
+// An f32 output of an FP8 GEMM against the CPU's exactly summed one: a few
+// times 2^-13, Hopper's FP8 accumulator precision (Note [FP8 GEMM]).
+constexpr double kFp8GemmF32 = 5e-4;
+
 // A fresh leaf on `d`: `t.to(d)` is `t` itself when it is already there, and
 // requires_grad_ would then mark the shared input for the other device's run.
 Tensor leaf(const Tensor& t, Device d) {
@@ -41,14 +45,19 @@ TEST(GpuFp8Linear, output_and_gradients_match_the_cpu) {
   const char* names[] = {"y", "dx", "dW", "db"};
   for (size_t i = 0; i < cpu.size(); ++i) {
     EXPECT_EQ(gpu[i].dtype(), cpu[i].dtype()) << names[i];
-    // bf16 outputs (y, dx) can differ by one rounding step of bf16.
-    const double tol = cpu[i].dtype() == DType::bf16 ? 1e-2 : 1e-5;
+    // bf16 outputs (y, dx) can differ by one rounding step of bf16. dW is
+    // an f32 FP8 GEMM output: the CPU sums exact products in double, while
+    // Hopper's FP8 tensor cores keep about 14 bits of a partial sum between
+    // cuBLASLt's promotions to f32 (Note [FP8 GEMM]), so the two differ by
+    // up to about 2^-13 of the sum (6.2e-5 measured on an H200).
+    // db is a plain f32 reduction.
+    const double tol = cpu[i].dtype() == DType::bf16 ? 1e-2 : i == 2 ? kFp8GemmF32 : 1e-5;
     EXPECT_LT(test::relative_error(gpu[i], cpu[i]), tol) << names[i];
   }
 }
 
 // Three micro-batches into the fp32 slot on the GPU (beta 0, then 1): the
-// slot as the CPU's, within f32 rounding.
+// slot as the CPU's, within the FP8 accumulator's rounding (kFp8GemmF32).
 TEST(GpuFp8Linear, micro_batches_accumulate_into_the_slot_as_on_the_cpu) {
   ACCRUE_REQUIRE_CUDA();
   constexpr int64_t M = 32, K = 64, N = 32, kMicro = 3;
@@ -71,7 +80,7 @@ TEST(GpuFp8Linear, micro_batches_accumulate_into_the_slot_as_on_the_cpu) {
     }
     return store.grad_view(0).to(Device::cpu());
   };
-  EXPECT_LT(test::relative_error(slot(kGpu), slot(Device::cpu())), 1e-5);
+  EXPECT_LT(test::relative_error(slot(kGpu), slot(Device::cpu())), kFp8GemmF32);
 }
 
 }  // namespace

@@ -123,6 +123,43 @@ TEST(Fp8Cast, strided_input_and_planted_values) {
   EXPECT_EQ(cast_to_fp8(empty({0, 4}), scalar(1.0f), DType::f8e4m3).amax.data<float>()[0], 0.0f);
 }
 
+// fp8_amax is the cast's amax without the codes: the same bits on random,
+// strided, 16-bit and planted inputs, 0 for an empty x.
+TEST(Fp8Amax, equals_the_casts_amax) {
+  auto same = [](const Tensor& x) {
+    const float want = cast_to_fp8(x, scalar(3.0f), DType::f8e4m3).amax.data<float>()[0];
+    const float got = kernels::fp8_amax(x).data<float>()[0];
+    return std::memcmp(&want, &got, 4) == 0 || (std::isnan(want) && std::isnan(got));
+  };
+  for (DType xd : {DType::f32, DType::bf16, DType::f16}) {
+    const Tensor x = test::random_normal({3001}, xd, Device::cpu(), 40.0);
+    EXPECT_TRUE(same(x)) << dtype_name(xd);
+    EXPECT_GT(kernels::fp8_amax(x).data<float>()[0], 0.0f);
+  }
+  EXPECT_TRUE(same(test::random_normal({64, 48}, DType::f32).transpose(0, 1)));
+  Tensor y = test::random_normal({300}, DType::f32);
+  y.data<float>()[7] = -1e5f;
+  EXPECT_EQ(kernels::fp8_amax(y).data<float>()[0], 1e5f);
+  y.data<float>()[11] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(kernels::fp8_amax(y).data<float>()[0], std::numeric_limits<float>::infinity());
+  y.data<float>()[200] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(kernels::fp8_amax(y).data<float>()[0]));
+  EXPECT_EQ(kernels::fp8_amax(empty({0, 4})).data<float>()[0], 0.0f);
+  // Into the caller's amax, whatever it held.
+  Tensor amax = full({1}, 7.0, DType::f32);
+  kernels::fp8_amax_into(from_vector<float>({-2.0f, 1.0f}, {2}), amax);
+  EXPECT_EQ(amax.data<float>()[0], 2.0f);
+}
+
+TEST(Fp8Amax, bad_inputs_name_the_op_and_values) {
+  const Tensor x = test::random_normal({4, 8});
+  EXPECT_ERROR(kernels::fp8_amax(x.to(DType::f64)), "fp8_amax", "f64", "f32, bf16 or f16");
+  EXPECT_ERROR(kernels::fp8_amax(x.to(DType::i32)), "fp8_amax", "i32");
+  EXPECT_ERROR(kernels::fp8_amax(Tensor()), "fp8_amax", "x", "undefined");
+  EXPECT_ERROR(kernels::fp8_amax_into(x, empty({2}, DType::f32)), "fp8_amax", "amax", "[2]");
+  EXPECT_ERROR(kernels::fp8_amax_into(x, Tensor()), "fp8_amax", "amax", "undefined");
+}
+
 TEST(Fp8Scale, current_scaling_rule_and_guards) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();

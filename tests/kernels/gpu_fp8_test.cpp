@@ -83,7 +83,16 @@ TEST(GpuFp8, scaled_casts_and_amax_match_the_cpu_bit_for_bit) {
           const auto gpu = cast_to_fp8(x.to(kGpu), s.to(kGpu), d);
           EXPECT_TRUE(same_codes(gpu.q, cpu.q)) << dtype_name(xd) << dtype_name(d) << n;
           EXPECT_TRUE(same_float_bits(gpu.amax, cpu.amax)) << n;
+          EXPECT_TRUE(same_float_bits(kernels::fp8_amax(x.to(kGpu)), cpu.amax)) << n;
         }
+        // One element in: a view no 16-byte pack fits, element by element.
+        if (n < 3) continue;
+        const Tensor xo = x.narrow(0, 1, n - 1), s = from_vector<float>({37.3f}, {1});
+        const auto cpu = cast_to_fp8(xo, s, d);
+        const auto gpu = cast_to_fp8(x.to(kGpu).narrow(0, 1, n - 1), s.to(kGpu), d);
+        EXPECT_TRUE(same_codes(gpu.q, cpu.q)) << "offset view " << dtype_name(xd) << n;
+        EXPECT_TRUE(same_float_bits(gpu.amax, cpu.amax));
+        EXPECT_TRUE(same_float_bits(kernels::fp8_amax(x.to(kGpu).narrow(0, 1, n - 1)), cpu.amax));
       }
     }
   }
@@ -93,9 +102,12 @@ TEST(GpuFp8, scaled_casts_and_amax_match_the_cpu_bit_for_bit) {
   const Tensor one = from_vector<float>({1.0f}, {1});
   EXPECT_TRUE(same_float_bits(cast_to_fp8(y.to(kGpu), one.to(kGpu), DType::f8e4m3).amax,
                               cast_to_fp8(y, one, DType::f8e4m3).amax));
+  EXPECT_TRUE(
+      same_float_bits(kernels::fp8_amax(y.to(kGpu)), cast_to_fp8(y, one, DType::f8e4m3).amax));
   y.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
   const auto g = cast_to_fp8(y.to(kGpu), one.to(kGpu), DType::f8e5m2);
   EXPECT_TRUE(std::isnan(g.amax.to(Device::cpu()).data<float>()[0]));
+  EXPECT_TRUE(std::isnan(kernels::fp8_amax(y.to(kGpu)).to(Device::cpu()).data<float>()[0]));
   EXPECT_TRUE(same_codes(g.q, cast_to_fp8(y, one, DType::f8e5m2).q));
 }
 
@@ -117,16 +129,29 @@ TEST(GpuFp8, blockwise_casts_match_the_cpu_bit_for_bit) {
 
 TEST(GpuFp8, cast_transpose_matches_the_cpu_bit_for_bit) {
   ACCRUE_REQUIRE_CUDA();
-  for (DType xd : {DType::f32, DType::bf16})
+  // Note [FP8 cast-transpose]: packed 64 x 64 tiles where K is a multiple of
+  // the pack and M of 8 (768 x 3072, 1000 x 72 with partial edge tiles,
+  // 136 x 200 for f32 only), element by element elsewhere (1 x 1, 31 x 33,
+  // 1000 x 70, and 136 x 200 in 16 bits), and for an x no pack fits.
+  for (DType xd : {DType::f32, DType::bf16, DType::f16})
     for (DType d : {DType::f8e4m3, DType::f8e5m2})
-      for (auto [m, k] : {std::pair<int64_t, int64_t>{1, 1}, {31, 33}, {768, 3072}, {1000, 70}}) {
-        Tensor x = test::random_normal({m, k}, xd, Device::cpu(), 5.0);
+      for (auto [m, k] : {std::pair<int64_t, int64_t>{1, 1},
+                          {31, 33},
+                          {768, 3072},
+                          {1000, 70},
+                          {1000, 72},
+                          {136, 200}}) {
+        const Tensor flat = test::random_normal({m * k + 1}, xd, Device::cpu(), 5.0);
         const Tensor s = from_vector<float>({3.0f}, {1});
-        const auto cpu = kernels::cast_to_fp8_transpose(x, s, d);
-        const auto gpu = kernels::cast_to_fp8_transpose(x.to(kGpu), s.to(kGpu), d);
-        EXPECT_TRUE(same_codes(gpu.q, cpu.q)) << m << "x" << k;
-        EXPECT_TRUE(same_codes(gpu.q_t, cpu.q_t)) << m << "x" << k;
-        EXPECT_TRUE(same_float_bits(gpu.amax, cpu.amax));
+        for (int64_t offset : {0, 1}) {
+          const Tensor x = flat.narrow(0, offset, m * k).view({m, k});
+          const auto cpu = kernels::cast_to_fp8_transpose(x, s, d);
+          const auto gpu = kernels::cast_to_fp8_transpose(
+              flat.to(kGpu).narrow(0, offset, m * k).view({m, k}), s.to(kGpu), d);
+          EXPECT_TRUE(same_codes(gpu.q, cpu.q)) << m << "x" << k << " offset " << offset;
+          EXPECT_TRUE(same_codes(gpu.q_t, cpu.q_t)) << m << "x" << k << " offset " << offset;
+          EXPECT_TRUE(same_float_bits(gpu.amax, cpu.amax));
+        }
       }
 }
 
