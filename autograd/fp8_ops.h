@@ -60,9 +60,35 @@ struct Fp8Weight {
 };
 Fp8Weight fp8_weight(const Tensor& weight, DType dtype = DType::f8e4m3, int margin = 0);
 
+// Note [FP8 shared input]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Layers that read one input (a Llama block's q, k and v projections; gate
+// and up) need the same codes of it: current scaling gives the same amax,
+// scale and codes whichever layer casts it. fp8_input casts x once (its
+// amax, the cast and the transposed codes, as fp8_linear would) and each
+// fp8_linear given it skips its own cast: the same bits as casting per
+// layer, two passes over x fewer per extra reader (measured as a third of a
+// Llama block's cast traffic). The cast holds x and fp8_linear checks that
+// it is given the same tensor, cast with its options' forward_dtype and
+// margin; like an Fp8Weight it is made from x's values now, so x must not
+// change in place between the cast and the layers that take it. No gradient
+// flows through it: each layer's gradient to x flows through its own x.
+struct Fp8Input {
+  Tensor x;          // the tensor cast
+  Tensor q, q_t;     // its codes [M, K] and their transpose [K, M], M = rows of x
+  Tensor scale_inv;  // f32 [1], NaN when x overflowed (Note [FP8 overflow])
+  DType dtype = DType::f8e4m3;
+  int margin = 0;
+};
+Fp8Input fp8_input(const Tensor& x, const Fp8LinearOptions& options = {});
+
 // y [..., N] = x [..., K] W^T + bias, W [N, K], bias [N] or undefined
 // (Note [FP8 linear]). Gradients to x, weight and bias as `linear`'s.
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8,
+                  const Tensor& bias = Tensor(), const Fp8LinearOptions& options = {});
+// The same with x's codes from fp8_input(x) (Note [FP8 shared input]); the
+// weight's copy as below. Per-tensor recipe only.
+Tensor fp8_linear(const Tensor& x, const Fp8Input& x8, const Tensor& weight,
                   const Tensor& bias = Tensor(), const Fp8LinearOptions& options = {});
 // The same with the FP8 copy the weight's store keeps (Note [Window FP8
 // weights] in optim/fp8_weights.h: cast once per window, at the close), or,

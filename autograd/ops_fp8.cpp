@@ -28,9 +28,7 @@ Tensor fp8_guarded_scale_inv(const Tensor& scale_inv, const Tensor& amax) {
 }
 
 Tensor fp8_amax(const Tensor& x) {
-  // cast_to_fp8's amax comes from one read of x, its throwaway codes a byte
-  // an element: less traffic than |x| written out and then reduced.
-  return kernels::cast_to_fp8(x, ones({1}, DType::f32, x.device()), DType::f8e4m3).amax;
+  return kernels::fp8_amax(x);
 }
 
 namespace {
@@ -172,15 +170,16 @@ Fp8Weight fp8_weight(const Tensor& weight, DType dtype, int margin) {
   return {c.cast.q, c.cast.q_t, c.scale_inv};
 }
 
-Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8, const Tensor& bias,
-                  const Fp8LinearOptions& o) {
-  ACCRUE_CHECK(o.recipe == Fp8Recipe::tensor,
-               "fp8_linear: a given FP8 weight copy is per-tensor; the block recipe casts the "
-               "weight itself (call fp8_linear without one)");
-  check_fp8_linear(x, weight, &w8, bias, o);
-  const int64_t n = weight.size(0), k = weight.size(1);
-  const ScaledCast cx = cast_current(detach(x).reshape({-1, k}), o.forward_dtype, o.margin);
-  Tensor y2 = kernels::fp8_matmul(cx.cast.q, w8.q, cx.scale_inv, w8.scale_inv, o.out_dtype);
+namespace {
+
+// fp8_linear of the per-tensor recipe with x's codes given (x_q, their
+// transpose x_codes_t and x_scale_inv), cast by the caller or shared (Note
+// [FP8 shared input]). The caller checks the arguments.
+Tensor fp8_linear_cast(const Tensor& x, const Tensor& x_q, const Tensor& x_codes_t,
+                       const Tensor& x_scale_inv, const Tensor& weight, const Fp8Weight& w8,
+                       const Tensor& bias, const Fp8LinearOptions& o) {
+  const int64_t n = weight.size(0);
+  Tensor y2 = kernels::fp8_matmul(x_q, w8.q, x_scale_inv, w8.scale_inv, o.out_dtype);
   if (bias.defined()) {
     const Tensor b = detach(bias);
     y2 = kernels::binary(kernels::BinaryOp::Add, y2,
@@ -195,7 +194,6 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8, co
   const Shape x_shape = x.shape();
   const DType x_dtype = x.dtype(), w_dtype = weight.dtype(),
               b_dtype = bias.defined() ? bias.dtype() : o.out_dtype;
-  const Tensor x_codes_t = cx.cast.q_t, x_scale_inv = cx.scale_inv;
   const SinkTarget w_target = autograd::sink_target(weight), b_target = autograd::sink_target(bias);
   const DType grad_dtype = o.grad_dtype;
   const int margin = o.margin;
@@ -237,6 +235,56 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8, co
         }
         return {dx, dw, db};
       });
+}
+
+void check_tensor_recipe(const Fp8LinearOptions& o) {
+  ACCRUE_CHECK(o.recipe == Fp8Recipe::tensor,
+               "fp8_linear: a given FP8 weight copy or input cast is per-tensor; the block recipe "
+               "casts the weight and x itself (call fp8_linear without them)");
+}
+
+}  // namespace
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8, const Tensor& bias,
+                  const Fp8LinearOptions& o) {
+  check_tensor_recipe(o);
+  check_fp8_linear(x, weight, &w8, bias, o);
+  const ScaledCast cx =
+      cast_current(detach(x).reshape({-1, weight.size(1)}), o.forward_dtype, o.margin);
+  return fp8_linear_cast(x, cx.cast.q, cx.cast.q_t, cx.scale_inv, weight, w8, bias, o);
+}
+
+Fp8Input fp8_input(const Tensor& x, const Fp8LinearOptions& o) {
+  check_tensor_recipe(o);
+  ACCRUE_CHECK(x.defined() && x.dim() >= 1 && is_gemm_output(x.dtype()),
+               "fp8_input: x must be f32, bf16 or f16 with at least one dimension, got ",
+               x.defined() ? dtype_name(x.dtype()) + std::string(" ") + shape_str(x.shape())
+                           : std::string("undefined"));
+  ACCRUE_CHECK(is_fp8(o.forward_dtype), "fp8_input: forward_dtype ", dtype_name(o.forward_dtype),
+               " must be an FP8 dtype (f8e4m3 or f8e5m2)");
+  const ScaledCast c = cast_current(detach(x).reshape({-1, x.size(-1)}), o.forward_dtype, o.margin);
+  return {x, c.cast.q, c.cast.q_t, c.scale_inv, o.forward_dtype, o.margin};
+}
+
+Tensor fp8_linear(const Tensor& x, const Fp8Input& x8, const Tensor& weight, const Tensor& bias,
+                  const Fp8LinearOptions& o) {
+  check_tensor_recipe(o);
+  ACCRUE_CHECK(x8.x.defined() && x.defined() && x8.x.is_same(x) && x8.dtype == o.forward_dtype &&
+                   x8.margin == o.margin,
+               "fp8_linear: the input cast (", x8.x.defined() ? shape_str(x8.x.shape()) : "none",
+               ", ", dtype_name(x8.dtype), ", margin ", x8.margin,
+               ") was not made by fp8_input from this x with these options (",
+               dtype_name(o.forward_dtype), ", margin ", o.margin, ")");
+  const Fp8Weight* kept = kept_fp8_weight(weight);
+  if (kept != nullptr) {
+    check_fp8_linear(x, weight, kept, bias, o);
+    return fp8_linear_cast(x, x8.q, x8.q_t, x8.scale_inv, weight, *kept, bias, o);
+  }
+  ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "fp8_linear: weight must be 2-D [out, in]",
+               weight.defined() ? ", got " + shape_str(weight.shape()) : std::string());
+  const Fp8Weight fresh = fp8_weight(weight);
+  check_fp8_linear(x, weight, &fresh, bias, o);
+  return fp8_linear_cast(x, x8.q, x8.q_t, x8.scale_inv, weight, fresh, bias, o);
 }
 
 const Fp8Weight* kept_fp8_weight(const Tensor& weight) {

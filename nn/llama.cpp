@@ -203,8 +203,10 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& positions,
   // tokens cut by cu_seqlens (varlen wants B == 1): the reshape is free.
   const bool packed = layout.is_packed();
   const int64_t Ba = packed ? 1 : B, Ta = packed ? B * T : T;
+  // Note [FP8 shared input]: q, k and v read x's codes from one cast.
+  const std::optional<Fp8Input> x8 = Linear::shared_fp8_input({q_proj_, k_proj_, v_proj_}, x);
   auto heads = [&](const Linear& proj, int64_t n, const RMSNorm* norm) {
-    Tensor h = reshape(proj.forward(x), {B, T, n, D});
+    Tensor h = reshape(proj.forward(x, x8 ? &*x8 : nullptr), {B, T, n, D});
     if (norm != nullptr) h = qk_norm(h, norm->weight(), norm->eps());
     if (&proj != v_proj_) h = rope(h, positions, c_.rope_theta, RopeStyle::RotateHalf, scaling);
     if (packed) h = reshape(h, {Ba, Ta, n, D});
@@ -233,7 +235,10 @@ LlamaMLP::LlamaMLP(const LlamaConfig& c, const ParamOptions& options) {
 
 Tensor LlamaMLP::forward(const Tensor& x) const {
   const NvtxRange range("accrue Llama MLP forward");  // Note [NVTX ranges]
-  return down_proj_->forward(swiglu(gate_proj_->forward(x), up_proj_->forward(x)));
+  // Note [FP8 shared input]: gate and up read x's codes from one cast.
+  const std::optional<Fp8Input> x8 = Linear::shared_fp8_input({gate_proj_, up_proj_}, x);
+  const Fp8Input* shared = x8 ? &*x8 : nullptr;
+  return down_proj_->forward(swiglu(gate_proj_->forward(x, shared), up_proj_->forward(x, shared)));
 }
 
 std::vector<Tensor> Llama::use_fp8(const Fp8LinearOptions& options) {

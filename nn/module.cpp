@@ -271,14 +271,39 @@ Linear::Linear(Tensor weight, Tensor bias) {
   if (bias.defined()) bias_ = register_parameter("bias", std::move(bias));
 }
 
+std::optional<Fp8LinearOptions> Linear::fp8_options_for(const Tensor& x) const {
+  if (!fp8_ || !x.defined() || !weight_.defined() || x.numel() % (16 * weight_.size(1)) != 0)
+    return std::nullopt;
+  Fp8LinearOptions o = *fp8_;
+  o.out_dtype = x.dtype();  // the layer composes with what follows it
+  return o;
+}
+
 Tensor Linear::forward(const Tensor& x) const {
+  return forward(x, nullptr);
+}
+
+Tensor Linear::forward(const Tensor& x, const Fp8Input* x8) const {
   const NvtxRange range("accrue Linear forward");  // Note [NVTX ranges]
-  if (fp8_ && x.defined() && weight_.defined() && x.numel() % (16 * weight_.size(1)) == 0) {
-    Fp8LinearOptions o = *fp8_;
-    o.out_dtype = x.dtype();  // the layer composes with what follows it
-    return fp8_linear(x, weight_, bias_, o);
+  if (const std::optional<Fp8LinearOptions> o = fp8_options_for(x)) {
+    return x8 != nullptr ? fp8_linear(x, *x8, weight_, bias_, *o)
+                         : fp8_linear(x, weight_, bias_, *o);
   }
   return linear(x, weight_, bias_);
+}
+
+std::optional<Fp8Input> Linear::shared_fp8_input(std::initializer_list<const Linear*> layers,
+                                                 const Tensor& x) {
+  std::optional<Fp8LinearOptions> first;
+  for (const Linear* l : layers) {
+    const std::optional<Fp8LinearOptions> o = l->fp8_options_for(x);
+    if (!o || o->recipe != Fp8Recipe::tensor) return std::nullopt;
+    if (first && (o->forward_dtype != first->forward_dtype || o->margin != first->margin))
+      return std::nullopt;
+    if (!first) first = o;
+  }
+  if (!first) return std::nullopt;
+  return fp8_input(x, *first);
 }
 
 std::vector<Tensor> use_fp8(Module& m, const Fp8LinearOptions& options) {

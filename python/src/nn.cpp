@@ -99,8 +99,10 @@ void bind_nn(nb::module_& m) {
           ACCRUE_PARAM_KWARGS,
           "W and b uniform(-1/sqrt(in), 1/sqrt(in)), as PyTorch (from `generator`, else the "
           "default one).")
-      .def("forward", &nn::Linear::forward, nb::arg("input"), "x W^T + b.")
-      .def("__call__", &nn::Linear::forward, nb::arg("input"), "forward(input).")
+      .def("forward", nb::overload_cast<const Tensor&>(&nn::Linear::forward, nb::const_),
+           nb::arg("input"), "x W^T + b.")
+      .def("__call__", nb::overload_cast<const Tensor&>(&nn::Linear::forward, nb::const_),
+           nb::arg("input"), "forward(input).")
       .def_prop_rw(
           "fp8", &nn::Linear::fp8,
           [](nn::Linear& l, bool on) {

@@ -343,6 +343,66 @@ TEST(Fp8Linear, block_recipe_gradients_and_the_slot) {
   EXPECT_TRUE(test::all_equal(detach(w), before));
 }
 
+// Note [FP8 shared input]: three layers reading one cast of x give the bits
+// of three layers casting it each: outputs, the summed gradient to x and
+// each weight's gradient.
+TEST(Fp8Linear, a_shared_input_cast_gives_the_bits_of_casting_per_layer) {
+  constexpr int64_t M = 32, K = 48, N = 16;
+  const Tensor x0 = test::random_normal({2, M / 2, K}, DType::bf16);
+  std::vector<Tensor> w0;
+  for (int i = 0; i < 3; ++i)
+    w0.push_back(test::random_normal({N, K}, DType::f32, Device::cpu(), 0.1));
+  auto run = [&](bool shared) {
+    Tensor x = requires_grad_(x0.clone());
+    std::vector<Tensor> ws;
+    for (const Tensor& w : w0)
+      ws.push_back(requires_grad_(w.clone()));
+    const Fp8Input x8 = fp8_input(x);
+    Tensor loss;
+    std::vector<Tensor> outs;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const Tensor y = shared ? fp8_linear(x, x8, ws[i]) : fp8_linear(x, ws[i]);
+      outs.push_back(detach(y));
+      const Tensor term = sum(to_dtype(y, DType::f32) * static_cast<double>(i + 1));
+      loss = loss.defined() ? loss + term : term;
+    }
+    backward(loss);
+    outs.push_back(grad(x));
+    for (const Tensor& w : ws)
+      outs.push_back(grad(w));
+    return outs;
+  };
+  const std::vector<Tensor> each = run(false), shared = run(true);
+  ASSERT_EQ(each.size(), shared.size());
+  for (size_t i = 0; i < each.size(); ++i)
+    EXPECT_TRUE(test::all_equal(shared[i], each[i])) << "result " << i;
+}
+
+TEST(Fp8Linear, a_shared_input_cast_is_refused_for_another_tensor_or_options) {
+  const Tensor x = test::random_normal({16, 32}, DType::f32);
+  const Tensor w = test::random_normal({16, 32}, DType::f32);
+  const Fp8Input x8 = fp8_input(x);
+  EXPECT_ERROR(fp8_linear(x.clone(), x8, w), "fp8_linear", "input cast", "[16, 32]",
+               "not made by fp8_input from this x");
+  Fp8LinearOptions o;
+  o.margin = 2;
+  EXPECT_ERROR(fp8_linear(x, x8, w, Tensor(), o), "fp8_linear", "margin 0", "margin 2");
+  o = Fp8LinearOptions();
+  o.forward_dtype = DType::f8e5m2;
+  EXPECT_ERROR(fp8_linear(x, x8, w, Tensor(), o), "fp8_linear", "f8e4m3", "f8e5m2");
+  EXPECT_ERROR(fp8_linear(x, Fp8Input{}, w), "fp8_linear", "input cast (none");
+  EXPECT_ERROR(fp8_linear(x, x8, w, Tensor(), block_recipe()), "fp8_linear", "per-tensor");
+  EXPECT_ERROR(fp8_input(x, block_recipe()), "fp8_linear", "per-tensor", "block recipe");
+  EXPECT_ERROR(fp8_input(x.to(DType::f64)), "fp8_input", "f64", "[16, 32]");
+  EXPECT_ERROR(fp8_input(Tensor()), "fp8_input", "undefined");
+  o = Fp8LinearOptions();
+  o.forward_dtype = DType::bf16;
+  EXPECT_ERROR(fp8_input(x, o), "fp8_input", "forward_dtype bf16");
+  // The weight side is checked as without a shared cast.
+  EXPECT_ERROR(fp8_linear(x, x8, test::random_normal({16, 24}, DType::f32)), "fp8_linear",
+               "[16, 32]", "[16, 24]");
+}
+
 TEST(Fp8Linear, bad_inputs_are_errors_naming_the_op_and_the_values) {
   const Tensor w = test::random_normal({16, 32}, DType::f32);
   const Fp8Weight w8 = fp8_weight(w);

@@ -68,5 +68,34 @@ TEST(Fp8Module, forward_is_fp8_linear_in_the_input_dtype_and_plain_for_odd_rows)
   EXPECT_TRUE(test::all_equal(detach(odd), detach(layer.forward(one))));
 }
 
+// Note [FP8 shared input]: layers that would cast x alike share one cast
+// (the same outputs as each casting it); any that would not (plain, another
+// margin or recipe, rows the FP8 GEMMs cannot take) get none.
+TEST(Fp8Module, shared_fp8_input_only_when_every_layer_casts_alike) {
+  Generator gen(6);
+  const nn::ParamOptions po{Device::cpu(), DType::f32, &gen};
+  nn::Linear a(32, 16, false, po), b(32, 48, false, po);
+  const Tensor x = test::random_normal({16, 32}, DType::f32);
+  EXPECT_FALSE(nn::Linear::shared_fp8_input({&a, &b}, x)) << "neither is FP8";
+  a.set_fp8(Fp8LinearOptions{});
+  EXPECT_FALSE(nn::Linear::shared_fp8_input({&a, &b}, x)) << "b is plain";
+  Fp8LinearOptions m2;
+  m2.margin = 2;
+  b.set_fp8(m2);
+  EXPECT_FALSE(nn::Linear::shared_fp8_input({&a, &b}, x)) << "margins differ";
+  Fp8LinearOptions block;
+  block.recipe = Fp8Recipe::block;
+  b.set_fp8(block);
+  EXPECT_FALSE(nn::Linear::shared_fp8_input({&a, &b}, x)) << "block recipe";
+  b.set_fp8(Fp8LinearOptions{});
+  EXPECT_FALSE(nn::Linear::shared_fp8_input({&a, &b}, test::random_normal({3, 32})))
+      << "3 rows run plain";
+  const std::optional<Fp8Input> x8 = nn::Linear::shared_fp8_input({&a, &b}, x);
+  ASSERT_TRUE(x8);
+  for (const nn::Linear* l : {&a, &b})
+    EXPECT_TRUE(test::all_equal(detach(l->forward(x, &*x8)), detach(l->forward(x))));
+  EXPECT_TRUE(test::all_equal(detach(a.forward(x, nullptr)), detach(a.forward(x))));
+}
+
 }  // namespace
 }  // namespace accrue
