@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 
+#include "accrue/core/cuda_runtime.h"
 #include "accrue/core/cuda_types.cuh"
 #include "accrue/kernels/cuda/cublaslt_state.h"
 #include "accrue/kernels/fp8_backend.h"
@@ -156,6 +157,8 @@ void fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_a, const T
   ACCRUE_CHECK(set_scale_pointers(*plan, p),
                "fp8_matmul: cuBLASLt refused the scale pointers of a cached plan");
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  // Note [Library outputs under initcheck] (core/cuda_runtime.h).
+  if (!accumulate && prewrite_library_outputs()) out.fill_(0.0);
   ACCRUE_CUBLAS_CHECK(cublasLtMatmul(r.handle, plan->op, &alpha, p.b, plan->a, p.a, plan->b, &beta,
                                      p.out, plan->c, p.out, plan->c, &plan->algo, r.workspace,
                                      kWorkspaceBytes, stream));
