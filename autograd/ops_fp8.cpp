@@ -21,7 +21,10 @@ namespace accrue {
 // when amax is finite and NaN when it is not, so every output of a GEMM
 // that reads the tensor becomes NaN, the gradients follow, and the window
 // skips as on a loss-scale overflow (Note [Skipped window]; a dynamic scaler
-// lowers its scale). All on the device, no host sync.
+// lowers its scale). All on the device, no host sync. The per-tensor
+// recipe gets it from the scale rule itself (fp8_scale_from_amax's
+// nan_on_overflow: the same f32 operations, no kernels of their own); the
+// block recipe's per-tile scales take fp8_guarded_scale_inv.
 Tensor fp8_guarded_scale_inv(const Tensor& scale_inv, const Tensor& amax) {
   return kernels::binary(kernels::BinaryOp::Add, scale_inv,
                          kernels::binary_scalar(kernels::BinaryOp::Mul, amax, 0.0));
@@ -41,10 +44,11 @@ struct ScaledCast {
   Tensor scale_inv;
 };
 ScaledCast cast_current(const Tensor& x2, DType dtype, int margin) {
-  const Tensor amax = fp8_amax(x2);
-  const kernels::Fp8Scale s = kernels::fp8_scale_from_amax(amax, dtype, margin);
-  return {kernels::cast_to_fp8_transpose(x2, s.scale, dtype),
-          fp8_guarded_scale_inv(s.scale_inv, amax)};
+  // Note [FP8 overflow]: the scale rule writes the guarded scale_inv.
+  const kernels::Fp8Scale s = kernels::fp8_scale_from_amax(fp8_amax(x2), dtype, margin,
+                                                           /*power_of_two=*/false,
+                                                           /*nan_on_overflow=*/true);
+  return {kernels::cast_to_fp8_transpose(x2, s.scale, dtype), s.scale_inv};
 }
 
 bool is_gemm_output(DType t) {

@@ -134,15 +134,17 @@ Fp8BlockCast cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t t
   return r;
 }
 
-Fp8Scale fp8_scale_from_amax(const Tensor& amax, DType fp8_dtype, int margin, bool power_of_two) {
+Fp8Scale fp8_scale_from_amax(const Tensor& amax, DType fp8_dtype, int margin, bool power_of_two,
+                             bool nan_on_overflow) {
   du::check_defined(amax, "fp8_scale_from_amax", "amax");
   Fp8Scale r{empty({1}, DType::f32, amax.device()), empty({1}, DType::f32, amax.device())};
-  fp8_scale_from_amax_into(amax, fp8_dtype, margin, power_of_two, r.scale, r.scale_inv);
+  fp8_scale_from_amax_into(amax, fp8_dtype, margin, power_of_two, r.scale, r.scale_inv,
+                           nan_on_overflow);
   return r;
 }
 
 void fp8_scale_from_amax_into(const Tensor& amax, DType fp8_dtype, int margin, bool power_of_two,
-                              const Tensor& scale, const Tensor& scale_inv) {
+                              const Tensor& scale, const Tensor& scale_inv, bool nan_on_overflow) {
   constexpr const char* op = "fp8_scale_from_amax";
   NoGradGuard no_grad;
   du::check_defined(amax, op, "amax");
@@ -155,8 +157,8 @@ void fp8_scale_from_amax_into(const Tensor& amax, DType fp8_dtype, int margin, b
   du::check_device_scalar(scale, amax.device(), op, "scale", "amax");
   du::check_device_scalar(scale_inv, amax.device(), op, "scale_inv", "amax");
   ACCRUE_BACKEND_CALL(amax.device(), fp8_scale_from_amax, amax,
-                      static_cast<float>(fp8_max(fp8_dtype)), margin, power_of_two, scale,
-                      scale_inv);
+                      static_cast<float>(fp8_max(fp8_dtype)), margin, power_of_two, nan_on_overflow,
+                      scale, scale_inv);
 }
 
 namespace {

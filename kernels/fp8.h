@@ -85,12 +85,16 @@ struct Fp8Scale {
 };
 
 // scale = fp8_max(fp8_dtype) / amax / 2^margin with the guards of Note [FP8
-// scaling]; amax is f32 [1] (cast_to_fp8's), margin >= 0.
+// scaling]; amax is f32 [1] (cast_to_fp8's), margin >= 0. With
+// nan_on_overflow, scale_inv is NaN when amax is not finite (and 1 / scale
+// otherwise), so every GEMM that multiplies by it says the tensor overflowed
+// (Note [FP8 overflow] in autograd/ops_fp8.cpp) with no kernel of its own.
 Fp8Scale fp8_scale_from_amax(const Tensor& amax, DType fp8_dtype, int margin = 0,
-                             bool power_of_two = false);
+                             bool power_of_two = false, bool nan_on_overflow = false);
 // The same into the caller's scale and scale_inv (f32 [1] on amax's device).
 void fp8_scale_from_amax_into(const Tensor& amax, DType fp8_dtype, int margin, bool power_of_two,
-                              const Tensor& scale, const Tensor& scale_inv);
+                              const Tensor& scale, const Tensor& scale_inv,
+                              bool nan_on_overflow = false);
 
 // Note [FP8 block scaling]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -39,6 +39,15 @@ ACCRUE_HD float fp8_scale_rule(float amax, float fp8_max, int margin, bool power
   return s;
 }
 
+// scale_inv = 1 / s, or NaN when amax is not finite with guard on: 1 / s +
+// amax * 0, the same f32 operations as autograd's fp8_guarded_scale_inv
+// (Note [FP8 overflow] in autograd/ops_fp8.cpp), so folding the guard into
+// the scale rule changes no bit.
+ACCRUE_HD float fp8_inverse_scale(float amax, float s, bool guard) {
+  const float inv = 1.0f / s;
+  return guard ? inv + amax * 0.0f : inv;
+}
+
 }  // namespace accrue::kernels
 
 namespace accrue::kernels::cpu {

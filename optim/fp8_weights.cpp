@@ -37,11 +37,10 @@ void Fp8WeightCopies::cast(Copy& c) const {
   // Current scaling (Note [FP8 scaling]): the amax of the weight as it is now,
   // one read of it into the copy's own amax: no allocation in the close.
   kernels::fp8_amax_into(w, c.amax);
-  kernels::fp8_scale_from_amax_into(c.amax, dtype_, margin_, /*power_of_two=*/false, c.scale,
-                                    c.weight.scale_inv);
-  kernels::cast_to_fp8_transpose_into(w, c.scale, c.weight.q, c.weight.q_t, c.cast_amax);
   // Note [FP8 overflow]: a non-finite weight makes every GEMM reading it NaN.
-  c.weight.scale_inv.copy_(fp8_guarded_scale_inv(c.weight.scale_inv, c.amax));
+  kernels::fp8_scale_from_amax_into(c.amax, dtype_, margin_, /*power_of_two=*/false, c.scale,
+                                    c.weight.scale_inv, /*nan_on_overflow=*/true);
+  kernels::cast_to_fp8_transpose_into(w, c.scale, c.weight.q, c.weight.q_t, c.cast_amax);
 }
 
 void Fp8WeightCopies::refresh() {

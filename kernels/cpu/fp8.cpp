@@ -126,10 +126,11 @@ void cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols
 }
 
 void fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, bool power_of_two,
-                         const Tensor& scale, const Tensor& scale_inv) {
-  const float s = fp8_scale_rule(amax.data<float>()[0], fp8_max, margin, power_of_two);
+                         bool guard, const Tensor& scale, const Tensor& scale_inv) {
+  const float a = amax.data<float>()[0];
+  const float s = fp8_scale_rule(a, fp8_max, margin, power_of_two);
   scale.data<float>()[0] = s;
-  scale_inv.data<float>()[0] = 1.0f / s;
+  scale_inv.data<float>()[0] = fp8_inverse_scale(a, s, guard);
 }
 
 // Note [FP8 GEMM]'s reference: every product exact in double (an FP8 value

@@ -160,6 +160,25 @@ TEST(Fp8Amax, bad_inputs_name_the_op_and_values) {
   EXPECT_ERROR(kernels::fp8_amax_into(x, Tensor()), "fp8_amax", "amax", "undefined");
 }
 
+// nan_on_overflow (Note [FP8 overflow]): the same scale and scale_inv bits
+// for a finite amax, scale 1 and scale_inv NaN for an infinite or NaN one.
+TEST(Fp8Scale, nan_on_overflow_marks_only_a_non_finite_amax) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float a : {0.0f, 1e-38f, 0.37f, 448.0f, 1e30f, FLT_MAX})
+    for (bool pow2 : {false, true}) {
+      const auto plain = fp8_scale_from_amax(scalar(a), DType::f8e4m3, 1, pow2);
+      const auto guarded = fp8_scale_from_amax(scalar(a), DType::f8e4m3, 1, pow2, true);
+      EXPECT_EQ(std::memcmp(plain.scale.data_ptr(), guarded.scale.data_ptr(), 4), 0) << a;
+      EXPECT_EQ(std::memcmp(plain.scale_inv.data_ptr(), guarded.scale_inv.data_ptr(), 4), 0) << a;
+    }
+  for (float a : {inf, std::numeric_limits<float>::quiet_NaN()}) {
+    const auto guarded = fp8_scale_from_amax(scalar(a), DType::f8e5m2, 0, false, true);
+    EXPECT_EQ(guarded.scale.data<float>()[0], 1.0f) << a;
+    EXPECT_TRUE(std::isnan(guarded.scale_inv.data<float>()[0])) << a;
+    EXPECT_EQ(fp8_scale_from_amax(scalar(a), DType::f8e5m2).scale_inv.data<float>()[0], 1.0f);
+  }
+}
+
 TEST(Fp8Scale, current_scaling_rule_and_guards) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();

@@ -161,13 +161,14 @@ TEST(GpuFp8, scale_rule_matches_the_cpu) {
   for (float a : {0.0f, inf, std::numeric_limits<float>::quiet_NaN(), 1e-38f, 0.37f, 3.0f, 1e30f})
     for (DType d : {DType::f8e4m3, DType::f8e5m2})
       for (int margin : {0, 2})
-        for (bool pow2 : {false, true}) {
-          const Tensor amax = from_vector<float>({a}, {1});
-          const auto cpu = fp8_scale_from_amax(amax, d, margin, pow2);
-          const auto gpu = fp8_scale_from_amax(amax.to(kGpu), d, margin, pow2);
-          EXPECT_TRUE(same_float_bits(gpu.scale, cpu.scale)) << a;
-          EXPECT_TRUE(same_float_bits(gpu.scale_inv, cpu.scale_inv)) << a;
-        }
+        for (bool pow2 : {false, true})
+          for (bool nan_on_overflow : {false, true}) {
+            const Tensor amax = from_vector<float>({a}, {1});
+            const auto cpu = fp8_scale_from_amax(amax, d, margin, pow2, nan_on_overflow);
+            const auto gpu = fp8_scale_from_amax(amax.to(kGpu), d, margin, pow2, nan_on_overflow);
+            EXPECT_TRUE(same_float_bits(gpu.scale, cpu.scale)) << a;
+            EXPECT_TRUE(same_float_bits(gpu.scale_inv, cpu.scale_inv)) << a;
+          }
   // Devices must agree.
   EXPECT_ERROR(cast_to_fp8(test::random_normal({4}).to(kGpu), from_vector<float>({1.0f}, {1}),
                            DType::f8e4m3),
