@@ -45,6 +45,16 @@ void register_norms() {
     const GpuTime t = time_gpu(s, [&] { kernels::rms_norm_backward(dy, x, w, rstd, slot, true); });
     report_bandwidth(s, 3 * bytes_of(x) + bytes_of(w) + 2 * bytes_of(slot), t);
   });
+  // A Llama-125m row: sub-warp groups, 8,192 partial rows of column sums.
+  register_gpu_benchmark("fused/rms_norm_backward/bf16/16384x768", [](benchmark::State& s) {
+    const Tensor x = random_input({kTokens, 768}, DType::bf16);
+    const Tensor dy = random_input({kTokens, 768}, DType::bf16);
+    const Tensor w = random_input({768}, DType::bf16);
+    const Tensor rstd = kernels::rms_norm(x, w, 1e-6).rstd;
+    const Tensor slot = random_input({768}, DType::f32);
+    const GpuTime t = time_gpu(s, [&] { kernels::rms_norm_backward(dy, x, w, rstd, slot, true); });
+    report_bandwidth(s, 3 * bytes_of(x) + bytes_of(w) + 2 * bytes_of(slot), t);
+  });
   register_gpu_benchmark("fused/add_rms_norm/bf16/16384x4096", [](benchmark::State& s) {
     const Tensor x = random_input({kTokens, kWidth}, DType::bf16);
     const Tensor res = random_input({kTokens, kWidth}, DType::bf16);

@@ -578,9 +578,11 @@ TEST(GpuRmsNorm, backward_matches_cpu_and_writes_or_adds_dweight) {
 // Rows of 16 and 8 packs take 16 and 8 lanes (Note [RMSNorm kernels]); more
 // rows than the backward's warp groups (8192), not a multiple of them, give the
 // groups different row counts, while every lane of a warp must join its shuffles.
+// 8192 partial rows of column sums take the two-level total (kSpan spans
+// first); 768 is a Llama-125m row of 96 packs.
 TEST(GpuRmsNorm, sub_warp_rows_past_the_group_count_match_cpu) {
   ACCRUE_REQUIRE_CUDA();
-  for (int64_t d : {128, 64}) {
+  for (int64_t d : {128, 64, 768}) {
     SCOPED_TRACE("D=" + std::to_string(d));
     const int64_t rows = 2 * 8192 + 5;
     const Tensor x = test::random_normal({rows, d}, DType::bf16);
