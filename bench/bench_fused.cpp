@@ -87,6 +87,13 @@ void register_rope() {
         s, [&] { kernels::rope(q, pos, 500000.0, RopeStyle::RotateHalf, RopeScaling::llama3()); });
     report_bandwidth(s, 2 * bytes_of(q) + bytes_of(pos), t);
   });
+  // Llama-125m's key heads, 4 of 64: 16 items a token (Note [Rotary kernel]).
+  register_gpu_benchmark("fused/rope/bf16/8x2048x4x64", [](benchmark::State& s) {
+    const Tensor k = random_input({kBatch, kSeq, 4, 64}, DType::bf16);
+    const Tensor pos = positions();
+    const GpuTime t = time_gpu(s, [&] { kernels::rope(k, pos, 500000.0, RopeStyle::RotateHalf); });
+    report_bandwidth(s, 2 * bytes_of(k) + bytes_of(pos), t);
+  });
   // q read in place from a packed [B, T, 3 * H * D] qkv.
   register_gpu_benchmark("fused/rope_packed_q/bf16/8x2048x32x128", [](benchmark::State& s) {
     const Tensor qkv = random_input({kBatch, kSeq, 3 * kHeads * kHeadDim}, DType::bf16);
