@@ -228,12 +228,25 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
 constexpr int kColumnTile = 32;
 constexpr int kRowLanes = 8;
 
+// Each column's sums of the 8 thread rows of a (32, 8) block, added in thread
+// row order; the total is on thread row 0 (the other rows return their own).
+template <class A>
+__device__ __forceinline__ A column_tile_total(A s) {
+  __shared__ A tile[kRowLanes][kColumnTile + 1];
+  tile[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0) {
+    for (int i = 1; i < kRowLanes; ++i)
+      s += tile[i][threadIdx.x];
+  }
+  return s;
+}
+
 template <class T, class A>
 __global__ void rms_norm_weight_partials_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                                 RowGeometry xg, const A* __restrict__ rstd,
                                                 int64_t rows, int64_t d, int64_t rows_per_chunk,
                                                 A* __restrict__ partial) {
-  __shared__ A tile[kRowLanes][kColumnTile + 1];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t end = std::min(rows, begin + rows_per_chunk);
@@ -242,13 +255,8 @@ __global__ void rms_norm_weight_partials_kernel(const T* __restrict__ dy, const 
     for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes)
       acc += load<A>(dy[r * d + c]) * (load<A>(x[xg.offset(r) + c]) * rstd[r]);
   }
-  tile[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < d) {
-    for (int i = 1; i < kRowLanes; ++i)
-      acc += tile[i][threadIdx.x];
-    partial[blockIdx.y * d + c] = acc;
-  }
+  acc = column_tile_total(acc);
+  if (threadIdx.y == 0 && c < d) partial[blockIdx.y * d + c] = acc;
 }
 
 // Many partial rows (the fused backward writes one per row group: 8,192 at
@@ -263,7 +271,6 @@ constexpr int64_t kSpan = 64;
 template <class A>
 __global__ void column_span_sums_kernel(const A* __restrict__ in, int64_t rows, int64_t d,
                                         A* __restrict__ out) {
-  __shared__ A tile[kRowLanes][kColumnTile + 1];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * kSpan;
   const int64_t end = std::min(rows, begin + kSpan);
@@ -272,13 +279,8 @@ __global__ void column_span_sums_kernel(const A* __restrict__ in, int64_t rows, 
     for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes)
       s += in[r * d + c];
   }
-  tile[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < d) {
-    for (int i = 1; i < kRowLanes; ++i)
-      s += tile[i][threadIdx.x];
-    out[blockIdx.y * d + c] = s;
-  }
+  s = column_tile_total(s);
+  if (threadIdx.y == 0 && c < d) out[blockIdx.y * d + c] = s;
 }
 
 // The chunks of each column added in chunk order, written (=) or added
@@ -287,20 +289,14 @@ __global__ void column_span_sums_kernel(const A* __restrict__ in, int64_t rows, 
 template <class A, class O>
 __global__ void rms_norm_weight_total_kernel(const A* __restrict__ partial, int64_t chunks,
                                              int64_t d, O* out, bool accumulate) {
-  __shared__ A tile[kRowLanes][kColumnTile + 1];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
   A s = 0;
   if (c < d) {
     for (int64_t k = threadIdx.y; k < chunks; k += kRowLanes)
       s += partial[k * d + c];
   }
-  tile[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < d) {
-    for (int i = 1; i < kRowLanes; ++i)
-      s += tile[i][threadIdx.x];
-    out[c] = cu::convert<O>(accumulate ? load<A>(out[c]) + s : s);
-  }
+  s = column_tile_total(s);
+  if (threadIdx.y == 0 && c < d) out[c] = cu::convert<O>(accumulate ? load<A>(out[c]) + s : s);
 }
 
 bool aligned_16(const Tensor& t) {
