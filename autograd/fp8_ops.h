@@ -67,8 +67,8 @@ Fp8Weight fp8_weight(const Tensor& weight, DType dtype = DType::f8e4m3, int marg
 // scale and codes whichever layer casts it. fp8_input casts x once (its
 // amax, the cast and the transposed codes, as fp8_linear would) and each
 // fp8_linear given it skips its own cast: the same bits as casting per
-// layer, two passes over x fewer per extra reader (measured as a third of a
-// Llama block's cast traffic). The cast holds x and fp8_linear checks that
+// layer, two passes over x fewer per extra reader (three of the seven input
+// casts of a Llama block's forward). The cast holds x and fp8_linear checks that
 // it is given the same tensor, cast with its options' forward_dtype and
 // margin; like an Fp8Weight it is made from x's values now, so x must not
 // change in place between the cast and the layers that take it. No gradient

@@ -219,14 +219,6 @@ class Conv2d : public Module {
   Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, bool bias,
          const ParamOptions& options, const Conv2dOptions& conv = {});
   Tensor forward(const Tensor& x) const;
-  // forward with x's FP8 codes shared by the layers that read x (Note [FP8
-  // shared input]); with x8 null, or when this layer runs plain, forward(x).
-  Tensor forward(const Tensor& x, const Fp8Input* x8) const;
-  // x cast once for `layers` when every one of them would cast it the same
-  // way in forward (FP8, per-tensor, one forward_dtype and margin, x's rows
-  // a multiple of 16); otherwise nothing, and each runs as forward(x).
-  static std::optional<Fp8Input> shared_fp8_input(std::initializer_list<const Linear*> layers,
-                                                  const Tensor& x);
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
 
@@ -263,14 +255,6 @@ class LayerNorm : public Module {
   // Weight ones, bias zeros (no bias parameter when bias is false).
   LayerNorm(int64_t dim, const ParamOptions& options, double eps = 1e-5, bool bias = true);
   Tensor forward(const Tensor& x) const;
-  // forward with x's FP8 codes shared by the layers that read x (Note [FP8
-  // shared input]); with x8 null, or when this layer runs plain, forward(x).
-  Tensor forward(const Tensor& x, const Fp8Input* x8) const;
-  // x cast once for `layers` when every one of them would cast it the same
-  // way in forward (FP8, per-tensor, one forward_dtype and margin, x's rows
-  // a multiple of 16); otherwise nothing, and each runs as forward(x).
-  static std::optional<Fp8Input> shared_fp8_input(std::initializer_list<const Linear*> layers,
-                                                  const Tensor& x);
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
   double eps() const { return eps_; }
