@@ -21,24 +21,10 @@ namespace {
 
 // ---- sort ---------------------------------------------------------------------------
 
-// The shared-memory key of a value: floats as float (f64 as double), integers
-// as themselves (bool as int32).
+// The shared-memory key of a value: its arithmetic type (floats as float,
+// f64 as double, integers as themselves), bool as int32.
 template <class T>
-struct sort_key {
-  using type = std::conditional_t<std::is_same_v<T, double>, double, float>;
-};
-template <>
-struct sort_key<int64_t> {
-  using type = int64_t;
-};
-template <>
-struct sort_key<int32_t> {
-  using type = int32_t;
-};
-template <>
-struct sort_key<bool> {
-  using type = int32_t;
-};
+using sort_key_t = std::conditional_t<std::is_same_v<T, bool>, int32_t, cu::math_t<T>>;
 
 // Whether entry (ka, ia) comes before (kb, ib): the padding (positions >= n)
 // last, then by key (NaN above every number, Note [Indexing ops]), then by
@@ -214,7 +200,7 @@ void sort_rows(const Tensor& x, bool descending, const Tensor& values, const Ten
   const int threads = std::min<int>(512, std::max<int>(32, padded / 2));
   cu::visit_device_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    using K = typename sort_key<T>::type;
+    using K = sort_key_t<T>;
     const size_t shared = static_cast<size_t>(padded) * (sizeof(K) + sizeof(int32_t));
     sort_rows_kernel<T, K><<<static_cast<unsigned>(rows), threads, shared, cu::stream_for(dev)>>>(
         static_cast<const T*>(x.data_ptr()), static_cast<int32_t>(n), padded,
