@@ -74,20 +74,9 @@ void expect_training_matches(DType dtype, const std::string& torch_file, double 
   ASSERT_EQ(static_cast<int64_t>(losses.size()), W);
   for (int64_t w = 0; w < W; ++w) {
     for (int64_t k = 0; k < K; ++k) {
-      std::vector<int64_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
-      std::vector<int64_t> len(static_cast<size_t>(B));
-      for (int64_t b = 0; b < B; ++b) {
-        const int64_t seq = (w * K + k) * B + b;
-        len[static_cast<size_t>(b)] = lengths[static_cast<size_t>(seq)];
-        for (int64_t t = 0; t < T; ++t) {
-          const bool real = t < len[static_cast<size_t>(b)];
-          const size_t at = static_cast<size_t>(seq * (T + 1) + t);
-          inputs[static_cast<size_t>(b * T + t)] = real ? tokens[at] : 0;
-          targets[static_cast<size_t>(b * T + t)] = real ? tokens[at + 1] : -100;
-        }
-      }
-      window.backward(model.loss(from_vector<int64_t>(inputs, {B, T}),
-                                 from_vector<int64_t>(targets, {B, T}), len));
+      const PaddedBatch mb = padded_batch(tokens, lengths, (w * K + k) * B, B, T);
+      window.backward(model.loss(from_vector<int64_t>(mb.inputs, {B, T}),
+                                 from_vector<int64_t>(mb.targets, {B, T}), mb.lengths));
     }
     window.close();
     const optim::WindowReport r = window.report();

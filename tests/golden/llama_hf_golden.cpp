@@ -16,6 +16,25 @@ std::string llama_case_dir(const std::string& name) {
   return std::string(ACCRUE_GOLDEN_DIR) + "/llama_hf/" + name;
 }
 
+PaddedBatch padded_batch(const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths,
+                         int64_t first, int64_t B, int64_t T) {
+  PaddedBatch r{std::vector<int64_t>(static_cast<size_t>(B * T)),
+                std::vector<int64_t>(static_cast<size_t>(B * T)),
+                std::vector<int64_t>(static_cast<size_t>(B))};
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t seq = first + b;
+    const int64_t len = lengths[static_cast<size_t>(seq)];
+    r.lengths[static_cast<size_t>(b)] = len;
+    for (int64_t t = 0; t < T; ++t) {
+      const bool real = t < len;
+      const size_t at = static_cast<size_t>(seq * (T + 1) + t);
+      r.inputs[static_cast<size_t>(b * T + t)] = real ? tokens[at] : 0;
+      r.targets[static_cast<size_t>(b * T + t)] = real ? tokens[at + 1] : -100;
+    }
+  }
+  return r;
+}
+
 double max_error(const Tensor& a, const Tensor& b) {
   const std::vector<double> x = a.to(DType::f64).contiguous().to_vector<double>(),
                             y = b.to(DType::f64).contiguous().to_vector<double>();
@@ -62,22 +81,12 @@ LlamaRun train_llama_case(const std::string& name, const LlamaRunOptions& o) {
   LlamaRun run;
   for (int64_t w = 0; w < windows; ++w) {
     for (int64_t k = 0; k < K; ++k) {
-      std::vector<int64_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
-      std::vector<int64_t> len(static_cast<size_t>(B));
-      for (int64_t b = 0; b < B; ++b) {
-        // The window's sequences in order.
-        const int64_t seq = (w % fixture_windows) * KF * BF + k * B + b;
-        len[static_cast<size_t>(b)] = lengths[static_cast<size_t>(seq)];
-        for (int64_t t = 0; t < T; ++t) {
-          const bool real = t < len[static_cast<size_t>(b)];
-          const size_t at = static_cast<size_t>(seq * (T + 1) + t);
-          inputs[static_cast<size_t>(b * T + t)] = real ? tokens[at] : 0;
-          targets[static_cast<size_t>(b * T + t)] = real ? tokens[at + 1] : -100;
-        }
-      }
-      window.backward(model->loss(from_vector<int64_t>(inputs, {B, T}).to(o.device),
-                                  from_vector<int64_t>(targets, {B, T}).to(o.device),
-                                  nn::BatchLayout::padded(len, o.device)));
+      // The window's sequences in order.
+      const PaddedBatch mb =
+          padded_batch(tokens, lengths, (w % fixture_windows) * KF * BF + k * B, B, T);
+      window.backward(model->loss(from_vector<int64_t>(mb.inputs, {B, T}).to(o.device),
+                                  from_vector<int64_t>(mb.targets, {B, T}).to(o.device),
+                                  nn::BatchLayout::padded(mb.lengths, o.device)));
     }
     window.close();
     const optim::WindowReport r = window.report();

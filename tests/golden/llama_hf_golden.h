@@ -41,6 +41,15 @@ struct LlamaRun {
 
 LlamaRun train_llama_case(const std::string& name, const LlamaRunOptions& options);
 
+// B right-padded sequences of T tokens from a fixture's `tokens` (rows of
+// T + 1) and `lengths`, starting at sequence `first`: the inputs (0 past a
+// sequence's length), the next-token targets (-100 there) and the lengths.
+struct PaddedBatch {
+  std::vector<int64_t> inputs, targets, lengths;
+};
+PaddedBatch padded_batch(const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths,
+                         int64_t first, int64_t B, int64_t T);
+
 // max |a - b| / max |b| over one tensor (NaN anywhere: infinity).
 double max_error(const Tensor& a, const Tensor& b);
 
