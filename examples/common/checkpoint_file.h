@@ -23,6 +23,11 @@ void probe_output_file(const std::string& option, const std::string& path);
 void save_checkpoint_file(const std::string& path, const std::map<std::string, Tensor>& tensors,
                           const std::map<std::string, std::string>& metadata = {});
 
+// The tensors of a training checkpoint: "model.<slot>" each parameter's
+// master, "optim.<key>" the window's state but its master (the same tensors).
+std::map<std::string, Tensor> training_tensors(const optim::ParamStore& store,
+                                               const optim::Window& window);
+
 // "1424.6 MiB in 2.61 s": a file's size and the seconds since `since`.
 std::string file_report(const std::string& path, std::chrono::steady_clock::time_point since);
 

@@ -63,11 +63,7 @@ void save_checkpoint(const std::string& path, const TrainState& s) {
   ACCRUE_CHECK(s.window.micro_step() == 0 || s.world_size == 1,
                "a checkpoint inside a window holds this rank's own gradients; with ", s.world_size,
                " ranks save between windows");
-  std::map<std::string, Tensor> tensors;
-  for (size_t i = 0; i < s.arena.size(); ++i)
-    tensors["model." + s.arena.slots()[i].name] = s.arena.master_view(i);
-  for (const auto& [key, t] : s.window.state_dict())
-    if (key != "master") tensors["optim." + key] = t;
+  const std::map<std::string, Tensor> tensors = training_tensors(s.arena, s.window);
   std::map<std::string, std::string> meta;
   s.record.write(&meta);
   meta["format"] = kCheckpointFormat;

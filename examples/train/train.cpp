@@ -334,11 +334,7 @@ void save_checkpoint(const Run& run, const std::string& at) {
   if (!run.where.main_rank()) return;
   const std::string& path = run.opt.checkpoint;
   const auto t0 = std::chrono::steady_clock::now();
-  std::map<std::string, Tensor> tensors;
-  for (size_t i = 0; i < run.store.size(); ++i)
-    tensors["model." + run.store.slots()[i].name] = run.store.master_view(i);
-  for (const auto& [key, t] : run.window.state_dict())
-    if (key != "master") tensors["optim." + key] = t;
+  const std::map<std::string, Tensor> tensors = training_tensors(run.store, run.window);
   std::map<std::string, std::string> meta;
   run.record.write(&meta);
   meta["format"] = kFormat;
