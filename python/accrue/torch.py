@@ -294,11 +294,7 @@ class AccumulationWindow:
             self._communicator, self._reducer = _connect(
                 process_group, world, rank, device, self._store, zero1
             )
-            self._window = optim.Window(
-                self._store, self._optimizer, window_options, self._reducer
-            )
-        else:
-            self._window = optim.Window(self._store, self._optimizer, window_options)
+        self._window = optim.Window(self._store, self._optimizer, window_options, self._reducer)
 
         self._data: List[torch.Tensor] = []
         self._grads: List[torch.Tensor] = []

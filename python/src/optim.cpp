@@ -415,14 +415,12 @@ void bind_optim(nb::module_& m) {
   nb::class_<Window>(m, "Window",
                      "K micro-batches, one optimizer step (Note [Window close]): backward() per "
                      "micro-batch, close() when ready(); report() is the only host read.")
-      .def(nb::init<ParamStore&, Optimizer&, const WindowOptions&>(), nb::arg("store"),
-           nb::arg("optimizer"), nb::arg("options") = WindowOptions(), nb::keep_alive<1, 2>(),
-           nb::keep_alive<1, 3>(), "A window over the store's arenas, stepping `optimizer`.")
       .def(nb::init<ParamStore&, Optimizer&, const WindowOptions&, GradientSync*>(),
-           nb::arg("store"), nb::arg("optimizer"), nb::arg("options"), nb::arg("sync"),
-           nb::keep_alive<1, 2>(), nb::keep_alive<1, 3>(), nb::keep_alive<1, 5>(),
-           "The same under data parallelism: `sync` (an accrue.dist.Reducer) sums the gradients "
-           "and N over the ranks at the close.")
+           nb::arg("store"), nb::arg("optimizer"), nb::arg("options") = WindowOptions(),
+           nb::arg("sync").none() = nb::none(), nb::keep_alive<1, 2>(), nb::keep_alive<1, 3>(),
+           nb::keep_alive<1, 5>(),
+           "A window over the store's arenas, stepping `optimizer`; under data parallelism "
+           "`sync` (an accrue.dist.Reducer) sums the gradients and N over the ranks at the close.")
       .def("backward", &Window::backward, nb::arg("loss"),
            "One micro-step: backward of loss.sum seeded with the loss scale, N += loss.count.")
       .def(
