@@ -270,6 +270,23 @@ Fp8Input fp8_input(const Tensor& x, const Fp8LinearOptions& o) {
   return {x, c.cast.q, c.cast.q_t, c.scale_inv, o.forward_dtype, o.margin};
 }
 
+const Fp8Weight* kept_fp8_weight(const Tensor& weight) {
+  const AutogradMeta* m = weight.defined() ? autograd::find_meta(weight) : nullptr;
+  return m && m->owner ? m->owner->fp8_copy(weight) : nullptr;
+}
+
+namespace {
+
+// The weight's kept FP8 copy (Note [Window FP8 weights]), or one cast now.
+Fp8Weight kept_or_cast(const Tensor& weight) {
+  if (const Fp8Weight* kept = kept_fp8_weight(weight)) return *kept;
+  ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "fp8_linear: weight must be 2-D [out, in]",
+               weight.defined() ? ", got " + shape_str(weight.shape()) : std::string());
+  return fp8_weight(weight);
+}
+
+}  // namespace
+
 Tensor fp8_linear(const Tensor& x, const Fp8Input& x8, const Tensor& weight, const Tensor& bias,
                   const Fp8LinearOptions& o) {
   check_tensor_recipe(o);
@@ -279,31 +296,15 @@ Tensor fp8_linear(const Tensor& x, const Fp8Input& x8, const Tensor& weight, con
                ", ", dtype_name(x8.dtype), ", margin ", x8.margin,
                ") was not made by fp8_input from this x with these options (",
                dtype_name(o.forward_dtype), ", margin ", o.margin, ")");
-  const Fp8Weight* kept = kept_fp8_weight(weight);
-  if (kept != nullptr) {
-    check_fp8_linear(x, weight, kept, bias, o);
-    return fp8_linear_cast(x, x8.q, x8.q_t, x8.scale_inv, weight, *kept, bias, o);
-  }
-  ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "fp8_linear: weight must be 2-D [out, in]",
-               weight.defined() ? ", got " + shape_str(weight.shape()) : std::string());
-  const Fp8Weight fresh = fp8_weight(weight);
-  check_fp8_linear(x, weight, &fresh, bias, o);
-  return fp8_linear_cast(x, x8.q, x8.q_t, x8.scale_inv, weight, fresh, bias, o);
-}
-
-const Fp8Weight* kept_fp8_weight(const Tensor& weight) {
-  const AutogradMeta* m = weight.defined() ? autograd::find_meta(weight) : nullptr;
-  return m && m->owner ? m->owner->fp8_copy(weight) : nullptr;
+  const Fp8Weight w8 = kept_or_cast(weight);
+  check_fp8_linear(x, weight, &w8, bias, o);
+  return fp8_linear_cast(x, x8.q, x8.q_t, x8.scale_inv, weight, w8, bias, o);
 }
 
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const Fp8LinearOptions& options) {
   if (options.recipe == Fp8Recipe::block) return fp8_linear_blocks(x, weight, bias, options);
-  if (const Fp8Weight* kept = kept_fp8_weight(weight))
-    return fp8_linear(x, weight, *kept, bias, options);
-  ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "fp8_linear: weight must be 2-D [out, in]",
-               weight.defined() ? ", got " + shape_str(weight.shape()) : std::string());
-  return fp8_linear(x, weight, fp8_weight(weight), bias, options);
+  return fp8_linear(x, weight, kept_or_cast(weight), bias, options);
 }
 
 }  // namespace accrue
