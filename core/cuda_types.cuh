@@ -137,6 +137,13 @@ inline cudaStream_t stream_for(int device) {
   return current_stream(device);
 }
 
+// The device's streaming multiprocessors, for grids sized in waves.
+inline int sm_count(int device) {
+  int sms = 0;
+  ACCRUE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 32) {
   int64_t blocks = (n + threads - 1) / threads;
   if (blocks > max_blocks) blocks = max_blocks;

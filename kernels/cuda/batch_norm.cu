@@ -297,12 +297,6 @@ __global__ void input_grad_kernel(const T* __restrict__ g, const T* __restrict__
   }
 }
 
-int sm_count(int device) {
-  int sms = 0;
-  ACCRUE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
 // Note [Batch norm packs]: the pack size for x's dtype and layout.
 int pack_size(DType dtype, const BatchNormLayout& l) {
   const int64_t v = 16 / static_cast<int64_t>(element_size(dtype));
@@ -328,7 +322,7 @@ Chunking chunking(const BatchNormLayout& l, int v, int device) {
     k.channel_blocks = static_cast<unsigned>(l.channels);
     min_rows = (kThreads * v + l.inner - 1) / l.inner;
   }
-  const int64_t target = 4 * static_cast<int64_t>(sm_count(device));
+  const int64_t target = 4 * static_cast<int64_t>(cu::sm_count(device));
   int64_t chunks = std::max<int64_t>(1, (target + k.channel_blocks - 1) / k.channel_blocks);
   chunks = std::min(chunks, std::max<int64_t>(1, l.outer / min_rows));
   k.per_chunk = (l.outer + chunks - 1) / chunks;

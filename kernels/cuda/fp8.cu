@@ -45,15 +45,9 @@ __device__ __forceinline__ uint32_t abs_bits(float v) {
 // flight, few enough that the per-block atomics do not queue.
 constexpr int kBlocksPerSm = 8;
 
-int sm_count(int device) {
-  int sms = 0;
-  ACCRUE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
 // The grid of a grid-stride loop over `items` with kThreads per block.
 unsigned capped_grid(int64_t items, int device) {
-  return cu::grid_for(items, kThreads, int64_t{kBlocksPerSm} * sm_count(device));
+  return cu::grid_for(items, kThreads, int64_t{kBlocksPerSm} * cu::sm_count(device));
 }
 
 // Merges each thread's max bits into *amax_bits: a warp max, a shared array,
@@ -373,13 +367,13 @@ void cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, const Tensor& q
           cu::pack_aligned<8>(pt)) {
         const int64_t big_tiles = (m + kTile - 1) / kTile * ((k + kTile - 1) / kTile);
         cast_transpose_packed_kernel<T, Q>
-            <<<cu::grid_for(big_tiles, 1, int64_t{kBlocksPerSm} * sm_count(dev)), kThreads, 0,
+            <<<cu::grid_for(big_tiles, 1, int64_t{kBlocksPerSm} * cu::sm_count(dev)), kThreads, 0,
                stream>>>(px, m, k, ps, pq, pt, pa);
       } else {
         const dim3 block(kTransposeTile, kTransposeRows);
         cast_transpose_scalar_kernel<T, Q>
-            <<<cu::grid_for(tiles, 1, int64_t{kBlocksPerSm} * sm_count(dev)), block, 0, stream>>>(
-                px, m, k, ps, pq, pt, pa);
+            <<<cu::grid_for(tiles, 1, int64_t{kBlocksPerSm} * cu::sm_count(dev)), block, 0,
+               stream>>>(px, m, k, ps, pq, pt, pa);
       }
       ACCRUE_LAUNCH_CHECK();
     });

@@ -21,11 +21,7 @@ namespace dev = ::accrue::cuda;
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
-inline int sm_count(int device) {
-  int sms = 0;
-  ACCRUE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
+using dev::sm_count;
 
 }  // namespace
 }  // namespace accrue::kernels::cuda
