@@ -50,20 +50,27 @@ unsigned capped_grid(int64_t items, int device) {
   return cu::grid_for(items, kThreads, int64_t{kBlocksPerSm} * cu::sm_count(device));
 }
 
-// Merges each thread's max bits into *amax_bits: a warp max, a shared array,
-// one atomicMax per block (Note [FP8 cast kernel]). Every thread of the
-// block (kThreads, one dimension) must call it.
-__device__ __forceinline__ void merge_amax(uint32_t local, uint32_t* amax_bits) {
-  local = __reduce_max_sync(0xffffffffu, local);
-  __shared__ uint32_t warp_max[kThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_max[warp] = local;
+// The max over the block's threads (a multiple of 32, numbered x first),
+// returned to every thread; shared holds one word per warp.
+__device__ __forceinline__ uint32_t block_max(uint32_t v, uint32_t* shared) {
+  v = __reduce_max_sync(0xffffffffu, v);
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int warps = static_cast<int>(blockDim.x * blockDim.y / 32);
+  if (tid % 32 == 0) shared[tid / 32] = v;
   __syncthreads();
-  if (warp == 0) {
-    uint32_t m = lane < kThreads / 32 ? warp_max[lane] : 0u;
-    m = __reduce_max_sync(0xffffffffu, m);
-    if (lane == 0 && m != 0u) atomicMax(amax_bits, m);
-  }
+  uint32_t m = 0;
+  for (int w = 0; w < warps; ++w)
+    m = max(m, shared[w]);
+  return m;
+}
+
+// Merges each thread's max bits into *amax_bits: the block's max, then one
+// atomicMax per block (Note [FP8 cast kernel]). Every thread of the block
+// must call it.
+__device__ __forceinline__ void merge_amax(uint32_t local, uint32_t* amax_bits) {
+  __shared__ uint32_t warp_max[32];
+  const uint32_t m = block_max(local, warp_max);
+  if (threadIdx.x == 0 && threadIdx.y == 0 && m != 0u) atomicMax(amax_bits, m);
 }
 
 // V elements per pack (V = 1: element by element). With Q = void only the
@@ -125,20 +132,6 @@ void launch_cast(const T* x, const float* scale, uint8_t* q, uint32_t* amax_bits
 // spanning a tile row; the tile is read twice (its amax, then the cast), the
 // second read from L2 for tiles up to 128 x 128 x 4 bytes. Not yet measured.
 constexpr int kBlockThreads = 128;
-
-// The max over the block's threads (a multiple of 32, numbered x first),
-// returned to every thread; shared holds one word per warp.
-__device__ __forceinline__ uint32_t block_max(uint32_t v, uint32_t* shared) {
-  v = __reduce_max_sync(0xffffffffu, v);
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  const int warps = static_cast<int>(blockDim.x * blockDim.y / 32);
-  if (tid % 32 == 0) shared[tid / 32] = v;
-  __syncthreads();
-  uint32_t m = 0;
-  for (int w = 0; w < warps; ++w)
-    m = max(m, shared[w]);
-  return m;
-}
 
 // Note [FP8 cast-transpose]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -220,7 +213,6 @@ __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
                                  const float* __restrict__ scale, uint8_t* __restrict__ q,
                                  uint8_t* __restrict__ q_t, uint32_t* __restrict__ amax_bits) {
   __shared__ uint8_t tile[kTransposeTile][kTransposeTile + 4];
-  __shared__ uint32_t warp_max[kTransposeRows];
   const float s = *scale;
   const int64_t tiles_k = (k + kTransposeTile - 1) / kTransposeTile;
   const int64_t tiles = (m + kTransposeTile - 1) / kTransposeTile * tiles_k;
@@ -244,8 +236,7 @@ __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
     }
     __syncthreads();
   }
-  const uint32_t block = block_max(local, warp_max);
-  if (threadIdx.x == 0 && threadIdx.y == 0 && block != 0u) atomicMax(amax_bits, block);
+  merge_amax(local, amax_bits);
 }
 
 template <class T, class Q>
