@@ -4,6 +4,8 @@
 // micro-batches against the big batch within the model's bound, and the
 // refusals.
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "accrue/autograd/engine.h"
@@ -232,6 +234,26 @@ TEST(Fp8Linear, k_micro_batches_match_the_big_batch_within_the_rounding_model) {
 // cast would turn into the format's max) reaches the gradients as NaN, so the
 // window skips as on a loss-scale overflow: the weights do not move and a
 // dynamic scaler halves its scale.
+// Note [FP8 overflow]: the scale rule's nan_on_overflow gives the bits of
+// fp8_guarded_scale_inv on the unguarded scale_inv (NaN as NaN), the claim
+// that folding the guard into the rule changed nothing.
+TEST(Fp8Linear, the_scale_rules_guard_is_fp8_guarded_scale_inv) {
+  for (float a : {0.0f, 1e-30f, 0.37f, 448.0f, 3e38f, std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN()}) {
+    const Tensor amax = from_vector<float>({a}, {1});
+    const float folded = kernels::fp8_scale_from_amax(amax, DType::f8e4m3, 0, false, true)
+                             .scale_inv.data<float>()[0];
+    const float separate =
+        fp8_guarded_scale_inv(kernels::fp8_scale_from_amax(amax, DType::f8e4m3).scale_inv, amax)
+            .data<float>()[0];
+    if (std::isnan(separate)) {
+      EXPECT_TRUE(std::isnan(folded)) << a;
+    } else {
+      EXPECT_EQ(std::memcmp(&folded, &separate, sizeof folded), 0) << a;
+    }
+  }
+}
+
 TEST(Fp8Linear, an_overflowed_input_or_gradient_makes_the_window_skip) {
   constexpr int64_t M = 16, K = 16, N = 16;
   struct Plant {
