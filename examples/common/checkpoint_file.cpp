@@ -41,16 +41,6 @@ void save_checkpoint_file(const std::string& path, const std::map<std::string, T
   ACCRUE_CHECK(!ec, "cannot move the checkpoint ", tmp, " to ", path, ": ", ec.message());
 }
 
-std::map<std::string, Tensor> training_tensors(const optim::ParamStore& store,
-                                               const optim::Window& window) {
-  std::map<std::string, Tensor> tensors;
-  for (size_t i = 0; i < store.size(); ++i)
-    tensors["model." + store.slots()[i].name] = store.master_view(i);
-  for (const auto& [key, t] : window.state_dict())
-    if (key != "master") tensors["optim." + key] = t;
-  return tensors;
-}
-
 std::string file_report(const std::string& path, std::chrono::steady_clock::time_point since) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();

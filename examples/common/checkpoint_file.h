@@ -25,8 +25,17 @@ void save_checkpoint_file(const std::string& path, const std::map<std::string, T
 
 // The tensors of a training checkpoint: "model.<slot>" each parameter's
 // master, "optim.<key>" the window's state but its master (the same tensors).
-std::map<std::string, Tensor> training_tensors(const optim::ParamStore& store,
-                                               const optim::Window& window);
+// Inline: the rest of this file depends on core alone (the fuzzers link it
+// without optim).
+inline std::map<std::string, Tensor> training_tensors(const optim::ParamStore& store,
+                                                      const optim::Window& window) {
+  std::map<std::string, Tensor> tensors;
+  for (size_t i = 0; i < store.size(); ++i)
+    tensors["model." + store.slots()[i].name] = store.master_view(i);
+  for (const auto& [key, t] : window.state_dict())
+    if (key != "master") tensors["optim." + key] = t;
+  return tensors;
+}
 
 // "1424.6 MiB in 2.61 s": a file's size and the seconds since `since`.
 std::string file_report(const std::string& path, std::chrono::steady_clock::time_point since);
