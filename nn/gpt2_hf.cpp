@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <filesystem>
 #include <optional>
+#include <set>
+#include <utility>
 
 #include "accrue/autograd/variable.h"
 #include "accrue/core/grad_mode.h"
+#include "accrue/core/json.h"
 #include "accrue/core/tensor_io.h"
+#include "accrue/nn/hf_checkpoint.h"
 
 namespace accrue::nn {
 
@@ -193,6 +198,99 @@ void save_hf_gpt2(const GPT2& model, const std::string& path) {
   for (NamedParameter& p : params)
     p.tensor = parameter_value(p.tensor);
   save_safetensors(path, params_to_hf_gpt2(model.config(), params), {{"format", "pt"}});
+}
+
+GPT2Config parse_hf_gpt2_config(const std::string& text, const std::string& name) {
+  const detail::FileRef file{"read_hf_gpt2_config", name};
+  ACCRUE_CHECK(hf_model_type(text, name) == "gpt2", file, ": model_type '",
+               hf_model_type(text, name), "' is not a GPT-2 config (expected 'gpt2')");
+  detail::JsonReader json(text, file, "config JSON");
+  std::optional<int64_t> layers, heads, embd, vocab, positions, ctx, inner;
+  std::optional<double> eps;
+  std::set<std::string> seen;
+  // A boolean key that must hold `required` when present.
+  const auto require_bool = [&](const std::string& key, bool required, const char* why) {
+    const bool v = json.parse_bool("'" + key + "'");
+    if (v != required)
+      json.fail("'", key, "' is ", v ? "true" : "false", ": ", why, " is not supported");
+  };
+  json.parse_object("the config", [&](const std::string& key) {
+    if (!seen.insert(key).second) json.fail("duplicate key '", key, "'");
+    const std::string what = "'" + key + "'";
+    if (key == "n_layer") {
+      layers = json.parse_integer(what);
+    } else if (key == "n_head") {
+      heads = json.parse_integer(what);
+    } else if (key == "n_embd") {
+      embd = json.parse_integer(what);
+    } else if (key == "vocab_size") {
+      vocab = json.parse_integer(what);
+    } else if (key == "n_positions") {
+      positions = json.parse_integer(what);
+    } else if (key == "n_ctx") {
+      ctx = json.parse_integer(what);
+    } else if (key == "n_inner") {
+      if (!json.consume_null()) inner = json.parse_integer(what);
+    } else if (key == "layer_norm_epsilon") {
+      eps = json.parse_number(what);
+    } else if (key == "activation_function") {
+      if (json.peek() != '"') json.fail(what, " must be a string, found ", json.describe_next());
+      const std::string act = json.parse_string();
+      if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+        json.fail(what, " is '", act,
+                  "': accrue's GPT-2 computes the tanh GELU ('gelu_new', 'gelu_pytorch_tanh')");
+    } else if (key == "scale_attn_weights") {
+      require_bool(key, true, "attention without the 1/sqrt(head size) scale");
+    } else if (key == "scale_attn_by_inverse_layer_idx") {
+      require_bool(key, false, "attention scaled by the layer index");
+    } else if (key == "add_cross_attention") {
+      require_bool(key, false, "cross-attention");
+    } else if (key == "tie_word_embeddings") {
+      require_bool(key, true, "an output layer apart from wte");
+    } else if (key == "quantization_config") {
+      json.fail(what, " is present: quantized checkpoints are not supported");
+    } else {
+      json.skip_value();  // model_type (checked), dropouts, architectures, ...
+    }
+  });
+  json.expect_end();
+  const std::pair<const char*, const std::optional<int64_t>*> required[] = {
+      {"n_layer", &layers}, {"n_head", &heads}, {"n_embd", &embd}, {"vocab_size", &vocab}};
+  for (const auto& [key, value] : required)
+    ACCRUE_CHECK(value->has_value(), file, ": the config has no '", key, "'");
+  ACCRUE_CHECK(positions || ctx, file, ": the config has neither 'n_positions' nor 'n_ctx'");
+  ACCRUE_CHECK(!positions || !ctx || *positions == *ctx, file, ": 'n_positions' ",
+               positions.value_or(0), " and 'n_ctx' ", ctx.value_or(0), " differ");
+  GPT2Config c;
+  c.n_layer = *layers;
+  c.n_head = *heads;
+  c.n_embd = *embd;
+  c.vocab_size = *vocab;
+  c.block_size = positions ? *positions : *ctx;
+  c.layer_norm_eps = eps.value_or(1e-5);
+  c.padded_vocab_size = 0;
+  ACCRUE_CHECK(!inner || *inner == 4 * c.n_embd, file, ": 'n_inner' ", inner.value_or(0),
+               " is not 4 * n_embd = ", 4 * c.n_embd, ", the only MLP width accrue's GPT-2 has");
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    ACCRUE_FAIL(file, ": ", e.message());
+  }
+  return c;
+}
+
+GPT2Config read_hf_gpt2_config(const std::string& path) {
+  return parse_hf_gpt2_config(read_hf_config_text(path, "read_hf_gpt2_config"), path);
+}
+
+std::unique_ptr<GPT2> gpt2_from_hf(const std::string& dir, const ParamOptions& options,
+                                   bool activation_checkpointing) {
+  const std::filesystem::path d(dir);
+  GPT2Config c = read_hf_gpt2_config((d / "config.json").string());
+  c.activation_checkpointing = activation_checkpointing;
+  auto model = std::make_unique<GPT2>(c, options);
+  load_hf_gpt2(*model, (d / "model.safetensors").string());
+  return model;
 }
 
 }  // namespace accrue::nn

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -62,5 +63,24 @@ std::map<std::string, Tensor> params_to_hf_gpt2(const GPT2Config& config,
 void load_hf_gpt2(GPT2& model, const std::string& safetensors_path);
 // Writes the model's parameters (their master weights) as an HF GPT-2 safetensors file.
 void save_hf_gpt2(const GPT2& model, const std::string& path);
+
+// The GPT2Config of a transformers GPT-2 config.json (model_type "gpt2"):
+// n_layer, n_head, n_embd, vocab_size, n_positions (block_size; the older
+// n_ctx where it is absent, and the two must agree where both are there),
+// layer_norm_epsilon. What accrue's GPT-2 cannot be is refused naming the
+// key: an activation other than the tanh GELU ("gelu_new",
+// "gelu_pytorch_tanh"), n_inner other than 4 * n_embd, unscaled attention or
+// attention scaled by the layer index, cross-attention, an untied head, a
+// quantized checkpoint. The dropouts and the other keys (architectures,
+// task_specific_params, ...) are ignored: dropout is the trainer's option.
+// `name` names the file in errors.
+GPT2Config parse_hf_gpt2_config(const std::string& text, const std::string& name);
+GPT2Config read_hf_gpt2_config(const std::string& path);
+
+// A GPT-2 built from dir/config.json with the weights of dir/model.safetensors
+// (load_hf_gpt2), its parameters in `options`; the config as read, with
+// activation checkpointing as asked.
+std::unique_ptr<GPT2> gpt2_from_hf(const std::string& dir, const ParamOptions& options,
+                                   bool activation_checkpointing = false);
 
 }  // namespace accrue::nn

@@ -310,4 +310,33 @@ void save_safetensors_dir(const std::string& dir,
   }
 }
 
+std::string read_hf_config_text(const std::string& path, const char* op) {
+  constexpr uint64_t kMaxConfigBytes = 16'000'000;
+  const detail::FileRef file{op, path};
+  detail::InputFile in(file);
+  ACCRUE_CHECK(in.size() <= kMaxConfigBytes, file, ": the file is ", in.size(),
+               " bytes, above the cap of ", kMaxConfigBytes, " for a config.json");
+  std::string text(in.size(), '\0');
+  in.read_at(0, text.data(), in.size(), "the config");
+  return text;
+}
+
+std::string hf_model_type(const std::string& text, const std::string& name) {
+  const detail::FileRef file{"hf_model_type", name};
+  const size_t bad = detail::find_invalid_utf8(text);
+  ACCRUE_CHECK(bad == std::string::npos, file, ": the file is not valid UTF-8 (byte ", bad, ")");
+  detail::JsonReader json(text, file, "config JSON");
+  if (json.peek() != '{')
+    json.fail("a config.json must be a JSON object, found ", json.describe_next());
+  std::string type;
+  json.parse_object("the config", [&](const std::string& key) {
+    if (key != "model_type") return json.skip_value();
+    if (json.peek() != '"')
+      json.fail("'model_type' must be a string, found ", json.describe_next());
+    type = json.parse_string();
+  });
+  json.expect_end();
+  return type;
+}
+
 }  // namespace accrue::nn

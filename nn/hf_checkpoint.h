@@ -51,6 +51,16 @@ void save_safetensors_dir(const std::string& dir,
                           int64_t max_shard_bytes = kDefaultMaxShardBytes,
                           const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
+// The text of a config.json at `path` (up to 16 MB: configs are kilobytes,
+// id2label tables more), refused naming `op` and the file when missing,
+// unreadable or larger.
+std::string read_hf_config_text(const std::string& path, const char* op);
+
+// A config.json's "model_type" ("" when it has none), read from its
+// top-level keys alone; `name` names the file in errors (not a JSON object,
+// model_type not a string).
+std::string hf_model_type(const std::string& text, const std::string& name);
+
 // A shard size as transformers' max_shard_size takes it: a byte count, or a
 // number with a unit, decimal (KB, MB, GB: powers of 10) or binary (KiB,
 // MiB, GiB: powers of 2): "5GB" = 5 * 10^9, "50KB" = 50000, "2GiB" =

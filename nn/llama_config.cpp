@@ -11,6 +11,7 @@
 #include "accrue/core/json.h"
 #include "accrue/core/tensor_file.h"
 #include "accrue/core/utf8.h"
+#include "accrue/nn/hf_checkpoint.h"
 
 namespace accrue::nn {
 
@@ -195,8 +196,6 @@ namespace {
 
 using detail::FileRef;
 using detail::JsonReader;
-
-constexpr uint64_t kMaxConfigBytes = 16'000'000;  // configs are kilobytes; id2label tables more
 
 // What a config.json's rope dictionary (rope_scaling or rope_parameters) says.
 struct RopeEntry {
@@ -418,13 +417,7 @@ LlamaConfig parse_hf_config(const std::string& text, const std::string& name) {
 }
 
 LlamaConfig read_hf_config(const std::string& path) {
-  const FileRef file{"read_hf_config", path};
-  detail::InputFile in(file);
-  ACCRUE_CHECK(in.size() <= kMaxConfigBytes, file, ": the file is ", in.size(),
-               " bytes, above the cap of ", kMaxConfigBytes, " for a config.json");
-  std::string text(in.size(), '\0');
-  in.read_at(0, text.data(), in.size(), "the config");
-  return parse_hf_config(text, path);
+  return parse_hf_config(read_hf_config_text(path, "read_hf_config"), path);
 }
 
 std::string hf_config_json(const LlamaConfig& c) {

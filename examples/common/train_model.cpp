@@ -1,9 +1,11 @@
 #include "examples/common/train_model.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 
 #include "accrue/nn/gpt2_hf.h"
+#include "accrue/nn/hf_checkpoint.h"
 #include "examples/common/options.h"
 #include "examples/common/run_main.h"  // error_message
 #include "examples/composed_gpt2/composed_gpt2.h"
@@ -178,6 +180,12 @@ bool is_gpt2_model_name(const std::string& name) {
   return false;
 }
 
+bool is_hf_gpt2_model(const std::string& name) {
+  if (name.rfind("hf:", 0) != 0) return false;
+  const std::string config = (std::filesystem::path(name.substr(3)) / "config.json").string();
+  return nn::hf_model_type(nn::read_hf_config_text(config, "--model hf:DIR"), config) == "gpt2";
+}
+
 bool is_train_model_name(const std::string& name) {
   if (name.rfind("hf:", 0) == 0) return true;
   for (const std::string& n : train_model_presets())
@@ -213,33 +221,41 @@ void apply_gpt2_sizes(nn::GPT2Config& c, const std::optional<int64_t>& n_layer,
 
 std::unique_ptr<TrainModel> make_train_model(const TrainModelOptions& o,
                                              const nn::ParamOptions& params) {
-  if (o.dropout > 0.0 && !is_gpt2_model_name(o.name))
-    usage_error("--dropout: ", o.name, " has no dropout (GPT-2 presets only)");
-  if (o.composed && !is_gpt2_model_name(o.name))
-    usage_error("--composed: ", o.name, " has no composed form (GPT-2 presets only)");
+  // hf:DIR: a GPT-2 directory or a Llama-family one, which Llama::from_hf
+  // reads and refuses.
+  const bool hf = o.name.rfind("hf:", 0) == 0;
+  const std::filesystem::path dir = hf ? o.name.substr(3) : std::string();
+  const std::string config_json = (dir / "config.json").string();
+  const bool hf_gpt2 = is_hf_gpt2_model(o.name);
+  const bool gpt2 = is_gpt2_model_name(o.name) || hf_gpt2;
+  if (o.dropout > 0.0 && !gpt2) usage_error("--dropout: ", o.name, " has no dropout (GPT-2 only)");
+  if (o.composed && !gpt2)
+    usage_error("--composed: ", o.name, " has no composed form (GPT-2 only)");
   if ((o.n_layer || o.n_head || o.n_embd || o.vocab_size || o.block_size) &&
       !is_gpt2_model_name(o.name))
     usage_error(
         "--n-layer, --n-head, --n-embd, --vocab-size and --block-size override a GPT-2 "
         "preset's sizes, not ",
         o.name, "'s");
-  if (o.name.rfind("hf:", 0) == 0) {
+  if (hf && !hf_gpt2) {
     std::unique_ptr<nn::Llama> m =
-        nn::Llama::from_hf(o.name.substr(3), params, o.activation_checkpointing);
+        nn::Llama::from_hf(dir.string(), params, o.activation_checkpointing);
     ACCRUE_CHECK(o.seq_len <= m->config().max_positions, "--seq-len ", o.seq_len,
                  " is longer than the model's max_position_embeddings ", m->config().max_positions);
     return std::make_unique<LlamaTrainModel>(std::move(m));
   }
-  if (is_gpt2_model_name(o.name)) {
-    nn::GPT2Config c = gpt2_config(o.name);
-    apply_gpt2_sizes(c, o.n_layer, o.n_head, o.n_embd, o.vocab_size, o.block_size);
+  if (gpt2) {
+    nn::GPT2Config c = hf_gpt2 ? nn::read_hf_gpt2_config(config_json) : gpt2_config(o.name);
+    if (!hf_gpt2) apply_gpt2_sizes(c, o.n_layer, o.n_head, o.n_embd, o.vocab_size, o.block_size);
     if (o.seq_len > c.block_size)
       usage_error("--seq-len ", o.seq_len, " is longer than ", o.name, "'s block size ",
                   c.block_size);
     c.activation_checkpointing = o.activation_checkpointing;
     c.dropout = o.dropout;
     c.dropout_seed = o.dropout_seed;
-    return std::make_unique<Gpt2TrainModel>(c, params, o.composed);
+    auto m = std::make_unique<Gpt2TrainModel>(c, params, o.composed);
+    if (hf_gpt2) m->init_from((dir / "model.safetensors").string());
+    return m;
   }
   nn::LlamaConfig c = nn::LlamaConfig::from_name(o.name);
   if (o.seq_len > c.max_positions)

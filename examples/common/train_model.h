@@ -67,7 +67,7 @@ class TrainModel {
 };
 
 struct TrainModelOptions {
-  std::string name;  // a preset of train_model_presets() or hf:DIR
+  std::string name;  // a preset of train_model_presets() or hf:DIR (GPT-2 or Llama family)
   int64_t seq_len = 0;
   bool activation_checkpointing = false;
   double dropout = 0.0;  // GPT-2 only; a Llama-family model has none
@@ -81,10 +81,13 @@ struct TrainModelOptions {
 // The presets make_train_model builds: GPT-2's (gpt2-tiny, gpt2-d12 .. gpt2-d48)
 // then the Llama family's (nn::LlamaConfig::preset_names()).
 std::vector<std::string> train_model_presets();
-// Whether `name` is a preset or hf:DIR (a Llama-family Hugging Face directory).
+// Whether `name` is a preset or hf:DIR (a GPT-2 or Llama-family Hugging Face directory).
 bool is_train_model_name(const std::string& name);
 // Whether `name` names a GPT-2 preset.
 bool is_gpt2_model_name(const std::string& name);
+// Whether `name` is hf:DIR with a GPT-2 config.json (model_type "gpt2"); an
+// hf:DIR whose config.json cannot be read is refused naming the file.
+bool is_hf_gpt2_model(const std::string& name);
 
 // Builds the model (loads hf:DIR's weights). A --seq-len longer than a
 // preset's positions is a usage error; a Hugging Face directory's an Error.

@@ -21,8 +21,8 @@ void declare_model_and_data(OptionTable& cli, TrainOptions& o) {
   const std::string presets = preset_list();
   cli.text("--model", &o.model, "NAME",
            "a preset (" + presets +
-               ": a Llama-family Hugging Face directory). gpt2-tiny: 2 layers, 4 heads, width "
-               "64, vocab 256, block 64");
+               ": a Hugging Face directory, GPT-2 or Llama-family, its config.json and weights). "
+               "gpt2-tiny: 2 layers, 4 heads, width 64, vocab 256, block 64");
   cli.path("--init-from", &o.init_from, "PATH",
            "start from Hugging Face weights: GPT-2, a GPT2LMHeadModel model.safetensors file; "
            "a Llama-family preset, a directory whose config.json describes it (or use "
@@ -148,7 +148,7 @@ void check_options(const OptionTable& cli, TrainOptions& o) {
     usage_error("give exactly one of --train-data and --synthetic");
   if (!is_train_model_name(o.model))
     usage_error("--model '", o.model, "' is not one of ", preset_list());
-  const bool gpt2 = is_gpt2_model_name(o.model);
+  const bool gpt2 = is_gpt2_model_name(o.model) || is_hf_gpt2_model(o.model);
   if (!o.synthetic && cli.given("--synthetic-documents"))
     usage_error("--synthetic-documents needs --synthetic");
   // Note [GPT-2 rows]

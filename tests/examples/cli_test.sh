@@ -314,7 +314,7 @@ case $name in
     expect 2 "--stop-micro-steps 2 is not inside a window of K = 2 micro-steps" --synthetic \
       --cpu --accum 2 --windows 3 --stop-after 1 --checkpoint /tmp/unused.safetensors \
       --stop-micro-steps 2
-    expect 2 "--dropout: llama-tiny has no dropout (GPT-2 presets only)" --synthetic --cpu \
+    expect 2 "--dropout: llama-tiny has no dropout (GPT-2 only)" --synthetic --cpu \
       --dropout 0.1
     # GPT-2's dropout masks from the seed + 1 + rank stream, as accrue_train_gpt2 draws them.
     run --model gpt2-tiny --accum 2 "${gpt2[@]}" --dropout 0.1
@@ -331,7 +331,7 @@ case $name in
     run --model gpt2-tiny --accum 2 "${gpt2[@]}" --composed
     [[ $rc -eq 0 && -n $theirs && $(grep "^final:" <<< "$out") == "$theirs" ]] ||
       fail "train gpt2-tiny --composed: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$theirs'"
-    expect 2 "--composed: llama-tiny has no composed form (GPT-2 presets only)" --synthetic \
+    expect 2 "--composed: llama-tiny has no composed form (GPT-2 only)" --synthetic \
       --cpu --composed
     expect 2 "--composed has no dropout, no activation checkpointing and no FP8" --synthetic --composed \
       --model gpt2-tiny --dropout 0.1

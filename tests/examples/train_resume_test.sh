@@ -135,9 +135,11 @@ if [[ -n $python ]]; then
   echo "ok: gpt2-tiny on shards resumed identically, loss $first -> $last, as accrue_train_gpt2"
   # --init-from: Hugging Face weights into the model before the store copies
   # them. A GPT2LMHeadModel file written here; both trainers start from it and
-  # end at the same loss (not the seed's); a Llama directory of another size
-  # is refused naming the field.
-  "$python" - "$work/hf_gpt2.safetensors" << 'PY' || fail "writing the GPT-2 file"
+  # end at the same loss (not the seed's), as does --model hf:DIR on the
+  # directory that holds it with a transformers-style config.json; a Llama
+  # directory of another size is refused naming the field.
+  mkdir -p "$work/hf_gpt2"
+  "$python" - "$work/hf_gpt2/model.safetensors" << 'PY' || fail "writing the GPT-2 file"
 import json, random, struct, sys
 # A GPT2LMHeadModel file of gpt2-tiny's shapes (C 64, 2 layers, vocab 256, block 64).
 C, L, V, P = 64, 2, 256, 64
@@ -167,19 +169,48 @@ text += b" " * (-len(text) % 8)
 with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 PY
+  cat > "$work/hf_gpt2/config.json" << 'JSON'
+{
+  "activation_function": "gelu_new",
+  "architectures": ["GPT2LMHeadModel"],
+  "attn_pdrop": 0.1,
+  "bos_token_id": 50256,
+  "embd_pdrop": 0.1,
+  "eos_token_id": 50256,
+  "initializer_range": 0.02,
+  "layer_norm_epsilon": 1e-05,
+  "model_type": "gpt2",
+  "n_embd": 64,
+  "n_head": 4,
+  "n_inner": null,
+  "n_layer": 2,
+  "n_positions": 64,
+  "reorder_and_upcast_attn": false,
+  "resid_pdrop": 0.1,
+  "scale_attn_by_inverse_layer_idx": false,
+  "scale_attn_weights": true,
+  "summary_activation": null,
+  "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}},
+  "torch_dtype": "float32",
+  "transformers_version": "4.57.0",
+  "use_cache": true,
+  "vocab_size": 256
+}
+JSON
   synth=(--cpu --synthetic --windows 3 --micro-batch 2 --seq-len 32 --seed 7 --lr 1e-3)
   ours=$("$trainer" --model gpt2-tiny --accum 2 "${synth[@]}" \
-    --init-from "$work/hf_gpt2.safetensors" | grep "^final:")
+    --init-from "$work/hf_gpt2/model.safetensors" | grep "^final:")
   theirs=$("$(dirname "$trainer")/accrue_train_gpt2" --model tiny --total-batch-tokens 128 \
-    "${synth[@]}" --init-from "$work/hf_gpt2.safetensors" | grep "^final:")
+    "${synth[@]}" --init-from "$work/hf_gpt2/model.safetensors" | grep "^final:")
+  from_dir=$("$trainer" --model "hf:$work/hf_gpt2" --accum 2 "${synth[@]}" | grep "^final:")
   seeded=$("$trainer" --model gpt2-tiny --accum 2 "${synth[@]}" | grep "^final:")
-  [[ -n $ours && $ours == "$theirs" && $ours != "$seeded" ]] ||
-    fail "--init-from: accrue_train '$ours', accrue_train_gpt2 '$theirs', from the seed '$seeded'"
+  [[ -n $ours && $ours == "$theirs" && $ours == "$from_dir" && $ours != "$seeded" ]] ||
+    fail "--init-from: accrue_train '$ours', accrue_train_gpt2 '$theirs', --model hf:DIR '$from_dir', from the seed '$seeded'"
   err=$("$trainer" --model llama-tiny "${synth[@]}" \
     --init-from "$source_dir/tests/nn/fixtures/hf_llama_tiny" 2>&1 >/dev/null)
   rc=$?
   [[ $rc -eq 1 && $err == *"vocab_size = 128 where this model has 256"* ]] ||
     fail "--init-from a Llama directory of another size: exit code $rc: $err"
-  echo "ok: --init-from an HF GPT-2 file: $ours, as accrue_train_gpt2"
+  echo "ok: --init-from an HF GPT-2 file and --model hf:DIR: $ours, as accrue_train_gpt2"
 fi
 echo "ok: resumed after window 3, final checkpoint identical ($full)"

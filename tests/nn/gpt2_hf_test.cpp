@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 #include "accrue/autograd/variable.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/core/tensor_io.h"
+#include "accrue/nn/hf_checkpoint.h"
 #include "accrue/optim/optimizer.h"
 #include "accrue/optim/param_store.h"
 #include "accrue/optim/window.h"
@@ -304,6 +306,122 @@ TEST(GPT2HF, loading_after_a_bf16_store_exists_trains_as_loading_before) {
   }
   EXPECT_FALSE(before.window->report().skipped);
   std::filesystem::remove(path);
+}
+
+// A transformers GPT2Config.to_json_string() of hf_config()'s sizes, with
+// `extra` keys spliced in first (later duplicates are refused, so tests that
+// change a key give one the text lacks).
+std::string transformers_config(const std::string& extra = "", bool with_positions = true) {
+  return "{" + extra +
+         R"("activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
+  "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256,
+  "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2",
+  "n_embd": 32, "n_head": 4, "n_inner": null, "n_layer": 2,)" +
+         std::string(with_positions ? R"( "n_positions": 16,)" : "") +
+         R"( "reorder_and_upcast_attn": false, "resid_pdrop": 0.1,
+  "scale_attn_by_inverse_layer_idx": false, "scale_attn_weights": true,
+  "summary_activation": null, "summary_first_dropout": 0.1, "summary_proj_to_labels": true,
+  "summary_type": "cls_index", "summary_use_proj": true,
+  "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}},
+  "torch_dtype": "float32", "transformers_version": "4.57.0", "use_cache": true,
+  "vocab_size": 120})";
+}
+
+TEST(GPT2HFConfig, reads_a_transformers_config) {
+  const nn::GPT2Config c = nn::parse_hf_gpt2_config(transformers_config(), "config.json");
+  const nn::GPT2Config want = hf_config();
+  EXPECT_EQ(c.n_layer, want.n_layer);
+  EXPECT_EQ(c.n_head, want.n_head);
+  EXPECT_EQ(c.n_embd, want.n_embd);
+  EXPECT_EQ(c.block_size, want.block_size);
+  EXPECT_EQ(c.vocab_size, want.vocab_size);
+  EXPECT_EQ(c.padded_vocab(), want.padded_vocab());
+  EXPECT_EQ(c.layer_norm_eps, 1e-5);
+  EXPECT_EQ(nn::hf_model_type(transformers_config(), "config.json"), "gpt2");
+  EXPECT_EQ(nn::hf_model_type("{\"n_layer\": 2}", "config.json"), "");
+  // Older files: n_ctx beside or instead of n_positions, and the other tanh GELU's name.
+  EXPECT_EQ(nn::parse_hf_gpt2_config(transformers_config("\"n_ctx\": 16,"), "c").block_size, 16);
+  EXPECT_EQ(nn::parse_hf_gpt2_config(transformers_config("\"n_ctx\": 24,", false), "c").block_size,
+            24);
+  std::string tanh = transformers_config();
+  tanh.replace(tanh.find("\"gelu_new\""), 10, "\"gelu_pytorch_tanh\"");
+  EXPECT_EQ(nn::parse_hf_gpt2_config(tanh, "c").n_layer, 2);
+}
+
+TEST(GPT2HFConfig, what_accrue_cannot_be_is_refused_naming_the_key) {
+  auto refused = [](const std::string& text) {
+    try {
+      nn::parse_hf_gpt2_config(text, "dir/config.json");
+    } catch (const Error& e) {
+      return e.message();
+    }
+    return std::string("accepted");
+  };
+  using ::testing::HasSubstr;
+  std::string llama = transformers_config();
+  llama.replace(llama.find("\"gpt2\""), 6, "\"llama\"");
+  EXPECT_THAT(refused(llama), HasSubstr("model_type 'llama' is not a GPT-2 config"));
+  std::string relu = transformers_config();
+  relu.replace(relu.find("\"gelu_new\""), 10, "\"relu\"");
+  EXPECT_THAT(refused(relu), HasSubstr("'activation_function' is 'relu'"));
+  std::string inner = transformers_config();
+  inner.replace(inner.find("\"n_inner\": null"), 15, "\"n_inner\": 100");
+  EXPECT_THAT(refused(inner), HasSubstr("'n_inner' 100 is not 4 * n_embd = 128"));
+  std::string unscaled = transformers_config();
+  unscaled.replace(unscaled.find("\"scale_attn_weights\": true"), 26,
+                   "\"scale_attn_weights\": false");
+  EXPECT_THAT(refused(unscaled), HasSubstr("'scale_attn_weights' is false"));
+  std::string by_layer = transformers_config();
+  by_layer.replace(by_layer.find("\"scale_attn_by_inverse_layer_idx\": false"), 40,
+                   "\"scale_attn_by_inverse_layer_idx\": true");
+  EXPECT_THAT(refused(by_layer), HasSubstr("'scale_attn_by_inverse_layer_idx' is true"));
+  EXPECT_THAT(refused(transformers_config("\"tie_word_embeddings\": false,")),
+              HasSubstr("'tie_word_embeddings' is false"));
+  EXPECT_THAT(refused(transformers_config("\"add_cross_attention\": true,")),
+              HasSubstr("cross-attention"));
+  EXPECT_THAT(refused(transformers_config("\"quantization_config\": {},")),
+              HasSubstr("quantized checkpoints"));
+  EXPECT_THAT(refused(transformers_config("\"n_ctx\": 32,")),
+              HasSubstr("'n_positions' 16 and 'n_ctx' 32 differ"));
+  EXPECT_THAT(refused(transformers_config("", false)),
+              HasSubstr("neither 'n_positions' nor 'n_ctx'"));
+  EXPECT_THAT(refused(transformers_config("\"n_layer\": 3,")),
+              HasSubstr("duplicate key 'n_layer'"));
+  std::string no_head = transformers_config();
+  no_head.replace(no_head.find("\"n_head\": 4,"), 12, "");
+  EXPECT_THAT(refused(no_head), HasSubstr("the config has no 'n_head'"));
+  std::string odd = transformers_config();
+  odd.replace(odd.find("\"n_head\": 4"), 11, "\"n_head\": 5");
+  EXPECT_THAT(refused(odd), HasSubstr("dir/config.json"));
+  EXPECT_THAT(refused(odd), HasSubstr("multiple of n_head 5"));
+  EXPECT_THAT(refused("[1, 2]"), HasSubstr("must be a JSON object"));
+}
+
+// A directory as save_pretrained leaves it: config.json and model.safetensors.
+TEST(GPT2HFConfig, gpt2_from_hf_builds_the_config_and_loads_the_weights) {
+  const auto a = make_gpt2(hf_config(), 11);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "accrue_gpt2_hf_dir";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  nn::save_hf_gpt2(*a, (dir / "model.safetensors").string());
+  {
+    std::ofstream config(dir / "config.json");
+    config << transformers_config();
+  }
+  Generator gen(1);
+  const std::unique_ptr<nn::GPT2> b =
+      nn::gpt2_from_hf(dir.string(), {Device::cpu(), DType::f64, &gen}, true);
+  EXPECT_TRUE(b->config().activation_checkpointing);
+  EXPECT_EQ(b->config().block_size, 16);
+  expect_same_parameters(*a, *b);
+  const Tensor idx = tokens(2, 16, 120, 4);
+  EXPECT_TRUE(test::all_equal(detach(b->logits(idx)), detach(a->logits(idx))));
+  std::filesystem::remove(dir / "model.safetensors");
+  EXPECT_ERROR(nn::gpt2_from_hf(dir.string(), {Device::cpu(), DType::f64, &gen}),
+               "model.safetensors");
+  std::filesystem::remove_all(dir);
+  EXPECT_ERROR(nn::gpt2_from_hf(dir.string(), {Device::cpu(), DType::f64, &gen}),
+               "read_hf_gpt2_config", "config.json");
 }
 
 }  // namespace
