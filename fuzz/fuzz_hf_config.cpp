@@ -1,6 +1,7 @@
 // libFuzzer target: the JSON of Hugging Face checkpoint directories
 // (Note [Schema-driven JSON]): the input as a config.json
-// (nn::parse_hf_config) and as a model.safetensors.index.json
+// (nn::parse_hf_config, and nn::hf_model_type, which picks the family) and as
+// a model.safetensors.index.json
 // (nn::parse_safetensors_index). A malformed text must throw accrue::Error,
 // never crash, recurse without bound or trip UBSan. A config it accepts is
 // valid, and what write_hf_config makes of it reads back as the same config;
@@ -22,6 +23,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz::require(config.parameter_count() > 0, "an accepted config has no parameters");
     const nn::LlamaConfig again = nn::parse_hf_config(nn::hf_config_json(config), "again.json");
     fuzz::require(again == config, "a config changed in a write/read round trip");
+  } catch (const Error&) {
+  }
+  try {
+    nn::hf_model_type(text, "config.json");
   } catch (const Error&) {
   }
   try {
