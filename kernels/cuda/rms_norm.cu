@@ -70,17 +70,10 @@ __device__ __forceinline__ void group_of(int64_t* row, int* lane, int* size) {
 
 // Where row r of x starts: (r / inner) * outer_stride + (r % inner) *
 // inner_stride (a [O, I, D] view: a per-head q of a packed qkv; a dense x is
-// inner = rows, inner_stride = D). The division runs in 32 bits where r and
-// inner fit: in 64 bits it is a software routine of dozens of instructions,
-// paid per row by every lane (per 16-byte pack for a head of 128 bf16).
+// inner = rows, inner_stride = D).
 struct RowGeometry {
   int64_t inner, outer_stride, inner_stride;
   __device__ __forceinline__ int64_t offset(int64_t r) const {
-    constexpr int64_t k32 = std::numeric_limits<uint32_t>::max();
-    if (r <= k32 && inner <= k32) {
-      const uint32_t o = static_cast<uint32_t>(r) / static_cast<uint32_t>(inner);
-      return o * outer_stride + (r - static_cast<int64_t>(o) * inner) * inner_stride;
-    }
     return (r / inner) * outer_stride + (r % inner) * inner_stride;
   }
 };
@@ -292,13 +285,14 @@ __global__ void rms_norm_weight_partials_kernel(const T* __restrict__ dy, const 
   if (threadIdx.y == 0 && c < d) partial[blockIdx.y * d + c] = acc;
 }
 
-// Many partial rows (the fused backward writes one per row group: 8,192 at
-// width 768) are first summed in spans of kSpan rows, block (x, y) taking 32
-// columns of span y with the thread rows' fixed strides, then the 8 thread
-// rows in order, so the total below reads a few rows per column instead of
-// thousands with 24 blocks (at 16384 x 768 bf16 the one-level total took
-// 58 us of a 100 us backward under ncu on an H200). The order still depends
-// only on the shape (Note [Deterministic column sums]).
+// Many partial rows (the fused backward writes one per block: 1,024 at
+// width 768; the unfused column sums up to 1,024 chunks) are first summed in
+// spans of kSpan rows, block (x, y) taking 32 columns of span y with the
+// thread rows' fixed strides, then the 8 thread rows in order, so the total
+// below reads a few rows per column instead of a thousand with 24 blocks (at
+// 16384 x 768 bf16, with 8,192 partial rows, the one-level total took 58 us
+// of a 100 us backward under ncu on an H200). The order still depends only
+// on the shape (Note [Deterministic column sums]).
 constexpr int64_t kSpan = 64;
 
 template <class A>
@@ -463,9 +457,10 @@ void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
 // all); each block adds its groups' column sums into one partial row, in a
 // fixed order (a warp's groups by a butterfly, then the warps in turn), and
 // a second kernel adds the partial rows in order (Note [Deterministic column
-// sums]). (A partial row per group cost a fourth tensor's traffic at width
-// 768: 8,192 rows of f32 for 16,384 rows of bf16, 0.30 of the copy rate on an
-// H200.)
+// sums]). (A partial row per group wrote 8,192 f32 rows at 16,384 x 768
+// bf16, a third of dy, x and dx's traffic; a row per block writes 1,024. The
+// time did not change, 0.30 of the copy rate on an H200 either way: that
+// traffic is not what bounds that width.)
 // Wider rows run the dx pass alone and the column sums over 64-row chunks of
 // dy and x, a second read. The group count depends only on the shape, so the
 // sums do too.

@@ -50,9 +50,8 @@ __device__ __forceinline__ void sincos_of(double a, double* s, double* c) {
 // __restrict__ on either. The pass's tokens are split into (b, t) once, into
 // shared memory (their position and row offsets), and the work items are
 // numbered in 32 bits: a 64-bit division is a software routine of dozens of
-// instructions, and the per-item (b, t, h) divisions in 64 bits made the
-// kernel instruction-bound (0.55 of the copy rate at 8 x 2048 x 32 x 128 bf16
-// on an H200). The launch checks that a pass's items fit 32 bits.
+// instructions, and each 16-byte item paid six. The launch checks that a
+// pass's items fit 32 bits.
 constexpr int64_t kMaxPass = 8;
 
 // Tokens per block pass (Note [Rotary kernel]): enough for the block's
