@@ -186,6 +186,9 @@ def parse_args(argv=None):
                    help="DDP's bucket size under torchrun with WORLD_SIZE > 1")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the GPU's dense bf16 peak for MFU (default: from its name)")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed windows, one more under torch.profiler: its 15 "
+                        "costliest ops (GPU time; CPU time on the CPU) on stderr")
     p.add_argument("--json", help="also write the JSON line to this file")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="cpu checks this script without a GPU (use --model llama-tiny)")
@@ -356,6 +359,20 @@ def apply_fsdp(torch, model, args):
     return model
 
 
+def profile_window(torch, args, window):
+    """One more window under torch.profiler; its costliest ops on stderr (a slow run's where)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([] if args.cpu else [ProfilerActivity.CUDA])
+    with profile(activities=activities) as prof:
+        window()
+        if not args.cpu:
+            torch.cuda.synchronize()
+    key = "self_cpu_time_total" if args.cpu else "self_device_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=70),
+          file=sys.stderr, flush=True)
+
+
 def run(torch, args, world, rank, device):
     import torch.nn.functional as F
 
@@ -422,6 +439,8 @@ def run(torch, args, world, rank, device):
         losses.append(total / K)
 
     window_ms = time_windows(torch, args, device, window)
+    if args.profile:
+        profile_window(torch, args, window)
     loss = float(losses[-1])
     if not math.isfinite(loss):
         raise RuntimeError(f"the last window's loss is {loss}")

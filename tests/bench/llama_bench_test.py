@@ -294,6 +294,24 @@ class NcuBreakdown(unittest.TestCase):
         self.assertEqual(rows[0]["impl"], "ncu")
         self.assertEqual(rows[0]["breakdown"]["classes"]["GEMM"]["ns"], 100)
 
+    def test_a_large_k_is_profiled_over_fewer_micro_batches_and_says_so(self):
+        with tempfile.TemporaryDirectory() as d:
+            ncu = os.path.join(d, "ncu")
+            with open(ncu, "w") as f:
+                f.write(FAKE_NCU)
+            os.chmod(ncu, 0o755)
+            p = run([RUNNER, "--cpu", "--models", "llama-tiny", "--points", "", "--seq-len", "32",
+                     "--ncu", ncu, "--ncu-points", "llama-tiny:2x8", "--ncu-max-k", "2",
+                     "--json", os.path.join(d, "rows.json")])
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            with open(os.path.join(d, "rows.json")) as f:
+                rows = json.load(f)
+        self.assertIn("accrue llama-tiny at 2 x 8: kernel time by class", p.stdout)
+        self.assertIn("a window of 2 micro-batches, not 8 (--ncu-max-k)", p.stdout)
+        cmd = rows[0]["cmd"]
+        self.assertEqual(cmd[cmd.index("--accum") + 1], "2")
+        self.assertEqual((rows[0]["K"], rows[0]["profiled_K"]), (8, 2))
+
 
 class TorchOnCpu(unittest.TestCase):
     @classmethod
