@@ -51,6 +51,31 @@ ScaledCast cast_current(const Tensor& x2, DType dtype, int margin) {
   return {kernels::cast_to_fp8_transpose(x2, s.scale, dtype), s.scale_inv};
 }
 
+// The weight gradient of an FP8 linear layer: into(out, accumulate) writes
+// (or adds) the f32 product dy^T x into out. Note [Fused weight-gradient
+// accumulation]: an f32 slot takes it straight from the GEMM; otherwise it
+// is computed into an f32 [out, in] and widened into an f64 slot, or
+// returned in the weight's dtype when there is no slot.
+template <class Into>
+Tensor fp8_weight_grad(const SinkTarget& target, DType w_dtype, int64_t out_features,
+                       int64_t in_features, Device device, Into&& into) {
+  double beta = 0.0;
+  const Tensor slot = target.claim(&beta);
+  if (slot.defined() && slot.dtype() == DType::f32) {
+    into(slot, /*accumulate=*/beta != 0.0);
+    return autograd::delivered();
+  }
+  const Tensor sum = empty({out_features, in_features}, DType::f32, device);
+  into(sum, false);
+  if (!slot.defined()) return sum.to(w_dtype);
+  if (beta != 0.0) {  // an f64 arena: the f32 product widened into the slot
+    kernels::axpy_(slot, 1.0, sum);
+  } else {
+    slot.copy_(sum);
+  }
+  return autograd::delivered();
+}
+
 bool is_gemm_output(DType t) {
   return t == DType::bf16 || t == DType::f16 || t == DType::f32;
 }
@@ -91,36 +116,38 @@ void check_fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight* w8
 
 // Note [FP8 block recipe]
 // ~~~~~~~~~~~~~~~~~~~~~~~
-// Fp8Recipe::block scales each 1 x 128 tile of x (and of dy, along its rows)
-// and each 128 x 128 block of W by its own power-of-two scale
-// (cast_to_fp8_blockwise, Note [FP8 block scaling]), as DeepSeek-V3 does, so
-// an outlier costs precision in its own tile only. The GEMM that applies
-// block scales on the FP8 tensor cores (cuBLASLt's VEC128 and BLK128x128
-// scale modes) is not built yet: the codes are dequantized (each code times
-// its tile's scale_inv, exact in bf16: 3 mantissa bits times a power of two)
-// into the output dtype and multiplied by the usual GEMM, whose weight
-// gradient lands in the fp32 slot as Linear's does. So the recipe gives
-// block scaling's numerics now, not FP8's speed: it costs a dequantized copy
-// of each operand. An overflowed tensor makes its dequantized copy NaN (Note
-// [FP8 overflow]).
+// Fp8Recipe::block scales each 1 x 128 tile and each 128 x 128 weight block
+// by its own power-of-two scale (cast_to_fp8_blockwise, Note [FP8 block
+// scaling]), as DeepSeek-V3 does, so an outlier costs precision in its own
+// tile only, and multiplies the codes on the block-scaled FP8 GEMM (Note
+// [FP8 block GEMM]), which takes tiles along K, the summed dimension. So
+// each GEMM casts its operands along its own K:
+//   y = x W^T     x in 1 x 128 tiles along the features, W in blocks;
+//   dx = dy W     dy in 1 x 128 tiles along the out features, W^T in blocks
+//                 (the blocks of W transposed: the same codes and scales);
+//   dW += dy^T x  dy^T and x^T in 1 x 128 tiles along the tokens, the f32
+//                 product added into the gradient slot by the GEMM (Note
+//                 [Fused weight-gradient accumulation]).
+// The forward keeps x^T's codes and scales (a byte an element) for the
+// weight gradient; dy is cast twice (along each of its dimensions). A tile
+// that overflowed makes its scale_inv NaN (fp8_guarded_scale_inv over the
+// tensor's amax), so the GEMM's outputs are NaN (Note [FP8 overflow]).
+using kernels::Fp8Tiles;
 constexpr int64_t kBlock = 128;
 
 struct BlockCast {
-  kernels::Fp8BlockCast cast;
-  int64_t tile_rows, tile_cols;
+  Tensor q;
+  Tensor scale_inv;  // guarded: NaN everywhere when the tensor overflowed
 };
 
-BlockCast cast_blocks(const Tensor& x2, int64_t tile_rows, int64_t tile_cols, DType dtype) {
-  return {kernels::cast_to_fp8_blockwise(x2, tile_rows, tile_cols, dtype), tile_rows, tile_cols};
+// x2 [rows, K] cast in tiles of tile_rows x 128 along K.
+BlockCast cast_blocks(const Tensor& x2, int64_t tile_rows, DType dtype) {
+  const kernels::Fp8BlockCast c = kernels::cast_to_fp8_blockwise(x2, tile_rows, kBlock, dtype);
+  return {c.q, fp8_guarded_scale_inv(c.scale_inv, c.amax)};
 }
 
-// Each code times its tile's scale_inv, in `out`.
-Tensor dequantize(const BlockCast& b, DType out) {
-  const int64_t m = b.cast.q.size(0), k = b.cast.q.size(1);
-  Tensor s = kernels::repeat_interleave(b.cast.scale_inv, b.tile_rows, 0).narrow(0, 0, m);
-  s = kernels::repeat_interleave(s, b.tile_cols, 1).narrow(1, 0, k);
-  s = fp8_guarded_scale_inv(s, b.cast.amax);
-  return kernels::binary(kernels::BinaryOp::Mul, b.cast.q.to(out), s.to(out));
+Tensor block_matmul(const BlockCast& a, Fp8Tiles ta, const BlockCast& b, Fp8Tiles tb, DType out) {
+  return kernels::fp8_block_matmul(a.q, a.scale_inv, ta, b.q, b.scale_inv, tb, out);
 }
 
 Tensor fp8_linear_blocks(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -128,10 +155,10 @@ Tensor fp8_linear_blocks(const Tensor& x, const Tensor& weight, const Tensor& bi
   check_fp8_linear(x, weight, nullptr, bias, o);
   const int64_t n = weight.size(0), k = weight.size(1);
   const DType dt = o.out_dtype;
-  const BlockCast cx = cast_blocks(detach(x).reshape({-1, k}), 1, kBlock, o.forward_dtype);
-  const BlockCast cw = cast_blocks(detach(weight), kBlock, kBlock, o.forward_dtype);
-  const Tensor xd = dequantize(cx, dt), wd = dequantize(cw, dt);
-  Tensor y2 = kernels::matmul(xd, wd.transpose(0, 1));
+  const Tensor x2 = detach(x).reshape({-1, k});
+  const BlockCast cx = cast_blocks(x2, 1, o.forward_dtype);
+  const BlockCast cw = cast_blocks(detach(weight), kBlock, o.forward_dtype);
+  Tensor y2 = block_matmul(cx, Fp8Tiles::row, cw, Fp8Tiles::block, dt);
   if (bias.defined()) {
     const Tensor b = detach(bias);
     y2 = kernels::binary(kernels::BinaryOp::Add, y2, b.dtype() == dt ? b : b.to(dt));
@@ -141,22 +168,32 @@ Tensor fp8_linear_blocks(const Tensor& x, const Tensor& weight, const Tensor& bi
   const bool gx = autograd::wants_grad(x), gw = autograd::wants_grad(weight),
              gb = autograd::wants_grad(bias);
   const Shape x_shape = x.shape();
-  const DType x_dtype = x.dtype(), b_dtype = bias.defined() ? bias.dtype() : dt;
+  const DType x_dtype = x.dtype(), w_dtype = weight.dtype(),
+              b_dtype = bias.defined() ? bias.dtype() : dt;
   const Tensor sw = autograd::saved(weight);
   const SinkTarget w_target = autograd::sink_target(weight), b_target = autograd::sink_target(bias);
-  const DType grad_dtype = o.grad_dtype;
-  // The saved codes (1 byte an element) are dequantized again in the backward.
+  const DType grad_dtype = o.grad_dtype, forward_dtype = o.forward_dtype;
+  // x^T along the tokens, for the weight gradient only.
+  const BlockCast cxt = gw ? cast_blocks(x2.transpose(0, 1), 1, forward_dtype) : BlockCast{};
   return autograd::record(
       "Fp8LinearBackward", y2.reshape(out_shape), {x, weight, bias},
       [=](const Tensor& g) -> std::vector<Tensor> {
         const Tensor g2 = g.reshape({-1, n});
-        const Tensor gd = dequantize(cast_blocks(g2, 1, kBlock, grad_dtype), g2.dtype());
         Tensor dx, dw, db;
         if (gx) {
-          dx = kernels::matmul(gd, dequantize(cw, g2.dtype())).reshape(x_shape);
-          if (dx.dtype() != x_dtype) dx = dx.to(x_dtype);
+          const BlockCast cwt = cast_blocks(detach(sw).transpose(0, 1), kBlock, forward_dtype);
+          dx = block_matmul(cast_blocks(g2, 1, grad_dtype), Fp8Tiles::row, cwt, Fp8Tiles::block,
+                            x_dtype)
+                   .reshape(x_shape);
         }
-        if (gw) dw = autograd::linear_weight_grad(gd, dequantize(cx, g2.dtype()), sw, w_target);
+        if (gw) {
+          const BlockCast cgt = cast_blocks(g2.transpose(0, 1), 1, grad_dtype);
+          dw = fp8_weight_grad(
+              w_target, w_dtype, n, k, g2.device(), [&](const Tensor& out, bool accumulate) {
+                kernels::fp8_block_matmul_into(cgt.q, cgt.scale_inv, Fp8Tiles::row, cxt.q,
+                                               cxt.scale_inv, Fp8Tiles::row, out, accumulate);
+              });
+        }
         if (gb) {
           db = autograd::linear_bias_grad(g2, b_target);
           if (!autograd::is_delivered(db) && db.dtype() != b_dtype) db = db.to(b_dtype);
@@ -182,7 +219,7 @@ namespace {
 Tensor fp8_linear_cast(const Tensor& x, const Tensor& x_q, const Tensor& x_codes_t,
                        const Tensor& x_scale_inv, const Tensor& weight, const Fp8Weight& w8,
                        const Tensor& bias, const Fp8LinearOptions& o) {
-  const int64_t n = weight.size(0);
+  const int64_t n = weight.size(0), k = weight.size(1);
   Tensor y2 = kernels::fp8_matmul(x_q, w8.q, x_scale_inv, w8.scale_inv, o.out_dtype);
   if (bias.defined()) {
     const Tensor b = detach(bias);
@@ -211,27 +248,11 @@ Tensor fp8_linear_cast(const Tensor& x, const Tensor& x_q, const Tensor& x_codes
                    .reshape(x_shape);
         }
         if (gw) {
-          // Note [Fused weight-gradient accumulation]: into the fp32 slot in the GEMM.
-          double beta = 0.0;
-          const Tensor slot = w_target.claim(&beta);
-          if (slot.defined() && slot.dtype() == DType::f32) {
-            kernels::fp8_matmul_into(cg.cast.q_t, x_codes_t, cg.scale_inv, x_scale_inv, slot,
-                                     /*accumulate=*/beta != 0.0);
-            dw = autograd::delivered();
-          } else {
-            const Tensor sum =
-                kernels::fp8_matmul(cg.cast.q_t, x_codes_t, cg.scale_inv, x_scale_inv, DType::f32);
-            if (!slot.defined()) {
-              dw = sum.to(w_dtype);
-            } else {  // an f64 arena: the f32 product widened into the slot
-              if (beta != 0.0) {
-                kernels::axpy_(slot, 1.0, sum);
-              } else {
-                slot.copy_(sum);
-              }
-              dw = autograd::delivered();
-            }
-          }
+          dw = fp8_weight_grad(w_target, w_dtype, n, k, g2.device(),
+                               [&](const Tensor& out, bool accumulate) {
+                                 kernels::fp8_matmul_into(cg.cast.q_t, x_codes_t, cg.scale_inv,
+                                                          x_scale_inv, out, accumulate);
+                               });
         }
         if (gb) {
           db = autograd::linear_bias_grad(g2, b_target);

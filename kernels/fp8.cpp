@@ -172,13 +172,10 @@ void check_fp8_operand(const Tensor& t, const char* op, const char* what) {
   du::check_aligned(t, 16, op, what);
 }
 
-}  // namespace
-
-void fp8_matmul_into(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
-                     const Tensor& scale_inv_b, const Tensor& out, bool accumulate,
-                     bool fast_accumulation) {
-  constexpr const char* op = "fp8_matmul";
-  NoGradGuard no_grad;
+// fp8_matmul's and fp8_block_matmul's rules on the operands and the output
+// (Note [FP8 GEMM]).
+void check_fp8_gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate,
+                    const char* op) {
   check_fp8_operand(a, op, "a");
   check_fp8_operand(b, op, "b");
   du::check_same_device(a, b, op, "a", "b");
@@ -193,8 +190,6 @@ void fp8_matmul_into(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a
                  " must be a positive multiple of ", kFp8GemmMultiple,
                  " (cuBLASLt's FP8 GEMM; shapes a ", shape_str(a.shape()), ", b ",
                  shape_str(b.shape()), ")");
-  du::check_device_scalar(scale_inv_a, a.device(), op, "scale_inv_a", "a");
-  du::check_device_scalar(scale_inv_b, a.device(), op, "scale_inv_b", "a");
   du::check_defined(out, op, "out");
   du::check_device(out, a.device(), op, "out", "a");
   ACCRUE_CHECK(out.shape() == (Shape{m, n}), op, ": out has shape ", shape_str(out.shape()),
@@ -207,8 +202,68 @@ void fp8_matmul_into(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a
                dtype_name(out.dtype()));
   du::check_contiguous(out, op, "out");
   du::check_aligned(out, 16, op, "out");
+}
+
+// Note [FP8 block GEMM]: the rows a scale covers, and its scale_inv's shape.
+constexpr int64_t kFp8BlockK = 128;
+
+int64_t rows_per_tile(Fp8Tiles tiles) {
+  return tiles == Fp8Tiles::block ? kFp8BlockK : 1;
+}
+
+void check_block_scales(const Tensor& q, const Tensor& scale_inv, Fp8Tiles tiles, const char* op,
+                        const char* what) {
+  du::check_defined(scale_inv, op, what);
+  du::check_device(scale_inv, q.device(), op, what, "a");
+  du::check_dtype(scale_inv, DType::f32, op, what);
+  du::check_contiguous(scale_inv, op, what);
+  const int64_t r = rows_per_tile(tiles);
+  const Shape want{(q.size(0) + r - 1) / r, (q.size(1) + kFp8BlockK - 1) / kFp8BlockK};
+  ACCRUE_CHECK(scale_inv.shape() == want, op, ": ", what, " has shape ",
+               shape_str(scale_inv.shape()), "; tiles of ", r, " x ", kFp8BlockK, " over ",
+               shape_str(q.shape()), " take ", shape_str(want));
+}
+
+}  // namespace
+
+void fp8_matmul_into(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
+                     const Tensor& scale_inv_b, const Tensor& out, bool accumulate,
+                     bool fast_accumulation) {
+  constexpr const char* op = "fp8_matmul";
+  NoGradGuard no_grad;
+  check_fp8_gemm(a, b, out, accumulate, op);
+  du::check_device_scalar(scale_inv_a, a.device(), op, "scale_inv_a", "a");
+  du::check_device_scalar(scale_inv_b, a.device(), op, "scale_inv_b", "a");
   ACCRUE_BACKEND_CALL(a.device(), fp8_matmul, a, b, scale_inv_a, scale_inv_b, out, accumulate,
                       fast_accumulation);
+}
+
+void fp8_block_matmul_into(const Tensor& a, const Tensor& scale_inv_a, Fp8Tiles tiles_a,
+                           const Tensor& b, const Tensor& scale_inv_b, Fp8Tiles tiles_b,
+                           const Tensor& out, bool accumulate) {
+  constexpr const char* op = "fp8_block_matmul";
+  NoGradGuard no_grad;
+  check_fp8_gemm(a, b, out, accumulate, op);
+  check_block_scales(a, scale_inv_a, tiles_a, op, "scale_inv_a");
+  check_block_scales(b, scale_inv_b, tiles_b, op, "scale_inv_b");
+  ACCRUE_CHECK(!(tiles_a == Fp8Tiles::block && tiles_b == Fp8Tiles::block), op,
+               ": a and b are both scaled per 128 x 128 block; one operand (the activation or "
+               "the gradient) takes 1 x 128 tiles (cuBLASLt's block-scaled FP8 GEMM)");
+  ACCRUE_BACKEND_CALL(a.device(), fp8_block_matmul, a, scale_inv_a, rows_per_tile(tiles_a), b,
+                      scale_inv_b, rows_per_tile(tiles_b), out, accumulate);
+}
+
+Tensor fp8_block_matmul(const Tensor& a, const Tensor& scale_inv_a, Fp8Tiles tiles_a,
+                        const Tensor& b, const Tensor& scale_inv_b, Fp8Tiles tiles_b,
+                        DType out_dtype) {
+  constexpr const char* op = "fp8_block_matmul";
+  du::check_defined(a, op, "a");
+  du::check_defined(b, op, "b");
+  ACCRUE_CHECK(a.dim() == 2 && b.dim() == 2, op, ": a and b must be 2-D, got shapes ",
+               shape_str(a.shape()), " and ", shape_str(b.shape()));
+  Tensor out = empty({a.size(0), b.size(0)}, out_dtype, a.device());
+  fp8_block_matmul_into(a, scale_inv_a, tiles_a, b, scale_inv_b, tiles_b, out, false);
+  return out;
 }
 
 Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,

@@ -108,8 +108,8 @@ void fp8_scale_from_amax_into(const Tensor& amax, DType fp8_dtype, int margin, b
 // The result holds scale_inv per tile, [ceil(M / tile_rows), ceil(K /
 // tile_cols)] f32, what a block-scaled GEMM multiplies by, and amax, the
 // largest |x| of all tiles (NaN when any is NaN): a tile that overflowed gets
-// scale 1 and shows in amax, as for a per-tensor cast. The GEMM that takes
-// block scales is not built yet.
+// scale 1 and shows in amax, as for a per-tensor cast. fp8_block_matmul
+// (Note [FP8 block GEMM]) multiplies the codes with these scales.
 struct Fp8BlockCast {
   Tensor q;
   Tensor scale_inv;
@@ -155,5 +155,34 @@ Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
 void fp8_matmul_into(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
                      const Tensor& scale_inv_b, const Tensor& out, bool accumulate,
                      bool fast_accumulation = false);
+
+// Note [FP8 block GEMM]
+// ~~~~~~~~~~~~~~~~~~~~~
+// fp8_block_matmul(a, b) = sum over k of a[m, k] s_a(m, k) b[n, k] s_b(n, k)
+// with a [M, K] and b [N, K] FP8 as in Note [FP8 GEMM], each scaled per tile
+// of 128 along K (Note [FP8 block scaling]): Fp8Tiles::row, tiles of 1 x 128
+// (scale_inv [M, ceil(K / 128)], cast_to_fp8_blockwise's with tile 1 x 128),
+// or Fp8Tiles::block, 128 x 128 blocks (scale_inv [ceil(M / 128), ceil(K /
+// 128)], tile 128 x 128); not both operands block. On the GPU it is cuBLASLt's
+// block-scaled FP8 GEMM (Hopper: the VEC128_32F and BLK128x128_32F scale
+// modes, compute capability 9.0 only), which applies the scales to the f32
+// partial sum of each 128-long slice of K on the tensor cores, so no
+// dequantized copy of either operand exists; the scale tensors are rearranged
+// into cuBLASLt's layouts there (a row-tiled operand's scales K-block-major,
+// a block-tiled one's rows padded to a multiple of 4). The CPU reference
+// sums the exact products of the scaled codes in double, in k order, and
+// rounds once. The other rules are fp8_matmul's: M, N and K multiples of 16,
+// contiguous 16-byte aligned data, not both operands e5m2, out f32 (which
+// accumulate adds into: the weight gradient's slot) or bf16 / f16. A NaN
+// scale_inv (an overflowed tile, Note [FP8 overflow]) makes the outputs it
+// touches NaN.
+enum class Fp8Tiles { row, block };
+
+Tensor fp8_block_matmul(const Tensor& a, const Tensor& scale_inv_a, Fp8Tiles tiles_a,
+                        const Tensor& b, const Tensor& scale_inv_b, Fp8Tiles tiles_b,
+                        DType out_dtype);
+void fp8_block_matmul_into(const Tensor& a, const Tensor& scale_inv_a, Fp8Tiles tiles_a,
+                           const Tensor& b, const Tensor& scale_inv_b, Fp8Tiles tiles_b,
+                           const Tensor& out, bool accumulate);
 
 }  // namespace accrue::kernels

@@ -53,8 +53,8 @@ void declare_fp8(OptionTable& cli, Fp8Choice& fp8) {
                         {{"tensor", Fp8Recipe::tensor}, {"block", Fp8Recipe::block}},
                         "with --fp8: tensor, one scale per tensor on the FP8 GEMMs; block, a "
                         "scale per 1 x 128 tile of activations and gradients and per 128 x 128 "
-                        "block of weights, through dequantized GEMMs (Note [FP8 block recipe]: "
-                        "block scaling's numerics, not yet FP8's speed)");
+                        "block of weights, on cuBLASLt's block-scaled FP8 GEMMs (Hopper only; "
+                        "Note [FP8 block recipe])");
   cli.flag("--fp8-cast-every-micro-batch", &fp8.cast_every_micro_batch,
            "with --fp8, cast each weight to FP8 at every micro-batch instead of once per window "
            "(the same bits, Note [Window FP8 weights]; to measure what the once-per-window copy "

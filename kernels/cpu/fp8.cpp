@@ -133,23 +133,37 @@ void fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, bool pow
   scale_inv.data<float>()[0] = fp8_inverse_scale(a, s, guard);
 }
 
-// Note [FP8 GEMM]'s reference: every product exact in double (an FP8 value
-// has at most 4 significant bits), summed in k order in double, scaled, then
-// one rounding to out's dtype (after adding out when accumulating).
-void fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
-                const Tensor& out, bool accumulate, bool /*fast_accumulation*/) {
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
-  const double scale =
-      static_cast<double>(scale_a.data<float>()[0]) * static_cast<double>(scale_b.data<float>()[0]);
-  auto decoded = [](const Tensor& t) {
-    std::vector<double> v(static_cast<size_t>(t.numel()));
-    const auto* p = static_cast<const uint8_t*>(t.data_ptr());
-    for (size_t i = 0; i < v.size(); ++i)
-      v[i] = t.dtype() == DType::f8e4m3 ? f8e4m3::decode(p[i]) : f8e5m2::decode(p[i]);
-    return v;
-  };
-  const std::vector<double> da = decoded(a), db = decoded(b);
-  visit_float(out.dtype(), "fp8_matmul", [&](auto tag) {
+namespace {
+
+// An FP8 tensor's values, in double.
+std::vector<double> decoded(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = t.dtype() == DType::f8e4m3 ? f8e4m3::decode(p[i]) : f8e5m2::decode(p[i]);
+  return v;
+}
+
+// Each value of q [rows, K] times its tile's scale_inv (Note [FP8 block
+// GEMM]), in double: exact, a code's 4 significant bits times an f32.
+std::vector<double> scaled(const Tensor& q, const Tensor& scale_inv, int64_t rows_per_tile) {
+  std::vector<double> v = decoded(q);
+  const int64_t rows = q.size(0), k = q.size(1), blocks = scale_inv.size(1);
+  const float* s = scale_inv.data<float>();
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t p = 0; p < k; ++p)
+      v[static_cast<size_t>(i * k + p)] *= s[(i / rows_per_tile) * blocks + p / 128];
+  return v;
+}
+
+// Note [FP8 GEMM]'s reference: out [m, n] = sum over p of da[i, p] db[j, p],
+// every product exact in double (an FP8 value has at most 4 significant bits;
+// with block scales, exact when the scales are powers of two, as they are by
+// default), summed in p order in double, scaled, then one rounding to out's
+// dtype (after adding out when accumulating).
+void exact_gemm(const std::vector<double>& da, const std::vector<double>& db, int64_t m, int64_t n,
+                int64_t k, double scale, const Tensor& out, bool accumulate, const char* op) {
+  visit_float(out.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     T* po = ptr<T>(out);
     parallel_for(0, m, grain_for(n * k), [&](int64_t i0, int64_t i1) {
@@ -164,6 +178,23 @@ void fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_a, const T
         }
     });
   });
+}
+
+}  // namespace
+
+void fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+                const Tensor& out, bool accumulate, bool /*fast_accumulation*/) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
+  const double scale =
+      static_cast<double>(scale_a.data<float>()[0]) * static_cast<double>(scale_b.data<float>()[0]);
+  exact_gemm(decoded(a), decoded(b), m, n, k, scale, out, accumulate, "fp8_matmul");
+}
+
+void fp8_block_matmul(const Tensor& a, const Tensor& scale_inv_a, int64_t a_rows_per_tile,
+                      const Tensor& b, const Tensor& scale_inv_b, int64_t b_rows_per_tile,
+                      const Tensor& out, bool accumulate) {
+  exact_gemm(scaled(a, scale_inv_a, a_rows_per_tile), scaled(b, scale_inv_b, b_rows_per_tile),
+             a.size(0), b.size(0), a.size(1), 1.0, out, accumulate, "fp8_block_matmul");
 }
 
 }  // namespace accrue::kernels::cpu

@@ -1,13 +1,8 @@
-// The FP8 GEMM on cuBLASLt (Note [FP8 GEMM]): one plan per problem, cached
-// beside the epilogue plans of Note [cuBLASLt state], with the scale pointers
-// set on the descriptor under the plan's launch lock for each call, as the
-// epilogues' bias pointers are.
-//
-// Not yet run on a GPU (written where none runs): what cuBLASLt will accept is
-// taken from its documented FP8 requirements (TN, sizes and leading
-// dimensions multiples of 16, 16-byte aligned data, A/B scale pointers with
-// CUBLAS_COMPUTE_32F and f32 scales, C of D's type, e5m2 x e5m2 refused); a
-// refusal becomes an error naming the problem, never a silent fallback.
+// The FP8 GEMMs on cuBLASLt (Note [FP8 GEMM], Note [FP8 block GEMM]): one
+// plan per problem, cached beside the epilogue plans of Note [cuBLASLt
+// state], with the scale pointers set on the descriptor under the plan's
+// launch lock for each call, as the epilogues' bias pointers are. A refusal
+// becomes an error naming the problem, never a silent fallback.
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -60,6 +55,10 @@ struct Fp8Problem {
   DType a_type{}, b_type{}, out_type{};
   int64_t m = 0, n = 0, k = 0;  // ours: out [m, n] = a [m, k] @ b [n, k]^T
   bool accumulate = false, fast = false;
+  // How a's and b's scales apply (cublasLtMatmulMatrixScale_t): per tensor,
+  // or per tile of Note [FP8 block GEMM].
+  int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  int32_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
   const void* a = nullptr;
   const void* b = nullptr;
   const float* scale_a = nullptr;
@@ -77,8 +76,8 @@ struct Fp8Problem {
             k,
             accumulate ? 1 : 0,
             fast ? 1 : 0,
-            0,
-            0};
+            a_mode,
+            b_mode};
   }
 };
 
@@ -103,6 +102,12 @@ std::unique_ptr<EpiloguePlan> build_fp8_plan(cublasLtHandle_t handle, const Fp8P
             set_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, transb) &&
             set_attr(plan->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast) &&
             set_scale_pointers(*plan, p);
+  // Swapped as the pointers are: cuBLASLt's A is our b.
+  if (p.a_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
+      p.b_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
+    ok = ok && set_attr(plan->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, p.b_mode) &&
+         set_attr(plan->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, p.a_mode);
+  }
   if (!ok) return plan;
 
   // Dispatch guarantees 16-byte alignment (Note [FP8 GEMM]), so the plan
@@ -112,20 +117,22 @@ std::unique_ptr<EpiloguePlan> build_fp8_plan(cublasLtHandle_t handle, const Fp8P
   return plan;
 }
 
-// FP8 tensor cores: compute capability 8.9 (Ada) and up.
-void check_fp8_device(int device) {
+// FP8 tensor cores: compute capability 8.9 (Ada) and up; the 128-element
+// block scales, 9.0 (Hopper) only.
+void check_fp8_device(int device, bool block_scales, const char* op) {
   int major = 0, minor = 0;
   ACCRUE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   ACCRUE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  ACCRUE_CHECK(major * 10 + minor >= 89, "fp8_matmul: device cuda:", device,
-               " has compute capability ", major, ".", minor,
-               "; FP8 GEMMs need 8.9 or newer (Ada, Hopper, Blackwell)");
+  const int cc = major * 10 + minor;
+  ACCRUE_CHECK(cc >= 89, op, ": device cuda:", device, " has compute capability ", major, ".",
+               minor, "; FP8 GEMMs need 8.9 or newer (Ada, Hopper, Blackwell)");
+  ACCRUE_CHECK(!block_scales || cc == 90, op, ": device cuda:", device, " has compute capability ",
+               major, ".", minor,
+               "; cuBLASLt's 128-element block scales (VEC128 and BLK128x128) run on 9.0 "
+               "(Hopper) only");
 }
 
-}  // namespace
-
-void fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
-                const Tensor& out, bool accumulate, bool fast_accumulation) {
+Fp8Problem problem_of(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   Fp8Problem p;
   p.device = out.device().index;
   p.a_type = a.dtype();
@@ -135,33 +142,82 @@ void fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_a, const T
   p.k = a.size(1);
   p.n = b.size(0);
   p.accumulate = accumulate;
-  p.fast = fast_accumulation;
   p.a = a.data_ptr();
   p.b = b.data_ptr();
-  p.scale_a = static_cast<const float*>(scale_a.data_ptr());
-  p.scale_b = static_cast<const float*>(scale_b.data_ptr());
   p.out = out.data_ptr();
+  return p;
+}
 
+void run_fp8_gemm(const Fp8Problem& p, const Tensor& out, const char* op) {
+  const bool block_scales = p.a_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
+                            p.b_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
   cu::DeviceScope scope(p.device);
-  check_fp8_device(p.device);
+  check_fp8_device(p.device, block_scales, op);
   cudaStream_t stream = cu::stream_for(p.device);
   auto [r, plan] = LtState::instance().acquire_epilogue(
       p.device, stream, p.key(),
       [&](cublasLtHandle_t handle) { return build_fp8_plan(handle, p); });
 
   std::lock_guard<std::mutex> lock(plan->launch);
-  ACCRUE_CHECK(plan->usable, "fp8_matmul: cuBLASLt offers no FP8 algorithm for a ",
-               dtype_name(p.a_type), " [", p.m, ", ", p.k, "] @ ", dtype_name(p.b_type), " [", p.n,
-               ", ", p.k, "]^T -> ", dtype_name(p.out_type), accumulate ? " (accumulating)" : "",
-               " on cuda:", p.device);
-  ACCRUE_CHECK(set_scale_pointers(*plan, p),
-               "fp8_matmul: cuBLASLt refused the scale pointers of a cached plan");
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  ACCRUE_CHECK(plan->usable, op, ": cuBLASLt offers no FP8 algorithm for a ", dtype_name(p.a_type),
+               " [", p.m, ", ", p.k, "] @ ", dtype_name(p.b_type), " [", p.n, ", ", p.k, "]^T -> ",
+               dtype_name(p.out_type), p.accumulate ? " (accumulating)" : "", " with scale modes ",
+               p.a_mode, " x ", p.b_mode, " on cuda:", p.device);
+  ACCRUE_CHECK(set_scale_pointers(*plan, p), op,
+               ": cuBLASLt refused the scale pointers of a cached plan");
+  const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
   // Note [Library outputs under initcheck] (core/cuda_runtime.h).
-  if (!accumulate && prewrite_library_outputs()) out.fill_(0.0);
+  if (!p.accumulate && prewrite_library_outputs()) out.fill_(0.0);
   ACCRUE_CUBLAS_CHECK(cublasLtMatmul(r.handle, plan->op, &alpha, p.b, plan->a, p.a, plan->b, &beta,
                                      p.out, plan->c, p.out, plan->c, &plan->algo, r.workspace,
                                      kWorkspaceBytes, stream));
+}
+
+// Note [FP8 block GEMM]: a scale_inv of cast_to_fp8_blockwise's layout, as
+// cuBLASLt reads it. 1 x 128 tiles (VEC128_32F): [rows, k_blocks] row-major
+// becomes k-block-major, the rows of one k block contiguous. 128 x 128 blocks
+// (BLK128x128_32F): [row_blocks, k_blocks] row-major with each row padded to
+// a multiple of 4 scales (16 bytes). Both are as PyTorch's torch._scaled_mm
+// passes its blockwise scales to cuBLASLt.
+Tensor cublaslt_scales(const Tensor& scale_inv, int64_t rows_per_tile) {
+  if (rows_per_tile == 1) return scale_inv.transpose(0, 1).contiguous();
+  const int64_t row_blocks = scale_inv.size(0), k_blocks = scale_inv.size(1);
+  const int64_t padded = (k_blocks + 3) / 4 * 4;
+  if (padded == k_blocks) return scale_inv;
+  Tensor out = zeros({row_blocks, padded}, DType::f32, scale_inv.device());
+  out.narrow(1, 0, k_blocks).copy_(scale_inv);
+  return out;
+}
+
+int32_t scale_mode(int64_t rows_per_tile) {
+  return rows_per_tile == 1 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                            : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+}
+
+}  // namespace
+
+void fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+                const Tensor& out, bool accumulate, bool fast_accumulation) {
+  Fp8Problem p = problem_of(a, b, out, accumulate);
+  p.fast = fast_accumulation;
+  p.scale_a = static_cast<const float*>(scale_a.data_ptr());
+  p.scale_b = static_cast<const float*>(scale_b.data_ptr());
+  run_fp8_gemm(p, out, "fp8_matmul");
+}
+
+void fp8_block_matmul(const Tensor& a, const Tensor& scale_inv_a, int64_t a_rows_per_tile,
+                      const Tensor& b, const Tensor& scale_inv_b, int64_t b_rows_per_tile,
+                      const Tensor& out, bool accumulate) {
+  cu::DeviceScope scope(out.device().index);
+  // Held until the GEMM is enqueued; the allocator orders their reuse after it.
+  const Tensor sa = cublaslt_scales(scale_inv_a, a_rows_per_tile);
+  const Tensor sb = cublaslt_scales(scale_inv_b, b_rows_per_tile);
+  Fp8Problem p = problem_of(a, b, out, accumulate);
+  p.a_mode = scale_mode(a_rows_per_tile);
+  p.b_mode = scale_mode(b_rows_per_tile);
+  p.scale_a = static_cast<const float*>(sa.data_ptr());
+  p.scale_b = static_cast<const float*>(sb.data_ptr());
+  run_fp8_gemm(p, out, "fp8_block_matmul");
 }
 
 }  // namespace accrue::kernels::cuda

@@ -437,5 +437,111 @@ TEST(Fp8Matmul, bad_inputs_name_the_op_and_values) {
                "fp8_matmul", "2-D");
 }
 
+// ---- Note [FP8 block GEMM] ------------------------------------------------------------------
+
+using kernels::fp8_block_matmul;
+using kernels::fp8_block_matmul_into;
+using kernels::Fp8Tiles;
+
+// Powers of two in [2^-2, 2^2], one per tile: products of integer codes stay exact.
+Tensor power_of_two_scales(int64_t rows, int64_t cols) {
+  const std::vector<double> e =
+      test::random_integers({rows * cols}, -2, 2, DType::f64).to_vector<double>();
+  std::vector<float> v(e.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = std::ldexp(1.0f, static_cast<int>(e[i]));
+  return from_vector<float>(v, {rows, cols});
+}
+
+int64_t tile_rows(Fp8Tiles t) {
+  return t == Fp8Tiles::block ? 128 : 1;
+}
+
+Tensor tile_scales(const Tensor& q, Fp8Tiles t) {
+  return power_of_two_scales((q.size(0) + tile_rows(t) - 1) / tile_rows(t),
+                             (q.size(1) + 127) / 128);
+}
+
+// q's values times their tiles' scales, f64, by loops over the elements.
+Tensor dequantized(const Tensor& q, const Tensor& s, Fp8Tiles t) {
+  Tensor v = q.to(DType::f64).contiguous();
+  double* pv = v.data<double>();
+  const int64_t k = q.size(1);
+  for (int64_t i = 0; i < q.size(0); ++i)
+    for (int64_t p = 0; p < k; ++p)
+      pv[i * k + p] *= s.data<float>()[(i / tile_rows(t)) * s.size(1) + p / 128];
+  return v;
+}
+
+TEST(Fp8BlockMatmul, integer_codes_and_power_of_two_tiles_are_exact) {
+  // K = 320: three 128-long slices, the last partial; 144 rows: two 128-row
+  // blocks, the last partial.
+  for (auto [ta, tb] : {std::pair{Fp8Tiles::row, Fp8Tiles::block},
+                        {Fp8Tiles::block, Fp8Tiles::row},
+                        {Fp8Tiles::row, Fp8Tiles::row}}) {
+    const Tensor a = integer_codes({144, 320}, DType::f8e4m3);
+    const Tensor b = integer_codes({160, 320}, DType::f8e5m2);
+    const Tensor sa = tile_scales(a, ta), sb = tile_scales(b, tb);
+    const Tensor want = kernels::matmul(dequantized(a, sa, ta),
+                                        dequantized(b, sb, tb).transpose(0, 1).contiguous());
+    for (DType out : {DType::f32, DType::bf16}) {
+      const Tensor got = fp8_block_matmul(a, sa, ta, b, sb, tb, out);
+      ASSERT_EQ(got.shape(), (Shape{144, 160}));
+      EXPECT_TRUE(test::all_equal(got, want.to(out)))
+          << static_cast<int>(ta) << " x " << static_cast<int>(tb) << " -> " << dtype_name(out);
+    }
+    // accumulate adds into an f32 out.
+    Tensor slot = test::random_integers({144, 160}, -100, 100, DType::f32);
+    const Tensor before = slot.to(DType::f64);
+    fp8_block_matmul_into(a, sa, ta, b, sb, tb, slot, /*accumulate=*/true);
+    EXPECT_TRUE(test::all_equal(
+        slot, kernels::binary(kernels::BinaryOp::Add, want, before).to(DType::f32)));
+  }
+}
+
+// The block casts' own scales (cast_to_fp8_blockwise): the GEMM multiplies
+// what they dequantize to.
+TEST(Fp8BlockMatmul, takes_the_block_casts_scales) {
+  const Tensor x = test::random_normal({64, 256}, DType::f32, Device::cpu(), 3.0);
+  const Tensor w = test::random_normal({48, 256}, DType::f32, Device::cpu(), 0.05);
+  const auto cx = kernels::cast_to_fp8_blockwise(x, 1, 128, DType::f8e4m3);
+  const auto cw = kernels::cast_to_fp8_blockwise(w, 128, 128, DType::f8e4m3);
+  const Tensor want = kernels::matmul(
+      dequantized(cx.q, cx.scale_inv, Fp8Tiles::row),
+      dequantized(cw.q, cw.scale_inv, Fp8Tiles::block).transpose(0, 1).contiguous());
+  const Tensor got = fp8_block_matmul(cx.q, cx.scale_inv, Fp8Tiles::row, cw.q, cw.scale_inv,
+                                      Fp8Tiles::block, DType::f32);
+  EXPECT_TRUE(test::all_close(got, want.to(DType::f32), 1e-6, 1e-6));
+  // and approximates x @ w^T
+  EXPECT_LT(test::relative_error(got, kernels::matmul(x, w.transpose(0, 1).contiguous())), 0.1);
+}
+
+TEST(Fp8BlockMatmul, bad_inputs_name_the_op_and_values) {
+  const Tensor a = integer_codes({32, 256}, DType::f8e4m3),
+               b = integer_codes({16, 256}, DType::f8e4m3);
+  const Tensor sa = tile_scales(a, Fp8Tiles::row), sb = tile_scales(b, Fp8Tiles::block);
+  EXPECT_ERROR(fp8_block_matmul(a, sb, Fp8Tiles::row, b, sb, Fp8Tiles::block, DType::f32),
+               "fp8_block_matmul", "scale_inv_a", "[1, 2]", "1 x 128", "[32, 2]");
+  EXPECT_ERROR(fp8_block_matmul(a, sa, Fp8Tiles::row, b, sa, Fp8Tiles::block, DType::f32),
+               "fp8_block_matmul", "scale_inv_b", "[32, 2]", "128 x 128", "[1, 2]");
+  EXPECT_ERROR(fp8_block_matmul(a, tile_scales(a, Fp8Tiles::block), Fp8Tiles::block, b, sb,
+                                Fp8Tiles::block, DType::f32),
+               "fp8_block_matmul", "both", "128 x 128");
+  EXPECT_ERROR(
+      fp8_block_matmul(a, sa.to(DType::f64), Fp8Tiles::row, b, sb, Fp8Tiles::block, DType::f32),
+      "fp8_block_matmul", "scale_inv_a", "f64");
+  EXPECT_ERROR(fp8_block_matmul(a, power_of_two_scales(2, 32).transpose(0, 1), Fp8Tiles::row, b, sb,
+                                Fp8Tiles::block, DType::f32),
+               "fp8_block_matmul", "scale_inv_a", "contiguous");
+  EXPECT_ERROR(fp8_block_matmul(a, sa, Fp8Tiles::row, b, Tensor(), Fp8Tiles::block, DType::f32),
+               "fp8_block_matmul", "scale_inv_b");
+  EXPECT_ERROR(fp8_block_matmul(integer_codes({20, 256}, DType::f8e4m3), sa, Fp8Tiles::row, b, sb,
+                                Fp8Tiles::block, DType::f32),
+               "fp8_block_matmul", "M = 20", "multiple of 16");
+  EXPECT_ERROR(fp8_block_matmul_into(a, sa, Fp8Tiles::row, b, sb, Fp8Tiles::block,
+                                     empty({32, 16}, DType::bf16), true),
+               "fp8_block_matmul", "accumulate", "bf16");
+}
+
 }  // namespace
 }  // namespace accrue

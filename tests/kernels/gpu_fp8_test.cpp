@@ -320,5 +320,73 @@ TEST(GpuFp8, gemm_refuses_mixed_devices) {
                "fp8_matmul", "scale_inv_a", "cpu");
 }
 
+// ---- Note [FP8 block GEMM] on cuBLASLt -------------------------------------------------------
+
+using kernels::Fp8Tiles;
+
+// Powers of two in [2^-2, 2^2], one per tile of rows_per_tile x 128 over q.
+Tensor power_of_two_tiles(const Tensor& q, int64_t rows_per_tile) {
+  const int64_t rows = (q.size(0) + rows_per_tile - 1) / rows_per_tile,
+                cols = (q.size(1) + 127) / 128;
+  const std::vector<double> e =
+      test::random_integers({rows * cols}, -2, 2, DType::f64).to_vector<double>();
+  std::vector<float> v(e.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = std::ldexp(1.0f, static_cast<int>(e[i]));
+  return from_vector<float>(v, {rows, cols});
+}
+
+// Integer codes and power-of-two tile scales: each 128-long slice's integer
+// sum (<= 128 * 64) is exact in any accumulator cuBLASLt uses, and so is the
+// scaled f32 total, so the GPU gives the CPU's bits. K = 768 takes 6 slices,
+// which cuBLASLt's 128 x 128 layout pads to 8 (Note [FP8 block GEMM]); 272
+// rows end in a partial block.
+TEST(GpuFp8, block_scaled_gemm_of_integer_operands_is_exact) {
+  ACCRUE_REQUIRE_CUDA();
+  for (auto [ta, tb] : {std::pair{Fp8Tiles::row, Fp8Tiles::block},
+                        {Fp8Tiles::block, Fp8Tiles::row},
+                        {Fp8Tiles::row, Fp8Tiles::row}}) {
+    const Tensor a = integer_codes({272, 768}, DType::f8e4m3);
+    const Tensor b = integer_codes({144, 768}, DType::f8e5m2);
+    const Tensor sa = power_of_two_tiles(a, ta == Fp8Tiles::block ? 128 : 1);
+    const Tensor sb = power_of_two_tiles(b, tb == Fp8Tiles::block ? 128 : 1);
+    const std::string what =
+        std::to_string(static_cast<int>(ta)) + " x " + std::to_string(static_cast<int>(tb));
+    for (DType out : {DType::f32, DType::bf16}) {
+      const Tensor cpu = kernels::fp8_block_matmul(a, sa, ta, b, sb, tb, out);
+      const Tensor gpu =
+          kernels::fp8_block_matmul(a.to(kGpu), sa.to(kGpu), ta, b.to(kGpu), sb.to(kGpu), tb, out);
+      EXPECT_TRUE(test::all_equal(gpu.to(Device::cpu()), cpu)) << what << " " << dtype_name(out);
+    }
+    // Into an f32 slot (the weight gradient's use), twice.
+    Tensor slot_cpu = test::random_integers({272, 144}, -100, 100, DType::f32);
+    Tensor slot_gpu = slot_cpu.to(kGpu);
+    for (int micro = 0; micro < 2; ++micro) {
+      kernels::fp8_block_matmul_into(a, sa, ta, b, sb, tb, slot_cpu, true);
+      kernels::fp8_block_matmul_into(a.to(kGpu), sa.to(kGpu), ta, b.to(kGpu), sb.to(kGpu), tb,
+                                     slot_gpu, true);
+    }
+    EXPECT_TRUE(test::all_equal(slot_gpu.to(Device::cpu()), slot_cpu)) << what << " accumulated";
+  }
+}
+
+// Real data through the block casts: the GPU within Note [FP8 GEMM]'s
+// rounding model of the CPU (each slice promoted to f32).
+TEST(GpuFp8, block_scaled_gemm_of_cast_tiles_matches_the_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor x = test::random_normal({256, 1024}, DType::bf16, kGpu, 3.0);
+  const Tensor w = test::random_normal({192, 1024}, DType::bf16, kGpu, 0.02);
+  const auto cx = kernels::cast_to_fp8_blockwise(x, 1, 128, DType::f8e4m3);
+  const auto cw = kernels::cast_to_fp8_blockwise(w, 128, 128, DType::f8e4m3);
+  const Tensor gpu = kernels::fp8_block_matmul(cx.q, cx.scale_inv, Fp8Tiles::row, cw.q,
+                                               cw.scale_inv, Fp8Tiles::block, DType::f32);
+  const Tensor cpu = kernels::fp8_block_matmul(
+      cx.q.to(Device::cpu()), cx.scale_inv.to(Device::cpu()), Fp8Tiles::row, cw.q.to(Device::cpu()),
+      cw.scale_inv.to(Device::cpu()), Fp8Tiles::block, DType::f32);
+  // Slices of 128 promoted to f32: <= 2^-6 of sum |a b| in all (Note [FP8
+  // GEMM]); as a relative error over the output, far below that.
+  EXPECT_LT(test::relative_error(gpu.to(Device::cpu()), cpu), 1e-4);
+}
+
 }  // namespace
 }  // namespace accrue
