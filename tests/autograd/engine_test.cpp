@@ -83,7 +83,7 @@ TEST(Engine, saved_tensors_are_freed_after_backward) {
   const int64_t before = memory_stats(Device::cpu()).current_bytes;
   Tensor loss;
   {
-    Tensor h = exp(x);  // saves x and its output
+    Tensor h = exp(x);  // saves its output
     loss = sum(h * h);
   }
   const int64_t with_graph = memory_stats(Device::cpu()).current_bytes;
@@ -91,6 +91,42 @@ TEST(Engine, saved_tensors_are_freed_after_backward) {
   backward(loss);
   // What remains: the loss (8 bytes) and x's gradient (8000 bytes).
   EXPECT_LE(memory_stats(Device::cpu()).current_bytes, before + 8000 + 8);
+}
+
+// Note [Unary op saves]: a unary op keeps the one tensor its derivative
+// reads: its output (exp, sqrt, tanh, sigmoid, rsqrt: the output's bytes
+// stay held once the result handle is dropped) or its input (the leaf, held
+// anyway: nothing more), and neg nothing. GELU kept its output too, which
+// held every GELU output of a GPT-2 beside the FP8 codes of it.
+TEST(Engine, unary_ops_save_only_what_their_backward_reads) {
+  const int64_t n = 1000, bytes = n * 8;
+  struct Case {
+    const char* name;
+    Tensor (*op)(const Tensor&);
+    int64_t held;  // beyond the leaf and the 8-byte loss
+  };
+  const Case cases[] = {
+      {"gelu", [](const Tensor& a) { return gelu(a); }, 0},
+      {"silu", [](const Tensor& a) { return silu(a); }, 0},
+      {"log", [](const Tensor& a) { return log(a); }, 0},
+      {"pow", [](const Tensor& a) { return pow(a, 3.0); }, 0},
+      {"sin", [](const Tensor& a) { return sin(a); }, 0},
+      {"neg", [](const Tensor& a) { return neg(a); }, 0},
+      {"exp", [](const Tensor& a) { return exp(a); }, bytes},
+      {"sqrt", [](const Tensor& a) { return sqrt(a); }, bytes},
+      {"tanh", [](const Tensor& a) { return tanh(a); }, bytes},
+      {"sigmoid", [](const Tensor& a) { return sigmoid(a); }, bytes},
+      {"rsqrt", [](const Tensor& a) { return rsqrt(a); }, bytes},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Tensor a = requires_grad_(test::random_uniform({n}, 0.5, 2.0, DType::f64));
+    const int64_t before = memory_stats(Device::cpu()).current_bytes;
+    Tensor loss = sum(c.op(a));  // the op's result is dropped here
+    EXPECT_EQ(memory_stats(Device::cpu()).current_bytes - before, c.held + 8);
+    backward(loss);
+    EXPECT_TRUE(grad(a).defined());
+  }
 }
 
 // Each binary op keeps only what its backward reads: an add or a subtract
