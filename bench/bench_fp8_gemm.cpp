@@ -12,16 +12,11 @@
 #include "accrue/kernels/fp8.h"
 #include "accrue/kernels/ops.h"
 #include "bench/bench_util.h"
+#include "bench/gpt2_layout.h"
 
 namespace accrue::bench {
 namespace {
 
-struct LinearShape {
-  const char* layer;
-  int64_t out, in;
-};
-constexpr LinearShape kLayers[] = {
-    {"qkv", 2304, 768}, {"proj", 768, 768}, {"fc", 3072, 768}, {"fc2", 768, 3072}};
 constexpr int64_t kTokens[] = {8192, 32768};
 enum class Pass { Fwd, Dgrad, Wgrad };
 constexpr const char* kPassNames[] = {"fwd", "dgrad", "wgrad"};
@@ -70,7 +65,8 @@ void fp8_gemm(benchmark::State& state, LinearShape s, int64_t tokens, Pass pass,
 
 // Names read fp8_gemm/<layer>_<out>x<in>/M=<tokens>/<pass>/<tensor|block>.
 [[maybe_unused]] const bool registered = [] {
-  for (const LinearShape& s : kLayers)
+  for (const LinearShape& s : kGpt2Linears) {
+    if (std::string(s.layer) == "logits") continue;  // the classifier stays in bf16
     for (int64_t m : kTokens)
       for (Pass p : {Pass::Fwd, Pass::Dgrad, Pass::Wgrad})
         for (bool block : {false, true}) {
@@ -81,6 +77,7 @@ void fp8_gemm(benchmark::State& state, LinearShape s, int64_t tokens, Pass pass,
           register_gpu_benchmark(
               name, [s, m, p, block](benchmark::State& state) { fp8_gemm(state, s, m, p, block); });
         }
+  }
   return true;
 }();
 

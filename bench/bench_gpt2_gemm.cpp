@@ -21,18 +21,11 @@
 
 #include "accrue/kernels/ops.h"
 #include "bench/bench_util.h"
+#include "bench/gpt2_layout.h"
 
 namespace accrue::bench {
 namespace {
 
-struct LinearShape {
-  const char* layer;
-  int64_t out, in;
-};
-constexpr LinearShape kLayers[] = {
-    {"qkv", 2304, 768}, {"proj", 768, 768},     {"fc", 3072, 768},
-    {"fc2", 768, 3072}, {"logits", 50304, 768},
-};
 constexpr int64_t kTokens[] = {1024, 8192, 32768};
 
 // DgradF32: the classifier's dgrad, whose product stays fp32 (kernels/classifier.cpp).
@@ -90,13 +83,13 @@ void register_gpt2_gemm(const LinearShape& s, int64_t m, Pass p) {
 }
 
 [[maybe_unused]] const bool registered = [] {
-  for (const LinearShape& s : kLayers)
+  for (const LinearShape& s : kGpt2Linears)
     for (int64_t m : kTokens)
       for (Pass p : kPasses)
         register_gpt2_gemm(s, m, p);
   // What the fused classifier issues (Note [Classifier chunk rows]): the
   // forward in 4096-row chunks, the dgrad into fp32.
-  const LinearShape& logits = kLayers[4];
+  const LinearShape& logits = kGpt2Linears[4];
   register_gpt2_gemm(logits, 4096, Pass::Fwd);
   for (int64_t m : {int64_t{8192}, int64_t{32768}})
     register_gpt2_gemm(logits, m, Pass::DgradF32);

@@ -1,6 +1,7 @@
 // GPT-2 124M's parameters as the benchmarks register them: nanoGPT's
 // registration order, the vocabulary padded to 50304 (124,475,904 elements).
-// Shared by the window-close and the data-parallel benchmarks.
+// Shared by the window-close and the data-parallel benchmarks; the Linear
+// shapes of one block by the GEMM benchmarks.
 #pragma once
 
 #include <string>
@@ -13,6 +14,16 @@ namespace accrue::bench {
 struct ParamSpec {
   std::string name;
   Shape shape;
+};
+
+// The Linear layers of a GPT-2 124M block (and the tied logits), weight [out, in].
+struct LinearShape {
+  const char* layer;
+  int64_t out, in;
+};
+inline constexpr LinearShape kGpt2Linears[] = {
+    {"qkv", 2304, 768}, {"proj", 768, 768},     {"fc", 3072, 768},
+    {"fc2", 768, 3072}, {"logits", 50304, 768},
 };
 
 inline std::vector<ParamSpec> gpt2_124m() {

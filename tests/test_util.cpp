@@ -38,6 +38,13 @@ Tensor random_integers(const Shape& shape, int lo, int hi, DType dtype, Device d
   return t.to(dtype).to(device);
 }
 
+Tensor random_powers_of_two(const Shape& shape, int lo, int hi, Device device) {
+  std::vector<double> e = random_integers(shape, lo, hi, DType::f64).to_vector<double>();
+  for (double& v : e)
+    v = std::ldexp(1.0, static_cast<int>(v));
+  return from_vector<double>(e, shape).to(DType::f32).to(device);
+}
+
 double default_rtol(DType dtype) {
   switch (dtype) {
     case DType::f64:

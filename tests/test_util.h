@@ -52,6 +52,9 @@ Tensor random_uniform(const Shape& shape, double lo, double hi, DType dtype = DT
 // of them are exact, so results compare with equality.
 Tensor random_integers(const Shape& shape, int lo, int hi, DType dtype = DType::f32,
                        Device device = Device::cpu());
+// Powers of two 2^e, e in [lo, hi], f32: scales whose products with small
+// integers stay exact (FP8 tile scales in exact GEMM tests).
+Tensor random_powers_of_two(const Shape& shape, int lo, int hi, Device device = Device::cpu());
 
 // Relative tolerance for results computed in `dtype` (fp32 math for 16-bit types).
 double default_rtol(DType dtype);

@@ -270,18 +270,21 @@ for name, extra in (("llama-tiny", {}), ("qwen3-tiny", {}), ("llama-tiny", scale
 
 
 class NcuBreakdown(unittest.TestCase):
-    def test_classes_of_the_last_window(self):
+    def breakdown(self, *args):
+        """The runner with the stand-in ncu over llama-tiny: its process and --json rows."""
         with tempfile.TemporaryDirectory() as d:
             ncu = os.path.join(d, "ncu")
             with open(ncu, "w") as f:
                 f.write(FAKE_NCU)
             os.chmod(ncu, 0o755)
             p = run([RUNNER, "--cpu", "--models", "llama-tiny", "--points", "", "--seq-len", "32",
-                     "--ncu", ncu, "--ncu-points", "llama-tiny:2x2",
-                     "--json", os.path.join(d, "rows.json")])
+                     "--ncu", ncu, "--json", os.path.join(d, "rows.json")] + list(args))
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
             with open(os.path.join(d, "rows.json")) as f:
-                rows = json.load(f)
+                return p, json.load(f)
+
+    def test_classes_of_the_last_window(self):
+        p, rows = self.breakdown("--ncu-points", "llama-tiny:2x2")
         self.assertIn("accrue llama-tiny at 2 x 2: kernel time by class over one window (the "
                       "last of 2 windows; 8 kernels, 0.00 ms", p.stdout)
         for line in ("| GEMM | 1 | 0.00 | 25.0% |", "| norms | 1 | 0.00 | 12.5% |",
@@ -295,17 +298,7 @@ class NcuBreakdown(unittest.TestCase):
         self.assertEqual(rows[0]["breakdown"]["classes"]["GEMM"]["ns"], 100)
 
     def test_a_large_k_is_profiled_over_fewer_micro_batches_and_says_so(self):
-        with tempfile.TemporaryDirectory() as d:
-            ncu = os.path.join(d, "ncu")
-            with open(ncu, "w") as f:
-                f.write(FAKE_NCU)
-            os.chmod(ncu, 0o755)
-            p = run([RUNNER, "--cpu", "--models", "llama-tiny", "--points", "", "--seq-len", "32",
-                     "--ncu", ncu, "--ncu-points", "llama-tiny:2x8", "--ncu-max-k", "2",
-                     "--json", os.path.join(d, "rows.json")])
-            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-            with open(os.path.join(d, "rows.json")) as f:
-                rows = json.load(f)
+        p, rows = self.breakdown("--ncu-points", "llama-tiny:2x8", "--ncu-max-k", "2")
         self.assertIn("accrue llama-tiny at 2 x 8: kernel time by class", p.stdout)
         self.assertIn("a window of 2 micro-batches, not 8 (--ncu-max-k)", p.stdout)
         cmd = rows[0]["cmd"]

@@ -443,23 +443,14 @@ using kernels::fp8_block_matmul;
 using kernels::fp8_block_matmul_into;
 using kernels::Fp8Tiles;
 
-// Powers of two in [2^-2, 2^2], one per tile: products of integer codes stay exact.
-Tensor power_of_two_scales(int64_t rows, int64_t cols) {
-  const std::vector<double> e =
-      test::random_integers({rows * cols}, -2, 2, DType::f64).to_vector<double>();
-  std::vector<float> v(e.size());
-  for (size_t i = 0; i < v.size(); ++i)
-    v[i] = std::ldexp(1.0f, static_cast<int>(e[i]));
-  return from_vector<float>(v, {rows, cols});
-}
-
 int64_t tile_rows(Fp8Tiles t) {
   return t == Fp8Tiles::block ? 128 : 1;
 }
 
 Tensor tile_scales(const Tensor& q, Fp8Tiles t) {
-  return power_of_two_scales((q.size(0) + tile_rows(t) - 1) / tile_rows(t),
-                             (q.size(1) + 127) / 128);
+  // Powers of two in [2^-2, 2^2], one per tile: products of integer codes stay exact.
+  return test::random_powers_of_two(
+      {(q.size(0) + tile_rows(t) - 1) / tile_rows(t), (q.size(1) + 127) / 128}, -2, 2);
 }
 
 // q's values times their tiles' scales, f64, by loops over the elements.
@@ -530,8 +521,8 @@ TEST(Fp8BlockMatmul, bad_inputs_name_the_op_and_values) {
   EXPECT_ERROR(
       fp8_block_matmul(a, sa.to(DType::f64), Fp8Tiles::row, b, sb, Fp8Tiles::block, DType::f32),
       "fp8_block_matmul", "scale_inv_a", "f64");
-  EXPECT_ERROR(fp8_block_matmul(a, power_of_two_scales(2, 32).transpose(0, 1), Fp8Tiles::row, b, sb,
-                                Fp8Tiles::block, DType::f32),
+  EXPECT_ERROR(fp8_block_matmul(a, test::random_powers_of_two({2, 32}, -2, 2).transpose(0, 1),
+                                Fp8Tiles::row, b, sb, Fp8Tiles::block, DType::f32),
                "fp8_block_matmul", "scale_inv_a", "contiguous");
   EXPECT_ERROR(fp8_block_matmul(a, sa, Fp8Tiles::row, b, Tensor(), Fp8Tiles::block, DType::f32),
                "fp8_block_matmul", "scale_inv_b");

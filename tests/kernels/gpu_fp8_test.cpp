@@ -326,14 +326,8 @@ using kernels::Fp8Tiles;
 
 // Powers of two in [2^-2, 2^2], one per tile of rows_per_tile x 128 over q.
 Tensor power_of_two_tiles(const Tensor& q, int64_t rows_per_tile) {
-  const int64_t rows = (q.size(0) + rows_per_tile - 1) / rows_per_tile,
-                cols = (q.size(1) + 127) / 128;
-  const std::vector<double> e =
-      test::random_integers({rows * cols}, -2, 2, DType::f64).to_vector<double>();
-  std::vector<float> v(e.size());
-  for (size_t i = 0; i < v.size(); ++i)
-    v[i] = std::ldexp(1.0f, static_cast<int>(e[i]));
-  return from_vector<float>(v, {rows, cols});
+  return test::random_powers_of_two(
+      {(q.size(0) + rows_per_tile - 1) / rows_per_tile, (q.size(1) + 127) / 128}, -2, 2);
 }
 
 // Integer codes and power-of-two tile scales: each 128-long slice's integer
