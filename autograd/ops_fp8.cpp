@@ -22,9 +22,10 @@ namespace accrue {
 // that reads the tensor becomes NaN, the gradients follow, and the window
 // skips as on a loss-scale overflow (Note [Skipped window]; a dynamic scaler
 // lowers its scale). All on the device, no host sync. The per-tensor
-// recipe gets it from the scale rule itself (fp8_scale_from_amax's
-// nan_on_overflow: the same f32 operations, no kernels of their own); the
-// block recipe's per-tile scales take fp8_guarded_scale_inv.
+// recipe gets it from the scale rule itself (nan_on_overflow of the cast
+// that makes its scale, cast_to_fp8_transpose_scaled: the same f32
+// operations, no kernels of their own); the block recipe's per-tile scales
+// take fp8_guarded_scale_inv.
 Tensor fp8_guarded_scale_inv(const Tensor& scale_inv, const Tensor& amax) {
   return kernels::binary(kernels::BinaryOp::Add, scale_inv,
                          kernels::binary_scalar(kernels::BinaryOp::Mul, amax, 0.0));
@@ -38,17 +39,13 @@ namespace {
 
 using autograd::SinkTarget;
 
-// x cast with current scaling, with its transpose's codes.
-struct ScaledCast {
-  kernels::Fp8CastTranspose cast;
-  Tensor scale_inv;
-};
+// x cast with current scaling, with its transpose's codes: its amax (one
+// read of x), then the cast that makes the scale from it (Note [FP8 overflow]:
+// scale_inv is guarded), one launch each.
+using ScaledCast = kernels::Fp8ScaledCastTranspose;
 ScaledCast cast_current(const Tensor& x2, DType dtype, int margin) {
-  // Note [FP8 overflow]: the scale rule writes the guarded scale_inv.
-  const kernels::Fp8Scale s = kernels::fp8_scale_from_amax(fp8_amax(x2), dtype, margin,
-                                                           /*power_of_two=*/false,
-                                                           /*nan_on_overflow=*/true);
-  return {kernels::cast_to_fp8_transpose(x2, s.scale, dtype), s.scale_inv};
+  return kernels::cast_to_fp8_transpose_scaled(x2, fp8_amax(x2), dtype, margin,
+                                               /*power_of_two=*/false, /*nan_on_overflow=*/true);
 }
 
 // The weight gradient of an FP8 linear layer: into(out, accumulate) writes
@@ -208,7 +205,7 @@ Fp8Weight fp8_weight(const Tensor& weight, DType dtype, int margin) {
   ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "fp8_weight: weight must be 2-D [out, in]",
                weight.defined() ? ", got " + shape_str(weight.shape()) : std::string());
   const ScaledCast c = cast_current(detach(weight), dtype, margin);
-  return {c.cast.q, c.cast.q_t, c.scale_inv};
+  return {c.q, c.q_t, c.scale_inv};
 }
 
 namespace {
@@ -244,13 +241,13 @@ Tensor fp8_linear_cast(const Tensor& x, const Tensor& x_q, const Tensor& x_codes
         const ScaledCast cg = cast_current(g2, grad_dtype, margin);
         Tensor dx, dw, db;
         if (gx) {
-          dx = kernels::fp8_matmul(cg.cast.q, w8.q_t, cg.scale_inv, w8.scale_inv, x_dtype)
+          dx = kernels::fp8_matmul(cg.q, w8.q_t, cg.scale_inv, w8.scale_inv, x_dtype)
                    .reshape(x_shape);
         }
         if (gw) {
           dw = fp8_weight_grad(w_target, w_dtype, n, k, g2.device(),
                                [&](const Tensor& out, bool accumulate) {
-                                 kernels::fp8_matmul_into(cg.cast.q_t, x_codes_t, cg.scale_inv,
+                                 kernels::fp8_matmul_into(cg.q_t, x_codes_t, cg.scale_inv,
                                                           x_scale_inv, out, accumulate);
                                });
         }
@@ -276,7 +273,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8, co
   check_fp8_linear(x, weight, &w8, bias, o);
   const ScaledCast cx =
       cast_current(detach(x).reshape({-1, weight.size(1)}), o.forward_dtype, o.margin);
-  return fp8_linear_cast(x, cx.cast.q, cx.cast.q_t, cx.scale_inv, weight, w8, bias, o);
+  return fp8_linear_cast(x, cx.q, cx.q_t, cx.scale_inv, weight, w8, bias, o);
 }
 
 Fp8Input fp8_input(const Tensor& x, const Fp8LinearOptions& o) {
@@ -288,7 +285,7 @@ Fp8Input fp8_input(const Tensor& x, const Fp8LinearOptions& o) {
   ACCRUE_CHECK(is_fp8(o.forward_dtype), "fp8_input: forward_dtype ", dtype_name(o.forward_dtype),
                " must be an FP8 dtype (f8e4m3 or f8e5m2)");
   const ScaledCast c = cast_current(detach(x).reshape({-1, x.size(-1)}), o.forward_dtype, o.margin);
-  return {x, c.cast.q, c.cast.q_t, c.scale_inv, o.forward_dtype, o.margin};
+  return {x, c.q, c.q_t, c.scale_inv, o.forward_dtype, o.margin};
 }
 
 const Fp8Weight* kept_fp8_weight(const Tensor& weight) {

@@ -134,6 +134,34 @@ Fp8BlockCast cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t t
   return r;
 }
 
+Fp8ScaledCastTranspose cast_to_fp8_transpose_scaled(const Tensor& x, const Tensor& amax,
+                                                    DType out_dtype, int margin, bool power_of_two,
+                                                    bool nan_on_overflow) {
+  constexpr const char* op = "cast_to_fp8_transpose_scaled";
+  NoGradGuard no_grad;
+  check_cast(x, nullptr, out_dtype, op);
+  ACCRUE_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", shape_str(x.shape()));
+  du::check_defined(amax, op, "amax");
+  du::check_device_scalar(amax, x.device(), op, "amax", "x");
+  ACCRUE_CHECK(margin >= 0 && margin <= kFp8MaxMargin, op, ": margin = ", margin,
+               " is outside [0, ", kFp8MaxMargin, "]");
+  const int64_t m = x.size(0), k = x.size(1);
+  Fp8ScaledCastTranspose r{empty({m, k}, out_dtype, x.device()),
+                           empty({k, m}, out_dtype, x.device()),
+                           empty({1}, DType::f32, x.device())};
+  const float max = static_cast<float>(fp8_max(out_dtype));
+  if (x.numel() == 0) {  // no codes; the scale as the rule makes it
+    Tensor unused = empty({1}, DType::f32, x.device());
+    ACCRUE_BACKEND_CALL(x.device(), fp8_scale_from_amax, amax, max, margin, power_of_two,
+                        nan_on_overflow, unused, r.scale_inv);
+    return r;
+  }
+  const Tensor dense = x.contiguous();
+  ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8_transpose_scaled, dense, amax, max, margin,
+                      power_of_two, nan_on_overflow, r.q, r.q_t, r.scale_inv);
+  return r;
+}
+
 Fp8Scale fp8_scale_from_amax(const Tensor& amax, DType fp8_dtype, int margin, bool power_of_two,
                              bool nan_on_overflow) {
   du::check_defined(amax, "fp8_scale_from_amax", "amax");

@@ -78,6 +78,25 @@ Fp8CastTranspose cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, DTy
 void cast_to_fp8_transpose_into(const Tensor& x, const Tensor& scale, const Tensor& q,
                                 const Tensor& q_t, const Tensor& amax);
 
+// cast_to_fp8_transpose for current scaling once amax is known (fp8_amax):
+// the cast kernel makes its scale from amax by the rule of Note [FP8
+// scaling] itself, in the same f32 operations as fp8_scale_from_amax (so the
+// same codes and the same scale_inv bits, NaN on overflow when asked), and
+// writes scale_inv for the GEMMs; it takes no amax of its own. One launch
+// where fp8_scale_from_amax then cast_to_fp8_transpose take a scale kernel,
+// an amax reset and the cast: at d = 768 each FP8 cast's small kernels cost
+// about as much GPU time as its pass over x. x 2-D f32/bf16/f16 (any
+// strides), amax f32 [1] on x's device, margin in [0, 6].
+struct Fp8ScaledCastTranspose {
+  Tensor q;
+  Tensor q_t;
+  Tensor scale_inv;
+};
+Fp8ScaledCastTranspose cast_to_fp8_transpose_scaled(const Tensor& x, const Tensor& amax,
+                                                    DType out_dtype, int margin = 0,
+                                                    bool power_of_two = false,
+                                                    bool nan_on_overflow = false);
+
 // The scale of current scaling and its inverse, both f32 [1] on amax's device.
 struct Fp8Scale {
   Tensor scale;

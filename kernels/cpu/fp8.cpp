@@ -84,6 +84,16 @@ void cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, const Tensor& q
       pt[c * m + r] = pq[r * k + c];
 }
 
+void cast_to_fp8_transpose_scaled(const Tensor& x, const Tensor& amax, float fp8_max, int margin,
+                                  bool power_of_two, bool guard, const Tensor& q, const Tensor& q_t,
+                                  const Tensor& scale_inv) {
+  const float a = amax.data<float>()[0];
+  const float s = fp8_scale_rule(a, fp8_max, margin, power_of_two);
+  scale_inv.data<float>()[0] = fp8_inverse_scale(a, s, guard);
+  Tensor unused = empty({1}, DType::f32);
+  cast_to_fp8_transpose(x, from_vector<float>({s}, {1}), q, q_t, unused);
+}
+
 void cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols, float fp8_max,
                            bool power_of_two, const Tensor& q, const Tensor& scale_inv,
                            const Tensor& amax) {

@@ -133,6 +133,28 @@ void launch_cast(const T* x, const float* scale, uint8_t* q, uint32_t* amax_bits
 // second read from L2 for tiles up to 128 x 128 x 4 bytes. Not yet measured.
 constexpr int kBlockThreads = 128;
 
+// Where a cast-transpose takes its scale: *scale, or, with scale null, the
+// current-scaling rule over *amax (cast_to_fp8_transpose_scaled), whose
+// scale_inv the block of index 0 writes, in the f32 operations of
+// scale_rule_kernel. amax_bits null: no amax is taken.
+struct ScaleSource {
+  const float* scale;
+  const float* amax;
+  float fp8_max;
+  int margin;
+  bool power_of_two, guard;
+  float* scale_inv;
+};
+
+__device__ __forceinline__ float resolve_scale(const ScaleSource& src) {
+  if (src.scale != nullptr) return *src.scale;
+  const float a = *src.amax;
+  const float s = fp8_scale_rule(a, src.fp8_max, src.margin, src.power_of_two);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+    *src.scale_inv = fp8_inverse_scale(a, s, src.guard);
+  return s;
+}
+
 // Note [FP8 cast-transpose]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // q and q^T from one read of x, in 64 x 64 tiles taken grid-stride by
@@ -152,16 +174,16 @@ constexpr int kTilePad = 4;
 
 template <class T, class Q>
 __global__ void __launch_bounds__(kThreads)
-    cast_transpose_packed_kernel(const T* __restrict__ x, int64_t m, int64_t k,
-                                 const float* __restrict__ scale, uint8_t* __restrict__ q,
-                                 uint8_t* __restrict__ q_t, uint32_t* __restrict__ amax_bits) {
+    cast_transpose_packed_kernel(const T* __restrict__ x, int64_t m, int64_t k, ScaleSource src,
+                                 uint8_t* __restrict__ q, uint8_t* __restrict__ q_t,
+                                 uint32_t* __restrict__ amax_bits) {
   constexpr int V = 16 / sizeof(T);        // elements per pack
   constexpr int kPacksPerRow = kTile / V;  // packs per tile row
   constexpr int kRowsPerPass = kThreads / kPacksPerRow;
   constexpr int kChunk = 8;  // codes per q^T store
   constexpr int kColsPerPass = kThreads / (kTile / kChunk);
   __shared__ __align__(16) uint8_t tile[kTile][kTile + kTilePad];
-  const float s = *scale;
+  const float s = resolve_scale(src);
   const int64_t tiles_k = (k + kTile - 1) / kTile;
   const int64_t tiles = (m + kTile - 1) / kTile * tiles_k;
   const int pack = threadIdx.x % kPacksPerRow, chunk = threadIdx.x % (kTile / kChunk);
@@ -199,7 +221,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
   }
-  merge_amax(local, amax_bits);
+  if (amax_bits != nullptr) merge_amax(local, amax_bits);  // uniform over the block
 }
 
 // The element-by-element fallback for shapes and buffers the packed kernel
@@ -209,11 +231,11 @@ constexpr int kTransposeRows = 8;
 
 template <class T, class Q>
 __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
-    cast_transpose_scalar_kernel(const T* __restrict__ x, int64_t m, int64_t k,
-                                 const float* __restrict__ scale, uint8_t* __restrict__ q,
-                                 uint8_t* __restrict__ q_t, uint32_t* __restrict__ amax_bits) {
+    cast_transpose_scalar_kernel(const T* __restrict__ x, int64_t m, int64_t k, ScaleSource src,
+                                 uint8_t* __restrict__ q, uint8_t* __restrict__ q_t,
+                                 uint32_t* __restrict__ amax_bits) {
   __shared__ uint8_t tile[kTransposeTile][kTransposeTile + 4];
-  const float s = *scale;
+  const float s = resolve_scale(src);
   const int64_t tiles_k = (k + kTransposeTile - 1) / kTransposeTile;
   const int64_t tiles = (m + kTransposeTile - 1) / kTransposeTile * tiles_k;
   uint32_t local = 0;
@@ -236,7 +258,7 @@ __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
     }
     __syncthreads();
   }
-  merge_amax(local, amax_bits);
+  if (amax_bits != nullptr) merge_amax(local, amax_bits);  // uniform over the block
 }
 
 template <class T, class Q>
@@ -335,40 +357,62 @@ void cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols
   });
 }
 
-void cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, const Tensor& q, const Tensor& q_t,
-                           const Tensor& amax) {
-  const int dev = x.device().index;
-  cu::DeviceScope scope(dev);
-  cudaStream_t stream = cu::stream_for(dev);
+namespace {
+
+// Note [FP8 cast-transpose]: the packed kernel where the shape and buffers
+// allow it, else the element-by-element one.
+void launch_cast_transpose(const Tensor& x, const ScaleSource& src, const Tensor& q,
+                           const Tensor& q_t, uint32_t* amax_bits, int dev, cudaStream_t stream) {
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t tiles =
       (m + kTransposeTile - 1) / kTransposeTile * ((k + kTransposeTile - 1) / kTransposeTile);
-  ACCRUE_CUDA_CHECK(cudaMemsetAsync(amax.data_ptr(), 0, sizeof(float), stream));
   cu::visit_float_dtype(x.dtype(), "cast_to_fp8_transpose", [&](auto tag) {
     using T = decltype(tag);
     visit_fp8(q.dtype(), [&](auto qtag) {
       using Q = decltype(qtag);
       const auto* px = static_cast<const T*>(x.data_ptr());
-      const auto* ps = static_cast<const float*>(scale.data_ptr());
       auto* pq = static_cast<uint8_t*>(q.data_ptr());
       auto* pt = static_cast<uint8_t*>(q_t.data_ptr());
-      auto* pa = static_cast<uint32_t*>(amax.data_ptr());
       constexpr int kV = 16 / sizeof(T);
       if (k % kV == 0 && m % 8 == 0 && cu::pack_aligned<kV>(px) && cu::pack_aligned<kV>(pq) &&
           cu::pack_aligned<8>(pt)) {
         const int64_t big_tiles = (m + kTile - 1) / kTile * ((k + kTile - 1) / kTile);
         cast_transpose_packed_kernel<T, Q>
             <<<cu::grid_for(big_tiles, 1, int64_t{kBlocksPerSm} * cu::sm_count(dev)), kThreads, 0,
-               stream>>>(px, m, k, ps, pq, pt, pa);
+               stream>>>(px, m, k, src, pq, pt, amax_bits);
       } else {
         const dim3 block(kTransposeTile, kTransposeRows);
         cast_transpose_scalar_kernel<T, Q>
             <<<cu::grid_for(tiles, 1, int64_t{kBlocksPerSm} * cu::sm_count(dev)), block, 0,
-               stream>>>(px, m, k, ps, pq, pt, pa);
+               stream>>>(px, m, k, src, pq, pt, amax_bits);
       }
       ACCRUE_LAUNCH_CHECK();
     });
   });
+}
+
+}  // namespace
+
+void cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, const Tensor& q, const Tensor& q_t,
+                           const Tensor& amax) {
+  const int dev = x.device().index;
+  cu::DeviceScope scope(dev);
+  cudaStream_t stream = cu::stream_for(dev);
+  ACCRUE_CUDA_CHECK(cudaMemsetAsync(amax.data_ptr(), 0, sizeof(float), stream));
+  ScaleSource src{};
+  src.scale = static_cast<const float*>(scale.data_ptr());
+  launch_cast_transpose(x, src, q, q_t, static_cast<uint32_t*>(amax.data_ptr()), dev, stream);
+}
+
+void cast_to_fp8_transpose_scaled(const Tensor& x, const Tensor& amax, float fp8_max, int margin,
+                                  bool power_of_two, bool guard, const Tensor& q, const Tensor& q_t,
+                                  const Tensor& scale_inv) {
+  const int dev = x.device().index;
+  cu::DeviceScope scope(dev);
+  const ScaleSource src{
+      nullptr, static_cast<const float*>(amax.data_ptr()), fp8_max, margin, power_of_two,
+      guard,   static_cast<float*>(scale_inv.data_ptr())};
+  launch_cast_transpose(x, src, q, q_t, nullptr, dev, cu::stream_for(dev));
 }
 
 void fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, bool power_of_two,

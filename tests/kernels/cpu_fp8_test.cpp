@@ -269,6 +269,39 @@ TEST(Fp8Cast, cast_transpose_gives_the_codes_and_their_transpose) {
     }
 }
 
+// The scaled cast-transpose makes its scale from amax inside the cast: the
+// codes and scale_inv of fp8_scale_from_amax then cast_to_fp8_transpose, bit
+// for bit, for every guard of the rule (a NaN or infinite amax included).
+TEST(Fp8Cast, scaled_cast_transpose_equals_the_scale_then_the_cast) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor x = test::random_normal({48, 80}, DType::bf16, Device::cpu(), 20.0);
+  const float real = kernels::fp8_amax(x).data<float>()[0];
+  for (float a : {real, 0.0f, inf, std::numeric_limits<float>::quiet_NaN(), 3.0f})
+    for (DType d : {DType::f8e4m3, DType::f8e5m2})
+      for (int margin : {0, 2})
+        for (bool pow2 : {false, true})
+          for (bool guard : {false, true}) {
+            SCOPED_TRACE(std::to_string(a) + " " + dtype_name(d) + " margin " +
+                         std::to_string(margin) + (pow2 ? " pow2" : "") + (guard ? " guard" : ""));
+            const Tensor amax = scalar(a);
+            const auto s = fp8_scale_from_amax(amax, d, margin, pow2, guard);
+            const auto two_step = kernels::cast_to_fp8_transpose(x, s.scale, d);
+            const auto one = kernels::cast_to_fp8_transpose_scaled(x, amax, d, margin, pow2, guard);
+            EXPECT_TRUE(same_bytes(one.q, two_step.q));
+            EXPECT_TRUE(same_bytes(one.q_t, two_step.q_t));
+            EXPECT_TRUE(same_bytes(one.scale_inv, s.scale_inv));
+          }
+  EXPECT_ERROR(kernels::cast_to_fp8_transpose_scaled(x, scalar(1), DType::f8e4m3, 7),
+               "cast_to_fp8_transpose_scaled", "margin = 7");
+  EXPECT_ERROR(kernels::cast_to_fp8_transpose_scaled(x, zeros({2}), DType::f8e4m3),
+               "cast_to_fp8_transpose_scaled", "amax", "[2]");
+  EXPECT_ERROR(kernels::cast_to_fp8_transpose_scaled(test::random_normal({2, 3, 4}), scalar(1),
+                                                     DType::f8e4m3),
+               "cast_to_fp8_transpose_scaled", "2-D", "[2, 3, 4]");
+  EXPECT_ERROR(kernels::cast_to_fp8_transpose_scaled(x, scalar(1), DType::bf16),
+               "cast_to_fp8_transpose_scaled", "bf16");
+}
+
 TEST(Fp8Cast, bad_inputs_name_the_op_and_values) {
   Tensor x = test::random_normal({4, 8});
   EXPECT_ERROR(cast_to_fp8(x.to(DType::f64), scalar(1), DType::f8e4m3), "cast_to_fp8", "f64",

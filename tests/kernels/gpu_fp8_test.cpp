@@ -155,6 +155,28 @@ TEST(GpuFp8, cast_transpose_matches_the_cpu_bit_for_bit) {
       }
 }
 
+// The scaled cast-transpose (its scale made in the cast kernel, Note [FP8
+// scaling]) against the CPU's, on both kernels' shapes and every guard.
+TEST(GpuFp8, scaled_cast_transpose_matches_the_cpu_bit_for_bit) {
+  ACCRUE_REQUIRE_CUDA();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (auto [m, k] : {std::pair<int64_t, int64_t>{768, 3072}, {31, 33}}) {
+    const Tensor x = test::random_normal({m, k}, DType::bf16, Device::cpu(), 5.0);
+    const float real = kernels::fp8_amax(x).data<float>()[0];
+    for (float a : {real, 0.0f, inf, std::numeric_limits<float>::quiet_NaN()})
+      for (DType d : {DType::f8e4m3, DType::f8e5m2})
+        for (bool guard : {false, true}) {
+          const Tensor amax = from_vector<float>({a}, {1});
+          const auto cpu = kernels::cast_to_fp8_transpose_scaled(x, amax, d, 1, false, guard);
+          const auto gpu =
+              kernels::cast_to_fp8_transpose_scaled(x.to(kGpu), amax.to(kGpu), d, 1, false, guard);
+          EXPECT_TRUE(same_codes(gpu.q, cpu.q)) << m << "x" << k << " amax " << a;
+          EXPECT_TRUE(same_codes(gpu.q_t, cpu.q_t)) << m << "x" << k << " amax " << a;
+          EXPECT_TRUE(same_float_bits(gpu.scale_inv, cpu.scale_inv)) << a;
+        }
+  }
+}
+
 TEST(GpuFp8, scale_rule_matches_the_cpu) {
   ACCRUE_REQUIRE_CUDA();
   const float inf = std::numeric_limits<float>::infinity();
