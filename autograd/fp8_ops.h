@@ -48,6 +48,10 @@ struct Fp8LinearOptions {
   DType grad_dtype = DType::f8e5m2;     // dy's codes (not e5m2 with an e5m2 weight)
   int margin = 0;                       // scale = max / amax / 2^margin
   DType out_dtype = DType::bf16;        // y and dx: bf16, f16 or f32
+  // The forward GEMM without cuBLASLt's promotions of the partial sums to f32
+  // (Note [FP8 GEMM]'s fast_accumulation), as Transformer Engine runs its
+  // forward; the data and weight gradients always promote. Per-tensor recipe.
+  bool fast_forward_accumulation = false;
 };
 
 // The FP8 copy of a weight [N, K] (f32, bf16 or f16): its codes, their

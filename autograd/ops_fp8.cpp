@@ -217,7 +217,8 @@ Tensor fp8_linear_cast(const Tensor& x, const Tensor& x_q, const Tensor& x_codes
                        const Tensor& x_scale_inv, const Tensor& weight, const Fp8Weight& w8,
                        const Tensor& bias, const Fp8LinearOptions& o) {
   const int64_t n = weight.size(0), k = weight.size(1);
-  Tensor y2 = kernels::fp8_matmul(x_q, w8.q, x_scale_inv, w8.scale_inv, o.out_dtype);
+  Tensor y2 = kernels::fp8_matmul(x_q, w8.q, x_scale_inv, w8.scale_inv, o.out_dtype,
+                                  o.fast_forward_accumulation);
   if (bias.defined()) {
     const Tensor b = detach(bias);
     y2 = kernels::binary(kernels::BinaryOp::Add, y2,

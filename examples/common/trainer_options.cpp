@@ -34,13 +34,15 @@ void declare_loss_scale_start(OptionTable& cli, std::optional<double>& init_scal
 Fp8LinearOptions Fp8Choice::options() const {
   Fp8LinearOptions o;
   o.recipe = recipe;
+  o.fast_forward_accumulation = fast_forward;
   return o;
 }
 
 std::string Fp8Choice::record() const {
   if (!on) return "off";
-  return recipe == Fp8Recipe::tensor ? "projections e4m3/e5m2, current scaling"
-                                     : "projections e4m3/e5m2, 1x128 / 128x128 block scaling";
+  if (recipe == Fp8Recipe::block) return "projections e4m3/e5m2, 1x128 / 128x128 block scaling";
+  return fast_forward ? "projections e4m3/e5m2, current scaling, fast forward accumulation"
+                      : "projections e4m3/e5m2, current scaling";
 }
 
 void declare_fp8(OptionTable& cli, Fp8Choice& fp8) {
@@ -55,6 +57,10 @@ void declare_fp8(OptionTable& cli, Fp8Choice& fp8) {
                         "scale per 1 x 128 tile of activations and gradients and per 128 x 128 "
                         "block of weights, on cuBLASLt's block-scaled FP8 GEMMs (Hopper only; "
                         "Note [FP8 block recipe])");
+  cli.flag("--fp8-fast-forward", &fp8.fast_forward,
+           "with --fp8 (tensor recipe), the forward GEMMs accumulate on the FP8 tensor cores "
+           "without cuBLASLt's promotions to f32, as Transformer Engine's forward (Note [FP8 "
+           "GEMM]); the gradients' GEMMs always promote");
   cli.flag("--fp8-cast-every-micro-batch", &fp8.cast_every_micro_batch,
            "with --fp8, cast each weight to FP8 at every micro-batch instead of once per window "
            "(the same bits, Note [Window FP8 weights]; to measure what the once-per-window copy "
@@ -65,6 +71,8 @@ void check_fp8(const Fp8Choice& fp8) {
   if (fp8.cast_every_micro_batch && !fp8.on)
     usage_error("--fp8-cast-every-micro-batch needs --fp8");
   if (fp8.recipe != Fp8Recipe::tensor && !fp8.on) usage_error("--fp8-recipe needs --fp8");
+  if (fp8.fast_forward && (!fp8.on || fp8.recipe != Fp8Recipe::tensor))
+    usage_error("--fp8-fast-forward needs --fp8 with --fp8-recipe tensor");
   if (fp8.cast_every_micro_batch && fp8.recipe == Fp8Recipe::block)
     usage_error(
         "--fp8-cast-every-micro-batch applies to --fp8-recipe tensor (the block recipe "

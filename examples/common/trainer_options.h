@@ -36,6 +36,8 @@ struct Fp8Choice {
   // --fp8-cast-every-micro-batch: the weights cast at every micro-batch
   // instead of once per window (Note [Window FP8 weights]), to measure that.
   bool cast_every_micro_batch = false;
+  // --fp8-fast-forward: the forward GEMMs without f32 promotions (Fp8LinearOptions).
+  bool fast_forward = false;
   // fp8_linear's options for this choice.
   Fp8LinearOptions options() const;
   // Whether the store keeps the weights' FP8 copies (the tensor recipe, once per window).

@@ -420,6 +420,7 @@ JsonObject bench_config(const Run& run, int64_t window_tokens) {
       .boolean("fp8", opt.fp8.on)
       .text("fp8_recipe", opt.fp8.recipe == Fp8Recipe::block ? "block" : "tensor")
       .boolean("fp8_cast_every_micro_batch", opt.fp8.cast_every_micro_batch)
+      .boolean("fp8_fast_forward", opt.fp8.fast_forward)
       .integer("warmup_windows", opt.bench_warmup)
       .integer("timed_windows", opt.bench_windows)
       .boolean("cuda_graphs", graphs);

@@ -220,6 +220,14 @@ case $name in
     [[ $rc -eq 0 && $(grep "^final:" <<< "$out") == "$kept" ]] ||
       fail "train --fp8 --activation-checkpointing: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$kept'"
     expect 2 "--fp8-cast-every-micro-batch needs --fp8" --synthetic --fp8-cast-every-micro-batch
+    # The CPU reference sums exactly with or without fast accumulation: the same bits.
+    run --cpu --model llama-tiny --synthetic --windows 3 --micro-batch 2 --seq-len 32 --accum 2 \
+      --dtype bf16 --fp8 --fp8-fast-forward
+    [[ $rc -eq 0 && $(grep "^final:" <<< "$out") == "$kept" ]] ||
+      fail "train --fp8-fast-forward on the CPU: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$kept'"
+    expect 2 "--fp8-fast-forward needs --fp8 with --fp8-recipe tensor" --synthetic --fp8-fast-forward
+    expect 2 "--fp8-fast-forward needs --fp8 with --fp8-recipe tensor" --synthetic --fp8 \
+      --fp8-recipe block --fp8-fast-forward
     # Note [FP8 block recipe]: per-tile scales, another loss; no kept copies.
     run --cpu --model llama-tiny --synthetic --windows 3 --micro-batch 2 --seq-len 32 --accum 2 \
       --dtype bf16 --fp8 --fp8-recipe block
