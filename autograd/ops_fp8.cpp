@@ -217,13 +217,11 @@ Tensor fp8_linear_cast(const Tensor& x, const Tensor& x_q, const Tensor& x_codes
                        const Tensor& x_scale_inv, const Tensor& weight, const Fp8Weight& w8,
                        const Tensor& bias, const Fp8LinearOptions& o) {
   const int64_t n = weight.size(0), k = weight.size(1);
-  Tensor y2 = kernels::fp8_matmul(x_q, w8.q, x_scale_inv, w8.scale_inv, o.out_dtype,
-                                  o.fast_forward_accumulation);
-  if (bias.defined()) {
-    const Tensor b = detach(bias);
-    y2 = kernels::binary(kernels::BinaryOp::Add, y2,
-                         b.dtype() == o.out_dtype ? b : b.to(o.out_dtype));
-  }
+  // Note [FP8 GEMM]: the bias in the GEMM's epilogue, in the output's dtype.
+  Tensor b = bias.defined() ? detach(bias) : Tensor();
+  if (b.defined() && b.dtype() != o.out_dtype) b = b.to(o.out_dtype);
+  const Tensor y2 = kernels::fp8_matmul(x_q, w8.q, x_scale_inv, w8.scale_inv, o.out_dtype,
+                                        o.fast_forward_accumulation, b);
   Shape out_shape = x.shape();
   out_shape.back() = n;
   const Tensor out = y2.reshape(out_shape);

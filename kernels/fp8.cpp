@@ -256,13 +256,22 @@ void check_block_scales(const Tensor& q, const Tensor& scale_inv, Fp8Tiles tiles
 
 void fp8_matmul_into(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
                      const Tensor& scale_inv_b, const Tensor& out, bool accumulate,
-                     bool fast_accumulation) {
+                     bool fast_accumulation, const Tensor& bias) {
   constexpr const char* op = "fp8_matmul";
   NoGradGuard no_grad;
   check_fp8_gemm(a, b, out, accumulate, op);
   du::check_device_scalar(scale_inv_a, a.device(), op, "scale_inv_a", "a");
   du::check_device_scalar(scale_inv_b, a.device(), op, "scale_inv_b", "a");
-  ACCRUE_BACKEND_CALL(a.device(), fp8_matmul, a, b, scale_inv_a, scale_inv_b, out, accumulate,
+  if (bias.defined()) {
+    ACCRUE_CHECK(!accumulate, op, ": a bias with accumulate (a gradient slot takes no bias)");
+    ACCRUE_CHECK(bias.shape() == Shape{b.size(0)} && bias.dtype() == out.dtype(), op,
+                 ": bias of shape ", shape_str(bias.shape()), " and dtype ",
+                 dtype_name(bias.dtype()), "; expected [", b.size(0), "] in out's dtype ",
+                 dtype_name(out.dtype()));
+    du::check_device(bias, a.device(), op, "bias", "a");
+    du::check_contiguous(bias, op, "bias");
+  }
+  ACCRUE_BACKEND_CALL(a.device(), fp8_matmul, a, b, scale_inv_a, scale_inv_b, bias, out, accumulate,
                       fast_accumulation);
 }
 
@@ -295,14 +304,15 @@ Tensor fp8_block_matmul(const Tensor& a, const Tensor& scale_inv_a, Fp8Tiles til
 }
 
 Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
-                  const Tensor& scale_inv_b, DType out_dtype, bool fast_accumulation) {
+                  const Tensor& scale_inv_b, DType out_dtype, bool fast_accumulation,
+                  const Tensor& bias) {
   constexpr const char* op = "fp8_matmul";
   du::check_defined(a, op, "a");
   du::check_defined(b, op, "b");
   ACCRUE_CHECK(a.dim() == 2 && b.dim() == 2, op, ": a and b must be 2-D, got shapes ",
                shape_str(a.shape()), " and ", shape_str(b.shape()));
   Tensor out = empty({a.size(0), b.size(0)}, out_dtype, a.device());
-  fp8_matmul_into(a, b, scale_inv_a, scale_inv_b, out, false, fast_accumulation);
+  fp8_matmul_into(a, b, scale_inv_a, scale_inv_b, out, false, fast_accumulation, bias);
   return out;
 }
 

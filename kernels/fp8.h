@@ -167,13 +167,24 @@ Fp8BlockCast cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t t
 // Engine turns it on for the forward only. The CPU reference sums exact
 // products in double, in k order, and rounds once.
 //
+//
+// A bias [N] in the output's dtype (a linear layer's) is added in cuBLASLt's
+// epilogue (CUBLASLT_EPILOGUE_BIAS) to the f32 result before its one
+// rounding, as Note [Bias epilogue]'s 16-bit linear does: no pass of its own
+// over out. (Added after the GEMM, it cost GPT-2's FP8 model a read and a
+// write of every projection's output.) Where cuBLASLt offers no algorithm
+// with the epilogue, or the bias is not 16-byte aligned, the GEMM runs
+// without it and the bias is added after.
+//
 // The output: f32 (accumulate or not), bf16 or f16 (accumulate false).
 Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
-                  const Tensor& scale_inv_b, DType out_dtype, bool fast_accumulation = false);
-// The same into a caller's contiguous out [M, N]; accumulate adds (f32 out only).
+                  const Tensor& scale_inv_b, DType out_dtype, bool fast_accumulation = false,
+                  const Tensor& bias = Tensor());
+// The same into a caller's contiguous out [M, N]; accumulate adds (f32 out
+// only, no bias).
 void fp8_matmul_into(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
                      const Tensor& scale_inv_b, const Tensor& out, bool accumulate,
-                     bool fast_accumulation = false);
+                     bool fast_accumulation = false, const Tensor& bias = Tensor());
 
 // Note [FP8 block GEMM]
 // ~~~~~~~~~~~~~~~~~~~~~

@@ -59,8 +59,8 @@ void declare_fp8(OptionTable& cli, Fp8Choice& fp8) {
                         "Note [FP8 block recipe])");
   cli.flag("--fp8-fast-forward", &fp8.fast_forward,
            "with --fp8 (tensor recipe), the forward GEMMs accumulate on the FP8 tensor cores "
-           "without cuBLASLt's promotions to f32, as Transformer Engine's forward (Note [FP8 "
-           "GEMM]); the gradients' GEMMs always promote");
+           "without cuBLASLt's promotions to f32, as Transformer Engine's forward "
+           "(Note [FP8 GEMM]); the gradients' GEMMs always promote");
   cli.flag("--fp8-cast-every-micro-batch", &fp8.cast_every_micro_batch,
            "with --fp8, cast each weight to FP8 at every micro-batch instead of once per window "
            "(the same bits, Note [Window FP8 weights]; to measure what the once-per-window copy "

@@ -170,12 +170,14 @@ std::vector<double> scaled(const Tensor& q, const Tensor& scale_inv, int64_t row
 // every product exact in double (an FP8 value has at most 4 significant bits;
 // with block scales, exact when the scales are powers of two, as they are by
 // default), summed in p order in double, scaled, then one rounding to out's
-// dtype (after adding out when accumulating).
+// dtype (after adding the bias, or out when accumulating).
 void exact_gemm(const std::vector<double>& da, const std::vector<double>& db, int64_t m, int64_t n,
-                int64_t k, double scale, const Tensor& out, bool accumulate, const char* op) {
+                int64_t k, double scale, const Tensor& out, bool accumulate, const char* op,
+                const Tensor& bias = Tensor()) {
   visit_float(out.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     T* po = ptr<T>(out);
+    const T* pb = bias.defined() ? ptr<T>(bias) : nullptr;
     parallel_for(0, m, grain_for(n * k), [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i)
         for (int64_t j = 0; j < n; ++j) {
@@ -183,6 +185,7 @@ void exact_gemm(const std::vector<double>& da, const std::vector<double>& db, in
           for (int64_t p = 0; p < k; ++p)
             sum += da[static_cast<size_t>(i * k + p)] * db[static_cast<size_t>(j * k + p)];
           double v = sum * scale;
+          if (pb != nullptr) v += to_double(pb[j]);
           if (accumulate) v += to_double(po[i * n + j]);
           po[i * n + j] = from_double<T>(v);
         }
@@ -193,11 +196,12 @@ void exact_gemm(const std::vector<double>& da, const std::vector<double>& db, in
 }  // namespace
 
 void fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
-                const Tensor& out, bool accumulate, bool /*fast_accumulation*/) {
+                const Tensor& bias, const Tensor& out, bool accumulate,
+                bool /*fast_accumulation*/) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
   const double scale =
       static_cast<double>(scale_a.data<float>()[0]) * static_cast<double>(scale_b.data<float>()[0]);
-  exact_gemm(decoded(a), decoded(b), m, n, k, scale, out, accumulate, "fp8_matmul");
+  exact_gemm(decoded(a), decoded(b), m, n, k, scale, out, accumulate, "fp8_matmul", bias);
 }
 
 void fp8_block_matmul(const Tensor& a, const Tensor& scale_inv_a, int64_t a_rows_per_tile,

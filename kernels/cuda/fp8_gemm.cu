@@ -11,6 +11,7 @@
 #include "accrue/core/cuda_types.cuh"
 #include "accrue/kernels/cuda/cublaslt_state.h"
 #include "accrue/kernels/fp8_backend.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::kernels::cuda {
 
@@ -63,6 +64,7 @@ struct Fp8Problem {
   const void* b = nullptr;
   const float* scale_a = nullptr;
   const float* scale_b = nullptr;
+  const void* bias = nullptr;  // Note [FP8 GEMM]: [n] in out's type, in the epilogue
   void* out = nullptr;
 
   EpilogueKey key() const {
@@ -74,18 +76,20 @@ struct Fp8Problem {
             m,
             n,
             k,
-            accumulate ? 1 : 0,
-            fast ? 1 : 0,
+            (accumulate ? 1 : 0) | (fast ? 2 : 0) | (bias != nullptr ? 4 : 0),
             a_mode,
-            b_mode};
+            b_mode,
+            0};
   }
 };
 
 // cuBLASLt's A is our b and its B our a (Note [Row-major GEMM through
 // column-major cuBLASLt]), so its A scale is scale_b and its B scale scale_a.
-bool set_scale_pointers(const EpiloguePlan& plan, const Fp8Problem& p) {
+// D is our out transposed, [n, m]: the bias has D's row count.
+bool set_pointers(const EpiloguePlan& plan, const Fp8Problem& p) {
   return set_attr(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.scale_b) &&
-         set_attr(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.scale_a);
+         set_attr(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.scale_a) &&
+         (p.bias == nullptr || set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias));
 }
 
 std::unique_ptr<EpiloguePlan> build_fp8_plan(cublasLtHandle_t handle, const Fp8Problem& p) {
@@ -100,8 +104,13 @@ std::unique_ptr<EpiloguePlan> build_fp8_plan(cublasLtHandle_t handle, const Fp8P
   const int8_t fast = p.fast ? 1 : 0;
   bool ok = set_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, transa) &&
             set_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, transb) &&
-            set_attr(plan->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast) &&
-            set_scale_pointers(*plan, p);
+            set_attr(plan->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast) && set_pointers(*plan, p);
+  if (p.bias != nullptr) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bias_type = fp8_data_type(p.out_type);
+    ok = ok && set_attr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue) &&
+         set_attr(plan->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
+  }
   // Swapped as the pointers are: cuBLASLt's A is our b.
   if (p.a_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
       p.b_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
@@ -148,7 +157,8 @@ Fp8Problem problem_of(const Tensor& a, const Tensor& b, const Tensor& out, bool 
   return p;
 }
 
-void run_fp8_gemm(const Fp8Problem& p, const Tensor& out, const char* op) {
+void run_fp8_gemm(const Fp8Problem& p, const Tensor& out, const char* op,
+                  const Tensor& bias = Tensor()) {
   const bool block_scales = p.a_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
                             p.b_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
   cu::DeviceScope scope(p.device);
@@ -158,13 +168,23 @@ void run_fp8_gemm(const Fp8Problem& p, const Tensor& out, const char* op) {
       p.device, stream, p.key(),
       [&](cublasLtHandle_t handle) { return build_fp8_plan(handle, p); });
 
-  std::lock_guard<std::mutex> lock(plan->launch);
+  std::unique_lock<std::mutex> lock(plan->launch);
+  if (!plan->usable && p.bias != nullptr) {
+    // Note [FP8 GEMM]: no algorithm with the bias epilogue; the GEMM without
+    // it, then the bias added.
+    lock.unlock();
+    Fp8Problem plain = p;
+    plain.bias = nullptr;
+    run_fp8_gemm(plain, out, op);
+    out.copy_(kernels::binary(BinaryOp::Add, out, bias));
+    return;
+  }
   ACCRUE_CHECK(plan->usable, op, ": cuBLASLt offers no FP8 algorithm for a ", dtype_name(p.a_type),
                " [", p.m, ", ", p.k, "] @ ", dtype_name(p.b_type), " [", p.n, ", ", p.k, "]^T -> ",
                dtype_name(p.out_type), p.accumulate ? " (accumulating)" : "", " with scale modes ",
                p.a_mode, " x ", p.b_mode, " on cuda:", p.device);
-  ACCRUE_CHECK(set_scale_pointers(*plan, p), op,
-               ": cuBLASLt refused the scale pointers of a cached plan");
+  ACCRUE_CHECK(set_pointers(*plan, p), op,
+               ": cuBLASLt refused the scale or bias pointers of a cached plan");
   const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
   // Note [Library outputs under initcheck] (core/cuda_runtime.h).
   if (!p.accumulate && prewrite_library_outputs()) out.fill_(0.0);
@@ -197,12 +217,17 @@ int32_t scale_mode(int64_t rows_per_tile) {
 }  // namespace
 
 void fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
-                const Tensor& out, bool accumulate, bool fast_accumulation) {
+                const Tensor& bias, const Tensor& out, bool accumulate, bool fast_accumulation) {
   Fp8Problem p = problem_of(a, b, out, accumulate);
   p.fast = fast_accumulation;
   p.scale_a = static_cast<const float*>(scale_a.data_ptr());
   p.scale_b = static_cast<const float*>(scale_b.data_ptr());
-  run_fp8_gemm(p, out, "fp8_matmul");
+  // The epilogue reads the bias in 16-byte vectors; a bias placed otherwise
+  // (an arena offset) is added after the GEMM.
+  const bool in_epilogue = bias.defined() && reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 == 0;
+  p.bias = in_epilogue ? bias.data_ptr() : nullptr;
+  run_fp8_gemm(p, out, "fp8_matmul", bias);
+  if (bias.defined() && !in_epilogue) out.copy_(kernels::binary(BinaryOp::Add, out, bias));
 }
 
 void fp8_block_matmul(const Tensor& a, const Tensor& scale_inv_a, int64_t a_rows_per_tile,

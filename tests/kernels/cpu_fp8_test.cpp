@@ -434,6 +434,29 @@ TEST(Fp8Matmul, accumulates_into_an_f32_slot) {
   EXPECT_TRUE(test::all_equal(slot, reference_product(a, b, 0.25, 1.0).to(DType::f32)));
 }
 
+// Note [FP8 GEMM]: a bias is added to the exact sum before the one rounding.
+TEST(Fp8Matmul, a_bias_is_added_before_the_one_rounding) {
+  Tensor a = integer_codes({48, 64}, DType::f8e4m3), b = integer_codes({32, 64}, DType::f8e4m3);
+  for (DType out : {DType::f32, DType::bf16, DType::f16}) {
+    const Tensor bias = test::random_integers({32}, -50, 50, out);
+    Tensor want = reference_product(a, b, 0.5, 4.0);
+    double* pw = want.data<double>();
+    const Tensor b64 = bias.to(DType::f64);
+    for (int64_t i = 0; i < 48; ++i)
+      for (int64_t j = 0; j < 32; ++j)
+        pw[i * 32 + j] += b64.data<double>()[j];
+    const Tensor got = fp8_matmul(a, b, scalar(0.5f), scalar(4.0f), out, false, bias);
+    EXPECT_TRUE(test::all_equal(got, want.to(out))) << dtype_name(out);
+  }
+  const Tensor one = scalar(1.0f);
+  EXPECT_ERROR(fp8_matmul(a, b, one, one, DType::bf16, false, zeros({16}, DType::bf16)),
+               "fp8_matmul", "bias", "[16]", "[32]");
+  EXPECT_ERROR(fp8_matmul(a, b, one, one, DType::bf16, false, zeros({32}, DType::f32)),
+               "fp8_matmul", "bias", "f32", "bf16");
+  EXPECT_ERROR(fp8_matmul_into(a, b, one, one, zeros({48, 32}), true, false, zeros({32})),
+               "fp8_matmul", "bias", "accumulate");
+}
+
 TEST(Fp8Matmul, bad_inputs_name_the_op_and_values) {
   Tensor a = integer_codes({32, 64}, DType::f8e4m3), b = integer_codes({16, 64}, DType::f8e4m3);
   const Tensor one = scalar(1.0f);

@@ -232,6 +232,31 @@ TEST(GpuFp8, gemm_of_integer_operands_is_exact) {
   }
 }
 
+// The bias in cuBLASLt's epilogue (Note [FP8 GEMM]) on integer operands and
+// an integer bias: added before the one rounding, the CPU's bits; a bias
+// that is not 16-byte aligned is added after the GEMM (f32: exact too).
+TEST(GpuFp8, gemm_adds_the_bias_in_its_epilogue) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor a = integer_codes({128, 256}, DType::f8e4m3);
+  const Tensor b = integer_codes({96, 256}, DType::f8e4m3);
+  for (DType out : {DType::bf16, DType::f32}) {
+    const Tensor bias = test::random_integers({96}, -50, 50, out);
+    const Tensor cpu = fp8_matmul(a, b, scalar_on(0.5f, Device::cpu()),
+                                  scalar_on(2.0f, Device::cpu()), out, false, bias);
+    const Tensor gpu = fp8_matmul(a.to(kGpu), b.to(kGpu), scalar_on(0.5f, kGpu),
+                                  scalar_on(2.0f, kGpu), out, false, bias.to(kGpu));
+    EXPECT_TRUE(test::all_equal(gpu.to(Device::cpu()), cpu)) << dtype_name(out);
+  }
+  const Tensor bias = test::random_integers({97}, -50, 50, DType::f32);
+  const Tensor misaligned = bias.to(kGpu).narrow(0, 1, 96);
+  const Tensor cpu =
+      fp8_matmul(a, b, scalar_on(0.5f, Device::cpu()), scalar_on(2.0f, Device::cpu()), DType::f32,
+                 false, bias.narrow(0, 1, 96).contiguous());
+  const Tensor gpu = fp8_matmul(a.to(kGpu), b.to(kGpu), scalar_on(0.5f, kGpu),
+                                scalar_on(2.0f, kGpu), DType::f32, false, misaligned);
+  EXPECT_TRUE(test::all_equal(gpu.to(Device::cpu()), cpu)) << "misaligned bias";
+}
+
 // Note [FP8 GEMM]'s rounding model on random operands: the products of two
 // FP8 values are exact in f32; the bound takes Hopper's FP8 accumulator to
 // keep at least 14 significant bits (an addition errs by <= 2^-13 of the
