@@ -2,7 +2,9 @@
 // plan per problem, cached beside the epilogue plans of Note [cuBLASLt
 // state], with the scale pointers set on the descriptor under the plan's
 // launch lock for each call, as the epilogues' bias pointers are. A refusal
-// becomes an error naming the problem, never a silent fallback.
+// becomes an error naming the problem, never a silent fallback; only the
+// bias epilogue, where refused, gives way to an add after the GEMM (Note
+// [FP8 GEMM]).
 #include <cstdint>
 #include <memory>
 #include <mutex>
