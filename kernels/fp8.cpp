@@ -23,6 +23,19 @@ void check_cast(const Tensor& x, const Tensor* scale, DType out_dtype, const cha
   if (scale != nullptr) du::check_device_scalar(*scale, x.device(), op, "scale", "x");
 }
 
+// A cast-transpose's q [M, K] and q_t [K, M] for x [M, K].
+void check_transpose_buffers(const Tensor& x, const Tensor& q, const Tensor& q_t, const char* op) {
+  const int64_t m = x.size(0), k = x.size(1);
+  du::check_defined(q_t, op, "q_t");
+  ACCRUE_CHECK(q.shape() == (Shape{m, k}) && q_t.shape() == (Shape{k, m}) &&
+                   q_t.dtype() == q.dtype() && q.is_contiguous() && q_t.is_contiguous() &&
+                   q.device() == x.device() && q_t.device() == x.device(),
+               op, ": q ", shape_str(q.shape()), " ", dtype_name(q.dtype()), " and q_t ",
+               shape_str(q_t.shape()), " ", dtype_name(q_t.dtype()),
+               " must be contiguous, of one FP8 dtype, on x's device, shaped ",
+               shape_str(Shape{m, k}), " and ", shape_str(Shape{k, m}));
+}
+
 }  // namespace
 
 Fp8Cast cast_to_fp8(const Tensor& x, const Tensor& scale, DType out_dtype) {
@@ -89,15 +102,7 @@ void cast_to_fp8_transpose_into(const Tensor& x, const Tensor& scale, const Tens
   du::check_defined(q, op, "q");
   check_cast(x, &scale, q.dtype(), op);
   ACCRUE_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", shape_str(x.shape()));
-  const int64_t m = x.size(0), k = x.size(1);
-  du::check_defined(q_t, op, "q_t");
-  ACCRUE_CHECK(q.shape() == (Shape{m, k}) && q_t.shape() == (Shape{k, m}) &&
-                   q_t.dtype() == q.dtype() && q.is_contiguous() && q_t.is_contiguous() &&
-                   q.device() == x.device() && q_t.device() == x.device(),
-               op, ": q ", shape_str(q.shape()), " ", dtype_name(q.dtype()), " and q_t ",
-               shape_str(q_t.shape()), " ", dtype_name(q_t.dtype()),
-               " must be contiguous, of one FP8 dtype, on x's device, shaped ",
-               shape_str(Shape{m, k}), " and ", shape_str(Shape{k, m}));
+  check_transpose_buffers(x, q, q_t, op);
   du::check_defined(amax, op, "amax");
   du::check_device_scalar(amax, x.device(), op, "amax", "x");
   if (x.numel() == 0) {
@@ -138,28 +143,42 @@ Fp8ScaledCastTranspose cast_to_fp8_transpose_scaled(const Tensor& x, const Tenso
                                                     DType out_dtype, int margin, bool power_of_two,
                                                     bool nan_on_overflow) {
   constexpr const char* op = "cast_to_fp8_transpose_scaled";
-  NoGradGuard no_grad;
   check_cast(x, nullptr, out_dtype, op);
   ACCRUE_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", shape_str(x.shape()));
-  du::check_defined(amax, op, "amax");
-  du::check_device_scalar(amax, x.device(), op, "amax", "x");
-  ACCRUE_CHECK(margin >= 0 && margin <= kFp8MaxMargin, op, ": margin = ", margin,
-               " is outside [0, ", kFp8MaxMargin, "]");
   const int64_t m = x.size(0), k = x.size(1);
   Fp8ScaledCastTranspose r{empty({m, k}, out_dtype, x.device()),
                            empty({k, m}, out_dtype, x.device()),
                            empty({1}, DType::f32, x.device())};
-  const float max = static_cast<float>(fp8_max(out_dtype));
+  cast_to_fp8_transpose_scaled_into(x, amax, margin, power_of_two, nan_on_overflow, r.q, r.q_t,
+                                    r.scale_inv);
+  return r;
+}
+
+void cast_to_fp8_transpose_scaled_into(const Tensor& x, const Tensor& amax, int margin,
+                                       bool power_of_two, bool nan_on_overflow, const Tensor& q,
+                                       const Tensor& q_t, const Tensor& scale_inv) {
+  constexpr const char* op = "cast_to_fp8_transpose_scaled";
+  NoGradGuard no_grad;
+  du::check_defined(q, op, "q");
+  check_cast(x, nullptr, q.dtype(), op);
+  ACCRUE_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", shape_str(x.shape()));
+  check_transpose_buffers(x, q, q_t, op);
+  du::check_defined(amax, op, "amax");
+  du::check_device_scalar(amax, x.device(), op, "amax", "x");
+  du::check_defined(scale_inv, op, "scale_inv");
+  du::check_device_scalar(scale_inv, x.device(), op, "scale_inv", "x");
+  ACCRUE_CHECK(margin >= 0 && margin <= kFp8MaxMargin, op, ": margin = ", margin,
+               " is outside [0, ", kFp8MaxMargin, "]");
+  const float max = static_cast<float>(fp8_max(q.dtype()));
   if (x.numel() == 0) {  // no codes; the scale as the rule makes it
     Tensor unused = empty({1}, DType::f32, x.device());
     ACCRUE_BACKEND_CALL(x.device(), fp8_scale_from_amax, amax, max, margin, power_of_two,
-                        nan_on_overflow, unused, r.scale_inv);
-    return r;
+                        nan_on_overflow, unused, scale_inv);
+    return;
   }
   const Tensor dense = x.contiguous();
   ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8_transpose_scaled, dense, amax, max, margin,
-                      power_of_two, nan_on_overflow, r.q, r.q_t, r.scale_inv);
-  return r;
+                      power_of_two, nan_on_overflow, q, q_t, scale_inv);
 }
 
 Fp8Scale fp8_scale_from_amax(const Tensor& amax, DType fp8_dtype, int margin, bool power_of_two,

@@ -96,6 +96,12 @@ Fp8ScaledCastTranspose cast_to_fp8_transpose_scaled(const Tensor& x, const Tenso
                                                     DType out_dtype, int margin = 0,
                                                     bool power_of_two = false,
                                                     bool nan_on_overflow = false);
+// The same into the caller's buffers (the store's kept weight copies, which
+// a CUDA graph of the close replays into): q [M, K] and q_t [K, M]
+// contiguous, of one FP8 dtype, scale_inv f32 [1], all on x's device.
+void cast_to_fp8_transpose_scaled_into(const Tensor& x, const Tensor& amax, int margin,
+                                       bool power_of_two, bool nan_on_overflow, const Tensor& q,
+                                       const Tensor& q_t, const Tensor& scale_inv);
 
 // The scale of current scaling and its inverse, both f32 [1] on amax's device.
 struct Fp8Scale {

@@ -24,8 +24,6 @@ void Fp8WeightCopies::add(size_t slot, const std::string& name, const Tensor& pa
          param,
          {accrue::empty({n, k}, dtype_, d), accrue::empty({k, n}, dtype_, d),
           accrue::empty({1}, DType::f32, d)},
-         accrue::empty({1}, DType::f32, d),
-         accrue::empty({1}, DType::f32, d),
          accrue::empty({1}, DType::f32, d)};
   cast(c);
   copies_.push_back(std::move(c));
@@ -37,10 +35,11 @@ void Fp8WeightCopies::cast(Copy& c) const {
   // Current scaling (Note [FP8 scaling]): the amax of the weight as it is now,
   // one read of it into the copy's own amax: no allocation in the close.
   kernels::fp8_amax_into(w, c.amax);
-  // Note [FP8 overflow]: a non-finite weight makes every GEMM reading it NaN.
-  kernels::fp8_scale_from_amax_into(c.amax, dtype_, margin_, /*power_of_two=*/false, c.scale,
-                                    c.weight.scale_inv, /*nan_on_overflow=*/true);
-  kernels::cast_to_fp8_transpose_into(w, c.scale, c.weight.q, c.weight.q_t, c.cast_amax);
+  // The cast makes the scale from it (Note [FP8 overflow]: a non-finite
+  // weight makes every GEMM reading it NaN).
+  kernels::cast_to_fp8_transpose_scaled_into(w, c.amax, margin_, /*power_of_two=*/false,
+                                             /*nan_on_overflow=*/true, c.weight.q, c.weight.q_t,
+                                             c.weight.scale_inv);
 }
 
 void Fp8WeightCopies::refresh() {
@@ -62,7 +61,7 @@ const Fp8Weight* Fp8WeightCopies::find(size_t slot) const {
 int64_t Fp8WeightCopies::bytes() const {
   int64_t b = 0;
   for (const Copy& c : copies_)
-    b += c.weight.q.numel() + c.weight.q_t.numel() + 4 * 4;  // codes, transpose, four scalars
+    b += c.weight.q.numel() + c.weight.q_t.numel() + 2 * 4;  // codes, transpose, two scalars
   return b;
 }
 

@@ -59,8 +59,8 @@ class Fp8WeightCopies {
   struct Copy {
     size_t slot;
     Tensor param;
-    Fp8Weight weight;               // q [N, K], q_t [K, N], scale_inv f32 [1]
-    Tensor amax, scale, cast_amax;  // f32 [1] each
+    Fp8Weight weight;  // q [N, K], q_t [K, N], scale_inv f32 [1]
+    Tensor amax;       // f32 [1]
   };
   void cast(Copy& c) const;
 
