@@ -63,8 +63,9 @@ __all__ = ["AccumulationWindow"]
 # is). The close divides by the window's N once: the big batch's mean.
 #
 # CUDA: the same code runs for CUDA parameters (the store on the
-# parameters' device, DLPack's stream handshake on every exchange), but it is
-# untested; only the CPU paths are tested.
+# parameters' device, DLPack's stream handshake on every exchange); the GPU
+# machine runs test_bridge.py's CUDA tests (the big batch in f32 and bf16,
+# the dynamic scaler, resume) and test_dist.py's two ranks.
 
 _MASTER = {
     torch.float64: (accrue.f64, None),
