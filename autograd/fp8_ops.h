@@ -100,6 +100,13 @@ Tensor fp8_linear(const Tensor& x, const Fp8Input& x8, const Tensor& weight,
 // the weight in its blocks now (the kept copies are per-tensor).
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
                   const Fp8LinearOptions& options = {});
+// gelu(fp8_linear(x, weight, bias)) with the bias and GELU in the FP8 GEMM's
+// epilogue (kernels::fp8_matmul_gelu_into): no pass over the pre-activation
+// of their own, as linear_gelu for 16-bit layers. Recorded as the linear's
+// node and GELU's (which saves the pre-activation); the CPU gives the bits of
+// the two ops apart. Per-tensor recipe, a bias, a bf16 or f16 out_dtype.
+Tensor fp8_linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Fp8LinearOptions& options = {});
 // scale_inv where amax is finite, NaN where it is not: what the GEMMs of an
 // overflowed tensor multiply by, so that the window skips (Note [FP8
 // overflow] in autograd/ops_fp8.cpp). Both f32 [1] on one device.

@@ -213,15 +213,25 @@ namespace {
 // fp8_linear of the per-tensor recipe with x's codes given (x_q, their
 // transpose x_codes_t and x_scale_inv), cast by the caller or shared (Note
 // [FP8 shared input]). The caller checks the arguments.
+// With then_gelu, gelu of it: the bias and GELU in the GEMM's epilogue, the
+// linear's node recorded on the pre-activation and GELU's on the result.
 Tensor fp8_linear_cast(const Tensor& x, const Tensor& x_q, const Tensor& x_codes_t,
                        const Tensor& x_scale_inv, const Tensor& weight, const Fp8Weight& w8,
-                       const Tensor& bias, const Fp8LinearOptions& o) {
+                       const Tensor& bias, const Fp8LinearOptions& o, bool then_gelu = false) {
   const int64_t n = weight.size(0), k = weight.size(1);
   // Note [FP8 GEMM]: the bias in the GEMM's epilogue, in the output's dtype.
   Tensor b = bias.defined() ? detach(bias) : Tensor();
   if (b.defined() && b.dtype() != o.out_dtype) b = b.to(o.out_dtype);
-  const Tensor y2 = kernels::fp8_matmul(x_q, w8.q, x_scale_inv, w8.scale_inv, o.out_dtype,
-                                        o.fast_forward_accumulation, b);
+  Tensor y2, act2;
+  if (then_gelu) {
+    y2 = empty({x_q.size(0), n}, o.out_dtype, x.device());
+    act2 = empty({x_q.size(0), n}, o.out_dtype, x.device());
+    kernels::fp8_matmul_gelu_into(x_q, w8.q, x_scale_inv, w8.scale_inv, b, y2, act2,
+                                  o.fast_forward_accumulation);
+  } else {
+    y2 = kernels::fp8_matmul(x_q, w8.q, x_scale_inv, w8.scale_inv, o.out_dtype,
+                             o.fast_forward_accumulation, b);
+  }
   Shape out_shape = x.shape();
   out_shape.back() = n;
   const Tensor out = y2.reshape(out_shape);
@@ -234,7 +244,7 @@ Tensor fp8_linear_cast(const Tensor& x, const Tensor& x_q, const Tensor& x_codes
   const SinkTarget w_target = autograd::sink_target(weight), b_target = autograd::sink_target(bias);
   const DType grad_dtype = o.grad_dtype;
   const int margin = o.margin;
-  return autograd::record(
+  const Tensor pre = autograd::record(
       "Fp8LinearBackward", out, {x, weight, bias}, [=](const Tensor& g) -> std::vector<Tensor> {
         const Tensor g2 = g.reshape({-1, n});
         const ScaledCast cg = cast_current(g2, grad_dtype, margin);
@@ -256,6 +266,13 @@ Tensor fp8_linear_cast(const Tensor& x, const Tensor& x_q, const Tensor& x_codes
         }
         return {dx, dw, db};
       });
+  if (!then_gelu) return pre;
+  // GELU's node, as autograd's gelu: its derivative reads the pre-activation.
+  const Tensor spre = autograd::saved(pre);
+  return autograd::record("GeluBackward", act2.reshape(out_shape), {pre},
+                          [=](const Tensor& g) -> std::vector<Tensor> {
+                            return {kernels::unary_backward(kernels::UnaryOp::Gelu, g, spre, spre)};
+                          });
 }
 
 void check_tensor_recipe(const Fp8LinearOptions& o) {
@@ -316,6 +333,19 @@ Tensor fp8_linear(const Tensor& x, const Fp8Input& x8, const Tensor& weight, con
   const Fp8Weight w8 = kept_or_cast(weight);
   check_fp8_linear(x, weight, &w8, bias, o);
   return fp8_linear_cast(x, x8.q, x8.q_t, x8.scale_inv, weight, w8, bias, o);
+}
+
+Tensor fp8_linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Fp8LinearOptions& o) {
+  check_tensor_recipe(o);
+  ACCRUE_CHECK(bias.defined() && (o.out_dtype == DType::bf16 || o.out_dtype == DType::f16),
+               "fp8_linear_gelu: a bias and a bf16 or f16 out_dtype (the GELU epilogue's), got ",
+               bias.defined() ? "a bias" : "no bias", " and ", dtype_name(o.out_dtype));
+  const Fp8Weight w8 = kept_or_cast(weight);
+  check_fp8_linear(x, weight, &w8, bias, o);
+  const ScaledCast cx =
+      cast_current(detach(x).reshape({-1, weight.size(1)}), o.forward_dtype, o.margin);
+  return fp8_linear_cast(x, cx.q, cx.q_t, cx.scale_inv, weight, w8, bias, o, /*then_gelu=*/true);
 }
 
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias,

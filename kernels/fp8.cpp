@@ -322,6 +322,32 @@ Tensor fp8_block_matmul(const Tensor& a, const Tensor& scale_inv_a, Fp8Tiles til
   return out;
 }
 
+void fp8_matmul_gelu_into(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
+                          const Tensor& scale_inv_b, const Tensor& bias, const Tensor& pre,
+                          const Tensor& out, bool fast_accumulation) {
+  constexpr const char* op = "fp8_matmul_gelu";
+  NoGradGuard no_grad;
+  check_fp8_gemm(a, b, out, false, op);
+  du::check_device_scalar(scale_inv_a, a.device(), op, "scale_inv_a", "a");
+  du::check_device_scalar(scale_inv_b, a.device(), op, "scale_inv_b", "a");
+  ACCRUE_CHECK(du::is_16_bit(out.dtype()), op, ": out has dtype ", dtype_name(out.dtype()),
+               "; the GELU epilogue writes bf16 or f16");
+  du::check_defined(pre, op, "pre");
+  ACCRUE_CHECK(pre.shape() == out.shape() && pre.dtype() == out.dtype() && pre.is_contiguous(), op,
+               ": pre of shape ", shape_str(pre.shape()), " and dtype ", dtype_name(pre.dtype()),
+               " must be contiguous and match out (", shape_str(out.shape()), ", ",
+               dtype_name(out.dtype()), ")");
+  du::check_device(pre, a.device(), op, "pre", "a");
+  du::check_defined(bias, op, "bias");
+  ACCRUE_CHECK(bias.shape() == Shape{b.size(0)} && bias.dtype() == out.dtype(), op,
+               ": bias of shape ", shape_str(bias.shape()), " and dtype ", dtype_name(bias.dtype()),
+               "; expected [", b.size(0), "] in out's dtype ", dtype_name(out.dtype()));
+  du::check_device(bias, a.device(), op, "bias", "a");
+  du::check_contiguous(bias, op, "bias");
+  ACCRUE_BACKEND_CALL(a.device(), fp8_matmul_gelu, a, b, scale_inv_a, scale_inv_b, bias, pre, out,
+                      fast_accumulation);
+}
+
 Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
                   const Tensor& scale_inv_b, DType out_dtype, bool fast_accumulation,
                   const Tensor& bias) {

@@ -186,6 +186,17 @@ Fp8BlockCast cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t t
 Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
                   const Tensor& scale_inv_b, DType out_dtype, bool fast_accumulation = false,
                   const Tensor& bias = Tensor());
+// fp8_matmul with the bias and then GELU (tanh) in cuBLASLt's epilogue
+// (CUBLASLT_EPILOGUE_GELU_AUX_BIAS): pre = the biased product in out's dtype
+// (what GELU's backward reads) and out = gelu of it, in one GEMM, as Note
+// [GELU epilogue]'s 16-bit linear_gelu: the CPU reference rounds pre, then
+// applies UnaryOp::Gelu's kernel; the epilogue applies GELU to the f32 value
+// (the last bit may differ). pre and out [M, N] bf16 or f16, bias [N] of
+// that dtype. Where cuBLASLt offers no algorithm, or a pointer is not
+// 16-byte aligned, the bias epilogue, then the GELU kernel.
+void fp8_matmul_gelu_into(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
+                          const Tensor& scale_inv_b, const Tensor& bias, const Tensor& pre,
+                          const Tensor& out, bool fast_accumulation = false);
 // The same into a caller's contiguous out [M, N]; accumulate adds (f32 out
 // only, no bias).
 void fp8_matmul_into(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,

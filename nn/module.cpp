@@ -4,6 +4,7 @@
 
 #include "accrue/autograd/conv_ops.h"
 #include "accrue/autograd/ops.h"
+#include "accrue/autograd/transformer_ops.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/core/nvtx.h"
@@ -290,6 +291,18 @@ Tensor Linear::forward(const Tensor& x, const Fp8Input* x8) const {
                          : fp8_linear(x, weight_, bias_, *o);
   }
   return linear(x, weight_, bias_);
+}
+
+Tensor Linear::forward_gelu(const Tensor& x) const {
+  if (!bias_.defined()) return gelu(forward(x));
+  if (const std::optional<Fp8LinearOptions> o = fp8_options_for(x)) {
+    if (o->recipe == Fp8Recipe::tensor &&
+        (o->out_dtype == DType::bf16 || o->out_dtype == DType::f16))
+      return fp8_linear_gelu(x, weight_, bias_, *o);
+    return gelu(forward(x));
+  }
+  if (fp8_) return gelu(linear(x, weight_, bias_));  // rows the FP8 GEMMs cannot take
+  return linear_gelu(x, weight_, bias_);
 }
 
 std::optional<Fp8Input> Linear::shared_fp8_input(std::initializer_list<const Linear*> layers,

@@ -186,6 +186,10 @@ class Linear : public Module {
   // runs plain, as the FP8 GEMMs cannot take it.
   void set_fp8(std::optional<Fp8LinearOptions> options) { fp8_ = options; }
   bool fp8() const { return fp8_.has_value(); }
+  // gelu(forward(x)) with the bias and GELU in the GEMM's epilogue where
+  // there is a bias: linear_gelu, or fp8_linear_gelu for an FP8 layer of the
+  // per-tensor recipe (16-bit x); otherwise forward, then gelu.
+  Tensor forward_gelu(const Tensor& x) const;
 
  private:
   // The options forward(x) runs fp8_linear with, or nothing: it runs plain.

@@ -20,11 +20,9 @@ void check_block_options(const BlockOptions& c) {
 }
 
 // The linear layer GELU follows: one fused op when there is a bias (its GEMM
-// epilogue adds it), else linear then gelu; an FP8 layer (Note [FP8 linear])
-// runs its own forward, then gelu.
+// epilogue adds it and applies GELU, FP8 or not), else linear then gelu.
 Tensor linear_then_gelu(const Linear& fc, const Tensor& x) {
-  if (fc.bias().defined() && !fc.fp8()) return linear_gelu(x, fc.weight(), fc.bias());
-  return gelu(fc.forward(x));
+  return fc.forward_gelu(x);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "accrue/core/parallel.h"
+#include "accrue/kernels/backend.h"
 #include "accrue/kernels/cpu/cpu_util.h"
 #include "accrue/kernels/fp8_backend.h"
 
@@ -202,6 +203,14 @@ void fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_a, const T
   const double scale =
       static_cast<double>(scale_a.data<float>()[0]) * static_cast<double>(scale_b.data<float>()[0]);
   exact_gemm(decoded(a), decoded(b), m, n, k, scale, out, accumulate, "fp8_matmul", bias);
+}
+
+void fp8_matmul_gelu(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+                     const Tensor& bias, const Tensor& pre, const Tensor& out,
+                     bool fast_accumulation) {
+  fp8_matmul(a, b, scale_a, scale_b, bias, pre, false, fast_accumulation);
+  // As linear_gelu's reference: GELU of the stored pre with UnaryOp::Gelu's kernel.
+  unary(UnaryOp::Gelu, pre, 0.0, out);
 }
 
 void fp8_block_matmul(const Tensor& a, const Tensor& scale_inv_a, int64_t a_rows_per_tile,

@@ -67,6 +67,7 @@ struct Fp8Problem {
   const float* scale_a = nullptr;
   const float* scale_b = nullptr;
   const void* bias = nullptr;  // Note [FP8 GEMM]: [n] in out's type, in the epilogue
+  void* aux = nullptr;         // with bias: the pre-GELU output, [m, n] in out's type
   void* out = nullptr;
 
   EpilogueKey key() const {
@@ -78,7 +79,8 @@ struct Fp8Problem {
             m,
             n,
             k,
-            (accumulate ? 1 : 0) | (fast ? 2 : 0) | (bias != nullptr ? 4 : 0),
+            (accumulate ? 1 : 0) | (fast ? 2 : 0) | (bias != nullptr ? 4 : 0) |
+                (aux != nullptr ? 8 : 0),
             a_mode,
             b_mode,
             0};
@@ -91,7 +93,8 @@ struct Fp8Problem {
 bool set_pointers(const EpiloguePlan& plan, const Fp8Problem& p) {
   return set_attr(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.scale_b) &&
          set_attr(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.scale_a) &&
-         (p.bias == nullptr || set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias));
+         (p.bias == nullptr || set_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias)) &&
+         (p.aux == nullptr || set_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux));
 }
 
 std::unique_ptr<EpiloguePlan> build_fp8_plan(cublasLtHandle_t handle, const Fp8Problem& p) {
@@ -108,10 +111,17 @@ std::unique_ptr<EpiloguePlan> build_fp8_plan(cublasLtHandle_t handle, const Fp8P
             set_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, transb) &&
             set_attr(plan->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast) && set_pointers(*plan, p);
   if (p.bias != nullptr) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bias_type = fp8_data_type(p.out_type);
+    // With aux, GELU too: aux = the biased product (D's layout, [n, m] ld n).
+    const cublasLtEpilogue_t epilogue =
+        p.aux != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t type = fp8_data_type(p.out_type);
     ok = ok && set_attr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue) &&
-         set_attr(plan->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
+         set_attr(plan->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, type);
+    if (p.aux != nullptr) {
+      const int64_t aux_ld = p.n;
+      ok = ok && set_attr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld) &&
+           set_attr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, type);
+    }
   }
   // Swapped as the pointers are: cuBLASLt's A is our b.
   if (p.a_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
@@ -172,11 +182,12 @@ void run_fp8_gemm(const Fp8Problem& p, const Tensor& out, const char* op,
 
   std::unique_lock<std::mutex> lock(plan->launch);
   if (!plan->usable && p.bias != nullptr) {
-    // Note [FP8 GEMM]: no algorithm with the bias epilogue; the GEMM without
-    // it, then the bias added.
+    // Note [FP8 GEMM]: no algorithm with the epilogue; the GEMM without it,
+    // then the bias added (and GELU, by fp8_matmul_gelu).
     lock.unlock();
     Fp8Problem plain = p;
     plain.bias = nullptr;
+    plain.aux = nullptr;
     run_fp8_gemm(plain, out, op);
     out.copy_(kernels::binary(BinaryOp::Add, out, bias));
     return;
@@ -230,6 +241,33 @@ void fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_a, const T
   p.bias = in_epilogue ? bias.data_ptr() : nullptr;
   run_fp8_gemm(p, out, "fp8_matmul", bias);
   if (bias.defined() && !in_epilogue) out.copy_(kernels::binary(BinaryOp::Add, out, bias));
+}
+
+void fp8_matmul_gelu(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+                     const Tensor& bias, const Tensor& pre, const Tensor& out,
+                     bool fast_accumulation) {
+  auto aligned = [](const Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  };
+  Fp8Problem p = problem_of(a, b, out, false);
+  p.fast = fast_accumulation;
+  p.scale_a = static_cast<const float*>(scale_a.data_ptr());
+  p.scale_b = static_cast<const float*>(scale_b.data_ptr());
+  if (aligned(bias) && aligned(pre) && p.n % 8 == 0) {
+    cu::DeviceScope scope(p.device);
+    p.bias = bias.data_ptr();
+    p.aux = pre.data_ptr();
+    auto [r, plan] = LtState::instance().acquire_epilogue(
+        p.device, cu::stream_for(p.device), p.key(),
+        [&](cublasLtHandle_t handle) { return build_fp8_plan(handle, p); });
+    if (plan->usable) {
+      run_fp8_gemm(p, out, "fp8_matmul_gelu", bias);
+      return;
+    }
+  }
+  // Note [FP8 GEMM]: the bias epilogue into pre, then the GELU kernel.
+  fp8_matmul(a, b, scale_a, scale_b, bias, pre, false, fast_accumulation);
+  out.copy_(kernels::unary(UnaryOp::Gelu, pre));
 }
 
 void fp8_block_matmul(const Tensor& a, const Tensor& scale_inv_a, int64_t a_rows_per_tile,

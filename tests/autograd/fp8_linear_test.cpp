@@ -425,6 +425,35 @@ TEST(Fp8Linear, a_shared_input_cast_is_refused_for_another_tensor_or_options) {
                "[16, 32]", "[16, 24]");
 }
 
+// fp8_linear_gelu on the CPU gives the bits of gelu(fp8_linear(...)): the
+// reference rounds the biased product once, then runs GELU's own kernel, and
+// the two nodes' backwards are those of the two ops.
+TEST(Fp8Linear, linear_gelu_gives_the_bits_of_the_two_ops) {
+  constexpr int64_t M = 32, K = 48, N = 64;
+  const Tensor x0 = test::random_normal({2, M / 2, K}, DType::bf16);
+  const Tensor w0 = test::random_normal({N, K}, DType::f32, Device::cpu(), 0.1);
+  const Tensor b0 = test::random_normal({N}, DType::f32);
+  const Tensor r = test::random_normal({2, M / 2, N}, DType::f32);
+  Fp8LinearOptions o;  // bf16 out
+  auto run = [&](bool fused) {
+    Tensor x = requires_grad_(x0.clone()), w = requires_grad_(w0.clone()),
+           b = requires_grad_(b0.clone());
+    const Tensor y = fused ? fp8_linear_gelu(x, w, b, o) : gelu(fp8_linear(x, w, b, o));
+    backward(sum(to_dtype(y, DType::f32) * r));
+    return std::vector<Tensor>{detach(y), grad(x), grad(w), grad(b)};
+  };
+  const std::vector<Tensor> fused = run(true), apart = run(false);
+  const char* names[] = {"y", "dx", "dW", "db"};
+  for (size_t i = 0; i < fused.size(); ++i)
+    EXPECT_TRUE(test::all_equal(fused[i], apart[i])) << names[i];
+  const Tensor x = test::random_normal({M, K}, DType::bf16);
+  EXPECT_ERROR(fp8_linear_gelu(x, w0, Tensor(), o), "fp8_linear_gelu", "no bias");
+  EXPECT_ERROR(fp8_linear_gelu(x, w0, b0, f32_out()), "fp8_linear_gelu", "f32");
+  Fp8LinearOptions blocks;
+  blocks.recipe = Fp8Recipe::block;
+  EXPECT_ERROR(fp8_linear_gelu(x, w0, b0, blocks), "fp8_linear", "per-tensor");
+}
+
 TEST(Fp8Linear, bad_inputs_are_errors_naming_the_op_and_the_values) {
   const Tensor w = test::random_normal({16, 32}, DType::f32);
   const Fp8Weight w8 = fp8_weight(w);

@@ -126,5 +126,31 @@ TEST(GpuFp8Linear, block_recipe_matches_the_cpu_and_fills_the_slot) {
   }
 }
 
+// fp8_linear_gelu's one GEMM with the bias and GELU in cuBLASLt's epilogue
+// (GELU of the f32 value) against the CPU's two ops (GELU of the rounded
+// pre-activation): bf16 outputs to a rounding step, the f32 gradients to the
+// FP8 accumulator's.
+TEST(GpuFp8Linear, linear_gelu_in_the_epilogue_matches_the_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  constexpr int64_t M = 64, K = 96, N = 128;
+  const Tensor x0 = test::random_normal({M, K}, DType::bf16);
+  const Tensor w0 = test::random_normal({N, K}, DType::f32, Device::cpu(), 0.1);
+  const Tensor b0 = test::random_normal({N}, DType::f32);
+  const Tensor r = test::random_normal({M, N}, DType::f32);
+  auto run = [&](Device d) {
+    Tensor x = leaf(x0, d), w = leaf(w0, d), b = leaf(b0, d);
+    const Tensor y = fp8_linear_gelu(x, w, b);
+    backward(sum(to_dtype(y, DType::f32) * r.to(d)));
+    return std::vector<Tensor>{detach(y).to(Device::cpu()), grad(x).to(Device::cpu()),
+                               grad(w).to(Device::cpu()), grad(b).to(Device::cpu())};
+  };
+  const std::vector<Tensor> cpu = run(Device::cpu()), gpu = run(kGpu);
+  const char* names[] = {"y", "dx", "dW", "db"};
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double tol = cpu[i].dtype() == DType::bf16 ? 1e-2 : kFp8GemmF32;
+    EXPECT_LT(test::relative_error(gpu[i], cpu[i]), tol) << names[i];
+  }
+}
+
 }  // namespace
 }  // namespace accrue
