@@ -3,6 +3,9 @@
 // [FP8 scaling]); the GEMMs sum the same products in another order (f32 on
 // the tensor cores, exact in double on the CPU), so results agree to f32
 // rounding of sums of |products|.
+#include <array>
+#include <functional>
+
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/fp8_ops.h"
 #include "accrue/autograd/ops.h"
@@ -27,16 +30,18 @@ Tensor leaf(const Tensor& t, Device d) {
   return requires_grad_(t.to(d).clone());
 }
 
-TEST(GpuFp8Linear, output_and_gradients_match_the_cpu) {
-  ACCRUE_REQUIRE_CUDA();
-  constexpr int64_t M = 64, K = 96, N = 48;
-  const Tensor x0 = test::random_normal({M, K}, DType::bf16);
-  const Tensor w0 = test::random_normal({N, K}, DType::f32, Device::cpu(), 0.1);
-  const Tensor b0 = test::random_normal({N}, DType::f32);
-  const Tensor r = test::random_normal({M, N}, DType::f32);
+// y = layer(x, w, b) forward and backward on the CPU and on the GPU: y, dx,
+// dW and db (in that order) each within its tolerance of the CPU's.
+void expect_layer_matches_cpu(
+    const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& layer, int64_t m,
+    int64_t k, int64_t n, const std::array<double, 4>& tol) {
+  const Tensor x0 = test::random_normal({m, k}, DType::bf16);
+  const Tensor w0 = test::random_normal({n, k}, DType::f32, Device::cpu(), 0.1);
+  const Tensor b0 = test::random_normal({n}, DType::f32);
+  const Tensor r = test::random_normal({m, n}, DType::f32);
   auto run = [&](Device d) {
     Tensor x = leaf(x0, d), w = leaf(w0, d), b = leaf(b0, d);
-    const Tensor y = fp8_linear(x, w, fp8_weight(w), b);
+    const Tensor y = layer(x, w, b);
     backward(sum(to_dtype(y, DType::f32) * r.to(d)));
     return std::vector<Tensor>{detach(y).to(Device::cpu()), grad(x).to(Device::cpu()),
                                grad(w).to(Device::cpu()), grad(b).to(Device::cpu())};
@@ -45,15 +50,20 @@ TEST(GpuFp8Linear, output_and_gradients_match_the_cpu) {
   const char* names[] = {"y", "dx", "dW", "db"};
   for (size_t i = 0; i < cpu.size(); ++i) {
     EXPECT_EQ(gpu[i].dtype(), cpu[i].dtype()) << names[i];
-    // bf16 outputs (y, dx) can differ by one rounding step of bf16. dW is
-    // an f32 FP8 GEMM output: the CPU sums exact products in double, while
-    // Hopper's FP8 tensor cores keep about 14 bits of a partial sum between
-    // cuBLASLt's promotions to f32 (Note [FP8 GEMM]), so the two differ by
-    // up to about 2^-13 of the sum (6.2e-5 measured on an H200).
-    // db is a plain f32 reduction.
-    const double tol = cpu[i].dtype() == DType::bf16 ? 1e-2 : i == 2 ? kFp8GemmF32 : 1e-5;
-    EXPECT_LT(test::relative_error(gpu[i], cpu[i]), tol) << names[i];
+    EXPECT_LT(test::relative_error(gpu[i], cpu[i]), tol[i]) << names[i];
   }
+}
+
+// bf16 outputs (y, dx) can differ by one rounding step of bf16. dW is an f32
+// FP8 GEMM output: the CPU sums exact products in double, while Hopper's FP8
+// tensor cores keep about 14 bits of a partial sum between cuBLASLt's
+// promotions to f32 (Note [FP8 GEMM]), so the two differ by up to about
+// 2^-13 of the sum (6.2e-5 measured on an H200). db is a plain f32 reduction.
+TEST(GpuFp8Linear, output_and_gradients_match_the_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  expect_layer_matches_cpu([](const Tensor& x, const Tensor& w,
+                              const Tensor& b) { return fp8_linear(x, w, fp8_weight(w), b); },
+                           64, 96, 48, {1e-2, 1e-2, kFp8GemmF32, 1e-5});
 }
 
 // Three micro-batches into the fp32 slot on the GPU (beta 0, then 1): the
@@ -128,28 +138,13 @@ TEST(GpuFp8Linear, block_recipe_matches_the_cpu_and_fills_the_slot) {
 
 // fp8_linear_gelu's one GEMM with the bias and GELU in cuBLASLt's epilogue
 // (GELU of the f32 value) against the CPU's two ops (GELU of the rounded
-// pre-activation): bf16 outputs to a rounding step, the f32 gradients to the
-// FP8 accumulator's.
+// pre-activation). db sums GELU's bf16 gradient, which follows the
+// pre-activation's last bit: bf16's tolerance.
 TEST(GpuFp8Linear, linear_gelu_in_the_epilogue_matches_the_cpu) {
   ACCRUE_REQUIRE_CUDA();
-  constexpr int64_t M = 64, K = 96, N = 128;
-  const Tensor x0 = test::random_normal({M, K}, DType::bf16);
-  const Tensor w0 = test::random_normal({N, K}, DType::f32, Device::cpu(), 0.1);
-  const Tensor b0 = test::random_normal({N}, DType::f32);
-  const Tensor r = test::random_normal({M, N}, DType::f32);
-  auto run = [&](Device d) {
-    Tensor x = leaf(x0, d), w = leaf(w0, d), b = leaf(b0, d);
-    const Tensor y = fp8_linear_gelu(x, w, b);
-    backward(sum(to_dtype(y, DType::f32) * r.to(d)));
-    return std::vector<Tensor>{detach(y).to(Device::cpu()), grad(x).to(Device::cpu()),
-                               grad(w).to(Device::cpu()), grad(b).to(Device::cpu())};
-  };
-  const std::vector<Tensor> cpu = run(Device::cpu()), gpu = run(kGpu);
-  const char* names[] = {"y", "dx", "dW", "db"};
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    const double tol = cpu[i].dtype() == DType::bf16 ? 1e-2 : kFp8GemmF32;
-    EXPECT_LT(test::relative_error(gpu[i], cpu[i]), tol) << names[i];
-  }
+  expect_layer_matches_cpu(
+      [](const Tensor& x, const Tensor& w, const Tensor& b) { return fp8_linear_gelu(x, w, b); },
+      64, 96, 128, {1e-2, 1e-2, kFp8GemmF32, 1e-2});
 }
 
 }  // namespace
