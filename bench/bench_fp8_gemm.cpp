@@ -1,4 +1,4 @@
-// The FP8 GEMMs of a GPT-2 124M Linear beside each other (issue 31): per-tensor
+// The FP8 GEMMs of a GPT-2 124M Linear beside each other: per-tensor
 // scales (kernels::fp8_matmul, Note [FP8 GEMM]) and per-tile scales
 // (kernels::fp8_block_matmul, Note [FP8 block GEMM]), for the three GEMMs of
 // a layer as fp8_linear issues them, at M = 8192 and 32768 tokens:

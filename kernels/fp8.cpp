@@ -271,6 +271,33 @@ void check_block_scales(const Tensor& q, const Tensor& scale_inv, Fp8Tiles tiles
                shape_str(q.shape()), " take ", shape_str(want));
 }
 
+// A per-tensor GEMM's two scale_inv, f32 [1] on a's device.
+void check_tensor_scales(const Tensor& a, const Tensor& scale_inv_a, const Tensor& scale_inv_b,
+                         const char* op) {
+  du::check_device_scalar(scale_inv_a, a.device(), op, "scale_inv_a", "a");
+  du::check_device_scalar(scale_inv_b, a.device(), op, "scale_inv_b", "a");
+}
+
+// An epilogue's bias: [N] (b's rows), out's dtype, contiguous, on a's device.
+void check_gemm_bias(const Tensor& bias, const Tensor& a, const Tensor& b, const Tensor& out,
+                     const char* op) {
+  du::check_defined(bias, op, "bias");
+  ACCRUE_CHECK(bias.shape() == Shape{b.size(0)} && bias.dtype() == out.dtype(), op,
+               ": bias of shape ", shape_str(bias.shape()), " and dtype ", dtype_name(bias.dtype()),
+               "; expected [", b.size(0), "] in out's dtype ", dtype_name(out.dtype()));
+  du::check_device(bias, a.device(), op, "bias", "a");
+  du::check_contiguous(bias, op, "bias");
+}
+
+// The [M, N] output of a @ b^T for the allocating forms, a and b 2-D.
+Tensor gemm_output(const Tensor& a, const Tensor& b, DType out_dtype, const char* op) {
+  du::check_defined(a, op, "a");
+  du::check_defined(b, op, "b");
+  ACCRUE_CHECK(a.dim() == 2 && b.dim() == 2, op, ": a and b must be 2-D, got shapes ",
+               shape_str(a.shape()), " and ", shape_str(b.shape()));
+  return empty({a.size(0), b.size(0)}, out_dtype, a.device());
+}
+
 }  // namespace
 
 void fp8_matmul_into(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
@@ -279,16 +306,10 @@ void fp8_matmul_into(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a
   constexpr const char* op = "fp8_matmul";
   NoGradGuard no_grad;
   check_fp8_gemm(a, b, out, accumulate, op);
-  du::check_device_scalar(scale_inv_a, a.device(), op, "scale_inv_a", "a");
-  du::check_device_scalar(scale_inv_b, a.device(), op, "scale_inv_b", "a");
+  check_tensor_scales(a, scale_inv_a, scale_inv_b, op);
   if (bias.defined()) {
     ACCRUE_CHECK(!accumulate, op, ": a bias with accumulate (a gradient slot takes no bias)");
-    ACCRUE_CHECK(bias.shape() == Shape{b.size(0)} && bias.dtype() == out.dtype(), op,
-                 ": bias of shape ", shape_str(bias.shape()), " and dtype ",
-                 dtype_name(bias.dtype()), "; expected [", b.size(0), "] in out's dtype ",
-                 dtype_name(out.dtype()));
-    du::check_device(bias, a.device(), op, "bias", "a");
-    du::check_contiguous(bias, op, "bias");
+    check_gemm_bias(bias, a, b, out, op);
   }
   ACCRUE_BACKEND_CALL(a.device(), fp8_matmul, a, b, scale_inv_a, scale_inv_b, bias, out, accumulate,
                       fast_accumulation);
@@ -312,12 +333,7 @@ void fp8_block_matmul_into(const Tensor& a, const Tensor& scale_inv_a, Fp8Tiles 
 Tensor fp8_block_matmul(const Tensor& a, const Tensor& scale_inv_a, Fp8Tiles tiles_a,
                         const Tensor& b, const Tensor& scale_inv_b, Fp8Tiles tiles_b,
                         DType out_dtype) {
-  constexpr const char* op = "fp8_block_matmul";
-  du::check_defined(a, op, "a");
-  du::check_defined(b, op, "b");
-  ACCRUE_CHECK(a.dim() == 2 && b.dim() == 2, op, ": a and b must be 2-D, got shapes ",
-               shape_str(a.shape()), " and ", shape_str(b.shape()));
-  Tensor out = empty({a.size(0), b.size(0)}, out_dtype, a.device());
+  const Tensor out = gemm_output(a, b, out_dtype, "fp8_block_matmul");
   fp8_block_matmul_into(a, scale_inv_a, tiles_a, b, scale_inv_b, tiles_b, out, false);
   return out;
 }
@@ -328,8 +344,7 @@ void fp8_matmul_gelu_into(const Tensor& a, const Tensor& b, const Tensor& scale_
   constexpr const char* op = "fp8_matmul_gelu";
   NoGradGuard no_grad;
   check_fp8_gemm(a, b, out, false, op);
-  du::check_device_scalar(scale_inv_a, a.device(), op, "scale_inv_a", "a");
-  du::check_device_scalar(scale_inv_b, a.device(), op, "scale_inv_b", "a");
+  check_tensor_scales(a, scale_inv_a, scale_inv_b, op);
   ACCRUE_CHECK(du::is_16_bit(out.dtype()), op, ": out has dtype ", dtype_name(out.dtype()),
                "; the GELU epilogue writes bf16 or f16");
   du::check_defined(pre, op, "pre");
@@ -338,12 +353,7 @@ void fp8_matmul_gelu_into(const Tensor& a, const Tensor& b, const Tensor& scale_
                " must be contiguous and match out (", shape_str(out.shape()), ", ",
                dtype_name(out.dtype()), ")");
   du::check_device(pre, a.device(), op, "pre", "a");
-  du::check_defined(bias, op, "bias");
-  ACCRUE_CHECK(bias.shape() == Shape{b.size(0)} && bias.dtype() == out.dtype(), op,
-               ": bias of shape ", shape_str(bias.shape()), " and dtype ", dtype_name(bias.dtype()),
-               "; expected [", b.size(0), "] in out's dtype ", dtype_name(out.dtype()));
-  du::check_device(bias, a.device(), op, "bias", "a");
-  du::check_contiguous(bias, op, "bias");
+  check_gemm_bias(bias, a, b, out, op);
   ACCRUE_BACKEND_CALL(a.device(), fp8_matmul_gelu, a, b, scale_inv_a, scale_inv_b, bias, pre, out,
                       fast_accumulation);
 }
@@ -351,12 +361,7 @@ void fp8_matmul_gelu_into(const Tensor& a, const Tensor& b, const Tensor& scale_
 Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Tensor& scale_inv_a,
                   const Tensor& scale_inv_b, DType out_dtype, bool fast_accumulation,
                   const Tensor& bias) {
-  constexpr const char* op = "fp8_matmul";
-  du::check_defined(a, op, "a");
-  du::check_defined(b, op, "b");
-  ACCRUE_CHECK(a.dim() == 2 && b.dim() == 2, op, ": a and b must be 2-D, got shapes ",
-               shape_str(a.shape()), " and ", shape_str(b.shape()));
-  Tensor out = empty({a.size(0), b.size(0)}, out_dtype, a.device());
+  const Tensor out = gemm_output(a, b, out_dtype, "fp8_matmul");
   fp8_matmul_into(a, b, scale_inv_a, scale_inv_b, out, false, fast_accumulation, bias);
   return out;
 }

@@ -271,12 +271,7 @@ GPT2Config parse_hf_gpt2_config(const std::string& text, const std::string& name
   c.padded_vocab_size = 0;
   ACCRUE_CHECK(!inner || *inner == 4 * c.n_embd, file, ": 'n_inner' ", inner.value_or(0),
                " is not 4 * n_embd = ", 4 * c.n_embd, ", the only MLP width accrue's GPT-2 has");
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    ACCRUE_FAIL(file, ": ", e.message());
-  }
-  return c;
+  return validated_hf_config(std::move(c), file);
 }
 
 GPT2Config read_hf_gpt2_config(const std::string& path) {

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "accrue/core/error.h"
 #include "accrue/core/tensor.h"
 
 namespace accrue::nn {
@@ -60,6 +61,18 @@ std::string read_hf_config_text(const std::string& path, const char* op);
 // top-level keys alone; `name` names the file in errors (not a JSON object,
 // model_type not a string).
 std::string hf_model_type(const std::string& text, const std::string& name);
+
+// c (a config parsed from `file`: its path, or what prints it) after
+// c.validate(), whose refusal is rethrown naming the file.
+template <class Config, class File>
+Config validated_hf_config(Config c, const File& file) {
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    ACCRUE_FAIL(file, ": ", e.message());
+  }
+  return c;
+}
 
 // A shard size as transformers' max_shard_size takes it: a byte count, or a
 // number with a unit, decimal (KB, MB, GB: powers of 10) or binary (KiB,

@@ -408,12 +408,7 @@ LlamaConfig parse_hf_config(const std::string& text, const std::string& name) {
     ACCRUE_CHECK(type == "default", file, ": '", rope_key, ".rope_type' '", type,
                  "' is not supported (supported: 'default', 'llama3')");
   }
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    ACCRUE_FAIL(file, ": ", e.message());
-  }
-  return c;
+  return validated_hf_config(std::move(c), file);
 }
 
 LlamaConfig read_hf_config(const std::string& path) {

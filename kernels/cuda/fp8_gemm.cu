@@ -261,6 +261,8 @@ void fp8_matmul_gelu(const Tensor& a, const Tensor& b, const Tensor& scale_a, co
         p.device, cu::stream_for(p.device), p.key(),
         [&](cublasLtHandle_t handle) { return build_fp8_plan(handle, p); });
     if (plan->usable) {
+      // Note [Library outputs under initcheck]: the aux output too.
+      if (prewrite_library_outputs()) pre.fill_(0.0);
       run_fp8_gemm(p, out, "fp8_matmul_gelu", bias);
       return;
     }

@@ -295,34 +295,36 @@ __global__ void rms_norm_weight_partials_kernel(const T* __restrict__ dy, const 
 // on the shape (Note [Deterministic column sums]).
 constexpr int64_t kSpan = 64;
 
+// Column c's sum over rows [begin, end) of in [*, d]: each thread row y a
+// fixed stride of the rows, then the 8 thread rows in order; the total on
+// thread row 0. Every thread of the (32, 8) block must call it.
 template <class A>
-__global__ void column_span_sums_kernel(const A* __restrict__ in, int64_t rows, int64_t d,
-                                        A* __restrict__ out) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
-  const int64_t begin = static_cast<int64_t>(blockIdx.y) * kSpan;
-  const int64_t end = std::min(rows, begin + kSpan);
+__device__ __forceinline__ A column_rows_sum(const A* __restrict__ in, int64_t begin, int64_t end,
+                                             int64_t d, int64_t c) {
   A s = 0;
   if (c < d) {
     for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes)
       s += in[r * d + c];
   }
-  s = column_tile_total(s);
+  return column_tile_total(s);
+}
+
+template <class A>
+__global__ void column_span_sums_kernel(const A* __restrict__ in, int64_t rows, int64_t d,
+                                        A* __restrict__ out) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * kSpan;
+  const A s = column_rows_sum(in, begin, std::min(rows, begin + kSpan), d, c);
   if (threadIdx.y == 0 && c < d) out[blockIdx.y * d + c] = s;
 }
 
-// The chunks of each column added in chunk order, written (=) or added
-// (+=): block (x, y) takes 32 columns, each thread row y a fixed stride of
-// the chunks, then the 8 thread rows in order.
+// The chunks of each column added in chunk order (column_rows_sum over all
+// of them), written (=) or added (+=).
 template <class A, class O>
 __global__ void rms_norm_weight_total_kernel(const A* __restrict__ partial, int64_t chunks,
                                              int64_t d, O* out, bool accumulate) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
-  A s = 0;
-  if (c < d) {
-    for (int64_t k = threadIdx.y; k < chunks; k += kRowLanes)
-      s += partial[k * d + c];
-  }
-  s = column_tile_total(s);
+  const A s = column_rows_sum(partial, 0, chunks, d, c);
   if (threadIdx.y == 0 && c < d) out[c] = cu::convert<O>(accumulate ? load<A>(out[c]) + s : s);
 }
 

@@ -457,6 +457,28 @@ TEST(Fp8Matmul, a_bias_is_added_before_the_one_rounding) {
                "fp8_matmul", "bias", "accumulate");
 }
 
+// fp8_matmul_gelu_into: pre is fp8_matmul's biased product, out GELU's own
+// kernel over it (the reference the GPU's epilogue is held to).
+TEST(Fp8Matmul, gelu_epilogue_reference_is_the_biased_product_then_gelu) {
+  const Tensor a = integer_codes({32, 64}, DType::f8e4m3),
+               b = integer_codes({48, 64}, DType::f8e4m3);
+  const Tensor bias = test::random_normal({48}, DType::bf16);
+  const Tensor pre = empty({32, 48}, DType::bf16), out = empty({32, 48}, DType::bf16);
+  kernels::fp8_matmul_gelu_into(a, b, scalar(0.25f), scalar(0.5f), bias, pre, out);
+  const Tensor want_pre = fp8_matmul(a, b, scalar(0.25f), scalar(0.5f), DType::bf16, false, bias);
+  EXPECT_TRUE(test::all_equal(pre, want_pre));
+  EXPECT_TRUE(test::all_equal(out, kernels::unary(kernels::UnaryOp::Gelu, want_pre)));
+  const Tensor one = scalar(1.0f);
+  EXPECT_ERROR(kernels::fp8_matmul_gelu_into(a, b, one, one, bias.to(DType::f32),
+                                             empty({32, 48}, DType::f32), empty({32, 48})),
+               "fp8_matmul_gelu", "f32", "bf16 or f16");
+  EXPECT_ERROR(
+      kernels::fp8_matmul_gelu_into(a, b, one, one, bias, empty({32, 47}, DType::bf16), out),
+      "fp8_matmul_gelu", "pre", "[32, 47]");
+  EXPECT_ERROR(kernels::fp8_matmul_gelu_into(a, b, one, one, Tensor(), pre, out), "fp8_matmul_gelu",
+               "bias");
+}
+
 TEST(Fp8Matmul, bad_inputs_name_the_op_and_values) {
   Tensor a = integer_codes({32, 64}, DType::f8e4m3), b = integer_codes({16, 64}, DType::f8e4m3);
   const Tensor one = scalar(1.0f);
