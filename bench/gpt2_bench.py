@@ -25,14 +25,16 @@ one, is kept in the --json rows.
 Then the time breakdown (--skip-ncu to leave it out): accrue at (32,1) and
 (1,32) (--ncu-points) under Nsight Compute,
 
-  ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum
-      --csv --print-units base accrue_train_gpt2 ... --bench-warmup 1 --bench-windows 1
+  ncu --profile-from-start off --clock-control none --cache-control none
+      --metrics gpu__time_duration.sum --csv --print-units base
+      accrue_train_gpt2 ... --bench-warmup 1 --bench-windows 1
 
 every kernel's duration (kernels run serialized under ncu, so the sum is the
-GPU time of the work, not the window's wall time). The last complete window
-is cut out of the kernel sequence at the window close's optimizer kernel
-(fused_optimizer_kernel ends each window), so set-up and warm-up are left
-out, and its kernels are summed by class (CLASSES: GEMM, attention,
+GPU time of the work, not the window's wall time). The trainer brackets its
+timed windows with cudaProfilerStart/Stop (Note [Profiled span]), so ncu
+records the one timed window and nothing of the set-up or warm-up (checked:
+the window ends at the close's fused_optimizer_kernel), and its kernels are
+summed by class (CLASSES: GEMM, attention,
 layernorm, classifier, window close, elementwise, other) and printed as
 percentages, with the largest kernels of "other".
 """
@@ -419,9 +421,19 @@ def parse_ncu_csv(text):
     return [kernels[i] for i in sorted(kernels)]
 
 
-def last_window(kernels):
-    """The kernels of the last complete window, and a note on how it was found."""
+# ncu records only the timed windows (the trainers' cudaProfilerStart/Stop).
+NCU_TIMED_ONLY = ["--profile-from-start", "off"]
+
+
+def last_window(kernels, timed_only=False):
+    """The kernels of the last complete window, and a note on how it was found.
+
+    timed_only: ncu ran with NCU_TIMED_ONLY over one timed window, so every
+    kernel profiled is that window's (the close's report kernels follow its
+    optimizer kernel)."""
     ends = [i for i, (name, _) in enumerate(kernels) if WINDOW_END_KERNEL in name]
+    if timed_only and len(ends) == 1:
+        return kernels, "the timed window alone: ncu --profile-from-start off"
     if len(ends) >= 2:
         return kernels[ends[-2] + 1:ends[-1] + 1], f"the last of {len(ends)} windows"
     if len(ends) == 1:
@@ -477,12 +489,11 @@ def ncu_breakdown(args, b, k):
     ncu = find_ncu(args.ncu)
     if ncu is None:
         return ["", f"ncu breakdown at {b} x {k}: ncu not found (Nsight Compute)"]
-    cmd = [ncu, "--clock-control", "none", "--cache-control", "none",
-           "--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base"]
-    # A window at large K is tens of thousands of kernels, each serialized and
-    # timed by ncu: profile one window with no warm-up there (the few set-up
-    # kernels are then included, and the table says so).
-    cmd += accrue_cmd(args, "d12", b, k, warmup=0 if k >= 16 else 1, windows=1)
+    cmd = [ncu] + NCU_TIMED_ONLY + ["--clock-control", "none", "--cache-control", "none",
+                                    "--metrics", "gpu__time_duration.sum", "--csv",
+                                    "--print-units", "base"]
+    # Only the timed window is profiled: the warm-up window runs at speed.
+    cmd += accrue_cmd(args, "d12", b, k, warmup=1, windows=1)
     tag = f"ncu_accrue_d12_{b}x{k}"
     print(f"[gpt2_bench] {tag}: {' '.join(cmd)}", flush=True)
     status, out, err, seconds = run_logged(cmd, args.ncu_timeout, args.log_dir, tag)
@@ -492,7 +503,7 @@ def ncu_breakdown(args, b, k):
         tail = (err.strip() or out.strip()).splitlines()[-3:]
         return ["", f"ncu breakdown at {b} x {k}: no kernel durations ({reason}, "
                     f"{seconds:.0f} s): " + " / ".join(t[:200] for t in tail)]
-    window, note = last_window(kernels)
+    window, note = last_window(kernels, timed_only=True)
     print(f"[gpt2_bench] {tag}: {len(kernels)} kernels profiled in {seconds:.0f} s", flush=True)
     return breakdown_table(window, b, k, note)
 

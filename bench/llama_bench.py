@@ -61,11 +61,11 @@ not listen on MASTER_PORT + 1 is run once more.
 
 --ncu-points MODEL:BxK,... adds where accrue's time goes (the issue asks for
 the largest and smallest micro-batch): accrue_train under Nsight Compute
-(ncu --clock-control none --cache-control none --metrics
-gpu__time_duration.sum, one window of at most --ncu-max-k micro-batches:
-the same kernels each, so the close's share grows as K is cut, and the
-table says so), the last complete window cut out at the
-window close's fused_optimizer_kernel, its kernels summed by class (GEMM,
+(ncu --profile-from-start off --clock-control none --cache-control none
+--metrics gpu__time_duration.sum, the one timed window after one warm-up,
+which the trainer brackets with cudaProfilerStart/Stop, of at most
+--ncu-max-k micro-batches: the same kernels each, so the close's share
+grows as K is cut, and the table says so), its kernels summed by class (GEMM,
 attention, norms, RoPE, SwiGLU, classifier, window close, elementwise,
 other), as gpt2_bench.py does for GPT-2.
 
@@ -89,8 +89,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gpt2_bench import (default_accrue_bin, find_ncu, fmt, fmt_rate, gpu_name,  # noqa: E402
-                        last_window, ok, parse_ncu_csv, parse_points, run_logged, short_name)
+from gpt2_bench import (NCU_TIMED_ONLY, default_accrue_bin, find_ncu, fmt, fmt_rate,  # noqa: E402
+                        gpu_name, last_window, ok, parse_ncu_csv, parse_points, run_logged, short_name)
 from gpt2_dp_bench import CHILD_ENV, LAUNCHER_VARS, run_and_read, why_failed  # noqa: E402
 import torch_gpt2  # noqa: E402  (the peak table; imports no torch)
 import torch_llama  # noqa: E402  (the presets and the FLOP count; imports no torch)
@@ -352,15 +352,15 @@ def ncu_cmd(args, model, b, k):
     # A window at large K is tens of thousands of kernels, each serialized and
     # timed (about 10 ms each under ncu on an H200: 1 x 64 at llama-125m,
     # some 42,000 kernels, passed 200 s): the window is cut to --ncu-max-k
-    # micro-batches, which run the same kernels as the point's, and at large
-    # K it runs with no warm-up (the set-up kernels are then included, and
-    # the table says so).
+    # micro-batches, which run the same kernels as the point's. Only the
+    # timed window is profiled (Note [Profiled span]); the warm-up runs at speed.
     k = ncu_k(args, k)
     cmd = accrue_cmd(args, model, b, k)
     at = cmd.index("--bench-warmup")
-    cmd[at + 1], cmd[at + 3] = ("0" if k >= 16 else "1"), "1"
-    return [ncu, "--clock-control", "none", "--cache-control", "none", "--metrics",
-            "gpu__time_duration.sum", "--csv", "--print-units", "base"] + cmd
+    cmd[at + 1], cmd[at + 3] = "1", "1"
+    return [ncu] + NCU_TIMED_ONLY + ["--clock-control", "none", "--cache-control", "none",
+                                    "--metrics", "gpu__time_duration.sum", "--csv",
+                                    "--print-units", "base"] + cmd
 
 
 def run_ncu(args, model, b, k):
@@ -379,7 +379,7 @@ def run_ncu(args, model, b, k):
                         f"{why_failed(err, 'accrue_train') or why_failed(out, 'accrue_train')}")
         print(f"[llama_bench] {tag}: {row['error']}", flush=True)
         return row
-    window, note = last_window(kernels)
+    window, note = last_window(kernels, timed_only=True)
     by_class, others = {}, {}
     for name, ns in window:
         cls = classify(name)

@@ -31,7 +31,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gpt2_bench import (default_accrue_bin, find_ncu, gpu_name,  # noqa: E402
+from gpt2_bench import (NCU_TIMED_ONLY, default_accrue_bin, find_ncu, gpu_name,  # noqa: E402
                         last_json_line, last_window, parse_ncu_csv, parse_points,
                         run_logged, short_name)
 
@@ -157,16 +157,16 @@ def ncu_breakdown(args, b, k):
     ncu = find_ncu(args.ncu)
     if ncu is None:
         return ["", f"ncu breakdown at {b} x {k}: ncu not found (Nsight Compute)"]
-    cmd = [ncu, "--clock-control", "none", "--cache-control", "none",
-           "--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base",
-           args.accrue_bin] + common_options(args, b, k, warmup=1, windows=1)
+    cmd = [ncu] + NCU_TIMED_ONLY + ["--clock-control", "none", "--cache-control", "none",
+                                    "--metrics", "gpu__time_duration.sum", "--csv",
+                                    "--print-units", "base", args.accrue_bin] + common_options(args, b, k, warmup=1, windows=1)
     cmd += args.accrue_args.split()
     status, out, err, seconds = run_logged(cmd, args.timeout, args.log_dir, f"ncu_{b}x{k}")
     kernels = parse_ncu_csv(out)
     if not kernels:
         reason = "timed out" if status is None else f"exit {status}"
         return ["", f"ncu breakdown at {b} x {k}: no kernel durations ({reason}, {seconds:.0f} s)"]
-    window, note = last_window(kernels)
+    window, note = last_window(kernels, timed_only=True)
     total = sum(ns for _, ns in window)
     by_name = {}
     for name, ns in window:

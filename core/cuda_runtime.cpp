@@ -8,6 +8,7 @@
 #include "accrue/core/error.h"
 
 #ifdef ACCRUE_WITH_CUDA
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include "accrue/core/device_scope.h"
@@ -168,6 +169,12 @@ void synchronize_device(int device) {
   set_cuda_device(device);
   ACCRUE_CUDA_CHECK(cudaDeviceSynchronize());
 }
+void cuda_profiler_start() {
+  ACCRUE_CUDA_CHECK(cudaProfilerStart());
+}
+void cuda_profiler_stop() {
+  ACCRUE_CUDA_CHECK(cudaProfilerStop());
+}
 
 #else  // !ACCRUE_WITH_CUDA
 
@@ -234,6 +241,8 @@ void synchronize_stream(StreamHandle) {
 void synchronize_device(int) {
   no_cuda("synchronize_device");
 }
+void cuda_profiler_start() {}
+void cuda_profiler_stop() {}
 
 #endif
 

@@ -89,6 +89,17 @@ class Event {
 void synchronize_stream(StreamHandle stream);
 void synchronize_device(int device);
 
+// Note [Profiled span]
+// ~~~~~~~~~~~~~~~~~~~~
+// cudaProfilerStart / cudaProfilerStop: a profiler started with
+// `ncu --profile-from-start off` (or nsys's cudaProfilerApi capture range)
+// records only the kernels between them. The benchmarks' timed windows
+// (examples/common/timing.cpp) sit between the two, so a profile is the
+// timed windows and nothing of the set-up or the warm-up. No profiler
+// attached: both are no-ops. Without CUDA they do nothing (never throw).
+void cuda_profiler_start();
+void cuda_profiler_stop();
+
 // Note [Library outputs under initcheck]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // compute-sanitizer's initcheck does not see every store of the closed-source

@@ -138,13 +138,17 @@ TEST(GpuFp8Linear, block_recipe_matches_the_cpu_and_fills_the_slot) {
 
 // fp8_linear_gelu's one GEMM with the bias and GELU in cuBLASLt's epilogue
 // (GELU of the f32 value) against the CPU's two ops (GELU of the rounded
-// pre-activation). db sums GELU's bf16 gradient, which follows the
-// pre-activation's last bit: bf16's tolerance.
+// pre-activation). GELU's bf16 gradient follows the pre-activation's last
+// bit, and dW and dx take it through the e5m2 cast, where one bf16 step can
+// move a value across a rounding boundary of e5m2's 2-bit mantissa: dW is
+// then off by whole e5m2 steps in a few elements (3.7e-3 measured on an
+// H100), not by the accumulator's 2^-13. db sums that gradient: bf16's
+// tolerance for all three.
 TEST(GpuFp8Linear, linear_gelu_in_the_epilogue_matches_the_cpu) {
   ACCRUE_REQUIRE_CUDA();
   expect_layer_matches_cpu(
       [](const Tensor& x, const Tensor& w, const Tensor& b) { return fp8_linear_gelu(x, w, b); },
-      64, 96, 128, {1e-2, 1e-2, kFp8GemmF32, 1e-2});
+      64, 96, 128, {1e-2, 1e-2, 1e-2, 1e-2});
 }
 
 }  // namespace

@@ -304,6 +304,20 @@ class NcuBreakdown(unittest.TestCase):
         cmd = rows[0]["cmd"]
         self.assertEqual(cmd[cmd.index("--accum") + 1], "2")
         self.assertEqual((rows[0]["K"], rows[0]["profiled_K"]), (8, 2))
+        # Note [Profiled span]: ncu records the one timed window, after one warm-up.
+        self.assertEqual(cmd[1:3], ["--profile-from-start", "off"])
+        self.assertEqual(cmd[cmd.index("--bench-warmup") + 1], "1")
+        self.assertEqual(cmd[cmd.index("--bench-windows") + 1], "1")
+
+
+    def test_a_timed_window_alone_is_every_kernel_profiled(self):
+        # Note [Profiled span]: the close's kernels after its optimizer kernel are the window's too.
+        import gpt2_bench
+        kernels = [("nvjet_tst", 100), ("fused_optimizer_kernel<float>", 70), ("loss_sum", 5)]
+        self.assertEqual(gpt2_bench.last_window(kernels, timed_only=True),
+                         (kernels, "the timed window alone: ncu --profile-from-start off"))
+        self.assertEqual(gpt2_bench.last_window(kernels)[1],
+                         "one window found: set-up kernels included")
 
 
 class TorchOnCpu(unittest.TestCase):
