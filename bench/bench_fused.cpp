@@ -145,6 +145,18 @@ void register_fp8_casts() {
         time_gpu(s, [&] { kernels::cast_to_fp8_transpose_into(x, scale, q, q_t, amax); });
     report_bandwidth(s, bytes_of(x) + 2 * bytes_of(q), t);
   });
+  // The block recipe's casts (Note [FP8 block cast kernel]): x read, a code an
+  // element and an f32 scale a tile written.
+  for (int64_t rows : {int64_t{1}, int64_t{128}}) {
+    const std::string tile = std::to_string(rows) + "x128";
+    register_gpu_benchmark(
+        "fused/fp8_cast_blockwise/bf16/16384x4096/" + tile, [rows](benchmark::State& s) {
+          const Tensor x = random_input({kTokens, kWidth}, DType::bf16);
+          const GpuTime t =
+              time_gpu(s, [&] { kernels::cast_to_fp8_blockwise(x, rows, 128, DType::f8e4m3); });
+          report_bandwidth(s, bytes_of(x) * 3 / 2 + bytes_of(x) / rows / 64, t);
+        });
+  }
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
-#include <deque>
 #include <exception>
 #include <limits>
 #include <mutex>
@@ -51,11 +50,11 @@ std::atomic<int64_t> g_runs{0};
 // wake-up before it runs its chunk, and the caller waits for it, or runs the
 // chunk itself: on 2 cores a job of two 50-us chunks took as long as on one
 // thread (bench/RESULTS.md, "workers spin before they sleep"). So a worker
-// that finds the queue empty, and a caller waiting for its job's last chunk,
+// that finds no new job, and a caller waiting for its job's last chunk,
 // first spin for up to kSpin on an atomic (with the CPU's pause hint), then
-// sleep as before. A pool between
-// calls costs at most kSpin of each worker's time; the results do not change
-// (Note [CPU threads]: who runs a chunk never changes what it computes).
+// sleep (a worker) or yield (a caller). A pool between calls costs at most
+// kSpin of each worker's time; the results do not change (Note [CPU threads]:
+// who runs a chunk never changes what it computes).
 constexpr std::chrono::microseconds kSpin{100};
 
 inline void cpu_relax() {
@@ -77,9 +76,8 @@ bool spin_until(Ready ready) {
   }
 }
 
-// One parallel_for call. It lives on its caller's stack; it is in the pool's
-// queue only while it has unclaimed chunks, and chunks are claimed under the
-// pool's mutex, so a worker never sees a job whose caller may have returned.
+// One parallel_for call, on its caller's stack. Chunks are claimed with one
+// atomic increment each (Note [Pool slots]).
 struct Job {
   Job(ChunkFn f, void* c, int64_t b, int64_t count, int64_t k)
       : fn(f), ctx(c), begin(b), n(count), chunks(k) {}
@@ -87,10 +85,9 @@ struct Job {
   ChunkFn fn;
   void* ctx;
   int64_t begin, n, chunks;
-  int64_t next = 0;  // the next unclaimed chunk (under the pool's mutex)
-  std::mutex m;      // guards error and error_chunk; done changes under it
-  std::condition_variable cv;
-  std::atomic<int64_t> done{0};  // read without m by a spinning caller
+  std::atomic<int64_t> next{0};  // the next unclaimed chunk (>= chunks: none left)
+  std::atomic<int64_t> done{0};  // chunks finished
+  std::mutex m;                  // guards error and error_chunk
   std::exception_ptr error;
   int64_t error_chunk = std::numeric_limits<int64_t>::max();
 
@@ -101,22 +98,52 @@ struct Job {
     const int64_t e = b + base + (c < rem ? 1 : 0);
     const bool outer = t_in_chunk;
     t_in_chunk = true;
-    std::exception_ptr err;
     try {
       fn(ctx, b, e);
     } catch (...) {
-      err = std::current_exception();
+      std::lock_guard<std::mutex> lock(m);
+      if (c < error_chunk) {
+        error = std::current_exception();
+        error_chunk = c;
+      }
     }
     t_in_chunk = outer;
-    std::lock_guard<std::mutex> lock(m);
-    if (err && c < error_chunk) {
-      error = err;
-      error_chunk = c;
-    }
-    // Notify under the lock: the caller cannot return (and destroy the job)
-    // before this thread lets go of m.
-    if (++done == chunks) cv.notify_all();
+    done.fetch_add(1, std::memory_order_release);
   }
+
+  // Runs chunks until none is left unclaimed; how many this thread ran.
+  int64_t run_unclaimed() {
+    int64_t ran = 0;
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1), ++ran)
+      run(c);
+    return ran;
+  }
+};
+
+// Note [Pool slots]
+// ~~~~~~~~~~~~~~~~~
+// A caller publishes its job in a free slot of a fixed array, bumps the
+// pool's generation, and runs chunks itself; workers that see a new
+// generation scan the slots and run chunks of every job they find. Claiming
+// a chunk is one atomic increment: the first pool took the pool's mutex for
+// every claim and every finished chunk, which at 16 threads queued the
+// threads on that mutex (the tiny Llama's f64 window: 16 threads 4.4x one
+// thread, where its chunking allows 9.0x; bench/RESULTS.md).
+// The job lives on its caller's stack, so the caller must not return while a
+// worker may still touch it. A worker announces itself in the slot's
+// `active` count before it reads the slot's job; the caller empties the slot
+// and then waits for `active` to reach zero (and for every chunk to finish).
+// Both sides are sequentially consistent, so either the worker sees the
+// empty slot or the caller sees the worker (the store-load pairing of
+// Dekker's protocol): no worker holds a job whose caller has returned.
+// Several threads may call parallel_for at once, each in its own slot; with
+// every slot taken, a caller runs its chunks itself. Either way each chunk
+// runs exactly once and the results do not change.
+constexpr int kSlots = 8;
+
+struct alignas(64) Slot {
+  std::atomic<Job*> job{nullptr};
+  std::atomic<int> active{0};  // workers that may hold job
 };
 
 class Pool {
@@ -148,83 +175,91 @@ class Pool {
   }
 
   void run(Job& job) {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      queue_.push_back(&job);
-      queued_.store(static_cast<int64_t>(queue_.size()), std::memory_order_release);
-    }
-    cv_.notify_all();
-    // The caller runs its own chunks until none is left unclaimed: a call
-    // never waits on workers that are busy elsewhere or gone.
-    for (;;) {
-      int64_t c;
-      {
-        std::lock_guard<std::mutex> lock(m_);
-        if (job.next == job.chunks) break;
-        c = claim(job);
+    Slot* slot = publish(job);
+    job.run_unclaimed();
+    if (slot != nullptr) {
+      slot->job.store(nullptr);  // Note [Pool slots]: then wait for the workers
+      const auto finished = [&] {
+        return job.done.load(std::memory_order_acquire) == job.chunks && slot->active.load() == 0;
+      };
+      if (!spin_until(finished)) {
+        while (!finished())
+          std::this_thread::yield();
       }
-      job.run(c);
     }
-    // Note [Pool spinning]. Then the lock: the last chunk's thread may still
-    // hold it to notify, and the job must outlive that.
-    spin_until([&] { return job.done.load(std::memory_order_acquire) == job.chunks; });
-    std::unique_lock<std::mutex> lock(job.m);
-    job.cv.wait(lock, [&] { return job.done.load(std::memory_order_acquire) == job.chunks; });
     if (job.error) std::rethrow_exception(job.error);
   }
 
  private:
-  // Under m_: claims the job's next chunk, dequeuing the job at its last.
-  int64_t claim(Job& job) {
-    const int64_t c = job.next++;
-    if (job.next == job.chunks) {
-      queue_.erase(std::find(queue_.begin(), queue_.end(), &job));
-      queued_.store(static_cast<int64_t>(queue_.size()), std::memory_order_release);
+  // Puts the job in a free slot and wakes the workers; nullptr when every
+  // slot is taken (the caller then runs every chunk).
+  Slot* publish(Job& job) {
+    for (Slot& slot : slots_) {
+      Job* empty = nullptr;
+      if (slot.job.load(std::memory_order_relaxed) == nullptr &&
+          slot.job.compare_exchange_strong(empty, &job)) {
+        generation_.fetch_add(1);
+        if (sleepers_.load() > 0) {
+          std::lock_guard<std::mutex> lock(m_);
+          cv_.notify_all();
+        }
+        return &slot;
+      }
     }
-    return c;
+    return nullptr;
   }
+
+  bool woken(uint64_t seen) const { return stop_.load() || generation_.load() != seen; }
 
   void work() {
+    uint64_t seen = 0;
     for (;;) {
-      Job* job;
-      int64_t c;
       // Note [Pool spinning]: the next job usually comes within microseconds.
-      spin_until([&] { return queued_.load(std::memory_order_acquire) > 0; });
-      {
+      if (!spin_until([&] { return woken(seen); })) {
         std::unique_lock<std::mutex> lock(m_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (stop_) return;
-        job = queue_.front();
-        c = claim(*job);
+        sleepers_.fetch_add(1);
+        cv_.wait(lock, [&] { return woken(seen); });
+        sleepers_.fetch_sub(1);
       }
-      job->run(c);
+      if (stop_.load()) return;
+      seen = generation_.load();
+      // Every published job, until a scan finds nothing to run.
+      for (bool ran = true; ran;) {
+        ran = false;
+        for (Slot& slot : slots_) {
+          if (slot.job.load(std::memory_order_relaxed) == nullptr) continue;
+          slot.active.fetch_add(1);  // Note [Pool slots]: before reading the job
+          if (Job* job = slot.job.load(); job != nullptr && job->run_unclaimed() > 0) ran = true;
+          slot.active.fetch_sub(1);
+        }
+      }
     }
   }
 
-  // Under config_m_. A worker finishes the chunk it holds; chunks nobody
+  // Under config_m_. A worker finishes the chunks it holds; chunks nobody
   // claimed are run by their callers.
   void stop_workers() {
+    stop_.store(true);
     {
       std::lock_guard<std::mutex> lock(m_);
-      stop_ = true;
+      cv_.notify_all();
     }
-    cv_.notify_all();
     for (std::thread& t : workers_)
       t.join();
     workers_.clear();
     started_.store(0, std::memory_order_release);
-    std::lock_guard<std::mutex> lock(m_);
-    stop_ = false;
+    stop_.store(false);
   }
 
   std::mutex config_m_;  // serializes starting and stopping workers
   std::vector<std::thread> workers_;
   std::atomic<int> started_{0};  // workers_.size(), read without config_m_
-  std::mutex m_;                 // guards queue_, stop_ and every queued job's next
+  Slot slots_[kSlots];
+  std::atomic<uint64_t> generation_{0};  // bumped by every published job
+  std::atomic<bool> stop_{false};
+  std::atomic<int> sleepers_{0};  // workers waiting on cv_
+  std::mutex m_;                  // for cv_ only
   std::condition_variable cv_;
-  std::deque<Job*> queue_;
-  std::atomic<int64_t> queued_{0};  // queue_.size(), for spinning workers
-  bool stop_ = false;
 };
 
 // Never destroyed: a kernel running from a static destructor, or a worker

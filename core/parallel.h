@@ -29,7 +29,8 @@
 //
 // Several threads may call parallel_for at once (data-parallel ranks in one
 // process): their chunks share the workers, and each caller runs its own
-// unclaimed chunks, so no call waits for another's.
+// unclaimed chunks, so no call waits for another's (Note [Pool slots]: up to
+// eight at once use the workers; a ninth runs its chunks on its own thread).
 #pragma once
 
 #include <cstdint>

@@ -463,6 +463,11 @@ void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
 // bf16, a third of dy, x and dx's traffic; a row per block writes 1,024. The
 // time did not change, 0.30 of the copy rate on an H200 either way: that
 // traffic is not what bounds that width.)
+// The sums sit in registers sized at compile time, kFusedPacks or half of
+// it where a thread owns that few (4096-wide bf16 rows: 2 packs a thread).
+// Sized for 4 there, the kernel took 79 registers a thread, 3 blocks an SM
+// (37.5% occupancy, 33% achieved) and ran at 0.60 of the DRAM peak (ncu,
+// H100, 16384 x 4096 bf16; most stalls waiting on loads).
 // Wider rows run the dx pass alone and the column sums over 64-row chunks of
 // dy and x, a second read. The group count depends only on the shape, so the
 // sums do too.
@@ -513,8 +518,14 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
                      if (fused) {
                        chunks = blocks;  // a partial row per block
                        partial = empty({chunks, d}, acc_dtype, device);
-                       args(rms_norm_backward_kernel<T, P, V, L, kFusedPacks>,
-                            static_cast<A*>(partial.data_ptr()));
+                       // Note [RMSNorm backward]: the column sums' registers
+                       // sized to the packs a thread owns.
+                       auto* partial_ptr = static_cast<A*>(partial.data_ptr());
+                       if (per_thread <= kFusedPacks / 2) {
+                         args(rms_norm_backward_kernel<T, P, V, L, kFusedPacks / 2>, partial_ptr);
+                       } else {
+                         args(rms_norm_backward_kernel<T, P, V, L, kFusedPacks>, partial_ptr);
+                       }
                      } else {
                        args(rms_norm_backward_kernel<T, P, V, L, 0>, nullptr);
                      }
