@@ -89,8 +89,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gpt2_bench import (NCU_TIMED_ONLY, default_accrue_bin, find_ncu, fmt, fmt_rate,  # noqa: E402
-                        gpu_name, last_window, ok, parse_ncu_csv, parse_points, run_logged, short_name)
+from gpt2_bench import (NCU_TIMED_ONLY, default_accrue_bin, find_ncu, fmt,  # noqa: E402
+                        fmt_rate, gpu_name, last_window, ok, parse_ncu_csv, parse_points,
+                        run_logged, short_name)
 from gpt2_dp_bench import CHILD_ENV, LAUNCHER_VARS, run_and_read, why_failed  # noqa: E402
 import torch_gpt2  # noqa: E402  (the peak table; imports no torch)
 import torch_llama  # noqa: E402  (the presets and the FLOP count; imports no torch)

@@ -159,7 +159,8 @@ def ncu_breakdown(args, b, k):
         return ["", f"ncu breakdown at {b} x {k}: ncu not found (Nsight Compute)"]
     cmd = [ncu] + NCU_TIMED_ONLY + ["--clock-control", "none", "--cache-control", "none",
                                     "--metrics", "gpu__time_duration.sum", "--csv",
-                                    "--print-units", "base", args.accrue_bin] + common_options(args, b, k, warmup=1, windows=1)
+                                    "--print-units", "base", args.accrue_bin]
+    cmd += common_options(args, b, k, warmup=1, windows=1)
     cmd += args.accrue_args.split()
     status, out, err, seconds = run_logged(cmd, args.timeout, args.log_dir, f"ncu_{b}x{k}")
     kernels = parse_ncu_csv(out)

@@ -163,6 +163,12 @@ void Reducer::on_grad_ready(size_t slot) {
   if (--remaining_[b] == 0) send_ready_buckets();
 }
 
+void Reducer::grad_ready(int64_t slot) {
+  ACCRUE_CHECK(slot >= 0 && slot < static_cast<int64_t>(arena_.size()),
+               "Reducer::grad_ready: slot ", slot, " of a store of ", arena_.size(), " parameters");
+  on_grad_ready(static_cast<size_t>(slot));
+}
+
 void Reducer::send_ready_buckets() {
   // Plan order: bucket b goes only after 0..b-1, so every rank issues the
   // same sequence of collectives whatever order its buckets complete in.

@@ -151,6 +151,13 @@ class Reducer final : public optim::GradientSync {
   // sharding it: then this does nothing.
   void broadcast_parameters(int root = 0);
 
+  // What slot `slot`'s grad-ready hook does, for an autograd engine other
+  // than accrue's that fills the arena (the torch bridge, Note [Torch bridge
+  // data parallelism]): in the armed last micro-step, counts the slot down
+  // and sends every bucket that became final, ordered after the current
+  // stream's work; otherwise nothing. Out-of-range slots are refused.
+  void grad_ready(int64_t slot);
+
   const BucketPlan& plan() const { return plan_; }
   Communicator& communicator() const { return comm_; }
   // Collectives this reducer has enqueued (buckets, item counts, broadcasts, the layout check).

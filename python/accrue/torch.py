@@ -15,6 +15,7 @@ accrue's arenas.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -63,7 +64,8 @@ __all__ = ["AccumulationWindow"]
 # is). The close divides by the window's N once: the big batch's mean.
 #
 # CUDA: the same code runs for CUDA parameters (the store on the
-# parameters' device, DLPack's stream handshake on every exchange); the GPU
+# parameters' device, accrue's work on torch's current stream, Note [Torch
+# bridge streams] in python/src/bridge.cpp); the GPU
 # machine runs test_bridge.py's CUDA tests (the big batch in f32 and bf16,
 # the dynamic scaler, resume) and test_dist.py's two ranks.
 
@@ -73,6 +75,14 @@ _MASTER = {
     torch.bfloat16: (accrue.f32, accrue.bf16),
     torch.float16: (accrue.f32, accrue.f16),
 }
+
+
+def _on_torch_stream(device: torch.device) -> Any:
+    """Note [Torch bridge streams]: accrue's work on torch's current stream while open."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _bridge.StreamScope(index, torch.cuda.current_stream(device).cuda_stream)
 
 
 class _Schedule(optim.LRSchedule):
@@ -107,12 +117,16 @@ def _scaler_options(scaler: Any) -> Optional[optim.LossScalerOptions]:
 # NCCL communicator of accrue's own: rank 0 of the group makes the NCCL
 # unique id and the group broadcasts it (broadcast_object_list), then every
 # rank joins. PyTorch's autograd, not accrue's, fills the arena, so the
-# reducer's grad-ready hooks never fire during the backward: every bucket is
-# reduced at the close, after the last micro-step (no overlap with the last
-# backward yet), with N summed over the ranks (Note [Normalization]) and
-# the report's loss the world's mean. Rank 0's weights are broadcast into
-# the store at construction, so ranks that initialized differently start
-# equal, and the torch parameters (views of the store) follow.
+# reducer's own grad-ready hooks never fire; in the last micro-step the
+# bridge's post-accumulate-grad hooks call Reducer.grad_ready instead (on the
+# autograd thread, in a StreamScope of the stream the backward runs on, Note
+# [Torch bridge streams]), and each bucket is all-reduced as soon as its
+# gradients are final, under the rest of the backward, in plan order; the
+# buckets left go at the close, with N summed over the ranks (Note
+# [Normalization]) and the report's loss the world's mean. Rank 0's weights
+# are broadcast into the store at construction, so ranks that initialized
+# differently start equal, and the torch parameters (views of the store)
+# follow.
 
 
 def _world_of(process_group: Any, device: torch.device, zero1: bool) -> Tuple[int, int]:
@@ -255,62 +269,65 @@ class AccumulationWindow:
             )
         self._optimizer = optim.Optimizer(options)
 
-        # The store copies the values in; the accrue leaves are re-pointed at
-        # their slots, and the torch parameters are then re-pointed too.
-        leaves = []
-        for p in self._params:
-            a = accrue.from_dlpack(p.detach())
-            a.requires_grad_()
-            leaves.append(a)
-        world, rank = _world_of(process_group, device, zero1)
-        store_options = optim.ParamStoreOptions(
-            device=str(device),
-            master_dtype=master,
-            compute_dtype=compute,
-            moments=self._optimizer.moments_needed(),
-            shard_ranks=world if zero1 else 1,
-            name="accrue.torch",
-        )
-        self._store = optim.ParamStore(list(zip(self._names, leaves)), store_options)
-        if no_decay_1d:
-            flat = [t for t, p in zip(self._store.params, self._params) if p.dim() < 2]
-            if flat:
-                self._optimizer.add_param_group(flat, weight_decay=0.0)
-        if lr_schedule is not None:
-            if not isinstance(lr_schedule, optim.LRSchedule):
-                lr_schedule = _Schedule(lr_schedule)
-            self._schedule = lr_schedule  # kept alive: the optimizer holds it by shared_ptr
-            self._optimizer.set_schedule(lr_schedule)
-        scaler_options = _scaler_options(scaler)
-        window_options = optim.WindowOptions(
-            micro_steps=micro_steps,
-            max_grad_norm=0.0 if max_grad_norm is None else float(max_grad_norm),
-            scaler=scaler_options,
-            unused_parameters=unused_parameters,
-            unused_parameter_check=unused_parameter_check,
-        )
-        self._scaled = scaler_options is not None
-        self._communicator = self._reducer = None
-        if process_group is not None:
-            self._communicator, self._reducer = _connect(
-                process_group, world, rank, device, self._store, zero1
+        # Note [Torch bridge streams]: accrue's work here on torch's stream.
+        with _on_torch_stream(device):
+            # The store copies the values in; the accrue leaves are re-pointed at
+            # their slots, and the torch parameters are then re-pointed too.
+            leaves = []
+            for p in self._params:
+                a = accrue.from_dlpack(p.detach())
+                a.requires_grad_()
+                leaves.append(a)
+            world, rank = _world_of(process_group, device, zero1)
+            store_options = optim.ParamStoreOptions(
+                device=str(device),
+                master_dtype=master,
+                compute_dtype=compute,
+                moments=self._optimizer.moments_needed(),
+                shard_ranks=world if zero1 else 1,
+                name="accrue.torch",
             )
-        self._window = optim.Window(self._store, self._optimizer, window_options, self._reducer)
+            self._store = optim.ParamStore(list(zip(self._names, leaves)), store_options)
+            if no_decay_1d:
+                flat = [t for t, p in zip(self._store.params, self._params) if p.dim() < 2]
+                if flat:
+                    self._optimizer.add_param_group(flat, weight_decay=0.0)
+            if lr_schedule is not None:
+                if not isinstance(lr_schedule, optim.LRSchedule):
+                    lr_schedule = _Schedule(lr_schedule)
+                self._schedule = lr_schedule  # kept alive: the optimizer holds it by shared_ptr
+                self._optimizer.set_schedule(lr_schedule)
+            scaler_options = _scaler_options(scaler)
+            window_options = optim.WindowOptions(
+                micro_steps=micro_steps,
+                max_grad_norm=0.0 if max_grad_norm is None else float(max_grad_norm),
+                scaler=scaler_options,
+                unused_parameters=unused_parameters,
+                unused_parameter_check=unused_parameter_check,
+            )
+            self._scaled = scaler_options is not None
+            self._communicator = self._reducer = None
+            if process_group is not None:
+                self._communicator, self._reducer = _connect(
+                    process_group, world, rank, device, self._store, zero1
+                )
+            self._window = optim.Window(self._store, self._optimizer, window_options, self._reducer)
 
-        self._data: List[torch.Tensor] = []
-        self._grads: List[torch.Tensor] = []
-        self._used = [False] * len(self._params)
-        self._handles = []
-        for i, (p, leaf) in enumerate(zip(self._params, self._store.params)):
-            data = torch.from_dlpack(leaf.detach())
-            grad = torch.from_dlpack(self._store.grad_view(i).detach())
-            p.data = data
-            self._data.append(data)
-            self._grads.append(grad)
-            if not self._sixteen:
-                p.grad = grad
-            self._handles.append(p.register_post_accumulate_grad_hook(self._hook(i)))
-        self._grad_arena = torch.from_dlpack(self._store.grads.detach())
+            self._last_micro_step = False  # the bridge's hooks feed the reducer
+            self._data: List[torch.Tensor] = []
+            self._grads: List[torch.Tensor] = []
+            self._used = [False] * len(self._params)
+            self._handles = []
+            for i, (p, leaf) in enumerate(zip(self._params, self._store.params)):
+                data = torch.from_dlpack(leaf.detach())
+                grad = torch.from_dlpack(self._store.grad_view(i).detach())
+                p.data = data
+                self._data.append(data)
+                self._grads.append(grad)
+                if not self._sixteen:
+                    p.grad = grad
+                self._handles.append(p.register_post_accumulate_grad_hook(self._hook(i)))
+            self._grad_arena = torch.from_dlpack(self._store.grads.detach())
 
     def _hook(self, i: int) -> Callable[[torch.Tensor], None]:
         # A weak reference: the parameters hold their hooks, and must not keep
@@ -325,6 +342,11 @@ class AccumulationWindow:
             if self._sixteen:
                 self._grads[i].add_(p.grad.to(self._grads[i].dtype))
                 p.grad = None
+            if self._last_micro_step:
+                # Note [Torch bridge data parallelism]: the bucket goes now, after
+                # this gradient's kernels on the stream the backward runs on.
+                with _on_torch_stream(self._device):
+                    self._reducer.grad_ready(i)
 
         return hook
 
@@ -388,20 +410,26 @@ class AccumulationWindow:
         if first:
             self._grad_arena.zero_()
             self._used = [False] * len(self._params)
-        probe = accrue.from_dlpack(loss_sum.detach().to(master).reshape(()).clone())
-        probe.requires_grad_()
-        self._window.backward(probe, accrue.from_dlpack(n.clone()))
+        with _on_torch_stream(self._device):  # Note [Torch bridge streams]
+            probe = accrue.from_dlpack(loss_sum.detach().to(master).reshape(()).clone())
+            probe.requires_grad_()
+            self._window.backward(probe, accrue.from_dlpack(n.clone()))
+            seed = torch.from_dlpack(probe.grad.detach()) if self._scaled else None
+        # The Window armed the reducer for its last micro-step: the hooks feed it.
+        self._last_micro_step = self._reducer is not None and self._window.ready()
         try:
-            if self._scaled:
-                seed = torch.from_dlpack(probe.grad.detach()).to(loss_sum.dtype)
-                loss_sum.backward(seed.reshape(loss_sum.shape))
+            if seed is not None:
+                loss_sum.backward(seed.to(loss_sum.dtype).reshape(loss_sum.shape))
             else:
                 loss_sum.backward()
         except BaseException:
             # The Window counted a micro-step whose gradients never landed
             # (whole or in part): the window starts again from micro-step 0.
-            self._window.restart()
+            with _on_torch_stream(self._device):
+                self._window.restart()
             raise
+        finally:
+            self._last_micro_step = False
         written = _bridge.written_flags(self._store)
         _bridge.set_written_flags(self._store, [a or b for a, b in zip(written, self._used)])
 
@@ -419,12 +447,14 @@ class AccumulationWindow:
                 f"{self._window.micro_steps - self._window.micro_step} more time(s) first"
             )
         self._check_model("close")
-        self._window.close()
+        with _on_torch_stream(self._device):  # Note [Torch bridge streams]
+            self._window.close()
 
     def report(self) -> optim.WindowReport:
         """The last closed window's loss (sum / N), N, grad_norm, clip_coef, loss_scale,
         skipped, ...: one host read."""
-        return self._window.report()
+        with _on_torch_stream(self._device):  # after the close, in torch's stream order
+            return self._window.report()
 
     @property
     def micro_step(self) -> int:
@@ -447,6 +477,11 @@ class AccumulationWindow:
         return self._store
 
     @property
+    def reducer(self) -> Any:
+        """The accrue.dist.Reducer of data parallelism (None without a process group)."""
+        return self._reducer
+
+    @property
     def window(self) -> optim.Window:
         """The accrue Window."""
         return self._window
@@ -455,15 +490,17 @@ class AccumulationWindow:
         """Everything a bitwise resume needs (Window.state_dict: master weights, moments,
         scale, step and window counts; mid-window also the gradients so far), as torch
         tensors (copies), for torch.save."""
-        state = self._window.state_dict()
-        return {k: torch.from_dlpack(v.detach()).clone() for k, v in state.items()}
+        with _on_torch_stream(self._device):  # Note [Torch bridge streams]
+            state = self._window.state_dict()
+            return {k: torch.from_dlpack(v.detach()).clone() for k, v in state.items()}
 
     def load_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
         """Resumes from state_dict(): the torch parameters see the loaded values in place."""
         self._check_model("load_state_dict")
-        self._window.load_state_dict(
-            {k: accrue.from_dlpack(v.detach().contiguous().clone()) for k, v in state.items()}
-        )
+        with _on_torch_stream(self._device):  # Note [Torch bridge streams]
+            self._window.load_state_dict(
+                {k: accrue.from_dlpack(v.detach().contiguous().clone()) for k, v in state.items()}
+            )
         self._used = list(_bridge.written_flags(self._store))
 
     def remove(self) -> None:

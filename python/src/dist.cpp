@@ -78,7 +78,17 @@ void bind_dist(nb::module_& m) {
           "shard_ranks = the world size.")
       .def("broadcast_parameters", &dist::Reducer::broadcast_parameters, nb::arg("root") = 0,
            "Every rank's weights (and moments) become rank `root`'s; call once before training.")
-      .def_prop_ro("world_size", &dist::Reducer::world_size, "Ranks the sums run over.");
+      .def_prop_ro("world_size", &dist::Reducer::world_size, "Ranks the sums run over.")
+      .def("grad_ready", &dist::Reducer::grad_ready, nb::arg("slot"),
+           "Slot `slot`'s gradient is final in this backward (for an autograd other than "
+           "accrue's): in the last micro-step, sends the buckets that became complete, after "
+           "the current stream's work (Note [Reducer]).")
+      .def_prop_ro("buckets_sent_in_backward", &dist::Reducer::buckets_sent_in_backward,
+                   "Of the last closed window: buckets reduced during its last backward (the "
+                   "rest went at the close).")
+      .def_prop_ro("collectives_issued", &dist::Reducer::collectives_issued,
+                   "Collectives enqueued so far (buckets, item counts, broadcasts, the layout "
+                   "check).");
 }
 
 }  // namespace accrue::python

@@ -55,7 +55,9 @@ def main():
         window.close()
         losses.append(window.report().loss)
     params = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).cpu().tolist()
-    result = {"rank": rank, "params": params, "losses": losses}
+    # Note [Torch bridge data parallelism]: the last micro-step's buckets go during its backward.
+    sent = 0 if window.reducer is None else window.reducer.buckets_sent_in_backward
+    result = {"rank": rank, "params": params, "losses": losses, "sent_in_backward": sent}
     if single:
         print(json.dumps(result))
         return

@@ -430,6 +430,60 @@ def test_cuda_equals_big_batch(kind, dtype, tol):
         assert err <= tol, f"{name}: {err}"
 
 
+class _SlowGrad(torch.autograd.Function):
+    """The identity, whose backward first keeps torch's stream busy (about 0.1 s)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        torch.cuda._sleep(200_000_000)
+        return g
+
+
+# Note [Torch bridge streams]: accrue's work runs in torch's stream order. The
+# last micro-step's gradient kernels wait behind a long kernel on torch's
+# stream; a close not ordered after them would read gradients that have not
+# landed. The weights must equal those of a run without the delay, bit for
+# bit, on the default stream and on a side stream, with no host read between
+# windows.
+@cuda
+@pytest.mark.skipif(not hasattr(torch.cuda, "_sleep"), reason="needs torch.cuda._sleep")
+def test_cuda_close_follows_the_backward_on_torchs_stream():
+    torch.manual_seed(0)
+    base = MLP(torch.float32).cuda()
+    gen = torch.Generator().manual_seed(3)
+    batches = [
+        [(x.cuda(), y.cuda()) for x, y in micro_batches(gen, torch.float32)] for _ in range(3)
+    ]
+
+    def run(stream, slow):
+        model = copy.deepcopy(base)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            window = AccumulationWindow(model, lr=1e-2, micro_steps=K, max_grad_norm=0.5)
+            for w in batches:
+                for k, (x, y) in enumerate(w):
+                    logits = model(x)
+                    if slow and k == K - 1:
+                        logits = _SlowGrad.apply(logits)
+                    loss = torch.nn.functional.cross_entropy(
+                        logits, y, reduction="sum", ignore_index=IGNORE
+                    )
+                    window.backward(loss, (y != IGNORE).sum())
+                window.close()
+            params = [p.detach().clone() for p in model.parameters()]
+        torch.cuda.synchronize()
+        return params
+
+    expected = run(torch.cuda.current_stream(), slow=False)
+    for stream in (torch.cuda.current_stream(), torch.cuda.Stream()):
+        for a, b in zip(run(stream, slow=True), expected):
+            assert torch.equal(a, b)
+
+
 @cuda
 def test_cuda_bf16_dynamic_scaler_and_resume():
     torch.manual_seed(0)

@@ -26,6 +26,15 @@ def test_the_bindings_exist():
         assert len(accrue.dist.nccl_unique_id()) == 128
 
 
+def test_the_bridge_bindings_refuse_what_they_must():
+    # Note [Torch bridge streams]: a stream scope needs a CUDA device.
+    if not accrue.cuda_is_available():
+        with pytest.raises(accrue.Error, match="(?i)cuda"):
+            with accrue._accrue.bridge.StreamScope(0, 0):
+                pass
+    assert callable(accrue.dist.Reducer.grad_ready)
+
+
 def test_the_bridge_refuses_zero1_without_a_group():
     torch = pytest.importorskip("torch")
     from accrue.torch import AccumulationWindow
@@ -73,8 +82,9 @@ def test_two_ranks_equal_one_process_of_the_whole_batch(tmp_path, zero1):
                                     env=env, capture_output=True, text=True,
                                     timeout=300).stdout)
     # Every rank ends with the single process's weights (f64: exact up to rounding order),
-    # and reports the world's loss.
+    # and reports the world's loss; its buckets went during the last backward.
     for r in ranks:
+        assert r["sent_in_backward"] >= 1, r["rank"]
         err = max(abs(a - b) for a, b in zip(r["params"], one["params"]))
         assert err <= 1e-10 * max(abs(b) for b in one["params"]), (r["rank"], err)
         for a, b in zip(r["losses"], one["losses"]):
