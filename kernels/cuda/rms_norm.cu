@@ -223,28 +223,31 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
   } else if constexpr (kMaxPacks > 0) {
     // Note [RMSNorm backward]: one partial row per block. Lane l of every
     // group of a warp owns the same columns: a butterfly over the groups
-    // (bitwise the same sum on each lane), then the warps in order.
+    // (bitwise the same sum on each lane), then each warp's sums to shared
+    // memory and, after one barrier, the warps' sums added in warp order.
 #pragma unroll
     for (int jj = 0; jj < kMaxPacks; ++jj)
 #pragma unroll
       for (int j = 0; j < V; ++j)
         for (int offset = kLanes; offset < 32; offset <<= 1)
           acc[jj][j] += __shfl_xor_sync(0xffffffffu, acc[jj][j], offset);
-    __shared__ M column[kLanes * kAcc * V];  // d <= kLanes * kMaxPacks * V
+    constexpr int kWarps = kWarpRowThreads / 32;     // the launch's block of warp-row groups
+    __shared__ M column[kWarps][kLanes * kAcc * V];  // d <= kLanes * kMaxPacks * V
     const int warp = static_cast<int>(threadIdx.x / 32);
-    const bool first_group = static_cast<int>(threadIdx.x % 32) < kLanes;
-    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) {
-      if (warp == w && first_group) {
-        for_packs<kMaxPacks>(lane, kLanes, d / V, [&](int64_t k, int jj) {
+    if (static_cast<int>(threadIdx.x % 32) < kLanes) {
+      for_packs<kMaxPacks>(lane, kLanes, d / V, [&](int64_t k, int jj) {
 #pragma unroll
-          for (int j = 0; j < V; ++j)
-            column[k * V + j] = w == 0 ? acc[jj][j] : column[k * V + j] + acc[jj][j];
-        });
-      }
-      __syncthreads();
+        for (int j = 0; j < V; ++j)
+          column[warp][k * V + j] = acc[jj][j];
+      });
     }
-    for (int64_t c = threadIdx.x; c < d; c += blockDim.x)
-      partial[blockIdx.x * d + c] = column[c];
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+      M sum = column[0][c];
+      for (int w = 1; w < kWarps; ++w)
+        sum += column[w][c];
+      partial[blockIdx.x * d + c] = sum;
+    }
   }
 }
 
@@ -463,11 +466,16 @@ void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
 // bf16, a third of dy, x and dx's traffic; a row per block writes 1,024. The
 // time did not change, 0.30 of the copy rate on an H200 either way: that
 // traffic is not what bounds that width.)
-// The sums sit in registers sized at compile time, kFusedPacks or half of
-// it where a thread owns that few (4096-wide bf16 rows: 2 packs a thread).
-// Sized for 4 there, the kernel took 79 registers a thread, 3 blocks an SM
-// (37.5% occupancy, 33% achieved) and ran at 0.60 of the DRAM peak (ncu,
-// H100, 16384 x 4096 bf16; most stalls waiting on loads).
+// The sums sit in registers sized at compile time to the packs a thread
+// owns: 2, 3 or kFusedPacks (4096-wide bf16 rows: 2 packs a thread; 768-wide
+// ones in warp groups: 3). Sized for 4 at 4096, the kernel took 79 registers
+// a thread, 3 blocks an SM (37.5% occupancy, 33% achieved) and ran at 0.60
+// of the DRAM peak (ncu, H100, 16384 x 4096 bf16; most stalls waiting on
+// loads); sized for 2, 48 registers and 0.73 of the copy rate. The warp
+// groups' column sums went through one shared row, a barrier per warp in
+// turn: 30% of the stalls at 768 wide (ncu, H100). Each warp now writes its
+// own row and one barrier precedes the sum in warp order (the same
+// additions in the same order).
 // Wider rows run the dx pass alone and the column sums over 64-row chunks of
 // dy and x, a second read. The group count depends only on the shape, so the
 // sums do too.
@@ -521,8 +529,10 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
                        // Note [RMSNorm backward]: the column sums' registers
                        // sized to the packs a thread owns.
                        auto* partial_ptr = static_cast<A*>(partial.data_ptr());
-                       if (per_thread <= kFusedPacks / 2) {
-                         args(rms_norm_backward_kernel<T, P, V, L, kFusedPacks / 2>, partial_ptr);
+                       if (per_thread <= 2) {
+                         args(rms_norm_backward_kernel<T, P, V, L, 2>, partial_ptr);
+                       } else if (per_thread == 3) {
+                         args(rms_norm_backward_kernel<T, P, V, L, 3>, partial_ptr);
                        } else {
                          args(rms_norm_backward_kernel<T, P, V, L, kFusedPacks>, partial_ptr);
                        }

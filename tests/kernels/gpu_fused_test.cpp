@@ -550,8 +550,10 @@ TEST(GpuRmsNorm, f32_weights_misaligned_rows_and_a_per_head_view) {
 TEST(GpuRmsNorm, backward_matches_cpu_and_writes_or_adds_dweight) {
   ACCRUE_REQUIRE_CUDA();
   for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
-    // 20000 is wider than the fused column sums take (Note [RMSNorm backward]).
-    for (int64_t d : {64, 771, 4096, 20000}) {
+    // Note [RMSNorm backward]: 4096 16-bit values a row are 2 packs a thread,
+    // 9600 are 3 (the fused sums sized for 2 and 3), and 20000 is wider than
+    // the fused column sums take.
+    for (int64_t d : {64, 771, 4096, 9600, 20000}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(d));
       const int64_t rows = d > 4096 ? 70 : 300;
       const Tensor x = test::random_normal({rows, d}, dt);
