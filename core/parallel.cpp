@@ -125,10 +125,11 @@ struct Job {
 // A caller publishes its job in a free slot of a fixed array, bumps the
 // pool's generation, and runs chunks itself; workers that see a new
 // generation scan the slots and run chunks of every job they find. Claiming
-// a chunk is one atomic increment: the first pool took the pool's mutex for
-// every claim and every finished chunk, which at 16 threads queued the
-// threads on that mutex (the tiny Llama's f64 window: 16 threads 4.4x one
-// thread, where its chunking allows 9.0x; bench/RESULTS.md).
+// a chunk is one atomic increment. The first pool took the pool's mutex for
+// every claim and a job's mutex for every finished chunk: 16 threads contend
+// for them on every call, the suspect (not measured directly) for the tiny
+// Llama's f64 window running only 4.0-4.4x faster on 16 threads than on one
+// where its chunking allows 9.0x (bench/RESULTS.md).
 // The job lives on its caller's stack, so the caller must not return while a
 // worker may still touch it. A worker announces itself in the slot's
 // `active` count before it reads the slot's job; the caller empties the slot
