@@ -54,13 +54,21 @@ struct Fp8LinearOptions {
   bool fast_forward_accumulation = false;
 };
 
-// The FP8 copy of a weight [N, K] (f32, bf16 or f16): its codes, their
-// transpose [K, N] and scale_inv (f32 [1]), from one amax pass and one cast,
-// with current scaling. No gradient flows through it.
+// The FP8 copy of a weight [N, K] (f32, bf16 or f16): its codes and their
+// transpose [K, N]. Per tensor (fp8_weight, the tensor recipe): scale_inv
+// f32 [1], from one amax pass and one cast, with current scaling. In 128 x
+// 128 blocks (the block recipe's kept copies, Note [Window FP8 weights]):
+// scale_inv [ceil(N / 128), ceil(K / 128)] per block of q, scale_inv_t the
+// same for q_t's blocks, and amax the weight's; the scales are not guarded,
+// the reader guards them with amax (Note [FP8 block recipe]). No gradient
+// flows through it.
 struct Fp8Weight {
   Tensor q;
   Tensor q_t;
   Tensor scale_inv;
+  Tensor scale_inv_t;  // block copies only
+  Tensor amax;         // block copies only
+  bool blocks() const { return scale_inv_t.defined(); }
 };
 Fp8Weight fp8_weight(const Tensor& weight, DType dtype = DType::f8e4m3, int margin = 0);
 

@@ -126,9 +126,13 @@ void check_fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight* w8
 //                 product added into the gradient slot by the GEMM (Note
 //                 [Fused weight-gradient accumulation]).
 // The forward keeps x^T's codes and scales (a byte an element) for the
-// weight gradient; dy is cast twice (along each of its dimensions). A tile
-// that overflowed makes its scale_inv NaN (fp8_guarded_scale_inv over the
-// tensor's amax), so the GEMM's outputs are NaN (Note [FP8 overflow]).
+// weight gradient; dy is cast twice (along each of its dimensions). W and
+// W^T come from the store's block copy when it keeps one (Note [Window FP8
+// weights]: cast once per window, at the close; W^T cast from W^T, the same
+// codes and scales as W's blocks transposed), else they are cast at every
+// call. A tile that overflowed makes its scale_inv NaN (fp8_guarded_scale_inv
+// over the tensor's amax, here also over a kept copy's), so the GEMM's
+// outputs are NaN (Note [FP8 overflow]).
 using kernels::Fp8Tiles;
 constexpr int64_t kBlock = 128;
 
@@ -154,7 +158,16 @@ Tensor fp8_linear_blocks(const Tensor& x, const Tensor& weight, const Tensor& bi
   const DType dt = o.out_dtype;
   const Tensor x2 = detach(x).reshape({-1, k});
   const BlockCast cx = cast_blocks(x2, 1, o.forward_dtype);
-  const BlockCast cw = cast_blocks(detach(weight), kBlock, o.forward_dtype);
+  // Note [Window FP8 weights]: the window's block copy when the store keeps
+  // one (cast at the close, the same codes and scales as a cast here).
+  const Fp8Weight* kept = kept_fp8_weight(weight);
+  if (kept != nullptr && !kept->blocks()) kept = nullptr;
+  ACCRUE_CHECK(kept == nullptr || kept->q.dtype() == o.forward_dtype,
+               "fp8_linear: the kept block copy is ",
+               dtype_name(kept ? kept->q.dtype() : DType::f32), "; the recipe's forward dtype is ",
+               dtype_name(o.forward_dtype));
+  const BlockCast cw = kept ? BlockCast{kept->q, fp8_guarded_scale_inv(kept->scale_inv, kept->amax)}
+                            : cast_blocks(detach(weight), kBlock, o.forward_dtype);
   Tensor y2 = block_matmul(cx, Fp8Tiles::row, cw, Fp8Tiles::block, dt);
   if (bias.defined()) {
     const Tensor b = detach(bias);
@@ -170,6 +183,10 @@ Tensor fp8_linear_blocks(const Tensor& x, const Tensor& weight, const Tensor& bi
   const Tensor sw = autograd::saved(weight);
   const SinkTarget w_target = autograd::sink_target(weight), b_target = autograd::sink_target(bias);
   const DType grad_dtype = o.grad_dtype, forward_dtype = o.forward_dtype;
+  // W^T's blocks for dx: the kept copy's, or cast in the backward.
+  const BlockCast kept_t =
+      kept && gx ? BlockCast{kept->q_t, fp8_guarded_scale_inv(kept->scale_inv_t, kept->amax)}
+                 : BlockCast{};
   // x^T along the tokens, for the weight gradient only.
   const BlockCast cxt = gw ? cast_blocks(x2.transpose(0, 1), 1, forward_dtype) : BlockCast{};
   return autograd::record(
@@ -178,7 +195,9 @@ Tensor fp8_linear_blocks(const Tensor& x, const Tensor& weight, const Tensor& bi
         const Tensor g2 = g.reshape({-1, n});
         Tensor dx, dw, db;
         if (gx) {
-          const BlockCast cwt = cast_blocks(detach(sw).transpose(0, 1), kBlock, forward_dtype);
+          const BlockCast cwt =
+              kept_t.q.defined() ? kept_t
+                                 : cast_blocks(detach(sw).transpose(0, 1), kBlock, forward_dtype);
           dx = block_matmul(cast_blocks(g2, 1, grad_dtype), Fp8Tiles::row, cwt, Fp8Tiles::block,
                             x_dtype)
                    .reshape(x_shape);
@@ -205,7 +224,7 @@ Fp8Weight fp8_weight(const Tensor& weight, DType dtype, int margin) {
   ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "fp8_weight: weight must be 2-D [out, in]",
                weight.defined() ? ", got " + shape_str(weight.shape()) : std::string());
   const ScaledCast c = cast_current(detach(weight), dtype, margin);
-  return {c.q, c.q_t, c.scale_inv};
+  return {c.q, c.q_t, c.scale_inv, Tensor(), Tensor()};
 }
 
 namespace {
@@ -313,7 +332,8 @@ namespace {
 
 // The weight's kept FP8 copy (Note [Window FP8 weights]), or one cast now.
 Fp8Weight kept_or_cast(const Tensor& weight) {
-  if (const Fp8Weight* kept = kept_fp8_weight(weight)) return *kept;
+  const Fp8Weight* kept = kept_fp8_weight(weight);
+  if (kept != nullptr && !kept->blocks()) return *kept;
   ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "fp8_linear: weight must be 2-D [out, in]",
                weight.defined() ? ", got " + shape_str(weight.shape()) : std::string());
   return fp8_weight(weight);

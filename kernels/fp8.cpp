@@ -116,27 +116,50 @@ void cast_to_fp8_transpose_into(const Tensor& x, const Tensor& scale, const Tens
 Fp8BlockCast cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols,
                                    DType out_dtype, bool power_of_two) {
   constexpr const char* op = "cast_to_fp8_blockwise";
-  NoGradGuard no_grad;
   check_cast(x, nullptr, out_dtype, op);
+  ACCRUE_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", shape_str(x.shape()));
+  ACCRUE_CHECK(tile_rows >= 1 && tile_cols >= 1, op, ": tile ", tile_rows, " x ", tile_cols,
+               " must have rows >= 1 and columns in [1, ", kFp8MaxTileCols, "]");
+  const int64_t tiles_r = (x.size(0) + tile_rows - 1) / tile_rows,
+                tiles_c = (x.size(1) + tile_cols - 1) / tile_cols;
+  Fp8BlockCast r{empty(x.shape(), out_dtype, x.device()),
+                 empty({tiles_r, tiles_c}, DType::f32, x.device()),
+                 empty({1}, DType::f32, x.device())};
+  cast_to_fp8_blockwise_into(x, tile_rows, tile_cols, power_of_two, r.q, r.scale_inv, r.amax);
+  return r;
+}
+
+void cast_to_fp8_blockwise_into(const Tensor& x, int64_t tile_rows, int64_t tile_cols,
+                                bool power_of_two, const Tensor& q, const Tensor& scale_inv,
+                                const Tensor& amax) {
+  constexpr const char* op = "cast_to_fp8_blockwise";
+  NoGradGuard no_grad;
+  du::check_defined(q, op, "q");
+  check_cast(x, nullptr, q.dtype(), op);
   ACCRUE_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", shape_str(x.shape()));
   ACCRUE_CHECK(tile_rows >= 1 && tile_cols >= 1 && tile_cols <= kFp8MaxTileCols, op, ": tile ",
                tile_rows, " x ", tile_cols, " must have rows >= 1 and columns in [1, ",
                kFp8MaxTileCols, "]");
   const int64_t m = x.size(0), k = x.size(1);
-  const int64_t tiles_r = (m + tile_rows - 1) / tile_rows,
-                tiles_c = (k + tile_cols - 1) / tile_cols;
-  Fp8BlockCast r{empty(x.shape(), out_dtype, x.device()),
-                 empty({tiles_r, tiles_c}, DType::f32, x.device()),
-                 empty({1}, DType::f32, x.device())};
+  const Shape tiles{(m + tile_rows - 1) / tile_rows, (k + tile_cols - 1) / tile_cols};
+  ACCRUE_CHECK(q.shape() == x.shape() && q.is_contiguous() && q.device() == x.device(), op, ": q ",
+               shape_str(q.shape()), " must be contiguous, on x's device, shaped like x ",
+               shape_str(x.shape()));
+  du::check_defined(scale_inv, op, "scale_inv");
+  ACCRUE_CHECK(scale_inv.dtype() == DType::f32 && scale_inv.shape() == tiles &&
+                   scale_inv.is_contiguous() && scale_inv.device() == x.device(),
+               op, ": scale_inv ", shape_str(scale_inv.shape()), " ", dtype_name(scale_inv.dtype()),
+               " must be contiguous f32 on x's device, shaped ", shape_str(tiles), " (one per ",
+               tile_rows, " x ", tile_cols, " tile)");
+  du::check_defined(amax, op, "amax");
+  du::check_device_scalar(amax, x.device(), op, "amax", "x");
   if (x.numel() == 0) {
-    du::fill(r.amax, 0.0);
-    return r;
+    du::fill(amax, 0.0);
+    return;
   }
   const Tensor dense = x.contiguous();
   ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8_blockwise, dense, tile_rows, tile_cols,
-                      static_cast<float>(fp8_max(out_dtype)), power_of_two, r.q, r.scale_inv,
-                      r.amax);
-  return r;
+                      static_cast<float>(fp8_max(q.dtype())), power_of_two, q, scale_inv, amax);
 }
 
 Fp8ScaledCastTranspose cast_to_fp8_transpose_scaled(const Tensor& x, const Tensor& amax,

@@ -144,6 +144,12 @@ struct Fp8BlockCast {
 // x 2-D f32/bf16/f16 (any strides); tile_rows >= 1, tile_cols in [1, 1024].
 Fp8BlockCast cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols,
                                    DType out_dtype, bool power_of_two = true);
+// The same into given buffers (the kept copies of Note [Window FP8 weights]):
+// q contiguous, x's shape, its FP8 dtype the cast's; scale_inv contiguous f32
+// [ceil(M / tile_rows), ceil(K / tile_cols)]; amax f32 [1]; all on x's device.
+void cast_to_fp8_blockwise_into(const Tensor& x, int64_t tile_rows, int64_t tile_cols,
+                                bool power_of_two, const Tensor& q, const Tensor& scale_inv,
+                                const Tensor& amax);
 
 // Note [FP8 GEMM]
 // ~~~~~~~~~~~~~~~

@@ -7,7 +7,9 @@
 // linear] in autograd/fp8_ops.h) is the same for all K micro-batches. A
 // ParamStore asked to keep FP8 copies (ParamStore::keep_fp8_copies) holds
 // them in persistent buffers and casts them from the forward's weights (the
-// compute copy, else the master) with per-tensor current scaling:
+// compute copy, else the master), with per-tensor current scaling, or for
+// the block recipe (Note [FP8 block recipe]) in 128 x 128 blocks, W and W^T
+// each with its blocks' scales:
 //  - when they are first kept, and whenever a loader writes the weight (Note
 //    [One load path]), so a loaded or resumed model's copies are its
 //    weights' own;
@@ -24,7 +26,8 @@
 // weights are equal, hold equal copies. A skipped window (Note [Skipped
 // window]) leaves the weights, and so the recast copies, as they were.
 // The copies cost 2 bytes per weight element (codes and their transpose),
-// counted in StoreMemory::fp8.
+// and a block copy 8 bytes per 128 x 128 block (two scales), counted in
+// StoreMemory::fp8.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +41,8 @@ namespace accrue::optim {
 
 class Fp8WeightCopies {
  public:
-  Fp8WeightCopies(DType dtype, int margin);
+  // recipe: per tensor, or 128 x 128 blocks (margin 0: Note [FP8 block scaling]).
+  Fp8WeightCopies(DType dtype, int margin, Fp8Recipe recipe = Fp8Recipe::tensor);
 
   // Keeps a copy of `param` (the store's slot `slot`, named `name` in
   // errors, a 2-D weight whose sizes are multiples of 16) and casts it now.
@@ -53,19 +57,21 @@ class Fp8WeightCopies {
   size_t size() const { return copies_.size(); }
   DType dtype() const { return dtype_; }
   int margin() const { return margin_; }
+  Fp8Recipe recipe() const { return recipe_; }
   int64_t bytes() const;
 
  private:
   struct Copy {
     size_t slot;
     Tensor param;
-    Fp8Weight weight;  // q [N, K], q_t [K, N], scale_inv f32 [1]
-    Tensor amax;       // f32 [1]
+    Fp8Weight weight;  // q [N, K], q_t [K, N], scale_inv f32 [1] or per block
+    Tensor amax;       // f32 [1]; a block copy's weight.amax too
   };
   void cast(Copy& c) const;
 
   DType dtype_;
   int margin_;
+  Fp8Recipe recipe_;
   std::vector<Copy> copies_;
 };
 

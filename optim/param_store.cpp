@@ -132,15 +132,18 @@ StoreMemory ParamStore::memory() const {
   return m;
 }
 
-void ParamStore::keep_fp8_copies(const std::vector<Tensor>& weights, DType dtype, int margin) {
+void ParamStore::keep_fp8_copies(const std::vector<Tensor>& weights, DType dtype, int margin,
+                                 Fp8Recipe recipe) {
   ACCRUE_CHECK(is_fp8(dtype), "ParamStore::keep_fp8_copies: dtype ", dtype_name(dtype),
                " is not an FP8 dtype (f8e4m3 or f8e5m2)");
-  ACCRUE_CHECK(!fp8_ || (fp8_->dtype() == dtype && fp8_->margin() == margin),
-               "ParamStore::keep_fp8_copies: the store keeps ",
-               fp8_ ? dtype_name(fp8_->dtype()) : "", " copies with margin ",
-               fp8_ ? fp8_->margin() : 0, "; asked for ", dtype_name(dtype), " with margin ",
-               margin);
-  if (!fp8_) fp8_ = std::make_unique<Fp8WeightCopies>(dtype, margin);
+  auto recipe_name = [](Fp8Recipe r) { return r == Fp8Recipe::block ? "block" : "tensor"; };
+  ACCRUE_CHECK(
+      !fp8_ || (fp8_->dtype() == dtype && fp8_->margin() == margin && fp8_->recipe() == recipe),
+      "ParamStore::keep_fp8_copies: the store keeps ", fp8_ ? dtype_name(fp8_->dtype()) : "",
+      " copies with margin ", fp8_ ? fp8_->margin() : 0, ", recipe ",
+      fp8_ ? recipe_name(fp8_->recipe()) : "", "; asked for ", dtype_name(dtype), " with margin ",
+      margin, ", recipe ", recipe_name(recipe));
+  if (!fp8_) fp8_ = std::make_unique<Fp8WeightCopies>(dtype, margin, recipe);
   for (const Tensor& w : weights) {
     const size_t i = slot_of(w, "keep_fp8_copies");
     fp8_->add(i, slots()[i].name, params()[i]);

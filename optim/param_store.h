@@ -192,11 +192,12 @@ class ParamStore final : public ParameterOwner {
 
   // Note [Window FP8 weights] (optim/fp8_weights.h): keeps an FP8 copy of
   // each of `weights` (parameters of this store, 2-D, sizes multiples of
-  // 16), cast now, recast whenever a loader writes them and at every close
-  // of a Window built afterwards; fp8_linear reads it. Call before building
-  // the Window (its close must hold the recast stage).
+  // 16), per tensor or in 128 x 128 blocks (`recipe`, that of the layers
+  // reading them), cast now, recast whenever a loader writes them and at
+  // every close of a Window built afterwards; fp8_linear reads it. Call
+  // before building the Window (its close must hold the recast stage).
   void keep_fp8_copies(const std::vector<Tensor>& weights, DType dtype = DType::f8e4m3,
-                       int margin = 0);
+                       int margin = 0, Fp8Recipe recipe = Fp8Recipe::tensor);
   bool has_fp8_copies() const { return fp8_ && !fp8_->empty(); }
   // Recasts every FP8 copy from the forward's weights (the close's stage).
   void refresh_fp8_copies();

@@ -73,10 +73,6 @@ void check_fp8(const Fp8Choice& fp8) {
   if (fp8.recipe != Fp8Recipe::tensor && !fp8.on) usage_error("--fp8-recipe needs --fp8");
   if (fp8.fast_forward && (!fp8.on || fp8.recipe != Fp8Recipe::tensor))
     usage_error("--fp8-fast-forward needs --fp8 with --fp8-recipe tensor");
-  if (fp8.cast_every_micro_batch && fp8.recipe == Fp8Recipe::block)
-    usage_error(
-        "--fp8-cast-every-micro-batch applies to --fp8-recipe tensor (the block recipe "
-        "casts the weights at every micro-batch)");
 }
 
 void declare_validation_schedule(OptionTable& cli, int64_t& val_every, int64_t& val_batches) {

@@ -40,14 +40,14 @@ struct Fp8Choice {
   bool fast_forward = false;
   // fp8_linear's options for this choice.
   Fp8LinearOptions options() const;
-  // Whether the store keeps the weights' FP8 copies (the tensor recipe, once per window).
-  bool keeps_copies() const { return on && recipe == Fp8Recipe::tensor && !cast_every_micro_batch; }
+  // Whether the store keeps the weights' FP8 copies (once per window, Note [Window FP8 weights]).
+  bool keeps_copies() const { return on && !cast_every_micro_batch; }
   // The run record's value (Note [Run record]).
   std::string record() const;
 };
 void declare_fp8(OptionTable& cli, Fp8Choice& fp8);
-// The UsageErrors: --fp8-recipe or --fp8-cast-every-micro-batch without
-// --fp8, and casting every micro-batch under the block recipe (which always does).
+// The UsageErrors: --fp8-recipe, --fp8-cast-every-micro-batch or
+// --fp8-fast-forward without --fp8, and --fp8-fast-forward under the block recipe.
 void check_fp8(const Fp8Choice& fp8);
 
 // --val-every, --val-batches: how often and over how many micro-batches the

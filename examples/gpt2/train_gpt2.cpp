@@ -192,7 +192,8 @@ int train(int argc, char** argv) {
   // Note [Window FP8 weights]: kept before the Window, whose close recasts them.
   if (opt.fp8.on) {
     const std::vector<Tensor> fp8_weights = model.use_fp8(opt.fp8.options());
-    if (opt.fp8.keeps_copies()) arena.keep_fp8_copies(fp8_weights);
+    if (opt.fp8.keeps_copies())
+      arena.keep_fp8_copies(fp8_weights, DType::f8e4m3, 0, opt.fp8.recipe);
   }
   const DataParallel dp = connect_data_parallel(where, arena);
   optim::Window window(arena, optimizer,

@@ -194,11 +194,22 @@ void bind_optim(nb::module_& m) {
            nb::arg("name"), nb::arg("value"),
            "Writes the master slot of the named parameter, then its compute slot: "
            "Note [One load path].")
-      .def("keep_fp8_copies", &ParamStore::keep_fp8_copies, nb::arg("weights"),
-           nb::arg("dtype") = DType::f8e4m3, nb::arg("margin") = 0,
-           "Keeps an FP8 copy of each weight (2-D, sizes multiples of 16), cast now, by every "
-           "loader and at each close of a Window built afterwards; fp8_linear reads it (Note "
-           "[Window FP8 weights]).")
+      .def(
+          "keep_fp8_copies",
+          [](ParamStore& store, const std::vector<Tensor>& weights, DType dtype, int margin,
+             const std::string& recipe) {
+            ACCRUE_CHECK(recipe == "tensor" || recipe == "block",
+                         "ParamStore.keep_fp8_copies: recipe must be 'tensor' or 'block', got '",
+                         recipe, "'");
+            store.keep_fp8_copies(weights, dtype, margin,
+                                  recipe == "block" ? Fp8Recipe::block : Fp8Recipe::tensor);
+          },
+          nb::arg("weights"), nb::arg("dtype") = DType::f8e4m3, nb::arg("margin") = 0,
+          nb::arg("recipe") = "tensor",
+          "Keeps an FP8 copy of each weight (2-D, sizes multiples of 16), per tensor or in "
+          "128 x 128 blocks (recipe 'block', for fp8_linear's block recipe), cast now, by every "
+          "loader and at each close of a Window built afterwards; fp8_linear reads it (Note "
+          "[Window FP8 weights]).")
       .def_prop_ro("has_fp8_copies", &ParamStore::has_fp8_copies,
                    "Whether the store keeps FP8 weight copies.")
       .def(

@@ -326,6 +326,22 @@ TEST(Fp8Cast, bad_inputs_name_the_op_and_values) {
                "cast_to_fp8_blockwise", "f64");
   EXPECT_ERROR(kernels::cast_to_fp8_blockwise(x, 1, 128, DType::f16), "cast_to_fp8_blockwise",
                "f16", "FP8");
+  {  // the buffers of cast_to_fp8_blockwise_into
+    const Tensor xb = test::random_normal({130, 260});
+    const Tensor q = empty({130, 260}, DType::f8e4m3), scale_inv = empty({2, 3}, DType::f32);
+    const Tensor amax = empty({1}, DType::f32);
+    EXPECT_ERROR(
+        kernels::cast_to_fp8_blockwise_into(xb, 128, 128, true, q, empty({2, 2}, DType::f32), amax),
+        "cast_to_fp8_blockwise", "scale_inv", "[2, 2]", "[2, 3]");
+    EXPECT_ERROR(kernels::cast_to_fp8_blockwise_into(
+                     xb, 128, 128, true, empty({260, 130}, DType::f8e4m3), scale_inv, amax),
+                 "cast_to_fp8_blockwise", "q", "[260, 130]", "[130, 260]");
+    EXPECT_ERROR(
+        kernels::cast_to_fp8_blockwise_into(xb, 128, 128, true, q, empty({2, 3}, DType::f64), amax),
+        "cast_to_fp8_blockwise", "scale_inv", "f64");
+    EXPECT_ERROR(kernels::cast_to_fp8_blockwise_into(xb, 128, 128, true, q, scale_inv, Tensor()),
+                 "cast_to_fp8_blockwise", "amax", "undefined");
+  }
   EXPECT_ERROR(kernels::cast_to_fp8_transpose(test::random_normal({8}), scalar(1), DType::f8e4m3),
                "cast_to_fp8_transpose", "2-D", "[8]");
   EXPECT_ERROR(kernels::cast_to_fp8_transpose(x, zeros({1, 1}), DType::f8e4m3),

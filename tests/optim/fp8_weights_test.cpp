@@ -7,6 +7,7 @@
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/fp8_ops.h"
 #include "accrue/autograd/ops.h"
+#include "accrue/kernels/fp8.h"
 #include "accrue/optim/optimizer.h"
 #include "accrue/optim/param_store.h"
 #include "accrue/optim/window.h"
@@ -115,14 +116,82 @@ TEST(WindowFp8Weights, loaders_and_resumes_recast_the_copy) {
   std::map<std::string, Tensor> saved;  // copies: state_dict's tensors may be views
   for (const auto& [key, t] : window.state_dict())
     saved.emplace(key, t.clone());
-  const Fp8Weight after_one{kept_fp8_weight(l.w)->q.clone(), kept_fp8_weight(l.w)->q_t.clone(),
-                            kept_fp8_weight(l.w)->scale_inv.clone()};
+  Fp8Weight after_one;
+  after_one.q = kept_fp8_weight(l.w)->q.clone();
+  after_one.q_t = kept_fp8_weight(l.w)->q_t.clone();
+  after_one.scale_inv = kept_fp8_weight(l.w)->scale_inv.clone();
   // Note [One load path]: a loaded value's copy is its own.
   store.load("param0", test::random_normal({32, 48}, DType::f32));
   expect_same_copy(*kept_fp8_weight(l.w), fp8_weight(l.w));
   // A resume restores the weights and, from them, the copy, bit for bit.
   window.load_state_dict(saved);
   expect_same_copy(*kept_fp8_weight(l.w), after_one);
+}
+
+// The block recipe's copies (Note [FP8 block recipe]): W's 128 x 128 blocks
+// and W^T's, as the per-call casts make them, counted with their scales;
+// recast by the close; and K micro-batches of the block recipe reading them
+// train bit for bit as casting at every call. 272 x 400 has partial blocks
+// at both edges.
+TEST(WindowFp8Weights, block_copies_are_the_per_call_casts_and_train_the_same) {
+  const Tensor w0 = test::random_normal({272, 400}, DType::f32, Device::cpu(), 0.05);
+  Fp8LinearOptions block;
+  block.recipe = Fp8Recipe::block;
+  std::vector<Tensor> xs, rs;
+  for (int k = 0; k < 3; ++k) {
+    xs.push_back(test::random_normal({128, 400}, DType::bf16));
+    rs.push_back(test::random_normal({128, 272}, DType::f32));
+  }
+  auto expect_block_copy = [](const Tensor& w) {
+    const Fp8Weight* kept = kept_fp8_weight(w);
+    ASSERT_NE(kept, nullptr);
+    ASSERT_TRUE(kept->blocks());
+    const auto cw = kernels::cast_to_fp8_blockwise(detach(w), 128, 128, DType::f8e4m3);
+    const auto cwt =
+        kernels::cast_to_fp8_blockwise(detach(w).transpose(0, 1), 128, 128, DType::f8e4m3);
+    EXPECT_TRUE(test::all_equal(kept->q, cw.q)) << "codes";
+    EXPECT_TRUE(test::all_equal(kept->scale_inv, cw.scale_inv)) << "scales";
+    EXPECT_TRUE(test::all_equal(kept->q_t, cwt.q)) << "W^T's codes";
+    EXPECT_TRUE(test::all_equal(kept->scale_inv_t, cwt.scale_inv)) << "W^T's scales";
+    EXPECT_TRUE(test::all_equal(kept->amax, cw.amax)) << "amax";
+    // W^T's blocks are W's transposed: the same codes and scales.
+    EXPECT_TRUE(test::all_equal(kept->q_t, cw.q.transpose(0, 1).contiguous()));
+    EXPECT_TRUE(test::all_equal(kept->scale_inv_t, cw.scale_inv.transpose(0, 1).contiguous()));
+  };
+  auto run = [&](bool keep) {
+    Tensor w = requires_grad_(w0.clone());
+    optim::Optimizer opt(optim::AdamWOptions(1e-2));
+    ParamStore store(std::vector<Tensor>{w}, ParamStoreOptions().moments(opt.moments_needed()));
+    if (keep) {
+      store.keep_fp8_copies({w}, DType::f8e4m3, 0, Fp8Recipe::block);
+      expect_block_copy(w);
+      // Codes and their transpose, a scale for each of 3 x 4 blocks twice, the amax.
+      EXPECT_EQ(store.memory().fp8, 2 * 272 * 400 + 4 * (12 + 12 + 1));
+    }
+    optim::Window window(store, opt, optim::WindowOptions().micro_steps(3));
+    for (int step = 0; step < 2; ++step) {
+      for (int k = 0; k < 3; ++k) {
+        const Tensor x = requires_grad_(xs[k].clone());
+        window.backward(Loss{sum(to_dtype(fp8_linear(x, w, Tensor(), block), DType::f32) * rs[k]),
+                             full({}, 128.0, DType::f64)});
+      }
+      window.close();
+      if (keep) expect_block_copy(w);  // the weights moved; the copy is theirs again
+    }
+    return store.master().clone();
+  };
+  EXPECT_TRUE(test::all_equal(run(true), run(false)));
+  // The block recipe reads the kept copy, not a new cast: a weight written
+  // behind the store's back (no loader) leaves the copy, and so y, as it was.
+  Tensor w = requires_grad_(w0.clone());
+  ParamStore store(std::vector<Tensor>{w}, ParamStoreOptions().moments(0));
+  store.keep_fp8_copies({w}, DType::f8e4m3, 0, Fp8Recipe::block);
+  const Tensor kept_y = detach(fp8_linear(xs[0], w, Tensor(), block));
+  store.master_view(0).copy_(test::random_normal({272, 400}, DType::f32));
+  EXPECT_TRUE(test::all_equal(detach(fp8_linear(xs[0], w, Tensor(), block)), kept_y));
+  // (A weight the store does not own, with the new values, is cast anew.)
+  const Tensor fresh = store.master_view(0).clone();
+  EXPECT_FALSE(test::all_equal(detach(fp8_linear(xs[0], fresh, Tensor(), block)), kept_y));
 }
 
 TEST(WindowFp8Weights, misuses_are_errors) {
@@ -145,6 +214,12 @@ TEST(WindowFp8Weights, misuses_are_errors) {
   EXPECT_ERROR(store.keep_fp8_copies({l.w}, DType::f8e4m3, 2), "keep_fp8_copies", "margin 0",
                "margin 2");
   EXPECT_ERROR(store.keep_fp8_copies({l.w}, DType::f8e5m2), "keep_fp8_copies", "f8e4m3", "f8e5m2");
+  EXPECT_ERROR(store.keep_fp8_copies({l.w}, DType::f8e4m3, 0, Fp8Recipe::block), "keep_fp8_copies",
+               "recipe tensor", "recipe block");
+  ParamStore other(std::vector<Tensor>{requires_grad_(test::random_normal({32, 48}))},
+                   ParamStoreOptions().moments(0));
+  EXPECT_ERROR(other.keep_fp8_copies(other.params(), DType::f8e4m3, 1, Fp8Recipe::block),
+               "keep_fp8_copies", "block recipe", "margin 1");
   window.backward(Loss{sum(fp8_linear(test::random_normal({16, 48}, DType::bf16), l.w)),
                        full({}, 16.0, DType::f64)});
   EXPECT_ERROR(window.close(), "Window::close", "keep_fp8_copies", "before building the Window");
