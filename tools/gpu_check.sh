@@ -541,6 +541,21 @@ if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
     mapfile -t runs < <(printf '%s\n' "${runs[@]}" | sort -s -t'|' -k1,1n)
     say "compute-sanitizer: ${#runs[@]} runs, $jobs_at_once at once over GPU(s) ${gpu_list[*]}"
     slot_pid=()
+    # Cut short (a lent machine's time limit, an outer timeout, Ctrl-C), the
+    # check stops the runs in flight too: each runs under its own `timeout`,
+    # in a process group of its own, which a signal to this script or to its
+    # group does not reach, and they went on for minutes on the GPUs of the
+    # next command (bench/RESULTS.md, "The transformers column explained").
+    stop_runs() {
+      local pid child
+      for pid in "${slot_pid[@]}"; do
+        for child in $(pgrep -P "$pid" 2> /dev/null); do
+          kill -TERM -- "-$child" 2> /dev/null || kill -TERM "$child" 2> /dev/null
+        done
+      done
+    }
+    trap 'stop_runs; exit 143' TERM
+    trap 'stop_runs; exit 130' INT
     for id in "${!runs[@]}"; do
       IFS='|' read -r _ tool bin shard shards <<< "${runs[$id]}"
       tool_filter="$filter"
@@ -560,6 +575,7 @@ if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
       slot_pid[$free]=$!
     done
     wait
+    trap - TERM INT
     for id in "${!runs[@]}"; do
       result_file="$details/result_$id.txt"
       if [[ ! -s $result_file ]]; then

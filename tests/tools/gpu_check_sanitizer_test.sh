@@ -8,6 +8,7 @@
 #  - racecheck hazards and synccheck barrier errors wholly inside library
 #    kernels pass and are counted; one in an accrue kernel fails the check;
 #  - a run cut by --sanitizer-timeout, or one without its summary line, fails;
+#  - a check stopped by a signal stops its runs in flight;
 #  - initcheck runs with ACCRUE_INITCHECK_LIBRARY_OUTPUTS=1 and racecheck and
 #    synccheck with ACCRUE_ATTENTION_COMPOSED=1, the others without.
 #
@@ -57,7 +58,9 @@ case "${!what_var:-clean}" in
     echo "=========     at void accrue::kernels::cuda::layer_norm_kernel<float>(float*)+0x10"
     echo "========= ERROR SUMMARY: 1 error"
     exit 86 ;;
-  hang) sleep 30 ;;
+  hang)
+    [[ -n ${STUB_PIDS:-} ]] && echo $$ >> "$STUB_PIDS"
+    sleep 30 ;;
   no_summary) exit 0 ;;
 esac
 EOF
@@ -155,6 +158,35 @@ run limits 1 --sanitizer-tools memcheck --sanitizer-timeout 2
 unset STUB_memcheck_test_a_gpu STUB_memcheck_test_b_gpu
 expect limits '^memcheck test_a_gpu: FAILED exit 124 .*TIMEOUT after 2 s'
 expect limits '^memcheck test_b_gpu: FAILED exit 0 .*no summary line'
+
+# Cut short, the check stops its runs in flight (each in its own timeout's
+# process group) instead of leaving them on the GPUs.
+export STUB_memcheck_test_a_gpu=hang STUB_memcheck_test_b_gpu=hang STUB_PIDS="$work/pids"
+(cd "$src" && PATH="$work/bin:$PATH" exec bash tools/gpu_check.sh --build-dir "$work/build" \
+  --skip-build --skip-tests --skip-bench --details-dir "$work/details_cut" \
+  --log-dir "$work/out_cut" --sanitizer-tools memcheck --sanitizer-timeout 60 \
+  --sanitizer-jobs 2) > "$work/cut.txt" 2>&1 &
+check_pid=$!
+for _ in $(seq 100); do
+  [[ -f $work/pids && $(wc -l < "$work/pids") -ge 2 ]] && break
+  sleep 0.1
+done
+kill -TERM "$check_pid"
+wait "$check_pid"
+cut_rc=$?
+unset STUB_memcheck_test_a_gpu STUB_memcheck_test_b_gpu STUB_PIDS
+sleep 1
+if [[ $cut_rc -ne 143 || ! -f $work/pids || $(wc -l < "$work/pids") -ne 2 ]]; then
+  echo "FAIL cut: exit $cut_rc (expected 143), $(cat "$work/pids" 2> /dev/null | wc -l) runs started"
+  failures=$((failures + 1))
+fi
+for pid in $(cat "$work/pids" 2> /dev/null); do
+  if kill -0 "$pid" 2> /dev/null; then
+    echo "FAIL cut: sanitizer run $pid still running after the check was stopped"
+    kill -KILL "$pid" 2> /dev/null
+    failures=$((failures + 1))
+  fi
+done
 
 # Bad options are refused before anything runs.
 run bad_shards 2 --sanitizer-shards 1,_b_=x
