@@ -168,7 +168,8 @@ def _connect(process_group: Any, world: int, rank: int, device: torch.device,
 class AccumulationWindow:
     """K micro-batches of a torch.nn.Module, one fused accrue close (Note [Torch bridge]).
 
-    optimizer: "adamw" (default), "adam" or "sgd" (momentum from ``momentum``).
+    optimizer: "adamw" (default), "adam" or "sgd" (``momentum``, ``dampening`` and
+    ``nesterov`` as torch.optim.SGD's).
     weight_decay applies to every parameter unless ``no_decay_1d`` is set,
     then parameters of fewer than 2 dimensions (biases, norms) get 0.
     max_grad_norm: global-norm clipping (None: off). scaler: None, "dynamic",
@@ -203,6 +204,8 @@ class AccumulationWindow:
         no_decay_1d: bool = False,
         amsgrad: bool = False,
         momentum: float = 0.0,
+        dampening: float = 0.0,
+        nesterov: bool = False,
         micro_steps: int = 1,
         max_grad_norm: Optional[float] = None,
         scaler: Any = None,
@@ -262,7 +265,8 @@ class AccumulationWindow:
                 lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad
             )
         elif kind == "sgd":
-            options = optim.SGDOptions(lr, momentum=momentum, weight_decay=weight_decay or 0.0)
+            options = optim.SGDOptions(lr, momentum=momentum, dampening=dampening,
+                                       nesterov=nesterov, weight_decay=weight_decay or 0.0)
         else:
             raise ValueError(
                 f"AccumulationWindow: optimizer must be 'adamw', 'adam' or 'sgd', got {optimizer!r}"

@@ -320,7 +320,8 @@ def test_unused_parameters_are_named():
         window.close()
 
 
-def test_sgd_and_schedule_equal_torch():
+@pytest.mark.parametrize("dampening,nesterov", [(0.0, False), (0.3, False), (0.0, True)])
+def test_sgd_and_schedule_equal_torch(dampening, nesterov):
     torch.manual_seed(0)
     model = MLP(torch.float64)
     reference = copy.deepcopy(model)
@@ -331,7 +332,7 @@ def test_sgd_and_schedule_equal_torch():
         return 1.0 / (1 + step)
 
     opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01,
-                          foreach=False)
+                          dampening=dampening, nesterov=nesterov, foreach=False)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     for window in batches:
         opt.zero_grad()
@@ -340,8 +341,9 @@ def test_sgd_and_schedule_equal_torch():
         opt.step()
         sched.step()
 
-    window = AccumulationWindow(model, "sgd", lr=0.1, momentum=0.9, weight_decay=0.01,
-                                micro_steps=K, lr_schedule=factor)
+    window = AccumulationWindow(model, "sgd", lr=0.1, momentum=0.9, dampening=dampening,
+                                nesterov=nesterov, weight_decay=0.01, micro_steps=K,
+                                lr_schedule=factor)
     for batch in batches:
         for x, y in batch:
             window.backward(loss_sum(model, x, y), (y != IGNORE).sum())
