@@ -77,6 +77,45 @@ _MASTER = {
 }
 
 
+def _groups(param_groups: Any, params: List[torch.Tensor], names: List[str], leaves: List[Any],
+            no_decay_1d: bool) -> List[Tuple[Dict[str, float], List[Any]]]:
+    """torch.optim-style parameter groups as (lr / weight_decay overrides, store leaves)."""
+    if param_groups is None:
+        return []
+    if no_decay_1d:
+        raise ValueError("AccumulationWindow: give no_decay_1d or param_groups, not both")
+    index = {id(p): i for i, p in enumerate(params)}
+    seen: Dict[int, int] = {}
+    out = []
+    for g, group in enumerate(param_groups):
+        if not isinstance(group, dict) or "params" not in group:
+            raise ValueError(f"AccumulationWindow: param_groups[{g}] must be a dict with 'params'")
+        extra = sorted(set(group) - {"params", "lr", "weight_decay"})
+        if extra:
+            raise ValueError(
+                f"AccumulationWindow: param_groups[{g}] has {extra}; accrue's groups take "
+                "'params', 'lr' and 'weight_decay' (the rest are the window's)"
+            )
+        chosen = []
+        for p in group["params"]:
+            i = index.get(id(p))
+            if i is None:
+                raise ValueError(
+                    f"AccumulationWindow: param_groups[{g}] holds a tensor of shape "
+                    f"{tuple(p.shape)} that is not a trainable parameter of the model"
+                )
+            if i in seen:
+                raise ValueError(
+                    f"AccumulationWindow: {names[i]!r} is in param_groups[{seen[i]}] and [{g}]"
+                )
+            seen[i] = g
+            chosen.append(leaves[i])
+        overrides = {k: float(group[k]) for k in ("lr", "weight_decay") if k in group}
+        if chosen:
+            out.append((overrides, chosen))
+    return out
+
+
 def _on_torch_stream(device: torch.device) -> Any:
     """Note [Torch bridge streams]: accrue's work on torch's current stream while open."""
     if device.type != "cuda":
@@ -172,6 +211,9 @@ class AccumulationWindow:
     ``nesterov`` as torch.optim.SGD's).
     weight_decay applies to every parameter unless ``no_decay_1d`` is set,
     then parameters of fewer than 2 dimensions (biases, norms) get 0.
+    param_groups: torch.optim's groups, a list of dicts with "params" (the
+    model's parameters) and optionally "lr" and "weight_decay"; a parameter in
+    no group takes the window's lr and weight_decay (not with no_decay_1d).
     max_grad_norm: global-norm clipping (None: off). scaler: None, "dynamic",
     a fixed scale, or accrue.optim.LossScalerOptions. lr_schedule: an
     accrue.optim.LRSchedule or a callable step -> factor of lr.
@@ -202,6 +244,7 @@ class AccumulationWindow:
         eps: float = 1e-8,
         weight_decay: Optional[float] = None,
         no_decay_1d: bool = False,
+        param_groups: Optional[List[Dict[str, Any]]] = None,
         amsgrad: bool = False,
         momentum: float = 0.0,
         dampening: float = 0.0,
@@ -296,6 +339,9 @@ class AccumulationWindow:
                 flat = [t for t, p in zip(self._store.params, self._params) if p.dim() < 2]
                 if flat:
                     self._optimizer.add_param_group(flat, weight_decay=0.0)
+            for group, leaves_of_group in _groups(param_groups, self._params, self._names,
+                                                  self._store.params, no_decay_1d):
+                self._optimizer.add_param_group(leaves_of_group, **group)
             if lr_schedule is not None:
                 if not isinstance(lr_schedule, optim.LRSchedule):
                     lr_schedule = _Schedule(lr_schedule)

@@ -209,6 +209,49 @@ def test_bf16_parameters_fp32_master():
         assert torch.equal(master.to(torch.bfloat16), p.detach())
 
 
+def test_param_groups_equal_torch():
+    # torch.optim's groups: per-group lr and weight decay, AdamW in f64.
+    torch.manual_seed(0)
+    model = MLP(torch.float64)
+    reference = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(8)
+    batches = [micro_batches(gen, torch.float64) for _ in range(3)]
+
+    def groups(m):
+        return [{"params": [m.fc1.weight, m.fc2.weight], "lr": 2e-2, "weight_decay": 0.1},
+                {"params": [m.fc1.bias, m.fc2.bias], "weight_decay": 0.0}]
+
+    opt = torch.optim.AdamW(groups(reference) + [{"params": list(reference.norm.parameters())}],
+                            lr=1e-2, weight_decay=0.05, foreach=False)
+    for window in batches:
+        opt.zero_grad()
+        n = sum(int((y != IGNORE).sum()) for _, y in window)
+        (sum(loss_sum(reference, x, y) for x, y in window) / n).backward()
+        opt.step()
+    # The norm's parameters are in no group: the window's lr and weight_decay.
+    window = AccumulationWindow(model, lr=1e-2, weight_decay=0.05, micro_steps=K,
+                                param_groups=groups(model))
+    for batch in batches:
+        for x, y in batch:
+            window.backward(loss_sum(model, x, y), (y != IGNORE).sum())
+        window.close()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert (p.detach() - q.detach()).abs().max().item() <= 1e-12, name
+
+    m = MLP(torch.float64)
+    with pytest.raises(ValueError, match="not both"):
+        AccumulationWindow(m, no_decay_1d=True, param_groups=groups(m))
+    with pytest.raises(ValueError, match=r"param_groups\[0\] has \['betas'\]"):
+        AccumulationWindow(m, param_groups=[{"params": [m.fc1.weight], "betas": (0.9, 0.95)}])
+    with pytest.raises(ValueError, match=r"'fc1.weight' is in param_groups\[0\] and \[1\]"):
+        AccumulationWindow(m, param_groups=[{"params": [m.fc1.weight]},
+                                            {"params": [m.fc1.weight]}])
+    with pytest.raises(ValueError, match=r"shape \(3,\) that is not a trainable parameter"):
+        AccumulationWindow(m, param_groups=[{"params": [torch.zeros(3)]}])
+    with pytest.raises(ValueError, match="must be a dict with 'params'"):
+        AccumulationWindow(m, param_groups=[[m.fc1.weight]])
+
+
 def test_refusals():
     m = MLP(torch.float32)
     m.fc2.to(torch.float64)
