@@ -239,3 +239,4 @@ def ones_like(t: Tensor, dtype: Optional[dtype] = None) -> Tensor:
 
 from . import nn, optim  # noqa: E402  (they import the names above)
 from ._accrue import dist  # noqa: E402,F401  (data parallelism: communicator, Reducer)
+from ._accrue import data  # noqa: E402,F401  (token shards and the data loader)

@@ -38,6 +38,8 @@ void bind_optim(nb::module_& m);
 void bind_bridge(nb::module_& m);
 // accrue._accrue.dist (src/dist.cpp).
 void bind_dist(nb::module_& m);
+// accrue._accrue.data: token shards and the data loader (data.cpp).
+void bind_data(nb::module_& m);
 // RMSNorm, RoPE, SwiGLU, attention and the other transformer ops (transformer.cpp).
 void bind_transformer(nb::module_& m);
 // accrue._accrue.nn's Llama, its config, BatchLayout, KV cache and greedy generation

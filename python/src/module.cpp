@@ -81,4 +81,7 @@ NB_MODULE(_accrue, m) {
   nb::module_ dist = m.def_submodule(
       "dist", "Data parallelism: an NCCL communicator and the Reducer a Window syncs through.");
   bind_dist(dist);
+  nb::module_ data = m.def_submodule(
+      "data", "llm.c-format token shards and the rank-aware data loader of the trainers.");
+  bind_data(data);
 }

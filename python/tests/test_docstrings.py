@@ -16,7 +16,7 @@ def documented(obj):
 
 
 def bindings():
-    for mod in (_accrue, _accrue.nn, _accrue.optim):
+    for mod in (_accrue, _accrue.nn, _accrue.optim, _accrue.data):
         for name, obj in vars(mod).items():
             if name.startswith("_") or inspect.ismodule(obj):
                 continue
