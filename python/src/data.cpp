@@ -48,9 +48,10 @@ void write_shard(const std::string& path, const std::vector<int64_t>& tokens) {
 
 void bind_data(nb::module_& m) {
   m.def("write_shard", &write_shard, nb::arg("path"), nb::arg("tokens"),
-        "Writes the tokens (ints) as one llm.c-format shard at `path` (Note [Token shard "
-        "format]): uint16 when every token is below 65536, else the uint32 version (which "
-        "the Llama trainer's document batches read; TokenShards reads uint16 shards).");
+        "Writes the tokens (ints) as one llm.c-format shard at `path` "
+        "(Note [Token shard format]): uint16 when every token is below 65536, else the uint32 "
+        "version (which the Llama trainer's document batches read; TokenShards reads uint16 "
+        "shards).");
   m.def("glob_files", &data::glob_files, nb::arg("pattern"),
         "The regular files matching a shell glob, sorted by name; no match is an error.");
 

@@ -1,0 +1,121 @@
+"""GPT-2 trained from a Python loop: accrue's native GPT2, the accumulation
+Window (optionally replayed as CUDA graphs), AdamW with a warmup + cosine
+schedule and the token-shard loader, as accrue_train_gpt2 runs them in C++.
+
+    python python/examples/train_gpt2.py --model d12 --micro-batch 8 --accum 4 --windows 20
+    python python/examples/train_gpt2.py --model tiny --device cpu --windows 3   # a smoke run
+
+Without --shards the tokens are random (a speed run); with --shards PATTERN
+they come from llm.c-format shards (tools/make_shards.py). Each window prints
+its loss and tokens/s; the last line is JSON (tokens_per_s_median over the
+windows after --warmup), for a side-by-side with `accrue_train_gpt2 --bench`.
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import accrue
+from accrue import nn, optim
+
+
+def config(name):
+    if name == "tiny":  # a few layers, for the CPU
+        c = nn.GPT2Config.d12()
+        c.n_layer, c.n_head, c.n_embd, c.block_size = 2, 2, 64, 64
+        c.vocab_size = c.padded_vocab_size = 512
+        return c
+    return nn.GPT2Config.from_name(name)
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="d12", help="tiny, d12, d24, d36 or d48")
+    p.add_argument("--device", default="cuda" if accrue.cuda_is_available() else "cpu")
+    p.add_argument("--dtype", choices=["bf16", "f32"], default=None,
+                   help="the forward's weights (default: bf16 on a GPU, f32 on the CPU)")
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=None, help="default: the model's block size")
+    p.add_argument("--accum", type=int, default=8, help="K micro-batches a window")
+    p.add_argument("--windows", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2, help="windows left out of the median")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--shards", default=None, help="llm.c token shards (a glob); default: random")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay each micro-step and the close as CUDA graphs (GraphedWindow)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    for name in ("micro_batch", "accum", "windows"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 <= args.warmup < args.windows:
+        p.error(f"--warmup ({args.warmup}) must be below --windows ({args.windows})")
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
+    cfg = config(args.model)
+    seq = args.seq_len or cfg.block_size
+    dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "f32")
+    gen = accrue.Generator(args.seed)
+    model = nn.GPT2(cfg, device=args.device, generator=gen)
+
+    opt = optim.AdamW(args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+    params = [p for _, p in model.named_parameters()]
+    opt.add_param_group([p for p in params if p.dim() < 2], weight_decay=0.0)
+    opt.set_schedule(optim.WarmupCosine(0, args.windows, 0.1))
+    store = optim.ParamStore(model.named_parameters(), optim.ParamStoreOptions(
+        master_dtype=accrue.f32, compute_dtype=accrue.bf16 if dtype == "bf16" else None,
+        moments=opt.moments_needed()))
+    window = optim.Window(store, opt, optim.WindowOptions(micro_steps=args.accum,
+                                                          max_grad_norm=args.max_grad_norm))
+    graphed = optim.GraphedWindow(window, model.loss) if args.cuda_graphs else None
+
+    if args.shards:
+        shards = accrue.data.TokenShards(args.shards)
+        loader = accrue.data.DataLoader(shards, args.micro_batch, seq, vocab_size=cfg.vocab_size)
+
+        def next_batch():
+            x, y = loader.next_batch()
+            return x.to(accrue.i64).to(args.device), y.to(accrue.i64).to(args.device)
+    else:
+        def next_batch():
+            x = accrue.randint(0, cfg.vocab_size, [args.micro_batch, seq + 1], device=args.device,
+                               generator=gen)
+            return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+    tokens = args.micro_batch * seq * args.accum
+    print(f"GPT-2 {args.model} on {args.device} ({dtype}): {sum(p.numel() for p in params):,} "
+          f"parameters, "
+          f"{args.micro_batch} x {seq} tokens x K = {args.accum} a window")
+    rates = []
+    last = time.perf_counter()
+    for w in range(args.windows):
+        for _ in range(args.accum):
+            x, y = next_batch()
+            if graphed:
+                graphed.backward([x, y])
+            else:
+                window.backward(model.loss(x, y))
+        (graphed or window).close()
+        report = window.report()  # the one host read a window: the time is the window's
+        now = time.perf_counter()
+        rate = tokens / (now - last)
+        last = now
+        if w >= args.warmup:
+            rates.append(rate)
+        print(f"window {w + 1:4d}  loss {report.loss:.4f}  grad-norm {report.grad_norm:.4f}  "
+              f"{rate:,.0f} tok/s")
+    print(json.dumps({"impl": "accrue-python", "model": args.model, "device": args.device,
+                      "dtype": dtype, "micro_batch": args.micro_batch, "K": args.accum,
+                      "seq_len": seq, "cuda_graphs": args.cuda_graphs,
+                      "tokens_per_s_median": statistics.median(rates),
+                      "final_loss": report.loss}))
+
+
+if __name__ == "__main__":
+    main()
