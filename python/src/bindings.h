@@ -38,6 +38,8 @@ void bind_optim(nb::module_& m);
 void bind_bridge(nb::module_& m);
 // accrue._accrue.dist (src/dist.cpp).
 void bind_dist(nb::module_& m);
+// accrue._accrue.optim.LayerMonitor and its reports (monitor.cpp), after bind_optim.
+void bind_monitor(nb::module_& m);
 // accrue._accrue.data: token shards and the data loader (data.cpp).
 void bind_data(nb::module_& m);
 // RMSNorm, RoPE, SwiGLU, attention and the other transformer ops (transformer.cpp).

@@ -75,6 +75,7 @@ NB_MODULE(_accrue, m) {
       "optim", "Parameter store, optimizers, schedules, the accumulation Window and its verifier.");
   bind_optim(optim);
   bind_graphed_window(optim);
+  bind_monitor(optim);
   nb::module_ bridge = m.def_submodule(
       "bridge", "What accrue.torch needs when PyTorch's autograd fills the gradient arena.");
   bind_bridge(bridge);

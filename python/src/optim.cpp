@@ -281,6 +281,9 @@ void bind_optim(nb::module_& m) {
           nb::arg("weight_decay") = nb::none(), nb::rv_policy::reference,
           "A group whose lr / weight decay override the optimizer's (before the Window is "
           "built); returns self.")
+      .def("slot_groups", &Optimizer::slot_groups, nb::arg("store"),
+           "The parameter group of each of the store's slots: 0 the default, k the k-th "
+           "add_param_group.")
       .def(
           "set_schedule",
           [](Optimizer& o, std::shared_ptr<LRSchedule> s) -> Optimizer& {

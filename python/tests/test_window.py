@@ -137,3 +137,47 @@ def test_window_refuses_a_bad_state():
         window.close()  # not ready: no micro-step yet
     with pytest.raises(accrue.Error):
         optim.ParamStore(model.named_parameters())  # already held by `store`
+
+
+def test_layer_monitor_reads_each_layers_norm_and_update_ratio():
+    # Note [Layer monitor] from Python: per parameter, the gradient norms make
+    # up the report's (root-sum-square), the update ratio is ||delta|| / ||p||
+    # as numpy computes it from the weights before and after, and both ways of
+    # summing (separate passes, the optimizer's fused pass) agree.
+    def build():
+        gen = accrue.Generator(3)
+        model = nn.MLP([8, 16, 4], generator=gen, dtype=accrue.f64)
+        opt = optim.AdamW(1e-2, weight_decay=0.1)
+        opt.add_param_group([p for _, p in model.named_parameters() if p.dim() < 2],
+                            weight_decay=0.0)
+        store = optim.ParamStore(model.named_parameters(), optim.ParamStoreOptions(
+            master_dtype=accrue.f64, moments=opt.moments_needed()))
+        window = optim.Window(store, opt, optim.WindowOptions(micro_steps=2, max_grad_norm=0.5))
+        return model, opt, store, window
+
+    figures = []
+    for fused in (False, True):
+        model, opt, store, window = build()
+        monitor = optim.LayerMonitor(store, opt) if fused else optim.LayerMonitor(store)
+        gen = accrue.Generator(5)
+        for _ in range(2):
+            x = accrue.randn([6, 8], generator=gen, dtype=accrue.f64)
+            y = accrue.randint(0, 4, [6], generator=gen)
+            window.backward(accrue.cross_entropy(model(x), y))
+        before = [p.detach().numpy().copy() for p in model.parameters()]
+        monitor.before_close()
+        window.close()
+        monitor.after_close()
+        report = window.report()
+        layers = monitor.read(report)
+        after = [p.detach().numpy() for p in model.parameters()]
+        assert [l.name for l in layers] == [n for n, _ in model.named_parameters()]
+        norm = np.sqrt(sum(l.grad_norm ** 2 for l in layers))
+        assert abs(norm - report.grad_norm) <= 1e-12 * report.grad_norm
+        for l, b, a in zip(layers, before, after):
+            expected = np.linalg.norm(a - b) / np.linalg.norm(b)
+            assert abs(l.update_ratio - expected) <= 1e-10 * expected, l
+        groups = monitor.groups(opt.slot_groups(store))
+        assert [g.group for g in groups] == [0, 1]
+        figures.append([(l.grad_norm, l.update_ratio) for l in layers])
+    np.testing.assert_allclose(figures[0], figures[1], rtol=1e-12)
