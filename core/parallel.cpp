@@ -137,12 +137,15 @@ struct Job {
 // Both sides are sequentially consistent, so either the worker sees the
 // empty slot or the caller sees the worker (the store-load pairing of
 // Dekker's protocol): no worker holds a job whose caller has returned.
-// Several threads may call parallel_for at once, each in its own slot; with
-// every slot taken, a caller runs its chunks itself. Either way each chunk
-// runs exactly once and the results do not change.
+// A slot stays taken until its caller has seen the last worker leave, so a
+// caller never waits on workers of a job published after its own. Several
+// threads may call parallel_for at once, each in its own slot; with every
+// slot taken, a caller runs its chunks itself. Either way each chunk runs
+// exactly once and the results do not change.
 constexpr int kSlots = 8;
 
 struct alignas(64) Slot {
+  std::atomic<bool> taken{false};  // a caller's, from publishing until its workers are gone
   std::atomic<Job*> job{nullptr};
   std::atomic<int> active{0};  // workers that may hold job
 };
@@ -187,6 +190,7 @@ class Pool {
         while (!finished())
           std::this_thread::yield();
       }
+      slot->taken.store(false);  // only now: another caller's workers would count as ours
     }
     if (job.error) std::rethrow_exception(job.error);
   }
@@ -196,9 +200,8 @@ class Pool {
   // slot is taken (the caller then runs every chunk).
   Slot* publish(Job& job) {
     for (Slot& slot : slots_) {
-      Job* empty = nullptr;
-      if (slot.job.load(std::memory_order_relaxed) == nullptr &&
-          slot.job.compare_exchange_strong(empty, &job)) {
+      if (!slot.taken.load(std::memory_order_relaxed) && !slot.taken.exchange(true)) {
+        slot.job.store(&job);
         generation_.fetch_add(1);
         if (sleepers_.load() > 0) {
           std::lock_guard<std::mutex> lock(m_);
