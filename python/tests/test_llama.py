@@ -145,3 +145,58 @@ def test_layers_composed_in_python_equal_the_forward():
         assert layer.mlp.gate_proj.weight.shape == (128, 64)
         assert layer.self_attn(x, positions).shape == (2, 5, 64)
         assert layer.mlp(x).shape == (2, 5, 64)
+
+
+def test_layers_built_on_their_own_compose_a_model_that_trains():
+    # A decoder written in Python from Llama's own layers (no nn.Llama): each
+    # layer's parameters as a Llama layer's, the stack trains in a Window.
+    cfg = tiny()
+    gen = accrue.Generator(4)
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden, dtype=accrue.f64,
+                                      generator=gen)
+            self.layer0 = nn.LlamaDecoderLayer(cfg, dtype=accrue.f64, generator=gen)
+            self.layer1 = nn.LlamaDecoderLayer(cfg, dtype=accrue.f64, generator=gen)
+            self.norm = nn.RMSNorm(cfg.hidden, cfg.rms_eps, dtype=accrue.f64)
+            self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False,
+                                  dtype=accrue.f64, generator=gen)
+
+        def forward(self, idx):
+            positions = accrue.arange(idx.shape[1])
+            x = self.embed(idx)
+            layers = [self.layer0, self.layer1]
+            normed = layers[0].input_layernorm(x)
+            for i, layer in enumerate(layers):
+                nxt = layers[i + 1].input_layernorm if i + 1 < 2 else self.norm
+                x, normed = layer.forward(x, normed, nxt, positions)
+            return self.head(normed)
+
+    model = Decoder()
+    layer = nn.LlamaDecoderLayer(cfg, dtype=accrue.f64, generator=gen)
+    prefix = "model.layers.0."
+    assert [n for n, _ in layer.named_parameters()] == \
+        [n[len(prefix):] for n, _ in nn.Llama(cfg, dtype=accrue.f64).named_parameters()
+         if n.startswith(prefix)]
+    assert nn.LlamaAttention(cfg, dtype=accrue.f64)(
+        accrue.randn([1, 3, cfg.hidden], dtype=accrue.f64), accrue.arange(3)).shape == \
+        (1, 3, cfg.hidden)
+    assert nn.LlamaMLP(cfg, dtype=accrue.f64).up_proj.weight.shape == \
+        (cfg.intermediate, cfg.hidden)
+    opt = optim.AdamW(1e-2)
+    store = optim.ParamStore(model.named_parameters(),
+                             optim.ParamStoreOptions(master_dtype=accrue.f64,
+                                                     moments=opt.moments_needed()))
+    window = optim.Window(store, opt, optim.WindowOptions(micro_steps=2))
+    losses = []
+    for step in range(8):
+        idx = accrue.randint(0, cfg.vocab_size, [2, 9], generator=accrue.Generator(step % 2))
+        logits = model(idx[:, :-1].contiguous())
+        window.backward(accrue.cross_entropy(logits.reshape([-1, cfg.vocab_size]),
+                                             idx[:, 1:].contiguous().reshape([-1])))
+        if window.ready():
+            window.close()
+            losses.append(window.report().loss)
+    assert losses[-1] < losses[0]
