@@ -141,10 +141,15 @@ struct BlockCast {
   Tensor scale_inv;  // guarded: NaN everywhere when the tensor overflowed
 };
 
+// Codes with their tiles' scales, guarded by the tensor's amax.
+BlockCast guarded_blocks(const Tensor& q, const Tensor& scale_inv, const Tensor& amax) {
+  return {q, fp8_guarded_scale_inv(scale_inv, amax)};
+}
+
 // x2 [rows, K] cast in tiles of tile_rows x 128 along K.
 BlockCast cast_blocks(const Tensor& x2, int64_t tile_rows, DType dtype) {
   const kernels::Fp8BlockCast c = kernels::cast_to_fp8_blockwise(x2, tile_rows, kBlock, dtype);
-  return {c.q, fp8_guarded_scale_inv(c.scale_inv, c.amax)};
+  return guarded_blocks(c.q, c.scale_inv, c.amax);
 }
 
 Tensor block_matmul(const BlockCast& a, Fp8Tiles ta, const BlockCast& b, Fp8Tiles tb, DType out) {
@@ -166,7 +171,7 @@ Tensor fp8_linear_blocks(const Tensor& x, const Tensor& weight, const Tensor& bi
                "fp8_linear: the kept block copy is ",
                dtype_name(kept ? kept->q.dtype() : DType::f32), "; the recipe's forward dtype is ",
                dtype_name(o.forward_dtype));
-  const BlockCast cw = kept ? BlockCast{kept->q, fp8_guarded_scale_inv(kept->scale_inv, kept->amax)}
+  const BlockCast cw = kept ? guarded_blocks(kept->q, kept->scale_inv, kept->amax)
                             : cast_blocks(detach(weight), kBlock, o.forward_dtype);
   Tensor y2 = block_matmul(cx, Fp8Tiles::row, cw, Fp8Tiles::block, dt);
   if (bias.defined()) {
@@ -185,8 +190,7 @@ Tensor fp8_linear_blocks(const Tensor& x, const Tensor& weight, const Tensor& bi
   const DType grad_dtype = o.grad_dtype, forward_dtype = o.forward_dtype;
   // W^T's blocks for dx: the kept copy's, or cast in the backward.
   const BlockCast kept_t =
-      kept && gx ? BlockCast{kept->q_t, fp8_guarded_scale_inv(kept->scale_inv_t, kept->amax)}
-                 : BlockCast{};
+      kept && gx ? guarded_blocks(kept->q_t, kept->scale_inv_t, kept->amax) : BlockCast{};
   // x^T along the tokens, for the weight gradient only.
   const BlockCast cxt = gw ? cast_blocks(x2.transpose(0, 1), 1, forward_dtype) : BlockCast{};
   return autograd::record(

@@ -36,6 +36,17 @@ void check_transpose_buffers(const Tensor& x, const Tensor& q, const Tensor& q_t
                shape_str(Shape{m, k}), " and ", shape_str(Shape{k, m}));
 }
 
+// A block cast's x (2-D f32/bf16/f16) and tiles, checked; the scales' shape.
+Shape block_cast_tiles(const Tensor& x, int64_t tile_rows, int64_t tile_cols, DType out_dtype,
+                       const char* op) {
+  check_cast(x, nullptr, out_dtype, op);
+  ACCRUE_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", shape_str(x.shape()));
+  ACCRUE_CHECK(tile_rows >= 1 && tile_cols >= 1 && tile_cols <= kFp8MaxTileCols, op, ": tile ",
+               tile_rows, " x ", tile_cols, " must have rows >= 1 and columns in [1, ",
+               kFp8MaxTileCols, "]");
+  return {(x.size(0) + tile_rows - 1) / tile_rows, (x.size(1) + tile_cols - 1) / tile_cols};
+}
+
 }  // namespace
 
 Fp8Cast cast_to_fp8(const Tensor& x, const Tensor& scale, DType out_dtype) {
@@ -115,15 +126,8 @@ void cast_to_fp8_transpose_into(const Tensor& x, const Tensor& scale, const Tens
 
 Fp8BlockCast cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols,
                                    DType out_dtype, bool power_of_two) {
-  constexpr const char* op = "cast_to_fp8_blockwise";
-  check_cast(x, nullptr, out_dtype, op);
-  ACCRUE_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", shape_str(x.shape()));
-  ACCRUE_CHECK(tile_rows >= 1 && tile_cols >= 1, op, ": tile ", tile_rows, " x ", tile_cols,
-               " must have rows >= 1 and columns in [1, ", kFp8MaxTileCols, "]");
-  const int64_t tiles_r = (x.size(0) + tile_rows - 1) / tile_rows,
-                tiles_c = (x.size(1) + tile_cols - 1) / tile_cols;
-  Fp8BlockCast r{empty(x.shape(), out_dtype, x.device()),
-                 empty({tiles_r, tiles_c}, DType::f32, x.device()),
+  const Shape tiles = block_cast_tiles(x, tile_rows, tile_cols, out_dtype, "cast_to_fp8_blockwise");
+  Fp8BlockCast r{empty(x.shape(), out_dtype, x.device()), empty(tiles, DType::f32, x.device()),
                  empty({1}, DType::f32, x.device())};
   cast_to_fp8_blockwise_into(x, tile_rows, tile_cols, power_of_two, r.q, r.scale_inv, r.amax);
   return r;
@@ -135,13 +139,7 @@ void cast_to_fp8_blockwise_into(const Tensor& x, int64_t tile_rows, int64_t tile
   constexpr const char* op = "cast_to_fp8_blockwise";
   NoGradGuard no_grad;
   du::check_defined(q, op, "q");
-  check_cast(x, nullptr, q.dtype(), op);
-  ACCRUE_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", shape_str(x.shape()));
-  ACCRUE_CHECK(tile_rows >= 1 && tile_cols >= 1 && tile_cols <= kFp8MaxTileCols, op, ": tile ",
-               tile_rows, " x ", tile_cols, " must have rows >= 1 and columns in [1, ",
-               kFp8MaxTileCols, "]");
-  const int64_t m = x.size(0), k = x.size(1);
-  const Shape tiles{(m + tile_rows - 1) / tile_rows, (k + tile_cols - 1) / tile_cols};
+  const Shape tiles = block_cast_tiles(x, tile_rows, tile_cols, q.dtype(), op);
   ACCRUE_CHECK(q.shape() == x.shape() && q.is_contiguous() && q.device() == x.device(), op, ": q ",
                shape_str(q.shape()), " must be contiguous, on x's device, shaped like x ",
                shape_str(x.shape()));

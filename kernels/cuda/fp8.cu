@@ -138,15 +138,15 @@ void launch_cast(const T* x, const float* scale, uint8_t* q, uint32_t* amax_bits
 // taking kTilesPerWarp consecutive tiles at a time, all their loads issued
 // before the first reduction; a 128 x 128 tile is one block's, its 8 warps
 // 16 rows each, held in registers from the max to the cast. The amax is one
-// atomicMax per block. (The first segment kernel, one tile a warp at a time
-// and the 128 x 128 tile read twice, ran at 0.51 and 0.62 of the copy rate:
-// ncu on an H100 showed each warp's one load in flight, 40% of DRAM peak.) The
-// first kernel, one 128-thread block per tile with a load per element, ran
-// the block recipe's llama-125m window at 0.51x the per-tensor recipe's: its
-// casts took 57% of the GPU time (ncu, H100; 110 us for a 16384 x 768 bf16
-// cast that moves 37 MB). Shapes the segment kernel does not take (other
-// tile shapes, columns not a multiple of 4, unaligned buffers) keep that
-// kernel: one block per tile, kBlockThreads threads spanning a tile row.
+// atomicMax per block. Measured on an H100: the one-block-per-tile kernel
+// (a 128-thread block per tile, a load per element) took 57% of a llama-125m
+// block-recipe window under ncu (110 us for a 16384 x 768 bf16 cast that
+// moves 37 MB); the first segment kernel, one tile a warp at a time and the
+// 128 x 128 tile read twice, ran at 0.51 and 0.62 of the copy rate, with one
+// load in flight a warp (40% of DRAM peak). Shapes the segment kernel does
+// not take (other tile shapes, columns not a multiple of 4, unaligned
+// buffers) keep the one-block-per-tile kernel, kBlockThreads threads
+// spanning a tile row.
 constexpr int kBlockThreads = 128;
 constexpr int kSegment = 128;
 constexpr int kSegmentLane = kSegment / 32;
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
-// The max of |x| over lane's 4 values of row r, columns c..c+3 (c < k).
+// The largest |value| of a lane's pack, as abs_bits orders them.
 template <class T>
 __device__ __forceinline__ uint32_t segment_max(const cu::Pack<T, kSegmentLane>& v) {
   uint32_t mx = 0;

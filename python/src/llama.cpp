@@ -25,6 +25,14 @@ nn::ParamOptions param_options(Device device, DType dtype, Generator* generator)
   nb::kw_only(), nb::arg("device") = "cpu", nb::arg("dtype") = DType::f32, \
                  nb::arg("generator") = nb::none()
 
+// The __init__ of a Llama part built from a config on its own (initialized
+// as a Llama's layers are), for nb::arg("config"), ACCRUE_PARAM_KWARGS.
+template <class Part>
+auto from_config() {
+  return [](Part* self, const nn::LlamaConfig& config, DeviceArg device, DType dtype,
+            Generator* gen) { new (self) Part(config, param_options(device, dtype, gen)); };
+}
+
 }  // namespace
 
 void bind_llama(nb::module_& m) {
@@ -136,14 +144,8 @@ void bind_llama(nb::module_& m) {
   nb::class_<nn::LlamaAttention, nn::Module>(
       m, "LlamaAttention",
       "A Llama layer's self-attention: q/k/v/o_proj, Qwen3's q_norm/k_norm, rope, GQA.")
-      .def(
-          "__init__",
-          [](nn::LlamaAttention* self, const LlamaConfig& config, DeviceArg device, DType dtype,
-             Generator* gen) {
-            new (self) nn::LlamaAttention(config, param_options(device, dtype, gen));
-          },
-          nb::arg("config"), ACCRUE_PARAM_KWARGS,
-          "The attention of a layer of `config`, initialized as a Llama's layer is.")
+      .def("__init__", from_config<nn::LlamaAttention>(), nb::arg("config"), ACCRUE_PARAM_KWARGS,
+           "The attention of a layer of `config`, initialized as a Llama's layer is.")
       .def("forward", &nn::LlamaAttention::forward, nb::arg("input"), nb::arg("positions"),
            nb::arg("layout") = nn::BatchLayout::full(),
            "input [B, T, hidden], positions i64 [T] or [B, T] -> [B, T, hidden].")
@@ -162,14 +164,8 @@ void bind_llama(nb::module_& m) {
       .def_prop_ro("k_norm", &nn::LlamaAttention::k_norm, nb::rv_policy::reference_internal,
                    "Qwen3's per-head key RMSNorm, or None.");
   nb::class_<nn::LlamaMLP, nn::Module>(m, "LlamaMLP", "down_proj(silu(gate_proj(x)) * up_proj(x)).")
-      .def(
-          "__init__",
-          [](nn::LlamaMLP* self, const LlamaConfig& config, DeviceArg device, DType dtype,
-             Generator* gen) {
-            new (self) nn::LlamaMLP(config, param_options(device, dtype, gen));
-          },
-          nb::arg("config"), ACCRUE_PARAM_KWARGS,
-          "The MLP of a layer of `config`, initialized as a Llama's layer is.")
+      .def("__init__", from_config<nn::LlamaMLP>(), nb::arg("config"), ACCRUE_PARAM_KWARGS,
+           "The MLP of a layer of `config`, initialized as a Llama's layer is.")
       .def("forward", &nn::LlamaMLP::forward, nb::arg("input"), "The MLP of input.")
       .def("__call__", &nn::LlamaMLP::forward, nb::arg("input"), "forward(input).")
       .def_prop_ro("gate_proj", &nn::LlamaMLP::gate_proj, nb::rv_policy::reference_internal,
@@ -182,14 +178,8 @@ void bind_llama(nb::module_& m) {
       m, "LlamaDecoderLayer",
       "One pre-RMSNorm block (Note [Llama residual stream]): attention and MLP, each with its "
       "residual add fused into the next norm.")
-      .def(
-          "__init__",
-          [](nn::LlamaDecoderLayer* self, const LlamaConfig& config, DeviceArg device, DType dtype,
-             Generator* gen) {
-            new (self) nn::LlamaDecoderLayer(config, param_options(device, dtype, gen));
-          },
-          nb::arg("config"), ACCRUE_PARAM_KWARGS,
-          "One layer of `config` (its norms, attention and MLP), initialized as a Llama's is.")
+      .def("__init__", from_config<nn::LlamaDecoderLayer>(), nb::arg("config"), ACCRUE_PARAM_KWARGS,
+           "One layer of `config` (its norms, attention and MLP), initialized as a Llama's is.")
       .def(
           "forward",
           [](const nn::LlamaDecoderLayer& l, const Tensor& x, const Tensor& normed,

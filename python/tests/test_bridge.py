@@ -69,6 +69,32 @@ def loss_sum(model, x, y):
     return torch.nn.functional.cross_entropy(model(x), y, reduction="sum", ignore_index=IGNORE)
 
 
+def torch_steps(model, opt, batches, max_norm=None, sched=None):
+    """Plain PyTorch on the big batch of each window: the token-mean loss, one step."""
+    for window in batches:
+        opt.zero_grad()
+        n = sum(int((y != IGNORE).sum()) for _, y in window)
+        (sum(loss_sum(model, x, y) for x, y in window) / n).backward()
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=False)
+        opt.step()
+        if sched is not None:
+            sched.step()
+
+
+def window_steps(window, model, batches):
+    """Each window's micro-batches through `window`, then its close."""
+    for batch in batches:
+        for x, y in batch:
+            window.backward(loss_sum(model, x, y), (y != IGNORE).sum())
+        window.close()
+
+
+def assert_same_parameters(model, reference, tol):
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert (p.detach() - q.detach()).abs().max().item() <= tol, name
+
+
 def train_reference(model, batches, lr, wd, max_norm):
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -78,13 +104,7 @@ def train_reference(model, batches, lr, wd, max_norm):
         weight_decay=wd,
         foreach=False,
     )
-    for window in batches:
-        opt.zero_grad()
-        n = sum(int((y != IGNORE).sum()) for _, y in window)
-        total = sum(loss_sum(model, x, y) for x, y in window) / n
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=False)
-        opt.step()
+    torch_steps(model, opt, batches, max_norm=max_norm)
 
 
 def train_window(model, batches, lr, wd, max_norm):
@@ -223,20 +243,12 @@ def test_param_groups_equal_torch():
 
     opt = torch.optim.AdamW(groups(reference) + [{"params": list(reference.norm.parameters())}],
                             lr=1e-2, weight_decay=0.05, foreach=False)
-    for window in batches:
-        opt.zero_grad()
-        n = sum(int((y != IGNORE).sum()) for _, y in window)
-        (sum(loss_sum(reference, x, y) for x, y in window) / n).backward()
-        opt.step()
+    torch_steps(reference, opt, batches)
     # The norm's parameters are in no group: the window's lr and weight_decay.
     window = AccumulationWindow(model, lr=1e-2, weight_decay=0.05, micro_steps=K,
                                 param_groups=groups(model))
-    for batch in batches:
-        for x, y in batch:
-            window.backward(loss_sum(model, x, y), (y != IGNORE).sum())
-        window.close()
-    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        assert (p.detach() - q.detach()).abs().max().item() <= 1e-12, name
+    window_steps(window, model, batches)
+    assert_same_parameters(model, reference, 1e-12)
 
     m = MLP(torch.float64)
     with pytest.raises(ValueError, match="not both"):
@@ -376,66 +388,33 @@ def test_sgd_and_schedule_equal_torch(dampening, nesterov):
 
     opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01,
                           dampening=dampening, nesterov=nesterov, foreach=False)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-    for window in batches:
-        opt.zero_grad()
-        n = sum(int((y != IGNORE).sum()) for _, y in window)
-        (sum(loss_sum(reference, x, y) for x, y in window) / n).backward()
-        opt.step()
-        sched.step()
-
+    torch_steps(reference, opt, batches, sched=torch.optim.lr_scheduler.LambdaLR(opt, factor))
     window = AccumulationWindow(model, "sgd", lr=0.1, momentum=0.9, dampening=dampening,
                                 nesterov=nesterov, weight_decay=0.01, micro_steps=K,
                                 lr_schedule=factor)
-    for batch in batches:
-        for x, y in batch:
-            window.backward(loss_sum(model, x, y), (y != IGNORE).sum())
-        window.close()
-    for p, q in zip(model.parameters(), reference.parameters()):
-        assert (p.detach() - q.detach()).abs().max().item() <= 1e-12
+    window_steps(window, model, batches)
+    assert_same_parameters(model, reference, 1e-12)
 
 
-def test_compiled_model():
-    torch.manual_seed(0)
-    model = MLP(torch.float64)
-    reference = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(7)
-    batch = micro_batches(gen, torch.float64)
-    window = AccumulationWindow(model, lr=1e-2, micro_steps=K)
-    compiled = torch.compile(model, backend="aot_eager")
-    plain = AccumulationWindow(reference, lr=1e-2, micro_steps=K)
-    for x, y in batch:
-        window.backward(loss_sum(compiled, x, y), (y != IGNORE).sum())
-        plain.backward(loss_sum(reference, x, y), (y != IGNORE).sum())
-    window.close()
-    plain.close()
-    for p, q in zip(model.parameters(), reference.parameters()):
-        assert (p.detach() - q.detach()).abs().max().item() <= 1e-12
-
-
-def test_inductor_compiled_model_trains_as_the_eager_one():
-    # torch.compile's default backend (inductor: generated C++ on the CPU)
-    # with the bridge's hooks: three windows, in f64, as the eager model.
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_model_trains_as_the_eager_one(backend):
+    # torch.compile with the bridge's hooks, three windows in f64: aot_eager,
+    # and the default backend (inductor: generated C++ on the CPU).
     torch.manual_seed(0)
     model = MLP(torch.float64)
     reference = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(7)
     batches = [micro_batches(gen, torch.float64) for _ in range(3)]
     window = AccumulationWindow(model, lr=1e-2, micro_steps=K)
-    compiled = torch.compile(model)
+    compiled = torch.compile(model, backend=backend)
     plain = AccumulationWindow(reference, lr=1e-2, micro_steps=K)
     try:
         compiled(batches[0][0][0])
     except Exception as e:  # no C++ toolchain for inductor here
-        pytest.skip(f"torch.compile's inductor backend does not run here: {type(e).__name__}")
-    for w in batches:
-        for x, y in w:
-            window.backward(loss_sum(compiled, x, y), (y != IGNORE).sum())
-            plain.backward(loss_sum(reference, x, y), (y != IGNORE).sum())
-        window.close()
-        plain.close()
-    for p, q in zip(model.parameters(), reference.parameters()):
-        assert (p.detach() - q.detach()).abs().max().item() <= 1e-12
+        pytest.skip(f"torch.compile's {backend} backend does not run here: {type(e).__name__}")
+    window_steps(window, compiled, batches)
+    window_steps(plain, reference, batches)
+    assert_same_parameters(model, reference, 1e-12)
 
 
 def test_bf16_sum_in_f32_then_adamw_on_the_master():

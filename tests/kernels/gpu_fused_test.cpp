@@ -600,6 +600,10 @@ TEST(GpuRmsNorm, sub_warp_rows_past_the_group_count_match_cpu) {
         kernels::rms_norm_backward(g.to(kGpu), x.to(kGpu), w.to(kGpu), fa.rstd, dwa, false);
     EXPECT_TRUE(close(dxa, dxe, test::normalized_tolerance(DType::bf16))) << "dx";
     EXPECT_TRUE(close(dwa, dwe, test::normalized_tolerance(DType::bf16))) << "dweight";
+    // Note [Deterministic column sums]: the same shape adds in the same order.
+    const Tensor again = empty({d}, DType::f32, kGpu);
+    kernels::rms_norm_backward(g.to(kGpu), x.to(kGpu), w.to(kGpu), fa.rstd, again, false);
+    EXPECT_TRUE(test::all_equal(on_cpu(again), on_cpu(dwa))) << "dweight run to run";
   }
 }
 
