@@ -4,6 +4,7 @@
     python3 bench/torch_gpt2.py --micro-batch 16 --k 2            # eager
     python3 bench/torch_gpt2.py --micro-batch 16 --k 2 --compile  # torch.compile
     torchrun --standalone --nproc-per-node=2 bench/torch_gpt2.py --micro-batch 8 --k 4  # DDP
+    python3 bench/torch_gpt2.py --micro-batch 8 --k 4 --accrue-bridge  # accrue.torch's window
 
 GPT-2 as llm.c's PyTorch reference trains it: GPT-2 124M (d12; --model d24,
 d36, d48 for the larger ones), the vocabulary padded to 50304 (wte [50304, C],
@@ -22,6 +23,27 @@ tokens per optimizer step):
     clip_grad_norm_(model.parameters(), 1.0)
     opt.step(); opt.zero_grad(set_to_none=True)
 
+--accrue-bridge trains the same model (the same fp32 parameters under the same
+autocast) through accrue.torch.AccumulationWindow instead (python/accrue/torch.py,
+Note [Torch bridge]): the window moves the parameters into accrue's arenas (each
+parameter's .data and .grad become views of its slots), and its close is
+accrue's fused one, with AdamW's hyper-parameters and weight-decay groups as
+above and the norm clipped at 1.0:
+
+    window = AccumulationWindow(model, "adamw", lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
+                                param_groups=[decay 0.1, no decay], micro_steps=K,
+                                max_grad_norm=1.0)
+    for k in range(K):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss_sum = model(x_k, y_k)                # summed cross-entropy
+        window.backward(loss_sum, B * T)              # the micro-batch's tokens
+    window.close()                                    # divides by N = K B T once
+
+The window zeroes its gradient arena at micro-step 0 (zero_grad's work).
+--compile compiles the model after the window is built (the window's hooks
+are on the parameters, outside the compiled graph). window.report() reads the device
+back, so it runs only after the timing (for the last window's loss).
+
 Tokens are random (uniform over the 50257 real ids, drawn once on the GPU:
 the data pipeline is not timed). Timing: `--warmup` windows (torch.compile
 compiles there), then `--windows` windows marked by CUDA events on the current
@@ -32,7 +54,17 @@ gradients, optimizer state and activations). MFU counts model FLOPs per
 token as 6 N + 12 L C T (N: parameters minus wpe and wte's padded rows; the
 second term the attention score and value products; PaLM's appendix B), as
 accrue_train_gpt2 counts them, against the GPU's
-dense bf16 peak (`peak_tflops` below, or --peak-tflops).
+dense bf16 peak (`peak_tflops` below, or --peak-tflops). Under --accrue-bridge
+the arenas (master weights, gradients, AdamW's moments) come from accrue's
+allocator, which torch's figure does not see: peak memory is torch's peak
+plus the arenas' bytes (fixed from construction on; accrue's scratch for the
+close is not counted).
+
+The close (clip_grad_norm_, opt.step and zero_grad; or window.close()) is
+marked by two more CUDA events each window, read after the timing like the
+others: its median over the timed windows is close_ms_median. It is the gap
+on the stream, so it includes the time the host takes to launch the close
+when the GPU waits for it.
 
 Data parallelism: launched by torchrun with WORLD_SIZE > 1, each rank drives
 GPU LOCAL_RANK in an NCCL process group and trains the model wrapped in
@@ -46,14 +78,24 @@ token mean), and zero_grad(set_to_none=False), which keeps the gradients
 views of the buckets (as bench/torch_ddp.py does). The window time is the
 median over the timed windows, the largest over ranks; tokens/s counts the
 tokens of ALL ranks; peak memory is the largest over ranks; MFU is per GPU.
+With --accrue-bridge there is no DDP: the window gets the process group
+(torch.distributed.group.WORLD), and its own reducer, on an NCCL communicator
+of accrue's, all-reduces each bucket as its gradients land in the last
+micro-step's backward and the rest in the close, N summed over the ranks (the
+loss the global token mean); so under torchrun close_ms_median includes the
+buckets left for the close, where DDP's are all in the last backward.
 Only rank 0 prints the JSON line (with "world_size"); a rank that runs out
 of memory prints its own error line.
 
 Prints ONE JSON line (bench/gpt2_bench.py and bench/gpt2_dp_bench.py read
-it): mode, model, world_size, micro_batch, K, seq_len, tokens_per_window (all
-ranks), tokens_per_s (all ranks), window_ms, window_ms_min, peak_mem_gib,
-mfu, gpu, torch, params; on out-of-memory the same line with "error": "out of
-memory" (exit status 3).
+it): mode (eager or compile), recipe ("torch", or "accrue_bridge" for
+--accrue-bridge), model,
+world_size, micro_batch, K, seq_len, tokens_per_window (all ranks),
+tokens_per_s (all ranks), window_ms, window_ms_min, peak_mem_gib,
+accrue_arena_gib (the bridge's arenas, in peak_mem_gib; null otherwise),
+close_ms_median, mfu, loss (the last window's token mean), gpu, torch,
+params; on out-of-memory (torch's or accrue's allocator) the same line with
+"error": "out of memory" (exit status 3).
 
 --composed runs the same model written without fused ops, the counterpart of
 `accrue_train_gpt2 --composed` (examples/composed_gpt2): q, k and v split into
@@ -67,7 +109,8 @@ torch._scaled_mm with per-tensor current scaling, the weights cast at every
 micro-batch), the counterpart of `accrue_train --fp8`.
 
 --cpu runs a tiny model on the CPU with host timing (gloo under torchrun), to
-check this script without a GPU (the numbers mean nothing).
+check this script without a GPU (the numbers mean nothing); --accrue-bridge
+runs there on one process (accrue's CPU build), not under torchrun (NCCL).
 """
 import argparse
 import contextlib
@@ -140,6 +183,9 @@ def parse_args():
                         "accrue_train --fp8")
     p.add_argument("--composed", action="store_true",
                    help="attention and heads from plain ops, no SDPA (see above)")
+    p.add_argument("--accrue-bridge", action="store_true",
+                   help="train through accrue.torch.AccumulationWindow instead of "
+                        "torch.optim.AdamW (and DDP under torchrun); see above")
     p.add_argument("--warmup", type=int, default=3, help="untimed windows first")
     p.add_argument("--windows", type=int, default=10, help="timed windows")
     p.add_argument("--lr", type=float, default=6e-4)
@@ -162,6 +208,8 @@ def parse_args():
         p.error(f"--seq-len {args.seq_len}: GPT-2's context is 1 to 1024")
     if args.bucket_cap_mb <= 0:
         p.error(f"--bucket-cap-mb {args.bucket_cap_mb} must be positive")
+    if args.accrue_bridge and args.cpu and launch_env()[0] > 1:
+        p.error("--accrue-bridge under torchrun needs CUDA: the bridge all-reduces over NCCL")
     return args
 
 
@@ -288,12 +336,14 @@ def time_windows(torch, args, device, window):
     return [marks[w].elapsed_time(marks[w + 1]) for w in range(args.windows)]
 
 
-def rank_figures(torch, args, device, window_ms, tokens_per_window, world):
+def rank_figures(torch, args, device, window_ms, tokens_per_window, world, outside_bytes=0):
     """The figures both PyTorch benchmarks report, the slowest rank's (the ranks wait for each
     other at every all-reduce): median and fastest window ms, peak memory bytes (0 on the CPU,
-    which has no allocator figure), tokens per window and per second over all ranks, the GPU's
-    name and its dense bf16 peak in TFLOP/s (None when unknown)."""
-    peak_bytes = 0.0 if args.cpu else float(torch.cuda.max_memory_allocated(device))
+    which has no allocator figure; outside_bytes, memory held outside torch's allocator all
+    along, added), tokens per window and per second over all ranks, the GPU's name and its
+    dense bf16 peak in TFLOP/s (None when unknown)."""
+    peak_bytes = 0.0 if args.cpu else float(torch.cuda.max_memory_allocated(device)
+                                            + outside_bytes)
     median_ms, min_ms, peak_bytes = max_over_ranks(
         torch, [statistics.median(window_ms), min(window_ms), peak_bytes], device)
     all_tokens = tokens_per_window * world
@@ -303,23 +353,16 @@ def rank_figures(torch, args, device, window_ms, tokens_per_window, world):
                 peak=args.peak_tflops or (None if args.cpu else peak_tflops(gpu)))
 
 
-def training_setup(torch, args, model, world, rank, device, vocab, wrap_ddp=True):
-    """What the PyTorch benchmarks train with: fused AdamW (weight decay on 2-D weights only),
-    DDP under torchrun (unless wrap_ddp is False: FSDP2 has wrapped the model itself),
-    torch.compile when asked, and a few random micro-batches, each rank its own, reused (fresh
-    data each micro-step would time the draw). Returns (opt, ddp or None, step_model, batches)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=not args.cpu)
-    ddp = None
-    if world > 1 and wrap_ddp:
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=None if args.cpu else [device.index],
-            bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)
-    net = ddp if ddp is not None else model
-    step_model = torch.compile(net) if args.compile else net
+def decay_groups(model):
+    """AdamW's parameter groups of llm.c's recipe: weight decay 0.1 on the 2-D weights, 0 on
+    the rest (biases, norms)."""
+    return [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def random_batches(torch, args, device, vocab, rank):
+    """A few random micro-batches, each rank its own, reused (fresh data each micro-step would
+    time the draw)."""
     B, K, T = args.micro_batch, args.k, args.seq_len
     gen = torch.Generator(device=device)
     gen.manual_seed(2024 + rank)
@@ -327,32 +370,42 @@ def training_setup(torch, args, model, world, rank, device, vocab, wrap_ddp=True
     for _ in range(min(K, 4)):
         seq = torch.randint(0, vocab, (B, T + 1), device=device, generator=gen)
         batches.append((seq[:, :-1].contiguous(), seq[:, 1:].contiguous()))
-    return opt, ddp, step_model, batches
+    return batches
 
 
-def run(torch, args, world, rank, device):
-    torch.manual_seed(1234)  # every rank the same weights (DDP broadcasts rank 0's anyway)
-    model, vocab = build_model(torch, args)
-    if args.fp8:
-        from torch_fp8 import convert_to_fp8
+def training_setup(torch, args, model, world, rank, device, vocab, wrap_ddp=True):
+    """What the PyTorch benchmarks train with: fused AdamW (weight decay on 2-D weights only),
+    DDP under torchrun (unless wrap_ddp is False: FSDP2 has wrapped the model itself),
+    torch.compile when asked, and random_batches. Returns (opt, ddp or None, step_model,
+    batches)."""
+    opt = torch.optim.AdamW(decay_groups(model), lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+                            fused=not args.cpu)
+    ddp = None
+    if world > 1 and wrap_ddp:
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=None if args.cpu else [device.index],
+            bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)
+    net = ddp if ddp is not None else model
+    step_model = torch.compile(net) if args.compile else net
+    return opt, ddp, step_model, random_batches(torch, args, device, vocab, rank)
 
-        projections = ("c_attn", "attn_proj", "c_fc", "mlp_proj")
-        convert_to_fp8(model, lambda name, layer: name.endswith(projections))
-    model = model.to(device)
-    n_params = sum(p.numel() for p in model.parameters())
+
+def torch_recipe(torch, args, model, world, rank, device, vocab, autocast, timed_close):
+    """The usual PyTorch recipe (the first loop above). Returns (window, the last window's
+    loss per token, parallel, bytes outside torch's allocator)."""
     opt, ddp, step_model, batches = training_setup(torch, args, model, world, rank, device,
                                                    vocab)
     # Under DDP the gradients stay views of the buckets (set_to_none would drop them).
     set_to_none = ddp is None
     B, K, T = args.micro_batch, args.k, args.seq_len
-    tokens_per_window = B * K * T  # this rank's
     # This rank's token mean; DDP averages the ranks' gradients: the global mean.
-    inv_tokens = 1.0 / tokens_per_window
-
-    def autocast():
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-
+    inv_tokens = 1.0 / (B * K * T)
     losses = []
+
+    def close():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=set_to_none)
 
     def window():
         total = None
@@ -365,17 +418,98 @@ def run(torch, args, world, rank, device):
                     loss = step_model(x, y)
                 (loss * inv_tokens).backward()
             total = loss.detach() if total is None else total + loss.detach()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=set_to_none)
+        timed_close(close)
         losses.append(total)
 
-    window_ms = time_windows(torch, args, device, window)
-    loss = float(losses[-1]) * inv_tokens
+    return (window, lambda: float(losses[-1]) * inv_tokens,
+            "ddp no_sync" if ddp is not None else "none", 0)
+
+
+def arena_bytes(store):
+    """The bytes of an accrue ParamStore's arenas (master, gradients, compute copy, AdamW's two
+    moments): accrue allocates them, so torch.cuda.max_memory_allocated does not see them."""
+    arenas = [store.master, store.grads, store.moment(0), store.moment(1)]
+    if store.compute is not None:
+        arenas.append(store.compute)
+    return sum(t.numel() * t.element_size() for t in arenas)
+
+
+def bridge_recipe(torch, args, model, world, rank, device, vocab, autocast, timed_close):
+    """The same training through accrue.torch.AccumulationWindow (the second loop above).
+    Returns what torch_recipe does."""
+    import torch.distributed as dist
+    from accrue.torch import AccumulationWindow
+
+    B, K, T = args.micro_batch, args.k, args.seq_len
+    # torch.optim.AdamW's hyper-parameters and groups; no DDP: under torchrun the window's own
+    # reducer sums the gradients and N over the group at the last micro-step and the close.
+    win = AccumulationWindow(model, "adamw", lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+                             weight_decay=0.1, param_groups=decay_groups(model),
+                             micro_steps=K, max_grad_norm=1.0,
+                             process_group=dist.group.WORLD if world > 1 else None)
+    # Compiled after the window has moved the parameters into its arenas (their .data).
+    step_model = torch.compile(model) if args.compile else model
+    batches = random_batches(torch, args, device, vocab, rank)
+    def window():
+        for k in range(K):
+            x, y = batches[k % len(batches)]
+            with autocast():
+                loss_sum = step_model(x, y)
+            win.backward(loss_sum, B * T)  # the close divides by the window's N
+        timed_close(win.close)
+
+    # report() reads the device back: only after the timing. Its loss is sum / N, the
+    # window's token mean (over all ranks).
+    return (window, lambda: win.report().loss, "accrue reducer" if world > 1 else "none",
+            arena_bytes(win.store))
+
+
+def run(torch, args, world, rank, device):
+    torch.manual_seed(1234)  # every rank the same weights (DDP broadcasts rank 0's anyway)
+    model, vocab = build_model(torch, args)
+    if args.fp8:
+        from torch_fp8 import convert_to_fp8
+
+        projections = ("c_attn", "attn_proj", "c_fc", "mlp_proj")
+        convert_to_fp8(model, lambda name, layer: name.endswith(projections))
+    model = model.to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    B, K, T = args.micro_batch, args.k, args.seq_len
+    tokens_per_window = B * K * T  # this rank's
+
+    def autocast():
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+
+    closes = []  # (start, end) marks around each window's close, the warm-up's too
+
+    def timed_close(close):
+        # Marks on the stream, read after the timing: nothing syncs the host here.
+        start, end = (HostEvent() if args.cpu else torch.cuda.Event(enable_timing=True)
+                      for _ in range(2))
+        start.record()
+        close()
+        end.record()
+        closes.append((start, end))
+
+    recipe, accrue_oom = torch_recipe, ()
+    if args.accrue_bridge:
+        import accrue
+
+        recipe, accrue_oom = bridge_recipe, accrue.OutOfMemoryError
+    try:
+        window, last_loss, parallel, outside_bytes = recipe(
+            torch, args, model, world, rank, device, vocab, autocast, timed_close)
+        window_ms = time_windows(torch, args, device, window)
+        loss = last_loss()
+    except accrue_oom as e:  # accrue's allocator ran out: reported as torch's out of memory
+        raise torch.cuda.OutOfMemoryError(str(e)) from e
     if not math.isfinite(loss):
         raise RuntimeError(f"the last window's loss is {loss}")
+    # The timed windows' closes (time_windows has waited for the last window's mark).
+    close_ms = [start.elapsed_time(end) for start, end in closes[-args.windows:]]
+    close_median = max_over_ranks(torch, [statistics.median(close_ms)], device)[0]
 
-    f = rank_figures(torch, args, device, window_ms, tokens_per_window, world)
+    f = rank_figures(torch, args, device, window_ms, tokens_per_window, world, outside_bytes)
     median_ms, min_ms, peak_bytes, all_tokens = f["median_ms"], f["min_ms"], f["peak_bytes"], \
         f["all_tokens"]
     tokens_per_s, gpu, peak = f["tokens_per_s"], f["gpu"], f["peak"]
@@ -385,11 +519,13 @@ def run(torch, args, world, rank, device):
     return {
         "impl": "pytorch",
         "mode": "compile" if args.compile else "eager",
+        "recipe": "accrue_bridge" if args.accrue_bridge else "torch",
+        "compile": args.compile,
         "composed": args.composed,
         "fp8": args.fp8,
         "model": args.model,
         "world_size": world,
-        "parallel": "ddp no_sync" if ddp is not None else "none",
+        "parallel": parallel,
         "micro_batch": B,
         "K": K,
         "seq_len": T,
@@ -399,6 +535,8 @@ def run(torch, args, world, rank, device):
         "window_ms": median_ms,
         "window_ms_min": min_ms,
         "peak_mem_gib": peak_bytes / 2**30,
+        "accrue_arena_gib": outside_bytes / 2**30 if args.accrue_bridge else None,
+        "close_ms_median": close_median,
         "mfu": mfu,
         "loss": loss,
         "warmup": args.warmup,
@@ -406,7 +544,7 @@ def run(torch, args, world, rank, device):
         "gpu": gpu,
         "torch": torch.__version__,
         "params": n_params,
-        "bucket_cap_mb": args.bucket_cap_mb if ddp is not None else None,
+        "bucket_cap_mb": args.bucket_cap_mb if parallel == "ddp no_sync" else None,
     }
 
 
@@ -460,8 +598,10 @@ def run_on_ranks(args, run, first_row, script, cpu_hint):
 def main():
     args = parse_args()
     run_on_ranks(args, run,
-                 lambda world: {"impl": "pytorch", "mode": "compile" if args.compile else "eager",
-                                "model": args.model, "world_size": world,
+                 lambda world: {"impl": "pytorch",
+                                "mode": "compile" if args.compile else "eager",
+        "recipe": "accrue_bridge" if args.accrue_bridge else "torch",
+                                "compile": args.compile, "model": args.model, "world_size": world,
                                 "micro_batch": args.micro_batch, "K": args.k,
                                 "seq_len": args.seq_len},
                  "torch_gpt2.py", "use --cpu --model tiny to check the script")

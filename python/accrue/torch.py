@@ -364,6 +364,7 @@ class AccumulationWindow:
             self._window = optim.Window(self._store, self._optimizer, window_options, self._reducer)
 
             self._last_micro_step = False  # the bridge's hooks feed the reducer
+            self._counts: Dict[float, torch.Tensor] = {}  # _count_tensor's
             self._data: List[torch.Tensor] = []
             self._grads: List[torch.Tensor] = []
             self._used = [False] * len(self._params)
@@ -455,7 +456,7 @@ class AccumulationWindow:
         if isinstance(count, torch.Tensor):
             n = count.detach().to(device=self._device, dtype=torch.float64).reshape(())
         else:
-            n = torch.tensor(float(count), dtype=torch.float64, device=self._device)
+            n = self._count_tensor(float(count))
         first = self._window.micro_step == 0
         if first:
             self._grad_arena.zero_()
@@ -482,6 +483,18 @@ class AccumulationWindow:
             self._last_micro_step = False
         written = _bridge.written_flags(self._store)
         _bridge.set_written_flags(self._store, [a or b for a, b in zip(written, self._used)])
+
+    def _count_tensor(self, count: float) -> torch.Tensor:
+        """A device tensor holding a number count, made once per value: torch copies a host
+        number to the GPU and then waits for the stream, which would stall every micro-step
+        on the work queued before it (a window's micro-batches usually share one count)."""
+        n = self._counts.get(count)
+        if n is None:
+            if len(self._counts) >= 64:  # varied counts (varlen batches): keep the newest
+                self._counts.pop(next(iter(self._counts)))
+            n = torch.tensor(count, dtype=torch.float64, device=self._device)
+            self._counts[count] = n
+        return n
 
     def ready(self) -> bool:
         """True after K micro-steps."""

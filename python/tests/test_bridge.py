@@ -166,6 +166,14 @@ def test_report_loss_is_token_mean():
     assert r.items == n
     assert abs(r.loss - expected) <= 1e-12 * abs(expected)
     assert r.grad_norm > 0
+    # A number count becomes a device tensor once per value (a copy from the host waits for
+    # the stream): a second window with the same counts makes none.
+    made = dict(window._counts)
+    assert len(made) == len({int((y != IGNORE).sum()) for _, y in batch})
+    for x, y in batch:
+        window.backward(loss_sum(model, x, y), int((y != IGNORE).sum()))
+    window.close()
+    assert all(window._counts[c] is t for c, t in made.items()) and len(window._counts) == len(made)
 
 
 def test_resume_is_bitwise():
