@@ -87,7 +87,7 @@ void register_rope() {
         s, [&] { kernels::rope(q, pos, 500000.0, RopeStyle::RotateHalf, RopeScaling::llama3()); });
     report_bandwidth(s, 2 * bytes_of(q) + bytes_of(pos), t);
   });
-  // Llama-125m's key heads, 4 of 64: 16 items a token (Note [Rotary kernel]).
+  // Llama-125m's key heads, 4 of 64 (Note [Rotary kernel]): 4 work items a token.
   register_gpu_benchmark("fused/rope/bf16/8x2048x4x64", [](benchmark::State& s) {
     const Tensor k = random_input({kBatch, kSeq, 4, 64}, DType::bf16);
     const Tensor pos = positions();

@@ -647,7 +647,7 @@ Tensor random_positions(const Shape& shape, int64_t hi) {
 TEST(GpuRope, matches_cpu_for_both_styles_scalings_and_head_dims) {
   ACCRUE_REQUIRE_CUDA();
   const RopeScaling llama3 = RopeScaling::llama3(8.0, 1.0, 4.0, 8192);
-  // 64 and 128 vectorized; 6 the scalar path; 1024 more pairs than one shared chunk.
+  // 64 and 128 vectorized; 6 the scalar path; 1024 more pairs than the shared inv_freq table.
   for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
     for (int64_t d : {64, 128, 6, 1024}) {
       for (RopeStyle style : {RopeStyle::RotateHalf, RopeStyle::Interleaved}) {
