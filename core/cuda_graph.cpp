@@ -24,6 +24,14 @@ bool graph_capturing() {
   return t_capturing;
 }
 
+ForeignCaptureScope::ForeignCaptureScope() : previous_(t_capturing) {
+  t_capturing = true;
+}
+
+ForeignCaptureScope::~ForeignCaptureScope() {
+  t_capturing = previous_;
+}
+
 void refuse_in_graph(const std::string& what) {
   if (t_capturing) throw GraphRefused(what);
 }

@@ -35,8 +35,24 @@ class GraphRefused : public Error {
   using Error::Error;
 };
 
-// True on this thread while CudaGraph::capture runs its callable.
+// True on this thread while CudaGraph::capture runs its callable, or while a
+// ForeignCaptureScope lives.
 bool graph_capturing();
+
+// Marks a capture accrue does not own, recording on this thread (the torch
+// bridge under torch.cuda.graph, Note [Window captured whole] in
+// optim/window.h): while it lives graph_capturing() is true, so accrue makes
+// the host decisions of Note [Capturable code] as under CudaGraph::capture.
+class ForeignCaptureScope {
+ public:
+  ForeignCaptureScope();
+  ~ForeignCaptureScope();
+  ForeignCaptureScope(const ForeignCaptureScope&) = delete;
+  ForeignCaptureScope& operator=(const ForeignCaptureScope&) = delete;
+
+ private:
+  bool previous_;
+};
 // Note [Capturable code]: throws GraphRefused naming `what` when called inside a capture.
 void refuse_in_graph(const std::string& what);
 

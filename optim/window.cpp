@@ -6,6 +6,7 @@
 
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/variable.h"
+#include "accrue/core/allocator.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/core/nvtx.h"
 #include "accrue/kernels/ops.h"
@@ -229,6 +230,59 @@ void Window::replay_micro_step(const std::vector<bool>& written_after) {
   store_.set_written_flags(written_after);
   ++micro_step_;
   index_checks_->set_position(windows_, micro_step_);
+}
+
+Window::WholeCapture Window::begin_whole_capture() const {
+  // Note [Window captured whole]: what a replay of the whole window would get wrong.
+  const char* op = "Window::begin_whole_capture";
+  ACCRUE_CHECK(micro_step_ == 0, op, ": the window has ", micro_step_, " of ",
+               options_.micro_steps(), " micro-steps done; capture from a window's start");
+  ACCRUE_CHECK(sync_ == nullptr, op,
+               ": a GradientSync launches its all-reduces from host hooks, which a replay "
+               "does not run; capture one process's window");
+  ACCRUE_CHECK(listeners_.empty(), op, ": the Window has ", listeners_.size(),
+               " listener(s), which act on the host at close");
+  for (const auto& stage : stages_)
+    if (const char* why = stage->why_not_capturable()) ACCRUE_FAIL(op, ": ", why);
+  ACCRUE_CHECK(ctx_->state.device().is_cuda(), op, ": the window's arena is on ",
+               ctx_->state.device().str(), "; CUDA graphs are CUDA's");
+  ACCRUE_CHECK(cuda_allocator_mode() == CudaAllocatorMode::StreamOrderedPool, op,
+               ": the CUDA allocator is in plain mode, whose cudaMalloc a graph does not record");
+  ACCRUE_CHECK(!calibrating(), op,
+               ": the scaler calibrates during the first window (Note [Scale calibration]); "
+               "capture after it");
+  return {micro_step_, windows_, store_.written_flags()};
+}
+
+std::vector<bool> Window::end_whole_capture(const WholeCapture& before) {
+  const int64_t closed = windows_ - before.windows, left = micro_step_;
+  std::vector<bool> written = store_.written_flags();
+  // Note [Window captured whole]: the capture ran nothing.
+  windows_ = before.windows;
+  micro_step_ = before.micro_step;
+  store_.set_written_flags(before.written);
+  index_checks_->set_position(windows_, micro_step_);
+  ACCRUE_CHECK(closed == 1 && left == 0, "Window::end_whole_capture: the capture recorded ", closed,
+               " close(s) and left ", left, " micro-step(s) open; it must hold exactly ",
+               options_.micro_steps(), " backward() calls and one close()");
+  return written;
+}
+
+void Window::before_whole_replay(const std::vector<bool>& written) {
+  const char* op = "Window::before_whole_replay";
+  ACCRUE_CHECK(micro_step_ == 0, op, ": the window has ", micro_step_,
+               " micro-steps done eagerly; a replay is a whole window");
+  ACCRUE_CHECK(written.size() == store_.size(), op, ": ", written.size(),
+               " written flags for a store of ", store_.size(), " slots");
+  // Note [Unused parameters]: before the replayed close steps, as before an eager one.
+  check_unused(written, windows_ + 1, op);
+  optimizer_.store_hyperparameters(windows_);
+}
+
+void Window::after_whole_replay(const std::vector<bool>& written) {
+  for (int64_t k = 0; k < options_.micro_steps(); ++k)
+    replay_micro_step(written);
+  close_host();
 }
 
 void Window::add_listener(WindowListener* listener) {

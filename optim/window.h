@@ -289,6 +289,41 @@ class Window {
   void add_listener(WindowListener* listener);
   void remove_listener(WindowListener* listener);
   int64_t windows_closed() const { return windows_; }
+
+  // Note [Window captured whole]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A caller that records a whole window (its K backward() calls and the
+  // close(), on the current stream) in a CUDA graph of its own, as the torch
+  // bridge does under torch.cuda.graph, brackets the capture with
+  // begin_whole_capture / end_whole_capture and each replay with
+  // before_whole_replay / after_whole_replay:
+  //  - begin refuses what a replay would get wrong (as GraphedWindow keeps
+  //    it eager, Note [Graphed window]): a window already begun, a
+  //    GradientSync (its all-reduces launch from host hooks), listeners (they
+  //    act on the host at close), a stage that is not capturable, the CPU,
+  //    the plain CUDA allocator, a calibrating scaler. The caller holds a
+  //    ForeignCaptureScope while the capture records (Note [Capturable code]).
+  //  - The capture ran nothing, but the host counted a window: end puts the
+  //    host state back (micro-step, window count, written flags) and checks
+  //    that exactly one whole window was recorded; it returns the written
+  //    flags the capture left, which each replay repeats.
+  //  - before_whole_replay checks the unused parameters (Note [Unused
+  //    parameters]) and stores this window's learning rates on the device
+  //    (Note [Hyperparameters on the device]: the schedule moves every window
+  //    and the captured pass reads them there); after_whole_replay repeats the
+  //    host bookkeeping of the K micro-steps and of the close.
+  // The step counts, the loss scale and N live on the device already, so a
+  // replay updates the weights bitwise as the eager window does.
+  struct WholeCapture {
+    int64_t micro_step = 0;
+    int64_t windows = 0;
+    std::vector<bool> written;
+  };
+  WholeCapture begin_whole_capture() const;
+  std::vector<bool> end_whole_capture(const WholeCapture& before);
+  void before_whole_replay(const std::vector<bool>& written);
+  void after_whole_replay(const std::vector<bool>& written);
+
   // One host synchronization. Throws the first bad index seen on the device
   // since the host last looked (Note [Deferred index checks]), naming the op,
   // the value, the valid range, the window and the micro-step; that window's

@@ -365,6 +365,8 @@ class AccumulationWindow:
 
             self._last_micro_step = False  # the bridge's hooks feed the reducer
             self._counts: Dict[float, torch.Tensor] = {}  # _count_tensor's
+            self._capturing = False  # inside capture(): Note [Window captured whole]
+            self._graphs: Dict[int, Tuple[Any, List[bool]]] = {}  # capture(): id -> (graph, flags)
             self._data: List[torch.Tensor] = []
             self._grads: List[torch.Tensor] = []
             self._used = [False] * len(self._params)
@@ -461,7 +463,7 @@ class AccumulationWindow:
         if first:
             self._grad_arena.zero_()
             self._used = [False] * len(self._params)
-        with _on_torch_stream(self._device):  # Note [Torch bridge streams]
+        with _on_torch_stream(self._device), self._capture_scope():
             probe = accrue.from_dlpack(loss_sum.detach().to(master).reshape(()).clone())
             probe.requires_grad_()
             self._window.backward(probe, accrue.from_dlpack(n.clone()))
@@ -490,6 +492,12 @@ class AccumulationWindow:
         on the work queued before it (a window's micro-batches usually share one count)."""
         n = self._counts.get(count)
         if n is None:
+            if self._capturing:
+                raise RuntimeError(
+                    f"AccumulationWindow.backward: a count of {count:g} while a CUDA graph "
+                    "records; its copy to the device cannot be captured: pass the count as a "
+                    "device tensor, or run an eager window with the same counts first"
+                )
             if len(self._counts) >= 64:  # varied counts (varlen batches): keep the newest
                 self._counts.pop(next(iter(self._counts)))
             n = torch.tensor(count, dtype=torch.float64, device=self._device)
@@ -510,8 +518,82 @@ class AccumulationWindow:
                 f"{self._window.micro_steps - self._window.micro_step} more time(s) first"
             )
         self._check_model("close")
-        with _on_torch_stream(self._device):  # Note [Torch bridge streams]
+        with _on_torch_stream(self._device), self._capture_scope():
             self._window.close()
+
+    # ---- CUDA graphs
+
+    def _capture_scope(self) -> Any:
+        """Note [Window captured whole]: accrue decides as under its own captures while
+        capture() records (and the streams are Note [Torch bridge streams]'s)."""
+        return _bridge.CaptureScope() if self._capturing else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def capture(self, graph: Any, **graph_kwargs: Any) -> Any:
+        """Records one whole window into a ``torch.cuda.CUDAGraph``: the block runs the K
+        ``backward()`` calls (forwards included) and ``close()`` on static inputs, inside
+        ``torch.cuda.graph(graph, **graph_kwargs)``; ``replay(graph)`` then runs a window.
+
+            for _ in range(2):  # eager windows first: workspaces, plans, the counts' tensors
+                ...
+            graph = torch.cuda.CUDAGraph()
+            with window.capture(graph):
+                for k in range(K):
+                    window.backward(loss_sum(model, xs[k], ys[k]), counts[k])
+                window.close()
+            for batch in windows:
+                ...copy the batch into xs, ys, counts...
+                window.replay(graph)
+
+        A replay updates the weights bitwise as the eager window does: the step counts,
+        the loss scale and N live on the device, and replay() stores each window's learning
+        rates there first (Note [Window captured whole] in optim/window.h, which also says
+        what is refused: a process group, a noise scale or norm under the backward, a
+        calibrating scaler). The same parameters must receive gradients in every replay (the
+        close's zeroing of the unused ones is recorded). ``capture_error_mode`` defaults to
+        "thread_local", as accrue's own captures."""
+        if self._device.type != "cuda":
+            raise RuntimeError(
+                f"AccumulationWindow.capture: the parameters are on {self._device}; CUDA "
+                "graphs are CUDA's"
+            )
+        if self._capturing:
+            raise RuntimeError("AccumulationWindow.capture: already capturing")
+        self._check_model("capture")
+        before = _bridge.begin_whole_capture(self._window)
+        used = list(self._used)
+        graph_kwargs.setdefault("capture_error_mode", "thread_local")
+        self._capturing = True
+        try:
+            with torch.cuda.graph(graph, **graph_kwargs):
+                yield
+        except BaseException:
+            self._capturing = False
+            with contextlib.suppress(Exception):  # the block's error is the one to see
+                _bridge.end_whole_capture(self._window, before)
+            self._used = used
+            raise
+        self._capturing = False
+        self._used = used
+        written = _bridge.end_whole_capture(self._window, before)
+        self._graphs[id(graph)] = (graph, written)
+
+    def replay(self, graph: Any) -> None:
+        """One window from a graph that capture() recorded: its learning rates stored on the
+        device, the graph replayed on torch's current stream, the host's counts advanced."""
+        entry = self._graphs.get(id(graph))
+        if entry is None or entry[0] is not graph:
+            raise RuntimeError(
+                "AccumulationWindow.replay: this graph was not recorded by this window's "
+                "capture()"
+            )
+        written = entry[1]
+        self._check_model("replay")
+        with _on_torch_stream(self._device):
+            _bridge.before_whole_replay(self._window, written)
+            graph.replay()
+            _bridge.after_whole_replay(self._window, written)
+        self._used = list(written)
 
     def report(self) -> optim.WindowReport:
         """The last closed window's loss (sum / N), N, grad_norm, clip_coef, loss_scale,

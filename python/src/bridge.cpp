@@ -12,9 +12,11 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "accrue/core/cuda_graph.h"
 #include "accrue/core/cuda_runtime.h"
 #include "accrue/core/error.h"
 #include "accrue/optim/param_store.h"
+#include "accrue/optim/window.h"
 #include "bindings.h"
 
 namespace accrue::python {
@@ -62,24 +64,80 @@ class StreamScope {
   std::optional<StreamGuard> guard_;
 };
 
+// A ForeignCaptureScope for Python's `with`: entered while torch.cuda.graph
+// records the bridge's calls (Note [Window captured whole]).
+class CaptureScope {
+ public:
+  void enter() {
+    ACCRUE_CHECK(!scope_.has_value(), "bridge.CaptureScope: already entered");
+    scope_.emplace();
+  }
+  void exit() { scope_.reset(); }
+
+ private:
+  std::optional<ForeignCaptureScope> scope_;
+};
+
+// __enter__ and __exit__ for a scope class with enter() and exit().
+template <class Scope>
+void bind_with_statement(nb::class_<Scope>& c, const char* exit_doc) {
+  c.def(
+       "__enter__",
+       [](Scope& s) -> Scope& {
+         s.enter();
+         return s;
+       },
+       nb::rv_policy::reference)
+      .def(
+          "__exit__", [](Scope& s, nb::args) { s.exit(); }, exit_doc);
+}
+
 }  // namespace
 
 void bind_bridge(nb::module_& m) {
-  nb::class_<StreamScope>(m, "StreamScope",
-                          "with StreamScope(device, stream): accrue's work on CUDA device "
-                          "`device` goes to `stream` (a cudaStream_t as an integer, 0 for the "
-                          "legacy default stream; torch.cuda.Stream.cuda_stream) on this thread "
-                          "(Note [Torch bridge streams]).")
-      .def(nb::init<int, uintptr_t>(), nb::arg("device"), nb::arg("stream"))
-      .def(
-          "__enter__",
-          [](StreamScope& s) -> StreamScope& {
-            s.enter();
-            return s;
-          },
-          nb::rv_policy::reference)
-      .def(
-          "__exit__", [](StreamScope& s, nb::args) { s.exit(); }, "Restores the previous stream.");
+  nb::class_<StreamScope> stream_scope(
+      m, "StreamScope",
+      "with StreamScope(device, stream): accrue's work on CUDA device `device` goes to `stream` "
+      "(a cudaStream_t as an integer, 0 for the legacy default stream; "
+      "torch.cuda.Stream.cuda_stream) on this thread (Note [Torch bridge streams]).");
+  stream_scope.def(nb::init<int, uintptr_t>(), nb::arg("device"), nb::arg("stream"));
+  bind_with_statement(stream_scope, "Restores the previous stream.");
+  nb::class_<CaptureScope> capture_scope(
+      m, "CaptureScope",
+      "with CaptureScope(): accrue treats this thread as recording a CUDA graph it does not own "
+      "(torch.cuda.graph), deciding on the host as under its own captures "
+      "(Note [Window captured whole]).");
+  capture_scope.def(nb::init<>());
+  bind_with_statement(capture_scope, "Ends the scope.");
+  // Note [Window captured whole]: the four calls around a capture of a whole window and
+  // around each replay; the host state in between travels as a WholeCapture.
+  nb::class_<optim::Window::WholeCapture>(m, "WholeCapture",
+                                          "The Window's host state before a capture of a whole "
+                                          "window (Note [Window captured whole]).");
+  m.def(
+      "begin_whole_capture", [](const optim::Window& w) { return w.begin_whole_capture(); },
+      nb::arg("window"),
+      "Refuses what a replayed whole window would get wrong; returns the host state to restore.");
+  m.def(
+      "end_whole_capture",
+      [](optim::Window& w, const optim::Window::WholeCapture& before) {
+        const std::vector<bool> f = w.end_whole_capture(before);
+        return std::vector<bool>(f.begin(), f.end());
+      },
+      nb::arg("window"), nb::arg("before"),
+      "Puts the host state back (the capture ran nothing); returns the written flags each "
+      "replay repeats.");
+  m.def(
+      "before_whole_replay",
+      [](optim::Window& w, const std::vector<bool>& written) { w.before_whole_replay(written); },
+      nb::arg("window"), nb::arg("written"),
+      "The unused-parameter check and this window's learning rates on the device, before a "
+      "replay.");
+  m.def(
+      "after_whole_replay",
+      [](optim::Window& w, const std::vector<bool>& written) { w.after_whole_replay(written); },
+      nb::arg("window"), nb::arg("written"),
+      "The K micro-steps' and the close's host bookkeeping, after a replay.");
   // Note [Overwrite first] zeroes at the close the slots accrue's backward
   // did not write; PyTorch's AccumulateGrad writes them behind accrue's back,
   // so the bridge tells the store which ones it wrote.

@@ -569,3 +569,82 @@ def test_cuda_bf16_dynamic_scaler_and_resume():
     run(c, wc, batches[1:])
     for p, q in zip(a.parameters(), c.parameters()):
         assert torch.equal(p.detach(), q.detach())
+
+
+# Note [Window captured whole]: a window recorded whole into a torch CUDA
+# graph and replayed gives the eager windows' weights and report bit for bit,
+# with an LR schedule that moves every window (each replay stores its rates).
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_replays_the_eager_windows_bitwise(dtype):
+    torch.manual_seed(0)
+    base = MLP(dtype).cuda()
+    gen = torch.Generator().manual_seed(11)
+    batches = [[(x.cuda(), y.cuda()) for x, y in micro_batches(gen, dtype)] for _ in range(6)]
+
+    def make(model):
+        return AccumulationWindow(model, lr=1e-2, micro_steps=K, max_grad_norm=0.5,
+                                  lr_schedule=lambda step: 1.0 / (1 + step))
+
+    eager = copy.deepcopy(base)
+    we = make(eager)
+    window_steps(we, eager, batches)
+
+    graphed = copy.deepcopy(base)
+    wg = make(graphed)
+    side = torch.cuda.Stream()  # torch.cuda.graph's advice: warm up on a side stream
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        window_steps(wg, graphed, batches[:2])
+    torch.cuda.current_stream().wait_stream(side)
+    xs = [x.clone() for x, _ in batches[2]]
+    ys = [y.clone() for _, y in batches[2]]
+    counts = [(y != IGNORE).sum().to(torch.float64) for y in ys]
+    graph = torch.cuda.CUDAGraph()
+    with wg.capture(graph):
+        for k in range(K):
+            wg.backward(loss_sum(graphed, xs[k], ys[k]), counts[k])
+        wg.close()
+    assert (wg.windows_closed, wg.micro_step) == (2, 0)  # the capture ran nothing
+    for w in batches[2:]:
+        for k, (x, y) in enumerate(w):
+            xs[k].copy_(x)
+            ys[k].copy_(y)
+            counts[k].copy_((y != IGNORE).sum())
+        wg.replay(graph)
+    assert wg.windows_closed == we.windows_closed == 6
+    for (name, a), b in zip(graphed.named_parameters(), eager.parameters()):
+        assert torch.equal(a.detach(), b.detach()), name
+    ra, rb = wg.report(), we.report()
+    assert (ra.loss, ra.items, ra.grad_norm) == (rb.loss, rb.items, rb.grad_norm)
+
+
+@cuda
+def test_cuda_graph_capture_refusals():
+    torch.manual_seed(0)
+    model = MLP(torch.float32).cuda()
+    window = AccumulationWindow(model, lr=1e-2, micro_steps=K)
+    x, y = micro_batches(torch.Generator().manual_seed(1), torch.float32)[0]
+    x, y = x.cuda(), y.cuda()
+    # A number count never seen eagerly cannot be copied to the device inside a capture.
+    with pytest.raises(RuntimeError, match="count of .* while a CUDA graph records"):
+        with window.capture(torch.cuda.CUDAGraph()):
+            window.backward(loss_sum(model, x, y), 17)
+    assert window.micro_step == 0  # the host state is back
+    # A block that is not one whole window.
+    with pytest.raises(Exception, match="exactly 4 backward"):
+        with window.capture(torch.cuda.CUDAGraph()):
+            window.backward(loss_sum(model, x, y), (y != IGNORE).sum())
+    assert window.micro_step == 0
+    with pytest.raises(RuntimeError, match="not recorded by this window"):
+        window.replay(torch.cuda.CUDAGraph())
+
+
+def test_capture_is_cuda_only():
+    model = MLP(torch.float64)
+    window = AccumulationWindow(model, lr=1e-2, micro_steps=K)
+    with pytest.raises(RuntimeError, match="CUDA graphs are CUDA's"):
+        with window.capture(object()):
+            pass
+    with pytest.raises(RuntimeError, match="not recorded by this window"):
+        window.replay(object())

@@ -113,5 +113,67 @@ TEST(CloseStages, every_stage_names_what_it_reads_and_writes) {
   }
 }
 
+// Note [Window captured whole]: the host bookkeeping around a capture of a
+// whole window and its replays, here around eager windows on the CPU (the
+// capture itself is CUDA's: python/tests/test_bridge.py replays one against
+// the eager windows, bitwise).
+TEST(WindowCapturedWhole, the_capture_counts_nothing_and_each_replay_one_window) {
+  Fixture f;
+  optim::Window w(f.store, f.opt, optim::WindowOptions().micro_steps(2));
+  const Tensor x = test::random_normal({5, 3}, DType::f64);
+  const Tensor y = from_vector<int64_t>({0, 1, 1, 0, 1}, {5});
+  const optim::Window::WholeCapture before{w.micro_step(), w.windows_closed(),
+                                           f.store.written_flags()};
+  for (int k = 0; k < 2; ++k)  // what a capture records runs eagerly here
+    w.backward(cross_entropy(f.model.forward(x), y));
+  w.close();
+  const std::vector<bool> written = w.end_whole_capture(before);
+  EXPECT_EQ(w.windows_closed(), 0);
+  EXPECT_EQ(w.micro_step(), 0);
+  EXPECT_EQ(written, std::vector<bool>(f.store.size(), true));
+  EXPECT_EQ(f.store.written_flags(), before.written);
+  for (int replay = 1; replay <= 3; ++replay) {
+    w.before_whole_replay(written);
+    w.after_whole_replay(written);
+    EXPECT_EQ(w.windows_closed(), replay);
+    EXPECT_EQ(w.micro_step(), 0);
+    EXPECT_EQ(f.store.written_flags(), written);
+  }
+}
+
+TEST(WindowCapturedWhole, a_capture_of_less_or_more_than_one_window_is_an_error) {
+  Fixture f;
+  optim::Window w(f.store, f.opt, optim::WindowOptions().micro_steps(2));
+  const Tensor x = test::random_normal({5, 3}, DType::f64);
+  const Tensor y = from_vector<int64_t>({0, 1, 1, 0, 1}, {5});
+  const optim::Window::WholeCapture before{0, 0, f.store.written_flags()};
+  w.backward(cross_entropy(f.model.forward(x), y));
+  EXPECT_ERROR(w.end_whole_capture(before), "end_whole_capture", "0 close(s)", "1 micro-step(s)",
+               "exactly 2 backward() calls and one close()");
+  EXPECT_EQ(w.micro_step(), 0);  // the host state is put back all the same
+  EXPECT_EQ(w.windows_closed(), 0);
+}
+
+TEST(WindowCapturedWhole, what_a_replay_would_get_wrong_is_refused_at_the_start) {
+  Fixture f;
+  optim::Window w(f.store, f.opt, optim::WindowOptions().micro_steps(2));
+  EXPECT_ERROR(w.begin_whole_capture(), "begin_whole_capture", "cpu", "CUDA graphs are CUDA's");
+  const Tensor x = test::random_normal({5, 3}, DType::f64);
+  const Tensor y = from_vector<int64_t>({0, 1, 1, 0, 1}, {5});
+  w.backward(cross_entropy(f.model.forward(x), y));
+  EXPECT_ERROR(w.begin_whole_capture(), "begin_whole_capture", "1 of 2 micro-steps",
+               "capture from a window's start");
+  EXPECT_ERROR(w.before_whole_replay(f.store.written_flags()), "before_whole_replay",
+               "1 micro-steps done eagerly");
+  FakeSync sync;
+  optim::Optimizer opt2{optim::SGDOptions(0.1)};
+  optim::Window synced(f.store, opt2, optim::WindowOptions().micro_steps(2), &sync);
+  EXPECT_ERROR(synced.begin_whole_capture(), "begin_whole_capture", "GradientSync");
+  optim::Optimizer opt3{optim::SGDOptions(0.1)};
+  optim::Window noisy(f.store, opt3, optim::WindowOptions().micro_steps(2).noise_scale(2));
+  EXPECT_ERROR(noisy.begin_whole_capture(), "begin_whole_capture",
+               "the noise scale decides on the host");
+}
+
 }  // namespace
 }  // namespace accrue
