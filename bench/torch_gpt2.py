@@ -39,6 +39,9 @@ above and the norm clipped at 1.0:
         window.backward(loss_sum, B * T)              # the micro-batch's tokens
     window.close()                                    # divides by N = K B T once
 
+With --cuda-graphs the first window runs eagerly and the others replay it
+from a torch.cuda.CUDAGraph (window.capture(graph) around the loop above,
+then window.replay(graph); one GPU; close_ms_median is then null).
 The window zeroes its gradient arena at micro-step 0 (zero_grad's work).
 --compile compiles the model after the window is built (the window's hooks
 are on the parameters, outside the compiled graph). window.report() reads the device
@@ -93,7 +96,7 @@ it): mode (eager or compile), recipe ("torch", or "accrue_bridge" for
 world_size, micro_batch, K, seq_len, tokens_per_window (all ranks),
 tokens_per_s (all ranks), window_ms, window_ms_min, peak_mem_gib,
 accrue_arena_gib (the bridge's arenas, in peak_mem_gib; null otherwise),
-close_ms_median, mfu, loss (the last window's token mean), gpu, torch,
+close_ms_median, cuda_graphs, mfu, loss (the last window's token mean), gpu, torch,
 params; on out-of-memory (torch's or accrue's allocator) the same line with
 "error": "out of memory" (exit status 3).
 
@@ -186,6 +189,9 @@ def parse_args():
     p.add_argument("--accrue-bridge", action="store_true",
                    help="train through accrue.torch.AccumulationWindow instead of "
                         "torch.optim.AdamW (and DDP under torchrun); see above")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="with --accrue-bridge: each window after the first replayed from a "
+                        "torch.cuda.CUDAGraph (AccumulationWindow.capture / replay)")
     p.add_argument("--warmup", type=int, default=3, help="untimed windows first")
     p.add_argument("--windows", type=int, default=10, help="timed windows")
     p.add_argument("--lr", type=float, default=6e-4)
@@ -208,6 +214,9 @@ def parse_args():
         p.error(f"--seq-len {args.seq_len}: GPT-2's context is 1 to 1024")
     if args.bucket_cap_mb <= 0:
         p.error(f"--bucket-cap-mb {args.bucket_cap_mb} must be positive")
+    if args.cuda_graphs and (not args.accrue_bridge or args.cpu or launch_env()[0] > 1):
+        p.error("--cuda-graphs is the bridge's (--accrue-bridge), on one CUDA device (a "
+                "window's all-reduces launch from host hooks, which a replay does not run)")
     if args.accrue_bridge and args.cpu and launch_env()[0] > 1:
         p.error("--accrue-bridge under torchrun needs CUDA: the bridge all-reduces over NCCL")
     return args
@@ -450,13 +459,27 @@ def bridge_recipe(torch, args, model, world, rank, device, vocab, autocast, time
     # Compiled after the window has moved the parameters into its arenas (their .data).
     step_model = torch.compile(model) if args.compile else model
     batches = random_batches(torch, args, device, vocab, rank)
-    def window():
+    graph = None
+
+    def micro_steps():
         for k in range(K):
             x, y = batches[k % len(batches)]
             with autocast():
                 loss_sum = step_model(x, y)
             win.backward(loss_sum, B * T)  # the close divides by the window's N
-        timed_close(win.close)
+
+    def window():
+        nonlocal graph
+        if not args.cuda_graphs or win.windows_closed == 0:
+            micro_steps()  # eager (the graph's warm-up: workspaces, plans, the count's tensor)
+            timed_close(win.close)
+            return
+        if graph is None:  # the batches are the same tensors every window: the static inputs
+            graph = torch.cuda.CUDAGraph()
+            with win.capture(graph):
+                micro_steps()
+                win.close()
+        win.replay(graph)  # the whole window: no close of its own to time
 
     # report() reads the device back: only after the timing. Its loss is sum / N, the
     # window's token mean (over all ranks).
@@ -506,8 +529,10 @@ def run(torch, args, world, rank, device):
     if not math.isfinite(loss):
         raise RuntimeError(f"the last window's loss is {loss}")
     # The timed windows' closes (time_windows has waited for the last window's mark).
+    # (None under --cuda-graphs: a replayed window has no close of its own.)
     close_ms = [start.elapsed_time(end) for start, end in closes[-args.windows:]]
-    close_median = max_over_ranks(torch, [statistics.median(close_ms)], device)[0]
+    close_median = (max_over_ranks(torch, [statistics.median(close_ms)], device)[0]
+                    if len(close_ms) == args.windows else None)
 
     f = rank_figures(torch, args, device, window_ms, tokens_per_window, world, outside_bytes)
     median_ms, min_ms, peak_bytes, all_tokens = f["median_ms"], f["min_ms"], f["peak_bytes"], \
@@ -537,6 +562,7 @@ def run(torch, args, world, rank, device):
         "peak_mem_gib": peak_bytes / 2**30,
         "accrue_arena_gib": outside_bytes / 2**30 if args.accrue_bridge else None,
         "close_ms_median": close_median,
+        "cuda_graphs": args.cuda_graphs,
         "mfu": mfu,
         "loss": loss,
         "warmup": args.warmup,
