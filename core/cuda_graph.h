@@ -53,6 +53,7 @@ class ForeignCaptureScope {
  private:
   bool previous_;
 };
+
 // Note [Capturable code]: throws GraphRefused naming `what` when called inside a capture.
 void refuse_in_graph(const std::string& what);
 
