@@ -14,6 +14,14 @@ class WindowListener {
   virtual void on_window_close() = 0;
   // The window's micro-steps so far were dropped (optim::Window::restart).
   virtual void on_window_restart() = 0;
+  // Note [Graphed window]: why replaying the micro-steps and the close from
+  // CUDA graphs would leave this listener wrong (its host state follows the
+  // forwards, which a replay does not run), or null when it would not. A
+  // replayed close still calls on_window_close, eagerly, after the graph.
+  // Unknown listeners are assumed to keep host state.
+  virtual const char* why_not_capturable() const {
+    return "a WindowListener that does not say it follows replays";
+  }
 };
 
 }  // namespace accrue

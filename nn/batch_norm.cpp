@@ -146,6 +146,13 @@ void BatchNorm::on_window_close() {
                     : m);
 }
 
+const char* BatchNorm::why_not_capturable() const {
+  if (options_.sync != nullptr) return "BatchNorm's statistics sync all-reduces from the host";
+  if (options_.statistics == BatchNormStatistics::Window && options_.compound_momentum)
+    return "BatchNorm's compound_momentum counts its forwards on the host";
+  return nullptr;
+}
+
 void BatchNorm::begin_recompute() {
   saved_statistics_ = options_.statistics;
   options_.statistics = BatchNormStatistics::Window;

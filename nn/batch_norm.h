@@ -89,6 +89,10 @@ class BatchNorm : public Module, public WindowListener {
   Tensor forward(const Tensor& x);
 
   void on_window_close() override;
+  // Window statistics are device arithmetic, but compound_momentum counts the
+  // forwards on the host (Note [Window statistics]), which replays do not run,
+  // and a statistics sync all-reduces from the host.
+  const char* why_not_capturable() const override;
   void on_window_restart() override;
 
   // recompute_batch_norm_statistics' two halves: forwards in between merge

@@ -1,6 +1,8 @@
 #include "accrue/optim/graphed_window.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <numeric>
 #include <sstream>
 #include <utility>
 
@@ -15,16 +17,14 @@ GraphedWindow::GraphedWindow(Window& window, StepFn step)
   // Note [Graphed window]: what keeps everything, or the close, eager.
   for (const auto& stage : window.stages_)
     if (const char* why = stage->why_not_capturable(); why && why_eager_.empty()) why_eager_ = why;
+  for (const WindowListener* l : window.listeners_)
+    if (const char* why = l->why_not_capturable(); why && why_eager_.empty()) why_eager_ = why;
   if (!why_eager_.empty()) {
   } else if (window.state().device().is_cuda() &&
              cuda_allocator_mode() != CudaAllocatorMode::StreamOrderedPool) {
     why_eager_ = "the CUDA allocator is in plain mode, whose cudaMalloc a graph does not record";
   }
-  if (window.sync_) {
-    why_close_eager_ = "the reducer launches its all-reduces from host hooks";
-  } else if (!window.listeners_.empty()) {
-    why_close_eager_ = "the Window has listeners, which act on the host at close";
-  }
+  if (window.sync_) why_close_eager_ = "the reducer launches its all-reduces from host hooks";
   if (!why_eager_.empty()) {
     warn("every micro-step and close", why_eager_);
   } else if (!why_close_eager_.empty()) {
@@ -46,6 +46,27 @@ std::string GraphedWindow::signature(const std::vector<Tensor>& inputs) const {
   }
   return s.str();
 }
+
+namespace {
+
+// A buffer for input t laid out as t is (its dims in the order of their
+// strides, densely): a channels-last image batch gets a channels-last buffer,
+// so the captured step sees the layout its eager warm-up saw (the
+// convolutions' plans were made for it).
+Tensor buffer_like(const Tensor& t) {
+  std::vector<int64_t> order(static_cast<size_t>(t.dim()));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+  Shape physical, inverse(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    physical.push_back(t.size(order[i]));
+    inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+  }
+  return empty(physical, t.dtype(), t.device()).permute(inverse);
+}
+
+}  // namespace
 
 void GraphedWindow::eager_micro_step(const std::vector<Tensor>& inputs) {
   window_.backward(step_(inputs));
@@ -108,7 +129,7 @@ void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
   }
   if (buffers_.empty()) {
     for (const Tensor& t : inputs)
-      buffers_.push_back(empty(t.shape(), t.dtype(), t.device()));
+      buffers_.push_back(buffer_like(t));
   }
   for (size_t i = 0; i < inputs.size(); ++i)
     buffers_[i].copy_(inputs[i]);

@@ -17,7 +17,9 @@
 //  - phase "first" (micro-step 0) writes every gradient slot with beta 0, and
 //    phase "rest" (micro-steps 1..K-1) adds with beta 1 (Note [Overwrite
 //    first]): two graphs, because the GEMMs' beta is a kernel argument;
-//  - the inputs are copied into buffers the graphs read (a device copy each);
+//  - the inputs are copied into buffers the graphs read (a device copy each),
+//    laid out as the inputs were (a channels-last batch, a channels-last
+//    buffer: the layout the eager warm-up's convolution plans were made for);
 //  - each (phase) is run eagerly the first time it is seen, which creates
 //    the cuBLASLt workspace, the cuDNN plans and anything else made on first
 //    use, and is captured the second time (Note [Capturable code] in
@@ -29,7 +31,10 @@
 // The close is captured the same way (Window::close_device), keyed on the
 // written flags and K, and replayed after the optimizer stores this window's
 // learning rates on the device (Note [Hyperparameters on the device]); the
-// window count and listeners then advance on the host (Window::close_host).
+// window count and listeners then advance on the host (Window::close_host):
+// a listener's on_window_close (BatchNorm's adoption of the window's
+// statistics, Note [Window statistics]) runs eagerly after the graph, as
+// after an eager close.
 //
 // Each successful capture ends with release_unused_cuda_memory (one host
 // synchronization, once per graph): graph memory nodes draw on a pool of
@@ -49,7 +54,9 @@
 //    all-reduces are launched from the backward's hooks on its own stream,
 //    and run eagerly around the graphs of the earlier micro-steps;
 //  - with norm_under_backward or the noise scale, everything (their host
-//    decisions change from window to window); with listeners, the close.
+//    decisions change from window to window); with a listener whose host
+//    state follows the forwards (WindowListener::why_not_capturable:
+//    BatchNorm's compound_momentum or statistics sync), everything.
 // On the CPU every call is eager, silently: graphs are CUDA's.
 //
 // The step function must not keep tensors it made past its return (the

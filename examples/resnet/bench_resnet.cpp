@@ -3,7 +3,7 @@
 //   accrue_resnet_bench [--model resnet50|resnet18] [--image-size S] [--micro-batch B] [--k K]
 //                       [--dtype bf16|f16|f32] [--channels-last] [--classes C]
 //                       [--warmup N] [--windows N] [--no-pointwise-gemm] [--conv-timed]
-//                       [--conv-nondeterministic] [--conv-16-bit-wgrad] [--cpu]
+//                       [--conv-nondeterministic] [--conv-16-bit-wgrad] [--cuda-graphs] [--cpu]
 //
 // Trains on synthetic images (normal noise, a new batch for every
 // micro-step, drawn on the device before the timed windows) with random
@@ -13,7 +13,10 @@
 // inputs and lays its weights out channels-last (nn::Module::to_channels_last),
 // and the model stays channels-last (Note [Channels-last results]);
 // --no-pointwise-gemm sends its 1 x 1 convolutions to cuDNN instead of
-// cuBLASLt (Note [Pointwise convolution as a GEMM]). Windows are timed with
+// cuBLASLt (Note [Pointwise convolution as a GEMM]); --cuda-graphs replays the
+// micro-steps and the close from CUDA graphs (optim::GraphedWindow, Note
+// [Graphed window]; BatchNorm's window statistics adopted eagerly after each
+// replayed close). Windows are timed with
 // CUDA events after the warm-up windows (on the CPU, with the host clock),
 // and the last line is one JSON object: images/s and window time (medians),
 // the allocator's peak memory, and the configuration. bench/resnet_bench.py
@@ -21,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -52,6 +56,7 @@ struct Options {
   int64_t windows = 5;
   bool pointwise_gemm = true;
   kernels::ConvAlgorithmPolicy conv;
+  bool cuda_graphs = false;
   bool cpu = false;
 };
 
@@ -80,6 +85,9 @@ bool parse(int argc, char** argv, Options& o) {
   cli.integer("--classes", &o.classes, "C", "output classes").min(2);
   cli.integer("--warmup", &o.warmup, "N", "untimed windows first").min(0);
   cli.integer("--windows", &o.windows, "N", "timed windows, median reported").min(1);
+  cli.flag("--cuda-graphs", &o.cuda_graphs,
+           "replay the micro-steps and the close as CUDA graphs (optim::GraphedWindow; eager on "
+           "the CPU)");
   cli.flag("--cpu", &o.cpu, "run on the CPU backend (default: GPU 0 when there is one)");
   return cli.parse(argc, argv);
 }
@@ -127,10 +135,24 @@ int bench(int argc, char** argv) {
     const Tensor y = randint(0, opt.classes, {b}, DType::i64, Device::cpu(), &data).to(device);
     batches.emplace_back(x, y);
   }
+  std::unique_ptr<optim::GraphedWindow> graphed;
+  if (opt.cuda_graphs) {
+    graphed = std::make_unique<optim::GraphedWindow>(window, [&](const std::vector<Tensor>& in) {
+      return cross_entropy(model.forward(in[0]), in[1]);
+    });
+  }
   int64_t step = 0;
   const std::vector<double> window_ms = time_windows(device, opt.warmup, opt.windows, [&] {
-    run_window(model, window, opt.k,
-               [&](int64_t) { return batches[static_cast<size_t>(step++ % 2)]; });
+    if (!graphed) {
+      run_window(model, window, opt.k,
+                 [&](int64_t) { return batches[static_cast<size_t>(step++ % 2)]; });
+      return;
+    }
+    for (int64_t m = 0; m < opt.k; ++m) {
+      const auto& [x, y] = batches[static_cast<size_t>(step++ % 2)];
+      graphed->backward({x, y});
+    }
+    graphed->close();
   });
   const optim::WindowReport r = window.report();
   // Note [Honest exit codes]; a timing that includes a skipped window is not of training.
@@ -148,6 +170,7 @@ int bench(int argc, char** argv) {
       .text("dtype", opt.dtype)
       .boolean("channels_last", opt.channels_last)
       .boolean("pointwise_gemm", opt.pointwise_gemm)
+      .boolean("cuda_graphs", opt.cuda_graphs)
       .integer("classes", opt.classes)
       .integer("parameters", arena.numel())
       .integer("warmup_windows", opt.warmup)
@@ -160,6 +183,8 @@ int bench(int argc, char** argv) {
       .number("window_ms_min", *std::min_element(window_ms.begin(), window_ms.end()))
       .integer("peak_memory_bytes", memory_stats(device).peak_bytes)
       .number("final_loss", r.loss)
+      .integer("graphs", graphed ? graphed->counts().graphs : 0)
+      .integer("replayed_micro_steps", graphed ? graphed->counts().replayed_micro_steps : 0)
       .object("config", config_json);
   std::printf("%s\n", line.str().c_str());
   return 0;

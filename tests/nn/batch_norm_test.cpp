@@ -12,6 +12,7 @@
 #include "accrue/autograd/ops.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/nn/batch_norm.h"
+#include "accrue/optim/graphed_window.h"
 #include "accrue/optim/window.h"
 #include "tests/test_util.h"
 
@@ -313,6 +314,48 @@ TEST(BatchNorm, bad_inputs_and_options_are_errors) {
   o.momentum = 0.0;
   EXPECT_ERROR(nn::BatchNorm(3, kF64, o), "BatchNorm", "momentum", "0");
   EXPECT_ERROR(nn::BatchNorm(0, kF64), "BatchNorm", "channels", "0");
+}
+
+// Note [Graphed window]: a BatchNorm says when replayed micro-steps would
+// leave its statistics wrong, and a GraphedWindow it listens to then keeps
+// everything eager; otherwise nothing about it keeps the graphs away.
+TEST(BatchNormListener, says_when_replays_would_leave_its_statistics_wrong) {
+  nn::BatchNorm window_mode(3, kF64);
+  EXPECT_EQ(window_mode.why_not_capturable(), nullptr);
+  nn::BatchNorm per_micro_batch(3, kF64, mode(nn::BatchNormStatistics::PerMicroBatch));
+  EXPECT_EQ(per_micro_batch.why_not_capturable(), nullptr);
+  nn::BatchNormOptions compound;
+  compound.compound_momentum = true;
+  nn::BatchNorm counting(3, kF64, compound);
+  ASSERT_NE(counting.why_not_capturable(), nullptr);
+  EXPECT_NE(std::string(counting.why_not_capturable()).find("compound_momentum"),
+            std::string::npos);
+}
+
+TEST(BatchNormListener, a_graphed_window_stays_eager_only_for_a_listener_that_cannot_follow) {
+  for (bool compound : {false, true}) {
+    SCOPED_TRACE(compound ? "compound momentum" : "window statistics");
+    nn::BatchNormOptions o;
+    o.compound_momentum = compound;
+    nn::BatchNorm bn(3, kF64, o);
+    optim::Optimizer sgd(optim::SGDOptions(0.1));
+    optim::ParamStore store(bn.named_parameters(),
+                            optim::ParamStoreOptions().master_dtype(DType::f64).moments(0));
+    optim::Window window(store, sgd, optim::WindowOptions().micro_steps(2));
+    window.add_listener(&bn);
+    testing::internal::CaptureStderr();
+    const optim::GraphedWindow g(window, [&](const std::vector<Tensor>& in) {
+      return Loss{sum(bn.forward(in[0])), from_vector<double>({1.0}, {})};
+    });
+    const std::string warned = testing::internal::GetCapturedStderr();
+    if (compound) {
+      EXPECT_NE(g.why_eager().find("compound_momentum counts its forwards"), std::string::npos);
+      EXPECT_NE(warned.find("every micro-step and close runs eagerly"), std::string::npos);
+    } else {
+      EXPECT_EQ(g.why_eager(), "");
+      EXPECT_EQ(warned, "");
+    }
+  }
 }
 
 }  // namespace

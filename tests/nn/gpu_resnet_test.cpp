@@ -11,6 +11,7 @@
 #include "accrue/autograd/variable.h"
 #include "accrue/kernels/ops.h"
 #include "accrue/nn/resnet.h"
+#include "accrue/optim/graphed_window.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -54,6 +55,88 @@ TEST(GpuResNet, a_resnet_trains_on_the_gpu_as_on_the_cpu) {
   for (size_t i = 0; i < cpu.grads.size(); ++i)
     EXPECT_LE(test::relative_error(gpu.grads[i], cpu.grads[i]), 1e-3) << "parameter " << i;
   kernels::set_allow_tf32(tf32);
+}
+
+// Note [Graphed window] with BatchNorm's window statistics (Note [Window
+// statistics]): a small bf16 ResNet on channels-last inputs, its micro-steps
+// and closes replayed from graphs, ends with the eager run's weights, momenta,
+// running statistics and reports, bit for bit.
+nn::ResNet& channels_last(nn::ResNet& model) {
+  model.to_channels_last();  // as accrue_resnet_bench --channels-last
+  return model;
+}
+
+struct GraphedResNet {
+  Generator gen{5};
+  nn::ResNet model;
+  optim::Optimizer sgd{optim::SGDOptions(0.05).momentum(0.9)};
+  optim::ParamStore store;
+  optim::Window window;
+  GraphedResNet(const nn::ResNetConfig& c, int64_t k)
+      : model(c, {kGpu, DType::f32, &gen}),
+        store(channels_last(model).named_parameters(), optim::ParamStoreOptions()
+                                                           .device(kGpu)
+                                                           .compute_dtype(DType::bf16)
+                                                           .moments(sgd.moments_needed())),
+        window(store, sgd, optim::WindowOptions().micro_steps(k).max_grad_norm(5.0)) {
+    for (nn::Module* m : model.modules())
+      if (auto* bn = dynamic_cast<nn::BatchNorm*>(m)) window.add_listener(bn);
+  }
+};
+
+TEST(GpuResNet, graphed_windows_with_window_statistics_are_bitwise_the_eager_ones) {
+  ACCRUE_REQUIRE_CUDA();
+  const test::GraphPoolScope pool;
+  nn::ResNetConfig c;
+  c.bottleneck = true;
+  c.blocks = {1, 1};
+  c.width = 8;
+  c.num_classes = 5;
+  const int64_t K = 3, windows = 4;
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  Generator data(3);
+  for (int64_t i = 0; i < windows * K; ++i) {
+    const Tensor x = test::as_channels_last(
+        test::random_normal({4, 3, 32, 32}, DType::f32).to(DType::bf16).to(kGpu));
+    ASSERT_TRUE(x.is_channels_last());  // the buffers keep it (Note [Graphed window])
+    batches.emplace_back(x, randint(0, 5, {4}, DType::i64, Device::cpu(), &data).to(kGpu));
+  }
+  GraphedResNet eager(c, K), graphed(c, K);
+  std::vector<optim::WindowReport> eager_reports, graphed_reports;
+  for (int64_t w = 0; w < windows; ++w) {
+    for (int64_t k = 0; k < K; ++k) {
+      const auto& [x, y] = batches[static_cast<size_t>(w * K + k)];
+      eager.window.backward(cross_entropy(eager.model.forward(x), y));
+    }
+    eager.window.close();
+    eager_reports.push_back(eager.window.report());
+  }
+  optim::GraphedWindow g(graphed.window, [&](const std::vector<Tensor>& in) {
+    return cross_entropy(graphed.model.forward(in[0]), in[1]);
+  });
+  EXPECT_EQ(g.why_eager(), "");
+  for (int64_t w = 0; w < windows; ++w) {
+    for (int64_t k = 0; k < K; ++k) {
+      const auto& [x, y] = batches[static_cast<size_t>(w * K + k)];
+      g.backward({x, y});
+    }
+    g.close();
+    graphed_reports.push_back(graphed.window.report());
+  }
+  EXPECT_EQ(g.counts().graphs, 3);  // micro-steps "first" and "rest", and the close
+  EXPECT_GT(g.counts().replayed_closes, 0);
+  EXPECT_TRUE(test::all_equal(graphed.store.master(), eager.store.master()));
+  EXPECT_TRUE(test::all_equal(graphed.store.moment(0), eager.store.moment(0)));
+  EXPECT_TRUE(test::all_equal(graphed.store.compute(), eager.store.compute()));
+  const std::vector<nn::NamedParameter> a = graphed.model.named_buffers(),
+                                        b = eager.model.named_buffers();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)  // the running statistics
+    EXPECT_TRUE(test::all_equal(a[i].tensor, b[i].tensor)) << a[i].name;
+  for (size_t w = 0; w < eager_reports.size(); ++w) {
+    EXPECT_EQ(graphed_reports[w].loss, eager_reports[w].loss) << "window " << w;
+    EXPECT_EQ(graphed_reports[w].grad_norm, eager_reports[w].grad_norm) << "window " << w;
+  }
 }
 
 }  // namespace
