@@ -7,8 +7,11 @@ schedule and the token-shard loader, as accrue_train_gpt2 runs them in C++.
 
 Without --shards the tokens are random (a speed run); with --shards PATTERN
 they come from llm.c-format shards (tools/make_shards.py). Each window prints
-its loss and tokens/s; the last line is JSON (tokens_per_s_median over the
-windows after --warmup), for a side-by-side with `accrue_train_gpt2 --bench`.
+its loss and tokens/s (with --log-every N, every N windows: the print reads
+the report, the one host synchronization, so the host runs ahead in
+between); the last line is JSON
+(tokens_per_s_median over the spans after --warmup), for a side-by-side with
+`accrue_train_gpt2 --bench`.
 """
 
 import argparse
@@ -40,6 +43,10 @@ def parse(argv=None):
     p.add_argument("--accum", type=int, default=8, help="K micro-batches a window")
     p.add_argument("--windows", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2, help="windows left out of the median")
+    p.add_argument("--log-every", type=int, default=1,
+                   help="read the report (a host synchronization) every N windows counted "
+                        "from the warm-up's end, and at the last; the rates span the windows "
+                        "between")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--max-grad-norm", type=float, default=1.0)
@@ -48,7 +55,7 @@ def parse(argv=None):
                    help="replay each micro-step and the close as CUDA graphs (GraphedWindow)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    for name in ("micro_batch", "accum", "windows"):
+    for name in ("micro_batch", "accum", "windows", "log_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if not 0 <= args.warmup < args.windows:
@@ -93,7 +100,7 @@ def main(argv=None):
           f"parameters, "
           f"{args.micro_batch} x {seq} tokens x K = {args.accum} a window")
     rates = []
-    last = time.perf_counter()
+    last, last_done = time.perf_counter(), 0
     for w in range(args.windows):
         for _ in range(args.accum):
             x, y = next_batch()
@@ -102,13 +109,16 @@ def main(argv=None):
             else:
                 window.backward(model.loss(x, y))
         (graphed or window).close()
-        report = window.report()  # the one host read a window: the time is the window's
+        done = w + 1
+        if (done - args.warmup) % args.log_every and done != args.windows:
+            continue  # no host read: the host runs ahead of the device
+        report = window.report()  # the one host read: the time spans the windows since the last
         now = time.perf_counter()
-        rate = tokens / (now - last)
-        last = now
-        if w >= args.warmup:
+        rate = tokens * (done - last_done) / (now - last)
+        if last_done >= args.warmup:
             rates.append(rate)
-        print(f"window {w + 1:4d}  loss {report.loss:.4f}  grad-norm {report.grad_norm:.4f}  "
+        last, last_done = now, done
+        print(f"window {done:4d}  loss {report.loss:.4f}  grad-norm {report.grad_norm:.4f}  "
               f"{rate:,.0f} tok/s")
     print(json.dumps({"impl": "accrue-python", "model": args.model, "device": args.device,
                       "dtype": dtype, "micro_batch": args.micro_batch, "K": args.accum,

@@ -19,13 +19,19 @@ def load(name):
     return module
 
 
-def run(capsys, *args):
+def run(capsys, *args, printed=3):
     load("train_gpt2").main(["--model", "tiny", "--device", "cpu", "--micro-batch", "2",
                              "--seq-len", "16", "--accum", "2", "--windows", "3",
                              "--warmup", "1", *args])
     lines = capsys.readouterr().out.strip().splitlines()
-    assert sum(line.startswith("window ") for line in lines) == 3
+    assert sum(line.startswith("window ") for line in lines) == printed
     return json.loads(lines[-1])
+
+
+def test_train_gpt2_reads_the_report_every_n_windows(capsys):
+    every = run(capsys, "--windows", "6", "--log-every", "3", printed=3)  # windows 1, 4 and 6
+    assert every["tokens_per_s_median"] > 0
+    assert every["final_loss"] == run(capsys, "--windows", "6", printed=6)["final_loss"]
 
 
 def test_train_gpt2_runs_and_graphed_windows_train_the_same(capsys):
