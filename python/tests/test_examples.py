@@ -1,11 +1,13 @@
 """python/examples/ run as written: train_gpt2.py on the CPU with a tiny GPT-2,
-from random tokens and from token shards, with and without GraphedWindow."""
+from random tokens and from token shards, with and without GraphedWindow;
+torch_bridge.py (where torch imports) beside the PyTorch recipe."""
 
 import importlib.util
 import json
 import pathlib
 
 import numpy as np
+import pytest
 
 import accrue
 
@@ -47,3 +49,20 @@ def test_train_gpt2_reads_token_shards(capsys, tmp_path):
     accrue.data.write_shard(str(tmp_path / "tok_0.bin"), rng.integers(0, 512, 400).tolist())
     out = run(capsys, "--shards", str(tmp_path / "tok_*.bin"))
     assert np.isfinite(out["final_loss"])
+
+
+def test_torch_bridge_trains_as_pytorch_on_equal_lengths(capsys):
+    pytest.importorskip("torch")
+    load("torch_bridge").main(["--device", "cpu", "--windows", "6", "--equal-lengths"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert sum(line.startswith("window ") for line in lines) == 6
+    out = json.loads(lines[-1])
+    # The same update (the mean of equal means is the big batch's mean), up to f32 rounding
+    # that AdamW's normalized steps carry to about lr x rounding.
+    assert out["max_parameter_difference"] < 1e-3
+    assert abs(out["accrue_first_loss"] - out["torch_first_loss"]) < 1e-5
+    assert out["accrue_last_loss"] < out["accrue_first_loss"]
+    # With padding the bridge normalizes by the window's tokens: another update, still training.
+    load("torch_bridge").main(["--device", "cpu", "--windows", "6"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["accrue_last_loss"] < out["accrue_first_loss"]
