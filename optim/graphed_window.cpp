@@ -15,15 +15,9 @@ GraphedWindow::GraphedWindow(Window& window, StepFn step)
     : window_(window), step_(std::move(step)) {
   ACCRUE_CHECK(static_cast<bool>(step_), "GraphedWindow: the step function is empty");
   // Note [Graphed window]: what keeps everything, or the close, eager.
-  for (const auto& stage : window.stages_)
-    if (const char* why = stage->why_not_capturable(); why && why_eager_.empty()) why_eager_ = why;
+  if (const char* why = window.why_not_capturable()) why_eager_ = why;
   for (const WindowListener* l : window.listeners_)
     if (const char* why = l->why_not_capturable(); why && why_eager_.empty()) why_eager_ = why;
-  if (!why_eager_.empty()) {
-  } else if (window.state().device().is_cuda() &&
-             cuda_allocator_mode() != CudaAllocatorMode::StreamOrderedPool) {
-    why_eager_ = "the CUDA allocator is in plain mode, whose cudaMalloc a graph does not record";
-  }
   if (window.sync_) why_close_eager_ = "the reducer launches its all-reduces from host hooks";
   if (!why_eager_.empty()) {
     warn("every micro-step and close", why_eager_);

@@ -232,6 +232,15 @@ void Window::replay_micro_step(const std::vector<bool>& written_after) {
   index_checks_->set_position(windows_, micro_step_);
 }
 
+const char* Window::why_not_capturable() const {
+  for (const auto& stage : stages_)
+    if (const char* why = stage->why_not_capturable()) return why;
+  if (ctx_->state.device().is_cuda() &&
+      cuda_allocator_mode() != CudaAllocatorMode::StreamOrderedPool)
+    return "the CUDA allocator is in plain mode, whose cudaMalloc a graph does not record";
+  return nullptr;
+}
+
 Window::WholeCapture Window::begin_whole_capture() const {
   // Note [Window captured whole]: what a replay of the whole window would get wrong.
   const char* op = "Window::begin_whole_capture";
@@ -242,12 +251,9 @@ Window::WholeCapture Window::begin_whole_capture() const {
                "does not run; capture one process's window");
   ACCRUE_CHECK(listeners_.empty(), op, ": the Window has ", listeners_.size(),
                " listener(s), which act on the host at close");
-  for (const auto& stage : stages_)
-    if (const char* why = stage->why_not_capturable()) ACCRUE_FAIL(op, ": ", why);
+  if (const char* why = why_not_capturable()) ACCRUE_FAIL(op, ": ", why);
   ACCRUE_CHECK(ctx_->state.device().is_cuda(), op, ": the window's arena is on ",
                ctx_->state.device().str(), "; CUDA graphs are CUDA's");
-  ACCRUE_CHECK(cuda_allocator_mode() == CudaAllocatorMode::StreamOrderedPool, op,
-               ": the CUDA allocator is in plain mode, whose cudaMalloc a graph does not record");
   ACCRUE_CHECK(!calibrating(), op,
                ": the scaler calibrates during the first window (Note [Scale calibration]); "
                "capture after it");

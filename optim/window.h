@@ -392,6 +392,10 @@ class Window {
   // captured close records, then close_host(): the counters and listeners.
   void close_device();
   void close_host();
+  // Note [Capturable code]: why this Window's micro-steps and close cannot be
+  // captured at all (a stage's host decisions, the plain CUDA allocator), or
+  // null. GraphedWindow and begin_whole_capture ask it.
+  const char* why_not_capturable() const;
   // What backward() does on the host, for a micro-step replayed from a graph
   // that left the arena's written flags at `written_after`.
   void replay_micro_step(const std::vector<bool>& written_after);

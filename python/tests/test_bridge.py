@@ -90,6 +90,14 @@ def window_steps(window, model, batches):
         window.close()
 
 
+def mlp_twins(data_seed, windows=3):
+    """An f64 MLP (seed 0), its copy for plain PyTorch, and `windows` windows of micro-batches."""
+    torch.manual_seed(0)
+    model = MLP(torch.float64)
+    gen = torch.Generator().manual_seed(data_seed)
+    return model, copy.deepcopy(model), [micro_batches(gen, torch.float64) for _ in range(windows)]
+
+
 def assert_same_parameters(model, reference, tol):
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         assert (p.detach() - q.detach()).abs().max().item() <= tol, name
@@ -239,11 +247,7 @@ def test_bf16_parameters_fp32_master():
 
 def test_param_groups_equal_torch():
     # torch.optim's groups: per-group lr and weight decay, AdamW in f64.
-    torch.manual_seed(0)
-    model = MLP(torch.float64)
-    reference = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(8)
-    batches = [micro_batches(gen, torch.float64) for _ in range(3)]
+    model, reference, batches = mlp_twins(data_seed=8)
 
     def groups(m):
         return [{"params": [m.fc1.weight, m.fc2.weight], "lr": 2e-2, "weight_decay": 0.1},
@@ -385,11 +389,7 @@ def test_unused_parameters_are_named():
 
 @pytest.mark.parametrize("dampening,nesterov", [(0.0, False), (0.3, False), (0.0, True)])
 def test_sgd_and_schedule_equal_torch(dampening, nesterov):
-    torch.manual_seed(0)
-    model = MLP(torch.float64)
-    reference = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(6)
-    batches = [micro_batches(gen, torch.float64) for _ in range(3)]
+    model, reference, batches = mlp_twins(data_seed=6)
 
     def factor(step):
         return 1.0 / (1 + step)
@@ -408,11 +408,7 @@ def test_sgd_and_schedule_equal_torch(dampening, nesterov):
 def test_compiled_model_trains_as_the_eager_one(backend):
     # torch.compile with the bridge's hooks, three windows in f64: aot_eager,
     # and the default backend (inductor: generated C++ on the CPU).
-    torch.manual_seed(0)
-    model = MLP(torch.float64)
-    reference = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(7)
-    batches = [micro_batches(gen, torch.float64) for _ in range(3)]
+    model, reference, batches = mlp_twins(data_seed=7)
     window = AccumulationWindow(model, lr=1e-2, micro_steps=K)
     compiled = torch.compile(model, backend=backend)
     plain = AccumulationWindow(reference, lr=1e-2, micro_steps=K)
