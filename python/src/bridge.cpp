@@ -40,6 +40,17 @@ namespace {
 // stream. The reducer's hooks run on PyTorch's autograd thread, whose
 // current stream is the one the backward runs on, so the bridge opens a
 // scope there too.
+//
+// Accrue memory goes back to its pool on accrue's current stream when its
+// last handle dies (core/allocator.cpp), so the bridge lets its accrue
+// temporaries (the loss probe, its gradient: the loss scale's seed, which is
+// copied out first) die inside the scope: the free then follows their last
+// use in torch's stream order, and under torch.cuda.graph it is a free node
+// of the graph that allocated them. Dropped after the scope, they were freed
+// on accrue's own stream: eagerly, with nothing ordering the seed's free
+// after the backward that reads it; under a capture, a free of the graph's
+// memory outside the graph, which invalidated the capture (a GPU run
+// showed it: the next op failed with cudaErrorStreamCaptureInvalidated).
 class StreamScope {
  public:
   StreamScope(int device, uintptr_t stream) : device_(device), stream_(stream) {}
