@@ -578,11 +578,11 @@ TEST(GpuRmsNorm, backward_matches_cpu_and_writes_or_adds_dweight) {
 }
 
 // Rows of 16 and 8 packs take 16 and 8 lanes (Note [RMSNorm kernels]); more
-// rows than the backward's warp groups (8192), not a multiple of them, give the
+// rows than the backward's warp groups (4096), not a multiple of them, give the
 // groups different row counts, while every lane of a warp must join its shuffles.
-// A partial row of column sums per block: 1,024 (768, a Llama-125m row of 96
-// packs: 32 lanes) and 512 (128: 16 lanes) take the two-level total (kSpan
-// spans first), 256 (64: 8 lanes) the one-level one.
+// A partial row of column sums per block: 512 (768, a Llama-125m row of 96
+// packs: 32 lanes) take the two-level total (kSpan spans first), 256 (128: 16
+// lanes) and 128 (64: 8 lanes) the one-level one.
 TEST(GpuRmsNorm, sub_warp_rows_past_the_group_count_match_cpu) {
   ACCRUE_REQUIRE_CUDA();
   for (int64_t d : {128, 64, 768}) {
