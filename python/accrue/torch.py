@@ -411,8 +411,8 @@ class AccumulationWindow:
         """The model's trainable parameters are still the window's, each in its slot, and each
         .grad its slot of the gradient arena (a .grad dropped by zero_grad is put back). A
         backward after the window's first micro-step (whole=False) skips the walk over the
-        module tree and the dtype and shape checks, a third of the host time of the whole check
-        (0.24 ms for GPT-2's 148 parameters); the close does them all before it steps."""
+        module tree and the dtype and shape checks: 0.03 ms of host time for GPT-2's 148
+        parameters against 0.24 ms (one CPU core); the close does them all before it steps."""
         if whole:
             named = [(n, p) for n, p in self._model.named_parameters() if p.requires_grad]
             if [n for n, _ in named] != self._names or any(
