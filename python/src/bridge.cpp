@@ -132,8 +132,7 @@ void bind_bridge(nb::module_& m) {
   m.def(
       "end_whole_capture",
       [](optim::Window& w, const optim::Window::WholeCapture& before) {
-        const std::vector<bool> f = w.end_whole_capture(before);
-        return std::vector<bool>(f.begin(), f.end());
+        return w.end_whole_capture(before);
       },
       nb::arg("window"), nb::arg("before"),
       "Puts the host state back (the capture ran nothing); returns the written flags each "
