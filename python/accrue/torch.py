@@ -50,10 +50,16 @@ __all__ = ["AccumulationWindow"]
 # the f32 slot; a post-accumulate-grad hook adds it (cast to f32) into the
 # slot and frees ``param.grad``, so the sum over micro-steps is in f32.
 #
-# Either way a post-accumulate-grad hook records which parameters received a
-# gradient, and the window tells the store (bridge.set_written_flags): the
-# close's Note [Overwrite first] zeroes only the slots nobody wrote, and
-# Note [Unused parameters] sees which were unused, as with accrue's backward.
+# The window records which parameters received a gradient and tells the
+# store (bridge.set_written_flags): the close's Note [Overwrite first] zeroes
+# only the slots nobody wrote, and Note [Unused parameters] sees which were
+# unused, as with accrue's backward. f32/f64: AccumulateGrad's in-place add
+# bumps the ``.grad``'s version counter, so the window compares the counters
+# before and after each backward, on the calling thread. A hook would do the
+# same at a price: on CUDA the backward runs on autograd's device thread, and
+# every Python hook there takes the GIL. bf16/f16: the hook that adds the
+# gradient records it. With a process group the hooks also feed the reducer
+# (Note [Torch bridge data parallelism]).
 #
 # Normalization (Note [Normalization]): ``backward(loss_sum, count)`` hands
 # accrue's Window a one-element leaf holding the loss sum's value and the
@@ -381,7 +387,8 @@ class AccumulationWindow:
                 self._grads.append(grad)
                 if not self._sixteen:
                     p.grad = grad
-                self._handles.append(p.register_post_accumulate_grad_hook(self._hook(i)))
+                if self._sixteen or self._reducer is not None:  # Note [Torch bridge]
+                    self._handles.append(p.register_post_accumulate_grad_hook(self._hook(i)))
             self._grad_arena = torch.from_dlpack(self._store.grads.detach())
 
     def _hook(self, i: int) -> Callable[[torch.Tensor], None]:
@@ -483,6 +490,8 @@ class AccumulationWindow:
             del probe
         # The Window armed the reducer for its last micro-step: the hooks feed it.
         self._last_micro_step = self._reducer is not None and self._window.ready()
+        # Note [Torch bridge]: which f32/f64 gradients this backward adds to.
+        versions = None if self._sixteen else [p.grad._version for p in self._params]
         try:
             if seed is not None:
                 loss_sum.backward(seed.to(loss_sum.dtype).reshape(loss_sum.shape))
@@ -496,6 +505,11 @@ class AccumulationWindow:
             raise
         finally:
             self._last_micro_step = False
+        if versions is not None:
+            self._used = [
+                used or (p.grad is not None and p.grad._version != v)
+                for used, p, v in zip(self._used, self._params, versions)
+            ]
         written = _bridge.written_flags(self._store)
         _bridge.set_written_flags(self._store, [a or b for a, b in zip(written, self._used)])
 
