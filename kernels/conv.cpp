@@ -4,6 +4,8 @@
 // composed path otherwise (Note [Composed convolution]).
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -268,7 +270,7 @@ std::atomic<bool> pointwise_gemm_on{true};
 std::atomic<bool> conv_timed{false};
 std::atomic<bool> conv_nondeterministic{false};
 std::atomic<bool> conv_16_bit_weight_gradient{false};
-std::atomic<bool> conv_weight_gradient_per_shape{false};
+std::atomic<bool> conv_path_per_shape{false};
 
 // Note [Pointwise convolution as a GEMM]: a bf16/f16 CUDA 1 x 1 convolution
 // whose activation (the input, or for the data gradient the output gradient)
@@ -279,24 +281,94 @@ bool use_pointwise_gemm(const Tensor& activation, const Conv2dGeometry& g) {
          pointwise::applies(activation, g);
 }
 
-// Note [Per-shape weight gradient]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Which path computes a 16-bit weight gradient fastest depends on the shape.
-// cuDNN's engines that write an fp32 output are slow on large activations
-// (0.26 ms a call on ResNet-50's on an H100, bench/RESULTS.md); a 16-bit
-// output added into the fp32 slot costs the add pass and a rounding of the
-// micro-step's gradient to 16 bits; a 1 x 1 convolution also runs as a GEMM
-// on views (Note [Pointwise convolution as a GEMM]), and at small batches the
-// order of the three flips (the fixed policies: 3,723 against 4,991 images/s
-// at 256 x 1, 987 against 657 at 8 x 32). ConvAlgorithmPolicy::
-// weight_gradient_per_shape times the paths that apply on a shape's first
-// call, each writing a scratch slot, never the call's (beta 1 must not see
-// them), and keeps the fastest: in the tuning file when one is set (Note
-// [Tuning file]), so that a rerun reads the choice back and computes the same
-// bits, else for the process. Each path computes the bits it computes under
-// the fixed policies, so a recorded choice reproduces one of them exactly.
-// Inside a CUDA graph capture, with nothing recorded yet, the fixed order
-// runs (warm up before capturing).
+// Note [Per-shape convolution paths]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Which path computes a 16-bit convolution fastest depends on the shape. A
+// 1 x 1 convolution of a channels-last activation runs as a GEMM on views
+// (Note [Pointwise convolution as a GEMM]) or on cuDNN, in all three
+// directions. A weight gradient into an fp32 slot has two cuDNN paths more:
+// cuDNN's engines that write fp32 are slow on large activations (0.26 ms a
+// call on ResNet-50's on an H100, bench/RESULTS.md), and a 16-bit output added
+// into the slot costs the add pass and a rounding of the micro-step's
+// gradient to 16 bits. The fixed settings flip with the micro-batch
+// (ResNet-50 bf16 on an H200: fp32 weight gradients 3,723 images/s at
+// 256 x 1 against 4,991 with 16-bit ones, and 987 against 657 at 8 x 32).
+// ConvAlgorithmPolicy::path_per_shape times the paths that apply on a
+// shape's first call (a weight gradient into a scratch slot, never the
+// call's: beta 1 must not see them) and keeps the fastest: in the tuning file
+// when one is set (Note [Tuning file]), so that a rerun reads the choice back
+// and computes the same bits, else for the process. Each path computes the
+// bits it computes under the fixed settings, so a recorded choice reproduces
+// one of them exactly. Inside a CUDA graph capture, with nothing recorded yet,
+// the fixed order runs (warm up before capturing).
+
+// A tuning line's key: the direction, the geometry, each operand's dtype and
+// strides, then `extra` (the paths offered, beta).
+std::string path_key(const char* op, const Conv2dGeometry& g,
+                     std::initializer_list<const Tensor*> operands, const std::string& extra) {
+  const Conv2dOptions& o = g.options;
+  std::ostringstream s;
+  s << op << ",";
+  for (int64_t v : {g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, o.stride_h, o.stride_w, o.pad_h, o.pad_w,
+                    o.dilation_h, o.dilation_w, o.groups})
+    s << v << ",";
+  for (const Tensor* t : operands) {
+    s << dtype_name(t->dtype()) << ",";
+    for (int64_t stride : t->strides())
+      s << stride << ",";
+  }
+  s << extra << ",";
+  return s.str();
+}
+
+// Note [Per-shape convolution paths]: the index of the path to run among
+// `count`, timed through run(i) (false: the path declined) and recorded; -1
+// when the fixed order is to run (inside a capture, nothing recorded).
+int chosen_path(const std::string& key, const Tensor& on, int count,
+                const std::function<bool(int)>& run) {
+  const int choice = cuda::choose_conv_path(key, on.device().index, count, run);
+  return choice >= 0 && choice < count ? choice : -1;
+}
+
+// The forward of a 1 x 1 convolution that both the GEMM on views and cuDNN
+// take: path 0 the GEMM, 1 cuDNN. Null when cuDNN declined path 1.
+Tensor forward_path(int path, const Tensor& x, const Tensor& weight, const Conv2dGeometry& g) {
+  if (path == 0) return pointwise::conv2d(x, weight, g);
+  Tensor out = dispatch_util::empty_in_layout_of({g.n, g.o, g.oh, g.ow}, x.dtype(), x);
+  return cudnn::conv2d_forward(x, weight_for(weight, x), out, g) ? out : Tensor();
+}
+
+// As forward_path, for the data gradient.
+Tensor data_gradient_path(int path, const Tensor& grad, const Tensor& weight, const Shape& x_shape,
+                          const Conv2dGeometry& g) {
+  if (path == 0) return pointwise::conv2d_backward_input(grad, weight, g);
+  Tensor dx = dispatch_util::empty_in_layout_of(x_shape, grad.dtype(), grad);
+  return cudnn::conv2d_backward_data(grad, weight_for(weight, grad), dx, g) ? dx : Tensor();
+}
+
+// Note [Per-shape convolution paths] for the forward: null when the fixed
+// order is to run.
+Tensor per_shape_forward(const Tensor& x, const Tensor& weight, const Conv2dGeometry& g) {
+  if (!(use_pointwise_gemm(x, g) && cudnn_operand(x) && cudnn_operand(weight))) return {};
+  const int path = chosen_path(path_key("conv2d", g, {&x, &weight}, "paths01"), x, 2,
+                               [&](int i) { return forward_path(i, x, weight, g).defined(); });
+  return path < 0 ? Tensor() : forward_path(path, x, weight, g);
+}
+
+// Note [Per-shape convolution paths] for the data gradient: null when the
+// fixed order is to run.
+Tensor per_shape_data_gradient(const Tensor& grad, const Tensor& weight, const Shape& x_shape,
+                               const Conv2dGeometry& g) {
+  if (!(grad.dtype() == weight.dtype() && use_pointwise_gemm(grad, g) && cudnn_operand(grad) &&
+        cudnn_operand(weight)))
+    return {};
+  const int path =
+      chosen_path(path_key("conv2d_backward_input", g, {&grad, &weight}, "paths01"), grad, 2,
+                  [&](int i) { return data_gradient_path(i, grad, weight, x_shape, g).defined(); });
+  return path < 0 ? Tensor() : data_gradient_path(path, grad, weight, x_shape, g);
+}
+
+// The weight gradient's paths, in the order a choice counts them.
 enum class WeightGradientPath : int {
   pointwise_gemm = 0,
   cudnn_slot_dtype = 1,
@@ -331,37 +403,20 @@ bool run_weight_gradient_path(WeightGradientPath path, const Tensor& grad, const
   return false;
 }
 
-// The tuning line's key: everything that decides the paths' costs and which apply.
-std::string weight_gradient_key(const Tensor& grad, const Tensor& x, const Tensor& slot,
-                                const Conv2dGeometry& g, double beta,
-                                const std::vector<WeightGradientPath>& paths) {
-  const Conv2dOptions& o = g.options;
-  std::ostringstream s;
-  s << "conv2d_backward_weight,";
-  for (int64_t v : {g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, o.stride_h, o.stride_w, o.pad_h, o.pad_w,
-                    o.dilation_h, o.dilation_w, o.groups})
-    s << v << ",";
-  for (const Tensor* t : {&grad, &x, &slot}) {
-    s << dtype_name(t->dtype()) << ",";
-    for (int64_t stride : t->strides())
-      s << stride << ",";
-  }
-  s << "beta" << beta << ",paths";
-  for (WeightGradientPath path : paths)
-    s << static_cast<int>(path);
-  s << ",";
-  return s.str();
-}
-
-// Note [Per-shape weight gradient]: true when the chosen path computed it;
-// false, having written nothing, when the fixed order is to run.
+// Note [Per-shape convolution paths] for the weight gradient: true when the
+// chosen path computed it; false, having written nothing, when the fixed
+// order is to run.
 bool per_shape_weight_gradient(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
                                const Conv2dGeometry& g, double beta) {
   const std::vector<WeightGradientPath> paths = weight_gradient_paths(grad, x, grad_weight, g);
   if (paths.size() < 2) return false;
+  std::ostringstream extra;
+  extra << "beta" << beta << ",paths";
+  for (WeightGradientPath path : paths)
+    extra << static_cast<int>(path);
   std::optional<Tensor> scratch;  // the timed runs' slot, made on the first of them
-  const int choice = cuda::choose_conv_path(
-      weight_gradient_key(grad, x, grad_weight, g, beta, paths), x.device().index,
+  const int choice = chosen_path(
+      path_key("conv2d_backward_weight", g, {&grad, &x, &grad_weight}, extra.str()), x,
       static_cast<int>(paths.size()), [&](int i) {
         if (!scratch) {
           scratch = grad_weight.is_channels_last()
@@ -372,9 +427,8 @@ bool per_shape_weight_gradient(const Tensor& grad, const Tensor& x, const Tensor
         }
         return run_weight_gradient_path(paths[static_cast<size_t>(i)], grad, x, *scratch, g, beta);
       });
-  if (choice < 0 || choice >= static_cast<int>(paths.size())) return false;
-  return run_weight_gradient_path(paths[static_cast<size_t>(choice)], grad, x, grad_weight, g,
-                                  beta);
+  return choice >= 0 && run_weight_gradient_path(paths[static_cast<size_t>(choice)], grad, x,
+                                                 grad_weight, g, beta);
 }
 
 }  // namespace
@@ -391,7 +445,7 @@ void set_conv_algorithm_policy(const ConvAlgorithmPolicy& policy) {
   conv_timed.store(policy.timed);
   conv_nondeterministic.store(policy.allow_nondeterministic);
   conv_16_bit_weight_gradient.store(policy.weight_gradient_in_operand_dtype);
-  conv_weight_gradient_per_shape.store(policy.weight_gradient_per_shape);
+  conv_path_per_shape.store(policy.path_per_shape);
 }
 
 ConvAlgorithmPolicy conv_algorithm_policy() {
@@ -399,7 +453,7 @@ ConvAlgorithmPolicy conv_algorithm_policy() {
   p.timed = conv_timed.load();
   p.allow_nondeterministic = conv_nondeterministic.load();
   p.weight_gradient_in_operand_dtype = conv_16_bit_weight_gradient.load();
-  p.weight_gradient_per_shape = conv_weight_gradient_per_shape.load();
+  p.path_per_shape = conv_path_per_shape.load();
   return p;
 }
 
@@ -419,6 +473,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& option
   ACCRUE_CHECK(x.dtype() == weight.dtype(), op, ": input is ", dtype_name(x.dtype()),
                ", weight is ", dtype_name(weight.dtype()), "; expected one dtype");
   const Conv2dGeometry g = conv_geometry(x.shape(), weight.shape(), options, op);
+  if (conv_algorithm_policy().path_per_shape) {
+    if (Tensor out = per_shape_forward(x, weight, g); out.defined()) return out;
+  }
   if (use_pointwise_gemm(x, g)) return pointwise::conv2d(x, weight, g);
   if (cudnn_operand(x) && cudnn_operand(weight)) {
     Tensor out = dispatch_util::empty_in_layout_of({g.n, g.o, g.oh, g.ow}, x.dtype(), x);
@@ -437,6 +494,9 @@ Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Sha
   check_float_on(weight, weight.defined() ? weight.device() : Device::cpu(), op, "weight");
   const Conv2dGeometry g = conv_geometry(x_shape, weight.shape(), options, op);
   check_conv_grad(grad, {g.n, g.o, g.oh, g.ow}, weight.device(), op);
+  if (conv_algorithm_policy().path_per_shape) {
+    if (Tensor dx = per_shape_data_gradient(grad, weight, x_shape, g); dx.defined()) return dx;
+  }
   if (grad.dtype() == weight.dtype() && use_pointwise_gemm(grad, g))
     return pointwise::conv2d_backward_input(grad, weight, g);
   if (cudnn_operand(grad) && cudnn_operand(weight) && grad.dtype() == weight.dtype()) {
@@ -463,7 +523,7 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
     ACCRUE_CHECK(grad_weight.is_contiguous() || grad_weight.is_channels_last(), op,
                  ": grad_weight of shape ", shape_str(grad_weight.shape()), " and strides ",
                  shape_str(grad_weight.strides()), " must be contiguous or channels-last");
-    if (conv_algorithm_policy().weight_gradient_per_shape &&
+    if (conv_algorithm_policy().path_per_shape &&
         per_shape_weight_gradient(grad, x, grad_weight, g, beta))
       return;
     if (grad.dtype() == x.dtype() && use_pointwise_gemm(x, g)) {

@@ -15,8 +15,8 @@
 // and the model stays channels-last (Note [Channels-last results]);
 // --no-pointwise-gemm sends its 1 x 1 convolutions to cuDNN instead of
 // cuBLASLt (Note [Pointwise convolution as a GEMM]); --conv-per-shape times
-// each weight gradient's paths on its first call and keeps the fastest (Note
-// [Per-shape weight gradient]), recorded with the GEMM choices in --tuning
+// each convolution's paths on its first call and keeps the fastest (Note
+// [Per-shape convolution paths]), recorded with the GEMM choices in --tuning
 // FILE (Note [Tuning file]); --cuda-graphs replays the
 // micro-steps and the close from CUDA graphs (optim::GraphedWindow, Note
 // [Graphed window]; BatchNorm's window statistics adopted eagerly after each
@@ -88,10 +88,10 @@ bool parse(int argc, char** argv, Options& o) {
   cli.flag("--conv-16-bit-wgrad", &o.conv.weight_gradient_in_operand_dtype,
            "cuDNN weight gradients in the compute dtype, then added to the fp32 slots (as "
            "PyTorch's autocast)");
-  cli.flag("--conv-per-shape", &o.conv.weight_gradient_per_shape,
-           "time each weight gradient's paths (fp32 output, 16-bit output then added, the 1 x 1 "
-           "GEMM) on its shape's first call and keep the fastest (overrides --conv-16-bit-wgrad "
-           "for the weight gradients)");
+  cli.flag("--conv-per-shape", &o.conv.path_per_shape,
+           "time each convolution's paths (1 x 1: the GEMM or cuDNN; weight gradients: also "
+           "cuDNN's fp32 output or its 16-bit output added) on its shape's first call and keep "
+           "the fastest (overrides --conv-16-bit-wgrad and the GEMM switch where it chooses)");
   cli.path("--tuning", &o.tuning, "FILE",
            "time cuBLASLt's candidates for each GEMM shape on first use and keep the fastest, "
            "recorded in FILE with --conv-per-shape's choices; a run with the same FILE reads them "

@@ -1,5 +1,5 @@
-// The per-shape choice of a weight gradient's path (Note [Per-shape weight
-// gradient] in kernels/conv.cpp), timed and recorded as GEMM algorithms are
+// The per-shape choice of a convolution's path (Note [Per-shape convolution
+// paths] in kernels/conv.cpp), timed and recorded as GEMM algorithms are
 // (Note [Tuning file]).
 #include <cublasLt.h>
 #include <cuda_runtime.h>

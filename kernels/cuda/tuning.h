@@ -1,5 +1,5 @@
 // What the timed choices share (GEMM algorithms, Note [GEMM autotuning]; the
-// weight-gradient paths, Note [Per-shape weight gradient]): timing candidates
+// convolutions' paths, Note [Per-shape convolution paths]): timing candidates
 // by CUDA events, and the tuning file that makes a choice repeatable.
 //
 // Note [Tuning file]

@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "accrue/kernels/batch_norm.h"
@@ -547,7 +549,7 @@ TEST(GpuConv, pointwise_convolutions_as_gemms_match_the_cpu_reference) {
             1e-2);
 }
 
-// Note [Per-shape weight gradient]: a 1 x 1 bf16 convolution over a
+// Note [Per-shape convolution paths], the weight gradient: a 1 x 1 bf16 convolution over a
 // channels-last activation offers three paths (the GEMM on views, cuDNN's
 // fp32 output, cuDNN's bf16 output copied into the slot). The first call
 // times them and records one line in the tuning file, whose choice computes
@@ -584,7 +586,7 @@ TEST(GpuConv, per_shape_weight_gradient_records_its_choice_and_reproduces_a_fixe
   }
   kernels::set_pointwise_conv_gemm(true);
   kernels::ConvAlgorithmPolicy per_shape;
-  per_shape.weight_gradient_per_shape = true;
+  per_shape.path_per_shape = true;
   kernels::set_conv_algorithm_policy(per_shape);
   const Tensor chosen = weight_gradient(0.0, nan);
   auto conv_lines = [](const std::string& path) {
@@ -629,6 +631,83 @@ TEST(GpuConv, per_shape_weight_gradient_records_its_choice_and_reproduces_a_fixe
   kernels::set_gemm_tuning_file("");
   kernels::set_conv_algorithm_policy({});
   std::remove(file.c_str());
+}
+
+// Note [Per-shape convolution paths], the forward and the data gradient: a
+// 1 x 1 bf16 convolution over a channels-last activation runs as the GEMM on
+// views or on cuDNN. Each direction records one line, and its result is
+// bitwise that of the fixed setting it chose (the switch on: the GEMM; off:
+// cuDNN); a file naming the other path is obeyed.
+TEST(GpuConv, per_shape_forward_and_data_gradient_record_their_choices) {
+  ACCRUE_REQUIRE_CUDA();
+  if (!kernels::cudnn_convolution_available()) GTEST_SKIP() << "built without the cuDNN frontend";
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string file = (dir / "accrue_conv_per_shape_fwd.txt").string();
+  std::remove(file.c_str());
+  kernels::set_gemm_tuning_file(file);
+  const Conv2dOptions o;
+  // Sizes no other test uses.
+  const Shape xs = {6, 160, 12, 12}, ws = {80, 160, 1, 1};
+  const Tensor x = test::as_channels_last(test::random_normal(xs, DType::bf16, kGpu));
+  const Tensor w = test::random_normal(ws, DType::bf16, kGpu, 0.1);
+  const Tensor dy = test::as_channels_last(test::random_normal({6, 80, 12, 12}, DType::bf16, kGpu));
+  auto both = [&] {
+    return std::make_pair(on_cpu(kernels::conv2d(x, w, o).contiguous()),
+                          on_cpu(kernels::conv2d_backward_input(dy, w, xs, o).contiguous()));
+  };
+  std::vector<std::pair<Tensor, Tensor>> fixed;
+  for (int path = 0; path < 2; ++path) {
+    kernels::set_pointwise_conv_gemm(path == 0);
+    fixed.push_back(both());
+  }
+  kernels::set_pointwise_conv_gemm(true);
+  kernels::ConvAlgorithmPolicy per_shape;
+  per_shape.path_per_shape = true;
+  kernels::set_conv_algorithm_policy(per_shape);
+  const auto chosen = both();
+  auto choices = [](const std::string& path) {
+    std::map<std::string, int> found;  // "conv2d," / "conv2d_backward_input," line prefix -> choice
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("conv2d,", 0) == 0 || line.rfind("conv2d_backward_input,", 0) == 0)
+        found[line.substr(0, line.rfind(',') + 1)] = std::stoi(line.substr(line.rfind(',') + 1));
+    return found;
+  };
+  const std::map<std::string, int> recorded = choices(file);
+  ASSERT_EQ(recorded.size(), 2u) << "one line per direction";
+  for (const auto& [prefix, choice] : recorded) {
+    SCOPED_TRACE(prefix);
+    ASSERT_TRUE(choice == 0 || choice == 1);
+    const bool forward = prefix.rfind("conv2d,", 0) == 0;
+    const Tensor& got = forward ? chosen.first : chosen.second;
+    const Tensor& want = forward ? fixed[static_cast<size_t>(choice)].first
+                                 : fixed[static_cast<size_t>(choice)].second;
+    EXPECT_TRUE(test::all_equal(got, want));
+  }
+  // Both directions forced to the path not chosen.
+  const std::string other = (dir / "accrue_conv_per_shape_fwd_forced.txt").string();
+  {
+    std::ifstream in(file);
+    std::ofstream out(other);
+    for (std::string line; std::getline(in, line);) {
+      const std::string prefix = line.substr(0, line.rfind(',') + 1);
+      auto it = recorded.find(prefix);
+      out << (it == recorded.end() ? line : prefix + std::to_string(1 - it->second)) << "\n";
+    }
+  }
+  kernels::set_gemm_tuning_file(other);
+  const auto forced = both();
+  for (const auto& [prefix, choice] : recorded) {
+    const bool forward = prefix.rfind("conv2d,", 0) == 0;
+    const auto& want = fixed[static_cast<size_t>(1 - choice)];
+    EXPECT_TRUE(
+        test::all_equal(forward ? forced.first : forced.second, forward ? want.first : want.second))
+        << prefix;
+  }
+  kernels::set_gemm_tuning_file("");
+  kernels::set_conv_algorithm_policy({});
+  std::remove(file.c_str());
+  std::remove(other.c_str());
 }
 
 // Note [Composed convolution]: adaptive average pooling on CUDA against the
