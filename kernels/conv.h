@@ -100,6 +100,17 @@ struct ConvAlgorithmPolicy {
   // weight-gradient engines write 16-bit outputs only, so this is faster, at
   // the price of rounding each micro-step's weight gradient to 16 bits.
   bool weight_gradient_in_operand_dtype = false;
+  // true: each 16-bit convolution's path is timed on its shape's first call
+  // and the fastest kept: for a 1 x 1 convolution of a channels-last
+  // activation the GEMM on views or cuDNN, in every direction; for a weight
+  // gradient into an fp32 slot also cuDNN's fp32 output or its 16-bit output
+  // added. The choice goes into the tuning file when one is set
+  // (set_gemm_tuning_file), so a rerun computes the same bits (Note
+  // [Per-shape convolution paths] in kernels/conv.cpp). It overrides
+  // weight_gradient_in_operand_dtype and set_pointwise_conv_gemm(true) where
+  // it chooses; a shape's first call must not be under stream capture to be
+  // timed (there the fixed order runs).
+  bool path_per_shape = false;
 };
 void set_conv_algorithm_policy(const ConvAlgorithmPolicy& policy);
 ConvAlgorithmPolicy conv_algorithm_policy();

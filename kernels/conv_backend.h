@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 
 #include "accrue/core/tensor.h"
 #include "accrue/kernels/backend_fn.h"

@@ -3,7 +3,8 @@
 //   accrue_resnet_bench [--model resnet50|resnet18] [--image-size S] [--micro-batch B] [--k K]
 //                       [--dtype bf16|f16|f32] [--channels-last] [--classes C]
 //                       [--warmup N] [--windows N] [--no-pointwise-gemm] [--conv-timed]
-//                       [--conv-nondeterministic] [--conv-16-bit-wgrad] [--cuda-graphs] [--cpu]
+//                       [--conv-nondeterministic] [--conv-16-bit-wgrad] [--conv-per-shape]
+//                       [--tuning FILE] [--cuda-graphs] [--cpu]
 //
 // Trains on synthetic images (normal noise, a new batch for every
 // micro-step, drawn on the device before the timed windows) with random
@@ -13,7 +14,10 @@
 // inputs and lays its weights out channels-last (nn::Module::to_channels_last),
 // and the model stays channels-last (Note [Channels-last results]);
 // --no-pointwise-gemm sends its 1 x 1 convolutions to cuDNN instead of
-// cuBLASLt (Note [Pointwise convolution as a GEMM]); --cuda-graphs replays the
+// cuBLASLt (Note [Pointwise convolution as a GEMM]); --conv-per-shape times
+// each convolution's paths on its first call and keeps the fastest (Note
+// [Per-shape convolution paths]), recorded with the GEMM choices in --tuning
+// FILE (Note [Tuning file]); --cuda-graphs replays the
 // micro-steps and the close from CUDA graphs (optim::GraphedWindow, Note
 // [Graphed window]; BatchNorm's window statistics adopted eagerly after each
 // replayed close). Windows are timed with
@@ -30,6 +34,7 @@
 
 #include "accrue.h"
 #include "accrue/nn/resnet.h"
+#include "examples/common/checkpoint_file.h"
 #include "examples/common/json.h"
 #include "examples/common/launch.h"
 #include "examples/common/options.h"
@@ -56,6 +61,7 @@ struct Options {
   int64_t windows = 5;
   bool pointwise_gemm = true;
   kernels::ConvAlgorithmPolicy conv;
+  std::string tuning;
   bool cuda_graphs = false;
   bool cpu = false;
 };
@@ -82,6 +88,14 @@ bool parse(int argc, char** argv, Options& o) {
   cli.flag("--conv-16-bit-wgrad", &o.conv.weight_gradient_in_operand_dtype,
            "cuDNN weight gradients in the compute dtype, then added to the fp32 slots (as "
            "PyTorch's autocast)");
+  cli.flag("--conv-per-shape", &o.conv.path_per_shape,
+           "time each convolution's paths (1 x 1: the GEMM or cuDNN; weight gradients: also "
+           "cuDNN's fp32 output or its 16-bit output added) on its shape's first call and keep "
+           "the fastest (overrides --conv-16-bit-wgrad and the GEMM switch where it chooses)");
+  cli.path("--tuning", &o.tuning, "FILE",
+           "time cuBLASLt's candidates for each GEMM shape on first use and keep the fastest, "
+           "recorded in FILE with --conv-per-shape's choices; a run with the same FILE reads them "
+           "back and computes the same bits");
   cli.integer("--classes", &o.classes, "C", "output classes").min(2);
   cli.integer("--warmup", &o.warmup, "N", "untimed windows first").min(0);
   cli.integer("--windows", &o.windows, "N", "timed windows, median reported").min(1);
@@ -103,6 +117,10 @@ int bench(int argc, char** argv) {
   checked_product({{"--micro-batch", b}, {"--classes", opt.classes}});
   kernels::set_pointwise_conv_gemm(opt.pointwise_gemm);
   kernels::set_conv_algorithm_policy(opt.conv);
+  if (!opt.tuning.empty()) {
+    probe_output_file("--tuning", opt.tuning);
+    kernels::set_gemm_tuning_file(opt.tuning);  // Note [Tuning file]
+  }
   const Device device = single_device(opt.cpu);
   const DType compute = opt.dtype == "bf16"  ? DType::bf16
                         : opt.dtype == "f16" ? DType::f16

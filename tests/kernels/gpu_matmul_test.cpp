@@ -7,10 +7,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "accrue/kernels/cuda/tuning.h"
 #include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
@@ -235,6 +237,48 @@ TEST(GpuMatmul, gemm_16bit_inputs_accumulate_into_f32) {
     kernels::gemm(xi.to(kGpu), true, dyi.to(kGpu), false, g, 1.0, 1.0);
     EXPECT_TRUE(test::all_equal(on_cpu(g), e));
   }
+}
+
+// Note [Tuning file], the file's logic alone (no GPU needed): a recorded line
+// is read back, whatever the key; a new line is chosen once and appended; a
+// choice that declines (inside a capture) is returned as nullopt and not
+// recorded; with no file, choices live in memory.
+TEST(TuningFile, reads_recorded_choices_and_records_new_ones_once) {
+  const std::string file =
+      (std::filesystem::temp_directory_path() / "accrue_tuning_file_test.txt").string();
+  std::remove(file.c_str());
+  {
+    std::ofstream out(file);
+    out << "problem_a,lib1,GPU_X,2\n"
+        << "not a line\n";
+  }
+  int asked = 0;
+  auto choose = [&](std::optional<int> answer) {
+    return [&asked, answer]() {
+      ++asked;
+      return answer;
+    };
+  };
+  EXPECT_EQ(kernels::cuda::tuned_choice(file, "problem_a,lib1,GPU_X,", choose(7)), 2);
+  EXPECT_EQ(asked, 0) << "the recorded line answers";
+  EXPECT_EQ(kernels::cuda::tuned_choice(file, "problem_a,lib2,GPU_X,", choose(1)), 1);
+  EXPECT_EQ(kernels::cuda::tuned_choice(file, "problem_a,lib2,GPU_X,", choose(5)), 1);
+  EXPECT_EQ(asked, 1) << "chosen once";
+  EXPECT_EQ(kernels::cuda::tuned_choice(file, "problem_b,lib1,GPU_X,", choose(std::nullopt)),
+            std::nullopt);
+  EXPECT_EQ(kernels::cuda::tuned_choice(file, "problem_b,lib1,GPU_X,", choose(3)), 3);
+  EXPECT_EQ(asked, 3) << "a declined choice is asked again";
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(file);
+    for (std::string line; std::getline(in, line);)
+      lines.push_back(line);
+  }
+  EXPECT_EQ(lines, (std::vector<std::string>{"problem_a,lib1,GPU_X,2", "not a line",
+                                             "problem_a,lib2,GPU_X,1", "problem_b,lib1,GPU_X,3"}));
+  EXPECT_EQ(kernels::cuda::tuned_choice("", "problem_c,", choose(4)), 4);
+  EXPECT_EQ(kernels::cuda::tuned_choice("", "problem_c,", choose(6)), 4) << "kept in memory";
+  std::remove(file.c_str());
 }
 
 // Note [GEMM autotuning]: the first call of a problem times cuBLASLt's

@@ -6,8 +6,13 @@
 #include <gmock/gmock.h>
 
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "accrue/kernels/batch_norm.h"
@@ -542,6 +547,167 @@ TEST(GpuConv, pointwise_convolutions_as_gemms_match_the_cpu_reference) {
   EXPECT_LE(test::relative_error(on_cpu(y_other.contiguous()).to(DType::f64),
                                  on_cpu(y.contiguous()).to(DType::f64)),
             1e-2);
+}
+
+// Note [Per-shape convolution paths], the weight gradient: a 1 x 1 bf16 convolution over a
+// channels-last activation offers three paths (the GEMM on views, cuDNN's
+// fp32 output, cuDNN's bf16 output copied into the slot). The first call
+// times them and records one line in the tuning file, whose choice computes
+// bitwise what that path's fixed policy computes; the next call reads the
+// line (nothing appended); a file naming each of the other choices is obeyed.
+// The fixed results run with the same file, so the GEMM path's own algorithm
+// is the recorded one too.
+TEST(GpuConv, per_shape_weight_gradient_records_its_choice_and_reproduces_a_fixed_path) {
+  ACCRUE_REQUIRE_CUDA();
+  if (!kernels::cudnn_convolution_available()) GTEST_SKIP() << "built without the cuDNN frontend";
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string file = (dir / "accrue_conv_per_shape.txt").string();
+  std::remove(file.c_str());
+  kernels::set_gemm_tuning_file(file);
+  const Conv2dOptions o;
+  // Sizes no other test uses, so this shape's choice is made here.
+  const Shape xs = {6, 192, 10, 10}, ws = {96, 192, 1, 1};
+  const Tensor x = test::as_channels_last(test::random_normal(xs, DType::bf16, kGpu));
+  const Tensor dy = test::as_channels_last(test::random_normal({6, 96, 10, 10}, DType::bf16, kGpu));
+  auto weight_gradient = [&](double beta, const Tensor& start) {
+    Tensor slot = start.to(kGpu);
+    kernels::conv2d_backward_weight(dy, x, slot, o, beta);
+    return on_cpu(slot);
+  };
+  const Tensor nan = full(ws, std::numeric_limits<double>::quiet_NaN(), DType::f32);
+  // The paths in the order the choice counts them, each under its fixed policy.
+  std::vector<Tensor> fixed;
+  for (int path = 0; path < 3; ++path) {
+    kernels::set_pointwise_conv_gemm(path == 0);
+    kernels::ConvAlgorithmPolicy policy;
+    policy.weight_gradient_in_operand_dtype = path == 2;
+    kernels::set_conv_algorithm_policy(policy);
+    fixed.push_back(weight_gradient(0.0, nan));
+  }
+  kernels::set_pointwise_conv_gemm(true);
+  kernels::ConvAlgorithmPolicy per_shape;
+  per_shape.path_per_shape = true;
+  kernels::set_conv_algorithm_policy(per_shape);
+  const Tensor chosen = weight_gradient(0.0, nan);
+  auto conv_lines = [](const std::string& path) {
+    std::vector<std::string> lines;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("conv2d_backward_weight,", 0) == 0) lines.push_back(line);
+    return lines;
+  };
+  std::vector<std::string> lines = conv_lines(file);
+  ASSERT_EQ(lines.size(), 1u) << "one shape, one recorded choice";
+  const std::string prefix = lines[0].substr(0, lines[0].rfind(',') + 1);
+  const int choice = std::stoi(lines[0].substr(prefix.size()));
+  ASSERT_TRUE(choice >= 0 && choice < 3) << lines[0];
+  EXPECT_NE(prefix.find(",paths012,"), std::string::npos) << prefix;
+  EXPECT_TRUE(test::all_equal(chosen, fixed[static_cast<size_t>(choice)])) << "choice " << choice;
+  EXPECT_TRUE(test::all_equal(weight_gradient(0.0, nan), chosen)) << "the second call";
+  EXPECT_EQ(conv_lines(file).size(), 1u) << "the second call read the line";
+  // beta 1 is a problem of its own (a temporary then added, or the GEMM's beta).
+  const Tensor dw64 = empty(ws, DType::f64);
+  kernels::conv2d_backward_weight(on_cpu(dy).to(DType::f64), on_cpu(x).to(DType::f64), dw64, o,
+                                  0.0);
+  EXPECT_LE(test::relative_error(weight_gradient(1.0, chosen).to(DType::f64),
+                                 kernels::binary_scalar(kernels::BinaryOp::Mul, dw64, 2.0)),
+            1e-2);
+  EXPECT_EQ(conv_lines(file).size(), 2u) << "beta 1 recorded its own choice";
+  // A file naming another path: the GEMM lines copied, the convolution's choice replaced.
+  for (int forced = 0; forced < 3; ++forced) {
+    SCOPED_TRACE("forced " + std::to_string(forced));
+    const std::string other =
+        (dir / ("accrue_conv_forced_" + std::to_string(forced) + ".txt")).string();
+    {
+      std::ifstream in(file);
+      std::ofstream out(other);
+      for (std::string line; std::getline(in, line);)
+        out << (line.rfind(prefix, 0) == 0 ? prefix + std::to_string(forced) : line) << "\n";
+    }
+    kernels::set_gemm_tuning_file(other);
+    EXPECT_TRUE(test::all_equal(weight_gradient(0.0, nan), fixed[static_cast<size_t>(forced)]));
+    std::remove(other.c_str());
+  }
+  kernels::set_gemm_tuning_file("");
+  kernels::set_conv_algorithm_policy({});
+  std::remove(file.c_str());
+}
+
+// Note [Per-shape convolution paths], the forward and the data gradient: a
+// 1 x 1 bf16 convolution over a channels-last activation runs as the GEMM on
+// views or on cuDNN. Each direction records one line, and its result is
+// bitwise that of the fixed setting it chose (the switch on: the GEMM; off:
+// cuDNN); a file naming the other path is obeyed.
+TEST(GpuConv, per_shape_forward_and_data_gradient_record_their_choices) {
+  ACCRUE_REQUIRE_CUDA();
+  if (!kernels::cudnn_convolution_available()) GTEST_SKIP() << "built without the cuDNN frontend";
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string file = (dir / "accrue_conv_per_shape_fwd.txt").string();
+  std::remove(file.c_str());
+  kernels::set_gemm_tuning_file(file);
+  const Conv2dOptions o;
+  // Sizes no other test uses.
+  const Shape xs = {6, 160, 12, 12}, ws = {80, 160, 1, 1};
+  const Tensor x = test::as_channels_last(test::random_normal(xs, DType::bf16, kGpu));
+  const Tensor w = test::random_normal(ws, DType::bf16, kGpu, 0.1);
+  const Tensor dy = test::as_channels_last(test::random_normal({6, 80, 12, 12}, DType::bf16, kGpu));
+  auto both = [&] {
+    return std::make_pair(on_cpu(kernels::conv2d(x, w, o).contiguous()),
+                          on_cpu(kernels::conv2d_backward_input(dy, w, xs, o).contiguous()));
+  };
+  std::vector<std::pair<Tensor, Tensor>> fixed;
+  for (int path = 0; path < 2; ++path) {
+    kernels::set_pointwise_conv_gemm(path == 0);
+    fixed.push_back(both());
+  }
+  kernels::set_pointwise_conv_gemm(true);
+  kernels::ConvAlgorithmPolicy per_shape;
+  per_shape.path_per_shape = true;
+  kernels::set_conv_algorithm_policy(per_shape);
+  const auto chosen = both();
+  auto choices = [](const std::string& path) {
+    std::map<std::string, int> found;  // "conv2d," / "conv2d_backward_input," line prefix -> choice
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("conv2d,", 0) == 0 || line.rfind("conv2d_backward_input,", 0) == 0)
+        found[line.substr(0, line.rfind(',') + 1)] = std::stoi(line.substr(line.rfind(',') + 1));
+    return found;
+  };
+  const std::map<std::string, int> recorded = choices(file);
+  ASSERT_EQ(recorded.size(), 2u) << "one line per direction";
+  for (const auto& [prefix, choice] : recorded) {
+    SCOPED_TRACE(prefix);
+    ASSERT_TRUE(choice == 0 || choice == 1);
+    const bool forward = prefix.rfind("conv2d,", 0) == 0;
+    const Tensor& got = forward ? chosen.first : chosen.second;
+    const Tensor& want = forward ? fixed[static_cast<size_t>(choice)].first
+                                 : fixed[static_cast<size_t>(choice)].second;
+    EXPECT_TRUE(test::all_equal(got, want));
+  }
+  // Both directions forced to the path not chosen.
+  const std::string other = (dir / "accrue_conv_per_shape_fwd_forced.txt").string();
+  {
+    std::ifstream in(file);
+    std::ofstream out(other);
+    for (std::string line; std::getline(in, line);) {
+      const std::string prefix = line.substr(0, line.rfind(',') + 1);
+      auto it = recorded.find(prefix);
+      out << (it == recorded.end() ? line : prefix + std::to_string(1 - it->second)) << "\n";
+    }
+  }
+  kernels::set_gemm_tuning_file(other);
+  const auto forced = both();
+  for (const auto& [prefix, choice] : recorded) {
+    const bool forward = prefix.rfind("conv2d,", 0) == 0;
+    const auto& want = fixed[static_cast<size_t>(1 - choice)];
+    EXPECT_TRUE(
+        test::all_equal(forward ? forced.first : forced.second, forward ? want.first : want.second))
+        << prefix;
+  }
+  kernels::set_gemm_tuning_file("");
+  kernels::set_conv_algorithm_policy({});
+  std::remove(file.c_str());
+  std::remove(other.c_str());
 }
 
 // Note [Composed convolution]: adaptive average pooling on CUDA against the
