@@ -290,9 +290,12 @@ bool use_pointwise_gemm(const Tensor& activation, const Conv2dGeometry& g) {
 // cuDNN's engines that write fp32 are slow on large activations (0.26 ms a
 // call on ResNet-50's on an H100, bench/RESULTS.md), and a 16-bit output added
 // into the slot costs the add pass and a rounding of the micro-step's
-// gradient to 16 bits. The fixed settings flip with the micro-batch
-// (ResNet-50 bf16 on an H200: fp32 weight gradients 3,723 images/s at
-// 256 x 1 against 4,991 with 16-bit ones, and 987 against 657 at 8 x 32).
+// gradient to 16 bits. Which wins is a matter of the layer, not of the model:
+// ResNet-50 bf16 on an H200 (bench/RESULTS.md, 2026-11-28 evening) ran 3,804
+// images/s at 256 x 1 with fp32 outputs, 5,145 with 16-bit ones and 5,177
+// with the path chosen per shape, which took the 1 x 1 GEMM for every 1 x 1
+// weight gradient and the 16-bit output for 70 of the other 77 (over the four
+// micro-batches' shapes).
 // ConvAlgorithmPolicy::path_per_shape times the paths that apply on a
 // shape's first call (a weight gradient into a scratch slot, never the
 // call's: beta 1 must not see them) and keeps the fastest: in the tuning file

@@ -3,7 +3,7 @@
 //   accrue_resnet_bench [--model resnet50|resnet18] [--image-size S] [--micro-batch B] [--k K]
 //                       [--dtype bf16|f16|f32] [--channels-last] [--classes C]
 //                       [--warmup N] [--windows N] [--no-pointwise-gemm] [--conv-timed]
-//                       [--conv-nondeterministic] [--conv-16-bit-wgrad] [--conv-per-shape]
+//                       [--conv-nondeterministic] [--conv-16-bit-wgrad] [--conv-fixed-paths]
 //                       [--tuning FILE] [--cuda-graphs] [--cpu]
 //
 // Trains on synthetic images (normal noise, a new batch for every
@@ -14,10 +14,12 @@
 // inputs and lays its weights out channels-last (nn::Module::to_channels_last),
 // and the model stays channels-last (Note [Channels-last results]);
 // --no-pointwise-gemm sends its 1 x 1 convolutions to cuDNN instead of
-// cuBLASLt (Note [Pointwise convolution as a GEMM]); --conv-per-shape times
-// each convolution's paths on its first call and keeps the fastest (Note
-// [Per-shape convolution paths]), recorded with the GEMM choices in --tuning
-// FILE (Note [Tuning file]); --cuda-graphs replays the
+// cuBLASLt (Note [Pointwise convolution as a GEMM]). By default each
+// convolution's paths are timed on its shape's first call and the fastest is
+// kept (Note [Per-shape convolution paths]: never slower than a fixed
+// setting), recorded with the GEMM choices in --tuning FILE (Note [Tuning
+// file]); --conv-fixed-paths runs the fixed order that --no-pointwise-gemm and
+// --conv-16-bit-wgrad set instead; --cuda-graphs replays the
 // micro-steps and the close from CUDA graphs (optim::GraphedWindow, Note
 // [Graphed window]; BatchNorm's window statistics adopted eagerly after each
 // replayed close). Windows are timed with
@@ -49,6 +51,13 @@ namespace {
 
 constexpr const char* kProgram = "accrue_resnet_bench";
 
+// The bench's default convolution policy: every path chosen per shape.
+kernels::ConvAlgorithmPolicy per_shape_paths() {
+  kernels::ConvAlgorithmPolicy policy;
+  policy.path_per_shape = true;
+  return policy;
+}
+
 struct Options {
   std::string model = "resnet50";
   int64_t image_size = 224;
@@ -60,7 +69,7 @@ struct Options {
   int64_t warmup = 2;
   int64_t windows = 5;
   bool pointwise_gemm = true;
-  kernels::ConvAlgorithmPolicy conv;
+  kernels::ConvAlgorithmPolicy conv = per_shape_paths();
   std::string tuning;
   bool cuda_graphs = false;
   bool cpu = false;
@@ -79,7 +88,7 @@ bool parse(int argc, char** argv, Options& o) {
   cli.flag("--channels-last", &o.channels_last,
            "NHWC-packed inputs and channels-last weights (the model stays channels-last)");
   cli.flag_off("--no-pointwise-gemm", &o.pointwise_gemm,
-               "1 x 1 convolutions on cuDNN, not as cuBLASLt GEMMs");
+               "1 x 1 convolutions on cuDNN, not as cuBLASLt GEMMs (with --conv-fixed-paths)");
   cli.flag("--conv-timed", &o.conv.timed,
            "time every cuDNN plan on a convolution's first call, keep the fastest "
            "(kernels::ConvAlgorithmPolicy)");
@@ -87,14 +96,17 @@ bool parse(int argc, char** argv, Options& o) {
            "admit cuDNN engines marked non-deterministic");
   cli.flag("--conv-16-bit-wgrad", &o.conv.weight_gradient_in_operand_dtype,
            "cuDNN weight gradients in the compute dtype, then added to the fp32 slots (as "
-           "PyTorch's autocast)");
+           "PyTorch's autocast; with --conv-fixed-paths)");
+  cli.flag_off("--conv-fixed-paths", &o.conv.path_per_shape,
+               "run the fixed order of convolution paths; the default times each convolution's "
+               "paths (1 x 1: the GEMM or cuDNN; weight gradients: also cuDNN's fp32 output or "
+               "its 16-bit output added) on its shape's first call and keeps the fastest, which "
+               "overrides --conv-16-bit-wgrad and --no-pointwise-gemm where it chooses");
   cli.flag("--conv-per-shape", &o.conv.path_per_shape,
-           "time each convolution's paths (1 x 1: the GEMM or cuDNN; weight gradients: also "
-           "cuDNN's fp32 output or its 16-bit output added) on its shape's first call and keep "
-           "the fastest (overrides --conv-16-bit-wgrad and the GEMM switch where it chooses)");
+           "the default (kept for the command lines that name it)");
   cli.path("--tuning", &o.tuning, "FILE",
            "time cuBLASLt's candidates for each GEMM shape on first use and keep the fastest, "
-           "recorded in FILE with --conv-per-shape's choices; a run with the same FILE reads them "
+           "recorded in FILE with the convolutions' paths; a run with the same FILE reads them "
            "back and computes the same bits");
   cli.integer("--classes", &o.classes, "C", "output classes").min(2);
   cli.integer("--warmup", &o.warmup, "N", "untimed windows first").min(0);
@@ -188,6 +200,8 @@ int bench(int argc, char** argv) {
       .text("dtype", opt.dtype)
       .boolean("channels_last", opt.channels_last)
       .boolean("pointwise_gemm", opt.pointwise_gemm)
+      .boolean("conv_per_shape", opt.conv.path_per_shape)
+      .boolean("conv_16_bit_wgrad", opt.conv.weight_gradient_in_operand_dtype)
       .boolean("cuda_graphs", opt.cuda_graphs)
       .integer("classes", opt.classes)
       .integer("parameters", arena.numel())

@@ -408,7 +408,8 @@ case $name in
   resnet_bench)
     bin=$dir/accrue_resnet_bench prog=accrue_resnet_bench
     help --model --image-size --micro-batch --k --dtype --channels-last --no-pointwise-gemm \
-      --conv-timed --conv-nondeterministic --conv-16-bit-wgrad --classes --warmup --windows --cpu
+      --conv-timed --conv-nondeterministic --conv-16-bit-wgrad --conv-fixed-paths --tuning \
+      --classes --warmup --windows --cpu
     common_refusals
     expect 2 "--model must be resnet50 or resnet18, got 'vgg'" --model vgg
     expect 2 "--image-size must be >= 32, got 16" --image-size 16
