@@ -1,32 +1,43 @@
 #!/usr/bin/env python3
-"""FP8 against bf16 over a long run: the same model, data, seed and schedule
-trained once per recipe, the validation losses compared and plotted.
+"""FP8 against bf16 over a long run: the same model, data, seeds and schedule
+trained once per recipe and seed, the validation losses compared and plotted.
 
     python3 bench/fp8_parity.py --accrue-bin build-dev/examples/accrue_train \\
         --models gpt2-d12,llama-125m --recipes bf16,tensor,block --windows 2000 \\
+        --seeds 1,2 --text-dir /usr/lib/python3.12,/usr/lib/python3/dist-packages \\
         --gpus 0,1 --out-dir /tmp/parity
 
 The data is real text found offline: by default the Python standard
-library's sources (`*.py` under the running interpreter's stdlib directory,
-sorted), one document per file, as byte tokens 0..255 with an EOS of 256
-after each document (tools/make_shards.py; --text-dir picks another tree).
+library's sources (`*.py` under the running interpreter's stdlib directory),
+one document per file, as byte tokens 0..255 with an EOS of 256 after each
+document (tools/make_shards.py). --text-dir takes other roots, comma-separated:
+each root's files sorted, the roots in the order given, a file once. Trees
+named site-packages below a root are left out (vendored copies would weigh
+one package heavily), but a root may itself be a site-packages directory.
 GPT-2 reads the shards as contiguous rows (its trainer takes no EOS id);
 the Llama models pack the documents with attention that never crosses one
 (--eos-id 256). The first --val-fraction of the tokens is the validation
 split; every run evaluates the same --val-batches micro-batches from its
 start every --val-every windows and at the end.
 
-Every run of a model gets the same arguments but the recipe's: bf16 compute
-(`--dtype bf16`), or `--fp8 --fp8-recipe tensor|block` on top of it, with
---cuda-graphs, the same seed (weights and data order), AdamW with warmup and
-cosine decay, clip 1. Runs go one per GPU of --gpus at a time. Each run's
---metrics file (JSON Lines, one object per window) is kept under --out-dir.
+Every run of a model gets the same arguments but the recipe's and the seed's:
+bf16 compute (`--dtype bf16`), or `--fp8 --fp8-recipe tensor|block` on top of
+it, and `--seed N`, with --cuda-graphs, AdamW with warmup and cosine decay,
+clip 1. The seed draws the weights (and any dropout); the data order depends
+only on the files, so it is every run's. A run is one (model, recipe, seed),
+named MODEL_RECIPE, or MODEL_RECIPE_sSEED with several --seeds. Runs go one
+per GPU of --gpus at a time. Each run's --metrics file (JSON Lines, one object
+per window) is kept under --out-dir.
 
-The verdict, per model and FP8 recipe: the final validation loss within
---tolerance (0.5% by default) of bf16's, |fp8 / bf16 - 1|. Writes
+The verdict, per model and FP8 recipe: the final validation loss, the mean
+over the seeds, within --tolerance (0.5% by default) of bf16's mean,
+|fp8 / bf16 - 1|. With several seeds each recipe also gets its seed spread,
+(max - min) / mean of its final validation losses, and each FP8 recipe is
+told whether its gap to bf16 lies within bf16's spread: a gap the seeds alone
+would give is noise, not FP8 (reported, not part of the verdict). Writes
 OUT_DIR/parity.json, OUT_DIR/parity.md and OUT_DIR/parity_MODEL.png (the
-training loss, a moving average, and the validation loss of every recipe
-against the window; needs matplotlib) and prints the table.
+training loss, a moving average, and the validation loss of every recipe and
+seed against the window; needs matplotlib) and prints the table.
 
 --dry-run prints the commands without running anything; --cpu with
 --models gpt2-tiny runs the whole script on the CPU.
@@ -72,10 +83,13 @@ def parse_args(argv=None):
     p.add_argument("--tolerance", type=float, default=0.005,
                    help="the largest |fp8 / bf16 - 1| of the final validation loss")
     p.add_argument("--text-dir", default=None,
-                   help="the text tree (default: the Python standard library's directory)")
+                   help="comma-separated roots of the *.py text, in this order (default: the "
+                   "Python standard library's directory)")
     p.add_argument("--gpus", default="0", help="comma-separated GPU indices, one run on each")
     p.add_argument("--timeout", type=int, default=1800, help="seconds a run")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seeds", default="1",
+                   help="comma-separated seeds of the weights, each recipe run once per seed "
+                   "(several: the seed-noise floor)")
     p.add_argument("--out-dir", required=True)
     p.add_argument("--cpu", action="store_true",
                    help="run on the CPU without CUDA graphs (the tiny models: checks the script)")
@@ -97,43 +111,91 @@ def parse_args(argv=None):
         p.error("--windows and --val-batches must be positive, --val-every not negative")
     if args.warmup_windows is None:
         args.warmup_windows = max(1, args.windows // 20)
+    args.seeds = seeds(p, args.seeds)
+    args.text_dirs = ([d for d in args.text_dir.split(",") if d] if args.text_dir
+                      else [sysconfig.get_paths()["stdlib"]])
+    if not args.text_dirs:
+        p.error("--text-dir: no directory given")
     return args
 
 
-def text_files(root):
-    """The *.py files under root, sorted (the same order, so the same shards, everywhere)."""
-    files = sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True))
-    # Generated or vendored trees would weigh one package heavily: the sources only.
-    return [f for f in files if "site-packages" not in f and os.path.isfile(f)]
+def seeds(p, text):
+    """--seeds as a list of ints; a bad one is an argparse error (exit 2)."""
+    out = []
+    for word in text.split(","):
+        try:
+            seed = int(word)
+        except ValueError:
+            p.error(f"--seeds: {word!r} is not an integer")
+        # accrue_train refuses a negative seed; two runs of one seed would share a name.
+        if seed < 0 or seed in out:
+            p.error(f"--seeds: {seed} is " + ("negative" if seed < 0 else "given twice"))
+        out.append(seed)
+    return out
+
+
+def text_files(roots):
+    """The *.py files under each root, sorted, the roots in order, a file once (the same
+    order, so the same shards, everywhere)."""
+    out, seen = [], set()
+    for root in roots:
+        for f in sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True)):
+            # Generated or vendored trees would weigh one package heavily: the sources only.
+            # Below the root only, so that a root may be a site-packages directory itself.
+            if "site-packages" in os.path.relpath(f, root) or not os.path.isfile(f):
+                continue
+            # Nested or repeated roots reach a file twice.
+            if os.path.realpath(f) not in seen:
+                seen.add(os.path.realpath(f))
+                out.append(f)
+    return out
 
 
 def make_data(args):
     """Writes the shards once under OUT_DIR/data; returns (train glob, val glob, token count)."""
     prefix = os.path.join(args.out_dir, "data", "text")
     train, val = prefix + "_train_*.bin", prefix + "_val_*.bin"
-    root = args.text_dir or sysconfig.get_paths()["stdlib"]
-    files = text_files(root)
+    roots = ", ".join(args.text_dirs)
+    files = text_files(args.text_dirs)
     if not files:
-        raise SystemExit(f"fp8_parity: no *.py files under {root}")
+        raise SystemExit(f"fp8_parity: no *.py files under {roots}")
     tokens = sum(os.path.getsize(f) + 1 for f in files)  # a byte a token, an EOS a file
-    if not args.dry_run and not glob.glob(train):
-        os.makedirs(os.path.dirname(prefix), exist_ok=True)
-        subprocess.run([sys.executable, MAKE_SHARDS, *files, "--output-prefix", prefix,
-                        "--eos-id", str(EOS), "--val-fraction", str(args.val_fraction)],
-                       check=True, stdout=subprocess.DEVNULL)
-    print(f"data: {len(files)} files under {root}, {tokens:,} byte tokens "
+    # The shards are made once per output directory and name the files and split they hold:
+    # a later call with other roots or another split writes them again, never trains on old text.
+    made_from = {"files": files, "val_fraction": args.val_fraction}
+    manifest = prefix + "_sources.json"
+    if not args.dry_run:
+        current = None
+        if os.path.exists(manifest):
+            with open(manifest, encoding="utf-8") as f:
+                current = json.load(f)
+        if current != made_from or not glob.glob(train):
+            for old in glob.glob(train) + glob.glob(val):
+                os.remove(old)
+            os.makedirs(os.path.dirname(prefix), exist_ok=True)
+            subprocess.run([sys.executable, MAKE_SHARDS, *files, "--output-prefix", prefix,
+                            "--eos-id", str(EOS), "--val-fraction", str(args.val_fraction)],
+                           check=True, stdout=subprocess.DEVNULL)
+            with open(manifest, "w", encoding="utf-8") as f:
+                json.dump(made_from, f)
+    print(f"data: {len(files)} files under {roots}, {tokens:,} byte tokens "
           f"({args.val_fraction:.0%} validation)")
     return train, val, tokens
 
 
-def command(args, model, recipe, train, val, metrics):
+def run_name(args, model, recipe, seed):
+    # One seed keeps the names of before, so earlier output directories still read.
+    return f"{model}_{recipe}" if len(args.seeds) == 1 else f"{model}_{recipe}_s{seed}"
+
+
+def command(args, model, recipe, seed, train, val, metrics):
     b, t, k, lr, own = SHAPES[model]
     cmd = [args.accrue_bin, "--model", model, "--train-data", train, "--val-data", val,
            "--dtype", "bf16", "--micro-batch", str(b), "--seq-len", str(t), "--accum", str(k),
            "--windows", str(args.windows), "--lr", str(lr),
            "--warmup-windows", str(args.warmup_windows), "--max-grad-norm", "1",
            "--val-every", str(args.val_every), "--val-batches", str(args.val_batches),
-           "--seed", str(args.seed), "--metrics", metrics, *own]
+           "--seed", str(seed), "--metrics", metrics, *own]
     cmd += ["--cpu"] if args.cpu else ["--cuda-graphs"]
     if not model.startswith("gpt2"):
         cmd += ["--eos-id", str(EOS)]
@@ -193,6 +255,25 @@ def moving_average(xs, n):
     return out
 
 
+def number(x):
+    return x if isinstance(x, (int, float)) else None
+
+
+def mean(xs):
+    """The mean, or None where a figure is missing (a run that failed has no say)."""
+    return statistics.fmean(xs) if xs and None not in xs else None
+
+
+def spread(xs):
+    """(max - min) / mean of one recipe's figures over the seeds; None with one seed."""
+    m = mean(xs)
+    return (max(xs) - min(xs)) / m if len(xs) > 1 and m else None
+
+
+def f4(x):
+    return "None" if x is None else f"{x:.4f}"
+
+
 def plot(args, model, runs):
     try:
         import matplotlib
@@ -202,13 +283,17 @@ def plot(args, model, runs):
         print("fp8_parity: no matplotlib, no plot", file=sys.stderr)
         return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for recipe, rows in runs.items():
-        w = [r["window"] for r in rows if isinstance(r.get("loss"), (int, float))]
-        loss = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float))]
-        left.plot(w, moving_average(loss, 20), label=recipe, linewidth=1)
-        vw = [r["window"] for r in rows if isinstance(r.get("val_loss"), (int, float))]
-        vl = [r["val_loss"] for r in rows if isinstance(r.get("val_loss"), (int, float))]
-        right.plot(vw, vl, marker="o", markersize=3, label=recipe)
+    styles = ["-", "--", ":", "-."]  # one a seed, the first solid; more seeds than styles repeat
+    for i, (recipe, seed_rows) in enumerate(runs.items()):
+        for j, (seed, rows) in enumerate(zip(args.seeds, seed_rows)):
+            label = recipe if len(args.seeds) == 1 else f"{recipe} s{seed}"
+            style = {"color": f"C{i}", "linestyle": styles[j % len(styles)], "label": label}
+            w = [r["window"] for r in rows if number(r.get("loss")) is not None]
+            loss = [r["loss"] for r in rows if number(r.get("loss")) is not None]
+            left.plot(w, moving_average(loss, 20), linewidth=1, **style)
+            vw = [r["window"] for r in rows if number(r.get("val_loss")) is not None]
+            vl = [r["val_loss"] for r in rows if number(r.get("val_loss")) is not None]
+            right.plot(vw, vl, marker="o", markersize=3, **style)
     left.set(title=f"{model}: training loss (moving average of 20)", xlabel="window",
              ylabel="loss")
     right.set(title=f"{model}: validation loss", xlabel="window", ylabel="loss")
@@ -228,44 +313,72 @@ def main(argv=None):
     train, val, tokens = make_data(args)
     jobs = []
     for model in args.models:
-        for recipe in args.recipes:
-            name = f"{model}_{recipe}"
-            metrics = os.path.join(args.out_dir, name + ".jsonl")
-            jobs.append((name, command(args, model, recipe, train, val, metrics)))
+        # Every recipe of a seed before the next seed: a sweep cut short leaves whole seeds.
+        for seed in args.seeds:
+            for recipe in args.recipes:
+                name = run_name(args, model, recipe, seed)
+                metrics = os.path.join(args.out_dir, name + ".jsonl")
+                jobs.append((name, command(args, model, recipe, seed, train, val, metrics)))
     if args.dry_run:
         for name, cmd in jobs:
             print(name + ": " + " ".join(cmd))
         return 0
     rcs = run_all(args, jobs)
-    results, lines = [], ["| model | recipe | final val loss | / bf16 | within "
-                          f"{args.tolerance:.1%} | last train loss | rc |",
-                          "|---|---|---:|---:|---|---:|---:|"]
-    ok = True
+    seeds = ",".join(str(s) for s in args.seeds)
+    results, lines, ok = [], [], True
     for model in args.models:
-        runs = {r: read_metrics(os.path.join(args.out_dir, f"{model}_{r}.jsonl"))
-                for r in args.recipes}
-        ref = final_val(runs["bf16"])
-        for recipe, rows in runs.items():
-            v = final_val(rows)
+        # A table a model: the lines under it would end a shared one in Markdown.
+        if lines:
+            lines.append("")
+        lines += ["| model | recipe | seeds | final val loss | per seed | / bf16 | within "
+                  f"{args.tolerance:.1%} | seed spread | last train loss | rc |",
+                  "|---|---|---|---:|---:|---:|---|---:|---:|---:|"]
+        # Per recipe, the metrics rows of each seed's run, in seed order.
+        runs = {r: [read_metrics(os.path.join(args.out_dir, run_name(args, model, r, s) + ".jsonl"))
+                    for s in args.seeds] for r in args.recipes}
+        ref_vals = [final_val(rows) for rows in runs["bf16"]]
+        ref, ref_spread = mean(ref_vals), spread(ref_vals)
+        gaps = []
+        for recipe, seed_rows in runs.items():
+            vals = [final_val(rows) for rows in seed_rows]
+            v, v_spread = mean(vals), spread(vals)
             ratio = v / ref if v is not None and ref else None
             verdict = ("reference" if recipe == "bf16" else
                        "no figure" if ratio is None else
                        "PASS" if abs(ratio - 1) <= args.tolerance else "MISS")
             ok = ok and verdict in ("reference", "PASS")
-            last = rows[-1]["loss"] if rows else None
-            results.append({"model": model, "recipe": recipe, "windows": len(rows),
-                            "final_val_loss": v, "ratio_to_bf16": ratio, "verdict": verdict,
-                            "last_train_loss": last, "rc": rcs.get(f"{model}_{recipe}")})
-            lines.append(f"| {model} | {recipe} | {v if v is None else f'{v:.4f}'} | "
+            # A gap no larger than bf16's own spread over the seeds could be the seeds alone.
+            within = None
+            if recipe != "bf16" and ratio is not None and ref_spread is not None:
+                within = abs(ratio - 1) <= ref_spread
+            if recipe != "bf16":
+                gaps.append(f"{recipe} no figure" if ratio is None else
+                            f"{recipe} {ratio - 1:+.2%} from bf16, " +
+                            ("no spread to compare" if within is None else
+                             "within it" if within else "outside it"))
+            last = mean([number(rows[-1].get("loss")) if rows else None for rows in seed_rows])
+            run_rcs = [rcs.get(run_name(args, model, recipe, s)) for s in args.seeds]
+            rc = next((c for c in run_rcs if c != 0), 0)
+            results.append({"model": model, "recipe": recipe, "windows": len(seed_rows[0]),
+                            "final_val_losses": vals, "final_val_loss": v, "ratio_to_bf16": ratio,
+                            "verdict": verdict, "seed_spread": v_spread,
+                            "within_bf16_seed_spread": within, "last_train_loss": last,
+                            "rc": rc, "rcs": run_rcs})
+            lines.append(f"| {model} | {recipe} | {seeds} | {f4(v)} | "
+                         f"{', '.join(f4(x) for x in vals)} | "
                          f"{'' if ratio is None else f'{ratio:.4f}'} | {verdict} | "
-                         f"{last if last is None else f'{last:.4f}'} | "
-                         f"{rcs.get(f'{model}_{recipe}')} |")
+                         f"{'' if v_spread is None else f'{v_spread:.2%}'} | {f4(last)} | {rc} |")
+        if len(args.seeds) > 1:
+            lines += ["", f"{model}: bf16's seed spread over seeds {seeds}: "
+                      + ("no figure" if ref_spread is None else f"{ref_spread:.2%}")
+                      + "".join(f"; {g}" for g in gaps)]
         png = plot(args, model, runs)
         if png:
-            lines.append(f"\n{model}: {png}\n")
+            lines += ["", f"{model}: {png}"]
     with open(os.path.join(args.out_dir, "parity.json"), "w") as f:
         json.dump({"windows": args.windows, "tokens": tokens, "tolerance": args.tolerance,
-                   "results": results}, f, indent=1)
+                   "seeds": args.seeds, "text_dirs": args.text_dirs, "results": results},
+                  f, indent=1)
     with open(os.path.join(args.out_dir, "parity.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

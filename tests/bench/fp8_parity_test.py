@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
 """bench/fp8_parity.py without a GPU.
 
-Always: --help, bad command lines exit 2, and --dry-run plans every run with
-the same arguments but the recipe's (the Llama models with the EOS id, GPT-2
-without). Where ACCRUE_TRAIN_BIN names a built accrue_train: the whole script
-on the CPU with gpt2-tiny over a few of the repository's files (the shards
-written, every recipe run, the verdicts and parity.json); skipped with a
-message otherwise.
+Always: --help, bad command lines exit 2, --dry-run plans every run with
+the same arguments but the recipe's and the seed's (the Llama models with the
+EOS id, GPT-2 without; several --seeds name the runs _sSEED), a data line
+naming every --text-dir root, and text_files on a temporary tree (site-packages
+below a root left out, a root named site-packages kept, several roots joined
+in order without repeats). Where ACCRUE_TRAIN_BIN names a built accrue_train:
+the whole script on the CPU with gpt2-tiny over a few of the repository's
+files (the shards written, every recipe run, the verdicts and parity.json);
+skipped with a message otherwise.
 
     python3 tests/bench/fp8_parity_test.py [REPO_ROOT]
 """
+import glob
+import importlib.util
 import json
 import os
 import subprocess
@@ -27,6 +32,20 @@ def run(args, timeout=300):
                           timeout=timeout)
 
 
+def plans_of(stdout, out):
+    """{run name: its command without --metrics} from a dry run's output."""
+    plans = {}
+    for line in stdout.splitlines():
+        if ": accrue" in line:
+            name, cmd = line.split(": ", 1)
+            words = cmd.split()
+            # Each run its own metrics file, named after it.
+            assert words[words.index("--metrics") + 1] == os.path.join(out, name + ".jsonl"), line
+            del words[words.index("--metrics"):words.index("--metrics") + 2]
+            plans[name] = words
+    return plans
+
+
 class Fp8Parity(unittest.TestCase):
     def test_help(self):
         r = run(["--help"])
@@ -37,7 +56,9 @@ class Fp8Parity(unittest.TestCase):
         for bad in (["--models", "gpt5", "--accrue-bin", "x", "--out-dir", "/tmp/x"],
                     ["--recipes", "fp4", "--accrue-bin", "x", "--out-dir", "/tmp/x"],
                     ["--gpus", "", "--accrue-bin", "x", "--out-dir", "/tmp/x"],
-                    ["--windows", "0", "--accrue-bin", "x", "--out-dir", "/tmp/x"]):
+                    ["--windows", "0", "--accrue-bin", "x", "--out-dir", "/tmp/x"],
+                    ["--seeds", "x", "--accrue-bin", "x", "--out-dir", "/tmp/x"],
+                    ["--seeds", "", "--accrue-bin", "x", "--out-dir", "/tmp/x"]):
             r = run(bad)
             self.assertEqual(r.returncode, 2, bad)
             self.assertIn("error", r.stderr)
@@ -48,26 +69,102 @@ class Fp8Parity(unittest.TestCase):
                      "--recipes", "tensor,block", "--windows", "2000", "--text-dir",
                      os.path.join(ROOT, "bench"), "--out-dir", out, "--dry-run"])
         self.assertEqual(r.returncode, 0, r.stderr)
-        plans = {}
-        for line in r.stdout.splitlines():
-            if ": accrue" in line:
-                name, cmd = line.split(": ", 1)
-                words = cmd.split()
-                # Each run its own metrics file, named after it.
-                self.assertEqual(words[words.index("--metrics") + 1],
-                                 os.path.join(out, name + ".jsonl"))
-                del words[words.index("--metrics"):words.index("--metrics") + 2]
-                plans[name] = " ".join(words)
+        plans = plans_of(r.stdout, out)
         self.assertEqual(sorted(plans), sorted(f"{m}_{rec}" for m in ("gpt2-d12", "llama-125m")
                                                for rec in ("bf16", "tensor", "block")))
         for model in ("gpt2-d12", "llama-125m"):
-            base = plans[f"{model}_bf16"].split()
+            base = plans[f"{model}_bf16"]
             self.assertIn("--cuda-graphs", base)
             self.assertEqual("--eos-id" in base, model == "llama-125m")
             self.assertEqual(base[base.index("--windows") + 1], "2000")
+            self.assertEqual(base[base.index("--seed") + 1], "1")
             for recipe in ("tensor", "block"):
-                self.assertEqual(plans[f"{model}_{recipe}"].split(),
+                self.assertEqual(plans[f"{model}_{recipe}"],
                                  base + ["--fp8", "--fp8-recipe", recipe])
+
+    def test_dry_run_with_two_seeds(self):
+        with tempfile.TemporaryDirectory() as out:
+            r = run(["--accrue-bin", "accrue_train", "--models", "gpt2-d12,llama-125m",
+                     "--seeds", "1,2", "--text-dir", os.path.join(ROOT, "bench"),
+                     "--out-dir", out, "--dry-run"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        plans = plans_of(r.stdout, out)
+        self.assertEqual(sorted(plans), sorted(f"{m}_{rec}_s{s}" for m in ("gpt2-d12", "llama-125m")
+                                               for rec in ("bf16", "tensor", "block")
+                                               for s in (1, 2)))
+        for model in ("gpt2-d12", "llama-125m"):
+            for recipe in ("bf16", "tensor", "block"):
+                one, two = plans[f"{model}_{recipe}_s1"], plans[f"{model}_{recipe}_s2"]
+                i = one.index("--seed")
+                self.assertEqual(one[i + 1], "1")
+                # The same command but the seed's value.
+                self.assertEqual(two, one[:i + 1] + ["2"] + one[i + 2:])
+
+    def test_dry_run_names_every_text_dir(self):
+        dirs = [os.path.join(ROOT, "bench"), os.path.join(ROOT, "tools")]
+        with tempfile.TemporaryDirectory() as out:
+            r = run(["--accrue-bin", "accrue_train", "--models", "gpt2-d12", "--text-dir",
+                     ",".join(dirs), "--out-dir", out, "--dry-run"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        data = [line for line in r.stdout.splitlines() if line.startswith("data:")]
+        self.assertEqual(len(data), 1, r.stdout)
+        for d in dirs:
+            self.assertIn(d, data[0])
+
+    def test_text_files(self):
+        spec = importlib.util.spec_from_file_location("fp8_parity", SCRIPT)
+        parity = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(parity)
+        with tempfile.TemporaryDirectory() as tmp:
+            def touch(*parts):
+                path = os.path.join(tmp, *parts)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write("x = 1\n")
+                return path
+
+            src = os.path.join(tmp, "src")
+            site = os.path.join(tmp, "lib", "site-packages")
+            a, b = touch("src", "a.py"), touch("src", "sub", "b.py")
+            touch("src", "vendor", "site-packages", "v.py")  # vendored below a root: left out
+            touch("src", "notes.txt")
+            c = touch("lib", "site-packages", "c.py")
+            d = touch("lib", "site-packages", "pkg", "d.py")
+            self.assertEqual(parity.text_files([src]), [a, b])
+            self.assertEqual(parity.text_files([site]), [c, d])
+            self.assertEqual(parity.text_files([src, site]), [a, b, c, d])
+            self.assertEqual(parity.text_files([site, src]), [c, d, a, b])
+            # A root twice, or one inside another, gives its files once, where first reached.
+            self.assertEqual(parity.text_files([src, site, src]), [a, b, c, d])
+            self.assertEqual(parity.text_files([os.path.join(src, "sub"), src]), [b, a])
+
+    def test_shards_follow_the_text_dirs(self):
+        spec = importlib.util.spec_from_file_location("fp8_parity", SCRIPT)
+        parity = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(parity)
+        with tempfile.TemporaryDirectory() as tmp:
+            def shard_bytes(out):
+                return sum(os.path.getsize(f)
+                           for f in glob.glob(os.path.join(out, "data", "text_*.bin")))
+
+            def shard_times(out):
+                return sorted(os.stat(f).st_mtime_ns
+                              for f in glob.glob(os.path.join(out, "data", "text_*.bin")))
+
+            out = os.path.join(tmp, "out")
+            one = parity.parse_args(["--accrue-bin", "x", "--out-dir", out,
+                                     "--text-dir", os.path.join(ROOT, "tools")])
+            parity.make_data(one)
+            first, times = shard_bytes(out), shard_times(out)
+            self.assertGreater(first, 0)
+            parity.make_data(one)  # the same roots: the shards are kept
+            self.assertEqual(shard_times(out), times)
+            # Other roots in the same output directory: the shards are written again.
+            two = parity.parse_args(["--accrue-bin", "x", "--out-dir", out, "--text-dir",
+                                     os.path.join(ROOT, "tools") + "," +
+                                     os.path.join(ROOT, "bench")])
+            parity.make_data(two)
+            self.assertGreater(shard_bytes(out), first)
 
     def test_the_script_on_the_cpu(self):
         binary = os.environ.get("ACCRUE_TRAIN_BIN")
@@ -79,12 +176,22 @@ class Fp8Parity(unittest.TestCase):
                      os.path.join(ROOT, "bench"), "--cpu", "--out-dir", out], timeout=280)
             self.assertIn(r.returncode, (0, 1), r.stdout + r.stderr)
             with open(os.path.join(out, "parity.json")) as f:
-                results = json.load(f)["results"]
+                parity = json.load(f)
+            # One seed: the run names of before.
+            for recipe in ("bf16", "tensor", "block"):
+                self.assertTrue(os.path.exists(os.path.join(out, f"gpt2-tiny_{recipe}.jsonl")))
+        results = parity["results"]
+        self.assertEqual(parity["seeds"], [1])
+        self.assertEqual(parity["text_dirs"], [os.path.join(ROOT, "bench")])
         self.assertEqual([x["recipe"] for x in results], ["bf16", "tensor", "block"])
         for x in results:
             self.assertEqual(x["rc"], 0, x)
+            self.assertEqual(x["rcs"], [0], x)
             self.assertEqual(x["windows"], 6)
             self.assertGreater(x["final_val_loss"], 0)
+            self.assertEqual(x["final_val_losses"], [x["final_val_loss"]])
+            self.assertIsNone(x["seed_spread"])
+            self.assertIsNone(x["within_bf16_seed_spread"])
         self.assertEqual(results[0]["verdict"], "reference")
         for x in results[1:]:
             ratio = x["final_val_loss"] / results[0]["final_val_loss"]
