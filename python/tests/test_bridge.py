@@ -387,6 +387,41 @@ def test_unused_parameters_are_named():
         window.close()
 
 
+def test_a_parameter_used_in_one_micro_step_is_used():
+    # Note [Torch bridge]: an f32/f64 parameter has no hook; its .grad's version counter says
+    # whether a backward added to it. A branch taken in the second micro-step only must count
+    # as used, and take the same step as torch's sum over the micro-steps.
+    x, y = torch.randn(3, 8, dtype=torch.float64), torch.randint(0, 5, (3,))
+    check = accrue.optim.UnusedParameterCheck.error
+
+    def build():
+        torch.manual_seed(3)
+        model = MLP(torch.float64)
+        model.extra = torch.nn.Linear(5, 5, dtype=torch.float64)
+        return model
+
+    def loss(model, k):
+        out = model(x)
+        if k == 1:
+            out = model.extra(out)
+        return torch.nn.functional.cross_entropy(out, y, reduction="sum")
+
+    model, reference = build(), build()
+    window = AccumulationWindow(model, "sgd", lr=0.1, micro_steps=2,
+                                unused_parameter_check=check)
+    assert window._handles == []  # no hook on an f64 parameter without a process group
+    for k in range(2):
+        window.backward(loss(model, k), 3)
+    window.close()  # every parameter had a gradient in some micro-step: no error
+    for k in range(2):
+        (loss(reference, k) / 6).backward()
+    with torch.no_grad():
+        for q in reference.parameters():
+            q -= 0.1 * q.grad
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=1e-14, msg=name)
+
+
 @pytest.mark.parametrize("dampening,nesterov", [(0.0, False), (0.3, False), (0.0, True)])
 def test_sgd_and_schedule_equal_torch(dampening, nesterov):
     model, reference, batches = mlp_twins(data_seed=6)
