@@ -97,13 +97,13 @@ bool parse(int argc, char** argv, Options& o) {
   cli.flag("--conv-16-bit-wgrad", &o.conv.weight_gradient_in_operand_dtype,
            "cuDNN weight gradients in the compute dtype, then added to the fp32 slots (as "
            "PyTorch's autocast; with --conv-fixed-paths)");
-  cli.flag_off("--conv-fixed-paths", &o.conv.path_per_shape,
-               "run the fixed order of convolution paths; the default times each convolution's "
-               "paths (1 x 1: the GEMM or cuDNN; weight gradients: also cuDNN's fp32 output or "
-               "its 16-bit output added) on its shape's first call and keeps the fastest, which "
-               "overrides --conv-16-bit-wgrad and --no-pointwise-gemm where it chooses");
-  cli.flag("--conv-per-shape", &o.conv.path_per_shape,
-           "the default (kept for the command lines that name it)");
+  bool fixed_paths = false, per_shape = false;
+  cli.flag("--conv-fixed-paths", &fixed_paths,
+           "run the fixed order of convolution paths; the default times each convolution's "
+           "paths (1 x 1: the GEMM or cuDNN; weight gradients: also cuDNN's fp32 output or "
+           "its 16-bit output added) on its shape's first call and keeps the fastest, which "
+           "overrides --conv-16-bit-wgrad and --no-pointwise-gemm where it chooses");
+  cli.flag("--conv-per-shape", &per_shape, "the default (kept for the command lines that name it)");
   cli.path("--tuning", &o.tuning, "FILE",
            "time cuBLASLt's candidates for each GEMM shape on first use and keep the fastest, "
            "recorded in FILE with the convolutions' paths; a run with the same FILE reads them "
@@ -115,7 +115,11 @@ bool parse(int argc, char** argv, Options& o) {
            "replay the micro-steps and the close as CUDA graphs (optim::GraphedWindow; eager on "
            "the CPU)");
   cli.flag("--cpu", &o.cpu, "run on the CPU backend (default: GPU 0 when there is one)");
-  return cli.parse(argc, argv);
+  if (!cli.parse(argc, argv)) return false;
+  if (fixed_paths && per_shape)
+    usage_error("--conv-fixed-paths and --conv-per-shape exclude each other");
+  o.conv.path_per_shape = !fixed_paths;
+  return true;
 }
 
 int bench(int argc, char** argv) {

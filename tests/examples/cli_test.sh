@@ -414,6 +414,8 @@ case $name in
     expect 2 "--model must be resnet50 or resnet18, got 'vgg'" --model vgg
     expect 2 "--image-size must be >= 32, got 16" --image-size 16
     expect 2 "--classes must be >= 2, got 1" --classes 1
+    expect 2 "--conv-fixed-paths and --conv-per-shape exclude each other" \
+      --conv-fixed-paths --conv-per-shape
     expect 2 "overflows a 64-bit integer" --cpu --model resnet18 --image-size 32 \
       --micro-batch 2 --classes 4611686018427387904
     expect 2 "overflows a 64-bit integer" --cpu --model resnet18 --image-size 32 \
