@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "accrue/kernels/cuda/tuning.h"
+#ifdef ACCRUE_WITH_CUDA
+#include "accrue/kernels/cuda/tuning.h"  // the tuning file exists in CUDA builds only
+#endif
 #include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
@@ -239,10 +241,12 @@ TEST(GpuMatmul, gemm_16bit_inputs_accumulate_into_f32) {
   }
 }
 
-// Note [Tuning file], the file's logic alone (no GPU needed): a recorded line
-// is read back, whatever the key; a new line is chosen once and appended; a
-// choice that declines (inside a capture) is returned as nullopt and not
-// recorded; with no file, choices live in memory.
+#ifdef ACCRUE_WITH_CUDA
+// Note [Tuning file], the file's logic alone (no GPU needed, but a CUDA
+// build: the tuning code is CUDA's): a recorded line is read back, whatever
+// the key; a new line is chosen once and appended; a choice that declines
+// (inside a capture) is returned as nullopt and not recorded; with no file,
+// choices live in memory.
 TEST(TuningFile, reads_recorded_choices_and_records_new_ones_once) {
   const std::string file =
       (std::filesystem::temp_directory_path() / "accrue_tuning_file_test.txt").string();
@@ -280,6 +284,7 @@ TEST(TuningFile, reads_recorded_choices_and_records_new_ones_once) {
   EXPECT_EQ(kernels::cuda::tuned_choice("", "problem_c,", choose(6)), 4) << "kept in memory";
   std::remove(file.c_str());
 }
+#endif  // ACCRUE_WITH_CUDA
 
 // Note [GEMM autotuning]: the first call of a problem times cuBLASLt's
 // candidates on a scratch output, so a beta-1 accumulation still adds onto
