@@ -4,12 +4,7 @@
 // composed path otherwise (Note [Composed convolution]).
 #include <atomic>
 #include <cstdint>
-#include <functional>
-#include <initializer_list>
-#include <optional>
-#include <sstream>
 #include <string>
-#include <vector>
 
 #include "accrue/core/grad_mode.h"
 #include "accrue/kernels/conv.h"
@@ -156,6 +151,28 @@ bool cudnn_operand_aligned(const Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
+// Note [cuDNN convolution]: next to a channels-last activation the weight
+// goes to cuDNN channels-last too, [O, C / groups, KH, KW] over O, KH, KW,
+// C / groups memory (as PyTorch's channels_last model converts its weights).
+// Handed the arena's contiguous weight, cuDNN transposes it on every call and
+// its weight-gradient engine for the mixed layout took 8.4 ms of a 27 ms
+// ResNet-50 step at micro-batch 32 on an H100. A 1 x 1 kernel is both layouts.
+bool wants_channels_last_weight(const Shape& weight_shape, const Tensor& activation) {
+  return dispatch_util::channels_last(activation) && weight_shape[2] * weight_shape[3] > 1;
+}
+
+// A row-major or channels-last tensor as the flat vector of its elements in
+// memory order (a view).
+Tensor memory_order(const Tensor& t) {
+  return t.is_channels_last() ? t.permute({0, 2, 3, 1}).reshape({t.numel()})
+                              : t.reshape({t.numel()});
+}
+
+}  // namespace
+
+// The fixed order's pieces that the per-shape choice runs too (kernels/conv_backend.h).
+namespace fixed_path {
+
 // Note [cuDNN convolution]: which operands go to cuDNN.
 bool cudnn_operand(const Tensor& t) {
 #ifdef ACCRUE_WITH_CUDNN_FRONTEND
@@ -165,16 +182,6 @@ bool cudnn_operand(const Tensor& t) {
   (void)t;
   return false;
 #endif
-}
-
-// Note [cuDNN convolution]: next to a channels-last activation the weight
-// goes to cuDNN channels-last too, [O, C / groups, KH, KW] over O, KH, KW,
-// C / groups memory (as PyTorch's channels_last model converts its weights).
-// Handed the arena's contiguous weight, cuDNN transposes it on every call and
-// its weight-gradient engine for the mixed layout took 8.4 ms of a 27 ms
-// ResNet-50 step at micro-batch 32 on an H100. A 1 x 1 kernel is both layouts.
-bool wants_channels_last_weight(const Shape& weight_shape, const Tensor& activation) {
-  return dispatch_util::channels_last(activation) && weight_shape[2] * weight_shape[3] > 1;
 }
 
 // The weight as the convolution with `activation` wants it: itself when its
@@ -188,13 +195,6 @@ Tensor weight_for(const Tensor& weight, const Tensor& activation) {
   Tensor w = dispatch_util::empty_channels_last(weight.shape(), weight.dtype(), weight.device());
   w.copy_(weight);
   return w;
-}
-
-// A row-major or channels-last tensor as the flat vector of its elements in
-// memory order (a view).
-Tensor memory_order(const Tensor& t) {
-  return t.is_channels_last() ? t.permute({0, 2, 3, 1}).reshape({t.numel()})
-                              : t.reshape({t.numel()});
 }
 
 // Note [cuDNN convolution]'s weight gradient computed in `dtype` (the slot's
@@ -234,17 +234,26 @@ bool cudnn_weight_gradient_applies(const Tensor& grad, const Tensor& x, const Te
          (grad_weight.dtype() == DType::f32 || grad_weight.dtype() == x.dtype());
 }
 
+}  // namespace fixed_path
+
+using fixed_path::cudnn_operand;
+using fixed_path::use_pointwise_gemm;
+using fixed_path::weight_for;
+
+namespace {
+
 // The weight gradient on cuDNN, in the order ConvAlgorithmPolicy asks:
 // ConvAlgorithmPolicy::weight_gradient_in_operand_dtype puts a 16-bit output
 // first. False when cuDNN takes none of it (nothing written).
 bool cudnn_weight_gradient(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
                            const Conv2dGeometry& g, double beta) {
-  if (!cudnn_weight_gradient_applies(grad, x, grad_weight)) return false;
+  if (!fixed_path::cudnn_weight_gradient_applies(grad, x, grad_weight)) return false;
   const bool operand_dtype_first = conv_algorithm_policy().weight_gradient_in_operand_dtype;
   const DType first = operand_dtype_first ? x.dtype() : grad_weight.dtype();
   const DType second = operand_dtype_first ? grad_weight.dtype() : x.dtype();
-  return cudnn_weight_gradient_in(grad, x, grad_weight, g, beta, first) ||
-         (second != first && cudnn_weight_gradient_in(grad, x, grad_weight, g, beta, second));
+  return fixed_path::cudnn_weight_gradient_in(grad, x, grad_weight, g, beta, first) ||
+         (second != first &&
+          fixed_path::cudnn_weight_gradient_in(grad, x, grad_weight, g, beta, second));
 }
 
 }  // namespace
@@ -272,6 +281,10 @@ std::atomic<bool> conv_nondeterministic{false};
 std::atomic<bool> conv_16_bit_weight_gradient{false};
 std::atomic<bool> conv_path_per_shape{false};
 
+}  // namespace
+
+namespace fixed_path {
+
 // Note [Pointwise convolution as a GEMM]: a bf16/f16 CUDA 1 x 1 convolution
 // whose activation (the input, or for the data gradient the output gradient)
 // is channels-last.
@@ -281,160 +294,7 @@ bool use_pointwise_gemm(const Tensor& activation, const Conv2dGeometry& g) {
          pointwise::applies(activation, g);
 }
 
-// Note [Per-shape convolution paths]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Which path computes a 16-bit convolution fastest depends on the shape. A
-// 1 x 1 convolution of a channels-last activation runs as a GEMM on views
-// (Note [Pointwise convolution as a GEMM]) or on cuDNN, in all three
-// directions. A weight gradient into an fp32 slot has two cuDNN paths more:
-// cuDNN's engines that write fp32 are slow on large activations (0.26 ms a
-// call on ResNet-50's on an H100, bench/RESULTS.md), and a 16-bit output added
-// into the slot costs the add pass and a rounding of the micro-step's
-// gradient to 16 bits. Which wins is a matter of the layer, not of the model:
-// ResNet-50 bf16 on an H200 (bench/RESULTS.md, 2026-11-28 evening) ran 3,804
-// images/s at 256 x 1 with fp32 outputs, 5,145 with 16-bit ones and 5,177
-// with the path chosen per shape, which took the 1 x 1 GEMM for every 1 x 1
-// weight gradient and the 16-bit output for 70 of the other 77 (over the four
-// micro-batches' shapes).
-// ConvAlgorithmPolicy::path_per_shape times the paths that apply on a
-// shape's first call (a weight gradient into a scratch slot, never the
-// call's: beta 1 must not see them) and keeps the fastest: in the tuning file
-// when one is set (Note [Tuning file]), so that a rerun reads the choice back
-// and computes the same bits, else for the process. Each path computes the
-// bits it computes under the fixed settings, so a recorded choice reproduces
-// one of them exactly. Inside a CUDA graph capture, with nothing recorded yet,
-// the fixed order runs (warm up before capturing).
-
-// A tuning line's key: the direction, the geometry, each operand's dtype and
-// strides, then `extra` (the paths offered, beta).
-std::string path_key(const char* op, const Conv2dGeometry& g,
-                     std::initializer_list<const Tensor*> operands, const std::string& extra) {
-  const Conv2dOptions& o = g.options;
-  std::ostringstream s;
-  s << op << ",";
-  for (int64_t v : {g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, o.stride_h, o.stride_w, o.pad_h, o.pad_w,
-                    o.dilation_h, o.dilation_w, o.groups})
-    s << v << ",";
-  for (const Tensor* t : operands) {
-    s << dtype_name(t->dtype()) << ",";
-    for (int64_t stride : t->strides())
-      s << stride << ",";
-  }
-  s << extra << ",";
-  return s.str();
-}
-
-// Note [Per-shape convolution paths]: the index of the path to run among
-// `count`, timed through run(i) (false: the path declined) and recorded; -1
-// when the fixed order is to run (inside a capture, nothing recorded).
-int chosen_path(const std::string& key, const Tensor& on, int count,
-                const std::function<bool(int)>& run) {
-  const int choice = cuda::choose_conv_path(key, on.device().index, count, run);
-  return choice >= 0 && choice < count ? choice : -1;
-}
-
-// The forward of a 1 x 1 convolution that both the GEMM on views and cuDNN
-// take: path 0 the GEMM, 1 cuDNN. Null when cuDNN declined path 1.
-Tensor forward_path(int path, const Tensor& x, const Tensor& weight, const Conv2dGeometry& g) {
-  if (path == 0) return pointwise::conv2d(x, weight, g);
-  Tensor out = dispatch_util::empty_in_layout_of({g.n, g.o, g.oh, g.ow}, x.dtype(), x);
-  return cudnn::conv2d_forward(x, weight_for(weight, x), out, g) ? out : Tensor();
-}
-
-// As forward_path, for the data gradient.
-Tensor data_gradient_path(int path, const Tensor& grad, const Tensor& weight, const Shape& x_shape,
-                          const Conv2dGeometry& g) {
-  if (path == 0) return pointwise::conv2d_backward_input(grad, weight, g);
-  Tensor dx = dispatch_util::empty_in_layout_of(x_shape, grad.dtype(), grad);
-  return cudnn::conv2d_backward_data(grad, weight_for(weight, grad), dx, g) ? dx : Tensor();
-}
-
-// Note [Per-shape convolution paths] for the forward: null when the fixed
-// order is to run.
-Tensor per_shape_forward(const Tensor& x, const Tensor& weight, const Conv2dGeometry& g) {
-  if (!(use_pointwise_gemm(x, g) && cudnn_operand(x) && cudnn_operand(weight))) return {};
-  const int path = chosen_path(path_key("conv2d", g, {&x, &weight}, "paths01"), x, 2,
-                               [&](int i) { return forward_path(i, x, weight, g).defined(); });
-  return path < 0 ? Tensor() : forward_path(path, x, weight, g);
-}
-
-// Note [Per-shape convolution paths] for the data gradient: null when the
-// fixed order is to run.
-Tensor per_shape_data_gradient(const Tensor& grad, const Tensor& weight, const Shape& x_shape,
-                               const Conv2dGeometry& g) {
-  if (!(grad.dtype() == weight.dtype() && use_pointwise_gemm(grad, g) && cudnn_operand(grad) &&
-        cudnn_operand(weight)))
-    return {};
-  const int path =
-      chosen_path(path_key("conv2d_backward_input", g, {&grad, &weight}, "paths01"), grad, 2,
-                  [&](int i) { return data_gradient_path(i, grad, weight, x_shape, g).defined(); });
-  return path < 0 ? Tensor() : data_gradient_path(path, grad, weight, x_shape, g);
-}
-
-// The weight gradient's paths, in the order a choice counts them.
-enum class WeightGradientPath : int {
-  pointwise_gemm = 0,
-  cudnn_slot_dtype = 1,
-  cudnn_operand_dtype = 2
-};
-
-std::vector<WeightGradientPath> weight_gradient_paths(const Tensor& grad, const Tensor& x,
-                                                      const Tensor& grad_weight,
-                                                      const Conv2dGeometry& g) {
-  std::vector<WeightGradientPath> paths;
-  if (grad.dtype() == x.dtype() && use_pointwise_gemm(x, g))
-    paths.push_back(WeightGradientPath::pointwise_gemm);
-  if (cudnn_weight_gradient_applies(grad, x, grad_weight)) {
-    paths.push_back(WeightGradientPath::cudnn_slot_dtype);
-    if (grad_weight.dtype() != x.dtype()) paths.push_back(WeightGradientPath::cudnn_operand_dtype);
-  }
-  return paths;
-}
-
-// False when the path declined (cuDNN built no graph; nothing written).
-bool run_weight_gradient_path(WeightGradientPath path, const Tensor& grad, const Tensor& x,
-                              const Tensor& slot, const Conv2dGeometry& g, double beta) {
-  switch (path) {
-    case WeightGradientPath::pointwise_gemm:
-      pointwise::conv2d_backward_weight(grad, x, slot, g, beta);
-      return true;
-    case WeightGradientPath::cudnn_slot_dtype:
-      return cudnn_weight_gradient_in(grad, x, slot, g, beta, slot.dtype());
-    case WeightGradientPath::cudnn_operand_dtype:
-      return cudnn_weight_gradient_in(grad, x, slot, g, beta, x.dtype());
-  }
-  return false;
-}
-
-// Note [Per-shape convolution paths] for the weight gradient: true when the
-// chosen path computed it; false, having written nothing, when the fixed
-// order is to run.
-bool per_shape_weight_gradient(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
-                               const Conv2dGeometry& g, double beta) {
-  const std::vector<WeightGradientPath> paths = weight_gradient_paths(grad, x, grad_weight, g);
-  if (paths.size() < 2) return false;
-  std::ostringstream extra;
-  extra << "beta" << beta << ",paths";
-  for (WeightGradientPath path : paths)
-    extra << static_cast<int>(path);
-  std::optional<Tensor> scratch;  // the timed runs' slot, made on the first of them
-  const int choice = chosen_path(
-      path_key("conv2d_backward_weight", g, {&grad, &x, &grad_weight}, extra.str()), x,
-      static_cast<int>(paths.size()), [&](int i) {
-        if (!scratch) {
-          scratch = grad_weight.is_channels_last()
-                        ? dispatch_util::empty_channels_last(grad_weight.shape(),
-                                                             grad_weight.dtype(), x.device())
-                        : empty(grad_weight.shape(), grad_weight.dtype(), x.device());
-          scratch->fill_(0.0);  // beta 1 reads it
-        }
-        return run_weight_gradient_path(paths[static_cast<size_t>(i)], grad, x, *scratch, g, beta);
-      });
-  return choice >= 0 && run_weight_gradient_path(paths[static_cast<size_t>(choice)], grad, x,
-                                                 grad_weight, g, beta);
-}
-
-}  // namespace
+}  // namespace fixed_path
 
 void set_pointwise_conv_gemm(bool on) {
   pointwise_gemm_on.store(on);
@@ -477,7 +337,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& option
                ", weight is ", dtype_name(weight.dtype()), "; expected one dtype");
   const Conv2dGeometry g = conv_geometry(x.shape(), weight.shape(), options, op);
   if (conv_algorithm_policy().path_per_shape) {
-    if (Tensor out = per_shape_forward(x, weight, g); out.defined()) return out;
+    if (Tensor out = per_shape::conv2d(x, weight, g); out.defined()) return out;
   }
   if (use_pointwise_gemm(x, g)) return pointwise::conv2d(x, weight, g);
   if (cudnn_operand(x) && cudnn_operand(weight)) {
@@ -498,7 +358,8 @@ Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Sha
   const Conv2dGeometry g = conv_geometry(x_shape, weight.shape(), options, op);
   check_conv_grad(grad, {g.n, g.o, g.oh, g.ow}, weight.device(), op);
   if (conv_algorithm_policy().path_per_shape) {
-    if (Tensor dx = per_shape_data_gradient(grad, weight, x_shape, g); dx.defined()) return dx;
+    if (Tensor dx = per_shape::conv2d_backward_input(grad, weight, x_shape, g); dx.defined())
+      return dx;
   }
   if (grad.dtype() == weight.dtype() && use_pointwise_gemm(grad, g))
     return pointwise::conv2d_backward_input(grad, weight, g);
@@ -527,7 +388,7 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
                  ": grad_weight of shape ", shape_str(grad_weight.shape()), " and strides ",
                  shape_str(grad_weight.strides()), " must be contiguous or channels-last");
     if (conv_algorithm_policy().path_per_shape &&
-        per_shape_weight_gradient(grad, x, grad_weight, g, beta))
+        per_shape::conv2d_backward_weight(grad, x, grad_weight, g, beta))
       return;
     if (grad.dtype() == x.dtype() && use_pointwise_gemm(x, g)) {
       pointwise::conv2d_backward_weight(grad, x, grad_weight, g, beta);  // 1 x 1: row-major

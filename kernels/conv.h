@@ -106,7 +106,7 @@ struct ConvAlgorithmPolicy {
   // gradient into an fp32 slot also cuDNN's fp32 output or its 16-bit output
   // added. The choice goes into the tuning file when one is set
   // (set_gemm_tuning_file), so a rerun computes the same bits (Note
-  // [Per-shape convolution paths] in kernels/conv.cpp). It overrides
+  // [Per-shape convolution paths] in kernels/conv_per_shape.cpp). It overrides
   // weight_gradient_in_operand_dtype and set_pointwise_conv_gemm(true) where
   // it chooses; a shape's first call must not be under stream capture to be
   // timed (there the fixed order runs).

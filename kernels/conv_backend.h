@@ -143,4 +143,36 @@ bool conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& d
                             const Conv2dGeometry& g);
 }  // namespace cudnn
 
+// The pieces of kernels/conv.cpp's fixed order of paths that the per-shape
+// choice runs too.
+namespace fixed_path {
+// Note [Pointwise convolution as a GEMM]: whether this convolution goes to the GEMM on views.
+bool use_pointwise_gemm(const Tensor& activation, const Conv2dGeometry& g);
+// Note [cuDNN convolution]: whether cuDNN takes this operand.
+bool cudnn_operand(const Tensor& t);
+// The weight in the layout the convolution with `activation` wants (itself or a copy).
+Tensor weight_for(const Tensor& weight, const Tensor& activation);
+// Whether cuDNN may compute this weight gradient.
+bool cudnn_weight_gradient_applies(const Tensor& grad, const Tensor& x, const Tensor& grad_weight);
+// The weight gradient on cuDNN computed in `dtype` (the slot's or the operands'), written or
+// (beta 1) added into the slot. False when cuDNN builds no graph (nothing written).
+bool cudnn_weight_gradient_in(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
+                              const Conv2dGeometry& g, double beta, DType dtype);
+}  // namespace fixed_path
+
+// Note [Per-shape convolution paths] (kernels/conv_per_shape.cpp): each
+// direction's path timed on its shape's first call and kept. Called while
+// ConvAlgorithmPolicy::path_per_shape is on.
+namespace per_shape {
+// The output, or an undefined tensor when the fixed order is to run.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dGeometry& g);
+// The data gradient, or an undefined tensor when the fixed order is to run.
+Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Shape& x_shape,
+                             const Conv2dGeometry& g);
+// True when the chosen path computed the weight gradient into grad_weight (beta 0 or 1);
+// false, having written nothing, when the fixed order is to run.
+bool conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
+                            const Conv2dGeometry& g, double beta);
+}  // namespace per_shape
+
 }  // namespace accrue::kernels

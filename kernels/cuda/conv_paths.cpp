@@ -1,6 +1,6 @@
 // The per-shape choice of a convolution's path (Note [Per-shape convolution
-// paths] in kernels/conv.cpp), timed and recorded as GEMM algorithms are
-// (Note [Tuning file]).
+// paths] in kernels/conv_per_shape.cpp), timed and recorded as GEMM
+// algorithms are (Note [Tuning file]).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
