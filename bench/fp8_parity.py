@@ -173,8 +173,13 @@ def make_data(args):
             for old in glob.glob(train) + glob.glob(val):
                 os.remove(old)
             os.makedirs(os.path.dirname(prefix), exist_ok=True)
-            subprocess.run([sys.executable, MAKE_SHARDS, *files, "--output-prefix", prefix,
-                            "--eos-id", str(EOS), "--val-fraction", str(args.val_fraction)],
+            # The names go in a list file: a site-packages holds more than a command line.
+            file_list = prefix + "_files.txt"
+            with open(file_list, "w", encoding="utf-8") as f:
+                f.writelines(name + "\n" for name in files)
+            subprocess.run([sys.executable, MAKE_SHARDS, "--inputs-from", file_list,
+                            "--output-prefix", prefix, "--eos-id", str(EOS),
+                            "--val-fraction", str(args.val_fraction)],
                            check=True, stdout=subprocess.DEVNULL)
             with open(manifest, "w", encoding="utf-8") as f:
                 json.dump(made_from, f)

@@ -114,7 +114,13 @@ def main(argv=None):
         "or a Hugging Face tokenizer's with an EOS after every document.",
         epilog="Example: python3 tools/make_shards.py README.md --output-prefix /tmp/readme",
     )
-    parser.add_argument("inputs", nargs="+", help="text files (any bytes), concatenated in order")
+    parser.add_argument("inputs", nargs="*", help="text files (any bytes), concatenated in order")
+    parser.add_argument(
+        "--inputs-from",
+        metavar="LIST",
+        help="read more input file names from LIST, one per line, after the ones given "
+        "(thousands of files overflow a command line)",
+    )
     parser.add_argument(
         "--output-prefix",
         required=True,
@@ -156,6 +162,14 @@ def main(argv=None):
         help="what one document is: an input file (default) or a line that is not blank",
     )
     args = parser.parse_args(argv)
+    if args.inputs_from is not None:
+        try:
+            with open(args.inputs_from, encoding="utf-8") as f:
+                args.inputs += [line.rstrip("\n") for line in f if line.strip()]
+        except OSError as e:
+            parser.error("cannot read --inputs-from %s: %s" % (args.inputs_from, e.strerror))
+    if not args.inputs:
+        parser.error("no input files (give them, or --inputs-from LIST)")
 
     if not 0.0 <= args.val_fraction < 1.0:
         parser.error("--val-fraction must be in [0, 1), got %g" % args.val_fraction)

@@ -93,6 +93,20 @@ class MakeShardsTest(unittest.TestCase):
         self.assertEqual(val[-1], 70000)
         self.assertGreaterEqual(len(val), int(len(stream) * 0.3))
 
+    def test_inputs_from_a_list_file(self):
+        # The first file on the command line, the other two from the list: the same order.
+        listing = os.path.join(self.dir, "list.txt")
+        with open(listing, "w", encoding="utf-8") as f:
+            f.write(self.files[1] + "\n\n" + self.files[2] + "\n")
+        self.run_script(self.files[0], "--inputs-from", listing, "--output-prefix",
+                        self.prefix("a"), "--val-fraction", "0")
+        self.assertEqual(read_shard(self.prefix("a_train_000000.bin")), (1, list(b"".join(self.texts))))
+        r = self.run_script("--output-prefix", self.prefix("x"), ok=False)
+        self.assertIn("no input files", r.stderr)
+        r = self.run_script("--inputs-from", os.path.join(self.dir, "none.txt"), "--output-prefix",
+                            self.prefix("x"), ok=False)
+        self.assertIn("cannot read --inputs-from", r.stderr)
+
     def test_bad_options_refused(self):
         r = self.run_script(*self.files, "--output-prefix", self.prefix("x"), "--eos-id", "12", ok=False)
         self.assertNotEqual(r.returncode, 0)
