@@ -209,6 +209,22 @@ def command(args, model, recipe, seed, train, val, metrics):
     return cmd
 
 
+def check_gpus(gpus):
+    """Refuses a --gpus index that no GPU has (nvidia-smi -L counts them): accrue_train under
+    CUDA_VISIBLE_DEVICES set to a missing GPU sees none and trains on the CPU, for hours."""
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                 check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(f"fp8_parity: --gpus {','.join(gpus)}: cannot list the GPUs with "
+                         f"nvidia-smi -L ({e}); --cpu runs the tiny models on the CPU")
+    count = sum(line.startswith("GPU ") for line in listing.splitlines())
+    for g in gpus:
+        if not g.isdigit() or int(g) >= count:
+            raise SystemExit(f"fp8_parity: --gpus: GPU {g!r} is not one of this machine's "
+                             f"{count} (0 to {count - 1})")
+
+
 def run_all(args, jobs):
     """Runs the (name, command) jobs, one per GPU of --gpus at a time; returns {name: rc}."""
     pending, running, rcs = list(jobs), {}, {}
@@ -314,6 +330,8 @@ def plot(args, model, runs):
 
 def main(argv=None):
     args = parse_args(argv)
+    if not args.cpu and not args.dry_run:
+        check_gpus(args.gpus)
     os.makedirs(args.out_dir, exist_ok=True)
     train, val, tokens = make_data(args)
     jobs = []

@@ -6,7 +6,7 @@ the same arguments but the recipe's and the seed's (the Llama models with the
 EOS id, GPT-2 without; several --seeds name the runs _sSEED), a data line
 naming every --text-dir root, and text_files on a temporary tree (site-packages
 below a root left out, a root named site-packages kept, several roots joined
-in order without repeats). Where ACCRUE_TRAIN_BIN names a built accrue_train:
+in order without repeats), a --gpus index the machine lacks refused. Where ACCRUE_TRAIN_BIN names a built accrue_train:
 the whole script on the CPU with gpt2-tiny over a few of the repository's
 files (the shards written, every recipe run, the verdicts and parity.json);
 skipped with a message otherwise.
@@ -62,6 +62,21 @@ class Fp8Parity(unittest.TestCase):
             r = run(bad)
             self.assertEqual(r.returncode, 2, bad)
             self.assertIn("error", r.stderr)
+
+    def test_gpus_the_machine_lacks_are_refused(self):
+        # A fake nvidia-smi that lists one GPU: --gpus 0,1 names a GPU that is not there.
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "nvidia-smi")
+            with open(fake, "w") as f:
+                f.write("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\n")
+            os.chmod(fake, 0o755)
+            env = dict(os.environ, PATH=d + os.pathsep + os.environ.get("PATH", ""))
+            r = subprocess.run([sys.executable, SCRIPT, "--accrue-bin", "x", "--gpus", "0,1",
+                                "--out-dir", os.path.join(d, "out")], capture_output=True,
+                               text=True, timeout=60, env=env)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("GPU '1' is not one of this machine's 1 (0 to 0)", r.stderr)
+            self.assertFalse(os.path.exists(os.path.join(d, "out")))  # refused before any work
 
     def test_dry_run_plans_the_same_runs_but_the_recipe(self):
         with tempfile.TemporaryDirectory() as out:
