@@ -14,9 +14,14 @@ document (tools/make_shards.py). --text-dir takes other roots, comma-separated:
 each root's files sorted, the roots in the order given, a file once. Trees
 named site-packages below a root are left out (vendored copies would weigh
 one package heavily), but a root may itself be a site-packages directory.
-GPT-2 reads the shards as contiguous rows (its trainer takes no EOS id);
-the Llama models pack the documents with attention that never crosses one
-(--eos-id 256). The first --val-fraction of the tokens is the validation
+GPT-2 reads the shards as contiguous rows (its trainer takes no EOS id),
+and so do the Llama models by default (--llama-documents rows:
+accrue_train --contiguous-rows). --llama-documents packed packs the
+documents with attention that never crosses one (--eos-id 256); under CUDA
+graphs their offsets live on the device and attention takes the composed
+path over the whole packed micro-batch: llama-125m trained at 13.8k tok/s
+that way on an H200, 175 of 2,000 windows in 420 s. The first
+--val-fraction of the tokens is the validation
 split; every run evaluates the same --val-batches micro-batches from its
 start every --val-every windows and at the end.
 
@@ -85,6 +90,9 @@ def parse_args(argv=None):
     p.add_argument("--text-dir", default=None,
                    help="comma-separated roots of the *.py text, in this order (default: the "
                    "Python standard library's directory)")
+    p.add_argument("--llama-documents", choices=("rows", "packed"), default="rows",
+                   help="the Llama models read contiguous rows across documents (default), or "
+                   "packed documents with attention within each (--eos-id)")
     p.add_argument("--gpus", default="0", help="comma-separated GPU indices, one run on each")
     p.add_argument("--timeout", type=int, default=1800, help="seconds a run")
     p.add_argument("--seeds", default="1",
@@ -203,7 +211,8 @@ def command(args, model, recipe, seed, train, val, metrics):
            "--seed", str(seed), "--metrics", metrics, *own]
     cmd += ["--cpu"] if args.cpu else ["--cuda-graphs"]
     if not model.startswith("gpt2"):
-        cmd += ["--eos-id", str(EOS)]
+        cmd += (["--contiguous-rows"] if args.llama_documents == "rows"
+                else ["--eos-id", str(EOS)])
     if recipe != "bf16":
         cmd += ["--fp8", "--fp8-recipe", recipe]
     return cmd

@@ -32,7 +32,11 @@ void declare_model_and_data(OptionTable& cli, TrainOptions& o) {
            "(Note [GPT-2 rows])");
   cli.integer("--eos-id", &o.eos_id, "ID", "the token that ends a document in the shards")
       .min(0)
-      .default_text("required with --train-data, not taken by GPT-2");
+      .default_text("required with --train-data, not taken by GPT-2 or --contiguous-rows");
+  cli.flag("--contiguous-rows", &o.contiguous_rows,
+           "a Llama model reads --train-data and --val-data as GPT-2 does: contiguous rows "
+           "across document boundaries, plain causal attention (no --eos-id; Note [GPT-2 rows]: "
+           "packed documents under --cuda-graphs take the composed attention path)");
   cli.path("--val-data", &o.val_data, "GLOB",
            "validation shards, read as --train-data is (the same micro-batches from their start "
            "each time)");
@@ -161,8 +165,14 @@ void check_options(const OptionTable& cli, TrainOptions& o) {
     usage_error("--model ", o.model,
                 " takes full rows only (--synthetic-documents full), not packed documents");
   if (gpt2) o.synthetic_documents = SyntheticDocuments::full;
-  if (!gpt2 && !o.train_data.empty() && o.eos_id < 0) usage_error("--train-data needs --eos-id");
-  if (!gpt2 && !o.val_data.empty() && o.eos_id < 0) usage_error("--val-data needs --eos-id");
+  if (o.contiguous_rows && o.synthetic)
+    usage_error("--contiguous-rows reads --train-data; with --synthetic, rows are "
+                "--synthetic-documents full");
+  if (o.contiguous_rows && cli.given("--eos-id"))
+    usage_error("--contiguous-rows takes no --eos-id: rows run across document boundaries");
+  const bool rows = gpt2 || o.contiguous_rows;
+  if (!rows && !o.train_data.empty() && o.eos_id < 0) usage_error("--train-data needs --eos-id");
+  if (!rows && !o.val_data.empty() && o.eos_id < 0) usage_error("--val-data needs --eos-id");
   if (o.val_data.empty() && (cli.given("--val-every") || cli.given("--val-batches")))
     usage_error("--val-every and --val-batches need --val-data GLOB");
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))

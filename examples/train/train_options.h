@@ -29,6 +29,7 @@ struct TrainOptions {
   bool activation_checkpointing = false, zero1 = false, nvtx = false;
   Fp8Choice fp8;  // --fp8, --fp8-recipe, --fp8-cast-every-micro-batch
   SyntheticDocuments synthetic_documents = SyntheticDocuments::random;  // GPT-2: full
+  bool contiguous_rows = false;  // Note [GPT-2 rows]: a Llama model reads rows too
   int64_t eos_id = -1, micro_batch = 4, seq_len = 64, accum = 4, windows = 20, warmup_windows = 0;
   int64_t seed = 1, checkpoint_every = 0, max_skipped_windows = 32, layer_metrics_every = 0;
   int64_t val_every = 0, val_batches = 20;

@@ -90,12 +90,25 @@ class Fp8Parity(unittest.TestCase):
         for model in ("gpt2-d12", "llama-125m"):
             base = plans[f"{model}_bf16"]
             self.assertIn("--cuda-graphs", base)
-            self.assertEqual("--eos-id" in base, model == "llama-125m")
+            self.assertNotIn("--eos-id", base)  # every model reads contiguous rows
+            self.assertEqual("--contiguous-rows" in base, model == "llama-125m")
             self.assertEqual(base[base.index("--windows") + 1], "2000")
             self.assertEqual(base[base.index("--seed") + 1], "1")
             for recipe in ("tensor", "block"):
                 self.assertEqual(plans[f"{model}_{recipe}"],
                                  base + ["--fp8", "--fp8-recipe", recipe])
+
+    def test_packed_llama_documents_take_the_eos_id(self):
+        with tempfile.TemporaryDirectory() as out:
+            r = run(["--accrue-bin", "accrue_train", "--models", "gpt2-d12,llama-125m",
+                     "--llama-documents", "packed", "--text-dir", os.path.join(ROOT, "bench"),
+                     "--out-dir", out, "--dry-run"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        plans = plans_of(r.stdout, out)
+        llama, gpt2 = plans["llama-125m_bf16"], plans["gpt2-d12_bf16"]
+        self.assertEqual(llama[llama.index("--eos-id") + 1], "256")
+        self.assertNotIn("--contiguous-rows", llama)
+        self.assertNotIn("--eos-id", gpt2)
 
     def test_dry_run_with_two_seeds(self):
         with tempfile.TemporaryDirectory() as out:

@@ -132,7 +132,7 @@ case $name in
       --allow-changed --norm-under-backward --dropout --stop-micro-steps --n-layer --n-head \
       --n-embd --vocab-size --block-size --composed \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
-      --bench-warmup --bench-windows --peak-tflops --fp8
+      --bench-warmup --bench-windows --peak-tflops --fp8 --contiguous-rows
     common_refusals
     expect 2 "--model 'gpt9' is not one of gpt2-tiny, gpt2-d12, gpt2-d24, gpt2-d36, gpt2-d48, llama-125m" \
       --synthetic --model gpt9
@@ -149,6 +149,10 @@ case $name in
       --synthetic --cpu --seq-len 100
     expect 2 "give exactly one of --train-data and --synthetic" --cpu
     expect 2 "--train-data needs --eos-id" --train-data '/tmp/x_*.bin'
+    expect 2 "--contiguous-rows takes no --eos-id: rows run across document boundaries" \
+      --train-data '/tmp/x_*.bin' --eos-id 2 --contiguous-rows
+    expect 2 "--contiguous-rows reads --train-data; with --synthetic, rows are" --synthetic \
+      --contiguous-rows
     expect 2 "--dtype must be f32, bf16, f16 or f64, got 'f8'" --synthetic --dtype f8
     expect 2 "--init-scale applies to --dtype f16 only, the compute dtype is f32" --synthetic \
       --init-scale 8

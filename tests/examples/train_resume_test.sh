@@ -120,6 +120,23 @@ if [[ -n $python ]]; then
   llama=$("$trainer" --model llama-tiny --eos-id 10 --accum 2 "${gpt2[@]}" "${val[@]}" |
     grep -c "^window [36]/6 | val loss [0-9]")
   [[ $llama -eq 2 ]] || fail "llama-tiny --val-data: $llama validation lines, expected 2"
+  # --contiguous-rows: a Llama model reads the rows GPT-2 reads (no offsets),
+  # so its losses differ from the packed run's, and its resume is bit-exact.
+  rows=(--model llama-tiny --contiguous-rows --accum 2 "${gpt2[@]}")
+  "$trainer" "${rows[@]}" --checkpoint "$work/rfull.safetensors" > "$work/rfull.txt" ||
+    fail "llama-tiny --contiguous-rows: exit code $?"
+  grep -qF "data: $work/readme_train_*.bin (contiguous rows)" "$work/rfull.txt" ||
+    fail "llama-tiny --contiguous-rows: the banner does not say contiguous rows"
+  packed=$("$trainer" --model llama-tiny --eos-id 10 --accum 2 "${gpt2[@]}" | grep "^final:")
+  [[ $(grep "^final:" "$work/rfull.txt") != "$packed" ]] ||
+    fail "llama-tiny --contiguous-rows ends where the packed documents do: '$packed'"
+  "$trainer" "${rows[@]}" --checkpoint "$work/rpart.safetensors" --stop-after 3 > /dev/null ||
+    fail "llama-tiny --contiguous-rows, first half: exit code $?"
+  "$trainer" "${rows[@]}" --checkpoint "$work/rpart.safetensors" \
+    --resume "$work/rpart.safetensors" > /dev/null ||
+    fail "llama-tiny --contiguous-rows, resumed: exit code $?"
+  cmp "$work/rfull.safetensors" "$work/rpart.safetensors" ||
+    fail "llama-tiny --contiguous-rows: the resumed run's final checkpoint differs"
   # With dropout (its generator's offset is in the checkpoint) and validation
   # (dropout off) at the stop: resumed to the same bytes.
   drop=(--model gpt2-tiny --accum 2 "${gpt2[@]}" --dropout 0.2 --val-data "$work/readme_val_*.bin"
