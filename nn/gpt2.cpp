@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "accrue/autograd/checkpoint.h"
+#include "accrue/autograd/parameter_gate.h"
 #include "accrue/autograd/transformer_ops.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/core/nvtx.h"
@@ -163,6 +164,9 @@ Tensor GPT2::forward(const Tensor& idx) const {
                ", model on ", device().str());
   Generator* gen = &dropout_generator_;
   const bool train = training();
+  // Note [Close under the forward]: each layer's weights, before it reads them.
+  accrue::await_parameters({wte_, wpe_});
+  await_parameters(blocks_[0]->ln_1());
   const Tensor tokens = embedding(wte_, idx);                            // [B, T, C]
   const Tensor positions = embedding(wpe_, positions_.narrow(0, 0, T));  // [T, C]
   Tensor x = dropout(tokens + positions, config_.dropout, train, gen);
@@ -172,6 +176,8 @@ Tensor GPT2::forward(const Tensor& idx) const {
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const Block* block = blocks_[i];
     const LayerNorm* next = i + 1 < blocks_.size() ? &blocks_[i + 1]->ln_1() : ln_f_;
+    await_parameters(*block);
+    await_parameters(*next);
     if (config_.activation_checkpointing && GradMode::is_enabled()) {
       // The block's activations are recomputed in backward from (x, normed).
       std::vector<Tensor> out = checkpoint_multi(

@@ -7,6 +7,7 @@
 
 #include "accrue/autograd/attention_ops.h"
 #include "accrue/autograd/checkpoint.h"
+#include "accrue/autograd/parameter_gate.h"
 #include "accrue/autograd/transformer_ops.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/grad_mode.h"
@@ -377,6 +378,9 @@ Tensor Llama::forward(const Tensor& idx, const BatchLayout& layout) const {
                     ? layout.positions
                     : positions_from_cu_seqlens(layout.cu_seqlens, idx.size(0), T).to(device());
   }
+  // Note [Close under the forward]: each layer's weights, before it reads them.
+  accrue::await_parameters({embed_tokens_});
+  await_parameters(layers_[0]->input_layernorm());
   const Tensor x0 = embedding(embed_tokens_, idx);  // [B, T, hidden]
   // Note [Llama residual stream]: (x, input_layernorm(x)) go from layer to layer.
   Tensor x = x0;
@@ -384,6 +388,8 @@ Tensor Llama::forward(const Tensor& idx, const BatchLayout& layout) const {
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LlamaDecoderLayer* layer = layers_[i];
     const RMSNorm* next = i + 1 < layers_.size() ? &layers_[i + 1]->input_layernorm() : norm_;
+    await_parameters(*layer);
+    await_parameters(*next);
     if (config_.activation_checkpointing && GradMode::is_enabled()) {
       // The layer's activations are recomputed in backward from (x, normed);
       // positions and the layout are integers, outside the graph.
@@ -409,12 +415,16 @@ Loss Llama::loss(const Tensor& idx, const Tensor& targets, const BatchLayout& la
                    targets.device() == idx.device(),
                "Llama::loss: targets (", describe(targets), ") must match idx (", describe(idx),
                ")");
-  return classifier_cross_entropy(forward(idx, layout), head_weight_, targets, config_.vocab_size,
+  const Tensor hidden = forward(idx, layout);
+  accrue::await_parameters({head_weight_});  // Note [Close under the forward]
+  return classifier_cross_entropy(hidden, head_weight_, targets, config_.vocab_size,
                                   /*ignore_index=*/-100);
 }
 
 Tensor Llama::logits(const Tensor& idx, const BatchLayout& layout) const {
-  return matmul(forward(idx, layout), transpose(head_weight_, 0, 1));
+  const Tensor hidden = forward(idx, layout);
+  accrue::await_parameters({head_weight_});  // Note [Close under the forward]
+  return matmul(hidden, transpose(head_weight_, 0, 1));
 }
 
 }  // namespace accrue::nn

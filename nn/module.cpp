@@ -4,6 +4,7 @@
 
 #include "accrue/autograd/conv_ops.h"
 #include "accrue/autograd/ops.h"
+#include "accrue/autograd/parameter_gate.h"
 #include "accrue/autograd/transformer_ops.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/grad_mode.h"
@@ -397,10 +398,15 @@ MLP::MLP(const std::vector<int64_t>& widths, const ParamOptions& options) {
   }
 }
 
+void await_parameters(const Module& module) {
+  accrue::await_parameters(module.parameters());
+}
+
 Tensor MLP::forward(const Tensor& x) const {
   const NvtxRange range("accrue MLP forward");  // Note [NVTX ranges]
   Tensor h = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
+    await_parameters(*layers_[i]);  // Note [Close under the forward]
     h = layers_[i]->forward(h);
     if (i + 1 < layers_.size()) h = act_.forward(h);
   }

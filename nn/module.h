@@ -273,6 +273,12 @@ class GELU : public Module {
   Tensor forward(const Tensor& x) const;
 };
 
+// Note [Parameter gates] (autograd/parameter_gate.h): the current stream
+// waits until the module's parameters hold the last close's step (a no-op
+// unless a Window steps them beside the forward, Note [Close under the
+// forward]). Models call it before each layer reads its weights.
+void await_parameters(const Module& module);
+
 // Linear -> GELU -> ... -> Linear over the given widths (at least two).
 class MLP : public Module {
  public:

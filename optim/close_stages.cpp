@@ -5,6 +5,7 @@
 
 #include "accrue/autograd/variable.h"
 #include "accrue/kernels/ops.h"
+#include "accrue/optim/layer_steps.h"
 
 namespace accrue::optim {
 
@@ -179,10 +180,16 @@ std::vector<std::unique_ptr<CloseStage>> make_close_stages(CloseContext& c,
          });
   }
   // The one fused optimizer pass; it returns at once on found_inf (Note [Skipped window]).
-  step("optimizer step", "store, state, slot steps", "master, moments, compute copy",
-       [](CloseContext& c, int64_t window) {
-         c.optimizer->step(*c.store, c.state, window, c.ranges, c.slots);
-       });
+  // Note [Close under the forward]: or its ranges, beside the next forward.
+  if (f.close_under_forward) {
+    s.push_back(
+        std::make_unique<LayerStepsStage>(c, f.close_layer_elements, f.close_steps_on_first_read));
+  } else {
+    step("optimizer step", "store, state, slot steps", "master, moments, compute copy",
+         [](CloseContext& c, int64_t window) {
+           c.optimizer->step(*c.store, c.state, window, c.ranges, c.slots);
+         });
+  }
   if (f.calibrate)
     s.push_back(std::make_unique<CalibrationStage>(c, f.calibration_scale, f.calibration_margin));
   if (c.sharded()) {

@@ -6,20 +6,23 @@
 // make_close_stages from the window's options and run in order on the current
 // stream, none of them reading anything back to the host:
 //
-//   stage               present                  reads                     writes
-//   unused flags        UnusedParameters::skip   written flags             used flags (max over
-//   ranks) zero unwritten      always                   written flags             unwritten
-//   gradient slots items               always                   N                         the
-//   report's local N reduce              with a GradientSync      gradients, N              reduced
-//   gradients, N over ranks norm                always                   gradients norm partials
-//   (gathered: ZeRO-1) scalar step         always                   norm partials, state found_inf,
-//   norm, coef, scale, step noise scale         noise_scale(every > 0)   state noise EMAs slot
-//   steps          UnusedParameters::skip   used flags, state         per-parameter step counts
-//   optimizer step      always                   store, state, slot steps  master, moments, compute
-//   copy calibration         first window, calibrate  observed f16 maxima       the next window's
-//   scale gather parameters   ZeRO-1                   owned ranges              the forward's
-//   weights report              always                   state, loss sum, N        the report; N,
-//   loss sum reset
+//   stage            present                 reads               writes
+//   unused flags     UnusedParameters::skip  written flags       used flags (max over ranks)
+//   zero unwritten   always                  written flags       unwritten gradient slots
+//   items            always                  N, loss sum         the report's local N, loss
+//   reduce           a GradientSync          gradients, N        reduced gradients, N
+//   norm             always                  gradients           norm partials (ZeRO-1: gathered)
+//   scalar step      always                  partials, state     found_inf, norm, coef, scale, step
+//   noise scale      noise_scale(every > 0)  state               noise EMAs
+//   slot steps       UnusedParameters::skip  used flags, state   per-parameter step counts
+//   optimizer step   always, or:             store, state        master, moments, compute copy
+//   layer steps      close_under_forward     store, state        the same, beside the forward
+//   calibration      first window, calibrate f16 maxima          the next window's scale
+//   gather parameters  ZeRO-1                owned ranges        the forward's weights
+//   fp8 weights      FP8 weight copies       forward weights     their FP8 copies
+//   report           always                  state, loss sum, N  the report; N, loss sum reset
+//
+// Layer steps: Note [Close under the forward] in optim/layer_steps.h.
 //
 // An optional feature is a stage that is present or absent, never a nullable
 // member tested along the way; a stage that also acts during the micro-steps
@@ -113,6 +116,10 @@ struct CloseFeatures {
   bool calibrate = false;
   double calibration_scale = 1.0, calibration_margin = 1.0;
   bool fp8_copies = false;  // Note [Window FP8 weights]
+  // Note [Close under the forward]: layer steps in place of the optimizer step.
+  bool close_under_forward = false;
+  int64_t close_layer_elements = 0;
+  bool close_steps_on_first_read = false;
 };
 
 // Note [Norm under the backward] or the plain pass: the norm partials of the

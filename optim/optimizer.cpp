@@ -170,27 +170,64 @@ void Optimizer::store_hyperparameters(int64_t step) const {
   kernels::store_hyperparameters(config_at(step), hyper_);
 }
 
+kernels::OptimizerBuffers Optimizer::buffers(const ParamStore& arena, int64_t offset, int64_t numel,
+                                             int64_t moment_offset, const SlotTables& slots) const {
+  const int m = moments_needed();
+  kernels::OptimizerBuffers b;
+  // Note [ZeRO-1]: a sharded master is packed as the moments are.
+  b.params = arena.master().narrow(0, arena.master_sharded() ? moment_offset : offset, numel);
+  b.grads = arena.grads().narrow(0, offset, numel);
+  if (m >= 1) b.exp_avg = arena.moment(0).narrow(0, moment_offset, numel);
+  if (m >= 2) b.exp_avg_sq = arena.moment(1).narrow(0, moment_offset, numel);
+  if (m >= 3) b.max_exp_avg_sq = arena.moment(2).narrow(0, moment_offset, numel);
+  if (arena.compute().defined()) b.compute = arena.compute().narrow(0, offset, numel);
+  b.chunk_groups = chunk_groups_;
+  b.hyper = hyper_;
+  b.first_element = offset;
+  b.chunk_slots = slots.chunk_slots;
+  b.slot_used = slots.used;
+  b.slot_steps = slots.steps;
+  return b;
+}
+
+// Note [Step ranges]
+// ~~~~~~~~~~~~~~~~~~
+// The fused pass is elementwise: element i's update reads its own p, g and
+// moments, the group and slot of its kChunk-element chunk (first_element
+// places a range in the whole arena's tables), the hyperparameters and the
+// window state, and writes only its own p, moments and compute copy. So the
+// arena stepped as ranges, one launch each, in any order and on any stream,
+// writes the bits of one step() over it. A range starts at a slot's offset
+// (256-byte aligned, a multiple of kChunk) and ends at another's or at the
+// padded end, so a chunk never straddles two launches and the vectorized
+// path is taken as in step(). Note [Close under the forward] steps the arena
+// so, layer by layer, beside the next window's forward.
+void Optimizer::step_range(const ParamStore& arena, const Tensor& window_state, int64_t step,
+                           const ArenaRange& range, const SlotTables& slots) const {
+  ACCRUE_CHECK(bound_ == &arena, "Optimizer::step_range: bind(arena) first");
+  ACCRUE_CHECK(!arena.moments_sharded() && !arena.master_sharded(),
+               "Optimizer::step_range: a ZeRO-1 arena steps its owned ranges with step()");
+  ACCRUE_CHECK(
+      range.offset >= 0 && range.numel >= 0 && range.offset + range.numel <= arena.padded_numel(),
+      "Optimizer::step_range: range [", range.offset, ", ", range.offset + range.numel,
+      ") is outside the arena's ", arena.padded_numel(), " elements");
+  ACCRUE_CHECK(
+      range.offset % kernels::kChunk == 0 && (range.numel % kernels::kChunk == 0 ||
+                                              range.offset + range.numel == arena.padded_numel()),
+      "Optimizer::step_range: range [", range.offset, ", ", range.offset + range.numel,
+      ") does not start and end on ", kernels::kChunk, "-element chunks");
+  ACCRUE_CHECK(!step_sums_.defined(),
+               "Optimizer::step_range: step sums need the whole arena in one step()");
+  if (range.numel == 0) return;
+  kernels::fused_optimizer_step(config_at(step),
+                                buffers(arena, range.offset, range.numel, range.offset, slots),
+                                window_state);
+}
+
 void Optimizer::step(const ParamStore& arena, const Tensor& window_state, int64_t step,
                      const std::vector<ArenaRange>& ranges, const SlotTables& slots) const {
   ACCRUE_CHECK(bound_ == &arena, "Optimizer::step: bind(arena) first");
   const int m = moments_needed();
-  auto buffers = [&](int64_t offset, int64_t numel, int64_t moment_offset) {
-    kernels::OptimizerBuffers b;
-    // Note [ZeRO-1]: a sharded master is packed as the moments are.
-    b.params = arena.master().narrow(0, arena.master_sharded() ? moment_offset : offset, numel);
-    b.grads = arena.grads().narrow(0, offset, numel);
-    if (m >= 1) b.exp_avg = arena.moment(0).narrow(0, moment_offset, numel);
-    if (m >= 2) b.exp_avg_sq = arena.moment(1).narrow(0, moment_offset, numel);
-    if (m >= 3) b.max_exp_avg_sq = arena.moment(2).narrow(0, moment_offset, numel);
-    if (arena.compute().defined()) b.compute = arena.compute().narrow(0, offset, numel);
-    b.chunk_groups = chunk_groups_;
-    b.hyper = hyper_;
-    b.first_element = offset;
-    b.chunk_slots = slots.chunk_slots;
-    b.slot_used = slots.used;
-    b.slot_steps = slots.steps;
-    return b;
-  };
   const kernels::OptimizerConfig config = config_at(step);
   // Note [Capturable code]: a captured close stores them before each replay.
   if (!graph_capturing()) kernels::store_hyperparameters(config, hyper_);
@@ -204,7 +241,7 @@ void Optimizer::step(const ParamStore& arena, const Tensor& window_state, int64_
   if (ranges.empty()) {
     ACCRUE_CHECK(!arena.moments_sharded(), "Optimizer::step: the arena's moments hold a shard of ",
                  arena.moment_numel(), " elements; step the owned ranges");
-    kernels::OptimizerBuffers b = buffers(0, arena.padded_numel(), 0);
+    kernels::OptimizerBuffers b = buffers(arena, 0, arena.padded_numel(), 0, slots);
     b.step_sums = step_sums_;
     kernels::fused_optimizer_step(config, b, window_state);
     if (step_sums_.defined()) {
@@ -228,7 +265,7 @@ void Optimizer::step(const ParamStore& arena, const Tensor& window_state, int64_
   int64_t moment_offset = 0;
   for (const ArenaRange& r : ranges) {
     if (r.numel > 0)
-      kernels::fused_optimizer_step(config, buffers(r.offset, r.numel, moment_offset),
+      kernels::fused_optimizer_step(config, buffers(arena, r.offset, r.numel, moment_offset, slots),
                                     window_state);
     moment_offset += r.numel;
   }

@@ -189,6 +189,13 @@ class Optimizer {
   void step(const ParamStore& arena, const Tensor& window_state, int64_t step,
             const std::vector<ArenaRange>& ranges = {}, const SlotTables& slots = {}) const;
   void store_hyperparameters(int64_t step) const;
+  // Note [Step ranges]: the fused pass of step() for optimizer step `step`
+  // over one chunk-aligned range of the whole arena (not under ZeRO-1),
+  // reading the hyperparameters store_hyperparameters(step) left on the
+  // device (call it first, on the same stream). Ranges that cover the arena,
+  // stepped in any order, write step()'s bits.
+  void step_range(const ParamStore& arena, const Tensor& window_state, int64_t step,
+                  const ArenaRange& range, const SlotTables& slots = {}) const;
   // Note [Step sums] (kernels/window_close.h), for optim::LayerMonitor: while
   // `sums` (f64 [arena chunks, 3]) is set, every eager step() over the whole
   // arena also writes each chunk's (|g|^2, |p_after - p_before|^2, |p_before|^2)
@@ -208,6 +215,10 @@ class Optimizer {
     std::vector<Tensor> params;
     GroupOptions options;
   };
+  // The fused pass's buffers over arena elements [offset, offset + numel),
+  // whose moments (and sharded master) start at moment_offset.
+  kernels::OptimizerBuffers buffers(const ParamStore& arena, int64_t offset, int64_t numel,
+                                    int64_t moment_offset, const SlotTables& slots) const;
   kernels::OptimizerConfig config_;
   std::vector<Group> groups_;
   std::shared_ptr<const LRSchedule> schedule_ = std::make_shared<ConstantLR>();

@@ -193,7 +193,16 @@ void ParamStore::shard_master(const std::vector<ArenaRange>& owned) {
   owned_ = owned;
 }
 
+void ParamStore::set_join_hook(std::function<void(const char*)> hook) {
+  // Note [Close under the forward]: one Window steps the store beside the forward at a time.
+  ACCRUE_CHECK(!hook || !join_,
+               "ParamStore: a second Window with close_under_forward on this store; one steps it "
+               "beside the forward at a time");
+  join_ = std::move(hook);
+}
+
 Tensor ParamStore::master_view(size_t i) const {
+  join("ParamStore::master_view");
   ACCRUE_CHECK(
       !master_sharded_, "ParamStore::master_view: the master weights are sharded ",
       "(Note [ZeRO-1]); read the compute copy, or Window::state_dict for this rank's shard");
@@ -219,11 +228,13 @@ void ParamStore::load(const Tensor& param, const Tensor& value) {
 }
 
 Tensor ParamStore::value(const Tensor& param) const {
+  join("ParamStore::value");
   const size_t i = slot_of(param, "value");
   return master_sharded_ ? param : master_view(i);
 }
 
 void ParamStore::load_slot(size_t i, const Tensor& value, const char* op) {
+  join("ParamStore::load");
   const Slot& s = slots()[i];
   ACCRUE_CHECK(value.defined() && value.shape() == s.shape, "ParamStore::", op, ": '", s.name,
                "' has shape ", shape_str(s.shape), ", the value ",
@@ -251,6 +262,7 @@ void ParamStore::load_slot(size_t i, const Tensor& value, const char* op) {
 }
 
 void ParamStore::load_master(const Tensor& master, const std::vector<ArenaRange>& owned) {
+  join("ParamStore::load_master");
   NoGradGuard no_grad;
   if (owned.empty()) {
     ACCRUE_CHECK(!master_sharded_, "ParamStore::load_master: the master is sharded; ",
@@ -272,6 +284,7 @@ void ParamStore::load_master(const Tensor& master, const std::vector<ArenaRange>
 }
 
 void ParamStore::refresh_compute() {
+  join("ParamStore::refresh_compute");
   ACCRUE_CHECK(!master_sharded_, "ParamStore::refresh_compute: the master is sharded; ",
                "the forward's weights come from the ranks' gather");
   NoGradGuard no_grad;

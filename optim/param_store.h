@@ -33,6 +33,7 @@
 // each rank writes its owned part and the whole compute copy.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -203,6 +204,13 @@ class ParamStore final : public ParameterOwner {
   void refresh_fp8_copies();
   const Fp8Weight* fp8_copy(const Tensor& param) const override;
 
+  // Note [Close under the forward] (optim/layer_steps.h): called, with the
+  // method's name, before value, master_view, load, load_master and
+  // refresh_compute read or write the master; LayerSteps joins its pending
+  // steps there. Null: none.
+  // A second hook while one is set is refused (two such Windows on one store).
+  void set_join_hook(std::function<void(const char*)> hook);
+
   // Forwarded to the gradient arena (Note [Overwrite first]).
   void begin_window() { grads_.begin_window(); }
   bool written(size_t i) const { return grads_.written(i); }
@@ -223,7 +231,11 @@ class ParamStore final : public ParameterOwner {
   std::vector<ArenaRange> owned_;  // the packed master's ranges, when sharded
   Tensor master_, compute_;
   std::vector<Tensor> moments_;
-  std::unique_ptr<Fp8WeightCopies> fp8_;  // Note [Window FP8 weights]; null until asked
+  std::unique_ptr<Fp8WeightCopies> fp8_;   // Note [Window FP8 weights]; null until asked
+  std::function<void(const char*)> join_;  // set_join_hook
+  void join(const char* where) const {
+    if (join_) join_(where);
+  }
 };
 
 }  // namespace accrue::optim

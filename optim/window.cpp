@@ -10,6 +10,7 @@
 #include "accrue/core/grad_mode.h"
 #include "accrue/core/nvtx.h"
 #include "accrue/kernels/ops.h"
+#include "accrue/optim/layer_steps.h"
 
 namespace accrue::optim {
 
@@ -59,6 +60,9 @@ void check_options(const WindowOptions& options) {
   const auto check = static_cast<int>(options.unused_parameter_check());
   ACCRUE_CHECK(check >= 0 && check <= 2, "Window: unknown unused_parameter_check ", check,
                "; expected UnusedParameterCheck::warn (0), error (1) or ignore (2)");
+  ACCRUE_CHECK(!options.close_steps_on_first_read() || options.close_under_forward(),
+               "Window: close_steps_on_first_read is close_under_forward's test mode; turn "
+               "close_under_forward on");
   if (options.noise_scale_every() > 0)
     ACCRUE_CHECK(
         options.micro_steps() >= 2 && options.normalization() == kernels::Normalization::ItemCount,
@@ -130,6 +134,9 @@ CloseFeatures features_of(const WindowOptions& options, const GradientSync* sync
   f.calibrate = options.scaler().calibrates();
   f.calibration_scale = kCalibrationScale;
   f.calibration_margin = options.scaler().calibration_margin();
+  f.close_under_forward = options.close_under_forward();
+  f.close_layer_elements = options.close_layer_elements();
+  f.close_steps_on_first_read = options.close_steps_on_first_read();
   return f;
 }
 
@@ -160,6 +167,9 @@ void Window::backward(const Loss& loss) {
                "Window::backward: expects a (sum, count) loss with a single-element sum");
   ACCRUE_CHECK(loss.sum.device() == ctx_->state.device(), "Window::backward: loss on ",
                loss.sum.device().str(), ", arena on ", ctx_->state.device().str());
+  // Note [Close under the forward]: the last close's steps read the
+  // gradients this backward overwrites.
+  if (micro_step_ == 0) join_layer_steps("Window::backward", /*after_forward=*/true);
   if (micro_step_ == 0) store_.begin_window();
   if (sync_) sync_->before_backward(micro_step_, options_.micro_steps());
   Tensor seed;
@@ -205,6 +215,10 @@ void Window::close() {
                "ParamStore::keep_fp8_copies before building the Window");
   close_device();
   close_host();
+}
+
+void Window::join_layer_steps(const char* where, bool after_forward) const {
+  if (auto* s = find_stage<LayerStepsStage>()) s->steps().join(where, after_forward);
 }
 
 void Window::close_device() {

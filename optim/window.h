@@ -212,7 +212,24 @@ class WindowOptions {
     unused_parameter_log_ = std::move(log);
     return *this;
   }
+  // Note [Close under the forward] (optim/layer_steps.h): the optimizer
+  // step goes layer by layer (ranges of at least min_elements arena
+  // elements) beside the next window's forward, which awaits each layer's
+  // parameters. Off by default.
+  WindowOptions& close_under_forward(bool on, int64_t min_elements = int64_t{1} << 20) {
+    close_under_forward_ = on;
+    close_layer_elements_ = min_elements;
+    return *this;
+  }
+  // Its test mode: each range is stepped only when an await first needs it.
+  WindowOptions& close_steps_on_first_read(bool on) {
+    close_steps_on_first_read_ = on;
+    return *this;
+  }
   int64_t micro_steps() const { return micro_steps_; }
+  bool close_under_forward() const { return close_under_forward_; }
+  int64_t close_layer_elements() const { return close_layer_elements_; }
+  bool close_steps_on_first_read() const { return close_steps_on_first_read_; }
   UnusedParameters unused_parameters() const { return unused_parameters_; }
   UnusedParameterCheck unused_parameter_check() const { return unused_parameter_check_; }
   const UnusedParameterLog& unused_parameter_log() const { return unused_parameter_log_; }
@@ -234,6 +251,9 @@ class WindowOptions {
   UnusedParameters unused_parameters_ = UnusedParameters::step_with_zero;
   UnusedParameterCheck unused_parameter_check_ = UnusedParameterCheck::warn;
   UnusedParameterLog unused_parameter_log_;
+  bool close_under_forward_ = false;
+  int64_t close_layer_elements_ = int64_t{1} << 20;
+  bool close_steps_on_first_read_ = false;
 };
 
 // What the host learns about the last closed window (read with one synchronization).
@@ -396,6 +416,9 @@ class Window {
   // captured at all (a stage's host decisions, the plain CUDA allocator), or
   // null. GraphedWindow and begin_whole_capture ask it.
   const char* why_not_capturable() const;
+  // Note [Close under the forward]: the current stream waits for the last
+  // close's layer steps (a no-op without them); `where` names the caller.
+  void join_layer_steps(const char* where, bool after_forward = false) const;
   // What backward() does on the host, for a micro-step replayed from a graph
   // that left the arena's written flags at `written_after`.
   void replay_micro_step(const std::vector<bool>& written_after);

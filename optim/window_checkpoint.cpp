@@ -66,6 +66,7 @@ void check_window_state(const Tensor& window_state) {
 }  // namespace
 
 std::map<std::string, Tensor> Window::state_dict() const {
+  join_layer_steps("Window::state_dict");  // Note [Close under the forward]
   std::map<std::string, Tensor> d;
   const std::vector<int64_t> channels_last = channels_last_slots(store_);
   if (!channels_last.empty())
@@ -93,6 +94,7 @@ std::map<std::string, Tensor> Window::state_dict() const {
 void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
   ACCRUE_CHECK(micro_step_ == 0, "Window::load_state_dict: this window is at micro-step ",
                micro_step_, "; load between windows");
+  join_layer_steps("Window::load_state_dict");  // Note [Close under the forward]
   auto get = [&](const std::string& key, const Tensor& like) -> const Tensor& {
     auto it = state.find(key);
     ACCRUE_CHECK(it != state.end(), "Window::load_state_dict: missing '", key, "'");

@@ -15,6 +15,28 @@ void declare_gpt2_size_overrides(OptionTable& cli, std::optional<int64_t>& n_lay
   cli.integer("--block-size", &block_size, "N", help).min(1).default_text("the preset's");
 }
 
+void declare_close_under_forward(OptionTable& cli, CloseUnderForward& close,
+                                 const std::string& not_with) {
+  cli.flag("--close-under-forward", &close.on,
+           "step each layer's parameters beside the next window's forward instead of in the "
+           "close (Note [Close under the forward]; the same bits); not with " +
+               not_with);
+  cli.integer("--close-layer-elements", &close.layer_elements, "N",
+              "with --close-under-forward: the fewest parameters a stepped range holds")
+      .min(1);
+}
+
+void check_close_under_forward(const OptionTable& cli, const CloseUnderForward& close,
+                               std::initializer_list<const char*> others) {
+  if (!close.on && cli.given("--close-layer-elements"))
+    usage_error("--close-layer-elements needs --close-under-forward");
+  if (!close.on) return;
+  for (const char* other : others)
+    if (other != nullptr)
+      usage_error("--close-under-forward is not taken with ", other,
+                  " (Note [Close under the forward])");
+}
+
 void declare_adamw_moments(OptionTable& cli, double& beta1, double& beta2, double& eps) {
   cli.number("--beta1", &beta1, "B1", "AdamW beta1").min(0).below(1);
   cli.number("--beta2", &beta2, "B2", "AdamW beta2").min(0).below(1);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -62,6 +63,21 @@ void declare_bench_timing(OptionTable& cli, int64_t& bench_warmup, int64_t& benc
 // The windows a --bench run trains: warm-up plus timed (a UsageError when the
 // sum overflows).
 int64_t bench_window_count(int64_t bench_warmup, int64_t bench_windows);
+
+// --close-under-forward, --close-layer-elements (Note [Close under the
+// forward] in optim/layer_steps.h): the optimizer step layer by layer beside
+// the next window's forward.
+struct CloseUnderForward {
+  bool on = false;
+  int64_t layer_elements = int64_t{1} << 20;
+};
+void declare_close_under_forward(OptionTable& cli, CloseUnderForward& close,
+                                 const std::string& not_with);
+// The UsageErrors: --close-layer-elements without --close-under-forward, and
+// --close-under-forward with what it does not run beside (`others`: each
+// given option's name, or null for one not given).
+void check_close_under_forward(const OptionTable& cli, const CloseUnderForward& close,
+                               std::initializer_list<const char*> others);
 
 // --stop-micro-steps M against the window's K micro-steps on `ranks` ranks:
 // one process only, and 0 < M < K (Note [Mid-window checkpoints]).

@@ -36,6 +36,7 @@ struct Gpt2Options {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double max_grad_norm = 1.0;
   bool norm_under_backward = false;
+  CloseUnderForward close_under_forward;
   bool cuda_graphs = false;
   std::string gemm_tuning;
   std::string dtype;  // empty: bf16 on a GPU, f32 on the CPU

@@ -196,14 +196,16 @@ int train(int argc, char** argv) {
       arena.keep_fp8_copies(fp8_weights, DType::f8e4m3, 0, opt.fp8.recipe);
   }
   const DataParallel dp = connect_data_parallel(where, arena);
-  optim::Window window(arena, optimizer,
-                       optim::WindowOptions()
-                           .micro_steps(plan.K)
-                           .max_grad_norm(opt.max_grad_norm)
-                           .scaler(loss_scaler_options(loss_scaling(opt, plan, compute)))
-                           .norm_under_backward(opt.norm_under_backward)
-                           .noise_scale(opt.noise_scale_every),
-                       dp.reducer.get());
+  optim::Window window(
+      arena, optimizer,
+      optim::WindowOptions()
+          .micro_steps(plan.K)
+          .max_grad_norm(opt.max_grad_norm)
+          .scaler(loss_scaler_options(loss_scaling(opt, plan, compute)))
+          .norm_under_backward(opt.norm_under_backward)
+          .noise_scale(opt.noise_scale_every)
+          .close_under_forward(opt.close_under_forward.on, opt.close_under_forward.layer_elements),
+      dp.reducer.get());
   print_optimizer(opt, compute);
   std::printf("memory per rank: %s\n", arena.memory().describe().c_str());
 

@@ -101,6 +101,8 @@ void declare_run(OptionTable& cli, TrainOptions& o) {
   cli.flag("--norm-under-backward", &o.norm_under_backward,
            "compute the norm rows under the last backward instead of in one pass at the close "
            "(measured slower for GPT-2; same bits)");
+  declare_close_under_forward(cli, o.close_under_forward,
+                              "--cuda-graphs, --zero1, --fp8 or --composed");
   cli.flag("--cuda-graphs", &o.cuda_graphs, "replay micro-steps and close as CUDA graphs (GPU)");
   cli.path("--gemm-tuning", &o.gemm_tuning, "FILE",
            "time the GEMM candidates per shape on first use and keep the fastest, recorded in "
@@ -166,8 +168,9 @@ void check_options(const OptionTable& cli, TrainOptions& o) {
                 " takes full rows only (--synthetic-documents full), not packed documents");
   if (gpt2) o.synthetic_documents = SyntheticDocuments::full;
   if (o.contiguous_rows && o.synthetic)
-    usage_error("--contiguous-rows reads --train-data; with --synthetic, rows are "
-                "--synthetic-documents full");
+    usage_error(
+        "--contiguous-rows reads --train-data; with --synthetic, rows are "
+        "--synthetic-documents full");
   if (o.contiguous_rows && cli.given("--eos-id"))
     usage_error("--contiguous-rows takes no --eos-id: rows run across document boundaries");
   const bool rows = gpt2 || o.contiguous_rows;
@@ -189,6 +192,10 @@ void check_options(const OptionTable& cli, TrainOptions& o) {
                 dtype_name(o.dtype));
   if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing || o.fp8.on))
     usage_error("--composed has no dropout, no activation checkpointing and no FP8");
+  check_close_under_forward(
+      cli, o.close_under_forward,
+      {o.cuda_graphs ? "--cuda-graphs" : nullptr, o.zero1 ? "--zero1" : nullptr,
+       o.fp8.on ? "--fp8" : nullptr, o.composed ? "--composed" : nullptr});
   if (o.stop_micro_steps > 0 && (!o.stop_after || o.checkpoint.empty()))
     usage_error("--stop-micro-steps needs --stop-after N and --checkpoint FILE");
   if (o.stop_micro_steps > 0 && *o.stop_after >= o.windows)

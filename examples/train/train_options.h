@@ -21,6 +21,7 @@ struct TrainOptions {
   std::string init_from, allow_changed;
   std::vector<std::string> allowed_changes;  // --allow-changed's words (Note [Run record])
   bool norm_under_backward = false;
+  CloseUnderForward close_under_forward;
   double dropout = 0.0;
   bool composed = false;
   int64_t stop_micro_steps = 0;

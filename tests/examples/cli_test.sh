@@ -132,7 +132,8 @@ case $name in
       --allow-changed --norm-under-backward --dropout --stop-micro-steps --n-layer --n-head \
       --n-embd --vocab-size --block-size --composed \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
-      --bench-warmup --bench-windows --peak-tflops --fp8 --contiguous-rows
+      --bench-warmup --bench-windows --peak-tflops --fp8 --contiguous-rows --close-under-forward \
+      --close-layer-elements
     common_refusals
     expect 2 "--model 'gpt9' is not one of gpt2-tiny, gpt2-d12, gpt2-d24, gpt2-d36, gpt2-d48, llama-125m" \
       --synthetic --model gpt9
@@ -153,6 +154,21 @@ case $name in
       --train-data '/tmp/x_*.bin' --eos-id 2 --contiguous-rows
     expect 2 "--contiguous-rows reads --train-data; with --synthetic, rows are" --synthetic \
       --contiguous-rows
+    # Note [Close under the forward]: the same bits; what it does not run beside is refused.
+    for other in --cuda-graphs --zero1 --fp8; do
+      expect 2 "--close-under-forward is not taken with $other" --synthetic --close-under-forward \
+        $other
+    done
+    expect 2 "--close-layer-elements needs --close-under-forward" --synthetic \
+      --close-layer-elements 64
+    expect 2 "--close-layer-elements must be >= 1, got 0" --synthetic --close-under-forward \
+      --close-layer-elements 0
+    run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 2
+    plain=$(grep "^final:" <<< "$out")
+    run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 2 \
+      --close-under-forward --close-layer-elements 2000
+    [[ $rc -eq 0 && -n $plain && $(grep "^final:" <<< "$out") == "$plain" ]] ||
+      fail "train --close-under-forward: exit code $rc, '$(grep "^final:" <<< "$out")' vs '$plain'"
     expect 2 "--dtype must be f32, bf16, f16 or f64, got 'f8'" --synthetic --dtype f8
     expect 2 "--init-scale applies to --dtype f16 only, the compute dtype is f32" --synthetic \
       --init-scale 8
@@ -437,8 +453,10 @@ case $name in
       --norm-under-backward --gemm-tuning --cuda-graphs --dtype --init-scale --calibrate-scale \
       --seed --val-every --val-batches --nvtx --metrics --layer-metrics-every \
       --noise-scale-every --checkpoint --checkpoint-every --resume --bench --bench-warmup \
-      --bench-windows --peak-tflops --cpu
+      --bench-windows --peak-tflops --cpu --close-under-forward --close-layer-elements
     tiny=(--model tiny --cpu --synthetic)
+    expect 2 "--close-under-forward is not taken with --composed" "${tiny[@]}" \
+      --close-under-forward --composed
     expect 2 "unknown option '--no-such-option'" "${tiny[@]}" --no-such-option
     expect 2 "--windows 99999999999999999999 does not fit a 64-bit integer" "${tiny[@]}" \
       --windows 99999999999999999999

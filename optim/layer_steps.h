@@ -1,0 +1,133 @@
+// The close's optimizer step issued layer by layer beside the next window's
+// forward (Note [Close under the forward]).
+//
+// Note [Close under the forward]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With WindowOptions::close_under_forward the close runs its stages up to
+// the scalar step (and the slot steps) as always; then, in place of the one
+// fused optimizer pass, LayerSteps steps the arena as layer ranges (Note
+// [Step ranges] in optim/optimizer.cpp): consecutive slots in registration
+// order, each range at least min_elements long (the last may be shorter),
+// together covering the padded arena.
+//  - On CUDA the ranges go to a side stream, which first waits for the
+//    close's stages (an event on the current stream), then stores the
+//    hyperparameters and steps the ranges in order, recording an event after
+//    each. The current stream goes on at once: the close's report, then the
+//    next window's forward.
+//  - The forward awaits its parameters (accrue::await_parameters, Note
+//    [Parameter gates] in autograd/parameter_gate.h; nn's models call it
+//    before each layer): the current stream waits for the event of the
+//    parameter's range. The side stream steps ranges in order, so that event
+//    covers every range before it too (a prefix wait), and later awaits of
+//    earlier ranges cost nothing.
+//  - The ranges read the gradient arena, which micro-step 0's backward
+//    overwrites (Note [Overwrite first]), and the state and hyperparameters,
+//    which the next close rewrites: before micro-step 0's backward the window
+//    joins (the current stream waits for the last range). So do state_dict,
+//    load_state_dict, the Window's destructor and the store's reads and
+//    loads (value, master_view, load, load_master, refresh_compute).
+//  - Bitwise: the same kernel over the same elements, with the state (found_inf,
+//    the coefficient, the step count) the scalar step wrote before the side
+//    stream began; a skipped window's ranges return at once as the one pass
+//    does. So the weights are those of the sequential close, bit for bit.
+//  - A window whose forward awaited no parameter while ranges were pending
+//    is refused at the join: its model does not call await_parameters, and
+//    it read weights that were being stepped.
+//  - On the CPU there is nothing to overlap: the close steps every range at
+//    once, unless close_steps_on_first_read (a test mode, on any device)
+//    steps each range only when an await first needs it, on the awaiting
+//    stream, and the rest at the join: the latest a side stream could. A
+//    forward that reads a layer before awaiting it then reads the old
+//    weights and the bits change, which the tests compare.
+//  - Not with: ZeRO-1 (the gathers of the stepped shards), FP8 weight copies
+//    (recast in the close), step sums (optim::LayerMonitor), a GraphedWindow
+//    or a whole-window capture (the side stream would have to rejoin inside
+//    the graph): refused with the reason.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "accrue/autograd/parameter_gate.h"
+#include "accrue/optim/close_stages.h"
+#include "accrue/optim/optimizer.h"
+#include "accrue/optim/param_store.h"
+
+namespace accrue {
+class Event;
+class Stream;
+}  // namespace accrue
+
+namespace accrue::optim {
+
+class LayerSteps final : public ParameterGate {
+ public:
+  // Ranges of at least min_elements (>= 1) arena elements; steps_on_first_read:
+  // the test mode of Note [Close under the forward].
+  LayerSteps(ParamStore& store, const Optimizer& optimizer, int64_t min_elements,
+             bool steps_on_first_read);
+  ~LayerSteps() override;
+  LayerSteps(const LayerSteps&) = delete;
+  LayerSteps& operator=(const LayerSteps&) = delete;
+
+  // The ranges, in arena order, and the range of each slot.
+  const std::vector<ArenaRange>& ranges() const { return ranges_; }
+  const std::vector<int64_t>& range_of_slot() const { return range_of_slot_; }
+
+  // Issues optimizer step `step` over every range after what the current
+  // stream holds (the close's stages up to the scalar step).
+  void launch(const Tensor& state, int64_t step, const SlotTables& slots);
+  // ParameterGate: the current stream waits until param's range is stepped.
+  void await(const Tensor& param) override;
+  // The current stream waits until every range is stepped. With
+  // after_forward (micro-step 0's backward), first refuses a forward that
+  // awaited nothing while ranges were pending; `where` names the caller.
+  void join(const char* where, bool after_forward = false);
+  // True between a launch and its join.
+  bool pending() const { return launched_; }
+
+ private:
+  void step_ranges_until(int64_t end);  // the test mode's steps, [stepped_, end)
+  void wait_for(int64_t range);
+
+  ParamStore& store_;
+  const Optimizer& optimizer_;
+  bool lazy_;
+  bool on_cuda_;
+  std::vector<ArenaRange> ranges_;
+  std::vector<int64_t> range_of_slot_;
+  // The launch's arguments, kept for the test mode's deferred steps.
+  Tensor state_;
+  int64_t step_ = 0;
+  SlotTables slots_;
+  bool launched_ = false;
+  int64_t awaited_ = 0;  // ranges [0, awaited_) are stepped for the current stream
+  int64_t awaits_ = 0;   // awaits of pending ranges since the launch
+  std::unique_ptr<Stream> side_;
+  std::unique_ptr<Event> ready_;
+  std::vector<std::unique_ptr<Event>> done_;
+};
+
+// The close's stage in place of "optimizer step" (Note [Close stages]).
+class LayerStepsStage final : public CloseStage {
+ public:
+  LayerStepsStage(CloseContext& c, int64_t min_elements, bool steps_on_first_read);
+  const char* name() const override { return "layer steps"; }
+  const char* reads() const override { return "store, state, slot steps"; }
+  const char* writes() const override {
+    return "master, moments, compute copy (beside the forward)";
+  }
+  void run(int64_t window) override;
+  const char* why_not_capturable() const override {
+    return "close_under_forward steps the parameters on a side stream that the next forward "
+           "awaits (Note [Close under the forward])";
+  }
+  LayerSteps& steps() { return steps_; }
+
+ private:
+  CloseContext& c_;
+  LayerSteps steps_;
+};
+
+}  // namespace accrue::optim

@@ -1,0 +1,38 @@
+// Note [Close under the forward] on CUDA: the layer ranges on a side stream
+// beside the next window's forward, bitwise the sequential close on the same
+// GPU; and the test mode (steps on first read) on the GPU's stream.
+#include <gtest/gtest.h>
+
+#include "tests/optim/layer_steps_cases.h"
+#include "tests/test_util.h"
+
+namespace accrue {
+namespace {
+
+using test::CloseModel;
+
+TEST(GpuCloseUnderForward, side_stream_steps_give_the_sequential_bits) {
+  ACCRUE_REQUIRE_CUDA();
+  for (int64_t min_elements : {int64_t{1}, int64_t{4096}, int64_t{1} << 20}) {
+    SCOPED_TRACE("min_elements " + std::to_string(min_elements));
+    test::expect_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cuda(), DType::bf16,
+                                                min_elements, /*lazy=*/false);
+    test::expect_close_under_forward_is_bitwise(CloseModel::llama, Device::cuda(), DType::bf16,
+                                                min_elements, /*lazy=*/false);
+  }
+  test::expect_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cuda(), DType::f32, 4096,
+                                              /*lazy=*/false);
+  test::expect_close_under_forward_is_bitwise(CloseModel::mlp, Device::cuda(), DType::bf16, 1,
+                                              /*lazy=*/false);
+}
+
+TEST(GpuCloseUnderForward, steps_on_first_read_give_the_sequential_bits) {
+  ACCRUE_REQUIRE_CUDA();
+  test::expect_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cuda(), DType::bf16, 1,
+                                              /*lazy=*/true);
+  test::expect_close_under_forward_is_bitwise(CloseModel::llama, Device::cuda(), DType::f32, 4096,
+                                              /*lazy=*/true);
+}
+
+}  // namespace
+}  // namespace accrue

@@ -1,0 +1,171 @@
+// Note [Close under the forward] and Note [Step ranges] as cases run on the
+// CPU (tests/optim/layer_steps_test.cpp: the close's steps at once, or in the
+// test mode that steps each range only when a read awaits it) and on CUDA
+// (tests/optim/gpu_layer_steps_test.cpp: the ranges on a side stream beside
+// the next forward). Every case compares with the sequential close, bit for bit.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accrue/autograd/ops.h"
+#include "accrue/nn/gpt2.h"
+#include "accrue/nn/llama.h"
+#include "accrue/optim/layer_steps.h"
+#include "accrue/optim/window.h"
+#include "tests/test_util.h"
+
+namespace accrue::test {
+
+enum class CloseModel { gpt2, llama, mlp };
+
+// A small model trained with AdamW in two groups, a warmup-cosine LR (every
+// window's rate differs), clipping and a dynamic loss scale that starts too
+// high, so that window 0 overflows and is skipped (Note [Skipped window]);
+// `options` adds the close's mode to that.
+struct CloseRun {
+  static constexpr int64_t kVocab = 128, kT = 16, kB = 2;
+  CloseModel kind;
+  Device device;
+  std::unique_ptr<nn::GPT2> gpt2;
+  std::unique_ptr<nn::Llama> llama;
+  std::unique_ptr<nn::MLP> mlp;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<optim::ParamStore> store;
+  std::unique_ptr<optim::Window> window;
+
+  CloseRun(CloseModel k, Device d, DType compute, const optim::WindowOptions& options)
+      : kind(k), device(d) {
+    Generator gen(11);
+    const nn::ParamOptions po{device, DType::f32, &gen};
+    if (kind == CloseModel::gpt2) {
+      nn::GPT2Config c;
+      c.n_layer = 2;
+      c.n_head = 4;
+      c.n_embd = 64;
+      c.block_size = kT;
+      c.vocab_size = kVocab;
+      gpt2 = std::make_unique<nn::GPT2>(c, po);
+    } else if (kind == CloseModel::llama) {
+      nn::LlamaConfig c = nn::LlamaConfig::llama_tiny();
+      c.vocab_size = kVocab;
+      llama = std::make_unique<nn::Llama>(c, po);
+    } else {
+      mlp = std::make_unique<nn::MLP>(std::vector<int64_t>{kT, 96, 64, kVocab}, po);
+    }
+    const std::vector<nn::NamedParameter> params = module().named_parameters();
+    optimizer = std::make_unique<optim::Optimizer>(optim::AdamWOptions(3e-3).weight_decay(0.1));
+    std::vector<Tensor> no_decay;
+    for (const nn::NamedParameter& p : params)
+      if (p.tensor.dim() < 2) no_decay.push_back(p.tensor);
+    optimizer->add_param_group(no_decay, optim::GroupOptions().weight_decay(0.0));
+    optimizer->set_schedule(std::make_shared<optim::WarmupCosine>(1, 8, 0.1));
+    store = std::make_unique<optim::ParamStore>(
+        params, optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
+                    optimizer->moments_needed()));
+    optim::WindowOptions o = options;
+    o.max_grad_norm(0.5).scaler(optim::LossScalerOptions::dynamic()
+                                    .max_scale(1e300)
+                                    .init_scale(1e300)
+                                    .backoff_factor(1e-296)
+                                    .growth_interval(2));
+    window = std::make_unique<optim::Window>(*store, *optimizer, o);
+  }
+
+  const nn::Module& module() const {
+    if (gpt2) return *gpt2;
+    if (llama) return *llama;
+    return *mlp;
+  }
+
+  // The loss of micro-batch (w, k): a fixed map of the input the model can learn.
+  Loss loss(int64_t w, int64_t k) const {
+    Generator data(500 + 31 * static_cast<uint64_t>(w) + static_cast<uint64_t>(k));
+    const Tensor x = randint(0, kVocab, {kB, kT}, DType::i64, Device::cpu(), &data);
+    std::vector<int64_t> t = x.to_vector<int64_t>();
+    for (int64_t& v : t)
+      v = (3 * v + 1) % kVocab;
+    const Tensor y = from_vector<int64_t>(t, {kB, kT}).to(device);
+    if (gpt2) return gpt2->loss(x.to(device), y);
+    if (llama) return llama->loss(x.to(device), y, nn::BatchLayout::full());
+    // The MLP reads each row's tokens as features and predicts the first target.
+    const Tensor features = x.to(DType::f32).to(device);
+    return cross_entropy(mlp->forward(features), y.narrow(1, 0, 1).reshape({kB}));
+  }
+
+  std::vector<optim::WindowReport> train(int64_t windows, int64_t K) {
+    std::vector<optim::WindowReport> reports;
+    for (int64_t w = 0; w < windows; ++w) {
+      for (int64_t k = 0; k < K; ++k)
+        window->backward(loss(w, k));
+      window->close();
+      reports.push_back(window->report());
+    }
+    return reports;
+  }
+};
+
+inline optim::WindowOptions sequential_close(int64_t K) {
+  return optim::WindowOptions().micro_steps(K);
+}
+
+inline optim::WindowOptions close_under_forward(int64_t K, int64_t min_elements, bool lazy) {
+  return optim::WindowOptions()
+      .micro_steps(K)
+      .close_under_forward(true, min_elements)
+      .close_steps_on_first_read(lazy);
+}
+
+// Same bits: weights, moments, compute copy, every window's report, and the
+// window checkpoint (taken while the last close's steps may be pending).
+inline void expect_same_run(CloseRun& a, const std::vector<optim::WindowReport>& ra, CloseRun& b,
+                            const std::vector<optim::WindowReport>& rb) {
+  const std::map<std::string, Tensor> da = a.window->state_dict(), db = b.window->state_dict();
+  ASSERT_EQ(da.size(), db.size());
+  for (const auto& [key, value] : da) {
+    SCOPED_TRACE(key);
+    ASSERT_EQ(db.count(key), 1u);
+    EXPECT_TRUE(all_equal(db.at(key), value));
+  }
+  EXPECT_TRUE(all_equal(b.store->master(), a.store->master()));
+  if (a.store->compute().defined()) EXPECT_TRUE(all_equal(b.store->compute(), a.store->compute()));
+  ASSERT_EQ(ra.size(), rb.size());
+  for (size_t w = 0; w < ra.size(); ++w) {
+    SCOPED_TRACE("window " + std::to_string(w));
+    EXPECT_EQ(rb[w].loss, ra[w].loss);
+    if (std::isnan(ra[w].grad_norm)) {  // a skipped window's norm
+      EXPECT_TRUE(std::isnan(rb[w].grad_norm));
+    } else {
+      EXPECT_EQ(rb[w].grad_norm, ra[w].grad_norm);
+    }
+    EXPECT_EQ(rb[w].skipped, ra[w].skipped);
+    EXPECT_EQ(rb[w].optimizer_steps, ra[w].optimizer_steps);
+  }
+  // Window 0 overflowed at the huge first scale and was skipped; the others
+  // stepped and the model learned, so this compares two runs that moved.
+  EXPECT_TRUE(ra.front().skipped);
+  EXPECT_GE(ra.back().optimizer_steps, 2);
+  EXPECT_LT(ra.back().loss, ra[1].loss);
+}
+
+// Trains `kind` with the sequential close and with the close under the
+// forward (ranges of at least min_elements; lazy: the test mode), and
+// compares them.
+inline void expect_close_under_forward_is_bitwise(CloseModel kind, Device device, DType compute,
+                                                  int64_t min_elements, bool lazy) {
+  constexpr int64_t kWindows = 5, kK = 2;
+  CloseRun a(kind, device, compute, sequential_close(kK));
+  CloseRun b(kind, device, compute, close_under_forward(kK, min_elements, lazy));
+  const std::vector<optim::WindowReport> ra = a.train(kWindows, kK);
+  const std::vector<optim::WindowReport> rb = b.train(kWindows, kK);
+  expect_same_run(a, ra, b, rb);
+  EXPECT_NE(b.window->describe_close().find("layer steps"), std::string::npos);
+  EXPECT_EQ(b.window->describe_close().find("optimizer step"), std::string::npos);
+}
+
+}  // namespace accrue::test
