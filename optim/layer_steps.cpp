@@ -66,15 +66,33 @@ LayerSteps::~LayerSteps() {
   }
 }
 
+namespace {
+// Sets a flag for a scope.
+class FlagScope {
+ public:
+  explicit FlagScope(bool& flag) : flag_(flag) { flag_ = true; }
+  ~FlagScope() { flag_ = false; }
+  FlagScope(const FlagScope&) = delete;
+  FlagScope& operator=(const FlagScope&) = delete;
+
+ private:
+  bool& flag_;
+};
+}  // namespace
+
 void LayerSteps::launch(const Tensor& state, int64_t step, const SlotTables& slots) {
   ACCRUE_CHECK(!launched_,
-               "close_under_forward: a close began before the last one's steps "
-               "were joined");
+               "close_under_forward: a close began before the last one's steps were joined");
+  const FlagScope issuing(stepping_);
   state_ = state;
   step_ = step;
   slots_ = slots;
   awaited_ = 0;
   awaits_ = 0;
+  if (optimizer_.measures_step_sums()) {  // Note [Step sums]: one pass over the whole arena
+    optimizer_.step(store_, state, step, {}, slots);
+    return;
+  }
   if (!on_cuda_ && !lazy_) {  // nothing to overlap: every range now
     optimizer_.store_hyperparameters(step);
     for (const ArenaRange& r : ranges_)
@@ -98,6 +116,7 @@ void LayerSteps::launch(const Tensor& state, int64_t step, const SlotTables& slo
 }
 
 void LayerSteps::step_ranges_until(int64_t end) {
+  const FlagScope issuing(stepping_);
   for (; awaited_ < end; ++awaited_)
     optimizer_.step_range(store_, state_, step_, ranges_[static_cast<size_t>(awaited_)], slots_);
 }
@@ -121,7 +140,7 @@ void LayerSteps::await(const Tensor& param) {
 }
 
 void LayerSteps::join(const char* where, bool after_forward) {
-  if (!launched_) return;
+  if (!launched_ || stepping_) return;
   if (after_forward)
     ACCRUE_CHECK(awaits_ > 0, where,
                  ": close_under_forward, but the forward awaited none of the store's "

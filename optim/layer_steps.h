@@ -25,7 +25,9 @@
 //    which the next close rewrites: before micro-step 0's backward the window
 //    joins (the current stream waits for the last range). So do state_dict,
 //    load_state_dict, the Window's destructor and the store's reads and
-//    loads (value, master_view, load, load_master, refresh_compute).
+//    accessors and loads (master, compute, moment, value, master_view, load,
+//    load_master, refresh_compute), except while LayerSteps itself issues the
+//    steps through them.
 //  - Bitwise: the same kernel over the same elements, with the state (found_inf,
 //    the coefficient, the step count) the scalar step wrote before the side
 //    stream began; a skipped window's ranges return at once as the one pass
@@ -39,10 +41,12 @@
 //    stream, and the rest at the join: the latest a side stream could. A
 //    forward that reads a layer before awaiting it then reads the old
 //    weights and the bits change, which the tests compare.
-//  - Not with: ZeRO-1 (the gathers of the stepped shards), FP8 weight copies
-//    (recast in the close), step sums (optim::LayerMonitor), a GraphedWindow
-//    or a whole-window capture (the side stream would have to rejoin inside
-//    the graph): refused with the reason.
+//  - A window whose step sums are measured (optim::LayerMonitor, Note [Step
+//    sums]) is stepped whole in the close, as without this option.
+//  - Not with ZeRO-1 (the gathers of the stepped shards) or FP8 weight copies
+//    (recast in the close): refused. A GraphedWindow runs such a window
+//    eagerly (it says why once) and a whole-window capture is refused: the
+//    side stream would have to rejoin inside the graph.
 #pragma once
 
 #include <cstdint>
@@ -102,8 +106,9 @@ class LayerSteps final : public ParameterGate {
   int64_t step_ = 0;
   SlotTables slots_;
   bool launched_ = false;
-  int64_t awaited_ = 0;  // ranges [0, awaited_) are stepped for the current stream
-  int64_t awaits_ = 0;   // awaits of pending ranges since the launch
+  bool stepping_ = false;  // issuing steps: the store's accessors must not join
+  int64_t awaited_ = 0;    // ranges [0, awaited_) are stepped for the current stream
+  int64_t awaits_ = 0;     // awaits of pending ranges since the launch
   std::unique_ptr<Stream> side_;
   std::unique_ptr<Event> ready_;
   std::vector<std::unique_ptr<Event>> done_;

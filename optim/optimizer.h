@@ -202,6 +202,7 @@ class Optimizer {
   // row into it; an undefined tensor stops that. A step over ZeRO-1 ranges or
   // inside a CUDA graph capture refuses it.
   void set_step_sums(const Tensor& sums) { step_sums_ = sums; }
+  bool measures_step_sums() const { return step_sums_.defined(); }
   // Steps that wrote step sums so far, and the window state of the last of
   // them (whose kFoundInf says whether it wrote any row).
   int64_t steps_with_sums() const { return steps_with_sums_; }

@@ -104,6 +104,7 @@ ParamStore::~ParamStore() {
 }
 
 const Tensor& ParamStore::moment(int i) const {
+  join("ParamStore::moment");
   ACCRUE_CHECK(i >= 0 && i < static_cast<int>(moments_.size()), "ParamStore::moment: index ", i,
                " but the store has ", moments_.size(), " moment arenas");
   return moments_[i];

@@ -149,9 +149,17 @@ class ParamStore final : public ParameterOwner {
   // The flat arenas: master and gradients [padded_numel] (the master packed
   // when sharded), the moments [moment_numel()], the compute copy
   // [padded_numel] or undefined when the compute dtype is the master dtype.
-  const Tensor& master() const { return master_; }
+  // Note [Close under the forward]: master(), compute() and moment() join
+  // the last close's pending layer steps first (they are the steps' output).
+  const Tensor& master() const {
+    join("ParamStore::master");
+    return master_;
+  }
   const Tensor& grads() const { return grads_.grads(); }
-  const Tensor& compute() const { return compute_; }
+  const Tensor& compute() const {
+    join("ParamStore::compute");
+    return compute_;
+  }
   const Tensor& moment(int i) const;
   int64_t moment_numel() const { return moment_numel_; }
   // The flat tensor the forward reads: the compute copy, else the master.
@@ -205,9 +213,9 @@ class ParamStore final : public ParameterOwner {
   const Fp8Weight* fp8_copy(const Tensor& param) const override;
 
   // Note [Close under the forward] (optim/layer_steps.h): called, with the
-  // method's name, before value, master_view, load, load_master and
-  // refresh_compute read or write the master; LayerSteps joins its pending
-  // steps there. Null: none.
+  // method's name, before master, compute, moment, value, master_view, load,
+  // load_master and refresh_compute read or write the arenas; LayerSteps
+  // joins its pending steps there. Null: none.
   // A second hook while one is set is refused (two such Windows on one store).
   void set_join_hook(std::function<void(const char*)> hook);
 

@@ -26,6 +26,7 @@ from ._accrue import (  # noqa: F401  (re-exports)
     arange,
     argmax,
     argsort,
+    await_parameters,
     backward,
     cat,
     chunk,

@@ -11,6 +11,7 @@
 #include "accrue/autograd/gradcheck.h"
 #include "accrue/autograd/indexing_ops.h"
 #include "accrue/autograd/ops.h"
+#include "accrue/autograd/parameter_gate.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/grad_mode.h"
 #include "bindings.h"
@@ -50,6 +51,13 @@ void bind_autograd(nb::module_& m) {
         "compute copy), else by a copy. No graph.");
   m.def("parameter_value", &parameter_value, nb::arg("param"),
         "The parameter's authoritative value: its store's master slot, else the tensor.");
+  m.def(
+      "await_parameters",
+      [](const std::vector<Tensor>& params) { accrue::await_parameters(params); },
+      nb::arg("params"),
+      "Waits until these parameters hold the last close's step (a no-op unless a Window with "
+      "close_under_forward steps them beside the forward): call it before a layer reads its "
+      "weights (Note [Close under the forward]).");
 
   // For accrue.nn.Module.to (Note [Python modules]).
   m.def(

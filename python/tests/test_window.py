@@ -181,3 +181,51 @@ def test_layer_monitor_reads_each_layers_norm_and_update_ratio():
         assert [g.group for g in groups] == [0, 1]
         figures.append([(l.grad_norm, l.update_ratio) for l in layers])
     np.testing.assert_allclose(figures[0], figures[1], rtol=1e-12)
+
+
+class AwaitingModel(Model):
+    """Model, awaiting each layer's parameters before it reads them (or not)."""
+
+    def __init__(self, seed, awaits):
+        super().__init__(seed)
+        self.awaits = awaits
+
+    def forward(self, x):
+        if self.awaits:
+            accrue.await_parameters(list(self.fc.parameters()))
+        h = accrue.tanh(self.fc(x))
+        if self.awaits:
+            accrue.await_parameters([self.out])
+        return h @ self.out
+
+
+def train_closing_under_forward(awaits, **window_options):
+    model = AwaitingModel(seed=3, awaits=awaits)
+    opt = optim.AdamW(1e-2, weight_decay=0.1)
+    store = optim.ParamStore(
+        model.named_parameters(),
+        optim.ParamStoreOptions(master_dtype=accrue.f64, moments=opt.moments_needed()),
+    )
+    window = optim.Window(store, opt, optim.WindowOptions(micro_steps=2, **window_options))
+    xs, ys = make_data(3, 8)
+    for w in range(3):
+        for m in range(2):
+            x = accrue.tensor(xs[w, m * 4:(m + 1) * 4], dtype=accrue.f64)
+            y = accrue.tensor(ys[w, m * 4:(m + 1) * 4])
+            window.backward(accrue.cross_entropy(model(x), y))
+        window.close()
+    state = window.state_dict()  # joins the last close's steps
+    return state["master"].numpy().copy()
+
+
+def test_the_close_under_the_forward_gives_the_sequential_bits():
+    sequential = train_closing_under_forward(awaits=True)
+    # The test mode steps each layer only when the forward awaits it.
+    lazy = train_closing_under_forward(
+        awaits=True, close_under_forward=True, close_layer_elements=1, close_steps_on_first_read=True
+    )
+    assert np.array_equal(lazy, sequential)
+    with pytest.raises(accrue.Error, match="the forward awaited none of the store's parameters"):
+        train_closing_under_forward(
+            awaits=False, close_under_forward=True, close_steps_on_first_read=True
+        )

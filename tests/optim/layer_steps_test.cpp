@@ -4,11 +4,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "accrue/autograd/parameter_gate.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/kernels/window_close.h"
+#include "accrue/optim/layer_monitor.h"
 #include "tests/optim/layer_steps_cases.h"
 #include "tests/test_util.h"
 
@@ -213,6 +215,37 @@ TEST(CloseUnderForward, store_reads_and_checkpoints_join_the_pending_steps) {
   const Tensor wte = b.store->params()[0];
   EXPECT_TRUE(test::all_equal(b.store->value(wte), a.store->value(a.store->params()[0])));
   EXPECT_TRUE(test::all_equal(b.store->master(), a.store->master()));
+}
+
+// LayerMonitor either way: in-pass sums step the measured window whole in
+// the close; separate passes join before reading the update.
+TEST(CloseUnderForward, the_layer_monitor_reads_what_the_sequential_close_gives) {
+  for (bool in_pass : {true, false}) {
+    SCOPED_TRACE(in_pass ? "in-pass sums" : "separate passes");
+    auto measure = [&](const optim::WindowOptions& options) {
+      CloseRun run(CloseModel::gpt2, Device::cpu(), DType::f32, options);
+      run.train(2, 2);
+      auto monitor = in_pass ? std::make_unique<optim::LayerMonitor>(*run.store, *run.optimizer)
+                             : std::make_unique<optim::LayerMonitor>(*run.store);
+      for (int64_t k = 0; k < 2; ++k)
+        run.window->backward(run.loss(2, k));
+      monitor->before_close();
+      run.window->close();
+      monitor->after_close();
+      std::vector<optim::LayerReport> layers = monitor->read(run.window->report());
+      run.train(1, 2);  // the next window still steps and reads right
+      return std::make_pair(layers, run.store->master().clone());
+    };
+    const auto [sequential, weights] = measure(test::sequential_close(2));
+    const auto [lazy, lazy_weights] = measure(test::close_under_forward(2, 1, /*lazy=*/true));
+    ASSERT_EQ(lazy.size(), sequential.size());
+    for (size_t i = 0; i < lazy.size(); ++i) {
+      EXPECT_EQ(lazy[i].grad_norm, sequential[i].grad_norm) << lazy[i].name;
+      EXPECT_EQ(lazy[i].update_ratio, sequential[i].update_ratio) << lazy[i].name;
+      EXPECT_GT(sequential[i].update_ratio, 0.0) << sequential[i].name;
+    }
+    EXPECT_TRUE(test::all_equal(lazy_weights, weights));
+  }
 }
 
 TEST(CloseUnderForward, bad_options_are_errors_naming_them) {
