@@ -40,6 +40,10 @@ void remove_parameter_gate(ParameterGate* gate) {
   installed.store(static_cast<int>(g.size()), std::memory_order_relaxed);
 }
 
+bool parameter_gates_installed() {
+  return installed.load(std::memory_order_relaxed) != 0;
+}
+
 void await_parameters(const std::vector<Tensor>& params) {
   await_all(params);
 }

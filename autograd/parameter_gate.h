@@ -40,6 +40,10 @@ class ParameterGate {
 void install_parameter_gate(ParameterGate* gate);
 void remove_parameter_gate(ParameterGate* gate);
 
+// True while any gate is installed (one relaxed atomic load): callers that
+// gather a module's parameters first skip that when it is false.
+bool parameter_gates_installed();
+
 void await_parameters(const std::vector<Tensor>& params);
 void await_parameters(std::initializer_list<Tensor> params);
 

@@ -399,6 +399,7 @@ MLP::MLP(const std::vector<int64_t>& widths, const ParamOptions& options) {
 }
 
 void await_parameters(const Module& module) {
+  if (!parameter_gates_installed()) return;  // no vector of parameters built for nothing
   accrue::await_parameters(module.parameters());
 }
 
