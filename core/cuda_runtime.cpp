@@ -147,6 +147,9 @@ void Event::record(StreamHandle stream) {
 void Event::block(StreamHandle stream) const {
   ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream, handle_, 0));
 }
+void Event::block_external(StreamHandle stream) const {
+  ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream, handle_, cudaEventWaitExternal));
+}
 void Event::synchronize() const {
   ACCRUE_CUDA_CHECK(cudaEventSynchronize(handle_));
 }
@@ -225,6 +228,9 @@ void Event::record(StreamHandle) {
 }
 void Event::block(StreamHandle) const {
   no_cuda("Event::block");
+}
+void Event::block_external(StreamHandle) const {
+  no_cuda("Event::block_external");
 }
 void Event::synchronize() const {
   no_cuda("Event::synchronize");

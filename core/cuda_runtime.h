@@ -77,6 +77,10 @@ class Event {
   void record(StreamHandle stream);
   // Makes `stream` wait for this event on the device (no host block).
   void block(StreamHandle stream) const;
+  // The same inside a CUDA graph capture, for an event recorded outside it
+  // (cudaEventWaitExternal): the graph gets an event-wait node, and each
+  // replay waits for the event's latest record at that point of the replay.
+  void block_external(StreamHandle stream) const;
   void synchronize() const;
   bool query() const;
   // Milliseconds between two recorded timing events.

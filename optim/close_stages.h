@@ -74,6 +74,8 @@ class CloseStage {
   // Why the micro-steps and the close cannot be replayed from CUDA graphs
   // while this stage is present (Note [Graphed window]), or null.
   virtual const char* why_not_capturable() const { return nullptr; }
+  // Why the close alone cannot be (its micro-steps can), or null.
+  virtual const char* why_close_not_capturable() const { return nullptr; }
 };
 
 // What the stages act on: the window's device state and its configuration.

@@ -19,6 +19,8 @@ GraphedWindow::GraphedWindow(Window& window, StepFn step)
   for (const WindowListener* l : window.listeners_)
     if (const char* why = l->why_not_capturable(); why && why_eager_.empty()) why_eager_ = why;
   if (window.sync_) why_close_eager_ = "the reducer launches its all-reduces from host hooks";
+  if (const char* why = window.why_close_not_capturable(); why && why_close_eager_.empty())
+    why_close_eager_ = why;
   if (!why_eager_.empty()) {
     warn("every micro-step and close", why_eager_);
   } else if (!why_close_eager_.empty()) {

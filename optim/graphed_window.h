@@ -53,6 +53,8 @@
 //  - with a GradientSync, the last micro-step and the close: the reducer's
 //    all-reduces are launched from the backward's hooks on its own stream,
 //    and run eagerly around the graphs of the earlier micro-steps;
+//  - with close_under_forward, the close: its layer steps go to a side stream
+//    that the captured micro-steps wait for (Note [Close under the forward]);
 //  - with norm_under_backward or the noise scale, everything (their host
 //    decisions change from window to window); with a listener whose host
 //    state follows the forwards (WindowListener::why_not_capturable:

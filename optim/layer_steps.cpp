@@ -1,6 +1,7 @@
 // Note [Close under the forward] (optim/layer_steps.h).
 #include "accrue/optim/layer_steps.h"
 
+#include "accrue/core/cuda_graph.h"
 #include "accrue/core/cuda_runtime.h"
 #include "accrue/core/error.h"
 
@@ -127,7 +128,13 @@ void LayerSteps::wait_for(int64_t range) {
     step_ranges_until(range + 1);
     return;
   }
-  done_[static_cast<size_t>(range)]->block(current_stream(store_.options().device().index));
+  const StreamHandle stream = current_stream(store_.options().device().index);
+  const Event& done = *done_[static_cast<size_t>(range)];
+  if (graph_capturing()) {  // a captured micro-step: an event-wait node
+    done.block_external(stream);
+  } else {
+    done.block(stream);
+  }
   awaited_ = range + 1;
 }
 
@@ -152,7 +159,9 @@ void LayerSteps::join(const char* where, bool after_forward) {
 }
 
 LayerStepsStage::LayerStepsStage(CloseContext& c, int64_t min_elements, bool steps_on_first_read)
-    : c_(c), steps_(*c.store, *c.optimizer, min_elements, steps_on_first_read) {
+    : c_(c),
+      lazy_(steps_on_first_read),
+      steps_(*c.store, *c.optimizer, min_elements, steps_on_first_read) {
   ACCRUE_CHECK(!c.sharded(),
                "close_under_forward: not with ZeRO-1 (Note [Close under the forward])");
 }

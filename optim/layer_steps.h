@@ -41,11 +41,17 @@
 //    stream, and the rest at the join: the latest a side stream could. A
 //    forward that reads a layer before awaiting it then reads the old
 //    weights and the bits change, which the tests compare.
+//  - Under a GraphedWindow the micro-steps are captured and replayed; the
+//    close runs eagerly (its side stream). A capture records each await's
+//    and the join's wait as an event-wait node on an event recorded outside
+//    the graph (Event::block_external), so every replay waits for the ranges
+//    the eager close before it issued; the replay of micro-step 0 then marks
+//    the steps joined on the host. The test mode keeps everything eager (its
+//    steps run from the forward's awaits, which a replay does not run).
 //  - A window whose step sums are measured (optim::LayerMonitor, Note [Step
 //    sums]) is stepped whole in the close, as without this option.
 //  - Not with ZeRO-1 (the gathers of the stepped shards) or FP8 weight copies
-//    (recast in the close): refused. A GraphedWindow runs such a window
-//    eagerly (it says why once) and a whole-window capture is refused: the
+//    (recast in the close): refused. A whole-window capture is refused: the
 //    side stream would have to rejoin inside the graph.
 #pragma once
 
@@ -90,6 +96,9 @@ class LayerSteps final : public ParameterGate {
   void join(const char* where, bool after_forward = false);
   // True between a launch and its join.
   bool pending() const { return launched_; }
+  // A replayed micro-step 0 joined on the device (its capture recorded the
+  // join's wait, Note [Graphed window]): the host state follows.
+  void joined_by_replay() { launched_ = false; }
 
  private:
   void step_ranges_until(int64_t end);  // the test mode's steps, [stepped_, end)
@@ -125,6 +134,10 @@ class LayerStepsStage final : public CloseStage {
   }
   void run(int64_t window) override;
   const char* why_not_capturable() const override {
+    return lazy_ ? "close_steps_on_first_read steps the parameters from the forward's awaits"
+                 : nullptr;
+  }
+  const char* why_close_not_capturable() const override {
     return "close_under_forward steps the parameters on a side stream that the next forward "
            "awaits (Note [Close under the forward])";
   }
@@ -132,6 +145,7 @@ class LayerStepsStage final : public CloseStage {
 
  private:
   CloseContext& c_;
+  bool lazy_;
   LayerSteps steps_;
 };
 

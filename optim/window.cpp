@@ -239,11 +239,21 @@ void Window::replay_micro_step(const std::vector<bool>& written_after) {
   ACCRUE_CHECK(micro_step_ < options_.micro_steps(),
                "Window::backward: the window already has its ", options_.micro_steps(),
                " micro-steps; call close() first");
-  if (micro_step_ == 0) store_.begin_window();
+  if (micro_step_ == 0) {
+    store_.begin_window();
+    // Note [Close under the forward]: the replayed graph waited for the steps.
+    if (auto* s = find_stage<LayerStepsStage>()) s->steps().joined_by_replay();
+  }
   if (sync_) sync_->before_backward(micro_step_, options_.micro_steps());
   store_.set_written_flags(written_after);
   ++micro_step_;
   index_checks_->set_position(windows_, micro_step_);
+}
+
+const char* Window::why_close_not_capturable() const {
+  for (const auto& stage : stages_)
+    if (const char* why = stage->why_close_not_capturable()) return why;
+  return nullptr;
 }
 
 const char* Window::why_not_capturable() const {
@@ -266,6 +276,7 @@ Window::WholeCapture Window::begin_whole_capture() const {
   ACCRUE_CHECK(listeners_.empty(), op, ": the Window has ", listeners_.size(),
                " listener(s), which act on the host at close");
   if (const char* why = why_not_capturable()) ACCRUE_FAIL(op, ": ", why);
+  if (const char* why = why_close_not_capturable()) ACCRUE_FAIL(op, ": ", why);
   ACCRUE_CHECK(ctx_->state.device().is_cuda(), op, ": the window's arena is on ",
                ctx_->state.device().str(), "; CUDA graphs are CUDA's");
   ACCRUE_CHECK(!calibrating(), op,

@@ -416,6 +416,8 @@ class Window {
   // captured at all (a stage's host decisions, the plain CUDA allocator), or
   // null. GraphedWindow and begin_whole_capture ask it.
   const char* why_not_capturable() const;
+  // Why the close alone cannot be captured (a stage's side stream), or null.
+  const char* why_close_not_capturable() const;
   // Note [Close under the forward]: the current stream waits for the last
   // close's layer steps (a no-op without them); `where` names the caller.
   void join_layer_steps(const char* where, bool after_forward = false) const;

@@ -26,6 +26,18 @@ TEST(GpuCloseUnderForward, side_stream_steps_give_the_sequential_bits) {
                                               /*lazy=*/false);
 }
 
+// Micro-steps replayed from graphs that wait on the side stream's events.
+TEST(GpuCloseUnderForward, graphed_micro_steps_give_the_sequential_bits) {
+  ACCRUE_REQUIRE_CUDA();
+  for (int64_t min_elements : {int64_t{1}, int64_t{4096}}) {
+    SCOPED_TRACE("min_elements " + std::to_string(min_elements));
+    test::expect_graphed_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cuda(),
+                                                        DType::bf16, min_elements);
+    test::expect_graphed_close_under_forward_is_bitwise(CloseModel::llama, Device::cuda(),
+                                                        DType::bf16, min_elements);
+  }
+}
+
 TEST(GpuCloseUnderForward, steps_on_first_read_give_the_sequential_bits) {
   ACCRUE_REQUIRE_CUDA();
   test::expect_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cuda(), DType::bf16, 1,

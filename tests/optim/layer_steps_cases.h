@@ -16,6 +16,7 @@
 #include "accrue/autograd/ops.h"
 #include "accrue/nn/gpt2.h"
 #include "accrue/nn/llama.h"
+#include "accrue/optim/graphed_window.h"
 #include "accrue/optim/layer_steps.h"
 #include "accrue/optim/window.h"
 #include "tests/test_util.h"
@@ -83,20 +84,22 @@ struct CloseRun {
     return *mlp;
   }
 
-  // The loss of micro-batch (w, k): a fixed map of the input the model can learn.
-  Loss loss(int64_t w, int64_t k) const {
+  // Micro-batch (w, k): tokens and a fixed map of them the model can learn.
+  std::vector<Tensor> inputs(int64_t w, int64_t k) const {
     Generator data(500 + 31 * static_cast<uint64_t>(w) + static_cast<uint64_t>(k));
     const Tensor x = randint(0, kVocab, {kB, kT}, DType::i64, Device::cpu(), &data);
     std::vector<int64_t> t = x.to_vector<int64_t>();
     for (int64_t& v : t)
       v = (3 * v + 1) % kVocab;
-    const Tensor y = from_vector<int64_t>(t, {kB, kT}).to(device);
-    if (gpt2) return gpt2->loss(x.to(device), y);
-    if (llama) return llama->loss(x.to(device), y, nn::BatchLayout::full());
-    // The MLP reads each row's tokens as features and predicts the first target.
-    const Tensor features = x.to(DType::f32).to(device);
-    return cross_entropy(mlp->forward(features), y.narrow(1, 0, 1).reshape({kB}));
+    return {x.to(device), from_vector<int64_t>(t, {kB, kT}).to(device)};
   }
+  Loss loss_of(const std::vector<Tensor>& in) const {
+    if (gpt2) return gpt2->loss(in[0], in[1]);
+    if (llama) return llama->loss(in[0], in[1], nn::BatchLayout::full());
+    // The MLP reads each row's tokens as features and predicts the first target.
+    return cross_entropy(mlp->forward(in[0].to(DType::f32)), in[1].narrow(1, 0, 1).reshape({kB}));
+  }
+  Loss loss(int64_t w, int64_t k) const { return loss_of(inputs(w, k)); }
 
   std::vector<optim::WindowReport> train(int64_t windows, int64_t K) {
     std::vector<optim::WindowReport> reports;
@@ -166,6 +169,32 @@ inline void expect_close_under_forward_is_bitwise(CloseModel kind, Device device
   expect_same_run(a, ra, b, rb);
   EXPECT_NE(b.window->describe_close().find("layer steps"), std::string::npos);
   EXPECT_EQ(b.window->describe_close().find("optimizer step"), std::string::npos);
+}
+
+// The same through a GraphedWindow: micro-steps captured and replayed (their
+// waits as event-wait nodes), the close eager beside the next forward.
+inline void expect_graphed_close_under_forward_is_bitwise(CloseModel kind, Device device,
+                                                          DType compute, int64_t min_elements) {
+  constexpr int64_t kWindows = 6, kK = 2;
+  CloseRun a(kind, device, compute, sequential_close(kK));
+  CloseRun b(kind, device, compute, close_under_forward(kK, min_elements, /*lazy=*/false));
+  const std::vector<optim::WindowReport> ra = a.train(kWindows, kK);
+  optim::GraphedWindow graphed(*b.window,
+                               [&b](const std::vector<Tensor>& in) { return b.loss_of(in); });
+  std::vector<optim::WindowReport> rb;
+  for (int64_t w = 0; w < kWindows; ++w) {
+    for (int64_t k = 0; k < kK; ++k)
+      graphed.backward(b.inputs(w, k));
+    graphed.close();
+    rb.push_back(b.window->report());
+  }
+  expect_same_run(a, ra, b, rb);
+  // On CUDA both phases run eagerly once, then from graphs (Note [Graphed
+  // window]); every close is eager. On the CPU everything is.
+  const int64_t eager = device.is_cuda() ? 2 : kWindows * kK;
+  EXPECT_EQ(graphed.counts().eager_micro_steps, eager);
+  EXPECT_EQ(graphed.counts().replayed_micro_steps, kWindows * kK - eager);
+  EXPECT_EQ(graphed.counts().eager_closes, kWindows);
 }
 
 }  // namespace accrue::test

@@ -144,6 +144,11 @@ TEST(CloseUnderForward, ranges_stepped_on_first_read_give_the_sequential_bits) {
   }
 }
 
+TEST(CloseUnderForward, a_graphed_window_runs_it_eagerly_on_the_cpu) {
+  test::expect_graphed_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cpu(), DType::f32,
+                                                      5000);
+}
+
 TEST(CloseUnderForward, layer_ranges_cover_the_arena_in_slot_order) {
   CloseRun run(CloseModel::gpt2, Device::cpu(), DType::f32, test::sequential_close(1));
   optim::LayerSteps steps(*run.store, *run.optimizer, 5000, false);
@@ -258,6 +263,9 @@ TEST(CloseUnderForward, bad_options_are_errors_naming_them) {
   EXPECT_ERROR(optim::Window(store, opt, optim::WindowOptions().close_under_forward(true, 0)),
                "close_under_forward: min_elements must be >= 1, got 0");
   optim::Window first(store, opt, test::close_under_forward(1, 1, false));
+  EXPECT_ERROR(first.begin_whole_capture(),
+               "Window::begin_whole_capture: close_under_forward steps the parameters on a side "
+               "stream");
   EXPECT_ERROR(optim::Window(store, opt, test::close_under_forward(1, 1, false)),
                "ParamStore: a second Window with close_under_forward on this store");
 }
