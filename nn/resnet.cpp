@@ -108,6 +108,9 @@ Tensor ResNet::forward(const Tensor& x) {
   const NvtxRange range("accrue ResNet forward");  // Note [NVTX ranges]
   ACCRUE_CHECK(x.dim() == 4 && x.size(1) == config_.in_channels, "ResNet: input has shape ",
                shape_str(x.shape()), "; expected [N, ", config_.in_channels, ", H, W]");
+  // Note [Close under the forward]: each layer's weights, before it reads them.
+  await_parameters(*conv1_);
+  await_parameters(*bn1_);
   Tensor h = relu(bn1_->forward(conv1_->forward(x)));
   if (!config_.small_input) {
     Pool2dOptions pool;
@@ -119,13 +122,20 @@ Tensor ResNet::forward(const Tensor& x) {
   for (Block& b : blocks_) {
     Tensor y = h;
     for (size_t i = 0; i < b.convs.size(); ++i) {
+      await_parameters(*b.convs[i]);
+      await_parameters(*b.norms[i]);
       y = b.norms[i]->forward(b.convs[i]->forward(y));
       if (i + 1 < b.convs.size()) y = relu(y);
+    }
+    if (b.down_conv) {
+      await_parameters(*b.down_conv);
+      await_parameters(*b.down_norm);
     }
     const Tensor shortcut = b.down_conv ? b.down_norm->forward(b.down_conv->forward(h)) : h;
     h = relu(y + shortcut);
   }
   h = adaptive_avg_pool2d(h, 1, 1);
+  await_parameters(*fc_);
   return fc_->forward(reshape(h, {h.size(0), h.size(1)}));
 }
 

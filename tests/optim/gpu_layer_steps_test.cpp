@@ -24,6 +24,8 @@ TEST(GpuCloseUnderForward, side_stream_steps_give_the_sequential_bits) {
                                               /*lazy=*/false);
   test::expect_close_under_forward_is_bitwise(CloseModel::mlp, Device::cuda(), DType::bf16, 1,
                                               /*lazy=*/false);
+  test::expect_close_under_forward_is_bitwise(CloseModel::resnet, Device::cuda(), DType::f32, 1,
+                                              /*lazy=*/false);
 }
 
 // Micro-steps replayed from graphs that wait on the side stream's events.

@@ -141,6 +141,8 @@ TEST(CloseUnderForward, ranges_stepped_on_first_read_give_the_sequential_bits) {
                                                 min_elements, /*lazy=*/true);
     test::expect_close_under_forward_is_bitwise(CloseModel::mlp, Device::cpu(), DType::f32,
                                                 min_elements, /*lazy=*/true);
+    test::expect_close_under_forward_is_bitwise(CloseModel::resnet, Device::cpu(), DType::f32,
+                                                min_elements, /*lazy=*/true);
   }
 }
 
