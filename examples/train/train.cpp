@@ -195,10 +195,10 @@ Resumed read_resumed(const TrainOptions& opt, const RunRecord& record) {
 // --contiguous-rows makes a Llama model read its shards the same way, with
 // BatchLayout::full(): plain causal attention within each row, as llm.c and
 // most pretraining runs do. Packed documents carry their offsets on the
-// device, and under --cuda-graphs attention then takes the composed path
-// over the whole packed micro-batch (Note [Attention paths] in
-// kernels/attention.cpp): llama-125m at 8 x 2048 trained at 13.8k tok/s with
-// a 37 GiB peak that way on an H200, against about 500k with full rows.
+// device, so on a GPU attention takes the composed path over the whole
+// packed micro-batch (Note [Attention paths] in kernels/attention.cpp):
+// llama-125m at 8 x 2048 under --cuda-graphs trained at 13.8k tok/s with a
+// 37 GiB peak that way on an H200, against about 500k with full rows.
 
 // Where this rank's micro-batches come from. Note [Document batches]: rank r
 // reads its own B rows of every step; GPT-2 reads contiguous rows instead

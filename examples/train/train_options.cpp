@@ -36,7 +36,7 @@ void declare_model_and_data(OptionTable& cli, TrainOptions& o) {
   cli.flag("--contiguous-rows", &o.contiguous_rows,
            "a Llama model reads --train-data and --val-data as GPT-2 does: contiguous rows "
            "across document boundaries, plain causal attention (no --eos-id; Note [GPT-2 rows]: "
-           "packed documents under --cuda-graphs take the composed attention path)");
+           "packed documents take the composed attention path on a GPU)");
   cli.path("--val-data", &o.val_data, "GLOB",
            "validation shards, read as --train-data is (the same micro-batches from their start "
            "each time)");
