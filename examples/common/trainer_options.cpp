@@ -16,11 +16,12 @@ void declare_gpt2_size_overrides(OptionTable& cli, std::optional<int64_t>& n_lay
 }
 
 void declare_close_under_forward(OptionTable& cli, CloseUnderForward& close,
-                                 const std::string& not_with) {
+                                 const std::string& limits) {
   cli.flag("--close-under-forward", &close.on,
            "step each layer's parameters beside the next window's forward instead of in the "
-           "close (Note [Close under the forward]; the same bits); not with " +
-               not_with);
+           "close (Note [Close under the forward]; the same bits); with --cuda-graphs the "
+           "micro-steps replay and the close runs eagerly" +
+               limits);
   cli.integer("--close-layer-elements", &close.layer_elements, "N",
               "with --close-under-forward: the fewest parameters a stepped range holds")
       .min(1);

@@ -71,8 +71,9 @@ struct CloseUnderForward {
   bool on = false;
   int64_t layer_elements = int64_t{1} << 20;
 };
+// `limits` ends the help text: "; not with ..." where the trainer refuses some.
 void declare_close_under_forward(OptionTable& cli, CloseUnderForward& close,
-                                 const std::string& not_with);
+                                 const std::string& limits);
 // The UsageErrors: --close-layer-elements without --close-under-forward, and
 // --close-under-forward with what it does not run beside (`others`: each
 // given option's name, or null for one not given).

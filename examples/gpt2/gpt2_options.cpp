@@ -66,8 +66,7 @@ void declare(OptionTable& cli, Gpt2Options& o) {
   cli.flag("--norm-under-backward", &o.norm_under_backward,
            "compute the norm rows under the last backward instead of in one pass at the close "
            "(measured slower; same bits)");
-  declare_close_under_forward(cli, o.close_under_forward,
-                              "--fp8 or --composed (with --cuda-graphs the close runs eagerly)");
+  declare_close_under_forward(cli, o.close_under_forward, "; not with --fp8 or --composed");
   cli.path("--gemm-tuning", &o.gemm_tuning, "FILE",
            "time cuBLASLt's candidates and cublasGemmEx for each GEMM shape on first use and "
            "keep the fastest, recorded in FILE; a run with the same FILE reads the choices back "

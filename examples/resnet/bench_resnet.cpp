@@ -42,6 +42,7 @@
 #include "examples/common/options.h"
 #include "examples/common/run_main.h"
 #include "examples/common/timing.h"
+#include "examples/common/trainer_options.h"
 #include "examples/resnet/resnet_window.h"
 
 using namespace accrue;
@@ -72,6 +73,7 @@ struct Options {
   kernels::ConvAlgorithmPolicy conv = per_shape_paths();
   std::string tuning;
   bool cuda_graphs = false;
+  CloseUnderForward close_under_forward;
   bool cpu = false;
 };
 
@@ -114,10 +116,12 @@ bool parse(int argc, char** argv, Options& o) {
   cli.flag("--cuda-graphs", &o.cuda_graphs,
            "replay the micro-steps and the close as CUDA graphs (optim::GraphedWindow; eager on "
            "the CPU)");
+  declare_close_under_forward(cli, o.close_under_forward, "");
   cli.flag("--cpu", &o.cpu, "run on the CPU backend (default: GPU 0 when there is one)");
   if (!cli.parse(argc, argv)) return false;
   if (fixed_paths && per_shape)
     usage_error("--conv-fixed-paths and --conv-per-shape exclude each other");
+  check_close_under_forward(cli, o.close_under_forward, {});
   o.conv.path_per_shape = !fixed_paths;
   return true;
 }
@@ -156,7 +160,9 @@ int bench(int argc, char** argv) {
   optim::ParamStore arena(model.named_parameters(),
                           optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
                               sgd.moments_needed()));
-  optim::Window window(arena, sgd, optim::WindowOptions().micro_steps(opt.k));
+  optim::Window window(arena, sgd,
+                       optim::WindowOptions().micro_steps(opt.k).close_under_forward(
+                           opt.close_under_forward.on, opt.close_under_forward.layer_elements));
   listen_batch_norms(model, window);
 
   // Two micro-batches of images and labels on the device, alternated: fresh
@@ -207,6 +213,7 @@ int bench(int argc, char** argv) {
       .boolean("conv_per_shape", opt.conv.path_per_shape)
       .boolean("conv_16_bit_wgrad", opt.conv.weight_gradient_in_operand_dtype)
       .boolean("cuda_graphs", opt.cuda_graphs)
+      .boolean("close_under_forward", opt.close_under_forward.on)
       .integer("classes", opt.classes)
       .integer("parameters", arena.numel())
       .integer("warmup_windows", opt.warmup)

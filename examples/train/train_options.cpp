@@ -101,9 +101,8 @@ void declare_run(OptionTable& cli, TrainOptions& o) {
   cli.flag("--norm-under-backward", &o.norm_under_backward,
            "compute the norm rows under the last backward instead of in one pass at the close "
            "(measured slower for GPT-2; same bits)");
-  declare_close_under_forward(
-      cli, o.close_under_forward,
-      "--zero1, --fp8 or --composed (with --cuda-graphs the close runs eagerly)");
+  declare_close_under_forward(cli, o.close_under_forward,
+                              "; not with --zero1, --fp8 or --composed");
   cli.flag("--cuda-graphs", &o.cuda_graphs, "replay micro-steps and close as CUDA graphs (GPU)");
   cli.path("--gemm-tuning", &o.gemm_tuning, "FILE",
            "time the GEMM candidates per shape on first use and keep the fastest, recorded in "

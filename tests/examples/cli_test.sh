@@ -429,9 +429,18 @@ case $name in
     bin=$dir/accrue_resnet_bench prog=accrue_resnet_bench
     help --model --image-size --micro-batch --k --dtype --channels-last --no-pointwise-gemm \
       --conv-timed --conv-nondeterministic --conv-16-bit-wgrad --conv-fixed-paths --tuning \
-      --classes --warmup --windows --cpu
+      --classes --warmup --windows --cpu --close-under-forward --close-layer-elements
     common_refusals
     expect 2 "--model must be resnet50 or resnet18, got 'vgg'" --model vgg
+    expect 2 "--close-layer-elements needs --close-under-forward" --close-layer-elements 8
+    # Note [Close under the forward]: the same bits (the final loss) as the close.
+    small=(--cpu --model resnet18 --image-size 32 --micro-batch 2 --k 2 --warmup 1 --windows 1
+      --classes 10)
+    run "${small[@]}"
+    plain=$(grep -o '"final_loss": [^,]*' <<< "$out")
+    run "${small[@]}" --close-under-forward --close-layer-elements 100000
+    [[ $rc -eq 0 && -n $plain && $(grep -o '"final_loss": [^,]*' <<< "$out") == "$plain" ]] ||
+      fail "resnet_bench --close-under-forward: exit code $rc, $(grep -o '"final_loss": [^,]*' <<< "$out") vs $plain"
     expect 2 "--image-size must be >= 32, got 16" --image-size 16
     expect 2 "--classes must be >= 2, got 1" --classes 1
     expect 2 "--conv-fixed-paths and --conv-per-shape exclude each other" \
