@@ -17,10 +17,12 @@ one package heavily), but a root may itself be a site-packages directory.
 GPT-2 reads the shards as contiguous rows (its trainer takes no EOS id),
 and so do the Llama models by default (--llama-documents rows:
 accrue_train --contiguous-rows). --llama-documents packed packs the
-documents with attention that never crosses one (--eos-id 256); their
-offsets live on the device, so attention takes the composed path over the
-whole packed micro-batch: llama-125m trained at 13.8k tok/s that way on an
-H200 under CUDA graphs, 175 of 2,000 windows in 420 s. The first
+documents with attention that never crosses one (--eos-id 256): attention
+within each row through a document bias (Note [Documents within rows]),
+not yet measured here; before that path, the packed offsets on the device
+took the composed path over the whole micro-batch, and llama-125m trained
+at 13.8k tok/s that way on an H200 under CUDA graphs (175 of 2,000 windows
+in 420 s). The first
 --val-fraction of the tokens is the validation
 split; every run evaluates the same --val-batches micro-batches from its
 start every --val-every windows and at the end.

@@ -1,6 +1,7 @@
 #include "accrue/nn/llama.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <utility>
@@ -13,6 +14,7 @@
 #include "accrue/core/grad_mode.h"
 #include "accrue/core/nvtx.h"
 #include "accrue/kernels/indexing.h"
+#include "accrue/kernels/ops.h"
 #include "accrue/nn/llama_hf.h"
 #include "accrue/nn/transformer.h"
 
@@ -149,6 +151,36 @@ BatchLayout BatchLayout::packed(Tensor cu_seqlens, Tensor positions) {
   return l;
 }
 
+// Note [Documents within rows]
+BatchLayout BatchLayout::documents_within_rows(Tensor positions) {
+  ACCRUE_CHECK(positions.defined(), "BatchLayout::documents_within_rows: needs the positions");
+  BatchLayout l;
+  l.positions = std::move(positions);
+  l.within_rows = true;
+  return l;
+}
+
+namespace {
+
+// Note [Documents within rows]: [B, 1, T, T] of 0 where tokens i and j of a
+// row share a document (the same start, t - position), -inf elsewhere.
+Tensor document_bias(const Tensor& positions, DType dtype) {
+  NoGradGuard no_grad;
+  const int64_t B = positions.size(0), T = positions.size(1);
+  // In f32, whose integers are exact below 2^24 (the elementwise ops take floats).
+  ACCRUE_CHECK(T < (int64_t{1} << 24), "Llama: documents within rows of ", T,
+               " tokens; at most 2^24 - 1");
+  const Tensor t = arange(0.0, static_cast<double>(T), 1.0, DType::f32, positions.device());
+  const Tensor starts = kernels::binary(kernels::BinaryOp::Sub, t.view({1, T}),
+                                        positions.to(DType::f32));  // [B, T]
+  const Tensor same = kernels::compare(kernels::CompareOp::Eq, starts.view({B, 1, T, 1}),
+                                       starts.view({B, 1, 1, T}));
+  return kernels::where(
+      same, 0.0, full({}, -std::numeric_limits<double>::infinity(), dtype, positions.device()));
+}
+
+}  // namespace
+
 BatchLayout BatchLayout::packed_documents(const std::vector<int64_t>& doc_lengths, int64_t B,
                                           int64_t T, Device device) {
   ACCRUE_CHECK(B >= 1 && T >= 1, "BatchLayout::packed_documents: B = ", B, ", T = ", T,
@@ -202,6 +234,8 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& positions,
   // [B, T, n, D] views of the projections; q and k normalized per head
   // (Qwen3) and rotated. Packed documents attend as one sequence of B * T
   // tokens cut by cu_seqlens (varlen wants B == 1): the reshape is free.
+  // Note [Documents within rows]: with the forward's bias, per row.
+  const bool within = layout.document_bias.defined();
   const bool packed = layout.is_packed();
   const int64_t Ba = packed ? 1 : B, Ta = packed ? B * T : T;
   // Note [FP8 shared input]: q, k and v read x's codes from one cast.
@@ -216,6 +250,7 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& positions,
   SdpaOptions o;
   o.causal();
   if (packed) o.varlen(layout.cu_seqlens);
+  if (within) o.bias(layout.document_bias);
   if (layout.is_padded()) o.seq_lens(layout.seq_lens);
   // Grouped-query heads stay unexpanded: kv head j serves query heads
   // j * H / G .. (j + 1) * H / G - 1.
@@ -360,9 +395,31 @@ void Llama::check_inputs(const Tensor& idx, const BatchLayout& layout, const cha
         ACCRUE_CHECK(v[n] >= v[n - 1], op, ": cu_seqlens decreases at ", n, ": ", v[n - 1],
                      " then ", v[n]);
     }
+  } else if (layout.within_rows) {
+    // Note [Documents within rows]
+    const Tensor& p = layout.positions;
+    ACCRUE_CHECK(!layout.is_padded() && p.defined() && p.dtype() == DType::i64 &&
+                     (p.shape() == Shape{B, T}) && p.device() == device(),
+                 op, ": documents within rows need i64 positions [B = ", B, ", T = ", T, "] on ",
+                 device().str(), " and nothing else, got ", describe(p));
+    if (p.device().is_cpu()) {
+      const std::vector<int64_t> v = p.contiguous().to_vector<int64_t>();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t at = v[static_cast<size_t>(b * T + t)];
+          const int64_t before = t == 0 ? -1 : v[static_cast<size_t>(b * T + t - 1)];
+          ACCRUE_CHECK(at == 0 || at == before + 1, op, ": documents within rows, but row ", b,
+                       " has position ", at, " at token ", t, " after ", before,
+                       " (each row starts at 0, then counts up by one or restarts at 0; a "
+                       "document across rows stays packed)");
+        }
+    }
+    ACCRUE_CHECK(T <= positions_.size(0), op, ": sequence length T = ", T,
+                 " exceeds max_position_embeddings = ", positions_.size(0));
   } else {
     ACCRUE_CHECK(!layout.positions.defined(), op,
-                 ": positions are given only with a packed layout (cu_seqlens)");
+                 ": positions are given only with a packed layout (cu_seqlens) or documents "
+                 "within rows");
     ACCRUE_CHECK(T <= positions_.size(0), op, ": sequence length T = ", T,
                  " exceeds max_position_embeddings = ", positions_.size(0));
   }
@@ -373,6 +430,7 @@ Tensor Llama::forward(const Tensor& idx, const BatchLayout& layout) const {
   check_inputs(idx, layout, "Llama::forward");
   const int64_t T = idx.size(1);
   Tensor positions = positions_.narrow(0, 0, T);
+  if (layout.within_rows) positions = layout.positions;
   if (layout.is_packed()) {
     positions = layout.positions.defined()
                     ? layout.positions
@@ -382,6 +440,8 @@ Tensor Llama::forward(const Tensor& idx, const BatchLayout& layout) const {
   accrue::await_parameters({embed_tokens_});
   await_parameters(layers_[0]->input_layernorm());
   const Tensor x0 = embedding(embed_tokens_, idx);  // [B, T, hidden]
+  BatchLayout within = layout;  // Note [Documents within rows]: the bias, once per forward
+  if (layout.within_rows) within.document_bias = document_bias(positions, x0.dtype());
   // Note [Llama residual stream]: (x, input_layernorm(x)) go from layer to layer.
   Tensor x = x0;
   Tensor normed = layers_[0]->input_layernorm().forward(x0);
@@ -394,15 +454,15 @@ Tensor Llama::forward(const Tensor& idx, const BatchLayout& layout) const {
       // The layer's activations are recomputed in backward from (x, normed);
       // positions and the layout are integers, outside the graph.
       std::vector<Tensor> out = checkpoint_multi(
-          [layer, next, positions, layout](const std::vector<Tensor>& in) {
-            ResidualNorm r = layer->forward(in[0], in[1], *next, positions, layout);
+          [layer, next, positions, within](const std::vector<Tensor>& in) {
+            ResidualNorm r = layer->forward(in[0], in[1], *next, positions, within);
             return std::vector<Tensor>{r.sum, r.normed};
           },
           {x, normed});
       x = out[0];
       normed = out[1];
     } else {
-      ResidualNorm r = layer->forward(x, normed, *next, positions, layout);
+      ResidualNorm r = layer->forward(x, normed, *next, positions, within);
       x = r.sum;
       normed = r.normed;
     }

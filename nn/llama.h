@@ -50,16 +50,39 @@ namespace accrue::nn {
 // back (inside a Window the index checks are deferred, Note [Deferred index checks]).
 Tensor positions_from_cu_seqlens(const Tensor& cu_seqlens, int64_t B, int64_t T);
 
+// Note [Documents within rows]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Packed documents whose every row starts a document (data::DocumentBatches'
+// batches are such: cu_seqlens holds each b * T) need only their positions:
+// BatchLayout::documents_within_rows(positions). Attention then runs per row,
+// B sequences of T tokens, causal, with an additive bias [B, 1, T, T] of 0
+// between tokens of one document and -inf across documents, built once per
+// forward from the positions (a token's document starts at t - position in
+// its row): a few elementwise kernels on the device, nothing read back, and
+// inputs of fixed shape, so it is captured and replayed under CUDA graphs
+// like the rest. The packed varlen path needs the offsets on the host for
+// cuDNN (Note [Attention paths] in kernels/attention.cpp) and otherwise
+// computes the whole B * T sequence's scores in its composed path; the bias
+// keeps cuDNN's fused kernels, at 2 T^2 bytes of bias a row, read per head.
+// Every query sees itself, so no row is empty. The result is the packed
+// path's up to the summation order (tests/nn/llama_test.cpp). A layout whose
+// documents cross rows must stay packed: positions on the CPU are checked
+// (each row starts at 0, then counts up by one or restarts at 0).
 struct BatchLayout {
-  Tensor seq_lens;    // i64 [B] (padded)
-  Tensor cu_seqlens;  // i64 [N + 1] (packed)
-  Tensor positions;   // i64 [B, T] (packed; optional)
+  Tensor seq_lens;           // i64 [B] (padded)
+  Tensor cu_seqlens;         // i64 [N + 1] (packed)
+  Tensor positions;          // i64 [B, T] (packed, optional; within rows, required)
+  bool within_rows = false;  // Note [Documents within rows]
+  // Llama::forward's own: the within-rows bias it built for its layers.
+  Tensor document_bias;
 
   static BatchLayout full() { return {}; }
   static BatchLayout padded(Tensor seq_lens);
   static BatchLayout padded(const std::vector<int64_t>& seq_lens, Device device);
   // positions may be left undefined: derived from cu_seqlens.
   static BatchLayout packed(Tensor cu_seqlens, Tensor positions = Tensor());
+  // Note [Documents within rows]: every row starts a document; i64 [B, T].
+  static BatchLayout documents_within_rows(Tensor positions);
   // Documents of the given lengths laid end to end over B rows of T tokens
   // (their sum must be B * T; a document may run on into the next row).
   static BatchLayout packed_documents(const std::vector<int64_t>& doc_lengths, int64_t B, int64_t T,

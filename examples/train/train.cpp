@@ -194,11 +194,13 @@ Resumed read_resumed(const TrainOptions& opt, const RunRecord& record) {
 // (--synthetic-documents random) is refused for GPT-2, not approximated.
 // --contiguous-rows makes a Llama model read its shards the same way, with
 // BatchLayout::full(): plain causal attention within each row, as llm.c and
-// most pretraining runs do. Packed documents carry their offsets on the
-// device, so on a GPU attention takes the composed path over the whole
-// packed micro-batch (Note [Attention paths] in kernels/attention.cpp):
-// llama-125m at 8 x 2048 under --cuda-graphs trained at 13.8k tok/s with a
-// 37 GiB peak that way on an H200, against about 500k with full rows.
+// most pretraining runs do. Without it, a Llama model reads the shards as
+// packed documents, each row starting one (data::DocumentBatches), and
+// attends within each document of each row through a bias (Note [Documents
+// within rows] in nn/llama.h). Before that path, the packed offsets on the
+// device sent attention to the composed path over the whole packed
+// micro-batch: llama-125m at 8 x 2048 under --cuda-graphs trained at 13.8k
+// tok/s with a 37 GiB peak on an H200, against about 500k with full rows.
 
 // Where this rank's micro-batches come from. Note [Document batches]: rank r
 // reads its own B rows of every step; GPT-2 reads contiguous rows instead
@@ -368,6 +370,9 @@ std::unique_ptr<optim::GraphedWindow> make_graphed_window(const TrainOptions& op
   if (!opt.cuda_graphs) return nullptr;
   auto graphed =
       std::make_unique<optim::GraphedWindow>(window, [&model](const std::vector<Tensor>& in) {
+        // Note [Documents within rows]: (tokens, targets, positions) from shards.
+        if (in.size() == 3)
+          return model.loss(in[0], in[1], nn::BatchLayout::documents_within_rows(in[2]));
         return model.loss(
             in[0], in[1],
             in.size() == 4 ? nn::BatchLayout::packed(in[2], in[3]) : nn::BatchLayout::full());
@@ -392,7 +397,9 @@ Tensor padded_offsets(const Run& run, const Tensor& cu) {
 // One micro-batch: the next batch's loss, and its backward into the window.
 void micro_step(Run& run) {
   Batch b = run.train_data.next();
-  if (run.graphed && b.cu_seqlens.defined()) {
+  if (run.graphed && b.within_rows) {
+    run.graphed->backward({b.inputs, b.targets, b.positions});
+  } else if (run.graphed && b.cu_seqlens.defined()) {
     run.graphed->backward({b.inputs, b.targets, padded_offsets(run, b.cu_seqlens), b.positions});
   } else if (run.graphed) {
     run.graphed->backward({b.inputs, b.targets});

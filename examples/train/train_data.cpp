@@ -55,6 +55,7 @@ Batch synthetic_full_batch(int64_t B, int64_t T, int64_t vocab, const SyntheticR
 }  // namespace
 
 nn::BatchLayout layout_of(const Batch& b) {
+  if (b.within_rows) return nn::BatchLayout::documents_within_rows(b.positions);
   return b.cu_seqlens.defined() ? nn::BatchLayout::packed(b.cu_seqlens, b.positions)
                                 : nn::BatchLayout::full();
 }
@@ -84,7 +85,7 @@ TrainData::TrainData(const TrainDataOptions& o) : o_(o), synth_(o.synthetic_seed
 Batch TrainData::next() {
   if (docs_) {
     data::DocumentBatch b = docs_->next_batch();
-    return {b.inputs, b.targets, b.cu_seqlens, b.positions};
+    return {b.inputs, b.targets, b.cu_seqlens, b.positions, /*within_rows=*/true};
   }
   if (loader_) {
     data::Batch b = loader_->next_batch();

@@ -20,6 +20,9 @@ namespace accrue::examples {
 // offsets and positions (Note [Llama batch layouts]); undefined for full rows.
 struct Batch {
   Tensor inputs, targets, cu_seqlens, positions;
+  // Note [Documents within rows] (nn/llama.h): every row starts a document
+  // (data::DocumentBatches), so attention needs only the positions.
+  bool within_rows = false;
 };
 
 nn::BatchLayout layout_of(const Batch& b);

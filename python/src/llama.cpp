@@ -115,6 +115,11 @@ void bind_llama(nb::module_& m) {
                   nb::arg("positions") = Tensor(),
                   "Packed documents: cu_seqlens i64 [N + 1] over the B * T tokens read row "
                   "after row; positions [B, T] derived when not given.")
+      .def_static("documents_within_rows", &nn::BatchLayout::documents_within_rows,
+                  nb::arg("positions"),
+                  "Packed documents that each row starts (positions i64 [B, T] restarting at 0 "
+                  "with each document): attention per row through a document bias, capturable "
+                  "(Note [Documents within rows]).")
       .def_static(
           "packed_documents",
           [](const std::vector<int64_t>& lengths, int64_t B, int64_t T, DeviceArg device) {

@@ -50,6 +50,13 @@ def test_batch_layouts_agree():
     cu = accrue.tensor([0, 6, 12])
     explicit = model(idx.reshape([1, 12]), nn.BatchLayout.packed(cu)).detach().numpy()
     np.testing.assert_array_equal(explicit, packed)
+    # Documents within rows: row 0 holds documents of 2 and 4 tokens, row 1 one
+    # of 6; through the bias, as the packed layout computes them.
+    positions = accrue.tensor([[0, 1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]])
+    within = model(idx, nn.BatchLayout.documents_within_rows(positions)).detach().numpy()
+    as_packed = model(idx, nn.BatchLayout.packed(accrue.tensor([0, 2, 6, 12]), positions))
+    np.testing.assert_allclose(within, as_packed.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(within[1], full[1], rtol=1e-12, atol=1e-12)
     lens = nn.BatchLayout.padded(accrue.tensor([6, 4]))
     assert lens.is_padded
     np.testing.assert_array_equal(model(idx, lens).detach().numpy(), padded)

@@ -15,6 +15,7 @@
 #include "accrue/autograd/variable.h"
 #include "accrue/core/allocator.h"
 #include "accrue/core/grad_mode.h"
+#include "accrue/kernels/attention.h"
 #include "accrue/nn/llama.h"
 #include "accrue/optim/graphed_window.h"
 #include "accrue/optim/optimizer.h"
@@ -52,9 +53,19 @@ std::unique_ptr<nn::Llama> make(const nn::LlamaConfig& c, Device device, DType d
   return model;
 }
 
+enum class Kind { padded, packed, within };
+
 // On the GPU the packed layout's positions are derived there from the offsets
 // (Note [Positions from document offsets]); the CPU reference is given them.
-nn::BatchLayout layout_for(bool packed, Device device) {
+// Within rows (Note [Documents within rows]): rows of 9 + 7, 16 and 3 + 13
+// tokens through the bias on the GPU, the same documents packed on the CPU.
+nn::BatchLayout layout_for(Kind kind, Device device) {
+  if (kind == Kind::within) {
+    const nn::BatchLayout docs =
+        nn::BatchLayout::packed_documents({9, 7, 16, 3, 13}, 3, 16, device);
+    return device.is_cpu() ? docs : nn::BatchLayout::documents_within_rows(docs.positions);
+  }
+  const bool packed = kind == Kind::packed;
   if (packed && !device.is_cpu())
     return nn::BatchLayout::packed(
         from_vector<int64_t>({0, 9, 29, 32, 48}, {5}, DType::i64, device));
@@ -68,17 +79,17 @@ struct Result {
   std::vector<Tensor> grads;
 };
 
-Result run(const nn::LlamaConfig& c, Device device, DType dtype, bool packed) {
+Result run(const nn::LlamaConfig& c, Device device, DType dtype, Kind kind) {
   const auto model = make(c, device, dtype);
   const Tensor idx = tokens(3, 16, c.vocab_size, 1).to(device);
   Tensor targets = tokens(3, 16, c.vocab_size, 2);
-  if (!packed) {  // the padding's targets are -100
+  if (kind == Kind::padded) {  // the padding's targets are -100
     const std::vector<int64_t> lens = {16, 7, 12};
     for (int64_t b = 0; b < 3; ++b)
       for (int64_t t = lens[static_cast<size_t>(b)]; t < 16; ++t)
         targets.data<int64_t>()[b * 16 + t] = -100;
   }
-  const nn::BatchLayout layout = layout_for(packed, device);
+  const nn::BatchLayout layout = layout_for(kind, device);
   Result r;
   {
     NoGradGuard no_grad;
@@ -95,17 +106,23 @@ Result run(const nn::LlamaConfig& c, Device device, DType dtype, bool packed) {
 void expect_close_to_cpu(DType dtype, double hidden_tol, double loss_tol, double grad_tol) {
   test::Tf32Scope tf32(false);
   for (bool qwen3 : {false, true}) {
-    for (bool packed : {false, true}) {
+    for (Kind kind : {Kind::padded, Kind::packed, Kind::within}) {
       const nn::LlamaConfig c = config(qwen3);
-      const Result cpu = run(c, Device::cpu(), DType::f64, packed);
-      const Result gpu = run(c, kGpu, dtype, packed);
+      const Result cpu = run(c, Device::cpu(), DType::f64, kind);
+      const Result gpu = run(c, kGpu, dtype, kind);
+      // Within rows, bf16 keeps cuDNN's fused kernels (the bias is its input).
+      if (kind == Kind::within && dtype == DType::bf16)
+        EXPECT_EQ(kernels::last_attention_path(), kernels::AttentionPath::cudnn);
       double worst_grad = 0;
       for (size_t i = 0; i < cpu.grads.size(); ++i)
         worst_grad = std::max(worst_grad, test::relative_error(gpu.grads[i], cpu.grads[i]));
       const double hidden = test::relative_error(gpu.hidden, cpu.hidden);
       const double loss = std::fabs(gpu.loss - cpu.loss) / cpu.loss;
       std::printf("[gpu llama] %s %s %s: hidden %.3g, loss %.3g, worst gradient %.3g\n",
-                  dtype_name(dtype), qwen3 ? "qwen3" : "llama", packed ? "packed" : "padded",
+                  dtype_name(dtype), qwen3 ? "qwen3" : "llama",
+                  kind == Kind::padded   ? "padded"
+                  : kind == Kind::packed ? "packed"
+                                         : "within rows",
                   hidden, loss, worst_grad);
       EXPECT_LE(hidden, hidden_tol);
       EXPECT_LE(loss, loss_tol);
@@ -128,9 +145,9 @@ TEST(GpuLlama, activation_checkpointing_gives_bitwise_equal_gradients) {
   ACCRUE_REQUIRE_CUDA();
   for (DType dtype : {DType::f32, DType::bf16}) {
     nn::LlamaConfig c = config(true);
-    const Result plain = run(c, kGpu, dtype, false);
+    const Result plain = run(c, kGpu, dtype, Kind::padded);
     c.activation_checkpointing = true;
-    const Result ckpt = run(c, kGpu, dtype, false);
+    const Result ckpt = run(c, kGpu, dtype, Kind::padded);
     EXPECT_EQ(ckpt.loss, plain.loss);
     for (size_t i = 0; i < plain.grads.size(); ++i)
       EXPECT_TRUE(test::all_equal(ckpt.grads[i], plain.grads[i])) << dtype_name(dtype) << " " << i;

@@ -267,6 +267,62 @@ TEST(Llama, padded_and_packed_batches_equal_each_sequence_alone) {
   }
 }
 
+// Note [Documents within rows]: documents that start every row attend per
+// row through the bias, as the packed path computes them, gradients too.
+TEST(Llama, documents_within_rows_equal_the_packed_path) {
+  const nn::LlamaConfig c = small(false);
+  const int64_t T = 8;
+  const Tensor idx = tokens(3, T, c.vocab_size, 21);
+  // Rows of 3 + 5, 8 and 2 + 1 + 5 tokens (a row start is a document start).
+  const std::vector<int64_t> lengths = {3, 5, 8, 2, 1, 5};
+  std::vector<int64_t> cu = {0}, positions;
+  for (int64_t len : lengths) {
+    cu.push_back(cu.back() + len);
+    for (int64_t p = 0; p < len; ++p)
+      positions.push_back(p);
+  }
+  const Tensor cu_t = from_vector<int64_t>(cu, {static_cast<int64_t>(cu.size())});
+  const Tensor pos_t = from_vector<int64_t>(positions, {3, T});
+  std::vector<int64_t> targets = tokens(3, T, c.vocab_size, 22).to_vector<int64_t>();
+  targets[4] = -100;
+  const Tensor y = from_vector<int64_t>(targets, {3, T});
+  auto run = [&](const nn::BatchLayout& layout) {
+    const auto model = make(c, 23);
+    perturb_norms(*model, 24);
+    const Loss loss = model->loss(idx, y, layout);
+    backward(loss.sum);
+    std::vector<Tensor> grads;
+    for (const Tensor& p : model->parameters())
+      grads.push_back(grad(p).clone());
+    return std::make_pair(loss.sum.item(), grads);
+  };
+  const auto [packed_loss, packed_grads] = run(nn::BatchLayout::packed(cu_t, pos_t));
+  const auto [rows_loss, rows_grads] = run(nn::BatchLayout::documents_within_rows(pos_t));
+  EXPECT_NEAR(rows_loss, packed_loss, 1e-12 * std::abs(packed_loss));
+  ASSERT_EQ(rows_grads.size(), packed_grads.size());
+  for (size_t i = 0; i < rows_grads.size(); ++i)
+    EXPECT_LE(max_rel(rows_grads[i], packed_grads[i]), 1e-10) << "parameter " << i;
+  // Without the documents the rows would attend whole: the bias matters.
+  const auto [full_loss, full_grads] = run(nn::BatchLayout::full());
+  EXPECT_GT(std::abs(full_loss - packed_loss), 1e-6 * std::abs(packed_loss));
+}
+
+TEST(Llama, documents_within_rows_refuse_a_document_across_rows) {
+  const nn::LlamaConfig c = small(false);
+  const auto model = make(c, 25);
+  const Tensor idx = tokens(2, 8, c.vocab_size, 26);
+  // Documents of 5, 7 and 4 tokens: the second crosses from row 0 into row 1.
+  const nn::BatchLayout across = nn::BatchLayout::packed_documents({5, 7, 4}, 2, 8, Device::cpu());
+  EXPECT_ERROR(model->forward(idx, nn::BatchLayout::documents_within_rows(across.positions)),
+               "Llama::forward: documents within rows, but row 1 has position 3 at token 0 after "
+               "-1");
+  EXPECT_ERROR(nn::BatchLayout::documents_within_rows(Tensor()),
+               "BatchLayout::documents_within_rows: needs the positions");
+  EXPECT_ERROR(model->forward(idx, nn::BatchLayout::documents_within_rows(
+                                       from_vector<int64_t>({0, 1, 2}, {1, 3}))),
+               "Llama::forward: documents within rows need i64 positions [B = 2, T = 8]");
+}
+
 TEST(Llama, packed_positions_derived_from_the_offsets) {
   // Documents of 3, 0 (empty), 6 and 7 tokens over 2 rows of 8.
   const Tensor cu = from_vector<int64_t>({0, 3, 3, 9, 16}, {5});
