@@ -197,7 +197,7 @@ std::vector<std::unique_ptr<CloseStage>> make_close_stages(CloseContext& c,
     step("gather parameters", "owned ranges", "the forward's weights",
          [](CloseContext& c, int64_t) { c.sync->all_gather_owned(c.store->forward_weights()); });
   }
-  if (f.fp8_copies) {
+  if (f.fp8_copies && !f.close_under_forward) {  // else the layer steps recast them
     // Note [Window FP8 weights]: the next window's micro-batches read these.
     step("fp8 weights", "the forward's weights", "their FP8 copies",
          [](CloseContext& c, int64_t) { c.store->refresh_fp8_copies(); });

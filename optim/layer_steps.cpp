@@ -43,9 +43,6 @@ LayerSteps::LayerSteps(ParamStore& store, const Optimizer& optimizer, int64_t mi
   ACCRUE_CHECK(!store.moments_sharded() && !store.master_sharded(),
                "close_under_forward: not with ZeRO-1 (each rank steps and gathers its shard in "
                "the close)");
-  ACCRUE_CHECK(!store.has_fp8_copies(),
-               "close_under_forward: not with FP8 weight copies (the close recasts them all, "
-               "Note [Window FP8 weights])");
   ranges_ = layer_ranges(store, min_elements, &range_of_slot_);
   if (on_cuda_ && !lazy_) {
     const int device = store.options().device().index;
@@ -92,12 +89,13 @@ void LayerSteps::launch(const Tensor& state, int64_t step, const SlotTables& slo
   awaits_ = 0;
   if (optimizer_.measures_step_sums()) {  // Note [Step sums]: one pass over the whole arena
     optimizer_.step(store_, state, step, {}, slots);
+    store_.refresh_fp8_copies();
     return;
   }
   if (!on_cuda_ && !lazy_) {  // nothing to overlap: every range now
     optimizer_.store_hyperparameters(step);
-    for (const ArenaRange& r : ranges_)
-      optimizer_.step_range(store_, state, step, r, slots);
+    for (size_t r = 0; r < ranges_.size(); ++r)
+      step_range(r);
     return;
   }
   launched_ = true;
@@ -111,15 +109,22 @@ void LayerSteps::launch(const Tensor& state, int64_t step, const SlotTables& slo
   StreamGuard on_side(device, side_->handle());
   optimizer_.store_hyperparameters(step);
   for (size_t r = 0; r < ranges_.size(); ++r) {
-    optimizer_.step_range(store_, state, step, ranges_[r], slots);
+    step_range(r);
     done_[r]->record(side_->handle());
   }
+}
+
+void LayerSteps::step_range(size_t r) {
+  optimizer_.step_range(store_, state_, step_, ranges_[r], slots_);
+  // Note [Window FP8 weights]: the range's copies, recast from its new weights.
+  for (size_t slot = 0; slot < range_of_slot_.size(); ++slot)
+    if (range_of_slot_[slot] == static_cast<int64_t>(r)) store_.refresh_fp8_slot(slot);
 }
 
 void LayerSteps::step_ranges_until(int64_t end) {
   const FlagScope issuing(stepping_);
   for (; awaited_ < end; ++awaited_)
-    optimizer_.step_range(store_, state_, step_, ranges_[static_cast<size_t>(awaited_)], slots_);
+    step_range(static_cast<size_t>(awaited_));
 }
 
 void LayerSteps::wait_for(int64_t range) {

@@ -50,8 +50,11 @@
 //    steps run from the forward's awaits, which a replay does not run).
 //  - A window whose step sums are measured (optim::LayerMonitor, Note [Step
 //    sums]) is stepped whole in the close, as without this option.
-//  - Not with ZeRO-1 (the gathers of the stepped shards) or FP8 weight copies
-//    (recast in the close): refused. A whole-window capture is refused: the
+//  - FP8 weight copies (Note [Window FP8 weights]) are recast range by range
+//    after each range's step, before its event, in place of the close's
+//    "fp8 weights" stage.
+//  - Not with ZeRO-1 (the gathers of the stepped shards): refused. A whole-window capture is
+//  refused: the
 //    side stream would have to rejoin inside the graph.
 #pragma once
 
@@ -101,7 +104,8 @@ class LayerSteps final : public ParameterGate {
   void joined_by_replay() { launched_ = false; }
 
  private:
-  void step_ranges_until(int64_t end);  // the test mode's steps, [stepped_, end)
+  void step_ranges_until(int64_t end);  // the test mode's steps, [awaited_, end)
+  void step_range(size_t r);            // range r's step, then its slots' FP8 copies
   void wait_for(int64_t range);
 
   ParamStore& store_;

@@ -210,6 +210,10 @@ class ParamStore final : public ParameterOwner {
   bool has_fp8_copies() const { return fp8_ && !fp8_->empty(); }
   // Recasts every FP8 copy from the forward's weights (the close's stage).
   void refresh_fp8_copies();
+  // Recasts slot i's copy, if it has one (Note [Close under the forward]).
+  void refresh_fp8_slot(size_t i) {
+    if (fp8_) fp8_->refresh_slot(i);
+  }
   const Fp8Weight* fp8_copy(const Tensor& param) const override;
 
   // Note [Close under the forward] (optim/layer_steps.h): called, with the

@@ -66,7 +66,7 @@ void declare(OptionTable& cli, Gpt2Options& o) {
   cli.flag("--norm-under-backward", &o.norm_under_backward,
            "compute the norm rows under the last backward instead of in one pass at the close "
            "(measured slower; same bits)");
-  declare_close_under_forward(cli, o.close_under_forward, "; not with --fp8 or --composed");
+  declare_close_under_forward(cli, o.close_under_forward, "; not with --composed");
   cli.path("--gemm-tuning", &o.gemm_tuning, "FILE",
            "time cuBLASLt's candidates and cublasGemmEx for each GEMM shape on first use and "
            "keep the fastest, recorded in FILE; a run with the same FILE reads the choices back "
@@ -156,8 +156,7 @@ bool parse_gpt2_options(int argc, char** argv, Gpt2Options& o) {
   check_fp8(o.fp8);
   if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing || o.fp8.on))
     usage_error("--composed has no dropout, no activation checkpointing and no FP8");
-  check_close_under_forward(cli, o.close_under_forward,
-                            {o.fp8.on ? "--fp8" : nullptr, o.composed ? "--composed" : nullptr});
+  check_close_under_forward(cli, o.close_under_forward, {o.composed ? "--composed" : nullptr});
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
     usage_error("--bench takes no --checkpoint or --resume");
   if (o.bench) o.windows = bench_window_count(o.bench_warmup, o.bench_windows);

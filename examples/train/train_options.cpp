@@ -101,8 +101,7 @@ void declare_run(OptionTable& cli, TrainOptions& o) {
   cli.flag("--norm-under-backward", &o.norm_under_backward,
            "compute the norm rows under the last backward instead of in one pass at the close "
            "(measured slower for GPT-2; same bits)");
-  declare_close_under_forward(cli, o.close_under_forward,
-                              "; not with --zero1, --fp8 or --composed");
+  declare_close_under_forward(cli, o.close_under_forward, "; not with --zero1 or --composed");
   cli.flag("--cuda-graphs", &o.cuda_graphs, "replay micro-steps and close as CUDA graphs (GPU)");
   cli.path("--gemm-tuning", &o.gemm_tuning, "FILE",
            "time the GEMM candidates per shape on first use and keep the fastest, recorded in "
@@ -193,8 +192,7 @@ void check_options(const OptionTable& cli, TrainOptions& o) {
   if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing || o.fp8.on))
     usage_error("--composed has no dropout, no activation checkpointing and no FP8");
   check_close_under_forward(cli, o.close_under_forward,
-                            {o.zero1 ? "--zero1" : nullptr, o.fp8.on ? "--fp8" : nullptr,
-                             o.composed ? "--composed" : nullptr});
+                            {o.zero1 ? "--zero1" : nullptr, o.composed ? "--composed" : nullptr});
   if (o.stop_micro_steps > 0 && (!o.stop_after || o.checkpoint.empty()))
     usage_error("--stop-micro-steps needs --stop-after N and --checkpoint FILE");
   if (o.stop_micro_steps > 0 && *o.stop_after >= o.windows)

@@ -155,7 +155,7 @@ case $name in
     expect 2 "--contiguous-rows reads --train-data; with --synthetic, rows are" --synthetic \
       --contiguous-rows
     # Note [Close under the forward]: the same bits; what it does not run beside is refused.
-    for other in --zero1 --fp8; do
+    for other in --zero1; do
       expect 2 "--close-under-forward is not taken with $other" --synthetic --close-under-forward \
         $other
     done

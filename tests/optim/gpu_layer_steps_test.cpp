@@ -26,6 +26,9 @@ TEST(GpuCloseUnderForward, side_stream_steps_give_the_sequential_bits) {
                                               /*lazy=*/false);
   test::expect_close_under_forward_is_bitwise(CloseModel::resnet, Device::cuda(), DType::f32, 1,
                                               /*lazy=*/false);
+  for (Fp8Recipe recipe : {Fp8Recipe::tensor, Fp8Recipe::block})
+    test::expect_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cuda(), DType::bf16, 4096,
+                                                /*lazy=*/false, recipe);
 }
 
 // Micro-steps replayed from graphs that wait on the side stream's events.

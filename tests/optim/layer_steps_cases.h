@@ -10,6 +10,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,9 @@ struct CloseRun {
   std::unique_ptr<optim::ParamStore> store;
   std::unique_ptr<optim::Window> window;
 
-  CloseRun(CloseModel k, Device d, DType compute, const optim::WindowOptions& options)
+  // fp8: GPT-2's blocks in FP8 with the store's copies (Note [Window FP8 weights]).
+  CloseRun(CloseModel k, Device d, DType compute, const optim::WindowOptions& options,
+           std::optional<Fp8Recipe> fp8 = std::nullopt)
       : kind(k), device(d) {
     Generator gen(11);
     const nn::ParamOptions po{device, DType::f32, &gen};
@@ -80,6 +83,12 @@ struct CloseRun {
     store = std::make_unique<optim::ParamStore>(
         params, optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
                     optimizer->moments_needed()));
+    if (fp8) {
+      ACCRUE_CHECK(gpt2 != nullptr, "CloseRun: FP8 is GPT-2's here");
+      Fp8LinearOptions f;
+      f.recipe = *fp8;
+      store->keep_fp8_copies(gpt2->use_fp8(f), DType::f8e4m3, 0, *fp8);
+    }
     optim::WindowOptions o = options;
     o.max_grad_norm(0.5).scaler(optim::LossScalerOptions::dynamic()
                                     .max_scale(1e300)
@@ -178,10 +187,11 @@ inline void expect_same_run(CloseRun& a, const std::vector<optim::WindowReport>&
 // forward (ranges of at least min_elements; lazy: the test mode), and
 // compares them.
 inline void expect_close_under_forward_is_bitwise(CloseModel kind, Device device, DType compute,
-                                                  int64_t min_elements, bool lazy) {
+                                                  int64_t min_elements, bool lazy,
+                                                  std::optional<Fp8Recipe> fp8 = std::nullopt) {
   constexpr int64_t kWindows = 5, kK = 2;
-  CloseRun a(kind, device, compute, sequential_close(kK));
-  CloseRun b(kind, device, compute, close_under_forward(kK, min_elements, lazy));
+  CloseRun a(kind, device, compute, sequential_close(kK), fp8);
+  CloseRun b(kind, device, compute, close_under_forward(kK, min_elements, lazy), fp8);
   const std::vector<optim::WindowReport> ra = a.train(kWindows, kK);
   const std::vector<optim::WindowReport> rb = b.train(kWindows, kK);
   expect_same_run(a, ra, b, rb);

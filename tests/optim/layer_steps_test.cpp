@@ -146,6 +146,15 @@ TEST(CloseUnderForward, ranges_stepped_on_first_read_give_the_sequential_bits) {
   }
 }
 
+// Note [Window FP8 weights]: each range's copies recast after its step.
+TEST(CloseUnderForward, fp8_copies_recast_range_by_range_give_the_sequential_bits) {
+  for (Fp8Recipe recipe : {Fp8Recipe::tensor, Fp8Recipe::block}) {
+    SCOPED_TRACE(recipe == Fp8Recipe::tensor ? "tensor" : "block");
+    test::expect_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cpu(), DType::bf16, 1,
+                                                /*lazy=*/true, recipe);
+  }
+}
+
 TEST(CloseUnderForward, a_graphed_window_runs_it_eagerly_on_the_cpu) {
   test::expect_graphed_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cpu(), DType::f32,
                                                       5000);
