@@ -14,7 +14,9 @@
 //    [One load path]), so a loaded or resumed model's copies are its
 //    weights' own;
 //  - at every window's close, as the stage "fp8 weights" after the optimizer
-//    step (and after ZeRO-1's gather of the forward's weights), so the next
+//    step (and after ZeRO-1's gather of the forward's weights; under
+//    close_under_forward range by range after each range's step, Note
+//    [Close under the forward] in optim/layer_steps.h), so the next
 //    window's micro-batches read fresh copies without casting. Under CUDA
 //    graphs the stage replays inside the close's graph into the same
 //    buffers, which the micro-steps' graphs read.
