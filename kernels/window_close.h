@@ -149,6 +149,11 @@ struct OptimizerBuffers {
   // Note [Step sums]: f64 [>= ceil((first_element + numel) / kChunk), 3] in the
   // frame of chunk_groups, or undefined (nothing is written).
   Tensor step_sums;
+  // The most thread blocks the CUDA launch uses (0: one wave of resident
+  // blocks, the default). Its grid-stride loop gives every element the same
+  // bits whatever the grid; a cap leaves SMs to a forward running beside it
+  // (Note [Close under the forward] in optim/layer_steps.h). The CPU ignores it.
+  int64_t max_blocks = 0;
 };
 inline constexpr int64_t kChunk = 32;
 // The hyper buffer: group k's lr at 2k, its weight decay at 2k + 1.

@@ -182,8 +182,8 @@ std::vector<std::unique_ptr<CloseStage>> make_close_stages(CloseContext& c,
   // The one fused optimizer pass; it returns at once on found_inf (Note [Skipped window]).
   // Note [Close under the forward]: or its ranges, beside the next forward.
   if (f.close_under_forward) {
-    s.push_back(
-        std::make_unique<LayerStepsStage>(c, f.close_layer_elements, f.close_steps_on_first_read));
+    s.push_back(std::make_unique<LayerStepsStage>(c, f.close_layer_elements, f.close_max_blocks,
+                                                  f.close_steps_on_first_read));
   } else {
     step("optimizer step", "store, state, slot steps", "master, moments, compute copy",
          [](CloseContext& c, int64_t window) {

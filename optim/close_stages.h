@@ -121,6 +121,7 @@ struct CloseFeatures {
   // Note [Close under the forward]: layer steps in place of the optimizer step.
   bool close_under_forward = false;
   int64_t close_layer_elements = 0;
+  int64_t close_max_blocks = 0;
   bool close_steps_on_first_read = false;
 };
 

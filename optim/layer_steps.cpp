@@ -32,13 +32,15 @@ std::vector<ArenaRange> layer_ranges(const ParamStore& store, int64_t min_elemen
 }  // namespace
 
 LayerSteps::LayerSteps(ParamStore& store, const Optimizer& optimizer, int64_t min_elements,
-                       bool steps_on_first_read)
+                       bool steps_on_first_read, int64_t max_blocks)
     : store_(store),
       optimizer_(optimizer),
       lazy_(steps_on_first_read),
-      on_cuda_(store.options().device().is_cuda()) {
+      on_cuda_(store.options().device().is_cuda()),
+      max_blocks_(max_blocks) {
   ACCRUE_CHECK(min_elements >= 1, "close_under_forward: min_elements must be >= 1, got ",
                min_elements);
+  ACCRUE_CHECK(max_blocks >= 0, "close_under_forward: max_blocks must be >= 0, got ", max_blocks);
   ACCRUE_CHECK(store.size() > 0, "close_under_forward: the store holds no parameter");
   ACCRUE_CHECK(!store.moments_sharded() && !store.master_sharded(),
                "close_under_forward: not with ZeRO-1 (each rank steps and gathers its shard in "
@@ -115,7 +117,7 @@ void LayerSteps::launch(const Tensor& state, int64_t step, const SlotTables& slo
 }
 
 void LayerSteps::step_range(size_t r) {
-  optimizer_.step_range(store_, state_, step_, ranges_[r], slots_);
+  optimizer_.step_range(store_, state_, step_, ranges_[r], slots_, max_blocks_);
   // Note [Window FP8 weights]: the range's copies, recast from its new weights.
   for (size_t slot = 0; slot < range_of_slot_.size(); ++slot)
     if (range_of_slot_[slot] == static_cast<int64_t>(r)) store_.refresh_fp8_slot(slot);
@@ -163,10 +165,11 @@ void LayerSteps::join(const char* where, bool after_forward) {
   launched_ = false;
 }
 
-LayerStepsStage::LayerStepsStage(CloseContext& c, int64_t min_elements, bool steps_on_first_read)
+LayerStepsStage::LayerStepsStage(CloseContext& c, int64_t min_elements, int64_t max_blocks,
+                                 bool steps_on_first_read)
     : c_(c),
       lazy_(steps_on_first_read),
-      steps_(*c.store, *c.optimizer, min_elements, steps_on_first_read) {
+      steps_(*c.store, *c.optimizer, min_elements, steps_on_first_read, max_blocks) {
   ACCRUE_CHECK(!c.sharded(),
                "close_under_forward: not with ZeRO-1 (Note [Close under the forward])");
 }

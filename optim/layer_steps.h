@@ -79,7 +79,7 @@ class LayerSteps final : public ParameterGate {
   // Ranges of at least min_elements (>= 1) arena elements; steps_on_first_read:
   // the test mode of Note [Close under the forward].
   LayerSteps(ParamStore& store, const Optimizer& optimizer, int64_t min_elements,
-             bool steps_on_first_read);
+             bool steps_on_first_read, int64_t max_blocks = 0);
   ~LayerSteps() override;
   LayerSteps(const LayerSteps&) = delete;
   LayerSteps& operator=(const LayerSteps&) = delete;
@@ -112,6 +112,7 @@ class LayerSteps final : public ParameterGate {
   const Optimizer& optimizer_;
   bool lazy_;
   bool on_cuda_;
+  int64_t max_blocks_;  // each range's grid cap (0: none)
   std::vector<ArenaRange> ranges_;
   std::vector<int64_t> range_of_slot_;
   // The launch's arguments, kept for the test mode's deferred steps.
@@ -130,7 +131,8 @@ class LayerSteps final : public ParameterGate {
 // The close's stage in place of "optimizer step" (Note [Close stages]).
 class LayerStepsStage final : public CloseStage {
  public:
-  LayerStepsStage(CloseContext& c, int64_t min_elements, bool steps_on_first_read);
+  LayerStepsStage(CloseContext& c, int64_t min_elements, int64_t max_blocks,
+                  bool steps_on_first_read);
   const char* name() const override { return "layer steps"; }
   const char* reads() const override { return "store, state, slot steps"; }
   const char* writes() const override {

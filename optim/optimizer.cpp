@@ -203,7 +203,8 @@ kernels::OptimizerBuffers Optimizer::buffers(const ParamStore& arena, int64_t of
 // path is taken as in step(). Note [Close under the forward] steps the arena
 // so, layer by layer, beside the next window's forward.
 void Optimizer::step_range(const ParamStore& arena, const Tensor& window_state, int64_t step,
-                           const ArenaRange& range, const SlotTables& slots) const {
+                           const ArenaRange& range, const SlotTables& slots,
+                           int64_t max_blocks) const {
   ACCRUE_CHECK(bound_ == &arena, "Optimizer::step_range: bind(arena) first");
   ACCRUE_CHECK(!arena.moments_sharded() && !arena.master_sharded(),
                "Optimizer::step_range: a ZeRO-1 arena steps its owned ranges with step()");
@@ -218,10 +219,11 @@ void Optimizer::step_range(const ParamStore& arena, const Tensor& window_state, 
       ") does not start and end on ", kernels::kChunk, "-element chunks");
   ACCRUE_CHECK(!step_sums_.defined(),
                "Optimizer::step_range: step sums need the whole arena in one step()");
+  ACCRUE_CHECK(max_blocks >= 0, "Optimizer::step_range: max_blocks must be >= 0, got ", max_blocks);
   if (range.numel == 0) return;
-  kernels::fused_optimizer_step(config_at(step),
-                                buffers(arena, range.offset, range.numel, range.offset, slots),
-                                window_state);
+  kernels::OptimizerBuffers b = buffers(arena, range.offset, range.numel, range.offset, slots);
+  b.max_blocks = max_blocks;
+  kernels::fused_optimizer_step(config_at(step), b, window_state);
 }
 
 void Optimizer::step(const ParamStore& arena, const Tensor& window_state, int64_t step,

@@ -194,8 +194,10 @@ class Optimizer {
   // reading the hyperparameters store_hyperparameters(step) left on the
   // device (call it first, on the same stream). Ranges that cover the arena,
   // stepped in any order, write step()'s bits.
+  // max_blocks caps the CUDA launch's grid (OptimizerBuffers::max_blocks; 0: none).
   void step_range(const ParamStore& arena, const Tensor& window_state, int64_t step,
-                  const ArenaRange& range, const SlotTables& slots = {}) const;
+                  const ArenaRange& range, const SlotTables& slots = {},
+                  int64_t max_blocks = 0) const;
   // Note [Step sums] (kernels/window_close.h), for optim::LayerMonitor: while
   // `sums` (f64 [arena chunks, 3]) is set, every eager step() over the whole
   // arena also writes each chunk's (|g|^2, |p_after - p_before|^2, |p_before|^2)

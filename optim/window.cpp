@@ -136,6 +136,7 @@ CloseFeatures features_of(const WindowOptions& options, const GradientSync* sync
   f.calibration_margin = options.scaler().calibration_margin();
   f.close_under_forward = options.close_under_forward();
   f.close_layer_elements = options.close_layer_elements();
+  f.close_max_blocks = options.close_max_blocks();
   f.close_steps_on_first_read = options.close_steps_on_first_read();
   return f;
 }

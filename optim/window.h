@@ -216,9 +216,12 @@ class WindowOptions {
   // step goes layer by layer (ranges of at least min_elements arena
   // elements) beside the next window's forward, which awaits each layer's
   // parameters. Off by default.
-  WindowOptions& close_under_forward(bool on, int64_t min_elements = int64_t{1} << 20) {
+  // max_blocks caps each range's launch (0: a full wave), leaving SMs to the forward.
+  WindowOptions& close_under_forward(bool on, int64_t min_elements = int64_t{1} << 20,
+                                     int64_t max_blocks = 0) {
     close_under_forward_ = on;
     close_layer_elements_ = min_elements;
+    close_max_blocks_ = max_blocks;
     return *this;
   }
   // Its test mode: each range is stepped only when an await first needs it.
@@ -229,6 +232,7 @@ class WindowOptions {
   int64_t micro_steps() const { return micro_steps_; }
   bool close_under_forward() const { return close_under_forward_; }
   int64_t close_layer_elements() const { return close_layer_elements_; }
+  int64_t close_max_blocks() const { return close_max_blocks_; }
   bool close_steps_on_first_read() const { return close_steps_on_first_read_; }
   UnusedParameters unused_parameters() const { return unused_parameters_; }
   UnusedParameterCheck unused_parameter_check() const { return unused_parameter_check_; }
@@ -253,6 +257,7 @@ class WindowOptions {
   UnusedParameterLog unused_parameter_log_;
   bool close_under_forward_ = false;
   int64_t close_layer_elements_ = int64_t{1} << 20;
+  int64_t close_max_blocks_ = 0;
   bool close_steps_on_first_read_ = false;
 };
 

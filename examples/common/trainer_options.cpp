@@ -25,12 +25,16 @@ void declare_close_under_forward(OptionTable& cli, CloseUnderForward& close,
   cli.integer("--close-layer-elements", &close.layer_elements, "N",
               "with --close-under-forward: the fewest parameters a stepped range holds")
       .min(1);
+  cli.integer("--close-max-blocks", &close.max_blocks, "N",
+              "with --close-under-forward: the most thread blocks each range's step launches, "
+              "leaving the other SMs to the forward (0: one full wave)")
+      .min(0);
 }
 
 void check_close_under_forward(const OptionTable& cli, const CloseUnderForward& close,
                                std::initializer_list<const char*> others) {
-  if (!close.on && cli.given("--close-layer-elements"))
-    usage_error("--close-layer-elements needs --close-under-forward");
+  for (const char* option : {"--close-layer-elements", "--close-max-blocks"})
+    if (!close.on && cli.given(option)) usage_error(option, " needs --close-under-forward");
   if (!close.on) return;
   for (const char* other : others)
     if (other != nullptr)

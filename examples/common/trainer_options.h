@@ -70,11 +70,13 @@ int64_t bench_window_count(int64_t bench_warmup, int64_t bench_windows);
 struct CloseUnderForward {
   bool on = false;
   int64_t layer_elements = int64_t{1} << 20;
+  int64_t max_blocks = 0;  // --close-max-blocks: each range's grid cap (0: none)
 };
 // `limits` ends the help text: "; not with ..." where the trainer refuses some.
 void declare_close_under_forward(OptionTable& cli, CloseUnderForward& close,
                                  const std::string& limits);
-// The UsageErrors: --close-layer-elements without --close-under-forward, and
+// The UsageErrors: --close-layer-elements or --close-max-blocks without
+// --close-under-forward, and
 // --close-under-forward with what it does not run beside (`others`: each
 // given option's name, or null for one not given).
 void check_close_under_forward(const OptionTable& cli, const CloseUnderForward& close,

@@ -204,7 +204,8 @@ int train(int argc, char** argv) {
           .scaler(loss_scaler_options(loss_scaling(opt, plan, compute)))
           .norm_under_backward(opt.norm_under_backward)
           .noise_scale(opt.noise_scale_every)
-          .close_under_forward(opt.close_under_forward.on, opt.close_under_forward.layer_elements),
+          .close_under_forward(opt.close_under_forward.on, opt.close_under_forward.layer_elements,
+                               opt.close_under_forward.max_blocks),
       dp.reducer.get());
   print_optimizer(opt, compute);
   std::printf("memory per rank: %s\n", arena.memory().describe().c_str());

@@ -162,7 +162,8 @@ int bench(int argc, char** argv) {
                               sgd.moments_needed()));
   optim::Window window(arena, sgd,
                        optim::WindowOptions().micro_steps(opt.k).close_under_forward(
-                           opt.close_under_forward.on, opt.close_under_forward.layer_elements));
+                           opt.close_under_forward.on, opt.close_under_forward.layer_elements,
+                           opt.close_under_forward.max_blocks));
   listen_batch_norms(model, window);
 
   // Two micro-batches of images and labels on the device, alternated: fresh

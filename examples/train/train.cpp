@@ -286,7 +286,8 @@ optim::WindowOptions window_options(const TrainOptions& opt, const LossScaling& 
       .scaler(loss_scaler_options(scaling))
       .norm_under_backward(opt.norm_under_backward)
       .noise_scale(opt.noise_scale_every)
-      .close_under_forward(opt.close_under_forward.on, opt.close_under_forward.layer_elements);
+      .close_under_forward(opt.close_under_forward.on, opt.close_under_forward.layer_elements,
+                           opt.close_under_forward.max_blocks);
 }
 
 // Restores a run from its checkpoint (already read and checked against the

@@ -287,7 +287,8 @@ void launch_step(const OptimizerConfig& config, const OptimizerBuffers& b, const
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kStepThreads, 0));
   const int64_t wave = std::max<int64_t>(1, int64_t{sm_count(device)} * per_sm);
   const int64_t work = vectorized ? n / V + n % V : n;
-  const int64_t blocks = std::clamp<int64_t>((work + kStepThreads - 1) / kStepThreads, 1, wave);
+  const int64_t cap = b.max_blocks > 0 ? std::min(wave, b.max_blocks) : wave;
+  const int64_t blocks = std::clamp<int64_t>((work + kStepThreads - 1) / kStepThreads, 1, cap);
   OptimizerParams<T> o = make_optimizer_params<T>(config);
   if (b.hyper.defined()) o.hyper = b.hyper.data<double>();
   kernel<<<static_cast<unsigned>(blocks), kStepThreads, 0, dev::stream_for(device)>>>(

@@ -133,7 +133,7 @@ case $name in
       --n-embd --vocab-size --block-size --composed \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops --fp8 --contiguous-rows --close-under-forward \
-      --close-layer-elements
+      --close-layer-elements --close-max-blocks
     common_refusals
     expect 2 "--model 'gpt9' is not one of gpt2-tiny, gpt2-d12, gpt2-d24, gpt2-d36, gpt2-d48, llama-125m" \
       --synthetic --model gpt9
@@ -163,6 +163,7 @@ case $name in
       --close-layer-elements 64
     expect 2 "--close-layer-elements must be >= 1, got 0" --synthetic --close-under-forward \
       --close-layer-elements 0
+    expect 2 "--close-max-blocks needs --close-under-forward" --synthetic --close-max-blocks 8
     run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 2
     plain=$(grep "^final:" <<< "$out")
     run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 2 \
@@ -429,7 +430,8 @@ case $name in
     bin=$dir/accrue_resnet_bench prog=accrue_resnet_bench
     help --model --image-size --micro-batch --k --dtype --channels-last --no-pointwise-gemm \
       --conv-timed --conv-nondeterministic --conv-16-bit-wgrad --conv-fixed-paths --tuning \
-      --classes --warmup --windows --cpu --close-under-forward --close-layer-elements
+      --classes --warmup --windows --cpu --close-under-forward --close-layer-elements \
+      --close-max-blocks
     common_refusals
     expect 2 "--model must be resnet50 or resnet18, got 'vgg'" --model vgg
     expect 2 "--close-layer-elements needs --close-under-forward" --close-layer-elements 8
@@ -438,7 +440,7 @@ case $name in
       --classes 10)
     run "${small[@]}"
     plain=$(grep -o '"final_loss": [^,]*' <<< "$out")
-    run "${small[@]}" --close-under-forward --close-layer-elements 100000
+    run "${small[@]}" --close-under-forward --close-layer-elements 100000 --close-max-blocks 4
     [[ $rc -eq 0 && -n $plain && $(grep -o '"final_loss": [^,]*' <<< "$out") == "$plain" ]] ||
       fail "resnet_bench --close-under-forward: exit code $rc, $(grep -o '"final_loss": [^,]*' <<< "$out") vs $plain"
     expect 2 "--image-size must be >= 32, got 16" --image-size 16
@@ -462,7 +464,8 @@ case $name in
       --norm-under-backward --gemm-tuning --cuda-graphs --dtype --init-scale --calibrate-scale \
       --seed --val-every --val-batches --nvtx --metrics --layer-metrics-every \
       --noise-scale-every --checkpoint --checkpoint-every --resume --bench --bench-warmup \
-      --bench-windows --peak-tflops --cpu --close-under-forward --close-layer-elements
+      --bench-windows --peak-tflops --cpu --close-under-forward --close-layer-elements \
+      --close-max-blocks
     tiny=(--model tiny --cpu --synthetic)
     expect 2 "--close-under-forward is not taken with --composed" "${tiny[@]}" \
       --close-under-forward --composed

@@ -31,6 +31,17 @@ TEST(GpuCloseUnderForward, side_stream_steps_give_the_sequential_bits) {
                                                 /*lazy=*/false, recipe);
 }
 
+// Each range's launch capped at a few blocks (WindowOptions::close_under_forward's
+// max_blocks): a grid-stride loop gives the same bits on any grid.
+TEST(GpuCloseUnderForward, capped_grids_give_the_sequential_bits) {
+  ACCRUE_REQUIRE_CUDA();
+  for (int64_t max_blocks : {int64_t{1}, int64_t{3}, int64_t{8}}) {
+    SCOPED_TRACE("max_blocks " + std::to_string(max_blocks));
+    test::expect_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cuda(), DType::bf16, 4096,
+                                                /*lazy=*/false, std::nullopt, max_blocks);
+  }
+}
+
 // Micro-steps replayed from graphs that wait on the side stream's events.
 TEST(GpuCloseUnderForward, graphed_micro_steps_give_the_sequential_bits) {
   ACCRUE_REQUIRE_CUDA();

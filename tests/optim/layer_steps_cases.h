@@ -144,10 +144,11 @@ inline optim::WindowOptions sequential_close(int64_t K) {
   return optim::WindowOptions().micro_steps(K);
 }
 
-inline optim::WindowOptions close_under_forward(int64_t K, int64_t min_elements, bool lazy) {
+inline optim::WindowOptions close_under_forward(int64_t K, int64_t min_elements, bool lazy,
+                                                int64_t max_blocks = 0) {
   return optim::WindowOptions()
       .micro_steps(K)
-      .close_under_forward(true, min_elements)
+      .close_under_forward(true, min_elements, max_blocks)
       .close_steps_on_first_read(lazy);
 }
 
@@ -188,10 +189,11 @@ inline void expect_same_run(CloseRun& a, const std::vector<optim::WindowReport>&
 // compares them.
 inline void expect_close_under_forward_is_bitwise(CloseModel kind, Device device, DType compute,
                                                   int64_t min_elements, bool lazy,
-                                                  std::optional<Fp8Recipe> fp8 = std::nullopt) {
+                                                  std::optional<Fp8Recipe> fp8 = std::nullopt,
+                                                  int64_t max_blocks = 0) {
   constexpr int64_t kWindows = 5, kK = 2;
   CloseRun a(kind, device, compute, sequential_close(kK), fp8);
-  CloseRun b(kind, device, compute, close_under_forward(kK, min_elements, lazy), fp8);
+  CloseRun b(kind, device, compute, close_under_forward(kK, min_elements, lazy, max_blocks), fp8);
   const std::vector<optim::WindowReport> ra = a.train(kWindows, kK);
   const std::vector<optim::WindowReport> rb = b.train(kWindows, kK);
   expect_same_run(a, ra, b, rb);

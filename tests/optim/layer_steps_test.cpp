@@ -155,6 +155,11 @@ TEST(CloseUnderForward, fp8_copies_recast_range_by_range_give_the_sequential_bit
   }
 }
 
+TEST(CloseUnderForward, a_grid_cap_changes_nothing_on_the_cpu) {
+  test::expect_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cpu(), DType::f32, 5000,
+                                              /*lazy=*/true, std::nullopt, /*max_blocks=*/2);
+}
+
 TEST(CloseUnderForward, a_graphed_window_runs_it_eagerly_on_the_cpu) {
   test::expect_graphed_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cpu(), DType::f32,
                                                       5000);
@@ -273,6 +278,8 @@ TEST(CloseUnderForward, bad_options_are_errors_naming_them) {
                "Window: close_steps_on_first_read is close_under_forward's test mode");
   EXPECT_ERROR(optim::Window(store, opt, optim::WindowOptions().close_under_forward(true, 0)),
                "close_under_forward: min_elements must be >= 1, got 0");
+  EXPECT_ERROR(optim::Window(store, opt, optim::WindowOptions().close_under_forward(true, 1, -2)),
+               "close_under_forward: max_blocks must be >= 0, got -2");
   optim::Window first(store, opt, test::close_under_forward(1, 1, false));
   EXPECT_ERROR(first.begin_whole_capture(),
                "Window::begin_whole_capture: close_under_forward steps the parameters on a side "
