@@ -360,7 +360,7 @@ void bind_optim(nb::module_& m) {
           [](WindowOptions* self, int64_t micro_steps, double max_grad_norm,
              std::optional<LossScalerOptions> scaler, kernels::Normalization normalization,
              UnusedParameters unused, UnusedParameterCheck check, bool norm_under_backward,
-             bool close_under_forward, int64_t close_layer_elements,
+             bool close_under_forward, int64_t close_layer_elements, int64_t close_max_blocks,
              bool close_steps_on_first_read) {
             new (self) WindowOptions();
             self->micro_steps(micro_steps)
@@ -369,7 +369,7 @@ void bind_optim(nb::module_& m) {
                 .unused_parameters(unused)
                 .unused_parameter_check(check)
                 .norm_under_backward(norm_under_backward)
-                .close_under_forward(close_under_forward, close_layer_elements)
+                .close_under_forward(close_under_forward, close_layer_elements, close_max_blocks)
                 .close_steps_on_first_read(close_steps_on_first_read);
             if (scaler) self->scaler(*scaler);
           },
@@ -379,7 +379,7 @@ void bind_optim(nb::module_& m) {
           nb::arg("unused_parameters") = UnusedParameters::step_with_zero,
           nb::arg("unused_parameter_check") = UnusedParameterCheck::warn,
           nb::arg("norm_under_backward") = false, nb::arg("close_under_forward") = false,
-          nb::arg("close_layer_elements") = int64_t{1} << 20,
+          nb::arg("close_layer_elements") = int64_t{1} << 20, nb::arg("close_max_blocks") = 0,
           nb::arg("close_steps_on_first_read") = false,
           "micro_steps: K; max_grad_norm: global-norm clipping (<= 0: off); scaler: "
           "LossScalerOptions (none by default); close_under_forward: the optimizer step layer "
