@@ -53,9 +53,9 @@
 //  - FP8 weight copies (Note [Window FP8 weights]) are recast range by range
 //    after each range's step, before its event, in place of the close's
 //    "fp8 weights" stage.
-//  - Not with ZeRO-1 (the gathers of the stepped shards): refused. A whole-window capture is
-//  refused: the
-//    side stream would have to rejoin inside the graph.
+//  - Not with ZeRO-1 (the gathers of the stepped shards): refused. A
+//    whole-window capture is refused too: the side stream would have to
+//    rejoin inside the graph.
 #pragma once
 
 #include <cstdint>
@@ -115,7 +115,7 @@ class LayerSteps final : public ParameterGate {
   int64_t max_blocks_;  // each range's grid cap (0: none)
   std::vector<ArenaRange> ranges_;
   std::vector<int64_t> range_of_slot_;
-  // The launch's arguments, kept for the test mode's deferred steps.
+  // The launch's arguments, which every range's step reads.
   Tensor state_;
   int64_t step_ = 0;
   SlotTables slots_;
