@@ -111,8 +111,9 @@ void expect_close_to_cpu(DType dtype, double hidden_tol, double loss_tol, double
       const Result cpu = run(c, Device::cpu(), DType::f64, kind);
       const Result gpu = run(c, kGpu, dtype, kind);
       // Within rows, bf16 keeps cuDNN's fused kernels (the bias is its input).
-      if (kind == Kind::within && dtype == DType::bf16)
+      if (kind == Kind::within && dtype == DType::bf16) {
         EXPECT_EQ(kernels::last_attention_path(), kernels::AttentionPath::cudnn);
+      }
       double worst_grad = 0;
       for (size_t i = 0; i < cpu.grads.size(); ++i)
         worst_grad = std::max(worst_grad, test::relative_error(gpu.grads[i], cpu.grads[i]));

@@ -164,7 +164,9 @@ inline void expect_same_run(CloseRun& a, const std::vector<optim::WindowReport>&
     EXPECT_TRUE(all_equal(db.at(key), value));
   }
   EXPECT_TRUE(all_equal(b.store->master(), a.store->master()));
-  if (a.store->compute().defined()) EXPECT_TRUE(all_equal(b.store->compute(), a.store->compute()));
+  if (a.store->compute().defined()) {
+    EXPECT_TRUE(all_equal(b.store->compute(), a.store->compute()));
+  }
   ASSERT_EQ(ra.size(), rb.size());
   for (size_t w = 0; w < ra.size(); ++w) {
     SCOPED_TRACE("window " + std::to_string(w));

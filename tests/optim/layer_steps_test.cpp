@@ -54,7 +54,9 @@ struct TwoStores {
     EXPECT_TRUE(test::all_equal(b->master(), a->master()));
     for (int m = 0; m < moments; ++m)
       EXPECT_TRUE(test::all_equal(b->moment(m), a->moment(m)));
-    if (a->compute().defined()) EXPECT_TRUE(test::all_equal(b->compute(), a->compute()));
+    if (a->compute().defined()) {
+      EXPECT_TRUE(test::all_equal(b->compute(), a->compute()));
+    }
   }
 };
 
