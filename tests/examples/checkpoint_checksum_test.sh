@@ -14,7 +14,9 @@ fail() {
   echo "FAIL: $*"
   failures=$((failures + 1))
 }
-rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+# shellcheck source=tests/examples/fresh_work_dir.sh
+source "$(dirname "${BASH_SOURCE[0]}")/fresh_work_dir.sh"
+fresh_work_dir "$work" && cd "$work" || exit 1
 args=(--model tiny --cpu --synthetic --micro-batch 2 --seq-len 16)
 
 "$trainer" "${args[@]}" --windows 3 --stop-after 2 --checkpoint ck.safetensors > train.log 2>&1 ||

@@ -18,7 +18,9 @@ if [[ ${gpus:-0} -lt 2 ]]; then
   echo "SKIP: needs 2 GPUs, found ${gpus:-0}"
   exit 77
 fi
-rm -rf "$work" && mkdir -p "$work" || exit 1
+# shellcheck source=tests/examples/fresh_work_dir.sh
+source "$(dirname "${BASH_SOURCE[0]}")/fresh_work_dir.sh"
+fresh_work_dir "$work" || exit 1
 fail() {
   echo "FAIL: $*"
   exit 1

@@ -11,7 +11,9 @@
 # accrue_train_gpt2 (in the trainer's folder) on the same run, validation too.
 set -u
 trainer=$1 work=$2 python=${3:-} source_dir=${4:-}
-rm -rf "$work" && mkdir -p "$work" || exit 1
+# shellcheck source=tests/examples/fresh_work_dir.sh
+source "$(dirname "${BASH_SOURCE[0]}")/fresh_work_dir.sh"
+fresh_work_dir "$work" || exit 1
 args=(--model llama-tiny --synthetic --cpu --windows 6 --micro-batch 2 --seq-len 32 --accum 2
   --warmup-windows 2 --seed 7)
 fail() {
