@@ -1,5 +1,5 @@
 # What the one-call GPU scripts (tools/gpu_check.sh, gpt2_check.sh,
-# gpt2_dp_check.sh, multi_gpu_check.sh) share: the progress and summary
+# gpt2_dp_check.sh, multi_gpu_check.sh, overlap_check.sh) share: the progress and summary
 # lines, the log folders, the machine's description, configure and build with
 # their logs, the GPT-2 benchmark step, the reading of ctest's output, and the
 # summary printed LAST.

@@ -437,6 +437,7 @@ JsonObject bench_config(const Run& run, int64_t window_tokens) {
       .text("documents", documents_name(opt))
       .boolean("activation_checkpointing", run.model.activation_checkpointing())
       .boolean("zero1", opt.zero1)
+      .boolean("close_under_forward", opt.close_under_forward.on)
       .boolean("fp8", opt.fp8.on)
       .text("fp8_recipe", opt.fp8.recipe == Fp8Recipe::block ? "block" : "tensor")
       .boolean("fp8_cast_every_micro_batch", opt.fp8.cast_every_micro_batch)

@@ -257,7 +257,10 @@ void resolve_window(TrainOptions& opt, int ranks) {
 }
 
 const char* documents_name(const TrainOptions& o) {
-  if (!o.synthetic) return "shards";
+  if (!o.synthetic) {  // Note [GPT-2 rows], Note [Documents within rows]
+    const bool rows = o.contiguous_rows || is_gpt2_model_name(o.model) || is_hf_gpt2_model(o.model);
+    return rows ? "shards, contiguous rows" : "shards, documents within rows";
+  }
   return o.synthetic_documents == SyntheticDocuments::full ? "full" : "random";
 }
 

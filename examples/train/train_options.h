@@ -58,7 +58,9 @@ void probe_train_outputs(const TrainOptions& o);
 void resolve_window(TrainOptions& o, int ranks);
 
 // Where the tokens come from, as the bench line and the run record name it:
-// "shards", or the synthetic documents' "full" or "random".
+// "shards, contiguous rows" (GPT-2, --contiguous-rows), "shards, documents
+// within rows" (a Llama model's shards), or the synthetic documents' "full"
+// or "random".
 const char* documents_name(const TrainOptions& o);
 
 }  // namespace accrue::examples

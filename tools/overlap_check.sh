@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# The one-call check of the close under the forward (Note [Close under the
+# forward] in optim/layer_steps.h) and of documents within rows (Note
+# [Documents within rows] in nn/llama.h): run it from the repo root on an
+# H100/H200.
+#
+#   tools/overlap_check.sh [options]
+#
+# Steps: configure (Release, sm_90, tests on, benchmarks off) and build the
+# targets below with all cores; the GPU tests GpuCloseUnderForward*
+# (test_optim_gpu) and GpuLlama* (test_nn_llama_gpu); compute-sanitizer
+# memcheck and racecheck on GpuCloseUnderForward* (ACCRUE_TEST_ALLOCATOR=plain,
+# ACCRUE_UNDER_SANITIZER=1); GPT-2 124M (accrue_train_gpt2 --bench, bf16,
+# 32,768 tokens a window) at each --points B x K, eager and with
+# --cuda-graphs, each without and with --close-under-forward: the final loss
+# must be the same bits, and the window times stand side by side; llama-125m
+# on shards of the Python standard library (tools/make_shards.py) under
+# --cuda-graphs with documents within rows against --contiguous-rows (tok/s,
+# peak memory). A short summary is printed LAST and written to
+# <log dir>/summary.txt; every log goes into <log dir>/logs.tar.gz.
+#
+# Exit status: 0 when the build, the tests, the sanitizer runs and every
+# benchmark run passed and the losses agreed, else 1.
+set -u -o pipefail
+check_name=overlap_check
+# shellcheck source=tools/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+usage() {
+  cat <<'EOF'
+usage: tools/overlap_check.sh [options]
+  --build-dir DIR       build directory (default: build-gpu)
+  --log-dir DIR         where the results go (default: $OUT when set, else
+                        <build dir>/overlap_check_results)
+  --points LIST         GPT-2 B x K points, comma-separated (default: 8x4,1x32)
+  --bench-windows N     timed windows a run (default: 10; 3 untimed first)
+  --close-max-blocks N  passed to every --close-under-forward run (default: 0, no cap)
+  --skip-build          use the build directory as it is
+  --skip-tests          no GPU tests
+  --skip-sanitizer      no compute-sanitizer runs
+  --skip-bench          no benchmark runs
+  -h, --help            this text
+EOF
+}
+
+build_dir=build-gpu
+log_dir=""
+points=8x4,1x32
+bench_windows=10
+max_blocks=0
+skip_build=0 skip_tests=0 skip_sanitizer=0 skip_bench=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build-dir) build_dir="$2"; shift 2 ;;
+    --log-dir) log_dir="$2"; shift 2 ;;
+    --points) points="$2"; shift 2 ;;
+    --bench-windows) bench_windows="$2"; shift 2 ;;
+    --close-max-blocks) max_blocks="$2"; shift 2 ;;
+    --skip-build) skip_build=1; shift ;;
+    --skip-tests) skip_tests=1; shift ;;
+    --skip-sanitizer) skip_sanitizer=1; shift ;;
+    --skip-bench) skip_bench=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "overlap_check: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ $bench_windows =~ ^[1-9][0-9]*$ ]] ||
+  { echo "overlap_check: --bench-windows must be a positive integer, got '$bench_windows'" >&2; exit 2; }
+[[ $max_blocks =~ ^[0-9]+$ ]] ||
+  { echo "overlap_check: --close-max-blocks must be an integer >= 0, got '$max_blocks'" >&2; exit 2; }
+IFS=, read -r -a point_list <<< "$points"
+for p in "${point_list[@]}"; do
+  [[ $p =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] ||
+    { echo "overlap_check: --points takes BxK items, got '$p'" >&2; exit 2; }
+done
+
+need_repo_root
+no_nvlink_multicast
+log_dir=${log_dir:-${OUT:-$build_dir/overlap_check_results}}
+make_dirs_absolute
+open_details "$build_dir/overlap_check"
+look_at_gpus one
+
+# ---- build ---------------------------------------------------------------------
+targets=(test_optim_gpu test_nn_llama_gpu accrue_train accrue_train_gpt2)
+if [[ $skip_build -eq 0 ]]; then
+  cmake_args=(-S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DACCRUE_BUILD_BENCHMARKS=OFF)
+  add_nvcc
+  if configure && run_build cmake --build "$build_dir" -j "$(nproc)" --target "${targets[@]}"; then
+    note "build: ok in $build_seconds s, $build_warnings compiler warning lines"
+  fi
+fi
+find_binary() { find "$build_dir" -type f -name "$1" -perm -u+x | head -n 1; }
+
+# ---- tests and sanitizers --------------------------------------------------------
+if [[ $skip_tests -eq 0 && $failed -eq 0 ]]; then
+  for spec in "test_optim_gpu:GpuCloseUnderForward*" "test_nn_llama_gpu:GpuLlama*"; do
+    bin=$(find_binary "${spec%%:*}")
+    log="$details/${spec%%:*}.log"
+    if "$bin" --gtest_filter="${spec#*:}" > "$log" 2>&1; then
+      note "${spec%%:*} ${spec#*:}: $(grep -E '^\[  PASSED  \]' "$log" | tail -n 1)"
+    else
+      failed=1
+      note "${spec%%:*} ${spec#*:}: FAILED"
+      note_each "  " < <(grep -E '^\[  FAILED  \]|Failure' "$log" | head -n 10)
+    fi
+  done
+fi
+if [[ $skip_sanitizer -eq 0 && $failed -eq 0 ]]; then
+  bin=$(find_binary test_optim_gpu)
+  for tool in memcheck racecheck; do
+    log="$details/sanitizer_$tool.log"
+    ACCRUE_TEST_ALLOCATOR=plain ACCRUE_UNDER_SANITIZER=1 timeout 600 compute-sanitizer \
+      --tool "$tool" "$bin" --gtest_filter='GpuCloseUnderForward*' > "$log" 2>&1
+    line=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1)
+    if [[ $line == *" 0 errors"* || $line == *" 0 hazards"* ]]; then
+      note "$tool GpuCloseUnderForward*: $line"
+    else
+      failed=1
+      note "$tool GpuCloseUnderForward*: FAILED (${line:-no summary line})"
+    fi
+  done
+fi
+
+# ---- benchmarks --------------------------------------------------------------------
+json_field() { grep -o "\"$2\": [^,}]*" <<< "$1" | head -n 1 | sed 's/.*: //'; }
+bench_rows=()
+# bench_run NAME COMMAND...: the JSON line of one --bench run, or FAILED.
+bench_run() {
+  local name=$1 log="$details/bench_$1.log"
+  shift
+  if "$@" > "$log" 2>&1; then
+    grep '^{"bench"' "$log" | tail -n 1
+  else
+    failed=1
+    note "bench $name: FAILED: $(tail -n 1 "$log")"
+  fi
+}
+if [[ $skip_bench -eq 0 && $failed -eq 0 ]]; then
+  gpt2=$(find_binary accrue_train_gpt2)
+  timing=(--bench --bench-warmup 3 --bench-windows "$bench_windows")
+  for p in "${point_list[@]}"; do
+    b=${p%x*} k=${p#*x}
+    for graphs in "" --cuda-graphs; do
+      base=(--model d12 --synthetic --dtype bf16 --micro-batch "$b" --total-batch-tokens $((b * k * 1024)) $graphs "${timing[@]}")
+      plain=$(bench_run "gpt2_${p}${graphs}" "$gpt2" "${base[@]}")
+      under=$(bench_run "gpt2_${p}${graphs}_under" "$gpt2" "${base[@]}" --close-under-forward \
+        --close-max-blocks "$max_blocks")
+      [[ -n $plain && -n $under ]] || continue
+      lp=$(json_field "$plain" final_loss) lu=$(json_field "$under" final_loss)
+      [[ $lp == "$lu" ]] || { failed=1; note "gpt2 $p${graphs:+ graphs}: final loss $lp vs $lu under the forward: DIFFER"; }
+      bench_rows+=("| GPT-2 124M $p ${graphs:-eager} | $(json_field "$plain" window_ms_median) | $(json_field "$under" window_ms_median) | $(json_field "$plain" window_ms_min) / $(json_field "$under" window_ms_min) | $lp / $lu |")
+    done
+  done
+  shards="$build_dir/overlap_shards/text"
+  if [[ ! -e "${shards}_train_000000.bin" ]]; then
+    mkdir -p "$(dirname "$shards")"
+    stdlib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+    find "$stdlib" -name '*.py' -not -path '*/site-packages/*' | sort > "$details/shard_files.txt"
+    python3 tools/make_shards.py --inputs-from "$details/shard_files.txt" --output-prefix "$shards" \
+      --eos-id 256 > "$details/make_shards.log" 2>&1 || { failed=1; note "make_shards: FAILED"; }
+  fi
+  train=$(find_binary accrue_train)
+  llama=(--model llama-125m --train-data "${shards}_train_*.bin" --dtype bf16 --micro-batch 8
+    --seq-len 2048 --accum 2 --cuda-graphs "${timing[@]}")
+  within=$(bench_run llama_within "$train" "${llama[@]}" --eos-id 256)
+  rows=$(bench_run llama_rows "$train" "${llama[@]}" --contiguous-rows)
+  for pair in "documents within rows:$within" "contiguous rows:$rows"; do
+    [[ -n ${pair#*:} ]] || continue
+    note "llama-125m 8 x 2048 x 2, graphs, ${pair%%:*}: $(json_field "${pair#*:}" tokens_per_s_median) tok/s, peak $(json_field "${pair#*:}" peak_memory_bytes) bytes"
+  done
+fi
+
+write_summary() {
+  summary_head "GPU: $gpu_model"
+  if [[ ${#bench_rows[@]} -gt 0 ]]; then
+    echo
+    echo "| run | window ms, close in place | window ms, close under the forward | fastest windows | final loss |"
+    echo "|---|---:|---:|---|---|"
+    printf '%s\n' "${bench_rows[@]}"
+  fi
+  echo
+  verdict
+}
+finish write_summary
