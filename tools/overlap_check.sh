@@ -85,7 +85,8 @@ look_at_gpus one
 targets=(test_optim_gpu test_nn_llama_gpu accrue_train accrue_train_gpt2)
 if [[ $skip_build -eq 0 ]]; then
   cmake_args=(-S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DACCRUE_BUILD_BENCHMARKS=OFF)
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DACCRUE_CUDA=ON -DACCRUE_BUILD_TESTS=ON
+    -DACCRUE_BUILD_BENCHMARKS=OFF)
   add_nvcc
   if configure && run_build cmake --build "$build_dir" -j "$(nproc)" --target "${targets[@]}"; then
     note "build: ok in $build_seconds s, $build_warnings compiler warning lines"
