@@ -167,9 +167,7 @@ void LayerSteps::join(const char* where, bool after_forward) {
 
 LayerStepsStage::LayerStepsStage(CloseContext& c, int64_t min_elements, int64_t max_blocks,
                                  bool steps_on_first_read)
-    : c_(c),
-      lazy_(steps_on_first_read),
-      steps_(*c.store, *c.optimizer, min_elements, steps_on_first_read, max_blocks) {
+    : c_(c), steps_(*c.store, *c.optimizer, min_elements, steps_on_first_read, max_blocks) {
   ACCRUE_CHECK(!c.sharded(),
                "close_under_forward: not with ZeRO-1 (Note [Close under the forward])");
 }

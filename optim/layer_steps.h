@@ -97,8 +97,7 @@ class LayerSteps final : public ParameterGate {
   // after_forward (micro-step 0's backward), first refuses a forward that
   // awaited nothing while ranges were pending; `where` names the caller.
   void join(const char* where, bool after_forward = false);
-  // True between a launch and its join.
-  bool pending() const { return launched_; }
+  bool steps_on_first_read() const { return lazy_; }
   // A replayed micro-step 0 joined on the device (its capture recorded the
   // join's wait, Note [Graphed window]): the host state follows.
   void joined_by_replay() { launched_ = false; }
@@ -140,8 +139,9 @@ class LayerStepsStage final : public CloseStage {
   }
   void run(int64_t window) override;
   const char* why_not_capturable() const override {
-    return lazy_ ? "close_steps_on_first_read steps the parameters from the forward's awaits"
-                 : nullptr;
+    return steps_.steps_on_first_read()
+               ? "close_steps_on_first_read steps the parameters from the forward's awaits"
+               : nullptr;
   }
   const char* why_close_not_capturable() const override {
     return "close_under_forward steps the parameters on a side stream that the next forward "
@@ -151,7 +151,6 @@ class LayerStepsStage final : public CloseStage {
 
  private:
   CloseContext& c_;
-  bool lazy_;
   LayerSteps steps_;
 };
 
