@@ -9,8 +9,8 @@
 # Steps: configure (Release, sm_90, tests on, benchmarks off) and build the
 # targets below with all cores; the GPU tests GpuCloseUnderForward*
 # (test_optim_gpu) and GpuLlama* (test_nn_llama_gpu); compute-sanitizer
-# memcheck and racecheck on GpuCloseUnderForward* (ACCRUE_TEST_ALLOCATOR=plain,
-# ACCRUE_UNDER_SANITIZER=1); GPT-2 124M (accrue_train_gpt2 --bench, bf16,
+# memcheck and racecheck on both through tools/gpu_check.sh's sanitizer step;
+# GPT-2 124M (accrue_train_gpt2 --bench, bf16,
 # 32,768 tokens a window) at each --points B x K, eager and with
 # --cuda-graphs, each without and with --close-under-forward: the final loss
 # must be the same bits, and the window times stand side by side; llama-125m
@@ -37,6 +37,7 @@ usage: tools/overlap_check.sh [options]
   --close-max-blocks N  passed to every --close-under-forward run (default: 0, no cap)
   --skip-build          use the build directory as it is
   --skip-tests          no GPU tests
+  --sanitizer-tools L   compute-sanitizer tools, comma-separated (default: memcheck,racecheck)
   --skip-sanitizer      no compute-sanitizer runs
   --skip-bench          no benchmark runs
   -h, --help            this text
@@ -48,6 +49,7 @@ log_dir=""
 points=8x4,1x32
 bench_windows=10
 max_blocks=0
+sanitizer_tools=memcheck,racecheck
 skip_build=0 skip_tests=0 skip_sanitizer=0 skip_bench=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -58,6 +60,7 @@ while [[ $# -gt 0 ]]; do
     --close-max-blocks) max_blocks="$2"; shift 2 ;;
     --skip-build) skip_build=1; shift ;;
     --skip-tests) skip_tests=1; shift ;;
+    --sanitizer-tools) sanitizer_tools="$2"; shift 2 ;;
     --skip-sanitizer) skip_sanitizer=1; shift ;;
     --skip-bench) skip_bench=1; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -108,20 +111,21 @@ if [[ $skip_tests -eq 0 && $failed -eq 0 ]]; then
     fi
   done
 fi
+# gpu_check.sh's sanitizer step (Note [Sanitizer runs], Note [Sanitizer
+# exclusions]): its racecheck classifies the hazards inside cuBLAS and cuDNN.
 if [[ $skip_sanitizer -eq 0 && $failed -eq 0 ]]; then
-  bin=$(find_binary test_optim_gpu)
-  for tool in memcheck racecheck; do
-    log="$details/sanitizer_$tool.log"
-    ACCRUE_TEST_ALLOCATOR=plain ACCRUE_UNDER_SANITIZER=1 timeout 600 compute-sanitizer \
-      --tool "$tool" "$bin" --gtest_filter='GpuCloseUnderForward*' > "$log" 2>&1
-    line=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1)
-    if [[ $line == *" 0 errors"* || $line == *" 0 hazards"* ]]; then
-      note "$tool GpuCloseUnderForward*: $line"
-    else
-      failed=1
-      note "$tool GpuCloseUnderForward*: FAILED (${line:-no summary line})"
-    fi
-  done
+  sanitized="$details/sanitizer"
+  if tools/gpu_check.sh --build-dir "$build_dir" --skip-build --skip-tests --skip-bench \
+    --log-dir "$sanitized" --details-dir "$sanitized/details" \
+    --sanitizer-binaries '^test_(optim|nn_llama)_gpu$' --sanitizer-tools "$sanitizer_tools" \
+    --filter 'GpuCloseUnderForward*:GpuLlama*' --sanitizer-timeout 300 \
+    > "$details/sanitizer.log" 2>&1; then
+    note "compute-sanitizer ($sanitizer_tools) on GpuCloseUnderForward* and GpuLlama*: passed"
+  else
+    failed=1
+    note "compute-sanitizer ($sanitizer_tools) on GpuCloseUnderForward* and GpuLlama*: FAILED"
+  fi
+  note_each "  " < <(grep -E '(memcheck|racecheck|initcheck|synccheck) test_' "$sanitized/summary.txt" 2> /dev/null)
 fi
 
 # ---- benchmarks --------------------------------------------------------------------
