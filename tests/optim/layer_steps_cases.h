@@ -35,6 +35,7 @@ struct CloseRun {
   static constexpr int64_t kVocab = 128, kT = 16, kB = 2;
   CloseModel kind;
   Device device;
+  DType compute_dtype;  // the ParamStore's; the features' dtype too
   std::unique_ptr<nn::GPT2> gpt2;
   std::unique_ptr<nn::Llama> llama;
   std::unique_ptr<nn::MLP> mlp;
@@ -46,7 +47,7 @@ struct CloseRun {
   // fp8: GPT-2's blocks in FP8 with the store's copies (Note [Window FP8 weights]).
   CloseRun(CloseModel k, Device d, DType compute, const optim::WindowOptions& options,
            std::optional<Fp8Recipe> fp8 = std::nullopt)
-      : kind(k), device(d) {
+      : kind(k), device(d), compute_dtype(compute) {
     Generator gen(11);
     const nn::ParamOptions po{device, DType::f32, &gen};
     if (kind == CloseModel::gpt2) {
@@ -121,7 +122,7 @@ struct CloseRun {
     if (llama) return llama->loss(in[0], in[1], nn::BatchLayout::full());
     // The MLP reads each row's tokens as features, the ResNet as a 4 x 4
     // image of one channel; both predict the first target.
-    const Tensor features = in[0].to(DType::f32);
+    const Tensor features = in[0].to(compute_dtype);
     const Tensor target = in[1].narrow(1, 0, 1).reshape({kB});
     if (resnet) return cross_entropy(resnet->forward(reshape(features, {kB, 1, 4, 4})), target);
     return cross_entropy(mlp->forward(features), target);
