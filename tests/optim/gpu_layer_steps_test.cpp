@@ -3,6 +3,8 @@
 // GPU; and the test mode (steps on first read) on the GPU's stream.
 #include <gtest/gtest.h>
 
+#include "accrue/core/allocator.h"
+
 #include "tests/optim/layer_steps_cases.h"
 #include "tests/test_util.h"
 
@@ -43,8 +45,13 @@ TEST(GpuCloseUnderForward, capped_grids_give_the_sequential_bits) {
 }
 
 // Micro-steps replayed from graphs that wait on the side stream's events.
+// Graphs need the stream-ordered pool (Note [Capturable code]), which the
+// compute-sanitizer runs replace with the plain allocator: this test keeps
+// the pool, so that the sanitizers see the replays.
 TEST(GpuCloseUnderForward, graphed_micro_steps_give_the_sequential_bits) {
   ACCRUE_REQUIRE_CUDA();
+  const CudaAllocatorMode before = cuda_allocator_mode();
+  set_cuda_allocator_mode(CudaAllocatorMode::StreamOrderedPool);
   for (int64_t min_elements : {int64_t{1}, int64_t{4096}}) {
     SCOPED_TRACE("min_elements " + std::to_string(min_elements));
     test::expect_graphed_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cuda(),
@@ -52,6 +59,7 @@ TEST(GpuCloseUnderForward, graphed_micro_steps_give_the_sequential_bits) {
     test::expect_graphed_close_under_forward_is_bitwise(CloseModel::llama, Device::cuda(),
                                                         DType::bf16, min_elements);
   }
+  set_cuda_allocator_mode(before);
 }
 
 TEST(GpuCloseUnderForward, steps_on_first_read_give_the_sequential_bits) {
