@@ -8,15 +8,17 @@
 #
 # Steps: configure (Release, sm_90, tests on, benchmarks off) and build the
 # targets below with all cores; the GPU tests GpuCloseUnderForward*
-# (test_optim_gpu) and GpuLlama* (test_nn_llama_gpu); compute-sanitizer
-# memcheck and racecheck on both through tools/gpu_check.sh's sanitizer step;
+# (test_optim_gpu) and GpuLlama* (test_nn_llama_gpu);
 # GPT-2 124M (accrue_train_gpt2 --bench, bf16,
 # 32,768 tokens a window) at each --points B x K, eager and with
 # --cuda-graphs, each without and with --close-under-forward: the final loss
 # must be the same bits, and the window times stand side by side; llama-125m
 # on shards of the Python standard library (tools/make_shards.py) under
 # --cuda-graphs with documents within rows against --contiguous-rows (tok/s,
-# peak memory). A short summary is printed LAST and written to
+# peak memory); last, compute-sanitizer (memcheck by default) on both test
+# filters through tools/gpu_check.sh's sanitizer step, each run bounded by
+# --sanitizer-timeout (one run after another on one GPU: four runs of 300 s
+# outlasted a lent call's ten minutes). A short summary is printed LAST and written to
 # <log dir>/summary.txt; every log goes into <log dir>/logs.tar.gz.
 #
 # Exit status: 0 when the build, the tests, the sanitizer runs and every
@@ -37,7 +39,8 @@ usage: tools/overlap_check.sh [options]
   --close-max-blocks N  passed to every --close-under-forward run (default: 0, no cap)
   --skip-build          use the build directory as it is
   --skip-tests          no GPU tests
-  --sanitizer-tools L   compute-sanitizer tools, comma-separated (default: memcheck,racecheck)
+  --sanitizer-tools L   compute-sanitizer tools, comma-separated (default: memcheck)
+  --sanitizer-timeout S each sanitizer run's limit in seconds; reaching it fails (default: 150)
   --skip-sanitizer      no compute-sanitizer runs
   --skip-bench          no benchmark runs
   -h, --help            this text
@@ -49,7 +52,8 @@ log_dir=""
 points=8x4,1x32
 bench_windows=10
 max_blocks=0
-sanitizer_tools=memcheck,racecheck
+sanitizer_tools=memcheck
+sanitizer_timeout=150
 skip_build=0 skip_tests=0 skip_sanitizer=0 skip_bench=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -61,6 +65,7 @@ while [[ $# -gt 0 ]]; do
     --skip-build) skip_build=1; shift ;;
     --skip-tests) skip_tests=1; shift ;;
     --sanitizer-tools) sanitizer_tools="$2"; shift 2 ;;
+    --sanitizer-timeout) sanitizer_timeout="$2"; shift 2 ;;
     --skip-sanitizer) skip_sanitizer=1; shift ;;
     --skip-bench) skip_bench=1; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -69,6 +74,8 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $bench_windows =~ ^[1-9][0-9]*$ ]] ||
   { echo "overlap_check: --bench-windows must be a positive integer, got '$bench_windows'" >&2; exit 2; }
+[[ $sanitizer_timeout =~ ^[1-9][0-9]*$ ]] ||
+  { echo "overlap_check: --sanitizer-timeout must be a positive integer, got '$sanitizer_timeout'" >&2; exit 2; }
 [[ $max_blocks =~ ^[0-9]+$ ]] ||
   { echo "overlap_check: --close-max-blocks must be an integer >= 0, got '$max_blocks'" >&2; exit 2; }
 IFS=, read -r -a point_list <<< "$points"
@@ -97,7 +104,7 @@ if [[ $skip_build -eq 0 ]]; then
 fi
 find_binary() { find "$build_dir" -type f -name "$1" -perm -u+x | head -n 1; }
 
-# ---- tests and sanitizers --------------------------------------------------------
+# ---- tests ---------------------------------------------------------------------------
 if [[ $skip_tests -eq 0 && $failed -eq 0 ]]; then
   for spec in "test_optim_gpu:GpuCloseUnderForward*" "test_nn_llama_gpu:GpuLlama*"; do
     bin=$(find_binary "${spec%%:*}")
@@ -111,23 +118,6 @@ if [[ $skip_tests -eq 0 && $failed -eq 0 ]]; then
     fi
   done
 fi
-# gpu_check.sh's sanitizer step (Note [Sanitizer runs], Note [Sanitizer
-# exclusions]): its racecheck classifies the hazards inside cuBLAS and cuDNN.
-if [[ $skip_sanitizer -eq 0 && $failed -eq 0 ]]; then
-  sanitized="$details/sanitizer"
-  if tools/gpu_check.sh --build-dir "$build_dir" --skip-build --skip-tests --skip-bench \
-    --log-dir "$sanitized" --details-dir "$sanitized/details" \
-    --sanitizer-binaries '^test_(optim|nn_llama)_gpu$' --sanitizer-tools "$sanitizer_tools" \
-    --filter 'GpuCloseUnderForward*:GpuLlama*' --sanitizer-timeout 300 \
-    > "$details/sanitizer.log" 2>&1; then
-    note "compute-sanitizer ($sanitizer_tools) on GpuCloseUnderForward* and GpuLlama*: passed"
-  else
-    failed=1
-    note "compute-sanitizer ($sanitizer_tools) on GpuCloseUnderForward* and GpuLlama*: FAILED"
-  fi
-  note_each "  " < <(grep -E '(memcheck|racecheck|initcheck|synccheck) test_' "$sanitized/summary.txt" 2> /dev/null)
-fi
-
 # ---- benchmarks --------------------------------------------------------------------
 json_field() { grep -o "\"$2\": [^,}]*" <<< "$1" | head -n 1 | sed 's/.*: //'; }
 bench_rows=()
@@ -175,6 +165,24 @@ if [[ $skip_bench -eq 0 && $failed -eq 0 ]]; then
     [[ -n ${pair#*:} ]] || continue
     note "llama-125m 8 x 2048 x 2, graphs, ${pair%%:*}: $(json_field "${pair#*:}" tokens_per_s_median) tok/s, peak $(json_field "${pair#*:}" peak_memory_bytes) bytes"
   done
+fi
+
+# ---- sanitizers (last: a lent call may end first, and the timings are in) ----------
+# gpu_check.sh's sanitizer step (Note [Sanitizer runs], Note [Sanitizer
+# exclusions]): its racecheck classifies the hazards inside cuBLAS and cuDNN.
+if [[ $skip_sanitizer -eq 0 && $failed -eq 0 ]]; then
+  sanitized="$details/sanitizer"
+  if tools/gpu_check.sh --build-dir "$build_dir" --skip-build --skip-tests --skip-bench \
+    --log-dir "$sanitized" --details-dir "$sanitized/details" \
+    --sanitizer-binaries '^test_(optim|nn_llama)_gpu$' --sanitizer-tools "$sanitizer_tools" \
+    --filter 'GpuCloseUnderForward*:GpuLlama*' --sanitizer-timeout "$sanitizer_timeout" \
+    > "$details/sanitizer.log" 2>&1; then
+    note "compute-sanitizer ($sanitizer_tools) on GpuCloseUnderForward* and GpuLlama*: passed"
+  else
+    failed=1
+    note "compute-sanitizer ($sanitizer_tools) on GpuCloseUnderForward* and GpuLlama*: FAILED"
+  fi
+  note_each "  " < <(grep -E '(memcheck|racecheck|initcheck|synccheck) test_' "$sanitized/summary.txt" 2> /dev/null)
 fi
 
 write_summary() {
