@@ -53,6 +53,9 @@ def parse(argv=None):
     p.add_argument("--shards", default=None, help="llm.c token shards (a glob); default: random")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay each micro-step and the close as CUDA graphs (GraphedWindow)")
+    p.add_argument("--close-under-forward", action="store_true",
+                   help="step the parameters layer by layer beside the next window's forward "
+                        "(WindowOptions.close_under_forward)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for name in ("micro_batch", "accum", "windows", "log_every"):
@@ -63,7 +66,8 @@ def parse(argv=None):
     return args
 
 
-def main(argv=None):
+def main(argv=None, on_window=None):
+    """on_window(w): called after window w's close (a profiler's step, say)."""
     args = parse(argv)
     cfg = config(args.model)
     seq = args.seq_len or cfg.block_size
@@ -78,8 +82,9 @@ def main(argv=None):
     store = optim.ParamStore(model.named_parameters(), optim.ParamStoreOptions(
         master_dtype=accrue.f32, compute_dtype=accrue.bf16 if dtype == "bf16" else None,
         moments=opt.moments_needed()))
-    window = optim.Window(store, opt, optim.WindowOptions(micro_steps=args.accum,
-                                                          max_grad_norm=args.max_grad_norm))
+    window = optim.Window(store, opt, optim.WindowOptions(
+        micro_steps=args.accum, max_grad_norm=args.max_grad_norm,
+        close_under_forward=args.close_under_forward))
     graphed = optim.GraphedWindow(window, model.loss) if args.cuda_graphs else None
 
     if args.shards:
@@ -109,6 +114,8 @@ def main(argv=None):
             else:
                 window.backward(model.loss(x, y))
         (graphed or window).close()
+        if on_window:
+            on_window(w)
         done = w + 1
         if (done - args.warmup) % args.log_every and done != args.windows:
             continue  # no host read: the host runs ahead of the device
@@ -123,6 +130,7 @@ def main(argv=None):
     print(json.dumps({"impl": "accrue-python", "model": args.model, "device": args.device,
                       "dtype": dtype, "micro_batch": args.micro_batch, "K": args.accum,
                       "seq_len": seq, "cuda_graphs": args.cuda_graphs,
+                      "close_under_forward": args.close_under_forward,
                       "tokens_per_s_median": statistics.median(rates),
                       "final_loss": report.loss}))
 

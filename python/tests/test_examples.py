@@ -44,6 +44,14 @@ def test_train_gpt2_runs_and_graphed_windows_train_the_same(capsys):
     assert run(capsys, "--cuda-graphs")["final_loss"] == plain["final_loss"]
 
 
+def test_train_gpt2_close_under_forward_trains_the_same(capsys):
+    # Note [Close under the forward]: on the CPU every range steps at the close.
+    plain = run(capsys)
+    under = run(capsys, "--close-under-forward")
+    assert under["close_under_forward"] and not plain["close_under_forward"]
+    assert under["final_loss"] == plain["final_loss"]
+
+
 def test_train_gpt2_reads_token_shards(capsys, tmp_path):
     rng = np.random.default_rng(0)
     accrue.data.write_shard(str(tmp_path / "tok_0.bin"), rng.integers(0, 512, 400).tolist())

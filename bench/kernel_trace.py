@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Where a window's device time goes: every kernel of a few windows of
+python/examples/train_gpt2.py, traced through CUPTI (torch.profiler, in the
+same process as the accrue module), for each variant side by side.
+
+    python3 bench/kernel_trace.py --variants 'in place=;under=--close-under-forward' \\
+        -- --micro-batch 1 --accum 32 --cuda-graphs --windows 8 --warmup 4
+
+Each variant runs in its own process: train_gpt2.py with the arguments after
+`--` and the variant's own, traced over the windows after --warmup. The table
+gives, per window: the span on the device (first kernel's start to last
+kernel's end over the traced windows, divided by their count), the time some
+kernel ran (the union over streams), the idle rest, each stream's busy time,
+and the kernels whose time per window differs most from the first variant's.
+nsys is not on the GPU machine; CUPTI comes with torch. With --out DIR, each
+variant's Chrome trace and a summary JSON are written there.
+
+Where torch does not import, the script says so and exits 2 (the trace needs
+it); `summarize` reads a Chrome trace with no torch at all.
+"""
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAIN_GPT2 = os.path.join(HERE, "..", "python", "examples", "train_gpt2.py")
+
+
+def union_length(intervals):
+    """Total length covered by [start, end) intervals."""
+    total, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def summarize(trace, windows):
+    """Per-window figures (ms) from a Chrome trace's kernel events."""
+    kernels = [e for e in trace.get("traceEvents", [])
+               if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    if not kernels:
+        raise ValueError("the trace holds no kernel events (was CUPTI tracing on?)")
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in kernels]
+    start, end = min(s for s, _ in spans), max(e for _, e in spans)
+    per_stream = collections.defaultdict(list)
+    per_name = collections.Counter()
+    counts = collections.Counter()
+    for e, span in zip(kernels, spans):
+        per_stream[str(e.get("args", {}).get("stream", "?"))].append(span)
+        per_name[e["name"]] += span[1] - span[0]
+        counts[e["name"]] += 1
+    ms = 1e-3 / windows
+    busy = union_length(spans)
+    return {
+        "windows": windows,
+        "span_ms": (end - start) * ms,
+        "busy_ms": busy * ms,
+        "idle_ms": (end - start - busy) * ms,
+        "kernels_per_window": len(kernels) / windows,
+        "streams_ms": {k: union_length(v) * ms for k, v in sorted(per_stream.items())},
+        "kernels_ms": {k: v * ms for k, v in per_name.most_common()},
+        "kernel_counts": {k: counts[k] / windows for k in per_name},
+    }
+
+
+def trace_one(train_args, windows, warmup, out_path):
+    """Runs train_gpt2.py's main in this process under torch.profiler."""
+    import importlib.util
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    spec = importlib.util.spec_from_file_location("train_gpt2", TRAIN_GPT2)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with profile(activities=[ProfilerActivity.CUDA],
+                 schedule=schedule(wait=0, warmup=warmup, active=windows, repeat=1)) as prof:
+        def on_window(_):
+            torch.cuda.synchronize()  # the traced windows end on the device, not the host
+            prof.step()
+        module.main(train_args + ["--windows", str(warmup + windows), "--warmup", "0",
+                                  "--log-every", str(warmup + windows)], on_window=on_window)
+    prof.export_chrome_trace(out_path)
+
+
+def table(names, results, top):
+    lines = ["| per window, ms | " + " | ".join(names) + " |",
+             "|---|" + "---:|" * len(names)]
+    for key in ("span_ms", "busy_ms", "idle_ms", "kernels_per_window"):
+        lines.append(f"| {key} | " + " | ".join(f"{r[key]:.3f}" for r in results) + " |")
+    streams = sorted({s for r in results for s in r["streams_ms"]})
+    for s in streams:
+        lines.append(f"| stream {s} busy | " +
+                     " | ".join(f"{r['streams_ms'].get(s, 0):.3f}" for r in results) + " |")
+    base = results[0]["kernels_ms"]
+    every = {k for r in results for k in r["kernels_ms"]}
+    moved = sorted(every, key=lambda k: -max(abs(r["kernels_ms"].get(k, 0) - base.get(k, 0))
+                                            for r in results))[:top]
+    for k in moved:
+        cells = []
+        for r in results:
+            cells.append(f"{r['kernels_ms'].get(k, 0):.3f} ({r['kernel_counts'].get(k, 0):.1f}x)")
+        lines.append(f"| `{k[:70]}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", default="in place=;under=--close-under-forward",
+                   help="NAME=ARGS;NAME=ARGS...: each variant's own train_gpt2.py arguments")
+    p.add_argument("--windows", type=int, default=4, help="traced windows")
+    p.add_argument("--warmup", type=int, default=4, help="untraced windows first")
+    p.add_argument("--top", type=int, default=15, help="kernels listed, most moved first")
+    p.add_argument("--out", default=None, help="a folder for the traces and summary.json")
+    p.add_argument("--one", nargs=2, metavar=("TRACE", "NAME"), help=argparse.SUPPRESS)
+    p.add_argument("train_args", nargs=argparse.REMAINDER,
+                   help="after --: train_gpt2.py's arguments, shared by every variant")
+    args = p.parse_args(argv)
+    if args.windows < 1 or args.warmup < 1:
+        p.error(f"--windows and --warmup must be at least 1, got {args.windows} and {args.warmup}")
+    variants = []
+    for item in args.variants.split(";"):
+        name, sep, extra = item.partition("=")
+        if not sep or not name.strip():
+            p.error(f"--variants takes NAME=ARGS items separated by ';', got '{item}'")
+        variants.append((name.strip(), extra.split()))
+    args.variants = variants
+    if args.train_args[:1] == ["--"]:
+        args.train_args = args.train_args[1:]
+    for flag in ("--windows", "--warmup", "--log-every"):
+        if flag in args.train_args:
+            p.error(f"{flag} is the tracer's to set; give --windows/--warmup before --")
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
+    if args.one:  # a child: trace one variant
+        trace_one(args.train_args, args.windows, args.warmup, args.one[0])
+        return 0
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("kernel_trace: torch does not import here; the trace needs torch.profiler",
+              file=sys.stderr)
+        return 2
+    out = args.out or os.path.join(os.getcwd(), "kernel_trace")
+    os.makedirs(out, exist_ok=True)
+    names, results = [], []
+    for name, extra in args.variants:
+        path = os.path.join(out, "".join(c if c.isalnum() else "_" for c in name) + ".json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--one", path, name,
+               "--windows", str(args.windows), "--warmup", str(args.warmup), "--",
+               *args.train_args, *extra]
+        print("kernel_trace:", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        with open(path) as f:
+            results.append(summarize(json.load(f), args.windows))
+        names.append(name)
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(dict(zip(names, results)), f, indent=1)
+    print(table(names, results, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

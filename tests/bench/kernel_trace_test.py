@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""bench/kernel_trace.py without a GPU: --help, bad command lines exit 2, the
+per-window figures from a small Chrome trace (two streams, an overlap, a gap),
+and, where torch does not import, the refusal that says so.
+
+    python3 tests/bench/kernel_trace_test.py [REPO_ROOT]
+"""
+import importlib.util
+import os
+import subprocess
+import sys
+import unittest
+
+ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
+                       os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+SCRIPT = os.path.join(ROOT, "bench", "kernel_trace.py")
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("kernel_trace", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(args):
+    return subprocess.run([sys.executable, SCRIPT] + args, capture_output=True, text=True,
+                          timeout=60)
+
+
+def kernel(name, ts, dur, stream):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
+            "args": {"stream": stream}}
+
+
+class KernelTrace(unittest.TestCase):
+    def test_help_and_bad_command_lines(self):
+        r = run(["--help"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("--variants", r.stdout)
+        for bad in (["--windows", "0"], ["--variants", "noequals"],
+                    ["--", "--windows", "3"], ["--warmup", "0"]):
+            self.assertEqual(run(bad).returncode, 2, bad)
+
+    def test_figures_per_window(self):
+        kt = load()
+        # Two windows: stream 7 busy [0, 100) and [300, 400) us; stream 9 [50, 150)
+        # (half under stream 7's first kernel); one CPU event that is not a kernel.
+        trace = {"traceEvents": [
+            kernel("gemm", 0, 100, 7), kernel("gemm", 300, 100, 7), kernel("step", 50, 100, 9),
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1000}]}
+        s = kt.summarize(trace, windows=2)
+        self.assertAlmostEqual(s["span_ms"], 0.2)    # 400 us over 2 windows
+        self.assertAlmostEqual(s["busy_ms"], 0.125)  # [0, 150) and [300, 400): 250 us
+        self.assertAlmostEqual(s["idle_ms"], 0.075)
+        self.assertEqual(s["kernels_per_window"], 1.5)
+        self.assertAlmostEqual(s["streams_ms"]["7"], 0.1)
+        self.assertAlmostEqual(s["streams_ms"]["9"], 0.05)
+        self.assertAlmostEqual(s["kernels_ms"]["gemm"], 0.1)
+        self.assertEqual(s["kernel_counts"]["step"], 0.5)
+        table = kt.table(["a", "b"], [s, s], top=5)
+        self.assertIn("| span_ms | 0.200 | 0.200 |", table)
+        self.assertIn("`gemm`", table)
+        with self.assertRaises(ValueError):
+            kt.summarize({"traceEvents": []}, windows=1)
+
+    def test_without_torch_it_says_so(self):
+        try:
+            import torch  # noqa: F401
+            self.skipTest("torch imports here: the refusal is not reached")
+        except ImportError:
+            pass
+        r = run(["--", "--micro-batch", "1"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("torch does not import", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1])
