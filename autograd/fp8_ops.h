@@ -85,12 +85,27 @@ Fp8Weight fp8_weight(const Tensor& weight, DType dtype = DType::f8e4m3, int marg
 // margin; like an Fp8Weight it is made from x's values now, so x must not
 // change in place between the cast and the layers that take it. No gradient
 // flows through it: each layer's gradient to x flows through its own x.
+// Under the block recipe the shared cast is x in 1 x 128 tiles along the
+// features (the forward's) and, while grad mode is on, x^T in 1 x 128 tiles
+// along the tokens (the weight gradients'). The cast is the same tiles,
+// codes and scales whichever layer makes it, so the bits are those of
+// casting per layer. Every reader's backward keeps the same x^T codes, so a
+// Llama block holds them once for q, k and v and once for gate and up.
+// Casting per layer held them three times and twice: 3 of its 7 saved FP8
+// inputs, about 28 KB a token at llama-125m (bench/RESULTS.md).
 struct Fp8Input {
-  Tensor x;          // the tensor cast
-  Tensor q, q_t;     // its codes [M, K] and their transpose [K, M], M = rows of x
-  Tensor scale_inv;  // f32 [1], NaN when x overflowed (Note [FP8 overflow])
+  Tensor x;  // the tensor cast
+  // Its codes [M, K] and their transpose [K, M], M = rows of x. Block recipe:
+  // q in tiles along K, q_t (x^T's own cast) in tiles along M; q_t undefined
+  // when the cast was made without grad mode.
+  Tensor q, q_t;
+  // Tensor recipe: f32 [1], NaN when x overflowed (Note [FP8 overflow]).
+  // Block recipe: q's tile scales [M, ceil(K / 128)] and q_t's [K, ceil(M / 128)],
+  // guarded (NaN everywhere when x overflowed).
+  Tensor scale_inv, scale_inv_t;
   DType dtype = DType::f8e4m3;
   int margin = 0;
+  Fp8Recipe recipe = Fp8Recipe::tensor;
 };
 Fp8Input fp8_input(const Tensor& x, const Fp8LinearOptions& options = {});
 
@@ -99,7 +114,7 @@ Fp8Input fp8_input(const Tensor& x, const Fp8LinearOptions& options = {});
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8,
                   const Tensor& bias = Tensor(), const Fp8LinearOptions& options = {});
 // The same with x's codes from fp8_input(x) (Note [FP8 shared input]); the
-// weight's copy as below. Per-tensor recipe only.
+// weight's copy as below. Either recipe: the cast's must be the options'.
 Tensor fp8_linear(const Tensor& x, const Fp8Input& x8, const Tensor& weight,
                   const Tensor& bias = Tensor(), const Fp8LinearOptions& options = {});
 // The same with the FP8 copy the weight's store keeps (Note [Window FP8

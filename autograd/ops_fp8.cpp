@@ -6,6 +6,7 @@
 #include "accrue/autograd/sink_target.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/error.h"
+#include "accrue/core/grad_mode.h"
 #include "accrue/kernels/fp8.h"
 #include "accrue/kernels/indexing.h"
 #include "accrue/kernels/ops.h"
@@ -136,6 +137,10 @@ void check_fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight* w8
 using kernels::Fp8Tiles;
 constexpr int64_t kBlock = 128;
 
+const char* recipe_name(Fp8Recipe r) {
+  return r == Fp8Recipe::block ? "block" : "tensor";
+}
+
 struct BlockCast {
   Tensor q;
   Tensor scale_inv;  // guarded: NaN everywhere when the tensor overflowed
@@ -156,13 +161,14 @@ Tensor block_matmul(const BlockCast& a, Fp8Tiles ta, const BlockCast& b, Fp8Tile
   return kernels::fp8_block_matmul(a.q, a.scale_inv, ta, b.q, b.scale_inv, tb, out);
 }
 
+// x8: x's shared cast (Note [FP8 shared input]), or nullptr to cast x here.
 Tensor fp8_linear_blocks(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                         const Fp8LinearOptions& o) {
+                         const Fp8LinearOptions& o, const Fp8Input* x8 = nullptr) {
   check_fp8_linear(x, weight, nullptr, bias, o);
   const int64_t n = weight.size(0), k = weight.size(1);
   const DType dt = o.out_dtype;
   const Tensor x2 = detach(x).reshape({-1, k});
-  const BlockCast cx = cast_blocks(x2, 1, o.forward_dtype);
+  const BlockCast cx = x8 ? BlockCast{x8->q, x8->scale_inv} : cast_blocks(x2, 1, o.forward_dtype);
   // Note [Window FP8 weights]: the window's block copy when the store keeps
   // one (cast at the close, the same codes and scales as a cast here).
   const Fp8Weight* kept = kept_fp8_weight(weight);
@@ -192,7 +198,10 @@ Tensor fp8_linear_blocks(const Tensor& x, const Tensor& weight, const Tensor& bi
   const BlockCast kept_t =
       kept && gx ? guarded_blocks(kept->q_t, kept->scale_inv_t, kept->amax) : BlockCast{};
   // x^T along the tokens, for the weight gradient only.
-  const BlockCast cxt = gw ? cast_blocks(x2.transpose(0, 1), 1, forward_dtype) : BlockCast{};
+  const BlockCast cxt = !gw ? BlockCast{}
+                        : x8 && x8->q_t.defined()
+                            ? BlockCast{x8->q_t, x8->scale_inv_t}
+                            : cast_blocks(x2.transpose(0, 1), 1, forward_dtype);
   return autograd::record(
       "Fp8LinearBackward", y2.reshape(out_shape), {x, weight, bias},
       [=](const Tensor& g) -> std::vector<Tensor> {
@@ -316,15 +325,21 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8, co
 }
 
 Fp8Input fp8_input(const Tensor& x, const Fp8LinearOptions& o) {
-  check_tensor_recipe(o);
   ACCRUE_CHECK(x.defined() && x.dim() >= 1 && is_gemm_output(x.dtype()),
                "fp8_input: x must be f32, bf16 or f16 with at least one dimension, got ",
                x.defined() ? dtype_name(x.dtype()) + std::string(" ") + shape_str(x.shape())
                            : std::string("undefined"));
   ACCRUE_CHECK(is_fp8(o.forward_dtype), "fp8_input: forward_dtype ", dtype_name(o.forward_dtype),
                " must be an FP8 dtype (f8e4m3 or f8e5m2)");
-  const ScaledCast c = cast_current(detach(x).reshape({-1, x.size(-1)}), o.forward_dtype, o.margin);
-  return {x, c.q, c.q_t, c.scale_inv, o.forward_dtype, o.margin};
+  const Tensor x2 = detach(x).reshape({-1, x.size(-1)});
+  if (o.recipe == Fp8Recipe::block) {  // Note [FP8 block recipe]: a cast along each K
+    const BlockCast c = cast_blocks(x2, 1, o.forward_dtype);
+    const BlockCast ct =
+        GradMode::is_enabled() ? cast_blocks(x2.transpose(0, 1), 1, o.forward_dtype) : BlockCast{};
+    return {x, c.q, ct.q, c.scale_inv, ct.scale_inv, o.forward_dtype, o.margin, o.recipe};
+  }
+  const ScaledCast c = cast_current(x2, o.forward_dtype, o.margin);
+  return {x, c.q, c.q_t, c.scale_inv, Tensor(), o.forward_dtype, o.margin, o.recipe};
 }
 
 const Fp8Weight* kept_fp8_weight(const Tensor& weight) {
@@ -347,13 +362,14 @@ Fp8Weight kept_or_cast(const Tensor& weight) {
 
 Tensor fp8_linear(const Tensor& x, const Fp8Input& x8, const Tensor& weight, const Tensor& bias,
                   const Fp8LinearOptions& o) {
-  check_tensor_recipe(o);
   ACCRUE_CHECK(x8.x.defined() && x.defined() && x8.x.is_same(x) && x8.dtype == o.forward_dtype &&
-                   x8.margin == o.margin,
+                   x8.margin == o.margin && x8.recipe == o.recipe,
                "fp8_linear: the input cast (", x8.x.defined() ? shape_str(x8.x.shape()) : "none",
-               ", ", dtype_name(x8.dtype), ", margin ", x8.margin,
-               ") was not made by fp8_input from this x with these options (",
-               dtype_name(o.forward_dtype), ", margin ", o.margin, ")");
+               ", ", dtype_name(x8.dtype), ", margin ", x8.margin, ", ", recipe_name(x8.recipe),
+               " recipe) was not made by fp8_input from this x with these options (",
+               dtype_name(o.forward_dtype), ", margin ", o.margin, ", ", recipe_name(o.recipe),
+               " recipe)");
+  if (o.recipe == Fp8Recipe::block) return fp8_linear_blocks(x, weight, bias, o, &x8);
   const Fp8Weight w8 = kept_or_cast(weight);
   check_fp8_linear(x, weight, &w8, bias, o);
   return fp8_linear_cast(x, x8.q, x8.q_t, x8.scale_inv, weight, w8, bias, o);

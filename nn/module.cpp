@@ -311,8 +311,9 @@ std::optional<Fp8Input> Linear::shared_fp8_input(std::initializer_list<const Lin
   std::optional<Fp8LinearOptions> first;
   for (const Linear* l : layers) {
     const std::optional<Fp8LinearOptions> o = l->fp8_options_for(x);
-    if (!o || o->recipe != Fp8Recipe::tensor) return std::nullopt;
-    if (first && (o->forward_dtype != first->forward_dtype || o->margin != first->margin))
+    if (!o) return std::nullopt;
+    if (first && (o->recipe != first->recipe || o->forward_dtype != first->forward_dtype ||
+                  o->margin != first->margin))
       return std::nullopt;
     if (!first) first = o;
   }

@@ -173,8 +173,8 @@ class Linear : public Module {
   // shared input]); with x8 null, or when this layer runs plain, forward(x).
   Tensor forward(const Tensor& x, const Fp8Input* x8) const;
   // x cast once for `layers` when every one of them would cast it the same
-  // way in forward (FP8, per-tensor, one forward_dtype and margin, x's rows
-  // a multiple of 16); otherwise nothing, and each runs as forward(x).
+  // way in forward (FP8, one recipe, forward_dtype and margin, x's rows a
+  // multiple of 16); otherwise nothing, and each runs as forward(x).
   static std::optional<Fp8Input> shared_fp8_input(std::initializer_list<const Linear*> layers,
                                                   const Tensor& x);
   const Tensor& weight() const { return weight_; }

@@ -11,6 +11,7 @@
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/fp8_ops.h"
 #include "accrue/autograd/ops.h"
+#include "accrue/core/grad_mode.h"
 #include "accrue/kernels/fp8.h"
 #include "accrue/kernels/ops.h"
 #include "accrue/optim/optimizer.h"
@@ -367,9 +368,9 @@ TEST(Fp8Linear, block_recipe_gradients_and_the_slot) {
 
 // Note [FP8 shared input]: three layers reading one cast of x give the bits
 // of three layers casting it each: outputs, the summed gradient to x and
-// each weight's gradient.
-TEST(Fp8Linear, a_shared_input_cast_gives_the_bits_of_casting_per_layer) {
-  constexpr int64_t M = 32, K = 48, N = 16;
+// each weight's gradient; in either recipe (the block recipe's tiles span
+// both of x's dimensions: K = 384 and M = 256 hold several 128-wide tiles).
+void expect_shared_input_bits(const Fp8LinearOptions& o, int64_t M, int64_t K, int64_t N) {
   const Tensor x0 = test::random_normal({2, M / 2, K}, DType::bf16);
   std::vector<Tensor> w0;
   for (int i = 0; i < 3; ++i)
@@ -379,11 +380,12 @@ TEST(Fp8Linear, a_shared_input_cast_gives_the_bits_of_casting_per_layer) {
     std::vector<Tensor> ws;
     for (const Tensor& w : w0)
       ws.push_back(requires_grad_(w.clone()));
-    const Fp8Input x8 = fp8_input(x);
+    const Fp8Input x8 = fp8_input(x, o);
     Tensor loss;
     std::vector<Tensor> outs;
     for (size_t i = 0; i < ws.size(); ++i) {
-      const Tensor y = shared ? fp8_linear(x, x8, ws[i]) : fp8_linear(x, ws[i]);
+      const Tensor y =
+          shared ? fp8_linear(x, x8, ws[i], Tensor(), o) : fp8_linear(x, ws[i], Tensor(), o);
       outs.push_back(detach(y));
       const Tensor term = sum(to_dtype(y, DType::f32) * static_cast<double>(i + 1));
       loss = loss.defined() ? loss + term : term;
@@ -400,6 +402,24 @@ TEST(Fp8Linear, a_shared_input_cast_gives_the_bits_of_casting_per_layer) {
     EXPECT_TRUE(test::all_equal(shared[i], each[i])) << "result " << i;
 }
 
+TEST(Fp8Linear, a_shared_input_cast_gives_the_bits_of_casting_per_layer) {
+  expect_shared_input_bits(Fp8LinearOptions{}, 32, 48, 16);
+  expect_shared_input_bits(block_recipe(), 256, 384, 128);
+}
+
+// Without grad mode the block recipe's shared cast skips x^T (no weight
+// gradient will read it); the outputs are the same.
+TEST(Fp8Linear, a_shared_block_cast_without_grad_mode_has_no_transpose) {
+  const Tensor x = test::random_normal({128, 256}, DType::bf16);
+  const Tensor w = test::random_normal({128, 256}, DType::f32, Device::cpu(), 0.1);
+  NoGradGuard no_grad;
+  const Fp8Input x8 = fp8_input(x, block_recipe());
+  EXPECT_FALSE(x8.q_t.defined());
+  EXPECT_EQ(x8.recipe, Fp8Recipe::block);
+  EXPECT_TRUE(test::all_equal(fp8_linear(x, x8, w, Tensor(), block_recipe()),
+                              fp8_linear(x, w, Tensor(), block_recipe())));
+}
+
 TEST(Fp8Linear, a_shared_input_cast_is_refused_for_another_tensor_or_options) {
   const Tensor x = test::random_normal({16, 32}, DType::f32);
   const Tensor w = test::random_normal({16, 32}, DType::f32);
@@ -413,8 +433,10 @@ TEST(Fp8Linear, a_shared_input_cast_is_refused_for_another_tensor_or_options) {
   o.forward_dtype = DType::f8e5m2;
   EXPECT_ERROR(fp8_linear(x, x8, w, Tensor(), o), "fp8_linear", "f8e4m3", "f8e5m2");
   EXPECT_ERROR(fp8_linear(x, Fp8Input{}, w), "fp8_linear", "input cast (none");
-  EXPECT_ERROR(fp8_linear(x, x8, w, Tensor(), block_recipe()), "fp8_linear", "per-tensor");
-  EXPECT_ERROR(fp8_input(x, block_recipe()), "fp8_linear", "per-tensor", "block recipe");
+  EXPECT_ERROR(fp8_linear(x, x8, w, Tensor(), block_recipe()), "fp8_linear", "tensor recipe",
+               "block recipe");
+  EXPECT_ERROR(fp8_linear(x, fp8_input(x, block_recipe()), w), "fp8_linear", "block recipe",
+               "tensor recipe");
   EXPECT_ERROR(fp8_input(x.to(DType::f64)), "fp8_input", "f64", "[16, 32]");
   EXPECT_ERROR(fp8_input(Tensor()), "fp8_input", "undefined");
   o = Fp8LinearOptions();

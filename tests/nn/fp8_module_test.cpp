@@ -86,7 +86,14 @@ TEST(Fp8Module, shared_fp8_input_only_when_every_layer_casts_alike) {
   Fp8LinearOptions block;
   block.recipe = Fp8Recipe::block;
   b.set_fp8(block);
-  EXPECT_FALSE(nn::Linear::shared_fp8_input({&a, &b}, x)) << "block recipe";
+  EXPECT_FALSE(nn::Linear::shared_fp8_input({&a, &b}, x)) << "recipes differ";
+  a.set_fp8(block);
+  const std::optional<Fp8Input> blocks = nn::Linear::shared_fp8_input({&a, &b}, x);
+  ASSERT_TRUE(blocks) << "both block";
+  EXPECT_EQ(blocks->recipe, Fp8Recipe::block);
+  for (const nn::Linear* l : {&a, &b})
+    EXPECT_TRUE(test::all_equal(detach(l->forward(x, &*blocks)), detach(l->forward(x))));
+  a.set_fp8(Fp8LinearOptions{});
   b.set_fp8(Fp8LinearOptions{});
   EXPECT_FALSE(nn::Linear::shared_fp8_input({&a, &b}, test::random_normal({3, 32})))
       << "3 rows run plain";
