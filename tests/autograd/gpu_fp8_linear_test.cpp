@@ -136,6 +136,31 @@ TEST(GpuFp8Linear, block_recipe_matches_the_cpu_and_fills_the_slot) {
   }
 }
 
+// Note [FP8 shared input] under the block recipe on the GPU: two layers
+// reading one cast of x give the bits of each casting it (the same kernels on
+// the same device): outputs, the summed dx and each weight's gradient.
+TEST(GpuFp8Linear, a_shared_block_input_gives_the_bits_of_casting_per_layer) {
+  ACCRUE_REQUIRE_CUDA();
+  constexpr int64_t M = 256, K = 384, N = 128;
+  Fp8LinearOptions o;
+  o.recipe = Fp8Recipe::block;
+  const Tensor x0 = test::random_normal({M, K}, DType::bf16);
+  const Tensor w0 = test::random_normal({N, K}, DType::f32, Device::cpu(), 0.05);
+  const Tensor w1 = test::random_normal({N, K}, DType::f32, Device::cpu(), 0.05);
+  auto run = [&](bool shared) {
+    Tensor x = leaf(x0, kGpu), a = leaf(w0, kGpu), b = leaf(w1, kGpu);
+    const Fp8Input x8 = fp8_input(x, o);
+    const Tensor ya = shared ? fp8_linear(x, x8, a, Tensor(), o) : fp8_linear(x, a, Tensor(), o);
+    const Tensor yb = shared ? fp8_linear(x, x8, b, Tensor(), o) : fp8_linear(x, b, Tensor(), o);
+    backward(sum(to_dtype(ya, DType::f32)) + sum(to_dtype(yb, DType::f32) * 2.0));
+    return std::vector<Tensor>{detach(ya), detach(yb), grad(x), grad(a), grad(b)};
+  };
+  const std::vector<Tensor> each = run(false), shared = run(true);
+  for (size_t i = 0; i < each.size(); ++i)
+    EXPECT_TRUE(test::all_equal(shared[i].to(Device::cpu()), each[i].to(Device::cpu())))
+        << "result " << i;
+}
+
 // fp8_linear_gelu's one GEMM with the bias and GELU in cuBLASLt's epilogue
 // (GELU of the f32 value) against the CPU's two ops (GELU of the rounded
 // pre-activation). GELU's bf16 gradient follows the pre-activation's last
