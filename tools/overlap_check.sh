@@ -8,18 +8,17 @@
 #
 # Steps: configure (Release, sm_90, tests on, benchmarks off) and build the
 # targets below with all cores; the GPU tests GpuCloseUnderForward*
-# (test_optim_gpu) and GpuLlama* (test_nn_llama_gpu);
-# GPT-2 124M (accrue_train_gpt2 --bench, bf16,
-# 32,768 tokens a window) at each --points B x K, eager and with
-# --cuda-graphs, each without and with --close-under-forward in the order
-# A B B A: the final loss must be the same bits, and the window times stand
-# side by side; llama-125m
-# on shards of the Python standard library (tools/make_shards.py) under
-# --cuda-graphs with documents within rows against --contiguous-rows (tok/s,
-# peak memory); last, compute-sanitizer (memcheck by default) on both test
-# filters through tools/gpu_check.sh's sanitizer step, each run bounded by
-# --sanitizer-timeout (one run after another on one GPU: four runs of 300 s
-# outlasted a lent call's ten minutes). A short summary is printed LAST and written to
+# (test_optim_gpu) and GpuLlama* (test_nn_llama_gpu); GPT-2 124M
+# (accrue_train_gpt2 --bench, bf16, 32,768 tokens a window) at each --points
+# B x K, eager and with --cuda-graphs, each without and with
+# --close-under-forward in the order A B B A: the final loss must be the same
+# bits, and the window times stand side by side; llama-125m on shards of the
+# Python standard library (tools/make_shards.py) under --cuda-graphs with
+# documents within rows against --contiguous-rows (tok/s, peak memory); last,
+# compute-sanitizer (memcheck by default) on both test filters through
+# tools/gpu_check.sh's sanitizer step, each run bounded by --sanitizer-timeout
+# (the runs go one after another on one GPU: four runs of 300 s outlasted a
+# lent call's ten minutes). A short summary is printed LAST and written to
 # <log dir>/summary.txt; every log goes into <log dir>/logs.tar.gz.
 #
 # Exit status: 0 when the build, the tests, the sanitizer runs and every
