@@ -79,6 +79,7 @@ def trace_one(train_args, windows, warmup, out_path):
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
+    torch.cuda.init()  # CUPTI attaches to the context accrue's module then shares
     spec = importlib.util.spec_from_file_location("train_gpt2", TRAIN_GPT2)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
