@@ -4,14 +4,16 @@ python/examples/train_gpt2.py, traced through CUPTI (torch.profiler, in the
 same process as the accrue module), for each variant side by side.
 
     python3 bench/kernel_trace.py --variants 'in place=;under=--close-under-forward' \\
-        -- --micro-batch 1 --accum 32 --cuda-graphs --windows 8 --warmup 4
+        --windows 4 --warmup 4 -- --micro-batch 1 --accum 32 --cuda-graphs
 
 Each variant runs in its own process: train_gpt2.py with the arguments after
 `--` and the variant's own, traced over the windows after --warmup. The table
 gives, per window: the span on the device (first kernel's start to last
 kernel's end over the traced windows, divided by their count), the time some
-kernel ran (the union over streams), the idle rest, each stream's busy time,
-and the kernels whose time per window differs most from the first variant's.
+kernel ran (the union over streams), the idle rest, the time two streams ran
+at once (the close under the forward's side stream beside the forward, say),
+each stream's busy time, and the kernels whose time per window differs most
+from the first variant's.
 nsys is not on the GPU machine; CUPTI comes with torch. With --out DIR, each
 variant's Chrome trace and a summary JSON are written there.
 
@@ -60,13 +62,16 @@ def summarize(trace, windows):
         counts[e["name"]] += 1
     ms = 1e-3 / windows
     busy = union_length(spans)
+    streams = {k: union_length(v) for k, v in sorted(per_stream.items())}
     return {
         "windows": windows,
         "span_ms": (end - start) * ms,
         "busy_ms": busy * ms,
         "idle_ms": (end - start - busy) * ms,
+        # Time two streams ran kernels at once (the busy streams' sum over the union).
+        "overlap_ms": (sum(streams.values()) - busy) * ms,
         "kernels_per_window": len(kernels) / windows,
-        "streams_ms": {k: union_length(v) * ms for k, v in sorted(per_stream.items())},
+        "streams_ms": {k: v * ms for k, v in streams.items()},
         "kernels_ms": {k: v * ms for k, v in per_name.most_common()},
         "kernel_counts": {k: counts[k] / windows for k in per_name},
     }
@@ -96,7 +101,7 @@ def trace_one(train_args, windows, warmup, out_path):
 def table(names, results, top):
     lines = ["| per window, ms | " + " | ".join(names) + " |",
              "|---|" + "---:|" * len(names)]
-    for key in ("span_ms", "busy_ms", "idle_ms", "kernels_per_window"):
+    for key in ("span_ms", "busy_ms", "idle_ms", "overlap_ms", "kernels_per_window"):
         lines.append(f"| {key} | " + " | ".join(f"{r[key]:.3f}" for r in results) + " |")
     streams = sorted({s for r in results for s in r["streams_ms"]})
     for s in streams:

@@ -53,6 +53,7 @@ class KernelTrace(unittest.TestCase):
         self.assertAlmostEqual(s["span_ms"], 0.2)    # 400 us over 2 windows
         self.assertAlmostEqual(s["busy_ms"], 0.125)  # [0, 150) and [300, 400): 250 us
         self.assertAlmostEqual(s["idle_ms"], 0.075)
+        self.assertAlmostEqual(s["overlap_ms"], 0.025)  # [50, 100) on both streams
         self.assertEqual(s["kernels_per_window"], 1.5)
         self.assertAlmostEqual(s["streams_ms"]["7"], 0.1)
         self.assertAlmostEqual(s["streams_ms"]["9"], 0.05)
