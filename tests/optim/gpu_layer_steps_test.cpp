@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "accrue/core/allocator.h"
+#include "accrue/core/env_flag.h"
 
 #include "tests/optim/layer_steps_cases.h"
 #include "tests/test_util.h"
@@ -13,12 +14,21 @@ namespace {
 
 using test::CloseModel;
 
+// Under compute-sanitizer (ACCRUE_UNDER_SANITIZER=1) each test runs one case
+// of each kind: racecheck took over 150 s for the capped-grid test's first
+// cases alone (bench/RESULTS.md), and what the sanitizers look for (the side
+// stream's ordering) is the same in every case. The GPU suite runs them all.
+bool under_sanitizer() {
+  return env_flag("ACCRUE_UNDER_SANITIZER");
+}
+
 TEST(GpuCloseUnderForward, side_stream_steps_give_the_sequential_bits) {
   ACCRUE_REQUIRE_CUDA();
   for (int64_t min_elements : {int64_t{1}, int64_t{4096}, int64_t{1} << 20}) {
     SCOPED_TRACE("min_elements " + std::to_string(min_elements));
     test::expect_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cuda(), DType::bf16,
                                                 min_elements, /*lazy=*/false);
+    if (under_sanitizer()) return;
     test::expect_close_under_forward_is_bitwise(CloseModel::llama, Device::cuda(), DType::bf16,
                                                 min_elements, /*lazy=*/false);
   }
@@ -37,10 +47,11 @@ TEST(GpuCloseUnderForward, side_stream_steps_give_the_sequential_bits) {
 // max_blocks): a grid-stride loop gives the same bits on any grid.
 TEST(GpuCloseUnderForward, capped_grids_give_the_sequential_bits) {
   ACCRUE_REQUIRE_CUDA();
-  for (int64_t max_blocks : {int64_t{1}, int64_t{3}, int64_t{8}}) {
+  for (int64_t max_blocks : {int64_t{3}, int64_t{1}, int64_t{8}}) {
     SCOPED_TRACE("max_blocks " + std::to_string(max_blocks));
     test::expect_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cuda(), DType::bf16, 4096,
                                                 /*lazy=*/false, std::nullopt, max_blocks);
+    if (under_sanitizer()) return;
   }
 }
 
@@ -56,6 +67,7 @@ TEST(GpuCloseUnderForward, graphed_micro_steps_give_the_sequential_bits) {
     SCOPED_TRACE("min_elements " + std::to_string(min_elements));
     test::expect_graphed_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cuda(),
                                                         DType::bf16, min_elements);
+    if (under_sanitizer()) break;
     test::expect_graphed_close_under_forward_is_bitwise(CloseModel::llama, Device::cuda(),
                                                         DType::bf16, min_elements);
   }
