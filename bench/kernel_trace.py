@@ -88,14 +88,21 @@ def trace_one(train_args, windows, warmup, out_path):
     spec = importlib.util.spec_from_file_location("train_gpt2", TRAIN_GPT2)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    with profile(activities=[ProfilerActivity.CUDA],
+    written = []
+
+    def write(p):  # when the active windows are done (the schedule's documented hook)
+        p.export_chrome_trace(out_path)
+        written.append(out_path)
+
+    with profile(activities=[ProfilerActivity.CUDA], on_trace_ready=write,
                  schedule=schedule(wait=0, warmup=warmup, active=windows, repeat=1)) as prof:
         def on_window(_):
             torch.cuda.synchronize()  # the traced windows end on the device, not the host
             prof.step()
         module.main(train_args + ["--windows", str(warmup + windows), "--warmup", "0",
                                   "--log-every", str(warmup + windows)], on_window=on_window)
-    prof.export_chrome_trace(out_path)
+    if not written:
+        raise RuntimeError(f"kernel_trace: no trace was written to {out_path}")
 
 
 def table(names, results, top):
