@@ -7,9 +7,12 @@
 // Note [Parameter gates]
 // ~~~~~~~~~~~~~~~~~~~~~~
 // A gate is installed by the one who steps parameters out of the close's
-// order (a Window with close_under_forward) and removed when it goes. While
-// none is installed, await_parameters returns at once (one relaxed atomic
-// load), so models call it unconditionally. With one installed, the
+// order (a Window with close_under_forward) and removed when it goes; it is
+// marked pending from the close that starts its steps to the join that ends
+// them (micro-step 0's backward). While none is pending, await_parameters
+// returns at once (one relaxed atomic load), so models call it
+// unconditionally, and micro-steps 1 to K - 1 build no list of parameters
+// for it. With one pending, the
 // calling thread's current stream is made to wait (an event, no host
 // synchronization) until every parameter given, and every parameter
 // registered before it in its store, holds the stepped value. A parameter no
@@ -40,9 +43,11 @@ class ParameterGate {
 void install_parameter_gate(ParameterGate* gate);
 void remove_parameter_gate(ParameterGate* gate);
 
-// True while any gate is installed (one relaxed atomic load): callers that
-// gather a module's parameters first skip that when it is false.
-bool parameter_gates_installed();
+// Note [Parameter gates]: an installed gate says when it has steps pending.
+void set_parameter_gate_pending(ParameterGate* gate, bool pending);
+// True while any installed gate has steps pending (one relaxed atomic load):
+// callers that gather a module's parameters first skip that when it is false.
+bool parameter_gates_pending();
 
 void await_parameters(const std::vector<Tensor>& params);
 void await_parameters(std::initializer_list<Tensor> params);

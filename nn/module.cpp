@@ -400,7 +400,7 @@ MLP::MLP(const std::vector<int64_t>& widths, const ParamOptions& options) {
 }
 
 void await_parameters(const Module& module) {
-  if (!parameter_gates_installed()) return;  // no vector of parameters built for nothing
+  if (!parameter_gates_pending()) return;  // no vector of parameters built for nothing
   accrue::await_parameters(module.parameters());
 }
 

@@ -100,7 +100,7 @@ void LayerSteps::launch(const Tensor& state, int64_t step, const SlotTables& slo
       step_range(r);
     return;
   }
-  launched_ = true;
+  set_launched(true);
   if (lazy_) {
     optimizer_.store_hyperparameters(step);
     return;
@@ -162,7 +162,12 @@ void LayerSteps::join(const char* where, bool after_forward) {
                  "mid-step: call accrue::await_parameters before each layer reads its weights "
                  "(nn's models do; Note [Close under the forward])");
   wait_for(static_cast<int64_t>(ranges_.size()) - 1);
-  launched_ = false;
+  set_launched(false);
+}
+
+void LayerSteps::set_launched(bool on) {
+  launched_ = on;
+  set_parameter_gate_pending(this, on);  // Note [Parameter gates]
 }
 
 LayerStepsStage::LayerStepsStage(CloseContext& c, int64_t min_elements, int64_t max_blocks,

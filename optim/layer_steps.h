@@ -100,12 +100,13 @@ class LayerSteps final : public ParameterGate {
   bool steps_on_first_read() const { return lazy_; }
   // A replayed micro-step 0 joined on the device (its capture recorded the
   // join's wait, Note [Graphed window]): the host state follows.
-  void joined_by_replay() { launched_ = false; }
+  void joined_by_replay() { set_launched(false); }
 
  private:
   void step_ranges_until(int64_t end);  // the test mode's steps, [awaited_, end)
   void step_range(size_t r);            // range r's step, then its slots' FP8 copies
   void wait_for(int64_t range);
+  void set_launched(bool on);  // and the gate's pending mark (Note [Parameter gates])
 
   ParamStore& store_;
   const Optimizer& optimizer_;

@@ -214,6 +214,47 @@ TEST(CloseUnderForward, a_missed_await_changes_the_bits_in_the_test_mode) {
   EXPECT_FALSE(test::all_equal(lazy, sequential));
 }
 
+// Note [Parameter gates]: an installed gate hears awaits only while it says
+// it has steps pending; a gate not installed cannot be marked pending.
+TEST(ParameterGates, awaits_reach_a_gate_only_while_it_is_pending) {
+  struct Counting final : ParameterGate {
+    int awaits = 0;
+    void await(const Tensor&) override { ++awaits; }
+  } gate;
+  const Tensor p = full({2}, 1.0, DType::f32);
+  EXPECT_ERROR(set_parameter_gate_pending(&gate, true), "set_parameter_gate_pending",
+               "not installed");
+  install_parameter_gate(&gate);
+  await_parameters({p, p});
+  EXPECT_EQ(gate.awaits, 0);
+  EXPECT_FALSE(parameter_gates_pending());
+  set_parameter_gate_pending(&gate, true);
+  EXPECT_TRUE(parameter_gates_pending());
+  await_parameters({p, p});
+  EXPECT_EQ(gate.awaits, 2);
+  set_parameter_gate_pending(&gate, false);
+  await_parameters(std::vector<Tensor>{p});
+  EXPECT_EQ(gate.awaits, 2);
+  set_parameter_gate_pending(&gate, true);
+  remove_parameter_gate(&gate);  // removing it clears the mark
+  EXPECT_FALSE(parameter_gates_pending());
+  await_parameters({p});
+  EXPECT_EQ(gate.awaits, 2);
+}
+
+// A window's gate is pending from its close to micro-step 0's join.
+TEST(CloseUnderForward, the_gate_is_pending_from_the_close_to_the_join) {
+  CloseRun r(CloseModel::gpt2, Device::cpu(), DType::f32,
+             test::close_under_forward(2, 1, /*lazy=*/true));
+  EXPECT_FALSE(parameter_gates_pending());
+  r.window->backward(r.loss(0, 0));
+  r.window->backward(r.loss(0, 1));
+  r.window->close();
+  EXPECT_TRUE(parameter_gates_pending());
+  r.window->backward(r.loss(1, 0));  // its forward awaited; the backward joined
+  EXPECT_FALSE(parameter_gates_pending());
+}
+
 TEST(CloseUnderForward, a_forward_that_awaits_nothing_is_refused) {
   Generator gen(5);
   nn::Linear layer(8, 3, true, {Device::cpu(), DType::f32, &gen});
