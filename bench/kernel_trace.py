@@ -45,6 +45,29 @@ def union_length(intervals):
     return total
 
 
+# Idle gaps on the device by length in microseconds: [low, high).
+GAP_BUCKETS = ("<2us", "2-10us", "10-100us", "100us-1ms", ">=1ms")
+_GAP_LIMITS = {"<2us": (0, 2), "2-10us": (2, 10), "10-100us": (10, 100),
+               "100us-1ms": (100, 1000), ">=1ms": (1000, float("inf"))}
+
+
+def in_bucket(us, bucket):
+    low, high = _GAP_LIMITS[bucket]
+    return low <= us < high
+
+
+def idle_gaps(kernels, spans):
+    """(length us, kernel before, kernel after) for each time no kernel ran,
+    between the first kernel's start and the last one's end."""
+    gaps, end, last = [], None, None
+    for (s, e), k in sorted(zip(spans, kernels), key=lambda x: x[0]):
+        if end is not None and s > end:
+            gaps.append((s - end, last["name"][:60], k["name"][:60]))
+        if end is None or e > end:
+            end, last = e, k
+    return gaps
+
+
 def summarize(trace, windows):
     """Per-window figures (ms) from a Chrome trace's kernel events."""
     kernels = [e for e in trace.get("traceEvents", [])
@@ -53,6 +76,10 @@ def summarize(trace, windows):
         raise ValueError("the trace holds no kernel events (was CUPTI tracing on?)")
     spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in kernels]
     start, end = min(s for s, _ in spans), max(e for _, e in spans)
+    runtime = collections.Counter()
+    for e in trace.get("traceEvents", []):
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("ph") == "X":
+            runtime[e["name"]] += float(e.get("dur", 0))
     per_stream = collections.defaultdict(list)
     per_name = collections.Counter()
     counts = collections.Counter()
@@ -62,6 +89,7 @@ def summarize(trace, windows):
         counts[e["name"]] += 1
     ms = 1e-3 / windows
     busy = union_length(spans)
+    gaps = idle_gaps(kernels, spans)
     streams = {k: union_length(v) for k, v in sorted(per_stream.items())}
     return {
         "windows": windows,
@@ -74,6 +102,16 @@ def summarize(trace, windows):
         "streams_ms": {k: v * ms for k, v in streams.items()},
         "kernels_ms": {k: v * ms for k, v in per_name.most_common()},
         "kernel_counts": {k: counts[k] / windows for k in per_name},
+        # Where the idle time lies: how many gaps of each size a window has, and
+        # their time (many small gaps point at the launches, a few large ones at
+        # a wait); the largest few, between which kernels.
+        "gap_counts": {b: sum(1 for g in gaps if in_bucket(g[0], b)) / windows
+                       for b in GAP_BUCKETS},
+        "gap_ms": {b: sum(g[0] for g in gaps if in_bucket(g[0], b)) * ms for b in GAP_BUCKETS},
+        "largest_gaps": [{"us": g[0], "after": g[1], "before": g[2]}
+                         for g in sorted(gaps, reverse=True)[:5]],
+        # The host's CUDA API time (a synchronization shows here), where traced.
+        "runtime_ms": {k: v * ms for k, v in runtime.most_common(8)},
     }
 
 
@@ -110,6 +148,12 @@ def table(names, results, top):
              "|---|" + "---:|" * len(names)]
     for key in ("span_ms", "busy_ms", "idle_ms", "overlap_ms", "kernels_per_window"):
         lines.append(f"| {key} | " + " | ".join(f"{r[key]:.3f}" for r in results) + " |")
+    for b in GAP_BUCKETS:
+        lines.append(f"| gaps {b}: count, ms | " + " | ".join(
+            f"{r['gap_counts'][b]:.1f}, {r['gap_ms'][b]:.3f}" for r in results) + " |")
+    for call in sorted({c for r in results for c in r["runtime_ms"]}):
+        lines.append(f"| host `{call[:40]}` | " +
+                     " | ".join(f"{r['runtime_ms'].get(call, 0):.3f}" for r in results) + " |")
     streams = sorted({s for r in results for s in r["streams_ms"]})
     for s in streams:
         lines.append(f"| stream {s} busy | " +
@@ -182,6 +226,10 @@ def main(argv=None):
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(dict(zip(names, results)), f, indent=1)
     print(table(names, results, args.top))
+    for name, r in zip(names, results):
+        print(f"{name}: largest gaps (us, after, before):")
+        for g in r["largest_gaps"]:
+            print(f"  {g['us']:.1f}  {g['after']}  ->  {g['before']}")
     return 0
 
 

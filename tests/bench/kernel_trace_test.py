@@ -59,7 +59,19 @@ class KernelTrace(unittest.TestCase):
         self.assertAlmostEqual(s["streams_ms"]["9"], 0.05)
         self.assertAlmostEqual(s["kernels_ms"]["gemm"], 0.1)
         self.assertEqual(s["kernel_counts"]["step"], 0.5)
+        # The idle gaps: [150, 300) us in the first window's end, none elsewhere.
+        self.assertEqual(s["gap_counts"]["100us-1ms"], 0.5)
+        self.assertAlmostEqual(s["gap_ms"]["100us-1ms"], 0.075)
+        self.assertEqual(sum(s["gap_counts"].values()), 0.5)
+        self.assertEqual(s["largest_gaps"], [{"us": 150.0, "after": "step", "before": "gemm"}])
+        self.assertEqual(s["runtime_ms"], {})
+        with_api = dict(trace, traceEvents=trace["traceEvents"] + [
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 0,
+             "dur": 40}])
+        self.assertAlmostEqual(kt.summarize(with_api, windows=2)["runtime_ms"]
+                               ["cudaStreamSynchronize"], 0.02)
         table = kt.table(["a", "b"], [s, s], top=5)
+        self.assertIn("| gaps 100us-1ms: count, ms | 0.5, 0.075 | 0.5, 0.075 |", table)
         self.assertIn("| span_ms | 0.200 | 0.200 |", table)
         self.assertIn("`gemm`", table)
         with self.assertRaises(ValueError):
