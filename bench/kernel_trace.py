@@ -115,6 +115,15 @@ def summarize(trace, windows):
     }
 
 
+def synchronizes_after(closed, warmup, windows):
+    """Whether the tracer waits for the device after the closed-th window: only
+    where the traced windows begin and end, so that they hold the device's work
+    of those windows. A wait after every window would also end each window on
+    the device, and hide what runs across two windows (the close under the
+    forward's steps beside the next forward)."""
+    return closed in (warmup, warmup + windows)
+
+
 def trace_one(train_args, windows, warmup, out_path):
     """Runs train_gpt2.py's main in this process under torch.profiler."""
     import importlib.util
@@ -134,8 +143,12 @@ def trace_one(train_args, windows, warmup, out_path):
 
     with profile(activities=[ProfilerActivity.CUDA], on_trace_ready=write,
                  schedule=schedule(wait=0, warmup=warmup, active=windows, repeat=1)) as prof:
+        closed = [0]
+
         def on_window(_):
-            torch.cuda.synchronize()  # the traced windows end on the device, not the host
+            closed[0] += 1
+            if synchronizes_after(closed[0], warmup, windows):
+                torch.cuda.synchronize()
             prof.step()
         module.main(train_args + ["--windows", str(warmup + windows), "--warmup", "0",
                                   "--log-every", str(warmup + windows)], on_window=on_window)

@@ -19,8 +19,9 @@ void declare_close_under_forward(OptionTable& cli, CloseUnderForward& close,
                                  const std::string& limits) {
   cli.flag("--close-under-forward", &close.on,
            "step each layer's parameters beside the next window's forward instead of in the "
-           "close (Note [Close under the forward]; the same bits); with --cuda-graphs the "
-           "micro-steps replay and the close runs eagerly" +
+           "close (Note [Close under the forward]; the same bits; measured slower on an H200 "
+           "except at K = 1, bench/RESULTS.md); with --cuda-graphs the micro-steps replay and "
+           "the close runs eagerly" +
                limits);
   cli.integer("--close-layer-elements", &close.layer_elements, "N",
               "with --close-under-forward: the fewest parameters a stepped range holds")

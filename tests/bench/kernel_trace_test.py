@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/kernel_trace.py without a GPU: --help, bad command lines exit 2, the
 per-window figures from a small Chrome trace (two streams, an overlap, a gap),
-and, where torch does not import, the refusal that says so.
+where the tracer waits for the device, and, where torch does not import, the
+refusal that says so.
 
     python3 tests/bench/kernel_trace_test.py [REPO_ROOT]
 """
@@ -76,6 +77,11 @@ class KernelTrace(unittest.TestCase):
         self.assertIn("`gemm`", table)
         with self.assertRaises(ValueError):
             kt.summarize({"traceEvents": []}, windows=1)
+
+    def test_waits_for_the_device_only_where_tracing_begins_and_ends(self):
+        kt = load()
+        waits = [n for n in range(1, 12) if kt.synchronizes_after(n, warmup=4, windows=3)]
+        self.assertEqual(waits, [4, 7])
 
     def test_without_torch_it_says_so(self):
         try:
