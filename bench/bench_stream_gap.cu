@@ -90,12 +90,16 @@ void run_case(benchmark::State& state, Case c) {
   float* data = static_cast<float*>(buffer.data_ptr());
   float* side_data = static_cast<float*>(side_buffer.data_ptr());
   const StreamHandle stream = current_stream(kDevice);
-  const Stream side_stream(kDevice);
-  const StreamHandle side = side_stream.handle();
+  // Only the cases that use a second stream create one: plain and own_event
+  // run in a process that never had one, when run alone.
+  const bool uses_side = c == Case::side_wait || c == Case::side_no_wait || c == Case::forked_graph;
+  std::unique_ptr<Stream> side_stream = uses_side ? std::make_unique<Stream>(kDevice) : nullptr;
+  const StreamHandle side = side_stream ? side_stream->handle() : nullptr;
   Event done, fork, join;
   const std::unique_ptr<Graph> straight = capture(data, stream, nullptr, nullptr, nullptr, nullptr);
   const std::unique_ptr<Graph> forked =
-      capture(data, stream, side_data, side, fork.handle(), join.handle());
+      c == Case::forked_graph ? capture(data, stream, side_data, side, fork.handle(), join.handle())
+                              : nullptr;
   GpuTime t = time_gpu(state, [&] {
     for (int r = 0; r < kReplays; ++r) {
       if (r == 0 && (c == Case::side_wait || c == Case::side_no_wait)) {
@@ -111,7 +115,7 @@ void run_case(benchmark::State& state, Case c) {
       ACCRUE_CUDA_CHECK(cudaGraphLaunch(fork_now ? forked->exec : straight->exec, stream));
     }
   });
-  ACCRUE_CUDA_CHECK(cudaStreamSynchronize(side));
+  if (side) ACCRUE_CUDA_CHECK(cudaStreamSynchronize(side));
   state.counters["us_per_kernel"] =
       t.ops > 0 ? t.seconds * 1e6 / (static_cast<double>(t.ops) * kReplays * kKernels) : 0;
 }

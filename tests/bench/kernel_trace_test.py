@@ -60,7 +60,7 @@ class KernelTrace(unittest.TestCase):
         self.assertAlmostEqual(s["streams_ms"]["9"], 0.05)
         self.assertAlmostEqual(s["kernels_ms"]["gemm"], 0.1)
         self.assertEqual(s["kernel_counts"]["step"], 0.5)
-        # The idle gaps: [150, 300) us in the first window's end, none elsewhere.
+        # The one idle gap, [150, 300) us: after step's end, before the second gemm.
         self.assertEqual(s["gap_counts"]["100us-1ms"], 0.5)
         self.assertAlmostEqual(s["gap_ms"]["100us-1ms"], 0.075)
         self.assertEqual(sum(s["gap_counts"].values()), 0.5)
