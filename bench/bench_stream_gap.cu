@@ -15,6 +15,12 @@
 //                  stream: the "ranges on the current stream" case);
 //   forked_graph   nothing, but the first replay is of a graph that forks the
 //                  side kernel onto a branch and joins it inside the graph;
+//   side_blocked   nothing; after the last replay the second stream waits for
+//                  the current stream (an event) and then runs the kernel. The
+//                  host enqueues that wait long before the GPU reaches the
+//                  event, so the second stream sits blocked while the replays
+//                  run: as the close's side stream, whose first op waits for
+//                  the close's stages, is blocked while the host runs ahead;
 //   plain_again    nothing, registered last: if it is slower than plain in the
 //                  same process, whatever a second stream changed persists.
 // Counter us_per_kernel is the op's GPU time over its R x N kernels; the cases
@@ -52,7 +58,15 @@ void launch_short(float* data, cudaStream_t stream) {
   ACCRUE_LAUNCH_CHECK();
 }
 
-enum class Case { plain, side_wait, side_no_wait, own_event, forked_graph, plain_again };
+enum class Case {
+  plain,
+  side_wait,
+  side_no_wait,
+  own_event,
+  forked_graph,
+  side_blocked,
+  plain_again
+};
 
 struct Graph {
   cudaGraph_t graph = nullptr;
@@ -92,7 +106,8 @@ void run_case(benchmark::State& state, Case c) {
   const StreamHandle stream = current_stream(kDevice);
   // Only the cases that use a second stream create one: plain and own_event
   // run in a process that never had one, when run alone.
-  const bool uses_side = c == Case::side_wait || c == Case::side_no_wait || c == Case::forked_graph;
+  const bool uses_side = c == Case::side_wait || c == Case::side_no_wait ||
+                         c == Case::forked_graph || c == Case::side_blocked;
   std::unique_ptr<Stream> side_stream = uses_side ? std::make_unique<Stream>(kDevice) : nullptr;
   const StreamHandle side = side_stream ? side_stream->handle() : nullptr;
   Event done, fork, join;
@@ -114,6 +129,11 @@ void run_case(benchmark::State& state, Case c) {
       const bool fork_now = r == 0 && c == Case::forked_graph;
       ACCRUE_CUDA_CHECK(cudaGraphLaunch(fork_now ? forked->exec : straight->exec, stream));
     }
+    if (c == Case::side_blocked) {
+      done.record(stream);
+      done.block(side);
+      launch_short(side_data, side);
+    }
   });
   if (side) ACCRUE_CUDA_CHECK(cudaStreamSynchronize(side));
   state.counters["us_per_kernel"] =
@@ -128,6 +148,7 @@ void register_stream_gap_benchmarks() {
                                                 {"side_no_wait", Case::side_no_wait},
                                                 {"own_event", Case::own_event},
                                                 {"forked_graph", Case::forked_graph},
+                                                {"side_blocked", Case::side_blocked},
                                                 {"plain_again", Case::plain_again}};
   for (const auto& [name, c] : cases)
     register_gpu_benchmark(std::string("stream_gap/") + name,

@@ -145,12 +145,13 @@ bench_run() {
     note "bench $name: FAILED: $(tail -n 1 "$log")"
   fi
 }
-# stream_gap_run NAME FILTER: sets gap_result to the median us_per_kernel of
-# each case the filter matches ("case=value ..."), from accrue_bench's JSON.
+# stream_gap_run NAME FILTER [VAR=VALUE...]: sets gap_result to the median
+# us_per_kernel of each case the filter matches ("case=value ..."), from
+# accrue_bench's JSON, run with those environment variables.
 stream_gap_run() {
   local json="$details/stream_gap_$1.json" log="$details/stream_gap_$1.log"
   gap_result=FAILED
-  if "$bench_bin" --benchmark_filter="$2" --benchmark_repetitions=5 \
+  if env "${@:3}" "$bench_bin" --benchmark_filter="$2" --benchmark_repetitions=5 \
     --benchmark_report_aggregates_only=true --benchmark_out="$json" \
     --benchmark_out_format=json > "$log" 2>&1; then
     gap_result=$(python3 -c '
@@ -165,10 +166,14 @@ print(" ".join(r["run_name"].split("/")[1] + "=" + format(r["us_per_kernel"], ".
 }
 if [[ $skip_bench -eq 0 && $skip_stream_gap -eq 0 && $failed -eq 0 ]]; then
   bench_bin=$(find_binary accrue_bench)
-  for c in plain side_wait side_no_wait own_event forked_graph; do
+  for c in plain side_wait side_no_wait own_event forked_graph side_blocked; do
     stream_gap_run "$c" "^stream_gap/$c(/|\$)"
     gap_rows+=("own process: $gap_result")
   done
+  # One hardware queue for every stream: a blocked stream's wait then sits in
+  # the same queue as the current stream's work instead of beside it.
+  stream_gap_run side_blocked_1conn '^stream_gap/side_blocked(/|$)' CUDA_DEVICE_MAX_CONNECTIONS=1
+  gap_rows+=("own process, CUDA_DEVICE_MAX_CONNECTIONS=1: $gap_result")
   stream_gap_run all '^stream_gap/'
   gap_rows+=("one process: $gap_result")
 fi
