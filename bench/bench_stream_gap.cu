@@ -15,12 +15,18 @@
 //                  stream: the "ranges on the current stream" case);
 //   forked_graph   nothing, but the first replay is of a graph that forks the
 //                  side kernel onto a branch and joins it inside the graph;
+//   forked_graph_last  the same graph as the last replay: enqueued long before
+//                  the GPU reaches it, as micro-step 0's graph would be if the
+//                  steps were a branch of it;
 //   side_blocked   nothing; after the last replay the second stream waits for
 //                  the current stream (an event) and then runs the kernel. The
 //                  host enqueues that wait long before the GPU reaches the
 //                  event, so the second stream sits blocked while the replays
 //                  run: as the close's side stream, whose first op waits for
 //                  the close's stages, is blocked while the host runs ahead;
+//   side_blocked_paced  the same, but the host first waits until the GPU has
+//                  begun the last replay (an event before it), so the second
+//                  stream is blocked for one replay only;
 //   plain_again    nothing, registered last: if it is slower than plain in the
 //                  same process, whatever a second stream changed persists.
 // Counter us_per_kernel is the op's GPU time over its R x N kernels; the cases
@@ -64,7 +70,9 @@ enum class Case {
   side_no_wait,
   own_event,
   forked_graph,
+  forked_graph_last,
   side_blocked,
+  side_blocked_paced,
   plain_again
 };
 
@@ -106,15 +114,14 @@ void run_case(benchmark::State& state, Case c) {
   const StreamHandle stream = current_stream(kDevice);
   // Only the cases that use a second stream create one: plain and own_event
   // run in a process that never had one, when run alone.
-  const bool uses_side = c == Case::side_wait || c == Case::side_no_wait ||
-                         c == Case::forked_graph || c == Case::side_blocked;
+  const bool uses_side = c != Case::plain && c != Case::own_event && c != Case::plain_again;
+  const bool forks = c == Case::forked_graph || c == Case::forked_graph_last;
   std::unique_ptr<Stream> side_stream = uses_side ? std::make_unique<Stream>(kDevice) : nullptr;
   const StreamHandle side = side_stream ? side_stream->handle() : nullptr;
-  Event done, fork, join;
+  Event done, fork, join, pace;
   const std::unique_ptr<Graph> straight = capture(data, stream, nullptr, nullptr, nullptr, nullptr);
   const std::unique_ptr<Graph> forked =
-      c == Case::forked_graph ? capture(data, stream, side_data, side, fork.handle(), join.handle())
-                              : nullptr;
+      forks ? capture(data, stream, side_data, side, fork.handle(), join.handle()) : nullptr;
   GpuTime t = time_gpu(state, [&] {
     for (int r = 0; r < kReplays; ++r) {
       if (r == 0 && (c == Case::side_wait || c == Case::side_no_wait)) {
@@ -126,10 +133,13 @@ void run_case(benchmark::State& state, Case c) {
         done.record(stream);
         done.block(stream);
       }
-      const bool fork_now = r == 0 && c == Case::forked_graph;
+      if (r == kReplays - 1 && c == Case::side_blocked_paced) pace.record(stream);
+      const bool fork_now = (r == 0 && c == Case::forked_graph) ||
+                            (r == kReplays - 1 && c == Case::forked_graph_last);
       ACCRUE_CUDA_CHECK(cudaGraphLaunch(fork_now ? forked->exec : straight->exec, stream));
     }
-    if (c == Case::side_blocked) {
+    if (c == Case::side_blocked || c == Case::side_blocked_paced) {
+      if (c == Case::side_blocked_paced) pace.synchronize();
       done.record(stream);
       done.block(side);
       launch_short(side_data, side);
@@ -148,7 +158,9 @@ void register_stream_gap_benchmarks() {
                                                 {"side_no_wait", Case::side_no_wait},
                                                 {"own_event", Case::own_event},
                                                 {"forked_graph", Case::forked_graph},
+                                                {"forked_graph_last", Case::forked_graph_last},
                                                 {"side_blocked", Case::side_blocked},
+                                                {"side_blocked_paced", Case::side_blocked_paced},
                                                 {"plain_again", Case::plain_again}};
   for (const auto& [name, c] : cases)
     register_gpu_benchmark(std::string("stream_gap/") + name,

@@ -166,7 +166,8 @@ print(" ".join(r["run_name"].split("/")[1] + "=" + format(r["us_per_kernel"], ".
 }
 if [[ $skip_bench -eq 0 && $skip_stream_gap -eq 0 && $failed -eq 0 ]]; then
   bench_bin=$(find_binary accrue_bench)
-  for c in plain side_wait side_no_wait own_event forked_graph side_blocked; do
+  for c in plain side_wait side_no_wait own_event forked_graph forked_graph_last side_blocked \
+    side_blocked_paced; do
     stream_gap_run "$c" "^stream_gap/$c(/|\$)"
     gap_rows+=("own process: $gap_result")
   done
