@@ -63,6 +63,10 @@ SPEEDUP_TARGET = 1.3
 # Kernel classes for the ncu breakdown: the first class any of whose
 # substrings is in the lower-cased kernel name wins (order matters: the window
 # close and the classifier before GEMM, attention before GEMM and softmax).
+# The FP8 casts and their scale rules (kernels/cuda/fp8.cu), a class of their
+# own before elementwise, whose "cast" they would match.
+FP8_CASTS = ("FP8 casts", ["cast_to_fp8", "cast_blockwise", "cast_transpose", "scale_rule",
+                           "calibrate_scale"])
 CLASSES = [
     ("window close", ["fused_optimizer", "grad_norm_partials", "window_scalar", "adam",
                       "multi_tensor"]),
@@ -73,6 +77,7 @@ CLASSES = [
     # column_total: LayerNorm's weight and bias gradient totals.
     ("layernorm", ["layer_norm", "layernorm", "column_total"]),
     ("GEMM", ["nvjet", "gemm", "cutlass", "xmma", "cublas", "splitk", "matmul"]),
+    FP8_CASTS,
     ("elementwise", ["map_contiguous", "map_strided", "elementwise", "copy", "fill", "scale",
                      "add_scaled", "dropout", "gelu", "cast", "vectorized"]),
 ]

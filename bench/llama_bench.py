@@ -89,8 +89,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gpt2_bench import (NCU_TIMED_ONLY, default_accrue_bin, find_ncu, fmt,  # noqa: E402
-                        fmt_rate, gpu_name, last_window, ok, parse_ncu_csv, parse_points,
+from gpt2_bench import (FP8_CASTS, NCU_TIMED_ONLY, default_accrue_bin, find_ncu,  # noqa: E402
+                        fmt, fmt_rate, gpu_name, last_window, ok, parse_ncu_csv, parse_points,
                         run_logged, short_name)
 from gpt2_dp_bench import CHILD_ENV, LAUNCHER_VARS, run_and_read, why_failed  # noqa: E402
 import torch_gpt2  # noqa: E402  (the peak table; imports no torch)
@@ -118,7 +118,7 @@ DP_RUNS = [("accrue", 1, "accrue 1 GPU"), ("accrue", "N", "accrue N GPUs"),
 # Kernel classes of the ncu breakdown: the first class any of whose substrings
 # is in the lower-cased kernel name wins (the close and the classifier before
 # GEMM; attention before GEMM and softmax; cuDNN's attention kernels name sdpa
-# or flash).
+# or flash; gpt2_bench's FP8 casts before elementwise).
 NCU_CLASSES = [
     ("window close", ["fused_optimizer", "grad_norm_partials", "window_scalar", "adam",
                       "multi_tensor"]),
@@ -129,6 +129,7 @@ NCU_CLASSES = [
     ("RoPE", ["rope", "rotary"]),
     ("SwiGLU", ["swiglu", "silu"]),
     ("GEMM", ["nvjet", "gemm", "cutlass", "xmma", "cublas", "splitk", "matmul"]),
+    FP8_CASTS,
     ("elementwise", ["map_contiguous", "map_strided", "elementwise", "copy", "fill", "scale",
                      "add_scaled", "cast", "vectorized", "embedding"]),
 ]

@@ -7,7 +7,7 @@ right options; bad command lines exit 2; the FLOPs per token equal
 accrue_train's formula (Note [Llama FLOPs per token]) computed here from the
 preset fields, and the parameter counts accrue's; --table-only turns known
 rows into the expected ratios and PASS/MISS verdicts; the ncu breakdown
-classes a stand-in ncu's kernels of the last window.
+classes a stand-in ncu's kernels of the last window, the FP8 casts apart.
 
 Where torch imports (this Python, or ACCRUE_TORCH_PYTHON): torch_llama.py
 trains llama-tiny and qwen3-tiny on the CPU (and transformers' model where
@@ -296,6 +296,17 @@ class NcuBreakdown(unittest.TestCase):
         self.assertEqual(len(rows), 1)
         self.assertEqual(rows[0]["impl"], "ncu")
         self.assertEqual(rows[0]["breakdown"]["classes"]["GEMM"]["ns"], 100)
+
+    def test_fp8_casts_are_a_class_of_their_own(self):
+        import llama_bench as lb  # bench/ is on the path; it imports no torch
+        for name in ("void accrue::kernels::cuda::(anonymous namespace)::"
+                     "cast_blockwise_segments_kernel<__nv_bfloat16, unsigned char, 1>(...)",
+                     "cast_transpose_packed_kernel", "cast_to_fp8_kernel", "scale_rule_kernel"):
+            self.assertEqual(lb.classify(name), "FP8 casts", name)
+        self.assertEqual(lb.classify("map_contiguous_kernel<cast>"), "elementwise")
+        self.assertEqual(lb.classify("nvjet_sm90_tst_128x128_64x4_e4m3"), "GEMM")
+        import gpt2_bench  # GPT-2's breakdown shares the class
+        self.assertEqual(gpt2_bench.classify("cast_transpose_packed_kernel"), "FP8 casts")
 
     def test_a_large_k_is_profiled_over_fewer_micro_batches_and_says_so(self):
         p, rows = self.breakdown("--ncu-points", "llama-tiny:2x8", "--ncu-max-k", "2")
