@@ -164,20 +164,6 @@ print(" ".join(r["run_name"].split("/")[1] + "=" + format(r["us_per_kernel"], ".
     note "stream_gap $1: FAILED: $(tail -n 1 "$log")"
   fi
 }
-if [[ $skip_bench -eq 0 && $skip_stream_gap -eq 0 && $failed -eq 0 ]]; then
-  bench_bin=$(find_binary accrue_bench)
-  for c in plain side_wait side_no_wait own_event forked_graph forked_graph_last side_blocked \
-    side_blocked_paced; do
-    stream_gap_run "$c" "^stream_gap/$c(/|\$)"
-    gap_rows+=("own process: $gap_result")
-  done
-  # One hardware queue for every stream: a blocked stream's wait then sits in
-  # the same queue as the current stream's work instead of beside it.
-  stream_gap_run side_blocked_1conn '^stream_gap/side_blocked(/|$)' CUDA_DEVICE_MAX_CONNECTIONS=1
-  gap_rows+=("own process, CUDA_DEVICE_MAX_CONNECTIONS=1: $gap_result")
-  stream_gap_run all '^stream_gap/'
-  gap_rows+=("one process: $gap_result")
-fi
 if [[ $skip_bench -eq 0 && $failed -eq 0 ]]; then
   gpt2=$(find_binary accrue_train_gpt2)
   timing=(--bench --bench-warmup 3 --bench-windows "$bench_windows")
@@ -218,6 +204,23 @@ if [[ $skip_bench -eq 0 && $failed -eq 0 ]]; then
     [[ -n ${pair#*:} ]] || continue
     note "llama-125m 8 x 2048 x 2, graphs, ${pair%%:*}: $(json_field "${pair#*:}" tokens_per_s_median) tok/s, peak $(json_field "${pair#*:}" peak_memory_bytes) bytes"
   done
+fi
+
+# After the training runs (a failure here must not cost them), whatever they gave.
+bench_bin=""
+[[ $skip_bench -eq 0 && $skip_stream_gap -eq 0 ]] && bench_bin=$(find_binary accrue_bench)
+if [[ -n $bench_bin ]]; then
+  for c in plain side_wait side_no_wait own_event forked_graph forked_graph_last side_blocked \
+    side_blocked_paced; do
+    stream_gap_run "$c" "^stream_gap/$c(/|\$)"
+    gap_rows+=("own process: $gap_result")
+  done
+  # One hardware queue for every stream: a blocked stream's wait then sits in
+  # the same queue as the current stream's work instead of beside it.
+  stream_gap_run side_blocked_1conn '^stream_gap/side_blocked(/|$)' CUDA_DEVICE_MAX_CONNECTIONS=1
+  gap_rows+=("own process, CUDA_DEVICE_MAX_CONNECTIONS=1: $gap_result")
+  stream_gap_run all '^stream_gap/'
+  gap_rows+=("one process: $gap_result")
 fi
 
 # ---- sanitizers (last: a lent call may end first, and the timings are in) ----------
