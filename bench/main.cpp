@@ -53,7 +53,6 @@ int main(int argc, char** argv) {
   accrue::bench::register_model_op_benchmarks();
   accrue::bench::register_attention_benchmarks();
   accrue::bench::register_fused_benchmarks();
-  accrue::bench::register_stream_gap_benchmarks();
 
   if (!listing) {
     if (!accrue::cuda_available()) {
