@@ -157,6 +157,16 @@ void register_fp8_casts() {
           report_bandwidth(s, bytes_of(x) * 3 / 2 + bytes_of(x) / rows / 64, t);
         });
   }
+  // Note [FP8 block cast of a transpose]: x^T's 1 x 128 tiles (the weight
+  // gradients' operand) from x itself; the same bytes must move.
+  register_gpu_benchmark(
+      "fused/fp8_cast_blockwise_of_transpose/bf16/16384x4096/1x128", [](benchmark::State& s) {
+        const Tensor x = random_input({kTokens, kWidth}, DType::bf16);
+        const Tensor xt = x.transpose(0, 1);
+        const GpuTime t =
+            time_gpu(s, [&] { kernels::cast_to_fp8_blockwise(xt, 1, 128, DType::f8e4m3); });
+        report_bandwidth(s, bytes_of(x) * 3 / 2 + bytes_of(x) / 64, t);
+      });
 }
 
 }  // namespace

@@ -136,6 +136,14 @@ void cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols
   amax.data<float>()[0] = nan ? std::numeric_limits<float>::quiet_NaN() : total;
 }
 
+// The reference: the contiguous transpose, cast as any matrix.
+void cast_to_fp8_blockwise_of_transpose(const Tensor& base, float fp8_max, bool power_of_two,
+                                        const Tensor& q_t, const Tensor& scale_inv,
+                                        const Tensor& amax) {
+  cast_to_fp8_blockwise(base.transpose(0, 1).contiguous(), 1, 128, fp8_max, power_of_two, q_t,
+                        scale_inv, amax);
+}
+
 void fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, bool power_of_two,
                          bool guard, const Tensor& scale, const Tensor& scale_inv) {
   const float a = amax.data<float>()[0];

@@ -25,6 +25,7 @@
 
 #include "accrue/core/cuda_pack.cuh"
 #include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/cuda/fp8_device.cuh"
 #include "accrue/kernels/fp8_backend.h"
 
 namespace accrue::kernels::cuda {
@@ -33,45 +34,7 @@ namespace cu = ::accrue::cuda;
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr uint32_t kNanBits = 0x7fc00000u;
-
-__device__ __forceinline__ uint32_t abs_bits(float v) {
-  const float a = fabsf(v);
-  return isnan(a) ? kNanBits : __float_as_uint(a);
-}
-
-// Blocks per SM for the grid-stride kernels: enough to keep the loads in
-// flight, few enough that the per-block atomics do not queue.
-constexpr int kBlocksPerSm = 8;
-
-// The grid of a grid-stride loop over `items` with kThreads per block.
-unsigned capped_grid(int64_t items, int device) {
-  return cu::grid_for(items, kThreads, int64_t{kBlocksPerSm} * cu::sm_count(device));
-}
-
-// The max over the block's threads (a multiple of 32, numbered x first),
-// returned to every thread; shared holds one word per warp.
-__device__ __forceinline__ uint32_t block_max(uint32_t v, uint32_t* shared) {
-  v = __reduce_max_sync(0xffffffffu, v);
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  const int warps = static_cast<int>(blockDim.x * blockDim.y / 32);
-  if (tid % 32 == 0) shared[tid / 32] = v;
-  __syncthreads();
-  uint32_t m = 0;
-  for (int w = 0; w < warps; ++w)
-    m = max(m, shared[w]);
-  return m;
-}
-
-// Merges each thread's max bits into *amax_bits: the block's max, then one
-// atomicMax per block (Note [FP8 cast kernel]). Every thread of the block
-// must call it.
-__device__ __forceinline__ void merge_amax(uint32_t local, uint32_t* amax_bits) {
-  __shared__ uint32_t warp_max[32];
-  const uint32_t m = block_max(local, warp_max);
-  if (threadIdx.x == 0 && threadIdx.y == 0 && m != 0u) atomicMax(amax_bits, m);
-}
+using namespace fp8_device;  // NOLINT: the family's shared helpers
 
 // V elements per pack (V = 1: element by element). With Q = void only the
 // amax is taken (fp8_amax). n elements; packs of V cover n / V * V of them
@@ -407,16 +370,6 @@ __global__ void scale_rule_kernel(const float* amax, float fp8_max, int margin, 
   const float s = fp8_scale_rule(a, fp8_max, margin, power_of_two);
   *scale = s;
   *scale_inv = fp8_inverse_scale(a, s, guard);
-}
-
-template <class F>
-void visit_fp8(DType t, F&& f) {
-  using cu::device_t;
-  switch (t) {
-    ACCRUE_FOR_EACH_FP8_DTYPE(ACCRUE_DEVICE_DTYPE_CASE)
-    default:
-      ACCRUE_FAIL("cast_to_fp8: dtype ", dtype_name(t), " is not an FP8 dtype");
-  }
 }
 
 }  // namespace

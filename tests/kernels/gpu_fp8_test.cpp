@@ -145,6 +145,37 @@ TEST(GpuFp8, blockwise_casts_match_the_cpu_bit_for_bit) {
           }
 }
 
+// Note [FP8 block cast of a transpose]: 1 x 128 tiles of a transposed view,
+// cast from its base without the transpose copy where the base's rows M are a
+// multiple of 8 and its columns K of the pack (1000 x 200: partial tiles both
+// ways; 256 x 64; 256 x 12 for f32), through the copy elsewhere (30 x 64, and
+// 256 x 12 in 16 bits): the bits of casting the contiguous transpose, a
+// planted NaN included.
+TEST(GpuFp8, blockwise_cast_of_a_transposed_view_matches_the_cpu_bit_for_bit) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType xd : {DType::f32, DType::bf16, DType::f16})
+    for (DType d : {DType::f8e4m3, DType::f8e5m2})
+      for (auto [m, k] : {std::pair<int64_t, int64_t>{1000, 200}, {256, 64}, {30, 64}, {256, 12}})
+        for (bool nan : {false, true}) {
+          Tensor base = test::random_normal({m, k}, xd, Device::cpu(), 4.0);
+          if (nan && xd != DType::bf16) {
+            Tensor f = base.to(DType::f32);
+            f.data<float>()[(m - 1) * k + 5] = std::numeric_limits<float>::quiet_NaN();
+            base = f.to(xd);
+          }
+          const auto cpu =
+              kernels::cast_to_fp8_blockwise(base.transpose(0, 1).contiguous(), 1, 128, d, true);
+          const auto gpu =
+              kernels::cast_to_fp8_blockwise(base.to(kGpu).transpose(0, 1), 1, 128, d, true);
+          const std::string what = std::string(dtype_name(xd)) + " " + dtype_name(d) + " " +
+                                   std::to_string(m) + "x" + std::to_string(k) +
+                                   (nan ? " NaN" : "");
+          EXPECT_TRUE(same_codes(gpu.q, cpu.q)) << what;
+          EXPECT_TRUE(same_float_bits(gpu.scale_inv, cpu.scale_inv)) << what;
+          EXPECT_TRUE(same_float_bits(gpu.amax, cpu.amax)) << what;
+        }
+}
+
 TEST(GpuFp8, cast_transpose_matches_the_cpu_bit_for_bit) {
   ACCRUE_REQUIRE_CUDA();
   // Note [FP8 cast-transpose]: packed 64 x 64 tiles where K is a multiple of
