@@ -73,5 +73,6 @@ void register_matmul_benchmarks();
 void register_model_op_benchmarks();
 void register_attention_benchmarks();
 void register_fused_benchmarks();
+void register_stream_gap_benchmarks();  // bench_stream_gap.cu
 
 }  // namespace accrue::bench

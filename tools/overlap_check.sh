@@ -6,7 +6,8 @@
 #
 #   tools/overlap_check.sh [options]
 #
-# Steps: configure (Release, sm_90, tests on, benchmarks off) and build the
+# Steps: configure (Release, sm_90, tests on, benchmarks on unless
+# --skip-stream-gap) and build the
 # targets below with all cores; the GPU tests GpuCloseUnderForward*
 # (test_optim_gpu) and GpuLlama* (test_nn_llama_gpu); GPT-2 124M
 # (accrue_train_gpt2 --bench, bf16, 32,768 tokens a window) at each --points
@@ -14,7 +15,11 @@
 # --close-under-forward in the order A B B A: the final loss must be the same
 # bits, and the window times stand side by side; llama-125m on shards of the
 # Python standard library (tools/make_shards.py) under --cuda-graphs with
-# documents within rows against --contiguous-rows (tok/s, peak memory); last,
+# documents within rows against --contiguous-rows (tok/s, peak memory); the
+# stream_gap/* cases of accrue_bench (bench/bench_stream_gap.cu: does a second
+# stream's work slow the graph replays after it?), each case in its own process
+# and once all in one (--skip-stream-gap leaves them out, and the benchmarks
+# unbuilt); last,
 # compute-sanitizer (memcheck by default) on both test filters through
 # tools/gpu_check.sh's sanitizer step, each run bounded by --sanitizer-timeout
 # (the runs go one after another on one GPU: four runs of 300 s outlasted a
@@ -43,6 +48,7 @@ usage: tools/overlap_check.sh [options]
   --sanitizer-timeout S each sanitizer run's limit in seconds; reaching it fails (default: 150)
   --skip-sanitizer      no compute-sanitizer runs
   --skip-bench          no benchmark runs
+  --skip-stream-gap     no stream_gap/* runs (accrue_bench is then not built)
   -h, --help            this text
 EOF
 }
@@ -54,7 +60,7 @@ bench_windows=10
 max_blocks=0
 sanitizer_tools=memcheck
 sanitizer_timeout=150
-skip_build=0 skip_tests=0 skip_sanitizer=0 skip_bench=0
+skip_build=0 skip_tests=0 skip_sanitizer=0 skip_bench=0 skip_stream_gap=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
@@ -68,6 +74,7 @@ while [[ $# -gt 0 ]]; do
     --sanitizer-timeout) sanitizer_timeout="$2"; shift 2 ;;
     --skip-sanitizer) skip_sanitizer=1; shift ;;
     --skip-bench) skip_bench=1; shift ;;
+    --skip-stream-gap) skip_stream_gap=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "overlap_check: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -93,10 +100,15 @@ look_at_gpus one
 
 # ---- build ---------------------------------------------------------------------
 targets=(test_optim_gpu test_nn_llama_gpu accrue_train accrue_train_gpt2)
+with_bench=OFF
+if [[ $skip_stream_gap -eq 0 && $skip_bench -eq 0 ]]; then
+  targets+=(accrue_bench)
+  with_bench=ON
+fi
 if [[ $skip_build -eq 0 ]]; then
   cmake_args=(-S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
     -DCMAKE_CUDA_ARCHITECTURES=90 -DACCRUE_CUDA=ON -DACCRUE_BUILD_TESTS=ON
-    -DACCRUE_BUILD_BENCHMARKS=OFF)
+    -DACCRUE_BUILD_BENCHMARKS=$with_bench)
   add_nvcc
   if configure && run_build cmake --build "$build_dir" -j "$(nproc)" --target "${targets[@]}"; then
     note "build: ok in $build_seconds s, $build_warnings compiler warning lines"
@@ -121,6 +133,7 @@ fi
 # ---- benchmarks --------------------------------------------------------------------
 json_field() { grep -o "\"$2\": [^,}]*" <<< "$1" | head -n 1 | sed 's/.*: //'; }
 bench_rows=()
+gap_rows=()
 # bench_run NAME COMMAND...: the JSON line of one --bench run, or FAILED.
 bench_run() {
   local name=$1 log="$details/bench_$1.log"
@@ -130,6 +143,25 @@ bench_run() {
   else
     failed=1
     note "bench $name: FAILED: $(tail -n 1 "$log")"
+  fi
+}
+# stream_gap_run NAME FILTER [VAR=VALUE...]: sets gap_result to the median
+# us_per_kernel of each case the filter matches ("case=value ..."), from
+# accrue_bench's JSON, run with those environment variables.
+stream_gap_run() {
+  local json="$details/stream_gap_$1.json" log="$details/stream_gap_$1.log"
+  gap_result=FAILED
+  if env "${@:3}" "$bench_bin" --benchmark_filter="$2" --benchmark_repetitions=5 \
+    --benchmark_report_aggregates_only=true --benchmark_out="$json" \
+    --benchmark_out_format=json > "$log" 2>&1; then
+    gap_result=$(python3 -c '
+import json, sys
+rows = json.load(open(sys.argv[1]))["benchmarks"]
+print(" ".join(r["run_name"].split("/")[1] + "=" + format(r["us_per_kernel"], ".3f")
+               for r in rows if r.get("aggregate_name") == "median"))' "$json")
+  else
+    failed=1
+    note "stream_gap $1: FAILED: $(tail -n 1 "$log")"
   fi
 }
 if [[ $skip_bench -eq 0 && $failed -eq 0 ]]; then
@@ -174,6 +206,23 @@ if [[ $skip_bench -eq 0 && $failed -eq 0 ]]; then
   done
 fi
 
+# After the training runs (a failure here must not cost them), whatever they gave.
+bench_bin=""
+[[ $skip_bench -eq 0 && $skip_stream_gap -eq 0 ]] && bench_bin=$(find_binary accrue_bench)
+if [[ -n $bench_bin ]]; then
+  for c in plain side_wait side_no_wait own_event forked_graph forked_graph_last side_blocked \
+    side_blocked_paced; do
+    stream_gap_run "$c" "^stream_gap/$c(/|\$)"
+    gap_rows+=("own process: $gap_result")
+  done
+  # One hardware queue for every stream: a blocked stream's wait then sits in
+  # the same queue as the current stream's work instead of beside it.
+  stream_gap_run side_blocked_1conn '^stream_gap/side_blocked(/|$)' CUDA_DEVICE_MAX_CONNECTIONS=1
+  gap_rows+=("own process, CUDA_DEVICE_MAX_CONNECTIONS=1: $gap_result")
+  stream_gap_run all '^stream_gap/'
+  gap_rows+=("one process: $gap_result")
+fi
+
 # ---- sanitizers (last: a lent call may end first, and the timings are in) ----------
 # gpu_check.sh's sanitizer step (Note [Sanitizer runs], Note [Sanitizer
 # exclusions]): its racecheck classifies the hazards inside cuBLAS and cuDNN.
@@ -199,6 +248,11 @@ write_summary() {
     echo "| run (runs in the order A B B A) | window ms, close in place (A, last A) | window ms, close under the forward (B, B) | fastest windows (first A / first B) | final loss |"
     echo "|---|---:|---:|---|---|"
     printf '%s\n' "${bench_rows[@]}"
+  fi
+  if [[ ${#gap_rows[@]} -gt 0 ]]; then
+    echo
+    echo "stream_gap/*, median us per kernel (480 kernels x 32 graph replays; bench/bench_stream_gap.cu):"
+    printf '  %s\n' "${gap_rows[@]}"
   fi
   echo
   verdict

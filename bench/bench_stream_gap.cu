@@ -1,0 +1,170 @@
+// stream_gap/*: does a second stream slow the kernels that follow on the
+// current stream? The close under the forward (Note [Close under the
+// forward] in optim/layer_steps.h) steps the parameters on a side stream, and
+// on an H200 every micro-step after it ran about 0.2 ms slower: the kernels
+// took the same time, the idle gaps between back-to-back kernels grew from
+// about 0.1 us to 0.45 us (bench/RESULTS.md, fifth session). These cases
+// reproduce that shape without the library: one op is R replays of a CUDA
+// graph of N short kernels on the current stream, as a window's micro-steps
+// are, and the first replay is preceded by
+//   plain          nothing;
+//   side_wait      a kernel on a second stream that the current stream then
+//                  waits for (an event), as micro-step 0 waits for the steps;
+//   side_no_wait   the same kernel on the second stream, no wait;
+//   own_event      a wait on an event of the current stream itself (no second
+//                  stream: the "ranges on the current stream" case);
+//   forked_graph   nothing, but the first replay is of a graph that forks the
+//                  side kernel onto a branch and joins it inside the graph;
+//   forked_graph_last  the same graph as the last replay: enqueued long before
+//                  the GPU reaches it, as micro-step 0's graph would be if the
+//                  steps were a branch of it;
+//   side_blocked   nothing; after the last replay the second stream waits for
+//                  the current stream (an event) and then runs the kernel. The
+//                  host enqueues that wait long before the GPU reaches the
+//                  event, so the second stream sits blocked while the replays
+//                  run: as the close's side stream, whose first op waits for
+//                  the close's stages, is blocked while the host runs ahead;
+//   side_blocked_paced  the same, but the host first waits until the GPU has
+//                  begun the last replay (an event before it), so the second
+//                  stream is blocked for one replay only;
+//   plain_again    nothing, registered last: if it is slower than plain in the
+//                  same process, whatever a second stream changed persists.
+// Counter us_per_kernel is the op's GPU time over its R x N kernels; the cases
+// differ only in the gaps. Run each case in its own process as well
+// (--benchmark_filter), since an effect that persists would reach the cases
+// registered after it.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "accrue/core/status_check.h"
+#include "bench/bench_util.h"
+
+namespace accrue::bench {
+namespace {
+
+constexpr int kKernels = 480;  // about one GPT-2 124M micro-step's kernels
+constexpr int kReplays = 32;   // K = 32
+constexpr int kBlocks = 132, kThreads = 256;
+constexpr int kSteps = 64;  // each thread's dependent updates: a kernel of a few us
+
+__global__ void short_kernel(float* data, int n, int steps) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float v = data[i];
+  for (int k = 0; k < steps; ++k)
+    v = v * 0.999f + 0.001f;
+  data[i] = v;
+}
+
+void launch_short(float* data, cudaStream_t stream) {
+  short_kernel<<<kBlocks, kThreads, 0, stream>>>(data, kBlocks * kThreads, kSteps);
+  ACCRUE_LAUNCH_CHECK();
+}
+
+enum class Case {
+  plain,
+  side_wait,
+  side_no_wait,
+  own_event,
+  forked_graph,
+  forked_graph_last,
+  side_blocked,
+  side_blocked_paced,
+  plain_again
+};
+
+struct Graph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+  }
+};
+
+// Captures N kernels on `stream`; with `side`, the side kernel (on its own
+// buffer) forks off first and joins before the eleventh.
+std::unique_ptr<Graph> capture(float* data, cudaStream_t stream, float* side_data,
+                               cudaStream_t side, cudaEvent_t fork, cudaEvent_t join) {
+  auto g = std::make_unique<Graph>();
+  ACCRUE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  if (side) {
+    ACCRUE_CUDA_CHECK(cudaEventRecord(fork, stream));
+    ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
+    launch_short(side_data, side);
+    ACCRUE_CUDA_CHECK(cudaEventRecord(join, side));
+  }
+  for (int k = 0; k < kKernels; ++k) {
+    if (side && k == 10) ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
+    launch_short(data, stream);
+  }
+  ACCRUE_CUDA_CHECK(cudaStreamEndCapture(stream, &g->graph));
+  ACCRUE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+  return g;
+}
+
+void run_case(benchmark::State& state, Case c) {
+  const Tensor buffer = random_input({kBlocks * kThreads}, DType::f32);
+  const Tensor side_buffer = random_input({kBlocks * kThreads}, DType::f32);
+  float* data = static_cast<float*>(buffer.data_ptr());
+  float* side_data = static_cast<float*>(side_buffer.data_ptr());
+  const StreamHandle stream = current_stream(kDevice);
+  // Only the cases that use a second stream create one: plain and own_event
+  // run in a process that never had one, when run alone.
+  const bool uses_side = c != Case::plain && c != Case::own_event && c != Case::plain_again;
+  const bool forks = c == Case::forked_graph || c == Case::forked_graph_last;
+  std::unique_ptr<Stream> side_stream = uses_side ? std::make_unique<Stream>(kDevice) : nullptr;
+  const StreamHandle side = side_stream ? side_stream->handle() : nullptr;
+  Event done, fork, join, pace;
+  const std::unique_ptr<Graph> straight = capture(data, stream, nullptr, nullptr, nullptr, nullptr);
+  const std::unique_ptr<Graph> forked =
+      forks ? capture(data, stream, side_data, side, fork.handle(), join.handle()) : nullptr;
+  GpuTime t = time_gpu(state, [&] {
+    for (int r = 0; r < kReplays; ++r) {
+      if (r == 0 && (c == Case::side_wait || c == Case::side_no_wait)) {
+        launch_short(side_data, side);
+        done.record(side);
+        if (c == Case::side_wait) done.block(stream);
+      }
+      if (r == 0 && c == Case::own_event) {
+        done.record(stream);
+        done.block(stream);
+      }
+      if (r == kReplays - 1 && c == Case::side_blocked_paced) pace.record(stream);
+      const bool fork_now = (r == 0 && c == Case::forked_graph) ||
+                            (r == kReplays - 1 && c == Case::forked_graph_last);
+      ACCRUE_CUDA_CHECK(cudaGraphLaunch(fork_now ? forked->exec : straight->exec, stream));
+    }
+    if (c == Case::side_blocked || c == Case::side_blocked_paced) {
+      if (c == Case::side_blocked_paced) pace.synchronize();
+      done.record(stream);
+      done.block(side);
+      launch_short(side_data, side);
+    }
+  });
+  if (side) ACCRUE_CUDA_CHECK(cudaStreamSynchronize(side));
+  state.counters["us_per_kernel"] =
+      t.ops > 0 ? t.seconds * 1e6 / (static_cast<double>(t.ops) * kReplays * kKernels) : 0;
+}
+
+}  // namespace
+
+void register_stream_gap_benchmarks() {
+  const std::pair<const char*, Case> cases[] = {{"plain", Case::plain},
+                                                {"side_wait", Case::side_wait},
+                                                {"side_no_wait", Case::side_no_wait},
+                                                {"own_event", Case::own_event},
+                                                {"forked_graph", Case::forked_graph},
+                                                {"forked_graph_last", Case::forked_graph_last},
+                                                {"side_blocked", Case::side_blocked},
+                                                {"side_blocked_paced", Case::side_blocked_paced},
+                                                {"plain_again", Case::plain_again}};
+  for (const auto& [name, c] : cases)
+    register_gpu_benchmark(std::string("stream_gap/") + name,
+                           [c = c](benchmark::State& state) { run_case(state, c); });
+}
+
+}  // namespace accrue::bench
