@@ -27,6 +27,18 @@
 //   side_blocked_paced  the same, but the host first waits until the GPU has
 //                  begun the last replay (an event before it), so the second
 //                  stream is blocked for one replay only;
+//   side_graph     a one-kernel graph launched on the second stream, which the
+//                  current stream then waits for: does a graph launch there cost
+//                  what a kernel launch does?
+//   side_memset    a cudaMemsetAsync on the second stream, then the wait: work
+//                  that is not a kernel;
+//   side_event     only an event recorded on the second stream and waited for;
+//   side_alloc     a tensor allocated and freed from the stream-ordered pool
+//                  while the second stream is current (no kernel on it);
+//   branches       no second stream outside the graphs; each replay is of a
+//                  graph of two independent chains of N/2 kernels, forked and
+//                  joined inside it (as two micro-batches in flight would be):
+//                  what concurrent branches of one graph cost or gain per kernel;
 //   plain_again    nothing, registered last: if it is slower than plain in the
 //                  same process, whatever a second stream changed persists.
 // Counter us_per_kernel is the op's GPU time over its R x N kernels; the cases
@@ -73,6 +85,11 @@ enum class Case {
   forked_graph_last,
   side_blocked,
   side_blocked_paced,
+  side_graph,
+  side_memset,
+  side_event,
+  side_alloc,
+  branches,
   plain_again
 };
 
@@ -106,6 +123,30 @@ std::unique_ptr<Graph> capture(float* data, cudaStream_t stream, float* side_dat
   return g;
 }
 
+// Captures `kernels` kernels on `stream` and, with `side`, as many on the side
+// stream beside them (forked at the start, joined at the end).
+std::unique_ptr<Graph> capture_chains(float* data, cudaStream_t stream, int kernels,
+                                      float* side_data, cudaStream_t side, cudaEvent_t fork,
+                                      cudaEvent_t join) {
+  auto g = std::make_unique<Graph>();
+  ACCRUE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  if (side) {
+    ACCRUE_CUDA_CHECK(cudaEventRecord(fork, stream));
+    ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
+  }
+  for (int k = 0; k < kernels; ++k) {
+    launch_short(data, stream);
+    if (side) launch_short(side_data, side);
+  }
+  if (side) {
+    ACCRUE_CUDA_CHECK(cudaEventRecord(join, side));
+    ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
+  }
+  ACCRUE_CUDA_CHECK(cudaStreamEndCapture(stream, &g->graph));
+  ACCRUE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+  return g;
+}
+
 void run_case(benchmark::State& state, Case c) {
   const Tensor buffer = random_input({kBlocks * kThreads}, DType::f32);
   const Tensor side_buffer = random_input({kBlocks * kThreads}, DType::f32);
@@ -116,18 +157,37 @@ void run_case(benchmark::State& state, Case c) {
   // run in a process that never had one, when run alone.
   const bool uses_side = c != Case::plain && c != Case::own_event && c != Case::plain_again;
   const bool forks = c == Case::forked_graph || c == Case::forked_graph_last;
+  const bool side_first = c == Case::side_wait || c == Case::side_no_wait ||
+                          c == Case::side_graph || c == Case::side_memset ||
+                          c == Case::side_event || c == Case::side_alloc;
   std::unique_ptr<Stream> side_stream = uses_side ? std::make_unique<Stream>(kDevice) : nullptr;
   const StreamHandle side = side_stream ? side_stream->handle() : nullptr;
   Event done, fork, join, pace;
   const std::unique_ptr<Graph> straight = capture(data, stream, nullptr, nullptr, nullptr, nullptr);
   const std::unique_ptr<Graph> forked =
       forks ? capture(data, stream, side_data, side, fork.handle(), join.handle()) : nullptr;
+  // side_graph's one kernel, captured on the side stream.
+  const std::unique_ptr<Graph> side_one =
+      c == Case::side_graph ? capture_chains(side_data, side, 1, nullptr, nullptr, nullptr, nullptr)
+                            : nullptr;
+  const std::unique_ptr<Graph> two_chains =
+      c == Case::branches
+          ? capture_chains(data, stream, kKernels / 2, side_data, side, fork.handle(), join.handle())
+          : nullptr;
+  const cudaGraphExec_t replayed = two_chains ? two_chains->exec : straight->exec;
   GpuTime t = time_gpu(state, [&] {
     for (int r = 0; r < kReplays; ++r) {
-      if (r == 0 && (c == Case::side_wait || c == Case::side_no_wait)) {
-        launch_short(side_data, side);
+      if (r == 0 && side_first) {
+        if (c == Case::side_wait || c == Case::side_no_wait) launch_short(side_data, side);
+        if (c == Case::side_graph) ACCRUE_CUDA_CHECK(cudaGraphLaunch(side_one->exec, side));
+        if (c == Case::side_memset)
+          ACCRUE_CUDA_CHECK(cudaMemsetAsync(side_data, 0, sizeof(float), side));
+        if (c == Case::side_alloc) {
+          const StreamGuard on_side(kDevice, side);
+          (void)empty({1 << 20}, DType::f32, Device::cuda(kDevice));  // freed at once
+        }
         done.record(side);
-        if (c == Case::side_wait) done.block(stream);
+        if (c != Case::side_no_wait) done.block(stream);
       }
       if (r == 0 && c == Case::own_event) {
         done.record(stream);
@@ -136,7 +196,7 @@ void run_case(benchmark::State& state, Case c) {
       if (r == kReplays - 1 && c == Case::side_blocked_paced) pace.record(stream);
       const bool fork_now = (r == 0 && c == Case::forked_graph) ||
                             (r == kReplays - 1 && c == Case::forked_graph_last);
-      ACCRUE_CUDA_CHECK(cudaGraphLaunch(fork_now ? forked->exec : straight->exec, stream));
+      ACCRUE_CUDA_CHECK(cudaGraphLaunch(fork_now ? forked->exec : replayed, stream));
     }
     if (c == Case::side_blocked || c == Case::side_blocked_paced) {
       if (c == Case::side_blocked_paced) pace.synchronize();
@@ -161,6 +221,11 @@ void register_stream_gap_benchmarks() {
                                                 {"forked_graph_last", Case::forked_graph_last},
                                                 {"side_blocked", Case::side_blocked},
                                                 {"side_blocked_paced", Case::side_blocked_paced},
+                                                {"side_graph", Case::side_graph},
+                                                {"side_memset", Case::side_memset},
+                                                {"side_event", Case::side_event},
+                                                {"side_alloc", Case::side_alloc},
+                                                {"branches", Case::branches},
                                                 {"plain_again", Case::plain_again}};
   for (const auto& [name, c] : cases)
     register_gpu_benchmark(std::string("stream_gap/") + name,

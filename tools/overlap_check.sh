@@ -211,7 +211,7 @@ bench_bin=""
 [[ $skip_bench -eq 0 && $skip_stream_gap -eq 0 ]] && bench_bin=$(find_binary accrue_bench)
 if [[ -n $bench_bin ]]; then
   for c in plain side_wait side_no_wait own_event forked_graph forked_graph_last side_blocked \
-    side_blocked_paced; do
+    side_blocked_paced side_graph side_memset side_event side_alloc branches; do
     stream_gap_run "$c" "^stream_gap/$c(/|\$)"
     gap_rows+=("own process: $gap_result")
   done
