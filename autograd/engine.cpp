@@ -37,6 +37,7 @@ void accumulate_leaf_grad(const Tensor& leaf, const Tensor& grad) {
       kernels::axpy_(meta.grad, 1.0, grad);  // converted to .grad's dtype: Note [Mixed axpy]
     }
   }
+  if (meta.sink) meta.sink->finished(leaf);  // Note [Ordered writes]
   for (const GradReadyHook& hook : meta.grad_ready_hooks)
     hook(leaf);
 }

@@ -82,6 +82,7 @@ GradArena::GradArena(const std::vector<NamedParameter>& named, const GradArenaOp
     set_grad_sink(params[i], this);
   }
   written_.assign(params.size(), false);
+  order_ = std::make_unique<WriteOrder>(params.size());
 }
 
 GradArena::~GradArena() {
@@ -136,6 +137,7 @@ int GradArena::zero_unwritten() {
 
 void GradArena::accumulate(const Tensor& leaf, const Tensor& grad) {
   const size_t i = slot_of(leaf, "accumulate");
+  order_->before_write(i, write_stream());
   Tensor slot = grad_view(i);
   if (!written_[i]) {
     slot.copy_(grad);  // first contribution of the window: write (casting to the master dtype)
@@ -151,9 +153,19 @@ double GradArena::next_beta(const Tensor& leaf) const {
 
 Tensor GradArena::claim(const Tensor& leaf, double* beta) {
   const size_t i = slot_of(leaf, "claim");
+  order_->before_write(i, write_stream());
   *beta = written_[i] ? 1.0 : 0.0;
   written_[i] = true;
   return grad_view(i);
+}
+
+void GradArena::finished(const Tensor& leaf) {
+  if (order_->active()) order_->finished(slot_of(leaf, "finished"), write_stream());
+}
+
+StreamHandle GradArena::write_stream() const {
+  // Note [Ordered writes]: only active on CUDA, where the writes go to the current stream.
+  return order_->active() ? current_stream(options_.device().index) : nullptr;
 }
 
 }  // namespace accrue

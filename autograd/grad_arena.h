@@ -29,6 +29,7 @@
 // master and refuses one saved with other layouts (Window::load_state_dict).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -36,6 +37,7 @@
 
 #include "accrue/autograd/variable.h"
 #include "accrue/core/tensor.h"
+#include "accrue/core/write_order.h"
 
 namespace accrue {
 
@@ -155,12 +157,20 @@ class GradArena final : public GradSink {
   void accumulate(const Tensor& leaf, const Tensor& grad) override;
   // GradSink: the slot a fused kernel writes into directly, and its beta.
   Tensor claim(const Tensor& leaf, double* beta) override;
+  // GradSink: the leaf's writes of this backward are issued (Note [Ordered writes]).
+  void finished(const Tensor& leaf) override;
+  // The order of the slots' writes across streams, one key per slot (Note
+  // [Ordered writes] in core/write_order.h): active while micro-batches run
+  // on streams of their own (Note [Concurrent micro-batches] in
+  // optim/graphed_window.h); inactive, nothing is waited for or recorded.
+  WriteOrder& write_order() { return *order_; }
   double next_beta(const Tensor& leaf) const override;
   // GradSink: "the gradient arena 'name' (3 parameters), as its 'fc.weight'".
   std::string describe(const Tensor& leaf) const override;
 
  private:
   size_t slot_of(const Tensor& leaf, const char* op) const;
+  StreamHandle write_stream() const;  // the current stream while the order is active
 
   GradArenaOptions options_;
   std::vector<Slot> slots_;
@@ -169,6 +179,7 @@ class GradArena final : public GradSink {
   std::vector<bool> written_;
   int64_t numel_ = 0, padded_numel_ = 0;
   Tensor grads_;
+  std::unique_ptr<WriteOrder> order_;
 };
 
 }  // namespace accrue

@@ -31,6 +31,9 @@ class GradSink {
     (void)beta;
     return Tensor();
   }
+  // After this backward's last write for the leaf (through accumulate or a
+  // claim) was issued, before its grad-ready hooks: Note [Ordered writes].
+  virtual void finished(const Tensor& leaf) { (void)leaf; }
   // The beta claim() would give now, without claiming; negative when claim has no slot.
   virtual double next_beta(const Tensor& leaf) const {
     (void)leaf;

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "accrue/core/cuda_runtime.h"
 #include "accrue/core/host_device.h"
 #include "accrue/core/philox.h"
 #include "accrue/core/tensor.h"
@@ -184,6 +185,8 @@ namespace accrue::kernels {
 namespace cudnn {
 // Whether the device can run cuDNN's fused attention (compute capability 8.0+).
 bool device_supported(int device);
+// The attention handle of `stream` made now (kernels::prepare_stream).
+void prepare_attention_stream(int device, StreamHandle stream);
 bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                        const Tensor& out, const Tensor& lse, std::string* why);
 bool attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -35,6 +35,7 @@
 // which accumulates dQ with atomics.
 #pragma once
 
+#include "accrue/core/cuda_runtime.h"
 #include "accrue/kernels/backend_fn.h"
 #include "accrue/kernels/ops.h"
 

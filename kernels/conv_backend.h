@@ -11,6 +11,7 @@
 #include <functional>
 #include <string>
 
+#include "accrue/core/cuda_runtime.h"
 #include "accrue/core/tensor.h"
 #include "accrue/kernels/backend_fn.h"
 #include "accrue/kernels/conv.h"
@@ -134,6 +135,8 @@ void conv2d_backward_weight(const Tensor& grad, const Tensor& x, const Tensor& g
 // 16-byte aligned, passed with their real strides. Each call returns false,
 // having written nothing, when cuDNN cannot build a graph for it.
 namespace cudnn {
+// The convolution handle of `stream` made now (kernels::prepare_stream).
+void prepare_conv_stream(int device, StreamHandle stream);
 bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& out,
                     const Conv2dGeometry& g);
 bool conv2d_backward_data(const Tensor& grad, const Tensor& weight, const Tensor& dx,

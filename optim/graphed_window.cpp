@@ -8,6 +8,9 @@
 
 #include "accrue/core/allocator.h"
 #include "accrue/core/nvtx.h"
+#include "accrue/core/write_order.h"
+#include "accrue/kernels/stream_resources.h"
+#include "accrue/optim/layer_steps.h"
 
 namespace accrue::optim {
 
@@ -102,7 +105,14 @@ void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
       warn("a micro-step on inputs " + sig,
            "the graphs were captured for " + signature_ + " (warned once)");
     warned_signature_ = true;
+    for (int64_t j = 0; j < pending_; ++j)  // the group taken so far, in order
+      eager_micro_step(group_buffers_[static_cast<size_t>(j)]);
+    pending_ = 0;
     eager_micro_step(inputs);
+    return;
+  }
+  if (concurrent_ > 1) {
+    group_backward(inputs);
     return;
   }
   const int64_t k = window_.micro_step_, K = window_.options_.micro_steps();
@@ -138,6 +148,102 @@ void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
   c.graph->launch();  // the capture recorded this micro-step; now it runs
   ++counts_.replayed_micro_steps;
   release_unused_cuda_memory(window_.state().device());
+}
+
+void GraphedWindow::set_concurrent_micro_batches(int n) {
+  const char* op = "GraphedWindow::set_concurrent_micro_batches";
+  ACCRUE_CHECK(n >= 1, op, ": n must be >= 1, got ", n);
+  ACCRUE_CHECK(window_.micro_step_ == 0 && pending_ == 0 &&
+                   counts_.replayed_micro_steps + counts_.eager_micro_steps == 0,
+               op, ": set it before the first backward (", window_.micro_step_,
+               " micro-steps run so far)");
+  if (n > 1) {  // Note [Concurrent micro-batches]: what it refuses
+    ACCRUE_CHECK(window_.sync_ == nullptr, op, "(", n,
+                 "): not with a GradientSync, whose all-reduces launch from host hooks");
+    ACCRUE_CHECK(window_.find_stage<LayerStepsStage>() == nullptr, op, "(", n,
+                 "): not with close_under_forward: the forwards on side streams would not wait "
+                 "for the layer steps (Note [Close under the forward])");
+    ACCRUE_CHECK(window_.listeners_.empty(), op, "(", n, "): not with ", window_.listeners_.size(),
+                 " window listener(s) (BatchNorm's window statistics): every forward adds to "
+                 "their state");
+    ACCRUE_CHECK(!window_.store_.has_fp8_copies(), op, "(", n,
+                 "): not with FP8 weight copies: every forward writes the FP8 scaling state");
+  }
+  concurrent_ = n;
+}
+
+void GraphedWindow::group_backward(const std::vector<Tensor>& inputs) {
+  // Note [Concurrent micro-batches]: the inputs wait in their place's buffers.
+  const size_t place = static_cast<size_t>(pending_);
+  if (group_buffers_.size() <= place) {
+    group_buffers_.emplace_back();
+    for (const Tensor& t : inputs)
+      group_buffers_.back().push_back(buffer_like(t));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i)
+    group_buffers_[place][i].copy_(inputs[i]);
+  const int64_t left = window_.options_.micro_steps() - window_.micro_step_;
+  if (++pending_ < std::min<int64_t>(concurrent_, left)) return;
+  run_group();
+}
+
+void GraphedWindow::run_group() {
+  const int64_t n = pending_;
+  pending_ = 0;
+  const bool first = window_.micro_step_ == 0;  // its writes go with beta 0
+  Captured& c = groups_[std::string(first ? "first:" : "rest:") + std::to_string(n)];
+  if (c.graph) {
+    c.graph->launch();
+    for (int64_t j = 0; j < n; ++j)
+      window_.replay_micro_step(c.written_after);
+    counts_.replayed_micro_steps += n;
+    return;
+  }
+  if (c.eager || c.seen++ == 0) {  // the warm-up: one after another, on the current stream
+    for (int64_t j = 0; j < n; ++j)
+      eager_micro_step(group_buffers_[static_cast<size_t>(j)]);
+    return;
+  }
+  capture_group(c, n, std::string(first ? "micro-steps 0.." : "a group of ") + std::to_string(n));
+}
+
+void GraphedWindow::capture_group(Captured& c, int64_t n, const std::string& what) {
+  const Device device = window_.state().device();
+  const StreamHandle main = current_stream(device.index);
+  while (static_cast<int64_t>(sides_.size()) + 1 < n) {
+    sides_.push_back(std::make_unique<Stream>(device.index));
+    kernels::prepare_stream(device, sides_.back()->handle());
+    joins_.push_back(std::make_unique<Event>());
+  }
+  if (!fork_) fork_ = std::make_unique<Event>();
+  const auto stream_of = [&](int64_t j) { return j == 0 ? main : sides_[j - 1]->handle(); };
+  const bool captured = capture(c, what, [&] {
+    fork_->record(main);
+    for (int64_t j = 1; j < n; ++j)
+      fork_->block(stream_of(j));
+    {
+      // Note [Ordered writes]: the slots' and the window's sums keep the micro-steps' order.
+      const WriteOrderScope slots(window_.store_.grad_arena().write_order());
+      const WriteOrderScope scalars(*window_.scalar_order_);
+      for (int64_t j = 0; j < n; ++j) {
+        const StreamGuard on(device.index, stream_of(j));
+        window_.backward(step_(group_buffers_[static_cast<size_t>(j)]));
+      }
+    }
+    for (int64_t j = 1; j < n; ++j) {
+      joins_[j - 1]->record(stream_of(j));
+      joins_[j - 1]->block(main);
+    }
+  });
+  if (!captured) {
+    for (int64_t j = 0; j < n; ++j)
+      eager_micro_step(group_buffers_[static_cast<size_t>(j)]);
+    return;
+  }
+  c.written_after = window_.store_.written_flags();
+  c.graph->launch();  // the capture recorded the group; now it runs
+  counts_.replayed_micro_steps += n;
+  release_unused_cuda_memory(device);
 }
 
 void GraphedWindow::close() {

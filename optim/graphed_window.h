@@ -61,6 +61,40 @@
 //    BatchNorm's compound_momentum or statistics sync), everything.
 // On the CPU every call is eager, silently: graphs are CUDA's.
 //
+// Note [Concurrent micro-batches]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With set_concurrent_micro_batches(n > 1), a group of n micro-steps is one
+// graph, each micro-step on a stream of its own (the current stream, then
+// n - 1 side streams forked and joined inside the capture), so that small
+// micro-batches fill the GPU together:
+//  - backward() copies its inputs into the buffers of their place in the
+//    group and returns; the group runs when its last input arrives (the
+//    window's last group may be shorter: K need not divide by n). So
+//    window().micro_step() counts the micro-steps run, not the inputs taken.
+//  - Within the window the weights do not change: micro-step k + 1's forward
+//    depends on nothing of micro-step k. Their shared writes, each gradient
+//    slot and the window's loss sum and item count, keep the host's order by
+//    events (Note [Ordered writes] in core/write_order.h): micro-step k + 1
+//    adds into a slot after micro-step k's last write into it. So the
+//    weights are bitwise those of the sequential loop. (A tied weight, as
+//    GPT-2's embedding and classifier, is written first and last by a
+//    backward, so there the backwards follow one another; the forwards still
+//    run beside them.)
+//  - Only inside graphs: an eager kernel on a second stream slows every later
+//    kernel of the process by about 0.17 us (bench/RESULTS.md, stream_gap),
+//    a graph's branches do not. The warm-up runs the group one micro-step
+//    after another on the current stream, and the side streams get their
+//    library workspaces without a kernel (kernels::prepare_stream). Where
+//    the micro-steps run eagerly (the CPU, a refused capture, the reasons of
+//    Note [Graphed window]) they run one after another as without the option.
+//  - Each micro-step in flight holds its own activations: the peak grows by
+//    about (n - 1) micro-batches' activations.
+//  - Refused with a GradientSync (its hooks launch all-reduces from the
+//    host), window listeners (BatchNorm's statistics, which every forward
+//    adds to), close_under_forward (a side stream's forward would not wait for
+//    the steps, Note [Close under the forward]) and FP8 weight copies (the
+//    FP8 scaling state is written by every forward).
+//
 // The step function must not keep tensors it made past its return (the
 // captured graph owns that memory), and a grad-ready hook registered by the
 // user runs during the capture only, not on replays. A bad index in a
@@ -79,6 +113,7 @@
 #include <vector>
 
 #include "accrue/core/cuda_graph.h"
+#include "accrue/core/cuda_runtime.h"
 #include "accrue/optim/window.h"
 
 namespace accrue::optim {
@@ -96,6 +131,10 @@ class GraphedWindow {
   bool ready() const { return window_.ready(); }
   // Window::close, replayed from a graph once one is captured.
   void close();
+  // Note [Concurrent micro-batches]: n >= 1 micro-steps in flight (1, the
+  // default: one after another). Before the first backward.
+  void set_concurrent_micro_batches(int n);
+  int concurrent_micro_batches() const { return concurrent_; }
   Window& window() { return window_; }
 
   struct Counts {
@@ -117,6 +156,11 @@ class GraphedWindow {
     std::vector<bool> written_after;  // the arena's flags after the captured micro-step
   };
   void eager_micro_step(const std::vector<Tensor>& inputs);
+  // Note [Concurrent micro-batches]: takes one input of a group; runs the
+  // group (run_group) when it is whole.
+  void group_backward(const std::vector<Tensor>& inputs);
+  void run_group();
+  void capture_group(Captured& c, int64_t n, const std::string& what);
   // Captures body into `c`, restoring the Window's host state when it fails.
   bool capture(Captured& c, const std::string& what, const std::function<void()>& body);
   void warn(const std::string& what, const std::string& why) const;
@@ -132,6 +176,14 @@ class GraphedWindow {
   Captured first_, rest_;
   std::map<std::string, Captured> closes_;  // by written flags and K
   Counts counts_;
+  // Note [Concurrent micro-batches].
+  int concurrent_ = 1;
+  std::vector<std::unique_ptr<Stream>> sides_;      // concurrent_ - 1 streams
+  std::vector<std::vector<Tensor>> group_buffers_;  // the inputs of each place in a group
+  int64_t pending_ = 0;                             // inputs taken, their group not yet run
+  std::map<std::string, Captured> groups_;          // by phase and group size
+  std::unique_ptr<Event> fork_;
+  std::vector<std::unique_ptr<Event>> joins_;
 };
 
 }  // namespace accrue::optim

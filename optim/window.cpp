@@ -177,9 +177,15 @@ void Window::backward(const Loss& loss) {
   {
     NoGradGuard no_grad;
     const Tensor count = loss.count.to(DType::f64).reshape({});
+    const Tensor sum = detach(loss.sum).to(DType::f64).reshape({});
+    // Note [Ordered writes]: the adds keep the micro-steps' order on any stream.
+    const StreamHandle stream =
+        scalar_order_->active() ? current_stream(state().device().index) : nullptr;
+    scalar_order_->before_write(0, stream);
     // Note [Normalization]: N counts items over the whole window; 1/N comes at close.
     kernels::axpy_(field(kernels::kItems), 1.0, count);
-    kernels::axpy_(ctx_->loss_sum, 1.0, detach(loss.sum).to(DType::f64).reshape({}));
+    kernels::axpy_(ctx_->loss_sum, 1.0, sum);
+    scalar_order_->finished(0, stream);
     Tensor s = field(kernels::kScale);
     if (options_.normalization() == kernels::Normalization::MeanOfMicroBatchMeans)
       s = kernels::binary(kernels::BinaryOp::Div, s, count);

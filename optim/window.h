@@ -464,6 +464,10 @@ class Window {
   std::vector<WindowListener*> listeners_;
   int64_t micro_step_ = 0;
   int64_t windows_ = 0;
+  // Note [Ordered writes]: the window's loss sum and item count (one key),
+  // which every micro-step adds to; active with the arena's order while
+  // micro-batches run on streams of their own (GraphedWindow).
+  std::unique_ptr<WriteOrder> scalar_order_ = std::make_unique<WriteOrder>(1);
   // Note [Unused parameters]: warn has spoken; under a sync, the last window checked.
   mutable bool unused_warned_ = false;
   mutable int64_t unused_checked_window_ = 0;

@@ -43,6 +43,27 @@ void check_close_under_forward(const OptionTable& cli, const CloseUnderForward& 
                   " (Note [Close under the forward])");
 }
 
+void declare_concurrent_micro_batches(OptionTable& cli, int64_t& n) {
+  cli.integer("--concurrent-micro-batches", &n, "N",
+              "with --cuda-graphs: run N micro-steps of a window at once, each on a stream of "
+              "its own inside one graph, their gradient adds kept in order by events (Note "
+              "[Concurrent micro-batches]; the same bits; N micro-batches of activations)")
+      .min(1)
+      .max(64);
+}
+
+void check_concurrent_micro_batches(int64_t n, bool cuda_graphs,
+                                    std::initializer_list<const char*> others) {
+  if (n == 1) return;
+  if (!cuda_graphs)
+    usage_error("--concurrent-micro-batches ", n,
+                " needs --cuda-graphs: the micro-steps run side by side only inside graphs");
+  for (const char* other : others)
+    if (other != nullptr)
+      usage_error("--concurrent-micro-batches is not taken with ", other,
+                  " (Note [Concurrent micro-batches])");
+}
+
 void declare_adamw_moments(OptionTable& cli, double& beta1, double& beta2, double& eps) {
   cli.number("--beta1", &beta1, "B1", "AdamW beta1").min(0).below(1);
   cli.number("--beta2", &beta2, "B2", "AdamW beta2").min(0).below(1);

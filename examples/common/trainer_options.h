@@ -82,6 +82,14 @@ void declare_close_under_forward(OptionTable& cli, CloseUnderForward& close,
 void check_close_under_forward(const OptionTable& cli, const CloseUnderForward& close,
                                std::initializer_list<const char*> others);
 
+// --concurrent-micro-batches N (Note [Concurrent micro-batches] in
+// optim/graphed_window.h): N micro-steps in flight under --cuda-graphs.
+void declare_concurrent_micro_batches(OptionTable& cli, int64_t& n);
+// The UsageErrors: N > 1 without --cuda-graphs, or with what it does not run
+// beside (`others`: each given option's name, or null for one not given).
+void check_concurrent_micro_batches(int64_t n, bool cuda_graphs,
+                                    std::initializer_list<const char*> others);
+
 // --stop-micro-steps M against the window's K micro-steps on `ranks` ranks:
 // one process only, and 0 < M < K (Note [Mid-window checkpoints]).
 void check_stop_micro_steps(int64_t stop_micro_steps, int64_t K, int ranks);

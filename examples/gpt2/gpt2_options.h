@@ -38,6 +38,7 @@ struct Gpt2Options {
   bool norm_under_backward = false;
   CloseUnderForward close_under_forward;
   bool cuda_graphs = false;
+  int64_t concurrent_micro_batches = 1;  // Note [Concurrent micro-batches]
   std::string gemm_tuning;
   std::string dtype;  // empty: bf16 on a GPU, f32 on the CPU
   std::optional<double> init_scale;

@@ -28,7 +28,8 @@ void print_bench_line(const Gpt2Options& o, const nn::GPT2Config& config, const 
       .number("dropout", config.dropout)
       .integer("warmup_windows", o.bench_warmup)
       .integer("timed_windows", o.bench_windows)
-      .boolean("cuda_graphs", result.cuda_graphs);
+      .boolean("cuda_graphs", result.cuda_graphs)
+      .integer("concurrent_micro_batches", o.concurrent_micro_batches);
   if (result.cuda_graphs) {
     c.integer("graph_memory_bytes", graph_memory(device.index).reserved_high_bytes);
   } else {

@@ -27,6 +27,7 @@ struct TrainOptions {
   int64_t stop_micro_steps = 0;
   std::optional<int64_t> n_layer, n_head, n_embd, vocab_size, block_size;
   bool synthetic = false, cuda_graphs = false, force_cpu = false;
+  int64_t concurrent_micro_batches = 1;  // Note [Concurrent micro-batches]
   bool activation_checkpointing = false, zero1 = false, nvtx = false;
   Fp8Choice fp8;  // --fp8, --fp8-recipe, --fp8-cast-every-micro-batch
   SyntheticDocuments synthetic_documents = SyntheticDocuments::random;  // GPT-2: full

@@ -371,6 +371,13 @@ bool device_supported(int device) {
   return CudnnState::instance().device_supported(device);
 }
 
+void prepare_attention_stream(int device, StreamHandle stream) {
+  CudnnState& state = CudnnState::instance();
+  std::lock_guard<std::mutex> lock(state.mutex());
+  const DeviceScope scope(device);
+  state.handle(device, stream);
+}
+
 bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                        const Tensor& out, const Tensor& lse, std::string* why) {
   const int dev = q.device().index;

@@ -318,6 +318,13 @@ bool run(Direction d, const Tensor& a, const Tensor& b, const Tensor& out,
 
 }  // namespace
 
+void prepare_conv_stream(int device, StreamHandle stream) {
+  ConvState& state = ConvState::instance();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  const ::accrue::cuda::DeviceScope scope(device);
+  state.handle(device, stream);
+}
+
 bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& out,
                     const Conv2dGeometry& g) {
   return run(kForward, x, weight, out, g);

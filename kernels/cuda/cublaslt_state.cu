@@ -8,7 +8,11 @@
 #include <string>
 
 #include "accrue/core/cuda_runtime.h"
+#include "accrue/core/device_scope.h"
 #include "accrue/core/status_check.h"
+#include "accrue/kernels/attention_backend.h"
+#include "accrue/kernels/backend.h"
+#include "accrue/kernels/conv_backend.h"
 #include "accrue/kernels/ops.h"
 
 namespace accrue::kernels::cuda::cublaslt {
@@ -86,6 +90,11 @@ std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, const LtProblem& p
 LtState& LtState::instance() {
   static LtState* state = new LtState();  // never destroyed, on purpose
   return *state;
+}
+
+void LtState::prepare(int device, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  handle_and_workspace(device, stream);
 }
 
 LtState::Resources LtState::acquire(const LtProblem& p, cudaStream_t stream, const void* a,
@@ -219,3 +228,16 @@ bool heuristic_algo(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMa
 }
 
 }  // namespace accrue::kernels::cuda::cublaslt
+
+namespace accrue::kernels::cuda {
+
+void prepare_stream(int device, StreamHandle stream) {
+  const ::accrue::cuda::DeviceScope scope(device);
+  cublaslt::LtState::instance().prepare(device, stream);
+#ifdef ACCRUE_WITH_CUDNN_FRONTEND
+  cudnn::prepare_attention_stream(device, stream);
+  cudnn::prepare_conv_stream(device, stream);
+#endif
+}
+
+}  // namespace accrue::kernels::cuda

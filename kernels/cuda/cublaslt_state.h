@@ -164,6 +164,9 @@ class LtState {
   };
 
   Resources acquire(const LtProblem& p, cudaStream_t stream, const void* a, const void* b);
+  // The handle and the stream's workspace made now, outside any capture
+  // (kernels::prepare_stream); nothing when they exist.
+  void prepare(int device, cudaStream_t stream);
 
   // A plan that chose cublasGemmEx runs here: cuBLAS's handle takes its
   // stream and workspace as state, so setting them and enqueueing is one

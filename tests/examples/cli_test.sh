@@ -133,7 +133,7 @@ case $name in
       --n-embd --vocab-size --block-size --composed \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops --fp8 --contiguous-rows --close-under-forward \
-      --close-layer-elements --close-max-blocks
+      --close-layer-elements --close-max-blocks --concurrent-micro-batches
     common_refusals
     expect 2 "--model 'gpt9' is not one of gpt2-tiny, gpt2-d12, gpt2-d24, gpt2-d36, gpt2-d48, llama-125m" \
       --synthetic --model gpt9
@@ -164,8 +164,25 @@ case $name in
     expect 2 "--close-layer-elements must be >= 1, got 0" --synthetic --close-under-forward \
       --close-layer-elements 0
     expect 2 "--close-max-blocks needs --close-under-forward" --synthetic --close-max-blocks 8
+    # Note [Concurrent micro-batches]: inside graphs only, and not beside what it cannot order.
+    expect 2 "--concurrent-micro-batches 2 needs --cuda-graphs" --synthetic \
+      --concurrent-micro-batches 2
+    expect 2 "--concurrent-micro-batches must be in [1, 64], got 0" --synthetic --cuda-graphs \
+      --concurrent-micro-batches 0
+    for other in --close-under-forward --fp8 --zero1; do
+      expect 2 "--concurrent-micro-batches is not taken with $other" --synthetic --cuda-graphs \
+        --concurrent-micro-batches 2 $other
+    done
     run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 2
     plain=$(grep "^final:" <<< "$out")
+    # On the CPU the graphs run eagerly: a group's micro-steps one after another, the same bits.
+    run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 3 --cuda-graphs \
+      --concurrent-micro-batches 2
+    grouped=$(grep "^final:" <<< "$out")
+    run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 3
+    [[ $rc -eq 0 && -n $grouped && $(grep "^final:" <<< "$out") == "$grouped" ]] ||
+      fail "train --concurrent-micro-batches 2: exit code $rc, '$grouped' vs '$(grep "^final:" <<< "$out")'"
+
     run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 2 \
       --close-under-forward --close-layer-elements 2000
     [[ $rc -eq 0 && -n $plain && $(grep "^final:" <<< "$out") == "$plain" ]] ||
@@ -465,8 +482,12 @@ case $name in
       --seed --val-every --val-batches --nvtx --metrics --layer-metrics-every \
       --noise-scale-every --checkpoint --checkpoint-every --resume --bench --bench-warmup \
       --bench-windows --peak-tflops --cpu --close-under-forward --close-layer-elements \
-      --close-max-blocks
+      --close-max-blocks --concurrent-micro-batches
     tiny=(--model tiny --cpu --synthetic)
+    expect 2 "--concurrent-micro-batches 4 needs --cuda-graphs" "${tiny[@]}" \
+      --concurrent-micro-batches 4
+    expect 2 "--concurrent-micro-batches is not taken with --close-under-forward" "${tiny[@]}" \
+      --cuda-graphs --concurrent-micro-batches 2 --close-under-forward
     expect 2 "--close-under-forward is not taken with --composed" "${tiny[@]}" \
       --close-under-forward --composed
     expect 2 "unknown option '--no-such-option'" "${tiny[@]}" --no-such-option

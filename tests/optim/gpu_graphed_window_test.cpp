@@ -46,6 +46,27 @@ TEST(GpuGraphedWindow, f32_replays_are_bitwise_the_eager_run) {
   EXPECT_EQ(out.warnings, "");
 }
 
+// Note [Concurrent micro-batches]: K = 4 in groups of 2 (window 0 warms up
+// "first:2" and "rest:2" eagerly, window 1 captures both) and in groups of 3
+// (a group of 3, then one of 1): bitwise the eager loop, with the slots'
+// writes ordered by events across the streams.
+TEST(GpuGraphedWindow, concurrent_micro_batches_are_bitwise_the_eager_loop) {
+  ACCRUE_REQUIRE_CUDA();
+  const PoolScope pool;
+  for (int n : {2, 3}) {
+    SCOPED_TRACE("concurrent micro-batches " + std::to_string(n));
+    test::Schedule s;
+    s.K = 4;
+    s.concurrent = n;
+    const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, DType::bf16, s);
+    EXPECT_EQ(out.counts.graphs, 3);  // two groups and the close
+    EXPECT_EQ(out.counts.eager_micro_steps, 4);
+    EXPECT_EQ(out.counts.replayed_micro_steps, 12);
+    EXPECT_EQ(out.counts.eager_closes, 1);
+    EXPECT_EQ(out.warnings, "");
+  }
+}
+
 TEST(GpuGraphedWindow, one_micro_step_per_window_uses_the_first_graph_only) {
   ACCRUE_REQUIRE_CUDA();
   const PoolScope pool;

@@ -29,7 +29,9 @@ struct GraphedGPT2 {
   std::unique_ptr<optim::Window> window;
   Device device;
 
-  GraphedGPT2(Device d, DType compute, int64_t K, double dropout = 0.0) : device(d) {
+  GraphedGPT2(Device d, DType compute, int64_t K, double dropout = 0.0,
+              bool close_under_forward = false)
+      : device(d) {
     nn::GPT2Config c;
     c.n_layer = 2;
     c.n_head = 4;
@@ -50,7 +52,9 @@ struct GraphedGPT2 {
         optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
             optimizer->moments_needed()));
     window = std::make_unique<optim::Window>(
-        *arena, *optimizer, optim::WindowOptions().micro_steps(K).max_grad_norm(0.5));
+        *arena, *optimizer,
+        optim::WindowOptions().micro_steps(K).max_grad_norm(0.5).close_under_forward(
+            close_under_forward, 1));
   }
 
   // The micro-batch of (window w, micro-step k): B sequences of tokens.
@@ -71,8 +75,11 @@ struct GraphedGPT2 {
 };
 
 // Micro-batch sizes: B everywhere, except `odd_b` at (odd_w, odd_k) when odd_b > 0.
+// `concurrent`: the graphed window's micro-steps in flight (Note [Concurrent
+// micro-batches]).
 struct Schedule {
   int64_t windows = 4, K = 3, B = 4;
+  int concurrent = 1;
   int64_t odd_w = -1, odd_k = -1, odd_b = 0;
   int64_t b(int64_t w, int64_t k) const { return w == odd_w && k == odd_k ? odd_b : B; }
 };
@@ -131,6 +138,7 @@ inline GraphedOutcome graphed_matches_eager(Device device, DType compute, const 
   const std::vector<optim::WindowReport> ra = train_eager(eager, s);
   ::testing::internal::CaptureStderr();
   optim::GraphedWindow g(*graphed.window, graphed.step());
+  g.set_concurrent_micro_batches(s.concurrent);
   const std::vector<optim::WindowReport> rb = train_graphed(graphed, g, s);
   GraphedOutcome out{g.counts(), ::testing::internal::GetCapturedStderr()};
   expect_same_run(eager, ra, graphed, rb);
@@ -153,6 +161,18 @@ inline void graphed_window_refuses_bad_use(Device device) {
   EXPECT_ERROR(g.backward(run.batch(0, 2, 2)), "Window::backward", "already has its 2");
   g.close();
   EXPECT_EQ(run.window->windows_closed(), 1);
+  // Note [Concurrent micro-batches]: the option is set before the first
+  // backward, to n >= 1, and not beside what it cannot order.
+  EXPECT_ERROR(g.set_concurrent_micro_batches(2), "set_concurrent_micro_batches",
+               "before the first backward");
+  optim::GraphedWindow fresh(*run.window, run.step());
+  EXPECT_ERROR(fresh.set_concurrent_micro_batches(0), "set_concurrent_micro_batches",
+               "n must be >= 1, got 0");
+  GraphedGPT2 under(device, DType::f32, 2, 0.0, /*close_under_forward=*/true);
+  optim::GraphedWindow g_under(*under.window, under.step());
+  EXPECT_ERROR(g_under.set_concurrent_micro_batches(2), "set_concurrent_micro_batches(2)",
+               "not with close_under_forward");
+  g_under.set_concurrent_micro_batches(1);  // one at a time is always allowed
 }
 
 }  // namespace accrue::test

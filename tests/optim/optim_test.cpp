@@ -103,6 +103,20 @@ TEST(GraphedWindow, on_the_cpu_every_call_is_eager_and_equals_a_plain_window) {
   EXPECT_EQ(out.warnings, "");
 }
 
+// Note [Concurrent micro-batches]: on the CPU the micro-steps of a group run
+// one after another as they arrive in its buffers, bitwise a plain Window;
+// K = 3 with groups of 2 leaves a last group of one.
+TEST(GraphedWindow, on_the_cpu_concurrent_micro_batches_run_in_order_and_equal_a_plain_window) {
+  test::Schedule s;
+  s.windows = 3;
+  s.K = 3;
+  s.concurrent = 2;
+  const test::GraphedOutcome out = test::graphed_matches_eager(Device::cpu(), DType::f32, s);
+  EXPECT_EQ(out.counts.eager_micro_steps, 9);
+  EXPECT_EQ(out.counts.graphs, 0);
+  EXPECT_EQ(out.warnings, "");
+}
+
 TEST(GraphedWindow, bad_use_is_an_error) {
   test::graphed_window_refuses_bad_use(Device::cpu());
 }
