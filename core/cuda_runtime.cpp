@@ -144,6 +144,9 @@ Event::~Event() {
 void Event::record(StreamHandle stream) {
   ACCRUE_CUDA_CHECK(cudaEventRecord(handle_, stream));
 }
+void Event::record_external(StreamHandle stream) {
+  ACCRUE_CUDA_CHECK(cudaEventRecordWithFlags(handle_, stream, cudaEventRecordExternal));
+}
 void Event::block(StreamHandle stream) const {
   ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream, handle_, 0));
 }
@@ -225,6 +228,9 @@ Event::Event(bool) {
 Event::~Event() = default;
 void Event::record(StreamHandle) {
   no_cuda("Event::record");
+}
+void Event::record_external(StreamHandle) {
+  no_cuda("Event::record_external");
 }
 void Event::block(StreamHandle) const {
   no_cuda("Event::block");

@@ -75,6 +75,12 @@ class Event {
   Event& operator=(const Event&) = delete;
   EventHandle handle() const { return handle_; }
   void record(StreamHandle stream);
+  // The same inside a CUDA graph capture (cudaEventRecordExternal): the graph
+  // gets an event-record node, so each replay records the event at that point
+  // of the replay, and streams outside the graph can wait for it (a plain
+  // record inside a capture only orders the graph's own nodes). Note [Steps
+  // graph] in optim/layer_steps.cpp records each layer range's event so.
+  void record_external(StreamHandle stream);
   // Makes `stream` wait for this event on the device (no host block).
   void block(StreamHandle stream) const;
   // The same inside a CUDA graph capture, for an event recorded outside it

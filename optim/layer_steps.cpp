@@ -1,6 +1,11 @@
 // Note [Close under the forward] (optim/layer_steps.h).
 #include "accrue/optim/layer_steps.h"
 
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
 #include "accrue/core/cuda_graph.h"
 #include "accrue/core/cuda_runtime.h"
 #include "accrue/core/error.h"
@@ -8,6 +13,8 @@
 namespace accrue::optim {
 
 namespace {
+
+std::atomic<int64_t> g_graphed_launches{0};  // LayerSteps::graphed_launches_in_process
 
 // Consecutive slots, in arena order, of at least min_elements each (the last
 // range takes what is left, however short); together they cover the padded
@@ -106,14 +113,114 @@ void LayerSteps::launch(const Tensor& state, int64_t step, const SlotTables& slo
     return;
   }
   const int device = store_.options().device().index;
+  // Note [Steps graph]: a kernel whose arguments are this window's values, so
+  // eager, and on the current stream, where the last close's ranges, which
+  // read the buffer, were joined (launch requires it).
+  optimizer_.store_hyperparameters(step);
   ready_->record(current_stream(device));
   ready_->block(side_->handle());
-  StreamGuard on_side(device, side_->handle());
-  optimizer_.store_hyperparameters(step);
+  const StreamGuard on_side(device, side_->handle());
+  if (const CudaGraph* graph = steps_graph(device)) {
+    graph->launch();  // on the current stream: the side stream
+    ++graphed_launches_;
+    g_graphed_launches.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  issue_ranges(/*captured=*/false);
+}
+
+int64_t LayerSteps::graphed_launches_in_process() {
+  return g_graphed_launches.load(std::memory_order_relaxed);
+}
+
+void LayerSteps::issue_ranges(bool captured) {
+  const StreamHandle side = side_->handle();
   for (size_t r = 0; r < ranges_.size(); ++r) {
     step_range(r);
-    done_[r]->record(side_->handle());
+    if (captured) {
+      done_[r]->record_external(side);
+    } else {
+      done_[r]->record(side);
+    }
   }
+}
+
+// Note [Steps graph]
+// ~~~~~~~~~~~~~~~~~~
+// Note [Close under the forward] issues its ranges on the side stream as one
+// CUDA graph: each range's fused step and its FP8 recasts (plain kernels
+// into buffers that keep_fp8_copies made), then an event-record node for the
+// range's event (Event::record_external), so that the current stream's
+// waits, eager (Event::block) or captured (Event::block_external), see each
+// replay's records. It is captured at the first close, with the side stream
+// current, and replayed at each close after the side stream waits for
+// ready_. The steps of the test mode, of measured step sums and of the CPU
+// stay as they were.
+// A replay repeats the capture's kernel arguments. That is right because
+// nothing the ranges read is a host value that changes from window to
+// window, and the key below holds their buffers where the capture saw them:
+//  - the step count, the coefficient and found_inf come from the window
+//    state (state[kStep], kCoef, kFoundInf, which the scalar step wrote),
+//    each slot's own count from the slot tables, each group's learning rate
+//    and weight decay from the optimizer's hyperparameter buffer (Note
+//    [Hyperparameters on the device]), which launch() writes on the current
+//    stream before ready_: its values travel as that kernel's arguments, so
+//    it cannot be replayed, and it must not go to the side stream (Note
+//    [Close under the forward]: no eager kernel there).
+//  - The host `step` reaches the ranges' kernels only as config_at(step)'s
+//    group rates in OptimizerParams::lr, which the kernel ignores when the
+//    hyperparameter buffer is given (Optimizer::buffers always gives it), and
+//    in the host checks, made at the capture; store_hyperparameters checks
+//    every window's config.
+//  - The other host values of each launch, the ranges, the grid cap, the
+//    grid (occupancy and SM count), the betas, eps and the groups' count,
+//    are fixed for the LayerSteps' life.
+//  - graph_key() collects at every launch the addresses the kernels read and
+//    write (the store's master, gradients, compute copy and moments, the
+//    window state, the slot tables, the optimizer's chunk groups and
+//    hyperparameter buffer) and the bytes of the store's FP8 copies (a copy
+//    added after the capture would not be recast). A different key
+//    recaptures; the old graph, if still running, is freed when it ends
+//    (cudaGraphExecDestroy). None of them moves today: the Window allocates
+//    them once, and loads write into them in place.
+// A capture that fails (the plain allocator, Note [Capturable code]) is not
+// tried again: the ranges go to the side stream as eager kernels, with one
+// warning on stderr. A close issued while this thread captures
+// (graph_capturing()) does not nest a capture: eager too.
+const CudaGraph* LayerSteps::steps_graph(int device) {
+  if (graph_failed_ || graph_capturing()) return nullptr;
+  std::vector<int64_t> key = graph_key();
+  if (graph_ != nullptr && key == graph_key_) return graph_.get();
+  graph_.reset();
+  std::string why;
+  graph_ = CudaGraph::capture(
+      device, [this] { issue_ranges(/*captured=*/true); }, &why);
+  if (graph_ == nullptr) {
+    graph_failed_ = true;
+    std::fprintf(stderr,
+                 "accrue: close_under_forward: the layer steps run as eager kernels on the side "
+                 "stream, which slows every later kernel (Note [Steps graph]): %s\n",
+                 why.c_str());
+    return nullptr;
+  }
+  graph_key_ = std::move(key);
+  ++graph_captures_;
+  return graph_.get();
+}
+
+std::vector<int64_t> LayerSteps::graph_key() const {
+  // Called while stepping_ is set: the store's accessors do not join.
+  auto at = [](const Tensor& t) {
+    return t.defined() ? static_cast<int64_t>(reinterpret_cast<intptr_t>(t.data_ptr())) : 0;
+  };
+  std::vector<int64_t> key = {
+      at(state_),           at(slots_.chunk_slots),        at(slots_.used),
+      at(slots_.steps),     at(store_.master()),           at(store_.grads()),
+      at(store_.compute()), at(optimizer_.chunk_groups()), at(optimizer_.hyperparameters()),
+      store_.memory().fp8};
+  for (int i = 0; i < store_.options().moments(); ++i)
+    key.push_back(at(store_.moment(i)));
+  return key;
 }
 
 void LayerSteps::step_range(size_t r) {

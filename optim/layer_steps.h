@@ -9,11 +9,24 @@
 // [Step ranges] in optim/optimizer.cpp): consecutive slots in registration
 // order, each range at least min_elements long (the last may be shorter),
 // together covering the padded arena.
-//  - On CUDA the ranges go to a side stream, which first waits for the
-//    close's stages (an event on the current stream), then stores the
-//    hyperparameters and steps the ranges in order, recording an event after
-//    each. The current stream goes on at once: the close's report, then the
-//    next window's forward.
+//  - On CUDA the close stores the hyperparameters on the current stream,
+//    then the ranges go to a side stream, which first waits for the close's
+//    stages (an event on the current stream), then steps the ranges in
+//    order, recording an event after each. The current stream goes on at
+//    once: the close's report, then the next window's forward.
+//  - The side stream runs them as one CUDA graph, captured at the first
+//    close and replayed at each (Note [Steps graph] in
+//    optim/layer_steps.cpp), never as eager kernels: on an H200 one eager
+//    kernel launched on a second stream made every later kernel of the
+//    process slower, by about 0.17 us of gap each for the rest of its life
+//    (+14% at 1.2 us kernels; GPT-2 at micro-batch 1 x 32 under CUDA graphs
+//    went from 110.0 to 115.6 ms a window), while a graph launched there, a
+//    memset, an event record or an allocation cost nothing (the stream_gap
+//    cases side_wait, side_graph, side_memset, side_event and side_alloc of
+//    bench/bench_stream_gap.cu; bench/RESULTS.md). Where the graph cannot
+//    be captured (the plain allocator, Note [Capturable code]; a close
+//    issued inside another capture) the ranges go to the side stream as
+//    eager kernels, as before, with a warning on stderr once.
 //  - The forward awaits its parameters (accrue::await_parameters, Note
 //    [Parameter gates] in autograd/parameter_gate.h; nn's models call it
 //    before each layer): the current stream waits for the event of the
@@ -42,7 +55,8 @@
 //    forward that reads a layer before awaiting it then reads the old
 //    weights and the bits change, which the tests compare.
 //  - Under a GraphedWindow the micro-steps are captured and replayed; the
-//    close runs eagerly (its side stream). A capture records each await's
+//    close runs eagerly (its ranges as the steps graph on the side stream,
+//    which the GraphedWindow does not capture). A capture records each await's
 //    and the join's wait as an event-wait node on an event recorded outside
 //    the graph (Event::block_external), so every replay waits for the ranges
 //    the eager close before it issued; the replay of micro-step 0 then marks
@@ -68,6 +82,7 @@
 #include "accrue/optim/param_store.h"
 
 namespace accrue {
+class CudaGraph;
 class Event;
 class Stream;
 }  // namespace accrue
@@ -101,12 +116,27 @@ class LayerSteps final : public ParameterGate {
   // A replayed micro-step 0 joined on the device (its capture recorded the
   // join's wait, Note [Graphed window]): the host state follows.
   void joined_by_replay() { set_launched(false); }
+  // Note [Steps graph]: closes whose ranges went to the side stream as the
+  // captured graph, by this LayerSteps and by every one of the process (a
+  // Window keeps its stages to itself: the tests read the latter), and the
+  // graph's captures.
+  int64_t graphed_launches() const { return graphed_launches_; }
+  static int64_t graphed_launches_in_process();
+  int64_t graph_captures() const { return graph_captures_; }
 
  private:
   void step_ranges_until(int64_t end);  // the test mode's steps, [awaited_, end)
   void step_range(size_t r);            // range r's step, then its slots' FP8 copies
   void wait_for(int64_t range);
   void set_launched(bool on);  // and the gate's pending mark (Note [Parameter gates])
+  // Every range's step and its event on the current stream (the side stream):
+  // as external event-record nodes when captured.
+  void issue_ranges(bool captured);
+  // Note [Steps graph]: the graph of issue_ranges for what the steps read
+  // now, captured when there is none or what they read has moved; null
+  // where it cannot be (then the caller issues the ranges eagerly).
+  const CudaGraph* steps_graph(int device);
+  std::vector<int64_t> graph_key() const;
 
   ParamStore& store_;
   const Optimizer& optimizer_;
@@ -126,6 +156,12 @@ class LayerSteps final : public ParameterGate {
   std::unique_ptr<Stream> side_;
   std::unique_ptr<Event> ready_;
   std::vector<std::unique_ptr<Event>> done_;
+  // Note [Steps graph]; last, so that it goes before the events its nodes record.
+  std::vector<int64_t> graph_key_;  // the addresses the graph was captured on
+  bool graph_failed_ = false;       // its capture failed once: eager from then on
+  int64_t graphed_launches_ = 0;
+  int64_t graph_captures_ = 0;
+  std::unique_ptr<CudaGraph> graph_;
 };
 
 // The close's stage in place of "optimizer step" (Note [Close stages]).

@@ -189,6 +189,11 @@ class Optimizer {
   void step(const ParamStore& arena, const Tensor& window_state, int64_t step,
             const std::vector<ArenaRange>& ranges = {}, const SlotTables& slots = {}) const;
   void store_hyperparameters(int64_t step) const;
+  // What bind() made and every pass reads on the device: each chunk's group
+  // and the hyperparameter buffer (Note [Steps graph] in
+  // optim/layer_steps.cpp keys its captured steps on their addresses).
+  const Tensor& chunk_groups() const { return chunk_groups_; }
+  const Tensor& hyperparameters() const { return hyper_; }
   // Note [Step ranges]: the fused pass of step() for optimizer step `step`
   // over one chunk-aligned range of the whole arena (not under ZeRO-1),
   // reading the hyperparameters store_hyperparameters(step) left on the

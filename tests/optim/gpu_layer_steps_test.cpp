@@ -74,6 +74,42 @@ TEST(GpuCloseUnderForward, graphed_micro_steps_give_the_sequential_bits) {
   set_cuda_allocator_mode(before);
 }
 
+// Note [Steps graph]: with the stream-ordered pool every close replays the
+// one captured graph of the ranges on the side stream; with the plain
+// allocator (no capture) the ranges go there as eager kernels. Either way the
+// bits are the sequential close's.
+TEST(GpuCloseUnderForward, steps_replay_one_graph_with_the_sequential_bits) {
+  ACCRUE_REQUIRE_CUDA();
+  struct RestoreMode {
+    CudaAllocatorMode before = cuda_allocator_mode();
+    ~RestoreMode() { set_cuda_allocator_mode(before); }
+  } restore;
+  constexpr int64_t kWindows = 3, kK = 2;
+  struct Case {
+    CudaAllocatorMode mode;
+    std::optional<Fp8Recipe> fp8;
+    const char* what;
+  };
+  for (const Case& c : {Case{CudaAllocatorMode::StreamOrderedPool, std::nullopt, "pool"},
+                        Case{CudaAllocatorMode::StreamOrderedPool, Fp8Recipe::tensor, "pool, fp8"},
+                        Case{CudaAllocatorMode::Plain, std::nullopt, "plain"}}) {
+    SCOPED_TRACE(c.what);
+    set_cuda_allocator_mode(c.mode);
+    const bool graphed = c.mode == CudaAllocatorMode::StreamOrderedPool;
+    test::CloseRun a(CloseModel::gpt2, Device::cuda(), DType::bf16, test::sequential_close(kK),
+                     c.fp8);
+    test::CloseRun b(CloseModel::gpt2, Device::cuda(), DType::bf16,
+                     test::close_under_forward(kK, 4096, /*lazy=*/false), c.fp8);
+    const std::vector<optim::WindowReport> ra = a.train(kWindows, kK);
+    const int64_t before = optim::LayerSteps::graphed_launches_in_process();
+    const std::vector<optim::WindowReport> rb = b.train(kWindows, kK);
+    // One launch a close, the skipped window's too (its kernels return at once).
+    EXPECT_EQ(optim::LayerSteps::graphed_launches_in_process() - before, graphed ? kWindows : 0);
+    test::expect_same_run(a, ra, b, rb);
+    if (under_sanitizer()) break;
+  }
+}
+
 TEST(GpuCloseUnderForward, steps_on_first_read_give_the_sequential_bits) {
   ACCRUE_REQUIRE_CUDA();
   test::expect_close_under_forward_is_bitwise(CloseModel::gpt2, Device::cuda(), DType::bf16, 1,
