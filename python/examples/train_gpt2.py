@@ -53,6 +53,9 @@ def parse(argv=None):
     p.add_argument("--shards", default=None, help="llm.c token shards (a glob); default: random")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay each micro-step and the close as CUDA graphs (GraphedWindow)")
+    p.add_argument("--concurrent-micro-batches", type=int, default=1, metavar="N",
+                   help="with --cuda-graphs: N micro-steps in flight, each on its own stream "
+                        "(Note [Concurrent micro-batches]; the same bits)")
     p.add_argument("--close-under-forward", action="store_true",
                    help="step the parameters layer by layer beside the next window's forward "
                         "(WindowOptions.close_under_forward)")
@@ -86,6 +89,8 @@ def main(argv=None, on_window=None):
         micro_steps=args.accum, max_grad_norm=args.max_grad_norm,
         close_under_forward=args.close_under_forward))
     graphed = optim.GraphedWindow(window, model.loss) if args.cuda_graphs else None
+    if graphed is not None:
+        graphed.concurrent_micro_batches = args.concurrent_micro_batches
 
     if args.shards:
         shards = accrue.data.TokenShards(args.shards)
@@ -130,6 +135,7 @@ def main(argv=None, on_window=None):
     print(json.dumps({"impl": "accrue-python", "model": args.model, "device": args.device,
                       "dtype": dtype, "micro_batch": args.micro_batch, "K": args.accum,
                       "seq_len": seq, "cuda_graphs": args.cuda_graphs,
+                      "concurrent_micro_batches": args.concurrent_micro_batches,
                       "close_under_forward": args.close_under_forward,
                       "tokens_per_s_median": statistics.median(rates),
                       "final_loss": report.loss}))

@@ -79,6 +79,11 @@ void bind_graphed_window(nb::module_& m) {
            "Window's backward; replayed from a graph once one is captured.")
       .def("ready", &GraphedWindow::ready, "True after K micro-steps.")
       .def("close", &GraphedWindow::close, "The Window's close, replayed once captured.")
+      .def_prop_rw("concurrent_micro_batches", &GraphedWindow::concurrent_micro_batches,
+                   &GraphedWindow::set_concurrent_micro_batches,
+                   "Micro-steps in flight at once under the graphs, each on its own stream, "
+                   "the same bits (Note [Concurrent micro-batches]); 1 (the default): one after "
+                   "another. Set before the first backward.")
       .def_prop_ro("window", &GraphedWindow::window, nb::rv_policy::reference_internal,
                    "The wrapped Window (report(), state_dict(), ...).")
       .def_prop_ro("counts", &GraphedWindow::counts, nb::rv_policy::copy,

@@ -90,11 +90,36 @@ def test_graphed_window_runs_eagerly_on_the_cpu_and_equals_the_window():
     assert np.isfinite(graphed.window.report().loss)
 
 
+def test_concurrent_micro_batches_run_in_order_on_the_cpu_and_refuse_bad_use():
+    # Note [Concurrent micro-batches]: on the CPU a group's micro-steps run one
+    # after another as they arrive, bitwise the plain window.
+    model, _, _, window = build(3)
+    run(model, window, range(6))
+    expected = params(model)
+
+    model, _, _, window = build(3)
+    graphed = optim.GraphedWindow(window, lambda idx, targets: model.loss(idx, targets))
+    with pytest.raises(accrue.Error, match="n must be >= 1, got 0"):
+        graphed.concurrent_micro_batches = 0
+    graphed.concurrent_micro_batches = 2
+    assert graphed.concurrent_micro_batches == 2
+    for s in range(6):
+        graphed.backward(list(batch(s)))
+        if graphed.ready():
+            graphed.close()
+    np.testing.assert_array_equal(params(model), expected)
+    with pytest.raises(accrue.Error, match="before the first backward"):
+        graphed.concurrent_micro_batches = 3
+
+
 @pytest.mark.skipif(not accrue.cuda_is_available(), reason="no CUDA device (or accrue built without CUDA)")
-def test_graphed_window_captures_on_the_gpu_and_equals_the_eager_window():
+@pytest.mark.parametrize("concurrent", [1, 2])
+def test_graphed_window_captures_on_the_gpu_and_equals_the_eager_window(concurrent):
     def train(graphed):
         model, _, _, window = build(4, device="cuda", dtype=accrue.f32)
         g = optim.GraphedWindow(window, lambda idx, targets: model.loss(idx, targets)) if graphed else None
+        if g:
+            g.concurrent_micro_batches = concurrent
         for s in range(8):
             inputs = batch(s, device="cuda")
             if g:
