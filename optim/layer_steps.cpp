@@ -1,7 +1,6 @@
 // Note [Close under the forward] (optim/layer_steps.h).
 #include "accrue/optim/layer_steps.h"
 
-#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -13,8 +12,6 @@
 namespace accrue::optim {
 
 namespace {
-
-std::atomic<int64_t> g_graphed_launches{0};  // LayerSteps::graphed_launches_in_process
 
 // Consecutive slots, in arena order, of at least min_elements each (the last
 // range takes what is left, however short); together they cover the padded
@@ -123,14 +120,9 @@ void LayerSteps::launch(const Tensor& state, int64_t step, const SlotTables& slo
   if (const CudaGraph* graph = steps_graph(device)) {
     graph->launch();  // on the current stream: the side stream
     ++graphed_launches_;
-    g_graphed_launches.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   issue_ranges(/*captured=*/false);
-}
-
-int64_t LayerSteps::graphed_launches_in_process() {
-  return g_graphed_launches.load(std::memory_order_relaxed);
 }
 
 void LayerSteps::issue_ranges(bool captured) {

@@ -117,11 +117,8 @@ class LayerSteps final : public ParameterGate {
   // join's wait, Note [Graphed window]): the host state follows.
   void joined_by_replay() { set_launched(false); }
   // Note [Steps graph]: closes whose ranges went to the side stream as the
-  // captured graph, by this LayerSteps and by every one of the process (a
-  // Window keeps its stages to itself: the tests read the latter), and the
-  // graph's captures.
+  // captured graph, and the graph's captures (Window::layer_steps reaches them).
   int64_t graphed_launches() const { return graphed_launches_; }
-  static int64_t graphed_launches_in_process();
   int64_t graph_captures() const { return graph_captures_; }
 
  private:

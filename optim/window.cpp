@@ -224,6 +224,11 @@ void Window::close() {
   close_host();
 }
 
+const LayerSteps* Window::layer_steps() const {
+  LayerStepsStage* s = find_stage<LayerStepsStage>();
+  return s ? &s->steps() : nullptr;
+}
+
 void Window::join_layer_steps(const char* where, bool after_forward) const {
   if (auto* s = find_stage<LayerStepsStage>()) s->steps().join(where, after_forward);
 }

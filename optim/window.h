@@ -100,6 +100,8 @@
 
 namespace accrue::optim {
 
+class LayerSteps;
+
 // Note [Unused parameters]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // A parameter no gradient reached in a window (an expert nobody routed to, a
@@ -407,6 +409,9 @@ class Window {
   // The close's stages in order (Note [Close stages]), e.g. "zero unwritten,
   // items, norm, scalar step, optimizer step, report".
   std::string describe_close() const { return describe_stages(stages_); }
+  // Note [Close under the forward]: the layer steps (their ranges and how
+  // they were launched), or null without close_under_forward.
+  const LayerSteps* layer_steps() const;
 
  private:
   // Note [Graphed window] (optim/graphed_window.h): a GraphedWindow captures

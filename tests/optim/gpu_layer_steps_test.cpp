@@ -101,10 +101,12 @@ TEST(GpuCloseUnderForward, steps_replay_one_graph_with_the_sequential_bits) {
     test::CloseRun b(CloseModel::gpt2, Device::cuda(), DType::bf16,
                      test::close_under_forward(kK, 4096, /*lazy=*/false), c.fp8);
     const std::vector<optim::WindowReport> ra = a.train(kWindows, kK);
-    const int64_t before = optim::LayerSteps::graphed_launches_in_process();
     const std::vector<optim::WindowReport> rb = b.train(kWindows, kK);
     // One launch a close, the skipped window's too (its kernels return at once).
-    EXPECT_EQ(optim::LayerSteps::graphed_launches_in_process() - before, graphed ? kWindows : 0);
+    ASSERT_NE(b.window->layer_steps(), nullptr);
+    EXPECT_EQ(b.window->layer_steps()->graphed_launches(), graphed ? kWindows : 0);
+    EXPECT_EQ(b.window->layer_steps()->graph_captures(), graphed ? 1 : 0);
+    EXPECT_EQ(a.window->layer_steps(), nullptr);
     test::expect_same_run(a, ra, b, rb);
     if (under_sanitizer()) break;
   }
