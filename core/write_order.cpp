@@ -12,6 +12,7 @@ WriteOrder::~WriteOrder() = default;
 void WriteOrder::activate() {
   for (Key& k : keys_)
     k = Key{};
+  seen_.clear();
   active_ = true;
 }
 
@@ -28,7 +29,7 @@ void WriteOrder::before_write(size_t key, StreamHandle stream) {
   check(key, "before_write");
   Key& k = keys_[key];
   if (k.writer == stream) return;  // this stream's turn already
-  if (k.recorded) run(Op::wait, key, stream);
+  if (k.recorded) wait_for(key, stream);
   ACCRUE_CHECK(k.writer == nullptr || k.recorded, "WriteOrder::before_write: key ", key,
                " is written by a stream whose turn has not finished (Note [Ordered writes])");
   k.writer = stream;
@@ -41,10 +42,22 @@ void WriteOrder::finished(size_t key, StreamHandle stream) {
   Key& k = keys_[key];
   // A turn that wrote nothing through before_write still ends here: a later
   // stream's writes must follow whatever this stream did before.
-  if (k.writer != stream && k.recorded) run(Op::wait, key, stream);
+  if (k.writer != stream && k.recorded) wait_for(key, stream);
   run(Op::record, key, stream);
   k.writer = stream;
   k.recorded = true;
+  k.number = records_;
+}
+
+void WriteOrder::wait_for(size_t key, StreamHandle stream) {
+  const Key& k = keys_[key];
+  int64_t& seen = seen_[{stream, k.writer}];
+  if (seen >= k.number) {  // an earlier wait on a later record of the writer covers it
+    ++implied_;
+    return;
+  }
+  run(Op::wait, key, stream);
+  seen = k.number;
 }
 
 void WriteOrder::run(Op op, size_t key, StreamHandle stream) {

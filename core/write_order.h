@@ -21,6 +21,12 @@
 // issues micro-batch k whole before k + 1, so a wait always names the latest
 // record (a wait takes the event as it stands when issued). Under CUDA graph
 // capture the events become the graph's edges.
+// A wait that an earlier wait of the same stream implies is left out: a
+// record on a stream follows everything issued there before it, so after
+// waiting for the writer's record number q, the waiter needs none of that
+// writer's records up to q. With a tied weight (GPT-2's embedding, written
+// first and last by a backward) the next backward's first wait covers all
+// the others, and the graph keeps one cross-stream edge instead of one a slot.
 // Inactive (the default) every call returns at once: one stream orders
 // itself. activate() starts with no owner, so the first turn never waits.
 #pragma once
@@ -28,7 +34,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "accrue/core/cuda_runtime.h"
@@ -55,23 +63,30 @@ class WriteOrder {
   void before_write(size_t key, StreamHandle stream);
   void finished(size_t key, StreamHandle stream);
 
-  // Waits and records issued since the order was built (for tests and reports).
+  // Waits and records issued since the order was built, and the waits left
+  // out as implied by an earlier one (for tests and reports).
   int64_t waits() const { return waits_; }
   int64_t records() const { return records_; }
+  int64_t implied_waits() const { return implied_; }
 
  private:
   struct Key {
     StreamHandle writer = nullptr;  // the stream whose turn it is, or whose turn ended last
     bool recorded = false;          // the writer's turn ended with a record
+    int64_t number = 0;             // that record's place among all records
   };
   void check(size_t key, const char* op) const;
+  // Makes `stream` wait for the key's last record unless an earlier wait implies it.
+  void wait_for(size_t key, StreamHandle stream);
   void run(Op op, size_t key, StreamHandle stream);
 
   Ops ops_;
   bool active_ = false;
   std::vector<Key> keys_;
   std::vector<std::unique_ptr<Event>> events_;  // made on first use, with the CUDA ops
-  int64_t waits_ = 0, records_ = 0;
+  // (waiter, writer) -> the writer's latest record number the waiter has waited for.
+  std::map<std::pair<StreamHandle, StreamHandle>, int64_t> seen_;
+  int64_t waits_ = 0, records_ = 0, implied_ = 0;
 };
 
 // Activates an order for a scope.

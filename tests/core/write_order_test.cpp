@@ -58,6 +58,35 @@ TEST(WriteOrder, each_turn_waits_for_the_last_turn_of_another_stream) {
   EXPECT_EQ(order.records(), 3);
 }
 
+// A wait for the writer's later record covers its earlier ones: a tied
+// weight's slot, finished last by one backward and written first by the
+// next, leaves one wait; slots taken in the order they were finished each
+// need theirs.
+TEST(WriteOrder, a_wait_implied_by_an_earlier_one_is_left_out) {
+  Recorded r;
+  WriteOrder order(3, r.sink());
+  const WriteOrderScope on(order);
+  for (size_t key : {0, 1, 2}) {
+    order.before_write(key, stream(1));
+    order.finished(key, stream(1));
+  }
+  order.before_write(2, stream(2));  // the last finished: covers keys 0 and 1
+  order.before_write(0, stream(2));
+  order.before_write(1, stream(2));
+  EXPECT_EQ(order.waits(), 1);
+  EXPECT_EQ(order.implied_waits(), 2);
+  for (size_t key : {0, 1, 2})
+    order.finished(key, stream(2));
+  order.before_write(0, stream(1));  // in finishing order: every wait is needed
+  order.before_write(1, stream(1));
+  order.before_write(2, stream(1));
+  const std::vector<std::string> want = {
+      "record 0 on 1", "record 1 on 1", "record 2 on 1", "wait 2 on 2", "record 0 on 2",
+      "record 1 on 2", "record 2 on 2", "wait 0 on 1",   "wait 1 on 1", "wait 2 on 1"};
+  EXPECT_EQ(r.ops, want);
+  EXPECT_EQ(order.implied_waits(), 2);
+}
+
 // A turn that ends without a write of its own still follows the last one,
 // so its record covers it.
 TEST(WriteOrder, a_finish_without_a_write_follows_the_last_turn) {
