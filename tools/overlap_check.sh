@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # The one-call check of the close under the forward (Note [Close under the
-# forward] in optim/layer_steps.h) and of documents within rows (Note
-# [Documents within rows] in nn/llama.h): run it from the repo root on an
-# H100/H200.
+# forward] in optim/layer_steps.h), of concurrent micro-batches (Note
+# [Concurrent micro-batches] in optim/graphed_window.h) and of documents
+# within rows (Note [Documents within rows] in nn/llama.h): run it from the
+# repo root on an H100/H200.
 #
 #   tools/overlap_check.sh [options]
 #
 # Steps: configure (Release, sm_90, tests on, benchmarks on unless
 # --skip-stream-gap) and build the
-# targets below with all cores; the GPU tests GpuCloseUnderForward*
-# (test_optim_gpu) and GpuLlama* (test_nn_llama_gpu); GPT-2 124M
-# (accrue_train_gpt2 --bench, bf16, 32,768 tokens a window) at each --points
-# B x K, eager and with --cuda-graphs, each without and with
-# --close-under-forward in the order A B B A: the final loss must be the same
-# bits, and the window times stand side by side; llama-125m on shards of the
+# targets below with all cores; the GPU tests GpuCloseUnderForward* and
+# GpuGraphedWindow* (test_optim_gpu) and GpuLlama* (test_nn_llama_gpu); GPT-2
+# 124M (accrue_train_gpt2 --bench, bf16, 32,768 tokens a window) at each
+# --points B x K, eager and with --cuda-graphs, each without and with
+# --close-under-forward in the order A B B A, and with --cuda-graphs without
+# and with --concurrent-micro-batches N (--concurrent, where K >= N) in the
+# same order: the final loss must be the same bits, and the window times
+# stand side by side; llama-125m on shards of the
 # Python standard library (tools/make_shards.py) under --cuda-graphs with
 # documents within rows against --contiguous-rows (tok/s, peak memory); the
 # stream_gap/* cases of accrue_bench (bench/bench_stream_gap.cu: does a second
@@ -42,6 +45,7 @@ usage: tools/overlap_check.sh [options]
   --points LIST         GPT-2 B x K points, comma-separated (default: 8x4,1x32)
   --bench-windows N     timed windows a run (default: 10; 3 untimed first)
   --close-max-blocks N  passed to every --close-under-forward run (default: 0, no cap)
+  --concurrent N        micro-steps in flight in the concurrent runs (default: 2; 1: none)
   --skip-build          use the build directory as it is
   --skip-tests          no GPU tests
   --sanitizer-tools L   compute-sanitizer tools, comma-separated (default: memcheck)
@@ -58,6 +62,7 @@ log_dir=""
 points=8x4,1x32
 bench_windows=10
 max_blocks=0
+concurrent=2
 sanitizer_tools=memcheck
 sanitizer_timeout=150
 skip_build=0 skip_tests=0 skip_sanitizer=0 skip_bench=0 skip_stream_gap=0
@@ -68,6 +73,7 @@ while [[ $# -gt 0 ]]; do
     --points) points="$2"; shift 2 ;;
     --bench-windows) bench_windows="$2"; shift 2 ;;
     --close-max-blocks) max_blocks="$2"; shift 2 ;;
+    --concurrent) concurrent="$2"; shift 2 ;;
     --skip-build) skip_build=1; shift ;;
     --skip-tests) skip_tests=1; shift ;;
     --sanitizer-tools) sanitizer_tools="$2"; shift 2 ;;
@@ -83,6 +89,8 @@ done
   { echo "overlap_check: --bench-windows must be a positive integer, got '$bench_windows'" >&2; exit 2; }
 [[ $sanitizer_timeout =~ ^[1-9][0-9]*$ ]] ||
   { echo "overlap_check: --sanitizer-timeout must be a positive integer, got '$sanitizer_timeout'" >&2; exit 2; }
+[[ $concurrent =~ ^[1-9][0-9]*$ ]] ||
+  { echo "overlap_check: --concurrent must be a positive integer, got '$concurrent'" >&2; exit 2; }
 [[ $max_blocks =~ ^[0-9]+$ ]] ||
   { echo "overlap_check: --close-max-blocks must be an integer >= 0, got '$max_blocks'" >&2; exit 2; }
 IFS=, read -r -a point_list <<< "$points"
@@ -118,7 +126,7 @@ find_binary() { find "$build_dir" -type f -name "$1" -perm -u+x | head -n 1; }
 
 # ---- tests ---------------------------------------------------------------------------
 if [[ $skip_tests -eq 0 && $failed -eq 0 ]]; then
-  for spec in "test_optim_gpu:GpuCloseUnderForward*" "test_nn_llama_gpu:GpuLlama*"; do
+  for spec in "test_optim_gpu:GpuCloseUnderForward*:GpuGraphedWindow*" "test_nn_llama_gpu:GpuLlama*"; do
     bin=$(find_binary "${spec%%:*}")
     log="$details/${spec%%:*}.log"
     if "$bin" --gtest_filter="${spec#*:}" > "$log" 2>&1; then
@@ -133,6 +141,7 @@ fi
 # ---- benchmarks --------------------------------------------------------------------
 json_field() { grep -o "\"$2\": [^,}]*" <<< "$1" | head -n 1 | sed 's/.*: //'; }
 bench_rows=()
+concurrent_rows=()
 gap_rows=()
 # bench_run NAME COMMAND...: the JSON line of one --bench run, or FAILED.
 bench_run() {
@@ -186,6 +195,22 @@ if [[ $skip_bench -eq 0 && $failed -eq 0 ]]; then
       [[ $lp == "$lu" ]] || { failed=1; note "gpt2 $p${graphs:+ graphs}: final loss $lp vs $lu under the forward: DIFFER"; }
       bench_rows+=("| GPT-2 124M $p ${graphs:-eager} | $(json_field "$plain" window_ms_median), $(json_field "$plain2" window_ms_median) | $(json_field "$under" window_ms_median), $(json_field "$under2" window_ms_median) | $(json_field "$plain" window_ms_min) / $(json_field "$under" window_ms_min) | $lp / $lu |")
     done
+    # Note [Concurrent micro-batches]: graphs one at a time (A) against N in flight (B).
+    [[ $concurrent -gt 1 && $k -ge $concurrent ]] || continue
+    base=(--model d12 --synthetic --dtype bf16 --micro-batch "$b" --total-batch-tokens $((b * k * 1024)) --cuda-graphs "${timing[@]}")
+    runs=()
+    for mode in a n_a n_b b; do
+      extra=()
+      [[ $mode == n_* ]] && extra=(--concurrent-micro-batches "$concurrent")
+      runs+=("$(bench_run "gpt2_${p}_concurrent_$mode" "$gpt2" "${base[@]}" "${extra[@]}")")
+    done
+    [[ -n ${runs[0]} && -n ${runs[1]} && -n ${runs[2]} && -n ${runs[3]} ]] || continue
+    lp=$(json_field "${runs[0]}" final_loss)
+    for r in "${runs[@]:1}"; do
+      [[ $(json_field "$r" final_loss) == "$lp" ]] ||
+        { failed=1; note "gpt2 $p concurrent $concurrent: final loss $(json_field "$r" final_loss) vs $lp: DIFFER"; }
+    done
+    concurrent_rows+=("| GPT-2 124M $p | $(json_field "${runs[0]}" tokens_per_s_median), $(json_field "${runs[3]}" tokens_per_s_median) | $(json_field "${runs[1]}" tokens_per_s_median), $(json_field "${runs[2]}" tokens_per_s_median) | $(json_field "${runs[0]}" peak_memory_bytes) / $(json_field "${runs[1]}" peak_memory_bytes) | $lp |")
   done
   shards="$build_dir/overlap_shards/text"
   if [[ ! -e "${shards}_train_000000.bin" ]]; then
@@ -231,12 +256,13 @@ if [[ $skip_sanitizer -eq 0 && $failed -eq 0 ]]; then
   if tools/gpu_check.sh --build-dir "$build_dir" --skip-build --skip-tests --skip-bench \
     --log-dir "$sanitized" --details-dir "$sanitized/details" \
     --sanitizer-binaries '^test_(optim|nn_llama)_gpu$' --sanitizer-tools "$sanitizer_tools" \
-    --filter 'GpuCloseUnderForward*:GpuLlama*' --sanitizer-timeout "$sanitizer_timeout" \
+    --filter 'GpuCloseUnderForward*:GpuGraphedWindow.concurrent*:GpuLlama*' \
+    --sanitizer-timeout "$sanitizer_timeout" \
     > "$details/sanitizer.log" 2>&1; then
-    note "compute-sanitizer ($sanitizer_tools) on GpuCloseUnderForward* and GpuLlama*: passed"
+    note "compute-sanitizer ($sanitizer_tools) on GpuCloseUnderForward*, GpuGraphedWindow.concurrent* and GpuLlama*: passed"
   else
     failed=1
-    note "compute-sanitizer ($sanitizer_tools) on GpuCloseUnderForward* and GpuLlama*: FAILED"
+    note "compute-sanitizer ($sanitizer_tools) on GpuCloseUnderForward*, GpuGraphedWindow.concurrent* and GpuLlama*: FAILED"
   fi
   note_each "  " < <(grep -E '(memcheck|racecheck|initcheck|synccheck) test_' "$sanitized/summary.txt" 2> /dev/null)
 fi
@@ -248,6 +274,12 @@ write_summary() {
     echo "| run (runs in the order A B B A) | window ms, close in place (A, last A) | window ms, close under the forward (B, B) | fastest windows (first A / first B) | final loss |"
     echo "|---|---:|---:|---|---|"
     printf '%s\n' "${bench_rows[@]}"
+  fi
+  if [[ ${#concurrent_rows[@]} -gt 0 ]]; then
+    echo
+    echo "| --cuda-graphs (runs in the order A B B A) | tok/s, one at a time (A, last A) | tok/s, --concurrent-micro-batches $concurrent (B, B) | peak bytes A / B | final loss |"
+    echo "|---|---:|---:|---|---|"
+    printf '%s\n' "${concurrent_rows[@]}"
   fi
   if [[ ${#gap_rows[@]} -gt 0 ]]; then
     echo
