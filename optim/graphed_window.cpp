@@ -95,24 +95,26 @@ bool GraphedWindow::capture(Captured& c, const std::string& what,
 void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
   const std::string sig = signature(inputs);
   // Note [Scale calibration]: the calibrating window's observer launches from the host.
-  if (!why_eager_.empty() || window_.state().device().is_cpu() || window_.calibrating()) {
+  const bool eager =
+      !why_eager_.empty() || window_.state().device().is_cpu() || window_.calibrating();
+  if (eager && concurrent_ == 1) {
     eager_micro_step(inputs);
     return;
   }
-  if (signature_.empty()) signature_ = sig;
-  if (sig != signature_) {
-    if (!warned_signature_)
-      warn("a micro-step on inputs " + sig,
-           "the graphs were captured for " + signature_ + " (warned once)");
-    warned_signature_ = true;
-    for (int64_t j = 0; j < pending_; ++j)  // the group taken so far, in order
-      eager_micro_step(group_buffers_[static_cast<size_t>(j)]);
-    pending_ = 0;
-    eager_micro_step(inputs);
-    return;
+  if (!eager) {
+    if (signature_.empty()) signature_ = sig;
+    if (sig != signature_) {
+      if (!warned_signature_)
+        warn("a micro-step on inputs " + sig,
+             "the graphs were captured for " + signature_ + " (warned once)");
+      warned_signature_ = true;
+      flush();  // the group taken so far, in order (eager: a group of another size)
+      eager_micro_step(inputs);
+      return;
+    }
   }
   if (concurrent_ > 1) {
-    group_backward(inputs);
+    group_backward(inputs, eager);
     return;
   }
   const int64_t k = window_.micro_step_, K = window_.options_.micro_steps();
@@ -172,24 +174,44 @@ void GraphedWindow::set_concurrent_micro_batches(int n) {
   concurrent_ = n;
 }
 
-void GraphedWindow::group_backward(const std::vector<Tensor>& inputs) {
-  // Note [Concurrent micro-batches]: the inputs wait in their place's buffers.
+void GraphedWindow::group_backward(const std::vector<Tensor>& inputs, bool eager) {
+  // Note [Concurrent micro-batches]: the inputs wait in their place's buffers
+  // (the graphs read those), or as copies of their own where the group runs
+  // eagerly (the CPU, the calibrating window, ...: any shapes).
   const size_t place = static_cast<size_t>(pending_);
-  if (group_buffers_.size() <= place) {
-    group_buffers_.emplace_back();
+  if (place == 0) group_eager_ = eager;
+  if (group_eager_) {
+    if (eager_inputs_.size() <= place) eager_inputs_.resize(place + 1);
+    eager_inputs_[place].clear();
     for (const Tensor& t : inputs)
-      group_buffers_.back().push_back(buffer_like(t));
+      eager_inputs_[place].push_back(t.clone());
+  } else {
+    if (group_buffers_.size() <= place) {
+      group_buffers_.emplace_back();
+      for (const Tensor& t : inputs)
+        group_buffers_.back().push_back(buffer_like(t));
+    }
+    for (size_t i = 0; i < inputs.size(); ++i)
+      group_buffers_[place][i].copy_(inputs[i]);
   }
-  for (size_t i = 0; i < inputs.size(); ++i)
-    group_buffers_[place][i].copy_(inputs[i]);
   const int64_t left = window_.options_.micro_steps() - window_.micro_step_;
   if (++pending_ < std::min<int64_t>(concurrent_, left)) return;
   run_group();
 }
 
+void GraphedWindow::flush() {
+  if (pending_ > 0) run_group();
+}
+
 void GraphedWindow::run_group() {
   const int64_t n = pending_;
   pending_ = 0;
+  if (group_eager_) {  // one after another, and the copies go
+    for (int64_t j = 0; j < n; ++j)
+      eager_micro_step(eager_inputs_[static_cast<size_t>(j)]);
+    eager_inputs_.clear();
+    return;
+  }
   const bool first = window_.micro_step_ == 0;  // its writes go with beta 0
   Captured& c = groups_[std::string(first ? "first:" : "rest:") + std::to_string(n)];
   if (c.graph) {

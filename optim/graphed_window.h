@@ -70,7 +70,12 @@
 //  - backward() copies its inputs into the buffers of their place in the
 //    group and returns; the group runs when its last input arrives (the
 //    window's last group may be shorter: K need not divide by n). So
-//    window().micro_step() counts the micro-steps run, not the inputs taken.
+//    window().micro_step() counts the micro-steps run, not the inputs taken;
+//    flush() runs a group that is not whole (its own graph after a warm-up),
+//    as a checkpoint inside a window needs. Where the micro-steps run
+//    eagerly (the CPU, a calibrating window, the reasons of Note [Graphed
+//    window]) the groups are taken the same way, as copies of the inputs, and
+//    run one after another: the same bookkeeping on every device.
 //  - Within the window the weights do not change: micro-step k + 1's forward
 //    depends on nothing of micro-step k. Their shared writes, each gradient
 //    slot and the window's loss sum and item count, keep the host's order by
@@ -84,9 +89,8 @@
 //    kernel of the process by about 0.17 us (bench/RESULTS.md, stream_gap),
 //    a graph's branches do not. The warm-up runs the group one micro-step
 //    after another on the current stream, and the side streams get their
-//    library workspaces without a kernel (kernels::prepare_stream). Where
-//    the micro-steps run eagerly (the CPU, a refused capture, the reasons of
-//    Note [Graphed window]) they run one after another as without the option.
+//    library workspaces without a kernel (kernels::prepare_stream). A refused
+//    capture runs the group one after another, as without the option.
 //  - Each micro-step in flight holds its own activations: the peak grows by
 //    about (n - 1) micro-batches' activations.
 //  - Refused with a GradientSync (its hooks launch all-reduces from the
@@ -135,6 +139,12 @@ class GraphedWindow {
   // default: one after another). Before the first backward.
   void set_concurrent_micro_batches(int n);
   int concurrent_micro_batches() const { return concurrent_; }
+  // Runs the micro-steps whose inputs wait for the rest of their group, so
+  // that window().micro_step() counts every input taken: before a checkpoint
+  // inside a window. Nothing when none wait.
+  void flush();
+  // Inputs taken whose group has not run yet.
+  int64_t pending_micro_steps() const { return pending_; }
   Window& window() { return window_; }
 
   struct Counts {
@@ -158,7 +168,7 @@ class GraphedWindow {
   void eager_micro_step(const std::vector<Tensor>& inputs);
   // Note [Concurrent micro-batches]: takes one input of a group; runs the
   // group (run_group) when it is whole.
-  void group_backward(const std::vector<Tensor>& inputs);
+  void group_backward(const std::vector<Tensor>& inputs, bool eager);
   void run_group();
   void capture_group(Captured& c, int64_t n, const std::string& what);
   // Captures body into `c`, restoring the Window's host state when it fails.
@@ -180,6 +190,8 @@ class GraphedWindow {
   int concurrent_ = 1;
   std::vector<std::unique_ptr<Stream>> sides_;      // concurrent_ - 1 streams
   std::vector<std::vector<Tensor>> group_buffers_;  // the inputs of each place in a group
+  std::vector<std::vector<Tensor>> eager_inputs_;   // copies, for a group that runs eagerly
+  bool group_eager_ = false;                        // the group being taken runs eagerly
   int64_t pending_ = 0;                             // inputs taken, their group not yet run
   std::map<std::string, Captured> groups_;          // by phase and group size
   std::unique_ptr<Event> fork_;

@@ -624,6 +624,7 @@ int train(int argc, char** argv) {
   if (opt.stop_micro_steps > 0) {  // preempted inside the next window
     for (int64_t k = window.micro_step(); k < opt.stop_micro_steps; ++k)
       micro_step(run);
+    if (run.graphed) run.graphed->flush();  // Note [Concurrent micro-batches]: a group not whole
     save_checkpoint(run, "window " + std::to_string(end + 1) + ", micro-step " +
                              std::to_string(window.micro_step()));
   }

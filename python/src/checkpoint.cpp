@@ -84,6 +84,10 @@ void bind_graphed_window(nb::module_& m) {
                    "Micro-steps in flight at once under the graphs, each on its own stream, "
                    "the same bits (Note [Concurrent micro-batches]); 1 (the default): one after "
                    "another. Set before the first backward.")
+      .def("flush", &GraphedWindow::flush,
+           "Runs the micro-steps whose inputs wait for the rest of their group (Note "
+           "[Concurrent micro-batches]), so that window.micro_step counts every input: before "
+           "a checkpoint inside a window.")
       .def_prop_ro("window", &GraphedWindow::window, nb::rv_policy::reference_internal,
                    "The wrapped Window (report(), state_dict(), ...).")
       .def_prop_ro("counts", &GraphedWindow::counts, nb::rv_policy::copy,

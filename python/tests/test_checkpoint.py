@@ -103,7 +103,11 @@ def test_concurrent_micro_batches_run_in_order_on_the_cpu_and_refuse_bad_use():
         graphed.concurrent_micro_batches = 0
     graphed.concurrent_micro_batches = 2
     assert graphed.concurrent_micro_batches == 2
-    for s in range(6):
+    graphed.backward(list(batch(0)))
+    assert graphed.window.micro_step == 0  # waits for the rest of its group
+    graphed.flush()
+    assert graphed.window.micro_step == 1
+    for s in range(1, 6):
         graphed.backward(list(batch(s)))
         if graphed.ready():
             graphed.close()

@@ -117,6 +117,29 @@ TEST(GraphedWindow, on_the_cpu_concurrent_micro_batches_run_in_order_and_equal_a
   EXPECT_EQ(out.warnings, "");
 }
 
+// The inputs wait for the rest of their group (on the CPU too, where a group
+// runs eagerly): flush() runs them, as a checkpoint inside a window needs.
+TEST(GraphedWindow, flush_runs_a_group_that_is_not_whole) {
+  test::GraphedGPT2 run(Device::cpu(), DType::f32, 4);
+  optim::GraphedWindow g(*run.window, run.step());
+  g.set_concurrent_micro_batches(3);
+  g.backward(run.batch(0, 0, 2));
+  g.backward(run.batch(0, 1, 2));
+  EXPECT_EQ(run.window->micro_step(), 0);
+  EXPECT_EQ(g.pending_micro_steps(), 2);
+  g.flush();
+  EXPECT_EQ(run.window->micro_step(), 2);
+  EXPECT_EQ(g.pending_micro_steps(), 0);
+  g.flush();  // nothing waits
+  EXPECT_EQ(run.window->micro_step(), 2);
+  g.backward(run.batch(0, 2, 2));  // a group of the two left: runs when both came
+  EXPECT_EQ(run.window->micro_step(), 2);
+  g.backward(run.batch(0, 3, 2));
+  EXPECT_TRUE(g.ready());
+  g.close();
+  EXPECT_EQ(g.counts().eager_micro_steps, 4);
+}
+
 TEST(GraphedWindow, bad_use_is_an_error) {
   test::graphed_window_refuses_bad_use(Device::cpu());
 }
