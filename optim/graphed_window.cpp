@@ -155,10 +155,10 @@ void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
 void GraphedWindow::set_concurrent_micro_batches(int n) {
   const char* op = "GraphedWindow::set_concurrent_micro_batches";
   ACCRUE_CHECK(n >= 1, op, ": n must be >= 1, got ", n);
-  ACCRUE_CHECK(window_.micro_step_ == 0 && pending_ == 0 &&
-                   counts_.replayed_micro_steps + counts_.eager_micro_steps == 0,
-               op, ": set it before the first backward (", window_.micro_step_,
-               " micro-steps run so far)");
+  // A Window resumed inside a window may have micro-steps done: groups start where it is.
+  const int64_t run = counts_.replayed_micro_steps + counts_.eager_micro_steps;
+  ACCRUE_CHECK(pending_ == 0 && run == 0, op, ": set it before the first backward (", run,
+               " micro-steps run through this GraphedWindow so far)");
   if (n > 1) {  // Note [Concurrent micro-batches]: what it refuses
     ACCRUE_CHECK(window_.sync_ == nullptr, op, "(", n,
                  "): not with a GradientSync, whose all-reduces launch from host hooks");

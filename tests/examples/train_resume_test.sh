@@ -65,6 +65,20 @@ out=$("$trainer" "${args[@]}" --checkpoint "$work/mid.safetensors" \
   fail "did not resume inside window 4: $out"
 cmp "$work/full.safetensors" "$work/mid.safetensors" ||
   fail "the run resumed inside window 4 ends with another checkpoint"
+# Note [Concurrent micro-batches]: a checkpoint inside a window first runs the
+# micro-steps whose group is not whole (GraphedWindow::flush); on the CPU the
+# groups run eagerly with the same bookkeeping.
+conc=("${args[@]}" --cuda-graphs --concurrent-micro-batches 2)
+"$trainer" "${conc[@]}" --checkpoint "$work/cfull.safetensors" > /dev/null ||
+  fail "--concurrent-micro-batches 2 uninterrupted: exit code $?"
+"$trainer" "${conc[@]}" --checkpoint "$work/cmid.safetensors" --stop-after 3 \
+  --stop-micro-steps 1 > "$work/cmid.txt" || fail "--concurrent-micro-batches 2 stopped: exit code $?"
+grep -q "^checkpoint: .*cmid.safetensors (window 4, micro-step 1" "$work/cmid.txt" ||
+  fail "--concurrent-micro-batches 2: no checkpoint after micro-step 1: $(cat "$work/cmid.txt")"
+"$trainer" "${conc[@]}" --checkpoint "$work/cmid.safetensors" \
+  --resume "$work/cmid.safetensors" > /dev/null || fail "--concurrent-micro-batches 2 resumed: exit code $?"
+cmp "$work/cfull.safetensors" "$work/cmid.safetensors" ||
+  fail "--concurrent-micro-batches 2: the run resumed inside window 4 ends with another checkpoint"
 # --allow-changed lr,windows: a longer run at another learning rate goes on
 # from the finished one (Note [Run record]); without it, refused naming lr.
 err=$("$trainer" "${args[@]}" --windows 8 --lr 1e-3 --resume "$work/full.safetensors" 2>&1 \
