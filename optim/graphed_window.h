@@ -84,7 +84,9 @@
 //    weights are bitwise those of the sequential loop. (A tied weight, as
 //    GPT-2's embedding and classifier, is written first and last by a
 //    backward, so there the backwards follow one another; the forwards still
-//    run beside them.)
+//    run beside them, and the order's implied waits are left out.) Measured
+//    on an H200 with n = 2 (bench/RESULTS.md, sixth session): GPT-2 124M at
+//    1 x 32 and llama-125m at 1 x 2,048 x 16 both 4% faster, the same bits.
 //  - Only inside graphs: an eager kernel on a second stream slows every later
 //    kernel of the process by about 0.17 us (bench/RESULTS.md, stream_gap),
 //    a graph's branches do not. The warm-up runs the group one micro-step
