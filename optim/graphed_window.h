@@ -95,6 +95,10 @@
 //    capture runs the group one after another, as without the option.
 //  - Each micro-step in flight holds its own activations: the peak grows by
 //    about (n - 1) micro-batches' activations.
+//  - Only the arena's slots and the window's sums are ordered: a leaf that
+//    requires grad outside the store (its .grad summed by the autograd
+//    engine) would be added to from two streams at once. Keep every
+//    trainable tensor in the ParamStore.
 //  - Refused with a GradientSync (its hooks launch all-reduces from the
 //    host), window listeners (BatchNorm's statistics, which every forward
 //    adds to), close_under_forward (a side stream's forward would not wait for
