@@ -171,9 +171,9 @@ void run_case(benchmark::State& state, Case c) {
       c == Case::side_graph ? capture_chains(side_data, side, 1, nullptr, nullptr, nullptr, nullptr)
                             : nullptr;
   const std::unique_ptr<Graph> two_chains =
-      c == Case::branches
-          ? capture_chains(data, stream, kKernels / 2, side_data, side, fork.handle(), join.handle())
-          : nullptr;
+      c == Case::branches ? capture_chains(data, stream, kKernels / 2, side_data, side,
+                                           fork.handle(), join.handle())
+                          : nullptr;
   const cudaGraphExec_t replayed = two_chains ? two_chains->exec : straight->exec;
   GpuTime t = time_gpu(state, [&] {
     for (int r = 0; r < kReplays; ++r) {
