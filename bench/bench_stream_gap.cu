@@ -102,25 +102,33 @@ struct Graph {
   }
 };
 
+// Records what `body` launches on `stream` into an instantiated graph.
+template <class Body>
+std::unique_ptr<Graph> capture_on(cudaStream_t stream, Body&& body) {
+  auto g = std::make_unique<Graph>();
+  ACCRUE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  body();
+  ACCRUE_CUDA_CHECK(cudaStreamEndCapture(stream, &g->graph));
+  ACCRUE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+  return g;
+}
+
 // Captures N kernels on `stream`; with `side`, the side kernel (on its own
 // buffer) forks off first and joins before the eleventh.
 std::unique_ptr<Graph> capture(float* data, cudaStream_t stream, float* side_data,
                                cudaStream_t side, cudaEvent_t fork, cudaEvent_t join) {
-  auto g = std::make_unique<Graph>();
-  ACCRUE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  if (side) {
-    ACCRUE_CUDA_CHECK(cudaEventRecord(fork, stream));
-    ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
-    launch_short(side_data, side);
-    ACCRUE_CUDA_CHECK(cudaEventRecord(join, side));
-  }
-  for (int k = 0; k < kKernels; ++k) {
-    if (side && k == 10) ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
-    launch_short(data, stream);
-  }
-  ACCRUE_CUDA_CHECK(cudaStreamEndCapture(stream, &g->graph));
-  ACCRUE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
-  return g;
+  return capture_on(stream, [&] {
+    if (side) {
+      ACCRUE_CUDA_CHECK(cudaEventRecord(fork, stream));
+      ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
+      launch_short(side_data, side);
+      ACCRUE_CUDA_CHECK(cudaEventRecord(join, side));
+    }
+    for (int k = 0; k < kKernels; ++k) {
+      if (side && k == 10) ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
+      launch_short(data, stream);
+    }
+  });
 }
 
 // Captures `kernels` kernels on `stream` and, with `side`, as many on the side
@@ -128,23 +136,20 @@ std::unique_ptr<Graph> capture(float* data, cudaStream_t stream, float* side_dat
 std::unique_ptr<Graph> capture_chains(float* data, cudaStream_t stream, int kernels,
                                       float* side_data, cudaStream_t side, cudaEvent_t fork,
                                       cudaEvent_t join) {
-  auto g = std::make_unique<Graph>();
-  ACCRUE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  if (side) {
-    ACCRUE_CUDA_CHECK(cudaEventRecord(fork, stream));
-    ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
-  }
-  for (int k = 0; k < kernels; ++k) {
-    launch_short(data, stream);
-    if (side) launch_short(side_data, side);
-  }
-  if (side) {
-    ACCRUE_CUDA_CHECK(cudaEventRecord(join, side));
-    ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
-  }
-  ACCRUE_CUDA_CHECK(cudaStreamEndCapture(stream, &g->graph));
-  ACCRUE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
-  return g;
+  return capture_on(stream, [&] {
+    if (side) {
+      ACCRUE_CUDA_CHECK(cudaEventRecord(fork, stream));
+      ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
+    }
+    for (int k = 0; k < kernels; ++k) {
+      launch_short(data, stream);
+      if (side) launch_short(side_data, side);
+    }
+    if (side) {
+      ACCRUE_CUDA_CHECK(cudaEventRecord(join, side));
+      ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
+    }
+  });
 }
 
 void run_case(benchmark::State& state, Case c) {

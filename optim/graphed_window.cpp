@@ -199,6 +199,11 @@ void GraphedWindow::group_backward(const std::vector<Tensor>& inputs, bool eager
   run_group();
 }
 
+void GraphedWindow::eager_group(const std::vector<std::vector<Tensor>>& inputs, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    eager_micro_step(inputs[static_cast<size_t>(j)]);
+}
+
 void GraphedWindow::flush() {
   if (pending_ > 0) run_group();
 }
@@ -207,8 +212,7 @@ void GraphedWindow::run_group() {
   const int64_t n = pending_;
   pending_ = 0;
   if (group_eager_) {  // one after another, and the copies go
-    for (int64_t j = 0; j < n; ++j)
-      eager_micro_step(eager_inputs_[static_cast<size_t>(j)]);
+    eager_group(eager_inputs_, n);
     eager_inputs_.clear();
     return;
   }
@@ -222,8 +226,7 @@ void GraphedWindow::run_group() {
     return;
   }
   if (c.eager || c.seen++ == 0) {  // the warm-up: one after another, on the current stream
-    for (int64_t j = 0; j < n; ++j)
-      eager_micro_step(group_buffers_[static_cast<size_t>(j)]);
+    eager_group(group_buffers_, n);
     return;
   }
   capture_group(c, n, std::string(first ? "micro-steps 0.." : "a group of ") + std::to_string(n));
@@ -258,8 +261,7 @@ void GraphedWindow::capture_group(Captured& c, int64_t n, const std::string& wha
     }
   });
   if (!captured) {
-    for (int64_t j = 0; j < n; ++j)
-      eager_micro_step(group_buffers_[static_cast<size_t>(j)]);
+    eager_group(group_buffers_, n);
     return;
   }
   c.written_after = window_.store_.written_flags();

@@ -176,6 +176,8 @@ class GraphedWindow {
   // group (run_group) when it is whole.
   void group_backward(const std::vector<Tensor>& inputs, bool eager);
   void run_group();
+  // The first n places of `inputs`, one eager micro-step after another.
+  void eager_group(const std::vector<std::vector<Tensor>>& inputs, int64_t n);
   void capture_group(Captured& c, int64_t n, const std::string& what);
   // Captures body into `c`, restoring the Window's host state when it fails.
   bool capture(Captured& c, const std::string& what, const std::function<void()>& body);
