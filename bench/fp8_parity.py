@@ -32,7 +32,7 @@ bf16 compute (`--dtype bf16`), or `--fp8 --fp8-recipe tensor|block` on top of
 it, and `--seed N`, with --cuda-graphs, AdamW with warmup and cosine decay,
 clip 1. The seed draws the weights (and any dropout); the data order depends
 only on the files, so it is every run's. A run is one (model, recipe, seed),
-named MODEL_RECIPE, or MODEL_RECIPE_sSEED with several --seeds. Runs go one
+named MODEL_RECIPE for seed 1 alone, else MODEL_RECIPE_sSEED. Runs go one
 per GPU of --gpus at a time. Each run's --metrics file (JSON Lines, one object
 per window) is kept under --out-dir.
 
@@ -199,8 +199,10 @@ def make_data(args):
 
 
 def run_name(args, model, recipe, seed):
-    # One seed keeps the names of before, so earlier output directories still read.
-    return f"{model}_{recipe}" if len(args.seeds) == 1 else f"{model}_{recipe}_s{seed}"
+    # Seed 1 alone keeps the names of before, so earlier output directories still read; any
+    # other seed is in the name, so that runs of other seeds into one directory never
+    # overwrite each other's metrics.
+    return f"{model}_{recipe}" if args.seeds == [1] else f"{model}_{recipe}_s{seed}"
 
 
 def command(args, model, recipe, seed, train, val, metrics):

@@ -129,6 +129,8 @@ def parse_args():
     p.add_argument("--skip-torch", action="store_true", help="accrue only")
     p.add_argument("--skip-ncu", action="store_true", help="no Nsight Compute breakdown")
     p.add_argument("--ncu-points", default="32x1,1x32", help="BxK points for the breakdown")
+    p.add_argument("--ncu-model", default="d12", choices=["d12", "d48"],
+                   help="the GPT-2 size the breakdown profiles")
     p.add_argument("--ncu", default=None, help="the ncu binary (default: from PATH or CUDA)")
     p.add_argument("--ncu-timeout", type=int, default=360, help="seconds per ncu run")
     p.add_argument("--peak-tflops", type=float, default=None,
@@ -462,7 +464,7 @@ def short_name(name):
     return base[:90]
 
 
-def breakdown_table(kernels, b, k, note):
+def breakdown_table(kernels, model, b, k, note):
     total = sum(ns for _, ns in kernels)
     by_class = {}
     for name, ns in kernels:
@@ -470,7 +472,7 @@ def breakdown_table(kernels, b, k, note):
         count, time_ns = by_class.get(cls, (0, 0.0))
         by_class[cls] = (count + 1, time_ns + ns)
     order = [c for c, _ in CLASSES] + [OTHER]
-    lines = ["", f"accrue d12 at {b} x {k}: kernel time by class over one window ({note}; "
+    lines = ["", f"accrue {model} at {b} x {k}: kernel time by class over one window ({note}; "
                  f"{len(kernels)} kernels, {total / 1e6:.2f} ms of GPU time under ncu)", "",
              "| class | kernels | ms | share |", "|---|---:|---:|---:|"]
     for cls in order:
@@ -498,8 +500,8 @@ def ncu_breakdown(args, b, k):
                                     "--metrics", "gpu__time_duration.sum", "--csv",
                                     "--print-units", "base"]
     # Only the timed window is profiled: the warm-up window runs at speed.
-    cmd += accrue_cmd(args, "d12", b, k, warmup=1, windows=1)
-    tag = f"ncu_accrue_d12_{b}x{k}"
+    cmd += accrue_cmd(args, args.ncu_model, b, k, warmup=1, windows=1)
+    tag = f"ncu_accrue_{args.ncu_model}_{b}x{k}"
     print(f"[gpt2_bench] {tag}: {' '.join(cmd)}", flush=True)
     status, out, err, seconds = run_logged(cmd, args.ncu_timeout, args.log_dir, tag)
     kernels = parse_ncu_csv(out)
@@ -510,7 +512,7 @@ def ncu_breakdown(args, b, k):
                     f"{seconds:.0f} s): " + " / ".join(t[:200] for t in tail)]
     window, note = last_window(kernels, timed_only=True)
     print(f"[gpt2_bench] {tag}: {len(kernels)} kernels profiled in {seconds:.0f} s", flush=True)
-    return breakdown_table(window, b, k, note)
+    return breakdown_table(window, args.ncu_model, b, k, note)
 
 
 # ---- main ------------------------------------------------------------------------------------

@@ -128,6 +128,15 @@ class Fp8Parity(unittest.TestCase):
                 # The same command but the seed's value.
                 self.assertEqual(two, one[:i + 1] + ["2"] + one[i + 2:])
 
+    def test_a_single_other_seed_is_named(self):
+        # Seed 2 alone into the directory of a seed-1 run must not take (and overwrite) its names.
+        with tempfile.TemporaryDirectory() as out:
+            r = run(["--accrue-bin", "accrue_train", "--models", "gpt2-d12", "--recipes", "bf16",
+                     "--seeds", "2", "--text-dir", os.path.join(ROOT, "bench"),
+                     "--out-dir", out, "--dry-run"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(sorted(plans_of(r.stdout, out)), ["gpt2-d12_bf16_s2"])
+
     def test_dry_run_names_every_text_dir(self):
         dirs = [os.path.join(ROOT, "bench"), os.path.join(ROOT, "tools")]
         with tempfile.TemporaryDirectory() as out:
