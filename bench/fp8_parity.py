@@ -23,8 +23,11 @@ not yet measured here; before that path, the packed offsets on the device
 took the composed path over the whole micro-batch, and llama-125m trained
 at 13.8k tok/s that way on an H200 under CUDA graphs (175 of 2,000 windows
 in 420 s). The first
---val-fraction of the tokens is the validation
-split; every run evaluates the same --val-batches micro-batches from its
+--val-fraction of the tokens is the validation split. Sorted, that is the
+first files of the first root, and training reads one package after another,
+so the validation loss swings with what was read last. --shuffle-files SEED
+puts the files in an order drawn from SEED first: a validation split from
+every root, and a training stream that mixes them. Every run evaluates the same --val-batches micro-batches from its
 start every --val-every windows and at the end.
 
 Every run of a model gets the same arguments but the recipe's and the seed's:
@@ -53,6 +56,7 @@ import argparse
 import glob
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -92,6 +96,10 @@ def parse_args(argv=None):
     p.add_argument("--text-dir", default=None,
                    help="comma-separated roots of the *.py text, in this order (default: the "
                    "Python standard library's directory)")
+    p.add_argument("--shuffle-files", type=int, default=None, metavar="SEED",
+                   help="put the files in an order drawn from SEED before the split, so that "
+                   "validation samples every root and training reads them mixed (default: "
+                   "sorted, root by root)")
     p.add_argument("--llama-documents", choices=("rows", "packed"), default="rows",
                    help="the Llama models read contiguous rows across documents (default), or "
                    "packed documents with attention within each (--eos-id)")
@@ -169,6 +177,10 @@ def make_data(args):
     files = text_files(args.text_dirs)
     if not files:
         raise SystemExit(f"fp8_parity: no *.py files under {roots}")
+    if args.shuffle_files is not None:
+        # Sorted, the first files (the validation split) are one package's and training reads
+        # package after package, so the validation loss follows what was read last.
+        random.Random(args.shuffle_files).shuffle(files)
     tokens = sum(os.path.getsize(f) + 1 for f in files)  # a byte a token, an EOS a file
     # The shards are made once per output directory and name the files and split they hold:
     # a later call with other roots or another split writes them again, never trains on old text.
@@ -193,8 +205,10 @@ def make_data(args):
                            check=True, stdout=subprocess.DEVNULL)
             with open(manifest, "w", encoding="utf-8") as f:
                 json.dump(made_from, f)
+    order = ("sorted" if args.shuffle_files is None
+             else f"shuffled with seed {args.shuffle_files}")
     print(f"data: {len(files)} files under {roots}, {tokens:,} byte tokens "
-          f"({args.val_fraction:.0%} validation)")
+          f"({args.val_fraction:.0%} validation), files {order}")
     return train, val, tokens
 
 
@@ -413,7 +427,8 @@ def main(argv=None):
             lines += ["", f"{model}: {png}"]
     with open(os.path.join(args.out_dir, "parity.json"), "w") as f:
         json.dump({"windows": args.windows, "tokens": tokens, "tolerance": args.tolerance,
-                   "seeds": args.seeds, "text_dirs": args.text_dirs, "results": results},
+                   "seeds": args.seeds, "text_dirs": args.text_dirs,
+                   "shuffle_files": args.shuffle_files, "results": results},
                   f, indent=1)
     with open(os.path.join(args.out_dir, "parity.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -203,6 +203,27 @@ class Fp8Parity(unittest.TestCase):
             parity.make_data(two)
             self.assertGreater(shard_bytes(out), first)
 
+    def test_shuffled_files_are_a_fixed_permutation(self):
+        spec = importlib.util.spec_from_file_location("fp8_parity", SCRIPT)
+        parity = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(parity)
+        roots = os.path.join(ROOT, "tools") + "," + os.path.join(ROOT, "bench")
+        with tempfile.TemporaryDirectory() as tmp:
+            def files_of(*extra):
+                out = os.path.join(tmp, "out")
+                args = parity.parse_args(["--accrue-bin", "x", "--out-dir", out,
+                                          "--text-dir", roots, *extra])
+                parity.make_data(args)
+                with open(os.path.join(out, "data", "text_sources.json")) as f:
+                    return json.load(f)["files"]
+
+            plain = files_of()
+            one = files_of("--shuffle-files", "1")
+            self.assertEqual(sorted(one), sorted(plain))  # the same files
+            self.assertNotEqual(one, plain)               # in another order
+            self.assertEqual(files_of("--shuffle-files", "1"), one)  # the same one again
+            self.assertNotEqual(files_of("--shuffle-files", "2"), one)
+
     def test_the_script_on_the_cpu(self):
         binary = os.environ.get("ACCRUE_TRAIN_BIN")
         if not binary or not os.path.exists(binary):
