@@ -11,6 +11,7 @@
 # Measurements (each optional; the defaults are the house refactor's set):
 #   --gpt2 "32:1 8:4 1:32"  accrue_train_gpt2 d12, synthetic, 32768 tokens per
 #                           window, CUDA graphs: tok/s of the windows after --warmup
+#                           (--gpt2-model d48 for 1.5B, --gpt2-args "--fp8" to add options)
 #   --resnet "64:4"         accrue_resnet_bench resnet50 bf16 channels-last: images/s
 #   --close                 accrue_bench --benchmark_filter=window_close (needs Google
 #                           Benchmark: --deps with libbenchmark-dev on a bare machine)
@@ -24,7 +25,7 @@ cd "$(dirname "$0")/.." || exit 2
 source tools/lib.sh
 need_repo_root
 
-base="" gpt2_points="32:1 8:4 1:32" resnet_points="64:4" close=1 dp_points="" repeats=2
+base="" gpt2_points="32:1 8:4 1:32" gpt2_model=d12 gpt2_args="" resnet_points="64:4" close=1 dp_points="" repeats=2
 warmup=4 windows=8 build_dir=build/before_after deps="" dry_run=0
 usage() {
   sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
@@ -32,6 +33,8 @@ usage() {
 options:
   --base REV         the commit to compare against (required)
   --gpt2 POINTS      "B:K ..." GPT-2 points, or "" for none
+  --gpt2-model SIZE  the GPT-2 size of those points: d12 (default), d24, d36 or d48
+  --gpt2-args ARGS   more accrue_train_gpt2 options for them, e.g. "--fp8"
   --resnet POINTS    "B:K ..." ResNet-50 points, or "" for none
   --no-close         no window-close microbenchmark
   --dp-gpt2 POINTS   "B:K ..." GPT-2 points on 2 GPUs (default none)
@@ -45,6 +48,8 @@ while [[ $# -gt 0 ]]; do
   case $1 in
     --base) base=$2; shift 2 ;;
     --gpt2) gpt2_points=$2; shift 2 ;;
+    --gpt2-model) gpt2_model=$2; shift 2 ;;
+    --gpt2-args) gpt2_args=$2; shift 2 ;;
     --resnet) resnet_points=$2; shift 2 ;;
     --no-close) close=0; shift ;;
     --dp-gpt2) dp_points=$2; shift 2 ;;
@@ -58,6 +63,9 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n $base ]] || { echo "$check_name: --base REV is required (see --help)" >&2; exit 2; }
 [[ $repeats =~ ^[1-9][0-9]?$ ]] || { echo "$check_name: --repeats must be 1..99" >&2; exit 2; }
+[[ $gpt2_model =~ ^d(12|24|36|48)$ ]] ||
+  { echo "$check_name: --gpt2-model '$gpt2_model' is not d12, d24, d36 or d48" >&2; exit 2; }
+read -r -a gpt2_extra <<< "$gpt2_args"
 git rev-parse --verify --quiet "$base^{commit}" > /dev/null ||
   { echo "$check_name: '$base' is not a commit of this repository" >&2; exit 2; }
 
@@ -122,8 +130,9 @@ gpt2_rate() {  # tok/s of the windows after the warm-up, one a line
     awk -v w="$warmup" '$1 > w {print $2}'
 }
 for p in $gpt2_points; do
-  measure "GPT-2 124M ${p/:/ x }" gpt2_rate "{}/examples/accrue_train_gpt2" --model d12 --synthetic \
-    --micro-batch "${p%%:*}" --seq-len 1024 --total-batch-tokens 32768 --windows "$windows" --cuda-graphs
+  measure "GPT-2 $gpt2_model ${p/:/ x }${gpt2_args:+ $gpt2_args}" gpt2_rate \
+    "{}/examples/accrue_train_gpt2" --model "$gpt2_model" --synthetic --micro-batch "${p%%:*}" \
+    --seq-len 1024 --total-batch-tokens 32768 --windows "$windows" --cuda-graphs "${gpt2_extra[@]}"
 done
 resnet_rate() { "$@" | sed -nE 's/.*"images_per_s_median": ([0-9.]+).*/\1/p'; }
 for p in $resnet_points; do
