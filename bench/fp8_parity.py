@@ -27,8 +27,9 @@ in 420 s). The first
 first files of the first root, and training reads one package after another,
 so the validation loss swings with what was read last. --shuffle-files SEED
 puts the files in an order drawn from SEED first: a validation split from
-every root, and a training stream that mixes them. Every run evaluates the same --val-batches micro-batches from its
-start every --val-every windows and at the end.
+every root, and a training stream that mixes them. Every run evaluates the
+same --val-batches micro-batches from its start every --val-every windows and
+at the end.
 
 Every run of a model gets the same arguments but the recipe's and the seed's:
 bf16 compute (`--dtype bf16`), or `--fp8 --fp8-recipe tensor|block` on top of

@@ -28,7 +28,7 @@ need_repo_root
 base="" gpt2_points="32:1 8:4 1:32" gpt2_model=d12 gpt2_args="" resnet_points="64:4" close=1 dp_points="" repeats=2
 warmup=4 windows=8 build_dir=build/before_after deps="" dry_run=0
 usage() {
-  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
   cat << 'EOF'
 options:
   --base REV         the commit to compare against (required)
