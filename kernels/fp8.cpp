@@ -107,7 +107,7 @@ Fp8CastTranspose cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, DTy
 }
 
 void cast_to_fp8_transpose_into(const Tensor& x, const Tensor& scale, const Tensor& q,
-                                const Tensor& q_t, const Tensor& amax) {
+                                const Tensor& q_t, const Tensor& amax, bool merge_amax) {
   constexpr const char* op = "cast_to_fp8_transpose";
   NoGradGuard no_grad;
   du::check_defined(q, op, "q");
@@ -117,11 +117,37 @@ void cast_to_fp8_transpose_into(const Tensor& x, const Tensor& scale, const Tens
   du::check_defined(amax, op, "amax");
   du::check_device_scalar(amax, x.device(), op, "amax", "x");
   if (x.numel() == 0) {
-    du::fill(amax, 0.0);
+    if (!merge_amax) du::fill(amax, 0.0);
     return;
   }
   const Tensor dense = x.contiguous();
-  ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8_transpose, dense, scale, q, q_t, amax);
+  ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8_transpose, dense, scale, q, q_t, amax, merge_amax);
+}
+
+void fp8_amax_merge_(const Tensor& running, const Tensor& amax) {
+  constexpr const char* op = "fp8_amax_merge_";
+  NoGradGuard no_grad;
+  du::check_defined(running, op, "running");
+  du::check_defined(amax, op, "amax");
+  du::check_device_scalar(running, running.device(), op, "running", "running");
+  du::check_device_scalar(amax, running.device(), op, "amax", "running");
+  ACCRUE_BACKEND_CALL(running.device(), fp8_amax_merge, running, amax);
+}
+
+void fp8_delayed_scale_update(const Tensor& state, DType fp8_dtype, int margin) {
+  constexpr const char* op = "fp8_delayed_scale_update";
+  NoGradGuard no_grad;
+  du::check_defined(state, op, "state");
+  ACCRUE_CHECK(state.dtype() == DType::f32 && state.dim() == 2 && state.size(1) >= 4, op,
+               ": state must be f32 [n, 3 + H] with H >= 1, got ", dtype_name(state.dtype()), " ",
+               shape_str(state.shape()));
+  du::check_contiguous(state, op, "state");
+  ACCRUE_CHECK(is_fp8(fp8_dtype), op, ": dtype ", dtype_name(fp8_dtype), " is not an FP8 dtype");
+  ACCRUE_CHECK(margin >= 0 && margin <= kFp8MaxMargin, op, ": margin = ", margin,
+               " is outside [0, ", kFp8MaxMargin, "]");
+  if (state.size(0) == 0) return;
+  ACCRUE_BACKEND_CALL(state.device(), fp8_delayed_scale_update, state,
+                      static_cast<float>(fp8_max(fp8_dtype)), margin);
 }
 
 Fp8BlockCast cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols,

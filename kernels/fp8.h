@@ -74,9 +74,40 @@ struct Fp8CastTranspose {
 Fp8CastTranspose cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, DType out_dtype);
 // The same into the caller's buffers (persistent ones, which a CUDA graph
 // replays into): q [M, K] and q_t [K, M] contiguous, of one FP8 dtype, amax
-// f32 [1], all on x's device.
+// f32 [1], all on x's device. With merge_amax, amax becomes the max of its
+// value and x's (Note [FP8 delayed scaling]) instead of x's alone.
 void cast_to_fp8_transpose_into(const Tensor& x, const Tensor& scale, const Tensor& q,
-                                const Tensor& q_t, const Tensor& amax);
+                                const Tensor& q_t, const Tensor& amax, bool merge_amax = false);
+
+// Note [FP8 delayed scaling]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Current scaling reads x twice, once for its amax and once to cast it.
+// Delayed scaling (Transformer Engine's default recipe) casts with a scale
+// made from earlier amaxes and takes this x's amax in the same read, for
+// later scales. Here the unit is the window: within a window every
+// micro-batch's cast of a tensor uses one scale (as the weights are one),
+// each merging its amax into the window's running amax
+// (cast_to_fp8_transpose_into with merge_amax, or fp8_amax_merge_ after a
+// cast that took its own); at the close fp8_delayed_scale_update pushes the
+// window's amax onto a short history and makes the next window's scale from
+// the history's max. A value past the scale's range saturates, as in
+// Transformer Engine; an infinity or NaN makes the running amax NaN, which
+// the reader's guarded scale_inv turns into a skipped window (Note [FP8
+// overflow]), and a skipped window leaves the scale as it was. The state is
+// a row of f32 per tensor, on the device, so it replays under CUDA graphs
+// and can be checkpointed and max-reduced over data-parallel ranks.
+// These are the device side only: the window state that holds the rows and
+// the layers that read them are not built yet.
+
+// running = max(running, amax), NaN when either is NaN; both f32 [1] on one
+// device (Note [FP8 delayed scaling]).
+void fp8_amax_merge_(const Tensor& running, const Tensor& amax);
+// Note [FP8 delayed scaling]'s close: state f32 contiguous [n, 3 + H], H >= 1,
+// each row scale, scale_inv, the window's amax, then the history newest first.
+// A finite window amax is pushed onto the history and scale / scale_inv made
+// from the history's max by the rule of Note [FP8 scaling] for fp8_dtype and
+// margin; a non-finite one leaves them; the window amax is reset to 0.
+void fp8_delayed_scale_update(const Tensor& state, DType fp8_dtype, int margin = 0);
 
 // cast_to_fp8_transpose for current scaling once amax is known (fp8_amax):
 // the cast kernel makes its scale from amax by the rule of Note [FP8

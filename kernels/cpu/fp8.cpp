@@ -75,8 +75,14 @@ void fp8_amax(const Tensor& x, const Tensor& amax) {
 
 // Note [FP8 cast-transpose]: the codes of cast_to_fp8, then their transpose.
 void cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, const Tensor& q, const Tensor& q_t,
-                           const Tensor& amax) {
-  cast_to_fp8(x, scale, q, amax);
+                           const Tensor& amax, bool merge_amax) {
+  if (merge_amax) {
+    Tensor own = empty({1}, DType::f32);
+    cast_to_fp8(x, scale, q, own);
+    fp8_amax_merge(amax, own);
+  } else {
+    cast_to_fp8(x, scale, q, amax);
+  }
   const int64_t m = x.size(0), k = x.size(1);
   const auto* pq = static_cast<const uint8_t*>(q.data_ptr());
   auto* pt = static_cast<uint8_t*>(q_t.data_ptr());
@@ -92,7 +98,33 @@ void cast_to_fp8_transpose_scaled(const Tensor& x, const Tensor& amax, float fp8
   const float s = fp8_scale_rule(a, fp8_max, margin, power_of_two);
   scale_inv.data<float>()[0] = fp8_inverse_scale(a, s, guard);
   Tensor unused = empty({1}, DType::f32);
-  cast_to_fp8_transpose(x, from_vector<float>({s}, {1}), q, q_t, unused);
+  cast_to_fp8_transpose(x, from_vector<float>({s}, {1}), q, q_t, unused, false);
+}
+
+void fp8_amax_merge(const Tensor& running, const Tensor& amax) {
+  float& r = running.data<float>()[0];
+  const float a = amax.data<float>()[0];
+  r = std::isnan(r) || std::isnan(a) ? std::numeric_limits<float>::quiet_NaN() : std::max(r, a);
+}
+
+void fp8_delayed_scale_update(const Tensor& state, float fp8_max, int margin) {
+  const int64_t rows = state.size(0), width = state.size(1), h = width - 3;
+  float* p = state.data<float>();
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = p + i * width;
+    const float window = row[2];
+    row[2] = 0.0f;
+    if (!std::isfinite(window)) continue;  // a skipped window: the scale stays
+    float* history = row + 3;
+    for (int64_t j = h - 1; j > 0; --j)
+      history[j] = history[j - 1];
+    history[0] = window;
+    float m = 0.0f;
+    for (int64_t j = 0; j < h; ++j)
+      m = std::max(m, history[j]);
+    row[0] = fp8_scale_rule(m, fp8_max, margin, /*power_of_two=*/false);
+    row[1] = fp8_inverse_scale(m, row[0], /*guard=*/false);
+  }
 }
 
 void cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols, float fp8_max,

@@ -487,11 +487,13 @@ void launch_cast_transpose(const Tensor& x, const ScaleSource& src, const Tensor
 }  // namespace
 
 void cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, const Tensor& q, const Tensor& q_t,
-                           const Tensor& amax) {
+                           const Tensor& amax, bool merge_amax) {
   const int dev = x.device().index;
   cu::DeviceScope scope(dev);
   cudaStream_t stream = cu::stream_for(dev);
-  ACCRUE_CUDA_CHECK(cudaMemsetAsync(amax.data_ptr(), 0, sizeof(float), stream));
+  // merge_amax: the blocks' atomicMax onto the running value (NaN's bits
+  // compare above every other, so it stays).
+  if (!merge_amax) ACCRUE_CUDA_CHECK(cudaMemsetAsync(amax.data_ptr(), 0, sizeof(float), stream));
   ScaleSource src{};
   src.scale = static_cast<const float*>(scale.data_ptr());
   launch_cast_transpose(x, src, q, q_t, static_cast<uint32_t*>(amax.data_ptr()), dev, stream);

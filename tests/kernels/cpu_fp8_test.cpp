@@ -303,6 +303,76 @@ TEST(Fp8Cast, scaled_cast_transpose_equals_the_scale_then_the_cast) {
                "cast_to_fp8_transpose_scaled", "bf16");
 }
 
+// Note [FP8 delayed scaling]: casts merging their amax into a running one,
+// and the close's update of scale and history.
+TEST(Fp8Delayed, casts_merge_their_amax_into_the_running_one) {
+  const Tensor a = test::random_normal({32, 48}, DType::bf16, Device::cpu(), 2.0);
+  const Tensor b = test::random_normal({32, 48}, DType::bf16, Device::cpu(), 9.0);
+  const Tensor s = scalar(4.0f);
+  const auto plain = kernels::cast_to_fp8_transpose(b, s, DType::f8e4m3);
+  Tensor running = scalar(0.5f);
+  const auto q = empty({32, 48}, DType::f8e4m3), qt = empty({48, 32}, DType::f8e4m3);
+  kernels::cast_to_fp8_transpose_into(a, s, q, qt, running, /*merge_amax=*/true);
+  kernels::cast_to_fp8_transpose_into(b, s, q, qt, running, /*merge_amax=*/true);
+  EXPECT_TRUE(same_bytes(q, plain.q));  // the codes do not depend on the merge
+  EXPECT_TRUE(same_bytes(qt, plain.q_t));
+  const float both =
+      std::max(kernels::fp8_amax(a).data<float>()[0], kernels::fp8_amax(b).data<float>()[0]);
+  EXPECT_EQ(running.data<float>()[0], both);
+  // A NaN stays: in the running amax, and from it.
+  Tensor nan_x = a.clone();
+  nan_x.data<bf16>()[7] = bf16(std::numeric_limits<float>::quiet_NaN());
+  kernels::cast_to_fp8_transpose_into(nan_x, s, q, qt, running, true);
+  EXPECT_TRUE(std::isnan(running.data<float>()[0]));
+  kernels::cast_to_fp8_transpose_into(a, s, q, qt, running, true);
+  EXPECT_TRUE(std::isnan(running.data<float>()[0]));
+  // fp8_amax_merge_ is the same max.
+  Tensor r = scalar(3.0f);
+  kernels::fp8_amax_merge_(r, scalar(2.0f));
+  EXPECT_EQ(r.data<float>()[0], 3.0f);
+  kernels::fp8_amax_merge_(r, scalar(5.0f));
+  EXPECT_EQ(r.data<float>()[0], 5.0f);
+  kernels::fp8_amax_merge_(r, scalar(std::numeric_limits<float>::quiet_NaN()));
+  EXPECT_TRUE(std::isnan(r.data<float>()[0]));
+  EXPECT_ERROR(kernels::fp8_amax_merge_(zeros({2}), scalar(1.0f)), "fp8_amax_merge_", "running",
+               "[2]");
+}
+
+TEST(Fp8Delayed, the_close_pushes_the_window_amax_and_scales_from_the_history_max) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // Rows: scale, scale_inv, window amax, history (H = 3) newest first.
+  Tensor state = from_vector<float>({1, 1, 6,   2, 9, 4,   // 6 pushed: history 6 2 9, max 9
+                                     1, 1, 12,  2, 9, 4,   // 12: history 12 2 9, max 12
+                                     7, 8, inf, 2, 9, 4,   // skipped: all stays
+                                     7, 8, 0,   0, 0, 0},  // nothing seen: scale rule of 0
+                                    {4, 6});
+  kernels::fp8_delayed_scale_update(state, DType::f8e4m3, 1);
+  auto rule = [](float amax) { return fp8_scale_from_amax(scalar(amax), DType::f8e4m3, 1); };
+  const float* p = state.data<float>();
+  const std::vector<std::vector<float>> history = {{6, 2, 9}, {12, 2, 9}, {2, 9, 4}, {0, 0, 0}};
+  const std::vector<float> max_of = {9, 12, 0, 0};
+  for (int row = 0; row < 4; ++row) {
+    SCOPED_TRACE("row " + std::to_string(row));
+    EXPECT_EQ(p[row * 6 + 2], 0.0f);  // the window's amax, reset
+    for (int j = 0; j < 3; ++j)
+      EXPECT_EQ(p[row * 6 + 3 + j], history[row][j]);
+    if (row == 2) {
+      EXPECT_EQ(p[row * 6 + 0], 7.0f);
+      EXPECT_EQ(p[row * 6 + 1], 8.0f);
+      continue;
+    }
+    const auto r = rule(max_of[row]);
+    EXPECT_EQ(p[row * 6 + 0], r.scale.data<float>()[0]);
+    EXPECT_EQ(p[row * 6 + 1], r.scale_inv.data<float>()[0]);
+  }
+  const char* op = "fp8_delayed_scale_update";
+  EXPECT_ERROR(kernels::fp8_delayed_scale_update(zeros({2, 3}), DType::f8e4m3), op, "3 + H",
+               "[2, 3]");
+  EXPECT_ERROR(kernels::fp8_delayed_scale_update(zeros({2, 4}), DType::bf16), op, "bf16");
+  EXPECT_ERROR(kernels::fp8_delayed_scale_update(zeros({2, 4}), DType::f8e5m2, 9), op,
+               "margin = 9");
+}
+
 TEST(Fp8Cast, bad_inputs_name_the_op_and_values) {
   Tensor x = test::random_normal({4, 8});
   EXPECT_ERROR(cast_to_fp8(x.to(DType::f64), scalar(1), DType::f8e4m3), "cast_to_fp8", "f64",

@@ -226,6 +226,53 @@ TEST(GpuFp8, scaled_cast_transpose_matches_the_cpu_bit_for_bit) {
   }
 }
 
+// Note [FP8 delayed scaling]: the merging cast (both kernels' shapes), the
+// merge and the close's update, each against the CPU bit for bit.
+TEST(GpuFp8, delayed_scaling_matches_the_cpu_bit_for_bit) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor s = from_vector<float>({6.0f}, {1});
+  for (auto [m, k] : {std::pair<int64_t, int64_t>{768, 3072}, {31, 33}}) {
+    const Tensor a = test::random_normal({m, k}, DType::bf16, Device::cpu(), 3.0);
+    const Tensor b = test::random_normal({m, k}, DType::bf16, Device::cpu(), 7.0);
+    auto run = [&](Device d) {
+      Tensor running = from_vector<float>({1.5f}, {1}).to(d);
+      const Tensor q = empty({m, k}, DType::f8e4m3, d), qt = empty({k, m}, DType::f8e4m3, d);
+      kernels::cast_to_fp8_transpose_into(a.to(d), s.to(d), q, qt, running, true);
+      kernels::cast_to_fp8_transpose_into(b.to(d), s.to(d), q, qt, running, true);
+      return std::vector<Tensor>{q, qt, running};
+    };
+    const std::vector<Tensor> cpu = run(Device::cpu()), gpu = run(kGpu);
+    EXPECT_TRUE(same_codes(gpu[0], cpu[0])) << m << "x" << k;
+    EXPECT_TRUE(same_codes(gpu[1], cpu[1])) << m << "x" << k;
+    EXPECT_TRUE(same_float_bits(gpu[2], cpu[2])) << m << "x" << k;
+  }
+  const float inf = std::numeric_limits<float>::infinity(),
+              nan = std::numeric_limits<float>::quiet_NaN();
+  for (float a : {0.0f, 2.0f, 9.0f, inf, nan})
+    for (float r : {0.0f, 4.0f, nan}) {
+      Tensor cpu = from_vector<float>({r}, {1}), gpu = cpu.to(kGpu);
+      kernels::fp8_amax_merge_(cpu, from_vector<float>({a}, {1}));
+      kernels::fp8_amax_merge_(gpu, from_vector<float>({a}, {1}).to(kGpu));
+      EXPECT_TRUE(same_float_bits(gpu, cpu)) << r << " merged with " << a;
+    }
+  // 300 rows of H = 5: random histories, windows random, zero, infinite or NaN.
+  Tensor state = test::random_normal({300, 8}, DType::f32, Device::cpu(), 50.0);
+  float* p = state.data<float>();
+  for (int64_t i = 0; i < 300; ++i) {
+    for (int64_t j = 2; j < 8; ++j)
+      p[i * 8 + j] = std::fabs(p[i * 8 + j]);
+    if (i % 7 == 0) p[i * 8 + 2] = 0.0f;
+    if (i % 11 == 0) p[i * 8 + 2] = inf;
+    if (i % 13 == 0) p[i * 8 + 2] = nan;
+  }
+  for (DType d : {DType::f8e4m3, DType::f8e5m2}) {
+    Tensor cpu = state.clone(), gpu = state.to(kGpu);
+    kernels::fp8_delayed_scale_update(cpu, d, 1);
+    kernels::fp8_delayed_scale_update(gpu, d, 1);
+    EXPECT_TRUE(same_float_bits(gpu, cpu)) << dtype_name(d);
+  }
+}
+
 TEST(GpuFp8, scale_rule_matches_the_cpu) {
   ACCRUE_REQUIRE_CUDA();
   const float inf = std::numeric_limits<float>::infinity();
