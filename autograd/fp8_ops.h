@@ -72,6 +72,24 @@ struct Fp8Weight {
 };
 Fp8Weight fp8_weight(const Tensor& weight, DType dtype = DType::f8e4m3, int margin = 0);
 
+// Note [FP8 delayed scaling] (kernels/fp8.h) for one layer: its x's and its
+// dy's scale, scale_inv and running amax of the window (f32 [1] views of the
+// window state's rows, optim/fp8_scaling.h), the dtypes and margin the rows
+// were made for, and whether a close has made the scales yet. Before it has
+// (the first window), the layer casts with current scaling and merges each
+// amax into the rows, which the first close turns into the first scales.
+struct Fp8ScaleRow {
+  Tensor scale, scale_inv, amax;
+};
+struct Fp8DelayedRows {
+  Fp8ScaleRow x, dy;
+  DType x_dtype = DType::f8e4m3, dy_dtype = DType::f8e5m2;
+  int margin = 0;
+  const bool* calibrated = nullptr;  // the owner's flag
+};
+// The rows the weight's owner keeps for its layer, or nullptr.
+const Fp8DelayedRows* kept_fp8_scaling(const Tensor& weight);
+
 // Note [FP8 shared input]
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // Layers that read one input (a Llama block's q, k and v projections; gate

@@ -49,6 +49,33 @@ ScaledCast cast_current(const Tensor& x2, DType dtype, int margin) {
                                                /*power_of_two=*/false, /*nan_on_overflow=*/true);
 }
 
+// Note [FP8 delayed scaling] (kernels/fp8.h): x cast with its row's scale, its
+// amax merged into the row's running amax in the same read; scale_inv guarded
+// by that running amax (Note [FP8 overflow]: an overflow in this window, here
+// or earlier, makes the GEMMs NaN and the window skip). Before the first close
+// has made a scale (calibrated false): current scaling, its amax merged.
+ScaledCast cast_delayed(const Tensor& x2, const Fp8ScaleRow& row, bool calibrated, DType dtype,
+                        int margin) {
+  if (!calibrated) {
+    const Tensor amax = fp8_amax(x2);
+    ScaledCast c = kernels::cast_to_fp8_transpose_scaled(x2, amax, dtype, margin, false, true);
+    kernels::fp8_amax_merge_(row.amax, amax);
+    return c;
+  }
+  const int64_t m = x2.size(0), k = x2.size(1);
+  ScaledCast c{empty({m, k}, dtype, x2.device()), empty({k, m}, dtype, x2.device()), Tensor()};
+  kernels::cast_to_fp8_transpose_into(x2, row.scale, c.q, c.q_t, row.amax, /*merge_amax=*/true);
+  c.scale_inv = fp8_guarded_scale_inv(row.scale_inv, row.amax);
+  return c;
+}
+
+// x's cast for the layer of `weight`: delayed when its owner keeps rows for it.
+ScaledCast cast_input(const Tensor& x2, const Tensor& weight, DType dtype, int margin) {
+  const Fp8DelayedRows* rows = kept_fp8_scaling(weight);
+  return rows ? cast_delayed(x2, rows->x, *rows->calibrated, dtype, margin)
+              : cast_current(x2, dtype, margin);
+}
+
 // The weight gradient of an FP8 linear layer: into(out, accumulate) writes
 // (or adds) the f32 product dy^T x into out. Note [Fused weight-gradient
 // accumulation]: an f32 slot takes it straight from the GEMM; otherwise it
@@ -79,6 +106,10 @@ bool is_gemm_output(DType t) {
 }
 
 // w8: the weight's FP8 copy, or nullptr under the block recipe (cast per call).
+const char* recipe_name(Fp8Recipe r) {
+  return r == Fp8Recipe::block ? "block" : "tensor";
+}
+
 void check_fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight* w8,
                       const Tensor& bias, const Fp8LinearOptions& o) {
   ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "fp8_linear: weight must be 2-D [out, in]",
@@ -105,6 +136,16 @@ void check_fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight* w8
   ACCRUE_CHECK(!bias.defined() || bias.shape() == Shape{n}, "fp8_linear: bias of shape ",
                bias.defined() ? shape_str(bias.shape()) : "", " for weight of shape ",
                shape_str(weight.shape()));
+  // Note [FP8 delayed scaling]: the rows were made for one recipe, dtypes and margin.
+  if (const Fp8DelayedRows* rows = kept_fp8_scaling(weight)) {
+    ACCRUE_CHECK(o.recipe == Fp8Recipe::tensor && rows->x_dtype == o.forward_dtype &&
+                     rows->dy_dtype == o.grad_dtype && rows->margin == o.margin,
+                 "fp8_linear: the weight's delayed scaling is per tensor for ",
+                 dtype_name(rows->x_dtype), " inputs, ", dtype_name(rows->dy_dtype),
+                 " gradients and margin ", rows->margin, "; the layer asks for the ",
+                 recipe_name(o.recipe), " recipe, ", dtype_name(o.forward_dtype), ", ",
+                 dtype_name(o.grad_dtype), " and margin ", o.margin);
+  }
   const int64_t m = x.numel() / k;
   ACCRUE_CHECK(m % 16 == 0 && n % 16 == 0 && k % 16 == 0, "fp8_linear: rows ", m, ", in ", k,
                " and out ", n,
@@ -136,10 +177,6 @@ void check_fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight* w8
 // outputs are NaN (Note [FP8 overflow]).
 using kernels::Fp8Tiles;
 constexpr int64_t kBlock = 128;
-
-const char* recipe_name(Fp8Recipe r) {
-  return r == Fp8Recipe::block ? "block" : "tensor";
-}
 
 struct BlockCast {
   Tensor q;
@@ -276,10 +313,16 @@ Tensor fp8_linear_cast(const Tensor& x, const Tensor& x_q, const Tensor& x_codes
   const SinkTarget w_target = autograd::sink_target(weight), b_target = autograd::sink_target(bias);
   const DType grad_dtype = o.grad_dtype;
   const int margin = o.margin;
+  // Note [FP8 delayed scaling]: dy's row, and whether the forward found it calibrated.
+  const Fp8DelayedRows* rows = kept_fp8_scaling(weight);
+  const Fp8ScaleRow dy_row = rows ? rows->dy : Fp8ScaleRow{};
+  const bool calibrated = rows && *rows->calibrated;
   const Tensor pre = autograd::record(
       "Fp8LinearBackward", out, {x, weight, bias}, [=](const Tensor& g) -> std::vector<Tensor> {
         const Tensor g2 = g.reshape({-1, n});
-        const ScaledCast cg = cast_current(g2, grad_dtype, margin);
+        const ScaledCast cg = dy_row.scale.defined()
+                                  ? cast_delayed(g2, dy_row, calibrated, grad_dtype, margin)
+                                  : cast_current(g2, grad_dtype, margin);
         Tensor dx, dw, db;
         if (gx) {
           dx = kernels::fp8_matmul(cg.q, w8.q_t, cg.scale_inv, w8.scale_inv, x_dtype)
@@ -320,7 +363,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8, co
   check_tensor_recipe(o);
   check_fp8_linear(x, weight, &w8, bias, o);
   const ScaledCast cx =
-      cast_current(detach(x).reshape({-1, weight.size(1)}), o.forward_dtype, o.margin);
+      cast_input(detach(x).reshape({-1, weight.size(1)}), weight, o.forward_dtype, o.margin);
   return fp8_linear_cast(x, cx.q, cx.q_t, cx.scale_inv, weight, w8, bias, o);
 }
 
@@ -345,6 +388,11 @@ Fp8Input fp8_input(const Tensor& x, const Fp8LinearOptions& o) {
 const Fp8Weight* kept_fp8_weight(const Tensor& weight) {
   const AutogradMeta* m = weight.defined() ? autograd::find_meta(weight) : nullptr;
   return m && m->owner ? m->owner->fp8_copy(weight) : nullptr;
+}
+
+const Fp8DelayedRows* kept_fp8_scaling(const Tensor& weight) {
+  const AutogradMeta* m = weight.defined() ? autograd::find_meta(weight) : nullptr;
+  return m && m->owner ? m->owner->fp8_scaling(weight) : nullptr;
 }
 
 namespace {
@@ -384,7 +432,7 @@ Tensor fp8_linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias
   const Fp8Weight w8 = kept_or_cast(weight);
   check_fp8_linear(x, weight, &w8, bias, o);
   const ScaledCast cx =
-      cast_current(detach(x).reshape({-1, weight.size(1)}), o.forward_dtype, o.margin);
+      cast_input(detach(x).reshape({-1, weight.size(1)}), weight, o.forward_dtype, o.margin);
   return fp8_linear_cast(x, cx.q, cx.q_t, cx.scale_inv, weight, w8, bias, o, /*then_gelu=*/true);
 }
 

@@ -12,7 +12,8 @@
 
 namespace accrue {
 
-struct Fp8Weight;  // autograd/fp8_ops.h
+struct Fp8Weight;
+struct Fp8DelayedRows;  // autograd/fp8_ops.h
 
 // Receives a leaf's gradient instead of the default `.grad` storage. The
 // gradient arena implements it (Note [Overwrite first]); set per parameter.
@@ -61,6 +62,12 @@ class ParameterOwner {
   // The parameter's FP8 copy that the owner keeps current (Note [Window FP8
   // weights] in optim/fp8_weights.h), or nullptr.
   virtual const Fp8Weight* fp8_copy(const Tensor& param) const {
+    (void)param;
+    return nullptr;
+  }
+  // The delayed-scaling rows of the layer whose weight is `param` (Note [FP8
+  // delayed scaling] in kernels/fp8.h; optim/fp8_scaling.h), or nullptr.
+  virtual const Fp8DelayedRows* fp8_scaling(const Tensor& param) const {
     (void)param;
     return nullptr;
   }

@@ -202,6 +202,11 @@ std::vector<std::unique_ptr<CloseStage>> make_close_stages(CloseContext& c,
     step("fp8 weights", "the forward's weights", "their FP8 copies",
          [](CloseContext& c, int64_t) { c.store->refresh_fp8_copies(); });
   }
+  if (f.fp8_scaling) {
+    // Note [FP8 delayed scaling]: the window's amaxes onto the histories.
+    step("fp8 scaling", "the window's amaxes", "the next window's FP8 scales",
+         [](CloseContext& c, int64_t) { c.store->fp8_delayed_scaling()->update(); });
+  }
   // Keeps what report() shows, then starts the next window's counters.
   step("report", "state, loss sum, N", "the report; N and the loss sum reset",
        [](CloseContext& c, int64_t) {

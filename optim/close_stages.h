@@ -20,6 +20,7 @@
 //   calibration      first window, calibrate f16 maxima          the next window's scale
 //   gather parameters  ZeRO-1                owned ranges        the forward's weights
 //   fp8 weights      FP8 weight copies       forward weights     their FP8 copies
+//   fp8 scaling      FP8 delayed scaling     the window's amaxes the next window's scales
 //   report           always                  state, loss sum, N  the report; N, loss sum reset
 //
 // Layer steps: Note [Close under the forward] in optim/layer_steps.h.
@@ -117,7 +118,8 @@ struct CloseFeatures {
   double noise_ema = 0.95;
   bool calibrate = false;
   double calibration_scale = 1.0, calibration_margin = 1.0;
-  bool fp8_copies = false;  // Note [Window FP8 weights]
+  bool fp8_copies = false;   // Note [Window FP8 weights]
+  bool fp8_scaling = false;  // Note [FP8 delayed scaling]
   // Note [Close under the forward]: layer steps in place of the optimizer step.
   bool close_under_forward = false;
   int64_t close_layer_elements = 0;

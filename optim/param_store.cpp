@@ -127,7 +127,7 @@ StoreMemory ParamStore::memory() const {
   m.compute = bytes(compute_);
   for (const Tensor& t : moments_)
     m.moments += bytes(t);
-  m.fp8 = fp8_ ? fp8_->bytes() : 0;
+  m.fp8 = (fp8_ ? fp8_->bytes() : 0) + (fp8_scaling_ ? fp8_scaling_->bytes() : 0);
   m.master_sharded = master_sharded_;
   m.moments_sharded = moments_sharded();
   return m;
@@ -149,6 +149,25 @@ void ParamStore::keep_fp8_copies(const std::vector<Tensor>& weights, DType dtype
     const size_t i = slot_of(w, "keep_fp8_copies");
     fp8_->add(i, slots()[i].name, params()[i]);
   }
+}
+
+void ParamStore::keep_fp8_delayed_scaling(const std::vector<Tensor>& weights,
+                                          const Fp8DelayedOptions& options) {
+  ACCRUE_CHECK(!fp8_scaling_,
+               "ParamStore::keep_fp8_delayed_scaling: the store keeps delayed "
+               "scaling already (once, for every FP8 layer)");
+  std::vector<std::pair<size_t, std::string>> layers;
+  for (const Tensor& w : weights) {
+    const size_t i = slot_of(w, "keep_fp8_delayed_scaling");
+    layers.emplace_back(i, slots()[i].name);
+  }
+  fp8_scaling_ = std::make_unique<Fp8DelayedScaling>(layers, options, options_.device());
+}
+
+const Fp8DelayedRows* ParamStore::fp8_scaling(const Tensor& param) const {
+  if (!fp8_scaling_) return nullptr;
+  const int i = index_of(param);
+  return i < 0 ? nullptr : fp8_scaling_->find(static_cast<size_t>(i));
 }
 
 void ParamStore::refresh_fp8_copies() {

@@ -42,6 +42,7 @@
 
 #include "accrue/autograd/grad_arena.h"
 #include "accrue/core/tensor.h"
+#include "accrue/optim/fp8_scaling.h"
 #include "accrue/optim/fp8_weights.h"
 
 namespace accrue::optim {
@@ -107,7 +108,7 @@ class ParamStoreOptions {
 // Bytes a store holds on its device, by role (the report of Note [ZeRO-1]).
 struct StoreMemory {
   int64_t master = 0, grads = 0, compute = 0, moments = 0;
-  int64_t fp8 = 0;  // Note [Window FP8 weights]: the weights' FP8 copies
+  int64_t fp8 = 0;  // Note [Window FP8 weights]: the FP8 copies, and delayed scaling's rows
   bool master_sharded = false, moments_sharded = false;
   int64_t total() const { return master + grads + compute + moments + fp8; }
   // "master 237.5 MiB (sharded), grads 475.0 MiB, compute 237.5 MiB, moments 475.0 MiB
@@ -216,6 +217,17 @@ class ParamStore final : public ParameterOwner {
   }
   const Fp8Weight* fp8_copy(const Tensor& param) const override;
 
+  // Note [FP8 delayed scaling] (optim/fp8_scaling.h): keeps the delayed-scaling
+  // rows of the FP8 layers whose weights are `weights` (parameters of this
+  // store), which fp8_linear then casts x and dy with. Once, and before
+  // building the Window (its close must hold the update).
+  void keep_fp8_delayed_scaling(const std::vector<Tensor>& weights,
+                                const Fp8DelayedOptions& options = {});
+  bool has_fp8_delayed_scaling() const { return fp8_scaling_ != nullptr; }
+  // The rows' owner (the Window's close updates it, its checkpoint saves it), or nullptr.
+  Fp8DelayedScaling* fp8_delayed_scaling() const { return fp8_scaling_.get(); }
+  const Fp8DelayedRows* fp8_scaling(const Tensor& param) const override;
+
   // Note [Close under the forward] (optim/layer_steps.h): called, with the
   // method's name, before master, compute, moment, value, master_view, load,
   // load_master and refresh_compute read or write the arenas; LayerSteps
@@ -243,8 +255,9 @@ class ParamStore final : public ParameterOwner {
   std::vector<ArenaRange> owned_;  // the packed master's ranges, when sharded
   Tensor master_, compute_;
   std::vector<Tensor> moments_;
-  std::unique_ptr<Fp8WeightCopies> fp8_;   // Note [Window FP8 weights]; null until asked
-  std::function<void(const char*)> join_;  // set_join_hook
+  std::unique_ptr<Fp8WeightCopies> fp8_;            // Note [Window FP8 weights]; null until asked
+  std::unique_ptr<Fp8DelayedScaling> fp8_scaling_;  // Note [FP8 delayed scaling]; null until asked
+  std::function<void(const char*)> join_;           // set_join_hook
   void join(const char* where) const {
     if (join_) join_(where);
   }

@@ -125,6 +125,7 @@ CloseFeatures features_of(const WindowOptions& options, const GradientSync* sync
                           const ParamStore& store) {
   CloseFeatures f;
   f.fp8_copies = store.has_fp8_copies();
+  f.fp8_scaling = store.has_fp8_delayed_scaling();
   f.skips_unused = options.unused_parameters() == UnusedParameters::skip;
   f.checks_unused_world =
       sync != nullptr && options.unused_parameter_check() != UnusedParameterCheck::ignore;
@@ -151,8 +152,14 @@ Window::Window(ParamStore& store, Optimizer& optimizer, const WindowOptions& opt
   index_checks_ = std::make_unique<kernels::DeferredIndexChecks>(store.options().device(),
                                                                  field(kernels::kItems));
   const CloseFeatures features = features_of(options, sync, store);
+  // Note [FP8 delayed scaling] (optim/fp8_scaling.h): each rank's scales would part.
+  ACCRUE_CHECK(!(sync && features.fp8_scaling),
+               "Window: FP8 delayed scaling under data parallelism needs the window amaxes "
+               "max-reduced over the ranks before each update, which is not built yet; use "
+               "current scaling (do not call ParamStore::keep_fp8_delayed_scaling)");
   stages_ = make_close_stages(*ctx_, features);
   keeps_fp8_copies_ = features.fp8_copies;
+  keeps_fp8_scaling_ = features.fp8_scaling;
   optimizer_.bind(store);
   // Note [Window FP8 weights]: from the weights as they start (a data-parallel
   // sync has broadcast rank 0's by now).
@@ -220,6 +227,11 @@ void Window::close() {
                "Window::close: the store was asked to keep FP8 weight copies after this Window "
                "was built, so its close would not recast them (Note [Window FP8 weights]): call "
                "ParamStore::keep_fp8_copies before building the Window");
+  ACCRUE_CHECK(store_.has_fp8_delayed_scaling() == keeps_fp8_scaling_,
+               "Window::close: the store was asked to keep FP8 delayed scaling after this Window "
+               "was built, so its close would not update the scales "
+               "(Note [FP8 delayed scaling]): call ParamStore::keep_fp8_delayed_scaling before "
+               "building the Window");
   close_device();
   close_host();
 }
@@ -292,8 +304,8 @@ Window::WholeCapture Window::begin_whole_capture() const {
   ACCRUE_CHECK(ctx_->state.device().is_cuda(), op, ": the window's arena is on ",
                ctx_->state.device().str(), "; CUDA graphs are CUDA's");
   ACCRUE_CHECK(!calibrating(), op,
-               ": the scaler calibrates during the first window (Note [Scale calibration]); "
-               "capture after it");
+               ": the first window calibrates (the loss scaler's, Note [Scale calibration], or "
+               "FP8 delayed scaling's, Note [FP8 delayed scaling]); capture after it");
   return {micro_step_, windows_, store_.written_flags()};
 }
 
@@ -371,7 +383,9 @@ int64_t Window::norm_rows_at_last_close() const {
 
 bool Window::calibrating() const {
   const CalibrationStage* c = find_stage<CalibrationStage>();
-  return c != nullptr && c->active();
+  // Note [FP8 delayed scaling]: the first window's layers scale as they cast.
+  const Fp8DelayedScaling* fp8 = store_.fp8_delayed_scaling();
+  return (c != nullptr && c->active()) || (fp8 != nullptr && !fp8->calibrated());
 }
 
 void Window::check() const {

@@ -462,7 +462,8 @@ class Window {
   // the heap, so that the stages' reference stays put when the Window moves.
   std::unique_ptr<CloseContext> ctx_;
   std::vector<std::unique_ptr<CloseStage>> stages_;
-  bool keeps_fp8_copies_ = false;  // the close recasts the store's FP8 copies
+  bool keeps_fp8_copies_ = false;   // the close recasts the store's FP8 copies
+  bool keeps_fp8_scaling_ = false;  // the close updates the store's FP8 delayed scaling
   // Note [Deferred index checks]: on the heap, so that it stays put (it is
   // registered with the thread) when the Window moves.
   std::unique_ptr<kernels::DeferredIndexChecks> index_checks_;

@@ -80,6 +80,11 @@ std::map<std::string, Tensor> Window::state_dict() const {
   d["windows_closed"] = full({}, static_cast<double>(windows_), DType::i64);
   if (skips_unused()) d["param_steps"] = ctx_->slots.steps.select(1, 0).contiguous();
   if (sharded()) d["zero1_ranges"] = owned_ranges_table();
+  // Note [FP8 delayed scaling]: scales, histories and this window's amaxes so far.
+  if (const Fp8DelayedScaling* fp8 = store_.fp8_delayed_scaling()) {
+    d["fp8_scaling_x"] = fp8->x_state();
+    d["fp8_scaling_dy"] = fp8->dy_state();
+  }
   if (micro_step_ > 0) {  // Note [Mid-window checkpoints]
     d["micro_step"] = full({}, static_cast<double>(micro_step_), DType::i64);
     d["grads"] = store_.grads();
@@ -171,6 +176,15 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
       param_steps.assign(static_cast<size_t>(slots), window_steps);
     }
   }
+  Fp8DelayedScaling* fp8 = store_.fp8_delayed_scaling();
+  const bool saved_fp8 = state.count("fp8_scaling_x") != 0;
+  ACCRUE_CHECK(saved_fp8 == (fp8 != nullptr), "Window::load_state_dict: the checkpoint ",
+               saved_fp8 ? "holds" : "has no", " FP8 delayed scaling state ('fp8_scaling_x'), ",
+               "this window's store ", fp8 ? "keeps" : "does not keep",
+               " one (Note [FP8 delayed scaling]: ParamStore::keep_fp8_delayed_scaling as the "
+               "run that saved it)");
+  const Tensor* fp8_x = fp8 ? &get("fp8_scaling_x", fp8->x_state()) : nullptr;
+  const Tensor* fp8_dy = fp8 ? &get("fp8_scaling_dy", fp8->dy_state()) : nullptr;
   // Note [Mid-window checkpoints]: a checkpoint without "micro_step" was taken between windows.
   int64_t m = 0;
   std::vector<bool> flags;
@@ -203,6 +217,11 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
   // Note [ZeRO-1]: this rank loaded its shard; the others' come by gathering.
   if (sharded()) sync_->all_gather_owned(store_.forward_weights());
   store_.refresh_fp8_copies();  // Note [Window FP8 weights]: from the loaded weights
+  if (fp8) {  // Note [FP8 delayed scaling]: past the first close, the scales exist
+    fp8->x_state().copy_(*fp8_x);
+    fp8->dy_state().copy_(*fp8_dy);
+    fp8->set_calibrated(windows > 0);
+  }
   windows_ = windows;
   // Note [Scale calibration]: the checkpoint has the scale.
   if (CalibrationStage* c = find_stage<CalibrationStage>(); c && windows > 0) c->spend();
