@@ -90,8 +90,10 @@ Fp8LinearOptions Fp8Choice::options() const {
 std::string Fp8Choice::record() const {
   if (!on) return "off";
   if (recipe == Fp8Recipe::block) return "projections e4m3/e5m2, 1x128 / 128x128 block scaling";
-  return fast_forward ? "projections e4m3/e5m2, current scaling, fast forward accumulation"
-                      : "projections e4m3/e5m2, current scaling";
+  const std::string scaling =
+      delayed ? "delayed scaling over " + std::to_string(amax_history) + " windows"
+              : "current scaling";
+  return "projections e4m3/e5m2, " + scaling + (fast_forward ? ", fast forward accumulation" : "");
 }
 
 void declare_fp8(OptionTable& cli, Fp8Choice& fp8) {
@@ -110,6 +112,15 @@ void declare_fp8(OptionTable& cli, Fp8Choice& fp8) {
            "with --fp8 (tensor recipe), the forward GEMMs accumulate on the FP8 tensor cores "
            "without cuBLASLt's promotions to f32, as Transformer Engine's forward "
            "(Note [FP8 GEMM]); the gradients' GEMMs always promote");
+  cli.choice<bool>("--fp8-scaling", &fp8.delayed, {{"current", false}, {"delayed", true}},
+                   "with --fp8 (tensor recipe): current, each x and dy scaled by its own amax "
+                   "(read before the cast); delayed, by the max amax of the last "
+                   "--fp8-amax-history windows, each cast taking its amax in the same read (the "
+                   "first window current; Note [FP8 delayed scaling])");
+  cli.integer("--fp8-amax-history", &fp8.amax_history, "N",
+              "with --fp8-scaling delayed, the windows of amaxes each scale is made from")
+      .min(1)
+      .max(1024);
   cli.flag("--fp8-cast-every-micro-batch", &fp8.cast_every_micro_batch,
            "with --fp8, cast each weight to FP8 at every micro-batch instead of once per window "
            "(the same bits, Note [Window FP8 weights]; to measure what the once-per-window copy "
@@ -122,6 +133,10 @@ void check_fp8(const Fp8Choice& fp8) {
   if (fp8.recipe != Fp8Recipe::tensor && !fp8.on) usage_error("--fp8-recipe needs --fp8");
   if (fp8.fast_forward && (!fp8.on || fp8.recipe != Fp8Recipe::tensor))
     usage_error("--fp8-fast-forward needs --fp8 with --fp8-recipe tensor");
+  if (fp8.delayed && (!fp8.on || fp8.recipe != Fp8Recipe::tensor))
+    usage_error("--fp8-scaling delayed needs --fp8 with --fp8-recipe tensor");
+  if (fp8.amax_history != 16 && !fp8.delayed)
+    usage_error("--fp8-amax-history needs --fp8-scaling delayed");
 }
 
 void declare_validation_schedule(OptionTable& cli, int64_t& val_every, int64_t& val_batches) {

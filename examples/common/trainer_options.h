@@ -39,6 +39,10 @@ struct Fp8Choice {
   bool cast_every_micro_batch = false;
   // --fp8-fast-forward: the forward GEMMs without f32 promotions (Fp8LinearOptions).
   bool fast_forward = false;
+  // --fp8-scaling delayed: x and dy cast with scales from earlier windows' amaxes,
+  // one read each (Note [FP8 delayed scaling]); --fp8-amax-history windows of them.
+  bool delayed = false;
+  int64_t amax_history = 16;
   // fp8_linear's options for this choice.
   Fp8LinearOptions options() const;
   // Whether the store keeps the weights' FP8 copies (once per window, Note [Window FP8 weights]).
@@ -47,8 +51,9 @@ struct Fp8Choice {
   std::string record() const;
 };
 void declare_fp8(OptionTable& cli, Fp8Choice& fp8);
-// The UsageErrors: --fp8-recipe, --fp8-cast-every-micro-batch or
-// --fp8-fast-forward without --fp8, and --fp8-fast-forward under the block recipe.
+// The UsageErrors: --fp8-recipe, --fp8-cast-every-micro-batch, --fp8-fast-forward
+// or --fp8-scaling delayed without --fp8, and --fp8-fast-forward or delayed
+// scaling under the block recipe.
 void check_fp8(const Fp8Choice& fp8);
 
 // --val-every, --val-batches: how often and over how many micro-batches the

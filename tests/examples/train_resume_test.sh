@@ -53,6 +53,25 @@ err=$("$trainer" "${args[@]}" --dtype bf16 --resume "$work/fp8_full.safetensors"
 rc=$?
 [[ $rc -eq 1 && $err == *"fp8 = "*"but this run has off"* ]] ||
   fail "a resume of an --fp8 checkpoint without --fp8: exit code $rc: $err"
+# --fp8-scaling delayed (Note [FP8 delayed scaling]): the scales and amax
+# histories are in the checkpoint; resumed inside window 4 (after 1 of its 2
+# micro-steps, its running amaxes saved), the same final bytes.
+delayed=("${fp8[@]}" --fp8-scaling delayed --fp8-amax-history 2)
+"$trainer" "${delayed[@]}" --checkpoint "$work/delayed_full.safetensors" > /dev/null ||
+  fail "--fp8-scaling delayed uninterrupted run: exit code $?"
+"$trainer" "${delayed[@]}" --checkpoint "$work/delayed_part.safetensors" --stop-after 3 \
+  --stop-micro-steps 1 > /dev/null || fail "--fp8-scaling delayed first half: exit code $?"
+"$trainer" "${delayed[@]}" --checkpoint "$work/delayed_part.safetensors" \
+  --resume "$work/delayed_part.safetensors" > /dev/null ||
+  fail "--fp8-scaling delayed resumed run: exit code $?"
+cmp "$work/delayed_full.safetensors" "$work/delayed_part.safetensors" ||
+  fail "--fp8-scaling delayed: the resumed run's final checkpoint differs"
+cmp -s "$work/delayed_full.safetensors" "$work/fp8_full.safetensors" &&
+  fail "--fp8-scaling delayed ended on current scaling's bytes"
+err=$("$trainer" "${fp8[@]}" --resume "$work/delayed_full.safetensors" 2>&1 >/dev/null)
+rc=$?
+[[ $rc -eq 1 && $err == *"delayed scaling"* ]] ||
+  fail "a resume of a delayed-scaling checkpoint with current scaling: exit code $rc: $err"
 # --stop-micro-steps (Note [Mid-window checkpoints]): saved inside window 4
 # after 1 of 2 micro-steps, resumed there: the same final checkpoint.
 "$trainer" "${args[@]}" --checkpoint "$work/mid.safetensors" --stop-after 3 \
