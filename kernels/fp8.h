@@ -95,9 +95,9 @@ void cast_to_fp8_transpose_into(const Tensor& x, const Tensor& scale, const Tens
 // the reader's guarded scale_inv turns into a skipped window (Note [FP8
 // overflow]), and a skipped window leaves the scale as it was. The state is
 // a row of f32 per tensor, on the device, so it replays under CUDA graphs
-// and can be checkpointed and max-reduced over data-parallel ranks.
-// These are the device side only: the window state that holds the rows and
-// the layers that read them are not built yet.
+// and can be checkpointed and max-reduced over data-parallel ranks. Who
+// holds the rows and when they update: optim/fp8_scaling.h; the layers that
+// cast with them: fp8_linear (autograd/ops_fp8.cpp).
 
 // running = max(running, amax), NaN when either is NaN; both f32 [1] on one
 // device (Note [FP8 delayed scaling]).

@@ -205,7 +205,11 @@ std::vector<std::unique_ptr<CloseStage>> make_close_stages(CloseContext& c,
   if (f.fp8_scaling) {
     // Note [FP8 delayed scaling]: the window's amaxes onto the histories.
     step("fp8 scaling", "the window's amaxes", "the next window's FP8 scales",
-         [](CloseContext& c, int64_t) { c.store->fp8_delayed_scaling()->update(); });
+         [](CloseContext& c, int64_t) {
+           if (!c.sync) return c.store->fp8_delayed_scaling()->update();
+           c.store->fp8_delayed_scaling()->update(
+               [&c](const Tensor& values) { c.sync->all_reduce_max(values); });
+         });
   }
   // Keeps what report() shows, then starts the next window's counters.
   step("report", "state, loss sum, N", "the report; N and the loss sum reset",

@@ -1,8 +1,12 @@
 #include "accrue/optim/fp8_scaling.h"
 
+#include <limits>
+
 #include "accrue/core/error.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/kernels/fp8.h"
+#include "accrue/kernels/indexing.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::optim {
 
@@ -53,7 +57,19 @@ const Fp8DelayedRows* Fp8DelayedScaling::find(size_t slot) const {
   return nullptr;
 }
 
-void Fp8DelayedScaling::update() {
+void Fp8DelayedScaling::update(const std::function<void(const Tensor&)>& max_over_ranks) {
+  if (max_over_ranks) {
+    NoGradGuard no_grad;
+    const int64_t n = x_state_.numel();
+    Tensor both = kernels::cat({x_state_.reshape({-1}), dy_state_.reshape({-1})}, 0);
+    // NaN as infinity: a max over ranks may drop a NaN, not an infinity.
+    both = kernels::where(kernels::compare(kernels::CompareOp::Ne, both, both),
+                          std::numeric_limits<double>::infinity(), both)
+               .to(DType::f64);
+    max_over_ranks(both);
+    x_state_.copy_(both.narrow(0, 0, n).reshape(x_state_.shape()));
+    dy_state_.copy_(both.narrow(0, n, n).reshape(dy_state_.shape()));
+  }
   kernels::fp8_delayed_scale_update(x_state_, options_.x_dtype(), options_.margin());
   kernels::fp8_delayed_scale_update(dy_state_, options_.dy_dtype(), options_.margin());
   calibrated_ = true;

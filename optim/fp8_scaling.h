@@ -21,14 +21,19 @@
 //    amax onto its history and makes the next window's scales;
 //  - the state tensors are part of the window checkpoint, and a resumed run
 //    is calibrated when the checkpoint is past its first close.
-// Not built yet: data parallelism (the window amaxes must be max-reduced over
-// ranks before the update, or the ranks' scales part; the Window refuses it),
-// the block recipe (whose scales are per tile, current), and fp8_input's
-// shared casts (Note [FP8 shared input]), whose x keeps current scaling.
+//  - under data parallelism the close makes the window amaxes the ranks' max
+//    before the update (GradientSync::all_reduce_max, one small collective),
+//    so every rank keeps the same scales and the ranks stay bitwise equal; a
+//    NaN amax goes as infinity (a max over ranks may drop a NaN), which the
+//    update treats the same: a skipped window.
+// Not built: the block recipe (whose scales are per tile, current), and
+// fp8_input's shared casts (Note [FP8 shared input]), whose x keeps current
+// scaling.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,7 +83,10 @@ class Fp8DelayedScaling {
   // The rows of the layer whose weight is slot `slot`, or nullptr.
   const Fp8DelayedRows* find(size_t slot) const;
   // The close: every window amax onto its history, the next scales from it.
-  void update();
+  // With a world of ranks, `max_over_ranks` first makes the state every rank's
+  // max (the scales and histories are equal on every rank already, so only
+  // the window amaxes change): the ranks keep equal scales.
+  void update(const std::function<void(const Tensor&)>& max_over_ranks = {});
   bool calibrated() const { return calibrated_; }
   // After a checkpoint is loaded: whether it was taken past the first close.
   void set_calibrated(bool c) { calibrated_ = c; }

@@ -152,11 +152,6 @@ Window::Window(ParamStore& store, Optimizer& optimizer, const WindowOptions& opt
   index_checks_ = std::make_unique<kernels::DeferredIndexChecks>(store.options().device(),
                                                                  field(kernels::kItems));
   const CloseFeatures features = features_of(options, sync, store);
-  // Note [FP8 delayed scaling] (optim/fp8_scaling.h): each rank's scales would part.
-  ACCRUE_CHECK(!(sync && features.fp8_scaling),
-               "Window: FP8 delayed scaling under data parallelism needs the window amaxes "
-               "max-reduced over the ranks before each update, which is not built yet; use "
-               "current scaling (do not call ParamStore::keep_fp8_delayed_scaling)");
   stages_ = make_close_stages(*ctx_, features);
   keeps_fp8_copies_ = features.fp8_copies;
   keeps_fp8_scaling_ = features.fp8_scaling;

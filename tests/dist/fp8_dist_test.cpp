@@ -9,7 +9,11 @@
 //    micro-batch is cast with its own scales in both runs, so only the order
 //    of the fp32 sums differs;
 //  - the report's loss is the world's mean, as one process reports it.
+// With delayed scaling (Note [FP8 delayed scaling]) the close max-reduces the
+// window amaxes over the ranks, so each rank's scales and histories are the
+// one process's bit for bit, and so are the casts: the same three results.
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "accrue/autograd/fp8_ops.h"
@@ -33,6 +37,7 @@ constexpr int64_t kRows = 16, kWindows = 3, kGlobalMicro = 4;
 struct Result {
   std::vector<double> params;
   std::vector<double> losses;
+  std::vector<float> fp8_state;  // delayed scaling's x rows, then dy's
 };
 
 // Window w's global micro-batch m: inputs [kRows, 32], targets [kRows].
@@ -45,7 +50,7 @@ std::pair<Tensor, Tensor> micro_batch(int64_t w, int64_t m) {
   return {x, from_vector<int64_t>(y, {kRows})};
 }
 
-Result train(int world, int rank, Communicator* comm, bool zero1) {
+Result train(int world, int rank, Communicator* comm, bool zero1, bool delayed = false) {
   Generator init(3 + static_cast<uint64_t>(rank));  // ranks start apart: the broadcast fixes it
   nn::MLP model({32, 64, 16}, {Device::cpu(), DType::f32, &init});
   const std::vector<Tensor> fp8 = nn::use_fp8(model);
@@ -54,6 +59,7 @@ Result train(int world, int rank, Communicator* comm, bool zero1) {
       model.named_parameters(),
       optim::ParamStoreOptions().moments(opt.moments_needed()).shard_ranks(zero1 ? world : 1));
   store.keep_fp8_copies(fp8);
+  if (delayed) store.keep_fp8_delayed_scaling(fp8, optim::Fp8DelayedOptions().history(2));
   std::unique_ptr<Reducer> reducer;
   if (comm) {
     ReducerOptions o;
@@ -78,29 +84,38 @@ Result train(int world, int rank, Communicator* comm, bool zero1) {
   for (const nn::NamedParameter& p : model.named_parameters())
     for (double v : detach(p.tensor).to(DType::f64).to_vector<double>())
       r.params.push_back(v);
+  if (const optim::Fp8DelayedScaling* s = store.fp8_delayed_scaling()) {
+    for (const Tensor& state : {s->x_state(), s->dy_state()})
+      for (float v : state.to_vector<float>())
+        r.fp8_state.push_back(v);
+  }
   return r;
 }
 
 TEST(HostWorldFp8, two_ranks_agree_bitwise_and_match_one_process) {
-  const Result single = train(1, 0, nullptr, false);
-  for (bool zero1 : {false, true}) {
-    SCOPED_TRACE(zero1 ? "zero1" : "plain");
-    HostWorld world(2);
-    std::vector<Result> ranks(2);
-    host::on_ranks(2, [&](int r) {
-      HostCommunicator comm(world, r);
-      ranks[static_cast<size_t>(r)] = train(2, r, &comm, zero1);
-    });
-    EXPECT_EQ(ranks[0].params, ranks[1].params) << "the ranks' weights differ";
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < single.params.size(); ++i) {
-      diff = std::max(diff, std::fabs(ranks[0].params[i] - single.params[i]));
-      scale = std::max(scale, std::fabs(single.params[i]));
+  for (bool delayed : {false, true})
+    for (bool zero1 : {false, true}) {
+      SCOPED_TRACE(std::string(zero1 ? "zero1" : "plain") + (delayed ? ", delayed scaling" : ""));
+      const Result single = train(1, 0, nullptr, false, delayed);
+      HostWorld world(2);
+      std::vector<Result> ranks(2);
+      host::on_ranks(2, [&](int r) {
+        HostCommunicator comm(world, r);
+        ranks[static_cast<size_t>(r)] = train(2, r, &comm, zero1, delayed);
+      });
+      EXPECT_EQ(ranks[0].params, ranks[1].params) << "the ranks' weights differ";
+      EXPECT_EQ(ranks[0].fp8_state, ranks[1].fp8_state) << "the ranks' scales differ";
+      EXPECT_EQ(ranks[0].fp8_state, single.fp8_state) << "the scales differ from one process's";
+      EXPECT_EQ(ranks[0].fp8_state.empty(), !delayed);
+      double diff = 0, scale = 0;
+      for (size_t i = 0; i < single.params.size(); ++i) {
+        diff = std::max(diff, std::fabs(ranks[0].params[i] - single.params[i]));
+        scale = std::max(scale, std::fabs(single.params[i]));
+      }
+      EXPECT_LE(diff / scale, 1e-5);
+      for (int64_t w = 0; w < kWindows; ++w)
+        EXPECT_NEAR(ranks[0].losses[w], single.losses[w], 1e-6 * single.losses[w]) << w;
     }
-    EXPECT_LE(diff / scale, 1e-5);
-    for (int64_t w = 0; w < kWindows; ++w)
-      EXPECT_NEAR(ranks[0].losses[w], single.losses[w], 1e-6 * single.losses[w]) << w;
-  }
 }
 
 }  // namespace
