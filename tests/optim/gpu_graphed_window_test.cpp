@@ -67,6 +67,27 @@ TEST(GpuGraphedWindow, concurrent_micro_batches_are_bitwise_the_eager_loop) {
   }
 }
 
+// Note [FP8 delayed scaling]: the first window calibrates (every call eager),
+// then the micro-steps' graphs cast with the rows' scales, which each replayed
+// close updates on the device: bitwise the eager run, rows included. Current
+// scaling with the kept copies as well.
+TEST(GpuGraphedWindow, fp8_replays_are_bitwise_the_eager_run) {
+  ACCRUE_REQUIRE_CUDA();
+  const PoolScope pool;
+  for (test::Fp8Mode mode : {test::Fp8Mode::current, test::Fp8Mode::delayed}) {
+    SCOPED_TRACE(mode == test::Fp8Mode::delayed ? "delayed scaling" : "current scaling");
+    test::Schedule s;
+    s.windows = 5;
+    s.fp8 = mode;
+    const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, DType::bf16, s);
+    EXPECT_GT(out.counts.replayed_micro_steps, 0);
+    EXPECT_GT(out.counts.replayed_closes, 0);
+    if (mode == test::Fp8Mode::delayed) {
+      EXPECT_GE(out.counts.eager_micro_steps, 3);  // window 0 calibrates
+    }
+  }
+}
+
 TEST(GpuGraphedWindow, one_micro_step_per_window_uses_the_first_graph_only) {
   ACCRUE_REQUIRE_CUDA();
   const PoolScope pool;

@@ -18,6 +18,11 @@
 
 namespace accrue::test {
 
+// The decoder blocks' projections: as the model makes them, or FP8 with the
+// weights' copies kept (Note [Window FP8 weights]) and current or delayed
+// scaling (Note [FP8 delayed scaling]).
+enum class Fp8Mode { off, current, delayed };
+
 // A two-layer GPT-2 trained with AdamW in two groups, a warmup-cosine LR
 // (so that every window's learning rate differs: Note [Hyperparameters on
 // the device]) and clipping, on `device` with a `compute` copy.
@@ -30,7 +35,7 @@ struct GraphedGPT2 {
   Device device;
 
   GraphedGPT2(Device d, DType compute, int64_t K, double dropout = 0.0,
-              bool close_under_forward = false)
+              bool close_under_forward = false, Fp8Mode fp8 = Fp8Mode::off)
       : device(d) {
     nn::GPT2Config c;
     c.n_layer = 2;
@@ -51,6 +56,11 @@ struct GraphedGPT2 {
         model->named_parameters(),
         optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
             optimizer->moments_needed()));
+    if (fp8 != Fp8Mode::off) {
+      const std::vector<Tensor> weights = model->use_fp8(Fp8LinearOptions{});
+      arena->keep_fp8_copies(weights);
+      if (fp8 == Fp8Mode::delayed) arena->keep_fp8_delayed_scaling(weights);
+    }
     window = std::make_unique<optim::Window>(
         *arena, *optimizer,
         optim::WindowOptions().micro_steps(K).max_grad_norm(0.5).close_under_forward(
@@ -80,6 +90,7 @@ struct GraphedGPT2 {
 struct Schedule {
   int64_t windows = 4, K = 3, B = 4;
   int concurrent = 1;
+  Fp8Mode fp8 = Fp8Mode::off;
   int64_t odd_w = -1, odd_k = -1, odd_b = 0;
   int64_t b(int64_t w, int64_t k) const { return w == odd_w && k == odd_k ? odd_b : B; }
 };
@@ -119,6 +130,10 @@ inline void expect_same_run(const GraphedGPT2& a, const std::vector<optim::Windo
   if (a.arena->compute().defined()) {
     EXPECT_TRUE(all_equal(b.arena->compute(), a.arena->compute()));
   }
+  if (const optim::Fp8DelayedScaling* fa = a.arena->fp8_delayed_scaling()) {
+    EXPECT_TRUE(all_equal(b.arena->fp8_delayed_scaling()->x_state(), fa->x_state()));
+    EXPECT_TRUE(all_equal(b.arena->fp8_delayed_scaling()->dy_state(), fa->dy_state()));
+  }
   expect_same_reports(ra, rb);
   for (const optim::WindowReport& r : rb)
     EXPECT_FALSE(r.skipped);
@@ -134,7 +149,8 @@ struct GraphedOutcome {
 };
 inline GraphedOutcome graphed_matches_eager(Device device, DType compute, const Schedule& s,
                                             double dropout = 0.0) {
-  GraphedGPT2 eager(device, compute, s.K, dropout), graphed(device, compute, s.K, dropout);
+  GraphedGPT2 eager(device, compute, s.K, dropout, false, s.fp8),
+      graphed(device, compute, s.K, dropout, false, s.fp8);
   const std::vector<optim::WindowReport> ra = train_eager(eager, s);
   ::testing::internal::CaptureStderr();
   optim::GraphedWindow g(*graphed.window, graphed.step());

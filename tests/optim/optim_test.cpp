@@ -103,6 +103,19 @@ TEST(GraphedWindow, on_the_cpu_every_call_is_eager_and_equals_a_plain_window) {
   EXPECT_EQ(out.warnings, "");
 }
 
+// Note [FP8 delayed scaling]: the GPT-2 of the graphed cases with its
+// projections in FP8 and delayed scaling, on the CPU, equals a plain Window
+// bit for bit, rows included (the GPU test replays it from graphs).
+TEST(GraphedWindow, on_the_cpu_fp8_delayed_scaling_equals_a_plain_window) {
+  test::Schedule s;
+  s.windows = 3;
+  s.K = 2;
+  s.fp8 = test::Fp8Mode::delayed;
+  const test::GraphedOutcome out = test::graphed_matches_eager(Device::cpu(), DType::f32, s);
+  EXPECT_EQ(out.counts.eager_micro_steps, 6);
+  EXPECT_EQ(out.warnings, "");
+}
+
 // Note [Concurrent micro-batches]: on the CPU the micro-steps of a group run
 // one after another as they arrive in its buffers, bitwise a plain Window;
 // K = 3 with groups of 2 leaves a last group of one.
