@@ -320,9 +320,19 @@ Tensor fp8_linear_cast(const Tensor& x, const Tensor& x_q, const Tensor& x_codes
   const Tensor pre = autograd::record(
       "Fp8LinearBackward", out, {x, weight, bias}, [=](const Tensor& g) -> std::vector<Tensor> {
         const Tensor g2 = g.reshape({-1, n});
-        const ScaledCast cg = dy_row.scale.defined()
-                                  ? cast_delayed(g2, dy_row, calibrated, grad_dtype, margin)
-                                  : cast_current(g2, grad_dtype, margin);
+        // Note [FP8 bias gradient in the cast]: an f32 bias slot takes its sums from the read
+        // of dy that a current-scaling cast makes; otherwise a row sum of its own, below.
+        double b_beta = 0.0;
+        const Tensor b_slot = gb ? b_target.claim(&b_beta) : Tensor();
+        const bool sums_in_cast =
+            b_slot.defined() && b_slot.dtype() == DType::f32 && !dy_row.scale.defined();
+        const ScaledCast cg =
+            dy_row.scale.defined() ? cast_delayed(g2, dy_row, calibrated, grad_dtype, margin)
+            : sums_in_cast         ? kernels::cast_to_fp8_transpose_scaled_with_column_sums(
+                                         g2, fp8_amax(g2), grad_dtype, margin,
+                                         /*power_of_two=*/false, /*nan_on_overflow=*/true, b_slot,
+                                         /*accumulate=*/b_beta != 0.0)
+                           : cast_current(g2, grad_dtype, margin);
         Tensor dx, dw, db;
         if (gx) {
           dx = kernels::fp8_matmul(cg.q, w8.q_t, cg.scale_inv, w8.scale_inv, x_dtype)
@@ -335,9 +345,12 @@ Tensor fp8_linear_cast(const Tensor& x, const Tensor& x_q, const Tensor& x_codes
                                                           x_scale_inv, out, accumulate);
                                });
         }
-        if (gb) {
-          db = autograd::linear_bias_grad(g2, b_target);
-          if (!autograd::is_delivered(db) && db.dtype() != b_dtype) db = db.to(b_dtype);
+        if (b_slot.defined()) {
+          if (!sums_in_cast) kernels::sum_rows_into(g2, b_slot, b_beta != 0.0);
+          db = autograd::delivered();
+        } else if (gb) {
+          db = autograd::linear_bias_grad(g2, b_target);  // no slot: a fresh tensor
+          if (db.dtype() != b_dtype) db = db.to(b_dtype);
         }
         return {dx, dw, db};
       });

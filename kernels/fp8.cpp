@@ -239,6 +239,42 @@ void cast_to_fp8_transpose_scaled_into(const Tensor& x, const Tensor& amax, int 
                       power_of_two, nan_on_overflow, q, q_t, scale_inv);
 }
 
+Fp8ScaledCastTranspose cast_to_fp8_transpose_scaled_with_column_sums(
+    const Tensor& x, const Tensor& amax, DType out_dtype, int margin, bool power_of_two,
+    bool nan_on_overflow, const Tensor& dbias, bool accumulate) {
+  constexpr const char* op = "cast_to_fp8_transpose_scaled_with_column_sums";
+  du::check_defined(dbias, op, "dbias");
+  ACCRUE_CHECK(x.defined() && x.dim() == 2, op, ": x must be 2-D [M, K], got ",
+               x.defined() ? "shape " + shape_str(x.shape()) : std::string("an undefined tensor"));
+  ACCRUE_CHECK(dbias.dtype() == DType::f32 && dbias.dim() == 1 && dbias.size(0) == x.size(1), op,
+               ": dbias must be f32 [", x.size(1), "] for x of shape ", shape_str(x.shape()),
+               ", got ", dtype_name(dbias.dtype()), " ", shape_str(dbias.shape()));
+  du::check_contiguous(dbias, op, "dbias");
+  du::check_same_device(x, dbias, op);
+  if (x.device().is_cpu() || x.numel() == 0) {
+    Fp8ScaledCastTranspose r =
+        cast_to_fp8_transpose_scaled(x, amax, out_dtype, margin, power_of_two, nan_on_overflow);
+    sum_rows_into(x, dbias, accumulate);
+    return r;
+  }
+  check_cast(x, nullptr, out_dtype, op);
+  du::check_defined(amax, op, "amax");
+  du::check_device_scalar(amax, x.device(), op, "amax", "x");
+  ACCRUE_CHECK(margin >= 0 && margin <= kFp8MaxMargin, op, ": margin = ", margin,
+               " is outside [0, ", kFp8MaxMargin, "]");
+  NoGradGuard no_grad;
+  const int64_t m = x.size(0), k = x.size(1);
+  Fp8ScaledCastTranspose r{empty({m, k}, out_dtype, x.device()),
+                           empty({k, m}, out_dtype, x.device()),
+                           empty({1}, DType::f32, x.device())};
+  const Tensor dense = x.contiguous();
+  if (!cuda::cast_to_fp8_transpose_scaled_dbias(dense, amax, static_cast<float>(fp8_max(out_dtype)),
+                                                margin, power_of_two, nan_on_overflow, r.q, r.q_t,
+                                                r.scale_inv, dbias, accumulate))
+    sum_rows_into(dense, dbias, accumulate);  // the shapes the cast's packed kernel cannot take
+  return r;
+}
+
 Fp8Scale fp8_scale_from_amax(const Tensor& amax, DType fp8_dtype, int margin, bool power_of_two,
                              bool nan_on_overflow) {
   du::check_defined(amax, "fp8_scale_from_amax", "amax");

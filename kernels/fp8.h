@@ -134,6 +134,15 @@ void cast_to_fp8_transpose_scaled_into(const Tensor& x, const Tensor& amax, int 
                                        bool power_of_two, bool nan_on_overflow, const Tensor& q,
                                        const Tensor& q_t, const Tensor& scale_inv);
 
+// cast_to_fp8_transpose_scaled that also writes dbias (f32 contiguous [K] on
+// x's device) = x's column sums in f32, or adds them to it with accumulate:
+// a linear layer's bias gradient from the read of dy its cast makes (Note
+// [FP8 bias gradient in the cast] in kernels/cuda/fp8.cu). On the CPU, the
+// cast and then sum_rows_into: the same bits as the two calls.
+Fp8ScaledCastTranspose cast_to_fp8_transpose_scaled_with_column_sums(
+    const Tensor& x, const Tensor& amax, DType out_dtype, int margin, bool power_of_two,
+    bool nan_on_overflow, const Tensor& dbias, bool accumulate);
+
 // The scale of current scaling and its inverse, both f32 [1] on amax's device.
 struct Fp8Scale {
   Tensor scale;

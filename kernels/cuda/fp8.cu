@@ -151,20 +151,38 @@ __device__ __forceinline__ float resolve_scale(const ScaleSource& src) {
 // every FP8 GEMM operand satisfies (Note [FP8 GEMM]: multiples of 16);
 // other shapes take a 32 x 32 tile element by element (the first version,
 // byte stores, at 0.2-0.4 of the copy rate on an H200; this one 0.76).
+//
+// Note [FP8 bias gradient in the cast]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A linear layer's bias gradient is the column sums of dy, which the cast of
+// dy reads whole anyway; as its own pass (sum_rows) it re-read every biased
+// dy: 14 ms of a GPT-2 1.5B FP8 window of 542 under ncu (bench/RESULTS.md,
+// seventh session). With column sums, each thread of the packed kernel sums
+// its pack's columns over its rows of a tile, the block adds those in row
+// order into the tile's 64 column sums, written to partial[row tile][col];
+// a second kernel adds the row tiles in order into dbias (or onto it, the
+// fp32 slot's accumulation, Note [Fused weight-gradient accumulation]). No
+// atomics, and no sum depends on which block took a tile: the same bits on
+// every run and grid (Note [Determinism]). The order is not sum_rows', so
+// the bits differ from the separate pass by f32 rounding. The element-by-
+// element fallback takes none: the caller then runs sum_rows.
 constexpr int kTile = 64;
 constexpr int kTilePad = 4;
 
-template <class T, class Q>
+template <class T, class Q, bool kColumnSums>
 __global__ void __launch_bounds__(kThreads)
     cast_transpose_packed_kernel(const T* __restrict__ x, int64_t m, int64_t k, ScaleSource src,
                                  uint8_t* __restrict__ q, uint8_t* __restrict__ q_t,
-                                 uint32_t* __restrict__ amax_bits) {
+                                 uint32_t* __restrict__ amax_bits, float* __restrict__ partial) {
   constexpr int V = 16 / sizeof(T);        // elements per pack
   constexpr int kPacksPerRow = kTile / V;  // packs per tile row
   constexpr int kRowsPerPass = kThreads / kPacksPerRow;
   constexpr int kChunk = 8;  // codes per q^T store
   constexpr int kColsPerPass = kThreads / (kTile / kChunk);
   __shared__ __align__(16) uint8_t tile[kTile][kTile + kTilePad];
+  // Note [FP8 bias gradient in the cast]: each thread's sums of its pack's columns over its
+  // rows of the tile, then the tile's column sums in a fixed order.
+  [[maybe_unused]] __shared__ float sums[kColumnSums ? kRowsPerPass : 1][kColumnSums ? kTile : 1];
   const float s = resolve_scale(src);
   const int64_t tiles_k = (k + kTile - 1) / kTile;
   const int64_t tiles = (m + kTile - 1) / kTile * tiles_k;
@@ -173,6 +191,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t r0 = (t / tiles_k) * kTile, c0 = (t % tiles_k) * kTile;
     const int64_t c = c0 + pack * V;
+    [[maybe_unused]] float column[kColumnSums ? V : 1] = {};
     for (int j = threadIdx.x / kPacksPerRow; j < kTile; j += kRowsPerPass) {
       const int64_t r = r0 + j;
       if (r >= m || c >= k) continue;  // K % V == 0: a pack is all in or all out
@@ -183,6 +202,7 @@ __global__ void __launch_bounds__(kThreads)
         const float v = cu::convert<float>(in.v[e]);
         local = max(local, abs_bits(v));
         out.v[e] = Q(v * s).__x;
+        if constexpr (kColumnSums) column[e] += v;
       }
       cu::store_pack<V>(q + r * k + c, 0, out);
 #pragma unroll
@@ -190,7 +210,20 @@ __global__ void __launch_bounds__(kThreads)
         reinterpret_cast<uint32_t*>(&tile[j][pack * V])[w] =
             reinterpret_cast<const uint32_t*>(out.v)[w];
     }
+    if constexpr (kColumnSums) {
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        sums[threadIdx.x / kPacksPerRow][pack * V + e] = column[e];
+    }
     __syncthreads();
+    if constexpr (kColumnSums) {
+      if (threadIdx.x < kTile && c0 + threadIdx.x < k) {
+        float total = 0.0f;
+        for (int j = 0; j < kRowsPerPass; ++j)
+          total += sums[j][threadIdx.x];
+        partial[(r0 / kTile) * k + c0 + threadIdx.x] = total;
+      }
+    }
     const int64_t r = r0 + chunk * kChunk;  // M % 8 == 0: a chunk is all in or all out
     for (int jc = threadIdx.x / (kTile / kChunk); jc < kTile; jc += kColsPerPass) {
       const int64_t col = c0 + jc;  // row col of q^T, columns r .. r + 7
@@ -452,10 +485,27 @@ void cast_to_fp8_blockwise(const Tensor& x, int64_t tile_rows, int64_t tile_cols
 
 namespace {
 
+// Note [FP8 bias gradient in the cast]: dbias[c] = (dbias[c] +) the sum of
+// partial[t][c] over the row tiles t in order.
+__global__ void column_partials_kernel(const float* __restrict__ partial, int64_t tiles_m,
+                                       int64_t k, float* __restrict__ dbias, bool accumulate) {
+  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < k;
+       c += int64_t{gridDim.x} * blockDim.x) {
+    float total = 0.0f;
+    for (int64_t t = 0; t < tiles_m; ++t)
+      total += partial[t * k + c];
+    dbias[c] = accumulate ? dbias[c] + total : total;
+  }
+}
+
 // Note [FP8 cast-transpose]: the packed kernel where the shape and buffers
-// allow it, else the element-by-element one.
-void launch_cast_transpose(const Tensor& x, const ScaleSource& src, const Tensor& q,
-                           const Tensor& q_t, uint32_t* amax_bits, int dev, cudaStream_t stream) {
+// allow it, else the element-by-element one. With dbias (f32 [K]), the
+// column sums of x as well (Note [FP8 bias gradient in the cast]).
+// Returns whether it wrote dbias: the fallback does not take column sums.
+bool launch_cast_transpose(const Tensor& x, const ScaleSource& src, const Tensor& q,
+                           const Tensor& q_t, uint32_t* amax_bits, int dev, cudaStream_t stream,
+                           const Tensor& dbias = Tensor(), bool dbias_accumulate = false) {
+  bool sums_written = false;
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t tiles =
       (m + kTransposeTile - 1) / kTransposeTile * ((k + kTransposeTile - 1) / kTransposeTile);
@@ -469,10 +519,22 @@ void launch_cast_transpose(const Tensor& x, const ScaleSource& src, const Tensor
       constexpr int kV = 16 / sizeof(T);
       if (k % kV == 0 && m % 8 == 0 && cu::pack_aligned<kV>(px) && cu::pack_aligned<kV>(pq) &&
           cu::pack_aligned<8>(pt)) {
-        const int64_t big_tiles = (m + kTile - 1) / kTile * ((k + kTile - 1) / kTile);
-        cast_transpose_packed_kernel<T, Q>
-            <<<cu::grid_for(big_tiles, 1, int64_t{kBlocksPerSm} * cu::sm_count(dev)), kThreads, 0,
-               stream>>>(px, m, k, src, pq, pt, amax_bits);
+        const int64_t tiles_m = (m + kTile - 1) / kTile;
+        const dim3 grid = cu::grid_for(tiles_m * ((k + kTile - 1) / kTile), 1,
+                                       int64_t{kBlocksPerSm} * cu::sm_count(dev));
+        if (!dbias.defined()) {
+          cast_transpose_packed_kernel<T, Q, false>
+              <<<grid, kThreads, 0, stream>>>(px, m, k, src, pq, pt, amax_bits, nullptr);
+        } else {
+          const Tensor partial = empty({tiles_m, k}, DType::f32, x.device());
+          cast_transpose_packed_kernel<T, Q, true><<<grid, kThreads, 0, stream>>>(
+              px, m, k, src, pq, pt, amax_bits, static_cast<float*>(partial.data_ptr()));
+          ACCRUE_LAUNCH_CHECK();
+          column_partials_kernel<<<cu::grid_for(k, kThreads, 1024), kThreads, 0, stream>>>(
+              static_cast<const float*>(partial.data_ptr()), tiles_m, k,
+              static_cast<float*>(dbias.data_ptr()), dbias_accumulate);
+          sums_written = true;
+        }
       } else {
         const dim3 block(kTransposeTile, kTransposeRows);
         cast_transpose_scalar_kernel<T, Q>
@@ -482,6 +544,7 @@ void launch_cast_transpose(const Tensor& x, const ScaleSource& src, const Tensor
       ACCRUE_LAUNCH_CHECK();
     });
   });
+  return sums_written;
 }
 
 }  // namespace
@@ -508,6 +571,19 @@ void cast_to_fp8_transpose_scaled(const Tensor& x, const Tensor& amax, float fp8
       nullptr, static_cast<const float*>(amax.data_ptr()), fp8_max, margin, power_of_two,
       guard,   static_cast<float*>(scale_inv.data_ptr())};
   launch_cast_transpose(x, src, q, q_t, nullptr, dev, cu::stream_for(dev));
+}
+
+bool cast_to_fp8_transpose_scaled_dbias(const Tensor& x, const Tensor& amax, float fp8_max,
+                                        int margin, bool power_of_two, bool guard, const Tensor& q,
+                                        const Tensor& q_t, const Tensor& scale_inv,
+                                        const Tensor& dbias, bool dbias_accumulate) {
+  const int dev = x.device().index;
+  cu::DeviceScope scope(dev);
+  const ScaleSource src{
+      nullptr, static_cast<const float*>(amax.data_ptr()), fp8_max, margin, power_of_two,
+      guard,   static_cast<float*>(scale_inv.data_ptr())};
+  return launch_cast_transpose(x, src, q, q_t, nullptr, dev, cu::stream_for(dev), dbias,
+                               dbias_accumulate);
 }
 
 void fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, bool power_of_two,

@@ -66,31 +66,40 @@ TEST(GpuFp8Linear, output_and_gradients_match_the_cpu) {
                            64, 96, 48, {1e-2, 1e-2, kFp8GemmF32, 1e-5});
 }
 
-// Three micro-batches into the fp32 slot on the GPU (beta 0, then 1): the
-// slot as the CPU's, within the FP8 accumulator's rounding (kFp8GemmF32).
+// Three micro-batches into the fp32 slots on the GPU (beta 0, then 1): the
+// weight's slot as the CPU's, within the FP8 accumulator's rounding
+// (kFp8GemmF32); the bias's, summed by the cast of dy (Note [FP8 bias
+// gradient in the cast]), within f32 rounding, with M = 32 and 40 (a row
+// tile of 64 partly filled; 40 + 40 + 40 rows summed into one slot).
 TEST(GpuFp8Linear, micro_batches_accumulate_into_the_slot_as_on_the_cpu) {
   ACCRUE_REQUIRE_CUDA();
-  constexpr int64_t M = 32, K = 64, N = 32, kMicro = 3;
-  const Tensor w0 = test::random_normal({N, K}, DType::f32, Device::cpu(), 0.1);
-  std::vector<Tensor> xs, rs;
-  for (int64_t k = 0; k < kMicro; ++k) {
-    xs.push_back(test::random_normal({M, K}, DType::bf16));
-    rs.push_back(test::random_normal({M, N}, DType::f32));
-  }
-  auto slot = [&](Device d) {
-    Tensor w = leaf(w0, d);
-    optim::Optimizer opt(optim::SGDOptions(0.1));
-    optim::ParamStore store(std::vector<Tensor>{w}, optim::ParamStoreOptions().moments(0));
-    optim::Window window(store, opt, optim::WindowOptions().micro_steps(kMicro));
-    const Fp8Weight w8 = fp8_weight(w);
+  constexpr int64_t K = 64, N = 32, kMicro = 3;
+  for (int64_t M : {32, 40}) {
+    const Tensor w0 = test::random_normal({N, K}, DType::f32, Device::cpu(), 0.1);
+    const Tensor b0 = test::random_normal({N}, DType::f32);
+    std::vector<Tensor> xs, rs;
     for (int64_t k = 0; k < kMicro; ++k) {
-      const Tensor y = fp8_linear(xs[k].to(d), w, w8);
-      window.backward(Loss{sum(to_dtype(y, DType::f32) * rs[k].to(d)),
-                           full({}, static_cast<double>(M), DType::f64, d)});
+      xs.push_back(test::random_normal({M, K}, DType::bf16));
+      rs.push_back(test::random_normal({M, N}, DType::f32));
     }
-    return store.grad_view(0).to(Device::cpu());
-  };
-  EXPECT_LT(test::relative_error(slot(kGpu), slot(Device::cpu())), kFp8GemmF32);
+    auto slots = [&](Device d) {
+      Tensor w = leaf(w0, d), b = leaf(b0, d);
+      optim::Optimizer opt(optim::SGDOptions(0.1));
+      optim::ParamStore store(std::vector<Tensor>{w, b}, optim::ParamStoreOptions().moments(0));
+      optim::Window window(store, opt, optim::WindowOptions().micro_steps(kMicro));
+      const Fp8Weight w8 = fp8_weight(w);
+      for (int64_t k = 0; k < kMicro; ++k) {
+        const Tensor y = fp8_linear(xs[k].to(d), w, w8, b);
+        window.backward(Loss{sum(to_dtype(y, DType::f32) * rs[k].to(d)),
+                             full({}, static_cast<double>(M), DType::f64, d)});
+      }
+      return std::vector<Tensor>{store.grad_view(0).to(Device::cpu()),
+                                 store.grad_view(1).to(Device::cpu())};
+    };
+    const std::vector<Tensor> gpu = slots(kGpu), cpu = slots(Device::cpu());
+    EXPECT_LT(test::relative_error(gpu[0], cpu[0]), kFp8GemmF32) << "M = " << M;
+    EXPECT_LT(test::relative_error(gpu[1], cpu[1]), 1e-5) << "M = " << M;
+  }
 }
 
 // The block recipe (Note [FP8 block recipe]) on cuBLASLt's block-scaled

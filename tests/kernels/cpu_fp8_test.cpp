@@ -373,6 +373,39 @@ TEST(Fp8Delayed, the_close_pushes_the_window_amax_and_scales_from_the_history_ma
                "margin = 9");
 }
 
+// Note [FP8 bias gradient in the cast]: on the CPU the cast, then sum_rows_into.
+TEST(Fp8Cast, cast_with_column_sums_is_the_cast_and_the_row_sum) {
+  const Tensor x = test::random_normal({48, 80}, DType::bf16, Device::cpu(), 20.0);
+  const Tensor amax = kernels::fp8_amax(x);
+  const auto plain = kernels::cast_to_fp8_transpose_scaled(x, amax, DType::f8e5m2, 0, false, true);
+  for (bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
+    const Tensor start = test::random_normal({80}, DType::f32, Device::cpu(), 3.0);
+    Tensor fused = start.clone(), separate = start.clone();
+    const auto one = kernels::cast_to_fp8_transpose_scaled_with_column_sums(
+        x, amax, DType::f8e5m2, 0, false, true, fused, accumulate);
+    kernels::sum_rows_into(x, separate, accumulate);
+    EXPECT_TRUE(same_bytes(one.q, plain.q));
+    EXPECT_TRUE(same_bytes(one.q_t, plain.q_t));
+    EXPECT_TRUE(same_bytes(one.scale_inv, plain.scale_inv));
+    EXPECT_TRUE(same_bytes(fused, separate));
+  }
+  const char* op = "cast_to_fp8_transpose_scaled_with_column_sums";
+  EXPECT_ERROR(kernels::cast_to_fp8_transpose_scaled_with_column_sums(
+                   x, amax, DType::f8e5m2, 0, false, true, zeros({79}), false),
+               op, "dbias", "f32 [80]", "[79]");
+  EXPECT_ERROR(kernels::cast_to_fp8_transpose_scaled_with_column_sums(
+                   x, amax, DType::f8e5m2, 0, false, true, zeros({80}, DType::bf16), false),
+               op, "dbias", "bf16");
+  EXPECT_ERROR(kernels::cast_to_fp8_transpose_scaled_with_column_sums(x, amax, DType::f8e5m2, 0,
+                                                                      false, true, Tensor(), false),
+               op, "dbias");
+  EXPECT_ERROR(
+      kernels::cast_to_fp8_transpose_scaled_with_column_sums(
+          test::random_normal({2, 3, 4}), amax, DType::f8e5m2, 0, false, true, zeros({4}), false),
+      op, "2-D", "[2, 3, 4]");
+}
+
 TEST(Fp8Cast, bad_inputs_name_the_op_and_values) {
   Tensor x = test::random_normal({4, 8});
   EXPECT_ERROR(cast_to_fp8(x.to(DType::f64), scalar(1), DType::f8e4m3), "cast_to_fp8", "f64",

@@ -273,6 +273,46 @@ TEST(GpuFp8, delayed_scaling_matches_the_cpu_bit_for_bit) {
   }
 }
 
+// Note [FP8 bias gradient in the cast]: the codes as the plain cast's, bit for
+// bit; the column sums within f32 rounding of a double sum, onto dbias with
+// accumulate, and the same bits on a second run. Packed tiles (768 x 3072,
+// 1000 x 72 with partial edge tiles) and the fallback (31 x 33), which runs
+// sum_rows after the cast.
+TEST(GpuFp8, scaled_cast_transpose_with_column_sums) {
+  ACCRUE_REQUIRE_CUDA();
+  for (DType xd : {DType::bf16, DType::f32})
+    for (auto [m, k] : {std::pair<int64_t, int64_t>{768, 3072}, {1000, 72}, {31, 33}})
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(xd)) + " " + std::to_string(m) + "x" +
+                     std::to_string(k) + (accumulate ? " accumulate" : ""));
+        const Tensor x = test::random_normal({m, k}, xd, Device::cpu(), 5.0);
+        const Tensor start = test::random_normal({k}, DType::f32, Device::cpu(), 3.0);
+        const Tensor xg = x.to(kGpu), amax = kernels::fp8_amax(xg);
+        const auto plain =
+            kernels::cast_to_fp8_transpose_scaled(xg, amax, DType::f8e5m2, 0, false, true);
+        Tensor db = start.to(kGpu), again = start.to(kGpu);
+        const auto fused = kernels::cast_to_fp8_transpose_scaled_with_column_sums(
+            xg, amax, DType::f8e5m2, 0, false, true, db, accumulate);
+        kernels::cast_to_fp8_transpose_scaled_with_column_sums(xg, amax, DType::f8e5m2, 0, false,
+                                                               true, again, accumulate);
+        EXPECT_TRUE(same_codes(fused.q, plain.q));
+        EXPECT_TRUE(same_codes(fused.q_t, plain.q_t));
+        EXPECT_TRUE(same_float_bits(fused.scale_inv, plain.scale_inv));
+        EXPECT_TRUE(same_float_bits(db, again.to(Device::cpu())));
+        const Tensor xc = x.to(DType::f32).contiguous(), got = db.to(Device::cpu());
+        for (int64_t c = 0; c < k; ++c) {
+          double sum = accumulate ? start.data<float>()[c] : 0.0, size = 0.0;
+          for (int64_t r = 0; r < m; ++r) {
+            sum += xc.data<float>()[r * k + c];
+            size += std::fabs(xc.data<float>()[r * k + c]);
+          }
+          // f32 sums of m terms: each addition rounds by at most 2^-24 of a partial sum.
+          ASSERT_NEAR(got.data<float>()[c], sum, 1e-6 * (size + 3.0) * std::log2(m + 2.0) + 1e-6)
+              << "column " << c;
+        }
+      }
+}
+
 TEST(GpuFp8, scale_rule_matches_the_cpu) {
   ACCRUE_REQUIRE_CUDA();
   const float inf = std::numeric_limits<float>::infinity();
