@@ -44,8 +44,16 @@ using autograd::SinkTarget;
 // read of x), then the cast that makes the scale from it (Note [FP8 overflow]:
 // scale_inv is guarded), one launch each.
 using ScaledCast = kernels::Fp8ScaledCastTranspose;
-ScaledCast cast_current(const Tensor& x2, DType dtype, int margin) {
-  return kernels::cast_to_fp8_transpose_scaled(x2, fp8_amax(x2), dtype, margin,
+// With dbias (an f32 [K] bias slot), x's column sums go there (or onto it,
+// accumulate) from the cast's read (Note [FP8 bias gradient in the cast]).
+ScaledCast cast_current(const Tensor& x2, DType dtype, int margin, const Tensor& dbias = Tensor(),
+                        bool accumulate = false) {
+  const Tensor amax = fp8_amax(x2);
+  if (dbias.defined())
+    return kernels::cast_to_fp8_transpose_scaled_with_column_sums(
+        x2, amax, dtype, margin, /*power_of_two=*/false, /*nan_on_overflow=*/true, dbias,
+        accumulate);
+  return kernels::cast_to_fp8_transpose_scaled(x2, amax, dtype, margin,
                                                /*power_of_two=*/false, /*nan_on_overflow=*/true);
 }
 
@@ -54,17 +62,26 @@ ScaledCast cast_current(const Tensor& x2, DType dtype, int margin) {
 // by that running amax (Note [FP8 overflow]: an overflow in this window, here
 // or earlier, makes the GEMMs NaN and the window skip). Before the first close
 // has made a scale (calibrated false): current scaling, its amax merged.
+// dbias and accumulate as cast_current's.
 ScaledCast cast_delayed(const Tensor& x2, const Fp8ScaleRow& row, bool calibrated, DType dtype,
-                        int margin) {
+                        int margin, const Tensor& dbias = Tensor(), bool accumulate = false) {
   if (!calibrated) {
     const Tensor amax = fp8_amax(x2);
-    ScaledCast c = kernels::cast_to_fp8_transpose_scaled(x2, amax, dtype, margin, false, true);
+    ScaledCast c = dbias.defined() ? kernels::cast_to_fp8_transpose_scaled_with_column_sums(
+                                         x2, amax, dtype, margin, false, true, dbias, accumulate)
+                                   : kernels::cast_to_fp8_transpose_scaled(x2, amax, dtype, margin,
+                                                                           false, true);
     kernels::fp8_amax_merge_(row.amax, amax);
     return c;
   }
   const int64_t m = x2.size(0), k = x2.size(1);
   ScaledCast c{empty({m, k}, dtype, x2.device()), empty({k, m}, dtype, x2.device()), Tensor()};
-  kernels::cast_to_fp8_transpose_into(x2, row.scale, c.q, c.q_t, row.amax, /*merge_amax=*/true);
+  if (dbias.defined()) {
+    kernels::cast_to_fp8_transpose_with_column_sums_into(x2, row.scale, c.q, c.q_t, row.amax,
+                                                         /*merge_amax=*/true, dbias, accumulate);
+  } else {
+    kernels::cast_to_fp8_transpose_into(x2, row.scale, c.q, c.q_t, row.amax, /*merge_amax=*/true);
+  }
   c.scale_inv = fp8_guarded_scale_inv(row.scale_inv, row.amax);
   return c;
 }
@@ -321,18 +338,15 @@ Tensor fp8_linear_cast(const Tensor& x, const Tensor& x_q, const Tensor& x_codes
       "Fp8LinearBackward", out, {x, weight, bias}, [=](const Tensor& g) -> std::vector<Tensor> {
         const Tensor g2 = g.reshape({-1, n});
         // Note [FP8 bias gradient in the cast]: an f32 bias slot takes its sums from the read
-        // of dy that a current-scaling cast makes; otherwise a row sum of its own, below.
+        // of dy that the cast makes; otherwise a row sum of its own, below.
         double b_beta = 0.0;
         const Tensor b_slot = gb ? b_target.claim(&b_beta) : Tensor();
-        const bool sums_in_cast =
-            b_slot.defined() && b_slot.dtype() == DType::f32 && !dy_row.scale.defined();
+        const bool sums_in_cast = b_slot.defined() && b_slot.dtype() == DType::f32;
+        const Tensor dbias = sums_in_cast ? b_slot : Tensor();
         const ScaledCast cg =
-            dy_row.scale.defined() ? cast_delayed(g2, dy_row, calibrated, grad_dtype, margin)
-            : sums_in_cast         ? kernels::cast_to_fp8_transpose_scaled_with_column_sums(
-                                         g2, fp8_amax(g2), grad_dtype, margin,
-                                         /*power_of_two=*/false, /*nan_on_overflow=*/true, b_slot,
-                                         /*accumulate=*/b_beta != 0.0)
-                           : cast_current(g2, grad_dtype, margin);
+            dy_row.scale.defined()
+                ? cast_delayed(g2, dy_row, calibrated, grad_dtype, margin, dbias, b_beta != 0.0)
+                : cast_current(g2, grad_dtype, margin, dbias, b_beta != 0.0);
         Tensor dx, dw, db;
         if (gx) {
           dx = kernels::fp8_matmul(cg.q, w8.q_t, cg.scale_inv, w8.scale_inv, x_dtype)

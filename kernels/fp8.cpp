@@ -124,6 +124,44 @@ void cast_to_fp8_transpose_into(const Tensor& x, const Tensor& scale, const Tens
   ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8_transpose, dense, scale, q, q_t, amax, merge_amax);
 }
 
+namespace {
+
+// x 2-D and dbias its f32 contiguous [K] on x's device (Note [FP8 bias
+// gradient in the cast]).
+void check_column_sums(const Tensor& x, const Tensor& dbias, const char* op) {
+  du::check_defined(dbias, op, "dbias");
+  ACCRUE_CHECK(x.defined() && x.dim() == 2, op, ": x must be 2-D [M, K], got ",
+               x.defined() ? "shape " + shape_str(x.shape()) : std::string("an undefined tensor"));
+  ACCRUE_CHECK(dbias.dtype() == DType::f32 && dbias.dim() == 1 && dbias.size(0) == x.size(1), op,
+               ": dbias must be f32 [", x.size(1), "] for x of shape ", shape_str(x.shape()),
+               ", got ", dtype_name(dbias.dtype()), " ", shape_str(dbias.shape()));
+  du::check_contiguous(dbias, op, "dbias");
+  du::check_same_device(x, dbias, op);
+}
+
+}  // namespace
+
+void cast_to_fp8_transpose_with_column_sums_into(const Tensor& x, const Tensor& scale,
+                                                 const Tensor& q, const Tensor& q_t,
+                                                 const Tensor& amax, bool merge_amax,
+                                                 const Tensor& dbias, bool accumulate) {
+  constexpr const char* op = "cast_to_fp8_transpose_with_column_sums_into";
+  check_column_sums(x, dbias, op);
+  if (x.device().is_cpu() || x.numel() == 0) {
+    cast_to_fp8_transpose_into(x, scale, q, q_t, amax, merge_amax);
+    sum_rows_into(x, dbias, accumulate);
+    return;
+  }
+  NoGradGuard no_grad;
+  du::check_defined(q, op, "q");
+  check_cast(x, &scale, q.dtype(), op);
+  check_transpose_buffers(x, q, q_t, op);
+  du::check_device_scalar(amax, x.device(), op, "amax", "x");
+  const Tensor dense = x.contiguous();
+  if (!cuda::cast_to_fp8_transpose_dbias(dense, scale, q, q_t, amax, merge_amax, dbias, accumulate))
+    sum_rows_into(dense, dbias, accumulate);  // the shapes the cast's packed kernel cannot take
+}
+
 void fp8_amax_merge_(const Tensor& running, const Tensor& amax) {
   constexpr const char* op = "fp8_amax_merge_";
   NoGradGuard no_grad;
@@ -243,14 +281,7 @@ Fp8ScaledCastTranspose cast_to_fp8_transpose_scaled_with_column_sums(
     const Tensor& x, const Tensor& amax, DType out_dtype, int margin, bool power_of_two,
     bool nan_on_overflow, const Tensor& dbias, bool accumulate) {
   constexpr const char* op = "cast_to_fp8_transpose_scaled_with_column_sums";
-  du::check_defined(dbias, op, "dbias");
-  ACCRUE_CHECK(x.defined() && x.dim() == 2, op, ": x must be 2-D [M, K], got ",
-               x.defined() ? "shape " + shape_str(x.shape()) : std::string("an undefined tensor"));
-  ACCRUE_CHECK(dbias.dtype() == DType::f32 && dbias.dim() == 1 && dbias.size(0) == x.size(1), op,
-               ": dbias must be f32 [", x.size(1), "] for x of shape ", shape_str(x.shape()),
-               ", got ", dtype_name(dbias.dtype()), " ", shape_str(dbias.shape()));
-  du::check_contiguous(dbias, op, "dbias");
-  du::check_same_device(x, dbias, op);
+  check_column_sums(x, dbias, op);
   if (x.device().is_cpu() || x.numel() == 0) {
     Fp8ScaledCastTranspose r =
         cast_to_fp8_transpose_scaled(x, amax, out_dtype, margin, power_of_two, nan_on_overflow);

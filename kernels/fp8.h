@@ -79,6 +79,15 @@ Fp8CastTranspose cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, DTy
 void cast_to_fp8_transpose_into(const Tensor& x, const Tensor& scale, const Tensor& q,
                                 const Tensor& q_t, const Tensor& amax, bool merge_amax = false);
 
+// cast_to_fp8_transpose_into that also writes (or, with accumulate, adds)
+// x's column sums into dbias (f32 contiguous [K] on x's device), from the same
+// read of x (Note [FP8 bias gradient in the cast] in kernels/cuda/fp8.cu); on
+// the CPU the cast and then sum_rows_into.
+void cast_to_fp8_transpose_with_column_sums_into(const Tensor& x, const Tensor& scale,
+                                                 const Tensor& q, const Tensor& q_t,
+                                                 const Tensor& amax, bool merge_amax,
+                                                 const Tensor& dbias, bool accumulate);
+
 // Note [FP8 delayed scaling]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Current scaling reads x twice, once for its amax and once to cast it.

@@ -390,6 +390,26 @@ TEST(Fp8Cast, cast_with_column_sums_is_the_cast_and_the_row_sum) {
     EXPECT_TRUE(same_bytes(one.scale_inv, plain.scale_inv));
     EXPECT_TRUE(same_bytes(fused, separate));
   }
+  // The same with a given scale and a running amax (delayed scaling's cast).
+  for (bool accumulate : {false, true}) {
+    const Tensor start = test::random_normal({80}, DType::f32, Device::cpu(), 3.0);
+    Tensor fused = start.clone(), separate = start.clone();
+    Tensor running = scalar(2.0f), running_plain = scalar(2.0f);
+    const Tensor q = empty({48, 80}, DType::f8e4m3), qt = empty({80, 48}, DType::f8e4m3);
+    const Tensor q2 = empty({48, 80}, DType::f8e4m3), qt2 = empty({80, 48}, DType::f8e4m3);
+    kernels::cast_to_fp8_transpose_with_column_sums_into(x, scalar(3.0f), q, qt, running, true,
+                                                         fused, accumulate);
+    kernels::cast_to_fp8_transpose_into(x, scalar(3.0f), q2, qt2, running_plain, true);
+    kernels::sum_rows_into(x, separate, accumulate);
+    EXPECT_TRUE(same_bytes(q, q2));
+    EXPECT_TRUE(same_bytes(qt, qt2));
+    EXPECT_TRUE(same_bytes(running, running_plain));
+    EXPECT_TRUE(same_bytes(fused, separate));
+  }
+  EXPECT_ERROR(kernels::cast_to_fp8_transpose_with_column_sums_into(
+                   x, scalar(3.0f), empty({48, 80}, DType::f8e4m3), empty({80, 48}, DType::f8e4m3),
+                   scalar(0.0f), false, zeros({81}), false),
+               "cast_to_fp8_transpose_with_column_sums_into", "dbias", "[81]");
   const char* op = "cast_to_fp8_transpose_scaled_with_column_sums";
   EXPECT_ERROR(kernels::cast_to_fp8_transpose_scaled_with_column_sums(
                    x, amax, DType::f8e5m2, 0, false, true, zeros({79}), false),

@@ -299,6 +299,15 @@ TEST(GpuFp8, scaled_cast_transpose_with_column_sums) {
         EXPECT_TRUE(same_codes(fused.q_t, plain.q_t));
         EXPECT_TRUE(same_float_bits(fused.scale_inv, plain.scale_inv));
         EXPECT_TRUE(same_float_bits(db, again.to(Device::cpu())));
+        // Delayed scaling's cast (a given scale, the amax merged): the same sums' bits.
+        Tensor running = from_vector<float>({1.0f}, {1}).to(kGpu), db_delayed = start.to(kGpu);
+        const Tensor q = empty({m, k}, DType::f8e5m2, kGpu),
+                     qt = empty({k, m}, DType::f8e5m2, kGpu);
+        kernels::cast_to_fp8_transpose_with_column_sums_into(
+            xg, from_vector<float>({2.0f}, {1}).to(kGpu), q, qt, running, true, db_delayed,
+            accumulate);
+        EXPECT_TRUE(same_float_bits(db_delayed, db.to(Device::cpu())));
+        EXPECT_TRUE(same_float_bits(running, kernels::fp8_amax(x).to(DType::f32)));
         const Tensor xc = x.to(DType::f32).contiguous(), got = db.to(Device::cpu());
         for (int64_t c = 0; c < k; ++c) {
           double sum = accumulate ? start.data<float>()[c] : 0.0, size = 0.0;
