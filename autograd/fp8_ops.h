@@ -125,7 +125,12 @@ struct Fp8Input {
   int margin = 0;
   Fp8Recipe recipe = Fp8Recipe::tensor;
 };
-Fp8Input fp8_input(const Tensor& x, const Fp8LinearOptions& options = {});
+// With scaling_weight, a weight whose owner keeps delayed-scaling rows for
+// its layer (Note [FP8 delayed scaling]), the per-tensor cast takes that
+// layer's x row: the shared cast is scaled, and its amax merged, as that
+// layer's own cast would be (the readers' other x rows stay unused).
+Fp8Input fp8_input(const Tensor& x, const Fp8LinearOptions& options = {},
+                   const Tensor& scaling_weight = Tensor());
 
 // y [..., N] = x [..., K] W^T + bias, W [N, K], bias [N] or undefined
 // (Note [FP8 linear]). Gradients to x, weight and bias as `linear`'s.

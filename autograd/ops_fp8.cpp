@@ -127,6 +127,17 @@ const char* recipe_name(Fp8Recipe r) {
   return r == Fp8Recipe::block ? "block" : "tensor";
 }
 
+// Note [FP8 delayed scaling]: the rows were made for one recipe, dtypes and margin.
+void check_delayed_rows(const Fp8DelayedRows& rows, const Fp8LinearOptions& o, const char* op) {
+  ACCRUE_CHECK(o.recipe == Fp8Recipe::tensor && rows.x_dtype == o.forward_dtype &&
+                   rows.dy_dtype == o.grad_dtype && rows.margin == o.margin,
+               op, ": the weight's delayed scaling is per tensor for ", dtype_name(rows.x_dtype),
+               " inputs, ", dtype_name(rows.dy_dtype), " gradients and margin ", rows.margin,
+               "; the layer asks for the ", recipe_name(o.recipe), " recipe, ",
+               dtype_name(o.forward_dtype), ", ", dtype_name(o.grad_dtype), " and margin ",
+               o.margin);
+}
+
 void check_fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight* w8,
                       const Tensor& bias, const Fp8LinearOptions& o) {
   ACCRUE_CHECK(weight.defined() && weight.dim() == 2, "fp8_linear: weight must be 2-D [out, in]",
@@ -153,16 +164,8 @@ void check_fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight* w8
   ACCRUE_CHECK(!bias.defined() || bias.shape() == Shape{n}, "fp8_linear: bias of shape ",
                bias.defined() ? shape_str(bias.shape()) : "", " for weight of shape ",
                shape_str(weight.shape()));
-  // Note [FP8 delayed scaling]: the rows were made for one recipe, dtypes and margin.
-  if (const Fp8DelayedRows* rows = kept_fp8_scaling(weight)) {
-    ACCRUE_CHECK(o.recipe == Fp8Recipe::tensor && rows->x_dtype == o.forward_dtype &&
-                     rows->dy_dtype == o.grad_dtype && rows->margin == o.margin,
-                 "fp8_linear: the weight's delayed scaling is per tensor for ",
-                 dtype_name(rows->x_dtype), " inputs, ", dtype_name(rows->dy_dtype),
-                 " gradients and margin ", rows->margin, "; the layer asks for the ",
-                 recipe_name(o.recipe), " recipe, ", dtype_name(o.forward_dtype), ", ",
-                 dtype_name(o.grad_dtype), " and margin ", o.margin);
-  }
+  if (const Fp8DelayedRows* rows = kept_fp8_scaling(weight))
+    check_delayed_rows(*rows, o, "fp8_linear");
   const int64_t m = x.numel() / k;
   ACCRUE_CHECK(m % 16 == 0 && n % 16 == 0 && k % 16 == 0, "fp8_linear: rows ", m, ", in ", k,
                " and out ", n,
@@ -394,7 +397,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Fp8Weight& w8, co
   return fp8_linear_cast(x, cx.q, cx.q_t, cx.scale_inv, weight, w8, bias, o);
 }
 
-Fp8Input fp8_input(const Tensor& x, const Fp8LinearOptions& o) {
+Fp8Input fp8_input(const Tensor& x, const Fp8LinearOptions& o, const Tensor& scaling_weight) {
   ACCRUE_CHECK(x.defined() && x.dim() >= 1 && is_gemm_output(x.dtype()),
                "fp8_input: x must be f32, bf16 or f16 with at least one dimension, got ",
                x.defined() ? dtype_name(x.dtype()) + std::string(" ") + shape_str(x.shape())
@@ -408,7 +411,11 @@ Fp8Input fp8_input(const Tensor& x, const Fp8LinearOptions& o) {
         GradMode::is_enabled() ? cast_blocks(x2.transpose(0, 1), 1, o.forward_dtype) : BlockCast{};
     return {x, c.q, ct.q, c.scale_inv, ct.scale_inv, o.forward_dtype, o.margin, o.recipe};
   }
-  const ScaledCast c = cast_current(x2, o.forward_dtype, o.margin);
+  const Fp8DelayedRows* rows = kept_fp8_scaling(scaling_weight);
+  if (rows) check_delayed_rows(*rows, o, "fp8_input");
+  const ScaledCast c = rows
+                           ? cast_delayed(x2, rows->x, *rows->calibrated, o.forward_dtype, o.margin)
+                           : cast_current(x2, o.forward_dtype, o.margin);
   return {x, c.q, c.q_t, c.scale_inv, Tensor(), o.forward_dtype, o.margin, o.recipe};
 }
 

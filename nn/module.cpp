@@ -318,7 +318,8 @@ std::optional<Fp8Input> Linear::shared_fp8_input(std::initializer_list<const Lin
     if (!first) first = o;
   }
   if (!first) return std::nullopt;
-  return fp8_input(x, *first);
+  // Note [FP8 delayed scaling]: the first layer's x row scales the shared cast.
+  return fp8_input(x, *first, (*layers.begin())->weight());
 }
 
 std::vector<Tensor> use_fp8(Module& m, const Fp8LinearOptions& options) {

@@ -26,9 +26,9 @@
 //    so every rank keeps the same scales and the ranks stay bitwise equal; a
 //    NaN amax goes as infinity (a max over ranks may drop a NaN), which the
 //    update treats the same: a skipped window.
-// Not built: the block recipe (whose scales are per tile, current), and
-// fp8_input's shared casts (Note [FP8 shared input]), whose x keeps current
-// scaling.
+//  - a cast shared by several layers (fp8_input, Note [FP8 shared input]:
+//    Llama's q/k/v and gate/up) takes the first layer's x row.
+// Not built: the block recipe, whose scales are per tile and current.
 #pragma once
 
 #include <cstddef>

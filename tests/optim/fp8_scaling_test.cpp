@@ -196,6 +196,43 @@ TEST(Fp8DelayedScaling, resumes_bit_for_bit) {
                "FP8 delayed scaling");
 }
 
+// Note [FP8 shared input]: a cast shared by two layers takes the first
+// layer's x row (the second's stays unused); each layer's dy row its own.
+// The first window equals current scaling's shared cast bit for bit.
+TEST(Fp8DelayedScaling, a_shared_input_takes_the_first_layers_x_row) {
+  Tensor w1 = requires_grad_(test::random_normal({kOut, kIn}, DType::f32, Device::cpu(), 0.1));
+  Tensor w2 = requires_grad_(test::random_normal({kOut, kIn}, DType::f32, Device::cpu(), 0.1));
+  optim::Optimizer opt(optim::SGDOptions(0.1));
+  ParamStore store(std::vector<Tensor>{w1, w2}, ParamStoreOptions().moments(0));
+  store.keep_fp8_delayed_scaling({w1, w2});
+  optim::Window window(store, opt, optim::WindowOptions().micro_steps(1));
+  std::vector<float> x_amax;
+  for (int w = 0; w < 2; ++w) {
+    const Batch m = batch(2.0 + w);
+    x_amax.push_back(amax_of(m.x));
+    const Fp8Input x8 = fp8_input(m.x, {}, w1);
+    if (w == 0) {  // calibrating: current scaling's codes
+      const Fp8Input plain = fp8_input(m.x);
+      EXPECT_TRUE(test::all_equal(x8.q, plain.q));
+      EXPECT_TRUE(test::all_equal(x8.scale_inv, plain.scale_inv));
+    }
+    const Tensor y = fp8_linear(m.x, x8, w1) + fp8_linear(m.x, x8, w2);
+    window.backward(Loss{sum(y * to_dtype(m.r, DType::bf16)),
+                         full({}, static_cast<double>(kRows), DType::f64)});
+    window.close();
+  }
+  const Tensor xs = store.fp8_delayed_scaling()->x_state();
+  const Tensor dys = store.fp8_delayed_scaling()->dy_state();
+  EXPECT_EQ(xs.select(0, 0).to_vector<float>()[3], x_amax[1]);  // w1's row: the shared cast's
+  EXPECT_EQ(xs.select(0, 0).to_vector<float>()[4], x_amax[0]);
+  EXPECT_EQ(xs.select(0, 1).to_vector<float>()[3], 0.0f);   // w2's x row: unused
+  EXPECT_GT(dys.select(0, 0).to_vector<float>()[3], 0.0f);  // each layer's dy row: its own
+  EXPECT_GT(dys.select(0, 1).to_vector<float>()[3], 0.0f);
+  Fp8LinearOptions e5m2;
+  e5m2.forward_dtype = DType::f8e5m2;
+  EXPECT_ERROR(fp8_input(batch(1.0).x, e5m2, w1), "fp8_input", "delayed scaling", "f8e4m3");
+}
+
 TEST(Fp8DelayedScaling, misuses_are_errors) {
   Tensor w = requires_grad_(test::random_normal({kOut, kIn}, DType::f32, Device::cpu(), 0.1));
   Tensor b = requires_grad_(test::random_normal({kOut}, DType::f32));
