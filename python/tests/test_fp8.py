@@ -24,7 +24,7 @@ def test_fp8_linear_rounds_like_fp8_and_refuses_odd_rows():
         raise AssertionError("10 rows were accepted")
 
 
-def train(fp8, planted=None):
+def train(fp8, planted=None, delayed=False):
     gen = accrue.Generator(4)
     model = nn.MLP([32, 64, 16], generator=gen)
     weights = nn.use_fp8(model) if fp8 else []
@@ -33,6 +33,8 @@ def train(fp8, planted=None):
                              optim.ParamStoreOptions(moments=opt.moments_needed()))
     if weights:
         store.keep_fp8_copies(weights)
+    if delayed:
+        store.keep_fp8_delayed_scaling(weights, history=2)
     window = optim.Window(store, opt, optim.WindowOptions(micro_steps=2))
     rng = np.random.default_rng(1)
     for _ in range(3):
@@ -57,3 +59,20 @@ def test_mlp_in_fp8_trains_with_its_weights_cast_once_per_window():
 def test_an_infinity_in_the_input_skips_the_window():
     report, _ = train(fp8=True, planted=np.inf)
     assert report.skipped and report.optimizer_steps == 0
+
+
+def test_delayed_scaling_trains_and_an_overflow_still_skips():
+    current, _ = train(fp8=True)
+    report, store = train(fp8=True, delayed=True)
+    assert store.has_fp8_delayed_scaling and not current.skipped
+    assert not report.skipped and report.optimizer_steps == 3
+    # Window 1 is current scaling; windows 2 and 3 cast with the history's scales.
+    assert report.loss != current.loss and abs(report.loss - current.loss) < 0.05 * current.loss
+    skipped, _ = train(fp8=True, planted=np.inf, delayed=True)
+    assert skipped.skipped and skipped.optimizer_steps == 0
+    try:
+        store.keep_fp8_delayed_scaling([])
+    except accrue.Error as e:
+        assert "keep_fp8_delayed_scaling" in str(e)
+    else:
+        raise AssertionError("a second keep_fp8_delayed_scaling was accepted")
