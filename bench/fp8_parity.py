@@ -33,7 +33,7 @@ at the end.
 
 Every run of a model gets the same arguments but the recipe's and the seed's:
 bf16 compute (`--dtype bf16`), or `--fp8 --fp8-recipe tensor|block` on top of
-it, and `--seed N`, with --cuda-graphs, AdamW with warmup and cosine decay,
+it (delayed: `--fp8 --fp8-recipe tensor --fp8-scaling delayed`), and `--seed N`, with --cuda-graphs, AdamW with warmup and cosine decay,
 clip 1. The seed draws the weights (and any dropout); the data order depends
 only on the files, so it is every run's. A run is one (model, recipe, seed),
 named MODEL_RECIPE for seed 1 alone, else MODEL_RECIPE_sSEED. Runs go one
@@ -85,7 +85,7 @@ def parse_args(argv=None):
     p.add_argument("--models", default="gpt2-d12,llama-125m",
                    help="comma-separated: " + ", ".join(SHAPES))
     p.add_argument("--recipes", default="bf16,tensor,block",
-                   help="comma-separated: bf16 (the reference, always run), tensor, block")
+                   help="comma-separated: bf16 (the reference, always run), tensor, block, delayed")
     p.add_argument("--windows", type=int, default=2000)
     p.add_argument("--warmup-windows", type=int, default=None,
                    help="the lr's linear warmup (default: windows / 20)")
@@ -120,8 +120,8 @@ def parse_args(argv=None):
             p.error(f"--models: {m!r} is not one of {', '.join(SHAPES)}")
     recipes = [r for r in args.recipes.split(",") if r]
     for r in recipes:
-        if r not in ("bf16", "tensor", "block"):
-            p.error(f"--recipes: {r!r} is not bf16, tensor or block")
+        if r not in ("bf16", "tensor", "block", "delayed"):
+            p.error(f"--recipes: {r!r} is not bf16, tensor, block or delayed")
     args.recipes = ["bf16"] + [r for r in recipes if r != "bf16"]
     args.gpus = [g for g in args.gpus.split(",") if g]
     if not args.gpus:
@@ -233,7 +233,9 @@ def command(args, model, recipe, seed, train, val, metrics):
         cmd += (["--contiguous-rows"] if args.llama_documents == "rows"
                 else ["--eos-id", str(EOS)])
     if recipe != "bf16":
-        cmd += ["--fp8", "--fp8-recipe", recipe]
+        # delayed: the tensor recipe with delayed scaling (Note [FP8 delayed scaling]).
+        cmd += (["--fp8", "--fp8-recipe", "tensor", "--fp8-scaling", "delayed"]
+                if recipe == "delayed" else ["--fp8", "--fp8-recipe", recipe])
     return cmd
 
 
