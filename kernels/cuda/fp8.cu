@@ -358,26 +358,14 @@ bool launch_cast_transpose(const Tensor& x, const ScaleSource& src, const Tensor
 
 void cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, const Tensor& q, const Tensor& q_t,
                            const Tensor& amax, bool merge_amax) {
-  const int dev = x.device().index;
-  cu::DeviceScope scope(dev);
-  cudaStream_t stream = cu::stream_for(dev);
-  // merge_amax: the blocks' atomicMax onto the running value (NaN's bits
-  // compare above every other, so it stays).
-  if (!merge_amax) ACCRUE_CUDA_CHECK(cudaMemsetAsync(amax.data_ptr(), 0, sizeof(float), stream));
-  ScaleSource src{};
-  src.scale = static_cast<const float*>(scale.data_ptr());
-  launch_cast_transpose(x, src, q, q_t, static_cast<uint32_t*>(amax.data_ptr()), dev, stream);
+  cast_to_fp8_transpose_dbias(x, scale, q, q_t, amax, merge_amax, Tensor(), false);
 }
 
 void cast_to_fp8_transpose_scaled(const Tensor& x, const Tensor& amax, float fp8_max, int margin,
                                   bool power_of_two, bool guard, const Tensor& q, const Tensor& q_t,
                                   const Tensor& scale_inv) {
-  const int dev = x.device().index;
-  cu::DeviceScope scope(dev);
-  const ScaleSource src{
-      nullptr, static_cast<const float*>(amax.data_ptr()), fp8_max, margin, power_of_two,
-      guard,   static_cast<float*>(scale_inv.data_ptr())};
-  launch_cast_transpose(x, src, q, q_t, nullptr, dev, cu::stream_for(dev));
+  cast_to_fp8_transpose_scaled_dbias(x, amax, fp8_max, margin, power_of_two, guard, q, q_t,
+                                     scale_inv, Tensor(), false);
 }
 
 bool cast_to_fp8_transpose_dbias(const Tensor& x, const Tensor& scale, const Tensor& q,
@@ -386,6 +374,8 @@ bool cast_to_fp8_transpose_dbias(const Tensor& x, const Tensor& scale, const Ten
   const int dev = x.device().index;
   cu::DeviceScope scope(dev);
   cudaStream_t stream = cu::stream_for(dev);
+  // merge_amax: the blocks' atomicMax onto the running value (NaN's bits
+  // compare above every other, so it stays).
   if (!merge_amax) ACCRUE_CUDA_CHECK(cudaMemsetAsync(amax.data_ptr(), 0, sizeof(float), stream));
   ScaleSource src{};
   src.scale = static_cast<const float*>(scale.data_ptr());
