@@ -63,6 +63,26 @@ void check_window_state(const Tensor& window_state) {
                "] = ", v[kernels::kItems], " is negative");
 }
 
+// Note [FP8 delayed scaling]'s rows as later casts trust them: scale and
+// scale_inv finite and positive, the history finite and >= 0; the window's
+// amax >= 0 (infinite or NaN: an overflow this window, which skips it).
+void check_fp8_scaling_state(const Tensor& state, const char* key) {
+  const std::vector<float> v = state.to(Device::cpu()).to_vector<float>();
+  const int64_t width = state.size(1);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const int64_t col = static_cast<int64_t>(i) % width, row = static_cast<int64_t>(i) / width;
+    const bool ok = col < 2    ? std::isfinite(v[i]) && v[i] > 0
+                    : col == 2 ? std::isnan(v[i]) || v[i] >= 0
+                               : std::isfinite(v[i]) && v[i] >= 0;
+    ACCRUE_CHECK(ok, "Window::load_state_dict: '", key, "'[", row, ", ", col, "] = ", v[i],
+                 " is not a ",
+                 col < 2    ? "finite positive scale"
+                 : col == 2 ? "non-negative amax"
+                            : "finite non-negative amax",
+                 " (Note [FP8 delayed scaling])");
+  }
+}
+
 }  // namespace
 
 std::map<std::string, Tensor> Window::state_dict() const {
@@ -185,6 +205,10 @@ void Window::load_state_dict(const std::map<std::string, Tensor>& state) {
                "run that saved it)");
   const Tensor* fp8_x = fp8 ? &get("fp8_scaling_x", fp8->x_state()) : nullptr;
   const Tensor* fp8_dy = fp8 ? &get("fp8_scaling_dy", fp8->dy_state()) : nullptr;
+  if (fp8) {
+    check_fp8_scaling_state(*fp8_x, "fp8_scaling_x");
+    check_fp8_scaling_state(*fp8_dy, "fp8_scaling_dy");
+  }
   // Note [Mid-window checkpoints]: a checkpoint without "micro_step" was taken between windows.
   int64_t m = 0;
   std::vector<bool> flags;

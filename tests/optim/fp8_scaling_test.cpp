@@ -190,6 +190,18 @@ TEST(Fp8DelayedScaling, resumes_bit_for_bit) {
     EXPECT_EQ(second.row(true), whole.row(true));
     EXPECT_EQ(second.row(false), whole.row(false));
   }
+  // A corrupt row is refused, naming the entry, and leaves the window as it was.
+  Trainer target(w0, b0, 1e-2, 2, true);
+  std::map<std::string, Tensor> bad = whole.window.state_dict();
+  bad["fp8_scaling_dy"] = bad["fp8_scaling_dy"].clone();
+  bad["fp8_scaling_dy"].data<float>()[0] = -1.0f;
+  EXPECT_ERROR(target.window.load_state_dict(bad), "load_state_dict", "'fp8_scaling_dy'[0, 0]",
+               "-1", "finite positive scale");
+  bad["fp8_scaling_dy"].data<float>()[0] = 1.0f;
+  bad["fp8_scaling_dy"].data<float>()[4] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_ERROR(target.window.load_state_dict(bad), "load_state_dict", "'fp8_scaling_dy'[0, 4]",
+               "finite non-negative amax");
+  EXPECT_TRUE(target.window.calibrating());  // nothing was loaded
   // A checkpoint of a store without the rows does not load into one with them.
   Trainer plain(w0, b0, 1e-2, 2, false), with(w0, b0, 1e-2, 2, true);
   EXPECT_ERROR(with.window.load_state_dict(plain.window.state_dict()), "load_state_dict",
