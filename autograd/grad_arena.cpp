@@ -137,7 +137,7 @@ int GradArena::zero_unwritten() {
 
 void GradArena::accumulate(const Tensor& leaf, const Tensor& grad) {
   const size_t i = slot_of(leaf, "accumulate");
-  order_->before_write(i, write_stream());
+  order_->before_write(i, order_->stream(options_.device().index));
   Tensor slot = grad_view(i);
   if (!written_[i]) {
     slot.copy_(grad);  // first contribution of the window: write (casting to the master dtype)
@@ -153,19 +153,15 @@ double GradArena::next_beta(const Tensor& leaf) const {
 
 Tensor GradArena::claim(const Tensor& leaf, double* beta) {
   const size_t i = slot_of(leaf, "claim");
-  order_->before_write(i, write_stream());
+  order_->before_write(i, order_->stream(options_.device().index));
   *beta = written_[i] ? 1.0 : 0.0;
   written_[i] = true;
   return grad_view(i);
 }
 
 void GradArena::finished(const Tensor& leaf) {
-  if (order_->active()) order_->finished(slot_of(leaf, "finished"), write_stream());
-}
-
-StreamHandle GradArena::write_stream() const {
-  // Note [Ordered writes]: only active on CUDA, where the writes go to the current stream.
-  return order_->active() ? current_stream(options_.device().index) : nullptr;
+  if (order_->active())
+    order_->finished(slot_of(leaf, "finished"), order_->stream(options_.device().index));
 }
 
 }  // namespace accrue

@@ -170,7 +170,6 @@ class GradArena final : public GradSink {
 
  private:
   size_t slot_of(const Tensor& leaf, const char* op) const;
-  StreamHandle write_stream() const;  // the current stream while the order is active
 
   GradArenaOptions options_;
   std::vector<Slot> slots_;

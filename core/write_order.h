@@ -58,6 +58,9 @@ class WriteOrder {
   void activate();
   void deactivate();
   bool active() const { return active_; }
+  // The stream a write on `device` goes to while the order is active (the
+  // current stream), else null: what before_write and finished take.
+  StreamHandle stream(int device) const { return active_ ? current_stream(device) : nullptr; }
   size_t keys() const { return keys_.size(); }
 
   void before_write(size_t key, StreamHandle stream);

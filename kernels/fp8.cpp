@@ -221,14 +221,12 @@ void cast_to_fp8_blockwise_into(const Tensor& x, int64_t tile_rows, int64_t tile
   }
   // Note [FP8 block cast of a transpose]: 1 x 128 tiles of a transposed view
   // straight from its base, without the transpose copy.
+  // (Both sizes above 1: a contiguous x is not taken for one.)
   if (tile_rows == 1 && tile_cols == 128 && x.dim() == 2 && x.size(0) > 1 && x.size(1) > 1 &&
-      x.stride(0) == 1 && x.stride(1) == x.size(0)) {
-    const Tensor base = x.transpose(0, 1);
-    if (base.is_contiguous()) {
-      ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8_blockwise_of_transpose, base,
-                          static_cast<float>(fp8_max(q.dtype())), power_of_two, q, scale_inv, amax);
-      return;
-    }
+      x.transpose(0, 1).is_contiguous()) {
+    ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8_blockwise_of_transpose, x.transpose(0, 1),
+                        static_cast<float>(fp8_max(q.dtype())), power_of_two, q, scale_inv, amax);
+    return;
   }
   const Tensor dense = x.contiguous();
   ACCRUE_BACKEND_CALL(x.device(), cast_to_fp8_blockwise, dense, tile_rows, tile_cols,

@@ -169,7 +169,8 @@ void GraphedWindow::set_concurrent_micro_batches(int n) {
                  " window listener(s) (BatchNorm's window statistics): every forward adds to "
                  "their state");
     ACCRUE_CHECK(!window_.store_.has_fp8_copies(), op, "(", n,
-                 "): not with FP8 weight copies: every forward writes the FP8 scaling state");
+                 "): not with FP8 weight copies: FP8 layers have not yet been checked bit for "
+                 "bit under concurrent micro-batches");
   }
   concurrent_ = n;
 }

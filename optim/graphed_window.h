@@ -102,8 +102,10 @@
 //  - Refused with a GradientSync (its hooks launch all-reduces from the
 //    host), window listeners (BatchNorm's statistics, which every forward
 //    adds to), close_under_forward (a side stream's forward would not wait for
-//    the steps, Note [Close under the forward]) and FP8 weight copies (the
-//    FP8 scaling state is written by every forward).
+//    the steps, Note [Close under the forward]) and FP8 weight copies. The
+//    FP8 layers' forwards write nothing shared (the copies are read, each
+//    cast makes its own scale), but no test has run them concurrently and
+//    compared the bits yet, so they stay refused until one does.
 //
 // The step function must not keep tensors it made past its return (the
 // captured graph owns that memory), and a grad-ready hook registered by the

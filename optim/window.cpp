@@ -181,8 +181,7 @@ void Window::backward(const Loss& loss) {
     const Tensor count = loss.count.to(DType::f64).reshape({});
     const Tensor sum = detach(loss.sum).to(DType::f64).reshape({});
     // Note [Ordered writes]: the adds keep the micro-steps' order on any stream.
-    const StreamHandle stream =
-        scalar_order_->active() ? current_stream(state().device().index) : nullptr;
+    const StreamHandle stream = scalar_order_->stream(state().device().index);
     scalar_order_->before_write(0, stream);
     // Note [Normalization]: N counts items over the whole window; 1/N comes at close.
     kernels::axpy_(field(kernels::kItems), 1.0, count);

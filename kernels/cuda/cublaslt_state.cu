@@ -8,11 +8,7 @@
 #include <string>
 
 #include "accrue/core/cuda_runtime.h"
-#include "accrue/core/device_scope.h"
 #include "accrue/core/status_check.h"
-#include "accrue/kernels/attention_backend.h"
-#include "accrue/kernels/backend.h"
-#include "accrue/kernels/conv_backend.h"
 #include "accrue/kernels/ops.h"
 
 namespace accrue::kernels::cuda::cublaslt {
@@ -228,16 +224,3 @@ bool heuristic_algo(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMa
 }
 
 }  // namespace accrue::kernels::cuda::cublaslt
-
-namespace accrue::kernels::cuda {
-
-void prepare_stream(int device, StreamHandle stream) {
-  const ::accrue::cuda::DeviceScope scope(device);
-  cublaslt::LtState::instance().prepare(device, stream);
-#ifdef ACCRUE_WITH_CUDNN_FRONTEND
-  cudnn::prepare_attention_stream(device, stream);
-  cudnn::prepare_conv_stream(device, stream);
-#endif
-}
-
-}  // namespace accrue::kernels::cuda
