@@ -69,12 +69,13 @@ TEST(GpuFp8Linear, output_and_gradients_match_the_cpu) {
 // Three micro-batches into the fp32 slots on the GPU (beta 0, then 1): the
 // weight's slot as the CPU's, within the FP8 accumulator's rounding
 // (kFp8GemmF32); the bias's, summed by the cast of dy (Note [FP8 bias
-// gradient in the cast]), within f32 rounding, with M = 32 and 40 (a row
-// tile of 64 partly filled; 40 + 40 + 40 rows summed into one slot).
+// gradient in the cast]), within f32 rounding, with M = 48 (a row tile of 64
+// partly filled) and 80 (two row tiles, the second partly filled); M stays a
+// multiple of 16, the FP8 GEMMs' rule.
 TEST(GpuFp8Linear, micro_batches_accumulate_into_the_slot_as_on_the_cpu) {
   ACCRUE_REQUIRE_CUDA();
   constexpr int64_t K = 64, N = 32, kMicro = 3;
-  for (int64_t M : {32, 40}) {
+  for (int64_t M : {48, 80}) {
     const Tensor w0 = test::random_normal({N, K}, DType::f32, Device::cpu(), 0.1);
     const Tensor b0 = test::random_normal({N}, DType::f32);
     std::vector<Tensor> xs, rs;

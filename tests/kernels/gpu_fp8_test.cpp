@@ -29,7 +29,7 @@ float decode(DType d, uint8_t c) {
 ::testing::AssertionResult same_codes(const Tensor& gpu, const Tensor& cpu) {
   if (gpu.dtype() != cpu.dtype() || gpu.shape() != cpu.shape())
     return ::testing::AssertionFailure() << "dtype or shape differ";
-  const Tensor g = gpu.to(Device::cpu()).contiguous(), c = cpu.contiguous();
+  const Tensor g = gpu.to(Device::cpu()).contiguous(), c = cpu.to(Device::cpu()).contiguous();
   const auto* pg = static_cast<const uint8_t*>(g.data_ptr());
   const auto* pc = static_cast<const uint8_t*>(c.data_ptr());
   for (int64_t i = 0; i < g.numel(); ++i) {
@@ -45,7 +45,7 @@ float decode(DType d, uint8_t c) {
 ::testing::AssertionResult same_float_bits(const Tensor& gpu, const Tensor& cpu) {
   if (gpu.dtype() != DType::f32 || cpu.dtype() != DType::f32 || gpu.shape() != cpu.shape())
     return ::testing::AssertionFailure() << "dtype or shape differ";
-  const Tensor gh = gpu.to(Device::cpu()).contiguous(), ch = cpu.contiguous();
+  const Tensor gh = gpu.to(Device::cpu()).contiguous(), ch = cpu.to(Device::cpu()).contiguous();
   for (int64_t i = 0; i < gh.numel(); ++i) {
     const float g = gh.data<float>()[i], c = ch.data<float>()[i];
     if (std::memcmp(&g, &c, 4) == 0 || (std::isnan(g) && std::isnan(c))) continue;
