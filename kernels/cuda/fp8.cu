@@ -293,15 +293,36 @@ void fp8_amax(const Tensor& x, const Tensor& amax) {
 namespace {
 
 // Note [FP8 bias gradient in the cast]: dbias[c] = (dbias[c] +) the sum of
-// partial[t][c] over the row tiles t in order.
-__global__ void column_partials_kernel(const float* __restrict__ partial, int64_t tiles_m,
-                                       int64_t k, float* __restrict__ dbias, bool accumulate) {
-  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < k;
-       c += int64_t{gridDim.x} * blockDim.x) {
-    float total = 0.0f;
-    for (int64_t t = 0; t < tiles_m; ++t)
+// partial[t][c] over the row tiles t. A block takes kPartialColumns columns
+// and kPartialGroups groups of row tiles: group g sums the tiles g, g +
+// kPartialGroups, ... in order, then one thread per column adds the groups
+// in order. The order depends on the shape alone (Note [Determinism]). The
+// first version gave each column one thread over every tile: 768 threads at
+// GPT-2 124M, on 3 SMs, each a chain of 512 dependent loads at 32 x 1,024
+// rows, longer than the sum_rows pass it replaced (the window was 1.5-1.9%
+// slower, bench/RESULTS.md, eighth session).
+constexpr int kPartialColumns = 32;
+constexpr int kPartialGroups = 32;
+
+__global__ void __launch_bounds__(kPartialColumns* kPartialGroups)
+    column_partials_kernel(const float* __restrict__ partial, int64_t tiles_m, int64_t k,
+                           float* __restrict__ dbias, bool accumulate) {
+  __shared__ float groups[kPartialGroups][kPartialColumns + 1];
+  const int column = threadIdx.x % kPartialColumns, group = threadIdx.x / kPartialColumns;
+  const int64_t c = blockIdx.x * int64_t{kPartialColumns} + column;
+  float total = 0.0f;
+  if (c < k) {
+#pragma unroll 4
+    for (int64_t t = group; t < tiles_m; t += kPartialGroups)
       total += partial[t * k + c];
-    dbias[c] = accumulate ? dbias[c] + total : total;
+  }
+  groups[group][column] = total;
+  __syncthreads();
+  if (group == 0 && c < k) {
+    float sum = 0.0f;
+    for (int g = 0; g < kPartialGroups; ++g)
+      sum += groups[g][column];
+    dbias[c] = accumulate ? dbias[c] + sum : sum;
   }
 }
 
@@ -337,7 +358,8 @@ bool launch_cast_transpose(const Tensor& x, const ScaleSource& src, const Tensor
           cast_transpose_packed_kernel<T, Q, true><<<grid, kThreads, 0, stream>>>(
               px, m, k, src, pq, pt, amax_bits, static_cast<float*>(partial.data_ptr()));
           ACCRUE_LAUNCH_CHECK();
-          column_partials_kernel<<<cu::grid_for(k, kThreads, 1024), kThreads, 0, stream>>>(
+          column_partials_kernel<<<(k + kPartialColumns - 1) / kPartialColumns,
+                                   kPartialColumns * kPartialGroups, 0, stream>>>(
               static_cast<const float*>(partial.data_ptr()), tiles_m, k,
               static_cast<float*>(dbias.data_ptr()), dbias_accumulate);
           sums_written = true;

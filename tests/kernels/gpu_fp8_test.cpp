@@ -276,12 +276,13 @@ TEST(GpuFp8, delayed_scaling_matches_the_cpu_bit_for_bit) {
 // Note [FP8 bias gradient in the cast]: the codes as the plain cast's, bit for
 // bit; the column sums within f32 rounding of a double sum, onto dbias with
 // accumulate, and the same bits on a second run. Packed tiles (768 x 3072,
-// 1000 x 72 with partial edge tiles) and the fallback (31 x 33), which runs
-// sum_rows after the cast.
+// 1000 x 72 with partial edge tiles, 2304 x 200 with more row tiles than the
+// reduction's groups) and the fallback (31 x 33), which runs sum_rows after
+// the cast.
 TEST(GpuFp8, scaled_cast_transpose_with_column_sums) {
   ACCRUE_REQUIRE_CUDA();
   for (DType xd : {DType::bf16, DType::f32})
-    for (auto [m, k] : {std::pair<int64_t, int64_t>{768, 3072}, {1000, 72}, {31, 33}})
+    for (auto [m, k] : {std::pair<int64_t, int64_t>{768, 3072}, {1000, 72}, {31, 33}, {2304, 200}})
       for (bool accumulate : {false, true}) {
         SCOPED_TRACE(std::string(dtype_name(xd)) + " " + std::to_string(m) + "x" +
                      std::to_string(k) + (accumulate ? " accumulate" : ""));
