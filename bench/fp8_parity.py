@@ -50,14 +50,26 @@ OUT_DIR/parity.json, OUT_DIR/parity.md and OUT_DIR/parity_MODEL.png (the
 training loss, a moving average, and the validation loss of every recipe and
 seed against the window; needs matplotlib) and prints the table.
 
+--reuse DIR[,DIR...] takes a run's metrics from an earlier output directory
+instead of running it again, where that directory holds the whole run (every
+window, the final validation) with the same identity: the same command but
+for the paths of the binary, the shards and the metrics, and shards made from
+the same files in the same order and split (NAME.run.json, written as each run
+starts). So a sweep cut short by a time limit goes on where it stopped, and a
+bf16 reference already run is not run again beside a new recipe. The binary's
+build is not part of the identity: reuse across builds only where the code of
+the reused recipe did not change.
+
 --dry-run prints the commands without running anything; --cpu with
 --models gpt2-tiny runs the whole script on the CPU.
 """
 import argparse
 import glob
+import hashlib
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -110,6 +122,9 @@ def parse_args(argv=None):
                    help="comma-separated seeds of the weights, each recipe run once per seed "
                    "(several: the seed-noise floor)")
     p.add_argument("--out-dir", required=True)
+    p.add_argument("--reuse", default="",
+                   help="comma-separated earlier output directories whose whole runs of the "
+                   "same identity are taken instead of running them again")
     p.add_argument("--cpu", action="store_true",
                    help="run on the CPU without CUDA graphs (the tiny models: checks the script)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -131,6 +146,7 @@ def parse_args(argv=None):
     if args.warmup_windows is None:
         args.warmup_windows = max(1, args.windows // 20)
     args.seeds = seeds(p, args.seeds)
+    args.reuse = [d for d in args.reuse.split(",") if d]
     args.text_dirs = ([d for d in args.text_dir.split(",") if d] if args.text_dir
                       else [sysconfig.get_paths()["stdlib"]])
     if not args.text_dirs:
@@ -171,7 +187,8 @@ def text_files(roots):
 
 
 def make_data(args):
-    """Writes the shards once under OUT_DIR/data; returns (train glob, val glob, token count)."""
+    """Writes the shards once under OUT_DIR/data; returns (train glob, val glob, token count,
+    the digest of the files and split the shards hold)."""
     prefix = os.path.join(args.out_dir, "data", "text")
     train, val = prefix + "_train_*.bin", prefix + "_val_*.bin"
     roots = ", ".join(args.text_dirs)
@@ -210,7 +227,47 @@ def make_data(args):
              else f"shuffled with seed {args.shuffle_files}")
     print(f"data: {len(files)} files under {roots}, {tokens:,} byte tokens "
           f"({args.val_fraction:.0%} validation), files {order}")
-    return train, val, tokens
+    digest = hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()
+    return train, val, tokens, digest
+
+
+def identity(cmd, data_digest):
+    """What makes two runs the same (--reuse): the command but for the paths of this call's
+    binary, shards and metrics, and the digest of the files and split of the shards."""
+    words = ["ACCRUE_BIN"] + list(cmd[1:])
+    for flag in ("--train-data", "--val-data", "--metrics"):
+        words[words.index(flag) + 1] = "PATH"
+    return {"command": words, "data": data_digest}
+
+
+def finished_run(directory, name, ident, windows):
+    """NAME's metrics file in directory when it holds the whole run (every window, a final
+    validation loss) of this identity; else None."""
+    try:
+        with open(os.path.join(directory, name + ".run.json"), encoding="utf-8") as f:
+            if json.load(f) != ident:
+                return None
+        rows = read_metrics(os.path.join(directory, name + ".jsonl"))
+    except (OSError, ValueError):  # no record, or a metrics line cut short
+        return None
+    whole = (len(rows) == windows and [r.get("window") for r in rows] == list(range(1, windows + 1))
+             and isinstance(rows[-1].get("val_loss"), (int, float)))
+    return os.path.join(directory, name + ".jsonl") if whole else None
+
+
+def take_reused(args, name, ident):
+    """Copies NAME's files from the first --reuse directory that holds its whole run into
+    --out-dir; returns that directory, or None."""
+    for directory in args.reuse:
+        if finished_run(directory, name, ident, args.windows) is None:
+            continue
+        if os.path.realpath(directory) != os.path.realpath(args.out_dir):
+            for ext in (".jsonl", ".run.json", ".log"):
+                source = os.path.join(directory, name + ext)
+                if os.path.exists(source):
+                    shutil.copyfile(source, os.path.join(args.out_dir, name + ext))
+        return directory
+    return None
 
 
 def run_name(args, model, recipe, seed):
@@ -363,20 +420,31 @@ def main(argv=None):
     if not args.cpu and not args.dry_run:
         check_gpus(args.gpus)
     os.makedirs(args.out_dir, exist_ok=True)
-    train, val, tokens = make_data(args)
-    jobs = []
+    train, val, tokens, data_digest = make_data(args)
+    jobs, reused = [], {}
     for model in args.models:
         # Every recipe of a seed before the next seed: a sweep cut short leaves whole seeds.
         for seed in args.seeds:
             for recipe in args.recipes:
                 name = run_name(args, model, recipe, seed)
                 metrics = os.path.join(args.out_dir, name + ".jsonl")
-                jobs.append((name, command(args, model, recipe, seed, train, val, metrics)))
+                cmd = command(args, model, recipe, seed, train, val, metrics)
+                found = None if args.dry_run else take_reused(args, name,
+                                                              identity(cmd, data_digest))
+                if found is not None:
+                    reused[name] = found
+                    print(f"reuse {name} from {found}", flush=True)
+                else:
+                    jobs.append((name, cmd))
     if args.dry_run:
         for name, cmd in jobs:
             print(name + ": " + " ".join(cmd))
         return 0
+    for name, cmd in jobs:  # before the run starts: a run cut short is never taken whole
+        with open(os.path.join(args.out_dir, name + ".run.json"), "w", encoding="utf-8") as f:
+            json.dump(identity(cmd, data_digest), f)
     rcs = run_all(args, jobs)
+    rcs.update({name: 0 for name in reused})
     seeds = ",".join(str(s) for s in args.seeds)
     results, lines, ok = [], [], True
     for model in args.models:
@@ -431,7 +499,7 @@ def main(argv=None):
     with open(os.path.join(args.out_dir, "parity.json"), "w") as f:
         json.dump({"windows": args.windows, "tokens": tokens, "tolerance": args.tolerance,
                    "seeds": args.seeds, "text_dirs": args.text_dirs,
-                   "shuffle_files": args.shuffle_files, "results": results},
+                   "shuffle_files": args.shuffle_files, "reused": reused, "results": results},
                   f, indent=1)
     with open(os.path.join(args.out_dir, "parity.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

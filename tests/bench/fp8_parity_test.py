@@ -6,10 +6,12 @@ the same arguments but the recipe's and the seed's (the Llama models with the
 EOS id, GPT-2 without; several --seeds name the runs _sSEED), a data line
 naming every --text-dir root, and text_files on a temporary tree (site-packages
 below a root left out, a root named site-packages kept, several roots joined
-in order without repeats), a --gpus index the machine lacks refused. Where ACCRUE_TRAIN_BIN names a built accrue_train:
-the whole script on the CPU with gpt2-tiny over a few of the repository's
-files (the shards written, every recipe run, the verdicts and parity.json);
-skipped with a message otherwise.
+in order without repeats), a --gpus index the machine lacks refused, and
+which earlier runs --reuse takes (whole runs of the same identity only).
+Where ACCRUE_TRAIN_BIN names a built accrue_train: the whole script on the
+CPU with gpt2-tiny over a few of the repository's files (the shards written,
+every recipe run, the verdicts and parity.json), and a sweep that reuses an
+earlier one's runs; skipped with a message otherwise.
 
     python3 tests/bench/fp8_parity_test.py [REPO_ROOT]
 """
@@ -223,6 +225,91 @@ class Fp8Parity(unittest.TestCase):
             self.assertNotEqual(one, plain)               # in another order
             self.assertEqual(files_of("--shuffle-files", "1"), one)  # the same one again
             self.assertNotEqual(files_of("--shuffle-files", "2"), one)
+
+    def test_reuse_takes_only_whole_runs_of_the_same_identity(self):
+        spec = importlib.util.spec_from_file_location("fp8_parity", SCRIPT)
+        parity = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(parity)
+        cmd = ["/a/accrue_train", "--model", "gpt2-d12", "--train-data", "/a/data/t_*.bin",
+               "--val-data", "/a/data/v_*.bin", "--windows", "3", "--metrics", "/a/r.jsonl"]
+        moved = ["/b/accrue_train"] + cmd[1:]
+        for flag, path in (("--train-data", "/b/t"), ("--val-data", "/b/v"),
+                           ("--metrics", "/b/r.jsonl")):
+            moved[moved.index(flag) + 1] = path
+        ident = parity.identity(cmd, "d1")
+        self.assertEqual(parity.identity(moved, "d1"), ident)  # paths are not the run
+        self.assertNotEqual(parity.identity(cmd, "d2"), ident)  # other shards are
+        other = list(cmd)
+        other[other.index("--windows") + 1] = "4"
+        self.assertNotEqual(parity.identity(other, "d1"), ident)
+        with tempfile.TemporaryDirectory() as tmp:
+            def write(name, rows, ident_of=ident, partial=""):
+                with open(os.path.join(tmp, name + ".run.json"), "w") as f:
+                    json.dump(ident_of, f)
+                with open(os.path.join(tmp, name + ".jsonl"), "w") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in rows)
+                    f.write(partial)
+
+            whole = [{"window": 1, "loss": 3.0}, {"window": 2, "loss": 2.0},
+                     {"window": 3, "loss": 1.5, "val_loss": 1.7}]
+            write("whole", whole)
+            write("short", whole[:2])
+            write("no_val", whole[:2] + [{"window": 3, "loss": 1.5}])
+            write("cut", whole[:2], partial='{"window": 3, "lo')
+            write("other", whole, ident_of=parity.identity(other, "d1"))
+            with open(os.path.join(tmp, "no_record.jsonl"), "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in whole)
+            self.assertEqual(parity.finished_run(tmp, "whole", ident, 3),
+                             os.path.join(tmp, "whole.jsonl"))
+            for name in ("short", "no_val", "cut", "other", "no_record", "absent"):
+                self.assertIsNone(parity.finished_run(tmp, name, ident, 3), name)
+            self.assertIsNone(parity.finished_run(tmp, "whole", ident, 4))
+            # take_reused copies the run's files into --out-dir.
+            out = os.path.join(tmp, "out")
+            os.makedirs(out)
+            args = parity.parse_args(["--accrue-bin", "x", "--out-dir", out, "--windows", "3",
+                                      "--reuse", os.path.join(tmp, "nothing") + "," + tmp])
+            self.assertEqual(parity.take_reused(args, "whole", ident), tmp)
+            with open(os.path.join(out, "whole.jsonl")) as f:
+                self.assertEqual([json.loads(x) for x in f], whole)
+            self.assertTrue(os.path.exists(os.path.join(out, "whole.run.json")))
+            self.assertIsNone(parity.take_reused(args, "short", ident))
+            self.assertFalse(os.path.exists(os.path.join(out, "short.jsonl")))
+
+    def test_a_sweep_reuses_an_earlier_ones_runs_on_the_cpu(self):
+        binary = os.environ.get("ACCRUE_TRAIN_BIN")
+        if not binary or not os.path.exists(binary):
+            self.skipTest("ACCRUE_TRAIN_BIN does not name a built accrue_train")
+        common = ["--accrue-bin", binary, "--models", "gpt2-tiny", "--val-every", "2",
+                  "--val-batches", "1", "--text-dir", os.path.join(ROOT, "bench"), "--cpu"]
+        with tempfile.TemporaryDirectory() as tmp:
+            first, second, third = (os.path.join(tmp, d) for d in ("first", "second", "third"))
+            r = run(common + ["--windows", "3", "--recipes", "bf16,tensor", "--out-dir", first],
+                    timeout=200)
+            self.assertIn(r.returncode, (0, 1), r.stdout + r.stderr)
+            # bf16 and tensor from the first sweep; delayed alone runs.
+            r = run(common + ["--windows", "3", "--recipes", "bf16,tensor,delayed",
+                              "--out-dir", second, "--reuse", first], timeout=200)
+            self.assertIn(r.returncode, (0, 1), r.stdout + r.stderr)
+            self.assertIn(f"reuse gpt2-tiny_bf16 from {first}", r.stdout)
+            self.assertIn(f"reuse gpt2-tiny_tensor from {first}", r.stdout)
+            self.assertEqual([x for x in r.stdout.splitlines() if x.startswith("start")],
+                             ["start gpt2-tiny_delayed on GPU 0"])
+            for recipe in ("bf16", "tensor"):
+                with open(os.path.join(first, f"gpt2-tiny_{recipe}.jsonl")) as a, \
+                        open(os.path.join(second, f"gpt2-tiny_{recipe}.jsonl")) as b:
+                    self.assertEqual(a.read(), b.read())
+            with open(os.path.join(second, "parity.json")) as f:
+                parity = json.load(f)
+            self.assertEqual(parity["reused"], {"gpt2-tiny_bf16": first,
+                                                "gpt2-tiny_tensor": first})
+            self.assertEqual([x["rc"] for x in parity["results"]], [0, 0, 0])
+            # Another window count is another run: nothing is taken.
+            r = run(common + ["--windows", "4", "--recipes", "bf16", "--out-dir", third,
+                              "--reuse", first], timeout=200)
+            self.assertIn(r.returncode, (0, 1), r.stdout + r.stderr)
+            self.assertNotIn("reuse", r.stdout)
+            self.assertIn("start gpt2-tiny_bf16 on GPU 0", r.stdout)
 
     def test_the_script_on_the_cpu(self):
         binary = os.environ.get("ACCRUE_TRAIN_BIN")
