@@ -298,7 +298,7 @@ namespace {
 // kPartialGroups, ... in order, then one thread per column adds the groups
 // in order. The order depends on the shape alone (Note [Determinism]). The
 // first version gave each column one thread over every tile: 768 threads at
-// GPT-2 124M, on 3 SMs, each a chain of 512 dependent loads at 32 x 1,024
+// GPT-2 124M, on 3 SMs, each adding 512 loads in a row at 32 x 1,024
 // rows, longer than the sum_rows pass it replaced (the window was 1.5-1.9%
 // slower, bench/RESULTS.md, eighth session).
 constexpr int kPartialColumns = 32;

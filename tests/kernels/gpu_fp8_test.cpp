@@ -25,7 +25,7 @@ float decode(DType d, uint8_t c) {
   return d == DType::f8e4m3 ? f8e4m3::decode(c) : f8e5m2::decode(c);
 }
 
-// Same codes at every element, or NaN at both.
+// Same codes at every element, or NaN at both; either side on either device.
 ::testing::AssertionResult same_codes(const Tensor& gpu, const Tensor& cpu) {
   if (gpu.dtype() != cpu.dtype() || gpu.shape() != cpu.shape())
     return ::testing::AssertionFailure() << "dtype or shape differ";
@@ -41,7 +41,8 @@ float decode(DType d, uint8_t c) {
   return ::testing::AssertionSuccess();
 }
 
-// The same f32 bits at every element, or NaN at both.
+// The same f32 bits at every element, or NaN at both; either side on either
+// device.
 ::testing::AssertionResult same_float_bits(const Tensor& gpu, const Tensor& cpu) {
   if (gpu.dtype() != DType::f32 || cpu.dtype() != DType::f32 || gpu.shape() != cpu.shape())
     return ::testing::AssertionFailure() << "dtype or shape differ";
