@@ -40,21 +40,26 @@ namespace {
 
 using autograd::SinkTarget;
 
-// x cast with current scaling, with its transpose's codes: its amax (one
-// read of x), then the cast that makes the scale from it (Note [FP8 overflow]:
-// scale_inv is guarded), one launch each.
+// x cast with current scaling from its amax, with its transpose's codes, in
+// one launch that makes the scale (Note [FP8 overflow]: scale_inv is
+// guarded). With dbias (an f32 [K] bias slot), x's column sums go there (or
+// onto it, accumulate) from the cast's read (Note [FP8 bias gradient in the
+// cast]).
 using ScaledCast = kernels::Fp8ScaledCastTranspose;
-// With dbias (an f32 [K] bias slot), x's column sums go there (or onto it,
-// accumulate) from the cast's read (Note [FP8 bias gradient in the cast]).
-ScaledCast cast_current(const Tensor& x2, DType dtype, int margin, const Tensor& dbias = Tensor(),
-                        bool accumulate = false) {
-  const Tensor amax = fp8_amax(x2);
+ScaledCast cast_from_amax(const Tensor& x2, const Tensor& amax, DType dtype, int margin,
+                          const Tensor& dbias, bool accumulate) {
   if (dbias.defined())
     return kernels::cast_to_fp8_transpose_scaled_with_column_sums(
         x2, amax, dtype, margin, /*power_of_two=*/false, /*nan_on_overflow=*/true, dbias,
         accumulate);
   return kernels::cast_to_fp8_transpose_scaled(x2, amax, dtype, margin,
                                                /*power_of_two=*/false, /*nan_on_overflow=*/true);
+}
+
+// Current scaling: x's amax (one read of x), then the cast from it.
+ScaledCast cast_current(const Tensor& x2, DType dtype, int margin, const Tensor& dbias = Tensor(),
+                        bool accumulate = false) {
+  return cast_from_amax(x2, fp8_amax(x2), dtype, margin, dbias, accumulate);
 }
 
 // Note [FP8 delayed scaling] (kernels/fp8.h): x cast with its row's scale, its
@@ -67,10 +72,7 @@ ScaledCast cast_delayed(const Tensor& x2, const Fp8ScaleRow& row, bool calibrate
                         int margin, const Tensor& dbias = Tensor(), bool accumulate = false) {
   if (!calibrated) {
     const Tensor amax = fp8_amax(x2);
-    ScaledCast c = dbias.defined() ? kernels::cast_to_fp8_transpose_scaled_with_column_sums(
-                                         x2, amax, dtype, margin, false, true, dbias, accumulate)
-                                   : kernels::cast_to_fp8_transpose_scaled(x2, amax, dtype, margin,
-                                                                           false, true);
+    ScaledCast c = cast_from_amax(x2, amax, dtype, margin, dbias, accumulate);
     kernels::fp8_amax_merge_(row.amax, amax);
     return c;
   }

@@ -62,7 +62,8 @@ void Fp8DelayedScaling::update(const std::function<void(const Tensor&)>& max_ove
     NoGradGuard no_grad;
     const int64_t n = x_state_.numel();
     Tensor both = kernels::cat({x_state_.reshape({-1}), dy_state_.reshape({-1})}, 0);
-    // NaN as infinity: a max over ranks may drop a NaN, not an infinity.
+    // NaN as infinity: a max over ranks may drop a NaN, not an infinity. In f64, as the
+    // syncs' collectives take it (GradientSync::all_reduce_max).
     both = kernels::where(kernels::compare(kernels::CompareOp::Ne, both, both),
                           std::numeric_limits<double>::infinity(), both)
                .to(DType::f64);
