@@ -281,6 +281,14 @@ std::optional<Fp8LinearOptions> Linear::fp8_options_for(const Tensor& x) const {
   return o;
 }
 
+Tensor Linear::plain_weight(const Tensor& x) const {
+  // Note [FP8 codes in the compute slots]: the store keeps an FP8 layer's
+  // weight in its master slot; the compute copy held it rounded to x's dtype.
+  if (fp8_ && x.defined() && weight_.dtype() != x.dtype() && is_floating(x.dtype()))
+    return to_dtype(weight_, x.dtype());
+  return weight_;
+}
+
 Tensor Linear::forward(const Tensor& x) const {
   return forward(x, nullptr);
 }
@@ -291,7 +299,7 @@ Tensor Linear::forward(const Tensor& x, const Fp8Input* x8) const {
     return x8 != nullptr ? fp8_linear(x, *x8, weight_, bias_, *o)
                          : fp8_linear(x, weight_, bias_, *o);
   }
-  return linear(x, weight_, bias_);
+  return linear(x, plain_weight(x), bias_);
 }
 
 Tensor Linear::forward_gelu(const Tensor& x) const {
@@ -302,7 +310,7 @@ Tensor Linear::forward_gelu(const Tensor& x) const {
       return fp8_linear_gelu(x, weight_, bias_, *o);
     return gelu(forward(x));
   }
-  if (fp8_) return gelu(linear(x, weight_, bias_));  // rows the FP8 GEMMs cannot take
+  if (fp8_) return gelu(linear(x, plain_weight(x), bias_));  // rows the FP8 GEMMs cannot take
   return linear_gelu(x, weight_, bias_);
 }
 

@@ -183,7 +183,9 @@ class Linear : public Module {
   // fp8_linear (its output in x's dtype, the weight's FP8 copy its store's
   // when kept, Note [Window FP8 weights]); std::nullopt: plain linear. A
   // batch whose rows are not a multiple of 16 (a decode step of one token)
-  // runs plain, as the FP8 GEMMs cannot take it.
+  // runs plain, as the FP8 GEMMs cannot take it, with the weight rounded to
+  // x's dtype where its store moved it to the master (Note [FP8 codes in the
+  // compute slots], optim/fp8_weights.h).
   void set_fp8(std::optional<Fp8LinearOptions> options) { fp8_ = options; }
   bool fp8() const { return fp8_.has_value(); }
   // gelu(forward(x)) with the bias and GELU in the GEMM's epilogue where
@@ -194,6 +196,8 @@ class Linear : public Module {
  private:
   // The options forward(x) runs fp8_linear with, or nothing: it runs plain.
   std::optional<Fp8LinearOptions> fp8_options_for(const Tensor& x) const;
+  // The weight the plain path multiplies x by.
+  Tensor plain_weight(const Tensor& x) const;
 
   Tensor weight_, bias_;
   std::optional<Fp8LinearOptions> fp8_;

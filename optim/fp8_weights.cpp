@@ -8,7 +8,21 @@
 namespace accrue::optim {
 
 namespace {
+
 constexpr int64_t kBlock = 128;  // the block recipe's weight blocks, 128 x 128
+
+// A contiguous FP8 tensor of `shape` over the bytes of `home` from byte `at`
+// (Note [FP8 codes in the compute slots]).
+Tensor codes_in(const Tensor& home, DType dtype, int64_t at, const Shape& shape) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = home.storage();
+  impl->offset = home.offset() * static_cast<int64_t>(element_size(home.dtype())) + at;
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
 }  // namespace
 
 Fp8WeightCopies::Fp8WeightCopies(DType dtype, int margin, Fp8Recipe recipe)
@@ -21,7 +35,8 @@ Fp8WeightCopies::Fp8WeightCopies(DType dtype, int margin, Fp8Recipe recipe)
                margin);
 }
 
-void Fp8WeightCopies::add(size_t slot, const std::string& name, const Tensor& param) {
+Fp8WeightCopies::Copy Fp8WeightCopies::make(size_t slot, const std::string& name,
+                                             const Tensor& param) const {
   ACCRUE_CHECK(find(slot) == nullptr, "ParamStore::keep_fp8_copies: '", name,
                "' already has an FP8 copy");
   ACCRUE_CHECK(param.dim() == 2 && param.size(0) % 16 == 0 && param.size(1) % 16 == 0,
@@ -29,9 +44,7 @@ void Fp8WeightCopies::add(size_t slot, const std::string& name, const Tensor& pa
                " is not a 2-D weight whose sizes are multiples of 16 (the FP8 GEMMs' rule)");
   const int64_t n = param.size(0), k = param.size(1);
   const Device d = param.device();
-  Copy c{slot, param, {}, accrue::empty({1}, DType::f32, d)};
-  c.weight.q = accrue::empty({n, k}, dtype_, d);
-  c.weight.q_t = accrue::empty({k, n}, dtype_, d);
+  Copy c{slot, param, {}, accrue::empty({1}, DType::f32, d), Tensor()};
   if (recipe_ == Fp8Recipe::block) {
     const int64_t bn = (n + kBlock - 1) / kBlock, bk = (k + kBlock - 1) / kBlock;
     c.weight.scale_inv = accrue::empty({bn, bk}, DType::f32, d);
@@ -40,13 +53,74 @@ void Fp8WeightCopies::add(size_t slot, const std::string& name, const Tensor& pa
   } else {
     c.weight.scale_inv = accrue::empty({1}, DType::f32, d);
   }
+  return c;
+}
+
+void Fp8WeightCopies::add(size_t slot, const std::string& name, const Tensor& param) {
+  Copy c = make(slot, name, param);
+  const int64_t n = param.size(0), k = param.size(1);
+  c.weight.q = accrue::empty({n, k}, dtype_, param.device());
+  c.weight.q_t = accrue::empty({k, n}, dtype_, param.device());
   cast(c);
   copies_.push_back(std::move(c));
 }
 
+void Fp8WeightCopies::add_in_slot(size_t slot, const std::string& name, const Tensor& master,
+                                  const Tensor& home) {
+  Copy c = make(slot, name, master);
+  ACCRUE_CHECK(home.defined() && home.dim() == 1 && home.numel() == master.numel() &&
+                   home.is_contiguous() && element_size(home.dtype()) == 2 &&
+                   home.device() == master.device(),
+               "ParamStore::keep_fp8_copies: '", name,
+               "' needs a contiguous 16-bit compute slot of ", master.numel(),
+               " elements for its codes (Note [FP8 codes in the compute slots])");
+  ACCRUE_CHECK(!staging_.defined() || staging_.dtype() == home.dtype(),
+               "ParamStore::keep_fp8_copies: compute slots of ", dtype_name(staging_.dtype()),
+               " and ", dtype_name(home.dtype()));
+  const int64_t n = master.size(0), k = master.size(1);
+  c.home = home;
+  c.weight.q = codes_in(home, dtype_, 0, {n, k});
+  c.weight.q_t = codes_in(home, dtype_, n * k, {k, n});
+  if (!staging_.defined() || staging_.numel() < n * k)
+    staging_ = accrue::empty({n * k}, home.dtype(), home.device());
+  cast(c);
+  copies_.push_back(std::move(c));
+}
+
+bool Fp8WeightCopies::in_slot(size_t slot) const {
+  for (const Copy& c : copies_)
+    if (c.slot == slot) return c.home.defined();
+  return false;
+}
+
+bool Fp8WeightCopies::any_in_slot() const {
+  for (const Copy& c : copies_)
+    if (c.home.defined()) return true;
+  return false;
+}
+
+void Fp8WeightCopies::move_out_of_slot(size_t slot, const Tensor& param) {
+  Copy* c = find_copy(slot);
+  ACCRUE_CHECK(c != nullptr && c->home.defined() && param.shape() == c->param.shape(),
+               "Fp8WeightCopies::move_out_of_slot: slot ", slot, " has no copy in its compute slot");
+  c->home = Tensor();
+  c->param = param;
+  c->weight.q = accrue::empty(c->weight.q.shape(), dtype_, param.device());
+  c->weight.q_t = accrue::empty(c->weight.q_t.shape(), dtype_, param.device());
+  cast(*c);
+  if (!any_in_slot()) staging_ = Tensor();
+}
+
 void Fp8WeightCopies::cast(Copy& c) const {
   NoGradGuard no_grad;
-  const Tensor w = detach(c.param);
+  // Note [FP8 codes in the compute slots]: the master rounded as the step
+  // rounds the compute copy, staged apart from the slot the codes overwrite.
+  Tensor w = detach(c.param);
+  if (c.home.defined()) {
+    const Tensor staged = make_view(staging_, w.shape(), contiguous_strides(w.shape()), 0);
+    staged.copy_(w);
+    w = staged;
+  }
   if (recipe_ == Fp8Recipe::block) {
     // Note [FP8 block recipe]: W's blocks, and W^T's cast from W^T (the same
     // codes and scales, transposed), into the copy's buffers; the amax twice,
@@ -77,6 +151,12 @@ void Fp8WeightCopies::refresh_slot(size_t slot) {
     if (c.slot == slot) cast(c);
 }
 
+Fp8WeightCopies::Copy* Fp8WeightCopies::find_copy(size_t slot) {
+  for (Copy& c : copies_)
+    if (c.slot == slot) return &c;
+  return nullptr;
+}
+
 const Fp8Weight* Fp8WeightCopies::find(size_t slot) const {
   for (const Copy& c : copies_)
     if (c.slot == slot) return &c.weight;
@@ -86,10 +166,12 @@ const Fp8Weight* Fp8WeightCopies::find(size_t slot) const {
 int64_t Fp8WeightCopies::bytes() const {
   int64_t b = 0;
   for (const Copy& c : copies_) {
-    b += c.weight.q.numel() + c.weight.q_t.numel();  // codes and their transpose
+    // Codes and their transpose, unless they live in the compute slot.
+    if (!c.home.defined()) b += c.weight.q.numel() + c.weight.q_t.numel();
     const int64_t scales_t = c.weight.blocks() ? c.weight.scale_inv_t.numel() : 0;
     b += 4 * (c.weight.scale_inv.numel() + scales_t + 1);  // the scales and the amax
   }
+  if (staging_.defined()) b += staging_.numel() * static_cast<int64_t>(element_size(staging_.dtype()));
   return b;
 }
 

@@ -29,7 +29,31 @@
 // window]) leaves the weights, and so the recast copies, as they were.
 // The copies cost 2 bytes per weight element (codes and their transpose),
 // and a block copy 8 bytes per 128 x 128 block (two scales), counted in
-// StoreMemory::fp8.
+// StoreMemory::fp8, unless they live in the compute copy's slots (below).
+//
+// Note [FP8 codes in the compute slots]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With a bf16 or f16 compute copy, an FP8-cast weight's compute slot is
+// read by nothing but the recast: the layers read the copy. Its 2 bytes an
+// element are exactly the codes' 1 + 1, so by default (ParamStoreOptions::
+// fp8_codes_in_compute_slots) the store puts the codes and their transpose
+// there and the FP8 weights cost no memory beyond bf16's, which the extra
+// copies did at small micro-batches (bench/RESULTS.md). Then:
+//  - the parameter points at its master slot (the master dtype), so whoever
+//    reads the weight reads its value, never codes; nn::Linear rounds it to
+//    the input's dtype when it takes its bf16 path (rows the FP8 GEMMs do not
+//    take);
+//  - the copy is cast from the master slot, rounded first to the compute
+//    dtype in a staging buffer the size of the largest such weight, with the
+//    conversion the optimizer step uses for the compute copy. So the codes
+//    are bit for bit those cast from a compute copy, and a skipped window's
+//    recast, which follows a step that wrote nothing, casts the same weights
+//    again;
+//  - the optimizer step still writes the slot (its pass covers the whole
+//    arena), and the recast, after it on the same stream, overwrites it.
+// Not under ZeRO-1: the master is sharded there, so ParamStore::shard_master
+// moves the codes to buffers of their own and points the parameters back at
+// the compute copy, which the ranks' gather fills.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +73,17 @@ class Fp8WeightCopies {
   // Keeps a copy of `param` (the store's slot `slot`, named `name` in
   // errors, a 2-D weight whose sizes are multiples of 16) and casts it now.
   void add(size_t slot, const std::string& name, const Tensor& param);
+  // Note [FP8 codes in the compute slots]: the same for the weight whose
+  // master slot is `master`, with the codes and their transpose kept in the
+  // bytes of `home`, its slot of a 16-bit compute copy (flat, as many
+  // elements as the weight), and cast from `master` rounded to home's dtype.
+  void add_in_slot(size_t slot, const std::string& name, const Tensor& master,
+                   const Tensor& home);
+  // Whether slot's codes live in its compute slot.
+  bool in_slot(size_t slot) const;
+  bool any_in_slot() const;
+  // Gives slot's copy codes of their own, cast from `param` from now on.
+  void move_out_of_slot(size_t slot, const Tensor& param);
   // Recasts every copy from its weight's current values.
   void refresh();
   // Recasts the copy of `slot`, if it has one.
@@ -65,16 +100,20 @@ class Fp8WeightCopies {
  private:
   struct Copy {
     size_t slot;
-    Tensor param;
+    Tensor param;      // what the codes are cast from: the weight, or its master slot
     Fp8Weight weight;  // q [N, K], q_t [K, N], scale_inv f32 [1] or per block
     Tensor amax;       // f32 [1]; a block copy's weight.amax too
+    Tensor home;       // the compute slot holding q and q_t, or undefined
   };
+  Copy make(size_t slot, const std::string& name, const Tensor& param) const;
+  Copy* find_copy(size_t slot);
   void cast(Copy& c) const;
 
   DType dtype_;
   int margin_;
   Fp8Recipe recipe_;
   std::vector<Copy> copies_;
+  Tensor staging_;  // the compute dtype, as large as the largest copy in a slot
 };
 
 }  // namespace accrue::optim

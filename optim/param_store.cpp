@@ -86,16 +86,19 @@ void ParamStore::adopt(const std::vector<Tensor>& params) {
     master_view(i).copy_(params[i]);
   const bool has_copy = options.compute_dtype() != options.master_dtype();
   if (has_copy) compute_ = master_.to(options.compute_dtype());
-  const Tensor& home = forward_weights();
   // Re-point each parameter at its slot: every handle the model holds sees the store.
   for (size_t i = 0; i < params.size(); ++i) {
-    TensorImpl& impl = *params[i].impl();
-    impl.storage = home.storage();
-    impl.offset = slots()[i].offset;
-    impl.strides = slots()[i].strides;
-    impl.dtype = home.dtype();
+    point_at(i, forward_weights());
     set_parameter_owner(params[i], this);
   }
+}
+
+void ParamStore::point_at(size_t i, const Tensor& arena) {
+  TensorImpl& impl = *params()[i].impl();
+  impl.storage = arena.storage();
+  impl.offset = slots()[i].offset;
+  impl.strides = slots()[i].strides;
+  impl.dtype = arena.dtype();
 }
 
 ParamStore::~ParamStore() {
@@ -113,7 +116,10 @@ const Tensor& ParamStore::moment(int i) const {
 std::string StoreMemory::describe() const {
   return "master " + bytes_str(master) + (master_sharded ? " (sharded)" : "") + ", grads " +
          bytes_str(grads) + ", compute " + bytes_str(compute) + ", moments " + bytes_str(moments) +
-         (moments_sharded ? " (sharded)" : "") + (fp8 > 0 ? ", fp8 copies " + bytes_str(fp8) : "") +
+         (moments_sharded ? " (sharded)" : "") +
+         (fp8 > 0 ? ", fp8 copies " + bytes_str(fp8) +
+                        (fp8_in_compute ? " (codes in the compute slots)" : "")
+                  : "") +
          ", total " + bytes_str(total());
 }
 
@@ -130,6 +136,7 @@ StoreMemory ParamStore::memory() const {
   m.fp8 = (fp8_ ? fp8_->bytes() : 0) + (fp8_scaling_ ? fp8_scaling_->bytes() : 0);
   m.master_sharded = master_sharded_;
   m.moments_sharded = moments_sharded();
+  m.fp8_in_compute = fp8_ && fp8_->any_in_slot();
   return m;
 }
 
@@ -147,7 +154,32 @@ void ParamStore::keep_fp8_copies(const std::vector<Tensor>& weights, DType dtype
   if (!fp8_) fp8_ = std::make_unique<Fp8WeightCopies>(dtype, margin, recipe);
   for (const Tensor& w : weights) {
     const size_t i = slot_of(w, "keep_fp8_copies");
-    fp8_->add(i, slots()[i].name, params()[i]);
+    if (!codes_fit_compute_slot(i)) {
+      fp8_->add(i, slots()[i].name, params()[i]);
+      continue;
+    }
+    // Note [FP8 codes in the compute slots]: the codes overwrite the slot,
+    // so the parameter moves to its master slot.
+    const Slot& s = slots()[i];
+    fp8_->add_in_slot(i, s.name, master_view(i), compute_.narrow(0, s.offset, s.numel));
+    point_at(i, master_);
+  }
+}
+
+bool ParamStore::codes_fit_compute_slot(size_t i) const {
+  return options_.fp8_codes_in_compute_slots() && compute_.defined() &&
+         element_size(compute_.dtype()) == 2 && !master_sharded_ && slots()[i].numel > 0;
+}
+
+void ParamStore::move_fp8_codes_out_of_compute() {
+  if (!fp8_) return;
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < size(); ++i) {
+    if (!fp8_->in_slot(i)) continue;
+    const Slot& s = slots()[i];
+    compute_.narrow(0, s.offset, s.numel).copy_(master_.narrow(0, s.offset, s.numel));
+    point_at(i, compute_);
+    fp8_->move_out_of_slot(i, params()[i]);
   }
 }
 
@@ -201,6 +233,9 @@ void ParamStore::shard_master(const std::vector<ArenaRange>& owned) {
                  ") is outside the store's ", padded_numel(), " elements");
     packed += r.numel;
   }
+  // Note [FP8 codes in the compute slots]: the codes are cast from the whole
+  // master, which is about to go; they move out, the parameters back.
+  move_fp8_codes_out_of_compute();
   NoGradGuard no_grad;
   Tensor shard = empty({packed}, options_.master_dtype(), options_.device());
   int64_t at = 0;
@@ -293,6 +328,9 @@ void ParamStore::load_master(const Tensor& master, const std::vector<ArenaRange>
   }
   // Note [ZeRO-1]: this rank's owned ranges only; the gather brings the rest
   // of the forward's weights (and its caller then recasts the FP8 copies).
+  ACCRUE_CHECK(master_sharded_ || !fp8_ || !fp8_->any_in_slot(),
+               "ParamStore::load_master: owned ranges of a whole master whose FP8 codes live in "
+               "the compute slots (Note [FP8 codes in the compute slots]); give the whole master");
   int64_t at = 0;
   for (const ArenaRange& r : owned) {
     const Tensor part = master.narrow(0, at, r.numel);

@@ -83,6 +83,14 @@ class ParamStoreOptions {
     shard_ranks_ = n;
     return *this;
   }
+  // Note [FP8 codes in the compute slots] (optim/fp8_weights.h): with a bf16
+  // or f16 compute copy, keep_fp8_copies puts a weight's FP8 codes in its
+  // compute slot and points the parameter at its master slot (default true);
+  // false keeps them apart, 2 more bytes a weight element.
+  ParamStoreOptions& fp8_codes_in_compute_slots(bool on) {
+    fp8_codes_in_compute_slots_ = on;
+    return *this;
+  }
   // What errors call the store (Note [One owner]); empty: unnamed.
   ParamStoreOptions& name(std::string n) {
     name_ = std::move(n);
@@ -94,6 +102,7 @@ class ParamStoreOptions {
   DType compute_dtype() const { return compute_dtype_.value_or(master_dtype_); }
   int moments() const { return moments_; }
   int shard_ranks() const { return shard_ranks_; }
+  bool fp8_codes_in_compute_slots() const { return fp8_codes_in_compute_slots_; }
   const std::string& name() const { return name_; }
 
  private:
@@ -102,6 +111,7 @@ class ParamStoreOptions {
   std::optional<DType> compute_dtype_;
   int moments_ = 2;
   int shard_ranks_ = 1;
+  bool fp8_codes_in_compute_slots_ = true;
   std::string name_;
 };
 
@@ -110,6 +120,7 @@ struct StoreMemory {
   int64_t master = 0, grads = 0, compute = 0, moments = 0;
   int64_t fp8 = 0;  // Note [Window FP8 weights]: the FP8 copies, and delayed scaling's rows
   bool master_sharded = false, moments_sharded = false;
+  bool fp8_in_compute = false;  // Note [FP8 codes in the compute slots]
   int64_t total() const { return master + grads + compute + moments + fp8; }
   // "master 237.5 MiB (sharded), grads 475.0 MiB, compute 237.5 MiB, moments 475.0 MiB
   // (sharded), total 1.39 GiB"
@@ -206,6 +217,9 @@ class ParamStore final : public ParameterOwner {
   // reading them), cast now, recast whenever a loader writes them and at
   // every close of a Window built afterwards; fp8_linear reads it. Call
   // before building the Window (its close must hold the recast stage).
+  // With a 16-bit compute copy the codes go in the weights' compute slots
+  // and the parameters point at their master slots (Note [FP8 codes in the
+  // compute slots]; ParamStoreOptions::fp8_codes_in_compute_slots).
   void keep_fp8_copies(const std::vector<Tensor>& weights, DType dtype = DType::f8e4m3,
                        int margin = 0, Fp8Recipe recipe = Fp8Recipe::tensor);
   bool has_fp8_copies() const { return fp8_ && !fp8_->empty(); }
@@ -246,6 +260,12 @@ class ParamStore final : public ParameterOwner {
   size_t slot_of(const Tensor& param, const char* op) const;
   // The construction's second half: the master filled, the parameters re-pointed.
   void adopt(const std::vector<Tensor>& params);
+  // Points parameter i at its slot of `arena` (the master or the compute copy).
+  void point_at(size_t i, const Tensor& arena);
+  // Whether keep_fp8_copies puts slot i's codes in its compute slot.
+  bool codes_fit_compute_slot(size_t i) const;
+  // Note [FP8 codes in the compute slots]: before the master is sharded.
+  void move_fp8_codes_out_of_compute();
   void load_slot(size_t i, const Tensor& value, const char* op);
 
   ParamStoreOptions options_;

@@ -110,19 +110,25 @@ void bind_optim(nb::module_& m) {
           "__init__",
           [](ParamStoreOptions* self, std::optional<DeviceArg> device, DType master_dtype,
              std::optional<DType> compute_dtype, int moments, int shard_ranks,
-             const std::string& name) {
+             const std::string& name, bool fp8_codes_in_compute_slots) {
             new (self) ParamStoreOptions();
-            self->master_dtype(master_dtype).moments(moments).shard_ranks(shard_ranks).name(name);
+            self->master_dtype(master_dtype)
+                .moments(moments)
+                .shard_ranks(shard_ranks)
+                .name(name)
+                .fp8_codes_in_compute_slots(fp8_codes_in_compute_slots);
             if (device) self->device(*device);
             if (compute_dtype) self->compute_dtype(*compute_dtype);
           },
           nb::kw_only(), nb::arg("device") = nb::none(), nb::arg("master_dtype") = DType::f32,
           nb::arg("compute_dtype") = nb::none(), nb::arg("moments") = 2, nb::arg("shard_ranks") = 1,
-          nb::arg("name") = "",
+          nb::arg("name") = "", nb::arg("fp8_codes_in_compute_slots") = true,
           "device: where the store lives (default: the parameters' device); "
           "master_dtype: master weights, gradients and moments (f32, or f64); compute_dtype: "
           "what the model computes in (the master dtype, or bf16/f16 for a compute copy); "
-          "moments: Optimizer.moments_needed().")
+          "moments: Optimizer.moments_needed(); fp8_codes_in_compute_slots: with a 16-bit "
+          "compute copy, keep_fp8_copies keeps the FP8 codes in the weights' compute slots and "
+          "points those weights at their master slots (Note [FP8 codes in the compute slots]).")
       .def(
           "device",
           [](ParamStoreOptions& o, DeviceArg d) -> ParamStoreOptions& { return o.device(d); },

@@ -24,13 +24,15 @@ def test_fp8_linear_rounds_like_fp8_and_refuses_odd_rows():
         raise AssertionError("10 rows were accepted")
 
 
-def train(fp8, planted=None, delayed=False):
+def train(fp8, planted=None, delayed=False, compute=None, codes_in_slots=True):
     gen = accrue.Generator(4)
     model = nn.MLP([32, 64, 16], generator=gen)
     weights = nn.use_fp8(model) if fp8 else []
     opt = optim.AdamW(1e-2)
     store = optim.ParamStore(model.named_parameters(),
-                             optim.ParamStoreOptions(moments=opt.moments_needed()))
+                             optim.ParamStoreOptions(moments=opt.moments_needed(),
+                                                     compute_dtype=compute,
+                                                     fp8_codes_in_compute_slots=codes_in_slots))
     if weights:
         store.keep_fp8_copies(weights)
     if delayed:
@@ -43,7 +45,10 @@ def train(fp8, planted=None, delayed=False):
             if planted is not None:
                 xs[3, 5] = planted
             ys = rng.integers(0, 16, 16)
-            window.backward(accrue.cross_entropy(model(accrue.tensor(xs)), accrue.tensor(ys)))
+            x = accrue.tensor(xs)
+            if compute is not None:
+                x = x.to(compute)
+            window.backward(accrue.cross_entropy(model(x), accrue.tensor(ys)))
         window.close()
     return window.report(), store
 
@@ -54,6 +59,17 @@ def test_mlp_in_fp8_trains_with_its_weights_cast_once_per_window():
     assert store.has_fp8_copies and "fp8 copies" in store.memory()
     assert not report.skipped and report.optimizer_steps == 3
     assert report.loss != plain.loss and abs(report.loss - plain.loss) < 0.05 * plain.loss
+
+
+def test_codes_in_the_compute_slots_train_as_codes_kept_apart():
+    # Note [FP8 codes in the compute slots]: with a bf16 compute copy the FP8
+    # weights read as their f32 masters, and training gives the same bits.
+    apart, apart_store = train(fp8=True, compute=accrue.bf16, codes_in_slots=False)
+    report, store = train(fp8=True, compute=accrue.bf16)
+    assert "(codes in the compute slots)" in store.memory()
+    assert "codes in the" not in apart_store.memory()
+    assert not report.skipped and report.loss == apart.loss
+    assert report.grad_norm == apart.grad_norm
 
 
 def test_an_infinity_in_the_input_skips_the_window():

@@ -88,6 +88,12 @@ TEST(GpuGraphedWindow, fp8_replays_are_bitwise_the_eager_run) {
   }
 }
 
+TEST(GpuGraphedWindow, fp8_codes_in_the_compute_slots_train_as_codes_apart) {
+  ACCRUE_REQUIRE_CUDA();
+  const PoolScope pool;
+  test::fp8_codes_in_slots_train_as_codes_apart(kGpu);
+}
+
 TEST(GpuGraphedWindow, one_micro_step_per_window_uses_the_first_graph_only) {
   ACCRUE_REQUIRE_CUDA();
   const PoolScope pool;

@@ -20,8 +20,9 @@ namespace accrue::test {
 
 // The decoder blocks' projections: as the model makes them, or FP8 with the
 // weights' copies kept (Note [Window FP8 weights]) and current or delayed
-// scaling (Note [FP8 delayed scaling]).
-enum class Fp8Mode { off, current, delayed };
+// scaling (Note [FP8 delayed scaling]); current_codes_apart keeps the codes
+// out of the compute slots (Note [FP8 codes in the compute slots]).
+enum class Fp8Mode { off, current, delayed, current_codes_apart };
 
 // A two-layer GPT-2 trained with AdamW in two groups, a warmup-cosine LR
 // (so that every window's learning rate differs: Note [Hyperparameters on
@@ -54,8 +55,11 @@ struct GraphedGPT2 {
     optimizer->set_schedule(std::make_shared<optim::WarmupCosine>(1, 6, 0.1));
     arena = std::make_unique<optim::ParamStore>(
         model->named_parameters(),
-        optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
-            optimizer->moments_needed()));
+        optim::ParamStoreOptions()
+            .device(device)
+            .compute_dtype(compute)
+            .moments(optimizer->moments_needed())
+            .fp8_codes_in_compute_slots(fp8 != Fp8Mode::current_codes_apart));
     if (fp8 != Fp8Mode::off) {
       const std::vector<Tensor> weights = model->use_fp8(Fp8LinearOptions{});
       arena->keep_fp8_copies(weights);
@@ -161,6 +165,29 @@ inline GraphedOutcome graphed_matches_eager(Device device, DType compute, const 
   EXPECT_EQ(out.counts.replayed_micro_steps + out.counts.eager_micro_steps, s.windows * s.K);
   EXPECT_EQ(out.counts.replayed_closes + out.counts.eager_closes, s.windows);
   return out;
+}
+
+// Note [FP8 codes in the compute slots]: a bf16 GPT-2 whose FP8 codes live
+// in the compute slots trains the bits of one whose codes are kept apart,
+// with the close in one pass and under the forward, in less memory.
+inline void fp8_codes_in_slots_train_as_codes_apart(Device device) {
+  Schedule s;
+  s.windows = 3;
+  GraphedGPT2 apart(device, DType::bf16, s.K, 0.0, false, Fp8Mode::current_codes_apart);
+  EXPECT_FALSE(apart.arena->memory().fp8_in_compute);
+  const std::vector<optim::WindowReport> ra = train_eager(apart, s);
+  for (bool under : {false, true}) {
+    SCOPED_TRACE(under ? "close under the forward" : "close in one pass");
+    GraphedGPT2 in(device, DType::bf16, s.K, 0.0, under, Fp8Mode::current);
+    EXPECT_TRUE(in.arena->memory().fp8_in_compute);
+    EXPECT_LT(in.arena->memory().total(), apart.arena->memory().total());
+    const std::vector<optim::WindowReport> rb = train_eager(in, s);
+    EXPECT_TRUE(all_equal(in.arena->master(), apart.arena->master()));
+    EXPECT_TRUE(all_equal(in.arena->moment(0), apart.arena->moment(0)));
+    EXPECT_TRUE(all_equal(in.arena->moment(1), apart.arena->moment(1)));
+    expect_same_reports(ra, rb);
+  }
+  EXPECT_LT(ra.back().loss, ra.front().loss);
 }
 
 // Bad use is an accrue::Error naming what is wrong.
