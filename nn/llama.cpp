@@ -349,9 +349,16 @@ void Llama::load_hf(const std::string& dir) {
 }
 
 void Llama::save_hf(const std::string& dir, int64_t max_shard_bytes) const {
+  // One dtype in the file, the embedding's: a store keeps FP8 layers' weights
+  // at their f32 masters, which its compute copy held rounded to it (Note
+  // [FP8 codes in the compute slots], optim/fp8_weights.h).
+  const DType dtype = embed_tokens_.dtype();
   std::map<std::string, Tensor> state;
-  for (const auto& [name, t] : state_dict())
-    state.emplace(name, t.device().is_cpu() ? detach(t) : detach(t).to(Device::cpu()));
+  for (const auto& [name, t] : state_dict()) {
+    Tensor v = detach(t);
+    if (is_floating(v.dtype()) && v.dtype() != dtype) v = v.to(dtype);
+    state.emplace(name, v.device().is_cpu() ? v : v.to(Device::cpu()));
+  }
   save_hf_llama_checkpoint(dir, config_, state, max_shard_bytes);
 }
 

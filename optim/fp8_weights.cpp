@@ -36,7 +36,7 @@ Fp8WeightCopies::Fp8WeightCopies(DType dtype, int margin, Fp8Recipe recipe)
 }
 
 Fp8WeightCopies::Copy Fp8WeightCopies::make(size_t slot, const std::string& name,
-                                             const Tensor& param) const {
+                                            const Tensor& param) const {
   ACCRUE_CHECK(find(slot) == nullptr, "ParamStore::keep_fp8_copies: '", name,
                "' already has an FP8 copy");
   ACCRUE_CHECK(param.dim() == 2 && param.size(0) % 16 == 0 && param.size(1) % 16 == 0,
@@ -68,12 +68,11 @@ void Fp8WeightCopies::add(size_t slot, const std::string& name, const Tensor& pa
 void Fp8WeightCopies::add_in_slot(size_t slot, const std::string& name, const Tensor& master,
                                   const Tensor& home) {
   Copy c = make(slot, name, master);
-  ACCRUE_CHECK(home.defined() && home.dim() == 1 && home.numel() == master.numel() &&
-                   home.is_contiguous() && element_size(home.dtype()) == 2 &&
-                   home.device() == master.device(),
-               "ParamStore::keep_fp8_copies: '", name,
-               "' needs a contiguous 16-bit compute slot of ", master.numel(),
-               " elements for its codes (Note [FP8 codes in the compute slots])");
+  ACCRUE_CHECK(
+      home.defined() && home.dim() == 1 && home.numel() == master.numel() && home.is_contiguous() &&
+          element_size(home.dtype()) == 2 && home.device() == master.device(),
+      "ParamStore::keep_fp8_copies: '", name, "' needs a contiguous 16-bit compute slot of ",
+      master.numel(), " elements for its codes (Note [FP8 codes in the compute slots])");
   ACCRUE_CHECK(!staging_.defined() || staging_.dtype() == home.dtype(),
                "ParamStore::keep_fp8_copies: compute slots of ", dtype_name(staging_.dtype()),
                " and ", dtype_name(home.dtype()));
@@ -102,7 +101,8 @@ bool Fp8WeightCopies::any_in_slot() const {
 void Fp8WeightCopies::move_out_of_slot(size_t slot, const Tensor& param) {
   Copy* c = find_copy(slot);
   ACCRUE_CHECK(c != nullptr && c->home.defined() && param.shape() == c->param.shape(),
-               "Fp8WeightCopies::move_out_of_slot: slot ", slot, " has no copy in its compute slot");
+               "Fp8WeightCopies::move_out_of_slot: slot ", slot,
+               " has no copy in its compute slot");
   c->home = Tensor();
   c->param = param;
   c->weight.q = accrue::empty(c->weight.q.shape(), dtype_, param.device());
@@ -171,7 +171,8 @@ int64_t Fp8WeightCopies::bytes() const {
     const int64_t scales_t = c.weight.blocks() ? c.weight.scale_inv_t.numel() : 0;
     b += 4 * (c.weight.scale_inv.numel() + scales_t + 1);  // the scales and the amax
   }
-  if (staging_.defined()) b += staging_.numel() * static_cast<int64_t>(element_size(staging_.dtype()));
+  if (staging_.defined())
+    b += staging_.numel() * static_cast<int64_t>(element_size(staging_.dtype()));
   return b;
 }
 

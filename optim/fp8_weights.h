@@ -77,8 +77,7 @@ class Fp8WeightCopies {
   // master slot is `master`, with the codes and their transpose kept in the
   // bytes of `home`, its slot of a 16-bit compute copy (flat, as many
   // elements as the weight), and cast from `master` rounded to home's dtype.
-  void add_in_slot(size_t slot, const std::string& name, const Tensor& master,
-                   const Tensor& home);
+  void add_in_slot(size_t slot, const std::string& name, const Tensor& master, const Tensor& home);
   // Whether slot's codes live in its compute slot.
   bool in_slot(size_t slot) const;
   bool any_in_slot() const;

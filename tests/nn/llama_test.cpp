@@ -4,6 +4,7 @@
 // initialization, loading a transformers-written directory, and bad inputs.
 // Training against transformers itself is tests/golden/llama_hf_golden_test.cpp.
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <string>
@@ -407,6 +408,35 @@ TEST(Llama, load_hf_after_a_param_store_with_a_bf16_compute_copy) {
   const Loss l = model->loss(tokens(1, 6, ckpt.config.vocab_size, 13),
                              tokens(1, 6, ckpt.config.vocab_size, 14));
   EXPECT_TRUE(std::isfinite(l.sum.item()));
+}
+
+// Note [FP8 codes in the compute slots]: the store moves FP8 layers' weights
+// to their f32 masters; save_hf still writes one dtype, the compute copy's
+// values, and the FP8 weights' values are their masters rounded to it.
+TEST(Llama, save_hf_with_fp8_codes_in_the_compute_slots_writes_the_compute_dtype) {
+  const std::string dir = std::string(ACCRUE_NN_FIXTURES) + "/hf_llama_tiny";
+  const nn::HFLlamaCheckpoint ckpt = nn::load_hf_llama_checkpoint(dir);
+  const auto model = make(ckpt.config, 15, DType::f32);
+  model->load_hf(dir);
+  optim::ParamStore store(model->named_parameters(),
+                          optim::ParamStoreOptions().compute_dtype(DType::bf16));
+  store.keep_fp8_copies(model->use_fp8());
+  std::map<std::string, Tensor> params;
+  for (const nn::NamedParameter& p : model->named_parameters())
+    params.emplace(p.name, p.tensor);
+  EXPECT_EQ(params.at("model.layers.0.self_attn.q_proj.weight").dtype(), DType::f32);
+  EXPECT_EQ(params.at("model.norm.weight").dtype(), DType::bf16);
+  const std::string out =
+      (std::filesystem::temp_directory_path() / "accrue_llama_fp8_save_hf").string();
+  std::filesystem::remove_all(out);
+  model->save_hf(out);
+  const nn::HFLlamaCheckpoint back = nn::load_hf_llama_checkpoint(out);
+  ASSERT_EQ(back.tensors.size(), ckpt.tensors.size());
+  for (const auto& [name, t] : ckpt.tensors) {
+    EXPECT_EQ(back.tensors.at(name).dtype(), DType::bf16) << name;
+    EXPECT_TRUE(test::all_equal(back.tensors.at(name), t.to(DType::bf16))) << name;
+  }
+  std::filesystem::remove_all(out);
 }
 
 TEST(Llama, bad_inputs_are_refused_naming_the_values) {

@@ -133,8 +133,8 @@ TEST(Fp8CodesInSlots, the_weights_are_their_masters_and_the_codes_their_compute_
   // The codes are the compute slot's bytes: W's, then W^T's.
   const Fp8Weight& c = *kept_fp8_weight(n.w1);
   EXPECT_EQ(c.q.storage(), store.compute().storage());
-  const auto* slot = static_cast<const unsigned char*>(store.compute().data_ptr()) +
-                     2 * store.slots()[0].offset;
+  const auto* slot =
+      static_cast<const unsigned char*>(store.compute().data_ptr()) + 2 * store.slots()[0].offset;
   EXPECT_EQ(c.q.data_ptr(), slot);
   EXPECT_EQ(c.q_t.data_ptr(), slot + 32 * 48);
   expect_same_copy(c, cast_of_bf16(d.w1));
