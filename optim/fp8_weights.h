@@ -37,8 +37,9 @@
 // read by nothing but the recast: the layers read the copy. Its 2 bytes an
 // element are exactly the codes' 1 + 1, so by default (ParamStoreOptions::
 // fp8_codes_in_compute_slots) the store puts the codes and their transpose
-// there and the FP8 weights cost no memory beyond bf16's, which the extra
-// copies did at small micro-batches (bench/RESULTS.md). Then:
+// there: beyond bf16's memory the copies then cost only the staging buffer
+// below, where apart they cost 2 bytes a weight element, which put FP8's
+// peak over bf16's at small micro-batches (bench/RESULTS.md). Then:
 //  - the parameter points at its master slot (the master dtype), so whoever
 //    reads the weight reads its value, never codes; nn::Linear rounds it to
 //    the input's dtype when it takes its bf16 path (rows the FP8 GEMMs do not

@@ -13,9 +13,11 @@
 // moments are flat arenas with the gradient arena's slots (Note [Grad arena]),
 // so the close is one pass over aligned ranges. After construction each
 // parameter's data IS its master slot, or, with a 16-bit compute dtype, its
-// slot of the compute copy, which the GEMMs read and the optimizer writes.
-// Under ZeRO-1 the moments, and with a compute copy the master too, shrink to
-// this rank's owned ranges packed in order (Note [ZeRO-1] in dist/reducer.h).
+// slot of the compute copy, which the GEMMs read and the optimizer writes
+// (a weight with FP8 copies goes back to its master slot: Note [FP8 codes in
+// the compute slots] in optim/fp8_weights.h). Under ZeRO-1 the moments, and
+// with a compute copy the master too, shrink to this rank's owned ranges
+// packed in order (Note [ZeRO-1] in dist/reducer.h).
 // The store owns the GradArena (autograd's half: gradients, sink, written
 // flags) and forwards its layout, so one object is what a trainer builds and
 // hands to the Window and the Reducer.
@@ -160,7 +162,9 @@ class ParamStore final : public ParameterOwner {
 
   // The flat arenas: master and gradients [padded_numel] (the master packed
   // when sharded), the moments [moment_numel()], the compute copy
-  // [padded_numel] or undefined when the compute dtype is the master dtype.
+  // [padded_numel] or undefined when the compute dtype is the master dtype
+  // (its slots of FP8-cast weights may hold their codes: Note [FP8 codes in
+  // the compute slots]).
   // Note [Close under the forward]: master(), compute() and moment() join
   // the last close's pending layer steps first (they are the steps' output).
   const Tensor& master() const {

@@ -189,7 +189,8 @@ void bind_optim(nb::module_& m) {
           [](const ParamStore& s) -> nb::object {
             return s.compute().defined() ? nb::cast(s.compute()) : nb::none();
           },
-          "The flat compute copy, or None when the compute dtype is the master dtype.")
+          "The flat compute copy, or None when the compute dtype is the master dtype. The slots "
+          "of weights with FP8 copies hold their codes (Note [FP8 codes in the compute slots]).")
       .def("moment", &ParamStore::moment, nb::arg("i"), "Moment arena i (Adam: 0 is m, 1 is v).")
       .def("index_of", &ParamStore::index_of, nb::arg("param"), "The slot of a parameter.")
       .def("master_view", &ParamStore::master_view, nb::arg("i"),
