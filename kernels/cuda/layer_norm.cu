@@ -1,14 +1,15 @@
 // CUDA layer-norm kernels, forward and backward.
 //
 // Every reduction runs in a fixed order (warp shuffles and shared memory in a
-// fixed tree, per-chunk partial sums added in chunk order; Note [Deterministic
-// column sums]): no float atomics, so the same inputs give the same bits on
+// fixed tree, per-chunk partial sums added in an order fixed by the shape;
+// Note [Deterministic column sums]): no float atomics, so the same inputs give the same bits on
 // every run (Note [Determinism]). 16-bit inputs compute in fp32, f64 in f64.
 #include <algorithm>
 
 #include "accrue/core/cuda_types.cuh"
 #include "accrue/kernels/backend.h"
 #include "accrue/kernels/cuda/block_reduce.cuh"
+#include "accrue/kernels/cuda/column_sums.cuh"
 #include "accrue/kernels/cuda/nn_util.cuh"
 
 namespace accrue::kernels::cuda {
@@ -80,17 +81,8 @@ __global__ void layer_norm_dx_kernel(const T* __restrict__ dy, const T* __restri
   }
 }
 
-// Note [Deterministic column sums]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// dweight = sum over rows of dy * xhat and dbias = sum over rows of dy are
-// column sums over many rows. Pass 1: block (x, y) sums 32 columns over one
-// chunk of rows, each thread a fixed stride of the chunk, then the 8 thread
-// rows in order, writing partial[chunk][column]. Pass 2: one thread per column
-// adds the chunks in order and writes (=) or adds (+=) the result. The order
-// depends only on the shape, never on scheduling.
-constexpr int kColumnTile = 32;
-constexpr int kRowLanes = 8;
-
+// Note [Deterministic column sums] (kernels/cuda/column_sums.cuh), pass 1:
+// block (x, y) sums 32 columns of dy * xhat and of dy over one chunk of rows.
 template <class T, class A>
 __global__ void layer_norm_param_partials_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                                  const A* __restrict__ mean,
@@ -122,18 +114,6 @@ __global__ void layer_norm_param_partials_kernel(const T* __restrict__ dy, const
     if (partial_dw) partial_dw[blockIdx.y * d + c] = acc_w;
     if (partial_db) partial_db[blockIdx.y * d + c] = acc_b;
   }
-}
-
-template <class A, class O>
-__global__ void column_total_kernel(const A* __restrict__ partial, int64_t chunks, int64_t d,
-                                    O* out, int64_t out_stride, bool accumulate) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= d) return;
-  A s = 0;
-  for (int64_t k = 0; k < chunks; ++k)
-    s += partial[k * d + c];
-  O& o = out[c * out_stride];
-  o = cu::convert<O>(accumulate ? load<A>(o) + s : s);
 }
 
 template <class P>
@@ -218,10 +198,8 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
       if (!target.defined()) return;
       visit_grad_dtype<T>(target.dtype(), "layer_norm_backward", [&](auto o_tag) {
         using O = decltype(o_tag);
-        column_total_kernel<A, O><<<cu::grid_for(d, kThreads), kThreads, 0, stream>>>(
-            static_cast<const A*>(partial.data_ptr()), chunks, d,
-            static_cast<O*>(target.data_ptr()), target.stride(0), accumulate);
-        ACCRUE_LAUNCH_CHECK();
+        column_total<A, O>(partial, chunks, d, static_cast<O*>(target.data_ptr()), target.stride(0),
+                           accumulate, stream);
       });
     };
     finish(partial_dw, dweight);
