@@ -95,10 +95,18 @@ __global__ void layer_norm_dx_kernel(const T* __restrict__ dy, const T* __restri
 // and x come from memory once for both gradients, where the one-block-per-row
 // dx kernel and the partials kernel read them twice, in 16-byte packs where
 // those load 2 or 4 bytes at a time. The chunks are sized for about
-// kFusedBlocksPerSm blocks on each SM.
+// kFusedBlocksPerSm blocks on each SM, and the kernel is used only where a
+// chunk has at least kFusedMinRowsPerChunk rows: a block runs its rows one
+// after another, so with few rows it waits on memory with little in flight,
+// and the many short chunks need the column totals' second level. Measured
+// on an H200 (bf16 GPT-2, windows of 32,768 tokens): 63 rows a chunk (124M,
+// 32 x 1) gave 1.04-1.06x the window, 16 (124M and 1.5B, 8 x 4) 1.02-1.03x,
+// but 2 (124M, 1 x 32: 1,024 rows) 0.964x; 2 to 15 are not measured and keep
+// the two kernels.
 constexpr int kFusedPacks = 4;
 constexpr int kFusedThreads = 512;
 constexpr int kFusedBlocksPerSm = 4;
+constexpr int64_t kFusedMinRowsPerChunk = 16;
 
 template <class T, class A, int V>
 __global__ void __launch_bounds__(kFusedThreads)
@@ -276,8 +284,11 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
     // Note [LayerNorm fused backward]: dx and the partials from one read of dy and x.
     constexpr int V = 16 / static_cast<int>(sizeof(T));
     const int64_t packs = d / V;
+    const int64_t target = int64_t{kFusedBlocksPerSm} * cu::sm_count(dev);
+    const int64_t fused_rows_per_chunk = (rows + target - 1) / target;
     const bool fused =
-        rows > 0 && d > 0 && d % V == 0 && packs <= int64_t{kFusedThreads} * kFusedPacks &&
+        fused_rows_per_chunk >= kFusedMinRowsPerChunk && d > 0 && d % V == 0 &&
+        packs <= int64_t{kFusedThreads} * kFusedPacks &&
         cu::pack_aligned<V>(static_cast<const T*>(grad.data_ptr())) &&
         cu::pack_aligned<V>(static_cast<const T*>(x.data_ptr())) &&
         cu::pack_aligned<V>(static_cast<T*>(dx.data_ptr())) &&
@@ -285,16 +296,14 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
     if (fused) {
       const int64_t threads =
           std::min<int64_t>(kFusedThreads, std::max<int64_t>(32, (packs + 31) / 32 * 32));
-      const int64_t target = int64_t{kFusedBlocksPerSm} * cu::sm_count(dev);
-      const int64_t rows_per_chunk = (rows + std::min(rows, target) - 1) / std::min(rows, target);
-      const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+      const int64_t chunks = (rows + fused_rows_per_chunk - 1) / fused_rows_per_chunk;
       Tensor partial_dw = dweight.defined() ? empty({chunks, d}, acc, device) : Tensor();
       Tensor partial_db = dbias.defined() ? empty({chunks, d}, acc, device) : Tensor();
       layer_norm_backward_fused_kernel<T, A, V>
           <<<static_cast<unsigned>(chunks), static_cast<unsigned>(threads), 0, stream>>>(
               static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
               optional_ptr<T>(weight), static_cast<const A*>(mean.data_ptr()),
-              static_cast<const A*>(rstd.data_ptr()), rows, d, rows_per_chunk,
+              static_cast<const A*>(rstd.data_ptr()), rows, d, fused_rows_per_chunk,
               static_cast<T*>(dx.data_ptr()), partial_ptr(partial_dw), partial_ptr(partial_db));
       ACCRUE_LAUNCH_CHECK();
       finish(partial_dw, chunks, dweight);
