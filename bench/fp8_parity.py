@@ -381,7 +381,8 @@ def spread(xs):
 def paired_ratios(vals, ref_vals):
     """Each seed's final loss over bf16's of the same seed (None where either is missing):
     the seeds pair the runs (the same initial weights and data order), so a gap that keeps
-    its sign over the seeds is the recipe's, where one that changes sign may be the seeds'."""
+    its sign and size over enough seeds is the recipe's, where one that changes sign may be
+    the seeds'."""
     return [v / r if v is not None and r else None for v, r in zip(vals, ref_vals)]
 
 
