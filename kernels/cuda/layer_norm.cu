@@ -5,6 +5,7 @@
 // Note [Deterministic column sums]): no float atomics, so the same inputs give the same bits on
 // every run (Note [Determinism]). 16-bit inputs compute in fp32, f64 in f64.
 #include <algorithm>
+#include <type_traits>
 
 #include "accrue/core/cuda_pack.cuh"
 #include "accrue/core/cuda_types.cuh"
@@ -102,7 +103,9 @@ __global__ void layer_norm_dx_kernel(const T* __restrict__ dy, const T* __restri
 // on an H200 (bf16 GPT-2, windows of 32,768 tokens): 63 rows a chunk (124M,
 // 32 x 1) gave 1.04-1.06x the window, 16 (124M and 1.5B, 8 x 4) 1.02-1.03x,
 // but 2 (124M, 1 x 32: 1,024 rows) 0.964x; 2 to 15 are not measured and keep
-// the two kernels.
+// the two kernels. Rows of at most 32 * kWarpPacks packs (those GPT-2 124M
+// rows among them) now go to the warp kernel first (Note [LayerNorm warp
+// backward]), this one takes wider rows (GPT-2 1.5B's 1,600).
 constexpr int kFusedPacks = 4;
 constexpr int kFusedThreads = 512;
 constexpr int kFusedBlocksPerSm = 4;
@@ -180,6 +183,115 @@ __global__ void __launch_bounds__(kFusedThreads)
       if (partial_dw) partial_dw[blockIdx.x * d + c] = acc_w[j][v];
       if (partial_db) partial_db[blockIdx.x * d + c] = acc_b[j][v];
     }
+  }
+}
+
+// Note [LayerNorm warp backward]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Where a row is whole 16-byte packs, at most 32 * kWarpPacks of them (bf16
+// rows up to 1,024 wide: GPT-2 124M's 768), and the tensors are aligned, one
+// kernel makes dx and the parameter partials with a warp a row: lane l takes
+// the packs l, l + 32, ... of each of its warp's rows, the row's two sums are
+// warp butterflies (no barrier), and the lane adds dy * xhat and dy of its
+// columns in row order in registers. A warp takes rows_per_warp consecutive
+// rows, a block kWarpRows warps; at the end the block adds its warps' sums in
+// warp order through shared memory (one warp at a time) and writes one
+// partial row, which column_total adds (Note [Deterministic column sums]).
+// rows_per_warp depends on the row count alone (enough warps to fill the GPU
+// several times over, kWarpTarget), so the sums' order depends on the shape
+// alone. Against the block-per-chunk kernel (Note [LayerNorm fused backward]),
+// which runs its rows one after another with two block barriers each, eight
+// rows of a block are in flight at once, so a micro-batch of 1,024 rows
+// fills one wave of 128 blocks instead of 512 chunks of 2 rows.
+constexpr int kWarpPacks = 4;
+constexpr int kWarpRows = 8;
+constexpr int64_t kWarpTarget = 4096;
+
+template <class T, class A, int V, int P>
+__global__ void __launch_bounds__(kWarpRows * 32, 2)
+    layer_norm_backward_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                    const T* __restrict__ weight, const A* __restrict__ mean,
+                                    const A* __restrict__ rstd, int64_t rows, int64_t d,
+                                    int64_t rows_per_warp, T* __restrict__ dx,
+                                    A* __restrict__ partial_dw, A* __restrict__ partial_db) {
+  using ::accrue::cuda::load_pack;
+  using ::accrue::cuda::Pack;
+  using ::accrue::cuda::store_pack;
+  extern __shared__ unsigned char warp_sums_raw[];  // [2][d] of A: dweight's, then dbias's
+  A* warp_sums = reinterpret_cast<A*>(warp_sums_raw);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t packs = d / V;
+  const int64_t begin = (static_cast<int64_t>(blockIdx.x) * kWarpRows + warp) * rows_per_warp;
+  const int64_t end = std::min(rows, begin + rows_per_warp);
+  const A inv_d = A(1) / static_cast<A>(d);
+  A acc_w[P][V], acc_b[P][V];
+#pragma unroll
+  for (int j = 0; j < P; ++j)
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      acc_w[j][v] = 0;
+      acc_b[j][v] = 0;
+    }
+  for (int64_t r = begin; r < end; ++r) {
+    const T* xr = x + r * d;
+    const T* gr = dy + r * d;
+    const A mu = mean[r], rs = rstd[r];
+    Pack<T, V> a[P], g[P];
+    A sum_gw = 0, sum_gw_xhat = 0;
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const int64_t k = lane + 32 * j;
+      if (k >= packs) continue;
+      a[j] = load_pack<V>(xr, k);
+      g[j] = load_pack<V>(gr, k);
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const A xhat = (load<A>(a[j].v[v]) - mu) * rs;
+        const A gw = weight ? load<A>(g[j].v[v]) * load<A>(weight[k * V + v]) : load<A>(g[j].v[v]);
+        sum_gw += gw;
+        sum_gw_xhat += gw * xhat;
+      }
+    }
+    const A mean_gw = warp_sum(sum_gw) * inv_d;
+    const A mean_gw_xhat = warp_sum(sum_gw_xhat) * inv_d;
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const int64_t k = lane + 32 * j;
+      if (k >= packs) continue;
+      Pack<T, V> out;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const A xhat = (load<A>(a[j].v[v]) - mu) * rs;
+        const A gv = load<A>(g[j].v[v]);
+        const A gw = weight ? gv * load<A>(weight[k * V + v]) : gv;
+        out.v[v] = cu::convert<T>(rs * (gw - mean_gw - xhat * mean_gw_xhat));
+        acc_w[j][v] += gv * xhat;
+        acc_b[j][v] += gv;
+      }
+      store_pack<V>(dx + r * d, k, out);
+    }
+  }
+  if (!partial_dw && !partial_db) return;
+  // The block's partial rows: its warps' sums added in warp order.
+  for (int w = 0; w < kWarpRows; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        const int64_t k = lane + 32 * j;
+        if (k >= packs) continue;
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const int64_t c = k * V + v;
+          warp_sums[c] = w == 0 ? acc_w[j][v] : warp_sums[c] + acc_w[j][v];
+          warp_sums[d + c] = w == 0 ? acc_b[j][v] : warp_sums[d + c] + acc_b[j][v];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    if (partial_dw) partial_dw[blockIdx.x * d + c] = warp_sums[c];
+    if (partial_db) partial_db[blockIdx.x * d + c] = warp_sums[d + c];
   }
 }
 
@@ -286,14 +398,44 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
     const int64_t packs = d / V;
     const int64_t target = int64_t{kFusedBlocksPerSm} * cu::sm_count(dev);
     const int64_t fused_rows_per_chunk = (rows + target - 1) / target;
-    const bool fused =
-        fused_rows_per_chunk >= kFusedMinRowsPerChunk && d > 0 && d % V == 0 &&
-        packs <= int64_t{kFusedThreads} * kFusedPacks &&
+    const bool fused_shape =
+        rows > 0 && d > 0 && d % V == 0 && packs <= int64_t{kFusedThreads} * kFusedPacks &&
         cu::pack_aligned<V>(static_cast<const T*>(grad.data_ptr())) &&
         cu::pack_aligned<V>(static_cast<const T*>(x.data_ptr())) &&
         cu::pack_aligned<V>(static_cast<T*>(dx.data_ptr())) &&
         (!weight.defined() || cu::pack_aligned<V>(static_cast<const T*>(weight.data_ptr())));
-    if (fused) {
+    // Note [LayerNorm warp backward]: rows of at most kWarpPacks packs a lane.
+    const int64_t lane_packs = (packs + 31) / 32;
+    if (fused_shape && lane_packs <= kWarpPacks) {
+      const int64_t rows_per_warp = std::max<int64_t>(1, (rows + kWarpTarget - 1) / kWarpTarget);
+      const int64_t block_rows = rows_per_warp * kWarpRows;
+      const int64_t chunks = (rows + block_rows - 1) / block_rows;
+      Tensor partial_dw = dweight.defined() ? empty({chunks, d}, acc, device) : Tensor();
+      Tensor partial_db = dbias.defined() ? empty({chunks, d}, acc, device) : Tensor();
+      const size_t shared = 2 * static_cast<size_t>(d) * sizeof(A);
+      auto launch = [&](auto p_tag) {
+        constexpr int P = decltype(p_tag)::value;
+        layer_norm_backward_warp_kernel<T, A, V, P>
+            <<<static_cast<unsigned>(chunks), kWarpRows * 32, shared, stream>>>(
+                static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
+                optional_ptr<T>(weight), static_cast<const A*>(mean.data_ptr()),
+                static_cast<const A*>(rstd.data_ptr()), rows, d, rows_per_warp,
+                static_cast<T*>(dx.data_ptr()), partial_ptr(partial_dw), partial_ptr(partial_db));
+      };
+      if (lane_packs == 1)
+        launch(std::integral_constant<int, 1>{});
+      else if (lane_packs == 2)
+        launch(std::integral_constant<int, 2>{});
+      else if (lane_packs == 3)
+        launch(std::integral_constant<int, 3>{});
+      else
+        launch(std::integral_constant<int, 4>{});
+      ACCRUE_LAUNCH_CHECK();
+      finish(partial_dw, chunks, dweight);
+      finish(partial_db, chunks, dbias);
+      return;
+    }
+    if (fused_shape && fused_rows_per_chunk >= kFusedMinRowsPerChunk) {
       const int64_t threads =
           std::min<int64_t>(kFusedThreads, std::max<int64_t>(32, (packs + 31) / 32 * 32));
       const int64_t chunks = (rows + fused_rows_per_chunk - 1) / fused_rows_per_chunk;

@@ -235,15 +235,19 @@ struct NormCase {
   int64_t rows, d;
   bool weight, bias;
 };
-// 20000 rows: more than 4 kSpan chunks of rows, so the column totals take
-// their two levels (Note [Deterministic column sums]). 8448 rows and 20000
-// are at least 16 rows a chunk on up to 132 SMs, so LayerNorm's backward takes
-// its fused kernel there (Note [LayerNorm fused backward]); 512 and fewer rows
-// take the dx and partials kernels.
+// LayerNorm's backward kernels by case: the warp kernel (Note [LayerNorm warp
+// backward]) takes rows of whole 16-byte packs, at most 4 a lane: d = 40, 96
+// (1 a lane; 2 in f64), 768 in 16 bits (3), 1024 in 16 bits (4); 20000 and
+// 8448 rows give it more than 4 kSpan blocks, so the column totals take their
+// two levels (Note [Deterministic column sums]). The block-per-chunk kernel
+// (Note [LayerNorm fused backward]) takes wider rows with at least 16 rows a
+// chunk on up to 132 SMs: 8448 x 768 in f32 and f64. The rest take the dx and
+// partials kernels.
 const NormCase kNormCases[] = {
-    {512, 768, true, true},  {37, 77, true, true},    {64, 1, true, true},
-    {3, 4099, true, false},  {100, 768, false, true}, {19, 33, false, false},
-    {20000, 40, true, true}, {8448, 768, true, true}, {8448, 96, false, true},
+    {512, 768, true, true},   {37, 77, true, true},    {64, 1, true, true},
+    {3, 4099, true, false},   {100, 768, false, true}, {19, 33, false, false},
+    {20000, 40, true, true},  {8448, 768, true, true}, {8448, 96, false, true},
+    {300, 1024, true, false},
 };
 
 std::string norm_name(DType dt, const NormCase& c) {
