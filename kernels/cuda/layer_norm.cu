@@ -217,7 +217,8 @@ __global__ void __launch_bounds__(kWarpRows * 32, 2)
   using ::accrue::cuda::load_pack;
   using ::accrue::cuda::Pack;
   using ::accrue::cuda::store_pack;
-  extern __shared__ unsigned char warp_sums_raw[];  // [2][d] of A: dweight's, then dbias's
+  extern __shared__ __align__(
+      16) unsigned char warp_sums_raw[];  // [2][d] of A: dweight's, then dbias's
   A* warp_sums = reinterpret_cast<A*>(warp_sums_raw);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t packs = d / V;
