@@ -196,9 +196,11 @@ __global__ void __launch_bounds__(kFusedThreads)
 // the packs l, l + 32, ... of each of its warp's rows, the row's two sums are
 // warp butterflies (no barrier), and the lane adds dy * xhat and dy of its
 // columns in row order in registers. A warp takes rows_per_warp consecutive
-// rows, a block kWarpRows warps; at the end the block adds its warps' sums in
-// warp order through shared memory (one warp at a time) and writes one
-// partial row, which column_total adds (Note [Deterministic column sums]).
+// rows, a block kWarpRows warps; at the end each warp writes its sums to a
+// shared row of its own, and after one barrier the block adds the rows in
+// warp order into one partial row (as Note [RMSNorm backward] does), which
+// column_total adds (Note [Deterministic column sums]). The rows take
+// kWarpRows * d elements of shared memory: 32 KiB at 1,024 f32 sums.
 // rows_per_warp depends on the row count alone (enough warps to fill the GPU
 // several times over, kWarpTarget), so the sums' order depends on the shape
 // alone. Against the block-per-chunk kernel (Note [LayerNorm fused backward]),
@@ -219,9 +221,9 @@ __global__ void __launch_bounds__(kWarpRows * 32, 2)
   using ::accrue::cuda::load_pack;
   using ::accrue::cuda::Pack;
   using ::accrue::cuda::store_pack;
-  extern __shared__ __align__(
-      16) unsigned char warp_sums_raw[];  // [2][d] of A: dweight's, then dbias's
-  A* warp_sums = reinterpret_cast<A*>(warp_sums_raw);
+  // [kWarpRows][d] of A: each warp's column sums.
+  extern __shared__ __align__(16) unsigned char warp_rows_raw[];
+  A* warp_rows = reinterpret_cast<A*>(warp_rows_raw);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t packs = d / V;
   const int64_t begin = (static_cast<int64_t>(blockIdx.x) * kWarpRows + warp) * rows_per_warp;
@@ -274,28 +276,30 @@ __global__ void __launch_bounds__(kWarpRows * 32, 2)
       store_pack<V>(dx + r * d, k, out);
     }
   }
-  if (!partial_dw && !partial_db) return;
-  // The block's partial rows: its warps' sums added in warp order.
-  for (int w = 0; w < kWarpRows; ++w) {
-    if (warp == w) {
+  // The block's partial rows, dweight's then dbias's: each warp writes its
+  // sums to a row of its own, and after one barrier the rows are added in
+  // warp order (Note [RMSNorm backward] measured a barrier per warp in turn
+  // at 30% of the stalls).
+  auto block_partial = [&](const A(&acc)[P][V], A* partial) {
 #pragma unroll
-      for (int j = 0; j < P; ++j) {
-        const int64_t k = lane + 32 * j;
-        if (k >= packs) continue;
+    for (int j = 0; j < P; ++j) {
+      const int64_t k = lane + 32 * j;
+      if (k >= packs) continue;
 #pragma unroll
-        for (int v = 0; v < V; ++v) {
-          const int64_t c = k * V + v;
-          warp_sums[c] = w == 0 ? acc_w[j][v] : warp_sums[c] + acc_w[j][v];
-          warp_sums[d + c] = w == 0 ? acc_b[j][v] : warp_sums[d + c] + acc_b[j][v];
-        }
-      }
+      for (int v = 0; v < V; ++v)
+        warp_rows[warp * d + k * V + v] = acc[j][v];
     }
     __syncthreads();
-  }
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-    if (partial_dw) partial_dw[blockIdx.x * d + c] = warp_sums[c];
-    if (partial_db) partial_db[blockIdx.x * d + c] = warp_sums[d + c];
-  }
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+      A sum = warp_rows[c];
+      for (int w = 1; w < kWarpRows; ++w)
+        sum += warp_rows[w * d + c];
+      partial[blockIdx.x * d + c] = sum;
+    }
+    __syncthreads();  // the rows are reused
+  };
+  if (partial_dw) block_partial(acc_w, partial_dw);
+  if (partial_db) block_partial(acc_b, partial_db);
 }
 
 // Note [Deterministic column sums] (kernels/cuda/column_sums.cuh), pass 1:
@@ -415,7 +419,7 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
       const int64_t chunks = (rows + block_rows - 1) / block_rows;
       Tensor partial_dw = dweight.defined() ? empty({chunks, d}, acc, device) : Tensor();
       Tensor partial_db = dbias.defined() ? empty({chunks, d}, acc, device) : Tensor();
-      const size_t shared = 2 * static_cast<size_t>(d) * sizeof(A);
+      const size_t shared = size_t{kWarpRows} * static_cast<size_t>(d) * sizeof(A);
       auto launch = [&](auto p_tag) {
         constexpr int P = decltype(p_tag)::value;
         layer_norm_backward_warp_kernel<T, A, V, P>
