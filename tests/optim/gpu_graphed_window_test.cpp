@@ -71,6 +71,25 @@ TEST(GpuGraphedWindow, concurrent_micro_batches_are_bitwise_the_eager_loop) {
 // then the micro-steps' graphs cast with the rows' scales, which each replayed
 // close updates on the device: bitwise the eager run, rows included. Current
 // scaling with the kept copies as well.
+// FP8 layers in groups of 2 (Note [Concurrent micro-batches]): current
+// scaling, and delayed scaling, whose casts merge their amax into the rows
+// from both streams (an atomic max); bitwise the eager loop, rows included.
+TEST(GpuGraphedWindow, concurrent_fp8_micro_batches_are_bitwise_the_eager_loop) {
+  ACCRUE_REQUIRE_CUDA();
+  const PoolScope pool;
+  for (test::Fp8Mode mode : {test::Fp8Mode::current, test::Fp8Mode::delayed}) {
+    SCOPED_TRACE(mode == test::Fp8Mode::delayed ? "delayed scaling" : "current scaling");
+    test::Schedule s;
+    s.windows = 5;
+    s.K = 4;
+    s.concurrent = 2;
+    s.fp8 = mode;
+    const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, DType::bf16, s);
+    EXPECT_GT(out.counts.replayed_micro_steps, 0);
+    EXPECT_EQ(out.warnings, "");
+  }
+}
+
 TEST(GpuGraphedWindow, fp8_replays_are_bitwise_the_eager_run) {
   ACCRUE_REQUIRE_CUDA();
   const PoolScope pool;
