@@ -25,6 +25,7 @@
 
 #include "accrue/core/cuda_pack.cuh"
 #include "accrue/core/cuda_types.cuh"
+#include "accrue/kernels/cuda/column_sums.cuh"
 #include "accrue/kernels/cuda/fp8_device.cuh"
 #include "accrue/kernels/fp8_backend.h"
 
@@ -136,8 +137,12 @@ __device__ __forceinline__ float resolve_scale(const ScaleSource& src) {
 // seventh session). With column sums, each thread of the packed kernel sums
 // its pack's columns over its rows of a tile, the block adds those in row
 // order into the tile's 64 column sums, written to partial[row tile][col];
-// a second kernel adds the row tiles in order into dbias (or onto it, the
-// fp32 slot's accumulation, Note [Fused weight-gradient accumulation]). No
+// column_total adds the row tiles into dbias in an order fixed by the shape
+// (or onto it, the fp32 slot's accumulation, Note [Fused weight-gradient
+// accumulation]; Note [Deterministic column sums]: a first version gave each
+// column one thread over every tile, 768 threads on 3 SMs at GPT-2 124M, and
+// made the window 1.5-1.9% slower than the separate pass, bench/RESULTS.md,
+// eighth session). No
 // atomics, and no sum depends on which block took a tile: the same bits on
 // every run and grid (Note [Determinism]). The order is not sum_rows', so
 // the bits differ from the separate pass by f32 rounding. The element-by-
@@ -292,40 +297,6 @@ void fp8_amax(const Tensor& x, const Tensor& amax) {
 
 namespace {
 
-// Note [FP8 bias gradient in the cast]: dbias[c] = (dbias[c] +) the sum of
-// partial[t][c] over the row tiles t. A block takes kPartialColumns columns
-// and kPartialGroups groups of row tiles: group g sums the tiles g, g +
-// kPartialGroups, ... in order, then one thread per column adds the groups
-// in order. The order depends on the shape alone (Note [Determinism]). The
-// first version gave each column one thread over every tile: 768 threads at
-// GPT-2 124M, on 3 SMs, each adding 512 loads in a row at 32 x 1,024
-// rows, longer than the sum_rows pass it replaced (the window was 1.5-1.9%
-// slower, bench/RESULTS.md, eighth session).
-constexpr int kPartialColumns = 32;
-constexpr int kPartialGroups = 32;
-
-__global__ void __launch_bounds__(kPartialColumns* kPartialGroups)
-    column_partials_kernel(const float* __restrict__ partial, int64_t tiles_m, int64_t k,
-                           float* __restrict__ dbias, bool accumulate) {
-  __shared__ float groups[kPartialGroups][kPartialColumns + 1];
-  const int column = threadIdx.x % kPartialColumns, group = threadIdx.x / kPartialColumns;
-  const int64_t c = blockIdx.x * int64_t{kPartialColumns} + column;
-  float total = 0.0f;
-  if (c < k) {
-#pragma unroll 4
-    for (int64_t t = group; t < tiles_m; t += kPartialGroups)
-      total += partial[t * k + c];
-  }
-  groups[group][column] = total;
-  __syncthreads();
-  if (group == 0 && c < k) {
-    float sum = 0.0f;
-    for (int g = 0; g < kPartialGroups; ++g)
-      sum += groups[g][column];
-    dbias[c] = accumulate ? dbias[c] + sum : sum;
-  }
-}
-
 // Note [FP8 cast-transpose]: the packed kernel where the shape and buffers
 // allow it, else the element-by-element one. With dbias (f32 [K]), the
 // column sums of x as well (Note [FP8 bias gradient in the cast]).
@@ -358,10 +329,10 @@ bool launch_cast_transpose(const Tensor& x, const ScaleSource& src, const Tensor
           cast_transpose_packed_kernel<T, Q, true><<<grid, kThreads, 0, stream>>>(
               px, m, k, src, pq, pt, amax_bits, static_cast<float*>(partial.data_ptr()));
           ACCRUE_LAUNCH_CHECK();
-          column_partials_kernel<<<(k + kPartialColumns - 1) / kPartialColumns,
-                                   kPartialColumns * kPartialGroups, 0, stream>>>(
-              static_cast<const float*>(partial.data_ptr()), tiles_m, k,
-              static_cast<float*>(dbias.data_ptr()), dbias_accumulate);
+          // Note [FP8 bias gradient in the cast]: the row tiles' partials summed
+          // in an order fixed by the shape (Note [Deterministic column sums]).
+          column_total<float, float>(partial, tiles_m, k, static_cast<float*>(dbias.data_ptr()), 1,
+                                     dbias_accumulate, stream);
           sums_written = true;
         }
       } else {

@@ -1,14 +1,16 @@
 // CUDA layer-norm kernels, forward and backward.
 //
 // Every reduction runs in a fixed order (warp shuffles and shared memory in a
-// fixed tree, per-chunk partial sums added in chunk order; Note [Deterministic
-// column sums]): no float atomics, so the same inputs give the same bits on
+// fixed tree, per-chunk partial sums added in an order fixed by the shape;
+// Note [Deterministic column sums]): no float atomics, so the same inputs give the same bits on
 // every run (Note [Determinism]). 16-bit inputs compute in fp32, f64 in f64.
 #include <algorithm>
 
+#include "accrue/core/cuda_pack.cuh"
 #include "accrue/core/cuda_types.cuh"
 #include "accrue/kernels/backend.h"
 #include "accrue/kernels/cuda/block_reduce.cuh"
+#include "accrue/kernels/cuda/column_sums.cuh"
 #include "accrue/kernels/cuda/nn_util.cuh"
 
 namespace accrue::kernels::cuda {
@@ -80,17 +82,109 @@ __global__ void layer_norm_dx_kernel(const T* __restrict__ dy, const T* __restri
   }
 }
 
-// Note [Deterministic column sums]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// dweight = sum over rows of dy * xhat and dbias = sum over rows of dy are
-// column sums over many rows. Pass 1: block (x, y) sums 32 columns over one
-// chunk of rows, each thread a fixed stride of the chunk, then the 8 thread
-// rows in order, writing partial[chunk][column]. Pass 2: one thread per column
-// adds the chunks in order and writes (=) or adds (+=) the result. The order
-// depends only on the shape, never on scheduling.
-constexpr int kColumnTile = 32;
-constexpr int kRowLanes = 8;
+// Note [LayerNorm fused backward]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Where a row is a whole number of 16-byte packs, at most kFusedPacks a
+// thread, and the tensors are 16-byte aligned, one kernel makes dx and the
+// parameter partials. Block b takes the rows of chunk b one after another,
+// each thread the packs k = t, t + blockDim.x, ... of the row: it reads x and
+// dy for the row's two sums, then again (from the cache) for dx, adding
+// dy * xhat and dy of its columns to registers in row order, and at the end
+// writes the chunk's partial rows, which column_total adds (Note
+// [Deterministic column sums]: the order depends on the shape alone). So dy
+// and x come from memory once for both gradients, where the one-block-per-row
+// dx kernel and the partials kernel read them twice, in 16-byte packs where
+// those load 2 or 4 bytes at a time. The chunks are sized for about
+// kFusedBlocksPerSm blocks on each SM, and the kernel is used only where a
+// chunk has at least kFusedMinRowsPerChunk rows: a block runs its rows one
+// after another, so with few rows it waits on memory with little in flight,
+// and the many short chunks need the column totals' second level. Measured
+// on an H200 (bf16 GPT-2, windows of 32,768 tokens): 63 rows a chunk (124M,
+// 32 x 1) gave 1.04-1.06x the window, 16 (124M and 1.5B, 8 x 4) 1.02-1.03x,
+// but 2 (124M, 1 x 32: 1,024 rows) 0.964x; 2 to 15 are not measured and keep
+// the two kernels.
+constexpr int kFusedPacks = 4;
+constexpr int kFusedThreads = 512;
+constexpr int kFusedBlocksPerSm = 4;
+constexpr int64_t kFusedMinRowsPerChunk = 16;
 
+template <class T, class A, int V>
+__global__ void __launch_bounds__(kFusedThreads)
+    layer_norm_backward_fused_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                     const T* __restrict__ weight, const A* __restrict__ mean,
+                                     const A* __restrict__ rstd, int64_t rows, int64_t d,
+                                     int64_t rows_per_chunk, T* __restrict__ dx,
+                                     A* __restrict__ partial_dw, A* __restrict__ partial_db) {
+  using ::accrue::cuda::load_pack;
+  using ::accrue::cuda::Pack;
+  using ::accrue::cuda::store_pack;
+  __shared__ A scratch[32];
+  const int64_t packs = d / V;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * rows_per_chunk;
+  const int64_t end = std::min(rows, begin + rows_per_chunk);
+  const A inv_d = A(1) / static_cast<A>(d);
+  A acc_w[kFusedPacks][V], acc_b[kFusedPacks][V];
+#pragma unroll
+  for (int j = 0; j < kFusedPacks; ++j)
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      acc_w[j][v] = 0;
+      acc_b[j][v] = 0;
+    }
+  // Every thread of the block runs every row (the block sums need them all).
+  for (int64_t r = begin; r < end; ++r) {
+    const T* xr = x + r * d;
+    const T* gr = dy + r * d;
+    const A mu = mean[r], rs = rstd[r];
+    A sum_gw = 0, sum_gw_xhat = 0;
+#pragma unroll
+    for (int j = 0; j < kFusedPacks; ++j) {
+      const int64_t k = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+      if (k >= packs) continue;
+      const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const A xhat = (load<A>(a.v[v]) - mu) * rs;
+        const A gw = weight ? load<A>(g.v[v]) * load<A>(weight[k * V + v]) : load<A>(g.v[v]);
+        sum_gw += gw;
+        sum_gw_xhat += gw * xhat;
+      }
+    }
+    const A mean_gw = block_sum(sum_gw, scratch) * inv_d;
+    const A mean_gw_xhat = block_sum(sum_gw_xhat, scratch) * inv_d;
+#pragma unroll
+    for (int j = 0; j < kFusedPacks; ++j) {
+      const int64_t k = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+      if (k >= packs) continue;
+      const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
+      Pack<T, V> out;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const A xhat = (load<A>(a.v[v]) - mu) * rs;
+        const A gv = load<A>(g.v[v]);
+        const A gw = weight ? gv * load<A>(weight[k * V + v]) : gv;
+        out.v[v] = cu::convert<T>(rs * (gw - mean_gw - xhat * mean_gw_xhat));
+        acc_w[j][v] += gv * xhat;
+        acc_b[j][v] += gv;
+      }
+      store_pack<V>(dx + r * d, k, out);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kFusedPacks; ++j) {
+    const int64_t k = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (k >= packs) continue;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int64_t c = k * V + v;
+      if (partial_dw) partial_dw[blockIdx.x * d + c] = acc_w[j][v];
+      if (partial_db) partial_db[blockIdx.x * d + c] = acc_b[j][v];
+    }
+  }
+}
+
+// Note [Deterministic column sums] (kernels/cuda/column_sums.cuh), pass 1:
+// block (x, y) sums 32 columns of dy * xhat and of dy over one chunk of rows.
 template <class T, class A>
 __global__ void layer_norm_param_partials_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                                  const A* __restrict__ mean,
@@ -122,18 +216,6 @@ __global__ void layer_norm_param_partials_kernel(const T* __restrict__ dy, const
     if (partial_dw) partial_dw[blockIdx.y * d + c] = acc_w;
     if (partial_db) partial_db[blockIdx.y * d + c] = acc_b;
   }
-}
-
-template <class A, class O>
-__global__ void column_total_kernel(const A* __restrict__ partial, int64_t chunks, int64_t d,
-                                    O* out, int64_t out_stride, bool accumulate) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= d) return;
-  A s = 0;
-  for (int64_t k = 0; k < chunks; ++k)
-    s += partial[k * d + c];
-  O& o = out[c * out_stride];
-  o = cu::convert<O>(accumulate ? load<A>(o) + s : s);
 }
 
 template <class P>
@@ -187,6 +269,47 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
   cu::visit_float_dtype(x.dtype(), "layer_norm_backward", [&](auto tag) {
     using T = decltype(tag);
     using A = cu::math_t<T>;
+    const Device device = Device::cuda(dev);
+    auto partial_ptr = [](const Tensor& t) {
+      return t.defined() ? static_cast<A*>(t.data_ptr()) : nullptr;
+    };
+    auto finish = [&](const Tensor& partial, int64_t chunks, const Tensor& target) {
+      if (!target.defined()) return;
+      visit_grad_dtype<T>(target.dtype(), "layer_norm_backward", [&](auto o_tag) {
+        using O = decltype(o_tag);
+        column_total<A, O>(partial, chunks, d, static_cast<O*>(target.data_ptr()), target.stride(0),
+                           accumulate, stream);
+      });
+    };
+    // Note [LayerNorm fused backward]: dx and the partials from one read of dy and x.
+    constexpr int V = 16 / static_cast<int>(sizeof(T));
+    const int64_t packs = d / V;
+    const int64_t target = int64_t{kFusedBlocksPerSm} * cu::sm_count(dev);
+    const int64_t fused_rows_per_chunk = (rows + target - 1) / target;
+    const bool fused =
+        fused_rows_per_chunk >= kFusedMinRowsPerChunk && d > 0 && d % V == 0 &&
+        packs <= int64_t{kFusedThreads} * kFusedPacks &&
+        cu::pack_aligned<V>(static_cast<const T*>(grad.data_ptr())) &&
+        cu::pack_aligned<V>(static_cast<const T*>(x.data_ptr())) &&
+        cu::pack_aligned<V>(static_cast<T*>(dx.data_ptr())) &&
+        (!weight.defined() || cu::pack_aligned<V>(static_cast<const T*>(weight.data_ptr())));
+    if (fused) {
+      const int64_t threads =
+          std::min<int64_t>(kFusedThreads, std::max<int64_t>(32, (packs + 31) / 32 * 32));
+      const int64_t chunks = (rows + fused_rows_per_chunk - 1) / fused_rows_per_chunk;
+      Tensor partial_dw = dweight.defined() ? empty({chunks, d}, acc, device) : Tensor();
+      Tensor partial_db = dbias.defined() ? empty({chunks, d}, acc, device) : Tensor();
+      layer_norm_backward_fused_kernel<T, A, V>
+          <<<static_cast<unsigned>(chunks), static_cast<unsigned>(threads), 0, stream>>>(
+              static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
+              optional_ptr<T>(weight), static_cast<const A*>(mean.data_ptr()),
+              static_cast<const A*>(rstd.data_ptr()), rows, d, fused_rows_per_chunk,
+              static_cast<T*>(dx.data_ptr()), partial_ptr(partial_dw), partial_ptr(partial_db));
+      ACCRUE_LAUNCH_CHECK();
+      finish(partial_dw, chunks, dweight);
+      finish(partial_db, chunks, dbias);
+      return;
+    }
     if (rows > 0 && d > 0) {
       layer_norm_dx_kernel<T, A><<<static_cast<unsigned>(rows), row_threads(d), 0, stream>>>(
           static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
@@ -199,12 +322,8 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
     // See Note [Deterministic column sums]. About 64 rows per chunk, at most 1024 chunks.
     const int64_t chunks = std::min<int64_t>((rows + 63) / 64, 1024);
     const int64_t rows_per_chunk = chunks == 0 ? 0 : (rows + chunks - 1) / chunks;
-    const Device device = Device::cuda(dev);
     Tensor partial_dw = dweight.defined() ? empty({chunks, d}, acc, device) : Tensor();
     Tensor partial_db = dbias.defined() ? empty({chunks, d}, acc, device) : Tensor();
-    auto partial_ptr = [](const Tensor& t) {
-      return t.defined() ? static_cast<A*>(t.data_ptr()) : nullptr;
-    };
     if (chunks > 0) {
       const dim3 grid(static_cast<unsigned>((d + kColumnTile - 1) / kColumnTile),
                       static_cast<unsigned>(chunks));
@@ -214,18 +333,8 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
           rows_per_chunk, partial_ptr(partial_dw), partial_ptr(partial_db));
       ACCRUE_LAUNCH_CHECK();
     }
-    auto finish = [&](const Tensor& partial, const Tensor& target) {
-      if (!target.defined()) return;
-      visit_grad_dtype<T>(target.dtype(), "layer_norm_backward", [&](auto o_tag) {
-        using O = decltype(o_tag);
-        column_total_kernel<A, O><<<cu::grid_for(d, kThreads), kThreads, 0, stream>>>(
-            static_cast<const A*>(partial.data_ptr()), chunks, d,
-            static_cast<O*>(target.data_ptr()), target.stride(0), accumulate);
-        ACCRUE_LAUNCH_CHECK();
-      });
-    };
-    finish(partial_dw, dweight);
-    finish(partial_db, dbias);
+    finish(partial_dw, chunks, dweight);
+    finish(partial_db, chunks, dbias);
   });
 }
 

@@ -9,6 +9,7 @@
 #include "accrue/core/cuda_pack.cuh"
 #include "accrue/core/cuda_types.cuh"
 #include "accrue/kernels/cuda/block_reduce.cuh"
+#include "accrue/kernels/cuda/column_sums.cuh"
 #include "accrue/kernels/cuda/nn_util.cuh"
 #include "accrue/kernels/fused_backend.h"
 
@@ -251,26 +252,9 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
   }
 }
 
-// Note [Deterministic column sums] (kernels/cuda/layer_norm.cu): block (x, y)
-// sums 32 columns of dy * x * rstd over one chunk of rows, each thread a fixed
-// stride of the chunk, then the 8 thread rows in order.
-constexpr int kColumnTile = 32;
-constexpr int kRowLanes = 8;
-
-// Each column's sums of the 8 thread rows of a (32, 8) block, added in thread
-// row order; the total is on thread row 0 (the other rows return their own).
-template <class A>
-__device__ __forceinline__ A column_tile_total(A s) {
-  __shared__ A tile[kRowLanes][kColumnTile + 1];
-  tile[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0) {
-    for (int i = 1; i < kRowLanes; ++i)
-      s += tile[i][threadIdx.x];
-  }
-  return s;
-}
-
+// Note [Deterministic column sums] (kernels/cuda/column_sums.cuh): block
+// (x, y) sums 32 columns of dy * x * rstd over one chunk of rows, each thread
+// a fixed stride of the chunk, then the 8 thread rows in order.
 template <class T, class A>
 __global__ void rms_norm_weight_partials_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                                 RowGeometry xg, const A* __restrict__ rstd,
@@ -286,49 +270,6 @@ __global__ void rms_norm_weight_partials_kernel(const T* __restrict__ dy, const 
   }
   acc = column_tile_total(acc);
   if (threadIdx.y == 0 && c < d) partial[blockIdx.y * d + c] = acc;
-}
-
-// Many partial rows (the fused backward writes one per block: 512 at
-// width 768; the unfused column sums up to 1,024 chunks) are first summed in
-// spans of kSpan rows, block (x, y) taking 32 columns of span y with the
-// thread rows' fixed strides, then the 8 thread rows in order, so the total
-// below reads a few rows per column instead of a thousand with 24 blocks (at
-// 16384 x 768 bf16, with 8,192 partial rows, the one-level total took 58 us
-// of a 100 us backward under ncu on an H200). The order still depends only
-// on the shape (Note [Deterministic column sums]).
-constexpr int64_t kSpan = 64;
-
-// Column c's sum over rows [begin, end) of in [*, d]: each thread row y a
-// fixed stride of the rows, then the 8 thread rows in order; the total on
-// thread row 0. Every thread of the (32, 8) block must call it.
-template <class A>
-__device__ __forceinline__ A column_rows_sum(const A* __restrict__ in, int64_t begin, int64_t end,
-                                             int64_t d, int64_t c) {
-  A s = 0;
-  if (c < d) {
-    for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes)
-      s += in[r * d + c];
-  }
-  return column_tile_total(s);
-}
-
-template <class A>
-__global__ void column_span_sums_kernel(const A* __restrict__ in, int64_t rows, int64_t d,
-                                        A* __restrict__ out) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
-  const int64_t begin = static_cast<int64_t>(blockIdx.y) * kSpan;
-  const A s = column_rows_sum(in, begin, std::min(rows, begin + kSpan), d, c);
-  if (threadIdx.y == 0 && c < d) out[blockIdx.y * d + c] = s;
-}
-
-// The chunks of each column added in chunk order (column_rows_sum over all
-// of them), written (=) or added (+=).
-template <class A, class O>
-__global__ void rms_norm_weight_total_kernel(const A* __restrict__ partial, int64_t chunks,
-                                             int64_t d, O* out, bool accumulate) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
-  const A s = column_rows_sum(partial, 0, chunks, d, c);
-  if (threadIdx.y == 0 && c < d) out[c] = cu::convert<O>(accumulate ? load<A>(out[c]) + s : s);
 }
 
 bool aligned_16(const Tensor& t) {
@@ -557,24 +498,10 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
                        static_cast<A*>(partial.data_ptr()));
       ACCRUE_LAUNCH_CHECK();
     }
-    if (chunks > 4 * kSpan) {  // two levels: spans of kSpan rows first
-      const int64_t spans = (chunks + kSpan - 1) / kSpan;
-      Tensor span_sums = empty({spans, d}, acc_dtype, device);
-      column_span_sums_kernel<A>
-          <<<dim3(column_blocks, static_cast<unsigned>(spans)), dim3(kColumnTile, kRowLanes), 0,
-             stream>>>(static_cast<const A*>(partial.data_ptr()), chunks, d,
-                       static_cast<A*>(span_sums.data_ptr()));
-      ACCRUE_LAUNCH_CHECK();
-      partial = span_sums;
-      chunks = spans;
-    }
     visit_grad_dtype<T>(dweight.dtype(), op, [&](auto o_tag) {
       using O = decltype(o_tag);
-      rms_norm_weight_total_kernel<A, O>
-          <<<column_blocks, dim3(kColumnTile, kRowLanes), 0, stream>>>(
-              static_cast<const A*>(partial.data_ptr()), chunks, d,
-              static_cast<O*>(dweight.data_ptr()), accumulate);
-      ACCRUE_LAUNCH_CHECK();
+      column_total<A, O>(partial, chunks, d, static_cast<O*>(dweight.data_ptr()), 1, accumulate,
+                         stream);
     });
   });
 }

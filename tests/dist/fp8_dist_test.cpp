@@ -50,15 +50,21 @@ std::pair<Tensor, Tensor> micro_batch(int64_t w, int64_t m) {
   return {x, from_vector<int64_t>(y, {kRows})};
 }
 
-Result train(int world, int rank, Communicator* comm, bool zero1, bool delayed = false) {
+// compute: the store's compute dtype; with bf16 the FP8 codes live in the
+// compute slots (Note [FP8 codes in the compute slots]) until ZeRO-1 shards
+// the master and moves them out.
+Result train(int world, int rank, Communicator* comm, bool zero1, bool delayed = false,
+             DType compute = DType::f32) {
   Generator init(3 + static_cast<uint64_t>(rank));  // ranks start apart: the broadcast fixes it
   nn::MLP model({32, 64, 16}, {Device::cpu(), DType::f32, &init});
   const std::vector<Tensor> fp8 = nn::use_fp8(model);
   optim::Optimizer opt(optim::AdamWOptions(1e-2).weight_decay(0.1));
-  optim::ParamStore store(
-      model.named_parameters(),
-      optim::ParamStoreOptions().moments(opt.moments_needed()).shard_ranks(zero1 ? world : 1));
+  optim::ParamStore store(model.named_parameters(), optim::ParamStoreOptions()
+                                                        .moments(opt.moments_needed())
+                                                        .compute_dtype(compute)
+                                                        .shard_ranks(zero1 ? world : 1));
   store.keep_fp8_copies(fp8);
+  EXPECT_EQ(store.memory().fp8_in_compute, compute == DType::bf16);
   if (delayed) store.keep_fp8_delayed_scaling(fp8, optim::Fp8DelayedOptions().history(2));
   std::unique_ptr<Reducer> reducer;
   if (comm) {
@@ -69,6 +75,9 @@ Result train(int world, int rank, Communicator* comm, bool zero1, bool delayed =
     reducer = std::make_unique<Reducer>(store, *comm, o);
     reducer->broadcast_parameters(0);
   }
+  const bool sharded = comm && zero1 && compute == DType::bf16;  // the master, and the codes out
+  EXPECT_EQ(store.master_sharded(), sharded);
+  EXPECT_EQ(store.memory().fp8_in_compute, compute == DType::bf16 && !sharded);
   const int64_t K = kGlobalMicro / world;
   optim::Window window(store, opt, optim::WindowOptions().micro_steps(K).max_grad_norm(1.0),
                        reducer.get());
@@ -76,7 +85,7 @@ Result train(int world, int rank, Communicator* comm, bool zero1, bool delayed =
   for (int64_t w = 0; w < kWindows; ++w) {
     for (int64_t k = 0; k < K; ++k) {
       const auto [x, y] = micro_batch(w, rank * K + k);
-      window.backward(cross_entropy(model.forward(x), y));
+      window.backward(cross_entropy(model.forward(x.to(compute)), y));
     }
     window.close();
     r.losses.push_back(window.report().loss);
@@ -116,6 +125,27 @@ TEST(HostWorldFp8, two_ranks_agree_bitwise_and_match_one_process) {
       for (int64_t w = 0; w < kWindows; ++w)
         EXPECT_NEAR(ranks[0].losses[w], single.losses[w], 1e-6 * single.losses[w]) << w;
     }
+}
+
+// With a bf16 compute copy: plain data parallelism keeps the FP8 codes in the
+// compute slots (the broadcast's refresh recasts them there), ZeRO-1 moves
+// them out with the master's shard; either way the ranks stay bitwise equal.
+TEST(HostWorldFp8, codes_in_the_compute_slots_keep_the_ranks_equal) {
+  for (bool zero1 : {false, true}) {
+    SCOPED_TRACE(zero1 ? "zero1" : "plain");
+    const Result single = train(1, 0, nullptr, false, false, DType::bf16);
+    HostWorld world(2);
+    std::vector<Result> ranks(2);
+    host::on_ranks(2, [&](int r) {
+      HostCommunicator comm(world, r);
+      ranks[static_cast<size_t>(r)] = train(2, r, &comm, zero1, false, DType::bf16);
+    });
+    EXPECT_EQ(ranks[0].params, ranks[1].params) << "the ranks' weights differ";
+    EXPECT_EQ(ranks[0].losses, ranks[1].losses);
+    // One process of the whole batch: the same training up to the sums' order.
+    for (int64_t w = 0; w < kWindows; ++w)
+      EXPECT_NEAR(ranks[0].losses[w], single.losses[w], 2e-2 * single.losses[w]) << w;
+  }
 }
 
 }  // namespace

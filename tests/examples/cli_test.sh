@@ -255,6 +255,11 @@ case $name in
     run --cpu --model llama-tiny --synthetic --windows 3 --micro-batch 2 --seq-len 32 --accum 2 \
       --dtype bf16 --fp8
     kept=$(grep "^final:" <<< "$out")
+    # Note [FP8 codes in the compute slots]: with a bf16 compute copy the codes
+    # live there; casting at every micro-batch below reads the weights from the
+    # compute copy instead, and gives the same bits.
+    grep -q "fp8 copies .* (codes in the compute slots)" <<< "$out" ||
+      fail "train --fp8 --dtype bf16: the codes are not in the compute slots: $out"
     run --cpu --model llama-tiny --synthetic --windows 3 --micro-batch 2 --seq-len 32 --accum 2 \
       --dtype bf16 --fp8 --fp8-cast-every-micro-batch
     [[ $rc -eq 0 && -n $kept && $(grep "^final:" <<< "$out") == "$kept" ]] ||

@@ -235,9 +235,15 @@ struct NormCase {
   int64_t rows, d;
   bool weight, bias;
 };
+// 20000 rows: more than 4 kSpan chunks of rows, so the column totals take
+// their two levels (Note [Deterministic column sums]). 8448 rows and 20000
+// are at least 16 rows a chunk on up to 132 SMs, so LayerNorm's backward takes
+// its fused kernel there (Note [LayerNorm fused backward]); 512 and fewer rows
+// take the dx and partials kernels.
 const NormCase kNormCases[] = {
-    {512, 768, true, true}, {37, 77, true, true},    {64, 1, true, true},
-    {3, 4099, true, false}, {100, 768, false, true}, {19, 33, false, false},
+    {512, 768, true, true},  {37, 77, true, true},    {64, 1, true, true},
+    {3, 4099, true, false},  {100, 768, false, true}, {19, 33, false, false},
+    {20000, 40, true, true}, {8448, 768, true, true}, {8448, 96, false, true},
 };
 
 std::string norm_name(DType dt, const NormCase& c) {

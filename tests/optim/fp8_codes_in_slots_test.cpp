@@ -118,6 +118,53 @@ TEST(Fp8CodesInSlots, train_skip_and_recast_bit_for_bit_as_codes_kept_apart) {
   EXPECT_THAT(apart.memory.describe(), ::testing::Not(::testing::HasSubstr("codes in the")));
 }
 
+// The block recipe (W's and W^T's 128 x 128 blocks, their scales apart from
+// the codes; 144 x 160 has partial blocks at both edges) and an f16 compute
+// copy (the staging buffer in f16): the same bits as codes kept apart.
+TEST(Fp8CodesInSlots, the_block_recipe_and_an_f16_copy_train_as_codes_apart) {
+  const Tensor w0 = test::random_normal({144, 160}, DType::f32, Device::cpu(), 0.05);
+  std::vector<Tensor> xs, rs;
+  for (int k = 0; k < 2; ++k) {
+    xs.push_back(test::random_normal({32, 160}, DType::bf16));
+    rs.push_back(test::random_normal({32, 144}, DType::f32));
+  }
+  for (DType compute : {DType::bf16, DType::f16}) {
+    for (Fp8Recipe recipe : {Fp8Recipe::tensor, Fp8Recipe::block}) {
+      SCOPED_TRACE(std::string(dtype_name(compute)) +
+                   (recipe == Fp8Recipe::block ? " block" : " tensor"));
+      Fp8LinearOptions o;
+      o.recipe = recipe;
+      auto run = [&](bool in_slots) {
+        Tensor w = requires_grad_(w0.clone());
+        optim::Optimizer opt(optim::AdamWOptions(1e-2));
+        ParamStore store(std::vector<Tensor>{w}, ParamStoreOptions()
+                                                     .compute_dtype(compute)
+                                                     .moments(opt.moments_needed())
+                                                     .fp8_codes_in_compute_slots(in_slots));
+        store.keep_fp8_copies({w}, DType::f8e4m3, 0, recipe);
+        EXPECT_EQ(store.memory().fp8_in_compute, in_slots);
+        optim::Window window(store, opt, optim::WindowOptions().micro_steps(2));
+        for (int step = 0; step < 2; ++step) {
+          for (int k = 0; k < 2; ++k)
+            window.backward(
+                Loss{sum(to_dtype(fp8_linear(xs[k], w, Tensor(), o), DType::f32) * rs[k]),
+                     full({}, 32.0, DType::f64)});
+          window.close();
+        }
+        const Fp8Weight& c = *kept_fp8_weight(w);
+        std::vector<Tensor> out = {store.master().clone(), c.q.clone(), c.q_t.clone(),
+                                   c.scale_inv.clone()};
+        if (c.blocks()) out.push_back(c.scale_inv_t.clone());
+        return out;
+      };
+      const std::vector<Tensor> in = run(true), apart = run(false);
+      ASSERT_EQ(in.size(), apart.size());
+      for (size_t i = 0; i < in.size(); ++i)
+        EXPECT_TRUE(test::all_equal(in[i], apart[i])) << "tensor " << i;
+    }
+  }
+}
+
 TEST(Fp8CodesInSlots, the_weights_are_their_masters_and_the_codes_their_compute_slots) {
   const Data d;
   const Net n = d.net();

@@ -1,0 +1,112 @@
+// Column sums over many rows in an order fixed by the shape: how the CUDA
+// norms (kernels/cuda/layer_norm.cu, rms_norm.cu) finish their weight and
+// bias gradients.
+//
+// Note [Deterministic column sums]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// dweight = sum over rows of dy * xhat (and LayerNorm's dbias = sum over
+// rows of dy) are column sums over many rows. Pass 1, the norm's own kernel:
+// block (x, y) sums 32 columns over one chunk of rows, each thread row a
+// fixed stride of the chunk, then the 8 thread rows in order
+// (column_tile_total), writing partial[chunk][column] (RMSNorm's fused
+// backward writes one partial row per block instead). Pass 2, column_total:
+// the chunks summed the same way, 32 columns a block, each of its 8 thread
+// rows a fixed stride of the chunks; with more than 4 kSpan chunks, first in
+// spans of kSpan chunks (column_span_sums_kernel), so that a column's total
+// reads a few rows per thread, not a thousand on one thread. One thread per
+// column over every chunk was slow: at 16384 x 768 bf16 RMSNorm (8,192
+// partial rows) it took 58 us of a 100 us backward under ncu on an H200.
+// The total is written (=) or added (+=). No float atomics: the order
+// depends only on the shape, never on scheduling (Note [Determinism]).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "accrue/core/cuda_types.cuh"
+#include "accrue/core/status_check.h"
+#include "accrue/core/tensor.h"
+#include "accrue/kernels/cuda/block_reduce.cuh"
+
+namespace accrue::kernels::cuda {
+namespace {
+
+constexpr int kColumnTile = 32;
+constexpr int kRowLanes = 8;
+constexpr int64_t kSpan = 64;
+
+// Each column's sums of the 8 thread rows of a (32, 8) block, added in thread
+// row order; the total is on thread row 0 (the other rows return their own).
+template <class A>
+__device__ __forceinline__ A column_tile_total(A s) {
+  __shared__ A tile[kRowLanes][kColumnTile + 1];
+  tile[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0) {
+    for (int i = 1; i < kRowLanes; ++i)
+      s += tile[i][threadIdx.x];
+  }
+  return s;
+}
+
+// Column c's sum over rows [begin, end) of in [*, d]: each thread row y a
+// fixed stride of the rows, then the 8 thread rows in order; the total on
+// thread row 0. Every thread of the (32, 8) block must call it.
+template <class A>
+__device__ __forceinline__ A column_rows_sum(const A* __restrict__ in, int64_t begin, int64_t end,
+                                             int64_t d, int64_t c) {
+  A s = 0;
+  if (c < d) {
+    for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes)
+      s += in[r * d + c];
+  }
+  return column_tile_total(s);
+}
+
+template <class A>
+__global__ void column_span_sums_kernel(const A* __restrict__ in, int64_t rows, int64_t d,
+                                        A* __restrict__ out) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * kSpan;
+  const A s = column_rows_sum(in, begin, std::min(rows, begin + kSpan), d, c);
+  if (threadIdx.y == 0 && c < d) out[blockIdx.y * d + c] = s;
+}
+
+// The chunks of each column summed (column_rows_sum over all of them) and
+// written (=) or added (+=) to out[c * out_stride].
+template <class A, class O>
+__global__ void column_total_kernel(const A* __restrict__ partial, int64_t chunks, int64_t d,
+                                    O* out, int64_t out_stride, bool accumulate) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
+  const A s = column_rows_sum(partial, 0, chunks, d, c);
+  if (threadIdx.y == 0 && c < d) {
+    O& o = out[c * out_stride];
+    o = ::accrue::cuda::convert<O>(accumulate ? reduce::load<A>(o) + s : s);
+  }
+}
+
+// Note [Deterministic column sums], pass 2: partial [chunks, d] (f32 or f64,
+// `acc`) summed over its rows into out, on `stream`.
+template <class A, class O>
+void column_total(const Tensor& partial, int64_t chunks, int64_t d, O* out, int64_t out_stride,
+                  bool accumulate, cudaStream_t stream) {
+  const unsigned column_blocks = static_cast<unsigned>((d + kColumnTile - 1) / kColumnTile);
+  const A* rows = static_cast<const A*>(partial.data_ptr());
+  Tensor span_sums;
+  if (chunks > 4 * kSpan) {  // two levels: spans of kSpan chunks first
+    const int64_t spans = (chunks + kSpan - 1) / kSpan;
+    span_sums = empty({spans, d}, partial.dtype(), partial.device());
+    column_span_sums_kernel<A>
+        <<<dim3(column_blocks, static_cast<unsigned>(spans)), dim3(kColumnTile, kRowLanes), 0,
+           stream>>>(rows, chunks, d, static_cast<A*>(span_sums.data_ptr()));
+    ACCRUE_LAUNCH_CHECK();
+    rows = static_cast<const A*>(span_sums.data_ptr());
+    chunks = spans;
+  }
+  column_total_kernel<A, O><<<column_blocks, dim3(kColumnTile, kRowLanes), 0, stream>>>(
+      rows, chunks, d, out, out_stride, accumulate);
+  ACCRUE_LAUNCH_CHECK();
+}
+
+}  // namespace
+}  // namespace accrue::kernels::cuda
