@@ -378,6 +378,14 @@ def spread(xs):
     return (max(xs) - min(xs)) / m if len(xs) > 1 and m else None
 
 
+def paired_ratios(vals, ref_vals):
+    """Each seed's final loss over bf16's of the same seed (None where either is missing):
+    the seeds pair the runs (the same initial weights and data order), so a gap that keeps
+    its sign and size over enough seeds is the recipe's, where one that changes sign may be
+    the seeds'."""
+    return [v / r if v is not None and r else None for v, r in zip(vals, ref_vals)]
+
+
 def f4(x):
     return "None" if x is None else f"{x:.4f}"
 
@@ -451,9 +459,9 @@ def main(argv=None):
         # A table a model: the lines under it would end a shared one in Markdown.
         if lines:
             lines.append("")
-        lines += ["| model | recipe | seeds | final val loss | per seed | / bf16 | within "
-                  f"{args.tolerance:.1%} | seed spread | last train loss | rc |",
-                  "|---|---|---|---:|---:|---:|---|---:|---:|---:|"]
+        lines += ["| model | recipe | seeds | final val loss | per seed | / bf16 | per seed / bf16 "
+                  f"| within {args.tolerance:.1%} | seed spread | last train loss | rc |",
+                  "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
         # Per recipe, the metrics rows of each seed's run, in seed order.
         runs = {r: [read_metrics(os.path.join(args.out_dir, run_name(args, model, r, s) + ".jsonl"))
                     for s in args.seeds] for r in args.recipes}
@@ -464,6 +472,7 @@ def main(argv=None):
             vals = [final_val(rows) for rows in seed_rows]
             v, v_spread = mean(vals), spread(vals)
             ratio = v / ref if v is not None and ref else None
+            paired = paired_ratios(vals, ref_vals)
             verdict = ("reference" if recipe == "bf16" else
                        "no figure" if ratio is None else
                        "PASS" if abs(ratio - 1) <= args.tolerance else "MISS")
@@ -482,12 +491,15 @@ def main(argv=None):
             rc = next((c for c in run_rcs if c != 0), 0)
             results.append({"model": model, "recipe": recipe, "windows": len(seed_rows[0]),
                             "final_val_losses": vals, "final_val_loss": v, "ratio_to_bf16": ratio,
+                            "ratios_to_bf16_per_seed": paired,
                             "verdict": verdict, "seed_spread": v_spread,
                             "within_bf16_seed_spread": within, "last_train_loss": last,
                             "rc": rc, "rcs": run_rcs})
             lines.append(f"| {model} | {recipe} | {seeds} | {f4(v)} | "
                          f"{', '.join(f4(x) for x in vals)} | "
-                         f"{'' if ratio is None else f'{ratio:.4f}'} | {verdict} | "
+                         f"{'' if ratio is None else f'{ratio:.4f}'} | "
+                         f"{'' if recipe == 'bf16' else ', '.join(f4(x) for x in paired)} | "
+                         f"{verdict} | "
                          f"{'' if v_spread is None else f'{v_spread:.2%}'} | {f4(last)} | {rc} |")
         if len(args.seeds) > 1:
             lines += ["", f"{model}: bf16's seed spread over seeds {seeds}: "

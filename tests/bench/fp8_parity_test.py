@@ -7,7 +7,8 @@ EOS id, GPT-2 without; several --seeds name the runs _sSEED), a data line
 naming every --text-dir root, and text_files on a temporary tree (site-packages
 below a root left out, a root named site-packages kept, several roots joined
 in order without repeats), a --gpus index the machine lacks refused, and
-which earlier runs --reuse takes (whole runs of the same identity only).
+which earlier runs --reuse takes (whole runs of the same identity only), and
+the per-seed ratios to bf16 (paired_ratios).
 Where ACCRUE_TRAIN_BIN names a built accrue_train: the whole script on the
 CPU with gpt2-tiny over a few of the repository's files (the shards written,
 every recipe run, the verdicts and parity.json), and a sweep that reuses an
@@ -177,6 +178,18 @@ class Fp8Parity(unittest.TestCase):
             self.assertEqual(parity.text_files([src, site, src]), [a, b, c, d])
             self.assertEqual(parity.text_files([os.path.join(src, "sub"), src]), [b, a])
 
+    def test_paired_ratios_divide_seed_by_seed(self):
+        spec = importlib.util.spec_from_file_location("fp8_parity", SCRIPT)
+        parity = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(parity)
+        # The tenth session's GPT-2 124M figures: tensor below bf16 at both seeds.
+        self.assertEqual([round(x, 4) for x in
+                          parity.paired_ratios([2.2544, 2.3181], [2.3007, 2.3751])],
+                         [0.9799, 0.976])
+        # A run without a figure pairs with nothing, and neither does a missing bf16.
+        self.assertEqual(parity.paired_ratios([None, 2.0], [2.0, None]), [None, None])
+        self.assertEqual(parity.paired_ratios([3.0, 1.0], [2.0, 4.0]), [1.5, 0.25])
+
     def test_shards_follow_the_text_dirs(self):
         spec = importlib.util.spec_from_file_location("fp8_parity", SCRIPT)
         parity = importlib.util.module_from_spec(spec)
@@ -342,6 +355,8 @@ class Fp8Parity(unittest.TestCase):
         for x in results[1:]:
             ratio = x["final_val_loss"] / results[0]["final_val_loss"]
             self.assertAlmostEqual(x["ratio_to_bf16"], ratio, places=12)
+            self.assertEqual(len(x["ratios_to_bf16_per_seed"]), 1)
+            self.assertAlmostEqual(x["ratios_to_bf16_per_seed"][0], ratio, places=12)
             self.assertEqual(x["verdict"], "PASS" if abs(ratio - 1) <= 0.005 else "MISS")
         self.assertEqual(r.returncode, 0 if all(x["verdict"] != "MISS" for x in results) else 1)
 
