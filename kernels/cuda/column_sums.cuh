@@ -17,7 +17,9 @@
 // column over every chunk was slow: at 16384 x 768 bf16 RMSNorm (8,192
 // partial rows) it took 58 us of a 100 us backward under ncu on an H200.
 // The total is written (=) or added (+=). No float atomics: the order
-// depends only on the shape, never on scheduling (Note [Determinism]).
+// depends only on the shape and the chunking, never on scheduling (Note
+// [Determinism]); LayerNorm's block-per-chunk kernel chunks by the SM count
+// (Note [LayerNorm fused backward]), the other norms' by the shape.
 #pragma once
 
 #include <algorithm>

@@ -91,7 +91,9 @@ __global__ void layer_norm_dx_kernel(const T* __restrict__ dy, const T* __restri
 // dy for the row's two sums, then again (from the cache) for dx, adding
 // dy * xhat and dy of its columns to registers in row order, and at the end
 // writes the chunk's partial rows, which column_total adds (Note
-// [Deterministic column sums]: the order depends on the shape alone). So dy
+// [Deterministic column sums]). The chunks follow the SM count (below), so
+// the sums' order depends on the shape and the GPU model, never on
+// scheduling: one model gives the same bits on every run. So dy
 // and x come from memory once for both gradients, where the one-block-per-row
 // dx kernel and the partials kernel read them twice, in 16-byte packs where
 // those load 2 or 4 bytes at a time. The chunks are sized for about
