@@ -97,7 +97,9 @@ void cast_to_fp8_transpose_with_column_sums_into(const Tensor& x, const Tensor& 
 // micro-batch's cast of a tensor uses one scale (as the weights are one),
 // each merging its amax into the window's running amax
 // (cast_to_fp8_transpose_into with merge_amax, or fp8_amax_merge_ after a
-// cast that took its own); at the close fp8_delayed_scale_update pushes the
+// cast that took its own; both an atomic max on the device, so micro-steps
+// in flight on several streams merge in any order to the same value, Note
+// [Concurrent micro-batches]); at the close fp8_delayed_scale_update pushes the
 // window's amax onto a short history and makes the next window's scale from
 // the history's max. A value past the scale's range saturates, as in
 // Transformer Engine; an infinity or NaN makes the running amax NaN, which

@@ -12,11 +12,16 @@ namespace {
 constexpr int64_t kBlock = 128;  // the block recipe's weight blocks, 128 x 128
 
 // A contiguous FP8 tensor of `shape` over the bytes of `home` from byte `at`
-// (Note [FP8 codes in the compute slots]).
+// (Note [FP8 codes in the compute slots]); the codes must fit in home.
 Tensor codes_in(const Tensor& home, DType dtype, int64_t at, const Shape& shape) {
+  ACCRUE_CHECK(element_size(dtype) == 1 && home.is_contiguous() &&
+                   at + shape_numel(shape) <= static_cast<int64_t>(home.nbytes()),
+               "ParamStore::keep_fp8_copies: codes of shape ", shape_str(shape), " at byte ", at,
+               " overrun their compute slot of ", home.nbytes(), " bytes");
+  const int64_t begin = home.offset() * static_cast<int64_t>(element_size(home.dtype())) + at;
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = home.storage();
-  impl->offset = home.offset() * static_cast<int64_t>(element_size(home.dtype())) + at;
+  impl->offset = begin;
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

@@ -168,9 +168,6 @@ void GraphedWindow::set_concurrent_micro_batches(int n) {
     ACCRUE_CHECK(window_.listeners_.empty(), op, "(", n, "): not with ", window_.listeners_.size(),
                  " window listener(s) (BatchNorm's window statistics): every forward adds to "
                  "their state");
-    ACCRUE_CHECK(!window_.store_.has_fp8_copies(), op, "(", n,
-                 "): not with FP8 weight copies: FP8 layers have not yet been checked bit for "
-                 "bit under concurrent micro-batches");
   }
   concurrent_ = n;
 }

@@ -101,11 +101,18 @@
 //    trainable tensor in the ParamStore.
 //  - Refused with a GradientSync (its hooks launch all-reduces from the
 //    host), window listeners (BatchNorm's statistics, which every forward
-//    adds to), close_under_forward (a side stream's forward would not wait for
-//    the steps, Note [Close under the forward]) and FP8 weight copies. The
-//    FP8 layers' forwards write nothing shared (the copies are read, each
-//    cast makes its own scale), but no test has run them concurrently and
-//    compared the bits yet, so they stay refused until one does.
+//    adds to) and close_under_forward (a side stream's forward would not wait
+//    for the steps, Note [Close under the forward]).
+//  - FP8 layers (Note [Window FP8 weights]) take part: the weights' FP8
+//    copies are only read within a window; a current-scaling or block cast
+//    makes its own scale; the bias gradient from the cast of dy goes into
+//    the bias's slot, ordered as any slot. Delayed scaling's casts merge
+//    their amax into the window's running amax from several streams at
+//    once: every merge is an atomic max (Note [FP8 delayed scaling]), which
+//    gives the same value in any order. A cast's guarded scale_inv reads the
+//    running amax as it stands. Whether it sees another stream's overflow
+//    therefore depends on timing, but an overflow anywhere in the window
+//    skips the window at the close, so the weights do not depend on it.
 //
 // The step function must not keep tensors it made past its return (the
 // captured graph owns that memory), and a grad-ready hook registered by the

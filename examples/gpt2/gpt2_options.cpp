@@ -158,9 +158,8 @@ bool parse_gpt2_options(int argc, char** argv, Gpt2Options& o) {
   if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing || o.fp8.on))
     usage_error("--composed has no dropout, no activation checkpointing and no FP8");
   check_close_under_forward(cli, o.close_under_forward, {o.composed ? "--composed" : nullptr});
-  check_concurrent_micro_batches(
-      o.concurrent_micro_batches, o.cuda_graphs,
-      {o.close_under_forward.on ? "--close-under-forward" : nullptr, o.fp8.on ? "--fp8" : nullptr});
+  check_concurrent_micro_batches(o.concurrent_micro_batches, o.cuda_graphs,
+                                 {o.close_under_forward.on ? "--close-under-forward" : nullptr});
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
     usage_error("--bench takes no --checkpoint or --resume");
   if (o.bench) o.windows = bench_window_count(o.bench_warmup, o.bench_windows);

@@ -196,7 +196,7 @@ void check_options(const OptionTable& cli, TrainOptions& o) {
                             {o.zero1 ? "--zero1" : nullptr, o.composed ? "--composed" : nullptr});
   check_concurrent_micro_batches(o.concurrent_micro_batches, o.cuda_graphs,
                                  {o.close_under_forward.on ? "--close-under-forward" : nullptr,
-                                  o.fp8.on ? "--fp8" : nullptr, o.zero1 ? "--zero1" : nullptr});
+                                  o.zero1 ? "--zero1" : nullptr});
   if (o.stop_micro_steps > 0 && (!o.stop_after || o.checkpoint.empty()))
     usage_error("--stop-micro-steps needs --stop-after N and --checkpoint FILE");
   if (o.stop_micro_steps > 0 && *o.stop_after >= o.windows)

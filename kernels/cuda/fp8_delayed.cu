@@ -17,9 +17,14 @@ __device__ __forceinline__ float quiet_nan() {
   return __uint_as_float(0x7fc00000u);
 }
 
+// An atomic max of the bits (amaxes are >= 0 or NaN, so their bits order as
+// the values, NaN's above inf's): micro-steps in flight on several streams
+// merge into one running amax, in any order, to the same value (Note
+// [Concurrent micro-batches]). A NaN is merged as the quiet NaN.
 __global__ void amax_merge_kernel(float* running, const float* amax) {
-  const float r = *running, a = *amax;
-  *running = isnan(r) || isnan(a) ? quiet_nan() : fmaxf(r, a);
+  const float a = *amax;
+  const uint32_t bits = isnan(a) ? __float_as_uint(quiet_nan()) : __float_as_uint(a);
+  if (bits != 0u) atomicMax(reinterpret_cast<uint32_t*>(running), bits);
 }
 
 __global__ void delayed_update_kernel(float* state, int64_t rows, int64_t width, float fp8_max,

@@ -16,101 +16,28 @@
 #include <string>
 #include <vector>
 
-#include "accrue/autograd/fp8_ops.h"
-#include "accrue/autograd/ops.h"
-#include "accrue/dist/reducer.h"
-#include "accrue/nn/module.h"
-#include "accrue/optim/optimizer.h"
-#include "accrue/optim/param_store.h"
-#include "accrue/optim/window.h"
+#include "tests/dist/fp8_dist_run.h"
 #include "tests/dist/host_world.h"
-#include "tests/test_util.h"
 
 namespace accrue::dist {
 namespace {
 
+using fp8_run::kWindows;
+using fp8_run::Result;
+using fp8_run::train;
 using host::HostCommunicator;
 using host::HostWorld;
-
-constexpr int64_t kRows = 16, kWindows = 3, kGlobalMicro = 4;
-
-struct Result {
-  std::vector<double> params;
-  std::vector<double> losses;
-  std::vector<float> fp8_state;  // delayed scaling's x rows, then dy's
-};
-
-// Window w's global micro-batch m: inputs [kRows, 32], targets [kRows].
-std::pair<Tensor, Tensor> micro_batch(int64_t w, int64_t m) {
-  Generator gen(static_cast<uint64_t>(100 + w * kGlobalMicro + m));
-  Tensor x = randn({kRows, 32}, DType::f32, Device::cpu(), &gen);
-  std::vector<int64_t> y(kRows);
-  for (int64_t i = 0; i < kRows; ++i)
-    y[static_cast<size_t>(i)] = (w * 7 + m * 3 + i * 5) % 16;
-  return {x, from_vector<int64_t>(y, {kRows})};
-}
-
-// compute: the store's compute dtype; with bf16 the FP8 codes live in the
-// compute slots (Note [FP8 codes in the compute slots]) until ZeRO-1 shards
-// the master and moves them out.
-Result train(int world, int rank, Communicator* comm, bool zero1, bool delayed = false,
-             DType compute = DType::f32) {
-  Generator init(3 + static_cast<uint64_t>(rank));  // ranks start apart: the broadcast fixes it
-  nn::MLP model({32, 64, 16}, {Device::cpu(), DType::f32, &init});
-  const std::vector<Tensor> fp8 = nn::use_fp8(model);
-  optim::Optimizer opt(optim::AdamWOptions(1e-2).weight_decay(0.1));
-  optim::ParamStore store(model.named_parameters(), optim::ParamStoreOptions()
-                                                        .moments(opt.moments_needed())
-                                                        .compute_dtype(compute)
-                                                        .shard_ranks(zero1 ? world : 1));
-  store.keep_fp8_copies(fp8);
-  EXPECT_EQ(store.memory().fp8_in_compute, compute == DType::bf16);
-  if (delayed) store.keep_fp8_delayed_scaling(fp8, optim::Fp8DelayedOptions().history(2));
-  std::unique_ptr<Reducer> reducer;
-  if (comm) {
-    ReducerOptions o;
-    o.buckets.first_bucket_bytes = 2048;
-    o.buckets.bucket_bytes = 8192;
-    o.zero1 = zero1;
-    reducer = std::make_unique<Reducer>(store, *comm, o);
-    reducer->broadcast_parameters(0);
-  }
-  const bool sharded = comm && zero1 && compute == DType::bf16;  // the master, and the codes out
-  EXPECT_EQ(store.master_sharded(), sharded);
-  EXPECT_EQ(store.memory().fp8_in_compute, compute == DType::bf16 && !sharded);
-  const int64_t K = kGlobalMicro / world;
-  optim::Window window(store, opt, optim::WindowOptions().micro_steps(K).max_grad_norm(1.0),
-                       reducer.get());
-  Result r;
-  for (int64_t w = 0; w < kWindows; ++w) {
-    for (int64_t k = 0; k < K; ++k) {
-      const auto [x, y] = micro_batch(w, rank * K + k);
-      window.backward(cross_entropy(model.forward(x.to(compute)), y));
-    }
-    window.close();
-    r.losses.push_back(window.report().loss);
-  }
-  for (const nn::NamedParameter& p : model.named_parameters())
-    for (double v : detach(p.tensor).to(DType::f64).to_vector<double>())
-      r.params.push_back(v);
-  if (const optim::Fp8DelayedScaling* s = store.fp8_delayed_scaling()) {
-    for (const Tensor& state : {s->x_state(), s->dy_state()})
-      for (float v : state.to_vector<float>())
-        r.fp8_state.push_back(v);
-  }
-  return r;
-}
 
 TEST(HostWorldFp8, two_ranks_agree_bitwise_and_match_one_process) {
   for (bool delayed : {false, true})
     for (bool zero1 : {false, true}) {
       SCOPED_TRACE(std::string(zero1 ? "zero1" : "plain") + (delayed ? ", delayed scaling" : ""));
-      const Result single = train(1, 0, nullptr, false, delayed);
+      const Result single = train(1, 0, nullptr, {.delayed = delayed});
       HostWorld world(2);
       std::vector<Result> ranks(2);
       host::on_ranks(2, [&](int r) {
         HostCommunicator comm(world, r);
-        ranks[static_cast<size_t>(r)] = train(2, r, &comm, zero1, delayed);
+        ranks[static_cast<size_t>(r)] = train(2, r, &comm, {.zero1 = zero1, .delayed = delayed});
       });
       EXPECT_EQ(ranks[0].params, ranks[1].params) << "the ranks' weights differ";
       EXPECT_EQ(ranks[0].fp8_state, ranks[1].fp8_state) << "the ranks' scales differ";
@@ -133,12 +60,12 @@ TEST(HostWorldFp8, two_ranks_agree_bitwise_and_match_one_process) {
 TEST(HostWorldFp8, codes_in_the_compute_slots_keep_the_ranks_equal) {
   for (bool zero1 : {false, true}) {
     SCOPED_TRACE(zero1 ? "zero1" : "plain");
-    const Result single = train(1, 0, nullptr, false, false, DType::bf16);
+    const Result single = train(1, 0, nullptr, {.compute = DType::bf16});
     HostWorld world(2);
     std::vector<Result> ranks(2);
     host::on_ranks(2, [&](int r) {
       HostCommunicator comm(world, r);
-      ranks[static_cast<size_t>(r)] = train(2, r, &comm, zero1, false, DType::bf16);
+      ranks[static_cast<size_t>(r)] = train(2, r, &comm, {.zero1 = zero1, .compute = DType::bf16});
     });
     EXPECT_EQ(ranks[0].params, ranks[1].params) << "the ranks' weights differ";
     EXPECT_EQ(ranks[0].losses, ranks[1].losses);

@@ -1,7 +1,8 @@
 // A world of W ranks as W threads of one process, and the communicator whose
 // collectives run on the host between them (exact f64 sums, in rank order):
 // data parallelism tested without a GPU (tests/dist/zero1_test.cpp,
-// tests/dist/sync_batch_norm_test.cpp).
+// tests/dist/sync_batch_norm_test.cpp), or without NCCL on one GPU
+// (tests/dist/gpu_fp8_dist_test.cpp).
 #pragma once
 
 #include <chrono>
@@ -56,13 +57,17 @@ class HostWorld {
   std::vector<std::vector<double>> slots_;
 };
 
+// On a CUDA device (the ranks' threads sharing one GPU) a collective reads
+// the data back to the host on the thread's current stream, which waits for
+// the work queued before it, and copies the result in on that stream.
 class HostCommunicator final : public Communicator {
  public:
-  HostCommunicator(HostWorld& world, int rank) : world_(world), rank_(rank) {}
+  HostCommunicator(HostWorld& world, int rank, Device device = Device::cpu())
+      : world_(world), rank_(rank), device_(device) {}
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_.size(); }
-  Device device() const override { return Device::cpu(); }
+  Device device() const override { return device_; }
   StreamHandle stream() const override { return nullptr; }
 
   void all_reduce(const Tensor& data, ReduceOp op) override {
@@ -110,6 +115,7 @@ class HostCommunicator final : public Communicator {
 
   HostWorld& world_;
   int rank_;
+  Device device_;
 };
 
 // Runs fn(rank) for every rank of a world on its own thread and joins them;

@@ -10,8 +10,11 @@
 #include <memory>
 
 #include "accrue/autograd/engine.h"
+#include "accrue/autograd/fp8_ops.h"
+#include "accrue/autograd/ops.h"
 #include "accrue/dist/reducer.h"
 #include "accrue/kernels/ops.h"
+#include "accrue/nn/module.h"
 #include "tests/dist/multi_gpu_world.h"
 #include "tests/dist/norm_rows_dist_cases.h"
 #include "tests/dist/unused_parameters_util.h"
@@ -483,6 +486,59 @@ TEST(MultiGpu, different_parameter_layouts_are_an_error_on_every_rank) {
   // The check is an ordinary collective: the world is still healthy.
   world().check();
   EXPECT_FALSE(world().aborted());
+}
+
+// ---- FP8 -------------------------------------------------------------------------------
+
+// FP8 layers (Note [Window FP8 weights]) with a bf16 compute copy, each rank
+// on its own data: the weights stay equal on every rank, bit for bit. With
+// delayed scaling (Note [FP8 delayed scaling]) the ranks' window amaxes
+// differ, and the close max-reduces them over NCCL before the update, so
+// the scales and histories are equal on every rank too. Without that
+// reduce they would drift apart, and the weights with them.
+TEST(MultiGpu, fp8_ranks_keep_equal_weights_and_delayed_scales) {
+  constexpr int64_t kRows = 32, K = 2, kWindows = 3;
+  for (bool delayed : {false, true}) {
+    SCOPED_TRACE(delayed ? "delayed scaling" : "current scaling");
+    Generator init(3 + static_cast<uint64_t>(info().rank));  // apart: the broadcast fixes it
+    nn::MLP model({64, 128, 32}, {device(), DType::f32, &init});
+    const std::vector<Tensor> fp8 = nn::use_fp8(model);
+    optim::Optimizer opt(optim::AdamWOptions(1e-2).weight_decay(0.1));
+    optim::ParamStore store(model.named_parameters(), optim::ParamStoreOptions()
+                                                          .device(device())
+                                                          .compute_dtype(DType::bf16)
+                                                          .moments(opt.moments_needed()));
+    store.keep_fp8_copies(fp8);
+    if (delayed) store.keep_fp8_delayed_scaling(fp8, optim::Fp8DelayedOptions().history(2));
+    Reducer reducer(store, world(), ReducerOptions());
+    reducer.broadcast_parameters(0);
+    optim::Window window(store, opt, optim::WindowOptions().micro_steps(K).max_grad_norm(1.0),
+                         &reducer);
+    for (int64_t w = 0; w < kWindows; ++w) {
+      for (int64_t k = 0; k < K; ++k) {
+        // Each rank its own inputs, of a scale of its own: the amaxes differ.
+        Generator gen(static_cast<uint64_t>(100 + 10 * w + k + 1000 * info().rank));
+        const Tensor x = (randn({kRows, 64}, DType::f32, Device::cpu(), &gen) * (1.0 + info().rank))
+                             .to(DType::bf16)
+                             .to(device());
+        std::vector<int64_t> y(kRows);
+        for (int64_t i = 0; i < kRows; ++i)
+          y[static_cast<size_t>(i)] = (w * 7 + k * 3 + i * 5 + info().rank) % 32;
+        window.backward(
+            cross_entropy(model.forward(x), from_vector<int64_t>(y, {kRows}).to(device())));
+      }
+      window.close();
+      EXPECT_FALSE(window.report().skipped) << "window " << w;
+    }
+    EXPECT_TRUE(same_on_every_rank(store.master()));
+    EXPECT_TRUE(same_on_every_rank(store.compute()));
+    if (delayed) {
+      const optim::Fp8DelayedScaling* s = store.fp8_delayed_scaling();
+      ASSERT_NE(s, nullptr);
+      EXPECT_TRUE(same_on_every_rank(s->x_state()));
+      EXPECT_TRUE(same_on_every_rank(s->dy_state()));
+    }
+  }
 }
 
 }  // namespace

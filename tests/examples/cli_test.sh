@@ -169,7 +169,7 @@ case $name in
       --concurrent-micro-batches 2
     expect 2 "--concurrent-micro-batches must be in [1, 64], got 0" --synthetic --cuda-graphs \
       --concurrent-micro-batches 0
-    for other in --close-under-forward --fp8 --zero1; do
+    for other in --close-under-forward --zero1; do
       expect 2 "--concurrent-micro-batches is not taken with $other" --synthetic --cuda-graphs \
         --concurrent-micro-batches 2 $other
     done
@@ -182,6 +182,13 @@ case $name in
     run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 3
     [[ $rc -eq 0 && -n $grouped && $(grep "^final:" <<< "$out") == "$grouped" ]] ||
       fail "train --concurrent-micro-batches 2: exit code $rc, '$grouped' vs '$(grep "^final:" <<< "$out")'"
+    # FP8 layers take part, delayed scaling too (Note [Concurrent micro-batches]).
+    run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 3 --cuda-graphs \
+      --concurrent-micro-batches 2 --fp8 --fp8-scaling delayed
+    grouped=$(grep "^final:" <<< "$out")
+    run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 3 --fp8 --fp8-scaling delayed
+    [[ $rc -eq 0 && -n $grouped && $(grep "^final:" <<< "$out") == "$grouped" ]] ||
+      fail "train --concurrent-micro-batches 2 --fp8: exit code $rc, '$grouped' vs '$(grep "^final:" <<< "$out")'"
 
     run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 2 \
       --close-under-forward --close-layer-elements 2000

@@ -70,22 +70,28 @@ TEST(GpuGraphedWindow, concurrent_micro_batches_are_bitwise_the_eager_loop) {
 // Note [FP8 delayed scaling]: the first window calibrates (every call eager),
 // then the micro-steps' graphs cast with the rows' scales, which each replayed
 // close updates on the device: bitwise the eager run, rows included. Current
-// scaling with the kept copies as well.
+// scaling with the kept copies as well. One micro-step at a time, and in
+// groups of 2 (Note [Concurrent micro-batches]: a group of 2 and one of 1 at
+// K = 3), where delayed scaling's casts merge their amax into the rows from
+// both streams (an atomic max).
 TEST(GpuGraphedWindow, fp8_replays_are_bitwise_the_eager_run) {
   ACCRUE_REQUIRE_CUDA();
   const PoolScope pool;
-  for (test::Fp8Mode mode : {test::Fp8Mode::current, test::Fp8Mode::delayed}) {
-    SCOPED_TRACE(mode == test::Fp8Mode::delayed ? "delayed scaling" : "current scaling");
-    test::Schedule s;
-    s.windows = 5;
-    s.fp8 = mode;
-    const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, DType::bf16, s);
-    EXPECT_GT(out.counts.replayed_micro_steps, 0);
-    EXPECT_GT(out.counts.replayed_closes, 0);
-    if (mode == test::Fp8Mode::delayed) {
-      EXPECT_GE(out.counts.eager_micro_steps, 3);  // window 0 calibrates
+  for (test::Fp8Mode mode : {test::Fp8Mode::current, test::Fp8Mode::delayed})
+    for (int n : {1, 2}) {
+      SCOPED_TRACE(std::string(mode == test::Fp8Mode::delayed ? "delayed" : "current") +
+                   " scaling, micro-steps in flight: " + std::to_string(n));
+      test::Schedule s;
+      s.windows = 5;
+      s.concurrent = n;
+      s.fp8 = mode;
+      const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, DType::bf16, s);
+      EXPECT_GT(out.counts.replayed_micro_steps, 0);
+      EXPECT_GT(out.counts.replayed_closes, 0);
+      if (mode == test::Fp8Mode::delayed) {
+        EXPECT_GE(out.counts.eager_micro_steps, 3);  // window 0 calibrates
+      }
     }
-  }
 }
 
 TEST(GpuGraphedWindow, fp8_codes_in_the_compute_slots_train_as_codes_apart) {

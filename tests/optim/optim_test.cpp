@@ -122,7 +122,8 @@ TEST(GraphedWindow, on_the_cpu_fp8_codes_in_the_compute_slots_train_as_codes_apa
   test::fp8_codes_in_slots_train_as_codes_apart(Device::cpu());
 }
 
-// K = 3 with groups of 2 leaves a last group of one.
+// K = 3 with groups of 2 leaves a last group of one. FP8 layers with delayed
+// scaling take part as well.
 TEST(GraphedWindow, on_the_cpu_concurrent_micro_batches_run_in_order_and_equal_a_plain_window) {
   test::Schedule s;
   s.windows = 3;
@@ -132,6 +133,10 @@ TEST(GraphedWindow, on_the_cpu_concurrent_micro_batches_run_in_order_and_equal_a
   EXPECT_EQ(out.counts.eager_micro_steps, 9);
   EXPECT_EQ(out.counts.graphs, 0);
   EXPECT_EQ(out.warnings, "");
+  s.fp8 = test::Fp8Mode::delayed;
+  const test::GraphedOutcome fp8 = test::graphed_matches_eager(Device::cpu(), DType::f32, s);
+  EXPECT_EQ(fp8.counts.eager_micro_steps, 9);
+  EXPECT_EQ(fp8.warnings, "");
 }
 
 // The inputs wait for the rest of their group (on the CPU too, where a group
