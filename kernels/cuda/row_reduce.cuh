@@ -32,7 +32,9 @@ namespace {
 //    of chunks whose partials go to a scratch tensor, and a second kernel folds
 //    them in chunk order. The number of chunks comes from one wave of blocks
 //    (SM count x resident blocks per SM of the compiled kernel): fixed for a
-//    GPU model and a build.
+//    GPU model and a build. (sum_rows of up to 4,096 rows on Hopper folds
+//    its chunks in one kernel instead, in the same order, with the chunks
+//    from the shape alone: Note [Column sums in one cluster].)
 // Nothing uses atomics, so the same input gives bitwise the same output.
 
 constexpr int kThreads = 256;

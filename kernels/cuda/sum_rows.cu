@@ -2,8 +2,11 @@
 // gradient), in the order of Note [Fixed reduction order]
 // (kernels/cuda/row_reduce.cuh).
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
+
+#include <cooperative_groups.h>
 
 #include "accrue/core/cuda_types.cuh"
 #include "accrue/kernels/backend.h"
@@ -15,22 +18,17 @@ namespace {
 // sum_rows: the least number of rows a block sums before rows are split across blocks.
 constexpr int64_t kMinRowsPerChunk = 64;
 
-// Column sums of the contiguous [n, d] matrix `in`. Block (x, y) sums the
-// columns of tile x (32 * V columns: thread tx owns V adjacent ones, read as one
-// pack) over rows [y * rows_per_chunk, ...): thread row ty takes every TY-th
-// row in order, then the TY partial sums of a column are added in ty order.
-// The result goes to out[y * d + column]: the final output when gridDim.y == 1
-// (added to it when accumulate), else the y-th row of the partials.
-template <class Tin, class Tout, class A, int V, int TY>
-__global__ void __launch_bounds__(32 * TY)
-    sum_columns_kernel(const Tin* in, int64_t n, int64_t d, int64_t rows_per_chunk, Tout* out,
-                       bool accumulate) {
-  __shared__ A partial[TY][32 * V];
+// Column sums of the contiguous [n, d] matrix `in`, one block's share: the
+// columns of tile blockIdx.x (32 * V columns: thread tx owns V adjacent ones,
+// read as one pack) over rows [r0, r1): thread row ty takes every TY-th row in
+// order, then the TY partial sums of a column are added in ty order. Column k
+// of the tile calls `emit(k, sum)` once, on one thread.
+template <class Tin, class A, int V, int TY, class Emit>
+__device__ __forceinline__ void column_tile_sums(const Tin* in, int64_t r0, int64_t r1, int64_t d,
+                                                 A (&partial)[TY][32 * V], Emit emit) {
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * 32 * V;
   const int64_t col = tile + tx * V;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
-  const int64_t r1 = std::min(n, r0 + rows_per_chunk);
   A acc[V];
 #pragma unroll
   for (int j = 0; j < V; ++j)
@@ -62,16 +60,136 @@ __global__ void __launch_bounds__(32 * TY)
     partial[ty][tx * V + j] = acc[j];
   __syncthreads();
   for (int k = ty * 32 + tx; k < 32 * V; k += 32 * TY) {
-    const int64_t c = tile + k;
-    if (c >= d) break;
+    if (tile + k >= d) break;
     A s = partial[0][k];
 #pragma unroll
     for (int y = 1; y < TY; ++y)
       s += partial[y][k];
-    Tout* o = out + static_cast<int64_t>(blockIdx.y) * d + c;
-    if (accumulate) s = dev::convert<A>(*o) + s;
-    *o = dev::convert<Tout>(s);
+    emit(k, s);
   }
+}
+
+// Block (x, y) sums tile x over rows [y * rows_per_chunk, ...) (column_tile_sums).
+// The result goes to out[y * d + column]: the final output when gridDim.y == 1
+// (added to it when accumulate), else the y-th row of the partials.
+template <class Tin, class Tout, class A, int V, int TY>
+__global__ void __launch_bounds__(32 * TY)
+    sum_columns_kernel(const Tin* in, int64_t n, int64_t d, int64_t rows_per_chunk, Tout* out,
+                       bool accumulate) {
+  __shared__ A partial[TY][32 * V];
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * 32 * V;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  column_tile_sums<Tin, A, V, TY>(in, r0, std::min(n, r0 + rows_per_chunk), d, partial,
+                                  [&](int k, A s) {
+                                    Tout* o = out + static_cast<int64_t>(blockIdx.y) * d + tile + k;
+                                    if (accumulate) s = dev::convert<A>(*o) + s;
+                                    *o = dev::convert<Tout>(s);
+                                  });
+}
+
+// Note [Column sums in one cluster]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// At a micro-batch of one to four GPT-2 sequences (1,024 to 4,096 rows) a
+// Linear's bias gradient reads 1.5 to 25 MB, and both kernels of the two-pass
+// sum (chunk partials, then the partials in chunk order) are bound by
+// latency, not bandwidth: at GPT-2 124M 1 x 32 on an H200, 3.1 us and 2.8 us
+// a sum, 9.1 ms of a 108 ms window over 1,536 sums (bench/RESULTS.md,
+// eleventh session). On compute capability 9.0 and up, up to
+// kMaxClusterChunks chunks of a column tile run as the blocks of one
+// thread-block cluster instead: each block leaves its chunk's sums in shared
+// memory, and after a cluster barrier the cluster's first block adds them in
+// chunk order through distributed shared memory and writes (=) or adds (+=)
+// the total; a second barrier keeps the other blocks' shared memory alive
+// until it has read them. One kernel, no scratch, no atomics: the order
+// depends on the shape alone (the chunks are min(16, n / 64), not a count
+// from the SM count as in the two-pass sum), so the same input gives the same
+// bits on every run (Note [Determinism]). Where the cluster cannot be placed
+// (an older GPU, or no GPC with room for it) the two-pass sum runs.
+constexpr int kMaxClusterChunks = 16;
+// The cluster path takes up to this many rows: beyond, a chunk of 16 would
+// hold over 256 rows and the two passes spread the reads over more blocks.
+constexpr int64_t kMaxClusterRows = kMaxClusterChunks * 256;
+
+template <class Tin, class Tout, class A, int V, int TY>
+__global__ void __launch_bounds__(32 * TY)
+    sum_columns_cluster_kernel(const Tin* in, int64_t n, int64_t d, int64_t rows_per_chunk,
+                               Tout* out, bool accumulate) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  __shared__ A partial[TY][32 * V];
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * 32 * V;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  // The chunk's sums land in partial[0] (each column's thread rewrites only its own column).
+  column_tile_sums<Tin, A, V, TY>(in, r0, std::min(n, r0 + rows_per_chunk), d, partial,
+                                  [&](int k, A s) { partial[0][k] = s; });
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  if (cluster.block_rank() == 0) {
+    const int chunks = static_cast<int>(cluster.num_blocks());
+    for (int k = threadIdx.y * 32 + threadIdx.x; k < 32 * V; k += 32 * TY) {
+      if (tile + k >= d) break;
+      A got[kMaxClusterChunks];
+#pragma unroll
+      for (int c = 0; c < kMaxClusterChunks; ++c)
+        if (c < chunks) got[c] = cluster.map_shared_rank(&partial[0][k], c)[0];
+      A s = got[0];
+#pragma unroll
+      for (int c = 1; c < kMaxClusterChunks; ++c)
+        if (c < chunks) s += got[c];
+      Tout* o = out + tile + k;
+      if (accumulate) s = dev::convert<A>(*o) + s;
+      *o = dev::convert<Tout>(s);
+    }
+  }
+  cluster.sync();
+#endif
+}
+
+// The launch of `tiles` x `chunks` blocks, each column of `chunks` blocks one cluster.
+struct ClusterLaunch {
+  cudaLaunchAttribute attribute = {};
+  cudaLaunchConfig_t config = {};
+  ClusterLaunch(unsigned tiles, dim3 block, int chunks, cudaStream_t stream) {
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = 1;
+    attribute.val.clusterDim.y = static_cast<unsigned>(chunks);
+    attribute.val.clusterDim.z = 1;
+    config.gridDim = dim3(tiles, static_cast<unsigned>(chunks));
+    config.blockDim = block;
+    config.stream = stream;
+    config.attrs = &attribute;  // so never copied
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+// Whether `chunks` blocks of the cluster kernel fit one cluster on `device`
+// (compute capability 9.0+, and a GPC with room for them), asked once per
+// kernel, device and cluster size.
+template <class Kernel>
+bool cluster_fits(Kernel* kernel, int device, int chunks, dim3 block) {
+  constexpr int kDevices = 64;
+  // 0 unknown, 1 yes, -1 no; any thread may ask first, and all find the same answer.
+  static std::atomic<int8_t> known[kDevices][kMaxClusterChunks + 1] = {};
+  if (device < 0 || device >= kDevices || chunks < 2 || chunks > kMaxClusterChunks) return false;
+  std::atomic<int8_t>& k = known[device][chunks];
+  if (k.load(std::memory_order_relaxed) == 0) {
+    int major = 0;
+    ACCRUE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    bool fits = false;
+    if (major >= 9) {
+      // Clusters of more than 8 blocks are "non-portable": allowed per kernel.
+      ACCRUE_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      const ClusterLaunch one(1, block, chunks, nullptr);
+      int clusters = 0;
+      ACCRUE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &one.config));
+      fits = clusters > 0;
+    }
+    k.store(fits ? 1 : -1, std::memory_order_relaxed);
+  }
+  return k.load(std::memory_order_relaxed) > 0;
 }
 
 template <class Tin, class Tout>
@@ -88,6 +206,19 @@ void sum_rows_typed(const Tensor& in, const Tensor& out, bool accumulate) {
   Tout* y = static_cast<Tout*>(out.data_ptr());
   const int64_t tiles = (d + 32 * V - 1) / (32 * V);
   const dim3 block(32, TY);
+  // Note [Column sums in one cluster]
+  const int64_t cluster_chunks =
+      std::min<int64_t>(kMaxClusterChunks, (n + kMinRowsPerChunk - 1) / kMinRowsPerChunk);
+  auto* cluster_kernel = sum_columns_cluster_kernel<Tin, Tout, A, V, TY>;
+  if (n <= kMaxClusterRows &&
+      cluster_fits(cluster_kernel, device, static_cast<int>(cluster_chunks), block)) {
+    const int64_t rows = (n + cluster_chunks - 1) / cluster_chunks;
+    const ClusterLaunch launch(checked_grid(tiles, "sum_rows"), block,
+                               static_cast<int>(cluster_chunks), stream);
+    ACCRUE_CUDA_CHECK(
+        cudaLaunchKernelEx(&launch.config, cluster_kernel, x, n, d, rows, y, accumulate));
+    return;
+  }
   // Split the rows into chunks when one pass over the column tiles would leave
   // most of the GPU idle (the usual case: d is a few thousand).
   auto* partial_kernel = sum_columns_kernel<Tin, A, A, V, TY>;

@@ -164,12 +164,17 @@ TEST(GpuSumRows, integer_column_sums_are_exact_when_writing_and_accumulating) {
   ACCRUE_REQUIRE_CUDA();
   // Linear's bias gradient ([tokens, features], bf16 into an fp32 slot) and
   // small or odd shapes (no split, widths that are not a multiple of a pack).
+  // Up to 4,096 rows the sums run in one cluster on Hopper (Note [Column sums
+  // in one cluster]: 1,024 x 2,304 is GPT-2 124M's qkv at micro-batch 1, 100
+  // rows a cluster of 2); 4,097 rows take the two passes.
   const SumRowsCase cases[] = {
       {DType::bf16, DType::f32, 16384, 768}, {DType::bf16, DType::f32, 16384, 3072},
-      {DType::f32, DType::f32, 16384, 768},  {DType::f16, DType::f32, 4096, 1000},
-      {DType::f64, DType::f64, 5000, 129},   {DType::bf16, DType::bf16, 3000, 768},
-      {DType::f16, DType::f16, 3000, 33},    {DType::f32, DType::f32, 100, 33},
-      {DType::f32, DType::f32, 1, 5},        {DType::f32, DType::f32, 20000, 1},
+      {DType::bf16, DType::f32, 1024, 2304}, {DType::bf16, DType::f32, 1024, 768},
+      {DType::f32, DType::f32, 4097, 300},   {DType::f32, DType::f32, 16384, 768},
+      {DType::f16, DType::f32, 4096, 1000},  {DType::f64, DType::f64, 5000, 129},
+      {DType::bf16, DType::bf16, 3000, 768}, {DType::f16, DType::f16, 3000, 33},
+      {DType::f32, DType::f32, 100, 33},     {DType::f32, DType::f32, 1, 5},
+      {DType::f32, DType::f32, 20000, 1},
   };
   for (const SumRowsCase& c : cases) {
     for (bool accumulate : {false, true}) {
@@ -189,6 +194,7 @@ TEST(GpuSumRows, integer_column_sums_are_exact_when_writing_and_accumulating) {
 TEST(GpuSumRows, normal_column_sums_are_close_and_deterministic) {
   ACCRUE_REQUIRE_CUDA();
   const SumRowsCase cases[] = {{DType::bf16, DType::f32, 16384, 768},
+                               {DType::bf16, DType::f32, 1024, 3072},
                                {DType::f32, DType::f32, 8192, 3072},
                                {DType::f64, DType::f64, 3000, 100},
                                {DType::bf16, DType::bf16, 2000, 513}};
