@@ -65,9 +65,23 @@ __device__ __forceinline__ A column_rows_sum(const A* __restrict__ in, int64_t b
   return column_tile_total(s);
 }
 
+// Up to two totals of the same shape, chunks and output type (LayerNorm's
+// dweight and dbias) go through the same launches: the grid's last dimension
+// picks the target, so a pair costs the launches of one.
+template <class A, class O>
+struct ColumnTotalTargets {
+  const A* partial[2];
+  O* out[2];
+  int64_t out_stride[2];
+  int count;  // 1 or 2
+};
+
 template <class A>
-__global__ void column_span_sums_kernel(const A* __restrict__ in, int64_t rows, int64_t d,
-                                        A* __restrict__ out) {
+__global__ void column_span_sums_kernel(const A* __restrict__ in0, const A* __restrict__ in1,
+                                        int64_t rows, int64_t d, A* __restrict__ out0,
+                                        A* __restrict__ out1) {
+  const A* in = blockIdx.z == 0 ? in0 : in1;
+  A* out = blockIdx.z == 0 ? out0 : out1;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * kSpan;
   const A s = column_rows_sum(in, begin, std::min(rows, begin + kSpan), d, c);
@@ -75,39 +89,54 @@ __global__ void column_span_sums_kernel(const A* __restrict__ in, int64_t rows, 
 }
 
 // The chunks of each column summed (column_rows_sum over all of them) and
-// written (=) or added (+=) to out[c * out_stride].
+// written (=) or added (+=) to out[c * out_stride], of target blockIdx.y.
 template <class A, class O>
-__global__ void column_total_kernel(const A* __restrict__ partial, int64_t chunks, int64_t d,
-                                    O* out, int64_t out_stride, bool accumulate) {
+__global__ void column_total_kernel(ColumnTotalTargets<A, O> t, int64_t chunks, int64_t d,
+                                    bool accumulate) {
+  const int i = static_cast<int>(blockIdx.y);
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
-  const A s = column_rows_sum(partial, 0, chunks, d, c);
+  const A s = column_rows_sum(t.partial[i], 0, chunks, d, c);
   if (threadIdx.y == 0 && c < d) {
-    O& o = out[c * out_stride];
+    O& o = t.out[i][c * t.out_stride[i]];
     o = ::accrue::cuda::convert<O>(accumulate ? reduce::load<A>(o) + s : s);
   }
 }
 
-// Note [Deterministic column sums], pass 2: partial [chunks, d] (f32 or f64,
-// `acc`) summed over its rows into out, on `stream`.
+// Note [Deterministic column sums], pass 2: each target's partial [chunks, d]
+// (f32 or f64, A) summed over its rows into its out, on `stream`; scratch for
+// the spans on `device`.
 template <class A, class O>
-void column_total(const Tensor& partial, int64_t chunks, int64_t d, O* out, int64_t out_stride,
-                  bool accumulate, cudaStream_t stream) {
+void column_totals(ColumnTotalTargets<A, O> t, int64_t chunks, int64_t d, bool accumulate,
+                   Device device, cudaStream_t stream) {
   const unsigned column_blocks = static_cast<unsigned>((d + kColumnTile - 1) / kColumnTile);
-  const A* rows = static_cast<const A*>(partial.data_ptr());
+  const unsigned targets = static_cast<unsigned>(t.count);
   Tensor span_sums;
   if (chunks > 4 * kSpan) {  // two levels: spans of kSpan chunks first
     const int64_t spans = (chunks + kSpan - 1) / kSpan;
-    span_sums = empty({spans, d}, partial.dtype(), partial.device());
+    span_sums = empty({t.count, spans, d}, dtype_of<A>::value, device);
+    A* sums = static_cast<A*>(span_sums.data_ptr());
     column_span_sums_kernel<A>
-        <<<dim3(column_blocks, static_cast<unsigned>(spans)), dim3(kColumnTile, kRowLanes), 0,
-           stream>>>(rows, chunks, d, static_cast<A*>(span_sums.data_ptr()));
+        <<<dim3(column_blocks, static_cast<unsigned>(spans), targets), dim3(kColumnTile, kRowLanes),
+           0, stream>>>(t.partial[0], t.count > 1 ? t.partial[1] : nullptr, chunks, d, sums,
+                        t.count > 1 ? sums + spans * d : nullptr);
     ACCRUE_LAUNCH_CHECK();
-    rows = static_cast<const A*>(span_sums.data_ptr());
+    for (int i = 0; i < t.count; ++i)
+      t.partial[i] = sums + i * spans * d;
     chunks = spans;
   }
-  column_total_kernel<A, O><<<column_blocks, dim3(kColumnTile, kRowLanes), 0, stream>>>(
-      rows, chunks, d, out, out_stride, accumulate);
+  column_total_kernel<A, O>
+      <<<dim3(column_blocks, targets), dim3(kColumnTile, kRowLanes), 0, stream>>>(t, chunks, d,
+                                                                                  accumulate);
   ACCRUE_LAUNCH_CHECK();
+}
+
+// One target: partial [chunks, d] into out.
+template <class A, class O>
+void column_total(const Tensor& partial, int64_t chunks, int64_t d, O* out, int64_t out_stride,
+                  bool accumulate, cudaStream_t stream) {
+  ColumnTotalTargets<A, O> t{
+      {static_cast<const A*>(partial.data_ptr()), nullptr}, {out, nullptr}, {out_stride, 0}, 1};
+  column_totals<A, O>(t, chunks, d, accumulate, partial.device(), stream);
 }
 
 }  // namespace

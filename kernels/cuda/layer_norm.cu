@@ -392,13 +392,27 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
     auto partial_ptr = [](const Tensor& t) {
       return t.defined() ? static_cast<A*>(t.data_ptr()) : nullptr;
     };
-    auto finish = [&](const Tensor& partial, int64_t chunks, const Tensor& target) {
-      if (!target.defined()) return;
-      visit_grad_dtype<T>(target.dtype(), "layer_norm_backward", [&](auto o_tag) {
+    // The totals of one target, or of two in one dtype (Note [Deterministic column sums]).
+    auto totals = [&](int64_t chunks, const Tensor& p0, const Tensor& t0, const Tensor& p1,
+                      const Tensor& t1) {
+      visit_grad_dtype<T>(t0.dtype(), "layer_norm_backward", [&](auto o_tag) {
         using O = decltype(o_tag);
-        column_total<A, O>(partial, chunks, d, static_cast<O*>(target.data_ptr()), target.stride(0),
-                           accumulate, stream);
+        const bool two = t1.defined();
+        ColumnTotalTargets<A, O> t{
+            {partial_ptr(p0), two ? partial_ptr(p1) : nullptr},
+            {static_cast<O*>(t0.data_ptr()), two ? static_cast<O*>(t1.data_ptr()) : nullptr},
+            {t0.stride(0), two ? t1.stride(0) : 0},
+            two ? 2 : 1};
+        column_totals<A, O>(t, chunks, d, accumulate, device, stream);
       });
+    };
+    // dweight's and dbias's totals in the same launches when both are wanted in
+    // one dtype (at GPT-2 124M 1 x 32, 800 launches of 2.9 us fewer a window).
+    auto finish = [&](const Tensor& partial_dw, const Tensor& partial_db, int64_t chunks) {
+      if (dweight.defined() && dbias.defined() && dweight.dtype() == dbias.dtype())
+        return totals(chunks, partial_dw, dweight, partial_db, dbias);
+      if (dweight.defined()) totals(chunks, partial_dw, dweight, Tensor(), Tensor());
+      if (dbias.defined()) totals(chunks, partial_db, dbias, Tensor(), Tensor());
     };
     // Note [LayerNorm fused backward]: dx and the partials from one read of dy and x.
     constexpr int V = 16 / static_cast<int>(sizeof(T));
@@ -438,8 +452,7 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
       else
         launch(std::integral_constant<int, 4>{});
       ACCRUE_LAUNCH_CHECK();
-      finish(partial_dw, chunks, dweight);
-      finish(partial_db, chunks, dbias);
+      finish(partial_dw, partial_db, chunks);
       return;
     }
     if (fused_shape && fused_rows_per_chunk >= kFusedMinRowsPerChunk) {
@@ -455,8 +468,7 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
               static_cast<const A*>(rstd.data_ptr()), rows, d, fused_rows_per_chunk,
               static_cast<T*>(dx.data_ptr()), partial_ptr(partial_dw), partial_ptr(partial_db));
       ACCRUE_LAUNCH_CHECK();
-      finish(partial_dw, chunks, dweight);
-      finish(partial_db, chunks, dbias);
+      finish(partial_dw, partial_db, chunks);
       return;
     }
     if (rows > 0 && d > 0) {
@@ -482,8 +494,7 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
           rows_per_chunk, partial_ptr(partial_dw), partial_ptr(partial_db));
       ACCRUE_LAUNCH_CHECK();
     }
-    finish(partial_dw, chunks, dweight);
-    finish(partial_db, chunks, dbias);
+    finish(partial_dw, partial_db, chunks);
   });
 }
 
