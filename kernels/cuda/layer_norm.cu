@@ -108,6 +108,43 @@ __global__ void layer_norm_dx_kernel(const T* __restrict__ dy, const T* __restri
 // the two kernels. Rows of at most 32 * kWarpPacks packs (those GPT-2 124M
 // rows among them) now go to the warp kernel first (Note [LayerNorm warp
 // backward]), this one takes wider rows (GPT-2 1.5B's 1,600).
+// The per-pack math both kernels share: a pack's share of the row's two sums
+// (dy * w and dy * w * xhat), then, with their means, the pack's dx and its
+// dweight and dbias terms added to the thread's registers.
+template <class T, class A, int V>
+__device__ __forceinline__ void pack_row_sums(const ::accrue::cuda::Pack<T, V>& a,
+                                              const ::accrue::cuda::Pack<T, V>& g,
+                                              const T* __restrict__ weight, int64_t k, A mu, A rs,
+                                              A& sum_gw, A& sum_gw_xhat) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const A xhat = (load<A>(a.v[v]) - mu) * rs;
+    const A gw = weight ? load<A>(g.v[v]) * load<A>(weight[k * V + v]) : load<A>(g.v[v]);
+    sum_gw += gw;
+    sum_gw_xhat += gw * xhat;
+  }
+}
+
+template <class T, class A, int V>
+__device__ __forceinline__ ::accrue::cuda::Pack<T, V> pack_dx(const ::accrue::cuda::Pack<T, V>& a,
+                                                              const ::accrue::cuda::Pack<T, V>& g,
+                                                              const T* __restrict__ weight,
+                                                              int64_t k, A mu, A rs, A mean_gw,
+                                                              A mean_gw_xhat, A (&acc_w)[V],
+                                                              A (&acc_b)[V]) {
+  ::accrue::cuda::Pack<T, V> out;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const A xhat = (load<A>(a.v[v]) - mu) * rs;
+    const A gv = load<A>(g.v[v]);
+    const A gw = weight ? gv * load<A>(weight[k * V + v]) : gv;
+    out.v[v] = cu::convert<T>(rs * (gw - mean_gw - xhat * mean_gw_xhat));
+    acc_w[v] += gv * xhat;
+    acc_b[v] += gv;
+  }
+  return out;
+}
+
 constexpr int kFusedPacks = 4;
 constexpr int kFusedThreads = 512;
 constexpr int kFusedBlocksPerSm = 4;
@@ -128,14 +165,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * rows_per_chunk;
   const int64_t end = std::min(rows, begin + rows_per_chunk);
   const A inv_d = A(1) / static_cast<A>(d);
-  A acc_w[kFusedPacks][V], acc_b[kFusedPacks][V];
-#pragma unroll
-  for (int j = 0; j < kFusedPacks; ++j)
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      acc_w[j][v] = 0;
-      acc_b[j][v] = 0;
-    }
+  A acc_w[kFusedPacks][V] = {}, acc_b[kFusedPacks][V] = {};
   // Every thread of the block runs every row (the block sums need them all).
   for (int64_t r = begin; r < end; ++r) {
     const T* xr = x + r * d;
@@ -147,13 +177,7 @@ __global__ void __launch_bounds__(kFusedThreads)
       const int64_t k = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
       if (k >= packs) continue;
       const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const A xhat = (load<A>(a.v[v]) - mu) * rs;
-        const A gw = weight ? load<A>(g.v[v]) * load<A>(weight[k * V + v]) : load<A>(g.v[v]);
-        sum_gw += gw;
-        sum_gw_xhat += gw * xhat;
-      }
+      pack_row_sums<T, A, V>(a, g, weight, k, mu, rs, sum_gw, sum_gw_xhat);
     }
     const A mean_gw = block_sum(sum_gw, scratch) * inv_d;
     const A mean_gw_xhat = block_sum(sum_gw_xhat, scratch) * inv_d;
@@ -162,17 +186,9 @@ __global__ void __launch_bounds__(kFusedThreads)
       const int64_t k = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
       if (k >= packs) continue;
       const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
-      Pack<T, V> out;
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const A xhat = (load<A>(a.v[v]) - mu) * rs;
-        const A gv = load<A>(g.v[v]);
-        const A gw = weight ? gv * load<A>(weight[k * V + v]) : gv;
-        out.v[v] = cu::convert<T>(rs * (gw - mean_gw - xhat * mean_gw_xhat));
-        acc_w[j][v] += gv * xhat;
-        acc_b[j][v] += gv;
-      }
-      store_pack<V>(dx + r * d, k, out);
+      store_pack<V>(
+          dx + r * d, k,
+          pack_dx<T, A, V>(a, g, weight, k, mu, rs, mean_gw, mean_gw_xhat, acc_w[j], acc_b[j]));
     }
   }
 #pragma unroll
@@ -229,14 +245,7 @@ __global__ void __launch_bounds__(kWarpRows * 32, 2)
   const int64_t begin = (static_cast<int64_t>(blockIdx.x) * kWarpRows + warp) * rows_per_warp;
   const int64_t end = std::min(rows, begin + rows_per_warp);
   const A inv_d = A(1) / static_cast<A>(d);
-  A acc_w[P][V], acc_b[P][V];
-#pragma unroll
-  for (int j = 0; j < P; ++j)
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      acc_w[j][v] = 0;
-      acc_b[j][v] = 0;
-    }
+  A acc_w[P][V] = {}, acc_b[P][V] = {};
   for (int64_t r = begin; r < end; ++r) {
     const T* xr = x + r * d;
     const T* gr = dy + r * d;
@@ -249,13 +258,7 @@ __global__ void __launch_bounds__(kWarpRows * 32, 2)
       if (k >= packs) continue;
       a[j] = load_pack<V>(xr, k);
       g[j] = load_pack<V>(gr, k);
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const A xhat = (load<A>(a[j].v[v]) - mu) * rs;
-        const A gw = weight ? load<A>(g[j].v[v]) * load<A>(weight[k * V + v]) : load<A>(g[j].v[v]);
-        sum_gw += gw;
-        sum_gw_xhat += gw * xhat;
-      }
+      pack_row_sums<T, A, V>(a[j], g[j], weight, k, mu, rs, sum_gw, sum_gw_xhat);
     }
     const A mean_gw = warp_sum(sum_gw) * inv_d;
     const A mean_gw_xhat = warp_sum(sum_gw_xhat) * inv_d;
@@ -263,17 +266,9 @@ __global__ void __launch_bounds__(kWarpRows * 32, 2)
     for (int j = 0; j < P; ++j) {
       const int64_t k = lane + 32 * j;
       if (k >= packs) continue;
-      Pack<T, V> out;
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const A xhat = (load<A>(a[j].v[v]) - mu) * rs;
-        const A gv = load<A>(g[j].v[v]);
-        const A gw = weight ? gv * load<A>(weight[k * V + v]) : gv;
-        out.v[v] = cu::convert<T>(rs * (gw - mean_gw - xhat * mean_gw_xhat));
-        acc_w[j][v] += gv * xhat;
-        acc_b[j][v] += gv;
-      }
-      store_pack<V>(dx + r * d, k, out);
+      store_pack<V>(dx + r * d, k,
+                    pack_dx<T, A, V>(a[j], g[j], weight, k, mu, rs, mean_gw, mean_gw_xhat, acc_w[j],
+                                     acc_b[j]));
     }
   }
   // The block's partial rows, dweight's then dbias's: each warp writes its
