@@ -67,6 +67,7 @@ void Fp8WeightCopies::add(size_t slot, const std::string& name, const Tensor& pa
   c.weight.q = accrue::empty({n, k}, dtype_, param.device());
   c.weight.q_t = accrue::empty({k, n}, dtype_, param.device());
   cast(c);
+  index_.emplace(slot, copies_.size());
   copies_.push_back(std::move(c));
 }
 
@@ -88,19 +89,18 @@ void Fp8WeightCopies::add_in_slot(size_t slot, const std::string& name, const Te
   if (!staging_.defined() || staging_.numel() < n * k)
     staging_ = accrue::empty({n * k}, home.dtype(), home.device());
   cast(c);
+  index_.emplace(slot, copies_.size());
   copies_.push_back(std::move(c));
+  ++in_slot_;
 }
 
 bool Fp8WeightCopies::in_slot(size_t slot) const {
-  for (const Copy& c : copies_)
-    if (c.slot == slot) return c.home.defined();
-  return false;
+  const auto it = index_.find(slot);
+  return it != index_.end() && copies_[it->second].home.defined();
 }
 
 bool Fp8WeightCopies::any_in_slot() const {
-  for (const Copy& c : copies_)
-    if (c.home.defined()) return true;
-  return false;
+  return in_slot_ > 0;
 }
 
 void Fp8WeightCopies::move_out_of_slot(size_t slot, const Tensor& param) {
@@ -113,7 +113,7 @@ void Fp8WeightCopies::move_out_of_slot(size_t slot, const Tensor& param) {
   c->weight.q = accrue::empty(c->weight.q.shape(), dtype_, param.device());
   c->weight.q_t = accrue::empty(c->weight.q_t.shape(), dtype_, param.device());
   cast(*c);
-  if (!any_in_slot()) staging_ = Tensor();
+  if (--in_slot_ == 0) staging_ = Tensor();
 }
 
 void Fp8WeightCopies::cast(Copy& c) const {
@@ -157,15 +157,13 @@ void Fp8WeightCopies::refresh_slot(size_t slot) {
 }
 
 Fp8WeightCopies::Copy* Fp8WeightCopies::find_copy(size_t slot) {
-  for (Copy& c : copies_)
-    if (c.slot == slot) return &c;
-  return nullptr;
+  const auto it = index_.find(slot);
+  return it == index_.end() ? nullptr : &copies_[it->second];
 }
 
 const Fp8Weight* Fp8WeightCopies::find(size_t slot) const {
-  for (const Copy& c : copies_)
-    if (c.slot == slot) return &c.weight;
-  return nullptr;
+  const auto it = index_.find(slot);
+  return it == index_.end() ? nullptr : &copies_[it->second].weight;
 }
 
 int64_t Fp8WeightCopies::bytes() const {

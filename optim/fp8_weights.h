@@ -59,6 +59,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "accrue/autograd/fp8_ops.h"
@@ -113,6 +114,8 @@ class Fp8WeightCopies {
   int margin_;
   Fp8Recipe recipe_;
   std::vector<Copy> copies_;
+  std::unordered_map<size_t, size_t> index_;  // slot -> its copy in copies_
+  size_t in_slot_ = 0;                        // copies whose codes live in their compute slot
   Tensor staging_;  // the compute dtype, as large as the largest copy in a slot
 };
 
