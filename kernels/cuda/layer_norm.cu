@@ -83,34 +83,10 @@ __global__ void layer_norm_dx_kernel(const T* __restrict__ dy, const T* __restri
   }
 }
 
-// Note [LayerNorm fused backward]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Where a row is a whole number of 16-byte packs, at most kFusedPacks a
-// thread, and the tensors are 16-byte aligned, one kernel makes dx and the
-// parameter partials. Block b takes the rows of chunk b one after another,
-// each thread the packs k = t, t + blockDim.x, ... of the row: it reads x and
-// dy for the row's two sums, then again (from the cache) for dx, adding
-// dy * xhat and dy of its columns to registers in row order, and at the end
-// writes the chunk's partial rows, which column_total adds (Note
-// [Deterministic column sums]). The chunks follow the SM count (below), so
-// the sums' order depends on the shape and the GPU model, never on
-// scheduling: one model gives the same bits on every run. So dy
-// and x come from memory once for both gradients, where the one-block-per-row
-// dx kernel and the partials kernel read them twice, in 16-byte packs where
-// those load 2 or 4 bytes at a time. The chunks are sized for about
-// kFusedBlocksPerSm blocks on each SM, and the kernel is used only where a
-// chunk has at least kFusedMinRowsPerChunk rows: a block runs its rows one
-// after another, so with few rows it waits on memory with little in flight,
-// and the many short chunks need the column totals' second level. Measured
-// on an H200 (bf16 GPT-2, windows of 32,768 tokens): 63 rows a chunk (124M,
-// 32 x 1) gave 1.04-1.06x the window, 16 (124M and 1.5B, 8 x 4) 1.02-1.03x,
-// but 2 (124M, 1 x 32: 1,024 rows) 0.964x; 2 to 15 are not measured and keep
-// the two kernels. Rows of at most 32 * kWarpPacks packs (those GPT-2 124M
-// rows among them) now go to the warp kernel first (Note [LayerNorm warp
-// backward]), this one takes wider rows (GPT-2 1.5B's 1,600).
-// The per-pack math both kernels share: a pack's share of the row's two sums
-// (dy * w and dy * w * xhat), then, with their means, the pack's dx and its
-// dweight and dbias terms added to the thread's registers.
+// The per-pack math that both backward kernels below (the fused and the warp
+// one) share: a pack's share of the row's two sums (dy * w and dy * w *
+// xhat), then, with their means, the pack's dx and its dweight and dbias
+// terms added to the thread's registers.
 template <class T, class A, int V>
 __device__ __forceinline__ void pack_row_sums(const ::accrue::cuda::Pack<T, V>& a,
                                               const ::accrue::cuda::Pack<T, V>& g,
@@ -145,6 +121,31 @@ __device__ __forceinline__ ::accrue::cuda::Pack<T, V> pack_dx(const ::accrue::cu
   return out;
 }
 
+// Note [LayerNorm fused backward]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Where a row is a whole number of 16-byte packs, at most kFusedPacks a
+// thread, and the tensors are 16-byte aligned, one kernel makes dx and the
+// parameter partials. Block b takes the rows of chunk b one after another,
+// each thread the packs k = t, t + blockDim.x, ... of the row: it reads x and
+// dy for the row's two sums, then again (from the cache) for dx, adding
+// dy * xhat and dy of its columns to registers in row order, and at the end
+// writes the chunk's partial rows, which column_total adds (Note
+// [Deterministic column sums]). The chunks follow the SM count (below), so
+// the sums' order depends on the shape and the GPU model, never on
+// scheduling: one model gives the same bits on every run. So dy
+// and x come from memory once for both gradients, where the one-block-per-row
+// dx kernel and the partials kernel read them twice, in 16-byte packs where
+// those load 2 or 4 bytes at a time. The chunks are sized for about
+// kFusedBlocksPerSm blocks on each SM, and the kernel is used only where a
+// chunk has at least kFusedMinRowsPerChunk rows: a block runs its rows one
+// after another, so with few rows it waits on memory with little in flight,
+// and the many short chunks need the column totals' second level. Measured
+// on an H200 (bf16 GPT-2, windows of 32,768 tokens): 63 rows a chunk (124M,
+// 32 x 1) gave 1.04-1.06x the window, 16 (124M and 1.5B, 8 x 4) 1.02-1.03x,
+// but 2 (124M, 1 x 32: 1,024 rows) 0.964x; 2 to 15 are not measured and keep
+// the two kernels. Rows of at most 32 * kWarpPacks packs (those GPT-2 124M
+// rows among them) now go to the warp kernel first (Note [LayerNorm warp
+// backward]), this one takes wider rows (GPT-2 1.5B's 1,600).
 constexpr int kFusedPacks = 4;
 constexpr int kFusedThreads = 512;
 constexpr int kFusedBlocksPerSm = 4;
