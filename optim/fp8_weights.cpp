@@ -152,8 +152,7 @@ void Fp8WeightCopies::refresh() {
 }
 
 void Fp8WeightCopies::refresh_slot(size_t slot) {
-  for (Copy& c : copies_)
-    if (c.slot == slot) cast(c);
+  if (Copy* c = find_copy(slot)) cast(*c);
 }
 
 Fp8WeightCopies::Copy* Fp8WeightCopies::find_copy(size_t slot) {

@@ -2,8 +2,9 @@
 //
 // Every reduction runs in a fixed order (warp shuffles and shared memory in a
 // fixed tree, per-chunk partial sums added in an order fixed by the shape;
-// Note [Deterministic column sums]): no float atomics, so the same inputs give the same bits on
-// every run (Note [Determinism]). 16-bit inputs compute in fp32, f64 in f64.
+// Note [Deterministic column sums]): no float atomics, so the same inputs
+// give the same bits on every run of one GPU model (Note [Determinism]).
+// 16-bit inputs compute in fp32, f64 in f64.
 #include <algorithm>
 #include <type_traits>
 
