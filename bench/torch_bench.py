@@ -551,8 +551,18 @@ def main():
     for name, op, shape, dtype, make_inputs, fn, nbytes, flop in benchmarks():
         if args.filter and not re.search(args.filter, name):
             continue
-        inputs = make_inputs()
-        ms, ms_min = time_ms(fn, inputs, args.warmup, args.repeats)
+        try:
+            inputs = make_inputs()
+            ms, ms_min = time_ms(fn, inputs, args.warmup, args.repeats)
+        except Exception as e:  # noqa: BLE001 - one twin's failure must not lose the others
+            # compare.py shows the error in the PyTorch column, as accrue_bench's skipped rows.
+            message = f"{type(e).__name__}: {e}".splitlines()[0]
+            print(f"{name:<40} skipped: {message}", flush=True)
+            results.append({"name": name, "op": op, "shape": shape, "dtype": dtype,
+                            "error": message})
+            inputs = None
+            torch.cuda.empty_cache()
+            continue
         del inputs
         torch.cuda.empty_cache()
         row = {"name": name, "op": op, "shape": shape, "dtype": dtype, "ms": ms,
