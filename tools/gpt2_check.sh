@@ -170,12 +170,13 @@ run_ctest() {
   note_failed_tests "$details/ctest_${label}.log"
   return $rc
 }
-regex_of() { local IFS='|'; echo "^($*)\$"; }
+# A name, or its gtest shards' entries (name_shard_<i>, tests/CMakeLists.txt).
+regex_of() { local IFS='|'; echo "^($*)(_shard_[0-9]+)?\$"; }
 
 if [[ $built -eq 1 && $skip_tests -eq 0 ]]; then
-  # GPU tests one at a time: they share one device and its memory.
-  say "ctest -L gpu"
-  run_ctest gpu 1 "$(regex_of "${gpu_tests[@]}")" || failed=1
+  # GPU tests four at a time on one device, as tools/gpu_check.sh runs them.
+  say "ctest -L gpu -j 4"
+  run_ctest gpu 4 "$(regex_of "${gpu_tests[@]}")" || failed=1
   say "ctest -L cpu"
   run_ctest cpu "$jobs" "$(regex_of "${cpu_tests[@]}")" || failed=1
 fi

@@ -65,6 +65,8 @@ usage: tools/gpu_check.sh [options]
   --arch ARCH              CMAKE_CUDA_ARCHITECTURES (default: 90)
   --werror                 configure with -DACCRUE_WERROR=ON
   --jobs N                 build and cpu-test parallelism (default: nproc)
+  --gpu-test-jobs N        gpu tests at once on the one device (default 4; the kernel
+                           tests come as gtest shards, tests/CMakeLists.txt)
   --filter GTEST_FILTER    gtest filter for both sanitizer tools (default: *:-*out_of_memory*)
   --racecheck-filter F     gtest filter for racecheck only (default: --filter less the two
                            cuDNN convolution tests, Note [Sanitizer exclusions])
@@ -175,6 +177,7 @@ bench_repetitions=5
 skip_build=0
 skip_tests=0
 skip_cpu_tests=0
+gpu_test_jobs=4
 skip_sanitizer=0
 skip_bench=0
 skip_torch=0
@@ -189,6 +192,7 @@ while [[ $# -gt 0 ]]; do
     --arch) arch="$2"; shift 2 ;;
     --werror) werror=ON; shift ;;
     --jobs) jobs="$2"; shift 2 ;;
+    --gpu-test-jobs) gpu_test_jobs="$2"; shift 2 ;;
     --filter) filter="$2"; shift 2 ;;
     --racecheck-filter) racecheck_filter="$2"; shift 2 ;;
     --initcheck-filter) initcheck_filter="$2"; shift 2 ;;
@@ -256,6 +260,10 @@ if [[ -n "$sanitizer_gpus" ]] && ! [[ $sanitizer_gpus =~ ^[0-9]+(,[0-9]+)*$ ]]; 
 fi
 if [[ -n "$sanitizer_timeout" ]] && ! [[ $sanitizer_timeout =~ ^[1-9][0-9]*$ ]]; then
   echo "gpu_check: --sanitizer-timeout takes a positive number of seconds, got '$sanitizer_timeout'" >&2
+  exit 2
+fi
+if ! [[ $gpu_test_jobs =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu_check: --gpu-test-jobs takes a positive integer, got '$gpu_test_jobs'" >&2
   exit 2
 fi
 if [[ -n "$sanitizer_jobs" ]] && ! [[ $sanitizer_jobs =~ ^[1-9][0-9]*$ ]]; then
@@ -362,9 +370,12 @@ run_ctest() {
 }
 
 if [[ $built -eq 1 && $skip_tests -eq 0 ]]; then
-  # GPU tests one at a time: they share one device and its memory.
-  say "ctest -L gpu"
-  run_ctest gpu 1 || failed=1
+  # GPU tests a few at a time on one device: none times itself against a
+  # target, and the largest needs a few GB. The kernel tests' shards
+  # (tests/CMakeLists.txt) are what makes this pay: one process of them ran
+  # past 275 s.
+  say "ctest -L gpu -j $gpu_test_jobs"
+  run_ctest gpu "$gpu_test_jobs" || failed=1
   if [[ $skip_cpu_tests -eq 0 ]]; then
     say "ctest -L cpu"
     run_ctest cpu "$jobs" || failed=1

@@ -65,7 +65,9 @@ case "${!what_var:-clean}" in
   no_summary) exit 0 ;;
 esac
 EOF
-# ctest -N --show-only=json-v1: the gpu label's commands; only test_* binaries are sanitized.
+# ctest -N --show-only=json-v1: the gpu label's commands (test_b_gpu twice, as
+# a binary registered in gtest shards is); only test_* binaries are sanitized,
+# each once.
 cat > "$work/bin/ctest" << EOF
 #!/usr/bin/env bash
 [[ -n \${STUB_CTEST_HANG:-} && " \$* " == *" -L "* ]] && exec sleep 30
@@ -74,7 +76,7 @@ if [[ -n \${STUB_CTEST_LOG:-} && " \$* " == *" -L "* ]]; then
   echo "100% tests passed, 0 tests failed out of 2"
   exit 0
 fi
-echo '{"tests":[{"command":["$work/build/test_a_gpu"]},{"command":["$work/build/test_b_gpu"]},{"command":["/usr/bin/cmake","-P","scenario.cmake"]}]}'
+echo '{"tests":[{"command":["$work/build/test_a_gpu"]},{"command":["$work/build/test_b_gpu"]},{"command":["$work/build/test_b_gpu"]},{"command":["/usr/bin/cmake","-P","scenario.cmake"]}]}'
 EOF
 cat > "$work/bin/nvidia-smi" << 'EOF'
 #!/usr/bin/env bash
@@ -235,9 +237,25 @@ for cpu_too in 1 0; do
 done
 expect labels '^ctest -L cpu: skipped \(--skip-cpu-tests\)'
 
+# The gpu label runs 4 tests at once by default (the kernel tests' gtest
+# shards side by side), or --gpu-test-jobs of them.
+for want in 4 2; do
+  : > "$work/ctest_calls"
+  args=(--skip-sanitizer --skip-cpu-tests)
+  [[ $want -ne 4 ]] && args+=(--gpu-test-jobs "$want")
+  (cd "$src" && PATH="$work/bin:$PATH" STUB_CTEST_LOG="$work/ctest_calls" bash tools/gpu_check.sh \
+    --build-dir "$work/build" --skip-build --skip-bench --details-dir "$work/details_jobs" \
+    --log-dir "$work/out_jobs" "${args[@]}") > "$work/jobs.txt" 2>&1
+  if ! grep -Eq -- "-L \^gpu\\\$ -j $want( |\$)" "$work/ctest_calls"; then
+    echo "FAIL gpu test jobs: ctest ran '$(cat "$work/ctest_calls")', expected -j $want"
+    failures=$((failures + 1))
+  fi
+done
+
 # Bad options are refused before anything runs.
 run bad_shards 2 --sanitizer-shards 1,_b_=x
 run bad_gpus 2 --sanitizer-gpus one
+run bad_gpu_test_jobs 2 --gpu-test-jobs 0
 
 if [[ $failures -ne 0 ]]; then
   echo "gpu_check_sanitizer_test: $failures failures"
