@@ -46,10 +46,11 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                   // the parameter gradients straight into their slots (Note
                   // [Fused weight-gradient accumulation]).
                   const Tensor dpre = kernels::gelu_backward(g.reshape({-1, out_features}), spre);
-                  Tensor dx, dw, db;
+                  Tensor dw, db;
+                  autograd::linear_param_grads(dpre, sx, sw, gw ? &w_target : nullptr,
+                                               gb ? &b_target : nullptr, &dw, &db);
+                  Tensor dx;
                   if (gx) dx = kernels::matmul(dpre, sw).reshape(x_shape);
-                  if (gw) dw = autograd::linear_weight_grad(dpre, sx, sw, w_target);
-                  if (gb) db = autograd::linear_bias_grad(dpre, b_target);
                   return {dx, dw, db};
                 });
 }

@@ -3,6 +3,7 @@
 #include "accrue/autograd/ops.h"
 #include "accrue/autograd/saved.h"
 #include "accrue/autograd/sink_target.h"
+#include "accrue/autograd/weight_grad_branch.h"
 #include "accrue/kernels/fused.h"
 #include "accrue/kernels/ops.h"
 
@@ -63,10 +64,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return record("LinearBackward", out, {x, weight, bias},
                 [=](const Tensor& g) -> std::vector<Tensor> {
                   const Tensor g2 = g.reshape({-1, out_features});
-                  Tensor dx, dw, db;
+                  Tensor dw, db;
+                  autograd::linear_param_grads(g2, sx, sw, gw ? &w_target : nullptr,
+                                               gb ? &b_target : nullptr, &dw, &db);
+                  Tensor dx;
                   if (gx) dx = kernels::matmul(g2, sw).reshape(x_shape);
-                  if (gw) dw = autograd::linear_weight_grad(g2, sx, sw, w_target);
-                  if (gb) db = autograd::linear_bias_grad(g2, b_target);
                   return {dx, dw, db};
                 });
 }
@@ -124,6 +126,19 @@ Tensor linear_bias_grad(const Tensor& g2, const SinkTarget& target) {
   Tensor db = slot.defined() ? slot : empty({g2.size(1)}, g2.dtype(), g2.device());
   kernels::sum_rows_into(g2, db, /*accumulate=*/beta != 0.0);
   return slot.defined() ? delivered() : db;
+}
+
+void linear_param_grads(const Tensor& g2, const Tensor& x2, const Tensor& weight_like,
+                        const SinkTarget* w_target, const SinkTarget* b_target, Tensor* dw,
+                        Tensor* db) {
+  // Note [Weight gradients on a branch]: beside the data gradient when both go into slots.
+  double beta = 0.0;
+  const bool in_slots = (w_target == nullptr || w_target->peek(&beta)) &&
+                        (b_target == nullptr || b_target->peek(&beta));
+  write_slots_beside(in_slots, {g2, x2}, [&] {
+    if (w_target) *dw = linear_weight_grad(g2, x2, weight_like, *w_target);
+    if (b_target) *db = linear_bias_grad(g2, *b_target);
+  });
 }
 
 BackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight, const Tensor& bias,

@@ -67,6 +67,27 @@ TEST(GpuGraphedWindow, concurrent_micro_batches_are_bitwise_the_eager_loop) {
   }
 }
 
+// Note [Weight gradients on a branch]: the captured micro-steps issue their
+// Linear weight and bias gradients on a side stream (GPT-2's decoder blocks;
+// its tied classifier stays inline, the embedding's write into the tied slot
+// after the branch's), at lags 1 and 3, in bf16 and f32: bitwise the eager
+// run.
+TEST(GpuGraphedWindow, weight_gradients_on_a_branch_are_bitwise_the_eager_run) {
+  ACCRUE_REQUIRE_CUDA();
+  const PoolScope pool;
+  for (DType compute : {DType::bf16, DType::f32})
+    for (int lag : {1, 3}) {
+      SCOPED_TRACE(std::string(dtype_name(compute)) + ", lag " + std::to_string(lag));
+      test::Schedule s;
+      s.branch_lag = lag;
+      const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, compute, s);
+      expect_captured_counts(out.counts);
+      EXPECT_EQ(out.warnings, "");
+      // Two captures (first, rest) of 2 blocks x 4 Linears each.
+      EXPECT_EQ(out.branch_entries, 16);
+    }
+}
+
 // Note [FP8 delayed scaling]: the first window calibrates (every call eager),
 // then the micro-steps' graphs cast with the rows' scales, which each replayed
 // close updates on the device: bitwise the eager run, rows included. Current
