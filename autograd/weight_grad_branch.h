@@ -6,7 +6,7 @@
 // A Linear's backward makes three products of its output gradient g: dx = g W,
 // which the layer below waits for, and dW += g^T x and db += the column sums
 // of g, which nothing in the backward reads: they only add into the arena's
-// slots. At small micro-batches each product fills part of the GPU (at 1,024
+// slots (the fused classifier's dW likewise). At small micro-batches each product fills part of the GPU (at 1,024
 // rows GPT-2 124M's GEMMs have 36-144 output tiles for 132 SMs). With a branch
 // in force on the thread (WeightGradBranchScope; GraphedWindow opens one while
 // it captures a micro-step, set_weight_grad_branch), those slot writes go to
@@ -38,7 +38,8 @@
 //    every later kernel of the process by about 0.17 us (bench/RESULTS.md,
 //    stream_gap), a graph's branches do not.
 //  - Writes that would return a fresh gradient (a leaf without a slot) stay
-//    inline: the engine adds those on the current stream.
+//    inline: the engine adds those on the current stream. So do FP8 Linears'
+//    (autograd/ops_fp8.cpp): their dy cast feeds both products.
 #pragma once
 
 #include <cstddef>

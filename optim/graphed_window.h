@@ -162,7 +162,7 @@ class GraphedWindow {
   void set_concurrent_micro_batches(int n);
   int concurrent_micro_batches() const { return concurrent_; }
   // Note [Weight gradients on a branch] (autograd/weight_grad_branch.h): with
-  // lag >= 1 the captured micro-steps issue their Linear weight and bias
+  // lag >= 1 the captured micro-steps issue their Linear and classifier weight
   // gradients on a side stream beside the rest of the backward, at most `lag`
   // of them pending; the same bits. 0 (the default): inline. Not with
   // concurrent micro-batches. Before the first backward.

@@ -12,6 +12,7 @@
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/grad_arena.h"
 #include "accrue/autograd/ops.h"
+#include "accrue/autograd/transformer_ops.h"
 #include "accrue/autograd/variable.h"
 #include "tests/test_util.h"
 
@@ -102,8 +103,9 @@ TEST(WeightGradBranch, bad_uses_are_errors) {
   EXPECT_ERROR(branch.run({}, [&] { branch.join(); }), "WeightGradBranch::join");
 }
 
-// A toy tied model over an arena: embedding(wte) -> layer_norm -> linear(., wte, bias),
-// like GPT-2's tied classifier (written first by the Linear, last by the embedding).
+// A toy tied model over an arena: embedding(wte) -> layer_norm -> linear, then two
+// heads on wte (a Linear used twice and the fused classifier), like GPT-2's tied
+// classifier: written first by the heads, last by the embedding.
 struct Tied {
   Tensor wte = requires_grad_(test::random_normal({11, 6}, DType::f64));
   Tensor ln_w = requires_grad_(test::random_normal({6}, DType::f64));
@@ -118,15 +120,18 @@ struct Tied {
                    {"fc.b", fc_b},
                    {"bias", bias}},
                   GradArenaOptions().dtype(DType::f64)};
-  Tensor loss(const Tensor& tokens) {
+  Tensor loss(const Tensor& tokens, const Tensor& targets) {
     Tensor h = embedding(wte, tokens);
     h = linear(layer_norm(h, ln_w, ln_b), fc_w, fc_b);
-    return sum(linear(h, wte, bias) * linear(h, wte, bias));
+    const Tensor head = sum(linear(h, wte, bias) * linear(h, wte, bias));
+    const Tensor classifier = classifier_cross_entropy(h, wte, targets, 11, -1).sum;
+    return head + classifier;
   }
 };
 
 TEST(WeightGradBranch, a_tied_model_s_slots_keep_their_order_and_bits) {
   const Tensor tokens = test::random_integers({5}, 0, 10, DType::i64);
+  const Tensor targets = test::random_integers({5}, 0, 10, DType::i64);
   Tied plain, branched;
   const std::vector<std::pair<Tensor, Tensor>> same = {
       {branched.wte, plain.wte},   {branched.ln_w, plain.ln_w}, {branched.ln_b, plain.ln_b},
@@ -138,16 +143,16 @@ TEST(WeightGradBranch, a_tied_model_s_slots_keep_their_order_and_bits) {
   Log log;
   WeightGradBranch branch(0, nullptr, /*lag=*/8, log.recorder());
   for (int micro_step = 0; micro_step < 2; ++micro_step) {
-    backward(plain.loss(tokens));
+    backward(plain.loss(tokens, targets));
     const WeightGradBranchScope in_force(branch);
-    backward(branched.loss(tokens));
+    backward(branched.loss(tokens, targets));
     EXPECT_EQ(branch.pending(), 0) << "the backward's end joins";
   }
   EXPECT_TRUE(test::all_equal(plain.arena.grads(), branched.arena.grads()));
-  // Each backward: the three Linears fork (the two classifier uses, then fc);
-  // the embedding's write into wte waits for the last classifier entry; the
-  // end joins the rest. The LayerNorm's slots were never the branch's: no wait.
-  EXPECT_EQ(branch.entries(), 6);
+  // Each backward: the heads fork (the classifier and the Linear used twice),
+  // then fc; the embedding's write into wte waits for the last head entry;
+  // the end joins the rest. The LayerNorm's slots were never the branch's.
+  EXPECT_EQ(branch.entries(), 8);
   EXPECT_EQ(branch.slot_waits(), 2) << log.str();
   EXPECT_EQ(branch.join_waits(), 2) << log.str();
   EXPECT_EQ(branch.lag_waits(), 0);
@@ -161,7 +166,8 @@ TEST(WeightGradBranch, a_leaf_with_a_grad_ready_hook_joins_before_the_hook_runs)
   register_grad_ready_hook(model.fc_w, [&](const Tensor&) { pending_in_hook = branch.pending(); });
   model.arena.begin_window();
   const WeightGradBranchScope in_force(branch);
-  backward(model.loss(test::random_integers({5}, 0, 10, DType::i64)));
+  backward(model.loss(test::random_integers({5}, 0, 10, DType::i64),
+                      test::random_integers({5}, 0, 10, DType::i64)));
   EXPECT_EQ(pending_in_hook, 0);
 }
 
