@@ -6,12 +6,11 @@
 // A Linear's backward makes three products of its output gradient g: dx = g W,
 // which the layer below waits for, and dW += g^T x and db += the column sums
 // of g, which nothing in the backward reads: they only add into the arena's
-// slots (the fused classifier's dW likewise). At small micro-batches each product fills part of the GPU (at 1,024
-// rows GPT-2 124M's GEMMs have 36-144 output tiles for 132 SMs). With a branch
-// in force on the thread (WeightGradBranchScope; GraphedWindow opens one while
-// it captures a micro-step, set_weight_grad_branch), those slot writes go to
-// the branch's stream, so that they run beside the data gradients and the ops
-// below them:
+// slots (the fused classifier's dW likewise). At small micro-batches each product fills part of the
+// GPU (at 1,024 rows GPT-2 124M's GEMMs have 36-144 output tiles for 132 SMs). With a branch in
+// force on the thread (WeightGradBranchScope; GraphedWindow opens one while it captures a
+// micro-step, set_weight_grad_branch), those slot writes go to the branch's stream, so that they
+// run beside the data gradients and the ops below them:
 //  - run(): the current stream records an event, the branch waits for it, and
 //    the writes are issued on the branch (the same kernels with the same
 //    arguments as inline); the branch then records the entry's own event.
@@ -33,7 +32,8 @@
 //    capture needs every stream it forked joined, and Window's code after
 //    the backward (the close, the norm) reads the slots on the current
 //    stream. A leaf with grad-ready hooks joins before they run: a hook may
-//    read the gradient.
+//    read the gradient. (A GradientSync's hooks sit on every parameter, so
+//    GraphedWindow refuses the branch beside one.)
 //  - Only inside CUDA graph captures: an eager kernel on a second stream slows
 //    every later kernel of the process by about 0.17 us (bench/RESULTS.md,
 //    stream_gap), a graph's branches do not.

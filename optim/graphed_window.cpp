@@ -198,6 +198,9 @@ void GraphedWindow::set_weight_grad_branch(int lag) {
                " micro-steps run through this GraphedWindow so far)");
   ACCRUE_CHECK(lag == 0 || concurrent_ == 1, op, "(", lag, "): not with ", concurrent_,
                " concurrent micro-batches (Note [Weight gradients on a branch])");
+  ACCRUE_CHECK(lag == 0 || window_.sync_ == nullptr, op, "(", lag,
+               "): not with a GradientSync, whose grad-ready hooks would join the branch at "
+               "every parameter (Note [Weight gradients on a branch])");
   branch_lag_ = lag;
 }
 

@@ -165,7 +165,7 @@ class GraphedWindow {
   // lag >= 1 the captured micro-steps issue their Linear and classifier weight
   // gradients on a side stream beside the rest of the backward, at most `lag`
   // of them pending; the same bits. 0 (the default): inline. Not with
-  // concurrent micro-batches. Before the first backward.
+  // concurrent micro-batches or a GradientSync. Before the first backward.
   void set_weight_grad_branch(int lag);
   int weight_grad_branch() const { return branch_lag_; }
   // The branch's writes issued so far (each Linear's weight and bias gradients of a capture).

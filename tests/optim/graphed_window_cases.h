@@ -237,6 +237,20 @@ inline void graphed_window_refuses_bad_use(Device device) {
                "not with the weight-gradient branch");
   fresh.set_weight_grad_branch(0);
   EXPECT_EQ(fresh.weight_grad_branch(), 0);
+  // Beside a GradientSync (here one that does nothing), both are refused:
+  // its all-reduces launch from host hooks that sit on every parameter.
+  struct OneRank : optim::GradientSync {
+    void before_backward(int64_t, int64_t) override {}
+    void finish(const Tensor&) override {}
+  } one_rank;
+  GraphedGPT2 synced(device, DType::f32, 2);
+  optim::Window synced_window(*synced.arena, *synced.optimizer,
+                              optim::WindowOptions().micro_steps(2), &one_rank);
+  optim::GraphedWindow g_synced(synced_window, synced.step());
+  EXPECT_ERROR(g_synced.set_weight_grad_branch(1), "set_weight_grad_branch(1)",
+               "not with a GradientSync");
+  EXPECT_ERROR(g_synced.set_concurrent_micro_batches(2), "set_concurrent_micro_batches(2)",
+               "not with a GradientSync");
 }
 
 }  // namespace accrue::test
