@@ -168,13 +168,17 @@ void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
   release_unused_cuda_memory(window_.state().device());
 }
 
+void GraphedWindow::check_unstarted(const char* op) const {
+  const int64_t run = counts_.replayed_micro_steps + counts_.eager_micro_steps;
+  ACCRUE_CHECK(pending_ == 0 && run == 0, op, ": set it before the first backward (", run,
+               " micro-steps run through this GraphedWindow so far)");
+}
+
 void GraphedWindow::set_concurrent_micro_batches(int n) {
   const char* op = "GraphedWindow::set_concurrent_micro_batches";
   ACCRUE_CHECK(n >= 1, op, ": n must be >= 1, got ", n);
   // A Window resumed inside a window may have micro-steps done: groups start where it is.
-  const int64_t run = counts_.replayed_micro_steps + counts_.eager_micro_steps;
-  ACCRUE_CHECK(pending_ == 0 && run == 0, op, ": set it before the first backward (", run,
-               " micro-steps run through this GraphedWindow so far)");
+  check_unstarted(op);
   if (n > 1) {  // Note [Concurrent micro-batches]: what it refuses
     ACCRUE_CHECK(branch_lag_ == 0, op, "(", n,
                  "): not with the weight-gradient branch (Note [Weight gradients on a branch])");
@@ -193,9 +197,7 @@ void GraphedWindow::set_concurrent_micro_batches(int n) {
 void GraphedWindow::set_weight_grad_branch(int lag) {
   const char* op = "GraphedWindow::set_weight_grad_branch";
   ACCRUE_CHECK(lag >= 0, op, ": lag must be >= 0 (0: off), got ", lag);
-  const int64_t run = counts_.replayed_micro_steps + counts_.eager_micro_steps;
-  ACCRUE_CHECK(pending_ == 0 && run == 0, op, ": set it before the first backward (", run,
-               " micro-steps run through this GraphedWindow so far)");
+  check_unstarted(op);
   ACCRUE_CHECK(lag == 0 || concurrent_ == 1, op, "(", lag, "): not with ", concurrent_,
                " concurrent micro-batches (Note [Weight gradients on a branch])");
   ACCRUE_CHECK(lag == 0 || window_.sync_ == nullptr, op, "(", lag,

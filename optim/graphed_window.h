@@ -207,6 +207,8 @@ class GraphedWindow {
   // Captures body into `c`, restoring the Window's host state when it fails.
   bool capture(Captured& c, const std::string& what, const std::function<void()>& body);
   void warn(const std::string& what, const std::string& why) const;
+  // The options' check: nothing has run through this GraphedWindow yet.
+  void check_unstarted(const char* op) const;
   std::string signature(const std::vector<Tensor>& inputs) const;
 
   Window& window_;
