@@ -156,17 +156,21 @@ BackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight, const T
     double beta_w = 0.0, beta_b = 0.0;
     const bool direct =
         gw && gb && w_target.peek(&beta_w) && b_target.peek(&beta_b) && beta_w == beta_b;
-    Tensor dw, db;
     if (direct) {
-      dw = w_target.claim(&beta_w);
-      db = b_target.claim(&beta_b);
-    } else {
-      dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
-      db = gb ? empty(d_shape, b_dtype, g.device()) : Tensor();
+      // dx, then the parameters' totals into their slots: on the weight-gradient
+      // branch when one is in force (Note [Weight gradients on a branch]).
+      kernels::LayerNormPartials partials;
+      Tensor dx =
+          kernels::layer_norm_backward_partials(g, sx, sw, mean, rstd, true, true, &partials);
+      write_slots_beside(true, {partials.dweight, partials.dbias}, [&] {
+        const Tensor dw = w_target.claim(&beta_w), db = b_target.claim(&beta_b);
+        kernels::layer_norm_param_totals(partials, dw, db, /*accumulate=*/beta_w != 0.0);
+      });
+      return {dx, delivered(), delivered()};
     }
-    Tensor dx = kernels::layer_norm_backward(g, sx, sw, mean, rstd, dw, db,
-                                             /*accumulate=*/direct && beta_w != 0.0);
-    if (direct) dw = db = delivered();
+    const Tensor dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
+    const Tensor db = gb ? empty(d_shape, b_dtype, g.device()) : Tensor();
+    Tensor dx = kernels::layer_norm_backward(g, sx, sw, mean, rstd, dw, db, /*accumulate=*/false);
     return {dx, dw, db};
   };
 }

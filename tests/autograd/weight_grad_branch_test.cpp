@@ -150,9 +150,9 @@ TEST(WeightGradBranch, a_tied_model_s_slots_keep_their_order_and_bits) {
   }
   EXPECT_TRUE(test::all_equal(plain.arena.grads(), branched.arena.grads()));
   // Each backward: the heads fork (the classifier and the Linear used twice),
-  // then fc; the embedding's write into wte waits for the last head entry;
-  // the end joins the rest. The LayerNorm's slots were never the branch's.
-  EXPECT_EQ(branch.entries(), 8);
+  // then fc, then the LayerNorm's totals; the embedding's write into wte waits
+  // for the last head entry; the end joins the rest.
+  EXPECT_EQ(branch.entries(), 10);
   EXPECT_EQ(branch.slot_waits(), 2) << log.str();
   EXPECT_EQ(branch.join_waits(), 2) << log.str();
   EXPECT_EQ(branch.lag_waits(), 0);

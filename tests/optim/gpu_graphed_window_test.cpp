@@ -68,10 +68,10 @@ TEST(GpuGraphedWindow, concurrent_micro_batches_are_bitwise_the_eager_loop) {
 }
 
 // Note [Weight gradients on a branch]: the captured micro-steps issue their
-// Linear and classifier weight gradients on a side stream (GPT-2's decoder
-// blocks and its tied classifier, whose slot the embedding's backward then
-// adds to from the current stream), at lags 1 and 3, in bf16 and f32: bitwise
-// the eager run.
+// Linear, LayerNorm and classifier parameter gradients on a side stream
+// (GPT-2's decoder blocks and its tied classifier, whose slot the embedding's
+// backward then adds to from the current stream), at lags 1 and 3, in bf16
+// and f32: bitwise the eager run.
 TEST(GpuGraphedWindow, weight_gradients_on_a_branch_are_bitwise_the_eager_run) {
   ACCRUE_REQUIRE_CUDA();
   const PoolScope pool;
@@ -83,8 +83,9 @@ TEST(GpuGraphedWindow, weight_gradients_on_a_branch_are_bitwise_the_eager_run) {
       const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, compute, s);
       expect_captured_counts(out.counts);
       EXPECT_EQ(out.warnings, "");
-      // Two captures (first, rest) of 2 blocks x 4 Linears and the classifier each.
-      EXPECT_EQ(out.branch_entries, 18);
+      // Two captures (first, rest), each with 2 blocks x (4 Linears and 2
+      // LayerNorms), the final LayerNorm and the classifier.
+      EXPECT_EQ(out.branch_entries, 28);
     }
 }
 
