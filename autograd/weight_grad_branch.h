@@ -6,18 +6,20 @@
 // A Linear's backward makes three products of its output gradient g: dx = g W,
 // which the layer below waits for, and dW += g^T x and db += the column sums
 // of g, which nothing in the backward reads: they only add into the arena's
-// slots (the fused classifier's dW likewise). At small micro-batches each product fills part of the
-// GPU (at 1,024 rows GPT-2 124M's GEMMs have 36-144 output tiles for 132 SMs). With a branch in
-// force on the thread (WeightGradBranchScope; GraphedWindow opens one while it captures a
-// micro-step, set_weight_grad_branch), those slot writes go to the branch's stream, so that they
-// run beside the data gradients and the ops below them:
+// slots. The fused classifier's dW and LayerNorm's parameter totals
+// (kernels::layer_norm_param_totals) are the same kind of write. At small
+// micro-batches each fills part of the GPU (at 1,024 rows GPT-2 124M's GEMMs
+// have 36-144 output tiles for 132 SMs). With a branch in force on the thread
+// (WeightGradBranchScope; GraphedWindow opens one while it captures a
+// micro-step, set_weight_grad_branch), those slot writes go to the branch's
+// stream, so that they run beside the data gradients and the ops below them:
 //  - run(): the current stream records an event, the branch waits for it, and
 //    the writes are issued on the branch (the same kernels with the same
 //    arguments as inline); the branch then records the entry's own event.
 //  - Each slot keeps its order of writes: every branch write goes to the one
 //    branch stream in host order, and a slot write from the current stream
-//    (LayerNorm's, the embedding's, GradArena::accumulate) first waits for the
-//    branch's last write into that slot (before_current_write, called by
+//    (the embedding's, RMSNorm's, GradArena::accumulate) first waits for the
+//    branch's last write into that slot (slot_write, called by
 //    GradArena::claim and accumulate). So the sums are bitwise those of the
 //    inline backward.
 //  - The tensors the branch reads (g, x) are kept by the entry until the

@@ -57,7 +57,7 @@ def parse(argv=None):
                    help="with --cuda-graphs: N micro-steps in flight, each on its own stream "
                         "(Note [Concurrent micro-batches]; the same bits)")
     p.add_argument("--weight-grad-branch", type=int, default=0, metavar="LAG",
-                   help="with --cuda-graphs: the Linear and classifier weight gradients on a side "
+                   help="with --cuda-graphs: the Linear, LayerNorm and classifier parameter gradients on a side "
                         "stream, at most LAG pending (Note [Weight gradients on a branch]; the "
                         "same bits); 0: inline")
     p.add_argument("--close-under-forward", action="store_true",
