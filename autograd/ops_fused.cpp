@@ -8,6 +8,7 @@
 #include "accrue/autograd/sink_target.h"
 #include "accrue/autograd/transformer_ops.h"
 #include "accrue/autograd/variable.h"
+#include "accrue/autograd/weight_grad_branch.h"
 #include "accrue/kernels/fused.h"
 #include "accrue/kernels/ops.h"
 
@@ -84,11 +85,19 @@ autograd::BackwardFn rms_norm_backward_fn(const Tensor& x, const Tensor& weight,
   const SinkTarget w_target = sink_target(weight);
   return [=](const Tensor& g) -> std::vector<Tensor> {
     double beta = 0.0;
-    const Tensor slot = gw ? w_target.claim(&beta) : Tensor();
-    Tensor dw = slot.defined() ? slot : gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
-    Tensor dx = kernels::rms_norm_backward(g, sx, sw, rstd, dw,
-                                           /*accumulate=*/slot.defined() && beta != 0.0);
-    if (slot.defined()) dw = autograd::delivered();
+    if (gw && w_target.peek(&beta)) {
+      // dx, then dweight's totals into its slot: on the weight-gradient branch
+      // when one is in force (Note [Weight gradients on a branch]).
+      kernels::NormPartials partials;
+      Tensor dx = kernels::rms_norm_backward_partials(g, sx, sw, rstd, true, &partials);
+      autograd::write_slots_beside(true, {partials.dweight}, [&] {
+        const Tensor slot = w_target.claim(&beta);
+        kernels::norm_param_totals(partials, slot, Tensor(), /*accumulate=*/beta != 0.0);
+      });
+      return {dx, autograd::delivered()};
+    }
+    const Tensor dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
+    Tensor dx = kernels::rms_norm_backward(g, sx, sw, rstd, dw, /*accumulate=*/false);
     return {dx, dw};
   };
 }

@@ -159,12 +159,12 @@ BackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight, const T
     if (direct) {
       // dx, then the parameters' totals into their slots: on the weight-gradient
       // branch when one is in force (Note [Weight gradients on a branch]).
-      kernels::LayerNormPartials partials;
+      kernels::NormPartials partials;
       Tensor dx =
           kernels::layer_norm_backward_partials(g, sx, sw, mean, rstd, true, true, &partials);
       write_slots_beside(true, {partials.dweight, partials.dbias}, [&] {
         const Tensor dw = w_target.claim(&beta_w), db = b_target.claim(&beta_b);
-        kernels::layer_norm_param_totals(partials, dw, db, /*accumulate=*/beta_w != 0.0);
+        kernels::norm_param_totals(partials, dw, db, /*accumulate=*/beta_w != 0.0);
       });
       return {dx, delivered(), delivered()};
     }

@@ -7,7 +7,7 @@
 // which the layer below waits for, and dW += g^T x and db += the column sums
 // of g, which nothing in the backward reads: they only add into the arena's
 // slots. The fused classifier's dW and LayerNorm's parameter totals
-// (kernels::layer_norm_param_totals) are the same kind of write. At small
+// (kernels::norm_param_totals) are the same kind of write. At small
 // micro-batches each fills part of the GPU (at 1,024 rows GPT-2 124M's GEMMs
 // have 36-144 output tiles for 132 SMs). With a branch in force on the thread
 // (WeightGradBranchScope; GraphedWindow opens one while it captures a

@@ -213,10 +213,10 @@ void check_param_grad(const Tensor& g, const Tensor& like, DType x_dtype, int64_
 
 Tensor layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight,
                                     const Tensor& mean, const Tensor& rstd, bool want_dweight,
-                                    bool want_dbias, LayerNormPartials* partials) {
+                                    bool want_dbias, NormPartials* partials) {
   NoGradGuard no_grad;
   const char* name = "layer_norm_backward";
-  ACCRUE_CHECK(partials != nullptr, name, ": no LayerNormPartials to fill");
+  ACCRUE_CHECK(partials != nullptr, name, ": no NormPartials to fill");
   check_norm_input(x, name);
   check_float_pair(grad, x, name, "grad", "input");
   check_same_shape(grad, x, name, "grad", "input");
@@ -232,7 +232,7 @@ Tensor layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const T
                  " does not match input ", shape_str(x.shape()), " (expected ", rows, " values of ",
                  dtype_name(stats), ")");
   }
-  *partials = LayerNormPartials{};
+  *partials = NormPartials{};
   partials->x_dtype = x.dtype();
   partials->d = d;
   Tensor dx = empty(x.shape(), x.dtype(), x.device());
@@ -244,10 +244,10 @@ Tensor layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const T
   return dx;
 }
 
-void layer_norm_param_totals(const LayerNormPartials& partials, const Tensor& dweight,
+void norm_param_totals(const NormPartials& partials, const Tensor& dweight,
                              const Tensor& dbias, bool accumulate) {
   NoGradGuard no_grad;
-  const char* name = "layer_norm_param_totals";
+  const char* name = "norm_param_totals";
   for (const Tensor* g : {&dweight, &dbias}) {
     if (!g->defined()) continue;
     const bool is_w = g == &dweight;
@@ -267,7 +267,7 @@ void layer_norm_param_totals(const LayerNormPartials& partials, const Tensor& dw
   }
   const Tensor& any = partials.dweight.defined() ? partials.dweight : partials.dbias;
   if (!any.defined() || (!dweight.defined() && !dbias.defined())) return;
-  ACCRUE_BACKEND_CALL(any.device(), layer_norm_param_totals, partials, dweight, dbias, accumulate);
+  ACCRUE_BACKEND_CALL(any.device(), norm_param_totals, partials, dweight, dbias, accumulate);
 }
 
 Tensor layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
@@ -279,10 +279,10 @@ Tensor layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& we
   const int64_t d = x.size(-1);
   check_param_grad(dweight, x, x.dtype(), d, &x, name, "dweight");
   check_param_grad(dbias, x, x.dtype(), d, &x, name, "dbias");
-  LayerNormPartials partials;
+  NormPartials partials;
   Tensor dx = layer_norm_backward_partials(grad, x, weight, mean, rstd, dweight.defined(),
                                            dbias.defined(), &partials);
-  layer_norm_param_totals(partials, dweight, dbias, accumulate);
+  norm_param_totals(partials, dweight, dbias, accumulate);
   return dx;
 }
 

@@ -245,7 +245,7 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, doubl
 
 void layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight,
                                   const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                                  bool want_dweight, bool want_dbias, LayerNormPartials* partials) {
+                                  bool want_dweight, bool want_dbias, NormPartials* partials) {
   const int64_t rows = x.size(0), d = x.size(1);
   std::vector<double> dw(static_cast<size_t>(d), 0.0), db(static_cast<size_t>(d), 0.0);
   const std::vector<double> w = read_param(weight);
@@ -301,7 +301,7 @@ void layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const Ten
   if (want_dbias) partials->dbias = from_vector<double>(db, {d});
 }
 
-void layer_norm_param_totals(const LayerNormPartials& partials, const Tensor& dweight,
+void norm_param_totals(const NormPartials& partials, const Tensor& dweight,
                              const Tensor& dbias, bool accumulate) {
   // dweight and dbias: written, or added to (Note [Overwrite first]).
   auto write = [&](const Tensor& t, const Tensor& sums) {

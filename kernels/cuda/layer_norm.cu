@@ -373,7 +373,7 @@ void layer_norm(const Tensor& x, const Tensor& weight_in, const Tensor& bias_in,
 
 void layer_norm_backward_partials(const Tensor& grad_in, const Tensor& x, const Tensor& weight_in,
                                   const Tensor& mean_in, const Tensor& rstd_in, const Tensor& dx,
-                                  bool want_dweight, bool want_dbias, LayerNormPartials* partials) {
+                                  bool want_dweight, bool want_dbias, NormPartials* partials) {
   const int dev = x.device().index;
   cu::DeviceScope scope(dev);
   cudaStream_t stream = cu::stream_for(dev);
@@ -392,7 +392,7 @@ void layer_norm_backward_partials(const Tensor& grad_in, const Tensor& x, const 
     auto partial_ptr = [](const Tensor& t) {
       return t.defined() ? static_cast<A*>(t.data_ptr()) : nullptr;
     };
-    // The partial rows go to layer_norm_param_totals.
+    // The partial rows go to norm_param_totals.
     auto finish = [&](const Tensor& partial_dw, const Tensor& partial_db, int64_t chunks) {
       partials->dweight = partial_dw;
       partials->dbias = partial_db;
@@ -482,7 +482,7 @@ void layer_norm_backward_partials(const Tensor& grad_in, const Tensor& x, const 
   });
 }
 
-void layer_norm_param_totals(const LayerNormPartials& partials, const Tensor& dweight,
+void norm_param_totals(const NormPartials& partials, const Tensor& dweight,
                              const Tensor& dbias, bool accumulate) {
   const Tensor& any = partials.dweight.defined() ? partials.dweight : partials.dbias;
   const int dev = any.device().index;

@@ -103,7 +103,7 @@ TEST(WeightGradBranch, bad_uses_are_errors) {
   EXPECT_ERROR(branch.run({}, [&] { branch.join(); }), "WeightGradBranch::join");
 }
 
-// A toy tied model over an arena: embedding(wte) -> layer_norm -> linear, then two
+// A toy tied model over an arena: embedding(wte) -> layer_norm -> linear -> rms_norm, then two
 // heads on wte (a Linear used twice and the fused classifier), like GPT-2's tied
 // classifier: written first by the heads, last by the embedding.
 struct Tied {
@@ -112,17 +112,19 @@ struct Tied {
   Tensor ln_b = requires_grad_(test::random_normal({6}, DType::f64));
   Tensor fc_w = requires_grad_(test::random_normal({6, 6}, DType::f64));
   Tensor fc_b = requires_grad_(test::random_normal({6}, DType::f64));
+  Tensor rms_w = requires_grad_(test::random_normal({6}, DType::f64));
   Tensor bias = requires_grad_(test::random_normal({11}, DType::f64));
   GradArena arena{{{"wte", wte},
                    {"ln.w", ln_w},
                    {"ln.b", ln_b},
                    {"fc.w", fc_w},
                    {"fc.b", fc_b},
+                   {"rms.w", rms_w},
                    {"bias", bias}},
                   GradArenaOptions().dtype(DType::f64)};
   Tensor loss(const Tensor& tokens, const Tensor& targets) {
     Tensor h = embedding(wte, tokens);
-    h = linear(layer_norm(h, ln_w, ln_b), fc_w, fc_b);
+    h = rms_norm(linear(layer_norm(h, ln_w, ln_b), fc_w, fc_b), rms_w, 1e-6);
     const Tensor head = sum(linear(h, wte, bias) * linear(h, wte, bias));
     const Tensor classifier = classifier_cross_entropy(h, wte, targets, 11, -1).sum;
     return head + classifier;
@@ -135,7 +137,8 @@ TEST(WeightGradBranch, a_tied_model_s_slots_keep_their_order_and_bits) {
   Tied plain, branched;
   const std::vector<std::pair<Tensor, Tensor>> same = {
       {branched.wte, plain.wte},   {branched.ln_w, plain.ln_w}, {branched.ln_b, plain.ln_b},
-      {branched.fc_w, plain.fc_w}, {branched.fc_b, plain.fc_b}, {branched.bias, plain.bias}};
+      {branched.fc_w, plain.fc_w}, {branched.fc_b, plain.fc_b}, {branched.rms_w, plain.rms_w},
+      {branched.bias, plain.bias}};
   for (const auto& [to, from] : same)
     detach(to).copy_(detach(from));
   plain.arena.begin_window();
@@ -150,9 +153,9 @@ TEST(WeightGradBranch, a_tied_model_s_slots_keep_their_order_and_bits) {
   }
   EXPECT_TRUE(test::all_equal(plain.arena.grads(), branched.arena.grads()));
   // Each backward: the heads fork (the classifier and the Linear used twice),
-  // then fc, then the LayerNorm's totals; the embedding's write into wte waits
-  // for the last head entry; the end joins the rest.
-  EXPECT_EQ(branch.entries(), 10);
+  // then the RMSNorm's total, fc, the LayerNorm's totals; the embedding's write
+  // into wte waits for the last head entry; the end joins the rest.
+  EXPECT_EQ(branch.entries(), 12);
   EXPECT_EQ(branch.slot_waits(), 2) << log.str();
   EXPECT_EQ(branch.join_waits(), 2) << log.str();
   EXPECT_EQ(branch.lag_waits(), 0);

@@ -390,14 +390,14 @@ TEST(GpuLayerNorm, backward_in_two_halves_on_two_streams_equals_the_whole) {
       Tensor dw2 = dw.clone(), db2 = db.clone();
       const Tensor dx =
           kernels::layer_norm_backward(dy, x, w, fwd.mean, fwd.rstd, dw, db, accumulate);
-      kernels::LayerNormPartials p;
+      kernels::NormPartials p;
       const Tensor dx2 =
           kernels::layer_norm_backward_partials(dy, x, w, fwd.mean, fwd.rstd, true, true, &p);
       ready.record(current_stream(0));
       ready.block(side.handle());
       {
         const StreamGuard on(0, side.handle());
-        kernels::layer_norm_param_totals(p, dw2, db2, accumulate);
+        kernels::norm_param_totals(p, dw2, db2, accumulate);
         ready.record(side.handle());
       }
       ready.block(current_stream(0));
