@@ -40,8 +40,11 @@
 //    every later kernel of the process by about 0.17 us (bench/RESULTS.md,
 //    stream_gap), a graph's branches do not.
 //  - Writes that would return a fresh gradient (a leaf without a slot) stay
-//    inline: the engine adds those on the current stream. So do FP8 Linears'
-//    (autograd/ops_fp8.cpp): their dy cast feeds both products.
+//    inline: the engine adds those on the current stream. An FP8 Linear's dW
+//    goes on the branch from the codes of dy's cast, which stays on the
+//    current stream: it feeds dx too, and its amax feeds the window's scaling
+//    state (autograd/ops_fp8.cpp); the block recipe casts dy^T for dW alone,
+//    on the branch.
 #pragma once
 
 #include <cstddef>

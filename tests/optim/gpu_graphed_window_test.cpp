@@ -71,7 +71,7 @@ TEST(GpuGraphedWindow, concurrent_micro_batches_are_bitwise_the_eager_loop) {
 // Linear, LayerNorm and classifier parameter gradients on a side stream
 // (GPT-2's decoder blocks and its tied classifier, whose slot the embedding's
 // backward then adds to from the current stream), at lags 1 and 3, in bf16
-// and f32: bitwise the eager run.
+// and f32, and with FP8 Linears: bitwise the eager run.
 TEST(GpuGraphedWindow, weight_gradients_on_a_branch_are_bitwise_the_eager_run) {
   ACCRUE_REQUIRE_CUDA();
   const PoolScope pool;
@@ -87,6 +87,15 @@ TEST(GpuGraphedWindow, weight_gradients_on_a_branch_are_bitwise_the_eager_run) {
       // LayerNorms), the final LayerNorm and the classifier.
       EXPECT_EQ(out.branch_entries, 28);
     }
+  // FP8 Linears (Note [FP8 delayed scaling]: the first window calibrates, eagerly):
+  // their dW from the cast's codes on the branch too.
+  test::Schedule s;
+  s.windows = 5;
+  s.fp8 = test::Fp8Mode::delayed;
+  s.branch_lag = 2;
+  const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, DType::bf16, s);
+  EXPECT_GT(out.counts.replayed_micro_steps, 0);
+  EXPECT_GT(out.branch_entries, 0);
 }
 
 // Note [FP8 delayed scaling]: the first window calibrates (every call eager),
