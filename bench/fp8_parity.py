@@ -32,8 +32,9 @@ same --val-batches micro-batches from its start every --val-every windows and
 at the end.
 
 Every run of a model gets the same arguments but the recipe's and the seed's:
-bf16 compute (`--dtype bf16`), or `--fp8 --fp8-recipe tensor|block` on top of
-it (delayed: `--fp8 --fp8-recipe tensor --fp8-scaling delayed`), and `--seed N`, with --cuda-graphs, AdamW with warmup and cosine decay,
+bf16 compute (`--dtype bf16`), or on top of it a recipe's FP8 flags (FP8_FLAGS:
+tensor, block, delayed, and tensor-e4m3 / delayed-e4m3 with the output
+gradients in e4m3 instead of e5m2), and `--seed N`, with --cuda-graphs, AdamW with warmup and cosine decay,
 clip 1. The seed draws the weights (and any dropout); the data order depends
 only on the files, so it is every run's. A run is one (model, recipe, seed),
 named MODEL_RECIPE for seed 1 alone, else MODEL_RECIPE_sSEED. Runs go one
@@ -90,6 +91,18 @@ SHAPES = {
     "gpt2-tiny": (2, 64, 2, 1e-3, ["--vocab-size", "320"]),
 }
 
+# Each FP8 recipe's accrue_train flags over bf16's. delayed: the tensor recipe with
+# delayed scaling (Note [FP8 delayed scaling]); -e4m3: the output gradients in e4m3
+# (3 mantissa bits, to 448) instead of e5m2 (2 mantissa bits, to 57,344).
+FP8_FLAGS = {
+    "tensor": ["--fp8", "--fp8-recipe", "tensor"],
+    "block": ["--fp8", "--fp8-recipe", "block"],
+    "delayed": ["--fp8", "--fp8-recipe", "tensor", "--fp8-scaling", "delayed"],
+    "tensor-e4m3": ["--fp8", "--fp8-recipe", "tensor", "--fp8-grad-dtype", "e4m3"],
+    "delayed-e4m3": ["--fp8", "--fp8-recipe", "tensor", "--fp8-scaling", "delayed",
+                     "--fp8-grad-dtype", "e4m3"],
+}
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -97,7 +110,8 @@ def parse_args(argv=None):
     p.add_argument("--models", default="gpt2-d12,llama-125m",
                    help="comma-separated: " + ", ".join(SHAPES))
     p.add_argument("--recipes", default="bf16,tensor,block",
-                   help="comma-separated: bf16 (the reference, always run), tensor, block, delayed")
+                   help="comma-separated: bf16 (the reference, always run), "
+                   + ", ".join(FP8_FLAGS))
     p.add_argument("--windows", type=int, default=2000)
     p.add_argument("--warmup-windows", type=int, default=None,
                    help="the lr's linear warmup (default: windows / 20)")
@@ -135,8 +149,8 @@ def parse_args(argv=None):
             p.error(f"--models: {m!r} is not one of {', '.join(SHAPES)}")
     recipes = [r for r in args.recipes.split(",") if r]
     for r in recipes:
-        if r not in ("bf16", "tensor", "block", "delayed"):
-            p.error(f"--recipes: {r!r} is not bf16, tensor, block or delayed")
+        if r != "bf16" and r not in FP8_FLAGS:
+            p.error(f"--recipes: {r!r} is not bf16, " + ", ".join(FP8_FLAGS))
     args.recipes = ["bf16"] + [r for r in recipes if r != "bf16"]
     args.gpus = [g for g in args.gpus.split(",") if g]
     if not args.gpus:
@@ -290,9 +304,7 @@ def command(args, model, recipe, seed, train, val, metrics):
         cmd += (["--contiguous-rows"] if args.llama_documents == "rows"
                 else ["--eos-id", str(EOS)])
     if recipe != "bf16":
-        # delayed: the tensor recipe with delayed scaling (Note [FP8 delayed scaling]).
-        cmd += (["--fp8", "--fp8-recipe", "tensor", "--fp8-scaling", "delayed"]
-                if recipe == "delayed" else ["--fp8", "--fp8-recipe", recipe])
+        cmd += FP8_FLAGS[recipe]
     return cmd
 
 

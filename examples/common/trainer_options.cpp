@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include "accrue/optim/param_store.h"
+
 namespace accrue::examples {
 
 void declare_gpt2_size_overrides(OptionTable& cli, std::optional<int64_t>& n_layer,
@@ -105,22 +107,34 @@ Fp8LinearOptions Fp8Choice::options() const {
   Fp8LinearOptions o;
   o.recipe = recipe;
   o.fast_forward_accumulation = fast_forward;
+  o.grad_dtype = grad_dtype;
   return o;
+}
+
+void Fp8Choice::keep_in(optim::ParamStore& store, const std::vector<Tensor>& fp8_weights) const {
+  if (keeps_copies()) store.keep_fp8_copies(fp8_weights, DType::f8e4m3, 0, recipe);
+  if (delayed)  // Note [FP8 delayed scaling]
+    store.keep_fp8_delayed_scaling(fp8_weights, optim::Fp8DelayedOptions()
+                                                    .history(static_cast<int>(amax_history))
+                                                    .dtypes(DType::f8e4m3, grad_dtype));
 }
 
 std::string Fp8Choice::record() const {
   if (!on) return "off";
-  if (recipe == Fp8Recipe::block) return "projections e4m3/e5m2, 1x128 / 128x128 block scaling";
+  const std::string codes =
+      std::string("projections e4m3/") + (grad_dtype == DType::f8e4m3 ? "e4m3" : "e5m2");
+  if (recipe == Fp8Recipe::block) return codes + ", 1x128 / 128x128 block scaling";
   const std::string scaling =
       delayed ? "delayed scaling over " + std::to_string(amax_history) + " windows"
               : "current scaling";
-  return "projections e4m3/e5m2, " + scaling + (fast_forward ? ", fast forward accumulation" : "");
+  return codes + ", " + scaling + (fast_forward ? ", fast forward accumulation" : "");
 }
 
 void declare_fp8(OptionTable& cli, Fp8Choice& fp8) {
   cli.flag("--fp8", &fp8.on,
            "each decoder block's projections in FP8: e4m3 activations and weights, e5m2 "
-           "gradients, per-tensor current scaling, each weight cast once per window at the "
+           "gradients (--fp8-grad-dtype), per-tensor current scaling, each weight cast once per "
+           "window at the "
            "close, the weight gradients into the fp32 slots; embeddings, norms and the "
            "classifier stay in the compute dtype (Note [FP8 linear], docs/FP8.md)");
   cli.choice<Fp8Recipe>("--fp8-recipe", &fp8.recipe,
@@ -129,6 +143,11 @@ void declare_fp8(OptionTable& cli, Fp8Choice& fp8) {
                         "scale per 1 x 128 tile of activations and gradients and per 128 x 128 "
                         "block of weights, on cuBLASLt's block-scaled FP8 GEMMs (Hopper only; "
                         "Note [FP8 block recipe])");
+  cli.choice<DType>("--fp8-grad-dtype", &fp8.grad_dtype,
+                    {{"e5m2", DType::f8e5m2}, {"e4m3", DType::f8e4m3}},
+                    "with --fp8: the output gradients' codes: e5m2 (to 57,344 with 2 mantissa "
+                    "bits, Transformer Engine's hybrid format) or e4m3 (to 448 with 3, as the "
+                    "activations; DeepSeek-V3's choice)");
   cli.flag("--fp8-fast-forward", &fp8.fast_forward,
            "with --fp8 (tensor recipe), the forward GEMMs accumulate on the FP8 tensor cores "
            "without cuBLASLt's promotions to f32, as Transformer Engine's forward "
@@ -152,6 +171,7 @@ void check_fp8(const Fp8Choice& fp8) {
   if (fp8.cast_every_micro_batch && !fp8.on)
     usage_error("--fp8-cast-every-micro-batch needs --fp8");
   if (fp8.recipe != Fp8Recipe::tensor && !fp8.on) usage_error("--fp8-recipe needs --fp8");
+  if (fp8.grad_dtype != DType::f8e5m2 && !fp8.on) usage_error("--fp8-grad-dtype needs --fp8");
   if (fp8.fast_forward && (!fp8.on || fp8.recipe != Fp8Recipe::tensor))
     usage_error("--fp8-fast-forward needs --fp8 with --fp8-recipe tensor");
   if (fp8.delayed && (!fp8.on || fp8.recipe != Fp8Recipe::tensor))

@@ -11,8 +11,14 @@
 #include <optional>
 #include <string>
 
+#include <vector>
+
 #include "accrue/autograd/fp8_ops.h"
 #include "examples/common/options.h"
+
+namespace accrue::optim {
+class ParamStore;
+}
 
 namespace accrue::examples {
 
@@ -43,16 +49,22 @@ struct Fp8Choice {
   // one read each (Note [FP8 delayed scaling]); --fp8-amax-history windows of them.
   bool delayed = false;
   int64_t amax_history = 16;
+  // --fp8-grad-dtype: the output gradients' codes, e5m2 or e4m3.
+  DType grad_dtype = DType::f8e5m2;
   // fp8_linear's options for this choice.
   Fp8LinearOptions options() const;
   // Whether the store keeps the weights' FP8 copies (once per window, Note [Window FP8 weights]).
   bool keeps_copies() const { return on && !cast_every_micro_batch; }
+  // Gives the store what this choice keeps of the layers' weights (returned by
+  // use_fp8): their once-per-window copies and, under delayed scaling, the
+  // scaling rows in the layers' dtypes. Before the Window, whose close recasts them.
+  void keep_in(optim::ParamStore& store, const std::vector<Tensor>& fp8_weights) const;
   // The run record's value (Note [Run record]).
   std::string record() const;
 };
 void declare_fp8(OptionTable& cli, Fp8Choice& fp8);
-// The UsageErrors: --fp8-recipe, --fp8-cast-every-micro-batch, --fp8-fast-forward
-// or --fp8-scaling delayed without --fp8, and --fp8-fast-forward or delayed
+// The UsageErrors: --fp8-recipe, --fp8-cast-every-micro-batch, --fp8-fast-forward,
+// --fp8-grad-dtype or --fp8-scaling delayed without --fp8, and --fp8-fast-forward or delayed
 // scaling under the block recipe.
 void check_fp8(const Fp8Choice& fp8);
 

@@ -190,14 +190,7 @@ int train(int argc, char** argv) {
                           optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
                               optimizer.moments_needed()));
   // Note [Window FP8 weights]: kept before the Window, whose close recasts them.
-  if (opt.fp8.on) {
-    const std::vector<Tensor> fp8_weights = model.use_fp8(opt.fp8.options());
-    if (opt.fp8.keeps_copies())
-      arena.keep_fp8_copies(fp8_weights, DType::f8e4m3, 0, opt.fp8.recipe);
-    if (opt.fp8.delayed)  // Note [FP8 delayed scaling]
-      arena.keep_fp8_delayed_scaling(
-          fp8_weights, optim::Fp8DelayedOptions().history(static_cast<int>(opt.fp8.amax_history)));
-  }
+  if (opt.fp8.on) opt.fp8.keep_in(arena, model.use_fp8(opt.fp8.options()));
   const DataParallel dp = connect_data_parallel(where, arena);
   optim::Window window(
       arena, optimizer,

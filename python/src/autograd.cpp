@@ -32,6 +32,15 @@ Tensor optional_tensor(const std::optional<Tensor>& t) {
 
 }  // namespace
 
+Fp8LinearOptions fp8_options(const char* op, const std::string& recipe, DType grad_dtype) {
+  ACCRUE_CHECK(recipe == "tensor" || recipe == "block", op,
+               ": recipe must be 'tensor' or 'block', got '", recipe, "'");
+  Fp8LinearOptions o;
+  o.recipe = recipe == "block" ? Fp8Recipe::block : Fp8Recipe::tensor;
+  o.grad_dtype = grad_dtype;
+  return o;
+}
+
 void bind_autograd(nb::module_& m) {
   // ---- grad mode
   m.def("is_grad_enabled", &GradMode::is_enabled, "Whether ops record the graph on this thread.");
@@ -191,12 +200,8 @@ void bind_autograd(nb::module_& m) {
       "fp8_linear",
       [](const Tensor& x, const Tensor& w, std::optional<Tensor> b, DType forward_dtype,
          DType grad_dtype, int margin, DType out_dtype, const std::string& recipe) {
-        Fp8LinearOptions o;
-        ACCRUE_CHECK(recipe == "tensor" || recipe == "block",
-                     "fp8_linear: recipe must be 'tensor' or 'block', got '", recipe, "'");
-        o.recipe = recipe == "block" ? Fp8Recipe::block : Fp8Recipe::tensor;
+        Fp8LinearOptions o = fp8_options("fp8_linear", recipe, grad_dtype);
         o.forward_dtype = forward_dtype;
-        o.grad_dtype = grad_dtype;
         o.margin = margin;
         o.out_dtype = out_dtype;
         return fp8_linear(x, w, optional_tensor(b), o);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "accrue/autograd/fp8_ops.h"
 #include "accrue/core/device.h"
 #include "accrue/core/dtype.h"
 #include "accrue/core/tensor.h"
@@ -30,6 +31,10 @@ void bind_factories(nb::module_& m);
 void bind_dlpack(nb::module_& m);
 // The differentiable ops, backward, grad mode and gradcheck (autograd.cpp).
 void bind_autograd(nb::module_& m);
+// Fp8LinearOptions from Python's keywords (autograd.cpp); `op` names the
+// caller in the error for a recipe other than 'tensor' or 'block'.
+Fp8LinearOptions fp8_options(const char* op, const std::string& recipe,
+                             DType grad_dtype = DType::f8e5m2);
 // accrue._accrue.nn: the native modules (nn.cpp).
 void bind_nn(nb::module_& m);
 // accrue._accrue.optim: ParamStore, optimizers, schedules, Window, verify (optim.cpp).

@@ -233,9 +233,14 @@ void bind_llama(nb::module_& m) {
       .def_prop_ro("config", &nn::Llama::config, "The config.")
       .def_prop_ro("device", &nn::Llama::device, "The parameters' device.")
       .def(
-          "use_fp8", [](nn::Llama& l) { return l.use_fp8(); },
-          "The decoder layers' projections in FP8 (Note [FP8 linear]); returns their weights, "
-          "for ParamStore.keep_fp8_copies.")
+          "use_fp8",
+          [](nn::Llama& l, const std::string& recipe, DType grad_dtype) {
+            return l.use_fp8(fp8_options("Llama.use_fp8", recipe, grad_dtype));
+          },
+          nb::arg("recipe") = "tensor", nb::arg("grad_dtype") = DType::f8e5m2,
+          "The decoder layers' projections in FP8 (Note [FP8 linear]), the output gradients in "
+          "grad_dtype (f8e5m2 or f8e4m3), per tensor or per block (recipe 'block'); returns "
+          "their weights, for ParamStore.keep_fp8_copies.")
       .def("forward", &nn::Llama::forward, nb::arg("idx"),
            nb::arg("layout") = nn::BatchLayout::full(),
            "idx [B, T] token ids -> the hidden state after the final norm [B, T, hidden].")

@@ -210,13 +210,23 @@ void bind_nn(nb::module_& m) {
            "fused classifier.")
       .def("logits", &nn::GPT2::logits, nb::arg("idx"), "[B, T, vocab_size] logits.")
       .def(
-          "use_fp8", [](nn::GPT2& g) { return g.use_fp8(); },
-          "Each block's four projections in FP8 (Note [FP8 linear]); returns their weights, for "
-          "ParamStore.keep_fp8_copies.");
+          "use_fp8",
+          [](nn::GPT2& g, const std::string& recipe, DType grad_dtype) {
+            return g.use_fp8(fp8_options("GPT2.use_fp8", recipe, grad_dtype));
+          },
+          nb::arg("recipe") = "tensor", nb::arg("grad_dtype") = DType::f8e5m2,
+          "Each block's four projections in FP8 (Note [FP8 linear]), the output gradients in "
+          "grad_dtype (f8e5m2 or f8e4m3), per tensor or per block (recipe 'block'); returns "
+          "their weights, for ParamStore.keep_fp8_copies.");
   m.def(
-      "use_fp8", [](nn::Module& module) { return nn::use_fp8(module); }, nb::arg("module"),
-      "Every Linear of the module whose sizes are multiples of 16 in FP8 (Note [FP8 linear]); "
-      "returns their weights, for ParamStore.keep_fp8_copies.");
+      "use_fp8",
+      [](nn::Module& module, const std::string& recipe, DType grad_dtype) {
+        return nn::use_fp8(module, fp8_options("use_fp8", recipe, grad_dtype));
+      },
+      nb::arg("module"), nb::arg("recipe") = "tensor", nb::arg("grad_dtype") = DType::f8e5m2,
+      "Every Linear of the module whose sizes are multiples of 16 in FP8 (Note [FP8 linear]), "
+      "the output gradients in grad_dtype (f8e5m2 or f8e4m3), per tensor or per block (recipe "
+      "'block'); returns their weights, for ParamStore.keep_fp8_copies.");
 }
 
 }  // namespace accrue::python

@@ -221,15 +221,19 @@ void bind_optim(nb::module_& m) {
                    "Whether the store keeps FP8 weight copies.")
       .def(
           "keep_fp8_delayed_scaling",
-          [](ParamStore& store, const std::vector<Tensor>& weights, int history, int margin) {
+          [](ParamStore& store, const std::vector<Tensor>& weights, int history, int margin,
+             DType grad_dtype) {
             store.keep_fp8_delayed_scaling(
-                weights, optim::Fp8DelayedOptions().history(history).margin(margin));
+                weights, optim::Fp8DelayedOptions().history(history).margin(margin).dtypes(
+                             DType::f8e4m3, grad_dtype));
           },
           nb::arg("weights"), nb::arg("history") = 16, nb::arg("margin") = 0,
+          nb::arg("grad_dtype") = DType::f8e5m2,
           "Delayed scaling for the FP8 layers of these weights (per tensor): each casts its "
           "input and output gradient with a scale made from the max amax of the last `history` "
           "windows, taking this amax in the same read; the first window scales as current "
-          "scaling. Once, before building the Window (Note [FP8 delayed scaling]).")
+          "scaling. grad_dtype is the layers' (use_fp8's). Once, before building the Window "
+          "(Note [FP8 delayed scaling]).")
       .def_prop_ro("has_fp8_delayed_scaling", &ParamStore::has_fp8_delayed_scaling,
                    "Whether the store keeps FP8 delayed scaling.")
       .def(

@@ -24,10 +24,11 @@ def test_fp8_linear_rounds_like_fp8_and_refuses_odd_rows():
         raise AssertionError("10 rows were accepted")
 
 
-def train(fp8, planted=None, delayed=False, compute=None, codes_in_slots=True):
+def train(fp8, planted=None, delayed=False, compute=None, codes_in_slots=True,
+          grad_dtype=accrue.f8e5m2, delayed_grad_dtype=None):
     gen = accrue.Generator(4)
     model = nn.MLP([32, 64, 16], generator=gen)
-    weights = nn.use_fp8(model) if fp8 else []
+    weights = nn.use_fp8(model, grad_dtype=grad_dtype) if fp8 else []
     opt = optim.AdamW(1e-2)
     store = optim.ParamStore(model.named_parameters(),
                              optim.ParamStoreOptions(moments=opt.moments_needed(),
@@ -36,7 +37,8 @@ def train(fp8, planted=None, delayed=False, compute=None, codes_in_slots=True):
     if weights:
         store.keep_fp8_copies(weights)
     if delayed:
-        store.keep_fp8_delayed_scaling(weights, history=2)
+        store.keep_fp8_delayed_scaling(weights, history=2,
+                                       grad_dtype=delayed_grad_dtype or grad_dtype)
     window = optim.Window(store, opt, optim.WindowOptions(micro_steps=2))
     rng = np.random.default_rng(1)
     for _ in range(3):
@@ -92,3 +94,24 @@ def test_delayed_scaling_trains_and_an_overflow_still_skips():
         assert "keep_fp8_delayed_scaling" in str(e)
     else:
         raise AssertionError("a second keep_fp8_delayed_scaling was accepted")
+
+
+def test_e4m3_gradients_train_and_delayed_rows_must_match_them():
+    e5m2, _ = train(fp8=True)
+    for delayed in (False, True):
+        report, _ = train(fp8=True, grad_dtype=accrue.f8e4m3, delayed=delayed)
+        assert not report.skipped and report.optimizer_steps == 3
+        # Another rounding of the output gradients: another, close, loss.
+        assert report.loss != e5m2.loss and abs(report.loss - e5m2.loss) < 0.05 * e5m2.loss
+    try:
+        train(fp8=True, grad_dtype=accrue.f8e4m3, delayed=True, delayed_grad_dtype=accrue.f8e5m2)
+    except accrue.Error as e:
+        assert "fp8_linear" in str(e) and "f8e4m3" in str(e) and "f8e5m2" in str(e), str(e)
+    else:
+        raise AssertionError("delayed-scaling rows in e5m2 were accepted by e4m3 layers")
+    try:
+        nn.use_fp8(nn.MLP([32, 16], generator=accrue.Generator(1)), recipe="tile")
+    except accrue.Error as e:
+        assert "use_fp8" in str(e) and "'tile'" in str(e)
+    else:
+        raise AssertionError("recipe 'tile' was accepted")

@@ -66,6 +66,22 @@ TEST(GpuFp8Linear, output_and_gradients_match_the_cpu) {
                            64, 96, 48, {1e-2, 1e-2, kFp8GemmF32, 1e-5});
 }
 
+// The output gradients in e4m3 (Fp8LinearOptions::grad_dtype, `--fp8-grad-dtype
+// e4m3`): the data and weight gradients' GEMMs take two e4m3 operands, as the
+// forward does; the same tolerances as e5m2's, in both recipes.
+TEST(GpuFp8Linear, e4m3_gradients_match_the_cpu_in_both_recipes) {
+  ACCRUE_REQUIRE_CUDA();
+  for (Fp8Recipe recipe : {Fp8Recipe::tensor, Fp8Recipe::block}) {
+    SCOPED_TRACE(recipe == Fp8Recipe::block ? "block" : "tensor");
+    Fp8LinearOptions o;
+    o.recipe = recipe;
+    o.grad_dtype = DType::f8e4m3;
+    expect_layer_matches_cpu(
+        [&o](const Tensor& x, const Tensor& w, const Tensor& b) { return fp8_linear(x, w, b, o); },
+        128, 256, 128, {1e-2, 1e-2, kFp8GemmF32, 1e-5});
+  }
+}
+
 // Three micro-batches into the fp32 slots on the GPU (beta 0, then 1): the
 // weight's slot as the CPU's, within the FP8 accumulator's rounding
 // (kFp8GemmF32); the bias's, summed by the cast of dy (Note [FP8 bias

@@ -330,19 +330,20 @@ class Fp8Parity(unittest.TestCase):
             self.skipTest("ACCRUE_TRAIN_BIN does not name a built accrue_train")
         with tempfile.TemporaryDirectory() as out:
             r = run(["--accrue-bin", binary, "--models", "gpt2-tiny", "--windows", "6",
-                     "--recipes", "bf16,tensor,block,delayed", "--val-every", "3",
+                     "--recipes", "bf16,tensor,block,delayed,tensor-e4m3", "--val-every", "3",
                      "--val-batches", "2", "--text-dir", os.path.join(ROOT, "bench"), "--cpu",
                      "--out-dir", out], timeout=280)
             self.assertIn(r.returncode, (0, 1), r.stdout + r.stderr)
             with open(os.path.join(out, "parity.json")) as f:
                 parity = json.load(f)
             # One seed: the run names of before.
-            for recipe in ("bf16", "tensor", "block", "delayed"):
+            for recipe in ("bf16", "tensor", "block", "delayed", "tensor-e4m3"):
                 self.assertTrue(os.path.exists(os.path.join(out, f"gpt2-tiny_{recipe}.jsonl")))
         results = parity["results"]
         self.assertEqual(parity["seeds"], [1])
         self.assertEqual(parity["text_dirs"], [os.path.join(ROOT, "bench")])
-        self.assertEqual([x["recipe"] for x in results], ["bf16", "tensor", "block", "delayed"])
+        self.assertEqual([x["recipe"] for x in results],
+                         ["bf16", "tensor", "block", "delayed", "tensor-e4m3"])
         for x in results:
             self.assertEqual(x["rc"], 0, x)
             self.assertEqual(x["rcs"], [0], x)

@@ -72,6 +72,11 @@ err=$("$trainer" "${fp8[@]}" --resume "$work/delayed_full.safetensors" 2>&1 >/de
 rc=$?
 [[ $rc -eq 1 && $err == *"delayed scaling"* ]] ||
   fail "a resume of a delayed-scaling checkpoint with current scaling: exit code $rc: $err"
+# The gradients' codes are part of the run (Note [Run record]).
+err=$("$trainer" "${fp8[@]}" --fp8-grad-dtype e4m3 --resume "$work/fp8_full.safetensors" 2>&1 >/dev/null)
+rc=$?
+[[ $rc -eq 1 && $err == *"projections e4m3/e5m2"*"but this run has projections e4m3/e4m3"* ]] ||
+  fail "a resume of an e5m2-gradient checkpoint with --fp8-grad-dtype e4m3: exit code $rc: $err"
 # --stop-micro-steps (Note [Mid-window checkpoints]): saved inside window 4
 # after 1 of 2 micro-steps, resumed there: the same final checkpoint.
 "$trainer" "${args[@]}" --checkpoint "$work/mid.safetensors" --stop-after 3 \
