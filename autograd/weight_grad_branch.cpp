@@ -71,7 +71,11 @@ void WeightGradBranch::run(std::vector<Tensor> keep, const std::function<void()>
     try {
       writes();
     } catch (...) {
+      // The entry never recorded its event: drop it, so that no later wait
+      // (a lag, a slot write, join) asks for one. Its writes are as undone as
+      // the error left them; a capture that failed runs nothing.
       on_branch_ = false;
+      pending_.pop_back();
       throw;
     }
     on_branch_ = false;

@@ -101,6 +101,14 @@ TEST(WeightGradBranch, bad_uses_are_errors) {
                "inside a branch's writes");
   EXPECT_FALSE(branch.on_branch());  // put back after the throw
   EXPECT_ERROR(branch.run({}, [&] { branch.join(); }), "WeightGradBranch::join");
+  // An entry whose writes threw never recorded its event: it is dropped, so
+  // that no later wait asks for it (with CUDA events, a null one).
+  EXPECT_EQ(branch.pending(), 0);
+  branch.run({}, [] {});
+  EXPECT_ERROR(branch.run({}, [] { throw Error("a write failed"); }), "a write failed");
+  EXPECT_EQ(branch.pending(), 1);
+  branch.join();
+  EXPECT_EQ(log.ops.back(), "wait 2");  // entry 2, the one that ran; entry 3 threw
 }
 
 // A toy tied model over an arena: embedding(wte) -> layer_norm -> linear -> rms_norm, then two
