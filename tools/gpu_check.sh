@@ -32,7 +32,10 @@
 # Exit status: 0 when the build, every test and every sanitizer run passed
 # (a sanitizer run that prints no summary line fails), else 1.
 #
-# A lent machine may cut one call at ten minutes: split the sanitizer runs
+# A lent machine may cut one call at ten minutes. Run the check under a
+# shorter `timeout` (timeout -k 10 540 tools/gpu_check.sh ...): cut short, it
+# still packs its logs and writes its summary (Note [Cut short], tools/lib.sh).
+# To fit the steps in, split the sanitizer runs
 # over calls with --sanitizer-binaries and --sanitizer-tools, e.g.
 #   tools/gpu_check.sh --skip-tests --skip-bench --sanitizer-binaries 'test_kernels_gpu'
 #   tools/gpu_check.sh --skip-tests --skip-bench --sanitizer-binaries '(autograd|nn|golden)'
@@ -554,8 +557,8 @@ if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
         done
       done
     }
-    trap 'stop_runs; exit 143' TERM
-    trap 'stop_runs; exit 130' INT
+    trap 'stop_runs; cut_short TERM 143' TERM
+    trap 'stop_runs; cut_short INT 130' INT
     for id in "${!runs[@]}"; do
       IFS='|' read -r _ tool bin shard shards <<< "${runs[$id]}"
       tool_filter="$filter"
@@ -575,7 +578,7 @@ if [[ $built -eq 1 && $skip_sanitizer -eq 0 ]]; then
       slot_pid[$free]=$!
     done
     wait
-    trap - TERM INT
+    cut_short_on_signals
     for id in "${!runs[@]}"; do
       result_file="$details/result_$id.txt"
       if [[ ! -s $result_file ]]; then

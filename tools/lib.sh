@@ -15,7 +15,10 @@
 # shellcheck shell=bash disable=SC2034,SC2154  # globals set for, and by, the scripts
 
 # ---- messages ----------------------------------------------------------------
-say() { echo "[$check_name $((SECONDS - start_time))s] $*"; }
+say() {
+  last_said="$*"
+  echo "[$check_name $((SECONDS - start_time))s] $*"
+}
 # A line of the final summary, echoed as it happens too.
 note() {
   summary+=("$*")
@@ -49,7 +52,8 @@ make_dirs_absolute() {
   log_dir=$(cd "$log_dir" && pwd)
 }
 
-# open_details DIR: DIR (emptied) takes the logs; the clock and the summary start.
+# open_details DIR: DIR (emptied) takes the logs; the clock and the summary
+# start, and from here a signal cuts the check short (Note [Cut short]).
 open_details() {
   details="$1"
   rm -rf "$details"
@@ -57,6 +61,36 @@ open_details() {
   start_time=$SECONDS
   failed=0
   summary=()
+  last_said=""
+  cut_short_on_signals
+}
+
+# Note [Cut short]
+# ~~~~~~~~~~~~~~~~
+# A lent machine's call ends at its time limit, and a check killed there
+# returns nothing (its logs are packed and its summary written
+# only by `finish`). Run under an outer `timeout` shorter than the call's
+# (`timeout -k 10 540 tools/gpu_check.sh ...`), the check that the timeout's
+# SIGTERM reaches (it signals the check's whole process group, so the step in
+# flight ends first) says where it was cut, packs the logs it has and writes
+# its summary, then exits 143 (130 after SIGINT), failed. A step that starts
+# its own process groups (the sanitizer pool) stops them first and calls
+# cut_short itself.
+cut_short_on_signals() {
+  trap 'cut_short TERM 143' TERM
+  trap 'cut_short INT 130' INT
+}
+# cut_short SIGNAL STATUS
+cut_short() {
+  failed=1
+  note "cut short by SIG$1 after: ${last_said:-the start}; nothing after that ran"
+  finish cut_summary "$2"
+}
+# shellcheck disable=SC2317  # called by cut_short
+cut_summary() {
+  summary_head "${gpu_model:-(the GPUs were not looked at yet)}"
+  echo
+  verdict
 }
 
 # ---- the machine -------------------------------------------------------------
@@ -227,11 +261,13 @@ verdict() {
   if [[ $failed -eq 0 ]]; then echo "$check_name: PASSED"; else echo "$check_name: FAILED"; fi
 }
 
-# finish WRITER: packs the logs into logs.tar.gz, writes WRITER's output (a
-# function) to summary.txt, prints it, and exits with the check's status.
+# finish WRITER [STATUS]: packs the logs into logs.tar.gz, writes WRITER's
+# output (a function) to summary.txt, prints it, and exits with STATUS, else
+# the check's status.
 finish() {
+  trap - TERM INT
   tar -C "$details" -czf "$log_dir/logs.tar.gz" . 2> /dev/null
   "$1" > "$log_dir/summary.txt"
   cat "$log_dir/summary.txt"
-  exit "$failed"
+  exit "${2:-$failed}"
 }

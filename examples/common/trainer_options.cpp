@@ -134,9 +134,8 @@ void declare_fp8(OptionTable& cli, Fp8Choice& fp8) {
   cli.flag("--fp8", &fp8.on,
            "each decoder block's projections in FP8: e4m3 activations and weights, e5m2 "
            "gradients (--fp8-grad-dtype), per-tensor current scaling, each weight cast once per "
-           "window at the "
-           "close, the weight gradients into the fp32 slots; embeddings, norms and the "
-           "classifier stay in the compute dtype (Note [FP8 linear], docs/FP8.md)");
+           "window at the close, the weight gradients into the fp32 slots; embeddings, norms "
+           "and the classifier stay in the compute dtype (Note [FP8 linear], docs/FP8.md)");
   cli.choice<Fp8Recipe>("--fp8-recipe", &fp8.recipe,
                         {{"tensor", Fp8Recipe::tensor}, {"block", Fp8Recipe::block}},
                         "with --fp8: tensor, one scale per tensor on the FP8 GEMMs; block, a "

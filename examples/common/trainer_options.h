@@ -10,7 +10,6 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
-
 #include <vector>
 
 #include "accrue/autograd/fp8_ops.h"

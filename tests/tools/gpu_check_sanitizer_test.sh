@@ -8,7 +8,8 @@
 #  - racecheck hazards and synccheck barrier errors wholly inside library
 #    kernels pass and are counted; one in an accrue kernel fails the check;
 #  - a run cut by --sanitizer-timeout, or one without its summary line, fails;
-#  - a check stopped by a signal stops its runs in flight;
+#  - a check stopped by a signal stops its runs in flight, and still writes
+#    its summary and packs its logs (Note [Cut short]);
 #  - initcheck runs with ACCRUE_INITCHECK_LIBRARY_OUTPUTS=1 and racecheck and
 #    synccheck with ACCRUE_ATTENTION_COMPOSED=1, the others without.
 #
@@ -67,6 +68,7 @@ EOF
 # ctest -N --show-only=json-v1: the gpu label's commands; only test_* binaries are sanitized.
 cat > "$work/bin/ctest" << EOF
 #!/usr/bin/env bash
+[[ -n \${STUB_CTEST_HANG:-} && " \$* " == *" -L "* ]] && exec sleep 30
 echo '{"tests":[{"command":["$work/build/test_a_gpu"]},{"command":["$work/build/test_b_gpu"]},{"command":["/usr/bin/cmake","-P","scenario.cmake"]}]}'
 EOF
 cat > "$work/bin/nvidia-smi" << 'EOF'
@@ -187,6 +189,29 @@ for pid in $(cat "$work/pids" 2> /dev/null); do
     failures=$((failures + 1))
   fi
 done
+# Note [Cut short]: the cut check still writes its summary, saying where it
+# was cut, and packs the logs it has.
+expect cut '^cut short by SIGTERM after: (memcheck|compute-sanitizer)'
+expect cut '^gpu_check: FAILED'
+if ! tar -tzf "$work/out_cut/logs.tar.gz" > /dev/null 2>&1; then
+  echo "FAIL cut: no logs.tar.gz"
+  failures=$((failures + 1))
+fi
+
+# Cut by an outer timeout in another step (ctest, here), the same: the
+# timeout signals the check's process group, the step ends, the check says so
+# (--preserve-status: the check's own status, not the timeout's 124).
+(cd "$src" && PATH="$work/bin:$PATH" STUB_CTEST_HANG=1 timeout --preserve-status -k 10 3 bash tools/gpu_check.sh \
+  --build-dir "$work/build" --skip-build --skip-sanitizer --skip-bench \
+  --details-dir "$work/details_cut_tests" --log-dir "$work/out_cut_tests") \
+  > "$work/cut_tests.txt" 2>&1
+cut_rc=$?
+if [[ $cut_rc -ne 143 ]]; then
+  echo "FAIL cut_tests: exit $cut_rc (expected 143)"
+  failures=$((failures + 1))
+fi
+expect cut_tests '^cut short by SIGTERM after: ctest -L gpu'
+expect cut_tests '^gpu_check: FAILED'
 
 # Bad options are refused before anything runs.
 run bad_shards 2 --sanitizer-shards 1,_b_=x
