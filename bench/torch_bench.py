@@ -105,6 +105,7 @@ def benchmarks():
     yield from model_ops()
     yield from attention_variants()
     yield from fused_ops()
+    yield from gpt2_norms()
 
 
 def model_ops():
@@ -271,6 +272,46 @@ def fused_ops():
         yield (name + "/compile", op, shape, "bf16", inputs, torch.compile(fn), nb, 0)
     for name, op, shape, inputs, nb in backward_rows:
         yield (name, op, shape, "bf16", inputs, run_bwd, nb, 0)
+
+
+def gpt2_norms():
+    """bench/bench_gpt2_norms.cpp's LayerNorms, on the same names, shapes and bytes: the
+    block's residual add and F.layer_norm in eager and, with "/compile" appended, under
+    torch.compile (static shapes: one graph a shape); F.layer_norm's backward (dx,
+    dweight, dbias) in eager."""
+    bf16 = torch.bfloat16
+    f = torch.nn.functional
+    eps = 1e-5
+
+    def randn(*shape, grad=False):
+        return torch.randn(shape, device="cuda", dtype=bf16, requires_grad=grad)
+
+    def residual_layer_norm(x, r, w, b):
+        s = x + r
+        return s, f.layer_norm(s, (s.shape[-1],), w, b, eps)
+
+    compiled = torch.compile(residual_layer_norm, dynamic=False)
+    for rows, width in ((1024, 768), (32768, 768), (8192, 1600)):
+        elements = rows * width
+        fwd_bytes = 8 * elements + 4 * width + 8 * rows
+        bwd_bytes = 6 * elements + 8 * rows + 2 * width + 16 * width
+        name = f"gpt2_norm/residual_layer_norm/bf16/{rows}x{width}"
+
+        def fwd_inputs(rows=rows, width=width):
+            return (randn(rows, width), randn(rows, width), randn(width), randn(width))
+
+        def bwd_inputs(rows=rows, width=width):
+            x, w, b = randn(rows, width, grad=True), randn(width, grad=True), randn(width, grad=True)
+            y = f.layer_norm(x, (width,), w, b, eps)
+            return (y, torch.randn_like(y), (x, w, b))
+
+        yield (name, "residual_layer_norm", [rows, width], "bf16", fwd_inputs,
+               residual_layer_norm, fwd_bytes, 0)
+        yield (name + "/compile", "residual_layer_norm", [rows, width], "bf16", fwd_inputs,
+               compiled, fwd_bytes, 0)
+        yield (f"gpt2_norm/layer_norm_backward/bf16/{rows}x{width}", "layer_norm_backward",
+               [rows, width], "bf16", bwd_inputs,
+               lambda y, dy, wrt: torch.autograd.grad(y, wrt, dy, retain_graph=True), bwd_bytes, 0)
 
 
 def gpt2_gemms():

@@ -110,7 +110,7 @@ void cast_to_fp8_transpose_with_column_sums_into(const Tensor& x, const Tensor& 
 // holds the rows and when they update: optim/fp8_scaling.h; the layers that
 // cast with them: fp8_linear (autograd/ops_fp8.cpp).
 
-// running = max(running, amax), NaN when either is NaN; both f32 [1] on one
+// running = max(running, |amax|), NaN when either is NaN; both f32 [1] on one
 // device (Note [FP8 delayed scaling]).
 void fp8_amax_merge_(const Tensor& running, const Tensor& amax);
 // Note [FP8 delayed scaling]'s close: state f32 contiguous [n, 3 + H], H >= 1,

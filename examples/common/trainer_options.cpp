@@ -130,6 +130,15 @@ std::string Fp8Choice::record() const {
   return codes + ", " + scaling + (fast_forward ? ", fast forward accumulation" : "");
 }
 
+void Fp8Choice::describe_json(JsonObject& config) const {
+  config.boolean("fp8", on)
+      .text("fp8_recipe", recipe == Fp8Recipe::block ? "block" : "tensor")
+      .text("fp8_scaling", delayed ? "delayed" : "current")
+      .text("fp8_grad_dtype", grad_dtype == DType::f8e4m3 ? "e4m3" : "e5m2")
+      .boolean("fp8_cast_every_micro_batch", cast_every_micro_batch)
+      .boolean("fp8_fast_forward", fast_forward);
+}
+
 void declare_fp8(OptionTable& cli, Fp8Choice& fp8) {
   cli.flag("--fp8", &fp8.on,
            "each decoder block's projections in FP8: e4m3 activations and weights, e5m2 "

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "accrue/autograd/fp8_ops.h"
+#include "examples/common/json.h"
 #include "examples/common/options.h"
 
 namespace accrue::optim {
@@ -60,6 +61,9 @@ struct Fp8Choice {
   void keep_in(optim::ParamStore& store, const std::vector<Tensor>& fp8_weights) const;
   // The run record's value (Note [Run record]).
   std::string record() const;
+  // The choice in --bench's JSON config: fp8, fp8_recipe, fp8_scaling,
+  // fp8_grad_dtype, fp8_cast_every_micro_batch, fp8_fast_forward.
+  void describe_json(JsonObject& config) const;
 };
 void declare_fp8(OptionTable& cli, Fp8Choice& fp8);
 // The UsageErrors: --fp8-recipe, --fp8-cast-every-micro-batch, --fp8-fast-forward,

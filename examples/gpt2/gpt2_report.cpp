@@ -38,10 +38,7 @@ void print_bench_line(const Gpt2Options& o, const nn::GPT2Config& config, const 
   }
   c.boolean("composed", o.composed);
   c.boolean("close_under_forward", o.close_under_forward.on);
-  c.boolean("fp8", o.fp8.on);
-  c.text("fp8_recipe", o.fp8.recipe == Fp8Recipe::block ? "block" : "tensor");
-  c.boolean("fp8_cast_every_micro_batch", o.fp8.cast_every_micro_batch);
-  c.boolean("fp8_fast_forward", o.fp8.fast_forward);
+  o.fp8.describe_json(c);
   BenchTiming t;
   t.window_ms = result.window_ms;
   t.window_tokens = plan.window_tokens;

@@ -439,12 +439,9 @@ JsonObject bench_config(const Run& run, int64_t window_tokens) {
       .text("documents", documents_name(opt))
       .boolean("activation_checkpointing", run.model.activation_checkpointing())
       .boolean("zero1", opt.zero1)
-      .boolean("close_under_forward", opt.close_under_forward.on)
-      .boolean("fp8", opt.fp8.on)
-      .text("fp8_recipe", opt.fp8.recipe == Fp8Recipe::block ? "block" : "tensor")
-      .boolean("fp8_cast_every_micro_batch", opt.fp8.cast_every_micro_batch)
-      .boolean("fp8_fast_forward", opt.fp8.fast_forward)
-      .integer("warmup_windows", opt.bench_warmup)
+      .boolean("close_under_forward", opt.close_under_forward.on);
+  opt.fp8.describe_json(c);
+  c.integer("warmup_windows", opt.bench_warmup)
       .integer("timed_windows", opt.bench_windows)
       .boolean("cuda_graphs", graphs)
       .integer("concurrent_micro_batches", opt.concurrent_micro_batches)

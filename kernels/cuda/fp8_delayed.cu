@@ -22,7 +22,10 @@ __device__ __forceinline__ float quiet_nan() {
 // merge into one running amax, in any order, to the same value (Note
 // [Concurrent micro-batches]). A NaN is merged as the quiet NaN.
 __global__ void amax_merge_kernel(float* running, const float* amax) {
-  const float a = *amax;
+  // The max of non-negative floats is the max of their bits as unsigned
+  // integers, NaN's bits above infinity's. An amax is a magnitude: a sign
+  // bit (-0.0 from a caller) would rank above every value, NaN included.
+  const float a = fabsf(*amax);
   const uint32_t bits = isnan(a) ? __float_as_uint(quiet_nan()) : __float_as_uint(a);
   if (bits != 0u) atomicMax(reinterpret_cast<uint32_t*>(running), bits);
 }

@@ -325,6 +325,11 @@ case $name in
       [[ $rc -eq 0 && $(grep "^final:" <<< "$out") =~ ^final:\ window\ 3\ loss\ [0-9]+\.[0-9]+$ ]] ||
         fail "train --fp8-grad-dtype e4m3 $recipe: exit code $rc: $err"
     done
+    # --bench's JSON config names the choice.
+    run --cpu --model gpt2-tiny --synthetic --micro-batch 2 --seq-len 32 --accum 2 --dtype bf16 \
+      --fp8 --fp8-grad-dtype e4m3 --fp8-scaling delayed --bench --bench-warmup 1 --bench-windows 1
+    grep -q '"fp8_scaling": "delayed", "fp8_grad_dtype": "e4m3"' <<< "$out" ||
+      fail "train --fp8-grad-dtype e4m3 --bench: the JSON config does not name the choice: $out"
     expect 2 "--fp8-grad-dtype needs --fp8" --synthetic --fp8-grad-dtype e4m3
     expect 2 "--fp8-grad-dtype must be e5m2 or e4m3, got 'e3m4'" --synthetic --fp8 \
       --fp8-grad-dtype e3m4

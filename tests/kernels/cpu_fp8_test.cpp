@@ -332,6 +332,11 @@ TEST(Fp8Delayed, casts_merge_their_amax_into_the_running_one) {
   EXPECT_EQ(r.data<float>()[0], 3.0f);
   kernels::fp8_amax_merge_(r, scalar(5.0f));
   EXPECT_EQ(r.data<float>()[0], 5.0f);
+  kernels::fp8_amax_merge_(r, scalar(-7.0f));  // a magnitude: its sign is dropped
+  EXPECT_EQ(r.data<float>()[0], 7.0f);
+  Tensor zero = scalar(0.0f);
+  kernels::fp8_amax_merge_(zero, scalar(-0.0f));
+  EXPECT_FALSE(std::signbit(zero.data<float>()[0]));
   kernels::fp8_amax_merge_(r, scalar(std::numeric_limits<float>::quiet_NaN()));
   EXPECT_TRUE(std::isnan(r.data<float>()[0]));
   EXPECT_ERROR(kernels::fp8_amax_merge_(zeros({2}), scalar(1.0f)), "fp8_amax_merge_", "running",

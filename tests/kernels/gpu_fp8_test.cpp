@@ -249,7 +249,8 @@ TEST(GpuFp8, delayed_scaling_matches_the_cpu_bit_for_bit) {
   }
   const float inf = std::numeric_limits<float>::infinity(),
               nan = std::numeric_limits<float>::quiet_NaN();
-  for (float a : {0.0f, 2.0f, 9.0f, inf, nan})
+  // -0.0 and -2: an amax is a magnitude (the device's unsigned max would rank a sign bit first).
+  for (float a : {0.0f, -0.0f, 2.0f, -2.0f, 9.0f, inf, nan})
     for (float r : {0.0f, 4.0f, nan}) {
       Tensor cpu = from_vector<float>({r}, {1}), gpu = cpu.to(kGpu);
       kernels::fp8_amax_merge_(cpu, from_vector<float>({a}, {1}));
