@@ -94,7 +94,7 @@ void cast_to_fp8_transpose(const Tensor& x, const Tensor& scale, const Tensor& q
 void cast_to_fp8_transpose_scaled(const Tensor& x, const Tensor& amax, float fp8_max, int margin,
                                   bool power_of_two, bool guard, const Tensor& q, const Tensor& q_t,
                                   const Tensor& scale_inv) {
-  const float a = std::fabs(amax.data<float>()[0]);  // a magnitude, as on the device
+  const float a = amax.data<float>()[0];
   const float s = fp8_scale_rule(a, fp8_max, margin, power_of_two);
   scale_inv.data<float>()[0] = fp8_inverse_scale(a, s, guard);
   Tensor unused = empty({1}, DType::f32);
@@ -178,7 +178,7 @@ void cast_to_fp8_blockwise_of_transpose(const Tensor& base, float fp8_max, bool 
 
 void fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, bool power_of_two,
                          bool guard, const Tensor& scale, const Tensor& scale_inv) {
-  const float a = std::fabs(amax.data<float>()[0]);  // a magnitude, as on the device
+  const float a = amax.data<float>()[0];
   const float s = fp8_scale_rule(a, fp8_max, margin, power_of_two);
   scale.data<float>()[0] = s;
   scale_inv.data<float>()[0] = fp8_inverse_scale(a, s, guard);

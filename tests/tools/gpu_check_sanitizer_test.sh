@@ -69,6 +69,11 @@ EOF
 cat > "$work/bin/ctest" << EOF
 #!/usr/bin/env bash
 [[ -n \${STUB_CTEST_HANG:-} && " \$* " == *" -L "* ]] && exec sleep 30
+if [[ -n \${STUB_CTEST_LOG:-} && " \$* " == *" -L "* ]]; then
+  echo "\$*" >> "\$STUB_CTEST_LOG"
+  echo "100% tests passed, 0 tests failed out of 2"
+  exit 0
+fi
 echo '{"tests":[{"command":["$work/build/test_a_gpu"]},{"command":["$work/build/test_b_gpu"]},{"command":["/usr/bin/cmake","-P","scenario.cmake"]}]}'
 EOF
 cat > "$work/bin/nvidia-smi" << 'EOF'
@@ -212,6 +217,23 @@ if [[ $cut_rc -ne 143 ]]; then
 fi
 expect cut_tests '^cut short by SIGTERM after: ctest -L gpu'
 expect cut_tests '^gpu_check: FAILED'
+
+# --skip-cpu-tests: ctest runs the gpu label alone.
+for cpu_too in 1 0; do
+  : > "$work/ctest_calls"
+  args=(--skip-sanitizer)
+  [[ $cpu_too -eq 0 ]] && args+=(--skip-cpu-tests)
+  (cd "$src" && PATH="$work/bin:$PATH" STUB_CTEST_LOG="$work/ctest_calls" bash tools/gpu_check.sh \
+    --build-dir "$work/build" --skip-build --skip-bench --details-dir "$work/details_labels" \
+    --log-dir "$work/out_labels" "${args[@]}") > "$work/labels.txt" 2>&1
+  labels=$(grep -o -- '-L [^ ]*' "$work/ctest_calls" | tr '\n' ' ')
+  expected="-L ^gpu\$ $([[ $cpu_too -eq 1 ]] && echo '-L ^cpu$ ')"
+  if [[ $labels != "$expected" ]]; then
+    echo "FAIL labels (cpu tests $cpu_too): ctest ran '$labels', expected '$expected'"
+    failures=$((failures + 1))
+  fi
+done
+expect labels '^ctest -L cpu: skipped \(--skip-cpu-tests\)'
 
 # Bad options are refused before anything runs.
 run bad_shards 2 --sanitizer-shards 1,_b_=x
