@@ -101,6 +101,7 @@ def benchmarks():
                    torch.matmul, 0, 2 * m * n * k)
 
     yield from gpt2_gemms()
+    yield from fp8_gemms()
     yield from resnet_convs()
     yield from model_ops()
     yield from attention_variants()
@@ -272,6 +273,48 @@ def fused_ops():
         yield (name + "/compile", op, shape, "bf16", inputs, torch.compile(fn), nb, 0)
     for name, op, shape, inputs, nb in backward_rows:
         yield (name, op, shape, "bf16", inputs, run_bwd, nb, 0)
+
+
+def fp8_gemms():
+    """bench/bench_fp8_gemm.cpp's per-tensor rows (fp8_gemm/.../tensor) through
+    torch._scaled_mm, the GEMM PyTorch's FP8 recipes (bench/torch_fp8.py) call: out =
+    a @ b^T with a [m, k] (x in e4m3, or dy in e5m2) and b [n, k] in e4m3, each
+    with its f32 inverse scale, bf16 out; wgrad's f32 product then added to the
+    fp32 slot (_scaled_mm has no beta), where accrue's GEMM adds it in place. The
+    block rows have no twin here."""
+    e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+    def codes(rows, k, dtype):
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        top = 448.0 if dtype == e4m3 else 57344.0
+        scale = top / x.abs().amax().float()
+        return (x.float() * scale).to(dtype), (1.0 / scale).reshape(())
+
+    def gemm(a, b, sa, sb):
+        return torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+    def gemm_into_slot(a, b, sa, sb, slot):
+        return slot.add_(torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb,
+                                          out_dtype=torch.float32))
+
+    for layer, out, inp in GPT2_LINEARS:
+        if layer == "logits":  # the classifier stays in bf16
+            continue
+        for tokens in (8192, 32768):
+            flop = 2 * tokens * out * inp
+            for name, m, n, k in (("fwd", tokens, out, inp), ("dgrad", tokens, inp, out),
+                                  ("wgrad", out, inp, tokens)):
+                a_dtype = e4m3 if name == "fwd" else e5m2
+
+                def inputs(m=m, n=n, k=k, a_dtype=a_dtype, wgrad=name == "wgrad"):
+                    (a, sa), (b, sb) = codes(m, k, a_dtype), codes(n, k, e4m3)
+                    if wgrad:
+                        return (a, b, sa, sb, torch.randn(m, n, device="cuda"))
+                    return (a, b, sa, sb)
+
+                yield (f"fp8_gemm/{layer}_{out}x{inp}/M={tokens}/{name}/tensor", "fp8_gemm",
+                       [m, n, k], "f8", inputs, gemm_into_slot if name == "wgrad" else gemm, 0,
+                       flop)
 
 
 def gpt2_norms():
@@ -508,8 +551,18 @@ def main():
     for name, op, shape, dtype, make_inputs, fn, nbytes, flop in benchmarks():
         if args.filter and not re.search(args.filter, name):
             continue
-        inputs = make_inputs()
-        ms, ms_min = time_ms(fn, inputs, args.warmup, args.repeats)
+        try:
+            inputs = make_inputs()
+            ms, ms_min = time_ms(fn, inputs, args.warmup, args.repeats)
+        except Exception as e:  # noqa: BLE001 - one twin's failure must not lose the others
+            # compare.py shows the error in the PyTorch column, as accrue_bench's skipped rows.
+            message = f"{type(e).__name__}: {e}".splitlines()[0]
+            print(f"{name:<40} skipped: {message}", flush=True)
+            results.append({"name": name, "op": op, "shape": shape, "dtype": dtype,
+                            "error": message})
+            inputs = None
+            torch.cuda.empty_cache()
+            continue
         del inputs
         torch.cuda.empty_cache()
         row = {"name": name, "op": op, "shape": shape, "dtype": dtype, "ms": ms,

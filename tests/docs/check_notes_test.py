@@ -5,25 +5,13 @@ the allowed forms pass (exit 0).
 
     python3 tests/docs/check_notes_test.py tools/check_notes.py
 """
-import os
-import subprocess
 import sys
-import tempfile
+
+from checker_tree import run_on_tree
 
 # Spelled through NOTE so that this file cites nothing itself.
 NOTE = "Note"
 DEFINITION = f"// {NOTE} [Foo bar]\n// ~~~~~~~~~~~~~~\n// What holds.\n"
-
-
-def run(checker, files):
-    with tempfile.TemporaryDirectory() as root:
-        for rel, text in files.items():
-            path = os.path.join(root, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-        done = subprocess.run([sys.executable, checker, root], capture_output=True, text=True)
-        return done.returncode, done.stdout + done.stderr
 
 
 CASES = [
@@ -53,7 +41,7 @@ def main():
         sys.exit("usage: check_notes_test.py tools/check_notes.py")
     failures = 0
     for what, files, code, expected in CASES:
-        got, output = run(sys.argv[1], files)
+        got, output = run_on_tree(sys.argv[1], files)
         ok = got == code and expected in output
         print(f"{'ok  ' if ok else 'FAIL'} {what}: exit {got} (expected {code})")
         if not ok:

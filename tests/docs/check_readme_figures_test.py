@@ -5,10 +5,9 @@ tree passes (exit 0).
 
     python3 tests/docs/check_readme_figures_test.py tools/check_readme_figures.py
 """
-import os
-import subprocess
 import sys
-import tempfile
+
+from checker_tree import run_on_tree
 
 RESULTS = "# Results\n\n## GEMMs beside llm.c: one H200, 2026-11-29\n\n### Call 2, the FP8 casts\n"
 TABLE = ("## Headline figures\n\n| what | figure | section of `bench/RESULTS.md` |\n"
@@ -18,17 +17,6 @@ DOCS = {"docs/FP8.md": "# FP8\n"}
 
 def readme(rows, links="See [FP8](docs/FP8.md) and [CUDA](https://docs.nvidia.com/cuda/).\n"):
     return "# accrue\n\n" + links + "\n" + TABLE + "".join(r + "\n" for r in rows) + "\n## Next\n"
-
-
-def run(checker, files):
-    with tempfile.TemporaryDirectory() as root:
-        for rel, text in files.items():
-            path = os.path.join(root, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-        done = subprocess.run([sys.executable, checker, root], capture_output=True, text=True)
-        return done.returncode, done.stdout + done.stderr
 
 
 GOOD = '| GEMMs | 1.05x llm.c | "GEMMs beside llm.c" |'
@@ -56,7 +44,7 @@ def main(argv):
     checker = argv[1]
     failures = 0
     for what, files, code, text in CASES:
-        got, out = run(checker, files)
+        got, out = run_on_tree(checker, files)
         if got != code or text not in out:
             failures += 1
             print(f"FAIL {what}: exit {got} (expected {code}); output:\n{out}")
