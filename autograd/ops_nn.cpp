@@ -131,6 +131,7 @@ Tensor linear_bias_grad(const Tensor& g2, const SinkTarget& target) {
 void linear_param_grads(const Tensor& g2, const Tensor& x2, const Tensor& weight_like,
                         const SinkTarget* w_target, const SinkTarget* b_target, Tensor* dw,
                         Tensor* db) {
+  if (w_target == nullptr && b_target == nullptr) return;  // no parameter wants a gradient
   // Note [Weight gradients on a branch]: beside the data gradient when both go into slots.
   double beta = 0.0;
   const bool in_slots = (w_target == nullptr || w_target->peek(&beta)) &&
