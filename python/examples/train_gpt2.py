@@ -63,8 +63,24 @@ def parse(argv=None):
     p.add_argument("--close-under-forward", action="store_true",
                    help="step the parameters layer by layer beside the next window's forward "
                         "(WindowOptions.close_under_forward)")
+    p.add_argument("--fp8", action="store_true",
+                   help="each block's projections in FP8, the weights cast once per window "
+                        "(GPT2.use_fp8, ParamStore.keep_fp8_copies; docs/FP8.md)")
+    p.add_argument("--fp8-recipe", choices=["tensor", "block"], default="tensor",
+                   help="with --fp8: a scale per tensor, or per 1 x 128 tile and 128 x 128 block")
+    p.add_argument("--fp8-scaling", choices=["current", "delayed"], default="current",
+                   help="with --fp8 (tensor recipe): scales from this tensor's amax, or from "
+                        "earlier windows' (ParamStore.keep_fp8_delayed_scaling)")
+    p.add_argument("--fp8-grad-dtype", choices=["e5m2", "e4m3"], default="e5m2",
+                   help="with --fp8: the output gradients' codes")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    fp8_options = (args.fp8_recipe != "tensor" or args.fp8_scaling != "current"
+                   or args.fp8_grad_dtype != "e5m2")
+    if fp8_options and not args.fp8:
+        p.error("--fp8-recipe, --fp8-scaling and --fp8-grad-dtype need --fp8")
+    if args.fp8_scaling == "delayed" and args.fp8_recipe != "tensor":
+        p.error("--fp8-scaling delayed needs --fp8-recipe tensor")
     for name in ("micro_batch", "accum", "windows", "log_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -89,6 +105,12 @@ def main(argv=None, on_window=None):
     store = optim.ParamStore(model.named_parameters(), optim.ParamStoreOptions(
         master_dtype=accrue.f32, compute_dtype=accrue.bf16 if dtype == "bf16" else None,
         moments=opt.moments_needed()))
+    if args.fp8:  # kept before the Window, whose close recasts them
+        grad_dtype = accrue.f8e4m3 if args.fp8_grad_dtype == "e4m3" else accrue.f8e5m2
+        fp8_weights = model.use_fp8(recipe=args.fp8_recipe, grad_dtype=grad_dtype)
+        store.keep_fp8_copies(fp8_weights, recipe=args.fp8_recipe)
+        if args.fp8_scaling == "delayed":
+            store.keep_fp8_delayed_scaling(fp8_weights, grad_dtype=grad_dtype)
     window = optim.Window(store, opt, optim.WindowOptions(
         micro_steps=args.accum, max_grad_norm=args.max_grad_norm,
         close_under_forward=args.close_under_forward))
@@ -143,6 +165,8 @@ def main(argv=None, on_window=None):
                       "concurrent_micro_batches": args.concurrent_micro_batches,
                       "weight_grad_branch": args.weight_grad_branch,
                       "close_under_forward": args.close_under_forward,
+                      "fp8": (f"{args.fp8_recipe}, {args.fp8_scaling} scaling, "
+                              f"{args.fp8_grad_dtype} gradients") if args.fp8 else None,
                       "tokens_per_s_median": statistics.median(rates),
                       "final_loss": report.loss}))
 

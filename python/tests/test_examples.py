@@ -52,6 +52,21 @@ def test_train_gpt2_close_under_forward_trains_the_same(capsys):
     assert under["final_loss"] == plain["final_loss"]
 
 
+def test_train_gpt2_in_fp8_each_recipe_and_format(capsys):
+    plain = run(capsys)
+    finals = {}
+    for extra in ([], ["--fp8-grad-dtype", "e4m3"], ["--fp8-scaling", "delayed"],
+                  ["--fp8-recipe", "block"]):
+        out = run(capsys, "--fp8", *extra)
+        assert out["fp8"] and np.isfinite(out["final_loss"]), out
+        finals[" ".join(extra)] = out["final_loss"]
+    # FP8 rounds: another loss than f32's, close to it; each choice rounds its own way.
+    assert all(abs(v - plain["final_loss"]) < 0.05 * plain["final_loss"] for v in finals.values())
+    assert finals[""] != plain["final_loss"] and finals["--fp8-grad-dtype e4m3"] != finals[""]
+    with pytest.raises(SystemExit):
+        run(capsys, "--fp8-grad-dtype", "e4m3")  # without --fp8
+
+
 def test_train_gpt2_reads_token_shards(capsys, tmp_path):
     rng = np.random.default_rng(0)
     accrue.data.write_shard(str(tmp_path / "tok_0.bin"), rng.integers(0, 512, 400).tolist())
