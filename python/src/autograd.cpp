@@ -35,6 +35,8 @@ Tensor optional_tensor(const std::optional<Tensor>& t) {
 Fp8LinearOptions fp8_options(const char* op, const std::string& recipe, DType grad_dtype) {
   ACCRUE_CHECK(recipe == "tensor" || recipe == "block", op,
                ": recipe must be 'tensor' or 'block', got '", recipe, "'");
+  ACCRUE_CHECK(grad_dtype == DType::f8e5m2 || grad_dtype == DType::f8e4m3, op,
+               ": grad_dtype must be f8e5m2 or f8e4m3, got ", dtype_name(grad_dtype));
   Fp8LinearOptions o;
   o.recipe = recipe == "block" ? Fp8Recipe::block : Fp8Recipe::tensor;
   o.grad_dtype = grad_dtype;

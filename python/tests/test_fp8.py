@@ -109,9 +109,10 @@ def test_e4m3_gradients_train_and_delayed_rows_must_match_them():
         assert "fp8_linear" in str(e) and "f8e4m3" in str(e) and "f8e5m2" in str(e), str(e)
     else:
         raise AssertionError("delayed-scaling rows in e5m2 were accepted by e4m3 layers")
-    try:
-        nn.use_fp8(nn.MLP([32, 16], generator=accrue.Generator(1)), recipe="tile")
-    except accrue.Error as e:
-        assert "use_fp8" in str(e) and "'tile'" in str(e)
-    else:
-        raise AssertionError("recipe 'tile' was accepted")
+    for bad, words in (({"recipe": "tile"}, "'tile'"), ({"grad_dtype": accrue.bf16}, "bf16")):
+        try:
+            nn.use_fp8(nn.MLP([32, 16], generator=accrue.Generator(1)), **bad)
+        except accrue.Error as e:
+            assert "use_fp8" in str(e) and words in str(e), str(e)
+        else:
+            raise AssertionError(f"use_fp8({bad}) was accepted")
