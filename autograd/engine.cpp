@@ -6,6 +6,7 @@
 
 #include "accrue/autograd/gradient_observer.h"
 #include "accrue/autograd/variable.h"
+#include "accrue/autograd/weight_grad_branch.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/core/nvtx.h"
 #include "accrue/kernels/ops.h"
@@ -38,6 +39,9 @@ void accumulate_leaf_grad(const Tensor& leaf, const Tensor& grad) {
     }
   }
   if (meta.sink) meta.sink->finished(leaf);  // Note [Ordered writes]
+  // Note [Weight gradients on a branch]: a hook may read the gradient the branch writes.
+  WeightGradBranch* branch = WeightGradBranch::current();
+  if (branch != nullptr && !meta.grad_ready_hooks.empty()) branch->join();
   for (const GradReadyHook& hook : meta.grad_ready_hooks)
     hook(leaf);
 }
@@ -137,6 +141,8 @@ void backward(const Tensor& root, const Tensor& seed, bool retain_graph) {
       if (--dependencies[next] == 0) ready.push(next);
     }
   }
+  // Note [Weight gradients on a branch]: what follows the backward reads the slots here.
+  if (autograd::WeightGradBranch* branch = autograd::WeightGradBranch::current()) branch->join();
 }
 
 }  // namespace accrue

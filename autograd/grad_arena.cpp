@@ -1,5 +1,6 @@
 #include "accrue/autograd/grad_arena.h"
 
+#include "accrue/autograd/weight_grad_branch.h"
 #include "accrue/core/allocator.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/kernels/ops.h"
@@ -139,6 +140,8 @@ void GradArena::accumulate(const Tensor& leaf, const Tensor& grad) {
   const size_t i = slot_of(leaf, "accumulate");
   order_->before_write(i, order_->stream(options_.device().index));
   Tensor slot = grad_view(i);
+  // Note [Weight gradients on a branch]: after the branch's writes into this slot.
+  if (auto* branch = autograd::WeightGradBranch::current()) branch->slot_write(slot.data_ptr());
   if (!written_[i]) {
     slot.copy_(grad);  // first contribution of the window: write (casting to the master dtype)
     written_[i] = true;
@@ -154,9 +157,12 @@ double GradArena::next_beta(const Tensor& leaf) const {
 Tensor GradArena::claim(const Tensor& leaf, double* beta) {
   const size_t i = slot_of(leaf, "claim");
   order_->before_write(i, order_->stream(options_.device().index));
+  Tensor slot = grad_view(i);
+  // Note [Weight gradients on a branch]: noted as the branch's write, or ordered after them.
+  if (auto* branch = autograd::WeightGradBranch::current()) branch->slot_write(slot.data_ptr());
   *beta = written_[i] ? 1.0 : 0.0;
   written_[i] = true;
-  return grad_view(i);
+  return slot;
 }
 
 void GradArena::finished(const Tensor& leaf) {

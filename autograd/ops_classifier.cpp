@@ -3,6 +3,7 @@
 #include "accrue/autograd/saved.h"
 #include "accrue/autograd/sink_target.h"
 #include "accrue/autograd/transformer_ops.h"
+#include "accrue/autograd/weight_grad_branch.h"
 #include "accrue/kernels/classifier.h"
 
 namespace accrue {
@@ -39,12 +40,21 @@ Loss classifier_cross_entropy(const Tensor& hidden, const Tensor& weight, const 
       [=](const Tensor& g) -> std::vector<Tensor> {
         // Note [Fused weight-gradient accumulation]: dW is one GEMM into the arena's slot,
         // beta 0 on the window's first contribution and 1 after; without a slot, a fresh tensor.
+        // Note [Weight gradients on a branch]: beside dh when it goes into the slot.
         double beta = 0.0;
-        const Tensor slot = gw ? w_target.claim(&beta) : Tensor();
-        Tensor dw = slot;
-        if (gw && !slot.defined()) dw = empty(sw.shape(), sw.dtype(), sw.device());
-        const Tensor dh = kernels::classifier_backward(dlogits, sh, sw, g, gh, dw, beta);
-        return {gh ? dh.reshape(h_shape) : Tensor(), slot.defined() ? autograd::delivered() : dw};
+        bool in_slot = false;
+        Tensor dw;
+        if (gw) {
+          in_slot = w_target.peek(&beta);
+          autograd::write_slots_beside(in_slot, {dlogits, sh, g}, [&] {
+            dw = in_slot ? w_target.claim(&beta) : empty(sw.shape(), sw.dtype(), sw.device());
+            kernels::classifier_backward(dlogits, sh, sw, g, /*need_dh=*/false, dw, beta);
+          });
+        }
+        Tensor dh;
+        if (gh)
+          dh = kernels::classifier_backward(dlogits, sh, sw, g, /*need_dh=*/true, Tensor(), 0.0);
+        return {gh ? dh.reshape(h_shape) : Tensor(), in_slot ? autograd::delivered() : dw};
       });
   return {sum, r.count};
 }

@@ -5,6 +5,7 @@
 #include "accrue/autograd/saved.h"
 #include "accrue/autograd/sink_target.h"
 #include "accrue/autograd/variable.h"
+#include "accrue/autograd/weight_grad_branch.h"
 #include "accrue/core/error.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/kernels/fp8.h"
@@ -266,6 +267,18 @@ Tensor fp8_linear_blocks(const Tensor& x, const Tensor& weight, const Tensor& bi
       [=](const Tensor& g) -> std::vector<Tensor> {
         const Tensor g2 = g.reshape({-1, n});
         Tensor dx, dw, db;
+        if (gw) {
+          // Note [Weight gradients on a branch]: dy^T's cast and dW beside dx, into a slot.
+          double w_beta = 0.0;
+          autograd::write_slots_beside(w_target.peek(&w_beta), {g2, cxt.q, cxt.scale_inv}, [&] {
+            const BlockCast cgt = cast_blocks(g2.transpose(0, 1), 1, grad_dtype);
+            dw = fp8_weight_grad(
+                w_target, w_dtype, n, k, g2.device(), [&](const Tensor& out, bool accumulate) {
+                  kernels::fp8_block_matmul_into(cgt.q, cgt.scale_inv, Fp8Tiles::row, cxt.q,
+                                                 cxt.scale_inv, Fp8Tiles::row, out, accumulate);
+                });
+          });
+        }
         if (gx) {
           const BlockCast cwt =
               kept_t.q.defined() ? kept_t
@@ -273,14 +286,6 @@ Tensor fp8_linear_blocks(const Tensor& x, const Tensor& weight, const Tensor& bi
           dx = block_matmul(cast_blocks(g2, 1, grad_dtype), Fp8Tiles::row, cwt, Fp8Tiles::block,
                             x_dtype)
                    .reshape(x_shape);
-        }
-        if (gw) {
-          const BlockCast cgt = cast_blocks(g2.transpose(0, 1), 1, grad_dtype);
-          dw = fp8_weight_grad(
-              w_target, w_dtype, n, k, g2.device(), [&](const Tensor& out, bool accumulate) {
-                kernels::fp8_block_matmul_into(cgt.q, cgt.scale_inv, Fp8Tiles::row, cxt.q,
-                                               cxt.scale_inv, Fp8Tiles::row, out, accumulate);
-              });
         }
         if (gb) {
           db = autograd::linear_bias_grad(g2, b_target);
@@ -353,16 +358,21 @@ Tensor fp8_linear_cast(const Tensor& x, const Tensor& x_q, const Tensor& x_codes
                 ? cast_delayed(g2, dy_row, calibrated, grad_dtype, margin, dbias, b_beta != 0.0)
                 : cast_current(g2, grad_dtype, margin, dbias, b_beta != 0.0);
         Tensor dx, dw, db;
+        if (gw) {
+          // Note [Weight gradients on a branch]: dW beside dx, into a slot.
+          double w_beta = 0.0;
+          autograd::write_slots_beside(
+              w_target.peek(&w_beta), {cg.q_t, cg.scale_inv, x_codes_t, x_scale_inv}, [&] {
+                dw = fp8_weight_grad(w_target, w_dtype, n, k, g2.device(),
+                                     [&](const Tensor& out, bool accumulate) {
+                                       kernels::fp8_matmul_into(cg.q_t, x_codes_t, cg.scale_inv,
+                                                                x_scale_inv, out, accumulate);
+                                     });
+              });
+        }
         if (gx) {
           dx = kernels::fp8_matmul(cg.q, w8.q_t, cg.scale_inv, w8.scale_inv, x_dtype)
                    .reshape(x_shape);
-        }
-        if (gw) {
-          dw = fp8_weight_grad(w_target, w_dtype, n, k, g2.device(),
-                               [&](const Tensor& out, bool accumulate) {
-                                 kernels::fp8_matmul_into(cg.q_t, x_codes_t, cg.scale_inv,
-                                                          x_scale_inv, out, accumulate);
-                               });
         }
         if (b_slot.defined()) {
           if (!sums_in_cast) kernels::sum_rows_into(g2, b_slot, b_beta != 0.0);

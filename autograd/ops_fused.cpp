@@ -8,6 +8,7 @@
 #include "accrue/autograd/sink_target.h"
 #include "accrue/autograd/transformer_ops.h"
 #include "accrue/autograd/variable.h"
+#include "accrue/autograd/weight_grad_branch.h"
 #include "accrue/kernels/fused.h"
 #include "accrue/kernels/ops.h"
 
@@ -46,10 +47,11 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                   // the parameter gradients straight into their slots (Note
                   // [Fused weight-gradient accumulation]).
                   const Tensor dpre = kernels::gelu_backward(g.reshape({-1, out_features}), spre);
-                  Tensor dx, dw, db;
+                  Tensor dw, db;
+                  autograd::linear_param_grads(dpre, sx, sw, gw ? &w_target : nullptr,
+                                               gb ? &b_target : nullptr, &dw, &db);
+                  Tensor dx;
                   if (gx) dx = kernels::matmul(dpre, sw).reshape(x_shape);
-                  if (gw) dw = autograd::linear_weight_grad(dpre, sx, sw, w_target);
-                  if (gb) db = autograd::linear_bias_grad(dpre, b_target);
                   return {dx, dw, db};
                 });
 }
@@ -83,11 +85,19 @@ autograd::BackwardFn rms_norm_backward_fn(const Tensor& x, const Tensor& weight,
   const SinkTarget w_target = sink_target(weight);
   return [=](const Tensor& g) -> std::vector<Tensor> {
     double beta = 0.0;
-    const Tensor slot = gw ? w_target.claim(&beta) : Tensor();
-    Tensor dw = slot.defined() ? slot : gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
-    Tensor dx = kernels::rms_norm_backward(g, sx, sw, rstd, dw,
-                                           /*accumulate=*/slot.defined() && beta != 0.0);
-    if (slot.defined()) dw = autograd::delivered();
+    if (gw && w_target.peek(&beta)) {
+      // dx, then dweight's totals into its slot: on the weight-gradient branch
+      // when one is in force (Note [Weight gradients on a branch]).
+      kernels::NormPartials partials;
+      Tensor dx = kernels::rms_norm_backward_partials(g, sx, sw, rstd, true, &partials);
+      autograd::write_slots_beside(true, {partials.dweight}, [&] {
+        const Tensor slot = w_target.claim(&beta);
+        kernels::norm_param_totals(partials, slot, Tensor(), /*accumulate=*/beta != 0.0);
+      });
+      return {dx, autograd::delivered()};
+    }
+    const Tensor dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
+    Tensor dx = kernels::rms_norm_backward(g, sx, sw, rstd, dw, /*accumulate=*/false);
     return {dx, dw};
   };
 }

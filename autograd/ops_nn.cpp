@@ -3,6 +3,7 @@
 #include "accrue/autograd/ops.h"
 #include "accrue/autograd/saved.h"
 #include "accrue/autograd/sink_target.h"
+#include "accrue/autograd/weight_grad_branch.h"
 #include "accrue/kernels/fused.h"
 #include "accrue/kernels/ops.h"
 
@@ -63,10 +64,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return record("LinearBackward", out, {x, weight, bias},
                 [=](const Tensor& g) -> std::vector<Tensor> {
                   const Tensor g2 = g.reshape({-1, out_features});
-                  Tensor dx, dw, db;
+                  Tensor dw, db;
+                  autograd::linear_param_grads(g2, sx, sw, gw ? &w_target : nullptr,
+                                               gb ? &b_target : nullptr, &dw, &db);
+                  Tensor dx;
                   if (gx) dx = kernels::matmul(g2, sw).reshape(x_shape);
-                  if (gw) dw = autograd::linear_weight_grad(g2, sx, sw, w_target);
-                  if (gb) db = autograd::linear_bias_grad(g2, b_target);
                   return {dx, dw, db};
                 });
 }
@@ -126,6 +128,20 @@ Tensor linear_bias_grad(const Tensor& g2, const SinkTarget& target) {
   return slot.defined() ? delivered() : db;
 }
 
+void linear_param_grads(const Tensor& g2, const Tensor& x2, const Tensor& weight_like,
+                        const SinkTarget* w_target, const SinkTarget* b_target, Tensor* dw,
+                        Tensor* db) {
+  if (w_target == nullptr && b_target == nullptr) return;  // no parameter wants a gradient
+  // Note [Weight gradients on a branch]: beside the data gradient when both go into slots.
+  double beta = 0.0;
+  const bool in_slots = (w_target == nullptr || w_target->peek(&beta)) &&
+                        (b_target == nullptr || b_target->peek(&beta));
+  write_slots_beside(in_slots, {g2, x2}, [&] {
+    if (w_target) *dw = linear_weight_grad(g2, x2, weight_like, *w_target);
+    if (b_target) *db = linear_bias_grad(g2, *b_target);
+  });
+}
+
 BackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                   const Tensor& mean, const Tensor& rstd) {
   Tensor sx = saved(x), sw = saved(weight);
@@ -141,17 +157,21 @@ BackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight, const T
     double beta_w = 0.0, beta_b = 0.0;
     const bool direct =
         gw && gb && w_target.peek(&beta_w) && b_target.peek(&beta_b) && beta_w == beta_b;
-    Tensor dw, db;
     if (direct) {
-      dw = w_target.claim(&beta_w);
-      db = b_target.claim(&beta_b);
-    } else {
-      dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
-      db = gb ? empty(d_shape, b_dtype, g.device()) : Tensor();
+      // dx, then the parameters' totals into their slots: on the weight-gradient
+      // branch when one is in force (Note [Weight gradients on a branch]).
+      kernels::NormPartials partials;
+      Tensor dx =
+          kernels::layer_norm_backward_partials(g, sx, sw, mean, rstd, true, true, &partials);
+      write_slots_beside(true, {partials.dweight, partials.dbias}, [&] {
+        const Tensor dw = w_target.claim(&beta_w), db = b_target.claim(&beta_b);
+        kernels::norm_param_totals(partials, dw, db, /*accumulate=*/beta_w != 0.0);
+      });
+      return {dx, delivered(), delivered()};
     }
-    Tensor dx = kernels::layer_norm_backward(g, sx, sw, mean, rstd, dw, db,
-                                             /*accumulate=*/direct && beta_w != 0.0);
-    if (direct) dw = db = delivered();
+    const Tensor dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
+    const Tensor db = gb ? empty(d_shape, b_dtype, g.device()) : Tensor();
+    Tensor dx = kernels::layer_norm_backward(g, sx, sw, mean, rstd, dw, db, /*accumulate=*/false);
     return {dx, dw, db};
   };
 }

@@ -48,6 +48,12 @@ inline SinkTarget sink_target(const Tensor& t) {
 Tensor linear_weight_grad(const Tensor& g2, const Tensor& x2, const Tensor& weight_like,
                           const SinkTarget& target);
 Tensor linear_bias_grad(const Tensor& g2, const SinkTarget& target);
+// Both of them for the targets given (null: that gradient is not wanted), into
+// *dw and *db; on the weight-gradient branch when one is in force and both
+// land in slots (Note [Weight gradients on a branch]), else inline.
+void linear_param_grads(const Tensor& g2, const Tensor& x2, const Tensor& weight_like,
+                        const SinkTarget* w_target, const SinkTarget* b_target, Tensor* dw,
+                        Tensor* db);
 
 // The backward of the LayerNorm node over saved input x (its affine
 // parameters' gradients into their slots, both or neither): what

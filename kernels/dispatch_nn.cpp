@@ -192,11 +192,31 @@ LayerNormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& 
   return r;
 }
 
-Tensor layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
-                           const Tensor& mean, const Tensor& rstd, const Tensor& dweight,
-                           const Tensor& dbias, bool accumulate) {
+namespace {
+
+// A parameter gradient LayerNorm's backward writes: [d], f32 or x's dtype,
+// contiguous, on `like`'s device; d is the normalized dim of `input`, or of
+// the partial sums when there is no input at hand.
+void check_param_grad(const Tensor& g, const Tensor& like, DType x_dtype, int64_t d,
+                      const Tensor* input, const char* name, const char* what) {
+  if (!g.defined()) return;
+  check_same_device(g, like, name);
+  check_dtype_or_f32(g, x_dtype, true, name, what);
+  ACCRUE_CHECK(g.dim() == 1 && g.size(0) == d, name, ": ", what, " of shape ", shape_str(g.shape()),
+               " does not match the normalized dim of ",
+               input ? "input " + shape_str(input->shape()) : std::string("the partial sums"),
+               " (expected [", d, "])");
+  check_contiguous(g, name, what);
+}
+
+}  // namespace
+
+Tensor layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                                    const Tensor& mean, const Tensor& rstd, bool want_dweight,
+                                    bool want_dbias, NormPartials* partials) {
   NoGradGuard no_grad;
   const char* name = "layer_norm_backward";
+  ACCRUE_CHECK(partials != nullptr, name, ": no NormPartials to fill");
   check_norm_input(x, name);
   check_float_pair(grad, x, name, "grad", "input");
   check_same_shape(grad, x, name, "grad", "input");
@@ -212,28 +232,57 @@ Tensor layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& we
                  " does not match input ", shape_str(x.shape()), " (expected ", rows, " values of ",
                  dtype_name(stats), ")");
   }
+  *partials = NormPartials{};
+  partials->x_dtype = x.dtype();
+  partials->d = d;
+  Tensor dx = empty(x.shape(), x.dtype(), x.device());
+  if (rows == 0) return dx;  // chunks 0: the totals are zeros
+  ACCRUE_BACKEND_CALL(x.device(), layer_norm_backward_partials, dense_view(grad, {rows, d}),
+                      dense_view(x, {rows, d}), contiguous_or_undefined(weight),
+                      dense_view(mean, {rows}), dense_view(rstd, {rows}), dense_view(dx, {rows, d}),
+                      want_dweight, want_dbias, partials);
+  return dx;
+}
+
+void norm_param_totals(const NormPartials& partials, const Tensor& dweight,
+                             const Tensor& dbias, bool accumulate) {
+  NoGradGuard no_grad;
+  const char* name = "norm_param_totals";
   for (const Tensor* g : {&dweight, &dbias}) {
     if (!g->defined()) continue;
-    const char* what = g == &dweight ? "dweight" : "dbias";
-    check_same_device(*g, x, name);
-    check_dtype_or_f32(*g, x.dtype(), true, name, what);
-    ACCRUE_CHECK(g->dim() == 1 && g->size(0) == d, name, ": ", what, " of shape ",
-                 shape_str(g->shape()), " does not match the normalized dim of input ",
-                 shape_str(x.shape()), " (expected [", d, "])");
-    check_contiguous(*g, name, what);
+    const bool is_w = g == &dweight;
+    const char* what = is_w ? "dweight" : "dbias";
+    const Tensor& sums = is_w ? partials.dweight : partials.dbias;
+    ACCRUE_CHECK(partials.chunks == 0 || sums.defined(), name, ": ", what,
+                 " was not wanted by layer_norm_backward_partials: it made no partial sums for it");
+    check_param_grad(*g, sums.defined() ? sums : *g, partials.x_dtype, partials.d, nullptr, name,
+                     what);
   }
-  Tensor dx = empty(x.shape(), x.dtype(), x.device());
-  if (rows == 0) {
+  if (partials.chunks == 0) {  // no rows: the sums of nothing
     if (!accumulate) {
       if (dweight.defined()) fill(dweight, 0.0);
       if (dbias.defined()) fill(dbias, 0.0);
     }
-    return dx;
+    return;
   }
-  ACCRUE_BACKEND_CALL(x.device(), layer_norm_backward, dense_view(grad, {rows, d}),
-                      dense_view(x, {rows, d}), contiguous_or_undefined(weight),
-                      dense_view(mean, {rows}), dense_view(rstd, {rows}), dense_view(dx, {rows, d}),
-                      dweight, dbias, accumulate);
+  const Tensor& any = partials.dweight.defined() ? partials.dweight : partials.dbias;
+  if (!any.defined() || (!dweight.defined() && !dbias.defined())) return;
+  ACCRUE_BACKEND_CALL(any.device(), norm_param_totals, partials, dweight, dbias, accumulate);
+}
+
+Tensor layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                           const Tensor& mean, const Tensor& rstd, const Tensor& dweight,
+                           const Tensor& dbias, bool accumulate) {
+  NoGradGuard no_grad;
+  const char* name = "layer_norm_backward";
+  check_norm_input(x, name);
+  const int64_t d = x.size(-1);
+  check_param_grad(dweight, x, x.dtype(), d, &x, name, "dweight");
+  check_param_grad(dbias, x, x.dtype(), d, &x, name, "dbias");
+  NormPartials partials;
+  Tensor dx = layer_norm_backward_partials(grad, x, weight, mean, rstd, dweight.defined(),
+                                           dbias.defined(), &partials);
+  norm_param_totals(partials, dweight, dbias, accumulate);
   return dx;
 }
 

@@ -223,10 +223,11 @@ RmsNormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return r;
 }
 
-Tensor rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
-                         const Tensor& rstd, const Tensor& dweight, bool accumulate) {
+Tensor rms_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                                  const Tensor& rstd, bool want_dweight, NormPartials* partials) {
   NoGradGuard no_grad;
   const char* name = "rms_norm_backward";
+  ACCRUE_CHECK(partials != nullptr, name, ": no NormPartials to fill");
   check_rms_norm_args(x, weight, 1.0, name);
   check_float_pair(grad, x, name, "grad", "input");
   check_same_shape(grad, x, name, "grad", "input");
@@ -238,7 +239,24 @@ Tensor rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weig
                shape_str(rstd.shape()), " and dtype ", dtype_name(rstd.dtype()),
                " does not match input ", shape_str(x.shape()), " (expected ", rows, " values of ",
                dtype_name(stats), ")");
+  *partials = NormPartials{};
+  partials->x_dtype = x.dtype();
+  partials->d = d;
+  Tensor dx = empty(x.shape(), x.dtype(), x.device());
+  if (rows == 0) return dx;  // chunks 0: the totals are zeros
+  ACCRUE_BACKEND_CALL(x.device(), rms_norm_backward_partials, dense_view(grad, {rows, d}),
+                      row_levels_view(x, rows, d), contiguous_or_undefined(weight),
+                      dense_view(rstd, {rows}), dense_view(dx, {rows, d}), want_dweight, partials);
+  return dx;
+}
+
+Tensor rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                         const Tensor& rstd, const Tensor& dweight, bool accumulate) {
+  NoGradGuard no_grad;
+  const char* name = "rms_norm_backward";
+  check_rms_norm_args(x, weight, 1.0, name);
   if (dweight.defined()) {
+    const int64_t d = x.size(-1);
     check_device(dweight, x.device(), name, "dweight", "the input");
     check_dtype_or_f32(dweight, x.dtype(), true, name, "dweight");
     ACCRUE_CHECK(dweight.dim() == 1 && dweight.size(0) == d, name, ": dweight of shape ",
@@ -246,14 +264,9 @@ Tensor rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weig
                  shape_str(x.shape()), " (expected [", d, "])");
     check_contiguous(dweight, name, "dweight");
   }
-  Tensor dx = empty(x.shape(), x.dtype(), x.device());
-  if (rows == 0) {
-    if (dweight.defined() && !accumulate) fill(dweight, 0.0);
-    return dx;
-  }
-  ACCRUE_BACKEND_CALL(x.device(), rms_norm_backward, dense_view(grad, {rows, d}),
-                      row_levels_view(x, rows, d), contiguous_or_undefined(weight),
-                      dense_view(rstd, {rows}), dense_view(dx, {rows, d}), dweight, accumulate);
+  NormPartials partials;
+  Tensor dx = rms_norm_backward_partials(grad, x, weight, rstd, dweight.defined(), &partials);
+  norm_param_totals(partials, dweight, Tensor(), accumulate);
   return dx;
 }
 

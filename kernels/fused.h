@@ -58,6 +58,8 @@ struct RopeScaling {
 
 namespace accrue::kernels {
 
+struct NormPartials;  // kernels/ops.h
+
 // y = x @ weight^T + bias for x [N, in], weight [out, in], bias [out], one
 // dtype. On the CPU it is kernels::matmul then kernels::binary(Add), bit for
 // bit. On CUDA bf16/f16/f32 it is one cuBLASLt GEMM with the BIAS epilogue,
@@ -101,6 +103,11 @@ RmsNormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps);
 // (Note [Deterministic column sums]).
 Tensor rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
                          const Tensor& rstd, const Tensor& dweight, bool accumulate);
+// Its first half (NormPartials in kernels/ops.h): dx and, when want_dweight,
+// dweight's partial sums, which norm_param_totals(partials, dweight, {}, ...)
+// then writes or adds.
+Tensor rms_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                                  const Tensor& rstd, bool want_dweight, NormPartials* partials);
 
 struct ResidualRmsNormOutput {
   Tensor sum;   // x + residual, rounded to x's dtype

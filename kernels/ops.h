@@ -164,6 +164,23 @@ LayerNormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& 
 Tensor layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
                            const Tensor& mean, const Tensor& rstd, const Tensor& dweight,
                            const Tensor& dbias, bool accumulate);
+// A norm's backward in two halves, so that the parameters' half can run
+// elsewhere (Note [Weight gradients on a branch] in autograd/weight_grad_branch.h):
+// dx and the parameters' fixed-order partial sums (layer_norm_backward_partials
+// here, rms_norm_backward_partials in kernels/fused.h), then their totals
+// written or added into dweight and dbias (norm_param_totals). Together they
+// compute the bits layer_norm_backward and rms_norm_backward compute.
+struct NormPartials {
+  Tensor dweight, dbias;  // the backend's partial sums, where wanted
+  DType x_dtype = DType::f32;
+  int64_t d = 0;
+  int64_t chunks = 0;  // 0: no rows (the totals are zeros)
+};
+Tensor layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                                    const Tensor& mean, const Tensor& rstd, bool want_dweight,
+                                    bool want_dbias, NormPartials* partials);
+void norm_param_totals(const NormPartials& partials, const Tensor& dweight, const Tensor& dbias,
+                       bool accumulate);
 
 // Whether CUDA kernels with data-dependent bounds (embedding indices, targets)
 // verify them: one host synchronization per call outside a Window, none inside

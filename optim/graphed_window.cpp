@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <utility>
 
+#include "accrue/autograd/weight_grad_branch.h"
 #include "accrue/core/allocator.h"
 #include "accrue/core/nvtx.h"
 #include "accrue/core/write_order.h"
@@ -66,6 +68,8 @@ Tensor buffer_like(const Tensor& t) {
 }
 
 }  // namespace
+
+GraphedWindow::~GraphedWindow() = default;
 
 void GraphedWindow::eager_micro_step(const std::vector<Tensor>& inputs) {
   window_.backward(step_(inputs));
@@ -142,7 +146,19 @@ void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
   for (size_t i = 0; i < inputs.size(); ++i)
     buffers_[i].copy_(inputs[i]);
   const std::string what = k == 0 ? "micro-step 0" : "micro-steps 1..K-1";
-  if (!capture(c, what, [&] { window_.backward(step_(buffers_)); })) {
+  // Note [Weight gradients on a branch]: only inside the capture.
+  if (branch_lag_ > 0 && !branch_) {
+    const Device device = window_.state().device();
+    branch_stream_ = std::make_unique<Stream>(device.index);
+    kernels::prepare_stream(device, branch_stream_->handle());
+    branch_ = std::make_unique<autograd::WeightGradBranch>(device.index, branch_stream_->handle(),
+                                                           branch_lag_);
+  }
+  if (!capture(c, what, [&] {
+        std::optional<autograd::WeightGradBranchScope> in_force;
+        if (branch_) in_force.emplace(*branch_);
+        window_.backward(step_(buffers_));
+      })) {
     eager_micro_step(inputs);
     return;
   }
@@ -152,14 +168,20 @@ void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
   release_unused_cuda_memory(window_.state().device());
 }
 
+void GraphedWindow::check_unstarted(const char* op) const {
+  const int64_t run = counts_.replayed_micro_steps + counts_.eager_micro_steps;
+  ACCRUE_CHECK(pending_ == 0 && run == 0, op, ": set it before the first backward (", run,
+               " micro-steps run through this GraphedWindow so far)");
+}
+
 void GraphedWindow::set_concurrent_micro_batches(int n) {
   const char* op = "GraphedWindow::set_concurrent_micro_batches";
   ACCRUE_CHECK(n >= 1, op, ": n must be >= 1, got ", n);
   // A Window resumed inside a window may have micro-steps done: groups start where it is.
-  const int64_t run = counts_.replayed_micro_steps + counts_.eager_micro_steps;
-  ACCRUE_CHECK(pending_ == 0 && run == 0, op, ": set it before the first backward (", run,
-               " micro-steps run through this GraphedWindow so far)");
+  check_unstarted(op);
   if (n > 1) {  // Note [Concurrent micro-batches]: what it refuses
+    ACCRUE_CHECK(branch_lag_ == 0, op, "(", n,
+                 "): not with the weight-gradient branch (Note [Weight gradients on a branch])");
     ACCRUE_CHECK(window_.sync_ == nullptr, op, "(", n,
                  "): not with a GradientSync, whose all-reduces launch from host hooks");
     ACCRUE_CHECK(window_.find_stage<LayerStepsStage>() == nullptr, op, "(", n,
@@ -170,6 +192,22 @@ void GraphedWindow::set_concurrent_micro_batches(int n) {
                  "their state");
   }
   concurrent_ = n;
+}
+
+void GraphedWindow::set_weight_grad_branch(int lag) {
+  const char* op = "GraphedWindow::set_weight_grad_branch";
+  ACCRUE_CHECK(lag >= 0, op, ": lag must be >= 0 (0: off), got ", lag);
+  check_unstarted(op);
+  ACCRUE_CHECK(lag == 0 || concurrent_ == 1, op, "(", lag, "): not with ", concurrent_,
+               " concurrent micro-batches (Note [Weight gradients on a branch])");
+  ACCRUE_CHECK(lag == 0 || window_.sync_ == nullptr, op, "(", lag,
+               "): not with a GradientSync, whose grad-ready hooks would join the branch at "
+               "every parameter (Note [Weight gradients on a branch])");
+  branch_lag_ = lag;
+}
+
+int64_t GraphedWindow::weight_grad_branch_entries() const {
+  return branch_ ? branch_->entries() : 0;
 }
 
 void GraphedWindow::group_backward(const std::vector<Tensor>& inputs, bool eager) {

@@ -135,6 +135,10 @@
 #include "accrue/core/cuda_runtime.h"
 #include "accrue/optim/window.h"
 
+namespace accrue::autograd {
+class WeightGradBranch;
+}  // namespace accrue::autograd
+
 namespace accrue::optim {
 
 class GraphedWindow {
@@ -143,6 +147,9 @@ class GraphedWindow {
   using StepFn = std::function<Loss(const std::vector<Tensor>& inputs)>;
 
   GraphedWindow(Window& window, StepFn step);
+  ~GraphedWindow();
+  GraphedWindow(const GraphedWindow&) = delete;
+  GraphedWindow& operator=(const GraphedWindow&) = delete;
 
   // One micro-step: step(inputs), then the Window's backward; replayed from a
   // graph when one is captured for these inputs and this phase.
@@ -154,6 +161,16 @@ class GraphedWindow {
   // default: one after another). Before the first backward.
   void set_concurrent_micro_batches(int n);
   int concurrent_micro_batches() const { return concurrent_; }
+  // Note [Weight gradients on a branch] (autograd/weight_grad_branch.h): with
+  // lag >= 1 the captured micro-steps issue their Linear, LayerNorm and
+  // classifier parameter gradients on a side stream beside the rest of the
+  // backward, at most `lag` of them pending; the same bits. 0 (the default):
+  // inline. Not with concurrent micro-batches or a GradientSync. Before the
+  // first backward.
+  void set_weight_grad_branch(int lag);
+  int weight_grad_branch() const { return branch_lag_; }
+  // The branch's entries issued so far: a capture's Linears, LayerNorms and classifier.
+  int64_t weight_grad_branch_entries() const;
   // Runs the micro-steps whose inputs wait for the rest of their group, so
   // that window().micro_step() counts every input taken: before a checkpoint
   // inside a window. Nothing when none wait.
@@ -191,6 +208,8 @@ class GraphedWindow {
   // Captures body into `c`, restoring the Window's host state when it fails.
   bool capture(Captured& c, const std::string& what, const std::function<void()>& body);
   void warn(const std::string& what, const std::string& why) const;
+  // The options' check: nothing has run through this GraphedWindow yet.
+  void check_unstarted(const char* op) const;
   std::string signature(const std::vector<Tensor>& inputs) const;
 
   Window& window_;
@@ -213,6 +232,10 @@ class GraphedWindow {
   std::map<std::string, Captured> groups_;          // by phase and group size
   std::unique_ptr<Event> fork_;
   std::vector<std::unique_ptr<Event>> joins_;
+  // Note [Weight gradients on a branch]: 0 (off) or the branch's lag.
+  int branch_lag_ = 0;
+  std::unique_ptr<Stream> branch_stream_;
+  std::unique_ptr<autograd::WeightGradBranch> branch_;
 };
 
 }  // namespace accrue::optim

@@ -66,6 +66,27 @@ void check_concurrent_micro_batches(int64_t n, bool cuda_graphs,
                   " (Note [Concurrent micro-batches])");
 }
 
+void declare_weight_grad_branch(OptionTable& cli, int64_t& lag) {
+  cli.integer("--weight-grad-branch", &lag, "LAG",
+              "with --cuda-graphs: issue the Linear, LayerNorm and classifier parameter gradients "
+              "of the captured "
+              "micro-steps on a side stream beside the rest of the backward, at most LAG of them "
+              "pending (Note [Weight gradients on a branch]; the same bits); 0 (the default) "
+              "keeps them inline")
+      .min(0)
+      .max(64);
+}
+
+void check_weight_grad_branch(int64_t lag, bool cuda_graphs, int64_t concurrent_micro_batches) {
+  if (lag == 0) return;
+  if (!cuda_graphs)
+    usage_error("--weight-grad-branch ", lag,
+                " needs --cuda-graphs: the branch runs only inside graphs");
+  if (concurrent_micro_batches > 1)
+    usage_error("--weight-grad-branch is not taken with --concurrent-micro-batches ",
+                concurrent_micro_batches, " (Note [Weight gradients on a branch])");
+}
+
 void declare_adamw_moments(OptionTable& cli, double& beta1, double& beta2, double& eps) {
   cli.number("--beta1", &beta1, "B1", "AdamW beta1").min(0).below(1);
   cli.number("--beta2", &beta2, "B2", "AdamW beta2").min(0).below(1);

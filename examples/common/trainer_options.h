@@ -110,6 +110,12 @@ void declare_concurrent_micro_batches(OptionTable& cli, int64_t& n);
 void check_concurrent_micro_batches(int64_t n, bool cuda_graphs,
                                     std::initializer_list<const char*> others);
 
+// --weight-grad-branch LAG (Note [Weight gradients on a branch] in
+// autograd/weight_grad_branch.h): 0 off; the UsageErrors: on without
+// --cuda-graphs or with concurrent micro-batches.
+void declare_weight_grad_branch(OptionTable& cli, int64_t& lag);
+void check_weight_grad_branch(int64_t lag, bool cuda_graphs, int64_t concurrent_micro_batches);
+
 // --stop-micro-steps M against the window's K micro-steps on `ranks` ranks:
 // one process only, and 0 < M < K (Note [Mid-window checkpoints]).
 void check_stop_micro_steps(int64_t stop_micro_steps, int64_t K, int ranks);

@@ -76,6 +76,7 @@ void declare(OptionTable& cli, Gpt2Options& o) {
            "under data parallelism, the last micro-step and the close stay eager, with a "
            "warning)");
   declare_concurrent_micro_batches(cli, o.concurrent_micro_batches);
+  declare_weight_grad_branch(cli, o.weight_grad_branch);
   cli.choice("--dtype", &o.dtype, {"f32", "bf16", "f16"},
              "compute dtype over fp32 master weights; f16 adds dynamic loss scaling")
       .default_text("bf16 on a GPU, f32 on the CPU");
@@ -160,6 +161,7 @@ bool parse_gpt2_options(int argc, char** argv, Gpt2Options& o) {
   check_close_under_forward(cli, o.close_under_forward, {o.composed ? "--composed" : nullptr});
   check_concurrent_micro_batches(o.concurrent_micro_batches, o.cuda_graphs,
                                  {o.close_under_forward.on ? "--close-under-forward" : nullptr});
+  check_weight_grad_branch(o.weight_grad_branch, o.cuda_graphs, o.concurrent_micro_batches);
   if (o.bench && (!o.checkpoint.empty() || !o.resume.empty()))
     usage_error("--bench takes no --checkpoint or --resume");
   if (o.bench) o.windows = bench_window_count(o.bench_warmup, o.bench_windows);

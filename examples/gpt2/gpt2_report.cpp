@@ -29,7 +29,8 @@ void print_bench_line(const Gpt2Options& o, const nn::GPT2Config& config, const 
       .integer("warmup_windows", o.bench_warmup)
       .integer("timed_windows", o.bench_windows)
       .boolean("cuda_graphs", result.cuda_graphs)
-      .integer("concurrent_micro_batches", o.concurrent_micro_batches);
+      .integer("concurrent_micro_batches", o.concurrent_micro_batches)
+      .integer("weight_grad_branch", o.weight_grad_branch);
   if (result.cuda_graphs) {
     c.integer("graph_memory_bytes", graph_memory(device.index).reserved_high_bytes);
   } else {

@@ -233,6 +233,7 @@ int train(int argc, char** argv) {
     graphed = std::make_unique<optim::GraphedWindow>(
         window, [&loss_of](const std::vector<Tensor>& in) { return loss_of(in[0], in[1]); });
     graphed->set_concurrent_micro_batches(static_cast<int>(opt.concurrent_micro_batches));
+    graphed->set_weight_grad_branch(static_cast<int>(opt.weight_grad_branch));
     std::printf("cuda graphs: micro-steps and close captured after one eager warm-up each\n");
   }
   std::unique_ptr<optim::LayerMonitor> layers =

@@ -379,6 +379,7 @@ std::unique_ptr<optim::GraphedWindow> make_graphed_window(const TrainOptions& op
             in.size() == 4 ? nn::BatchLayout::packed(in[2], in[3]) : nn::BatchLayout::full());
       });
   graphed->set_concurrent_micro_batches(static_cast<int>(opt.concurrent_micro_batches));
+  graphed->set_weight_grad_branch(static_cast<int>(opt.weight_grad_branch));
   std::printf("%s\n", where.gpu ? "cuda graphs: micro-steps and close captured after one eager "
                                   "warm-up each"
                                 : "--cuda-graphs on the CPU: run eagerly, with the graphs' inputs");
@@ -443,7 +444,8 @@ JsonObject bench_config(const Run& run, int64_t window_tokens) {
   c.integer("warmup_windows", opt.bench_warmup)
       .integer("timed_windows", opt.bench_windows)
       .boolean("cuda_graphs", graphs)
-      .integer("concurrent_micro_batches", opt.concurrent_micro_batches);
+      .integer("concurrent_micro_batches", opt.concurrent_micro_batches)
+      .integer("weight_grad_branch", opt.weight_grad_branch);
   if (graphs) {
     c.integer("graph_memory_bytes", graph_memory(run.where.device.index).reserved_high_bytes);
   } else {

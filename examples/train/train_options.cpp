@@ -104,6 +104,7 @@ void declare_run(OptionTable& cli, TrainOptions& o) {
   declare_close_under_forward(cli, o.close_under_forward, "; not with --zero1 or --composed");
   cli.flag("--cuda-graphs", &o.cuda_graphs, "replay micro-steps and close as CUDA graphs (GPU)");
   declare_concurrent_micro_batches(cli, o.concurrent_micro_batches);
+  declare_weight_grad_branch(cli, o.weight_grad_branch);
   cli.path("--gemm-tuning", &o.gemm_tuning, "FILE",
            "time the GEMM candidates per shape on first use and keep the fastest, recorded in "
            "FILE (Note [GEMM autotuning]); a run with the same FILE computes the same bits");
@@ -197,6 +198,7 @@ void check_options(const OptionTable& cli, TrainOptions& o) {
   check_concurrent_micro_batches(o.concurrent_micro_batches, o.cuda_graphs,
                                  {o.close_under_forward.on ? "--close-under-forward" : nullptr,
                                   o.zero1 ? "--zero1" : nullptr});
+  check_weight_grad_branch(o.weight_grad_branch, o.cuda_graphs, o.concurrent_micro_batches);
   if (o.stop_micro_steps > 0 && (!o.stop_after || o.checkpoint.empty()))
     usage_error("--stop-micro-steps needs --stop-after N and --checkpoint FILE");
   if (o.stop_micro_steps > 0 && *o.stop_after >= o.windows)

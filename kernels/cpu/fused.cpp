@@ -131,9 +131,9 @@ void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
   rms_norm(make_view(sum, {1, rows, d}, {rows * d, d, 1}, sum.offset()), weight, eps, out, rstd);
 }
 
-void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
-                       const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
-                       bool accumulate) {
+void rms_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                                const Tensor& rstd, const Tensor& dx, bool want_dweight,
+                                NormPartials* partials) {
   const int64_t rows = dx.size(0), d = dx.size(1);
   const RowLevels levels(x);
   const std::vector<double> w = read_param(weight, "rms_norm_backward");
@@ -166,7 +166,7 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
       });
       // dweight: threads split the columns; each column sums its rows in
       // order, recomputing xhat exactly as above.
-      if (!dweight.defined()) return;
+      if (!want_dweight) return;
       parallel_for(0, d, grain_for(2 * rows), [&](int64_t c0, int64_t c1) {
         for (int64_t r = 0; r < rows; ++r) {
           const T* xr = ptr<T>(x) + levels(r);
@@ -178,17 +178,10 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
       });
     });
   });
-  if (!dweight.defined()) return;
-  // Written, or added to (Note [Overwrite first]).
-  visit_float(dweight.dtype(), "rms_norm_backward", [&](auto tag) {
-    using O = decltype(tag);
-    const Indexer io(dweight);
-    O* p = ptr<O>(dweight);
-    for (int64_t c = 0; c < d; ++c) {
-      O& o = p[io(c)];
-      o = store_double<O>(accumulate ? load_double(o) + dw[c] : dw[c]);
-    }
-  });
+  // The CPU's partial sums are the whole sums, in f64: one chunk
+  // (norm_param_totals writes or adds them, kernels/cpu/nn.cpp).
+  partials->chunks = 1;
+  if (want_dweight) partials->dweight = from_vector<double>(dw, {d});
 }
 
 void rope(const Tensor& x, const Tensor& positions, double theta, RopeStyle style,

@@ -243,9 +243,9 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, doubl
   });
 }
 
-void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
-                         const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                         const Tensor& dweight, const Tensor& dbias, bool accumulate) {
+void layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                                  const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                  bool want_dweight, bool want_dbias, NormPartials* partials) {
   const int64_t rows = x.size(0), d = x.size(1);
   std::vector<double> dw(static_cast<size_t>(d), 0.0), db(static_cast<size_t>(d), 0.0);
   const std::vector<double> w = read_param(weight);
@@ -281,7 +281,7 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weig
     });
     // dweight and dbias: threads split the columns; each column sums its rows
     // in order, recomputing xhat exactly as above.
-    if (!dweight.defined() && !dbias.defined()) return;
+    if (!want_dweight && !want_dbias) return;
     parallel_for(0, d, grain_for(2 * rows), [&](int64_t c0, int64_t c1) {
       for (int64_t r = 0; r < rows; ++r) {
         const T* xr = ptr<T>(x) + r * d;
@@ -295,21 +295,30 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weig
       }
     });
   });
+  // The CPU's partial sums are the whole sums, in f64: one chunk.
+  partials->chunks = 1;
+  if (want_dweight) partials->dweight = from_vector<double>(dw, {d});
+  if (want_dbias) partials->dbias = from_vector<double>(db, {d});
+}
+
+void norm_param_totals(const NormPartials& partials, const Tensor& dweight,
+                             const Tensor& dbias, bool accumulate) {
   // dweight and dbias: written, or added to (Note [Overwrite first]).
-  auto write = [&](const Tensor& t, const std::vector<double>& v) {
+  auto write = [&](const Tensor& t, const Tensor& sums) {
     if (!t.defined()) return;
+    const double* v = ptr<double>(sums);
     visit_float(t.dtype(), "layer_norm_backward", [&](auto tag) {
       using O = decltype(tag);
       const Indexer io(t);
       O* p = ptr<O>(t);
-      for (int64_t c = 0; c < d; ++c) {
+      for (int64_t c = 0; c < partials.d; ++c) {
         O& o = p[io(c)];
         o = store_double<O>(accumulate ? load_double(o) + v[c] : v[c]);
       }
     });
   };
-  write(dweight, dw);
-  write(dbias, db);
+  write(dweight, partials.dweight);
+  write(dbias, partials.dbias);
 }
 
 }  // namespace accrue::kernels::cpu

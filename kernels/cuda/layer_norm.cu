@@ -371,9 +371,9 @@ void layer_norm(const Tensor& x, const Tensor& weight_in, const Tensor& bias_in,
   });
 }
 
-void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& weight_in,
-                         const Tensor& mean_in, const Tensor& rstd_in, const Tensor& dx,
-                         const Tensor& dweight, const Tensor& dbias, bool accumulate) {
+void layer_norm_backward_partials(const Tensor& grad_in, const Tensor& x, const Tensor& weight_in,
+                                  const Tensor& mean_in, const Tensor& rstd_in, const Tensor& dx,
+                                  bool want_dweight, bool want_dbias, NormPartials* partials) {
   const int dev = x.device().index;
   cu::DeviceScope scope(dev);
   cudaStream_t stream = cu::stream_for(dev);
@@ -392,27 +392,11 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
     auto partial_ptr = [](const Tensor& t) {
       return t.defined() ? static_cast<A*>(t.data_ptr()) : nullptr;
     };
-    // The totals of one target, or of two in one dtype (Note [Deterministic column sums]).
-    auto totals = [&](int64_t chunks, const Tensor& p0, const Tensor& t0, const Tensor& p1,
-                      const Tensor& t1) {
-      visit_grad_dtype<T>(t0.dtype(), "layer_norm_backward", [&](auto o_tag) {
-        using O = decltype(o_tag);
-        const bool two = t1.defined();
-        ColumnTotalTargets<A, O> t{
-            {partial_ptr(p0), two ? partial_ptr(p1) : nullptr},
-            {static_cast<O*>(t0.data_ptr()), two ? static_cast<O*>(t1.data_ptr()) : nullptr},
-            {t0.stride(0), two ? t1.stride(0) : 0},
-            two ? 2 : 1};
-        column_totals<A, O>(t, chunks, d, accumulate, device, stream);
-      });
-    };
-    // dweight's and dbias's totals in the same launches when both are wanted in
-    // one dtype (at GPT-2 124M 1 x 32, 800 launches of 2.9 us fewer a window).
+    // The partial rows go to norm_param_totals.
     auto finish = [&](const Tensor& partial_dw, const Tensor& partial_db, int64_t chunks) {
-      if (dweight.defined() && dbias.defined() && dweight.dtype() == dbias.dtype())
-        return totals(chunks, partial_dw, dweight, partial_db, dbias);
-      if (dweight.defined()) totals(chunks, partial_dw, dweight, Tensor(), Tensor());
-      if (dbias.defined()) totals(chunks, partial_db, dbias, Tensor(), Tensor());
+      partials->dweight = partial_dw;
+      partials->dbias = partial_db;
+      partials->chunks = chunks;
     };
     // Note [LayerNorm fused backward]: dx and the partials from one read of dy and x.
     constexpr int V = 16 / static_cast<int>(sizeof(T));
@@ -431,8 +415,8 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
       const int64_t rows_per_warp = std::max<int64_t>(1, (rows + kWarpTarget - 1) / kWarpTarget);
       const int64_t block_rows = rows_per_warp * kWarpRows;
       const int64_t chunks = (rows + block_rows - 1) / block_rows;
-      Tensor partial_dw = dweight.defined() ? empty({chunks, d}, acc, device) : Tensor();
-      Tensor partial_db = dbias.defined() ? empty({chunks, d}, acc, device) : Tensor();
+      Tensor partial_dw = want_dweight ? empty({chunks, d}, acc, device) : Tensor();
+      Tensor partial_db = want_dbias ? empty({chunks, d}, acc, device) : Tensor();
       const size_t shared = size_t{kWarpRows} * static_cast<size_t>(d) * sizeof(A);
       auto launch = [&](auto p_tag) {
         constexpr int P = decltype(p_tag)::value;
@@ -459,8 +443,8 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
       const int64_t threads =
           std::min<int64_t>(kFusedThreads, std::max<int64_t>(32, (packs + 31) / 32 * 32));
       const int64_t chunks = (rows + fused_rows_per_chunk - 1) / fused_rows_per_chunk;
-      Tensor partial_dw = dweight.defined() ? empty({chunks, d}, acc, device) : Tensor();
-      Tensor partial_db = dbias.defined() ? empty({chunks, d}, acc, device) : Tensor();
+      Tensor partial_dw = want_dweight ? empty({chunks, d}, acc, device) : Tensor();
+      Tensor partial_db = want_dbias ? empty({chunks, d}, acc, device) : Tensor();
       layer_norm_backward_fused_kernel<T, A, V>
           <<<static_cast<unsigned>(chunks), static_cast<unsigned>(threads), 0, stream>>>(
               static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
@@ -478,13 +462,13 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
           static_cast<const A*>(rstd.data_ptr()), d, static_cast<T*>(dx.data_ptr()));
       ACCRUE_LAUNCH_CHECK();
     }
-    if ((!dweight.defined() && !dbias.defined()) || d == 0) return;
+    if ((!want_dweight && !want_dbias) || d == 0) return;
 
     // See Note [Deterministic column sums]. About 64 rows per chunk, at most 1024 chunks.
     const int64_t chunks = std::min<int64_t>((rows + 63) / 64, 1024);
     const int64_t rows_per_chunk = chunks == 0 ? 0 : (rows + chunks - 1) / chunks;
-    Tensor partial_dw = dweight.defined() ? empty({chunks, d}, acc, device) : Tensor();
-    Tensor partial_db = dbias.defined() ? empty({chunks, d}, acc, device) : Tensor();
+    Tensor partial_dw = want_dweight ? empty({chunks, d}, acc, device) : Tensor();
+    Tensor partial_db = want_dbias ? empty({chunks, d}, acc, device) : Tensor();
     if (chunks > 0) {
       const dim3 grid(static_cast<unsigned>((d + kColumnTile - 1) / kColumnTile),
                       static_cast<unsigned>(chunks));
@@ -495,6 +479,42 @@ void layer_norm_backward(const Tensor& grad_in, const Tensor& x, const Tensor& w
       ACCRUE_LAUNCH_CHECK();
     }
     finish(partial_dw, partial_db, chunks);
+  });
+}
+
+void norm_param_totals(const NormPartials& partials, const Tensor& dweight,
+                             const Tensor& dbias, bool accumulate) {
+  const Tensor& any = partials.dweight.defined() ? partials.dweight : partials.dbias;
+  const int dev = any.device().index;
+  cu::DeviceScope scope(dev);
+  cudaStream_t stream = cu::stream_for(dev);
+  const Device device = Device::cuda(dev);
+  const int64_t chunks = partials.chunks, d = partials.d;
+  cu::visit_float_dtype(partials.x_dtype, "layer_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using A = cu::math_t<T>;
+    auto partial_ptr = [](const Tensor& t) {
+      return t.defined() ? static_cast<const A*>(t.data_ptr()) : nullptr;
+    };
+    // The totals of one target, or of two in one dtype (Note [Deterministic column sums]).
+    auto totals = [&](const Tensor& p0, const Tensor& t0, const Tensor& p1, const Tensor& t1) {
+      visit_grad_dtype<T>(t0.dtype(), "layer_norm_backward", [&](auto o_tag) {
+        using O = decltype(o_tag);
+        const bool two = t1.defined();
+        ColumnTotalTargets<A, O> t{
+            {partial_ptr(p0), two ? partial_ptr(p1) : nullptr},
+            {static_cast<O*>(t0.data_ptr()), two ? static_cast<O*>(t1.data_ptr()) : nullptr},
+            {t0.stride(0), two ? t1.stride(0) : 0},
+            two ? 2 : 1};
+        column_totals<A, O>(t, chunks, d, accumulate, device, stream);
+      });
+    };
+    // dweight's and dbias's totals in the same launches when both are wanted in
+    // one dtype (at GPT-2 124M 1 x 32, 800 launches of 2.9 us fewer a window).
+    if (dweight.defined() && dbias.defined() && dweight.dtype() == dbias.dtype())
+      return totals(partials.dweight, dweight, partials.dbias, dbias);
+    if (dweight.defined()) totals(partials.dweight, dweight, Tensor(), Tensor());
+    if (dbias.defined()) totals(partials.dbias, dbias, Tensor(), Tensor());
   });
 }
 

@@ -427,9 +427,9 @@ constexpr int kFusedPacks = 4;
 constexpr int64_t kBlockGroups = 1024;  // about eight 256-thread blocks per SM of an H100
 constexpr int64_t kWarpGroups = 4096;
 
-void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight_in,
-                       const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
-                       bool accumulate) {
+void rms_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight_in,
+                                const Tensor& rstd, const Tensor& dx, bool want_dweight,
+                                NormPartials* partials) {
   const char* op = "rms_norm_backward";
   const int dev = x.device().index;
   cu::DeviceScope scope(dev);
@@ -455,7 +455,7 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
                      const int64_t packs = d / V;
                      const int64_t size = L > 0 ? L : threads;
                      const int64_t per_thread = (packs + size - 1) / size;
-                     const bool fused = dweight.defined() && per_thread <= kFusedPacks;
+                     const bool fused = want_dweight && per_thread <= kFusedPacks;
                      const int64_t groups = std::min(rows, L > 0 ? kWarpGroups : kBlockGroups);
                      const int64_t rows_per_block = L > 0 ? threads / L : 1;
                      const int64_t blocks = (groups + rows_per_block - 1) / rows_per_block;
@@ -484,7 +484,7 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
                        args(rms_norm_backward_kernel<T, P, V, L, 0>, nullptr);
                      }
                    });
-    if (!dweight.defined()) return;
+    if (!want_dweight) return;
     const unsigned column_blocks = static_cast<unsigned>((d + kColumnTile - 1) / kColumnTile);
     if (!partial.defined()) {
       // Note [Deterministic column sums]: about 64 rows per chunk, at most 1024 chunks.
@@ -498,11 +498,9 @@ void rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight
                        static_cast<A*>(partial.data_ptr()));
       ACCRUE_LAUNCH_CHECK();
     }
-    visit_grad_dtype<T>(dweight.dtype(), op, [&](auto o_tag) {
-      using O = decltype(o_tag);
-      column_total<A, O>(partial, chunks, d, static_cast<O*>(dweight.data_ptr()), 1, accumulate,
-                         stream);
-    });
+    // dweight's totals: norm_param_totals (kernels/cuda/layer_norm.cu).
+    partials->dweight = partial;
+    partials->chunks = chunks;
   });
 }
 

@@ -56,6 +56,10 @@ def parse(argv=None):
     p.add_argument("--concurrent-micro-batches", type=int, default=1, metavar="N",
                    help="with --cuda-graphs: N micro-steps in flight, each on its own stream "
                         "(Note [Concurrent micro-batches]; the same bits)")
+    p.add_argument("--weight-grad-branch", type=int, default=0, metavar="LAG",
+                   help="with --cuda-graphs: the Linear, LayerNorm and classifier parameter gradients on a side "
+                        "stream, at most LAG pending (Note [Weight gradients on a branch]; the "
+                        "same bits); 0: inline")
     p.add_argument("--close-under-forward", action="store_true",
                    help="step the parameters layer by layer beside the next window's forward "
                         "(WindowOptions.close_under_forward)")
@@ -113,6 +117,7 @@ def main(argv=None, on_window=None):
     graphed = optim.GraphedWindow(window, model.loss) if args.cuda_graphs else None
     if graphed is not None:
         graphed.concurrent_micro_batches = args.concurrent_micro_batches
+        graphed.weight_grad_branch = args.weight_grad_branch
 
     if args.shards:
         shards = accrue.data.TokenShards(args.shards)
@@ -158,6 +163,7 @@ def main(argv=None, on_window=None):
                       "dtype": dtype, "micro_batch": args.micro_batch, "K": args.accum,
                       "seq_len": seq, "cuda_graphs": args.cuda_graphs,
                       "concurrent_micro_batches": args.concurrent_micro_batches,
+                      "weight_grad_branch": args.weight_grad_branch,
                       "close_under_forward": args.close_under_forward,
                       "fp8": (f"{args.fp8_recipe}, {args.fp8_scaling} scaling, "
                               f"{args.fp8_grad_dtype} gradients") if args.fp8 else None,

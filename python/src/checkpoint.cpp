@@ -84,6 +84,14 @@ void bind_graphed_window(nb::module_& m) {
                    "Micro-steps in flight at once under the graphs, each on its own stream, "
                    "the same bits (Note [Concurrent micro-batches]); 1 (the default): one after "
                    "another. Set before the first backward.")
+      .def_prop_rw("weight_grad_branch", &GraphedWindow::weight_grad_branch,
+                   &GraphedWindow::set_weight_grad_branch,
+                   "The lag of the weight-gradient branch: with lag >= 1 the captured "
+                   "micro-steps issue their Linear, LayerNorm and classifier parameter gradients "
+                   "on a side stream "
+                   "beside the rest of the backward, the same bits "
+                   "(Note [Weight gradients on a branch]); 0 (the default): inline. Not with "
+                   "concurrent micro-batches. Set before the first backward.")
       .def("flush", &GraphedWindow::flush,
            "Runs the micro-steps whose inputs wait for the rest of their group (Note "
            "[Concurrent micro-batches]), so that window.micro_step counts every input: before "

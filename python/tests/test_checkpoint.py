@@ -110,6 +110,29 @@ def test_concurrent_micro_batches_refuse_bad_use():
         graphed.concurrent_micro_batches = 3
 
 
+def test_weight_grad_branch_is_unused_on_the_cpu_and_refuses_bad_use():
+    # Note [Weight gradients on a branch]: graphs only, so on the CPU the same bits as the Window.
+    model, _, _, window = build(3)
+    run(model, window, range(4))
+    expected = params(model)
+    model, _, _, window = build(3)
+    graphed = optim.GraphedWindow(window, lambda idx, targets: model.loss(idx, targets))
+    assert graphed.weight_grad_branch == 0
+    with pytest.raises(accrue.Error, match="lag must be >= 0"):
+        graphed.weight_grad_branch = -1
+    graphed.weight_grad_branch = 2
+    with pytest.raises(accrue.Error, match="not with the weight-gradient branch"):
+        graphed.concurrent_micro_batches = 2
+    for s in range(4):
+        graphed.backward(list(batch(s)))
+        if graphed.ready():
+            graphed.close()
+    np.testing.assert_array_equal(params(model), expected)
+    assert graphed.counts.graphs == 0
+    with pytest.raises(accrue.Error, match="before the first backward"):
+        graphed.weight_grad_branch = 1
+
+
 @pytest.mark.skipif(not accrue.cuda_is_available(), reason="no CUDA device (or accrue built without CUDA)")
 @pytest.mark.parametrize("concurrent", [1, 2])
 def test_graphed_window_captures_on_the_gpu_and_equals_the_eager_window(concurrent):

@@ -133,7 +133,7 @@ case $name in
       --n-embd --vocab-size --block-size --composed \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops --fp8 --contiguous-rows --close-under-forward \
-      --close-layer-elements --close-max-blocks --concurrent-micro-batches
+      --close-layer-elements --close-max-blocks --concurrent-micro-batches --weight-grad-branch
     common_refusals
     expect 2 "--model 'gpt9' is not one of gpt2-tiny, gpt2-d12, gpt2-d24, gpt2-d36, gpt2-d48, llama-125m" \
       --synthetic --model gpt9
@@ -173,8 +173,19 @@ case $name in
       expect 2 "--concurrent-micro-batches is not taken with $other" --synthetic --cuda-graphs \
         --concurrent-micro-batches 2 $other
     done
+    # Note [Weight gradients on a branch]: inside graphs only, one micro-step at a time.
+    expect 2 "--weight-grad-branch 2 needs --cuda-graphs" --synthetic --weight-grad-branch 2
+    expect 2 "--weight-grad-branch is not taken with --concurrent-micro-batches 2" --synthetic \
+      --cuda-graphs --concurrent-micro-batches 2 --weight-grad-branch 2
+    expect 2 "--weight-grad-branch must be in [0, 64], got -1" --synthetic --cuda-graphs \
+      --weight-grad-branch -1
     run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 2
     plain=$(grep "^final:" <<< "$out")
+    # On the CPU the branch is never used (graphs only): the same bits.
+    run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 2 --cuda-graphs \
+      --weight-grad-branch 2
+    [[ $rc -eq 0 && -n $plain && $(grep "^final:" <<< "$out") == "$plain" ]] ||
+      fail "train --weight-grad-branch 2: exit code $rc, '$plain' vs '$(grep "^final:" <<< "$out")'"
     # On the CPU the graphs run eagerly: a group's micro-steps one after another, the same bits.
     run --cpu --synthetic --windows 4 --micro-batch 2 --seq-len 32 --accum 3 --cuda-graphs \
       --concurrent-micro-batches 2
@@ -517,8 +528,11 @@ case $name in
       --seed --val-every --val-batches --nvtx --metrics --layer-metrics-every \
       --noise-scale-every --checkpoint --checkpoint-every --resume --bench --bench-warmup \
       --bench-windows --peak-tflops --cpu --close-under-forward --close-layer-elements \
-      --close-max-blocks --concurrent-micro-batches
+      --close-max-blocks --concurrent-micro-batches --weight-grad-branch
     tiny=(--model tiny --cpu --synthetic)
+    expect 2 "--weight-grad-branch 3 needs --cuda-graphs" "${tiny[@]}" --weight-grad-branch 3
+    expect 2 "--weight-grad-branch is not taken with --concurrent-micro-batches 2" "${tiny[@]}" \
+      --cuda-graphs --concurrent-micro-batches 2 --weight-grad-branch 1
     expect 2 "--concurrent-micro-batches 4 needs --cuda-graphs" "${tiny[@]}" \
       --concurrent-micro-batches 4
     expect 2 "--concurrent-micro-batches is not taken with --close-under-forward" "${tiny[@]}" \

@@ -449,6 +449,52 @@ TEST(CpuLayerNorm, backward_with_no_rows_writes_zero_parameter_grads) {
   EXPECT_EQ(db.to_vector<float>(), std::vector<float>(3, 0.0f));
 }
 
+// The two halves the weight-gradient branch runs apart (Note [Weight gradients
+// on a branch]): dx and the partial sums, then the totals, give the bits of
+// the whole backward, writing and adding; no rows give zeros; bad totals throw.
+TEST(CpuLayerNorm, backward_in_two_halves_equals_the_whole_and_refuses_bad_totals) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_normal({9, 12}, dt, Device::cpu(), 2.0);
+    const Tensor w = test::random_normal({12}, dt);
+    const Tensor dy = test::random_normal({9, 12}, dt);
+    const kernels::LayerNormOutput r = kernels::layer_norm(x, w, Tensor(), 1e-5);
+    const DType gd = dt == DType::f64 ? DType::f64 : DType::f32;
+    for (bool accumulate : {false, true}) {
+      Tensor dw = test::random_normal({12}, gd), db = test::random_normal({12}, gd);
+      Tensor dw2 = dw.clone(), db2 = db.clone();
+      const Tensor dx = kernels::layer_norm_backward(dy, x, w, r.mean, r.rstd, dw, db, accumulate);
+      kernels::NormPartials p;
+      const Tensor dx2 =
+          kernels::layer_norm_backward_partials(dy, x, w, r.mean, r.rstd, true, true, &p);
+      kernels::norm_param_totals(p, dw2, db2, accumulate);
+      EXPECT_TRUE(test::all_equal(dx2, dx));
+      EXPECT_TRUE(test::all_equal(dw2, dw));
+      EXPECT_TRUE(test::all_equal(db2, db));
+    }
+  }
+  kernels::NormPartials none;
+  kernels::layer_norm_backward_partials(zeros({0, 3}), zeros({0, 3}), ones({3}), zeros({0}),
+                                        zeros({0}), true, true, &none);
+  Tensor dw = full({3}, 7.0);
+  kernels::norm_param_totals(none, dw, Tensor(), false);
+  EXPECT_EQ(dw.to_vector<float>(), std::vector<float>(3, 0.0f));
+
+  const Tensor x = test::random_normal({2, 3});
+  const kernels::LayerNormOutput r = kernels::layer_norm(x, Tensor(), Tensor(), 1e-5);
+  EXPECT_ERROR(
+      kernels::layer_norm_backward_partials(x, x, Tensor(), r.mean, r.rstd, true, true, nullptr),
+      "layer_norm_backward", "no NormPartials");
+  kernels::NormPartials only_bias;
+  kernels::layer_norm_backward_partials(x, x, Tensor(), r.mean, r.rstd, false, true, &only_bias);
+  EXPECT_ERROR(kernels::norm_param_totals(only_bias, zeros({3}), Tensor(), false),
+               "norm_param_totals", "dweight was not wanted");
+  EXPECT_ERROR(kernels::norm_param_totals(only_bias, Tensor(), zeros({2}), false),
+               "norm_param_totals", "dbias", "[2]", "the partial sums", "[3]");
+  EXPECT_ERROR(kernels::norm_param_totals(only_bias, Tensor(), zeros({3}, DType::f64), false),
+               "norm_param_totals", "dbias", "f64");
+}
+
 TEST(CpuLayerNorm, bad_inputs_throw_naming_op_and_shapes) {
   Tensor x = zeros({2, 3});
   EXPECT_ERROR(kernels::layer_norm(x, zeros({4}), Tensor(), 1e-5), "layer_norm", "weight", "[4]",

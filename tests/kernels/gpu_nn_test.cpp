@@ -370,6 +370,44 @@ TEST(GpuLayerNorm, backward_is_deterministic) {
   EXPECT_TRUE(test::all_equal(on_cpu(db2), on_cpu(db1)));
 }
 
+// The two halves the weight-gradient branch runs apart (Note [Weight gradients
+// on a branch]), the totals on a second stream after an event: the bits of the
+// whole backward, for the warp kernel's rows (1,024 x 768), the fused kernel's
+// (8,192 x 768) and the generic path (a width of 100), writing and adding.
+TEST(GpuLayerNorm, backward_in_two_halves_on_two_streams_equals_the_whole) {
+  ACCRUE_REQUIRE_CUDA();
+  Stream side(0);
+  Event ready;
+  for (auto [rows, d] : {std::pair<int64_t, int64_t>{1024, 768}, {8192, 768}, {50, 100}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(d));
+    const Tensor x = test::random_normal({rows, d}, DType::bf16, kGpu, 2.0);
+    const Tensor w = test::random_normal({d}, DType::bf16, kGpu);
+    const Tensor dy = test::random_normal({rows, d}, DType::bf16, kGpu);
+    const kernels::LayerNormOutput fwd = kernels::layer_norm(x, w, Tensor(), 1e-5);
+    for (bool accumulate : {false, true}) {
+      Tensor dw = test::random_normal({d}, DType::f32, kGpu);
+      Tensor db = test::random_normal({d}, DType::f32, kGpu);
+      Tensor dw2 = dw.clone(), db2 = db.clone();
+      const Tensor dx =
+          kernels::layer_norm_backward(dy, x, w, fwd.mean, fwd.rstd, dw, db, accumulate);
+      kernels::NormPartials p;
+      const Tensor dx2 =
+          kernels::layer_norm_backward_partials(dy, x, w, fwd.mean, fwd.rstd, true, true, &p);
+      ready.record(current_stream(0));
+      ready.block(side.handle());
+      {
+        const StreamGuard on(0, side.handle());
+        kernels::norm_param_totals(p, dw2, db2, accumulate);
+        ready.record(side.handle());
+      }
+      ready.block(current_stream(0));
+      EXPECT_TRUE(test::all_equal(on_cpu(dx2), on_cpu(dx)));
+      EXPECT_TRUE(test::all_equal(on_cpu(dw2), on_cpu(dw)));
+      EXPECT_TRUE(test::all_equal(on_cpu(db2), on_cpu(db)));
+    }
+  }
+}
+
 // Note [Composed convolution]: conv2d and both gradients on CUDA against the
 // CPU reference on fresh random inputs: f32 (TF32 off) to 1e-5, bf16 to 2e-2
 // (relative L2), over stride, padding, dilation and groups; the weight

@@ -67,6 +67,37 @@ TEST(GpuGraphedWindow, concurrent_micro_batches_are_bitwise_the_eager_loop) {
   }
 }
 
+// Note [Weight gradients on a branch]: the captured micro-steps issue their
+// Linear, LayerNorm and classifier parameter gradients on a side stream
+// (GPT-2's decoder blocks and its tied classifier, whose slot the embedding's
+// backward then adds to from the current stream), at lags 1 and 3, in bf16
+// and f32, and with FP8 Linears: bitwise the eager run.
+TEST(GpuGraphedWindow, weight_gradients_on_a_branch_are_bitwise_the_eager_run) {
+  ACCRUE_REQUIRE_CUDA();
+  const PoolScope pool;
+  for (DType compute : {DType::bf16, DType::f32})
+    for (int lag : {1, 3}) {
+      SCOPED_TRACE(std::string(dtype_name(compute)) + ", lag " + std::to_string(lag));
+      test::Schedule s;
+      s.branch_lag = lag;
+      const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, compute, s);
+      expect_captured_counts(out.counts);
+      EXPECT_EQ(out.warnings, "");
+      // Two captures (first, rest), each with 2 blocks x (4 Linears and 2
+      // LayerNorms), the final LayerNorm and the classifier.
+      EXPECT_EQ(out.branch_entries, 28);
+    }
+  // FP8 Linears (Note [FP8 delayed scaling]: the first window calibrates, eagerly):
+  // their dW from the cast's codes on the branch too.
+  test::Schedule s;
+  s.windows = 5;
+  s.fp8 = test::Fp8Mode::delayed;
+  s.branch_lag = 2;
+  const test::GraphedOutcome out = test::graphed_matches_eager(kGpu, DType::bf16, s);
+  EXPECT_GT(out.counts.replayed_micro_steps, 0);
+  EXPECT_GT(out.branch_entries, 0);
+}
+
 // Note [FP8 delayed scaling]: the first window calibrates (every call eager),
 // then the micro-steps' graphs cast with the rows' scales, which each replayed
 // close updates on the device: bitwise the eager run, rows included. Current

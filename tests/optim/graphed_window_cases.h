@@ -90,10 +90,12 @@ struct GraphedGPT2 {
 
 // Micro-batch sizes: B everywhere, except `odd_b` at (odd_w, odd_k) when odd_b > 0.
 // `concurrent`: the graphed window's micro-steps in flight (Note [Concurrent
-// micro-batches]).
+// micro-batches]); `branch_lag` > 0: the weight-gradient branch with that lag
+// (Note [Weight gradients on a branch]).
 struct Schedule {
   int64_t windows = 4, K = 3, B = 4;
   int concurrent = 1;
+  int branch_lag = 0;
   Fp8Mode fp8 = Fp8Mode::off;
   int64_t odd_w = -1, odd_k = -1, odd_b = 0;
   int64_t b(int64_t w, int64_t k) const { return w == odd_w && k == odd_k ? odd_b : B; }
@@ -146,10 +148,12 @@ inline void expect_same_run(const GraphedGPT2& a, const std::vector<optim::Windo
 }
 
 // Runs the eager and the graphed training of `s` and compares them; returns
-// the graphed window's counts and what it printed on stderr.
+// the graphed window's counts, what it printed on stderr and the branch's
+// entries (Note [Weight gradients on a branch]).
 struct GraphedOutcome {
   optim::GraphedWindow::Counts counts;
   std::string warnings;
+  int64_t branch_entries = 0;
 };
 inline GraphedOutcome graphed_matches_eager(Device device, DType compute, const Schedule& s,
                                             double dropout = 0.0) {
@@ -159,8 +163,10 @@ inline GraphedOutcome graphed_matches_eager(Device device, DType compute, const 
   ::testing::internal::CaptureStderr();
   optim::GraphedWindow g(*graphed.window, graphed.step());
   g.set_concurrent_micro_batches(s.concurrent);
+  g.set_weight_grad_branch(s.branch_lag);
   const std::vector<optim::WindowReport> rb = train_graphed(graphed, g, s);
-  GraphedOutcome out{g.counts(), ::testing::internal::GetCapturedStderr()};
+  GraphedOutcome out{g.counts(), ::testing::internal::GetCapturedStderr(),
+                     g.weight_grad_branch_entries()};
   expect_same_run(eager, ra, graphed, rb);
   EXPECT_EQ(out.counts.replayed_micro_steps + out.counts.eager_micro_steps, s.windows * s.K);
   EXPECT_EQ(out.counts.replayed_closes + out.counts.eager_closes, s.windows);
@@ -216,6 +222,35 @@ inline void graphed_window_refuses_bad_use(Device device) {
   EXPECT_ERROR(g_under.set_concurrent_micro_batches(2), "set_concurrent_micro_batches(2)",
                "not with close_under_forward");
   g_under.set_concurrent_micro_batches(1);  // one at a time is always allowed
+  // Note [Weight gradients on a branch]: before the first backward, lag >= 0,
+  // and not with concurrent micro-batches (either way round); 0 turns it off.
+  EXPECT_ERROR(g.set_weight_grad_branch(2), "set_weight_grad_branch", "before the first backward");
+  EXPECT_ERROR(fresh.set_weight_grad_branch(-1), "set_weight_grad_branch",
+               "lag must be >= 0 (0: off), got -1");
+  fresh.set_concurrent_micro_batches(2);
+  EXPECT_ERROR(fresh.set_weight_grad_branch(2), "set_weight_grad_branch(2)",
+               "not with 2 concurrent micro-batches");
+  fresh.set_concurrent_micro_batches(1);
+  fresh.set_weight_grad_branch(3);
+  EXPECT_EQ(fresh.weight_grad_branch(), 3);
+  EXPECT_ERROR(fresh.set_concurrent_micro_batches(2), "set_concurrent_micro_batches(2)",
+               "not with the weight-gradient branch");
+  fresh.set_weight_grad_branch(0);
+  EXPECT_EQ(fresh.weight_grad_branch(), 0);
+  // Beside a GradientSync (here one that does nothing), both are refused:
+  // its all-reduces launch from host hooks that sit on every parameter.
+  struct OneRank : optim::GradientSync {
+    void before_backward(int64_t, int64_t) override {}
+    void finish(const Tensor&) override {}
+  } one_rank;
+  GraphedGPT2 synced(device, DType::f32, 2);
+  optim::Window synced_window(*synced.arena, *synced.optimizer,
+                              optim::WindowOptions().micro_steps(2), &one_rank);
+  optim::GraphedWindow g_synced(synced_window, synced.step());
+  EXPECT_ERROR(g_synced.set_weight_grad_branch(1), "set_weight_grad_branch(1)",
+               "not with a GradientSync");
+  EXPECT_ERROR(g_synced.set_concurrent_micro_batches(2), "set_concurrent_micro_batches(2)",
+               "not with a GradientSync");
 }
 
 }  // namespace accrue::test

@@ -116,12 +116,12 @@ TEST(GraphedWindow, on_the_cpu_fp8_delayed_scaling_equals_a_plain_window) {
   EXPECT_EQ(out.warnings, "");
 }
 
-// Note [Concurrent micro-batches]: on the CPU the micro-steps of a group run
-// one after another as they arrive in its buffers, bitwise a plain Window;
 TEST(GraphedWindow, on_the_cpu_fp8_codes_in_the_compute_slots_train_as_codes_apart) {
   test::fp8_codes_in_slots_train_as_codes_apart(Device::cpu());
 }
 
+// Note [Concurrent micro-batches]: on the CPU the micro-steps of a group run
+// one after another as they arrive in its buffers, bitwise a plain Window;
 // K = 3 with groups of 2 leaves a last group of one. FP8 layers with delayed
 // scaling take part as well.
 TEST(GraphedWindow, on_the_cpu_concurrent_micro_batches_run_in_order_and_equal_a_plain_window) {
@@ -137,6 +137,18 @@ TEST(GraphedWindow, on_the_cpu_concurrent_micro_batches_run_in_order_and_equal_a
   const test::GraphedOutcome fp8 = test::graphed_matches_eager(Device::cpu(), DType::f32, s);
   EXPECT_EQ(fp8.counts.eager_micro_steps, 9);
   EXPECT_EQ(fp8.warnings, "");
+}
+
+// Note [Weight gradients on a branch]: only captures use the branch, so on the
+// CPU the option changes nothing: bitwise a plain Window, no entry issued.
+TEST(GraphedWindow, on_the_cpu_the_weight_gradient_branch_stays_unused) {
+  test::Schedule s;
+  s.windows = 2;
+  s.K = 2;
+  s.branch_lag = 2;
+  const test::GraphedOutcome out = test::graphed_matches_eager(Device::cpu(), DType::f32, s);
+  EXPECT_EQ(out.counts.eager_micro_steps, 4);
+  EXPECT_EQ(out.branch_entries, 0);
 }
 
 // The inputs wait for the rest of their group (on the CPU too, where a group
