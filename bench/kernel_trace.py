@@ -12,8 +12,9 @@ gives, per window: the span on the device (first kernel's start to last
 kernel's end over the traced windows, divided by their count), the time some
 kernel ran (the union over streams), the idle rest, the time two streams ran
 at once (the close under the forward's side stream beside the forward, say),
-each stream's busy time, and the kernels whose time per window differs most
-from the first variant's.
+each stream's busy time, the kernels' time by category (GEMM, attention,
+norms, column sums, the close, FP8 casts, ...: `category`), and the kernels
+whose time per window differs most from the first variant's.
 nsys is not on the GPU machine; CUPTI comes with torch. With --out DIR, each
 variant's Chrome trace and a summary JSON are written there.
 
@@ -68,6 +69,37 @@ def idle_gaps(kernels, spans):
     return gaps
 
 
+# Kernel categories by name, the first that matches: a window's time by kind of
+# work (the GEMM share against attention, the norms, the column sums...), what
+# a small micro-batch loses where. cuDNN's attention kernels carry "sm90" in
+# their names too, so attention is matched before the GEMMs; the close's
+# grad_norm_partials before the column sums' "partial".
+CATEGORIES = (
+    ("attention", ("sdpa", "flash", "fmha", "attention", "softmax", "score_grad", "rope")),
+    ("gemm", ("nvjet", "gemm", "xmma", "cutlass", "gemv", "cublas")),
+    ("norm", ("layer_norm", "rms_norm", "normalize", "statistics")),
+    ("close", ("fused_optimizer", "grad_norm", "scalar_step", "store_hyper", "slot_steps",
+               "scale_rule", "loss_total", "store_flags", "first_fault")),
+    ("column sums", ("sum_columns", "column_", "bias_grad", "chunk_sums", "tile_sums",
+                     "slot_sums", "cluster_kernel", "reduce_rows", "group_sum", "partial")),
+    ("fp8 casts", ("fp8", "amax", "cast_blockwise", "cast_transpose", "delayed_update",
+                   "calibrate_scale")),
+    ("classifier", ("classifier", "cross_entropy")),
+    ("embedding", ("embedding", "scatter", "gather", "sort", "order_keys", "take_sorted")),
+    ("elementwise", ("map_", "copy", "fill", "add_scaled", "scale_", "gelu", "swiglu",
+                     "dropout", "arange", "zero_padding", "elementwise", "vectorized")),
+)
+
+
+def category(name):
+    """The category of a kernel's (demangled) name; "other" when none matches."""
+    lower = name.lower()
+    for label, needles in CATEGORIES:
+        if any(n in lower for n in needles):
+            return label
+    return "other"
+
+
 def summarize(trace, windows):
     """Per-window figures (ms) from a Chrome trace's kernel events."""
     kernels = [e for e in trace.get("traceEvents", [])
@@ -88,6 +120,9 @@ def summarize(trace, windows):
         per_name[e["name"]] += span[1] - span[0]
         counts[e["name"]] += 1
     ms = 1e-3 / windows
+    per_category = collections.Counter()
+    for name, us in per_name.items():
+        per_category[category(name)] += us
     busy = union_length(spans)
     gaps = idle_gaps(kernels, spans)
     streams = {k: union_length(v) for k, v in sorted(per_stream.items())}
@@ -101,6 +136,8 @@ def summarize(trace, windows):
         "kernels_per_window": len(kernels) / windows,
         "streams_ms": {k: v * ms for k, v in streams.items()},
         "kernels_ms": {k: v * ms for k, v in per_name.most_common()},
+        # Kernel time (summed over streams) by category.
+        "categories_ms": {k: v * ms for k, v in per_category.most_common()},
         "kernel_counts": {k: counts[k] / windows for k in per_name},
         # Where the idle time lies: how many gaps of each size a window has, and
         # their time (many small gaps point at the launches, a few large ones at
@@ -167,6 +204,11 @@ def table(names, results, top):
     for call in sorted({c for r in results for c in r["runtime_ms"]}):
         lines.append(f"| host `{call[:40]}` | " +
                      " | ".join(f"{r['runtime_ms'].get(call, 0):.3f}" for r in results) + " |")
+    labels = [c for c, _ in CATEGORIES] + ["other"]
+    for c in labels:
+        if any(c in r["categories_ms"] for r in results):
+            lines.append(f"| kernels: {c} | " + " | ".join(
+                f"{r['categories_ms'].get(c, 0):.3f}" for r in results) + " |")
     streams = sorted({s for r in results for s in r["streams_ms"]})
     for s in streams:
         lines.append(f"| stream {s} busy | " +

@@ -78,6 +78,41 @@ class KernelTrace(unittest.TestCase):
         with self.assertRaises(ValueError):
             kt.summarize({"traceEvents": []}, windows=1)
 
+    def test_kernel_time_by_category(self):
+        kt = load()
+        # Names as CUPTI gives them (demangled); cuDNN's attention says sm90 too.
+        names = {
+            "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT": "gemm",
+            "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "gemm",
+            "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3": "attention",
+            "void accrue::kernels::cuda::(anonymous namespace)::residual_layer_norm_kernel"
+            "<__nv_bfloat16, 4>(...)": "norm",
+            "void accrue::kernels::cuda::sum_columns_cluster_kernel<float>(...)": "column sums",
+            "void accrue::kernels::cuda::fused_optimizer_kernel<1>(...)": "close",
+            "void accrue::kernels::cuda::grad_norm_partials_kernel<float>(...)": "close",
+            "void accrue::kernels::cuda::cast_transpose_packed_kernel<__nv_fp8_e4m3>(...)":
+                "fp8 casts",
+            "void accrue::kernels::cuda::classifier_rows_kernel(...)": "classifier",
+            "void accrue::kernels::cuda::embedding_backward_kernel(...)": "embedding",
+            "void accrue::kernels::cuda::bias_gelu_kernel<__nv_bfloat16>(...)": "elementwise",
+            "void something_new(...)": "other",
+        }
+        for name, want in names.items():
+            self.assertEqual(kt.category(name), want, name)
+        trace = {"traceEvents": [
+            kernel("nvjet_sm90_tst_a", 0, 100, 7), kernel("sm90_xmma_gemm_b", 100, 50, 7),
+            kernel("cudnn_generated_fort_native_sdpa_sm90_flash", 150, 30, 7),
+            kernel("void accrue::layer_norm_kernel<float>", 150, 20, 9)]}
+        s = kt.summarize(trace, windows=1)
+        self.assertAlmostEqual(s["categories_ms"]["gemm"], 0.15)
+        self.assertAlmostEqual(s["categories_ms"]["attention"], 0.03)
+        self.assertAlmostEqual(s["categories_ms"]["norm"], 0.02)
+        self.assertEqual(set(s["categories_ms"]), {"gemm", "attention", "norm"})
+        table = kt.table(["a"], [s], top=2)
+        self.assertIn("| kernels: gemm | 0.150 |", table)
+        self.assertIn("| kernels: norm | 0.020 |", table)
+        self.assertNotIn("kernels: close", table)
+
     def test_waits_for_the_device_only_where_tracing_begins_and_ends(self):
         kt = load()
         waits = [n for n in range(1, 12) if kt.synchronizes_after(n, warmup=4, windows=3)]
