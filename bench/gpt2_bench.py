@@ -448,9 +448,12 @@ def last_window(kernels, timed_only=False):
     return kernels, f"no {WINDOW_END_KERNEL} seen: every kernel profiled"
 
 
-def classify(name):
+def classify(name, classes=None):
+    """The first of `classes` (default CLASSES) any of whose substrings is in
+    the lower-cased kernel name, or OTHER: the one classifier of the benches'
+    kernel breakdowns (llama_bench's ncu table, kernel_trace's categories)."""
     lower = name.lower()
-    for cls, keys in CLASSES:
+    for cls, keys in CLASSES if classes is None else classes:
         if any(key in lower for key in keys):
             return cls
     return OTHER

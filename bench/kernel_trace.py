@@ -30,6 +30,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from gpt2_bench import classify as first_class  # noqa: E402  (imports no torch)
 TRAIN_GPT2 = os.path.join(HERE, "..", "python", "examples", "train_gpt2.py")
 
 
@@ -93,11 +95,7 @@ CATEGORIES = (
 
 def category(name):
     """The category of a kernel's (demangled) name; "other" when none matches."""
-    lower = name.lower()
-    for label, needles in CATEGORIES:
-        if any(n in lower for n in needles):
-            return label
-    return "other"
+    return first_class(name, CATEGORIES)
 
 
 def summarize(trace, windows):

@@ -92,6 +92,7 @@ sys.path.insert(0, HERE)
 from gpt2_bench import (FP8_CASTS, NCU_TIMED_ONLY, default_accrue_bin, find_ncu,  # noqa: E402
                         fmt, fmt_rate, gpu_name, last_window, ok, parse_ncu_csv, parse_points,
                         run_logged, short_name)
+from gpt2_bench import classify as first_class  # noqa: E402
 from gpt2_dp_bench import CHILD_ENV, LAUNCHER_VARS, run_and_read, why_failed  # noqa: E402
 import torch_gpt2  # noqa: E402  (the peak table; imports no torch)
 import torch_llama  # noqa: E402  (the presets and the FLOP count; imports no torch)
@@ -337,11 +338,7 @@ def run_one(args, run, gpu):
 # ---- the ncu breakdown -----------------------------------------------------------------------
 
 def classify(name):
-    lower = name.lower()
-    for cls, keys in NCU_CLASSES:
-        if any(k in lower for k in keys):
-            return cls
-    return "other"
+    return first_class(name, NCU_CLASSES)
 
 
 def ncu_k(args, k):
