@@ -162,14 +162,15 @@ class GraphedWindow {
   void set_concurrent_micro_batches(int n);
   int concurrent_micro_batches() const { return concurrent_; }
   // Note [Weight gradients on a branch] (autograd/weight_grad_branch.h): with
-  // lag >= 1 the captured micro-steps issue their Linear, LayerNorm and
-  // classifier parameter gradients on a side stream beside the rest of the
-  // backward, at most `lag` of them pending; the same bits. 0 (the default):
-  // inline. Not with concurrent micro-batches or a GradientSync. Before the
-  // first backward.
+  // lag >= 1 the captured micro-steps issue their Linear, convolution,
+  // LayerNorm and classifier parameter gradients on a side stream beside the
+  // rest of the backward, at most `lag` of them pending; the same bits. 0 (the
+  // default): inline. Not with concurrent micro-batches or a GradientSync.
+  // Before the first backward.
   void set_weight_grad_branch(int lag);
   int weight_grad_branch() const { return branch_lag_; }
-  // The branch's entries issued so far: a capture's Linears, LayerNorms and classifier.
+  // The branch's entries issued so far: a capture's Linears, convolutions,
+  // LayerNorms and classifier.
   int64_t weight_grad_branch_entries() const;
   // Runs the micro-steps whose inputs wait for the rest of their group, so
   // that window().micro_step() counts every input taken: before a checkpoint
