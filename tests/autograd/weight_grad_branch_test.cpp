@@ -140,6 +140,20 @@ struct Tied {
   }
 };
 
+// Two micro-steps of each model into its arena, `branched` with the branch in
+// force (the backward's end joins it each time): what the models' tests compare.
+template <class Model, class Loss>
+void two_micro_steps(Model& plain, Model& branched, WeightGradBranch& branch, const Loss& loss) {
+  plain.arena.begin_window();
+  branched.arena.begin_window();
+  for (int micro_step = 0; micro_step < 2; ++micro_step) {
+    backward(loss(plain));
+    const WeightGradBranchScope in_force(branch);
+    backward(loss(branched));
+    EXPECT_EQ(branch.pending(), 0) << "the backward's end joins";
+  }
+}
+
 TEST(WeightGradBranch, a_tied_model_s_slots_keep_their_order_and_bits) {
   const Tensor tokens = test::random_integers({5}, 0, 10, DType::i64);
   const Tensor targets = test::random_integers({5}, 0, 10, DType::i64);
@@ -150,16 +164,9 @@ TEST(WeightGradBranch, a_tied_model_s_slots_keep_their_order_and_bits) {
       {branched.bias, plain.bias}};
   for (const auto& [to, from] : same)
     detach(to).copy_(detach(from));
-  plain.arena.begin_window();
-  branched.arena.begin_window();
   Log log;
   WeightGradBranch branch(0, nullptr, /*lag=*/8, log.recorder());
-  for (int micro_step = 0; micro_step < 2; ++micro_step) {
-    backward(plain.loss(tokens, targets));
-    const WeightGradBranchScope in_force(branch);
-    backward(branched.loss(tokens, targets));
-    EXPECT_EQ(branch.pending(), 0) << "the backward's end joins";
-  }
+  two_micro_steps(plain, branched, branch, [&](Tied& m) { return m.loss(tokens, targets); });
   EXPECT_TRUE(test::all_equal(plain.arena.grads(), branched.arena.grads()));
   // Each backward: the heads fork (the classifier and the Linear used twice),
   // then the RMSNorm's total, fc, the LayerNorm's totals; the embedding's write
@@ -195,15 +202,9 @@ TEST(WeightGradBranch, convolution_weight_gradients_keep_their_order_and_bits) {
   for (const auto& [to, from] : std::vector<std::pair<Tensor, Tensor>>{
            {branched.c1, plain.c1}, {branched.c2, plain.c2}, {branched.fc_w, plain.fc_w}})
     detach(to).copy_(detach(from));
-  plain.arena.begin_window();
-  branched.arena.begin_window();
   Log log;
   WeightGradBranch branch(0, nullptr, /*lag=*/8, log.recorder());
-  for (int micro_step = 0; micro_step < 2; ++micro_step) {
-    backward(plain.loss(x));
-    const WeightGradBranchScope in_force(branch);
-    backward(branched.loss(x));
-  }
+  two_micro_steps(plain, branched, branch, [&](Convs& m) { return m.loss(x); });
   EXPECT_TRUE(test::all_equal(plain.arena.grads(), branched.arena.grads()));
   // Each backward: the Linear, the three convolutions (c2 twice); all on the
   // branch, so no current-stream write waits; the end joins.
