@@ -6,6 +6,8 @@
 
 namespace accrue {
 
+class WriteOrder;
+
 class WindowListener {
  public:
   virtual ~WindowListener() = default;
@@ -22,6 +24,12 @@ class WindowListener {
   virtual const char* why_not_capturable() const {
     return "a WindowListener that does not say it follows replays";
   }
+  // Note [Concurrent micro-batches]: the order of the writes every forward
+  // makes into this listener's state (Note [Ordered writes]), which the
+  // graphed window activates while micro-steps run side by side; null where
+  // the listener cannot keep them in order, which refuses concurrent
+  // micro-batches.
+  virtual WriteOrder* ordered_writes() { return nullptr; }
 };
 
 }  // namespace accrue

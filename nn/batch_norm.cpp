@@ -77,8 +77,12 @@ Tensor BatchNorm::forward(const Tensor& x) {
   if (options_.sync == nullptr) {
     // Note [Fused batch norm]: one node, x and two [C] vectors saved.
     const BatchNormResult r = batch_norm(x, weight_, bias_, eps);
-    // Note [Window statistics]: record this micro-batch's statistics, on the device.
+    // Note [Window statistics]: record this micro-batch's statistics, on the
+    // device, after the previous micro-batch's record where micro-batches run
+    // side by side (Note [Concurrent micro-batches]).
     NoGradGuard no_grad;
+    const StreamHandle stream = statistics_order_.stream(x.device().index);
+    statistics_order_.before_write(0, stream);
     if (options_.statistics == BatchNormStatistics::PerMicroBatch) {
       move_running(r.mean.to(DType::f64),
                    r.var.to(DType::f64) * (static_cast<double>(n) / (n - 1)));
@@ -87,6 +91,7 @@ Tensor BatchNorm::forward(const Tensor& x) {
                                            r.var, static_cast<double>(n));
       ++pending_forwards_;
     }
+    statistics_order_.finished(0, stream);
     return r.out;
   }
 

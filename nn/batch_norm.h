@@ -58,6 +58,7 @@
 
 #include "accrue/autograd/statistics_sync.h"
 #include "accrue/autograd/window_listener.h"
+#include "accrue/core/write_order.h"
 #include "accrue/nn/module.h"
 
 namespace accrue::nn {
@@ -94,6 +95,9 @@ class BatchNorm : public Module, public WindowListener {
   // and a statistics sync all-reduces from the host.
   const char* why_not_capturable() const override;
   void on_window_restart() override;
+  // Note [Concurrent micro-batches]: each training forward's write into the
+  // pending (Window) or running (PerMicroBatch) statistics, one key.
+  WriteOrder* ordered_writes() override { return &statistics_order_; }
 
   // recompute_batch_norm_statistics' two halves: forwards in between merge
   // into the pending statistics whatever the mode; the end makes them the
@@ -126,6 +130,7 @@ class BatchNorm : public Module, public WindowListener {
   Tensor pending_count_, pending_mean_, pending_m2_;  // Window mode: f64 [1], [C], [C]
   BatchNormStatistics saved_statistics_ = BatchNormStatistics::Window;  // during a recompute
   int64_t pending_forwards_ = 0;  // forwards merged since the last adoption (compound_momentum)
+  WriteOrder statistics_order_{1};
 };
 
 // Precise BatchNorm statistics: re-estimates the running statistics of every

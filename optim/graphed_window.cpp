@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -187,9 +188,10 @@ void GraphedWindow::set_concurrent_micro_batches(int n) {
     ACCRUE_CHECK(window_.find_stage<LayerStepsStage>() == nullptr, op, "(", n,
                  "): not with close_under_forward: the forwards on side streams would not wait "
                  "for the layer steps (Note [Close under the forward])");
-    ACCRUE_CHECK(window_.listeners_.empty(), op, "(", n, "): not with ", window_.listeners_.size(),
-                 " window listener(s) (BatchNorm's window statistics): every forward adds to "
-                 "their state");
+    for (WindowListener* l : window_.listeners_)
+      ACCRUE_CHECK(l->ordered_writes() != nullptr, op, "(", n,
+                   "): not with a window listener that does not order its writes (every "
+                   "forward adds to its state; BatchNorm orders them)");
   }
   concurrent_ = n;
 }
@@ -277,6 +279,10 @@ void GraphedWindow::capture_group(Captured& c, int64_t n, const std::string& wha
     joins_.push_back(std::make_unique<Event>());
   }
   if (!fork_) fork_ = std::make_unique<Event>();
+  for (WindowListener* l : window_.listeners_)  // one added after set_concurrent_micro_batches
+    ACCRUE_CHECK(l->ordered_writes() != nullptr, "GraphedWindow: ", n,
+                 " concurrent micro-batches beside a window listener that does not order its "
+                 "writes (Note [Concurrent micro-batches])");
   const auto stream_of = [&](int64_t j) { return j == 0 ? main : sides_[j - 1]->handle(); };
   const bool captured = capture(c, what, [&] {
     fork_->record(main);
@@ -286,6 +292,9 @@ void GraphedWindow::capture_group(Captured& c, int64_t n, const std::string& wha
       // Note [Ordered writes]: the slots' and the window's sums keep the micro-steps' order.
       const WriteOrderScope slots(window_.store_.grad_arena().write_order());
       const WriteOrderScope scalars(*window_.scalar_order_);
+      std::vector<std::unique_ptr<WriteOrderScope>> listeners;  // BatchNorm's statistics
+      for (WindowListener* l : window_.listeners_)
+        listeners.push_back(std::make_unique<WriteOrderScope>(*l->ordered_writes()));
       for (int64_t j = 0; j < n; ++j) {
         const StreamGuard on(device.index, stream_of(j));
         window_.backward(step_(group_buffers_[static_cast<size_t>(j)]));

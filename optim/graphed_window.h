@@ -99,10 +99,14 @@
 //    requires grad outside the store (its .grad summed by the autograd
 //    engine) would be added to from two streams at once. Keep every
 //    trainable tensor in the ParamStore.
+//  - BatchNorm's statistics, which every training forward adds to (Note
+//    [Window statistics]), are ordered the same way, a key a layer
+//    (WindowListener::ordered_writes): micro-step k + 1's record waits for
+//    micro-step k's, early in k's forward.
 //  - Refused with a GradientSync (its hooks launch all-reduces from the
-//    host), window listeners (BatchNorm's statistics, which every forward
-//    adds to) and close_under_forward (a side stream's forward would not wait
-//    for the steps, Note [Close under the forward]).
+//    host), a window listener that does not order its writes, and
+//    close_under_forward (a side stream's forward would not wait for the
+//    steps, Note [Close under the forward]).
 //  - FP8 layers (Note [Window FP8 weights]) take part: the weights' FP8
 //    copies are only read within a window; a current-scaling or block cast
 //    makes its own scale; the bias gradient from the cast of dy goes into

@@ -358,5 +358,69 @@ TEST(BatchNormListener, a_graphed_window_stays_eager_only_for_a_listener_that_ca
   }
 }
 
+// Note [Concurrent micro-batches]: BatchNorm orders the writes of its
+// forwards into its statistics (one key), so a graphed window of concurrent
+// micro-batches takes it as a listener; on the CPU the groups run one after
+// another and train bitwise as a plain window, the statistics included. A
+// listener that does not order its writes is still refused.
+TEST(BatchNormListener, concurrent_micro_batches_take_batch_norms_and_train_as_a_plain_window) {
+  for (nn::BatchNormStatistics stats :
+       {nn::BatchNormStatistics::Window, nn::BatchNormStatistics::PerMicroBatch}) {
+    SCOPED_TRACE(stats == nn::BatchNormStatistics::Window ? "window" : "per micro-batch");
+    struct Run {
+      nn::BatchNorm bn;
+      optim::Optimizer sgd{optim::SGDOptions(0.1).momentum(0.9)};
+      optim::ParamStore store;
+      optim::Window window;
+      explicit Run(nn::BatchNormStatistics s)
+          : bn(3, kF64, mode(s)),
+            store(bn.named_parameters(),
+                  optim::ParamStoreOptions().master_dtype(DType::f64).moments(1)),
+            window(store, sgd, optim::WindowOptions().micro_steps(3)) {
+        window.add_listener(&bn);
+      }
+      Loss loss(const Tensor& x) {
+        const Tensor y = bn.forward(x);
+        return Loss{sum(y * y * y), from_vector<double>({1.0}, {})};
+      }
+    } plain(stats), grouped(stats);
+    ASSERT_NE(grouped.bn.ordered_writes(), nullptr);
+    EXPECT_EQ(grouped.bn.ordered_writes()->keys(), 1u);
+    optim::GraphedWindow g(grouped.window,
+                           [&](const std::vector<Tensor>& in) { return grouped.loss(in[0]); });
+    g.set_concurrent_micro_batches(2);  // K = 3: a group of 2, then one of 1
+    for (int w = 0; w < 2; ++w) {
+      for (int k = 0; k < 3; ++k) {
+        const Tensor x = test::random_normal({5, 3, 2}, DType::f64, Device::cpu(), 2.0);
+        plain.window.backward(plain.loss(x));
+        g.backward({x});
+      }
+      plain.window.close();
+      g.close();
+    }
+    EXPECT_TRUE(test::all_equal(grouped.store.master(), plain.store.master()));
+    EXPECT_TRUE(test::all_equal(grouped.bn.running_mean(), plain.bn.running_mean()));
+    EXPECT_TRUE(test::all_equal(grouped.bn.running_var(), plain.bn.running_var()));
+  }
+  // A listener with window state but no order of its writes.
+  struct Unordered : WindowListener {
+    void on_window_close() override {}
+    void on_window_restart() override {}
+    const char* why_not_capturable() const override { return nullptr; }
+  } unordered;
+  nn::BatchNorm bn(3, kF64);
+  optim::Optimizer sgd(optim::SGDOptions(0.1));
+  optim::ParamStore store(bn.named_parameters(),
+                          optim::ParamStoreOptions().master_dtype(DType::f64).moments(0));
+  optim::Window window(store, sgd, optim::WindowOptions().micro_steps(2));
+  window.add_listener(&bn);
+  window.add_listener(&unordered);
+  optim::GraphedWindow g(window, [&](const std::vector<Tensor>& in) {
+    return Loss{sum(bn.forward(in[0])), from_vector<double>({1.0}, {})};
+  });
+  EXPECT_ERROR(g.set_concurrent_micro_batches(2), "set_concurrent_micro_batches(2)",
+               "not with a window listener that does not order its writes");
+}
+
 }  // namespace
 }  // namespace accrue

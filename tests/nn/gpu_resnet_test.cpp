@@ -62,7 +62,8 @@ TEST(GpuResNet, a_resnet_trains_on_the_gpu_as_on_the_cpu) {
 // and closes replayed from graphs, ends with the eager run's weights, momenta,
 // running statistics and reports, bit for bit; also with the convolutions' and
 // the classifier's weight gradients on a side stream (Note [Weight gradients
-// on a branch], lags 1 and 2).
+// on a branch], lags 1 and 2), and with two micro-batches in flight, their
+// BatchNorm statistics ordered (Note [Concurrent micro-batches]).
 nn::ResNet& channels_last(nn::ResNet& model) {
   model.to_channels_last();  // as accrue_resnet_bench --channels-last
   return model;
@@ -113,13 +114,15 @@ TEST(GpuResNet, graphed_windows_with_window_statistics_are_bitwise_the_eager_one
     eager.window.close();
     eager_reports.push_back(eager.window.report());
   }
-  for (int lag : {0, 1, 2}) {
-    SCOPED_TRACE("weight-gradient branch lag " + std::to_string(lag));
+  for (auto [lag, concurrent] : {std::pair{0, 1}, {1, 1}, {2, 1}, {0, 2}}) {
+    SCOPED_TRACE("weight-gradient branch lag " + std::to_string(lag) + ", " +
+                 std::to_string(concurrent) + " micro-batches in flight");
     GraphedResNet graphed(c, K);
     std::vector<optim::WindowReport> graphed_reports;
     optim::GraphedWindow g(graphed.window, [&](const std::vector<Tensor>& in) {
       return cross_entropy(graphed.model.forward(in[0]), in[1]);
     });
+    g.set_concurrent_micro_batches(concurrent);
     g.set_weight_grad_branch(lag);
     EXPECT_EQ(g.why_eager(), "");
     for (int64_t w = 0; w < windows; ++w) {
@@ -130,7 +133,9 @@ TEST(GpuResNet, graphed_windows_with_window_statistics_are_bitwise_the_eager_one
       g.close();
       graphed_reports.push_back(graphed.window.report());
     }
-    EXPECT_EQ(g.counts().graphs, 3);  // micro-steps "first" and "rest", and the close
+    // Micro-steps "first" and "rest" (with 2 in flight: a group of 2, then
+    // one of 1, as K = 3), and the close.
+    EXPECT_EQ(g.counts().graphs, 3);
     EXPECT_GT(g.counts().replayed_closes, 0);
     // Two captures, each with 9 convolutions (the stem, 3 a block and a
     // downsample in each of the 2 blocks) and the classifier's Linear.
