@@ -100,11 +100,13 @@
 //    engine) would be added to from two streams at once. Keep every
 //    trainable tensor in the ParamStore.
 //  - BatchNorm's statistics, which every training forward adds to (Note
-//    [Window statistics]), are ordered the same way, a key a layer
-//    (WindowListener::ordered_writes): micro-step k + 1's record waits for
-//    micro-step k's, early in k's forward.
+//    [Window statistics]), are kept by each forward in flight and recorded
+//    at the group's end, after the streams joined, in the forwards' order
+//    (WindowListener::defers_group_writes): the sequential loop's bits with
+//    no edge between the streams, where ordering each layer's record by
+//    events would tie the forwards together at every BatchNorm.
 //  - Refused with a GradientSync (its hooks launch all-reduces from the
-//    host), a window listener that does not order its writes, and
+//    host), a window listener that cannot keep a group's writes, and
 //    close_under_forward (a side stream's forward would not wait for the
 //    steps, Note [Close under the forward]).
 //  - FP8 layers (Note [Window FP8 weights]) take part: the weights' FP8
