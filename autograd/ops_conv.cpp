@@ -8,6 +8,7 @@
 #include "accrue/autograd/saved.h"
 #include "accrue/autograd/sink_target.h"
 #include "accrue/autograd/variable.h"
+#include "accrue/autograd/weight_grad_branch.h"
 #include "accrue/kernels/batch_norm.h"
 #include "accrue/kernels/ops.h"
 
@@ -27,15 +28,19 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const SinkTarget w_target = sink_target(weight);
   out = record("Conv2dBackward", out, {x, weight}, [=](const Tensor& g) -> std::vector<Tensor> {
     Tensor dx, dw;
-    if (gx) dx = kernels::conv2d_backward_input(g, sw, x_shape, options);
     if (gw) {
-      // Note [Fused weight-gradient accumulation]: into the slot, beta 0 then 1.
+      // Note [Weight gradients on a branch]: beside the data gradient when it
+      // goes into a slot, so issued first.
       double beta = 0.0;
-      Tensor slot = w_target.claim(&beta);
-      Tensor target = slot.defined() ? slot : empty(sw.shape(), sw.dtype(), sw.device());
-      kernels::conv2d_backward_weight(g, sx, target, options, beta);
-      dw = slot.defined() ? autograd::delivered() : target;
+      autograd::write_slots_beside(w_target.peek(&beta), {g, sx}, [&] {
+        // Note [Fused weight-gradient accumulation]: into the slot, beta 0 then 1.
+        Tensor slot = w_target.claim(&beta);
+        Tensor target = slot.defined() ? slot : empty(sw.shape(), sw.dtype(), sw.device());
+        kernels::conv2d_backward_weight(g, sx, target, options, beta);
+        dw = slot.defined() ? autograd::delivered() : target;
+      });
     }
+    if (gx) dx = kernels::conv2d_backward_input(g, sw, x_shape, options);
     return {dx, dw};
   });
   if (!bias.defined()) return out;

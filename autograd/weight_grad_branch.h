@@ -6,10 +6,12 @@
 // A Linear's backward makes three products of its output gradient g: dx = g W,
 // which the layer below waits for, and dW += g^T x and db += the column sums
 // of g, which nothing in the backward reads: they only add into the arena's
-// slots. The fused classifier's dW and LayerNorm's parameter totals
-// (kernels::norm_param_totals) are the same kind of write. At small
-// micro-batches each fills part of the GPU (at 1,024 rows GPT-2 124M's GEMMs
-// have 36-144 output tiles for 132 SMs). With a branch in force on the thread
+// slots. The fused classifier's dW, LayerNorm's parameter totals
+// (kernels::norm_param_totals) and a convolution's dW (autograd/ops_conv.cpp)
+// are the same kind of write. At small micro-batches each fills part of the
+// GPU (at 1,024 rows GPT-2 124M's GEMMs have 36-144 output tiles for 132 SMs;
+// a micro-batch of 32 images gives ResNet-50's last stage 1,568 rows). With a
+// branch in force on the thread
 // (WeightGradBranchScope; GraphedWindow opens one while it captures a
 // micro-step, set_weight_grad_branch), those slot writes go to the branch's
 // stream, so that they run beside the data gradients and the ops below them:

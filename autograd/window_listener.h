@@ -22,6 +22,18 @@ class WindowListener {
   virtual const char* why_not_capturable() const {
     return "a WindowListener that does not say it follows replays";
   }
+  // Note [Concurrent micro-batches]: whether the listener takes part in a
+  // group of micro-steps in flight on several streams. Between
+  // on_group_begin and on_group_end its forwards keep what they would write
+  // into the listener's shared state; on_group_end (on the current stream,
+  // after the group's streams joined it) writes it in the forwards' order,
+  // so the bits are those of the sequential loop; on_group_abandon drops it
+  // (a capture that failed ran nothing). False refuses concurrent
+  // micro-batches.
+  virtual bool defers_group_writes() const { return false; }
+  virtual void on_group_begin() {}
+  virtual void on_group_end() {}
+  virtual void on_group_abandon() {}
 };
 
 }  // namespace accrue

@@ -77,15 +77,13 @@ Tensor BatchNorm::forward(const Tensor& x) {
   if (options_.sync == nullptr) {
     // Note [Fused batch norm]: one node, x and two [C] vectors saved.
     const BatchNormResult r = batch_norm(x, weight_, bias_, eps);
-    // Note [Window statistics]: record this micro-batch's statistics, on the device.
-    NoGradGuard no_grad;
-    if (options_.statistics == BatchNormStatistics::PerMicroBatch) {
-      move_running(r.mean.to(DType::f64),
-                   r.var.to(DType::f64) * (static_cast<double>(n) / (n - 1)));
+    // Note [Window statistics]: record this micro-batch's statistics, on the
+    // device; inside a group of micro-steps in flight, at the group's end
+    // (Note [Concurrent micro-batches]).
+    if (in_group_) {
+      kept_.push_back({r.mean, r.var, n});
     } else {
-      kernels::batch_norm_merge_statistics(pending_count_, pending_mean_, pending_m2_, r.mean,
-                                           r.var, static_cast<double>(n));
-      ++pending_forwards_;
+      record_statistics(r.mean, r.var, n);
     }
     return r.out;
   }
@@ -127,6 +125,34 @@ Tensor BatchNorm::forward(const Tensor& x) {
   pending_count_.copy_(pending_count_ + count);
   ++pending_forwards_;
   return y;
+}
+
+void BatchNorm::record_statistics(const Tensor& mean, const Tensor& var, int64_t n) {
+  NoGradGuard no_grad;
+  if (options_.statistics == BatchNormStatistics::PerMicroBatch) {
+    move_running(mean.to(DType::f64), var.to(DType::f64) * (static_cast<double>(n) / (n - 1)));
+    return;
+  }
+  kernels::batch_norm_merge_statistics(pending_count_, pending_mean_, pending_m2_, mean, var,
+                                       static_cast<double>(n));
+  ++pending_forwards_;
+}
+
+void BatchNorm::on_group_begin() {
+  kept_.clear();
+  in_group_ = true;
+}
+
+void BatchNorm::on_group_end() {
+  in_group_ = false;
+  for (const Kept& k : kept_)
+    record_statistics(k.mean, k.var, k.n);
+  kept_.clear();
+}
+
+void BatchNorm::on_group_abandon() {
+  in_group_ = false;
+  kept_.clear();
 }
 
 void BatchNorm::adopt_pending(double momentum) {

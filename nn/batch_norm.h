@@ -55,6 +55,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "accrue/autograd/statistics_sync.h"
 #include "accrue/autograd/window_listener.h"
@@ -94,6 +95,13 @@ class BatchNorm : public Module, public WindowListener {
   // and a statistics sync all-reduces from the host.
   const char* why_not_capturable() const override;
   void on_window_restart() override;
+  // Note [Concurrent micro-batches]: inside a group of micro-steps in flight
+  // each training forward keeps its statistics (two [C] vectors) and the
+  // group's end records them in order (Note [Window statistics]).
+  bool defers_group_writes() const override { return true; }
+  void on_group_begin() override;
+  void on_group_end() override;
+  void on_group_abandon() override;
 
   // recompute_batch_norm_statistics' two halves: forwards in between merge
   // into the pending statistics whatever the mode; the end makes them the
@@ -126,6 +134,15 @@ class BatchNorm : public Module, public WindowListener {
   Tensor pending_count_, pending_mean_, pending_m2_;  // Window mode: f64 [1], [C], [C]
   BatchNormStatistics saved_statistics_ = BatchNormStatistics::Window;  // during a recompute
   int64_t pending_forwards_ = 0;  // forwards merged since the last adoption (compound_momentum)
+  // A training forward's statistics into the pending (Window) or running
+  // (PerMicroBatch) ones: n values a channel, the biased variance.
+  void record_statistics(const Tensor& mean, const Tensor& var, int64_t n);
+  struct Kept {
+    Tensor mean, var;
+    int64_t n = 0;
+  };
+  bool in_group_ = false;
+  std::vector<Kept> kept_;  // the group's forwards' statistics, in their order
 };
 
 // Precise BatchNorm statistics: re-estimates the running statistics of every

@@ -187,9 +187,10 @@ void GraphedWindow::set_concurrent_micro_batches(int n) {
     ACCRUE_CHECK(window_.find_stage<LayerStepsStage>() == nullptr, op, "(", n,
                  "): not with close_under_forward: the forwards on side streams would not wait "
                  "for the layer steps (Note [Close under the forward])");
-    ACCRUE_CHECK(window_.listeners_.empty(), op, "(", n, "): not with ", window_.listeners_.size(),
-                 " window listener(s) (BatchNorm's window statistics): every forward adds to "
-                 "their state");
+    for (WindowListener* l : window_.listeners_)
+      ACCRUE_CHECK(l->defers_group_writes(), op, "(", n,
+                   "): not with a window listener that cannot keep a group's writes in order "
+                   "(every forward adds to its state; BatchNorm can)");
   }
   concurrent_ = n;
 }
@@ -268,6 +269,37 @@ void GraphedWindow::run_group() {
   capture_group(c, n, std::string(first ? "micro-steps 0.." : "a group of ") + std::to_string(n));
 }
 
+namespace {
+
+// Note [Concurrent micro-batches]: the window listeners' part in a group of
+// micro-steps in flight; a group that does not reach end() (a capture that
+// threw) drops what the listeners kept.
+class ListenerGroup {
+ public:
+  explicit ListenerGroup(const std::vector<WindowListener*>& listeners) : listeners_(listeners) {
+    for (WindowListener* l : listeners_)
+      l->on_group_begin();
+  }
+  ~ListenerGroup() {
+    if (!ended_)
+      for (WindowListener* l : listeners_)
+        l->on_group_abandon();
+  }
+  ListenerGroup(const ListenerGroup&) = delete;
+  ListenerGroup& operator=(const ListenerGroup&) = delete;
+  void end() {  // on the current stream, after the group's streams joined it
+    ended_ = true;
+    for (WindowListener* l : listeners_)
+      l->on_group_end();
+  }
+
+ private:
+  const std::vector<WindowListener*>& listeners_;
+  bool ended_ = false;
+};
+
+}  // namespace
+
 void GraphedWindow::capture_group(Captured& c, int64_t n, const std::string& what) {
   const Device device = window_.state().device();
   const StreamHandle main = current_stream(device.index);
@@ -277,11 +309,16 @@ void GraphedWindow::capture_group(Captured& c, int64_t n, const std::string& wha
     joins_.push_back(std::make_unique<Event>());
   }
   if (!fork_) fork_ = std::make_unique<Event>();
+  for (WindowListener* l : window_.listeners_)  // one added after set_concurrent_micro_batches
+    ACCRUE_CHECK(l->defers_group_writes(), "GraphedWindow: ", n,
+                 " concurrent micro-batches beside a window listener that cannot keep a group's "
+                 "writes in order (Note [Concurrent micro-batches])");
   const auto stream_of = [&](int64_t j) { return j == 0 ? main : sides_[j - 1]->handle(); };
   const bool captured = capture(c, what, [&] {
     fork_->record(main);
     for (int64_t j = 1; j < n; ++j)
       fork_->block(stream_of(j));
+    ListenerGroup group(window_.listeners_);  // BatchNorm's statistics: at the group's end
     {
       // Note [Ordered writes]: the slots' and the window's sums keep the micro-steps' order.
       const WriteOrderScope slots(window_.store_.grad_arena().write_order());
@@ -295,6 +332,7 @@ void GraphedWindow::capture_group(Captured& c, int64_t n, const std::string& wha
       joins_[j - 1]->record(stream_of(j));
       joins_[j - 1]->block(main);
     }
+    group.end();
   });
   if (!captured) {
     eager_group(group_buffers_, n);

@@ -99,10 +99,16 @@
 //    requires grad outside the store (its .grad summed by the autograd
 //    engine) would be added to from two streams at once. Keep every
 //    trainable tensor in the ParamStore.
+//  - BatchNorm's statistics, which every training forward adds to (Note
+//    [Window statistics]), are kept by each forward in flight and recorded
+//    at the group's end, after the streams joined, in the forwards' order
+//    (WindowListener::defers_group_writes): the sequential loop's bits with
+//    no edge between the streams, where ordering each layer's record by
+//    events would tie the forwards together at every BatchNorm.
 //  - Refused with a GradientSync (its hooks launch all-reduces from the
-//    host), window listeners (BatchNorm's statistics, which every forward
-//    adds to) and close_under_forward (a side stream's forward would not wait
-//    for the steps, Note [Close under the forward]).
+//    host), a window listener that cannot keep a group's writes, and
+//    close_under_forward (a side stream's forward would not wait for the
+//    steps, Note [Close under the forward]).
 //  - FP8 layers (Note [Window FP8 weights]) take part: the weights' FP8
 //    copies are only read within a window; a current-scaling or block cast
 //    makes its own scale; the bias gradient from the cast of dy goes into
@@ -162,14 +168,15 @@ class GraphedWindow {
   void set_concurrent_micro_batches(int n);
   int concurrent_micro_batches() const { return concurrent_; }
   // Note [Weight gradients on a branch] (autograd/weight_grad_branch.h): with
-  // lag >= 1 the captured micro-steps issue their Linear, LayerNorm and
-  // classifier parameter gradients on a side stream beside the rest of the
-  // backward, at most `lag` of them pending; the same bits. 0 (the default):
-  // inline. Not with concurrent micro-batches or a GradientSync. Before the
-  // first backward.
+  // lag >= 1 the captured micro-steps issue their Linear, convolution,
+  // LayerNorm and classifier parameter gradients on a side stream beside the
+  // rest of the backward, at most `lag` of them pending; the same bits. 0 (the
+  // default): inline. Not with concurrent micro-batches or a GradientSync.
+  // Before the first backward.
   void set_weight_grad_branch(int lag);
   int weight_grad_branch() const { return branch_lag_; }
-  // The branch's entries issued so far: a capture's Linears, LayerNorms and classifier.
+  // The branch's entries issued so far: a capture's Linears, convolutions,
+  // LayerNorms and classifier.
   int64_t weight_grad_branch_entries() const;
   // Runs the micro-steps whose inputs wait for the rest of their group, so
   // that window().micro_step() counts every input taken: before a checkpoint

@@ -68,11 +68,11 @@ void check_concurrent_micro_batches(int64_t n, bool cuda_graphs,
 
 void declare_weight_grad_branch(OptionTable& cli, int64_t& lag) {
   cli.integer("--weight-grad-branch", &lag, "LAG",
-              "with --cuda-graphs: issue the Linear, LayerNorm and classifier parameter gradients "
-              "of the captured "
-              "micro-steps on a side stream beside the rest of the backward, at most LAG of them "
-              "pending (Note [Weight gradients on a branch]; the same bits); 0 (the default) "
-              "keeps them inline")
+              "with --cuda-graphs: issue the Linear, convolution, LayerNorm and classifier "
+              "parameter gradients of the captured micro-steps on a side stream beside the rest "
+              "of the backward, at most LAG of them pending "
+              "(Note [Weight gradients on a branch]; the same bits); 0 (the default) keeps them "
+              "inline")
       .min(0)
       .max(64);
 }

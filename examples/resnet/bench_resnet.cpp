@@ -4,7 +4,8 @@
 //                       [--dtype bf16|f16|f32] [--channels-last] [--classes C]
 //                       [--warmup N] [--windows N] [--no-pointwise-gemm] [--conv-timed]
 //                       [--conv-nondeterministic] [--conv-16-bit-wgrad] [--conv-fixed-paths]
-//                       [--tuning FILE] [--cuda-graphs] [--cpu]
+//                       [--tuning FILE] [--cuda-graphs] [--concurrent-micro-batches N]
+//                       [--weight-grad-branch LAG] [--cpu]
 //
 // Trains on synthetic images (normal noise, a new batch for every
 // micro-step, drawn on the device before the timed windows) with random
@@ -22,7 +23,11 @@
 // --conv-16-bit-wgrad set instead; --cuda-graphs replays the
 // micro-steps and the close from CUDA graphs (optim::GraphedWindow, Note
 // [Graphed window]; BatchNorm's window statistics adopted eagerly after each
-// replayed close). Windows are timed with
+// replayed close); --concurrent-micro-batches N runs N micro-steps side by
+// side (Note [Concurrent micro-batches]; BatchNorm's statistics in order), and
+// --weight-grad-branch LAG issues their convolutions' and the classifier's
+// weight gradients on a side stream (Note [Weight gradients on a branch]).
+// Windows are timed with
 // CUDA events after the warm-up windows (on the CPU, with the host clock),
 // and the last line is one JSON object: images/s and window time (medians),
 // the allocator's peak memory, and the configuration. bench/resnet_bench.py
@@ -73,6 +78,8 @@ struct Options {
   kernels::ConvAlgorithmPolicy conv = per_shape_paths();
   std::string tuning;
   bool cuda_graphs = false;
+  int64_t concurrent_micro_batches = 1;
+  int64_t weight_grad_branch = 0;
   CloseUnderForward close_under_forward;
   bool cpu = false;
 };
@@ -116,12 +123,17 @@ bool parse(int argc, char** argv, Options& o) {
   cli.flag("--cuda-graphs", &o.cuda_graphs,
            "replay the micro-steps and the close as CUDA graphs (optim::GraphedWindow; eager on "
            "the CPU)");
+  declare_concurrent_micro_batches(cli, o.concurrent_micro_batches);
+  declare_weight_grad_branch(cli, o.weight_grad_branch);
   declare_close_under_forward(cli, o.close_under_forward, "");
   cli.flag("--cpu", &o.cpu, "run on the CPU backend (default: GPU 0 when there is one)");
   if (!cli.parse(argc, argv)) return false;
   if (fixed_paths && per_shape)
     usage_error("--conv-fixed-paths and --conv-per-shape exclude each other");
   check_close_under_forward(cli, o.close_under_forward, {});
+  check_concurrent_micro_batches(o.concurrent_micro_batches, o.cuda_graphs,
+                                 {o.close_under_forward.on ? "--close-under-forward" : nullptr});
+  check_weight_grad_branch(o.weight_grad_branch, o.cuda_graphs, o.concurrent_micro_batches);
   o.conv.path_per_shape = !fixed_paths;
   return true;
 }
@@ -181,6 +193,8 @@ int bench(int argc, char** argv) {
     graphed = std::make_unique<optim::GraphedWindow>(window, [&](const std::vector<Tensor>& in) {
       return cross_entropy(model.forward(in[0]), in[1]);
     });
+    graphed->set_concurrent_micro_batches(static_cast<int>(opt.concurrent_micro_batches));
+    graphed->set_weight_grad_branch(static_cast<int>(opt.weight_grad_branch));
   }
   int64_t step = 0;
   const std::vector<double> window_ms = time_windows(device, opt.warmup, opt.windows, [&] {
@@ -214,6 +228,8 @@ int bench(int argc, char** argv) {
       .boolean("conv_per_shape", opt.conv.path_per_shape)
       .boolean("conv_16_bit_wgrad", opt.conv.weight_gradient_in_operand_dtype)
       .boolean("cuda_graphs", opt.cuda_graphs)
+      .integer("concurrent_micro_batches", opt.concurrent_micro_batches)
+      .integer("weight_grad_branch", opt.weight_grad_branch)
       .boolean("close_under_forward", opt.close_under_forward.on)
       .integer("classes", opt.classes)
       .integer("parameters", arena.numel())
@@ -229,6 +245,7 @@ int bench(int argc, char** argv) {
       .number("final_loss", r.loss)
       .integer("graphs", graphed ? graphed->counts().graphs : 0)
       .integer("replayed_micro_steps", graphed ? graphed->counts().replayed_micro_steps : 0)
+      .integer("weight_grad_branch_entries", graphed ? graphed->weight_grad_branch_entries() : 0)
       .object("config", config_json);
   std::printf("%s\n", line.str().c_str());
   return 0;

@@ -87,7 +87,8 @@ void bind_graphed_window(nb::module_& m) {
       .def_prop_rw("weight_grad_branch", &GraphedWindow::weight_grad_branch,
                    &GraphedWindow::set_weight_grad_branch,
                    "The lag of the weight-gradient branch: with lag >= 1 the captured "
-                   "micro-steps issue their Linear, LayerNorm and classifier parameter gradients "
+                   "micro-steps issue their Linear, convolution, LayerNorm and classifier "
+                   "parameter gradients "
                    "on a side stream "
                    "beside the rest of the backward, the same bits "
                    "(Note [Weight gradients on a branch]); 0 (the default): inline. Not with "

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "accrue/autograd/conv_ops.h"
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/grad_arena.h"
 #include "accrue/autograd/ops.h"
@@ -139,6 +140,20 @@ struct Tied {
   }
 };
 
+// Two micro-steps of each model into its arena, `branched` with the branch in
+// force (the backward's end joins it each time): what the models' tests compare.
+template <class Model, class Loss>
+void two_micro_steps(Model& plain, Model& branched, WeightGradBranch& branch, const Loss& loss) {
+  plain.arena.begin_window();
+  branched.arena.begin_window();
+  for (int micro_step = 0; micro_step < 2; ++micro_step) {
+    backward(loss(plain));
+    const WeightGradBranchScope in_force(branch);
+    backward(loss(branched));
+    EXPECT_EQ(branch.pending(), 0) << "the backward's end joins";
+  }
+}
+
 TEST(WeightGradBranch, a_tied_model_s_slots_keep_their_order_and_bits) {
   const Tensor tokens = test::random_integers({5}, 0, 10, DType::i64);
   const Tensor targets = test::random_integers({5}, 0, 10, DType::i64);
@@ -149,16 +164,9 @@ TEST(WeightGradBranch, a_tied_model_s_slots_keep_their_order_and_bits) {
       {branched.bias, plain.bias}};
   for (const auto& [to, from] : same)
     detach(to).copy_(detach(from));
-  plain.arena.begin_window();
-  branched.arena.begin_window();
   Log log;
   WeightGradBranch branch(0, nullptr, /*lag=*/8, log.recorder());
-  for (int micro_step = 0; micro_step < 2; ++micro_step) {
-    backward(plain.loss(tokens, targets));
-    const WeightGradBranchScope in_force(branch);
-    backward(branched.loss(tokens, targets));
-    EXPECT_EQ(branch.pending(), 0) << "the backward's end joins";
-  }
+  two_micro_steps(plain, branched, branch, [&](Tied& m) { return m.loss(tokens, targets); });
   EXPECT_TRUE(test::all_equal(plain.arena.grads(), branched.arena.grads()));
   // Each backward: the heads fork (the classifier and the Linear used twice),
   // then the RMSNorm's total, fc, the LayerNorm's totals; the embedding's write
@@ -167,6 +175,42 @@ TEST(WeightGradBranch, a_tied_model_s_slots_keep_their_order_and_bits) {
   EXPECT_EQ(branch.slot_waits(), 2) << log.str();
   EXPECT_EQ(branch.join_waits(), 2) << log.str();
   EXPECT_EQ(branch.lag_waits(), 0);
+}
+
+// Convolutions' weight gradients go on the branch too: a 3 x 3 convolution
+// used twice (its slot written by both uses) between a first convolution and
+// a Linear head. The second use's write, issued on the branch after the
+// first's, keeps the slot's order; the bits are those without a branch.
+struct Convs {
+  Tensor c1 = requires_grad_(test::random_normal({4, 2, 3, 3}, DType::f64));
+  Tensor c2 = requires_grad_(test::random_normal({4, 4, 3, 3}, DType::f64));
+  Tensor fc_w = requires_grad_(test::random_normal({3, 4 * 6 * 6}, DType::f64));
+  GradArena arena{{{"c1", c1}, {"c2", c2}, {"fc.w", fc_w}}, GradArenaOptions().dtype(DType::f64)};
+  Tensor loss(const Tensor& x) {
+    Conv2dOptions same;
+    same.pad_h = same.pad_w = 1;
+    Tensor h = relu(conv2d(x, c1, Tensor(), same));
+    h = relu(conv2d(h, c2, Tensor(), same));
+    h = conv2d(h, c2, Tensor(), same);
+    return sum(linear(reshape(h, {h.size(0), -1}), fc_w, Tensor()));
+  }
+};
+
+TEST(WeightGradBranch, convolution_weight_gradients_keep_their_order_and_bits) {
+  const Tensor x = test::random_normal({2, 2, 6, 6}, DType::f64);
+  Convs plain, branched;
+  for (const auto& [to, from] : std::vector<std::pair<Tensor, Tensor>>{
+           {branched.c1, plain.c1}, {branched.c2, plain.c2}, {branched.fc_w, plain.fc_w}})
+    detach(to).copy_(detach(from));
+  Log log;
+  WeightGradBranch branch(0, nullptr, /*lag=*/8, log.recorder());
+  two_micro_steps(plain, branched, branch, [&](Convs& m) { return m.loss(x); });
+  EXPECT_TRUE(test::all_equal(plain.arena.grads(), branched.arena.grads()));
+  // Each backward: the Linear, the three convolutions (c2 twice); all on the
+  // branch, so no current-stream write waits; the end joins.
+  EXPECT_EQ(branch.entries(), 8);
+  EXPECT_EQ(branch.slot_waits(), 0) << log.str();
+  EXPECT_EQ(branch.join_waits(), 2) << log.str();
 }
 
 TEST(WeightGradBranch, a_leaf_with_a_grad_ready_hook_joins_before_the_hook_runs) {

@@ -358,5 +358,91 @@ TEST(BatchNormListener, a_graphed_window_stays_eager_only_for_a_listener_that_ca
   }
 }
 
+// Note [Concurrent micro-batches]: BatchNorm keeps a group's statistics and
+// records them at its end, so a graphed window of concurrent micro-batches
+// takes it as a listener; on the CPU the groups run one after another and
+// train bitwise as a plain window, the statistics included. The group hooks
+// record in the forwards' order (or drop, when abandoned). A listener that
+// cannot keep a group's writes is still refused.
+TEST(BatchNormListener, concurrent_micro_batches_take_batch_norms_and_train_as_a_plain_window) {
+  for (nn::BatchNormStatistics stats :
+       {nn::BatchNormStatistics::Window, nn::BatchNormStatistics::PerMicroBatch}) {
+    SCOPED_TRACE(stats == nn::BatchNormStatistics::Window ? "window" : "per micro-batch");
+    struct Run {
+      nn::BatchNorm bn;
+      optim::Optimizer sgd{optim::SGDOptions(0.1).momentum(0.9)};
+      optim::ParamStore store;
+      optim::Window window;
+      explicit Run(nn::BatchNormStatistics s)
+          : bn(3, kF64, mode(s)),
+            store(bn.named_parameters(),
+                  optim::ParamStoreOptions().master_dtype(DType::f64).moments(1)),
+            window(store, sgd, optim::WindowOptions().micro_steps(3)) {
+        window.add_listener(&bn);
+      }
+      Loss loss(const Tensor& x) {
+        const Tensor y = bn.forward(x);
+        return Loss{sum(y * y * y), from_vector<double>({1.0}, {})};
+      }
+    } plain(stats), grouped(stats);
+    EXPECT_TRUE(grouped.bn.defers_group_writes());
+    optim::GraphedWindow g(grouped.window,
+                           [&](const std::vector<Tensor>& in) { return grouped.loss(in[0]); });
+    g.set_concurrent_micro_batches(2);  // K = 3: a group of 2, then one of 1
+    for (int w = 0; w < 2; ++w) {
+      for (int k = 0; k < 3; ++k) {
+        const Tensor x = test::random_normal({5, 3, 2}, DType::f64, Device::cpu(), 2.0);
+        plain.window.backward(plain.loss(x));
+        g.backward({x});
+      }
+      plain.window.close();
+      g.close();
+    }
+    EXPECT_TRUE(test::all_equal(grouped.store.master(), plain.store.master()));
+    EXPECT_TRUE(test::all_equal(grouped.bn.running_mean(), plain.bn.running_mean()));
+    EXPECT_TRUE(test::all_equal(grouped.bn.running_var(), plain.bn.running_var()));
+  }
+  // The hooks themselves: a group's forwards record at its end, in their
+  // order; an abandoned group records nothing.
+  nn::BatchNorm sequential(3, kF64), grouped_bn(3, kF64), abandoned(3, kF64);
+  const Tensor x1 = test::random_normal({4, 3}, DType::f64, Device::cpu(), 2.0);
+  const Tensor x2 = test::random_normal({6, 3}, DType::f64, Device::cpu(), 2.0);
+  sequential.forward(x1);
+  sequential.forward(x2);
+  sequential.on_window_close();
+  grouped_bn.on_group_begin();
+  grouped_bn.forward(x1);
+  grouped_bn.forward(x2);
+  grouped_bn.on_group_end();
+  grouped_bn.on_window_close();
+  EXPECT_TRUE(test::all_equal(grouped_bn.running_mean(), sequential.running_mean()));
+  EXPECT_TRUE(test::all_equal(grouped_bn.running_var(), sequential.running_var()));
+  const Tensor before = abandoned.running_mean().clone();
+  abandoned.on_group_begin();
+  abandoned.forward(x1);
+  abandoned.on_group_abandon();
+  abandoned.on_window_close();
+  EXPECT_TRUE(test::all_equal(abandoned.running_mean(), before));
+  EXPECT_FALSE(test::all_equal(sequential.running_mean(), before));  // the forwards did record
+  // A listener with window state that cannot keep a group's writes.
+  struct Unordered : WindowListener {
+    void on_window_close() override {}
+    void on_window_restart() override {}
+    const char* why_not_capturable() const override { return nullptr; }
+  } unordered;
+  nn::BatchNorm bn(3, kF64);
+  optim::Optimizer sgd(optim::SGDOptions(0.1));
+  optim::ParamStore store(bn.named_parameters(),
+                          optim::ParamStoreOptions().master_dtype(DType::f64).moments(0));
+  optim::Window window(store, sgd, optim::WindowOptions().micro_steps(2));
+  window.add_listener(&bn);
+  window.add_listener(&unordered);
+  optim::GraphedWindow g(window, [&](const std::vector<Tensor>& in) {
+    return Loss{sum(bn.forward(in[0])), from_vector<double>({1.0}, {})};
+  });
+  EXPECT_ERROR(g.set_concurrent_micro_batches(2), "set_concurrent_micro_batches(2)",
+               "not with a window listener that cannot keep a group's writes in order");
+}
+
 }  // namespace
 }  // namespace accrue

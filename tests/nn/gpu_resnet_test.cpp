@@ -60,7 +60,10 @@ TEST(GpuResNet, a_resnet_trains_on_the_gpu_as_on_the_cpu) {
 // Note [Graphed window] with BatchNorm's window statistics (Note [Window
 // statistics]): a small bf16 ResNet on channels-last inputs, its micro-steps
 // and closes replayed from graphs, ends with the eager run's weights, momenta,
-// running statistics and reports, bit for bit.
+// running statistics and reports, bit for bit; also with the convolutions' and
+// the classifier's weight gradients on a side stream (Note [Weight gradients
+// on a branch], lags 1 and 2), and with two micro-batches in flight, their
+// BatchNorm statistics ordered (Note [Concurrent micro-batches]).
 nn::ResNet& channels_last(nn::ResNet& model) {
   model.to_channels_last();  // as accrue_resnet_bench --channels-last
   return model;
@@ -101,8 +104,8 @@ TEST(GpuResNet, graphed_windows_with_window_statistics_are_bitwise_the_eager_one
     ASSERT_TRUE(x.is_channels_last());  // the buffers keep it (Note [Graphed window])
     batches.emplace_back(x, randint(0, 5, {4}, DType::i64, Device::cpu(), &data).to(kGpu));
   }
-  GraphedResNet eager(c, K), graphed(c, K);
-  std::vector<optim::WindowReport> eager_reports, graphed_reports;
+  GraphedResNet eager(c, K);
+  std::vector<optim::WindowReport> eager_reports;
   for (int64_t w = 0; w < windows; ++w) {
     for (int64_t k = 0; k < K; ++k) {
       const auto& [x, y] = batches[static_cast<size_t>(w * K + k)];
@@ -111,31 +114,44 @@ TEST(GpuResNet, graphed_windows_with_window_statistics_are_bitwise_the_eager_one
     eager.window.close();
     eager_reports.push_back(eager.window.report());
   }
-  optim::GraphedWindow g(graphed.window, [&](const std::vector<Tensor>& in) {
-    return cross_entropy(graphed.model.forward(in[0]), in[1]);
-  });
-  EXPECT_EQ(g.why_eager(), "");
-  for (int64_t w = 0; w < windows; ++w) {
-    for (int64_t k = 0; k < K; ++k) {
-      const auto& [x, y] = batches[static_cast<size_t>(w * K + k)];
-      g.backward({x, y});
+  for (auto [lag, concurrent] : {std::pair{0, 1}, {1, 1}, {2, 1}, {0, 2}}) {
+    SCOPED_TRACE("weight-gradient branch lag " + std::to_string(lag) + ", " +
+                 std::to_string(concurrent) + " micro-batches in flight");
+    GraphedResNet graphed(c, K);
+    std::vector<optim::WindowReport> graphed_reports;
+    optim::GraphedWindow g(graphed.window, [&](const std::vector<Tensor>& in) {
+      return cross_entropy(graphed.model.forward(in[0]), in[1]);
+    });
+    g.set_concurrent_micro_batches(concurrent);
+    g.set_weight_grad_branch(lag);
+    EXPECT_EQ(g.why_eager(), "");
+    for (int64_t w = 0; w < windows; ++w) {
+      for (int64_t k = 0; k < K; ++k) {
+        const auto& [x, y] = batches[static_cast<size_t>(w * K + k)];
+        g.backward({x, y});
+      }
+      g.close();
+      graphed_reports.push_back(graphed.window.report());
     }
-    g.close();
-    graphed_reports.push_back(graphed.window.report());
-  }
-  EXPECT_EQ(g.counts().graphs, 3);  // micro-steps "first" and "rest", and the close
-  EXPECT_GT(g.counts().replayed_closes, 0);
-  EXPECT_TRUE(test::all_equal(graphed.store.master(), eager.store.master()));
-  EXPECT_TRUE(test::all_equal(graphed.store.moment(0), eager.store.moment(0)));
-  EXPECT_TRUE(test::all_equal(graphed.store.compute(), eager.store.compute()));
-  const std::vector<nn::NamedParameter> a = graphed.model.named_buffers(),
-                                        b = eager.model.named_buffers();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i)  // the running statistics
-    EXPECT_TRUE(test::all_equal(a[i].tensor, b[i].tensor)) << a[i].name;
-  for (size_t w = 0; w < eager_reports.size(); ++w) {
-    EXPECT_EQ(graphed_reports[w].loss, eager_reports[w].loss) << "window " << w;
-    EXPECT_EQ(graphed_reports[w].grad_norm, eager_reports[w].grad_norm) << "window " << w;
+    // Micro-steps "first" and "rest" (with 2 in flight: a group of 2, then
+    // one of 1, as K = 3), and the close.
+    EXPECT_EQ(g.counts().graphs, 3);
+    EXPECT_GT(g.counts().replayed_closes, 0);
+    // Two captures, each with 9 convolutions (the stem, 3 a block and a
+    // downsample in each of the 2 blocks) and the classifier's Linear.
+    EXPECT_EQ(g.weight_grad_branch_entries(), lag == 0 ? 0 : 20);
+    EXPECT_TRUE(test::all_equal(graphed.store.master(), eager.store.master()));
+    EXPECT_TRUE(test::all_equal(graphed.store.moment(0), eager.store.moment(0)));
+    EXPECT_TRUE(test::all_equal(graphed.store.compute(), eager.store.compute()));
+    const std::vector<nn::NamedParameter> a = graphed.model.named_buffers(),
+                                          b = eager.model.named_buffers();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i)  // the running statistics
+      EXPECT_TRUE(test::all_equal(a[i].tensor, b[i].tensor)) << a[i].name;
+    for (size_t w = 0; w < eager_reports.size(); ++w) {
+      EXPECT_EQ(graphed_reports[w].loss, eager_reports[w].loss) << "window " << w;
+      EXPECT_EQ(graphed_reports[w].grad_norm, eager_reports[w].grad_norm) << "window " << w;
+    }
   }
 }
 
