@@ -168,6 +168,14 @@ void GraphedWindow::backward(const std::vector<Tensor>& inputs) {
   release_unused_cuda_memory(window_.state().device());
 }
 
+void GraphedWindow::check_listeners_keep_group_writes(const char* op, int64_t n) const {
+  for (WindowListener* l : window_.listeners_)
+    ACCRUE_CHECK(l->defers_group_writes(), op, "(", n,
+                 "): not with a window listener that cannot keep a group's writes in order "
+                 "(every forward adds to its state; BatchNorm can: ",
+                 "Note [Concurrent micro-batches])");
+}
+
 void GraphedWindow::check_unstarted(const char* op) const {
   const int64_t run = counts_.replayed_micro_steps + counts_.eager_micro_steps;
   ACCRUE_CHECK(pending_ == 0 && run == 0, op, ": set it before the first backward (", run,
@@ -187,10 +195,7 @@ void GraphedWindow::set_concurrent_micro_batches(int n) {
     ACCRUE_CHECK(window_.find_stage<LayerStepsStage>() == nullptr, op, "(", n,
                  "): not with close_under_forward: the forwards on side streams would not wait "
                  "for the layer steps (Note [Close under the forward])");
-    for (WindowListener* l : window_.listeners_)
-      ACCRUE_CHECK(l->defers_group_writes(), op, "(", n,
-                   "): not with a window listener that cannot keep a group's writes in order "
-                   "(every forward adds to its state; BatchNorm can)");
+    check_listeners_keep_group_writes(op, n);
   }
   concurrent_ = n;
 }
@@ -309,10 +314,8 @@ void GraphedWindow::capture_group(Captured& c, int64_t n, const std::string& wha
     joins_.push_back(std::make_unique<Event>());
   }
   if (!fork_) fork_ = std::make_unique<Event>();
-  for (WindowListener* l : window_.listeners_)  // one added after set_concurrent_micro_batches
-    ACCRUE_CHECK(l->defers_group_writes(), "GraphedWindow: ", n,
-                 " concurrent micro-batches beside a window listener that cannot keep a group's "
-                 "writes in order (Note [Concurrent micro-batches])");
+  // Again here: a listener may have been added after set_concurrent_micro_batches.
+  check_listeners_keep_group_writes("GraphedWindow: a group of", n);
   const auto stream_of = [&](int64_t j) { return j == 0 ? main : sides_[j - 1]->handle(); };
   const bool captured = capture(c, what, [&] {
     fork_->record(main);

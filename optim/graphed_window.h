@@ -217,6 +217,9 @@ class GraphedWindow {
   void warn(const std::string& what, const std::string& why) const;
   // The options' check: nothing has run through this GraphedWindow yet.
   void check_unstarted(const char* op) const;
+  // Note [Concurrent micro-batches]: every window listener keeps a group's
+  // writes until its end (BatchNorm does), else op refuses n in flight.
+  void check_listeners_keep_group_writes(const char* op, int64_t n) const;
   std::string signature(const std::vector<Tensor>& inputs) const;
 
   Window& window_;
