@@ -56,6 +56,60 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                 });
 }
 
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
+                          const Tensor& proj_weight, const Tensor& proj_bias) {
+  const char* name = "linear_gelu_linear";
+  ACCRUE_CHECK(fc_weight.defined() && fc_weight.dim() == 2 && proj_weight.defined() &&
+                   proj_weight.dim() == 2,
+               name, ": weights must be 2-D, got fc_weight ",
+               fc_weight.defined() ? shape_str(fc_weight.shape()) : "undefined",
+               " and proj_weight ",
+               proj_weight.defined() ? shape_str(proj_weight.shape()) : "undefined");
+  ACCRUE_CHECK(proj_weight.size(1) == fc_weight.size(0), name, ": proj_weight of shape ",
+               shape_str(proj_weight.shape()), " does not take fc_weight's ", fc_weight.size(0),
+               " outputs (fc_weight of shape ", shape_str(fc_weight.shape()), ")");
+  ACCRUE_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == fc_weight.size(1), name,
+               ": input of shape ", x.defined() ? shape_str(x.shape()) : "undefined",
+               " does not match fc_weight of shape ", shape_str(fc_weight.shape()));
+  ACCRUE_CHECK(fc_bias.defined() && fc_bias.shape() == Shape{fc_weight.size(0)} &&
+                   proj_bias.defined() && proj_bias.shape() == Shape{proj_weight.size(0)},
+               name, ": biases of shapes ",
+               fc_bias.defined() ? shape_str(fc_bias.shape()) : "undefined", " and ",
+               proj_bias.defined() ? shape_str(proj_bias.shape()) : "undefined",
+               " for weights of shapes ", shape_str(fc_weight.shape()), " and ",
+               shape_str(proj_weight.shape()));
+  const int64_t in = fc_weight.size(1), out_features = proj_weight.size(0);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  const Tensor x2 = detach(x).reshape({-1, in});
+  Tensor pre;
+  const Tensor h = kernels::linear_gelu(x2, detach(fc_weight), detach(fc_bias), &pre);
+  Tensor out = kernels::linear(h, detach(proj_weight), detach(proj_bias)).reshape(out_shape);
+  Tensor sx = saved(x2), sh = saved(h), sw1 = saved(fc_weight), sw2 = saved(proj_weight),
+         spre = pre;
+  const bool gx = wants_grad(x), gw1 = wants_grad(fc_weight), gb1 = wants_grad(fc_bias),
+             gw2 = wants_grad(proj_weight), gb2 = wants_grad(proj_bias);
+  const Shape x_shape = x.shape();
+  const SinkTarget w1_target = sink_target(fc_weight), b1_target = sink_target(fc_bias),
+                   w2_target = sink_target(proj_weight), b2_target = sink_target(proj_bias);
+  return record("LinearGeluLinearBackward", out, {x, fc_weight, fc_bias, proj_weight, proj_bias},
+                [=](const Tensor& g) -> std::vector<Tensor> {
+                  // The projection's parameter gradients, then the GELU's gradient in
+                  // one GEMM (Note [GELU gradient epilogue]), then fc's: linear's
+                  // backward twice, with gelu_backward folded into the first dx.
+                  const Tensor g2 = g.reshape({-1, out_features});
+                  Tensor dw1, db1, dw2, db2, dx;
+                  autograd::linear_param_grads(g2, sh, sw2, gw2 ? &w2_target : nullptr,
+                                               gb2 ? &b2_target : nullptr, &dw2, &db2);
+                  if (!(gx || gw1 || gb1)) return {dx, dw1, db1, dw2, db2};
+                  const Tensor dpre = kernels::matmul_gelu_backward(g2, sw2, spre);
+                  autograd::linear_param_grads(dpre, sx, sw1, gw1 ? &w1_target : nullptr,
+                                               gb1 ? &b1_target : nullptr, &dw1, &db1);
+                  if (gx) dx = kernels::matmul(dpre, sw1).reshape(x_shape);
+                  return {dx, dw1, db1, dw2, db2};
+                });
+}
+
 ResidualNorm residual_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
                                  const Tensor& bias, double eps) {
   kernels::ResidualLayerNormOutput r = kernels::residual_layer_norm(x, residual, weight, bias, eps);

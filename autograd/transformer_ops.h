@@ -40,6 +40,16 @@ Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gener
 // weight-gradient accumulation]).
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
+// A transformer's MLP without its dropout: linear(linear_gelu(x, fc_weight,
+// fc_bias), proj_weight, proj_bias) for x [..., in], fc_weight [hidden, in],
+// fc_bias [hidden], proj_weight [out, hidden], proj_bias [out], as one node,
+// so that its backward computes the GELU's gradient in the epilogue of the
+// GEMM before it (kernels::matmul_gelu_backward, Note [GELU gradient
+// epilogue]). The forward gives the bits of the two ops; the four parameter
+// gradients go straight into their arena slots, in the two ops' order.
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
+                          const Tensor& proj_weight, const Tensor& proj_bias);
+
 // Pre-LayerNorm transformers' residual stream: sum = x + residual and
 // normed = layer_norm(sum, weight, bias, eps), computed in one pass and
 // recorded as two nodes (an add and a LayerNorm), so each result has its own

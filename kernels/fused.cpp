@@ -170,6 +170,33 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& pre_activation) {
   return out;
 }
 
+Tensor matmul_gelu_backward(const Tensor& grad, const Tensor& weight,
+                            const Tensor& pre_activation) {
+  NoGradGuard no_grad;
+  const char* name = "matmul_gelu_backward";
+  check_float_pair(grad, weight, name, "grad", "weight");
+  check_float_pair(grad, pre_activation, name, "grad", "pre_activation");
+  ACCRUE_CHECK(grad.dim() == 2 && weight.dim() == 2 && grad.size(1) == weight.size(0), name,
+               ": grad of shape ", shape_str(grad.shape()), " does not match weight of shape ",
+               shape_str(weight.shape()), " (expected [N, out] and [out, hidden])");
+  const Shape pre_shape{grad.size(0), weight.size(1)};
+  ACCRUE_CHECK(pre_activation.shape() == pre_shape, name, ": pre_activation of shape ",
+               shape_str(pre_activation.shape()), " does not match grad of shape ",
+               shape_str(grad.shape()), " and weight of shape ", shape_str(weight.shape()),
+               " (expected ", shape_str(pre_shape), ")");
+  // See Note [GELU gradient epilogue] (kernels/cuda/gemm_epilogue.cu): the
+  // epilogue only where it measured faster than the two ops.
+  constexpr int64_t kEpilogueMinRows = 32768;
+  if (grad.device().is_cuda() && grad.size(0) >= kEpilogueMinRows) {
+    Tensor dpre = empty(pre_shape, grad.dtype(), grad.device());
+    if (dpre.numel() == 0) return dpre;
+    const Tensor gc = grad.contiguous(), wc = weight.contiguous(), pc = pre_activation.contiguous();
+    if (cuda::gemm_dgelu(gc, wc, pc, dpre)) return dpre;
+  }
+  // The CPU, and CUDA where the epilogue cannot run: the two ops.
+  return gelu_backward(matmul(grad, weight), pre_activation);
+}
+
 ResidualLayerNormOutput residual_layer_norm(const Tensor& x, const Tensor& residual,
                                             const Tensor& weight, const Tensor& bias, double eps) {
   NoGradGuard no_grad;

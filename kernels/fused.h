@@ -75,6 +75,15 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                    Tensor* pre_activation);
 // grad * gelu'(pre_activation), same shape and dtype.
 Tensor gelu_backward(const Tensor& grad, const Tensor& pre_activation);
+// (grad @ weight) * gelu'(pre_activation): the gradient that reaches the
+// pre-activation of linear(gelu(pre_activation), weight, bias), for grad [N,
+// out], weight [out, hidden], pre_activation [N, hidden], one dtype; [N,
+// hidden]. On the CPU it is kernels::matmul then gelu_backward, bit for bit.
+// On CUDA bf16/f16/f32 with at least 32,768 rows it is one cuBLASLt GEMM with
+// the DGELU epilogue, which multiplies the fp32 product by GELU's derivative
+// before rounding once (Note [GELU gradient epilogue] in
+// kernels/cuda/gemm_epilogue.cu); elsewhere matmul then gelu_backward.
+Tensor matmul_gelu_backward(const Tensor& grad, const Tensor& weight, const Tensor& pre_activation);
 
 struct ResidualLayerNormOutput {
   Tensor sum;   // x + residual

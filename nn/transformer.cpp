@@ -76,8 +76,15 @@ TransformerMLP::TransformerMLP(const BlockOptions& c, const ParamOptions& option
 
 Tensor TransformerMLP::forward(const Tensor& x, Generator* generator) const {
   const NvtxRange range("accrue MLP forward");  // Note [NVTX ranges]
-  Tensor h = linear_then_gelu(*c_fc_, x);
-  return dropout(c_proj_->forward(h), dropout_, training(), generator);
+  // Plain layers with biases run as one node, whose backward takes GELU's
+  // gradient in a GEMM epilogue (Note [GELU gradient epilogue]); FP8 layers
+  // and bias-free ones as their two ops.
+  const bool fused =
+      !c_fc_->fp8() && !c_proj_->fp8() && c_fc_->bias().defined() && c_proj_->bias().defined();
+  const Tensor y = fused ? linear_gelu_linear(x, c_fc_->weight(), c_fc_->bias(), c_proj_->weight(),
+                                              c_proj_->bias())
+                         : c_proj_->forward(linear_then_gelu(*c_fc_, x));
+  return dropout(y, dropout_, training(), generator);
 }
 
 Block::Block(const BlockOptions& c, const ParamOptions& options) {

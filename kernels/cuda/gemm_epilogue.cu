@@ -1,6 +1,7 @@
 // CUDA GEMMs with a fused epilogue (kernels/fused_backend.h): x @ weight^T
-// plus a bias, with or without GELU, as one cuBLASLt matmul. The plain GEMM
-// and the cuBLASLt conventions: kernels/cuda/matmul.cu.
+// plus a bias, with or without GELU, as one cuBLASLt matmul, and the GEMM of
+// the backward that takes GELU's gradient. The plain GEMM and the cuBLASLt
+// conventions: kernels/cuda/matmul.cu.
 //
 // Note [GELU epilogue]
 // ~~~~~~~~~~~~~~~~~~~~
@@ -36,6 +37,31 @@
 // heuristic picks.) f32 stays true fp32 unless allow_tf32(). Where the
 // epilogue cannot run (f64, K = 0, no algorithm) gemm_bias returns false and
 // kernels::linear runs matmul then add.
+//
+// Note [GELU gradient epilogue]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// In the backward of linear(gelu(pre), W2, b2) (a transformer's MLP), the
+// gradient that reaches pre is (g @ W2) * gelu'(pre), with g [N, out] and W2
+// [out, hidden]. matmul_gelu_backward on CUDA is one cuBLASLt matmul with
+// CUBLASLT_EPILOGUE_DGELU, whose aux input is pre as linear_gelu's GELU
+// epilogue stored it: the fp32 product is multiplied by the derivative of
+// GELU's tanh form at pre and rounded once, where matmul-then-gelu_backward
+// rounds the product to the dtype first and reads and writes an [N, hidden]
+// tensor twice more (2.0 ms of GPT-2 124M's 57 ms window at micro-batch 32
+// on an H200). But cuBLASLt's DGELU GEMMs are slower than its plain ones,
+// and more so at fewer rows: GPT-2 124M's window on an H200 (bench/RESULTS.md,
+// sixteenth session) took 1.4% less time with the epilogue at 32 x 1024 rows
+// a micro-batch, 0.5% more at 4 x 1024 and 5.2% more at 1 x 1024. So
+// kernels::matmul_gelu_backward takes it from 32,768 rows up and runs the two
+// ops below. Column-major, D is W2^T g^T, our row-major [N, hidden]:
+// cuBLASLt's A is W2 as stored (op N, [hidden, out], ld hidden),
+// its B is g (op N, ld out), and aux is pre with leading dimension hidden, a
+// multiple of 8 as cuBLASLt requires. There is no bias. For bf16/f16 the
+// result may differ from the two ops in the last bit (one rounding instead of
+// two), so the tests compare with dtype tolerances; the CPU runs the two ops.
+// Where the epilogue cannot run (f64, hidden % 8 != 0, out = 0, no
+// algorithm) gemm_dgelu returns false and matmul_gelu_backward runs matmul
+// then gelu_backward.
 #include <cublasLt.h>
 
 #include <cstdint>
@@ -72,10 +98,16 @@ struct EpilogueProblem {
   const void* x = nullptr;
   const void* weight = nullptr;
   const void* bias = nullptr;
-  void* pre = nullptr;  // the aux buffer, GELU_AUX_BIAS only
+  void* pre = nullptr;  // the aux buffer: GELU_AUX_BIAS writes it, DGELU reads it
   void* y = nullptr;
 
-  bool has_aux() const { return epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+  bool has_aux() const {
+    return epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU;
+  }
+  bool has_bias() const { return epilogue != CUBLASLT_EPILOGUE_DGELU; }
+  // DGELU multiplies by the weight as stored, [in, out] (Note [GELU gradient
+  // epilogue]); the others by its transpose, the weight being [out, in].
+  bool weight_as_stored() const { return epilogue == CUBLASLT_EPILOGUE_DGELU; }
 
   EpilogueKey key() const {
     return {device,
@@ -100,7 +132,7 @@ bool set_desc_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t att
 }
 
 bool set_epilogue_pointers(const EpiloguePlan& plan, const EpilogueProblem& p) {
-  return set_desc_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias) &&
+  return (!p.has_bias() || set_desc_attr(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias)) &&
          (!p.has_aux() || set_desc_attr(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.pre));
 }
 
@@ -110,10 +142,11 @@ std::unique_ptr<EpiloguePlan> build_epilogue_plan(cublasLtHandle_t handle,
                                                   const EpilogueProblem& p) {
   auto plan = std::make_unique<EpiloguePlan>();
   ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, p.compute, CUDA_R_32F));
-  plan->a = make_layout(p.type, p.in, p.out, p.in, 1, 0);
+  plan->a = p.weight_as_stored() ? make_layout(p.type, p.out, p.in, p.out, 1, 0)
+                                 : make_layout(p.type, p.in, p.out, p.in, 1, 0);
   plan->b = make_layout(p.type, p.in, p.n, p.in, 1, 0);
   plan->c = make_layout(p.type, p.out, p.n, p.out, 1, 0);
-  const int32_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
+  const int32_t transa = p.weight_as_stored() ? CUBLAS_OP_N : CUBLAS_OP_T, transb = CUBLAS_OP_N;
   const int64_t aux_ld = p.out;
   bool ok =
       set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, transa) &&
@@ -129,14 +162,16 @@ std::unique_ptr<EpiloguePlan> build_epilogue_plan(cublasLtHandle_t handle,
   return plan;
 }
 
-// The problem of y = epilogue(x @ weight^T + bias) on y's device, or false
-// when no epilogue can take it (a dtype cuBLASLt has no epilogue for here, K
-// = 0, sizes beyond 32 bits).
+// The problem of y = epilogue(x @ weight^T + bias) on y's device (for DGELU,
+// y = (x @ weight) * gelu'(pre), no bias), or false when no epilogue can take
+// it (a dtype cuBLASLt has no epilogue for here, K = 0, sizes beyond 32 bits).
 bool describe_epilogue(cublasLtEpilogue_t epilogue, const Tensor& x, const Tensor& weight,
                        const Tensor& bias, const Tensor& y, EpilogueProblem* p) {
   const DType dtype = x.dtype();
   if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) return false;
-  const int64_t n = x.size(0), in = x.size(1), out_features = weight.size(0);
+  const int64_t n = x.size(0), in = x.size(1),
+                out_features =
+                    epilogue == CUBLASLT_EPILOGUE_DGELU ? weight.size(1) : weight.size(0);
   constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
   if (in == 0 || n > kInt32Max || in > kInt32Max || out_features > kInt32Max) return false;
   p->device = y.device().index;
@@ -149,7 +184,7 @@ bool describe_epilogue(cublasLtEpilogue_t epilogue, const Tensor& x, const Tenso
   p->out = out_features;
   p->x = x.data_ptr();
   p->weight = weight.data_ptr();
-  p->bias = bias.data_ptr();
+  p->bias = bias.defined() ? bias.data_ptr() : nullptr;
   p->y = y.data_ptr();
   return true;
 }
@@ -202,6 +237,16 @@ bool gemm_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const 
   if (!describe_epilogue(CUBLASLT_EPILOGUE_BIAS, x, weight, bias, out, &p)) return false;
   if (prewrite_library_outputs()) out.fill_(0.0);  // Note [Library outputs under initcheck]
   return run_epilogue(p, "linear");
+}
+
+bool gemm_dgelu(const Tensor& grad, const Tensor& weight, const Tensor& pre, const Tensor& dpre) {
+  // The aux buffer's leading dimension (hidden) must be a multiple of 8.
+  if (weight.size(1) % 8 != 0) return false;
+  EpilogueProblem p;
+  if (!describe_epilogue(CUBLASLT_EPILOGUE_DGELU, grad, weight, Tensor(), dpre, &p)) return false;
+  p.pre = pre.data_ptr();
+  if (prewrite_library_outputs()) dpre.fill_(0.0);  // Note [Library outputs under initcheck]
+  return run_epilogue(p, "matmul_gelu_backward");
 }
 
 }  // namespace accrue::kernels::cuda

@@ -117,6 +117,7 @@ from ._accrue import (  # noqa: F401  (re-exports)
     add_rms_norm,
     classifier_cross_entropy,
     linear_gelu,
+    linear_gelu_linear,
     qk_norm,
     residual_layer_norm,
     rms_norm,

@@ -97,6 +97,11 @@ void bind_transformer(nb::module_& m) {
   m.def("linear_gelu", &linear_gelu, nb::arg("input"), nb::arg("weight"), nb::arg("bias"),
         "gelu(input @ weight^T + bias) fused (the tanh GELU): input [..., in], weight [out, in], "
         "bias [out].");
+  m.def("linear_gelu_linear", &linear_gelu_linear, nb::arg("input"), nb::arg("fc_weight"),
+        nb::arg("fc_bias"), nb::arg("proj_weight"), nb::arg("proj_bias"),
+        "A transformer's MLP, linear(linear_gelu(input, fc_weight, fc_bias), proj_weight, "
+        "proj_bias), as one node whose backward takes GELU's gradient in a GEMM epilogue on "
+        "CUDA: input [..., in], fc_weight [hidden, in], proj_weight [out, hidden].");
   m.def("classifier_cross_entropy", &classifier_cross_entropy, nb::arg("hidden"), nb::arg("weight"),
         nb::arg("targets"), nb::arg("valid_classes"), nb::arg("ignore_index") = -100,
         "cross_entropy(hidden @ weight^T, targets) over the first `valid_classes` rows of "

@@ -110,6 +110,9 @@ def test_linear_gelu_and_classifier_cross_entropy():
     ref = 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
     out = accrue.linear_gelu(*(accrue.from_numpy(a) for a in (x, w, b))).numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10)
+    w2, b2 = rng.standard_normal((3, 5)), rng.standard_normal(3)
+    mlp = accrue.linear_gelu_linear(*(accrue.from_numpy(a) for a in (x, w, b, w2, b2))).numpy()
+    np.testing.assert_allclose(mlp, ref @ w2.T + b2, rtol=1e-10, atol=1e-10)
     t = np.array([0, 2, -100, 3], dtype=np.int64)
     loss = accrue.classifier_cross_entropy(accrue.from_numpy(x), accrue.from_numpy(w),
                                            accrue.from_numpy(t), 4)
@@ -258,6 +261,8 @@ def test_gradients_through_the_ops():
     assert accrue.gradcheck(lambda a, b: accrue.classifier_cross_entropy(a, b, t, 5), [h, cw]).ok
     gate, up = rand(rng, 3, 4).requires_grad_(), rand(rng, 3, 4).requires_grad_()
     assert accrue.gradcheck(accrue.swiglu, [gate, up]).ok
+    mlp = [rand(rng, *s).requires_grad_() for s in ((2, 3, 4), (6, 4), (6,), (5, 6), (5,))]
+    assert accrue.gradcheck(accrue.linear_gelu_linear, mlp).ok
     q = rand(rng, 1, 2, 3, 4).requires_grad_()
     k = rand(rng, 1, 1, 3, 4).requires_grad_()
     v = rand(rng, 1, 1, 3, 4).requires_grad_()

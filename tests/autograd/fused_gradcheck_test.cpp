@@ -161,6 +161,97 @@ TEST(FusedGradcheck, linear_gelu_bad_inputs_throw_naming_shapes) {
   EXPECT_ERROR(linear_gelu(Tensor(), w, b), "linear_gelu", "input", "undefined");
 }
 
+// ---- linear + GELU + linear (a transformer's MLP) -------------------------------------------
+
+TEST(FusedGradcheck, linear_gelu_linear) {
+  auto f = [](const std::vector<Tensor>& v) {
+    return linear_gelu_linear(v[0], v[1], v[2], v[3], v[4]);
+  };
+  EXPECT_GRADCHECK(f, leaf({2, 3, 4}), leaf({6, 4}), leaf({6}), leaf({5, 6}), leaf({5}));
+  EXPECT_GRADCHECK(f, leaf({4}), leaf({3, 4}), leaf({3}), leaf({2, 3}), leaf({2}));  // one row
+  // Only some inputs need a gradient: no fc parameter, then no input at all.
+  const Tensor w1 = test::random_normal({6, 4}, DType::f64),
+               b1 = test::random_normal({6}, DType::f64);
+  EXPECT_GRADCHECK(
+      [&](const std::vector<Tensor>& v) { return linear_gelu_linear(v[0], w1, b1, v[1], v[2]); },
+      leaf({3, 4}), leaf({5, 6}), leaf({5}));
+  const Tensor x = test::random_normal({3, 4}, DType::f64);
+  EXPECT_GRADCHECK(
+      [&](const std::vector<Tensor>& v) { return linear_gelu_linear(x, w1, b1, v[0], v[1]); },
+      leaf({5, 6}), leaf({5}));
+}
+
+// On the CPU the node computes the two ops it replaces, bit for bit, forward
+// and backward (Note [GELU gradient epilogue]: only CUDA's epilogue rounds once).
+TEST(FusedGradcheck, linear_gelu_linear_gives_the_bits_of_the_two_ops) {
+  for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x0 = test::random_normal({2, 5, 6}, dt), g = test::random_normal({2, 5, 3}, dt);
+    const Tensor w10 = test::random_normal({8, 6}, dt, Device::cpu(), 0.4),
+                 b10 = test::random_normal({8}, dt), w20 = test::random_normal({3, 8}, dt),
+                 b20 = test::random_normal({3}, dt);
+    auto run = [&](bool fused) {
+      const Tensor x = requires_grad_(x0.clone()), w1 = requires_grad_(w10.clone()),
+                   b1 = requires_grad_(b10.clone()), w2 = requires_grad_(w20.clone()),
+                   b2 = requires_grad_(b20.clone());
+      const Tensor y =
+          fused ? linear_gelu_linear(x, w1, b1, w2, b2) : linear(linear_gelu(x, w1, b1), w2, b2);
+      if (fused) EXPECT_EQ(std::string(grad_fn(y)->name()), "LinearGeluLinearBackward");
+      backward(y, g);
+      return std::vector<Tensor>{y, grad(x), grad(w1), grad(b1), grad(w2), grad(b2)};
+    };
+    const std::vector<Tensor> fused = run(true), two = run(false);
+    const char* names[] = {"y", "dx", "dw1", "db1", "dw2", "db2"};
+    for (size_t i = 0; i < fused.size(); ++i)
+      EXPECT_TRUE(test::all_equal(fused[i], two[i])) << names[i];
+  }
+}
+
+// The four parameter gradients land in their arena slots: written by the
+// window's first backward, added by the next.
+TEST(FusedGradcheck, linear_gelu_linear_parameter_gradients_land_in_the_arena) {
+  const Tensor x0 = test::random_normal({9, 6}, DType::f64);
+  const std::vector<Tensor> p0 = {
+      test::random_normal({8, 6}, DType::f64), test::random_normal({8}, DType::f64),
+      test::random_normal({4, 8}, DType::f64), test::random_normal({4}, DType::f64)};
+  std::vector<Tensor> ref;
+  for (const Tensor& p : p0)
+    ref.push_back(requires_grad_(p.clone()));
+  backward(sum(linear(linear_gelu(x0, ref[0], ref[1]), ref[2], ref[3])));
+
+  std::vector<Tensor> p;
+  for (const Tensor& t : p0)
+    p.push_back(requires_grad_(t.clone()));
+  GradArena arena(
+      {{"fc.weight", p[0]}, {"fc.bias", p[1]}, {"proj.weight", p[2]}, {"proj.bias", p[3]}},
+      GradArenaOptions().dtype(DType::f64));
+  arena.grads().fill_(123.0);
+  arena.begin_window();
+  backward(sum(linear_gelu_linear(x0, p[0], p[1], p[2], p[3])));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(arena.written(i)) << i;
+    EXPECT_TRUE(all_close(arena.grad_view(i), grad(ref[i]), 1e-12, 1e-14)) << i;
+  }
+  backward(sum(linear_gelu_linear(x0, p[0], p[1], p[2], p[3])));
+  for (int i = 0; i < 4; ++i)
+    EXPECT_TRUE(all_close(arena.grad_view(i),
+                          kernels::binary_scalar(kernels::BinaryOp::Mul, grad(ref[i]), 2.0), 1e-12,
+                          1e-14))
+        << i;
+}
+
+TEST(FusedGradcheck, linear_gelu_linear_bad_inputs_throw_naming_shapes) {
+  const Tensor x = leaf({3, 4}), w1 = leaf({6, 4}), b1 = leaf({6}), w2 = leaf({5, 6}),
+               b2 = leaf({5});
+  const char* op = "linear_gelu_linear";
+  EXPECT_ERROR(linear_gelu_linear(leaf({3, 7}), w1, b1, w2, b2), op, "[3, 7]", "[6, 4]");
+  EXPECT_ERROR(linear_gelu_linear(x, w1, b1, leaf({5, 7}), b2), op, "[5, 7]", "6");
+  EXPECT_ERROR(linear_gelu_linear(x, leaf({6}), b1, w2, b2), op, "2-D", "[6]");
+  EXPECT_ERROR(linear_gelu_linear(x, w1, leaf({5}), w2, b2), op, "biases", "[5]", "[6, 4]");
+  EXPECT_ERROR(linear_gelu_linear(x, w1, b1, w2, Tensor()), op, "biases", "undefined");
+  EXPECT_ERROR(linear_gelu_linear(Tensor(), w1, b1, w2, b2), op, "input", "undefined");
+}
+
 // ---- residual + layer norm -------------------------------------------------------------------
 
 TEST(FusedGradcheck, residual_layer_norm_through_both_results) {

@@ -248,6 +248,47 @@ TEST(CpuLinearGelu, bad_inputs_throw_naming_op_and_shapes) {
       "gelu_backward", "f32", "f64");
 }
 
+// matmul_gelu_backward on the CPU is matmul then gelu_backward, bit for bit
+// in every dtype, strided inputs read as the matrices they show; an empty
+// product gives gelu_backward of zeros.
+TEST(CpuLinearGelu, matmul_gelu_backward_is_matmul_then_gelu_backward) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor g = test::random_normal({7, 5}, dt);
+    const Tensor w = test::random_normal({5, 16}, dt, Device::cpu(), 0.5);
+    const Tensor pre = test::random_normal({7, 16}, dt, Device::cpu(), 2.0);
+    const Tensor dpre = kernels::matmul_gelu_backward(g, w, pre);
+    EXPECT_EQ(dpre.shape(), (Shape{7, 16}));
+    EXPECT_EQ(dpre.dtype(), dt);
+    EXPECT_TRUE(all_equal(dpre, kernels::gelu_backward(kernels::matmul(g, w), pre)));
+  }
+  const Tensor g = test::random_normal({5, 7}), w = test::random_normal({16, 5}),
+               pre = test::random_normal({16, 7});
+  const Tensor gt = g.transpose(0, 1), wt = w.transpose(0, 1), pt = pre.transpose(0, 1);
+  EXPECT_TRUE(
+      all_equal(kernels::matmul_gelu_backward(gt, wt, pt),
+                kernels::matmul_gelu_backward(gt.contiguous(), wt.contiguous(), pt.contiguous())));
+  const Tensor p2 = test::random_normal({2, 3});
+  EXPECT_TRUE(all_equal(kernels::matmul_gelu_backward(empty({2, 0}), empty({0, 3}), p2),
+                        kernels::gelu_backward(zeros({2, 3}), p2)));
+}
+
+TEST(CpuLinearGelu, matmul_gelu_backward_bad_inputs_throw_naming_op_and_shapes) {
+  const Tensor g = test::random_normal({4, 6}), w = test::random_normal({6, 8}),
+               pre = test::random_normal({4, 8});
+  const char* op = "matmul_gelu_backward";
+  EXPECT_ERROR(kernels::matmul_gelu_backward(g, test::random_normal({5, 8}), pre), op, "[4, 6]",
+               "[5, 8]");
+  EXPECT_ERROR(kernels::matmul_gelu_backward(g.unsqueeze(0), w, pre), op, "[1, 4, 6]");
+  EXPECT_ERROR(kernels::matmul_gelu_backward(g, w, test::random_normal({4, 9})), op,
+               "pre_activation", "[4, 9]", "[4, 8]");
+  EXPECT_ERROR(kernels::matmul_gelu_backward(g, w.to(DType::bf16), pre), op, "f32", "bf16");
+  EXPECT_ERROR(kernels::matmul_gelu_backward(g, w, pre.to(DType::f64)), op, "f32", "f64");
+  EXPECT_ERROR(
+      kernels::matmul_gelu_backward(g.to(DType::i64), w.to(DType::i64), pre.to(DType::i64)), op,
+      "i64");
+}
+
 // ---- linear (the bias epilogue's CPU side)
 // -------------------------------------------------------
 

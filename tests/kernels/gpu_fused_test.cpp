@@ -205,6 +205,117 @@ TEST(GpuLinearGelu, cublaslt_epilogue_runs_where_supported) {
 }
 #endif
 
+// ---- the GELU gradient in the GEMM epilogue --------------------------------------------------
+
+// matmul_gelu_backward on the GPU against the CPU's two ops, at row counts
+// where it runs the two ops on CUDA too (Note [GELU gradient epilogue]; the
+// epilogue's own test is below): dtype tolerances.
+void expect_matmul_gelu_backward_matches_cpu(int64_t n, int64_t out, int64_t hidden, DType dt) {
+  const Tensor g = test::random_normal({n, out}, dt);
+  const Tensor w =
+      test::random_normal({out, hidden}, dt, kCpu, 1.0 / std::sqrt(static_cast<double>(out)));
+  const Tensor pre = test::random_normal({n, hidden}, dt, kCpu, 1.5);
+  EXPECT_TRUE(close(kernels::matmul_gelu_backward(g.to(kGpu), w.to(kGpu), pre.to(kGpu)),
+                    kernels::matmul_gelu_backward(g, w, pre), test::normalized_tolerance(dt)));
+}
+
+TEST(GpuLinearGelu, matmul_gelu_backward_matches_cpu_with_and_without_the_epilogue) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  struct Case {
+    int64_t n, out, hidden;
+  };
+  // GPT-2 small's MLP (768 -> 3072, 512 tokens) and odd shapes; hidden = 36
+  // (aux ld not a multiple of 8) and every f64 case take the fallback.
+  const Case cases[] = {{512, 768, 3072}, {37, 24, 40}, {37, 24, 36}, {1, 7, 16}, {300, 64, 8}};
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " N=" + std::to_string(c.n) +
+                   " out=" + std::to_string(c.out) + " hidden=" + std::to_string(c.hidden));
+      expect_matmul_gelu_backward_matches_cpu(c.n, c.out, c.hidden, dt);
+    }
+  }
+  // Below the epilogue's rows, CUDA runs the two ops: their bits.
+  const Tensor g0 = test::random_normal({512, 768}, DType::bf16).to(kGpu);
+  const Tensor w0 = test::random_normal({768, 3072}, DType::bf16, kCpu, 0.05).to(kGpu);
+  const Tensor p0 = test::random_normal({512, 3072}, DType::bf16, kCpu, 1.5).to(kGpu);
+  EXPECT_TRUE(test::all_equal(on_cpu(kernels::matmul_gelu_backward(g0, w0, p0)),
+                              on_cpu(kernels::gelu_backward(kernels::matmul(g0, w0), p0))));
+  // Strided views are read as the matrices they show.
+  // g [32, 48] and pre [32, 64] as transposes, w [48, 64] as stored.
+  const Tensor g = test::random_normal({48, 32}, DType::bf16).to(kGpu);
+  const Tensor w = test::random_normal({48, 64}, DType::bf16, kCpu, 0.2).to(kGpu);
+  const Tensor pre = test::random_normal({64, 32}, DType::bf16).to(kGpu);
+  EXPECT_TRUE(close(kernels::matmul_gelu_backward(g.transpose(0, 1), w, pre.transpose(0, 1)),
+                    kernels::matmul_gelu_backward(on_cpu(g).transpose(0, 1), on_cpu(w),
+                                                  on_cpu(pre).transpose(0, 1)),
+                    test::normalized_tolerance(DType::bf16)));
+}
+
+#ifdef ACCRUE_WITH_CUDA
+// The DGELU epilogue itself, which matmul_gelu_backward takes only from
+// 32,768 rows (too many for a CPU reference): against the CPU's two ops (it
+// rounds the product once where they round twice: dtype tolerances) at GPT-2
+// small's MLP shape, the same bits on a second call with new pointers, and
+// declined where it cannot run.
+TEST(GpuLinearGelu, dgelu_epilogue_matches_cpu_where_supported) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  auto run = [](int64_t n, int64_t out, int64_t hidden, DType dt, int copies) {
+    const Tensor g = test::random_normal({n, out}, dt);
+    const Tensor w = test::random_normal({out, hidden}, dt, kCpu, 0.05);
+    const Tensor pre = test::random_normal({n, hidden}, dt, kCpu, 1.5);
+    std::vector<Tensor> results{kernels::matmul_gelu_backward(g, w, pre)};
+    for (int i = 0; i < copies; ++i) {
+      results.push_back(empty({n, hidden}, dt, kGpu));
+      if (!kernels::cuda::gemm_dgelu(g.to(kGpu), w.to(kGpu), pre.to(kGpu), results.back()))
+        return std::vector<Tensor>{};
+    }
+    return results;
+  };
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const std::vector<Tensor> r = run(512, 768, 3072, dt, 2);
+    ASSERT_EQ(r.size(), 3u);
+    EXPECT_TRUE(close(r[1], r[0], test::normalized_tolerance(dt)));
+    EXPECT_TRUE(test::all_equal(on_cpu(r[1]), on_cpu(r[2])));
+  }
+  const std::vector<Tensor> odd = run(37, 24, 40, DType::bf16, 1);
+  ASSERT_EQ(odd.size(), 2u);
+  EXPECT_TRUE(close(odd[1], odd[0], test::normalized_tolerance(DType::bf16)));
+  EXPECT_TRUE(run(8, 16, 36, DType::bf16, 1).empty());  // aux ld 36
+  EXPECT_TRUE(run(8, 16, 32, DType::f64, 1).empty());   // no f64 epilogue
+}
+#endif
+
+// The MLP node (linear_gelu_linear) on the GPU against the CPU: the output
+// and all five gradients.
+TEST(GpuLinearGelu, linear_gelu_linear_matches_cpu) {
+  ACCRUE_REQUIRE_CUDA();
+  Tf32Scope tf32(false);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x0 = test::random_normal({2, 64, 96}, dt);
+    const Tensor w10 = test::random_normal({256, 96}, dt, kCpu, 0.1),
+                 b10 = test::random_normal({256}, dt, kCpu, 0.5),
+                 w20 = test::random_normal({96, 256}, dt, kCpu, 0.06),
+                 b20 = test::random_normal({96}, dt);
+    const Tensor g = test::random_normal({2, 64, 96}, dt);
+    auto run = [&](Device device) {
+      const Tensor x = fresh_leaf(x0, device), w1 = fresh_leaf(w10, device),
+                   b1 = fresh_leaf(b10, device), w2 = fresh_leaf(w20, device),
+                   b2 = fresh_leaf(b20, device);
+      const Tensor y = linear_gelu_linear(x, w1, b1, w2, b2);
+      backward(y, g.to(device));
+      return std::vector<Tensor>{y, grad(x), grad(w1), grad(b1), grad(w2), grad(b2)};
+    };
+    const std::vector<Tensor> expected = run(kCpu), actual = run(kGpu);
+    const char* names[] = {"y", "dx", "dw1", "db1", "dw2", "db2"};
+    for (size_t i = 0; i < expected.size(); ++i)
+      EXPECT_TRUE(close(actual[i], expected[i], test::normalized_tolerance(dt))) << names[i];
+  }
+}
+
 // ---- linear: the bias in the GEMM epilogue ---------------------------------------------------
 
 // The forward of kernels::linear, and the autograd Linear's forward and
