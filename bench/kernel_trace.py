@@ -10,11 +10,14 @@ Each variant runs in its own process: train_gpt2.py with the arguments after
 `--` and the variant's own, traced over the windows after --warmup. The table
 gives, per window: the span on the device (first kernel's start to last
 kernel's end over the traced windows, divided by their count), the time some
-kernel ran (the union over streams), the idle rest, the time two streams ran
-at once (the close under the forward's side stream beside the forward, say),
-each stream's busy time, the kernels' time by category (GEMM, attention,
-norms, column sums, the close, FP8 casts, ...: `category`), and the kernels
-whose time per window differs most from the first variant's.
+kernel, memset or copy ran (the union over streams), the idle rest, the time
+two streams ran at once (the close under the forward's side stream beside the
+forward, say), each stream's busy time, the kernels' time by category (GEMM,
+attention, norms, column sums, the close, FP8 casts, ...: `category`), the
+memsets and copies (cuDNN's and cuBLASLt's own among them), the pairs of
+operations the idle gaps of 2-100 us lie between (a graph waits 2-5 us after
+a memset node), and the kernels whose time per window differs most from the
+first variant's.
 nsys is not on the GPU machine; CUPTI comes with torch. With --out DIR, each
 variant's Chrome trace and a summary JSON are written there.
 
@@ -59,11 +62,12 @@ def in_bucket(us, bucket):
     return low <= us < high
 
 
-def idle_gaps(kernels, spans):
-    """(length us, kernel before, kernel after) for each time no kernel ran,
-    between the first kernel's start and the last one's end."""
+def idle_gaps(ops, spans):
+    """(length us, operation before, operation after) for each time no
+    operation (kernel, memset or copy) ran, between the first one's start and
+    the last one's end."""
     gaps, end, last = [], None, None
-    for (s, e), k in sorted(zip(spans, kernels), key=lambda x: x[0]):
+    for (s, e), k in sorted(zip(spans, ops), key=lambda x: x[0]):
         if end is not None and s > end:
             gaps.append((s - end, last["name"][:60], k["name"][:60]))
         if end is None or e > end:
@@ -98,14 +102,37 @@ def category(name):
     return first_class(name, CATEGORIES)
 
 
+# Device operations besides kernels, as CUPTI names their trace categories.
+COPIES = ("gpu_memset", "gpu_memcpy")
+
+
+def span_of(event):
+    """[start, end) of a trace event in microseconds."""
+    return float(event["ts"]), float(event["ts"]) + float(event.get("dur", 0))
+
+
+def gap_pairs(gaps, windows, top=8):
+    """The pairs of operations the gaps of 2-100 us lie between, most idle
+    time first: count and ms per window, and the mean gap."""
+    pairs = collections.defaultdict(list)
+    for us, after, before in gaps:
+        if 2 <= us < 100:
+            pairs[(after, before)].append(us)
+    ranked = sorted(pairs.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return [{"after": a, "before": b, "count": len(v) / windows, "us_each": sum(v) / len(v),
+             "ms": sum(v) * 1e-3 / windows} for (a, b), v in ranked]
+
+
 def summarize(trace, windows):
-    """Per-window figures (ms) from a Chrome trace's kernel events."""
-    kernels = [e for e in trace.get("traceEvents", [])
-               if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    """Per-window figures (ms) from a Chrome trace's kernel, memset and copy events."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
     if not kernels:
         raise ValueError("the trace holds no kernel events (was CUPTI tracing on?)")
-    spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in kernels]
-    start, end = min(s for s, _ in spans), max(e for _, e in spans)
+    copies = [e for e in events if e.get("cat") in COPIES]
+    spans = [span_of(e) for e in kernels]
+    device_ops, device_spans = kernels + copies, spans + [span_of(e) for e in copies]
+    start, end = min(s for s, _ in device_spans), max(e for _, e in device_spans)
     runtime = collections.Counter()
     for e in trace.get("traceEvents", []):
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("ph") == "X":
@@ -121,9 +148,15 @@ def summarize(trace, windows):
     per_category = collections.Counter()
     for name, us in per_name.items():
         per_category[category(name)] += us
-    busy = union_length(spans)
-    gaps = idle_gaps(kernels, spans)
+    for e in copies:
+        per_stream[str(e.get("args", {}).get("stream", "?"))].append(span_of(e))
+    busy = union_length(device_spans)
+    gaps = idle_gaps(device_ops, device_spans)
     streams = {k: union_length(v) for k, v in sorted(per_stream.items())}
+    copy_counts = collections.Counter(e["cat"] for e in copies)
+    copy_us = collections.Counter()
+    for e in copies:
+        copy_us[e["cat"]] += float(e.get("dur", 0))
     return {
         "windows": windows,
         "span_ms": (end - start) * ms,
@@ -137,6 +170,8 @@ def summarize(trace, windows):
         # Kernel time (summed over streams) by category.
         "categories_ms": {k: v * ms for k, v in per_category.most_common()},
         "kernel_counts": {k: counts[k] / windows for k in per_name},
+        # Memsets and copies: count and ms per window.
+        "copies": {c: {"count": copy_counts[c] / windows, "ms": copy_us[c] * ms} for c in COPIES},
         # Where the idle time lies: how many gaps of each size a window has, and
         # their time (many small gaps point at the launches, a few large ones at
         # a wait); the largest few, between which kernels.
@@ -145,6 +180,7 @@ def summarize(trace, windows):
         "gap_ms": {b: sum(g[0] for g in gaps if in_bucket(g[0], b)) * ms for b in GAP_BUCKETS},
         "largest_gaps": [{"us": g[0], "after": g[1], "before": g[2]}
                          for g in sorted(gaps, reverse=True)[:5]],
+        "gap_pairs": gap_pairs(gaps, windows),
         # The host's CUDA API time (a synchronization shows here), where traced.
         "runtime_ms": {k: v * ms for k, v in runtime.most_common(8)},
     }
@@ -196,6 +232,9 @@ def table(names, results, top):
              "|---|" + "---:|" * len(names)]
     for key in ("span_ms", "busy_ms", "idle_ms", "overlap_ms", "kernels_per_window"):
         lines.append(f"| {key} | " + " | ".join(f"{r[key]:.3f}" for r in results) + " |")
+    for c in COPIES:
+        lines.append(f"| {c}: count, ms | " + " | ".join(
+            f"{r['copies'][c]['count']:.1f}, {r['copies'][c]['ms']:.3f}" for r in results) + " |")
     for b in GAP_BUCKETS:
         lines.append(f"| gaps {b}: count, ms | " + " | ".join(
             f"{r['gap_counts'][b]:.1f}, {r['gap_ms'][b]:.3f}" for r in results) + " |")
@@ -283,6 +322,10 @@ def main(argv=None):
         print(f"{name}: largest gaps (us, after, before):")
         for g in r["largest_gaps"]:
             print(f"  {g['us']:.1f}  {g['after']}  ->  {g['before']}")
+        print(f"{name}: where the gaps of 2-100 us lie (per window: count x mean us = ms):")
+        for g in r["gap_pairs"]:
+            print(f"  {g['count']:.1f} x {g['us_each']:.2f} us = {g['ms']:.3f} ms  "
+                  f"{g['after']}  ->  {g['before']}")
     return 0
 
 

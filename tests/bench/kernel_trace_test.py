@@ -78,6 +78,34 @@ class KernelTrace(unittest.TestCase):
         with self.assertRaises(ValueError):
             kt.summarize({"traceEvents": []}, windows=1)
 
+    def test_memsets_copies_and_the_gaps_around_them(self):
+        kt = load()
+        # One window: a memset [100, 110) us between two kernels, a copy [300, 320).
+        # The gaps: [0+50, 100) after gemm (50 us), [110, 114) after the memset (4 us),
+        # [150, 300) before the copy (150 us, not 2-100), [320, 323) after it (3 us).
+        trace = {"traceEvents": [
+            kernel("gemm", 0, 50, 7),
+            {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 100, "dur": 10,
+             "args": {"stream": 7}},
+            kernel("flash_fprop", 114, 36, 7),
+            {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": 300, "dur": 20,
+             "args": {"stream": 7}},
+            kernel("gemm", 323, 27, 7)]}
+        s = kt.summarize(trace, windows=1)
+        self.assertAlmostEqual(s["span_ms"], 0.35)
+        self.assertAlmostEqual(s["busy_ms"], 0.143)  # 50 + 10 + 36 + 20 + 27 us
+        self.assertEqual(s["kernels_per_window"], 3)
+        self.assertEqual(s["copies"]["gpu_memset"], {"count": 1, "ms": 0.01})
+        self.assertEqual(s["copies"]["gpu_memcpy"], {"count": 1, "ms": 0.02})
+        pairs = [(g["after"], g["before"], g["count"]) for g in s["gap_pairs"]]
+        self.assertEqual(pairs, [("gemm", "Memset (Device)", 1),
+                                 ("Memset (Device)", "flash_fprop", 1),
+                                 ("Memcpy DtoD", "gemm", 1)])
+        self.assertAlmostEqual(s["gap_pairs"][1]["us_each"], 4.0)
+        self.assertAlmostEqual(s["gap_pairs"][1]["ms"], 0.004)
+        table = kt.table(["a"], [s], top=2)
+        self.assertIn("| gpu_memset: count, ms | 1.0, 0.010 |", table)
+
     def test_kernel_time_by_category(self):
         kt = load()
         # Names as CUPTI gives them (demangled); cuDNN's attention says sm90 too.
