@@ -78,10 +78,12 @@ def idle_gaps(ops, spans):
 # Kernel categories by name, the first that matches: a window's time by kind of
 # work (the GEMM share against attention, the norms, the column sums...), what
 # a small micro-batch loses where. cuDNN's attention kernels carry "sm90" in
-# their names too, so attention is matched before the GEMMs; the close's
-# grad_norm_partials before the column sums' "partial".
+# their names too, so attention is matched before the GEMMs (its backward's
+# dQ GEMM, `cudnn::fusion::matmul_dq`, and its dO . O row sums included); the
+# close's grad_norm_partials before the column sums' "partial".
 CATEGORIES = (
-    ("attention", ("sdpa", "flash", "fmha", "attention", "softmax", "score_grad", "rope")),
+    ("attention", ("sdpa", "flash", "fmha", "attention", "softmax", "score_grad", "rope",
+                   "matmul_dq", "dot_do_o")),
     ("gemm", ("nvjet", "gemm", "xmma", "cutlass", "gemv", "cublas")),
     ("norm", ("layer_norm", "rms_norm", "normalize", "statistics")),
     ("close", ("fused_optimizer", "grad_norm", "scalar_step", "store_hyper", "slot_steps",

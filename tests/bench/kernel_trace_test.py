@@ -113,6 +113,8 @@ class KernelTrace(unittest.TestCase):
             "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT": "gemm",
             "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "gemm",
             "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3": "attention",
+            "void cudnn::fusion::matmul_dq<true, 64>(void const*, void const*, void*)": "attention",
+            "void cudnn::fusion::compute_dot_do_o_specialized<true, 64>(void const*)": "attention",
             "void accrue::kernels::cuda::(anonymous namespace)::residual_layer_norm_kernel"
             "<__nv_bfloat16, 4>(...)": "norm",
             "void accrue::kernels::cuda::sum_columns_cluster_kernel<float>(...)": "column sums",
