@@ -219,14 +219,14 @@ void expect_matmul_gelu_backward_matches_cpu(int64_t n, int64_t out, int64_t hid
                     kernels::matmul_gelu_backward(g, w, pre), test::normalized_tolerance(dt)));
 }
 
-TEST(GpuLinearGelu, matmul_gelu_backward_matches_cpu_with_and_without_the_epilogue) {
+TEST(GpuLinearGelu, matmul_gelu_backward_below_the_epilogue_rows_matches_cpu) {
   ACCRUE_REQUIRE_CUDA();
   Tf32Scope tf32(false);
   struct Case {
     int64_t n, out, hidden;
   };
-  // GPT-2 small's MLP (768 -> 3072, 512 tokens) and odd shapes; hidden = 36
-  // (aux ld not a multiple of 8) and every f64 case take the fallback.
+  // GPT-2 small's MLP (768 -> 3072, 512 tokens) and odd shapes, hidden = 36
+  // among them (aux ld not a multiple of 8, which the epilogue could not take).
   const Case cases[] = {{512, 768, 3072}, {37, 24, 40}, {37, 24, 36}, {1, 7, 16}, {300, 64, 8}};
   for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
     for (const Case& c : cases) {
@@ -254,10 +254,10 @@ TEST(GpuLinearGelu, matmul_gelu_backward_matches_cpu_with_and_without_the_epilog
 
 #ifdef ACCRUE_WITH_CUDA
 // The DGELU epilogue itself, which matmul_gelu_backward takes only from
-// 32,768 rows (too many for a CPU reference): against the CPU's two ops (it
-// rounds the product once where they round twice: dtype tolerances) at GPT-2
-// small's MLP shape, the same bits on a second call with new pointers, and
-// declined where it cannot run.
+// 32,768 rows: against the CPU's two ops (it rounds the product once where
+// they round twice: dtype tolerances) at GPT-2 small's MLP shape, the same
+// bits on a second call with new pointers, declined where it cannot run; and
+// matmul_gelu_backward at 32,768 rows, against the two ops on the GPU.
 TEST(GpuLinearGelu, dgelu_epilogue_matches_cpu_where_supported) {
   ACCRUE_REQUIRE_CUDA();
   Tf32Scope tf32(false);
@@ -285,6 +285,18 @@ TEST(GpuLinearGelu, dgelu_epilogue_matches_cpu_where_supported) {
   EXPECT_TRUE(close(odd[1], odd[0], test::normalized_tolerance(DType::bf16)));
   EXPECT_TRUE(run(8, 16, 36, DType::bf16, 1).empty());  // aux ld 36
   EXPECT_TRUE(run(8, 16, 32, DType::f64, 1).empty());   // no f64 epilogue
+
+  // From 32,768 rows matmul_gelu_backward is the epilogue (its bits), within
+  // bf16's tolerance of the two ops on the GPU.
+  const Tensor g = test::random_normal({32768, 768}, DType::bf16).to(kGpu);
+  const Tensor w = test::random_normal({768, 3072}, DType::bf16, kCpu, 0.05).to(kGpu);
+  const Tensor pre = test::random_normal({32768, 3072}, DType::bf16, kCpu, 1.5).to(kGpu);
+  const Tensor dpre = empty({32768, 3072}, DType::bf16, kGpu);
+  ASSERT_TRUE(kernels::cuda::gemm_dgelu(g, w, pre, dpre));
+  const Tensor node = kernels::matmul_gelu_backward(g, w, pre);
+  EXPECT_TRUE(test::all_equal(on_cpu(node), on_cpu(dpre)));
+  EXPECT_TRUE(close(node, on_cpu(kernels::gelu_backward(kernels::matmul(g, w), pre)),
+                    test::normalized_tolerance(DType::bf16)));
 }
 #endif
 
