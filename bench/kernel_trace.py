@@ -8,8 +8,8 @@ same process as the accrue module), for each variant side by side.
 
 Each variant runs in its own process: train_gpt2.py with the arguments after
 `--` and the variant's own, traced over the windows after --warmup. The table
-gives, per window: the span on the device (first kernel's start to last
-kernel's end over the traced windows, divided by their count), the time some
+gives, per window: the span on the device (first operation's start to last
+one's end over the traced windows, divided by their count), the time some
 kernel, memset or copy ran (the union over streams), the idle rest, the time
 two streams ran at once (the close under the forward's side stream beside the
 forward, say), each stream's busy time, the kernels' time by category (GEMM,
