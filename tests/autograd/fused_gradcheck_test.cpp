@@ -196,7 +196,9 @@ TEST(FusedGradcheck, linear_gelu_linear_gives_the_bits_of_the_two_ops) {
                    b2 = requires_grad_(b20.clone());
       const Tensor y =
           fused ? linear_gelu_linear(x, w1, b1, w2, b2) : linear(linear_gelu(x, w1, b1), w2, b2);
-      if (fused) EXPECT_EQ(std::string(grad_fn(y)->name()), "LinearGeluLinearBackward");
+      if (fused) {
+        EXPECT_EQ(std::string(grad_fn(y)->name()), "LinearGeluLinearBackward");
+      }
       backward(y, g);
       return std::vector<Tensor>{y, grad(x), grad(w1), grad(b1), grad(w2), grad(b2)};
     };
