@@ -4,7 +4,7 @@
 //                       [--dtype bf16|f16|f32] [--channels-last] [--classes C]
 //                       [--warmup N] [--windows N] [--no-pointwise-gemm] [--conv-timed]
 //                       [--conv-nondeterministic] [--conv-16-bit-wgrad] [--conv-fixed-paths]
-//                       [--tuning FILE] [--cuda-graphs] [--concurrent-micro-batches N]
+//                       [--tuning FILE] [--no-cuda-graphs] [--concurrent-micro-batches N]
 //                       [--weight-grad-branch LAG] [--cpu]
 //
 // Trains on synthetic images (normal noise, a new batch for every
@@ -20,13 +20,15 @@
 // kept (Note [Per-shape convolution paths]: never slower than a fixed
 // setting), recorded with the GEMM choices in --tuning FILE (Note [Tuning
 // file]); --conv-fixed-paths runs the fixed order that --no-pointwise-gemm and
-// --conv-16-bit-wgrad set instead; --cuda-graphs replays the
-// micro-steps and the close from CUDA graphs (optim::GraphedWindow, Note
-// [Graphed window]; BatchNorm's window statistics adopted eagerly after each
-// replayed close); --concurrent-micro-batches N runs N micro-steps side by
-// side (Note [Concurrent micro-batches]; BatchNorm's statistics in order), and
-// --weight-grad-branch LAG issues their convolutions' and the classifier's
-// weight gradients on a side stream (Note [Weight gradients on a branch]).
+// --conv-16-bit-wgrad set instead. On a GPU the micro-steps and the close
+// replay from CUDA graphs (optim::GraphedWindow, Note [Graphed window];
+// BatchNorm's window statistics adopted eagerly after each replayed close) and,
+// at K >= 2, two micro-steps run side by side (Note [Concurrent micro-batches];
+// BatchNorm's statistics in order): Note [ResNet bench defaults]. Both give the
+// eager loop's bits; --no-cuda-graphs runs it eagerly, --concurrent-micro-batches N
+// sets N; --weight-grad-branch LAG issues their convolutions' and the
+// classifier's weight gradients on a side stream instead (Note [Weight
+// gradients on a branch]).
 // Windows are timed with
 // CUDA events after the warm-up windows (on the CPU, with the host clock),
 // and the last line is one JSON object: images/s and window time (medians),
@@ -77,12 +79,33 @@ struct Options {
   bool pointwise_gemm = true;
   kernels::ConvAlgorithmPolicy conv = per_shape_paths();
   std::string tuning;
-  bool cuda_graphs = false;
-  int64_t concurrent_micro_batches = 1;
+  bool cuda_graphs = true;
+  int64_t concurrent_micro_batches = 1;  // see resolve_concurrent_micro_batches
   int64_t weight_grad_branch = 0;
   CloseUnderForward close_under_forward;
   bool cpu = false;
+  bool concurrent_given = false;  // --concurrent-micro-batches was on the command line
 };
+
+// Note [ResNet bench defaults]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The bench's defaults are its fastest settings that keep the eager loop's
+// bits: on a GPU the window replays from CUDA graphs and, at K >= 2, runs two
+// micro-steps at once. Both give the eager loop's weights bit for bit (the
+// GPU tests GpuResNet.graphed*). A small micro-batch leaves most SMs idle and
+// a second micro-batch in flight fills them, for one more micro-batch's
+// activations; on an H200 that measured 1.1-1.3x the graphed loop at 32 x 8
+// and 8 x 32 with peak memory still under PyTorch eager's, and a third in
+// flight measured slower (bench/RESULTS.md, fifteenth and seventeenth
+// sessions). Where the user chose otherwise (--concurrent-micro-batches N,
+// --weight-grad-branch, --close-under-forward, --no-cuda-graphs) or on the
+// CPU, where graphs run eagerly, nothing is changed.
+int64_t resolve_concurrent_micro_batches(const Options& o, const Device& device) {
+  if (o.concurrent_given || !o.cuda_graphs || !device.is_cuda() || o.k < 2 ||
+      o.weight_grad_branch > 0 || o.close_under_forward.on)
+    return o.concurrent_micro_batches;
+  return 2;
+}
 
 // Parses the command line; false after --help.
 bool parse(int argc, char** argv, Options& o) {
@@ -120,9 +143,11 @@ bool parse(int argc, char** argv, Options& o) {
   cli.integer("--classes", &o.classes, "C", "output classes").min(2);
   cli.integer("--warmup", &o.warmup, "N", "untimed windows first").min(0);
   cli.integer("--windows", &o.windows, "N", "timed windows, median reported").min(1);
+  cli.flag_off("--no-cuda-graphs", &o.cuda_graphs,
+               "run the micro-steps and the close eagerly; the default replays them from CUDA "
+               "graphs (optim::GraphedWindow; the same bits; eager on the CPU anyway)");
   cli.flag("--cuda-graphs", &o.cuda_graphs,
-           "replay the micro-steps and the close as CUDA graphs (optim::GraphedWindow; eager on "
-           "the CPU)");
+           "the default (kept for the command lines that name it)");
   declare_concurrent_micro_batches(cli, o.concurrent_micro_batches);
   declare_weight_grad_branch(cli, o.weight_grad_branch);
   declare_close_under_forward(cli, o.close_under_forward, "");
@@ -130,6 +155,9 @@ bool parse(int argc, char** argv, Options& o) {
   if (!cli.parse(argc, argv)) return false;
   if (fixed_paths && per_shape)
     usage_error("--conv-fixed-paths and --conv-per-shape exclude each other");
+  if (cli.given("--no-cuda-graphs") && cli.given("--cuda-graphs"))
+    usage_error("--cuda-graphs and --no-cuda-graphs exclude each other");
+  o.concurrent_given = cli.given("--concurrent-micro-batches");
   check_close_under_forward(cli, o.close_under_forward, {});
   check_concurrent_micro_batches(o.concurrent_micro_batches, o.cuda_graphs,
                                  {o.close_under_forward.on ? "--close-under-forward" : nullptr});
@@ -154,6 +182,7 @@ int bench(int argc, char** argv) {
     kernels::set_gemm_tuning_file(opt.tuning);  // Note [Tuning file]
   }
   const Device device = single_device(opt.cpu);
+  opt.concurrent_micro_batches = resolve_concurrent_micro_batches(opt, device);
   const DType compute = opt.dtype == "bf16"  ? DType::bf16
                         : opt.dtype == "f16" ? DType::f16
                                              : DType::f32;
