@@ -113,12 +113,13 @@ std::vector<int64_t> split_ints(const std::string& s, const std::string& option)
 //   _bN    buckets of N MiB instead of the default plan's 25 (e.g. ddp_b128);
 //   _gF    a growing schedule: each bucket after the second F times the one
 //          before, up to 256 MiB (or _mN: N MiB) (Note [Buckets]);
-//   _norm  the norm rows run as the buckets are reduced (Note [Norm under the backward]).
+//   _norm  the norm rows run as the buckets are reduced (Note [Norm under the backward]);
+//   _ce    two GPUs sum the buckets on their copy engines (Note [Copy-engine all-reduce]).
 // torch_ddp.py's rows stay "ddp", and compare_dist.py shows every accrue variant
 // against them.
 constexpr const char* kVariants =
-    "ddp or zero1, optionally with _bf16, _bN (N MiB buckets), _gF (growth), _mN (cap) and "
-    "_norm";
+    "ddp or zero1, optionally with _bf16, _bN (N MiB buckets), _gF (growth), _mN (cap), _norm "
+    "and _ce";
 dist::ReducerOptions reducer_options(const std::string& variant) {
   dist::ReducerOptions options;
   std::vector<std::string> parts;
@@ -134,6 +135,8 @@ dist::ReducerOptions reducer_options(const std::string& variant) {
       options.transport = DType::bf16;
     } else if (p == "norm") {
       // a Window option: see norm_under_backward()
+    } else if (p == "ce") {
+      options.copy_engine_all_reduce = true;
     } else if (p.size() > 1 && (p[0] == 'b' || p[0] == 'g' || p[0] == 'm') &&
                p.find_first_not_of("0123456789", 1) == std::string::npos &&
                std::stoll(p.substr(1)) > 0) {
@@ -658,6 +661,9 @@ RowResult run_scaling_row(const Options& o, const Row& row, const dist::RankInfo
     dist::ReducerOptions options = reducer_options(row.variant);
     options.timing = o.phases;
     reducer = std::make_unique<dist::Reducer>(arena, *comm, options);
+    ACCRUE_CHECK(!options.copy_engine_all_reduce || reducer->copy_engine_all_reduce(),
+                 "accrue_bench_dist: --variants ", row.variant,
+                 ": the copy engines are not in use (the reducer said why)");
     reducer->broadcast_parameters();
   }
   optim::Window window(

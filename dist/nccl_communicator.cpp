@@ -292,6 +292,8 @@ void NcclCommunicator::abort_locked(const std::string& message) {
     ncclCommAbort(comm_);
     comm_ = nullptr;
   }
+  // Note [Copy-engine all-reduce]: no stream stays blocked on the peer's flags.
+  if (copy_engine_) copy_engine_->release();
 }
 
 void NcclCommunicator::throw_if_aborted_locked() const {
@@ -422,6 +424,19 @@ void NcclCommunicator::all_reduce(const Tensor& data, ReduceOp op) {
   const ncclRedOp_t reduce = nccl_op(op);
   void* p = data.data_ptr();
   const size_t count = static_cast<size_t>(data.numel());
+  // Note [Copy-engine all-reduce]: both ranks decide alike (same sizes, same
+  // dtype, the arena's alignment), so their calls stay matched.
+  if (copy_engine_ && op == ReduceOp::sum && data.dtype() == DType::f32 &&
+      static_cast<int64_t>(data.nbytes()) >= copy_engine_min_bytes_ &&
+      copy_engine_->takes(p, data.numel())) {
+    enqueue(describe_collective("all_reduce on the copy engines", &op, data.numel(), data.dtype()),
+            [&](ncclComm_t, cudaStream_t s) {
+              copy_engine_->enqueue(static_cast<float*>(p), data.numel(), s);
+              ++copy_engine_calls_;
+              return ncclSuccess;
+            });
+    return;
+  }
   enqueue(describe_collective("all_reduce", &op, data.numel(), data.dtype()),
           [&](ncclComm_t comm, cudaStream_t s) {
             return ncclAllReduce(p, p, count, type, reduce, comm, s);
@@ -449,6 +464,61 @@ void NcclCommunicator::reduce_scatter(const Tensor& input, const Tensor& output,
           [&](ncclComm_t comm, cudaStream_t s) {
             return ncclReduceScatter(in, out, count, type, reduce, comm, s);
           });
+}
+
+bool NcclCommunicator::use_copy_engine_all_reduce(int64_t max_bytes, int64_t min_bytes,
+                                                  std::string* why) {
+  auto refuse = [why](std::string reason) {
+    if (why != nullptr) *why = std::move(reason);
+    return false;
+  };
+  ACCRUE_CHECK(max_bytes >= 0 && min_bytes >= 0, "use_copy_engine_all_reduce: max_bytes ",
+               max_bytes, ", min_bytes ", min_bytes);
+  // Every rank takes the same branch: they share the world size, the calls
+  // and their arguments.
+  if (copy_engine_ && max_bytes <= copy_engine_->capacity_bytes()) {
+    copy_engine_min_bytes_ = min_bytes;
+    return true;
+  }
+  if (copy_engine_) {  // off, or too small: the calls so far end before its buffers go
+    synchronize();
+    std::lock_guard<std::mutex> lock(mu_);
+    copy_engine_.reset();
+  }
+  if (max_bytes == 0) return refuse("turned off");
+  if (world_size_ != 2)
+    return refuse("the copy engines sum between two GPUs; the world has " +
+                  std::to_string(world_size_));
+  // Byte strings, gathered over NCCL in blocks of a fixed size.
+  constexpr int64_t kWords = 64;
+  auto gather = [this](const std::string& mine) {
+    ACCRUE_CHECK(mine.size() < (kWords - 1) * 8, "use_copy_engine_all_reduce: ", mine.size(),
+                 " bytes to exchange");
+    std::vector<int64_t> words(kWords, 0);
+    words[0] = static_cast<int64_t>(mine.size());
+    std::memcpy(words.data() + 1, mine.data(), mine.size());
+    const Tensor in = from_vector(words, {kWords}, DType::i64, device());
+    const Tensor out = zeros({kWords * world_size_}, DType::i64, device());
+    all_gather(in, out);
+    synchronize();
+    const std::vector<int64_t> all = out.to_vector<int64_t>();
+    std::vector<std::string> strings;
+    for (int r = 0; r < world_size_; ++r) {
+      const int64_t* w = all.data() + r * kWords;
+      ACCRUE_CHECK(w[0] >= 0 && w[0] < (kWords - 1) * 8, "use_copy_engine_all_reduce: rank ", r,
+                   " sent a length of ", w[0]);
+      strings.emplace_back(reinterpret_cast<const char*>(w + 1), static_cast<size_t>(w[0]));
+    }
+    return strings;
+  };
+  std::string reason;
+  std::unique_ptr<CopyEngineAllReduce> engine =
+      CopyEngineAllReduce::connect(rank_, device_, max_bytes, gather, &reason);
+  if (!engine) return refuse(reason);
+  std::lock_guard<std::mutex> lock(mu_);
+  copy_engine_ = std::move(engine);
+  copy_engine_min_bytes_ = min_bytes;
+  return true;
 }
 
 void NcclCommunicator::all_gather(const Tensor& input, const Tensor& output) {

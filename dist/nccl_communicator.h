@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "accrue/dist/copy_engine_all_reduce.h"
 #include "accrue/dist/launch_env.h"
 #include "accrue/dist/process_group.h"
 #include "accrue/dist/tcp_exchange.h"
@@ -83,10 +84,14 @@ class NcclCommunicator final : public Communicator {
                       ReduceOp op = ReduceOp::sum) override;
   void all_gather(const Tensor& input, const Tensor& output) override;
   void broadcast(const Tensor& data, int root = 0) override;
+  // Two ranks of one host with peer access: Note [Copy-engine all-reduce].
+  bool use_copy_engine_all_reduce(int64_t max_bytes, int64_t min_bytes, std::string* why) override;
   void synchronize() override;
   void check() override;
 
   const NcclOptions& options() const { return options_; }
+  // All-reduces the copy engines carried (Note [Copy-engine all-reduce]).
+  int64_t copy_engine_all_reduces() const { return copy_engine_calls_.load(); }
   // Collectives enqueued so far, of every kind.
   int64_t collectives_issued() const { return issued_.load(); }
   // True once the watchdog (or a failed call) has aborted the communicator:
@@ -139,6 +144,11 @@ class NcclCommunicator final : public Communicator {
   std::string last_collective_ = "no collective yet";
 
   std::atomic<int64_t> issued_{0};
+  // Note [Copy-engine all-reduce]: set by use_copy_engine_all_reduce; its
+  // calls run under mu_ like NCCL's, followed by the watchdog the same way.
+  std::unique_ptr<CopyEngineAllReduce> copy_engine_;
+  int64_t copy_engine_min_bytes_ = 0;
+  std::atomic<int64_t> copy_engine_calls_{0};
   std::condition_variable stop_cv_;
   bool stop_ = false;
   std::thread watchdog_;

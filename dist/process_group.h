@@ -72,6 +72,23 @@ class Communicator {
   // In place: every rank's `data` becomes rank `root`'s.
   virtual void broadcast(const Tensor& data, int root = 0) = 0;
 
+  // Note [Copy-engine all-reduce]: from now on, sum f32 all-reduces of
+  // `min_bytes` to `max_bytes` on the copy engines where this communicator
+  // can (two GPUs of one host); NCCL keeps the rest. Collective over the
+  // world, every rank with the same arguments. Returns whether it did; when
+  // not, *why (if given) says why not. max_bytes 0 turns them off (after the
+  // calls so far have ended; this communicates nothing); a larger max_bytes
+  // than before sets them up anew.
+  virtual bool use_copy_engine_all_reduce(int64_t max_bytes, int64_t min_bytes, std::string* why) {
+    if (why != nullptr) *why = "this communicator has no copy-engine all-reduce";
+    (void)max_bytes;
+    (void)min_bytes;
+    return false;
+  }
+  // Below this a sum stays on NCCL by default (the item count, the norm's
+  // rows): its latency is lower than the copy engines' two flag round trips.
+  static constexpr int64_t kCopyEngineMinBytes = int64_t{1} << 20;
+
   // Blocks the host until every collective enqueued so far has completed.
   // Throws accrue::Error by Note [No silent hang].
   virtual void synchronize() = 0;

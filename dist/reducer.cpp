@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iomanip>
+#include <iostream>
 #include <sstream>
 
 #include "accrue/autograd/variable.h"
@@ -50,6 +51,7 @@ Reducer::Reducer(optim::ParamStore& arena, Communicator& comm, const ReducerOpti
       stage_.push_back(zeros({plan_[b].numel}, t, arena.options().device()));
   }
   if (options.check_layout) check_layout();
+  if (options.copy_engine_all_reduce) set_up_copy_engines();
   if (options.zero1) {
     const int64_t world = comm.world_size();
     int64_t packed = 0;
@@ -82,7 +84,18 @@ Reducer::Reducer(optim::ParamStore& arena, Communicator& comm, const ReducerOpti
   }
 }
 
-Reducer::~Reducer() = default;
+Reducer::~Reducer() {
+  // Note [Copy-engine all-reduce]: the communicator outlives this reducer;
+  // its buckets' staging goes with it (a later reducer sets its own up).
+  if (copy_engine_all_reduce_) {
+    try {
+      comm_.use_copy_engine_all_reduce(0, 0, nullptr);
+    } catch (const std::exception& e) {
+      std::cerr << "accrue: Reducer: rank " << comm_.rank()
+                << ": turning the copy engines off failed: " << e.what() << "\n";
+    }
+  }
+}
 
 void Reducer::order_comm_after_compute() {
   if (!on_gpu()) return;
@@ -130,6 +143,27 @@ void Reducer::check_layout() {
           "shapes and dtype, and use the same bucket sizes";
     throw Error(os.str());
   }
+}
+
+// Note [Copy-engine all-reduce]: staging for the largest bucket.
+void Reducer::set_up_copy_engines() {
+  ACCRUE_CHECK(!options_.zero1,
+               "Reducer: copy_engine_all_reduce is not taken with zero1 (ZeRO-1 "
+               "reduce-scatters; the copy engines all-reduce)");
+  ACCRUE_CHECK(stage_.empty(),
+               "Reducer: copy_engine_all_reduce is not taken with a 16-bit "
+               "transport (the copy engines sum fp32)");
+  if (comm_.world_size() == 1) return;
+  int64_t largest = 0;
+  for (const Bucket& b : plan_.buckets())
+    largest = std::max(
+        largest, b.numel * static_cast<int64_t>(element_size(arena_.options().master_dtype())));
+  std::string why;
+  copy_engine_all_reduce_ =
+      comm_.use_copy_engine_all_reduce(largest, Communicator::kCopyEngineMinBytes, &why);
+  if (!copy_engine_all_reduce_)
+    std::cerr << "accrue: Reducer: rank " << comm_.rank()
+              << ": the buckets stay on NCCL, not the copy engines: " << why << "\n";
 }
 
 void Reducer::before_backward(int64_t index, int64_t micro_steps) {

@@ -87,6 +87,12 @@ struct ReducerOptions {
   // Note [Gradient transport]: the dtype buckets travel in. Unset: the arena's
   // own (exact); bf16 or f16: half the bytes, at a rounding cost.
   std::optional<DType> transport;
+  // Note [Copy-engine all-reduce]: two GPUs of one host sum the buckets on
+  // their copy engines, the same bits as NCCL's, leaving the SMs to the
+  // backward. Not with zero1 or a 16-bit transport. Where the communicator
+  // cannot (another host, no peer access, more ranks) NCCL carries them and
+  // the constructor says why on stderr; copy_engine_all_reduce() tells.
+  bool copy_engine_all_reduce = false;
 };
 
 // Note [Gradient transport]
@@ -159,6 +165,8 @@ class Reducer final : public optim::GradientSync {
   void grad_ready(int64_t slot);
 
   const BucketPlan& plan() const { return plan_; }
+  // Whether the buckets' sums run on the copy engines (Note [Copy-engine all-reduce]).
+  bool copy_engine_all_reduce() const { return copy_engine_all_reduce_; }
   Communicator& communicator() const { return comm_; }
   // Collectives this reducer has enqueued (buckets, item counts, broadcasts, the layout check).
   int64_t collectives_issued() const { return issued_; }
@@ -188,6 +196,7 @@ class Reducer final : public optim::GradientSync {
   // Note [Gradient transport]: this rank's chunk of bucket b's staging copy.
   Tensor staged_chunk(size_t b) const;
   void check_layout();
+  void set_up_copy_engines();
   bool on_gpu() const { return comm_.stream() != nullptr; }
 
   optim::ParamStore& arena_;
@@ -220,6 +229,7 @@ class Reducer final : public optim::GradientSync {
   std::vector<std::unique_ptr<Event>> bucket_start_, bucket_end_;
   std::unique_ptr<Event> step_start_, backward_end_, items_end_;
   bool timing_valid_ = false;
+  bool copy_engine_all_reduce_ = false;  // Note [Copy-engine all-reduce]: set up and in use
 };
 
 }  // namespace accrue::dist

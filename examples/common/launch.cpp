@@ -33,21 +33,26 @@ Device single_device(bool force_cpu) {
   return Device::cuda(0);
 }
 
-DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena, bool zero1) {
+DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena, bool zero1,
+                                   bool copy_engine_all_reduce) {
   DataParallel dp;
   if (!where.rank.distributed()) return dp;
 #ifdef ACCRUE_WITH_NCCL
   dp.comm = dist::connect_nccl(where.rank, dist::layout_fingerprint(arena));
   dist::ReducerOptions options;
   options.zero1 = zero1;
+  options.copy_engine_all_reduce = copy_engine_all_reduce;
   dp.reducer = std::make_unique<dist::Reducer>(arena, *dp.comm, options);
   dp.reducer->broadcast_parameters();  // every rank starts from rank 0's weights
-  std::printf("data parallel: %s, %zu buckets%s, NCCL id bootstrap: %s\n",
+  std::printf("data parallel: %s, %zu buckets%s%s, NCCL id bootstrap: %s\n",
               dist::describe(where.rank).c_str(), dp.reducer->plan().buckets().size(),
-              zero1 ? ", ZeRO-1" : "", dist::bootstrap_name(dist::bootstrap_method(where.rank)));
+              zero1 ? ", ZeRO-1" : "",
+              dp.reducer->copy_engine_all_reduce() ? ", summed on the copy engines" : "",
+              dist::bootstrap_name(dist::bootstrap_method(where.rank)));
 #else
   (void)arena;
   (void)zero1;
+  (void)copy_engine_all_reduce;
   ACCRUE_FAIL("launched as ", dist::describe(where.rank), " but accrue was built without NCCL");
 #endif
   return dp;

@@ -47,9 +47,10 @@ struct DataParallel {
 };
 
 // Connects the ranks (refusing a different parameter layout on any rank),
-// builds the reducer over `arena` (ZeRO-1: reduce-scatter and shard steps),
-// broadcasts rank 0's weights and prints one line about it.
+// builds the reducer over `arena` (ZeRO-1: reduce-scatter and shard steps;
+// copy_engine_all_reduce: Note [Copy-engine all-reduce]), broadcasts rank 0's
+// weights and prints one line about it.
 DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena,
-                                   bool zero1 = false);
+                                   bool zero1 = false, bool copy_engine_all_reduce = false);
 
 }  // namespace accrue::examples

@@ -66,6 +66,10 @@ void declare(OptionTable& cli, Gpt2Options& o) {
   cli.flag("--norm-under-backward", &o.norm_under_backward,
            "compute the norm rows under the last backward instead of in one pass at the close "
            "(measured slower; same bits)");
+  cli.flag("--copy-engine-all-reduce", &o.copy_engine_all_reduce,
+           "under data parallelism on two GPUs of one host: sum the gradient buckets on the "
+           "copy engines instead of NCCL's kernels (Note [Copy-engine all-reduce]; NCCL's bits; "
+           "measured no faster on 2 x H200 as it stands, bench/RESULTS.md)");
   declare_close_under_forward(cli, o.close_under_forward, "; not with --composed");
   cli.path("--gemm-tuning", &o.gemm_tuning, "FILE",
            "time cuBLASLt's candidates and cublasGemmEx for each GEMM shape on first use and "

@@ -191,7 +191,9 @@ int train(int argc, char** argv) {
                               optimizer.moments_needed()));
   // Note [Window FP8 weights]: kept before the Window, whose close recasts them.
   if (opt.fp8.on) opt.fp8.keep_in(arena, model.use_fp8(opt.fp8.options()));
-  const DataParallel dp = connect_data_parallel(where, arena);
+  const DataParallel dp = connect_data_parallel(where, arena, false, opt.copy_engine_all_reduce);
+  if (opt.copy_engine_all_reduce && !dp.reducer)
+    std::printf("--copy-engine-all-reduce: one process, no gradients to sum across GPUs\n");
   optim::Window window(
       arena, optimizer,
       optim::WindowOptions()

@@ -154,7 +154,8 @@ struct Trainer {
   std::unique_ptr<optim::Window> window;
 
   Trainer(std::unique_ptr<equivalence::Model> m, int64_t K, bool data_parallel,
-          const ReducerOptions& options = {}, DType compute = DType::f32)
+          const ReducerOptions& options = {}, DType compute = DType::f32,
+          Communicator& comm = world())
       : model(std::move(m)) {
     optim::ParamStoreOptions ao;
     ao.device(device());
@@ -162,7 +163,7 @@ struct Trainer {
     ao.moments(2);
     arena = equivalence::make_arena(*model, ao);
     if (data_parallel) {
-      reducer = std::make_unique<Reducer>(*arena, world(), options);
+      reducer = std::make_unique<Reducer>(*arena, comm, options);
       reducer->broadcast_parameters(0);
     }
     optimizer = std::make_unique<optim::Optimizer>(equivalence::adamw());
@@ -188,6 +189,102 @@ void window_step(Trainer& dp, Trainer& reference, const Batch& global, int64_t K
     dp.backward(global.micro(rank * K + k, W * K));
   reference.window->close();
   dp.window->close();
+}
+
+// ---- the copy-engine all-reduce (Note [Copy-engine all-reduce]) ------------------------------
+
+bool same_on_every_rank(const Tensor& t);
+
+// A second communicator over the same ranks: rank 0's NCCL id reaches the
+// others through the world.
+std::unique_ptr<NcclCommunicator> second_communicator() {
+  Blob id{};
+  if (info().rank == 0) id = NcclCommunicator::make_unique_id();
+  std::vector<int64_t> words(id.begin(), id.end());
+  Tensor t = from_vector(words, {static_cast<int64_t>(words.size())}, DType::i64, device());
+  world().broadcast(t, 0);
+  world().synchronize();
+  const std::vector<int64_t> got = t.to_vector<int64_t>();
+  for (size_t i = 0; i < id.size(); ++i)
+    id[i] = static_cast<uint8_t>(got[i]);
+  NcclOptions options;
+  options.timeout_s = multi_gpu::kTimeoutSeconds;
+  return std::make_unique<NcclCommunicator>(id, info().rank, info().world_size, device().index,
+                                            options);
+}
+
+TEST(MultiGpu, copy_engine_all_reduce_gives_nccls_bits) {
+  if (info().world_size != 2) GTEST_SKIP() << "the copy engines sum between two GPUs";
+  std::unique_ptr<NcclCommunicator> ce = second_communicator();
+  std::string why;
+  const int64_t capacity = int64_t{24} << 20;
+  ASSERT_TRUE(ce->use_copy_engine_all_reduce(capacity, Communicator::kCopyEngineMinBytes, &why))
+      << why;
+  // Below the minimum, a chunk and an odd tail, several chunks, the capacity;
+  // twice, so that the flags count on and the staging is reused.
+  const std::vector<int64_t> sizes{1000, (int64_t{1} << 20) + 3, 5 * (int64_t{1} << 20) + 17,
+                                   capacity / 4};
+  for (int round = 0; round < 2; ++round) {
+    for (int64_t n : sizes) {
+      Generator gen(static_cast<uint64_t>(1000 * round + n % 997) * 7 +
+                    static_cast<uint64_t>(info().rank));
+      const Tensor values = randn({n}, DType::f32, device(), &gen);
+      Tensor by_ce = values.clone(), by_nccl = values.clone();
+      const int64_t before = ce->copy_engine_all_reduces();
+      ce->all_reduce(by_ce, ReduceOp::sum);
+      world().all_reduce(by_nccl, ReduceOp::sum);
+      ce->synchronize();
+      world().synchronize();
+      const bool carried = ce->copy_engine_all_reduces() > before;
+      EXPECT_EQ(carried, n * 4 >= Communicator::kCopyEngineMinBytes) << "n=" << n;
+      EXPECT_TRUE(test::all_equal(by_ce, by_nccl)) << "n=" << n << " round " << round;
+    }
+  }
+  // Not 16-byte aligned, or larger than the staging: NCCL carries them, exactly.
+  Generator gen(77 + static_cast<uint64_t>(info().rank));
+  const Tensor values = randn({capacity / 4 + 8}, DType::f32, device(), &gen);
+  for (const auto& [offset, n] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, int64_t{1} << 20}, {0, capacity / 4 + 8}}) {
+    Tensor by_ce = values.clone(), by_nccl = values.clone();
+    const int64_t before = ce->copy_engine_all_reduces();
+    ce->all_reduce(by_ce.narrow(0, offset, n), ReduceOp::sum);
+    world().all_reduce(by_nccl.narrow(0, offset, n), ReduceOp::sum);
+    ce->synchronize();
+    world().synchronize();
+    EXPECT_EQ(ce->copy_engine_all_reduces(), before) << "offset " << offset << ", n=" << n;
+    EXPECT_TRUE(test::all_equal(by_ce, by_nccl)) << "offset " << offset << ", n=" << n;
+  }
+}
+
+// The reducer over a communicator whose f32 sums all run on the copy engines
+// trains the same weights as over NCCL, bit for bit, on every rank.
+TEST(MultiGpu, copy_engine_buckets_train_nccls_weights) {
+  if (info().world_size != 2) GTEST_SKIP() << "the copy engines sum between two GPUs";
+  equivalence::TF32Off tf32_off;
+  constexpr int64_t K = 3, kWindows = 4;
+  std::unique_ptr<NcclCommunicator> ce = second_communicator();
+  std::string why;
+  ASSERT_TRUE(ce->use_copy_engine_all_reduce(int64_t{64} << 20, /*min_bytes=*/1, &why)) << why;
+  for (ModelKind kind : {ModelKind::Classifier, ModelKind::LM}) {
+    SCOPED_TRACE(equivalence::model_name(kind));
+    Trainer on_ce(equivalence::make_model(kind, gpu_f32(), 21), K, true, {}, DType::f32, *ce);
+    Trainer on_nccl = make_trainer(kind, K, true);
+    const auto data = equivalence::make_batches(kind, kWindows, 4 * 2 * K, gpu_f32(), 33);
+    const int64_t before = ce->copy_engine_all_reduces();
+    for (int64_t w = 0; w < kWindows; ++w) {
+      for (int64_t k = 0; k < K; ++k) {
+        on_ce.backward(data[w].micro(info().rank * K + k, 2 * K));
+        on_nccl.backward(data[w].micro(info().rank * K + k, 2 * K));
+      }
+      on_ce.window->close();
+      on_nccl.window->close();
+    }
+    EXPECT_GE(ce->copy_engine_all_reduces() - before,
+              kWindows * static_cast<int64_t>(on_ce.reducer->plan().size()))
+        << "every bucket of every window on the copy engines";
+    EXPECT_TRUE(test::all_equal(on_ce.arena->master(), on_nccl.arena->master()));
+    EXPECT_TRUE(same_on_every_rank(on_ce.arena->master()));
+  }
 }
 
 TEST(MultiGpu, no_collective_in_non_final_micro_steps) {

@@ -296,6 +296,36 @@ TEST(Reducer, bad_inputs_are_errors) {
   EXPECT_ERROR(run.reducer->last_timing(), "Reducer::last_timing", "timing = true");
 }
 
+// Note [Copy-engine all-reduce]: what the option refuses, and a communicator
+// without copy engines (world size 1 here) leaves the buckets where they were.
+TEST(Reducer, copy_engine_all_reduce_refusals_and_a_communicator_without_them) {
+  RecordingCommunicator comm;
+  ReducerOptions o = small_buckets();
+  o.copy_engine_all_reduce = true;
+  o.zero1 = true;
+  EXPECT_ERROR(DpRun(2, &comm, o), "Reducer", "copy_engine_all_reduce", "zero1");
+  o.zero1 = false;
+  o.transport = DType::bf16;
+  EXPECT_ERROR(DpRun(2, &comm, o), "Reducer", "copy_engine_all_reduce", "16-bit transport");
+  o.transport.reset();
+  DpRun run(2, &comm, o);
+  EXPECT_FALSE(run.reducer->copy_engine_all_reduce());
+  std::string why;
+  EXPECT_FALSE(comm.use_copy_engine_all_reduce(int64_t{1} << 20, 1, &why));
+  EXPECT_NE(why.find("no copy-engine all-reduce"), std::string::npos) << why;
+  // Training goes on as without the option.
+  DpRun plain(2, &comm, small_buckets());
+  for (const Batch& b : batches(2)) {
+    for (int64_t k = 0; k < 2; ++k) {
+      run.backward(b.micro(k, 2));
+      plain.backward(b.micro(k, 2));
+    }
+    run.window->close();
+    plain.window->close();
+  }
+  EXPECT_TRUE(test::all_equal(run.arena->master(), plain.arena->master()));
+}
+
 TEST(Reducer, broadcast_parameters_refreshes_the_compute_copy) {
   Generator gen(9);
   std::vector<Tensor> params{requires_grad_(randn({10}, DType::f32, Device::cpu(), &gen)),

@@ -1,0 +1,112 @@
+// CopyEngineAllReduce: the fp32 gradient sum of two GPUs of one host on the
+// copy engines, beside NCCL (NcclOptions-free: NcclCommunicator owns one once
+// use_copy_engine_all_reduce() has set it up).
+//
+// Note [Copy-engine all-reduce]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Under data parallelism the buckets are all-reduced while the last
+// micro-batch's backward runs, and NCCL's kernels take SMs, L2 and memory
+// bandwidth from its GEMMs: on two H200s a chain of backward-shaped GEMMs ran
+// 40-50% slower while NCCL reduced 400 MiB beside it, and the all-reduce
+// ended 1.2 ms after the chain (accrue_bench_ce_overlap, bench/RESULTS.md,
+// seventeenth session). Two GPUs can sum without NCCL's kernels: each owns
+// half of every bucket, pulls the peer's copy of that half over NVLink with
+// a copy engine, adds it with one short kernel, and pushes the sum back into
+// the peer's staging with a copy engine again; the SMs run only the add.
+// Per all-reduce of `count` floats at `data`, on rank r (the other is p):
+//   1. the half p owns is copied into r's staging buffer (a local copy), and
+//      r writes the call's number into p's READY flag, then waits for its own;
+//   2. in chunks of kChunkFloats, on the communicator's stream: pull p's
+//      staged copy of r's half into r's staging; on a second stream, after
+//      it: add it into `data`, push the sum into p's staging (the next chunk's
+//      pull runs beside this one's add and push);
+//   3. on the second stream: write the call's number into p's DONE flag, wait
+//      for its own, copy p's sums of p's half from the staging into `data`;
+//      the communicator's stream then waits for the second stream.
+// Staging and flags are plain cudaMalloc memory (the stream-ordered pool
+// cannot be shared between processes) mapped into the peer by CUDA IPC; the
+// flags are written and awaited with stream memory operations
+// (cuStreamWriteValue32 and cuStreamWaitValue32, cyclic >= comparison, so
+// the 32-bit call number may wrap). Bits: every element is a + b of the two
+// ranks' values, which IEEE addition makes the same on both ranks and the
+// same as NCCL's two-rank sum (checked by the multi-GPU test). Hazards: a
+// call ends only after the peer's DONE, which the peer writes after its last
+// read and write of this rank's staging, so the next call may reuse it; and
+// the peer starts writing into this rank's staging only after this rank's
+// READY of the next call. Failure (Note [No silent hang]): the communicator's
+// watchdog follows each call like an NCCL collective; when it aborts, release()
+// writes far-ahead numbers into this rank's flags so that no stream stays
+// blocked on a peer that will never answer.
+//
+// Measured (bench/RESULTS.md, seventeenth session, 2 x H200): the sums are
+// NCCL's bit for bit, but the 105M-parameter MLP's window is 8% longer at
+// K = 4 and GPT-2 124M's 2-GPU throughput is unchanged. Each 25 MiB bucket
+// takes about 0.40 ms against NCCL's 0.27: the two local staging copies and
+// the two flag round trips of every call, and no overlap between one call
+// and the next (each joins its second stream before returning), where the
+// microbenchmark's pipelined copies pulled straight from the peer's buffer
+// across buckets. The next steps: an arena the peer can map (no staging
+// copies) and calls that overlap, joined only where the reducer waits.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accrue/core/cuda_runtime.h"
+
+struct CUstream_st;
+
+namespace accrue::dist {
+
+class CopyEngineAllReduce {
+ public:
+  // Gathers one byte string from each of the two ranks, in rank order
+  // (collective: NcclCommunicator passes an all_gather).
+  using Gather = std::function<std::vector<std::string>(const std::string&)>;
+  // Elements per chunk of step 2: 4 MiB of floats.
+  static constexpr int64_t kChunkFloats = int64_t{1} << 20;
+
+  // Collective over ranks 0 and 1, which drive `device` each. Allocates
+  // `capacity_bytes` of staging and maps the peer's. Returns nullptr with the
+  // reason in *why when the peer's GPU is on another host, hidden from this
+  // process (its PCI bus id names no visible device) or not reachable by peer
+  // access; both ranks then agree. Throws accrue::Error on a CUDA failure.
+  static std::unique_ptr<CopyEngineAllReduce> connect(int rank, int device, int64_t capacity_bytes,
+                                                      const Gather& gather, std::string* why);
+  ~CopyEngineAllReduce();
+  CopyEngineAllReduce(const CopyEngineAllReduce&) = delete;
+  CopyEngineAllReduce& operator=(const CopyEngineAllReduce&) = delete;
+
+  int64_t capacity_bytes() const { return capacity_bytes_; }
+  // Whether enqueue() takes `count` floats at `data`: 2 <= count,
+  // count * 4 <= capacity_bytes() and `data` 16-byte aligned.
+  bool takes(const void* data, int64_t count) const;
+  // Enqueues the in-place sum over both ranks of `count` floats at `data` on
+  // `stream` (step 2's second stream joins it before this returns).
+  void enqueue(float* data, int64_t count, CUstream_st* stream);
+  // After an abort: lets every wait this rank's streams have enqueued pass.
+  void release() noexcept;
+
+ private:
+  CopyEngineAllReduce() = default;
+
+  int rank_ = 0, device_ = 0;
+  int64_t capacity_bytes_ = 0;
+  float* staging_ = nullptr;        // this rank's, exported
+  uint32_t* flags_ = nullptr;       // this rank's [READY, DONE], exported
+  float* peer_staging_ = nullptr;   // the peer's, mapped
+  uint32_t* peer_flags_ = nullptr;  // the peer's, mapped
+  CUstream_st* side_ = nullptr;     // step 2's second stream
+  CUstream_st* release_stream_ = nullptr;
+  EventHandle pulled_ = nullptr, joined_ = nullptr;
+  uint32_t calls_ = 0;  // the number of the last call, the same on both ranks
+};
+
+// dst[i] += src[i] for i < count, on `stream` (copy_engine_add.cu). Both
+// pointers 16-byte aligned.
+void copy_engine_add_f32(float* dst, const float* src, int64_t count, CUstream_st* stream);
+
+}  // namespace accrue::dist
