@@ -14,10 +14,13 @@ global batch 256 and (micro-batch, K) in (256,1), (64,4), (32,8), (8,32)
       (--compile-points)
 
 then prints a markdown table (and writes it with --out): images/s and peak
-memory per point, accrue / eager and the targets (accrue >= 1.0x eager
-images/s, accrue's peak memory <= eager's; accrue >= torch.compile at the
-compile points), beside PyTorch's reference figures on one H200
-(TORCH_EAGER_H200, TORCH_COMPILE_H200) for orientation only.
+memory per point, accrue / eager and the targets (accrue / eager images/s at
+least SPEEDUP_TARGETS' figure for the point, issue 33's: 1.1x at (256,1) and
+(64,4), 3x at (32,8) and (8,32), 1.0x elsewhere; accrue's peak memory <=
+eager's; accrue >= torch.compile at the compile points), beside PyTorch's
+reference figures on one H200 (TORCH_EAGER_H200, TORCH_COMPILE_H200) for
+orientation only. Ratios print to three decimals, so a miss by a hair does not
+round up to its target.
 
 With --ncu-points (e.g. 32x1), accrue also runs once per point under Nsight
 Compute (gpu__time_duration.sum of every kernel, one warm-up window and one
@@ -39,7 +42,14 @@ DEFAULT_POINTS = [(256, 1), (64, 4), (32, 8), (8, 32)]
 # images/s and peak GiB of PyTorch eager on one H200, by micro-batch.
 TORCH_EAGER_H200 = {256: (4738, 11.0), 64: (3828, 3.2), 32: (2284, 1.9), 8: (598, 0.9)}
 TORCH_COMPILE_H200 = {64: (4351, 3.1)}
-SPEEDUP_TARGET = 1.0
+# accrue / eager images/s wanted at each (B, K) of the global batch of 256 (issue 33);
+# any other point wants 1.0.
+SPEEDUP_TARGETS = {(256, 1): 1.1, (64, 4): 1.1, (32, 8): 3.0, (8, 32): 3.0}
+
+
+def speedup_target(b, k):
+    return SPEEDUP_TARGETS.get((b, k), 1.0)
+
 GIB = 1024.0 ** 3
 
 
@@ -112,7 +122,7 @@ def table(rows, args, gpu):
 
     lines = [f"{args.model} training, bf16, channels-last, {args.image_size}x{args.image_size}, "
              f"SGD with momentum, on {gpu}\n",
-             "| B x K | accrue img/s | eager img/s | accrue / eager | >= 1.0x | accrue peak GiB "
+             "| B x K | accrue img/s | eager img/s | accrue / eager | target | accrue peak GiB "
              "| eager peak GiB | memory <= eager | compile img/s | accrue / compile "
              "| eager H200 ref img/s |",
              "|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|"]
@@ -121,26 +131,27 @@ def table(rows, args, gpu):
         a, e, c = find("accrue", b, k), find("eager", b, k), find("compile", b, k)
         ratio = (a["images_per_s"] / e["images_per_s"]
                  if a.get("images_per_s") and e.get("images_per_s") else None)
-        speed_ok = None if ratio is None else ratio >= SPEEDUP_TARGET
+        target = speedup_target(b, k)
+        speed_ok = None if ratio is None else ratio >= target
         mem_ok = (None if a.get("peak_gib") is None or e.get("peak_gib") is None
                   else a["peak_gib"] <= e["peak_gib"])
         compile_ratio = (a["images_per_s"] / c["images_per_s"]
                          if a.get("images_per_s") and c.get("images_per_s") else None)
-        verdicts += [(f"{b}x{k} accrue / eager {fmt(ratio, '.2f')} (>= {SPEEDUP_TARGET})",
-                      speed_ok),
+        verdicts += [(f"{b}x{k} accrue / eager {fmt(ratio, '.3f')} (>= {target})", speed_ok),
                      (f"{b}x{k} peak memory {fmt(a.get('peak_gib'), '.2f')} <= "
                       f"{fmt(e.get('peak_gib'), '.2f')} GiB", mem_ok)]
         if (b, k) in args.compile_points:
-            verdicts.append((f"{b}x{k} accrue / torch.compile {fmt(compile_ratio, '.2f')} (>= 1)",
+            verdicts.append((f"{b}x{k} accrue / torch.compile {fmt(compile_ratio, '.3f')} (>= 1)",
                              None if compile_ratio is None else compile_ratio >= 1.0))
         word = {True: "met", False: "MISSED", None: "–"}
         ref = TORCH_EAGER_H200.get(b) if b * k == 256 else None
         lines.append(
             f"| {b} x {k} | {fmt(a.get('images_per_s'), ',.0f', a.get('error', '–'))} "
             f"| {fmt(e.get('images_per_s'), ',.0f', e.get('error', '–'))} "
-            f"| {fmt(ratio, '.2f')} | {word[speed_ok]} | {fmt(a.get('peak_gib'), '.2f')} "
+            f"| {fmt(ratio, '.3f')} | >= {target}x: {word[speed_ok]} "
+            f"| {fmt(a.get('peak_gib'), '.2f')} "
             f"| {fmt(e.get('peak_gib'), '.2f')} | {word[mem_ok]} "
-            f"| {fmt(c.get('images_per_s'), ',.0f')} | {fmt(compile_ratio, '.2f')} "
+            f"| {fmt(c.get('images_per_s'), ',.0f')} | {fmt(compile_ratio, '.3f')} "
             f"| {fmt(ref[0] if ref else None, ',')} |")
     lines.append("")
     lines.append("The ratios compare runs on this GPU in this call; the H200 column is the "
