@@ -153,7 +153,10 @@ void Reducer::set_up_copy_engines() {
   ACCRUE_CHECK(stage_.empty(),
                "Reducer: copy_engine_all_reduce is not taken with a 16-bit "
                "transport (the copy engines sum fp32)");
-  if (comm_.world_size() == 1) return;
+  if (comm_.world_size() == 1) return;  // nothing to sum
+  ACCRUE_CHECK(arena_.options().master_dtype() == DType::f32,
+               "Reducer: copy_engine_all_reduce sums fp32 gradients; the arena's are ",
+               dtype_name(arena_.options().master_dtype()));
   int64_t largest = 0;
   for (const Bucket& b : plan_.buckets())
     largest = std::max(

@@ -89,9 +89,11 @@ struct ReducerOptions {
   std::optional<DType> transport;
   // Note [Copy-engine all-reduce]: two GPUs of one host sum the buckets on
   // their copy engines, the same bits as NCCL's, leaving the SMs to the
-  // backward. Not with zero1 or a 16-bit transport. Where the communicator
+  // backward. Not with zero1, a 16-bit transport or an arena of another
+  // dtype than f32 (on more than one rank). Where the communicator
   // cannot (another host, no peer access, more ranks) NCCL carries them and
-  // the constructor says why on stderr; copy_engine_all_reduce() tells.
+  // the constructor says why on stderr; copy_engine_all_reduce() tells. Off
+  // by default: measured slower than NCCL as it stands (the Note says why).
   bool copy_engine_all_reduce = false;
 };
 
