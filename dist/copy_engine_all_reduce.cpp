@@ -202,7 +202,8 @@ void CopyEngineAllReduce::enqueue(float* data, int64_t count, CUstream_st* strea
 void CopyEngineAllReduce::release() noexcept {
   if (release_stream_ == nullptr) return;
   // Cyclically ahead of every number a wait can hold (Note [Copy-engine all-reduce]).
-  static uint32_t ahead[kFlags];
+  // Host memory the copy reads before the synchronize below returns.
+  uint32_t ahead[kFlags];
   ahead[kReady] = ahead[kDone] = calls_ + (uint32_t{1} << 30);
   (void)cudaSetDevice(device_);
   (void)cudaMemcpyAsync(flags_, ahead, sizeof(ahead), cudaMemcpyHostToDevice, release_stream_);
