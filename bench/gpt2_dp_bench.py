@@ -232,6 +232,16 @@ def tables(rows, args, gpu):
         cells = [fmt((by.get(key + (b, k)) or {}).get("peak_mem_gib"), ".2f")
                  for key in (("accrue", 1), ("accrue", n), ("torch", 1), ("torch_ddp", n))]
         lines.append(f"| {b} x {k} | " + " | ".join(cells) + " |")
+    # accrue_train_gpt2 --bench under data parallelism reports rank 0's last window
+    # (dist::ReducerTiming): the last backward with the buckets under it, and what the
+    # close still waited for.
+    timed = [(b, k, (by.get(("accrue", n, b, k)) or {}).get("raw") or {}) for b, k in args.points]
+    timed = [(b, k, raw) for b, k, raw in timed if "reducer_last_backward_ms" in raw]
+    if timed:
+        lines += ["", f"accrue {n} GPUs, rank 0's last window: "
+                  + "; ".join(f"{b} x {k}: last backward {raw['reducer_last_backward_ms']:.2f} ms, "
+                              f"the close waited {raw['reducer_close_waited_ms']:.3f} ms"
+                              for b, k, raw in timed)]
     failed = [r for r in rows if r.get("error")]
     if failed:
         lines += [""] + [f"{r['label']} at {r['micro_batch']} x {r['K']}: {r['error']}"

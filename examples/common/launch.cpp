@@ -33,26 +33,26 @@ Device single_device(bool force_cpu) {
   return Device::cuda(0);
 }
 
-DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena, bool zero1,
-                                   bool copy_engine_all_reduce) {
+DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena,
+                                   const DataParallelOptions& dp_options) {
   DataParallel dp;
   if (!where.rank.distributed()) return dp;
 #ifdef ACCRUE_WITH_NCCL
   dp.comm = dist::connect_nccl(where.rank, dist::layout_fingerprint(arena));
   dist::ReducerOptions options;
-  options.zero1 = zero1;
-  options.copy_engine_all_reduce = copy_engine_all_reduce;
+  options.zero1 = dp_options.zero1;
+  options.copy_engine_all_reduce = dp_options.copy_engine_all_reduce;
+  options.timing = dp_options.timing;
   dp.reducer = std::make_unique<dist::Reducer>(arena, *dp.comm, options);
   dp.reducer->broadcast_parameters();  // every rank starts from rank 0's weights
   std::printf("data parallel: %s, %zu buckets%s%s, NCCL id bootstrap: %s\n",
               dist::describe(where.rank).c_str(), dp.reducer->plan().buckets().size(),
-              zero1 ? ", ZeRO-1" : "",
+              dp_options.zero1 ? ", ZeRO-1" : "",
               dp.reducer->copy_engine_all_reduce() ? ", summed on the copy engines" : "",
               dist::bootstrap_name(dist::bootstrap_method(where.rank)));
 #else
   (void)arena;
-  (void)zero1;
-  (void)copy_engine_all_reduce;
+  (void)dp_options;
   ACCRUE_FAIL("launched as ", dist::describe(where.rank), " but accrue was built without NCCL");
 #endif
   return dp;

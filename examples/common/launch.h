@@ -46,11 +46,17 @@ struct DataParallel {
   std::unique_ptr<dist::Reducer> reducer;
 };
 
+// What connect_data_parallel builds the reducer with.
+struct DataParallelOptions {
+  bool zero1 = false;                   // reduce-scatter and shard steps (Note [ZeRO-1])
+  bool copy_engine_all_reduce = false;  // Note [Copy-engine all-reduce]
+  bool timing = false;                  // per-bucket events: Reducer::last_timing() (benchmarks)
+};
+
 // Connects the ranks (refusing a different parameter layout on any rank),
-// builds the reducer over `arena` (ZeRO-1: reduce-scatter and shard steps;
-// copy_engine_all_reduce: Note [Copy-engine all-reduce]), broadcasts rank 0's
-// weights and prints one line about it.
+// builds the reducer over `arena`, broadcasts rank 0's weights and prints one
+// line about it.
 DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena,
-                                   bool zero1 = false, bool copy_engine_all_reduce = false);
+                                   const DataParallelOptions& options = {});
 
 }  // namespace accrue::examples

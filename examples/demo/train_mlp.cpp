@@ -115,7 +115,7 @@ int train(int argc, char** argv) {
   // Note [ZeRO-1]: slots padded so that every bucket splits evenly over any world size.
   if (opt.zero1) arena_options.shard_ranks(where.world_size());
   optim::ParamStore arena(model.named_parameters(), arena_options);
-  const DataParallel dp = connect_data_parallel(where, arena, opt.zero1);
+  const DataParallel dp = connect_data_parallel(where, arena, {.zero1 = opt.zero1});
   std::printf("memory per rank: %s\n", arena.memory().describe().c_str());
   optim::Window window(arena, optimizer,
                        optim::WindowOptions().micro_steps(opt.accum).max_grad_norm(opt.clip).scaler(

@@ -37,6 +37,7 @@ void print_bench_line(const Gpt2Options& o, const nn::GPT2Config& config, const 
     c.null("graph_memory_bytes");
   }
   c.boolean("composed", o.composed);
+  c.boolean("copy_engine_all_reduce", result.copy_engine_all_reduce);
   c.boolean("close_under_forward", o.close_under_forward.on);
   o.fp8.describe_json(c);
   BenchTiming t;
@@ -47,6 +48,12 @@ void print_bench_line(const Gpt2Options& o, const nn::GPT2Config& config, const 
   t.world_size = world_size;
   t.final_loss = result.final_loss;
   JsonObject line = bench_summary("accrue_train_gpt2", device, t);
+  if (result.reducer) {
+    // Rank 0's last window (dist::ReducerTiming): the last micro-step's
+    // backward with the buckets under it, and what the close still waited for.
+    line.number("reducer_last_backward_ms", result.reducer->last_backward_ms)
+        .number("reducer_close_waited_ms", result.reducer->exposed_ms);
+  }
   line.object("config", c);
   std::printf("%s\n", line.str().c_str());
 }

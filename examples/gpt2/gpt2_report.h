@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "accrue.h"
+#include "accrue/dist/reducer.h"
 #include "accrue/nn/gpt2.h"
 #include "examples/common/bench_line.h"
 #include "examples/common/layer_metrics.h"  // add_layer_extras
@@ -23,6 +24,8 @@ struct BenchResult {
   std::vector<double> window_ms;
   double final_loss = 0;
   bool cuda_graphs = false;
+  std::optional<dist::ReducerTiming> reducer;  // under data parallelism
+  bool copy_engine_all_reduce = false;
 };
 void print_bench_line(const Gpt2Options& o, const nn::GPT2Config& config, const BatchPlan& plan,
                       DType compute, Device device, int world_size, const BenchResult& result);

@@ -191,7 +191,8 @@ int train(int argc, char** argv) {
                               optimizer.moments_needed()));
   // Note [Window FP8 weights]: kept before the Window, whose close recasts them.
   if (opt.fp8.on) opt.fp8.keep_in(arena, model.use_fp8(opt.fp8.options()));
-  const DataParallel dp = connect_data_parallel(where, arena, false, opt.copy_engine_all_reduce);
+  const DataParallel dp = connect_data_parallel(
+      where, arena, {.copy_engine_all_reduce = opt.copy_engine_all_reduce, .timing = opt.bench});
   if (opt.copy_engine_all_reduce && !dp.reducer)
     std::printf("--copy-engine-all-reduce: one process, no gradients to sum across GPUs\n");
   optim::Window window(
@@ -262,6 +263,10 @@ int train(int argc, char** argv) {
     result.window_ms = time_windows(device, opt.bench_warmup, opt.bench_windows, run_window);
     result.final_loss = window.report().loss;
     result.cuda_graphs = graphed != nullptr;
+    if (dp.reducer) {  // where the last window's communication went (rank 0's)
+      result.reducer = dp.reducer->last_timing();
+      result.copy_engine_all_reduce = dp.reducer->copy_engine_all_reduce();
+    }
     print_bench_line(opt, config, plan, compute, device, where.world_size(), result);
     guard.finish(window.report());
     return 0;

@@ -538,7 +538,7 @@ int train(int argc, char** argv) {
   optim::ParamStore store(model->named_parameters(), store_options(opt, where, master, optimizer));
   // Note [Window FP8 weights]: kept before the Window, whose close recasts them.
   if (opt.fp8.on) opt.fp8.keep_in(store, model->use_fp8(opt.fp8.options()));
-  const DataParallel dp = connect_data_parallel(where, store, opt.zero1);
+  const DataParallel dp = connect_data_parallel(where, store, {.zero1 = opt.zero1});
   optim::Window window(store, optimizer, window_options(opt, scaling), dp.reducer.get());
   std::printf("memory per rank: %s\n", store.memory().describe().c_str());
 
