@@ -3,7 +3,10 @@
 // on into its last micro-step, where the buckets' all-reduces wait for a peer
 // that is gone. The watchdog must abort the communicator and rank 0 must get
 // accrue::Error naming itself and the collective within 20 s, not hang.
-// Its own binary: the world is unusable afterwards.
+// Its own process: the world is unusable afterwards, so ctest runs each case
+// of this binary alone (--gtest_filter). The second case sums the buckets on
+// the copy engines (Note [Copy-engine all-reduce]): the survivor's streams wait
+// on flags the dead peer never writes, and the abort must release them.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -24,8 +27,14 @@ using multi_gpu::device;
 using multi_gpu::info;
 using multi_gpu::world;
 
-TEST(MultiGpuFault, a_rank_that_exits_mid_window_makes_the_others_raise_within_20_s) {
+void a_rank_exits_mid_window(bool copy_engines) {
   constexpr int64_t K = 4;
+  if (copy_engines) {
+    if (info().world_size != 2) GTEST_SKIP() << "the copy engines sum between two GPUs";
+    std::string why;
+    // Every f32 sum on the copy engines: the tiny classifier's buckets too.
+    ASSERT_TRUE(world().use_copy_engine_all_reduce(int64_t{16} << 20, 1, &why)) << why;
+  }
   equivalence::Precision p = equivalence::cuda_f32();
   p.device = device();
   auto model = equivalence::make_model(ModelKind::Classifier, p, 5);
@@ -71,6 +80,17 @@ TEST(MultiGpuFault, a_rank_that_exits_mid_window_makes_the_others_raise_within_2
   EXPECT_TRUE(world().aborted());
   // Every later call says so too, at once.
   EXPECT_ERROR(world().check(), "rank");
+  if (copy_engines) {
+    EXPECT_GT(world().copy_engine_all_reduces(), 0);
+  }
+}
+
+TEST(MultiGpuFault, a_rank_that_exits_mid_window_makes_the_others_raise_within_20_s) {
+  a_rank_exits_mid_window(false);
+}
+
+TEST(MultiGpuFault, copy_engines_a_rank_that_exits_mid_window_makes_the_others_raise_within_20_s) {
+  a_rank_exits_mid_window(true);
 }
 
 }  // namespace
