@@ -41,12 +41,18 @@
 // Measured (bench/RESULTS.md, seventeenth session, 2 x H200): the sums are
 // NCCL's bit for bit, but the 105M-parameter MLP's window is 8% longer at
 // K = 4 and GPT-2 124M's 2-GPU throughput is unchanged. Each 25 MiB bucket
-// takes about 0.40 ms against NCCL's 0.27: the two local staging copies and
-// the two flag round trips of every call, and no overlap between one call
-// and the next (each joins its second stream before returning), where the
-// microbenchmark's pipelined copies pulled straight from the peer's buffer
-// across buckets. The next steps: an arena the peer can map (no staging
-// copies) and calls that overlap, joined only where the reducer waits.
+// takes about 0.40 ms against NCCL's 0.27, where its transfers alone need
+// about 0.1. Not yet separated by measurement: the two local staging copies
+// and two flag round trips of every call; no overlap between one call and
+// the next (each joins its second stream before returning); and each
+// chunk's add kernel waiting for the backward's GEMM blocks to leave an SM
+// (four waits a bucket, in sequence). The microbenchmark's pipelined
+// variant, which pulled straight from the peer's buffer and overlapped
+// buckets, ended 0.49 ms after a 14-GEMM chain against NCCL's 1.18. Next:
+// an arena the peer can map (no staging copies), calls that overlap (joined
+// where the reducer waits: before its next NCCL call and its norm rows), or
+// no add under the backward at all (pull the peer's whole bucket, add in the
+// close's first pass).
 #pragma once
 
 #include <cstdint>
