@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/resnet_bench.py without a GPU: --help, and the table's verdicts from
-known rows (issue 33's per-point targets: 1.1x at 256 x 1 and 64 x 4, 3x at
-32 x 8 and 8 x 32; a ratio a hair under its target is a miss, printed to
+known rows (the per-point targets of SPEEDUP_TARGETS: 1.1x at 256 x 1 and
+64 x 4, 3x at 32 x 8 and 8 x 32; a ratio a hair under its target is a miss, printed to
 three decimals; peak memory and torch.compile).
 
     python3 tests/bench/resnet_bench_test.py [REPO_ROOT]
