@@ -70,12 +70,17 @@ Tensor as_gemm_operand(Tensor t) {
 namespace {
 std::mutex g_tuning_mutex;
 std::optional<std::string> g_tuning_file;  // unset: ACCRUE_GEMM_TUNING decides
+std::atomic<bool> g_tuning_in_process{false};
 }  // namespace
 
 void set_gemm_tuning_file(const std::string& path) {
   const std::lock_guard<std::mutex> lock(g_tuning_mutex);
   g_tuning_file = path;
 }
+
+void set_gemm_tuning_in_process(bool on) { g_tuning_in_process.store(on); }
+
+bool gemm_tuning_in_process() { return g_tuning_in_process.load(); }
 
 std::string gemm_tuning_file() {
   const std::lock_guard<std::mutex> lock(g_tuning_mutex);

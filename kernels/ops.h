@@ -123,6 +123,12 @@ bool allow_tf32();
 // seen after the call.
 void set_gemm_tuning_file(const std::string& path);
 std::string gemm_tuning_file();
+// Note [GEMM autotuning] without a file: on, GEMM problems first seen after
+// the call are timed as with a tuning file and each choice is kept for the
+// process only, so another process may choose otherwise and compute other
+// bits. Off by default; a tuning file turns timing on whatever this says.
+void set_gemm_tuning_in_process(bool on);
+bool gemm_tuning_in_process();
 
 // ---- neural-network kernels ------------------------------------------------------
 // weight [V, D], indices i32/i64 of any shape -> [..., D]. Out-of-range indices throw.

@@ -4,7 +4,7 @@
 //                       [--dtype bf16|f16|f32] [--channels-last] [--classes C]
 //                       [--warmup N] [--windows N] [--no-pointwise-gemm] [--conv-timed]
 //                       [--conv-nondeterministic] [--conv-16-bit-wgrad] [--conv-fixed-paths]
-//                       [--tuning FILE] [--no-cuda-graphs] [--concurrent-micro-batches N]
+//                       [--tuning FILE] [--no-gemm-tuning] [--no-cuda-graphs] [--concurrent-micro-batches N]
 //                       [--weight-grad-branch LAG] [--cpu]
 //
 // Trains on synthetic images (normal noise, a new batch for every
@@ -79,6 +79,7 @@ struct Options {
   bool pointwise_gemm = true;
   kernels::ConvAlgorithmPolicy conv = per_shape_paths();
   std::string tuning;
+  bool gemm_tuning = true;  // see resolve_gemm_tuning_in_process
   bool cuda_graphs = true;
   int64_t concurrent_micro_batches = 1;  // see resolve_concurrent_micro_batches
   int64_t weight_grad_branch = 0;
@@ -100,11 +101,33 @@ struct Options {
 // sessions). Where the user chose otherwise (--concurrent-micro-batches N,
 // --weight-grad-branch, --close-under-forward, --no-cuda-graphs) or on the
 // CPU, where graphs run eagerly, nothing is changed.
+//
+// With one micro-step at a time and nothing on a side stream (K = 1, or one in
+// flight by choice), cuBLASLt's candidates for each GEMM shape (the 1 x 1
+// convolutions as GEMMs, the classifier) are also timed on first use and the
+// fastest kept for the process (kernels::set_gemm_tuning_in_process, Note
+// [GEMM autotuning]), as the convolutions' paths are (Note [Per-shape
+// convolution paths]). A candidate timed alone is the fastest alone: at 256 x 1
+// on an H200 that measured 5,159-5,161 images/s against 5,142-5,145 with the
+// heuristic's choices, while with two micro-batches in flight the timed
+// choices ran 0.6% slower at 64 x 4 and no faster at 32 x 8 (bench/RESULTS.md,
+// eighteenth session), so two in flight keep the heuristic's. Like the paths,
+// a choice made in process may differ from another process's, and so may the
+// bits: --tuning FILE records every choice (and times them whatever the
+// micro-batches in flight), --no-gemm-tuning keeps the heuristic's.
 int64_t resolve_concurrent_micro_batches(const Options& o, const Device& device) {
   if (o.concurrent_given || !o.cuda_graphs || !device.is_cuda() || o.k < 2 ||
       o.weight_grad_branch > 0 || o.close_under_forward.on)
     return o.concurrent_micro_batches;
   return 2;
+}
+
+// Note [ResNet bench defaults]: GEMM tuning kept in process where one
+// micro-step runs at a time; `o.concurrent_micro_batches` is already resolved.
+bool resolve_gemm_tuning_in_process(const Options& o, const Device& device) {
+  return o.gemm_tuning && o.tuning.empty() && device.is_cuda() &&
+         o.concurrent_micro_batches == 1 && o.weight_grad_branch == 0 &&
+         !o.close_under_forward.on;
 }
 
 // Parses the command line; false after --help.
@@ -140,6 +163,11 @@ bool parse(int argc, char** argv, Options& o) {
            "time cuBLASLt's candidates for each GEMM shape on first use and keep the fastest, "
            "recorded in FILE with the convolutions' paths; a run with the same FILE reads them "
            "back and computes the same bits");
+  cli.flag_off("--no-gemm-tuning", &o.gemm_tuning,
+               "keep cuBLASLt's heuristic choice for every GEMM; the default times the "
+               "candidates of each GEMM shape where one micro-step runs at a time (K = 1, no "
+               "side stream) and keeps the fastest for the process (Note [ResNet bench "
+               "defaults])");
   cli.integer("--classes", &o.classes, "C", "output classes").min(2);
   cli.integer("--warmup", &o.warmup, "N", "untimed windows first").min(0);
   cli.integer("--windows", &o.windows, "N", "timed windows, median reported").min(1);
@@ -157,6 +185,8 @@ bool parse(int argc, char** argv, Options& o) {
     usage_error("--conv-fixed-paths and --conv-per-shape exclude each other");
   if (cli.given("--no-cuda-graphs") && cli.given("--cuda-graphs"))
     usage_error("--cuda-graphs and --no-cuda-graphs exclude each other");
+  if (cli.given("--no-gemm-tuning") && !o.tuning.empty())
+    usage_error("--no-gemm-tuning and --tuning exclude each other");
   o.concurrent_given = cli.given("--concurrent-micro-batches");
   check_close_under_forward(cli, o.close_under_forward, {});
   check_concurrent_micro_batches(o.concurrent_micro_batches, o.cuda_graphs,
@@ -183,6 +213,8 @@ int bench(int argc, char** argv) {
   }
   const Device device = single_device(opt.cpu);
   opt.concurrent_micro_batches = resolve_concurrent_micro_batches(opt, device);
+  const bool gemm_tuning_in_process = resolve_gemm_tuning_in_process(opt, device);
+  kernels::set_gemm_tuning_in_process(gemm_tuning_in_process);
   const DType compute = opt.dtype == "bf16"  ? DType::bf16
                         : opt.dtype == "f16" ? DType::f16
                                              : DType::f32;
@@ -256,6 +288,9 @@ int bench(int argc, char** argv) {
       .boolean("pointwise_gemm", opt.pointwise_gemm)
       .boolean("conv_per_shape", opt.conv.path_per_shape)
       .boolean("conv_16_bit_wgrad", opt.conv.weight_gradient_in_operand_dtype)
+      .text("gemm_tuning", !opt.tuning.empty()     ? "file"
+                           : gemm_tuning_in_process ? "in process"
+                                                    : "off")
       .boolean("cuda_graphs", opt.cuda_graphs)
       .integer("concurrent_micro_batches", opt.concurrent_micro_batches)
       .integer("weight_grad_branch", opt.weight_grad_branch)

@@ -104,8 +104,9 @@ LtState::Resources LtState::acquire(const LtProblem& p, cudaStream_t stream, con
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     const std::string file = gemm_tuning_file();
-    auto plan = build_plan(base.handle, p, file.empty() ? 1 : kTuneCandidates);
-    if (!file.empty()) {
+    const bool tuned = !file.empty() || gemm_tuning_in_process();
+    auto plan = build_plan(base.handle, p, tuned ? kTuneCandidates : 1);
+    if (tuned) {
       GemmTuneProblem t;
       t.file = file;
       t.key.assign(key.begin(), key.end());

@@ -2,8 +2,9 @@
 // ~~~~~~~~~~~~~~~~~~~~~~
 // cuBLASLt's first heuristic choice is not always its fastest kernel (the
 // bf16 logits GEMM [8192,768]x[768,50304] ran 1.11-1.14x PyTorch's). With a
-// tuning file set (kernels::set_gemm_tuning_file, ACCRUE_GEMM_TUNING), the
-// first call of each plain GEMM problem (kernels/cuda/matmul.cu) asks for up
+// tuning file set (kernels::set_gemm_tuning_file, ACCRUE_GEMM_TUNING), or
+// with tuning in process on (kernels::set_gemm_tuning_in_process: the
+// choices kept in memory, Note [Tuning file]), the first call of each plain GEMM problem (kernels/cuda/matmul.cu) asks for up
 // to kTuneCandidates algorithms and times each on the call's own inputs
 // (time_candidates, kernels/cuda/tuning.h: one untimed run, then timed runs
 // between two CUDA events, in rounds over all the candidates, a candidate's

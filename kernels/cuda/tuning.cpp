@@ -107,4 +107,10 @@ std::optional<int> tuned_choice(const std::string& file, const std::string& line
   return *choice;
 }
 
+size_t tuned_choice_count(const std::string& file) {
+  TuningFiles& files = tuning_files();
+  const std::lock_guard<std::recursive_mutex> lock(files.mutex);
+  return files.lines_of(file).size();
+}
+
 }  // namespace accrue::kernels::cuda

@@ -47,4 +47,7 @@ bool stream_capturing(cudaStream_t stream);
 std::optional<int> tuned_choice(const std::string& file, const std::string& line,
                                 const std::function<std::optional<int>()>& choose);
 
+// How many choices tuned_choice knows for `file` ("": those kept in memory).
+size_t tuned_choice_count(const std::string& file);
+
 }  // namespace accrue::kernels::cuda

@@ -323,6 +323,42 @@ TEST(GpuMatmul, tuned_gemm_accumulates_exactly_and_records_its_choice) {
   std::remove(file.c_str());
 }
 
+#ifdef ACCRUE_WITH_CUDA
+// Note [GEMM autotuning] without a file: with tuning in process on, a new
+// problem's first call times the candidates and keeps the choice in memory
+// (one more choice known, no file written), and its beta-1 accumulation
+// still adds onto the values it had, exactly; off, a new problem is not
+// timed.
+TEST(GpuMatmul, in_process_tuning_keeps_one_choice_per_problem_in_memory) {
+  ACCRUE_REQUIRE_CUDA();
+  kernels::set_gemm_tuning_file("");
+  const size_t known = kernels::cuda::tuned_choice_count("");
+  // Sizes no other test uses, so these problems' plans are made here.
+  const int64_t tokens = 376, in = 168, out = 56;
+  const Tensor xi = test::random_integers({tokens, in}, -3, 3, DType::bf16);
+  const Tensor dyi = test::random_integers({tokens, out}, -3, 3, DType::bf16);
+  const Tensor base = test::random_integers({in, out}, -100, 100, DType::f32);
+  kernels::set_gemm_tuning_in_process(true);
+  EXPECT_TRUE(kernels::gemm_tuning_in_process());
+  Tensor e = base.clone();
+  Tensor g = base.to(kGpu);
+  for (int call = 0; call < 2; ++call) {
+    kernels::gemm(xi, true, dyi, false, e, 1.0, 1.0);
+    kernels::gemm(xi.to(kGpu), true, dyi.to(kGpu), false, g, 1.0, 1.0);
+    EXPECT_TRUE(test::all_equal(on_cpu(g), e)) << "call " << call;
+  }
+  EXPECT_EQ(kernels::cuda::tuned_choice_count(""), known + 1) << "one problem, one kept choice";
+  kernels::set_gemm_tuning_in_process(false);
+  const Tensor other = test::random_integers({tokens, out + 8}, -3, 3, DType::bf16);
+  Tensor he = empty({in, out + 8}, DType::f32);
+  Tensor h = empty({in, out + 8}, DType::f32, kGpu);
+  kernels::gemm(xi, true, other, false, he, 1.0, 0.0);
+  kernels::gemm(xi.to(kGpu), true, other.to(kGpu), false, h, 1.0, 0.0);
+  EXPECT_TRUE(test::all_equal(on_cpu(h), he));
+  EXPECT_EQ(kernels::cuda::tuned_choice_count(""), known + 1) << "off: nothing timed";
+}
+#endif  // ACCRUE_WITH_CUDA
+
 // Note [GEMM autotuning]: a recorded -1 runs cublasGemmEx, which must give
 // the same exact sums (integers) and accumulate at beta 1 as cuBLASLt does.
 // The problem is made new by the output's alignment (part of the plan key):
