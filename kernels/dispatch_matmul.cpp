@@ -78,9 +78,13 @@ void set_gemm_tuning_file(const std::string& path) {
   g_tuning_file = path;
 }
 
-void set_gemm_tuning_in_process(bool on) { g_tuning_in_process.store(on); }
+void set_gemm_tuning_in_process(bool on) {
+  g_tuning_in_process.store(on);
+}
 
-bool gemm_tuning_in_process() { return g_tuning_in_process.load(); }
+bool gemm_tuning_in_process() {
+  return g_tuning_in_process.load();
+}
 
 std::string gemm_tuning_file() {
   const std::lock_guard<std::mutex> lock(g_tuning_mutex);

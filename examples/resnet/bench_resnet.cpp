@@ -4,7 +4,8 @@
 //                       [--dtype bf16|f16|f32] [--channels-last] [--classes C]
 //                       [--warmup N] [--windows N] [--no-pointwise-gemm] [--conv-timed]
 //                       [--conv-nondeterministic] [--conv-16-bit-wgrad] [--conv-fixed-paths]
-//                       [--tuning FILE] [--no-gemm-tuning] [--no-cuda-graphs] [--concurrent-micro-batches N]
+//                       [--tuning FILE] [--no-gemm-tuning] [--no-cuda-graphs]
+//                       [--concurrent-micro-batches N]
 //                       [--weight-grad-branch LAG] [--cpu]
 //
 // Trains on synthetic images (normal noise, a new batch for every
@@ -125,9 +126,8 @@ int64_t resolve_concurrent_micro_batches(const Options& o, const Device& device)
 // Note [ResNet bench defaults]: GEMM tuning kept in process where one
 // micro-step runs at a time; `o.concurrent_micro_batches` is already resolved.
 bool resolve_gemm_tuning_in_process(const Options& o, const Device& device) {
-  return o.gemm_tuning && o.tuning.empty() && device.is_cuda() &&
-         o.concurrent_micro_batches == 1 && o.weight_grad_branch == 0 &&
-         !o.close_under_forward.on;
+  return o.gemm_tuning && o.tuning.empty() && device.is_cuda() && o.concurrent_micro_batches == 1 &&
+         o.weight_grad_branch == 0 && !o.close_under_forward.on;
 }
 
 // Parses the command line; false after --help.
@@ -166,8 +166,8 @@ bool parse(int argc, char** argv, Options& o) {
   cli.flag_off("--no-gemm-tuning", &o.gemm_tuning,
                "keep cuBLASLt's heuristic choice for every GEMM; the default times the "
                "candidates of each GEMM shape where one micro-step runs at a time (K = 1, no "
-               "side stream) and keeps the fastest for the process (Note [ResNet bench "
-               "defaults])");
+               "side stream) and keeps the fastest for the process "
+               "(Note [ResNet bench defaults])");
   cli.integer("--classes", &o.classes, "C", "output classes").min(2);
   cli.integer("--warmup", &o.warmup, "N", "untimed windows first").min(0);
   cli.integer("--windows", &o.windows, "N", "timed windows, median reported").min(1);
@@ -288,7 +288,7 @@ int bench(int argc, char** argv) {
       .boolean("pointwise_gemm", opt.pointwise_gemm)
       .boolean("conv_per_shape", opt.conv.path_per_shape)
       .boolean("conv_16_bit_wgrad", opt.conv.weight_gradient_in_operand_dtype)
-      .text("gemm_tuning", !opt.tuning.empty()     ? "file"
+      .text("gemm_tuning", !opt.tuning.empty()      ? "file"
                            : gemm_tuning_in_process ? "in process"
                                                     : "off")
       .boolean("cuda_graphs", opt.cuda_graphs)
