@@ -286,6 +286,23 @@ TEST(TuningFile, reads_recorded_choices_and_records_new_ones_once) {
 }
 #endif  // ACCRUE_WITH_CUDA
 
+// The weight-gradient GEMM x^T dy of integer-valued bf16 [tokens, in] and
+// [tokens, out] added twice (beta 1) onto an integer-valued fp32 [in, out]:
+// the GPU's sums equal the CPU's exactly after each call, whatever algorithm
+// a tuned choice runs.
+void expect_tuned_accumulation_exact(int64_t tokens, int64_t in, int64_t out) {
+  const Tensor xi = test::random_integers({tokens, in}, -3, 3, DType::bf16);
+  const Tensor dyi = test::random_integers({tokens, out}, -3, 3, DType::bf16);
+  const Tensor base = test::random_integers({in, out}, -100, 100, DType::f32);
+  Tensor e = base.clone();
+  Tensor g = base.to(kGpu);
+  for (int call = 0; call < 2; ++call) {
+    kernels::gemm(xi, true, dyi, false, e, 1.0, 1.0);
+    kernels::gemm(xi.to(kGpu), true, dyi.to(kGpu), false, g, 1.0, 1.0);
+    EXPECT_TRUE(test::all_equal(on_cpu(g), e)) << "call " << call;
+  }
+}
+
 // Note [GEMM autotuning]: the first call of a problem times cuBLASLt's
 // candidates on a scratch output, so a beta-1 accumulation still adds onto
 // the values it had, exactly; the choice is one line of the tuning file, and
@@ -298,16 +315,7 @@ TEST(GpuMatmul, tuned_gemm_accumulates_exactly_and_records_its_choice) {
   kernels::set_gemm_tuning_file(file);
   // Sizes no other test uses, so this problem's plan is made here.
   const int64_t tokens = 328, in = 136, out = 88;
-  const Tensor xi = test::random_integers({tokens, in}, -3, 3, DType::bf16);
-  const Tensor dyi = test::random_integers({tokens, out}, -3, 3, DType::bf16);
-  const Tensor base = test::random_integers({in, out}, -100, 100, DType::f32);
-  Tensor e = base.clone();
-  Tensor g = base.to(kGpu);
-  for (int call = 0; call < 2; ++call) {
-    kernels::gemm(xi, true, dyi, false, e, 1.0, 1.0);
-    kernels::gemm(xi.to(kGpu), true, dyi.to(kGpu), false, g, 1.0, 1.0);
-    EXPECT_TRUE(test::all_equal(on_cpu(g), e)) << "call " << call;
-  }
+  expect_tuned_accumulation_exact(tokens, in, out);
   kernels::set_gemm_tuning_file("");
   std::ifstream in_file(file);
   std::string line;
@@ -335,26 +343,12 @@ TEST(GpuMatmul, in_process_tuning_keeps_one_choice_per_problem_in_memory) {
   const size_t known = kernels::cuda::tuned_choice_count("");
   // Sizes no other test uses, so these problems' plans are made here.
   const int64_t tokens = 376, in = 168, out = 56;
-  const Tensor xi = test::random_integers({tokens, in}, -3, 3, DType::bf16);
-  const Tensor dyi = test::random_integers({tokens, out}, -3, 3, DType::bf16);
-  const Tensor base = test::random_integers({in, out}, -100, 100, DType::f32);
   kernels::set_gemm_tuning_in_process(true);
   EXPECT_TRUE(kernels::gemm_tuning_in_process());
-  Tensor e = base.clone();
-  Tensor g = base.to(kGpu);
-  for (int call = 0; call < 2; ++call) {
-    kernels::gemm(xi, true, dyi, false, e, 1.0, 1.0);
-    kernels::gemm(xi.to(kGpu), true, dyi.to(kGpu), false, g, 1.0, 1.0);
-    EXPECT_TRUE(test::all_equal(on_cpu(g), e)) << "call " << call;
-  }
+  expect_tuned_accumulation_exact(tokens, in, out);
   EXPECT_EQ(kernels::cuda::tuned_choice_count(""), known + 1) << "one problem, one kept choice";
   kernels::set_gemm_tuning_in_process(false);
-  const Tensor other = test::random_integers({tokens, out + 8}, -3, 3, DType::bf16);
-  Tensor he = empty({in, out + 8}, DType::f32);
-  Tensor h = empty({in, out + 8}, DType::f32, kGpu);
-  kernels::gemm(xi, true, other, false, he, 1.0, 0.0);
-  kernels::gemm(xi.to(kGpu), true, other.to(kGpu), false, h, 1.0, 0.0);
-  EXPECT_TRUE(test::all_equal(on_cpu(h), he));
+  expect_tuned_accumulation_exact(tokens, in, out + 8);
   EXPECT_EQ(kernels::cuda::tuned_choice_count(""), known + 1) << "off: nothing timed";
 }
 #endif  // ACCRUE_WITH_CUDA
