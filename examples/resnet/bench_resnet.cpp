@@ -165,8 +165,8 @@ bool parse(int argc, char** argv, Options& o) {
            "back and computes the same bits");
   cli.flag_off("--no-gemm-tuning", &o.gemm_tuning,
                "keep cuBLASLt's heuristic choice for every GEMM; the default times the "
-               "candidates of each GEMM shape where one micro-step runs at a time (K = 1, no "
-               "side stream) and keeps the fastest for the process "
+               "candidates of each GEMM shape where one micro-step runs at a time (K = 1, or "
+               "one in flight by choice; no side stream) and keeps the fastest for the process "
                "(Note [ResNet bench defaults])");
   cli.integer("--classes", &o.classes, "C", "output classes").min(2);
   cli.integer("--warmup", &o.warmup, "N", "untimed windows first").min(0);

@@ -4,10 +4,11 @@
 // bf16 logits GEMM [8192,768]x[768,50304] ran 1.11-1.14x PyTorch's). With a
 // tuning file set (kernels::set_gemm_tuning_file, ACCRUE_GEMM_TUNING), or
 // with tuning in process on (kernels::set_gemm_tuning_in_process: the
-// choices kept in memory, Note [Tuning file]), the first call of each plain GEMM problem (kernels/cuda/matmul.cu) asks for up
-// to kTuneCandidates algorithms and times each on the call's own inputs
-// (time_candidates, kernels/cuda/tuning.h: one untimed run, then timed runs
-// between two CUDA events, in rounds over all the candidates, a candidate's
+// choices kept in memory, Note [Tuning file]), the first call of each plain
+// GEMM problem (kernels/cuda/matmul.cu) asks for up to kTuneCandidates
+// algorithms and times each on the call's own inputs (time_candidates,
+// kernels/cuda/tuning.h: one untimed run, then timed runs between two CUDA
+// events, in rounds over all the candidates, a candidate's
 // time its best round: with one round the tuned choice sometimes timed slower
 // than the heuristic's first), all writing a scratch output, never the
 // call's (a beta-1 accumulation must not see them). The fastest is kept.
