@@ -287,13 +287,15 @@ void NcclCommunicator::abort_locked(const std::string& message) {
   if (aborted_) return;
   aborted_ = true;
   error_ = message;
+  // Note [Copy-engine all-reduce]: no stream stays blocked on the peer's
+  // flags. First: ncclCommAbort frees device memory, which waits for the
+  // whole device, so streams still blocked there would hang the abort.
+  if (copy_engine_) copy_engine_->release();
   if (comm_) {
     // Its result is of no use: the communicator is gone either way.
     ncclCommAbort(comm_);
     comm_ = nullptr;
   }
-  // Note [Copy-engine all-reduce]: no stream stays blocked on the peer's flags.
-  if (copy_engine_) copy_engine_->release();
 }
 
 void NcclCommunicator::throw_if_aborted_locked() const {
