@@ -2,10 +2,14 @@
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <random>
 
 #include "accrue/core/error.h"
 #include "accrue/core/status_check.h"
@@ -47,13 +51,38 @@ void wait_value(CUstream_st* stream, uint32_t* address, uint32_t value) {
 
 enum Flag { kReady = 0, kDone = 1, kFlags = 2 };
 
-// What a rank tells the other: where it runs and how to map its buffers.
+// What a rank tells the other: where it runs and how to map its buffers
+// (rank 0 names the flags' shared page; rank 1 leaves the name empty).
 struct Card {
   char host[64] = {};
   char pci_bus_id[32] = {};
-  cudaIpcMemHandle_t staging{}, flags{};
+  char flags_page[48] = {};
+  cudaIpcMemHandle_t staging{};
   int64_t capacity_bytes = 0;
 };
+
+// The flags' page: one page of host memory both processes map, [rank][Flag].
+constexpr size_t kFlagsPageBytes = 4096;
+
+// Maps the POSIX shared-memory object `name` (created, zero-filled, when
+// `create`); nullptr with the reason in *why on failure.
+uint32_t* map_flags_page(const std::string& name, bool create, std::string* why) {
+  const int fd = shm_open(name.c_str(), create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
+  if (fd < 0) {
+    *why = "shm_open(" + name + ") failed: " + std::strerror(errno);
+    return nullptr;
+  }
+  void* page = MAP_FAILED;
+  if (!create || ftruncate(fd, kFlagsPageBytes) == 0)
+    page = mmap(nullptr, kFlagsPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int saved = errno;
+  close(fd);
+  if (page == MAP_FAILED) {
+    *why = "mapping " + name + " failed: " + std::strerror(saved);
+    return nullptr;
+  }
+  return static_cast<uint32_t*>(page);
+}
 
 std::string to_bytes(const Card& c) {
   return std::string(reinterpret_cast<const char*>(&c), sizeof(Card));
@@ -82,15 +111,23 @@ std::unique_ptr<CopyEngineAllReduce> CopyEngineAllReduce::connect(int rank, int 
   e->capacity_bytes_ = (capacity_bytes + 255) / 256 * 256;
   ACCRUE_CUDA_CHECK(
       cudaMalloc(reinterpret_cast<void**>(&e->staging_), static_cast<size_t>(e->capacity_bytes_)));
-  ACCRUE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&e->flags_), kFlags * sizeof(uint32_t)));
-  ACCRUE_CUDA_CHECK(cudaMemset(e->flags_, 0, kFlags * sizeof(uint32_t)));
 
   Card mine;
   gethostname(mine.host, sizeof(mine.host) - 1);
   ACCRUE_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.pci_bus_id, sizeof(mine.pci_bus_id), device));
   ACCRUE_CUDA_CHECK(cudaIpcGetMemHandle(&mine.staging, e->staging_));
-  ACCRUE_CUDA_CHECK(cudaIpcGetMemHandle(&mine.flags, e->flags_));
   mine.capacity_bytes = e->capacity_bytes_;
+  if (rank == 0) {
+    // A name no other world on this host uses; removed once both ranks have
+    // answered (the destructor removes it if a gather throws first).
+    const std::string name = "/accrue-ce-" + std::to_string(getpid()) + "-" +
+                             std::to_string(std::random_device{}() & 0xffffff);
+    std::string failed;
+    e->host_flags_ = map_flags_page(name, /*create=*/true, &failed);
+    ACCRUE_CHECK(e->host_flags_ != nullptr, "CopyEngineAllReduce: rank 0: ", failed);
+    e->flags_page_name_ = name;
+    std::strncpy(mine.flags_page, name.c_str(), sizeof(mine.flags_page) - 1);
+  }
   const std::vector<std::string> cards = gather(to_bytes(mine));
   ACCRUE_CHECK(cards.size() == 2, "CopyEngineAllReduce: ", cards.size(), " ranks answered, not 2");
   const Card peer = from_bytes(cards[static_cast<size_t>(1 - rank)]);
@@ -99,7 +136,8 @@ std::unique_ptr<CopyEngineAllReduce> CopyEngineAllReduce::connect(int rank, int 
                " (the ranks' buckets differ)");
 
   // Both ranks reach the same verdict from the same two cards, except for
-  // peer access, which each checks on its side: a second gather agrees on it.
+  // peer access and the flags' page, which each checks on its side: a second
+  // gather agrees on them.
   std::string reason;
   int peer_device = -1;
   if (std::strncmp(mine.host, peer.host, sizeof(mine.host)) != 0) {
@@ -115,7 +153,21 @@ std::unique_ptr<CopyEngineAllReduce> CopyEngineAllReduce::connect(int rank, int 
       reason = "cuda:" + std::to_string(device) +
                " cannot access cuda:" + std::to_string(peer_device) + " as a peer";
   }
+  if (reason.empty() && rank == 1) {
+    const std::string name(peer.flags_page, strnlen(peer.flags_page, sizeof(peer.flags_page)));
+    e->host_flags_ = map_flags_page(name, /*create=*/false, &reason);
+  }
+  if (reason.empty()) {
+    if (cudaHostRegister(e->host_flags_, kFlagsPageBytes,
+                         cudaHostRegisterMapped | cudaHostRegisterPortable) != cudaSuccess) {
+      reason = std::string("registering the flags' page with CUDA failed: ") +
+               cudaGetErrorString(cudaGetLastError());
+    } else {
+      e->flags_registered_ = true;
+    }
+  }
   const std::vector<std::string> verdicts = gather(reason.empty() ? "ok" : "no: " + reason);
+  e->unlink_flags_page();  // rank 1 has mapped it, or never will
   for (size_t r = 0; r < verdicts.size(); ++r)
     if (verdicts[r] != "ok" && reason.empty())
       reason = "rank " + std::to_string(r) + ": " + verdicts[r].substr(4);
@@ -124,14 +176,16 @@ std::unique_ptr<CopyEngineAllReduce> CopyEngineAllReduce::connect(int rank, int 
     return nullptr;  // the destructor frees what was allocated
   }
 
+  uint32_t* device_flags = nullptr;
+  ACCRUE_CUDA_CHECK(
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_flags), e->host_flags_, 0));
+  e->flags_ = device_flags + rank * kFlags;
+  e->peer_flags_ = device_flags + (1 - rank) * kFlags;
   ACCRUE_CUDA_CHECK(cudaIpcOpenMemHandle(reinterpret_cast<void**>(&e->peer_staging_), peer.staging,
-                                         cudaIpcMemLazyEnablePeerAccess));
-  ACCRUE_CUDA_CHECK(cudaIpcOpenMemHandle(reinterpret_cast<void**>(&e->peer_flags_), peer.flags,
                                          cudaIpcMemLazyEnablePeerAccess));
   int lowest = 0, highest = 0;
   ACCRUE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
   ACCRUE_CUDA_CHECK(cudaStreamCreateWithPriority(&e->side_, cudaStreamNonBlocking, highest));
-  ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&e->release_stream_, cudaStreamNonBlocking));
   ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&e->pulled_, cudaEventDisableTiming));
   ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&e->joined_, cudaEventDisableTiming));
   // Both mappings exist on both ranks before either writes into the other's.
@@ -142,15 +196,20 @@ std::unique_ptr<CopyEngineAllReduce> CopyEngineAllReduce::connect(int rank, int 
 CopyEngineAllReduce::~CopyEngineAllReduce() {
   (void)cudaSetDevice(device_);
   if (side_ != nullptr) (void)cudaStreamSynchronize(side_);
-  if (release_stream_ != nullptr) (void)cudaStreamSynchronize(release_stream_);
   if (peer_staging_ != nullptr) (void)cudaIpcCloseMemHandle(peer_staging_);
-  if (peer_flags_ != nullptr) (void)cudaIpcCloseMemHandle(peer_flags_);
   if (pulled_ != nullptr) (void)cudaEventDestroy(pulled_);
   if (joined_ != nullptr) (void)cudaEventDestroy(joined_);
   if (side_ != nullptr) (void)cudaStreamDestroy(side_);
-  if (release_stream_ != nullptr) (void)cudaStreamDestroy(release_stream_);
   if (staging_ != nullptr) (void)cudaFree(staging_);
-  if (flags_ != nullptr) (void)cudaFree(flags_);
+  if (flags_registered_) (void)cudaHostUnregister(host_flags_);
+  if (host_flags_ != nullptr) munmap(host_flags_, kFlagsPageBytes);
+  unlink_flags_page();
+}
+
+void CopyEngineAllReduce::unlink_flags_page() noexcept {
+  if (flags_page_name_.empty()) return;
+  shm_unlink(flags_page_name_.c_str());
+  flags_page_name_.clear();
 }
 
 bool CopyEngineAllReduce::takes(const void* data, int64_t count) const {
@@ -200,14 +259,12 @@ void CopyEngineAllReduce::enqueue(float* data, int64_t count, CUstream_st* strea
 }
 
 void CopyEngineAllReduce::release() noexcept {
-  if (release_stream_ == nullptr) return;
-  // Cyclically ahead of every number a wait can hold (Note [Copy-engine all-reduce]).
-  // Host memory the copy reads before the synchronize below returns.
-  uint32_t ahead[kFlags];
-  ahead[kReady] = ahead[kDone] = calls_ + (uint32_t{1} << 30);
-  (void)cudaSetDevice(device_);
-  (void)cudaMemcpyAsync(flags_, ahead, sizeof(ahead), cudaMemcpyHostToDevice, release_stream_);
-  (void)cudaStreamSynchronize(release_stream_);
+  if (host_flags_ == nullptr) return;
+  // Cyclically ahead of every number a wait can hold (Note [Copy-engine
+  // all-reduce]), stored by this thread: no stream has to run for it.
+  const uint32_t ahead = calls_ + (uint32_t{1} << 30);
+  for (int flag = 0; flag < kFlags; ++flag)
+    __atomic_store_n(host_flags_ + rank_ * kFlags + flag, ahead, __ATOMIC_SEQ_CST);
 }
 
 }  // namespace accrue::dist

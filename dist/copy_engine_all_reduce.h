@@ -23,20 +23,26 @@
 //   3. on the second stream: write the call's number into p's DONE flag, wait
 //      for its own, copy p's sums of p's half from the staging into `data`;
 //      the communicator's stream then waits for the second stream.
-// Staging and flags are plain cudaMalloc memory (the stream-ordered pool
-// cannot be shared between processes) mapped into the peer by CUDA IPC; the
-// flags are written and awaited with stream memory operations
-// (cuStreamWriteValue32 and cuStreamWaitValue32, cyclic >= comparison, so
-// the 32-bit call number may wrap). Bits: every element is a + b of the two
-// ranks' values, which IEEE addition makes the same on both ranks and the
-// same as NCCL's two-rank sum (checked by the multi-GPU test). Hazards: a
-// call ends only after the peer's DONE, which the peer writes after its last
-// read and write of this rank's staging, so the next call may reuse it; and
-// the peer starts writing into this rank's staging only after this rank's
-// READY of the next call. Failure (Note [No silent hang]): the communicator's
-// watchdog follows each call like an NCCL collective; when it aborts, release()
-// writes far-ahead numbers into this rank's flags so that no stream stays
-// blocked on a peer that will never answer.
+// Staging is plain cudaMalloc memory (the stream-ordered pool cannot be shared
+// between processes) mapped into the peer by CUDA IPC. The flags live in one
+// page of host memory both processes map (a POSIX shared-memory object, named
+// by rank 0 and unlinked once rank 1 has mapped it) and register with CUDA;
+// they are written and awaited with stream memory operations
+// (cuStreamWriteValue32, whose default fence orders the copies before it, and
+// cuStreamWaitValue32, cyclic >= comparison, so the 32-bit call number may
+// wrap). Bits: every element is a + b of the two ranks' values, which IEEE
+// addition makes the same on both ranks and the same as NCCL's two-rank sum
+// (checked by the multi-GPU test). Hazards: a call ends only after the peer's
+// DONE, which the peer writes after its last read and write of this rank's
+// staging, so the next call may reuse it; and the peer starts writing into this
+// rank's staging only after this rank's READY of the next call. Failure (Note
+// [No silent hang]): the communicator's watchdog follows each call like an NCCL
+// collective; when it aborts, release() stores far-ahead numbers into this
+// rank's flags from the host, before ncclCommAbort (which frees device memory,
+// and so waits for the whole device). The release needs no stream to run, so
+// nothing blocked on the device can hold it up: with the flags in device
+// memory, released by a copy after ncclCommAbort, the survivor of a dead peer
+// hung (bench/RESULTS.md, nineteenth session).
 //
 // Measured (bench/RESULTS.md, seventeenth session, 2 x H200): the sums are
 // NCCL's bit for bit, but the 105M-parameter MLP's window is 8% longer at
@@ -99,14 +105,19 @@ class CopyEngineAllReduce {
  private:
   CopyEngineAllReduce() = default;
 
+  // Removes the flags' page's name (rank 0, once): the mappings stay.
+  void unlink_flags_page() noexcept;
+
   int rank_ = 0, device_ = 0;
   int64_t capacity_bytes_ = 0;
   float* staging_ = nullptr;        // this rank's, exported
-  uint32_t* flags_ = nullptr;       // this rank's [READY, DONE], exported
   float* peer_staging_ = nullptr;   // the peer's, mapped
-  uint32_t* peer_flags_ = nullptr;  // the peer's, mapped
+  uint32_t* host_flags_ = nullptr;  // the shared page, [rank][READY, DONE]
+  std::string flags_page_name_;     // rank 0's until unlinked
+  bool flags_registered_ = false;   // host_flags_ registered with CUDA
+  uint32_t* flags_ = nullptr;       // this rank's [READY, DONE], device address
+  uint32_t* peer_flags_ = nullptr;  // the peer's, device address
   CUstream_st* side_ = nullptr;     // step 2's second stream
-  CUstream_st* release_stream_ = nullptr;
   EventHandle pulled_ = nullptr, joined_ = nullptr;
   uint32_t calls_ = 0;  // the number of the last call, the same on both ranks
 };
