@@ -168,6 +168,10 @@ int train(int argc, char** argv) {
   // Each rank its own dropout masks and synthetic tokens; everything else from the seed.
   const nn::GPT2Config config = make_gpt2_config(opt, opt.seed + 1 + where.rank.rank);
   const BatchPlan plan = plan_batch(opt, config, where.world_size());
+  if (!opt.concurrent_given)
+    opt.concurrent_micro_batches = default_micro_batches_in_flight(
+        opt.cuda_graphs && where.gpu, plan.K, where.world_size(),
+        opt.weight_grad_branch > 0 || opt.close_under_forward.on || opt.fp8.on);
   const DType compute = compute_dtype(opt, where.gpu);
   // Note [Run record]: a checkpoint of another run is refused before anything is built.
   const RunRecord record = gpt2_run_record(opt, config, plan, compute, where.world_size(),
@@ -237,7 +241,10 @@ int train(int argc, char** argv) {
         window, [&loss_of](const std::vector<Tensor>& in) { return loss_of(in[0], in[1]); });
     graphed->set_concurrent_micro_batches(static_cast<int>(opt.concurrent_micro_batches));
     graphed->set_weight_grad_branch(static_cast<int>(opt.weight_grad_branch));
-    std::printf("cuda graphs: micro-steps and close captured after one eager warm-up each\n");
+    std::printf(
+        "cuda graphs: micro-steps and close captured after one eager warm-up each; %lld "
+        "micro-step(s) in flight\n",
+        (long long)opt.concurrent_micro_batches);
   }
   std::unique_ptr<optim::LayerMonitor> layers =
       make_layer_monitor(opt.layer_metrics_every, arena, optimizer, graphed != nullptr);

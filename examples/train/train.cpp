@@ -380,9 +380,13 @@ std::unique_ptr<optim::GraphedWindow> make_graphed_window(const TrainOptions& op
       });
   graphed->set_concurrent_micro_batches(static_cast<int>(opt.concurrent_micro_batches));
   graphed->set_weight_grad_branch(static_cast<int>(opt.weight_grad_branch));
-  std::printf("%s\n", where.gpu ? "cuda graphs: micro-steps and close captured after one eager "
-                                  "warm-up each"
-                                : "--cuda-graphs on the CPU: run eagerly, with the graphs' inputs");
+  if (where.gpu)
+    std::printf(
+        "cuda graphs: micro-steps and close captured after one eager warm-up each; %lld "
+        "micro-step(s) in flight\n",
+        (long long)opt.concurrent_micro_batches);
+  else
+    std::printf("--cuda-graphs on the CPU: run eagerly, with the graphs' inputs\n");
   return graphed;
 }
 
@@ -517,6 +521,10 @@ int train(int argc, char** argv) {
   const Device device = where.device;
   const int ranks = where.world_size();
   resolve_window(opt, ranks);
+  if (!opt.concurrent_given)
+    opt.concurrent_micro_batches = default_micro_batches_in_flight(
+        opt.cuda_graphs && where.gpu, opt.accum, ranks,
+        opt.weight_grad_branch > 0 || opt.close_under_forward.on || opt.zero1 || opt.fp8.on);
   const DType master = opt.dtype == DType::f64 ? DType::f64 : DType::f32;
   const std::unique_ptr<TrainModel> model = build_model(opt, where, master);
   ACCRUE_CHECK(opt.synthetic || opt.eos_id < model->vocab_size(), "--eos-id ", opt.eos_id,
