@@ -85,8 +85,10 @@
 //    GPT-2's embedding and classifier, is written first and last by a
 //    backward, so there the backwards follow one another; the forwards still
 //    run beside them, and the order's implied waits are left out.) Measured
-//    on an H200 with n = 2 (bench/RESULTS.md, sixth session): GPT-2 124M at
-//    1 x 32 and llama-125m at 1 x 2,048 x 16 both 4% faster, the same bits.
+//    on an H200 with n = 2 against 1 (bench/RESULTS.md, nineteenth session),
+//    the same bits: GPT-2 124M bf16 +4.3% at 1 x 32, +2.9% at 2 x 16, +1.6%
+//    at 4 x 8, +0.9% at 8 x 4 and -0.3% at 16 x 2; FP8 +5.4% at 1 x 32 and
+//    +3.0% at 4 x 8; llama-125m +4.4% at 1 x 2,048 x 16.
 //  - Only inside graphs: an eager kernel on a second stream slows every later
 //    kernel of the process by about 0.17 us (bench/RESULTS.md, stream_gap),
 //    a graph's branches do not. The warm-up runs the group one micro-step
@@ -94,7 +96,10 @@
 //    library workspaces without a kernel (kernels::prepare_stream). A refused
 //    capture runs the group one after another, as without the option.
 //  - Each micro-step in flight holds its own activations: the peak grows by
-//    about (n - 1) micro-batches' activations.
+//    about (n - 1) micro-batches' activations (the graphs' pool, GPT-2 124M
+//    at 4 x 8: 1.68 GB with one in flight, 3.36 GB with two). That is why the
+//    trainers keep n = 1 unless asked: a micro-batch sized to the memory
+//    would not fit twice.
 //  - Only the arena's slots and the window's sums are ordered: a leaf that
 //    requires grad outside the store (its .grad summed by the autograd
 //    engine) would be added to from two streams at once. Keep every

@@ -45,32 +45,14 @@ void check_close_under_forward(const OptionTable& cli, const CloseUnderForward& 
                   " (Note [Close under the forward])");
 }
 
-void declare_concurrent_micro_batches(OptionTable& cli, int64_t& n, const char* default_text) {
-  cli.integer("--concurrent-micro-batches", &n, "N",
-              std::string("with --cuda-graphs: run N micro-steps of a window at once, each on a "
-                          "stream of its own inside one graph, their gradient adds kept in order "
-                          "by events (Note [Concurrent micro-batches]; the same bits; N "
-                          "micro-batches of activations); ") +
-                  default_text)
+OptionTable::Option& declare_concurrent_micro_batches(OptionTable& cli, int64_t& n) {
+  return cli
+      .integer("--concurrent-micro-batches", &n, "N",
+               "with --cuda-graphs: run N micro-steps of a window at once, each on a stream of "
+               "its own inside one graph, their gradient adds kept in order by events (Note "
+               "[Concurrent micro-batches]; the same bits; N micro-batches of activations)")
       .min(1)
       .max(64);
-}
-
-// Note [Two micro-batches in flight]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The trainers (accrue_train_gpt2, accrue_train) run two micro-steps at once
-// (Note [Concurrent micro-batches]) unless told otherwise: where the window
-// replays from CUDA graphs on a GPU, in one process, at K >= 2, with none
-// of the options it does not run beside (--weight-grad-branch,
-// --close-under-forward, accrue_train's --zero1) nor --fp8 (not measured
-// faster) given, and --concurrent-micro-batches not given. The weights are the sequential
-// loop's bit for bit (the GpuGraphedWindow tests); the cost is one more
-// micro-batch's activations. A small micro-batch leaves SMs idle between its
-// kernels and a second one in flight fills them: on an H200, GPT-2 124M
-// measured TBD.
-int64_t default_micro_batches_in_flight(bool graphs_on_gpu, int64_t micro_steps, int world_size,
-                                        bool excluded) {
-  return graphs_on_gpu && world_size == 1 && micro_steps >= 2 && !excluded ? 2 : 1;
 }
 
 void check_concurrent_micro_batches(int64_t n, bool cuda_graphs,

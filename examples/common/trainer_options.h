@@ -104,17 +104,8 @@ void check_close_under_forward(const OptionTable& cli, const CloseUnderForward& 
 
 // --concurrent-micro-batches N (Note [Concurrent micro-batches] in
 // optim/graphed_window.h): N micro-steps in flight under --cuda-graphs.
-// `default_text` says what runs when it is not given.
-void declare_concurrent_micro_batches(OptionTable& cli, int64_t& n, const char* default_text);
-// The trainers' micro-steps in flight when --concurrent-micro-batches was not
-// given (Note [Two micro-batches in flight]): 2 where `graphs_on_gpu`, one
-// process and K >= 2 and nothing in `excluded` is on, else 1.
-int64_t default_micro_batches_in_flight(bool graphs_on_gpu, int64_t micro_steps, int world_size,
-                                        bool excluded);
-// The trainers' help text for that default.
-inline constexpr const char* kTrainerInFlightDefault =
-    "default: 2 with --cuda-graphs in one process on a GPU at K >= 2, unless --fp8 or an "
-    "option it does not run beside is given (Note [Two micro-batches in flight]); else 1";
+// Returned for a binary whose default depends on the device (default_text).
+OptionTable::Option& declare_concurrent_micro_batches(OptionTable& cli, int64_t& n);
 // The UsageErrors: N > 1 without --cuda-graphs, or with what it does not run
 // beside (`others`: each given option's name, or null for one not given).
 void check_concurrent_micro_batches(int64_t n, bool cuda_graphs,

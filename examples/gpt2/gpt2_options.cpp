@@ -79,7 +79,7 @@ void declare(OptionTable& cli, Gpt2Options& o) {
            "replay the micro-steps and the close from CUDA graphs (same bits; dropout and, "
            "under data parallelism, the last micro-step and the close stay eager, with a "
            "warning)");
-  declare_concurrent_micro_batches(cli, o.concurrent_micro_batches, kTrainerInFlightDefault);
+  declare_concurrent_micro_batches(cli, o.concurrent_micro_batches);
   declare_weight_grad_branch(cli, o.weight_grad_branch);
   cli.choice("--dtype", &o.dtype, {"f32", "bf16", "f16"},
              "compute dtype over fp32 master weights; f16 adds dynamic loss scaling")
@@ -163,7 +163,6 @@ bool parse_gpt2_options(int argc, char** argv, Gpt2Options& o) {
   if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing || o.fp8.on))
     usage_error("--composed has no dropout, no activation checkpointing and no FP8");
   check_close_under_forward(cli, o.close_under_forward, {o.composed ? "--composed" : nullptr});
-  o.concurrent_given = cli.given("--concurrent-micro-batches");
   check_concurrent_micro_batches(o.concurrent_micro_batches, o.cuda_graphs,
                                  {o.close_under_forward.on ? "--close-under-forward" : nullptr});
   check_weight_grad_branch(o.weight_grad_branch, o.cuda_graphs, o.concurrent_micro_batches);

@@ -40,7 +40,6 @@ struct Gpt2Options {
   CloseUnderForward close_under_forward;
   bool cuda_graphs = false;
   int64_t concurrent_micro_batches = 1;  // Note [Concurrent micro-batches]
-  bool concurrent_given = false;         // else Note [Two micro-batches in flight] sets it
   int64_t weight_grad_branch = 0;        // Note [Weight gradients on a branch]: the lag, 0 off
   std::string gemm_tuning;
   std::string dtype;  // empty: bf16 on a GPU, f32 on the CPU

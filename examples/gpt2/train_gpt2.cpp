@@ -168,10 +168,6 @@ int train(int argc, char** argv) {
   // Each rank its own dropout masks and synthetic tokens; everything else from the seed.
   const nn::GPT2Config config = make_gpt2_config(opt, opt.seed + 1 + where.rank.rank);
   const BatchPlan plan = plan_batch(opt, config, where.world_size());
-  if (!opt.concurrent_given)
-    opt.concurrent_micro_batches = default_micro_batches_in_flight(
-        opt.cuda_graphs && where.gpu, plan.K, where.world_size(),
-        opt.weight_grad_branch > 0 || opt.close_under_forward.on || opt.fp8.on);
   const DType compute = compute_dtype(opt, where.gpu);
   // Note [Run record]: a checkpoint of another run is refused before anything is built.
   const RunRecord record = gpt2_run_record(opt, config, plan, compute, where.world_size(),

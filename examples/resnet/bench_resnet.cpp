@@ -176,10 +176,10 @@ bool parse(int argc, char** argv, Options& o) {
                "graphs (optim::GraphedWindow; the same bits; eager on the CPU anyway)");
   cli.flag("--cuda-graphs", &o.cuda_graphs,
            "the default (kept for the command lines that name it)");
-  declare_concurrent_micro_batches(
-      cli, o.concurrent_micro_batches,
-      "default: 2 with CUDA graphs on a GPU at K >= 2 unless --weight-grad-branch or "
-      "--close-under-forward is given (Note [ResNet bench defaults]), else 1");
+  declare_concurrent_micro_batches(cli, o.concurrent_micro_batches)
+      .default_text(
+          "2 with CUDA graphs on a GPU at K >= 2 and no --weight-grad-branch or "
+          "--close-under-forward (Note [ResNet bench defaults]), else 1");
   declare_weight_grad_branch(cli, o.weight_grad_branch);
   declare_close_under_forward(cli, o.close_under_forward, "");
   cli.flag("--cpu", &o.cpu, "run on the CPU backend (default: GPU 0 when there is one)");

@@ -521,10 +521,6 @@ int train(int argc, char** argv) {
   const Device device = where.device;
   const int ranks = where.world_size();
   resolve_window(opt, ranks);
-  if (!opt.concurrent_given)
-    opt.concurrent_micro_batches = default_micro_batches_in_flight(
-        opt.cuda_graphs && where.gpu, opt.accum, ranks,
-        opt.weight_grad_branch > 0 || opt.close_under_forward.on || opt.zero1 || opt.fp8.on);
   const DType master = opt.dtype == DType::f64 ? DType::f64 : DType::f32;
   const std::unique_ptr<TrainModel> model = build_model(opt, where, master);
   ACCRUE_CHECK(opt.synthetic || opt.eos_id < model->vocab_size(), "--eos-id ", opt.eos_id,

@@ -103,7 +103,7 @@ void declare_run(OptionTable& cli, TrainOptions& o) {
            "(measured slower for GPT-2; same bits)");
   declare_close_under_forward(cli, o.close_under_forward, "; not with --zero1 or --composed");
   cli.flag("--cuda-graphs", &o.cuda_graphs, "replay micro-steps and close as CUDA graphs (GPU)");
-  declare_concurrent_micro_batches(cli, o.concurrent_micro_batches, kTrainerInFlightDefault);
+  declare_concurrent_micro_batches(cli, o.concurrent_micro_batches);
   declare_weight_grad_branch(cli, o.weight_grad_branch);
   cli.path("--gemm-tuning", &o.gemm_tuning, "FILE",
            "time the GEMM candidates per shape on first use and keep the fastest, recorded in "
@@ -195,7 +195,6 @@ void check_options(const OptionTable& cli, TrainOptions& o) {
     usage_error("--composed has no dropout, no activation checkpointing and no FP8");
   check_close_under_forward(cli, o.close_under_forward,
                             {o.zero1 ? "--zero1" : nullptr, o.composed ? "--composed" : nullptr});
-  o.concurrent_given = cli.given("--concurrent-micro-batches");
   check_concurrent_micro_batches(o.concurrent_micro_batches, o.cuda_graphs,
                                  {o.close_under_forward.on ? "--close-under-forward" : nullptr,
                                   o.zero1 ? "--zero1" : nullptr});

@@ -28,7 +28,6 @@ struct TrainOptions {
   std::optional<int64_t> n_layer, n_head, n_embd, vocab_size, block_size;
   bool synthetic = false, cuda_graphs = false, force_cpu = false;
   int64_t concurrent_micro_batches = 1;  // Note [Concurrent micro-batches]
-  bool concurrent_given = false;         // else Note [Two micro-batches in flight] sets it
   int64_t weight_grad_branch = 0;        // Note [Weight gradients on a branch]: the lag, 0 off
   bool activation_checkpointing = false, zero1 = false, nvtx = false;
   Fp8Choice fp8;  // --fp8, --fp8-recipe, --fp8-cast-every-micro-batch
