@@ -39,10 +39,10 @@
 // [No silent hang]): the communicator's watchdog follows each call like an NCCL
 // collective; when it aborts, release() stores far-ahead numbers into this
 // rank's flags from the host, before ncclCommAbort (which frees device memory,
-// and so waits for the whole device). The release needs no stream to run, so
-// nothing blocked on the device can hold it up: with the flags in device
-// memory, released by a copy after ncclCommAbort, the survivor of a dead peer
-// hung (bench/RESULTS.md, nineteenth session).
+// and a free may wait for the whole device). The release needs no stream to
+// run, so nothing blocked on the device can hold it up: with the flags in
+// device memory, released by a copy after ncclCommAbort, the survivor of a dead
+// peer hung (bench/RESULTS.md, nineteenth session).
 //
 // Measured (bench/RESULTS.md, seventeenth session, 2 x H200): the sums are
 // NCCL's bit for bit, but the 105M-parameter MLP's window is 8% longer at

@@ -288,8 +288,8 @@ void NcclCommunicator::abort_locked(const std::string& message) {
   aborted_ = true;
   error_ = message;
   // Note [Copy-engine all-reduce]: no stream stays blocked on the peer's
-  // flags. First: ncclCommAbort frees device memory, which waits for the
-  // whole device, so streams still blocked there would hang the abort.
+  // flags. First: ncclCommAbort frees device memory, which may wait for the
+  // whole device, so streams still blocked there could hang the abort.
   if (copy_engine_) copy_engine_->release();
   if (comm_) {
     // Its result is of no use: the communicator is gone either way.
