@@ -3,9 +3,10 @@
 #
 #   tools/multi_gpu_check.sh [options]
 #
-# Steps: configure (Release, CUDA, tests and benchmarks on) and build the
-# multi-GPU test binaries and accrue_bench_dist (--build-all: everything);
-# ctest -L multi_gpu; the data-parallel benchmarks: accrue_bench_dist --mode
+# Steps: configure (Release, CUDA, tests and benchmarks on) and build every
+# binary the multi_gpu tests run, and accrue_bench_dist (--build-all:
+# everything); ctest -L multi_gpu; with --memcheck, compute-sanitizer memcheck
+# on the multi-GPU test binary's cases on 2 ranks; the data-parallel benchmarks: accrue_bench_dist --mode
 # allreduce on 2 GPUs, --mode scaling on 2 GPUs and on 1 GPU, bench/torch_ddp.py
 # under torchrun with 2 and 1 processes; bench/compare_dist.py. The tables come
 # first in the output, a short summary LAST (also in <log dir>/summary.txt).
@@ -36,6 +37,10 @@ usage: tools/multi_gpu_check.sh [options]
   --jobs N              build parallelism (default: 16)
   --build-all           build every target, not only the multi-GPU ones
   --skip-tests          no ctest -L multi_gpu
+  --memcheck FILTER     also run test_multi_gpu_test's cases matching the gtest FILTER under
+                        compute-sanitizer memcheck on 2 ranks (e.g. 'MultiGpu.copy_engine*');
+                        NCCL's own API errors are not reported (its start-up meets error
+                        209 by design), memory errors are
   --skip-torch          no PyTorch side
   --torch-bf16-compress also run torch_ddp.py on 2 GPUs with DDP's bf16_compress_hook (rows
                         "ddp_bf16", the twin of accrue's ddp_bf16 variant)
@@ -58,6 +63,7 @@ arch=90
 jobs=16
 build_all=0
 skip_tests=0
+memcheck_filter=""
 skip_torch=0
 torch_bf16=0
 scaling_args=""
@@ -74,6 +80,7 @@ while [[ $# -gt 0 ]]; do
     --jobs) jobs="$2"; shift 2 ;;
     --build-all) build_all=1; shift ;;
     --skip-tests) skip_tests=1; shift ;;
+    --memcheck) memcheck_filter="$2"; shift 2 ;;
     --skip-torch) skip_torch=1; shift ;;
     --torch-bf16-compress) torch_bf16=1; shift ;;
     --scaling-args) scaling_args="$2"; shift 2 ;;
@@ -118,9 +125,12 @@ elif ! grep -q 'accrue: NCCL communicator ON' "$details/configure.log"; then
 else
   note "configure: ok ($(grep -E '^NCCL_LIBRARY:' "$build_dir/CMakeCache.txt" | sed 's/:FILEPATH=/ /'))"
   # ---- build --------------------------------------------------------------------
-  # The benchmark and every multi-GPU test binary (test_multi_gpu_*), not the whole tree.
-  mapfile -t targets < <(ninja -C "$build_dir" -t targets all 2> /dev/null |
-    sed -n 's/^\(test_multi_gpu[A-Za-z0-9_]*\): phony$/\1/p')
+  # The benchmark and every binary a multi_gpu test runs (the test binaries,
+  # accrue_train for the trainer's data-parallel test), not the whole tree:
+  # the build dir's paths in the tests' commands that name a target.
+  mapfile -t targets < <(ctest --test-dir "$build_dir" -N -V -L '^multi_gpu$' 2> /dev/null |
+    grep -o "$build_dir/[^\" ]*" | xargs -r -n 1 basename | sort -u |
+    grep -Fx -f <(ninja -C "$build_dir" -t targets all 2> /dev/null | sed -n 's/^\([A-Za-z0-9_]*\): phony$/\1/p'))
   targets+=(accrue_bench_dist)
   if [[ $build_all -eq 1 ]]; then targets=(all); fi
   say "build: ninja -j$jobs ${targets[*]}"
@@ -144,6 +154,24 @@ if [[ $built -eq 1 && $skip_tests -eq 0 ]]; then
   note "ctest -L multi_gpu: ${line:-FAILED to run (see ctest_multi_gpu.log)}$([[ ${skipped:-0} -gt 0 ]] && echo " ($skipped SKIPPED)")"
   note_failed_tests "$details/ctest_multi_gpu.log"
   if [[ $rc -ne 0 || -z "$line" ]]; then failed=1; fi
+fi
+
+# ---- memcheck on 2 ranks ----------------------------------------------------------------
+if [[ $built -eq 1 && -n "$memcheck_filter" ]]; then
+  say "compute-sanitizer memcheck, 2 ranks: test_multi_gpu_test --gtest_filter=$memcheck_filter"
+  ACCRUE_UNDER_SANITIZER=1 MULTI_GPU_TIMEOUT=600 bash tests/dist/multi_gpu_launch.sh 2 \
+    compute-sanitizer --tool memcheck --report-api-errors no \
+    "$build_dir/tests/dist/test_multi_gpu_test" --gtest_filter="$memcheck_filter" \
+    > "$details/memcheck_multi_gpu.log" 2>&1
+  rc=$?
+  summaries=$(grep -c 'ERROR SUMMARY: 0 errors' "$details/memcheck_multi_gpu.log")
+  if [[ $rc -eq 0 && $summaries -eq 2 ]]; then
+    note "memcheck, 2 ranks ($memcheck_filter): 0 errors on both"
+  else
+    failed=1
+    note "memcheck, 2 ranks ($memcheck_filter): FAILED, exit $rc (see memcheck_multi_gpu.log):"
+    note_each "    " < <(grep -E 'ERROR SUMMARY|FAILED|killed' "$details/memcheck_multi_gpu.log" | head -n 6)
+  fi
 fi
 
 # ---- benchmarks ---------------------------------------------------------------------
