@@ -6,10 +6,11 @@
 # Steps: configure (Release, CUDA, tests and benchmarks on) and build every
 # binary the multi_gpu tests run, and accrue_bench_dist (--build-all:
 # everything); ctest -L multi_gpu; with --memcheck, compute-sanitizer memcheck
-# on the multi-GPU test binary's cases on 2 ranks; the data-parallel benchmarks: accrue_bench_dist --mode
-# allreduce on 2 GPUs, --mode scaling on 2 GPUs and on 1 GPU, bench/torch_ddp.py
-# under torchrun with 2 and 1 processes; bench/compare_dist.py. The tables come
-# first in the output, a short summary LAST (also in <log dir>/summary.txt).
+# on the multi-GPU test binary's cases on 2 ranks; the data-parallel
+# benchmarks: accrue_bench_dist --mode allreduce on 2 GPUs, --mode scaling on
+# 2 GPUs and on 1 GPU, bench/torch_ddp.py under torchrun with 2 and 1
+# processes; bench/compare_dist.py. The tables come first in the output, a
+# short summary LAST (also in <log dir>/summary.txt).
 #
 # Output, five files, in the log dir: $OUT when set, else
 # <build dir>/multi_gpu_check_results:
