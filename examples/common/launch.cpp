@@ -1,5 +1,6 @@
 #include "examples/common/launch.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "accrue/dist/bucket_plan.h"
@@ -43,11 +44,21 @@ DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena
   options.zero1 = dp_options.zero1;
   options.copy_engine_all_reduce = dp_options.copy_engine_all_reduce;
   options.timing = dp_options.timing;
+  if (dp_options.bucket_mb) {
+    options.buckets.bucket_bytes = static_cast<int64_t>(*dp_options.bucket_mb * (1 << 20));
+    // A smaller size than the first bucket's asks for small buckets from the start.
+    options.buckets.first_bucket_bytes =
+        std::min(options.buckets.first_bucket_bytes, options.buckets.bucket_bytes);
+  }
+  options.transport = dp_options.transport;
   dp.reducer = std::make_unique<dist::Reducer>(arena, *dp.comm, options);
   dp.reducer->broadcast_parameters();  // every rank starts from rank 0's weights
-  std::printf("data parallel: %s, %zu buckets%s%s, NCCL id bootstrap: %s\n",
+  std::printf("data parallel: %s, %zu buckets of up to %s%s%s%s, NCCL id bootstrap: %s\n",
               dist::describe(where.rank).c_str(), dp.reducer->plan().buckets().size(),
-              dp_options.zero1 ? ", ZeRO-1" : "",
+              mib(options.buckets.bucket_bytes).c_str(), dp_options.zero1 ? ", ZeRO-1" : "",
+              dp_options.transport
+                  ? (std::string(", ") + dtype_name(*dp_options.transport) + " transport").c_str()
+                  : "",
               dp.reducer->copy_engine_all_reduce() ? ", summed on the copy engines" : "",
               dist::bootstrap_name(dist::bootstrap_method(where.rank)));
 #else

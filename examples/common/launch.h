@@ -13,6 +13,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "accrue.h"
@@ -51,6 +52,8 @@ struct DataParallelOptions {
   bool zero1 = false;                   // reduce-scatter and shard steps (Note [ZeRO-1])
   bool copy_engine_all_reduce = false;  // Note [Copy-engine all-reduce]
   bool timing = false;                  // per-bucket events: Reducer::last_timing() (benchmarks)
+  std::optional<double> bucket_mb = std::nullopt;  // MiB (unset: BucketPlanOptions')
+  std::optional<DType> transport = std::nullopt;   // Note [Gradient transport] (unset: exact)
 };
 
 // Connects the ranks (refusing a different parameter layout on any rank),

@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "accrue/dist/bucket_plan.h"
 #include "accrue/optim/param_store.h"
 
 namespace accrue::examples {
@@ -43,6 +44,31 @@ void check_close_under_forward(const OptionTable& cli, const CloseUnderForward& 
     if (other != nullptr)
       usage_error("--close-under-forward is not taken with ", other,
                   " (Note [Close under the forward])");
+}
+
+std::string GradientSyncChoice::transport_name() const {
+  return transport ? dtype_name(*transport) : "exact";
+}
+
+double GradientSyncChoice::bucket_mib() const {
+  return bucket_mb.value_or(static_cast<double>(dist::BucketPlanOptions{}.bucket_bytes) /
+                            (1 << 20));
+}
+
+void declare_gradient_sync(OptionTable& cli, GradientSyncChoice& g) {
+  cli.number("--bucket-mb", &g.bucket_mb, "MB",
+             "under data parallelism: the gradient buckets' size in MiB, each all-reduced as "
+             "soon as the backward has filled it (the first bucket at most 1 MiB; PyTorch DDP's "
+             "bucket_cap_mb)")
+      .min(0.001)
+      .max(4096)
+      .default_text(std::to_string(
+          static_cast<int64_t>(GradientSyncChoice{}.bucket_mib())));  // a whole MiB: 25
+  cli.choice("--grad-transport", &g.transport,
+             {{"exact", std::nullopt}, {"bf16", DType::bf16}, {"f16", DType::f16}},
+             "under data parallelism: the dtype the buckets travel in; bf16 or f16 halve the "
+             "bytes but round each rank's gradients before the sum, so the step is no longer "
+             "the large batch's exactly (Note [Gradient transport]; DDP's compress hooks)");
 }
 
 OptionTable::Option& declare_concurrent_micro_batches(OptionTable& cli, int64_t& n) {

@@ -102,6 +102,21 @@ void declare_close_under_forward(OptionTable& cli, CloseUnderForward& close,
 void check_close_under_forward(const OptionTable& cli, const CloseUnderForward& close,
                                std::initializer_list<const char*> others);
 
+// --bucket-mb and --grad-transport: the data-parallel reducer's bucket size
+// (dist/bucket_plan.h; PyTorch DDP's bucket_cap_mb) and the dtype its buckets
+// travel in (Note [Gradient transport] in dist/reducer.h; DDP's bf16 and fp16
+// compress hooks). Under one process there is nothing to sum: they do nothing.
+struct GradientSyncChoice {
+  std::optional<double> bucket_mb;  // unset: BucketPlanOptions' 25 MiB
+  std::optional<DType> transport;   // unset: the arena's own dtype, exact
+  // "exact", "bf16" or "f16": what the trainers print, report and record.
+  std::string transport_name() const;
+  // --bucket-mb, or the plan's default when it was not given.
+  double bucket_mib() const;
+  bool given() const { return bucket_mb.has_value() || transport.has_value(); }
+};
+void declare_gradient_sync(OptionTable& cli, GradientSyncChoice& g);
+
 // --concurrent-micro-batches N (Note [Concurrent micro-batches] in
 // optim/graphed_window.h): N micro-steps in flight under --cuda-graphs.
 // Returned for a binary whose default depends on the device (default_text).

@@ -34,6 +34,7 @@ RunRecord gpt2_run_record(const Gpt2Options& o, const nn::GPT2Config& c, const B
   r.text("dtype", dtype_name(compute), {}, "dtype");
   r.text("fp8", o.fp8.record());
   r.integer("world_size", world_size, {}, "world_size");
+  r.text("grad_transport", o.grad_sync.transport_name());
   r.integer("micro_batch", plan.B, {}, "micro_batch");
   r.integer("seq_len", plan.T);
   r.integer("micro_steps", plan.K);

@@ -70,6 +70,7 @@ void declare(OptionTable& cli, Gpt2Options& o) {
            "under data parallelism on two GPUs of one host: sum the gradient buckets on the "
            "copy engines instead of NCCL's kernels (Note [Copy-engine all-reduce]; NCCL's bits; "
            "measured no faster on 2 x H200 as it stands, bench/RESULTS.md)");
+  declare_gradient_sync(cli, o.grad_sync);
   declare_close_under_forward(cli, o.close_under_forward, "; not with --composed");
   cli.path("--gemm-tuning", &o.gemm_tuning, "FILE",
            "time cuBLASLt's candidates and cublasGemmEx for each GEMM shape on first use and "
@@ -162,6 +163,9 @@ bool parse_gpt2_options(int argc, char** argv, Gpt2Options& o) {
   check_fp8(o.fp8);
   if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing || o.fp8.on))
     usage_error("--composed has no dropout, no activation checkpointing and no FP8");
+  if (o.copy_engine_all_reduce && o.grad_sync.transport)
+    usage_error("--copy-engine-all-reduce sums f32 buckets; it is not taken with --grad-transport ",
+                o.grad_sync.transport_name());
   check_close_under_forward(cli, o.close_under_forward, {o.composed ? "--composed" : nullptr});
   check_concurrent_micro_batches(o.concurrent_micro_batches, o.cuda_graphs,
                                  {o.close_under_forward.on ? "--close-under-forward" : nullptr});

@@ -38,6 +38,8 @@ void print_bench_line(const Gpt2Options& o, const nn::GPT2Config& config, const 
   }
   c.boolean("composed", o.composed);
   c.boolean("copy_engine_all_reduce", result.copy_engine_all_reduce);
+  c.number("bucket_mb", o.grad_sync.bucket_mib());
+  c.text("grad_transport", o.grad_sync.transport_name());
   c.boolean("close_under_forward", o.close_under_forward.on);
   o.fp8.describe_json(c);
   BenchTiming t;

@@ -191,10 +191,16 @@ int train(int argc, char** argv) {
                               optimizer.moments_needed()));
   // Note [Window FP8 weights]: kept before the Window, whose close recasts them.
   if (opt.fp8.on) opt.fp8.keep_in(arena, model.use_fp8(opt.fp8.options()));
-  const DataParallel dp = connect_data_parallel(
-      where, arena, {.copy_engine_all_reduce = opt.copy_engine_all_reduce, .timing = opt.bench});
-  if (opt.copy_engine_all_reduce && !dp.reducer)
-    std::printf("--copy-engine-all-reduce: one process, no gradients to sum across GPUs\n");
+  const DataParallel dp =
+      connect_data_parallel(where, arena,
+                            {.copy_engine_all_reduce = opt.copy_engine_all_reduce,
+                             .timing = opt.bench,
+                             .bucket_mb = opt.grad_sync.bucket_mb,
+                             .transport = opt.grad_sync.transport});
+  if ((opt.copy_engine_all_reduce || opt.grad_sync.given()) && !dp.reducer)
+    std::printf(
+        "--copy-engine-all-reduce, --bucket-mb, --grad-transport: one process, no gradients to "
+        "sum across GPUs\n");
   optim::Window window(
       arena, optimizer,
       optim::WindowOptions()

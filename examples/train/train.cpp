@@ -142,6 +142,7 @@ RunRecord run_record(const TrainOptions& opt, const TrainModel& model, int ranks
   record.integer("seq_len", opt.seq_len);
   record.integer("micro_steps", opt.accum);
   record.integer("world_size", ranks);
+  record.text("grad_transport", opt.grad_sync.transport_name());
   record.integer("seed", opt.seed);
   record.text("data", opt.synthetic ? "synthetic" : absolute_path(opt.train_data));
   if (opt.synthetic_documents != SyntheticDocuments::random)
@@ -443,6 +444,8 @@ JsonObject bench_config(const Run& run, int64_t window_tokens) {
       .text("documents", documents_name(opt))
       .boolean("activation_checkpointing", run.model.activation_checkpointing())
       .boolean("zero1", opt.zero1)
+      .number("bucket_mb", opt.grad_sync.bucket_mib())
+      .text("grad_transport", opt.grad_sync.transport_name())
       .boolean("close_under_forward", opt.close_under_forward.on);
   opt.fp8.describe_json(c);
   c.integer("warmup_windows", opt.bench_warmup)
@@ -542,7 +545,12 @@ int train(int argc, char** argv) {
   optim::ParamStore store(model->named_parameters(), store_options(opt, where, master, optimizer));
   // Note [Window FP8 weights]: kept before the Window, whose close recasts them.
   if (opt.fp8.on) opt.fp8.keep_in(store, model->use_fp8(opt.fp8.options()));
-  const DataParallel dp = connect_data_parallel(where, store, {.zero1 = opt.zero1});
+  const DataParallel dp = connect_data_parallel(where, store,
+                                                {.zero1 = opt.zero1,
+                                                 .bucket_mb = opt.grad_sync.bucket_mb,
+                                                 .transport = opt.grad_sync.transport});
+  if (opt.grad_sync.given() && !dp.reducer)
+    std::printf("--bucket-mb, --grad-transport: one process, no gradients to sum across GPUs\n");
   optim::Window window(store, optimizer, window_options(opt, scaling), dp.reducer.get());
   std::printf("memory per rank: %s\n", store.memory().describe().c_str());
 

@@ -112,6 +112,7 @@ void declare_run(OptionTable& cli, TrainOptions& o) {
   cli.flag("--zero1", &o.zero1,
            "under a data-parallel launcher, shard the optimizer state over the ranks (Note "
            "[ZeRO-1]); on one process it changes nothing");
+  declare_gradient_sync(cli, o.grad_sync);
   cli.flag("--cpu", &o.force_cpu, "run on the CPU even when a GPU is present");
   cli.path("--checkpoint", &o.checkpoint, "FILE", "write a checkpoint at the end (and every N)");
   cli.integer("--checkpoint-every", &o.checkpoint_every, "N", "also every N windows (0: end only)")

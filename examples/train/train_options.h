@@ -30,7 +30,8 @@ struct TrainOptions {
   int64_t concurrent_micro_batches = 1;  // Note [Concurrent micro-batches]
   int64_t weight_grad_branch = 0;        // Note [Weight gradients on a branch]: the lag, 0 off
   bool activation_checkpointing = false, zero1 = false, nvtx = false;
-  Fp8Choice fp8;  // --fp8, --fp8-recipe, --fp8-cast-every-micro-batch
+  GradientSyncChoice grad_sync;  // --bucket-mb, --grad-transport
+  Fp8Choice fp8;                 // --fp8, --fp8-recipe, --fp8-cast-every-micro-batch
   SyntheticDocuments synthetic_documents = SyntheticDocuments::random;  // GPT-2: full
   bool contiguous_rows = false;  // Note [GPT-2 rows]: a Llama model reads rows too
   int64_t eos_id = -1, micro_batch = 4, seq_len = 64, accum = 4, windows = 20, warmup_windows = 0;

@@ -133,7 +133,8 @@ case $name in
       --n-embd --vocab-size --block-size --composed \
       --synthetic-documents --activation-checkpointing --gemm-tuning --nvtx --zero1 --bench \
       --bench-warmup --bench-windows --peak-tflops --fp8 --contiguous-rows --close-under-forward \
-      --close-layer-elements --close-max-blocks --concurrent-micro-batches --weight-grad-branch
+      --close-layer-elements --close-max-blocks --concurrent-micro-batches --weight-grad-branch \
+      --bucket-mb --grad-transport
     common_refusals
     expect 2 "--model 'gpt9' is not one of gpt2-tiny, gpt2-d12, gpt2-d24, gpt2-d36, gpt2-d48, llama-125m" \
       --synthetic --model gpt9
@@ -173,6 +174,16 @@ case $name in
       expect 2 "--concurrent-micro-batches is not taken with $other" --synthetic --cuda-graphs \
         --concurrent-micro-batches 2 $other
     done
+    # The data-parallel knobs: their ranges, and on one process nothing to sum (the same bits).
+    expect 2 "--bucket-mb must be in [0.001, 4096], got 0" --synthetic --bucket-mb 0
+    expect 2 "--grad-transport must be exact, bf16 or f16, got 'f8'" --synthetic --grad-transport f8
+    run --cpu --synthetic --windows 2 --micro-batch 2 --seq-len 32 --accum 2
+    exact=$(grep "^final:" <<< "$out")
+    run --cpu --synthetic --windows 2 --micro-batch 2 --seq-len 32 --accum 2 --bucket-mb 0.5 \
+      --grad-transport bf16
+    [[ $rc -eq 0 && -n $exact && $(grep "^final:" <<< "$out") == "$exact" &&
+      $out == *"--bucket-mb, --grad-transport: one process, no gradients to sum"* ]] ||
+      fail "train --grad-transport bf16 on one process: exit code $rc: $out"
     # Note [Weight gradients on a branch]: inside graphs only, one micro-step at a time.
     expect 2 "--weight-grad-branch 2 needs --cuda-graphs" --synthetic --weight-grad-branch 2
     expect 2 "--weight-grad-branch is not taken with --concurrent-micro-batches 2" --synthetic \
@@ -528,8 +539,26 @@ case $name in
       --seed --val-every --val-batches --nvtx --metrics --layer-metrics-every \
       --noise-scale-every --checkpoint --checkpoint-every --resume --bench --bench-warmup \
       --bench-windows --peak-tflops --cpu --close-under-forward --close-layer-elements \
-      --close-max-blocks --concurrent-micro-batches --weight-grad-branch
+      --close-max-blocks --concurrent-micro-batches --weight-grad-branch --copy-engine-all-reduce \
+      --bucket-mb --grad-transport
     tiny=(--model tiny --cpu --synthetic)
+    # The data-parallel knobs: their ranges, the copy engines' f32 sums, and on one
+    # process nothing to sum (the same bits, and the JSON line says what was asked).
+    expect 2 "--bucket-mb must be in [0.001, 4096], got 5000" "${tiny[@]}" --bucket-mb 5000
+    expect 2 "--grad-transport must be exact, bf16 or f16, got 'fp16'" "${tiny[@]}" \
+      --grad-transport fp16
+    expect 2 "--copy-engine-all-reduce sums f32 buckets; it is not taken with --grad-transport bf16" \
+      "${tiny[@]}" --copy-engine-all-reduce --grad-transport bf16
+    run "${tiny[@]}" --micro-batch 2 --seq-len 16 --windows 2
+    exact=$(grep "^final:" <<< "$out")
+    run "${tiny[@]}" --micro-batch 2 --seq-len 16 --windows 2 --grad-transport f16 --bucket-mb 2
+    [[ $rc -eq 0 && -n $exact && $(grep "^final:" <<< "$out") == "$exact" &&
+      $out == *"--grad-transport: one process, no gradients to sum"* ]] ||
+      fail "train_gpt2 --grad-transport f16 on one process: exit code $rc: $out"
+    run "${tiny[@]}" --micro-batch 2 --seq-len 16 --bench --bench-warmup 1 --bench-windows 1 \
+      --grad-transport bf16 --bucket-mb 8
+    python3 -c 'import json, sys; c = json.loads(sys.argv[1].splitlines()[-1])["config"]; sys.exit(not (c["grad_transport"] == "bf16" and c["bucket_mb"] == 8))' "$out" ||
+      fail "train_gpt2 --bench: the JSON line lacks grad_transport bf16 / bucket_mb 8: $out"
     expect 2 "--weight-grad-branch 3 needs --cuda-graphs" "${tiny[@]}" --weight-grad-branch 3
     expect 2 "--weight-grad-branch is not taken with --concurrent-micro-batches 2" "${tiny[@]}" \
       --cuda-graphs --concurrent-micro-batches 2 --weight-grad-branch 1

@@ -96,6 +96,9 @@ expect 1 "beta2 = 0.95 but this run has 0.99" "max_grad_norm = 1 but this run ha
 expect 1 "config.n_layer = 2 but this run has 3" -- "$gpt2" "${base[@]}" --resume c.st --n-layer 3
 expect 1 "fp8 = off but this run has projections e4m3/e5m2, current scaling" \
   -- "$gpt2" "${base[@]}" --resume c.st --fp8
+# A 16-bit gradient transport rounds the summed gradients (Note [Gradient transport]).
+expect 1 "grad_transport = exact but this run has bf16" \
+  -- "$gpt2" "${base[@]}" --resume c.st --grad-transport bf16
 # Every difference at once, each named.
 expect 1 "micro_batch = 2 but this run has 4" "seed = 5 but this run has 7" \
   -- "$gpt2" "${base[@]}" --resume c.st --micro-batch 4 --seed 7

@@ -8,6 +8,7 @@
 #    and the loss is the mean over the window's real tokens of all ranks
 #    (Note [Normalization]): the final losses agree to f32 rounding.
 #  - --zero1 (Note [ZeRO-1]) shards the moments and gives the same losses.
+#  - --grad-transport bf16 with small buckets ends near the exact run.
 #  - --bench under two ranks: world_size 2, the moments sharded.
 #  - A checkpoint of the two-rank run is refused by a one-process resume.
 #  - gpt2-tiny on two ranks with ZeRO-1 ends where one process does.
@@ -52,6 +53,16 @@ grep -q "^memory per rank: .*moments [^,]*(sharded)" "$work/zero1.txt" ||
   fail "--zero1: the moments are not sharded: $(grep "^memory" "$work/zero1.txt")"
 zero1=$(final_loss "$work/zero1.txt")
 close "$zero1" "$two" || fail "--zero1 ended at $zero1, without it at $two"
+
+# --grad-transport bf16 (Note [Gradient transport]) rounds each rank's buckets
+# before the sum: near the exact run, not equal; --bucket-mb sets the buckets.
+bash "$launch" 2 "$trainer" "${common[@]}" --micro-batch 2 --grad-transport bf16 --bucket-mb 0.5 \
+  > "$work/bf16.txt" 2>&1 || fail "--grad-transport bf16: $(cat "$work/bf16.txt")"
+grep -q "^data parallel: .* buckets of up to 0.5 MiB, bf16 transport" "$work/bf16.txt" ||
+  fail "--grad-transport bf16: $(grep "^data parallel" "$work/bf16.txt")"
+bf16=$(final_loss "$work/bf16.txt")
+"$python" -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(a - b) > 1e-2 * abs(b))" \
+  "$bf16" "$two" || fail "--grad-transport bf16 ended at $bf16, the exact transport at $two"
 
 bash "$launch" 2 "$trainer" --model llama-tiny --synthetic --synthetic-documents full \
   --seq-len 64 --micro-batch 2 --accum 2 --dtype bf16 --zero1 --bench --bench-warmup 1 \
