@@ -1,11 +1,21 @@
 #include "accrue/dist/bucket_plan.h"
 
+#include <algorithm>
 #include <iomanip>
 #include <sstream>
 
 #include "accrue/core/error.h"
 
 namespace accrue::dist {
+
+BucketPlanOptions buckets_of_mib(double mib) {
+  ACCRUE_CHECK(mib >= 1.0 / 1024 && mib <= 1024.0 * 1024, "buckets_of_mib: ", mib,
+               " MiB is not a bucket size (1 KiB to 1 TiB)");
+  BucketPlanOptions o;
+  o.bucket_bytes = static_cast<int64_t>(mib * (1 << 20));
+  o.first_bucket_bytes = std::min(o.first_bucket_bytes, o.bucket_bytes);
+  return o;
+}
 
 BucketPlan::BucketPlan(const GradArena& arena, const BucketPlanOptions& options)
     : BucketPlan(arena.slots(), arena.padded_numel(), element_size(arena.options().dtype()),

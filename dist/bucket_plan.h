@@ -57,6 +57,12 @@ struct BucketPlanOptions {
   int64_t max_bucket_bytes = 0;
 };
 
+// Buckets of `mib` MiB after the first (PyTorch DDP's bucket_cap_mb), the
+// first at most that size too: what the trainers' --bucket-mb and Python's
+// bucket_cap_mb ask for. Throws accrue::Error unless the size is between
+// 1 KiB and 1 TiB.
+BucketPlanOptions buckets_of_mib(double mib);
+
 struct Bucket {
   int64_t offset = 0;  // in elements of the flat arena
   int64_t numel = 0;   // elements in the range, alignment padding included

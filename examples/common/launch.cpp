@@ -1,6 +1,5 @@
 #include "examples/common/launch.h"
 
-#include <algorithm>
 #include <cstdio>
 
 #include "accrue/dist/bucket_plan.h"
@@ -44,12 +43,7 @@ DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena
   options.zero1 = dp_options.zero1;
   options.copy_engine_all_reduce = dp_options.copy_engine_all_reduce;
   options.timing = dp_options.timing;
-  if (dp_options.bucket_mb) {
-    options.buckets.bucket_bytes = static_cast<int64_t>(*dp_options.bucket_mb * (1 << 20));
-    // A smaller size than the first bucket's asks for small buckets from the start.
-    options.buckets.first_bucket_bytes =
-        std::min(options.buckets.first_bucket_bytes, options.buckets.bucket_bytes);
-  }
+  if (dp_options.bucket_mb) options.buckets = dist::buckets_of_mib(*dp_options.bucket_mb);
   options.transport = dp_options.transport;
   dp.reducer = std::make_unique<dist::Reducer>(arena, *dp.comm, options);
   dp.reducer->broadcast_parameters();  // every rank starts from rank 0's weights

@@ -196,7 +196,8 @@ def _world_of(process_group: Any, device: torch.device, zero1: bool) -> Tuple[in
 
 
 def _connect(process_group: Any, world: int, rank: int, device: torch.device,
-             store: optim.ParamStore, zero1: bool) -> Tuple[Any, Any]:
+             store: optim.ParamStore, zero1: bool, bucket_cap_mb: Optional[float],
+             grad_transport: str) -> Tuple[Any, Any]:
     """Note [Torch bridge data parallelism]: the communicator and the reducer."""
     import torch.distributed as dist
 
@@ -205,7 +206,8 @@ def _connect(process_group: Any, world: int, rank: int, device: torch.device,
                                group=process_group)
     index = device.index if device.index is not None else torch.cuda.current_device()
     comm = accrue._accrue.dist.NcclCommunicator(uid[0], rank, world, index)
-    reducer = accrue._accrue.dist.Reducer(store, comm, zero1=zero1)
+    reducer = accrue._accrue.dist.Reducer(store, comm, zero1=zero1, bucket_mb=bucket_cap_mb,
+                                          transport=grad_transport)
     reducer.broadcast_parameters(0)
     return comm, reducer
 
@@ -230,11 +232,17 @@ class AccumulationWindow:
     ranks on an NCCL communicator of accrue's own, whose id travels through
     the group (Note [Torch bridge data parallelism]); rank 0's weights are
     broadcast at construction. zero1 shards the optimizer state over the
-    ranks (Note [ZeRO-1]). CUDA parameters only.
+    ranks (Note [ZeRO-1]). bucket_cap_mb: the gradient buckets' size in MiB
+    (DDP's bucket_cap_mb; default 25). grad_transport: "exact" (default), or
+    "bf16" / "f16", half the bytes on the wire at a rounding cost, so the step
+    is no longer the large batch's exactly (Note [Gradient transport]; DDP's
+    compress hooks). Without a group, bucket_cap_mb and grad_transport do
+    nothing. CUDA parameters only.
 
     Refused (ValueError): no trainable parameter, parameters on several
     devices, dtypes other than one of f64/f32/bf16/f16, a process group with
-    parameters off CUDA or a build without NCCL, zero1 without a group. Refused later
+    parameters off CUDA or a build without NCCL, zero1 without a group, a
+    bucket_cap_mb outside [0.001, 4096], another grad_transport. Refused later
     (RuntimeError): the model's trainable parameters, their ``.data`` or
     their ``.grad`` replaced after the window was built, close() before K
     micro-steps.
@@ -263,10 +271,21 @@ class AccumulationWindow:
         unused_parameter_check: optim.UnusedParameterCheck = optim.UnusedParameterCheck.warn,
         process_group: Any = None,
         zero1: bool = False,
+        bucket_cap_mb: Optional[float] = None,
+        grad_transport: str = "exact",
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(
                 f"AccumulationWindow: expected a torch.nn.Module, got {type(model).__name__}"
+            )
+        if bucket_cap_mb is not None and not 0.001 <= bucket_cap_mb <= 4096:
+            raise ValueError(
+                f"AccumulationWindow: bucket_cap_mb must be in [0.001, 4096], got {bucket_cap_mb}"
+            )
+        if grad_transport not in ("exact", "bf16", "f16"):
+            raise ValueError(
+                "AccumulationWindow: grad_transport must be 'exact', 'bf16' or 'f16', "
+                f"got {grad_transport!r}"
             )
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
@@ -365,7 +384,8 @@ class AccumulationWindow:
             self._communicator = self._reducer = None
             if process_group is not None:
                 self._communicator, self._reducer = _connect(
-                    process_group, world, rank, device, self._store, zero1
+                    process_group, world, rank, device, self._store, zero1, bucket_cap_mb,
+                    grad_transport
                 )
             self._window = optim.Window(self._store, self._optimizer, window_options, self._reducer)
 

@@ -4,11 +4,16 @@
 // gradients over the ranks at the window's close (Note [Reducer] in
 // dist/reducer.h), as a GradientSync a Window takes.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
 
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "accrue/core/error.h"
+#include "accrue/dist/bucket_plan.h"
 #include "accrue/dist/process_group.h"
 #include "accrue/dist/reducer.h"
 #include "accrue/optim/gradient_sync.h"
@@ -67,15 +72,28 @@ void bind_dist(nb::module_& m) {
       "the close (Note [Reducer]); a GradientSync for optim.Window(..., sync=reducer).")
       .def(
           "__init__",
-          [](dist::Reducer* self, optim::ParamStore& store, dist::Communicator& comm, bool zero1) {
+          [](dist::Reducer* self, optim::ParamStore& store, dist::Communicator& comm, bool zero1,
+             std::optional<double> bucket_mb, const std::string& transport) {
             dist::ReducerOptions o;
             o.zero1 = zero1;
+            if (bucket_mb) o.buckets = dist::buckets_of_mib(*bucket_mb);
+            if (transport == "bf16" || transport == "f16") {
+              o.transport = transport == "bf16" ? DType::bf16 : DType::f16;
+            } else {
+              ACCRUE_CHECK(transport == "exact",
+                           "accrue.dist.Reducer: transport must be "
+                           "'exact', 'bf16' or 'f16', got '",
+                           transport, "'");
+            }
             new (self) dist::Reducer(store, comm, o);
           },
           nb::arg("store"), nb::arg("communicator"), nb::arg("zero1") = false,
+          nb::arg("bucket_mb").none() = nb::none(), nb::arg("transport") = "exact",
           nb::keep_alive<1, 2>(), nb::keep_alive<1, 3>(),
           "zero1 shards the optimizer state (Note [ZeRO-1]): the store must be built with "
-          "shard_ranks = the world size.")
+          "shard_ranks = the world size. bucket_mb: the buckets' size in MiB (None: 25; "
+          "PyTorch DDP's bucket_cap_mb). transport: 'exact' (the store's dtype), or 'bf16' / "
+          "'f16' for half the bytes at a rounding cost (Note [Gradient transport]).")
       .def("broadcast_parameters", &dist::Reducer::broadcast_parameters, nb::arg("root") = 0,
            "Every rank's weights (and moments) become rank `root`'s; call once before training.")
       .def_prop_ro("world_size", &dist::Reducer::world_size, "Ranks the sums run over.")

@@ -1,7 +1,8 @@
 """One rank of test_dist.py's data-parallel bridge run (torchrun), or, with
 --single, the one-process reference on the whole batch: an f64 MLP on CUDA
 trained 3 windows by accrue.torch.AccumulationWindow; prints or writes each
-rank's final parameters and losses as JSON."""
+rank's final parameters and losses as JSON. --bf16-transport: the buckets
+travel in bf16 and are 1 KiB each (bucket_cap_mb, grad_transport)."""
 
 import json
 import os
@@ -29,6 +30,8 @@ def model(seed):
 def main():
     single = "--single" in sys.argv
     zero1 = "--zero1" in sys.argv
+    small_bf16 = {"bucket_cap_mb": 0.001, "grad_transport": "bf16"} \
+        if "--bf16-transport" in sys.argv else {}
     if single:
         rank, world, group = 0, 1, None
         torch.cuda.set_device(0)
@@ -43,7 +46,8 @@ def main():
     net = model(seed=1 + rank)
     micro = 2 * K if single else K
     window = AccumulationWindow(net, "adamw", lr=1e-2, weight_decay=0.1, micro_steps=micro,
-                                max_grad_norm=0.5, process_group=group, zero1=zero1)
+                                max_grad_norm=0.5, process_group=group, zero1=zero1,
+                                **small_bf16)
     losses = []
     for x, y in batches(WINDOWS):
         rows = range(0, 2 * K * ROWS) if single else range(rank * K * ROWS, (rank + 1) * K * ROWS)

@@ -143,6 +143,25 @@ TEST(BucketPlan, gpt2_with_other_bucket_sizes) {
     }
 }
 
+// The trainers' --bucket-mb and Python's bucket_cap_mb: the size after the
+// first bucket, the first at most that size too; sizes outside 1 KiB..1 TiB refused.
+TEST(BucketPlan, buckets_of_mib_sets_the_size_and_caps_the_first) {
+  const BucketPlanOptions fifty = buckets_of_mib(50);
+  EXPECT_EQ(fifty.bucket_bytes, int64_t{50} << 20);
+  EXPECT_EQ(fifty.first_bucket_bytes, BucketPlanOptions{}.first_bucket_bytes);
+  const BucketPlanOptions half = buckets_of_mib(0.5);
+  EXPECT_EQ(half.bucket_bytes, int64_t{1} << 19);
+  EXPECT_EQ(half.first_bucket_bytes, int64_t{1} << 19);
+  const Layout l = gpt2_layout();
+  for (const double mib : {0.001, 0.5, 4.0, 50.0, 4096.0}) {
+    const BucketPlanOptions opt = buckets_of_mib(mib);
+    expect_plan_invariants(BucketPlan(l.slots, l.padded_numel, 4, opt), l, 4, opt);
+  }
+  EXPECT_ERROR(buckets_of_mib(0), "buckets_of_mib: 0 MiB is not a bucket size");
+  EXPECT_ERROR(buckets_of_mib(-3), "-3 MiB");
+  EXPECT_ERROR(buckets_of_mib(1e9), "not a bucket size (1 KiB to 1 TiB)");
+}
+
 // A schedule: 1 MiB, 25 MiB, then doubling up to 256 MiB. GPT-2's layers
 // (27 MiB each) go in ever larger buckets; wte (147 MiB) stays alone, last.
 TEST(BucketPlan, gpt2_with_a_growing_schedule) {
