@@ -49,7 +49,8 @@ def test_the_bridge_refuses_bad_bucket_sizes_and_transports():
 
     with pytest.raises(ValueError, match=r"bucket_cap_mb must be in \[0.001, 4096\], got 0"):
         AccumulationWindow(torch.nn.Linear(4, 4), bucket_cap_mb=0)
-    with pytest.raises(ValueError, match="grad_transport must be 'exact', 'bf16' or 'f16', got 'fp8'"):
+    with pytest.raises(ValueError,
+                       match="grad_transport must be 'exact', 'bf16' or 'f16', got 'fp8'"):
         AccumulationWindow(torch.nn.Linear(4, 4), grad_transport="fp8")
     # Without a group there is nothing to sum: they are taken and do nothing.
     window = AccumulationWindow(torch.nn.Linear(4, 4), bucket_cap_mb=8, grad_transport="bf16")
