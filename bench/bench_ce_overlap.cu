@@ -29,6 +29,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -198,12 +199,23 @@ int main(int argc, char** argv) {
   bool progressive = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    // A whole decimal integer in [1, 1 << 20], or exit 2 naming the option and the text.
     auto next = [&]() -> long {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "accrue_bench_ce_overlap: %s needs a value\n", a.c_str());
         std::exit(2);
       }
-      return std::atol(argv[++i]);
+      const char* text = argv[++i];
+      char* end = nullptr;
+      errno = 0;
+      const long v = std::strtol(text, &end, 10);
+      if (errno != 0 || end == text || *end != '\0' || v < 1 || v > (1L << 20)) {
+        std::fprintf(stderr,
+                     "accrue_bench_ce_overlap: %s expects an integer in [1, %ld], got '%s'\n",
+                     a.c_str(), 1L << 20, text);
+        std::exit(2);
+      }
+      return v;
     };
     if (a == "--mib")
       mib = next();
@@ -222,6 +234,10 @@ int main(int argc, char** argv) {
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
+  if (gemms < 2) {
+    std::fprintf(stderr, "accrue_bench_ce_overlap: --gemms must be >= 2, got %d\n", gemms);
+    return 2;
+  }
   int count = 0;
   CK(cudaGetDeviceCount(&count));
   if (count < 2) {
@@ -232,12 +248,6 @@ int main(int argc, char** argv) {
   plan.elems = mib * (size_t(1) << 20) / sizeof(float);
   plan.bucket = bucket_mib * (size_t(1) << 20) / sizeof(float);
   const int buckets = bucket_count(plan);
-  if (mib == 0 || bucket_mib == 0 || gemms < 2 || repeats < 1) {
-    std::fprintf(stderr,
-                 "accrue_bench_ce_overlap: --mib, --bucket-mib >= 1, --gemms >= 2, "
-                 "--repeats >= 1\n");
-    return 2;
-  }
 
   std::vector<Gpu> gs(2);
   int devs[2] = {0, 1};

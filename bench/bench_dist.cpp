@@ -29,6 +29,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -40,6 +41,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "accrue.h"
@@ -90,12 +92,30 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+// A whole decimal integer, or an accrue::Error naming the option and the text.
+int64_t parse_int(const std::string& option, const std::string& text) {
+  int64_t v = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, v);
+  ACCRUE_CHECK(error == std::errc() && stop == end && !text.empty(), "accrue_bench_dist: ", option,
+               " expects an integer, got '", text, "'");
+  return v;
+}
+
+// A finite number, or an accrue::Error naming the option and the text.
+double parse_number(const std::string& option, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  ACCRUE_CHECK(!text.empty() && end == text.c_str() + text.size() && std::isfinite(v),
+               "accrue_bench_dist: ", option, " expects a finite number, got '", text, "'");
+  return v;
+}
+
 std::vector<int64_t> split_ints(const std::string& s, const std::string& option) {
   std::vector<int64_t> out;
   for (const std::string& item : split(s)) {
-    size_t used = 0;
-    const int64_t v = std::stoll(item, &used);
-    ACCRUE_CHECK(used == item.size() && v > 0, "accrue_bench_dist: ", option,
+    const int64_t v = parse_int(option, item);
+    ACCRUE_CHECK(v > 0, "accrue_bench_dist: ", option,
                  " takes positive integers separated by commas, got '", s, "'");
     out.push_back(v);
   }
@@ -139,8 +159,10 @@ dist::ReducerOptions reducer_options(const std::string& variant) {
       options.copy_engine_all_reduce = true;
     } else if (p.size() > 1 && (p[0] == 'b' || p[0] == 'g' || p[0] == 'm') &&
                p.find_first_not_of("0123456789", 1) == std::string::npos &&
-               std::stoll(p.substr(1)) > 0) {
-      const int64_t v = std::stoll(p.substr(1));
+               parse_int("--variants", p.substr(1)) > 0) {
+      const int64_t v = parse_int("--variants", p.substr(1));
+      ACCRUE_CHECK(v <= (int64_t{1} << 20), "accrue_bench_dist: --variants entry '", variant,
+                   "': ", v, " is too large (at most 1048576)");
       if (p[0] == 'b') options.buckets.bucket_bytes = v << 20;
       if (p[0] == 'g') options.buckets.growth = static_cast<double>(v);
       if (p[0] == 'm') options.buckets.max_bucket_bytes = v << 20;
@@ -207,7 +229,7 @@ Options parse(int argc, char** argv) {
     };
     auto count = [&]() {
       const std::string v = value();
-      const int64_t n = std::stoll(v);
+      const int64_t n = parse_int(a, v);
       ACCRUE_CHECK(n >= 0, "accrue_bench_dist: ", a, " must be >= 0, got ", v);
       return n;
     };
@@ -248,7 +270,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--windows")
       o.windows = count();
     else if (a == "--lr")
-      o.lr = std::stod(value());
+      o.lr = parse_number(a, value());
     else if (a == "--phases")
       o.phases = true;
     else if (a == "--comm-priority") {
@@ -267,7 +289,7 @@ Options parse(int argc, char** argv) {
       usage();
       std::exit(0);
     } else
-      ACCRUE_FAIL("accrue_bench_dist: unknown option ", a, " (--help lists them)");
+      ACCRUE_FAIL("accrue_bench_dist: unknown option ", a);
   }
   ACCRUE_CHECK(o.mode == "allreduce" || o.mode == "scaling",
                "accrue_bench_dist: --mode must be allreduce or scaling, got '", o.mode, "'");
@@ -279,6 +301,10 @@ Options parse(int argc, char** argv) {
   for (const std::string& t : o.tables)
     ACCRUE_CHECK(t == "fixed_micro" || t == "fixed_global", "accrue_bench_dist: unknown table '", t,
                  "' (fixed_micro, fixed_global)");
+  ACCRUE_CHECK(o.dtype == "bf16" || o.dtype == "f16" || o.dtype == "f32",
+               "accrue_bench_dist: unknown --dtype '", o.dtype, "' (bf16, f16, f32)");
+  for (const std::string& v : o.variants)
+    (void)reducer_options(v);  // refused here, before any GPU work, if malformed
   return o;
 }
 
@@ -855,8 +881,15 @@ int run_scaling(const Options& o, const dist::RankInfo& rank) {
 int main(int argc, char** argv) {
   using namespace accrue;
   dist::RankInfo rank;
+  bench::Options options;
   try {
-    const bench::Options options = bench::parse(argc, argv);
+    options = bench::parse(argc, argv);
+  } catch (const Error& e) {
+    // A bad command line: exit 2, the message alone (Note [Error locations]).
+    std::fprintf(stderr, "%s (see --help)\n", e.message().c_str());
+    return 2;
+  }
+  try {
     rank = dist::discover_rank();
     ACCRUE_CHECK(cuda_available(), "accrue_bench_dist: needs a GPU (", cuda_unavailable_reason(),
                  ")");
@@ -866,7 +899,7 @@ int main(int argc, char** argv) {
     return options.mode == "allreduce" ? bench::run_allreduce(options, rank)
                                        : bench::run_scaling(options, rank);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "accrue_bench_dist (rank %d): %s\n", rank.rank, e.what());
+    std::fprintf(stderr, "accrue_bench_dist (rank %d): %s\n", rank.rank, error_message(e).c_str());
     return 1;
   }
 }
