@@ -92,7 +92,7 @@ Reducer::~Reducer() {
       comm_.use_copy_engine_all_reduce(0, 0, nullptr);
     } catch (const std::exception& e) {
       std::cerr << "accrue: Reducer: rank " << comm_.rank()
-                << ": turning the copy engines off failed: " << e.what() << "\n";
+                << ": turning the copy engines off failed: " << error_message(e) << "\n";
     }
   }
 }

@@ -277,7 +277,8 @@ int train(int argc, char** argv) {
       try {
         result.reducer = dp.reducer->last_timing();
       } catch (const Error& e) {  // a figure left out, not a failed benchmark
-        std::fprintf(stderr, "accrue_train_gpt2: no reducer timing: %s\n", e.what());
+        std::fprintf(stderr, "accrue_train_gpt2: no reducer timing: %s\n",
+                     error_message(e).c_str());
       }
     }
     print_bench_line(opt, config, plan, compute, device, where.world_size(), result);

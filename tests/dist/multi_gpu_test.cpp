@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <memory>
 
@@ -220,6 +221,12 @@ TEST(MultiGpu, copy_engine_all_reduce_gives_nccls_bits) {
   const int64_t capacity = int64_t{24} << 20;
   ASSERT_TRUE(ce->use_copy_engine_all_reduce(capacity, Communicator::kCopyEngineMinBytes, &why))
       << why;
+  // Note [Copy-engine all-reduce]: the flags' shared page is mapped, its name
+  // already gone (no /dev/shm entry outlives the processes).
+  std::error_code listing;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", listing))
+    EXPECT_NE(entry.path().filename().string().rfind("accrue-ce-", 0), 0u)
+        << "left behind: " << entry.path();
   // Below the minimum, a chunk and an odd tail, several chunks, the capacity;
   // twice, so that the flags count on and the staging is reused.
   const std::vector<int64_t> sizes{1000, (int64_t{1} << 20) + 3, 5 * (int64_t{1} << 20) + 17,
