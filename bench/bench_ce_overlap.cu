@@ -15,7 +15,11 @@
 //         and pushes the sum into the peer's half (a copy engine again): the
 //         SMs run only the add;
 //   ce2   the same, pipelined: the pulls on one stream, the adds and pushes
-//         on a second, so the next bucket's pull runs beside this one's add.
+//         on a second, so the next bucket's pull runs beside this one's add;
+//   nccl_sym  ncclAllReduce per bucket on gradients allocated by ncclMemAlloc
+//         and registered as one symmetric window (NCCL_WIN_COLL_SYMMETRIC), so
+//         NCCL may run its symmetric kernels, which load and store the peer's
+//         buffer directly instead of staging through its FIFOs.
 // With --progressive the buckets are released as a backward releases them:
 // an equal share after each pair of GEMMs (the comm stream waits for an
 // event there), so the all-reduce can only trail the chain, as under the
@@ -106,6 +110,8 @@ struct Gpu {
   float* grad = nullptr;     // the gradients to all-reduce
   float* init = nullptr;     // their values before, restored each repeat
   float* scratch = nullptr;  // ce: the peer's half, pulled
+  float* sym = nullptr;      // nccl_sym: gradients in a symmetric NCCL window
+  ncclWindow_t window = nullptr;
   ncclComm_t nccl = nullptr;
 };
 
@@ -276,12 +282,25 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&g.grad, plan.elems * 4));
     CK(cudaMalloc(&g.init, plan.elems * 4));
     CK(cudaMalloc(&g.scratch, plan.elems * 4));
+    CKN(ncclMemAlloc(reinterpret_cast<void**>(&g.sym), plan.elems * 4));
     fill_bf16<<<1024, 256>>>(g.a, size_t(kM) * kN, 1 + d);
     fill_bf16<<<1024, 256>>>(g.b, size_t(kN) * kK, 3 + d);
     fill<<<1024, 256>>>(g.slot, size_t(kM) * kN, 5 + d);
     fill<<<1024, 256>>>(g.init, plan.elems, 7 + d);
     CK(cudaDeviceSynchronize());
   }
+  // Window registration is collective: both communicators in one group.
+  CKN(ncclGroupStart());
+  for (Gpu& g : gs) {
+    CK(cudaSetDevice(g.dev));
+    CKN(ncclCommWindowRegister(g.nccl, g.sym, plan.elems * 4, &g.window, NCCL_WIN_COLL_SYMMETRIC));
+  }
+  CKN(ncclGroupEnd());
+  // nccl_sym runs nccl on the window's buffer in grad's place.
+  auto swap_sym = [&] {
+    for (Gpu& g : gs)
+      std::swap(g.grad, g.sym);
+  };
 
   // One measurement: restore the gradients, line both GPUs' streams up, run
   // what `mode` says, return {chain ms, comm ms, makespan ms} (max over GPUs).
@@ -322,7 +341,8 @@ int main(int argc, char** argv) {
         if (progressive) CK(cudaStreamWaitEvent(gs[d].comm, released, 0));
         CK(cudaEventDestroy(released));  // legal: destroyed once it completes
       }
-      if (std::strcmp(comm, "nccl") == 0) allreduce_nccl(gs, plan, b0, b1);
+      if (std::strcmp(comm, "nccl") == 0 || std::strcmp(comm, "nccl_sym") == 0)
+        allreduce_nccl(gs, plan, b0, b1);
       if (std::strcmp(comm, "ce") == 0) allreduce_ce(gs, plan, b0, b1, false);
       if (std::strcmp(comm, "ce2") == 0) allreduce_ce(gs, plan, b0, b1, true);
     }
@@ -351,6 +371,8 @@ int main(int argc, char** argv) {
     return t;
   };
   auto run = [&](bool chain, const char* comm) {
+    const bool sym = std::strcmp(comm, "nccl_sym") == 0;
+    if (sym) swap_sym();
     std::vector<double> c, m, s;
     measure(chain, comm);  // warm-up
     for (int r = 0; r < repeats; ++r) {
@@ -359,6 +381,7 @@ int main(int argc, char** argv) {
       m.push_back(t.comm);
       s.push_back(t.span);
     }
+    if (sym) swap_sym();
     return Times{median(c), median(m), median(s)};
   };
 
@@ -368,31 +391,40 @@ int main(int argc, char** argv) {
   CK(cudaSetDevice(1));
   CK(cudaMemcpy(ref.data(), gs[1].grad, plan.elems * 4, cudaMemcpyDeviceToHost));
   size_t mismatches = 0;
-  for (const char* comm : {"ce", "ce2"}) {
+  for (const char* comm : {"ce", "ce2", "nccl_sym"}) {
+    const bool sym = std::strcmp(comm, "nccl_sym") == 0;
+    if (sym) swap_sym();
     measure(false, comm);
     for (int d = 0; d < 2; ++d) {
       CK(cudaSetDevice(d));
       CK(cudaMemcpy(got.data(), gs[d].grad, plan.elems * 4, cudaMemcpyDeviceToHost));
       mismatches += size_t(std::memcmp(got.data(), ref.data(), plan.elems * 4) != 0);
     }
+    if (sym) swap_sym();
   }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s x 2, %zu MiB fp32 in %d buckets of %zu MiB, %d GEMMs %dx%dx%d, medians of %d%s\n",
               prop.name, mib, buckets, bucket_mib, gemms, kM, kN, kK, repeats,
               progressive ? ", buckets released along the chain" : "");
-  std::printf("ce and ce2 sums equal nccl's bit for bit: %s\n", mismatches == 0 ? "yes" : "NO");
+  std::printf("ce, ce2 and nccl_sym sums equal nccl's bit for bit: %s\n",
+              mismatches == 0 ? "yes" : "NO");
   const Times chain = run(true, "none");
   std::printf("%-22s chain %.3f ms\n", "GEMMs alone", chain.chain);
-  for (const char* comm : {"nccl", "ce", "ce2"}) {
+  for (const char* comm : {"nccl", "nccl_sym", "ce", "ce2"}) {
     const Times alone = run(false, comm);
     const double busbw = double(plan.elems) * 4 / (alone.comm * 1e-3) / 1e9;  // 2 ranks: bus = alg
     const Times both = run(true, comm);
     std::printf(
-        "%-5s alone %.3f ms (%.0f GB/s bus) | with GEMMs: chain %.3f ms (+%.1f%%), comm "
+        "%-8s alone %.3f ms (%.0f GB/s bus) | with GEMMs: chain %.3f ms (+%.1f%%), comm "
         "ends %.3f ms, makespan %.3f ms (GEMMs alone + %.3f)\n",
         comm, alone.comm, busbw, both.chain, 100 * (both.chain / chain.chain - 1), both.comm,
         both.span, both.span - chain.chain);
+  }
+  for (Gpu& g : gs) {
+    CK(cudaSetDevice(g.dev));
+    CKN(ncclCommWindowDeregister(g.nccl, g.window));
+    CKN(ncclMemFree(g.sym));
   }
   return mismatches == 0 ? 0 : 1;
 }
