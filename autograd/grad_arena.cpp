@@ -1,5 +1,7 @@
 #include "accrue/autograd/grad_arena.h"
 
+#include <optional>
+
 #include "accrue/autograd/weight_grad_branch.h"
 #include "accrue/core/allocator.h"
 #include "accrue/core/grad_mode.h"
@@ -76,7 +78,12 @@ GradArena::GradArena(const std::vector<NamedParameter>& named, const GradArenaOp
     slots_.push_back(std::move(s));
   }
   // Padding must read as zero forever: the norm pass and the optimizer sweep it.
-  grads_ = zeros({padded_numel_}, options.dtype(), options.device());
+  {
+    std::optional<CudaAllocatorModeScope> own_allocation;
+    if (options.shareable() && options.device().is_cuda())
+      own_allocation.emplace(CudaAllocatorMode::Plain);
+    grads_ = zeros({padded_numel_}, options.dtype(), options.device());
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     params_.push_back(params[i]);
     set_grad(params[i], grad_view(i));

@@ -71,16 +71,26 @@ class GradArenaOptions {
     name_ = std::move(n);
     return *this;
   }
+  // On a GPU: the slots in an allocation of their own from cudaMalloc, which
+  // another process can map by CUDA IPC (the stream-ordered pool's cannot),
+  // so that the copy engines sum straight from the peer's arena (Note
+  // [Copy-engine all-reduce]). Default false.
+  GradArenaOptions& shareable(bool on) {
+    shareable_ = on;
+    return *this;
+  }
   Device device() const { return device_; }
   DType dtype() const { return dtype_; }
   int shard_ranks() const { return shard_ranks_; }
   const std::string& name() const { return name_; }
+  bool shareable() const { return shareable_; }
 
  private:
   Device device_ = Device::cpu();
   DType dtype_ = DType::f32;
   int shard_ranks_ = 1;
   std::string name_;
+  bool shareable_ = false;
 };
 
 // Note [One owner]

@@ -138,8 +138,8 @@ std::vector<int64_t> split_ints(const std::string& s, const std::string& option)
 // torch_ddp.py's rows stay "ddp", and compare_dist.py shows every accrue variant
 // against them.
 constexpr const char* kVariants =
-    "ddp or zero1, optionally with _bf16, _bN (N MiB buckets), _gF (growth), _mN (cap), _norm "
-    "and _ce";
+    "ddp or zero1, optionally with _bf16, _bN (N MiB buckets), _gF (growth), _mN (cap), _norm, "
+    "_ce (the copy engines, between shareable arenas) and _staged (_ce through staging)";
 dist::ReducerOptions reducer_options(const std::string& variant) {
   dist::ReducerOptions options;
   std::vector<std::string> parts;
@@ -157,6 +157,8 @@ dist::ReducerOptions reducer_options(const std::string& variant) {
       // a Window option: see norm_under_backward()
     } else if (p == "ce") {
       options.copy_engine_all_reduce = true;
+    } else if (p == "staged") {
+      // a store option: see shares_gradients()
     } else if (p.size() > 1 && (p[0] == 'b' || p[0] == 'g' || p[0] == 'm') &&
                p.find_first_not_of("0123456789", 1) == std::string::npos &&
                parse_int("--variants", p.substr(1)) > 0) {
@@ -174,6 +176,13 @@ dist::ReducerOptions reducer_options(const std::string& variant) {
   if (options.buckets.growth > 1.0 && options.buckets.max_bucket_bytes == 0)
     options.buckets.max_bucket_bytes = int64_t{256} << 20;
   return options;
+}
+
+// Note [Copy-engine all-reduce]: _ce sums between the ranks' arenas, which
+// the store must allocate shareable; _ce_staged keeps the pool's arena.
+bool shares_gradients(const std::string& variant) {
+  const std::string v = "_" + variant + "_";
+  return v.find("_ce_") != std::string::npos && v.find("_staged_") == std::string::npos;
 }
 
 // The _norm suffix of a --variants entry.
@@ -680,8 +689,11 @@ RowResult run_scaling_row(const Options& o, const Row& row, const dist::RankInfo
   nn::MLP model(mlp_widths(o), {device, DType::f32, &init_gen});
   optim::Optimizer optimizer(optim::AdamWOptions(o.lr).betas(0.9, 0.95).weight_decay(0.1));
   optim::ParamStore arena(model.named_parameters(),
-                          optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
-                              optimizer.moments_needed()));
+                          optim::ParamStoreOptions()
+                              .device(device)
+                              .compute_dtype(compute)
+                              .moments(optimizer.moments_needed())
+                              .shareable_gradients(shares_gradients(row.variant)));
   std::unique_ptr<dist::Reducer> reducer;
   if (comm != nullptr) {
     dist::ReducerOptions options = reducer_options(row.variant);

@@ -26,6 +26,23 @@ enum class CudaAllocatorMode {
 void set_cuda_allocator_mode(CudaAllocatorMode mode);
 CudaAllocatorMode cuda_allocator_mode();
 
+// Sets the mode for its lifetime and restores the previous one. A buffer that
+// another process maps by CUDA IPC takes Plain (the stream-ordered pool's
+// blocks cannot be exported): the gradient arena of Note [Copy-engine
+// all-reduce] (GradArenaOptions::shareable).
+class CudaAllocatorModeScope {
+ public:
+  explicit CudaAllocatorModeScope(CudaAllocatorMode mode) : saved_(cuda_allocator_mode()) {
+    set_cuda_allocator_mode(mode);
+  }
+  ~CudaAllocatorModeScope() { set_cuda_allocator_mode(saved_); }
+  CudaAllocatorModeScope(const CudaAllocatorModeScope&) = delete;
+  CudaAllocatorModeScope& operator=(const CudaAllocatorModeScope&) = delete;
+
+ private:
+  CudaAllocatorMode saved_;
+};
+
 struct MemoryStats {
   int64_t current_bytes = 0;
   int64_t peak_bytes = 0;

@@ -49,6 +49,19 @@ void wait_value(CUstream_st* stream, uint32_t* address, uint32_t value) {
                static_cast<int>(r), ")");
 }
 
+using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+// The start of the allocation holding `p` (CUDA IPC exports whole allocations).
+char* allocation_base(const void* p) {
+  static const GetAddressRange range = driver_entry<GetAddressRange>("cuMemGetAddressRange");
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  const CUresult r = range(&base, &size, reinterpret_cast<CUdeviceptr>(p));
+  ACCRUE_CHECK(r == CUDA_SUCCESS, "CopyEngineAllReduce: cuMemGetAddressRange failed (CUresult ",
+               static_cast<int>(r), ")");
+  return reinterpret_cast<char*>(base);
+}
+
 enum Flag { kReady = 0, kDone = 1, kFlags = 2 };
 
 // What a rank tells the other: where it runs and how to map its buffers
@@ -59,6 +72,15 @@ struct Card {
   char flags_page[48] = {};
   cudaIpcMemHandle_t staging{};
   int64_t capacity_bytes = 0;
+};
+
+// What a rank tells the other in share(): its arena's allocation and where
+// the arena starts in it; an empty handle when it cannot be exported.
+struct ArenaCard {
+  cudaIpcMemHandle_t allocation{};
+  int64_t offset_bytes = 0;
+  int64_t count = 0;
+  int exported = 0;
 };
 
 // The flags' page: one page of host memory both processes map, [rank][Flag].
@@ -84,15 +106,17 @@ uint32_t* map_flags_page(const std::string& name, bool create, std::string* why)
   return static_cast<uint32_t*>(page);
 }
 
-std::string to_bytes(const Card& c) {
-  return std::string(reinterpret_cast<const char*>(&c), sizeof(Card));
+template <class C>
+std::string to_bytes(const C& c) {
+  return std::string(reinterpret_cast<const char*>(&c), sizeof(C));
 }
 
-Card from_bytes(const std::string& s) {
-  ACCRUE_CHECK(s.size() == sizeof(Card), "CopyEngineAllReduce: a peer sent ", s.size(),
-               " bytes, expected ", sizeof(Card));
-  Card c;
-  std::memcpy(&c, s.data(), sizeof(Card));
+template <class C>
+C from_bytes(const std::string& s) {
+  ACCRUE_CHECK(s.size() == sizeof(C), "CopyEngineAllReduce: a peer sent ", s.size(),
+               " bytes, expected ", sizeof(C));
+  C c;
+  std::memcpy(&c, s.data(), sizeof(C));
   return c;
 }
 
@@ -130,7 +154,7 @@ std::unique_ptr<CopyEngineAllReduce> CopyEngineAllReduce::connect(int rank, int 
   }
   const std::vector<std::string> cards = gather(to_bytes(mine));
   ACCRUE_CHECK(cards.size() == 2, "CopyEngineAllReduce: ", cards.size(), " ranks answered, not 2");
-  const Card peer = from_bytes(cards[static_cast<size_t>(1 - rank)]);
+  const Card peer = from_bytes<Card>(cards[static_cast<size_t>(1 - rank)]);
   ACCRUE_CHECK(peer.capacity_bytes == e->capacity_bytes_, "CopyEngineAllReduce: rank ", 1 - rank,
                " staged ", peer.capacity_bytes, " bytes and rank ", rank, " ", e->capacity_bytes_,
                " (the ranks' buckets differ)");
@@ -197,6 +221,12 @@ CopyEngineAllReduce::~CopyEngineAllReduce() {
   (void)cudaSetDevice(device_);
   if (side_ != nullptr) (void)cudaStreamSynchronize(side_);
   if (peer_staging_ != nullptr) (void)cudaIpcCloseMemHandle(peer_staging_);
+  if (peer_allocation_ != nullptr) (void)cudaIpcCloseMemHandle(peer_allocation_);
+  for (int s = 0; s < kSlots; ++s) {
+    if (slot_pulled_[s] != nullptr) (void)cudaEventDestroy(slot_pulled_[s]);
+    if (slot_free_[s] != nullptr) (void)cudaEventDestroy(slot_free_[s]);
+  }
+  if (scratch_ != nullptr) (void)cudaFree(scratch_);
   if (pulled_ != nullptr) (void)cudaEventDestroy(pulled_);
   if (joined_ != nullptr) (void)cudaEventDestroy(joined_);
   if (side_ != nullptr) (void)cudaStreamDestroy(side_);
@@ -212,16 +242,115 @@ void CopyEngineAllReduce::unlink_flags_page() noexcept {
   flags_page_name_.clear();
 }
 
+bool CopyEngineAllReduce::share(float* base, int64_t count, const Gather& gather,
+                                std::string* why) {
+  ACCRUE_CHECK(base != nullptr && count > 0, "CopyEngineAllReduce::share: ", count, " floats at ",
+               static_cast<const void*>(base));
+  ACCRUE_CHECK(shared_ == nullptr, "CopyEngineAllReduce::share: an arena is already shared");
+  ACCRUE_CUDA_CHECK(cudaSetDevice(device_));
+  ArenaCard mine;
+  mine.count = count;
+  char* allocation = allocation_base(base);
+  if (cudaIpcGetMemHandle(&mine.allocation, allocation) == cudaSuccess) {
+    mine.exported = 1;
+    mine.offset_bytes = reinterpret_cast<char*>(base) - allocation;
+  } else {
+    (void)cudaGetLastError();  // the pool's blocks cannot be exported: the staged form stays
+  }
+  const std::vector<std::string> cards = gather(to_bytes(mine));
+  ACCRUE_CHECK(cards.size() == 2, "CopyEngineAllReduce: ", cards.size(), " ranks answered, not 2");
+  std::string reason;
+  for (size_t r = 0; r < 2 && reason.empty(); ++r) {
+    const ArenaCard c = from_bytes<ArenaCard>(cards[r]);
+    if (!c.exported)
+      reason = "rank " + std::to_string(r) +
+               "'s gradient arena cannot be exported by CUDA IPC (not an allocation of its own: "
+               "construct the store with shareable_gradients)";
+    else if (c.count != count)
+      reason = "the ranks' arenas differ: rank " + std::to_string(rank_) + " has " +
+               std::to_string(count) + " floats, rank " + std::to_string(r) + " " +
+               std::to_string(c.count);
+  }
+  if (!reason.empty()) {
+    if (why != nullptr) *why = reason;
+    return false;  // both ranks read the same two cards: both refuse
+  }
+  const ArenaCard peer = from_bytes<ArenaCard>(cards[static_cast<size_t>(1 - rank_)]);
+  ACCRUE_CUDA_CHECK(
+      cudaIpcOpenMemHandle(&peer_allocation_, peer.allocation, cudaIpcMemLazyEnablePeerAccess));
+  peer_shared_ = reinterpret_cast<float*>(static_cast<char*>(peer_allocation_) + peer.offset_bytes);
+  ACCRUE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch_),
+                               static_cast<size_t>(kSlots * kChunkFloats) * sizeof(float)));
+  for (int s = 0; s < kSlots; ++s) {
+    ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&slot_pulled_[s], cudaEventDisableTiming));
+    ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&slot_free_[s], cudaEventDisableTiming));
+    ACCRUE_CUDA_CHECK(cudaEventRecord(slot_free_[s], side_));  // every slot free at first
+  }
+  shared_ = base;
+  shared_count_ = count;
+  // Both mappings exist on both ranks before either writes into the other's.
+  gather("mapped");
+  return true;
+}
+
 bool CopyEngineAllReduce::takes(const void* data, int64_t count) const {
-  return count >= 2 && count * static_cast<int64_t>(sizeof(float)) <= capacity_bytes_ &&
-         reinterpret_cast<uintptr_t>(data) % 16 == 0;
+  if (count < 2 || reinterpret_cast<uintptr_t>(data) % 16 != 0) return false;
+  const float* p = static_cast<const float*>(data);
+  if (shared_ != nullptr && p >= shared_ && count <= shared_count_ - (p - shared_)) return true;
+  return count * static_cast<int64_t>(sizeof(float)) <= capacity_bytes_;
 }
 
 void CopyEngineAllReduce::enqueue(float* data, int64_t count, CUstream_st* stream) {
   ACCRUE_CHECK(takes(data, count), "CopyEngineAllReduce: cannot take ", count, " floats (capacity ",
                capacity_bytes_, " bytes, 16-byte aligned data)");
+  if (shared_ != nullptr && data >= shared_ && count <= shared_count_ - (data - shared_))
+    return enqueue_direct(data, count, stream);
+  join(stream);  // the staged form's steps assume no call before it is still running
+  enqueue_staged(data, count, stream);
+}
+
+void CopyEngineAllReduce::join(CUstream_st* stream) {
+  if (!pending_) return;
+  ACCRUE_CUDA_CHECK(cudaEventRecord(joined_, side_));
+  ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream, joined_, 0));
+  // The peer's pushes into this rank's halves: its DONE of the last call.
+  wait_value(stream, flags_ + kDone, calls_);
+  pending_ = false;
+}
+
+void CopyEngineAllReduce::enqueue_direct(float* data, int64_t count, CUstream_st* stream) {
+  const int64_t split = split_of(count);
+  const int64_t mine_begin = rank_ == 0 ? 0 : split, mine_end = rank_ == 0 ? split : count;
+  float* const peer = peer_shared_ + (data - shared_);
+  const uint32_t call = ++calls_;
+  // READY both ways: each rank's backward has written the bucket.
+  write_value(stream, peer_flags_ + kReady, call);
+  wait_value(stream, flags_ + kReady, call);
+  for (int64_t b = mine_begin; b < mine_end; b += kChunkFloats) {
+    const int64_t n = std::min(kChunkFloats, mine_end - b);
+    const int slot = static_cast<int>(next_slot_++ % kSlots);
+    float* const scratch = scratch_ + slot * kChunkFloats;
+    ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream, slot_free_[slot], 0));
+    ACCRUE_CUDA_CHECK(cudaMemcpyAsync(scratch, peer + b, static_cast<size_t>(n) * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, stream));
+    ACCRUE_CUDA_CHECK(cudaEventRecord(slot_pulled_[slot], stream));
+    ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(side_, slot_pulled_[slot], 0));
+    copy_engine_add_f32(data + b, scratch, n, side_);
+    ACCRUE_CUDA_CHECK(cudaEventRecord(slot_free_[slot], side_));  // the add has read it
+    ACCRUE_CUDA_CHECK(cudaMemcpyAsync(peer + b, data + b, static_cast<size_t>(n) * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, side_));
+  }
+  // DONE after this call's READY (when this rank has nothing of its own) and
+  // after its pushes.
+  ACCRUE_CUDA_CHECK(cudaEventRecord(pulled_, stream));
+  ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(side_, pulled_, 0));
+  write_value(side_, peer_flags_ + kDone, call);
+  pending_ = true;
+}
+
+void CopyEngineAllReduce::enqueue_staged(float* data, int64_t count, CUstream_st* stream) {
   // Rank 0 owns [0, split), rank 1 [split, count); split keeps 16-byte alignment.
-  const int64_t split = (count / 2) / 4 * 4;
+  const int64_t split = split_of(count);
   const int64_t mine_begin = rank_ == 0 ? 0 : split, mine_end = rank_ == 0 ? split : count;
   const int64_t theirs_begin = rank_ == 0 ? split : 0, theirs_end = rank_ == 0 ? count : split;
   const uint32_t call = ++calls_;

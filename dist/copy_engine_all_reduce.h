@@ -44,21 +44,37 @@
 // device memory, released by a copy after ncclCommAbort, the survivor of a dead
 // peer hung (bench/RESULTS.md, nineteenth session).
 //
-// Measured (bench/RESULTS.md, seventeenth session, 2 x H200): the sums are
-// NCCL's bit for bit, but the 105M-parameter MLP's window is 8% longer at
-// K = 4 and GPT-2 124M's 2-GPU throughput is unchanged. Each 25 MiB bucket
-// takes about 0.40 ms against NCCL's 0.27, where its transfers alone need
-// about 0.1. Not yet separated by measurement: the two local staging copies
-// and two flag round trips of every call; no overlap between one call and
-// the next (each joins its second stream before returning); and each
-// chunk's add kernel waiting for the backward's GEMM blocks to leave an SM
-// (four waits a bucket, in sequence). The microbenchmark's pipelined
-// variant, which pulled straight from the peer's buffer and overlapped
-// buckets, ended 0.49 ms after a 14-GEMM chain against NCCL's 1.18. Next:
-// an arena the peer can map (no staging copies), calls that overlap (joined
-// where the reducer waits: before its next NCCL call and its norm rows), or
-// no add under the backward at all (pull the peer's whole bucket, add in the
-// close's first pass).
+//
+// Direct (share()): where the two ranks' gradient arenas are allocations of
+// their own (GradArenaOptions::shareable), each maps the other's, and a sum
+// inside it needs no staging: after READY both ways, rank r pulls p's copy of
+// r's half chunk by chunk into a ring of kSlots scratch chunks (this stream),
+// adds it into its own (side_) and pushes the sum straight into p's arena
+// (side_ again), then writes p's DONE on side_. The call returns without
+// joining side_, so the next bucket's pulls run beside this one's adds and
+// pushes; join() makes a stream wait for side_ and for this rank's DONE of
+// the last call (the peer's pushes into this rank's half), and the
+// communicator runs it before any other collective and wherever a result is
+// read (Communicator::join_pending). Hazards: r's pull of p's half r follows
+// p's READY, which p writes once its backward's writes of the bucket are
+// ordered before it; r writes p's half r only after pulling it; p reads its
+// half r only after join(); a scratch chunk is pulled into again only after
+// the add that read it (an event per slot).
+//
+// Measured on 2 x H200 (bench/RESULTS.md, seventeenth and twentieth
+// sessions): both forms give NCCL's sums bit for bit, and both are slower than
+// NCCL under a real backward. The 105M-parameter MLP's window at K = 4 / 8:
+// NCCL 10.70 / 20.02 ms, direct 11.46 / 20.64, staged 11.64 / 20.64; its last
+// backward stretches to 2.58 ms beside NCCL, 3.41 direct, 3.67 staged. GPT-2
+// 124M on two GPUs: 1.93x / 1.94x with the direct form and with NCCL. The
+// microbenchmark (accrue_bench_ce_overlap), where a pipelined pull straight
+// from the peer's buffer ended 0.36-0.49 ms after a 14-GEMM chain against
+// NCCL's 1.1-1.2, does not carry over; not separated by measurement (no
+// kernel tracer on the GPU machine): the bucket handshakes with a peer whose
+// backward runs at its own pace, the copies' memory traffic under the
+// backward's memory-bound kernels, and the add kernels' waits for SMs.
+// CUDA_DEVICE_MAX_CONNECTIONS=32 changes nothing, so a stream wait blocking
+// a hardware queue the backward shares is not the cause.
 #pragma once
 
 #include <cstdint>
@@ -96,9 +112,20 @@ class CopyEngineAllReduce {
   // Whether enqueue() takes `count` floats at `data`: 2 <= count,
   // count * 4 <= capacity_bytes() and `data` 16-byte aligned.
   bool takes(const void* data, int64_t count) const;
+  // Collective: maps the peer's copy of the `count` floats at `base`, the
+  // gradient arena, for the direct form. Returns false, with the reason in
+  // *why, when either rank's buffer cannot be exported (not an allocation of
+  // its own: the stream-ordered pool's) or the ranks' counts differ; both
+  // ranks agree, and the staged form stays.
+  bool share(float* base, int64_t count, const Gather& gather, std::string* why);
   // Enqueues the in-place sum over both ranks of `count` floats at `data` on
-  // `stream` (step 2's second stream joins it before this returns).
+  // `stream`: direct inside the shared arena (work stays on side_ until
+  // join()), staged elsewhere (joined before it returns).
   void enqueue(float* data, int64_t count, CUstream_st* stream);
+  // Whether a direct call has left work that no join() has ordered yet.
+  bool pending() const { return pending_; }
+  // Orders the sums of every call so far before `stream`'s later work.
+  void join(CUstream_st* stream);
   // After an abort: lets every wait this rank's streams have enqueued pass.
   void release() noexcept;
 
@@ -107,6 +134,10 @@ class CopyEngineAllReduce {
 
   // Removes the flags' page's name (rank 0, once): the mappings stay.
   void unlink_flags_page() noexcept;
+  void enqueue_staged(float* data, int64_t count, CUstream_st* stream);
+  void enqueue_direct(float* data, int64_t count, CUstream_st* stream);
+  // Rank 0 owns [0, split) of a call's `count` floats, rank 1 [split, count).
+  static int64_t split_of(int64_t count) { return (count / 2) / 4 * 4; }
 
   int rank_ = 0, device_ = 0;
   int64_t capacity_bytes_ = 0;
@@ -120,6 +151,17 @@ class CopyEngineAllReduce {
   CUstream_st* side_ = nullptr;     // step 2's second stream
   EventHandle pulled_ = nullptr, joined_ = nullptr;
   uint32_t calls_ = 0;  // the number of the last call, the same on both ranks
+
+  // The direct form (share()): scratch chunks, kSlots of kChunkFloats.
+  static constexpr int kSlots = 4;
+  float* shared_ = nullptr;          // this rank's arena
+  int64_t shared_count_ = 0;         // its floats
+  float* peer_shared_ = nullptr;     // the peer's arena, mapped
+  void* peer_allocation_ = nullptr;  // what cudaIpcOpenMemHandle returned
+  float* scratch_ = nullptr;
+  EventHandle slot_pulled_[kSlots] = {}, slot_free_[kSlots] = {};
+  int64_t next_slot_ = 0;
+  bool pending_ = false;
 };
 
 // dst[i] += src[i] for i < count, on `stream` (copy_engine_add.cu). Both

@@ -173,6 +173,9 @@ NcclCommunicator::~NcclCommunicator() {
   stop_cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
   try {
+    // Note [Copy-engine all-reduce]: the direct form's pushes end before the
+    // buffers may go (shutdown's drain bounds the wait).
+    join_pending();
     shutdown();
   } catch (const std::exception& e) {
     // A destructor cannot throw; say why the communicator went down hard.
@@ -359,6 +362,7 @@ void NcclCommunicator::check() {
 }
 
 void NcclCommunicator::synchronize() {
+  join_pending();
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -384,7 +388,7 @@ EventHandle NcclCommunicator::take_event_locked() {
 }
 
 template <class Call>
-void NcclCommunicator::enqueue(const std::string& what, Call&& call) {
+void NcclCommunicator::enqueue(const std::string& what, Call&& call, bool copy_engine_call) {
   DeviceGuard guard(device_);
   const StreamHandle producer = current_stream(device_);
   std::lock_guard<std::mutex> lock(mu_);
@@ -394,6 +398,8 @@ void NcclCommunicator::enqueue(const std::string& what, Call&& call) {
   ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream_->handle(), ready_, 0));
   Work work{what, take_event_locked(), Clock::now()};
   last_collective_ = what;
+  // Its done event then follows the join's wait on the peer: the watchdog's.
+  if (copy_engine_ && !copy_engine_call) copy_engine_->join(stream_->handle());
   const ncclResult_t r = call(comm_, stream_->handle());
   if (r == ncclInProgress) {
     // Non-blocking: NCCL is still enqueueing; nothing may go on its stream until it is done.
@@ -431,12 +437,14 @@ void NcclCommunicator::all_reduce(const Tensor& data, ReduceOp op) {
   if (copy_engine_ && op == ReduceOp::sum && data.dtype() == DType::f32 &&
       static_cast<int64_t>(data.nbytes()) >= copy_engine_min_bytes_ &&
       copy_engine_->takes(p, data.numel())) {
-    enqueue(describe_collective("all_reduce on the copy engines", &op, data.numel(), data.dtype()),
-            [&](ncclComm_t, cudaStream_t s) {
-              copy_engine_->enqueue(static_cast<float*>(p), data.numel(), s);
-              ++copy_engine_calls_;
-              return ncclSuccess;
-            });
+    enqueue(
+        describe_collective("all_reduce on the copy engines", &op, data.numel(), data.dtype()),
+        [&](ncclComm_t, cudaStream_t s) {
+          copy_engine_->enqueue(static_cast<float*>(p), data.numel(), s);
+          ++copy_engine_calls_;
+          return ncclSuccess;
+        },
+        /*copy_engine_call=*/true);
     return;
   }
   enqueue(describe_collective("all_reduce", &op, data.numel(), data.dtype()),
@@ -468,6 +476,54 @@ void NcclCommunicator::reduce_scatter(const Tensor& input, const Tensor& output,
           });
 }
 
+std::vector<std::string> NcclCommunicator::gather_strings(const std::string& mine) {
+  // In blocks of a fixed size.
+  constexpr int64_t kWords = 64;
+  ACCRUE_CHECK(mine.size() < (kWords - 1) * 8, "use_copy_engine_all_reduce: ", mine.size(),
+               " bytes to exchange");
+  std::vector<int64_t> words(kWords, 0);
+  words[0] = static_cast<int64_t>(mine.size());
+  std::memcpy(words.data() + 1, mine.data(), mine.size());
+  const Tensor in = from_vector(words, {kWords}, DType::i64, device());
+  const Tensor out = zeros({kWords * world_size_}, DType::i64, device());
+  all_gather(in, out);
+  synchronize();
+  const std::vector<int64_t> all = out.to_vector<int64_t>();
+  std::vector<std::string> strings;
+  for (int r = 0; r < world_size_; ++r) {
+    const int64_t* w = all.data() + r * kWords;
+    ACCRUE_CHECK(w[0] >= 0 && w[0] < (kWords - 1) * 8, "use_copy_engine_all_reduce: rank ", r,
+                 " sent a length of ", w[0]);
+    strings.emplace_back(reinterpret_cast<const char*>(w + 1), static_cast<size_t>(w[0]));
+  }
+  return strings;
+}
+
+bool NcclCommunicator::share_with_copy_engines(const Tensor& flat, std::string* why) {
+  check_collective_tensor(flat, device(), "share_with_copy_engines", "flat");
+  ACCRUE_CHECK(flat.dtype() == DType::f32, "share_with_copy_engines: the copy engines sum f32; ",
+               "flat is ", dtype_name(flat.dtype()));
+  if (!copy_engine_) {
+    if (why != nullptr) *why = "the copy engines are not in use (use_copy_engine_all_reduce first)";
+    return false;
+  }
+  DeviceGuard guard(device_);
+  return copy_engine_->share(
+      static_cast<float*>(flat.data_ptr()), flat.numel(),
+      [this](const std::string& mine) { return gather_strings(mine); }, why);
+}
+
+void NcclCommunicator::join_pending() {
+  if (!copy_engine_ || !copy_engine_->pending()) return;
+  enqueue(
+      "all_reduce on the copy engines: the peer's sums awaited",
+      [&](ncclComm_t, cudaStream_t s) {
+        copy_engine_->join(s);
+        return ncclSuccess;
+      },
+      /*copy_engine_call=*/true);
+}
+
 bool NcclCommunicator::use_copy_engine_all_reduce(int64_t max_bytes, int64_t min_bytes,
                                                   std::string* why) {
   auto refuse = [why](std::string reason) {
@@ -478,7 +534,7 @@ bool NcclCommunicator::use_copy_engine_all_reduce(int64_t max_bytes, int64_t min
                max_bytes, ", min_bytes ", min_bytes);
   // Every rank takes the same branch: they share the world size, the calls
   // and their arguments.
-  if (copy_engine_ && max_bytes <= copy_engine_->capacity_bytes()) {
+  if (copy_engine_ && max_bytes > 0 && max_bytes <= copy_engine_->capacity_bytes()) {
     copy_engine_min_bytes_ = min_bytes;
     return true;
   }
@@ -491,28 +547,7 @@ bool NcclCommunicator::use_copy_engine_all_reduce(int64_t max_bytes, int64_t min
   if (world_size_ != 2)
     return refuse("the copy engines sum between two GPUs; the world has " +
                   std::to_string(world_size_));
-  // Byte strings, gathered over NCCL in blocks of a fixed size.
-  constexpr int64_t kWords = 64;
-  auto gather = [this](const std::string& mine) {
-    ACCRUE_CHECK(mine.size() < (kWords - 1) * 8, "use_copy_engine_all_reduce: ", mine.size(),
-                 " bytes to exchange");
-    std::vector<int64_t> words(kWords, 0);
-    words[0] = static_cast<int64_t>(mine.size());
-    std::memcpy(words.data() + 1, mine.data(), mine.size());
-    const Tensor in = from_vector(words, {kWords}, DType::i64, device());
-    const Tensor out = zeros({kWords * world_size_}, DType::i64, device());
-    all_gather(in, out);
-    synchronize();
-    const std::vector<int64_t> all = out.to_vector<int64_t>();
-    std::vector<std::string> strings;
-    for (int r = 0; r < world_size_; ++r) {
-      const int64_t* w = all.data() + r * kWords;
-      ACCRUE_CHECK(w[0] >= 0 && w[0] < (kWords - 1) * 8, "use_copy_engine_all_reduce: rank ", r,
-                   " sent a length of ", w[0]);
-      strings.emplace_back(reinterpret_cast<const char*>(w + 1), static_cast<size_t>(w[0]));
-    }
-    return strings;
-  };
+  auto gather = [this](const std::string& mine) { return gather_strings(mine); };
   std::string reason;
   std::unique_ptr<CopyEngineAllReduce> engine =
       CopyEngineAllReduce::connect(rank_, device_, max_bytes, gather, &reason);

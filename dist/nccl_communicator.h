@@ -86,6 +86,8 @@ class NcclCommunicator final : public Communicator {
   void broadcast(const Tensor& data, int root = 0) override;
   // Two ranks of one host with peer access: Note [Copy-engine all-reduce].
   bool use_copy_engine_all_reduce(int64_t max_bytes, int64_t min_bytes, std::string* why) override;
+  bool share_with_copy_engines(const Tensor& flat, std::string* why) override;
+  void join_pending() override;
   void synchronize() override;
   void check() override;
 
@@ -108,9 +110,13 @@ class NcclCommunicator final : public Communicator {
   using Clock = std::chrono::steady_clock;
 
   // Enqueues one NCCL call (`call` receives the comm and the stream) after
-  // the current stream's work and follows it until it completes.
+  // the current stream's work and follows it until it completes. Unless it
+  // is a copy-engine call, what copy-engine calls left pending is joined
+  // first (Note [Copy-engine all-reduce]).
   template <class Call>
-  void enqueue(const std::string& what, Call&& call);
+  void enqueue(const std::string& what, Call&& call, bool copy_engine_call = false);
+  // Exchanges one byte string per rank over NCCL, in rank order.
+  std::vector<std::string> gather_strings(const std::string& mine);
   // With mu_ held: retires completed work, turns an NCCL error or an expired
   // deadline into abort_locked(). Returns false once aborted.
   bool poll_locked(Clock::time_point now);

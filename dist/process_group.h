@@ -85,6 +85,23 @@ class Communicator {
     (void)min_bytes;
     return false;
   }
+  // Note [Copy-engine all-reduce], the direct form: from now on, sums inside
+  // `flat` (an f32 tensor in an allocation of its own on device(): the
+  // gradient arena of a store with shareable_gradients) pull from and push
+  // to the peer's copy of it directly. Collective, after
+  // use_copy_engine_all_reduce has returned true on every rank. Returns
+  // whether it did; when not, *why says why (the staged form stays).
+  virtual bool share_with_copy_engines(const Tensor& flat, std::string* why) {
+    if (why != nullptr) *why = "this communicator has no copy-engine all-reduce";
+    (void)flat;
+    return false;
+  }
+  // A collective may leave work on streams of its own, past its end on
+  // stream() (the direct form above). This orders all of it before stream()'s
+  // later work: collectives do it themselves before they start, and whoever
+  // reads a result through stream() before another collective calls it
+  // first. Default: nothing is ever left.
+  virtual void join_pending() {}
   // Below this a sum stays on NCCL by default (the item count, the norm's
   // rows): its latency is lower than the copy engines' two flag round trips.
   static constexpr int64_t kCopyEngineMinBytes = int64_t{1} << 20;

@@ -105,6 +105,7 @@ void Reducer::order_comm_after_compute() {
 
 void Reducer::order_compute_after_comm() {
   if (!on_gpu()) return;
+  comm_.join_pending();  // Note [Copy-engine all-reduce]: the direct form's sums
   done_->record(comm_.stream());
   done_->block(current_stream(device_));
 }
@@ -162,8 +163,21 @@ void Reducer::set_up_copy_engines() {
     largest = std::max(
         largest, b.numel * static_cast<int64_t>(element_size(arena_.options().master_dtype())));
   std::string why;
-  copy_engine_all_reduce_ =
-      comm_.use_copy_engine_all_reduce(largest, Communicator::kCopyEngineMinBytes, &why);
+  const int64_t min_bytes = Communicator::kCopyEngineMinBytes;
+  if (arena_.options().shareable_gradients()) {
+    // The direct form sums the buckets in place: staging for what is left.
+    copy_engine_all_reduce_ = comm_.use_copy_engine_all_reduce(min_bytes, min_bytes, &why);
+    if (copy_engine_all_reduce_) {
+      copy_engines_direct_ = comm_.share_with_copy_engines(arena_.grads(), &why);
+      if (!copy_engines_direct_) {
+        std::cerr << "accrue: Reducer: rank " << comm_.rank()
+                  << ": the copy engines stage the buckets: " << why << "\n";
+        copy_engine_all_reduce_ = comm_.use_copy_engine_all_reduce(largest, min_bytes, &why);
+      }
+    }
+  } else {
+    copy_engine_all_reduce_ = comm_.use_copy_engine_all_reduce(largest, min_bytes, &why);
+  }
   if (!copy_engine_all_reduce_)
     std::cerr << "accrue: Reducer: rank " << comm_.rank()
               << ": the buckets stay on NCCL, not the copy engines: " << why << "\n";
@@ -230,6 +244,7 @@ void Reducer::report_reduced(size_t b) {
   // The listener orders its reads after the current stream's work: make that
   // the communicator's stream, where the reduction was just enqueued.
   std::optional<StreamGuard> on_comm;
+  comm_.join_pending();  // the range's sums complete, not only enqueued
   if (on_gpu()) on_comm.emplace(device_, comm_.stream());
   reduced_listener_(range);
 }

@@ -92,8 +92,10 @@ struct ReducerOptions {
   // backward. Not with zero1, a 16-bit transport or an arena of another
   // dtype than f32 (on more than one rank). Where the communicator
   // cannot (another host, no peer access, more ranks) NCCL carries them and
-  // the constructor says why on stderr; copy_engine_all_reduce() tells. Off
-  // by default: measured slower than NCCL as it stands (the Note says why).
+  // the constructor says why on stderr; copy_engine_all_reduce() tells. With
+  // a store of shareable_gradients on every rank the sums run straight
+  // between the arenas (copy_engines_direct()). Off by default: measured
+  // slower than NCCL in both forms (the Note has the figures).
   bool copy_engine_all_reduce = false;
 };
 
@@ -169,6 +171,9 @@ class Reducer final : public optim::GradientSync {
   const BucketPlan& plan() const { return plan_; }
   // Whether the buckets' sums run on the copy engines (Note [Copy-engine all-reduce]).
   bool copy_engine_all_reduce() const { return copy_engine_all_reduce_; }
+  // ... in the direct form: straight between the ranks' arenas (a store with
+  // shareable_gradients on both ranks).
+  bool copy_engines_direct() const { return copy_engines_direct_; }
   Communicator& communicator() const { return comm_; }
   // Collectives this reducer has enqueued (buckets, item counts, broadcasts, the layout check).
   int64_t collectives_issued() const { return issued_; }
@@ -232,6 +237,7 @@ class Reducer final : public optim::GradientSync {
   std::unique_ptr<Event> step_start_, backward_end_, items_end_;
   bool timing_valid_ = false;
   bool copy_engine_all_reduce_ = false;  // Note [Copy-engine all-reduce]: set up and in use
+  bool copy_engines_direct_ = false;     // ... straight between the arenas
 };
 
 }  // namespace accrue::dist

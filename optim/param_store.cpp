@@ -15,7 +15,8 @@ GradArenaOptions grad_options(const ParamStoreOptions& o) {
       .device(o.device())
       .dtype(o.master_dtype())
       .shard_ranks(o.shard_ranks())
-      .name(o.name());
+      .name(o.name())
+      .shareable(o.shareable_gradients());
 }
 
 void check_options(const ParamStoreOptions& o) {

@@ -98,6 +98,14 @@ class ParamStoreOptions {
     name_ = std::move(n);
     return *this;
   }
+  // The gradients in an allocation another process can map
+  // (GradArenaOptions::shareable): a dist::Reducer with
+  // copy_engine_all_reduce then sums straight from the peer's arena (Note
+  // [Copy-engine all-reduce]). Default false.
+  ParamStoreOptions& shareable_gradients(bool on) {
+    shareable_gradients_ = on;
+    return *this;
+  }
   Device device() const { return device_.value_or(Device::cpu()); }
   bool has_device() const { return device_.has_value(); }
   DType master_dtype() const { return master_dtype_; }
@@ -106,6 +114,7 @@ class ParamStoreOptions {
   int shard_ranks() const { return shard_ranks_; }
   bool fp8_codes_in_compute_slots() const { return fp8_codes_in_compute_slots_; }
   const std::string& name() const { return name_; }
+  bool shareable_gradients() const { return shareable_gradients_; }
 
  private:
   std::optional<Device> device_;
@@ -115,6 +124,7 @@ class ParamStoreOptions {
   int shard_ranks_ = 1;
   bool fp8_codes_in_compute_slots_ = true;
   std::string name_;
+  bool shareable_gradients_ = false;
 };
 
 // Bytes a store holds on its device, by role (the report of Note [ZeRO-1]).

@@ -53,7 +53,10 @@ DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena
               dp_options.transport
                   ? (std::string(", ") + dtype_name(*dp_options.transport) + " transport").c_str()
                   : "",
-              dp.reducer->copy_engine_all_reduce() ? ", summed on the copy engines" : "",
+              !dp.reducer->copy_engine_all_reduce() ? ""
+              : dp.reducer->copy_engines_direct()
+                  ? ", summed on the copy engines between the arenas"
+                  : ", summed on the copy engines through staging",
               dist::bootstrap_name(dist::bootstrap_method(where.rank)));
 #else
   (void)arena;

@@ -186,9 +186,14 @@ int train(int argc, char** argv) {
     std::printf("initialized from %s\n", opt.init_from.c_str());
   }
   optim::Optimizer optimizer = make_optimizer(opt, model);
+  // Note [Copy-engine all-reduce]: the copy engines sum straight between
+  // arenas the peer can map.
   optim::ParamStore arena(model.named_parameters(),
-                          optim::ParamStoreOptions().device(device).compute_dtype(compute).moments(
-                              optimizer.moments_needed()));
+                          optim::ParamStoreOptions()
+                              .device(device)
+                              .compute_dtype(compute)
+                              .moments(optimizer.moments_needed())
+                              .shareable_gradients(opt.copy_engine_all_reduce));
   // Note [Window FP8 weights]: kept before the Window, whose close recasts them.
   if (opt.fp8.on) opt.fp8.keep_in(arena, model.use_fp8(opt.fp8.options()));
   const DataParallel dp =

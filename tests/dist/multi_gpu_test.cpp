@@ -13,6 +13,7 @@
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/fp8_ops.h"
 #include "accrue/autograd/ops.h"
+#include "accrue/core/allocator.h"
 #include "accrue/dist/reducer.h"
 #include "accrue/kernels/ops.h"
 #include "accrue/nn/module.h"
@@ -156,12 +157,13 @@ struct Trainer {
 
   Trainer(std::unique_ptr<equivalence::Model> m, int64_t K, bool data_parallel,
           const ReducerOptions& options = {}, DType compute = DType::f32,
-          Communicator& comm = world())
+          Communicator& comm = world(), bool shareable_gradients = false)
       : model(std::move(m)) {
     optim::ParamStoreOptions ao;
     ao.device(device());
     ao.compute_dtype(compute);
     ao.moments(2);
+    ao.shareable_gradients(shareable_gradients);
     arena = equivalence::make_arena(*model, ao);
     if (data_parallel) {
       reducer = std::make_unique<Reducer>(*arena, comm, options);
@@ -263,6 +265,29 @@ TEST(MultiGpu, copy_engine_all_reduce_gives_nccls_bits) {
   }
 }
 
+// Trains `on_ce` (its reducer over `ce`) and a reducer over NCCL side by
+// side: every bucket of every window on the copy engines, the same weights
+// bit for bit, on every rank.
+void train_beside_nccl(Trainer& on_ce, NcclCommunicator& ce, ModelKind kind, int64_t K,
+                       int64_t windows) {
+  Trainer on_nccl = make_trainer(kind, K, true);
+  const auto data = equivalence::make_batches(kind, windows, 4 * 2 * K, gpu_f32(), 33);
+  const int64_t before = ce.copy_engine_all_reduces();
+  for (int64_t w = 0; w < windows; ++w) {
+    for (int64_t k = 0; k < K; ++k) {
+      on_ce.backward(data[w].micro(info().rank * K + k, 2 * K));
+      on_nccl.backward(data[w].micro(info().rank * K + k, 2 * K));
+    }
+    on_ce.window->close();
+    on_nccl.window->close();
+  }
+  EXPECT_GE(ce.copy_engine_all_reduces() - before,
+            windows * static_cast<int64_t>(on_ce.reducer->plan().size()))
+      << "every bucket of every window on the copy engines";
+  EXPECT_TRUE(test::all_equal(on_ce.arena->master(), on_nccl.arena->master()));
+  EXPECT_TRUE(same_on_every_rank(on_ce.arena->master()));
+}
+
 // The reducer over a communicator whose f32 sums all run on the copy engines
 // trains the same weights as over NCCL, bit for bit, on every rank.
 TEST(MultiGpu, copy_engine_buckets_train_nccls_weights) {
@@ -275,22 +300,87 @@ TEST(MultiGpu, copy_engine_buckets_train_nccls_weights) {
   for (ModelKind kind : {ModelKind::Classifier, ModelKind::LM}) {
     SCOPED_TRACE(equivalence::model_name(kind));
     Trainer on_ce(equivalence::make_model(kind, gpu_f32(), 21), K, true, {}, DType::f32, *ce);
-    Trainer on_nccl = make_trainer(kind, K, true);
-    const auto data = equivalence::make_batches(kind, kWindows, 4 * 2 * K, gpu_f32(), 33);
+    train_beside_nccl(on_ce, *ce, kind, K, kWindows);
+  }
+}
+
+// The direct form: sums inside a shared arena pull from and push to the
+// peer's copy, several calls in flight before one join, the same bits as
+// NCCL's; sums outside it stay staged or on NCCL, exactly too.
+TEST(MultiGpu, copy_engines_between_arenas_give_nccls_bits) {
+  if (info().world_size != 2) GTEST_SKIP() << "the copy engines sum between two GPUs";
+  std::unique_ptr<NcclCommunicator> ce = second_communicator();
+  std::string why;
+  ASSERT_TRUE(
+      ce->use_copy_engine_all_reduce(int64_t{4} << 20, Communicator::kCopyEngineMinBytes, &why))
+      << why;
+  const int64_t total = 7 * (int64_t{1} << 20) + 64;
+  Generator gen(500 + static_cast<uint64_t>(info().rank));
+  Tensor arena;
+  {
+    CudaAllocatorModeScope own_allocation(CudaAllocatorMode::Plain);
+    arena = randn({total}, DType::f32, device(), &gen);
+  }
+  ASSERT_TRUE(ce->share_with_copy_engines(arena, &why)) << why;
+  // A pool-allocated tensor cannot be shared: both ranks refuse, saying why.
+  {
+    std::unique_ptr<NcclCommunicator> other = second_communicator();
+    ASSERT_TRUE(other->use_copy_engine_all_reduce(int64_t{1} << 20, 1 << 20, &why)) << why;
+    const Tensor pooled = randn({1 << 20}, DType::f32, device(), &gen);
+    EXPECT_FALSE(other->share_with_copy_engines(pooled, &why));
+    EXPECT_NE(why.find("cannot be exported"), std::string::npos) << why;
+  }
+  const Tensor start = arena.clone();
+  Tensor by_nccl = start.clone();
+  // Ranges as a reducer's buckets: back to back, of several chunks and of
+  // less than one, with odd tails; all enqueued before one synchronize.
+  const std::vector<std::pair<int64_t, int64_t>> ranges{{0, (int64_t{1} << 20) + 3},
+                                                        {(int64_t{1} << 20) + 4, 5 << 20},
+                                                        {(int64_t{6} << 20) + 4, 200000},
+                                                        {(int64_t{6} << 20) + 200004, 700000}};
+  for (int round = 0; round < 3; ++round) {
     const int64_t before = ce->copy_engine_all_reduces();
-    for (int64_t w = 0; w < kWindows; ++w) {
-      for (int64_t k = 0; k < K; ++k) {
-        on_ce.backward(data[w].micro(info().rank * K + k, 2 * K));
-        on_nccl.backward(data[w].micro(info().rank * K + k, 2 * K));
-      }
-      on_ce.window->close();
-      on_nccl.window->close();
+    for (const auto& [offset, n] : ranges) {
+      ce->all_reduce(arena.narrow(0, offset, n), ReduceOp::sum);
+      world().all_reduce(by_nccl.narrow(0, offset, n), ReduceOp::sum);
     }
-    EXPECT_GE(ce->copy_engine_all_reduces() - before,
-              kWindows * static_cast<int64_t>(on_ce.reducer->plan().size()))
-        << "every bucket of every window on the copy engines";
-    EXPECT_TRUE(test::all_equal(on_ce.arena->master(), on_nccl.arena->master()));
-    EXPECT_TRUE(same_on_every_rank(on_ce.arena->master()));
+    ce->synchronize();
+    world().synchronize();
+    EXPECT_EQ(ce->copy_engine_all_reduces() - before, 3) << "the 200,000 floats stay on NCCL";
+    EXPECT_TRUE(test::all_equal(arena, by_nccl)) << "round " << round;
+  }
+  // Outside the arena the staged form sums, after the direct calls before it.
+  ce->all_reduce(arena.narrow(0, 0, int64_t{1} << 20), ReduceOp::sum);
+  world().all_reduce(by_nccl.narrow(0, 0, int64_t{1} << 20), ReduceOp::sum);
+  Tensor outside = randn({int64_t{1} << 20}, DType::f32, device(), &gen);
+  Tensor outside_by_nccl = outside.clone();
+  ce->all_reduce(outside, ReduceOp::sum);
+  world().all_reduce(outside_by_nccl, ReduceOp::sum);
+  ce->synchronize();
+  world().synchronize();
+  EXPECT_TRUE(test::all_equal(arena, by_nccl));
+  EXPECT_TRUE(test::all_equal(outside, outside_by_nccl));
+}
+
+// A reducer over stores with shareable gradients sums every bucket straight
+// between the arenas and trains NCCL's weights, bit for bit, on every rank.
+TEST(MultiGpu, copy_engines_between_arenas_train_nccls_weights) {
+  if (info().world_size != 2) GTEST_SKIP() << "the copy engines sum between two GPUs";
+  equivalence::TF32Off tf32_off;
+  constexpr int64_t K = 3, kWindows = 4;
+  std::unique_ptr<NcclCommunicator> ce = second_communicator();
+  ReducerOptions options;
+  options.copy_engine_all_reduce = true;
+  for (ModelKind kind : {ModelKind::Classifier, ModelKind::LM}) {
+    SCOPED_TRACE(equivalence::model_name(kind));
+    Trainer on_ce(equivalence::make_model(kind, gpu_f32(), 21), K, true, options, DType::f32, *ce,
+                  /*shareable_gradients=*/true);
+    ASSERT_TRUE(on_ce.reducer->copy_engines_direct());
+    // The tiny models' buckets are below the reducer's 1 MiB: every one of
+    // them on the copy engines all the same.
+    std::string why;
+    ASSERT_TRUE(ce->use_copy_engine_all_reduce(Communicator::kCopyEngineMinBytes, 1, &why)) << why;
+    train_beside_nccl(on_ce, *ce, kind, K, kWindows);
   }
 }
 

@@ -2,6 +2,7 @@
 #include "accrue/optim/param_store.h"
 
 #include "accrue/autograd/ops.h"
+#include "accrue/core/allocator.h"
 #include "accrue/nn/module.h"
 #include "accrue/optim/window.h"
 #include "tests/test_util.h"
@@ -48,6 +49,24 @@ TEST(ParamStore, each_parameter_is_its_master_slot_with_its_values) {
 
 // Note [Parameter layouts]: a channels-last parameter keeps its layout in
 // every role (the slot holds its elements in N, H, W, C order).
+// Note [Copy-engine all-reduce]: on the CPU shareable_gradients changes
+// nothing (no process maps host memory through CUDA IPC); the allocator's mode
+// scope restores the mode it found.
+TEST(ParamStore, shareable_gradients_on_the_cpu_are_plain_zeroed_slots) {
+  ParamStore store(three_params(), optim::ParamStoreOptions().shareable_gradients(true));
+  EXPECT_TRUE(store.options().shareable_gradients());
+  EXPECT_FALSE(optim::ParamStoreOptions().shareable_gradients());
+  EXPECT_TRUE(test::all_equal(store.grads(), zeros({store.grads().numel()}, DType::f32)));
+  const CudaAllocatorMode mode = cuda_allocator_mode();
+  {
+    CudaAllocatorModeScope scope(mode == CudaAllocatorMode::Plain
+                                     ? CudaAllocatorMode::StreamOrderedPool
+                                     : CudaAllocatorMode::Plain);
+    EXPECT_NE(cuda_allocator_mode(), mode);
+  }
+  EXPECT_EQ(cuda_allocator_mode(), mode);
+}
+
 TEST(ParamStore, a_channels_last_parameter_keeps_its_layout_in_every_role) {
   const Tensor values = test::random_normal({4, 3, 2, 5}, DType::f32);
   std::vector<Tensor> params = {requires_grad_(test::as_channels_last(values)),
