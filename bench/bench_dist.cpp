@@ -139,7 +139,8 @@ std::vector<int64_t> split_ints(const std::string& s, const std::string& option)
 // against them.
 constexpr const char* kVariants =
     "ddp or zero1, optionally with _bf16, _bN (N MiB buckets), _gF (growth), _mN (cap), _norm, "
-    "_ce (the copy engines, between shareable arenas) and _staged (_ce through staging)";
+    "_ce (the copy engines, between shareable arenas), _whole (_ce pulling whole buckets) and "
+    "_staged (_ce through staging)";
 dist::ReducerOptions reducer_options(const std::string& variant) {
   dist::ReducerOptions options;
   std::vector<std::string> parts;
@@ -157,6 +158,8 @@ dist::ReducerOptions reducer_options(const std::string& variant) {
       // a Window option: see norm_under_backward()
     } else if (p == "ce") {
       options.copy_engine_all_reduce = true;
+    } else if (p == "whole") {
+      options.copy_engine_whole_buckets = true;
     } else if (p == "staged") {
       // a store option: see shares_gradients()
     } else if (p.size() > 1 && (p[0] == 'b' || p[0] == 'g' || p[0] == 'm') &&

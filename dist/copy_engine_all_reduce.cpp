@@ -227,6 +227,7 @@ CopyEngineAllReduce::~CopyEngineAllReduce() {
     if (slot_free_[s] != nullptr) (void)cudaEventDestroy(slot_free_[s]);
   }
   if (scratch_ != nullptr) (void)cudaFree(scratch_);
+  if (received_ != nullptr) (void)cudaFree(received_);
   if (pulled_ != nullptr) (void)cudaEventDestroy(pulled_);
   if (joined_ != nullptr) (void)cudaEventDestroy(joined_);
   if (side_ != nullptr) (void)cudaStreamDestroy(side_);
@@ -242,8 +243,8 @@ void CopyEngineAllReduce::unlink_flags_page() noexcept {
   flags_page_name_.clear();
 }
 
-bool CopyEngineAllReduce::share(float* base, int64_t count, const Gather& gather,
-                                std::string* why) {
+bool CopyEngineAllReduce::share(float* base, int64_t count, const Gather& gather, std::string* why,
+                                Direct how) {
   ACCRUE_CHECK(base != nullptr && count > 0, "CopyEngineAllReduce::share: ", count, " floats at ",
                static_cast<const void*>(base));
   ACCRUE_CHECK(shared_ == nullptr, "CopyEngineAllReduce::share: an arena is already shared");
@@ -279,6 +280,10 @@ bool CopyEngineAllReduce::share(float* base, int64_t count, const Gather& gather
   ACCRUE_CUDA_CHECK(
       cudaIpcOpenMemHandle(&peer_allocation_, peer.allocation, cudaIpcMemLazyEnablePeerAccess));
   peer_shared_ = reinterpret_cast<float*>(static_cast<char*>(peer_allocation_) + peer.offset_bytes);
+  how_ = how;
+  if (how == Direct::whole)
+    ACCRUE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&received_),
+                                 static_cast<size_t>(count) * sizeof(float)));
   ACCRUE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch_),
                                static_cast<size_t>(kSlots * kChunkFloats) * sizeof(float)));
   for (int s = 0; s < kSlots; ++s) {
@@ -304,7 +309,8 @@ void CopyEngineAllReduce::enqueue(float* data, int64_t count, CUstream_st* strea
   ACCRUE_CHECK(takes(data, count), "CopyEngineAllReduce: cannot take ", count, " floats (capacity ",
                capacity_bytes_, " bytes, 16-byte aligned data)");
   if (shared_ != nullptr && data >= shared_ && count <= shared_count_ - (data - shared_))
-    return enqueue_direct(data, count, stream);
+    return how_ == Direct::whole ? enqueue_whole(data, count, stream)
+                                 : enqueue_direct(data, count, stream);
   join(stream);  // the staged form's steps assume no call before it is still running
   enqueue_staged(data, count, stream);
 }
@@ -313,9 +319,27 @@ void CopyEngineAllReduce::join(CUstream_st* stream) {
   if (!pending_) return;
   ACCRUE_CUDA_CHECK(cudaEventRecord(joined_, side_));
   ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream, joined_, 0));
-  // The peer's pushes into this rank's halves: its DONE of the last call.
+  // Halves: the peer's pushes into this rank's halves; whole: the peer has
+  // read this rank's buckets. Either way its DONE of the last call.
   wait_value(stream, flags_ + kDone, calls_);
+  for (const auto& [offset, count] : to_add_)
+    copy_engine_add_f32(shared_ + offset, received_ + offset, count, stream);
+  to_add_.clear();
   pending_ = false;
+}
+
+void CopyEngineAllReduce::enqueue_whole(float* data, int64_t count, CUstream_st* stream) {
+  const int64_t offset = data - shared_;
+  const uint32_t call = ++calls_;
+  // READY both ways: each rank's backward has written the bucket.
+  write_value(stream, peer_flags_ + kReady, call);
+  wait_value(stream, flags_ + kReady, call);
+  ACCRUE_CUDA_CHECK(cudaMemcpyAsync(received_ + offset, peer_shared_ + offset,
+                                    static_cast<size_t>(count) * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, stream));
+  write_value(stream, peer_flags_ + kDone, call);  // this rank has read the peer's bucket
+  to_add_.emplace_back(offset, count);
+  pending_ = true;
 }
 
 void CopyEngineAllReduce::enqueue_direct(float* data, int64_t count, CUstream_st* stream) {

@@ -61,26 +61,42 @@
 // half r only after join(); a scratch chunk is pulled into again only after
 // the add that read it (an event per slot).
 //
+// Direct, whole buckets (Direct::whole): no kernel runs under the backward.
+// After READY both ways each rank pulls the peer's whole bucket into a
+// receive buffer as large as the arena (4 more bytes a parameter) and writes
+// the peer's DONE: "I have read your bucket". join() waits for this rank's
+// DONE of the last call, then adds each pulled bucket into the arena: a + b
+// on one rank, b + a on the other, the same bits (IEEE addition commutes).
+// Hazards: a rank changes its arena (the adds, the next backward) only after
+// the peer has read it; the receive buffer is pulled into again only in the
+// next window, after this rank's adds on the same stream.
+//
 // Measured on 2 x H200 (bench/RESULTS.md, seventeenth and twentieth
-// sessions): both forms give NCCL's sums bit for bit, and both are slower than
-// NCCL under a real backward. The 105M-parameter MLP's window at K = 4 / 8:
-// NCCL 10.70 / 20.02 ms, direct 11.46 / 20.64, staged 11.64 / 20.64; its last
-// backward stretches to 2.58 ms beside NCCL, 3.41 direct, 3.67 staged. GPT-2
-// 124M on two GPUs: 1.93x / 1.94x with the direct form and with NCCL. The
-// microbenchmark (accrue_bench_ce_overlap), where a pipelined pull straight
-// from the peer's buffer ended 0.36-0.49 ms after a 14-GEMM chain against
-// NCCL's 1.1-1.2, does not carry over; not separated by measurement (no
-// kernel tracer on the GPU machine): the bucket handshakes with a peer whose
-// backward runs at its own pace, the copies' memory traffic under the
-// backward's memory-bound kernels, and the add kernels' waits for SMs.
-// CUDA_DEVICE_MAX_CONNECTIONS=32 changes nothing, so a stream wait blocking
-// a hardware queue the backward shares is not the cause.
+// sessions): every form gives NCCL's sums bit for bit, and none is faster
+// than NCCL for the 105M-parameter MLP. Its window at K = 4 / 8 (call 7 of
+// the twentieth session): NCCL 10.61 / 19.88 ms, whole buckets 11.10 /
+// 20.13, halves 11.30 / 20.29 (staged 11.64 / 20.64 in call 4); the last
+// backward stretches to 2.55 ms beside NCCL, 3.02 with whole buckets, 3.37
+// with halves. So even with no kernel beside the backward, the copies' own
+// traffic slows it more than NCCL's kernels do, and the adds of the whole
+// form then run after it. GPT-2 124M on two GPUs (its last backward 11.87 ms
+// at 8 x 4 with whole buckets, 12.8-13.2 with NCCL): 1.95x / 1.96x at 8 x 4 /
+// 4 x 8 with whole buckets in one run, 1.93x / 1.94x with halves, 1.91-1.93x
+// / 1.94-1.95x with NCCL in other calls of the session. The side stream's
+// priority and the add kernel's width (16 to 512 blocks) change nothing but
+// make it slower at 16, and CUDA_DEVICE_MAX_CONNECTIONS=32 changes nothing,
+// so neither the adds' scheduling nor a stream wait blocking a hardware
+// queue the backward shares is the cause. The microbenchmark
+// (accrue_bench_ce_overlap), where a pipelined pull straight from the peer's
+// buffer ended 0.36-0.49 ms after a 14-GEMM chain against NCCL's 1.1-1.2,
+// does not carry over to the real backward.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "accrue/core/cuda_runtime.h"
@@ -112,12 +128,18 @@ class CopyEngineAllReduce {
   // Whether enqueue() takes `count` floats at `data`: 2 <= count,
   // count * 4 <= capacity_bytes() and `data` 16-byte aligned.
   bool takes(const void* data, int64_t count) const;
+  // How the direct form sums (Note [Copy-engine all-reduce]).
+  enum class Direct {
+    halves,  // each rank sums its half under the backward and pushes it back
+    whole,   // each rank pulls the peer's whole bucket; the adds wait for join()
+  };
   // Collective: maps the peer's copy of the `count` floats at `base`, the
   // gradient arena, for the direct form. Returns false, with the reason in
   // *why, when either rank's buffer cannot be exported (not an allocation of
   // its own: the stream-ordered pool's) or the ranks' counts differ; both
-  // ranks agree, and the staged form stays.
-  bool share(float* base, int64_t count, const Gather& gather, std::string* why);
+  // ranks agree, and the staged form stays. Both ranks pass the same `how`.
+  bool share(float* base, int64_t count, const Gather& gather, std::string* why,
+             Direct how = Direct::halves);
   // Enqueues the in-place sum over both ranks of `count` floats at `data` on
   // `stream`: direct inside the shared arena (work stays on side_ until
   // join()), staged elsewhere (joined before it returns).
@@ -136,6 +158,7 @@ class CopyEngineAllReduce {
   void unlink_flags_page() noexcept;
   void enqueue_staged(float* data, int64_t count, CUstream_st* stream);
   void enqueue_direct(float* data, int64_t count, CUstream_st* stream);
+  void enqueue_whole(float* data, int64_t count, CUstream_st* stream);
   // Rank 0 owns [0, split) of a call's `count` floats, rank 1 [split, count).
   static int64_t split_of(int64_t count) { return (count / 2) / 4 * 4; }
 
@@ -162,6 +185,11 @@ class CopyEngineAllReduce {
   EventHandle slot_pulled_[kSlots] = {}, slot_free_[kSlots] = {};
   int64_t next_slot_ = 0;
   bool pending_ = false;
+  // Direct::whole: the peer's arena, pulled (as large as the arena), and the
+  // ranges pulled since the last join, added there.
+  Direct how_ = Direct::halves;
+  float* received_ = nullptr;
+  std::vector<std::pair<int64_t, int64_t>> to_add_;  // {offset, count} into the arena
 };
 
 // dst[i] += src[i] for i < count, on `stream` (copy_engine_add.cu). Both

@@ -499,7 +499,8 @@ std::vector<std::string> NcclCommunicator::gather_strings(const std::string& min
   return strings;
 }
 
-bool NcclCommunicator::share_with_copy_engines(const Tensor& flat, std::string* why) {
+bool NcclCommunicator::share_with_copy_engines(const Tensor& flat, bool whole_buckets,
+                                               std::string* why) {
   check_collective_tensor(flat, device(), "share_with_copy_engines", "flat");
   ACCRUE_CHECK(flat.dtype() == DType::f32, "share_with_copy_engines: the copy engines sum f32; ",
                "flat is ", dtype_name(flat.dtype()));
@@ -510,7 +511,8 @@ bool NcclCommunicator::share_with_copy_engines(const Tensor& flat, std::string* 
   DeviceGuard guard(device_);
   return copy_engine_->share(
       static_cast<float*>(flat.data_ptr()), flat.numel(),
-      [this](const std::string& mine) { return gather_strings(mine); }, why);
+      [this](const std::string& mine) { return gather_strings(mine); }, why,
+      whole_buckets ? CopyEngineAllReduce::Direct::whole : CopyEngineAllReduce::Direct::halves);
 }
 
 void NcclCommunicator::join_pending() {

@@ -86,7 +86,7 @@ class NcclCommunicator final : public Communicator {
   void broadcast(const Tensor& data, int root = 0) override;
   // Two ranks of one host with peer access: Note [Copy-engine all-reduce].
   bool use_copy_engine_all_reduce(int64_t max_bytes, int64_t min_bytes, std::string* why) override;
-  bool share_with_copy_engines(const Tensor& flat, std::string* why) override;
+  bool share_with_copy_engines(const Tensor& flat, bool whole_buckets, std::string* why) override;
   void join_pending() override;
   void synchronize() override;
   void check() override;

@@ -89,11 +89,14 @@ class Communicator {
   // `flat` (an f32 tensor in an allocation of its own on device(): the
   // gradient arena of a store with shareable_gradients) pull from and push
   // to the peer's copy of it directly. Collective, after
-  // use_copy_engine_all_reduce has returned true on every rank. Returns
-  // whether it did; when not, *why says why (the staged form stays).
-  virtual bool share_with_copy_engines(const Tensor& flat, std::string* why) {
+  // use_copy_engine_all_reduce has returned true on every rank, with the
+  // same whole_buckets (each rank pulls the peer's whole bucket and adds it
+  // once the sums are joined, no kernel under the backward) everywhere.
+  // Returns whether it did; when not, *why says why (the staged form stays).
+  virtual bool share_with_copy_engines(const Tensor& flat, bool whole_buckets, std::string* why) {
     if (why != nullptr) *why = "this communicator has no copy-engine all-reduce";
     (void)flat;
+    (void)whole_buckets;
     return false;
   }
   // A collective may leave work on streams of its own, past its end on

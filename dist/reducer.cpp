@@ -51,6 +51,9 @@ Reducer::Reducer(optim::ParamStore& arena, Communicator& comm, const ReducerOpti
       stage_.push_back(zeros({plan_[b].numel}, t, arena.options().device()));
   }
   if (options.check_layout) check_layout();
+  ACCRUE_CHECK(!options.copy_engine_whole_buckets || options.copy_engine_all_reduce,
+               "Reducer: copy_engine_whole_buckets is a form of copy_engine_all_reduce, which is "
+               "off");
   if (options.copy_engine_all_reduce) set_up_copy_engines();
   if (options.zero1) {
     const int64_t world = comm.world_size();
@@ -168,7 +171,8 @@ void Reducer::set_up_copy_engines() {
     // The direct form sums the buckets in place: staging for what is left.
     copy_engine_all_reduce_ = comm_.use_copy_engine_all_reduce(min_bytes, min_bytes, &why);
     if (copy_engine_all_reduce_) {
-      copy_engines_direct_ = comm_.share_with_copy_engines(arena_.grads(), &why);
+      copy_engines_direct_ =
+          comm_.share_with_copy_engines(arena_.grads(), options_.copy_engine_whole_buckets, &why);
       if (!copy_engines_direct_) {
         std::cerr << "accrue: Reducer: rank " << comm_.rank()
                   << ": the copy engines stage the buckets: " << why << "\n";

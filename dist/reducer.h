@@ -95,8 +95,13 @@ struct ReducerOptions {
   // the constructor says why on stderr; copy_engine_all_reduce() tells. With
   // a store of shareable_gradients on every rank the sums run straight
   // between the arenas (copy_engines_direct()). Off by default: measured
-  // slower than NCCL in both forms (the Note has the figures).
+  // slower than NCCL for the MLP in every form (the Note has the figures).
   bool copy_engine_all_reduce = false;
+  // ... straight between the arenas, each rank pulling the peer's whole
+  // bucket and adding it after the backward: no kernel beside the backward,
+  // 4 more bytes a parameter for the pulled copy (Note [Copy-engine
+  // all-reduce], Direct::whole). Only with copy_engine_all_reduce.
+  bool copy_engine_whole_buckets = false;
 };
 
 // Note [Gradient transport]

@@ -42,6 +42,7 @@ DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena
   dist::ReducerOptions options;
   options.zero1 = dp_options.zero1;
   options.copy_engine_all_reduce = dp_options.copy_engine_all_reduce;
+  options.copy_engine_whole_buckets = dp_options.copy_engine_whole_buckets;
   options.timing = dp_options.timing;
   if (dp_options.bucket_mb) options.buckets = dist::buckets_of_mib(*dp_options.bucket_mb);
   options.transport = dp_options.transport;
@@ -55,7 +56,9 @@ DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena
                   : "",
               !dp.reducer->copy_engine_all_reduce() ? ""
               : dp.reducer->copy_engines_direct()
-                  ? ", summed on the copy engines between the arenas"
+                  ? (dp_options.copy_engine_whole_buckets
+                         ? ", summed on the copy engines between the arenas, whole buckets"
+                         : ", summed on the copy engines between the arenas")
                   : ", summed on the copy engines through staging",
               dist::bootstrap_name(dist::bootstrap_method(where.rank)));
 #else

@@ -49,9 +49,10 @@ struct DataParallel {
 
 // What connect_data_parallel builds the reducer with.
 struct DataParallelOptions {
-  bool zero1 = false;                   // reduce-scatter and shard steps (Note [ZeRO-1])
-  bool copy_engine_all_reduce = false;  // Note [Copy-engine all-reduce]
-  bool timing = false;                  // per-bucket events: Reducer::last_timing() (benchmarks)
+  bool zero1 = false;                      // reduce-scatter and shard steps (Note [ZeRO-1])
+  bool copy_engine_all_reduce = false;     // Note [Copy-engine all-reduce]
+  bool copy_engine_whole_buckets = false;  // ... its Direct::whole form
+  bool timing = false;                     // per-bucket events: Reducer::last_timing() (benchmarks)
   std::optional<double> bucket_mb = std::nullopt;  // MiB (unset: BucketPlanOptions')
   std::optional<DType> transport = std::nullopt;   // Note [Gradient transport] (unset: exact)
 };

@@ -69,7 +69,10 @@ void declare(OptionTable& cli, Gpt2Options& o) {
   cli.flag("--copy-engine-all-reduce", &o.copy_engine_all_reduce,
            "under data parallelism on two GPUs of one host: sum the gradient buckets on the "
            "copy engines instead of NCCL's kernels (Note [Copy-engine all-reduce]; NCCL's bits; "
-           "measured no faster on 2 x H200 as it stands, bench/RESULTS.md)");
+           "within noise of NCCL for GPT-2 on 2 x H200, bench/RESULTS.md)");
+  cli.flag("--copy-engine-whole-buckets", &o.copy_engine_whole_buckets,
+           "with --copy-engine-all-reduce: each rank pulls the other's whole bucket and adds it "
+           "after the backward, no kernel beside it (4 more bytes a parameter; NCCL's bits)");
   declare_gradient_sync(cli, o.grad_sync);
   declare_close_under_forward(cli, o.close_under_forward, "; not with --composed");
   cli.path("--gemm-tuning", &o.gemm_tuning, "FILE",
@@ -163,6 +166,8 @@ bool parse_gpt2_options(int argc, char** argv, Gpt2Options& o) {
   check_fp8(o.fp8);
   if (o.composed && (o.dropout > 0.0 || o.activation_checkpointing || o.fp8.on))
     usage_error("--composed has no dropout, no activation checkpointing and no FP8");
+  if (o.copy_engine_whole_buckets && !o.copy_engine_all_reduce)
+    usage_error("--copy-engine-whole-buckets is a form of --copy-engine-all-reduce; give both");
   if (o.copy_engine_all_reduce && o.grad_sync.transport)
     usage_error("--copy-engine-all-reduce sums f32 buckets; it is not taken with --grad-transport ",
                 o.grad_sync.transport_name());

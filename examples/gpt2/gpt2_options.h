@@ -36,8 +36,9 @@ struct Gpt2Options {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double max_grad_norm = 1.0;
   bool norm_under_backward = false;
-  bool copy_engine_all_reduce = false;  // Note [Copy-engine all-reduce]
-  GradientSyncChoice grad_sync;         // --bucket-mb, --grad-transport
+  bool copy_engine_all_reduce = false;     // Note [Copy-engine all-reduce]
+  bool copy_engine_whole_buckets = false;  // ... its Direct::whole form
+  GradientSyncChoice grad_sync;            // --bucket-mb, --grad-transport
   CloseUnderForward close_under_forward;
   bool cuda_graphs = false;
   int64_t concurrent_micro_batches = 1;  // Note [Concurrent micro-batches]

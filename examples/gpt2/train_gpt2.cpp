@@ -199,6 +199,7 @@ int train(int argc, char** argv) {
   const DataParallel dp =
       connect_data_parallel(where, arena,
                             {.copy_engine_all_reduce = opt.copy_engine_all_reduce,
+                             .copy_engine_whole_buckets = opt.copy_engine_whole_buckets,
                              .timing = opt.bench,
                              .bucket_mb = opt.grad_sync.bucket_mb,
                              .transport = opt.grad_sync.transport});

@@ -307,8 +307,17 @@ TEST(MultiGpu, copy_engine_buckets_train_nccls_weights) {
 // The direct form: sums inside a shared arena pull from and push to the
 // peer's copy, several calls in flight before one join, the same bits as
 // NCCL's; sums outside it stay staged or on NCCL, exactly too.
+void expect_direct_sums_equal_nccls(bool whole_buckets);
+
 TEST(MultiGpu, copy_engines_between_arenas_give_nccls_bits) {
   if (info().world_size != 2) GTEST_SKIP() << "the copy engines sum between two GPUs";
+  for (bool whole_buckets : {false, true}) {
+    SCOPED_TRACE(whole_buckets ? "whole buckets" : "halves");
+    expect_direct_sums_equal_nccls(whole_buckets);
+  }
+}
+
+void expect_direct_sums_equal_nccls(bool whole_buckets) {
   std::unique_ptr<NcclCommunicator> ce = second_communicator();
   std::string why;
   ASSERT_TRUE(
@@ -321,13 +330,13 @@ TEST(MultiGpu, copy_engines_between_arenas_give_nccls_bits) {
     CudaAllocatorModeScope own_allocation(CudaAllocatorMode::Plain);
     arena = randn({total}, DType::f32, device(), &gen);
   }
-  ASSERT_TRUE(ce->share_with_copy_engines(arena, &why)) << why;
+  ASSERT_TRUE(ce->share_with_copy_engines(arena, whole_buckets, &why)) << why;
   // A pool-allocated tensor cannot be shared: both ranks refuse, saying why.
   {
     std::unique_ptr<NcclCommunicator> other = second_communicator();
     ASSERT_TRUE(other->use_copy_engine_all_reduce(int64_t{1} << 20, 1 << 20, &why)) << why;
     const Tensor pooled = randn({1 << 20}, DType::f32, device(), &gen);
-    EXPECT_FALSE(other->share_with_copy_engines(pooled, &why));
+    EXPECT_FALSE(other->share_with_copy_engines(pooled, whole_buckets, &why));
     EXPECT_NE(why.find("cannot be exported"), std::string::npos) << why;
   }
   const Tensor start = arena.clone();
@@ -369,18 +378,23 @@ TEST(MultiGpu, copy_engines_between_arenas_train_nccls_weights) {
   equivalence::TF32Off tf32_off;
   constexpr int64_t K = 3, kWindows = 4;
   std::unique_ptr<NcclCommunicator> ce = second_communicator();
-  ReducerOptions options;
-  options.copy_engine_all_reduce = true;
-  for (ModelKind kind : {ModelKind::Classifier, ModelKind::LM}) {
-    SCOPED_TRACE(equivalence::model_name(kind));
-    Trainer on_ce(equivalence::make_model(kind, gpu_f32(), 21), K, true, options, DType::f32, *ce,
-                  /*shareable_gradients=*/true);
-    ASSERT_TRUE(on_ce.reducer->copy_engines_direct());
-    // The tiny models' buckets are below the reducer's 1 MiB: every one of
-    // them on the copy engines all the same.
-    std::string why;
-    ASSERT_TRUE(ce->use_copy_engine_all_reduce(Communicator::kCopyEngineMinBytes, 1, &why)) << why;
-    train_beside_nccl(on_ce, *ce, kind, K, kWindows);
+  for (bool whole_buckets : {false, true}) {
+    ReducerOptions options;
+    options.copy_engine_all_reduce = true;
+    options.copy_engine_whole_buckets = whole_buckets;
+    for (ModelKind kind : {ModelKind::Classifier, ModelKind::LM}) {
+      SCOPED_TRACE(std::string(equivalence::model_name(kind)) +
+                   (whole_buckets ? ", whole buckets" : ", halves"));
+      Trainer on_ce(equivalence::make_model(kind, gpu_f32(), 21), K, true, options, DType::f32, *ce,
+                    /*shareable_gradients=*/true);
+      ASSERT_TRUE(on_ce.reducer->copy_engines_direct());
+      // The tiny models' buckets are below the reducer's 1 MiB: every one of
+      // them on the copy engines all the same.
+      std::string why;
+      ASSERT_TRUE(ce->use_copy_engine_all_reduce(Communicator::kCopyEngineMinBytes, 1, &why))
+          << why;
+      train_beside_nccl(on_ce, *ce, kind, K, kWindows);
+    }
   }
 }
 

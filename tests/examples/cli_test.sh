@@ -540,7 +540,7 @@ case $name in
       --noise-scale-every --checkpoint --checkpoint-every --resume --bench --bench-warmup \
       --bench-windows --peak-tflops --cpu --close-under-forward --close-layer-elements \
       --close-max-blocks --concurrent-micro-batches --weight-grad-branch --copy-engine-all-reduce \
-      --bucket-mb --grad-transport
+      --copy-engine-whole-buckets --bucket-mb --grad-transport
     tiny=(--model tiny --cpu --synthetic)
     # The data-parallel knobs: their ranges, the copy engines' f32 sums, and on one
     # process nothing to sum (the same bits, and the JSON line says what was asked).
@@ -549,6 +549,8 @@ case $name in
       --grad-transport fp16
     expect 2 "--copy-engine-all-reduce sums f32 buckets; it is not taken with --grad-transport bf16" \
       "${tiny[@]}" --copy-engine-all-reduce --grad-transport bf16
+    expect 2 "--copy-engine-whole-buckets is a form of --copy-engine-all-reduce; give both" \
+      "${tiny[@]}" --copy-engine-whole-buckets
     run "${tiny[@]}" --micro-batch 2 --seq-len 16 --windows 2
     exact=$(grep "^final:" <<< "$out")
     run "${tiny[@]}" --micro-batch 2 --seq-len 16 --windows 2 --grad-transport f16 --bucket-mb 2
