@@ -308,11 +308,19 @@ TEST(Reducer, copy_engine_all_reduce_refusals_and_a_communicator_without_them) {
   o.transport = DType::bf16;
   EXPECT_ERROR(DpRun(2, &comm, o), "Reducer", "copy_engine_all_reduce", "16-bit transport");
   o.transport.reset();
+  ReducerOptions whole_alone = small_buckets();
+  whole_alone.copy_engine_whole_buckets = true;
+  EXPECT_ERROR(DpRun(2, &comm, whole_alone), "Reducer", "copy_engine_whole_buckets",
+               "copy_engine_all_reduce, which is off");
   DpRun run(2, &comm, o);
   EXPECT_FALSE(run.reducer->copy_engine_all_reduce());
+  EXPECT_FALSE(run.reducer->copy_engines_direct());
   std::string why;
   EXPECT_FALSE(comm.use_copy_engine_all_reduce(int64_t{1} << 20, 1, &why));
   EXPECT_NE(why.find("no copy-engine all-reduce"), std::string::npos) << why;
+  EXPECT_FALSE(comm.share_with_copy_engines(run.arena->grads(), /*whole_buckets=*/true, &why));
+  EXPECT_NE(why.find("no copy-engine all-reduce"), std::string::npos) << why;
+  comm.join_pending();  // nothing is ever left: a no-op
   // Training goes on as without the option.
   DpRun plain(2, &comm, small_buckets());
   for (const Batch& b : batches(2)) {
