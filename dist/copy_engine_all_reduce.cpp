@@ -281,15 +281,17 @@ bool CopyEngineAllReduce::share(float* base, int64_t count, const Gather& gather
       cudaIpcOpenMemHandle(&peer_allocation_, peer.allocation, cudaIpcMemLazyEnablePeerAccess));
   peer_shared_ = reinterpret_cast<float*>(static_cast<char*>(peer_allocation_) + peer.offset_bytes);
   how_ = how;
-  if (how == Direct::whole)
+  if (how == Direct::whole) {
     ACCRUE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&received_),
                                  static_cast<size_t>(count) * sizeof(float)));
-  ACCRUE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch_),
-                               static_cast<size_t>(kSlots * kChunkFloats) * sizeof(float)));
-  for (int s = 0; s < kSlots; ++s) {
-    ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&slot_pulled_[s], cudaEventDisableTiming));
-    ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&slot_free_[s], cudaEventDisableTiming));
-    ACCRUE_CUDA_CHECK(cudaEventRecord(slot_free_[s], side_));  // every slot free at first
+  } else {
+    ACCRUE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch_),
+                                 static_cast<size_t>(kSlots * kChunkFloats) * sizeof(float)));
+    for (int s = 0; s < kSlots; ++s) {
+      ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&slot_pulled_[s], cudaEventDisableTiming));
+      ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&slot_free_[s], cudaEventDisableTiming));
+      ACCRUE_CUDA_CHECK(cudaEventRecord(slot_free_[s], side_));  // every slot free at first
+    }
   }
   shared_ = base;
   shared_count_ = count;
@@ -300,15 +302,14 @@ bool CopyEngineAllReduce::share(float* base, int64_t count, const Gather& gather
 
 bool CopyEngineAllReduce::takes(const void* data, int64_t count) const {
   if (count < 2 || reinterpret_cast<uintptr_t>(data) % 16 != 0) return false;
-  const float* p = static_cast<const float*>(data);
-  if (shared_ != nullptr && p >= shared_ && count <= shared_count_ - (p - shared_)) return true;
-  return count * static_cast<int64_t>(sizeof(float)) <= capacity_bytes_;
+  return in_shared(static_cast<const float*>(data), count) ||
+         count * static_cast<int64_t>(sizeof(float)) <= capacity_bytes_;
 }
 
 void CopyEngineAllReduce::enqueue(float* data, int64_t count, CUstream_st* stream) {
   ACCRUE_CHECK(takes(data, count), "CopyEngineAllReduce: cannot take ", count, " floats (capacity ",
                capacity_bytes_, " bytes, 16-byte aligned data)");
-  if (shared_ != nullptr && data >= shared_ && count <= shared_count_ - (data - shared_))
+  if (in_shared(data, count))
     return how_ == Direct::whole ? enqueue_whole(data, count, stream)
                                  : enqueue_direct(data, count, stream);
   join(stream);  // the staged form's steps assume no call before it is still running

@@ -44,7 +44,6 @@
 // device memory, released by a copy after ncclCommAbort, the survivor of a dead
 // peer hung (bench/RESULTS.md, nineteenth session).
 //
-//
 // Direct (share()): where the two ranks' gradient arenas are allocations of
 // their own (GradArenaOptions::shareable), each maps the other's, and a sum
 // inside it needs no staging: after READY both ways, rank r pulls p's copy of
@@ -159,6 +158,10 @@ class CopyEngineAllReduce {
   void enqueue_staged(float* data, int64_t count, CUstream_st* stream);
   void enqueue_direct(float* data, int64_t count, CUstream_st* stream);
   void enqueue_whole(float* data, int64_t count, CUstream_st* stream);
+  // Whether [p, p + count) lies inside the shared arena (the direct forms).
+  bool in_shared(const float* p, int64_t count) const {
+    return shared_ != nullptr && p >= shared_ && count <= shared_count_ - (p - shared_);
+  }
   // Rank 0 owns [0, split) of a call's `count` floats, rank 1 [split, count).
   static int64_t split_of(int64_t count) { return (count / 2) / 4 * 4; }
 
@@ -175,7 +178,7 @@ class CopyEngineAllReduce {
   EventHandle pulled_ = nullptr, joined_ = nullptr;
   uint32_t calls_ = 0;  // the number of the last call, the same on both ranks
 
-  // The direct form (share()): scratch chunks, kSlots of kChunkFloats.
+  // The direct forms (share()); halves: scratch chunks, kSlots of kChunkFloats.
   static constexpr int kSlots = 4;
   float* shared_ = nullptr;          // this rank's arena
   int64_t shared_count_ = 0;         // its floats

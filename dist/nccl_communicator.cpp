@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "accrue/core/cuda_graph.h"
+#include "accrue/core/device_scope.h"
 #include "accrue/core/error.h"
 #include "accrue/core/status_check.h"
 #include "accrue/dist/mpi_bootstrap.h"
@@ -20,26 +21,6 @@ static_assert(sizeof(ncclUniqueId) == kBlobBytes, "the TCP exchange carries an n
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Makes the communicator's device current for a scope and restores the
-// caller's: collectives, events and NCCL's own calls all belong to it.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    ACCRUE_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) ACCRUE_CUDA_CHECK(cudaSetDevice(device));
-    device_ = device;
-  }
-  ~DeviceGuard() {
-    if (previous_ != device_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-  int device_ = 0;
-};
 
 ncclDataType_t nccl_dtype(DType t) {
   switch (t) {
@@ -119,7 +100,7 @@ NcclCommunicator::NcclCommunicator(const Blob& id, int rank, int world_size, int
   ACCRUE_CHECK(options.watchdog_interval_s > 0 && options.watchdog_interval_s <= options.timeout_s,
                "NcclCommunicator: watchdog_interval_s = ", options.watchdog_interval_s,
                " must lie in (0, timeout_s = ", options.timeout_s, "]");
-  DeviceGuard guard(device);
+  cuda::DeviceScope guard(device);
   int least = 0, greatest = 0;
   ACCRUE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   // Numerically lower is higher priority: `greatest` is the most urgent.
@@ -185,7 +166,7 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 void NcclCommunicator::shutdown() {
-  DeviceGuard guard(device_);
+  cuda::DeviceScope guard(device_);
   std::lock_guard<std::mutex> lock(mu_);
   if (aborted_ || !comm_) return;
   // Collectives still in flight must finish before their buffers may go.
@@ -389,7 +370,7 @@ EventHandle NcclCommunicator::take_event_locked() {
 
 template <class Call>
 void NcclCommunicator::enqueue(const std::string& what, Call&& call, bool copy_engine_call) {
-  DeviceGuard guard(device_);
+  cuda::DeviceScope guard(device_);
   const StreamHandle producer = current_stream(device_);
   std::lock_guard<std::mutex> lock(mu_);
   throw_if_aborted_locked();
@@ -476,45 +457,6 @@ void NcclCommunicator::reduce_scatter(const Tensor& input, const Tensor& output,
           });
 }
 
-std::vector<std::string> NcclCommunicator::gather_strings(const std::string& mine) {
-  // In blocks of a fixed size.
-  constexpr int64_t kWords = 64;
-  ACCRUE_CHECK(mine.size() < (kWords - 1) * 8, "use_copy_engine_all_reduce: ", mine.size(),
-               " bytes to exchange");
-  std::vector<int64_t> words(kWords, 0);
-  words[0] = static_cast<int64_t>(mine.size());
-  std::memcpy(words.data() + 1, mine.data(), mine.size());
-  const Tensor in = from_vector(words, {kWords}, DType::i64, device());
-  const Tensor out = zeros({kWords * world_size_}, DType::i64, device());
-  all_gather(in, out);
-  synchronize();
-  const std::vector<int64_t> all = out.to_vector<int64_t>();
-  std::vector<std::string> strings;
-  for (int r = 0; r < world_size_; ++r) {
-    const int64_t* w = all.data() + r * kWords;
-    ACCRUE_CHECK(w[0] >= 0 && w[0] < (kWords - 1) * 8, "use_copy_engine_all_reduce: rank ", r,
-                 " sent a length of ", w[0]);
-    strings.emplace_back(reinterpret_cast<const char*>(w + 1), static_cast<size_t>(w[0]));
-  }
-  return strings;
-}
-
-bool NcclCommunicator::share_with_copy_engines(const Tensor& flat, bool whole_buckets,
-                                               std::string* why) {
-  check_collective_tensor(flat, device(), "share_with_copy_engines", "flat");
-  ACCRUE_CHECK(flat.dtype() == DType::f32, "share_with_copy_engines: the copy engines sum f32; ",
-               "flat is ", dtype_name(flat.dtype()));
-  if (!copy_engine_) {
-    if (why != nullptr) *why = "the copy engines are not in use (use_copy_engine_all_reduce first)";
-    return false;
-  }
-  DeviceGuard guard(device_);
-  return copy_engine_->share(
-      static_cast<float*>(flat.data_ptr()), flat.numel(),
-      [this](const std::string& mine) { return gather_strings(mine); }, why,
-      whole_buckets ? CopyEngineAllReduce::Direct::whole : CopyEngineAllReduce::Direct::halves);
-}
-
 void NcclCommunicator::join_pending() {
   if (!copy_engine_ || !copy_engine_->pending()) return;
   enqueue(
@@ -524,40 +466,6 @@ void NcclCommunicator::join_pending() {
         return ncclSuccess;
       },
       /*copy_engine_call=*/true);
-}
-
-bool NcclCommunicator::use_copy_engine_all_reduce(int64_t max_bytes, int64_t min_bytes,
-                                                  std::string* why) {
-  auto refuse = [why](std::string reason) {
-    if (why != nullptr) *why = std::move(reason);
-    return false;
-  };
-  ACCRUE_CHECK(max_bytes >= 0 && min_bytes >= 0, "use_copy_engine_all_reduce: max_bytes ",
-               max_bytes, ", min_bytes ", min_bytes);
-  // Every rank takes the same branch: they share the world size, the calls
-  // and their arguments.
-  if (copy_engine_ && max_bytes > 0 && max_bytes <= copy_engine_->capacity_bytes()) {
-    copy_engine_min_bytes_ = min_bytes;
-    return true;
-  }
-  if (copy_engine_) {  // off, or too small: the calls so far end before its buffers go
-    synchronize();
-    std::lock_guard<std::mutex> lock(mu_);
-    copy_engine_.reset();
-  }
-  if (max_bytes == 0) return refuse("turned off");
-  if (world_size_ != 2)
-    return refuse("the copy engines sum between two GPUs; the world has " +
-                  std::to_string(world_size_));
-  auto gather = [this](const std::string& mine) { return gather_strings(mine); };
-  std::string reason;
-  std::unique_ptr<CopyEngineAllReduce> engine =
-      CopyEngineAllReduce::connect(rank_, device_, max_bytes, gather, &reason);
-  if (!engine) return refuse(reason);
-  std::lock_guard<std::mutex> lock(mu_);
-  copy_engine_ = std::move(engine);
-  copy_engine_min_bytes_ = min_bytes;
-  return true;
 }
 
 void NcclCommunicator::all_gather(const Tensor& input, const Tensor& output) {
