@@ -82,6 +82,8 @@ struct Options {
   bool comm_high_priority = true;
   // NcclOptions::cta_policy (unset: NCCL's default).
   std::optional<dist::NcclOptions::CtaPolicy> cta_policy;
+  // NcclOptions::max_ctas (unset: NCCL's choice).
+  std::optional<int> nccl_max_ctas;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -134,13 +136,14 @@ std::vector<int64_t> split_ints(const std::string& s, const std::string& option)
 //   _gF    a growing schedule: each bucket after the second F times the one
 //          before, up to 256 MiB (or _mN: N MiB) (Note [Buckets]);
 //   _norm  the norm rows run as the buckets are reduced (Note [Norm under the backward]);
-//   _ce    two GPUs sum the buckets on their copy engines (Note [Copy-engine all-reduce]).
+//   _ce    two GPUs sum the buckets on their copy engines (Note [Copy-engine all-reduce]);
+//   _smN   the last backward's GEMMs leave N SMs to the collectives (Note [GEMM SM margin]).
 // torch_ddp.py's rows stay "ddp", and compare_dist.py shows every accrue variant
 // against them.
 constexpr const char* kVariants =
     "ddp or zero1, optionally with _bf16, _bN (N MiB buckets), _gF (growth), _mN (cap), _norm, "
-    "_ce (the copy engines, between shareable arenas), _whole (_ce pulling whole buckets) and "
-    "_staged (_ce through staging)";
+    "_ce (the copy engines, between shareable arenas), _whole (_ce pulling whole buckets), "
+    "_staged (_ce through staging) and _smN (the last backward's GEMMs leave N SMs free)";
 dist::ReducerOptions reducer_options(const std::string& variant) {
   dist::ReducerOptions options;
   std::vector<std::string> parts;
@@ -162,6 +165,12 @@ dist::ReducerOptions reducer_options(const std::string& variant) {
       options.copy_engine_whole_buckets = true;
     } else if (p == "staged") {
       // a store option: see shares_gradients()
+    } else if (p.size() > 2 && p.compare(0, 2, "sm") == 0 &&
+               p.find_first_not_of("0123456789", 2) == std::string::npos) {
+      const int64_t v = parse_int("--variants", p.substr(2));
+      ACCRUE_CHECK(v >= 1 && v < 1024, "accrue_bench_dist: --variants entry '", variant,
+                   "': an SM margin of ", v, " is outside [1, 1024)");
+      options.gemm_sm_margin = static_cast<int>(v);  // Note [GEMM SM margin]
     } else if (p.size() > 1 && (p[0] == 'b' || p[0] == 'g' || p[0] == 'm') &&
                p.find_first_not_of("0123456789", 1) == std::string::npos &&
                parse_int("--variants", p.substr(1)) > 0) {
@@ -197,6 +206,7 @@ dist::NcclOptions nccl_options(const Options& o) {
   dist::NcclOptions options;
   options.high_priority_stream = o.comm_high_priority;
   options.cta_policy = o.cta_policy;
+  options.max_ctas = o.nccl_max_ctas;
   return options;
 }
 
@@ -227,7 +237,9 @@ void usage() {
       "  --comm-priority P      the communicator's stream priority, high (default: its\n"
       "                         collectives scheduled ahead of the backward's kernels) or low\n"
       "  --cta-policy P         NCCL's CTA policy: default, efficiency or zero (NCCL >= 2.27;\n"
-      "                         unset: NCCL's own default)\n",
+      "                         unset: NCCL's own default)\n"
+      "  --nccl-max-ctas N      at most N CTAs per NCCL kernel, 1-64 (unset: NCCL's choice);\n"
+      "                         with a variant's _smN the GEMMs leave N SMs to them\n",
       kVariants);
 }
 
@@ -297,6 +309,10 @@ Options parse(int argc, char** argv) {
                    "accrue_bench_dist: --cta-policy takes default, efficiency or zero, got '", p,
                    "'");
       o.cta_policy = p == "efficiency" ? P::efficiency : p == "zero" ? P::zero : P::nccl_default;
+    } else if (a == "--nccl-max-ctas") {
+      const int64_t n = parse_int(a, value());
+      ACCRUE_CHECK(n >= 1 && n <= 64, "accrue_bench_dist: --nccl-max-ctas takes 1 to 64, got ", n);
+      o.nccl_max_ctas = static_cast<int>(n);
     } else if (a == "-h" || a == "--help") {
       usage();
       std::exit(0);

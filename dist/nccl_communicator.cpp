@@ -100,6 +100,9 @@ NcclCommunicator::NcclCommunicator(const Blob& id, int rank, int world_size, int
   ACCRUE_CHECK(options.watchdog_interval_s > 0 && options.watchdog_interval_s <= options.timeout_s,
                "NcclCommunicator: watchdog_interval_s = ", options.watchdog_interval_s,
                " must lie in (0, timeout_s = ", options.timeout_s, "]");
+  ACCRUE_CHECK(!options.max_ctas || (*options.max_ctas >= 1 && *options.max_ctas <= 64),
+               "NcclCommunicator: max_ctas = ", options.max_ctas.value_or(0),
+               " must lie in [1, 64]");
   cuda::DeviceScope guard(device);
   int least = 0, greatest = 0;
   ACCRUE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -126,6 +129,7 @@ NcclCommunicator::NcclCommunicator(const Blob& id, int rank, int world_size, int
                   NCCL_VERSION_CODE);
 #endif
     }
+    if (options.max_ctas) config.maxCTAs = *options.max_ctas;
     ncclComm_t comm = nullptr;
     const ncclResult_t r = ncclCommInitRankConfig(&comm, world_size, uid, rank, &config);
     std::lock_guard<std::mutex> lock(mu_);

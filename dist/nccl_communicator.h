@@ -55,6 +55,10 @@ struct NcclOptions {
   // NCCL's default (NCCL_CTA_POLICY_DEFAULT).
   enum class CtaPolicy { nccl_default, efficiency, zero };
   std::optional<CtaPolicy> cta_policy;
+  // ncclConfig_t::maxCTAs: at most this many CTAs per NCCL kernel, in [1,
+  // 64]; unset leaves NCCL's choice. With ReducerOptions::gemm_sm_margin the
+  // GEMMs leave that many SMs free (Note [GEMM SM margin]).
+  std::optional<int> max_ctas;
 };
 
 class NcclCommunicator final : public Communicator {

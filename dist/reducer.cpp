@@ -9,6 +9,7 @@
 #include "accrue/core/error.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/core/nvtx.h"
+#include "accrue/kernels/ops.h"
 
 namespace accrue::dist {
 
@@ -50,6 +51,9 @@ Reducer::Reducer(optim::ParamStore& arena, Communicator& comm, const ReducerOpti
     for (size_t b = 0; b < plan_.size(); ++b)
       stage_.push_back(zeros({plan_[b].numel}, t, arena.options().device()));
   }
+  ACCRUE_CHECK(options.gemm_sm_margin >= 0 && options.gemm_sm_margin < 1024,
+               "Reducer: gemm_sm_margin ", options.gemm_sm_margin,
+               " is outside [0, 1024) (Note [GEMM SM margin])");
   if (options.check_layout) check_layout();
   ACCRUE_CHECK(!options.copy_engine_whole_buckets || options.copy_engine_all_reduce,
                "Reducer: copy_engine_whole_buckets is a form of copy_engine_all_reduce, which is "
@@ -88,6 +92,7 @@ Reducer::Reducer(optim::ParamStore& arena, Communicator& comm, const ReducerOpti
 }
 
 Reducer::~Reducer() {
+  set_gemm_margin(false);
   // Note [Copy-engine all-reduce]: the communicator outlives this reducer;
   // its buckets' staging goes with it (a later reducer sets its own up).
   if (copy_engine_all_reduce_) {
@@ -187,14 +192,29 @@ void Reducer::set_up_copy_engines() {
               << ": the buckets stay on NCCL, not the copy engines: " << why << "\n";
 }
 
+void Reducer::set_gemm_margin(bool on) {
+  if (!on_gpu() || options_.gemm_sm_margin == 0) return;
+  if (on && !margin_before_) {
+    margin_before_ = kernels::gemm_sm_margin(device_);
+    kernels::set_gemm_sm_margin(device_, options_.gemm_sm_margin);
+  } else if (!on && margin_before_) {
+    kernels::set_gemm_sm_margin(device_, *margin_before_);
+    margin_before_.reset();
+  }
+}
+
 void Reducer::before_backward(int64_t index, int64_t micro_steps) {
   ACCRUE_CHECK(micro_steps >= 1 && index >= 0 && index < micro_steps,
                "Reducer::before_backward: micro-step ", index, " of a window of ", micro_steps);
   // Note [No silent hang]: a failed or timed-out collective surfaces here,
   // at the latest one micro-step later.
   comm_.check();
-  if (index == 0) armed_ = false;  // a new window: nothing from an unfinished one carries over
+  if (index == 0) {  // a new window: nothing from an unfinished one carries over
+    armed_ = false;
+    set_gemm_margin(false);
+  }
   if (index != micro_steps - 1) return;  // Note [Buckets]: earlier micro-steps never communicate
+  set_gemm_margin(true);
   for (size_t b = 0; b < plan_.size(); ++b)
     remaining_[b] = plan_[b].num_params();
   seen_.assign(seen_.size(), false);
@@ -285,6 +305,7 @@ void Reducer::finish(const Tensor& items) {
                items.defined() ? shape_str(items.shape()) + " " + dtype_name(items.dtype())
                                : std::string("an undefined tensor"));
   NoGradGuard no_grad;
+  set_gemm_margin(false);  // the backward's GEMMs are all issued
   if (backward_end_) backward_end_->record(current_stream(device_));
   // Note [Overwrite first]: a slot no gradient reached this window holds an
   // old gradient and must enter the sum as 0. Such a slot never fired its

@@ -102,6 +102,14 @@ struct ReducerOptions {
   // 4 more bytes a parameter for the pulled copy (Note [Copy-engine
   // all-reduce], Direct::whole). Only with copy_engine_all_reduce.
   bool copy_engine_whole_buckets = false;
+  // Note [GEMM SM margin] (kernels/cuda/cublaslt_state.cu): while the last
+  // micro-step's backward is issued (its buckets' collectives beside it), the
+  // GEMMs on this rank's device are planned for this many fewer SMs, which
+  // are left to the collectives; cap the communicator's blocks to match
+  // (NCCL_MAX_CTAS). 0 (the default): every SM. Other algorithms may run, so
+  // the bits match a run with the same margin, not one without. Nothing on the
+  // CPU. [0, 1024).
+  int gemm_sm_margin = 0;
 };
 
 // Note [Gradient transport]
@@ -209,6 +217,8 @@ class Reducer final : public optim::GradientSync {
   Tensor staged_chunk(size_t b) const;
   void check_layout();
   void set_up_copy_engines();
+  // Note [GEMM SM margin]: on from the last micro-step's backward to finish().
+  void set_gemm_margin(bool on);
   bool on_gpu() const { return comm_.stream() != nullptr; }
 
   optim::ParamStore& arena_;
@@ -229,6 +239,8 @@ class Reducer final : public optim::GradientSync {
 
   // The window in progress (last micro-step only).
   bool armed_ = false;
+  std::optional<int>
+      margin_before_;               // Note [GEMM SM margin]: the device's margin while ours is set
   std::vector<int64_t> remaining_;  // per bucket: slots whose gradient is not final yet
   std::vector<bool> seen_;          // per slot: its hook fired in the last micro-step
   size_t next_ = 0;                 // the next bucket to send, in plan order

@@ -1,6 +1,7 @@
 // Dispatch of the matrix products of kernels/ops.h: 3-D gemm views of the
 // operands (see Note [Dispatch shapes]).
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -71,6 +72,8 @@ namespace {
 std::mutex g_tuning_mutex;
 std::optional<std::string> g_tuning_file;  // unset: ACCRUE_GEMM_TUNING decides
 std::atomic<bool> g_tuning_in_process{false};
+constexpr int kMarginDevices = 64;
+std::array<std::atomic<int>, kMarginDevices> g_sm_margin{};  // Note [GEMM SM margin]
 }  // namespace
 
 void set_gemm_tuning_file(const std::string& path) {
@@ -84,6 +87,20 @@ void set_gemm_tuning_in_process(bool on) {
 
 bool gemm_tuning_in_process() {
   return g_tuning_in_process.load();
+}
+
+void set_gemm_sm_margin(int device, int sms) {
+  ACCRUE_CHECK(device >= 0 && device < kMarginDevices, "set_gemm_sm_margin: device ", device,
+               " is outside [0, ", kMarginDevices, ")");
+  ACCRUE_CHECK(sms >= 0 && sms < 1024, "set_gemm_sm_margin: ", sms, " SMs for device ", device,
+               " is outside [0, 1024)");
+  g_sm_margin[static_cast<size_t>(device)].store(sms, std::memory_order_relaxed);
+}
+
+int gemm_sm_margin(int device) {
+  ACCRUE_CHECK(device >= 0 && device < kMarginDevices, "gemm_sm_margin: device ", device,
+               " is outside [0, ", kMarginDevices, ")");
+  return g_sm_margin[static_cast<size_t>(device)].load(std::memory_order_relaxed);
 }
 
 std::string gemm_tuning_file() {

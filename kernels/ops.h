@@ -129,6 +129,14 @@ std::string gemm_tuning_file();
 // bits. Off by default; a tuning file turns timing on whatever this says.
 void set_gemm_tuning_in_process(bool on);
 bool gemm_tuning_in_process();
+// Note [GEMM SM margin] (kernels/cuda/cublaslt_state.cu): while `sms` > 0,
+// cuBLASLt GEMMs on CUDA device `device` are planned for that many fewer SMs
+// than the device has, leaving them to a concurrent stream (the reducer's
+// collectives under the last backward). 0 (the default) plans for every SM.
+// Plans are kept per margin, so switching back and forth re-plans nothing.
+// Throws for a device index outside [0, 64) or sms outside [0, 1024).
+void set_gemm_sm_margin(int device, int sms);
+int gemm_sm_margin(int device);
 
 // ---- neural-network kernels ------------------------------------------------------
 // weight [V, D], indices i32/i64 of any shape -> [..., D]. Out-of-range indices throw.

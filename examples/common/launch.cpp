@@ -38,7 +38,9 @@ DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena
   DataParallel dp;
   if (!where.rank.distributed()) return dp;
 #ifdef ACCRUE_WITH_NCCL
-  dp.comm = dist::connect_nccl(where.rank, dist::layout_fingerprint(arena));
+  dist::NcclOptions nccl;
+  if (dp_options.nccl_max_ctas > 0) nccl.max_ctas = dp_options.nccl_max_ctas;
+  dp.comm = dist::connect_nccl(where.rank, dist::layout_fingerprint(arena), nccl);
   dist::ReducerOptions options;
   options.zero1 = dp_options.zero1;
   options.copy_engine_all_reduce = dp_options.copy_engine_all_reduce;
@@ -46,6 +48,7 @@ DataParallel connect_data_parallel(const Launch& where, optim::ParamStore& arena
   options.timing = dp_options.timing;
   if (dp_options.bucket_mb) options.buckets = dist::buckets_of_mib(*dp_options.bucket_mb);
   options.transport = dp_options.transport;
+  options.gemm_sm_margin = dp_options.gemm_sm_margin;
   dp.reducer = std::make_unique<dist::Reducer>(arena, *dp.comm, options);
   dp.reducer->broadcast_parameters();  // every rank starts from rank 0's weights
   std::printf("data parallel: %s, %zu buckets of up to %s%s%s%s, NCCL id bootstrap: %s\n",

@@ -55,6 +55,8 @@ struct DataParallelOptions {
   bool timing = false;                     // per-bucket events: Reducer::last_timing() (benchmarks)
   std::optional<double> bucket_mb = std::nullopt;  // MiB (unset: BucketPlanOptions')
   std::optional<DType> transport = std::nullopt;   // Note [Gradient transport] (unset: exact)
+  int gemm_sm_margin = 0;                          // Note [GEMM SM margin]
+  int nccl_max_ctas = 0;                           // NcclOptions::max_ctas (0: NCCL's choice)
 };
 
 // Connects the ranks (refusing a different parameter layout on any rank),

@@ -69,6 +69,17 @@ void declare_gradient_sync(OptionTable& cli, GradientSyncChoice& g) {
              "under data parallelism: the dtype the buckets travel in; bf16 or f16 halve the "
              "bytes but round each rank's gradients before the sum, so the step is no longer "
              "the large batch's exactly (Note [Gradient transport]; DDP's compress hooks)");
+  cli.integer("--gemm-sm-margin", &g.gemm_sm_margin, "N",
+              "under data parallelism: the last micro-step's GEMMs are planned for N fewer SMs, "
+              "left to the buckets' collectives beside them (Note [GEMM SM margin]; other "
+              "algorithms, so other bits than without it)")
+      .min(0)
+      .max(1023);
+  cli.integer("--nccl-max-ctas", &g.nccl_max_ctas, "N",
+              "under data parallelism: at most N CTAs per NCCL kernel (ncclConfig_t::maxCTAs; "
+              "0: NCCL's choice)")
+      .min(0)
+      .max(64);
 }
 
 OptionTable::Option& declare_concurrent_micro_batches(OptionTable& cli, int64_t& n) {

@@ -109,11 +109,16 @@ void check_close_under_forward(const OptionTable& cli, const CloseUnderForward& 
 struct GradientSyncChoice {
   std::optional<double> bucket_mb;  // unset: BucketPlanOptions' 25 MiB
   std::optional<DType> transport;   // unset: the arena's own dtype, exact
+  int64_t gemm_sm_margin = 0;       // Note [GEMM SM margin]: SMs the last backward's GEMMs leave
+  int64_t nccl_max_ctas = 0;        // NcclOptions::max_ctas; 0: NCCL's choice
   // "exact", "bf16" or "f16": what the trainers print, report and record.
   std::string transport_name() const;
   // --bucket-mb, or the plan's default when it was not given.
   double bucket_mib() const;
-  bool given() const { return bucket_mb.has_value() || transport.has_value(); }
+  bool given() const {
+    return bucket_mb.has_value() || transport.has_value() || gemm_sm_margin != 0 ||
+           nccl_max_ctas != 0;
+  }
 };
 void declare_gradient_sync(OptionTable& cli, GradientSyncChoice& g);
 

@@ -40,6 +40,8 @@ void print_bench_line(const Gpt2Options& o, const nn::GPT2Config& config, const 
   c.boolean("copy_engine_all_reduce", result.copy_engine_all_reduce);
   c.number("bucket_mb", o.grad_sync.bucket_mib());
   c.text("grad_transport", o.grad_sync.transport_name());
+  c.integer("gemm_sm_margin", o.grad_sync.gemm_sm_margin);
+  c.integer("nccl_max_ctas", o.grad_sync.nccl_max_ctas);
   c.boolean("close_under_forward", o.close_under_forward.on);
   o.fp8.describe_json(c);
   BenchTiming t;

@@ -202,11 +202,13 @@ int train(int argc, char** argv) {
                              .copy_engine_whole_buckets = opt.copy_engine_whole_buckets,
                              .timing = opt.bench,
                              .bucket_mb = opt.grad_sync.bucket_mb,
-                             .transport = opt.grad_sync.transport});
+                             .transport = opt.grad_sync.transport,
+                             .gemm_sm_margin = static_cast<int>(opt.grad_sync.gemm_sm_margin),
+                             .nccl_max_ctas = static_cast<int>(opt.grad_sync.nccl_max_ctas)});
   if ((opt.copy_engine_all_reduce || opt.grad_sync.given()) && !dp.reducer)
     std::printf(
-        "--copy-engine-all-reduce, --bucket-mb, --grad-transport: one process, no gradients to "
-        "sum across GPUs\n");
+        "--copy-engine-all-reduce, --bucket-mb, --grad-transport, --gemm-sm-margin, "
+        "--nccl-max-ctas: one process, no gradients to sum across GPUs\n");
   optim::Window window(
       arena, optimizer,
       optim::WindowOptions()

@@ -545,12 +545,17 @@ int train(int argc, char** argv) {
   optim::ParamStore store(model->named_parameters(), store_options(opt, where, master, optimizer));
   // Note [Window FP8 weights]: kept before the Window, whose close recasts them.
   if (opt.fp8.on) opt.fp8.keep_in(store, model->use_fp8(opt.fp8.options()));
-  const DataParallel dp = connect_data_parallel(where, store,
-                                                {.zero1 = opt.zero1,
-                                                 .bucket_mb = opt.grad_sync.bucket_mb,
-                                                 .transport = opt.grad_sync.transport});
+  const DataParallel dp =
+      connect_data_parallel(where, store,
+                            {.zero1 = opt.zero1,
+                             .bucket_mb = opt.grad_sync.bucket_mb,
+                             .transport = opt.grad_sync.transport,
+                             .gemm_sm_margin = static_cast<int>(opt.grad_sync.gemm_sm_margin),
+                             .nccl_max_ctas = static_cast<int>(opt.grad_sync.nccl_max_ctas)});
   if (opt.grad_sync.given() && !dp.reducer)
-    std::printf("--bucket-mb, --grad-transport: one process, no gradients to sum across GPUs\n");
+    std::printf(
+        "--bucket-mb, --grad-transport, --gemm-sm-margin, --nccl-max-ctas: one process, no "
+        "gradients to sum across GPUs\n");
   optim::Window window(store, optimizer, window_options(opt, scaling), dp.reducer.get());
   std::printf("memory per rank: %s\n", store.memory().describe().c_str());
 

@@ -8,10 +8,49 @@
 #include <string>
 
 #include "accrue/core/cuda_runtime.h"
+#include "accrue/core/cuda_types.cuh"
 #include "accrue/core/status_check.h"
 #include "accrue/kernels/ops.h"
 
 namespace accrue::kernels::cuda::cublaslt {
+
+// Note [GEMM SM margin]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A GEMM that runs beside a collective shares the SMs with it. cuBLASLt's
+// Hopper kernels are persistent: a grid of one block per SM that walks the
+// tiles. A collective's blocks (NCCL's, or the adds of the copy engines'
+// all-reduce) hold some SMs for the whole collective, so the GEMM blocks
+// that land there wait or share, and the whole GEMM ends with its slowest
+// block; measured: NCCL's kernels slowed a chain of the MLP's backward GEMMs
+// by 25-52% (bench/RESULTS.md, "NCCL's kernels under the backward's GEMMs").
+// kernels::set_gemm_sm_margin(device, n) makes every GEMM planned on `device`
+// while it is set ask cuBLASLt for the device's SM count minus n
+// (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, at least 1): the heuristic and the
+// kernel's grid then leave n SMs to the concurrent stream. The reducer sets it
+// for the last micro-step's backward (dist::ReducerOptions::gemm_sm_margin) and
+// clears it in finish(); cap the communicator's blocks to match
+// (NCCL_MAX_CTAS).
+//  - Plans are cached per (problem, target), so a margin switched on and off
+//    every window builds each plan once; epilogue plans carry the target as
+//    the last entry of their key.
+//  - Another target may choose another algorithm, hence other bits: a run
+//    with a margin is reproducible with the same margin, not bitwise equal to
+//    one without (the same as GEMM tuning, Note [GEMM autotuning]).
+//  - With a margin set, GEMM tuning keeps cuBLASLt's first choice: the timed
+//    choice of a tuning file was measured on the whole device.
+//  - cublasGemmEx (a tuned choice) has no per-call target; a plan built under
+//    a margin never chooses it.
+int32_t sm_count_target(int device) {
+  const int margin = gemm_sm_margin(device);
+  if (margin == 0) return 0;
+  return std::max(1, ::accrue::cuda::sm_count(device) - margin);
+}
+
+bool set_sm_count_target(cublasLtMatmulDesc_t desc, int32_t target) {
+  if (target == 0) return true;
+  return cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target,
+                                        sizeof(target)) == CUBLAS_STATUS_SUCCESS;
+}
 
 namespace {
 
@@ -44,6 +83,9 @@ std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, const LtProblem& p
                                                      sizeof(transa)));
   ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &transb,
                                                      sizeof(transb)));
+  ACCRUE_CHECK(set_sm_count_target(plan->op, p.sm_target),
+               "gemm: cuBLASLt refused an SM count target of ", p.sm_target,
+               " (Note [GEMM SM margin])");
   plan->a = make_layout(p.input_type, p.a.rows, p.a.cols, p.a.ld, p.batch, p.a.batch_stride);
   plan->b = make_layout(p.input_type, p.b.rows, p.b.cols, p.b.ld, p.batch, p.b.batch_stride);
   plan->c = make_layout(p.output_type, p.m, p.n, p.ldc, p.batch, p.c_batch_stride);
@@ -101,10 +143,11 @@ LtState::Resources LtState::acquire(const LtProblem& p, cudaStream_t stream, con
   const bool offer_gemm_ex = (p.input_type == CUDA_R_16BF || p.input_type == CUDA_R_16F) &&
                              p.compute == CUBLAS_COMPUTE_32F;
   const PlanKey key = p.key();
-  auto it = plans_.find(key);
+  auto it = plans_.find({key, p.sm_target});
   if (it == plans_.end()) {
     const std::string file = gemm_tuning_file();
-    const bool tuned = !file.empty() || gemm_tuning_in_process();
+    // Note [GEMM SM margin]: under a margin, cuBLASLt's first choice.
+    const bool tuned = (!file.empty() || gemm_tuning_in_process()) && p.sm_target == 0;
     auto plan = build_plan(base.handle, p, tuned ? kTuneCandidates : 1);
     if (tuned) {
       GemmTuneProblem t;
@@ -134,7 +177,7 @@ LtState::Resources LtState::acquire(const LtProblem& p, cudaStream_t stream, con
       plan->gemm_ex = choice == kGemmExChoice;
       if (!plan->gemm_ex) plan->algo = plan->candidates[static_cast<size_t>(choice)];
     }
-    it = plans_.emplace(key, std::move(plan)).first;
+    it = plans_.emplace(std::make_pair(key, p.sm_target), std::move(plan)).first;
   }
   return {base.handle, base.workspace, it->second.get()};
 }

@@ -112,6 +112,10 @@ struct LtProblem {
   LtOperand a, b;                          // cuBLASLt's A (our b) and B (our a)
   int64_t ldc = 0, c_batch_stride = 0;
   uint32_t align_a = 0, align_b = 0, align_c = 0;
+  // Note [GEMM SM margin]: the SMs to plan for, 0 for the device's all. Not in
+  // key(), which also names the problem in a tuning file: the plan cache keys
+  // on both.
+  int32_t sm_target = 0;
 
   PlanKey key() const {
     return {device,  input_type, output_type, scale_type, compute,        m,    n,
@@ -121,6 +125,12 @@ struct LtProblem {
   }
 };
 
+// Note [GEMM SM margin]: the SM count a GEMM planned now on `device` targets,
+// 0 while no margin is set; and the descriptor attribute that carries it
+// (nothing for 0; false when cuBLASLt refuses it).
+int32_t sm_count_target(int device);
+bool set_sm_count_target(cublasLtMatmulDesc_t desc, int32_t target);
+
 // A column-major rows x cols layout with leading dimension ld, strided-batched
 // when batch > 1.
 cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
@@ -129,8 +139,8 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
 // The plan of a GEMM with a bias epilogue (Note [GELU epilogue], Note [Bias
 // epilogue]). Its descriptor carries the bias (and aux) pointers, which change
 // from call to call: `launch` guards them from being set until the matmul that
-// reads them is enqueued.
-using EpilogueKey = std::array<int64_t, 12>;
+// reads them is enqueued. The last entry is the SM target (Note [GEMM SM margin]).
+using EpilogueKey = std::array<int64_t, 13>;
 
 struct EpiloguePlan {
   cublasLtMatmulDesc_t op = nullptr;
@@ -205,7 +215,7 @@ class LtState {
   std::array<cublasLtHandle_t, kMaxDevices> handles_{};
   std::array<cublasHandle_t, kMaxDevices> blas_handles_{};
   std::map<std::pair<int, cudaStream_t>, Tensor> workspaces_;
-  std::map<PlanKey, std::unique_ptr<GemmPlan>> plans_;
+  std::map<std::pair<PlanKey, int32_t>, std::unique_ptr<GemmPlan>> plans_;  // key, SM target
   std::map<EpilogueKey, std::unique_ptr<EpiloguePlan>> epilogue_plans_;
 };
 

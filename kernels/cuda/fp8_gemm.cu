@@ -69,6 +69,7 @@ struct Fp8Problem {
   const void* bias = nullptr;  // Note [FP8 GEMM]: [n] in out's type, in the epilogue
   void* aux = nullptr;         // with bias: the pre-GELU output, [m, n] in out's type
   void* out = nullptr;
+  int32_t sm_target = 0;  // Note [GEMM SM margin]
 
   EpilogueKey key() const {
     return {device,
@@ -83,7 +84,8 @@ struct Fp8Problem {
                 (aux != nullptr ? 8 : 0),
             a_mode,
             b_mode,
-            0};
+            0,
+            sm_target};
   }
 };
 
@@ -109,7 +111,8 @@ std::unique_ptr<EpiloguePlan> build_fp8_plan(cublasLtHandle_t handle, const Fp8P
   const int8_t fast = p.fast ? 1 : 0;
   bool ok = set_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, transa) &&
             set_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, transb) &&
-            set_attr(plan->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast) && set_pointers(*plan, p);
+            set_attr(plan->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast) &&
+            cublaslt::set_sm_count_target(plan->op, p.sm_target) && set_pointers(*plan, p);
   if (p.bias != nullptr) {
     // With aux, GELU too: aux = the biased product (D's layout, [n, m] ld n).
     const cublasLtEpilogue_t epilogue =
@@ -156,6 +159,7 @@ void check_fp8_device(int device, bool block_scales, const char* op) {
 Fp8Problem problem_of(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   Fp8Problem p;
   p.device = out.device().index;
+  p.sm_target = cublaslt::sm_count_target(p.device);
   p.a_type = a.dtype();
   p.b_type = b.dtype();
   p.out_type = out.dtype();

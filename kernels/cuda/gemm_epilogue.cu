@@ -100,6 +100,7 @@ struct EpilogueProblem {
   const void* bias = nullptr;
   void* pre = nullptr;  // the aux buffer: GELU_AUX_BIAS writes it, DGELU reads it
   void* y = nullptr;
+  int32_t sm_target = 0;  // Note [GEMM SM margin]
 
   bool has_aux() const {
     return epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU;
@@ -121,7 +122,8 @@ struct EpilogueProblem {
             alignment_of(weight),
             alignment_of(bias),
             alignment_of(pre),
-            alignment_of(y)};
+            alignment_of(y),
+            sm_target};
   }
 };
 
@@ -152,6 +154,7 @@ std::unique_ptr<EpiloguePlan> build_epilogue_plan(cublasLtHandle_t handle,
       set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, transa) &&
       set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, transb) &&
       set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, p.epilogue) &&
+      cublaslt::set_sm_count_target(plan->op, p.sm_target) &&
       (!p.has_aux() || set_desc_attr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld)) &&
       set_epilogue_pointers(*plan, p);
   if (!ok) return plan;
@@ -186,6 +189,7 @@ bool describe_epilogue(cublasLtEpilogue_t epilogue, const Tensor& x, const Tenso
   p->weight = weight.data_ptr();
   p->bias = bias.defined() ? bias.data_ptr() : nullptr;
   p->y = y.data_ptr();
+  p->sm_target = cublaslt::sm_count_target(p->device);
   return true;
 }
 

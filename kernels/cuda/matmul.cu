@@ -183,6 +183,7 @@ void gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& out, double alph
   p.align_a = alignment_of(rb.ptr);
   p.align_b = alignment_of(ra.ptr);
   p.align_c = alignment_of(out.data_ptr());
+  p.sm_target = cublaslt::sm_count_target(dev);  // Note [GEMM SM margin]
 
   // Note [Library outputs under initcheck] (core/cuda_runtime.h).
   if (beta == 0.0 && prewrite_library_outputs()) out.fill_(0.0);

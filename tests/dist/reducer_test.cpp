@@ -15,6 +15,7 @@
 #include "accrue/autograd/variable.h"
 #include "accrue/dist/process_group.h"
 #include "accrue/dist/reducer.h"
+#include "accrue/kernels/ops.h"
 #include "tests/equivalence/equivalence_util.h"
 #include "tests/test_util.h"
 
@@ -327,6 +328,32 @@ TEST(Reducer, copy_engine_all_reduce_refusals_and_a_communicator_without_them) {
     for (int64_t k = 0; k < 2; ++k) {
       run.backward(b.micro(k, 2));
       plain.backward(b.micro(k, 2));
+    }
+    run.window->close();
+    plain.window->close();
+  }
+  EXPECT_TRUE(test::all_equal(run.arena->master(), plain.arena->master()));
+}
+
+// Note [GEMM SM margin]: a margin outside [0, 1024) is refused, naming it;
+// on the CPU a valid one changes nothing (no cuBLASLt plans) and the process
+// margin of device 0 stays untouched.
+TEST(Reducer, gemm_sm_margin_is_checked_and_a_no_op_on_the_cpu) {
+  RecordingCommunicator comm;
+  ReducerOptions bad = small_buckets();
+  bad.gemm_sm_margin = -1;
+  EXPECT_ERROR(DpRun(2, &comm, bad), "Reducer", "gemm_sm_margin -1", "[0, 1024)");
+  bad.gemm_sm_margin = 1024;
+  EXPECT_ERROR(DpRun(2, &comm, bad), "Reducer", "gemm_sm_margin 1024");
+  ReducerOptions o = small_buckets();
+  o.gemm_sm_margin = 16;
+  DpRun run(2, &comm, o);
+  DpRun plain(2, &comm, small_buckets());
+  for (const Batch& b : batches(2)) {
+    for (int64_t k = 0; k < 2; ++k) {
+      run.backward(b.micro(k, 2));
+      plain.backward(b.micro(k, 2));
+      EXPECT_EQ(kernels::gemm_sm_margin(0), 0);
     }
     run.window->close();
     plain.window->close();

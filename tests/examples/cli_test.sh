@@ -179,10 +179,12 @@ case $name in
     expect 2 "--grad-transport must be exact, bf16 or f16, got 'f8'" --synthetic --grad-transport f8
     run --cpu --synthetic --windows 2 --micro-batch 2 --seq-len 32 --accum 2
     exact=$(grep "^final:" <<< "$out")
+    expect 2 "--gemm-sm-margin must be in [0, 1023], got 1024" --synthetic --gemm-sm-margin 1024
+    expect 2 "--nccl-max-ctas must be in [0, 64], got 65" --synthetic --nccl-max-ctas 65
     run --cpu --synthetic --windows 2 --micro-batch 2 --seq-len 32 --accum 2 --bucket-mb 0.5 \
-      --grad-transport bf16
+      --grad-transport bf16 --gemm-sm-margin 16 --nccl-max-ctas 16
     [[ $rc -eq 0 && -n $exact && $(grep "^final:" <<< "$out") == "$exact" &&
-      $out == *"--bucket-mb, --grad-transport: one process, no gradients to sum"* ]] ||
+      $out == *"--gemm-sm-margin, --nccl-max-ctas: one process, no gradients to sum"* ]] ||
       fail "train --grad-transport bf16 on one process: exit code $rc: $out"
     # Note [Weight gradients on a branch]: inside graphs only, one micro-step at a time.
     expect 2 "--weight-grad-branch 2 needs --cuda-graphs" --synthetic --weight-grad-branch 2
@@ -553,9 +555,11 @@ case $name in
       "${tiny[@]}" --copy-engine-whole-buckets
     run "${tiny[@]}" --micro-batch 2 --seq-len 16 --windows 2
     exact=$(grep "^final:" <<< "$out")
-    run "${tiny[@]}" --micro-batch 2 --seq-len 16 --windows 2 --grad-transport f16 --bucket-mb 2
+    expect 2 "--gemm-sm-margin must be in [0, 1023], got -1" "${tiny[@]}" --gemm-sm-margin -1
+    run "${tiny[@]}" --micro-batch 2 --seq-len 16 --windows 2 --grad-transport f16 --bucket-mb 2 \
+      --gemm-sm-margin 8
     [[ $rc -eq 0 && -n $exact && $(grep "^final:" <<< "$out") == "$exact" &&
-      $out == *"--grad-transport: one process, no gradients to sum"* ]] ||
+      $out == *"--gemm-sm-margin, --nccl-max-ctas: one process, no gradients to sum"* ]] ||
       fail "train_gpt2 --grad-transport f16 on one process: exit code $rc: $out"
     run "${tiny[@]}" --micro-batch 2 --seq-len 16 --bench --bench-warmup 1 --bench-windows 1 \
       --grad-transport bf16 --bucket-mb 8

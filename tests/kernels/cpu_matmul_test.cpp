@@ -279,5 +279,25 @@ TEST(CpuGemm, tf32_switch_defaults_off) {
   kernels::set_allow_tf32(false);
 }
 
+// Note [GEMM SM margin]: per device, off by default; values outside the
+// ranges are refused with the device and the value named, leaving the margin
+// as it was. (The GPU plans under a margin: GpuMatmul.sm_margin_*.)
+TEST(GemmSmMargin, defaults_off_is_kept_per_device_and_refuses_bad_values) {
+  EXPECT_EQ(kernels::gemm_sm_margin(0), 0);
+  EXPECT_EQ(kernels::gemm_sm_margin(3), 0);
+  kernels::set_gemm_sm_margin(3, 24);
+  EXPECT_EQ(kernels::gemm_sm_margin(3), 24);
+  EXPECT_EQ(kernels::gemm_sm_margin(0), 0) << "another device keeps its own";
+  EXPECT_ERROR(kernels::set_gemm_sm_margin(3, -1), "set_gemm_sm_margin", "-1", "device 3",
+               "[0, 1024)");
+  EXPECT_ERROR(kernels::set_gemm_sm_margin(3, 1024), "set_gemm_sm_margin", "1024", "[0, 1024)");
+  EXPECT_ERROR(kernels::set_gemm_sm_margin(64, 8), "set_gemm_sm_margin", "device 64", "[0, 64)");
+  EXPECT_ERROR(kernels::set_gemm_sm_margin(-1, 8), "set_gemm_sm_margin", "device -1");
+  EXPECT_ERROR(kernels::gemm_sm_margin(64), "gemm_sm_margin", "device 64");
+  EXPECT_EQ(kernels::gemm_sm_margin(3), 24) << "a refused value changes nothing";
+  kernels::set_gemm_sm_margin(3, 0);
+  EXPECT_EQ(kernels::gemm_sm_margin(3), 0);
+}
+
 }  // namespace
 }  // namespace accrue

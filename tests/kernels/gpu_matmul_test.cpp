@@ -15,6 +15,7 @@
 #ifdef ACCRUE_WITH_CUDA
 #include "accrue/kernels/cuda/tuning.h"  // the tuning file exists in CUDA builds only
 #endif
+#include "accrue/kernels/fused.h"
 #include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
@@ -352,6 +353,46 @@ TEST(GpuMatmul, in_process_tuning_keeps_one_choice_per_problem_in_memory) {
   EXPECT_EQ(kernels::cuda::tuned_choice_count(""), known + 1) << "off: nothing timed";
 }
 #endif  // ACCRUE_WITH_CUDA
+
+// Note [GEMM SM margin]: GEMMs planned for fewer SMs (the plain GEMM at beta
+// 1, the bias epilogue, the GELU epilogue) still compute exact sums on small
+// integers, with and without the margin, and switching it back and forth
+// reuses each target's plan (the same bits every time).
+TEST(GpuMatmul, sm_margin_plans_give_exact_sums_and_switch_back_and_forth) {
+  ACCRUE_REQUIRE_CUDA();
+  // Sizes no other test uses, so these problems' plans are made here.
+  const int64_t tokens = 1048, in = 392, out = 264;
+  const Tensor x = test::random_integers({tokens, in}, -3, 3, DType::bf16);
+  const Tensor w = test::random_integers({out, in}, -3, 3, DType::bf16);
+  const Tensor b = test::random_integers({out}, -8, 8, DType::bf16);
+  const Tensor dy = test::random_integers({tokens, out}, -3, 3, DType::bf16);
+  const Tensor base = test::random_integers({in, out}, -100, 100, DType::f32);
+  Tensor g_ref = base.clone();
+  kernels::gemm(x, true, dy, false, g_ref, 1.0, 1.0);
+  Tensor pre_ref;
+  const Tensor gelu_ref = kernels::linear_gelu(x, w, b, &pre_ref);
+  const Tensor x_gpu = x.to(kGpu), w_gpu = w.to(kGpu), b_gpu = b.to(kGpu), dy_gpu = dy.to(kGpu);
+  // The epilogue rounds the exact fp32 sum once (the CPU twice): each margin's
+  // output must equal the whole device's bit for bit, and the CPU's closely.
+  Tensor y_whole, pre_whole;
+  for (const int margin : {0, 40, 0, 40, 131}) {
+    kernels::set_gemm_sm_margin(0, margin);
+    Tensor g = base.to(kGpu);
+    kernels::gemm(x_gpu, true, dy_gpu, false, g, 1.0, 1.0);
+    EXPECT_TRUE(test::all_equal(on_cpu(g), g_ref)) << "weight-gradient GEMM, margin " << margin;
+    const Tensor y = on_cpu(kernels::linear(x_gpu, w_gpu, b_gpu));
+    if (!y_whole.defined()) y_whole = y;
+    EXPECT_TRUE(test::all_equal(y, y_whole)) << "bias epilogue, margin " << margin;
+    EXPECT_TRUE(test::all_close(y, kernels::linear(x, w, b), 1e-2, 1e-2)) << "margin " << margin;
+    Tensor pre;
+    const Tensor gelu = on_cpu(kernels::linear_gelu(x_gpu, w_gpu, b_gpu, &pre));
+    if (!pre_whole.defined()) pre_whole = on_cpu(pre);
+    EXPECT_TRUE(test::all_equal(on_cpu(pre), pre_whole))
+        << "GELU epilogue's pre, margin " << margin;
+    EXPECT_TRUE(test::all_close(gelu, gelu_ref, 2e-2, 2e-2)) << "GELU epilogue, margin " << margin;
+  }
+  kernels::set_gemm_sm_margin(0, 0);
+}
 
 // Note [GEMM autotuning]: a recorded -1 runs cublasGemmEx, which must give
 // the same exact sums (integers) and accumulate at beta 1 as cuBLASLt does.
