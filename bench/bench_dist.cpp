@@ -814,8 +814,11 @@ void print_phases(const RowResult& r) {
   std::printf("  reducer (rank 0, last window): last backward %.3f ms; the close waited %.3f ms\n",
               t.last_backward_ms, t.exposed_ms);
   for (size_t b = 0; b < t.bucket_start_ms.size(); ++b)
-    std::printf("    bucket %2zu: %+8.3f .. %+8.3f ms (%.3f ms)\n", b, t.bucket_start_ms[b],
-                t.bucket_end_ms[b], t.bucket_end_ms[b] - t.bucket_start_ms[b]);
+    std::printf(
+        "    bucket %2zu: %+8.3f .. %+8.3f ms (%.3f ms); gradients ready %+8.3f ms; host: issued "
+        "%.3f ms into the backward, the call took %.3f ms\n",
+        b, t.bucket_start_ms[b], t.bucket_end_ms[b], t.bucket_end_ms[b] - t.bucket_start_ms[b],
+        t.bucket_ready_ms[b], t.host_issue_ms[b], t.host_call_ms[b]);
   std::printf("    item count: ends %+8.3f ms\n", t.items_end_ms);
 }
 

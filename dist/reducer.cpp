@@ -35,10 +35,13 @@ Reducer::Reducer(optim::ParamStore& arena, Communicator& comm, const ReducerOpti
       for (size_t b = 0; b < plan_.size(); ++b) {
         bucket_start_.push_back(std::make_unique<Event>(true));
         bucket_end_.push_back(std::make_unique<Event>(true));
+        bucket_ready_.push_back(std::make_unique<Event>(true));
       }
       step_start_ = std::make_unique<Event>(true);
       backward_end_ = std::make_unique<Event>(true);
       items_end_ = std::make_unique<Event>(true);
+      host_issue_ms_.assign(plan_.size(), 0.0);
+      host_call_ms_.assign(plan_.size(), 0.0);
     }
   }
   remaining_.assign(plan_.size(), 0);
@@ -221,7 +224,10 @@ void Reducer::before_backward(int64_t index, int64_t micro_steps) {
   next_ = 0;
   sent_in_backward_ = 0;
   armed_ = true;
-  if (step_start_) step_start_->record(current_stream(device_));
+  if (step_start_) {
+    step_start_->record(current_stream(device_));
+    host_step_start_ = std::chrono::steady_clock::now();
+  }
 }
 
 void Reducer::on_grad_ready(size_t slot) {
@@ -282,6 +288,9 @@ void Reducer::send_bucket(size_t b) {
   // Note [Gradient transport]: rounded on the compute stream, before the
   // communicator's stream is told to wait for it.
   if (!stage_.empty()) stage_[b].copy_(plan_.view(arena_.grads(), b));
+  using Ms = std::chrono::duration<double, std::milli>;
+  const auto host_issue = std::chrono::steady_clock::now();
+  if (!bucket_ready_.empty()) bucket_ready_[b]->record(current_stream(device_));
   order_comm_after_compute();
   if (!bucket_start_.empty()) bucket_start_[b]->record(comm_.stream());
   if (options_.zero1) {
@@ -295,7 +304,11 @@ void Reducer::send_bucket(size_t b) {
   } else {
     comm_.all_reduce(stage_.empty() ? plan_.view(arena_.grads(), b) : stage_[b], ReduceOp::sum);
   }
-  if (!bucket_end_.empty()) bucket_end_[b]->record(comm_.stream());
+  if (!bucket_end_.empty()) {
+    bucket_end_[b]->record(comm_.stream());
+    host_issue_ms_[b] = Ms(host_issue - host_step_start_).count();
+    host_call_ms_[b] = Ms(std::chrono::steady_clock::now() - host_issue).count();
+  }
   ++issued_;
 }
 
@@ -415,7 +428,10 @@ ReducerTiming Reducer::last_timing() const {
   for (size_t b = 0; b < plan_.size(); ++b) {
     t.bucket_start_ms.push_back(step_start_->elapsed_ms(*bucket_start_[b]) - end);
     t.bucket_end_ms.push_back(step_start_->elapsed_ms(*bucket_end_[b]) - end);
+    t.bucket_ready_ms.push_back(step_start_->elapsed_ms(*bucket_ready_[b]) - end);
   }
+  t.host_issue_ms = host_issue_ms_;
+  t.host_call_ms = host_call_ms_;
   t.items_end_ms = step_start_->elapsed_ms(*items_end_) - end;
   t.exposed_ms = std::max(0.0, t.items_end_ms);
   return t;

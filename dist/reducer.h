@@ -61,6 +61,7 @@
 // compute 2 bytes (bf16), against 4 + 8 + 4 + 2 for plain data parallelism.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -134,6 +135,13 @@ struct ReducerTiming {
   // Per bucket, plan order: when the communicator's stream reached its
   // all-reduce (its gradients final, earlier collectives done) and when it ended.
   std::vector<double> bucket_start_ms, bucket_end_ms;
+  // Per bucket: when the compute stream had produced its gradients (its
+  // collective was issued after that point), on the same clock; and on the
+  // host, when the collective was issued (from before_backward) and how long
+  // the communicator's call took. A compute stream that reaches bucket b + 2
+  // only as bucket b's collective ends is paced by the communication, not
+  // slowed beside it.
+  std::vector<double> bucket_ready_ms, host_issue_ms, host_call_ms;
   double items_end_ms = 0.0;  // the item count's all-reduce: the last collective
   // Communication the close had to wait for: max(0, items_end_ms).
   double exposed_ms = 0.0;
@@ -250,7 +258,9 @@ class Reducer final : public optim::GradientSync {
   std::unique_ptr<Event> ready_, done_;  // GPU only
   // options.timing: per bucket start/end on the comm stream, the backward's
   // end on the compute stream, the item count's end.
-  std::vector<std::unique_ptr<Event>> bucket_start_, bucket_end_;
+  std::vector<std::unique_ptr<Event>> bucket_start_, bucket_end_, bucket_ready_;
+  std::vector<double> host_issue_ms_, host_call_ms_;  // options.timing: see ReducerTiming
+  std::chrono::steady_clock::time_point host_step_start_;
   std::unique_ptr<Event> step_start_, backward_end_, items_end_;
   bool timing_valid_ = false;
   bool copy_engine_all_reduce_ = false;  // Note [Copy-engine all-reduce]: set up and in use

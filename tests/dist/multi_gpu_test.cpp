@@ -639,8 +639,18 @@ TEST(MultiGpu, first_bucket_all_reduce_starts_before_the_backward_ends) {
   EXPECT_LT(t.bucket_start_ms[0], 0.0) << "bucket 0's all-reduce started " << t.bucket_start_ms[0]
                                        << " ms after the last micro-step's backward ended";
   double busy = 0;
-  for (size_t b = 0; b < plan.size(); ++b)
+  ASSERT_EQ(t.bucket_ready_ms.size(), plan.size());
+  ASSERT_EQ(t.host_issue_ms.size(), plan.size());
+  ASSERT_EQ(t.host_call_ms.size(), plan.size());
+  for (size_t b = 0; b < plan.size(); ++b) {
     busy += t.bucket_end_ms[b] - t.bucket_start_ms[b];
+    // A collective starts after the compute stream produced its gradients.
+    EXPECT_LE(t.bucket_ready_ms[b], t.bucket_start_ms[b] + 1e-3) << "bucket " << b;
+    EXPECT_GE(t.host_call_ms[b], 0.0) << "bucket " << b;
+    if (b > 0) {
+      EXPECT_GE(t.host_issue_ms[b], t.host_issue_ms[b - 1]) << "bucket " << b;
+    }
+  }
   std::printf("[rank %d] %zu buckets, %.1f MB; last micro-step's backward %.3f ms\n", info().rank,
               plan.size(), plan.padded_numel() * 4.0 / 1e6, t.last_backward_ms);
   for (size_t b = 0; b < plan.size(); ++b)
