@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -174,7 +175,7 @@ void NcclCommunicator::shutdown() {
   std::lock_guard<std::mutex> lock(mu_);
   if (aborted_ || !comm_) return;
   // Collectives still in flight must finish before their buffers may go.
-  while (poll_locked(Clock::now()) && !in_flight_.empty())
+  while (poll_locked(Clock::now()) && (!in_flight_.empty() || launching_))
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   if (aborted_) throw Error(error_);
   const ncclResult_t r = ncclCommFinalize(comm_);
@@ -201,7 +202,10 @@ void NcclCommunicator::release_events() noexcept {
   ready_ = nullptr;
 }
 
-StreamHandle NcclCommunicator::stream() const {
+StreamHandle NcclCommunicator::stream() {
+  std::lock_guard<std::mutex> lock(mu_);
+  throw_if_aborted_locked();
+  finish_launch_locked();  // Note [Deferred launch]: what the caller adds lands after it
   return stream_->handle();
 }
 
@@ -249,6 +253,16 @@ bool NcclCommunicator::poll_locked(Clock::time_point now) {
                  ": a peer died or the network failed; the communicator was aborted");
     return false;
   }
+  // Note [Deferred launch]: a launch NCCL has finished is followed from now
+  // on; one that outlives the timeout is a hung peer like any other.
+  if (launching_ && state == ncclSuccess) follow_launched_locked();
+  if (launching_ && now - launching_->enqueued > to_duration(options_.timeout_s)) {
+    std::ostringstream os;
+    os << who() << ": " << launching_->what << " was not launched within " << options_.timeout_s
+       << " s: a peer died, hung or never connected; the communicator was aborted";
+    abort_locked(os.str());
+    return false;
+  }
   while (!in_flight_.empty()) {
     const cudaError_t e = cudaEventQuery(in_flight_.front().done);
     if (e == cudaErrorNotReady) break;
@@ -275,6 +289,10 @@ void NcclCommunicator::abort_locked(const std::string& message) {
   if (aborted_) return;
   aborted_ = true;
   error_ = message;
+  if (launching_) {  // never recorded: a spare
+    spare_events_.push_back(launching_->done);
+    launching_.reset();
+  }
   // Note [Copy-engine all-reduce]: no stream stays blocked on the peer's
   // flags. First: ncclCommAbort frees device memory, which may wait for the
   // whole device, so streams still blocked there could hang the abort.
@@ -353,7 +371,7 @@ void NcclCommunicator::synchronize() {
       std::lock_guard<std::mutex> lock(mu_);
       poll_locked(Clock::now());
       throw_if_aborted_locked();
-      if (in_flight_.empty()) return;
+      if (in_flight_.empty() && !launching_) return;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
@@ -372,12 +390,30 @@ EventHandle NcclCommunicator::take_event_locked() {
   return e;
 }
 
+// Note [Deferred launch]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// The communicator is non-blocking (Note [No silent hang]: no NCCL call may
+// hang the host), and NCCL launches each collective of a non-blocking
+// communicator from a thread it starts for it, returning ncclInProgress; no
+// other NCCL call may go to the communicator, and nothing after the
+// collective on its stream, until that launch has finished. Waiting for it in
+// the call cost the host 0.06-0.46 ms a collective on 2 x H200: 1.95 ms of the
+// 2.3 ms the host spent issuing the MLP's last backward went there, while the
+// backward's kernels waited to be launched (bench/RESULTS.md, twenty-first
+// session). So a collective returns with its launch pending (launching_), and
+// the wait happens where ordering needs it, usually long after NCCL has
+// finished: at the next collective, in stream() (whoever puts work on the
+// stream, an event the compute stream waits for among it, gets it after the
+// collective), synchronize() and the destructor. poll_locked (check() and
+// the watchdog) follows a finished launch without waiting and aborts one that
+// outlives the timeout, as it does a collective that never completes.
 template <class Call>
 void NcclCommunicator::enqueue(const std::string& what, Call&& call, bool copy_engine_call) {
   cuda::DeviceScope guard(device_);
   const StreamHandle producer = current_stream(device_);
   std::lock_guard<std::mutex> lock(mu_);
   throw_if_aborted_locked();
+  finish_launch_locked();  // Note [Deferred launch]
   // Note [Collective ordering]: after everything the caller's stream has so far.
   ACCRUE_CUDA_CHECK(cudaEventRecord(ready_, producer));
   ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream_->handle(), ready_, 0));
@@ -387,28 +423,40 @@ void NcclCommunicator::enqueue(const std::string& what, Call&& call, bool copy_e
   if (copy_engine_ && !copy_engine_call) copy_engine_->join(stream_->handle());
   const ncclResult_t r = call(comm_, stream_->handle());
   if (r == ncclInProgress) {
-    // Non-blocking: NCCL is still enqueueing; nothing may go on its stream until it is done.
-    try {
-      wait_for_progress_locked(what, options_.timeout_s);
-    } catch (...) {
-      spare_events_.push_back(work.done);
-      throw;
-    }
-  } else if (r != ncclSuccess) {
+    launching_ = std::move(work);  // Note [Deferred launch]
+    ++issued_;
+    return;
+  }
+  if (r != ncclSuccess) {
     spare_events_.push_back(work.done);
     abort_locked(who() + ": " + what + " could not be enqueued: NCCL error " +
                  ncclGetErrorString(r) + " (" + ncclGetLastError(comm_) +
                  "); the communicator was aborted (the ranks' collectives no longer match)");
     throw_if_aborted_locked();
   }
+  launching_ = std::move(work);
+  follow_launched_locked();
+  ++issued_;
+}
+
+void NcclCommunicator::finish_launch_locked() {
+  if (!launching_) return;
+  const std::string what = launching_->what;
+  const double waited = std::chrono::duration<double>(Clock::now() - launching_->enqueued).count();
+  // Throws (having aborted, which returns the event) when it fails or times out.
+  wait_for_progress_locked(what, std::max(0.0, options_.timeout_s - waited));
+  follow_launched_locked();
+}
+
+void NcclCommunicator::follow_launched_locked() {
+  Work work = std::move(*launching_);
+  launching_.reset();
   const cudaError_t e = cudaEventRecord(work.done, stream_->handle());
   if (e != cudaSuccess) {
     spare_events_.push_back(work.done);
     ACCRUE_CUDA_CHECK(e);
   }
-  work.enqueued = Clock::now();
   in_flight_.push_back(std::move(work));
-  ++issued_;
 }
 
 void NcclCommunicator::all_reduce(const Tensor& data, ReduceOp op) {

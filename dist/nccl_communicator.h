@@ -81,7 +81,8 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   Device device() const override { return Device::cuda(device_); }
-  StreamHandle stream() const override;
+  // Note [Deferred launch]: first finishes a launch NCCL is still making.
+  StreamHandle stream() override;
 
   void all_reduce(const Tensor& data, ReduceOp op = ReduceOp::sum) override;
   void reduce_scatter(const Tensor& input, const Tensor& output,
@@ -132,6 +133,12 @@ class NcclCommunicator final : public Communicator {
   // With mu_ held: waits, at most timeout_s, until NCCL's state leaves
   // ncclInProgress after a non-blocking call; aborts and throws on failure.
   void wait_for_progress_locked(const std::string& what, double timeout_s);
+  // Note [Deferred launch], with mu_ held: waits (within the collective's
+  // timeout) until NCCL has launched the pending collective, then follows it
+  // like any other; nothing when none is pending.
+  void finish_launch_locked();
+  // ... the second half: its done event on the stream, into in_flight_.
+  void follow_launched_locked();
   // "rank 1 of 2 (cuda:1)"
   std::string who() const;
   EventHandle take_event_locked();
@@ -148,6 +155,9 @@ class NcclCommunicator final : public Communicator {
   mutable std::mutex mu_;  // guards everything below and every NCCL call
   ncclComm* comm_ = nullptr;
   std::deque<Work> in_flight_;
+  // Note [Deferred launch]: the collective NCCL is still launching, if any;
+  // its done event is recorded once the launch has finished.
+  std::optional<Work> launching_;
   std::vector<EventHandle> spare_events_;
   bool aborted_ = false;
   std::string error_;

@@ -36,7 +36,7 @@ void check_same_dtype(const Tensor& a, const Tensor& b, const char* collective) 
 
 }  // namespace
 
-StreamHandle StubCommunicator::stream() const {
+StreamHandle StubCommunicator::stream() {
   return device_.is_cuda() ? current_stream(device_.index) : nullptr;
 }
 

@@ -53,8 +53,11 @@ class Communicator {
   virtual int world_size() const = 0;
   // Where the tensors of every collective live (CUDA:local_rank for NCCL).
   virtual Device device() const = 0;
-  // The stream collectives are enqueued on; nullptr on the CPU. See Note [Collective ordering].
-  virtual StreamHandle stream() const = 0;
+  // The stream collectives are enqueued on; nullptr on the CPU. See Note
+  // [Collective ordering]. Not const: work put on it must land after every
+  // collective enqueued so far, and an implementation may first have to
+  // finish putting one there (NcclCommunicator: Note [Deferred launch]).
+  virtual StreamHandle stream() = 0;
 
   // Every tensor below must be contiguous, on device(), of a float or integer
   // dtype; otherwise accrue::Error naming the collective and the tensor.
@@ -128,7 +131,7 @@ class StubCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   Device device() const override { return device_; }
-  StreamHandle stream() const override;
+  StreamHandle stream() override;
 
   void all_reduce(const Tensor& data, ReduceOp op = ReduceOp::sum) override;
   void reduce_scatter(const Tensor& input, const Tensor& output,

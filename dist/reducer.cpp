@@ -195,6 +195,12 @@ void Reducer::set_up_copy_engines() {
               << ": the buckets stay on NCCL, not the copy engines: " << why << "\n";
 }
 
+void Reducer::record_bucket_end() {
+  if (!end_to_record_) return;
+  bucket_end_[*end_to_record_]->record(comm_.stream());
+  end_to_record_.reset();
+}
+
 void Reducer::set_gemm_margin(bool on) {
   if (!on_gpu() || options_.gemm_sm_margin == 0) return;
   if (on && !margin_before_) {
@@ -288,6 +294,7 @@ void Reducer::send_bucket(size_t b) {
   // Note [Gradient transport]: rounded on the compute stream, before the
   // communicator's stream is told to wait for it.
   if (!stage_.empty()) stage_[b].copy_(plan_.view(arena_.grads(), b));
+  record_bucket_end();  // the previous bucket's, after its collective
   using Ms = std::chrono::duration<double, std::milli>;
   const auto host_issue = std::chrono::steady_clock::now();
   if (!bucket_ready_.empty()) bucket_ready_[b]->record(current_stream(device_));
@@ -305,7 +312,7 @@ void Reducer::send_bucket(size_t b) {
     comm_.all_reduce(stage_.empty() ? plan_.view(arena_.grads(), b) : stage_[b], ReduceOp::sum);
   }
   if (!bucket_end_.empty()) {
-    bucket_end_[b]->record(comm_.stream());
+    end_to_record_ = b;  // Note [Deferred launch] (dist/nccl_communicator.cpp): not now
     host_issue_ms_[b] = Ms(host_issue - host_step_start_).count();
     host_call_ms_[b] = Ms(std::chrono::steady_clock::now() - host_issue).count();
   }
@@ -328,6 +335,7 @@ void Reducer::finish(const Tensor& items) {
   if (!armed_) next_ = 0;  // finish() without an armed last micro-step: everything goes now
   for (; next_ < plan_.size(); ++next_)
     send_bucket(next_);
+  record_bucket_end();
   // Note [Normalization]: N over every rank.
   order_comm_after_compute();
   comm_.all_reduce(items, ReduceOp::sum);

@@ -227,7 +227,8 @@ class Reducer final : public optim::GradientSync {
   void set_up_copy_engines();
   // Note [GEMM SM margin]: on from the last micro-step's backward to finish().
   void set_gemm_margin(bool on);
-  bool on_gpu() const { return comm_.stream() != nullptr; }
+  void record_bucket_end();  // options.timing: see end_to_record_
+  bool on_gpu() const { return device_ >= 0; }
 
   optim::ParamStore& arena_;
   Communicator& comm_;
@@ -260,6 +261,11 @@ class Reducer final : public optim::GradientSync {
   // end on the compute stream, the item count's end.
   std::vector<std::unique_ptr<Event>> bucket_start_, bucket_end_, bucket_ready_;
   std::vector<double> host_issue_ms_, host_call_ms_;  // options.timing: see ReducerTiming
+  // options.timing: the bucket whose end event is still to be recorded. It is
+  // recorded when the next one is sent (or at finish): stream() may wait for
+  // NCCL to launch the collective (Note [Deferred launch] in
+  // dist/nccl_communicator.cpp), which the host should not do at once.
+  std::optional<size_t> end_to_record_;
   std::chrono::steady_clock::time_point host_step_start_;
   std::unique_ptr<Event> step_start_, backward_end_, items_end_;
   bool timing_valid_ = false;

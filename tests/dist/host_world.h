@@ -68,7 +68,7 @@ class HostCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_.size(); }
   Device device() const override { return device_; }
-  StreamHandle stream() const override { return nullptr; }
+  StreamHandle stream() override { return nullptr; }
 
   void all_reduce(const Tensor& data, ReduceOp op) override {
     ++counts["all_reduce"];

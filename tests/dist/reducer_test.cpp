@@ -41,7 +41,7 @@ class RecordingCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   Device device() const override { return stub_.device(); }
-  StreamHandle stream() const override { return stub_.stream(); }
+  StreamHandle stream() override { return stub_.stream(); }
 
   void all_reduce(const Tensor& data, ReduceOp op) override {
     record("all_reduce", data);
