@@ -109,7 +109,8 @@ struct ReducerOptions {
   // are left to the collectives; cap the communicator's blocks to match
   // (NCCL_MAX_CTAS). 0 (the default): every SM. Other algorithms may run, so
   // the bits match a run with the same margin, not one without. Nothing on the
-  // CPU. [0, 1024).
+  // CPU. [0, 1024). Measured no faster for the MLP or GPT-2 on 2 x H200 (the
+  // Note has the figures).
   int gemm_sm_margin = 0;
 };
 

@@ -40,6 +40,11 @@ namespace accrue::kernels::cuda::cublaslt {
 //    choice of a tuning file was measured on the whole device.
 //  - cublasGemmEx (a tuned choice) has no per-call target; a plan built under
 //    a margin never chooses it.
+// Measured on 2 x H200 (bench/RESULTS.md, twenty-first session), it does not
+// pay for the MLP or GPT-2 under data parallelism: with 16 SMs left to 16 NCCL
+// CTAs the MLP's last backward took 2.80 ms against 2.59 without, and no margin
+// from 4 to 32 (with or without a CTA cap) shortened the window. The
+// collectives slow the GEMMs by more than the SMs they hold. Off by default.
 int32_t sm_count_target(int device) {
   const int margin = gemm_sm_margin(device);
   if (margin == 0) return 0;
