@@ -139,9 +139,9 @@ struct ReducerTiming {
   // Per bucket: when the compute stream had produced its gradients (its
   // collective was issued after that point), on the same clock; and on the
   // host, when the collective was issued (from before_backward) and how long
-  // the communicator's call took. A compute stream that reaches bucket b + 2
-  // only as bucket b's collective ends is paced by the communication, not
-  // slowed beside it.
+  // the communicator's call took. Together they tell a GPU slowed beside the
+  // collectives from one waiting for the host's launches (bench/RESULTS.md,
+  // twenty-first session).
   std::vector<double> bucket_ready_ms, host_issue_ms, host_call_ms;
   double items_end_ms = 0.0;  // the item count's all-reduce: the last collective
   // Communication the close had to wait for: max(0, items_end_ms).
@@ -249,8 +249,8 @@ class Reducer final : public optim::GradientSync {
 
   // The window in progress (last micro-step only).
   bool armed_ = false;
-  std::optional<int>
-      margin_before_;               // Note [GEMM SM margin]: the device's margin while ours is set
+  // Note [GEMM SM margin]: the device's margin from before ours, while ours is set.
+  std::optional<int> margin_before_;
   std::vector<int64_t> remaining_;  // per bucket: slots whose gradient is not final yet
   std::vector<bool> seen_;          // per slot: its hook fired in the last micro-step
   size_t next_ = 0;                 // the next bucket to send, in plan order
