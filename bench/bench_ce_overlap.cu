@@ -20,6 +20,14 @@
 //         and registered as one symmetric window (NCCL_WIN_COLL_SYMMETRIC), so
 //         NCCL may run its symmetric kernels, which load and store the peer's
 //         buffer directly instead of staging through its FIFOs.
+// and, to tell which traffic slows the GEMMs, three that move the buckets'
+// bytes without summing across GPUs (their results are not checked):
+//   local_copy  a device-to-device cudaMemcpyAsync of each bucket (a copy
+//         engine and the GPU's own memory, no NVLink, no SMs);
+//   local_add   scratch += bucket by a kernel of 16 blocks (NCCL's order of
+//         SMs, 12 bytes an element of the GPU's own memory, no NVLink);
+//   peer_copy   each GPU pulls the peer's whole bucket with a peer
+//         cudaMemcpyAsync (a copy engine over NVLink, no SMs).
 // With --progressive the buckets are released as a backward releases them:
 // an equal share after each pair of GEMMs (the comm stream waits for an
 // event there), so the all-reduce can only trail the chain, as under the
@@ -186,6 +194,28 @@ void allreduce_ce(std::vector<Gpu>& gs, const Plan& p, int b0, int b1, bool pipe
   }
 }
 
+// Buckets [b0, b1) of local_copy, local_add or peer_copy (see the top).
+void move_bytes(std::vector<Gpu>& gs, const Plan& p, int b0, int b1, const std::string& kind) {
+  for (int b = b0; b < b1; ++b) {
+    const size_t off = size_t(b) * p.bucket, n = std::min(p.bucket, p.elems - off);
+    for (int d = 0; d < 2; ++d) {
+      Gpu& g = gs[d];
+      CK(cudaSetDevice(g.dev));
+      if (kind == "local_copy") {
+        CK(cudaMemcpyAsync(g.scratch + off, g.grad + off, n * sizeof(float),
+                           cudaMemcpyDeviceToDevice, g.comm));
+      } else if (kind == "local_add") {
+        add_into<<<16, 512, 0, g.comm>>>(reinterpret_cast<float4*>(g.scratch + off),
+                                         reinterpret_cast<const float4*>(g.grad + off), n / 4);
+        CK(cudaGetLastError());
+      } else {
+        CK(cudaMemcpyPeerAsync(g.scratch + off, g.dev, gs[1 - d].grad + off, gs[1 - d].dev,
+                               n * sizeof(float), g.comm));
+      }
+    }
+  }
+}
+
 double ms_between(cudaEvent_t a, cudaEvent_t b) {
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, a, b));
@@ -345,6 +375,9 @@ int main(int argc, char** argv) {
         allreduce_nccl(gs, plan, b0, b1);
       if (std::strcmp(comm, "ce") == 0) allreduce_ce(gs, plan, b0, b1, false);
       if (std::strcmp(comm, "ce2") == 0) allreduce_ce(gs, plan, b0, b1, true);
+      if (std::strcmp(comm, "local_copy") == 0 || std::strcmp(comm, "local_add") == 0 ||
+          std::strcmp(comm, "peer_copy") == 0)
+        move_bytes(gs, plan, b0, b1, comm);
     }
     for (int d = 0; d < 2; ++d) {
       CK(cudaSetDevice(d));
@@ -411,12 +444,13 @@ int main(int argc, char** argv) {
               mismatches == 0 ? "yes" : "NO");
   const Times chain = run(true, "none");
   std::printf("%-22s chain %.3f ms\n", "GEMMs alone", chain.chain);
-  for (const char* comm : {"nccl", "nccl_sym", "ce", "ce2"}) {
+  for (const char* comm :
+       {"nccl", "nccl_sym", "ce", "ce2", "local_copy", "local_add", "peer_copy"}) {
     const Times alone = run(false, comm);
     const double busbw = double(plan.elems) * 4 / (alone.comm * 1e-3) / 1e9;  // 2 ranks: bus = alg
     const Times both = run(true, comm);
     std::printf(
-        "%-8s alone %.3f ms (%.0f GB/s bus) | with GEMMs: chain %.3f ms (+%.1f%%), comm "
+        "%-10s alone %.3f ms (%.0f GB/s bus) | with GEMMs: chain %.3f ms (+%.1f%%), comm "
         "ends %.3f ms, makespan %.3f ms (GEMMs alone + %.3f)\n",
         comm, alone.comm, busbw, both.chain, 100 * (both.chain / chain.chain - 1), both.comm,
         both.span, both.span - chain.chain);
