@@ -78,10 +78,11 @@
 // backward stretches to 2.55 ms beside NCCL, 3.02 with whole buckets, 3.37
 // with halves. So even with no kernel beside the backward, the copies' own
 // traffic slows it more than NCCL's kernels do, and the adds of the whole
-// form then run after it. GPT-2 124M on two GPUs (its last backward 11.87 ms
-// at 8 x 4 with whole buckets, 12.8-13.2 with NCCL): 1.95x / 1.96x at 8 x 4 /
-// 4 x 8 with whole buckets in one run, 1.93x / 1.94x with halves, 1.91-1.93x
-// / 1.94-1.95x with NCCL in other calls of the session. The side stream's
+// form then run after it. GPT-2 124M on two GPUs, whole buckets and NCCL
+// alternating in one call (twenty-first session): 1.94x / 1.94x and 1.91x /
+// 1.95x at 8 x 4 / 4 x 8 against NCCL's 1.93x / 1.93x twice, the 2-GPU
+// throughput within 0.6% in every pair: the same (halves gave 1.93x / 1.94x,
+// equal to NCCL in its call). The side stream's
 // priority and the add kernel's width (16 to 512 blocks) change nothing but
 // make it slower at 16, and CUDA_DEVICE_MAX_CONNECTIONS=32 changes nothing,
 // so neither the adds' scheduling nor a stream wait blocking a hardware

@@ -13,7 +13,7 @@ namespace accrue::dist {
 std::vector<std::string> NcclCommunicator::gather_strings(const std::string& mine) {
   // In blocks of a fixed size.
   constexpr int64_t kWords = 64;
-  ACCRUE_CHECK(mine.size() < (kWords - 1) * 8, "use_copy_engine_all_reduce: ", mine.size(),
+  ACCRUE_CHECK(mine.size() < (kWords - 1) * 8, "copy-engine set-up: ", mine.size(),
                " bytes to exchange");
   std::vector<int64_t> words(kWords, 0);
   words[0] = static_cast<int64_t>(mine.size());
@@ -26,7 +26,7 @@ std::vector<std::string> NcclCommunicator::gather_strings(const std::string& min
   std::vector<std::string> strings;
   for (int r = 0; r < world_size_; ++r) {
     const int64_t* w = all.data() + r * kWords;
-    ACCRUE_CHECK(w[0] >= 0 && w[0] < (kWords - 1) * 8, "use_copy_engine_all_reduce: rank ", r,
+    ACCRUE_CHECK(w[0] >= 0 && w[0] < (kWords - 1) * 8, "copy-engine set-up: rank ", r,
                  " sent a length of ", w[0]);
     strings.emplace_back(reinterpret_cast<const char*>(w + 1), static_cast<size_t>(w[0]));
   }

@@ -73,6 +73,34 @@ TEST(MultiGpu, all_reduce_of_small_integers_is_exact) {
   }
 }
 
+// Note [Deferred launch]: a collective returns while NCCL may still be
+// launching it; work that the caller orders after it through stream() (an
+// event recorded there, which the compute stream waits for) must still see
+// its result. The copy is read before any synchronize(), as the reducer's
+// close reads the sums.
+TEST(MultiGpu, work_ordered_after_a_collective_through_its_stream_sees_the_result) {
+  const int W = info().world_size;
+  const int64_t n = int64_t{8} << 20;  // 32 MiB of f32: the sum takes a while
+  for (uint64_t seed = 100; seed < 104; ++seed) {
+    std::vector<double> sum(n, 0.0);
+    for (int r = 0; r < W; ++r) {
+      const std::vector<double> v = integers(n, r, seed);
+      for (int64_t i = 0; i < n; ++i)
+        sum[i] += v[i];
+    }
+    Tensor a = on_device(integers(n, info().rank, seed), DType::f32);
+    world().all_reduce(a, ReduceOp::sum);
+    Event after;
+    after.record(world().stream());
+    after.block(current_stream(device().index));
+    const Tensor copy = a.clone();  // on the compute stream, after the event
+    // Read back through the compute stream alone, before synchronize().
+    const ::testing::AssertionResult same = test::all_equal(copy, on_device(sum, DType::f32));
+    world().synchronize();
+    EXPECT_TRUE(same) << "seed " << seed;
+  }
+}
+
 TEST(MultiGpu, reduce_scatter_all_gather_and_broadcast_are_exact) {
   const int W = info().world_size, rank = info().rank;
   uint64_t seed = 100;
