@@ -6,6 +6,8 @@
 #ifdef ACCRUE_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include "accrue/core/env_flag.h"
+#include "accrue/core/graph_memsets.h"
 #include "accrue/core/status_check.h"
 #endif
 
@@ -86,6 +88,16 @@ std::unique_ptr<CudaGraph> CudaGraph::capture(int device, const std::function<vo
     *why = detail::str_cat("CUDA could not capture it (", cudaGetErrorString(ended), ")");
     return nullptr;
   }
+  int64_t fills = 0;
+  static const bool keep_memsets = env_flag("ACCRUE_GRAPH_MEMSET_NODES");
+  if (!keep_memsets) {
+    try {
+      fills = detail::memset_nodes_as_kernels(graph);  // Note [Memset nodes as kernels]
+    } catch (...) {
+      cudaGraphDestroy(graph);
+      throw;
+    }
+  }
   cudaGraphExec_t exec = nullptr;
   const cudaError_t made =
       cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
@@ -99,6 +111,7 @@ std::unique_ptr<CudaGraph> CudaGraph::capture(int device, const std::function<vo
   g->graph_ = graph;
   g->exec_ = exec;
   g->device_ = device;
+  g->fills_ = fills;
   size_t nodes = 0;
   ACCRUE_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
   g->nodes_ = static_cast<int64_t>(nodes);
