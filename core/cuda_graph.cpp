@@ -1,5 +1,7 @@
 #include "accrue/core/cuda_graph.h"
 
+#include <vector>
+
 #include "accrue/core/allocator.h"
 #include "accrue/core/cuda_runtime.h"
 
@@ -88,11 +90,12 @@ std::unique_ptr<CudaGraph> CudaGraph::capture(int device, const std::function<vo
     *why = detail::str_cat("CUDA could not capture it (", cudaGetErrorString(ended), ")");
     return nullptr;
   }
-  int64_t fills = 0;
+  // Note [Memset nodes as kernels] in core/graph_memsets.cu.
   static const bool keep_memsets = env_flag("ACCRUE_GRAPH_MEMSET_NODES");
+  std::vector<void*> memsets;
   if (!keep_memsets) {
     try {
-      fills = detail::memset_nodes_as_kernels(graph);  // Note [Memset nodes as kernels]
+      memsets = detail::add_fill_kernels(graph);
     } catch (...) {
       cudaGraphDestroy(graph);
       throw;
@@ -111,7 +114,8 @@ std::unique_ptr<CudaGraph> CudaGraph::capture(int device, const std::function<vo
   g->graph_ = graph;
   g->exec_ = exec;
   g->device_ = device;
-  g->fills_ = fills;
+  detail::disable_nodes(exec, memsets);  // g frees the graph if this throws
+  g->fills_ = static_cast<int64_t>(memsets.size());
   size_t nodes = 0;
   ACCRUE_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
   g->nodes_ = static_cast<int64_t>(nodes);

@@ -12,12 +12,14 @@
 //    `height` rows of `width` elements, `pitch` bytes apart, as the widest
 //    word (16, 4, 2 or 1 bytes) that the address, the pitch and the row's
 //    bytes allow; the bytes written are exactly the memset's;
-//  - the kernel node takes the memset node's incoming and outgoing edges,
-//    with their edge data, and the memset node is destroyed. Child graphs
-//    are rewritten the same way; other node kinds are left alone;
+//  - the kernel node gets the memset node's incoming and outgoing edges,
+//    with their edge data. The memset node stays in the graph, because CUDA
+//    destroys no node of a graph that holds memory nodes (every capture with
+//    the stream-ordered pool does), and is disabled in the instantiated
+//    graph, which runs it as an empty node. Child graphs are left alone;
 //  - the environment variable ACCRUE_GRAPH_MEMSET_NODES=1 keeps the memset
 //    nodes (for a side-by-side timing).
-// A replay then computes the same bytes as before: a fill is a fill.
+// A replay then writes the same bytes as before, at the same point.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -119,55 +121,39 @@ Edges outgoing(cudaGraphNode_t node) {
   return e;
 }
 
-// Calls f(node) on every memset node of graph and its child graphs, and on
-// the child graphs' memset nodes with their own graph.
-template <class F>
-void for_each_memset(cudaGraph_t graph, const F& f) {
+}  // namespace
+
+std::vector<void*> add_fill_kernels(void* graph_handle) {
+  const auto graph = static_cast<cudaGraph_t>(graph_handle);
+  std::vector<void*> memsets;
   for (cudaGraphNode_t node : graph_nodes(graph)) {
     cudaGraphNodeType type;
     ACCRUE_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-    if (type == cudaGraphNodeTypeMemset) {
-      f(graph, node);
-    } else if (type == cudaGraphNodeTypeGraph) {
-      cudaGraph_t child = nullptr;
-      ACCRUE_CUDA_CHECK(cudaGraphChildGraphNodeGetGraph(node, &child));
-      for_each_memset(child, f);
+    if (type != cudaGraphNodeTypeMemset) continue;
+    cudaMemsetParams p = {};
+    ACCRUE_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &p));
+    const Edges in = incoming(node);
+    const Edges out = outgoing(node);
+    const cudaGraphNode_t fill = add_fill_node(graph, p);
+    if (!in.nodes.empty()) {
+      const std::vector<cudaGraphNode_t> to(in.nodes.size(), fill);
+      ACCRUE_CUDA_CHECK(
+          cudaGraphAddDependencies(graph, in.nodes.data(), to.data(), in.data.data(), to.size()));
     }
+    if (!out.nodes.empty()) {
+      const std::vector<cudaGraphNode_t> from(out.nodes.size(), fill);
+      ACCRUE_CUDA_CHECK(cudaGraphAddDependencies(graph, from.data(), out.nodes.data(),
+                                                 out.data.data(), from.size()));
+    }
+    memsets.push_back(node);
   }
+  return memsets;
 }
 
-}  // namespace
-
-int64_t memset_nodes_as_kernels(void* graph_handle) {
-  int64_t replaced = 0;
-  for_each_memset(static_cast<cudaGraph_t>(graph_handle),
-                  [&](cudaGraph_t graph, cudaGraphNode_t memset) {
-                    cudaMemsetParams p = {};
-                    ACCRUE_CUDA_CHECK(cudaGraphMemsetNodeGetParams(memset, &p));
-                    const Edges in = incoming(memset);
-                    const Edges out = outgoing(memset);
-                    const cudaGraphNode_t fill = add_fill_node(graph, p);
-                    if (!in.nodes.empty()) {
-                      const std::vector<cudaGraphNode_t> to(in.nodes.size(), fill);
-                      ACCRUE_CUDA_CHECK(cudaGraphAddDependencies(graph, in.nodes.data(), to.data(),
-                                                                 in.data.data(), to.size()));
-                    }
-                    if (!out.nodes.empty()) {
-                      const std::vector<cudaGraphNode_t> from(out.nodes.size(), fill);
-                      ACCRUE_CUDA_CHECK(cudaGraphAddDependencies(
-                          graph, from.data(), out.nodes.data(), out.data.data(), from.size()));
-                    }
-                    ACCRUE_CUDA_CHECK(cudaGraphDestroyNode(memset));  // and its edges
-                    ++replaced;
-                  });
-  return replaced;
-}
-
-int64_t count_memset_nodes(void* graph_handle) {
-  int64_t count = 0;
-  for_each_memset(static_cast<cudaGraph_t>(graph_handle),
-                  [&](cudaGraph_t, cudaGraphNode_t) { ++count; });
-  return count;
+void disable_nodes(void* exec, const std::vector<void*>& nodes) {
+  for (void* node : nodes)
+    ACCRUE_CUDA_CHECK(cudaGraphNodeSetEnabled(static_cast<cudaGraphExec_t>(exec),
+                                              static_cast<cudaGraphNode_t>(node), 0));
 }
 
 }  // namespace accrue::detail

@@ -2,17 +2,18 @@
 // nodes as kernels] in core/graph_memsets.cu).
 #pragma once
 
-#include <cstdint>
+#include <vector>
 
 namespace accrue::detail {
 
-// Replaces every memset node of `graph` (a cudaGraph_t), and of the child
-// graphs it embeds, by a kernel node that writes the same bytes, with the
-// same dependencies on both sides. Returns how many were replaced. Throws
+// Adds beside every memset node of `graph` (a cudaGraph_t; child graphs are
+// left alone) a kernel node that writes the same bytes, with the same
+// incoming and outgoing edges. Returns the memset nodes (cudaGraphNode_t),
+// which the graph's executable must then disable (disable_nodes). Throws
 // accrue::Error when CUDA refuses an edit (the graph is then unusable).
-int64_t memset_nodes_as_kernels(void* graph);
+std::vector<void*> add_fill_kernels(void* graph);
 
-// The memset nodes left in `graph` and its child graphs (for the tests).
-int64_t count_memset_nodes(void* graph);
+// Disables `nodes` in `exec` (a cudaGraphExec_t instantiated from their graph).
+void disable_nodes(void* exec, const std::vector<void*>& nodes);
 
 }  // namespace accrue::detail
