@@ -73,6 +73,7 @@ void register_matmul_benchmarks();
 void register_model_op_benchmarks();
 void register_attention_benchmarks();
 void register_fused_benchmarks();
-void register_stream_gap_benchmarks();  // bench_stream_gap.cu
+void register_stream_gap_benchmarks();    // bench_stream_gap.cu
+void register_graph_memset_benchmarks();  // bench_graph_memsets.cu
 
 }  // namespace accrue::bench

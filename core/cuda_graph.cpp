@@ -95,7 +95,9 @@ std::unique_ptr<CudaGraph> CudaGraph::capture(int device, const std::function<vo
   std::vector<void*> memsets;
   if (!keep_memsets) {
     try {
-      memsets = detail::add_fill_kernels(graph);
+      static const bool after = env_flag("ACCRUE_GRAPH_FILLS_AFTER");
+      memsets = detail::add_fill_kernels(
+          graph, after ? detail::FillPlacement::after : detail::FillPlacement::beside);
     } catch (...) {
       cudaGraphDestroy(graph);
       throw;

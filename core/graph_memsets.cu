@@ -123,7 +123,7 @@ Edges outgoing(cudaGraphNode_t node) {
 
 }  // namespace
 
-std::vector<void*> add_fill_kernels(void* graph_handle) {
+std::vector<void*> add_fill_kernels(void* graph_handle, FillPlacement placement) {
   const auto graph = static_cast<cudaGraph_t>(graph_handle);
   std::vector<void*> memsets;
   for (cudaGraphNode_t node : graph_nodes(graph)) {
@@ -132,9 +132,10 @@ std::vector<void*> add_fill_kernels(void* graph_handle) {
     if (type != cudaGraphNodeTypeMemset) continue;
     cudaMemsetParams p = {};
     ACCRUE_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &p));
-    const Edges in = incoming(node);
+    Edges in = incoming(node);
     const Edges out = outgoing(node);
     const cudaGraphNode_t fill = add_fill_node(graph, p);
+    if (placement == FillPlacement::after) in = Edges{{node}, {cudaGraphEdgeData{}}};
     if (!in.nodes.empty()) {
       const std::vector<cudaGraphNode_t> to(in.nodes.size(), fill);
       ACCRUE_CUDA_CHECK(

@@ -51,7 +51,7 @@ void apply_on_host(std::vector<uint8_t>& bytes, const MemsetCase& c) {
 // copy in -> every memset, in two parallel branches -> copy out; returns the
 // bytes copied out after one launch, with fill kernels in place of the memsets or not.
 std::vector<uint8_t> run_graph(const std::vector<uint8_t>& initial, bool rewrite,
-                               int64_t* replaced) {
+                               detail::FillPlacement placement, int64_t* replaced) {
   uint8_t *init = nullptr, *work = nullptr, *out = nullptr;
   ACCRUE_CUDA_CHECK(cudaMalloc(&init, kBytes));
   ACCRUE_CUDA_CHECK(cudaMalloc(&work, kBytes));
@@ -83,7 +83,7 @@ std::vector<uint8_t> run_graph(const std::vector<uint8_t>& initial, bool rewrite
   ACCRUE_CUDA_CHECK(cudaGraphAddMemcpyNode1D(&copy_out, graph, last, 2, out, work, kBytes,
                                              cudaMemcpyDeviceToDevice));
   std::vector<void*> memsets;
-  if (rewrite) memsets = detail::add_fill_kernels(graph);
+  if (rewrite) memsets = detail::add_fill_kernels(graph, placement);
   *replaced = static_cast<int64_t>(memsets.size());
   cudaGraphExec_t exec = nullptr;
   ACCRUE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -111,15 +111,20 @@ TEST(GpuGraphMemsets, fill_kernels_write_the_memsets_bytes_between_the_same_node
     apply_on_host(expected, c);
 
   int64_t replaced = 0;
-  const std::vector<uint8_t> kept = run_graph(initial, /*rewrite=*/false, &replaced);
+  const std::vector<uint8_t> kept =
+      run_graph(initial, /*rewrite=*/false, detail::FillPlacement::beside, &replaced);
   EXPECT_EQ(replaced, 0);
   for (size_t b = 0; b < kBytes; ++b)
     ASSERT_EQ(kept[b], expected[b]) << "the memset nodes themselves, byte " << b;
 
-  const std::vector<uint8_t> fills = run_graph(initial, /*rewrite=*/true, &replaced);
-  EXPECT_EQ(replaced, static_cast<int64_t>(std::size(kCases)));
-  for (size_t b = 0; b < kBytes; ++b)
-    ASSERT_EQ(fills[b], expected[b]) << "the fill kernels, byte " << b;
+  for (detail::FillPlacement placement :
+       {detail::FillPlacement::beside, detail::FillPlacement::after}) {
+    SCOPED_TRACE(placement == detail::FillPlacement::beside ? "beside" : "after");
+    const std::vector<uint8_t> fills = run_graph(initial, /*rewrite=*/true, placement, &replaced);
+    EXPECT_EQ(replaced, static_cast<int64_t>(std::size(kCases)));
+    for (size_t b = 0; b < kBytes; ++b)
+      ASSERT_EQ(fills[b], expected[b]) << "the fill kernels, byte " << b;
+  }
 }
 
 TEST(GpuGraphMemsets, a_captured_memset_replays_as_a_fill_before_the_copy_that_reads_it) {

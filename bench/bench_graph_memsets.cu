@@ -1,0 +1,129 @@
+// graph_memsets/*: what a memset node costs the kernels around it in a CUDA
+// graph replay, and what each form of Note [Memset nodes as kernels]
+// (core/graph_memsets.cu) leaves of that. One op is kReplays replays of a
+// graph of kKernels short kernels, a 1 MiB memset (or its stand-in) before
+// every kEvery-th, as cuDNN's flash attention and cuBLASLt's split-K GEMMs
+// put one before their kernels:
+//   no_memsets     the kernels alone;
+//   memset_nodes   the memsets as captured (memset nodes);
+//   disabled       the memset nodes disabled, nothing in their place (what an
+//                  empty node costs; the bytes are not written);
+//   fills_beside   a fill kernel beside each disabled memset node, with its
+//                  edges (FillPlacement::beside: the library's default);
+//   fills_after    a fill kernel after each disabled memset node
+//                  (FillPlacement::after);
+//   fill_kernels   a fill kernel captured in place of each memset: the form
+//                  with no memset node at all.
+// Counter us_per_kernel is the op's GPU time over its kReplays x kKernels
+// short kernels; the cases differ only in what runs between them.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "accrue/core/graph_memsets.h"
+#include "accrue/core/status_check.h"
+#include "bench/bench_util.h"
+
+namespace accrue::bench {
+namespace {
+
+constexpr int kKernels = 480;  // about one GPT-2 124M micro-step's kernels
+constexpr int kEvery = 4;
+constexpr int kReplays = 8;
+constexpr int kBlocks = 132, kThreads = 256;
+constexpr int kSteps = 64;  // each thread's dependent updates: a kernel of a few us
+constexpr size_t kMemsetBytes = 1 << 20;
+
+__global__ void dependent_kernel(float* data, int n, int steps) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float v = data[i];
+  for (int k = 0; k < steps; ++k)
+    v = v * 0.999f + 0.001f;
+  data[i] = v;
+}
+
+__global__ void zero_kernel(uint4* data, size_t n) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    data[i] = make_uint4(0, 0, 0, 0);
+}
+
+enum class Case { no_memsets, memset_nodes, disabled, fills_beside, fills_after, fill_kernels };
+
+struct Graph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+  }
+};
+
+std::unique_ptr<Graph> capture(Case c, float* data, void* zeroed, cudaStream_t stream) {
+  auto g = std::make_unique<Graph>();
+  ACCRUE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int k = 0; k < kKernels; ++k) {
+    if (k % kEvery == 0 && c != Case::no_memsets) {
+      if (c == Case::fill_kernels) {
+        zero_kernel<<<256, 256, 0, stream>>>(static_cast<uint4*>(zeroed), kMemsetBytes / 16);
+        ACCRUE_LAUNCH_CHECK();
+      } else {
+        ACCRUE_CUDA_CHECK(cudaMemsetAsync(zeroed, 0, kMemsetBytes, stream));
+      }
+    }
+    dependent_kernel<<<kBlocks, kThreads, 0, stream>>>(data, kBlocks * kThreads, kSteps);
+    ACCRUE_LAUNCH_CHECK();
+  }
+  ACCRUE_CUDA_CHECK(cudaStreamEndCapture(stream, &g->graph));
+  std::vector<void*> memsets;
+  if (c == Case::fills_beside || c == Case::fills_after)
+    memsets =
+        detail::add_fill_kernels(g->graph, c == Case::fills_beside ? detail::FillPlacement::beside
+                                                                   : detail::FillPlacement::after);
+  ACCRUE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+  if (c == Case::disabled) {
+    size_t n = 0;
+    ACCRUE_CUDA_CHECK(cudaGraphGetNodes(g->graph, nullptr, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    ACCRUE_CUDA_CHECK(cudaGraphGetNodes(g->graph, nodes.data(), &n));
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type;
+      ACCRUE_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+      if (type == cudaGraphNodeTypeMemset) memsets.push_back(node);
+    }
+  }
+  detail::disable_nodes(g->exec, memsets);
+  return g;
+}
+
+void run_case(benchmark::State& state, Case c) {
+  const Tensor buffer = random_input({kBlocks * kThreads}, DType::f32);
+  const Tensor zeroed = random_input({static_cast<int64_t>(kMemsetBytes / 4)}, DType::f32);
+  const auto stream = static_cast<cudaStream_t>(current_stream(kDevice));
+  const std::unique_ptr<Graph> g =
+      capture(c, static_cast<float*>(buffer.data_ptr()), zeroed.data_ptr(), stream);
+  GpuTime t = time_gpu(state, [&] {
+    for (int r = 0; r < kReplays; ++r)
+      ACCRUE_CUDA_CHECK(cudaGraphLaunch(g->exec, stream));
+  });
+  state.counters["us_per_kernel"] =
+      t.ops > 0 ? t.seconds * 1e6 / (static_cast<double>(t.ops) * kReplays * kKernels) : 0;
+}
+
+}  // namespace
+
+void register_graph_memset_benchmarks() {
+  const std::pair<const char*, Case> cases[] = {
+      {"no_memsets", Case::no_memsets},   {"memset_nodes", Case::memset_nodes},
+      {"disabled", Case::disabled},       {"fills_beside", Case::fills_beside},
+      {"fills_after", Case::fills_after}, {"fill_kernels", Case::fill_kernels}};
+  for (const auto& [name, c] : cases)
+    register_gpu_benchmark(std::string("graph_memsets/") + name,
+                           [c = c](benchmark::State& state) { run_case(state, c); });
+}
+
+}  // namespace accrue::bench
