@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include <cooperative_groups.h>
@@ -19,15 +20,15 @@ namespace {
 constexpr int64_t kMinRowsPerChunk = 64;
 
 // Column sums of the contiguous [n, d] matrix `in`, one block's share: the
-// columns of tile blockIdx.x (32 * V columns: thread tx owns V adjacent ones,
-// read as one pack) over rows [r0, r1): thread row ty takes every TY-th row in
-// order, then the TY partial sums of a column are added in ty order. Column k
-// of the tile calls `emit(k, sum)` once, on one thread.
-template <class Tin, class A, int V, int TY, class Emit>
+// columns of tile blockIdx.x (L * V columns: thread tx of L lanes owns V
+// adjacent ones, read as one pack) over rows [r0, r1): thread row ty takes
+// every TY-th row in order, then the TY partial sums of a column are added in
+// ty order. Column k of the tile calls `emit(k, sum)` once, on one thread.
+template <class Tin, class A, int V, int TY, int L, class Emit>
 __device__ __forceinline__ void column_tile_sums(const Tin* in, int64_t r0, int64_t r1, int64_t d,
-                                                 A (&partial)[TY][32 * V], Emit emit) {
+                                                 A (&partial)[TY][L * V], Emit emit) {
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) * 32 * V;
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * L * V;
   const int64_t col = tile + tx * V;
   A acc[V];
 #pragma unroll
@@ -59,7 +60,7 @@ __device__ __forceinline__ void column_tile_sums(const Tin* in, int64_t r0, int6
   for (int j = 0; j < V; ++j)
     partial[ty][tx * V + j] = acc[j];
   __syncthreads();
-  for (int k = ty * 32 + tx; k < 32 * V; k += 32 * TY) {
+  for (int k = ty * L + tx; k < L * V; k += L * TY) {
     if (tile + k >= d) break;
     A s = partial[0][k];
 #pragma unroll
@@ -79,12 +80,12 @@ __global__ void __launch_bounds__(32 * TY)
   __shared__ A partial[TY][32 * V];
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * 32 * V;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
-  column_tile_sums<Tin, A, V, TY>(in, r0, std::min(n, r0 + rows_per_chunk), d, partial,
-                                  [&](int k, A s) {
-                                    Tout* o = out + static_cast<int64_t>(blockIdx.y) * d + tile + k;
-                                    if (accumulate) s = dev::convert<A>(*o) + s;
-                                    *o = dev::convert<Tout>(s);
-                                  });
+  column_tile_sums<Tin, A, V, TY, 32>(
+      in, r0, std::min(n, r0 + rows_per_chunk), d, partial, [&](int k, A s) {
+        Tout* o = out + static_cast<int64_t>(blockIdx.y) * d + tile + k;
+        if (accumulate) s = dev::convert<A>(*o) + s;
+        *o = dev::convert<Tout>(s);
+      });
 }
 
 // Note [Column sums in one cluster]
@@ -105,28 +106,40 @@ __global__ void __launch_bounds__(32 * TY)
 // from the SM count as in the two-pass sum), so the same input gives the same
 // bits on every run (Note [Determinism]). Where the cluster cannot be placed
 // (an older GPU, or no GPC with room for it) the two-pass sum runs.
+// A block's threads are L lanes of 256 / L rows, its tile L packs wide: at
+// 4,096 x 768 (GPT-2's 768-wide biases at micro-batch 4) 32 lanes make 3
+// tiles x 16 chunks, 48 blocks for 132 SMs. So the lanes are the most of 32,
+// 16 and 8 that give at least 256 blocks, else 8 (cluster_lanes, from the
+// shape alone, so the order still is). Forced widths on an H200, us
+// (bench/RESULTS.md, twentieth session): 4,096 x 768 8.0 / 6.5 / 5.9 at 32 /
+// 16 / 8 lanes, 4,096 x 2,304 9.1 / 8.1 / 9.5, 1,024 x 2,304 6.2 / 5.9 / 7.5.
 constexpr int kMaxClusterChunks = 16;
 // The cluster path takes up to this many rows: beyond, a chunk of 16 would
 // hold over 256 rows and the two passes spread the reads over more blocks.
 constexpr int64_t kMaxClusterRows = kMaxClusterChunks * 256;
+// Each cluster block's threads: L lanes (32, 16 or 8) of kClusterThreads / L rows.
+constexpr int kClusterThreads = 256;
+// The lanes are the most that still give this many blocks (tiles x chunks).
+constexpr int64_t kClusterBlocksWanted = 256;
 
-template <class Tin, class Tout, class A, int V, int TY>
-__global__ void __launch_bounds__(32 * TY)
+template <class Tin, class Tout, class A, int V, int L>
+__global__ void __launch_bounds__(kClusterThreads)
     sum_columns_cluster_kernel(const Tin* in, int64_t n, int64_t d, int64_t rows_per_chunk,
                                Tout* out, bool accumulate) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
-  __shared__ A partial[TY][32 * V];
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) * 32 * V;
+  constexpr int TY = kClusterThreads / L;
+  __shared__ A partial[TY][L * V];
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * L * V;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   // The chunk's sums land in partial[0] (each column's thread rewrites only its own column).
-  column_tile_sums<Tin, A, V, TY>(in, r0, std::min(n, r0 + rows_per_chunk), d, partial,
-                                  [&](int k, A s) { partial[0][k] = s; });
+  column_tile_sums<Tin, A, V, TY, L>(in, r0, std::min(n, r0 + rows_per_chunk), d, partial,
+                                     [&](int k, A s) { partial[0][k] = s; });
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   if (cluster.block_rank() == 0) {
     const int chunks = static_cast<int>(cluster.num_blocks());
-    for (int k = threadIdx.y * 32 + threadIdx.x; k < 32 * V; k += 32 * TY) {
+    for (int k = threadIdx.y * L + threadIdx.x; k < L * V; k += kClusterThreads) {
       if (tile + k >= d) break;
       A got[kMaxClusterChunks];
 #pragma unroll
@@ -166,8 +179,9 @@ struct ClusterLaunch {
 
 // Whether `chunks` blocks of the cluster kernel fit one cluster on `device`
 // (compute capability 9.0+, and a GPC with room for them), asked once per
-// kernel, device and cluster size.
-template <class Kernel>
+// kernel, device and cluster size. The kernels of different lane counts share
+// a type, so L keys the cache too: each must get its own attribute set.
+template <int L, class Kernel>
 bool cluster_fits(Kernel* kernel, int device, int chunks, dim3 block) {
   constexpr int kDevices = 64;
   // 0 unknown, 1 yes, -1 no; any thread may ask first, and all find the same answer.
@@ -192,6 +206,41 @@ bool cluster_fits(Kernel* kernel, int device, int chunks, dim3 block) {
   return k.load(std::memory_order_relaxed) > 0;
 }
 
+// Note [Column sums in one cluster]: the lanes of a cluster block, 32, 16 or
+// 8 (ACCRUE_SUM_ROWS_LANES overrides, for a side-by-side timing).
+int cluster_lanes(int64_t d, int v, int64_t chunks) {
+  static const int forced = [] {
+    const char* env = std::getenv("ACCRUE_SUM_ROWS_LANES");
+    const int l = env != nullptr ? std::atoi(env) : 0;
+    return l == 32 || l == 16 || l == 8 ? l : 0;
+  }();
+  if (forced != 0) return forced;
+  for (int lanes : {32, 16}) {
+    const int64_t tiles = (d + lanes * v - 1) / (lanes * v);
+    if (tiles * chunks >= kClusterBlocksWanted) return lanes;
+  }
+  return 8;
+}
+
+// The sum as one cluster of `chunks` blocks per column tile of L * V columns;
+// false where the cluster cannot be placed.
+template <class Tin, class Tout, class A, int V, int L>
+bool sum_in_cluster(const Tensor& in, const Tensor& out, int64_t chunks, bool accumulate) {
+  const int64_t n = in.size(0), d = in.size(1);
+  const int device = in.device().index;
+  const dim3 block(L, kClusterThreads / L);
+  auto* kernel = sum_columns_cluster_kernel<Tin, Tout, A, V, L>;
+  if (!cluster_fits<L>(kernel, device, static_cast<int>(chunks), block)) return false;
+  const int64_t rows = (n + chunks - 1) / chunks;
+  const int64_t tiles = (d + L * V - 1) / (L * V);
+  const ClusterLaunch launch(checked_grid(tiles, "sum_rows"), block, static_cast<int>(chunks),
+                             dev::stream_for(device));
+  ACCRUE_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel,
+                                       static_cast<const Tin*>(in.data_ptr()), n, d, rows,
+                                       static_cast<Tout*>(out.data_ptr()), accumulate));
+  return true;
+}
+
 template <class Tin, class Tout>
 void sum_rows_typed(const Tensor& in, const Tensor& out, bool accumulate) {
   // Accumulate in fp32, or f64 when either side is f64.
@@ -209,15 +258,14 @@ void sum_rows_typed(const Tensor& in, const Tensor& out, bool accumulate) {
   // Note [Column sums in one cluster]
   const int64_t cluster_chunks =
       std::min<int64_t>(kMaxClusterChunks, (n + kMinRowsPerChunk - 1) / kMinRowsPerChunk);
-  auto* cluster_kernel = sum_columns_cluster_kernel<Tin, Tout, A, V, TY>;
-  if (n <= kMaxClusterRows &&
-      cluster_fits(cluster_kernel, device, static_cast<int>(cluster_chunks), block)) {
-    const int64_t rows = (n + cluster_chunks - 1) / cluster_chunks;
-    const ClusterLaunch launch(checked_grid(tiles, "sum_rows"), block,
-                               static_cast<int>(cluster_chunks), stream);
-    ACCRUE_CUDA_CHECK(
-        cudaLaunchKernelEx(&launch.config, cluster_kernel, x, n, d, rows, y, accumulate));
-    return;
+  if (n <= kMaxClusterRows) {
+    const int lanes = cluster_lanes(d, V, cluster_chunks);
+    if (lanes == 32 && sum_in_cluster<Tin, Tout, A, V, 32>(in, out, cluster_chunks, accumulate))
+      return;
+    if (lanes == 16 && sum_in_cluster<Tin, Tout, A, V, 16>(in, out, cluster_chunks, accumulate))
+      return;
+    if (lanes == 8 && sum_in_cluster<Tin, Tout, A, V, 8>(in, out, cluster_chunks, accumulate))
+      return;
   }
   // Split the rows into chunks when one pass over the column tiles would leave
   // most of the GPU idle (the usual case: d is a few thousand).

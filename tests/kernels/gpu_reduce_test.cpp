@@ -166,8 +166,13 @@ TEST(GpuSumRows, integer_column_sums_are_exact_when_writing_and_accumulating) {
   // small or odd shapes (no split, widths that are not a multiple of a pack).
   // Up to 4,096 rows the sums run in one cluster on Hopper (Note [Column sums
   // in one cluster]: 1,024 x 2,304 is GPT-2 124M's qkv at micro-batch 1, 100
-  // rows a cluster of 2); 4,097 rows take the two passes.
+  // rows a cluster of 2); 4,097 rows take the two passes. The cluster blocks'
+  // lanes follow the shape: 32 at 2,048 x 4,096, 16 at 4,096 x 2,304 and
+  // 1,024 x 2,304, 8 at 4,096 x 768, 1,024 x 768 and 100 x 33, all in one
+  // process (each lane count's kernel gets its own cluster attribute).
   const SumRowsCase cases[] = {
+      {DType::bf16, DType::f32, 2048, 4096}, {DType::bf16, DType::f32, 4096, 2304},
+      {DType::bf16, DType::f32, 4096, 768},  {DType::f32, DType::f32, 4096, 768},
       {DType::bf16, DType::f32, 16384, 768}, {DType::bf16, DType::f32, 16384, 3072},
       {DType::bf16, DType::f32, 1024, 2304}, {DType::bf16, DType::f32, 1024, 768},
       {DType::f32, DType::f32, 4097, 300},   {DType::f32, DType::f32, 16384, 768},
