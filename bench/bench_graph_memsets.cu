@@ -1,21 +1,24 @@
 // graph_memsets/*: what a memset node costs the kernels around it in a CUDA
-// graph replay, and what each form of Note [Memset nodes as kernels]
-// (core/graph_memsets.cu) leaves of that. One op is kReplays replays of a
-// graph of kKernels short kernels, a 1 MiB memset (or its stand-in) before
-// every kEvery-th, as cuDNN's flash attention and cuBLASLt's split-K GEMMs
-// put one before their kernels:
+// graph replay. In GPT-2 124M's kernel trace at micro-batches 4 and 1 the
+// device idled 2-5 us after the memsets that cuDNN's flash attention and
+// cuBLASLt's split-K GEMMs capture before their kernels (bench/RESULTS.md,
+// twentieth session), so the twenty-second session asked whether a memset
+// node is what costs. One op is kReplays replays of a graph of kKernels short
+// kernels, a 1 MiB memset (or its stand-in) before every kEvery-th:
 //   no_memsets     the kernels alone;
 //   memset_nodes   the memsets as captured (memset nodes);
-//   disabled       the memset nodes disabled, nothing in their place (what an
-//                  empty node costs; the bytes are not written);
-//   fills_beside   a fill kernel beside each disabled memset node, with its
-//                  edges (FillPlacement::beside: the library's default);
-//   fills_after    a fill kernel after each disabled memset node
-//                  (FillPlacement::after);
-//   fill_kernels   a fill kernel captured in place of each memset: the form
-//                  with no memset node at all.
+//   disabled       the memset nodes disabled in the executable graph
+//                  (cudaGraphNodeSetEnabled: an empty node; no bytes written);
+//   fill_kernels   a kernel that writes the same bytes captured in place of
+//                  each memset: no memset node at all.
 // Counter us_per_kernel is the op's GPU time over its kReplays x kKernels
-// short kernels; the cases differ only in what runs between them.
+// short kernels; the cases differ only in what runs between them. On an H200
+// (bench/RESULTS.md, twenty-second session): 1.218 / 1.488 / 1.340 / 1.475
+// us, so a memset node costs about 1.1 us, as a fill kernel does, and an
+// empty node 0.5 us: the memset nodes are not the trace's 2-5 us gaps, and
+// replacing them (a fill kernel beside or after each disabled memset node,
+// tried in the library and measured 1.589 and 1.686 us here, no faster for
+// GPT-2) gains nothing.
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -23,7 +26,6 @@
 #include <utility>
 #include <vector>
 
-#include "accrue/core/graph_memsets.h"
 #include "accrue/core/status_check.h"
 #include "bench/bench_util.h"
 
@@ -52,7 +54,7 @@ __global__ void zero_kernel(uint4* data, size_t n) {
     data[i] = make_uint4(0, 0, 0, 0);
 }
 
-enum class Case { no_memsets, memset_nodes, disabled, fills_beside, fills_after, fill_kernels };
+enum class Case { no_memsets, memset_nodes, disabled, fill_kernels };
 
 struct Graph {
   cudaGraph_t graph = nullptr;
@@ -79,11 +81,6 @@ std::unique_ptr<Graph> capture(Case c, float* data, void* zeroed, cudaStream_t s
     ACCRUE_LAUNCH_CHECK();
   }
   ACCRUE_CUDA_CHECK(cudaStreamEndCapture(stream, &g->graph));
-  std::vector<void*> memsets;
-  if (c == Case::fills_beside || c == Case::fills_after)
-    memsets =
-        detail::add_fill_kernels(g->graph, c == Case::fills_beside ? detail::FillPlacement::beside
-                                                                   : detail::FillPlacement::after);
   ACCRUE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
   if (c == Case::disabled) {
     size_t n = 0;
@@ -93,10 +90,10 @@ std::unique_ptr<Graph> capture(Case c, float* data, void* zeroed, cudaStream_t s
     for (cudaGraphNode_t node : nodes) {
       cudaGraphNodeType type;
       ACCRUE_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-      if (type == cudaGraphNodeTypeMemset) memsets.push_back(node);
+      if (type == cudaGraphNodeTypeMemset)
+        ACCRUE_CUDA_CHECK(cudaGraphNodeSetEnabled(g->exec, node, 0));
     }
   }
-  detail::disable_nodes(g->exec, memsets);
   return g;
 }
 
@@ -117,10 +114,10 @@ void run_case(benchmark::State& state, Case c) {
 }  // namespace
 
 void register_graph_memset_benchmarks() {
-  const std::pair<const char*, Case> cases[] = {
-      {"no_memsets", Case::no_memsets},   {"memset_nodes", Case::memset_nodes},
-      {"disabled", Case::disabled},       {"fills_beside", Case::fills_beside},
-      {"fills_after", Case::fills_after}, {"fill_kernels", Case::fill_kernels}};
+  const std::pair<const char*, Case> cases[] = {{"no_memsets", Case::no_memsets},
+                                                {"memset_nodes", Case::memset_nodes},
+                                                {"disabled", Case::disabled},
+                                                {"fill_kernels", Case::fill_kernels}};
   for (const auto& [name, c] : cases)
     register_gpu_benchmark(std::string("graph_memsets/") + name,
                            [c = c](benchmark::State& state) { run_case(state, c); });

@@ -1,15 +1,11 @@
 #include "accrue/core/cuda_graph.h"
 
-#include <vector>
-
 #include "accrue/core/allocator.h"
 #include "accrue/core/cuda_runtime.h"
 
 #ifdef ACCRUE_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "accrue/core/env_flag.h"
-#include "accrue/core/graph_memsets.h"
 #include "accrue/core/status_check.h"
 #endif
 
@@ -90,19 +86,6 @@ std::unique_ptr<CudaGraph> CudaGraph::capture(int device, const std::function<vo
     *why = detail::str_cat("CUDA could not capture it (", cudaGetErrorString(ended), ")");
     return nullptr;
   }
-  // Note [Memset nodes as kernels] in core/graph_memsets.cu.
-  static const bool keep_memsets = env_flag("ACCRUE_GRAPH_MEMSET_NODES");
-  std::vector<void*> memsets;
-  if (!keep_memsets) {
-    try {
-      static const bool after = env_flag("ACCRUE_GRAPH_FILLS_AFTER");
-      memsets = detail::add_fill_kernels(
-          graph, after ? detail::FillPlacement::after : detail::FillPlacement::beside);
-    } catch (...) {
-      cudaGraphDestroy(graph);
-      throw;
-    }
-  }
   cudaGraphExec_t exec = nullptr;
   const cudaError_t made =
       cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
@@ -116,8 +99,6 @@ std::unique_ptr<CudaGraph> CudaGraph::capture(int device, const std::function<vo
   g->graph_ = graph;
   g->exec_ = exec;
   g->device_ = device;
-  detail::disable_nodes(exec, memsets);  // g frees the graph if this throws
-  g->fills_ = static_cast<int64_t>(memsets.size());
   size_t nodes = 0;
   ACCRUE_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
   g->nodes_ = static_cast<int64_t>(nodes);

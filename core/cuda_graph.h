@@ -81,9 +81,6 @@ class CudaGraph {
   // Replays the graph on device's current stream.
   void launch() const;
   int64_t nodes() const { return nodes_; }
-  // The capture's memset nodes replayed as fill kernels (Note [Memset nodes
-  // as kernels] in core/graph_memsets.cu).
-  int64_t fills() const { return fills_; }
 
  private:
   CudaGraph() = default;
@@ -91,7 +88,6 @@ class CudaGraph {
   void* exec_ = nullptr;   // cudaGraphExec_t
   int device_ = 0;
   int64_t nodes_ = 0;
-  int64_t fills_ = 0;
 };
 
 }  // namespace accrue
