@@ -89,7 +89,12 @@
 // queue the backward shares is the cause. The microbenchmark
 // (accrue_bench_ce_overlap), where a pipelined pull straight from the peer's
 // buffer ended 0.36-0.49 ms after a 14-GEMM chain against NCCL's 1.1-1.2,
-// does not carry over to the real backward.
+// does not carry over to the real backward. Its traffic-only variants
+// (twenty-second session) say which traffic slows the chain: a 16-block
+// kernel adding each bucket into the GPU's own memory (242 GB/s) slowed it
+// 18-35%, nearly as much as NCCL's 39-45%, while copy engines moving the same
+// buckets inside the GPU (1,560-1,650 GB/s) or pulling them over NVLink (333
+// GB/s) slowed it 2-12%: kernels beside the GEMMs cost them more than bytes.
 #pragma once
 
 #include <cstdint>
