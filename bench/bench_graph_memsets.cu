@@ -28,25 +28,20 @@
 
 #include "accrue/core/status_check.h"
 #include "bench/bench_util.h"
+#include "bench/short_kernel_graphs.cuh"
 
 namespace accrue::bench {
 namespace {
 
-constexpr int kKernels = 480;  // about one GPT-2 124M micro-step's kernels
+using short_kernels::Graph;
+using short_kernels::kBlocks;
+using short_kernels::kKernels;
+using short_kernels::kThreads;
+using short_kernels::launch_short;
+
 constexpr int kEvery = 4;
 constexpr int kReplays = 8;
-constexpr int kBlocks = 132, kThreads = 256;
-constexpr int kSteps = 64;  // each thread's dependent updates: a kernel of a few us
 constexpr size_t kMemsetBytes = 1 << 20;
-
-__global__ void dependent_kernel(float* data, int n, int steps) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float v = data[i];
-  for (int k = 0; k < steps; ++k)
-    v = v * 0.999f + 0.001f;
-  data[i] = v;
-}
 
 __global__ void zero_kernel(uint4* data, size_t n) {
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -55,15 +50,6 @@ __global__ void zero_kernel(uint4* data, size_t n) {
 }
 
 enum class Case { no_memsets, memset_nodes, disabled, fill_kernels };
-
-struct Graph {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ~Graph() {
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-  }
-};
 
 std::unique_ptr<Graph> capture(Case c, float* data, void* zeroed, cudaStream_t stream) {
   auto g = std::make_unique<Graph>();
@@ -77,8 +63,7 @@ std::unique_ptr<Graph> capture(Case c, float* data, void* zeroed, cudaStream_t s
         ACCRUE_CUDA_CHECK(cudaMemsetAsync(zeroed, 0, kMemsetBytes, stream));
       }
     }
-    dependent_kernel<<<kBlocks, kThreads, 0, stream>>>(data, kBlocks * kThreads, kSteps);
-    ACCRUE_LAUNCH_CHECK();
+    launch_short(data, stream);
   }
   ACCRUE_CUDA_CHECK(cudaStreamEndCapture(stream, &g->graph));
   ACCRUE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));

@@ -53,28 +53,19 @@
 
 #include "accrue/core/status_check.h"
 #include "bench/bench_util.h"
+#include "bench/short_kernel_graphs.cuh"
 
 namespace accrue::bench {
 namespace {
 
-constexpr int kKernels = 480;  // about one GPT-2 124M micro-step's kernels
-constexpr int kReplays = 32;   // K = 32
-constexpr int kBlocks = 132, kThreads = 256;
-constexpr int kSteps = 64;  // each thread's dependent updates: a kernel of a few us
+using short_kernels::capture_on;
+using short_kernels::Graph;
+using short_kernels::kBlocks;
+using short_kernels::kKernels;
+using short_kernels::kThreads;
+using short_kernels::launch_short;
 
-__global__ void short_kernel(float* data, int n, int steps) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float v = data[i];
-  for (int k = 0; k < steps; ++k)
-    v = v * 0.999f + 0.001f;
-  data[i] = v;
-}
-
-void launch_short(float* data, cudaStream_t stream) {
-  short_kernel<<<kBlocks, kThreads, 0, stream>>>(data, kBlocks * kThreads, kSteps);
-  ACCRUE_LAUNCH_CHECK();
-}
+constexpr int kReplays = 32;  // K = 32
 
 enum class Case {
   plain,
@@ -92,26 +83,6 @@ enum class Case {
   branches,
   plain_again
 };
-
-struct Graph {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ~Graph() {
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-  }
-};
-
-// Records what `body` launches on `stream` into an instantiated graph.
-template <class Body>
-std::unique_ptr<Graph> capture_on(cudaStream_t stream, Body&& body) {
-  auto g = std::make_unique<Graph>();
-  ACCRUE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  body();
-  ACCRUE_CUDA_CHECK(cudaStreamEndCapture(stream, &g->graph));
-  ACCRUE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
-  return g;
-}
 
 // Captures N kernels on `stream`; with `side`, the side kernel (on its own
 // buffer) forks off first and joins before the eleventh.

@@ -1,0 +1,58 @@
+// What bench_stream_gap.cu and bench_graph_memsets.cu replay: short kernels
+// of a few us each, as a small micro-step's are, in captured CUDA graphs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "accrue/core/status_check.h"
+
+namespace accrue::bench::short_kernels {
+namespace {  // each including file gets its own kernel
+
+constexpr int kKernels = 480;  // about one GPT-2 124M micro-step's kernels
+constexpr int kBlocks = 132, kThreads = 256;
+constexpr int kSteps = 64;  // each thread's dependent updates: a kernel of a few us
+
+__global__ void short_kernel(float* data, int n, int steps) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float v = data[i];
+  for (int k = 0; k < steps; ++k)
+    v = v * 0.999f + 0.001f;
+  data[i] = v;
+}
+
+// One short kernel over data's kBlocks x kThreads floats.
+inline void launch_short(float* data, cudaStream_t stream) {
+  short_kernel<<<kBlocks, kThreads, 0, stream>>>(data, kBlocks * kThreads, kSteps);
+  ACCRUE_LAUNCH_CHECK();
+}
+
+// A captured graph and its executable, destroyed together.
+struct Graph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  Graph() = default;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  ~Graph() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+  }
+};
+
+// Records what `body` launches on `stream` into an instantiated graph.
+template <class Body>
+std::unique_ptr<Graph> capture_on(cudaStream_t stream, Body&& body) {
+  auto g = std::make_unique<Graph>();
+  ACCRUE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  body();
+  ACCRUE_CUDA_CHECK(cudaStreamEndCapture(stream, &g->graph));
+  ACCRUE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+  return g;
+}
+
+}  // namespace
+}  // namespace accrue::bench::short_kernels
