@@ -109,10 +109,11 @@ __global__ void __launch_bounds__(32 * TY)
 // A block's threads are L lanes of 256 / L rows, its tile L packs wide: at
 // 4,096 x 768 (GPT-2's 768-wide biases at micro-batch 4) 32 lanes make 3
 // tiles x 16 chunks, 48 blocks for 132 SMs. So the lanes are the most of 32,
-// 16 and 8 that give at least 256 blocks, else 8 (cluster_lanes, from the
-// shape alone, so the order still is). Forced widths on an H200, us
-// (bench/RESULTS.md, twentieth session): 4,096 x 768 8.0 / 6.5 / 5.9 at 32 /
-// 16 / 8 lanes, 4,096 x 2,304 9.1 / 8.1 / 9.5, 1,024 x 2,304 6.2 / 5.9 / 7.5.
+// 16 and 8 that give at least 256 blocks, else 8 (cluster_lanes). The lanes
+// follow from the shape alone, and so does the order of the additions.
+// Forced widths on an H200, us (bench/RESULTS.md, twentieth session): 4,096 x
+// 768 8.0 / 6.5 / 5.9 at 32 / 16 / 8 lanes, 4,096 x 2,304 9.1 / 8.1 / 9.5,
+// 1,024 x 2,304 6.2 / 5.9 / 7.5.
 // With the rule (twenty-second session) GPT-2's four bias sums a layer at
 // 4,096 rows take 28.5 us instead of 34.5, and GPT-2 124M runs 0.9% faster
 // at 4 x 8 and 0.5% at 1 x 32. ACCRUE_SUM_ROWS_LANES=32, 16 or 8 forces a
