@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include <cooperative_groups.h>
@@ -212,14 +213,14 @@ bool cluster_fits(Kernel* kernel, int device, int chunks, dim3 block) {
 }
 
 // Note [Column sums in one cluster]: the lanes of a cluster block, 32, 16 or
-// 8 (ACCRUE_SUM_ROWS_LANES overrides, for a side-by-side timing).
+// 8. ACCRUE_SUM_ROWS_LANES overrides, for a side-by-side timing; it is read at
+// every call (a graph replay makes none), so a test can set it.
 int cluster_lanes(int64_t d, int v, int64_t chunks) {
-  static const int forced = [] {
-    const char* env = std::getenv("ACCRUE_SUM_ROWS_LANES");
-    const int l = env != nullptr ? std::atoi(env) : 0;
-    return l == 32 || l == 16 || l == 8 ? l : 0;
-  }();
-  if (forced != 0) return forced;
+  if (const char* env = std::getenv("ACCRUE_SUM_ROWS_LANES"); env != nullptr && *env != '\0') {
+    const std::string forced(env);
+    if (forced == "32" || forced == "16" || forced == "8") return std::stoi(forced);
+    ACCRUE_FAIL("sum_rows: ACCRUE_SUM_ROWS_LANES must be 32, 16 or 8, got '", forced, "'");
+  }
   for (int lanes : {32, 16}) {
     const int64_t tiles = (d + lanes * v - 1) / (lanes * v);
     if (tiles * chunks >= kClusterBlocksWanted) return lanes;

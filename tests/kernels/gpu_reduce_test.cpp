@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -193,6 +194,34 @@ TEST(GpuSumRows, integer_column_sums_are_exact_when_writing_and_accumulating) {
       kernels::sum_rows_into(gpu(in), actual, accumulate);
       EXPECT_TRUE(test::all_equal(cpu(actual), expected));
     }
+  }
+}
+
+// Note [Column sums in one cluster]: ACCRUE_SUM_ROWS_LANES forces a width;
+// every width gives the exact sums, and a value other than 32, 16 or 8 throws.
+TEST(GpuSumRows, forced_lanes_give_exact_sums_and_bad_values_throw) {
+  ACCRUE_REQUIRE_CUDA();
+  const Tensor in = test::random_integers({4096, 768}, -3, 3, DType::bf16);
+  Tensor expected = test::random_integers({768}, -50, 50, DType::f32);
+  const Tensor start = gpu(expected);
+  kernels::sum_rows_into(in, expected, /*accumulate=*/true);
+  const Tensor g = gpu(in);
+  struct Unset {  // whatever fails below, the later tests run without it
+    ~Unset() { unsetenv("ACCRUE_SUM_ROWS_LANES"); }
+  } unset;
+  for (const char* lanes : {"32", "16", "8"}) {
+    SCOPED_TRACE(std::string("lanes ") + lanes);
+    ASSERT_EQ(setenv("ACCRUE_SUM_ROWS_LANES", lanes, 1), 0);
+    Tensor actual = start.clone();
+    kernels::sum_rows_into(g, actual, /*accumulate=*/true);
+    EXPECT_TRUE(test::all_equal(cpu(actual), expected));
+  }
+  for (const char* bad : {"12", "0", "thirty-two"}) {
+    ASSERT_EQ(setenv("ACCRUE_SUM_ROWS_LANES", bad, 1), 0);
+    Tensor actual = start.clone();
+    const std::string quoted = std::string("'") + bad + "'";
+    EXPECT_ERROR(kernels::sum_rows_into(g, actual, true), "sum_rows", "ACCRUE_SUM_ROWS_LANES",
+                 quoted.c_str());
   }
 }
 
