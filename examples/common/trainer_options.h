@@ -102,10 +102,12 @@ void declare_close_under_forward(OptionTable& cli, CloseUnderForward& close,
 void check_close_under_forward(const OptionTable& cli, const CloseUnderForward& close,
                                std::initializer_list<const char*> others);
 
-// --bucket-mb and --grad-transport: the data-parallel reducer's bucket size
-// (dist/bucket_plan.h; PyTorch DDP's bucket_cap_mb) and the dtype its buckets
-// travel in (Note [Gradient transport] in dist/reducer.h; DDP's bf16 and fp16
-// compress hooks). Under one process there is nothing to sum: they do nothing.
+// --bucket-mb, --grad-transport, --gemm-sm-margin and --nccl-max-ctas: the
+// data-parallel reducer's bucket size (dist/bucket_plan.h; PyTorch DDP's
+// bucket_cap_mb), the dtype its buckets travel in (Note [Gradient transport]
+// in dist/reducer.h; DDP's bf16 and fp16 compress hooks), the SMs the last
+// backward's GEMMs leave to the collectives (Note [GEMM SM margin]) and
+// NCCL's CTA cap. Under one process there is nothing to sum: they do nothing.
 struct GradientSyncChoice {
   std::optional<double> bucket_mb;  // unset: BucketPlanOptions' 25 MiB
   std::optional<DType> transport;   // unset: the arena's own dtype, exact

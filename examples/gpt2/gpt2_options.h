@@ -38,7 +38,7 @@ struct Gpt2Options {
   bool norm_under_backward = false;
   bool copy_engine_all_reduce = false;     // Note [Copy-engine all-reduce]
   bool copy_engine_whole_buckets = false;  // ... its Direct::whole form
-  GradientSyncChoice grad_sync;            // --bucket-mb, --grad-transport
+  GradientSyncChoice grad_sync;  // --bucket-mb, --grad-transport, --gemm-sm-margin, --nccl-max-ctas
   CloseUnderForward close_under_forward;
   bool cuda_graphs = false;
   int64_t concurrent_micro_batches = 1;  // Note [Concurrent micro-batches]

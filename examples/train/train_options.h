@@ -30,7 +30,7 @@ struct TrainOptions {
   int64_t concurrent_micro_batches = 1;  // Note [Concurrent micro-batches]
   int64_t weight_grad_branch = 0;        // Note [Weight gradients on a branch]: the lag, 0 off
   bool activation_checkpointing = false, zero1 = false, nvtx = false;
-  GradientSyncChoice grad_sync;  // --bucket-mb, --grad-transport
+  GradientSyncChoice grad_sync;  // --bucket-mb, --grad-transport, --gemm-sm-margin, --nccl-max-ctas
   Fp8Choice fp8;                 // --fp8, --fp8-recipe, --fp8-cast-every-micro-batch
   SyntheticDocuments synthetic_documents = SyntheticDocuments::random;  // GPT-2: full
   bool contiguous_rows = false;  // Note [GPT-2 rows]: a Llama model reads rows too

@@ -47,8 +47,6 @@ TEST(ParamStore, each_parameter_is_its_master_slot_with_its_values) {
   EXPECT_EQ(m.compute, 0);
 }
 
-// Note [Parameter layouts]: a channels-last parameter keeps its layout in
-// every role (the slot holds its elements in N, H, W, C order).
 // Note [Copy-engine all-reduce]: on the CPU shareable_gradients changes
 // nothing (no process maps host memory through CUDA IPC); the allocator's mode
 // scope restores the mode it found.
@@ -67,6 +65,8 @@ TEST(ParamStore, shareable_gradients_on_the_cpu_are_plain_zeroed_slots) {
   EXPECT_EQ(cuda_allocator_mode(), mode);
 }
 
+// Note [Parameter layouts]: a channels-last parameter keeps its layout in
+// every role (the slot holds its elements in N, H, W, C order).
 TEST(ParamStore, a_channels_last_parameter_keeps_its_layout_in_every_role) {
   const Tensor values = test::random_normal({4, 3, 2, 5}, DType::f32);
   std::vector<Tensor> params = {requires_grad_(test::as_channels_last(values)),
