@@ -35,6 +35,12 @@ class Node {
 
   virtual const char* name() const = 0;
   virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
+  // Note [Fan-out sums in the backward] (autograd/engine.cpp): the input whose
+  // gathered gradient this node adds into its own, or -1 (most nodes).
+  virtual int gathering_input() const { return -1; }
+  // apply() given the gradient gathered so far for input gathering_input(): the
+  // gradient returned for that input must include `gathered`.
+  virtual std::vector<Tensor> apply_gathered(const Tensor& grad_output, const Tensor& gathered);
   // Frees the tensors saved for backward (after a backward without retain_graph).
   virtual void release_saved() {}
 
@@ -51,20 +57,29 @@ class Node {
 // The gradient function of a recorded op: captures what it saved and maps the
 // output gradient to one gradient per input.
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+// A gradient function that also takes the gradient gathered so far for one of
+// its inputs (undefined when there is none yet) and returns that input's
+// gradient with it added (Note [Fan-out sums in the backward]).
+using GatheringBackwardFn =
+    std::function<std::vector<Tensor>(const Tensor& grad_output, const Tensor& gathered)>;
 
 // A node whose backward is a closure. Releasing it destroys the closure and
 // with it every saved tensor; applying it afterwards throws.
 class FunctionNode final : public Node {
  public:
-  FunctionNode(const char* name, BackwardFn backward)
-      : name_(name), backward_(std::move(backward)) {}
+  FunctionNode(const char* name, BackwardFn backward);
+  FunctionNode(const char* name, int gathering_input, GatheringBackwardFn backward)
+      : name_(name), gathering_input_(gathering_input), backward_(std::move(backward)) {}
   const char* name() const override { return name_; }
   std::vector<Tensor> apply(const Tensor& grad_output) override;
+  int gathering_input() const override { return gathering_input_; }
+  std::vector<Tensor> apply_gathered(const Tensor& grad_output, const Tensor& gathered) override;
   void release_saved() override { backward_ = nullptr; }
 
  private:
   const char* name_;
-  BackwardFn backward_;
+  int gathering_input_ = -1;
+  GatheringBackwardFn backward_;
 };
 
 // The sink of a leaf that requires grad: hands the summed gradient of this
@@ -89,6 +104,10 @@ Edge gradient_edge(const Tensor& t);
 // to `output` as its grad_fn. Returns output either way.
 Tensor record(const char* name, Tensor output, const std::vector<Tensor>& inputs,
               BackwardFn backward);
+// record() for a backward that adds the gradient gathered for input
+// `gathering_input` into its own (Note [Fan-out sums in the backward]).
+Tensor record_gathering(const char* name, Tensor output, const std::vector<Tensor>& inputs,
+                        int gathering_input, GatheringBackwardFn backward);
 
 // True when grad mode is on and at least one of the inputs requires grad.
 bool any_requires_grad(const std::vector<Tensor>& inputs);

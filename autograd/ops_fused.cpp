@@ -120,8 +120,9 @@ ResidualNorm residual_layer_norm(const Tensor& x, const Tensor& residual, const 
       record("AddBackward", r.sum, {x, residual}, [](const Tensor& g) -> std::vector<Tensor> {
         return {g, g};
       });
-  Tensor normed = record("LayerNormBackward", r.out, {sum, weight, bias},
-                         autograd::layer_norm_backward_fn(sum, weight, bias, r.mean, r.rstd));
+  Tensor normed = autograd::record_gathering(
+      "LayerNormBackward", r.out, {sum, weight, bias}, 0,
+      autograd::layer_norm_backward_fn(sum, weight, bias, r.mean, r.rstd));
   return {sum, normed};
 }
 
@@ -130,29 +131,39 @@ namespace {
 // The backward of the RMSNorm node over saved input x: dx, and the weight's
 // gradient straight into its arena slot when it has one (Note [Fused
 // weight-gradient accumulation]), else into a fresh tensor the engine lands.
-autograd::BackwardFn rms_norm_backward_fn(const Tensor& x, const Tensor& weight,
-                                          const Tensor& rstd) {
+autograd::GatheringBackwardFn rms_norm_backward_fn(const Tensor& x, const Tensor& weight,
+                                                   const Tensor& rstd) {
   Tensor sx = saved(x), sw = saved(weight);
   const bool gw = wants_grad(weight);
   const Shape d_shape{x.size(-1)};
   const DType w_dtype = weight.defined() ? weight.dtype() : x.dtype();
   const SinkTarget w_target = sink_target(weight);
-  return [=](const Tensor& g) -> std::vector<Tensor> {
+  return [=](const Tensor& g, const Tensor& gathered) -> std::vector<Tensor> {
+    // x's gradient gathered so far is added to dx in the kernel (Note [Fan-out
+    // sums in the backward]) when it matches x, else by an add after it.
+    const bool add_in_kernel = autograd::matches(gathered, sx);
+    const Tensor dx_add = add_in_kernel ? gathered : Tensor();
+    auto with_gathered = [&](const Tensor& dx) {
+      return gathered.defined() && !add_in_kernel
+                 ? kernels::binary(kernels::BinaryOp::Add, gathered, dx)
+                 : dx;
+    };
     double beta = 0.0;
+    kernels::NormPartials partials;
     if (gw && w_target.peek(&beta)) {
       // dx, then dweight's totals into its slot: on the weight-gradient branch
       // when one is in force (Note [Weight gradients on a branch]).
-      kernels::NormPartials partials;
-      Tensor dx = kernels::rms_norm_backward_partials(g, sx, sw, rstd, true, &partials);
+      Tensor dx = kernels::rms_norm_backward_partials(g, sx, sw, rstd, true, &partials, dx_add);
       autograd::write_slots_beside(true, {partials.dweight}, [&] {
         const Tensor slot = w_target.claim(&beta);
         kernels::norm_param_totals(partials, slot, Tensor(), /*accumulate=*/beta != 0.0);
       });
-      return {dx, autograd::delivered()};
+      return {with_gathered(dx), autograd::delivered()};
     }
     const Tensor dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
-    Tensor dx = kernels::rms_norm_backward(g, sx, sw, rstd, dw, /*accumulate=*/false);
-    return {dx, dw};
+    Tensor dx = kernels::rms_norm_backward_partials(g, sx, sw, rstd, gw, &partials, dx_add);
+    kernels::norm_param_totals(partials, dw, Tensor(), /*accumulate=*/false);
+    return {with_gathered(dx), dw};
   };
 }
 
@@ -160,7 +171,8 @@ autograd::BackwardFn rms_norm_backward_fn(const Tensor& x, const Tensor& weight,
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   kernels::RmsNormOutput r = kernels::rms_norm(x, weight, eps);
-  return record("RmsNormBackward", r.out, {x, weight}, rms_norm_backward_fn(x, weight, r.rstd));
+  return autograd::record_gathering("RmsNormBackward", r.out, {x, weight}, 0,
+                                    rms_norm_backward_fn(x, weight, r.rstd));
 }
 
 ResidualNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
@@ -172,8 +184,8 @@ ResidualNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor&
       record("AddBackward", r.sum, {x, residual}, [](const Tensor& g) -> std::vector<Tensor> {
         return {g, g};
       });
-  Tensor normed =
-      record("RmsNormBackward", r.out, {sum, weight}, rms_norm_backward_fn(sum, weight, r.rstd));
+  Tensor normed = autograd::record_gathering("RmsNormBackward", r.out, {sum, weight}, 0,
+                                             rms_norm_backward_fn(sum, weight, r.rstd));
   return {sum, normed};
 }
 

@@ -101,8 +101,9 @@ Loss cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_i
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   kernels::LayerNormOutput r = kernels::layer_norm(x, weight, bias, eps);
-  return record("LayerNormBackward", r.out, {x, weight, bias},
-                autograd::layer_norm_backward_fn(x, weight, bias, r.mean, r.rstd));
+  return autograd::record_gathering(
+      "LayerNormBackward", r.out, {x, weight, bias}, 0,
+      autograd::layer_norm_backward_fn(x, weight, bias, r.mean, r.rstd));
 }
 
 namespace autograd {
@@ -142,15 +143,25 @@ void linear_param_grads(const Tensor& g2, const Tensor& x2, const Tensor& weight
   });
 }
 
-BackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                  const Tensor& mean, const Tensor& rstd) {
+GatheringBackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight,
+                                           const Tensor& bias, const Tensor& mean,
+                                           const Tensor& rstd) {
   Tensor sx = saved(x), sw = saved(weight);
   const bool gw = wants_grad(weight), gb = wants_grad(bias);
   const Shape d_shape{x.size(-1)};
   const DType w_dtype = weight.defined() ? weight.dtype() : x.dtype();
   const DType b_dtype = bias.defined() ? bias.dtype() : x.dtype();
   const SinkTarget w_target = sink_target(weight), b_target = sink_target(bias);
-  return [=](const Tensor& g) -> std::vector<Tensor> {
+  return [=](const Tensor& g, const Tensor& gathered) -> std::vector<Tensor> {
+    // x's gradient gathered so far is added to dx in the kernel when it matches
+    // x (Note [Fan-out sums in the backward]), else by an add after it.
+    const bool add_in_kernel = matches(gathered, sx);
+    const Tensor dx_add = add_in_kernel ? gathered : Tensor();
+    auto with_gathered = [&](const Tensor& dx) {
+      return gathered.defined() && !add_in_kernel
+                 ? kernels::binary(kernels::BinaryOp::Add, gathered, dx)
+                 : dx;
+    };
     // Both affine gradients go straight into their arena slots when both have
     // one with the same beta (the usual case); otherwise into fresh tensors
     // that the engine lands.
@@ -161,18 +172,21 @@ BackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight, const T
       // dx, then the parameters' totals into their slots: on the weight-gradient
       // branch when one is in force (Note [Weight gradients on a branch]).
       kernels::NormPartials partials;
-      Tensor dx =
-          kernels::layer_norm_backward_partials(g, sx, sw, mean, rstd, true, true, &partials);
+      Tensor dx = kernels::layer_norm_backward_partials(g, sx, sw, mean, rstd, true, true,
+                                                        &partials, dx_add);
       write_slots_beside(true, {partials.dweight, partials.dbias}, [&] {
         const Tensor dw = w_target.claim(&beta_w), db = b_target.claim(&beta_b);
         kernels::norm_param_totals(partials, dw, db, /*accumulate=*/beta_w != 0.0);
       });
-      return {dx, delivered(), delivered()};
+      return {with_gathered(dx), delivered(), delivered()};
     }
     const Tensor dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
     const Tensor db = gb ? empty(d_shape, b_dtype, g.device()) : Tensor();
-    Tensor dx = kernels::layer_norm_backward(g, sx, sw, mean, rstd, dw, db, /*accumulate=*/false);
-    return {dx, dw, db};
+    kernels::NormPartials partials;
+    Tensor dx =
+        kernels::layer_norm_backward_partials(g, sx, sw, mean, rstd, gw, gb, &partials, dx_add);
+    kernels::norm_param_totals(partials, dw, db, /*accumulate=*/false);
+    return {with_gathered(dx), dw, db};
   };
 }
 

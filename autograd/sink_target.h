@@ -55,11 +55,21 @@ void linear_param_grads(const Tensor& g2, const Tensor& x2, const Tensor& weight
                         const SinkTarget* w_target, const SinkTarget* b_target, Tensor* dw,
                         Tensor* db);
 
+// Whether a gathered gradient has x's shape, dtype and device, so that a norm's
+// backward kernel can add it (Note [Fan-out sums in the backward] in
+// autograd/engine.cpp); false for an undefined one.
+inline bool matches(const Tensor& gathered, const Tensor& x) {
+  return gathered.defined() && gathered.dtype() == x.dtype() && gathered.shape() == x.shape() &&
+         gathered.device() == x.device();
+}
+
 // The backward of the LayerNorm node over saved input x (its affine
 // parameters' gradients into their slots, both or neither): what
 // accrue::layer_norm records, and what residual_layer_norm records for the
-// normalized half. mean and rstd are the forward's statistics.
-BackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                  const Tensor& mean, const Tensor& rstd);
+// normalized half. mean and rstd are the forward's statistics. It gathers x's
+// gradient (input 0: Note [Fan-out sums in the backward] in autograd/engine.cpp).
+GatheringBackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight,
+                                           const Tensor& bias, const Tensor& mean,
+                                           const Tensor& rstd);
 
 }  // namespace accrue::autograd

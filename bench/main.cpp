@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   accrue::bench::register_fused_benchmarks();
   accrue::bench::register_stream_gap_benchmarks();
   accrue::bench::register_graph_memset_benchmarks();
+  accrue::bench::register_graph_carveout_benchmarks();
 
   if (!listing) {
     if (!accrue::cuda_available()) {

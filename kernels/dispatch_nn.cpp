@@ -213,13 +213,17 @@ void check_param_grad(const Tensor& g, const Tensor& like, DType x_dtype, int64_
 
 Tensor layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight,
                                     const Tensor& mean, const Tensor& rstd, bool want_dweight,
-                                    bool want_dbias, NormPartials* partials) {
+                                    bool want_dbias, NormPartials* partials, const Tensor& dx_add) {
   NoGradGuard no_grad;
   const char* name = "layer_norm_backward";
   ACCRUE_CHECK(partials != nullptr, name, ": no NormPartials to fill");
   check_norm_input(x, name);
   check_float_pair(grad, x, name, "grad", "input");
   check_same_shape(grad, x, name, "grad", "input");
+  if (dx_add.defined()) {
+    check_float_pair(dx_add, x, name, "dx_add", "input");
+    check_same_shape(dx_add, x, name, "dx_add", "input");
+  }
   check_norm_param(weight, x, name, "weight");
   const int64_t d = x.size(-1), rows = x.numel() / d;
   const DType stats = widened(x.dtype());
@@ -240,12 +244,13 @@ Tensor layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const T
   ACCRUE_BACKEND_CALL(x.device(), layer_norm_backward_partials, dense_view(grad, {rows, d}),
                       dense_view(x, {rows, d}), contiguous_or_undefined(weight),
                       dense_view(mean, {rows}), dense_view(rstd, {rows}), dense_view(dx, {rows, d}),
-                      want_dweight, want_dbias, partials);
+                      dx_add.defined() ? dense_view(dx_add, {rows, d}) : Tensor(), want_dweight,
+                      want_dbias, partials);
   return dx;
 }
 
-void norm_param_totals(const NormPartials& partials, const Tensor& dweight,
-                             const Tensor& dbias, bool accumulate) {
+void norm_param_totals(const NormPartials& partials, const Tensor& dweight, const Tensor& dbias,
+                       bool accumulate) {
   NoGradGuard no_grad;
   const char* name = "norm_param_totals";
   for (const Tensor* g : {&dweight, &dbias}) {

@@ -251,13 +251,18 @@ RmsNormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps) {
 }
 
 Tensor rms_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight,
-                                  const Tensor& rstd, bool want_dweight, NormPartials* partials) {
+                                  const Tensor& rstd, bool want_dweight, NormPartials* partials,
+                                  const Tensor& dx_add) {
   NoGradGuard no_grad;
   const char* name = "rms_norm_backward";
   ACCRUE_CHECK(partials != nullptr, name, ": no NormPartials to fill");
   check_rms_norm_args(x, weight, 1.0, name);
   check_float_pair(grad, x, name, "grad", "input");
   check_same_shape(grad, x, name, "grad", "input");
+  if (dx_add.defined()) {
+    check_float_pair(dx_add, x, name, "dx_add", "input");
+    check_same_shape(dx_add, x, name, "dx_add", "input");
+  }
   const int64_t d = x.size(-1), rows = x.numel() / d;
   const DType stats = widened(x.dtype());
   check_defined(rstd, name, "rstd");
@@ -273,7 +278,9 @@ Tensor rms_norm_backward_partials(const Tensor& grad, const Tensor& x, const Ten
   if (rows == 0) return dx;  // chunks 0: the totals are zeros
   ACCRUE_BACKEND_CALL(x.device(), rms_norm_backward_partials, dense_view(grad, {rows, d}),
                       row_levels_view(x, rows, d), contiguous_or_undefined(weight),
-                      dense_view(rstd, {rows}), dense_view(dx, {rows, d}), want_dweight, partials);
+                      dense_view(rstd, {rows}), dense_view(dx, {rows, d}),
+                      dx_add.defined() ? dense_view(dx_add, {rows, d}) : Tensor(), want_dweight,
+                      partials);
   return dx;
 }
 

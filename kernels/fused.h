@@ -114,9 +114,12 @@ Tensor rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weig
                          const Tensor& rstd, const Tensor& dweight, bool accumulate);
 // Its first half (NormPartials in kernels/ops.h): dx and, when want_dweight,
 // dweight's partial sums, which norm_param_totals(partials, dweight, {}, ...)
-// then writes or adds.
+// then writes or adds. dx_add, where defined (x's shape, dtype and device), is
+// added to dx before its one rounding (Note [Fan-out sums in the backward] in
+// autograd/engine.cpp).
 Tensor rms_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight,
-                                  const Tensor& rstd, bool want_dweight, NormPartials* partials);
+                                  const Tensor& rstd, bool want_dweight, NormPartials* partials,
+                                  const Tensor& dx_add = Tensor());
 
 struct ResidualRmsNormOutput {
   Tensor sum;   // x + residual, rounded to x's dtype

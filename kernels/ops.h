@@ -190,9 +190,13 @@ struct NormPartials {
   int64_t d = 0;
   int64_t chunks = 0;  // 0: no rows (the totals are zeros)
 };
+// dx_add, where defined (x's shape, dtype and device), is added to dx in the
+// same pass, rounded once: the gradient that other uses of x sent back
+// (Note [Fan-out sums in the backward] in autograd/engine.cpp).
 Tensor layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight,
                                     const Tensor& mean, const Tensor& rstd, bool want_dweight,
-                                    bool want_dbias, NormPartials* partials);
+                                    bool want_dbias, NormPartials* partials,
+                                    const Tensor& dx_add = Tensor());
 void norm_param_totals(const NormPartials& partials, const Tensor& dweight, const Tensor& dbias,
                        bool accumulate);
 

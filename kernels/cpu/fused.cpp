@@ -132,8 +132,8 @@ void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
 }
 
 void rms_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight,
-                                const Tensor& rstd, const Tensor& dx, bool want_dweight,
-                                NormPartials* partials) {
+                                const Tensor& rstd, const Tensor& dx, const Tensor& dx_add,
+                                bool want_dweight, NormPartials* partials) {
   const int64_t rows = dx.size(0), d = dx.size(1);
   const RowLevels levels(x);
   const std::vector<double> w = read_param(weight, "rms_norm_backward");
@@ -149,6 +149,7 @@ void rms_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tenso
           const T* xr = ptr<T>(x) + levels(r);
           const T* gr = ptr<T>(grad) + r * d;
           T* dxr = ptr<T>(dx) + r * d;
+          const T* addr = dx_add.defined() ? ptr<T>(dx_add) + r * d : nullptr;
           const double rs = load_double(ptr<S>(rstd)[r]);
           // With xhat = x * rstd and gw = dy * w:
           //   dx = rstd * (gw - xhat * mean(gw * xhat)),  dw = sum over rows of dy * xhat.
@@ -160,8 +161,10 @@ void rms_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tenso
             sum_gw_xhat += gw[c] * xhat[c];
           }
           const double mean_gw_xhat = sum_gw_xhat / static_cast<double>(d);
-          for (int64_t c = 0; c < d; ++c)
-            dxr[c] = store_double<T>(rs * (gw[c] - xhat[c] * mean_gw_xhat));
+          for (int64_t c = 0; c < d; ++c) {
+            const double v = rs * (gw[c] - xhat[c] * mean_gw_xhat);
+            dxr[c] = store_double<T>(addr ? v + load_double(addr[c]) : v);
+          }
         }
       });
       // dweight: threads split the columns; each column sums its rows in

@@ -245,7 +245,8 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, doubl
 
 void layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight,
                                   const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                                  bool want_dweight, bool want_dbias, NormPartials* partials) {
+                                  const Tensor& dx_add, bool want_dweight, bool want_dbias,
+                                  NormPartials* partials) {
   const int64_t rows = x.size(0), d = x.size(1);
   std::vector<double> dw(static_cast<size_t>(d), 0.0), db(static_cast<size_t>(d), 0.0);
   const std::vector<double> w = read_param(weight);
@@ -263,6 +264,7 @@ void layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const Ten
         const T* xr = ptr<T>(x) + r * d;
         const T* gr = ptr<T>(grad) + r * d;
         T* dxr = ptr<T>(dx) + r * d;
+        const T* addr = dx_add.defined() ? ptr<T>(dx_add) + r * d : nullptr;
         const double mu = mus[r], rs = rss[r];
         // With xhat = (x - mean) * rstd and gw = dy * w:
         //   dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)).
@@ -275,8 +277,10 @@ void layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const Ten
           sum_gw_xhat += gw[c] * xhat[c];
         }
         const double inv_d = 1.0 / static_cast<double>(d);
-        for (int64_t c = 0; c < d; ++c)
-          dxr[c] = store_double<T>(rs * (gw[c] - sum_gw * inv_d - xhat[c] * sum_gw_xhat * inv_d));
+        for (int64_t c = 0; c < d; ++c) {
+          const double v = rs * (gw[c] - sum_gw * inv_d - xhat[c] * sum_gw_xhat * inv_d);
+          dxr[c] = store_double<T>(addr ? v + load_double(addr[c]) : v);
+        }
       }
     });
     // dweight and dbias: threads split the columns; each column sums its rows
@@ -301,8 +305,8 @@ void layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const Ten
   if (want_dbias) partials->dbias = from_vector<double>(db, {d});
 }
 
-void norm_param_totals(const NormPartials& partials, const Tensor& dweight,
-                             const Tensor& dbias, bool accumulate) {
+void norm_param_totals(const NormPartials& partials, const Tensor& dweight, const Tensor& dbias,
+                       bool accumulate) {
   // dweight and dbias: written, or added to (Note [Overwrite first]).
   auto write = [&](const Tensor& t, const Tensor& sums) {
     if (!t.defined()) return;

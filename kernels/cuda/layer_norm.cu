@@ -61,7 +61,8 @@ __global__ void layer_norm_kernel(const T* __restrict__ x, const T* __restrict__
 template <class T, class A>
 __global__ void layer_norm_dx_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                      const T* __restrict__ weight, const A* __restrict__ mean,
-                                     const A* __restrict__ rstd, int64_t d, T* __restrict__ dx) {
+                                     const A* __restrict__ rstd, int64_t d,
+                                     const T* __restrict__ add, T* __restrict__ dx) {
   __shared__ A scratch[32];
   const int64_t r = blockIdx.x;
   const T* xr = x + r * d;
@@ -80,14 +81,16 @@ __global__ void layer_norm_dx_kernel(const T* __restrict__ dy, const T* __restri
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
     const A xhat = (load<A>(xr[c]) - mu) * rs;
     const A gw = weight ? load<A>(gr[c]) * load<A>(weight[c]) : load<A>(gr[c]);
-    dx[r * d + c] = cu::convert<T>(rs * (gw - mean_gw - xhat * mean_gw_xhat));
+    const A v = rs * (gw - mean_gw - xhat * mean_gw_xhat);
+    dx[r * d + c] = cu::convert<T>(add ? v + load<A>(add[r * d + c]) : v);
   }
 }
 
 // The per-pack math that both backward kernels below (the fused and the warp
 // one) share: a pack's share of the row's two sums (dy * w and dy * w *
-// xhat), then, with their means, the pack's dx and its dweight and dbias
-// terms added to the thread's registers.
+// xhat), then, with their means, the pack's dx (plus the pack of add_row
+// where there is one, rounded once) and its dweight and dbias terms added to
+// the thread's registers.
 template <class T, class A, int V>
 __device__ __forceinline__ void pack_row_sums(const ::accrue::cuda::Pack<T, V>& a,
                                               const ::accrue::cuda::Pack<T, V>& g,
@@ -103,19 +106,19 @@ __device__ __forceinline__ void pack_row_sums(const ::accrue::cuda::Pack<T, V>& 
 }
 
 template <class T, class A, int V>
-__device__ __forceinline__ ::accrue::cuda::Pack<T, V> pack_dx(const ::accrue::cuda::Pack<T, V>& a,
-                                                              const ::accrue::cuda::Pack<T, V>& g,
-                                                              const T* __restrict__ weight,
-                                                              int64_t k, A mu, A rs, A mean_gw,
-                                                              A mean_gw_xhat, A (&acc_w)[V],
-                                                              A (&acc_b)[V]) {
-  ::accrue::cuda::Pack<T, V> out;
+__device__ __forceinline__ ::accrue::cuda::Pack<T, V> pack_dx(
+    const ::accrue::cuda::Pack<T, V>& a, const ::accrue::cuda::Pack<T, V>& g,
+    const T* __restrict__ weight, int64_t k, A mu, A rs, A mean_gw, A mean_gw_xhat,
+    const T* __restrict__ add_row, A (&acc_w)[V], A (&acc_b)[V]) {
+  ::accrue::cuda::Pack<T, V> out, add;
+  if (add_row) add = ::accrue::cuda::load_pack<V>(add_row, k);
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     const A xhat = (load<A>(a.v[v]) - mu) * rs;
     const A gv = load<A>(g.v[v]);
     const A gw = weight ? gv * load<A>(weight[k * V + v]) : gv;
-    out.v[v] = cu::convert<T>(rs * (gw - mean_gw - xhat * mean_gw_xhat));
+    const A dx = rs * (gw - mean_gw - xhat * mean_gw_xhat);
+    out.v[v] = cu::convert<T>(add_row ? dx + load<A>(add.v[v]) : dx);
     acc_w[v] += gv * xhat;
     acc_b[v] += gv;
   }
@@ -157,8 +160,9 @@ __global__ void __launch_bounds__(kFusedThreads)
     layer_norm_backward_fused_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                      const T* __restrict__ weight, const A* __restrict__ mean,
                                      const A* __restrict__ rstd, int64_t rows, int64_t d,
-                                     int64_t rows_per_chunk, T* __restrict__ dx,
-                                     A* __restrict__ partial_dw, A* __restrict__ partial_db) {
+                                     int64_t rows_per_chunk, const T* __restrict__ add,
+                                     T* __restrict__ dx, A* __restrict__ partial_dw,
+                                     A* __restrict__ partial_db) {
   using ::accrue::cuda::load_pack;
   using ::accrue::cuda::Pack;
   using ::accrue::cuda::store_pack;
@@ -188,9 +192,9 @@ __global__ void __launch_bounds__(kFusedThreads)
       const int64_t k = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
       if (k >= packs) continue;
       const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
-      store_pack<V>(
-          dx + r * d, k,
-          pack_dx<T, A, V>(a, g, weight, k, mu, rs, mean_gw, mean_gw_xhat, acc_w[j], acc_b[j]));
+      store_pack<V>(dx + r * d, k,
+                    pack_dx<T, A, V>(a, g, weight, k, mu, rs, mean_gw, mean_gw_xhat,
+                                     add ? add + r * d : nullptr, acc_w[j], acc_b[j]));
     }
   }
 #pragma unroll
@@ -237,8 +241,9 @@ __global__ void __launch_bounds__(kWarpRows * 32, 2)
     layer_norm_backward_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                     const T* __restrict__ weight, const A* __restrict__ mean,
                                     const A* __restrict__ rstd, int64_t rows, int64_t d,
-                                    int64_t rows_per_warp, T* __restrict__ dx,
-                                    A* __restrict__ partial_dw, A* __restrict__ partial_db) {
+                                    int64_t rows_per_warp, const T* __restrict__ add,
+                                    T* __restrict__ dx, A* __restrict__ partial_dw,
+                                    A* __restrict__ partial_db) {
   using ::accrue::cuda::load_pack;
   using ::accrue::cuda::Pack;
   using ::accrue::cuda::store_pack;
@@ -272,8 +277,8 @@ __global__ void __launch_bounds__(kWarpRows * 32, 2)
       const int64_t k = lane + 32 * j;
       if (k >= packs) continue;
       store_pack<V>(dx + r * d, k,
-                    pack_dx<T, A, V>(a[j], g[j], weight, k, mu, rs, mean_gw, mean_gw_xhat, acc_w[j],
-                                     acc_b[j]));
+                    pack_dx<T, A, V>(a[j], g[j], weight, k, mu, rs, mean_gw, mean_gw_xhat,
+                                     add ? add + r * d : nullptr, acc_w[j], acc_b[j]));
     }
   }
   // The block's partial rows, dweight's then dbias's: each warp writes its
@@ -373,7 +378,8 @@ void layer_norm(const Tensor& x, const Tensor& weight_in, const Tensor& bias_in,
 
 void layer_norm_backward_partials(const Tensor& grad_in, const Tensor& x, const Tensor& weight_in,
                                   const Tensor& mean_in, const Tensor& rstd_in, const Tensor& dx,
-                                  bool want_dweight, bool want_dbias, NormPartials* partials) {
+                                  const Tensor& dx_add, bool want_dweight, bool want_dbias,
+                                  NormPartials* partials) {
   const int dev = x.device().index;
   cu::DeviceScope scope(dev);
   cudaStream_t stream = cu::stream_for(dev);
@@ -392,6 +398,7 @@ void layer_norm_backward_partials(const Tensor& grad_in, const Tensor& x, const 
     auto partial_ptr = [](const Tensor& t) {
       return t.defined() ? static_cast<A*>(t.data_ptr()) : nullptr;
     };
+    const T* add = optional_ptr<T>(dx_add);
     // The partial rows go to norm_param_totals.
     auto finish = [&](const Tensor& partial_dw, const Tensor& partial_db, int64_t chunks) {
       partials->dweight = partial_dw;
@@ -408,6 +415,7 @@ void layer_norm_backward_partials(const Tensor& grad_in, const Tensor& x, const 
         cu::pack_aligned<V>(static_cast<const T*>(grad.data_ptr())) &&
         cu::pack_aligned<V>(static_cast<const T*>(x.data_ptr())) &&
         cu::pack_aligned<V>(static_cast<T*>(dx.data_ptr())) &&
+        (add == nullptr || cu::pack_aligned<V>(add)) &&
         (!weight.defined() || cu::pack_aligned<V>(static_cast<const T*>(weight.data_ptr())));
     // Note [LayerNorm warp backward]: rows of at most kWarpPacks packs a lane.
     const int64_t lane_packs = (packs + 31) / 32;
@@ -424,7 +432,7 @@ void layer_norm_backward_partials(const Tensor& grad_in, const Tensor& x, const 
             <<<static_cast<unsigned>(chunks), kWarpRows * 32, shared, stream>>>(
                 static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
                 optional_ptr<T>(weight), static_cast<const A*>(mean.data_ptr()),
-                static_cast<const A*>(rstd.data_ptr()), rows, d, rows_per_warp,
+                static_cast<const A*>(rstd.data_ptr()), rows, d, rows_per_warp, add,
                 static_cast<T*>(dx.data_ptr()), partial_ptr(partial_dw), partial_ptr(partial_db));
       };
       if (lane_packs == 1)
@@ -449,7 +457,7 @@ void layer_norm_backward_partials(const Tensor& grad_in, const Tensor& x, const 
           <<<static_cast<unsigned>(chunks), static_cast<unsigned>(threads), 0, stream>>>(
               static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
               optional_ptr<T>(weight), static_cast<const A*>(mean.data_ptr()),
-              static_cast<const A*>(rstd.data_ptr()), rows, d, fused_rows_per_chunk,
+              static_cast<const A*>(rstd.data_ptr()), rows, d, fused_rows_per_chunk, add,
               static_cast<T*>(dx.data_ptr()), partial_ptr(partial_dw), partial_ptr(partial_db));
       ACCRUE_LAUNCH_CHECK();
       finish(partial_dw, partial_db, chunks);
@@ -459,7 +467,7 @@ void layer_norm_backward_partials(const Tensor& grad_in, const Tensor& x, const 
       layer_norm_dx_kernel<T, A><<<static_cast<unsigned>(rows), row_threads(d), 0, stream>>>(
           static_cast<const T*>(grad.data_ptr()), static_cast<const T*>(x.data_ptr()),
           optional_ptr<T>(weight), static_cast<const A*>(mean.data_ptr()),
-          static_cast<const A*>(rstd.data_ptr()), d, static_cast<T*>(dx.data_ptr()));
+          static_cast<const A*>(rstd.data_ptr()), d, add, static_cast<T*>(dx.data_ptr()));
       ACCRUE_LAUNCH_CHECK();
     }
     if ((!want_dweight && !want_dbias) || d == 0) return;
@@ -482,8 +490,8 @@ void layer_norm_backward_partials(const Tensor& grad_in, const Tensor& x, const 
   });
 }
 
-void norm_param_totals(const NormPartials& partials, const Tensor& dweight,
-                             const Tensor& dbias, bool accumulate) {
+void norm_param_totals(const NormPartials& partials, const Tensor& dweight, const Tensor& dbias,
+                       bool accumulate) {
   const Tensor& any = partials.dweight.defined() ? partials.dweight : partials.dbias;
   const int dev = any.device().index;
   cu::DeviceScope scope(dev);

@@ -150,6 +150,7 @@ __device__ __forceinline__ void for_packs(int lane, int size, int64_t packs, F&&
 }
 
 // dx = rstd * (gw - xhat * mean(gw * xhat)) with xhat = x * rstd, gw = dy * w,
+// plus add where there is one (rounded once),
 // over the rows group, group + groups, ... of each group (Note [RMSNorm
 // backward]). With kMaxPacks > 0 the group also sums dy * xhat of the columns
 // it owns over its rows, in row order, and the block's groups write their sum
@@ -162,8 +163,8 @@ template <class T, class P, int V, int kLanes, int kMaxPacks>
 __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                          RowGeometry xg, const P* __restrict__ weight,
                                          const cu::math_t<T>* __restrict__ rstd, int64_t rows,
-                                         int64_t d, int64_t groups, T* __restrict__ dx,
-                                         cu::math_t<T>* __restrict__ partial) {
+                                         int64_t d, int64_t groups, const T* __restrict__ add,
+                                         T* __restrict__ dx, cu::math_t<T>* __restrict__ partial) {
   using M = cu::math_t<T>;
   constexpr int kAcc = kMaxPacks > 0 ? kMaxPacks : 1;
   __shared__ M scratch[32];
@@ -204,12 +205,14 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
     const M mean_gw_xhat = group_sum<kLanes>(s, scratch) * rs / static_cast<M>(d);
     for_packs<kMaxPacks>(lane, size, row_packs, [&](int64_t k, int jj) {
       const Pack<T, V> a = load_pack<V>(xr, k), g = load_pack<V>(gr, k);
-      Pack<T, V> out;
+      Pack<T, V> out, plus;
+      if (add) plus = load_pack<V>(add + row * d, k);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const M gv = load<M>(g.v[j]), xhat = load<M>(a.v[j]) * rs;
         const M gw = weight ? gv * load<M>(weight[k * V + j]) : gv;
-        out.v[j] = cu::convert<T>(rs * (gw - xhat * mean_gw_xhat));
+        const M v = rs * (gw - xhat * mean_gw_xhat);
+        out.v[j] = cu::convert<T>(add ? v + load<M>(plus.v[j]) : v);
         if constexpr (kMaxPacks > 0) acc[jj][j] += gv * xhat;
       }
       store_pack<V>(dx + row * d, k, out);
@@ -428,8 +431,8 @@ constexpr int64_t kBlockGroups = 1024;  // about eight 256-thread blocks per SM 
 constexpr int64_t kWarpGroups = 4096;
 
 void rms_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tensor& weight_in,
-                                const Tensor& rstd, const Tensor& dx, bool want_dweight,
-                                NormPartials* partials) {
+                                const Tensor& rstd, const Tensor& dx, const Tensor& dx_add,
+                                bool want_dweight, NormPartials* partials) {
   const char* op = "rms_norm_backward";
   const int dev = x.device().index;
   cu::DeviceScope scope(dev);
@@ -439,7 +442,8 @@ void rms_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tenso
   const bool f32_params = weight_in.defined() && weight_in.dtype() == DType::f32;
   const Tensor weight = as_dtype(weight_in, f32_params ? DType::f32 : x.dtype());
   const RowGeometry xg = geometry_of(x);
-  const bool vectorized = aligned_16(grad) && rows_aligned(x, xg) && aligned_16(dx);
+  const bool vectorized = aligned_16(grad) && rows_aligned(x, xg) && aligned_16(dx) &&
+                          (!dx_add.defined() || aligned_16(dx_add));
   const DType acc_dtype = accumulate_dtype(x.dtype());
   const Device device = Device::cuda(dev);
   cu::visit_float_dtype(x.dtype(), op, [&](auto tag) {
@@ -464,7 +468,7 @@ void rms_norm_backward_partials(const Tensor& grad, const Tensor& x, const Tenso
                            static_cast<const T*>(grad.data_ptr()),
                            static_cast<const T*>(x.data_ptr()), xg, optional_ptr<P>(weight),
                            static_cast<const A*>(rstd.data_ptr()), rows, d, groups,
-                           static_cast<T*>(dx.data_ptr()), partial_ptr);
+                           optional_ptr<T>(dx_add), static_cast<T*>(dx.data_ptr()), partial_ptr);
                        ACCRUE_LAUNCH_CHECK();
                      };
                      if (fused) {

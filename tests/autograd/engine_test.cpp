@@ -4,10 +4,12 @@
 #include <vector>
 
 #include "accrue/autograd/engine.h"
+#include "accrue/autograd/node.h"
 #include "accrue/autograd/ops.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/core/nvtx.h"
+#include "accrue/kernels/ops.h"
 #include "tests/test_util.h"
 
 namespace accrue {
@@ -243,6 +245,99 @@ TEST(Engine, unused_branch_gets_no_gradient) {
   (void)branch;
   backward(sum(x));
   EXPECT_FALSE(grad(unused).defined());
+}
+
+// ---- Note [Fan-out sums in the backward] -------------------------------------
+
+// x * scale recorded as a node that gathers x's gradient: it reports what it
+// was given in *seen and returns scale * g plus the gathered gradient.
+Tensor gathering_scale(const Tensor& x, double scale, Tensor* seen, bool drop = false) {
+  return autograd::record_gathering(
+      "GatheringScale", detach(x) * scale, {x}, 0,
+      [=](const Tensor& g, const Tensor& gathered) -> std::vector<Tensor> {
+        *seen = gathered.defined() ? gathered.clone() : Tensor();
+        if (drop) return {Tensor()};
+        const Tensor own = g * scale;
+        return {gathered.defined() ? own + gathered : own};
+      });
+}
+
+TEST(Engine, a_gathering_node_adds_the_gradient_gathered_before_it) {
+  // x * 3 is recorded after the gathering node, so its backward runs first and
+  // the gathering node is handed its 3s; the sum replaces the buffer.
+  Tensor x = requires_grad_(vec({1, 2}));
+  Tensor seen;
+  const Tensor a = gathering_scale(x, 2.0, &seen);
+  backward(sum(a + x * 3.0));
+  ASSERT_TRUE(seen.defined());
+  EXPECT_EQ(seen.to_vector<double>(), (std::vector<double>{3, 3}));
+  EXPECT_EQ(grad(x).to_vector<double>(), (std::vector<double>{5, 5}));
+}
+
+TEST(Engine, a_gathering_node_that_runs_first_is_handed_nothing) {
+  // Recorded last, the gathering node runs first: nothing is gathered yet, and
+  // the later use's gradient is added by the engine as before.
+  Tensor x = requires_grad_(vec({1, 2}));
+  const Tensor b = x * 3.0;
+  Tensor seen = vec({-1});
+  const Tensor a = gathering_scale(x, 2.0, &seen);
+  backward(sum(a + b));
+  EXPECT_FALSE(seen.defined());
+  EXPECT_EQ(grad(x).to_vector<double>(), (std::vector<double>{5, 5}));
+}
+
+TEST(Engine, a_gathering_input_replaces_the_buffer_before_other_edges_add_to_it) {
+  // One node with x as both inputs, gathering input 1: the other edge to the
+  // same node must add to the replaced buffer, not be lost under it.
+  Tensor x = requires_grad_(vec({1, 2}));
+  Tensor seen;
+  const Tensor pair = autograd::record_gathering(
+      "GatheringPair", detach(x) * 5.0, {x, x}, 1,
+      [&seen](const Tensor& g, const Tensor& gathered) -> std::vector<Tensor> {
+        seen = gathered.defined() ? gathered.clone() : Tensor();
+        const Tensor own = g * 4.0;
+        return {g, gathered.defined() ? own + gathered : own};  // 1 + 4 = 5
+      });
+  backward(sum(pair + x * 3.0));
+  ASSERT_TRUE(seen.defined());
+  EXPECT_EQ(grad(x).to_vector<double>(), (std::vector<double>{8, 8}));
+}
+
+TEST(Engine, a_gathering_node_that_drops_the_gathered_gradient_throws) {
+  Tensor x = requires_grad_(vec({1, 2}));
+  Tensor seen;
+  const Tensor a = gathering_scale(x, 2.0, &seen, /*drop=*/true);
+  EXPECT_ERROR(backward(sum(a + x * 3.0)), "backward", "GatheringScale", "gathered for input 0",
+               "returned none");
+  EXPECT_ERROR(autograd::record_gathering(
+                   "Bad", detach(x), {x}, 1,
+                   [](const Tensor&, const Tensor&) { return std::vector<Tensor>{}; }),
+               "record_gathering", "Bad", "input 1 of 1");
+}
+
+TEST(Engine, layer_norm_gathers_its_input_gradient_with_the_same_values) {
+  // LayerNorm's node gathers x's gradient (Note [Fan-out sums in the
+  // backward]); the gradients are those of the engine's add, in f64 to the
+  // last bits, for x used before and after the norm.
+  const Tensor x0 = test::random_normal({5, 8}, DType::f64);
+  const Tensor w0 = test::random_normal({8}, DType::f64), b0 = test::random_normal({8}, DType::f64);
+  const Tensor g0 = test::random_normal({5, 8}, DType::f64);
+  for (bool other_use_first : {false, true}) {
+    Tensor x = requires_grad_(x0.clone()), w = requires_grad_(w0.clone()),
+           b = requires_grad_(b0.clone());
+    Tensor other;
+    if (other_use_first) other = x * x;
+    const Tensor y = layer_norm(x, w, b, 1e-5);
+    if (!other_use_first) other = x * x;
+    EXPECT_EQ(std::string(grad_fn(y)->name()), "LayerNormBackward");
+    EXPECT_EQ(grad_fn(y)->gathering_input(), 0);
+    backward(sum(y * g0 + other));
+    // The reference: LayerNorm's backward alone, plus 2x.
+    const kernels::LayerNormOutput f = kernels::layer_norm(x0, w0, b0, 1e-5);
+    const Tensor dx =
+        kernels::layer_norm_backward(g0, x0, w0, f.mean, f.rstd, Tensor(), Tensor(), false);
+    EXPECT_TRUE(test::all_close(grad(x), dx + x0 * 2.0, 1e-13, 1e-14)) << other_use_first;
+  }
 }
 
 // Note [NVTX ranges]: with the ranges on, each op's backward is one range

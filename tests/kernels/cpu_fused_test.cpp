@@ -591,6 +591,36 @@ TEST(CpuRmsNorm, backward_matches_the_derivative_formula_and_accumulates_dweight
   EXPECT_EQ(dx_plain.shape(), (Shape{rows, d}));
 }
 
+// Note [Fan-out sums in the backward]: dx_add is added to dx before its one
+// rounding, and dweight's partial sums do not see it.
+TEST(CpuRmsNorm, backward_adds_dx_add_before_rounding_and_refuses_bad_ones) {
+  for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_normal({7, 10}, dt);
+    const Tensor w = test::random_normal({10}, dt);
+    const Tensor g = test::random_normal({7, 10}, dt);
+    const Tensor add = test::random_normal({7, 10}, dt);
+    const kernels::RmsNormOutput f = kernels::rms_norm(x, w, 1e-5);
+    kernels::NormPartials p, p_add;
+    const Tensor dx = kernels::rms_norm_backward_partials(g, x, w, f.rstd, true, &p);
+    const Tensor dx_add = kernels::rms_norm_backward_partials(g, x, w, f.rstd, true, &p_add, add);
+    const Tensor sum =
+        kernels::binary(kernels::BinaryOp::Add, dx.to(DType::f64), add.to(DType::f64)).to(dt);
+    EXPECT_TRUE(
+        test::close(dx_add, sum, dt == DType::f64 ? 1e-14 : test::normalized_tolerance(dt)));
+    EXPECT_TRUE(test::all_equal(p_add.dweight, p.dweight));
+  }
+  const Tensor x = test::random_normal({4, 8});
+  const kernels::RmsNormOutput r = kernels::rms_norm(x, ones({8}), 1e-5);
+  kernels::NormPartials p;
+  EXPECT_ERROR(
+      kernels::rms_norm_backward_partials(x, x, ones({8}), r.rstd, true, &p, zeros({8, 4})),
+      "rms_norm_backward", "dx_add", "[8, 4]", "[4, 8]");
+  EXPECT_ERROR(kernels::rms_norm_backward_partials(x, x, ones({8}), r.rstd, true, &p,
+                                                   zeros({4, 8}, DType::f16)),
+               "rms_norm_backward", "f16", "f32");
+}
+
 TEST(CpuRmsNorm, empty_rows_and_bad_inputs) {
   const kernels::RmsNormOutput none = kernels::rms_norm(empty({0, 8}), ones({8}), 1e-5);
   EXPECT_EQ(none.out.shape(), (Shape{0, 8}));

@@ -495,6 +495,42 @@ TEST(CpuLayerNorm, backward_in_two_halves_equals_the_whole_and_refuses_bad_total
                "norm_param_totals", "dbias", "f64");
 }
 
+// Note [Fan-out sums in the backward]: dx_add is added to dx before its one
+// rounding; in f64 that is dx + dx_add to the last bits, in 16 bits it is at
+// most one rounding away from the sum of the two rounded halves.
+TEST(CpuLayerNorm, backward_adds_dx_add_before_rounding_and_refuses_bad_ones) {
+  for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = test::random_normal({9, 12}, dt, Device::cpu(), 2.0);
+    const Tensor w = test::random_normal({12}, dt);
+    const Tensor dy = test::random_normal({9, 12}, dt);
+    const Tensor add = test::random_normal({9, 12}, dt);
+    const kernels::LayerNormOutput r = kernels::layer_norm(x, w, Tensor(), 1e-5);
+    kernels::NormPartials p, p_add;
+    const Tensor dx =
+        kernels::layer_norm_backward_partials(dy, x, w, r.mean, r.rstd, true, true, &p);
+    const Tensor dx_add =
+        kernels::layer_norm_backward_partials(dy, x, w, r.mean, r.rstd, true, true, &p_add, add);
+    const Tensor sum =
+        kernels::binary(kernels::BinaryOp::Add, dx.to(DType::f64), add.to(DType::f64)).to(dt);
+    EXPECT_TRUE(
+        test::close(dx_add, sum, dt == DType::f64 ? 1e-14 : test::normalized_tolerance(dt)));
+    EXPECT_FALSE(test::all_equal(dx_add, dx));
+    // The parameters' partial sums do not see dx_add.
+    EXPECT_TRUE(test::all_equal(p_add.dweight, p.dweight));
+    EXPECT_TRUE(test::all_equal(p_add.dbias, p.dbias));
+  }
+  const Tensor x = test::random_normal({2, 3});
+  const kernels::LayerNormOutput r = kernels::layer_norm(x, Tensor(), Tensor(), 1e-5);
+  kernels::NormPartials p;
+  EXPECT_ERROR(kernels::layer_norm_backward_partials(x, x, Tensor(), r.mean, r.rstd, true, true, &p,
+                                                     zeros({3, 2})),
+               "layer_norm_backward", "dx_add", "[3, 2]", "[2, 3]");
+  EXPECT_ERROR(kernels::layer_norm_backward_partials(x, x, Tensor(), r.mean, r.rstd, true, true, &p,
+                                                     zeros({2, 3}, DType::bf16)),
+               "layer_norm_backward", "bf16", "f32");
+}
+
 TEST(CpuLayerNorm, bad_inputs_throw_naming_op_and_shapes) {
   Tensor x = zeros({2, 3});
   EXPECT_ERROR(kernels::layer_norm(x, zeros({4}), Tensor(), 1e-5), "layer_norm", "weight", "[4]",

@@ -700,6 +700,41 @@ TEST(GpuRmsNorm, backward_matches_cpu_and_writes_or_adds_dweight) {
   }
 }
 
+// dx_add (Note [Fan-out sums in the backward]) against the CPU's: rows of a
+// warp group (768: Llama-125m's), of a block (4096), a width of no whole
+// packs (771) and an unaligned dx_add (the scalar kernels).
+TEST(GpuRmsNorm, backward_adds_dx_add_on_every_path) {
+  ACCRUE_REQUIRE_CUDA();
+  struct Case {
+    int64_t rows, d;
+    bool unaligned_add;
+  };
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (const Case& c : {Case{300, 768, false}, Case{70, 4096, false}, Case{50, 771, false},
+                          Case{64, 768, true}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(c.rows) + "x" +
+                   std::to_string(c.d) + (c.unaligned_add ? " unaligned" : ""));
+      const Tensor x = test::random_normal({c.rows, c.d}, dt);
+      const Tensor g = test::random_normal({c.rows, c.d}, dt);
+      const Tensor w = test::random_normal({c.d}, DType::f32);
+      const int64_t n = c.rows * c.d, shift = c.unaligned_add ? 1 : 0;
+      const Tensor add_buffer = test::random_normal({n + 1}, dt);
+      const Tensor add = add_buffer.narrow(0, shift, n).reshape({c.rows, c.d});
+      const kernels::RmsNormOutput f = kernels::rms_norm(x, w, 1e-5);
+      kernels::NormPartials p, p_g;
+      const Tensor dx = kernels::rms_norm_backward_partials(g, x, w, f.rstd, true, &p, add);
+      const Tensor dx_g = kernels::rms_norm_backward_partials(
+          g.to(kGpu), x.to(kGpu), w.to(kGpu), f.rstd.to(kGpu), true, &p_g,
+          add_buffer.to(kGpu).narrow(0, shift, n).reshape({c.rows, c.d}));
+      EXPECT_TRUE(close(dx_g, dx, test::normalized_tolerance(dt))) << "dx";
+      const Tensor dw = empty({c.d}), dw_g = empty({c.d}, DType::f32, kGpu);
+      kernels::norm_param_totals(p, dw, Tensor(), false);
+      kernels::norm_param_totals(p_g, dw_g, Tensor(), false);
+      EXPECT_TRUE(close(dw_g, dw, test::normalized_tolerance(dt))) << "dweight";
+    }
+  }
+}
+
 // Rows of 16 and 8 packs take 16 and 8 lanes (Note [RMSNorm kernels]); more
 // rows than the backward's warp groups (4096), not a multiple of them, give the
 // groups different row counts, while every lane of a warp must join its shuffles.

@@ -328,6 +328,49 @@ TEST(GpuLayerNorm, backward_matches_cpu_overwriting_and_accumulating) {
   }
 }
 
+// dx_add (Note [Fan-out sums in the backward]) on every path of the CUDA
+// backward: the warp kernel (768), the block kernel (1,600 wide over enough
+// rows), the one-block-per-row kernel (a width that is no whole number of
+// packs) and an unaligned dx_add (the one-block-per-row kernel too); against
+// the CPU's.
+TEST(GpuLayerNorm, backward_adds_dx_add_on_every_path) {
+  ACCRUE_REQUIRE_CUDA();
+  struct Case {
+    int64_t rows, d;
+    bool unaligned_add;
+  };
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (const Case& c : {Case{64, 768, false}, Case{4096, 1600, false}, Case{33, 100, false},
+                          Case{64, 768, true}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(c.rows) + "x" +
+                   std::to_string(c.d) + (c.unaligned_add ? " unaligned" : ""));
+      const Tensor x = test::random_normal({c.rows, c.d}, dt, kCpu, 2.0);
+      const Tensor w = test::random_normal({c.d}, dt);
+      const Tensor dy = test::random_normal({c.rows, c.d}, dt);
+      // dx_add one element into a larger buffer when unaligned (a view: the
+      // kernels see its data as is).
+      const int64_t n = c.rows * c.d, shift = c.unaligned_add ? 1 : 0;
+      const Tensor add_buffer = test::random_normal({n + 1}, dt);
+      const Tensor add = add_buffer.narrow(0, shift, n).reshape({c.rows, c.d});
+      const kernels::LayerNormOutput fwd = kernels::layer_norm(x, w, Tensor(), 1e-5);
+      kernels::NormPartials p, p_g;
+      const Tensor dx =
+          kernels::layer_norm_backward_partials(dy, x, w, fwd.mean, fwd.rstd, true, true, &p, add);
+      const Tensor add_g = add_buffer.to(kGpu).narrow(0, shift, n).reshape({c.rows, c.d});
+      const Tensor dx_g = kernels::layer_norm_backward_partials(
+          dy.to(kGpu), x.to(kGpu), w.to(kGpu), fwd.mean.to(kGpu), fwd.rstd.to(kGpu), true, true,
+          &p_g, add_g);
+      EXPECT_TRUE(close(on_cpu(dx_g), dx, test::normalized_tolerance(dt)));
+      Tensor dw = empty({c.d}), db = empty({c.d}), dw_g = empty({c.d}, DType::f32, kGpu),
+             db_g = empty({c.d}, DType::f32, kGpu);
+      kernels::norm_param_totals(p, dw, db, false);
+      kernels::norm_param_totals(p_g, dw_g, db_g, false);
+      EXPECT_TRUE(close(on_cpu(dw_g), dw, 1e-5));
+      EXPECT_TRUE(close(on_cpu(db_g), db, 1e-5));
+    }
+  }
+}
+
 TEST(GpuLayerNorm, backward_without_parameter_grads_and_with_one) {
   ACCRUE_REQUIRE_CUDA();
   const Tensor x = test::random_normal({50, 96});
