@@ -223,18 +223,24 @@ __global__ void __launch_bounds__(kFusedThreads)
 // warp order into one partial row (as Note [RMSNorm backward] does), which
 // column_total adds (Note [Deterministic column sums]). The rows take
 // kWarpRows * d elements of shared memory: 32 KiB at 1,024 f32 sums.
-// rows_per_warp depends on the row count alone (enough warps to fill the GPU
-// several times over, kWarpTarget), so the sums' order depends on the shape
-// alone. Against the block-per-chunk kernel (Note [LayerNorm fused backward]),
+// rows_per_warp depends on the row count alone (about kWarpTarget warps), so
+// the sums' order depends on the shape alone. Against the block-per-chunk kernel (Note [LayerNorm fused backward]),
 // which runs its rows one after another with two block barriers each, eight
 // rows of a block are in flight at once, so a micro-batch of 1,024 rows
 // fills one wave of 128 blocks instead of 512 chunks of 2 rows. Measured
 // against main on an H200 (bf16 GPT-2 124M, tok/s): 1.014x at 1 x 32, 1.005x
 // at 8 x 4, 1.022x at 32 x 1, where it replaced the fused kernel too
 // (bench/RESULTS.md, eleventh session).
+// kWarpTarget: 2,048 warps are 256 blocks, one wave at two blocks an SM (the
+// launch bounds) of an H100's or H200's 132 SMs. Each block's partial rows
+// are written and read again, so blocks beyond one wave cost bytes, and
+// fewer leave SMs idle. Against 4,096 (bench/RESULTS.md, twenty-third
+// session; GPT-2 124M on an H200, tok/s): 1.011x at 4 x 8 (2 rows a warp
+// instead of 1), 1.008x at 8 x 4, 1.014x at 32 x 1 (16 instead of 8); 1,024,
+// 8,192 and 16,384 were no faster than 4,096 anywhere.
 constexpr int kWarpPacks = 4;
 constexpr int kWarpRows = 8;
-constexpr int64_t kWarpTarget = 4096;
+constexpr int64_t kWarpTarget = 2048;
 
 template <class T, class A, int V, int P>
 __global__ void __launch_bounds__(kWarpRows * 32, 2)
