@@ -141,7 +141,7 @@ autograd::GatheringBackwardFn rms_norm_backward_fn(const Tensor& x, const Tensor
   return [=](const Tensor& g, const Tensor& gathered) -> std::vector<Tensor> {
     // x's gradient gathered so far is added to dx in the kernel (Note [Fan-out
     // sums in the backward]) when it matches x, else by an add after it.
-    const bool add_in_kernel = autograd::matches(gathered, sx);
+    const bool add_in_kernel = autograd::gathered_fits(gathered, sx);
     const Tensor dx_add = add_in_kernel ? gathered : Tensor();
     auto with_gathered = [&](const Tensor& dx) {
       return gathered.defined() && !add_in_kernel

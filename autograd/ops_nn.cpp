@@ -155,7 +155,7 @@ GatheringBackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight
   return [=](const Tensor& g, const Tensor& gathered) -> std::vector<Tensor> {
     // x's gradient gathered so far is added to dx in the kernel when it matches
     // x (Note [Fan-out sums in the backward]), else by an add after it.
-    const bool add_in_kernel = matches(gathered, sx);
+    const bool add_in_kernel = gathered_fits(gathered, sx);
     const Tensor dx_add = add_in_kernel ? gathered : Tensor();
     auto with_gathered = [&](const Tensor& dx) {
       return gathered.defined() && !add_in_kernel

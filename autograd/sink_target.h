@@ -58,7 +58,7 @@ void linear_param_grads(const Tensor& g2, const Tensor& x2, const Tensor& weight
 // Whether a gathered gradient has x's shape, dtype and device, so that a norm's
 // backward kernel can add it (Note [Fan-out sums in the backward] in
 // autograd/engine.cpp); false for an undefined one.
-inline bool matches(const Tensor& gathered, const Tensor& x) {
+inline bool gathered_fits(const Tensor& gathered, const Tensor& x) {
   return gathered.defined() && gathered.dtype() == x.dtype() && gathered.shape() == x.shape() &&
          gathered.device() == x.device();
 }
