@@ -224,10 +224,11 @@ __global__ void __launch_bounds__(kFusedThreads)
 // column_total adds (Note [Deterministic column sums]). The rows take
 // kWarpRows * d elements of shared memory: 32 KiB at 1,024 f32 sums.
 // rows_per_warp depends on the row count alone (about kWarpTarget warps), so
-// the sums' order depends on the shape alone. Against the block-per-chunk kernel (Note [LayerNorm fused backward]),
-// which runs its rows one after another with two block barriers each, eight
-// rows of a block are in flight at once, so a micro-batch of 1,024 rows
-// fills one wave of 128 blocks instead of 512 chunks of 2 rows. Measured
+// the sums' order depends on the shape alone. Against the block-per-chunk
+// kernel (Note [LayerNorm fused backward]), which runs its rows one after
+// another with two block barriers each, eight rows of a block are in flight
+// at once, so a micro-batch of 1,024 rows fills one wave of 128 blocks
+// instead of 512 chunks of 2 rows. Measured
 // against main on an H200 (bf16 GPT-2 124M, tok/s): 1.014x at 1 x 32, 1.005x
 // at 8 x 4, 1.022x at 32 x 1, where it replaced the fused kernel too
 // (bench/RESULTS.md, eleventh session).
