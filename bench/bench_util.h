@@ -73,8 +73,8 @@ void register_matmul_benchmarks();
 void register_model_op_benchmarks();
 void register_attention_benchmarks();
 void register_fused_benchmarks();
-void register_stream_gap_benchmarks();    // bench_stream_gap.cu
-void register_graph_memset_benchmarks();  // bench_graph_memsets.cu
+void register_stream_gap_benchmarks();      // bench_stream_gap.cu
+void register_graph_memset_benchmarks();    // bench_graph_memsets.cu
 void register_graph_carveout_benchmarks();  // bench_graph_carveout.cu
 
 }  // namespace accrue::bench
