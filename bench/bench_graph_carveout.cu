@@ -122,13 +122,8 @@ void run_case(benchmark::State& state, Case c) {
     ACCRUE_CUDA_CHECK(cudaDeviceSetCacheConfig(cudaFuncCachePreferShared));
   }
   const std::unique_ptr<Graph> g = capture(c, static_cast<float*>(buffer.data_ptr()), stream);
-  GpuTime t = time_gpu(state, [&] {
-    for (int r = 0; r < kReplays; ++r)
-      ACCRUE_CUDA_CHECK(cudaGraphLaunch(g->exec, stream));
-  });
+  short_kernels::time_replays(state, g->exec, stream, kReplays);
   if (c == Case::device_prefer_shared) ACCRUE_CUDA_CHECK(cudaDeviceSetCacheConfig(previous));
-  state.counters["us_per_kernel"] =
-      t.ops > 0 ? t.seconds * 1e6 / (static_cast<double>(t.ops) * kReplays * kKernels) : 0;
 }
 
 }  // namespace

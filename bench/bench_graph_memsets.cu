@@ -88,12 +88,7 @@ void run_case(benchmark::State& state, Case c) {
   const auto stream = static_cast<cudaStream_t>(current_stream(kDevice));
   const std::unique_ptr<Graph> g =
       capture(c, static_cast<float*>(buffer.data_ptr()), zeroed.data_ptr(), stream);
-  GpuTime t = time_gpu(state, [&] {
-    for (int r = 0; r < kReplays; ++r)
-      ACCRUE_CUDA_CHECK(cudaGraphLaunch(g->exec, stream));
-  });
-  state.counters["us_per_kernel"] =
-      t.ops > 0 ? t.seconds * 1e6 / (static_cast<double>(t.ops) * kReplays * kKernels) : 0;
+  short_kernels::time_replays(state, g->exec, stream, kReplays);
 }
 
 }  // namespace

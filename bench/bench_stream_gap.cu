@@ -182,8 +182,7 @@ void run_case(benchmark::State& state, Case c) {
     }
   });
   if (side) ACCRUE_CUDA_CHECK(cudaStreamSynchronize(side));
-  state.counters["us_per_kernel"] =
-      t.ops > 0 ? t.seconds * 1e6 / (static_cast<double>(t.ops) * kReplays * kKernels) : 0;
+  short_kernels::set_us_per_kernel(state, t, kReplays);
 }
 
 }  // namespace

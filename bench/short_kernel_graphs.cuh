@@ -1,5 +1,6 @@
-// What bench_stream_gap.cu and bench_graph_memsets.cu replay: short kernels
-// of a few us each, as a small micro-step's are, in captured CUDA graphs.
+// What bench_stream_gap.cu, bench_graph_memsets.cu and bench_graph_carveout.cu
+// replay: short kernels of a few us each, as a small micro-step's are, in
+// captured CUDA graphs, and how their replays are timed.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,6 +8,7 @@
 #include <memory>
 
 #include "accrue/core/status_check.h"
+#include "bench/bench_util.h"
 
 namespace accrue::bench::short_kernels {
 namespace {  // each including file gets its own kernel
@@ -42,6 +44,22 @@ struct Graph {
     if (graph) cudaGraphDestroy(graph);
   }
 };
+
+// Counter us_per_kernel: the GPU time of `t` over its ops' replays x kKernels kernels.
+inline void set_us_per_kernel(benchmark::State& state, const GpuTime& t, int replays) {
+  state.counters["us_per_kernel"] =
+      t.ops > 0 ? t.seconds * 1e6 / (static_cast<double>(t.ops) * replays * kKernels) : 0;
+}
+
+// Times ops of `replays` launches of `exec` on `stream`; sets us_per_kernel.
+inline void time_replays(benchmark::State& state, cudaGraphExec_t exec, cudaStream_t stream,
+                         int replays) {
+  const GpuTime t = time_gpu(state, [&] {
+    for (int r = 0; r < replays; ++r)
+      ACCRUE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  });
+  set_us_per_kernel(state, t, replays);
+}
 
 // Records what `body` launches on `stream` into an instantiated graph.
 template <class Body>

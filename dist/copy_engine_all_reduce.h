@@ -130,8 +130,9 @@ class CopyEngineAllReduce {
   CopyEngineAllReduce& operator=(const CopyEngineAllReduce&) = delete;
 
   int64_t capacity_bytes() const { return capacity_bytes_; }
-  // Whether enqueue() takes `count` floats at `data`: 2 <= count,
-  // count * 4 <= capacity_bytes() and `data` 16-byte aligned.
+  // Whether enqueue() takes `count` floats at `data`: 2 <= count, `data`
+  // 16-byte aligned, and the floats inside the shared arena (share()) or
+  // count * 4 <= capacity_bytes().
   bool takes(const void* data, int64_t count) const;
   // How the direct form sums (Note [Copy-engine all-reduce]).
   enum class Direct {
