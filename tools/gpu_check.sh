@@ -92,6 +92,12 @@ usage: tools/gpu_check.sh [options]
   --bench-filter REGEX     --benchmark_filter for accrue_bench and --filter for the PyTorch
                            scripts (e.g. 'window_close|wgrad' for the accumulation benches)
   --bench-repetitions N    repetitions per benchmark, medians reported (default: 5)
+  --bench-shard I/N        only shard I of N (1-based) of the benchmarks --bench-filter
+                           selects: every N-th of accrue_bench's list from the I-th, with
+                           their PyTorch rows. The whole suite (over 400 benchmarks, about 20
+                           minutes on an H200) does not fit one call of a lent machine;
+                           shards run in separate calls, or at once on separate GPUs
+                           (CUDA_VISIBLE_DEVICES, and a --log-dir and --details-dir each)
   --skip-build             use the build directory as it is: no configure, no build
   --skip-tests             no ctest
   --skip-cpu-tests         ctest -L gpu only (CI runs the cpu label; on a lent machine
@@ -174,6 +180,7 @@ sanitizer_jobs=''
 sanitizer_gpus=''
 bench_filter=''
 bench_repetitions=5
+bench_shard=""
 skip_build=0
 skip_tests=0
 skip_cpu_tests=0
@@ -205,6 +212,7 @@ while [[ $# -gt 0 ]]; do
     --sanitizer-gpus) sanitizer_gpus="$2"; shift 2 ;;
     --bench-filter) bench_filter="$2"; shift 2 ;;
     --bench-repetitions) bench_repetitions="$2"; shift 2 ;;
+    --bench-shard) bench_shard="$2"; shift 2 ;;
     --skip-build) skip_build=1; shift ;;
     --skip-tests) skip_tests=1; shift ;;
     --skip-cpu-tests) skip_cpu_tests=1; shift ;;
@@ -269,6 +277,17 @@ fi
 if [[ -n "$sanitizer_jobs" ]] && ! [[ $sanitizer_jobs =~ ^[1-9][0-9]*$ ]]; then
   echo "gpu_check: --sanitizer-jobs takes a positive integer, got '$sanitizer_jobs'" >&2
   exit 2
+fi
+bench_shard_index=0
+bench_shard_count=0
+if [[ -n "$bench_shard" ]]; then
+  if ! [[ $bench_shard =~ ^([1-9][0-9]*)/([1-9][0-9]*)$ ]] ||
+    ((BASH_REMATCH[1] > BASH_REMATCH[2])); then
+    echo "gpu_check: --bench-shard takes I/N with 1 <= I <= N (e.g. 2/3), got '$bench_shard'" >&2
+    exit 2
+  fi
+  bench_shard_index=${BASH_REMATCH[1]}
+  bench_shard_count=${BASH_REMATCH[2]}
 fi
 shard_indices=()  # empty: every shard of every binary
 if [[ -n "$sanitizer_shard_list" ]]; then
@@ -650,9 +669,36 @@ if [[ -n "$python_wheels" ]]; then
 fi
 
 # ---- benchmarks -------------------------------------------------------------------
+# --bench-shard: the regex that names exactly shard I of N of the benchmarks
+# listed on stdin (--benchmark_list_tests, one a line): the k-th name (0-based)
+# where k % N == I - 1, in list order, so that a large family (conv's 162) is
+# spread over the shards. It serves accrue_bench (POSIX extended) and the
+# PyTorch scripts (Python re) alike: special characters escaped, the
+# /manual_time suffix optional, and a PyTorch row named as an accrue family
+# plus _torch_pattern (bench/torch_bench.py's gpt2_gemm_torch_pattern/...)
+# in the shard of its accrue row. Empty when the shard holds nothing.
+bench_shard_filter() {
+  sed -e 's|/manual_time$||' -e 's/[][\.*^$+?(){}|]/\\&/g' -e 's|/|(_torch_pattern)?/|' |
+    awk -v i="$1" -v n="$2" '(NR - 1) % n == i - 1 { names = names (names == "" ? "" : "|") $0 }
+      END { if (names != "") print "^(" names ")(/manual_time)?$" }'
+}
+
 comparison=""
+bench_bin="$build_dir/bench/accrue_bench"
+if [[ $built -eq 1 && $skip_bench -eq 0 && $bench_shard_count -gt 0 ]]; then
+  list_args=(--benchmark_list_tests)
+  if [[ -n "$bench_filter" ]]; then list_args+=(--benchmark_filter="$bench_filter"); fi
+  names=$("$bench_bin" "${list_args[@]}" 2> "$details/bench_list.log" || true)
+  listed=$(grep -c . <<< "$names" || true)
+  bench_filter=$(bench_shard_filter "$bench_shard_index" "$bench_shard_count" <<< "$names")
+  if [[ -z "$bench_filter" ]]; then  # no filter would mean the whole suite
+    skip_bench=1
+    note "bench shard $bench_shard: no benchmark in it ($listed listed): benchmarks skipped"
+  else
+    note "bench shard $bench_shard: $(((listed - bench_shard_index + bench_shard_count) / bench_shard_count)) of the $listed benchmarks listed"
+  fi
+fi
 if [[ $built -eq 1 && $skip_bench -eq 0 ]]; then
-  bench_bin="$build_dir/bench/accrue_bench"
   # Google Benchmark 1.8 wants a unit on --benchmark_min_time (it warns once per
   # benchmark without one); 1.7 (Debian 12) refuses the unit. Ask the binary.
   min_time=0.1
