@@ -12,7 +12,8 @@ gives, per window: the span on the device (first operation's start to last
 one's end over the traced windows, divided by their count), the time some
 kernel, memset or copy ran (the union over streams), the idle rest, the time
 two streams ran at once (the close under the forward's side stream beside the
-forward, say), each stream's busy time, the kernels' time by category (GEMM,
+forward, say), the close's exposed time (its kernels with nothing beside them),
+each stream's busy time, the kernels' time by category (GEMM,
 attention, norms, column sums, the close, FP8 casts, ...: `category`), the
 memsets and copies (cuDNN's and cuBLASLt's own among them), the pairs of
 operations the idle gaps of 2-100 us lie between (a graph waits 2-5 us after
@@ -153,6 +154,11 @@ def summarize(trace, windows):
     for e in copies:
         per_stream[str(e.get("args", {}).get("stream", "?"))].append(span_of(e))
     busy = union_length(device_spans)
+    # The close exposed: the time its kernels (category "close") ran with no
+    # other device work beside them; all of it in place, and under the forward
+    # (--close-under-forward) what the forward's kernels do not cover.
+    others = [s for e, s in zip(kernels, spans) if category(e["name"]) != "close"]
+    close_exposed = busy - union_length(others + [span_of(e) for e in copies])
     gaps = idle_gaps(device_ops, device_spans)
     streams = {k: union_length(v) for k, v in sorted(per_stream.items())}
     copy_counts = collections.Counter(e["cat"] for e in copies)
@@ -166,6 +172,7 @@ def summarize(trace, windows):
         "idle_ms": (end - start - busy) * ms,
         # Time two streams ran kernels at once (the busy streams' sum over the union).
         "overlap_ms": (sum(streams.values()) - busy) * ms,
+        "close_exposed_ms": close_exposed * ms,
         "kernels_per_window": len(kernels) / windows,
         "streams_ms": {k: v * ms for k, v in streams.items()},
         "kernels_ms": {k: v * ms for k, v in per_name.most_common()},
@@ -232,7 +239,8 @@ def trace_one(train_args, windows, warmup, out_path):
 def table(names, results, top):
     lines = ["| per window, ms | " + " | ".join(names) + " |",
              "|---|" + "---:|" * len(names)]
-    for key in ("span_ms", "busy_ms", "idle_ms", "overlap_ms", "kernels_per_window"):
+    for key in ("span_ms", "busy_ms", "idle_ms", "overlap_ms", "close_exposed_ms",
+                "kernels_per_window"):
         lines.append(f"| {key} | " + " | ".join(f"{r[key]:.3f}" for r in results) + " |")
     for c in COPIES:
         lines.append(f"| {c}: count, ms | " + " | ".join(

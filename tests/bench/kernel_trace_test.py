@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/kernel_trace.py without a GPU: --help, bad command lines exit 2, the
-per-window figures from a small Chrome trace (two streams, an overlap, a gap),
+per-window figures from a small Chrome trace (two streams, an overlap, a gap,
+the close exposed in place and under the forward),
 where the tracer waits for the device, and, where torch does not import, the
 refusal that says so.
 
@@ -77,6 +78,28 @@ class KernelTrace(unittest.TestCase):
         self.assertIn("`gemm`", table)
         with self.assertRaises(ValueError):
             kt.summarize({"traceEvents": []}, windows=1)
+
+    def test_the_close_exposed(self):
+        kt = load()
+        # In place: the step and the norm after the forward's GEMM, all exposed.
+        step = "void accrue::kernels::cuda::fused_optimizer_kernel<float>()"
+        norm = "void accrue::kernels::cuda::grad_norm_partials_kernel<float>()"
+        in_place = {"traceEvents": [kernel(norm, 0, 30, 7), kernel(step, 30, 100, 7),
+                                    kernel("nvjet_gemm", 130, 160, 7)]}
+        s = kt.summarize(in_place, windows=1)
+        self.assertAlmostEqual(s["close_exposed_ms"], 0.13)
+        self.assertAlmostEqual(s["categories_ms"]["close"], 0.13)
+        # Under the forward: the step on stream 9 from 30 to 130 us beside a GEMM
+        # from 70 us; exposed are the norm and the step's first 40 us. A memset
+        # beside the step covers it as any other work does.
+        under = {"traceEvents": [kernel(norm, 0, 30, 7), kernel(step, 30, 100, 9),
+                                 kernel("nvjet_gemm", 70, 160, 7),
+                                 {"ph": "X", "cat": "gpu_memset", "name": "Memset", "ts": 30,
+                                  "dur": 10, "args": {"stream": 7}}]}
+        s = kt.summarize(under, windows=2)
+        self.assertAlmostEqual(s["close_exposed_ms"], 0.030)  # 60 us over 2 windows
+        self.assertAlmostEqual(s["overlap_ms"], 0.035)  # the step beside the memset and the GEMM
+        self.assertIn("| close_exposed_ms | 0.030 |", kt.table(["under"], [s], top=3))
 
     def test_memsets_copies_and_the_gaps_around_them(self):
         kt = load()
