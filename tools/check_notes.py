@@ -18,7 +18,9 @@ citation that says where the Note is ("Note [<name>] in dir/file.h", the path
 whole or its tail) and names another file than the definition's: a moved
 Note takes its pointers along. bench/RESULTS.md is history, so its places
 are not checked (its citations are). build*/, third_party/ and .git/ are not
-searched.
+searched; in a git work tree neither are the files git ignores (a scratch
+folder of patches, say), so that a run here reads what a clean clone holds
+plus the files not yet added.
 
 Usage: check_notes.py [ROOT] [--list]
   ROOT    the repository root (default: the folder above this script's)
@@ -27,6 +29,7 @@ Usage: check_notes.py [ROOT] [--list]
 
 import os
 import re
+import subprocess
 import sys
 
 SKIP_DIRS = {".git", "third_party"}
@@ -48,18 +51,41 @@ PLACE = re.compile(r"\s+in\s+`?([\w./-]+\.(?:h|cpp|cu|cuh|inc|py|sh|cmake|txt|md
 HISTORY = {os.path.join("bench", "RESULTS.md")}  # places as of when written
 
 
-def source_files(root):
+def git_files(root):
+    """The files under root that git tracks or would (untracked, not ignored),
+    relative to root; None outside a git work tree or without git."""
+    try:
+        done = subprocess.run(["git", "-C", root, "ls-files", "-z", "--cached", "--others",
+                               "--exclude-standard"], capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sorted(p for p in done.stdout.decode("utf-8", errors="replace").split("\0") if p)
+
+
+def skipped(rel):
+    """Whether rel lies in a folder that is not searched (SKIP_DIRS, build*)."""
+    folders = rel.split("/")[:-1]
+    return any(d in SKIP_DIRS or d.startswith("build") for d in folders)
+
+
+def walked_files(root):
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("build"))
         for name in sorted(files):
-            path = os.path.join(folder, name)
-            if os.path.islink(path) or os.path.getsize(path) > MAX_BYTES:
-                continue
-            with open(path, "rb") as f:
-                data = f.read()
-            if b"\0" in data:
-                continue  # binary
-            yield os.path.relpath(path, root), data.decode("utf-8", errors="replace")
+            yield os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
+
+
+def source_files(root):
+    listed = git_files(root)
+    for rel in walked_files(root) if listed is None else (r for r in listed if not skipped(r)):
+        path = os.path.join(root, rel)
+        if not os.path.isfile(path) or os.path.islink(path) or os.path.getsize(path) > MAX_BYTES:
+            continue  # deleted from the work tree, a link, or data
+        with open(path, "rb") as f:
+            data = f.read()
+        if b"\0" in data:
+            continue  # binary
+        yield rel, data.decode("utf-8", errors="replace")
 
 
 def scan(rel, text, definitions, citations, placed=None):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """tools/check_notes.py against small trees with one fault each: every fault
 fails the check (exit 1, naming the file and line), and the clean tree and
-the allowed forms pass (exit 0).
+the allowed forms pass (exit 0); in a git work tree, the files git ignores
+are not read and the ones not yet added are.
 
     python3 tests/docs/check_notes_test.py tools/check_notes.py
 """
@@ -34,20 +35,33 @@ CASES = [
     ("a citation of a Note written nowhere in bench/RESULTS.md",
      {"bench/RESULTS.md": f"{NOTE} [Gone]\n"}, 1, "defined nowhere"),
 ]
+# In a git work tree: the files git ignores are not read, the others are,
+# added or not.
+GIT_CASES = [
+    ("git: a citation of a Note written nowhere, in an ignored file",
+     {".gitignore": "/scratch/\n", "a/x.h": DEFINITION, "scratch/p.patch": f"+// {NOTE} [Gone]\n"},
+     0, "every citation written"),
+    ("git: the same citation in a file not yet added",
+     {".gitignore": "/scratch/\n", "a/x.h": DEFINITION, "b/p.cpp": f"// {NOTE} [Gone]\n"},
+     1, f"b/p.cpp:1: {NOTE} [Gone] is cited but defined nowhere"),
+    ("git: a citation in build-gpu/, not searched", {"a/x.h": DEFINITION,
+     "build-gpu/gen.h": f"// {NOTE} [Gone]\n"}, 0, "ok"),
+]
 
 
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: check_notes_test.py tools/check_notes.py")
     failures = 0
-    for what, files, code, expected in CASES:
-        got, output = run_on_tree(sys.argv[1], files)
+    cases = [(c, False) for c in CASES] + [(c, True) for c in GIT_CASES]
+    for (what, files, code, expected), git in cases:
+        got, output = run_on_tree(sys.argv[1], files, git=git)
         ok = got == code and expected in output
         print(f"{'ok  ' if ok else 'FAIL'} {what}: exit {got} (expected {code})")
         if not ok:
             print(f"     expected output to hold: {expected}\n     got: {output.strip()}")
             failures += 1
-    print(f"check_notes_test: {len(CASES) - failures} of {len(CASES)} cases as expected")
+    print(f"check_notes_test: {len(cases) - failures} of {len(cases)} cases as expected")
     return 1 if failures else 0
 
 

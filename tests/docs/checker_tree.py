@@ -7,10 +7,13 @@ import sys
 import tempfile
 
 
-def run_on_tree(checker, files):
-    """Writes files ({relative path: text}) under a fresh folder, runs
-    `python checker ROOT` there, and returns (exit code, stdout + stderr)."""
+def run_on_tree(checker, files, git=False):
+    """Writes files ({relative path: text}) under a fresh folder (a git work
+    tree, nothing committed, when git), runs `python checker ROOT` there, and
+    returns (exit code, stdout + stderr)."""
     with tempfile.TemporaryDirectory() as root:
+        if git:
+            subprocess.run(["git", "init", "-q", root], check=True)
         for rel, text in files.items():
             path = os.path.join(root, rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
