@@ -139,31 +139,26 @@ autograd::GatheringBackwardFn rms_norm_backward_fn(const Tensor& x, const Tensor
   const DType w_dtype = weight.defined() ? weight.dtype() : x.dtype();
   const SinkTarget w_target = sink_target(weight);
   return [=](const Tensor& g, const Tensor& gathered) -> std::vector<Tensor> {
-    // x's gradient gathered so far is added to dx in the kernel (Note [Fan-out
-    // sums in the backward]) when it matches x, else by an add after it.
-    const bool add_in_kernel = autograd::gathered_fits(gathered, sx);
-    const Tensor dx_add = add_in_kernel ? gathered : Tensor();
-    auto with_gathered = [&](const Tensor& dx) {
-      return gathered.defined() && !add_in_kernel
-                 ? kernels::binary(kernels::BinaryOp::Add, gathered, dx)
-                 : dx;
-    };
+    // Note [Fan-out sums in the backward]
+    const autograd::GatheredForInput from_others(gathered, sx);
     double beta = 0.0;
     kernels::NormPartials partials;
     if (gw && w_target.peek(&beta)) {
       // dx, then dweight's totals into its slot: on the weight-gradient branch
       // when one is in force (Note [Weight gradients on a branch]).
-      Tensor dx = kernels::rms_norm_backward_partials(g, sx, sw, rstd, true, &partials, dx_add);
+      Tensor dx =
+          kernels::rms_norm_backward_partials(g, sx, sw, rstd, true, &partials, from_others.dx_add);
       autograd::write_slots_beside(true, {partials.dweight}, [&] {
         const Tensor slot = w_target.claim(&beta);
         kernels::norm_param_totals(partials, slot, Tensor(), /*accumulate=*/beta != 0.0);
       });
-      return {with_gathered(dx), autograd::delivered()};
+      return {from_others.added_to(dx), autograd::delivered()};
     }
     const Tensor dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
-    Tensor dx = kernels::rms_norm_backward_partials(g, sx, sw, rstd, gw, &partials, dx_add);
+    Tensor dx =
+        kernels::rms_norm_backward_partials(g, sx, sw, rstd, gw, &partials, from_others.dx_add);
     kernels::norm_param_totals(partials, dw, Tensor(), /*accumulate=*/false);
-    return {with_gathered(dx), dw};
+    return {from_others.added_to(dx), dw};
   };
 }
 

@@ -143,6 +143,19 @@ void linear_param_grads(const Tensor& g2, const Tensor& x2, const Tensor& weight
   });
 }
 
+GatheredForInput::GatheredForInput(const Tensor& gathered, const Tensor& x) {
+  const bool fits = gathered.defined() && gathered.dtype() == x.dtype() &&
+                    gathered.shape() == x.shape() && gathered.device() == x.device();
+  if (fits)
+    dx_add = gathered;
+  else
+    after = gathered;
+}
+
+Tensor GatheredForInput::added_to(const Tensor& dx) const {
+  return after.defined() ? kernels::binary(kernels::BinaryOp::Add, after, dx) : dx;
+}
+
 GatheringBackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight,
                                            const Tensor& bias, const Tensor& mean,
                                            const Tensor& rstd) {
@@ -153,15 +166,7 @@ GatheringBackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight
   const DType b_dtype = bias.defined() ? bias.dtype() : x.dtype();
   const SinkTarget w_target = sink_target(weight), b_target = sink_target(bias);
   return [=](const Tensor& g, const Tensor& gathered) -> std::vector<Tensor> {
-    // x's gradient gathered so far is added to dx in the kernel when it matches
-    // x (Note [Fan-out sums in the backward]), else by an add after it.
-    const bool add_in_kernel = gathered_fits(gathered, sx);
-    const Tensor dx_add = add_in_kernel ? gathered : Tensor();
-    auto with_gathered = [&](const Tensor& dx) {
-      return gathered.defined() && !add_in_kernel
-                 ? kernels::binary(kernels::BinaryOp::Add, gathered, dx)
-                 : dx;
-    };
+    const GatheredForInput from_others(gathered, sx);  // Note [Fan-out sums in the backward]
     // Both affine gradients go straight into their arena slots when both have
     // one with the same beta (the usual case); otherwise into fresh tensors
     // that the engine lands.
@@ -173,20 +178,20 @@ GatheringBackwardFn layer_norm_backward_fn(const Tensor& x, const Tensor& weight
       // branch when one is in force (Note [Weight gradients on a branch]).
       kernels::NormPartials partials;
       Tensor dx = kernels::layer_norm_backward_partials(g, sx, sw, mean, rstd, true, true,
-                                                        &partials, dx_add);
+                                                        &partials, from_others.dx_add);
       write_slots_beside(true, {partials.dweight, partials.dbias}, [&] {
         const Tensor dw = w_target.claim(&beta_w), db = b_target.claim(&beta_b);
         kernels::norm_param_totals(partials, dw, db, /*accumulate=*/beta_w != 0.0);
       });
-      return {with_gathered(dx), delivered(), delivered()};
+      return {from_others.added_to(dx), delivered(), delivered()};
     }
     const Tensor dw = gw ? empty(d_shape, w_dtype, g.device()) : Tensor();
     const Tensor db = gb ? empty(d_shape, b_dtype, g.device()) : Tensor();
     kernels::NormPartials partials;
-    Tensor dx =
-        kernels::layer_norm_backward_partials(g, sx, sw, mean, rstd, gw, gb, &partials, dx_add);
+    Tensor dx = kernels::layer_norm_backward_partials(g, sx, sw, mean, rstd, gw, gb, &partials,
+                                                      from_others.dx_add);
     kernels::norm_param_totals(partials, dw, db, /*accumulate=*/false);
-    return {with_gathered(dx), dw, db};
+    return {from_others.added_to(dx), dw, db};
   };
 }
 

@@ -55,13 +55,17 @@ void linear_param_grads(const Tensor& g2, const Tensor& x2, const Tensor& weight
                         const SinkTarget* w_target, const SinkTarget* b_target, Tensor* dw,
                         Tensor* db);
 
-// Whether a gathered gradient has x's shape, dtype and device, so that a norm's
-// backward kernel can add it (Note [Fan-out sums in the backward] in
-// autograd/engine.cpp); false for an undefined one.
-inline bool gathered_fits(const Tensor& gathered, const Tensor& x) {
-  return gathered.defined() && gathered.dtype() == x.dtype() && gathered.shape() == x.shape() &&
-         gathered.device() == x.device();
-}
+// The gradient gathered so far for a norm's input x (Note [Fan-out sums in
+// the backward] in autograd/engine.cpp), split by where it is added: into the
+// backward kernel as dx_add when it has x's shape, dtype and device, else by
+// an add after the kernel (added_to). Both undefined when nothing was gathered.
+struct GatheredForInput {
+  GatheredForInput(const Tensor& gathered, const Tensor& x);
+  Tensor dx_add;  // for the kernel
+  Tensor after;   // for added_to
+  // dx with the gathered gradient the kernel did not add.
+  Tensor added_to(const Tensor& dx) const;
+};
 
 // The backward of the LayerNorm node over saved input x (its affine
 // parameters' gradients into their slots, both or neither): what

@@ -218,12 +218,8 @@ Tensor layer_norm_backward_partials(const Tensor& grad, const Tensor& x, const T
   const char* name = "layer_norm_backward";
   ACCRUE_CHECK(partials != nullptr, name, ": no NormPartials to fill");
   check_norm_input(x, name);
-  check_float_pair(grad, x, name, "grad", "input");
-  check_same_shape(grad, x, name, "grad", "input");
-  if (dx_add.defined()) {
-    check_float_pair(dx_add, x, name, "dx_add", "input");
-    check_same_shape(dx_add, x, name, "dx_add", "input");
-  }
+  check_like_input(grad, x, name, "grad");
+  if (dx_add.defined()) check_like_input(dx_add, x, name, "dx_add");
   check_norm_param(weight, x, name, "weight");
   const int64_t d = x.size(-1), rows = x.numel() / d;
   const DType stats = widened(x.dtype());

@@ -148,6 +148,13 @@ inline void check_float_pair(const Tensor& a, const Tensor& b, const char* op, c
   check_floating(a, op, what_a);
 }
 
+// A tensor read beside the input x (a gradient of x's): x's float dtype,
+// device and shape.
+inline void check_like_input(const Tensor& t, const Tensor& x, const char* op, const char* what) {
+  check_float_pair(t, x, op, what, "input");
+  check_same_shape(t, x, op, what, "input");
+}
+
 // A tensor of the compute dtype, or f32 where `f32_ok`. The parameter
 // gradients (sum_rows_into, embedding and layer-norm backward) may always be
 // f32: the gradient arena's slots (Note [Fused weight-gradient accumulation]).
