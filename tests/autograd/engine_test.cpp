@@ -6,6 +6,7 @@
 #include "accrue/autograd/engine.h"
 #include "accrue/autograd/node.h"
 #include "accrue/autograd/ops.h"
+#include "accrue/autograd/transformer_ops.h"
 #include "accrue/autograd/variable.h"
 #include "accrue/core/grad_mode.h"
 #include "accrue/core/nvtx.h"
@@ -337,6 +338,36 @@ TEST(Engine, layer_norm_gathers_its_input_gradient_with_the_same_values) {
     const Tensor dx =
         kernels::layer_norm_backward(g0, x0, w0, f.mean, f.rstd, Tensor(), Tensor(), false);
     EXPECT_TRUE(test::all_close(grad(x), dx + x0 * 2.0, 1e-13, 1e-14)) << other_use_first;
+  }
+}
+
+TEST(Engine, a_norm_never_writes_into_the_gradient_it_is_handed) {
+  // t = s + w hands one tensor to both s's and w's buffers. The norm of s,
+  // recorded after w and before t, runs after t's backward and before w's: it
+  // is handed that tensor as s's gathered gradient (Note [Fan-out sums in the
+  // backward]) while w's buffer still holds it. It must add it into a new dx:
+  // written in place, w's backward would read the norm's sum instead.
+  const Tensor s0 = test::random_normal({4, 8}, DType::f64);
+  const Tensor g0 = test::random_normal({4, 8}, DType::f64);
+  const Tensor d0 = test::random_normal({4, 8}, DType::f64);
+  const Tensor scale = test::random_normal({8}, DType::f64);
+  auto norm = [&](bool rms, const Tensor& x) {
+    return rms ? rms_norm(x, scale, 1e-6) : layer_norm(x, scale, Tensor(), 1e-5);
+  };
+  for (bool rms : {false, true}) {
+    SCOPED_TRACE(rms ? "rms_norm" : "layer_norm");
+    Tensor v = requires_grad_(test::random_normal({4, 8}, DType::f64));
+    Tensor s = requires_grad_(s0.clone());
+    const Tensor w = v * 2.0;
+    const Tensor n = norm(rms, s);
+    EXPECT_EQ(grad_fn(n)->gathering_input(), 0);
+    const Tensor t = s + w;
+    backward(sum(n * g0 + t * d0));
+    EXPECT_TRUE(test::all_equal(grad(v), d0 * 2.0));
+    // s's gradient: the norm's own plus d0, as the engine's add gives it.
+    Tensor s_alone = requires_grad_(s0.clone());
+    backward(sum(norm(rms, s_alone) * g0));
+    EXPECT_TRUE(test::all_close(grad(s), grad(s_alone) + d0, 1e-13, 1e-14));
   }
 }
 
