@@ -425,12 +425,7 @@ void NcclCommunicator::enqueue(const std::string& what, Call&& call, bool copy_e
   // Its done event then follows the join's wait on the peer: the watchdog's.
   if (copy_engine_ && !copy_engine_call) copy_engine_->join(stream_->handle());
   const ncclResult_t r = call(comm_, stream_->handle());
-  if (r == ncclInProgress) {
-    launching_ = std::move(work);  // Note [Deferred launch]
-    ++issued_;
-    return;
-  }
-  if (r != ncclSuccess) {
+  if (r != ncclSuccess && r != ncclInProgress) {
     spare_events_.push_back(work.done);
     abort_locked(who() + ": " + what + " could not be enqueued: NCCL error " +
                  ncclGetErrorString(r) + " (" + ncclGetLastError(comm_) +
@@ -438,7 +433,8 @@ void NcclCommunicator::enqueue(const std::string& what, Call&& call, bool copy_e
     throw_if_aborted_locked();
   }
   launching_ = std::move(work);
-  follow_launched_locked();
+  // Note [Deferred launch]: still launching (in progress), it is followed later.
+  if (r == ncclSuccess) follow_launched_locked();
   ++issued_;
 }
 
