@@ -4,7 +4,7 @@
 // cuBLASLt's split-K GEMMs capture before their kernels (bench/RESULTS.md,
 // twentieth session), so the twenty-second session asked whether a memset
 // node is what costs. One op is kReplays replays of a graph of kKernels short
-// kernels, a 1 MiB memset (or its stand-in) before every kEvery-th:
+// kernels, a 1 MiB memset (or its stand-in) before every kMemsetEvery-th:
 //   no_memsets     the kernels alone;
 //   memset_nodes   the memsets as captured (memset nodes);
 //   disabled       the memset nodes disabled in the executable graph
@@ -36,12 +36,12 @@ namespace {
 using short_kernels::Graph;
 using short_kernels::kBlocks;
 using short_kernels::kKernels;
+using short_kernels::kMemsetBytes;
+using short_kernels::kMemsetEvery;
 using short_kernels::kThreads;
 using short_kernels::launch_short;
 
-constexpr int kEvery = 4;
 constexpr int kReplays = 8;
-constexpr size_t kMemsetBytes = 1 << 20;
 
 __global__ void zero_kernel(uint4* data, size_t n) {
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -55,7 +55,7 @@ std::unique_ptr<Graph> capture(Case c, float* data, void* zeroed, cudaStream_t s
   auto g = std::make_unique<Graph>();
   ACCRUE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   for (int k = 0; k < kKernels; ++k) {
-    if (k % kEvery == 0 && c != Case::no_memsets) {
+    if (k % kMemsetEvery == 0 && c != Case::no_memsets) {
       if (c == Case::fill_kernels) {
         zero_kernel<<<256, 256, 0, stream>>>(static_cast<uint4*>(zeroed), kMemsetBytes / 16);
         ACCRUE_LAUNCH_CHECK();

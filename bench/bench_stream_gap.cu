@@ -39,6 +39,15 @@
 //                  graph of two independent chains of N/2 kernels, forked and
 //                  joined inside it (as two micro-batches in flight would be):
 //                  what concurrent branches of one graph cost or gain per kernel;
+//   plain_memsets  nothing, but the replayed graph holds memset nodes (a 1 MiB
+//                  memset before every fourth kernel, as cuDNN's and
+//                  cuBLASLt's captured memsets sit in a micro-step's graph);
+//   side_graph_memsets  that graph after side_graph's one-kernel graph on the
+//                  second stream: in GPT-2's kernel trace at 4 x 8 the close
+//                  under the forward (its steps a graph on the side stream)
+//                  turned about 350 transitions a window into a memset node
+//                  from under 2 us into about 3 us (bench/RESULTS.md,
+//                  twenty-fifth session), in every micro-step's graph;
 //   plain_again    nothing, registered last: if it is slower than plain in the
 //                  same process, whatever a second stream changed persists.
 // Counter us_per_kernel is the op's GPU time over its R x N kernels; the cases
@@ -62,6 +71,8 @@ using short_kernels::capture_on;
 using short_kernels::Graph;
 using short_kernels::kBlocks;
 using short_kernels::kKernels;
+using short_kernels::kMemsetBytes;
+using short_kernels::kMemsetEvery;
 using short_kernels::kThreads;
 using short_kernels::launch_short;
 
@@ -81,13 +92,17 @@ enum class Case {
   side_event,
   side_alloc,
   branches,
+  plain_memsets,
+  side_graph_memsets,
   plain_again
 };
 
 // Captures N kernels on `stream`; with `side`, the side kernel (on its own
-// buffer) forks off first and joins before the eleventh.
+// buffer) forks off first and joins before the eleventh; with `zeroed`, a
+// memset of it before every kMemsetEvery-th kernel.
 std::unique_ptr<Graph> capture(float* data, cudaStream_t stream, float* side_data,
-                               cudaStream_t side, cudaEvent_t fork, cudaEvent_t join) {
+                               cudaStream_t side, cudaEvent_t fork, cudaEvent_t join,
+                               void* zeroed = nullptr) {
   return capture_on(stream, [&] {
     if (side) {
       ACCRUE_CUDA_CHECK(cudaEventRecord(fork, stream));
@@ -97,6 +112,8 @@ std::unique_ptr<Graph> capture(float* data, cudaStream_t stream, float* side_dat
     }
     for (int k = 0; k < kKernels; ++k) {
       if (side && k == 10) ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
+      if (zeroed && k % kMemsetEvery == 0)
+        ACCRUE_CUDA_CHECK(cudaMemsetAsync(zeroed, 0, kMemsetBytes, stream));
       launch_short(data, stream);
     }
   });
@@ -131,21 +148,25 @@ void run_case(benchmark::State& state, Case c) {
   const StreamHandle stream = current_stream(kDevice);
   // Only the cases that use a second stream create one: plain and own_event
   // run in a process that never had one, when run alone.
-  const bool uses_side = c != Case::plain && c != Case::own_event && c != Case::plain_again;
+  const bool uses_side = c != Case::plain && c != Case::own_event && c != Case::plain_again &&
+                         c != Case::plain_memsets;
   const bool forks = c == Case::forked_graph || c == Case::forked_graph_last;
-  const bool side_first = c == Case::side_wait || c == Case::side_no_wait ||
-                          c == Case::side_graph || c == Case::side_memset ||
-                          c == Case::side_event || c == Case::side_alloc;
+  const bool side_graph = c == Case::side_graph || c == Case::side_graph_memsets;
+  const bool side_first = c == Case::side_wait || c == Case::side_no_wait || side_graph ||
+                          c == Case::side_memset || c == Case::side_event || c == Case::side_alloc;
+  const bool memsets = c == Case::plain_memsets || c == Case::side_graph_memsets;
+  const Tensor zeroed =
+      memsets ? random_input({static_cast<int64_t>(kMemsetBytes / 4)}, DType::f32) : Tensor();
   std::unique_ptr<Stream> side_stream = uses_side ? std::make_unique<Stream>(kDevice) : nullptr;
   const StreamHandle side = side_stream ? side_stream->handle() : nullptr;
   Event done, fork, join, pace;
-  const std::unique_ptr<Graph> straight = capture(data, stream, nullptr, nullptr, nullptr, nullptr);
+  const std::unique_ptr<Graph> straight = capture(data, stream, nullptr, nullptr, nullptr, nullptr,
+                                                  memsets ? zeroed.data_ptr() : nullptr);
   const std::unique_ptr<Graph> forked =
       forks ? capture(data, stream, side_data, side, fork.handle(), join.handle()) : nullptr;
-  // side_graph's one kernel, captured on the side stream.
+  // side_graph's (and side_graph_memsets') one kernel, captured on the side stream.
   const std::unique_ptr<Graph> side_one =
-      c == Case::side_graph ? capture_chains(side_data, side, 1, nullptr, nullptr, nullptr, nullptr)
-                            : nullptr;
+      side_graph ? capture_chains(side_data, side, 1, nullptr, nullptr, nullptr, nullptr) : nullptr;
   const std::unique_ptr<Graph> two_chains =
       c == Case::branches ? capture_chains(data, stream, kKernels / 2, side_data, side,
                                            fork.handle(), join.handle())
@@ -155,7 +176,7 @@ void run_case(benchmark::State& state, Case c) {
     for (int r = 0; r < kReplays; ++r) {
       if (r == 0 && side_first) {
         if (c == Case::side_wait || c == Case::side_no_wait) launch_short(side_data, side);
-        if (c == Case::side_graph) ACCRUE_CUDA_CHECK(cudaGraphLaunch(side_one->exec, side));
+        if (side_graph) ACCRUE_CUDA_CHECK(cudaGraphLaunch(side_one->exec, side));
         if (c == Case::side_memset)
           ACCRUE_CUDA_CHECK(cudaMemsetAsync(side_data, 0, sizeof(float), side));
         if (c == Case::side_alloc) {
@@ -201,6 +222,8 @@ void register_stream_gap_benchmarks() {
                                                 {"side_event", Case::side_event},
                                                 {"side_alloc", Case::side_alloc},
                                                 {"branches", Case::branches},
+                                                {"plain_memsets", Case::plain_memsets},
+                                                {"side_graph_memsets", Case::side_graph_memsets},
                                                 {"plain_again", Case::plain_again}};
   for (const auto& [name, c] : cases)
     register_gpu_benchmark(std::string("stream_gap/") + name,

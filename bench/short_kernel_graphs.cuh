@@ -16,6 +16,11 @@ namespace {  // each including file gets its own kernel
 constexpr int kKernels = 480;  // about one GPT-2 124M micro-step's kernels
 constexpr int kBlocks = 132, kThreads = 256;
 constexpr int kSteps = 64;  // each thread's dependent updates: a kernel of a few us
+// The graphs with memset nodes: a memset of kMemsetBytes before every
+// kMemsetEvery-th kernel, as cuDNN's flash attention and cuBLASLt's split-K
+// GEMMs capture theirs before their kernels.
+constexpr int kMemsetEvery = 4;
+constexpr size_t kMemsetBytes = 1 << 20;
 
 __global__ void short_kernel(float* data, int n, int steps) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
