@@ -163,10 +163,21 @@ struct RowSplitter {
 // (stride 1) and a whole number of packs of V elements, every other stride a
 // multiple of V, and every pointer aligned to a pack (the caller checks the
 // pointers). Anything else decomposes each element's own index.
+// With `splats`, an input operand (k >= 1) whose dim 0 has stride 0 is also
+// taken: one value per row, read once and repeated across the pack (a scalar
+// operand, the `value` of masked_fill, a per-row scale). Its bit k - 1 is set
+// in *splats; its other strides and its pointer need no alignment (one
+// element is read).
 template <int N>
-bool rows_of_packs(const CollapsedGeometry<N>& g, int64_t V) {
+bool rows_of_packs(const CollapsedGeometry<N>& g, int64_t V, uint32_t* splats = nullptr) {
+  static_assert(N <= 33, "rows_of_packs: a splat mask holds 32 inputs");
+  if (splats != nullptr) *splats = 0;
   if (g.rank == 0 || g.sizes[0] % V != 0) return false;
   for (int k = 0; k < N; ++k) {
+    if (k > 0 && splats != nullptr && g.strides[k][0] == 0) {
+      *splats |= uint32_t{1} << (k - 1);
+      continue;
+    }
     if (g.strides[k][0] != 1) return false;
     for (int d = 1; d < g.rank; ++d)
       if (g.strides[k][d] % V != 0) return false;

@@ -8,7 +8,8 @@
 //    (the common case). Each thread moves 16 bytes per operand per iteration
 //    (float4, 8 x bf16, ...), then a scalar loop does the tail;
 //  - map_rows_kernel: broadcast or strided views whose innermost collapsed dim
-//    is contiguous in every operand, in 16-byte packs (Note [Rows of packs]);
+//    is contiguous in every operand, or broadcast (a splat: one value a row,
+//    as a scalar operand is), in 16-byte packs (Note [Rows of packs]);
 //  - map_strided_kernel: any other broadcast (0 strides) or strided views. The
 //    shape is first collapsed (Note [Collapsed geometry] in
 //    core/collapsed_geometry.h), then each linear index is decomposed once and
@@ -71,19 +72,37 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Pack `col` of a row, or, for a splat operand (dim 0 stride 0), the row's one
+// value in every lane (Note [Rows of packs]). `splat` is the same for every
+// thread, so the branch does not diverge.
+template <int V, class T>
+__device__ __forceinline__ Pack<T, V> load_row_pack(const T* row, int64_t col, bool splat) {
+  if (!splat) return load_pack<V>(row, col);
+  Pack<T, V> p;
+  const T v = row[0];
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+    p.v[j] = v;
+  return p;
+}
+
 // out = f(in...) over operands whose collapsed dim 0 is contiguous in every
-// one and a whole number of V-packs (Note [Rows of packs]).
+// one, or a splat, and a whole number of V-packs (Note [Rows of packs]); bit K
+// of `splats` marks input K a splat.
 template <int V, class F, class Out, class... In, size_t... K>
 __device__ __forceinline__ void apply_rows(const F& f, const int64_t (&off)[sizeof...(In) + 1],
-                                           int64_t col, Out* out, std::index_sequence<K...>,
-                                           const In*... in) {
-  store_pack<V>(out + off[0], col, apply_pack<V, F, Out>(f, load_pack<V>(in + off[K + 1], col)...));
+                                           int64_t col, uint32_t splats, Out* out,
+                                           std::index_sequence<K...>, const In*... in) {
+  store_pack<V>(out + off[0], col,
+                apply_pack<V, F, Out>(
+                    f, load_row_pack<V>(in + off[K + 1], col, ((splats >> K) & 1u) != 0)...));
 }
 
 template <int V, class F, class Out, class... In>
 __global__ void __launch_bounds__(kThreads)
     map_rows_kernel(F f, int64_t packs, RowSplitter split,
-                    CollapsedGeometry<sizeof...(In) + 1> rows, Out* out, const In*... in) {
+                    CollapsedGeometry<sizeof...(In) + 1> rows, uint32_t splats, Out* out,
+                    const In*... in) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
        p += stride) {
@@ -91,7 +110,7 @@ __global__ void __launch_bounds__(kThreads)
     split.split(p, row, col);
     int64_t off[sizeof...(In) + 1];
     rows.offsets(row, off);
-    apply_rows<V>(f, off, col, out, std::index_sequence_for<In...>{}, in...);
+    apply_rows<V>(f, off, col, splats, out, std::index_sequence_for<In...>{}, in...);
   }
 }
 
@@ -115,6 +134,16 @@ constexpr int max_size_of() {
 template <class T, class U, class... Rest>
 constexpr int max_size_of() {
   return std::max<int>(sizeof(T), max_size_of<U, Rest...>());
+}
+
+// Whether every input that is not a splat (bit k of `splats` for input k) is
+// aligned for V-packs.
+template <int V, class... In>
+bool inputs_aligned(uint32_t splats, const In*... ptr) {
+  int k = 0;
+  bool ok = true;
+  ((ok = ok && (((splats >> k++) & 1u) != 0 || pack_aligned<V>(ptr))), ...);
+  return ok;
 }
 
 // out[i] = fast(in[i]...) when every operand is contiguous, else slow(in[i]...)
@@ -146,12 +175,16 @@ void launch_map(const Fast& fast, const Slow& slow, Out* out, const Tensor& out_
     ACCRUE_CHECK(s->size() == out_t.shape().size(), "elementwise: operand rank ", s->size(),
                  " differs from the output's shape ", shape_str(out_t.shape()));
   const CollapsedGeometry<N> calc = collapse_geometry<N>(out_t.shape(), strides, "elementwise");
-  // Note [Rows of packs] (core/collapsed_geometry.h).
+  // Note [Rows of packs] (core/collapsed_geometry.h): a splat input reads one
+  // element a row, so only the others' pointers need a pack's alignment.
   constexpr int V = std::max(1, 16 / max_size_of<Out, In...>());
-  if (V > 1 && rows_of_packs(calc, V) && pack_aligned<V>(out) && (pack_aligned<V>(in.ptr) && ...)) {
+  uint32_t splats = 0;
+  if (V > 1 && rows_of_packs(calc, V, &splats) && pack_aligned<V>(out) &&
+      inputs_aligned<V>(splats, in.ptr...)) {
     const int64_t packs = n / V;
     map_rows_kernel<V, Slow, Out, In...><<<dev::grid_for(packs, kThreads), kThreads, 0, stream>>>(
-        slow, packs, RowSplitter(packs, calc.sizes[0] / V), calc.without(0), out, in.ptr...);
+        slow, packs, RowSplitter(packs, calc.sizes[0] / V), calc.without(0), splats, out,
+        in.ptr...);
     ACCRUE_LAUNCH_CHECK();
     return;
   }
@@ -264,6 +297,40 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The triangle over contiguous a and out whose rows are whole V-packs: a pack
+// of a row at a time, its row and column found once (fast divisions), and a
+// pack wholly outside the triangle written as zeros without reading a (half
+// the reads of a causal mask's triu).
+template <int V, class T>
+__global__ void __launch_bounds__(kThreads)
+    triangle_rows_kernel(const T* a, int64_t packs, RowSplitter by_row, RowSplitter by_matrix,
+                         int64_t diagonal, bool upper, T* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
+       p += stride) {
+    int64_t row, pack, matrix, r;
+    by_row.split(p, row, pack);
+    by_matrix.split(row, matrix, r);
+    const int64_t c0 = pack * V;
+    // Inside is monotone in c along a row: its ends say whether any lane is in.
+    const bool any = upper ? c0 + V - 1 - r >= diagonal : c0 - r <= diagonal;
+    Pack<T, V> v;
+    if (any) {
+      v = load_pack<V>(a, p);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const int64_t c = c0 + j;
+        if (!(upper ? c - r >= diagonal : c - r <= diagonal)) v.v[j] = dev::convert<T>(0.0f);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        v.v[j] = dev::convert<T>(0.0f);
+    }
+    store_pack<V>(out, p, v);
+  }
+}
+
 }  // namespace
 
 void triangle(const Tensor& a, int64_t diagonal, bool upper, const Tensor& out) {
@@ -281,6 +348,18 @@ void triangle(const Tensor& a, int64_t diagonal, bool upper, const Tensor& out) 
   cudaStream_t stream = dev::stream_for(device);
   dev::visit_device_dtype(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    constexpr int V = std::max(1, 16 / static_cast<int>(sizeof(T)));
+    const int64_t rows = out.size(-2), cols = out.size(-1);
+    const T* in = static_cast<const T*>(a.data_ptr());
+    if (V > 1 && a.is_contiguous() && out.is_contiguous() && cols % V == 0 && pack_aligned<V>(in) &&
+        pack_aligned<V>(out_ptr<T>(out))) {
+      const int64_t packs = n / V;
+      triangle_rows_kernel<V, T><<<dev::grid_for(packs, kThreads), kThreads, 0, stream>>>(
+          in, packs, RowSplitter(packs, cols / V), RowSplitter(n / cols, rows), diagonal, upper,
+          out_ptr<T>(out));
+      ACCRUE_LAUNCH_CHECK();
+      return;
+    }
     triangle_kernel<T><<<dev::grid_for(n, kThreads), kThreads, 0, stream>>>(
         static_cast<const T*>(a.data_ptr()), geometry, a.is_contiguous(), n, out.size(-2),
         out.size(-1), diagonal, upper, out_ptr<T>(out));

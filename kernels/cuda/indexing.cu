@@ -13,7 +13,9 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
+#include "accrue/core/collapsed_geometry.h"
 #include "accrue/core/cuda_types.cuh"
 #include "accrue/kernels/cuda/nn_util.cuh"
 #include "accrue/kernels/indexing.h"
@@ -61,13 +63,20 @@ __device__ __forceinline__ T bad_value() {
   }
 }
 
+// One element a thread. `g` holds the output's, the index's and x's lines'
+// offsets (x's strides with the indexed dim's 0) collapsed, so an element's
+// offsets cost a fast division per collapsed dim (Note [Fast division] in
+// core/collapsed_geometry.h), not a 64-bit one per dim of the shape.
 template <class T>
-__global__ void gather_kernel(const T* __restrict__ x, IndexedDim at, IndexReader index, int64_t n,
+__global__ void gather_kernel(const T* __restrict__ x, CollapsedGeometry<3> g, int64_t stride,
+                              int64_t size, const int64_t* __restrict__ index, int64_t n,
                               T* __restrict__ out) {
   for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t v = index(j);
-    out[j] = v >= 0 && v < at.size ? x[at.lines.offset_of(j) + v * at.stride] : bad_value<T>();
+    int64_t off[3];
+    g.offsets(j, off);
+    const int64_t v = index[off[1]];
+    out[off[0]] = v >= 0 && v < size ? x[off[2] + v * stride] : bad_value<T>();
   }
 }
 
@@ -281,7 +290,12 @@ void launch_gather_rows(const U* x, const StridedGeometry& outer, int64_t stride
                         const Tensor& index, const GatherRows& rows, int64_t inner, U* out,
                         int dev) {
   const int threads = static_cast<int>(std::min<int64_t>(256, (inner + 31) / 32 * 32));
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(rows.rows, int64_t{1} << 20));
+  // One wave of blocks that loop over the rows: a block a row spends about as
+  // long being scheduled as copying a short row (index_select of 4 KB rows ran
+  // at 47% of the copy rate, 1.75x PyTorch's time: bench/RESULTS.md, the
+  // twenty-fifth session).
+  const int64_t wave = static_cast<int64_t>(cu::sm_count(dev)) * (2048 / threads);
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(rows.rows, wave));
   gather_rows_kernel<U><<<blocks, threads, 0, cu::stream_for(dev)>>>(
       x, outer, stride, size, static_cast<const int64_t*>(index.data_ptr()), rows.index_stride,
       rows.n, rows.rows, inner, out);
@@ -313,9 +327,14 @@ void gather(const Tensor& x, const IndexedDim& at, const Tensor& index, const Te
       }
       return;
     }
+    std::vector<int64_t> lines(static_cast<size_t>(at.lines.rank));
+    for (int e = 0; e < at.lines.rank; ++e)
+      lines[static_cast<size_t>(e)] = at.lines.strides[e];
+    const CollapsedGeometry<3> g =
+        collapse_geometry<3>(out.shape(), {&out.strides(), &index.strides(), &lines}, "gather");
     gather_kernel<T><<<cu::grid_for(n, kThreads), kThreads, 0, cu::stream_for(dev)>>>(
-        static_cast<const T*>(x.data_ptr()), at, index_reader(index), n,
-        static_cast<T*>(out.data_ptr()));
+        static_cast<const T*>(x.data_ptr()), g, at.stride, at.size,
+        static_cast<const int64_t*>(index.data_ptr()), n, static_cast<T*>(out.data_ptr()));
     ACCRUE_LAUNCH_CHECK();
   });
 }

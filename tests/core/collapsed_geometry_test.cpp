@@ -67,6 +67,34 @@ TEST(CollapsedGeometry, merges_contiguous_dims_and_keeps_the_others) {
   EXPECT_EQ(batch.numel(), 1);
 }
 
+// Note [Rows of packs]: an input with stride 0 along the packs (a scalar, a
+// per-row value) is a splat when the caller takes splats, and only then; the
+// output never is.
+TEST(CollapsedGeometry, rows_of_packs_take_splat_inputs_only_when_asked) {
+  // masked_fill of [8, 12, 1024, 1024] scores: out, the [T, T] mask, the 0-d value.
+  const std::vector<int64_t> shape = {8, 12, 1024, 1024};
+  const std::vector<int64_t> out = {12 * 1024 * 1024, 1024 * 1024, 1024, 1};
+  const std::vector<int64_t> mask = {0, 0, 1024, 1};
+  const std::vector<int64_t> value = {0, 0, 0, 0};
+  const CollapsedGeometry<4> g = collapse_geometry<4>(shape, {&out, &mask, &value, &out}, "test");
+  EXPECT_FALSE(rows_of_packs(g, 8));
+  uint32_t splats = 99;
+  EXPECT_TRUE(rows_of_packs(g, 8, &splats));
+  EXPECT_EQ(splats, 0b010u);  // input 1 (the value); inputs 0 and 2 are contiguous
+  // A per-row value [R, 1] beside rows of 64: a splat whose row stride is 1.
+  const std::vector<int64_t> rows = {16, 64}, dense = {64, 1}, per_row = {1, 0};
+  const CollapsedGeometry<3> r = collapse_geometry<3>(rows, {&dense, &per_row, &dense}, "test");
+  EXPECT_TRUE(rows_of_packs(r, 8, &splats));
+  EXPECT_EQ(splats, 0b01u);
+  // A broadcast output is never a splat; a ragged row is no rows of packs at all.
+  const CollapsedGeometry<2> o = collapse_geometry<2>(rows, {&per_row, &dense}, "test");
+  EXPECT_FALSE(rows_of_packs(o, 8, &splats));
+  const std::vector<int64_t> ragged = {16, 60}, ragged_dense = {60, 1};
+  const CollapsedGeometry<2> rg = collapse_geometry<2>(ragged, {&ragged_dense, &per_row}, "test");
+  EXPECT_FALSE(rows_of_packs(rg, 8, &splats));
+  EXPECT_EQ(splats, 0u);
+}
+
 // Every (output offset, input offset) pair the collapsed geometry's linear
 // indices visit, in visiting order (the device's CollapsedGeometry::offsets,
 // on the host).

@@ -137,7 +137,8 @@ TEST(GpuBinary, broadcast_and_strided_inputs_take_the_strided_path) {
 }
 
 // Note [Rows of packs]: views whose innermost collapsed dim is contiguous in
-// every operand and a whole number of 16-byte packs run by rows of packs; a
+// every operand (or a splat: one value a row) and a whole number of 16-byte
+// packs run by rows of packs; a
 // misaligned start or a ragged row falls back to the per-element path. Both
 // sides of each boundary, exact on integer-valued inputs.
 TEST(GpuBinary, rows_of_packs_match_the_reference_and_fall_back_cleanly) {
@@ -171,6 +172,9 @@ TEST(GpuBinary, rows_of_packs_match_the_reference_and_fall_back_cleanly) {
             return t.permute({0, 2, 1, 3});
           },
           "head split");
+      // One value a row (stride 0 along the packs: a splat), as a per-row scale is.
+      check(block, test::random_integers({16, 1}, -8, 8, dt), same, "per-row splat");
+      check(test::random_integers({16, 1}, -8, 8, dt), block, same, "splat first");
     }
   }
 }
@@ -385,6 +389,29 @@ TEST(GpuMaskedFill, matches_the_cpu_exactly_for_every_dtype_and_layout) {
     EXPECT_TRUE(test::all_equal(cpu(kernels::where(gpu(cond), -5.0, gpu(x))),
                                 kernels::where(cond, -5.0, x)));
   }
+  // Rows of packs (Note [Rows of packs]): the fill value a splat, the [T, T]
+  // mask of [B, H, T, T] scores, a per-row mask (a splat too), and a view one
+  // element off its storage's alignment that falls back.
+  for (DType dt : dtypes) {
+    SCOPED_TRACE(std::string("rows of packs, ") + dtype_name(dt));
+    const Tensor scores = test::random_integers({2, 3, 64, 64}, -100, 100, DType::i64).to(dt);
+    const Tensor causal = test::random_integers({64, 64}, 0, 1, DType::i64).to(DType::boolean);
+    const Tensor per_row = test::random_integers({64, 1}, 0, 1, DType::i64).to(DType::boolean);
+    EXPECT_TRUE(test::all_equal(cpu(kernels::masked_fill(gpu(scores), gpu(causal), -9.0)),
+                                kernels::masked_fill(scores, causal, -9.0)));
+    EXPECT_TRUE(test::all_equal(cpu(kernels::masked_fill(gpu(scores), gpu(per_row), 4.0)),
+                                kernels::masked_fill(scores, per_row, 4.0)));
+    const Tensor flat = test::random_integers({1 + 4 * 64}, -100, 100, DType::i64).to(dt);
+    const Tensor off = flat.narrow(0, 1, 4 * 64).view({4, 64});
+    const Tensor gpu_off = gpu(flat).narrow(0, 1, 4 * 64).view({4, 64});
+    EXPECT_TRUE(
+        test::all_equal(cpu(kernels::masked_fill(gpu_off, gpu(per_row).narrow(0, 0, 4), 6.0)),
+                        kernels::masked_fill(off, per_row.narrow(0, 0, 4), 6.0)));
+    const Tensor cond = test::random_integers({4, 1, 32}, 0, 1, DType::i64).to(DType::boolean);
+    const Tensor x = test::random_integers({4, 16, 32}, -100, 100, DType::i64).to(dt);
+    EXPECT_TRUE(
+        test::all_equal(cpu(kernels::where(gpu(cond), gpu(x), 2.0)), kernels::where(cond, x, 2.0)));
+  }
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(dt));
     // A channels-last activation keeps its layout; -inf as an attention mask fills.
@@ -417,6 +444,26 @@ TEST(GpuTriangle, tril_and_triu_match_the_cpu_for_every_dtype_diagonal_and_layou
                                   kernels::tril(x.transpose(2, 3), diagonal)));
       EXPECT_TRUE(test::all_equal(cpu(kernels::triu(gpu(x).permute({0, 3, 1, 2}), diagonal)),
                                   kernels::triu(x.permute({0, 3, 1, 2}), diagonal)));
+    }
+    // Rows of whole 16-byte packs (48 columns, any dtype) take the pack kernel,
+    // which writes packs outside the triangle without reading them; the same
+    // shape one element off its storage's alignment does not.
+    const Tensor flat =
+        test::random_integers({1 + 3 * 40 * 48}, dt == DType::boolean ? 0 : -100, hi, DType::i64)
+            .to(dt);
+    const Tensor packed = flat.narrow(0, 0, 3 * 40 * 48).view({3, 40, 48});
+    const Tensor shifted = flat.narrow(0, 1, 3 * 40 * 48).view({3, 40, 48});
+    const Tensor gflat = gpu(flat);
+    const Tensor gpacked = gflat.narrow(0, 0, 3 * 40 * 48).view({3, 40, 48});
+    const Tensor gshifted = gflat.narrow(0, 1, 3 * 40 * 48).view({3, 40, 48});
+    for (int64_t diagonal : {-45, -7, -1, 0, 1, 3, 16, 47, 60}) {
+      SCOPED_TRACE(trace(dt, "packed rows, diagonal " + std::to_string(diagonal)));
+      EXPECT_TRUE(
+          test::all_equal(cpu(kernels::triu(gpacked, diagonal)), kernels::triu(packed, diagonal)));
+      EXPECT_TRUE(
+          test::all_equal(cpu(kernels::tril(gpacked, diagonal)), kernels::tril(packed, diagonal)));
+      EXPECT_TRUE(test::all_equal(cpu(kernels::triu(gshifted, diagonal)),
+                                  kernels::triu(shifted, diagonal)));
     }
   }
 }

@@ -87,6 +87,10 @@ TEST(GpuIndexing, gather_and_index_select_match_cpu_exactly) {
       const Tensor it = random_index({3, 10, 4}, xt.size(1));
       EXPECT_TRUE(all_equal(on_cpu(kernels::gather(xt, 1, gpu(it))),
                             kernels::gather(x.transpose(0, 2), 1, it)));
+      // A strided index (its dims reversed in memory).
+      const Tensor raw = random_index({is[2], is[1], is[0]}, x.size(d));
+      EXPECT_TRUE(all_equal(on_cpu(kernels::gather(gpu(x), d, gpu(raw).transpose(0, 2))),
+                            kernels::gather(x, d, raw.transpose(0, 2))));
     }
   }
 }
