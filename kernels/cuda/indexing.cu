@@ -198,18 +198,22 @@ __global__ void scatter_row_keys_kernel(const int64_t* __restrict__ index, int64
   }
 }
 
+// by_entry splits a thread's index j into (sorted entry p, o * inner + c) and
+// by_column that into (o, c): fast divisions (Note [Fast division]), not two
+// 64-bit ones per element.
 template <class T, class A>
 __global__ void scatter_rows_kernel(const T* __restrict__ src, const int64_t* __restrict__ keys,
                                     const int32_t* __restrict__ positions, int64_t n,
-                                    StridedGeometry outer, int64_t outer_count, int64_t inner,
-                                    int64_t stride, int64_t size, A alpha, T* __restrict__ out) {
-  const int64_t per_entry = outer_count * inner;
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n * per_entry;
+                                    StridedGeometry outer, int64_t total, RowSplitter by_entry,
+                                    RowSplitter by_column, int64_t inner, int64_t stride,
+                                    int64_t size, A alpha, T* __restrict__ out) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < total;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t p = j / per_entry, oc = j - p * per_entry;
+    int64_t p, oc, o, c;
+    by_entry.split(j, p, oc);
     const int64_t key = keys[p];
     if (key == size || (p > 0 && keys[p - 1] == key)) continue;
-    const int64_t o = oc / inner, c = oc - o * inner;
+    by_column.split(oc, o, c);
     A acc = 0;
     for (int64_t q = p; q < n && keys[q] == key; ++q)
       acc += cu::convert<A>(src[(o * n + positions[q]) * inner + c]);
@@ -384,11 +388,13 @@ void scatter_add(const Tensor& index, const Tensor& src, double alpha, const Ind
     const T* s = static_cast<const T*>(src.data_ptr());
     T* o = static_cast<T*>(out.data_ptr());
     if (rows.ok) {
-      const int64_t outer_count = rows.rows / rows.n;
-      scatter_rows_kernel<T, A>
-          <<<cu::grid_for(n * outer_count * rows.inner, kThreads), kThreads, 0, stream>>>(
-              s, keys_out, positions_out, n, rows.outer, outer_count, rows.inner, at.stride, none,
-              static_cast<A>(alpha), o);
+      const int64_t per_entry = rows.rows / rows.n * rows.inner;
+      const int64_t total = n * per_entry;
+      if (total == 0) return;  // an empty outer dim: nothing to add, no divider of 0
+      scatter_rows_kernel<T, A><<<cu::grid_for(total, kThreads), kThreads, 0, stream>>>(
+          s, keys_out, positions_out, n, rows.outer, total, RowSplitter(total, per_entry),
+          RowSplitter(per_entry, rows.inner), rows.inner, at.stride, none, static_cast<A>(alpha),
+          o);
     } else {
       scatter_runs_kernel<T, A><<<cu::grid_for(n, kThreads), kThreads, 0, stream>>>(
           s, keys_out, positions_out, n, none, static_cast<A>(alpha), o);
