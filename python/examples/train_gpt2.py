@@ -63,6 +63,9 @@ def parse(argv=None):
     p.add_argument("--close-under-forward", action="store_true",
                    help="step the parameters layer by layer beside the next window's forward "
                         "(WindowOptions.close_under_forward)")
+    p.add_argument("--close-max-blocks", type=int, default=0, metavar="N",
+                   help="with --close-under-forward: the most thread blocks each range's step "
+                        "launches, leaving the other SMs to the forward (0: one full wave)")
     p.add_argument("--fp8", action="store_true",
                    help="each block's projections in FP8, the weights cast once per window "
                         "(GPT2.use_fp8, ParamStore.keep_fp8_copies; docs/FP8.md)")
@@ -84,6 +87,10 @@ def parse(argv=None):
     for name in ("micro_batch", "accum", "windows", "log_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.close_max_blocks < 0:
+        p.error(f"--close-max-blocks must be at least 0, got {args.close_max_blocks}")
+    if args.close_max_blocks and not args.close_under_forward:
+        p.error("--close-max-blocks needs --close-under-forward")
     if not 0 <= args.warmup < args.windows:
         p.error(f"--warmup ({args.warmup}) must be below --windows ({args.windows})")
     return args
@@ -113,7 +120,7 @@ def main(argv=None, on_window=None):
             store.keep_fp8_delayed_scaling(fp8_weights, grad_dtype=grad_dtype)
     window = optim.Window(store, opt, optim.WindowOptions(
         micro_steps=args.accum, max_grad_norm=args.max_grad_norm,
-        close_under_forward=args.close_under_forward))
+        close_under_forward=args.close_under_forward, close_max_blocks=args.close_max_blocks))
     graphed = optim.GraphedWindow(window, model.loss) if args.cuda_graphs else None
     if graphed is not None:
         graphed.concurrent_micro_batches = args.concurrent_micro_batches
@@ -165,6 +172,7 @@ def main(argv=None, on_window=None):
                       "concurrent_micro_batches": args.concurrent_micro_batches,
                       "weight_grad_branch": args.weight_grad_branch,
                       "close_under_forward": args.close_under_forward,
+                      "close_max_blocks": args.close_max_blocks,
                       "fp8": (f"{args.fp8_recipe}, {args.fp8_scaling} scaling, "
                               f"{args.fp8_grad_dtype} gradients") if args.fp8 else None,
                       "tokens_per_s_median": statistics.median(rates),

@@ -50,6 +50,11 @@ def test_train_gpt2_close_under_forward_trains_the_same(capsys):
     under = run(capsys, "--close-under-forward")
     assert under["close_under_forward"] and not plain["close_under_forward"]
     assert under["final_loss"] == plain["final_loss"]
+    capped = run(capsys, "--close-under-forward", "--close-max-blocks", "4")
+    assert capped["close_max_blocks"] == 4 and capped["final_loss"] == plain["final_loss"]
+    for bad in (["--close-max-blocks", "4"], ["--close-under-forward", "--close-max-blocks", "-1"]):
+        with pytest.raises(SystemExit):
+            run(capsys, *bad)
 
 
 def test_train_gpt2_in_fp8_each_recipe_and_format(capsys):
